@@ -1,0 +1,51 @@
+package audit
+
+import (
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// Event types of DESIGN §8.
+const (
+	Requested         = "capability.requested"
+	Denied            = "capability.denied"
+	ApprovalRequested = "capability.approval_requested"
+	Approved          = "capability.approved"
+	Rejected          = "capability.rejected"
+	Started           = "capability.started"
+	Retried           = "capability.retried"
+	Completed         = "capability.completed"
+	Failed            = "capability.failed"
+	Cancelled         = "capability.cancelled"
+	Discovered        = "capabilities.discovered"
+	DuplicateDelivery = "execution.duplicate_delivery"
+	TakenOver         = "execution.taken_over"
+	EnvelopeConflict  = "envelope.conflict"
+	ApprovalConsumed  = "approval.consumed"
+)
+
+// Actor is the acting party of an event: id and kind, never attributes.
+type Actor struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"`
+}
+
+// ActorOf keeps what the trail may carry of an actor.
+func ActorOf(a envelope.Actor) Actor { return Actor{ID: a.ID, Kind: a.Kind} }
+
+// Event is one audit record. Data holds the type's own fields; it never holds
+// raw input or output (SI-10).
+type Event struct {
+	V             int            `json:"v"`
+	Type          string         `json:"type"`
+	Timestamp     time.Time      `json:"timestamp"`
+	Surface       string         `json:"surface,omitempty"`
+	Actor         Actor          `json:"actor"`
+	ExecutionID   string         `json:"executionId,omitempty"`
+	CapabilityID  string         `json:"capabilityId,omitempty"`
+	CorrelationID string         `json:"correlationId,omitempty"`
+	InputHash     string         `json:"inputHash,omitempty"`
+	Worker        string         `json:"worker,omitempty"`
+	Data          map[string]any `json:"data,omitempty"`
+}

@@ -1,0 +1,64 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Sentinel conditions of the key-value helpers. Compare with errors.Is.
+var (
+	// ErrNotFound: the key has no value.
+	ErrNotFound = errors.New("capstan: not found")
+	// ErrExists: a create-only write found the key already written.
+	ErrExists = errors.New("capstan: already exists")
+	// ErrRevisionMismatch: a compare-and-swap lost; re-read and decide again.
+	ErrRevisionMismatch = errors.New("capstan: revision mismatch")
+)
+
+// Load reads and decodes one record, returning its revision for a later CAS.
+func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil, 0, ErrNotFound
+		}
+		return nil, 0, err
+	}
+	v := new(T)
+	if err := envelope.Unmarshal(e.Value(), v); err != nil {
+		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return v, e.Revision(), nil
+}
+
+// Create writes v under key only if the key holds nothing; ErrExists otherwise.
+func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
+	b, err := envelope.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := kv.Create(ctx, key, b)
+	if err != nil && errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, ErrExists
+	}
+	return rev, err
+}
+
+// Update writes v under key only if the key is still at revision rev;
+// ErrRevisionMismatch otherwise. Any other error may hide a write that
+// happened: re-read before deciding.
+func Update(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev uint64) (uint64, error) {
+	b, err := envelope.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	n, err := kv.Update(ctx, key, b, rev)
+	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+		return 0, ErrRevisionMismatch
+	}
+	return n, err
+}

@@ -1,0 +1,77 @@
+package broker
+
+import "strings"
+
+// Names derives every stream, bucket, consumer and subject name from one prefix.
+type Names struct {
+	prefix  string // CAPSTAN
+	subject string // capstan
+}
+
+// NewNames returns the names under prefix (default "CAPSTAN"); subjects use the
+// prefix in lower case.
+func NewNames(prefix string) Names {
+	if prefix == "" {
+		prefix = "CAPSTAN"
+	}
+	return Names{prefix: strings.ToUpper(prefix), subject: strings.ToLower(prefix)}
+}
+
+// Reserved capability-subject token for requests no pool serves.
+const Unrouted = "_unrouted"
+
+func (n Names) ExecStream() string              { return n.prefix + "_EXEC" }
+func (n Names) AuditStream() string             { return n.prefix + "_AUDIT" }
+func (n Names) ExecutionsBucket() string        { return n.prefix + "_EXECUTIONS" }
+func (n Names) EnvelopesBucket() string         { return n.prefix + "_ENVELOPES" }
+func (n Names) ApprovalsBucket() string         { return n.prefix + "_APPROVALS" }
+func (n Names) CatalogBucket() string           { return n.prefix + "_CATALOG" }
+func (n Names) PoolConsumer(pool string) string { return "pool-" + pool }
+func (n Names) UnroutedConsumer() string        { return Unrouted }
+
+// ExecSubject is where requests for one capability are published.
+func (n Names) ExecSubject(capabilityID string) string {
+	return n.subject + ".exec." + capabilityID
+}
+
+// ExecSubjects is the exec stream's subject space.
+func (n Names) ExecSubjects() string { return n.subject + ".exec.>" }
+
+// UnroutedSubject receives requests for capabilities no pool lists.
+func (n Names) UnroutedSubject() string { return n.subject + ".exec." + Unrouted }
+
+// CapabilityFromSubject returns the capability id of an exec subject.
+func (n Names) CapabilityFromSubject(subject string) string {
+	return strings.TrimPrefix(subject, n.subject+".exec.")
+}
+
+// AuditSubject carries one execution's audit events.
+func (n Names) AuditSubject(executionID string) string {
+	return n.subject + ".audit." + executionID
+}
+
+// AuditSubjects is the audit stream's subject space.
+func (n Names) AuditSubjects() string { return n.subject + ".audit.>" }
+
+// CancelSubject is the core NATS request subject that cancels one execution.
+func (n Names) CancelSubject(executionID string) string {
+	return n.subject + ".cancel." + executionID
+}
+
+// CancelSubjects matches every cancel request.
+func (n Names) CancelSubjects() string { return n.subject + ".cancel.*" }
+
+// DescribeSubject is the core NATS request subject of discovery.
+func (n Names) DescribeSubject() string { return n.subject + ".describe" }
+
+// WorkersQueue is the queue group workers serve cancel and describe in.
+func (n Names) WorkersQueue() string { return n.subject + "-workers" }
+
+// EnvelopeSubjects matches the republished copy of every envelope the envelope
+// bucket stored; a client's one subscription listens here.
+func (n Names) EnvelopeSubjects() string { return n.subject + ".envelope.>" }
+
+// EnvelopeKeyFromSubject returns the execution id of a republished envelope.
+func (n Names) EnvelopeKeyFromSubject(subject string) string {
+	return strings.TrimPrefix(subject, n.subject+".envelope.")
+}

@@ -1,0 +1,78 @@
+package envelope
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/google/uuid"
+)
+
+// MaxIDLen is the longest capability or execution id, in bytes.
+const MaxIDLen = 128
+
+// ValidCapabilityID reports whether id may name a capability: subject tokens
+// starting with a letter, [a-z][a-z0-9_-]*(\.[a-z0-9_-]+)*, at most 128 bytes.
+// Ids starting with "_" are reserved and refused here.
+func ValidCapabilityID(id string) error {
+	if id == "" {
+		return fmt.Errorf("capability id is empty")
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("capability id is %d bytes, at most %d", len(id), MaxIDLen)
+	}
+	if c := id[0]; c < 'a' || c > 'z' {
+		return fmt.Errorf("capability id %q must start with a lower-case letter", id)
+	}
+	tokenLen := 0
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case c == '.':
+			if tokenLen == 0 {
+				return fmt.Errorf("capability id %q has an empty token", id)
+			}
+			tokenLen = 0
+			continue
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return fmt.Errorf("capability id %q has the character %q at byte %d", id, c, i)
+		}
+		tokenLen++
+	}
+	if tokenLen == 0 {
+		return fmt.Errorf("capability id %q has an empty token", id)
+	}
+	return nil
+}
+
+// ValidExecutionID reports whether id may name an execution: 1 to 128 bytes of
+// [A-Za-z0-9_-], so that it is one subject token and one KV key.
+func ValidExecutionID(id string) error {
+	if id == "" {
+		return fmt.Errorf("execution id is empty")
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("execution id is %d bytes, at most %d", len(id), MaxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("execution id %q has the character %q at byte %d", id, c, i)
+		}
+	}
+	return nil
+}
+
+// NewExecutionID returns a new UUIDv7, ordered by time.
+func NewExecutionID() string {
+	return uuid.Must(uuid.NewV7()).String()
+}
+
+// IdempotencyKey derives the handler's idempotency key from the execution id
+// alone: stable across retries, redeliveries and takeovers of one execution,
+// distinct across executions.
+func IdempotencyKey(executionID string) string {
+	sum := sha256.Sum256([]byte("capstan/idempotency/v1/" + executionID))
+	return hex.EncodeToString(sum[:16])
+}

@@ -1,0 +1,149 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+)
+
+// CancelReply answers a cancel request.
+type CancelReply struct {
+	ExecutionID string `json:"executionId"`
+	// State is the record's state when the cancel was recorded.
+	State State `json:"state,omitempty"`
+	// Finalized is true when the execution had already ended; the cancel
+	// changed nothing.
+	Finalized bool            `json:"finalized,omitempty"`
+	Status    envelope.Status `json:"status,omitempty"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// serveControl subscribes to the core NATS requests workers serve.
+func (w *Worker) serveControl() ([]*nats.Subscription, error) {
+	n := w.b.Names
+	var subs []*nats.Subscription
+	add := func(s *nats.Subscription, err error) error {
+		if err != nil {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+			return err
+		}
+		subs = append(subs, s)
+		return nil
+	}
+	// One worker of the group records the cancel on the execution record ...
+	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
+		return nil, err
+	}
+	// ... and every worker stops its own run of it at once, if it has one.
+	if err := add(w.nc.Subscribe(n.CancelSubjects(), func(m *nats.Msg) {
+		if x := w.local(lastToken(m.Subject)); x != nil {
+			x.cancel(errCallerCancelled)
+		}
+	})); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.QueueSubscribe(n.DescribeSubject(), n.WorkersQueue(), w.serveDescribe)); err != nil {
+		return nil, err
+	}
+	return subs, nil
+}
+
+func lastToken(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
+// recordCancel sets cancel-requested on the record, creating a pending record
+// when no worker has claimed the execution yet, so it is cancelled whenever a
+// worker sees it.
+func (w *Worker) recordCancel(m *nats.Msg) {
+	id := lastToken(m.Subject)
+	reply := CancelReply{ExecutionID: id}
+	defer func() {
+		b, _ := json.Marshal(reply)
+		_ = m.Respond(b)
+	}()
+	if err := envelope.ValidExecutionID(id); err != nil {
+		reply.Error = err.Error()
+		return
+	}
+	for try := 0; try < 20; try++ {
+		ctx, cancel := storeCtx()
+		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, id)
+		cancel()
+		now := time.Now().UTC()
+		switch {
+		case errors.Is(err, broker.ErrNotFound):
+			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
+				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
+			ctx, cancel := storeCtx()
+			_, err = broker.Create(ctx, w.b.Executions, id, pending)
+			cancel()
+			if err == nil {
+				reply.State = StatePending
+				return
+			}
+		case err != nil:
+			time.Sleep(backoffStep(try))
+		case rec.State == StateFinalized:
+			reply.Finalized, reply.Status, reply.State = true, rec.Status, rec.State
+			return
+		case rec.CancelRequested:
+			reply.State = rec.State
+			return
+		default:
+			next := *rec
+			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
+			ctx, cancel := storeCtx()
+			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
+			cancel()
+			if err == nil {
+				reply.State = rec.State
+				return
+			}
+		}
+	}
+	reply.Error = "the cancel could not be recorded; try again"
+}
+
+// DescribeRequest asks which capabilities a surface and actor may see.
+type DescribeRequest struct {
+	Surface Surface        `json:"surface"`
+	Actor   envelope.Actor `json:"actor"`
+}
+
+// DescribeReply lists the capabilities visible to the request.
+type DescribeReply struct {
+	Capabilities []Descriptor `json:"capabilities"`
+	Error        string       `json:"error,omitempty"`
+}
+
+func (w *Worker) serveDescribe(m *nats.Msg) {
+	var req DescribeRequest
+	reply := DescribeReply{Capabilities: []Descriptor{}}
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		reply.Error = "the describe request is not valid JSON: " + err.Error()
+	} else {
+		reply.Capabilities = w.visible(req)
+	}
+	b, _ := json.Marshal(reply)
+	_ = m.Respond(b)
+}
+
+// visible filters the catalog by exposure (deny by default).
+func (w *Worker) visible(req DescribeRequest) []Descriptor {
+	out := []Descriptor{}
+	for _, d := range w.cat.all() {
+		if Exposure(d.Expose).Has(req.Surface) {
+			out = append(out, d)
+		}
+	}
+	sortDescriptors(out)
+	return out
+}

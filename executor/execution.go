@@ -1,0 +1,144 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// execution is one delivery of one request being worked on by this worker.
+type execution struct {
+	w   *Worker
+	msg jetstream.Msg
+	req *envelope.Request
+	b   *binding // nil when this worker lacks the capability
+
+	// ctx spans the whole execution: the caller's cancel and deadline, a lost
+	// claim, the worker's shutdown. Each attempt adds its own timeout.
+	ctx          context.Context
+	cancel       context.CancelCauseFunc
+	stopDeadline context.CancelFunc
+
+	mu  sync.Mutex // guards rec and rev: the lease keeper and the pipeline both CAS
+	rec *Record
+	rev uint64
+
+	start     time.Time
+	inputHash string
+	input     any // decoded, validated input (pointer to the input type)
+	grant     *ApprovalGrant
+	done      chan struct{}
+}
+
+func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request) *execution {
+	x := &execution{w: w, msg: msg, req: req, b: w.reg.get(req.CapabilityID), start: time.Now(),
+		done: make(chan struct{}), stopDeadline: func() {}}
+	x.ctx, x.cancel = context.WithCancelCause(w.base)
+	if req.Deadline != nil {
+		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
+	}
+	return x
+}
+
+// storeCtx bounds one store operation; it is not tied to the execution, whose
+// cancellation must not stop it from recording its own end.
+func storeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+func (x *execution) event(typ string, data map[string]any) *audit.Event {
+	return &audit.Event{
+		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), ExecutionID: x.req.ExecutionID,
+		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
+	}
+}
+
+func (x *execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
+
+// errLost reports that the record no longer belongs to this worker.
+var errLost = errors.New("capstan: execution record no longer ours")
+
+// errCancelRequested reports that the record says the caller cancelled.
+var errCancelRequested = errors.New("capstan: cancel requested")
+
+// update applies change to the record with a CAS on its revision. On a lost
+// CAS (or any error, which may hide a write that happened) it re-reads: if the
+// record is still ours it applies change again; if another worker owns it, or
+// it is finalized, it returns errLost; a cancel request set meanwhile is
+// applied and reported as errCancelRequested.
+func (x *execution) update(change func(r *Record)) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for try := 0; try < 20; try++ {
+		next := *x.rec
+		change(&next)
+		next.UpdatedAt = time.Now().UTC()
+		ctx, cancel := storeCtx()
+		rev, err := broker.Update(ctx, x.w.b.Executions, x.req.ExecutionID, &next, x.rev)
+		cancel()
+		if err == nil {
+			x.rec, x.rev = &next, rev
+			if next.CancelRequested {
+				return errCancelRequested
+			}
+			return nil
+		}
+		ctx, cancel = storeCtx()
+		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.req.ExecutionID)
+		cancel()
+		if lerr != nil {
+			time.Sleep(backoffStep(try))
+			continue
+		}
+		if cur.Worker != x.w.cfg.ID || cur.State == StateFinalized {
+			x.rec, x.rev = cur, curRev
+			return errLost
+		}
+		if curRev == x.rev {
+			time.Sleep(backoffStep(try)) // spurious failure: the record did not move
+		}
+		x.rec, x.rev = cur, curRev
+	}
+	return errLost
+}
+
+func backoffStep(try int) time.Duration {
+	d := time.Duration(10*(try+1)) * time.Millisecond
+	if d > 500*time.Millisecond {
+		d = 500 * time.Millisecond
+	}
+	return d
+}
+
+// keepLease renews the lease and the delivery every third of the lease until
+// the execution ends; it cancels the execution when the claim is lost or a
+// cancel is recorded.
+func (x *execution) keepLease() {
+	if x.w.cfg.DisableLeaseRenewal {
+		return
+	}
+	t := time.NewTicker(x.w.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-x.done:
+			return
+		case <-t.C:
+			_ = x.msg.InProgress()
+			err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(x.w.cfg.Lease) })
+			switch {
+			case errors.Is(err, errCancelRequested):
+				x.cancel(errCallerCancelled)
+			case errors.Is(err, errLost):
+				x.cancel(errLeaseLost)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,136 @@
+package executor
+
+import (
+	"time"
+)
+
+// SideEffect says what a capability does to the world. It decides whether the
+// runtime may ever retry it (SI-11).
+type SideEffect string
+
+// Side effects.
+const (
+	None        SideEffect = "none"
+	Read        SideEffect = "read"
+	Write       SideEffect = "write"
+	Destructive SideEffect = "destructive"
+	External    SideEffect = "external"
+)
+
+// writeLike reports whether repeating the call may repeat an effect.
+func (s SideEffect) writeLike() bool { return s == Write || s == Destructive || s == External }
+
+// Risk grades a capability for reviewers and policies.
+type Risk string
+
+// Risks.
+const (
+	RiskLow      Risk = "low"
+	RiskMedium   Risk = "medium"
+	RiskHigh     Risk = "high"
+	RiskCritical Risk = "critical"
+)
+
+// Surface is where a call comes from; a client or adapter fixes it, never the
+// request's payload.
+type Surface string
+
+// Surfaces.
+const (
+	SurfaceDirect Surface = "direct"
+	SurfaceMCP    Surface = "mcp"
+	SurfaceHTTP   Surface = "http"
+)
+
+// Exposure lists the surfaces a capability is exposed on. Deny by default: a
+// capability with no exposure is reachable from nowhere.
+type Exposure []Surface
+
+// On builds an exposure.
+func On(surfaces ...Surface) Exposure { return Exposure(surfaces) }
+
+// Has reports whether s is exposed.
+func (e Exposure) Has(s Surface) bool {
+	for _, x := range e {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Retry configures runtime retries of stage 11. The zero value (and a nil
+// *Retry) means no retry.
+type Retry struct {
+	// MaxAttempts is the number of additional attempts after the first.
+	MaxAttempts int
+	// Backoff before attempt n+1 is Backoff * 2^(n-1). Default 250 ms.
+	Backoff time.Duration
+	// RetryOn, when set, may veto a retry of a retryable error.
+	RetryOn func(err error) bool
+}
+
+// ApprovalRule requires a human decision before the handler runs.
+type ApprovalRule struct {
+	// Required asks for approval on every call.
+	Required bool
+	// Reason is shown to the approver.
+	Reason string
+	// TTL is how long the approval stays decidable. Default 15 min.
+	TTL time.Duration
+}
+
+// Meta is a capability's metadata. Zero values are the safe defaults: exposed
+// nowhere, no side effect declared (refused), no retry, 30 s timeout.
+type Meta struct {
+	Description string
+	Expose      Exposure
+	SideEffect  SideEffect
+	Risk        Risk
+	Tags        []string
+	// Timeout arms per attempt. Default 30 s.
+	Timeout time.Duration
+	Retry   *Retry
+	// Idempotent is a reviewable claim that repeating the call with identical
+	// input is safe because the handler deduplicates with Call.IdempotencyKey.
+	Idempotent bool
+	Approval   *ApprovalRule
+	// Policies evaluated for this capability after the runtime's own.
+	Policies []Policy
+	// RedactOutput, when set, returns what of the output may leave the worker.
+	RedactOutput func(out any) any
+}
+
+// DefaultTimeout is a capability's per-attempt timeout unless it says otherwise.
+const DefaultTimeout = 30 * time.Second
+
+// DefaultBackoff is the first retry's delay unless Retry says otherwise.
+const DefaultBackoff = 250 * time.Millisecond
+
+func (m Meta) timeout() time.Duration {
+	if m.Timeout > 0 {
+		return m.Timeout
+	}
+	return DefaultTimeout
+}
+
+func (m Meta) maxAttempts() int {
+	if m.Retry == nil || m.Retry.MaxAttempts < 0 {
+		return 0
+	}
+	return m.Retry.MaxAttempts
+}
+
+func (m Meta) backoff(attempt int) time.Duration {
+	base := DefaultBackoff
+	if m.Retry != nil && m.Retry.Backoff > 0 {
+		base = m.Retry.Backoff
+	}
+	if attempt < 1 {
+		attempt = 1
+	}
+	if attempt > 20 {
+		attempt = 20
+	}
+	return base << (attempt - 1)
+}

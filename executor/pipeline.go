@@ -1,0 +1,260 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// run drives the pipeline of DESIGN §4 for a claimed execution. fresh is set
+// on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
+// a takeover at stage 11 with that attempt, after prevCode.
+func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
+	go x.keepLease()
+	m := x.b.meta
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
+	}
+	// 2: the request is audited before anything can refuse it.
+	if fresh {
+		x.emit(audit.Requested, nil)
+	}
+	if x.ctx.Err() != nil {
+		x.endByContext(0)
+		return
+	}
+	// 3–9 ran before any attempt started; a takeover of a running execution
+	// only needs the input back.
+	if fromAttempt == 0 {
+		if !x.admit() {
+			return
+		}
+	} else {
+		in, err := x.b.decode(x.req.Input)
+		if err != nil {
+			x.finalize(x.failed(inputInvalid(err)), 0)
+			return
+		}
+		x.input = in
+		if err := x.restoreGrant(); err != nil {
+			x.finalize(x.failed(err), x.rec.Attempt)
+			return
+		}
+	}
+
+	// 10–11: controls and the attempts.
+	attempt := fromAttempt
+	if attempt == 0 {
+		attempt = 1
+	} else {
+		x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)})
+	}
+	for {
+		if err := x.ctx.Err(); err != nil {
+			x.endByContext(attempt - 1)
+			return
+		}
+		err := x.update(func(r *Record) {
+			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, time.Now().UTC(), ""
+		})
+		if err != nil {
+			x.endByRecord(err, attempt-1)
+			return
+		}
+		started := x.event(audit.Started, map[string]any{"attempt": attempt, "approvalId": x.req.ApprovalID})
+		started.Worker = x.w.cfg.ID
+		if x.w.cfg.StrictAudit {
+			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
+					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
+					attempt-1)
+				return
+			}
+		} else {
+			x.w.audit.Emit(started)
+		}
+
+		out, cerr := x.attempt(attempt, m.timeout())
+		if cerr == nil {
+			raw, oerr := x.checkOutput(out)
+			if oerr != nil {
+				x.finalize(x.failedAfterRun(oerr), attempt)
+				return
+			}
+			x.finalize(x.completed(raw), attempt)
+			return
+		}
+		switch cause := context.Cause(x.ctx); {
+		case errors.Is(cause, errLeaseLost):
+			x.w.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
+			return
+		case errors.Is(cause, errShutdown):
+			x.release()
+			return
+		case x.ctx.Err() != nil:
+			x.endByContext(attempt)
+			return
+		}
+		if x.retryEligible(cerr) && attempt < 1+m.maxAttempts() {
+			if err := x.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
+				x.endByRecord(err, attempt)
+				return
+			}
+			delay := m.backoff(attempt)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-x.ctx.Done():
+				t.Stop()
+				if errors.Is(context.Cause(x.ctx), errShutdown) {
+					x.release()
+					return
+				}
+				if errors.Is(context.Cause(x.ctx), errLeaseLost) {
+					return
+				}
+				x.endByContext(attempt)
+				return
+			}
+			attempt++
+			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
+			continue
+		}
+		x.finalize(x.failedAfterRun(cerr), attempt)
+		return
+	}
+}
+
+// attempt calls the handler once under the attempt's timeout. After a timeout
+// or a cancel it neither waits for nor uses the handler's output.
+func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.CapabilityError) {
+	ctx, cancel := context.WithTimeoutCause(x.ctx, timeout, errAttemptTimeout)
+	defer cancel()
+	type result struct {
+		out any
+		err error
+	}
+	ch := make(chan result, 1)
+	x.w.handlerCalls.Add(1)
+	ci := callInfo{
+		executionID: x.req.ExecutionID, capabilityID: x.req.CapabilityID,
+		idempotencyKey: envelope.IdempotencyKey(x.req.ExecutionID), attempt: n,
+		actor: x.req.Actor, surface: Surface(x.req.Surface), correlationID: x.req.CorrelationID,
+		approval: x.grant, logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
+	}
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
+			}
+		}()
+		out, err := x.b.invoke(ctx, ci, x.input)
+		ch <- result{out, err}
+	}()
+	var res result
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		select {
+		case res = <-ch: // it returned as well: its result was there first
+		default:
+			x.w.abandoned.Add(1)
+			return nil, x.contextError(ctx)
+		}
+	}
+	if res.err != nil {
+		// A handler that returns because its context ended reports the context's
+		// reason, not its own wording of it.
+		if ctx.Err() != nil && errors.Is(res.err, ctx.Err()) {
+			return nil, x.contextError(ctx)
+		}
+		return nil, handlerError(res.err)
+	}
+	return res.out, nil
+}
+
+func (x *execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
+	if x.ctx.Err() != nil {
+		return x.cancelledError()
+	}
+	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
+		return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
+			Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout())}
+	}
+	return x.cancelledError()
+}
+
+func (x *execution) cancelledError() *envelope.CapabilityError {
+	msg := "The caller cancelled the execution."
+	if errors.Is(context.Cause(x.ctx), errDeadline) {
+		msg = "The request's deadline passed."
+	}
+	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
+}
+
+// handlerError classifies what a handler returned: a declared CapabilityError
+// speaks for itself; anything else is EXECUTION_FAILED, not retryable and not
+// exposed to the model, its cause kept for the logs.
+func handlerError(err error) *envelope.CapabilityError {
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		c := *ce
+		if c.Code == "" {
+			c.Code = envelope.CodeExecutionFailed
+		}
+		if c.Stage == "" {
+			c.Stage = envelope.StageHandler
+		}
+		return &c
+	}
+	return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
+		Message: "The operation failed.", Cause: err}
+}
+
+// retryEligible is the SI-11 rule: all must hold.
+func (x *execution) retryEligible(err *envelope.CapabilityError) bool {
+	m := x.b.meta
+	if m.maxAttempts() <= 0 || !err.Retryable {
+		return false
+	}
+	if m.SideEffect.writeLike() && !m.Idempotent {
+		return false
+	}
+	if m.Retry.RetryOn != nil && !m.Retry.RetryOn(err) {
+		return false
+	}
+	return true
+}
+
+// endByContext finalizes an execution whose whole context ended.
+func (x *execution) endByContext(attempts int) {
+	switch cause := context.Cause(x.ctx); {
+	case errors.Is(cause, errLeaseLost):
+		return
+	case errors.Is(cause, errShutdown):
+		x.release()
+		return
+	}
+	x.finalize(x.cancelled(envelope.CodeCancelled, x.cancelledError().Message), attempts)
+}
+
+// endByRecord handles a failed record update.
+func (x *execution) endByRecord(err error, attempts int) {
+	if errors.Is(err, errCancelRequested) {
+		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
+		return
+	}
+	x.w.log.Warn("execution record lost: leaving the execution to its owner", "executionId", x.req.ExecutionID, "err", err)
+}
+
+// release gives the execution back on shutdown: the lease ends now and the
+// message is redelivered at once, so a live worker takes it over.
+func (x *execution) release() {
+	_ = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() })
+	_ = x.msg.Nak()
+}

@@ -1,0 +1,49 @@
+package executor
+
+import (
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// State is an execution record's state (DESIGN §5).
+type State string
+
+// Record states.
+const (
+	// StatePending: a cancel arrived before any worker claimed the execution.
+	StatePending   State = "pending"
+	StateClaimed   State = "claimed"
+	StateRunning   State = "running"
+	StateBackoff   State = "backoff"
+	StateFinalized State = "finalized"
+)
+
+// Record is an execution's one record in the executions bucket, changed only
+// by compare-and-swap on its revision. The worker named in it owns the
+// execution while its lease lasts.
+type Record struct {
+	V            int    `json:"v"`
+	ExecutionID  string `json:"executionId"`
+	CapabilityID string `json:"capabilityId"`
+	State        State  `json:"state"`
+	// Attempt is the number of the attempt running, or the last one started.
+	Attempt    int       `json:"attempt"`
+	Worker     string    `json:"worker,omitempty"`
+	LeaseUntil time.Time `json:"leaseUntil,omitempty"`
+	// StartedAt is when the current attempt started.
+	StartedAt time.Time     `json:"startedAt,omitempty"`
+	LastError envelope.Code `json:"lastError,omitempty"`
+	// CancelRequested may be set in any state before finalized; it is terminal.
+	CancelRequested   bool      `json:"cancelRequested,omitempty"`
+	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitempty"`
+	ApprovalID        string    `json:"approvalId,omitempty"`
+	// Status is the envelope's status once finalized.
+	Status    envelope.Status `json:"status,omitempty"`
+	CreatedAt time.Time       `json:"createdAt"`
+	UpdatedAt time.Time       `json:"updatedAt"`
+}
+
+func (r *Record) leaseLive(now time.Time) bool {
+	return r.Worker != "" && now.Before(r.LeaseUntil)
+}

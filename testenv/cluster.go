@@ -1,0 +1,115 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/natsserver"
+)
+
+// metaLeaderTimeout bounds how long StartCluster waits for JetStream to elect a
+// meta leader.
+const metaLeaderTimeout = 30 * time.Second
+
+// Cluster is a JetStream cluster of embedded servers routed on loopback.
+type Cluster struct {
+	Nodes []*Env
+	URLs  []string
+}
+
+// StartCluster starts n JetStream servers that route to each other, each with its
+// own store directory, and returns once JetStream has a meta leader. All nodes are
+// shut down when the test ends.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("testenv: StartCluster needs at least one node, got %d", n)
+	}
+	// Every node must list every other node's route, so all ports are chosen first.
+	clientPorts := freePorts(t, n)
+	clusterPorts := freePorts(t, n)
+	c := &Cluster{}
+	t.Cleanup(c.stopAll)
+	for i := range n {
+		var routes []string
+		for j, p := range clusterPorts {
+			if j != i {
+				routes = append(routes, routeURL(p))
+			}
+		}
+		c.Nodes = append(c.Nodes, &Env{opts: natsserver.Options{
+			StoreDir:    t.TempDir(),
+			Port:        clientPorts[i],
+			Name:        fmt.Sprintf("node-%d", i),
+			ClusterPort: clusterPorts[i],
+			Routes:      routes,
+		}})
+	}
+	for _, node := range c.Nodes {
+		node.start(t)
+		c.URLs = append(c.URLs, node.URL)
+	}
+	c.waitMetaLeader(t)
+	return c
+}
+
+// URL returns the client URLs of all nodes, comma-separated, as nats.Connect takes them.
+func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
+
+// Connect connects to any node of the cluster, with the same test options as
+// Env.Connect. The connection is closed when the test ends.
+func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return connect(t, c.URL(), opts)
+}
+
+// StopNode shuts node i down now, as if it were lost.
+func (c *Cluster) StopNode(i int) { c.Nodes[i].Stop() }
+
+// RestartNode starts node i again on its store directory and ports; it rejoins
+// the cluster.
+func (c *Cluster) RestartNode(t testing.TB, i int) {
+	t.Helper()
+	c.Nodes[i].Restart(t)
+}
+
+func (c *Cluster) stopAll() {
+	for _, node := range c.Nodes {
+		node.Stop()
+	}
+}
+
+// waitMetaLeader polls the JetStream API until it answers, which needs a meta leader.
+func (c *Cluster) waitMetaLeader(t testing.TB) {
+	t.Helper()
+	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("testenv: connect to cluster: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("testenv: jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), metaLeaderTimeout)
+	defer cancel()
+	for {
+		reqCtx, reqCancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.AccountInfo(reqCtx)
+		reqCancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("testenv: cluster has no JetStream meta leader after %s: %v", metaLeaderTimeout, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/natsserver"
+)
+
+// Env is one embedded JetStream server for a test.
+type Env struct {
+	URL      string
+	StoreDir string
+	Server   *server.Server
+
+	opts natsserver.Options
+}
+
+// Start starts a JetStream server with a file store under t.TempDir() on a random
+// loopback port. It is shut down when the test ends.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	e := &Env{opts: natsserver.Options{StoreDir: t.TempDir(), Port: -1}}
+	e.start(t)
+	// Later restarts reuse the port, so clients given e.URL find the server again.
+	e.opts.Port = e.Server.Addr().(*net.TCPAddr).Port
+	t.Cleanup(e.Stop)
+	return e
+}
+
+func (e *Env) start(t testing.TB) {
+	t.Helper()
+	s, err := natsserver.Start(e.opts)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	e.Server = s
+	e.StoreDir = e.opts.StoreDir
+	e.URL = natsserver.ClientURL(s)
+}
+
+// Connect connects to the server with options suited to tests (reconnect forever,
+// quickly); opts are applied after them. The connection is closed when the test ends.
+func (e *Env) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return connect(t, e.URL, opts)
+}
+
+// JetStream returns a JetStream context on a new connection.
+func (e *Env) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(e.Connect(t))
+	if err != nil {
+		t.Fatalf("testenv: jetstream: %v", err)
+	}
+	return js
+}
+
+// Stop shuts the server down now, as if it were lost. Stopping twice is harmless.
+func (e *Env) Stop() {
+	if e.Server == nil {
+		return
+	}
+	e.Server.Shutdown()
+	e.Server.WaitForShutdown()
+}
+
+// Restart starts the server again on the same store directory and port, so
+// streams and KV buckets survive and connected clients reconnect.
+func (e *Env) Restart(t testing.TB) {
+	t.Helper()
+	e.Stop()
+	e.start(t)
+}
+
+func connect(t testing.TB, url string, opts []nats.Option) *nats.Conn {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.Name(t.Name()),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond),
+		nats.ReconnectJitter(0, 0),
+		nats.Timeout(2 * time.Second),
+	}, opts...)
+	nc, err := nats.Connect(url, all...)
+	if err != nil {
+		t.Fatalf("testenv: connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// freePorts returns n distinct free loopback ports. The listeners are held until
+// all ports are chosen so that no port is returned twice.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, n)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testenv: pick a free port: %v", err)
+		}
+		defer l.Close()
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return ports
+}
+
+func routeURL(port int) string { return fmt.Sprintf("nats://127.0.0.1:%d", port) }
