@@ -123,7 +123,7 @@ type Worker struct {
 	baseCancel context.CancelCauseFunc
 
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
-	abandoned, takenOver, duplicates          atomic.Uint64
+	abandoned, takenOver, duplicates            atomic.Uint64
 }
 
 // Causes that end an execution's context.

@@ -1,0 +1,215 @@
+// Package demo is the demo catalog that `capstan dev` and `capstan worker`
+// serve: five capabilities with which every rule of the design can be seen.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the demo's own resources.
+const (
+	OutboxStream  = "CAPSTAN_DEMO_OUTBOX"
+	OutboxSubject = "capstan.demo.outbox"
+	RefundsBucket = "CAPSTAN_DEMO_REFUNDS"
+	// ExecutionIDHeader carries the execution id on every outbox message.
+	ExecutionIDHeader = "Capstan-Execution-Id"
+	// RefundApprovalAbove is the amount above which a refund needs approval.
+	RefundApprovalAbove = 500
+)
+
+var everywhere = executor.On(executor.SurfaceDirect, executor.SurfaceMCP)
+
+// FlakyInput is demo.flaky's input.
+type FlakyInput struct {
+	FailTimes int `json:"failTimes"`
+}
+
+// FlakyOutput reports the attempt that succeeded.
+type FlakyOutput struct {
+	Attempt int `json:"attempt"`
+}
+
+// SleepInput is demo.sleep's input.
+type SleepInput struct {
+	Ms int `json:"ms"`
+}
+
+// SleepOutput reports how long it slept.
+type SleepOutput struct {
+	SleptMs int `json:"sleptMs"`
+}
+
+// EmailInput is email.send's input.
+type EmailInput struct {
+	To      string `json:"to"`
+	Subject string `json:"subject"`
+	HoldMs  int    `json:"holdMs,omitempty"`
+}
+
+// Validate checks the address is present.
+func (e EmailInput) Validate() error {
+	if e.To == "" {
+		return &executor.InputError{Issues: []executor.Issue{{Path: "to", Message: "required"}}}
+	}
+	return nil
+}
+
+// EmailOutput is the outbox message's sequence.
+type EmailOutput struct {
+	OutboxSeq uint64 `json:"outboxSeq"`
+}
+
+// RefundInput is orders.refund's input.
+type RefundInput struct {
+	OrderID string `json:"orderId"`
+	Amount  int64  `json:"amount"`
+}
+
+// Validate checks the order id and amount.
+func (r RefundInput) Validate() error {
+	var issues []executor.Issue
+	if r.OrderID == "" {
+		issues = append(issues, executor.Issue{Path: "orderId", Message: "required"})
+	}
+	if r.Amount <= 0 {
+		issues = append(issues, executor.Issue{Path: "amount", Message: "must be positive"})
+	}
+	if len(issues) > 0 {
+		return &executor.InputError{Issues: issues}
+	}
+	return nil
+}
+
+// RefundOutput says whether this call recorded the refund or found it done.
+type RefundOutput struct {
+	OrderID  string `json:"orderId"`
+	Amount   int64  `json:"amount"`
+	Repeated bool   `json:"repeated"`
+}
+
+// Provision creates the demo's outbox stream and refunds bucket.
+func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetStream, error) {
+	if replicas <= 0 {
+		replicas = 1
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("demo: outbox stream: %w", err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("demo: refunds bucket: %w", err)
+	}
+	return js, nil
+}
+
+// Catalog returns the demo capabilities, their effects kept in js.
+func Catalog(js jetstream.JetStream) []executor.Capability {
+	return []executor.Capability{
+		executor.Define("demo.echo", executor.Meta{
+			Description: "Returns its input unchanged. Use to check that capstan works end to end.",
+			Expose:      everywhere, SideEffect: executor.None, Risk: executor.RiskLow, Tags: []string{"demo"},
+		}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+			return c.Input, nil
+		}),
+
+		executor.Define("demo.flaky", executor.Meta{
+			Description: "Fails retryably while its attempt number is at most failTimes, then succeeds.",
+			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Retry: &executor.Retry{MaxAttempts: 2},
+		}, func(ctx context.Context, c executor.Call[FlakyInput]) (FlakyOutput, error) {
+			if c.Attempt <= c.Input.FailTimes {
+				return FlakyOutput{}, &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Retryable: true,
+					ExposeToModel: true, Message: fmt.Sprintf("Attempt %d failed on purpose.", c.Attempt)}
+			}
+			return FlakyOutput{Attempt: c.Attempt}, nil
+		}),
+
+		executor.Define("demo.sleep", executor.Meta{
+			Description: "Sleeps ms milliseconds, honouring cancellation; times out after 1 s.",
+			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Timeout: time.Second, Retry: &executor.Retry{MaxAttempts: 1},
+		}, func(ctx context.Context, c executor.Call[SleepInput]) (SleepOutput, error) {
+			t := time.NewTimer(time.Duration(c.Input.Ms) * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return SleepOutput{SleptMs: c.Input.Ms}, nil
+			case <-ctx.Done():
+				return SleepOutput{}, ctx.Err()
+			}
+		}),
+
+		executor.Define("email.send", executor.Meta{
+			Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
+			Expose:      everywhere, SideEffect: executor.External, Risk: executor.RiskMedium, Tags: []string{"demo"},
+		}, func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
+			m := nats.NewMsg(OutboxSubject)
+			m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+			m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
+			ack, err := js.PublishMsg(ctx, m)
+			if err != nil {
+				return EmailOutput{}, fmt.Errorf("outbox: %w", err)
+			}
+			// The dangerous window: the effect happened, the result is not yet
+			// recorded. A crash here must never send the email again.
+			if c.Input.HoldMs > 0 {
+				t := time.NewTimer(time.Duration(c.Input.HoldMs) * time.Millisecond)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return EmailOutput{}, ctx.Err()
+				}
+			}
+			return EmailOutput{OutboxSeq: ack.Sequence}, nil
+		}),
+
+		executor.Define("orders.refund", executor.Meta{
+			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
+			Expose:      everywhere, SideEffect: executor.Write, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
+			Idempotent: true, Retry: &executor.Retry{MaxAttempts: 1}, Timeout: 10 * time.Second,
+			Policies: []executor.Policy{{
+				Name: "refund-approval-above-500",
+				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
+					in, ok := r.Input.(*RefundInput)
+					if ok && in.Amount > RefundApprovalAbove {
+						return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"},
+							Reason: fmt.Sprintf("refunds above %d need a finance approval", RefundApprovalAbove)}, nil
+					}
+					return executor.Decision{Stance: executor.Allow}, nil
+				},
+			}},
+		}, func(ctx context.Context, c executor.Call[RefundInput]) (RefundOutput, error) {
+			kv, err := js.KeyValue(ctx, RefundsBucket)
+			if err != nil {
+				return RefundOutput{}, err
+			}
+			rec, _ := envelope.Marshal(c.Input)
+			// Keyed by the idempotency key: a repeated attempt of this execution
+			// finds its own refund and changes nothing.
+			if _, err := kv.Create(ctx, c.IdempotencyKey, rec); err != nil {
+				if errors.Is(err, jetstream.ErrKeyExists) {
+					return RefundOutput{OrderID: c.Input.OrderID, Amount: c.Input.Amount, Repeated: true}, nil
+				}
+				return RefundOutput{}, &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Retryable: true,
+					Message: "The refund store is unavailable.", Cause: err}
+			}
+			return RefundOutput{OrderID: c.Input.OrderID, Amount: c.Input.Amount}, nil
+		}),
+	}
+}
