@@ -48,7 +48,7 @@ func TestUndecodableRequest_TerminatedAndFinalizedInputInvalid(t *testing.T) {
 	withID := envelope.NewExecutionID()
 	for _, m := range []*nats.Msg{
 		{Subject: "capstan.exec.demo.echo", Data: []byte("\xc1 not msgpack"), Header: nats.Header{"Nats-Msg-Id": []string{withID}}},
-		{Subject: "capstan.exec.demo.echo", Data: []byte{0x93, 0x01}},                                  // truncated array, no id
+		{Subject: "capstan.exec.demo.echo", Data: []byte{0x93, 0x01}},                                         // truncated array, no id
 		{Subject: "capstan.exec.demo.echo", Data: mustMarshal(t, map[string]any{"v": 9, "executionId": "x"})}, // wrong version
 		{Subject: "capstan.exec._unrouted", Data: []byte("{}"), Header: nats.Header{"Nats-Msg-Id": []string{"bad id!"}}},
 	} {
