@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -95,24 +96,57 @@ type RefundOutput struct {
 	Repeated bool   `json:"repeated"`
 }
 
-// Provision creates the demo's outbox stream and refunds bucket.
+// Streams names the demo's streams: the outbox and the refunds bucket's.
+var Streams = []string{OutboxStream, "KV_" + RefundsBucket}
+
+// Provision creates the demo's outbox stream and refunds bucket when they do
+// not exist. replicas is as broker.Config.Replicas: 0 is auto (existing
+// resources keep theirs, new ones get broker.DetectReplicas' choice); an
+// explicit count must match existing resources. Existing resources are never
+// changed.
 func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetStream, error) {
-	if replicas <= 0 {
-		replicas = 1
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("demo: outbox stream: %w", err)
+	explicit := replicas > 0
+	forNew := func() int {
+		if replicas == 0 {
+			replicas = broker.DetectReplicas(ctx, nc)
+		}
+		return replicas
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("demo: refunds bucket: %w", err)
+	for _, r := range []struct {
+		stream string
+		create func(n int) error
+	}{
+		{OutboxStream, func(n int) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: n,
+			})
+			return err
+		}},
+		{"KV_" + RefundsBucket, func(n int) error {
+			_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+				Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: n,
+			})
+			return err
+		}},
+	} {
+		s, err := js.Stream(ctx, r.stream)
+		switch {
+		case err == nil:
+			if have := s.CachedInfo().Config.Replicas; explicit && have != replicas {
+				return nil, fmt.Errorf("%w: demo stream %s: Replicas is %d, wanted %d", broker.ErrConfigConflict, r.stream, have, replicas)
+			}
+			continue
+		case !errors.Is(err, jetstream.ErrStreamNotFound):
+			return nil, fmt.Errorf("demo: stream %s: %w", r.stream, err)
+		}
+		err = r.create(forNew())
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && !errors.Is(err, jetstream.ErrBucketExists) {
+			return nil, fmt.Errorf("demo: create %s: %w", r.stream, err)
+		}
 	}
 	return js, nil
 }
