@@ -47,6 +47,9 @@ func (x *execution) finish() {
 // another delivery or worker left.
 func (x *execution) claimAndRun() {
 	w := x.w
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
+	}
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
@@ -116,7 +119,11 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		nak(x.msg, time.Second)
 		return
 	}
-	if prev != StatePending {
+	if prev == StatePending {
+		// A cancel came first and left the record; the request itself was
+		// never audited.
+		x.emit(audit.Requested, nil)
+	} else {
 		w.takenOver.Add(1)
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
