@@ -112,7 +112,8 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		r.Worker = w.cfg.ID
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
-			r.State = StateClaimed
+			// A cancel's record knew only the id.
+			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
 		}
 	}); err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.

@@ -67,6 +67,10 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+				if x.ctx.Err() != nil {
+					x.endByContext(attempt - 1)
+					return
+				}
 				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
