@@ -146,8 +146,12 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		}
 		if prev == StateBackoff && x.rec.LastError != "" {
 			// The attempt failed and was recorded; only its retry was lost.
-			x.finalize(x.failed(&envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler,
-				Message: "The operation failed.", ExposeToModel: false}), n)
+			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
+				Message: "The operation failed.", ExposeToModel: false}
+			if last.Code == envelope.CodeTimeout {
+				last = x.timeoutError()
+			}
+			x.finalize(x.afterRun(last), n)
 			return
 		}
 		x.finalize(x.failed(&envelope.CapabilityError{

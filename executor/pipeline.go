@@ -184,10 +184,14 @@ func (x *execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 		return x.cancelledError()
 	}
 	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-			Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
+		return x.timeoutError()
 	}
 	return x.cancelledError()
+}
+
+func (x *execution) timeoutError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
+		Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
 }
 
 func (x *execution) cancelledError() *envelope.CapabilityError {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -623,4 +624,72 @@ func num(v any) int64 {
 		return int64(n)
 	}
 	return -1
+}
+
+// TestTakeoverInBackoff_FollowsTheRetryRule: an execution whose worker was
+// lost during a backoff is re-attempted under the same id (previous error
+// WORKER_LOST) when SI-11 allows it; when RetryOn vetoes, the recorded
+// TIMEOUT ends it as cancelled/TIMEOUT like any last timeout.
+func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	retryOn := func(err error) bool {
+		var ce *envelope.CapabilityError
+		return errors.As(err, &ce) && ce.Code != envelope.CodeWorkerLost
+	}
+	define := func(id string, veto bool) executor.Capability {
+		r := &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond}
+		if veto {
+			r.RetryOn = retryOn
+		}
+		return executor.Define(id, executor.Meta{Description: "Succeeds.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.Read, Timeout: time.Second, Retry: r,
+		}, func(ctx context.Context, c executor.Call[none]) (int, error) {
+			calls.Add(1)
+			return c.Attempt, nil
+		})
+	}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, define("stock.read", false), define("stock.read-strict", true))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	for _, tc := range []struct {
+		capID    string
+		status   envelope.Status
+		attempts int
+		calls    int64
+	}{
+		{"stock.read", envelope.StatusCompleted, 2, 1},
+		{"stock.read-strict", envelope.StatusCancelled, 1, 0},
+	} {
+		t.Run(tc.capID, func(t *testing.T) {
+			before := calls.Load()
+			id := envelope.NewExecutionID()
+			past := time.Now().UTC().Add(-time.Minute)
+			// The record a worker lost during its backoff after a timeout leaves.
+			if _, err := broker.Create(ctx, c.Broker().Executions, id, &executor.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
+				State: executor.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
+				CreatedAt: past, UpdatedAt: past}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.Call(ctx, tc.capID, nil, executor.WithID(id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status != tc.status || got.Attempts != tc.attempts || calls.Load()-before != tc.calls {
+				t.Fatalf("status %s, attempts %d, calls %d, error %+v", got.Status, got.Attempts, calls.Load()-before, got.Error)
+			}
+			evs := trail(t, c, id)
+			retried := ofType(evs, audit.Retried)
+			if tc.status == envelope.StatusCompleted {
+				if len(retried) != 1 || num(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeWorkerLost) {
+					t.Errorf("retried %v", retried)
+				}
+				return
+			}
+			if len(retried) != 0 || got.Error.Code != envelope.CodeTimeout {
+				t.Errorf("retried %v, error %+v", retried, got.Error)
+			}
+		})
+	}
 }
