@@ -42,12 +42,18 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
 		return nil, err
 	}
-	// ... and every worker stops its own run of it at once, if it has one.
-	if err := add(w.nc.Subscribe(n.CancelSubjects(), func(m *nats.Msg) {
+	// ... and every worker stops its own run of it at once, if it has one:
+	// on the request itself, and again on the notice sent once the cancel is
+	// recorded, for a run that began between the two.
+	stopLocal := func(m *nats.Msg) {
 		if x := w.local(lastToken(m.Subject)); x != nil {
 			x.cancel(errCallerCancelled)
 		}
-	})); err != nil {
+	}
+	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
 	if err := add(w.nc.QueueSubscribe(n.DescribeSubject(), n.WorkersQueue(), w.serveDescribe)); err != nil {
@@ -67,6 +73,9 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
+		if reply.Error == "" && !reply.Finalized {
+			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(id), nil)
+		}
 		b, _ := json.Marshal(reply)
 		_ = m.Respond(b)
 	}()
