@@ -230,7 +230,9 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("cancel: exit %d, stderr %s", code, stderr)
 	}
-	if reply := decode[executor.CancelReply](t, stdout); reply.ExecutionID != id || reply.Finalized {
+	// The reply may already say finalized: the worker running it stops it as
+	// soon as the request arrives, possibly before the cancel is recorded.
+	if reply := decode[executor.CancelReply](t, stdout); reply.ExecutionID != id || reply.Error != "" {
 		t.Fatalf("cancel reply %+v", reply)
 	}
 	stdout, _, code = capstan(t, url, "await", id)
