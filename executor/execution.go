@@ -72,10 +72,15 @@ var errCancelRequested = errors.New("capstan: cancel requested")
 // record is still ours it applies change again; if another worker owns it, or
 // it is finalized, it returns errLost; a cancel request set meanwhile is
 // applied and reported as errCancelRequested.
+//
+// A store that does not answer (a replicated bucket electing a new leader) is
+// waited for up to storeOutage: giving up early would leave a record that
+// says the execution is ours, or running, when it is neither.
 func (x *execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for try := 0; try < 20; try++ {
+	start := time.Now()
+	for try := 0; !x.w.storeGivesUp(start, try); try++ {
 		next := *x.rec
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
@@ -106,6 +111,19 @@ func (x *execution) update(change func(r *Record)) error {
 		x.rec, x.rev = cur, curRev
 	}
 	return errLost
+}
+
+// storeOutage is how long a worker keeps trying a write that the store does
+// not answer: longer than a replicated bucket takes to elect a new leader.
+const storeOutage = time.Minute
+
+// storeGivesUp reports whether a write tried since start should stop: after
+// storeOutage, or after a few tries once the worker is shutting down.
+func (w *Worker) storeGivesUp(start time.Time, try int) bool {
+	if w.base.Err() != nil {
+		return try >= 20
+	}
+	return try >= 20 && time.Since(start) > storeOutage
 }
 
 func backoffStep(try int) time.Duration {

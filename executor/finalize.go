@@ -95,6 +95,7 @@ func (x *execution) finalize(o *outcome, attempts int) {
 // be acknowledged: true when an envelope (ours or another's) exists.
 func (x *execution) createEnvelope(env *envelope.Envelope) bool {
 	w := x.w
+	start := time.Now()
 	for try := 0; ; try++ {
 		ctx, cancel := storeCtx()
 		_, err := broker.Create(ctx, w.b.Envelopes, x.req.ExecutionID, env)
@@ -107,20 +108,27 @@ func (x *execution) createEnvelope(env *envelope.Envelope) bool {
 			ctx, cancel := storeCtx()
 			have, _, lerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, x.req.ExecutionID)
 			cancel()
-			if lerr == nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
+			if lerr != nil {
+				// Not found: a replicated bucket can refuse a create
+				// spuriously. Unreadable: unknown is not present. Either way,
+				// acknowledging now could lose the execution.
+				if w.storeGivesUp(start, try) {
+					w.log.Error("envelope refused but not readable", "executionId", x.req.ExecutionID, "err", lerr)
+					return false
+				}
+				time.Sleep(backoffStep(try))
+				continue
+			}
+			if have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
 				w.finalized.Add(1) // our own write, whose answer was lost
 				return true
 			}
 			w.conflicts.Add(1)
-			data := map[string]any{"discardedStatus": string(env.Status), "discardedAttempts": env.Attempts}
-			if lerr == nil {
-				data["finalizedBy"] = have.FinalizedBy
-				data["status"] = string(have.Status)
-			}
-			x.emit(audit.EnvelopeConflict, data)
+			x.emit(audit.EnvelopeConflict, map[string]any{"discardedStatus": string(env.Status), "discardedAttempts": env.Attempts,
+				"finalizedBy": have.FinalizedBy, "status": string(have.Status)})
 			return true
 		}
-		if try >= 30 || x.w.base.Err() != nil {
+		if w.storeGivesUp(start, try) {
 			// Leave the message unacknowledged: its redelivery decides again.
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
 			return false

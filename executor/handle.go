@@ -101,7 +101,10 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	now := time.Now().UTC()
-	if rec.leaseLive(now) && rec.State != StatePending {
+	// This worker's own live lease on an execution it does not run (handle
+	// checked) is a claim whose answer was lost, or one it left when the
+	// store stopped answering: there is nobody to wait for.
+	if rec.leaseLive(now) && rec.State != StatePending && rec.Worker != w.cfg.ID {
 		nak(x.msg, rec.LeaseUntil.Sub(now)+50*time.Millisecond)
 		return
 	}

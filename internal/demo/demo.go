@@ -151,6 +151,28 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 	return js, nil
 }
 
+// sendOnce publishes m to the outbox, again under the same message id while
+// the stream does not answer (its leader may have just been lost): the
+// stream's dedup window keeps one message however many tries it took. The id
+// names the attempt, so that a second attempt, which the runtime must never
+// make, would show as a second message.
+func sendOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg, id string) (*jetstream.PubAck, error) {
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := js.PublishMsg(tctx, m, jetstream.WithMsgID(id))
+		cancel()
+		var apiErr *jetstream.APIError
+		if err == nil || ctx.Err() != nil || (errors.As(err, &apiErr) && apiErr.Code != 503) {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(min(try, 10)) * 100 * time.Millisecond):
+		}
+	}
+}
+
 // Catalog returns the demo capabilities, their effects kept in js.
 func Catalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
@@ -195,7 +217,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			m := nats.NewMsg(OutboxSubject)
 			m.Header.Set(ExecutionIDHeader, c.ExecutionID)
 			m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
-			ack, err := js.PublishMsg(ctx, m)
+			ack, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d", c.ExecutionID, c.Attempt))
 			if err != nil {
 				return EmailOutput{}, fmt.Errorf("outbox: %w", err)
 			}
