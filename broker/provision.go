@@ -33,6 +33,10 @@ type Config struct {
 	// a JetStream cluster of three or more servers, else 1). An explicit count
 	// must match existing resources; SetReplicas is what changes it.
 	Replicas int
+	// ClusterSize, when known ahead, stands in for detection under auto: a
+	// server knows the size of its cluster from its routes, and provisions R3
+	// resources even while some of its peers are still starting.
+	ClusterSize int
 	// RecordTTL keeps execution records, envelopes and approvals (default 7 days).
 	RecordTTL time.Duration
 	// AuditMaxAge is the audit stream's retention (default 30 days).
@@ -90,7 +94,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
-	rc := &replicaChoice{nc: nc, explicit: cfg.Replicas}
+	rc := &replicaChoice{nc: nc, explicit: cfg.Replicas, clusterSize: cfg.ClusterSize}
 
 	b.Exec, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
 		Name:       n.ExecStream(),

@@ -98,10 +98,11 @@ func liveJetStreamServers(ctx context.Context, nc *nats.Conn, cluster string, en
 // replicaChoice is Config.Replicas during one provisioning: an explicit
 // count, or auto, which keeps what exists and detects once for what is new.
 type replicaChoice struct {
-	nc       *nats.Conn
-	explicit int
-	found    int // replicas of the first existing resource seen
-	detected int
+	nc          *nats.Conn
+	explicit    int
+	clusterSize int
+	found       int // replicas of the first existing resource seen
+	detected    int
 }
 
 // against returns the count an existing resource with have replicas must
@@ -124,6 +125,10 @@ func (rc *replicaChoice) forNew(ctx context.Context) int {
 		return rc.explicit
 	case rc.found > 0:
 		return rc.found
+	case rc.detected == 0 && rc.clusterSize >= clusterReplicas:
+		rc.detected = clusterReplicas
+	case rc.detected == 0 && rc.clusterSize > 0:
+		rc.detected = 1
 	case rc.detected == 0:
 		rc.detected = DetectReplicas(ctx, rc.nc)
 	}

@@ -64,6 +64,24 @@ func TestAutoReplicas_SingleServerGetsOne(t *testing.T) {
 	wantAll(t, streamReplicas(t, ctx, b.JS, b.Names), 1)
 }
 
+func TestAutoReplicas_KnownClusterSizeIsUsedForNewResources(t *testing.T) {
+	ctx := replicasCtx(t)
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	// A server told it is one of three creates R3 resources, which a single
+	// server refuses: the hint was used, not detection.
+	if _, err := broker.Provision(ctx, nc, broker.Config{ClusterSize: 3}); err == nil {
+		t.Fatal("R3 provisioning on a single server succeeded")
+	}
+	// Resources that exist keep their count whatever the hint says.
+	if _, err := broker.Provision(ctx, nc, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := broker.Provision(ctx, nc, broker.Config{ClusterSize: 3}); err != nil {
+		t.Fatalf("hint over existing R1 resources: %v", err)
+	}
+}
+
 func TestSetReplicas_RefusesCountsJetStreamCannotHold(t *testing.T) {
 	ctx := replicasCtx(t)
 	env := testenv.Start(t)
@@ -128,6 +146,21 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 		}
 		if b.Replicas != 3 {
 			t.Fatalf("Broker.Replicas = %d, want 3", b.Replicas)
+		}
+		wantAll(t, streamReplicas(t, ctx, b.JS, b.Names), 3)
+	})
+
+	t.Run("KnownClusterSizeStandsInForDetection", func(t *testing.T) {
+		ctx := replicasCtx(t)
+		b, err := broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "HINT1", ClusterSize: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantAll(t, streamReplicas(t, ctx, b.JS, b.Names), 1)
+		// An explicit count wins over the hint.
+		b, err = broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "HINT3", ClusterSize: 1, Replicas: 3})
+		if err != nil {
+			t.Fatal(err)
 		}
 		wantAll(t, streamReplicas(t, ctx, b.JS, b.Names), 3)
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -290,4 +291,119 @@ func outboxByExecution(t *testing.T, ctx context.Context, js jetstream.JetStream
 		}
 	}
 	return out
+}
+
+// BenchmarkDeployments measures one workload on the deployments a user
+// chooses between: 5,000 demo.echo calls by 64 concurrent callers, served by
+// two workers of 64, on a single server and on a 3-node cluster (R3), each
+// with JetStream's default lazy flush and with --sync always. Run with
+// -benchtime 1x: each iteration is the whole workload.
+//
+//	go test -run '^$' -bench Deployments -benchtime 1x ./executor
+func BenchmarkDeployments(b *testing.B) {
+	for _, d := range []struct {
+		name    string
+		cluster bool
+		sync    bool
+	}{
+		{"single", false, false},
+		{"single-sync-always", false, true},
+		{"cluster3", true, false},
+		{"cluster3-sync-always", true, true},
+	} {
+		b.Run(d.name, func(b *testing.B) {
+			var opts []testenv.Option
+			if d.sync {
+				opts = append(opts, testenv.SyncAlways())
+			}
+			var connect func() *nats.Conn
+			if d.cluster {
+				c := testenv.StartCluster(b, 3, opts...)
+				connect = func() *nats.Conn { return c.Connect(b) }
+			} else {
+				env := testenv.Start(b, opts...)
+				connect = func() *nats.Conn { return env.Connect(b) }
+			}
+			benchDeployment(b, connect, d.cluster)
+		})
+	}
+}
+
+func benchDeployment(b *testing.B, connect func() *nats.Conn, cluster bool) {
+	const calls, callers = 5000, 64
+	ctx := context.Background()
+	pb, err := broker.Provision(ctx, connect(), broker.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if want := map[bool]int{false: 1, true: 3}[cluster]; pb.Replicas != want {
+		b.Fatalf("replicas %d, want %d", pb.Replicas, want)
+	}
+	for i := range 2 {
+		nc := connect()
+		reg, err := executor.NewRegistry(echoCap(nil))
+		if err != nil {
+			b.Fatal(err)
+		}
+		w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: fmt.Sprintf("bench-%d", i), Concurrency: 64})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(wctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+	}
+	client, err := executor.NewClient(connect(), executor.ClientConfig{Actor: alice})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = client.Close() })
+	// Warm up: the workers serve, the client's catalog lists demo.echo.
+	for {
+		e, err := client.Call(ctx, "demo.echo", echoIn{Hello: "warm"})
+		if err == nil && e.Status == envelope.StatusCompleted {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	var all []time.Duration
+	var elapsed time.Duration
+	b.ResetTimer()
+	for range b.N {
+		lat := make([]time.Duration, calls)
+		next := make(chan int, calls)
+		for i := range calls {
+			next <- i
+		}
+		close(next)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					t0 := time.Now()
+					e, err := client.Call(ctx, "demo.echo", echoIn{Hello: strconv.Itoa(i)})
+					if err != nil || e.Status != envelope.StatusCompleted {
+						b.Errorf("call %d: %+v, %v", i, e, err)
+						return
+					}
+					lat[i] = time.Since(t0)
+				}
+			}()
+		}
+		wg.Wait()
+		elapsed += time.Since(start)
+		all = append(all, lat...)
+	}
+	b.StopTimer()
+	slices.Sort(all)
+	pct := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))]) / float64(time.Millisecond) }
+	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "calls/s")
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(0, "ns/op")
 }

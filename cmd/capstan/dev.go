@@ -26,7 +26,7 @@ func runDev(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 
-	e, err := startEmbedded(ctx, opts, log)
+	e, err := startEmbedded(ctx, opts, broker.Config{Replicas: wf.replicas}, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}

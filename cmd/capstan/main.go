@@ -30,6 +30,7 @@ var commands = []command{
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
+	{"admin", "operate a deployment: 'admin replicas [N]' shows or changes replica counts", runAdmin},
 }
 
 func main() {
