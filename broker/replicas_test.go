@@ -150,6 +150,35 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 		wantAll(t, streamReplicas(t, ctx, b.JS, b.Names), 3)
 	})
 
+	t.Run("LoadFromLeaderReadsWhatTheBucketHolds", func(t *testing.T) {
+		ctx := replicasCtx(t)
+		nc := c.Connect(t)
+		b, err := broker.Provision(ctx, nc, broker.Config{Prefix: "LEADER"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type rec struct {
+			N int `json:"n"`
+		}
+		rev, err := broker.Create(ctx, b.Envelopes, "k", &rec{N: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, gotRev, err := broker.LoadFromLeader[rec](ctx, nc, b.Envelopes, "k")
+		if err != nil || got.N != 7 || gotRev != rev {
+			t.Fatalf("LoadFromLeader = %+v rev %d, err %v; want 7 at rev %d", got, gotRev, err, rev)
+		}
+		if _, _, err := broker.LoadFromLeader[rec](ctx, nc, b.Envelopes, "missing"); !errors.Is(err, broker.ErrNotFound) {
+			t.Fatalf("missing key: %v, want ErrNotFound", err)
+		}
+		if err := b.Envelopes.Delete(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := broker.LoadFromLeader[rec](ctx, nc, b.Envelopes, "k"); !errors.Is(err, broker.ErrNotFound) {
+			t.Fatalf("deleted key: %v, want ErrNotFound", err)
+		}
+	})
+
 	t.Run("KnownClusterSizeStandsInForDetection", func(t *testing.T) {
 		ctx := replicasCtx(t)
 		b, err := broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "HINT1", ClusterSize: 1})

@@ -126,7 +126,9 @@ func (c *Client) recheck(minAge time.Duration) {
 			defer wg.Done()
 			for id := range work {
 				ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
-				env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id)
+				// From the leader: a replica catching up after a restart
+				// answers "not found" for envelopes it has yet to receive.
+				env, _, err := broker.LoadFromLeader[envelope.Envelope](ctx, c.b.NC, c.b.Envelopes, id)
 				cancel()
 				if err == nil {
 					c.deliver(id, env)

@@ -107,6 +107,10 @@ func (x *execution) createEnvelope(env *envelope.Envelope) bool {
 		if errors.Is(err, broker.ErrExists) {
 			ctx, cancel := storeCtx()
 			have, _, lerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, x.req.ExecutionID)
+			if errors.Is(lerr, broker.ErrNotFound) {
+				// A replica catching up may not have it yet; the leader does.
+				have, _, lerr = broker.LoadFromLeader[envelope.Envelope](ctx, w.nc, w.b.Envelopes, x.req.ExecutionID)
+			}
 			cancel()
 			if lerr != nil {
 				// Not found: a replicated bucket can refuse a create

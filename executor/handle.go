@@ -170,6 +170,10 @@ func (x *execution) envelopeExists() bool {
 	ctx, cancel := storeCtx()
 	defer cancel()
 	_, err := x.w.b.Envelopes.Get(ctx, x.req.ExecutionID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		// A replica catching up after a restart may not have it yet.
+		_, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.req.ExecutionID)
+	}
 	return err == nil
 }
 
