@@ -82,20 +82,16 @@ func (r *Record) Raw() (envelope.Raw, error) {
 	return envelope.RawFromJSON(r.Input)
 }
 
-// CheckInput re-hashes the stored input: its canonical form must hash to
-// InputHash. A record whose input was changed after it was requested fails
-// with ErrInputMismatch.
+// CheckInput re-hashes the stored input: its bytes must be the canonical JSON
+// that hashes to InputHash. A record whose input was changed after it was
+// requested, in meaning or only in form, fails with ErrInputMismatch.
 func (r *Record) CheckInput() error {
-	raw, err := r.Raw()
-	if err != nil {
-		return fmt.Errorf("%w: the stored input does not parse: %v", ErrInputMismatch, err)
-	}
-	h, err := envelope.InputHash(raw)
-	if err != nil {
-		return fmt.Errorf("%w: the stored input has no canonical form: %v", ErrInputMismatch, err)
-	}
-	if h != r.InputHash {
+	sum := sha256.Sum256(r.Input)
+	if h := hex.EncodeToString(sum[:]); h != r.InputHash {
 		return fmt.Errorf("%w: the stored input hashes to %s, the approval was for %s", ErrInputMismatch, h, r.InputHash)
+	}
+	if _, err := r.Raw(); err != nil {
+		return fmt.Errorf("%w: the stored input does not parse: %v", ErrInputMismatch, err)
 	}
 	return nil
 }
@@ -122,4 +118,11 @@ func checkApprover(a envelope.Actor) error {
 		}
 	}
 	return fmt.Errorf("%w: the approver must be a user, service or agent with an id, not %q", ErrInvalid, a.String())
+}
+
+// Usable reports why the approval cannot authorize executionID at t, or nil
+// when it can: approved and unexpired, or already consumed by executionID (a
+// retry or a takeover of the execution it authorized).
+func (r *Record) Usable(executionID string, t time.Time) error {
+	return statusError(r.StatusAt(t), r, executionID)
 }
