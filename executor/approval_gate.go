@@ -122,7 +122,7 @@ func (x *execution) useApproval() bool {
 		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
 	}
 	if err := rec.Usable(x.req.ExecutionID, time.Now().UTC()); err != nil {
-		return refuse("approval-unusable", approvals.Code(err), unusableMessage(err), err)
+		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), err)
 	}
 	if err := rec.CheckInput(); err != nil {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
@@ -145,7 +145,7 @@ func (x *execution) useApproval() bool {
 	rec, err = store.Consume(ctx, id, x.req.ExecutionID)
 	if err != nil {
 		if code := approvals.Code(err); code != "" {
-			return refuse("approval-unusable", code, unusableMessage(err), err)
+			return refuse(unusableReason(err), code, unusableMessage(err), err)
 		}
 		return x.approvalStoreFailed(err)
 	}
@@ -163,6 +163,26 @@ func (x *execution) approvalStoreFailed(err error) bool {
 		Retryable: true, ExposeToModel: true, Cause: err,
 		Message: "The approval could not be read; try again."}), 0)
 	return false
+}
+
+// unusableReason names in the trail why an approval could not be used.
+func unusableReason(err error) string {
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{
+		{approvals.ErrPending, "approval-pending"},
+		{approvals.ErrRejected, "approval-rejected"},
+		{approvals.ErrCancelled, "approval-cancelled"},
+		{approvals.ErrExpired, "approval-expired"},
+		{approvals.ErrConsumed, "approval-consumed"},
+		{approvals.ErrInputMismatch, "approval-input-mismatch"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return "approval-unusable"
 }
 
 func unusableMessage(err error) string {
