@@ -555,6 +555,14 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 		evs[1].Data["requestedBy"] != first.ExecutionID || evs[2].Data["approvalId"] != rec.ID || evs[1].InputHash != rec.InputHash {
 		t.Fatalf("resume trail %+v", evs)
 	}
+	again, err := c.Resume(ctxT(t), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = want(again.ExecutionID, audit.Requested, audit.Denied, audit.Failed)
+	if evs[1].Data["reason"] != "approval-consumed" || evs[1].Data["publicCode"] != string(envelope.CodeApprovalConsumed) {
+		t.Fatalf("denied %+v", evs[1])
+	}
 	evs = want(rejected.RequestedBy, audit.Requested, audit.ApprovalRequested, audit.Rejected)
 	if evs[2].Actor != audit.ActorOf(bobApprover) {
 		t.Fatalf("rejected %+v", evs[2])
