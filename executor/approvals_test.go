@@ -424,7 +424,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 	env, js := vaultEnv(t)
 	c := newClient(t, env.Connect(t))
 
-	stop := runWorker(t, env, "approvals-v1", executor.WorkerConfig{Pool: vaultPool}, vaultCatalog(js)...)
+	stop := runApprovalWorker(t, env, "approvals-v1", executor.WorkerConfig{Pool: vaultPool}, vaultCatalog(js)...)
 	_, rec := requireApproval(t, c, "vault.transfer", vaultInput{Account: "a1", Amount: 10, HoldMs: 1}, executor.As(alice))
 	decide(t, c, rec.ID, true)
 	stop()
@@ -435,7 +435,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 		Amount  int64  `json:"amount"`
 	}
 	var calls int
-	stop = runWorker(t, env, "approvals-v2", executor.WorkerConfig{Pool: vaultPool},
+	stop = runApprovalWorker(t, env, "approvals-v2", executor.WorkerConfig{Pool: vaultPool},
 		executor.Define("vault.transfer", executor.Meta{Description: "Moves money out, without holds.",
 			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
 			Approval: &executor.ApprovalRule{Required: true}},
@@ -452,10 +452,10 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 	}
 }
 
-// runWorker runs a worker on a connection of its own until the returned stop
+// runApprovalWorker runs a worker on a connection of its own until the returned stop
 // is called (or the test ends); stop closes the connection, so no pull request
 // of the stopped worker is left behind.
-func runWorker(t *testing.T, env *testenv.Env, name string, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
+func runApprovalWorker(t *testing.T, env *testenv.Env, name string, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
 	t.Helper()
 	nc := env.Connect(t, nats.Name(name))
 	reg, err := executor.NewRegistry(caps...)
