@@ -63,7 +63,7 @@ type Record struct {
 	RequestedBy string `json:"requestedBy"`
 	// ConsumedBy is the one execution the approval authorized.
 	ConsumedBy string    `json:"consumedBy,omitempty"`
-	ConsumedAt time.Time `json:"consumedAt,omitempty"`
+	ConsumedAt time.Time `json:"consumedAt,omitzero"`
 	// CorrelationID is the requesting execution's, carried to the decision events.
 	CorrelationID string `json:"correlationId,omitempty"`
 }

@@ -122,7 +122,8 @@ func (x *execution) useApproval() bool {
 		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
 	}
 	if err := rec.Usable(x.req.ExecutionID, time.Now().UTC()); err != nil {
-		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), err)
+		// A governed outcome, not a fault: nothing for the logs.
+		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), nil)
 	}
 	if err := rec.CheckInput(); err != nil {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
@@ -145,7 +146,11 @@ func (x *execution) useApproval() bool {
 	rec, err = store.Consume(ctx, id, x.req.ExecutionID)
 	if err != nil {
 		if code := approvals.Code(err); code != "" {
-			return refuse(unusableReason(err), code, unusableMessage(err), err)
+			var cause error
+			if code == envelope.CodeApprovalInputMismatch {
+				cause = err // changed in the bucket: worth a look
+			}
+			return refuse(unusableReason(err), code, unusableMessage(err), cause)
 		}
 		return x.approvalStoreFailed(err)
 	}

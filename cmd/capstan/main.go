@@ -30,6 +30,8 @@ var commands = []command{
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
+	{"approvals", "list, show, approve and reject approvals", runApprovals},
+	{"resume", "run an approved call as a new execution and await it", runResume},
 }
 
 func main() {
