@@ -129,9 +129,8 @@ func (w *Worker) describe(req *DescribeRequest) DescribeReply {
 	sortDescriptors(candidates)
 
 	type judged struct {
-		d       Descriptor
-		v       verdict
-		visible bool
+		d Descriptor
+		v verdict
 	}
 	results := make([]judged, len(candidates))
 	sem := make(chan struct{}, discoveryWorkers)

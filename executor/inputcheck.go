@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -264,6 +265,9 @@ func checkInput(raw []byte, s *shape) []Issue {
 	issues := w.issues
 	w.b, w.issues = nil, nil
 	walks.Put(w)
+	// Object keys come in no particular order (JSON objects are maps): sorted
+	// by path, the same input always reads the same.
+	slices.SortStableFunc(issues[:min(len(issues), maxIssues)], func(a, b Issue) int { return strings.Compare(a.Path, b.Path) })
 	return issues
 }
 

@@ -28,7 +28,8 @@ type checkOrder struct {
 	At      time.Time         `json:"at,omitzero"`
 	Pair    [2]int            `json:"pair,omitzero"`
 	checkEmbedded
-	hidden int //nolint:unused // unexported fields are not part of the input
+	//lint:ignore U1000 unexported fields are not part of the input
+	hidden int
 }
 
 type checkEmbedded struct {
