@@ -83,7 +83,7 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 			}
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("no %v event for %s; trail: %v", last, id, types(evs))
+			t.Fatalf("no %v event for %s; trail: %v", last, id, trailTypes(evs))
 		}
 	}
 }
@@ -93,7 +93,7 @@ func terminalTrail(t *testing.T, c *executor.Client, id string) []trailEvent {
 	return trailUntil(t, c, id, audit.Completed, audit.Failed, audit.Cancelled)
 }
 
-func types(evs []trailEvent) []string {
+func trailTypes(evs []trailEvent) []string {
 	var s []string
 	for _, e := range evs {
 		s = append(s, e.Type)
@@ -108,7 +108,7 @@ func eventOf(t *testing.T, evs []trailEvent, typ string) trailEvent {
 			return e
 		}
 	}
-	t.Fatalf("no %s event in %v", typ, types(evs))
+	t.Fatalf("no %s event in %v", typ, trailTypes(evs))
 	return trailEvent{}
 }
 

@@ -90,7 +90,8 @@ func phaseInput(phase Phase, in any) any {
 func (x *execution) policyGate(v verdict, stage string) bool {
 	switch {
 	case v.failed && x.ctx.Err() != nil:
-		// The execution ended while a policy ran: that is its outcome.
+		// The policies were cut off because the execution ended (a cancel, the
+		// deadline, a lost claim, a shutdown): that decides, not the policies.
 		x.endByContext(0)
 		return false
 	case v.failed:
