@@ -139,7 +139,7 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 	got := decode[envelope.Envelope](t, stdout)
 	if code != exitFailed || got.Error == nil || got.Error.Code != envelope.CodeExecutionFailed ||
 		got.Error.Message != "The operation failed." || got.Error.ExposeToModel || strings.Contains(stdout, "10.0.0.7") {
-		t.Fatalf("exit %d: %s", code, stdout)
+		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
 	}
 	if m := got.ForModel(); m.Code != envelope.CodeInternalError || m.Message != "The operation failed." {
 		t.Fatalf("for the model: %+v", m)
