@@ -48,8 +48,11 @@ type Record struct {
 	Surface      string         `json:"surface,omitempty"`
 	Actor        envelope.Actor `json:"actor"`
 	// Input is the validated input as canonical JSON; InputHash is its SHA-256.
-	Input       json.RawMessage `json:"input"`
-	InputHash   string          `json:"inputHash"`
+	Input     json.RawMessage `json:"input"`
+	InputHash string          `json:"inputHash"`
+	// Display is what an approver is shown of the input when the capability
+	// redacts it (canonical JSON); the approval still binds the whole Input.
+	Display     json.RawMessage `json:"display,omitempty"`
 	Reasons     []string        `json:"reasons,omitempty"`
 	Types       []string        `json:"types,omitempty"`
 	Risk        string          `json:"risk,omitempty"`

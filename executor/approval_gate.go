@@ -1,7 +1,9 @@
 package executor
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
@@ -32,12 +34,28 @@ func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.
 // instead of asking twice.
 func (x *execution) requestApproval(v verdict) {
 	m := x.b.meta
-	input, hash, err := approvals.Canonical(x.req.Input)
-	if err != nil {
+	unserializable := func(err error) {
 		x.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
 			Stage: envelope.StageApproval, ExposeToModel: true, Cause: err,
 			Message: "The input cannot be serialized canonically, so it cannot be approved."}, v.records)
+	}
+	input, hash, err := canonicalInput(x.input)
+	if err != nil {
+		unserializable(err)
 		return
+	}
+	var display []byte
+	if m.RedactApprovalInput != nil {
+		shown, err := m.ApprovalDisplay(x.input)
+		if err != nil {
+			x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+				Message: "The operation failed.", Cause: err}), 0)
+			return
+		}
+		if display, _, err = canonicalInput(shown); err != nil {
+			unserializable(err)
+			return
+		}
 	}
 	id := x.rec.ApprovalID
 	if id == "" {
@@ -69,7 +87,7 @@ func (x *execution) requestApproval(v verdict) {
 		now := time.Now().UTC()
 		rec = &approvals.Record{
 			ID: id, CapabilityID: x.req.CapabilityID, Surface: x.req.Surface, Actor: x.req.Actor,
-			Input: input, InputHash: hash, Reasons: reasons, Types: v.approvalTypes,
+			Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
 			Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
 			RequestedBy: x.req.ExecutionID, CorrelationID: x.req.CorrelationID,
 		}
@@ -95,9 +113,9 @@ func (x *execution) requestApproval(v verdict) {
 }
 
 // useApproval runs stage 8 of a resume: the approval must be this call's
-// (capability, actor, surface, input), approved and unexpired; its stored
-// input must still hash to what was approved and decode into the current
-// input type; then one CAS consumes it for this execution.
+// (capability, actor, surface, validated input), approved and unexpired; its
+// stored input must still hash to what was approved and decode into the
+// current input type; then one CAS consumes it for this execution.
 func (x *execution) useApproval() bool {
 	store := x.w.approvalStore()
 	ctx, cancel := storeCtx()
@@ -128,18 +146,19 @@ func (x *execution) useApproval() bool {
 	if err := rec.CheckInput(); err != nil {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
 	}
-	if x.inputHash != rec.InputHash {
+	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The input is not the approved input.", nil)
 	}
 	// Re-validation: the approved input must still fit the capability's
 	// current input type, or nothing runs and the approval stays unused.
 	raw, _ := rec.Raw()
 	in, err := x.b.decode(raw)
-	if err == nil {
-		err = validateValue(in)
-	}
 	if err != nil {
-		x.deny("approval-input-invalid", inputInvalid(err), nil)
+		if cerr := inputInvalid(err); cerr.Code != envelope.CodeInputInvalid {
+			x.finalize(x.failed(cerr), 0) // the capability's bug, not a refusal
+		} else {
+			x.deny("approval-input-invalid", cerr, nil)
+		}
 		return false
 	}
 	wasApproved := rec.Status == approvals.Approved
@@ -209,6 +228,16 @@ func unusableMessage(err error) string {
 	return "The approval cannot be used."
 }
 
+// canonicalInput is the canonical JSON and hash of a validated input (SI-6:
+// an approval binds the value the handler will see, not the bytes submitted).
+func canonicalInput(in any) (json.RawMessage, string, error) {
+	raw, err := envelope.NewRaw(in)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
+	}
+	return approvals.Canonical(raw)
+}
+
 func grantOf(r *approvals.Record) *ApprovalGrant {
 	g := &ApprovalGrant{ID: r.ID}
 	if r.Decision != nil {
@@ -238,7 +267,10 @@ func (x *execution) restoreGrant() *envelope.CapabilityError {
 	case rec.Status != approvals.Consumed || rec.ConsumedBy != x.req.ExecutionID:
 		return fail(envelope.CodeApprovalConsumed, "The approval does not cover this execution.", nil)
 	}
-	if err := rec.CheckInput(); err != nil || rec.InputHash != x.inputHash {
+	if err := rec.CheckInput(); err != nil {
+		return fail(envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
+	}
+	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
 		return fail(envelope.CodeApprovalInputMismatch, "The input is not the approved input.", err)
 	}
 	x.grant = grantOf(rec)

@@ -176,7 +176,7 @@ func decide(t *testing.T, c *executor.Client, id string, approve bool) {
 	}
 }
 
-func mustFail(t *testing.T, env *envelope.Envelope, code envelope.Code) {
+func mustFailWith(t *testing.T, env *envelope.Envelope, code envelope.Code) {
 	t.Helper()
 	if env.Status != envelope.StatusFailed || env.Error == nil || env.Error.Code != code {
 		t.Fatalf("envelope %s %+v, want failed %s", env.Status, env.Error, code)
@@ -227,7 +227,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustFail(t, again, envelope.CodeApprovalConsumed)
+	mustFailWith(t, again, envelope.CodeApprovalConsumed)
 	if m := again.ForModel(); m.Code != envelope.CodeApprovalConsumed {
 		t.Fatalf("the model sees %+v", m)
 	}
@@ -258,7 +258,7 @@ func TestApproval_RequesterApprovingOwnCall_SelfApproval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustFail(t, resumed, envelope.CodeApprovalPending)
+	mustFailWith(t, resumed, envelope.CodeApprovalPending)
 	if n := effects(t, js, rec.ID); n != 0 {
 		t.Fatalf("%d handler calls", n)
 	}
@@ -299,7 +299,7 @@ func TestResume_NotApproved_MatchingCodeHandlerNotCalled(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			mustFail(t, got, tc.want)
+			mustFailWith(t, got, tc.want)
 			if got.Error.Stage != envelope.StageApproval || !got.Error.ExposeToModel {
 				t.Fatalf("error %+v", got.Error)
 			}
@@ -357,7 +357,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 				}
 				return
 			default:
-				mustFail(t, got, envelope.CodeApprovalInputMismatch)
+				mustFailWith(t, got, envelope.CodeApprovalInputMismatch)
 			}
 			if n := effects(t, js, rec.ID); n != 0 {
 				t.Fatalf("%d handler calls", n)
@@ -446,7 +446,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustFail(t, got, envelope.CodeInputInvalid)
+	mustFailWith(t, got, envelope.CodeInputInvalid)
 	if a, _ := c.Approvals().Get(ctxT(t), rec.ID); a.Status != approvals.Approved || calls != 0 {
 		t.Fatalf("approval %s, %d calls", a.Status, calls)
 	}
@@ -509,9 +509,50 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustFail(t, got, envelope.CodeApprovalUnserializableInput)
+	mustFailWith(t, got, envelope.CodeApprovalUnserializableInput)
 	if list, _ := c.Approvals().List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
 		t.Fatalf("%d approvals stored", len(list))
+	}
+}
+
+type payout struct {
+	IBAN   string `json:"iban"`
+	Amount int64  `json:"amount"`
+}
+
+// Validate normalizes the IBAN: the validated input differs from the bytes sent.
+func (p *payout) Validate() error {
+	p.IBAN = strings.ReplaceAll(p.IBAN, " ", "")
+	return nil
+}
+
+// An approval binds the validated input (SI-4, SI-6); an approver may be
+// shown a redacted view of it; the handler still gets the whole of it.
+func TestApproval_BindsValidatedInput_RedactedForTheApprover(t *testing.T) {
+	env := testenv.Start(t)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{},
+		executor.Define("payouts.send", executor.Meta{Description: "Sends a payout.",
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+			Approval: &executor.ApprovalRule{Required: true},
+			RedactApprovalInput: func(in any) any {
+				p := in.(*payout)
+				return payout{IBAN: "****" + p.IBAN[len(p.IBAN)-4:], Amount: p.Amount}
+			}},
+			func(ctx context.Context, c executor.Call[payout]) (payout, error) { return c.Input, nil }))
+	c := newClient(t, env.Connect(t))
+
+	_, rec := requireApproval(t, c, "payouts.send", payout{IBAN: "DE89 3704 0044 0532 0130 00", Amount: 70})
+	if string(rec.Display) != `{"amount":70,"iban":"****3000"}` || string(rec.Input) != `{"amount":70,"iban":"DE89370400440532013000"}` {
+		t.Fatalf("display %s, input %s", rec.Display, rec.Input)
+	}
+	decide(t, c, rec.ID, true)
+	got, err := c.Resume(ctxT(t), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out payout
+	if got.Status != envelope.StatusCompleted || got.Output.Decode(&out) != nil || out.IBAN != "DE89370400440532013000" {
+		t.Fatalf("resume %+v, output %+v", got.Error, out)
 	}
 }
 

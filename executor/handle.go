@@ -215,16 +215,11 @@ func (w *Worker) notFound(msg jetstream.Msg, req *envelope.Request, reason strin
 	x.emit(audit.Requested, nil)
 	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve})
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
-		Error: notFoundError(envelope.StageResolve).Wire()}
+		Error: notFoundError().Wire()}
 	x.emit(audit.Failed, map[string]any{"code": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve,
 		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	w.finalizeWithoutRun(req.ExecutionID, req.CapabilityID, env)
 	ackSync(msg)
-}
-
-func notFoundError(stage string) *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: stage, ExposeToModel: true,
-		Message: "No such capability."}
 }
 
 // finalizeWithoutRun writes a finalized record, then the envelope, for an

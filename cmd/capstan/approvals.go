@@ -46,10 +46,15 @@ func runApprovals(args []string) int {
 }
 
 // approvalView is an approval as the CLI prints it: its status as of now, so
-// that an approval past its expiry shows expired even before it is marked so.
+// that an approval past its expiry shows expired even before it is marked so,
+// and, when the capability redacts what approvers see, the display in place
+// of the input.
 func approvalView(r *approvals.Record) *approvals.Record {
 	v := *r
 	v.Status = r.StatusAt(time.Now())
+	if len(v.Display) > 0 {
+		v.Input = nil
+	}
 	return &v
 }
 
@@ -69,7 +74,7 @@ func runApprovalsList(args []string) int {
 		return usageError("--status %q: want pending, approved, rejected, expired, cancelled or consumed", *status)
 	}
 	if *actor != "" {
-		a, err := parseActor("--actor", *actor)
+		a, err := parseKindID("--actor", *actor)
 		if err != nil {
 			return usageError("%v", err)
 		}
@@ -147,7 +152,7 @@ func decideCommand(verb string, args []string) int {
 	if *approver == "" {
 		return usageError("approvals %s: --approver kind:id is required", verb)
 	}
-	who, err := parseActor("--approver", *approver)
+	who, err := parseKindID("--approver", *approver)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -234,7 +239,8 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	return printEnvelope(env)
 }
 
-func parseActor(flag, s string) (envelope.Actor, error) {
+// parseKindID reads an actor flag as kind:id, both required.
+func parseKindID(flag, s string) (envelope.Actor, error) {
 	kind, id, ok := strings.Cut(s, ":")
 	if !ok || kind == "" || id == "" {
 		return envelope.Actor{}, fmt.Errorf("%s %q: want kind:id, e.g. user:bob", flag, s)
