@@ -17,7 +17,9 @@ type execution struct {
 	w   *Worker
 	msg jetstream.Msg
 	req *envelope.Request
-	b   *binding // nil when this worker lacks the capability
+	b   *binding // nil when no pool serves the capability
+	// missing says why b is nil: "unknown", "invalid-id".
+	missing string
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost
 	// claim, the worker's shutdown. Each attempt adds its own timeout.
@@ -34,11 +36,17 @@ type execution struct {
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
 	done      chan struct{}
+
+	// renewing runs keepLease; stopRenewing ends it before a release, whose
+	// lease must not be renewed behind it.
+	renewing     sync.WaitGroup
+	stopRenewing chan struct{}
+	stopOnce     sync.Once
 }
 
-func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request) *execution {
-	x := &execution{w: w, msg: msg, req: req, b: w.reg.get(req.CapabilityID), start: time.Now(),
-		done: make(chan struct{}), stopDeadline: func() {}}
+func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request, b *binding) *execution {
+	x := &execution{w: w, msg: msg, req: req, b: b, start: time.Now(),
+		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
 	x.ctx, x.cancel = context.WithCancelCause(w.base)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
@@ -116,6 +124,21 @@ func backoffStep(try int) time.Duration {
 	return d
 }
 
+// startRenewing starts keepLease.
+func (x *execution) startRenewing() {
+	x.renewing.Add(1)
+	go func() {
+		defer x.renewing.Done()
+		x.keepLease()
+	}()
+}
+
+// stopLease ends the lease renewal and waits until no renewal is in flight.
+func (x *execution) stopLease() {
+	x.stopOnce.Do(func() { close(x.stopRenewing) })
+	x.renewing.Wait()
+}
+
 // keepLease renews the lease and the delivery every third of the lease until
 // the execution ends; it cancels the execution when the claim is lost or a
 // cancel is recorded.
@@ -128,6 +151,8 @@ func (x *execution) keepLease() {
 	for {
 		select {
 		case <-x.done:
+			return
+		case <-x.stopRenewing:
 			return
 		case <-t.C:
 			_ = x.msg.InProgress()

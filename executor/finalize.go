@@ -77,16 +77,22 @@ func (x *execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
-	if !x.createEnvelope(env) {
+	stored, ok := x.createEnvelope(env)
+	if !ok {
 		return
 	}
-	_ = x.update(func(r *Record) { r.State, r.Status, r.Attempt = StateFinalized, env.Status, attempts })
+	if stored != nil {
+		// The record tells what the envelope says, also when another worker's
+		// envelope won and ours was discarded.
+		_ = x.update(func(r *Record) { r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts })
+	}
 	ackSync(x.msg)
 }
 
 // createEnvelope writes the envelope once. It reports whether the message may
-// be acknowledged: true when an envelope (ours or another's) exists.
-func (x *execution) createEnvelope(env *envelope.Envelope) bool {
+// be acknowledged (an envelope, ours or another's, exists) and returns the
+// stored envelope when it could be read.
+func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
 	for try := 0; ; try++ {
 		ctx, cancel := storeCtx()
@@ -94,32 +100,45 @@ func (x *execution) createEnvelope(env *envelope.Envelope) bool {
 		cancel()
 		if err == nil {
 			w.finalized.Add(1)
-			return true
+			return env, true
 		}
 		if errors.Is(err, broker.ErrExists) {
-			ctx, cancel := storeCtx()
-			have, _, lerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, x.req.ExecutionID)
-			cancel()
-			if lerr == nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
+			have := x.storedEnvelope()
+			if have != nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
 				w.finalized.Add(1) // our own write, whose answer was lost
-				return true
+				return have, true
 			}
 			w.conflicts.Add(1)
 			data := map[string]any{"discardedStatus": string(env.Status), "discardedAttempts": env.Attempts}
-			if lerr == nil {
+			if have != nil {
 				data["finalizedBy"] = have.FinalizedBy
 				data["status"] = string(have.Status)
 			}
 			x.emit(audit.EnvelopeConflict, data)
-			return true
+			return have, true
 		}
 		if try >= 30 || x.w.base.Err() != nil {
 			// Leave the message unacknowledged: its redelivery decides again.
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
-			return false
+			return nil, false
 		}
 		time.Sleep(backoffStep(try))
 	}
+}
+
+// storedEnvelope reads the envelope a create was refused for; a read that
+// keeps failing returns nil.
+func (x *execution) storedEnvelope() *envelope.Envelope {
+	for try := 0; try < 5; try++ {
+		ctx, cancel := storeCtx()
+		have, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+		cancel()
+		if err == nil {
+			return have
+		}
+		time.Sleep(backoffStep(try))
+	}
+	return nil
 }
 
 // checkOutput is stages 12 and 13: validation, redaction, encoding.

@@ -15,7 +15,7 @@ import (
 // on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
 // a takeover at stage 11 with that attempt, after prevCode.
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	go x.keepLease()
+	x.startRenewing()
 	m := x.b.meta
 	if h, err := envelope.InputHash(x.req.Input); err == nil {
 		x.inputHash = h
@@ -255,6 +255,7 @@ func (x *execution) endByRecord(err error, attempts int) {
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (x *execution) release() {
+	x.stopLease()
 	_ = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() })
 	_ = x.msg.Nak()
 }
