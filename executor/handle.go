@@ -41,6 +41,16 @@ func (w *Worker) handle(msg jetstream.Msg) {
 // (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless its record
 // says otherwise: even then the takeover table decides.
 func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *binding, missing string) {
+	if w.base.Err() != nil {
+		// Shutting down: leave it to a live worker rather than claim it.
+		nak(msg, 0)
+		return
+	}
+	if !w.cfg.DisableLeaseRenewal {
+		// The delivery may have waited in the pull buffer: restart its ack
+		// timer now, as the claim starts its lease.
+		_ = msg.InProgress()
+	}
 	x := w.newExecution(msg, req, b)
 	x.missing = missing
 	if !w.track(x) {
@@ -118,7 +128,14 @@ func (x *execution) runClaimed() {
 // takeover table of DESIGN §5.
 func (x *execution) decide(rec *Record, rev uint64) {
 	w := x.w
-	if rec.State == StateFinalized || x.envelopeExists() {
+	exists, err := x.envelopeExists()
+	if err != nil {
+		// Unknown is not absent: a takeover now could repeat a finished attempt.
+		w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
+		nak(x.msg, time.Second)
+		return
+	}
+	if exists || rec.State == StateFinalized {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
 	}
@@ -187,11 +204,17 @@ func (x *execution) notFound(fresh bool) {
 	x.deny(x.missing, notFoundError(envelope.StageResolve), nil)
 }
 
-func (x *execution) envelopeExists() bool {
+func (x *execution) envelopeExists() (bool, error) {
 	ctx, cancel := storeCtx()
 	defer cancel()
 	_, err := x.w.b.Envelopes.Get(ctx, x.req.ExecutionID)
-	return err == nil
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, nil
+	}
+	return false, err
 }
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
