@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -590,8 +591,9 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 		t.Fatalf("%d envelope writes", n)
 	}
 	conflict, _ := find(tr, audit.EnvelopeConflict)
-	if field(conflict, "discardedStatus") != string(envelope.StatusCompleted) || field(conflict, "finalizedBy") != got.FinalizedBy {
-		t.Fatalf("envelope.conflict %v", conflict.Data)
+	checkConflict(t, conflict, got)
+	if field(conflict, "discardedStatus") != string(envelope.StatusCompleted) {
+		t.Fatalf("envelope.conflict %v: the late result was not the one discarded", conflict.Data)
 	}
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
 		t.Fatalf("%d conflicts counted", st)
@@ -647,9 +649,7 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 	if err := got.Output.Decode(&out); err != nil || out.Attempt != got.Attempts {
 		t.Fatalf("output %+v of an envelope with %d attempts (%v)", out, got.Attempts, err)
 	}
-	if conflict.Worker == got.FinalizedBy || field(conflict, "finalizedBy") != got.FinalizedBy {
-		t.Fatalf("conflict audited by %s naming %s; envelope by %s", conflict.Worker, field(conflict, "finalizedBy"), got.FinalizedBy)
-	}
+	checkConflict(t, conflict, got)
 	if n := count(tr, audit.EnvelopeConflict); n != 1 {
 		t.Fatalf("%d envelope.conflict events", n)
 	}
@@ -659,6 +659,67 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 	rec, _ := s.record(id)
 	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
 		t.Fatalf("record %+v, envelope %s after %d", rec, got.Status, got.Attempts)
+	}
+}
+
+// checkConflict checks that a refused finalization was audited by the loser,
+// naming the worker whose envelope stands.
+func checkConflict(t *testing.T, conflict audit.Event, got *envelope.Envelope) {
+	t.Helper()
+	winner := ""
+	switch field(conflict, "reason") {
+	case "claim-lost": // the loser found the record another worker's
+		winner = field(conflict, "owner")
+	case "envelope-exists": // the bucket refused the loser's envelope
+		winner = field(conflict, "finalizedBy")
+	}
+	if conflict.Worker == "" || conflict.Worker == got.FinalizedBy || winner != got.FinalizedBy {
+		t.Fatalf("envelope.conflict by %s %v; envelope by %s", conflict.Worker, conflict.Data, got.FinalizedBy)
+	}
+}
+
+// A worker that owns the execution, finalizing after another worker stalled
+// past its lease wrote its envelope late: the bucket refuses the second
+// envelope, the output is discarded and audited, and the record tells what the
+// stored envelope says.
+func TestFinalization_EnvelopeWrittenMeanwhile_RefusedAndAudited(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	var p probe
+	p.gate = func(ctx context.Context, attempt int) {
+		// The stalled worker's write lands while this attempt runs.
+		late := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.lookup",
+			Status: envelope.StatusCompleted, Output: envelope.MustRaw(probeOut{Attempt: 1}), Attempts: 1,
+			FinalizedBy: deadWorker, FinalizedAt: time.Now().UTC()}
+		if _, err := broker.Create(ctx, s.b.Envelopes, id, late); err != nil {
+			t.Errorf("late envelope: %v", err)
+		}
+	}
+	s.publish("test.lookup", id)
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: 2 * time.Second}, lookupCap(&p))
+
+	got := s.await(id)
+	s.settled(id)
+	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	if got.FinalizedBy != deadWorker || got.Attempts != 1 {
+		t.Fatalf("envelope by %s after %d attempts", got.FinalizedBy, got.Attempts)
+	}
+	checkConflict(t, conflict, got)
+	if field(conflict, "reason") != "envelope-exists" || field(conflict, "discardedAttempts") != "2" {
+		t.Fatalf("envelope.conflict %v", conflict.Data)
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes", n)
+	}
+	if w.Stats().Conflicts != 1 || p.calls.Load() != 1 {
+		t.Fatalf("conflicts %d, calls %d", w.Stats().Conflicts, p.calls.Load())
+	}
+	rec, _ := s.record(id)
+	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
+		t.Fatalf("record %s/%s after %d, envelope %s after %d", rec.State, rec.Status, rec.Attempt, got.Status, got.Attempts)
 	}
 }
 
@@ -726,8 +787,12 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 	var p probe
 	// An older worker served test.send in this pool; it is gone, and so is the
 	// capability's catalog entry. The pool's consumer still lists its subject.
-	old := startWorkerUntil(t, env.Connect(t), executor.WorkerConfig{ID: "old"}, sendCap(&p), lookupCap(&p))
+	oldConn := env.Connect(t)
+	old := startWorkerUntil(t, oldConn, executor.WorkerConfig{ID: "old"}, sendCap(&p), lookupCap(&p))
+	s.waitFilter("pool-default", s.b.Names.ExecSubject("test.send"))
 	old()
+	// Its process ends: the server forgets the pulls it left waiting.
+	oldConn.Close()
 	if err := s.b.Catalog.Purge(ctxT(t), "test.send"); err != nil {
 		t.Fatal(err)
 	}
@@ -744,6 +809,25 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 	}
 	if p.calls.Load() != 0 {
 		t.Fatalf("handler called")
+	}
+}
+
+// waitFilter waits until a worker has widened the consumer to subject.
+func (s *store) waitFilter(consumer, subject string) {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		if c, err := s.b.Exec.Consumer(ctx, consumer); err == nil {
+			cfg := c.CachedInfo().Config
+			if cfg.FilterSubject == subject || slices.Contains(cfg.FilterSubjects, subject) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("consumer %s never filtered %s", consumer, subject)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -75,14 +76,20 @@ var errLost = errors.New("capstan: execution record no longer ours")
 // errCancelRequested reports that the record says the caller cancelled.
 var errCancelRequested = errors.New("capstan: cancel requested")
 
+// errUnsettled reports that the store did not answer: the record may or may
+// not have changed, and may or may not still be ours.
+var errUnsettled = errors.New("capstan: execution record unreachable")
+
 // update applies change to the record with a CAS on its revision. On a lost
 // CAS (or any error, which may hide a write that happened) it re-reads: if the
 // record is still ours it applies change again; if another worker owns it, or
 // it is finalized, it returns errLost; a cancel request set meanwhile is
-// applied and reported as errCancelRequested.
+// applied and reported as errCancelRequested. When the store does not answer
+// for a while it returns errUnsettled.
 func (x *execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	var last error
 	for try := 0; try < 20; try++ {
 		next := *x.rec
 		change(&next)
@@ -97,10 +104,12 @@ func (x *execution) update(change func(r *Record)) error {
 			}
 			return nil
 		}
+		last = err
 		ctx, cancel = storeCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.req.ExecutionID)
 		cancel()
 		if lerr != nil {
+			last = lerr
 			time.Sleep(backoffStep(try))
 			continue
 		}
@@ -113,7 +122,7 @@ func (x *execution) update(change func(r *Record)) error {
 		}
 		x.rec, x.rev = cur, curRev
 	}
-	return errLost
+	return fmt.Errorf("%w: %v", errUnsettled, last)
 }
 
 func backoffStep(try int) time.Duration {
@@ -164,6 +173,7 @@ func (x *execution) keepLease() {
 				x.cancel(errLeaseLost)
 				return
 			}
+			// errUnsettled: the lease may still be ours; try again next time.
 		}
 	}
 }

@@ -53,8 +53,26 @@ func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
 // finalize is stage 14: the terminal event, the one envelope (create-only:
 // a second finalization is refused by the server and audited), the record,
 // then the ack.
+//
+// Before anything, a CAS on the record renews the lease: it proves the
+// execution is still this worker's and keeps it so while the envelope is
+// written. A worker that lost it discards its outcome (audited); the new
+// owner finalizes. The create-only envelope covers a worker stalled for longer
+// than a lease between the CAS and the write.
 func (x *execution) finalize(o *outcome, attempts int) {
 	w := x.w
+	var err error
+	if x.rec != nil {
+		err = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	}
+	if errors.Is(err, errLost) {
+		w.conflicts.Add(1)
+		w.log.Warn("claim lost before finalizing: outcome discarded", "executionId", x.req.ExecutionID,
+			"owner", x.rec.Worker, "status", o.env.Status)
+		x.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": x.rec.Worker,
+			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
+		return
+	}
 	now := time.Now().UTC()
 	env := o.env
 	env.V = envelope.Version
@@ -109,7 +127,8 @@ func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 				return have, true
 			}
 			w.conflicts.Add(1)
-			data := map[string]any{"discardedStatus": string(env.Status), "discardedAttempts": env.Attempts}
+			data := map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
+				"discardedAttempts": env.Attempts}
 			if have != nil {
 				data["finalizedBy"] = have.FinalizedBy
 				data["status"] = string(have.Status)

@@ -60,7 +60,9 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			return
 		}
 		err := x.update(func(r *Record) {
-			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, time.Now().UTC(), ""
+			now := time.Now().UTC()
+			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
+			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 		})
 		if err != nil {
 			x.endByRecord(err, attempt-1)
@@ -249,7 +251,9 @@ func (x *execution) endByRecord(err error, attempts int) {
 		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
 	}
-	x.w.log.Warn("execution record lost: leaving the execution to its owner", "executionId", x.req.ExecutionID, "err", err)
+	// Lost: another worker owns it. Unsettled: the store did not answer; the
+	// redelivery decides once the lease has run out.
+	x.w.log.Warn("execution record not updated: leaving the execution", "executionId", x.req.ExecutionID, "err", err)
 }
 
 // release gives the execution back on shutdown: the lease ends now and the
