@@ -420,6 +420,11 @@ func TestTakeoverTable(t *testing.T) {
 				if n := w.Stats().Duplicates; n != 1 {
 					t.Errorf("worker counted %d duplicates", n)
 				}
+				// A record its lost worker left behind the envelope is brought
+				// up to it.
+				if rec, _ := s.record(id); rec.State != executor.StateFinalized || rec.Status != got.Status {
+					t.Errorf("record %s/%s, envelope %s", rec.State, rec.Status, got.Status)
+				}
 			} else {
 				rec, _ := s.record(id)
 				if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Worker != "live-worker" {

@@ -61,6 +61,14 @@ func storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
+// casCtx bounds one operation on the record: short against the lease, so
+// that a request lost with a server is sent again (to its restart, or to
+// another node) while the lease still holds.
+func (x *execution) casCtx() (context.Context, context.CancelFunc) {
+	d := min(max(x.w.cfg.Lease/4, 250*time.Millisecond), 10*time.Second)
+	return context.WithTimeout(context.Background(), d)
+}
+
 func (x *execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), ExecutionID: x.req.ExecutionID,
@@ -94,7 +102,7 @@ func (x *execution) update(change func(r *Record)) error {
 		next := *x.rec
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		rev, err := broker.Update(ctx, x.w.b.Executions, x.req.ExecutionID, &next, x.rev)
 		cancel()
 		if err == nil {
@@ -105,7 +113,7 @@ func (x *execution) update(change func(r *Record)) error {
 			return nil
 		}
 		last = err
-		ctx, cancel = storeCtx()
+		ctx, cancel = x.casCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.req.ExecutionID)
 		cancel()
 		if lerr != nil {

@@ -113,7 +113,7 @@ func (x *execution) finalize(o *outcome, attempts int) {
 func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
 	for try := 0; ; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		_, err := broker.Create(ctx, w.b.Envelopes, x.req.ExecutionID, env)
 		cancel()
 		if err == nil {

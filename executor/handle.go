@@ -80,7 +80,7 @@ func (x *execution) claimAndRun() {
 		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
 	}
 	for try := 0; try < 10; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		rev, err := broker.Create(ctx, w.b.Executions, x.req.ExecutionID, rec)
 		cancel()
 		if err == nil {
@@ -92,7 +92,7 @@ func (x *execution) claimAndRun() {
 			// The create may have happened: re-read below decides either way.
 			time.Sleep(backoffStep(try))
 		}
-		ctx, cancel = storeCtx()
+		ctx, cancel = x.casCtx()
 		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.req.ExecutionID)
 		cancel()
 		if errors.Is(err, broker.ErrNotFound) {
@@ -128,14 +128,28 @@ func (x *execution) runClaimed() {
 // takeover table of DESIGN §5.
 func (x *execution) decide(rec *Record, rev uint64) {
 	w := x.w
-	exists, err := x.envelopeExists()
+	env, err := x.envelope()
+	if errors.Is(err, envelope.ErrDecode) {
+		// An envelope is there, whatever it holds: never a new attempt.
+		w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
+		w.duplicate(x.msg, x.req, rec.Worker)
+		return
+	}
 	if err != nil {
 		// Unknown is not absent: a takeover now could repeat a finished attempt.
 		w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
 		nak(x.msg, time.Second)
 		return
 	}
-	if exists || rec.State == StateFinalized {
+	if env != nil && rec.State != StateFinalized {
+		// Its worker stored the envelope and was lost before recording it.
+		next := *rec
+		next.State, next.Status, next.Attempt, next.UpdatedAt = StateFinalized, env.Status, env.Attempts, time.Now().UTC()
+		ctx, cancel := storeCtx()
+		_, _ = broker.Update(ctx, w.b.Executions, x.req.ExecutionID, &next, rev)
+		cancel()
+	}
+	if env != nil || rec.State == StateFinalized {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
 	}
@@ -204,17 +218,15 @@ func (x *execution) notFound(fresh bool) {
 	x.deny(x.missing, notFoundError(envelope.StageResolve), nil)
 }
 
-func (x *execution) envelopeExists() (bool, error) {
+// envelope reads the execution's envelope: nil, nil when there is none.
+func (x *execution) envelope() (*envelope.Envelope, error) {
 	ctx, cancel := storeCtx()
 	defer cancel()
-	_, err := x.w.b.Envelopes.Get(ctx, x.req.ExecutionID)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-		return false, nil
+	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, nil
 	}
-	return false, err
+	return env, err
 }
 
 // duplicate acknowledges a delivery of an execution that is already finalized:

@@ -260,6 +260,8 @@ func (x *execution) endByRecord(err error, attempts int) {
 // message is redelivered at once, so a live worker takes it over.
 func (x *execution) release() {
 	x.stopLease()
-	_ = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() })
+	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
+		return // another worker owns it, and its delivery
+	}
 	_ = x.msg.Nak()
 }

@@ -125,6 +125,7 @@ func awaitAll(t *testing.T, b *broker.Broker, ids []string, within time.Duration
 // outcome is what the store holds of one execution after a run.
 type outcome struct {
 	env      *envelope.Envelope
+	rec      *executor.Record
 	outbox   int // email.send's effects
 	started  int // capability.started events
 	lostOver int // capability.retried after WORKER_LOST
@@ -143,6 +144,8 @@ type tally struct {
 	duplicates     int
 	retriedLost    int
 	auditEvents    int
+	// unsettled counts records not finalized as their envelope says.
+	unsettled int
 }
 
 func (tl *tally) String() string {
@@ -151,9 +154,9 @@ func (tl *tally) String() string {
 		codes = append(codes, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(codes)
-	return fmt.Sprintf("envelopes=%d (bucket writes %d) outbox=%d outcomes[%s] taken_over=%d retried(WORKER_LOST)=%d envelope.conflict=%d duplicate_delivery=%d audit=%d",
+	return fmt.Sprintf("envelopes=%d (bucket writes %d) outbox=%d outcomes[%s] taken_over=%d retried(WORKER_LOST)=%d envelope.conflict=%d duplicate_delivery=%d records-not-finalized=%d audit=%d",
 		tl.envelopes, tl.envelopeWrites, tl.outboxMsgs, strings.Join(codes, " "), tl.takenOver, tl.retriedLost,
-		tl.conflicts, tl.duplicates, tl.auditEvents)
+		tl.conflicts, tl.duplicates, tl.unsettled, tl.auditEvents)
 }
 
 // inspect reads the envelopes of ids, the outbox and the audit trail.
@@ -167,8 +170,15 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read envelope %s: %v", id, err)
 		}
-		o := &outcome{env: env}
+		rec, _, err := broker.Load[executor.Record](ctx, b.Executions, id)
+		if err != nil && !errors.Is(err, broker.ErrNotFound) {
+			t.Fatalf("read record %s: %v", id, err)
+		}
+		o := &outcome{env: env, rec: rec}
 		tl.per[id] = o
+		if env != nil && (rec == nil || rec.State != executor.StateFinalized || rec.Status != env.Status) {
+			tl.unsettled++
+		}
 		if env != nil {
 			tl.envelopes++
 			key := string(env.Status)
@@ -265,6 +275,17 @@ func checkOneEnvelopeEach(t *testing.T, tl *tally, ids []string) {
 	}
 }
 
+// checkRecordsFinalized: once every request is acknowledged, every record
+// says finalized, with its envelope's status.
+func checkRecordsFinalized(t *testing.T, tl *tally) {
+	t.Helper()
+	for id, o := range tl.per {
+		if o.rec == nil || o.rec.State != executor.StateFinalized || o.env == nil || o.rec.Status != o.env.Status {
+			t.Errorf("%s: record %+v, envelope %+v", id, o.rec, o.env)
+		}
+	}
+}
+
 // checkEmailAtMostOnce: an external effect is never attempted twice, a
 // completed one happened exactly once, and nothing was sent twice.
 func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
@@ -322,6 +343,7 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 
 	tl := inspect(t, c.Broker(), ids)
 	checkOneEnvelopeEach(t, tl, ids)
+	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
 	t.Logf("email.send: executions=%d kills=%d over %v; %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
 		len(ids), k, d, tl, unknown, unknownSent)
@@ -353,6 +375,7 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 
 	tl := inspect(t, c.Broker(), ids)
 	checkOneEnvelopeEach(t, tl, ids)
+	checkRecordsFinalized(t, tl)
 	retriedCompleted := 0
 	for id, o := range tl.per {
 		if o.started > 2 || (o.env != nil && o.env.Attempts > 2) {
@@ -400,6 +423,17 @@ func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 	tl := inspect(t, c.Broker(), append(append([]string(nil), ids...), refused...))
 	checkOneEnvelopeEach(t, tl, ids)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
+	// Show a few executions that did not simply complete, with what their
+	// workers logged of them.
+	shown := 0
+	for id, o := range tl.per {
+		if shown < 5 && o.env != nil && (o.rec == nil || o.rec.State != executor.StateFinalized || o.rec.Status != o.env.Status ||
+			o.env.Status != envelope.StatusCompleted) {
+			shown++
+			t.Logf("%s: record %+v; envelope %s by %s; logs:\n%s", id, o.rec, o.env.Status, o.env.FinalizedBy,
+				strings.Join(r.grepLogs(id), "\n"))
+		}
+	}
 	refusedRan := 0
 	for _, id := range refused {
 		if tl.per[id].env != nil {

@@ -251,6 +251,24 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 	return c
 }
 
+// grepLogs returns the child processes' log lines that mention s.
+func (r *rig) grepLogs(s string) []string {
+	files, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
+	var out []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, s) {
+				out = append(out, filepath.Base(f)+": "+line)
+			}
+		}
+	}
+	return out
+}
+
 // dumpLogs shows the warnings and errors the child processes logged.
 func (r *rig) dumpLogs() {
 	files, _ := filepath.Glob(filepath.Join(r.dir, "*.log"))
