@@ -78,6 +78,14 @@ func (x *execution) event(typ string, data map[string]any) *audit.Event {
 
 func (x *execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
 
+// record returns a copy of the record as this worker last saw it; the lease
+// keeper may change it at any time.
+func (x *execution) record() Record {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return *x.rec
+}
+
 // errLost reports that the record no longer belongs to this worker.
 var errLost = errors.New("capstan: execution record no longer ours")
 

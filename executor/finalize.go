@@ -67,9 +67,10 @@ func (x *execution) finalize(o *outcome, attempts int) {
 	}
 	if errors.Is(err, errLost) {
 		w.conflicts.Add(1)
+		owner := x.record().Worker
 		w.log.Warn("claim lost before finalizing: outcome discarded", "executionId", x.req.ExecutionID,
-			"owner", x.rec.Worker, "status", o.env.Status)
-		x.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": x.rec.Worker,
+			"owner", owner, "status", o.env.Status)
+		x.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
 			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
 		return
 	}

@@ -42,7 +42,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		}
 		x.input = in
 		if err := x.restoreGrant(); err != nil {
-			x.finalize(x.failed(err), x.rec.Attempt)
+			x.finalize(x.failed(err), x.record().Attempt)
 			return
 		}
 	}
