@@ -203,7 +203,7 @@ func (s *store) waitEvent(id, typ string) audit.Event {
 		}
 		select {
 		case <-ctx.Done():
-			s.t.Fatalf("no %s event for %s; trail: %v", typ, id, types(s.trail(id)))
+			s.t.Fatalf("no %s event for %s; trail: %v", typ, id, eventTypes(s.trail(id)))
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -240,7 +240,7 @@ func (s *store) settled(id string) []audit.Event {
 	}
 }
 
-func types(tr []audit.Event) []string {
+func eventTypes(tr []audit.Event) []string {
 	out := make([]string, len(tr))
 	for i, ev := range tr {
 		out[i] = ev.Type
@@ -415,7 +415,7 @@ func TestTakeoverTable(t *testing.T) {
 					t.Errorf("envelope rewritten by %s", got.FinalizedBy)
 				}
 				if n := count(tr, audit.DuplicateDelivery); n != 1 {
-					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, types(tr))
+					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, eventTypes(tr))
 				}
 				if n := w.Stats().Duplicates; n != 1 {
 					t.Errorf("worker counted %d duplicates", n)
@@ -462,7 +462,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 	}
 	if want.takenFrom == "" {
 		if n := count(tr, audit.TakenOver); n != 0 {
-			t.Errorf("%d taken_over events, want none; trail %v", n, types(tr))
+			t.Errorf("%d taken_over events, want none; trail %v", n, eventTypes(tr))
 		}
 	} else {
 		from := want.from
@@ -471,7 +471,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		}
 		ev, ok := find(tr, audit.TakenOver)
 		if !ok || field(ev, "fromWorker") != from || field(ev, "state") != string(want.takenFrom) {
-			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, types(tr))
+			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, eventTypes(tr))
 		}
 	}
 	retried := 0
@@ -486,7 +486,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		}
 	}
 	if (want.retried > 0) != (retried == 1) {
-		t.Errorf("%d capability.retried events; trail %v", retried, types(tr))
+		t.Errorf("%d capability.retried events; trail %v", retried, eventTypes(tr))
 	}
 	if n := count(tr, audit.Started); n != len(want.calls) {
 		t.Errorf("%d capability.started events for %d calls", n, len(want.calls))
@@ -779,7 +779,7 @@ func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
 	}
 	ev, ok := find(tr, audit.Retried)
 	if !ok || field(ev, "previousErrorCode") != string(envelope.CodeWorkerLost) {
-		t.Fatalf("retried %+v; trail %v", ev, types(tr))
+		t.Fatalf("retried %+v; trail %v", ev, eventTypes(tr))
 	}
 }
 

@@ -105,6 +105,9 @@ var errUnsettled = errors.New("capstan: execution record unreachable")
 func (x *execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.rec == nil {
+		return errUnsettled // nothing claimed
+	}
 	var last error
 	for try := 0; try < 20; try++ {
 		next := *x.rec

@@ -73,6 +73,9 @@ func (x *execution) finish() {
 // another delivery or worker left.
 func (x *execution) claimAndRun() {
 	w := x.w
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
+	}
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
@@ -165,14 +168,19 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		r.Worker = w.cfg.ID
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
-			r.State = StateClaimed
+			// A cancel's record knew only the id.
+			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
 		}
 	}); err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.
 		nak(x.msg, time.Second)
 		return
 	}
-	if prev != StatePending {
+	if prev == StatePending {
+		// A cancel came first and left the record; the request itself was
+		// never audited.
+		x.emit(audit.Requested, nil)
+	} else {
 		w.takenOver.Add(1)
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
@@ -192,8 +200,12 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		// Without the capability here, nothing may run it again either.
 		if prev == StateBackoff && x.rec.LastError != "" {
 			// The attempt failed and was recorded; only its retry was lost.
-			x.finalize(x.failedAfterRun(&envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler,
-				Message: "The operation failed.", ExposeToModel: false}), n)
+			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
+				Message: "The operation failed.", ExposeToModel: false}
+			if last.Code == envelope.CodeTimeout && x.b != nil {
+				last = x.timeoutError()
+			}
+			x.finalize(x.afterRun(last), n)
 			return
 		}
 		x.finalize(x.failedAfterRun(&envelope.CapabilityError{

@@ -17,9 +17,6 @@ import (
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	x.startRenewing()
 	m := x.b.meta
-	if h, err := envelope.InputHash(x.req.Input); err == nil {
-		x.inputHash = h
-	}
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
 		x.emit(audit.Requested, nil)
@@ -72,6 +69,10 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+				if x.ctx.Err() != nil {
+					x.endByContext(attempt - 1)
+					return
+				}
 				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
@@ -127,7 +128,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			continue
 		}
-		x.finalize(x.failedAfterRun(cerr), attempt)
+		x.finalize(x.afterRun(cerr), attempt)
 		return
 	}
 }
@@ -172,7 +173,7 @@ func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	if res.err != nil {
 		// A handler that returns because its context ended reports the context's
 		// reason, not its own wording of it.
-		if ctx.Err() != nil && errors.Is(res.err, ctx.Err()) {
+		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
 			return nil, x.contextError(ctx)
 		}
 		return nil, handlerError(res.err)
@@ -185,10 +186,14 @@ func (x *execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 		return x.cancelledError()
 	}
 	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-			Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout())}
+		return x.timeoutError()
 	}
 	return x.cancelledError()
+}
+
+func (x *execution) timeoutError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
+		Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
 }
 
 func (x *execution) cancelledError() *envelope.CapabilityError {
@@ -199,23 +204,15 @@ func (x *execution) cancelledError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
 }
 
-// handlerError classifies what a handler returned: a declared CapabilityError
-// speaks for itself; anything else is EXECUTION_FAILED, not retryable and not
-// exposed to the model, its cause kept for the logs.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if errors.As(err, &ce) {
-		c := *ce
-		if c.Code == "" {
-			c.Code = envelope.CodeExecutionFailed
-		}
-		if c.Stage == "" {
-			c.Stage = envelope.StageHandler
-		}
-		return &c
+// afterRun is the outcome of a last attempt that failed. A timeout is the
+// runtime stopping the handler, as a cancel is: status cancelled, code
+// TIMEOUT (still retryable for the caller), event capability.cancelled. A
+// failure the handler reported is status failed, event capability.failed.
+func (x *execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
+		return x.stopped(cerr)
 	}
-	return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-		Message: "The operation failed.", Cause: err}
+	return x.failedAfterRun(cerr)
 }
 
 // retryEligible is the SI-11 rule: all must hold.
@@ -227,10 +224,18 @@ func (x *execution) retryEligible(err *envelope.CapabilityError) bool {
 	if m.SideEffect.writeLike() && !m.Idempotent {
 		return false
 	}
-	if m.Retry.RetryOn != nil && !m.Retry.RetryOn(err) {
-		return false
-	}
-	return true
+	return m.Retry.RetryOn == nil || x.retryOn(err)
+}
+
+// retryOn asks the capability's RetryOn; one that panics vetoes the retry.
+func (x *execution) retryOn(err *envelope.CapabilityError) (retry bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			x.w.log.Error("retryOn panicked: not retrying", "executionId", x.req.ExecutionID, "panic", r)
+			retry = false
+		}
+	}()
+	return x.b.meta.Retry.RetryOn(err)
 }
 
 // endByContext finalizes an execution whose whole context ended.
