@@ -317,6 +317,24 @@ func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
 	return unknown, unknownSent
 }
 
+// checkStatusCommand: `capstan status ID` shows the record and the envelope
+// of an execution, here one whose outcome a takeover decided if any.
+func checkStatusCommand(t *testing.T, r *rig, tl *tally) {
+	t.Helper()
+	pick := ""
+	for id, o := range tl.per {
+		if pick == "" || (o.env != nil && o.env.Error != nil && o.env.Error.Code == envelope.CodeOutcomeUnknown) {
+			pick = id
+		}
+	}
+	rec, env := r.status(pick)
+	want := tl.per[pick]
+	if rec == nil || env == nil || rec.State != executor.StateFinalized || rec.Worker == "" || rec.LeaseUntil.IsZero() ||
+		rec.Attempt != want.env.Attempts || env.Status != want.env.Status || env.FinalizedBy != want.env.FinalizedBy {
+		t.Errorf("capstan status %s: record %+v, envelope %+v; want %+v", pick, rec, env, want.env)
+	}
+}
+
 // SIGKILL a random worker every few hundred milliseconds while email.send
 // executions hold their effect: every execution ends with one envelope, no
 // email is sent twice, and every completed one was sent exactly once.
@@ -345,6 +363,9 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
+	if capstanBin() != "" {
+		checkStatusCommand(t, r, tl)
+	}
 	t.Logf("email.send: executions=%d kills=%d over %v; %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
 		len(ids), k, d, tl, unknown, unknownSent)
 }

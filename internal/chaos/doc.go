@@ -9,10 +9,15 @@
 // promise: at most one envelope per execution, and never a second attempt of
 // non-idempotent work.
 //
+// CAPSTAN_CHAOS_BIN=path runs a capstan binary instead (`capstan server`,
+// `capstan worker`), and checks `capstan status` as well.
+//
 // By default the tests run a short mode fit for CI. CAPSTAN_CHAOS_LONG=1 runs
 // the long mode: 1,000 executions per run under at least 20 seconds of kills,
 // and 2,000 across a server kill.
 //
 //	go test -race ./internal/chaos/
 //	CAPSTAN_CHAOS_LONG=1 go test -v -timeout 30m ./internal/chaos/
+//	go build -o /tmp/capstan ./cmd/capstan
+//	CAPSTAN_CHAOS_BIN=/tmp/capstan CAPSTAN_CHAOS_LONG=1 go test -v ./internal/chaos/
 package chaos

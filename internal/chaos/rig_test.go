@@ -5,6 +5,7 @@ package chaos
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -96,18 +97,27 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// spawn starts the test binary as a child process in a role.
-func (r *rig) spawn(name string, env ...string) *proc {
+// capstanBin is a capstan binary to run as the server and the workers
+// instead of the test binary (CAPSTAN_CHAOS_BIN); "" for the test binary.
+func capstanBin() string { return os.Getenv("CAPSTAN_CHAOS_BIN") }
+
+// spawn starts a child process: the capstan binary with args when one is
+// given, else the test binary in the role env names.
+func (r *rig) spawn(name string, args []string, env ...string) *proc {
 	r.t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		r.t.Fatal(err)
+	exe := capstanBin()
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			r.t.Fatal(err)
+		}
+		args = nil
 	}
 	log, err := os.Create(filepath.Join(r.dir, name+".log"))
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	cmd := exec.Command(exe)
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
@@ -130,7 +140,8 @@ func (r *rig) startServer() {
 	r.started++
 	name := fmt.Sprintf("server-%d", r.started)
 	r.mu.Unlock()
-	p := r.spawn(name, envRole+"=server", envStore+"="+r.store, envPort+"="+strconv.Itoa(r.port))
+	p := r.spawn(name, []string{"server", "--store", r.store, "--listen", fmt.Sprintf("127.0.0.1:%d", r.port)},
+		envRole+"=server", envStore+"="+r.store, envPort+"="+strconv.Itoa(r.port))
 	r.mu.Lock()
 	r.server = p
 	r.mu.Unlock()
@@ -171,7 +182,9 @@ func (r *rig) startWorker() {
 	r.started++
 	id := fmt.Sprintf("worker-%d", r.started)
 	r.mu.Unlock()
-	p := r.spawn(id, envRole+"=worker", envURL+"="+r.url, envWorkerID+"="+id, envLease+"="+r.lease.String(),
+	p := r.spawn(id, []string{"worker", "--nats", r.url, "--id", id, "--lease", r.lease.String(),
+		"--concurrency", strconv.Itoa(r.concurrency), "--grace", "1s"},
+		envRole+"=worker", envURL+"="+r.url, envWorkerID+"="+id, envLease+"="+r.lease.String(),
 		envConcurrency+"="+strconv.Itoa(r.concurrency))
 	r.mu.Lock()
 	r.workers = append(r.workers, p)
@@ -249,6 +262,23 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 		}
 	}
 	return c
+}
+
+// status runs `capstan status ID` and decodes what it prints.
+func (r *rig) status(id string) (*executor.Record, *envelope.Envelope) {
+	r.t.Helper()
+	out, err := exec.Command(capstanBin(), "status", "--nats", r.url, id).Output()
+	if err != nil {
+		r.t.Fatalf("capstan status %s: %v", id, err)
+	}
+	var s struct {
+		Record   *executor.Record   `json:"record"`
+		Envelope *envelope.Envelope `json:"envelope"`
+	}
+	if err := json.Unmarshal(out, &s); err != nil {
+		r.t.Fatalf("capstan status %s printed %s: %v", id, out, err)
+	}
+	return s.Record, s.Envelope
 }
 
 // grepLogs returns the child processes' log lines that mention s.
