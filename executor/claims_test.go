@@ -583,9 +583,9 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	s.publish("test.send", id)
 
 	got := s.await(id)
-	tr := s.settled(id)
+	s.settled(id)
 	s.waitEvent(id, audit.EnvelopeConflict)
-	tr = s.trail(id)
+	tr := s.trail(id)
 	if p.calls.Load() != 1 {
 		t.Fatalf("handler called %d times", p.calls.Load())
 	}
