@@ -36,6 +36,7 @@ type execution struct {
 	inputHash string
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
+	decisions []PolicyRecord // every policy stance so far, for the trail
 	done      chan struct{}
 
 	// renewing runs keepLease; stopRenewing ends it before a release, whose

@@ -107,7 +107,13 @@ func (x *execution) finalize(o *outcome, attempts int) {
 	if stored != nil {
 		// The record tells what the envelope says, also when another worker's
 		// envelope won and ours was discarded.
-		_ = x.update(func(r *Record) { r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts })
+		ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt)
+		_ = x.update(func(r *Record) {
+			r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts
+			if ours && o.cause != nil {
+				r.Cause = o.cause.Error()
+			}
+		})
 	}
 	ackSync(x.msg)
 }
@@ -165,17 +171,21 @@ func (x *execution) storedEnvelope() *envelope.Envelope {
 	return nil
 }
 
-// checkOutput is stages 12 and 13: validation, redaction, encoding.
+// checkOutput is stages 12 and 13: validation, redaction, encoding. Nothing
+// of an output that fails them leaves the worker.
 func (x *execution) checkOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
 	invalid := func(err error) *envelope.CapabilityError {
-		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: false,
-			Message: "The operation's output is invalid; it was withheld.", Cause: err}
+		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
 	}
-	if err := validateValue(out); err != nil {
+	out, err := x.b.checkOutput(out)
+	if err != nil {
 		return nil, invalid(err)
 	}
-	if r := x.b.meta.RedactOutput; r != nil {
-		out = r(out)
+	out, err = redact(x.b.meta.RedactOutput, out)
+	if err != nil {
+		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+			Message: "The operation failed.", Cause: err}
 	}
 	raw, err := envelope.NewRaw(out)
 	if err != nil {

@@ -227,7 +227,7 @@ func (x *execution) notFound(fresh bool) {
 	if fresh {
 		x.emit(audit.Requested, nil)
 	}
-	x.deny(x.missing, notFoundError(envelope.StageResolve), nil)
+	x.deny(x.missing, notFoundError(), nil)
 }
 
 // envelope reads the execution's envelope: nil, nil when there is none.
@@ -268,11 +268,6 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 		w.finalizeWithoutRun(id, capID, env)
 	}
 	_ = msg.TermWithReason("request does not decode")
-}
-
-func notFoundError(stage string) *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: stage, ExposeToModel: true,
-		Message: "No such capability."}
 }
 
 // finalizeWithoutRun writes a finalized record, then the envelope, for a

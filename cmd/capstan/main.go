@@ -30,6 +30,7 @@ var commands = []command{
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
+	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
 }
 
 func main() {
