@@ -18,6 +18,6 @@
 //
 //	go test -race ./internal/chaos/
 //	CAPSTAN_CHAOS_LONG=1 go test -v -timeout 30m ./internal/chaos/
-//	go build -o /tmp/capstan ./cmd/capstan
-//	CAPSTAN_CHAOS_BIN=/tmp/capstan CAPSTAN_CHAOS_LONG=1 go test -v ./internal/chaos/
+//	go build -o capstan ./cmd/capstan
+//	CAPSTAN_CHAOS_BIN=$PWD/capstan CAPSTAN_CHAOS_LONG=1 go test -v ./internal/chaos/
 package chaos
