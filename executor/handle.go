@@ -116,7 +116,12 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		nak(x.msg, time.Second)
 		return
 	}
-	if prev != StatePending {
+	if prev == StatePending {
+		// The record is a cancel recorded before any claim: no worker has
+		// audited the request yet.
+		x.hashInput()
+		x.emit(audit.Requested, nil)
+	} else {
 		w.takenOver.Add(1)
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
@@ -182,6 +187,12 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
+		x := &execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
+		x.emit(audit.Requested, nil)
+		x.emit(audit.Denied, map[string]any{"reason": "undecodable", "publicCode": string(envelope.CodeInputInvalid),
+			"stage": envelope.StageInput})
+		x.emit(audit.Failed, map[string]any{"code": string(envelope.CodeInputInvalid), "stage": envelope.StageInput,
+			"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 		w.finalizeWithoutRun(id, capID, env)
 	}
 	_ = msg.TermWithReason("request does not decode")
@@ -200,6 +211,7 @@ func (w *Worker) notServedHere(msg jetstream.Msg, req *envelope.Request) {
 // notFound finalizes a request for a capability no pool serves.
 func (w *Worker) notFound(msg jetstream.Msg, req *envelope.Request, reason string) {
 	x := &execution{w: w, req: req}
+	x.hashInput()
 	x.emit(audit.Requested, nil)
 	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve})
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,

@@ -17,9 +17,7 @@ import (
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	go x.keepLease()
 	m := x.b.meta
-	if h, err := envelope.InputHash(x.req.Input); err == nil {
-		x.inputHash = h
-	}
+	x.hashInput()
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
 		x.emit(audit.Requested, nil)
@@ -70,6 +68,11 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+				if x.ctx.Err() != nil {
+					// The caller's cancel, not the trail, stopped the wait.
+					x.endByContext(attempt - 1)
+					return
+				}
 				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
