@@ -23,7 +23,9 @@ type Options struct {
 	Disabled bool
 	// Logger receives emission errors of asynchronous events.
 	Logger *slog.Logger
-	// AckTimeout bounds a strict emission. Default 5 s.
+	// AckTimeout bounds a strict emission, the wait for an asynchronous
+	// event's acknowledgement, and the wait for room when JetStream falls
+	// behind. Default 5 s.
 	AckTimeout time.Duration
 }
 

@@ -247,6 +247,57 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 	}
 }
 
+func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
+	env := testenv.Start(t)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	id := envelope.NewExecutionID()
+	m := &nats.Msg{Subject: c.Broker().Names.ExecSubject("demo.echo"), Data: []byte("\xc1 not msgpack"),
+		Header: nats.Header{"Nats-Msg-Id": []string{id}}}
+	if _, err := c.Broker().JS.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Await(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	trail := trailOf(t, c.Broker(), id)
+	expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
+	if trail[1].Data["reason"] != "undecodable" || trail[1].Data["publicCode"] != string(envelope.CodeInputInvalid) ||
+		trail[1].CapabilityID != "demo.echo" {
+		t.Fatalf("denied %+v", trail[1])
+	}
+}
+
+// A cancel that arrives before any worker claimed the execution leaves a
+// pending record; the worker that finds it audits the request, then its end.
+func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	id := envelope.NewExecutionID()
+	if _, err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Submit(ctx, "demo.echo", echoIn{Hello: "late"}, executor.WithID(id)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != envelope.StatusCancelled || calls.Load() != 0 {
+		t.Fatalf("status %s, handler calls %d", got.Status, calls.Load())
+	}
+	trail := trailOf(t, c.Broker(), id)
+	expectTypes(t, trail, audit.Requested, audit.Cancelled)
+	if trail[0].InputHash == "" || trail[0].Actor.ID != "alice" {
+		t.Fatalf("requested %+v", trail[0])
+	}
+}
+
 // SI-10: the trail carries a hash of the input, never the input or the output,
 // whatever path the execution takes.
 func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {

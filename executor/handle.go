@@ -188,12 +188,7 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
 		x := &execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
-		x.emit(audit.Requested, nil)
-		x.emit(audit.Denied, map[string]any{"reason": "undecodable", "publicCode": string(envelope.CodeInputInvalid),
-			"stage": envelope.StageInput})
-		x.emit(audit.Failed, map[string]any{"code": string(envelope.CodeInputInvalid), "stage": envelope.StageInput,
-			"retryable": false, "attempts": 0, "executedBeforeFailure": false})
-		w.finalizeWithoutRun(id, capID, env)
+		w.finalizeWithoutRun(x, env, "undecodable")
 	}
 	_ = msg.TermWithReason("request does not decode")
 }
@@ -212,13 +207,9 @@ func (w *Worker) notServedHere(msg jetstream.Msg, req *envelope.Request) {
 func (w *Worker) notFound(msg jetstream.Msg, req *envelope.Request, reason string) {
 	x := &execution{w: w, req: req}
 	x.hashInput()
-	x.emit(audit.Requested, nil)
-	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve})
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 		Error: notFoundError(envelope.StageResolve).Wire()}
-	x.emit(audit.Failed, map[string]any{"code": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve,
-		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
-	w.finalizeWithoutRun(req.ExecutionID, req.CapabilityID, env)
+	w.finalizeWithoutRun(x, env, reason)
 	ackSync(msg)
 }
 
@@ -227,14 +218,21 @@ func notFoundError(stage string) *envelope.CapabilityError {
 		Message: "No such capability."}
 }
 
-// finalizeWithoutRun writes a finalized record, then the envelope, for an
-// execution that never ran. If a record exists, another delivery owns the id.
-func (w *Worker) finalizeWithoutRun(id, capID string, env *envelope.Envelope) {
+// finalizeWithoutRun writes a finalized record, its trail (requested, denied
+// for reason, failed), then the envelope, for an execution refused before it
+// could run. If a record exists, another delivery owns the id: nothing is
+// written, not even to the trail.
+func (w *Worker) finalizeWithoutRun(x *execution, env *envelope.Envelope, reason string) {
+	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := storeCtx()
 	defer cancel()
 	if _, err := broker.Create(ctx, w.b.Executions, id, w.finalizedRecord(id, capID, env.Status)); err != nil {
 		return
 	}
+	x.emit(audit.Requested, nil)
+	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
