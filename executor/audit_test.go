@@ -562,20 +562,37 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 		}
 		return 0
 	}
-	reqs := make([]executor.Request, n)
-	for i := range reqs {
-		k := kinds[kindOf(i)]
-		reqs[i] = executor.Request{CapabilityID: k.capID, Input: k.input}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	envs, errs := c.CallMany(ctx, reqs)
+	// Submitted from many goroutines at once; the workers take them as fast as
+	// they can, so thousands are in flight together.
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	const submitters = 32
+	failed := make(chan error, submitters)
+	for s := 0; s < submitters; s++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := s; i < n; i += submitters {
+				k := kinds[kindOf(i)]
+				id, err := c.Submit(ctx, k.capID, k.input)
+				if err != nil {
+					failed <- err
+					return
+				}
+				ids[i] = id
+			}
+		}()
+	}
+	wg.Wait()
+	close(failed)
+	if err := <-failed; err != nil {
+		t.Fatal(err)
+	}
 	want := map[string][]string{}
-	for i, e := range envs {
-		if errs[i] != nil {
-			t.Fatalf("call %d: %v", i, errs[i])
-		}
-		want[e.ExecutionID] = kinds[kindOf(i)].want
+	for i, id := range ids {
+		want[id] = kinds[kindOf(i)].want
 	}
 	if len(want) != n {
 		t.Fatalf("%d execution ids for %d calls", len(want), n)
