@@ -297,10 +297,10 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 				return c, nil
 			}
 			cfg.FilterSubjects = merged
-			c, err = b.Exec.UpdateConsumer(ctx, cfg)
+			_, err = b.Exec.UpdateConsumer(ctx, cfg)
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			cfg.FilterSubjects = sortedCopy(subjects)
-			c, err = b.Exec.CreateConsumer(ctx, cfg)
+			_, err = b.Exec.CreateConsumer(ctx, cfg)
 		}
 		if err == nil {
 			if try < 10 {

@@ -155,7 +155,7 @@ func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
 	if err := envelope.ValidCapabilityID(capabilityID); err != nil {
-		return nil, &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve,
+		return r, &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve,
 			ExposeToModel: true, Message: "No such capability.", Cause: fmt.Errorf("%w: %v", ErrInvalidCapability, err)}
 	}
 	return r, nil

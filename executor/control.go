@@ -16,8 +16,9 @@ type CancelReply struct {
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
 	State State `json:"state,omitempty"`
-	// Finalized is true when the execution had already ended; the cancel
-	// changed nothing.
+	// Finalized is true when the execution has ended: before the cancel (which
+	// then changed nothing), or already because of it, when the worker running
+	// it stopped it before the cancel was recorded. Status says which.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
 	Error     string          `json:"error,omitempty"`
@@ -41,12 +42,18 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
 		return nil, err
 	}
-	// ... and every worker stops its own run of it at once, if it has one.
-	if err := add(w.nc.Subscribe(n.CancelSubjects(), func(m *nats.Msg) {
+	// ... and every worker stops its own run of it at once, if it has one:
+	// on the request itself, and again on the notice sent once the cancel is
+	// recorded, for a run that began between the two.
+	stopLocal := func(m *nats.Msg) {
 		if x := w.local(lastToken(m.Subject)); x != nil {
 			x.cancel(errCallerCancelled)
 		}
-	})); err != nil {
+	}
+	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
 	if err := add(w.nc.QueueSubscribe(n.DescribeSubject(), n.WorkersQueue(), w.serveDescribe)); err != nil {
@@ -66,6 +73,9 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
+		if reply.Error == "" && !reply.Finalized {
+			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(id), nil)
+		}
 		b, _ := json.Marshal(reply)
 		_ = m.Respond(b)
 	}()

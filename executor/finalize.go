@@ -42,11 +42,18 @@ func (x *execution) failure(cerr *envelope.CapabilityError, executed bool) *outc
 }
 
 func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
-	cerr := &envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
+	return x.stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
+}
+
+// stopped is the outcome of an execution the runtime stopped rather than one
+// that failed on its own: the caller's cancel or deadline (CANCELLED), or a
+// last attempt that timed out (TIMEOUT). Status cancelled, event
+// capability.cancelled, its code telling the two apart.
+func (x *execution) stopped(cerr *envelope.CapabilityError) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusCancelled, Error: cerr.Wire()},
 		event: audit.Cancelled,
-		data:  map[string]any{"code": string(code)},
+		data:  map[string]any{"code": string(cerr.Code), "stage": cerr.Stage, "retryable": cerr.Retryable},
 	}
 }
 

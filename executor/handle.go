@@ -47,6 +47,7 @@ func (x *execution) finish() {
 // another delivery or worker left.
 func (x *execution) claimAndRun() {
 	w := x.w
+	x.hashInput()
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
@@ -109,7 +110,8 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		r.Worker = w.cfg.ID
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
-			r.State = StateClaimed
+			// A cancel's record knew only the id.
+			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
 		}
 	}); err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.
@@ -117,9 +119,8 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	if prev == StatePending {
-		// The record is a cancel recorded before any claim: no worker has
-		// audited the request yet.
-		x.hashInput()
+		// A cancel came first and left the record; the request itself was
+		// never audited.
 		x.emit(audit.Requested, nil)
 	} else {
 		w.takenOver.Add(1)
@@ -143,8 +144,12 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		}
 		if prev == StateBackoff && x.rec.LastError != "" {
 			// The attempt failed and was recorded; only its retry was lost.
-			x.finalize(x.failed(&envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler,
-				Message: "The operation failed.", ExposeToModel: false}), n)
+			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
+				Message: "The operation failed.", ExposeToModel: false}
+			if last.Code == envelope.CodeTimeout {
+				last = x.timeoutError()
+			}
+			x.finalize(x.afterRun(last), n)
 			return
 		}
 		x.finalize(x.failed(&envelope.CapabilityError{

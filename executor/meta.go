@@ -66,7 +66,10 @@ type Retry struct {
 	MaxAttempts int
 	// Backoff before attempt n+1 is Backoff * 2^(n-1). Default 250 ms.
 	Backoff time.Duration
-	// RetryOn, when set, may veto a retry of a retryable error.
+	// RetryOn, when set, may veto a retry of a retryable error. err is the
+	// attempt's *envelope.CapabilityError (TIMEOUT, or the handler's error
+	// classified); it wraps what the handler returned, so errors.Is and
+	// errors.As reach the handler's own errors. A RetryOn that panics vetoes.
 	RetryOn func(err error) bool
 }
 

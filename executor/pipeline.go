@@ -17,7 +17,6 @@ import (
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	go x.keepLease()
 	m := x.b.meta
-	x.hashInput()
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
 		x.emit(audit.Requested, nil)
@@ -69,7 +68,6 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
 				if x.ctx.Err() != nil {
-					// The caller's cancel, not the trail, stopped the wait.
 					x.endByContext(attempt - 1)
 					return
 				}
@@ -128,7 +126,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			continue
 		}
-		x.finalize(x.failedAfterRun(cerr), attempt)
+		x.finalize(x.afterRun(cerr), attempt)
 		return
 	}
 }
@@ -173,7 +171,7 @@ func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	if res.err != nil {
 		// A handler that returns because its context ended reports the context's
 		// reason, not its own wording of it.
-		if ctx.Err() != nil && errors.Is(res.err, ctx.Err()) {
+		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
 			return nil, x.contextError(ctx)
 		}
 		return nil, handlerError(res.err)
@@ -186,10 +184,14 @@ func (x *execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 		return x.cancelledError()
 	}
 	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-			Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout())}
+		return x.timeoutError()
 	}
 	return x.cancelledError()
+}
+
+func (x *execution) timeoutError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
+		Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
 }
 
 func (x *execution) cancelledError() *envelope.CapabilityError {
@@ -200,23 +202,15 @@ func (x *execution) cancelledError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
 }
 
-// handlerError classifies what a handler returned: a declared CapabilityError
-// speaks for itself; anything else is EXECUTION_FAILED, not retryable and not
-// exposed to the model, its cause kept for the logs.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if errors.As(err, &ce) {
-		c := *ce
-		if c.Code == "" {
-			c.Code = envelope.CodeExecutionFailed
-		}
-		if c.Stage == "" {
-			c.Stage = envelope.StageHandler
-		}
-		return &c
+// afterRun is the outcome of a last attempt that failed. A timeout is the
+// runtime stopping the handler, as a cancel is: status cancelled, code
+// TIMEOUT (still retryable for the caller), event capability.cancelled. A
+// failure the handler reported is status failed, event capability.failed.
+func (x *execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
+		return x.stopped(cerr)
 	}
-	return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-		Message: "The operation failed.", Cause: err}
+	return x.failedAfterRun(cerr)
 }
 
 // retryEligible is the SI-11 rule: all must hold.
@@ -228,10 +222,18 @@ func (x *execution) retryEligible(err *envelope.CapabilityError) bool {
 	if m.SideEffect.writeLike() && !m.Idempotent {
 		return false
 	}
-	if m.Retry.RetryOn != nil && !m.Retry.RetryOn(err) {
-		return false
-	}
-	return true
+	return m.Retry.RetryOn == nil || x.retryOn(err)
+}
+
+// retryOn asks the capability's RetryOn; one that panics vetoes the retry.
+func (x *execution) retryOn(err *envelope.CapabilityError) (retry bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			x.w.log.Error("retryOn panicked: not retrying", "executionId", x.req.ExecutionID, "panic", r)
+			retry = false
+		}
+	}()
+	return x.b.meta.Retry.RetryOn(err)
 }
 
 // endByContext finalizes an execution whose whole context ended.

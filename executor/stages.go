@@ -68,6 +68,11 @@ func (x *execution) policies(phase Phase) verdict {
 // policyGate finalizes a denial and reports whether the execution goes on.
 func (x *execution) policyGate(v verdict) bool {
 	switch {
+	case v.failed && x.ctx.Err() != nil:
+		// The policies were cut off because the execution ended (a cancel, the
+		// deadline, a lost claim, a shutdown): that decides, not the policies.
+		x.endByContext(0)
+		return false
 	case v.failed:
 		x.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: envelope.StagePolicy,
 			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused."}, v.records)
