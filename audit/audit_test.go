@@ -377,7 +377,7 @@ func TestEmit_EachExecutionsEventsKeepTheirOrder(t *testing.T) {
 	}
 }
 
-func TestProvision_AuditRetentionDefaultsTo30DaysAndIsConfigurable(t *testing.T) {
+func TestProvision_AuditRetentionDefaultsTo30DaysAndIsKeptOnceSet(t *testing.T) {
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	for _, c := range []struct {
@@ -396,6 +396,11 @@ func TestProvision_AuditRetentionDefaultsTo30DaysAndIsConfigurable(t *testing.T)
 		if info.Config.MaxAge != c.want {
 			t.Fatalf("%s: audit stream MaxAge %v, want %v", c.prefix, info.Config.MaxAge, c.want)
 		}
+	}
+	// A process that does not say keeps the retention the stream was given.
+	b := provision(t, nc, broker.Config{Prefix: "WEEK"})
+	if b.Config.AuditMaxAge != 7*24*time.Hour {
+		t.Fatalf("unset retention over a 7-day stream: %v", b.Config.AuditMaxAge)
 	}
 	// A process that asks for another retention than the stream has is told,
 	// never silently given the other one.
