@@ -212,18 +212,19 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 		input      any
 		opts       []executor.CallOption
 		reason     string
+		stage      string
 		publicCode envelope.Code
 		policy     string // the policy decision the event records, if any
 	}{
-		{"unknown capability", "no.such", nil, nil, "unknown", envelope.CodeCapabilityNotFound, ""},
-		{"not exposed on the surface", "t.http-only", nil, nil, "not-exposed", envelope.CodeCapabilityNotFound, ""},
-		{"invalid input", "email.send", demo.EmailInput{Subject: "hi"}, nil, "input-invalid", envelope.CodeInputInvalid, ""},
+		{"unknown capability", "no.such", nil, nil, "unknown", envelope.StageResolve, envelope.CodeCapabilityNotFound, ""},
+		{"not exposed on the surface", "t.http-only", nil, nil, "not-exposed", envelope.StageExposure, envelope.CodeCapabilityNotFound, ""},
+		{"invalid input", "email.send", demo.EmailInput{Subject: "hi"}, nil, "input-invalid", envelope.StageInput, envelope.CodeInputInvalid, ""},
 		{"no actor kind", "demo.echo", nil, []executor.CallOption{executor.As(envelope.Actor{ID: "x", Kind: "robot"})},
-			"unauthenticated", envelope.CodeUnauthenticated, ""},
-		{"policy denies", "t.denied", nil, nil, "policy-denied", envelope.CodePolicyDenied, "no-way"},
-		{"policy hides", "t.hidden", nil, nil, "policy-hidden", envelope.CodeCapabilityNotFound, "secret"},
-		{"policy fails closed", "t.broken", nil, nil, "policy-failed", envelope.CodePolicyFailed, "broken"},
-		{"execution-phase policy denies", "t.late-deny", nil, nil, "policy-denied", envelope.CodePolicyDenied, "closing-time"},
+			"unauthenticated", envelope.StageActor, envelope.CodeUnauthenticated, ""},
+		{"policy denies", "t.denied", nil, nil, "policy-denied", envelope.StagePolicy, envelope.CodePolicyDenied, "no-way"},
+		{"policy hides", "t.hidden", nil, nil, "policy-hidden", envelope.StagePolicy, envelope.CodeCapabilityNotFound, "secret"},
+		{"policy fails closed", "t.broken", nil, nil, "policy-failed", envelope.StagePolicy, envelope.CodePolicyFailed, "broken"},
+		{"execution-phase policy denies", "t.late-deny", nil, nil, "policy-denied", envelope.StageExecPolicy, envelope.CodePolicyDenied, "closing-time"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -234,8 +235,8 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 			trail := trailOf(t, c.Broker(), got.ExecutionID)
 			expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
 			denied := trail[1]
-			if denied.Data["reason"] != tc.reason || denied.Data["publicCode"] != string(tc.publicCode) {
-				t.Fatalf("denied %v; want reason %s, publicCode %s", denied.Data, tc.reason, tc.publicCode)
+			if denied.Data["reason"] != tc.reason || denied.Data["stage"] != tc.stage || denied.Data["publicCode"] != string(tc.publicCode) {
+				t.Fatalf("denied %v; want reason %s, stage %s, publicCode %s", denied.Data, tc.reason, tc.stage, tc.publicCode)
 			}
 			if tc.policy != "" && !strings.Contains(fmt.Sprint(denied.Data["policyDecisions"]), tc.policy) {
 				t.Fatalf("denied %v does not record the decision of %s", denied.Data, tc.policy)

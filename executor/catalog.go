@@ -41,8 +41,8 @@ func describe(b *binding, pool string) Descriptor {
 	}
 }
 
-// inputSchema is replaced by a JSON Schema derivation where one is available.
-var inputSchema = func(*binding) map[string]any { return nil }
+// inputSchema is the JSON Schema of the capability's input type (schema.go).
+func inputSchema(b *binding) map[string]any { return jsonSchema(b.inShape) }
 
 // publishCatalog writes this worker's capabilities, refusing to take over a
 // capability another pool serves.

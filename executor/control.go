@@ -121,39 +121,3 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	}
 	reply.Error = "the cancel could not be recorded; try again"
 }
-
-// DescribeRequest asks which capabilities a surface and actor may see.
-type DescribeRequest struct {
-	Surface Surface        `json:"surface"`
-	Actor   envelope.Actor `json:"actor"`
-}
-
-// DescribeReply lists the capabilities visible to the request.
-type DescribeReply struct {
-	Capabilities []Descriptor `json:"capabilities"`
-	Error        string       `json:"error,omitempty"`
-}
-
-func (w *Worker) serveDescribe(m *nats.Msg) {
-	var req DescribeRequest
-	reply := DescribeReply{Capabilities: []Descriptor{}}
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		reply.Error = "the describe request is not valid JSON: " + err.Error()
-	} else {
-		reply.Capabilities = w.visible(req)
-	}
-	b, _ := json.Marshal(reply)
-	_ = m.Respond(b)
-}
-
-// visible filters the catalog by exposure (deny by default).
-func (w *Worker) visible(req DescribeRequest) []Descriptor {
-	out := []Descriptor{}
-	for _, d := range w.cat.all() {
-		if Exposure(d.Expose).Has(req.Surface) {
-			out = append(out, d)
-		}
-	}
-	sortDescriptors(out)
-	return out
-}

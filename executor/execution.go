@@ -33,6 +33,7 @@ type execution struct {
 	inputHash string
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
+	decisions []PolicyRecord // every policy stance so far, for the trail
 	done      chan struct{}
 }
 

@@ -87,7 +87,12 @@ func (x *execution) finalize(o *outcome, attempts int) {
 	if !x.createEnvelope(env) {
 		return
 	}
-	_ = x.update(func(r *Record) { r.State, r.Status, r.Attempt = StateFinalized, env.Status, attempts })
+	_ = x.update(func(r *Record) {
+		r.State, r.Status, r.Attempt = StateFinalized, env.Status, attempts
+		if o.cause != nil {
+			r.Cause = o.cause.Error()
+		}
+	})
 	ackSync(x.msg)
 }
 
@@ -129,17 +134,21 @@ func (x *execution) createEnvelope(env *envelope.Envelope) bool {
 	}
 }
 
-// checkOutput is stages 12 and 13: validation, redaction, encoding.
+// checkOutput is stages 12 and 13: validation, redaction, encoding. Nothing
+// of an output that fails them leaves the worker.
 func (x *execution) checkOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
 	invalid := func(err error) *envelope.CapabilityError {
-		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: false,
-			Message: "The operation's output is invalid; it was withheld.", Cause: err}
+		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
 	}
-	if err := validateValue(out); err != nil {
+	out, err := x.b.checkOutput(out)
+	if err != nil {
 		return nil, invalid(err)
 	}
-	if r := x.b.meta.RedactOutput; r != nil {
-		out = r(out)
+	out, err = redact(x.b.meta.RedactOutput, out)
+	if err != nil {
+		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+			Message: "The operation failed.", Cause: err}
 	}
 	raw, err := envelope.NewRaw(out)
 	if err != nil {

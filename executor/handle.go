@@ -213,14 +213,9 @@ func (w *Worker) notFound(msg jetstream.Msg, req *envelope.Request, reason strin
 	x := &execution{w: w, req: req}
 	x.hashInput()
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
-		Error: notFoundError(envelope.StageResolve).Wire()}
+		Error: notFoundError().Wire()}
 	w.finalizeWithoutRun(x, env, reason)
 	ackSync(msg)
-}
-
-func notFoundError(stage string) *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: stage, ExposeToModel: true,
-		Message: "No such capability."}
 }
 
 // finalizeWithoutRun writes a finalized record, its trail (requested, denied

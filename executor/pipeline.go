@@ -63,7 +63,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByRecord(err, attempt-1)
 			return
 		}
-		started := x.event(audit.Started, map[string]any{"attempt": attempt, "approvalId": x.req.ApprovalID})
+		started := x.event(audit.Started, x.startedData(attempt))
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {

@@ -31,6 +31,7 @@ var commands = []command{
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
 	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
+	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
 }
 
 func main() {
