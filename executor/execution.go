@@ -87,6 +87,13 @@ func (x *execution) record() Record {
 	return *x.rec
 }
 
+// hashInput sets the input hash events carry in place of the input (SI-10).
+func (x *execution) hashInput() {
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
+	}
+}
+
 // errLost reports that the record no longer belongs to this worker.
 var errLost = errors.New("capstan: execution record no longer ours")
 

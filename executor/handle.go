@@ -73,9 +73,7 @@ func (x *execution) finish() {
 // another delivery or worker left.
 func (x *execution) claimAndRun() {
 	w := x.w
-	if h, err := envelope.InputHash(x.req.Input); err == nil {
-		x.inputHash = h
-	}
+	x.hashInput()
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
@@ -265,16 +263,19 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
-		w.finalizeWithoutRun(id, capID, env)
+		x := &execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
+		w.finalizeWithoutRun(x, env, "undecodable")
 	}
 	_ = msg.TermWithReason("request does not decode")
 }
 
-// finalizeWithoutRun writes a finalized record, then the envelope, for a
-// request that does not decode. If another record exists, a decodable request
-// owns the id; a finalized one without its envelope is this path's own,
-// interrupted before the envelope.
-func (w *Worker) finalizeWithoutRun(id, capID string, env *envelope.Envelope) {
+// finalizeWithoutRun writes a finalized record, its trail (requested, denied
+// for reason, failed), then the envelope, for a request refused before it
+// could run (one that does not decode). If another record exists, a decodable
+// request owns the id; a finalized one without its envelope is this path's
+// own, interrupted before the envelope.
+func (w *Worker) finalizeWithoutRun(x *execution, env *envelope.Envelope, reason string) {
+	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := storeCtx()
 	defer cancel()
 	if _, err := broker.Create(ctx, w.b.Executions, id, w.finalizedRecord(id, capID, env.Status)); err != nil {
@@ -283,6 +284,10 @@ func (w *Worker) finalizeWithoutRun(id, capID string, env *envelope.Envelope) {
 			return
 		}
 	}
+	x.emit(audit.Requested, nil)
+	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
