@@ -15,7 +15,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 var (
@@ -469,39 +468,13 @@ func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
 	}
 }
 
-// trail reads every audit event of one execution.
+// trail reads every audit event of one execution. Decide stores its event
+// before it returns.
 func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
 	t.Helper()
-	ctx := ctxT(t)
-	subject := b.Names.AuditSubject(executionID)
-	info, err := b.Audit.Info(ctx, jetstream.WithSubjectFilter(subject))
+	evs, err := audit.Read(ctxT(t), b, executionID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := int(info.State.Subjects[subject])
-	if n == 0 {
-		return nil
-	}
-	c, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []audit.Event
-	for len(out) < n {
-		batch, err := c.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			var ev audit.Event
-			if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, ev)
-		}
-		if batch.Error() != nil {
-			t.Fatal(batch.Error())
-		}
-	}
-	return out
+	return evs
 }

@@ -610,49 +610,25 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 	}
 }
 
-// approvalTrail reads n audit events of one execution, waiting for them to be
-// stored, and fails on more.
+// approvalTrail reads an execution's trail once it holds at least n events
+// (events are stored asynchronously).
 func approvalTrail(t *testing.T, b *broker.Broker, executionID string, n int) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
-	subject := b.Names.AuditSubject(executionID)
 	for {
-		info, err := b.Audit.Info(ctx, jetstream.WithSubjectFilter(subject))
-		if err != nil {
+		trail, err := audit.Read(ctx, b, executionID)
+		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}
-		if have := int(info.State.Subjects[subject]); have >= n {
-			n = have
-			break
+		if len(trail) >= n {
+			return trail
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("trail of %s: fewer than %d events", executionID, n)
+			t.Fatalf("trail of %s: %d events, want %d", executionID, len(trail), n)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	cons, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []audit.Event
-	for len(out) < n {
-		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			var ev audit.Event
-			if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, ev)
-		}
-		if err := batch.Error(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
 }
 
 // ---- worker processes ----

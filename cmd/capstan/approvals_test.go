@@ -18,12 +18,13 @@ import (
 
 // printedApproval is an approval as the CLI prints it.
 type printedApproval struct {
-	ID         string         `json:"id"`
-	Status     string         `json:"status"`
-	Input      map[string]any `json:"input"`
-	InputHash  string         `json:"inputHash"`
-	ConsumedBy string         `json:"consumedBy"`
-	Decision   *struct {
+	ID          string         `json:"id"`
+	Status      string         `json:"status"`
+	Input       map[string]any `json:"input"`
+	InputHash   string         `json:"inputHash"`
+	ConsumedBy  string         `json:"consumedBy"`
+	RequestedBy string         `json:"requestedBy"`
+	Decision    *struct {
 		Approver envelope.Actor `json:"approver"`
 		Comment  string         `json:"comment"`
 	} `json:"decision"`
@@ -78,9 +79,35 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 		t.Fatalf("second resume: exit %d, %s", code, stdout)
 	}
 	stdout, _, code = capstan(t, url, "approvals", "show", id)
-	if a := decode[printedApproval](t, stdout); code != exitOK || a.Status != "consumed" || a.ConsumedBy != done.ExecutionID ||
-		a.Input["amount"] != float64(900) {
+	shown := decode[printedApproval](t, stdout)
+	if code != exitOK || shown.Status != "consumed" || shown.ConsumedBy != done.ExecutionID || shown.Input["amount"] != float64(900) {
 		t.Fatalf("show: exit %d, %s", code, stdout)
+	}
+
+	// The requesting execution's trail ends with bob's decision; the resume's
+	// shows the approval consumed.
+	for _, tc := range []struct {
+		execID string
+		want   []string
+	}{
+		{shown.RequestedBy, []string{"capability.requested user:alice", "capability.approval_requested user:alice", "capability.approved user:bob"}},
+		{done.ExecutionID, []string{"capability.requested user:alice", "approval.consumed user:alice", "capability.started user:alice", "capability.completed user:alice"}},
+	} {
+		stdout, stderr, code := capstan(t, url, "audit", tc.execID)
+		if code != exitOK {
+			t.Fatalf("audit: exit %d, stderr %s", code, stderr)
+		}
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+			ev := decode[struct {
+				Type  string         `json:"type"`
+				Actor envelope.Actor `json:"actor"`
+			}](t, line)
+			got = append(got, ev.Type+" "+ev.Actor.String())
+		}
+		if strings.Join(got, ", ") != strings.Join(tc.want, ", ") {
+			t.Fatalf("audit %s:\n got %v\nwant %v", tc.execID, got, tc.want)
+		}
 	}
 }
 
