@@ -306,7 +306,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			continue
 		}
 		ch := c.wait(r.ExecutionID)
-		f, err := c.b.JS.PublishMsgAsync(m)
+		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
 		if err != nil {
 			c.unwait(r.ExecutionID, ch)
 			errs[i] = fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)

@@ -108,9 +108,18 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 			reply.State = rec.State
 			return
 		default:
+			// The envelope is the truth: the record is marked finalized only
+			// after it, so an execution can be over while its record says not.
+			ctx, cancel := storeCtx()
+			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
+			cancel()
+			if eerr == nil {
+				reply.Finalized, reply.Status, reply.State = true, env.Status, StateFinalized
+				return
+			}
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
-			ctx, cancel := storeCtx()
+			ctx, cancel = storeCtx()
 			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
 			cancel()
 			if err == nil {

@@ -70,17 +70,23 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 		if err != nil {
 			t.Fatal(err)
 		}
+		done := false
+		// The batch is read to its end so that no fetch outlives the test.
 		for m := range batch.Messages() {
 			var ev audit.Event
 			if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
 				t.Fatalf("audit event does not decode: %v", err)
 			}
+			if done {
+				continue
+			}
 			evs = append(evs, trailEvent{ev, m.Data()})
 			for _, l := range last {
-				if ev.Type == l {
-					return evs
-				}
+				done = done || ev.Type == l
 			}
+		}
+		if done {
+			return evs
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("no %v event for %s; trail: %v", last, id, trailTypes(evs))
