@@ -39,7 +39,9 @@ type Config struct {
 	ClusterSize int
 	// RecordTTL keeps execution records, envelopes and approvals (default 7 days).
 	RecordTTL time.Duration
-	// AuditMaxAge is the audit stream's retention (default 30 days).
+	// AuditMaxAge is the audit stream's retention. Unset, a new stream keeps
+	// events 30 days and an existing one keeps the retention it was given, so
+	// that only the process that sets it needs to know it.
 	AuditMaxAge time.Duration
 	// AuditMaxBytes caps the audit stream (0: unlimited). With AuditDiscardNew a
 	// full stream refuses new events instead of dropping old ones.
@@ -84,6 +86,7 @@ type Broker struct {
 // start. A conflicting existing resource fails with ErrConfigConflict and a
 // message naming the resource and the field.
 func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	keepAuditMaxAge := cfg.AuditMaxAge <= 0
 	cfg = cfg.withDefaults()
 	if err := checkReplicas(cfg.Replicas, true); err != nil {
 		return nil, err
@@ -103,7 +106,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		Storage:    jetstream.FileStorage,
 		Duplicates: cfg.DedupWindow,
 		Discard:    jetstream.DiscardOld,
-	})
+	}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -124,10 +127,11 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		MaxAge:    cfg.AuditMaxAge,
 		MaxBytes:  auditMaxBytes,
 		Discard:   discard,
-	})
+	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
 	}
+	b.Config.AuditMaxAge = b.Audit.CachedInfo().Config.MaxAge
 	// Envelopes are republished once stored: a client's one subscription sees
 	// only envelopes JetStream accepted, never a refused second finalization.
 	envelopesRepublish := &jetstream.RePublish{
@@ -160,13 +164,17 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 }
 
 // ensureStream returns the stream, creating it when it does not exist. An
-// existing stream is checked, never changed.
-func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig) (jetstream.Stream, error) {
+// existing stream is checked, never changed. With keepMaxAge an existing
+// stream's MaxAge is accepted whatever it is.
+func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
 	for try := 0; ; try++ {
 		s, err := js.Stream(ctx, want.Name)
 		if err == nil {
 			have := s.CachedInfo().Config
 			want.Replicas = rc.against(have.Replicas)
+			if keepMaxAge {
+				want.MaxAge = have.MaxAge
+			}
 			if diff := streamDiff(have, want); diff != "" {
 				return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
 			}

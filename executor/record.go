@@ -39,9 +39,12 @@ type Record struct {
 	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
 	ApprovalID        string    `json:"approvalId,omitempty"`
 	// Status is the envelope's status once finalized.
-	Status    envelope.Status `json:"status,omitempty"`
-	CreatedAt time.Time       `json:"createdAt"`
-	UpdatedAt time.Time       `json:"updatedAt"`
+	Status envelope.Status `json:"status,omitempty"`
+	// Cause is a failure's private cause, for operators: it never reaches the
+	// envelope, the model or the audit trail.
+	Cause     string    `json:"cause,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 func (r *Record) leaseLive(now time.Time) bool {

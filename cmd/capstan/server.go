@@ -26,13 +26,20 @@ import (
 // serverFlags configure the embedded server of dev and server.
 type serverFlags struct {
 	store, listen string
+	auditMaxAge   longDuration
 }
 
 func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	f := &serverFlags{}
 	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
+	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	return f
+}
+
+// brokerConfig is how the embedded server's resources are provisioned.
+func (f *serverFlags) brokerConfig() broker.Config {
+	return broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge)}
 }
 
 func (f *serverFlags) options() (natsserver.Options, error) {
@@ -130,7 +137,7 @@ func (e *embedded) stop() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
@@ -163,7 +170,8 @@ func runServer(args []string) int {
 		return usageError("--sync %q: want always or default", *syncMode)
 	}
 
-	bcfg := broker.Config{Replicas: *replicas}
+	bcfg := sf.brokerConfig()
+	bcfg.Replicas = *replicas
 	if len(opts.Routes) > 0 {
 		// This node and the ones it routes to: the cluster's size is known
 		// before every peer is up, so auto does not settle for R1 early.
