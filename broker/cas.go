@@ -36,17 +36,35 @@ func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, ui
 }
 
 // Create writes v under key only if the key holds nothing; ErrExists otherwise.
+// A key whose last value was deleted holds nothing.
 func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	b, err := envelope.Marshal(v)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Create(ctx, key, b)
-	if err != nil && errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, ErrExists
+	for range maxCreateTries {
+		rev, err := kv.Create(ctx, key, b)
+		if err == nil {
+			return rev, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSequence(err) {
+			return 0, err
+		}
+		// The server refused: the key is written, or it was deleted and a rival
+		// changed it between the two writes a create over a delete marker takes
+		// (a replicated bucket then reports a bare wrong-last-sequence error).
+		// Decide from what is there now.
+		if _, err := kv.Get(ctx, key); err == nil {
+			return 0, ErrExists
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted) {
+			return 0, fmt.Errorf("capstan: %s/%s: create refused, then: %w", kv.Bucket(), key, err)
+		}
 	}
-	return rev, err
+	return 0, fmt.Errorf("capstan: %s/%s: create refused %d times over a deleted key", kv.Bucket(), key, maxCreateTries)
 }
+
+// maxCreateTries bounds Create's retries over a key that keeps being deleted.
+const maxCreateTries = 10
 
 // Update writes v under key only if the key is still at revision rev;
 // ErrRevisionMismatch otherwise. Any other error may hide a write that
@@ -57,8 +75,17 @@ func Update(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev u
 		return 0, err
 	}
 	n, err := kv.Update(ctx, key, b, rev)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
 		return 0, ErrRevisionMismatch
 	}
 	return n, err
+}
+
+// wrongLastSequence reports the server's refusal of a compare-and-swap: code
+// 10071 from a single server, 10164 from a replicated stream.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

@@ -28,7 +28,7 @@ func takeSnapshot(t *testing.T, ctx context.Context, js jetstream.JetStream, n b
 	for _, name := range []string{
 		n.ExecStream(), n.AuditStream(),
 		"KV_" + n.ExecutionsBucket(), "KV_" + n.EnvelopesBucket(),
-		"KV_" + n.ApprovalsBucket(), "KV_" + n.CatalogBucket(),
+		"KV_" + n.ApprovalsBucket(), "KV_" + n.CatalogBucket(), "KV_" + n.PoolsBucket(),
 	} {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
@@ -70,6 +70,7 @@ func TestProvision_TwiceIsNoOp(t *testing.T) {
 		{first.Envelopes.Bucket(), second.Envelopes.Bucket()},
 		{first.Approvals.Bucket(), second.Approvals.Bucket()},
 		{first.Catalog.Bucket(), second.Catalog.Bucket()},
+		{first.Pools.Bucket(), second.Pools.Bucket()},
 	} {
 		if pair[0] != pair[1] || pair[0] == "" {
 			t.Errorf("second provision returned %q, first %q", pair[1], pair[0])
@@ -134,6 +135,7 @@ func TestProvision_CreatesTheDesignedResources(t *testing.T) {
 		{b.Envelopes, "CAPSTAN_ENVELOPES", broker.DefaultRecordTTL, true},
 		{b.Approvals, "CAPSTAN_APPROVALS", broker.DefaultRecordTTL, false},
 		{b.Catalog, "CAPSTAN_CATALOG", 0, false},
+		{b.Pools, "CAPSTAN_POOLS", 0, false},
 	} {
 		st, err := kv.kv.Status(ctx)
 		if err != nil {
@@ -254,6 +256,8 @@ func TestProvision_ConflictingStreamNamesField(t *testing.T) {
 			bucket(capstanBucket("CAPSTAN_CATALOG", 0, func(c *jetstream.KeyValueConfig) { c.TTL = time.Hour }))},
 		{"catalog with history 3", "CAPSTAN_CATALOG", "History",
 			bucket(capstanBucket("CAPSTAN_CATALOG", 0, func(c *jetstream.KeyValueConfig) { c.History = 3 }))},
+		{"pools with a TTL", "CAPSTAN_POOLS", "TTL",
+			bucket(capstanBucket("CAPSTAN_POOLS", 0, func(c *jetstream.KeyValueConfig) { c.TTL = time.Hour }))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testCtx(t)
@@ -314,7 +318,10 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 	for _, kv := range []struct {
 		kv   jetstream.KeyValue
 		want string
-	}{{a.Executions, "TEAMA_EXECUTIONS"}, {a.Envelopes, "TEAMA_ENVELOPES"}, {a.Approvals, "TEAMA_APPROVALS"}, {a.Catalog, "TEAMA_CATALOG"}} {
+	}{
+		{a.Executions, "TEAMA_EXECUTIONS"}, {a.Envelopes, "TEAMA_ENVELOPES"}, {a.Approvals, "TEAMA_APPROVALS"},
+		{a.Catalog, "TEAMA_CATALOG"}, {a.Pools, "TEAMA_POOLS"},
+	} {
 		if kv.kv.Bucket() != kv.want {
 			t.Errorf("bucket %s, want %s", kv.kv.Bucket(), kv.want)
 		}
@@ -328,8 +335,8 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 			t.Errorf("stream %s outside the prefix", name)
 		}
 	}
-	if len(names) != 6 {
-		t.Errorf("streams %v, want the 6 TEAMA ones", names)
+	if len(names) != 7 {
+		t.Errorf("streams %v, want the 7 TEAMA ones", names)
 	}
 }
 
