@@ -60,9 +60,12 @@ type consumerRecord struct {
 	MaxAckPending int       `json:"maxAckPending"`
 }
 
-// maxConsumerTries bounds the read-write rounds of ensureConsumer; each round
-// that does not settle made progress for some worker.
-const maxConsumerTries = 100
+// Bounds of ensureConsumer: rounds lost to other workers changing the
+// consumer or its record at the same moment, and failed requests.
+const (
+	maxConsumerRounds = 100
+	maxConsumerErrors = 5
+)
 
 func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []string, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
 	if ackWait <= 0 {
@@ -73,8 +76,12 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 	}
 	own := sortedCopy(subjects)
 	ackWaitSet := false // once written, a later worker's AckWait wins without a fight
+	errs := 0
 	var lastErr error
-	for range maxConsumerTries {
+	for range maxConsumerRounds {
+		if errs >= maxConsumerErrors {
+			break
+		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
@@ -82,33 +89,35 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 		// holds all of it holds every subject recorded so far.
 		rec, rev, err := Load[consumerRecord](ctx, b.Pools, name)
 		if err != nil && !errors.Is(err, ErrNotFound) {
-			lastErr = err
+			errs, lastErr = errs+1, err
 			continue
 		}
 		c, err := b.Exec.Consumer(ctx, name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
 			_, err = b.Exec.CreateConsumer(ctx, consumerConfig(name, own, maxAckPending, ackWait))
-			if err == nil {
-				ackWaitSet = true
-			}
 			if cerr := overlapConflict(name, own, err); cerr != nil {
 				return nil, cerr
 			}
-			lastErr = err // on success, the next round records it
+			switch {
+			case err == nil:
+				ackWaitSet = true // the next round records it
+			case !errors.Is(err, jetstream.ErrConsumerExists): // not a rival's create
+				errs, lastErr = errs+1, err
+			}
 			continue
-		}
-		if errors.Is(err, jetstream.ErrNotPullConsumer) {
+		case errors.Is(err, jetstream.ErrNotPullConsumer):
 			return nil, fmt.Errorf("%w: consumer %s on %s: DeliverSubject is set, capstan needs a pull consumer",
 				ErrConfigConflict, name, b.Names.ExecStream())
-		}
-		if err != nil {
-			lastErr = err
+		case err != nil:
+			errs, lastErr = errs+1, err
 			continue
 		}
 		info := c.CachedInfo()
 		if diff := consumerDiff(info.Config); diff != "" {
 			return nil, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, name, b.Names.ExecStream(), diff)
 		}
+
 		have := union(info.Config.FilterSubjects, info.Config.FilterSubject, nil)
 		var recorded consumerRecord
 		if rec != nil && rec.Created.Equal(info.Created) {
@@ -122,6 +131,12 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 		}
 		consumerCurrent := slices.Equal(have, want.Subjects) && info.Config.MaxAckPending == want.MaxAckPending &&
 			(ackWaitSet || info.Config.AckWait == ackWait)
+		recordCurrent := rec != nil && rec.Created.Equal(want.Created) && slices.Equal(rec.Subjects, want.Subjects) &&
+			rec.MaxAckPending == want.MaxAckPending
+		if consumerCurrent && recordCurrent {
+			return c, nil
+		}
+
 		if !consumerCurrent {
 			wait := ackWait
 			if ackWaitSet {
@@ -132,28 +147,30 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 				return nil, cerr
 			}
 			if err != nil {
-				lastErr = err
+				if !errors.Is(err, jetstream.ErrConsumerDoesNotExist) { // not a deletion just now
+					errs, lastErr = errs+1, err
+				}
 				continue
 			}
 			ackWaitSet = true
 		}
-		if rec == nil || !rec.Created.Equal(want.Created) || !slices.Equal(rec.Subjects, want.Subjects) ||
-			rec.MaxAckPending != want.MaxAckPending {
+		if !recordCurrent {
 			if rec == nil {
 				_, err = Create(ctx, b.Pools, name, &want)
 			} else {
 				_, err = Update(ctx, b.Pools, name, &want, rev)
 			}
-			lastErr = err // a lost CAS: someone else recorded first; read both again
-			continue
+			if err != nil && !errors.Is(err, ErrExists) && !errors.Is(err, ErrRevisionMismatch) {
+				errs, lastErr = errs+1, err
+			}
 		}
-		if consumerCurrent {
-			return c, nil
-		}
-		// Read back: another worker may have overwritten the filter just now.
+		// Read both back: another worker may have overwritten the filter just now.
 	}
-	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): not settled after %d rounds: %v",
-		name, b.Names.ExecStream(), own, maxConsumerTries, lastErr)
+	if lastErr == nil {
+		return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): not settled after %d rounds",
+			name, b.Names.ExecStream(), own, maxConsumerRounds)
+	}
+	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, b.Names.ExecStream(), own, lastErr)
 }
 
 func consumerConfig(name string, subjects []string, maxAckPending int, ackWait time.Duration) jetstream.ConsumerConfig {
