@@ -42,29 +42,16 @@ func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint
 	if err != nil {
 		return 0, err
 	}
-	for range maxCreateTries {
-		rev, err := kv.Create(ctx, key, b)
-		if err == nil {
-			return rev, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !wrongLastSequence(err) {
-			return 0, err
-		}
-		// The server refused: the key is written, or it was deleted and a rival
-		// changed it between the two writes a create over a delete marker takes
-		// (a replicated bucket then reports a bare wrong-last-sequence error).
-		// Decide from what is there now.
-		if _, err := kv.Get(ctx, key); err == nil {
-			return 0, ErrExists
-		} else if !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted) {
-			return 0, fmt.Errorf("capstan: %s/%s: create refused, then: %w", kv.Bucket(), key, err)
-		}
+	rev, err := kv.Create(ctx, key, b)
+	// Over a delete marker a create takes two writes; when a rival's create
+	// lands between them, a replicated bucket reports a bare wrong-last-sequence
+	// error instead of ErrKeyExists. (Re-reading to tell it from a rival's
+	// delete would not help: a replica may answer a read with an older value.)
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
+		return 0, ErrExists
 	}
-	return 0, fmt.Errorf("capstan: %s/%s: create refused %d times over a deleted key", kv.Bucket(), key, maxCreateTries)
+	return rev, err
 }
-
-// maxCreateTries bounds Create's retries over a key that keeps being deleted.
-const maxCreateTries = 10
 
 // Update writes v under key only if the key is still at revision rev;
 // ErrRevisionMismatch otherwise. Any other error may hide a write that

@@ -34,8 +34,16 @@ type PoolConfig struct {
 // already filters on fails with ErrConfigConflict.
 func (b *Broker) EnsurePool(ctx context.Context, pc PoolConfig) (jetstream.Consumer, error) {
 	name := b.Names.PoolConsumer(pc.Pool)
+	// No filter at all, or a wildcard, would make the consumer take requests
+	// of every capability in its subject space.
+	if len(pc.Capabilities) == 0 {
+		return nil, fmt.Errorf("capstan: pool %q: no capabilities", pc.Pool)
+	}
 	want := make([]string, 0, len(pc.Capabilities))
 	for _, id := range pc.Capabilities {
+		if err := envelope.ValidCapabilityID(id); err != nil {
+			return nil, fmt.Errorf("capstan: pool %q: %w", pc.Pool, err)
+		}
 		want = append(want, b.Names.ExecSubject(id))
 	}
 	return b.ensureConsumer(ctx, name, want, pc.MaxAckPending, pc.AckWait)
@@ -61,21 +69,21 @@ type consumerRecord struct {
 }
 
 // Bounds of ensureConsumer: rounds lost to other workers changing the
-// consumer or its record at the same moment, and failed requests.
+// consumer or its record at the same moment, failed rounds, and one round.
 const (
-	maxConsumerRounds = 100
-	maxConsumerErrors = 5
+	maxConsumerRounds    = 100
+	maxConsumerErrors    = 5
+	consumerRoundTimeout = 3 * time.Second
 )
 
 func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []string, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	if ackWait <= 0 {
-		ackWait = 30 * time.Second
+	r := consumerRequest{name: name, own: sortedCopy(subjects), maxAckPending: maxAckPending, ackWait: ackWait}
+	if r.ackWait <= 0 {
+		r.ackWait = 30 * time.Second
 	}
-	if maxAckPending <= 0 {
-		maxAckPending = 1000
+	if r.maxAckPending <= 0 {
+		r.maxAckPending = 1000
 	}
-	own := sortedCopy(subjects)
-	ackWaitSet := false // once written, a later worker's AckWait wins without a fight
 	errs := 0
 	var lastErr error
 	for range maxConsumerRounds {
@@ -85,92 +93,124 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		// The record is read before the consumer: a consumer read afterwards that
-		// holds all of it holds every subject recorded so far.
-		rec, rev, err := Load[consumerRecord](ctx, b.Pools, name)
-		if err != nil && !errors.Is(err, ErrNotFound) {
-			errs, lastErr = errs+1, err
-			continue
-		}
-		c, err := b.Exec.Consumer(ctx, name)
+		// A request JetStream drops (a consumer between leaders answers nothing)
+		// costs one round, not the caller's whole deadline.
+		rctx, cancel := context.WithTimeout(ctx, consumerRoundTimeout)
+		c, done, err := b.consumerRound(rctx, &r)
+		cancel()
 		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			_, err = b.Exec.CreateConsumer(ctx, consumerConfig(name, own, maxAckPending, ackWait))
-			if cerr := overlapConflict(name, own, err); cerr != nil {
-				return nil, cerr
-			}
-			switch {
-			case err == nil:
-				ackWaitSet = true // the next round records it
-			case !errors.Is(err, jetstream.ErrConsumerExists): // not a rival's create
-				errs, lastErr = errs+1, err
-			}
-			continue
-		case errors.Is(err, jetstream.ErrNotPullConsumer):
-			return nil, fmt.Errorf("%w: consumer %s on %s: DeliverSubject is set, capstan needs a pull consumer",
-				ErrConfigConflict, name, b.Names.ExecStream())
+		case done:
+			return c, err
 		case err != nil:
 			errs, lastErr = errs+1, err
-			continue
 		}
-		info := c.CachedInfo()
-		if diff := consumerDiff(info.Config); diff != "" {
-			return nil, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, name, b.Names.ExecStream(), diff)
-		}
-
-		have := union(info.Config.FilterSubjects, info.Config.FilterSubject, nil)
-		var recorded consumerRecord
-		if rec != nil && rec.Created.Equal(info.Created) {
-			recorded = *rec
-		}
-		want := consumerRecord{
-			V:             envelope.Version,
-			Created:       info.Created,
-			Subjects:      union(recorded.Subjects, "", union(have, "", own)),
-			MaxAckPending: max(recorded.MaxAckPending, info.Config.MaxAckPending, maxAckPending),
-		}
-		consumerCurrent := slices.Equal(have, want.Subjects) && info.Config.MaxAckPending == want.MaxAckPending &&
-			(ackWaitSet || info.Config.AckWait == ackWait)
-		recordCurrent := rec != nil && rec.Created.Equal(want.Created) && slices.Equal(rec.Subjects, want.Subjects) &&
-			rec.MaxAckPending == want.MaxAckPending
-		if consumerCurrent && recordCurrent {
-			return c, nil
-		}
-
-		if !consumerCurrent {
-			wait := ackWait
-			if ackWaitSet {
-				wait = info.Config.AckWait
-			}
-			_, err := b.Exec.UpdateConsumer(ctx, consumerConfig(name, want.Subjects, want.MaxAckPending, wait))
-			if cerr := overlapConflict(name, want.Subjects, err); cerr != nil {
-				return nil, cerr
-			}
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrConsumerDoesNotExist) { // not a deletion just now
-					errs, lastErr = errs+1, err
-				}
-				continue
-			}
-			ackWaitSet = true
-		}
-		if !recordCurrent {
-			if rec == nil {
-				_, err = Create(ctx, b.Pools, name, &want)
-			} else {
-				_, err = Update(ctx, b.Pools, name, &want, rev)
-			}
-			if err != nil && !errors.Is(err, ErrExists) && !errors.Is(err, ErrRevisionMismatch) {
-				errs, lastErr = errs+1, err
-			}
-		}
-		// Read both back: another worker may have overwritten the filter just now.
 	}
 	if lastErr == nil {
 		return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): not settled after %d rounds",
-			name, b.Names.ExecStream(), own, maxConsumerRounds)
+			name, b.Names.ExecStream(), r.own, maxConsumerRounds)
 	}
-	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, b.Names.ExecStream(), own, lastErr)
+	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, b.Names.ExecStream(), r.own, lastErr)
+}
+
+// consumerRequest is what one caller of ensureConsumer asks for.
+type consumerRequest struct {
+	name          string
+	own           []string // sorted
+	maxAckPending int
+	ackWait       time.Duration
+	ackWaitSet    bool // once written, a later worker's AckWait wins without a fight
+}
+
+// consumerRound reads the record and the consumer and does one step towards
+// both holding r: it creates or rewrites the consumer, or grows the record, or
+// (when both already agree) confirms the record it read is the latest. done
+// reports a result (c, or a final err); otherwise err is a failed request and
+// nil means another worker changed something first.
+func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetstream.Consumer, done bool, err error) {
+	// The record is read before the consumer: a consumer read afterwards that
+	// holds all of it holds every subject recorded so far.
+	rec, rev, err := Load[consumerRecord](ctx, b.Pools, r.name)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, false, err
+	}
+	c, err = b.Exec.Consumer(ctx, r.name)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		_, err = b.Exec.CreateConsumer(ctx, consumerConfig(r.name, r.own, r.maxAckPending, r.ackWait))
+		if cerr := overlapConflict(r.name, r.own, err); cerr != nil {
+			return nil, true, cerr
+		}
+		if errors.Is(err, jetstream.ErrConsumerExists) { // a rival's create came first
+			return nil, false, nil
+		}
+		r.ackWaitSet = r.ackWaitSet || err == nil
+		return nil, false, err // the next round records it
+	case errors.Is(err, jetstream.ErrNotPullConsumer):
+		return nil, true, fmt.Errorf("%w: consumer %s on %s: DeliverSubject is set, capstan needs a pull consumer",
+			ErrConfigConflict, r.name, b.Names.ExecStream())
+	case err != nil:
+		return nil, false, err
+	}
+	info := c.CachedInfo()
+	if diff := consumerDiff(info.Config); diff != "" {
+		return nil, true, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, r.name, b.Names.ExecStream(), diff)
+	}
+
+	have := union(info.Config.FilterSubjects, info.Config.FilterSubject, nil)
+	var recorded consumerRecord
+	if rec != nil && rec.Created.Equal(info.Created) {
+		recorded = *rec
+	}
+	want := consumerRecord{
+		V:             envelope.Version,
+		Created:       info.Created,
+		Subjects:      union(recorded.Subjects, "", union(have, "", r.own)),
+		MaxAckPending: max(recorded.MaxAckPending, info.Config.MaxAckPending, r.maxAckPending),
+	}
+	consumerCurrent := slices.Equal(have, want.Subjects) && info.Config.MaxAckPending == want.MaxAckPending &&
+		(r.ackWaitSet || info.Config.AckWait == r.ackWait)
+	recordCurrent := rec != nil && rec.Created.Equal(want.Created) && slices.Equal(rec.Subjects, want.Subjects) &&
+		rec.MaxAckPending == want.MaxAckPending
+
+	switch {
+	case consumerCurrent && recordCurrent:
+		// A replica may have answered with an older record. Rewriting it at the
+		// revision read proves that revision was still the latest after the
+		// consumer was read, so the consumer held all of it.
+		_, err := Update(ctx, b.Pools, r.name, rec, rev)
+		if errors.Is(err, ErrRevisionMismatch) {
+			return nil, false, nil
+		}
+		return c, err == nil, err
+	case !consumerCurrent:
+		wait := r.ackWait
+		if r.ackWaitSet {
+			wait = info.Config.AckWait
+		}
+		_, err := b.Exec.UpdateConsumer(ctx, consumerConfig(r.name, want.Subjects, want.MaxAckPending, wait))
+		if cerr := overlapConflict(r.name, want.Subjects, err); cerr != nil {
+			return nil, true, cerr
+		}
+		if errors.Is(err, jetstream.ErrConsumerDoesNotExist) { // deleted just now
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		r.ackWaitSet = true
+		if recordCurrent {
+			return nil, false, nil // read both back
+		}
+	}
+	if rec == nil {
+		_, err = Create(ctx, b.Pools, r.name, &want)
+	} else {
+		_, err = Update(ctx, b.Pools, r.name, &want, rev)
+	}
+	if errors.Is(err, ErrExists) || errors.Is(err, ErrRevisionMismatch) {
+		return nil, false, nil
+	}
+	return nil, false, err // read both back: another worker may have overwritten the filter just now
 }
 
 func consumerConfig(name string, subjects []string, maxAckPending int, ackWait time.Duration) jetstream.ConsumerConfig {

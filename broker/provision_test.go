@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -47,64 +48,79 @@ func takeSnapshot(t *testing.T, ctx context.Context, js jetstream.JetStream, n b
 }
 
 func TestProvision_TwiceIsNoOp(t *testing.T) {
-	ctx := testCtx(t)
-	env := testenv.Start(t)
-	nc := env.Connect(t)
-	js := env.JetStream(t)
-
-	first := provision(t, nc, broker.Config{})
-	before := takeSnapshot(t, ctx, js, first.Names)
-	second, err := broker.Provision(ctx, nc, broker.Config{})
-	if err != nil {
-		t.Fatalf("second provision: %v", err)
-	}
-	after := takeSnapshot(t, ctx, js, second.Names)
-
-	if !reflect.DeepEqual(before, after) {
-		t.Fatalf("second provision changed resources:\nbefore %+v\nafter  %+v", before, after)
-	}
-	for _, pair := range [][2]string{
-		{first.Exec.CachedInfo().Config.Name, second.Exec.CachedInfo().Config.Name},
-		{first.Audit.CachedInfo().Config.Name, second.Audit.CachedInfo().Config.Name},
-		{first.Executions.Bucket(), second.Executions.Bucket()},
-		{first.Envelopes.Bucket(), second.Envelopes.Bucket()},
-		{first.Approvals.Bucket(), second.Approvals.Bucket()},
-		{first.Catalog.Bucket(), second.Catalog.Bucket()},
-		{first.Pools.Bucket(), second.Pools.Bucket()},
-	} {
-		if pair[0] != pair[1] || pair[0] == "" {
-			t.Errorf("second provision returned %q, first %q", pair[1], pair[0])
+	onEveryStore(t, func(t *testing.T, first *broker.Broker) {
+		ctx := testCtx(t)
+		js := first.JS
+		before := takeSnapshot(t, ctx, js, first.Names)
+		second, err := broker.Provision(ctx, first.NC, first.Config)
+		if err != nil {
+			t.Fatalf("second provision: %v", err)
 		}
-	}
-	// The handles the second call returned work on the same data.
-	if _, err := second.Catalog.Put(ctx, "demo.echo", []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := first.Catalog.Get(ctx, "demo.echo"); err != nil || string(e.Value()) != "x" {
-		t.Fatalf("first handle reads %v, %v; want the second handle's write", e, err)
-	}
+		after := takeSnapshot(t, ctx, js, second.Names)
+
+		if !reflect.DeepEqual(before, after) {
+			t.Fatalf("second provision changed resources:\nbefore %+v\nafter  %+v", before, after)
+		}
+		for _, pair := range [][2]string{
+			{first.Exec.CachedInfo().Config.Name, second.Exec.CachedInfo().Config.Name},
+			{first.Audit.CachedInfo().Config.Name, second.Audit.CachedInfo().Config.Name},
+			{first.Executions.Bucket(), second.Executions.Bucket()},
+			{first.Envelopes.Bucket(), second.Envelopes.Bucket()},
+			{first.Approvals.Bucket(), second.Approvals.Bucket()},
+			{first.Catalog.Bucket(), second.Catalog.Bucket()},
+			{first.Pools.Bucket(), second.Pools.Bucket()},
+		} {
+			if pair[0] != pair[1] || pair[0] == "" {
+				t.Errorf("second provision returned %q, first %q", pair[1], pair[0])
+			}
+		}
+		// The handles the second call returned work on the same data.
+		if _, err := second.Catalog.Put(ctx, "demo.echo", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := first.Catalog.Get(ctx, "demo.echo"); err != nil || string(e.Value()) != "x" {
+			t.Fatalf("first handle reads %v, %v; want the second handle's write", e, err)
+		}
+	})
 }
 
 // Every process provisions at start, often at the same moment.
 func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
-	ctx := testCtx(t)
-	env := testenv.Start(t)
-	const n = 8
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for range n {
-		nc := env.Connect(t)
-		wg.Go(func() {
-			_, err := broker.Provision(ctx, nc, broker.Config{})
-			errs <- err
+	for _, store := range []struct {
+		name     string
+		replicas int
+		start    func(t *testing.T) func(t *testing.T) *nats.Conn
+	}{
+		{"R1", 1, func(t *testing.T) func(t *testing.T) *nats.Conn {
+			env := testenv.Start(t)
+			return func(t *testing.T) *nats.Conn { return env.Connect(t) }
+		}},
+		{"R3", 3, func(t *testing.T) func(t *testing.T) *nats.Conn {
+			c := testenv.StartCluster(t, 3)
+			return func(t *testing.T) *nats.Conn { return c.Connect(t) }
+		}},
+	} {
+		t.Run(store.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			connect := store.start(t)
+			const n = 6
+			errs := make(chan error, n)
+			var wg sync.WaitGroup
+			for range n {
+				nc := connect(t)
+				wg.Go(func() {
+					_, err := broker.Provision(ctx, nc, broker.Config{Replicas: store.replicas})
+					errs <- err
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Errorf("concurrent provision: %v", err)
+				}
+			}
 		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("concurrent provision: %v", err)
-		}
 	}
 }
 
