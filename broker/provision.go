@@ -229,11 +229,29 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 	if have.MaxAge != want.MaxAge {
 		d = append(d, fmt.Sprintf("MaxAge is %v, capstan needs %v", have.MaxAge, want.MaxAge))
 	}
-	if want.MaxBytes != 0 && have.MaxBytes != want.MaxBytes {
-		d = append(d, fmt.Sprintf("MaxBytes is %d, capstan needs %d", have.MaxBytes, want.MaxBytes))
+	// A cap capstan did not ask for drops requests or events without a trace.
+	for _, limit := range []struct {
+		field      string
+		have, want int64
+	}{
+		{"MaxMsgs", have.MaxMsgs, want.MaxMsgs},
+		{"MaxBytes", have.MaxBytes, want.MaxBytes},
+		{"MaxMsgsPerSubject", have.MaxMsgsPerSubject, want.MaxMsgsPerSubject},
+	} {
+		if h, w := unlimited(limit.have), unlimited(limit.want); h != w {
+			d = append(d, fmt.Sprintf("%s is %d, capstan needs %d", limit.field, h, w))
+		}
 	}
 	if have.Discard != want.Discard {
 		d = append(d, fmt.Sprintf("Discard is %v, capstan needs %v", have.Discard, want.Discard))
 	}
 	return strings.Join(d, "; ")
+}
+
+// unlimited folds the ways a stream says "no limit" (0 or any negative) into -1.
+func unlimited(v int64) int64 {
+	if v <= 0 {
+		return -1
+	}
+	return v
 }

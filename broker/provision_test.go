@@ -247,6 +247,12 @@ func TestProvision_ConflictingStreamNamesField(t *testing.T) {
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxAge = time.Hour }))},
 		{"exec discarding new", "CAPSTAN_EXEC", "Discard",
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.Discard = jetstream.DiscardNew }))},
+		{"exec capped at 100 requests", "CAPSTAN_EXEC", "MaxMsgs",
+			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxMsgs = 100 }))},
+		{"exec capped in bytes", "CAPSTAN_EXEC", "MaxBytes",
+			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxBytes = 1 << 20 }))},
+		{"exec keeping one request per capability", "CAPSTAN_EXEC", "MaxMsgsPerSubject",
+			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 1 }))},
 		{"audit with work-queue retention", "CAPSTAN_AUDIT", "Retention",
 			stream(capstanAudit(func(c *jetstream.StreamConfig) { c.Retention = jetstream.WorkQueuePolicy }))},
 		{"audit kept one day", "CAPSTAN_AUDIT", "MaxAge",
@@ -391,5 +397,41 @@ func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
 	}
 	if v, _, err := broker.Load[map[string]string](ctx, a.Envelopes, "e1"); err != nil || (*v)["from"] != "teama" {
 		t.Errorf("TEAMA envelope: %v, %v", v, err)
+	}
+}
+
+// Every setting Provision takes is read back as the same setting, so a
+// customised deployment provisions again without a false conflict; and a
+// process started with other settings is told which one differs.
+func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.T) {
+	ctx := testCtx(t)
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	custom := broker.Config{
+		Prefix: "CUSTOM", RecordTTL: time.Hour, AuditMaxAge: 48 * time.Hour,
+		AuditMaxBytes: 64 << 20, AuditDiscardNew: true, DedupWindow: 10 * time.Minute,
+	}
+	b := provision(t, nc, custom)
+	before := takeSnapshot(t, ctx, b.JS, b.Names)
+	provision(t, nc, custom)
+	if after := takeSnapshot(t, ctx, b.JS, b.Names); !reflect.DeepEqual(before, after) {
+		t.Fatalf("second provision changed resources:\nbefore %+v\nafter  %+v", before, after)
+	}
+	for _, tc := range []struct {
+		field string
+		alter func(*broker.Config)
+	}{
+		{"TTL", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
+		{"MaxAge", func(c *broker.Config) { c.AuditMaxAge = 0 }},
+		{"MaxBytes", func(c *broker.Config) { c.AuditMaxBytes = 0 }},
+		{"Discard", func(c *broker.Config) { c.AuditDiscardNew = false }},
+		{"Duplicates", func(c *broker.Config) { c.DedupWindow = 0 }},
+	} {
+		other := custom
+		tc.alter(&other)
+		_, err := broker.Provision(ctx, nc, other)
+		if !errors.Is(err, broker.ErrConfigConflict) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("provision with another %s: %v, want ErrConfigConflict naming it", tc.field, err)
+		}
 	}
 }
