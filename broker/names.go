@@ -62,6 +62,14 @@ func (n Names) CancelSubject(executionID string) string {
 // CancelSubjects matches every cancel request.
 func (n Names) CancelSubjects() string { return n.subject + ".cancel.*" }
 
+// CancelNoticeSubject announces to every worker that a cancel was recorded.
+func (n Names) CancelNoticeSubject(executionID string) string {
+	return n.subject + ".cancelled." + executionID
+}
+
+// CancelNoticeSubjects matches every cancel notice.
+func (n Names) CancelNoticeSubjects() string { return n.subject + ".cancelled.*" }
+
 // DescribeSubject is the core NATS request subject of discovery.
 func (n Names) DescribeSubject() string { return n.subject + ".describe" }
 

@@ -255,8 +255,6 @@ func TestProvision_ConflictingStreamNamesField(t *testing.T) {
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 1 }))},
 		{"audit with work-queue retention", "CAPSTAN_AUDIT", "Retention",
 			stream(capstanAudit(func(c *jetstream.StreamConfig) { c.Retention = jetstream.WorkQueuePolicy }))},
-		{"audit kept one day", "CAPSTAN_AUDIT", "MaxAge",
-			stream(capstanAudit(func(c *jetstream.StreamConfig) { c.MaxAge = 24 * time.Hour }))},
 		{"audit capped in bytes", "CAPSTAN_AUDIT", "MaxBytes",
 			stream(capstanAudit(func(c *jetstream.StreamConfig) { c.MaxBytes = 1 << 20 }))},
 
@@ -422,7 +420,7 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 		alter func(*broker.Config)
 	}{
 		{"TTL", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
-		{"MaxAge", func(c *broker.Config) { c.AuditMaxAge = 0 }},
+		{"MaxAge", func(c *broker.Config) { c.AuditMaxAge = 72 * time.Hour }},
 		{"MaxBytes", func(c *broker.Config) { c.AuditMaxBytes = 0 }},
 		{"Discard", func(c *broker.Config) { c.AuditDiscardNew = false }},
 		{"Duplicates", func(c *broker.Config) { c.DedupWindow = 0 }},
@@ -433,5 +431,24 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 		if !errors.Is(err, broker.ErrConfigConflict) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("provision with another %s: %v, want ErrConfigConflict naming it", tc.field, err)
 		}
+	}
+}
+
+// The audit retention is the one setting only the process that sets it needs
+// to know: asked for, it must match; unset, the stream's own is kept.
+func TestProvision_AuditRetentionConflictsOnlyWhenAskedFor(t *testing.T) {
+	ctx := testCtx(t)
+	env := testenv.Start(t)
+	if _, err := env.JetStream(t).CreateStream(ctx, capstanAudit(func(c *jetstream.StreamConfig) { c.MaxAge = 24 * time.Hour })); err != nil {
+		t.Fatal(err)
+	}
+	nc := env.Connect(t)
+	_, err := broker.Provision(ctx, nc, broker.Config{AuditMaxAge: broker.DefaultAuditMaxAge})
+	if !errors.Is(err, broker.ErrConfigConflict) || !strings.Contains(err.Error(), "CAPSTAN_AUDIT") || !strings.Contains(err.Error(), "MaxAge") {
+		t.Fatalf("provision asking 30 days over a 1-day audit stream: %v, want ErrConfigConflict naming CAPSTAN_AUDIT and MaxAge", err)
+	}
+	b := provision(t, nc, broker.Config{})
+	if got := b.Config.AuditMaxAge; got != 24*time.Hour {
+		t.Fatalf("unset retention reads back as %v, want the stream's 24h", got)
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"strconv"
 	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Version is the schema version every record carries in its "v" field.
@@ -54,8 +56,9 @@ func Marshal(v any) ([]byte, error) {
 	return bytes.Clone(e.buf.Bytes()), nil
 }
 
-// Unmarshal decodes msgpack into v. Unknown fields are ignored; malformed bytes
-// are an error wrapping ErrDecode, never a panic.
+// Unmarshal decodes msgpack into v. Unknown fields are ignored; malformed bytes,
+// lengths beyond the end of b and nesting deeper than 10000 are an error
+// wrapping ErrDecode, never a panic or an allocation larger than b calls for.
 func Unmarshal(b []byte, v any) (err error) {
 	return unmarshal(b, v, false)
 }
@@ -213,23 +216,31 @@ func decodeMap(d *msgpack.Decoder) (any, error) {
 	m := make(map[string]any, n)
 	var u map[any]any // from the first key that is not a string
 	for range n {
-		k, err := d.DecodeInterface()
+		c, err := d.PeekCode()
 		if err != nil {
 			return nil, err
 		}
-		if b, ok := k.([]byte); ok {
-			k = string(b) // as the msgpack library reads binary keys
+		var k any
+		var s string
+		isString := msgpcode.IsString(c) || msgpcode.IsBin(c) // binary keys read as strings, as msgpack does
+		if isString {
+			s, err = d.DecodeString()
+		} else if k, err = d.DecodeInterface(); err == nil {
+			k, err = mapKey(k)
+		}
+		if err != nil {
+			return nil, err
 		}
 		v, err := d.DecodeInterface()
 		if err != nil {
 			return nil, err
 		}
-		if s, ok := k.(string); ok && u == nil {
+		if isString && u == nil {
 			m[s] = v
 			continue
 		}
-		if k != nil && !reflect.TypeOf(k).Comparable() {
-			return nil, fmt.Errorf("map key of type %T", k)
+		if isString {
+			k = s
 		}
 		if u == nil {
 			u = make(map[any]any, n)
@@ -243,6 +254,34 @@ func decodeMap(d *msgpack.Decoder) (any, error) {
 		return u, nil
 	}
 	return m, nil
+}
+
+// mapKey makes a key that is not a string usable in a map[any]any. Integers
+// become int64 (uint64 above its range) so that 1 written in one byte or in
+// nine is one key, and re-encoding a map does not merge its keys.
+func mapKey(k any) (any, error) {
+	switch x := k.(type) {
+	case int8:
+		return int64(x), nil
+	case int16:
+		return int64(x), nil
+	case int32:
+		return int64(x), nil
+	case uint8:
+		return int64(x), nil
+	case uint16:
+		return int64(x), nil
+	case uint32:
+		return int64(x), nil
+	case uint64:
+		if x <= math.MaxInt64 {
+			return int64(x), nil
+		}
+	}
+	if k != nil && !reflect.TypeOf(k).Comparable() {
+		return nil, fmt.Errorf("map key of type %T", k)
+	}
+	return k, nil
 }
 
 // Raw is one msgpack-encoded value carried inside a record (an input or an

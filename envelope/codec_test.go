@@ -237,6 +237,14 @@ func TestDecode_UnknownFieldsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatalf("DecodeRequest with unknown fields: %v", err)
 	}
+	// The input went through a Go map above, so its keys may come in another
+	// order: compare it as a value.
+	gotIn, _ := got.Input.Value()
+	wantIn, _ := req.Input.Value()
+	if !reflect.DeepEqual(gotIn, wantIn) {
+		t.Errorf("input = %v, want %v", gotIn, wantIn)
+	}
+	got.Input = req.Input
 	if !reflect.DeepEqual(utcRequest(*got), utcRequest(req)) {
 		t.Errorf("unknown fields changed the request\n got: %+v\nwant: %+v", *got, req)
 	}
@@ -390,6 +398,25 @@ func TestDecode_CraftedLengthsRefusedWithoutHugeAllocation(t *testing.T) {
 				t.Errorf("decoding %d bytes allocated %d bytes", len(tt.b), alloc)
 			}
 		})
+	}
+}
+
+// The msgpack library grows its pooled scratch buffer by a megabyte for each
+// record that declares a string or binary longer than it holds, and keeps it;
+// a stream of such 11-byte records once ran a worker out of memory.
+func TestDecode_RepeatedOverlongRecordsAllocateLittle(t *testing.T) {
+	b := []byte{0x82, 0xa1, 'v', 0x01, 0xa1, 'x', 0xc6, 0xff, 0xff, 0xff, 0xff} // {"v":1,"x":<bin32 of 4 GiB>}
+	const n = 200
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range n {
+		if _, err := DecodeRequest(b); !errors.Is(err, ErrDecode) {
+			t.Fatalf("err = %v, want ErrDecode", err)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > n*4096 {
+		t.Errorf("%d decodes of %d bytes allocated %d bytes", n, len(b), alloc)
 	}
 }
 
@@ -593,12 +620,22 @@ func TestRaw_NonStringMapKeys(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Value: %v", err)
 	}
-	if m, ok := v.(map[any]any); !ok || m[int8(1)] != "one" {
+	if m, ok := v.(map[any]any); !ok || m[int64(1)] != "one" {
 		t.Errorf("Value = %#v, want map[any]any{1: \"one\"}", v)
 	}
 	j, err := json.Marshal(r)
 	if err != nil || string(j) != `{"1":"one"}` {
 		t.Errorf("JSON = %s, %v; want {\"1\":\"one\"}", j, err)
+	}
+
+	// 7 as int8 and 7 as int64 are one key, as they are one number.
+	b := []byte{0x83, 0x07, 0xa1, 'a', 0xd3, 0, 0, 0, 0, 0, 0, 0, 0x07, 0xa1, 'b', 0xa1, 'k', 0xa1, 'c'} // {7:"a", int64 7:"b", "k":"c"}
+	v, err = Raw(b).Value()
+	if err != nil {
+		t.Fatalf("Value: %v", err)
+	}
+	if want := (map[any]any{int64(7): "b", "k": "c"}); !reflect.DeepEqual(v, want) {
+		t.Errorf("Value = %#v, want %#v", v, want)
 	}
 }
 
@@ -666,8 +703,65 @@ func TestCodec_ConcurrentUseIsSafe(t *testing.T) {
 }
 
 // sortedEncode encodes like Marshal but with map keys sorted, so that two equal
-// values give equal bytes.
+// values give equal bytes. Maps with keys that are not strings, which msgpack
+// does not sort, are written as their sorted encoded entries.
 func sortedEncode(t testing.TB, v any) []byte {
+	t.Helper()
+	switch x := v.(type) {
+	case *Envelope:
+		if x != nil && x.Error != nil {
+			e, ee := *x, *x.Error
+			ee.Details = sortableDetails(t, ee.Details)
+			e.Error = &ee
+			v = &e
+		}
+	case map[string]any:
+		v = sortableDetails(t, x)
+	}
+	return encodeSorted(t, v)
+}
+
+func sortableDetails(t testing.TB, m map[string]any) map[string]any {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]any, len(m))
+	for k, x := range m {
+		out[k] = sortable(t, x)
+	}
+	return out
+}
+
+func sortable(t testing.TB, v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		return sortableDetails(t, x)
+	case []any:
+		out := make([]any, len(x))
+		for i, y := range x {
+			out[i] = sortable(t, y)
+		}
+		return out
+	case map[any]any:
+		entries := make([][]byte, 0, len(x))
+		for k, y := range x {
+			entries = append(entries, encodeSorted(t, []any{sortable(t, k), sortable(t, y)}))
+		}
+		slices.SortFunc(entries, bytes.Compare)
+		return append([]any{"map[any]any"}, anySlice(entries)...)
+	}
+	return v
+}
+
+func anySlice(bs [][]byte) []any {
+	out := make([]any, len(bs))
+	for i, b := range bs {
+		out[i] = b
+	}
+	return out
+}
+
+func encodeSorted(t testing.TB, v any) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)

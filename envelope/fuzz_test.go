@@ -68,6 +68,8 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		&Envelope{V: Version, ExecutionID: "e1", CapabilityID: "demo.echo", Status: StatusCompleted},
 		map[string]any{"v": 1, "error": map[string]any{"code": "X", "details": map[string]any{"a": []any{1, 2.5, "s"}}}},
 	)
+	// Found by fuzzing: an integer key among string keys in a details map.
+	f.Add([]byte("\x82\xa1v\x01\xa5error\x82\xa428A12\xa7details\x81\xa10\x82\xa110A2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := DecodeEnvelope(b)
 		if err != nil {

@@ -117,7 +117,7 @@ func TestNewExecutionID_IsUUIDv7InCreationOrder(t *testing.T) {
 
 func TestIdempotencyKey_StablePerExecutionDistinctAcross(t *testing.T) {
 	id := NewExecutionID()
-	if IdempotencyKey(id) != IdempotencyKey(id) {
+	if first, again := IdempotencyKey(id), IdempotencyKey(id); first != again {
 		t.Error("IdempotencyKey differs for one execution id")
 	}
 	seen := map[string]string{}

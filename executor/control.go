@@ -16,8 +16,9 @@ type CancelReply struct {
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
 	State State `json:"state,omitempty"`
-	// Finalized is true when the execution had already ended; the cancel
-	// changed nothing.
+	// Finalized is true when the execution has ended: before the cancel (which
+	// then changed nothing), or already because of it, when the worker running
+	// it stopped it before the cancel was recorded. Status says which.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
 	Error     string          `json:"error,omitempty"`
@@ -41,12 +42,18 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
 		return nil, err
 	}
-	// ... and every worker stops its own run of it at once, if it has one.
-	if err := add(w.nc.Subscribe(n.CancelSubjects(), func(m *nats.Msg) {
+	// ... and every worker stops its own run of it at once, if it has one:
+	// on the request itself, and again on the notice sent once the cancel is
+	// recorded, for a run that began between the two.
+	stopLocal := func(m *nats.Msg) {
 		if x := w.local(lastToken(m.Subject)); x != nil {
 			x.cancel(errCallerCancelled)
 		}
-	})); err != nil {
+	}
+	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
 	if err := add(w.nc.QueueSubscribe(n.DescribeSubject(), n.WorkersQueue(), w.serveDescribe)); err != nil {
@@ -66,6 +73,9 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
+		if reply.Error == "" && !reply.Finalized {
+			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(id), nil)
+		}
 		b, _ := json.Marshal(reply)
 		_ = m.Respond(b)
 	}()
@@ -98,9 +108,18 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 			reply.State = rec.State
 			return
 		default:
+			// The envelope is the truth: the record is marked finalized only
+			// after it, so an execution can be over while its record says not.
+			ctx, cancel := storeCtx()
+			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
+			cancel()
+			if eerr == nil {
+				reply.Finalized, reply.Status, reply.State = true, env.Status, StateFinalized
+				return
+			}
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
-			ctx, cancel := storeCtx()
+			ctx, cancel = storeCtx()
 			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
 			cancel()
 			if err == nil {
@@ -110,40 +129,4 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		}
 	}
 	reply.Error = "the cancel could not be recorded; try again"
-}
-
-// DescribeRequest asks which capabilities a surface and actor may see.
-type DescribeRequest struct {
-	Surface Surface        `json:"surface"`
-	Actor   envelope.Actor `json:"actor"`
-}
-
-// DescribeReply lists the capabilities visible to the request.
-type DescribeReply struct {
-	Capabilities []Descriptor `json:"capabilities"`
-	Error        string       `json:"error,omitempty"`
-}
-
-func (w *Worker) serveDescribe(m *nats.Msg) {
-	var req DescribeRequest
-	reply := DescribeReply{Capabilities: []Descriptor{}}
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		reply.Error = "the describe request is not valid JSON: " + err.Error()
-	} else {
-		reply.Capabilities = w.visible(req)
-	}
-	b, _ := json.Marshal(reply)
-	_ = m.Respond(b)
-}
-
-// visible filters the catalog by exposure (deny by default).
-func (w *Worker) visible(req DescribeRequest) []Descriptor {
-	out := []Descriptor{}
-	for _, d := range w.cat.all() {
-		if Exposure(d.Expose).Has(req.Surface) {
-			out = append(out, d)
-		}
-	}
-	sortDescriptors(out)
-	return out
 }

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -29,5 +30,102 @@ func TestCall_EchoCompletesWithOneEnvelope(t *testing.T) {
 	}
 	if got.Attempts != 1 || calls.Load() != 1 {
 		t.Fatalf("attempts %d, calls %d", got.Attempts, calls.Load())
+	}
+}
+
+func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id := envelope.NewExecutionID()
+	for i := 0; i < 2; i++ {
+		got, err := c.Submit(ctx, "demo.echo", map[string]any{"hello": "once"}, executor.WithID(id))
+		if err != nil || got != id {
+			t.Fatalf("submit %d: id %q err %v", i, got, err)
+		}
+	}
+	a, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newClient(t, env.Connect(t)).Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Status != envelope.StatusCompleted || a.FinalizedBy != b.FinalizedBy || !a.FinalizedAt.Equal(b.FinalizedAt) {
+		t.Fatalf("awaits differ: %+v vs %+v", a, b)
+	}
+	// A third submit after completion is still deduplicated, and a redelivery
+	// would find the envelope: the handler ran once.
+	if _, err := c.Submit(ctx, "demo.echo", map[string]any{"hello": "once"}, executor.WithID(id)); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
+	}
+}
+
+func TestCallMany_FanOutOfFiveThousandWithoutAConsumerPerCall(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Concurrency: 128}, echoCap(&calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	consumers := func() int {
+		n := 0
+		for _, s := range []string{"CAPSTAN_EXEC", "CAPSTAN_ENVELOPES", "KV_CAPSTAN_ENVELOPES", "KV_CAPSTAN_CATALOG"} {
+			st, err := c.Broker().JS.Stream(ctx, s)
+			if err != nil {
+				continue
+			}
+			n += st.CachedInfo().State.Consumers
+		}
+		return n
+	}
+	before := consumers()
+
+	const n = 5000
+	reqs := make([]executor.Request, n)
+	for i := range reqs {
+		reqs[i] = executor.Request{CapabilityID: "demo.echo", Input: echoIn{Hello: strconv.Itoa(i)}}
+	}
+	envs, errs := c.CallMany(ctx, reqs)
+	seen := map[string]bool{}
+	for i := range reqs {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		if envs[i].Status != envelope.StatusCompleted {
+			t.Fatalf("call %d: %s %+v", i, envs[i].Status, envs[i].Error)
+		}
+		var out echoIn
+		if err := envs[i].Output.Decode(&out); err != nil || out.Hello != strconv.Itoa(i) {
+			t.Fatalf("call %d: output %+v, err %v", i, out, err)
+		}
+		seen[envs[i].ExecutionID] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct executions, want %d", len(seen), n)
+	}
+	if after := consumers(); after != before {
+		t.Fatalf("consumers went from %d to %d during the fan-out", before, after)
+	}
+	keys, err := c.Broker().Envelopes.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := 0
+	for range keys.Keys() {
+		count++
+	}
+	if count != n {
+		t.Fatalf("%d envelopes, want %d", count, n)
+	}
+	if calls.Load() != n {
+		t.Fatalf("handler called %d times, want %d", calls.Load(), n)
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
 
@@ -88,5 +87,3 @@ func ctxT(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-var _ = testenv.Start

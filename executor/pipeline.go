@@ -15,11 +15,8 @@ import (
 // on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
 // a takeover at stage 11 with that attempt, after prevCode.
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	go x.keepLease()
+	x.startRenewing()
 	m := x.b.meta
-	if h, err := envelope.InputHash(x.req.Input); err == nil {
-		x.inputHash = h
-	}
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
 		x.emit(audit.Requested, nil)
@@ -42,7 +39,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		}
 		x.input = in
 		if err := x.restoreGrant(); err != nil {
-			x.finalize(x.failed(err), x.rec.Attempt)
+			x.finalize(x.failed(err), x.record().Attempt)
 			return
 		}
 	}
@@ -60,16 +57,22 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			return
 		}
 		err := x.update(func(r *Record) {
-			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, time.Now().UTC(), ""
+			now := time.Now().UTC()
+			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
+			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 		})
 		if err != nil {
 			x.endByRecord(err, attempt-1)
 			return
 		}
-		started := x.event(audit.Started, map[string]any{"attempt": attempt, "approvalId": x.req.ApprovalID})
+		started := x.event(audit.Started, x.startedData(attempt))
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+				if x.ctx.Err() != nil {
+					x.endByContext(attempt - 1)
+					return
+				}
 				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
@@ -125,7 +128,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			continue
 		}
-		x.finalize(x.failedAfterRun(cerr), attempt)
+		x.finalize(x.afterRun(cerr), attempt)
 		return
 	}
 }
@@ -170,7 +173,7 @@ func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	if res.err != nil {
 		// A handler that returns because its context ended reports the context's
 		// reason, not its own wording of it.
-		if ctx.Err() != nil && errors.Is(res.err, ctx.Err()) {
+		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
 			return nil, x.contextError(ctx)
 		}
 		return nil, handlerError(res.err)
@@ -183,10 +186,14 @@ func (x *execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 		return x.cancelledError()
 	}
 	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-			Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout())}
+		return x.timeoutError()
 	}
 	return x.cancelledError()
+}
+
+func (x *execution) timeoutError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
+		Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
 }
 
 func (x *execution) cancelledError() *envelope.CapabilityError {
@@ -197,23 +204,15 @@ func (x *execution) cancelledError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
 }
 
-// handlerError classifies what a handler returned: a declared CapabilityError
-// speaks for itself; anything else is EXECUTION_FAILED, not retryable and not
-// exposed to the model, its cause kept for the logs.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if errors.As(err, &ce) {
-		c := *ce
-		if c.Code == "" {
-			c.Code = envelope.CodeExecutionFailed
-		}
-		if c.Stage == "" {
-			c.Stage = envelope.StageHandler
-		}
-		return &c
+// afterRun is the outcome of a last attempt that failed. A timeout is the
+// runtime stopping the handler, as a cancel is: status cancelled, code
+// TIMEOUT (still retryable for the caller), event capability.cancelled. A
+// failure the handler reported is status failed, event capability.failed.
+func (x *execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
+		return x.stopped(cerr)
 	}
-	return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-		Message: "The operation failed.", Cause: err}
+	return x.failedAfterRun(cerr)
 }
 
 // retryEligible is the SI-11 rule: all must hold.
@@ -225,10 +224,18 @@ func (x *execution) retryEligible(err *envelope.CapabilityError) bool {
 	if m.SideEffect.writeLike() && !m.Idempotent {
 		return false
 	}
-	if m.Retry.RetryOn != nil && !m.Retry.RetryOn(err) {
-		return false
-	}
-	return true
+	return m.Retry.RetryOn == nil || x.retryOn(err)
+}
+
+// retryOn asks the capability's RetryOn; one that panics vetoes the retry.
+func (x *execution) retryOn(err *envelope.CapabilityError) (retry bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			x.w.log.Error("retryOn panicked: not retrying", "executionId", x.req.ExecutionID, "panic", r)
+			retry = false
+		}
+	}()
+	return x.b.meta.Retry.RetryOn(err)
 }
 
 // endByContext finalizes an execution whose whole context ended.
@@ -249,12 +256,17 @@ func (x *execution) endByRecord(err error, attempts int) {
 		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
 	}
-	x.w.log.Warn("execution record lost: leaving the execution to its owner", "executionId", x.req.ExecutionID, "err", err)
+	// Lost: another worker owns it. Unsettled: the store did not answer; the
+	// redelivery decides once the lease has run out.
+	x.w.log.Warn("execution record not updated: leaving the execution", "executionId", x.req.ExecutionID, "err", err)
 }
 
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (x *execution) release() {
-	_ = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() })
+	x.stopLease()
+	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
+		return // another worker owns it, and its delivery
+	}
 	_ = x.msg.Nak()
 }

@@ -30,18 +30,21 @@ type Record struct {
 	// Attempt is the number of the attempt running, or the last one started.
 	Attempt    int       `json:"attempt"`
 	Worker     string    `json:"worker,omitempty"`
-	LeaseUntil time.Time `json:"leaseUntil,omitempty"`
+	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
 	// StartedAt is when the current attempt started.
-	StartedAt time.Time     `json:"startedAt,omitempty"`
+	StartedAt time.Time     `json:"startedAt,omitzero"`
 	LastError envelope.Code `json:"lastError,omitempty"`
 	// CancelRequested may be set in any state before finalized; it is terminal.
 	CancelRequested   bool      `json:"cancelRequested,omitempty"`
-	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitempty"`
+	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
 	ApprovalID        string    `json:"approvalId,omitempty"`
 	// Status is the envelope's status once finalized.
-	Status    envelope.Status `json:"status,omitempty"`
-	CreatedAt time.Time       `json:"createdAt"`
-	UpdatedAt time.Time       `json:"updatedAt"`
+	Status envelope.Status `json:"status,omitempty"`
+	// Cause is a failure's private cause, for operators: it never reaches the
+	// envelope, the model or the audit trail.
+	Cause     string    `json:"cause,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 func (r *Record) leaseLive(now time.Time) bool {

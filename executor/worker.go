@@ -182,9 +182,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.b = b
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
-	if err := w.publishCatalog(setupCtx); err != nil {
-		return err
-	}
 	w.cat, err = watchCatalog(w.base, b)
 	if err != nil {
 		return err
@@ -210,6 +207,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}()
+	// Listed last: once the catalog names a capability, its consumer exists
+	// and cancel and describe are served.
+	if err := w.publishCatalog(setupCtx); err != nil {
+		return err
+	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
 
 	var wg sync.WaitGroup

@@ -35,7 +35,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	clientPorts := freePorts(t, n)
 	clusterPorts := freePorts(t, n)
 	c := &Cluster{}
-	t.Cleanup(c.stopAll)
 	for i := range n {
 		var routes []string
 		for j, p := range clusterPorts {
@@ -51,6 +50,9 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			Routes:      routes,
 		}})
 	}
+	// Registered after the first t.TempDir, so it runs before the store
+	// directories are removed: a node left running keeps writing there.
+	t.Cleanup(c.stopAll)
 	for _, node := range c.Nodes {
 		node.start(t)
 		c.URLs = append(c.URLs, node.URL)

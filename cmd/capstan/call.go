@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+// submitTimeout bounds publishing one request.
+const submitTimeout = 10 * time.Second
+
+// requestFlags shape one request; call and submit share them.
+type requestFlags struct {
+	input, actor, surface, id string
+}
+
+func addRequestFlags(fs *flag.FlagSet) *requestFlags {
+	r := &requestFlags{}
+	fs.StringVar(&r.input, "input", "", "the input: JSON text, @file, or - for stdin")
+	fs.StringVar(&r.actor, "actor", defaultActor(), "who the call runs for, as kind:id")
+	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
+	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
+	return r
+}
+
+func defaultActor() string {
+	if u := os.Getenv("USER"); u != "" {
+		return envelope.ActorUser + ":" + u
+	}
+	return envelope.ActorUser + ":cli"
+}
+
+// request is a request as the flags describe it.
+type request struct {
+	client executor.ClientConfig
+	input  envelope.Raw
+	id     string
+}
+
+func (r *requestFlags) parse() (request, error) {
+	kind, id, ok := strings.Cut(r.actor, ":")
+	if !ok || kind == "" || id == "" {
+		return request{}, fmt.Errorf("--actor %q: want kind:id, e.g. user:alice", r.actor)
+	}
+	if r.surface == "" {
+		return request{}, errors.New("--surface is empty")
+	}
+	in, err := readInput(r.input)
+	if err != nil {
+		return request{}, err
+	}
+	execID := r.id
+	if execID == "" {
+		execID = envelope.NewExecutionID()
+	}
+	if err := envelope.ValidExecutionID(execID); err != nil {
+		return request{}, fmt.Errorf("--id: %v", err)
+	}
+	return request{
+		client: executor.ClientConfig{Surface: executor.Surface(r.surface), Actor: envelope.Actor{Kind: kind, ID: id}},
+		input:  in,
+		id:     execID,
+	}, nil
+}
+
+// readInput reads --input: JSON text, @file or - for stdin.
+func readInput(s string) (envelope.Raw, error) {
+	b := []byte(s)
+	var err error
+	switch {
+	case s == "-":
+		b, err = io.ReadAll(os.Stdin)
+	case strings.HasPrefix(s, "@"):
+		b, err = os.ReadFile(s[1:])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--input: %v", err)
+	}
+	raw, err := envelope.RawFromJSON(b)
+	if err != nil {
+		return nil, fmt.Errorf("--input: %v", err)
+	}
+	return raw, nil
+}
+
+func runCall(args []string) int {
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--wait D]")
+	conn := addConnFlags(fs)
+	rf := addRequestFlags(fs)
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	capID := pos[0]
+	req, err := rf.parse()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	if *wait <= 0 {
+		return usageError("--wait must be positive")
+	}
+	c, closeClient, err := conn.client("call", req.client)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+
+	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	defer cancel()
+	env, err := c.Call(ctx, capID, req.input, executor.WithID(req.id))
+	if err != nil {
+		return awaitError(err, req.id, *wait)
+	}
+	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
+		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
+	}
+	return printEnvelope(env)
+}
+
+func runSubmit(args []string) int {
+	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID]")
+	conn := addConnFlags(fs)
+	rf := addRequestFlags(fs)
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	req, err := rf.parse()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	c, closeClient, err := conn.client("submit", req.client)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	id, err := c.Submit(ctx, pos[0], req.input, executor.WithID(req.id))
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		return fail(exitFailed, "%v", err)
+	}
+	if err != nil {
+		return usageError("%v", err)
+	}
+	fmt.Println(id)
+	return exitOK
+}
+
+func runAwait(args []string) int {
+	fs := newFlags("await", "ID [--wait D]")
+	conn := addConnFlags(fs)
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	id := pos[0]
+	if err := envelope.ValidExecutionID(id); err != nil {
+		return usageError("%v", err)
+	}
+	if *wait <= 0 {
+		return usageError("--wait must be positive")
+	}
+	c, closeClient, err := conn.client("await", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+
+	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	defer cancel()
+	env, err := c.Await(ctx, id)
+	if err != nil {
+		return awaitError(err, id, *wait)
+	}
+	return printEnvelope(env)
+}
+
+// awaitError reports a call or await that ended without an envelope.
+func awaitError(err error, id string, wait time.Duration) int {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fail(exitNoEnvelope, "no envelope for %s within %v; 'capstan await %s' waits again", id, wait, id)
+	}
+	return usageError("%v", err)
+}

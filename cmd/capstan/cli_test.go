@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// printedEnvelope is the envelope as the CLI prints it.
+type printedEnvelope struct {
+	ExecutionID string `json:"executionId"`
+	Status      string `json:"status"`
+	Output      any    `json:"output"`
+	Error       *struct {
+		Code string `json:"code"`
+	} `json:"error"`
+	Attempts    int    `json:"attempts"`
+	FinalizedBy string `json:"finalizedBy"`
+}
+
+func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
+	dev, url := startDev(t)
+
+	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %s", code, stderr)
+	}
+	env := decode[printedEnvelope](t, stdout)
+	if env.Status != "completed" || !reflect.DeepEqual(env.Output, map[string]any{"hello": "world"}) {
+		t.Fatalf("envelope %+v", env)
+	}
+	if code := dev.stop(t); code != 0 {
+		t.Fatalf("dev exited %d after SIGTERM", code)
+	}
+}
+
+func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
+	_, url := startDev(t)
+	id := envelope.NewExecutionID()
+	submit := []string{"submit", "email.send", "--id", id, "--input", `{"to":"ada@example.com","subject":"hello","holdMs":200}`}
+
+	for i := 0; i < 2; i++ {
+		stdout, stderr, code := capstan(t, url, submit...)
+		if code != exitOK || stdout != id+"\n" {
+			t.Fatalf("submit %d: exit %d, stdout %q, stderr %s", i+1, code, stdout, stderr)
+		}
+	}
+	first, stderr, code := capstan(t, url, "await", id)
+	if code != exitOK {
+		t.Fatalf("await: exit %d, stderr %s", code, stderr)
+	}
+	second, _, _ := capstan(t, url, "await", id)
+	if first != second {
+		t.Fatalf("the awaits differ:\n%s\n%s", first, second)
+	}
+	if env := decode[printedEnvelope](t, first); env.Status != "completed" || env.Attempts != 1 {
+		t.Fatalf("envelope %+v", env)
+	}
+
+	stdout, _, code := capstan(t, url, "status", id)
+	if code != exitOK {
+		t.Fatalf("status: exit %d", code)
+	}
+	status := decode[struct {
+		Record   executor.Record `json:"record"`
+		Envelope printedEnvelope `json:"envelope"`
+	}](t, stdout)
+	if status.Record.Attempt != 1 || status.Record.State != executor.StateFinalized || status.Envelope.Attempts != 1 {
+		t.Fatalf("status %+v", status)
+	}
+	if n := outboxMessages(t, url, id); n != 1 {
+		t.Fatalf("the outbox holds %d emails of execution %s, want 1", n, id)
+	}
+}
+
+// outboxMessages counts the demo outbox messages of one execution.
+func outboxMessages(t *testing.T, url, id string) int {
+	t.Helper()
+	ctx := context.Background()
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, demo.OutboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := s.CachedInfo().State
+	n := 0
+	for seq := state.FirstSeq; seq <= state.LastSeq && state.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Header.Get(demo.ExecutionIDHeader) == id {
+			n++
+		}
+	}
+	return n
+}
+
+func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
+	const executions = 2000
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	startDaemon(t, "capstan server listening on", nil,
+		"server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	workers := []string{"worker-1", "worker-2"}
+	for _, id := range workers {
+		startDaemon(t, "worker started", []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--id", id, "--concurrency", "16")
+	}
+
+	c, err := executor.NewClient(connect(t, url), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	reqs := make([]executor.Request, executions)
+	for i := range reqs {
+		reqs[i] = executor.Request{CapabilityID: "demo.echo", Input: map[string]any{"n": i}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*guard)
+	defer cancel()
+	envs, errs := c.CallMany(ctx, reqs)
+
+	byWorker := map[string]int{}
+	ids := map[string]bool{}
+	for i, env := range envs {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		if env.Status != envelope.StatusCompleted {
+			t.Fatalf("call %d: %s %+v", i, env.Status, env.Error)
+		}
+		byWorker[env.FinalizedBy]++
+		ids[env.ExecutionID] = true
+	}
+	keys, err := c.Broker().Envelopes.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	for k := range keys.Keys() {
+		if !ids[k] {
+			t.Errorf("envelope %s belongs to no call", k)
+		}
+		stored++
+	}
+	if stored != executions || len(ids) != executions {
+		t.Fatalf("%d envelopes stored for %d distinct executions, want %d", stored, len(ids), executions)
+	}
+	for _, w := range workers {
+		if byWorker[w] == 0 {
+			t.Errorf("%s finalized nothing: %v", w, byWorker)
+		}
+	}
+	if byWorker[workers[0]]+byWorker[workers[1]] != executions {
+		t.Fatalf("finalized by %v", byWorker)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	_, url := startDev(t)
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lastSeq := func() uint64 {
+		s, err := js.Stream(context.Background(), "CAPSTAN_EXEC")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().State.LastSeq
+	}
+
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		code      int
+		errCode   string // the printed envelope's error code, if one is printed
+		published bool
+	}{
+		{"unknown capability fails", []string{"call", "nope.nothing"}, exitFailed, "CAPABILITY_NOT_FOUND", true},
+		{"wildcard id is refused unpublished", []string{"call", "orders.*"}, exitFailed, "CAPABILITY_NOT_FOUND", false},
+		{"empty token is refused unpublished", []string{"call", "a..b"}, exitFailed, "CAPABILITY_NOT_FOUND", false},
+		{"submit refuses an invalid id", []string{"submit", "orders.>"}, exitFailed, "", false},
+		{"broken JSON input is a usage error", []string{"call", "demo.echo", "--input", `{"hello":`}, exitUsage, "", false},
+		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
+		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
+		{"await without envelope runs out of time", []string{"await", envelope.NewExecutionID(), "--wait", "1s"}, exitNoEnvelope, "", false},
+		{"no server is a connection error", []string{"call", "demo.echo", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))}, exitUsage, "", false},
+		{"failing handler exits 1", []string{"call", "demo.flaky", "--input", `{"failTimes":5}`}, exitFailed, "EXECUTION_FAILED", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := lastSeq()
+			stdout, stderr, code := capstan(t, url, tc.args...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d; stdout %s stderr %s", code, tc.code, stdout, stderr)
+			}
+			if tc.errCode != "" {
+				env := decode[printedEnvelope](t, stdout)
+				if env.Status != "failed" || env.Error == nil || env.Error.Code != tc.errCode {
+					t.Fatalf("envelope %s", stdout)
+				}
+			}
+			if tc.code != exitOK && stderr == "" && tc.errCode == "" {
+				t.Error("nothing on stderr says why")
+			}
+			if after := lastSeq(); !tc.published && after != before {
+				t.Fatalf("the exec stream moved from %d to %d: the request was published", before, after)
+			}
+		})
+	}
+}
+
+func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
+	_, url := startDev(t)
+	id := envelope.NewExecutionID()
+	if _, stderr, code := capstan(t, url, "submit", "email.send", "--id", id,
+		"--input", `{"to":"ada@example.com","subject":"hello","holdMs":60000}`); code != exitOK {
+		t.Fatalf("submit: exit %d, stderr %s", code, stderr)
+	}
+	stdout, stderr, code := capstan(t, url, "cancel", id)
+	if code != exitOK {
+		t.Fatalf("cancel: exit %d, stderr %s", code, stderr)
+	}
+	// The reply may already say finalized: the worker running it stops it as
+	// soon as the request arrives, possibly before the cancel is recorded.
+	if reply := decode[executor.CancelReply](t, stdout); reply.ExecutionID != id || reply.Error != "" {
+		t.Fatalf("cancel reply %+v", reply)
+	}
+	stdout, _, code = capstan(t, url, "await", id)
+	env := decode[printedEnvelope](t, stdout)
+	if code != exitFailed || env.Status != "cancelled" || env.Error == nil || env.Error.Code != "CANCELLED" {
+		t.Fatalf("exit %d, envelope %s", code, stdout)
+	}
+}

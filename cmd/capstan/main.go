@@ -1,0 +1,129 @@
+// Command capstan runs capstan's embedded server, demo workers, and the calls,
+// status and cancellation of executions from a shell.
+//
+// Exit codes: 0 completed, 1 failed or cancelled, 2 usage or connection
+// error, 3 approval-required, 4 no envelope within --wait.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// command is one subcommand. Adding a subcommand is one line in commands.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string) int
+}
+
+var commands = []command{
+	{"dev", "embedded server, resources and a demo worker pool in one process", runDev},
+	{"server", "the embedded JetStream server alone, with capstan's resources", runServer},
+	{"worker", "a worker pool serving the demo catalog against an existing server", runWorker},
+	{"call", "submit an execution and await its envelope", runCall},
+	{"submit", "submit an execution and print its id", runSubmit},
+	{"await", "await an execution's envelope", runAwait},
+	{"status", "print an execution's record and envelope", runStatus},
+	{"cancel", "cancel an execution", runCancel},
+	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
+	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		printCommands(os.Stderr)
+		return exitUsage
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		if len(rest) > 0 {
+			if c, ok := lookup(rest[0]); ok {
+				return c.run([]string{"-h"})
+			}
+			return usageError("unknown command %q; run 'capstan help'", rest[0])
+		}
+		printCommands(os.Stdout)
+		return exitOK
+	}
+	c, ok := lookup(name)
+	if !ok {
+		return usageError("unknown command %q; run 'capstan help'", name)
+	}
+	return c.run(rest)
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+func printCommands(w io.Writer) {
+	fmt.Fprintf(w, "capstan runs agent tool calls through NATS JetStream to pools of Go workers.\n\n")
+	fmt.Fprintf(w, "usage: capstan <command> [arguments]\n\ncommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'capstan help <command>' for a command's flags.\n")
+}
+
+// newFlags returns a command's flag set; usage is what follows the command's
+// name in its synopsis.
+func newFlags(name, usage string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: capstan %s %s\n\nflags:\n", name, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args, allowing flags before and after positional
+// arguments, and checks the number of positional arguments (want < 0: any
+// number). It returns the positional arguments, or an exit code when the
+// command should end here.
+func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, exitOK, false
+			}
+			return nil, exitUsage, false // the flag package has said why
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		// After "--" everything is positional.
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	if want >= 0 && len(pos) != want {
+		if want == 0 {
+			fmt.Fprintf(fs.Output(), "capstan %s: unexpected argument %q\n", fs.Name(), strings.Join(pos, " "))
+		} else {
+			fmt.Fprintf(fs.Output(), "capstan %s: want %d argument(s), got %d\n", fs.Name(), want, len(pos))
+		}
+		fs.Usage()
+		return nil, exitUsage, false
+	}
+	return pos, 0, true
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// serverFlags configure the embedded server of dev and server.
+type serverFlags struct {
+	store, listen string
+	auditMaxAge   longDuration
+}
+
+func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
+	f := &serverFlags{}
+	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
+	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
+	return f
+}
+
+// brokerConfig is how the embedded server's resources are provisioned.
+func (f *serverFlags) brokerConfig() broker.Config {
+	return broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge)}
+}
+
+func (f *serverFlags) options() (natsserver.Options, error) {
+	host, port, err := hostPort("--listen", f.listen)
+	if err != nil {
+		return natsserver.Options{}, err
+	}
+	return natsserver.Options{StoreDir: f.store, Host: host, Port: port}, nil
+}
+
+// hostPort parses HOST:PORT; port 0 becomes natsserver's "any free port".
+func hostPort(flagName, s string) (string, int, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s %q: want host:port", flagName, s)
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%s %q: port must be 0 to 65535", flagName, s)
+	}
+	if port == 0 {
+		port = -1
+	}
+	return host, port, nil
+}
+
+func newLogger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// signalContext ends at SIGINT or SIGTERM; a second signal ends the process.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() { <-ctx.Done(); stop() }()
+	return ctx, stop
+}
+
+// embedded is a running embedded server with capstan's and the demo's
+// resources provisioned, and a connection to it.
+type embedded struct {
+	srv *server.Server
+	nc  *nats.Conn
+	b   *broker.Broker
+	js  jetstream.JetStream
+	url string
+}
+
+// startEmbedded starts the server and provisions the resources, retrying
+// until ctx ends: a clustered node can provision only once its peers are up.
+func startEmbedded(ctx context.Context, opts natsserver.Options, cfg broker.Config, log *slog.Logger) (*embedded, error) {
+	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
+	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	s, err := natsserver.Start(opts)
+	if err != nil {
+		return nil, err
+	}
+	e := &embedded{srv: s, url: natsserver.ClientURL(s)}
+	e.nc, err = broker.Connect(broker.ConnectOptions{URL: e.url, Name: "capstan server"})
+	if err != nil {
+		e.stop()
+		return nil, err
+	}
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		e.b, err = broker.Provision(pctx, e.nc, cfg)
+		if err == nil {
+			e.js, err = demo.Provision(pctx, e.nc, 1)
+		}
+		cancel()
+		if err == nil {
+			return e, nil
+		}
+		if errors.Is(err, broker.ErrConfigConflict) || ctx.Err() != nil {
+			e.stop()
+			return nil, err
+		}
+		log.Warn("provisioning failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			e.stop()
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (e *embedded) stop() {
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}
+
+func runServer(args []string) int {
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default]")
+	sf := addServerFlags(fs, "capstan-server")
+	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
+	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
+	routes := fs.String("routes", "", "other nodes' route URLs, comma-separated")
+	syncMode := fs.String("sync", "default", "always: fsync every write before acknowledging it; default: the server's interval")
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	opts, err := sf.options()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	opts.Name = *name
+	if *cluster != "" {
+		if opts.ClusterHost, opts.ClusterPort, err = hostPort("--cluster", *cluster); err != nil {
+			return usageError("%v", err)
+		}
+	}
+	for _, r := range strings.Split(*routes, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			opts.Routes = append(opts.Routes, r)
+		}
+	}
+	switch *syncMode {
+	case "always":
+		opts.SyncAlways = true
+	case "default":
+	default:
+		return usageError("--sync %q: want always or default", *syncMode)
+	}
+
+	log := newLogger(slog.LevelInfo)
+	ctx, stop := signalContext()
+	defer stop()
+	e, err := startEmbedded(ctx, opts, sf.brokerConfig(), log)
+	if err != nil {
+		return fail(exitFailed, "server: %v", err)
+	}
+	fmt.Printf("capstan server listening on %s (store %s)\n", e.url, opts.StoreDir)
+	<-ctx.Done()
+	log.Info("shutting down")
+	e.stop()
+	return exitOK
+}

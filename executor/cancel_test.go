@@ -1,0 +1,403 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+)
+
+// runWorker is startWorker with a stop the test may call before it ends.
+func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (*executor.Worker, func()) {
+	t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	for _, c := range caps {
+		waitServing(t, nc, c.ID())
+	}
+	// Control requests are served once the worker pulls from its pool.
+	c := newClient(t, nc)
+	for {
+		if _, err := c.Describe(ctxT(t), "", alice, executor.Scope{}); err == nil {
+			break
+		} else if !errors.Is(err, executor.ErrNoWorkers) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return w, stop
+}
+
+// waitState waits until the execution's record is in state.
+func waitState(t *testing.T, c *executor.Client, id string, state executor.State) {
+	t.Helper()
+	ctx := ctxT(t)
+	for {
+		s, err := c.Status(ctx, id)
+		if err == nil && s.Record != nil && s.Record.State == state {
+			return
+		}
+		if err != nil && !errors.Is(err, executor.ErrUnknownExecution) {
+			t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("execution %s never reached %s", id, state)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func wantCancelled(t *testing.T, got *envelope.Envelope, attempts int) {
+	t.Helper()
+	if got.Status != envelope.StatusCancelled || got.Error == nil || got.Error.Code != envelope.CodeCancelled ||
+		got.Error.Retryable || got.Error.Stage != envelope.StageCancelation || got.Attempts != attempts {
+		t.Fatalf("status %s, attempts %d, error %+v; want cancelled/CANCELLED after %d attempt(s)", got.Status, got.Attempts, got.Error, attempts)
+	}
+}
+
+// TestCancel_DuringAnAttemptIsTerminal: demo.sleep has a retry configured, yet
+// a cancelled attempt is never re-attempted.
+func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
+	env := testenv.Start(t)
+	w, c := demoWorker(t, env)
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: 60000}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, id, executor.StateRunning)
+	reply, err := c.Cancel(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The running worker may have finalized it before the cancel's reply.
+	if reply.ExecutionID != id || reply.Finalized && reply.Status != envelope.StatusCancelled {
+		t.Errorf("cancel reply %+v", reply)
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 1)
+	if n := w.Stats().HandlerCalls; n != 1 {
+		t.Errorf("%d handler calls", n)
+	}
+	evs := trail(t, c, id)
+	if n := len(ofType(evs, audit.Retried)); n != 0 {
+		t.Errorf("%d capability.retried events after a cancel", n)
+	}
+	last := evs[len(evs)-1]
+	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeCancelled) || num(last.Data["attempts"]) != 1 {
+		t.Errorf("terminal event %s %v", last.Type, last.Data)
+	}
+}
+
+// TestCancel_BeforeAnyWorkerClaimsIt: the cancel is recorded on the execution
+// record, so the worker that later receives the request finalizes it
+// cancelled without calling the handler.
+func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	// A demo worker publishes the catalog (so requests are routed to its pool)
+	// and leaves: nobody pulls demo requests now.
+	_, stop := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "demo"}, demo.Catalog(js)...)
+	stop()
+	// Another pool's worker answers cancel requests meanwhile.
+	var otherCalls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "other"},
+		failing("other.task", executor.Meta{SideEffect: executor.None}, false, &otherCalls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: 60000}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := c.Cancel(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.State != executor.StatePending {
+		t.Fatalf("cancel reply %+v, want the pending state", reply)
+	}
+
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "demo"}, demo.Catalog(js)...)
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 0)
+	if n := w.Stats().HandlerCalls; n != 0 {
+		t.Errorf("the handler was called %d times", n)
+	}
+	evs := trail(t, c, id)
+	if got := types(evs); len(got) != 2 || got[0] != audit.Requested || got[1] != audit.Cancelled {
+		t.Errorf("trail %v, want requested then cancelled", got)
+	}
+	// The record is finalized after the envelope is written.
+	waitState(t, c, id, executor.StateFinalized)
+	s, err := c.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Record; r.State != executor.StateFinalized || r.Status != envelope.StatusCancelled || r.CapabilityID != "demo.sleep" || !r.CancelRequested {
+		t.Errorf("record %+v", r)
+	}
+}
+
+// retryingForever fails retryably with a backoff long enough that only a
+// cancel or a deadline ends the execution.
+func retryingForever(id string, calls *atomic.Int64) executor.Capability {
+	return failing(id, executor.Meta{SideEffect: executor.Read,
+		Retry: &executor.Retry{MaxAttempts: 3, Backoff: 10 * time.Minute}}, true, calls)
+}
+
+// TestCancel_DuringBackoffIsTerminal: the next attempt never starts.
+func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, retryingForever("stock.read", &calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "stock.read", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, id, executor.StateBackoff)
+	if _, err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 1)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d handler calls", n)
+	}
+	if n := len(ofType(trail(t, c, id), audit.Retried)); n != 0 {
+		t.Errorf("%d capability.retried events", n)
+	}
+}
+
+// TestDeadline_EndsTheExecutionAtAnyPoint: the request's deadline spans the
+// whole execution: before the claim, during an attempt, during a backoff.
+func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
+	env := testenv.Start(t)
+	var blockCalls, retryCalls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{},
+		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &blockCalls),
+		retryingForever("stock.read", &retryCalls))
+	c := newClient(t, env.Connect(t))
+
+	for _, tc := range []struct {
+		name     string
+		capID    string
+		in       time.Duration
+		calls    *atomic.Int64
+		attempts int
+	}{
+		{"before the claim", "report.build", -time.Second, &blockCalls, 0},
+		// The margins leave the worker ample time to start the attempt.
+		{"during an attempt", "report.build", time.Second, &blockCalls, 1},
+		{"during a backoff", "stock.read", time.Second, &retryCalls, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.calls.Load()
+			got, err := c.Call(ctxT(t), tc.capID, nil, executor.WithDeadline(time.Now().Add(tc.in)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCancelled(t, got, tc.attempts)
+			if got.Error.Message != "The request's deadline passed." {
+				t.Errorf("message %q", got.Error.Message)
+			}
+			if n := tc.calls.Load() - before; n != int64(tc.attempts) {
+				t.Errorf("%d handler calls", n)
+			}
+		})
+	}
+}
+
+// TestLateResult_NeverWaitedForNorUsed: after a cancel or a timeout the
+// worker finalizes at once, while the handler (which ignores its context)
+// still runs; the abandoned handler is counted and its output discarded.
+func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
+	env := testenv.Start(t)
+	release := make(chan struct{})
+	defer close(release)
+	started := make(chan string, 2)
+	stubborn := func(id string, timeout time.Duration) executor.Capability {
+		return executor.Define(id, executor.Meta{
+			Description: "Ignores its context.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.Read, Timeout: timeout,
+		}, func(ctx context.Context, c executor.Call[none]) (map[string]any, error) {
+			started <- c.ExecutionID
+			<-release
+			return map[string]any{"late": true}, nil
+		})
+	}
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{},
+		stubborn("report.cancelled", 10*time.Minute), stubborn("report.timed-out", 50*time.Millisecond))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "report.cancelled", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if _, err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 1)
+	if got.Output != nil {
+		t.Errorf("output %v", got.Output)
+	}
+
+	got, err = c.Call(ctx, "report.timed-out", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if got.Status != envelope.StatusCancelled || got.Error == nil || got.Error.Code != envelope.CodeTimeout || got.Attempts != 1 || got.Output != nil {
+		t.Fatalf("status %s, attempts %d, error %+v", got.Status, got.Attempts, got.Error)
+	}
+	// Both handlers are still blocked: the envelopes did not wait for them.
+	if s := w.Stats(); s.Abandoned != 2 || s.HandlerCalls != 2 {
+		t.Errorf("stats %+v", s)
+	}
+}
+
+// TestCancel_RecordedOnTheRecordAloneStopsTheRun: a worker that missed the
+// cancel message still sees the cancel on the record when it renews its lease.
+func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 300 * time.Millisecond},
+		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "report.build", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, id, executor.StateRunning)
+	kv := c.Broker().Executions
+	for {
+		rec, rev, err := broker.Load[executor.Record](ctx, kv, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.CancelRequested, rec.CancelRequestedAt = true, time.Now().UTC()
+		if _, err := broker.Update(ctx, kv, id, rec, rev); err == nil {
+			break // else the lease renewal moved first: again
+		}
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 1)
+	if n := calls.Load(); n != 1 {
+		t.Errorf("%d handler calls", n)
+	}
+}
+
+// TestCancel_AfterFinalizationChangesNothing: the envelope stands.
+func TestCancel_AfterFinalizationChangesNothing(t *testing.T) {
+	env := testenv.Start(t)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	got, err := c.Call(ctx, "demo.echo", map[string]any{"hello": "world"})
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("%v %+v", err, got)
+	}
+	reply, err := c.Cancel(ctx, got.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reply.Finalized || reply.Status != envelope.StatusCompleted {
+		t.Errorf("cancel reply %+v", reply)
+	}
+	s, err := c.Status(ctx, got.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Envelope.Status != envelope.StatusCompleted || s.Record.CancelRequested {
+		t.Errorf("after the cancel: envelope %s, record %+v", s.Envelope.Status, s.Record)
+	}
+}
+
+// TestCancel_DuringPolicyEvaluationIsCancelled: a policy cut off by the
+// cancel does not turn the outcome into POLICY_FAILED.
+func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
+	env := testenv.Start(t)
+	evaluating := make(chan struct{}, 1)
+	slow := executor.Policy{Name: "slow-risk-check", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
+		evaluating <- struct{}{}
+		<-ctx.Done()
+		return executor.Decision{}, ctx.Err()
+	}}
+	var calls atomic.Int64
+	startWorker(t, env.Connect(t), executor.WorkerConfig{PolicyTimeout: 10 * time.Minute},
+		failing("report.build", executor.Meta{SideEffect: executor.Read, Policies: []executor.Policy{slow}}, false, &calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	id, err := c.Submit(ctx, "report.build", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-evaluating
+	if _, err := c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCancelled(t, got, 0)
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d handler calls", n)
+	}
+}

@@ -1,0 +1,75 @@
+package executor_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+)
+
+type Greeting struct {
+	Name string `json:"name"`
+}
+
+// A capability, a registry, a worker serving it and a client calling it: the
+// README's first example. The worker and the client would usually live in
+// different processes; any number of each may run.
+func Example() {
+	url, stopServer := exampleServer() // yours: `capstan dev`, `capstan server` or any JetStream
+	defer stopServer()
+	ctx, stop := context.WithCancel(context.Background())
+
+	hello := executor.Define("greet.hello", executor.Meta{
+		Description: "Greets someone by name.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.None,
+	}, func(ctx context.Context, call executor.Call[Greeting]) (string, error) {
+		return "Hello, " + call.Input.Name + "!", nil
+	})
+	reg, err := executor.NewRegistry(hello) // every metadata problem, at once
+	check(err)
+	nc, err := broker.Connect(broker.ConnectOptions{URL: url})
+	check(err)
+	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "greeters"})
+	check(err)
+	done := make(chan error)
+	go func() { done <- w.Run(ctx) }() // until ctx ends, then drains
+
+	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})
+	check(err)
+	ada := envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
+	env, err := c.Call(ctx, "greet.hello", Greeting{Name: "Ada"}, executor.As(ada))
+	check(err) // transport trouble only: governed failures are in env
+	var out string
+	check(env.Output.Decode(&out))
+	fmt.Println(env.Status, env.Attempts, out)
+
+	check(c.Close())
+	stop()
+	check(<-done)
+	nc.Close()
+	// Output: completed 1 Hello, Ada!
+}
+
+// exampleServer starts an embedded JetStream server on a free loopback port.
+func exampleServer() (url string, stop func()) {
+	dir, err := os.MkdirTemp("", "capstan-example-")
+	check(err)
+	s, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
+	check(err)
+	return natsserver.ClientURL(s), func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
