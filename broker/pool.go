@@ -68,10 +68,14 @@ type consumerRecord struct {
 	MaxAckPending int       `json:"maxAckPending"`
 }
 
-// Bounds of ensureConsumer: rounds lost to other workers changing the
-// consumer or its record at the same moment, failed rounds, and one round.
+// Bounds of ensureConsumer. A round that does not settle means another worker
+// changed the consumer or its record first; each one makes progress, so only a
+// crowd starting at once needs many (32 workers with distinct capabilities take
+// up to about 50). Failed rounds are counted apart. A round has its own
+// deadline because JetStream answers no info request for a consumer still
+// being created.
 const (
-	maxConsumerRounds    = 100
+	maxConsumerRounds    = 1000
 	maxConsumerErrors    = 5
 	consumerRoundTimeout = 3 * time.Second
 )
