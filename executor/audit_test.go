@@ -39,8 +39,10 @@ func startDemo(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, extra ...
 	return w
 }
 
+// isTerminal reports whether an event ends an execution's trail; a call that
+// waits for an approval ends with capability.approval_requested.
 func isTerminal(typ string) bool {
-	return typ == audit.Completed || typ == audit.Failed || typ == audit.Cancelled
+	return typ == audit.Completed || typ == audit.Failed || typ == audit.Cancelled || typ == audit.ApprovalRequested
 }
 
 // trailOf reads an execution's trail once its terminal event is stored: the

@@ -41,6 +41,16 @@ func (x *execution) failure(cerr *envelope.CapabilityError, executed bool) *outc
 	}
 }
 
+// approvalRequired ends a call that waits for a human decision; its
+// terminal event is capability.approval_requested.
+func (x *execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
+	return &outcome{
+		env:   &envelope.Envelope{Status: envelope.StatusApprovalRequired, Approval: ref},
+		event: audit.ApprovalRequested,
+		data:  data,
+	}
+}
+
 func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
 	return x.stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
 }

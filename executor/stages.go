@@ -48,10 +48,14 @@ func (x *execution) admit() bool {
 		x.deny("unauthenticated", cerr, nil)
 		return false
 	}
-	// 7: invocation-phase policies.
-	v := x.policies(PhaseInvocation)
-	if !x.policyGate(v, envelope.StagePolicy) {
-		return false
+	// 7: invocation-phase policies. A resume runs from stage 9: these
+	// policies already asked for the approval it carries.
+	var v verdict
+	if x.req.ApprovalID == "" {
+		v = x.policies(PhaseInvocation)
+		if !x.policyGate(v, envelope.StagePolicy) {
+			return false
+		}
 	}
 	// 8: approval gate.
 	if !x.approvalGate(v) {

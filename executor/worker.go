@@ -189,7 +189,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.cat.stop()
 	ackWait := w.cfg.Lease
 	pool, err := b.EnsurePool(setupCtx, broker.PoolConfig{
-		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: 4 * w.cfg.Concurrency, AckWait: ackWait,
+		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
 	})
 	if err != nil {
 		return err
@@ -283,6 +283,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	_ = w.audit.Flush(flushCtx)
 	w.log.Info("worker stopped")
 	return nil
+}
+
+// poolMaxAckPending bounds the pool's unacknowledged deliveries. The limit is
+// the whole pool's, not one worker's: it must cover every worker's running and
+// buffered messages, or the workers that start last get nothing.
+func poolMaxAckPending(concurrency int) int {
+	return max(64*concurrency, 20000)
 }
 
 func (w *Worker) inflightCount() int {

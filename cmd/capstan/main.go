@@ -32,6 +32,8 @@ var commands = []command{
 	{"cancel", "cancel an execution", runCancel},
 	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
 	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
+	{"approvals", "list, show, approve and reject approvals", runApprovals},
+	{"resume", "run an approved call as a new execution and await it", runResume},
 }
 
 func main() {
