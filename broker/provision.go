@@ -167,64 +167,58 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	return b, nil
 }
 
-// ensureStream returns the stream, creating it when it does not exist. An
-// existing stream is checked, never changed. With keepMaxAge an existing
-// stream's MaxAge is accepted whatever it is.
+// ensureStream creates the stream or checks the existing one, which is never
+// changed. With keepMaxAge an existing stream's MaxAge is accepted whatever it
+// is. Creating first matters on a cluster: a stream's info has no one to
+// answer it until the stream's group has elected a leader, while a create is
+// answered by the cluster's meta leader.
 func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
-	for try := 0; ; try++ {
-		s, err := js.Stream(ctx, want.Name)
-		if err == nil {
-			have := s.CachedInfo().Config
-			want.Replicas = rc.against(have.Replicas)
-			if keepMaxAge {
-				want.MaxAge = have.MaxAge
-			}
-			if diff := streamDiff(have, want); diff != "" {
-				return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
-			}
-			return s, nil
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	want.Replicas = rc.forNew(ctx)
+	s, cerr := js.CreateStream(ctx, want)
+	if cerr == nil {
+		return s, nil
+	}
+	// It exists with another configuration, or the server refuses this one
+	// (a single server refuses R3 even for a stream that exists as R1).
+	s, err := js.Stream(ctx, want.Name)
+	if err != nil {
+		if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
 		}
-		want.Replicas = rc.forNew(ctx)
-		s, err = js.CreateStream(ctx, want)
-		if err == nil {
-			return s, nil
-		}
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) || try >= 3 {
-			return nil, fmt.Errorf("capstan: create stream %s (replicas %d): %w", want.Name, want.Replicas, err)
-		}
-		// Another process created it meanwhile: check theirs.
+		return nil, fmt.Errorf("capstan: create stream %s (replicas %d): %w", want.Name, want.Replicas, cerr)
 	}
+	have := s.CachedInfo().Config
+	want.Replicas = rc.against(have.Replicas)
+	if keepMaxAge {
+		want.MaxAge = have.MaxAge
+	}
+	if diff := streamDiff(have, want); diff != "" {
+		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
+	}
+	return s, nil
 }
 
-// ensureBucket returns the bucket, creating it when it does not exist. An
-// existing bucket is checked, never changed.
+// ensureBucket creates the bucket or checks the existing one, which is never
+// changed.
 func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	for try := 0; ; try++ {
-		s, err := js.Stream(ctx, "KV_"+want.Bucket)
-		if err == nil {
-			have := s.CachedInfo().Config
-			want.Replicas = rc.against(have.Replicas)
-			if diff := bucketDiff(have, want); diff != "" {
-				return nil, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, diff)
-			}
-			return js.KeyValue(ctx, want.Bucket)
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	want.Replicas = rc.forNew(ctx)
+	kv, cerr := js.CreateKeyValue(ctx, want)
+	if cerr == nil {
+		return kv, nil
+	}
+	s, err := js.Stream(ctx, "KV_"+want.Bucket)
+	if err != nil {
+		if errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
 		}
-		want.Replicas = rc.forNew(ctx)
-		kv, err := js.CreateKeyValue(ctx, want)
-		if err == nil {
-			return kv, nil
-		}
-		exists := errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
-		if !exists || try >= 3 {
-			return nil, fmt.Errorf("capstan: create bucket %s (replicas %d): %w", want.Bucket, want.Replicas, err)
-		}
+		return nil, fmt.Errorf("capstan: create bucket %s (replicas %d): %w", want.Bucket, want.Replicas, cerr)
 	}
+	have := s.CachedInfo().Config
+	want.Replicas = rc.against(have.Replicas)
+	if diff := bucketDiff(have, want); diff != "" {
+		return nil, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, diff)
+	}
+	return js.KeyValue(ctx, want.Bucket)
 }
 
 // bucketDiff names every field of a bucket's stream capstan relies on that differs.

@@ -97,6 +97,8 @@ func liveJetStreamServers(ctx context.Context, nc *nats.Conn, cluster string, en
 
 // replicaChoice is Config.Replicas during one provisioning: an explicit
 // count, or auto, which keeps what exists and detects once for what is new.
+// Resources are created first and checked when they exist, so auto detects
+// once per provisioning (at no cost on a single server).
 type replicaChoice struct {
 	nc          *nats.Conn
 	explicit    int
