@@ -133,19 +133,18 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 			return err
 		}},
 	} {
-		s, err := js.Stream(ctx, r.stream)
-		switch {
-		case err == nil:
-			if have := s.CachedInfo().Config.Replicas; explicit && have != replicas {
-				return nil, fmt.Errorf("%w: demo stream %s: Replicas is %d, wanted %d", broker.ErrConfigConflict, r.stream, have, replicas)
-			}
+		// Create first: on a cluster, a stream's info waits for its group's
+		// leader, a create does not.
+		cerr := r.create(forNew())
+		if cerr == nil {
 			continue
-		case !errors.Is(err, jetstream.ErrStreamNotFound):
-			return nil, fmt.Errorf("demo: stream %s: %w", r.stream, err)
 		}
-		err = r.create(forNew())
-		if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && !errors.Is(err, jetstream.ErrBucketExists) {
-			return nil, fmt.Errorf("demo: create %s: %w", r.stream, err)
+		s, err := js.Stream(ctx, r.stream)
+		if err != nil {
+			return nil, fmt.Errorf("demo: create %s: %w", r.stream, cerr)
+		}
+		if have := s.CachedInfo().Config.Replicas; explicit && have != replicas {
+			return nil, fmt.Errorf("%w: demo stream %s: Replicas is %d, wanted %d", broker.ErrConfigConflict, r.stream, have, replicas)
 		}
 	}
 	return js, nil
