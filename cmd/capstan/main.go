@@ -30,6 +30,7 @@ var commands = []command{
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
+	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
 }
 
 func main() {
