@@ -579,7 +579,7 @@ func backlogRun(ctx context.Context, rig *benchRig, f *benchFlags, input envelop
 	if err, _ := submitErr.Load().(error); err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "capstan bench: %d requests queued; starting workers\n", f.n)
+	fmt.Fprintf(os.Stderr, "capstan bench: %d requests queued; waiting for the workers\n", f.n)
 	if f.workers > 0 {
 		if _, err := rig.startWorkers(); err != nil {
 			return nil, err
