@@ -196,7 +196,6 @@ func produce(ctx context.Context, wl workload, newID func() string, enqueue func
 	return ctx.Err()
 }
 
-
 func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 }

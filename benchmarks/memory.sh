@@ -28,7 +28,7 @@ capstan="$work/capstan"
 
 "$capstan" server --store "$work/store" --listen 127.0.0.1:0 >"$work/server.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 200); do grep -q "listening on" "$work/server.log" && break; sleep 0.05; done
+for _ in $(seq 200); do grep -qs "listening on" "$work/server.log" && break; sleep 0.05; done
 url=$(sed -n 's/^capstan server listening on \([^ ]*\).*/\1/p' "$work/server.log")
 export CAPSTAN_NATS_URL=$url
 
@@ -37,7 +37,7 @@ start_worker() {
 	"$capstan" worker --concurrency 64 >"$work/worker.log" 2>&1 &
 	worker=$!
 	pids+=("$worker")
-	for _ in $(seq 200); do grep -q "worker started" "$work/worker.log" && break; sleep 0.05; done
+	for _ in $(seq 200); do grep -qs "worker started" "$work/worker.log" && break; sleep 0.05; done
 }
 stop_worker() { kill -TERM "$worker"; wait "$worker" 2>/dev/null || true; }
 kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
@@ -55,7 +55,7 @@ drain() {
 	"$capstan" bench --workers 0 --backlog --n "$n" --concurrency 64 --no-baseline --json >"$work/drain.json" 2>"$work/drain.log" &
 	local bench=$!
 	pids+=("$bench")
-	for _ in $(seq 6000); do grep -q "queued" "$work/drain.log" && break; sleep 0.05; done
+	for _ in $(seq 6000); do grep -qs "queued" "$work/drain.log" && break; sleep 0.05; done
 	start_worker
 	local peak=0
 	while kill -0 "$bench" 2>/dev/null; do

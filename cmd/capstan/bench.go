@@ -878,12 +878,16 @@ func printBench(w io.Writer, r *benchResult) {
 	fmt.Fprintf(w, "  cost          %.0f allocations, %.1f KB allocated, %.1f server messages per execution\n",
 		r.AllocsPerExecution, r.BytesPerExecution/1024, r.ServerMsgsPerExecution)
 	fmt.Fprintf(w, "  latency       p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (submit → envelope)\n", r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs)
-	if len(r.DecilesPerSec) > 0 && r.Mode == "backlog" {
+	if len(r.DecilesPerSec) > 0 {
 		parts := make([]string, len(r.DecilesPerSec))
 		for i, d := range r.DecilesPerSec {
 			parts[i] = strconv.FormatFloat(d, 'f', 0, 64)
 		}
-		fmt.Fprintf(w, "  by tenths     %s /s (first tenth: deepest queue)\n", strings.Join(parts, " "))
+		note := ""
+		if r.Mode == "backlog" {
+			note = " (first tenth: deepest queue)"
+		}
+		fmt.Fprintf(w, "  by tenths     %s /s%s\n", strings.Join(parts, " "), note)
 	}
 	fmt.Fprintf(w, "  consumers     %d before, %d at most during the run\n", r.ConsumersBefore, r.ConsumersMax)
 	fmt.Fprintf(w, "  peak RSS      %.0f MB (this process)\n", r.PeakRSSMB)
