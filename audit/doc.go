@@ -5,4 +5,25 @@
 // A runtime retry and a model calling the tool again look different here: a
 // retry is a capability.retried event inside one execution id; a re-invocation
 // is a new execution id with its own capability.requested.
+//
+// Workers emit asynchronously by default: an event JetStream refuses is logged
+// and counted (Emitter.Failed), and the execution goes on. With strict mode
+// (executor.WorkerConfig.StrictAudit) capability.started must be stored before
+// the handler runs, or the execution fails AUDIT_UNAVAILABLE.
+//
+// Reading needs nothing but the stream: Read returns one execution's trail,
+// Follow tails the live stream with filters.
+//
+//	b, err := broker.Provision(ctx, nc, broker.Config{})
+//	if err != nil { ... }
+//	trail, err := audit.Read(ctx, b, executionID) // oldest first
+//	for _, ev := range trail {
+//		fmt.Println(ev.Timestamp, ev.Type, ev.Data)
+//	}
+//	err = audit.Follow(ctx, b, audit.Filter{Type: audit.Denied}, func(ev audit.Event) error {
+//		fmt.Println(ev.ExecutionID, ev.CapabilityID, ev.Data["reason"])
+//		return nil
+//	})
+//
+// The stream keeps events for broker.Config.AuditMaxAge (default 30 days).
 package audit

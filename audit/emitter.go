@@ -23,12 +23,19 @@ type Options struct {
 	Disabled bool
 	// Logger receives emission errors of asynchronous events.
 	Logger *slog.Logger
-	// AckTimeout bounds a strict emission. Default 5 s.
+	// AckTimeout bounds a strict emission, the wait for an asynchronous
+	// event's acknowledgement, and the wait for room when JetStream falls
+	// behind. Default 5 s.
 	AckTimeout time.Duration
 }
 
 // Emitter publishes events. Events of one execution are published in the order
 // Emit is called, from one connection, so the stream keeps pipeline order.
+//
+// An asynchronous event is published once: a failure is logged and counted,
+// never retried, since a retried event would land after events emitted later
+// and break the order. When JetStream falls behind, Emit waits (up to
+// AckTimeout) for room instead of dropping the event.
 type Emitter struct {
 	js     jetstream.JetStream
 	names  broker.Names
@@ -48,6 +55,7 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	e := &Emitter{names: b.Names, opts: opts}
 	js, err := jetstream.New(b.NC,
 		jetstream.WithPublishAsyncMaxPending(16384),
+		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
 			e.failed.Add(1)
 			e.opts.Logger.Warn("audit event not stored", "subject", m.Subject, "err", err)
@@ -86,7 +94,7 @@ func (e *Emitter) Emit(ev *Event) {
 	}
 	m, err := e.message(ev)
 	if err == nil {
-		_, err = e.js.PublishMsgAsync(m)
+		_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
 	}
 	if err != nil {
 		e.failed.Add(1)

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -49,6 +50,19 @@ type Event struct {
 	InputHash     string         `json:"inputHash,omitempty"`
 	Worker        string         `json:"worker,omitempty"`
 	Data          map[string]any `json:"data,omitempty"`
+
+	// Seq is the event's sequence in the audit stream, set by Read and Follow.
+	// It is not part of the record.
+	Seq uint64 `json:"-"`
+}
+
+// Decode reads one event as it is stored on the stream.
+func Decode(b []byte) (*Event, error) {
+	ev := new(Event)
+	if err := envelope.Unmarshal(b, ev); err != nil {
+		return nil, fmt.Errorf("capstan: audit event: %w", err)
+	}
+	return ev, nil
 }
 
 // EncodeMsgpack writes the event without reflection: several are written per

@@ -6,13 +6,17 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/codectest"
 )
 
 // plainEvent is Event without its EncodeMsgpack method.
 type plainEvent Event
 
 func TestEventEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
+	var filled Event
+	codectest.Fill(&filled)
 	for name, e := range map[string]Event{
+		"every field": filled,
 		"zero": {},
 		"full": {V: envelope.Version, Type: Completed, Timestamp: time.Now().UTC(), Surface: "mcp", Actor: Actor{ID: "alice", Kind: "user"},
 			ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", CorrelationID: "c1", InputHash: "ab12", Worker: "w1",

@@ -32,7 +32,9 @@ type Config struct {
 	Replicas int
 	// RecordTTL keeps execution records, envelopes and approvals (default 7 days).
 	RecordTTL time.Duration
-	// AuditMaxAge is the audit stream's retention (default 30 days).
+	// AuditMaxAge is the audit stream's retention. Unset, a new stream keeps
+	// events 30 days and an existing one keeps the retention it was given, so
+	// that only the process that sets it needs to know it.
 	AuditMaxAge time.Duration
 	// AuditMaxBytes caps the audit stream (0: unlimited). With AuditDiscardNew a
 	// full stream refuses new events instead of dropping old ones.
@@ -78,6 +80,7 @@ type Broker struct {
 // start. A conflicting existing resource fails with ErrConfigConflict and a
 // message naming the resource and the field.
 func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	keepAuditMaxAge := cfg.AuditMaxAge <= 0
 	cfg = cfg.withDefaults()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -94,7 +97,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		Replicas:   cfg.Replicas,
 		Duplicates: cfg.DedupWindow,
 		Discard:    jetstream.DiscardOld,
-	})
+	}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -115,10 +118,11 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		MaxAge:    cfg.AuditMaxAge,
 		MaxBytes:  auditMaxBytes,
 		Discard:   discard,
-	})
+	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
 	}
+	b.Config.AuditMaxAge = b.Audit.CachedInfo().Config.MaxAge
 	// Envelopes are republished once stored: a client's one subscription sees
 	// only envelopes JetStream accepted, never a refused second finalization.
 	envelopesRepublish := &jetstream.RePublish{
@@ -151,7 +155,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	return b, nil
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+// ensureStream creates the stream or checks the existing one. With keepMaxAge
+// an existing stream's MaxAge is accepted whatever it is.
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
 	s, err := js.CreateStream(ctx, want)
 	if err == nil {
 		return s, nil
@@ -162,6 +168,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	s, err = js.Stream(ctx, want.Name)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
+	}
+	if keepMaxAge {
+		want.MaxAge = s.CachedInfo().Config.MaxAge
 	}
 	if diff := streamDiff(s.CachedInfo().Config, want); diff != "" {
 		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)

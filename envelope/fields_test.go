@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/internal/codectest"
 )
 
 // The hand-written encoders must write what the reflective encoder writes:
@@ -19,7 +21,11 @@ func TestHandWrittenEncoders_WriteTheReflectiveEncodersBytes(t *testing.T) {
 		Actor: Actor{Kind: ActorAnonymous}, SubmittedAt: time.Now().UTC(), Deadline: &zero}
 	partialEnv := Envelope{V: Version, ExecutionID: testExecutionID, Status: StatusCompleted, Attempts: -3,
 		DurationMs: 1 << 40, FinalizedAt: time.Now()}
-	requests := map[string]Request{"full": fullRequest(), "zero": {}, "partial": partialReq}
+	var filledReq Request
+	codectest.Fill(&filledReq)
+	var filledEnv Envelope
+	codectest.Fill(&filledEnv)
+	requests := map[string]Request{"full": fullRequest(), "zero": {}, "partial": partialReq, "every field": filledReq}
 	for name, r := range requests {
 		got, want := mustMarshal(t, &r), mustMarshal(t, (*plainRequest)(&r))
 		if !bytes.Equal(got, want) {
@@ -29,7 +35,7 @@ func TestHandWrittenEncoders_WriteTheReflectiveEncodersBytes(t *testing.T) {
 			t.Errorf("request %s by value differs", name)
 		}
 	}
-	envelopes := map[string]Envelope{"full": fullEnvelope(), "zero": {}, "partial": partialEnv}
+	envelopes := map[string]Envelope{"full": fullEnvelope(), "zero": {}, "partial": partialEnv, "every field": filledEnv}
 	for name, e := range envelopes {
 		got, want := mustMarshal(t, &e), mustMarshal(t, (*plainEnvelope)(&e))
 		if !bytes.Equal(got, want) {

@@ -1,17 +1,278 @@
 package executor
 
-import "github.com/capstan-dev/capstan/envelope"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
 
-// approvalGate is stage 8. It reports whether the execution goes on.
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// approvalGate is stage 8. It reports whether the execution goes on: a resume
+// goes on once it consumed its approval; a call that needs an approval ends
+// here, "approval-required", with a pending approval stored.
 func (x *execution) approvalGate(v verdict) bool {
-	needed := v.stance == RequireApproval || (x.b.meta.Approval != nil && x.b.meta.Approval.Required)
-	if !needed && x.req.ApprovalID == "" {
+	if x.req.ApprovalID != "" {
+		return x.useApproval()
+	}
+	m := x.b.meta
+	if v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
 		return true
 	}
-	x.deny("approval-unavailable", &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageApproval,
-		ExposeToModel: true, Message: "This call needs an approval, and approvals are not available here."}, v.records)
+	x.requestApproval(v)
 	return false
 }
 
-// restoreGrant finds the approval a takeover's execution already consumed.
-func (x *execution) restoreGrant() *envelope.CapabilityError { return nil }
+func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.b, w.audit) }
+
+// requestApproval stores a pending approval for this call and finalizes the
+// execution approval-required. The approval's id is reserved on the execution
+// record first, so a takeover of this execution finds the same approval
+// instead of asking twice.
+func (x *execution) requestApproval(v verdict) {
+	m := x.b.meta
+	unserializable := func(err error) {
+		x.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
+			Stage: envelope.StageApproval, ExposeToModel: true, Cause: err,
+			Message: "The input cannot be serialized canonically, so it cannot be approved."}, v.records)
+	}
+	input, hash, err := canonicalInput(x.input)
+	if err != nil {
+		unserializable(err)
+		return
+	}
+	var display []byte
+	if m.RedactApprovalInput != nil {
+		shown, err := m.ApprovalDisplay(x.input)
+		if err != nil {
+			x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+				Message: "The operation failed.", Cause: err}), 0)
+			return
+		}
+		if display, _, err = canonicalInput(shown); err != nil {
+			unserializable(err)
+			return
+		}
+	}
+	id := x.rec.ApprovalID
+	if id == "" {
+		id = envelope.NewExecutionID()
+		if err := x.update(func(r *Record) { r.ApprovalID = id }); err != nil {
+			x.endByRecord(err, 0)
+			return
+		}
+	}
+	store := x.w.approvalStore()
+	ctx, cancel := storeCtx()
+	defer cancel()
+	rec, err := store.Get(ctx, id)
+	if err != nil || rec.RequestedBy != x.req.ExecutionID {
+		ttl := approvals.DefaultTTL
+		reasons := v.reasons
+		if a := m.Approval; a != nil {
+			if a.TTL > 0 {
+				ttl = a.TTL
+			}
+			if a.Required {
+				reason := a.Reason
+				if reason == "" {
+					reason = "this capability requires an approval"
+				}
+				reasons = append(append([]string(nil), reasons...), reason)
+			}
+		}
+		now := time.Now().UTC()
+		rec = &approvals.Record{
+			ID: id, CapabilityID: x.req.CapabilityID, Surface: x.req.Surface, Actor: x.req.Actor,
+			Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
+			Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
+			RequestedBy: x.req.ExecutionID, CorrelationID: x.req.CorrelationID,
+		}
+		if err := store.Create(ctx, rec); err != nil {
+			x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+				Retryable: true, ExposeToModel: true, Cause: err,
+				Message: "The approval request could not be stored; try again."}), 0)
+			return
+		}
+	}
+	ref := &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}
+	data := map[string]any{"approvalId": rec.ID, "expiresAt": rec.ExpiresAt.Format(time.RFC3339Nano)}
+	if len(rec.Reasons) > 0 {
+		data["reasons"] = rec.Reasons
+	}
+	if len(rec.Types) > 0 {
+		data["types"] = rec.Types
+	}
+	if len(v.records) > 0 {
+		data["policyDecisions"] = v.records
+	}
+	x.finalize(x.approvalRequired(ref, data), 0)
+}
+
+// useApproval runs stage 8 of a resume: the approval must be this call's
+// (capability, actor, surface, validated input), approved and unexpired; its
+// stored input must still hash to what was approved and decode into the
+// current input type; then one CAS consumes it for this execution.
+func (x *execution) useApproval() bool {
+	store := x.w.approvalStore()
+	ctx, cancel := storeCtx()
+	defer cancel()
+	id := x.req.ApprovalID
+	refuse := func(reason string, code envelope.Code, msg string, cause error) bool {
+		x.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
+			Message: msg, Cause: cause}, nil)
+		return false
+	}
+	rec, err := store.Get(ctx, id)
+	switch {
+	case errors.Is(err, approvals.ErrNotFound):
+		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", err)
+	case err != nil:
+		return x.approvalStoreFailed(err)
+	case rec.CapabilityID != x.req.CapabilityID:
+		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
+	case rec.Actor.Kind != x.req.Actor.Kind || rec.Actor.ID != x.req.Actor.ID:
+		return refuse("approval-other-actor", envelope.CodeForbidden, "A resume runs as the actor who asked for the approval.", nil)
+	case rec.Surface != "" && rec.Surface != x.req.Surface:
+		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
+	}
+	if err := rec.Usable(x.req.ExecutionID, time.Now().UTC()); err != nil {
+		// A governed outcome, not a fault: nothing for the logs.
+		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), nil)
+	}
+	if err := rec.CheckInput(); err != nil {
+		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
+	}
+	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
+		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The input is not the approved input.", nil)
+	}
+	// Re-validation: the approved input must still fit the capability's
+	// current input type, or nothing runs and the approval stays unused.
+	raw, _ := rec.Raw()
+	in, err := x.b.decode(raw)
+	if err != nil {
+		if cerr := inputInvalid(err); cerr.Code != envelope.CodeInputInvalid {
+			x.finalize(x.failed(cerr), 0) // the capability's bug, not a refusal
+		} else {
+			x.deny("approval-input-invalid", cerr, nil)
+		}
+		return false
+	}
+	wasApproved := rec.Status == approvals.Approved
+	rec, err = store.Consume(ctx, id, x.req.ExecutionID)
+	if err != nil {
+		if code := approvals.Code(err); code != "" {
+			var cause error
+			if code == envelope.CodeApprovalInputMismatch {
+				cause = err // changed in the bucket: worth a look
+			}
+			return refuse(unusableReason(err), code, unusableMessage(err), cause)
+		}
+		return x.approvalStoreFailed(err)
+	}
+	x.input = in
+	x.grant = grantOf(rec)
+	if wasApproved {
+		x.emit(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
+			"approver": rec.Decision.Approver.String()})
+	}
+	return true
+}
+
+func (x *execution) approvalStoreFailed(err error) bool {
+	x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+		Retryable: true, ExposeToModel: true, Cause: err,
+		Message: "The approval could not be read; try again."}), 0)
+	return false
+}
+
+// unusableReason names in the trail why an approval could not be used.
+func unusableReason(err error) string {
+	for _, r := range []struct {
+		err    error
+		reason string
+	}{
+		{approvals.ErrPending, "approval-pending"},
+		{approvals.ErrRejected, "approval-rejected"},
+		{approvals.ErrCancelled, "approval-cancelled"},
+		{approvals.ErrExpired, "approval-expired"},
+		{approvals.ErrConsumed, "approval-consumed"},
+		{approvals.ErrInputMismatch, "approval-input-mismatch"},
+	} {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return "approval-unusable"
+}
+
+func unusableMessage(err error) string {
+	switch approvals.Code(err) {
+	case envelope.CodeApprovalPending:
+		return "The approval has not been decided yet."
+	case envelope.CodeApprovalRejected:
+		if errors.Is(err, approvals.ErrCancelled) {
+			return "The approval was cancelled."
+		}
+		return "The approval was rejected."
+	case envelope.CodeApprovalExpired:
+		return "The approval expired."
+	case envelope.CodeApprovalConsumed:
+		return "The approval was already used by another execution; a new call needs a new approval."
+	case envelope.CodeApprovalInputMismatch:
+		return "The stored input is not the approved input."
+	}
+	return "The approval cannot be used."
+}
+
+// canonicalInput is the canonical JSON and hash of a validated input (SI-6:
+// an approval binds the value the handler will see, not the bytes submitted).
+func canonicalInput(in any) (json.RawMessage, string, error) {
+	raw, err := envelope.NewRaw(in)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
+	}
+	return approvals.Canonical(raw)
+}
+
+func grantOf(r *approvals.Record) *ApprovalGrant {
+	g := &ApprovalGrant{ID: r.ID}
+	if r.Decision != nil {
+		g.Approver, g.Comment = r.Decision.Approver, r.Decision.Comment
+	}
+	return g
+}
+
+// restoreGrant finds the approval a takeover's execution already consumed:
+// a resume is covered by the approval it consumed, never asks again and never
+// consumes twice.
+func (x *execution) restoreGrant() *envelope.CapabilityError {
+	if x.req.ApprovalID == "" {
+		return nil
+	}
+	ctx, cancel := storeCtx()
+	defer cancel()
+	fail := func(code envelope.Code, msg string, cause error) *envelope.CapabilityError {
+		return &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true, Message: msg, Cause: cause}
+	}
+	rec, err := x.w.approvalStore().Get(ctx, x.req.ApprovalID)
+	switch {
+	case errors.Is(err, approvals.ErrNotFound):
+		return fail(envelope.CodeForbidden, "No such approval.", err)
+	case err != nil:
+		return fail(envelope.CodeInternalError, "The approval could not be read; try again.", err)
+	case rec.Status != approvals.Consumed || rec.ConsumedBy != x.req.ExecutionID:
+		return fail(envelope.CodeApprovalConsumed, "The approval does not cover this execution.", nil)
+	}
+	if err := rec.CheckInput(); err != nil {
+		return fail(envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
+	}
+	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
+		return fail(envelope.CodeApprovalInputMismatch, "The input is not the approved input.", err)
+	}
+	x.grant = grantOf(rec)
+	return nil
+}

@@ -47,7 +47,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 	// Control requests are served once the worker pulls from its pool.
 	c := newClient(t, nc)
 	for {
-		if _, err := c.Describe(ctxT(t), alice); err == nil {
+		if _, err := c.Describe(ctxT(t), "", alice, executor.Scope{}); err == nil {
 			break
 		} else if !errors.Is(err, executor.ErrNoWorkers) {
 			t.Fatal(err)

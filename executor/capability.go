@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -72,8 +73,15 @@ type binding struct {
 	meta    Meta
 	inType  reflect.Type
 	outType reflect.Type
-	// decode turns the request's input into the input type (a pointer to it).
+	// inShape is how an input is checked and described (JSON Schema).
+	inShape *shape
+	// decode is stage 5: it turns the request's input into the validated input
+	// type (a pointer to it), or fails with an *InputError listing every issue
+	// (or an internal *envelope.CapabilityError when Validate panics).
 	decode func(raw envelope.Raw) (any, error)
+	// checkOutput runs the output type's Validate method, if it has one, and
+	// returns the output it validated (a pointer receiver may normalize it).
+	checkOutput func(out any) (any, error)
 	// invoke calls the handler with a decoded input.
 	invoke func(ctx context.Context, ci callInfo, in any) (any, error)
 }
@@ -89,20 +97,26 @@ func (d *definition[In, Out]) String() string    { return "capability " + d.b.id
 // every capability at once and reports all problems together.
 func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 	d := &definition[In, Out]{}
+	inShape := shapeOf(reflect.TypeFor[In]())
 	d.b = binding{
 		id:      id,
 		meta:    meta,
 		inType:  reflect.TypeFor[In](),
 		outType: reflect.TypeFor[Out](),
+		inShape: inShape,
 		decode: func(raw envelope.Raw) (any, error) {
-			in := new(In)
-			if len(raw) == 0 {
-				return in, nil
+			in, err := decodeInput[In](raw, inShape)
+			if err != nil {
+				return nil, err
 			}
-			if err := envelope.UnmarshalStrict(raw, in); err != nil {
+			if err := validateInput(validatorOf(in)); err != nil {
 				return nil, err
 			}
 			return in, nil
+		},
+		checkOutput: func(out any) (any, error) {
+			o, _ := out.(Out)
+			return o, callValidate(validatorOf(&o))
 		},
 		invoke: func(ctx context.Context, ci callInfo, in any) (any, error) {
 			if h == nil {
@@ -127,3 +141,57 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 	}
 	return d
 }
+
+// validatorOf finds the Validate method of *p: on T's value or pointer
+// receiver, or on the pointer or interface value T itself holds.
+func validatorOf[T any](p *T) Validator {
+	if v, ok := any(p).(Validator); ok {
+		return v
+	}
+	if v, ok := any(*p).(Validator); ok {
+		return v
+	}
+	return nil
+}
+
+// validateInput runs the input's Validate method (a pointer receiver may
+// normalize the input). Whatever it returns becomes issues; a panic is the
+// capability's bug, not the caller's, and fails the call as an internal error.
+func validateInput(v Validator) error {
+	err := callValidate(v)
+	if err == nil {
+		return nil
+	}
+	var p *validatePanic
+	if errors.As(err, &p) {
+		return &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageInput,
+			Message: "The operation failed.", Cause: err}
+	}
+	var ie *InputError
+	if errors.As(err, &ie) {
+		return ie
+	}
+	msg := err.Error()
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		msg = ce.Message // a declared error speaks its public message only
+	}
+	return &InputError{Issues: []Issue{{Message: msg}}, cause: err}
+}
+
+// callValidate calls v.Validate, if there is one, recovering a panic.
+func callValidate(v Validator) (err error) {
+	if v == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = &validatePanic{value: r}
+		}
+	}()
+	return v.Validate()
+}
+
+type validatePanic struct{ value any }
+
+func (p *validatePanic) Error() string { return fmt.Sprintf("Validate panicked: %v", p.value) }

@@ -41,8 +41,8 @@ func describe(b *binding, pool string) Descriptor {
 	}
 }
 
-// inputSchema is replaced by a JSON Schema derivation where one is available.
-var inputSchema = func(*binding) map[string]any { return nil }
+// inputSchema is the JSON Schema of the capability's input type (schema.go).
+func inputSchema(b *binding) map[string]any { return jsonSchema(b.inShape) }
 
 // publishCatalog writes this worker's capabilities, refusing to take over a
 // capability another pool serves.
@@ -64,8 +64,16 @@ func (w *Worker) publishCatalog(ctx context.Context) error {
 		if _, err := w.b.Catalog.Put(ctx, id, b); err != nil {
 			return fmt.Errorf("capstan: write catalog: %w", err)
 		}
+		// The watcher will see the write too; the worker must not wait for it.
+		w.cat.set(d)
 	}
 	return nil
+}
+
+func (c *catalog) set(d Descriptor) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.entries[d.ID] = d
 }
 
 // catalog is a live copy of the catalog bucket, kept by one watcher.

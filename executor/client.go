@@ -333,7 +333,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			continue
 		}
 		ch := c.wait(r.ExecutionID)
-		f, err := c.b.JS.PublishMsgAsync(m)
+		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
 		if err != nil {
 			c.unwait(r.ExecutionID, ch)
 			errs[i] = fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
@@ -449,30 +449,4 @@ func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, 
 		return &r, fmt.Errorf("capstan: cancel %s: %s", executionID, r.Error)
 	}
 	return &r, nil
-}
-
-// Describe asks the workers which capabilities this client's surface and the
-// given actor may see.
-func (c *Client) Describe(ctx context.Context, actor envelope.Actor) ([]Descriptor, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
-	b, _ := json.Marshal(DescribeRequest{Surface: c.cfg.Surface, Actor: actor})
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(), b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: describe", ErrNoWorkers)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("capstan: describe: %w", err)
-	}
-	var r DescribeReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return nil, fmt.Errorf("capstan: describe: bad reply: %w", err)
-	}
-	if r.Error != "" {
-		return nil, fmt.Errorf("capstan: describe: %s", r.Error)
-	}
-	return r.Capabilities, nil
 }

@@ -108,9 +108,18 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 			reply.State = rec.State
 			return
 		default:
+			// The envelope is the truth: the record is marked finalized only
+			// after it, so an execution can be over while its record says not.
+			ctx, cancel := storeCtx()
+			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
+			cancel()
+			if eerr == nil {
+				reply.Finalized, reply.Status, reply.State = true, env.Status, StateFinalized
+				return
+			}
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
-			ctx, cancel := storeCtx()
+			ctx, cancel = storeCtx()
 			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
 			cancel()
 			if err == nil {
@@ -120,40 +129,4 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		}
 	}
 	reply.Error = "the cancel could not be recorded; try again"
-}
-
-// DescribeRequest asks which capabilities a surface and actor may see.
-type DescribeRequest struct {
-	Surface Surface        `json:"surface"`
-	Actor   envelope.Actor `json:"actor"`
-}
-
-// DescribeReply lists the capabilities visible to the request.
-type DescribeReply struct {
-	Capabilities []Descriptor `json:"capabilities"`
-	Error        string       `json:"error,omitempty"`
-}
-
-func (w *Worker) serveDescribe(m *nats.Msg) {
-	var req DescribeRequest
-	reply := DescribeReply{Capabilities: []Descriptor{}}
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		reply.Error = "the describe request is not valid JSON: " + err.Error()
-	} else {
-		reply.Capabilities = w.visible(req)
-	}
-	b, _ := json.Marshal(reply)
-	_ = m.Respond(b)
-}
-
-// visible filters the catalog by exposure (deny by default).
-func (w *Worker) visible(req DescribeRequest) []Descriptor {
-	out := []Descriptor{}
-	for _, d := range w.cat.all() {
-		if Exposure(d.Expose).Has(req.Surface) {
-			out = append(out, d)
-		}
-	}
-	sortDescriptors(out)
-	return out
 }

@@ -30,6 +30,15 @@
 //	// err: transport trouble only. Governed outcomes are in env.Status:
 //	// completed, failed, cancelled or approval-required.
 //
+// Before the handler runs, the worker governs the call: the capability must be
+// exposed on the client's surface (an unknown, unexposed or hidden capability
+// answers the same CAPABILITY_NOT_FOUND), the input is decoded strictly into
+// In, every issue reported with its path, then checked by In's Validate method
+// if it has one; the actor must be well-formed; policies (Meta.Policies,
+// WorkerConfig.Policies) are all evaluated and fail closed. What a model may
+// see of a failure is env.ForModel(). Client.Describe lists what a surface and
+// actor may see, with a JSON Schema of each input.
+//
 // Under the hood a request is a message on capstan.exec.<capabilityId>; the
 // worker claims it by creating the execution's record in a key-value bucket,
 // moves the record through claimed, running{n}, backoff{n} and finalized with

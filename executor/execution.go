@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,7 +18,9 @@ type execution struct {
 	w   *Worker
 	msg jetstream.Msg
 	req *envelope.Request
-	b   *binding // nil when this worker lacks the capability
+	b   *binding // nil when no pool serves the capability
+	// missing says why b is nil: "unknown", "invalid-id".
+	missing string
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost
 	// claim, the worker's shutdown. Each attempt adds its own timeout.
@@ -33,12 +36,19 @@ type execution struct {
 	inputHash string
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
+	decisions []PolicyRecord // every policy stance so far, for the trail
 	done      chan struct{}
+
+	// renewing runs keepLease; stopRenewing ends it before a release, whose
+	// lease must not be renewed behind it.
+	renewing     sync.WaitGroup
+	stopRenewing chan struct{}
+	stopOnce     sync.Once
 }
 
-func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request) *execution {
-	x := &execution{w: w, msg: msg, req: req, b: w.reg.get(req.CapabilityID), start: time.Now(),
-		done: make(chan struct{}), stopDeadline: func() {}}
+func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request, b *binding) *execution {
+	x := &execution{w: w, msg: msg, req: req, b: b, start: time.Now(),
+		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
 	x.ctx, x.cancel = context.WithCancelCause(w.base)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
@@ -52,6 +62,14 @@ func storeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
+// casCtx bounds one operation on the record: short against the lease, so
+// that a request lost with a server is sent again (to its restart, or to
+// another node) while the lease still holds.
+func (x *execution) casCtx() (context.Context, context.CancelFunc) {
+	d := min(max(x.w.cfg.Lease/4, 250*time.Millisecond), 10*time.Second)
+	return context.WithTimeout(context.Background(), d)
+}
+
 func (x *execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), ExecutionID: x.req.ExecutionID,
@@ -61,25 +79,49 @@ func (x *execution) event(typ string, data map[string]any) *audit.Event {
 
 func (x *execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
 
+// record returns a copy of the record as this worker last saw it; the lease
+// keeper may change it at any time.
+func (x *execution) record() Record {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return *x.rec
+}
+
+// hashInput sets the input hash events carry in place of the input (SI-10).
+func (x *execution) hashInput() {
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
+	}
+}
+
 // errLost reports that the record no longer belongs to this worker.
 var errLost = errors.New("capstan: execution record no longer ours")
 
 // errCancelRequested reports that the record says the caller cancelled.
 var errCancelRequested = errors.New("capstan: cancel requested")
 
+// errUnsettled reports that the store did not answer: the record may or may
+// not have changed, and may or may not still be ours.
+var errUnsettled = errors.New("capstan: execution record unreachable")
+
 // update applies change to the record with a CAS on its revision. On a lost
 // CAS (or any error, which may hide a write that happened) it re-reads: if the
 // record is still ours it applies change again; if another worker owns it, or
 // it is finalized, it returns errLost; a cancel request set meanwhile is
-// applied and reported as errCancelRequested.
+// applied and reported as errCancelRequested. When the store does not answer
+// for a while it returns errUnsettled.
 func (x *execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.rec == nil {
+		return errUnsettled // nothing claimed
+	}
+	var last error
 	for try := 0; try < 20; try++ {
 		next := *x.rec
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		rev, err := broker.Update(ctx, x.w.b.Executions, x.req.ExecutionID, &next, x.rev)
 		cancel()
 		if err == nil {
@@ -89,10 +131,12 @@ func (x *execution) update(change func(r *Record)) error {
 			}
 			return nil
 		}
-		ctx, cancel = storeCtx()
+		last = err
+		ctx, cancel = x.casCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.req.ExecutionID)
 		cancel()
 		if lerr != nil {
+			last = lerr
 			time.Sleep(backoffStep(try))
 			continue
 		}
@@ -105,7 +149,7 @@ func (x *execution) update(change func(r *Record)) error {
 		}
 		x.rec, x.rev = cur, curRev
 	}
-	return errLost
+	return fmt.Errorf("%w: %v", errUnsettled, last)
 }
 
 func backoffStep(try int) time.Duration {
@@ -114,6 +158,21 @@ func backoffStep(try int) time.Duration {
 		d = 500 * time.Millisecond
 	}
 	return d
+}
+
+// startRenewing starts keepLease.
+func (x *execution) startRenewing() {
+	x.renewing.Add(1)
+	go func() {
+		defer x.renewing.Done()
+		x.keepLease()
+	}()
+}
+
+// stopLease ends the lease renewal and waits until no renewal is in flight.
+func (x *execution) stopLease() {
+	x.stopOnce.Do(func() { close(x.stopRenewing) })
+	x.renewing.Wait()
 }
 
 // keepLease renews the lease and the delivery every third of the lease until
@@ -129,6 +188,8 @@ func (x *execution) keepLease() {
 		select {
 		case <-x.done:
 			return
+		case <-x.stopRenewing:
+			return
 		case <-t.C:
 			_ = x.msg.InProgress()
 			err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(x.w.cfg.Lease) })
@@ -139,6 +200,7 @@ func (x *execution) keepLease() {
 				x.cancel(errLeaseLost)
 				return
 			}
+			// errUnsettled: the lease may still be ours; try again next time.
 		}
 	}
 }

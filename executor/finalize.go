@@ -41,6 +41,16 @@ func (x *execution) failure(cerr *envelope.CapabilityError, executed bool) *outc
 	}
 }
 
+// approvalRequired ends a call that waits for a human decision; its
+// terminal event is capability.approval_requested.
+func (x *execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
+	return &outcome{
+		env:   &envelope.Envelope{Status: envelope.StatusApprovalRequired, Approval: ref},
+		event: audit.ApprovalRequested,
+		data:  data,
+	}
+}
+
 func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
 	return x.stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
 }
@@ -60,8 +70,24 @@ func (x *execution) stopped(cerr *envelope.CapabilityError) *outcome {
 // finalize is stage 14: the terminal event, the one envelope (create-only:
 // a second finalization is refused by the server and audited), the record,
 // then the ack.
+//
+// Before anything, a CAS on the record renews the lease: it proves the
+// execution is still this worker's and keeps it so while the envelope is
+// written. A worker that lost it discards its outcome (audited); the new
+// owner finalizes. The create-only envelope covers a worker stalled for longer
+// than a lease between the CAS and the write.
 func (x *execution) finalize(o *outcome, attempts int) {
 	w := x.w
+	err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	if errors.Is(err, errLost) {
+		w.conflicts.Add(1)
+		owner := x.record().Worker
+		w.log.Warn("claim lost before finalizing: outcome discarded", "executionId", x.req.ExecutionID,
+			"owner", owner, "status", o.env.Status)
+		x.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
+			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
+		return
+	}
 	now := time.Now().UTC()
 	env := o.env
 	env.V = envelope.Version
@@ -84,62 +110,92 @@ func (x *execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
-	if !x.createEnvelope(env) {
+	stored, ok := x.createEnvelope(env)
+	if !ok {
 		return
 	}
-	_ = x.update(func(r *Record) { r.State, r.Status, r.Attempt = StateFinalized, env.Status, attempts })
+	if stored != nil {
+		// The record tells what the envelope says, also when another worker's
+		// envelope won and ours was discarded.
+		ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt)
+		_ = x.update(func(r *Record) {
+			r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts
+			if ours && o.cause != nil {
+				r.Cause = o.cause.Error()
+			}
+		})
+	}
 	ackSync(x.msg)
 }
 
 // createEnvelope writes the envelope once. It reports whether the message may
-// be acknowledged: true when an envelope (ours or another's) exists.
-func (x *execution) createEnvelope(env *envelope.Envelope) bool {
+// be acknowledged (an envelope, ours or another's, exists) and returns the
+// stored envelope when it could be read.
+func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
 	for try := 0; ; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		_, err := broker.Create(ctx, w.b.Envelopes, x.req.ExecutionID, env)
 		cancel()
 		if err == nil {
 			w.finalized.Add(1)
-			return true
+			return env, true
 		}
 		if errors.Is(err, broker.ErrExists) {
-			ctx, cancel := storeCtx()
-			have, _, lerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, x.req.ExecutionID)
-			cancel()
-			if lerr == nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
+			have := x.storedEnvelope()
+			if have != nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
 				w.finalized.Add(1) // our own write, whose answer was lost
-				return true
+				return have, true
 			}
 			w.conflicts.Add(1)
-			data := map[string]any{"discardedStatus": string(env.Status), "discardedAttempts": env.Attempts}
-			if lerr == nil {
+			data := map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
+				"discardedAttempts": env.Attempts}
+			if have != nil {
 				data["finalizedBy"] = have.FinalizedBy
 				data["status"] = string(have.Status)
 			}
 			x.emit(audit.EnvelopeConflict, data)
-			return true
+			return have, true
 		}
 		if try >= 30 || x.w.base.Err() != nil {
 			// Leave the message unacknowledged: its redelivery decides again.
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
-			return false
+			return nil, false
 		}
 		time.Sleep(backoffStep(try))
 	}
 }
 
-// checkOutput is stages 12 and 13: validation, redaction, encoding.
+// storedEnvelope reads the envelope a create was refused for; a read that
+// keeps failing returns nil.
+func (x *execution) storedEnvelope() *envelope.Envelope {
+	for try := 0; try < 5; try++ {
+		ctx, cancel := storeCtx()
+		have, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+		cancel()
+		if err == nil {
+			return have
+		}
+		time.Sleep(backoffStep(try))
+	}
+	return nil
+}
+
+// checkOutput is stages 12 and 13: validation, redaction, encoding. Nothing
+// of an output that fails them leaves the worker.
 func (x *execution) checkOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
 	invalid := func(err error) *envelope.CapabilityError {
-		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: false,
-			Message: "The operation's output is invalid; it was withheld.", Cause: err}
+		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
 	}
-	if err := validateValue(out); err != nil {
+	out, err := x.b.checkOutput(out)
+	if err != nil {
 		return nil, invalid(err)
 	}
-	if r := x.b.meta.RedactOutput; r != nil {
-		out = r(out)
+	out, err = redact(x.b.meta.RedactOutput, out)
+	if err != nil {
+		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+			Message: "The operation failed.", Cause: err}
 	}
 	raw, err := envelope.NewRaw(out)
 	if err != nil {

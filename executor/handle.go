@@ -23,12 +23,38 @@ func (w *Worker) handle(msg jetstream.Msg) {
 		nak(msg, w.cfg.Lease)
 		return
 	}
-	x := w.newExecution(msg, req)
-	if x.b == nil {
-		w.notServedHere(msg, req)
+	b := w.reg.get(req.CapabilityID)
+	missing := ""
+	if b == nil {
+		// During a rolling deploy a newer worker may serve it: wait while the
+		// catalog lists it.
+		if _, listed := w.cat.lookup(req.CapabilityID); listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+			nak(msg, w.cfg.RolloutDelay)
+			return
+		}
+		missing = "unknown"
+	}
+	w.claimAndRun(msg, req, b, missing)
+}
+
+// claimAndRun runs one delivery as an execution of this worker. A nil binding
+// (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless its record
+// says otherwise: even then the takeover table decides.
+func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *binding, missing string) {
+	if w.base.Err() != nil {
+		// Shutting down: leave it to a live worker rather than claim it.
+		nak(msg, 0)
 		return
 	}
+	if !w.cfg.DisableLeaseRenewal {
+		// The delivery may have waited in the pull buffer: restart its ack
+		// timer now, as the claim starts its lease.
+		_ = msg.InProgress()
+	}
+	x := w.newExecution(msg, req, b)
+	x.missing = missing
 	if !w.track(x) {
+		x.finish()
 		nak(msg, w.cfg.Lease)
 		return
 	}
@@ -47,9 +73,7 @@ func (x *execution) finish() {
 // another delivery or worker left.
 func (x *execution) claimAndRun() {
 	w := x.w
-	if h, err := envelope.InputHash(x.req.Input); err == nil {
-		x.inputHash = h
-	}
+	x.hashInput()
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
@@ -57,19 +81,19 @@ func (x *execution) claimAndRun() {
 		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
 	}
 	for try := 0; try < 10; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := x.casCtx()
 		rev, err := broker.Create(ctx, w.b.Executions, x.req.ExecutionID, rec)
 		cancel()
 		if err == nil {
 			x.rec, x.rev = rec, rev
-			x.run(true, 0, "")
+			x.runClaimed()
 			return
 		}
 		if !errors.Is(err, broker.ErrExists) {
 			// The create may have happened: re-read below decides either way.
 			time.Sleep(backoffStep(try))
 		}
-		ctx, cancel = storeCtx()
+		ctx, cancel = x.casCtx()
 		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.req.ExecutionID)
 		cancel()
 		if errors.Is(err, broker.ErrNotFound) {
@@ -83,7 +107,7 @@ func (x *execution) claimAndRun() {
 		if cur.Worker == w.cfg.ID && cur.State == StateClaimed && cur.CreatedAt.Equal(rec.CreatedAt) {
 			// Our own create, whose answer was lost.
 			x.rec, x.rev = cur, curRev
-			x.run(true, 0, "")
+			x.runClaimed()
 			return
 		}
 		x.decide(cur, curRev)
@@ -92,11 +116,41 @@ func (x *execution) claimAndRun() {
 	nak(x.msg, time.Second)
 }
 
+// runClaimed runs an execution this delivery has just claimed.
+func (x *execution) runClaimed() {
+	if x.b == nil {
+		x.notFound(true)
+		return
+	}
+	x.run(true, 0, "")
+}
+
 // decide handles a delivery whose execution already has a record: the
 // takeover table of DESIGN §5.
 func (x *execution) decide(rec *Record, rev uint64) {
 	w := x.w
-	if rec.State == StateFinalized || x.envelopeExists() {
+	env, err := x.envelope()
+	if errors.Is(err, envelope.ErrDecode) {
+		// An envelope is there, whatever it holds: never a new attempt.
+		w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
+		w.duplicate(x.msg, x.req, rec.Worker)
+		return
+	}
+	if err != nil {
+		// Unknown is not absent: a takeover now could repeat a finished attempt.
+		w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
+		nak(x.msg, time.Second)
+		return
+	}
+	if env != nil && rec.State != StateFinalized {
+		// Its worker stored the envelope and was lost before recording it.
+		next := *rec
+		next.State, next.Status, next.Attempt, next.UpdatedAt = StateFinalized, env.Status, env.Attempts, time.Now().UTC()
+		ctx, cancel := storeCtx()
+		_, _ = broker.Update(ctx, w.b.Executions, x.req.ExecutionID, &next, rev)
+		cancel()
+	}
+	if env != nil || rec.State == StateFinalized {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
 	}
@@ -133,41 +187,56 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	switch prev {
-	case StatePending, StateClaimed:
-		// The handler never started: run from the top.
-		x.run(false, 0, "")
 	case StateRunning, StateBackoff:
 		n := x.rec.Attempt
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
 			Message: "The worker running the attempt was lost."}
-		if x.retryEligible(lost) && n < 1+x.b.meta.maxAttempts() {
+		if x.b != nil && x.retryEligible(lost) && n < 1+x.b.meta.maxAttempts() {
 			x.run(false, n+1, envelope.CodeWorkerLost)
 			return
 		}
+		// Without the capability here, nothing may run it again either.
 		if prev == StateBackoff && x.rec.LastError != "" {
 			// The attempt failed and was recorded; only its retry was lost.
 			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
 				Message: "The operation failed.", ExposeToModel: false}
-			if last.Code == envelope.CodeTimeout {
+			if last.Code == envelope.CodeTimeout && x.b != nil {
 				last = x.timeoutError()
 			}
 			x.finalize(x.afterRun(last), n)
 			return
 		}
-		x.finalize(x.failed(&envelope.CapabilityError{
+		x.finalize(x.failedAfterRun(&envelope.CapabilityError{
 			Code: envelope.CodeOutcomeUnknown, Stage: envelope.StageHandler, ExposeToModel: true,
 			Message: "The worker running this operation was lost; it may or may not have taken effect.",
 		}), n)
 	default:
+		// The handler never started (pending, claimed): run from the top.
+		if x.b == nil {
+			x.notFound(false)
+			return
+		}
 		x.run(false, 0, "")
 	}
 }
 
-func (x *execution) envelopeExists() bool {
+// notFound finalizes an execution of a capability no pool serves.
+func (x *execution) notFound(fresh bool) {
+	if fresh {
+		x.emit(audit.Requested, nil)
+	}
+	x.deny(x.missing, notFoundError(), nil)
+}
+
+// envelope reads the execution's envelope: nil, nil when there is none.
+func (x *execution) envelope() (*envelope.Envelope, error) {
 	ctx, cancel := storeCtx()
 	defer cancel()
-	_, err := x.w.b.Envelopes.Get(ctx, x.req.ExecutionID)
-	return err == nil
+	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, nil
+	}
+	return env, err
 }
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
@@ -194,47 +263,31 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
-		w.finalizeWithoutRun(id, capID, env)
+		x := &execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
+		w.finalizeWithoutRun(x, env, "undecodable")
 	}
 	_ = msg.TermWithReason("request does not decode")
 }
 
-// notServedHere handles a request for a capability this worker lacks. During a
-// rolling deploy a newer worker may serve it: wait while the catalog lists it.
-func (w *Worker) notServedHere(msg jetstream.Msg, req *envelope.Request) {
-	if _, listed := w.cat.lookup(req.CapabilityID); listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
-		nak(msg, w.cfg.RolloutDelay)
-		return
-	}
-	w.notFound(msg, req, "unknown")
-}
-
-// notFound finalizes a request for a capability no pool serves.
-func (w *Worker) notFound(msg jetstream.Msg, req *envelope.Request, reason string) {
-	x := &execution{w: w, req: req}
-	x.emit(audit.Requested, nil)
-	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve})
-	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
-		Error: notFoundError(envelope.StageResolve).Wire()}
-	x.emit(audit.Failed, map[string]any{"code": string(envelope.CodeCapabilityNotFound), "stage": envelope.StageResolve,
-		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
-	w.finalizeWithoutRun(req.ExecutionID, req.CapabilityID, env)
-	ackSync(msg)
-}
-
-func notFoundError(stage string) *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: stage, ExposeToModel: true,
-		Message: "No such capability."}
-}
-
-// finalizeWithoutRun writes a finalized record, then the envelope, for an
-// execution that never ran. If a record exists, another delivery owns the id.
-func (w *Worker) finalizeWithoutRun(id, capID string, env *envelope.Envelope) {
+// finalizeWithoutRun writes a finalized record, its trail (requested, denied
+// for reason, failed), then the envelope, for a request refused before it
+// could run (one that does not decode). If another record exists, a decodable
+// request owns the id; a finalized one without its envelope is this path's
+// own, interrupted before the envelope.
+func (w *Worker) finalizeWithoutRun(x *execution, env *envelope.Envelope, reason string) {
+	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := storeCtx()
 	defer cancel()
 	if _, err := broker.Create(ctx, w.b.Executions, id, w.finalizedRecord(id, capID, env.Status)); err != nil {
-		return
+		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, id)
+		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status {
+			return
+		}
 	}
+	x.emit(audit.Requested, nil)
+	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
@@ -265,9 +318,9 @@ func (w *Worker) handleUnrouted(msg jetstream.Msg) {
 		ackSync(msg)
 		return
 	}
+	missing := "unknown"
 	if envelope.ValidCapabilityID(req.CapabilityID) != nil {
-		w.notFound(msg, req, "invalid-id")
-		return
+		missing = "invalid-id"
 	}
-	w.notFound(msg, req, "unknown")
+	w.claimAndRun(msg, req, nil, missing)
 }

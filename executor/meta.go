@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -100,9 +101,32 @@ type Meta struct {
 	Approval   *ApprovalRule
 	// Policies evaluated for this capability after the runtime's own.
 	Policies []Policy
-	// RedactOutput, when set, returns what of the output may leave the worker.
+	// RedactOutput, when set, returns what of the output may leave the
+	// worker (stage 13). It receives the validated output value; the envelope
+	// carries only what it returns. If it panics, the output is withheld.
 	RedactOutput func(out any) any
+	// RedactApprovalInput, when set, returns what an approver is shown of the
+	// input. It receives the validated input (a pointer to the input type).
+	// The approval still binds the whole validated input by its hash (SI-4).
+	RedactApprovalInput func(in any) any
 }
+
+// redact applies a redaction function, if any, failing closed on a panic.
+func redact(f func(any) any, v any) (out any, err error) {
+	if f == nil {
+		return v, nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("redaction panicked: %v", r)
+		}
+	}()
+	return f(v), nil
+}
+
+// ApprovalDisplay is what an approver is shown of a validated input: the
+// input itself, or what Meta.RedactApprovalInput keeps of it.
+func (m Meta) ApprovalDisplay(in any) (any, error) { return redact(m.RedactApprovalInput, in) }
 
 // DefaultTimeout is a capability's per-attempt timeout unless it says otherwise.
 const DefaultTimeout = 30 * time.Second

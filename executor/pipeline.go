@@ -15,7 +15,7 @@ import (
 // on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
 // a takeover at stage 11 with that attempt, after prevCode.
 func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	go x.keepLease()
+	x.startRenewing()
 	m := x.b.meta
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
@@ -39,7 +39,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		}
 		x.input = in
 		if err := x.restoreGrant(); err != nil {
-			x.finalize(x.failed(err), x.rec.Attempt)
+			x.finalize(x.failed(err), x.record().Attempt)
 			return
 		}
 	}
@@ -57,13 +57,15 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			return
 		}
 		err := x.update(func(r *Record) {
-			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, time.Now().UTC(), ""
+			now := time.Now().UTC()
+			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
+			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 		})
 		if err != nil {
 			x.endByRecord(err, attempt-1)
 			return
 		}
-		started := x.event(audit.Started, map[string]any{"attempt": attempt, "approvalId": x.req.ApprovalID})
+		started := x.event(audit.Started, x.startedData(attempt))
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
@@ -254,12 +256,17 @@ func (x *execution) endByRecord(err error, attempts int) {
 		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
 	}
-	x.w.log.Warn("execution record lost: leaving the execution to its owner", "executionId", x.req.ExecutionID, "err", err)
+	// Lost: another worker owns it. Unsettled: the store did not answer; the
+	// redelivery decides once the lease has run out.
+	x.w.log.Warn("execution record not updated: leaving the execution", "executionId", x.req.ExecutionID, "err", err)
 }
 
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (x *execution) release() {
-	_ = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() })
+	x.stopLease()
+	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
+		return // another worker owns it, and its delivery
+	}
 	_ = x.msg.Nak()
 }

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -13,7 +14,12 @@ type Phase string
 
 // Phases.
 const (
-	// PhaseDiscovery: while describing capabilities to a caller.
+	// PhaseDiscovery: while describing capabilities to a caller, and again at
+	// stage 4 of every call, so that what discovery hides from a caller stays
+	// concealed when it calls anyway (a deny, hide or failure there answers
+	// CAPABILITY_NOT_FOUND). The request carries no input. To conceal a
+	// capability from an actor whatever the input, hide it in this phase: an
+	// invocation-phase hide is reached only by calls whose input is valid.
 	PhaseDiscovery Phase = "discovery"
 	// PhaseInvocation: stage 7, before the approval gate.
 	PhaseInvocation Phase = "invocation"
@@ -52,7 +58,8 @@ type Decision struct {
 	ApprovalTypes []string
 }
 
-// PolicyRequest is what a policy sees: the validated input, never raw bytes.
+// PolicyRequest is what a policy sees: the validated input, never raw bytes
+// (SI-6). Input is shared with the handler: a policy must not change it.
 type PolicyRequest struct {
 	Phase        Phase
 	CapabilityID string
@@ -89,9 +96,14 @@ func (p Policy) appliesTo(ph Phase) bool {
 // PolicyRecord is one evaluated stance, as the audit trail records it.
 type PolicyRecord struct {
 	Policy string `json:"policy"`
+	Phase  Phase  `json:"phase"`
 	Stance Stance `json:"stance"`
 	Reason string `json:"reason,omitempty"`
-	Failed bool   `json:"failed,omitempty"`
+	// Failed is set when the policy errored, panicked, timed out or answered
+	// an unknown stance; its stance is then deny.
+	Failed bool `json:"failed,omitempty"`
+	// Failure says how it failed: error, panic, timeout or invalid-stance.
+	Failure string `json:"failure,omitempty"`
 }
 
 // verdict merges every stance of one phase.
@@ -106,52 +118,75 @@ type verdict struct {
 // DefaultPolicyTimeout bounds one policy's evaluation.
 const DefaultPolicyTimeout = time.Second
 
-// evaluatePolicies runs every applicable policy (no short-circuit) and merges
-// them by precedence. A policy that errors, panics or times out counts as deny
-// and marks the verdict failed.
-func evaluatePolicies(ctx context.Context, policies []Policy, r PolicyRequest, timeout time.Duration) verdict {
+// evaluatePolicies runs every policy of the runtime, then of the capability,
+// that applies to the phase: all of them, with no short-circuit, so that the
+// trail records every stance. Stances merge by precedence deny > hide >
+// require-approval > allow, approval requirements are merged. A policy that
+// errors, panics, times out or answers an unknown stance counts as deny and
+// marks the verdict failed (SI-7).
+func evaluatePolicies(ctx context.Context, runtime, own []Policy, r PolicyRequest, timeout time.Duration) verdict {
 	v := verdict{stance: Allow}
-	for _, p := range policies {
-		if !p.appliesTo(r.Phase) {
-			continue
-		}
-		d, err := runPolicy(ctx, p, r, timeout)
-		rec := PolicyRecord{Policy: p.Name, Stance: d.Stance, Reason: d.Reason}
-		if err != nil {
-			rec.Stance, rec.Failed, rec.Reason = Deny, true, err.Error()
-			v.failed = true
-			d = Decision{Stance: Deny, Reason: err.Error()}
-		}
-		if d.Stance == "" {
-			d.Stance = Allow
-			rec.Stance = Allow
-		}
-		v.records = append(v.records, rec)
-		if d.Stance.rank() > v.stance.rank() {
-			v.stance = d.Stance
-		}
-		if d.Stance != Allow && d.Reason != "" {
-			v.reasons = append(v.reasons, d.Reason)
-		}
-		if d.Stance == RequireApproval {
-			v.approvalTypes = appendUnique(v.approvalTypes, d.ApprovalTypes...)
+	for _, set := range [2][]Policy{runtime, own} {
+		for _, p := range set {
+			if !p.appliesTo(r.Phase) {
+				continue
+			}
+			d, err := runPolicy(ctx, p, r, timeout)
+			if d.Stance == "" {
+				d.Stance = Allow
+			}
+			rec := PolicyRecord{Policy: p.Name, Phase: r.Phase, Stance: d.Stance, Reason: d.Reason}
+			var pf *policyFailure
+			if errors.As(err, &pf) {
+				rec.Stance, rec.Failed, rec.Failure, rec.Reason = Deny, true, pf.kind, pf.Error()
+				v.failed = true
+				d = Decision{Stance: Deny, Reason: pf.Error()}
+			}
+			v.records = append(v.records, rec)
+			if d.Stance.rank() > v.stance.rank() {
+				v.stance = d.Stance
+			}
+			if d.Stance != Allow && d.Reason != "" {
+				v.reasons = append(v.reasons, d.Reason)
+			}
+			if d.Stance == RequireApproval {
+				v.approvalTypes = appendUnique(v.approvalTypes, d.ApprovalTypes...)
+			}
 		}
 	}
 	return v
 }
 
-func runPolicy(ctx context.Context, p Policy, r PolicyRequest, timeout time.Duration) (d Decision, err error) {
+// policyFailure is a policy that could not decide.
+type policyFailure struct {
+	policy string
+	kind   string // error, panic, timeout, invalid-stance
+	msg    string
+}
+
+func (f *policyFailure) Error() string { return "policy " + f.policy + ": " + f.msg }
+
+// runPolicy evaluates one policy under the timeout, recovering a panic. A
+// policy that outlives its timeout is left to return on its own; its answer
+// is ignored.
+func runPolicy(ctx context.Context, p Policy, r PolicyRequest, timeout time.Duration) (Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type result struct {
 		d   Decision
 		err error
 	}
+	fail := func(kind, format string, args ...any) (Decision, error) {
+		return Decision{}, &policyFailure{policy: p.Name, kind: kind, msg: fmt.Sprintf(format, args...)}
+	}
+	if p.Evaluate == nil {
+		return fail("error", "has no Evaluate function")
+	}
 	ch := make(chan result, 1)
 	go func() {
 		defer func() {
 			if rec := recover(); rec != nil {
-				ch <- result{err: fmt.Errorf("policy %s panicked: %v", p.Name, rec)}
+				ch <- result{err: &policyFailure{policy: p.Name, kind: "panic", msg: fmt.Sprintf("panicked: %v", rec)}}
 			}
 		}()
 		d, err := p.Evaluate(ctx, r)
@@ -159,17 +194,21 @@ func runPolicy(ctx context.Context, p Policy, r PolicyRequest, timeout time.Dura
 	}()
 	select {
 	case res := <-ch:
-		if res.err != nil {
-			return Decision{}, fmt.Errorf("policy %s failed: %w", p.Name, res.err)
+		var pf *policyFailure
+		switch {
+		case errors.As(res.err, &pf):
+			return Decision{}, pf
+		case res.err != nil:
+			return fail("error", "failed: %v", res.err)
 		}
 		switch res.d.Stance {
 		case "", Allow, Deny, Hide, RequireApproval:
 		default:
-			return Decision{}, fmt.Errorf("policy %s returned unknown stance %q", p.Name, res.d.Stance)
+			return fail("invalid-stance", "answered an unknown stance %q", res.d.Stance)
 		}
 		return res.d, nil
 	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("policy %s did not decide within %v", p.Name, timeout)
+		return fail("timeout", "did not decide within %v", timeout)
 	}
 }
 

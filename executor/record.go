@@ -40,9 +40,12 @@ type Record struct {
 	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
 	ApprovalID        string    `json:"approvalId,omitempty"`
 	// Status is the envelope's status once finalized.
-	Status    envelope.Status `json:"status,omitempty"`
-	CreatedAt time.Time       `json:"createdAt"`
-	UpdatedAt time.Time       `json:"updatedAt"`
+	Status envelope.Status `json:"status,omitempty"`
+	// Cause is a failure's private cause, for operators: it never reaches the
+	// envelope, the model or the audit trail.
+	Cause     string    `json:"cause,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 func (r *Record) leaseLive(now time.Time) bool {
@@ -50,7 +53,9 @@ func (r *Record) leaseLive(now time.Time) bool {
 }
 
 // EncodeMsgpack writes the record without reflection: it is written three
-// times per execution.
+// times per execution. A field added to Record is added here too, in
+// declaration order (TestRecordEncoder_WritesTheReflectiveEncodersBytes
+// fails until it is).
 func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	var f envelope.Fields
 	f.Int("v", int64(r.V))
@@ -66,6 +71,7 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Time("cancelRequestedAt", r.CancelRequestedAt)
 	f.String("approvalId", r.ApprovalID)
 	f.String("status", string(r.Status))
+	f.String("cause", r.Cause)
 	f.Time("createdAt", r.CreatedAt)
 	f.Time("updatedAt", r.UpdatedAt)
 	return f.Encode(enc)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/codectest"
 )
 
 // plainRecord is Record without its EncodeMsgpack method.
@@ -13,7 +14,10 @@ type plainRecord Record
 
 func TestRecordEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
 	now := time.Now().UTC()
+	var filled Record
+	codectest.Fill(&filled)
 	for name, r := range map[string]Record{
+		"every field": filled,
 		"zero":    {},
 		"claimed": {V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", State: StateClaimed, Worker: "w1", LeaseUntil: now, CreatedAt: now, UpdatedAt: now},
 		"full": {V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", State: StateBackoff, Attempt: 3,

@@ -182,9 +182,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.b = b
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
-	if err := w.publishCatalog(setupCtx); err != nil {
-		return err
-	}
 	w.cat, err = watchCatalog(w.base, b)
 	if err != nil {
 		return err
@@ -192,7 +189,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.cat.stop()
 	ackWait := w.cfg.Lease
 	pool, err := b.EnsurePool(setupCtx, broker.PoolConfig{
-		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: 4 * w.cfg.Concurrency, AckWait: ackWait,
+		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
 	})
 	if err != nil {
 		return err
@@ -210,6 +207,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}()
+	// Listed last: once the catalog names a capability, its consumer exists
+	// and cancel and describe are served.
+	if err := w.publishCatalog(setupCtx); err != nil {
+		return err
+	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
 
 	var wg sync.WaitGroup
@@ -281,6 +283,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	_ = w.audit.Flush(flushCtx)
 	w.log.Info("worker stopped")
 	return nil
+}
+
+// poolMaxAckPending bounds the pool's unacknowledged deliveries. The limit is
+// the whole pool's, not one worker's: it must cover every worker's running and
+// buffered messages, or the workers that start last get nothing.
+func poolMaxAckPending(concurrency int) int {
+	return max(64*concurrency, 20000)
 }
 
 func (w *Worker) inflightCount() int {

@@ -12,7 +12,7 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -26,7 +26,7 @@ func runDev(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 
-	e, err := startEmbedded(ctx, opts, log)
+	e, err := startEmbedded(ctx, opts, sf.brokerConfig(), log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}

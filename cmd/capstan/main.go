@@ -30,6 +30,10 @@ var commands = []command{
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
 	{"cancel", "cancel an execution", runCancel},
+	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
+	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
+	{"approvals", "list, show, approve and reject approvals", runApprovals},
+	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
 }
 
@@ -91,8 +95,9 @@ func newFlags(name, usage string) *flag.FlagSet {
 }
 
 // parseFlags parses args, allowing flags before and after positional
-// arguments, and checks the number of positional arguments. It returns the
-// positional arguments, or an exit code when the command should end here.
+// arguments, and checks the number of positional arguments (want < 0: any
+// number). It returns the positional arguments, or an exit code when the
+// command should end here.
 func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool) {
 	var pos []string
 	for {
@@ -114,7 +119,7 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool)
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
-	if len(pos) != want {
+	if want >= 0 && len(pos) != want {
 		if want == 0 {
 			fmt.Fprintf(fs.Output(), "capstan %s: unexpected argument %q\n", fs.Name(), strings.Join(pos, " "))
 		} else {

@@ -26,13 +26,20 @@ import (
 // serverFlags configure the embedded server of dev and server.
 type serverFlags struct {
 	store, listen string
+	auditMaxAge   longDuration
 }
 
 func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	f := &serverFlags{}
 	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
+	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	return f
+}
+
+// brokerConfig is how the embedded server's resources are provisioned.
+func (f *serverFlags) brokerConfig() broker.Config {
+	return broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge)}
 }
 
 func (f *serverFlags) options() (natsserver.Options, error) {
@@ -82,7 +89,7 @@ type embedded struct {
 
 // startEmbedded starts the server and provisions the resources, retrying
 // until ctx ends: a clustered node can provision only once its peers are up.
-func startEmbedded(ctx context.Context, opts natsserver.Options, log *slog.Logger) (*embedded, error) {
+func startEmbedded(ctx context.Context, opts natsserver.Options, cfg broker.Config, log *slog.Logger) (*embedded, error) {
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
 	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
@@ -99,7 +106,7 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, log *slog.Logge
 	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		e.b, err = broker.Provision(pctx, e.nc, broker.Config{})
+		e.b, err = broker.Provision(pctx, e.nc, cfg)
 		if err == nil {
 			e.js, err = demo.Provision(pctx, e.nc, 1)
 		}
@@ -130,7 +137,7 @@ func (e *embedded) stop() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
@@ -165,7 +172,7 @@ func runServer(args []string) int {
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	e, err := startEmbedded(ctx, opts, log)
+	e, err := startEmbedded(ctx, opts, sf.brokerConfig(), log)
 	if err != nil {
 		return fail(exitFailed, "server: %v", err)
 	}

@@ -1,0 +1,30 @@
+// Package approvals keeps capstan's approvals: the human decisions a call
+// waits for before its handler may run (DESIGN §7).
+//
+// A worker that meets a call needing approval stores a pending Record holding
+// the validated input as canonical JSON and its SHA-256, and finalizes the
+// execution "approval-required". An approver decides it once: Decide moves it
+// from pending with one compare-and-swap, refuses the requester approving
+// their own call, and audits the decision with the approver as the actor. A
+// resume is a new execution carrying the approval's id; its worker consumes
+// the approval with one more compare-and-swap, from approved to
+// consumed{executionId}. Because every change is a CAS on the record's revision
+// in one JetStream KV bucket, an approval authorizes exactly one execution
+// however many workers, clients and CLIs race to use it.
+//
+// The smallest useful program decides and consumes one approval:
+//
+//	store := approvals.NewStore(b, audit.NewEmitter(b, audit.Options{}))
+//	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
+//	if err != nil { ... } // ErrUnserializableInput: NaN, byte strings, ...
+//	rec := &approvals.Record{
+//		ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", RequestedBy: executionID,
+//		Actor: alice, Input: input, InputHash: hash,
+//	}
+//	err = store.Create(ctx, rec) // pending, expiring in 15 minutes
+//	_, err = store.Decide(ctx, rec.ID, approvals.Verdict{Approve: true, Approver: bob})
+//	_, err = store.Consume(ctx, rec.ID, resumeExecutionID) // once; ErrConsumed for any other execution
+//
+// Errors are sentinels (ErrConsumed, ErrSelfApproval, ...); Code gives the
+// error code an envelope carries for each.
+package approvals

@@ -1,0 +1,131 @@
+package approvals
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// Status is where an approval stands (DESIGN §7).
+type Status string
+
+// Statuses. Only pending may be decided and only approved may be consumed;
+// every other status is final.
+const (
+	Pending   Status = "pending"
+	Approved  Status = "approved"
+	Rejected  Status = "rejected"
+	Expired   Status = "expired"
+	Cancelled Status = "cancelled"
+	Consumed  Status = "consumed"
+)
+
+// DefaultTTL is how long an approval stays decidable and, once approved,
+// consumable, unless the capability says otherwise.
+const DefaultTTL = 15 * time.Minute
+
+// Decision is what an approver (or a canceller) decided.
+type Decision struct {
+	Status    Status         `json:"status"`
+	Approver  envelope.Actor `json:"approver"`
+	Comment   string         `json:"comment,omitempty"`
+	DecidedAt time.Time      `json:"decidedAt"`
+	// SelfApproval holds the reason given when the requester approved their
+	// own call, which is refused without one.
+	SelfApproval string `json:"selfApproval,omitempty"`
+}
+
+// Record is one approval in the approvals bucket, changed only by
+// compare-and-swap on its revision.
+type Record struct {
+	V            int            `json:"v"`
+	ID           string         `json:"id"`
+	CapabilityID string         `json:"capabilityId"`
+	Surface      string         `json:"surface,omitempty"`
+	Actor        envelope.Actor `json:"actor"`
+	// Input is the validated input as canonical JSON; InputHash is its SHA-256.
+	Input     json.RawMessage `json:"input"`
+	InputHash string          `json:"inputHash"`
+	// Display is what an approver is shown of the input when the capability
+	// redacts it (canonical JSON); the approval still binds the whole Input.
+	Display     json.RawMessage `json:"display,omitempty"`
+	Reasons     []string        `json:"reasons,omitempty"`
+	Types       []string        `json:"types,omitempty"`
+	Risk        string          `json:"risk,omitempty"`
+	SideEffect  string          `json:"sideEffect,omitempty"`
+	RequestedAt time.Time       `json:"requestedAt"`
+	ExpiresAt   time.Time       `json:"expiresAt"`
+	Status      Status          `json:"status"`
+	Decision    *Decision       `json:"decision,omitempty"`
+	// RequestedBy is the execution that asked for the approval; its audit
+	// trail carries the decision.
+	RequestedBy string `json:"requestedBy"`
+	// ConsumedBy is the one execution the approval authorized.
+	ConsumedBy string    `json:"consumedBy,omitempty"`
+	ConsumedAt time.Time `json:"consumedAt,omitzero"`
+	// CorrelationID is the requesting execution's, carried to the decision events.
+	CorrelationID string `json:"correlationId,omitempty"`
+}
+
+// StatusAt is the status as of t: a pending or approved approval whose
+// expiry has passed is expired, whether or not the record says so yet.
+func (r *Record) StatusAt(t time.Time) Status {
+	if (r.Status == Pending || r.Status == Approved) && !t.Before(r.ExpiresAt) {
+		return Expired
+	}
+	return r.Status
+}
+
+// Raw returns the stored input as a value to submit again.
+func (r *Record) Raw() (envelope.Raw, error) {
+	return envelope.RawFromJSON(r.Input)
+}
+
+// CheckInput re-hashes the stored input: its bytes must be the canonical JSON
+// that hashes to InputHash. A record whose input was changed after it was
+// requested, in meaning or only in form, fails with ErrInputMismatch.
+func (r *Record) CheckInput() error {
+	sum := sha256.Sum256(r.Input)
+	if h := hex.EncodeToString(sum[:]); h != r.InputHash {
+		return fmt.Errorf("%w: the stored input hashes to %s, the approval was for %s", ErrInputMismatch, h, r.InputHash)
+	}
+	if _, err := r.Raw(); err != nil {
+		return fmt.Errorf("%w: the stored input does not parse: %v", ErrInputMismatch, err)
+	}
+	return nil
+}
+
+// Canonical returns an input's canonical JSON (sorted keys, no insignificant
+// whitespace, UTF-8) and its hex SHA-256. An input without a canonical form
+// (NaN, infinities, byte strings, invalid UTF-8) fails ErrUnserializableInput.
+func Canonical(input envelope.Raw) (json.RawMessage, string, error) {
+	c, err := envelope.CanonicalJSON(input)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", ErrUnserializableInput, err)
+	}
+	sum := sha256.Sum256(c)
+	return c, hex.EncodeToString(sum[:]), nil
+}
+
+func sameActor(a, b envelope.Actor) bool { return a.Kind == b.Kind && a.ID == b.ID }
+
+func checkApprover(a envelope.Actor) error {
+	switch a.Kind {
+	case envelope.ActorUser, envelope.ActorService, envelope.ActorAgent:
+		if a.ID != "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the approver must be a user, service or agent with an id, not %q", ErrInvalid, a.String())
+}
+
+// Usable reports why the approval cannot authorize executionID at t, or nil
+// when it can: approved and unexpired, or already consumed by executionID (a
+// retry or a takeover of the execution it authorized).
+func (r *Record) Usable(executionID string, t time.Time) error {
+	return statusError(r.StatusAt(t), r, executionID)
+}

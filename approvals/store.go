@@ -1,0 +1,358 @@
+package approvals
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Store keeps approvals in the approvals bucket. Every change is one
+// compare-and-swap on the record's revision, so a store in every worker, client
+// and CLI that shares the bucket agrees on who decided and who consumed.
+type Store struct {
+	kv    jetstream.KeyValue
+	audit *audit.Emitter
+	now   func() time.Time
+}
+
+// NewStore returns a store over b's approvals bucket. Decisions are audited on
+// em, with the approver as the acting actor; em may be nil for a store that
+// only reads, creates and consumes.
+func NewStore(b *broker.Broker, em *audit.Emitter) *Store {
+	return &Store{kv: b.Approvals, audit: em, now: func() time.Time { return time.Now().UTC() }}
+}
+
+// maxTries bounds how often one operation re-reads after a lost or failed
+// write. A lost CAS means someone else moved, and the next read says who.
+const maxTries = 30
+
+// Create stores a new pending approval. It fills V, Status, RequestedAt
+// (if zero) and ExpiresAt (if zero: RequestedAt + DefaultTTL). The input must
+// be canonical JSON hashing to InputHash (see Canonical).
+func (s *Store) Create(ctx context.Context, r *Record) error {
+	if err := envelope.ValidExecutionID(r.ID); err != nil {
+		return fmt.Errorf("%w: id: %v", ErrInvalid, err)
+	}
+	if err := envelope.ValidExecutionID(r.RequestedBy); err != nil {
+		return fmt.Errorf("%w: requestedBy: %v", ErrInvalid, err)
+	}
+	if r.CapabilityID == "" || r.Actor.Kind == "" {
+		return fmt.Errorf("%w: an approval needs a capability and an actor", ErrInvalid)
+	}
+	if err := r.CheckInput(); err != nil {
+		return err
+	}
+	r.V = envelope.Version
+	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = Pending, nil, "", time.Time{}
+	if r.RequestedAt.IsZero() {
+		r.RequestedAt = s.now()
+	}
+	if r.ExpiresAt.IsZero() {
+		r.ExpiresAt = r.RequestedAt.Add(DefaultTTL)
+	}
+	for try := 0; ; try++ {
+		_, err := broker.Create(ctx, s.kv, r.ID, r)
+		if err == nil {
+			return nil
+		}
+		// The create may have happened with its answer lost: the record says.
+		have, _, lerr := s.load(ctx, r.ID)
+		if lerr == nil {
+			if have.RequestedBy == r.RequestedBy && have.RequestedAt.Equal(r.RequestedAt) {
+				return nil
+			}
+			return fmt.Errorf("%w: approval %s exists", broker.ErrExists, r.ID)
+		}
+		if try >= maxTries || ctx.Err() != nil {
+			return fmt.Errorf("capstan: create approval %s: %w", r.ID, err)
+		}
+		pause(try)
+	}
+}
+
+// Get reads one approval.
+func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
+	r, _, err := s.load(ctx, id)
+	return r, err
+}
+
+func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
+	if envelope.ValidExecutionID(id) != nil {
+		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	r, rev, err := broker.Load[Record](ctx, s.kv, id)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return r, rev, err
+}
+
+// Filter selects approvals; zero fields match everything.
+type Filter struct {
+	// Status as of now: an approval past its expiry lists as expired.
+	Status       Status
+	CapabilityID string
+	// Actor is the requester (kind and id).
+	Actor envelope.Actor
+}
+
+// List returns the approvals that match f, oldest first.
+func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
+	keys, err := s.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: list approvals: %w", err)
+	}
+	var ids []string
+	for id := range keys.Keys() {
+		ids = append(ids, id)
+	}
+	now := s.now()
+	var out []*Record
+	for _, id := range ids {
+		r, _, err := s.load(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue // removed since it was listed
+		}
+		if err != nil {
+			return nil, err
+		}
+		if f.Status != "" && r.StatusAt(now) != f.Status ||
+			f.CapabilityID != "" && r.CapabilityID != f.CapabilityID ||
+			f.Actor.Kind+f.Actor.ID != "" && !sameActor(f.Actor, r.Actor) {
+			continue
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *Record) int {
+		if c := a.RequestedAt.Compare(b.RequestedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out, nil
+}
+
+// Verdict is one approver's decision on a pending approval.
+type Verdict struct {
+	Approve  bool
+	Approver envelope.Actor
+	Comment  string
+	// SelfApproval lets the requester decide their own call; it is the reason
+	// why, and it is kept on the record and in the trail. Empty refuses it.
+	SelfApproval string
+}
+
+// Decide approves or rejects a pending, unexpired approval, with one CAS from
+// pending. The requester may not decide their own call without a
+// SelfApproval reason (ErrSelfApproval). A decision on an approval that is no
+// longer pending fails ErrAlreadyDecided, joined with the condition that
+// decided it (ErrConsumed, ErrRejected...). The decision event is stored in the
+// requesting execution's trail before Decide returns; should that fail, the
+// decision stands and the error wraps audit.ErrUnavailable with the record.
+func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, error) {
+	if err := checkApprover(v.Approver); err != nil {
+		return nil, err
+	}
+	status, event := Rejected, audit.Rejected
+	if v.Approve {
+		status, event = Approved, audit.Approved
+	}
+	var mine *Decision
+	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
+		if mine != nil && r.Decision != nil && r.Decision.DecidedAt.Equal(mine.DecidedAt) && sameActor(r.Decision.Approver, v.Approver) {
+			return nil, nil // our own write, whose answer was lost
+		}
+		if next := expire(r, now); next != nil {
+			return next, ErrExpired
+		}
+		if r.Status != Pending {
+			if err := statusError(r.Status, r, ""); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrAlreadyDecided, err)
+			}
+			return nil, fmt.Errorf("%w: it is %s", ErrAlreadyDecided, r.Status)
+		}
+		if sameActor(v.Approver, r.Actor) && strings.TrimSpace(v.SelfApproval) == "" {
+			return nil, ErrSelfApproval
+		}
+		if mine == nil {
+			mine = &Decision{Status: status, Approver: v.Approver, Comment: v.Comment, DecidedAt: now, SelfApproval: v.SelfApproval}
+		}
+		next := *r
+		next.Status, next.Decision = status, mine
+		return &next, nil
+	})
+	if err != nil {
+		return rec, err
+	}
+	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String()}
+	if v.Comment != "" {
+		data["comment"] = v.Comment
+	}
+	if v.SelfApproval != "" {
+		data["selfApproval"] = v.SelfApproval
+	}
+	return rec, s.emitDecision(ctx, rec, event, v.Approver, data)
+}
+
+// Consume marks an approved approval as used by executionID, with one CAS
+// from approved. Consuming again for the same execution succeeds (a retry or a
+// takeover of the execution it authorized); for any other execution it fails
+// ErrConsumed. An approval past its expiry fails ErrExpired; one whose stored
+// input no longer hashes to InputHash fails ErrInputMismatch.
+func (s *Store) Consume(ctx context.Context, id, executionID string) (*Record, error) {
+	if err := envelope.ValidExecutionID(executionID); err != nil {
+		return nil, fmt.Errorf("%w: execution id: %v", ErrInvalid, err)
+	}
+	return s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
+		if r.Status == Consumed && r.ConsumedBy == executionID {
+			return nil, r.CheckInput()
+		}
+		if next := expire(r, now); next != nil {
+			return next, ErrExpired
+		}
+		if err := statusError(r.Status, r, executionID); err != nil {
+			return nil, err
+		}
+		if err := r.CheckInput(); err != nil {
+			return nil, err
+		}
+		next := *r
+		next.Status, next.ConsumedBy, next.ConsumedAt = Consumed, executionID, now
+		return &next, nil
+	})
+}
+
+// Cancel withdraws a pending or approved approval before it is used; the
+// canceller is recorded as the decision's actor and the trail shows a
+// rejection with status cancelled.
+func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason string) (*Record, error) {
+	if by.Kind == "" {
+		return nil, fmt.Errorf("%w: a cancel needs an actor", ErrInvalid)
+	}
+	var mine *Decision
+	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
+		if mine != nil && r.Decision != nil && r.Decision.DecidedAt.Equal(mine.DecidedAt) && sameActor(r.Decision.Approver, by) {
+			return nil, nil // our own write, whose answer was lost
+		}
+		if next := expire(r, now); next != nil {
+			return next, ErrExpired
+		}
+		if r.Status != Pending && r.Status != Approved {
+			return nil, statusError(r.Status, r, "")
+		}
+		if mine == nil {
+			mine = &Decision{Status: Cancelled, Approver: by, Comment: reason, DecidedAt: now}
+		}
+		next := *r
+		next.Status, next.Decision = Cancelled, mine
+		return &next, nil
+	})
+	if err != nil {
+		return rec, err
+	}
+	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String(), "status": string(Cancelled)}
+	if reason != "" {
+		data["comment"] = reason
+	}
+	return rec, s.emitDecision(ctx, rec, audit.Rejected, by, data)
+}
+
+// ExpireDue marks every pending or approved approval past its expiry as
+// expired and returns how many it changed. Expiry holds without it (every
+// decision and consumption checks the time); it keeps listings honest.
+func (s *Store) ExpireDue(ctx context.Context) (int, error) {
+	all, err := s.List(ctx, Filter{Status: Expired})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range all {
+		if r.Status == Expired {
+			continue
+		}
+		_, err := s.update(ctx, r.ID, func(r *Record, now time.Time) (*Record, error) {
+			if next := expire(r, now); next != nil {
+				return next, nil
+			}
+			return nil, errNotChanged
+		})
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, errNotChanged), errors.Is(err, ErrNotFound):
+		default:
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+var errNotChanged = errors.New("not changed")
+
+// expire returns the expired version of a pending or approved record whose
+// expiry has passed, or nil.
+func expire(r *Record, now time.Time) *Record {
+	if (r.Status != Pending && r.Status != Approved) || r.StatusAt(now) != Expired {
+		return nil
+	}
+	next := *r
+	next.Status = Expired
+	return &next
+}
+
+// update loads the approval and lets step decide from what is there: step
+// returns the record to write (nil: write nothing) and the error the
+// operation ends with. Any failed write, a lost CAS or an error that may hide
+// a write that happened, re-reads and asks step again (DESIGN §5).
+func (s *Store) update(ctx context.Context, id string, step func(r *Record, now time.Time) (*Record, error)) (*Record, error) {
+	for try := 0; ; try++ {
+		r, rev, err := s.load(ctx, id)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) || errors.Is(err, envelope.ErrDecode) || try >= maxTries || ctx.Err() != nil {
+				return nil, err
+			}
+			pause(try)
+			continue
+		}
+		next, result := step(r, s.now())
+		if next == nil {
+			return r, result
+		}
+		if _, err = broker.Update(ctx, s.kv, id, next, rev); err == nil {
+			return next, result
+		}
+		if try >= maxTries || ctx.Err() != nil {
+			return nil, fmt.Errorf("capstan: approval %s: %w", id, err)
+		}
+		if !errors.Is(err, broker.ErrRevisionMismatch) {
+			pause(try)
+		}
+	}
+}
+
+func pause(try int) {
+	d := time.Duration(10*(try+1)) * time.Millisecond
+	time.Sleep(min(d, 500*time.Millisecond))
+}
+
+func (s *Store) emitDecision(ctx context.Context, r *Record, typ string, by envelope.Actor, data map[string]any) error {
+	if s.audit == nil {
+		return nil
+	}
+	err := s.audit.EmitSync(ctx, &audit.Event{
+		Type: typ, Surface: r.Surface, Actor: audit.ActorOf(by), ExecutionID: r.RequestedBy,
+		CapabilityID: r.CapabilityID, CorrelationID: r.CorrelationID, InputHash: r.InputHash, Data: data,
+	})
+	if err != nil {
+		return fmt.Errorf("capstan: approval %s is %s, but its audit event was not stored: %w", r.ID, r.Status, err)
+	}
+	return nil
+}

@@ -1,0 +1,480 @@
+package approvals_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+)
+
+var (
+	alice = envelope.Actor{Kind: "user", ID: "alice"}
+	bob   = envelope.Actor{Kind: "user", ID: "bob"}
+	carol = envelope.Actor{Kind: "user", ID: "carol"}
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// storeOn provisions the resources on nc and returns a store auditing on them.
+func storeOn(t *testing.T, nc *nats.Conn) (*approvals.Store, *broker.Broker) {
+	t.Helper()
+	b, err := broker.Provision(ctxT(t), nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return approvals.NewStore(b, audit.NewEmitter(b, audit.Options{})), b
+}
+
+// pending creates a pending approval for alice's refund of amount.
+func pending(t *testing.T, s *approvals.Store, amount int) *approvals.Record {
+	t.Helper()
+	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": amount}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &approvals.Record{
+		ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Surface: "direct", Actor: alice,
+		Input: input, InputHash: hash, Reasons: []string{"refunds above 500 need a finance approval"},
+		Types: []string{"finance"}, Risk: "high", SideEffect: "write", RequestedBy: envelope.NewExecutionID(),
+	}
+	if err := s.Create(ctxT(t), r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func approve(t *testing.T, s *approvals.Store, id string) {
+	t.Helper()
+	if _, err := s.Decide(ctxT(t), id, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rewrite changes a stored record behind the store's back, as anyone with
+// write access to the bucket could.
+func rewrite(t *testing.T, b *broker.Broker, id string, change func(r *approvals.Record)) {
+	t.Helper()
+	ctx := ctxT(t)
+	r, rev, err := broker.Load[approvals.Record](ctx, b.Approvals, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(r)
+	if _, err := broker.Update(ctx, b.Approvals, id, r, rev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCanonical_SortedKeysNoWhitespace(t *testing.T) {
+	raw, err := envelope.RawFromJSON([]byte(`{ "b": 1, "a": [ 2.5, "x" ], "c": {"z": null, "y": true} }`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, hash, err := approvals.Canonical(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"a":[2.5,"x"],"b":1,"c":{"y":true,"z":null}}`; string(got) != want {
+		t.Fatalf("canonical %s, want %s", got, want)
+	}
+	if want, _ := envelope.InputHash(raw); hash != want {
+		t.Fatalf("hash %s, want envelope.InputHash %s", hash, want)
+	}
+}
+
+func TestCanonical_UnserializableInputRefused(t *testing.T) {
+	for name, v := range map[string]any{
+		"NaN":      map[string]any{"amount": math.NaN()},
+		"Inf":      map[string]any{"amount": math.Inf(1)},
+		"bytes":    map[string]any{"blob": []byte{1, 2}},
+		"bad UTF8": map[string]any{"name": "\xff"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := approvals.Canonical(envelope.MustRaw(v))
+			if !errors.Is(err, approvals.ErrUnserializableInput) {
+				t.Fatalf("err %v, want ErrUnserializableInput", err)
+			}
+			if c := approvals.Code(err); c != envelope.CodeApprovalUnserializableInput {
+				t.Fatalf("code %s", c)
+			}
+		})
+	}
+}
+
+func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+
+	got, err := s.Get(ctxT(t), r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.V != envelope.Version || got.Status != approvals.Pending || got.Decision != nil || got.ConsumedBy != "" {
+		t.Fatalf("record %+v", got)
+	}
+	if string(got.Input) != `{"amount":900,"orderId":"o1"}` || got.InputHash != r.InputHash {
+		t.Fatalf("input %s hash %s", got.Input, got.InputHash)
+	}
+	if ttl := got.ExpiresAt.Sub(got.RequestedAt); ttl != approvals.DefaultTTL {
+		t.Fatalf("expires %v after the request, want %v", ttl, approvals.DefaultTTL)
+	}
+	if got.Actor.String() != alice.String() || got.RequestedBy != r.RequestedBy || len(got.Reasons) != 1 || got.Types[0] != "finance" {
+		t.Fatalf("record %+v", got)
+	}
+	if _, err := s.Get(ctxT(t), envelope.NewExecutionID()); !errors.Is(err, approvals.ErrNotFound) {
+		t.Fatalf("get unknown: %v", err)
+	}
+}
+
+func TestCreate_InputNotMatchingItsHashRefused(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	input, _, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
+	_, other, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 1}))
+	err := s.Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund",
+		Actor: alice, Input: input, InputHash: other, RequestedBy: envelope.NewExecutionID()})
+	if !errors.Is(err, approvals.ErrInputMismatch) {
+		t.Fatalf("err %v, want ErrInputMismatch", err)
+	}
+}
+
+func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	ctx := ctxT(t)
+
+	_, err := s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: alice})
+	if !errors.Is(err, approvals.ErrSelfApproval) || approvals.Code(err) != envelope.CodeApprovalSelfApproval {
+		t.Fatalf("err %v, want ErrSelfApproval", err)
+	}
+	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.Pending {
+		t.Fatalf("status %s after a refused self-approval", got.Status)
+	}
+	// Explicitly allowed, with a reason that stays on the record.
+	got, err := s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: alice, SelfApproval: "on call alone tonight"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != approvals.Approved || got.Decision.SelfApproval != "on call alone tonight" || got.Decision.Approver.String() != alice.String() {
+		t.Fatalf("record %+v decision %+v", got, got.Decision)
+	}
+}
+
+func TestDecide_OnlyFromPending(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	ctx := ctxT(t)
+
+	r := pending(t, s, 900)
+	approve(t, s, r.ID)
+	_, err := s.Decide(ctx, r.ID, approvals.Verdict{Approve: false, Approver: carol})
+	if !errors.Is(err, approvals.ErrAlreadyDecided) {
+		t.Fatalf("reject after approve: %v", err)
+	}
+	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.Approved || got.Decision.Approver.String() != bob.String() {
+		t.Fatalf("record %+v", got)
+	}
+	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: carol})
+	if !errors.Is(err, approvals.ErrAlreadyDecided) || approvals.Code(err) != envelope.CodeApprovalConsumed {
+		t.Fatalf("approve after consume: %v (code %s)", err, approvals.Code(err))
+	}
+
+	rejected := pending(t, s, 900)
+	if _, err := s.Decide(ctx, rejected.ID, approvals.Verdict{Approver: bob, Comment: "no"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Decide(ctx, rejected.ID, approvals.Verdict{Approve: true, Approver: carol})
+	if approvals.Code(err) != envelope.CodeApprovalRejected {
+		t.Fatalf("approve after reject: %v", err)
+	}
+}
+
+func TestDecide_AnonymousApproverRefused(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	for _, a := range []envelope.Actor{{}, {Kind: "anonymous"}, {Kind: "user"}} {
+		if _, err := s.Decide(ctxT(t), r.ID, approvals.Verdict{Approve: true, Approver: a}); !errors.Is(err, approvals.ErrInvalid) {
+			t.Fatalf("approver %+v: %v", a, err)
+		}
+	}
+}
+
+func TestDecide_PastExpiryRefusedAndMarkedExpired(t *testing.T) {
+	env := testenv.Start(t)
+	s, b := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	rewrite(t, b, r.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
+
+	got, err := s.Decide(ctxT(t), r.ID, approvals.Verdict{Approve: true, Approver: bob})
+	if !errors.Is(err, approvals.ErrExpired) || approvals.Code(err) != envelope.CodeApprovalExpired {
+		t.Fatalf("err %v, want ErrExpired", err)
+	}
+	if got.Status != approvals.Expired || got.Decision != nil {
+		t.Fatalf("record %+v", got)
+	}
+}
+
+// However many approvers race, one decision is recorded.
+func TestDecide_ConcurrentDecisionsOneWins(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := approvals.Verdict{Approve: i%2 == 0, Approver: envelope.Actor{Kind: "user", ID: fmt.Sprintf("approver%d", i)}}
+			_, errs[i] = s.Decide(context.Background(), r.ID, v)
+		}()
+	}
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && won >= 0:
+			t.Fatalf("decisions %d and %d both succeeded", won, i)
+		case err == nil:
+			won = i
+		case !errors.Is(err, approvals.ErrAlreadyDecided):
+			t.Fatalf("decision %d: %v", i, err)
+		}
+	}
+	got, _ := s.Get(ctxT(t), r.ID)
+	if won < 0 || got.Decision.Approver.ID != fmt.Sprintf("approver%d", won) {
+		t.Fatalf("winner %d, record decision %+v", won, got.Decision)
+	}
+}
+
+// Consumption is one CAS in the shared bucket: stores on separate connections
+// (workers, clients, CLIs) racing for one approval let exactly one through.
+func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
+	env := testenv.Start(t)
+	stores := make([]*approvals.Store, 5)
+	for i := range stores {
+		stores[i], _ = storeOn(t, env.Connect(t))
+	}
+	for round := 0; round < 20; round++ {
+		r := pending(t, stores[0], 900)
+		approve(t, stores[0], r.ID)
+		ids := make([]string, 50)
+		errs := make([]error, len(ids))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range ids {
+			ids[i] = envelope.NewExecutionID()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				_, errs[i] = stores[i%len(stores)].Consume(context.Background(), r.ID, ids[i])
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winner := ""
+		for i, err := range errs {
+			switch {
+			case err == nil && winner != "":
+				t.Fatalf("round %d: %s and %s both consumed", round, winner, ids[i])
+			case err == nil:
+				winner = ids[i]
+			case !errors.Is(err, approvals.ErrConsumed) || approvals.Code(err) != envelope.CodeApprovalConsumed:
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		got, _ := stores[1].Get(ctxT(t), r.ID)
+		if winner == "" || got.Status != approvals.Consumed || got.ConsumedBy != winner {
+			t.Fatalf("round %d: winner %q, record %+v", round, winner, got)
+		}
+	}
+}
+
+// A retry or takeover of the execution that consumed an approval finds it
+// still covered; any other execution does not.
+func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	approve(t, s, r.ID)
+	exec := envelope.NewExecutionID()
+	ctx := ctxT(t)
+	first, err := s.Consume(ctx, r.ID, exec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.Consume(ctx, r.ID, exec)
+	if err != nil {
+		t.Fatalf("consume again by the same execution: %v", err)
+	}
+	if !again.ConsumedAt.Equal(first.ConsumedAt) || again.ConsumedBy != exec {
+		t.Fatalf("the second consume changed the record: %+v", again)
+	}
+	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); !errors.Is(err, approvals.ErrConsumed) {
+		t.Fatalf("another execution: %v", err)
+	}
+}
+
+func TestConsume_RefusedUnlessApproved(t *testing.T) {
+	env := testenv.Start(t)
+	s, b := storeOn(t, env.Connect(t))
+	ctx := ctxT(t)
+	cases := []struct {
+		name  string
+		setup func(r *approvals.Record)
+		want  envelope.Code
+	}{
+		{"pending", func(*approvals.Record) {}, envelope.CodeApprovalPending},
+		{"rejected", func(r *approvals.Record) {
+			if _, err := s.Decide(ctx, r.ID, approvals.Verdict{Approver: bob}); err != nil {
+				t.Fatal(err)
+			}
+		}, envelope.CodeApprovalRejected},
+		{"cancelled", func(r *approvals.Record) {
+			if _, err := s.Cancel(ctx, r.ID, alice, "changed my mind"); err != nil {
+				t.Fatal(err)
+			}
+		}, envelope.CodeApprovalRejected},
+		{"pending past expiry", func(r *approvals.Record) {
+			rewrite(t, b, r.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
+		}, envelope.CodeApprovalExpired},
+		{"approved past expiry", func(r *approvals.Record) {
+			approve(t, s, r.ID)
+			rewrite(t, b, r.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
+		}, envelope.CodeApprovalExpired},
+		{"input changed in the bucket", func(r *approvals.Record) {
+			approve(t, s, r.ID)
+			rewrite(t, b, r.ID, func(r *approvals.Record) { r.Input = []byte(`{"amount":90000,"orderId":"o1"}`) })
+		}, envelope.CodeApprovalInputMismatch},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := pending(t, s, 900)
+			c.setup(r)
+			_, err := s.Consume(ctx, r.ID, envelope.NewExecutionID())
+			if code := approvals.Code(err); code != c.want {
+				t.Fatalf("err %v (code %s), want %s", err, code, c.want)
+			}
+			if got, _ := s.Get(ctx, r.ID); got.Status == approvals.Consumed {
+				t.Fatalf("consumed after a refusal: %+v", got)
+			}
+		})
+	}
+}
+
+func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
+	env := testenv.Start(t)
+	s, b := storeOn(t, env.Connect(t))
+	ctx := ctxT(t)
+	p := pending(t, s, 900)
+	a := pending(t, s, 901)
+	approve(t, s, a.ID)
+	x := pending(t, s, 902)
+	rewrite(t, b, x.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
+	input, hash, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"to": "x@example.com"}))
+	other := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "email.send", Actor: carol,
+		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID()}
+	if err := s.Create(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+
+	ids := func(f approvals.Filter) []string {
+		rs, err := s.List(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range rs {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	for name, c := range map[string]struct {
+		f    approvals.Filter
+		want []string
+	}{
+		"all":                      {approvals.Filter{}, []string{p.ID, a.ID, x.ID, other.ID}},
+		"pending":                  {approvals.Filter{Status: approvals.Pending}, []string{p.ID, other.ID}},
+		"approved":                 {approvals.Filter{Status: approvals.Approved}, []string{a.ID}},
+		"expired (not yet marked)": {approvals.Filter{Status: approvals.Expired}, []string{x.ID}},
+		"capability":               {approvals.Filter{CapabilityID: "email.send"}, []string{other.ID}},
+		"actor":                    {approvals.Filter{Actor: alice}, []string{p.ID, a.ID, x.ID}},
+		"actor and status":         {approvals.Filter{Actor: carol, Status: approvals.Approved}, nil},
+	} {
+		if got := ids(c.f); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("%s: %v, want %v", name, got, c.want)
+		}
+	}
+
+	n, err := s.ExpireDue(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("ExpireDue: %d, %v", n, err)
+	}
+	if got, _ := s.Get(ctx, x.ID); got.Status != approvals.Expired {
+		t.Fatalf("status %s after ExpireDue", got.Status)
+	}
+}
+
+// A decision lands in the requesting execution's trail, the approver acting.
+func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	s, b := storeOn(t, nc)
+	approved := pending(t, s, 900)
+	rejected := pending(t, s, 900)
+	ctx := ctxT(t)
+	if _, err := s.Decide(ctx, approved.ID, approvals.Verdict{Approve: true, Approver: bob, Comment: "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Decide(ctx, rejected.ID, approvals.Verdict{Approver: carol}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		r     *approvals.Record
+		typ   string
+		actor envelope.Actor
+	}{{approved, audit.Approved, bob}, {rejected, audit.Rejected, carol}} {
+		evs := trail(t, b, c.r.RequestedBy)
+		if len(evs) != 1 {
+			t.Fatalf("trail of %s: %+v", c.r.RequestedBy, evs)
+		}
+		ev := evs[0]
+		if ev.Type != c.typ || ev.Actor != audit.ActorOf(c.actor) || ev.Data["approvalId"] != c.r.ID ||
+			ev.Data["requester"] != "user:alice" || ev.InputHash != c.r.InputHash || ev.CapabilityID != "orders.refund" {
+			t.Fatalf("event %+v", ev)
+		}
+	}
+}
+
+// trail reads every audit event of one execution. Decide stores its event
+// before it returns.
+func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
+	t.Helper()
+	evs, err := audit.Read(ctxT(t), b, executionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+// approvalsCommands are the subcommands of `capstan approvals`.
+var approvalsCommands = []command{
+	{"list", "list approvals, oldest first", runApprovalsList},
+	{"show", "print one approval", runApprovalsShow},
+	{"approve", "approve a pending approval (and resume it with --resume)", runApprovalsApprove},
+	{"reject", "reject a pending approval", runApprovalsReject},
+}
+
+func runApprovals(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help" {
+		out := os.Stderr
+		if len(args) > 0 {
+			out = os.Stdout
+		}
+		fmt.Fprintf(out, "usage: capstan approvals <command> [arguments]\n\ncommands:\n")
+		for _, c := range approvalsCommands {
+			fmt.Fprintf(out, "  %-8s %s\n", c.name, c.summary)
+		}
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range approvalsCommands {
+		if c.name == args[0] {
+			return c.run(args[1:])
+		}
+	}
+	return usageError("unknown command 'approvals %s'; run 'capstan approvals help'", args[0])
+}
+
+// approvalView is an approval as the CLI prints it: its status as of now, so
+// that an approval past its expiry shows expired even before it is marked so,
+// and, when the capability redacts what approvers see, the display in place
+// of the input.
+func approvalView(r *approvals.Record) *approvals.Record {
+	v := *r
+	v.Status = r.StatusAt(time.Now())
+	if len(v.Display) > 0 {
+		v.Input = nil
+	}
+	return &v
+}
+
+func runApprovalsList(args []string) int {
+	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id]")
+	conn := addConnFlags(fs)
+	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed")
+	capID := fs.String("capability", "", "only approvals of this capability")
+	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	f := approvals.Filter{Status: approvals.Status(*status), CapabilityID: *capID}
+	switch f.Status {
+	case "", approvals.Pending, approvals.Approved, approvals.Rejected, approvals.Expired, approvals.Cancelled, approvals.Consumed:
+	default:
+		return usageError("--status %q: want pending, approved, rejected, expired, cancelled or consumed", *status)
+	}
+	if *actor != "" {
+		a, err := parseKindID("--actor", *actor)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		f.Actor = a
+	}
+	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	list, err := c.Approvals().List(ctx, f)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	views := make([]*approvals.Record, 0, len(list))
+	for _, r := range list {
+		views = append(views, approvalView(r))
+	}
+	return printJSON(views)
+}
+
+func runApprovalsShow(args []string) int {
+	fs := newFlags("approvals show", "ID")
+	conn := addConnFlags(fs)
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	r, err := c.Approvals().Get(ctx, pos[0])
+	if errors.Is(err, approvals.ErrNotFound) {
+		return fail(exitFailed, "%v", err)
+	}
+	if err != nil {
+		return usageError("%v", err)
+	}
+	return printJSON(approvalView(r))
+}
+
+func runApprovalsApprove(args []string) int { return decideCommand("approve", args) }
+func runApprovalsReject(args []string) int  { return decideCommand("reject", args) }
+
+// decideCommand records one decision; the approver's process audits it in the
+// requesting execution's trail. approve --resume then resumes the call and
+// prints the resume's envelope instead of the approval.
+func decideCommand(verb string, args []string) int {
+	usage := "ID --approver kind:id [--comment C]"
+	if verb == "approve" {
+		usage += " [--self-approval REASON] [--resume [--wait D]]"
+	}
+	fs := newFlags("approvals "+verb, usage)
+	conn := addConnFlags(fs)
+	approver := fs.String("approver", "", "who decides, as kind:id (required; not the requester)")
+	comment := fs.String("comment", "", "a comment kept with the decision and shown to the handler")
+	var self *string
+	var resume *bool
+	var wait *time.Duration
+	if verb == "approve" {
+		self = fs.String("self-approval", "", "lets the requester approve their own call; the `reason` is recorded")
+		resume = fs.Bool("resume", false, "resume the approved call at once and print its envelope")
+		wait = fs.Duration("wait", 30*time.Second, "with --resume, how long to wait for the envelope")
+	}
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	if *approver == "" {
+		return usageError("approvals %s: --approver kind:id is required", verb)
+	}
+	who, err := parseKindID("--approver", *approver)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	if wait != nil && *wait <= 0 {
+		return usageError("--wait must be positive")
+	}
+	v := approvals.Verdict{Approve: verb == "approve", Approver: who, Comment: *comment}
+	if self != nil {
+		v.SelfApproval = *self
+	}
+	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	r, err := c.Approvals().Decide(ctx, pos[0], v)
+	switch {
+	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
+		// The decision stands; only its audit event is missing.
+		fmt.Fprintf(os.Stderr, "capstan: warning: %v\n", strings.TrimPrefix(err.Error(), "capstan: "))
+	case err != nil:
+		return decisionError(err)
+	}
+	if resume == nil || !*resume {
+		return printJSON(approvalView(r))
+	}
+	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, who)
+	return resumeAndAwait(c, r.ID, *wait)
+}
+
+// decisionError reports a refused decision with its code.
+func decisionError(err error) int {
+	switch {
+	case errors.Is(err, approvals.ErrInvalid):
+		return usageError("%v", err)
+	case errors.Is(err, approvals.ErrNotFound):
+		return fail(exitFailed, "%v", err)
+	}
+	if code := approvals.Code(err); code != "" {
+		return fail(exitFailed, "%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
+	}
+	return usageError("%v", err)
+}
+
+func runResume(args []string) int {
+	fs := newFlags("resume", "APPROVAL_ID [--wait D]")
+	conn := addConnFlags(fs)
+	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	if *wait <= 0 {
+		return usageError("--wait must be positive")
+	}
+	c, closeClient, err := conn.client("resume", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+	return resumeAndAwait(c, pos[0], *wait)
+}
+
+// resumeAndAwait opens the resume's execution, as the approval's requester,
+// and prints its envelope.
+func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) int {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	id, err := c.SubmitResume(ctx, approvalID)
+	switch {
+	case errors.Is(err, approvals.ErrNotFound):
+		return fail(exitFailed, "%v", err)
+	case errors.Is(err, approvals.ErrInputMismatch):
+		return fail(exitFailed, "%s: %v", envelope.CodeApprovalInputMismatch, err)
+	case err != nil:
+		return usageError("%v", err)
+	}
+	env, err := c.Await(ctx, id)
+	if err != nil {
+		return awaitError(err, id, wait)
+	}
+	return printEnvelope(env)
+}
+
+// parseKindID reads an actor flag as kind:id, both required.
+func parseKindID(flag, s string) (envelope.Actor, error) {
+	kind, id, ok := strings.Cut(s, ":")
+	if !ok || kind == "" || id == "" {
+		return envelope.Actor{}, fmt.Errorf("%s %q: want kind:id, e.g. user:bob", flag, s)
+	}
+	return envelope.Actor{Kind: kind, ID: id}, nil
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+func runAudit(args []string) int {
+	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]")
+	conn := addConnFlags(fs)
+	follow := fs.Bool("follow", false, "keep printing events as they are stored, until interrupted")
+	var f audit.Filter
+	fs.StringVar(&f.CapabilityID, "capability", "", "only events of this capability `id`")
+	fs.StringVar(&f.Type, "type", "", "only events of this `type`, e.g. capability.denied")
+	fs.StringVar(&f.ActorID, "actor", "", "only events of this actor `id`")
+	var since longDuration
+	fs.Var(&since, "since", "with --follow and no ID: begin with the events of the last `duration` (e.g. 10m, 2d) instead of new ones")
+	pos, code, ok := parseFlags(fs, args, -1)
+	if !ok {
+		return code
+	}
+	if len(pos) > 1 {
+		return usageError("audit: want one execution id, got %d arguments", len(pos))
+	}
+	if len(pos) == 1 {
+		f.ExecutionID = pos[0]
+		if err := envelope.ValidExecutionID(f.ExecutionID); err != nil {
+			return usageError("%v", err)
+		}
+	} else if !*follow {
+		return usageError("audit: want an execution id, or --follow")
+	}
+
+	nc, err := conn.connect("audit")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	pctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	b, err := broker.Provision(pctx, nc, broker.Config{})
+	cancel()
+	if err != nil {
+		return usageError("%v", err)
+	}
+
+	out := json.NewEncoder(os.Stdout)
+	out.SetEscapeHTML(false)
+	write := func(ev audit.Event) error { return out.Encode(ev) }
+
+	if !*follow {
+		rctx, cancel := context.WithTimeout(ctx, submitTimeout)
+		defer cancel()
+		trail, err := audit.Read(rctx, b, f.ExecutionID)
+		if errors.Is(err, broker.ErrNotFound) {
+			return fail(exitFailed, "%v", err)
+		}
+		if err != nil {
+			return usageError("%v", err)
+		}
+		for _, ev := range trail {
+			if !f.Match(&ev) {
+				continue
+			}
+			if err := write(ev); err != nil {
+				return fail(exitFailed, "print: %v", err)
+			}
+		}
+		return exitOK
+	}
+
+	var from []audit.FollowOption
+	switch {
+	case f.ExecutionID != "":
+		from = append(from, audit.FromStart()) // the trail so far, then what comes
+	case since > 0:
+		from = append(from, audit.Since(time.Now().Add(-time.Duration(since))))
+	}
+	if err := audit.Follow(ctx, b, f, write, from...); err != nil {
+		return fail(exitFailed, "audit: %v", err)
+	}
+	return exitOK
+}
+
+// longDuration is a flag value that takes Go durations and whole days: 90d.
+type longDuration time.Duration
+
+func (d *longDuration) String() string {
+	if d == nil || *d == 0 {
+		return ""
+	}
+	if v := time.Duration(*d); v%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(v/(24*time.Hour)), 10) + "d"
+	}
+	return time.Duration(*d).String()
+}
+
+func (d *longDuration) Set(s string) error {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.Atoi(n)
+		if err != nil || days < 0 {
+			return errors.New("want a duration like 90d, 36h or 15m")
+		}
+		*d = longDuration(time.Duration(days) * 24 * time.Hour)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return errors.New("want a duration like 90d, 36h or 15m")
+	}
+	*d = longDuration(v)
+	return nil
+}

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
+	_, url := startDev(t)
+
+	t.Run("describe --surface mcp prints descriptors with input schemas", func(t *testing.T) {
+		stdout, stderr, code := capstan(t, url, "describe", "--surface", "mcp")
+		if code != exitOK {
+			t.Fatalf("exit %d, stderr %s", code, stderr)
+		}
+		d := decode[executor.Discovery](t, stdout)
+		var ids []string
+		for _, c := range d.Capabilities {
+			ids = append(ids, c.ID)
+			if c.InputSchema["type"] != "object" || c.Description == "" {
+				t.Errorf("%s: %+v", c.ID, c)
+			}
+		}
+		if strings.Join(ids, " ") != "demo.echo demo.flaky demo.sleep email.send orders.refund" || d.Surface != "mcp" || len(d.Digest) != 64 {
+			t.Fatalf("discovery %s", stdout)
+		}
+		refund := d.Capabilities[4].InputSchema
+		props := refund["properties"].(map[string]any)
+		if props["orderId"].(map[string]any)["type"] != "string" || props["amount"].(map[string]any)["type"] != "integer" ||
+			refund["additionalProperties"] != false {
+			t.Fatalf("orders.refund schema %v", refund)
+		}
+	})
+
+	t.Run("describe narrows by prefix and refuses a malformed actor", func(t *testing.T) {
+		stdout, _, code := capstan(t, url, "describe", "--prefix", "demo.", "--actor", "anonymous")
+		if d := decode[executor.Discovery](t, stdout); code != exitOK || len(d.Capabilities) != 3 {
+			t.Fatalf("exit %d: %s", code, stdout)
+		}
+		_, stderr, code := capstan(t, url, "describe", "--actor", "root:alice")
+		if code != exitFailed || !strings.Contains(stderr, "UNAUTHENTICATED") {
+			t.Fatalf("exit %d, stderr %s", code, stderr)
+		}
+	})
+
+	t.Run("broken JSON input says so", func(t *testing.T) {
+		_, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":`)
+		if code != exitUsage || !strings.Contains(stderr, "--input: input is not valid JSON") {
+			t.Fatalf("exit %d, stderr %q", code, stderr)
+		}
+	})
+
+	t.Run("mistyped fields are INPUT_INVALID with both paths", func(t *testing.T) {
+		stdout, _, code := capstan(t, url, "call", "orders.refund", "--input", `{"orderId":1,"amount":"x"}`)
+		env := decode[envelope.Envelope](t, stdout)
+		if code != exitFailed || env.Error == nil || env.Error.Code != envelope.CodeInputInvalid {
+			t.Fatalf("exit %d: %s", code, stdout)
+		}
+		issues, _ := env.Error.Details["issues"].([]any)
+		var paths []string
+		for _, is := range issues {
+			paths = append(paths, is.(map[string]any)["path"].(string))
+		}
+		if strings.Join(paths, " ") != "amount orderId" {
+			t.Fatalf("issues %v", issues)
+		}
+	})
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// An error a handler does not declare reaches a caller (and its model) as
+// "The operation failed."; `capstan status` and the worker's logs keep the
+// real cause.
+func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
+	env := testenv.Start(t)
+	logs := &lockedBuffer{}
+	reg, err := executor.NewRegistry(executor.Define("ledger.post", executor.Meta{
+		Description: "Posts to the ledger.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+		return nil, errors.New("ledger: connection to 10.0.0.7:5432 refused")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(connect(t, env.URL), reg, executor.WorkerConfig{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// Wait until the worker lists its capability.
+	c, err := executor.NewClient(connect(t, env.URL), executor.ClientConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.After(guard)
+	for {
+		if _, err := c.Broker().Catalog.Get(ctx, "ledger.post"); err == nil {
+			break
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("the worker never listed ledger.post")
+		}
+	}
+
+	stdout, stderr, code := capstan(t, env.URL, "call", "ledger.post", "--input", `{}`)
+	got := decode[envelope.Envelope](t, stdout)
+	if code != exitFailed || got.Error == nil || got.Error.Code != envelope.CodeExecutionFailed ||
+		got.Error.Message != "The operation failed." || got.Error.ExposeToModel || strings.Contains(stdout, "10.0.0.7") {
+		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
+	}
+	if m := got.ForModel(); m.Code != envelope.CodeInternalError || m.Message != "The operation failed." {
+		t.Fatalf("for the model: %+v", m)
+	}
+	for {
+		stdout, stderr, code = capstan(t, env.URL, "status", got.ExecutionID)
+		if code != exitOK {
+			t.Fatalf("status: exit %d, %s", code, stderr)
+		}
+		st := decode[executor.Status](t, stdout)
+		if st.Record != nil && st.Record.State == executor.StateFinalized {
+			if !strings.Contains(st.Record.Cause, "connection to 10.0.0.7:5432 refused") {
+				t.Fatalf("status keeps no cause: %s", stdout)
+			}
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the record is finalized just after the envelope
+	}
+	if !strings.Contains(logs.String(), "connection to 10.0.0.7:5432 refused") {
+		t.Fatalf("logs: %s", logs.String())
+	}
+}

@@ -1,0 +1,93 @@
+package executor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// benchCallMany measures end-to-end throughput of demo.echo executions:
+// submitted in batches with CallMany, served by one worker, each awaited to its
+// envelope. ns/op is per execution; cpu-µs/exec is the CPU the whole process
+// (embedded server included) spent per execution, the steadier figure on a
+// shared machine.
+func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
+	env := testenv.Start(b)
+	cfg.Concurrency = 256
+	reg, err := executor.NewRegistry(echoCap(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := executor.NewWorker(env.Connect(b), reg, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	c, err := executor.NewClient(env.Connect(b), executor.ClientConfig{Actor: alice})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	callCtx, stop := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer stop()
+	// Warm up: the worker serves once an execution completes.
+	for {
+		env, err := c.Call(callCtx, "demo.echo", echoIn{Hello: "warm"})
+		if err == nil && env.Status == envelope.StatusCompleted {
+			break
+		}
+		if callCtx.Err() != nil {
+			b.Fatal("the worker never served")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	const batch = 1000
+	reqs := make([]executor.Request, batch)
+	for i := range reqs {
+		reqs[i] = executor.Request{CapabilityID: "demo.echo", Input: echoIn{Hello: "bench"}}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start, cpu := time.Now(), processCPU()
+	for left := b.N; left > 0; left -= batch {
+		n := min(left, batch)
+		envs, errs := c.CallMany(callCtx, reqs[:n])
+		for i := range envs {
+			if errs[i] != nil {
+				b.Fatal(errs[i])
+			}
+			if envs[i].Status != envelope.StatusCompleted {
+				b.Fatalf("status %s, error %+v", envs[i].Status, envs[i].Error)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "execs/s")
+	if used := processCPU() - cpu; used > 0 {
+		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/exec")
+	}
+}
+
+func BenchmarkCallMany_AuditOff(b *testing.B) {
+	benchCallMany(b, executor.WorkerConfig{DisableAudit: true})
+}
+
+func BenchmarkCallMany_AuditOn(b *testing.B) {
+	benchCallMany(b, executor.WorkerConfig{})
+}
+
+func BenchmarkCallMany_AuditStrict(b *testing.B) {
+	benchCallMany(b, executor.WorkerConfig{StrictAudit: true})
+}

@@ -1,0 +1,865 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The tests of this file prove DESIGN §5: the execution record, its lease, and
+// what a worker does with each delivery, whatever it finds in the store.
+
+const deadWorker = "dead-worker"
+
+// probe counts the calls of a test capability and, when gate is set, holds
+// each call until gate returns.
+type probe struct {
+	calls    atomic.Int64
+	mu       sync.Mutex
+	attempts []int
+	gate     func(ctx context.Context, attempt int)
+}
+
+func (p *probe) called(ctx context.Context, attempt int) {
+	p.calls.Add(1)
+	p.mu.Lock()
+	p.attempts = append(p.attempts, attempt)
+	p.mu.Unlock()
+	if p.gate != nil {
+		p.gate(ctx, attempt)
+	}
+}
+
+func (p *probe) seen() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.attempts...)
+}
+
+type probeOut struct {
+	Attempt int `json:"attempt"`
+}
+
+// sendCap is a non-idempotent external effect: never retried.
+func sendCap(p *probe) executor.Capability {
+	return executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		if err := ctx.Err(); err != nil {
+			return probeOut{}, err
+		}
+		return probeOut{Attempt: c.Attempt}, nil
+	})
+}
+
+// lookupCap is a read with one retry.
+func lookupCap(p *probe) executor.Capability {
+	return executor.Define("test.lookup", executor.Meta{
+		Description: "Reads something; retried once.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.Read,
+		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		if err := ctx.Err(); err != nil {
+			return probeOut{}, err
+		}
+		return probeOut{Attempt: c.Attempt}, nil
+	})
+}
+
+// store gives a test direct access to the buckets and streams.
+type store struct {
+	t  *testing.T
+	nc *nats.Conn
+	b  *broker.Broker
+	c  *executor.Client
+}
+
+func newStore(t *testing.T, env *testenv.Env) *store {
+	t.Helper()
+	nc := env.Connect(t)
+	c := newClient(t, nc)
+	return &store{t: t, nc: nc, b: c.Broker(), c: c}
+}
+
+// putRecord writes an execution record as a worker would have left it.
+func (s *store) putRecord(rec *executor.Record) uint64 {
+	s.t.Helper()
+	rec.V = envelope.Version
+	if rec.CreatedAt.IsZero() {
+		rec.CreatedAt = time.Now().UTC().Add(-time.Minute)
+	}
+	rec.UpdatedAt = rec.CreatedAt
+	rev, err := broker.Create(ctxT(s.t), s.b.Executions, rec.ExecutionID, rec)
+	if err != nil {
+		s.t.Fatalf("create record: %v", err)
+	}
+	return rev
+}
+
+func (s *store) record(id string) (*executor.Record, uint64) {
+	s.t.Helper()
+	rec, rev, err := broker.Load[executor.Record](ctxT(s.t), s.b.Executions, id)
+	if err != nil {
+		s.t.Fatalf("load record %s: %v", id, err)
+	}
+	return rec, rev
+}
+
+// publish sends the request message of an execution, as a producer does.
+func (s *store) publish(capabilityID, id string) {
+	s.t.Helper()
+	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
+		Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice, Surface: string(executor.SurfaceDirect),
+		SubmittedAt: time.Now().UTC()}
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := nats.NewMsg(s.b.Names.ExecSubject(capabilityID))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
+		s.t.Fatalf("publish: %v", err)
+	}
+}
+
+func (s *store) await(id string) *envelope.Envelope {
+	s.t.Helper()
+	env, err := s.c.Await(ctxT(s.t), id)
+	if err != nil {
+		s.t.Fatalf("await %s: %v", id, err)
+	}
+	return env
+}
+
+// envelopeWrites counts the envelopes the bucket ever stored: a second write
+// for a key would show as a further sequence.
+func (s *store) envelopeWrites() uint64 {
+	s.t.Helper()
+	st, err := s.b.JS.Stream(ctxT(s.t), "KV_"+s.b.Names.EnvelopesBucket())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return st.CachedInfo().State.LastSeq
+}
+
+// trail reads the audit events of one execution stored so far.
+func (s *store) trail(id string) []audit.Event {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	cons, err := s.b.JS.OrderedConsumer(ctx, s.b.Names.AuditStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{s.b.Names.AuditSubject(id)},
+	})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var out []audit.Event
+	for n := info.NumPending; n > 0; n-- {
+		m, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			s.t.Fatalf("read audit: %v", err)
+		}
+		var ev audit.Event
+		if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
+			s.t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// waitEvent waits until the trail holds an event of type typ (events are
+// published asynchronously) and returns it.
+func (s *store) waitEvent(id, typ string) audit.Event {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		for _, ev := range s.trail(id) {
+			if ev.Type == typ {
+				return ev
+			}
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("no %s event for %s; trail: %v", typ, id, eventTypes(s.trail(id)))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// settled waits until the execution's request is acknowledged (the work-queue
+// stream holds no message) and the audit trail has stopped growing, so that
+// counts read after it are final.
+func (s *store) settled(id string) []audit.Event {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		info, err := s.b.Exec.Info(ctx)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("request of %s never acknowledged", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	prev := -1
+	for {
+		tr := s.trail(id)
+		if len(tr) == prev {
+			return tr
+		}
+		prev = len(tr)
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func eventTypes(tr []audit.Event) []string {
+	out := make([]string, len(tr))
+	for i, ev := range tr {
+		out[i] = ev.Type
+	}
+	return out
+}
+
+func count(tr []audit.Event, typ string) int {
+	n := 0
+	for _, ev := range tr {
+		if ev.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+func find(tr []audit.Event, typ string) (audit.Event, bool) {
+	for _, ev := range tr {
+		if ev.Type == typ {
+			return ev, true
+		}
+	}
+	return audit.Event{}, false
+}
+
+// field renders one data field of an event (msgpack numbers come back in
+// whichever width fits).
+func field(ev audit.Event, key string) string { return fmt.Sprint(ev.Data[key]) }
+
+func pastLease() time.Time { return time.Now().UTC().Add(-time.Second) }
+
+// takeover is what a row of the table expects of the envelope and the trail.
+type takeover struct {
+	status   envelope.Status
+	code     envelope.Code // of the envelope's error, if any
+	attempts int
+	// calls are the attempt numbers the handler saw.
+	calls []int
+	// takenFrom is the state an execution.taken_over event names, "" for none;
+	// from the worker it names (default deadWorker).
+	takenFrom executor.State
+	from      string
+	// retried is set when a capability.retried {attempt, WORKER_LOST} is due.
+	retried int
+}
+
+func TestTakeoverTable(t *testing.T) {
+	const lease = 2 * time.Second
+	cases := []struct {
+		name string
+		// read picks test.lookup (a read with one retry), else test.send.
+		read bool
+		// rec is the record found, nil for none.
+		rec func(id string) *executor.Record
+		// envelope is an envelope already finalized by another worker.
+		envelope bool
+		want     takeover
+	}{
+		{
+			name: "NoRecord_ClaimAndRun",
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}},
+		},
+		{
+			name: "ExpiredClaimed_TakeOverAndRun",
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+					Worker: deadWorker, LeaseUntil: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		},
+		{
+			name: "ExpiredRunningRead_RetriedAfterWorkerLost",
+			read: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateRunning, retried: 2},
+		},
+		{
+			name: "ExpiredBackoffRead_RetriedAfterWorkerLost",
+			read: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateBackoff, Attempt: 1,
+					LastError: envelope.CodeTimeout, Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateBackoff, retried: 2},
+		},
+		{
+			name: "ExpiredRunningWrite_OutcomeUnknown",
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+		},
+		{
+			name: "ExpiredRunningRead_NoAttemptsLeft_OutcomeUnknown",
+			read: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 2,
+					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 2, takenFrom: executor.StateRunning},
+		},
+		{
+			name: "CancelRequestedRunning_CancelledWithoutHandler",
+			read: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+					Worker: deadWorker, LeaseUntil: pastLease(), CancelRequested: true, CancelRequestedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: executor.StateRunning},
+		},
+		{
+			name: "CancelRequestedBeforeClaim_CancelledWithoutHandler",
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, State: executor.StatePending, CancelRequested: true,
+					CancelRequestedAt: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled},
+		},
+		{
+			name:     "EnvelopeExists_AckDuplicateNoAttempt",
+			envelope: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized, Attempt: 1,
+					Worker: deadWorker, Status: envelope.StatusCompleted}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1},
+		},
+		{
+			// The worker stored the envelope and died before recording it.
+			name:     "EnvelopeExistsRecordRunning_AckDuplicateNoAttempt",
+			envelope: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+					Worker: deadWorker, LeaseUntil: time.Now().UTC().Add(time.Hour)}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := testenv.Start(t)
+			s := newStore(t, env)
+			id := envelope.NewExecutionID()
+			capID := "test.send"
+			if tc.read {
+				capID = "test.lookup"
+			}
+			if tc.rec != nil {
+				s.putRecord(tc.rec(id))
+			}
+			if tc.envelope {
+				done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: capID,
+					Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
+				if _, err := broker.Create(ctxT(t), s.b.Envelopes, id, done); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.publish(capID, id)
+			var p probe
+			w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease}, sendCap(&p), lookupCap(&p))
+
+			got := s.await(id)
+			tr := s.settled(id)
+			checkTakeover(t, tc.want, got, tr, &p)
+			if tc.envelope {
+				if got.FinalizedBy != deadWorker {
+					t.Errorf("envelope rewritten by %s", got.FinalizedBy)
+				}
+				if n := count(tr, audit.DuplicateDelivery); n != 1 {
+					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, eventTypes(tr))
+				}
+				if n := w.Stats().Duplicates; n != 1 {
+					t.Errorf("worker counted %d duplicates", n)
+				}
+				// A record its lost worker left behind the envelope is brought
+				// up to it.
+				if rec, _ := s.record(id); rec.State != executor.StateFinalized || rec.Status != got.Status {
+					t.Errorf("record %s/%s, envelope %s", rec.State, rec.Status, got.Status)
+				}
+			} else {
+				rec, _ := s.record(id)
+				if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Worker != "live-worker" {
+					t.Errorf("record %+v after the envelope %s", rec, got.Status)
+				}
+			}
+			if n := s.envelopeWrites(); n != 1 {
+				t.Errorf("the envelope bucket stored %d writes, want 1", n)
+			}
+		})
+	}
+}
+
+func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []audit.Event, p *probe) {
+	t.Helper()
+	if got.Status != want.status || got.Attempts != want.attempts {
+		t.Errorf("envelope %s after %d attempts, want %s after %d; error %+v", got.Status, got.Attempts,
+			want.status, want.attempts, got.Error)
+	}
+	if want.code != "" {
+		if got.Error == nil || got.Error.Code != want.code {
+			t.Errorf("error %+v, want code %s", got.Error, want.code)
+		}
+	}
+	if want.code == envelope.CodeOutcomeUnknown {
+		// The effect may or may not have happened: the model is told so, and
+		// told not to simply try again.
+		m := got.ForModel()
+		if m.Code != envelope.CodeOutcomeUnknown || m.Retryable {
+			t.Errorf("model sees %+v, want OUTCOME_UNKNOWN, not retryable", m)
+		}
+	}
+	if calls := p.seen(); fmt.Sprint(calls) != fmt.Sprint(want.calls) && !(len(calls) == 0 && len(want.calls) == 0) {
+		t.Errorf("handler called with attempts %v, want %v", calls, want.calls)
+	}
+	if want.takenFrom == "" {
+		if n := count(tr, audit.TakenOver); n != 0 {
+			t.Errorf("%d taken_over events, want none; trail %v", n, eventTypes(tr))
+		}
+	} else {
+		from := want.from
+		if from == "" {
+			from = deadWorker
+		}
+		ev, ok := find(tr, audit.TakenOver)
+		if !ok || field(ev, "fromWorker") != from || field(ev, "state") != string(want.takenFrom) {
+			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, eventTypes(tr))
+		}
+	}
+	retried := 0
+	for _, ev := range tr {
+		if ev.Type != audit.Retried {
+			continue
+		}
+		retried++
+		if want.retried == 0 || field(ev, "attempt") != fmt.Sprint(want.retried) ||
+			field(ev, "previousErrorCode") != string(envelope.CodeWorkerLost) {
+			t.Errorf("capability.retried %v, want attempt %d after WORKER_LOST", ev.Data, want.retried)
+		}
+	}
+	if (want.retried > 0) != (retried == 1) {
+		t.Errorf("%d capability.retried events; trail %v", retried, eventTypes(tr))
+	}
+	if n := count(tr, audit.Started); n != len(want.calls) {
+		t.Errorf("%d capability.started events for %d calls", n, len(want.calls))
+	}
+}
+
+// A live lease held by another worker is left alone: the delivery is put back
+// until the lease ends, the record is not touched and the handler not called;
+// then the lease has expired, and the execution is taken over.
+func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	leaseUntil := time.Now().UTC().Add(1500 * time.Millisecond)
+	rev := s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: "other-worker", LeaseUntil: leaseUntil})
+	s.publish("test.send", id)
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: 2 * time.Second}, sendCap(&p))
+
+	// The worker has seen the delivery, and put it back.
+	for w.Stats().Handled == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for time.Now().Before(leaseUntil.Add(-500 * time.Millisecond)) {
+		if _, got := s.record(id); got != rev || p.calls.Load() != 0 {
+			t.Fatalf("the record moved (rev %d → %d) or the handler ran (%d) while another worker's lease was live",
+				rev, got, p.calls.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	got := s.await(id)
+	tr := s.settled(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1},
+		takenFrom: executor.StateClaimed, from: "other-worker"}, got, tr, &p)
+	ev, _ := find(tr, audit.TakenOver)
+	if ev.Timestamp.Before(leaseUntil) {
+		t.Fatalf("taken over at %v, before the lease ended at %v", ev.Timestamp, leaseUntil)
+	}
+}
+
+// With lease renewal off, JetStream redelivers a slow attempt while it still
+// runs. The redelivery reaches the worker running it: no second attempt of a
+// non-idempotent capability, one envelope.
+func TestRedeliveryWhileRunning_SameWorker_NoSecondAttempt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var w *executor.Worker
+	var p probe
+	redelivered := make(chan struct{})
+	p.gate = func(ctx context.Context, _ int) {
+		// Hold the attempt until JetStream has delivered the request again.
+		for w.Stats().Handled < 2 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		close(redelivered)
+	}
+	w = startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "slow-worker", Lease: time.Second, DisableLeaseRenewal: true},
+		sendCap(&p))
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+
+	got := s.await(id)
+	<-redelivered
+	tr := s.settled(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}}, got, tr, &p)
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes", n)
+	}
+}
+
+// The same with two workers: the redelivery reaches the other one, which finds
+// the attempt's lease expired. A non-idempotent attempt is never repeated: the
+// outcome is unknown, and the first worker's late result is refused and audited.
+func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	var p probe
+	p.gate = func(ctx context.Context, _ int) {
+		// Hold the attempt until the other worker has finalized the execution.
+		_, _ = s.c.Await(ctx, id)
+	}
+	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg.ID = "worker-a"
+	a := startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	cfg.ID = "worker-b"
+	b := startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	s.publish("test.send", id)
+
+	got := s.await(id)
+	s.settled(id)
+	s.waitEvent(id, audit.EnvelopeConflict)
+	tr := s.trail(id)
+	if p.calls.Load() != 1 {
+		t.Fatalf("handler called %d times", p.calls.Load())
+	}
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+		t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes", n)
+	}
+	conflict, _ := find(tr, audit.EnvelopeConflict)
+	checkConflict(t, conflict, got)
+	if field(conflict, "discardedStatus") != string(envelope.StatusCompleted) {
+		t.Fatalf("envelope.conflict %v: the late result was not the one discarded", conflict.Data)
+	}
+	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
+		t.Fatalf("%d conflicts counted", st)
+	}
+	rec, _ := s.record(id)
+	if rec.State != executor.StateFinalized || rec.Status != got.Status {
+		t.Fatalf("record %s/%s, envelope %s", rec.State, rec.Status, got.Status)
+	}
+}
+
+// Two workers finalize the same execution at the same moment: one envelope;
+// the loser's output is discarded and the conflict audited.
+func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	var arrived sync.WaitGroup
+	arrived.Add(2)
+	both := make(chan struct{})
+	go func() { arrived.Wait(); close(both) }()
+	p.gate = func(ctx context.Context, attempt int) {
+		// Attempt 1 runs on one worker; it loses its lease (renewal is off) and
+		// the other takes over with attempt 2. Both return together.
+		arrived.Done()
+		select {
+		case <-both:
+		case <-ctx.Done():
+		}
+	}
+	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg.ID = "worker-a"
+	a := startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	cfg.ID = "worker-b"
+	b := startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	id := envelope.NewExecutionID()
+	s.publish("test.lookup", id)
+
+	got := s.await(id)
+	s.settled(id)
+	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	tr := s.trail(id)
+	if calls := p.seen(); len(calls) != 2 {
+		t.Fatalf("handler calls %v, want attempts 1 and 2", calls)
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes, want 1", n)
+	}
+	if got.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %s %+v", got.Status, got.Error)
+	}
+	// The stored output is the winner's own.
+	var out probeOut
+	if err := got.Output.Decode(&out); err != nil || out.Attempt != got.Attempts {
+		t.Fatalf("output %+v of an envelope with %d attempts (%v)", out, got.Attempts, err)
+	}
+	checkConflict(t, conflict, got)
+	if n := count(tr, audit.EnvelopeConflict); n != 1 {
+		t.Fatalf("%d envelope.conflict events", n)
+	}
+	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
+		t.Fatalf("%d conflicts counted", st)
+	}
+	rec, _ := s.record(id)
+	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
+		t.Fatalf("record %+v, envelope %s after %d", rec, got.Status, got.Attempts)
+	}
+}
+
+// checkConflict checks that a refused finalization was audited by the loser,
+// naming the worker whose envelope stands.
+func checkConflict(t *testing.T, conflict audit.Event, got *envelope.Envelope) {
+	t.Helper()
+	winner := ""
+	switch field(conflict, "reason") {
+	case "claim-lost": // the loser found the record another worker's
+		winner = field(conflict, "owner")
+	case "envelope-exists": // the bucket refused the loser's envelope
+		winner = field(conflict, "finalizedBy")
+	}
+	if conflict.Worker == "" || conflict.Worker == got.FinalizedBy || winner != got.FinalizedBy {
+		t.Fatalf("envelope.conflict by %s %v; envelope by %s", conflict.Worker, conflict.Data, got.FinalizedBy)
+	}
+}
+
+// A worker that owns the execution, finalizing after another worker stalled
+// past its lease wrote its envelope late: the bucket refuses the second
+// envelope, the output is discarded and audited, and the record tells what the
+// stored envelope says.
+func TestFinalization_EnvelopeWrittenMeanwhile_RefusedAndAudited(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	var p probe
+	p.gate = func(ctx context.Context, attempt int) {
+		// The stalled worker's write lands while this attempt runs.
+		late := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.lookup",
+			Status: envelope.StatusCompleted, Output: envelope.MustRaw(probeOut{Attempt: 1}), Attempts: 1,
+			FinalizedBy: deadWorker, FinalizedAt: time.Now().UTC()}
+		if _, err := broker.Create(ctx, s.b.Envelopes, id, late); err != nil {
+			t.Errorf("late envelope: %v", err)
+		}
+	}
+	s.publish("test.lookup", id)
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: 2 * time.Second}, lookupCap(&p))
+
+	got := s.await(id)
+	s.settled(id)
+	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	if got.FinalizedBy != deadWorker || got.Attempts != 1 {
+		t.Fatalf("envelope by %s after %d attempts", got.FinalizedBy, got.Attempts)
+	}
+	checkConflict(t, conflict, got)
+	if field(conflict, "reason") != "envelope-exists" || field(conflict, "discardedAttempts") != "2" {
+		t.Fatalf("envelope.conflict %v", conflict.Data)
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes", n)
+	}
+	if w.Stats().Conflicts != 1 || p.calls.Load() != 1 {
+		t.Fatalf("conflicts %d, calls %d", w.Stats().Conflicts, p.calls.Load())
+	}
+	rec, _ := s.record(id)
+	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
+		t.Fatalf("record %s/%s after %d, envelope %s after %d", rec.State, rec.Status, rec.Attempt, got.Status, got.Attempts)
+	}
+}
+
+// A worker that shuts down with an attempt still running gives its lease back:
+// another worker takes the execution over at once instead of waiting for the
+// lease to run out.
+func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	const lease = time.Minute // far longer than the test may wait
+	var p probe
+	started := make(chan struct{}, 2)
+	p.gate = func(ctx context.Context, attempt int) {
+		started <- struct{}{}
+		if attempt == 1 {
+			<-ctx.Done() // held until its worker gives up on it
+		}
+	}
+	reg, err := executor.NewRegistry(lookupCap(&p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := executor.NewWorker(env.Connect(t), reg, executor.WorkerConfig{ID: "leaving", Lease: lease, Grace: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	id := envelope.NewExecutionID()
+	s.publish("test.lookup", id)
+	<-started
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := s.record(id)
+	if rec.State != executor.StateRunning || rec.Worker != "leaving" || rec.LeaseUntil.After(time.Now()) {
+		t.Fatalf("record after shutdown %+v: want running, its lease given back", rec)
+	}
+
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "staying", Lease: lease}, lookupCap(&p))
+	aw, cancel := context.WithTimeout(context.Background(), lease/2)
+	defer cancel()
+	got, err := s.c.Await(aw, id)
+	if err != nil {
+		t.Fatalf("no envelope while the released lease would still have been live: %v", err)
+	}
+	tr := s.settled(id)
+	if got.Status != envelope.StatusCompleted || got.Attempts != 2 || got.FinalizedBy != "staying" {
+		t.Fatalf("envelope %s after %d attempts by %s", got.Status, got.Attempts, got.FinalizedBy)
+	}
+	ev, ok := find(tr, audit.Retried)
+	if !ok || field(ev, "previousErrorCode") != string(envelope.CodeWorkerLost) {
+		t.Fatalf("retried %+v; trail %v", ev, eventTypes(tr))
+	}
+}
+
+// A request for a capability no worker serves any more, whose execution a lost
+// worker had started, still ends with one envelope: the record is decided as
+// the takeover table says, never acknowledged without an envelope.
+func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	// An older worker served test.send in this pool; it is gone, and so is the
+	// capability's catalog entry. The pool's consumer still lists its subject.
+	oldConn := env.Connect(t)
+	old := startWorkerUntil(t, oldConn, executor.WorkerConfig{ID: "old"}, sendCap(&p), lookupCap(&p))
+	s.waitFilter("pool-default", s.b.Names.ExecSubject("test.send"))
+	old()
+	// Its process ends: the server forgets the pulls it left waiting.
+	oldConn.Close()
+	if err := s.b.Catalog.Purge(ctxT(t), "test.send"); err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	s.publish("test.send", id)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "new"}, lookupCap(&p))
+
+	got := s.await(id)
+	s.settled(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+		t.Fatalf("envelope %s %+v after %d attempts", got.Status, got.Error, got.Attempts)
+	}
+	if p.calls.Load() != 0 {
+		t.Fatalf("handler called")
+	}
+}
+
+// waitFilter waits until a worker has widened the consumer to subject.
+func (s *store) waitFilter(consumer, subject string) {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		if c, err := s.b.Exec.Consumer(ctx, consumer); err == nil {
+			cfg := c.CachedInfo().Config
+			if cfg.FilterSubject == subject || slices.Contains(cfg.FilterSubjects, subject) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("consumer %s never filtered %s", consumer, subject)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// startWorkerUntil runs a worker and returns the function that stops it.
+func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) func() {
+	t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	waitServing(t, nc, caps[0].ID())
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

@@ -1,0 +1,257 @@
+package executor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+)
+
+// Discovery tells a surface and an actor which capabilities they may see:
+// those exposed on the surface (deny by default) that no discovery-phase
+// policy denies or hides, each with its descriptor and the JSON Schema of its
+// input. Producers ask any worker, over the core NATS request
+// capstan.describe, answered by one worker of the queue group.
+//
+// The answering worker reads the catalog, which lists every pool's
+// capabilities, so exposure and schemas are complete whichever worker
+// answers. Policies are not in the catalog: the worker applies its own
+// runtime-level policies (WorkerConfig.Policies) to every capability, and a
+// capability's own discovery-phase policies only when the capability is in
+// its registry. Give every pool the same runtime-level policies, and express
+// visibility rules that must hold in every listing as runtime-level policies.
+// Execution does not depend on the listing: the worker serving a call applies
+// exposure and all discovery-phase policies again at stage 4 (SI-2).
+
+// Scope narrows a description to part of the catalog. The zero value is the
+// whole catalog.
+type Scope struct {
+	// Prefix keeps the capabilities whose id starts with it, e.g. "orders.".
+	Prefix string `json:"prefix,omitempty"`
+	// Tags keeps the capabilities carrying every one of these tags.
+	Tags []string `json:"tags,omitempty"`
+}
+
+func (s Scope) has(d Descriptor) bool {
+	if !strings.HasPrefix(d.ID, s.Prefix) {
+		return false
+	}
+	for _, t := range s.Tags {
+		if !slices.Contains(d.Tags, t) {
+			return false
+		}
+	}
+	return true
+}
+
+// DescribeRequest is the msgpack body of a capstan.describe request.
+type DescribeRequest struct {
+	V       int            `json:"v"`
+	Surface Surface        `json:"surface"`
+	Actor   envelope.Actor `json:"actor"`
+	Scope   Scope          `json:"scope"`
+}
+
+// Discovery is what a surface and actor may see of the catalog.
+type Discovery struct {
+	V int `json:"v"`
+	// ID names this discovery on the audit trail (its capabilities.discovered
+	// event is filed under it).
+	ID      string  `json:"id"`
+	Surface Surface `json:"surface"`
+	// Capabilities are sorted by id.
+	Capabilities []Descriptor `json:"capabilities"`
+	// Digest is the hex SHA-256 of the listed ids, sorted, one per line: it
+	// changes when the set of visible capabilities does.
+	Digest string `json:"digest"`
+	// Worker is the worker that answered.
+	Worker string `json:"worker,omitempty"`
+}
+
+// DescribeReply is the msgpack body of a capstan.describe answer: the
+// discovery, or the error that refused it.
+type DescribeReply struct {
+	Discovery
+	Error *envelope.Error `json:"error,omitempty"`
+}
+
+// discoveryWorkers bounds how many capabilities one description evaluates
+// policies for at once.
+const discoveryWorkers = 8
+
+// serveDescribe answers one capstan.describe request.
+func (w *Worker) serveDescribe(m *nats.Msg) {
+	var reply DescribeReply
+	var req DescribeRequest
+	if err := envelope.Unmarshal(m.Data, &req); err != nil {
+		reply.V = envelope.Version
+		reply.Error = &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
+			Message: "The describe request does not decode."}
+	} else {
+		reply = w.describe(&req)
+	}
+	b, err := envelope.Marshal(&reply)
+	if err != nil {
+		w.log.Error("describe reply does not encode", "err", err)
+		return
+	}
+	_ = m.Respond(b)
+}
+
+// describe filters the catalog for one surface, actor and scope, and files
+// the result on the trail with the true reason of every policy withholding.
+func (w *Worker) describe(req *DescribeRequest) DescribeReply {
+	reply := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: envelope.NewExecutionID(), Surface: req.Surface,
+		Capabilities: []Descriptor{}, Worker: w.cfg.ID}}
+	ev := &audit.Event{Type: audit.Discovered, Surface: string(req.Surface), Actor: audit.ActorOf(req.Actor),
+		ExecutionID: reply.ID}
+	if cerr := checkActor(req.Actor); cerr != nil {
+		reply.Error = cerr.Wire()
+		ev.Data = map[string]any{"refused": string(cerr.Code), "count": 0}
+		w.emit(ev)
+		return reply
+	}
+	var candidates []Descriptor
+	for _, d := range w.cat.all() {
+		if Exposure(d.Expose).Has(req.Surface) && req.Scope.has(d) {
+			candidates = append(candidates, d)
+		}
+	}
+	sortDescriptors(candidates)
+
+	type judged struct {
+		d Descriptor
+		v verdict
+	}
+	results := make([]judged, len(candidates))
+	sem := make(chan struct{}, discoveryWorkers)
+	var wg sync.WaitGroup
+	for i, d := range candidates {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			results[i] = judged{d: d, v: w.discoveryVerdict(d, req)}
+		}()
+	}
+	wg.Wait()
+
+	var withheld []map[string]any
+	ids := make([]string, 0, len(results))
+	for _, r := range results {
+		switch {
+		case r.v.failed, r.v.stance == Deny, r.v.stance == Hide:
+			reason := "policy-hidden"
+			if r.v.failed {
+				reason = "policy-failed"
+			} else if r.v.stance == Deny {
+				reason = "policy-denied"
+			}
+			withheld = append(withheld, map[string]any{"capabilityId": r.d.ID, "reason": reason, "policyDecisions": r.v.records})
+			continue
+		case r.v.stance == RequireApproval:
+			r.d.RequiresApproval = true
+		}
+		reply.Capabilities = append(reply.Capabilities, r.d)
+		ids = append(ids, r.d.ID)
+	}
+	reply.Digest = discoveryDigest(ids)
+	ev.Data = map[string]any{"count": len(ids), "digest": reply.Digest}
+	if req.Scope.Prefix != "" || len(req.Scope.Tags) > 0 {
+		ev.Data["scope"] = req.Scope
+	}
+	if len(withheld) > 0 {
+		ev.Data["withheld"] = withheld
+	}
+	w.emit(ev)
+	return reply
+}
+
+// discoveryVerdict runs the discovery-phase policies this worker knows for d:
+// the runtime's, and d's own when d is in this worker's registry.
+func (w *Worker) discoveryVerdict(d Descriptor, req *DescribeRequest) verdict {
+	meta := metaOf(d)
+	var own []Policy
+	if b := w.reg.get(d.ID); b != nil {
+		meta, own = b.meta, b.meta.Policies
+	}
+	return evaluatePolicies(w.base, w.cfg.Policies, own, PolicyRequest{
+		Phase: PhaseDiscovery, CapabilityID: d.ID, Meta: meta, Actor: req.Actor, Surface: req.Surface,
+	}, w.cfg.PolicyTimeout)
+}
+
+// metaOf rebuilds what policies may read of a capability another pool serves.
+func metaOf(d Descriptor) Meta {
+	m := Meta{Description: d.Description, Expose: d.Expose, SideEffect: d.SideEffect, Risk: d.Risk, Tags: d.Tags,
+		Timeout: time.Duration(d.TimeoutMs) * time.Millisecond, Idempotent: d.Idempotent}
+	if d.RetryMaxAttempts > 0 {
+		m.Retry = &Retry{MaxAttempts: d.RetryMaxAttempts}
+	}
+	if d.RequiresApproval {
+		m.Approval = &ApprovalRule{Required: true}
+	}
+	return m
+}
+
+// discoveryDigest is the hex SHA-256 of the sorted ids, one per line.
+func discoveryDigest(ids []string) string {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	h := sha256.New()
+	for _, id := range sorted {
+		h.Write([]byte(id))
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Describe asks the workers which capabilities a surface and an actor may see
+// within scope. An empty surface is the client's own; an actor left zero is
+// the client's default actor. A malformed actor is refused with an
+// UNAUTHENTICATED *envelope.CapabilityError. Every description is audited as
+// capabilities.discovered under the returned Discovery's ID.
+func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.Actor, scope Scope) (*Discovery, error) {
+	if surface == "" {
+		surface = c.cfg.Surface
+	}
+	if actor.Kind == "" && actor.ID == "" && len(actor.Attrs) == 0 {
+		actor = c.cfg.Actor
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	b, err := envelope.Marshal(&DescribeRequest{V: envelope.Version, Surface: surface, Actor: actor, Scope: scope})
+	if err != nil {
+		return nil, fmt.Errorf("capstan: describe: %w", err)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(), b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("%w: describe", ErrNoWorkers)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan: describe: %w", err)
+	}
+	var r DescribeReply
+	if err := envelope.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("capstan: describe: bad reply: %w", err)
+	}
+	if e := r.Error; e != nil {
+		return nil, &envelope.CapabilityError{Code: e.Code, Message: e.Message, Stage: e.Stage, Retryable: e.Retryable,
+			ExposeToModel: e.ExposeToModel, Details: e.Details}
+	}
+	if r.Capabilities == nil {
+		r.Capabilities = []Descriptor{}
+	}
+	return &r.Discovery, nil
+}

@@ -1,0 +1,703 @@
+package executor
+
+import (
+	"encoding"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Stage 5 decodes an input in two steps. A check walks the msgpack bytes
+// against a shape compiled once per Go input type and collects every issue with
+// its path; only an input without issues is then decoded by the msgpack
+// library. The check runs on every input, not only on failures: the library
+// silently truncates integers that do not fit (300 into an int8, -1 into a
+// uint8) and reads an array into a struct by position, and an input must not
+// mean something else than what the caller sent. The check allocates nothing
+// unless it finds an issue.
+
+// Issue is one problem of an input, at a path like "items[2].amount" (empty
+// for the input as a whole).
+type Issue struct {
+	Path    string `json:"path"`
+	Message string `json:"message"`
+}
+
+// InputError lists every issue of an input. Validate methods may return one to
+// report issues with paths; any other error becomes one issue without a path.
+type InputError struct {
+	Issues []Issue
+	cause  error // private: what the decoder said, for the logs
+}
+
+func (e *InputError) Error() string {
+	if len(e.Issues) == 0 {
+		return "invalid input"
+	}
+	var b strings.Builder
+	for i, is := range e.Issues {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if is.Path != "" {
+			b.WriteString(is.Path + ": ")
+		}
+		b.WriteString(is.Message)
+	}
+	if e.cause != nil {
+		b.WriteString(" (" + e.cause.Error() + ")")
+	}
+	return b.String()
+}
+
+func (e *InputError) Unwrap() error { return e.cause }
+
+// maxIssues bounds the issues reported for one input.
+const maxIssues = 50
+
+// maxInputDepth bounds how deeply the check follows nested values.
+const maxInputDepth = 1000
+
+type shapeKind uint8
+
+const (
+	shapeAny    shapeKind = iota // anything: interfaces, types with their own decoder
+	shapeBool                    //
+	shapeInt                     // signed integer of bits
+	shapeUint                    // unsigned integer of bits
+	shapeFloat                   // float of bits
+	shapeString                  //
+	shapeBytes                   // []byte, and types decoding themselves from text or binary
+	shapeTime                    // time.Time: a msgpack timestamp
+	shapeSlice                   //
+	shapeArray                   // fixed length n
+	shapeMap                     //
+	shapeStruct                  //
+)
+
+// shape is a Go type as the input check and the JSON Schema see it.
+type shape struct {
+	kind   shapeKind
+	bits   int
+	n      int    // array length
+	elem   *shape // slice, array and map values
+	key    *shape // map keys
+	fields map[string]*shapeField
+	order  []*shapeField // declaration order
+	name   string        // the Go type's name, for schema definitions
+}
+
+type shapeField struct {
+	name      string
+	shape     *shape
+	omitEmpty bool
+	pointer   bool
+}
+
+var shapes sync.Map // reflect.Type -> *shape
+
+var (
+	timeType            = reflect.TypeFor[time.Time]()
+	customDecoderType   = reflect.TypeFor[msgpack.CustomDecoder]()
+	unmarshalerType     = reflect.TypeFor[msgpack.Unmarshaler]()
+	binaryUnmarshalType = reflect.TypeFor[encoding.BinaryUnmarshaler]()
+	textUnmarshalType   = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// shapeOf compiles (once per type) how values of t are checked.
+func shapeOf(t reflect.Type) *shape {
+	if s, ok := shapes.Load(t); ok {
+		return s.(*shape)
+	}
+	building := map[reflect.Type]*shape{}
+	s := compileShape(t, building)
+	for typ, sh := range building {
+		shapes.LoadOrStore(typ, sh)
+	}
+	return s
+}
+
+func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if s, ok := building[t]; ok {
+		return s // a recursive type: the shape is being filled in
+	}
+	if s, ok := shapes.Load(t); ok {
+		return s.(*shape)
+	}
+	s := &shape{name: t.Name()}
+	building[t] = s
+	pt := reflect.PointerTo(t)
+	switch {
+	case t == timeType:
+		s.kind = shapeTime
+		return s
+	case t.Implements(customDecoderType) || pt.Implements(customDecoderType) ||
+		t.Implements(unmarshalerType) || pt.Implements(unmarshalerType):
+		s.kind = shapeAny
+		return s
+	case pt.Implements(binaryUnmarshalType) || pt.Implements(textUnmarshalType):
+		s.kind = shapeBytes
+		return s
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		s.kind = shapeBool
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		s.kind, s.bits = shapeInt, t.Bits()
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		s.kind, s.bits = shapeUint, t.Bits()
+	case reflect.Float32, reflect.Float64:
+		s.kind, s.bits = shapeFloat, t.Bits()
+	case reflect.String:
+		s.kind = shapeString
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			s.kind = shapeBytes
+			break
+		}
+		s.kind, s.elem = shapeSlice, compileShape(t.Elem(), building)
+	case reflect.Array:
+		s.kind, s.n, s.elem = shapeArray, t.Len(), compileShape(t.Elem(), building)
+	case reflect.Map:
+		s.kind, s.key, s.elem = shapeMap, compileShape(t.Key(), building), compileShape(t.Elem(), building)
+	case reflect.Struct:
+		s.kind, s.fields = shapeStruct, map[string]*shapeField{}
+		addFields(s, t, building, 0)
+	default: // interfaces, and kinds that never decode (func, chan)
+		s.kind = shapeAny
+	}
+	return s
+}
+
+// addFields adds t's fields under their json names. Embedded structs without
+// a json name are inlined, as encoding/json does; a field of the outer struct
+// wins over an inlined one of the same name.
+func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth int) {
+	var inline []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" && opts == "" {
+			continue
+		}
+		ft := f.Type
+		if f.Anonymous && name == "" {
+			et := ft
+			if et.Kind() == reflect.Pointer {
+				et = et.Elem()
+			}
+			if et.Kind() == reflect.Struct && depth < 8 {
+				inline = append(inline, f)
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		if _, dup := s.fields[name]; dup {
+			continue
+		}
+		sf := &shapeField{name: name, shape: compileShape(ft, building), omitEmpty: hasOption(opts, "omitempty") || hasOption(opts, "omitzero"),
+			pointer: ft.Kind() == reflect.Pointer}
+		s.fields[name] = sf
+		s.order = append(s.order, sf)
+	}
+	for _, f := range inline {
+		et := f.Type
+		if et.Kind() == reflect.Pointer {
+			et = et.Elem()
+		}
+		addFields(s, et, building, depth+1)
+	}
+}
+
+func hasOption(opts, want string) bool {
+	for opts != "" {
+		var o string
+		o, opts, _ = strings.Cut(opts, ",")
+		if o == want {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeInput checks raw against the input type's shape, then decodes it.
+func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
+	in := new(In)
+	if len(raw) == 0 {
+		return in, nil
+	}
+	if issues := checkInput(raw, s); len(issues) > 0 {
+		return nil, &InputError{Issues: issues}
+	}
+	if err := envelope.UnmarshalStrict(raw, in); err != nil {
+		// The check found nothing the decoder refuses: a type with its own
+		// decoder, or a case the check does not model.
+		return nil, &InputError{Issues: []Issue{{Message: "the input does not match the capability's input type"}}, cause: err}
+	}
+	return in, nil
+}
+
+// checkInput walks one msgpack value against s and returns every issue.
+func checkInput(raw []byte, s *shape) []Issue {
+	w := walks.Get().(*inputWalk)
+	w.b, w.off, w.path, w.issues, w.stopped = raw, 0, w.path[:0], nil, false
+	w.value(s, 0)
+	if !w.stopped && w.off != len(w.b) {
+		w.fail("the input has bytes after its value")
+	}
+	issues := w.issues
+	w.b, w.issues = nil, nil
+	walks.Put(w)
+	// Object keys come in no particular order (JSON objects are maps): sorted
+	// by path, the same input always reads the same.
+	slices.SortStableFunc(issues[:min(len(issues), maxIssues)], func(a, b Issue) int { return strings.Compare(a.Path, b.Path) })
+	return issues
+}
+
+// valueClass is what a msgpack value is, in JSON's words.
+type valueClass uint8
+
+const (
+	classNil valueClass = iota
+	classBool
+	classInt
+	classFloat
+	classString
+	classBinary
+	classArray
+	classMap
+	classExt
+)
+
+func (c valueClass) String() string {
+	switch c {
+	case classNil:
+		return "null"
+	case classBool:
+		return "a boolean"
+	case classInt:
+		return "an integer"
+	case classFloat:
+		return "a number with a fraction or exponent"
+	case classString:
+		return "a string"
+	case classBinary:
+		return "binary data"
+	case classArray:
+		return "an array"
+	case classMap:
+		return "an object"
+	}
+	return "an extension value"
+}
+
+// head is one value's header. Integers carry their value; strings, binaries,
+// arrays, maps and extensions their length, with the content still to read.
+type head struct {
+	class valueClass
+	neg   bool   // integers: negative
+	mag   uint64 // integers: absolute value
+	f64   bool   // floats: 64-bit
+	n     uint64 // length: bytes, items, pairs
+	ext   int8   // extension type
+}
+
+// pathElem is one step of the path to a value.
+type pathElem struct {
+	key   []byte // a field name or a map's string key (a slice of the input)
+	index int    // an array index, or -1
+	other bool   // a map key that is not a string
+}
+
+type inputWalk struct {
+	b       []byte
+	off     int
+	path    []pathElem // rendered only when an issue is found
+	issues  []Issue
+	stopped bool
+}
+
+// walks keeps walkers and their path stacks: a check of a valid input
+// allocates nothing.
+var walks = sync.Pool{New: func() any { return &inputWalk{path: make([]pathElem, 0, 16)} }}
+
+func (w *inputWalk) push(e pathElem) { w.path = append(w.path, e) }
+func (w *inputWalk) pop()            { w.path = w.path[:len(w.path)-1] }
+
+func (w *inputWalk) issue(msg string) {
+	if w.stopped {
+		return
+	}
+	if len(w.issues) == maxIssues {
+		w.issues = append(w.issues, Issue{Message: fmt.Sprintf("more than %d issues; the rest are not listed", maxIssues)})
+		w.stopped = true
+		return
+	}
+	w.issues = append(w.issues, Issue{Path: w.renderPath(), Message: msg})
+}
+
+// fail records an issue that ends the walk: the bytes cannot be followed.
+func (w *inputWalk) fail(msg string) {
+	w.issue(msg)
+	w.stopped = true
+}
+
+func (w *inputWalk) renderPath() string {
+	var b strings.Builder
+	for _, e := range w.path {
+		switch {
+		case e.index >= 0:
+			b.WriteString("[" + strconv.Itoa(e.index) + "]")
+		case e.other:
+			b.WriteString("[?]")
+		case plainKey(string(e.key)):
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.Write(e.key)
+		default:
+			b.WriteString("[" + strconv.Quote(string(e.key)) + "]")
+		}
+	}
+	return b.String()
+}
+
+func plainKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i, r := range k {
+		switch {
+		case r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z':
+		case i > 0 && (r >= '0' && r <= '9' || r == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (w *inputWalk) take(n uint64) ([]byte, bool) {
+	if n > uint64(len(w.b)-w.off) {
+		w.fail("the input is truncated or not msgpack")
+		return nil, false
+	}
+	b := w.b[w.off : w.off+int(n)]
+	w.off += int(n)
+	return b, true
+}
+
+func (w *inputWalk) uint(size int) (uint64, bool) {
+	b, ok := w.take(uint64(size))
+	if !ok {
+		return 0, false
+	}
+	switch size {
+	case 1:
+		return uint64(b[0]), true
+	case 2:
+		return uint64(binary.BigEndian.Uint16(b)), true
+	case 4:
+		return uint64(binary.BigEndian.Uint32(b)), true
+	}
+	return binary.BigEndian.Uint64(b), true
+}
+
+func (w *inputWalk) sint(size int) (int64, bool) {
+	u, ok := w.uint(size)
+	if !ok {
+		return 0, false
+	}
+	switch size {
+	case 1:
+		return int64(int8(u)), true
+	case 2:
+		return int64(int16(u)), true
+	case 4:
+		return int64(int32(u)), true
+	}
+	return int64(u), true
+}
+
+func signed(i int64) (neg bool, mag uint64) {
+	if i < 0 {
+		return true, uint64(-(i + 1)) + 1
+	}
+	return false, uint64(i)
+}
+
+// head reads one value's header; for scalars, the whole value.
+func (w *inputWalk) head() (h head, ok bool) {
+	b, ok := w.take(1)
+	if !ok {
+		return h, false
+	}
+	c := b[0]
+	switch {
+	case c <= 0x7f:
+		return head{class: classInt, mag: uint64(c)}, true
+	case c >= 0xe0:
+		h.class = classInt
+		h.neg, h.mag = signed(int64(int8(c)))
+		return h, true
+	case c <= 0x8f:
+		return head{class: classMap, n: uint64(c & 0x0f)}, true
+	case c <= 0x9f:
+		return head{class: classArray, n: uint64(c & 0x0f)}, true
+	case c <= 0xbf:
+		return head{class: classString, n: uint64(c & 0x1f)}, true
+	case c == 0xc0:
+		return head{class: classNil}, true
+	case c == 0xc2 || c == 0xc3:
+		return head{class: classBool}, true
+	case c >= 0xc4 && c <= 0xc6:
+		n, ok := w.uint(1 << (c - 0xc4))
+		return head{class: classBinary, n: n}, ok
+	case c >= 0xc7 && c <= 0xc9:
+		n, ok := w.uint(1 << (c - 0xc7))
+		if !ok {
+			return h, false
+		}
+		t, ok := w.sint(1)
+		return head{class: classExt, n: n, ext: int8(t)}, ok
+	case c == 0xca || c == 0xcb:
+		_, ok := w.take(4 << (c - 0xca))
+		return head{class: classFloat, f64: c == 0xcb}, ok
+	case c >= 0xcc && c <= 0xcf:
+		u, ok := w.uint(1 << (c - 0xcc))
+		return head{class: classInt, mag: u}, ok
+	case c >= 0xd0 && c <= 0xd3:
+		i, ok := w.sint(1 << (c - 0xd0))
+		h.class = classInt
+		h.neg, h.mag = signed(i)
+		return h, ok
+	case c >= 0xd4 && c <= 0xd8:
+		t, ok := w.sint(1)
+		return head{class: classExt, n: 1 << (c - 0xd4), ext: int8(t)}, ok
+	case c >= 0xd9 && c <= 0xdb:
+		n, ok := w.uint(1 << (c - 0xd9))
+		return head{class: classString, n: n}, ok
+	case c == 0xdc || c == 0xdd:
+		n, ok := w.uint(2 << (c - 0xdc))
+		return head{class: classArray, n: n}, ok
+	case c == 0xde || c == 0xdf:
+		n, ok := w.uint(2 << (c - 0xde))
+		return head{class: classMap, n: n}, ok
+	}
+	w.fail("the input is not msgpack")
+	return h, false
+}
+
+// rest skips what follows a header: content, items or pairs.
+func (w *inputWalk) rest(h head, depth int) {
+	switch h.class {
+	case classString, classBinary, classExt:
+		w.take(h.n)
+	case classArray, classMap:
+		n := h.n
+		if h.class == classMap {
+			n *= 2
+		}
+		if !w.fits(n, depth) {
+			return
+		}
+		for range n {
+			if w.stopped {
+				return
+			}
+			w.skip(depth + 1)
+		}
+	}
+}
+
+func (w *inputWalk) skip(depth int) {
+	if h, ok := w.head(); ok {
+		w.rest(h, depth)
+	}
+}
+
+// fits refuses a container that claims more items than bytes remain, or that
+// nests too deeply, before anything loops over it.
+func (w *inputWalk) fits(n uint64, depth int) bool {
+	if depth >= maxInputDepth {
+		w.fail(fmt.Sprintf("the input nests deeper than %d levels", maxInputDepth))
+		return false
+	}
+	if n > uint64(len(w.b)-w.off) {
+		w.fail("the input is truncated or not msgpack")
+		return false
+	}
+	return true
+}
+
+// value checks the next value against s.
+func (w *inputWalk) value(s *shape, depth int) {
+	if w.stopped {
+		return
+	}
+	h, ok := w.head()
+	if !ok {
+		return
+	}
+	if h.class == classNil {
+		return // null leaves the zero value, as in encoding/json
+	}
+	switch s.kind {
+	case shapeAny:
+		w.rest(h, depth)
+	case shapeBool:
+		w.want(h, h.class == classBool, "a boolean", depth)
+	case shapeInt, shapeUint:
+		if w.want(h, h.class == classInt, "an integer", depth) {
+			w.intRange(s, h)
+		}
+	case shapeFloat:
+		if h.class == classFloat && h.f64 && s.bits == 32 {
+			// The decoder does not narrow a 64-bit float.
+			w.issue("expected a 32-bit float, got a 64-bit one")
+			return
+		}
+		w.want(h, h.class == classInt || h.class == classFloat, "a number", depth)
+	case shapeString, shapeBytes:
+		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+	case shapeTime:
+		w.want(h, h.class == classExt && h.ext == -1, "a timestamp", depth)
+	case shapeSlice, shapeArray:
+		if !w.want(h, h.class == classArray, "an array", depth) || !w.fits(h.n, depth) {
+			return
+		}
+		if s.kind == shapeArray && h.n > uint64(s.n) {
+			w.issue(fmt.Sprintf("expected at most %d items, got %d", s.n, h.n))
+		}
+		for i := range h.n {
+			w.push(pathElem{index: int(i)})
+			w.value(s.elem, depth+1)
+			w.pop()
+			if w.stopped {
+				return
+			}
+		}
+	case shapeMap:
+		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
+			return
+		}
+		for range h.n {
+			key, ok := w.mapKey(s.key, depth)
+			if !ok {
+				return
+			}
+			w.push(key)
+			w.value(s.elem, depth+1)
+			w.pop()
+			if w.stopped {
+				return
+			}
+		}
+	case shapeStruct:
+		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
+			return
+		}
+		for range h.n {
+			kh, ok := w.head()
+			if !ok {
+				return
+			}
+			if kh.class != classString && kh.class != classBinary {
+				w.issue("field names must be strings, got " + kh.class.String())
+				w.rest(kh, depth+1)
+				w.skip(depth + 1)
+				continue
+			}
+			name, ok := w.take(kh.n)
+			if !ok {
+				return
+			}
+			w.push(pathElem{key: name, index: -1})
+			if f := s.fields[string(name)]; f != nil {
+				w.value(f.shape, depth+1)
+			} else {
+				w.issue("unknown field")
+				w.skip(depth + 1)
+			}
+			w.pop()
+			if w.stopped {
+				return
+			}
+		}
+	}
+}
+
+// mapKey checks a map key and returns the path step it names.
+func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
+	start := w.off
+	kh, ok := w.head()
+	if !ok {
+		return pathElem{}, false
+	}
+	if kh.class == classString || kh.class == classBinary {
+		k, ok := w.take(kh.n)
+		if !ok {
+			return pathElem{}, false
+		}
+		e := pathElem{key: k, index: -1}
+		if ks.kind != shapeString && ks.kind != shapeBytes && ks.kind != shapeAny {
+			w.push(e)
+			w.issue("unexpected key type: " + kh.class.String())
+			w.pop()
+		}
+		return e, true
+	}
+	// A key that is not a string: check it as a value of the key type.
+	w.off = start
+	e := pathElem{index: -1, other: true}
+	w.push(e)
+	w.value(ks, depth+1)
+	w.pop()
+	return e, !w.stopped
+}
+
+// want reports a mismatch and skips the value when ok is false. A matching
+// string, binary or extension has its content skipped; a matching array or
+// map is left for the caller to walk.
+func (w *inputWalk) want(h head, ok bool, what string, depth int) bool {
+	if ok {
+		if h.class == classString || h.class == classBinary || h.class == classExt {
+			w.take(h.n)
+		}
+		return true
+	}
+	w.issue("expected " + what + ", got " + h.class.String())
+	w.rest(h, depth)
+	return false
+}
+
+// intRange refuses an integer the field cannot hold.
+func (w *inputWalk) intRange(s *shape, h head) {
+	if s.kind == shapeUint {
+		if h.neg || s.bits < 64 && h.mag > 1<<s.bits-1 {
+			w.issue(fmt.Sprintf("expected an integer from 0 to %d", uint64(math.MaxUint64)>>(64-s.bits)))
+		}
+		return
+	}
+	limit := uint64(1) << (s.bits - 1) // |min|; max is limit-1
+	if h.neg && h.mag > limit || !h.neg && h.mag > limit-1 {
+		w.issue(fmt.Sprintf("expected an integer from %d to %d", -int64(limit-1)-1, int64(limit-1)))
+	}
+}

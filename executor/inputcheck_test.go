@@ -1,0 +1,284 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+type checkLine struct {
+	SKU string `json:"sku"`
+	Qty int32  `json:"qty"`
+}
+
+type checkOrder struct {
+	OrderID string            `json:"orderId"`
+	Amount  int64             `json:"amount"`
+	Lines   []checkLine       `json:"lines,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Ship    *checkAddress     `json:"ship,omitempty"`
+	Small   uint8             `json:"small,omitempty"`
+	Ratio   float64           `json:"ratio,omitempty"`
+	Extra   any               `json:"extra,omitempty"`
+	At      time.Time         `json:"at,omitzero"`
+	Pair    [2]int            `json:"pair,omitzero"`
+	checkEmbedded
+	//lint:ignore U1000 unexported fields are not part of the input
+	hidden int
+}
+
+type checkEmbedded struct {
+	Note string `json:"note,omitempty"`
+}
+
+type checkAddress struct {
+	City string `json:"city"`
+}
+
+func issuesOf(t *testing.T, in any, into reflect.Type) []Issue {
+	t.Helper()
+	raw, err := envelope.NewRaw(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkInput(raw, shapeOf(into))
+}
+
+var orderType = reflect.TypeFor[checkOrder]()
+
+func TestInputCheck_ReportsEveryIssueWithItsPath(t *testing.T) {
+	got := issuesOf(t, map[string]any{
+		"orderId": 1,
+		"amount":  "x",
+		"lines":   []any{map[string]any{"sku": "a", "qty": 1}, map[string]any{"sku": true, "qty": 1.5, "colour": "red"}},
+		"labels":  map[string]any{"ok": "yes", "bad key": 3},
+		"ship":    map[string]any{"city": []any{}},
+		"small":   300,
+		"bogus":   1,
+	}, orderType)
+	want := map[string]string{
+		"orderId":           "expected a string, got an integer",
+		"amount":            "expected an integer, got a string",
+		"lines[1].sku":      "expected a string, got a boolean",
+		"lines[1].qty":      "expected an integer, got a number with a fraction or exponent",
+		"lines[1].colour":   "unknown field",
+		`labels["bad key"]`: "expected a string, got an integer",
+		"ship.city":         "expected a string, got an array",
+		"small":             "expected an integer from 0 to 255",
+		"bogus":             "unknown field",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d issues, want %d: %+v", len(got), len(want), got)
+	}
+	for _, is := range got {
+		if want[is.Path] != is.Message {
+			t.Errorf("issue at %q: %q, want %q", is.Path, is.Message, want[is.Path])
+		}
+	}
+}
+
+func TestInputCheck_IntegersRefuseFractionsAndOutOfRange(t *testing.T) {
+	type ints struct {
+		I8  int8    `json:"i8"`
+		U8  uint8   `json:"u8"`
+		I64 int64   `json:"i64"`
+		U64 uint64  `json:"u64"`
+		I   int     `json:"i"`
+		F32 float32 `json:"f32"`
+	}
+	typ := reflect.TypeFor[ints]()
+	for _, c := range []struct {
+		name  string
+		in    map[string]any
+		issue string // empty: accepted
+	}{
+		{"int8 max", map[string]any{"i8": 127}, ""},
+		{"int8 min", map[string]any{"i8": -128}, ""},
+		{"int8 over", map[string]any{"i8": 128}, "expected an integer from -128 to 127"},
+		{"int8 under", map[string]any{"i8": -129}, "expected an integer from -128 to 127"},
+		{"uint8 negative", map[string]any{"u8": -1}, "expected an integer from 0 to 255"},
+		{"uint8 over", map[string]any{"u8": 256}, "expected an integer from 0 to 255"},
+		{"int64 from uint64 2^63", map[string]any{"i64": uint64(1) << 63}, "expected an integer from -9223372036854775808 to 9223372036854775807"},
+		{"int64 min", map[string]any{"i64": int64(-1) << 63}, ""},
+		{"uint64 max", map[string]any{"u64": ^uint64(0)}, ""},
+		{"uint64 negative", map[string]any{"u64": -5}, "expected an integer from 0 to 18446744073709551615"},
+		{"int fraction", map[string]any{"i": 1.5}, "expected an integer, got a number with a fraction or exponent"},
+		{"int whole float", map[string]any{"i": 2.0}, "expected an integer, got a number with a fraction or exponent"},
+		{"int string", map[string]any{"i": "2"}, "expected an integer, got a string"},
+		{"float32 from int", map[string]any{"f32": 2}, ""},
+		{"float32 from float64", map[string]any{"f32": 2.5}, "expected a 32-bit float, got a 64-bit one"},
+		{"null is the zero value", map[string]any{"i": nil}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := issuesOf(t, c.in, typ)
+			switch {
+			case c.issue == "" && len(got) > 0:
+				t.Fatalf("refused: %+v", got)
+			case c.issue != "" && (len(got) != 1 || got[0].Message != c.issue):
+				t.Fatalf("issues %+v, want one %q", got, c.issue)
+			}
+			// What the check accepts, the decoder decodes.
+			if len(got) == 0 {
+				raw, _ := envelope.NewRaw(c.in)
+				if err := envelope.UnmarshalStrict(raw, new(ints)); err != nil {
+					t.Fatalf("accepted, but the decoder refuses: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestInputCheck_ShapesTheDecoderWouldBendAreRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   any
+		path string
+		msg  string
+	}{
+		// The msgpack library reads an array into a struct by position.
+		{"array for an object", []any{"o1", 5}, "", "expected an object, got an array"},
+		{"object for an array", map[string]any{"lines": map[string]any{}}, "lines", "expected an array, got an object"},
+		{"too many items", map[string]any{"pair": []any{1, 2, 3}}, "pair", "expected at most 2 items, got 3"},
+		{"string for a timestamp", map[string]any{"at": "2024-01-01T00:00:00Z"}, "at", "expected a timestamp, got a string"},
+		// Embedded structs are inlined: their name is not a field.
+		{"embedded by name", map[string]any{"checkEmbedded": map[string]any{}}, "checkEmbedded", "unknown field"},
+		{"scalar input", "hello", "", "expected an object, got a string"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := issuesOf(t, c.in, orderType)
+			if len(got) != 1 || got[0].Path != c.path || got[0].Message != c.msg {
+				t.Fatalf("issues %+v, want %q at %q", got, c.msg, c.path)
+			}
+		})
+	}
+	if got := issuesOf(t, map[string]any{"note": "inlined", "extra": map[string]any{"any": []any{1, "x"}},
+		"at": time.Unix(5, 0), "ship": nil}, orderType); len(got) > 0 {
+		t.Fatalf("refused a valid input: %+v", got)
+	}
+}
+
+func TestInputCheck_BoundsIssuesAndMalformedBytes(t *testing.T) {
+	many := map[string]any{}
+	for i := range 200 {
+		many["f"+strings.Repeat("x", i)] = i
+	}
+	got := issuesOf(t, many, orderType)
+	if len(got) != maxIssues+1 || !strings.Contains(got[maxIssues].Message, "more than") {
+		t.Fatalf("%d issues, want %d and a last one saying more were left out", len(got), maxIssues+1)
+	}
+	for _, b := range [][]byte{{0xc1}, {0x81, 0xa1}, {0xdd, 0xff, 0xff, 0xff, 0xff}, {0x91}} {
+		if got := checkInput(b, shapeOf(orderType)); len(got) == 0 {
+			t.Errorf("% x: no issue", b)
+		}
+	}
+}
+
+// The check runs on every input; on a valid one it must cost no allocation.
+func TestInputCheck_ValidInputAllocatesNothing(t *testing.T) {
+	raw := envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 5, "lines": []any{map[string]any{"sku": "a", "qty": 1}},
+		"labels": map[string]any{"a": "b"}, "ship": map[string]any{"city": "Oslo"}})
+	s := shapeOf(orderType)
+	if n := testing.AllocsPerRun(100, func() { _ = checkInput(raw, s) }); n != 0 {
+		t.Fatalf("%v allocations per check", n)
+	}
+}
+
+type normalized struct {
+	Email string `json:"email"`
+}
+
+func (n *normalized) Validate() error {
+	if n.Email == "" {
+		return &InputError{Issues: []Issue{{Path: "email", Message: "required"}}}
+	}
+	n.Email = strings.ToLower(n.Email)
+	return nil
+}
+
+type panicky struct{}
+
+func (panicky) Validate() error { panic("boom") }
+
+type plainErr struct{}
+
+func (plainErr) Validate() error { return errors.New("the dates are in the wrong order") }
+
+func TestDecode_ValidateRunsAfterDecodingAndMayNormalize(t *testing.T) {
+	c := Define("n.x", Meta{}, func(_ context.Context, c Call[normalized]) (struct{}, error) { return struct{}{}, nil })
+	in, err := c.binding().decode(envelope.MustRaw(map[string]any{"email": "A@B.C"}))
+	if err != nil || in.(*normalized).Email != "a@b.c" {
+		t.Fatalf("in %+v, err %v", in, err)
+	}
+	_, err = c.binding().decode(envelope.MustRaw(map[string]any{}))
+	var ie *InputError
+	if !errors.As(err, &ie) || ie.Issues[0].Path != "email" {
+		t.Fatalf("err %v", err)
+	}
+
+	p := Define("p.x", Meta{}, func(_ context.Context, c Call[panicky]) (struct{}, error) { return struct{}{}, nil })
+	_, err = p.binding().decode(nil)
+	if ce := inputInvalid(err); ce.Code != envelope.CodeInternalError || ce.ExposeToModel {
+		t.Fatalf("a panicking Validate gave %+v", ce)
+	}
+
+	e := Define("e.x", Meta{}, func(_ context.Context, c Call[plainErr]) (struct{}, error) { return struct{}{}, nil })
+	_, err = e.binding().decode(nil)
+	if ce := inputInvalid(err); ce.Code != envelope.CodeInputInvalid ||
+		ce.Details["issues"].([]Issue)[0].Message != "the dates are in the wrong order" {
+		t.Fatalf("a plain Validate error gave %+v", ce)
+	}
+}
+
+func FuzzInputCheck(f *testing.F) {
+	for _, v := range []any{
+		map[string]any{"orderId": "o", "amount": 3, "lines": []any{map[string]any{"qty": 2}}},
+		map[string]any{"small": 300, "pair": []any{1}},
+		[]any{1, "x"},
+		map[string]any{"labels": map[string]any{"k": "v"}, "at": time.Unix(9, 9)},
+	} {
+		f.Add([]byte(envelope.MustRaw(v)))
+	}
+	s := shapeOf(orderType)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		issues := checkInput(b, s) // never panics
+		if len(issues) > 0 {
+			return
+		}
+		// What the check accepts, the decoder decodes.
+		if err := envelope.UnmarshalStrict(b, new(checkOrder)); err != nil {
+			t.Fatalf("accepted % x, decoder: %v", b, err)
+		}
+	})
+}
+
+func BenchmarkDecodeInput(b *testing.B) {
+	raw := envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 5, "lines": []any{map[string]any{"sku": "a", "qty": 1}}})
+	s := shapeOf(orderType)
+	b.Run("check", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = checkInput(raw, s)
+		}
+	})
+	b.Run("check+decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeInput[checkOrder](raw, s); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := envelope.UnmarshalStrict(raw, new(checkOrder)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,177 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+type schemaTree struct {
+	Name     string        `json:"name"`
+	Children []*schemaTree `json:"children,omitempty"`
+}
+
+type schemaInput struct {
+	OrderID string            `json:"orderId"`
+	Amount  int64             `json:"amount"`
+	Small   int8              `json:"small"`
+	Count   uint16            `json:"count,omitempty"`
+	Ratio   float64           `json:"ratio,omitempty"`
+	Ok      bool              `json:"ok,omitempty"`
+	Lines   []checkLine       `json:"lines"`
+	Labels  map[string]int    `json:"labels,omitempty"`
+	Ship    *checkAddress     `json:"ship"`
+	Blob    []byte            `json:"blob,omitempty"`
+	Any     any               `json:"any,omitempty"`
+	Tree    schemaTree        `json:"tree,omitzero"`
+	Pair    [2]string         `json:"pair,omitzero"`
+	Raw     envelope.Raw      `json:"raw,omitempty"`
+	Skipped string            `json:"-"`
+	Named   map[string]string `json:"named,omitempty"`
+	checkEmbedded
+}
+
+func schemaJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestInputSchema_DerivedFromTheGoType(t *testing.T) {
+	c := Define("s.x", Meta{}, func(context.Context, Call[schemaInput]) (struct{}, error) { return struct{}{}, nil })
+	s := InputSchema(c)
+	if s["$schema"] != schemaDialect || s["type"] != "object" || s["additionalProperties"] != false {
+		t.Fatalf("root: %s", schemaJSON(t, s))
+	}
+	if got := schemaJSON(t, s["required"]); got != `["orderId","amount","small","lines"]` {
+		t.Errorf("required %s: fields without omitempty that are not pointers", got)
+	}
+	props := s["properties"].(map[string]any)
+	want := map[string]string{
+		"orderId": `{"type":"string"}`,
+		"amount":  `{"type":"integer"}`,
+		"small":   `{"maximum":127,"minimum":-128,"type":"integer"}`,
+		"count":   `{"maximum":65535,"minimum":0,"type":"integer"}`,
+		"ratio":   `{"type":"number"}`,
+		"ok":      `{"type":"boolean"}`,
+		"lines": `{"items":{"additionalProperties":false,"properties":{"qty":{"maximum":2147483647,"minimum":-2147483648,"type":"integer"},` +
+			`"sku":{"type":"string"}},"required":["sku","qty"],"type":"object"},"type":"array"}`,
+		"labels": `{"additionalProperties":{"type":"integer"},"type":"object"}`,
+		"ship":   `{"additionalProperties":false,"properties":{"city":{"type":"string"}},"required":["city"],"type":"object"}`,
+		"blob":   `{"type":"string"}`,
+		"any":    `{}`,
+		"tree": `{"additionalProperties":false,"properties":{"children":{"items":{"$ref":"#/$defs/schemaTree"},"type":"array"},` +
+			`"name":{"type":"string"}},"required":["name"],"type":"object"}`,
+		"pair":  `{"items":{"type":"string"},"maxItems":2,"type":"array"}`,
+		"raw":   `{}`,
+		"named": `{"additionalProperties":{"type":"string"},"type":"object"}`,
+		"note":  `{"type":"string"}`, // inlined from the embedded struct
+	}
+	for name, w := range want {
+		if got := schemaJSON(t, props[name]); got != w {
+			t.Errorf("%s: %s\n want %s", name, got, w)
+		}
+	}
+	if len(props) != len(want) {
+		t.Errorf("%d properties, want %d: %s", len(props), len(want), schemaJSON(t, props))
+	}
+	if d := s["$defs"].(map[string]any)["schemaTree"]; schemaJSON(t, d) != want["tree"] {
+		t.Errorf("$defs.schemaTree: %s", schemaJSON(t, d))
+	}
+}
+
+// An input generated from the schema passes the input check; the same input
+// with a field the schema does not declare is refused. The schema shown to a
+// model and the check an input meets agree.
+func TestInputSchema_AgreesWithTheInputCheck(t *testing.T) {
+	typ := reflect.TypeFor[schemaInput]()
+	s := jsonSchema(shapeOf(typ))
+	defs, _ := s["$defs"].(map[string]any)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 200 {
+		v := generate(t, r, s, defs, 0).(map[string]any)
+		raw := envelope.MustRaw(v)
+		if issues := checkInput(raw, shapeOf(typ)); len(issues) > 0 {
+			t.Fatalf("#%d: %s refused: %+v", i, schemaJSON(t, v), issues)
+		}
+		if err := envelope.UnmarshalStrict(raw, new(schemaInput)); err != nil {
+			t.Fatalf("#%d: %s does not decode: %v", i, schemaJSON(t, v), err)
+		}
+		v["undeclared"] = 1
+		if issues := checkInput(envelope.MustRaw(v), shapeOf(typ)); len(issues) != 1 || issues[0].Path != "undeclared" {
+			t.Fatalf("#%d: an undeclared field gave %+v", i, issues)
+		}
+	}
+}
+
+// generate makes a value the schema allows (the subset the derivation emits).
+func generate(t *testing.T, r *rand.Rand, s map[string]any, defs map[string]any, depth int) any {
+	if ref, ok := s["$ref"].(string); ok {
+		if depth > 3 {
+			return nil
+		}
+		return generate(t, r, defs[strings.TrimPrefix(ref, "#/$defs/")].(map[string]any), defs, depth+1)
+	}
+	switch s["type"] {
+	case "object":
+		out := map[string]any{}
+		if props, ok := s["properties"].(map[string]any); ok {
+			for name, p := range props {
+				if r.IntN(3) > 0 {
+					out[name] = generate(t, r, p.(map[string]any), defs, depth+1)
+				}
+			}
+			for _, name := range s["required"].([]string) {
+				if _, ok := out[name]; !ok {
+					out[name] = generate(t, r, props[name].(map[string]any), defs, depth+1)
+				}
+			}
+		}
+		if ap, ok := s["additionalProperties"].(map[string]any); ok {
+			for i := range r.IntN(3) {
+				out["k"+string(rune('a'+i))] = generate(t, r, ap, defs, depth+1)
+			}
+		}
+		return out
+	case "array":
+		n := r.IntN(3)
+		if m, ok := s["maxItems"].(int); ok && n > m {
+			n = m
+		}
+		items := make([]any, n)
+		for i := range items {
+			items[i] = generate(t, r, s["items"].(map[string]any), defs, depth+1)
+		}
+		return items
+	case "integer":
+		lo, hi := int64(-1<<40), int64(1<<40)
+		if m, ok := s["minimum"]; ok {
+			lo = reflect.ValueOf(m).Convert(reflect.TypeFor[int64]()).Int()
+		}
+		if m, ok := s["maximum"]; ok {
+			hi = int64(reflect.ValueOf(m).Convert(reflect.TypeFor[float64]()).Float())
+		}
+		switch r.IntN(3) {
+		case 0:
+			return lo
+		case 1:
+			return hi
+		}
+		return lo + r.Int64N(hi-lo+1)
+	case "number":
+		return r.Float64()
+	case "string":
+		return "s"
+	case "boolean":
+		return r.IntN(2) == 0
+	}
+	return map[string]any{"anything": []any{1, "x"}}
+}

@@ -1,0 +1,117 @@
+//go:build unix
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats.go"
+)
+
+// Environment of a child process.
+const (
+	envRole        = "CAPSTAN_CHAOS_ROLE" // server | worker
+	envStore       = "CAPSTAN_CHAOS_STORE"
+	envPort        = "CAPSTAN_CHAOS_PORT"
+	envURL         = "CAPSTAN_CHAOS_URL"
+	envWorkerID    = "CAPSTAN_CHAOS_WORKER_ID"
+	envLease       = "CAPSTAN_CHAOS_LEASE"
+	envConcurrency = "CAPSTAN_CHAOS_CONCURRENCY"
+)
+
+// TestMain runs the test binary as a server or a worker when it was started as
+// one of the tests' child processes, and runs the tests otherwise.
+func TestMain(m *testing.M) {
+	switch os.Getenv(envRole) {
+	case "server":
+		os.Exit(serve())
+	case "worker":
+		os.Exit(work())
+	}
+	os.Exit(m.Run())
+}
+
+func childLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// untilSignalled returns a context that ends on SIGTERM or SIGINT; SIGKILL,
+// which the tests send, ends the process without it.
+func untilSignalled() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+// serve is `capstan server`: an embedded JetStream server on a store.
+func serve() int {
+	port, err := strconv.Atoi(os.Getenv(envPort))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "server: bad port:", err)
+		return 2
+	}
+	s, err := natsserver.Start(natsserver.Options{StoreDir: os.Getenv(envStore), Port: port, Logger: childLogger()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
+		return 1
+	}
+	ctx, stop := untilSignalled()
+	defer stop()
+	<-ctx.Done()
+	s.Shutdown()
+	s.WaitForShutdown()
+	return 0
+}
+
+// work is `capstan worker`: a worker serving the demo catalog.
+func work() int {
+	log := childLogger()
+	lease, err := time.ParseDuration(os.Getenv(envLease))
+	if err != nil {
+		log.Error("bad lease", "err", err)
+		return 2
+	}
+	concurrency, _ := strconv.Atoi(os.Getenv(envConcurrency))
+	id := os.Getenv(envWorkerID)
+	nc, err := nats.Connect(os.Getenv(envURL), nats.Name(id), nats.MaxReconnects(-1),
+		nats.ReconnectWait(50*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		log.Error("connect", "err", err)
+		return 1
+	}
+	defer nc.Close()
+	ctx, stop := untilSignalled()
+	defer stop()
+	setup, cancel := context.WithTimeout(ctx, 30*time.Second)
+	js, err := demo.Provision(setup, nc, 1)
+	cancel()
+	if err != nil {
+		log.Error("provision demo", "err", err)
+		return 1
+	}
+	reg, err := executor.NewRegistry(demo.Catalog(js)...)
+	if err != nil {
+		log.Error("registry", "err", err)
+		return 1
+	}
+	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: id, Lease: lease, Concurrency: concurrency,
+		Grace: time.Second, Logger: log})
+	if err != nil {
+		log.Error("worker", "err", err)
+		return 1
+	}
+	if err := w.Run(ctx); err != nil {
+		log.Error("worker run", "err", err)
+		return 1
+	}
+	return 0
+}
