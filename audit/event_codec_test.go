@@ -17,7 +17,7 @@ func TestEventEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
 	codectest.Fill(&filled)
 	for name, e := range map[string]Event{
 		"every field": filled,
-		"zero": {},
+		"zero":        {},
 		"full": {V: envelope.Version, Type: Completed, Timestamp: time.Now().UTC(), Surface: "mcp", Actor: Actor{ID: "alice", Kind: "user"},
 			ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", CorrelationID: "c1", InputHash: "ab12", Worker: "w1",
 			Data: map[string]any{"attempts": 2}},

@@ -18,8 +18,8 @@ func TestRecordEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
 	codectest.Fill(&filled)
 	for name, r := range map[string]Record{
 		"every field": filled,
-		"zero":    {},
-		"claimed": {V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", State: StateClaimed, Worker: "w1", LeaseUntil: now, CreatedAt: now, UpdatedAt: now},
+		"zero":        {},
+		"claimed":     {V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", State: StateClaimed, Worker: "w1", LeaseUntil: now, CreatedAt: now, UpdatedAt: now},
 		"full": {V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", State: StateBackoff, Attempt: 3,
 			Worker: "w1", LeaseUntil: now, StartedAt: now, LastError: envelope.CodeTimeout, CancelRequested: true, CancelRequestedAt: now,
 			ApprovalID: "a1", Status: envelope.StatusCancelled, CreatedAt: now, UpdatedAt: now},
