@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,8 +27,11 @@ type noopWorker struct {
 func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil }
 
 // runRiver runs the workload on River with one client of the same
-// concurrency, on a freshly migrated schema.
-func runRiver(ctx context.Context, wl workload, url string) (*result, error) {
+// concurrency, on a freshly migrated schema. River fetches at most
+// MaxWorkers jobs per fetch and waits FetchCooldown (default 100 ms) between
+// fetches, which caps it near concurrency / cooldown; cooldown 0 keeps the
+// default.
+func runRiver(ctx context.Context, wl workload, url string, cooldown time.Duration) (*result, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, err
@@ -47,9 +51,10 @@ func runRiver(ctx context.Context, wl workload, url string) (*result, error) {
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &noopWorker{})
 	client, err := river.NewClient(driver, &river.Config{
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: wl.concurrency}},
-		Workers: workers,
-		Logger:  quietLogger(),
+		Queues:        map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: wl.concurrency}},
+		Workers:       workers,
+		Logger:        quietLogger(),
+		FetchCooldown: cooldown,
 	})
 	if err != nil {
 		return nil, err
@@ -83,5 +88,9 @@ func runRiver(ctx context.Context, wl workload, url string) (*result, error) {
 	}
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
-	return t.result("River v0.51.2", "PostgreSQL "+version), nil
+	name := "River v0.51.2"
+	if cooldown > 0 {
+		name += fmt.Sprintf(", FetchCooldown %v", cooldown)
+	}
+	return t.result(name, "PostgreSQL "+version), nil
 }
