@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -158,6 +159,10 @@ func runBench(args []string) int {
 	defer cancel()
 
 	res, err := bench(ctx, f, conn, rate)
+	var setup setupError
+	if errors.As(err, &setup) {
+		return usageError("bench: %v", setup.err)
+	}
 	if err != nil {
 		return fail(exitFailed, "bench: %v", err)
 	}
@@ -173,6 +178,12 @@ func runBench(args []string) int {
 	}
 	return exitOK
 }
+
+// setupError is a server, connection or provisioning failure before the run:
+// exit code 2, as for any connection error.
+type setupError struct{ err error }
+
+func (e setupError) Error() string { return e.err.Error() }
 
 // parseRate reads "5000" or "5000/s".
 func parseRate(s string) (float64, error) {
@@ -208,7 +219,7 @@ func (r *benchRig) close() {
 func bench(ctx context.Context, f *benchFlags, conn *connFlags, rate float64) (*benchResult, error) {
 	rig, err := newBenchRig(ctx, f, conn)
 	if err != nil {
-		return nil, err
+		return nil, setupError{err}
 	}
 	defer rig.close()
 

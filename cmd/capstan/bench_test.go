@@ -66,12 +66,13 @@ func TestBenchOpenLoopAndBatch_AgainstAServer(t *testing.T) {
 	}
 }
 
-func TestBench_RefusesContradictoryFlags(t *testing.T) {
+func TestBench_UsageAndConnectionErrorsExit2(t *testing.T) {
 	for _, args := range [][]string{
 		{"--embedded", "--nats", "nats://127.0.0.1:1"},
 		{"--n", "0"},
 		{"--rate", "fast"},
 		{"--rate", "10", "--backlog"},
+		{"--nats", "nats://127.0.0.1:1", "--n", "1"}, // nothing listens there
 	} {
 		if _, _, code := capstan(t, "", append([]string{"bench"}, args...)...); code != exitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
