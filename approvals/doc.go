@@ -1,5 +1,5 @@
 // Package approvals keeps capstan's approvals: the human decisions a call
-// waits for before its handler may run (DESIGN §7).
+// waits for before its handler may run.
 //
 // A worker that meets a call needing approval stores a pending Record holding
 // the validated input as canonical JSON and its SHA-256, and finalizes the
@@ -27,4 +27,8 @@
 //
 // Errors are sentinels (ErrConsumed, ErrSelfApproval, ...); Code gives the
 // error code an envelope carries for each.
+//
+// With the executor, workers create and consume the records themselves: an
+// application decides through executor.Client.Approvals and runs the approved
+// call with executor.Client.Resume.
 package approvals

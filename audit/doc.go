@@ -12,7 +12,9 @@
 // the handler runs, or the execution fails AUDIT_UNAVAILABLE.
 //
 // Reading needs nothing but the stream: Read returns one execution's trail,
-// Follow tails the live stream with filters.
+// Follow tails the live stream with filters. Asynchronous events may still be
+// on their way when the envelope arrives, so a trail read at that moment can
+// lack its last events; a worker stores all of its events before Run returns.
 //
 //	b, err := broker.Provision(ctx, nc, broker.Config{})
 //	if err != nil { ... }

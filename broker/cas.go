@@ -36,13 +36,18 @@ func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, ui
 }
 
 // Create writes v under key only if the key holds nothing; ErrExists otherwise.
+// A key whose last value was deleted holds nothing.
 func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	b, err := envelope.Marshal(v)
 	if err != nil {
 		return 0, err
 	}
 	rev, err := kv.Create(ctx, key, b)
-	if err != nil && errors.Is(err, jetstream.ErrKeyExists) {
+	// Over a delete marker a create takes two writes; when a rival's create
+	// lands between them, a replicated bucket reports a bare wrong-last-sequence
+	// error instead of ErrKeyExists. (Re-reading to tell it from a rival's
+	// delete would not help: a replica may answer a read with an older value.)
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
 		return 0, ErrExists
 	}
 	return rev, err
@@ -57,8 +62,17 @@ func Update(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev u
 		return 0, err
 	}
 	n, err := kv.Update(ctx, key, b, rev)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)) {
+	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
 		return 0, ErrRevisionMismatch
 	}
 	return n, err
+}
+
+// wrongLastSequence reports the server's refusal of a compare-and-swap: code
+// 10071 from a single server, 10164 from a replicated stream.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

@@ -12,4 +12,11 @@
 //	b, err := broker.Provision(ctx, nc, broker.Config{})
 //	if err != nil { ... } // errors.Is(err, broker.ErrConfigConflict) on a mismatch
 //	env, rev, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, executionID)
+//
+// Each pool has one durable consumer whose filter is the union of its workers'
+// capabilities. A worker that starts with a new capability widens it; nothing
+// narrows it but deleting the consumer. JetStream rewrites a consumer without a
+// revision check, so what each pool asked for is also kept in the pools bucket
+// by compare-and-swap, and a widening rewrites the consumer until both agree:
+// workers starting together never drop each other's capabilities.
 package broker

@@ -73,6 +73,9 @@ type Broker struct {
 	Envelopes  jetstream.KeyValue
 	Approvals  jetstream.KeyValue
 	Catalog    jetstream.KeyValue
+	// Pools records what the workers of each pool asked of its consumer, so
+	// that concurrent widenings never lose a capability (see EnsurePool).
+	Pools jetstream.KeyValue
 }
 
 // Provision creates every stream and bucket of the design, or checks that the
@@ -139,6 +142,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		{&b.Envelopes, n.EnvelopesBucket(), cfg.RecordTTL, envelopesRepublish},
 		{&b.Approvals, n.ApprovalsBucket(), cfg.RecordTTL, nil},
 		{&b.Catalog, n.CatalogBucket(), 0, nil},
+		{&b.Pools, n.PoolsBucket(), 0, nil},
 	} {
 		*kv.dst, err = ensureBucket(ctx, js, jetstream.KeyValueConfig{
 			Bucket:    kv.name,
@@ -234,8 +238,18 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 	if have.MaxAge != want.MaxAge {
 		d = append(d, fmt.Sprintf("MaxAge is %v, capstan needs %v", have.MaxAge, want.MaxAge))
 	}
-	if want.MaxBytes != 0 && have.MaxBytes != want.MaxBytes {
-		d = append(d, fmt.Sprintf("MaxBytes is %d, capstan needs %d", have.MaxBytes, want.MaxBytes))
+	// A cap capstan did not ask for drops requests or events without a trace.
+	for _, limit := range []struct {
+		field      string
+		have, want int64
+	}{
+		{"MaxMsgs", have.MaxMsgs, want.MaxMsgs},
+		{"MaxBytes", have.MaxBytes, want.MaxBytes},
+		{"MaxMsgsPerSubject", have.MaxMsgsPerSubject, want.MaxMsgsPerSubject},
+	} {
+		if h, w := unlimited(limit.have), unlimited(limit.want); h != w {
+			d = append(d, fmt.Sprintf("%s is %d, capstan needs %d", limit.field, h, w))
+		}
 	}
 	if have.Discard != want.Discard {
 		d = append(d, fmt.Sprintf("Discard is %v, capstan needs %v", have.Discard, want.Discard))
@@ -243,102 +257,10 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 	return strings.Join(d, "; ")
 }
 
-// PoolConfig describes one pool's durable consumer.
-type PoolConfig struct {
-	// Pool is the pool's name; the consumer is "pool-<name>".
-	Pool string
-	// Capabilities the calling worker serves; the consumer's filter becomes the
-	// union of these and the filters it already has.
-	Capabilities []string
-	// MaxAckPending is at least the pool's concurrency.
-	MaxAckPending int
-	// AckWait is how long a delivery stays unacknowledged before JetStream
-	// redelivers it; workers renew it with InProgress.
-	AckWait time.Duration
-}
-
-// EnsurePool creates or widens the pool's durable pull consumer. It never
-// narrows a filter: a worker that starts with a new capability adds its subject,
-// and older workers' subjects stay.
-func (b *Broker) EnsurePool(ctx context.Context, pc PoolConfig) (jetstream.Consumer, error) {
-	name := b.Names.PoolConsumer(pc.Pool)
-	want := make([]string, 0, len(pc.Capabilities))
-	for _, id := range pc.Capabilities {
-		want = append(want, b.Names.ExecSubject(id))
+// unlimited folds the ways a stream says "no limit" (0 or any negative) into -1.
+func unlimited(v int64) int64 {
+	if v <= 0 {
+		return -1
 	}
-	return b.ensureConsumer(ctx, name, want, pc.MaxAckPending, pc.AckWait)
-}
-
-// EnsureUnrouted creates the consumer of requests for unknown capabilities.
-func (b *Broker) EnsureUnrouted(ctx context.Context, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	return b.ensureConsumer(ctx, b.Names.UnroutedConsumer(), []string{b.Names.UnroutedSubject()}, maxAckPending, ackWait)
-}
-
-func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []string, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	if ackWait <= 0 {
-		ackWait = 30 * time.Second
-	}
-	if maxAckPending <= 0 {
-		maxAckPending = 1000
-	}
-	// Widening is read-merge-write; a concurrent widening by another worker can
-	// overwrite ours, so read back and repeat until our subjects are in.
-	for try := 0; ; try++ {
-		cfg := jetstream.ConsumerConfig{
-			Durable:        name,
-			AckPolicy:      jetstream.AckExplicitPolicy,
-			DeliverPolicy:  jetstream.DeliverAllPolicy,
-			MaxDeliver:     -1,
-			AckWait:        ackWait,
-			MaxAckPending:  maxAckPending,
-			FilterSubjects: subjects,
-		}
-		c, err := b.Exec.Consumer(ctx, name)
-		switch {
-		case err == nil:
-			have := c.CachedInfo().Config
-			merged := union(have.FilterSubjects, have.FilterSubject, subjects)
-			if have.MaxAckPending > cfg.MaxAckPending {
-				cfg.MaxAckPending = have.MaxAckPending
-			}
-			if slices.Equal(merged, sortedCopy(union(have.FilterSubjects, have.FilterSubject, nil))) &&
-				have.MaxAckPending == cfg.MaxAckPending && have.AckWait == cfg.AckWait {
-				return c, nil
-			}
-			cfg.FilterSubjects = merged
-			_, err = b.Exec.UpdateConsumer(ctx, cfg)
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			cfg.FilterSubjects = sortedCopy(subjects)
-			_, err = b.Exec.CreateConsumer(ctx, cfg)
-		}
-		if err == nil {
-			if try < 10 {
-				continue // read back: another worker may have widened it at once
-			}
-			return nil, fmt.Errorf("capstan: consumer %s: filters did not settle", name)
-		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == 10100 { // filtered consumer not unique on work-queue stream
-			return nil, fmt.Errorf("%w: consumer %s: its filters %v overlap another pool's; a capability is served by one pool only",
-				ErrConfigConflict, name, cfg.FilterSubjects)
-		}
-		if try >= 5 {
-			return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, b.Names.ExecStream(), cfg.FilterSubjects, err)
-		}
-	}
-}
-
-func union(a []string, one string, b []string) []string {
-	out := slices.Clone(a)
-	if one != "" {
-		out = append(out, one)
-	}
-	out = append(out, b...)
-	return sortedCopy(out)
-}
-
-func sortedCopy(s []string) []string {
-	out := slices.Clone(s)
-	slices.Sort(out)
-	return slices.Compact(out)
+	return v
 }

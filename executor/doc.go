@@ -39,6 +39,18 @@
 // see of a failure is env.ForModel(). Client.Describe lists what a surface and
 // actor may see, with a JSON Schema of each input.
 //
+// The handler's context carries the attempt's timeout (Meta.Timeout, default
+// 30 s) and the caller's cancellation (Client.Cancel, WithDeadline). The
+// runtime retries a failure only when all hold: Meta.Retry allows another
+// attempt, the error is retryable (Retryable, or a timeout), and the
+// capability's side effect is none or read, or it is declared Idempotent and
+// its handler deduplicates with Call.IdempotencyKey. A last attempt that times
+// out ends the envelope cancelled with code TIMEOUT; a cancel ends it cancelled
+// with CANCELLED, never retried. A call that needs approval (Meta.Approval, or
+// a policy answering RequireApproval) ends approval-required; once someone
+// else approves it (Client.Approvals), Client.Resume runs it once. Each of
+// these has a runnable example.
+//
 // Under the hood a request is a message on capstan.exec.<capabilityId>; the
 // worker claims it by creating the execution's record in a key-value bucket,
 // moves the record through claimed, running{n}, backoff{n} and finalized with

@@ -3,12 +3,10 @@ package executor_test
 import (
 	"context"
 	"fmt"
-	"os"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
 type Greeting struct {
@@ -53,23 +51,4 @@ func Example() {
 	check(<-done)
 	nc.Close()
 	// Output: completed 1 Hello, Ada!
-}
-
-// exampleServer starts an embedded JetStream server on a free loopback port.
-func exampleServer() (url string, stop func()) {
-	dir, err := os.MkdirTemp("", "capstan-example-")
-	check(err)
-	s, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
-	check(err)
-	return natsserver.ClientURL(s), func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-		_ = os.RemoveAll(dir)
-	}
-}
-
-func check(err error) {
-	if err != nil {
-		panic(err)
-	}
 }

@@ -13,9 +13,9 @@ import (
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
-// metaLeaderTimeout bounds how long StartCluster waits for JetStream to elect a
-// meta leader.
-const metaLeaderTimeout = 30 * time.Second
+// readyTimeout bounds how long StartCluster waits for JetStream to elect a meta
+// leader and learn of every node.
+const readyTimeout = 30 * time.Second
 
 // Cluster is a JetStream cluster of embedded servers routed on loopback.
 type Cluster struct {
@@ -24,8 +24,8 @@ type Cluster struct {
 }
 
 // StartCluster starts n JetStream servers that route to each other, each with its
-// own store directory, and returns once JetStream has a meta leader. All nodes are
-// shut down when the test ends.
+// own store directory, and returns once JetStream can place a stream replicated
+// on all of them. All nodes are shut down when the test ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	if n < 1 {
@@ -35,7 +35,6 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	clientPorts := freePorts(t, n)
 	clusterPorts := freePorts(t, n)
 	c := &Cluster{}
-	t.Cleanup(c.stopAll)
 	for i := range n {
 		var routes []string
 		for j, p := range clusterPorts {
@@ -51,11 +50,14 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			Routes:      routes,
 		}})
 	}
+	// Registered after the first t.TempDir, so it runs before the store
+	// directories are removed: a node left running keeps writing there.
+	t.Cleanup(c.stopAll)
 	for _, node := range c.Nodes {
 		node.start(t)
 		c.URLs = append(c.URLs, node.URL)
 	}
-	c.waitMetaLeader(t)
+	c.waitReady(t)
 	return c
 }
 
@@ -85,8 +87,10 @@ func (c *Cluster) stopAll() {
 	}
 }
 
-// waitMetaLeader polls the JetStream API until it answers, which needs a meta leader.
-func (c *Cluster) waitMetaLeader(t testing.TB) {
+// waitReady polls until JetStream can place a stream on every node. A meta
+// leader answers the API before it has heard from all the other nodes, and a
+// replicated create then fails with "no suitable peers for placement".
+func (c *Cluster) waitReady(t testing.TB) {
 	t.Helper()
 	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
@@ -97,18 +101,27 @@ func (c *Cluster) waitMetaLeader(t testing.TB) {
 	if err != nil {
 		t.Fatalf("testenv: jetstream: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), metaLeaderTimeout)
+	probe := jetstream.StreamConfig{
+		Name:     "TESTENV_READY",
+		Subjects: []string{"_testenv.ready"},
+		Storage:  jetstream.MemoryStorage,
+		Replicas: len(c.Nodes),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
 	for {
-		reqCtx, reqCancel := context.WithTimeout(ctx, time.Second)
-		_, err := js.AccountInfo(reqCtx)
+		reqCtx, reqCancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.CreateStream(reqCtx, probe)
+		if err == nil {
+			err = js.DeleteStream(reqCtx, probe.Name)
+		}
 		reqCancel()
 		if err == nil {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("testenv: cluster has no JetStream meta leader after %s: %v", metaLeaderTimeout, err)
+			t.Fatalf("testenv: cluster cannot place a stream on all %d nodes after %s: %v", len(c.Nodes), readyTimeout, err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

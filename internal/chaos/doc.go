@@ -5,9 +5,9 @@
 // an embedded JetStream server on a store directory, with
 // CAPSTAN_CHAOS_ROLE=worker a worker serving the demo catalog. The tests start
 // one server and several workers as child processes, submit demo executions,
-// kill workers (or the server) while they run, and then check DESIGN §5's
-// promise: at most one envelope per execution, and never a second attempt of
-// non-idempotent work.
+// kill workers (or the server) while they run, and then check the promise of
+// the takeover rules: at most one envelope per execution, and never a second
+// attempt of non-idempotent work.
 //
 // CAPSTAN_CHAOS_BIN=path runs a capstan binary instead (`capstan server`,
 // `capstan worker`), and checks `capstan status` as well.

@@ -1,0 +1,132 @@
+package broker_test
+
+import (
+	"errors"
+	"io/fs"
+	"net"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+func TestConnect_BadOptionsAreClearErrors(t *testing.T) {
+	dir := t.TempDir()
+	missingCreds := filepath.Join(dir, "missing.creds")
+	missingCA := filepath.Join(dir, "missing-ca.pem")
+	for _, tc := range []struct {
+		name string
+		o    broker.ConnectOptions
+		says []string
+		is   error
+	}{
+		{"credentials file missing", broker.ConnectOptions{Creds: missingCreds}, []string{"credentials file", missingCreds}, fs.ErrNotExist},
+		{"client cert without key", broker.ConnectOptions{TLSCert: filepath.Join(dir, "c.pem")}, []string{"--tls-cert", "--tls-key"}, nil},
+		{"client key without cert", broker.ConnectOptions{TLSKey: filepath.Join(dir, "k.pem")}, []string{"--tls-cert", "--tls-key"}, nil},
+		{"client cert and key missing", broker.ConnectOptions{TLSCert: filepath.Join(dir, "c.pem"), TLSKey: filepath.Join(dir, "k.pem")},
+			[]string{filepath.Join(dir, "c.pem")}, nil},
+		{"CA file missing", broker.ConnectOptions{TLSCA: missingCA}, []string{missingCA}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Nothing listens there: every one of these must fail before dialing
+			// or name its own cause, not a connection refusal.
+			tc.o.URL = "nats://127.0.0.1:1"
+			tc.o.Timeout = time.Second
+			nc, err := broker.Connect(tc.o)
+			if err == nil {
+				nc.Close()
+				t.Fatal("connected")
+			}
+			t.Logf("Connect: %v", err)
+			for _, want := range tc.says {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if tc.is != nil && !errors.Is(err, tc.is) {
+				t.Errorf("error %v is not %v", err, tc.is)
+			}
+		})
+	}
+}
+
+func TestConnect_NothingListeningNamesTheURL(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "nats://" + l.Addr().String()
+	_ = l.Close()
+	nc, err := broker.Connect(broker.ConnectOptions{URL: url, Timeout: time.Second})
+	if err == nil {
+		nc.Close()
+		t.Fatal("connected to a closed port")
+	}
+	if !strings.Contains(err.Error(), url) {
+		t.Errorf("error %q does not name %s", err, url)
+	}
+}
+
+func TestConnect_SingleServer(t *testing.T) {
+	env := testenv.Start(t)
+	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, Name: "capstan-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if !nc.IsConnected() || nc.Opts.Name != "capstan-test" {
+		t.Fatalf("connected %v as %q", nc.IsConnected(), nc.Opts.Name)
+	}
+	if nc.Opts.MaxReconnect != -1 {
+		t.Errorf("max reconnects %d, want -1 (forever)", nc.Opts.MaxReconnect)
+	}
+}
+
+// Several comma-separated URLs, spaces allowed: Connect reaches the cluster
+// through any live one, and a connection whose server dies moves to another.
+func TestConnect_CommaSeparatedURLsOfACluster(t *testing.T) {
+	c := testenv.StartCluster(t, 3)
+	// The first URL's server is gone; the others carry the connection.
+	c.StopNode(0)
+	nc, err := broker.Connect(broker.ConnectOptions{URL: strings.Join(c.URLs, " , "), Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	servers := nc.Servers()
+	for _, u := range c.URLs {
+		if !slices.ContainsFunc(servers, func(s string) bool { return sameHostPort(s, u) }) {
+			t.Errorf("server pool %v lacks %s", servers, u)
+		}
+	}
+	first := nc.ConnectedServerName()
+	if first == c.Nodes[0].Server.Name() || first == "" {
+		t.Fatalf("connected to %q", first)
+	}
+
+	for i, node := range c.Nodes {
+		if node.Server.Name() == first {
+			c.StopNode(i)
+		}
+	}
+	ctx := testCtx(t)
+	for nc.ConnectedServerName() == first || !nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("did not reconnect away from %s: %v", first, nc.Status())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("flush after reconnect: %v", err)
+	}
+}
+
+func sameHostPort(a, b string) bool {
+	trim := func(s string) string { return strings.TrimPrefix(s, "nats://") }
+	return trim(a) == trim(b)
+}

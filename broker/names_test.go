@@ -1,0 +1,97 @@
+package broker_test
+
+import (
+	"testing"
+
+	"github.com/capstan-dev/capstan/broker"
+)
+
+func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
+	def, teamA, lower := broker.NewNames(""), broker.NewNames("TEAMA"), broker.NewNames("teama")
+	for _, tc := range []struct {
+		name string
+		got  string
+		want string
+	}{
+		{"ExecStream", def.ExecStream(), "CAPSTAN_EXEC"},
+		{"AuditStream", def.AuditStream(), "CAPSTAN_AUDIT"},
+		{"ExecutionsBucket", def.ExecutionsBucket(), "CAPSTAN_EXECUTIONS"},
+		{"EnvelopesBucket", def.EnvelopesBucket(), "CAPSTAN_ENVELOPES"},
+		{"ApprovalsBucket", def.ApprovalsBucket(), "CAPSTAN_APPROVALS"},
+		{"CatalogBucket", def.CatalogBucket(), "CAPSTAN_CATALOG"},
+		{"PoolsBucket", def.PoolsBucket(), "CAPSTAN_POOLS"},
+		{"PoolConsumer", def.PoolConsumer("billing"), "pool-billing"},
+		{"UnroutedConsumer", def.UnroutedConsumer(), "_unrouted"},
+		{"ExecSubject", def.ExecSubject("orders.refund"), "capstan.exec.orders.refund"},
+		{"ExecSubjects", def.ExecSubjects(), "capstan.exec.>"},
+		{"UnroutedSubject", def.UnroutedSubject(), "capstan.exec._unrouted"},
+		{"CapabilityFromSubject", def.CapabilityFromSubject("capstan.exec.orders.refund"), "orders.refund"},
+		{"AuditSubject", def.AuditSubject("0198-x"), "capstan.audit.0198-x"},
+		{"AuditSubjects", def.AuditSubjects(), "capstan.audit.>"},
+		{"CancelSubject", def.CancelSubject("0198-x"), "capstan.cancel.0198-x"},
+		{"CancelSubjects", def.CancelSubjects(), "capstan.cancel.*"},
+		{"DescribeSubject", def.DescribeSubject(), "capstan.describe"},
+		{"WorkersQueue", def.WorkersQueue(), "capstan-workers"},
+		{"EnvelopeSubjects", def.EnvelopeSubjects(), "capstan.envelope.>"},
+		{"EnvelopeKeyFromSubject", def.EnvelopeKeyFromSubject("capstan.envelope.0198-x"), "0198-x"},
+
+		{"prefixed ExecStream", teamA.ExecStream(), "TEAMA_EXEC"},
+		{"prefixed AuditStream", teamA.AuditStream(), "TEAMA_AUDIT"},
+		{"prefixed ExecutionsBucket", teamA.ExecutionsBucket(), "TEAMA_EXECUTIONS"},
+		{"prefixed EnvelopesBucket", teamA.EnvelopesBucket(), "TEAMA_ENVELOPES"},
+		{"prefixed ApprovalsBucket", teamA.ApprovalsBucket(), "TEAMA_APPROVALS"},
+		{"prefixed CatalogBucket", teamA.CatalogBucket(), "TEAMA_CATALOG"},
+		{"prefixed PoolsBucket", teamA.PoolsBucket(), "TEAMA_POOLS"},
+		{"prefixed PoolConsumer", teamA.PoolConsumer("billing"), "pool-billing"},
+		{"prefixed UnroutedConsumer", teamA.UnroutedConsumer(), "_unrouted"},
+		{"prefixed ExecSubject", teamA.ExecSubject("demo.echo"), "teama.exec.demo.echo"},
+		{"prefixed ExecSubjects", teamA.ExecSubjects(), "teama.exec.>"},
+		{"prefixed UnroutedSubject", teamA.UnroutedSubject(), "teama.exec._unrouted"},
+		{"prefixed CapabilityFromSubject", teamA.CapabilityFromSubject("teama.exec.demo.echo"), "demo.echo"},
+		{"prefixed AuditSubject", teamA.AuditSubject("e1"), "teama.audit.e1"},
+		{"prefixed AuditSubjects", teamA.AuditSubjects(), "teama.audit.>"},
+		{"prefixed CancelSubject", teamA.CancelSubject("e1"), "teama.cancel.e1"},
+		{"prefixed CancelSubjects", teamA.CancelSubjects(), "teama.cancel.*"},
+		{"prefixed DescribeSubject", teamA.DescribeSubject(), "teama.describe"},
+		{"prefixed WorkersQueue", teamA.WorkersQueue(), "teama-workers"},
+		{"prefixed EnvelopeSubjects", teamA.EnvelopeSubjects(), "teama.envelope.>"},
+		{"prefixed EnvelopeKeyFromSubject", teamA.EnvelopeKeyFromSubject("teama.envelope.e1"), "e1"},
+
+		{"lower-case prefix ExecStream", lower.ExecStream(), "TEAMA_EXEC"},
+		{"lower-case prefix ExecSubject", lower.ExecSubject("demo.echo"), "teama.exec.demo.echo"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %q, want %q", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// A subject and the id it carries survive the round trip for every id shape.
+func TestNames_SubjectRoundTrips(t *testing.T) {
+	n := broker.NewNames("")
+	for _, id := range []string{"echo", "orders.refund", "a.b-c.d_e", "x1"} {
+		if got := n.CapabilityFromSubject(n.ExecSubject(id)); got != id {
+			t.Errorf("CapabilityFromSubject(ExecSubject(%q)) = %q", id, got)
+		}
+	}
+	for _, id := range []string{"0198c0de-1111-7abc-8def-000000000001", "custom-id"} {
+		sub := "capstan.envelope." + id
+		if got := n.EnvelopeKeyFromSubject(sub); got != id {
+			t.Errorf("EnvelopeKeyFromSubject(%q) = %q, want %q", sub, got, id)
+		}
+	}
+}
+
+func TestResolveURL_OptionThenEnvironmentThenDefault(t *testing.T) {
+	t.Setenv("CAPSTAN_NATS_URL", "")
+	if got := (broker.ConnectOptions{}).ResolveURL(); got != broker.DefaultURL {
+		t.Errorf("no URL, no environment: %q, want %q", got, broker.DefaultURL)
+	}
+	t.Setenv("CAPSTAN_NATS_URL", "nats://env:4222")
+	if got := (broker.ConnectOptions{}).ResolveURL(); got != "nats://env:4222" {
+		t.Errorf("environment: %q, want nats://env:4222", got)
+	}
+	if got := (broker.ConnectOptions{URL: "nats://opt:4222"}).ResolveURL(); got != "nats://opt:4222" {
+		t.Errorf("option over environment: %q, want nats://opt:4222", got)
+	}
+}
