@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Event types of DESIGN §8.
@@ -62,4 +63,22 @@ func Decode(b []byte) (*Event, error) {
 		return nil, fmt.Errorf("capstan: audit event: %w", err)
 	}
 	return ev, nil
+}
+
+// EncodeMsgpack writes the event without reflection: several are written per
+// execution.
+func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
+	var f envelope.Fields
+	f.Int("v", int64(e.V))
+	f.String("type", e.Type)
+	f.Time("timestamp", e.Timestamp)
+	f.String("surface", e.Surface)
+	f.Actor("actor", e.Actor.ID, e.Actor.Kind, nil)
+	f.String("executionId", e.ExecutionID)
+	f.String("capabilityId", e.CapabilityID)
+	f.String("correlationId", e.CorrelationID)
+	f.String("inputHash", e.InputHash)
+	f.String("worker", e.Worker)
+	f.Value("data", e.Data, len(e.Data) == 0)
+	return f.Encode(enc)
 }

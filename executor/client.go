@@ -274,14 +274,37 @@ func (c *Client) awaitOn(ctx context.Context, id string, ch chan *envelope.Envel
 		c.unwait(id, ch)
 		return env, nil
 	}
-	select {
-	case env := <-ch:
-		return env, nil
-	case <-ctx.Done():
-		c.unwait(id, ch)
-		return nil, ctx.Err()
+	return c.awaitFresh(ctx, id, ch, c.reconnects())
+}
+
+// awaitFresh waits for the envelope of a request whose waiter was registered
+// before it was published, under an id no earlier request had: its envelope
+// can only arrive on the subscription, so no Get is needed, unless the
+// connection reconnected since reconnects was read and the republished
+// envelope was lost with it.
+func (c *Client) awaitFresh(ctx context.Context, id string, ch chan *envelope.Envelope, reconnects uint64) (*envelope.Envelope, error) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case env := <-ch:
+			return env, nil
+		case <-ctx.Done():
+			c.unwait(id, ch)
+			return nil, ctx.Err()
+		case <-t.C:
+			if now := c.reconnects(); now != reconnects {
+				reconnects = now
+				if env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id); err == nil {
+					c.unwait(id, ch)
+					return env, nil
+				}
+			}
+		}
 	}
 }
+
+func (c *Client) reconnects() uint64 { return c.b.NC.Stats().Reconnects }
 
 // Call submits and awaits. err reports transport trouble only; governed
 // outcomes (completed, failed, cancelled, approval-required) are in the
@@ -311,8 +334,12 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		m   *nats.Msg
 		ch  chan *envelope.Envelope
 		ack jetstream.PubAckFuture
+		// fresh: the client made the id and the stream took the request as
+		// new, so no envelope existed before the waiter.
+		fresh bool
 	}
 	sent := make([]pending, 0, len(reqs))
+	reconnects := c.reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
 		if err != nil {
@@ -334,18 +361,20 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		if err != nil {
 			f = nil // published again below, synchronously
 		}
-		sent = append(sent, pending{i, r.ExecutionID, m, ch, f})
+		sent = append(sent, pending{i: i, id: r.ExecutionID, m: m, ch: ch, ack: f, fresh: ownID(rq.Options)})
 	}
 	ackWaitOver := make(chan struct{})
 	ackWait := time.AfterFunc(asyncAckWait, func() { close(ackWaitOver) })
 	defer ackWait.Stop()
-	for _, p := range sent {
+	for k := range sent {
+		p := &sent[k]
 		var err error
 		if p.ack == nil {
 			err = errors.New("not published")
 		} else {
 			select {
-			case <-p.ack.Ok():
+			case ack := <-p.ack.Ok():
+				p.fresh = p.fresh && !ack.Duplicate
 				continue
 			case err = <-p.ack.Err():
 			case <-ackWaitOver:
@@ -356,6 +385,8 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			}
 		}
 		// A failed or unanswered publish is published again under its id.
+		// Whether the first one was stored is unknown: the await reads first.
+		p.fresh = false
 		if ctx.Err() == nil {
 			err = c.publish(ctx, p.m)
 		}
@@ -368,14 +399,24 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		if errs[p.i] != nil {
 			continue
 		}
-		select {
-		case env := <-p.ch:
-			envs[p.i] = env
+		switch {
+		case p.fresh:
+			envs[p.i], errs[p.i] = c.awaitFresh(ctx, p.id, p.ch, reconnects)
 		default:
 			envs[p.i], errs[p.i] = c.awaitOn(ctx, p.id, p.ch)
 		}
 	}
 	return envs, errs
+}
+
+// ownID reports whether the client makes the request's id: no option sets
+// one. A caller's id may be one whose envelope already exists.
+func ownID(opts []CallOption) bool {
+	var r envelope.Request
+	for _, o := range opts {
+		o(&r)
+	}
+	return r.ExecutionID == ""
 }
 
 func refused(capabilityID string, r *envelope.Request, ce *envelope.CapabilityError) *envelope.Envelope {

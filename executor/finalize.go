@@ -71,14 +71,19 @@ func (x *execution) stopped(cerr *envelope.CapabilityError) *outcome {
 // a second finalization is refused by the server and audited), the record,
 // then the ack.
 //
-// Before anything, a CAS on the record renews the lease: it proves the
-// execution is still this worker's and keeps it so while the envelope is
-// written. A worker that lost it discards its outcome (audited); the new
-// owner finalizes. The create-only envelope covers a worker stalled for longer
-// than a lease between the CAS and the write.
+// Before anything, unless the lease this worker last wrote still has more
+// than half its length to run (no other worker may take over a live lease),
+// a CAS on the record renews the lease: it proves the execution is still this
+// worker's and keeps it so while the envelope is written. A worker that lost
+// it discards its outcome (audited); the new owner finalizes. The create-only
+// envelope covers a worker stalled for longer than a lease between the CAS
+// and the write.
 func (x *execution) finalize(o *outcome, attempts int) {
 	w := x.w
-	err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	var err error
+	if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
+		err = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	}
 	if errors.Is(err, errLost) {
 		w.conflicts.Add(1)
 		owner := x.record().Worker

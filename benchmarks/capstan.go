@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats.go"
+)
+
+type noopIn struct {
+	Data string `json:"data"`
+}
+
+// runCapstan runs the workload on an embedded JetStream server (file store)
+// with one worker, audit on.
+func runCapstan(ctx context.Context, wl workload) (*result, error) {
+	dir, err := os.MkdirTemp("", "capstan-peers-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+	url := natsserver.ClientURL(srv)
+	connect := func() (*nats.Conn, error) { return broker.Connect(broker.ConnectOptions{URL: url}) }
+
+	wnc, err := connect()
+	if err != nil {
+		return nil, err
+	}
+	defer wnc.Close()
+	reg, err := executor.NewRegistry(executor.Define("bench.noop", executor.Meta{
+		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[noopIn]) (struct{}, error) { return struct{}{}, nil }))
+	if err != nil {
+		return nil, err
+	}
+	w, err := executor.NewWorker(wnc, reg, executor.WorkerConfig{Concurrency: wl.concurrency, Grace: 5 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	wctx, stopWorker := context.WithCancel(ctx)
+	workerDone := make(chan error, 1)
+	go func() { workerDone <- w.Run(wctx) }()
+	defer func() { stopWorker(); <-workerDone }()
+
+	cnc, err := connect()
+	if err != nil {
+		return nil, err
+	}
+	defer cnc.Close()
+	c, err := executor.NewClient(cnc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "bench"}})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := waitCatalog(ctx, c, "bench.noop"); err != nil {
+		return nil, err
+	}
+
+	t := newTracker(wl.n)
+	names := c.Broker().Names
+	sub, err := cnc.Subscribe(names.EnvelopeSubjects(), func(m *nats.Msg) { t.finish(names.EnvelopeKeyFromSubject(m.Subject)) })
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	_ = sub.SetPendingLimits(-1, -1)
+
+	input := envelope.MustRaw(noopIn{Data: string(wl.payload)})
+	err = produce(ctx, wl, envelope.NewExecutionID, func(ctx context.Context, id string) error {
+		t.start(id)
+		_, err := c.Submit(ctx, "bench.noop", input, executor.WithID(id))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := t.wait(ctx); err != nil {
+		return nil, err
+	}
+	return t.result("capstan", "NATS JetStream (embedded, file store), audit on"), nil
+}
+
+// waitCatalog waits until the worker has published its capability, so that
+// the client routes straight to it.
+func waitCatalog(ctx context.Context, c *executor.Client, id string) error {
+	for {
+		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
+			time.Sleep(100 * time.Millisecond) // the client's catalog watcher sees it too
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no worker serves %s: %w", id, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
