@@ -269,8 +269,13 @@ func (c *Client) unwait(id string, ch chan *envelope.Envelope) {
 
 func (c *Client) awaitOn(ctx context.Context, id string, ch chan *envelope.Envelope) (*envelope.Envelope, error) {
 	// The envelope may have been written before the subscription saw the
-	// waiter: one Get closes that race.
-	if env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id); err == nil {
+	// waiter: one Get closes that race. It is bounded on its own: a request
+	// lost with a server that went down is never answered, and the waiter's
+	// re-reads cover a Get that failed.
+	lctx, cancel := context.WithTimeout(ctx, publishTry)
+	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+	cancel()
+	if err == nil {
 		c.unwait(id, ch)
 		return env, nil
 	}
@@ -295,7 +300,10 @@ func (c *Client) awaitFresh(ctx context.Context, id string, ch chan *envelope.En
 		case <-t.C:
 			if now := c.reconnects(); now != reconnects {
 				reconnects = now
-				if env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id); err == nil {
+				lctx, cancel := context.WithTimeout(ctx, publishTry)
+				env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+				cancel()
+				if err == nil {
 					c.unwait(id, ch)
 					return env, nil
 				}
