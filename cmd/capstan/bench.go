@@ -345,7 +345,7 @@ func newBenchRig(ctx context.Context, f *benchFlags, conn *connFlags) (*benchRig
 		rig.url = nc.ConnectedUrlRedacted()
 	}
 	rig.nc = nc
-	js, err := demo.Provision(ctx, nc, 1)
+	js, err := demo.Provision(ctx, nc, 0) // auto: what exists, or the deployment's choice
 	if err != nil {
 		rig.close()
 		return nil, err
