@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -75,4 +77,53 @@ func wrongLastSequence(err error) bool {
 	return errors.As(err, &apiErr) &&
 		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// LoadFromLeader reads like Load, but asks the stream's leader rather than
+// any replica. Load may be answered by a replica still catching up after a
+// restart, which reports a key that exists as absent; where absent and present
+// lead to different decisions, confirm an absence here.
+func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	bucket := kv.Bucket()
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			Code    int    `json:"code"`
+			ErrCode int    `json:"err_code"`
+			Desc    string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.Code == 404 {
+			return nil, 0, ErrNotFound
+		}
+		return nil, 0, fmt.Errorf("capstan: %s/%s: %s (%d)", bucket, key, resp.Error.Desc, resp.Error.ErrCode)
+	}
+	if resp.Message == nil {
+		return nil, 0, fmt.Errorf("capstan: %s/%s: empty answer", bucket, key)
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		if h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs); err == nil {
+			if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+				return nil, 0, ErrNotFound
+			}
+		}
+	}
+	v := new(T)
+	if err := envelope.Unmarshal(resp.Message.Data, v); err != nil {
+		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
+	}
+	return v, resp.Message.Seq, nil
 }

@@ -40,8 +40,8 @@ func TestCAS_HelpersMapEveryConflictToItsSentinel(t *testing.T) {
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		kv := b.Executions
-		if got := b.Exec.CachedInfo().Config.Replicas; got != b.Config.Replicas {
-			t.Fatalf("exec stream has %d replicas, want %d", got, b.Config.Replicas)
+		if got := b.Exec.CachedInfo().Config.Replicas; got != b.Replicas {
+			t.Fatalf("exec stream has %d replicas, want %d", got, b.Replicas)
 		}
 
 		if _, _, err := broker.Load[counter](ctx, kv, "missing"); !errors.Is(err, broker.ErrNotFound) {

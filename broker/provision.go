@@ -28,8 +28,15 @@ const (
 type Config struct {
 	// Prefix of every name (default "CAPSTAN"; subjects use it in lower case).
 	Prefix string
-	// Replicas of every stream and bucket (default 1).
+	// Replicas of every stream and bucket. 0 is auto: a resource that exists
+	// keeps the count it has, and a new one gets DetectReplicas' choice (3 on
+	// a JetStream cluster of three or more servers, else 1). An explicit count
+	// must match existing resources; SetReplicas is what changes it.
 	Replicas int
+	// ClusterSize, when known ahead, stands in for detection under auto: a
+	// server knows the size of its cluster from its routes, and provisions R3
+	// resources even while some of its peers are still starting.
+	ClusterSize int
 	// RecordTTL keeps execution records, envelopes and approvals (default 7 days).
 	RecordTTL time.Duration
 	// AuditMaxAge is the audit stream's retention. Unset, a new stream keeps
@@ -45,9 +52,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Replicas <= 0 {
-		c.Replicas = 1
-	}
 	if c.RecordTTL <= 0 {
 		c.RecordTTL = DefaultRecordTTL
 	}
@@ -66,6 +70,8 @@ type Broker struct {
 	JS     jetstream.JetStream
 	Names  Names
 	Config Config
+	// Replicas is the exec stream's replica count, as found or created.
+	Replicas int
 
 	Exec       jetstream.Stream
 	Audit      jetstream.Stream
@@ -85,25 +91,29 @@ type Broker struct {
 func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	keepAuditMaxAge := cfg.AuditMaxAge <= 0
 	cfg = cfg.withDefaults()
+	if err := checkReplicas(cfg.Replicas, true); err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
+	rc := &replicaChoice{nc: nc, explicit: cfg.Replicas, clusterSize: cfg.ClusterSize}
 
-	b.Exec, err = ensureStream(ctx, js, jetstream.StreamConfig{
+	b.Exec, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
 		Name:       n.ExecStream(),
 		Subjects:   []string{n.ExecSubjects()},
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.FileStorage,
-		Replicas:   cfg.Replicas,
 		Duplicates: cfg.DedupWindow,
 		Discard:    jetstream.DiscardOld,
 	}, false)
 	if err != nil {
 		return nil, err
 	}
+	b.Replicas = b.Exec.CachedInfo().Config.Replicas
 	discard := jetstream.DiscardOld
 	if cfg.AuditDiscardNew {
 		discard = jetstream.DiscardNew
@@ -112,12 +122,11 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	if auditMaxBytes == 0 {
 		auditMaxBytes = -1
 	}
-	b.Audit, err = ensureStream(ctx, js, jetstream.StreamConfig{
+	b.Audit, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
 		Name:      n.AuditStream(),
 		Subjects:  []string{n.AuditSubjects()},
 		Retention: jetstream.LimitsPolicy,
 		Storage:   jetstream.FileStorage,
-		Replicas:  cfg.Replicas,
 		MaxAge:    cfg.AuditMaxAge,
 		MaxBytes:  auditMaxBytes,
 		Discard:   discard,
@@ -144,12 +153,11 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		{&b.Catalog, n.CatalogBucket(), 0, nil},
 		{&b.Pools, n.PoolsBucket(), 0, nil},
 	} {
-		*kv.dst, err = ensureBucket(ctx, js, jetstream.KeyValueConfig{
+		*kv.dst, err = ensureBucket(ctx, js, rc, jetstream.KeyValueConfig{
 			Bucket:    kv.name,
 			History:   1,
 			TTL:       kv.ttl,
 			Storage:   jetstream.FileStorage,
-			Replicas:  cfg.Replicas,
 			RePublish: kv.republish,
 		})
 		if err != nil {
@@ -159,42 +167,62 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	return b, nil
 }
 
-// ensureStream creates the stream or checks the existing one. With keepMaxAge
-// an existing stream's MaxAge is accepted whatever it is.
-func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
-	s, err := js.CreateStream(ctx, want)
-	if err == nil {
+// ensureStream creates the stream or checks the existing one, which is never
+// changed. With keepMaxAge an existing stream's MaxAge is accepted whatever it
+// is. Creating first matters on a cluster: a stream's info has no one to
+// answer it until the stream's group has elected a leader, while a create is
+// answered by the cluster's meta leader.
+func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
+	want.Replicas = rc.forNew(ctx)
+	s, cerr := js.CreateStream(ctx, want)
+	if cerr == nil {
 		return s, nil
 	}
-	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, fmt.Errorf("capstan: create stream %s: %w", want.Name, err)
-	}
-	s, err = js.Stream(ctx, want.Name)
+	// It exists with another configuration, or the server refuses this one
+	// (a single server refuses R3 even for a stream that exists as R1).
+	s, err := js.Stream(ctx, want.Name)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
+		if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
+		}
+		return nil, fmt.Errorf("capstan: create stream %s (replicas %d): %w", want.Name, want.Replicas, cerr)
 	}
+	have := s.CachedInfo().Config
+	want.Replicas = rc.against(have.Replicas)
 	if keepMaxAge {
-		want.MaxAge = s.CachedInfo().Config.MaxAge
+		want.MaxAge = have.MaxAge
 	}
-	if diff := streamDiff(s.CachedInfo().Config, want); diff != "" {
+	if diff := streamDiff(have, want); diff != "" {
 		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
 	}
 	return s, nil
 }
 
-func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, want)
-	if err == nil {
+// ensureBucket creates the bucket or checks the existing one, which is never
+// changed.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	want.Replicas = rc.forNew(ctx)
+	kv, cerr := js.CreateKeyValue(ctx, want)
+	if cerr == nil {
 		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketExists) && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil, fmt.Errorf("capstan: create bucket %s: %w", want.Bucket, err)
 	}
 	s, err := js.Stream(ctx, "KV_"+want.Bucket)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
+		if errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
+		}
+		return nil, fmt.Errorf("capstan: create bucket %s (replicas %d): %w", want.Bucket, want.Replicas, cerr)
 	}
 	have := s.CachedInfo().Config
+	want.Replicas = rc.against(have.Replicas)
+	if diff := bucketDiff(have, want); diff != "" {
+		return nil, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, diff)
+	}
+	return js.KeyValue(ctx, want.Bucket)
+}
+
+// bucketDiff names every field of a bucket's stream capstan relies on that differs.
+func bucketDiff(have jetstream.StreamConfig, want jetstream.KeyValueConfig) string {
 	var diffs []string
 	if have.MaxMsgsPerSubject != int64(want.History) {
 		diffs = append(diffs, fmt.Sprintf("History is %d, capstan needs %d", have.MaxMsgsPerSubject, want.History))
@@ -206,15 +234,12 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, want jetstream.Ke
 		diffs = append(diffs, fmt.Sprintf("Storage is %v, capstan needs %v", have.Storage, want.Storage))
 	}
 	if have.Replicas != want.Replicas {
-		diffs = append(diffs, fmt.Sprintf("Replicas is %d, capstan needs %d", have.Replicas, want.Replicas))
+		diffs = append(diffs, replicasDiff(have.Replicas, want.Replicas))
 	}
 	if !reflect.DeepEqual(have.RePublish, want.RePublish) {
 		diffs = append(diffs, fmt.Sprintf("RePublish is %+v, capstan needs %+v", have.RePublish, want.RePublish))
 	}
-	if len(diffs) > 0 {
-		return nil, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, strings.Join(diffs, "; "))
-	}
-	return js.KeyValue(ctx, want.Bucket)
+	return strings.Join(diffs, "; ")
 }
 
 // streamDiff names every field capstan relies on that differs.
@@ -230,7 +255,7 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 		d = append(d, fmt.Sprintf("Storage is %v, capstan needs %v", have.Storage, want.Storage))
 	}
 	if have.Replicas != want.Replicas {
-		d = append(d, fmt.Sprintf("Replicas is %d, capstan needs %d", have.Replicas, want.Replicas))
+		d = append(d, replicasDiff(have.Replicas, want.Replicas))
 	}
 	if want.Duplicates != 0 && have.Duplicates != want.Duplicates {
 		d = append(d, fmt.Sprintf("Duplicates is %v, capstan needs %v", have.Duplicates, want.Duplicates))

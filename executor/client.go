@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -37,8 +38,13 @@ type Client struct {
 
 	mu      sync.Mutex
 	waiters map[string][]chan *envelope.Envelope
+	since   map[string]time.Time // when the first waiter of an id came
 	ctx     context.Context
 	stop    context.CancelFunc
+
+	lastSeq   atomic.Uint64 // of the last republished envelope seen
+	gap       chan struct{}
+	watchDone chan struct{}
 }
 
 // ErrInvalidCapability is returned, wrapped in a CAPABILITY_NOT_FOUND
@@ -64,7 +70,8 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, b: b, waiters: map[string][]chan *envelope.Envelope{}}
+	c := &Client{cfg: cfg, b: b, waiters: map[string][]chan *envelope.Envelope{}, since: map[string]time.Time{},
+		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	c.sub, err = nc.Subscribe(b.Names.EnvelopeSubjects(), c.onEnvelope)
 	if err != nil {
@@ -78,6 +85,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		c.stop()
 		return nil, err
 	}
+	go c.watchMissed()
 	return c, nil
 }
 
@@ -85,6 +93,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 func (c *Client) Close() error {
 	c.cat.stop()
 	c.stop()
+	<-c.watchDone
 	return c.sub.Unsubscribe()
 }
 
@@ -92,12 +101,12 @@ func (c *Client) Close() error {
 func (c *Client) Broker() *broker.Broker { return c.b }
 
 func (c *Client) onEnvelope(m *nats.Msg) {
+	c.noteSequence(m)
 	id := c.b.Names.EnvelopeKeyFromSubject(m.Subject)
 	c.mu.Lock()
-	ws := c.waiters[id]
-	delete(c.waiters, id)
+	_, waited := c.waiters[id]
 	c.mu.Unlock()
-	if len(ws) == 0 {
+	if !waited {
 		return
 	}
 	env, err := envelope.DecodeEnvelope(m.Data)
@@ -105,6 +114,16 @@ func (c *Client) onEnvelope(m *nats.Msg) {
 		c.cfg.Logger.Warn("envelope does not decode", "executionId", id, "err", err)
 		return
 	}
+	c.deliver(id, env)
+}
+
+// deliver hands env to every waiter of id, once.
+func (c *Client) deliver(id string, env *envelope.Envelope) {
+	c.mu.Lock()
+	ws := c.waiters[id]
+	delete(c.waiters, id)
+	delete(c.since, id)
+	c.mu.Unlock()
 	for _, w := range ws {
 		w <- env
 	}
@@ -207,7 +226,7 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	if err != nil {
 		return "", err
 	}
-	if _, err := c.b.JS.PublishMsg(ctx, m); err != nil {
+	if err := c.publish(ctx, m); err != nil {
 		return "", fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
 	}
 	return r.ExecutionID, nil
@@ -222,6 +241,9 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 func (c *Client) wait(id string) chan *envelope.Envelope {
 	ch := make(chan *envelope.Envelope, 1)
 	c.mu.Lock()
+	if _, ok := c.since[id]; !ok {
+		c.since[id] = time.Now()
+	}
 	c.waiters[id] = append(c.waiters[id], ch)
 	c.mu.Unlock()
 	return ch
@@ -239,6 +261,7 @@ func (c *Client) unwait(id string, ch chan *envelope.Envelope) {
 	}
 	if len(ws) == 0 {
 		delete(c.waiters, id)
+		delete(c.since, id)
 	} else {
 		c.waiters[id] = ws
 	}
@@ -246,8 +269,13 @@ func (c *Client) unwait(id string, ch chan *envelope.Envelope) {
 
 func (c *Client) awaitOn(ctx context.Context, id string, ch chan *envelope.Envelope) (*envelope.Envelope, error) {
 	// The envelope may have been written before the subscription saw the
-	// waiter: one Get closes that race.
-	if env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id); err == nil {
+	// waiter: one Get closes that race. It is bounded on its own: a request
+	// lost with a server that went down is never answered, and the waiter's
+	// re-reads cover a Get that failed.
+	lctx, cancel := context.WithTimeout(ctx, publishTry)
+	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+	cancel()
+	if err == nil {
 		c.unwait(id, ch)
 		return env, nil
 	}
@@ -272,7 +300,10 @@ func (c *Client) awaitFresh(ctx context.Context, id string, ch chan *envelope.En
 		case <-t.C:
 			if now := c.reconnects(); now != reconnects {
 				reconnects = now
-				if env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, id); err == nil {
+				lctx, cancel := context.WithTimeout(ctx, publishTry)
+				env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+				cancel()
+				if err == nil {
 					c.unwait(id, ch)
 					return env, nil
 				}
@@ -308,6 +339,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 	type pending struct {
 		i   int
 		id  string
+		m   *nats.Msg
 		ch  chan *envelope.Envelope
 		ack jetstream.PubAckFuture
 		// fresh: the client made the id and the stream took the request as
@@ -335,25 +367,40 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		ch := c.wait(r.ExecutionID)
 		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
 		if err != nil {
-			c.unwait(r.ExecutionID, ch)
-			errs[i] = fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
-			continue
+			f = nil // published again below, synchronously
 		}
-		sent = append(sent, pending{i: i, id: r.ExecutionID, ch: ch, ack: f, fresh: ownID(rq.Options)})
+		sent = append(sent, pending{i: i, id: r.ExecutionID, m: m, ch: ch, ack: f, fresh: ownID(rq.Options)})
 	}
+	ackWaitOver := make(chan struct{})
+	ackWait := time.AfterFunc(asyncAckWait, func() { close(ackWaitOver) })
+	defer ackWait.Stop()
 	for k := range sent {
 		p := &sent[k]
-		select {
-		case ack := <-p.ack.Ok():
-			p.fresh = p.fresh && !ack.Duplicate
-		case err := <-p.ack.Err():
+		var err error
+		if p.ack == nil {
+			err = errors.New("not published")
+		} else {
+			select {
+			case ack := <-p.ack.Ok():
+				p.fresh = p.fresh && !ack.Duplicate
+				continue
+			case err = <-p.ack.Err():
+			case <-ackWaitOver:
+				// Unanswered: its stream may have lost its leader.
+				err = errors.New("no acknowledgement")
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		// A failed or unanswered publish is published again under its id.
+		// Whether the first one was stored is unknown: the await reads first.
+		p.fresh = false
+		if ctx.Err() == nil {
+			err = c.publish(ctx, p.m)
+		}
+		if err != nil {
 			c.unwait(p.id, p.ch)
 			errs[p.i] = fmt.Errorf("capstan: submit %s: %w", p.id, err)
-			continue
-		case <-ctx.Done():
-			c.unwait(p.id, p.ch)
-			errs[p.i] = ctx.Err()
-			continue
 		}
 	}
 	for _, p := range sent {

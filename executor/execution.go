@@ -110,6 +110,10 @@ var errUnsettled = errors.New("capstan: execution record unreachable")
 // it is finalized, it returns errLost; a cancel request set meanwhile is
 // applied and reported as errCancelRequested. When the store does not answer
 // for a while it returns errUnsettled.
+//
+// A store that does not answer (a replicated bucket electing a new leader) is
+// waited for up to storeOutage: giving up early would leave a record that
+// says the execution is ours, or running, when it is neither.
 func (x *execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -117,7 +121,8 @@ func (x *execution) update(change func(r *Record)) error {
 		return errUnsettled // nothing claimed
 	}
 	var last error
-	for try := 0; try < 20; try++ {
+	start := time.Now()
+	for try := 0; !x.w.storeGivesUp(start, try); try++ {
 		next := *x.rec
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
@@ -150,6 +155,19 @@ func (x *execution) update(change func(r *Record)) error {
 		x.rec, x.rev = cur, curRev
 	}
 	return fmt.Errorf("%w: %v", errUnsettled, last)
+}
+
+// storeOutage is how long a worker keeps trying a write that the store does
+// not answer: longer than a replicated bucket takes to elect a new leader.
+const storeOutage = time.Minute
+
+// storeGivesUp reports whether a write tried since start should stop: after
+// storeOutage, or after a few tries once the worker is shutting down.
+func (w *Worker) storeGivesUp(start time.Time, try int) bool {
+	if w.base.Err() != nil {
+		return try >= 20
+	}
+	return try >= 20 && time.Since(start) > storeOutage
 }
 
 func backoffStep(try int) time.Duration {

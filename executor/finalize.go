@@ -135,9 +135,10 @@ func (x *execution) finalize(o *outcome, attempts int) {
 
 // createEnvelope writes the envelope once. It reports whether the message may
 // be acknowledged (an envelope, ours or another's, exists) and returns the
-// stored envelope when it could be read.
+// stored envelope.
 func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
+	start := time.Now()
 	for try := 0; ; try++ {
 		ctx, cancel := x.casCtx()
 		_, err := broker.Create(ctx, w.b.Envelopes, x.req.ExecutionID, env)
@@ -147,22 +148,28 @@ func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 			return env, true
 		}
 		if errors.Is(err, broker.ErrExists) {
-			have := x.storedEnvelope()
-			if have != nil && have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
+			have, lerr := x.storedEnvelope()
+			if lerr != nil {
+				// Not found: a replicated bucket can refuse a create
+				// spuriously. Unreadable: unknown is not present. Either way,
+				// acknowledging now could lose the execution.
+				if w.storeGivesUp(start, try) {
+					w.log.Error("envelope refused but not readable", "executionId", x.req.ExecutionID, "err", lerr)
+					return nil, false
+				}
+				time.Sleep(backoffStep(try))
+				continue
+			}
+			if have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
 				w.finalized.Add(1) // our own write, whose answer was lost
 				return have, true
 			}
 			w.conflicts.Add(1)
-			data := map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
-				"discardedAttempts": env.Attempts}
-			if have != nil {
-				data["finalizedBy"] = have.FinalizedBy
-				data["status"] = string(have.Status)
-			}
-			x.emit(audit.EnvelopeConflict, data)
+			x.emit(audit.EnvelopeConflict, map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
+				"discardedAttempts": env.Attempts, "finalizedBy": have.FinalizedBy, "status": string(have.Status)})
 			return have, true
 		}
-		if try >= 30 || x.w.base.Err() != nil {
+		if w.storeGivesUp(start, try) {
 			// Leave the message unacknowledged: its redelivery decides again.
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
 			return nil, false
@@ -171,19 +178,28 @@ func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 	}
 }
 
-// storedEnvelope reads the envelope a create was refused for; a read that
-// keeps failing returns nil.
-func (x *execution) storedEnvelope() *envelope.Envelope {
+// storedEnvelope reads the envelope a create was refused for. An absence is
+// confirmed with the stream's leader: a replica catching up after a restart
+// may not have the envelope yet.
+func (x *execution) storedEnvelope() (*envelope.Envelope, error) {
+	var err error
 	for try := 0; try < 5; try++ {
 		ctx, cancel := storeCtx()
-		have, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+		var have *envelope.Envelope
+		have, _, err = broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+		if errors.Is(err, broker.ErrNotFound) {
+			have, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.req.ExecutionID)
+		}
 		cancel()
 		if err == nil {
-			return have
+			return have, nil
+		}
+		if errors.Is(err, broker.ErrNotFound) {
+			return nil, err
 		}
 		time.Sleep(backoffStep(try))
 	}
-	return nil
+	return nil, err
 }
 
 // checkOutput is stages 12 and 13: validation, redaction, encoding. Nothing

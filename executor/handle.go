@@ -155,7 +155,10 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	now := time.Now().UTC()
-	if rec.leaseLive(now) && rec.State != StatePending {
+	// This worker's own live lease on an execution it does not run (handle
+	// checked) is a claim whose answer was lost, or one it left when the
+	// store stopped answering: there is nobody to wait for.
+	if rec.leaseLive(now) && rec.State != StatePending && rec.Worker != w.cfg.ID {
 		nak(x.msg, rec.LeaseUntil.Sub(now)+50*time.Millisecond)
 		return
 	}
@@ -233,6 +236,11 @@ func (x *execution) envelope() (*envelope.Envelope, error) {
 	ctx, cancel := storeCtx()
 	defer cancel()
 	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+	if errors.Is(err, broker.ErrNotFound) {
+		// A replica catching up after a restart may not have it yet: the
+		// stream's leader decides.
+		env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.req.ExecutionID)
+	}
 	if errors.Is(err, broker.ErrNotFound) {
 		return nil, nil
 	}

@@ -246,6 +246,7 @@ func (w *Worker) Run(ctx context.Context) error {
 						return
 					}
 					w.log.Warn("pull failed", "err", err)
+					time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
 					continue
 				}
 				wg.Add(1)

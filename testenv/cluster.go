@@ -26,7 +26,7 @@ type Cluster struct {
 // StartCluster starts n JetStream servers that route to each other, each with its
 // own store directory, and returns once JetStream can place a stream replicated
 // on all of them. All nodes are shut down when the test ends.
-func StartCluster(t testing.TB, n int) *Cluster {
+func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("testenv: StartCluster needs at least one node, got %d", n)
@@ -42,13 +42,17 @@ func StartCluster(t testing.TB, n int) *Cluster {
 				routes = append(routes, routeURL(p))
 			}
 		}
-		c.Nodes = append(c.Nodes, &Env{opts: natsserver.Options{
+		node := &Env{opts: natsserver.Options{
 			StoreDir:    t.TempDir(),
 			Port:        clientPorts[i],
 			Name:        fmt.Sprintf("node-%d", i),
 			ClusterPort: clusterPorts[i],
 			Routes:      routes,
-		}})
+		}}
+		for _, o := range opts {
+			o(&node.opts)
+		}
+		c.Nodes = append(c.Nodes, node)
 	}
 	// Registered after the first t.TempDir, so it runs before the store
 	// directories are removed: a node left running keeps writing there.

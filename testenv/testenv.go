@@ -22,11 +22,20 @@ type Env struct {
 	opts natsserver.Options
 }
 
+// Option changes how a server is started.
+type Option func(*natsserver.Options)
+
+// SyncAlways makes JetStream fsync every write before acknowledging it.
+func SyncAlways() Option { return func(o *natsserver.Options) { o.SyncAlways = true } }
+
 // Start starts a JetStream server with a file store under t.TempDir() on a random
 // loopback port. It is shut down when the test ends.
-func Start(t testing.TB) *Env {
+func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	e := &Env{opts: natsserver.Options{StoreDir: t.TempDir(), Port: -1}}
+	for _, o := range opts {
+		o(&e.opts)
+	}
 	e.start(t)
 	// Later restarts reuse the port, so clients given e.URL find the server again.
 	e.opts.Port = e.Server.Addr().(*net.TCPAddr).Port

@@ -26,7 +26,9 @@ func runDev(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 
-	e, err := startEmbedded(ctx, opts, sf.brokerConfig(), log)
+	bcfg := sf.brokerConfig()
+	bcfg.Replicas = wf.replicas
+	e, err := startEmbedded(ctx, opts, bcfg, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}

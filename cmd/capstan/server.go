@@ -89,7 +89,7 @@ type embedded struct {
 
 // startEmbedded starts the server and provisions the resources, retrying
 // until ctx ends: a clustered node can provision only once its peers are up.
-func startEmbedded(ctx context.Context, opts natsserver.Options, cfg broker.Config, log *slog.Logger) (*embedded, error) {
+func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Config, log *slog.Logger) (*embedded, error) {
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
 	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
@@ -106,9 +106,9 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, cfg broker.Conf
 	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		e.b, err = broker.Provision(pctx, e.nc, cfg)
+		e.b, err = broker.Provision(pctx, e.nc, bcfg)
 		if err == nil {
-			e.js, err = demo.Provision(pctx, e.nc, 1)
+			e.js, err = demo.Provision(pctx, e.nc, e.b.Replicas)
 		}
 		cancel()
 		if err == nil {
@@ -137,12 +137,13 @@ func (e *embedded) stop() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
 	routes := fs.String("routes", "", "other nodes' route URLs, comma-separated")
 	syncMode := fs.String("sync", "default", "always: fsync every write before acknowledging it; default: the server's interval")
+	replicas := fs.Int("replicas", 0, "replicas of the streams and buckets this server creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -169,10 +170,18 @@ func runServer(args []string) int {
 		return usageError("--sync %q: want always or default", *syncMode)
 	}
 
+	bcfg := sf.brokerConfig()
+	bcfg.Replicas = *replicas
+	if len(opts.Routes) > 0 {
+		// This node and the ones it routes to: the cluster's size is known
+		// before every peer is up, so auto does not settle for R1 early.
+		bcfg.ClusterSize = len(opts.Routes) + 1
+	}
+
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	e, err := startEmbedded(ctx, opts, sf.brokerConfig(), log)
+	e, err := startEmbedded(ctx, opts, bcfg, log)
 	if err != nil {
 		return fail(exitFailed, "server: %v", err)
 	}

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go"
@@ -20,6 +23,10 @@ type workerFlags struct {
 	grace       time.Duration
 	strictAudit bool
 	id          string
+	replicas    int
+	// capabilities, comma-separated, is the part of the demo catalog served
+	// (worker only); empty serves it all.
+	capabilities string
 }
 
 func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
@@ -30,25 +37,43 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "how long a shutdown waits for in-flight executions")
 	fs.BoolVar(&f.strictAudit, "strict-audit", false, "fail an execution whose capability.started event is not stored")
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
+	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
 
-// newDemoWorker returns a worker serving the demo catalog, its effects kept in js.
+// newDemoWorker returns a worker serving the demo catalog, or the part of it
+// f names, its effects kept in js.
 func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *slog.Logger) (*executor.Worker, error) {
-	reg, err := executor.NewRegistry(demo.Catalog(js)...)
+	caps := demo.Catalog(js)
+	if f.capabilities != "" {
+		byID := map[string]executor.Capability{}
+		for _, c := range caps {
+			byID[c.ID()] = c
+		}
+		caps = nil
+		for _, id := range strings.Split(f.capabilities, ",") {
+			c, ok := byID[strings.TrimSpace(id)]
+			if !ok {
+				return nil, fmt.Errorf("--capabilities: the demo catalog has no %q", strings.TrimSpace(id))
+			}
+			caps = append(caps, c)
+		}
+	}
+	reg, err := executor.NewRegistry(caps...)
 	if err != nil {
 		return nil, err
 	}
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
-		StrictAudit: f.strictAudit, ID: f.id, Logger: log,
+		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
 	})
 }
 
 func runWorker(args []string) int {
-	fs := newFlags("worker", "[--pool NAME] [--concurrency N] [--lease D] [--grace D] [--strict-audit]")
+	fs := newFlags("worker", "[--pool NAME] [--capabilities ID,ID] [--concurrency N] [--lease D] [--grace D] [--strict-audit] [--replicas N]")
 	conn := addConnFlags(fs)
 	wf := addWorkerFlags(fs)
+	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -62,7 +87,7 @@ func runWorker(args []string) int {
 	defer stop()
 
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	js, err := demo.Provision(pctx, nc, 1)
+	js, err := demo.Provision(pctx, nc, wf.replicas)
 	cancel()
 	if err != nil {
 		return usageError("%v", err)

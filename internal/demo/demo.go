@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -95,26 +96,80 @@ type RefundOutput struct {
 	Repeated bool   `json:"repeated"`
 }
 
-// Provision creates the demo's outbox stream and refunds bucket.
+// Streams names the demo's streams: the outbox and the refunds bucket's.
+var Streams = []string{OutboxStream, "KV_" + RefundsBucket}
+
+// Provision creates the demo's outbox stream and refunds bucket when they do
+// not exist. replicas is as broker.Config.Replicas: 0 is auto (existing
+// resources keep theirs, new ones get broker.DetectReplicas' choice); an
+// explicit count must match existing resources. Existing resources are never
+// changed.
 func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetStream, error) {
-	if replicas <= 0 {
-		replicas = 1
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("demo: outbox stream: %w", err)
+	explicit := replicas > 0
+	forNew := func() int {
+		if replicas == 0 {
+			replicas = broker.DetectReplicas(ctx, nc)
+		}
+		return replicas
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("demo: refunds bucket: %w", err)
+	for _, r := range []struct {
+		stream string
+		create func(n int) error
+	}{
+		{OutboxStream, func(n int) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: n,
+			})
+			return err
+		}},
+		{"KV_" + RefundsBucket, func(n int) error {
+			_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+				Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: n,
+			})
+			return err
+		}},
+	} {
+		// Create first: on a cluster, a stream's info waits for its group's
+		// leader, a create does not.
+		cerr := r.create(forNew())
+		if cerr == nil {
+			continue
+		}
+		s, err := js.Stream(ctx, r.stream)
+		if err != nil {
+			return nil, fmt.Errorf("demo: create %s: %w", r.stream, cerr)
+		}
+		if have := s.CachedInfo().Config.Replicas; explicit && have != replicas {
+			return nil, fmt.Errorf("%w: demo stream %s: Replicas is %d, wanted %d", broker.ErrConfigConflict, r.stream, have, replicas)
+		}
 	}
 	return js, nil
+}
+
+// sendOnce publishes m to the outbox, again under the same message id while
+// the stream does not answer (its leader may have just been lost): the
+// stream's dedup window keeps one message however many tries it took. The id
+// names the attempt, so that a second attempt, which the runtime must never
+// make, would show as a second message.
+func sendOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg, id string) (*jetstream.PubAck, error) {
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := js.PublishMsg(tctx, m, jetstream.WithMsgID(id))
+		cancel()
+		var apiErr *jetstream.APIError
+		if err == nil || ctx.Err() != nil || (errors.As(err, &apiErr) && apiErr.Code != 503) {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(min(try, 10)) * 100 * time.Millisecond):
+		}
+	}
 }
 
 // Catalog returns the demo capabilities, their effects kept in js.
@@ -161,7 +216,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			m := nats.NewMsg(OutboxSubject)
 			m.Header.Set(ExecutionIDHeader, c.ExecutionID)
 			m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
-			ack, err := js.PublishMsg(ctx, m)
+			ack, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d", c.ExecutionID, c.Attempt))
 			if err != nil {
 				return EmailOutput{}, fmt.Errorf("outbox: %w", err)
 			}

@@ -1,0 +1,147 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// How a client rides out a failover: a replicated stream that lost its leader
+// answers again once its group elects another (seconds), and a connection
+// whose server was lost reconnects to another server on its own.
+const (
+	// publishTry bounds one attempt to store a request.
+	publishTry = 5 * time.Second
+	// asyncAckWait is how long an asynchronous publish waits for its
+	// acknowledgement before it is published again.
+	asyncAckWait = 10 * time.Second
+	// sweepAfter: waiters older than this are re-read now and then even
+	// when nothing suggests that a notification was missed.
+	sweepAfter = 30 * time.Second
+)
+
+// publish stores m in the exec stream. It publishes again under the same
+// message id until JetStream acknowledges or refuses it, or ctx ends: within
+// the dedup window a repeat of a request that was stored after all is
+// dropped, so a lost acknowledgement never submits twice.
+func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
+	for try := 0; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, publishTry)
+		_, err := c.b.JS.PublishMsg(tctx, m)
+		cancel()
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			return err
+		}
+		c.cfg.Logger.Debug("request not stored yet; publishing again", "subject", m.Subject, "try", try+1, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoffStep(try)):
+		}
+	}
+}
+
+// transient reports whether a publish error may pass by itself: no stream
+// answered (yet), or the answer was lost. An error JetStream itself returned
+// for the request is final, except "temporarily unavailable" (503).
+func transient(err error) bool {
+	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubject) {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503
+	}
+	return true
+}
+
+// Envelope notifications are core NATS messages, so a client can miss one:
+// while it reconnects, or when a stream leader is lost between storing an
+// envelope and republishing it. The client notices both (a reconnect, a gap in
+// the envelope stream's sequence) and re-reads the envelopes it waits for;
+// every sweepAfter it also re-reads those waiting longer than that.
+func (c *Client) watchMissed() {
+	defer close(c.watchDone)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	reconnects := c.b.NC.Stats().Reconnects
+	lastSweep := time.Now()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.gap:
+			c.recheck(0)
+		case now := <-t.C:
+			if r := c.b.NC.Stats().Reconnects; r != reconnects {
+				reconnects = r
+				c.recheck(0)
+			} else if now.Sub(lastSweep) >= sweepAfter {
+				lastSweep = now
+				c.recheck(sweepAfter)
+			}
+		}
+	}
+}
+
+// noteSequence signals a gap when a republished envelope does not follow the
+// last one seen: the envelopes in between were stored but not seen here.
+func (c *Client) noteSequence(m *nats.Msg) {
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return
+	}
+	if prev := c.lastSeq.Swap(seq); prev != 0 && seq != prev+1 {
+		select {
+		case c.gap <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// recheck reads the envelope of every execution waited for since at least
+// minAge and hands the ones that exist to their waiters.
+func (c *Client) recheck(minAge time.Duration) {
+	now := time.Now()
+	c.mu.Lock()
+	var ids []string
+	for id, since := range c.since {
+		if now.Sub(since) >= minAge {
+			ids = append(ids, id)
+		}
+	}
+	c.mu.Unlock()
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(16, len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := range work {
+				ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
+				// From the leader: a replica catching up after a restart
+				// answers "not found" for envelopes it has yet to receive.
+				env, _, err := broker.LoadFromLeader[envelope.Envelope](ctx, c.b.NC, c.b.Envelopes, id)
+				cancel()
+				if err == nil {
+					c.deliver(id, env)
+				}
+			}
+		}()
+	}
+	for _, id := range ids {
+		if c.ctx.Err() != nil {
+			break
+		}
+		work <- id
+	}
+	close(work)
+	wg.Wait()
+}
