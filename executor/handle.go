@@ -46,7 +46,7 @@ func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *bindin
 		nak(msg, 0)
 		return
 	}
-	if !w.cfg.DisableLeaseRenewal {
+	if !w.cfg.DisableLeaseRenewal && !fresh(msg, w.cfg.Lease/10) {
 		// The delivery may have waited in the pull buffer: restart its ack
 		// timer now, as the claim starts its lease.
 		_ = msg.InProgress()
@@ -331,4 +331,12 @@ func (w *Worker) handleUnrouted(msg jetstream.Msg) {
 		missing = "invalid-id"
 	}
 	w.claimAndRun(msg, req, nil, missing)
+}
+
+// fresh reports whether msg was stored less than d ago: then it cannot have
+// waited longer in the pull buffer, its ack timer has nearly all its length
+// left, and the lease keeper's first InProgress comes well before it runs out.
+func fresh(msg jetstream.Msg, d time.Duration) bool {
+	meta, err := msg.Metadata()
+	return err == nil && time.Since(meta.Timestamp) < d
 }
