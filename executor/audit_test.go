@@ -82,8 +82,11 @@ func expectTypes(t *testing.T, trail []audit.Event, want ...string) {
 }
 
 // dataInt reads an integer of an event's data, whatever width msgpack chose.
-func dataInt(ev audit.Event, key string) int64 {
-	n, err := strconv.ParseInt(fmt.Sprint(ev.Data[key]), 10, 64)
+func dataInt(ev audit.Event, key string) int64 { return intValue(ev.Data[key]) }
+
+// intValue reads an integer msgpack decoded at any width; -1 if v is none.
+func intValue(v any) int64 {
+	n, err := strconv.ParseInt(fmt.Sprint(v), 10, 64)
 	if err != nil {
 		return -1
 	}

@@ -118,7 +118,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 		t.Errorf("%d capability.retried events after a cancel", n)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeCancelled) || num(last.Data["attempts"]) != 1 {
+	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeCancelled) || intValue(last.Data["attempts"]) != 1 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -162,7 +162,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 		t.Errorf("the handler was called %d times", n)
 	}
 	evs := trail(t, c, id)
-	if got := types(evs); len(got) != 2 || got[0] != audit.Requested || got[1] != audit.Cancelled {
+	if got := typesOf(evs); len(got) != 2 || got[0] != audit.Requested || got[1] != audit.Cancelled {
 		t.Errorf("trail %v, want requested then cancelled", got)
 	}
 	// The record is finalized after the envelope is written.

@@ -203,7 +203,7 @@ func (s *store) waitEvent(id, typ string) audit.Event {
 		}
 		select {
 		case <-ctx.Done():
-			s.t.Fatalf("no %s event for %s; trail: %v", typ, id, eventTypes(s.trail(id)))
+			s.t.Fatalf("no %s event for %s; trail: %v", typ, id, typesOf(s.trail(id)))
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -238,14 +238,6 @@ func (s *store) settled(id string) []audit.Event {
 		prev = len(tr)
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func eventTypes(tr []audit.Event) []string {
-	out := make([]string, len(tr))
-	for i, ev := range tr {
-		out[i] = ev.Type
-	}
-	return out
 }
 
 func count(tr []audit.Event, typ string) int {
@@ -415,7 +407,7 @@ func TestTakeoverTable(t *testing.T) {
 					t.Errorf("envelope rewritten by %s", got.FinalizedBy)
 				}
 				if n := count(tr, audit.DuplicateDelivery); n != 1 {
-					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, eventTypes(tr))
+					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, typesOf(tr))
 				}
 				if n := w.Stats().Duplicates; n != 1 {
 					t.Errorf("worker counted %d duplicates", n)
@@ -462,7 +454,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 	}
 	if want.takenFrom == "" {
 		if n := count(tr, audit.TakenOver); n != 0 {
-			t.Errorf("%d taken_over events, want none; trail %v", n, eventTypes(tr))
+			t.Errorf("%d taken_over events, want none; trail %v", n, typesOf(tr))
 		}
 	} else {
 		from := want.from
@@ -471,7 +463,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		}
 		ev, ok := find(tr, audit.TakenOver)
 		if !ok || field(ev, "fromWorker") != from || field(ev, "state") != string(want.takenFrom) {
-			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, eventTypes(tr))
+			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, typesOf(tr))
 		}
 	}
 	retried := 0
@@ -486,7 +478,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		}
 	}
 	if (want.retried > 0) != (retried == 1) {
-		t.Errorf("%d capability.retried events; trail %v", retried, eventTypes(tr))
+		t.Errorf("%d capability.retried events; trail %v", retried, typesOf(tr))
 	}
 	if n := count(tr, audit.Started); n != len(want.calls) {
 		t.Errorf("%d capability.started events for %d calls", n, len(want.calls))
@@ -779,7 +771,7 @@ func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
 	}
 	ev, ok := find(tr, audit.Retried)
 	if !ok || field(ev, "previousErrorCode") != string(envelope.CodeWorkerLost) {
-		t.Fatalf("retried %+v; trail %v", ev, eventTypes(tr))
+		t.Fatalf("retried %+v; trail %v", ev, typesOf(tr))
 	}
 }
 

@@ -272,14 +272,20 @@ func (c *Client) awaitOn(ctx context.Context, id string, ch chan *envelope.Envel
 	// waiter: one Get closes that race. It is bounded on its own: a request
 	// lost with a server that went down is never answered, and the waiter's
 	// re-reads cover a Get that failed.
-	lctx, cancel := context.WithTimeout(ctx, publishTry)
-	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
-	cancel()
-	if err == nil {
+	if env, err := c.loadEnvelope(ctx, id); err == nil {
 		c.unwait(id, ch)
 		return env, nil
 	}
 	return c.awaitFresh(ctx, id, ch, c.reconnects())
+}
+
+// loadEnvelope reads an envelope with a bound of its own: a request lost with
+// a server that went down is never answered.
+func (c *Client) loadEnvelope(ctx context.Context, id string) (*envelope.Envelope, error) {
+	lctx, cancel := context.WithTimeout(ctx, publishTry)
+	defer cancel()
+	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+	return env, err
 }
 
 // awaitFresh waits for the envelope of a request whose waiter was registered
@@ -300,10 +306,7 @@ func (c *Client) awaitFresh(ctx context.Context, id string, ch chan *envelope.En
 		case <-t.C:
 			if now := c.reconnects(); now != reconnects {
 				reconnects = now
-				lctx, cancel := context.WithTimeout(ctx, publishTry)
-				env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
-				cancel()
-				if err == nil {
+				if env, err := c.loadEnvelope(ctx, id); err == nil {
 					c.unwait(id, ch)
 					return env, nil
 				}

@@ -215,10 +215,10 @@ func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
 	evs := trail(t, c, got.ExecutionID)
 	retried := ofType(evs, audit.Retried)
 	if len(retried) != 2 {
-		t.Fatalf("%d capability.retried events: %v", len(retried), types(evs))
+		t.Fatalf("%d capability.retried events: %v", len(retried), typesOf(evs))
 	}
 	for i, ev := range retried {
-		if num(ev.Data["attempt"]) != int64(i+2) || ev.Data["previousErrorCode"] != string(envelope.CodeExecutionFailed) {
+		if intValue(ev.Data["attempt"]) != int64(i+2) || ev.Data["previousErrorCode"] != string(envelope.CodeExecutionFailed) {
 			t.Errorf("retried #%d: %v", i, ev.Data)
 		}
 	}
@@ -231,7 +231,7 @@ func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
 		t.Errorf("%d capability.started events", len(started))
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Completed || num(last.Data["attempts"]) != 3 {
+	if last.Type != audit.Completed || intValue(last.Data["attempts"]) != 3 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -256,7 +256,7 @@ func TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts(t *testing.T) {
 		t.Errorf("%d capability.retried events", n)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Failed || num(last.Data["attempts"]) != 3 || last.Data["code"] != string(envelope.CodeExecutionFailed) {
+	if last.Type != audit.Failed || intValue(last.Data["attempts"]) != 3 || last.Data["code"] != string(envelope.CodeExecutionFailed) {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -283,11 +283,11 @@ func TestDemoSleep_TimesOutOnBothAttempts(t *testing.T) {
 	}
 	evs := trail(t, c, got.ExecutionID)
 	retried := ofType(evs, audit.Retried)
-	if len(retried) != 1 || num(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeTimeout) {
+	if len(retried) != 1 || intValue(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeTimeout) {
 		t.Errorf("retried events %v", retried)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeTimeout) || num(last.Data["attempts"]) != 2 {
+	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeTimeout) || intValue(last.Data["attempts"]) != 2 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -567,7 +567,7 @@ func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			t.Fatalf("audit trail of %s after %v: %v", executionID, types(evs), err)
+			t.Fatalf("audit trail of %s after %v: %v", executionID, typesOf(evs), err)
 		}
 		var ev audit.Event
 		if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
@@ -589,41 +589,6 @@ func ofType(evs []audit.Event, typ string) []audit.Event {
 		}
 	}
 	return out
-}
-
-func types(evs []audit.Event) []string {
-	out := make([]string, len(evs))
-	for i, ev := range evs {
-		out[i] = ev.Type
-	}
-	return out
-}
-
-// num reads an integer of an event's data, whatever width msgpack chose.
-func num(v any) int64 {
-	switch n := v.(type) {
-	case int8:
-		return int64(n)
-	case int16:
-		return int64(n)
-	case int32:
-		return int64(n)
-	case int64:
-		return n
-	case int:
-		return int64(n)
-	case uint8:
-		return int64(n)
-	case uint16:
-		return int64(n)
-	case uint32:
-		return int64(n)
-	case uint64:
-		return int64(n)
-	case float64:
-		return int64(n)
-	}
-	return -1
 }
 
 // TestTakeoverInBackoff_FollowsTheRetryRule: an execution whose worker was
@@ -682,7 +647,7 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 			evs := trail(t, c, id)
 			retried := ofType(evs, audit.Retried)
 			if tc.status == envelope.StatusCompleted {
-				if len(retried) != 1 || num(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeWorkerLost) {
+				if len(retried) != 1 || intValue(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeWorkerLost) {
 					t.Errorf("retried %v", retried)
 				}
 				return
