@@ -1,11 +1,21 @@
 // Package demo is the demo catalog that `capstan dev` and `capstan worker`
 // serve: five capabilities with which every rule of the design can be seen.
+//
+// Every handler but demo.echo first appends one message to the calls stream
+// (CallsStream), before it does anything else, under a message id of its own
+// call: a second run of the same attempt, which the runtime must never make,
+// shows as a second message there, while the outbox keeps one email per
+// attempt. Crash tests count the calls stream, which outlives the workers
+// they kill. demo.echo records nothing: it is the no-op that benchmarks call.
 package demo
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -20,8 +30,15 @@ const (
 	OutboxStream  = "CAPSTAN_DEMO_OUTBOX"
 	OutboxSubject = "capstan.demo.outbox"
 	RefundsBucket = "CAPSTAN_DEMO_REFUNDS"
-	// ExecutionIDHeader carries the execution id on every outbox message.
+	// CallsStream keeps one message per handler call, on the subject
+	// CallsSubject.<capability id>, without deduplication across calls.
+	CallsStream  = "CAPSTAN_DEMO_CALLS"
+	CallsSubject = "capstan.demo.calls"
+	// ExecutionIDHeader carries the execution id on every outbox and calls
+	// message.
 	ExecutionIDHeader = "Capstan-Execution-Id"
+	// AttemptHeader carries the attempt number on every calls message.
+	AttemptHeader = "Capstan-Attempt"
 	// RefundApprovalAbove is the amount above which a refund needs approval.
 	RefundApprovalAbove = 500
 )
@@ -96,8 +113,9 @@ type RefundOutput struct {
 	Repeated bool   `json:"repeated"`
 }
 
-// Streams names the demo's streams: the outbox and the refunds bucket's.
-var Streams = []string{OutboxStream, "KV_" + RefundsBucket}
+// Streams names the demo's streams: the outbox, the calls stream and the
+// refunds bucket's.
+var Streams = []string{OutboxStream, CallsStream, "KV_" + RefundsBucket}
 
 // Provision creates the demo's outbox stream and refunds bucket when they do
 // not exist. replicas is as broker.Config.Replicas: 0 is auto (existing
@@ -126,6 +144,12 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 			})
 			return err
 		}},
+		{CallsStream, func(n int) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: CallsStream, Subjects: []string{CallsSubject + ".>"}, Storage: jetstream.FileStorage, Replicas: n,
+			})
+			return err
+		}},
 		{"KV_" + RefundsBucket, func(n int) error {
 			_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 				Bucket: RefundsBucket, Storage: jetstream.FileStorage, Replicas: n,
@@ -150,11 +174,9 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 	return js, nil
 }
 
-// sendOnce publishes m to the outbox, again under the same message id while
-// the stream does not answer (its leader may have just been lost): the
-// stream's dedup window keeps one message however many tries it took. The id
-// names the attempt, so that a second attempt, which the runtime must never
-// make, would show as a second message.
+// sendOnce publishes m, again under the same message id while the stream
+// does not answer (its leader may have just been lost): the stream's dedup
+// window keeps one message however many tries it took.
 func sendOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg, id string) (*jetstream.PubAck, error) {
 	for try := 1; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -172,6 +194,100 @@ func sendOnce(ctx context.Context, js jetstream.JetStream, m *nats.Msg, id strin
 	}
 }
 
+// recorded returns h preceded by one message to the calls stream. The message
+// id names this call alone (a random part, drawn per call), so that the
+// stream's dedup window absorbs the retries of one publish but never a second
+// call of the same attempt.
+func recorded[In, Out any](js jetstream.JetStream, h executor.Handler[In, Out]) executor.Handler[In, Out] {
+	return func(ctx context.Context, c executor.Call[In]) (Out, error) {
+		m := nats.NewMsg(CallsSubject + "." + c.CapabilityID)
+		m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+		m.Header.Set(AttemptHeader, strconv.Itoa(c.Attempt))
+		if _, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d-%s", c.ExecutionID, c.Attempt, rand.Text())); err != nil {
+			var zero Out
+			return zero, fmt.Errorf("calls stream: %w", err)
+		}
+		return h(ctx, c)
+	}
+}
+
+// HandlerCall is one message of the calls stream: one call of a handler.
+type HandlerCall struct {
+	CapabilityID string
+	ExecutionID  string
+	Attempt      int
+}
+
+// ReadCalls returns every handler call the calls stream holds, oldest first.
+func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, error) {
+	s, err := js.Stream(ctx, CallsStream)
+	if err != nil {
+		return nil, fmt.Errorf("demo: calls stream: %w", err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, fmt.Errorf("demo: read calls: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("demo: read calls: %w", err)
+	}
+	calls := make([]HandlerCall, 0, info.NumPending)
+	for left := info.NumPending; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("demo: read calls: %w", err)
+		}
+		got := uint64(0)
+		for m := range batch.Messages() {
+			attempt, _ := strconv.Atoi(m.Headers().Get(AttemptHeader))
+			calls = append(calls, HandlerCall{
+				CapabilityID: strings.TrimPrefix(m.Subject(), CallsSubject+"."),
+				ExecutionID:  m.Headers().Get(ExecutionIDHeader),
+				Attempt:      attempt,
+			})
+			got++
+		}
+		if got == 0 {
+			if err := batch.Error(); err != nil {
+				return nil, fmt.Errorf("demo: read calls: %w", err)
+			}
+			return nil, fmt.Errorf("demo: read calls: %d of %d messages not delivered", left, info.NumPending)
+		}
+		left -= got
+	}
+	return calls, nil
+}
+
+// sendEmail is email.send's handler: one message to the outbox, then a hold.
+func sendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
+	return func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
+		m := nats.NewMsg(OutboxSubject)
+		m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+		m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
+		// The outbox is the per-attempt view: its message id names the
+		// attempt, so a second attempt, which the runtime must never make,
+		// shows as a second email; a second run of the same attempt shows in
+		// the calls stream.
+		ack, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d", c.ExecutionID, c.Attempt))
+		if err != nil {
+			return EmailOutput{}, fmt.Errorf("outbox: %w", err)
+		}
+		// The dangerous window: the effect happened, the result is not yet
+		// recorded. A crash here must never send the email again.
+		if c.Input.HoldMs > 0 {
+			t := time.NewTimer(time.Duration(c.Input.HoldMs) * time.Millisecond)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return EmailOutput{}, ctx.Err()
+			}
+		}
+		return EmailOutput{OutboxSeq: ack.Sequence}, nil
+	}
+}
+
 // Catalog returns the demo capabilities, their effects kept in js.
 func Catalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
@@ -186,19 +302,19 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Description: "Fails retryably while its attempt number is at most failTimes, then succeeds.",
 			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Retry: &executor.Retry{MaxAttempts: 2},
-		}, func(ctx context.Context, c executor.Call[FlakyInput]) (FlakyOutput, error) {
+		}, recorded(js, func(ctx context.Context, c executor.Call[FlakyInput]) (FlakyOutput, error) {
 			if c.Attempt <= c.Input.FailTimes {
 				return FlakyOutput{}, &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Retryable: true,
 					ExposeToModel: true, Message: fmt.Sprintf("Attempt %d failed on purpose.", c.Attempt)}
 			}
 			return FlakyOutput{Attempt: c.Attempt}, nil
-		}),
+		})),
 
 		executor.Define("demo.sleep", executor.Meta{
 			Description: "Sleeps ms milliseconds, honouring cancellation; times out after 1 s.",
 			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: time.Second, Retry: &executor.Retry{MaxAttempts: 1},
-		}, func(ctx context.Context, c executor.Call[SleepInput]) (SleepOutput, error) {
+		}, recorded(js, func(ctx context.Context, c executor.Call[SleepInput]) (SleepOutput, error) {
 			t := time.NewTimer(time.Duration(c.Input.Ms) * time.Millisecond)
 			defer t.Stop()
 			select {
@@ -207,32 +323,12 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			case <-ctx.Done():
 				return SleepOutput{}, ctx.Err()
 			}
-		}),
+		})),
 
 		executor.Define("email.send", executor.Meta{
 			Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
 			Expose:      everywhere, SideEffect: executor.External, Risk: executor.RiskMedium, Tags: []string{"demo"},
-		}, func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
-			m := nats.NewMsg(OutboxSubject)
-			m.Header.Set(ExecutionIDHeader, c.ExecutionID)
-			m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
-			ack, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d", c.ExecutionID, c.Attempt))
-			if err != nil {
-				return EmailOutput{}, fmt.Errorf("outbox: %w", err)
-			}
-			// The dangerous window: the effect happened, the result is not yet
-			// recorded. A crash here must never send the email again.
-			if c.Input.HoldMs > 0 {
-				t := time.NewTimer(time.Duration(c.Input.HoldMs) * time.Millisecond)
-				defer t.Stop()
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					return EmailOutput{}, ctx.Err()
-				}
-			}
-			return EmailOutput{OutboxSeq: ack.Sequence}, nil
-		}),
+		}, recorded(js, sendEmail(js))),
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
@@ -249,7 +345,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 					return executor.Decision{Stance: executor.Allow}, nil
 				},
 			}},
-		}, func(ctx context.Context, c executor.Call[RefundInput]) (RefundOutput, error) {
+		}, recorded(js, func(ctx context.Context, c executor.Call[RefundInput]) (RefundOutput, error) {
 			kv, err := js.KeyValue(ctx, RefundsBucket)
 			if err != nil {
 				return RefundOutput{}, err
@@ -265,6 +361,6 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 					Message: "The refund store is unavailable.", Cause: err}
 			}
 			return RefundOutput{OrderID: c.Input.OrderID, Amount: c.Input.Amount}, nil
-		}),
+		})),
 	}
 }
