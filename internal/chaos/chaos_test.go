@@ -35,10 +35,25 @@ func scale[T any](short, long T) T {
 // takeovers happen within the run.
 const chaosLease = 2 * time.Second
 
+// runCtx ends a little before the test's own deadline: what the test waits
+// for, it waits for until then.
+func runCtx(t *testing.T) context.Context {
+	t.Helper()
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(-time.Minute))
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // submitSpread submits n executions evenly over d, from a few goroutines, and
-// returns the ids JetStream acknowledged and those it did not.
+// returns the ids JetStream acknowledged and those it did not. A submission
+// is tried again while the server is away, until the test's deadline.
 func submitSpread(t *testing.T, c *executor.Client, n int, d time.Duration, call func(i int) (string, any)) (acked, refused []string) {
 	t.Helper()
+	ctx := runCtx(t)
 	const senders = 8
 	var (
 		mu sync.Mutex
@@ -62,9 +77,7 @@ func submitSpread(t *testing.T, c *executor.Client, n int, d time.Duration, call
 			for i := range next {
 				capID, input := call(i)
 				id := envelope.NewExecutionID()
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				_, err := c.Submit(ctx, capID, input, executor.WithID(id))
-				cancel()
 				mu.Lock()
 				if err != nil {
 					refused = append(refused, id)
@@ -83,11 +96,10 @@ func submitSpread(t *testing.T, c *executor.Client, n int, d time.Duration, call
 func spread(i, max int) int { return (i * 7919) % (max + 1) }
 
 // awaitAll waits until every id has an envelope and the exec stream is empty
-// (every request acknowledged).
-func awaitAll(t *testing.T, b *broker.Broker, ids []string, within time.Duration) {
+// (every request acknowledged), until the test's deadline.
+func awaitAll(t *testing.T, b *broker.Broker, ids []string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
+	ctx := runCtx(t)
 	missing := append([]string(nil), ids...)
 	for len(missing) > 0 {
 		var still []string
@@ -105,7 +117,7 @@ func awaitAll(t *testing.T, b *broker.Broker, ids []string, within time.Duration
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%d of %d executions have no envelope after %v, e.g. %s", len(missing), len(ids), within, missing[0])
+			t.Fatalf("%d of %d executions have no envelope by the test's deadline, e.g. %s", len(missing), len(ids), missing[0])
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -126,9 +138,19 @@ func awaitAll(t *testing.T, b *broker.Broker, ids []string, within time.Duration
 type outcome struct {
 	env      *envelope.Envelope
 	rec      *executor.Record
-	outbox   int // email.send's effects
-	started  int // capability.started events
-	lostOver int // capability.retried after WORKER_LOST
+	outbox   int         // email.send's effects, one per attempt at most
+	calls    map[int]int // handler calls by attempt, from the calls stream
+	started  int         // capability.started events
+	lostOver int         // capability.retried after WORKER_LOST
+}
+
+// handlerCalls is how many times the execution's handler ran.
+func (o *outcome) handlerCalls() int {
+	n := 0
+	for _, k := range o.calls {
+		n += k
+	}
+	return n
 }
 
 // tally is what a run left in the store.
@@ -138,12 +160,16 @@ type tally struct {
 	envelopeKeys   uint64 // envelopes the bucket holds
 	envelopes      int    // envelopes of the ids inspected
 	outboxMsgs     int
+	handlerCalls   int
 	statuses       map[string]int
-	takenOver      int
-	conflicts      int
-	duplicates     int
-	retriedLost    int
-	auditEvents    int
+	// takenFrom counts the takeovers of a running attempt by the worker it
+	// was taken from.
+	takenFrom   map[string]int
+	takenOver   int
+	conflicts   int
+	duplicates  int
+	retriedLost int
+	auditEvents int
 	// unsettled counts records not finalized as their envelope says.
 	unsettled int
 }
@@ -154,8 +180,8 @@ func (tl *tally) String() string {
 		codes = append(codes, fmt.Sprintf("%s=%d", k, v))
 	}
 	sort.Strings(codes)
-	return fmt.Sprintf("envelopes=%d (bucket writes %d) outbox=%d outcomes[%s] taken_over=%d retried(WORKER_LOST)=%d envelope.conflict=%d duplicate_delivery=%d records-not-finalized=%d audit=%d",
-		tl.envelopes, tl.envelopeWrites, tl.outboxMsgs, strings.Join(codes, " "), tl.takenOver, tl.retriedLost,
+	return fmt.Sprintf("envelopes=%d (bucket writes %d) handler-calls=%d outbox=%d outcomes[%s] taken_over=%d retried(WORKER_LOST)=%d envelope.conflict=%d duplicate_delivery=%d records-not-finalized=%d audit=%d",
+		tl.envelopes, tl.envelopeWrites, tl.handlerCalls, tl.outboxMsgs, strings.Join(codes, " "), tl.takenOver, tl.retriedLost,
 		tl.conflicts, tl.duplicates, tl.unsettled, tl.auditEvents)
 }
 
@@ -164,7 +190,7 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	tl := &tally{per: map[string]*outcome{}, statuses: map[string]int{}}
+	tl := &tally{per: map[string]*outcome{}, statuses: map[string]int{}, takenFrom: map[string]int{}}
 	for _, id := range ids {
 		env, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, id)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
@@ -174,7 +200,7 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read record %s: %v", id, err)
 		}
-		o := &outcome{env: env, rec: rec}
+		o := &outcome{env: env, rec: rec, calls: map[int]int{}}
 		tl.per[id] = o
 		if env != nil && (rec == nil || rec.State != executor.StateFinalized || rec.Status != env.Status) {
 			tl.unsettled++
@@ -195,6 +221,16 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 	tl.envelopeWrites = st.CachedInfo().State.LastSeq
 	tl.envelopeKeys = st.CachedInfo().State.Msgs
 
+	calls, err := demo.ReadCalls(ctx, b.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range calls {
+		tl.handlerCalls++
+		if o := tl.per[c.ExecutionID]; o != nil {
+			o.calls[c.Attempt]++
+		}
+	}
 	readAll(t, ctx, b, demo.OutboxStream, func(m jetstream.Msg) {
 		tl.outboxMsgs++
 		if o := tl.per[m.Headers().Get(demo.ExecutionIDHeader)]; o != nil {
@@ -222,6 +258,9 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 			}
 		case audit.TakenOver:
 			tl.takenOver++
+			if fmt.Sprint(ev.Data["state"]) == string(executor.StateRunning) {
+				tl.takenFrom[fmt.Sprint(ev.Data["fromWorker"])]++
+			}
 		case audit.EnvelopeConflict:
 			tl.conflicts++
 		case audit.DuplicateDelivery:
@@ -286,13 +325,39 @@ func checkRecordsFinalized(t *testing.T, tl *tally) {
 	}
 }
 
-// checkEmailAtMostOnce: an external effect is never attempted twice, a
-// completed one happened exactly once, and nothing was sent twice.
-func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
+// checkOneCallPerAttempt: no attempt of any execution ran its handler twice,
+// as the calls stream counts every run whatever was killed since, and no
+// handler ran for an attempt its envelope does not count.
+func checkOneCallPerAttempt(t *testing.T, tl *tally) {
 	t.Helper()
 	for id, o := range tl.per {
+		for attempt, k := range o.calls {
+			if k > 1 {
+				t.Errorf("%s: attempt %d ran its handler %d times", id, attempt, k)
+			}
+			if o.env != nil && attempt > o.env.Attempts {
+				t.Errorf("%s: the handler ran for attempt %d, the envelope counts %d", id, attempt, o.env.Attempts)
+			}
+		}
+	}
+}
+
+// checkEmailAtMostOnce: non-idempotent work never runs twice (one handler
+// call per execution at most, whatever the attempt), a completed one ran and
+// sent exactly once, and no email was sent without its call recorded first.
+func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
+	t.Helper()
+	checkOneCallPerAttempt(t, tl)
+	for id, o := range tl.per {
+		calls := o.handlerCalls()
+		if calls > 1 {
+			t.Errorf("%s ran its handler %d times (by attempt %v)", id, calls, o.calls)
+		}
 		if o.outbox > 1 {
 			t.Errorf("%s sent %d emails", id, o.outbox)
+		}
+		if o.outbox > calls {
+			t.Errorf("%s sent %d emails in %d recorded handler calls", id, o.outbox, calls)
 		}
 		if o.started > 1 {
 			t.Errorf("%s attempted %d times", id, o.started)
@@ -304,8 +369,8 @@ func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
 			t.Errorf("%s: envelope after %d attempts", id, o.env.Attempts)
 		}
 		switch {
-		case o.env.Status == envelope.StatusCompleted && o.outbox != 1:
-			t.Errorf("%s completed with %d emails sent", id, o.outbox)
+		case o.env.Status == envelope.StatusCompleted && (o.outbox != 1 || calls != 1):
+			t.Errorf("%s completed with %d handler calls and %d emails sent", id, calls, o.outbox)
 		case o.env.Error != nil && o.env.Error.Code == envelope.CodeOutcomeUnknown:
 			unknown++
 			unknownSent += o.outbox
@@ -315,6 +380,24 @@ func checkEmailAtMostOnce(t *testing.T, tl *tally) (unknown, unknownSent int) {
 		}
 	}
 	return unknown, unknownSent
+}
+
+// checkKillsHit: a chaos run proves something only if its kills hit attempts
+// in flight, which a takeover from the killed worker shows.
+func checkKillsHit(t *testing.T, r *rig, tl *tally) (hits int) {
+	t.Helper()
+	r.mu.Lock()
+	killed, aimed := append([]string(nil), r.killed...), r.aimed
+	r.mu.Unlock()
+	for _, name := range killed {
+		if tl.takenFrom[name] > 0 {
+			hits++
+		}
+	}
+	if hits == 0 {
+		t.Errorf("none of the %d kills (%d aimed at a worker running an execution) hit an attempt in flight", len(killed), aimed)
+	}
+	return hits
 }
 
 // checkStatusCommand: `capstan status ID` shows the record and the envelope
@@ -349,7 +432,7 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	c := r.client("email.send")
 
 	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d) }()
+	go func() { kills <- r.chaos(d, aimAtInFlight(c.Broker())) }()
 	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
 		return "email.send", demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "chaos", HoldMs: spread(i, 300)}
 	})
@@ -357,17 +440,16 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	if len(refused) > 0 {
 		t.Fatalf("%d submissions refused with the server up", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids, scale(2*time.Minute, 5*time.Minute))
+	awaitAll(t, c.Broker(), ids)
 
 	tl := inspect(t, c.Broker(), ids)
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
-	if capstanBin() != "" {
-		checkStatusCommand(t, r, tl)
-	}
-	t.Logf("email.send: executions=%d kills=%d over %v; %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
-		len(ids), k, d, tl, unknown, unknownSent)
+	hits := checkKillsHit(t, r, tl)
+	checkStatusCommand(t, r, tl)
+	t.Logf("email.send: executions=%d kills=%d (%d hit an attempt in flight) over %v; %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
+		len(ids), k, hits, d, tl, unknown, unknownSent)
 }
 
 // The same chaos with demo.sleep, a read with one retry: reads whose worker was
@@ -384,7 +466,7 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	c := r.client("demo.sleep")
 
 	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d) }()
+	go func() { kills <- r.chaos(d, aimAtInFlight(c.Broker())) }()
 	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
 		return "demo.sleep", demo.SleepInput{Ms: spread(i, 300)}
 	})
@@ -392,15 +474,17 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	if len(refused) > 0 {
 		t.Fatalf("%d submissions refused with the server up", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids, scale(2*time.Minute, 5*time.Minute))
+	awaitAll(t, c.Broker(), ids)
 
 	tl := inspect(t, c.Broker(), ids)
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
+	checkOneCallPerAttempt(t, tl)
+	hits := checkKillsHit(t, r, tl)
 	retriedCompleted := 0
 	for id, o := range tl.per {
-		if o.started > 2 || (o.env != nil && o.env.Attempts > 2) {
-			t.Errorf("%s: %d attempts started, envelope after %d; at most 2", id, o.started, o.env.Attempts)
+		if o.started > 2 || (o.env != nil && o.env.Attempts > 2) || o.handlerCalls() > 2 {
+			t.Errorf("%s: %d attempts started, %d handler calls, envelope after %d; at most 2", id, o.started, o.handlerCalls(), o.env.Attempts)
 		}
 		if o.lostOver > 0 && o.env != nil && o.env.Status == envelope.StatusCompleted && o.env.Attempts == 2 {
 			retriedCompleted++
@@ -409,13 +493,27 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	if tl.retriedLost == 0 || retriedCompleted == 0 {
 		t.Errorf("no read was taken over and completed: %s", tl)
 	}
-	t.Logf("demo.sleep: executions=%d kills=%d over %v; %s; completed after a WORKER_LOST retry=%d",
-		len(ids), k, d, tl, retriedCompleted)
+	t.Logf("demo.sleep: executions=%d kills=%d (%d hit an attempt in flight) over %v; %s; completed after a WORKER_LOST retry=%d",
+		len(ids), k, hits, d, tl, retriedCompleted)
 }
 
-// SIGKILL the server in the middle of a run and start it again on the same
-// store: every submission JetStream acknowledged ends with exactly one
-// envelope; nothing is lost, nothing runs twice.
+// inFlight is the number of handler calls without an envelope yet: attempts
+// running, or lost.
+func inFlight(ctx context.Context, b *broker.Broker) (int, error) {
+	calls, err := b.JS.Stream(ctx, demo.CallsStream)
+	if err != nil {
+		return 0, err
+	}
+	envs, err := b.JS.Stream(ctx, "KV_"+b.Names.EnvelopesBucket())
+	if err != nil {
+		return 0, err
+	}
+	return int(calls.CachedInfo().State.Msgs) - int(envs.CachedInfo().State.Msgs), nil
+}
+
+// SIGKILL the server in the middle of a run, while handlers are in flight, and
+// start it again on the same store: every submission ends with exactly one
+// envelope and a finalized record; nothing is lost, nothing runs twice.
 func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 	n := scale(400, 2000)
 	d := scale(4*time.Second, 10*time.Second)
@@ -426,41 +524,56 @@ func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 	}
 	c := r.client("email.send")
 
-	restarted := make(chan struct{})
+	restarted := make(chan int, 1)
 	go func() {
-		defer close(restarted)
+		// Aim at a moment with handlers in flight: wait for one, a bounded
+		// number of times, from 2/5 of the run on.
 		time.Sleep(d * 2 / 5)
+		running := 0
+		for try := 0; try < 200 && running <= 0; try++ {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			running, _ = inFlight(ctx, c.Broker())
+			cancel()
+			if running <= 0 {
+				time.Sleep(time.Duration(1+r.randN(20)) * time.Millisecond)
+			}
+		}
 		r.killServer()
 		r.startServer()
+		restarted <- running
 	}()
 	ids, refused := submitSpread(t, c, n, d, func(i int) (string, any) {
 		return "email.send", demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "restart", HoldMs: spread(i, 100)}
 	})
-	<-restarted
-	awaitAll(t, c.Broker(), ids, scale(2*time.Minute, 5*time.Minute))
+	running := <-restarted
+	if running <= 0 {
+		t.Errorf("no handler was in flight when the server was killed")
+	}
+	// A submission is tried again until the server is back, under its
+	// execution id: none may be refused.
+	if len(refused) > 0 {
+		t.Errorf("%d submissions refused across the server's restart", len(refused))
+	}
+	awaitAll(t, c.Broker(), ids)
 
-	// A refused submission may still have been stored (its acknowledgement
-	// was lost with the server): it must not run twice either.
 	tl := inspect(t, c.Broker(), append(append([]string(nil), ids...), refused...))
 	checkOneEnvelopeEach(t, tl, ids)
+	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
-	// Show a few executions that did not simply complete, with what their
-	// workers logged of them.
-	shown := 0
-	for id, o := range tl.per {
-		if shown < 5 && o.env != nil && (o.rec == nil || o.rec.State != executor.StateFinalized || o.rec.Status != o.env.Status ||
-			o.env.Status != envelope.StatusCompleted) {
-			shown++
-			t.Logf("%s: record %+v; envelope %s by %s; logs:\n%s", id, o.rec, o.env.Status, o.env.FinalizedBy,
-				strings.Join(r.grepLogs(id), "\n"))
+	checkStatusCommand(t, r, tl)
+	if t.Failed() {
+		// Show a few executions that did not simply complete, with what
+		// their workers logged of them.
+		shown := 0
+		for id, o := range tl.per {
+			if shown < 5 && o.env != nil && (o.rec == nil || o.rec.State != executor.StateFinalized || o.rec.Status != o.env.Status ||
+				o.env.Status != envelope.StatusCompleted) {
+				shown++
+				t.Logf("%s: record %+v; envelope %s by %s; logs:\n%s", id, o.rec, o.env.Status, o.env.FinalizedBy,
+					strings.Join(r.grepLogs(id), "\n"))
+			}
 		}
 	}
-	refusedRan := 0
-	for _, id := range refused {
-		if tl.per[id].env != nil {
-			refusedRan++
-		}
-	}
-	t.Logf("server SIGKILL+restart: submitted=%d acknowledged=%d refused=%d (of which stored and run: %d); %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
-		n, len(ids), len(refused), refusedRan, tl, unknown, unknownSent)
+	t.Logf("server SIGKILL+restart with %d handler calls in flight: submitted=%d acknowledged=%d refused=%d; %s; OUTCOME_UNKNOWN=%d (email sent for %d of them)",
+		running, n, len(ids), len(refused), tl, unknown, unknownSent)
 }

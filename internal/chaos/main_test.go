@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -28,10 +30,20 @@ const (
 	envWorkerID    = "CAPSTAN_CHAOS_WORKER_ID"
 	envLease       = "CAPSTAN_CHAOS_LEASE"
 	envConcurrency = "CAPSTAN_CHAOS_CONCURRENCY"
+	// envBin names the capstan binary to run; "self" runs the test binary in
+	// the roles above. Unset, TestMain builds one.
+	envBin = "CAPSTAN_CHAOS_BIN"
+	// envSeed replays a run: the seed of its kills, which every run logs.
+	envSeed = "CAPSTAN_CHAOS_SEED"
 )
 
+// builtBin is the capstan binary TestMain built, if it built one.
+var builtBin string
+
 // TestMain runs the test binary as a server or a worker when it was started as
-// one of the tests' child processes, and runs the tests otherwise.
+// one of the tests' child processes. Otherwise it builds the capstan binary
+// the tests start (with the race detector when the tests have it), unless
+// CAPSTAN_CHAOS_BIN names one, and runs the tests.
 func TestMain(m *testing.M) {
 	switch os.Getenv(envRole) {
 	case "server":
@@ -39,7 +51,28 @@ func TestMain(m *testing.M) {
 	case "worker":
 		os.Exit(work())
 	}
-	os.Exit(m.Run())
+	if bin := os.Getenv(envBin); bin != "" && bin != "self" {
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "capstan-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	builtBin = filepath.Join(dir, "capstan")
+	args := []string{"build", "-o", builtBin}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "github.com/capstan-dev/capstan/cmd/capstan")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build capstan:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 func childLogger() *slog.Logger {

@@ -19,8 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -62,15 +64,22 @@ type rig struct {
 	workers []*proc
 	started int
 	kills   int
-	rng     *rand.Rand
+	// killed names the workers killed, aimed the kills that went for the
+	// worker of an execution in flight.
+	killed []string
+	aimed  int
+	seed   uint64
+	rng    *rand.Rand
 }
 
 func newRig(t *testing.T, lease time.Duration, concurrency int) *rig {
 	t.Helper()
 	dir := t.TempDir()
 	r := &rig{t: t, dir: dir, store: filepath.Join(dir, "store"), port: freePort(t), lease: lease,
-		concurrency: concurrency, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))}
+		concurrency: concurrency, seed: seed(t)}
+	r.rng = rand.New(rand.NewPCG(r.seed, 1))
 	r.url = fmt.Sprintf("nats://127.0.0.1:%d", r.port)
+	t.Logf("seed %d (%s=%d replays the kills' choices and timing)", r.seed, envSeed, r.seed)
 	t.Cleanup(func() {
 		r.mu.Lock()
 		all := append([]*proc{r.server}, r.workers...)
@@ -80,11 +89,29 @@ func newRig(t *testing.T, lease time.Duration, concurrency int) *rig {
 				p.kill()
 			}
 		}
+		// A race in a child process fails the test, even one that passed.
+		if races := r.grepLogs("WARNING: DATA RACE"); len(races) > 0 {
+			t.Errorf("%d data races reported by child processes", len(races))
+		}
 		if t.Failed() {
 			r.dumpLogs()
+			t.Logf("replay with %s=%d", envSeed, r.seed)
 		}
 	})
 	return r
+}
+
+// seed is the run's random seed: CAPSTAN_CHAOS_SEED's, or a new one.
+func seed(t *testing.T) uint64 {
+	t.Helper()
+	if s := os.Getenv(envSeed); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", envSeed, s, err)
+		}
+		return n
+	}
+	return rand.Uint64()
 }
 
 func freePort(t *testing.T) int {
@@ -97,9 +124,27 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// capstanBin is a capstan binary to run as the server and the workers
-// instead of the test binary (CAPSTAN_CHAOS_BIN); "" for the test binary.
-func capstanBin() string { return os.Getenv("CAPSTAN_CHAOS_BIN") }
+// capstanBin is the capstan binary to run as the server and the workers:
+// CAPSTAN_CHAOS_BIN's, or the one TestMain built; "" for the test binary
+// (CAPSTAN_CHAOS_BIN=self).
+func capstanBin() string {
+	switch bin := os.Getenv(envBin); bin {
+	case "self":
+		return ""
+	case "":
+		return builtBin
+	default:
+		return bin
+	}
+}
+
+// cliBin is the capstan binary whose commands (status) the tests check.
+func cliBin() string {
+	if bin := os.Getenv(envBin); bin != "" && bin != "self" {
+		return bin
+	}
+	return builtBin
+}
 
 // spawn starts a child process: the capstan binary with args when one is
 // given, else the test binary in the role env names.
@@ -191,29 +236,39 @@ func (r *rig) startWorker() {
 	r.mu.Unlock()
 }
 
-// killRandomWorker SIGKILLs one of the running workers.
-func (r *rig) killRandomWorker() {
+// killWorker SIGKILLs the running worker named name, or a random one when
+// name is "" or not running. It returns the name of the worker killed.
+func (r *rig) killWorker(name string) string {
 	r.mu.Lock()
 	if len(r.workers) == 0 {
 		r.mu.Unlock()
-		return
+		return ""
 	}
 	i := r.rng.IntN(len(r.workers))
+	for j, p := range r.workers {
+		if p.name == name {
+			i = j
+			r.aimed++
+		}
+	}
 	p := r.workers[i]
 	r.workers = append(r.workers[:i], r.workers[i+1:]...)
 	r.kills++
+	r.killed = append(r.killed, p.name)
 	r.mu.Unlock()
 	p.kill()
+	return p.name
 }
 
-// chaos kills a random worker and starts a new one every few hundred
-// milliseconds until d has passed. It returns the number of kills.
-func (r *rig) chaos(d time.Duration) int {
+// chaos kills a worker and starts a new one every few hundred milliseconds
+// until d has passed: the worker aim names, running an execution in flight,
+// or a random one when aim names none. It returns the number of kills.
+func (r *rig) chaos(d time.Duration, aim func() string) int {
 	end := time.Now().Add(d)
 	n := 0
 	for time.Now().Before(end) {
 		time.Sleep(time.Duration(250+r.randN(500)) * time.Millisecond)
-		r.killRandomWorker()
+		r.killWorker(aim())
 		r.startWorker()
 		n++
 	}
@@ -224,6 +279,31 @@ func (r *rig) randN(n int) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.rng.IntN(n)
+}
+
+// aimAtInFlight returns an aim for chaos: the worker named in the record of
+// one of the last handler calls still running, or "" when it finds none.
+func aimAtInFlight(b *broker.Broker) func() string {
+	return func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := b.JS.Stream(ctx, demo.CallsStream)
+		if err != nil {
+			return ""
+		}
+		last := s.CachedInfo().State.LastSeq
+		for seq := last; seq > 0 && seq+8 > last; seq-- {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			rec, _, err := broker.Load[executor.Record](ctx, b.Executions, m.Header.Get(demo.ExecutionIDHeader))
+			if err == nil && rec.State == executor.StateRunning && rec.Worker != "" {
+				return rec.Worker
+			}
+		}
+		return ""
+	}
 }
 
 // connect opens a connection to the server that survives its restarts.
@@ -267,9 +347,15 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 // status runs `capstan status ID` and decodes what it prints.
 func (r *rig) status(id string) (*executor.Record, *envelope.Envelope) {
 	r.t.Helper()
-	out, err := exec.Command(capstanBin(), "status", "--nats", r.url, id).Output()
+	var stderr strings.Builder
+	cmd := exec.Command(cliBin(), "status", "--nats", r.url, id)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if strings.Contains(stderr.String(), "WARNING: DATA RACE") {
+		r.t.Errorf("capstan status %s reported a data race:\n%s", id, stderr.String())
+	}
 	if err != nil {
-		r.t.Fatalf("capstan status %s: %v", id, err)
+		r.t.Fatalf("capstan status %s: %v\n%s", id, err, stderr.String())
 	}
 	var s struct {
 		Record   *executor.Record   `json:"record"`
