@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -40,10 +44,16 @@ func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
 	}
 }
 
+// Submitting one execution id again never runs its handler twice: not the
+// second `capstan submit` (which the exec stream's dedup window absorbs), nor
+// a copy of the request published under another message id while the first
+// runs, nor one published after its envelope exists; both copies reach the
+// worker, as the stream's emptying shows.
 func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 	_, url := startDev(t)
 	id := envelope.NewExecutionID()
-	submit := []string{"submit", "email.send", "--id", id, "--input", `{"to":"ada@example.com","subject":"hello","holdMs":200}`}
+	input := `{"to":"ada@example.com","subject":"hello","holdMs":500}`
+	submit := []string{"submit", "email.send", "--id", id, "--input", input}
 
 	for i := 0; i < 2; i++ {
 		stdout, stderr, code := capstan(t, url, submit...)
@@ -51,10 +61,18 @@ func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 			t.Fatalf("submit %d: exit %d, stdout %q, stderr %s", i+1, code, stdout, stderr)
 		}
 	}
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishCopy(t, js, id, "email.send", input, "while-running")
 	first, stderr, code := capstan(t, url, "await", id)
 	if code != exitOK {
 		t.Fatalf("await: exit %d, stderr %s", code, stderr)
 	}
+	publishCopy(t, js, id, "email.send", input, "after-the-envelope")
+	waitExecStreamEmpty(t, js)
+
 	second, _, _ := capstan(t, url, "await", id)
 	if first != second {
 		t.Fatalf("the awaits differ:\n%s\n%s", first, second)
@@ -74,9 +92,73 @@ func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 	if status.Record.Attempt != 1 || status.Record.State != executor.StateFinalized || status.Envelope.Attempts != 1 {
 		t.Fatalf("status %+v", status)
 	}
+	if n := handlerCalls(t, js, id); n != 1 {
+		t.Fatalf("the handler of execution %s ran %d times, want 1", id, n)
+	}
 	if n := outboxMessages(t, url, id); n != 1 {
 		t.Fatalf("the outbox holds %d emails of execution %s, want 1", n, id)
 	}
+}
+
+// publishCopy publishes a copy of the request of execution id straight to
+// the exec stream, under a message id of its own that the stream's dedup
+// window does not know: a second delivery, as a redelivery would be.
+func publishCopy(t *testing.T, js jetstream.JetStream, id, capabilityID, input, tag string) {
+	t.Helper()
+	raw, err := envelope.RawFromJSON([]byte(input))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
+		Input: raw, Actor: envelope.Actor{Kind: "user", ID: "test"}, Surface: string(executor.SurfaceDirect),
+		SubmittedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(broker.NewNames("").ExecSubject(capabilityID))
+	m.Data = b
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id+"-"+tag)); err != nil {
+		t.Fatalf("publish a copy of %s: %v", id, err)
+	}
+}
+
+// waitExecStreamEmpty waits until the workers have acknowledged every request.
+func waitExecStreamEmpty(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	for {
+		s, err := js.Stream(ctx, broker.NewNames("").ExecStream())
+		if err == nil && s.CachedInfo().State.Msgs == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("requests still unacknowledged: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// handlerCalls counts the demo handler's calls of one execution, from the
+// calls stream the demo appends to before every effect.
+func handlerCalls(t *testing.T, js jetstream.JetStream, id string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	calls, err := demo.ReadCalls(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range calls {
+		if c.ExecutionID == id {
+			n++
+		}
+	}
+	return n
 }
 
 // outboxMessages counts the demo outbox messages of one execution.

@@ -31,13 +31,7 @@ func spawn(t *testing.T, env []string, args ...string) *daemon {
 		t.Fatal(err)
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-		if t.Failed() {
-			t.Logf("capstan %s:\n%s", strings.Join(args, " "), d.out.String())
-		}
-	})
+	t.Cleanup(func() { d.cleanup(t) })
 	return d
 }
 
@@ -330,12 +324,28 @@ func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEm
 			t.Errorf("execution %s sent %d emails", id, k)
 		}
 	}
-	for id, ok := range completed {
-		if ok && sent[id] != 1 {
-			t.Errorf("completed execution %s sent %d emails, want 1", id, sent[id])
+	calls, err := demo.ReadCalls(readCtx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]int{}
+	for _, c := range calls {
+		ran[c.ExecutionID]++
+	}
+	for id, k := range ran {
+		if k > 1 {
+			t.Errorf("execution %s ran its handler %d times", id, k)
+		}
+		if sent[id] > k {
+			t.Errorf("execution %s sent %d emails in %d recorded handler calls", id, sent[id], k)
 		}
 	}
-	t.Logf("emails sent: %d", len(sent))
+	for id, ok := range completed {
+		if ok && (sent[id] != 1 || ran[id] != 1) {
+			t.Errorf("completed execution %s sent %d emails in %d handler calls, want 1", id, sent[id], ran[id])
+		}
+	}
+	t.Logf("emails sent: %d, handler calls: %d", len(sent), len(calls))
 }
 
 func indexOf(nodes []*serverNode, n *serverNode) int {
@@ -431,6 +441,10 @@ func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *
 	}
 
 	startDaemon(t, "worker started", env, "worker", "--pool", "comms", "--capabilities", "email.send", "--id", "comms-2")
+	js, err := jetstream.New(connect(t, url))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, id := range emails {
 		stdout, stderr, code := capstan(t, url, "await", id, "--wait", "60s")
 		if code != exitOK {
@@ -441,6 +455,9 @@ func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *
 		}
 		if k := outboxMessages(t, url, id); k != 1 {
 			t.Fatalf("email %s sent %d times", id, k)
+		}
+		if k := handlerCalls(t, js, id); k != 1 {
+			t.Fatalf("email %s: its handler ran %d times", id, k)
 		}
 	}
 }
@@ -456,6 +473,7 @@ func capstanNoWait(t *testing.T, env []string, args ...string) (string, string, 
 	var stdout, stderr output
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	_ = cmd.Run()
+	checkRaces(t, "capstan "+strings.Join(args, " "), stderr.String())
 	if ctx.Err() != nil {
 		t.Fatalf("capstan %s did not end", strings.Join(args, " "))
 	}

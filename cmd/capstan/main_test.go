@@ -30,7 +30,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = filepath.Join(dir, "capstan")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	args := []string{"build", "-o", bin}
+	if raceBuild {
+		// The processes the tests start race-check themselves: a race
+		// report in their output fails the test (see checkRaces).
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build capstan:", err)
@@ -81,13 +87,7 @@ func startDaemon(t *testing.T, ready string, env []string, args ...string) *daem
 		t.Fatal(err)
 	}
 	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
-	t.Cleanup(func() {
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-		if t.Failed() {
-			t.Logf("capstan %s:\n%s", strings.Join(args, " "), d.out.String())
-		}
-	})
+	t.Cleanup(func() { d.cleanup(t) })
 	deadline := time.After(guard)
 	for !strings.Contains(d.out.String(), ready) {
 		select {
@@ -99,6 +99,31 @@ func startDaemon(t *testing.T, ready string, env []string, args ...string) *daem
 		}
 	}
 	return d
+}
+
+// cleanup kills the process if it still runs, fails the test on a race the
+// process reported, and shows its output if the test failed.
+func (d *daemon) cleanup(t *testing.T) {
+	t.Helper()
+	_ = d.cmd.Process.Kill()
+	<-d.exited
+	args := strings.Join(d.cmd.Args[1:], " ")
+	checkRaces(t, "capstan "+args, d.out.String())
+	if t.Failed() {
+		t.Logf("capstan %s:\n%s", args, d.out.String())
+	}
+}
+
+// raceReport is how the race detector starts a report.
+const raceReport = "WARNING: DATA RACE"
+
+// checkRaces fails the test when a process the test ran reported a data race,
+// even if everything else passed.
+func checkRaces(t *testing.T, what, output string) {
+	t.Helper()
+	if n := strings.Count(output, raceReport); n > 0 {
+		t.Errorf("%s reported %d data races:\n%s", what, n, output)
+	}
 }
 
 // stop sends SIGTERM and returns the exit code.
@@ -125,6 +150,7 @@ func capstan(t *testing.T, url string, args ...string) (string, string, int) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
+	checkRaces(t, "capstan "+strings.Join(args, " "), stderr.String())
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("capstan %s: %v", strings.Join(args, " "), err)
