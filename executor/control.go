@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/delivery"
 	"github.com/nats-io/nats.go"
 )
 
@@ -45,11 +46,7 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	// ... and every worker stops its own run of it at once, if it has one:
 	// on the request itself, and again on the notice sent once the cancel is
 	// recorded, for a run that began between the two.
-	stopLocal := func(m *nats.Msg) {
-		if x := w.local(lastToken(m.Subject)); x != nil {
-			x.cancel(errCallerCancelled)
-		}
-	}
+	stopLocal := func(m *nats.Msg) { w.run.CancelLocal(lastToken(m.Subject)) }
 	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
@@ -84,7 +81,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		return
 	}
 	for try := 0; try < 20; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := delivery.StoreContext()
 		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, id)
 		cancel()
 		now := time.Now().UTC()
@@ -92,7 +89,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		case errors.Is(err, broker.ErrNotFound):
 			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
 				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
-			ctx, cancel := storeCtx()
+			ctx, cancel := delivery.StoreContext()
 			_, err = broker.Create(ctx, w.b.Executions, id, pending)
 			cancel()
 			if err == nil {
@@ -100,7 +97,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 				return
 			}
 		case err != nil:
-			time.Sleep(backoffStep(try))
+			time.Sleep(broker.Backoff(try))
 		case rec.State == StateFinalized:
 			reply.Finalized, reply.Status, reply.State = true, rec.Status, rec.State
 			return
@@ -110,7 +107,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		default:
 			// The envelope is the truth: the record is marked finalized only
 			// after it, so an execution can be over while its record says not.
-			ctx, cancel := storeCtx()
+			ctx, cancel := delivery.StoreContext()
 			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
 			cancel()
 			if eerr == nil {
@@ -119,7 +116,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 			}
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
-			ctx, cancel = storeCtx()
+			ctx, cancel = delivery.StoreContext()
 			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
 			cancel()
 			if err == nil {

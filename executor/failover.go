@@ -43,7 +43,7 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(backoffStep(try)):
+		case <-time.After(broker.Backoff(try)):
 		}
 	}
 }
