@@ -30,7 +30,7 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	w := &Worker{reg: reg, cfg: WorkerConfig{ID: "bench", Policies: policies, Logger: slog.New(slog.DiscardHandler)}.withDefaults()}
 	w.log = w.cfg.Logger
 	w.caps = map[string]*capability{"bench.noop": {b: reg.get("bench.noop"), w: w}}
-	w.run = delivery.NewRunner(nil, nil, nil, w.log, delivery.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
+	w.run = delivery.NewRunner(nil, w.log, delivery.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }

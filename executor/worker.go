@@ -134,6 +134,11 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	for _, id := range reg.ids {
 		w.caps[id] = &capability{b: reg.get(id), w: w}
 	}
+	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
+		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
+		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
+		Listed: func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+	})
 	return w, nil
 }
 
@@ -142,12 +147,9 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Stats returns the worker's counters.
 func (w *Worker) Stats() WorkerStats {
-	var s WorkerStats
-	if w.run != nil {
-		r := w.run.Stats()
-		s = WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-			Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates}
-	}
+	r := w.run.Stats()
+	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates}
 	if w.audit != nil {
 		s.AuditFailed = w.audit.Failed()
 	}
@@ -176,11 +178,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.b = b
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
-	w.run = delivery.NewRunner(w.nc, b, w.audit, w.log, delivery.Config{
-		ID: w.cfg.ID, Lease: w.cfg.Lease, RolloutDelay: w.cfg.RolloutDelay, StrictAudit: w.cfg.StrictAudit,
-		DisableLeaseRenewal: w.cfg.DisableLeaseRenewal, Capability: w.lookup,
-		Listed: func(id string) bool { _, ok := w.cat.lookup(id); return ok },
-	})
+	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	w.cat, err = watchCatalog(w.run.Context(), b)
 	if err != nil {

@@ -171,6 +171,36 @@ func (x *Execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	return res.out, nil
 }
 
+// runtimeCodes are asserted by the runtime alone, never by a handler.
+var runtimeCodes = map[envelope.Code]bool{
+	envelope.CodeTimeout:        true,
+	envelope.CodeCancelled:      true,
+	envelope.CodeOutcomeUnknown: true,
+	envelope.CodeWorkerLost:     true,
+}
+
+// handlerError classifies what a handler returned. A declared error (a
+// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
+// handler stage; anything else is EXECUTION_FAILED, not retryable and not
+// exposed. Either way the result wraps the handler's own error, so a RetryOn
+// function and the logs can inspect it with errors.Is and errors.As.
+func handlerError(err error) *envelope.CapabilityError {
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) {
+		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
+			Message: "The operation failed.", Cause: err}
+	}
+	c := *ce // never change the handler's value: it may be a shared sentinel
+	c.Stage, c.Cause = envelope.StageHandler, err
+	if c.Code == "" || runtimeCodes[c.Code] {
+		c.Code = envelope.CodeExecutionFailed
+	}
+	if c.Message == "" {
+		c.Message = "The operation failed."
+	}
+	return &c
+}
+
 func (x *Execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
 	if x.ctx.Err() != nil {
 		return x.cancelledError()
@@ -242,34 +272,4 @@ func (x *Execution) release() {
 		return // another worker owns it, and its delivery
 	}
 	_ = x.msg.Nak()
-}
-
-// runtimeCodes are asserted by the runtime alone, never by a handler.
-var runtimeCodes = map[envelope.Code]bool{
-	envelope.CodeTimeout:        true,
-	envelope.CodeCancelled:      true,
-	envelope.CodeOutcomeUnknown: true,
-	envelope.CodeWorkerLost:     true,
-}
-
-// handlerError classifies what a handler returned. A declared error (a
-// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
-// handler stage; anything else is EXECUTION_FAILED, not retryable and not
-// exposed. Either way the result wraps the handler's own error, so a RetryOn
-// function and the logs can inspect it with errors.Is and errors.As.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if !errors.As(err, &ce) {
-		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-			Message: "The operation failed.", Cause: err}
-	}
-	c := *ce // never change the handler's value: it may be a shared sentinel
-	c.Stage, c.Cause = envelope.StageHandler, err
-	if c.Code == "" || runtimeCodes[c.Code] {
-		c.Code = envelope.CodeExecutionFailed
-	}
-	if c.Message == "" {
-		c.Message = "The operation failed."
-	}
-	return &c
 }

@@ -72,12 +72,17 @@ var (
 	errAttemptTimeout  = errors.New("the attempt timed out")
 )
 
-// NewRunner returns the machinery of one worker over provisioned resources.
-// Its context ends with Stop.
-func NewRunner(nc *nats.Conn, b *broker.Broker, em *audit.Emitter, log *slog.Logger, cfg Config) *Runner {
-	w := &Runner{nc: nc, b: b, audit: em, cfg: cfg, log: log, inflight: make(map[string]*Execution)}
+// NewRunner returns the machinery of one worker. Its context ends with Stop.
+func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
+	w := &Runner{nc: nc, cfg: cfg, log: log, inflight: make(map[string]*Execution)}
 	w.base, w.baseCancel = context.WithCancelCause(context.Background())
 	return w
+}
+
+// Provisioned gives the runner the resources its worker provisioned and the
+// worker's audit emitter, before it serves anything.
+func (w *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
+	w.b, w.audit = b, em
 }
 
 // Context ends when the worker shuts down (Stop).
