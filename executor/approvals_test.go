@@ -687,17 +687,30 @@ func workerProcess(t *testing.T, url, id string, lease time.Duration) *exec.Cmd 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A race the worker process reports fails the test, even one that
+	// otherwise passed.
+	races := 0
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		s := bufio.NewScanner(out)
 		for s.Scan() {
-			if line := s.Text(); line != "PASS" && line != "" {
+			line := s.Text()
+			if strings.Contains(line, "WARNING: DATA RACE") {
+				races++
+			}
+			if line != "PASS" && line != "" {
 				t.Logf("%s: %s", id, line)
 			}
 		}
 	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
+		<-read
 		_ = cmd.Wait()
+		if races > 0 {
+			t.Errorf("worker process %s reported %d data races", id, races)
+		}
 	})
 	return cmd
 }
