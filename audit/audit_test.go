@@ -212,7 +212,11 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 	}()
 	// The follower has started once its consumer exists.
 	for auditConsumers(t, b) == 0 {
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Fatal("the follower never created its consumer")
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	e.Emit(event(audit.Requested, "new"))
 	flush(t, e)

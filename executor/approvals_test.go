@@ -853,9 +853,7 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 			if err != nil {
 				t.Fatal(err)
 			}
-			for effects(t, js, rec.ID) == 0 {
-				time.Sleep(20 * time.Millisecond)
-			}
+			waitUntil(t, "the handler's effect", func() bool { return effects(t, js, rec.ID) > 0 })
 			if err := victim.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}

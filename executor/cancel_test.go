@@ -31,6 +31,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
+	trackWorker(t, w)
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -46,14 +47,13 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 	}
 	// Control requests are served once the worker pulls from its pool.
 	c := newClient(t, nc)
-	for {
-		if _, err := c.Describe(ctxT(t), "", alice, executor.Scope{}); err == nil {
-			break
-		} else if !errors.Is(err, executor.ErrNoWorkers) {
+	waitUntil(t, "the worker answers describe", func() bool {
+		_, err := c.Describe(ctxT(t), "", alice, executor.Scope{})
+		if err != nil && !errors.Is(err, executor.ErrNoWorkers) {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	})
 	return w, stop
 }
 
@@ -85,14 +85,18 @@ func wantCancelled(t *testing.T, got *envelope.Envelope, attempts int) {
 	}
 }
 
-// TestCancel_DuringAnAttemptIsTerminal: demo.sleep has a retry configured, yet
-// a cancelled attempt is never re-attempted.
+// TestCancel_DuringAnAttemptIsTerminal: a read with a retry configured, yet
+// a cancelled attempt is never re-attempted. Its timeout outlasts the test,
+// so that only the cancel can end the attempt, however slow the machine.
 func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 	env := testenv.Start(t)
-	w, c := demoWorker(t, env)
+	var calls atomic.Int64
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, blocking("report.build",
+		executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute, Retry: &executor.Retry{MaxAttempts: 1}}, &calls))
+	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
-	id, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: 60000}, executor.As(alice))
+	id, err := c.Submit(ctx, "report.build", nil, executor.As(alice))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +132,10 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 // cancelled without calling the handler.
 func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 	env := testenv.Start(t)
-	js := env.JetStream(t)
+	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// A demo worker publishes the catalog (so requests are routed to its pool)
 	// and leaves: nobody pulls demo requests now.
 	_, stop := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "demo"}, demo.Catalog(js)...)
@@ -230,15 +237,26 @@ func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
 		attempts int
 	}{
 		{"before the claim", "report.build", -time.Second, &blockCalls, 0},
-		// The margins leave the worker ample time to start the attempt.
 		{"during an attempt", "report.build", time.Second, &blockCalls, 1},
 		{"during a backoff", "stock.read", time.Second, &retryCalls, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := tc.calls.Load()
-			got, err := c.Call(ctxT(t), tc.capID, nil, executor.WithDeadline(time.Now().Add(tc.in)))
-			if err != nil {
-				t.Fatal(err)
+			// A deadline that passes before a slow machine starts the
+			// attempt proves the case before the claim: try again with a
+			// deadline twice as far, a bounded number of times.
+			var got *envelope.Envelope
+			var before int64
+			for in := tc.in; ; in *= 2 {
+				before = tc.calls.Load()
+				var err error
+				got, err = c.Call(ctxT(t), tc.capID, nil, executor.WithDeadline(time.Now().Add(in)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.attempts == 0 || got.Attempts != 0 || in >= 16*tc.in {
+					break
+				}
+				t.Logf("the deadline %v away passed before the attempt started; again with %v", in, 2*in)
 			}
 			wantCancelled(t, got, tc.attempts)
 			if got.Error.Message != "The request's deadline passed." {

@@ -192,9 +192,19 @@ func TestClusterR3_NodeLostTwiceMidRun_OneEnvelopeAndAtMostOneEmailPerExecution(
 			t.Errorf("execution %s sent %d emails", id, k)
 		}
 	}
+	// At most one handler call per execution, recorded before its email.
+	ran := handlerCallsByExecution(t, readCtx, js)
+	for id, k := range ran {
+		if k > 1 {
+			t.Errorf("execution %s ran its handler %d times", id, k)
+		}
+		if sent[id] > k {
+			t.Errorf("execution %s sent %d emails in %d recorded handler calls", id, sent[id], k)
+		}
+	}
 	for id := range completed {
-		if sent[id] != 1 {
-			t.Errorf("completed execution %s sent %d emails, want 1", id, sent[id])
+		if sent[id] != 1 || ran[id] != 1 {
+			t.Errorf("completed execution %s sent %d emails in %d handler calls, want 1", id, sent[id], ran[id])
 		}
 	}
 	var calls, conflicts, takeovers uint64
@@ -258,39 +268,72 @@ func leaderOf(ctx context.Context, t *testing.T, c *testenv.Cluster, stream stri
 	}
 }
 
-// outboxByExecution counts the outbox's messages per execution id.
+// outboxByExecution counts the outbox's messages per execution id. Right
+// after a node's restart a stream may be without a leader for a moment: the
+// whole read is tried again until ctx ends.
 func outboxByExecution(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
 	t.Helper()
-	s, err := js.Stream(ctx, demo.OutboxStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	if info.State.Msgs == 0 {
-		return out
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for read := uint64(0); read < info.State.Msgs; {
-		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+	return eventually(t, ctx, "read the outbox", func() (map[string]int, error) {
+		s, err := js.Stream(ctx, demo.OutboxStream)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		for m := range batch.Messages() {
-			out[m.Headers().Get(demo.ExecutionIDHeader)]++
-			read++
+		info, err := s.Info(ctx)
+		if err != nil {
+			return nil, err
 		}
-		if batch.Error() != nil {
-			t.Fatalf("read outbox: %v", batch.Error())
+		out := map[string]int{}
+		if info.State.Msgs == 0 {
+			return out, nil
 		}
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return nil, err
+		}
+		for read := uint64(0); read < info.State.Msgs; {
+			batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+			if err != nil {
+				return nil, err
+			}
+			for m := range batch.Messages() {
+				out[m.Headers().Get(demo.ExecutionIDHeader)]++
+				read++
+			}
+			if batch.Error() != nil {
+				return nil, batch.Error()
+			}
+		}
+		return out, nil
+	})
+}
+
+// handlerCallsByExecution counts the demo handlers' calls per execution id,
+// from the calls stream the demo appends to before every effect.
+func handlerCallsByExecution(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	calls := eventually(t, ctx, "read the calls stream", func() ([]demo.HandlerCall, error) { return demo.ReadCalls(ctx, js) })
+	out := map[string]int{}
+	for _, c := range calls {
+		out[c.ExecutionID]++
 	}
 	return out
+}
+
+// eventually calls read until it succeeds, failing the test when ctx ends
+// first.
+func eventually[T any](t *testing.T, ctx context.Context, what string, read func() (T, error)) T {
+	t.Helper()
+	for {
+		v, err := read()
+		if err == nil {
+			return v
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %v", what, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // BenchmarkDeployments measures one workload on the deployments a user
@@ -360,10 +403,15 @@ func benchDeployment(b *testing.B, connect func() *nats.Conn, cluster bool) {
 	}
 	b.Cleanup(func() { _ = client.Close() })
 	// Warm up: the workers serve, the client's catalog lists demo.echo.
+	warm, cancelWarm := context.WithTimeout(ctx, time.Minute)
+	defer cancelWarm()
 	for {
-		e, err := client.Call(ctx, "demo.echo", echoIn{Hello: "warm"})
+		e, err := client.Call(warm, "demo.echo", echoIn{Hello: "warm"})
 		if err == nil && e.Status == envelope.StatusCompleted {
 			break
+		}
+		if warm.Err() != nil {
+			b.Fatalf("warm-up call: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,8 +51,43 @@ func startWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ..
 			t.Errorf("worker: %v", err)
 		}
 	})
+	trackWorker(t, w)
 	waitServing(t, nc, caps[0].ID())
 	return w
+}
+
+// workers lists the workers each test started, for flushAudit.
+var workers = struct {
+	sync.Mutex
+	of map[testing.TB][]*executor.Worker
+}{of: map[testing.TB][]*executor.Worker{}}
+
+func trackWorker(t testing.TB, w *executor.Worker) {
+	workers.Lock()
+	defer workers.Unlock()
+	if _, ok := workers.of[t]; !ok {
+		t.Cleanup(func() {
+			workers.Lock()
+			defer workers.Unlock()
+			delete(workers.of, t)
+		})
+	}
+	workers.of[t] = append(workers.of[t], w)
+}
+
+// flushAudit waits until every audit event emitted by the workers the test
+// started is stored (a stopped worker flushed as it stopped).
+func flushAudit(t testing.TB) {
+	t.Helper()
+	workers.Lock()
+	ws := append([]*executor.Worker(nil), workers.of[t]...)
+	workers.Unlock()
+	ctx := ctxT(t)
+	for _, w := range ws {
+		if err := w.FlushAudit(ctx); err != nil {
+			t.Fatalf("audit events not stored: %v", err)
+		}
+	}
 }
 
 // waitServing waits until the catalog lists id, which a worker writes at start.
@@ -82,7 +118,21 @@ func newClient(t *testing.T, nc *nats.Conn) *executor.Client {
 	return c
 }
 
-func ctxT(t *testing.T) context.Context {
+// waitUntil polls cond until it holds, failing the test with what when the
+// test's own wait (ctxT) runs out first.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	ctx := ctxT(t)
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("never: %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx

@@ -16,7 +16,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 type none struct{}
@@ -186,7 +185,11 @@ func TestSI11_RegistryRefusesRetryOnWriteLikeWithoutIdempotent(t *testing.T) {
 func demoWorker(t *testing.T, env *testenv.Env) (*executor.Worker, *executor.Client) {
 	t.Helper()
 	nc := env.Connect(t)
-	w := startWorker(t, nc, executor.WorkerConfig{}, demo.Catalog(env.JetStream(t))...)
+	js, err := demo.Provision(ctxT(t), nc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startWorker(t, nc, executor.WorkerConfig{}, demo.Catalog(js)...)
 	return w, newClient(t, env.Connect(t))
 }
 
@@ -289,6 +292,47 @@ func TestDemoSleep_TimesOutOnBothAttempts(t *testing.T) {
 	last := evs[len(evs)-1]
 	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeTimeout) || intValue(last.Data["attempts"]) != 2 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
+	}
+}
+
+// TestTimeout_ArmsPerAttempt_ARetryGetsAFreshTimeout: Meta.Timeout bounds
+// each attempt, not the execution: the attempt after a timed-out one runs
+// under a deadline of its own, later than the first's, and completes.
+func TestTimeout_ArmsPerAttempt_ARetryGetsAFreshTimeout(t *testing.T) {
+	env := testenv.Start(t)
+	var (
+		mu        sync.Mutex
+		deadlines []time.Time
+	)
+	read := executor.Define("stock.read", executor.Meta{
+		Description: "Times out on its first attempt, then answers at once.",
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Read, Timeout: time.Second,
+		Retry: &executor.Retry{MaxAttempts: 1, Backoff: time.Millisecond},
+	}, func(ctx context.Context, c executor.Call[none]) (none, error) {
+		d, _ := ctx.Deadline()
+		mu.Lock()
+		deadlines = append(deadlines, d)
+		mu.Unlock()
+		if c.Attempt == 1 {
+			<-ctx.Done()
+			return none{}, ctx.Err()
+		}
+		return none{}, ctx.Err()
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, read)
+	c := newClient(t, env.Connect(t))
+
+	got, err := c.Call(ctxT(t), "stock.read", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got.Status != envelope.StatusCompleted || got.Attempts != 2 {
+		t.Fatalf("status %s after %d attempts, error %+v; want completed after 2 (deadlines %v)", got.Status, got.Attempts, got.Error, deadlines)
+	}
+	if len(deadlines) != 2 || deadlines[0].IsZero() || !deadlines[1].After(deadlines[0]) {
+		t.Fatalf("attempt deadlines %v: the second attempt must run under a later deadline of its own", deadlines)
 	}
 }
 
@@ -482,7 +526,9 @@ func TestRetryOn_SeesTheCapabilityErrorAndTheHandlersError(t *testing.T) {
 	var mu sync.Mutex
 	stock := executor.Define("stock.read", executor.Meta{
 		Description: "Reads stock; a stale read is worth another attempt, nothing else.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Read, Timeout: 50 * time.Millisecond,
+		// Attempts 1 and 3 return at once: the timeout must outlast them on a
+		// loaded machine; attempt 2 waits for it.
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read, Timeout: time.Second,
 		Retry: &executor.Retry{MaxAttempts: 5, Backoff: time.Millisecond, RetryOn: func(err error) bool {
 			var ce *envelope.CapabilityError
 			if !errors.As(err, &ce) {
@@ -545,38 +591,27 @@ func TestRetryOn_PanicVetoesTheRetry(t *testing.T) {
 	}
 }
 
-// trail reads one execution's audit events with an ordered consumer, up to
-// and including its terminal event.
+// trail reads one execution's audit events up to and including its terminal
+// event, which the worker emits asynchronously just before the envelope. It
+// reads with message gets (audit.Read): no consumer per poll.
 func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	b := c.Broker()
-	cons, err := b.JS.OrderedConsumer(ctx, b.Names.AuditStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{b.Names.AuditSubject(executionID)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer it.Stop()
-	var evs []audit.Event
+	ctx := ctxT(t)
 	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			t.Fatalf("audit trail of %s after %v: %v", executionID, typesOf(evs), err)
+		evs, err := audit.Read(ctx, c.Broker(), executionID)
+		if err != nil && !errors.Is(err, broker.ErrNotFound) {
+			t.Fatal(err)
 		}
-		var ev audit.Event
-		if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
-			t.Fatalf("audit event does not decode: %v", err)
+		for i, ev := range evs {
+			switch ev.Type {
+			case audit.Completed, audit.Failed, audit.Cancelled:
+				return evs[:i+1]
+			}
 		}
-		evs = append(evs, ev)
-		switch ev.Type {
-		case audit.Completed, audit.Failed, audit.Cancelled:
-			return evs
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the trail of %s has no terminal event: %v", executionID, typesOf(evs))
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }

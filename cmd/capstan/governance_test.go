@@ -144,7 +144,11 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 	if m := got.ForModel(); m.Code != envelope.CodeInternalError || m.Message != "The operation failed." {
 		t.Fatalf("for the model: %+v", m)
 	}
+	until := time.Now().Add(guard)
 	for {
+		if time.Now().After(until) {
+			t.Fatalf("the record of %s is never finalized", got.ExecutionID)
+		}
 		stdout, stderr, code = capstan(t, env.URL, "status", got.ExecutionID)
 		if code != exitOK {
 			t.Fatalf("status: exit %d, %s", code, stderr)
