@@ -161,6 +161,16 @@ func (s *store) envelopeWrites() uint64 {
 	return st.CachedInfo().State.LastSeq
 }
 
+// storedEnvelope reads the envelope the bucket holds now.
+func (s *store) storedEnvelope(id string) *envelope.Envelope {
+	s.t.Helper()
+	env, _, err := broker.Load[envelope.Envelope](ctxT(s.t), s.b.Envelopes, id)
+	if err != nil {
+		s.t.Fatalf("envelope of %s: %v", id, err)
+	}
+	return env
+}
+
 // trail reads the audit events of one execution stored so far.
 func (s *store) trail(id string) []audit.Event {
 	s.t.Helper()
@@ -650,11 +660,12 @@ func checkConflict(t *testing.T, conflict audit.Event, got *envelope.Envelope) {
 	}
 }
 
-// A worker that owns the execution, finalizing after another worker stalled
-// past its lease wrote its envelope late: the bucket refuses the second
-// envelope, the output is discarded and audited, and the record tells what the
-// stored envelope says.
-func TestFinalization_EnvelopeWrittenMeanwhile_RefusedAndAudited(t *testing.T) {
+// One envelope per execution: a worker that owns the execution finalizes
+// after another worker, stalled past its lease, wrote its envelope late. The
+// create-only bucket refuses the second envelope (the first stays, the bucket
+// stored one write), the output is discarded and audited as envelope.conflict,
+// and the record tells what the stored envelope says.
+func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -673,18 +684,20 @@ func TestFinalization_EnvelopeWrittenMeanwhile_RefusedAndAudited(t *testing.T) {
 	s.publish("test.lookup", id)
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: 2 * time.Second}, lookupCap(&p))
 
-	got := s.await(id)
-	s.settled(id)
-	conflict := s.waitEvent(id, audit.EnvelopeConflict)
-	if got.FinalizedBy != deadWorker || got.Attempts != 1 {
-		t.Fatalf("envelope by %s after %d attempts", got.FinalizedBy, got.Attempts)
+	s.await(id)
+	tr := s.settled(id)
+	got := s.storedEnvelope(id)
+	if n := s.envelopeWrites(); n != 1 || got.FinalizedBy != deadWorker || got.Attempts != 1 {
+		t.Fatalf("the bucket stored %d envelope writes, the last by %s after %d attempts: the second finalization must be refused, the first envelope kept",
+			n, got.FinalizedBy, got.Attempts)
+	}
+	conflict, ok := find(tr, audit.EnvelopeConflict)
+	if !ok {
+		t.Fatalf("no envelope.conflict event for the refused finalization; trail %v", typesOf(tr))
 	}
 	checkConflict(t, conflict, got)
 	if field(conflict, "reason") != "envelope-exists" || field(conflict, "discardedAttempts") != "2" {
 		t.Fatalf("envelope.conflict %v", conflict.Data)
-	}
-	if n := s.envelopeWrites(); n != 1 {
-		t.Fatalf("%d envelope writes", n)
 	}
 	if w.Stats().Conflicts != 1 || p.calls.Load() != 1 {
 		t.Fatalf("conflicts %d, calls %d", w.Stats().Conflicts, p.calls.Load())
