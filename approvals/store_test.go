@@ -141,6 +141,41 @@ func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
 	}
 }
 
+// An approval, once created, is never replaced: a create under its id by
+// another request is refused and leaves it as it was (an approved record
+// stays approved); the same request's create again, as after a lost answer,
+// succeeds without writing.
+func TestCreate_ExistingApprovalNeverReplaced(t *testing.T) {
+	env := testenv.Start(t)
+	s, b := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	approve(t, s, r.ID)
+	ctx := ctxT(t)
+	_, before, err := broker.Load[approvals.Record](ctx, b.Approvals, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	again := *r
+	again.Status, again.Decision = "", nil
+	if err := s.Create(ctx, &again); err != nil {
+		t.Fatalf("the same request's create again: %v", err)
+	}
+	other := *r
+	other.Status, other.Decision = "", nil
+	other.RequestedBy = envelope.NewExecutionID()
+	if err := s.Create(ctx, &other); !errors.Is(err, broker.ErrExists) {
+		t.Fatalf("another request's create under the id: %v, want broker.ErrExists", err)
+	}
+	got, after, err := broker.Load[approvals.Record](ctx, b.Approvals, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before || got.Status != approvals.Approved || got.RequestedBy != r.RequestedBy {
+		t.Fatalf("the approval changed: revision %d → %d, %s requested by %s", before, after, got.Status, got.RequestedBy)
+	}
+}
+
 func TestCreate_InputNotMatchingItsHashRefused(t *testing.T) {
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
@@ -334,6 +369,34 @@ func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
 	}
 	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); !errors.Is(err, approvals.ErrConsumed) {
 		t.Fatalf("another execution: %v", err)
+	}
+}
+
+// An approval authorizes one execution: once consumed, it stays usable by that
+// execution alone (its retries and takeovers), never by another execution or
+// by a check that names none.
+func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
+	env := testenv.Start(t)
+	s, _ := storeOn(t, env.Connect(t))
+	r := pending(t, s, 900)
+	approve(t, s, r.ID)
+	exec := envelope.NewExecutionID()
+	consumed, err := s.Consume(ctxT(t), r.ID, exec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := consumed.Usable(exec, now); err != nil {
+		t.Errorf("the execution that consumed it: %v, want usable", err)
+	}
+	if err := consumed.Usable(envelope.NewExecutionID(), now); !errors.Is(err, approvals.ErrConsumed) {
+		t.Errorf("another execution: %v, want ErrConsumed", err)
+	}
+	if err := consumed.Usable("", now); !errors.Is(err, approvals.ErrConsumed) {
+		t.Errorf("no execution: %v, want ErrConsumed", err)
+	}
+	if err := consumed.Usable(exec, consumed.ExpiresAt.Add(time.Hour)); err != nil {
+		t.Errorf("the execution that consumed it, past the expiry: %v, want usable (a consumed approval does not expire)", err)
 	}
 }
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Mutation run: how many deliberate bugs in the packages that hold capstan's
+# invariants their tests catch. A measurement, not a CI gate: it takes tens of
+# minutes and its score is read, not enforced.
+#
+#   scripts/mutation.sh                  # approvals and envelope
+#   scripts/mutation.sh approvals        # one package
+#   WORKERS=2 scripts/mutation.sh        # mutants tested at once (default 1)
+#
+# Each package's mutants are run against that package's own tests (gremlins
+# mutates only code those tests cover). The executor's claim, lease and
+# finalize machinery (internal/delivery) is proven by the executor package's
+# black-box tests, which take minutes per run: mutate it by hand, as the
+# README's "Proving the tests" section shows, rather than here.
+#
+# Results: a JSON file per package in $OUT (default: a new temporary
+# directory), and every mutant that lived on stdout.
+set -euo pipefail
+exec </dev/null
+cd "$(dirname "$0")/.."
+
+GREMLINS=github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
+OUT=${OUT:-$(mktemp -d)}
+WORKERS=${WORKERS:-1}
+pkgs=("$@")
+if [[ ${#pkgs[@]} -eq 0 ]]; then
+	pkgs=(approvals envelope)
+fi
+
+for p in "${pkgs[@]}"; do
+	printf '\n== %s\n' "$p"
+	go run "$GREMLINS" unleash \
+		--invert-logical \
+		--workers "$WORKERS" --test-cpu 1 --timeout-coefficient "${TIMEOUT_COEFFICIENT:-40}" \
+		--output "$OUT/${p//\//_}.json" \
+		"./$p"
+done
+printf '\nresults in %s\n' "$OUT"
