@@ -84,3 +84,71 @@ func (n Names) EnvelopeSubjects() string { return n.subject + ".envelope.>" }
 func (n Names) EnvelopeKeyFromSubject(subject string) string {
 	return strings.TrimPrefix(subject, n.subject+".envelope.")
 }
+
+// Anonymous is the principal token of every subject in open mode (a server
+// without authentication). A server with authentication never lets a client
+// publish under it.
+const Anonymous = "_anon"
+
+// ValidPrincipal reports whether p can be a principal: one subject token,
+// [a-z][a-z0-9_-]*, at most 64 bytes. Anonymous is valid; other names starting
+// with "_" are reserved.
+func ValidPrincipal(p string) bool {
+	if p == Anonymous {
+		return true
+	}
+	if len(p) == 0 || len(p) > 64 || p[0] < 'a' || p[0] > 'z' {
+		return false
+	}
+	for i := 1; i < len(p); i++ {
+		c := p[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// GrantsBucket keeps each principal's grants; only admins write it.
+func (n Names) GrantsBucket() string { return n.prefix + "_GRANTS" }
+
+// SubjectPrefix is the lower-case prefix every subject starts with.
+func (n Names) SubjectPrefix() string { return n.subject }
+
+// PrincipalExecSubject is where principal publishes requests for capabilityID.
+func (n Names) PrincipalExecSubject(principal, capabilityID string) string {
+	return n.subject + ".exec." + principal + "." + capabilityID
+}
+
+// PrincipalEnvelopeSubjects matches the envelopes of principal's executions.
+func (n Names) PrincipalEnvelopeSubjects(principal string) string {
+	return n.subject + ".envelope." + principal + ".>"
+}
+
+// PrincipalCancelSubject is where principal asks to cancel one of its executions.
+func (n Names) PrincipalCancelSubject(principal, executionID string) string {
+	return n.subject + ".cancel." + principal + "." + executionID
+}
+
+// PrincipalDescribeSubject is where principal asks what it may call.
+func (n Names) PrincipalDescribeSubject(principal string) string {
+	return n.subject + ".describe." + principal
+}
+
+// DecideSubject is where an approver principal sends its decisions; workers
+// serve it and take the approver's identity from the subject.
+func (n Names) DecideSubject(principal string) string {
+	return n.subject + ".approvals.decide." + principal
+}
+
+// DecideSubjects matches every approver's decisions.
+func (n Names) DecideSubjects() string { return n.subject + ".approvals.decide.*" }
+
+// InboxPrefix is principal's reply-subject prefix: the server lets a principal
+// subscribe to its own replies only.
+func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
+
+// Key is the key of principal's execution in the executions and envelopes
+// buckets: the principal is part of it, so that the server can let a principal
+// read its own records and envelopes only.
+func Key(principal, executionID string) string { return principal + "." + executionID }

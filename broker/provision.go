@@ -130,6 +130,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		MaxAge:    cfg.AuditMaxAge,
 		MaxBytes:  auditMaxBytes,
 		Discard:   discard,
+		// The trail is evidence: no process, whatever its rights, removes an event.
+		DenyDelete: true,
+		DenyPurge:  true,
 	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
@@ -194,6 +197,15 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	}
 	if diff := streamDiff(have, want); diff != "" {
 		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
+	}
+	if (want.DenyDelete && !have.DenyDelete) || (want.DenyPurge && !have.DenyPurge) {
+		// A stream from an earlier version: denying removal only tightens it,
+		// and the server never lets it be undone.
+		have.DenyDelete = have.DenyDelete || want.DenyDelete
+		have.DenyPurge = have.DenyPurge || want.DenyPurge
+		if s, err = js.UpdateStream(ctx, have); err != nil {
+			return nil, fmt.Errorf("capstan: stream %s: deny delete and purge: %w", want.Name, err)
+		}
 	}
 	return s, nil
 }
