@@ -240,21 +240,4 @@ resolver_preload: {
 }
 
 // PrincipalFromCreds returns the principal named in a credentials file.
-func PrincipalFromCreds(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file: %w", err)
-	}
-	tok, err := jwt.ParseDecoratedJWT(b)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
-	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
-	}
-	if !broker.ValidPrincipal(uc.Name) {
-		return "", fmt.Errorf("capstan: credentials file %s names no capstan principal (%q)", path, uc.Name)
-	}
-	return uc.Name, nil
-}
+func PrincipalFromCreds(path string) (string, error) { return broker.PrincipalFromCreds(path) }

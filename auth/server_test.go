@@ -114,8 +114,8 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 		t.Fatalf("alice's own request refused: %v", err)
 	}
 	for _, subject := range []string{
-		n.PrincipalExecSubject("bob", "demo.echo"),         // another principal's token
-		n.PrincipalExecSubject("alice", "orders.refund"),   // beyond its capability grants
+		n.PrincipalExecSubject("bob", "demo.echo"),       // another principal's token
+		n.PrincipalExecSubject("alice", "orders.refund"), // beyond its capability grants
 		n.PrincipalExecSubject(broker.Anonymous, "demo.echo"),
 		n.PrincipalCancelSubject("bob", "0198"),
 		n.DecideSubject("alice"),

@@ -16,10 +16,11 @@ import (
 // PublishGrants writes every principal's grant to the grants bucket (creating
 // it when missing) and removes grants of principals the setup no longer has.
 // Only an admin's connection may: workers read the bucket, nobody else sees it.
+// A new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
 	n := s.Names()
 	if replicas <= 0 {
-		replicas = 1
+		replicas = broker.DetectReplicas(ctx, js.Conn())
 	}
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: n.GrantsBucket(), History: 1, Storage: jetstream.FileStorage, Replicas: replicas,

@@ -324,7 +324,7 @@ func newBenchRig(ctx context.Context, f *benchFlags, conn *connFlags) (*benchRig
 			return nil, err
 		}
 		rig.closers = append(rig.closers, func() { _ = os.RemoveAll(dir) })
-		e, err := startEmbedded(ctx, natsserver.Options{StoreDir: dir, Port: -1}, broker.Config{}, newLogger(slog.LevelWarn))
+		e, err := startEmbedded(ctx, natsserver.Options{StoreDir: dir, Port: -1}, broker.Config{}, nil, newLogger(slog.LevelWarn))
 		if err != nil {
 			rig.close()
 			return nil, err
