@@ -169,7 +169,7 @@ func (g Grant) CheckTypes(types []string) error {
 }
 
 // Identity is the actor an approver's decisions carry: its first granted
-// actor, else principal:<name>.
+// actor, else service:<principal>.
 func (g Grant) Identity() envelope.Actor {
 	if len(g.Actors) > 0 {
 		kind, id, _ := strings.Cut(g.Actors[0], ":")
@@ -177,5 +177,5 @@ func (g Grant) Identity() envelope.Actor {
 			return envelope.Actor{Kind: kind, ID: id}
 		}
 	}
-	return envelope.Actor{Kind: "principal", ID: g.Principal}
+	return envelope.Actor{Kind: envelope.ActorService, ID: g.Principal}
 }

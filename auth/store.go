@@ -175,3 +175,20 @@ func unauthenticated(cause error) error {
 	return &envelope.CapabilityError{Code: envelope.CodeUnauthenticated, Stage: envelope.StageActor,
 		Message: "Not authenticated: the caller has no grant.", ExposeToModel: true, Cause: cause}
 }
+
+// Approver returns the identity principal's decisions carry, if it may decide
+// approvals of types (see Grant.CheckTypes). On an open server the decision
+// names its own approver.
+func (g *Grants) Approver(principal string, types []string) (envelope.Actor, bool, error) {
+	if principal == broker.Anonymous && g.open {
+		return envelope.Actor{}, true, nil
+	}
+	gr, ok := g.Lookup(principal)
+	if !ok {
+		return envelope.Actor{}, false, fmt.Errorf("principal %q has no grant", principal)
+	}
+	if err := gr.CheckTypes(types); err != nil {
+		return envelope.Actor{}, false, err
+	}
+	return gr.Identity(), false, nil
+}
