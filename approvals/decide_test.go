@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
@@ -12,7 +11,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/testenv"
 )
-
 
 // securedDecisions starts a server with authentication, a worker connection
 // serving decisions with the grants, and returns a pending approval that
@@ -135,4 +133,3 @@ func assertPending(t *testing.T, s *approvals.Store, id string) {
 		t.Fatalf("approval %s is %s (%+v), want pending and undecided", id, got.Status, got.Decision)
 	}
 }
-
