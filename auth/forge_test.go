@@ -518,16 +518,15 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.wait(t, ctx, n.PrincipalCancelSubject("bob", id))
-	if err := alice.Cancel(ctx, id); err == nil {
-		t.Fatal("alice cancelled bob's execution")
-	}
+	// Whatever the workers answer alice, it concerns alice's key space only.
+	_, _ = alice.Cancel(ctx, id)
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if env, err := bob.Await(short, id); err == nil {
 		t.Fatalf("bob's execution ended: %s %+v", env.Status, env.Error)
 	}
 	// bob cancels his own.
-	if err := bob.Cancel(ctx, id); err != nil {
+	if _, err := bob.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	env, err := bob.Await(ctx, id)
