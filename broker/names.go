@@ -152,3 +152,30 @@ func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subje
 // buckets: the principal is part of it, so that the server can let a principal
 // read its own records and envelopes only.
 func Key(principal, executionID string) string { return principal + "." + executionID }
+
+// ParseExecSubject returns the principal and capability id of an exec
+// subject (capstan.exec.<principal>.<capabilityId>); ok is false for a
+// subject outside that layout.
+func (n Names) ParseExecSubject(subject string) (principal, capabilityID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.subject+".exec.")
+	if !found {
+		return "", "", false
+	}
+	principal, capabilityID, found = strings.Cut(rest, ".")
+	if !found || !ValidPrincipal(principal) || capabilityID == "" {
+		return "", "", false
+	}
+	return principal, capabilityID, true
+}
+
+// ParseKey splits a key of the executions or envelopes bucket (see Key).
+func ParseKey(key string) (principal, executionID string, ok bool) {
+	principal, executionID, ok = strings.Cut(key, ".")
+	return principal, executionID, ok && ValidPrincipal(principal) && executionID != ""
+}
+
+// PrincipalCancelSubjects matches every principal's cancels (workers serve them).
+func (n Names) PrincipalCancelSubjects() string { return n.subject + ".cancel.*.*" }
+
+// PrincipalDescribeSubjects matches every principal's describes.
+func (n Names) PrincipalDescribeSubjects() string { return n.subject + ".describe.*" }

@@ -301,3 +301,34 @@ func unlimited(v int64) int64 {
 	}
 	return v
 }
+
+// Open binds the buckets a client reads (envelopes, executions, catalog)
+// without creating or checking anything: clients never provision, and a
+// producer's credentials would not let it. Exec, Audit, Approvals and Pools
+// are left nil; Open fails when a bucket does not exist yet (no server or
+// worker has provisioned) or the credentials do not allow reading it.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	n := NewNames(cfg.Prefix)
+	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
+	for _, kv := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{
+		{&b.Envelopes, n.EnvelopesBucket()},
+		{&b.Executions, n.ExecutionsBucket()},
+		{&b.Catalog, n.CatalogBucket()},
+	} {
+		if *kv.dst, err = js.KeyValue(ctx, kv.name); err != nil {
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w", kv.name, err)
+			}
+			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
+		}
+	}
+	return b, nil
+}
