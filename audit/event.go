@@ -39,11 +39,15 @@ func ActorOf(a envelope.Actor) Actor { return Actor{ID: a.ID, Kind: a.Kind} }
 // Event is one audit record. Data holds the type's own fields; it never holds
 // raw input or output (SI-10).
 type Event struct {
-	V             int            `json:"v"`
-	Type          string         `json:"type"`
-	Timestamp     time.Time      `json:"timestamp"`
-	Surface       string         `json:"surface,omitempty"`
-	Actor         Actor          `json:"actor"`
+	V         int       `json:"v"`
+	Type      string    `json:"type"`
+	Timestamp time.Time `json:"timestamp"`
+	Surface   string    `json:"surface,omitempty"`
+	Actor     Actor     `json:"actor"`
+	// Principal is the authenticated NATS principal the request came from
+	// (the token of the subject the server let it publish on); the actor is
+	// what that principal asserted, within its grant.
+	Principal     string         `json:"principal,omitempty"`
 	ExecutionID   string         `json:"executionId,omitempty"`
 	CapabilityID  string         `json:"capabilityId,omitempty"`
 	CorrelationID string         `json:"correlationId,omitempty"`
