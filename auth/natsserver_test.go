@@ -79,11 +79,11 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := setup.Names()
-	if _, err := js.Publish(ctx, n.PrincipalExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
+	if _, err := js.Publish(ctx, n.ExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
 		t.Fatalf("alice's own request refused: %v", err)
 	}
 	for _, subject := range []string{
-		n.PrincipalExecSubject("bob", "demo.echo"),
+		n.ExecSubject("bob", "demo.echo"),
 		"$KV." + n.EnvelopesBucket() + ".alice.0198",
 		"$KV." + n.ApprovalsBucket() + ".a1",
 		n.AuditSubject("0198"),

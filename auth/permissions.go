@@ -32,18 +32,18 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 	switch g.Role {
 	case Producer:
 		pub := []string{
-			n.PrincipalExecSubject(p, broker.Unrouted),
-			n.PrincipalCancelSubject(p, "*"),
-			n.PrincipalDescribeSubject(p),
+			n.ExecSubject(p, broker.Unrouted),
+			n.CancelSubject(p, "*"),
+			n.DescribeSubject(p),
 		}
 		for _, c := range g.Capabilities {
 			switch {
 			case c == "*":
-				pub = append(pub, n.PrincipalExecSubject(p, ">"))
+				pub = append(pub, n.ExecSubject(p, ">"))
 			case strings.HasSuffix(c, ".*"):
-				pub = append(pub, n.PrincipalExecSubject(p, strings.TrimSuffix(c, "*")+">"))
+				pub = append(pub, n.ExecSubject(p, strings.TrimSuffix(c, "*")+">"))
 			default:
-				pub = append(pub, n.PrincipalExecSubject(p, c))
+				pub = append(pub, n.ExecSubject(p, c))
 			}
 		}
 		for _, b := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
@@ -54,7 +54,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		pub = append(pub, readBucket(n.CatalogBucket())...)
 		return Permissions{
 			PublishAllow:   pub,
-			SubscribeAllow: []string{inbox, n.PrincipalEnvelopeSubjects(p)},
+			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
 		}
 	case Approver:
 		pub := append([]string{n.DecideSubject(p)}, readBucket(n.ApprovalsBucket())...)

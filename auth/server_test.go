@@ -110,14 +110,14 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := setup.Names()
-	if _, err := js.Publish(ctx, n.PrincipalExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
+	if _, err := js.Publish(ctx, n.ExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
 		t.Fatalf("alice's own request refused: %v", err)
 	}
 	for _, subject := range []string{
-		n.PrincipalExecSubject("bob", "demo.echo"),       // another principal's token
-		n.PrincipalExecSubject("alice", "orders.refund"), // beyond its capability grants
-		n.PrincipalExecSubject(broker.Anonymous, "demo.echo"),
-		n.PrincipalCancelSubject("bob", "0198"),
+		n.ExecSubject("bob", "demo.echo"),       // another principal's token
+		n.ExecSubject("alice", "orders.refund"), // beyond its capability grants
+		n.ExecSubject(broker.Anonymous, "demo.echo"),
+		n.CancelSubject("bob", "0198"),
 		n.DecideSubject("alice"),
 		n.AuditSubject("0198"),
 		"$KV." + n.EnvelopesBucket() + ".alice.0198",
@@ -154,7 +154,7 @@ func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.wait(t, ctx, n.EnvelopeSubjects())
-	own, err := alice.SubscribeSync(n.PrincipalEnvelopeSubjects("alice"))
+	own, err := alice.SubscribeSync(n.EnvelopeSubjectsOf("alice"))
 	if err != nil {
 		t.Fatal(err)
 	}

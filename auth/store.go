@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -57,30 +58,48 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 
 // Grants is a worker's view of the grants bucket, kept current by one watcher.
 // Without a grants bucket the server runs open: every request comes from the
-// anonymous principal, and Check lets it through.
+// anonymous principal, and CheckRequest lets it through. A bucket created
+// later (an admin's first PublishGrants) is picked up, and from then on the
+// anonymous principal is refused.
 type Grants struct {
-	mu    sync.RWMutex
-	open  bool
-	m     map[string]Grant
-	watch jetstream.KeyWatcher
+	ctx   context.Context
+	js    jetstream.JetStream
+	names broker.Names
+
+	mu       sync.RWMutex
+	open     bool
+	m        map[string]Grant
+	watch    jetstream.KeyWatcher
+	lastBind time.Time
 }
 
 // WatchGrants reads the grants bucket and follows its changes until ctx ends.
 func WatchGrants(ctx context.Context, js jetstream.JetStream, n broker.Names) (*Grants, error) {
-	g := &Grants{m: map[string]Grant{}}
-	kv, err := js.KeyValue(ctx, n.GrantsBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
+	g := &Grants{ctx: ctx, js: js, names: n, m: map[string]Grant{}}
+	if err := g.bind(); errors.Is(err, jetstream.ErrBucketNotFound) {
 		g.open = true
-		return g, nil
+	} else if err != nil {
+		return nil, err
 	}
+	return g, nil
+}
+
+// bind opens the bucket and starts the watcher, returning once the current
+// grants are read.
+func (g *Grants) bind() error {
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	defer cancel()
+	kv, err := g.js.KeyValue(ctx, g.names.GrantsBucket())
 	if err != nil {
-		return nil, fmt.Errorf("capstan: grants bucket: %w", err)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return err
+		}
+		return fmt.Errorf("capstan: grants bucket: %w", err)
 	}
-	w, err := kv.WatchAll(ctx)
+	w, err := kv.WatchAll(g.ctx)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: watch grants: %w", err)
+		return fmt.Errorf("capstan: watch grants: %w", err)
 	}
-	g.watch = w
 	ready := make(chan struct{})
 	go func() {
 		initial := true
@@ -102,9 +121,24 @@ func WatchGrants(ctx context.Context, js jetstream.JetStream, n broker.Names) (*
 	case <-ready:
 	case <-ctx.Done():
 		_ = w.Stop()
-		return nil, ctx.Err()
+		return fmt.Errorf("capstan: read grants: %w", ctx.Err())
 	}
-	return g, nil
+	g.mu.Lock()
+	g.watch, g.open = w, false
+	g.mu.Unlock()
+	return nil
+}
+
+// rebind looks for a grants bucket created since, at most once a second.
+func (g *Grants) rebind() {
+	g.mu.Lock()
+	if !g.open || time.Since(g.lastBind) < time.Second {
+		g.mu.Unlock()
+		return
+	}
+	g.lastBind = time.Now()
+	g.mu.Unlock()
+	_ = g.bind()
 }
 
 func (g *Grants) apply(e jetstream.KeyValueEntry) {
@@ -124,19 +158,43 @@ func (g *Grants) apply(e jetstream.KeyValueEntry) {
 
 // Stop ends the watcher.
 func (g *Grants) Stop() {
-	if g.watch != nil {
-		_ = g.watch.Stop()
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	w := g.watch
+	g.mu.Unlock()
+	if w != nil {
+		_ = w.Stop()
 	}
 }
 
-// Open reports whether the server runs without grants (open mode).
-func (g *Grants) Open() bool { return g.open }
+// Open reports whether the server runs without grants (open mode). A nil
+// Grants is open: a runtime that never looked for grants.
+func (g *Grants) Open() bool {
+	if g == nil {
+		return true
+	}
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.open
+}
 
 // Lookup returns principal's grant.
 func (g *Grants) Lookup(principal string) (Grant, bool) {
+	if g == nil {
+		return Grant{}, false
+	}
 	g.mu.RLock()
-	defer g.mu.RUnlock()
 	gr, ok := g.m[principal]
+	open := g.open
+	g.mu.RUnlock()
+	if !ok && open && principal != broker.Anonymous {
+		g.rebind()
+		g.mu.RLock()
+		gr, ok = g.m[principal]
+		g.mu.RUnlock()
+	}
 	return gr, ok
 }
 
@@ -146,7 +204,7 @@ func (g *Grants) Lookup(principal string) (Grant, bool) {
 // cause names the missing right. Actor well-formedness is checked before.
 func (g *Grants) CheckRequest(principal string, actor envelope.Actor, surface, capabilityID string) error {
 	if principal == broker.Anonymous {
-		if g.open {
+		if g.Open() {
 			return nil
 		}
 		return unauthenticated(fmt.Errorf("anonymous request on a server with grants"))
@@ -180,7 +238,7 @@ func unauthenticated(cause error) error {
 // approvals of types (see Grant.CheckTypes). On an open server the decision
 // names its own approver.
 func (g *Grants) Approver(principal string, types []string) (envelope.Actor, bool, error) {
-	if principal == broker.Anonymous && g.open {
+	if principal == broker.Anonymous && g.Open() {
 		return envelope.Actor{}, true, nil
 	}
 	gr, ok := g.Lookup(principal)

@@ -332,3 +332,35 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	return b, nil
 }
+
+// OpenAll binds every stream and bucket of the design without creating or
+// checking anything, for a connection that may read them all (an open
+// server's, an admin's). It fails when one does not exist yet.
+func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	b, err := Open(ctx, nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	n := b.Names
+	for _, st := range []struct {
+		dst  *jetstream.Stream
+		name string
+	}{{&b.Exec, n.ExecStream()}, {&b.Audit, n.AuditStream()}} {
+		if *st.dst, err = b.JS.Stream(ctx, st.name); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				err = fmt.Errorf("%w: %w", jetstream.ErrBucketNotFound, err) // not provisioned yet, like a bucket
+			}
+			return nil, fmt.Errorf("capstan: open stream %s: %w", st.name, err)
+		}
+	}
+	b.Replicas = b.Exec.CachedInfo().Config.Replicas
+	for _, kv := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{{&b.Approvals, n.ApprovalsBucket()}, {&b.Pools, n.PoolsBucket()}} {
+		if *kv.dst, err = b.JS.KeyValue(ctx, kv.name); err != nil {
+			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
+		}
+	}
+	return b, nil
+}

@@ -537,8 +537,8 @@ func backlogRun(ctx context.Context, rig *benchRig, f *benchFlags, input envelop
 	t := &tally{res: loopResult{latencies: make([]time.Duration, 0, f.n), arrivals: make([]time.Time, 0, f.n)}}
 	all := make(chan struct{})
 	var seen int
-	sub, err := rig.nc.Subscribe(rig.b.Names.EnvelopeSubjects(), func(m *nats.Msg) {
-		id := rig.b.Names.EnvelopeKeyFromSubject(m.Subject)
+	sub, err := rig.nc.Subscribe(rig.b.Names.EnvelopeSubjectsOf(rig.client.Principal()), func(m *nats.Msg) {
+		_, id, _ := broker.ParseKey(rig.b.Names.EnvelopeKeyFromSubject(m.Subject))
 		env, err := envelope.DecodeEnvelope(m.Data)
 		mu.Lock()
 		at, ok := submitted[id]
