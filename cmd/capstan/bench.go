@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -42,6 +44,7 @@ type benchFlags struct {
 	workerConcurrency int
 	backlog           bool
 	noAudit           bool
+	auth              bool
 	noBaseline        bool
 	json              bool
 	cpuProfile        string
@@ -62,6 +65,9 @@ type benchResult struct {
 	WorkerConcurrency int     `json:"workerConcurrency"`
 	PayloadBytes      int     `json:"payloadBytes"`
 	Audit             bool    `json:"audit"`
+	// Auth: the server required credentials; the client ran as a producer
+	// principal and the workers checked its grants.
+	Auth bool `json:"auth"`
 	CPUs              int     `json:"cpus"`
 
 	Completed        int     `json:"completed"`
@@ -124,6 +130,7 @@ func runBench(args []string) int {
 	fs.IntVar(&f.workerConcurrency, "worker-concurrency", 256, "concurrency of each in-process worker")
 	fs.BoolVar(&f.backlog, "backlog", false, "submit all N first, then start the workers and time the drain")
 	fs.BoolVar(&f.noAudit, "no-audit", false, "in-process workers publish no audit events (to measure the trail's cost)")
+	fs.BoolVar(&f.auth, "auth", false, "with --embedded: the server requires credentials, the client is a producer principal and the workers check its grants (to measure what the checks cost)")
 	fs.BoolVar(&f.noBaseline, "no-baseline", false, "skip the raw JetStream baseline")
 	fs.BoolVar(&f.json, "json", false, "print the result as one JSON object")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the capstan phase to `file`")
@@ -145,6 +152,8 @@ func runBench(args []string) int {
 		return usageError("--payload must not be negative")
 	case f.workers < 0 || f.workerConcurrency <= 0:
 		return usageError("--workers must not be negative and --worker-concurrency must be positive")
+	case f.auth && !f.embedded:
+		return usageError("--auth needs --embedded (against a server of yours, give --creds)")
 	case f.embedded && conn.url != "":
 		return usageError("--embedded and --nats exclude each other")
 	case f.embedded && f.workers == 0:
@@ -204,6 +213,9 @@ type benchRig struct {
 	client  *executor.Client
 	b       *broker.Broker
 	nc      *nats.Conn
+	// adminJS administers streams (the baseline's, the consumer count): the
+	// client's own when it may, the admin's with --auth.
+	adminJS jetstream.JetStream
 	closers []func()
 	// startWorkers starts the in-process workers, waits until the catalog
 	// lists what they serve, and returns what stops them.
@@ -225,7 +237,7 @@ func bench(ctx context.Context, f *benchFlags, conn *connFlags, rate float64) (*
 
 	res := &benchResult{
 		Mode: "closed", Server: rig.url, Capability: f.capability, N: f.n, Concurrency: f.concurrency,
-		Workers: f.workers, WorkerConcurrency: f.workerConcurrency, PayloadBytes: f.payload, Audit: !f.noAudit,
+		Workers: f.workers, WorkerConcurrency: f.workerConcurrency, PayloadBytes: f.payload, Audit: !f.noAudit, Auth: f.auth,
 		CPUs: runtime.GOMAXPROCS(0),
 	}
 	switch {
@@ -252,7 +264,7 @@ func bench(ctx context.Context, f *benchFlags, conn *connFlags, rate float64) (*
 		}
 	}
 
-	consumers := watchConsumers(ctx, rig.b.JS)
+	consumers := watchConsumers(ctx, rig.adminJS)
 	res.ConsumersBefore = consumers.before
 	stopProfile, err := startProfile(f.cpuProfile)
 	if err != nil {
@@ -324,7 +336,20 @@ func newBenchRig(ctx context.Context, f *benchFlags, conn *connFlags) (*benchRig
 			return nil, err
 		}
 		rig.closers = append(rig.closers, func() { _ = os.RemoveAll(dir) })
-		e, err := startEmbedded(ctx, natsserver.Options{StoreDir: dir, Port: -1}, broker.Config{}, nil, newLogger(slog.LevelWarn))
+		opts := natsserver.Options{StoreDir: dir, Port: -1}
+		var setup *auth.Setup
+		if f.auth {
+			if setup, err = auth.Init(filepath.Join(dir, "secrets"), ""); err == nil {
+				err = setup.Add(auth.Grant{Principal: "bench", Role: auth.Producer,
+					Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}})
+			}
+			if err != nil {
+				rig.close()
+				return nil, err
+			}
+			opts.ConfigFile = setup.ServerConfigPath()
+		}
+		e, err := startEmbedded(ctx, opts, broker.Config{}, setup, newLogger(slog.LevelWarn))
 		if err != nil {
 			rig.close()
 			return nil, err
@@ -332,7 +357,17 @@ func newBenchRig(ctx context.Context, f *benchFlags, conn *connFlags) (*benchRig
 		rig.closers = append(rig.closers, e.stop)
 		rig.url, rig.srv = e.url, e.srv
 		connect = func(name string) (*nats.Conn, error) {
-			return broker.Connect(broker.ConnectOptions{URL: e.url, Name: "capstan bench " + name})
+			co := broker.ConnectOptions{URL: e.url, Name: "capstan bench " + name}
+			if setup != nil {
+				co.Creds = setup.CredsPath(auth.WorkerPrincipal)
+				if name == "client" {
+					co.Creds = setup.CredsPath("bench")
+				}
+			}
+			return broker.Connect(co)
+		}
+		if setup != nil {
+			rig.adminJS = e.b.JS // the embedded server's own connection is the admin's
 		}
 	}
 	nc, err := connect("client")
@@ -345,10 +380,22 @@ func newBenchRig(ctx context.Context, f *benchFlags, conn *connFlags) (*benchRig
 		rig.url = nc.ConnectedUrlRedacted()
 	}
 	rig.nc = nc
-	js, err := demo.Provision(ctx, nc, 0) // auto: what exists, or the deployment's choice
+	provisioner := nc
+	if f.auth {
+		// A producer provisions nothing: the workers' connection does.
+		if provisioner, err = connect("worker provisioning"); err != nil {
+			rig.close()
+			return nil, err
+		}
+		rig.closers = append(rig.closers, provisioner.Close)
+	}
+	js, err := demo.Provision(ctx, provisioner, 0) // auto: what exists, or the deployment's choice
 	if err != nil {
 		rig.close()
 		return nil, err
+	}
+	if rig.adminJS == nil {
+		rig.adminJS = js
 	}
 
 	rig.startWorkers = func() (func(), error) {
@@ -611,7 +658,7 @@ func backlogRun(ctx context.Context, rig *benchRig, f *benchFlags, input envelop
 // closed-loop concurrency or rate. A message's latency runs from its publish
 // to its delivery to the consumer.
 func rawBaseline(ctx context.Context, rig *benchRig, f *benchFlags, rate float64, payload int, bar *progress) (*loopResult, error) {
-	js := rig.b.JS
+	js := rig.adminJS
 	name := rig.b.Names.ExecStream() + "_BENCH_RAW"
 	subject := strings.ToLower(name)
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
