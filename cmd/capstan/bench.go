@@ -68,7 +68,7 @@ type benchResult struct {
 	// Auth: the server required credentials; the client ran as a producer
 	// principal and the workers checked its grants.
 	Auth bool `json:"auth"`
-	CPUs              int     `json:"cpus"`
+	CPUs int  `json:"cpus"`
 
 	Completed        int     `json:"completed"`
 	NotCompleted     int     `json:"notCompleted"`
@@ -208,11 +208,11 @@ func parseRate(s string) (float64, error) {
 
 // benchRig is the server, workers and client one run uses.
 type benchRig struct {
-	url     string
-	srv     *server.Server // nil unless embedded
-	client  *executor.Client
-	b       *broker.Broker
-	nc      *nats.Conn
+	url    string
+	srv    *server.Server // nil unless embedded
+	client *executor.Client
+	b      *broker.Broker
+	nc     *nats.Conn
 	// adminJS administers streams (the baseline's, the consumer count): the
 	// client's own when it may, the admin's with --auth.
 	adminJS jetstream.JetStream
