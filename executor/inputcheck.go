@@ -76,12 +76,19 @@ const (
 	shapeUint                    // unsigned integer of bits
 	shapeFloat                   // float of bits
 	shapeString                  //
-	shapeBytes                   // []byte, and types decoding themselves from text or binary
-	shapeTime                    // time.Time: a msgpack timestamp
+	shapeBytes                   // []byte: base64 text, or binary data
+	shapeTime                    // time.Time: RFC 3339 text, or a msgpack timestamp
 	shapeSlice                   //
 	shapeArray                   // fixed length n
 	shapeMap                     //
 	shapeStruct                  //
+)
+
+// Shapes of types that encoding/json reads in their own way.
+const (
+	shapeDuration shapeKind = shapeStruct + 1 + iota // time.Duration: nanoseconds, or a duration string
+	shapeText                                        // types decoding themselves from text (encoding.TextUnmarshaler)
+	shapeJSON                                        // types decoding themselves from JSON (json.Unmarshaler)
 )
 
 // shape is a Go type as the input check and the JSON Schema see it.
@@ -94,6 +101,13 @@ type shape struct {
 	fields map[string]*shapeField
 	order  []*shapeField // declaration order
 	name   string        // the Go type's name, for schema definitions
+	typ    reflect.Type  // shapeText and shapeJSON: the type that decodes itself
+
+	// msgpackOnly marks a type only the msgpack library can decode: one with
+	// its own msgpack or binary decoder but none for JSON or text, or a map
+	// whose keys JSON cannot name. An input type holding one is decoded by the
+	// msgpack library rather than with encoding/json's meaning.
+	msgpackOnly bool
 }
 
 type shapeField struct {
@@ -101,6 +115,7 @@ type shapeField struct {
 	shape     *shape
 	omitEmpty bool
 	pointer   bool
+	quoted    bool // the json "string" option: the value may come as a JSON string
 }
 
 var shapes sync.Map // reflect.Type -> *shape
@@ -143,12 +158,21 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 	case t == timeType:
 		s.kind = shapeTime
 		return s
+	case t == durationType:
+		s.kind, s.bits = shapeDuration, 64
+		return s
+	case pt.Implements(jsonUnmarshalerType):
+		s.kind, s.typ = shapeJSON, t
+		return s
 	case t.Implements(customDecoderType) || pt.Implements(customDecoderType) ||
 		t.Implements(unmarshalerType) || pt.Implements(unmarshalerType):
-		s.kind = shapeAny
+		s.kind, s.msgpackOnly = shapeAny, true
 		return s
-	case pt.Implements(binaryUnmarshalType) || pt.Implements(textUnmarshalType):
-		s.kind = shapeBytes
+	case pt.Implements(textUnmarshalType):
+		s.kind, s.typ = shapeText, t
+		return s
+	case pt.Implements(binaryUnmarshalType):
+		s.kind, s.msgpackOnly = shapeAny, true
 		return s
 	}
 	switch t.Kind() {
@@ -172,6 +196,11 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 		s.kind, s.n, s.elem = shapeArray, t.Len(), compileShape(t.Elem(), building)
 	case reflect.Map:
 		s.kind, s.key, s.elem = shapeMap, compileShape(t.Key(), building), compileShape(t.Elem(), building)
+		switch s.key.kind {
+		case shapeString, shapeInt, shapeUint, shapeText:
+		default: // encoding/json names keys by strings, integers or text only
+			s.msgpackOnly = true
+		}
 	case reflect.Struct:
 		s.kind, s.fields = shapeStruct, map[string]*shapeField{}
 		addFields(s, t, building, 0)
@@ -214,6 +243,7 @@ func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth
 		}
 		sf := &shapeField{name: name, shape: compileShape(ft, building), omitEmpty: hasOption(opts, "omitempty") || hasOption(opts, "omitzero"),
 			pointer: ft.Kind() == reflect.Pointer}
+		sf.quoted = hasOption(opts, "string") && quotable(ft, sf.shape)
 		s.fields[name] = sf
 		s.order = append(s.order, sf)
 	}
@@ -246,10 +276,10 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	if issues := checkInput(raw, s); len(issues) > 0 {
 		return nil, &InputError{Issues: issues}
 	}
-	if err := envelope.UnmarshalStrict(raw, in); err != nil {
+	if err := decodeChecked(raw, s, in); err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
-		return nil, &InputError{Issues: []Issue{{Message: "the input does not match the capability's input type"}}, cause: err}
+		return nil, &InputError{Issues: []Issue{{Path: decodeErrorPath(err), Message: "the input does not match the capability's input type"}}, cause: err}
 	}
 	return in, nil
 }
@@ -317,6 +347,8 @@ type head struct {
 	f64   bool   // floats: 64-bit
 	n     uint64 // length: bytes, items, pairs
 	ext   int8   // extension type
+
+	fval float64 // floats: the value
 }
 
 // pathElem is one step of the path to a value.
@@ -466,7 +498,7 @@ func (w *inputWalk) head() (h head, ok bool) {
 	case c == 0xc0:
 		return head{class: classNil}, true
 	case c == 0xc2 || c == 0xc3:
-		return head{class: classBool}, true
+		return head{class: classBool, mag: uint64(c & 1)}, true
 	case c >= 0xc4 && c <= 0xc6:
 		n, ok := w.uint(1 << (c - 0xc4))
 		return head{class: classBinary, n: n}, ok
@@ -478,8 +510,14 @@ func (w *inputWalk) head() (h head, ok bool) {
 		t, ok := w.sint(1)
 		return head{class: classExt, n: n, ext: int8(t)}, ok
 	case c == 0xca || c == 0xcb:
-		_, ok := w.take(4 << (c - 0xca))
-		return head{class: classFloat, f64: c == 0xcb}, ok
+		b, ok := w.take(4 << (c - 0xca))
+		if !ok {
+			return h, false
+		}
+		if c == 0xca {
+			return head{class: classFloat, fval: float64(math.Float32frombits(binary.BigEndian.Uint32(b)))}, true
+		}
+		return head{class: classFloat, f64: true, fval: math.Float64frombits(binary.BigEndian.Uint64(b))}, true
 	case c >= 0xcc && c <= 0xcf:
 		u, ok := w.uint(1 << (c - 0xcc))
 		return head{class: classInt, mag: u}, ok
@@ -552,6 +590,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 	if w.stopped {
 		return
 	}
+	start := w.off
 	h, ok := w.head()
 	if !ok {
 		return
@@ -561,25 +600,50 @@ func (w *inputWalk) value(s *shape, depth int) {
 	}
 	switch s.kind {
 	case shapeAny:
-		w.rest(h, depth)
+		if s.msgpackOnly {
+			w.rest(h, depth)
+			return
+		}
+		w.jsonValue(h, depth)
+	case shapeJSON:
+		w.selfDecoding(s, h, start, depth)
+	case shapeText:
+		w.text(s, h, depth)
+	case shapeDuration:
+		w.duration(s, h, depth)
 	case shapeBool:
 		w.want(h, h.class == classBool, "a boolean", depth)
 	case shapeInt, shapeUint:
+		if h.class == classFloat && wholeOutside(s, h.fval) {
+			w.issue(rangeMessage(s))
+			return
+		}
 		if w.want(h, h.class == classInt, "an integer", depth) {
 			w.intRange(s, h)
 		}
 	case shapeFloat:
-		if h.class == classFloat && h.f64 && s.bits == 32 {
-			// The decoder does not narrow a 64-bit float.
-			w.issue("expected a 32-bit float, got a 64-bit one")
+		if w.want(h, h.class == classInt || h.class == classFloat, "a number", depth) && h.class == classFloat {
+			w.floatRange(s, h)
+		}
+	case shapeString:
+		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+	case shapeBytes:
+		if h.class == classString {
+			w.base64(h)
 			return
 		}
-		w.want(h, h.class == classInt || h.class == classFloat, "a number", depth)
-	case shapeString, shapeBytes:
-		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+		w.want(h, h.class == classBinary, "a base64 string", depth)
 	case shapeTime:
-		w.want(h, h.class == classExt && h.ext == -1, "a timestamp", depth)
+		w.timeValue(h, depth)
 	case shapeSlice, shapeArray:
+		if s.kind == shapeArray && h.class == classBinary && s.elem.kind == shapeUint && s.elem.bits == 8 {
+			// The msgpack library writes a byte array as binary data.
+			if h.n > uint64(s.n) {
+				w.issue(fmt.Sprintf("expected at most %d items, got %d", s.n, h.n))
+			}
+			w.take(h.n)
+			return
+		}
 		if !w.want(h, h.class == classArray, "an array", depth) || !w.fits(h.n, depth) {
 			return
 		}
@@ -630,7 +694,9 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 			w.push(pathElem{key: name, index: -1})
-			if f := s.fields[string(name)]; f != nil {
+			if f := s.fields[string(name)]; f != nil && f.quoted {
+				w.quotedValue(f.shape, depth+1)
+			} else if f != nil {
 				w.value(f.shape, depth+1)
 			} else {
 				w.issue("unknown field")
@@ -657,9 +723,9 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		if ks.kind != shapeString && ks.kind != shapeBytes && ks.kind != shapeAny {
+		if msg := stringKey(ks, k); msg != "" {
 			w.push(e)
-			w.issue("unexpected key type: " + kh.class.String())
+			w.issue(msg)
 			w.pop()
 		}
 		return e, true
@@ -692,12 +758,12 @@ func (w *inputWalk) want(h head, ok bool, what string, depth int) bool {
 func (w *inputWalk) intRange(s *shape, h head) {
 	if s.kind == shapeUint {
 		if h.neg || s.bits < 64 && h.mag > 1<<s.bits-1 {
-			w.issue(fmt.Sprintf("expected an integer from 0 to %d", uint64(math.MaxUint64)>>(64-s.bits)))
+			w.issue(rangeMessage(s))
 		}
 		return
 	}
 	limit := uint64(1) << (s.bits - 1) // |min|; max is limit-1
 	if h.neg && h.mag > limit || !h.neg && h.mag > limit-1 {
-		w.issue(fmt.Sprintf("expected an integer from %d to %d", -int64(limit-1)-1, int64(limit-1)))
+		w.issue(rangeMessage(s))
 	}
 }
