@@ -723,7 +723,7 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		if msg := stringKey(ks, k); msg != "" {
+		if msg := stringKey(ks, k, kh.class == classBinary); msg != "" {
 			w.push(e)
 			w.issue(msg)
 			w.pop()

@@ -394,8 +394,9 @@ func jsonNumber(b []byte) error {
 	return nil
 }
 
-// stringKey checks a map key that came as a string: JSON names every key so.
-func stringKey(ks *shape, k []byte) string {
+// stringKey checks a map key that came as a string (JSON names every key
+// so), or as binary data (a Go client's key of a binary form).
+func stringKey(ks *shape, k []byte, bin bool) string {
 	switch ks.kind {
 	case shapeString, shapeBytes, shapeAny, shapeJSON:
 		return ""
@@ -410,7 +411,7 @@ func stringKey(ks *shape, k []byte) string {
 		}
 		return ""
 	case shapeText:
-		if err := unmarshalText(ks.typ, k, false, nil); err != nil {
+		if err := unmarshalText(ks.typ, k, bin, nil); err != nil {
 			return "invalid " + ks.typ.String() + " key: " + err.Error()
 		}
 		return ""
@@ -577,7 +578,18 @@ func (t *transcoder) value(s *shape, quoted bool) {
 			t.value(f.shape, f.quoted)
 		}
 		t.out = append(t.out, '}')
-	default: // shapeAny, shapeJSON, shapeBytes and shapeTime from msgpack's own forms
+	case shapeJSON:
+		if h.class == classBinary && s.typ == rawMessageType {
+			// json.RawMessage as the msgpack library writes it: its JSON text.
+			if b, _ := t.take(h.n); json.Valid(b) {
+				t.out = append(t.out, b...)
+			} else {
+				t.out = appendJSONString(t.out, b)
+			}
+			return
+		}
+		t.any(h)
+	default: // shapeAny, and shapeBytes and shapeTime in msgpack's own forms
 		t.any(h)
 	}
 }

@@ -14,7 +14,8 @@ import (
 //   - required lists the fields without omitempty (or omitzero) that are not
 //     pointers. The check itself lets a field be absent (it decodes as the
 //     zero value): a Validate method is where presence is enforced;
-//   - integers are integers, bounded when narrower than 64 bits or unsigned;
+//   - integers are integers, bounded by their width;
+//   - a pointer field may be null;
 //   - slices and arrays are arrays of their items, maps objects of their
 //     values (keys of integer maps are integers in strings);
 //   - []byte is a string with contentEncoding base64, time.Time a string of
@@ -75,18 +76,9 @@ func (g *schemaGen) schema(s *shape) map[string]any {
 	case shapeBool:
 		return map[string]any{"type": "boolean"}
 	case shapeInt:
-		m := map[string]any{"type": "integer"}
-		if s.bits < 64 {
-			m["minimum"] = -int64(1) << (s.bits - 1)
-			m["maximum"] = int64(1)<<(s.bits-1) - 1
-		}
-		return m
+		return map[string]any{"type": "integer", "minimum": -int64(1) << (s.bits - 1), "maximum": int64(uint64(1)<<(s.bits-1) - 1)}
 	case shapeUint:
-		m := map[string]any{"type": "integer", "minimum": 0}
-		if s.bits < 64 {
-			m["maximum"] = uint64(math.MaxUint64) >> (64 - s.bits)
-		}
-		return m
+		return map[string]any{"type": "integer", "minimum": 0, "maximum": uint64(math.MaxUint64) >> (64 - s.bits)}
 	case shapeFloat:
 		if s.bits == 32 {
 			return map[string]any{"type": "number", "minimum": -math.MaxFloat32, "maximum": math.MaxFloat32}
@@ -130,6 +122,9 @@ func (g *schemaGen) object(s *shape) map[string]any {
 		props[f.name] = g.schema(f.shape)
 		if f.quoted {
 			props[f.name] = quotedSchema(f.shape, props[f.name].(map[string]any))
+		}
+		if f.pointer {
+			props[f.name] = nullable(props[f.name].(map[string]any))
 		}
 		if !f.omitEmpty && !f.pointer {
 			required = append(required, f.name)

@@ -79,3 +79,11 @@ func quotedSchema(s *shape, plain map[string]any) map[string]any {
 	}
 	return map[string]any{"anyOf": []any{plain, str}}
 }
+
+// nullable lets a pointer field be null, which leaves it nil.
+func nullable(m map[string]any) map[string]any {
+	if t, ok := m["type"].(string); ok && m["enum"] == nil {
+		return withKey(m, "type", []any{t, "null"}) // format and bounds apply to their own type only
+	}
+	return map[string]any{"anyOf": []any{m, map[string]any{"type": "null"}}}
+}
