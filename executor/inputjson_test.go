@@ -366,3 +366,79 @@ func TestJSONInput_EveryIssueWithItsPath(t *testing.T) {
 		t.Fatalf("paths %v, want %v; issues %+v", got, want, ie.Issues)
 	}
 }
+
+// fuzzRich holds every kind of type an input declares, nested and recursive.
+type fuzzRich struct {
+	At     time.Time              `json:"at,omitzero"`
+	Every  time.Duration          `json:"every,omitempty"`
+	I8     int8                   `json:"i8,omitempty"`
+	U16    uint16                 `json:"u16,omitempty"`
+	I64    int64                  `json:"i64,omitempty"`
+	U64    uint64                 `json:"u64,omitempty"`
+	F32    float32                `json:"f32,omitempty"`
+	F64    float64                `json:"f64,omitempty"`
+	OK     bool                   `json:"ok,omitempty"`
+	S      string                 `json:"s,omitempty"`
+	Blob   []byte                 `json:"blob,omitempty"`
+	Ptr    *int32                 `json:"ptr,omitempty"`
+	Tags   map[string]int         `json:"tags,omitempty"`
+	Keys   map[uint8]string       `json:"keys,omitempty"`
+	Hosts  map[netip.Addr]bool    `json:"hosts,omitempty"`
+	List   []fuzzRich             `json:"list,omitempty"`
+	Pair   [2]float32             `json:"pair,omitzero"`
+	Raw    json.RawMessage        `json:"raw,omitempty"`
+	Temp   celsius                `json:"temp,omitempty"`
+	Addr   netip.Addr             `json:"addr,omitzero"`
+	ID     uuid.UUID              `json:"id,omitzero"`
+	Quoted int16                  `json:"quoted,string,omitempty"`
+	Any    any                    `json:"any,omitempty"`
+	Deep   map[string][]*fuzzRich `json:"deep,omitempty"`
+	jsonEmbeddedPart
+}
+
+// Random JSON documents against a rich input type: nothing panics, an input
+// is either decoded or refused as INPUT_INVALID with its issues, each with a
+// message and (inside an object) a path, and the decoder never refuses what
+// the check accepted.
+func FuzzJSONInput(f *testing.F) {
+	for _, seed := range []string{
+		`{"at":"2026-11-30T10:00:00Z","every":"1h","i8":-1,"u16":65535,"blob":"AAE=","ptr":null}`,
+		`{"tags":{"a":1},"keys":{"255":"x"},"hosts":{"::1":true},"list":[{"s":"x","list":[{}]}],"pair":[1.5,2]}`,
+		`{"raw":{"any":[1,"x"]},"temp":"20C","addr":"10.0.0.1","id":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60","quoted":"12"}`,
+		`{"any":{"x":[1,2.5,null,true]},"deep":{"k":[null,{"note":"n"}]},"note":"n","f32":3.4e38,"u64":18446744073709551615}`,
+		`{"i8":300,"every":"soon","at":"noon","blob":"!","quoted":"x","bogus":1,"list":[{"u16":-1}]}`,
+		`[1,2]`, `"x"`, `null`, `{"f64":1e400}`, `{"i64":1e30}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	s := shapeOf(reflect.TypeFor[fuzzRich]())
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		raw, err := envelope.RawFromJSON(doc)
+		if err != nil || len(raw) == 0 {
+			return // not JSON: the client refuses it before it is sent
+		}
+		in, err := decodeInput[fuzzRich](raw, s)
+		if err == nil {
+			if _, err := json.Marshal(in); err != nil {
+				t.Fatalf("accepted %s, but it does not write back: %v", doc, err)
+			}
+			return
+		}
+		var ie *InputError
+		if !errors.As(err, &ie) || len(ie.Issues) == 0 {
+			t.Fatalf("%s: refused without issues: %v", doc, err)
+		}
+		if ce := inputInvalid(err); ce.Code != envelope.CodeInputInvalid {
+			t.Fatalf("%s: refused as %s", doc, ce.Code)
+		}
+		object := bytes.HasPrefix(bytes.TrimSpace(doc), []byte("{"))
+		for _, is := range ie.Issues {
+			if is.Message == "" || object && is.Path == "" && !strings.HasPrefix(is.Message, "more than") {
+				t.Fatalf("%s: issue %+v", doc, is)
+			}
+			if is.Message == "the input does not match the capability's input type" {
+				t.Fatalf("%s: the check accepted what the decoder refuses: %v", doc, err)
+			}
+		}
+	})
+}
