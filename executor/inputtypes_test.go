@@ -266,3 +266,39 @@ func TestOutputTypes_EnvelopeJSONReadsAsEncodingJSONWritesIt(t *testing.T) {
 		t.Fatalf("decoded %+v, err %v", back, err)
 	}
 }
+
+type meeting struct {
+	At    time.Time     `json:"at"`
+	Every time.Duration `json:"every"`
+	Share float32       `json:"share"`
+}
+
+// An approval stores the validated input as canonical JSON, and a resume
+// checks that JSON again against the input type: a time, a duration and a
+// float32 make the trip and reach the handler as they were.
+func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
+	env := testenv.Start(t)
+	book := executor.Define("rooms.book", executor.Meta{
+		Description: "Books a recurring meeting.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Approval: &executor.ApprovalRule{Required: true, Reason: "bookings are reviewed"},
+	}, func(ctx context.Context, c executor.Call[meeting]) (meeting, error) {
+		return c.Input, nil
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, book)
+	c := newClient(t, env.Connect(t))
+
+	_, rec := requireApproval(t, c, "rooms.book", json.RawMessage(`{"at":"2026-12-01T09:30:00+01:00","every":"168h","share":0.25}`))
+	decide(t, c, rec.ID, true)
+	done, err := c.Resume(ctxT(t), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done.Status != envelope.StatusCompleted {
+		t.Fatalf("resume: %s %+v", done.Status, done.Error)
+	}
+	var got meeting
+	if err := done.Output.Decode(&got); err != nil || !got.At.Equal(time.Date(2026, 12, 1, 8, 30, 0, 0, time.UTC)) ||
+		got.Every != 7*24*time.Hour || got.Share != 0.25 {
+		t.Fatalf("the handler saw %+v (%v)", got, err)
+	}
+}
