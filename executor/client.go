@@ -340,9 +340,16 @@ func (c *Client) Status(ctx context.Context, executionID string) (*Status, error
 // ErrNoWorkers: no worker answered a request only workers serve.
 var ErrNoWorkers = errors.New("capstan: no worker is serving")
 
-// Cancel asks the workers to cancel an execution. Cancelling is terminal at any
+// CancelOption changes a cancel request.
+type CancelOption func(*CancelRequest)
+
+// OwnedBy cancels another principal's execution: only an admin's is honoured.
+func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.Owner = principal } }
+
+// Cancel asks the workers to cancel one of the client's executions (another
+// principal's, for an admin, with OwnedBy). Cancelling is terminal at any
 // point: before a claim, during an attempt, during a backoff.
-func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, error) {
+func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelOption) (*CancelReply, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
@@ -351,7 +358,15 @@ func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, 
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), nil)
+	var body []byte
+	if len(opts) > 0 {
+		var req CancelRequest
+		for _, o := range opts {
+			o(&req)
+		}
+		body, _ = json.Marshal(req)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), body)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("%w: cancel %s", ErrNoWorkers, executionID)
 	}
