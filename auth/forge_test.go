@@ -194,6 +194,25 @@ func (r *rig) snapshot(t *testing.T) state {
 	return s
 }
 
+// settled waits until principal's execution id is finalized on its record:
+// the record follows the envelope (a caller may hold the envelope first), and
+// a snapshot taken before would see it change.
+func (r *rig) settled(t *testing.T, principal, id string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		rec, _, err := broker.Load[executor.Record](ctx, r.admin.Executions, broker.Key(principal, id))
+		if err == nil && rec.State == executor.StateFinalized {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("execution %s never finalized on its record", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func (r *rig) assertUnchanged(t *testing.T, before state) {
 	t.Helper()
 	after := r.snapshot(t)
@@ -299,6 +318,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		t.Fatalf("envelope %s %+v", env.Status, env.Error)
 	}
 	r.trail(t, env.ExecutionID, "capability.approval_requested")
+	r.settled(t, "alice", env.ExecutionID)
 	before := r.snapshot(t)
 	ctx := testCtx(t)
 
@@ -367,6 +387,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatalf("resume: %v %+v", err, done)
 	}
 	r.trail(t, done.ExecutionID, "capability.completed")
+	r.settled(t, "alice", done.ExecutionID)
 	before := r.snapshot(t)
 	consumed, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
 	if err != nil {
@@ -380,6 +401,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.wait(t, ctx, subject)
+	r.assertUnchanged(t, before)
 	again, err := alice.Resume(ctx, env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +416,6 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if err != nil || after.Status != approvals.Consumed || after.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval %+v, %v", after, err)
 	}
-	_ = before
 }
 
 func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
@@ -444,6 +465,7 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.trail(t, env.ExecutionID, "capability.completed")
+	r.settled(t, "alice", env.ExecutionID)
 	before := r.snapshot(t)
 	n := r.setup.Names()
 	fake, _ := envelope.Marshal(map[string]any{"type": "capability.completed", "executionId": env.ExecutionID})
@@ -472,6 +494,7 @@ func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *test
 		t.Fatalf("%v %+v", err, env)
 	}
 	r.trail(t, id, "capability.completed")
+	r.settled(t, "alice", id)
 	before := r.snapshot(t)
 	n := r.setup.Names()
 	for _, bucket := range []string{n.ExecutionsBucket(), n.EnvelopesBucket()} {
@@ -655,6 +678,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 			t.Fatalf("%v %+v", err, env)
 		}
 		r.trail(t, env.ExecutionID, "capability.approval_requested")
+		r.settled(t, "alice", env.ExecutionID)
 		before := r.snapshot(t)
 		n := r.setup.Names()
 		subject := "$KV." + n.ApprovalsBucket() + "." + env.Approval.ID
