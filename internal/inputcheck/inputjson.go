@@ -763,3 +763,45 @@ func appendJSONString(dst, s []byte) []byte {
 	}
 	return append(dst, '"')
 }
+
+// fieldSet is the fields an object names, by index; a struct of up to 128
+// fields needs no allocation.
+type fieldSet struct {
+	small [2]uint64
+	more  []uint64
+}
+
+func (fs *fieldSet) add(i int) {
+	if i < 128 {
+		fs.small[i/64] |= 1 << (i % 64)
+		return
+	}
+	i -= 128
+	for len(fs.more) <= i/64 {
+		fs.more = append(fs.more, 0)
+	}
+	fs.more[i/64] |= 1 << (i % 64)
+}
+
+func (fs *fieldSet) has(i int) bool {
+	if i < 128 {
+		return fs.small[i/64]&(1<<(i%64)) != 0
+	}
+	i -= 128
+	return i/64 < len(fs.more) && fs.more[i/64]&(1<<(i%64)) != 0
+}
+
+// required tells a field the input must name, as the schema's required
+// list says: one without omitempty or omitzero that is not a pointer.
+func (f *shapeField) required() bool { return !f.omitEmpty && !f.pointer }
+
+// missing reports each required field an object did not name.
+func (w *inputWalk) missing(s *shape, present *fieldSet) {
+	for _, f := range s.order {
+		if f.required() && !present.has(f.index) {
+			w.push(pathElem{key: []byte(f.name), index: -1})
+			w.issue("missing required field")
+			w.pop()
+		}
+	}
+}
