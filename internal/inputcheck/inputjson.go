@@ -1,7 +1,6 @@
 package inputcheck
 
 import (
-	"bytes"
 	"encoding"
 	"encoding/base64"
 	"encoding/binary"
@@ -428,9 +427,8 @@ func decodeChecked(raw []byte, s *shape, v any) error {
 	if err != nil {
 		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(j))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	// The check has refused unknown fields already, names matched exactly.
+	return json.Unmarshal(j, v)
 }
 
 // decodeErrorPath is the path encoding/json names in its error, if any.
