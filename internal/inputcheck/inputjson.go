@@ -35,7 +35,9 @@ import (
 //     their JSON; types implementing encoding.TextUnmarshaler (netip.Addr,
 //     uuid.UUID) their string, or their binary form from a Go client;
 //   - the json "string" option: the number or boolean as a JSON string (or as
-//     itself, as the msgpack library writes it).
+//     itself, as the msgpack library writes it);
+//   - a field without omitempty or omitzero that is not a pointer must be
+//     present, as the schema's required list says.
 //
 // An input type holding a type that decodes itself from msgpack only keeps the
 // msgpack library's decoding (see shape.msgpackOnly).

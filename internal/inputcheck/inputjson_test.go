@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/google/uuid"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The types a handler declares, each under "v" of its input.
@@ -443,4 +444,30 @@ func FuzzJSONInput(f *testing.F) {
 			}
 		}
 	})
+}
+
+// msgpackCounter decodes itself from msgpack only.
+type msgpackCounter struct{ n int64 }
+
+func (c *msgpackCounter) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeInt64()
+	c.n = n
+	return err
+}
+
+// An input type holding a type that only the msgpack library can decode is
+// decoded by it, as before JSON had a meaning of its own.
+func TestJSONInput_MsgpackOnlyTypeKeepsTheMsgpackDecoder(t *testing.T) {
+	type in struct {
+		Count msgpackCounter `json:"count"`
+		Name  string         `json:"name"`
+	}
+	s := shapeOf(reflect.TypeFor[in]())
+	if !decodesByMsgpack(s) || decodesByMsgpack(shapeOf(reflect.TypeFor[jsonIn[time.Time]]())) {
+		t.Fatal("the decoder is chosen by the type's parts")
+	}
+	got, err := decodeInput[in](envelope.MustRaw(map[string]any{"count": 7, "name": "n"}), s)
+	if err != nil || got.Count.n != 7 || got.Name != "n" {
+		t.Fatalf("%+v, %v", got, err)
+	}
 }
