@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/nats-io/nats.go"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -229,7 +230,7 @@ func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
 	}
 	stored := 0
 	for k := range keys.Keys() {
-		if !ids[k] {
+		if _, id, _ := broker.ParseKey(k); !ids[id] {
 			t.Errorf("envelope %s belongs to no call", k)
 		}
 		stored++
