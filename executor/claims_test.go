@@ -164,7 +164,7 @@ func (s *store) envelopeWrites() uint64 {
 // storedEnvelope reads the envelope the bucket holds now.
 func (s *store) storedEnvelope(id string) *envelope.Envelope {
 	s.t.Helper()
-	env, _, err := broker.Load[envelope.Envelope](ctxT(s.t), s.b.Envelopes, id)
+	env, _, err := broker.Load[envelope.Envelope](ctxT(s.t), s.b.Envelopes, broker.Key(broker.Anonymous, id))
 	if err != nil {
 		s.t.Fatalf("envelope of %s: %v", id, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -116,7 +115,7 @@ func publishCopy(t *testing.T, js jetstream.JetStream, id, capabilityID, input, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := nats.NewMsg(broker.NewNames("").ExecSubject(capabilityID))
+	m := nats.NewMsg(broker.NewNames("").ExecSubject(broker.Anonymous, capabilityID))
 	m.Data = b
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	defer cancel()

@@ -324,10 +324,7 @@ func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEm
 			t.Errorf("execution %s sent %d emails", id, k)
 		}
 	}
-	calls, err := demo.ReadCalls(readCtx, js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	calls := readCalls(t, readCtx, js)
 	ran := map[string]int{}
 	for _, c := range calls {
 		ran[c.ExecutionID]++
@@ -380,6 +377,26 @@ func outboxCounts(t *testing.T, ctx context.Context, js jetstream.JetStream) map
 			t.Fatalf("read outbox: %v", err)
 		}
 		t.Logf("read outbox: %v; reading again", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// readCalls reads the calls stream, again while a restarted node's stream
+// group elects its leader, until ctx ends.
+func readCalls(t *testing.T, ctx context.Context, js jetstream.JetStream) []demo.HandlerCall {
+	t.Helper()
+	for {
+		calls, err := demo.ReadCalls(ctx, js)
+		if err == nil {
+			return calls
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read the calls stream: %v", err)
+		}
+		t.Logf("read the calls stream: %v; reading again", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(250 * time.Millisecond):

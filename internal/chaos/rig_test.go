@@ -297,7 +297,7 @@ func aimAtInFlight(b *broker.Broker) func() string {
 			if err != nil {
 				continue
 			}
-			rec, _, err := broker.Load[executor.Record](ctx, b.Executions, m.Header.Get(demo.ExecutionIDHeader))
+			rec, _, err := broker.Load[executor.Record](ctx, b.Executions, broker.Key(broker.Anonymous, m.Header.Get(demo.ExecutionIDHeader)))
 			if err == nil && rec.State == executor.StateRunning && rec.Worker != "" {
 				return rec.Worker
 			}
