@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"reflect"
 	"runtime"
 	"slices"
@@ -635,6 +636,35 @@ func TestRaw_NonStringMapKeys(t *testing.T) {
 		t.Fatalf("Value: %v", err)
 	}
 	if want := (map[any]any{int64(7): "b", "k": "c"}); !reflect.DeepEqual(v, want) {
+		t.Errorf("Value = %#v, want %#v", v, want)
+	}
+}
+
+// An unsigned key is one key with the signed number it equals (a key written
+// as msgpack uint64 by another language), up to the largest int64; above it,
+// it stays a key of its own.
+func TestRaw_UnsignedMapKeysMergeWithTheirSignedForm(t *testing.T) {
+	u64 := func(v uint64) []byte {
+		return []byte{0xcf, byte(v >> 56), byte(v >> 48), byte(v >> 40), byte(v >> 32), byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}
+	}
+	i64 := func(v int64) []byte { return append([]byte{0xd3}, u64(uint64(v))[1:]...) }
+	b := []byte{0x86}
+	for _, kv := range []struct {
+		key []byte
+		val byte
+	}{
+		{[]byte{0x07}, 'a'}, {u64(7), 'b'}, // 7 twice: one key, the last value
+		{i64(math.MaxInt64), 'c'}, {u64(math.MaxInt64), 'd'}, // the largest int64 twice
+		{u64(math.MaxInt64 + 1), 'e'}, {i64(math.MinInt64), 'f'}, // the same 64 bits, two numbers
+	} {
+		b = append(append(b, kv.key...), 0xa1, kv.val)
+	}
+	v, err := Raw(b).Value()
+	if err != nil {
+		t.Fatalf("Value: %v", err)
+	}
+	want := map[any]any{int64(7): "b", int64(math.MaxInt64): "d", uint64(math.MaxInt64 + 1): "e", int64(math.MinInt64): "f"}
+	if !reflect.DeepEqual(v, want) {
 		t.Errorf("Value = %#v, want %#v", v, want)
 	}
 }

@@ -24,6 +24,8 @@ func TestValidCapabilityID(t *testing.T) {
 		{"a", true},
 		{"a-b_c.d1", true},
 		{"a.1", true},
+		{"a0.b9", true}, // both ends of the digit range
+		{"z.az", true},  // both ends of the letters, first and inside
 		{"a._x", true},
 		{"billing.invoices.v2-send", true},
 		{strings.Repeat("a", MaxIDLen), true},
@@ -47,6 +49,11 @@ func TestValidCapabilityID(t *testing.T) {
 		{"café", false},
 		{"a\x00", false},
 		{"a/b", false},
+		{"a:b", false}, // the byte after '9'
+		{"a/", false},  // the byte before '0'
+		{"a`b", false}, // the byte before 'a'
+		{"a{b", false}, // the byte after 'z'
+
 		{strings.Repeat("a", MaxIDLen+1), false},
 	}
 	for _, tt := range tests {
