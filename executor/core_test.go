@@ -4,7 +4,12 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -36,7 +41,7 @@ func TestCall_EchoCompletesWithOneEnvelope(t *testing.T) {
 func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T) {
 	env := testenv.Start(t)
 	var calls atomic.Int64
-	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -58,13 +63,30 @@ func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T)
 	if a.Status != envelope.StatusCompleted || a.FinalizedBy != b.FinalizedBy || !a.FinalizedAt.Equal(b.FinalizedAt) {
 		t.Fatalf("awaits differ: %+v vs %+v", a, b)
 	}
-	// A third submit after completion is still deduplicated, and a redelivery
-	// would find the envelope: the handler ran once.
+	// A third submit after completion is deduplicated by the stream; a copy
+	// of the request under another message id, which the stream's dedup
+	// window does not know, reaches the worker, which finds the envelope.
 	if _, err := c.Submit(ctx, "demo.echo", map[string]any{"hello": "once"}, executor.WithID(id)); err != nil {
 		t.Fatal(err)
 	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("handler called %d times, want 1", n)
+	b2 := c.Broker()
+	req, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "demo.echo",
+		Input: envelope.MustRaw(map[string]any{"hello": "once"}), Actor: alice, Surface: string(executor.SurfaceDirect),
+		SubmittedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(b2.Names.ExecSubject(broker.Anonymous, "demo.echo"))
+	m.Data = req
+	if _, err := b2.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id+"-copy")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the worker acknowledges the copy", func() bool {
+		info, err := b2.Exec.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if n, d := calls.Load(), w.Stats().Duplicates; n != 1 || d != 1 {
+		t.Fatalf("handler called %d times, %d duplicate deliveries; want 1 and 1", n, d)
 	}
 }
 
