@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -59,13 +60,17 @@ func approvalView(r *approvals.Record) *approvals.Record {
 }
 
 func runApprovalsList(args []string) int {
-	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id]")
+	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed")
 	capID := fs.String("capability", "", "only approvals of this capability")
 	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	f := approvals.Filter{Status: approvals.Status(*status), CapabilityID: *capID}
 	switch f.Status {
@@ -95,15 +100,19 @@ func runApprovalsList(args []string) int {
 	for _, r := range list {
 		views = append(views, approvalView(r))
 	}
-	return printJSON(views)
+	return o.print(views, func(w io.Writer, st style) { writeApprovalList(w, st, views) })
 }
 
 func runApprovalsShow(args []string) int {
-	fs := newFlags("approvals show", "ID")
+	fs := newFlags("approvals show", "ID [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
 	if err != nil {
@@ -119,7 +128,12 @@ func runApprovalsShow(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return printJSON(approvalView(r))
+	return printApproval(o, approvalView(r))
+}
+
+// printApproval prints one approval as o says.
+func printApproval(o *outputFlags, r *approvals.Record) int {
+	return o.print(r, func(w io.Writer, st style) { writeApproval(w, st, r) })
 }
 
 func runApprovalsApprove(args []string) int { return decideCommand("approve", args) }
@@ -129,12 +143,13 @@ func runApprovalsReject(args []string) int  { return decideCommand("reject", arg
 // requesting execution's trail. approve --resume then resumes the call and
 // prints the resume's envelope instead of the approval.
 func decideCommand(verb string, args []string) int {
-	usage := "ID --approver kind:id [--comment C]"
+	usage := "ID --approver kind:id [--comment C] [-o json]"
 	if verb == "approve" {
 		usage += " [--self-approval REASON] [--resume [--wait D]]"
 	}
 	fs := newFlags("approvals "+verb, usage)
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	approver := fs.String("approver", "", "who decides, as kind:id (required; not the requester)")
 	comment := fs.String("comment", "", "a comment kept with the decision and shown to the handler")
 	var self *string
@@ -151,6 +166,9 @@ func decideCommand(verb string, args []string) int {
 	}
 	if *approver == "" {
 		return usageError("approvals %s: --approver kind:id is required", verb)
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	who, err := parseKindID("--approver", *approver)
 	if err != nil {
@@ -179,7 +197,7 @@ func decideCommand(verb string, args []string) int {
 		return decisionError(err)
 	}
 	if resume == nil || !*resume {
-		return printJSON(approvalView(r))
+		return printApproval(o, approvalView(r))
 	}
 	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, who)
 	return resumeAndAwait(c, r.ID, *wait)
@@ -232,7 +250,9 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	case err != nil:
 		return usageError("%v", err)
 	}
+	stopWaiting := waiting(id, wait)
 	env, err := c.Await(ctx, id)
+	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, wait)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -10,12 +11,16 @@ import (
 
 // byID runs a command whose one argument is an execution id: it parses the
 // flags, checks the id, opens a client and gives act a bounded context.
-func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string) int) int {
-	fs := newFlags(name, "ID")
+func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
+	fs := newFlags(name, "ID [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {
@@ -28,11 +33,11 @@ func byID(name string, args []string, act func(ctx context.Context, c *executor.
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	return act(ctx, c, id)
+	return act(ctx, c, id, o)
 }
 
 func runStatus(args []string) int {
-	return byID("status", args, func(ctx context.Context, c *executor.Client, id string) int {
+	return byID("status", args, func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
 		s, err := c.Status(ctx, id)
 		if errors.Is(err, executor.ErrUnknownExecution) {
 			return fail(exitFailed, "%v", err)
@@ -40,6 +45,6 @@ func runStatus(args []string) int {
 		if err != nil {
 			return usageError("%v", err)
 		}
-		return printJSON(s)
+		return o.print(s, func(w io.Writer, st style) { writeStatus(w, st, s) })
 	})
 }
