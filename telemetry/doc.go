@@ -6,8 +6,8 @@
 // /metrics, and, in one process per deployment, [Telemetry.Watch] the broker
 // for the queues and the pending approvals:
 //
-//	shutdown, err := telemetry.SetTracingFromEnv(ctx, "payments-worker") // OTLP when OTEL_* say so
-//	tel := telemetry.New(telemetry.Options{})
+//	tp, shutdown, err := telemetry.TracingFromEnv(ctx, "payments-worker") // OTLP when OTEL_* say so
+//	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 //	tel.Watch(b, 0)
 //	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
 //	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel})
@@ -46,6 +46,7 @@
 // and "finalize". The audit events of the execution carry the trace id.
 //
 // [TracingFromEnv] reads the standard OTEL_* variables; when none asks for an
-// exporter, the provider is a no-op, nothing is exported, and a call costs
-// the metrics' updates only.
+// exporter, there is no provider, no span is started, nothing is exported,
+// and an execution costs its observer the metrics' updates only (about 2 µs
+// and 6 allocations; see BenchmarkObserver_PerExecution).
 package telemetry

@@ -9,7 +9,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -24,8 +23,9 @@ type Options struct {
 	// Registry receives the metrics. Default: a new registry with the Go
 	// runtime's and the process's collectors, served by Handler.
 	Registry *prometheus.Registry
-	// TracerProvider starts the spans. Default: OpenTelemetry's global
-	// provider, which records nothing unless one was set (see TracingFromEnv).
+	// TracerProvider starts the spans (TracingFromEnv's, or
+	// otel.GetTracerProvider() to use the global one). Default: none, and no
+	// span is started: tracing off costs nothing beyond the metrics.
 	TracerProvider trace.TracerProvider
 	// MaxCapabilities bounds the distinct values of the capability label
 	// (default 1000); past it, new ids count as "_other".
@@ -39,7 +39,7 @@ type Options struct {
 type Telemetry struct {
 	reg    *prometheus.Registry
 	m      *metrics
-	tracer trace.Tracer
+	tracer trace.Tracer // nil: tracing off
 	prop   propagation.TraceContext
 	caps   capabilities
 }
@@ -56,14 +56,13 @@ func New(opts Options) *Telemetry {
 		opts.Registry = prometheus.NewRegistry()
 		opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	if opts.TracerProvider == nil {
-		opts.TracerProvider = otel.GetTracerProvider()
-	}
 	if opts.MaxCapabilities <= 0 {
 		opts.MaxCapabilities = 1000
 	}
-	t := &Telemetry{reg: opts.Registry, m: newMetrics(opts.Registry),
-		tracer: opts.TracerProvider.Tracer("github.com/capstan-dev/capstan")}
+	t := &Telemetry{reg: opts.Registry, m: newMetrics(opts.Registry)}
+	if opts.TracerProvider != nil {
+		t.tracer = opts.TracerProvider.Tracer("github.com/capstan-dev/capstan")
+	}
 	t.caps.max = opts.MaxCapabilities
 	return t
 }
@@ -90,16 +89,19 @@ func (t *Telemetry) parent(ctx context.Context, traceparent string) context.Cont
 // the request.
 func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
 	capLabel := t.caps.label(req.CapabilityID)
-	if !trace.SpanContextFromContext(ctx).IsValid() {
-		ctx = t.parent(ctx, req.Traceparent)
-	}
-	ctx, span := t.tracer.Start(ctx, "call "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindProducer))
-	if span.IsRecording() {
-		span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
-			attribute.String("capstan.execution_id", req.ExecutionID))
-		carrier := propagation.MapCarrier{}
-		t.prop.Inject(ctx, carrier)
-		req.Traceparent = carrier["traceparent"]
+	span := noSpan
+	if t.tracer != nil {
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			ctx = t.parent(ctx, req.Traceparent)
+		}
+		ctx, span = t.tracer.Start(ctx, "call "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindProducer))
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
+				attribute.String("capstan.execution_id", req.ExecutionID))
+			carrier := propagation.MapCarrier{}
+			t.prop.Inject(ctx, carrier)
+			req.Traceparent = carrier["traceparent"]
+		}
 	}
 	start := time.Now()
 	return func(env *envelope.Envelope, err error) {
@@ -107,7 +109,9 @@ func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envel
 		switch {
 		case err != nil:
 			t.m.clientCalls.WithLabelValues(capLabel, "error").Inc()
-			span.SetStatus(codes.Error, err.Error())
+			if span.IsRecording() {
+				span.SetStatus(codes.Error, err.Error())
+			}
 		case env == nil:
 			t.m.clientCalls.WithLabelValues(capLabel, "submitted").Inc()
 		default:
@@ -132,14 +136,20 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 	if d.Known {
 		x.capLabel = t.caps.label(req.CapabilityID)
 	}
-	ctx = t.parent(ctx, req.Traceparent)
 	first := d.Deliveries <= 1
 	if first && !req.SubmittedAt.IsZero() {
 		t.m.queueWait.WithLabelValues(x.capLabel, x.pool).Observe(max(x.start.Sub(req.SubmittedAt), 0).Seconds())
-		if trace.SpanContextFromContext(ctx).IsValid() {
-			_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(req.SubmittedAt), trace.WithSpanKind(trace.SpanKindInternal))
-			q.End(trace.WithTimestamp(x.start))
-		}
+	}
+	x.inFlight = t.m.inFlight.WithLabelValues(x.capLabel, x.pool)
+	x.inFlight.Inc()
+	if t.tracer == nil {
+		x.span = noSpan
+		return ctx, x
+	}
+	ctx = t.parent(ctx, req.Traceparent)
+	if first && !req.SubmittedAt.IsZero() && trace.SpanContextFromContext(ctx).IsValid() {
+		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(req.SubmittedAt), trace.WithSpanKind(trace.SpanKindInternal))
+		q.End(trace.WithTimestamp(x.start))
 	}
 	ctx, x.span = t.tracer.Start(ctx, "process "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(x.start))
@@ -149,8 +159,6 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 			attribute.String("capstan.pool", d.Pool), attribute.String("capstan.worker", d.Worker),
 			attribute.Int("capstan.delivery", d.Deliveries))
 	}
-	x.inFlight = t.m.inFlight.WithLabelValues(x.capLabel, x.pool)
-	x.inFlight.Inc()
 	return ctx, x
 }
 
@@ -167,10 +175,13 @@ type execution struct {
 
 func (x *execution) Stage(ctx context.Context, name string) (context.Context, func(error)) {
 	start := time.Now()
-	ctx, span := x.t.tracer.Start(ctx, name)
+	span := noSpan
+	if x.t.tracer != nil {
+		ctx, span = x.t.tracer.Start(ctx, name)
+	}
 	return ctx, func(err error) {
 		x.t.m.stage.WithLabelValues(name, x.pool).Observe(time.Since(start).Seconds())
-		if err != nil {
+		if err != nil && span.IsRecording() {
 			span.SetStatus(codes.Error, err.Error())
 		}
 		span.End()
@@ -180,13 +191,16 @@ func (x *execution) Stage(ctx context.Context, name string) (context.Context, fu
 func (x *execution) Attempt(ctx context.Context, n int) (context.Context, func(envelope.Code)) {
 	x.t.m.attempts.WithLabelValues(x.capLabel, x.pool).Inc()
 	start := time.Now()
-	ctx, span := x.t.tracer.Start(ctx, "attempt "+strconv.Itoa(n))
-	if span.IsRecording() {
-		span.SetAttributes(attribute.Int("capstan.attempt", n))
+	span := noSpan
+	if x.t.tracer != nil {
+		ctx, span = x.t.tracer.Start(ctx, "attempt "+strconv.Itoa(n))
+		if span.IsRecording() {
+			span.SetAttributes(attribute.Int("capstan.attempt", n))
+		}
 	}
 	return ctx, func(code envelope.Code) {
 		x.t.m.handler.WithLabelValues(x.capLabel, x.pool).Observe(time.Since(start).Seconds())
-		if code != "" {
+		if code != "" && span.IsRecording() {
 			span.SetStatus(codes.Error, string(code))
 		}
 		span.End()
@@ -232,6 +246,9 @@ func (x *execution) End() {
 	x.inFlight.Dec()
 	x.span.End()
 }
+
+// noSpan stands for the span of a Telemetry without tracing.
+var noSpan = trace.SpanFromContext(context.Background())
 
 // setOutcome puts an envelope's outcome on a span.
 func setOutcome(span trace.Span, env *envelope.Envelope) {

@@ -14,14 +14,14 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // TracingFromEnv returns a tracer provider configured by the standard
 // OpenTelemetry environment variables, and the function that flushes and
 // stops it.
 //
-// Nothing is exported, and the provider is a no-op, unless
+// Nothing is exported, and the provider is nil (Options.TracerProvider's
+// "tracing off"), unless
 // OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
 // OTEL_TRACES_EXPORTER=otlp is set; OTEL_TRACES_EXPORTER=none and
 // OTEL_SDK_DISABLED=true turn it off whatever else is set. The exporter is
@@ -34,12 +34,12 @@ func TracingFromEnv(ctx context.Context, service string) (trace.TracerProvider, 
 	off := func(context.Context) error { return nil }
 	exporter := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")))
 	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") || exporter == "none" {
-		return noop.NewTracerProvider(), off, nil
+		return nil, off, nil
 	}
 	switch exporter {
 	case "":
 		if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
-			return noop.NewTracerProvider(), off, nil
+			return nil, off, nil
 		}
 	case "otlp":
 	default:
@@ -77,14 +77,16 @@ func TracingFromEnv(ctx context.Context, service string) (trace.TracerProvider, 
 	return tp, tp.Shutdown, nil
 }
 
-// SetTracingFromEnv makes TracingFromEnv's provider OpenTelemetry's global
-// one, which a Telemetry made after it uses by default, and returns its
-// shutdown.
-func SetTracingFromEnv(ctx context.Context, service string) (func(context.Context) error, error) {
+// SetTracingFromEnv makes TracingFromEnv's provider, when there is one,
+// OpenTelemetry's global provider (for the process's own spans), and returns
+// it with its shutdown.
+func SetTracingFromEnv(ctx context.Context, service string) (trace.TracerProvider, func(context.Context) error, error) {
 	tp, shutdown, err := TracingFromEnv(ctx, service)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	otel.SetTracerProvider(tp)
-	return shutdown, nil
+	if tp != nil {
+		otel.SetTracerProvider(tp)
+	}
+	return tp, shutdown, nil
 }
