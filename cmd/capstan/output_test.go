@@ -268,3 +268,34 @@ func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
 		t.Errorf("-o yaml: exit %d, stderr %s", code, stderr)
 	}
 }
+
+// Every command says its help and its flag errors in one form: -h prints the
+// synopsis and flags on stdout and exits 0; an unknown flag is named on
+// stderr, after "capstan CMD:", with the synopsis, and exits 2.
+func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
+	var names []string
+	for _, c := range commands {
+		switch c.name {
+		case "approvals":
+			for _, s := range approvalsCommands {
+				names = append(names, "approvals "+s.name)
+			}
+		case "admin":
+			names = append(names, "admin replicas")
+		default:
+			names = append(names, c.name)
+		}
+	}
+	for _, name := range names {
+		args := strings.Fields(name)
+		stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
+		if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
+			t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+		}
+		stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
+		if code != exitUsage || stdout != "" ||
+			!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
+			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+		}
+	}
+}
