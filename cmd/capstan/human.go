@@ -13,7 +13,6 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
@@ -353,16 +352,6 @@ func dataValue(v any) string {
 		return fmt.Sprint(v)
 	}
 	return clip(string(b), 120)
-}
-
-// envelopeSummary is the one line a person reads of an envelope on stderr.
-func envelopeSummary(st style, env *envelope.Envelope) string {
-	s := st.status(string(env.Status))
-	if env.Error != nil {
-		s += " " + string(env.Error.Code)
-	}
-	return fmt.Sprintf("%s %s, %s, %v", env.ExecutionID, s, plural(env.Attempts, "attempt", "attempts"),
-		time.Duration(env.DurationMs)*time.Millisecond)
 }
 
 func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
