@@ -10,6 +10,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/internal/await"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,9 @@ type ClientConfig struct {
 	Broker broker.Config
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
+	// Observer is told of every request the client submits, for metrics and
+	// traces (see package telemetry). Default: nothing is observed.
+	Observer observe.Client
 }
 
 // Client submits execution requests and awaits their envelopes. It holds one
@@ -56,6 +60,9 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = observe.NopClient{}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -181,11 +188,13 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	if err != nil {
 		return "", err
 	}
+	end := c.cfg.Observer.Call(ctx, r)
 	m, err := c.message(r)
-	if err != nil {
-		return "", err
+	if err == nil {
+		err = c.publish(ctx, m)
 	}
-	if err := c.publish(ctx, m); err != nil {
+	end(nil, err)
+	if err != nil {
 		return "", fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
 	}
 	return r.ExecutionID, nil
@@ -234,6 +243,14 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		fresh bool
 	}
 	sent := make([]pending, 0, len(reqs))
+	ends := make([]func(*envelope.Envelope, error), len(reqs))
+	defer func() {
+		for i, end := range ends {
+			if end != nil {
+				end(envs[i], errs[i])
+			}
+		}
+	}()
 	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
@@ -246,6 +263,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			}
 			continue
 		}
+		ends[i] = c.cfg.Observer.Call(ctx, r)
 		m, err := c.message(r)
 		if err != nil {
 			errs[i] = err

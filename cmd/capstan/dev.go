@@ -33,6 +33,14 @@ func runDev(args []string) int {
 		return fail(exitFailed, "dev: %v", err)
 	}
 	defer e.stop()
+	tel, stopTelemetry, err := startTelemetry(ctx, "capstan-dev", wf.metrics, e.b, log)
+	if err != nil {
+		return fail(exitFailed, "dev: %v", err)
+	}
+	defer stopTelemetry()
+	if tel != nil {
+		wf.observer = tel
+	}
 	w, err := newDemoWorker(e.nc, e.js, wf, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)

@@ -7,6 +7,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -64,6 +65,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 }
 
 func (x *Execution) finish() {
+	x.obs.End()
 	close(x.done)
 	x.stopDeadline()
 	x.cancel(nil)
@@ -82,7 +84,9 @@ func (x *Execution) claimAndRun() {
 	}
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
+		endClaim := x.Stage(observe.StageClaim)
 		rev, err := broker.Create(ctx, w.b.Executions, x.req.ExecutionID, rec)
+		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
 			x.rec, x.rev = rec, rev
@@ -183,6 +187,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		x.emit(audit.Requested, nil)
 	} else {
 		w.takenOver.Add(1)
+		x.obs.TakenOver(string(prev))
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
 	if x.rec.CancelRequested {
@@ -262,7 +267,7 @@ func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		Data: map[string]any{"finalizedBy": finalizedBy}})
+		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"finalizedBy": finalizedBy}})
 	ackSync(msg)
 }
 
@@ -340,6 +345,14 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 		missing = "invalid-id"
 	}
 	w.claimAndRun(msg, req, nil, missing)
+}
+
+// unlessExists is err, unless it is the ErrExists of a record already there.
+func unlessExists(err error) error {
+	if errors.Is(err, broker.ErrExists) {
+		return nil
+	}
+	return err
 }
 
 // fresh reports whether msg was stored less than d ago: then it cannot have

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -35,6 +36,10 @@ type Config struct {
 	Capability func(id string) Capability
 	// Listed reports whether the catalog lists a capability (some pool serves it).
 	Listed func(id string) bool
+	// Pool names the worker's pool, for the observer.
+	Pool string
+	// Observer is told what happens to each delivery (never nil).
+	Observer observe.Worker
 }
 
 // Stats counts what a runner did.
