@@ -9,8 +9,8 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // approvalGate is stage 8. It reports whether the execution goes on: a resume

@@ -11,8 +11,8 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 )
@@ -145,7 +145,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
 		Listed: func(id string) bool { _, ok := w.cat.lookup(id); return ok },
-		Pool: cfg.Pool, Observer: cfg.Observer,
+		Pool:   cfg.Pool, Observer: cfg.Observer,
 	})
 	return w, nil
 }
