@@ -24,7 +24,9 @@ type Delivery struct {
 // waits on the store.
 const (
 	StageClaim    = "claim"    // the execution record's create or takeover
+	StagePolicies = "policies" // one phase's policies, when there are any (they may call out)
 	StageApproval = "approval" // the approval gate: create, read or consume an approval
+	StageStart    = "start"    // the record's running{n} write before attempt n
 	StageAudit    = "audit"    // a strict-mode capability.started stored before the handler
 	StageFinalize = "finalize" // the envelope's create and the record's last update
 )

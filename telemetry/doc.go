@@ -22,7 +22,8 @@
 // histograms capstan_handler_duration_seconds (one attempt),
 // capstan_execution_duration_seconds (submission to envelope),
 // capstan_queue_wait_seconds (submission to first delivery) and
-// capstan_stage_duration_seconds{stage} (claim, approval, audit, finalize).
+// capstan_stage_duration_seconds{stage} (claim, policies, approval, start,
+// audit, finalize: the stages that wait on I/O).
 // Clients: capstan_client_requests_total{capability,outcome} and
 // capstan_client_call_duration_seconds{capability,status}. Read from the
 // broker on a scrape (Watch): capstan_pool_pending_requests,
@@ -40,10 +41,12 @@
 // A client starts a span per request ("call <capability>") and sends its W3C
 // trace context in the request's traceparent. The worker continues it: a
 // "queue wait" span from submission to first delivery, "process
-// <capability>" for its work on the delivery, and under it "claim",
-// "approval", "audit" (strict mode), one "attempt N" per attempt (the
-// handler's context carries it, so the handler's own spans join the trace)
-// and "finalize". The audit events of the execution carry the trace id.
+// <capability>" for its work on the delivery, and under it "claim" (the
+// record's create, or a takeover), "policies" (when there are any),
+// "approval" (when one is asked for or used), "start" (the record's
+// running{n} write) and "audit" (strict mode) before each attempt, one
+// "attempt N" per attempt (the handler's context carries it, so the
+// handler's own spans join the trace) and "finalize". The audit events of the execution carry the trace id.
 //
 // [TracingFromEnv] reads the standard OTEL_* variables; when none asks for an
 // exporter, there is no provider, no span is started, nothing is exported,

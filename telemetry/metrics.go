@@ -80,7 +80,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}, capPool),
 		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_stage_duration_seconds",
-			Help:    "Duration of the pipeline's stages that wait on the store: claim, approval, audit, finalize.",
+			Help:    "Duration of the pipeline's stages that wait on I/O: claim, policies, approval, start, audit, finalize.",
 			Buckets: durationBuckets,
 		}, []string{"stage", "pool"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -28,8 +28,11 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 
+	allow := executor.Policy{Name: "allow", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
+		return executor.Decision{Stance: executor.Allow}, nil
+	}}
 	traced := executor.Define("t.traced", executor.Meta{Description: "Starts a span of its own.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None, Policies: []executor.Policy{allow}},
 		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 			_, span := tp.Tracer("handler").Start(ctx, "handler work")
 			span.End()
@@ -50,7 +53,7 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 		byID[s.SpanContext.SpanID()] = s
 		names[s.Name] = s
 	}
-	for _, name := range []string{"call t.traced", "queue wait", "process t.traced", "claim", "attempt 1", "finalize", "handler work"} {
+	for _, name := range []string{"call t.traced", "queue wait", "process t.traced", "claim", "policies", "start", "attempt 1", "finalize", "handler work"} {
 		if _, ok := names[name]; !ok {
 			t.Errorf("no span %q among %d", name, len(got))
 		}

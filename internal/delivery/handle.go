@@ -169,14 +169,17 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	from := rec.Worker
 	prev := rec.State
 	x.rec, x.rev = rec, rev
-	if err := x.update(func(r *Record) {
+	endClaim := x.Stage(observe.StageClaim)
+	err = x.update(func(r *Record) {
 		r.Worker = w.cfg.ID
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
 			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
 		}
-	}); err != nil && !errors.Is(err, errCancelRequested) {
+	})
+	endClaim(err)
+	if err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.
 		nak(x.msg, time.Second)
 		return

@@ -52,11 +52,13 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByContext(attempt - 1)
 			return
 		}
+		endStart := x.Stage(observe.StageStart)
 		err := x.update(func(r *Record) {
 			now := time.Now().UTC()
 			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
 			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 		})
+		endStart(err)
 		if err != nil {
 			x.endByRecord(err, attempt-1)
 			return
