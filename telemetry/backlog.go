@@ -15,9 +15,10 @@ import (
 // (requests pending delivery, delivered but unacknowledged, age of the
 // oldest) and the approvals pending per capability. What was read is kept for
 // cacheFor (default 5 s) so that frequent scrapes, or many workers scraped at
-// once, do not each list the approvals bucket. Watch it from one process per
-// deployment (a worker, or a process of its own): the values are the
-// broker's, not the process's.
+// once, do not each list the approvals bucket. The values are the broker's,
+// not the process's: every process that watches reports the same ones, so a
+// query combines them with max, never sum (as the dashboard does), or one
+// process per deployment watches.
 func (t *Telemetry) Watch(b *broker.Broker, cacheFor time.Duration) {
 	if cacheFor <= 0 {
 		cacheFor = 5 * time.Second
