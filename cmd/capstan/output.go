@@ -96,12 +96,6 @@ func (o *outputFlags) print(v any, human func(w io.Writer, st style)) int {
 	return exitOK
 }
 
-// isTerminal reports whether f is a terminal (a character device).
-func isTerminal(f *os.File) bool {
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
 // colorsWanted reports whether f may be written in colour: a terminal, and
 // neither NO_COLOR nor TERM=dumb says otherwise.
 func colorsWanted(f *os.File) bool {
