@@ -325,6 +325,9 @@ func auditLine(w io.Writer, st style, ev *audit.Event, withExecution bool) error
 		b.WriteString("  " + st.dim("worker="+ev.Worker))
 	}
 	for _, k := range slices.Sorted(maps.Keys(ev.Data)) {
+		if v, ok := ev.Data[k].(string); ok && v == "" {
+			continue // nothing to say: a started event's approvalId without an approval
+		}
 		b.WriteString("  " + k + "=" + dataValue(ev.Data[k]))
 	}
 	_, err := io.WriteString(w, strings.TrimRight(b.String(), " ")+"\n")

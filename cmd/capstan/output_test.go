@@ -124,7 +124,7 @@ func sampleTrail() []audit.Event {
 	}
 	return []audit.Event{
 		ev(0, audit.Requested, nil),
-		ev(3, audit.Started, map[string]any{"attempt": 1}),
+		ev(3, audit.Started, map[string]any{"attempt": 1, "approvalId": ""}),
 		ev(5, audit.Retried, map[string]any{"attempt": 2, "previousErrorCode": "EXECUTION_FAILED"}),
 		ev(257, audit.Started, map[string]any{"attempt": 2}),
 		ev(260, audit.Completed, map[string]any{"attempts": 2, "durationMs": 260}),
