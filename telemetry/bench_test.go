@@ -42,7 +42,8 @@ type nop struct {
 }
 
 // What one execution costs its observer: the client's call, and the worker's
-// delivery with a claim, one attempt, its finalization.
+// delivery with a claim, the record's write before its one attempt, the
+// attempt, its finalization.
 func BenchmarkObserver_PerExecution(b *testing.B) {
 	for _, name := range []string{"none", "tracing-off", "tracing-on"} {
 		o := observers(b)[name]
@@ -56,6 +57,8 @@ func BenchmarkObserver_PerExecution(b *testing.B) {
 				ctx, x := o.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1, Known: true})
 				_, endClaim := x.Stage(ctx, observe.StageClaim)
 				endClaim(nil)
+				_, endStart := x.Stage(ctx, observe.StageStart)
+				endStart(nil)
 				_, endAttempt := x.Attempt(ctx, 1)
 				endAttempt("")
 				_, endFinal := x.Stage(ctx, observe.StageFinalize)
@@ -91,6 +94,7 @@ func BenchmarkCall_Observed(b *testing.B) {
 			done := make(chan error, 1)
 			go func() { done <- w.Run(ctx) }()
 			defer func() { cancel(); <-done }()
+			waitServing(b, nc, "t.echo")
 			c, err := executor.NewClient(nc, executor.ClientConfig{Actor: alice, Observer: o})
 			if err != nil {
 				b.Fatal(err)
@@ -147,6 +151,7 @@ func BenchmarkCall_ObservedInterleaved(b *testing.B) {
 		done := make(chan error, 1)
 		dones = append(dones, done)
 		go func() { done <- w.Run(ctx) }()
+		waitServing(b, nc, capID) // else a call may go unrouted to a worker whose catalog lags
 		c, err := executor.NewClient(nc, executor.ClientConfig{Actor: alice, Observer: obs[name]})
 		if err != nil {
 			b.Fatal(err)
@@ -164,7 +169,7 @@ func BenchmarkCall_ObservedInterleaved(b *testing.B) {
 			e, err := clients[name].Call(ctx, "t.echo."+strings.ReplaceAll(name, "-", ""), echoIn{Hello: "x"})
 			took[name] = append(took[name], time.Since(start))
 			if err != nil || e.Status != envelope.StatusCompleted {
-				b.Fatalf("%v %+v", err, e)
+				b.Fatalf("%s: %v %+v", name, err, e)
 			}
 		}
 	}

@@ -92,7 +92,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 }
 
 // waitServing waits until the catalog lists id, which a worker writes at start.
-func waitServing(t *testing.T, nc *nats.Conn, id string) {
+func waitServing(t testing.TB, nc *nats.Conn, id string) {
 	t.Helper()
 	c := newClient(t, nc, executor.ClientConfig{})
 	ctx := ctxT(t)
@@ -108,7 +108,7 @@ func waitServing(t *testing.T, nc *nats.Conn, id string) {
 	}
 }
 
-func newClient(t *testing.T, nc *nats.Conn, cfg executor.ClientConfig) *executor.Client {
+func newClient(t testing.TB, nc *nats.Conn, cfg executor.ClientConfig) *executor.Client {
 	t.Helper()
 	cfg.Actor = alice
 	c, err := executor.NewClient(nc, cfg)
@@ -119,7 +119,7 @@ func newClient(t *testing.T, nc *nats.Conn, cfg executor.ClientConfig) *executor
 	return c
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
