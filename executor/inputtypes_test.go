@@ -131,7 +131,8 @@ func TestInputTypes_JSONReachesTheHandlerAsEncodingJSONReadsIt(t *testing.T) {
 		{name: "pointer", input: `{"ptr":7}`},
 		{name: "pointer null", input: `{"ptr":null}`},
 		{name: "nested struct", input: `{"nested":{"name":"n","count":2}}`},
-		{name: "nested unknown field", input: `{"nested":{"name":"n","colour":"red"}}`, path: "nested.colour"},
+		{name: "nested unknown field", input: `{"nested":{"name":"n","count":1,"colour":"red"}}`, path: "nested.colour"},
+		{name: "nested required field missing", input: `{"nested":{"name":"n"}}`, path: "nested.count"},
 		{name: "nested wrong type", input: `{"nested":{"name":"n","count":-2}}`, path: "nested.count"},
 		{name: "map", input: `{"tags":{"a":1,"b":2}}`},
 		{name: "map wrong value", input: `{"tags":{"a":"1"}}`, path: "tags.a"},
@@ -271,11 +272,15 @@ type meeting struct {
 	At    time.Time     `json:"at"`
 	Every time.Duration `json:"every"`
 	Share float32       `json:"share"`
+	Room  uuid.UUID     `json:"room"`
+	Host  netip.Addr    `json:"host"`
+	Notes []byte        `json:"notes"`
 }
 
 // An approval stores the validated input as canonical JSON, and a resume
-// checks that JSON again against the input type: a time, a duration and a
-// float32 make the trip and reach the handler as they were.
+// checks that JSON again against the input type: a time, a duration, a
+// float32, a UUID, an IP address and bytes make the trip and reach the
+// handler as they were.
 func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
 	env := testenv.Start(t)
 	book := executor.Define("rooms.book", executor.Meta{
@@ -287,7 +292,12 @@ func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, book)
 	c := newClient(t, env.Connect(t))
 
-	_, rec := requireApproval(t, c, "rooms.book", json.RawMessage(`{"at":"2026-12-01T09:30:00+01:00","every":"168h","share":0.25}`))
+	_, rec := requireApproval(t, c, "rooms.book", json.RawMessage(`{"at":"2026-12-01T09:30:00+01:00","every":"168h","share":0.25,`+
+		`"room":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60","host":"10.0.0.1","notes":"AAH/"}`))
+	if want := `{"at":"2026-12-01T09:30:00+01:00","every":604800000000000,"host":"10.0.0.1","notes":"AAH/",` +
+		`"room":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60","share":0.25}`; string(rec.Input) != want {
+		t.Fatalf("the approval holds %s\n want %s", rec.Input, want)
+	}
 	decide(t, c, rec.ID, true)
 	done, err := c.Resume(ctxT(t), rec.ID)
 	if err != nil {
@@ -298,7 +308,8 @@ func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
 	}
 	var got meeting
 	if err := done.Output.Decode(&got); err != nil || !got.At.Equal(time.Date(2026, 12, 1, 8, 30, 0, 0, time.UTC)) ||
-		got.Every != 7*24*time.Hour || got.Share != 0.25 {
+		got.Every != 7*24*time.Hour || got.Share != 0.25 || got.Room.String() != "0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60" ||
+		got.Host != netip.MustParseAddr("10.0.0.1") || !bytes.Equal(got.Notes, []byte{0, 1, 255}) {
 		t.Fatalf("the handler saw %+v (%v)", got, err)
 	}
 }

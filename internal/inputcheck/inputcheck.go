@@ -118,6 +118,7 @@ type shapeField struct {
 	omitEmpty bool
 	pointer   bool
 	quoted    bool // the json "string" option: the value may come as a JSON string
+	index     int  // in the struct's order
 }
 
 var shapes sync.Map // reflect.Type -> *shape
@@ -247,6 +248,7 @@ func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth
 			pointer: ft.Kind() == reflect.Pointer}
 		sf.quoted = hasOption(opts, "string") && quotable(ft, sf.shape)
 		s.fields[name] = sf
+		sf.index = len(s.order)
 		s.order = append(s.order, sf)
 	}
 	for _, f := range inline {
@@ -597,6 +599,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
 			return
 		}
+		var present fieldSet
 		for range h.n {
 			kh, ok := w.head()
 			if !ok {
@@ -613,7 +616,11 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 			w.push(pathElem{key: name, index: -1})
-			if f := s.fields[string(name)]; f != nil && f.quoted {
+			f := s.fields[string(name)]
+			if f != nil {
+				present.add(f.index)
+			}
+			if f != nil && f.quoted {
 				w.quotedValue(f.shape, depth+1)
 			} else if f != nil {
 				w.value(f.shape, depth+1)
@@ -626,6 +633,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 		}
+		w.missing(s, &present)
 	}
 }
 

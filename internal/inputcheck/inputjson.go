@@ -1,7 +1,6 @@
 package inputcheck
 
 import (
-	"bytes"
 	"encoding"
 	"encoding/base64"
 	"encoding/binary"
@@ -36,7 +35,9 @@ import (
 //     their JSON; types implementing encoding.TextUnmarshaler (netip.Addr,
 //     uuid.UUID) their string, or their binary form from a Go client;
 //   - the json "string" option: the number or boolean as a JSON string (or as
-//     itself, as the msgpack library writes it).
+//     itself, as the msgpack library writes it);
+//   - a field without omitempty or omitzero that is not a pointer must be
+//     present, as the schema's required list says.
 //
 // An input type holding a type that decodes itself from msgpack only keeps the
 // msgpack library's decoding (see shape.msgpackOnly).
@@ -428,9 +429,8 @@ func decodeChecked(raw []byte, s *shape, v any) error {
 	if err != nil {
 		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(j))
-	dec.DisallowUnknownFields()
-	return dec.Decode(v)
+	// The check has refused unknown fields already, names matched exactly.
+	return json.Unmarshal(j, v)
 }
 
 // decodeErrorPath is the path encoding/json names in its error, if any.
@@ -762,4 +762,46 @@ func appendJSONString(dst, s []byte) []byte {
 		i += size
 	}
 	return append(dst, '"')
+}
+
+// fieldSet is the fields an object names, by index; a struct of up to 128
+// fields needs no allocation.
+type fieldSet struct {
+	small [2]uint64
+	more  []uint64
+}
+
+func (fs *fieldSet) add(i int) {
+	if i < 128 {
+		fs.small[i/64] |= 1 << (i % 64)
+		return
+	}
+	i -= 128
+	for len(fs.more) <= i/64 {
+		fs.more = append(fs.more, 0)
+	}
+	fs.more[i/64] |= 1 << (i % 64)
+}
+
+func (fs *fieldSet) has(i int) bool {
+	if i < 128 {
+		return fs.small[i/64]&(1<<(i%64)) != 0
+	}
+	i -= 128
+	return i/64 < len(fs.more) && fs.more[i/64]&(1<<(i%64)) != 0
+}
+
+// required tells a field the input must name, as the schema's required
+// list says: one without omitempty or omitzero that is not a pointer.
+func (f *shapeField) required() bool { return !f.omitEmpty && !f.pointer }
+
+// missing reports each required field an object did not name.
+func (w *inputWalk) missing(s *shape, present *fieldSet) {
+	for _, f := range s.order {
+		if f.required() && !present.has(f.index) {
+			w.push(pathElem{key: []byte(f.name), index: -1})
+			w.issue("missing required field")
+			w.pop()
+		}
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/google/uuid"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The types a handler declares, each under "v" of its input.
@@ -161,7 +162,7 @@ func typeCases() []typeCase {
 		caseOf[jsonIn[*int32]]("pointer", []goodJSON{ok(`{"v":5}`, v(ptr(int32(5)))), ok(`{"v":null}`, v[*int32](nil)), ok(`{}`, v[*int32](nil))},
 			bad(`{"v":"5"}`, "v"), bad(`{"v":2147483648}`, "v")),
 		caseOf[jsonIn[jsonNested]]("nested struct", []goodJSON{ok(`{"v":{"inner":{"n":3}}}`, v(nested))},
-			bad(`{"v":{"inner":{"n":3,"m":4}}}`, "v.inner.m"), bad(`{"v":{"inner":[3]}}`, "v.inner")),
+			bad(`{"v":{"inner":{"n":3,"m":4}}}`, "v.inner.m"), bad(`{"v":{"inner":[3]}}`, "v.inner"), bad(`{"v":{"inner":{}}}`, "v.inner.n")),
 		caseOf[jsonIn[map[string]int]]("map[string]int", []goodJSON{ok(`{"v":{"a":1,"b c":2}}`, v(map[string]int{"a": 1, "b c": 2}))},
 			bad(`{"v":{"a":"1"}}`, "v.a"), bad(`{"v":[1]}`, "v")),
 		caseOf[jsonIn[map[int16]string]]("map[int16]string", []goodJSON{ok(`{"v":{"1":"a","-2":"b"}}`, v(map[int16]string{1: "a", -2: "b"}))},
@@ -182,9 +183,9 @@ func typeCases() []typeCase {
 		caseOf[jsonIn[uuid.UUID]]("uuid.UUID", []goodJSON{ok(`{"v":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60"}`, v(anID))},
 			bad(`{"v":"0190d6c8"}`, "v"), bad(`{"v":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5fzz"}`, "v")),
 		caseOf[jsonEmbedding]("embedded struct", []goodJSON{ok(`{"note":"n","own":"o"}`, jsonEmbedding{jsonEmbeddedPart{"n"}, "o"})},
-			bad(`{"jsonEmbeddedPart":{"note":"n"},"own":"o"}`, "jsonEmbeddedPart"), bad(`{"note":1,"own":"o"}`, "note")),
+			bad(`{"jsonEmbeddedPart":{},"note":"n","own":"o"}`, "jsonEmbeddedPart"), bad(`{"own":"o"}`, "note"), bad(`{"note":1,"own":"o"}`, "note")),
 		caseOf[jsonOptional]("omitempty", []goodJSON{ok(`{"count":1}`, jsonOptional{Count: 1}), ok(`{"name":"x","count":0}`, jsonOptional{"x", 0})},
-			bad(`{"name":7,"count":1}`, "name")),
+			bad(`{"name":7,"count":1}`, "name"), bad(`{"name":"x"}`, "count")),
 		caseOf[jsonQuoted]("string option", []goodJSON{
 			ok(`{"n":"-12","u":"255","f":"0.5","ok":"true"}`, jsonQuoted{-12, 255, 0.5, true}),
 			ok(`{"n":7,"ok":false}`, jsonQuoted{N: 7}), // as the msgpack library writes it
@@ -393,7 +394,12 @@ type fuzzRich struct {
 	Quoted int16                  `json:"quoted,string,omitempty"`
 	Any    any                    `json:"any,omitempty"`
 	Deep   map[string][]*fuzzRich `json:"deep,omitempty"`
-	jsonEmbeddedPart
+	Must   int                    `json:"must"` // required
+	fuzzPart
+}
+
+type fuzzPart struct {
+	Note string `json:"note,omitempty"`
 }
 
 // Random JSON documents against a rich input type: nothing panics, an input
@@ -402,10 +408,10 @@ type fuzzRich struct {
 // object) a path, and the decoder never refuses what the check accepted.
 func FuzzJSONInput(f *testing.F) {
 	for _, seed := range []string{
-		`{"at":"2026-11-30T10:00:00Z","every":"1h","i8":-1,"u16":65535,"blob":"AAE=","ptr":null}`,
-		`{"tags":{"a":1},"keys":{"255":"x"},"hosts":{"::1":true},"list":[{"s":"x","list":[{}]}],"pair":[1.5,2]}`,
-		`{"raw":{"any":[1,"x"]},"temp":"20C","addr":"10.0.0.1","id":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60","quoted":"12"}`,
-		`{"any":{"x":[1,2.5,null,true]},"deep":{"k":[null,{"note":"n"}]},"note":"n","f32":3.4e38,"u64":18446744073709551615}`,
+		`{"must":1,"at":"2026-11-30T10:00:00Z","every":"1h","i8":-1,"u16":65535,"blob":"AAE=","ptr":null}`,
+		`{"must":0,"tags":{"a":1},"keys":{"255":"x"},"hosts":{"::1":true},"list":[{"must":1,"s":"x","list":[{"must":2}]}],"pair":[1.5,2]}`,
+		`{"must":1,"raw":{"any":[1,"x"]},"temp":"20C","addr":"10.0.0.1","id":"0190d6c8-8b7e-7c3a-9f4e-2b1d3c4e5f60","quoted":"12"}`,
+		`{"must":1,"any":{"x":[1,2.5,null,true]},"deep":{"k":[null,{"must":1,"note":"n"}]},"note":"n","f32":3.4e38,"u64":18446744073709551615}`,
 		`{"i8":300,"every":"soon","at":"noon","blob":"!","quoted":"x","bogus":1,"list":[{"u16":-1}]}`,
 		`[1,2]`, `"x"`, `null`, `{"f64":1e400}`, `{"i64":1e30}`,
 	} {
@@ -438,4 +444,30 @@ func FuzzJSONInput(f *testing.F) {
 			}
 		}
 	})
+}
+
+// msgpackCounter decodes itself from msgpack only.
+type msgpackCounter struct{ n int64 }
+
+func (c *msgpackCounter) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeInt64()
+	c.n = n
+	return err
+}
+
+// An input type holding a type that only the msgpack library can decode is
+// decoded by it, as before JSON had a meaning of its own.
+func TestJSONInput_MsgpackOnlyTypeKeepsTheMsgpackDecoder(t *testing.T) {
+	type in struct {
+		Count msgpackCounter `json:"count"`
+		Name  string         `json:"name"`
+	}
+	s := shapeOf(reflect.TypeFor[in]())
+	if !decodesByMsgpack(s) || decodesByMsgpack(shapeOf(reflect.TypeFor[jsonIn[time.Time]]())) {
+		t.Fatal("the decoder is chosen by the type's parts")
+	}
+	got, err := decodeInput[in](envelope.MustRaw(map[string]any{"count": 7, "name": "n"}), s)
+	if err != nil || got.Count.n != 7 || got.Name != "n" {
+		t.Fatalf("%+v, %v", got, err)
+	}
 }

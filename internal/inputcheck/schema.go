@@ -12,8 +12,8 @@ import (
 //   - a struct is an object of its json-named fields, additionalProperties
 //     false (unknown fields are refused); embedded structs are inlined;
 //   - required lists the fields without omitempty (or omitzero) that are not
-//     pointers. The check itself lets a field be absent (it decodes as the
-//     zero value): a Validate method is where presence is enforced;
+//     pointers, and the check refuses an object without one of them
+//     ("missing required field" at its path);
 //   - integers are integers, bounded by their width;
 //   - a pointer field may be null;
 //   - slices and arrays are arrays of their items, maps objects of their
