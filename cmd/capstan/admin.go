@@ -68,7 +68,9 @@ func runAdminReplicas(args []string) int {
 	if n == 0 {
 		return showReplicas(ctx, nc)
 	}
+	stopWaiting := waiting(fmt.Sprintf("%d current replicas", n), *wait)
 	changes, err := broker.SetReplicas(ctx, nc, broker.Config{}, n, demo.Streams...)
+	stopWaiting()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tREPLICAS")
 	for _, c := range changes {

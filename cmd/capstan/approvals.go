@@ -250,7 +250,7 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	case err != nil:
 		return usageError("%v", err)
 	}
-	stopWaiting := waiting(id, wait)
+	stopWaiting := waiting("the envelope of "+id, wait)
 	env, err := c.Await(ctx, id)
 	stopWaiting()
 	if err != nil {

@@ -116,7 +116,7 @@ func runCall(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	stopWaiting := waiting(req.id, *wait)
+	stopWaiting := waiting("the envelope of "+req.id, *wait)
 	env, err := c.Call(ctx, capID, req.input, executor.WithID(req.id))
 	stopWaiting()
 	if err != nil {
@@ -183,7 +183,7 @@ func runAwait(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	stopWaiting := waiting(id, *wait)
+	stopWaiting := waiting("the envelope of "+id, *wait)
 	env, err := c.Await(ctx, id)
 	stopWaiting()
 	if err != nil {
