@@ -22,7 +22,7 @@ func TestBacklogs_PendingAndOldestPerPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, capID := range []string{"x.two", "x.one"} {
-		if _, err := b.JS.Publish(ctx, b.Names.ExecSubject(capID), []byte("request")); err != nil {
+		if _, err := b.JS.Publish(ctx, b.Names.ExecSubject(broker.Anonymous, capID), []byte("request")); err != nil {
 			t.Fatal(err)
 		}
 	}

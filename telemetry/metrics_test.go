@@ -167,7 +167,7 @@ func publishRaw(t *testing.T, b *broker.Broker, capID string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := nats.NewMsg(b.Names.ExecSubject(capID))
+	m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, capID))
 	m.Data = data
 	if _, err := b.JS.PublishMsg(ctxT(t), m, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ func runDescribe(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	surface := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe")
-	actorFlag := fs.String("actor", defaultActor(), "who is asking, as kind:id (or anonymous)")
+	actorFlag := fs.String("actor", "", "who is asking, as kind:id (or anonymous; default user:<principal> with --creds, else user:$USER)")
 	var scope executor.Scope
 	fs.StringVar(&scope.Prefix, "prefix", "", "only capabilities whose id starts with this")
 	fs.Func("tag", "only capabilities with this tag (repeatable: all must match)", func(s string) error {
@@ -34,6 +34,9 @@ func runDescribe(args []string) int {
 	}
 	if err := o.check(); err != nil {
 		return usageError("%v", err)
+	}
+	if *actorFlag == "" {
+		*actorFlag = defaultActor(conn.creds)
 	}
 	actor, err := parseActor(*actorFlag)
 	if err != nil {

@@ -7,12 +7,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -28,11 +29,24 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
-	e, err := startEmbedded(ctx, opts, bcfg, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
 	defer e.stop()
+	wnc, wjs := e.nc, e.js
+	if sf.setup != nil {
+		// The demo worker connects as the worker principal, as a real one does.
+		wnc, err = broker.Connect(broker.ConnectOptions{URL: e.url, Name: "capstan dev worker",
+			Creds: sf.setup.CredsPath(auth.WorkerPrincipal), Prefix: sf.setup.Prefix})
+		if err != nil {
+			return fail(exitFailed, "dev: %v", err)
+		}
+		defer wnc.Close()
+		if wjs, err = jetstream.New(wnc); err != nil {
+			return fail(exitFailed, "dev: %v", err)
+		}
+	}
 	tel, stopTelemetry, err := startTelemetry(ctx, "capstan-dev", wf.metrics, e.b, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
@@ -41,7 +55,7 @@ func runDev(args []string) int {
 	if tel != nil {
 		wf.observer = tel
 	}
-	w, err := newDemoWorker(e.nc, e.js, wf, log)
+	w, err := newDemoWorker(wnc, wjs, wf, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
@@ -55,6 +69,10 @@ func runDev(args []string) int {
 	natsFlag := ""
 	if e.url != broker.DefaultURL {
 		natsFlag = " --nats " + e.url
+	}
+	if sf.setup != nil {
+		natsFlag += " --creds " + sf.setup.CredsPath("NAME")
+		fmt.Printf("authentication: %s (principals: capstan auth list %s)\n", sf.auth, sf.auth)
 	}
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
 	fmt.Printf("try:\n  capstan call demo.echo%s --input '{\"hello\":\"world\"}'\n", natsFlag)

@@ -35,6 +35,7 @@ var commands = []command{
 	{"approvals", "list, show, approve and reject approvals", runApprovals},
 	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
+	{"auth", "create principals, their credentials and the server's configuration", runAuth},
 	{"admin", "operate a deployment: 'admin replicas [N]' shows or changes replica counts", runAdmin},
 }
 

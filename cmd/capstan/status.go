@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"io"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -11,10 +12,19 @@ import (
 
 // byID runs a command whose one argument is an execution id: it parses the
 // flags, checks the id, opens a client and gives act a bounded context.
+// Its output flags (-o json) are given to act.
 func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
+	return byIDWith(name, args, nil, act)
+}
+
+// byIDWith is byID with flags of the command's own.
+func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
 	fs := newFlags(name, "ID [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
+	if flags != nil {
+		flags(fs)
+	}
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
