@@ -21,10 +21,11 @@ func runAuth(args []string) int {
 		"  list DIR                   every principal and its grants\n" +
 		"  push DIR                   publish the grants to a running server (as DIR/admin.creds)\n"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		fmt.Fprint(os.Stderr, usage)
 		if len(args) == 0 {
+			fmt.Fprint(os.Stderr, usage)
 			return exitUsage
 		}
+		fmt.Fprint(os.Stdout, usage) // asked for: help goes to stdout, as every command's does
 		return exitOK
 	}
 	switch args[0] {

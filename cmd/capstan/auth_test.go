@@ -115,11 +115,11 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice, "--approver", "user:ceo"); code != exitUsage {
 		t.Fatalf("--approver with credentials: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "approvals", "show", approval, carol)
+	stdout, stderr, code = capstan(t, url, "approvals", "show", approval, carol, "--json")
 	if rec := decode[struct{ Status string }](t, stdout); code != exitOK || rec.Status != "pending" {
 		t.Fatalf("after alice's attempts: exit %d %+v: %s", code, rec, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "approvals", "approve", approval, carol, "--comment", "checked")
+	stdout, stderr, code = capstan(t, url, "approvals", "approve", approval, carol, "--comment", "checked", "--json")
 	rec := decode[struct {
 		Status   string
 		Decision struct {

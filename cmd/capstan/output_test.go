@@ -282,6 +282,8 @@ func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 			}
 		case "admin":
 			names = append(names, "admin replicas")
+		case "auth":
+			names = append(names, "auth init", "auth add", "auth list", "auth push")
 		default:
 			names = append(names, c.name)
 		}
