@@ -129,6 +129,12 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 		"$JS.API.STREAM.PURGE." + n.AuditStream(),
 		"$JS.API.STREAM.DELETE." + n.AuditStream(),
 		"$JS.API.STREAM.CREATE.X",
+		// No consumer of any kind: a push consumer delivers wherever its
+		// creator says, another principal's cancel subject included.
+		"$JS.API.CONSUMER.CREATE.KV_" + n.CatalogBucket(),
+		"$JS.API.CONSUMER.CREATE.KV_" + n.CatalogBucket() + ".c.>",
+		"$JS.API.CONSUMER.CREATE." + n.AuditStream(),
+		"$JS.API.CONSUMER.DURABLE.CREATE." + n.ExecStream() + ".d",
 	} {
 		if err := alice.Publish(subject, []byte("forged")); err != nil {
 			t.Fatal(err)

@@ -34,6 +34,9 @@ type ClientConfig struct {
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker
+	// cat is the watched catalog of an anonymous client; probe reads a
+	// principal's catalog entries by key.
+	probe *catalogProbe
 	// principal is who the server knows this connection as (see
 	// broker.PrincipalOf): every subject it publishes to carries it.
 	principal string
@@ -83,6 +86,12 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		c.stop()
 		return nil, err
 	}
+	if c.principal != broker.Anonymous {
+		// A principal may not create consumers (a push consumer's deliveries
+		// could be aimed at any subject): it reads catalog entries by key.
+		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
+		return c, nil
+	}
 	c.cat, err = watchCatalog(c.ctx, b)
 	if err != nil {
 		_ = c.w.Close()
@@ -111,7 +120,9 @@ func openResources(ctx context.Context, nc *nats.Conn, cfg broker.Config,
 
 // Close releases the subscription and the catalog watcher.
 func (c *Client) Close() error {
-	c.cat.stop()
+	if c.cat != nil {
+		c.cat.stop()
+	}
 	c.stop()
 	return c.w.Close()
 }
@@ -198,7 +209,7 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 		return nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if _, ok := c.cat.lookup(r.CapabilityID); ok {
+	if c.listed(r.CapabilityID) {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
 	m := nats.NewMsg(subject)
