@@ -569,6 +569,9 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 	if env, err := bob.Await(ctx, other); err != nil || env.Status != envelope.StatusCancelled {
 		t.Fatalf("%v %+v", err, env)
 	}
+	if s, err := admin.StatusOf(ctx, "bob", other); err != nil || s.Envelope == nil || s.Envelope.Status != envelope.StatusCancelled {
+		t.Fatalf("the admin reads bob's execution: %v %+v", err, s)
+	}
 }
 
 // A body naming another capability than its subject: the server let alice

@@ -327,11 +327,20 @@ var ErrUnknownExecution = errors.New("capstan: no such execution")
 
 // Status reads the execution record and the envelope.
 func (c *Client) Status(ctx context.Context, executionID string) (*Status, error) {
+	return c.StatusOf(ctx, c.principal, executionID)
+}
+
+// StatusOf reads another principal's execution: what an admin's credentials
+// allow (a producer's server refuses the read, which then fails or times out).
+func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Status, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
+	if !broker.ValidPrincipal(owner) {
+		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
+	}
 	var s Status
-	key := broker.Key(c.principal, executionID)
+	key := broker.Key(owner, executionID)
 	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
