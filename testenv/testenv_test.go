@@ -86,7 +86,18 @@ func TestRestart_KeepsStreamMessages(t *testing.T) {
 		t.Fatalf("URL changed across restart: %q, then %q", url, env.URL)
 	}
 	// The connection made before the restart reconnects and sees the stored messages.
-	stream, err := js.Stream(ctx, "TEST")
+	// A request sent while the client reconnects may be lost with the old
+	// socket: ask again, each try bounded, until the test's context ends.
+	var stream jetstream.Stream
+	var err error
+	for {
+		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		stream, err = js.Stream(try, "TEST")
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatalf("stream after restart: %v", err)
 	}

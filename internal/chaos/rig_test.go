@@ -348,7 +348,7 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 func (r *rig) status(id string) (*executor.Record, *envelope.Envelope) {
 	r.t.Helper()
 	var stderr strings.Builder
-	cmd := exec.Command(cliBin(), "status", "--nats", r.url, id)
+	cmd := exec.Command(cliBin(), "status", "--json", "--nats", r.url, id)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if strings.Contains(stderr.String(), "WARNING: DATA RACE") {
