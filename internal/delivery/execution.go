@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -39,6 +40,9 @@ type Execution struct {
 	mu  sync.Mutex // guards rec and rev: the lease keeper and the pipeline both CAS
 	rec *Record
 	rev uint64
+	// claim is this delivery's claim token: the record is this execution's
+	// while it carries it.
+	claim string
 
 	start     time.Time
 	inputHash string
@@ -53,7 +57,7 @@ type Execution struct {
 
 func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
 	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(), principal: broker.Anonymous,
-		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
+		claim: uuid.NewString(), done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
 	if msg != nil {
 		if p, capID, ok := w.b.Names.ParseExecSubject(msg.Subject()); ok {
 			x.principal = p
@@ -150,7 +154,8 @@ func (x *Execution) Update(change func(r *Record)) error { return x.update(chang
 
 // update applies change to the record with a CAS on its revision. On a lost
 // CAS (or any error, which may hide a write that happened) it re-reads: if the
-// record is still ours it applies change again; if another worker owns it, or
+// record still carries this claim it applies change again; if another claim
+// owns it (another worker, or a process sharing this worker's id), or
 // it is finalized, it returns errLost; a cancel request set meanwhile is
 // applied and reported as errCancelRequested. When the store does not answer
 // for a while it returns errUnsettled.
@@ -189,7 +194,7 @@ func (x *Execution) update(change func(r *Record)) error {
 			time.Sleep(broker.Backoff(try))
 			continue
 		}
-		if cur.Worker != x.w.cfg.ID || cur.State == StateFinalized {
+		if cur.Claim != x.claim || cur.State == StateFinalized {
 			x.rec, x.rev = cur, curRev
 			return errLost
 		}

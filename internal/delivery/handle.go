@@ -81,7 +81,7 @@ func (x *Execution) claimAndRun() {
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
-		State: StateClaimed, Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease),
+		State: StateClaimed, Worker: w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(w.cfg.Lease),
 		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
 	}
 	for try := 0; try < 10; try++ {
@@ -108,7 +108,7 @@ func (x *Execution) claimAndRun() {
 			nak(x.msg, time.Second)
 			return
 		}
-		if cur.Worker == w.cfg.ID && cur.State == StateClaimed && cur.CreatedAt.Equal(rec.CreatedAt) {
+		if cur.Claim == x.claim && cur.State == StateClaimed {
 			// Our own create, whose answer was lost.
 			x.rec, x.rev = cur, curRev
 			x.runClaimed()
@@ -159,10 +159,10 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	now := time.Now().UTC()
-	// This worker's own live lease on an execution it does not run (handle
-	// checked) is a claim whose answer was lost, or one it left when the
-	// store stopped answering: there is nobody to wait for.
-	if rec.leaseLive(now) && rec.State != StatePending && rec.Worker != w.cfg.ID {
+	// A live lease is another claim's, whichever worker id it names: two
+	// processes may share one (handle checked that this runner does not run
+	// it). A claim of this runner whose answer was lost is waited out too.
+	if rec.leaseLive(now) && rec.State != StatePending {
 		nak(x.msg, rec.LeaseUntil.Sub(now)+50*time.Millisecond)
 		return
 	}
@@ -170,7 +170,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	prev := rec.State
 	x.rec, x.rev = rec, rev
 	if err := x.update(func(r *Record) {
-		r.Worker = w.cfg.ID
+		r.Worker, r.Claim = w.cfg.ID, x.claim
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
