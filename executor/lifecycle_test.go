@@ -95,3 +95,91 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 		t.Errorf("%d envelope writes for %d executions", got, n)
 	}
 }
+
+// A worker that loses its lease ends its handler's context: the handler sees
+// ctx.Done() whether another claim took the record over or the worker was cut
+// off from the store until its lease ran out. It then leaves the execution to
+// whoever owns it.
+func TestLeaseLost_HandlerContextEnds(t *testing.T) {
+	t.Run("TakenOverByAnotherClaim", func(t *testing.T) {
+		env := testenv.Start(t)
+		s := newStore(t, env)
+		var p probe
+		started, sawDone := holdUntilDone(&p)
+		w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, sendCap(&p))
+		id := envelope.NewExecutionID()
+		s.publish("test.send", id)
+		waitClosed(t, started, "the handler never started")
+		rec, rev := s.record(id)
+		rec.Worker, rec.Claim = "other-worker", "other-claim"
+		rec.LeaseUntil = time.Now().UTC().Add(time.Hour)
+		if _, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, sawDone, "the handler's context did not end after the claim was taken over")
+		if _, err := s.b.Envelopes.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
+			t.Fatal("the worker that lost its claim finalized the execution")
+		}
+		if n := w.Stats().Finalized; n != 0 {
+			t.Fatalf("%d envelopes finalized", n)
+		}
+	})
+	t.Run("CutOffFromTheStore", func(t *testing.T) {
+		env := testenv.Start(t)
+		s := newStore(t, env)
+		var p probe
+		started, sawDone := holdUntilDone(&p)
+		// Its own timeout is far beyond the test's waits.
+		long := executor.Define("test.send", executor.Meta{
+			Description: "Sends something; never retried.",
+			Expose:      executor.On(executor.SurfaceDirect),
+			SideEffect:  executor.External,
+			Timeout:     time.Hour,
+		}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+			p.called(ctx, c.Attempt)
+			return probeOut{}, ctx.Err()
+		})
+		startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, long)
+		id := envelope.NewExecutionID()
+		s.publish("test.send", id)
+		waitClosed(t, started, "the handler never started")
+		// The server stays down until the handler has seen its context end:
+		// only the worker's own clock can end it.
+		env.Stop()
+		waitClosed(t, sawDone, "the handler's context did not end while the lease ran out")
+		env.Restart(t)
+		// The redelivery finds attempt 1 started and its lease gone: the
+		// non-idempotent attempt is never repeated.
+		got := s.await(id)
+		if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+			t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
+		}
+		if n := p.calls.Load(); n != 1 {
+			t.Fatalf("handler called %d times", n)
+		}
+	})
+}
+
+// holdUntilDone makes p's handler hold until its context ends; started closes
+// when it is called, sawDone when it saw ctx.Done().
+func holdUntilDone(p *probe) (started, sawDone chan struct{}) {
+	started, sawDone = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.gate = func(ctx context.Context, _ int) {
+		once.Do(func() {
+			close(started)
+			<-ctx.Done() // bounded: the worker's shutdown ends it too
+			close(sawDone)
+		})
+	}
+	return started, sawDone
+}
+
+func waitClosed(t *testing.T, ch chan struct{}, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctxT(t).Done():
+		t.Fatal(msg)
+	}
+}

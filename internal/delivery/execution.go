@@ -43,6 +43,10 @@ type Execution struct {
 	// claim is this delivery's claim token: the record is this execution's
 	// while it carries it.
 	claim string
+	// leaseEnd fires when the lease last written runs out unrenewed (the
+	// store stopped answering): the execution's context ends, so that the
+	// handler stops before another worker may take over.
+	leaseEnd *time.Timer
 
 	start     time.Time
 	inputHash string
@@ -180,12 +184,19 @@ func (x *Execution) update(change func(r *Record)) error {
 		cancel()
 		if err == nil {
 			x.rec, x.rev = &next, rev
+			if x.leaseEnd != nil {
+				x.leaseEnd.Reset(time.Until(next.LeaseUntil))
+			}
 			if next.CancelRequested {
 				return errCancelRequested
 			}
 			return nil
 		}
 		last = err
+		if errors.Is(context.Cause(x.ctx), errLeaseLost) {
+			// The lease ran out unrenewed: another worker may own it now.
+			return errLost
+		}
 		ctx, cancel = x.casCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.key)
 		cancel()
@@ -219,8 +230,20 @@ func (w *Runner) storeGivesUp(start time.Time, try int) bool {
 	return try >= 20 && time.Since(start) > storeOutage
 }
 
-// startRenewing starts keepLease.
+// startRenewing starts keepLease, and arms the lease's end: a lease that
+// runs out unrenewed (a worker cut off from the store) ends the execution's
+// context with errLeaseLost, which the handler sees as ctx.Done().
 func (x *Execution) startRenewing() {
+	if !x.w.cfg.DisableLeaseRenewal {
+		x.mu.Lock()
+		if x.leaseEnd == nil {
+			x.leaseEnd = time.AfterFunc(time.Until(x.rec.LeaseUntil), func() {
+				x.w.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", x.req.ExecutionID)
+				x.cancel(errLeaseLost)
+			})
+		}
+		x.mu.Unlock()
+	}
 	x.renewing.Add(1)
 	go func() {
 		defer x.renewing.Done()
@@ -231,7 +254,16 @@ func (x *Execution) startRenewing() {
 // stopLease ends the lease renewal and waits until no renewal is in flight.
 func (x *Execution) stopLease() {
 	x.stopOnce.Do(func() { close(x.stopRenewing) })
+	x.stopLeaseEnd()
 	x.renewing.Wait()
+}
+
+func (x *Execution) stopLeaseEnd() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.leaseEnd != nil {
+		x.leaseEnd.Stop()
+	}
 }
 
 // keepLease renews the lease and the delivery every third of the lease until

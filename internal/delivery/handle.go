@@ -69,6 +69,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 
 func (x *Execution) finish() {
 	close(x.done)
+	x.stopLeaseEnd()
 	x.stopDeadline()
 	x.cancel(nil)
 }
