@@ -419,7 +419,8 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 		field string
 		alter func(*broker.Config)
 	}{
-		{"TTL", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
+		// The record TTL is also the exec stream's MaxAge, checked first.
+		{"MaxAge", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
 		{"MaxAge", func(c *broker.Config) { c.AuditMaxAge = 72 * time.Hour }},
 		{"MaxBytes", func(c *broker.Config) { c.AuditMaxBytes = 0 }},
 		{"Discard", func(c *broker.Config) { c.AuditDiscardNew = false }},

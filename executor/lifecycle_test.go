@@ -2,10 +2,12 @@ package executor_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -181,5 +183,257 @@ func waitClosed(t *testing.T, ch chan struct{}, msg string) {
 	case <-ch:
 	case <-ctxT(t).Done():
 		t.Fatal(msg)
+	}
+}
+
+// newStoreWith provisions the resources with cfg, as a server would, and
+// opens a client and direct access to them.
+func newStoreWith(t *testing.T, env *testenv.Env, cfg broker.Config, cc executor.ClientConfig) *store {
+	t.Helper()
+	nc := env.Connect(t)
+	if _, err := broker.Provision(ctxT(t), nc, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cc.Broker, cc.Actor = cfg, alice
+	c, err := executor.NewClient(nc, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &store{t: t, nc: nc, b: c.Broker(), c: c}
+}
+
+// publishRequest sends a request as a producer does, on any subject.
+func (s *store) publishRequest(subject string, req *envelope.Request) {
+	s.t.Helper()
+	req.V = envelope.Version
+	if req.SubmittedAt.IsZero() {
+		req.SubmittedAt = time.Now().UTC()
+	}
+	if req.Actor.ID == "" {
+		req.Actor = alice
+	}
+	req.Surface = string(executor.SurfaceDirect)
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, req.ExecutionID)
+	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
+		s.t.Fatalf("publish: %v", err)
+	}
+}
+
+// drained waits until the exec stream holds no message.
+func (s *store) drained() {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		info, err := s.b.Exec.Info(ctx)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("the exec stream still holds %d requests", info.State.Msgs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func checkNotStarted(t *testing.T, got *envelope.Envelope) {
+	t.Helper()
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeNotStarted ||
+		got.Attempts != 0 {
+		t.Fatalf("envelope %s after %d attempts, error %+v; want failed NOT_STARTED", got.Status, got.Attempts, got.Error)
+	}
+	// The model is told it never ran, and not to expect it to by waiting.
+	if m := got.ForModel(); m.Code != envelope.CodeNotStarted || m.Retryable {
+		t.Fatalf("model sees %+v", m)
+	}
+}
+
+// A request that no worker will ever take ends NOT_STARTED at its start
+// deadline, whatever the reason: its pool is down, or its subject is routed
+// to no consumer at all. The sweeper, running in a worker of another pool,
+// ends it; a worker of its pool that comes back later never runs it.
+func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	// Pool "down" served test.send once: its consumer and catalog entry are
+	// still there, its workers are gone.
+	downConn := env.Connect(t)
+	stop := startWorkerUntil(t, downConn, executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	stop()
+	downConn.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+
+	downID, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1}, executor.StartWithin(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startBy := time.Now().UTC().Add(300 * time.Millisecond)
+	nowhere := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.nowhere", StartBy: &startBy}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.nowhere"), nowhere)
+
+	for _, id := range []string{downID, nowhere.ExecutionID} {
+		got := s.await(id)
+		checkNotStarted(t, got)
+		tr := s.settled(id)
+		if n := count(tr, audit.Failed); n != 1 || count(tr, audit.Started) != 0 {
+			t.Errorf("%s: trail %v", id, typesOf(tr))
+		}
+		rec, _ := s.record(id)
+		if rec.State != executor.StateFinalized || rec.Status != envelope.StatusFailed {
+			t.Errorf("%s: record %s/%s", id, rec.State, rec.Status)
+		}
+	}
+	// The pool comes back: nothing is left for it to run but a new request.
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a new request: %v %+v", err, got)
+	}
+	s.drained()
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times for one new request and two that ended NOT_STARTED", n)
+	}
+	if n := s.envelopeWrites(); n != 3 {
+		t.Fatalf("%d envelope writes", n)
+	}
+}
+
+// A request delivered to a worker after its start deadline ends NOT_STARTED
+// on that delivery, without the sweeper: here a capability the catalog still
+// lists but no running worker has, which is put back for a newer worker until
+// its deadline passes.
+func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "old", RolloutDelay: 100 * time.Millisecond, SweepInterval: -1},
+		echoCap(nil))
+	// The catalog lists test.send in this pool (a newer worker is on its
+	// way), and the pool's consumer covers it.
+	d, err := envelope.Marshal(&executor.Descriptor{V: envelope.Version, ID: "test.send", Pool: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.b.Catalog.Put(ctxT(t), "test.send", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.b.EnsurePool(ctxT(t), broker.PoolConfig{Pool: "default", Capabilities: []string{"test.send"},
+		MaxAckPending: 20000, AckWait: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	startBy := time.Now().UTC().Add(500 * time.Millisecond)
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.send", StartBy: &startBy}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), req)
+	got := s.await(req.ExecutionID)
+	checkNotStarted(t, got)
+	s.settled(req.ExecutionID)
+	if got.FinalizedBy != "old" || p.calls.Load() != 0 {
+		t.Fatalf("finalized by %s, %d calls", got.FinalizedBy, p.calls.Load())
+	}
+}
+
+// Records outlive requests: the exec stream drops a request at the record
+// TTL, and before that the request ends. Here a non-idempotent attempt starts,
+// its worker is lost, and its pool stays down beyond the record TTL: the
+// sweeper ends it OUTCOME_UNKNOWN before the TTL, JetStream keeps no copy to
+// deliver, and when the pool comes back, after the record has expired, the
+// attempt is never run again from scratch.
+func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
+	const ttl = 4 * time.Second
+	cfg := broker.Config{RecordTTL: ttl}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	if info, err := s.b.Exec.Info(ctxT(t)); err != nil || info.Config.MaxAge != ttl {
+		t.Fatalf("exec stream MaxAge: %v %v, want the record TTL %v", info.Config.MaxAge, err, ttl)
+	}
+	var p probe
+	started, _ := holdUntilDone(&p)
+	lostConn := env.Connect(t)
+	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1},
+		sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Broker: cfg, SweepInterval: 50 * time.Millisecond},
+		echoCap(nil))
+	id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, started, "the handler never started")
+	lostConn.Close() // the worker is lost mid-attempt; its pool is down
+
+	got := s.await(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+		t.Fatalf("envelope %s after %d attempts, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Attempts, got.Error)
+	}
+	s.drained()
+	// Wait until the record itself has expired.
+	ctx := ctxT(t)
+	for {
+		_, err := s.b.Executions.Get(ctx, broker.Key(broker.Anonymous, id))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the record never expired")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// The pool comes back: nothing runs the request again.
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a new request: %v %+v", err, got)
+	}
+	s.drained()
+	if n := p.calls.Load(); n != 2 {
+		t.Fatalf("handler called %d times: want the lost attempt and the new request only", n)
+	}
+}
+
+// runWorker runs a worker until the test ends (or stop is called) and waits
+// until the catalog s reads lists its first capability.
+func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
+	t := s.t
+	t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	wait := ctxT(t)
+	for {
+		if _, err := s.b.Catalog.Get(wait, caps[0].ID()); err == nil {
+			return stop
+		}
+		select {
+		case <-wait.Done():
+			t.Fatalf("no worker serves %s", caps[0].ID())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }

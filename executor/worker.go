@@ -50,6 +50,11 @@ type WorkerConfig struct {
 	// DisableLeaseRenewal stops lease renewal and InProgress, so JetStream
 	// redelivers a long execution while it runs. Only for tests of redelivery.
 	DisableLeaseRenewal bool
+	// SweepInterval is how often the worker holding the sweeping lease ends
+	// the requests no worker started by their deadline (DESIGN §13). Default
+	// 30 s, shorter when the record TTL is short; negative: this worker never
+	// sweeps.
+	SweepInterval time.Duration
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -98,6 +103,9 @@ type WorkerStats struct {
 	TakenOver uint64
 	// Duplicates counts deliveries of already finalized executions.
 	Duplicates uint64
+	// NotStarted counts deliveries this worker ended NOT_STARTED; Swept the
+	// requests its sweeper ended.
+	NotStarted, Swept uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
 }
@@ -153,7 +161,7 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted, Swept: r.Swept}
 	if w.audit != nil {
 		s.AuditFailed = w.audit.Failed()
 	}
@@ -220,6 +228,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
+	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
+		sweepCtx, stopSweep := context.WithCancel(ctx)
+		swept := make(chan struct{})
+		go func() { defer close(swept); w.run.Sweep(sweepCtx, every) }()
+		defer func() { stopSweep(); <-swept }()
+	}
 
 	if err := w.run.Serve(ctx, pool, unrouted, w.cfg.Concurrency, w.cfg.Grace); err != nil {
 		return err
@@ -229,6 +243,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	_ = w.audit.Flush(flushCtx)
 	w.log.Info("worker stopped")
 	return nil
+}
+
+// sweepInterval is how often the sweeper runs: often enough to end requests
+// well before JetStream drops them at the record TTL.
+func sweepInterval(configured, ttl time.Duration) time.Duration {
+	if configured != 0 {
+		return configured
+	}
+	return min(30*time.Second, ttl/30)
 }
 
 // poolMaxAckPending bounds the pool's unacknowledged deliveries. The limit is

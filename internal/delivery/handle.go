@@ -27,6 +27,9 @@ func (w *Runner) handle(msg jetstream.Msg) {
 		nak(msg, w.cfg.Lease)
 		return
 	}
+	if w.endedUnstarted(msg, principal, req) {
+		return
+	}
 	c := w.cfg.Capability(req.CapabilityID)
 	missing := ""
 	if c == nil {
@@ -155,6 +158,10 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		_, _ = broker.Update(ctx, w.b.Executions, x.key, &next, rev)
 		cancel()
 	}
+	if env == nil && rec.State == StateFinalized && rec.LastError == envelope.CodeNotStarted && !w.finalizeRecorded(x, rec) {
+		nak(x.msg, time.Second)
+		return
+	}
 	if env != nil || rec.State == StateFinalized {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
@@ -199,7 +206,9 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		n := x.rec.Attempt
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
 			Message: "The worker running the attempt was lost."}
-		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() {
+		// Past the TTL deadline nothing starts another attempt: its record
+		// would not outlive the request.
+		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() && !x.ttlExpired() {
 			x.run(false, n+1, envelope.CodeWorkerLost)
 			return
 		}
@@ -219,7 +228,13 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 			Message: "The worker running this operation was lost; it may or may not have taken effect.",
 		}), n)
 	default:
-		// The handler never started (pending, claimed): run from the top.
+		// The handler never started (pending, claimed): run from the top,
+		// unless the request's start deadline has passed.
+		if x.startExpired() {
+			x.w.notStarted.Add(1)
+			x.finalize(x.failed(NotStartedError()), 0)
+			return
+		}
 		if x.cap == nil {
 			x.notFound(false)
 			return
@@ -297,30 +312,36 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 }
 
 // finalizeWithoutRun writes a finalized record, its trail (requested, denied
-// for reason, failed), then the envelope, for a request refused before it
-// could run (one that does not decode). If another record exists, a decodable
-// request owns the id; a finalized one without its envelope is this path's
-// own, interrupted before the envelope.
-func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) {
+// for reason unless it is empty, failed), then the envelope, for a request
+// refused before it could run (one that does not decode, one past its start
+// deadline). If another record exists, it owns the id (exists); a finalized
+// one without its envelope is this path's own, interrupted before the
+// envelope. done reports that the envelope exists.
+func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) (done, exists bool) {
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
-	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status)); err != nil {
+	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status, env.Error.Code)); err != nil {
 		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
-		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status {
-			return
+		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
+			rec.LastError != env.Error.Code {
+			return false, true
 		}
 	}
 	x.emit(audit.Requested, nil)
-	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	if reason != "" {
+		x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	}
 	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
 		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
-	if _, err := broker.Create(ctx, w.b.Envelopes, x.key, env); err == nil {
+	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
+	if err == nil {
 		w.finalized.Add(1)
 	}
+	return err == nil || errors.Is(err, broker.ErrExists), false
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
@@ -334,6 +355,9 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
 	if principal == "" {
 		principal = broker.Anonymous
+	}
+	if w.endedUnstarted(msg, principal, req) {
+		return
 	}
 	fwd := msg.Data()
 	if req.ApprovalID != "" && req.CapabilityID == "" && w.cfg.ResolveResume != nil {
