@@ -78,6 +78,7 @@ func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Time("timestamp", e.Timestamp)
 	f.String("surface", e.Surface)
 	f.Actor("actor", e.Actor.ID, e.Actor.Kind, nil)
+	f.String("principal", e.Principal)
 	f.String("executionId", e.ExecutionID)
 	f.String("capabilityId", e.CapabilityID)
 	f.String("correlationId", e.CorrelationID)

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -192,6 +193,7 @@ func (s *Setup) Add(g Grant) error {
 	useed, _ := ukp.Seed()
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = g.Principal
+	uc.Tags.Add(roleTag + string(g.Role))
 	uc.Permissions = PermissionsFor(g, s.Names()).jwt()
 	ujwt, err := uc.Encode(akp)
 	if err != nil {
@@ -241,3 +243,51 @@ resolver_preload: {
 
 // PrincipalFromCreds returns the principal named in a credentials file.
 func PrincipalFromCreds(path string) (string, error) { return broker.PrincipalFromCreds(path) }
+
+// CheckPublish reports, from the permissions signed into a credentials file,
+// whether its principal may publish to subject: nil, or an error naming the
+// principal, its role and the subject. The server enforces the same
+// permissions; this only lets a command refuse at once, with a clear message,
+// what the server would refuse silently.
+func CheckPublish(credsPath, subject string) error {
+	b, err := os.ReadFile(credsPath)
+	if err != nil {
+		return fmt.Errorf("capstan: credentials file: %w", err)
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return fmt.Errorf("capstan: credentials file %s: %w", credsPath, err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return fmt.Errorf("capstan: credentials file %s: %w", credsPath, err)
+	}
+	allowed := len(uc.Permissions.Pub.Allow) == 0
+	for _, a := range uc.Permissions.Pub.Allow {
+		if server.SubjectMatchesFilter(subject, a) {
+			allowed = true
+			break
+		}
+	}
+	for _, d := range uc.Permissions.Pub.Deny {
+		if server.SubjectMatchesFilter(subject, d) {
+			allowed = false
+		}
+	}
+	if allowed {
+		return nil
+	}
+	role := "principal"
+	for _, tag := range uc.Tags {
+		if r, ok := strings.CutPrefix(tag, roleTag); ok {
+			role = r
+		}
+	}
+	return fmt.Errorf("%w: %s %q may not publish to %s", ErrNotPermitted, role, uc.Name, subject)
+}
+
+// ErrNotPermitted: the credentials do not allow what was asked.
+var ErrNotPermitted = errors.New("capstan: not permitted")
+
+// roleTag prefixes the tag that names a principal's role in its credentials.
+const roleTag = "capstan-role:"

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,6 +58,7 @@ func newRig(t *testing.T, cluster bool) *rig {
 		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
 		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
 		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
@@ -192,6 +194,25 @@ func (r *rig) snapshot(t *testing.T) state {
 	return s
 }
 
+// settled waits until principal's execution id is finalized on its record:
+// the record follows the envelope (a caller may hold the envelope first), and
+// a snapshot taken before would see it change.
+func (r *rig) settled(t *testing.T, principal, id string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		rec, _, err := broker.Load[executor.Record](ctx, r.admin.Executions, broker.Key(principal, id))
+		if err == nil && rec.State == executor.StateFinalized {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("execution %s never finalized on its record", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func (r *rig) assertUnchanged(t *testing.T, before state) {
 	t.Helper()
 	after := r.snapshot(t)
@@ -255,6 +276,19 @@ func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
 	if !slices.Contains(events, "capability.denied") || slices.Contains(events, "capability.started") {
 		t.Fatalf("trail %v", events)
 	}
+	// The trail says who and why: the principal, and the right it lacks.
+	trail, err := audit.Read(testCtx(t), r.admin, env.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range trail {
+		if e.Principal != "alice" {
+			t.Fatalf("event %s names principal %q", e.Type, e.Principal)
+		}
+		if reason, _ := e.Data["reason"].(string); e.Type == "capability.denied" && !strings.Contains(reason, `may not act as user:bob`) {
+			t.Fatalf("denied for %q", reason)
+		}
+	}
 }
 
 func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
@@ -284,6 +318,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		t.Fatalf("envelope %s %+v", env.Status, env.Error)
 	}
 	r.trail(t, env.ExecutionID, "capability.approval_requested")
+	r.settled(t, "alice", env.ExecutionID)
 	before := r.snapshot(t)
 	ctx := testCtx(t)
 
@@ -352,6 +387,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatalf("resume: %v %+v", err, done)
 	}
 	r.trail(t, done.ExecutionID, "capability.completed")
+	r.settled(t, "alice", done.ExecutionID)
 	before := r.snapshot(t)
 	consumed, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
 	if err != nil {
@@ -365,6 +401,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.wait(t, ctx, subject)
+	r.assertUnchanged(t, before)
 	again, err := alice.Resume(ctx, env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -379,7 +416,6 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if err != nil || after.Status != approvals.Consumed || after.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval %+v, %v", after, err)
 	}
-	_ = before
 }
 
 func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
@@ -429,6 +465,7 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.trail(t, env.ExecutionID, "capability.completed")
+	r.settled(t, "alice", env.ExecutionID)
 	before := r.snapshot(t)
 	n := r.setup.Names()
 	fake, _ := envelope.Marshal(map[string]any{"type": "capability.completed", "executionId": env.ExecutionID})
@@ -457,6 +494,7 @@ func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *test
 		t.Fatalf("%v %+v", err, env)
 	}
 	r.trail(t, id, "capability.completed")
+	r.settled(t, "alice", id)
 	before := r.snapshot(t)
 	n := r.setup.Names()
 	for _, bucket := range []string{n.ExecutionsBucket(), n.EnvelopesBucket()} {
@@ -499,8 +537,12 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.wait(t, ctx, n.CancelSubject("bob", id))
-	// Whatever the workers answer alice, it concerns alice's key space only.
+	// Whatever the workers answer alice, it concerns alice's key space only;
+	// naming bob as the owner is an admin's right.
 	_, _ = alice.Cancel(ctx, id)
+	if _, err := alice.Cancel(ctx, id, executor.OwnedBy("bob")); err == nil || !strings.Contains(err.Error(), "only an admin") {
+		t.Fatalf("alice cancelling as bob's admin: %v", err)
+	}
 	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if env, err := bob.Await(short, id); err == nil {
@@ -513,6 +555,75 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 	env, err := bob.Await(ctx, id)
 	if err != nil || env.Status != envelope.StatusCancelled {
 		t.Fatalf("%v %+v", err, env)
+	}
+	// An admin cancels anyone's, naming the owner.
+	other, err := bob.Submit(ctx, "t.send", Echo{Text: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, other, "capability.started")
+	admin, _, _ := r.client(t, auth.AdminPrincipal, executor.SurfaceDirect)
+	if _, err := admin.Cancel(ctx, other, executor.OwnedBy("bob")); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := bob.Await(ctx, other); err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("%v %+v", err, env)
+	}
+}
+
+// A body naming another capability than its subject: the server let alice
+// publish on t.echo's subject, the body asks for t.send.
+func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	dana, danaNC, _ := r.client(t, "dana", executor.SurfaceDirect)
+	id := envelope.NewExecutionID()
+	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.send",
+		Input: envelope.MustRaw(Echo{Text: "x"}), Actor: envelope.Actor{Kind: "user", ID: "dana"},
+		Surface: string(executor.SurfaceDirect), SubmittedAt: time.Now().UTC()}
+	b, err := envelope.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(danaNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, r.setup.Names().ExecSubject("dana", "t.echo"), b, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+	env, err := dana.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Error == nil || env.Error.Code != envelope.CodeForbidden || r.sends.Load() != 0 {
+		t.Fatalf("envelope %s %+v, sent %d", env.Status, env.Error, r.sends.Load())
+	}
+	if events := r.trail(t, id, "capability.failed"); slices.Contains(events, "capability.started") {
+		t.Fatalf("trail %v", events)
+	}
+}
+
+// Describe lists what the principal may call, for actors it may assert.
+func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	dana, _, _ := r.client(t, "dana", executor.SurfaceDirect)
+	d, err := dana.Describe(ctx, executor.SurfaceDirect, envelope.Actor{Kind: "user", ID: "dana"}, executor.Scope{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range d.Capabilities {
+		ids = append(ids, c.ID)
+	}
+	if !slices.Equal(ids, []string{"t.echo"}) {
+		t.Fatalf("dana sees %v, want [t.echo]", ids)
+	}
+	_, err = dana.Describe(ctx, executor.SurfaceDirect, envelope.Actor{Kind: "user", ID: "bob"}, executor.Scope{})
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) || ce.Code != envelope.CodeForbidden {
+		t.Fatalf("dana describing as bob: %v", err)
 	}
 }
 
@@ -567,6 +678,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 			t.Fatalf("%v %+v", err, env)
 		}
 		r.trail(t, env.ExecutionID, "capability.approval_requested")
+		r.settled(t, "alice", env.ExecutionID)
 		before := r.snapshot(t)
 		n := r.setup.Names()
 		subject := "$KV." + n.ApprovalsBucket() + "." + env.Approval.ID

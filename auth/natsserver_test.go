@@ -15,6 +15,8 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 )
 
 // TestServerConfig_OfficialNatsServer runs the generated nats-server.conf on
@@ -100,6 +102,36 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err != nil || info.State.Msgs != 1 {
 		t.Fatalf("exec stream: %v, %+v", err, info)
 	}
+
+	// A worker and a producer through the official server: a call runs, a
+	// forged actor is refused by the worker.
+	echo := executor.Define("demo.echo", executor.Meta{Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.None}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
+	reg, err := executor.NewRegistry(echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(connectWhenUp(t, ctx, url, setup, auth.WorkerPrincipal), reg, executor.WorkerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+	c, err := executor.NewClient(alice, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "alice"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	env, err := c.Call(ctx, "demo.echo", Echo{Text: "hi"})
+	if err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("%v %+v", err, env)
+	}
+	env, err = c.Call(ctx, "demo.echo", Echo{Text: "hi"}, executor.As(envelope.Actor{Kind: "user", ID: "bob"}))
+	if err != nil || env.Error == nil || env.Error.Code != envelope.CodeForbidden {
+		t.Fatalf("as bob: %v %+v", err, env)
+	}
 }
 
 func freePort(t *testing.T) int {
@@ -115,14 +147,14 @@ func freePort(t *testing.T) int {
 // connectWhenUp connects as principal, retrying until the server listens or ctx ends.
 func connectWhenUp(t *testing.T, ctx context.Context, url string, setup *auth.Setup, principal string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
+	all := append([]nats.Option{
+		nats.UserCredentials(setup.CredsPath(principal)),
+		nats.CustomInboxPrefix(setup.Names().InboxPrefix(principal)),
+		nats.Timeout(time.Second),
+	}, opts...)
 	for {
-		nc, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(principal), Timeout: time.Second})
+		nc, err := nats.Connect(url, all...)
 		if err == nil {
-			for _, o := range opts {
-				if err := o(&nc.Opts); err != nil {
-					t.Fatal(err)
-				}
-			}
 			t.Cleanup(nc.Close)
 			return nc
 		}

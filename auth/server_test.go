@@ -14,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -220,5 +221,51 @@ func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
 	info, err := b.Audit.Info(ctx)
 	if err != nil || info.State.Msgs != 1 {
 		t.Fatalf("audit stream: %v, %+v", err, info)
+	}
+}
+
+// A worker that starts before the grants exist runs open until an admin
+// publishes them; from then on it knows every principal and refuses the
+// anonymous one.
+func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	wjs, err := jetstream.New(env.ConnectAs(t, auth.WorkerPrincipal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, err := auth.WatchGrants(ctx, wjs, setup.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer grants.Stop()
+	if !grants.Open() {
+		t.Fatal("no grants bucket yet, but not open")
+	}
+	ajs, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, ajs, setup, 1); err != nil {
+		t.Fatal(err)
+	}
+	alice := envelope.Actor{Kind: "user", ID: "alice"}
+	for grants.CheckRequest("alice", alice, "direct", "demo.echo") != nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the published grants were never found")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if grants.Open() || grants.CheckRequest(broker.Anonymous, alice, "direct", "demo.echo") == nil {
+		t.Fatal("still open after the grants were published")
 	}
 }

@@ -237,8 +237,15 @@ func unusableMessage(err error) string {
 
 // canonicalInput is the canonical JSON and hash of a validated input (SI-6:
 // an approval binds the value the handler will see, not the bytes submitted).
+// The value is written as encoding/json writes it, the form its input schema
+// describes and a resume checks again: a UUID or an IP address as its text,
+// bytes in base64, a time in RFC 3339.
 func canonicalInput(in any) (json.RawMessage, string, error) {
-	raw, err := envelope.NewRaw(in)
+	j, err := json.Marshal(in)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
+	}
+	raw, err := envelope.RawFromJSON(j)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
 	}

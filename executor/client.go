@@ -280,17 +280,7 @@ type Request struct {
 func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Envelope, []error) {
 	envs := make([]*envelope.Envelope, len(reqs))
 	errs := make([]error, len(reqs))
-	type pending struct {
-		i   int
-		id  string
-		m   *nats.Msg
-		ch  chan *envelope.Envelope
-		ack jetstream.PubAckFuture
-		// fresh: the client made the id and the stream took the request as
-		// new, so no envelope existed before the waiter.
-		fresh bool
-	}
-	sent := make([]pending, 0, len(reqs))
+	calls := make([]*await.Call, len(reqs))
 	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
@@ -308,54 +298,12 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			errs[i] = err
 			continue
 		}
-		ch := c.w.Add(r.ExecutionID)
-		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
-		if err != nil {
-			f = nil // published again below, synchronously
-		}
-		sent = append(sent, pending{i: i, id: r.ExecutionID, m: m, ch: ch, ack: f, fresh: ownID(rq.Options)})
+		calls[i] = c.w.Send(r.ExecutionID, m, ownID(rq.Options))
 	}
-	ackWaitOver := make(chan struct{})
-	ackWait := time.AfterFunc(await.AsyncAckWait, func() { close(ackWaitOver) })
-	defer ackWait.Stop()
-	for k := range sent {
-		p := &sent[k]
-		var err error
-		if p.ack == nil {
-			err = errors.New("not published")
-		} else {
-			select {
-			case ack := <-p.ack.Ok():
-				p.fresh = p.fresh && !ack.Duplicate
-				continue
-			case err = <-p.ack.Err():
-			case <-ackWaitOver:
-				// Unanswered: its stream may have lost its leader.
-				err = errors.New("no acknowledgement")
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		}
-		// A failed or unanswered publish is published again under its id.
-		// Whether the first one was stored is unknown: the await reads first.
-		p.fresh = false
-		if ctx.Err() == nil {
-			err = c.publish(ctx, p.m)
-		}
-		if err != nil {
-			c.w.Remove(p.id, p.ch)
-			errs[p.i] = fmt.Errorf("capstan: submit %s: %w", p.id, err)
-		}
-	}
-	for _, p := range sent {
-		if errs[p.i] != nil {
-			continue
-		}
-		switch {
-		case p.fresh:
-			envs[p.i], errs[p.i] = c.w.AwaitFresh(ctx, p.id, p.ch, reconnects)
-		default:
-			envs[p.i], errs[p.i] = c.w.Await(ctx, p.id, p.ch)
+	c.w.Settle(ctx, calls)
+	for i, call := range calls {
+		if call != nil {
+			envs[i], errs[i] = c.w.Wait(ctx, call, reconnects)
 		}
 	}
 	return envs, errs
@@ -415,9 +363,16 @@ func (c *Client) Status(ctx context.Context, executionID string) (*Status, error
 // ErrNoWorkers: no worker answered a request only workers serve.
 var ErrNoWorkers = errors.New("capstan: no worker is serving")
 
-// Cancel asks the workers to cancel an execution. Cancelling is terminal at any
+// CancelOption changes a cancel request.
+type CancelOption func(*CancelRequest)
+
+// OwnedBy cancels another principal's execution: only an admin's is honoured.
+func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.Owner = principal } }
+
+// Cancel asks the workers to cancel one of the client's executions (another
+// principal's, for an admin, with OwnedBy). Cancelling is terminal at any
 // point: before a claim, during an attempt, during a backoff.
-func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, error) {
+func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelOption) (*CancelReply, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
@@ -426,7 +381,15 @@ func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, 
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), nil)
+	var body []byte
+	if len(opts) > 0 {
+		var req CancelRequest
+		for _, o := range opts {
+			o(&req)
+		}
+		body, _ = json.Marshal(req)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), body)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("%w: cancel %s", ErrNoWorkers, executionID)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -45,6 +46,28 @@ func runApprovals(args []string) int {
 		}
 	}
 	return usageError("unknown command 'approvals %s'; run 'capstan approvals help'", args[0])
+}
+
+// openApprovals reads the approvals bucket as an approver (or on an open
+// server) may: without a client, which an approver's credentials do not allow.
+func openApprovals(conn *connFlags) (*approvals.Store, func(), error) {
+	nc, err := conn.connect("approvals")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	store, err := approvals.Open(ctx, js, broker.NewNames(""))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return store, nc.Close, nil
 }
 
 // approvalView is an approval as the CLI prints it: its status as of now, so
@@ -82,14 +105,14 @@ func runApprovalsList(args []string) int {
 		}
 		f.Actor = a
 	}
-	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	store, closeStore, err := openApprovals(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeClient()
+	defer closeStore()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	list, err := c.Approvals().List(ctx, f)
+	list, err := store.List(ctx, f)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -107,14 +130,14 @@ func runApprovalsShow(args []string) int {
 	if !ok {
 		return code
 	}
-	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	store, closeStore, err := openApprovals(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeClient()
+	defer closeStore()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	r, err := c.Approvals().Get(ctx, pos[0])
+	r, err := store.Get(ctx, pos[0])
 	if errors.Is(err, approvals.ErrNotFound) {
 		return fail(exitFailed, "%v", err)
 	}
@@ -177,6 +200,9 @@ func decideCommand(verb string, args []string) int {
 	if wait != nil && *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
+	if err := conn.mayPublish(broker.NewNames("").DecideSubject); err != nil {
+		return usageError("%v: only approvers decide", err)
+	}
 	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
@@ -232,6 +258,9 @@ func runResume(args []string) int {
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
+	}
+	if err := conn.mayPublish(broker.NewNames("").UnroutedSubject); err != nil {
+		return usageError("%v: the principal that asked for the approval resumes it", err)
 	}
 	c, closeClient, err := conn.client("resume", executor.ClientConfig{})
 	if err != nil {
