@@ -221,7 +221,7 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 		return nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if _, ok := c.cat.lookup(r.CapabilityID); ok {
+	if c.cat.listed(r.CapabilityID) {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
 	m := nats.NewMsg(subject)

@@ -320,7 +320,8 @@ func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
 		echoCap(nil))
 	// The catalog lists test.send in this pool (a newer worker is on its
 	// way), and the pool's consumer covers it.
-	d, err := envelope.Marshal(&executor.Descriptor{V: envelope.Version, ID: "test.send", Pool: "default"})
+	d, err := envelope.Marshal(&executor.Descriptor{V: envelope.Version, ID: "test.send", Pool: "default",
+		ExpiresAt: time.Now().UTC().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,5 +436,40 @@ func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...exec
 			t.Fatalf("no worker serves %s", caps[0].ID())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// A capability that no live worker serves any more lapses from the catalog:
+// its pool lives on without it, so a request for it (here from a producer
+// whose catalog still routes it to the pool) ends CAPABILITY_NOT_FOUND instead
+// of being put back for ever. While the whole pool is down, its entries stay
+// listed and requests wait for it, until their start deadline.
+func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	const ttl = 600 * time.Millisecond
+	// The old release served test.send and demo.echo; the new one only demo.echo.
+	oldConn := env.Connect(t)
+	stop := startWorkerUntil(t, oldConn, executor.WorkerConfig{ID: "old", CatalogTTL: ttl}, sendCap(&p), echoCap(nil))
+	stop()
+	oldConn.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "new", CatalogTTL: ttl, RolloutDelay: 100 * time.Millisecond},
+		echoCap(nil))
+	// Routed as a stale producer would: on the capability's own subject.
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+	got := s.await(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("envelope %s %+v, want CAPABILITY_NOT_FOUND", got.Status, got.Error)
+	}
+	s.settled(id)
+	if p.calls.Load() != 0 {
+		t.Fatal("handler called")
+	}
+	// A client no longer routes it to the pool either.
+	got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 1})
+	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("call: %v %+v", err, got)
 	}
 }

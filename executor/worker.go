@@ -50,6 +50,9 @@ type WorkerConfig struct {
 	// DisableLeaseRenewal stops lease renewal and InProgress, so JetStream
 	// redelivers a long execution while it runs. Only for tests of redelivery.
 	DisableLeaseRenewal bool
+	// CatalogTTL is how long the worker's catalog entries last unless renewed;
+	// it renews them every third of it. Default DefaultCatalogTTL.
+	CatalogTTL time.Duration
 	// SweepInterval is how often the worker holding the sweeping lease ends
 	// the requests no worker started by their deadline (DESIGN §13). Default
 	// 30 s, shorter when the record TTL is short; negative: this worker never
@@ -79,6 +82,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	}
 	if c.RolloutDelay <= 0 {
 		c.RolloutDelay = 5 * time.Second
+	}
+	if c.CatalogTTL <= 0 {
+		c.CatalogTTL = DefaultCatalogTTL
 	}
 	if c.PolicyTimeout <= 0 {
 		c.PolicyTimeout = DefaultPolicyTimeout
@@ -148,7 +154,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
-		Listed:        func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+		Listed:        func(id string) bool { return w.cat.listed(id) },
 		ResolveResume: w.resolveResume,
 	})
 	return w, nil
@@ -228,6 +234,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); w.renewCatalog(renewCtx) }()
+	defer func() { stopRenew(); <-renewed }()
 	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
 		swept := make(chan struct{})
