@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/delivery"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -53,6 +54,10 @@ type WorkerConfig struct {
 	// CatalogTTL is how long the worker's catalog entries last unless renewed;
 	// it renews them every third of it. Default DefaultCatalogTTL.
 	CatalogTTL time.Duration
+	// StartupWait bounds how long Run waits for the cluster to be reachable
+	// and ready (provisioning, consumers, catalog), retrying with a log line.
+	// Default 0: no bound, the worker waits until its context ends.
+	StartupWait time.Duration
 	// SweepInterval is how often the worker holding the sweeping lease ends
 	// the requests no worker started by their deadline (DESIGN §13). Default
 	// 30 s, shorter when the record TTL is short; negative: this worker never
@@ -188,36 +193,52 @@ func (w *Worker) lookup(id string) delivery.Capability {
 // fetching, lets in-flight executions finish within the grace period, abandons
 // the rest to a takeover, and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	b, err := broker.Provision(setupCtx, w.nc, w.cfg.Broker)
-	if err != nil {
+	// Every step of the start waits for the cluster (DESIGN §13).
+	var deadline time.Time
+	if w.cfg.StartupWait > 0 {
+		deadline = time.Now().Add(w.cfg.StartupWait)
+	}
+	ready := func(what string, step func(ctx context.Context) error) error {
+		return w.untilReady(ctx, what, deadline, step)
+	}
+	var b *broker.Broker
+	if err := ready("provision", func(c context.Context) (err error) {
+		b, err = broker.Provision(c, w.nc, w.cfg.Broker)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	w.b = b
-	w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
-	if err != nil {
+	if err := ready("read grants", func(c context.Context) (err error) {
+		w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	defer w.grants.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
-	w.cat, err = watchCatalog(w.run.Context(), b)
-	if err != nil {
+	if err := ready("watch catalog", func(context.Context) (err error) {
+		w.cat, err = watchCatalog(w.run.Context(), b)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	defer w.cat.stop()
 	ackWait := w.cfg.Lease
-	pool, err := b.EnsurePool(setupCtx, broker.PoolConfig{
-		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
-	})
-	if err != nil {
+	var pool, unrouted jetstream.Consumer
+	if err := ready("create consumers", func(c context.Context) (err error) {
+		pool, err = b.EnsurePool(c, broker.PoolConfig{
+			Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
+		})
+		if err != nil {
+			return err
+		}
+		unrouted, err = b.EnsureUnrouted(c, 1000, ackWait)
 		return err
-	}
-	unrouted, err := b.EnsureUnrouted(setupCtx, 1000, ackWait)
-	if err != nil {
-		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	subs, err := w.serveControl()
 	if err != nil {
@@ -230,8 +251,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	// Listed last: once the catalog names a capability, its consumer exists
 	// and cancel and describe are served.
-	if err := w.publishCatalog(setupCtx); err != nil {
-		return err
+	if err := ready("publish catalog", w.publishCatalog); err != nil {
+		return startErr(ctx, err)
 	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
 	renewCtx, stopRenew := context.WithCancel(ctx)
@@ -262,6 +283,41 @@ func sweepInterval(configured, ttl time.Duration) time.Duration {
 		return configured
 	}
 	return min(30*time.Second, ttl/30)
+}
+
+// untilReady runs one step of the start until it succeeds, trying again with
+// a log line while the cluster is not reachable or not ready, until ctx ends
+// or deadline (zero: none) passes. Any other error is returned at once.
+func (w *Worker) untilReady(ctx context.Context, what string, deadline time.Time, step func(ctx context.Context) error) error {
+	for try := 0; ; try++ {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := step(sctx)
+		cancel()
+		if err == nil {
+			if try > 0 {
+				w.log.Info("cluster ready", "step", what)
+			}
+			return nil
+		}
+		if ctx.Err() != nil || !broker.Unreachable(err) || (!deadline.IsZero() && time.Now().After(deadline)) {
+			return err
+		}
+		w.log.Warn("waiting for the cluster: "+what+" failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
+		}
+	}
+}
+
+// startErr is Run's answer to a start that did not complete: nil when ctx
+// ended meanwhile (the worker was stopped while it waited).
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // poolMaxAckPending bounds the pool's unacknowledged deliveries. The limit is

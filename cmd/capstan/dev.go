@@ -29,7 +29,7 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
-	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, sf.wait, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}

@@ -24,6 +24,8 @@ type workerFlags struct {
 	strictAudit bool
 	id          string
 	replicas    int
+	// wait bounds how long a worker's start waits for the cluster (0: no bound).
+	wait time.Duration
 	// capabilities, comma-separated, is the part of the demo catalog served
 	// (worker only); empty serves it all.
 	capabilities string
@@ -66,6 +68,7 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
 		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
+		StartupWait: f.wait,
 	})
 }
 
@@ -74,23 +77,47 @@ func runWorker(args []string) int {
 	conn := addConnFlags(fs)
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all)")
+	fs.DurationVar(&wf.wait, "wait", 0, "how long to wait for the servers to be reachable and the cluster ready, retrying with a log line (0: until stopped)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
 	log := newLogger(slog.LevelInfo)
-	nc, err := conn.connect("worker")
+	ctx, stop := signalContext()
+	defer stop()
+	start := time.Now()
+	nc, err := broker.ConnectWait(ctx, conn.options("worker"), wf.wait, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
 		return usageError("%v", err)
 	}
 	defer nc.Close()
-	ctx, stop := signalContext()
-	defer stop()
 
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	js, err := demo.Provision(pctx, nc, wf.replicas)
-	cancel()
-	if err != nil {
-		return usageError("%v", err)
+	var js jetstream.JetStream
+	for try := 0; ; try++ {
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		js, err = demo.Provision(pctx, nc, wf.replicas)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		if !broker.Unreachable(err) || (wf.wait > 0 && time.Since(start) > wf.wait) {
+			return usageError("%v", err)
+		}
+		log.Warn("waiting for the cluster: demo provisioning failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(time.Second):
+		}
+	}
+	if wf.wait > 0 {
+		// What is left of the bound applies to the worker's own start.
+		wf.wait = max(wf.wait-time.Since(start), time.Millisecond)
 	}
 	w, err := newDemoWorker(nc, js, wf, log)
 	if err != nil {

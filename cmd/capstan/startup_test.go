@@ -1,0 +1,31 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A worker started before its server (a compose file or a rollout starting
+// everything at once) waits for it with a log line instead of exiting, and
+// serves once the server is up.
+func TestWorkerStartedBeforeItsServer_WaitsThenServes(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	w := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--capabilities", "demo.echo", "--grace", "5s")
+	w.waitOutput(t, "waiting for NATS")
+	select {
+	case <-w.exited:
+		t.Fatalf("the worker exited while it waited: %v\n%s", w.err, w.out.String())
+	default:
+	}
+	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	w.waitOutput(t, "worker started")
+	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"late"}`)
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) || !strings.Contains(stdout, "late") {
+		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code := w.stop(t); code != exitOK {
+		t.Fatalf("worker exit %d", code)
+	}
+}
