@@ -88,7 +88,9 @@ func waitServing(ctx context.Context, catalog jetstream.KeyValue, done <-chan er
 			}
 			var ids []string
 			for id := range lister.Keys() {
-				ids = append(ids, id)
+				if !strings.HasPrefix(id, "_") { // a pool's liveness entry
+					ids = append(ids, id)
+				}
 			}
 			return ids, nil
 		}

@@ -24,6 +24,7 @@ type workerFlags struct {
 	strictAudit bool
 	id          string
 	replicas    int
+	sweepEvery  time.Duration
 	// wait bounds how long a worker's start waits for the cluster (0: no bound).
 	wait time.Duration
 	// capabilities, comma-separated, is the part of the demo catalog served
@@ -39,6 +40,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "how long a shutdown waits for in-flight executions")
 	fs.BoolVar(&f.strictAudit, "strict-audit", false, "fail an execution whose capability.started event is not stored")
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
+	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
@@ -68,7 +70,7 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
 		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
-		StartupWait: f.wait,
+		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	})
 }
 
