@@ -57,8 +57,9 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
 		}
 	case Approver:
-		pub := append([]string{n.DecideSubject(p)}, readBucket(n.ApprovalsBucket())...)
-		return Permissions{PublishAllow: pub, SubscribeAllow: []string{inbox}}
+		// Approvals are listed and decided through the workers, which keep to
+		// the approver's types: an approver reads no bucket itself.
+		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Worker:
 		grants := n.GrantsBucket()
 		return Permissions{

@@ -14,7 +14,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -46,28 +45,6 @@ func runApprovals(args []string) int {
 		}
 	}
 	return usageError("unknown command 'approvals %s'; run 'capstan approvals help'", args[0])
-}
-
-// openApprovals reads the approvals bucket as an approver (or on an open
-// server) may: without a client, which an approver's credentials do not allow.
-func openApprovals(conn *connFlags) (*approvals.Store, func(), error) {
-	nc, err := conn.connect("approvals")
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	store, err := approvals.Open(ctx, js, broker.NewNames(""))
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return store, nc.Close, nil
 }
 
 // approvalView is an approval as the CLI prints it: its status as of now, so
@@ -105,14 +82,15 @@ func runApprovalsList(args []string) int {
 		}
 		f.Actor = a
 	}
-	store, closeStore, err := openApprovals(conn)
+	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeStore()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	list, err := store.List(ctx, f)
+	list, err := approvals.RequestList(ctx, nc, broker.NewNames(""),
+		approvals.ListRequest{Status: f.Status, CapabilityID: f.CapabilityID, Actor: f.Actor})
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -130,21 +108,24 @@ func runApprovalsShow(args []string) int {
 	if !ok {
 		return code
 	}
-	store, closeStore, err := openApprovals(conn)
+	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeStore()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	r, err := store.Get(ctx, pos[0])
-	if errors.Is(err, approvals.ErrNotFound) {
+	rs, err := approvals.RequestList(ctx, nc, broker.NewNames(""), approvals.ListRequest{ID: pos[0]})
+	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return printJSON(approvalView(r))
+	if len(rs) == 0 {
+		return fail(exitFailed, "%v", approvals.ErrNotFound)
+	}
+	return printJSON(approvalView(rs[0]))
 }
 
 func runApprovalsApprove(args []string) int { return decideCommand("approve", args) }
