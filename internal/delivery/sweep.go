@@ -3,6 +3,8 @@ package delivery
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -33,8 +35,8 @@ import (
 //
 // One worker sweeps at a time: the duty is a lease in the pools bucket
 // (sweeperKey), taken and renewed by CAS. A pass costs one stream read per
-// queued request, and one record read per request past its deadline: none
-// of it is on an execution's path.
+// queued request (eight ranges of the stream read at once), and one record
+// read per request past its deadline: none of it is on an execution's path.
 
 // sweeperKey is the sweeper lease's key in the pools bucket.
 const sweeperKey = "_sweeper"
@@ -90,12 +92,50 @@ func (w *Runner) holdSweepLease(ctx context.Context, token string, d time.Durati
 	return err == nil
 }
 
+// sweepWalkers is how many ranges of the stream a pass walks at once: each
+// read is a round trip, so a pass over a long backlog is bound by latency.
+const sweepWalkers = 8
+
 // SweepOnce walks the exec stream once and ends every request past its
 // deadline that no live lease holds; it returns how many it ended.
 func (w *Runner) SweepOnce(ctx context.Context) (int, error) {
+	info, err := w.b.Exec.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	first, last := info.State.FirstSeq, info.State.LastSeq
+	if info.State.Msgs == 0 || last < first {
+		return 0, nil
+	}
+	span := (last - first + sweepWalkers) / sweepWalkers
+	var (
+		wg    sync.WaitGroup
+		ended atomic.Int64
+		errs  = make([]error, sweepWalkers)
+	)
+	for i := range uint64(sweepWalkers) {
+		from := first + i*span
+		if from > last {
+			break
+		}
+		to := min(from+span-1, last)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := w.sweepRange(ctx, from, to)
+			ended.Add(int64(n))
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	return int(ended.Load()), errors.Join(errs...)
+}
+
+// sweepRange walks the stream's requests stored from sequence from to to.
+func (w *Runner) sweepRange(ctx context.Context, from, to uint64) (int, error) {
 	ended := 0
 	subjects := w.b.Names.ExecSubjects()
-	for seq := uint64(1); ; {
+	for seq := from; seq <= to; {
 		getCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		m, err := w.b.Exec.GetMsg(getCtx, seq, jetstream.WithGetMsgSubject(subjects))
 		cancel()
@@ -105,11 +145,15 @@ func (w *Runner) SweepOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return ended, err
 		}
+		if m.Sequence > to {
+			return ended, nil
+		}
 		seq = m.Sequence + 1
 		if w.sweepOne(ctx, m) {
 			ended++
 		}
 	}
+	return ended, nil
 }
 
 // sweepOne ends one stored request if it is past its deadline and nobody
