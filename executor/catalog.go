@@ -59,9 +59,22 @@ func inputSchema(b *binding) map[string]any { return inputcheck.JSONSchema(b.inS
 
 // publishCatalog writes this worker's capabilities and its pool's liveness
 // entry, refusing to take over a capability another pool serves.
-func (w *Worker) publishCatalog(ctx context.Context) error {
-	expires := time.Now().UTC().Add(w.cfg.CatalogTTL)
+func (w *Worker) publishCatalog(ctx context.Context) error { return w.writeCatalog(ctx, false) }
+
+// writeCatalog writes the worker's entries; renewing, it skips those another
+// worker of the pool renewed less than a third of the TTL ago, so that a pool
+// renews each entry about once a period, however many workers it has.
+func (w *Worker) writeCatalog(ctx context.Context, renewing bool) error {
+	now := time.Now().UTC()
+	expires := now.Add(w.cfg.CatalogTTL)
+	fresh := func(id string) bool {
+		have, ok := w.cat.get(id)
+		return renewing && ok && have.Pool == w.cfg.Pool && have.ExpiresAt.After(now.Add(w.cfg.CatalogTTL*2/3))
+	}
 	for _, id := range w.reg.ids {
+		if fresh(id) {
+			continue
+		}
 		d := describe(w.reg.get(id), w.cfg.Pool)
 		d.ExpiresAt = expires
 		have, _, err := broker.Load[Descriptor](ctx, w.b.Catalog, id)
@@ -81,6 +94,9 @@ func (w *Worker) publishCatalog(ctx context.Context) error {
 		}
 		// The watcher will see the write too; the worker must not wait for it.
 		w.cat.set(d)
+	}
+	if fresh(poolKey(w.cfg.Pool)) {
+		return nil
 	}
 	return w.heartbeat(ctx, expires)
 }
@@ -111,11 +127,18 @@ func (w *Worker) renewCatalog(ctx context.Context) {
 		case <-t.C:
 		}
 		putCtx, cancel := context.WithTimeout(ctx, w.cfg.CatalogTTL/3)
-		if err := w.publishCatalog(putCtx); err != nil && ctx.Err() == nil {
+		if err := w.writeCatalog(putCtx, true); err != nil && ctx.Err() == nil {
 			w.log.Warn("catalog not renewed", "err", err)
 		}
 		cancel()
 	}
+}
+
+func (c *catalog) get(id string) (Descriptor, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	d, ok := c.entries[id]
+	return d, ok
 }
 
 func (c *catalog) set(d Descriptor) {

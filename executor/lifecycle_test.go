@@ -472,4 +472,25 @@ func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
 	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
 		t.Fatalf("call: %v %+v", err, got)
 	}
+	// What the live worker serves stays listed across renewals, several TTLs on.
+	ctx := ctxT(t)
+	var rev uint64
+	for renewals := 0; renewals < 4; {
+		e, err := s.b.Catalog.Get(ctx, "demo.echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Revision() != rev {
+			rev = e.Revision()
+			renewals++
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the live worker's entries were not renewed")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if got, err := s.c.Call(ctxT(t), "demo.echo", map[string]any{"hello": "still"}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("demo.echo after renewals: %v %+v", err, got)
+	}
 }
