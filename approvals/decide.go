@@ -80,6 +80,9 @@ func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Su
 	prefix := strings.TrimSuffix(n.DecideSubjects(), "*")
 	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
 		principal := strings.TrimPrefix(m.Subject, prefix)
+		if !n.ReplyAllowed(principal, m.Reply) {
+			return // an answer aimed at someone else's subject: not served
+		}
 		var reply DecideReply
 		reply.V = envelope.Version
 		var req DecideRequest
@@ -224,6 +227,9 @@ func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, a
 // workers' queue group.
 func (s *Store) ServeList(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
 	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
+		if !n.ReplyAllowed(n.PrincipalOfSubject(m.Subject), m.Reply) {
+			return // an answer aimed at someone else's subject: not served
+		}
 		reply := ListReply{V: envelope.Version, Records: []*Record{}}
 		var req ListRequest
 		if err := envelope.Unmarshal(m.Data, &req); err != nil {

@@ -176,6 +176,17 @@ func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.l
 // subscribe to its own replies only.
 func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
 
+// ReplyAllowed reports whether a request of principal may be answered on
+// reply: only on the principal's own inbox prefix (the server sends replies to
+// whatever subject a requester names, another principal's included). The
+// anonymous principal of an open server may name any.
+func (n Names) ReplyAllowed(principal, reply string) bool {
+	if principal == Anonymous {
+		return reply != ""
+	}
+	return strings.HasPrefix(reply, n.InboxPrefix(principal)+".")
+}
+
 // Key is the key of principal's execution in the executions and envelopes
 // buckets: the principal is part of it, so that the server can let a principal
 // read its own records and envelopes only.

@@ -40,6 +40,9 @@ const DefaultStartWithin = 24 * time.Hour
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker
+	// cat is the watched catalog of an anonymous client; probe reads a
+	// principal's catalog entries by key.
+	probe *catalogProbe
 	// principal is who the server knows this connection as (see
 	// broker.PrincipalOf): every subject it publishes to carries it.
 	principal string
@@ -89,6 +92,12 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		c.stop()
 		return nil, err
 	}
+	if c.principal != broker.Anonymous {
+		// A principal may not create consumers (a push consumer's deliveries
+		// could be aimed at any subject): it reads catalog entries by key.
+		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
+		return c, nil
+	}
 	c.cat, err = watchCatalog(c.ctx, b)
 	if err != nil {
 		_ = c.w.Close()
@@ -117,7 +126,9 @@ func openResources(ctx context.Context, nc *nats.Conn, cfg broker.Config,
 
 // Close releases the subscription and the catalog watcher.
 func (c *Client) Close() error {
-	c.cat.stop()
+	if c.cat != nil {
+		c.cat.stop()
+	}
 	c.stop()
 	return c.w.Close()
 }
@@ -221,7 +232,7 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 		return nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if c.cat.listed(r.CapabilityID) {
+	if c.listed(r.CapabilityID) {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
 	m := nats.NewMsg(subject)
@@ -339,11 +350,20 @@ var ErrUnknownExecution = errors.New("capstan: no such execution")
 
 // Status reads the execution record and the envelope.
 func (c *Client) Status(ctx context.Context, executionID string) (*Status, error) {
+	return c.StatusOf(ctx, c.principal, executionID)
+}
+
+// StatusOf reads another principal's execution: what an admin's credentials
+// allow (a producer's server refuses the read, which then fails or times out).
+func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Status, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
+	if !broker.ValidPrincipal(owner) {
+		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
+	}
 	var s Status
-	key := broker.Key(c.principal, executionID)
+	key := broker.Key(owner, executionID)
 	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err

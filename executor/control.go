@@ -87,6 +87,9 @@ type CancelRequest struct {
 // whatever the body says.
 func (w *Worker) recordCancel(m *nats.Msg) {
 	principal, id := w.b.Names.PrincipalOfSubject(m.Subject), lastToken(m.Subject)
+	if !w.b.Names.ReplyAllowed(principal, m.Reply) {
+		return // an answer aimed at someone else's subject: not served
+	}
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
 		if reply.Error == "" && !reply.Finalized {

@@ -41,8 +41,15 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ct
 }
 
 func runStatus(args []string) int {
-	return byID("status", args, func(ctx context.Context, c *executor.Client, id string) int {
-		s, err := c.Status(ctx, id)
+	var owner string
+	flags := func(fs *flag.FlagSet) {
+		fs.StringVar(&owner, "owner", "", "the `principal` whose execution it is (admins only; default: the caller's own)")
+	}
+	return byIDWith("status", args, flags, func(ctx context.Context, c *executor.Client, id string) int {
+		if owner == "" {
+			owner = c.Principal()
+		}
+		s, err := c.StatusOf(ctx, owner, id)
 		if errors.Is(err, executor.ErrUnknownExecution) {
 			return fail(exitFailed, "%v", err)
 		}
