@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -492,5 +493,67 @@ func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
 	}
 	if got, err := s.c.Call(ctxT(t), "demo.echo", map[string]any{"hello": "still"}); err != nil || got.Status != envelope.StatusCompleted {
 		t.Fatalf("demo.echo after renewals: %v %+v", err, got)
+	}
+}
+
+// With authentication the same holds for a producer's client, which reads
+// the catalog key by key, and for a sweeper whose worker credentials may not
+// remove messages: a request whose pool is down ends NOT_STARTED, and when the
+// pool comes back its worker finds the envelope and acknowledges the request
+// without running it. A capability its live pool dropped ends
+// CAPABILITY_NOT_FOUND.
+func TestStartDeadline_WithAuthentication(t *testing.T) {
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"},
+		Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	s := &store{t: t, nc: env.Connect(t), b: admin}
+	var p probe
+	const ttl = 600 * time.Millisecond
+	downConn := env.ConnectAs(t, auth.WorkerPrincipal)
+	stop := s.runWorker(downConn, executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	stop()
+	downConn.Close()
+	oldConn := env.ConnectAs(t, auth.WorkerPrincipal)
+	stop = s.runWorker(oldConn, executor.WorkerConfig{ID: "old", CatalogTTL: ttl}, lookupCap(&p), echoCap(nil))
+	stop()
+	oldConn.Close()
+	s.runWorker(env.ConnectAs(t, auth.WorkerPrincipal),
+		executor.WorkerConfig{ID: "new", CatalogTTL: ttl, SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+
+	c, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{Actor: alice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	got, err := c.Call(ctxT(t), "test.send", map[string]any{"n": 1}, executor.StartWithin(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNotStarted(t, got)
+	// test.lookup lapses once no live worker of the default pool renews it:
+	// routed to the pool while its entry lives, put back by the worker that
+	// lacks it, then ended CAPABILITY_NOT_FOUND.
+	got, err = c.Call(ctxT(t), "test.lookup", map[string]any{"n": 1})
+	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("test.lookup: %v %+v", err, got)
+	}
+	// The down pool comes back: its worker acknowledges the ended request.
+	s.runWorker(env.ConnectAs(t, auth.WorkerPrincipal), executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	s.drained()
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
 	}
 }

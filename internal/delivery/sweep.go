@@ -55,6 +55,7 @@ func (w *Runner) Sweep(ctx context.Context, every time.Duration) {
 	token := uuid.NewString()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	defer w.releaseSweepLease(token)
 	for {
 		if w.holdSweepLease(ctx, token, 3*every) {
 			if n, err := w.SweepOnce(ctx); err != nil && ctx.Err() == nil {
@@ -95,6 +96,19 @@ func (w *Runner) holdSweepLease(ctx context.Context, token string, d time.Durati
 // sweepWalkers is how many ranges of the stream a pass walks at once: each
 // read is a round trip, so a pass over a long backlog is bound by latency.
 const sweepWalkers = 8
+
+// releaseSweepLease ends the lease now if token holds it, so that another
+// worker takes the duty at its next pass rather than after the lease.
+func (w *Runner) releaseSweepLease(token string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cur, rev, err := broker.Load[sweeperLease](ctx, w.b.Pools, sweeperKey)
+	if err != nil || cur.Holder != token {
+		return
+	}
+	cur.Until = time.Now().UTC()
+	_, _ = broker.Update(ctx, w.b.Pools, sweeperKey, cur, rev)
+}
 
 // SweepOnce walks the exec stream once and ends every request past its
 // deadline that no live lease holds; it returns how many it ended.
