@@ -1,0 +1,3 @@
+// Package mcpbridge serves a capstan deployment's capabilities as Model
+// Context Protocol tools.
+package mcpbridge
