@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -19,6 +22,7 @@ import (
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 var (
@@ -43,7 +47,12 @@ type fixture struct {
 	nc      *nats.Conn
 	bridge  *mcpbridge.Bridge
 	started chan string // execution ids of test.block as they start
+	client  *executor.Client
 }
+
+func (f *fixture) bridgeCatalog(t *testing.T) jetstream.KeyValue { return f.client.Broker().Catalog }
+
+func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return f.client.Broker() }
 
 func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	t.Helper()
@@ -66,11 +75,21 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 		executor.Define("test.direct", executor.Meta{
 			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "no", nil }),
+		executor.Define("test.secret", executor.Meta{
+			Description: "Fails with a private cause.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
+			return "", errors.New("connect to db as admin:hunter2 failed")
+		}),
 		executor.Define("test.wipe", executor.Meta{
 			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.Destructive,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "wiped", nil }),
 	)
 	f.runWorker(t, "default", caps...)
+	f.client, err = executor.NewClient(f.nc, executor.ClientConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.client.Close() })
 	f.bridge, err = mcpbridge.New(f.nc, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -340,4 +359,309 @@ func TestToolsCall_CompletedIsStructuredContentAndText(t *testing.T) {
 			t.Errorf("no execution id in _meta: %v", res.Meta)
 		}
 	})
+}
+
+func TestToolsCall_InputErrorsCarryTheirPaths(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
+		cs := connect(alice, newEvents())
+		res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "orders.refund",
+			Arguments: map[string]any{"orderId": 7, "amount": "many"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.IsError {
+			t.Fatalf("a bad input did not end isError: %s", textOf(res))
+		}
+		me := structured(t, res)
+		if me["code"] != string(envelope.CodeInputInvalid) {
+			t.Errorf("code = %v", me["code"])
+		}
+		details, _ := json.Marshal(me["details"])
+		for _, path := range []string{"orderId", "amount"} {
+			if !strings.Contains(string(details), path) || !strings.Contains(textOf(res), path) {
+				t.Errorf("the error does not name %s: details %s, text %s", path, details, textOf(res))
+			}
+		}
+	})
+}
+
+func TestToolsCall_FailureShowsOnlyForModel(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
+		cs := connect(alice, newEvents())
+		// Three failures where three attempts are allowed: the last one is the
+		// envelope's error, exposed with its message.
+		res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.flaky", Arguments: map[string]any{"failTimes": 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.IsError {
+			t.Fatalf("not isError: %s", textOf(res))
+		}
+		want := envelope.ModelError{Code: envelope.CodeExecutionFailed, Message: "Attempt 3 failed on purpose.", Retryable: true}
+		j, _ := json.Marshal(want)
+		var wantMap map[string]any
+		_ = json.Unmarshal(j, &wantMap)
+		got := structured(t, res)
+		if len(got) != len(wantMap) || got["code"] != wantMap["code"] || got["message"] != wantMap["message"] {
+			t.Errorf("structured content = %v, want exactly ForModel() %v", got, wantMap)
+		}
+
+		// A handler's undeclared error: its cause never reaches the model.
+		res, err = cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.secret", Arguments: map[string]any{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, _ = json.Marshal(res)
+		if !res.IsError || strings.Contains(string(j), "hunter2") || structured(t, res)["code"] != string(envelope.CodeInternalError) {
+			t.Errorf("undeclared failure = %s", j)
+		}
+	})
+}
+
+func TestProgress_StatesFromTheAuditTrail(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
+		ev := newEvents()
+		cs := connect(alice, ev)
+		res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.flaky", Arguments: map[string]any{"failTimes": 1},
+			Meta: mcp.Meta{"progressToken": "p1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.IsError {
+			t.Fatalf("isError: %s", textOf(res))
+		}
+		msgs := strings.Join(ev.messages(), "\n")
+		for _, want := range []string{"queued", "started, attempt 1", "retrying: attempt 2", "started, attempt 2", "completed"} {
+			if !strings.Contains(msgs, want) {
+				t.Errorf("progress lacks %q; got:\n%s", want, msgs)
+			}
+		}
+	})
+}
+
+func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	c := f.client
+	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
+		cs := connect(alice, newEvents())
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": "x"}})
+			errc <- err
+		}()
+		var id string
+		select {
+		case id = <-f.started:
+		case <-testCtx(t).Done():
+			t.Fatal("test.block never started")
+		}
+		cancel() // the SDK client sends notifications/cancelled
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("CallTool = %v, want context.Canceled", err)
+		}
+		env, err := c.Await(testCtx(t), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if env.Status != envelope.StatusCancelled || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
+			t.Errorf("envelope = %s %+v, want cancelled CANCELLED", env.Status, env.Error)
+		}
+	})
+}
+
+func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	c := f.client
+	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
+		ctx := testCtx(t)
+		ev := newEvents()
+		cs := connect(alice, ev)
+		orderID := "o-" + strings.ReplaceAll(t.Name(), "/", "-")
+		call := &mcp.CallToolParams{Name: "orders.refund", Arguments: map[string]any{"orderId": orderID, "amount": 900},
+			Meta: mcp.Meta{"progressToken": "a1"}}
+		res, err := cs.CallTool(ctx, call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ar := structured(t, res)
+		approvalID, _ := ar["approvalId"].(string)
+		if res.IsError || ar["status"] != "approval-required" || approvalID == "" {
+			t.Fatalf("first call = %v %s", ar, textOf(res))
+		}
+		if !strings.Contains(textOf(res), "finance") || !strings.Contains(textOf(res), approvalID) {
+			t.Errorf("the model is not told what is pending and why: %s", textOf(res))
+		}
+		if !strings.Contains(strings.Join(ev.messages(), "\n"), "waiting for approval "+approvalID) {
+			t.Errorf("no progress 'waiting for approval': %v", ev.messages())
+		}
+
+		// Still pending: the same call answers the same approval, runs nothing.
+		again, err := cs.CallTool(ctx, call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := structured(t, again)["approvalId"]; got != approvalID {
+			t.Errorf("the same call while pending asked for approval %v, want %s", got, approvalID)
+		}
+
+		// Bob, over MCP, cannot resume alice's approval.
+		bobCS := connect(bob, newEvents())
+		stolen, err := bobCS.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.ResumeTool, Arguments: map[string]any{"approvalId": approvalID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !stolen.IsError {
+			t.Errorf("bob resumed alice's approval: %s", textOf(stolen))
+		}
+
+		// Bob approves through the approvals store.
+		if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+			t.Fatal(err)
+		}
+		done, err := cs.CallTool(ctx, call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done.IsError || structured(t, done)["orderId"] != orderID {
+			t.Fatalf("the same call after approval = %s", textOf(done))
+		}
+		// The approval authorized one execution: resuming it again is refused.
+		twice, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.ResumeTool, Arguments: map[string]any{"approvalId": approvalID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !twice.IsError || structured(t, twice)["code"] != string(envelope.CodeApprovalConsumed) {
+			t.Errorf("a second resume = %s, want APPROVAL_CONSUMED", textOf(twice))
+		}
+	})
+}
+
+func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
+	f := start(t, mcpbridge.Config{ApprovalWait: time.Minute})
+	c := f.client
+	ev := newEvents()
+	cs := f.connectMemory(t, alice, ev)
+	ctx := testCtx(t)
+	resc := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "orders.refund",
+			Arguments: map[string]any{"orderId": "o-wait", "amount": 700}, Meta: mcp.Meta{"progressToken": "w"}})
+		if err != nil {
+			t.Error(err)
+		}
+		resc <- res
+	}()
+	var approvalID string
+	for approvalID == "" {
+		select {
+		case msg := <-ev.progCh:
+			if id, ok := strings.CutPrefix(msg, "waiting for approval "); ok {
+				approvalID = id
+			}
+		case <-ctx.Done():
+			t.Fatal("no 'waiting for approval' progress")
+		}
+	}
+	if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+		t.Fatal(err)
+	}
+	res := <-resc
+	if res == nil || res.IsError || structured(t, res)["orderId"] != "o-wait" {
+		t.Fatalf("result after approval = %+v", res)
+	}
+}
+
+func TestListChanged_WhenAWorkerStartsAndACapabilityGoes(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	ev := newEvents()
+	mem := f.connectMemory(t, alice, ev)
+	srv := f.serveHTTP(t)
+	evHTTP := newEvents()
+	web := connectHTTP(t, srv.URL, aliceToken, evHTTP)
+	for _, cs := range []*mcp.ClientSession{mem, web} {
+		if slices.Contains(toolNames(t, cs), "test.late") {
+			t.Fatal("test.late listed before any worker serves it")
+		}
+	}
+	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
+	waitChanged(t, ev, mem, "test.late", true)
+	waitChanged(t, evHTTP, web, "test.late", true)
+
+	// A catalog entry that goes (as when no live worker serves it).
+	kv := f.bridgeCatalog(t)
+	if err := kv.Delete(testCtx(t), "test.late"); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, ev, mem, "test.late", false)
+	waitChanged(t, evHTTP, web, "test.late", false)
+}
+
+// waitChanged waits for list_changed notifications until the listing has
+// (or lacks) name.
+func waitChanged(t *testing.T, ev *events, cs *mcp.ClientSession, name string, want bool) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		select {
+		case <-ev.changed:
+			if slices.Contains(toolNames(t, cs), name) == want {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("no list_changed after which %s is listed=%v; listed: %v", name, want, toolNames(t, cs))
+		}
+	}
+}
+
+func TestHTTP_NoTokenNoTools(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`
+	for name, header := range map[string]string{"none": "", "wrong": "Bearer not-a-token-of-anyone", "basic": "Basic YWxpY2U6eA=="} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if header != "" {
+			req.Header.Set("Authorization", header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s: status %d, want 401", name, resp.StatusCode)
+		}
+	}
+	tr := &mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1,
+		HTTPClient: &http.Client{Transport: bearer{token: "wrong-token-0123456789", next: http.DefaultTransport}}}
+	if cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "v0"}, nil).Connect(testCtx(t), tr, nil); err == nil {
+		_ = cs.Close()
+		t.Error("an SDK client with an unknown token connected")
+	}
+}
+
+func TestHTTP_TokenChoosesTheActor(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	cs := connectHTTP(t, srv.URL, bobToken, newEvents())
+	res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"x": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := res.Meta["capstan/executionId"].(string)
+	trail, err := audit.Read(testCtx(t), f.bridgeBroker(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if trail[0].Type != audit.Requested || trail[0].Actor.ID != "bob" || trail[0].Surface != string(executor.SurfaceMCP) {
+		t.Errorf("first event = %+v, want requested by user:bob on mcp", trail[0])
+	}
 }

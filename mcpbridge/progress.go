@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -38,21 +39,30 @@ func (p *progress) send(ctx context.Context, msg string) {
 	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: p.n, Message: msg})
 }
 
+// drainWait bounds how long a call's answer waits for the last steps of its
+// trail: audit events are written after the envelope (asynchronously).
+const drainWait = 3 * time.Second
+
 // follow notifies the execution's steps as its audit trail records them
-// (queued, waiting for approval, started attempt n, retrying), until stop is
-// called; stop returns once no notification can follow, so none arrives
-// after the call's result.
+// (queued, waiting for approval, started attempt n, retrying). stop waits,
+// at most drainWait, for the trail's last step, then stops following; once it
+// returns no notification can follow, so none arrives after the result.
 func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (stop func()) {
 	if p.token == nil {
 		return func() {}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	last := make(chan struct{})
 	go func() {
 		defer close(done)
+		var once sync.Once
 		err := audit.Follow(ctx, b.c.Broker(), audit.Filter{ExecutionID: executionID}, func(ev audit.Event) error {
 			if msg := stepOf(ev); msg != "" {
 				p.send(ctx, msg)
+			}
+			if lastStep(ev) {
+				once.Do(func() { close(last) })
 			}
 			return nil
 		}, audit.FromStart())
@@ -61,7 +71,30 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 		}
 	}()
 	var once sync.Once
-	return func() { once.Do(func() { cancel(); <-done }) }
+	return func() {
+		once.Do(func() {
+			t := time.NewTimer(drainWait)
+			select {
+			case <-last:
+			case <-done:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+			cancel()
+			<-done
+		})
+	}
+}
+
+// lastStep reports whether ev ends an execution's trail as far as its caller
+// is told: its end, or the request for an approval.
+func lastStep(ev audit.Event) bool {
+	switch ev.Type {
+	case audit.Completed, audit.Failed, audit.Cancelled, audit.ApprovalRequested, audit.Denied:
+		return true
+	}
+	return false
 }
 
 // stepOf is the progress message of an audit event, or "" for events that
