@@ -141,7 +141,7 @@ func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, appro
 	}
 	if skipPending && rec.StatusAt(time.Now()) == approvals.Pending {
 		return resultOf(&envelope.Envelope{V: envelope.Version, ExecutionID: rec.RequestedBy, CapabilityID: rec.CapabilityID,
-			Status: envelope.StatusApprovalRequired,
+			Status:   envelope.StatusApprovalRequired,
 			Approval: &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}}), nil
 	}
 	b.pending.del(pendingKey(actor, rec.CapabilityID, mustRaw(rec.Input)))
