@@ -301,6 +301,9 @@ func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if res.CacheScope != "" && res.CacheScope != "private" {
+			t.Errorf("an actor's tool list has cache scope %q", res.CacheScope)
+		}
 		byName := map[string]*mcp.Tool{}
 		for _, tl := range res.Tools {
 			byName[tl.Name] = tl

@@ -114,6 +114,8 @@ func newView(b *Bridge, actor envelope.Actor) *view {
 		Logger:       b.log,
 		Instructions: instructions,
 		Capabilities: serverCapabilities(),
+		// A listing is one actor's: no intermediary may serve it to another.
+		SetCacheable: func(_ context.Context, _ mcp.Request, c *mcp.Cacheable) { c.CacheScope = "private" },
 	})
 	v.server.AddTool(resumeToolDef(), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 		return b.resume(ctx, v.actor, req)
