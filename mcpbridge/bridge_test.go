@@ -668,3 +668,31 @@ func TestHTTP_TokenChoosesTheActor(t *testing.T) {
 		t.Errorf("first event = %+v, want requested by user:bob on mcp", trail[0])
 	}
 }
+
+func TestSessions_SurviveANATSReconnect(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	mem := f.connectMemory(t, alice, newEvents())
+	srv := f.serveHTTP(t)
+	web := connectHTTP(t, srv.URL, aliceToken, newEvents())
+	reconnected := make(chan struct{}, 1)
+	f.nc.SetReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} })
+
+	f.env.Restart(t)
+	select {
+	case <-reconnected:
+	case <-testCtx(t).Done():
+		t.Fatal("the bridge's connection never reconnected")
+	}
+	for name, cs := range map[string]*mcp.ClientSession{"memory": mem, "http": web} {
+		// The worker may still be reconnecting: a call that finds no worker
+		// yet is answered once one serves again (the request waits in its
+		// stream).
+		res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"after": "restart"}})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if res.IsError || structured(t, res)["after"] != "restart" {
+			t.Errorf("%s: after a reconnect = %s", name, textOf(res))
+		}
+	}
+}

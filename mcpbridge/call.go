@@ -23,9 +23,9 @@ func (b *Bridge) callTool(ctx context.Context, v *view, capID string, req *mcp.C
 	if !ok { // removed between the dispatch and now: the same answer as any unknown tool
 		return refusal(envelope.CodeCapabilityNotFound, "No such capability."), nil
 	}
-	input, err := argumentsOf(req.Params.Arguments, t.wrapped)
-	if err != nil {
-		return refusal(envelope.CodeInputInvalid, err.Error()), nil
+	input, problem := argumentsOf(req.Params.Arguments, t.wrapped)
+	if problem != "" {
+		return refusal(envelope.CodeInputInvalid, problem), nil
 	}
 	// The same call again after its approval was granted runs the approved
 	// call instead of asking for another approval.
@@ -45,8 +45,9 @@ func (b *Bridge) callTool(ctx context.Context, v *view, capID string, req *mcp.C
 // delegating producer whose grants say which actors it may assert.
 func (b *Bridge) assert(actor envelope.Actor) executor.CallOption { return executor.As(actor) }
 
-// argumentsOf turns tools/call arguments into the capability's input.
-func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, error) {
+// argumentsOf turns tools/call arguments into the capability's input, or
+// says to the model why it cannot.
+func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 	if len(args) == 0 || string(args) == "null" {
 		args = json.RawMessage("{}")
 	}
@@ -55,15 +56,15 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, error) {
 			Input json.RawMessage `json:"input"`
 		}
 		if err := json.Unmarshal(args, &w); err != nil || len(w.Input) == 0 {
-			return nil, errors.New("The arguments must be an object with the property \"input\".")
+			return nil, "The arguments must be an object with the property \"input\"."
 		}
 		args = w.Input
 	}
 	raw, err := envelope.RawFromJSON(args)
 	if err != nil {
-		return nil, errors.New("The arguments are not valid JSON.")
+		return nil, "The arguments are not valid JSON."
 	}
-	return raw, nil
+	return raw, ""
 }
 
 // run submits one execution under a new id and answers with its envelope,

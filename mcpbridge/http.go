@@ -78,8 +78,6 @@ func (t *Tokens) Actor(token string) (envelope.Actor, bool) {
 	return a, ok
 }
 
-type actorKey struct{}
-
 // verify is the bearer-token check of the SDK's auth middleware.
 func (t *Tokens) verify(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 	a, ok := t.Actor(token)

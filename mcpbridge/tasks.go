@@ -94,8 +94,8 @@ func (b *Bridge) routeTasks(v *view) {
 			if !ok { // the bridge's own tools, or an unknown name: answered as usual
 				return next(ctx, method, req)
 			}
-			input, err := argumentsOf(cr.Params.Arguments, t.wrapped)
-			if err != nil {
+			input, problem := argumentsOf(cr.Params.Arguments, t.wrapped)
+			if problem != "" {
 				return next(ctx, method, req)
 			}
 			return b.createTask(ctx, v.actor, cr.Params.Name, input)
