@@ -30,6 +30,11 @@ type Config struct {
 	// notifications, before answering approval-required. Default 0: answer
 	// at once.
 	ApprovalWait time.Duration
+	// TaskAfter is how long a tools/call from a client that declares the
+	// Tasks extension waits for its envelope before it answers a task
+	// instead: a quick call answers its result, a long one (or one that
+	// needs an approval) a task. Default 1 s; negative: a task at once.
+	TaskAfter time.Duration
 	// Refresh is how often every actor's tool list is described again even
 	// when no catalog change was seen (policies may change what an actor
 	// sees). Default 1 min.
@@ -49,6 +54,9 @@ func (c *Config) defaults() {
 	}
 	if c.CallTimeout <= 0 {
 		c.CallTimeout = 5 * time.Minute
+	}
+	if c.TaskAfter == 0 {
+		c.TaskAfter = time.Second
 	}
 	if c.Refresh <= 0 {
 		c.Refresh = time.Minute

@@ -124,7 +124,7 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 	defer c.Close()
 	ctx2 := testCtx(t)
 	for {
-		d, err := c.Describe(ctx2, executor.SurfaceDirect, alice, executor.Scope{})
+		d, err := c.Describe(ctx2, executor.SurfaceMCP, alice, executor.Scope{})
 		if err == nil && len(d.Capabilities) > 0 {
 			return stopWait
 		}
@@ -695,4 +695,24 @@ func TestSessions_SurviveANATSReconnect(t *testing.T) {
 			t.Errorf("%s: after a reconnect = %s", name, textOf(res))
 		}
 	}
+}
+
+func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
+	f := &fixture{env: testenv.Start(t), started: make(chan string, 1)}
+	f.nc = f.env.Connect(t)
+	b, err := mcpbridge.New(f.nc, mcpbridge.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	f.bridge = b
+	ev := newEvents()
+	cs := f.connectMemory(t, alice, ev)
+	if names := toolNames(t, cs); len(names) != 2 {
+		t.Fatalf("with no worker, tools = %v, want only the bridge's two", names)
+	}
+	f.runWorker(t, "default", executor.Define("test.first", executor.Meta{
+		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "first", nil }))
+	waitChanged(t, ev, cs, "test.first", true)
 }

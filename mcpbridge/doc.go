@@ -34,7 +34,8 @@
 //     retrying. notifications/cancelled cancels the execution; a lost
 //     connection does not, and capstan.status reads the envelope later.
 //   - A client that declares the Tasks extension (io.modelcontextprotocol/tasks)
-//     gets a task at once instead of a blocking call: the task id is the
+//     gets a task instead of a blocking call when the execution outlasts
+//     Config.TaskAfter (1 s) or needs an approval: the task id is the
 //     execution id, tasks/get reads the record, envelope and approval
 //     (input_required while an approval is pending), tasks/cancel cancels.
 //     A task is capstan's durable state only, so it survives the bridge's

@@ -182,7 +182,22 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	t := b.task(id, now, now)
 	t.ResultType = "task"
 	t.Status, t.StatusMessage = TaskWorking, "queued"
-	return t, nil
+	if b.cfg.TaskAfter < 0 {
+		return t, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, b.cfg.TaskAfter)
+	env, err := b.c.Await(actx, id)
+	cancel()
+	switch {
+	case err != nil:
+		return t, nil // still running: the task it is
+	case env.Status == envelope.StatusApprovalRequired && env.Approval != nil:
+		t.Status, t.StatusMessage = TaskInputRequired, "waiting for approval "+env.Approval.ID
+		t.LastUpdatedAt = env.FinalizedAt.Format(time.RFC3339Nano)
+		return t, nil
+	default:
+		return resultOf(env), nil
+	}
 }
 
 func (b *Bridge) task(id string, created, updated time.Time) *Task {

@@ -95,7 +95,7 @@ func pollTask(t *testing.T, cs *mcp.ClientSession, id string, want ...string) *m
 }
 
 func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "demo.echo", map[string]any{"n": 1})
 	task := pollTask(t, cs, id, mcpbridge.TaskCompleted)
@@ -115,7 +115,7 @@ func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
 }
 
 func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-task", "amount": 800})
 	task := pollTask(t, cs, id, mcpbridge.TaskInputRequired)
@@ -131,7 +131,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	}
 
 	// A new bridge, with no memory of the task, answers for it.
-	restarted, err := mcpbridge.New(f.nc, mcpbridge.Config{})
+	restarted, err := mcpbridge.New(f.nc, mcpbridge.Config{TaskAfter: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 }
 
 func TestTasks_CancelCancelsTheExecution(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "test.block", map[string]any{"note": "t"})
 	select {
@@ -173,7 +173,7 @@ func TestTasks_CancelCancelsTheExecution(t *testing.T) {
 }
 
 func TestTasks_WithoutTheExtensionTheCallBlocks(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectMemory(t, alice, newEvents())
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"a": 1}})
 	if err != nil {
@@ -185,7 +185,7 @@ func TestTasks_WithoutTheExtensionTheCallBlocks(t *testing.T) {
 }
 
 func TestTasks_DeclineWithdrawsTheApprovalRequest(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-decline", "amount": 800})
 	task := pollTask(t, cs, id, mcpbridge.TaskInputRequired)
@@ -201,7 +201,7 @@ func TestTasks_DeclineWithdrawsTheApprovalRequest(t *testing.T) {
 }
 
 func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
-	f := start(t, mcpbridge.Config{})
+	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	ctx := testCtx(t)
 	srv, err := f.bridge.Server(ctx, alice)
 	if err != nil {
@@ -225,5 +225,21 @@ func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
 	_, err = mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](ctx, cs, "tasks/get", &mcpbridge.TaskParams{TaskID: "x"})
 	if err == nil || !strings.Contains(err.Error(), "Missing required client capability") {
 		t.Errorf("tasks/get without the extension = %v", err)
+	}
+}
+
+func TestTasks_AQuickCallAnswersItsResult_AnApprovalATask(t *testing.T) {
+	f := start(t, mcpbridge.Config{TaskAfter: time.Minute})
+	cs := f.connectTasks(t, f.bridge, alice)
+	res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"q": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Meta["io.modelcontextprotocol/related-task"] != nil || textOf(res) != `{"q":1}` {
+		t.Errorf("a quick call answered %+v", res)
+	}
+	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-quick", "amount": 600})
+	if task := getTask(t, cs, id); task.Status != mcpbridge.TaskInputRequired {
+		t.Errorf("task = %s", task.Status)
 	}
 }

@@ -3,6 +3,7 @@ package mcpbridge
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -140,7 +141,17 @@ func (v *view) ready(ctx context.Context) error {
 	if loaded {
 		return nil
 	}
-	return v.refresh(ctx)
+	err := v.refresh(ctx)
+	if errors.Is(err, executor.ErrNoWorkers) {
+		// Serve the bridge's own tools now; the capabilities follow, with
+		// list_changed, when a worker serves again.
+		v.b.log.Warn("no worker answers describe yet; the tool list starts empty", "actor", v.actor.String())
+		v.mu.Lock()
+		v.loaded = true
+		v.mu.Unlock()
+		return nil
+	}
+	return err
 }
 
 // refresh describes the catalog for the actor and changes only the tools
