@@ -177,6 +177,20 @@ func (e *events) options() *mcp.ClientOptions {
 	}
 }
 
+// waitProgress waits until a progress message containing want arrived (the
+// SDK client may hand notifications to their handler after the result).
+func waitProgress(t *testing.T, ev *events, want string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for !strings.Contains(strings.Join(ev.messages(), "\n"), want) {
+		select {
+		case <-ev.progCh:
+		case <-ctx.Done():
+			t.Fatalf("no progress %q; got %v", want, ev.messages())
+		}
+	}
+}
+
 func (e *events) messages() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -222,11 +236,16 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // and bob's tokens.
 func (f *fixture) serveHTTP(t *testing.T) *httptest.Server {
 	t.Helper()
+	return f.serveHTTPWith(t, nil)
+}
+
+func (f *fixture) serveHTTPWith(t *testing.T, opts *mcpbridge.HTTPOptions) *httptest.Server {
+	t.Helper()
 	tokens, err := mcpbridge.NewTokens(map[string]envelope.Actor{aliceToken: alice, bobToken: bob})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(f.bridge.Handler(tokens, nil))
+	srv := httptest.NewServer(f.bridge.Handler(tokens, opts))
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -436,11 +455,8 @@ func TestProgress_StatesFromTheAuditTrail(t *testing.T) {
 		if res.IsError {
 			t.Fatalf("isError: %s", textOf(res))
 		}
-		msgs := strings.Join(ev.messages(), "\n")
 		for _, want := range []string{"queued", "started, attempt 1", "retrying: attempt 2", "started, attempt 2", "completed"} {
-			if !strings.Contains(msgs, want) {
-				t.Errorf("progress lacks %q; got:\n%s", want, msgs)
-			}
+			waitProgress(t, ev, want)
 		}
 	})
 }
@@ -499,9 +515,7 @@ func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
 		if !strings.Contains(textOf(res), "finance") || !strings.Contains(textOf(res), approvalID) {
 			t.Errorf("the model is not told what is pending and why: %s", textOf(res))
 		}
-		if !strings.Contains(strings.Join(ev.messages(), "\n"), "waiting for approval "+approvalID) {
-			t.Errorf("no progress 'waiting for approval': %v", ev.messages())
-		}
+		waitProgress(t, ev, "waiting for approval "+approvalID)
 
 		// Still pending: the same call answers the same approval, runs nothing.
 		again, err := cs.CallTool(ctx, call)
@@ -715,4 +729,47 @@ func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
 		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "first", nil }))
 	waitChanged(t, ev, cs, "test.first", true)
+}
+
+func TestHTTPStateless_Protocol20260728(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
+	ev := newEvents()
+	cs := connectHTTP(t, srv.URL, aliceToken, ev)
+	if v := cs.InitializeResult().ProtocolVersion; v < "2026-07-28" {
+		t.Errorf("negotiated %s", v)
+	}
+	res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.flaky", Arguments: map[string]any{"failTimes": 1},
+		Meta: mcp.Meta{"progressToken": "s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Errorf("result %s", textOf(res))
+	}
+	waitProgress(t, ev, "started, attempt 2")
+
+	// A client that gives up on a call closes its request: the execution is
+	// cancelled.
+	ctx, cancel := context.WithCancel(testCtx(t))
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": "s"}})
+		errc <- err
+	}()
+	id := <-f.started
+	cancel()
+	<-errc
+	env, err := f.client.Await(testCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusCancelled {
+		t.Errorf("after the client gave up: %s", env.Status)
+	}
+
+	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
+	waitChanged(t, ev, cs, "test.late", true)
 }

@@ -93,6 +93,13 @@ type HTTPOptions struct {
 	// ResourceMetadataURL is sent in WWW-Authenticate on a refusal, for OAuth
 	// clients (RFC 9728). Optional.
 	ResourceMetadataURL string
+	// Stateless serves protocol 2026-07-28 and later, where every request
+	// stands alone (no Mcp-Session-Id), so that any bridge behind a load
+	// balancer answers any request; tasks make long calls independent of
+	// one connection. A request's context then ends with its HTTP request:
+	// a client that closes it cancels the call. Default: sessions, for
+	// clients of the initialize handshake (2025-11-25 and earlier).
+	Stateless bool
 }
 
 // Handler serves MCP over streamable HTTP. Every request must carry a bearer
@@ -117,7 +124,7 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 			return nil
 		}
 		return s
-	}, &mcp.StreamableHTTPOptions{Logger: b.log})
+	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless, PropagateRequestCancellation: opts.Stateless})
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}
 	}

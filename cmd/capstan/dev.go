@@ -93,7 +93,7 @@ func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*m
 	if err != nil {
 		return nil, "", err
 	}
-	srv, err := startMCPHTTP(nc, addr, tokens, mf.config(log))
+	srv, err := startMCPHTTP(nc, addr, tokens, mf, log)
 	return srv, token, err
 }
 

@@ -27,6 +27,7 @@ type mcpFlags struct {
 	tokens       string
 	callTimeout  time.Duration
 	approvalWait time.Duration
+	stateless    bool
 }
 
 func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
@@ -34,6 +35,7 @@ func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
 	fs.StringVar(&f.tokens, prefix+"tokens", "", "bearer tokens `file` for HTTP, one \"TOKEN kind:id\" per line")
 	fs.DurationVar(&f.callTimeout, prefix+"call-timeout", 5*time.Minute, "how long a tools/call waits for its envelope")
 	fs.DurationVar(&f.approvalWait, prefix+"approval-wait", 0, "how long a call that needs an approval waits for it before answering approval-required")
+	fs.BoolVar(&f.stateless, prefix+"stateless", false, "HTTP without sessions, protocol 2026-07-28 and later (any bridge answers any request)")
 	return f
 }
 
@@ -86,7 +88,7 @@ func runMCP(args []string) int {
 		err = serveMCPStdio(ctx, nc, mf.config(log), a)
 	} else {
 		var srv *mcpServer
-		srv, err = startMCPHTTP(nc, *addr, tokens, mf.config(log))
+		srv, err = startMCPHTTP(nc, *addr, tokens, mf, log)
 		if err == nil {
 			log.Info("capstan mcp serving streamable HTTP", "url", srv.url)
 			<-ctx.Done()
@@ -127,18 +129,18 @@ type mcpServer struct {
 }
 
 // startMCPHTTP serves the bridge on addr until stop.
-func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, cfg mcpbridge.Config) (*mcpServer, error) {
+func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, mf *mcpFlags, log *slog.Logger) (*mcpServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http: %w", err)
 	}
-	b, err := mcpbridge.New(nc, cfg)
+	b, err := mcpbridge.New(nc, mf.config(log))
 	if err != nil {
 		_ = ln.Close()
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(mcpPath, b.Handler(tokens, nil))
+	mux.Handle(mcpPath, b.Handler(tokens, &mcpbridge.HTTPOptions{Stateless: mf.stateless}))
 	s := &mcpServer{url: "http://" + ln.Addr().String() + mcpPath, bridge: b, done: make(chan error, 1),
 		http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
 	go func() { s.done <- s.http.Serve(ln) }()
