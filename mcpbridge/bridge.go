@@ -82,7 +82,6 @@ type Bridge struct {
 	views   map[string]*view // by actor kind:id
 	pending pendingApprovals
 	owned   ownedExecutions
-	changed chan struct{}
 	done    chan struct{}
 }
 
@@ -97,7 +96,7 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	b := &Bridge{c: c, cfg: cfg, log: cfg.Logger, views: map[string]*view{},
-		changed: make(chan struct{}, 1), done: make(chan struct{})}
+		done: make(chan struct{})}
 	b.pending.init()
 	b.owned.init()
 	b.ctx, b.stop = context.WithCancel(context.Background())
@@ -139,7 +138,6 @@ func (b *Bridge) follow(w jetstream.KeyWatcher) {
 			// A worker writes several entries at once: let them land.
 			b.settle(updates)
 		case <-tick.C:
-		case <-b.changed:
 		}
 		b.refreshAll()
 	}
