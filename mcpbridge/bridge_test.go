@@ -80,6 +80,16 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			return "", errors.New("connect to db as admin:hunter2 failed")
 		}),
+		executor.Define("test.alice-only", executor.Meta{
+			Description: "Hidden from bob by a policy.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Policies: []executor.Policy{{Name: "not-bob", Phases: []executor.Phase{executor.PhaseDiscovery, executor.PhaseInvocation},
+				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
+					if r.Actor.ID == bob.ID {
+						return executor.Decision{Stance: executor.Hide, Reason: "not for bob"}, nil
+					}
+					return executor.Decision{Stance: executor.Allow}, nil
+				}}},
+		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "for alice", nil }),
 		executor.Define("test.wipe", executor.Meta{
 			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.Destructive,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "wiped", nil }),
@@ -335,6 +345,17 @@ func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
 		}
 		if byName["test.direct"] != nil {
 			t.Error("a capability not exposed on mcp is listed")
+		}
+		if byName["test.alice-only"] == nil {
+			t.Error("alice does not see test.alice-only")
+		}
+		// A policy hides it from bob: absent from his list, and not callable.
+		bobCS := connect(bob, newEvents())
+		if slices.Contains(toolNames(t, bobCS), "test.alice-only") {
+			t.Error("a capability hidden from bob is listed for him")
+		}
+		if res, err := bobCS.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.alice-only", Arguments: map[string]any{}}); err == nil && !res.IsError {
+			t.Errorf("bob called a capability hidden from him: %s", textOf(res))
 		}
 		refund := byName["orders.refund"]
 		if refund == nil {
