@@ -46,7 +46,8 @@ type fixture struct {
 	env     *testenv.Env
 	nc      *nats.Conn
 	bridge  *mcpbridge.Bridge
-	started chan string // execution ids of test.block as they start
+	started chan string   // execution ids of test.block and test.gate as they start
+	gate    chan struct{} // test.gate returns when it receives
 	client  *executor.Client
 }
 
@@ -56,7 +57,7 @@ func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return f.client.Br
 
 func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	t.Helper()
-	f := &fixture{env: testenv.Start(t), started: make(chan string, 16)}
+	f := &fixture{env: testenv.Start(t), started: make(chan string, 16), gate: make(chan struct{})}
 	f.nc = f.env.Connect(t)
 	ctx := testCtx(t)
 	js, err := demo.Provision(ctx, f.nc, 0)
@@ -71,6 +72,18 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 			f.started <- c.ExecutionID
 			<-ctx.Done()
 			return "", ctx.Err()
+		}),
+		executor.Define("test.gate", executor.Meta{
+			Description: "Returns when the test opens the gate.", Expose: executor.On(executor.SurfaceMCP),
+			SideEffect: executor.Read, Timeout: time.Minute,
+		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
+			f.started <- c.ExecutionID
+			select {
+			case <-f.gate:
+				return "through " + c.Input.Note, nil
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
 		}),
 		executor.Define("test.direct", executor.Meta{
 			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
@@ -793,4 +806,100 @@ func TestHTTPStateless_Protocol20260728(t *testing.T) {
 		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
 	waitChanged(t, ev, cs, "test.late", true)
+}
+
+// breakable is a client transport whose connection the test can break, as
+// a host that dies breaks its pipe (a session's Close would wait for the
+// calls in flight).
+type breakable struct {
+	mcp.Transport
+	conn chan mcp.Connection
+}
+
+func (b *breakable) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := b.Transport.Connect(ctx)
+	if err == nil {
+		b.conn <- c
+	}
+	return c, err
+}
+
+func TestDisconnect_TheExecutionGoesOn_StatusReadsItsResult(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	ctx := testCtx(t)
+	srv, err := f.bridge.Server(ctx, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	tr := &breakable{Transport: ct, conn: make(chan mcp.Connection, 1)}
+	first, err := mcp.NewClient(&mcp.Implementation{Name: "dies", Version: "v0"}, nil).Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	conn := <-tr.conn
+	callDone := make(chan struct{})
+	go func() {
+		defer close(callDone)
+		_, _ = first.CallTool(ctx, &mcp.CallToolParams{Name: "test.gate", Arguments: map[string]any{"note": "gone"}})
+	}()
+	id := <-f.started
+	_ = conn.Close() // the host goes away mid-call
+	<-callDone
+	f.gate <- struct{}{}
+	env, err := f.client.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusCompleted {
+		t.Fatalf("after a disconnect the execution ended %s", env.Status)
+	}
+	again := f.connectMemory(t, alice, newEvents())
+	res, err := again.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.StatusTool, Arguments: map[string]any{"executionId": id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || textOf(res) != `"through gone"` {
+		t.Errorf("capstan.status = %s", textOf(res))
+	}
+	other := f.connectMemory(t, bob, newEvents())
+	res, err = other.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.StatusTool, Arguments: map[string]any{"executionId": id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.IsError || strings.Contains(textOf(res), "through") {
+		t.Errorf("bob read alice's execution: %s", textOf(res))
+	}
+}
+
+func TestCallTimeout_AnswersStillRunningWithTheExecutionID(t *testing.T) {
+	f := start(t, mcpbridge.Config{CallTimeout: 100 * time.Millisecond})
+	ctx := testCtx(t)
+	cs := f.connectMemory(t, alice, newEvents())
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.gate", Arguments: map[string]any{"note": "later"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := <-f.started
+	sr := structured(t, res)
+	if res.IsError || sr["status"] != "running" || sr["executionId"] != id {
+		t.Fatalf("a call outliving CallTimeout = %v", sr)
+	}
+	f.gate <- struct{}{}
+	if _, err := f.client.Await(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.StatusTool, Arguments: map[string]any{"executionId": id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if textOf(res) != `"through later"` {
+		t.Errorf("capstan.status = %s", textOf(res))
+	}
 }
