@@ -35,6 +35,11 @@ type Config struct {
 	// instead: a quick call answers its result, a long one (or one that
 	// needs an approval) a task. Default 1 s; negative: a task at once.
 	TaskAfter time.Duration
+	// ProgressFromRecords makes progress notifications poll each execution's
+	// record instead of following its audit trail: for a bridge whose NATS
+	// principal may not read the audit stream. A refused follow falls back
+	// to it anyway.
+	ProgressFromRecords bool
 	// Refresh is how often every actor's tool list is described again even
 	// when no catalog change was seen (policies may change what an actor
 	// sees). Default 1 min.

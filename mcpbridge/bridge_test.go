@@ -903,3 +903,26 @@ func TestCallTimeout_AnswersStillRunningWithTheExecutionID(t *testing.T) {
 		t.Errorf("capstan.status = %s", textOf(res))
 	}
 }
+
+func TestProgress_FromRecords_WhenTheAuditStreamIsNotReadable(t *testing.T) {
+	f := start(t, mcpbridge.Config{ProgressFromRecords: true})
+	ev := newEvents()
+	cs := f.connectMemory(t, alice, ev)
+	resc := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.gate", Arguments: map[string]any{"note": "r"},
+			Meta: mcp.Meta{"progressToken": "r"}})
+		if err != nil {
+			t.Error(err)
+		}
+		resc <- res
+	}()
+	<-f.started
+	waitProgress(t, ev, "queued")
+	waitProgress(t, ev, "started, attempt 1")
+	f.gate <- struct{}{}
+	if res := <-resc; res == nil || res.IsError {
+		t.Fatalf("result %+v", res)
+	}
+	waitProgress(t, ev, "completed")
+}

@@ -2,11 +2,14 @@ package mcpbridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -16,8 +19,9 @@ type progress struct {
 	session *mcp.ServerSession
 	token   any
 
-	mu sync.Mutex
-	n  float64
+	mu   sync.Mutex
+	n    float64
+	said map[string]bool
 }
 
 func newProgress(req *mcp.CallToolRequest) *progress {
@@ -28,13 +32,20 @@ func newProgress(req *mcp.CallToolRequest) *progress {
 	return p
 }
 
-// send notifies one step; the progress value grows by one each time.
+// send notifies one step, once: the progress value grows by one each time.
 func (p *progress) send(ctx context.Context, msg string) {
 	if p == nil || p.token == nil || p.session == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.said[msg] {
+		return
+	}
+	if p.said == nil {
+		p.said = map[string]bool{}
+	}
+	p.said[msg] = true
 	p.n++
 	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: p.n, Message: msg})
 }
@@ -44,7 +55,9 @@ func (p *progress) send(ctx context.Context, msg string) {
 const drainWait = 3 * time.Second
 
 // follow notifies the execution's steps as its audit trail records them
-// (queued, waiting for approval, started attempt n, retrying). stop waits,
+// (queued, waiting for approval, started attempt n, retrying), or, when the
+// bridge may not read the audit stream (Config.ProgressFromRecords, or a
+// refused follow), as its execution record shows them. stop waits,
 // at most drainWait, for the trail's last step, then stops following; once it
 // returns no notification can follow, so none arrives after the result.
 func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (stop func()) {
@@ -57,6 +70,10 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 	go func() {
 		defer close(done)
 		var once sync.Once
+		if b.cfg.ProgressFromRecords {
+			p.poll(ctx, b, executionID, func() { once.Do(func() { close(last) }) })
+			return
+		}
 		err := audit.Follow(ctx, b.c.Broker(), audit.Filter{ExecutionID: executionID}, func(ev audit.Event) error {
 			if msg := stepOf(ev); msg != "" {
 				p.send(ctx, msg)
@@ -67,7 +84,8 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 			return nil
 		}, audit.FromStart())
 		if err != nil && ctx.Err() == nil {
-			b.log.Debug("progress: following the audit trail failed", "executionId", executionID, "err", err)
+			b.log.Debug("progress: following the audit trail failed; polling the record", "executionId", executionID, "err", err)
+			p.poll(ctx, b, executionID, func() { once.Do(func() { close(last) }) })
 		}
 	}()
 	var once sync.Once
@@ -123,4 +141,40 @@ func stepOf(ev audit.Event) string {
 		return "cancelled"
 	}
 	return ""
+}
+
+// pollEvery is how often progress reads an execution's record when it
+// cannot follow the audit trail.
+const pollEvery = 250 * time.Millisecond
+
+// poll notifies the record's states until the envelope exists or ctx ends.
+func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ended func()) {
+	tick := time.NewTicker(pollEvery)
+	defer tick.Stop()
+	for {
+		st, err := b.c.Status(ctx, executionID)
+		switch {
+		case errors.Is(err, executor.ErrUnknownExecution):
+			p.send(ctx, "queued (execution "+executionID+")")
+		case err != nil:
+		case st.Envelope != nil:
+			if st.Envelope.Status == envelope.StatusApprovalRequired && st.Envelope.Approval != nil {
+				p.send(ctx, "waiting for approval "+st.Envelope.Approval.ID)
+			} else {
+				p.send(ctx, string(st.Envelope.Status))
+			}
+			ended()
+			return
+		default:
+			p.send(ctx, "queued (execution "+executionID+")")
+			if st.Record != nil && st.Record.State != executor.StatePending && st.Record.State != executor.StateClaimed {
+				p.send(ctx, stateText(st.Record))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

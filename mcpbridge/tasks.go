@@ -323,7 +323,7 @@ func stateText(r *executor.Record) string {
 	case executor.StateRunning:
 		return fmt.Sprintf("started, attempt %d", r.Attempt)
 	case executor.StateBackoff:
-		return fmt.Sprintf("attempt %d failed (%s), retrying", r.Attempt, r.LastError)
+		return fmt.Sprintf("retrying: attempt %d after %s", r.Attempt+1, r.LastError)
 	}
 	return string(r.State)
 }
