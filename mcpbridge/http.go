@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -100,15 +101,23 @@ type HTTPOptions struct {
 	// a client that closes it cancels the call. Default: sessions, for
 	// clients of the initialize handshake (2025-11-25 and earlier).
 	Stateless bool
+	// SessionTimeout closes a session that sent no request for this long.
+	// Default 1 h.
+	SessionTimeout time.Duration
 }
 
 // Handler serves MCP over streamable HTTP. Every request must carry a bearer
 // token of tokens (401 otherwise): its actor chooses the MCP server, hence
 // the tools listed and the actor every call runs for.
 func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
-	if opts == nil {
-		opts = &HTTPOptions{}
+	o := HTTPOptions{}
+	if opts != nil {
+		o = *opts
 	}
+	if o.SessionTimeout <= 0 {
+		o.SessionTimeout = time.Hour
+	}
+	opts = &o
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		ti := auth.TokenInfoFromContext(r.Context())
 		if ti == nil {
@@ -124,7 +133,8 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 			return nil
 		}
 		return s
-	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless, PropagateRequestCancellation: opts.Stateless})
+	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless,
+		PropagateRequestCancellation: opts.Stateless, SessionTimeout: opts.SessionTimeout})
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}
 	}
