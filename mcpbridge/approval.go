@@ -119,14 +119,14 @@ func (b *Bridge) resume(ctx context.Context, actor envelope.Actor, req *mcp.Call
 	if err := json.Unmarshal(req.Params.Arguments, &in); err != nil || in.ApprovalID == "" {
 		return refusal(envelope.CodeInputInvalid, "Give the approvalId of an approval-required result."), nil
 	}
-	return b.resumeApproval(ctx, actor, in.ApprovalID, req, false)
+	return b.resumeApproval(ctx, actor, in.ApprovalID, newProgress(req), false)
 }
 
 // resumeApproval runs an approved call once, for the actor who asked for it
 // on the mcp surface. A pending approval answers approval-required again
 // when skipPending, without a new execution; every other status is left to
 // the worker, which ends the execution with the matching APPROVAL_* code.
-func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, approvalID string, req *mcp.CallToolRequest, skipPending bool) (*mcp.CallToolResult, error) {
+func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, approvalID string, p *progress, skipPending bool) (*mcp.CallToolResult, error) {
 	rec, err := b.c.Approvals().Get(ctx, approvalID)
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
@@ -145,7 +145,7 @@ func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, appro
 			Approval: &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}}), nil
 	}
 	b.pending.del(pendingKey(actor, rec.CapabilityID, mustRaw(rec.Input)))
-	return b.run(ctx, actor, req, "", func(ctx context.Context, id string) error {
+	return b.run(ctx, actor, p, "", func(ctx context.Context, id string) error {
 		_, err := b.c.SubmitResume(ctx, approvalID, executor.WithID(id))
 		return err
 	})

@@ -172,6 +172,7 @@ func testCtx(t *testing.T) context.Context {
 type events struct {
 	mu       sync.Mutex
 	progress []string
+	values   []float64
 	changed  chan struct{}
 	progCh   chan string
 }
@@ -191,6 +192,7 @@ func (e *events) options() *mcp.ClientOptions {
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
 			e.mu.Lock()
 			e.progress = append(e.progress, r.Params.Message)
+			e.values = append(e.values, r.Params.Progress)
 			e.mu.Unlock()
 			select {
 			case e.progCh <- r.Params.Message:
@@ -624,6 +626,14 @@ func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
 	res := <-resc
 	if res == nil || res.IsError || structured(t, res)["orderId"] != "o-wait" {
 		t.Fatalf("result after approval = %+v", res)
+	}
+	waitProgress(t, ev, "approved by user:bob")
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	for i := 1; i < len(ev.values); i++ {
+		if ev.values[i] <= ev.values[i-1] {
+			t.Errorf("progress did not grow: %v (%v)", ev.values, ev.progress)
+		}
 	}
 }
 

@@ -31,9 +31,9 @@ func (b *Bridge) callTool(ctx context.Context, v *view, capID string, req *mcp.C
 	// call instead of asking for another approval.
 	key := pendingKey(v.actor, capID, input)
 	if approvalID, ok := b.pending.lookup(key); ok {
-		return b.resumeApproval(ctx, v.actor, approvalID, req, true)
+		return b.resumeApproval(ctx, v.actor, approvalID, newProgress(req), true)
 	}
-	return b.run(ctx, v.actor, req, key, func(ctx context.Context, id string) error {
+	return b.run(ctx, v.actor, newProgress(req), key, func(ctx context.Context, id string) error {
 		_, err := b.c.Submit(ctx, capID, input, b.assert(v.actor), executor.WithID(id))
 		return err
 	})
@@ -73,11 +73,11 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 // does not (the envelope stays readable with capstan.status).
 //
 // key, when set, names the call for the pending approvals: the same call
-// made again after its approval runs the approved one.
-func (b *Bridge) run(ctx context.Context, actor envelope.Actor, req *mcp.CallToolRequest, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
+// made again after its approval runs the approved one. p carries the
+// request's progress token (its values only grow, across a resume too).
+func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
 	id := envelope.NewExecutionID()
 	b.owned.add(actor, id)
-	p := newProgress(req)
 	stopFollowing := p.follow(ctx, b, id)
 	defer stopFollowing()
 
@@ -116,7 +116,7 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, req *mcp.CallToo
 		if b.cfg.ApprovalWait > 0 {
 			stopFollowing() // the resumed execution has a trail of its own
 			if approved := b.awaitDecision(ctx, p, env.Approval.ID); approved {
-				return b.resumeApproval(ctx, actor, env.Approval.ID, req, false)
+				return b.resumeApproval(ctx, actor, env.Approval.ID, p, false)
 			}
 		}
 	}
