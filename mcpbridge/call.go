@@ -78,6 +78,9 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
 	id := envelope.NewExecutionID()
 	b.owned.add(actor, id)
+	if h, ok := ctx.Value(callHandleKey{}).(*callHandle); ok {
+		h.start(b, id)
+	}
 	stopFollowing := p.follow(ctx, b, id)
 	defer stopFollowing()
 
@@ -125,9 +128,13 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 
 // explicitlyCancelled tells a client's notifications/cancelled (the request's
 // context cancelled without a cause) from a lost connection (cancelled with
-// the read error as its cause).
+// the read error as its cause). Over stateless HTTP the request is the whole
+// exchange: its end, however it comes, is the client giving up.
 func explicitlyCancelled(ctx context.Context) bool {
-	return errors.Is(ctx.Err(), context.Canceled) && context.Cause(ctx) == context.Canceled
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		return false
+	}
+	return context.Cause(ctx) == context.Canceled || ctx.Value(closeCancelsKey{}) != nil
 }
 
 func (b *Bridge) cancelExecution(id string) {

@@ -2,13 +2,16 @@ package mcpbridge
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -89,6 +92,10 @@ func (t *Tokens) verify(_ context.Context, token string, _ *http.Request) (*auth
 	return &auth.TokenInfo{UserID: a.String(), Extra: map[string]any{"actor": a}}, nil
 }
 
+// closeCancelsKey marks the context of a request whose end, however it
+// comes, is its client giving up: a stateless HTTP request.
+type closeCancelsKey struct{}
+
 // HTTPOptions configures Handler.
 type HTTPOptions struct {
 	// ResourceMetadataURL is sent in WWW-Authenticate on a refusal, for OAuth
@@ -118,7 +125,7 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 		o.SessionTimeout = time.Hour
 	}
 	opts = &o
-	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
+	var h http.Handler = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		ti := auth.TokenInfoFromContext(r.Context())
 		if ti == nil {
 			return nil
@@ -135,10 +142,107 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 		return s
 	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless,
 		PropagateRequestCancellation: opts.Stateless, SessionTimeout: opts.SessionTimeout})
+	if opts.Stateless {
+		h = &cancelRouter{next: h, inflight: map[string]*callHandle{}}
+	}
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}
 	}
 	return auth.RequireBearerToken(tokens.verify, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true, ResourceMetadataURL: opts.ResourceMetadataURL,
 	})(h)
+}
+
+// cancelRouter carries a stateless client's notifications/cancelled to the
+// call it names. Without sessions each HTTP request is served alone, so the
+// SDK cannot route the notification (it arrives in a request of its own):
+// the router remembers each tools/call request by actor and JSON-RPC id, and
+// cancels its execution (and its request's context) when asked.
+type cancelRouter struct {
+	next http.Handler
+
+	mu       sync.Mutex
+	inflight map[string]*callHandle // by actor and JSON-RPC id
+}
+
+// callHandle ties one stateless tools/call request to its execution.
+type callHandle struct {
+	mu   sync.Mutex
+	b    *Bridge
+	id   string
+	stop context.CancelFunc // the request's context
+}
+
+type callHandleKey struct{}
+
+// start records the execution of the call.
+func (h *callHandle) start(b *Bridge, id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.b, h.id = b, id
+}
+
+// cancel ends the request's context, which the call sees unless the SDK
+// does not pass it on, and so cancels its execution too.
+func (h *callHandle) cancel() {
+	h.stop()
+	h.mu.Lock()
+	b, id := h.b, h.id
+	h.mu.Unlock()
+	if id != "" {
+		b.cancelExecution(id)
+	}
+}
+
+// rpcHead is what the router reads of a JSON-RPC message.
+type rpcHead struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		RequestID json.RawMessage `json:"requestId"`
+	} `json:"params"`
+}
+
+func (c *cancelRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := context.WithValue(r.Context(), closeCancelsKey{}, true)
+	ti := auth.TokenInfoFromContext(ctx)
+	if r.Method != http.MethodPost || ti == nil || r.Body == nil {
+		c.next.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+	_ = r.Body.Close()
+	if err != nil {
+		http.Error(w, "the request body could not be read", http.StatusBadRequest)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var head rpcHead
+	if json.Unmarshal(body, &head) == nil {
+		switch {
+		case head.Method == "tools/call" && len(head.ID) > 0:
+			h := &callHandle{}
+			ctx, h.stop = context.WithCancel(context.WithValue(ctx, callHandleKey{}, h))
+			key := ti.UserID + "\x00" + string(head.ID)
+			c.mu.Lock()
+			c.inflight[key] = h
+			c.mu.Unlock()
+			defer func() {
+				c.mu.Lock()
+				if c.inflight[key] == h {
+					delete(c.inflight, key)
+				}
+				c.mu.Unlock()
+				h.stop()
+			}()
+		case head.Method == "notifications/cancelled":
+			c.mu.Lock()
+			h := c.inflight[ti.UserID+"\x00"+string(head.Params.RequestID)]
+			c.mu.Unlock()
+			if h != nil {
+				h.cancel()
+			}
+		}
+	}
+	c.next.ServeHTTP(w, r.WithContext(ctx))
 }
