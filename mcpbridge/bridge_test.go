@@ -146,9 +146,17 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 	}
 	defer c.Close()
 	ctx2 := testCtx(t)
+	// Serving once describe lists every capability of caps exposed on mcp
+	// (and not hidden from alice).
+	var want []string
+	for _, c := range caps {
+		if executor.Exposure(c.Meta().Expose).Has(executor.SurfaceMCP) && len(c.Meta().Policies) == 0 {
+			want = append(want, c.ID())
+		}
+	}
 	for {
 		d, err := c.Describe(ctx2, executor.SurfaceMCP, alice, executor.Scope{})
-		if err == nil && len(d.Capabilities) > 0 {
+		if err == nil && listsAll(d, want) {
 			return stopWait
 		}
 		if !errors.Is(err, executor.ErrNoWorkers) && err != nil {
@@ -160,6 +168,15 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+func listsAll(d *executor.Discovery, ids []string) bool {
+	for _, id := range ids {
+		if !slices.ContainsFunc(d.Capabilities, func(c executor.Descriptor) bool { return c.ID == id }) {
+			return false
+		}
+	}
+	return true
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -519,9 +536,14 @@ func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 		if err := <-errc; !errors.Is(err, context.Canceled) {
 			t.Errorf("CallTool = %v, want context.Canceled", err)
 		}
-		env, err := c.Await(testCtx(t), id)
+		actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
+		env, err := c.Await(actx, id)
+		acancel()
 		if err != nil {
-			t.Fatal(err)
+			st, serr := c.Status(testCtx(t), id)
+			j, _ := json.Marshal(st)
+			tr, _ := audit.Read(testCtx(t), c.Broker(), id)
+			t.Fatalf("%v: status %s %v; trail %+v", err, j, serr, tr)
 		}
 		if env.Status != envelope.StatusCancelled || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
 			t.Errorf("envelope = %s %+v, want cancelled CANCELLED", env.Status, env.Error)

@@ -91,6 +91,12 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 	if errors.As(err, &ce) {
 		return resultOf(refused(id, ce)), nil
 	}
+	if err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil {
+		// Cancelled while the request was being stored: it may have been.
+		// A cancel recorded first ends it as soon as a worker sees it.
+		b.cancelExecution(id)
+		return nil, ctx.Err()
+	}
 	if err != nil {
 		b.log.Warn("MCP call not submitted", "executionId", id, "err", err)
 		return nil, fmt.Errorf("capstan could not take the call: %w", err)

@@ -175,6 +175,10 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	if errors.As(err, &ce) {
 		return resultOf(refused(id, ce)), nil
 	}
+	if err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil {
+		b.cancelExecution(id) // the request may have been stored
+		return nil, ctx.Err()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("capstan could not take the call: %w", err)
 	}

@@ -104,6 +104,10 @@ type view struct {
 	actor  envelope.Actor
 	server *mcp.Server
 
+	// refreshing serializes describe-and-apply, so that a later listing is
+	// never overwritten by an earlier one.
+	refreshing sync.Mutex
+
 	mu     sync.Mutex
 	loaded bool
 	tools  map[string]tool
@@ -157,6 +161,8 @@ func (v *view) ready(ctx context.Context) error {
 // refresh describes the catalog for the actor and changes only the tools
 // that changed; the MCP server then tells the clients the list changed.
 func (v *view) refresh(ctx context.Context) error {
+	v.refreshing.Lock()
+	defer v.refreshing.Unlock()
 	d, err := v.b.c.Describe(ctx, executor.SurfaceMCP, v.actor, v.b.cfg.Scope)
 	if err != nil {
 		return fmt.Errorf("capstan: describe for %s: %w", v.actor.String(), err)
