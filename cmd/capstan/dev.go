@@ -9,13 +9,18 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/mcpbridge"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--audit-max-age D] [--mcp HOST:PORT] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
+	mf := addMCPFlags(fs, "mcp-")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -76,11 +81,46 @@ func runDev(args []string) int {
 	}
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
 	fmt.Printf("try:\n  capstan call demo.echo%s --input '{\"hello\":\"world\"}'\n", natsFlag)
+	if *mcpAddr != "" {
+		srv, token, err := startDevMCP(e.nc, *mcpAddr, mf, log)
+		if err != nil {
+			stop()
+			<-done
+			return fail(exitFailed, "dev: mcp: %v", err)
+		}
+		defer func() { _ = srv.stop() }()
+		fmt.Printf("MCP (streamable HTTP) on %s\n", srv.url)
+		if token != "" {
+			fmt.Printf("  bearer token for %s: %s\n", defaultActor(""), token)
+		}
+	}
 
 	if err := <-done; err != nil {
 		return fail(exitFailed, "dev: worker: %v", err)
 	}
 	return exitOK
+}
+
+// startDevMCP serves the bridge for dev: with the tokens of --mcp-tokens, or
+// else one new token for the default actor, returned to be printed.
+func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*mcpServer, string, error) {
+	var tokens *mcpbridge.Tokens
+	var token string
+	var err error
+	if mf.tokens != "" {
+		tokens, err = mf.readTokens()
+	} else {
+		var a envelope.Actor
+		if a, err = parseActor(defaultActor("")); err == nil {
+			token = newToken()
+			tokens, err = mcpbridge.NewTokens(map[string]envelope.Actor{token: a})
+		}
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	srv, err := startMCPHTTP(nc, addr, tokens, mf, log)
+	return srv, token, err
 }
 
 // waitServing waits until the catalog lists demo.echo, which the worker writes
