@@ -484,7 +484,7 @@ func TestToolsCall_FailureShowsOnlyForModel(t *testing.T) {
 		}
 
 		// A handler's undeclared error: its cause never reaches the model.
-		res, err = cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.secret", Arguments: map[string]any{}})
+		res, err = cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.secret", Arguments: map[string]any{"note": "n"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -780,6 +780,11 @@ func TestSessions_SurviveANATSReconnect(t *testing.T) {
 func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
 	f := &fixture{env: testenv.Start(t), started: make(chan string, 1)}
 	f.nc = f.env.Connect(t)
+	// The server provisions capstan's resources (clients never do); no
+	// worker has started yet.
+	if _, err := broker.Provision(testCtx(t), f.nc, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
 	b, err := mcpbridge.New(f.nc, mcpbridge.Config{})
 	if err != nil {
 		t.Fatal(err)
