@@ -212,15 +212,15 @@ type attempt struct {
 }
 
 type execData struct {
-	ID       string
-	Summary  *execSummary
-	Record   *executor.Record
-	Envelope *envelope.Envelope
-	Steps    []step
-	Attempts []attempt
-	LastSeq  uint64
+	ID        string
+	Summary   *execSummary
+	Record    *executor.Record
+	Envelope  *envelope.Envelope
+	Steps     []step
+	Attempts  []attempt
+	LastSeq   uint64
 	MayCancel bool
-	Ended    bool
+	Ended     bool
 }
 
 func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) {

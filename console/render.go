@@ -37,9 +37,9 @@ var funcs = template.FuncMap{
 		}
 		return t.UTC().Format(time.RFC3339Nano)
 	},
-	"ago":   func(t time.Time) string { return ago(time.Since(t)) },
-	"ms":    func(d time.Duration) string { return fmt.Sprintf("+%d ms", d.Milliseconds()) },
-	"join":  strings.Join,
+	"ago":  func(t time.Time) string { return ago(time.Since(t)) },
+	"ms":   func(d time.Duration) string { return fmt.Sprintf("+%d ms", d.Milliseconds()) },
+	"join": strings.Join,
 	// pass passes the page along with one value to a shared template.
 	"pass": func(root page, v any) struct {
 		Root page

@@ -12,9 +12,10 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--console HOST:PORT] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -48,10 +49,19 @@ func runDev(args []string) int {
 	if e.url != broker.DefaultURL {
 		natsFlag = " --nats " + e.url
 	}
+	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, e.nc, log)
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
+	if consoleURL != "" {
+		fmt.Printf("console: %s\n", consoleURL)
+	}
 	fmt.Printf("try:\n  capstan call demo.echo%s --input '{\"hello\":\"world\"}'\n", natsFlag)
 
-	if err := <-done; err != nil {
+	err = <-done
+	if consoleDone != nil {
+		stop() // the worker has stopped: so does the console
+		<-consoleDone
+	}
+	if err != nil {
 		return fail(exitFailed, "dev: worker: %v", err)
 	}
 	return exitOK

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/console"
+	"github.com/nats-io/nats.go"
+)
+
+// defaultConsole is where `capstan dev` serves its console.
+const defaultConsole = "127.0.0.1:8233"
+
+func runConsole(args []string) int {
+	fs := newFlags("console", "[--listen HOST:PORT] [--open [--insecure]] [--admins kind:id,...]")
+	conn := addConnFlags(fs)
+	listen := fs.String("listen", defaultConsole, "the console's HTTP address")
+	open := fs.Bool("open", false, "no credentials at sign-in: the form names the approver and every session uses this process's connection (loopback only)")
+	insecure := fs.Bool("insecure", false, "with --open, allow listening beyond loopback")
+	admins := fs.String("admins", "", "principals, as kind:id separated by commas, who may cancel any execution")
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	if err := console.ListenAddr(*listen, *open, *insecure); err != nil {
+		return usageError("%v", err)
+	}
+	cfg := console.Config{
+		Open: *open, Logger: newLogger(slog.LevelInfo),
+		NATS: broker.ConnectOptions{URL: conn.url, TLSCA: conn.tlsCA, TLSCert: conn.tlsCert, TLSKey: conn.tlsKey},
+	}
+	for a := range strings.SplitSeq(*admins, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Admins = append(cfg.Admins, a)
+		}
+	}
+	if *open {
+		nc, err := conn.connect("console")
+		if err != nil {
+			return usageError("%v", err)
+		}
+		defer nc.Close()
+		cfg.Conn = nc
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return usageError("console: %v", err)
+	}
+	mode := "sign in with a principal's credentials"
+	if *open {
+		mode = "open: sign in by naming yourself"
+	}
+	fmt.Printf("capstan console on http://%s (%s)\n", l.Addr(), mode)
+	if err := serveConsole(ctx, l, cfg); err != nil {
+		return fail(exitFailed, "console: %v", err)
+	}
+	return exitOK
+}
+
+func serveConsole(ctx context.Context, l net.Listener, cfg console.Config) error {
+	c, err := console.New(cfg)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	return c.Serve(ctx, l)
+}
+
+// startDevConsole serves an open console for `capstan dev` on addr and
+// returns its URL; a console that cannot listen is a warning, not a reason
+// to stop the server.
+func startDevConsole(ctx context.Context, addr string, nc *nats.Conn, log *slog.Logger) (url string, done <-chan error) {
+	if addr == "" || addr == "off" {
+		return "", nil
+	}
+	if err := console.ListenAddr(addr, true, false); err != nil {
+		log.Warn("console not started", "err", err)
+		return "", nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Warn("console not started", "err", err)
+		return "", nil
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- serveConsole(ctx, l, console.Config{Open: true, Conn: nc, Logger: log}) }()
+	return "http://" + l.Addr().String(), ch
+}

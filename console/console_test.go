@@ -1,0 +1,251 @@
+package console_test
+
+import (
+	"html"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+func signInOpen(t *testing.T, base, name, types string) *web {
+	t.Helper()
+	w := newWeb(t, base)
+	status, path, body := w.post("/signin", url.Values{"name": {name}, "types": {types}})
+	if status != http.StatusOK || path != "/" {
+		t.Fatalf("sign-in as %s: %d at %s\n%s", name, status, path, body)
+	}
+	return w
+}
+
+func contains(t *testing.T, what, body string, want ...string) {
+	t.Helper()
+	body = html.UnescapeString(body)
+	for _, s := range want {
+		if !strings.Contains(body, s) {
+			t.Fatalf("%s lacks %q:\n%s", what, s, body)
+		}
+	}
+}
+
+func refund(amount int64) demo.RefundInput { return demo.RefundInput{OrderID: "o-1001", Amount: amount} }
+
+// authServer starts a JetStream server that admits only its users.
+func authServer(t *testing.T, users map[string]string) string {
+	t.Helper()
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	for u, p := range users {
+		opts.Users = append(opts.Users, &server.User{Username: u, Password: p})
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s.ClientURL()
+}
+
+// Against a server with authentication, nothing is readable before sign-in,
+// a wrong password is refused, and a principal signs in with its own.
+func TestSignIn_NothingReadableWithoutItWhenTheServerHasAuth(t *testing.T) {
+	url0 := authServer(t, map[string]string{"worker": "w-secret", "alice": "a-secret", "bob": "b-secret"})
+	r := startRig(t, url0, console.Config{}, nats.UserInfo("worker", "w-secret"))
+	env := r.call(t, "orders.refund", refund(900), alice)
+	if env.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("status %s, want approval-required", env.Status)
+	}
+
+	anon := newWeb(t, r.base)
+	for _, p := range []string{"/", "/approvals", "/approvals/" + env.Approval.ID, "/executions", "/executions/" + env.ExecutionID, "/capabilities"} {
+		status, path, body := anon.get(p)
+		// The sign-in page carries the path asked for, nothing read from JetStream.
+		if path != "/signin" || strings.Contains(body, "orders.refund") || strings.Contains(body, "alice") {
+			t.Errorf("GET %s without sign-in: %d at %s, leaks: %v", p, status, path, strings.Contains(body, "orders.refund"))
+		}
+	}
+	for _, p := range []string{"/approvals?part=list", "/live/approvals", "/live/executions", "/executions/" + env.ExecutionID + "?part=main"} {
+		if status, _, body := anon.get(p); status != http.StatusUnauthorized || strings.Contains(body, "orders.refund") {
+			t.Errorf("GET %s without sign-in: %d, want 401", p, status)
+		}
+	}
+	if status, _, _ := anon.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}}); status != http.StatusUnauthorized {
+		t.Errorf("decide without sign-in: %d, want 401", status)
+	}
+
+	status, _, body := anon.post("/signin", url.Values{"user": {"bob"}, "password": {"wrong"}})
+	if status != http.StatusUnauthorized {
+		t.Fatalf("wrong password: %d, want 401", status)
+	}
+	contains(t, "sign-in page", body, "sign-in refused", "Authorization Violation")
+	if _, path, _ := anon.get("/approvals"); path != "/signin" {
+		t.Fatalf("a refused sign-in opened a session")
+	}
+
+	if _, path, body := anon.post("/signin", url.Values{"user": {"bob"}, "password": {"b-secret"}, "next": {"/approvals"}}); path != "/approvals" {
+		t.Fatalf("sign-in as bob ended at %s:\n%s", path, body)
+	} else {
+		contains(t, "bob's inbox", body, "bob", env.Approval.ID, "user:alice")
+	}
+	if status, _, body := anon.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "comment": {"ok"}}); status != http.StatusOK {
+		t.Fatalf("decide: %d", status)
+	} else {
+		contains(t, "after the decision", body, "Approved orders.refund for user:alice")
+	}
+	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != "approved" || rec.Decision.Approver.String() != bob.String() {
+		t.Fatalf("the approval is %s by %v, want approved by user:bob", rec.Status, rec.Decision)
+	}
+}
+
+// A form without the session's token changes nothing.
+func TestDecide_RefusedWithoutTheSessionsFormToken(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	env := r.call(t, "orders.refund", refund(900), alice)
+	w := signInOpen(t, r.base, "user:bob", "")
+	if status, _, _ := w.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "csrf": {"forged"}}); status != http.StatusForbidden {
+		t.Fatalf("decide with a forged token: %d, want 403", status)
+	}
+	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != "pending" {
+		t.Fatalf("the approval is %s after a forged form", rec.Status)
+	}
+}
+
+// Self-approval, a second decision and a decision outside the principal's
+// approval types are each refused with a message that says why.
+func TestDecide_RefusalsAreShownWithTheirCode(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	env := r.call(t, "orders.refund", refund(900), alice)
+	id := env.Approval.ID
+	decide := func(w *web) string {
+		t.Helper()
+		w.get("/approvals")
+		_, _, body := w.post("/approvals/"+id+"/decide", url.Values{"decision": {"approve"}, "next": {"/approvals/" + id}})
+		return body
+	}
+
+	security := signInOpen(t, r.base, "user:sam", "security")
+	_, _, inbox := security.get("/approvals")
+	if strings.Contains(inbox, `id="a-`+id) {
+		t.Fatalf("an approver of security approvals is shown a finance approval")
+	}
+	contains(t, "sam's inbox", inbox, "1 more pending for other approval types.")
+	contains(t, "sam's decision", decide(security), "FORBIDDEN", "needs a finance approver")
+
+	contains(t, "alice's decision", decide(signInOpen(t, r.base, "user:alice", "")), "APPROVAL_SELF_APPROVAL", "you (user:alice) requested this call")
+	contains(t, "bob's decision", decide(signInOpen(t, r.base, "user:bob", "finance")), "Approved orders.refund")
+	contains(t, "carol's decision", decide(signInOpen(t, r.base, "user:carol", "finance")), "this approval was already approved by user:bob")
+
+	rec, err := r.client.Approvals().Get(testCtx(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != "approved" || rec.Decision.Approver.String() != bob.String() {
+		t.Fatalf("approval %s by %v, want approved by user:bob alone", rec.Status, rec.Decision.Approver)
+	}
+}
+
+// Cancel is offered to the execution's owner and to admins; anyone else is
+// refused, and the execution goes on.
+func TestCancel_OnlyTheOwnerOrAnAdmin(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	ctx := testCtx(t)
+	id, err := r.client.Submit(ctx, "email.send", demo.EmailInput{To: "ada@example.com", Subject: "hi", HoldMs: 60000}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobWeb := signInOpen(t, r.base, "user:bob", "")
+	page := bobWeb.waitPage("/executions/"+id, `data-type="capability.started"`)
+	if strings.Contains(page, `id="cancel"`) {
+		t.Fatalf("bob is offered to cancel alice's execution")
+	}
+	_, _, body := bobWeb.post("/executions/"+id+"/cancel", url.Values{})
+	contains(t, "bob's cancel", body, "FORBIDDEN: only the execution's owner (user:alice) or an admin may cancel it.")
+
+	aliceWeb := signInOpen(t, r.base, "user:alice", "")
+	_, _, page = aliceWeb.get("/executions/" + id)
+	contains(t, "alice's execution page", page, `id="cancel"`)
+	_, _, body = aliceWeb.post("/executions/"+id+"/cancel", url.Values{})
+	if !strings.Contains(body, "Cancel recorded") && !strings.Contains(body, "has ended: cancelled") {
+		t.Fatalf("alice's cancel was not confirmed:\n%s", body)
+	}
+	env, err := r.client.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusCancelled {
+		t.Fatalf("envelope %s, want cancelled", env.Status)
+	}
+}
+
+// The executions list filters by capability, status and actor, and one
+// execution's page shows its retries.
+func TestExecutions_FilteredListAndARetryOnTheTimeline(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	echo := r.call(t, "demo.echo", map[string]any{"hello": "world"}, alice)
+	flaky := r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 1}, bob)
+	bad := r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 5}, bob)
+	if flaky.Status != envelope.StatusCompleted || bad.Status != envelope.StatusFailed {
+		t.Fatalf("flaky %s, bad %s", flaky.Status, bad.Status)
+	}
+	w := signInOpen(t, r.base, "user:ops", "")
+	row := func(id string) string { return `id="e-` + id + `"` }
+	for _, c := range []struct {
+		query    string
+		want     []string
+		wantNone []string
+	}{
+		{"", []string{echo.ExecutionID, flaky.ExecutionID, bad.ExecutionID}, nil},
+		{"capability=demo.flaky", []string{flaky.ExecutionID, bad.ExecutionID}, []string{echo.ExecutionID}},
+		{"capability=demo.*", []string{echo.ExecutionID, flaky.ExecutionID, bad.ExecutionID}, nil},
+		{"status=failed", []string{bad.ExecutionID}, []string{echo.ExecutionID, flaky.ExecutionID}},
+		{"actor=user:alice", []string{echo.ExecutionID}, []string{flaky.ExecutionID, bad.ExecutionID}},
+		{"actor=bob&status=completed", []string{flaky.ExecutionID}, []string{echo.ExecutionID, bad.ExecutionID}},
+	} {
+		_, _, body := w.get("/executions?" + c.query)
+		for _, id := range c.want {
+			if !strings.Contains(body, row(id)) {
+				t.Errorf("?%s lacks %s", c.query, id)
+			}
+		}
+		for _, id := range c.wantNone {
+			if strings.Contains(body, row(id)) {
+				t.Errorf("?%s lists %s", c.query, id)
+			}
+		}
+	}
+	// The trail's last events may still be on their way when the envelope arrives.
+	body := w.waitPage("/executions/"+flaky.ExecutionID, `data-type="capability.completed"`)
+	contains(t, "the flaky execution's page", body, `data-type="capability.retried"`, "retry: attempt 2", "after EXECUTION_FAILED", "attempt 2 started", `"status": "completed"`)
+}
+
+// The capabilities page lists the catalog per pool with the worker serving
+// it and the pool's queue depth.
+func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	r.call(t, "orders.refund", refund(10), alice)
+	w := signInOpen(t, r.base, "user:ops", "")
+	_, _, body := w.get("/capabilities")
+	contains(t, "capabilities page", body, `id="pool-default"`, "Pool default", `id="cap-orders.refund"`, `id="cap-demo.echo"`,
+		"queued", "in flight", r.worker.ID())
+}
+
+
