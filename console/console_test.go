@@ -36,7 +36,9 @@ func contains(t *testing.T, what, body string, want ...string) {
 	}
 }
 
-func refund(amount int64) demo.RefundInput { return demo.RefundInput{OrderID: "o-1001", Amount: amount} }
+func refund(amount int64) demo.RefundInput {
+	return demo.RefundInput{OrderID: "o-1001", Amount: amount}
+}
 
 // authServer starts a JetStream server that admits only its users.
 func authServer(t *testing.T, users map[string]string) string {
@@ -247,5 +249,3 @@ func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
 	contains(t, "capabilities page", body, `id="pool-default"`, "Pool default", `id="cap-orders.refund"`, `id="cap-demo.echo"`,
 		"queued", "in flight", r.worker.ID())
 }
-
-

@@ -365,9 +365,6 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 		case audit.EnvelopeConflict:
 			st.Kind, st.Title = "takeover", "second finalization refused"
 		}
-		if ev.Worker != "" && ev.Type != audit.Started && ev.Type != audit.TakenOver {
-			st.Details = append(st.Details, "worker "+ev.Worker)
-		}
 		steps = append(steps, st)
 	}
 	return steps, atts

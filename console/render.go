@@ -40,6 +40,7 @@ var funcs = template.FuncMap{
 	"ago":  func(t time.Time) string { return ago(time.Since(t)) },
 	"ms":   func(d time.Duration) string { return fmt.Sprintf("+%d ms", d.Milliseconds()) },
 	"join": strings.Join,
+	"mins": func(d time.Duration) string { return fmt.Sprintf("%d min", int(d.Minutes())) },
 	// pass passes the page along with one value to a shared template.
 	"pass": func(root page, v any) struct {
 		Root page
