@@ -223,7 +223,6 @@ func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
 	row := "#e-" + env.ExecutionID
 	do(t, ops, "the execution appears in the list live", chromedp.WaitVisible(row+" .s-completed"))
 	has(t, "its row", text(t, ops, row), "demo.flaky", "user:bob", "2")
-	screenshot(t, ops, "console-executions.png")
 	do(t, ops, "its page",
 		chromedp.Click(row+" a"),
 		chromedp.WaitVisible(`#timeline li[data-type="capability.completed"]`),
@@ -236,5 +235,4 @@ func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
 		chromedp.WaitVisible("#pool-default"),
 	)
 	has(t, "the default pool", text(t, ops, "#pool-default"), "orders.refund", "demo.flaky", "queued", r.worker.ID())
-	screenshot(t, ops, "console-capabilities.png")
 }
