@@ -108,7 +108,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Serve serves the console on l until ctx ends, then shuts the server down
 // and closes every session.
 func (c *Console) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(c.log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
+		// Requests end with ctx: live streams never end on their own.
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

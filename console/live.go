@@ -18,12 +18,16 @@ import (
 // fetches its own part again (?part=...) and patches what differs, so the
 // server renders every view in one place.
 
-// settle coalesces bursts of changes into one event per period.
-const settle = 250 * time.Millisecond
+// Bursts of changes are coalesced into one event per period: a page that
+// lists executions reads the audit window again on each, so it waits longer.
+const (
+	settleApprovals  = 250 * time.Millisecond
+	settleExecutions = time.Second
+)
 
 // events streams "changed" to the browser each time something arrives on
 // changed, at most once per settle, with a keep-alive comment while idle.
-func events(w http.ResponseWriter, r *http.Request, changed <-chan struct{}, failed <-chan error) {
+func events(w http.ResponseWriter, r *http.Request, settle time.Duration, changed <-chan struct{}, failed <-chan error) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -99,12 +103,12 @@ func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *sessi
 		}
 		failed <- nil
 	}()
-	events(w, r, changed, failed)
+	events(w, r, settleApprovals, changed, failed)
 }
 
 // liveExecutions says when any audit event arrives.
 func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *session) {
-	c.follow(w, r, s.broker(), audit.Filter{}, nil)
+	c.follow(w, r, s.broker(), settleExecutions, audit.Filter{}, nil)
 }
 
 // liveExecution says when one execution's trail grows, from the sequence
@@ -137,10 +141,10 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 			}
 		}()
 	}
-	c.follow(w, r, b, audit.Filter{ExecutionID: id}, extra, audit.FromSeq(after+1))
+	c.follow(w, r, b, settleApprovals, audit.Filter{ExecutionID: id}, extra, audit.FromSeq(after+1))
 }
 
-func (c *Console) follow(w http.ResponseWriter, r *http.Request, b *broker.Broker, f audit.Filter,
+func (c *Console) follow(w http.ResponseWriter, r *http.Request, b *broker.Broker, settle time.Duration, f audit.Filter,
 	extra func(context.Context, audit.Event, chan<- struct{}), opts ...audit.FollowOption) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -158,5 +162,5 @@ func (c *Console) follow(w http.ResponseWriter, r *http.Request, b *broker.Broke
 		}
 		failed <- err
 	}()
-	events(w, r, changed, failed)
+	events(w, r, settle, changed, failed)
 }

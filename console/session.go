@@ -167,6 +167,11 @@ func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) 
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
+		if !nc.AuthRequired() {
+			// Such a server admits any name: the credentials prove nothing.
+			nc.Close()
+			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
+		}
 		cl, err = executor.NewClient(nc, executor.ClientConfig{Broker: ss.cfg.Broker})
 		if err != nil {
 			nc.Close()
