@@ -56,4 +56,14 @@ func TestConsole_AsksForCredentials(t *testing.T) {
 	if resp.Request.URL.Path != "/signin" || !strings.Contains(string(body), `name="credsfile"`) {
 		t.Fatalf("/approvals before sign-in: %d at %s:\n%s", resp.StatusCode, resp.Request.URL.Path, body)
 	}
+	// The dev server authenticates nobody: a password there proves nothing.
+	resp, err = http.PostForm("http://127.0.0.1:"+strconv.Itoa(port)+"/signin", url.Values{"user": {"bob"}, "password": {"x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), "does not authenticate its clients") {
+		t.Fatalf("sign-in against a server without authentication: %d:\n%s", resp.StatusCode, body)
+	}
 }
