@@ -40,6 +40,19 @@ var funcs = template.FuncMap{
 	"ago":  func(t time.Time) string { return ago(time.Since(t)) },
 	"ms":   func(d time.Duration) string { return fmt.Sprintf("+%d ms", d.Milliseconds()) },
 	"join": strings.Join,
+	// left is a countdown as the page's script writes it, so that the first
+	// tick changes nothing but the digits.
+	"left": func(t time.Time) string {
+		d := time.Until(t)
+		if d <= 0 {
+			return "expired"
+		}
+		s := int(d.Seconds())
+		if h := s / 3600; h > 0 {
+			return fmt.Sprintf("in %d:%02d:%02d", h, s%3600/60, s%60)
+		}
+		return fmt.Sprintf("in %d:%02d", s/60, s%60)
+	},
 	"mins": func(d time.Duration) string { return fmt.Sprintf("%d min", int(d.Minutes())) },
 	// pass passes the page along with one value to a shared template.
 	"pass": func(root page, v any) struct {
