@@ -18,7 +18,7 @@ import (
 
 // operatorServer starts a JetStream server in operator mode with one account
 // and returns its URL and a function that issues a user's .creds in it.
-func operatorServer(t *testing.T) (string, func(name string) []byte) {
+func operatorServer(t *testing.T) (string, func(name string, bearer bool) []byte) {
 	t.Helper()
 	must := func(err error) {
 		t.Helper()
@@ -64,13 +64,17 @@ func operatorServer(t *testing.T) (string, func(name string) []byte) {
 	}
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
 
-	issue := func(name string) []byte {
+	issue := func(name string, bearer bool) []byte {
 		ukp, _ := nkeys.CreateUser()
 		upub, _ := ukp.PublicKey()
 		uc := jwt.NewUserClaims(upub)
 		uc.Name = name
+		uc.BearerToken = bearer
 		ujwt, err := uc.Encode(akp)
 		must(err)
+		if bearer {
+			return []byte(ujwt)
+		}
 		seed, _ := ukp.Seed()
 		creds, err := jwt.FormatUserConfig(ujwt, seed)
 		must(err)
@@ -79,12 +83,13 @@ func operatorServer(t *testing.T) (string, func(name string) []byte) {
 	return s.ClientURL(), issue
 }
 
-// A principal signs in with its .creds file, pasted or uploaded, and decides
+// A principal signs in with its .creds file, pasted or uploaded, or with a
+// bearer token, and decides
 // as the user its credentials name; credentials the server does not trust
 // are refused.
 func TestSignIn_WithCredentialsFile(t *testing.T) {
 	natsURL, issue := operatorServer(t)
-	workerCreds := issue("worker")
+	workerCreds := issue("worker", false)
 	jwtStr, _ := nkeys.ParseDecoratedJWT(workerCreds)
 	kp, _ := nkeys.ParseDecoratedUserNKey(workerCreds)
 	seed, _ := kp.Seed()
@@ -97,7 +102,7 @@ func TestSignIn_WithCredentialsFile(t *testing.T) {
 	// Credentials signed by a stranger's account.
 	_, strangerIssue := operatorServer(t)
 	w := newWeb(t, r.base)
-	status, _, body := w.post("/signin", url.Values{"creds": {string(strangerIssue("mallory"))}})
+	status, _, body := w.post("/signin", url.Values{"creds": {string(strangerIssue("mallory", false))}})
 	if status != http.StatusUnauthorized {
 		t.Fatalf("foreign credentials: %d, want 401", status)
 	}
@@ -108,17 +113,30 @@ func TestSignIn_WithCredentialsFile(t *testing.T) {
 
 	// Pasted.
 	carol := newWeb(t, r.base)
-	if _, path, body := carol.post("/signin", url.Values{"creds": {string(issue("carol"))}, "next": {"/approvals"}}); path != "/approvals" {
+	if _, path, body := carol.post("/signin", url.Values{"creds": {string(issue("carol", false))}, "next": {"/approvals"}}); path != "/approvals" {
 		t.Fatalf("pasted credentials ended at %s:\n%s", path, body)
 	} else {
 		contains(t, "carol's inbox", body, "carol", env.Approval.ID)
+	}
+
+	// A bearer token.
+	dave := newWeb(t, r.base)
+	if _, path, body := dave.post("/signin", url.Values{"creds": {string(issue("dave", true))}, "next": {"/approvals"}}); path != "/approvals" {
+		t.Fatalf("a bearer token ended at %s:\n%s", path, body)
+	} else {
+		contains(t, "dave's inbox", body, "dave", env.Approval.ID)
+	}
+	// A token that is not a bearer token needs its key.
+	notBearer, _ := nkeys.ParseDecoratedJWT(issue("erin", false))
+	if status, _, body := newWeb(t, r.base).post("/signin", url.Values{"creds": {notBearer}}); status != http.StatusUnauthorized {
+		t.Fatalf("a user JWT without its key: %d, want 401:\n%s", status, body)
 	}
 
 	// Uploaded, then decided as the user the credentials name.
 	var form bytes.Buffer
 	mw := multipart.NewWriter(&form)
 	fw, _ := mw.CreateFormFile("credsfile", "bob.creds")
-	_, _ = fw.Write(issue("bob"))
+	_, _ = fw.Write(issue("bob", false))
 	_ = mw.WriteField("next", "/approvals")
 	_ = mw.Close()
 	bobWeb := newWeb(t, r.base)

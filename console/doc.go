@@ -23,8 +23,9 @@
 //     capability, and each pool's queue depth.
 //
 // Every read and action goes through the signed-in session's own NATS
-// connection, opened with the principal's credentials (a .creds file, or a
-// user and password on a development server), so the server's permissions
+// connection, opened with the principal's credentials (a .creds file, a
+// bearer user token, or a user and password on a development server), so
+// the server's permissions
 // apply to the console as they do to the CLI; nothing is readable before
 // sign-in. In open mode (Config.Open, for `capstan dev` on loopback) sign-in
 // only names the approver and sessions share one connection.

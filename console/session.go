@@ -205,23 +205,27 @@ func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, error
 		if err != nil {
 			return nil, "", fmt.Errorf("%w: not a credentials file: %v", errSignIn, err)
 		}
-		kp, err := nkeys.ParseDecoratedUserNKey(cr.creds)
-		if err != nil {
-			return nil, "", fmt.Errorf("%w: the credentials hold no user key: %v", errSignIn, err)
-		}
-		seed, err := kp.Seed()
-		if err != nil {
-			return nil, "", fmt.Errorf("%w: %v", errSignIn, err)
-		}
+		token = strings.TrimSpace(token)
 		claims, err := jwt.DecodeUserClaims(token)
 		if err != nil {
-			return nil, "", fmt.Errorf("%w: the credentials' JWT: %v", errSignIn, err)
+			return nil, "", fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
 		}
 		name = claims.Name
 		if name == "" {
 			name = claims.Subject
 		}
-		opts = append(opts, nats.UserJWTAndSeed(token, string(seed)))
+		if kp, kerr := nkeys.ParseDecoratedUserNKey(cr.creds); kerr == nil {
+			seed, err := kp.Seed()
+			if err != nil {
+				return nil, "", fmt.Errorf("%w: %v", errSignIn, err)
+			}
+			opts = append(opts, nats.UserJWTAndSeed(token, string(seed)))
+		} else if claims.BearerToken {
+			// A bearer token: the server asks for no signature of its nonce.
+			opts = append(opts, nats.UserJWT(func() (string, error) { return token, nil }, func([]byte) ([]byte, error) { return nil, nil }))
+		} else {
+			return nil, "", fmt.Errorf("%w: the credentials hold no user key, and the token is not a bearer token", errSignIn)
+		}
 	case cr.user != "":
 		name = cr.user
 		opts = append(opts, nats.UserInfo(cr.user, cr.password))
