@@ -234,6 +234,11 @@ func TestExecutions_FilteredListAndARetryOnTheTimeline(t *testing.T) {
 			}
 		}
 	}
+	for _, p := range []string{"/executions/not-an-id", "/executions/" + envelope.NewExecutionID(), "/approvals/" + envelope.NewExecutionID()} {
+		if status, _, _ := w.get(p); status != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", p, status)
+		}
+	}
 	// The trail's last events may still be on their way when the envelope arrives.
 	body := w.waitPage("/executions/"+flaky.ExecutionID, `data-type="capability.completed"`)
 	contains(t, "the flaky execution's page", body, `data-type="capability.retried"`, "retry: attempt 2", "after EXECUTION_FAILED", "attempt 2 started", `"status": "completed"`)
