@@ -200,6 +200,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 	has(t, "the resumed execution's status", text(t, bobTab, "#exec-status"), "completed")
 	has(t, "the resumed execution's timeline", text(t, bobTab, "#timeline"), "requested by user:alice", "attempt 1 started",
 		"resumes approval "+env.Approval.ID, "approval consumed", "completed")
+	has(t, "the resume's approval", text(t, bobTab, "#exec-approval"), "resumed with it; asked for by execution "+env.ExecutionID[len(env.ExecutionID)-12:])
 	has(t, "the envelope", text(t, bobTab, "#envelope"), `"status": "completed"`, `"orderId": "o-1001"`)
 	screenshot(t, bobTab, "console-execution.png")
 
@@ -208,6 +209,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 		chromedp.WaitVisible(`#timeline li[data-type="capability.approved"]`),
 	)
 	has(t, "the original timeline", text(t, bobTab, "#timeline"), "approval requested", "approved by user:bob", "order o-1001 checked")
+	has(t, "the original's approval", text(t, bobTab, "#exec-approval"), "consumed; approved by user:bob, used by execution "+resumed[len(resumed)-12:])
 }
 
 // A retried execution's page grows live: the retry and the outcome appear as

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -212,15 +213,18 @@ type attempt struct {
 }
 
 type execData struct {
-	ID        string
-	Summary   *execSummary
-	Record    *executor.Record
-	Envelope  *envelope.Envelope
-	Steps     []step
-	Attempts  []attempt
-	LastSeq   uint64
-	MayCancel bool
-	Ended     bool
+	ID       string
+	Summary  *execSummary
+	Record   *executor.Record
+	Envelope *envelope.Envelope
+	Steps    []step
+	Attempts []attempt
+	LastSeq  uint64
+	// Approval is the approval it asked for or resumed, as of now.
+	Approval    *approvals.Record
+	ApprovalNow approvals.Status
+	MayCancel   bool
+	Ended       bool
 }
 
 func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) {
@@ -266,6 +270,11 @@ func loadExecution(ctx context.Context, s *session, id string) (*execData, error
 	d.Steps, d.Attempts = timeline(trail)
 	if n := len(trail); n > 0 {
 		d.LastSeq = trail[n-1].Seq
+	}
+	if id := d.Summary.ApprovalID; id != "" {
+		if rec, err := s.client.Approvals().Get(ctx, id); err == nil {
+			d.Approval, d.ApprovalNow = rec, rec.StatusAt(time.Now())
+		}
 	}
 	d.Ended = d.Envelope != nil
 	owner := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
