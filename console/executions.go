@@ -127,6 +127,7 @@ const maxRows = 200
 
 type execListData struct {
 	Filter       execFilter
+	After        uint64 // the audit stream's last sequence when the list was read
 	Rows         []*execSummary
 	Total        int
 	Statuses     []string
@@ -182,12 +183,16 @@ func (c *Console) executions(w http.ResponseWriter, r *http.Request, s *session)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
 	f := parseExecFilter(r.URL.Query(), time.Now())
+	var after uint64
+	if info, err := s.broker().Audit.Info(ctx); err == nil {
+		after = info.State.LastSeq // read first: what the list shows is at least this
+	}
 	rows, total, caps, err := listExecutions(ctx, s.broker(), f)
 	if err != nil {
 		c.fail(w, r, s, http.StatusBadGateway, "reading the audit stream: %v", err)
 		return
 	}
-	c.render(w, r, s, "executions", execListData{Filter: f, Rows: rows, Total: total, Capabilities: caps, Since: sinceChoices,
+	c.render(w, r, s, "executions", execListData{Filter: f, After: after, Rows: rows, Total: total, Capabilities: caps, Since: sinceChoices,
 		Statuses: []string{"requested", "running", "approval-required", "completed", "failed", "cancelled"}})
 }
 

@@ -2,7 +2,6 @@ package console
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,7 +10,6 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Live updates are server-sent events that only say "changed": the page then
@@ -86,81 +84,84 @@ func notify(ch chan<- struct{}) {
 	}
 }
 
-// liveApprovals says when any approval changes: one key watcher per page.
-func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	watch, err := s.broker().Approvals.WatchAll(ctx, jetstream.UpdatesOnly())
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer func() { _ = watch.Stop() }()
-	changed, failed := make(chan struct{}, 1), make(chan error, 1)
-	go func() {
-		for range watch.Updates() {
+// listen subscribes to a feed until the request ends: keep decides which
+// changes matter; a failed source ends the stream (the browser reconnects).
+func listen(f *feed, changed chan<- struct{}, failed chan<- error, keep func(any) bool) func() {
+	return f.subscribe(func(v any) {
+		if err, ok := v.(error); ok {
+			select {
+			case failed <- err:
+			default:
+			}
+			return
+		}
+		if keep == nil || keep(v) {
 			notify(changed)
 		}
-		failed <- nil
-	}()
+	})
+}
+
+// liveApprovals says when any approval changes.
+func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *session) {
+	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	defer listen(s.feeds.approvals, changed, failed, nil)()
+	// A change between the page's render and now would be missed: look again.
+	notify(changed)
 	events(w, r, settleApprovals, changed, failed)
 }
 
-// liveExecutions says when any audit event arrives.
+// liveExecutions says when any audit event arrives after the one the page
+// showed.
 func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *session) {
-	c.follow(w, r, s.broker(), settleExecutions, audit.Filter{}, nil)
+	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	defer listen(s.feeds.audit, changed, failed, nil)()
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	if info, err := s.broker().Audit.Info(r.Context()); err == nil && info.State.LastSeq > after {
+		notify(changed)
+	}
+	events(w, r, settleExecutions, changed, failed)
 }
 
-// liveExecution says when one execution's trail grows, from the sequence
-// after the one its page showed, and again once its envelope exists: the
-// final event is emitted just before the envelope is written.
+// liveExecution says when one execution's trail grows past the sequence its
+// page showed, and again once its envelope exists: the final event is emitted
+// just before the envelope is written.
 func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	if envelope.ValidExecutionID(id) != nil {
 		http.Error(w, "not an execution id", http.StatusNotFound)
 		return
 	}
-	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
 	b := s.broker()
-	extra := func(ctx context.Context, ev audit.Event, changed chan<- struct{}) {
-		switch ev.Type {
-		case audit.Completed, audit.Failed, audit.Cancelled, audit.Denied, audit.ApprovalRequested:
-		default:
-			return
-		}
-		go func() {
-			for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
-				if _, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, id); err == nil {
-					notify(changed)
-					return
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
-		}()
-	}
-	c.follow(w, r, b, settleApprovals, audit.Filter{ExecutionID: id}, extra, audit.FromSeq(after+1))
-}
-
-func (c *Console) follow(w http.ResponseWriter, r *http.Request, b *broker.Broker, settle time.Duration, f audit.Filter,
-	extra func(context.Context, audit.Event, chan<- struct{}), opts ...audit.FollowOption) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
-	go func() {
-		err := audit.Follow(ctx, b, f, func(ev audit.Event) error {
-			notify(changed)
-			if extra != nil {
-				extra(ctx, ev, changed)
+	awaitEnvelope := func() {
+		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
+			if _, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, id); err == nil {
+				notify(changed)
+				return
 			}
-			return nil
-		}, opts...)
-		if err != nil && !errors.Is(err, context.Canceled) {
-			c.log.Warn("console: following the audit stream", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
-		failed <- err
-	}()
-	events(w, r, settle, changed, failed)
+	}
+	defer listen(s.feeds.audit, changed, failed, func(v any) bool {
+		ev, ok := v.(audit.Event)
+		if !ok || ev.ExecutionID != id {
+			return false
+		}
+		switch ev.Type {
+		case audit.Completed, audit.Failed, audit.Cancelled, audit.Denied, audit.ApprovalRequested:
+			go awaitEnvelope()
+		}
+		return true
+	})()
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	if m, err := b.Audit.GetLastMsgForSubject(ctx, b.Names.AuditSubject(id)); err == nil && m.Sequence > after {
+		notify(changed)
+		go awaitEnvelope()
+	}
+	events(w, r, settleApprovals, changed, failed)
 }

@@ -69,6 +69,7 @@ type session struct {
 	id, csrf string
 	p        Principal
 	client   *executor.Client
+	feeds    *feeds     // the live pages' sources, on the same connection
 	nc       *nats.Conn // the principal's own; nil in open mode (shared)
 
 	mu    sync.Mutex
@@ -110,6 +111,7 @@ func (s *session) takeFlash() *flash {
 
 func (s *session) close() {
 	if s.nc != nil {
+		s.feeds.close()
 		_ = s.client.Close()
 		s.nc.Close()
 	}
@@ -120,9 +122,10 @@ const cookieName = "capstan_console"
 type sessions struct {
 	cfg Config
 
-	mu     sync.Mutex
-	byID   map[string]*session
-	shared *executor.Client // open mode
+	mu          sync.Mutex
+	byID        map[string]*session
+	shared      *executor.Client // open mode
+	sharedFeeds *feeds
 }
 
 func newSessions(cfg Config) *sessions {
@@ -147,6 +150,7 @@ func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) 
 		p  Principal
 		nc *nats.Conn
 		cl *executor.Client
+		fs *feeds
 	)
 	if ss.cfg.Open {
 		a := actorOf(strings.TrimSpace(cr.name))
@@ -155,7 +159,7 @@ func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) 
 		}
 		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin}
 		var err error
-		if cl, err = ss.sharedClient(); err != nil {
+		if cl, fs, err = ss.sharedClient(); err != nil {
 			return nil, err
 		}
 	} else {
@@ -179,8 +183,9 @@ func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) 
 		}
 		p = Principal{Name: name, Actor: actorOf(name)}
 		p.Admin = slices.Contains(ss.cfg.Admins, p.Actor.String())
+		fs = newFeeds(cl.Broker())
 	}
-	s := &session{id: randomToken(), csrf: randomToken(), p: p, client: cl, nc: nc, last: time.Now()}
+	s := &session{id: randomToken(), csrf: randomToken(), p: p, client: cl, feeds: fs, nc: nc, last: time.Now()}
 	ss.mu.Lock()
 	ss.byID[s.id] = s
 	ss.mu.Unlock()
@@ -235,17 +240,17 @@ func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, error
 	return append(opts, nats.Name("capstan console "+name)), name, nil
 }
 
-func (ss *sessions) sharedClient() (*executor.Client, error) {
+func (ss *sessions) sharedClient() (*executor.Client, *feeds, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
 		cl, err := executor.NewClient(ss.cfg.Conn, executor.ClientConfig{Broker: ss.cfg.Broker})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		ss.shared = cl
+		ss.shared, ss.sharedFeeds = cl, newFeeds(cl.Broker())
 	}
-	return ss.shared, nil
+	return ss.shared, ss.sharedFeeds, nil
 }
 
 // get returns the request's live session, or nil.
@@ -286,13 +291,14 @@ func (ss *sessions) closeAll() {
 	ss.mu.Lock()
 	all := ss.byID
 	ss.byID = map[string]*session{}
-	shared := ss.shared
-	ss.shared = nil
+	shared, sharedFeeds := ss.shared, ss.sharedFeeds
+	ss.shared, ss.sharedFeeds = nil, nil
 	ss.mu.Unlock()
 	for _, s := range all {
 		s.close()
 	}
 	if shared != nil {
+		sharedFeeds.close()
 		_ = shared.Close()
 	}
 }
