@@ -254,3 +254,22 @@ func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
 	contains(t, "capabilities page", body, `id="pool-default"`, "Pool default", `id="cap-orders.refund"`, `id="cap-demo.echo"`,
 		"queued", "in flight", r.worker.ID())
 }
+
+// In open mode sign-in names an actor that may decide: a user, service or
+// agent with an id.
+func TestSignIn_OpenModeNamesAnActorThatMayDecide(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	for _, name := range []string{"", "user:", "bot:x", "user:a b", "user:a:b"} {
+		w := newWeb(t, r.base)
+		if status, _, body := w.post("/signin", url.Values{"name": {name}}); status != http.StatusUnauthorized {
+			t.Errorf("sign-in as %q: %d, want 401", name, status)
+		} else {
+			contains(t, "the refusal", body, "name yourself as user:ID")
+		}
+	}
+	for name, want := range map[string]string{"bob": "user:bob", "service:billing": "service:billing", "agent:triage": "agent:triage"} {
+		w := signInOpen(t, r.base, name, "")
+		_, _, body := w.get("/")
+		contains(t, "the start page", body, `id="principal"`, want)
+	}
+}

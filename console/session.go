@@ -145,7 +145,7 @@ type credentials struct {
 var errSignIn = errors.New("sign-in refused")
 
 // open signs a principal in and returns its session.
-func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) {
+func (ss *sessions) open(cr credentials) (*session, error) {
 	var (
 		p  Principal
 		nc *nats.Conn
@@ -154,8 +154,10 @@ func (ss *sessions) open(ctx context.Context, cr credentials) (*session, error) 
 	)
 	if ss.cfg.Open {
 		a := actorOf(strings.TrimSpace(cr.name))
-		if a.ID == "" || strings.ContainsAny(a.ID, " \t\r\n") {
-			return nil, fmt.Errorf("%w: name yourself as kind:id or an id, e.g. user:bob", errSignIn)
+		switch {
+		case a.Kind != envelope.ActorUser && a.Kind != envelope.ActorService && a.Kind != envelope.ActorAgent,
+			a.ID == "", strings.ContainsAny(a.ID, ": \t\r\n"):
+			return nil, fmt.Errorf("%w: name yourself as user:ID, service:ID or agent:ID, e.g. user:bob", errSignIn)
 		}
 		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin}
 		var err error
@@ -359,9 +361,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 			cr.creds = b
 		}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	defer cancel()
-	s, err := c.sessions.open(ctx, cr)
+	s, err := c.sessions.open(cr)
 	if err != nil {
 		c.log.Info("console sign-in refused", "err", err)
 		c.renderStatus(w, r, nil, http.StatusUnauthorized, "signin", map[string]any{"Open": c.cfg.Open, "Next": safeNext(r.FormValue("next")), "Error": err.Error()})
