@@ -35,7 +35,8 @@ type Config struct {
 	// Broker says how resources are named.
 	Broker broker.Config
 	// Admins are principals (as kind:id) who may cancel any execution; an
-	// execution's owner may always cancel it.
+	// execution's owner may always cancel it. In open mode the sign-in form
+	// may also claim it.
 	Admins []string
 	// SessionTTL is how long a session lasts without a request. Default 12 h.
 	SessionTTL time.Duration

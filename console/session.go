@@ -159,7 +159,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			a.ID == "", strings.ContainsAny(a.ID, ": \t\r\n"):
 			return nil, fmt.Errorf("%w: name yourself as user:ID, service:ID or agent:ID, e.g. user:bob", errSignIn)
 		}
-		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin}
+		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin || slices.Contains(ss.cfg.Admins, a.String())}
 		var err error
 		if cl, fs, err = ss.sharedClient(); err != nil {
 			return nil, err
