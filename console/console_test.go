@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func signInOpen(t *testing.T, base, name, types string) *web {
+func signInOpen(t testing.TB, base, name, types string) *web {
 	t.Helper()
 	w := newWeb(t, base)
 	status, path, body := w.post("/signin", url.Values{"name": {name}, "types": {types}})
@@ -26,7 +26,7 @@ func signInOpen(t *testing.T, base, name, types string) *web {
 	return w
 }
 
-func contains(t *testing.T, what, body string, want ...string) {
+func contains(t testing.TB, what, body string, want ...string) {
 	t.Helper()
 	body = html.UnescapeString(body)
 	for _, s := range want {

@@ -36,7 +36,7 @@ var (
 // startRig starts everything on url's server (a new embedded one when url is
 // empty); cfg.Conn is filled in for open mode. Everything stops when the test
 // ends.
-func startRig(t *testing.T, url string, cfg console.Config, opts ...nats.Option) *rig {
+func startRig(t testing.TB, url string, cfg console.Config, opts ...nats.Option) *rig {
 	t.Helper()
 	if url == "" {
 		url = testenv.Start(t).URL
@@ -110,11 +110,13 @@ func startRig(t *testing.T, url string, cfg console.Config, opts ...nats.Option)
 }
 
 // testCtx ends a little before the test's own deadline.
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	t.Helper()
-	d, ok := t.Deadline()
-	if !ok {
-		d = time.Now().Add(5 * time.Minute)
+	d := time.Now().Add(5 * time.Minute) // benchmarks have no deadline
+	if td, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if dd, ok := td.Deadline(); ok {
+			d = dd
+		}
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), d.Add(-5*time.Second))
 	t.Cleanup(cancel)
@@ -138,7 +140,7 @@ func (w *web) waitPage(path, want string) string {
 }
 
 // call runs a capability as actor and returns its envelope.
-func (r *rig) call(t *testing.T, capID string, input any, actor envelope.Actor) *envelope.Envelope {
+func (r *rig) call(t testing.TB, capID string, input any, actor envelope.Actor) *envelope.Envelope {
 	t.Helper()
 	env, err := r.client.Call(testCtx(t), capID, input, executor.As(actor))
 	if err != nil {
@@ -149,13 +151,13 @@ func (r *rig) call(t *testing.T, capID string, input any, actor envelope.Actor) 
 
 // web is one browser-less visitor of the console, with its own cookies.
 type web struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	c    *http.Client
 	csrf string
 }
 
-func newWeb(t *testing.T, base string) *web {
+func newWeb(t testing.TB, base string) *web {
 	jar, _ := cookiejar.New(nil)
 	return &web{t: t, base: base, c: &http.Client{Jar: jar, Timeout: time.Minute}}
 }
