@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -272,4 +273,36 @@ func TestSignIn_OpenModeNamesAnActorThatMayDecide(t *testing.T) {
 		_, _, body := w.get("/")
 		contains(t, "the start page", body, `id="principal"`, want)
 	}
+}
+
+// A rejection is recorded with its comment; an approval past its expiry is
+// refused as expired and listed so.
+func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	env := r.call(t, "orders.refund", refund(900), alice)
+	w := signInOpen(t, r.base, "user:bob", "")
+	w.get("/approvals")
+	_, _, body := w.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"reject"}, "comment": {"wrong order"}, "next": {"/approvals"}})
+	contains(t, "bob's rejection", body, "Rejected orders.refund for user:alice", "rejected</strong> by <span class=\"approver\">user:bob</span>", "wrong order")
+	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != approvals.Rejected || rec.Decision.Comment != "wrong order" {
+		t.Fatalf("approval %s with %+v, want rejected with the comment", rec.Status, rec.Decision)
+	}
+
+	// An approval that expires in a moment.
+	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o-2", "amount": 700}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Actor: alice, Types: []string{"finance"},
+		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID(), ExpiresAt: time.Now().Add(time.Second)}
+	if err := r.client.Approvals().Create(testCtx(t), short); err != nil {
+		t.Fatal(err)
+	}
+	w.waitPage("/approvals", `id="a-`+short.ID+`" data-v="expired`)
+	_, _, body = w.post("/approvals/"+short.ID+"/decide", url.Values{"decision": {"approve"}, "next": {"/approvals"}})
+	contains(t, "a late decision", body, "APPROVAL_EXPIRED: this approval expired before it was decided.")
 }
