@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
@@ -20,6 +21,17 @@ var (
 	// ErrRevisionMismatch: a compare-and-swap lost; re-read and decide again.
 	ErrRevisionMismatch = errors.New("capstan: revision mismatch")
 )
+
+// Backoff is the pause before trying again an operation JetStream did not
+// answer, or refused while a stream or bucket elects a leader: 10 ms longer
+// at each try, at most 500 ms.
+func Backoff(try int) time.Duration {
+	d := time.Duration(10*(try+1)) * time.Millisecond
+	if d > 500*time.Millisecond {
+		d = 500 * time.Millisecond
+	}
+	return d
+}
 
 // Load reads and decodes one record, returning its revision for a later CAS.
 func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, uint64, error) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/capstan-dev/capstan/internal/msgpackhead"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -121,72 +122,24 @@ func (w *walker) take(n uint64) error {
 	return nil
 }
 
-// length reads a big-endian length of size bytes.
-func (w *walker) length(size int) (uint64, error) {
-	if err := w.take(uint64(size)); err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, c := range w.b[w.off-size : w.off] {
-		n = n<<8 | uint64(c)
-	}
-	return n, nil
-}
-
 func (w *walker) value(depth int) error {
-	if w.off >= len(w.b) {
+	h, next, err := msgpackhead.Read(w.b, w.off)
+	switch {
+	case errors.Is(err, msgpackhead.ErrNotMsgpack):
+		return fmt.Errorf("byte 0x%02x at offset %d is not a msgpack value", w.b[w.off], w.off)
+	case err != nil:
 		return errTruncated
 	}
-	c := w.b[w.off]
-	w.off++
-	switch {
-	case c <= 0x7f || c >= 0xe0: // fixint
-		return nil
-	case c <= 0x8f: // fixmap
-		return w.items(2*uint64(c&0x0f), depth)
-	case c <= 0x9f: // fixarray
-		return w.items(uint64(c&0x0f), depth)
-	case c <= 0xbf: // fixstr
-		return w.take(uint64(c & 0x1f))
-	case c == 0xc0 || c == 0xc2 || c == 0xc3: // nil, false, true
-		return nil
-	case c >= 0xc4 && c <= 0xc6: // bin 8, 16, 32
-		return w.sized(1<<(c-0xc4), 0)
-	case c >= 0xc7 && c <= 0xc9: // ext 8, 16, 32: length, type, data
-		return w.sized(1<<(c-0xc7), 1)
-	case c == 0xca || c == 0xcb: // float 32, 64
-		return w.take(4 << (c - 0xca))
-	case c >= 0xcc && c <= 0xcf: // uint 8 to 64
-		return w.take(1 << (c - 0xcc))
-	case c >= 0xd0 && c <= 0xd3: // int 8 to 64
-		return w.take(1 << (c - 0xd0))
-	case c >= 0xd4 && c <= 0xd8: // fixext 1 to 16: type, data
-		return w.take(1 + 1<<(c-0xd4))
-	case c >= 0xd9 && c <= 0xdb: // str 8, 16, 32
-		return w.sized(1<<(c-0xd9), 0)
-	case c == 0xdc || c == 0xdd: // array 16, 32
-		n, err := w.length(2 << (c - 0xdc))
-		if err != nil {
-			return err
-		}
-		return w.items(n, depth)
-	case c == 0xde || c == 0xdf: // map 16, 32
-		n, err := w.length(2 << (c - 0xde))
-		if err != nil {
-			return err
-		}
-		return w.items(2*n, depth)
+	w.off = next
+	switch h.Class {
+	case msgpackhead.String, msgpackhead.Binary, msgpackhead.Ext:
+		return w.take(h.N)
+	case msgpackhead.Array:
+		return w.items(h.N, depth)
+	case msgpackhead.Map:
+		return w.items(2*h.N, depth)
 	}
-	return fmt.Errorf("byte 0x%02x at offset %d is not a msgpack value", c, w.off-1)
-}
-
-// sized skips a length of size bytes, extra bytes, then length bytes.
-func (w *walker) sized(size int, extra uint64) error {
-	n, err := w.length(size)
-	if err != nil {
-		return err
-	}
-	return w.take(extra + n)
+	return nil
 }
 
 // items walks the n values inside an array or map.

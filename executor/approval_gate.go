@@ -9,20 +9,21 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/delivery"
 )
 
 // approvalGate is stage 8. It reports whether the execution goes on: a resume
 // goes on once it consumed its approval; a call that needs an approval ends
 // here, "approval-required", with a pending approval stored.
-func (x *execution) approvalGate(v verdict) bool {
-	if x.req.ApprovalID != "" {
-		return x.useApproval()
+func (a *admission) approvalGate(v verdict) bool {
+	if a.req.ApprovalID != "" {
+		return a.useApproval()
 	}
-	m := x.b.meta
+	m := a.b.meta
 	if v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
 		return true
 	}
-	x.requestApproval(v)
+	a.requestApproval(v)
 	return false
 }
 
@@ -32,24 +33,24 @@ func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.
 // execution approval-required. The approval's id is reserved on the execution
 // record first, so a takeover of this execution finds the same approval
 // instead of asking twice.
-func (x *execution) requestApproval(v verdict) {
-	m := x.b.meta
+func (a *admission) requestApproval(v verdict) {
+	m := a.b.meta
 	unserializable := func(err error) {
-		x.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
+		a.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
 			Stage: envelope.StageApproval, ExposeToModel: true, Cause: err,
 			Message: "The input cannot be serialized canonically, so it cannot be approved."}, v.records)
 	}
-	input, hash, err := canonicalInput(x.input)
+	input, hash, err := canonicalInput(a.input)
 	if err != nil {
 		unserializable(err)
 		return
 	}
 	var display []byte
 	if m.RedactApprovalInput != nil {
-		shown, err := m.ApprovalDisplay(x.input)
+		shown, err := m.ApprovalDisplay(a.input)
 		if err != nil {
-			x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
-				Message: "The operation failed.", Cause: err}), 0)
+			a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+				Message: "The operation failed.", Cause: err}, 0)
 			return
 		}
 		if display, _, err = canonicalInput(shown); err != nil {
@@ -57,19 +58,19 @@ func (x *execution) requestApproval(v verdict) {
 			return
 		}
 	}
-	id := x.rec.ApprovalID
+	id := a.x.Record().ApprovalID
 	if id == "" {
 		id = envelope.NewExecutionID()
-		if err := x.update(func(r *Record) { r.ApprovalID = id }); err != nil {
-			x.endByRecord(err, 0)
+		if err := a.x.Update(func(r *Record) { r.ApprovalID = id }); err != nil {
+			a.x.EndByRecord(err, 0)
 			return
 		}
 	}
-	store := x.w.approvalStore()
-	ctx, cancel := storeCtx()
+	store := a.w.approvalStore()
+	ctx, cancel := delivery.StoreContext()
 	defer cancel()
 	rec, err := store.Get(ctx, id)
-	if err != nil || rec.RequestedBy != x.req.ExecutionID {
+	if err != nil || rec.RequestedBy != a.req.ExecutionID {
 		ttl := approvals.DefaultTTL
 		reasons := v.reasons
 		if a := m.Approval; a != nil {
@@ -86,15 +87,15 @@ func (x *execution) requestApproval(v verdict) {
 		}
 		now := time.Now().UTC()
 		rec = &approvals.Record{
-			ID: id, CapabilityID: x.req.CapabilityID, Surface: x.req.Surface, Actor: x.req.Actor,
+			ID: id, CapabilityID: a.req.CapabilityID, Surface: a.req.Surface, Actor: a.req.Actor,
 			Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
 			Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
-			RequestedBy: x.req.ExecutionID, CorrelationID: x.req.CorrelationID,
+			RequestedBy: a.req.ExecutionID, CorrelationID: a.req.CorrelationID,
 		}
 		if err := store.Create(ctx, rec); err != nil {
-			x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+			a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 				Retryable: true, ExposeToModel: true, Cause: err,
-				Message: "The approval request could not be stored; try again."}), 0)
+				Message: "The approval request could not be stored; try again."}, 0)
 			return
 		}
 	}
@@ -109,20 +110,20 @@ func (x *execution) requestApproval(v verdict) {
 	if len(v.records) > 0 {
 		data["policyDecisions"] = v.records
 	}
-	x.finalize(x.approvalRequired(ref, data), 0)
+	a.x.RequireApproval(ref, data)
 }
 
 // useApproval runs stage 8 of a resume: the approval must be this call's
 // (capability, actor, surface, validated input), approved and unexpired; its
 // stored input must still hash to what was approved and decode into the
 // current input type; then one CAS consumes it for this execution.
-func (x *execution) useApproval() bool {
-	store := x.w.approvalStore()
-	ctx, cancel := storeCtx()
+func (a *admission) useApproval() bool {
+	store := a.w.approvalStore()
+	ctx, cancel := delivery.StoreContext()
 	defer cancel()
-	id := x.req.ApprovalID
+	id := a.req.ApprovalID
 	refuse := func(reason string, code envelope.Code, msg string, cause error) bool {
-		x.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
+		a.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
 			Message: msg, Cause: cause}, nil)
 		return false
 	}
@@ -131,38 +132,38 @@ func (x *execution) useApproval() bool {
 	case errors.Is(err, approvals.ErrNotFound):
 		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", err)
 	case err != nil:
-		return x.approvalStoreFailed(err)
-	case rec.CapabilityID != x.req.CapabilityID:
+		return a.approvalStoreFailed(err)
+	case rec.CapabilityID != a.req.CapabilityID:
 		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
-	case rec.Actor.Kind != x.req.Actor.Kind || rec.Actor.ID != x.req.Actor.ID:
+	case rec.Actor.Kind != a.req.Actor.Kind || rec.Actor.ID != a.req.Actor.ID:
 		return refuse("approval-other-actor", envelope.CodeForbidden, "A resume runs as the actor who asked for the approval.", nil)
-	case rec.Surface != "" && rec.Surface != x.req.Surface:
+	case rec.Surface != "" && rec.Surface != a.req.Surface:
 		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
 	}
-	if err := rec.Usable(x.req.ExecutionID, time.Now().UTC()); err != nil {
+	if err := rec.Usable(a.req.ExecutionID, time.Now().UTC()); err != nil {
 		// A governed outcome, not a fault: nothing for the logs.
 		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), nil)
 	}
 	if err := rec.CheckInput(); err != nil {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
 	}
-	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
+	if _, h, err := canonicalInput(a.input); err != nil || h != rec.InputHash {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The input is not the approved input.", nil)
 	}
 	// Re-validation: the approved input must still fit the capability's
 	// current input type, or nothing runs and the approval stays unused.
 	raw, _ := rec.Raw()
-	in, err := x.b.decode(raw)
+	in, err := a.b.decode(raw)
 	if err != nil {
 		if cerr := inputInvalid(err); cerr.Code != envelope.CodeInputInvalid {
-			x.finalize(x.failed(cerr), 0) // the capability's bug, not a refusal
+			a.x.Fail(cerr, 0) // the capability's bug, not a refusal
 		} else {
-			x.deny("approval-input-invalid", cerr, nil)
+			a.deny("approval-input-invalid", cerr, nil)
 		}
 		return false
 	}
 	wasApproved := rec.Status == approvals.Approved
-	rec, err = store.Consume(ctx, id, x.req.ExecutionID)
+	rec, err = store.Consume(ctx, id, a.req.ExecutionID)
 	if err != nil {
 		if code := approvals.Code(err); code != "" {
 			var cause error
@@ -171,21 +172,21 @@ func (x *execution) useApproval() bool {
 			}
 			return refuse(unusableReason(err), code, unusableMessage(err), cause)
 		}
-		return x.approvalStoreFailed(err)
+		return a.approvalStoreFailed(err)
 	}
-	x.input = in
-	x.grant = grantOf(rec)
+	a.input = in
+	a.grant = grantOf(rec)
 	if wasApproved {
-		x.emit(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
+		a.x.Emit(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
 			"approver": rec.Decision.Approver.String()})
 	}
 	return true
 }
 
-func (x *execution) approvalStoreFailed(err error) bool {
-	x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+func (a *admission) approvalStoreFailed(err error) bool {
+	a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 		Retryable: true, ExposeToModel: true, Cause: err,
-		Message: "The approval could not be read; try again."}), 0)
+		Message: "The approval could not be read; try again."}, 0)
 	return false
 }
 
@@ -249,30 +250,30 @@ func grantOf(r *approvals.Record) *ApprovalGrant {
 // restoreGrant finds the approval a takeover's execution already consumed:
 // a resume is covered by the approval it consumed, never asks again and never
 // consumes twice.
-func (x *execution) restoreGrant() *envelope.CapabilityError {
-	if x.req.ApprovalID == "" {
+func (a *admission) restoreGrant() *envelope.CapabilityError {
+	if a.req.ApprovalID == "" {
 		return nil
 	}
-	ctx, cancel := storeCtx()
+	ctx, cancel := delivery.StoreContext()
 	defer cancel()
 	fail := func(code envelope.Code, msg string, cause error) *envelope.CapabilityError {
 		return &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true, Message: msg, Cause: cause}
 	}
-	rec, err := x.w.approvalStore().Get(ctx, x.req.ApprovalID)
+	rec, err := a.w.approvalStore().Get(ctx, a.req.ApprovalID)
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
 		return fail(envelope.CodeForbidden, "No such approval.", err)
 	case err != nil:
 		return fail(envelope.CodeInternalError, "The approval could not be read; try again.", err)
-	case rec.Status != approvals.Consumed || rec.ConsumedBy != x.req.ExecutionID:
+	case rec.Status != approvals.Consumed || rec.ConsumedBy != a.req.ExecutionID:
 		return fail(envelope.CodeApprovalConsumed, "The approval does not cover this execution.", nil)
 	}
 	if err := rec.CheckInput(); err != nil {
 		return fail(envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
 	}
-	if _, h, err := canonicalInput(x.input); err != nil || h != rec.InputHash {
+	if _, h, err := canonicalInput(a.input); err != nil || h != rec.InputHash {
 		return fail(envelope.CodeApprovalInputMismatch, "The input is not the approved input.", err)
 	}
-	x.grant = grantOf(rec)
+	a.grant = grantOf(rec)
 	return nil
 }

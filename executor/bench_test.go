@@ -9,6 +9,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/delivery"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -18,7 +19,7 @@ type benchIn struct {
 
 // benchWorker is a worker that never touches NATS: it has no broker and no
 // audit emitter, so what it runs is the governance alone.
-func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker, *binding) {
+func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker, *capability) {
 	b.Helper()
 	reg, err := NewRegistry(Define("bench.noop", Meta{
 		Description: "Returns its input.", Expose: On(SurfaceDirect), SideEffect: None, Policies: capPolicies,
@@ -28,9 +29,10 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	}
 	w := &Worker{reg: reg, cfg: WorkerConfig{ID: "bench", Policies: policies, Logger: slog.New(slog.DiscardHandler)}.withDefaults()}
 	w.log = w.cfg.Logger
-	w.base, w.baseCancel = context.WithCancelCause(context.Background())
-	b.Cleanup(func() { w.baseCancel(nil) })
-	return w, reg.get("bench.noop")
+	w.caps = map[string]*capability{"bench.noop": {b: reg.get("bench.noop"), w: w}}
+	w.run = delivery.NewRunner(nil, w.log, delivery.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
+	b.Cleanup(w.run.Stop)
+	return w, w.caps["bench.noop"]
 }
 
 func benchRequest(b *testing.B) []byte {
@@ -76,39 +78,45 @@ func BenchmarkGovernanceStages(b *testing.B) {
 	}
 }
 
-func governOnce(b *testing.B, w *Worker, bind *binding, data []byte) {
+func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	req, err := envelope.DecodeRequest(data)
 	if err != nil {
 		b.Fatal(err)
 	}
-	x := &execution{w: w, req: req, b: bind, start: time.Now(), done: make(chan struct{})}
-	x.ctx, x.cancel = context.WithCancelCause(w.base)
-	defer x.cancel(nil)
-	if x.inputHash, err = envelope.InputHash(req.Input); err != nil {
+	x := w.run.Detached(req, c)
+	inputHash, err := envelope.InputHash(req.Input)
+	if err != nil {
 		b.Fatal(err)
+	}
+	event := func(typ string, data map[string]any) *audit.Event {
+		return &audit.Event{Type: typ, Surface: req.Surface, Actor: audit.ActorOf(req.Actor), ExecutionID: req.ExecutionID,
+			CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID, InputHash: inputHash, Data: data, Worker: w.cfg.ID}
 	}
 	now := time.Now().UTC()
 	rec := &Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: StateClaimed,
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
-	mustMarshal(b, x.event(audit.Requested, nil))
-	if !x.admit() {
+	mustMarshal(b, event(audit.Requested, nil))
+	admitted := c.Admit(x)
+	if admitted == nil {
 		b.Fatal("refused")
 	}
 	rec.State, rec.Attempt, rec.StartedAt = StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
-	mustMarshal(b, x.event(audit.Started, map[string]any{"attempt": 1, "approvalId": ""}))
-	out, cerr := x.attempt(1, time.Second)
-	if cerr != nil {
-		b.Fatal(cerr)
+	mustMarshal(b, event(audit.Started, admitted.StartedData(1)))
+	ctx, cancel := context.WithTimeout(x.Context(), time.Second)
+	out, err := admitted.Invoke(ctx, delivery.Attempt{N: 1, Logger: w.log})
+	cancel()
+	if err != nil {
+		b.Fatal(err)
 	}
-	raw, cerr := x.checkOutput(out)
+	raw, cerr := admitted.CheckOutput(out)
 	if cerr != nil {
 		b.Fatal(cerr)
 	}
 	env := &envelope.Envelope{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID,
 		Status: envelope.StatusCompleted, Output: raw, Attempts: 1, FinalizedBy: w.cfg.ID, FinalizedAt: time.Now().UTC()}
-	mustMarshal(b, x.event(audit.Completed, map[string]any{"attempts": 1, "durationMs": int64(0)}))
+	mustMarshal(b, event(audit.Completed, map[string]any{"attempts": 1, "durationMs": int64(0)}))
 	mustMarshal(b, env)
 	rec.State, rec.Status = StateFinalized, env.Status
 	mustMarshal(b, rec)

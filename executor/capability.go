@@ -8,6 +8,7 @@ import (
 	"reflect"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/inputcheck"
 )
 
 // Call is what a handler receives besides its context: the validated input and
@@ -46,6 +47,22 @@ type Handler[In, Out any] func(ctx context.Context, call Call[In]) (Out, error)
 // after decoding.
 type Validator interface{ Validate() error }
 
+// Issue is one problem of an input, at a path like "items[2].amount" (empty
+// for the input as a whole).
+type Issue = inputcheck.Issue
+
+// InputError lists every issue of an input. Validate methods may return one to
+// report issues with paths; any other error becomes one issue without a path.
+type InputError = inputcheck.InputError
+
+// InputSchema returns the JSON Schema of a capability's input type.
+func InputSchema(c Capability) map[string]any {
+	if c == nil {
+		return nil
+	}
+	return inputcheck.JSONSchema(c.binding().inShape)
+}
+
 // Capability is a defined capability: metadata, input and output types and a
 // handler. Make one with Define.
 type Capability interface {
@@ -74,7 +91,7 @@ type binding struct {
 	inType  reflect.Type
 	outType reflect.Type
 	// inShape is how an input is checked and described (JSON Schema).
-	inShape *shape
+	inShape *inputcheck.Shape
 	// decode is stage 5: it turns the request's input into the validated input
 	// type (a pointer to it), or fails with an *InputError listing every issue
 	// (or an internal *envelope.CapabilityError when Validate panics).
@@ -97,7 +114,7 @@ func (d *definition[In, Out]) String() string    { return "capability " + d.b.id
 // every capability at once and reports all problems together.
 func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 	d := &definition[In, Out]{}
-	inShape := shapeOf(reflect.TypeFor[In]())
+	inShape := inputcheck.ShapeOf(reflect.TypeFor[In]())
 	d.b = binding{
 		id:      id,
 		meta:    meta,
@@ -105,7 +122,7 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 		outType: reflect.TypeFor[Out](),
 		inShape: inShape,
 		decode: func(raw envelope.Raw) (any, error) {
-			in, err := decodeInput[In](raw, inShape)
+			in, err := inputcheck.Decode[In](raw, inShape)
 			if err != nil {
 				return nil, err
 			}
@@ -176,7 +193,7 @@ func validateInput(v Validator) error {
 	if errors.As(err, &ce) {
 		msg = ce.Message // a declared error speaks its public message only
 	}
-	return &InputError{Issues: []Issue{{Message: msg}}, cause: err}
+	return inputcheck.NewInputError([]Issue{{Message: msg}}, err)
 }
 
 // callValidate calls v.Validate, if there is one, recovering a panic.

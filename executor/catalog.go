@@ -10,6 +10,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/inputcheck"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -41,8 +42,8 @@ func describe(b *binding, pool string) Descriptor {
 	}
 }
 
-// inputSchema is the JSON Schema of the capability's input type (schema.go).
-func inputSchema(b *binding) map[string]any { return jsonSchema(b.inShape) }
+// inputSchema is the JSON Schema of the capability's input type.
+func inputSchema(b *binding) map[string]any { return inputcheck.JSONSchema(b.inShape) }
 
 // publishCatalog writes this worker's capabilities, refusing to take over a
 // capability another pool serves.

@@ -6,12 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/await"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -29,22 +28,16 @@ type ClientConfig struct {
 }
 
 // Client submits execution requests and awaits their envelopes. It holds one
-// subscription for every await, never a JetStream consumer per call.
+// subscription for every await, never a JetStream consumer per call; it
+// rides out a failover of the servers (internal/await).
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker
 	cat *catalog
-	sub *nats.Subscription
+	w   *await.Waiters
 
-	mu      sync.Mutex
-	waiters map[string][]chan *envelope.Envelope
-	since   map[string]time.Time // when the first waiter of an id came
-	ctx     context.Context
-	stop    context.CancelFunc
-
-	lastSeq   atomic.Uint64 // of the last republished envelope seen
-	gap       chan struct{}
-	watchDone chan struct{}
+	ctx  context.Context // the catalog watcher's
+	stop context.CancelFunc
 }
 
 // ErrInvalidCapability is returned, wrapped in a CAPABILITY_NOT_FOUND
@@ -70,22 +63,18 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, b: b, waiters: map[string][]chan *envelope.Envelope{}, since: map[string]time.Time{},
-		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
+	c := &Client{cfg: cfg, b: b}
 	c.ctx, c.stop = context.WithCancel(context.Background())
-	c.sub, err = nc.Subscribe(b.Names.EnvelopeSubjects(), c.onEnvelope)
-	if err != nil {
-		c.stop()
-		return nil, fmt.Errorf("capstan: subscribe to envelopes: %w", err)
-	}
-	_ = c.sub.SetPendingLimits(-1, -1)
-	c.cat, err = watchCatalog(c.ctx, b)
-	if err != nil {
-		_ = c.sub.Unsubscribe()
+	if c.w, err = await.New(b, cfg.Logger); err != nil {
 		c.stop()
 		return nil, err
 	}
-	go c.watchMissed()
+	c.cat, err = watchCatalog(c.ctx, b)
+	if err != nil {
+		_ = c.w.Close()
+		c.stop()
+		return nil, err
+	}
 	return c, nil
 }
 
@@ -93,41 +82,11 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 func (c *Client) Close() error {
 	c.cat.stop()
 	c.stop()
-	<-c.watchDone
-	return c.sub.Unsubscribe()
+	return c.w.Close()
 }
 
 // Broker exposes the provisioned resources (for tools and tests).
 func (c *Client) Broker() *broker.Broker { return c.b }
-
-func (c *Client) onEnvelope(m *nats.Msg) {
-	c.noteSequence(m)
-	id := c.b.Names.EnvelopeKeyFromSubject(m.Subject)
-	c.mu.Lock()
-	_, waited := c.waiters[id]
-	c.mu.Unlock()
-	if !waited {
-		return
-	}
-	env, err := envelope.DecodeEnvelope(m.Data)
-	if err != nil {
-		c.cfg.Logger.Warn("envelope does not decode", "executionId", id, "err", err)
-		return
-	}
-	c.deliver(id, env)
-}
-
-// deliver hands env to every waiter of id, once.
-func (c *Client) deliver(id string, env *envelope.Envelope) {
-	c.mu.Lock()
-	ws := c.waiters[id]
-	delete(c.waiters, id)
-	delete(c.since, id)
-	c.mu.Unlock()
-	for _, w := range ws {
-		w <- env
-	}
-}
 
 // CallOption sets a field of one request.
 type CallOption func(*envelope.Request)
@@ -234,88 +193,13 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 
 // Await waits for an execution's envelope until ctx ends.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
-	ch := c.wait(executionID)
-	return c.awaitOn(ctx, executionID, ch)
+	return c.w.Await(ctx, executionID, c.w.Add(executionID))
 }
 
-func (c *Client) wait(id string) chan *envelope.Envelope {
-	ch := make(chan *envelope.Envelope, 1)
-	c.mu.Lock()
-	if _, ok := c.since[id]; !ok {
-		c.since[id] = time.Now()
-	}
-	c.waiters[id] = append(c.waiters[id], ch)
-	c.mu.Unlock()
-	return ch
+// publish stores m, publishing again through a failover.
+func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
+	return await.Publish(ctx, c.b.JS, m, c.cfg.Logger)
 }
-
-func (c *Client) unwait(id string, ch chan *envelope.Envelope) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ws := c.waiters[id]
-	for i, w := range ws {
-		if w == ch {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
-		}
-	}
-	if len(ws) == 0 {
-		delete(c.waiters, id)
-		delete(c.since, id)
-	} else {
-		c.waiters[id] = ws
-	}
-}
-
-func (c *Client) awaitOn(ctx context.Context, id string, ch chan *envelope.Envelope) (*envelope.Envelope, error) {
-	// The envelope may have been written before the subscription saw the
-	// waiter: one Get closes that race. It is bounded on its own: a request
-	// lost with a server that went down is never answered, and the waiter's
-	// re-reads cover a Get that failed.
-	if env, err := c.loadEnvelope(ctx, id); err == nil {
-		c.unwait(id, ch)
-		return env, nil
-	}
-	return c.awaitFresh(ctx, id, ch, c.reconnects())
-}
-
-// loadEnvelope reads an envelope with a bound of its own: a request lost with
-// a server that went down is never answered.
-func (c *Client) loadEnvelope(ctx context.Context, id string) (*envelope.Envelope, error) {
-	lctx, cancel := context.WithTimeout(ctx, publishTry)
-	defer cancel()
-	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
-	return env, err
-}
-
-// awaitFresh waits for the envelope of a request whose waiter was registered
-// before it was published, under an id no earlier request had: its envelope
-// can only arrive on the subscription, so no Get is needed, unless the
-// connection reconnected since reconnects was read and the republished
-// envelope was lost with it.
-func (c *Client) awaitFresh(ctx context.Context, id string, ch chan *envelope.Envelope, reconnects uint64) (*envelope.Envelope, error) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case env := <-ch:
-			return env, nil
-		case <-ctx.Done():
-			c.unwait(id, ch)
-			return nil, ctx.Err()
-		case <-t.C:
-			if now := c.reconnects(); now != reconnects {
-				reconnects = now
-				if env, err := c.loadEnvelope(ctx, id); err == nil {
-					c.unwait(id, ch)
-					return env, nil
-				}
-			}
-		}
-	}
-}
-
-func (c *Client) reconnects() uint64 { return c.b.NC.Stats().Reconnects }
 
 // Call submits and awaits. err reports transport trouble only; governed
 // outcomes (completed, failed, cancelled, approval-required) are in the
@@ -350,7 +234,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		fresh bool
 	}
 	sent := make([]pending, 0, len(reqs))
-	reconnects := c.reconnects()
+	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
 		if err != nil {
@@ -367,7 +251,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			errs[i] = err
 			continue
 		}
-		ch := c.wait(r.ExecutionID)
+		ch := c.w.Add(r.ExecutionID)
 		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
 		if err != nil {
 			f = nil // published again below, synchronously
@@ -375,7 +259,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		sent = append(sent, pending{i: i, id: r.ExecutionID, m: m, ch: ch, ack: f, fresh: ownID(rq.Options)})
 	}
 	ackWaitOver := make(chan struct{})
-	ackWait := time.AfterFunc(asyncAckWait, func() { close(ackWaitOver) })
+	ackWait := time.AfterFunc(await.AsyncAckWait, func() { close(ackWaitOver) })
 	defer ackWait.Stop()
 	for k := range sent {
 		p := &sent[k]
@@ -402,7 +286,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			err = c.publish(ctx, p.m)
 		}
 		if err != nil {
-			c.unwait(p.id, p.ch)
+			c.w.Remove(p.id, p.ch)
 			errs[p.i] = fmt.Errorf("capstan: submit %s: %w", p.id, err)
 		}
 	}
@@ -412,9 +296,9 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		}
 		switch {
 		case p.fresh:
-			envs[p.i], errs[p.i] = c.awaitFresh(ctx, p.id, p.ch, reconnects)
+			envs[p.i], errs[p.i] = c.w.AwaitFresh(ctx, p.id, p.ch, reconnects)
 		default:
-			envs[p.i], errs[p.i] = c.awaitOn(ctx, p.id, p.ch)
+			envs[p.i], errs[p.i] = c.w.Await(ctx, p.id, p.ch)
 		}
 	}
 	return envs, errs

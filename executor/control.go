@@ -2,11 +2,8 @@ package executor
 
 import (
 	"encoding/json"
-	"errors"
 	"strings"
-	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
@@ -45,11 +42,7 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	// ... and every worker stops its own run of it at once, if it has one:
 	// on the request itself, and again on the notice sent once the cancel is
 	// recorded, for a run that began between the two.
-	stopLocal := func(m *nats.Msg) {
-		if x := w.local(lastToken(m.Subject)); x != nil {
-			x.cancel(errCallerCancelled)
-		}
-	}
+	stopLocal := func(m *nats.Msg) { w.run.CancelLocal(lastToken(m.Subject)) }
 	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
@@ -66,9 +59,9 @@ func lastToken(subject string) string {
 	return subject[strings.LastIndexByte(subject, '.')+1:]
 }
 
-// recordCancel sets cancel-requested on the record, creating a pending record
-// when no worker has claimed the execution yet, so it is cancelled whenever a
-// worker sees it.
+// recordCancel answers a cancel request: one worker of the group records it
+// on the execution's record (delivery.Runner.RecordCancel), then every
+// worker is told to stop its own run of it.
 func (w *Worker) recordCancel(m *nats.Msg) {
 	id := lastToken(m.Subject)
 	reply := CancelReply{ExecutionID: id}
@@ -83,50 +76,10 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		reply.Error = err.Error()
 		return
 	}
-	for try := 0; try < 20; try++ {
-		ctx, cancel := storeCtx()
-		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, id)
-		cancel()
-		now := time.Now().UTC()
-		switch {
-		case errors.Is(err, broker.ErrNotFound):
-			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
-				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
-			ctx, cancel := storeCtx()
-			_, err = broker.Create(ctx, w.b.Executions, id, pending)
-			cancel()
-			if err == nil {
-				reply.State = StatePending
-				return
-			}
-		case err != nil:
-			time.Sleep(backoffStep(try))
-		case rec.State == StateFinalized:
-			reply.Finalized, reply.Status, reply.State = true, rec.Status, rec.State
-			return
-		case rec.CancelRequested:
-			reply.State = rec.State
-			return
-		default:
-			// The envelope is the truth: the record is marked finalized only
-			// after it, so an execution can be over while its record says not.
-			ctx, cancel := storeCtx()
-			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
-			cancel()
-			if eerr == nil {
-				reply.Finalized, reply.Status, reply.State = true, env.Status, StateFinalized
-				return
-			}
-			next := *rec
-			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
-			ctx, cancel = storeCtx()
-			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
-			cancel()
-			if err == nil {
-				reply.State = rec.State
-				return
-			}
-		}
+	c, err := w.run.RecordCancel(id)
+	if err != nil {
+		reply.Error = err.Error()
+		return
 	}
-	reply.Error = "the cancel could not be recorded; try again"
+	reply.State, reply.Finalized, reply.Status = c.State, c.Finalized, c.Status
 }

@@ -184,7 +184,7 @@ func (w *Worker) discoveryVerdict(d Descriptor, req *DescribeRequest) verdict {
 	if b := w.reg.get(d.ID); b != nil {
 		meta, own = b.meta, b.meta.Policies
 	}
-	return evaluatePolicies(w.base, w.cfg.Policies, own, PolicyRequest{
+	return evaluatePolicies(w.run.Context(), w.cfg.Policies, own, PolicyRequest{
 		Phase: PhaseDiscovery, CapabilityID: d.ID, Meta: meta, Actor: req.Actor, Surface: req.Surface,
 	}, w.cfg.PolicyTimeout)
 }

@@ -1,10 +1,6 @@
 package executor
 
-import (
-	"errors"
-
-	"github.com/capstan-dev/capstan/envelope"
-)
+import "github.com/capstan-dev/capstan/envelope"
 
 // Declared handler errors. A handler that returns one says code-level things
 // to the runtime and the caller: its code (EXECUTION_FAILED unless set),
@@ -68,34 +64,4 @@ func WithDetails(details map[string]any) ErrorOption {
 // Concealed keeps the message from the model: it sees INTERNAL_ERROR instead.
 func Concealed() ErrorOption {
 	return func(e *envelope.CapabilityError) { e.ExposeToModel = false }
-}
-
-// runtimeCodes are asserted by the runtime alone, never by a handler.
-var runtimeCodes = map[envelope.Code]bool{
-	envelope.CodeTimeout:        true,
-	envelope.CodeCancelled:      true,
-	envelope.CodeOutcomeUnknown: true,
-	envelope.CodeWorkerLost:     true,
-}
-
-// handlerError classifies what a handler returned. A declared error (a
-// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
-// handler stage; anything else is EXECUTION_FAILED, not retryable and not
-// exposed. Either way the result wraps the handler's own error, so a RetryOn
-// function and the logs can inspect it with errors.Is and errors.As.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if !errors.As(err, &ce) {
-		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-			Message: "The operation failed.", Cause: err}
-	}
-	c := *ce // never change the handler's value: it may be a shared sentinel
-	c.Stage, c.Cause = envelope.StageHandler, err
-	if c.Code == "" || runtimeCodes[c.Code] {
-		c.Code = envelope.CodeExecutionFailed
-	}
-	if c.Message == "" {
-		c.Message = "The operation failed."
-	}
-	return &c
 }

@@ -23,7 +23,9 @@ func (c *Client) Approvals() *approvals.Store {
 // worker consumes the approval with one CAS: of every execution resuming
 // one approval, exactly one runs; the others end APPROVAL_CONSUMED. An
 // approval that is not approved ends the execution with the matching
-// APPROVAL_* code, audited like any refusal.
+// APPROVAL_* code, audited like any refusal. Like Submit, it publishes again
+// under the execution id until the stream answers (a stream electing a
+// leader), or ctx ends.
 func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...CallOption) (string, error) {
 	rec, err := approvals.NewStore(c.b, nil).Get(ctx, approvalID)
 	if err != nil {
@@ -50,7 +52,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 	if err != nil {
 		return "", err
 	}
-	if _, err := c.b.JS.PublishMsg(ctx, m); err != nil {
+	if err := c.publish(ctx, m); err != nil {
 		return "", fmt.Errorf("capstan: resume %s: %w", approvalID, err)
 	}
 	return r.ExecutionID, nil

@@ -32,8 +32,8 @@ func TestSI11_RuntimeRuleHoldsWithoutTheRegistry(t *testing.T) {
 	retryable := &envelope.CapabilityError{Code: envelope.CodeTimeout, Retryable: true}
 	for _, se := range []SideEffect{Write, Destructive, External} {
 		for _, idem := range []bool{false, true} {
-			x := &execution{b: &binding{meta: Meta{SideEffect: se, Idempotent: idem, Retry: &Retry{MaxAttempts: 5}}}}
-			if got := x.retryEligible(retryable); got != idem {
+			c := &capability{b: &binding{meta: Meta{SideEffect: se, Idempotent: idem, Retry: &Retry{MaxAttempts: 5}}}}
+			if got := c.RetryEligible(retryable); got != idem {
 				t.Errorf("%s, idempotent %t: retry eligible %t", se, idem, got)
 			}
 		}

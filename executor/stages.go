@@ -1,85 +1,203 @@
 package executor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/delivery"
 )
+
+// The stages of DESIGN §4 that belong to a capability's definition: exposure,
+// input, actor, policies and approval before the attempts (4 to 9), the retry
+// rule between them (11), validation and redaction of the output (12, 13).
+// The delivery machinery (internal/delivery) claims, leases, attempts,
+// takes over and finalizes; it calls these through delivery.Capability and
+// delivery.Admitted.
+
+// capability is a registered capability as a worker's delivery machinery
+// drives it.
+type capability struct {
+	b *binding
+	w *Worker
+}
+
+// admission is one execution going through its capability's stages: what
+// they established is what the attempts use.
+type admission struct {
+	*capability
+	x   *delivery.Execution
+	req *envelope.Request
+
+	input     any // decoded, validated input (pointer to the input type)
+	grant     *ApprovalGrant
+	decisions []PolicyRecord // every policy stance so far, for the trail
+}
+
+func (c *capability) admission(x *delivery.Execution) *admission {
+	return &admission{capability: c, x: x, req: x.Request()}
+}
+
+// Admit runs stages 4 to 9 (admit).
+func (c *capability) Admit(x *delivery.Execution) delivery.Admitted {
+	if a := c.admission(x); a.admit() {
+		return a
+	}
+	return nil
+}
+
+// Readmit restores a takeover's input (stage 5 again) and the approval the
+// execution consumed.
+func (c *capability) Readmit(x *delivery.Execution) delivery.Admitted {
+	a := c.admission(x)
+	in, err := c.b.decode(a.req.Input)
+	if err != nil {
+		x.Fail(inputInvalid(err), 0)
+		return nil
+	}
+	a.input = in
+	if err := a.restoreGrant(); err != nil {
+		x.Fail(err, x.Record().Attempt)
+		return nil
+	}
+	return a
+}
+
+func (c *capability) Timeout() time.Duration      { return c.b.meta.timeout() }
+func (c *capability) Retries() int                { return c.b.meta.maxAttempts() }
+func (c *capability) Backoff(n int) time.Duration { return c.b.meta.backoff(n) }
+
+// RetryEligible is the SI-11 rule: all must hold.
+func (c *capability) RetryEligible(err *envelope.CapabilityError) bool {
+	m := c.b.meta
+	if m.maxAttempts() <= 0 || !err.Retryable {
+		return false
+	}
+	if m.SideEffect.writeLike() && !m.Idempotent {
+		return false
+	}
+	return m.Retry.RetryOn == nil || c.retryOn(err)
+}
+
+// retryOn asks the capability's RetryOn; one that panics vetoes the retry.
+func (c *capability) retryOn(err *envelope.CapabilityError) (retry bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.w.log.Error("retryOn panicked: not retrying", "capabilityId", c.b.id, "panic", r)
+			retry = false
+		}
+	}()
+	return c.b.meta.Retry.RetryOn(err)
+}
+
+// Invoke is stage 11's call of the handler, with the validated input.
+func (a *admission) Invoke(ctx context.Context, at delivery.Attempt) (any, error) {
+	return a.b.invoke(ctx, callInfo{
+		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
+		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: at.N,
+		actor: a.req.Actor, surface: Surface(a.req.Surface), correlationID: a.req.CorrelationID,
+		approval: a.grant, logger: at.Logger,
+	}, a.input)
+}
+
+// CheckOutput is stages 12 and 13: validation, redaction, encoding. Nothing
+// of an output that fails them leaves the worker.
+func (a *admission) CheckOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
+	invalid := func(err error) *envelope.CapabilityError {
+		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
+	}
+	out, err := a.b.checkOutput(out)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	out, err = redact(a.b.meta.RedactOutput, out)
+	if err != nil {
+		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+			Message: "The operation failed.", Cause: err}
+	}
+	raw, err := envelope.NewRaw(out)
+	if err != nil {
+		return nil, invalid(err)
+	}
+	return raw, nil
+}
 
 // admit runs stages 4 to 9. It finalizes the execution itself when a stage
 // refuses it, and reports whether the attempts may start.
-func (x *execution) admit() bool {
-	m := x.b.meta
+func (a *admission) admit() bool {
+	m := a.b.meta
 	// 4: exposure, deny by default, enforced here whatever the caller was
 	// shown. Concealed (SI-8): an unexposed capability, or one discovery would
 	// not show this caller, fails exactly as an unknown one does; only the
 	// trail says why.
-	if !m.Expose.Has(Surface(x.req.Surface)) {
-		x.conceal("not-exposed", envelope.StageExposure, nil)
+	if !m.Expose.Has(Surface(a.req.Surface)) {
+		a.conceal("not-exposed", envelope.StageExposure, nil)
 		return false
 	}
-	if v := x.policies(PhaseDiscovery); v.stance == Deny || v.stance == Hide || v.failed {
-		if v.failed && x.ctx.Err() != nil {
-			x.endByContext(0)
+	if v := a.policies(PhaseDiscovery); v.stance == Deny || v.stance == Hide || v.failed {
+		if v.failed && a.x.Context().Err() != nil {
+			a.x.EndByContext(0)
 			return false
 		}
-		x.conceal("hidden-at-discovery", envelope.StageExposure, v.records)
+		a.conceal("hidden-at-discovery", envelope.StageExposure, v.records)
 		return false
 	}
 	// 5: input, strictly decoded and validated: what policies, approvals and
 	// the handler see from here on (SI-6).
-	in, err := x.b.decode(x.req.Input)
+	in, err := a.b.decode(a.req.Input)
 	if err != nil {
 		cerr := inputInvalid(err)
 		if cerr.Code != envelope.CodeInputInvalid {
-			x.finalize(x.failed(cerr), 0) // the capability's bug, not a refusal
+			a.x.Fail(cerr, 0) // the capability's bug, not a refusal
 			return false
 		}
-		x.deny("input-invalid", cerr, nil)
+		a.deny("input-invalid", cerr, nil)
 		return false
 	}
-	x.input = in
+	a.input = in
 	// 6: actor.
-	if cerr := checkActor(x.req.Actor); cerr != nil {
-		x.deny("unauthenticated", cerr, nil)
+	if cerr := checkActor(a.req.Actor); cerr != nil {
+		a.deny("unauthenticated", cerr, nil)
 		return false
 	}
 	// 7: invocation-phase policies. A resume runs from stage 9: these
 	// policies already asked for the approval it carries.
 	var v verdict
-	if x.req.ApprovalID == "" {
-		v = x.policies(PhaseInvocation)
-		if !x.policyGate(v, envelope.StagePolicy) {
+	if a.req.ApprovalID == "" {
+		v = a.policies(PhaseInvocation)
+		if !a.policyGate(v, envelope.StagePolicy) {
 			return false
 		}
 	}
 	// 8: approval gate.
-	if !x.approvalGate(v) {
+	if !a.approvalGate(v) {
 		return false
 	}
 	// 9: execution-phase policies.
-	v = x.policies(PhaseExecution)
-	if v.stance == RequireApproval && x.grant != nil {
+	v = a.policies(PhaseExecution)
+	if v.stance == RequireApproval && a.grant != nil {
 		v.stance = Allow // the approval already granted covers it
 	}
 	if v.stance == RequireApproval {
 		v.stance, v.reasons = Deny, append(v.reasons, "approval required at execution")
 	}
-	return x.policyGate(v, envelope.StageExecPolicy)
+	return a.policyGate(v, envelope.StageExecPolicy)
 }
 
 // policies evaluates the runtime's policies, then the capability's own, for
 // one phase. Every stance is kept for the trail.
-func (x *execution) policies(phase Phase) verdict {
-	v := evaluatePolicies(x.ctx, x.w.cfg.Policies, x.b.meta.Policies, PolicyRequest{
-		Phase: phase, CapabilityID: x.b.id, Meta: x.b.meta, Actor: x.req.Actor, Surface: Surface(x.req.Surface),
-		Input: phaseInput(phase, x.input),
-	}, x.w.cfg.PolicyTimeout)
-	x.decisions = append(x.decisions, v.records...)
+func (a *admission) policies(phase Phase) verdict {
+	v := evaluatePolicies(a.x.Context(), a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
+		Phase: phase, CapabilityID: a.b.id, Meta: a.b.meta, Actor: a.req.Actor, Surface: Surface(a.req.Surface),
+		Input: phaseInput(phase, a.input),
+	}, a.w.cfg.PolicyTimeout)
+	a.decisions = append(a.decisions, v.records...)
 	return v
 }
 
@@ -91,63 +209,56 @@ func phaseInput(phase Phase, in any) any {
 }
 
 // policyGate finalizes a refusal and reports whether the execution goes on.
-func (x *execution) policyGate(v verdict, stage string) bool {
+func (a *admission) policyGate(v verdict, stage string) bool {
 	switch {
-	case v.failed && x.ctx.Err() != nil:
+	case v.failed && a.x.Context().Err() != nil:
 		// The policies were cut off because the execution ended (a cancel, the
 		// deadline, a lost claim, a shutdown): that decides, not the policies.
-		x.endByContext(0)
+		a.x.EndByContext(0)
 		return false
 	case v.failed:
-		x.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: stage,
+		a.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: stage,
 			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused."}, v.records)
 		return false
 	case v.stance == Deny:
-		x.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: stage,
+		a.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: stage,
 			ExposeToModel: true, Message: "A policy refused the call."}, v.records)
 		return false
 	case v.stance == Hide:
-		x.conceal("policy-hidden", stage, v.records)
+		a.conceal("policy-hidden", stage, v.records)
 		return false
 	}
 	return true
 }
 
 // deny finalizes a refusal before any attempt, its reason on the trail.
-func (x *execution) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) {
-	x.refuse(reason, cerr.Stage, cerr, records)
+func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) {
+	a.refuse(reason, cerr.Stage, cerr, records)
 }
 
 // conceal refuses as if the capability did not exist (SI-8). The trail keeps
 // the true reason and stage; the caller sees what an unknown id gets.
-func (x *execution) conceal(reason, stage string, records []PolicyRecord) {
-	x.refuse(reason, stage, notFoundError(), records)
+func (a *admission) conceal(reason, stage string, records []PolicyRecord) {
+	a.refuse(reason, stage, delivery.NotFoundError(), records)
 }
 
-func (x *execution) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) {
+func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) {
 	data := map[string]any{"reason": reason, "publicCode": string(cerr.Code), "stage": stage}
 	if len(records) > 0 {
 		data["policyDecisions"] = records
 	}
-	x.emit(audit.Denied, data)
-	x.finalize(x.failed(cerr), 0)
+	a.x.Emit(audit.Denied, data)
+	a.x.Fail(cerr, 0)
 }
 
-// startedData is capability.started's data: the attempt, the approval, and
+// StartedData is capability.started's data: the attempt, the approval, and
 // every policy stance that let the execution start.
-func (x *execution) startedData(attempt int) map[string]any {
-	data := map[string]any{"attempt": attempt, "approvalId": x.req.ApprovalID}
-	if len(x.decisions) > 0 {
-		data["policyDecisions"] = x.decisions
+func (a *admission) StartedData(attempt int) map[string]any {
+	data := map[string]any{"attempt": attempt, "approvalId": a.req.ApprovalID}
+	if len(a.decisions) > 0 {
+		data["policyDecisions"] = a.decisions
 	}
 	return data
-}
-
-// notFoundError is the one answer for an unknown, unexposed or hidden
-// capability: the same bytes whichever it was (SI-8).
-func notFoundError() *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve, ExposeToModel: true,
-		Message: "No such capability."}
 }
 
 // inputInvalid turns a stage-5 error into the caller's INPUT_INVALID, with

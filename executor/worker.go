@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/delivery"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -104,7 +102,9 @@ type WorkerStats struct {
 }
 
 // Worker serves one pool: it pulls requests for its registry's capabilities
-// and runs them through the pipeline, finalizing one envelope each.
+// and runs them through the pipeline, finalizing one envelope each. The
+// machinery of one delivery (claim, lease, attempts, takeover, finalization)
+// is internal/delivery's; the stages a capability defines are in stages.go.
 type Worker struct {
 	nc    *nats.Conn
 	reg   *Registry
@@ -113,27 +113,9 @@ type Worker struct {
 	b     *broker.Broker
 	audit *audit.Emitter
 	cat   *catalog
-
-	mu       sync.Mutex
-	inflight map[string]*execution
-
-	// base outlives the Run context: in-flight executions keep running
-	// through a graceful shutdown until the grace period ends.
-	base       context.Context
-	baseCancel context.CancelCauseFunc
-
-	handled, handlerCalls, finalized, conflicts atomic.Uint64
-	abandoned, takenOver, duplicates            atomic.Uint64
+	run   *delivery.Runner
+	caps  map[string]*capability
 }
-
-// Causes that end an execution's context.
-var (
-	errCallerCancelled = errors.New("cancelled by the caller")
-	errDeadline        = errors.New("the request's deadline passed")
-	errLeaseLost       = errors.New("the claim was lost to another worker")
-	errShutdown        = errors.New("the worker shut down before the execution ended")
-	errAttemptTimeout  = errors.New("the attempt timed out")
-)
 
 // NewWorker checks its arguments; Run connects the worker to its pool.
 func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) {
@@ -148,8 +130,15 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		return nil, fmt.Errorf("capstan: pool name %q: letters, digits, - and _ only", cfg.Pool)
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
-		inflight: make(map[string]*execution)}
-	w.base, w.baseCancel = context.WithCancelCause(context.Background())
+		caps: make(map[string]*capability, len(reg.ids))}
+	for _, id := range reg.ids {
+		w.caps[id] = &capability{b: reg.get(id), w: w}
+	}
+	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
+		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
+		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
+		Listed: func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+	})
 	return w, nil
 }
 
@@ -158,15 +147,22 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Stats returns the worker's counters.
 func (w *Worker) Stats() WorkerStats {
-	s := WorkerStats{
-		Handled: w.handled.Load(), HandlerCalls: w.handlerCalls.Load(), Finalized: w.finalized.Load(),
-		Conflicts: w.conflicts.Load(), Abandoned: w.abandoned.Load(), TakenOver: w.takenOver.Load(),
-		Duplicates: w.duplicates.Load(),
-	}
+	r := w.run.Stats()
+	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates}
 	if w.audit != nil {
 		s.AuditFailed = w.audit.Failed()
 	}
 	return s
+}
+
+// lookup is the capability a request names, or nil (never a nil pointer in
+// the interface).
+func (w *Worker) lookup(id string) delivery.Capability {
+	if c, ok := w.caps[id]; ok {
+		return c
+	}
+	return nil
 }
 
 // Run provisions the resources, publishes the worker's capabilities to the
@@ -182,7 +178,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.b = b
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
-	w.cat, err = watchCatalog(w.base, b)
+	w.run.Provisioned(b, w.audit)
+	defer w.run.Stop()
+	w.cat, err = watchCatalog(w.run.Context(), b)
 	if err != nil {
 		return err
 	}
@@ -214,71 +212,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
 
-	var wg sync.WaitGroup
-	loops := []struct {
-		c        jetstream.Consumer
-		batch    int
-		unrouted bool
-	}{
-		{pool, w.cfg.Concurrency, false},
-		{unrouted, 4, true},
+	if err := w.run.Serve(ctx, pool, unrouted, w.cfg.Concurrency, w.cfg.Grace); err != nil {
+		return err
 	}
-	iters := make([]jetstream.MessagesContext, 0, len(loops))
-	var loopsDone sync.WaitGroup
-	for _, l := range loops {
-		it, err := l.c.Messages(jetstream.PullMaxMessages(l.batch), jetstream.PullExpiry(5*time.Second))
-		if err != nil {
-			for _, it := range iters {
-				it.Stop()
-			}
-			return fmt.Errorf("capstan: pull from %s: %w", l.c.CachedInfo().Name, err)
-		}
-		iters = append(iters, it)
-		loopsDone.Add(1)
-		go func(it jetstream.MessagesContext, unrouted bool, sem chan struct{}) {
-			defer loopsDone.Done()
-			for {
-				sem <- struct{}{}
-				msg, err := it.Next()
-				if err != nil {
-					<-sem
-					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-						return
-					}
-					w.log.Warn("pull failed", "err", err)
-					time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
-					continue
-				}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					w.handled.Add(1)
-					if unrouted {
-						w.handleUnrouted(msg)
-					} else {
-						w.handle(msg)
-					}
-				}()
-			}
-		}(it, l.unrouted, make(chan struct{}, l.batch))
-	}
-
-	<-ctx.Done()
-	w.log.Info("worker draining", "grace", w.cfg.Grace)
-	// Drain: stop pulling, hand out what was already buffered.
-	for _, it := range iters {
-		it.Drain()
-	}
-	done := make(chan struct{})
-	go func() { loopsDone.Wait(); wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(w.cfg.Grace):
-		w.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", w.inflightCount())
-		w.baseCancel(errShutdown)
-		<-done
-	}
-	w.baseCancel(errShutdown)
 	flushCtx, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelFlush()
 	_ = w.audit.Flush(flushCtx)
@@ -293,64 +229,7 @@ func poolMaxAckPending(concurrency int) int {
 	return max(64*concurrency, 20000)
 }
 
-func (w *Worker) inflightCount() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.inflight)
-}
-
-func (w *Worker) track(x *execution) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, busy := w.inflight[x.req.ExecutionID]; busy {
-		return false
-	}
-	w.inflight[x.req.ExecutionID] = x
-	return true
-}
-
-func (w *Worker) untrack(x *execution) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.inflight[x.req.ExecutionID] == x {
-		delete(w.inflight, x.req.ExecutionID)
-	}
-}
-
-func (w *Worker) local(id string) *execution {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.inflight[id]
-}
-
-// nak asks for a redelivery after delay; a bare NAK would burn deliveries.
-func nak(msg jetstream.Msg, delay time.Duration) {
-	if delay < 100*time.Millisecond {
-		delay = 100 * time.Millisecond
-	}
-	_ = msg.NakWithDelay(delay)
-}
-
-func ackSync(msg jetstream.Msg) {
-	for i := 0; i < 3; i++ {
-		if err := msg.DoubleAck(context.Background()); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// A lost ack only means a redelivery, which finds the envelope and acks.
-}
-
 func (w *Worker) emit(ev *audit.Event) {
 	ev.Worker = w.cfg.ID
 	w.audit.Emit(ev)
-}
-
-// newAffectedRecord is the record written when a request is finalized without
-// running (undecodable, unknown capability): it keeps the invariant that an
-// envelope is always preceded by its execution's record.
-func (w *Worker) finalizedRecord(id, capID string, status envelope.Status) *Record {
-	now := time.Now().UTC()
-	return &Record{V: envelope.Version, ExecutionID: id, CapabilityID: capID, State: StateFinalized,
-		Worker: w.cfg.ID, Status: status, CreatedAt: now, UpdatedAt: now}
 }

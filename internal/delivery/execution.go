@@ -1,4 +1,4 @@
-package executor
+package delivery
 
 import (
 	"context"
@@ -13,14 +13,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// execution is one delivery of one request being worked on by this worker.
-type execution struct {
-	w   *Worker
+// Execution is one delivery of one request being worked on by this worker.
+type Execution struct {
+	w   *Runner
 	msg jetstream.Msg
 	req *envelope.Request
-	b   *binding // nil when no pool serves the capability
-	// missing says why b is nil: "unknown", "invalid-id".
+	cap Capability // nil when no pool serves the capability
+	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
+	// admitted runs the attempts, once stages 4 to 9 let the execution through.
+	admitted Admitted
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost
 	// claim, the worker's shutdown. Each attempt adds its own timeout.
@@ -34,9 +36,6 @@ type execution struct {
 
 	start     time.Time
 	inputHash string
-	input     any // decoded, validated input (pointer to the input type)
-	grant     *ApprovalGrant
-	decisions []PolicyRecord // every policy stance so far, for the trail
 	done      chan struct{}
 
 	// renewing runs keepLease; stopRenewing ends it before a release, whose
@@ -46,8 +45,8 @@ type execution struct {
 	stopOnce     sync.Once
 }
 
-func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request, b *binding) *execution {
-	x := &execution{w: w, msg: msg, req: req, b: b, start: time.Now(),
+func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
+	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(),
 		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
 	x.ctx, x.cancel = context.WithCancelCause(w.base)
 	if req.Deadline != nil {
@@ -56,39 +55,58 @@ func (w *Worker) newExecution(msg jetstream.Msg, req *envelope.Request, b *bindi
 	return x
 }
 
-// storeCtx bounds one store operation; it is not tied to the execution, whose
-// cancellation must not stop it from recording its own end.
-func storeCtx() (context.Context, context.CancelFunc) {
+// Detached returns an execution of req that no delivery carries, its
+// context the runner's: for benchmarks of the stages, which run without a
+// broker.
+func (w *Runner) Detached(req *envelope.Request, c Capability) *Execution {
+	return w.newExecution(nil, req, c)
+}
+
+// StoreContext bounds one store operation; it is not tied to the execution,
+// whose cancellation must not stop it from recording its own end.
+func StoreContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 10*time.Second)
 }
 
 // casCtx bounds one operation on the record: short against the lease, so
 // that a request lost with a server is sent again (to its restart, or to
 // another node) while the lease still holds.
-func (x *execution) casCtx() (context.Context, context.CancelFunc) {
+func (x *Execution) casCtx() (context.Context, context.CancelFunc) {
 	d := min(max(x.w.cfg.Lease/4, 250*time.Millisecond), 10*time.Second)
 	return context.WithTimeout(context.Background(), d)
 }
 
-func (x *execution) event(typ string, data map[string]any) *audit.Event {
+func (x *Execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), ExecutionID: x.req.ExecutionID,
 		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
 	}
 }
 
-func (x *execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
+// Request is the request being executed.
+func (x *Execution) Request() *envelope.Request { return x.req }
 
-// record returns a copy of the record as this worker last saw it; the lease
+// Context spans the whole execution: the caller's cancel and deadline, a lost
+// claim, the worker's shutdown.
+func (x *Execution) Context() context.Context { return x.ctx }
+
+// Emit files an audit event of the execution.
+func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
+
+func (x *Execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
+
+// Record returns a copy of the record as this worker last saw it; the lease
 // keeper may change it at any time.
-func (x *execution) record() Record {
+func (x *Execution) Record() Record { return x.record() }
+
+func (x *Execution) record() Record {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return *x.rec
 }
 
 // hashInput sets the input hash events carry in place of the input (SI-10).
-func (x *execution) hashInput() {
+func (x *Execution) hashInput() {
 	if h, err := envelope.InputHash(x.req.Input); err == nil {
 		x.inputHash = h
 	}
@@ -104,6 +122,9 @@ var errCancelRequested = errors.New("capstan: cancel requested")
 // not have changed, and may or may not still be ours.
 var errUnsettled = errors.New("capstan: execution record unreachable")
 
+// Update changes the execution's record (see update).
+func (x *Execution) Update(change func(r *Record)) error { return x.update(change) }
+
 // update applies change to the record with a CAS on its revision. On a lost
 // CAS (or any error, which may hide a write that happened) it re-reads: if the
 // record is still ours it applies change again; if another worker owns it, or
@@ -114,7 +135,7 @@ var errUnsettled = errors.New("capstan: execution record unreachable")
 // A store that does not answer (a replicated bucket electing a new leader) is
 // waited for up to storeOutage: giving up early would leave a record that
 // says the execution is ours, or running, when it is neither.
-func (x *execution) update(change func(r *Record)) error {
+func (x *Execution) update(change func(r *Record)) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.rec == nil {
@@ -142,7 +163,7 @@ func (x *execution) update(change func(r *Record)) error {
 		cancel()
 		if lerr != nil {
 			last = lerr
-			time.Sleep(backoffStep(try))
+			time.Sleep(broker.Backoff(try))
 			continue
 		}
 		if cur.Worker != x.w.cfg.ID || cur.State == StateFinalized {
@@ -150,7 +171,7 @@ func (x *execution) update(change func(r *Record)) error {
 			return errLost
 		}
 		if curRev == x.rev {
-			time.Sleep(backoffStep(try)) // spurious failure: the record did not move
+			time.Sleep(broker.Backoff(try)) // spurious failure: the record did not move
 		}
 		x.rec, x.rev = cur, curRev
 	}
@@ -163,23 +184,15 @@ const storeOutage = time.Minute
 
 // storeGivesUp reports whether a write tried since start should stop: after
 // storeOutage, or after a few tries once the worker is shutting down.
-func (w *Worker) storeGivesUp(start time.Time, try int) bool {
+func (w *Runner) storeGivesUp(start time.Time, try int) bool {
 	if w.base.Err() != nil {
 		return try >= 20
 	}
 	return try >= 20 && time.Since(start) > storeOutage
 }
 
-func backoffStep(try int) time.Duration {
-	d := time.Duration(10*(try+1)) * time.Millisecond
-	if d > 500*time.Millisecond {
-		d = 500 * time.Millisecond
-	}
-	return d
-}
-
 // startRenewing starts keepLease.
-func (x *execution) startRenewing() {
+func (x *Execution) startRenewing() {
 	x.renewing.Add(1)
 	go func() {
 		defer x.renewing.Done()
@@ -188,7 +201,7 @@ func (x *execution) startRenewing() {
 }
 
 // stopLease ends the lease renewal and waits until no renewal is in flight.
-func (x *execution) stopLease() {
+func (x *Execution) stopLease() {
 	x.stopOnce.Do(func() { close(x.stopRenewing) })
 	x.renewing.Wait()
 }
@@ -196,7 +209,7 @@ func (x *execution) stopLease() {
 // keepLease renews the lease and the delivery every third of the lease until
 // the execution ends; it cancels the execution when the claim is lost or a
 // cancel is recorded.
-func (x *execution) keepLease() {
+func (x *Execution) keepLease() {
 	if x.w.cfg.DisableLeaseRenewal {
 		return
 	}

@@ -1,8 +1,8 @@
-package executor
+package inputcheck
 
 import (
 	"encoding"
-	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/msgpackhead"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -275,15 +276,15 @@ func checkInput(raw []byte, s *shape) []Issue {
 type valueClass uint8
 
 const (
-	classNil valueClass = iota
-	classBool
-	classInt
-	classFloat
-	classString
-	classBinary
-	classArray
-	classMap
-	classExt
+	classNil    = valueClass(msgpackhead.Nil)
+	classBool   = valueClass(msgpackhead.Bool)
+	classInt    = valueClass(msgpackhead.Int)
+	classFloat  = valueClass(msgpackhead.Float)
+	classString = valueClass(msgpackhead.String)
+	classBinary = valueClass(msgpackhead.Binary)
+	classArray  = valueClass(msgpackhead.Array)
+	classMap    = valueClass(msgpackhead.Map)
+	classExt    = valueClass(msgpackhead.Ext)
 )
 
 func (c valueClass) String() string {
@@ -404,105 +405,19 @@ func (w *inputWalk) take(n uint64) ([]byte, bool) {
 	return b, true
 }
 
-func (w *inputWalk) uint(size int) (uint64, bool) {
-	b, ok := w.take(uint64(size))
-	if !ok {
-		return 0, false
-	}
-	switch size {
-	case 1:
-		return uint64(b[0]), true
-	case 2:
-		return uint64(binary.BigEndian.Uint16(b)), true
-	case 4:
-		return uint64(binary.BigEndian.Uint32(b)), true
-	}
-	return binary.BigEndian.Uint64(b), true
-}
-
-func (w *inputWalk) sint(size int) (int64, bool) {
-	u, ok := w.uint(size)
-	if !ok {
-		return 0, false
-	}
-	switch size {
-	case 1:
-		return int64(int8(u)), true
-	case 2:
-		return int64(int16(u)), true
-	case 4:
-		return int64(int32(u)), true
-	}
-	return int64(u), true
-}
-
-func signed(i int64) (neg bool, mag uint64) {
-	if i < 0 {
-		return true, uint64(-(i + 1)) + 1
-	}
-	return false, uint64(i)
-}
-
 // head reads one value's header; for scalars, the whole value.
 func (w *inputWalk) head() (h head, ok bool) {
-	b, ok := w.take(1)
-	if !ok {
+	mh, next, err := msgpackhead.Read(w.b, w.off)
+	switch {
+	case errors.Is(err, msgpackhead.ErrNotMsgpack):
+		w.fail("the input is not msgpack")
+		return h, false
+	case err != nil:
+		w.fail("the input is truncated or not msgpack")
 		return h, false
 	}
-	c := b[0]
-	switch {
-	case c <= 0x7f:
-		return head{class: classInt, mag: uint64(c)}, true
-	case c >= 0xe0:
-		h.class = classInt
-		h.neg, h.mag = signed(int64(int8(c)))
-		return h, true
-	case c <= 0x8f:
-		return head{class: classMap, n: uint64(c & 0x0f)}, true
-	case c <= 0x9f:
-		return head{class: classArray, n: uint64(c & 0x0f)}, true
-	case c <= 0xbf:
-		return head{class: classString, n: uint64(c & 0x1f)}, true
-	case c == 0xc0:
-		return head{class: classNil}, true
-	case c == 0xc2 || c == 0xc3:
-		return head{class: classBool}, true
-	case c >= 0xc4 && c <= 0xc6:
-		n, ok := w.uint(1 << (c - 0xc4))
-		return head{class: classBinary, n: n}, ok
-	case c >= 0xc7 && c <= 0xc9:
-		n, ok := w.uint(1 << (c - 0xc7))
-		if !ok {
-			return h, false
-		}
-		t, ok := w.sint(1)
-		return head{class: classExt, n: n, ext: int8(t)}, ok
-	case c == 0xca || c == 0xcb:
-		_, ok := w.take(4 << (c - 0xca))
-		return head{class: classFloat, f64: c == 0xcb}, ok
-	case c >= 0xcc && c <= 0xcf:
-		u, ok := w.uint(1 << (c - 0xcc))
-		return head{class: classInt, mag: u}, ok
-	case c >= 0xd0 && c <= 0xd3:
-		i, ok := w.sint(1 << (c - 0xd0))
-		h.class = classInt
-		h.neg, h.mag = signed(i)
-		return h, ok
-	case c >= 0xd4 && c <= 0xd8:
-		t, ok := w.sint(1)
-		return head{class: classExt, n: 1 << (c - 0xd4), ext: int8(t)}, ok
-	case c >= 0xd9 && c <= 0xdb:
-		n, ok := w.uint(1 << (c - 0xd9))
-		return head{class: classString, n: n}, ok
-	case c == 0xdc || c == 0xdd:
-		n, ok := w.uint(2 << (c - 0xdc))
-		return head{class: classArray, n: n}, ok
-	case c == 0xde || c == 0xdf:
-		n, ok := w.uint(2 << (c - 0xde))
-		return head{class: classMap, n: n}, ok
-	}
-	w.fail("the input is not msgpack")
-	return h, false
+	w.off = next
+	return head{class: valueClass(mh.Class), neg: mh.Neg, mag: mh.Mag, f64: mh.F64, n: mh.N, ext: mh.Ext}, true
 }
 
 // rest skips what follows a header: content, items or pairs.

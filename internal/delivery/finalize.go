@@ -1,4 +1,4 @@
-package executor
+package delivery
 
 import (
 	"errors"
@@ -17,21 +17,21 @@ type outcome struct {
 	cause error // private, for the logs
 }
 
-func (x *execution) completed(out envelope.Raw) *outcome {
+func (x *Execution) completed(out envelope.Raw) *outcome {
 	return &outcome{env: &envelope.Envelope{Status: envelope.StatusCompleted, Output: out}, event: audit.Completed}
 }
 
-func (x *execution) failed(cerr *envelope.CapabilityError) *outcome {
+func (x *Execution) failed(cerr *envelope.CapabilityError) *outcome {
 	return x.failure(cerr, false)
 }
 
 // failedAfterRun is a failure after the handler was called: its effect may
 // have happened.
-func (x *execution) failedAfterRun(cerr *envelope.CapabilityError) *outcome {
+func (x *Execution) failedAfterRun(cerr *envelope.CapabilityError) *outcome {
 	return x.failure(cerr, true)
 }
 
-func (x *execution) failure(cerr *envelope.CapabilityError, executed bool) *outcome {
+func (x *Execution) failure(cerr *envelope.CapabilityError, executed bool) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusFailed, Error: cerr.Wire()},
 		event: audit.Failed,
@@ -43,7 +43,7 @@ func (x *execution) failure(cerr *envelope.CapabilityError, executed bool) *outc
 
 // approvalRequired ends a call that waits for a human decision; its
 // terminal event is capability.approval_requested.
-func (x *execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
+func (x *Execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusApprovalRequired, Approval: ref},
 		event: audit.ApprovalRequested,
@@ -51,7 +51,7 @@ func (x *execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]
 	}
 }
 
-func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
+func (x *Execution) cancelled(code envelope.Code, msg string) *outcome {
 	return x.stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
 }
 
@@ -59,12 +59,23 @@ func (x *execution) cancelled(code envelope.Code, msg string) *outcome {
 // that failed on its own: the caller's cancel or deadline (CANCELLED), or a
 // last attempt that timed out (TIMEOUT). Status cancelled, event
 // capability.cancelled, its code telling the two apart.
-func (x *execution) stopped(cerr *envelope.CapabilityError) *outcome {
+func (x *Execution) stopped(cerr *envelope.CapabilityError) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusCancelled, Error: cerr.Wire()},
 		event: audit.Cancelled,
 		data:  map[string]any{"code": string(cerr.Code), "stage": cerr.Stage, "retryable": cerr.Retryable},
 	}
+}
+
+// Fail finalizes a failure before the handler ran.
+func (x *Execution) Fail(cerr *envelope.CapabilityError, attempts int) {
+	x.finalize(x.failed(cerr), attempts)
+}
+
+// RequireApproval finalizes a call that waits for a human decision; data is
+// its capability.approval_requested event's.
+func (x *Execution) RequireApproval(ref *envelope.ApprovalRef, data map[string]any) {
+	x.finalize(x.approvalRequired(ref, data), 0)
 }
 
 // finalize is stage 14: the terminal event, the one envelope (create-only:
@@ -78,7 +89,7 @@ func (x *execution) stopped(cerr *envelope.CapabilityError) *outcome {
 // it discards its outcome (audited); the new owner finalizes. The create-only
 // envelope covers a worker stalled for longer than a lease between the CAS
 // and the write.
-func (x *execution) finalize(o *outcome, attempts int) {
+func (x *Execution) finalize(o *outcome, attempts int) {
 	w := x.w
 	var err error
 	if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
@@ -136,7 +147,7 @@ func (x *execution) finalize(o *outcome, attempts int) {
 // createEnvelope writes the envelope once. It reports whether the message may
 // be acknowledged (an envelope, ours or another's, exists) and returns the
 // stored envelope.
-func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
+func (x *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
 	start := time.Now()
 	for try := 0; ; try++ {
@@ -157,7 +168,7 @@ func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 					w.log.Error("envelope refused but not readable", "executionId", x.req.ExecutionID, "err", lerr)
 					return nil, false
 				}
-				time.Sleep(backoffStep(try))
+				time.Sleep(broker.Backoff(try))
 				continue
 			}
 			if have.FinalizedBy == env.FinalizedBy && have.FinalizedAt.Equal(env.FinalizedAt) {
@@ -174,17 +185,17 @@ func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
 			return nil, false
 		}
-		time.Sleep(backoffStep(try))
+		time.Sleep(broker.Backoff(try))
 	}
 }
 
 // storedEnvelope reads the envelope a create was refused for. An absence is
 // confirmed with the stream's leader: a replica catching up after a restart
 // may not have the envelope yet.
-func (x *execution) storedEnvelope() (*envelope.Envelope, error) {
+func (x *Execution) storedEnvelope() (*envelope.Envelope, error) {
 	var err error
 	for try := 0; try < 5; try++ {
-		ctx, cancel := storeCtx()
+		ctx, cancel := StoreContext()
 		var have *envelope.Envelope
 		have, _, err = broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
 		if errors.Is(err, broker.ErrNotFound) {
@@ -197,30 +208,7 @@ func (x *execution) storedEnvelope() (*envelope.Envelope, error) {
 		if errors.Is(err, broker.ErrNotFound) {
 			return nil, err
 		}
-		time.Sleep(backoffStep(try))
+		time.Sleep(broker.Backoff(try))
 	}
 	return nil, err
-}
-
-// checkOutput is stages 12 and 13: validation, redaction, encoding. Nothing
-// of an output that fails them leaves the worker.
-func (x *execution) checkOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
-	invalid := func(err error) *envelope.CapabilityError {
-		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
-			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
-	}
-	out, err := x.b.checkOutput(out)
-	if err != nil {
-		return nil, invalid(err)
-	}
-	out, err = redact(x.b.meta.RedactOutput, out)
-	if err != nil {
-		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
-			Message: "The operation failed.", Cause: err}
-	}
-	raw, err := envelope.NewRaw(out)
-	if err != nil {
-		return nil, invalid(err)
-	}
-	return raw, nil
 }

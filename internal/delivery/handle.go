@@ -1,4 +1,4 @@
-package executor
+package delivery
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 )
 
 // handle decides what one delivery means (DESIGN §5) and acts on it.
-func (w *Worker) handle(msg jetstream.Msg) {
+func (w *Runner) handle(msg jetstream.Msg) {
 	req, err := envelope.DecodeRequest(msg.Data())
 	if err != nil {
 		w.undecodable(msg, err)
@@ -23,24 +23,24 @@ func (w *Worker) handle(msg jetstream.Msg) {
 		nak(msg, w.cfg.Lease)
 		return
 	}
-	b := w.reg.get(req.CapabilityID)
+	c := w.cfg.Capability(req.CapabilityID)
 	missing := ""
-	if b == nil {
+	if c == nil {
 		// During a rolling deploy a newer worker may serve it: wait while the
 		// catalog lists it.
-		if _, listed := w.cat.lookup(req.CapabilityID); listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+		if w.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 			nak(msg, w.cfg.RolloutDelay)
 			return
 		}
 		missing = "unknown"
 	}
-	w.claimAndRun(msg, req, b, missing)
+	w.claimAndRun(msg, req, c, missing)
 }
 
-// claimAndRun runs one delivery as an execution of this worker. A nil binding
+// claimAndRun runs one delivery as an execution of this worker. A nil capability
 // (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless its record
 // says otherwise: even then the takeover table decides.
-func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *binding, missing string) {
+func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capability, missing string) {
 	if w.base.Err() != nil {
 		// Shutting down: leave it to a live worker rather than claim it.
 		nak(msg, 0)
@@ -51,7 +51,7 @@ func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *bindin
 		// timer now, as the claim starts its lease.
 		_ = msg.InProgress()
 	}
-	x := w.newExecution(msg, req, b)
+	x := w.newExecution(msg, req, c)
 	x.missing = missing
 	if !w.track(x) {
 		x.finish()
@@ -63,7 +63,7 @@ func (w *Worker) claimAndRun(msg jetstream.Msg, req *envelope.Request, b *bindin
 	x.claimAndRun()
 }
 
-func (x *execution) finish() {
+func (x *Execution) finish() {
 	close(x.done)
 	x.stopDeadline()
 	x.cancel(nil)
@@ -71,7 +71,7 @@ func (x *execution) finish() {
 
 // claimAndRun claims the execution and runs it, or decides from the record
 // another delivery or worker left.
-func (x *execution) claimAndRun() {
+func (x *Execution) claimAndRun() {
 	w := x.w
 	x.hashInput()
 	now := time.Now().UTC()
@@ -91,7 +91,7 @@ func (x *execution) claimAndRun() {
 		}
 		if !errors.Is(err, broker.ErrExists) {
 			// The create may have happened: re-read below decides either way.
-			time.Sleep(backoffStep(try))
+			time.Sleep(broker.Backoff(try))
 		}
 		ctx, cancel = x.casCtx()
 		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.req.ExecutionID)
@@ -117,8 +117,8 @@ func (x *execution) claimAndRun() {
 }
 
 // runClaimed runs an execution this delivery has just claimed.
-func (x *execution) runClaimed() {
-	if x.b == nil {
+func (x *Execution) runClaimed() {
+	if x.cap == nil {
 		x.notFound(true)
 		return
 	}
@@ -127,7 +127,7 @@ func (x *execution) runClaimed() {
 
 // decide handles a delivery whose execution already has a record: the
 // takeover table of DESIGN §5.
-func (x *execution) decide(rec *Record, rev uint64) {
+func (x *Execution) decide(rec *Record, rev uint64) {
 	w := x.w
 	env, err := x.envelope()
 	if errors.Is(err, envelope.ErrDecode) {
@@ -146,7 +146,7 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		// Its worker stored the envelope and was lost before recording it.
 		next := *rec
 		next.State, next.Status, next.Attempt, next.UpdatedAt = StateFinalized, env.Status, env.Attempts, time.Now().UTC()
-		ctx, cancel := storeCtx()
+		ctx, cancel := StoreContext()
 		_, _ = broker.Update(ctx, w.b.Executions, x.req.ExecutionID, &next, rev)
 		cancel()
 	}
@@ -194,7 +194,7 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		n := x.rec.Attempt
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
 			Message: "The worker running the attempt was lost."}
-		if x.b != nil && x.retryEligible(lost) && n < 1+x.b.meta.maxAttempts() {
+		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() {
 			x.run(false, n+1, envelope.CodeWorkerLost)
 			return
 		}
@@ -203,7 +203,7 @@ func (x *execution) decide(rec *Record, rev uint64) {
 			// The attempt failed and was recorded; only its retry was lost.
 			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
 				Message: "The operation failed.", ExposeToModel: false}
-			if last.Code == envelope.CodeTimeout && x.b != nil {
+			if last.Code == envelope.CodeTimeout && x.cap != nil {
 				last = x.timeoutError()
 			}
 			x.finalize(x.afterRun(last), n)
@@ -215,7 +215,7 @@ func (x *execution) decide(rec *Record, rev uint64) {
 		}), n)
 	default:
 		// The handler never started (pending, claimed): run from the top.
-		if x.b == nil {
+		if x.cap == nil {
 			x.notFound(false)
 			return
 		}
@@ -224,16 +224,25 @@ func (x *execution) decide(rec *Record, rev uint64) {
 }
 
 // notFound finalizes an execution of a capability no pool serves.
-func (x *execution) notFound(fresh bool) {
+func (x *Execution) notFound(fresh bool) {
 	if fresh {
 		x.emit(audit.Requested, nil)
 	}
-	x.deny(x.missing, notFoundError(), nil)
+	cerr := NotFoundError()
+	x.emit(audit.Denied, map[string]any{"reason": x.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
+	x.finalize(x.failed(cerr), 0)
+}
+
+// NotFoundError is the one answer for an unknown, unexposed or hidden
+// capability: the same bytes whichever it was (SI-8).
+func NotFoundError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve, ExposeToModel: true,
+		Message: "No such capability."}
 }
 
 // envelope reads the execution's envelope: nil, nil when there is none.
-func (x *execution) envelope() (*envelope.Envelope, error) {
-	ctx, cancel := storeCtx()
+func (x *Execution) envelope() (*envelope.Envelope, error) {
+	ctx, cancel := StoreContext()
 	defer cancel()
 	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
 	if errors.Is(err, broker.ErrNotFound) {
@@ -249,7 +258,7 @@ func (x *execution) envelope() (*envelope.Envelope, error) {
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
 // never a new attempt.
-func (w *Worker) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
+func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
@@ -260,7 +269,7 @@ func (w *Worker) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy
 // undecodable terminates a message that is not a request: it must not be
 // redelivered forever. With a usable execution id header, it is finalized as
 // INPUT_INVALID so that its caller is not left waiting.
-func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
+func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 	id := ""
 	if h := msg.Headers(); h != nil {
 		id = h.Get("Nats-Msg-Id")
@@ -271,7 +280,7 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
-		x := &execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
+		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
 		w.finalizeWithoutRun(x, env, "undecodable")
 	}
 	_ = msg.TermWithReason("request does not decode")
@@ -282,9 +291,9 @@ func (w *Worker) undecodable(msg jetstream.Msg, derr error) {
 // could run (one that does not decode). If another record exists, a decodable
 // request owns the id; a finalized one without its envelope is this path's
 // own, interrupted before the envelope.
-func (w *Worker) finalizeWithoutRun(x *execution, env *envelope.Envelope, reason string) {
+func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) {
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
-	ctx, cancel := storeCtx()
+	ctx, cancel := StoreContext()
 	defer cancel()
 	if _, err := broker.Create(ctx, w.b.Executions, id, w.finalizedRecord(id, capID, env.Status)); err != nil {
 		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, id)
@@ -306,16 +315,16 @@ func (w *Worker) finalizeWithoutRun(x *execution, env *envelope.Envelope, reason
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
 // because its catalog did not list the capability.
-func (w *Worker) handleUnrouted(msg jetstream.Msg) {
+func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 	req, err := envelope.DecodeRequest(msg.Data())
 	if err != nil {
 		w.undecodable(msg, err)
 		return
 	}
-	if _, listed := w.cat.lookup(req.CapabilityID); listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+	if w.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 		// The producer's catalog was stale: forward under a distinct message id,
 		// since the original id is still in the dedup window.
-		ctx, cancel := storeCtx()
+		ctx, cancel := StoreContext()
 		defer cancel()
 		fwd := msg.Data()
 		if _, err := w.b.JS.Publish(ctx, w.b.Names.ExecSubject(req.CapabilityID), fwd,

@@ -1,4 +1,4 @@
-package executor
+package inputcheck
 
 import (
 	"math"
@@ -22,14 +22,6 @@ import (
 
 // schemaDialect is the JSON Schema version the derived schemas follow.
 const schemaDialect = "https://json-schema.org/draft/2020-12/schema"
-
-// InputSchema returns the JSON Schema of a capability's input type.
-func InputSchema(c Capability) map[string]any {
-	if c == nil {
-		return nil
-	}
-	return jsonSchema(c.binding().inShape)
-}
 
 func jsonSchema(s *shape) map[string]any {
 	if s == nil {

@@ -1,7 +1,6 @@
-package executor
+package inputcheck
 
 import (
-	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"reflect"
@@ -46,8 +45,7 @@ func schemaJSON(t *testing.T, v any) string {
 }
 
 func TestInputSchema_DerivedFromTheGoType(t *testing.T) {
-	c := Define("s.x", Meta{}, func(context.Context, Call[schemaInput]) (struct{}, error) { return struct{}{}, nil })
-	s := InputSchema(c)
+	s := jsonSchema(shapeOf(reflect.TypeFor[schemaInput]()))
 	if s["$schema"] != schemaDialect || s["type"] != "object" || s["additionalProperties"] != false {
 		t.Fatalf("root: %s", schemaJSON(t, s))
 	}

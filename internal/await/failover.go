@@ -1,8 +1,9 @@
-package executor
+package await
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -17,33 +18,33 @@ import (
 // answers again once its group elects another (seconds), and a connection
 // whose server was lost reconnects to another server on its own.
 const (
-	// publishTry bounds one attempt to store a request.
-	publishTry = 5 * time.Second
-	// asyncAckWait is how long an asynchronous publish waits for its
+	// PublishTry bounds one attempt to store a request.
+	PublishTry = 5 * time.Second
+	// AsyncAckWait is how long an asynchronous publish waits for its
 	// acknowledgement before it is published again.
-	asyncAckWait = 10 * time.Second
+	AsyncAckWait = 10 * time.Second
 	// sweepAfter: waiters older than this are re-read now and then even
 	// when nothing suggests that a notification was missed.
 	sweepAfter = 30 * time.Second
 )
 
-// publish stores m in the exec stream. It publishes again under the same
+// Publish stores m in the exec stream. It publishes again under the same
 // message id until JetStream acknowledges or refuses it, or ctx ends: within
 // the dedup window a repeat of a request that was stored after all is
 // dropped, so a lost acknowledgement never submits twice.
-func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
+func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg, log *slog.Logger) error {
 	for try := 0; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, publishTry)
-		_, err := c.b.JS.PublishMsg(tctx, m)
+		tctx, cancel := context.WithTimeout(ctx, PublishTry)
+		_, err := js.PublishMsg(tctx, m)
 		cancel()
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			return err
 		}
-		c.cfg.Logger.Debug("request not stored yet; publishing again", "subject", m.Subject, "try", try+1, "err", err)
+		log.Debug("request not stored yet; publishing again", "subject", m.Subject, "try", try+1, "err", err)
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(backoffStep(try)):
+		case <-time.After(broker.Backoff(try)):
 		}
 	}
 }
@@ -67,7 +68,7 @@ func transient(err error) bool {
 // envelope and republishing it. The client notices both (a reconnect, a gap in
 // the envelope stream's sequence) and re-reads the envelopes it waits for;
 // every sweepAfter it also re-reads those waiting longer than that.
-func (c *Client) watchMissed() {
+func (c *Waiters) watchMissed() {
 	defer close(c.watchDone)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -93,7 +94,7 @@ func (c *Client) watchMissed() {
 
 // noteSequence signals a gap when a republished envelope does not follow the
 // last one seen: the envelopes in between were stored but not seen here.
-func (c *Client) noteSequence(m *nats.Msg) {
+func (c *Waiters) noteSequence(m *nats.Msg) {
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return
@@ -108,7 +109,7 @@ func (c *Client) noteSequence(m *nats.Msg) {
 
 // recheck reads the envelope of every execution waited for since at least
 // minAge and hands the ones that exist to their waiters.
-func (c *Client) recheck(minAge time.Duration) {
+func (c *Waiters) recheck(minAge time.Duration) {
 	now := time.Now()
 	c.mu.Lock()
 	var ids []string

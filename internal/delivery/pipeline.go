@@ -1,4 +1,4 @@
-package executor
+package delivery
 
 import (
 	"context"
@@ -11,12 +11,14 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 )
 
-// run drives the pipeline of DESIGN §4 for a claimed execution. fresh is set
+// run drives the pipeline of DESIGN §4 for a claimed execution: stages 4 to 9
+// and 12 to 13 are the capability's (Admit, Readmit, CheckOutput), the rest
+// are here. fresh is set
 // on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
 // a takeover at stage 11 with that attempt, after prevCode.
-func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
+func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	x.startRenewing()
-	m := x.b.meta
+	c := x.cap
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
 		x.emit(audit.Requested, nil)
@@ -26,22 +28,14 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		return
 	}
 	// 3–9 ran before any attempt started; a takeover of a running execution
-	// only needs the input back.
+	// only needs the input back, and the approval it consumed.
 	if fromAttempt == 0 {
-		if !x.admit() {
-			return
-		}
+		x.admitted = c.Admit(x)
 	} else {
-		in, err := x.b.decode(x.req.Input)
-		if err != nil {
-			x.finalize(x.failed(inputInvalid(err)), 0)
-			return
-		}
-		x.input = in
-		if err := x.restoreGrant(); err != nil {
-			x.finalize(x.failed(err), x.record().Attempt)
-			return
-		}
+		x.admitted = c.Readmit(x)
+	}
+	if x.admitted == nil {
+		return // a stage refused it and finalized it
 	}
 
 	// 10–11: controls and the attempts.
@@ -65,7 +59,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByRecord(err, attempt-1)
 			return
 		}
-		started := x.event(audit.Started, x.startedData(attempt))
+		started := x.event(audit.Started, x.admitted.StartedData(attempt))
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
@@ -82,9 +76,10 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.w.audit.Emit(started)
 		}
 
-		out, cerr := x.attempt(attempt, m.timeout())
+		out, cerr := x.attempt(attempt, c.Timeout())
 		if cerr == nil {
-			raw, oerr := x.checkOutput(out)
+			// 12–13: the output's validation, redaction and encoding.
+			raw, oerr := x.admitted.CheckOutput(out)
 			if oerr != nil {
 				x.finalize(x.failedAfterRun(oerr), attempt)
 				return
@@ -103,12 +98,12 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByContext(attempt)
 			return
 		}
-		if x.retryEligible(cerr) && attempt < 1+m.maxAttempts() {
+		if c.RetryEligible(cerr) && attempt < 1+c.Retries() {
 			if err := x.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
 				x.endByRecord(err, attempt)
 				return
 			}
-			delay := m.backoff(attempt)
+			delay := c.Backoff(attempt)
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
@@ -135,7 +130,7 @@ func (x *execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 
 // attempt calls the handler once under the attempt's timeout. After a timeout
 // or a cancel it neither waits for nor uses the handler's output.
-func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.CapabilityError) {
+func (x *Execution) attempt(n int, timeout time.Duration) (any, *envelope.CapabilityError) {
 	ctx, cancel := context.WithTimeoutCause(x.ctx, timeout, errAttemptTimeout)
 	defer cancel()
 	type result struct {
@@ -144,19 +139,14 @@ func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	}
 	ch := make(chan result, 1)
 	x.w.handlerCalls.Add(1)
-	ci := callInfo{
-		executionID: x.req.ExecutionID, capabilityID: x.req.CapabilityID,
-		idempotencyKey: envelope.IdempotencyKey(x.req.ExecutionID), attempt: n,
-		actor: x.req.Actor, surface: Surface(x.req.Surface), correlationID: x.req.CorrelationID,
-		approval: x.grant, logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
-	}
+	a := Attempt{N: n, Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n)}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
 				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
 			}
 		}()
-		out, err := x.b.invoke(ctx, ci, x.input)
+		out, err := x.admitted.Invoke(ctx, a)
 		ch <- result{out, err}
 	}()
 	var res result
@@ -181,7 +171,37 @@ func (x *execution) attempt(n int, timeout time.Duration) (any, *envelope.Capabi
 	return res.out, nil
 }
 
-func (x *execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
+// runtimeCodes are asserted by the runtime alone, never by a handler.
+var runtimeCodes = map[envelope.Code]bool{
+	envelope.CodeTimeout:        true,
+	envelope.CodeCancelled:      true,
+	envelope.CodeOutcomeUnknown: true,
+	envelope.CodeWorkerLost:     true,
+}
+
+// handlerError classifies what a handler returned. A declared error (a
+// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
+// handler stage; anything else is EXECUTION_FAILED, not retryable and not
+// exposed. Either way the result wraps the handler's own error, so a RetryOn
+// function and the logs can inspect it with errors.Is and errors.As.
+func handlerError(err error) *envelope.CapabilityError {
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) {
+		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
+			Message: "The operation failed.", Cause: err}
+	}
+	c := *ce // never change the handler's value: it may be a shared sentinel
+	c.Stage, c.Cause = envelope.StageHandler, err
+	if c.Code == "" || runtimeCodes[c.Code] {
+		c.Code = envelope.CodeExecutionFailed
+	}
+	if c.Message == "" {
+		c.Message = "The operation failed."
+	}
+	return &c
+}
+
+func (x *Execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
 	if x.ctx.Err() != nil {
 		return x.cancelledError()
 	}
@@ -191,12 +211,12 @@ func (x *execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 	return x.cancelledError()
 }
 
-func (x *execution) timeoutError() *envelope.CapabilityError {
+func (x *Execution) timeoutError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-		Message: fmt.Sprintf("The operation did not finish within %v.", x.b.meta.timeout()), Cause: context.DeadlineExceeded}
+		Message: fmt.Sprintf("The operation did not finish within %v.", x.cap.Timeout()), Cause: context.DeadlineExceeded}
 }
 
-func (x *execution) cancelledError() *envelope.CapabilityError {
+func (x *Execution) cancelledError() *envelope.CapabilityError {
 	msg := "The caller cancelled the execution."
 	if errors.Is(context.Cause(x.ctx), errDeadline) {
 		msg = "The request's deadline passed."
@@ -208,38 +228,18 @@ func (x *execution) cancelledError() *envelope.CapabilityError {
 // runtime stopping the handler, as a cancel is: status cancelled, code
 // TIMEOUT (still retryable for the caller), event capability.cancelled. A
 // failure the handler reported is status failed, event capability.failed.
-func (x *execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+func (x *Execution) afterRun(cerr *envelope.CapabilityError) *outcome {
 	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
 		return x.stopped(cerr)
 	}
 	return x.failedAfterRun(cerr)
 }
 
-// retryEligible is the SI-11 rule: all must hold.
-func (x *execution) retryEligible(err *envelope.CapabilityError) bool {
-	m := x.b.meta
-	if m.maxAttempts() <= 0 || !err.Retryable {
-		return false
-	}
-	if m.SideEffect.writeLike() && !m.Idempotent {
-		return false
-	}
-	return m.Retry.RetryOn == nil || x.retryOn(err)
-}
-
-// retryOn asks the capability's RetryOn; one that panics vetoes the retry.
-func (x *execution) retryOn(err *envelope.CapabilityError) (retry bool) {
-	defer func() {
-		if r := recover(); r != nil {
-			x.w.log.Error("retryOn panicked: not retrying", "executionId", x.req.ExecutionID, "panic", r)
-			retry = false
-		}
-	}()
-	return x.b.meta.Retry.RetryOn(err)
-}
+// EndByContext finalizes an execution whose whole context ended (see endByContext).
+func (x *Execution) EndByContext(attempts int) { x.endByContext(attempts) }
 
 // endByContext finalizes an execution whose whole context ended.
-func (x *execution) endByContext(attempts int) {
+func (x *Execution) endByContext(attempts int) {
 	switch cause := context.Cause(x.ctx); {
 	case errors.Is(cause, errLeaseLost):
 		return
@@ -250,8 +250,11 @@ func (x *execution) endByContext(attempts int) {
 	x.finalize(x.cancelled(envelope.CodeCancelled, x.cancelledError().Message), attempts)
 }
 
+// EndByRecord handles a failed record update (see endByRecord).
+func (x *Execution) EndByRecord(err error, attempts int) { x.endByRecord(err, attempts) }
+
 // endByRecord handles a failed record update.
-func (x *execution) endByRecord(err error, attempts int) {
+func (x *Execution) endByRecord(err error, attempts int) {
 	if errors.Is(err, errCancelRequested) {
 		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
@@ -263,7 +266,7 @@ func (x *execution) endByRecord(err error, attempts int) {
 
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
-func (x *execution) release() {
+func (x *Execution) release() {
 	x.stopLease()
 	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery

@@ -1,0 +1,172 @@
+package await
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+)
+
+// Waiters hands envelopes to the calls of one client waiting for them. It
+// holds one subscription to every republished envelope, never a JetStream
+// consumer per call, and re-reads the envelopes it may have missed
+// (failover.go).
+type Waiters struct {
+	b   *broker.Broker
+	log *slog.Logger
+	sub *nats.Subscription
+
+	mu      sync.Mutex
+	waiters map[string][]chan *envelope.Envelope
+	since   map[string]time.Time // when the first waiter of an id came
+	ctx     context.Context
+	stop    context.CancelFunc
+
+	lastSeq   atomic.Uint64 // of the last republished envelope seen
+	gap       chan struct{}
+	watchDone chan struct{}
+}
+
+// New opens the subscription to the envelopes of b and watches for missed
+// ones until Close.
+func New(b *broker.Broker, log *slog.Logger) (*Waiters, error) {
+	c := &Waiters{b: b, log: log, waiters: map[string][]chan *envelope.Envelope{}, since: map[string]time.Time{},
+		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
+	c.ctx, c.stop = context.WithCancel(context.Background())
+	var err error
+	c.sub, err = b.NC.Subscribe(b.Names.EnvelopeSubjects(), c.onEnvelope)
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("capstan: subscribe to envelopes: %w", err)
+	}
+	_ = c.sub.SetPendingLimits(-1, -1)
+	go c.watchMissed()
+	return c, nil
+}
+
+// Close stops watching and releases the subscription.
+func (c *Waiters) Close() error {
+	c.stop()
+	<-c.watchDone
+	return c.sub.Unsubscribe()
+}
+
+func (c *Waiters) onEnvelope(m *nats.Msg) {
+	c.noteSequence(m)
+	id := c.b.Names.EnvelopeKeyFromSubject(m.Subject)
+	c.mu.Lock()
+	_, waited := c.waiters[id]
+	c.mu.Unlock()
+	if !waited {
+		return
+	}
+	env, err := envelope.DecodeEnvelope(m.Data)
+	if err != nil {
+		c.log.Warn("envelope does not decode", "executionId", id, "err", err)
+		return
+	}
+	c.deliver(id, env)
+}
+
+// deliver hands env to every waiter of id, once.
+func (c *Waiters) deliver(id string, env *envelope.Envelope) {
+	c.mu.Lock()
+	ws := c.waiters[id]
+	delete(c.waiters, id)
+	delete(c.since, id)
+	c.mu.Unlock()
+	for _, w := range ws {
+		w <- env
+	}
+}
+
+// Add registers a waiter of an execution's envelope; Await, AwaitFresh or
+// Remove end it.
+func (c *Waiters) Add(id string) chan *envelope.Envelope {
+	ch := make(chan *envelope.Envelope, 1)
+	c.mu.Lock()
+	if _, ok := c.since[id]; !ok {
+		c.since[id] = time.Now()
+	}
+	c.waiters[id] = append(c.waiters[id], ch)
+	c.mu.Unlock()
+	return ch
+}
+
+// Remove ends a waiter that will not be awaited.
+func (c *Waiters) Remove(id string, ch chan *envelope.Envelope) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ws := c.waiters[id]
+	for i, w := range ws {
+		if w == ch {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(c.waiters, id)
+		delete(c.since, id)
+	} else {
+		c.waiters[id] = ws
+	}
+}
+
+// Await waits on ch, a waiter of id, until the envelope comes or ctx ends.
+func (c *Waiters) Await(ctx context.Context, id string, ch chan *envelope.Envelope) (*envelope.Envelope, error) {
+	// The envelope may have been written before the subscription saw the
+	// waiter: one Get closes that race. It is bounded on its own: a request
+	// lost with a server that went down is never answered, and the waiter's
+	// re-reads cover a Get that failed.
+	if env, err := c.loadEnvelope(ctx, id); err == nil {
+		c.Remove(id, ch)
+		return env, nil
+	}
+	return c.AwaitFresh(ctx, id, ch, c.Reconnects())
+}
+
+// loadEnvelope reads an envelope with a bound of its own: a request lost with
+// a server that went down is never answered.
+func (c *Waiters) loadEnvelope(ctx context.Context, id string) (*envelope.Envelope, error) {
+	lctx, cancel := context.WithTimeout(ctx, PublishTry)
+	defer cancel()
+	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+	return env, err
+}
+
+// AwaitFresh waits for the envelope of a request whose waiter was registered
+// before it was published, under an id no earlier request had: its envelope
+// can only arrive on the subscription, so no Get is needed, unless the
+// connection reconnected since reconnects was read and the republished
+// envelope was lost with it.
+func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.Envelope, reconnects uint64) (*envelope.Envelope, error) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case env := <-ch:
+			return env, nil
+		case <-ctx.Done():
+			c.Remove(id, ch)
+			return nil, ctx.Err()
+		case <-t.C:
+			if now := c.Reconnects(); now != reconnects {
+				reconnects = now
+				if env, err := c.loadEnvelope(ctx, id); err == nil {
+					c.Remove(id, ch)
+					return env, nil
+				}
+			}
+		}
+	}
+}
+
+// Reconnects counts the connection's reconnects: an envelope republished
+// during one may have been lost.
+func (c *Waiters) Reconnects() uint64 { return c.b.NC.Stats().Reconnects }

@@ -1,0 +1,23 @@
+// Package delivery is what a worker does with one delivery of an execution
+// request: the machinery behind executor.Worker that keeps capstan's
+// guarantees across redeliveries, lost workers and crashes.
+//
+// One delivery reads top-down through four files:
+//
+//   - runner.go: Runner.Serve pulls deliveries from the pool's consumer and
+//     hands each to handle.
+//   - handle.go: handle decides what the delivery means (DESIGN §5): a
+//     redelivery of an execution this worker runs, a capability rolling out,
+//     or one to claim. claimAndRun creates the execution's record (the claim);
+//     when a record exists, decide applies the takeover table.
+//   - pipeline.go: run drives the pipeline of DESIGN §4: the capability's
+//     admission (stages 4 to 9, executor's), the attempts under the lease
+//     kept by execution.go, the retry rule, the output's checks (12, 13).
+//   - finalize.go: finalize is stage 14: the terminal audit event, the one
+//     create-only envelope, the record, then the acknowledgement.
+//
+// The public executor package provides each request's Capability: the stages
+// a capability's definition decides (exposure, input, actor, policies,
+// approval, retry rule, output). Everything that touches the execution's
+// record, lease and envelope is here.
+package delivery
