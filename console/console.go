@@ -132,15 +132,21 @@ func (c *Console) Serve(ctx context.Context, l net.Listener) error {
 // Close ends every session and closes their connections.
 func (c *Console) Close() { c.sessions.closeAll() }
 
-// ListenAddr checks a listen address: open mode only on loopback, unless
-// insecure says otherwise.
-func ListenAddr(addr string, open, insecure bool) error {
+// ListenAddr checks where a console may listen. On loopback, anywhere. Beyond
+// it, only with sign-in credentials (not open) and over HTTPS, since a
+// principal's credentials cross the network at sign-in; insecure lifts both.
+func ListenAddr(addr string, open, https, insecure bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("capstan: console address %q: %w", addr, err)
 	}
-	if open && !insecure && !isLoopback(host) {
+	switch {
+	case insecure || isLoopback(host):
+		return nil
+	case open:
 		return fmt.Errorf("capstan: console address %q: an open console (no sign-in credentials) listens only on loopback", addr)
+	case !https:
+		return fmt.Errorf("capstan: console address %q: beyond loopback the console serves HTTPS only, since credentials cross the network at sign-in", addr)
 	}
 	return nil
 }

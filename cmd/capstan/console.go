@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,17 +17,30 @@ import (
 const defaultConsole = "127.0.0.1:8233"
 
 func runConsole(args []string) int {
-	fs := newFlags("console", "[--listen HOST:PORT] [--open [--insecure]] [--admins kind:id,...]")
+	fs := newFlags("console", "[--listen HOST:PORT] [--https-cert FILE --https-key FILE] [--open] [--insecure] [--admins kind:id,...]")
 	conn := addConnFlags(fs)
 	listen := fs.String("listen", defaultConsole, "the console's HTTP address")
 	open := fs.Bool("open", false, "no credentials at sign-in: the form names the approver and every session uses this process's connection (loopback only)")
-	insecure := fs.Bool("insecure", false, "with --open, allow listening beyond loopback")
+	insecure := fs.Bool("insecure", false, "allow listening beyond loopback open or without HTTPS")
+	httpsCert := fs.String("https-cert", "", "serve HTTPS with this certificate `file` (with --https-key)")
+	httpsKey := fs.String("https-key", "", "the HTTPS certificate's key `file`")
 	admins := fs.String("admins", "", "principals, as kind:id separated by commas, who may cancel any execution")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
-	if err := console.ListenAddr(*listen, *open, *insecure); err != nil {
+	if (*httpsCert == "") != (*httpsKey == "") {
+		return usageError("--https-cert and --https-key go together")
+	}
+	if err := console.ListenAddr(*listen, *open, *httpsCert != "", *insecure); err != nil {
 		return usageError("%v", err)
+	}
+	var tlsConfig *tls.Config
+	if *httpsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*httpsCert, *httpsKey)
+		if err != nil {
+			return usageError("console: %v", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	cfg := console.Config{
 		Open: *open, Logger: newLogger(slog.LevelInfo),
@@ -51,11 +65,15 @@ func runConsole(args []string) int {
 	if err != nil {
 		return usageError("console: %v", err)
 	}
+	scheme := "http"
+	if tlsConfig != nil {
+		l, scheme = tls.NewListener(l, tlsConfig), "https"
+	}
 	mode := "sign in with a principal's credentials"
 	if *open {
 		mode = "open: sign in by naming yourself"
 	}
-	fmt.Printf("capstan console on http://%s (%s)\n", l.Addr(), mode)
+	fmt.Printf("capstan console on %s://%s (%s)\n", scheme, l.Addr(), mode)
 	if err := serveConsole(ctx, l, cfg); err != nil {
 		return fail(exitFailed, "console: %v", err)
 	}
@@ -78,7 +96,7 @@ func startDevConsole(ctx context.Context, addr string, nc *nats.Conn, log *slog.
 	if addr == "" || addr == "off" {
 		return "", nil
 	}
-	if err := console.ListenAddr(addr, true, false); err != nil {
+	if err := console.ListenAddr(addr, true, false, false); err != nil {
 		log.Warn("console not started", "err", err)
 		return "", nil
 	}

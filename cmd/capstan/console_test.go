@@ -1,14 +1,26 @@
 package main
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // `capstan dev` serves an open console on loopback and prints its address.
@@ -42,6 +54,14 @@ func TestConsole_OpenRefusedBeyondLoopback(t *testing.T) {
 	}
 }
 
+// Beyond loopback, a console with sign-in serves HTTPS only.
+func TestConsole_PlainHTTPRefusedBeyondLoopback(t *testing.T) {
+	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "console", "--listen", "0.0.0.0:0")
+	if code != exitUsage || !strings.Contains(stderr, "serves HTTPS only") {
+		t.Fatalf("exit %d, stderr %q; want %d and a refusal", code, stderr, exitUsage)
+	}
+}
+
 // Without --open, the console asks for credentials before anything.
 func TestConsole_AsksForCredentials(t *testing.T) {
 	_, natsURL := startDev(t)
@@ -67,3 +87,47 @@ func TestConsole_AsksForCredentials(t *testing.T) {
 		t.Fatalf("sign-in against a server without authentication: %d:\n%s", resp.StatusCode, body)
 	}
 }
+
+// With a certificate the console serves HTTPS, and its session cookie is
+// marked Secure.
+func TestConsole_ServesHTTPS(t *testing.T) {
+	_, natsURL := startDev(t)
+	dir := t.TempDir()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+
+	port := strconv.Itoa(freePort(t))
+	startDaemon(t, "capstan console on https://", []string{"CAPSTAN_NATS_URL=" + natsURL},
+		"console", "--open", "--listen", "127.0.0.1:"+port, "--https-cert", certFile, "--https-key", keyFile)
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	web := &http.Client{Timeout: guard, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := web.PostForm("https://127.0.0.1:"+port+"/signin", url.Values{"name": {"user:bob"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cookies := resp.Cookies()
+	if resp.StatusCode != http.StatusSeeOther || len(cookies) != 1 || !cookies[0].Secure || !cookies[0].HttpOnly {
+		t.Fatalf("sign-in over HTTPS: %d, cookies %+v; want a redirect and one Secure, HttpOnly cookie", resp.StatusCode, cookies)
+	}
+}
+
