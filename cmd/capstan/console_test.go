@@ -130,4 +130,3 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 		t.Fatalf("sign-in over HTTPS: %d, cookies %+v; want a redirect and one Secure, HttpOnly cookie", resp.StatusCode, cookies)
 	}
 }
-
