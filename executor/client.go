@@ -223,17 +223,7 @@ type Request struct {
 func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Envelope, []error) {
 	envs := make([]*envelope.Envelope, len(reqs))
 	errs := make([]error, len(reqs))
-	type pending struct {
-		i   int
-		id  string
-		m   *nats.Msg
-		ch  chan *envelope.Envelope
-		ack jetstream.PubAckFuture
-		// fresh: the client made the id and the stream took the request as
-		// new, so no envelope existed before the waiter.
-		fresh bool
-	}
-	sent := make([]pending, 0, len(reqs))
+	calls := make([]*await.Call, len(reqs))
 	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
@@ -251,54 +241,12 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			errs[i] = err
 			continue
 		}
-		ch := c.w.Add(r.ExecutionID)
-		f, err := c.b.JS.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)) // a large fan-out waits for room
-		if err != nil {
-			f = nil // published again below, synchronously
-		}
-		sent = append(sent, pending{i: i, id: r.ExecutionID, m: m, ch: ch, ack: f, fresh: ownID(rq.Options)})
+		calls[i] = c.w.Send(r.ExecutionID, m, ownID(rq.Options))
 	}
-	ackWaitOver := make(chan struct{})
-	ackWait := time.AfterFunc(await.AsyncAckWait, func() { close(ackWaitOver) })
-	defer ackWait.Stop()
-	for k := range sent {
-		p := &sent[k]
-		var err error
-		if p.ack == nil {
-			err = errors.New("not published")
-		} else {
-			select {
-			case ack := <-p.ack.Ok():
-				p.fresh = p.fresh && !ack.Duplicate
-				continue
-			case err = <-p.ack.Err():
-			case <-ackWaitOver:
-				// Unanswered: its stream may have lost its leader.
-				err = errors.New("no acknowledgement")
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		}
-		// A failed or unanswered publish is published again under its id.
-		// Whether the first one was stored is unknown: the await reads first.
-		p.fresh = false
-		if ctx.Err() == nil {
-			err = c.publish(ctx, p.m)
-		}
-		if err != nil {
-			c.w.Remove(p.id, p.ch)
-			errs[p.i] = fmt.Errorf("capstan: submit %s: %w", p.id, err)
-		}
-	}
-	for _, p := range sent {
-		if errs[p.i] != nil {
-			continue
-		}
-		switch {
-		case p.fresh:
-			envs[p.i], errs[p.i] = c.w.AwaitFresh(ctx, p.id, p.ch, reconnects)
-		default:
-			envs[p.i], errs[p.i] = c.w.Await(ctx, p.id, p.ch)
+	c.w.Settle(ctx, calls)
+	for i, call := range calls {
+		if call != nil {
+			envs[i], errs[i] = c.w.Wait(ctx, call, reconnects)
 		}
 	}
 	return envs, errs

@@ -7,5 +7,7 @@
 // leader is lost between storing an envelope and republishing it. Waiters
 // notices both and re-reads what it waits for. Publish stores a request
 // through a leader election: it publishes again under the same message id,
-// which the stream's deduplication makes safe.
+// which the stream's deduplication makes safe. A fan-out sends every request
+// at once (Send), then settles their acknowledgements, publishing again what
+// failed or stayed unanswered (Settle), then waits for each envelope (Wait).
 package await

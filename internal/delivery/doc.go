@@ -11,13 +11,18 @@
 //     or one to claim. claimAndRun creates the execution's record (the claim);
 //     when a record exists, decide applies the takeover table.
 //   - pipeline.go: run drives the pipeline of DESIGN §4: the capability's
-//     admission (stages 4 to 9, executor's), the attempts under the lease
-//     kept by execution.go, the retry rule, the output's checks (12, 13).
+//     admission (stages 4 to 9), the attempts under the lease that
+//     execution.go keeps, the retry rule, the output's checks (12, 13).
 //   - finalize.go: finalize is stage 14: the terminal audit event, the one
 //     create-only envelope, the record, then the acknowledgement.
 //
-// The public executor package provides each request's Capability: the stages
-// a capability's definition decides (exposure, input, actor, policies,
-// approval, retry rule, output). Everything that touches the execution's
-// record, lease and envelope is here.
+// execution.go holds the execution's record and its compare-and-swap, and the
+// lease; cancel.go records a caller's cancel on the record, which decide and
+// the lease keeper read.
+//
+// capability.go is the seam with the public executor package, which gives
+// each request its Capability: the stages a capability's definition decides
+// (exposure, input, actor, policies, approval, the retry rule, output checks),
+// run through Execution's exported methods. Everything that touches the
+// execution's record, lease and envelope is here.
 package delivery
