@@ -11,6 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/chromedp/chromedp"
 )
@@ -237,4 +238,20 @@ func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
 		chromedp.WaitVisible("#pool-default"),
 	)
 	has(t, "the default pool", text(t, ops, "#pool-default"), "orders.refund", "demo.flaky", "queued", r.worker.ID())
+
+	// An execution's page opened before anything of it is stored shows it
+	// once it is.
+	id := envelope.NewExecutionID()
+	do(t, ops, "a page waiting for its execution",
+		chromedp.Navigate(r.base+"/executions/"+id),
+		chromedp.WaitVisible("#exec-unknown"),
+	)
+	if _, err := r.client.Submit(testCtx(t), "demo.echo", map[string]any{"late": true}, executor.WithID(id), executor.As(alice)); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ops, "the execution appears on its page",
+		chromedp.WaitVisible(`#timeline li[data-type="capability.completed"]`),
+		chromedp.WaitVisible("#envelope"),
+	)
+	has(t, "the late execution's envelope", text(t, ops, "#envelope"), `"late": true`, `"status": "completed"`)
 }

@@ -230,6 +230,8 @@ type execData struct {
 	ApprovalNow approvals.Status
 	MayCancel   bool
 	Ended       bool
+	// Unknown: nothing of it is stored, yet or any more.
+	Unknown bool
 }
 
 func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) {
@@ -242,7 +244,13 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	defer cancel()
 	d, err := loadExecution(ctx, s, id)
 	if errors.Is(err, executor.ErrUnknownExecution) {
-		c.fail(w, r, s, http.StatusNotFound, "No execution %s: nothing of it is stored (or its records and trail have expired).", id)
+		// Not yet, or no longer: a request just submitted has nothing stored
+		// until a worker takes it, so the page waits for it, live.
+		status := http.StatusNotFound
+		if r.URL.Query().Get("part") != "" {
+			status = http.StatusOK
+		}
+		c.renderStatus(w, r, s, status, "execution", &execData{ID: id, Unknown: true})
 		return
 	}
 	if err != nil {

@@ -86,7 +86,7 @@ func notify(ch chan<- struct{}) {
 
 // listen subscribes to a feed until the request ends: keep decides which
 // changes matter; a failed source ends the stream (the browser reconnects).
-func listen(f *feed, changed chan<- struct{}, failed chan<- error, keep func(any) bool) func() {
+func listen(f *feed, changed chan<- struct{}, failed chan<- error, keep func(any) bool) (func(), error) {
 	return f.subscribe(func(v any) {
 		if err, ok := v.(error); ok {
 			select {
@@ -104,7 +104,12 @@ func listen(f *feed, changed chan<- struct{}, failed chan<- error, keep func(any
 // liveApprovals says when any approval changes.
 func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *session) {
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
-	defer listen(s.feeds.approvals, changed, failed, nil)()
+	unsub, err := listen(s.feeds.approvals, changed, failed, nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
 	// A change between the page's render and now would be missed: look again.
 	notify(changed)
 	events(w, r, settleApprovals, changed, failed)
@@ -114,7 +119,13 @@ func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *sessi
 // showed.
 func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *session) {
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
-	defer listen(s.feeds.audit, changed, failed, nil)()
+	unsub, err := listen(s.feeds.audit, changed, failed, nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
+	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
 	if info, err := s.broker().Audit.Info(r.Context()); err == nil && info.State.LastSeq > after {
 		notify(changed)
@@ -147,7 +158,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 			}
 		}
 	}
-	defer listen(s.feeds.audit, changed, failed, func(v any) bool {
+	unsub, err := listen(s.feeds.audit, changed, failed, func(v any) bool {
 		ev, ok := v.(audit.Event)
 		if !ok || ev.ExecutionID != id {
 			return false
@@ -157,10 +168,19 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 			go awaitEnvelope()
 		}
 		return true
-	})()
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
+	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
 	if m, err := b.Audit.GetLastMsgForSubject(ctx, b.Names.AuditSubject(id)); err == nil && m.Sequence > after {
 		notify(changed)
+	}
+	// The page may show the last event but not yet the envelope it announced.
+	if r.URL.Query().Get("ended") == "" {
 		go awaitEnvelope()
 	}
 	events(w, r, settleApprovals, changed, failed)
