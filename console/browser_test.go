@@ -72,13 +72,18 @@ func tab(t *testing.T, b context.Context) context.Context {
 	return ctx
 }
 
-// do runs steps on a tab within the test's deadline.
+// do runs steps on a tab within the test's deadline; on failure it logs
+// what the page shows.
 func do(t *testing.T, tab context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
 	defer cancel()
 	if err := chromedp.Do(ctx, steps...); err != nil {
-		t.Fatalf("%s: %v", what, err)
+		lctx, lcancel := context.WithTimeout(tab, 10*time.Second)
+		defer lcancel()
+		loc, _ := chromedp.Run(lctx, chromedp.Location())
+		body, _ := chromedp.Run(lctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+		t.Fatalf("%s: %v\npage %s shows:\n%s", what, err, loc, body)
 	}
 }
 
@@ -93,8 +98,14 @@ func text(t *testing.T, tab context.Context, sel string) string {
 	return s
 }
 
-func deadlineOf(t *testing.T) (d time.Time) {
-	d, _ = testCtx(t).Deadline()
+// deadlineOf bounds one browser step: the test's deadline, or two minutes,
+// whichever comes first, so that a page that never shows what a step waits
+// for fails the step with the page's text.
+func deadlineOf(t *testing.T) time.Time {
+	d, _ := testCtx(t).Deadline()
+	if guard := time.Now().Add(2 * time.Minute); guard.Before(d) {
+		return guard
+	}
 	return d
 }
 
