@@ -48,6 +48,7 @@ func Code(err error) envelope.Code {
 		{ErrRejected, envelope.CodeApprovalRejected},
 		{ErrCancelled, envelope.CodeApprovalRejected},
 		{ErrPending, envelope.CodeApprovalPending},
+		{ErrForbidden, envelope.CodeForbidden},
 		{ErrAlreadyDecided, envelope.CodeForbidden},
 		{ErrNotFound, envelope.CodeForbidden},
 		{ErrInvalid, envelope.CodeForbidden},

@@ -67,6 +67,9 @@ type Record struct {
 	// ConsumedBy is the one execution the approval authorized.
 	ConsumedBy string    `json:"consumedBy,omitempty"`
 	ConsumedAt time.Time `json:"consumedAt,omitzero"`
+	// Principal is the authenticated principal that requested the call: an
+	// approver under the same principal is its requester.
+	Principal string `json:"principal,omitempty"`
 	// CorrelationID is the requesting execution's, carried to the decision events.
 	CorrelationID string `json:"correlationId,omitempty"`
 }

@@ -30,6 +30,21 @@ func NewStore(b *broker.Broker, em *audit.Emitter) *Store {
 	return &Store{kv: b.Approvals, audit: em, now: func() time.Time { return time.Now().UTC() }}
 }
 
+// ErrNoBucket: the store was made over a broker whose approvals bucket is not
+// open (a producer's client, which may not read approvals).
+var ErrNoBucket = errors.New("capstan: the approvals bucket is not open on this connection")
+
+// Open returns a store over the existing approvals bucket, without
+// provisioning anything: for approvers, who may read approvals but not
+// create buckets. Decisions go through RequestDecision.
+func Open(ctx context.Context, js jetstream.JetStream, n broker.Names) (*Store, error) {
+	kv, err := js.KeyValue(ctx, n.ApprovalsBucket())
+	if err != nil {
+		return nil, fmt.Errorf("capstan: open approvals: %w", err)
+	}
+	return &Store{kv: kv, now: func() time.Time { return time.Now().UTC() }}, nil
+}
+
 // maxTries bounds how often one operation re-reads after a lost or failed
 // write. A lost CAS means someone else moved, and the next read says who.
 const maxTries = 30
@@ -49,6 +64,9 @@ func (s *Store) Create(ctx context.Context, r *Record) error {
 	}
 	if err := r.CheckInput(); err != nil {
 		return err
+	}
+	if s.kv == nil {
+		return ErrNoBucket
 	}
 	r.V = envelope.Version
 	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = Pending, nil, "", time.Time{}
@@ -85,6 +103,9 @@ func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
 }
 
 func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
+	if s.kv == nil {
+		return nil, 0, ErrNoBucket
+	}
 	if envelope.ValidExecutionID(id) != nil {
 		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
@@ -106,6 +127,9 @@ type Filter struct {
 
 // List returns the approvals that match f, oldest first.
 func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
+	if s.kv == nil {
+		return nil, ErrNoBucket
+	}
 	keys, err := s.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: list approvals: %w", err)
@@ -316,7 +340,7 @@ func (s *Store) update(ctx context.Context, id string, step func(r *Record, now 
 	for try := 0; ; try++ {
 		r, rev, err := s.load(ctx, id)
 		if err != nil {
-			if errors.Is(err, ErrNotFound) || errors.Is(err, envelope.ErrDecode) || try >= maxTries || ctx.Err() != nil {
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNoBucket) || errors.Is(err, envelope.ErrDecode) || try >= maxTries || ctx.Err() != nil {
 				return nil, err
 			}
 			pause(try)

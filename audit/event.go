@@ -39,11 +39,15 @@ func ActorOf(a envelope.Actor) Actor { return Actor{ID: a.ID, Kind: a.Kind} }
 // Event is one audit record. Data holds the type's own fields; it never holds
 // raw input or output (SI-10).
 type Event struct {
-	V             int            `json:"v"`
-	Type          string         `json:"type"`
-	Timestamp     time.Time      `json:"timestamp"`
-	Surface       string         `json:"surface,omitempty"`
-	Actor         Actor          `json:"actor"`
+	V         int       `json:"v"`
+	Type      string    `json:"type"`
+	Timestamp time.Time `json:"timestamp"`
+	Surface   string    `json:"surface,omitempty"`
+	Actor     Actor     `json:"actor"`
+	// Principal is the authenticated NATS principal the request came from
+	// (the token of the subject the server let it publish on); the actor is
+	// what that principal asserted, within its grant.
+	Principal     string         `json:"principal,omitempty"`
 	ExecutionID   string         `json:"executionId,omitempty"`
 	CapabilityID  string         `json:"capabilityId,omitempty"`
 	CorrelationID string         `json:"correlationId,omitempty"`
@@ -74,6 +78,7 @@ func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Time("timestamp", e.Timestamp)
 	f.String("surface", e.Surface)
 	f.Actor("actor", e.Actor.ID, e.Actor.Kind, nil)
+	f.String("principal", e.Principal)
 	f.String("executionId", e.ExecutionID)
 	f.String("capabilityId", e.CapabilityID)
 	f.String("correlationId", e.CorrelationID)

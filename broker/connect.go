@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 )
 
@@ -18,8 +19,12 @@ type ConnectOptions struct {
 	// URL is one server URL or several separated by commas. Default
 	// CAPSTAN_NATS_URL, else DefaultURL.
 	URL string
-	// Creds is a NATS credentials file (JWT and NKey seed).
+	// Creds is a NATS credentials file (JWT and NKey seed). When it names a
+	// capstan principal, replies come under the principal's inbox prefix, the
+	// only one the server lets it receive on.
 	Creds string
+	// Prefix of capstan's names (default "CAPSTAN"), for the inbox prefix.
+	Prefix string
 	// TLSCA, TLSCert and TLSKey enable TLS with a custom root and a client
 	// certificate.
 	TLSCA, TLSCert, TLSKey string
@@ -59,6 +64,9 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 			return nil, fmt.Errorf("capstan: credentials file: %w", err)
 		}
 		opts = append(opts, nats.UserCredentials(o.Creds))
+		if p, err := PrincipalFromCreds(o.Creds); err == nil {
+			opts = append(opts, nats.CustomInboxPrefix(NewNames(o.Prefix).InboxPrefix(p)))
+		}
 	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
@@ -75,4 +83,36 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 		return nil, fmt.Errorf("capstan: connect to %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// PrincipalFromCreds returns the capstan principal a credentials file names
+// (its user's name).
+func PrincipalFromCreds(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file: %w", err)
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
+	}
+	if !ValidPrincipal(uc.Name) || uc.Name == Anonymous {
+		return "", fmt.Errorf("capstan: credentials file %s names no capstan principal (%q)", path, uc.Name)
+	}
+	return uc.Name, nil
+}
+
+// PrincipalOf returns the principal a connection acts as: the one whose inbox
+// prefix it uses (see Connect), else Anonymous. The server, not this answer,
+// enforces it: a connection that claims another principal's prefix receives
+// no replies.
+func PrincipalOf(nc *nats.Conn, n Names) string {
+	if p, ok := strings.CutPrefix(nc.Opts.InboxPrefix, "_INBOX_"+n.subject+"."); ok && ValidPrincipal(p) {
+		return p
+	}
+	return Anonymous
 }

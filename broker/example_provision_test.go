@@ -65,7 +65,7 @@ func ExampleProvision() {
 	a, _, _ = broker.Load[approval](ctx, b.Approvals, "a1")
 	fmt.Println(a.State)
 	// Output:
-	// CAPSTAN_EXEC pool-billing [capstan.exec.orders.refund]
+	// CAPSTAN_EXEC pool-billing [capstan.exec.*.orders.refund]
 	// second create: true
 	// stale update: true
 	// approved

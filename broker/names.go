@@ -30,20 +30,30 @@ func (n Names) PoolsBucket() string             { return n.prefix + "_POOLS" }
 func (n Names) PoolConsumer(pool string) string { return "pool-" + pool }
 func (n Names) UnroutedConsumer() string        { return Unrouted }
 
-// ExecSubject is where requests for one capability are published.
-func (n Names) ExecSubject(capabilityID string) string {
-	return n.subject + ".exec." + capabilityID
+// ExecSubject is where principal publishes requests for capabilityID.
+func (n Names) ExecSubject(principal, capabilityID string) string {
+	return n.subject + ".exec." + principal + "." + capabilityID
+}
+
+// ExecFilter matches every principal's requests for capabilityID: a pool
+// consumer's filter.
+func (n Names) ExecFilter(capabilityID string) string {
+	return n.subject + ".exec.*." + capabilityID
 }
 
 // ExecSubjects is the exec stream's subject space.
 func (n Names) ExecSubjects() string { return n.subject + ".exec.>" }
 
-// UnroutedSubject receives requests for capabilities no pool lists.
-func (n Names) UnroutedSubject() string { return n.subject + ".exec." + Unrouted }
+// UnroutedSubject receives principal's requests for capabilities no pool lists.
+func (n Names) UnroutedSubject(principal string) string { return n.ExecSubject(principal, Unrouted) }
+
+// UnroutedFilter matches every principal's unrouted requests.
+func (n Names) UnroutedFilter() string { return n.ExecFilter(Unrouted) }
 
 // CapabilityFromSubject returns the capability id of an exec subject.
 func (n Names) CapabilityFromSubject(subject string) string {
-	return strings.TrimPrefix(subject, n.subject+".exec.")
+	_, id, _ := n.ParseExecSubject(subject)
+	return id
 }
 
 // AuditSubject carries one execution's audit events.
@@ -54,24 +64,47 @@ func (n Names) AuditSubject(executionID string) string {
 // AuditSubjects is the audit stream's subject space.
 func (n Names) AuditSubjects() string { return n.subject + ".audit.>" }
 
-// CancelSubject is the core NATS request subject that cancels one execution.
-func (n Names) CancelSubject(executionID string) string {
-	return n.subject + ".cancel." + executionID
+// CancelSubject is the core NATS request subject where principal cancels one
+// of its executions.
+func (n Names) CancelSubject(principal, executionID string) string {
+	return n.subject + ".cancel." + principal + "." + executionID
 }
 
 // CancelSubjects matches every cancel request.
-func (n Names) CancelSubjects() string { return n.subject + ".cancel.*" }
+func (n Names) CancelSubjects() string { return n.subject + ".cancel.*.*" }
 
-// CancelNoticeSubject announces to every worker that a cancel was recorded.
-func (n Names) CancelNoticeSubject(executionID string) string {
-	return n.subject + ".cancelled." + executionID
+// CancelNoticeSubject announces to every worker that a cancel of principal's
+// execution was recorded.
+func (n Names) CancelNoticeSubject(principal, executionID string) string {
+	return n.subject + ".cancelled." + principal + "." + executionID
 }
 
 // CancelNoticeSubjects matches every cancel notice.
-func (n Names) CancelNoticeSubjects() string { return n.subject + ".cancelled.*" }
+func (n Names) CancelNoticeSubjects() string { return n.subject + ".cancelled.*.*" }
 
-// DescribeSubject is the core NATS request subject of discovery.
-func (n Names) DescribeSubject() string { return n.subject + ".describe" }
+// DescribeSubject is where principal asks what it may call.
+func (n Names) DescribeSubject(principal string) string { return n.subject + ".describe." + principal }
+
+// DescribeSubjects matches every principal's describes.
+func (n Names) DescribeSubjects() string { return n.subject + ".describe.*" }
+
+// PrincipalOfSubject returns the principal token of a cancel, cancel notice,
+// describe or decide subject: the token after the subject's kind.
+func (n Names) PrincipalOfSubject(subject string) string {
+	rest, ok := strings.CutPrefix(subject, n.subject+".")
+	if !ok {
+		return ""
+	}
+	_, rest, _ = strings.Cut(rest, ".") // the kind: cancel, cancelled, describe
+	if after, ok := strings.CutPrefix(rest, "decide."); ok {
+		rest = after // approvals.decide.<principal>
+	}
+	p, _, _ := strings.Cut(rest, ".")
+	if !ValidPrincipal(p) {
+		return ""
+	}
+	return p
+}
 
 // WorkersQueue is the queue group workers serve cancel and describe in.
 func (n Names) WorkersQueue() string { return n.subject + "-workers" }
@@ -80,7 +113,82 @@ func (n Names) WorkersQueue() string { return n.subject + "-workers" }
 // bucket stored; a client's one subscription listens here.
 func (n Names) EnvelopeSubjects() string { return n.subject + ".envelope.>" }
 
-// EnvelopeKeyFromSubject returns the execution id of a republished envelope.
+// EnvelopeSubjectsOf matches the envelopes of principal's executions.
+func (n Names) EnvelopeSubjectsOf(principal string) string {
+	return n.subject + ".envelope." + principal + ".>"
+}
+
+// EnvelopeKeyFromSubject returns the envelope-bucket key (see Key) of a
+// republished envelope.
 func (n Names) EnvelopeKeyFromSubject(subject string) string {
 	return strings.TrimPrefix(subject, n.subject+".envelope.")
+}
+
+// Anonymous is the principal token of every subject in open mode (a server
+// without authentication). A server with authentication never lets a client
+// publish under it.
+const Anonymous = "_anon"
+
+// ValidPrincipal reports whether p can be a principal: one subject token,
+// [a-z][a-z0-9_-]*, at most 64 bytes. Anonymous is valid; other names starting
+// with "_" are reserved.
+func ValidPrincipal(p string) bool {
+	if p == Anonymous {
+		return true
+	}
+	if len(p) == 0 || len(p) > 64 || p[0] < 'a' || p[0] > 'z' {
+		return false
+	}
+	for i := 1; i < len(p); i++ {
+		c := p[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// GrantsBucket keeps each principal's grants; only admins write it.
+func (n Names) GrantsBucket() string { return n.prefix + "_GRANTS" }
+
+// SubjectPrefix is the lower-case prefix every subject starts with.
+func (n Names) SubjectPrefix() string { return n.subject }
+
+// DecideSubject is where an approver principal sends its decisions; workers
+// serve it and take the approver's identity from the subject.
+func (n Names) DecideSubject(principal string) string {
+	return n.subject + ".approvals.decide." + principal
+}
+
+// DecideSubjects matches every approver's decisions.
+func (n Names) DecideSubjects() string { return n.subject + ".approvals.decide.*" }
+
+// InboxPrefix is principal's reply-subject prefix: the server lets a principal
+// subscribe to its own replies only.
+func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
+
+// Key is the key of principal's execution in the executions and envelopes
+// buckets: the principal is part of it, so that the server can let a principal
+// read its own records and envelopes only.
+func Key(principal, executionID string) string { return principal + "." + executionID }
+
+// ParseExecSubject returns the principal and capability id of an exec
+// subject (capstan.exec.<principal>.<capabilityId>); ok is false for a
+// subject outside that layout.
+func (n Names) ParseExecSubject(subject string) (principal, capabilityID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, n.subject+".exec.")
+	if !found {
+		return "", "", false
+	}
+	principal, capabilityID, found = strings.Cut(rest, ".")
+	if !found || !ValidPrincipal(principal) || capabilityID == "" {
+		return "", "", false
+	}
+	return principal, capabilityID, true
+}
+
+// ParseKey splits a key of the executions or envelopes bucket (see Key).
+func ParseKey(key string) (principal, executionID string, ok bool) {
+	principal, executionID, ok = strings.Cut(key, ".")
+	return principal, executionID, ok && ValidPrincipal(principal) && executionID != ""
 }

@@ -22,18 +22,28 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"PoolsBucket", def.PoolsBucket(), "CAPSTAN_POOLS"},
 		{"PoolConsumer", def.PoolConsumer("billing"), "pool-billing"},
 		{"UnroutedConsumer", def.UnroutedConsumer(), "_unrouted"},
-		{"ExecSubject", def.ExecSubject("orders.refund"), "capstan.exec.orders.refund"},
+		{"ExecSubject", def.ExecSubject("alice", "orders.refund"), "capstan.exec.alice.orders.refund"},
+		{"ExecFilter", def.ExecFilter("orders.refund"), "capstan.exec.*.orders.refund"},
 		{"ExecSubjects", def.ExecSubjects(), "capstan.exec.>"},
-		{"UnroutedSubject", def.UnroutedSubject(), "capstan.exec._unrouted"},
-		{"CapabilityFromSubject", def.CapabilityFromSubject("capstan.exec.orders.refund"), "orders.refund"},
+		{"UnroutedSubject", def.UnroutedSubject("alice"), "capstan.exec.alice._unrouted"},
+		{"UnroutedFilter", def.UnroutedFilter(), "capstan.exec.*._unrouted"},
+		{"CapabilityFromSubject", def.CapabilityFromSubject("capstan.exec.alice.orders.refund"), "orders.refund"},
 		{"AuditSubject", def.AuditSubject("0198-x"), "capstan.audit.0198-x"},
 		{"AuditSubjects", def.AuditSubjects(), "capstan.audit.>"},
-		{"CancelSubject", def.CancelSubject("0198-x"), "capstan.cancel.0198-x"},
-		{"CancelSubjects", def.CancelSubjects(), "capstan.cancel.*"},
-		{"DescribeSubject", def.DescribeSubject(), "capstan.describe"},
+		{"CancelSubject", def.CancelSubject("alice", "0198-x"), "capstan.cancel.alice.0198-x"},
+		{"CancelSubjects", def.CancelSubjects(), "capstan.cancel.*.*"},
+		{"DescribeSubject", def.DescribeSubject("alice"), "capstan.describe.alice"},
+		{"DecideSubject", def.DecideSubject("carol"), "capstan.approvals.decide.carol"},
+		{"EnvelopeSubjectsOf", def.EnvelopeSubjectsOf("alice"), "capstan.envelope.alice.>"},
+		{"InboxPrefix", def.InboxPrefix("alice"), "_INBOX_capstan.alice"},
+		{"GrantsBucket", def.GrantsBucket(), "CAPSTAN_GRANTS"},
+		{"PrincipalOfSubject cancel", def.PrincipalOfSubject("capstan.cancel.alice.0198-x"), "alice"},
+		{"PrincipalOfSubject decide", def.PrincipalOfSubject("capstan.approvals.decide.carol"), "carol"},
+		{"PrincipalOfSubject describe", def.PrincipalOfSubject("capstan.describe._anon"), "_anon"},
+		{"Key", broker.Key("alice", "0198-x"), "alice.0198-x"},
 		{"WorkersQueue", def.WorkersQueue(), "capstan-workers"},
 		{"EnvelopeSubjects", def.EnvelopeSubjects(), "capstan.envelope.>"},
-		{"EnvelopeKeyFromSubject", def.EnvelopeKeyFromSubject("capstan.envelope.0198-x"), "0198-x"},
+		{"EnvelopeKeyFromSubject", def.EnvelopeKeyFromSubject("capstan.envelope.alice.0198-x"), "alice.0198-x"},
 
 		{"prefixed ExecStream", teamA.ExecStream(), "TEAMA_EXEC"},
 		{"prefixed AuditStream", teamA.AuditStream(), "TEAMA_AUDIT"},
@@ -44,21 +54,21 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"prefixed PoolsBucket", teamA.PoolsBucket(), "TEAMA_POOLS"},
 		{"prefixed PoolConsumer", teamA.PoolConsumer("billing"), "pool-billing"},
 		{"prefixed UnroutedConsumer", teamA.UnroutedConsumer(), "_unrouted"},
-		{"prefixed ExecSubject", teamA.ExecSubject("demo.echo"), "teama.exec.demo.echo"},
+		{"prefixed ExecSubject", teamA.ExecSubject("p", "demo.echo"), "teama.exec.p.demo.echo"},
 		{"prefixed ExecSubjects", teamA.ExecSubjects(), "teama.exec.>"},
-		{"prefixed UnroutedSubject", teamA.UnroutedSubject(), "teama.exec._unrouted"},
-		{"prefixed CapabilityFromSubject", teamA.CapabilityFromSubject("teama.exec.demo.echo"), "demo.echo"},
+		{"prefixed UnroutedSubject", teamA.UnroutedSubject("p"), "teama.exec.p._unrouted"},
+		{"prefixed CapabilityFromSubject", teamA.CapabilityFromSubject("teama.exec.p.demo.echo"), "demo.echo"},
 		{"prefixed AuditSubject", teamA.AuditSubject("e1"), "teama.audit.e1"},
 		{"prefixed AuditSubjects", teamA.AuditSubjects(), "teama.audit.>"},
-		{"prefixed CancelSubject", teamA.CancelSubject("e1"), "teama.cancel.e1"},
-		{"prefixed CancelSubjects", teamA.CancelSubjects(), "teama.cancel.*"},
-		{"prefixed DescribeSubject", teamA.DescribeSubject(), "teama.describe"},
+		{"prefixed CancelSubject", teamA.CancelSubject("p", "e1"), "teama.cancel.p.e1"},
+		{"prefixed CancelSubjects", teamA.CancelSubjects(), "teama.cancel.*.*"},
+		{"prefixed DescribeSubject", teamA.DescribeSubject("p"), "teama.describe.p"},
 		{"prefixed WorkersQueue", teamA.WorkersQueue(), "teama-workers"},
 		{"prefixed EnvelopeSubjects", teamA.EnvelopeSubjects(), "teama.envelope.>"},
-		{"prefixed EnvelopeKeyFromSubject", teamA.EnvelopeKeyFromSubject("teama.envelope.e1"), "e1"},
+		{"prefixed EnvelopeKeyFromSubject", teamA.EnvelopeKeyFromSubject("teama.envelope.p.e1"), "p.e1"},
 
 		{"lower-case prefix ExecStream", lower.ExecStream(), "TEAMA_EXEC"},
-		{"lower-case prefix ExecSubject", lower.ExecSubject("demo.echo"), "teama.exec.demo.echo"},
+		{"lower-case prefix ExecSubject", lower.ExecSubject("p", "demo.echo"), "teama.exec.p.demo.echo"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %q, want %q", tc.name, tc.got, tc.want)
@@ -70,7 +80,7 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 func TestNames_SubjectRoundTrips(t *testing.T) {
 	n := broker.NewNames("")
 	for _, id := range []string{"echo", "orders.refund", "a.b-c.d_e", "x1"} {
-		if got := n.CapabilityFromSubject(n.ExecSubject(id)); got != id {
+		if got := n.CapabilityFromSubject(n.ExecSubject("p", id)); got != id {
 			t.Errorf("CapabilityFromSubject(ExecSubject(%q)) = %q", id, got)
 		}
 	}

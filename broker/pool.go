@@ -44,14 +44,14 @@ func (b *Broker) EnsurePool(ctx context.Context, pc PoolConfig) (jetstream.Consu
 		if err := envelope.ValidCapabilityID(id); err != nil {
 			return nil, fmt.Errorf("capstan: pool %q: %w", pc.Pool, err)
 		}
-		want = append(want, b.Names.ExecSubject(id))
+		want = append(want, b.Names.ExecFilter(id))
 	}
 	return b.ensureConsumer(ctx, name, want, pc.MaxAckPending, pc.AckWait)
 }
 
 // EnsureUnrouted creates the consumer of requests for unknown capabilities.
 func (b *Broker) EnsureUnrouted(ctx context.Context, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	return b.ensureConsumer(ctx, b.Names.UnroutedConsumer(), []string{b.Names.UnroutedSubject()}, maxAckPending, ackWait)
+	return b.ensureConsumer(ctx, b.Names.UnroutedConsumer(), []string{b.Names.UnroutedFilter()}, maxAckPending, ackWait)
 }
 
 // consumerRecord is what every worker of a pool has asked of its consumer, kept

@@ -65,7 +65,7 @@ func TestEnsurePool_CreatesDurableFilteredOnItsCapabilities(t *testing.T) {
 	if c.CachedInfo().Name != "pool-billing" || cfg.Durable != "pool-billing" {
 		t.Errorf("consumer %q durable %q, want pool-billing", c.CachedInfo().Name, cfg.Durable)
 	}
-	if want := []string{"capstan.exec.email.send", "capstan.exec.orders.refund"}; !reflect.DeepEqual(filters(info), want) {
+	if want := []string{"capstan.exec.*.email.send", "capstan.exec.*.orders.refund"}; !reflect.DeepEqual(filters(info), want) {
 		t.Errorf("filters %v, want %v", filters(info), want)
 	}
 	if cfg.MaxDeliver != -1 || cfg.AckPolicy != jetstream.AckExplicitPolicy || cfg.DeliverPolicy != jetstream.DeliverAllPolicy {
@@ -77,7 +77,7 @@ func TestEnsurePool_CreatesDurableFilteredOnItsCapabilities(t *testing.T) {
 
 	// The consumer delivers its capabilities' requests, and only those.
 	js := env.JetStream(t)
-	for _, subj := range []string{"capstan.exec.other.thing", "capstan.exec.orders.refund"} {
+	for _, subj := range []string{"capstan.exec.p.other.thing", "capstan.exec.p.orders.refund"} {
 		if _, err := js.Publish(ctx, subj, []byte(subj)); err != nil {
 			t.Fatal(err)
 		}
@@ -86,7 +86,7 @@ func TestEnsurePool_CreatesDurableFilteredOnItsCapabilities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if msg.Subject() != "capstan.exec.orders.refund" {
+	if msg.Subject() != "capstan.exec.p.orders.refund" {
 		t.Errorf("pool received %s", msg.Subject())
 	}
 }
@@ -130,10 +130,10 @@ func TestEnsurePool_WidensAndNeverNarrows(t *testing.T) {
 		caps []string
 		want []string
 	}{
-		{[]string{"a"}, []string{"capstan.exec.a"}},
-		{[]string{"b"}, []string{"capstan.exec.a", "capstan.exec.b"}},
-		{[]string{"a"}, []string{"capstan.exec.a", "capstan.exec.b"}},
-		{[]string{"c.d", "a"}, []string{"capstan.exec.a", "capstan.exec.b", "capstan.exec.c.d"}},
+		{[]string{"a"}, []string{"capstan.exec.*.a"}},
+		{[]string{"b"}, []string{"capstan.exec.*.a", "capstan.exec.*.b"}},
+		{[]string{"a"}, []string{"capstan.exec.*.a", "capstan.exec.*.b"}},
+		{[]string{"c.d", "a"}, []string{"capstan.exec.*.a", "capstan.exec.*.b", "capstan.exec.*.c.d"}},
 	}
 	created := time.Time{}
 	for i, s := range steps {
@@ -162,7 +162,7 @@ func TestEnsurePool_WideningKeepsPendingRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, subj := range []string{"capstan.exec.a", "capstan.exec.b"} {
+	for _, subj := range []string{"capstan.exec.p.a", "capstan.exec.p.b"} {
 		if _, err := js.Publish(ctx, subj, []byte(subj)); err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +182,7 @@ func TestEnsurePool_WideningKeepsPendingRequests(t *testing.T) {
 		}
 	}
 	slices.Sort(got)
-	if !reflect.DeepEqual(got, []string{"capstan.exec.a", "capstan.exec.b"}) {
+	if !reflect.DeepEqual(got, []string{"capstan.exec.p.a", "capstan.exec.p.b"}) {
 		t.Fatalf("pool received %v", got)
 	}
 }
@@ -232,10 +232,10 @@ func TestEnsurePool_OverlappingPoolsConflict(t *testing.T) {
 		})
 	}
 	// The refused calls left every pool as it was.
-	if got := filters(consumerInfo(t, b, "pool-one")); !reflect.DeepEqual(got, []string{"capstan.exec.a", "capstan.exec.b"}) {
+	if got := filters(consumerInfo(t, b, "pool-one")); !reflect.DeepEqual(got, []string{"capstan.exec.*.a", "capstan.exec.*.b"}) {
 		t.Errorf("pool-one filters %v", got)
 	}
-	if got := filters(consumerInfo(t, b, "pool-two")); !reflect.DeepEqual(got, []string{"capstan.exec.c"}) {
+	if got := filters(consumerInfo(t, b, "pool-two")); !reflect.DeepEqual(got, []string{"capstan.exec.*.c"}) {
 		t.Errorf("pool-two filters %v", got)
 	}
 	if _, err := b.Exec.Consumer(ctx, "pool-three"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -261,7 +261,7 @@ func TestEnsurePool_ConcurrentWideningKeepsEveryCapability(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range workers {
 				capability := fmt.Sprintf("%s.cap%d", pool, i)
-				want = append(want, "capstan.exec."+capability)
+				want = append(want, "capstan.exec.*."+capability)
 				wg.Go(func() {
 					_, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: pool, Capabilities: []string{capability}, MaxAckPending: 10 + i})
 					errs <- err
@@ -296,7 +296,7 @@ func TestEnsureUnrouted_FiltersOnTheUnroutedSubject(t *testing.T) {
 			t.Fatal(err)
 		}
 		info := consumerInfo(t, b, "_unrouted")
-		want := []string{strings.ToLower(b.Names.ExecStream()[:len(b.Names.ExecStream())-len("_EXEC")]) + ".exec._unrouted"}
+		want := []string{strings.ToLower(b.Names.ExecStream()[:len(b.Names.ExecStream())-len("_EXEC")]) + ".exec.*._unrouted"}
 		if got := filters(info); !reflect.DeepEqual(got, want) || c.CachedInfo().Name != "_unrouted" {
 			t.Errorf("prefix %q: consumer %s filters %v, want _unrouted on %v", prefix, c.CachedInfo().Name, got, want)
 		}
@@ -329,7 +329,7 @@ func TestEnsurePool_RestoresACapabilityAStaleWriteDropped(t *testing.T) {
 	}
 	// A worker adding y read the filter when it was only [a]; its write lands now.
 	stale := consumerInfo(t, b, "pool-p").Config
-	stale.FilterSubjects = []string{"capstan.exec.a", "capstan.exec.y"}
+	stale.FilterSubjects = []string{"capstan.exec.*.a", "capstan.exec.*.y"}
 	if _, err := b.Exec.UpdateConsumer(ctx, stale); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestEnsurePool_RestoresACapabilityAStaleWriteDropped(t *testing.T) {
 	if _, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "p", Capabilities: []string{"y"}}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"capstan.exec.a", "capstan.exec.x", "capstan.exec.y"}
+	want := []string{"capstan.exec.*.a", "capstan.exec.*.x", "capstan.exec.*.y"}
 	if got := filters(consumerInfo(t, b, "pool-p")); !reflect.DeepEqual(got, want) {
 		t.Fatalf("filters %v, want %v", got, want)
 	}
@@ -361,7 +361,7 @@ func TestEnsurePool_RecreatedConsumerForgetsTheDeletedOnesFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	info := consumerInfo(t, b, "pool-p")
-	if got := filters(info); !reflect.DeepEqual(got, []string{"capstan.exec.a"}) || info.Config.MaxAckPending != 10 {
+	if got := filters(info); !reflect.DeepEqual(got, []string{"capstan.exec.*.a"}) || info.Config.MaxAckPending != 10 {
 		t.Fatalf("recreated consumer: filters %v, max ack pending %d; want [capstan.exec.a], 10", got, info.Config.MaxAckPending)
 	}
 	// b is free for another pool now.
@@ -376,14 +376,14 @@ func TestEnsurePool_WidensASingleFilterSubject(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	if _, err := b.Exec.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: "pool-p", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1, FilterSubject: "capstan.exec.a",
+		Durable: "pool-p", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1, FilterSubject: "capstan.exec.*.a",
 	}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "p", Capabilities: []string{"b"}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := filters(consumerInfo(t, b, "pool-p")); !reflect.DeepEqual(got, []string{"capstan.exec.a", "capstan.exec.b"}) {
+	if got := filters(consumerInfo(t, b, "pool-p")); !reflect.DeepEqual(got, []string{"capstan.exec.*.a", "capstan.exec.*.b"}) {
 		t.Fatalf("filters %v", got)
 	}
 }
@@ -402,7 +402,7 @@ func TestEnsurePool_ConflictingConsumerNamesField(t *testing.T) {
 			b := provision(t, env.Connect(t), broker.Config{})
 			cfg := jetstream.ConsumerConfig{
 				Durable: "pool-p", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: -1,
-				FilterSubjects: []string{"capstan.exec.a"},
+				FilterSubjects: []string{"capstan.exec.*.a"},
 			}
 			tc.alter(&cfg)
 			if _, err := b.Exec.CreateConsumer(ctx, cfg); err != nil {

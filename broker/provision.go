@@ -130,6 +130,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		MaxAge:    cfg.AuditMaxAge,
 		MaxBytes:  auditMaxBytes,
 		Discard:   discard,
+		// The trail is evidence: no process, whatever its rights, removes an event.
+		DenyDelete: true,
+		DenyPurge:  true,
 	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
@@ -194,6 +197,15 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	}
 	if diff := streamDiff(have, want); diff != "" {
 		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
+	}
+	if (want.DenyDelete && !have.DenyDelete) || (want.DenyPurge && !have.DenyPurge) {
+		// A stream from an earlier version: denying removal only tightens it,
+		// and the server never lets it be undone.
+		have.DenyDelete = have.DenyDelete || want.DenyDelete
+		have.DenyPurge = have.DenyPurge || want.DenyPurge
+		if s, err = js.UpdateStream(ctx, have); err != nil {
+			return nil, fmt.Errorf("capstan: stream %s: deny delete and purge: %w", want.Name, err)
+		}
 	}
 	return s, nil
 }
@@ -288,4 +300,67 @@ func unlimited(v int64) int64 {
 		return -1
 	}
 	return v
+}
+
+// Open binds the buckets a client reads (envelopes, executions, catalog)
+// without creating or checking anything: clients never provision, and a
+// producer's credentials would not let it. Exec, Audit, Approvals and Pools
+// are left nil; Open fails when a bucket does not exist yet (no server or
+// worker has provisioned) or the credentials do not allow reading it.
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	n := NewNames(cfg.Prefix)
+	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
+	for _, kv := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{
+		{&b.Envelopes, n.EnvelopesBucket()},
+		{&b.Executions, n.ExecutionsBucket()},
+		{&b.Catalog, n.CatalogBucket()},
+	} {
+		if *kv.dst, err = js.KeyValue(ctx, kv.name); err != nil {
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w", kv.name, err)
+			}
+			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
+		}
+	}
+	return b, nil
+}
+
+// OpenAll binds every stream and bucket of the design without creating or
+// checking anything, for a connection that may read them all (an open
+// server's, an admin's). It fails when one does not exist yet.
+func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
+	b, err := Open(ctx, nc, cfg)
+	if err != nil {
+		return nil, err
+	}
+	n := b.Names
+	for _, st := range []struct {
+		dst  *jetstream.Stream
+		name string
+	}{{&b.Exec, n.ExecStream()}, {&b.Audit, n.AuditStream()}} {
+		if *st.dst, err = b.JS.Stream(ctx, st.name); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				err = fmt.Errorf("%w: %w", jetstream.ErrBucketNotFound, err) // not provisioned yet, like a bucket
+			}
+			return nil, fmt.Errorf("capstan: open stream %s: %w", st.name, err)
+		}
+	}
+	b.Replicas = b.Exec.CachedInfo().Config.Replicas
+	for _, kv := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{{&b.Approvals, n.ApprovalsBucket()}, {&b.Pools, n.PoolsBucket()}} {
+		if *kv.dst, err = b.JS.KeyValue(ctx, kv.name); err != nil {
+			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
+		}
+	}
+	return b, nil
 }

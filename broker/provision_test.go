@@ -372,7 +372,7 @@ func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
 
 	// A request and an envelope under one prefix stay under it.
 	js := env.JetStream(t)
-	if _, err := js.Publish(ctx, a.Names.ExecSubject("demo.echo"), []byte("a")); err != nil {
+	if _, err := js.Publish(ctx, a.Names.ExecSubject(broker.Anonymous, "demo.echo"), []byte("a")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := broker.Create(ctx, a.Envelopes, "e1", map[string]string{"from": "teama"}); err != nil {

@@ -32,7 +32,7 @@ type approvalView struct {
 }
 
 func viewApproval(r *approvals.Record, s *session, now time.Time) approvalView {
-	v := approvalView{Record: r, Now: r.StatusAt(now), Mine: sameActor(r.Actor, s.p.Actor), MayDecide: s.p.MayDecide(r)}
+	v := approvalView{Record: r, Now: r.StatusAt(now), Mine: s.mine(r), MayDecide: s.p.MayDecide(r)}
 	shown := r.Input
 	if len(r.Display) > 0 {
 		shown, v.Redacted = r.Display, true
@@ -66,9 +66,13 @@ type inboxData struct {
 const recentDecisions = 20
 
 func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.approvals == nil {
+		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	all, err := s.client.Approvals().List(ctx, approvals.Filter{})
+	all, err := s.approvals.List(ctx, approvals.Filter{})
 	if err != nil {
 		c.fail(w, r, s, http.StatusBadGateway, "reading approvals: %v", err)
 		return
@@ -104,9 +108,13 @@ func decidedAt(v approvalView) time.Time {
 }
 
 func (c *Console) approval(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.approvals == nil {
+		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	rec, err := s.client.Approvals().Get(ctx, r.PathValue("id"))
+	rec, err := s.approvals.Get(ctx, r.PathValue("id"))
 	if errors.Is(err, approvals.ErrNotFound) {
 		c.fail(w, r, s, http.StatusNotFound, "No approval %q: it never existed or its record has expired.", r.PathValue("id"))
 		return
@@ -128,7 +136,11 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	defer http.Redirect(w, r, back, http.StatusSeeOther)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	if rec, err := s.client.Approvals().Get(ctx, id); err == nil && !s.p.MayDecide(rec) {
+	if s.approvals == nil {
+		s.setFlash("error", "Your principal (%s) may not read approvals, nor decide them.", s.p.Name)
+		return
+	}
+	if rec, err := s.approvals.Get(ctx, id); err == nil && !s.p.MayDecide(rec) {
 		s.setFlash("error", "FORBIDDEN: approval %s needs a %s approver; you may decide %s.", shortID(id), strings.Join(rec.Types, " or "), strings.Join(s.p.Types, ", "))
 		return
 	}
@@ -152,7 +164,9 @@ func decisionRefusal(err error, rec *approvals.Record, s *session) string {
 	code := approvals.Code(err)
 	switch {
 	case errors.Is(err, approvals.ErrSelfApproval):
-		return fmt.Sprintf("%s: you (%s) requested this call; someone else must decide it.", code, s.p.Actor.String())
+		return fmt.Sprintf("%s: you (%s) requested this call; someone else must decide it.", code, s.p.Name)
+	case errors.Is(err, approvals.ErrForbidden):
+		return fmt.Sprintf("FORBIDDEN: your grant does not cover this approval (%s).", strings.TrimPrefix(err.Error(), "capstan: "))
 	case errors.Is(err, approvals.ErrAlreadyDecided) && rec != nil && rec.Decision != nil:
 		return fmt.Sprintf("%s: this approval was already %s by %s at %s.", code, rec.Decision.Status, rec.Decision.Approver.String(), rec.Decision.DecidedAt.UTC().Format(time.TimeOnly))
 	case errors.Is(err, approvals.ErrAlreadyDecided) && rec != nil:

@@ -48,6 +48,10 @@ type capsData struct {
 }
 
 func (c *Console) capabilities(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "the catalog")
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
 	d, err := readCapabilities(ctx, s.broker())
@@ -118,6 +122,10 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 }
 
 func queueDepth(ctx context.Context, b *broker.Broker, p *poolView) {
+	if b.Exec == nil {
+		p.Missing = true
+		return
+	}
 	cons, err := b.Exec.Consumer(ctx, p.Consumer)
 	if err != nil {
 		p.Missing = true

@@ -13,8 +13,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 )
 
 func signInOpen(t testing.TB, base, name, types string) *web {
@@ -39,80 +37,6 @@ func contains(t testing.TB, what, body string, want ...string) {
 
 func refund(amount int64) demo.RefundInput {
 	return demo.RefundInput{OrderID: "o-1001", Amount: amount}
-}
-
-// authServer starts a JetStream server that admits only its users.
-func authServer(t *testing.T, users map[string]string) string {
-	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	for u, p := range users {
-		opts.Users = append(opts.Users, &server.User{Username: u, Password: p})
-	}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL()
-}
-
-// Against a server with authentication, nothing is readable before sign-in,
-// a wrong password is refused, and a principal signs in with its own.
-func TestSignIn_NothingReadableWithoutItWhenTheServerHasAuth(t *testing.T) {
-	url0 := authServer(t, map[string]string{"worker": "w-secret", "alice": "a-secret", "bob": "b-secret"})
-	r := startRig(t, url0, console.Config{}, nats.UserInfo("worker", "w-secret"))
-	env := r.call(t, "orders.refund", refund(900), alice)
-	if env.Status != envelope.StatusApprovalRequired {
-		t.Fatalf("status %s, want approval-required", env.Status)
-	}
-
-	anon := newWeb(t, r.base)
-	for _, p := range []string{"/", "/approvals", "/approvals/" + env.Approval.ID, "/executions", "/executions/" + env.ExecutionID, "/capabilities"} {
-		status, path, body := anon.get(p)
-		// The sign-in page carries the path asked for, nothing read from JetStream.
-		if path != "/signin" || strings.Contains(body, "orders.refund") || strings.Contains(body, "alice") {
-			t.Errorf("GET %s without sign-in: %d at %s, leaks: %v", p, status, path, strings.Contains(body, "orders.refund"))
-		}
-	}
-	for _, p := range []string{"/approvals?part=list", "/live/approvals", "/live/executions", "/executions/" + env.ExecutionID + "?part=main"} {
-		if status, _, body := anon.get(p); status != http.StatusUnauthorized || strings.Contains(body, "orders.refund") {
-			t.Errorf("GET %s without sign-in: %d, want 401", p, status)
-		}
-	}
-	if status, _, _ := anon.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}}); status != http.StatusUnauthorized {
-		t.Errorf("decide without sign-in: %d, want 401", status)
-	}
-
-	status, _, body := anon.post("/signin", url.Values{"user": {"bob"}, "password": {"wrong"}})
-	if status != http.StatusUnauthorized {
-		t.Fatalf("wrong password: %d, want 401", status)
-	}
-	contains(t, "sign-in page", body, "sign-in refused", "Authorization Violation")
-	if _, path, _ := anon.get("/approvals"); path != "/signin" {
-		t.Fatalf("a refused sign-in opened a session")
-	}
-
-	if _, path, body := anon.post("/signin", url.Values{"user": {"bob"}, "password": {"b-secret"}, "next": {"/approvals"}}); path != "/approvals" {
-		t.Fatalf("sign-in as bob ended at %s:\n%s", path, body)
-	} else {
-		contains(t, "bob's inbox", body, "bob", env.Approval.ID, "user:alice")
-	}
-	if status, _, body := anon.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "comment": {"ok"}}); status != http.StatusOK {
-		t.Fatalf("decide: %d", status)
-	} else {
-		contains(t, "after the decision", body, "Approved orders.refund for user:alice")
-	}
-	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec.Status != "approved" || rec.Decision.Approver.String() != bob.String() {
-		t.Fatalf("the approval is %s by %v, want approved by user:bob", rec.Status, rec.Decision)
-	}
 }
 
 // A form without the session's token changes nothing.

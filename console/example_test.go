@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
@@ -31,6 +32,10 @@ func Example() {
 		panic(err)
 	}
 	defer nc.Close()
+	// Servers and workers create capstan's resources; the console only reads.
+	if _, err := broker.Provision(context.Background(), nc, broker.Config{}); err != nil {
+		panic(err)
+	}
 
 	c, err := console.New(console.Config{Open: true, Conn: nc})
 	if err != nil {

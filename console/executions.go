@@ -22,9 +22,11 @@ type execSummary struct {
 	ID           string
 	CapabilityID string
 	Actor        audit.Actor
-	Surface      string
-	RequestedAt  time.Time
-	UpdatedAt    time.Time
+	// Principal is who sent the request (empty on an open server).
+	Principal   string
+	Surface     string
+	RequestedAt time.Time
+	UpdatedAt   time.Time
 	// Status is requested, running, retrying, approval-required, completed,
 	// failed or cancelled.
 	Status     string
@@ -49,7 +51,7 @@ func (e *execSummary) apply(ev *audit.Event) {
 	e.UpdatedAt = ev.Timestamp
 	switch ev.Type {
 	case audit.Requested:
-		e.Actor, e.Surface, e.RequestedAt = ev.Actor, ev.Surface, ev.Timestamp
+		e.Actor, e.Surface, e.RequestedAt, e.Principal = ev.Actor, ev.Surface, ev.Timestamp, ev.Principal
 	case audit.Denied:
 		e.Status, e.Code = "failed", strOf(ev.Data["publicCode"])
 	case audit.ApprovalRequested:
@@ -182,6 +184,10 @@ func listExecutions(ctx context.Context, b *broker.Broker, f execFilter) (rows [
 func (c *Console) executions(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "the executions")
+		return
+	}
 	f := parseExecFilter(r.URL.Query(), time.Now())
 	var after uint64
 	if info, err := s.broker().Audit.Info(ctx); err == nil {
@@ -240,6 +246,10 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
 		return
 	}
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "executions")
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	d, err := loadExecution(ctx, s, id)
@@ -284,13 +294,16 @@ func loadExecution(ctx context.Context, s *session, id string) (*execData, error
 	if n := len(trail); n > 0 {
 		d.LastSeq = trail[n-1].Seq
 	}
-	if id := d.Summary.ApprovalID; id != "" {
-		if rec, err := s.client.Approvals().Get(ctx, id); err == nil {
+	if id := d.Summary.ApprovalID; id != "" && s.approvals != nil {
+		if rec, err := s.approvals.Get(ctx, id); err == nil {
 			d.Approval, d.ApprovalNow = rec, rec.StatusAt(time.Now())
 		}
 	}
 	d.Ended = d.Envelope != nil
 	owner := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
+	if !s.p.open {
+		owner = d.Summary.Principal == s.p.Name
+	}
 	d.MayCancel = !d.Ended && (owner || s.p.Admin)
 	return d, nil
 }
@@ -417,7 +430,7 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		return
 	}
-	reply, err := s.cancel(ctx, id)
+	reply, err := s.cancel(ctx, id, d.Summary.Principal)
 	switch {
 	case err != nil:
 		s.setFlash("error", "Cancel not confirmed: %v", err)

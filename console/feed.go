@@ -103,13 +103,16 @@ type feeds struct {
 // caught up: whatever changed before it existed is in the bucket by then.
 const approvalsReady = ""
 
-func newFeeds(b *broker.Broker) *feeds {
+func newFeeds(approvalsKV jetstream.KeyValue, b *broker.Broker) *feeds {
 	return &feeds{
 		approvals: &feed{start: func(ctx context.Context) (func(context.Context, func(any)) error, error) {
+			if approvalsKV == nil {
+				return nil, errNotPermitted
+			}
 			return func(ctx context.Context, emit func(any)) error {
 				// Keys only; the initial ones are the bucket as it is, told
 				// as one change once they are through.
-				w, err := b.Approvals.WatchAll(ctx, jetstream.MetaOnly())
+				w, err := approvalsKV.WatchAll(ctx, jetstream.MetaOnly())
 				if err != nil {
 					return err
 				}
@@ -134,6 +137,9 @@ func newFeeds(b *broker.Broker) *feeds {
 			}, nil
 		}},
 		audit: &feed{start: func(ctx context.Context) (func(context.Context, func(any)) error, error) {
+			if b == nil {
+				return nil, errNotPermitted
+			}
 			// From the event after the last one stored now: a page that
 			// subscribes later reads the stream's end itself.
 			info, err := b.Audit.Info(ctx)

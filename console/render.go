@@ -141,3 +141,9 @@ func (c *Console) renderStatus(w http.ResponseWriter, r *http.Request, s *sessio
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, status int, format string, args ...any) {
 	c.renderStatus(w, r, s, status, "error", map[string]any{"Status": status, "Message": fmt.Sprintf(format, args...)})
 }
+
+// notPermitted says that the principal's role may not read what the page
+// shows, and why the client could not open.
+func (c *Console) notPermitted(w http.ResponseWriter, r *http.Request, s *session, what string) {
+	c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read %s: %v", s.p.Name, what, s.clientErr)
+}

@@ -20,7 +20,9 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
 
@@ -40,6 +42,7 @@ type Principal struct {
 	Types []string
 	// Admin may cancel any execution, not only its own.
 	Admin bool
+	open  bool // named at an open sign-in, not authenticated
 }
 
 // MayDecide reports whether the principal may decide an approval of r's
@@ -68,32 +71,145 @@ func actorOf(name string) envelope.Actor {
 type session struct {
 	id, csrf string
 	p        Principal
-	client   *executor.Client
-	feeds    *feeds     // the live pages' sources, on the same connection
-	nc       *nats.Conn // the principal's own; nil in open mode (shared)
+	// conn is what the session reads and acts through: the principal's own
+	// connection, or in open mode the one every session shares.
+	*conn
+	own bool // conn is the session's own, closed with it
 
 	mu    sync.Mutex
 	last  time.Time
 	flash *flash
 }
 
+// conn is one NATS connection and what the console reads through it.
+type conn struct {
+	nc    *nats.Conn
+	names broker.Names
+	// approvals reads the approvals bucket, which approvers may read; nil
+	// when the principal may not.
+	approvals    *approvals.Store
+	approvalsKV  jetstream.KeyValue
+	approvalsErr error
+	// client reads executions, the audit trail and the catalog; nil when the
+	// principal's role may not (an approver reads approvals only).
+	client    *executor.Client
+	clientErr error
+	// b is the client's resources, with the audit and exec streams when the
+	// principal may read them (Audit nil otherwise).
+	b     *broker.Broker
+	feeds *feeds
+}
+
+// openConn binds what nc may read. Nothing is provisioned: servers,
+// workers and admins create the resources.
+//
+// may says whether the credentials let the principal publish to a subject
+// (nil: unknown, try): what they forbid is not even asked, since a refused
+// request is answered only by its timeout.
+func openConn(nc *nats.Conn, bcfg broker.Config, may func(subject string) bool) (*conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	names := broker.NewNames(bcfg.Prefix)
+	c := &conn{nc: nc, names: names}
+	info := func(stream string) bool { return may == nil || may("$JS.API.STREAM.INFO."+stream) }
+	// Approvers, admins and open servers read approvals; producers do not.
+	if !info("KV_" + names.ApprovalsBucket()) {
+		c.approvalsErr = errors.New("its credentials do not let it read the approvals bucket")
+	} else if c.approvals, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
+		if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr != nil {
+			c.approvals = nil
+		}
+	}
+	if !info("KV_"+names.ExecutionsBucket()) || !info(names.AuditStream()) {
+		c.clientErr = errors.New("its credentials do not let it read the executions and their audit trail")
+	} else {
+		c.client, c.clientErr = executor.NewClient(nc, executor.ClientConfig{Broker: bcfg})
+	}
+	if c.client != nil {
+		b := *c.client.Broker()
+		// Clients bind what producers read; the trail and the queues are
+		// readable by admins (and on an open server).
+		if b.Audit == nil {
+			if st, err := js.Stream(ctx, names.AuditStream()); err == nil {
+				b.Audit = st
+			} else {
+				c.clientErr = fmt.Errorf("the audit stream: %w", err)
+			}
+		}
+		if b.Exec == nil {
+			if st, err := js.Stream(ctx, names.ExecStream()); err == nil {
+				b.Exec = st
+			}
+		}
+		if b.Audit != nil {
+			c.b = &b
+		}
+	}
+	if c.approvals == nil && c.b == nil {
+		return nil, fmt.Errorf("this principal may read neither approvals (%v) nor executions (%v)", c.approvalsErr, c.clientErr)
+	}
+	c.feeds = newFeeds(c.approvalsKV, c.b)
+	return c, nil
+}
+
+func (c *conn) close() {
+	c.feeds.close()
+	if c.client != nil {
+		_ = c.client.Close()
+	}
+}
+
+// broker is what the session reads executions through, or nil when the
+// principal may not read them.
+func (c *conn) broker() *broker.Broker { return c.b }
+
 type flash struct {
 	Kind, Text string
 }
 
-func (s *session) broker() *broker.Broker { return s.client.Broker() }
-
+// decide asks the workers to record the decision, as the CLI does: they
+// take the approver from the principal the server authenticated (in open
+// mode, from the name given at sign-in) and check its grant.
 func (s *session) decide(ctx context.Context, approvalID string, approve bool, comment string) (*approvals.Record, error) {
-	return s.client.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: approve, Approver: s.p.Actor, Comment: comment})
+	req := approvals.DecideRequest{ApprovalID: approvalID, Approve: approve, Comment: comment}
+	if s.p.open {
+		req.Approver = s.p.Actor
+	}
+	return approvals.RequestDecision(ctx, s.nc, s.names, req)
 }
 
 func (s *session) resume(ctx context.Context, approvalID string) (string, error) {
+	if s.client == nil {
+		return "", fmt.Errorf("%w: %v", errNotPermitted, s.clientErr)
+	}
 	return s.client.SubmitResume(ctx, approvalID)
 }
 
-func (s *session) cancel(ctx context.Context, executionID string) (*executor.CancelReply, error) {
-	return s.client.Cancel(ctx, executionID)
+func (s *session) cancel(ctx context.Context, executionID, owner string) (*executor.CancelReply, error) {
+	if s.client == nil {
+		return nil, fmt.Errorf("%w: %v", errNotPermitted, s.clientErr)
+	}
+	var opts []executor.CancelOption
+	if owner != "" && owner != s.p.Name && !s.p.open {
+		opts = append(opts, executor.OwnedBy(owner))
+	}
+	return s.client.Cancel(ctx, executionID, opts...)
 }
+
+// mine reports whether the principal requested r.
+func (s *session) mine(r *approvals.Record) bool {
+	if s.p.open {
+		return sameActor(r.Actor, s.p.Actor)
+	}
+	return r.Principal == s.p.Name
+}
+
+// errNotPermitted: the principal's role may not read or do this.
+var errNotPermitted = errors.New("your principal may not do this")
 
 func (s *session) setFlash(kind, format string, args ...any) {
 	s.mu.Lock()
@@ -110,9 +226,8 @@ func (s *session) takeFlash() *flash {
 }
 
 func (s *session) close() {
-	if s.nc != nil {
-		s.feeds.close()
-		_ = s.client.Close()
+	if s.own {
+		s.conn.close()
 		s.nc.Close()
 	}
 }
@@ -122,10 +237,9 @@ const cookieName = "capstan_console"
 type sessions struct {
 	cfg Config
 
-	mu          sync.Mutex
-	byID        map[string]*session
-	shared      *executor.Client // open mode
-	sharedFeeds *feeds
+	mu     sync.Mutex
+	byID   map[string]*session
+	shared *conn // open mode
 }
 
 func newSessions(cfg Config) *sessions {
@@ -146,12 +260,9 @@ var errSignIn = errors.New("sign-in refused")
 
 // open signs a principal in and returns its session.
 func (ss *sessions) open(cr credentials) (*session, error) {
-	var (
-		p  Principal
-		nc *nats.Conn
-		cl *executor.Client
-		fs *feeds
-	)
+	var p Principal
+	var c *conn
+	own := false
 	if ss.cfg.Open {
 		a := actorOf(strings.TrimSpace(cr.name))
 		switch {
@@ -159,17 +270,17 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			a.ID == "", strings.ContainsAny(a.ID, ": \t\r\n"):
 			return nil, fmt.Errorf("%w: name yourself as user:ID, service:ID or agent:ID, e.g. user:bob", errSignIn)
 		}
-		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin || slices.Contains(ss.cfg.Admins, a.String())}
+		p = Principal{Name: a.String(), Actor: a, Types: cr.types, Admin: cr.admin || slices.Contains(ss.cfg.Admins, a.String()), open: true}
 		var err error
-		if cl, fs, err = ss.sharedClient(); err != nil {
+		if c, err = ss.sharedConn(); err != nil {
 			return nil, err
 		}
 	} else {
-		opts, name, err := ss.connectOptions(cr)
+		opts, name, may, err := ss.connectOptions(cr)
 		if err != nil {
 			return nil, err
 		}
-		nc, err = nats.Connect(ss.cfg.NATS.ResolveURL(), opts...)
+		nc, err := nats.Connect(ss.cfg.NATS.ResolveURL(), opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -178,25 +289,24 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			nc.Close()
 			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
 		}
-		cl, err = executor.NewClient(nc, executor.ClientConfig{Broker: ss.cfg.Broker})
-		if err != nil {
+		if c, err = openConn(nc, ss.cfg.Broker, may); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
+		own = true
 		p = Principal{Name: name, Actor: actorOf(name)}
-		p.Admin = slices.Contains(ss.cfg.Admins, p.Actor.String())
-		fs = newFeeds(cl.Broker())
+		p.Admin = slices.Contains(ss.cfg.Admins, name) || slices.Contains(ss.cfg.Admins, p.Actor.String())
 	}
-	s := &session{id: randomToken(), csrf: randomToken(), p: p, client: cl, feeds: fs, nc: nc, last: time.Now()}
+	s := &session{id: randomToken(), csrf: randomToken(), p: p, conn: c, own: own, last: time.Now()}
 	ss.mu.Lock()
 	ss.byID[s.id] = s
 	ss.mu.Unlock()
 	return s, nil
 }
 
-// connectOptions turns credentials into a NATS connection's options and the
-// principal's name.
-func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, error) {
+// connectOptions turns credentials into a NATS connection's options, the
+// principal's name and, from a JWT, what it may publish to.
+func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, func(string) bool, error) {
 	o := ss.cfg.NATS
 	opts := []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second)}
 	if o.TLSCA != "" {
@@ -206,53 +316,79 @@ func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, error
 		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
 	}
 	var name string
+	var may func(string) bool
 	switch {
 	case len(strings.TrimSpace(string(cr.creds))) > 0:
 		token, err := nkeys.ParseDecoratedJWT(cr.creds)
 		if err != nil {
-			return nil, "", fmt.Errorf("%w: not a credentials file: %v", errSignIn, err)
+			return nil, "", nil, fmt.Errorf("%w: not a credentials file: %v", errSignIn, err)
 		}
 		token = strings.TrimSpace(token)
 		claims, err := jwt.DecodeUserClaims(token)
 		if err != nil {
-			return nil, "", fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
+			return nil, "", nil, fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
 		}
 		name = claims.Name
-		if name == "" {
-			name = claims.Subject
+		may = func(subject string) bool { return mayPublish(claims, subject) }
+		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
+			return nil, "", nil, fmt.Errorf("%w: the credentials name no capstan principal (%q)", errSignIn, name)
 		}
 		if kp, kerr := nkeys.ParseDecoratedUserNKey(cr.creds); kerr == nil {
 			seed, err := kp.Seed()
 			if err != nil {
-				return nil, "", fmt.Errorf("%w: %v", errSignIn, err)
+				return nil, "", nil, fmt.Errorf("%w: %v", errSignIn, err)
 			}
 			opts = append(opts, nats.UserJWTAndSeed(token, string(seed)))
 		} else if claims.BearerToken {
 			// A bearer token: the server asks for no signature of its nonce.
 			opts = append(opts, nats.UserJWT(func() (string, error) { return token, nil }, func([]byte) ([]byte, error) { return nil, nil }))
 		} else {
-			return nil, "", fmt.Errorf("%w: the credentials hold no user key, and the token is not a bearer token", errSignIn)
+			return nil, "", nil, fmt.Errorf("%w: the credentials hold no user key, and the token is not a bearer token", errSignIn)
 		}
 	case cr.user != "":
 		name = cr.user
+		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
+			return nil, "", nil, fmt.Errorf("%w: %q is not a principal's name", errSignIn, name)
+		}
 		opts = append(opts, nats.UserInfo(cr.user, cr.password))
 	default:
-		return nil, "", fmt.Errorf("%w: paste or upload a .creds file, or give a user and password", errSignIn)
+		return nil, "", nil, fmt.Errorf("%w: paste or upload a .creds file, or give a user and password", errSignIn)
 	}
-	return append(opts, nats.Name("capstan console "+name)), name, nil
+	// Replies come under the principal's inbox prefix, the only one the
+	// server lets it receive on.
+	opts = append(opts, nats.CustomInboxPrefix(broker.NewNames(ss.cfg.Broker.Prefix).InboxPrefix(name)))
+	return append(opts, nats.Name("capstan console "+name)), name, may, nil
 }
 
-func (ss *sessions) sharedClient() (*executor.Client, *feeds, error) {
+// mayPublish reads a user JWT's publish permissions as the server applies
+// them: no allow list allows everything, a deny wins.
+func mayPublish(c *jwt.UserClaims, subject string) bool {
+	ok := len(c.Permissions.Pub.Allow) == 0
+	for _, a := range c.Permissions.Pub.Allow {
+		if server.SubjectMatchesFilter(subject, a) {
+			ok = true
+			break
+		}
+	}
+	for _, d := range c.Permissions.Pub.Deny {
+		if server.SubjectMatchesFilter(subject, d) {
+			ok = false
+		}
+	}
+	return ok
+}
+
+func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
-		cl, err := executor.NewClient(ss.cfg.Conn, executor.ClientConfig{Broker: ss.cfg.Broker})
+		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, nil)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		ss.shared, ss.sharedFeeds = cl, newFeeds(cl.Broker())
+		ss.shared = c
 	}
-	return ss.shared, ss.sharedFeeds, nil
+	return ss.shared, nil
 }
 
 // get returns the request's live session, or nil.
@@ -293,15 +429,14 @@ func (ss *sessions) closeAll() {
 	ss.mu.Lock()
 	all := ss.byID
 	ss.byID = map[string]*session{}
-	shared, sharedFeeds := ss.shared, ss.sharedFeeds
-	ss.shared, ss.sharedFeeds = nil, nil
+	shared := ss.shared
+	ss.shared = nil
 	ss.mu.Unlock()
 	for _, s := range all {
 		s.close()
 	}
 	if shared != nil {
-		sharedFeeds.close()
-		_ = shared.Close()
+		shared.close()
 	}
 }
 

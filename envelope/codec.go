@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/capstan-dev/capstan/internal/msgpackhead"
 	"github.com/vmihailenco/msgpack/v5"
@@ -36,6 +37,18 @@ var encoders = sync.Pool{New: func() any {
 	return e
 }}
 
+// valueEncoders write the values records carry (NewRaw: inputs, outputs). A
+// field is left out only when its tag says omitempty, as encoding/json does:
+// the msgpack library counts a struct without exported fields (netip.Addr) as
+// empty, and a value must not lose it, nor a zero its handler meant to send.
+var valueEncoders = sync.Pool{New: func() any {
+	e := &encoder{}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	e.enc.SetCustomStructTag("json")
+	e.enc.UseCompactInts(true)
+	return e
+}}
+
 type decoder struct {
 	r   bytes.Reader
 	dec *msgpack.Decoder
@@ -48,8 +61,12 @@ var decoders = sync.Pool{New: func() any {
 
 // Marshal encodes v as msgpack with the json tag names as field names.
 func Marshal(v any) ([]byte, error) {
-	e := encoders.Get().(*encoder)
-	defer encoders.Put(e)
+	return marshal(&encoders, v)
+}
+
+func marshal(pool *sync.Pool, v any) ([]byte, error) {
+	e := pool.Get().(*encoder)
+	defer pool.Put(e)
 	e.buf.Reset()
 	if err := e.enc.Encode(v); err != nil {
 		return nil, err
@@ -242,9 +259,10 @@ func mapKey(k any) (any, error) {
 // in JSON it is the same value as JSON.
 type Raw []byte
 
-// NewRaw encodes v as a Raw value.
+// NewRaw encodes v as a Raw value. Struct fields are left out only when
+// their json tag says omitempty.
 func NewRaw(v any) (Raw, error) {
-	b, err := Marshal(v)
+	b, err := marshal(&valueEncoders, v)
 	return Raw(b), err
 }
 
@@ -380,9 +398,13 @@ func (r *Raw) UnmarshalJSON(b []byte) error {
 }
 
 // jsonSafe converts msgpack-decoded values that encoding/json refuses (maps with
-// non-string keys, byte strings) into JSON-friendly ones.
+// non-string keys, byte strings) into JSON-friendly ones. A timestamp reads as
+// RFC 3339 in UTC: msgpack keeps the instant, not the zone it was written in,
+// and the decoder's local zone is no business of the reader.
 func jsonSafe(v any) any {
 	switch t := v.(type) {
+	case time.Time:
+		return t.UTC()
 	case map[string]any:
 		for k, x := range t {
 			t[k] = jsonSafe(x)

@@ -290,7 +290,7 @@ func TestDecodeRequest_RefusesInvalidIDs(t *testing.T) {
 		{"execution id with a dot", func(r *Request) { r.ExecutionID = "a.b" }},
 		{"execution id with a wildcard", func(r *Request) { r.ExecutionID = "*" }},
 		{"execution id too long", func(r *Request) { r.ExecutionID = strings.Repeat("a", MaxIDLen+1) }},
-		{"empty capability id", func(r *Request) { r.CapabilityID = "" }},
+		{"empty capability id", func(r *Request) { r.CapabilityID, r.ApprovalID = "", "" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -773,4 +773,14 @@ func encodeSorted(t testing.TB, v any) []byte {
 		t.Fatalf("encode: %v", err)
 	}
 	return buf.Bytes()
+}
+
+// A resume may name only its approval: the workers read the call from it.
+func TestDecodeRequest_ResumeNamingOnlyItsApproval(t *testing.T) {
+	req := fullRequest()
+	req.CapabilityID, req.Input = "", nil
+	got, err := DecodeRequest(mustMarshal(t, &req))
+	if err != nil || got.ApprovalID != req.ApprovalID || got.CapabilityID != "" {
+		t.Fatalf("got %+v, %v", got, err)
+	}
 }

@@ -52,7 +52,8 @@ func DecodeRequest(b []byte) (*Request, error) {
 	if err := ValidExecutionID(r.ExecutionID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrDecode, err)
 	}
-	if r.CapabilityID == "" {
+	if r.CapabilityID == "" && r.ApprovalID == "" {
+		// A resume may name only its approval: the workers read the rest.
 		return nil, fmt.Errorf("%w: capabilityId is empty", ErrDecode)
 	}
 	return &r, nil

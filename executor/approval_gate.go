@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/delivery"
 )
@@ -90,7 +92,7 @@ func (a *admission) requestApproval(v verdict) {
 			ID: id, CapabilityID: a.req.CapabilityID, Surface: a.req.Surface, Actor: a.req.Actor,
 			Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
 			Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
-			RequestedBy: a.req.ExecutionID, CorrelationID: a.req.CorrelationID,
+			RequestedBy: a.req.ExecutionID, CorrelationID: a.req.CorrelationID, Principal: a.x.Principal(),
 		}
 		if err := store.Create(ctx, rec); err != nil {
 			a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
@@ -133,6 +135,10 @@ func (a *admission) useApproval() bool {
 		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", err)
 	case err != nil:
 		return a.approvalStoreFailed(err)
+	case ownerOf(rec) != a.x.Principal():
+		// Only the principal that asked for it may use it; to others it does not exist.
+		return refuse("approval-other-principal", envelope.CodeForbidden, "No such approval.",
+			fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), a.x.Principal()))
 	case rec.CapabilityID != a.req.CapabilityID:
 		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
 	case rec.Actor.Kind != a.req.Actor.Kind || rec.Actor.ID != a.req.Actor.ID:
@@ -231,8 +237,15 @@ func unusableMessage(err error) string {
 
 // canonicalInput is the canonical JSON and hash of a validated input (SI-6:
 // an approval binds the value the handler will see, not the bytes submitted).
+// The value is written as encoding/json writes it, the form its input schema
+// describes and a resume checks again: a UUID or an IP address as its text,
+// bytes in base64, a time in RFC 3339.
 func canonicalInput(in any) (json.RawMessage, string, error) {
-	raw, err := envelope.NewRaw(in)
+	j, err := json.Marshal(in)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
+	}
+	raw, err := envelope.RawFromJSON(j)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
 	}
@@ -275,5 +288,42 @@ func (a *admission) restoreGrant() *envelope.CapabilityError {
 		return fail(envelope.CodeApprovalInputMismatch, "The input is not the approved input.", err)
 	}
 	a.grant = grantOf(rec)
+	return nil
+}
+
+// ownerOf is the principal that requested an approval (the anonymous one on
+// an open server, and for approvals stored before principals existed).
+func ownerOf(r *approvals.Record) string {
+	if r.Principal == "" {
+		return broker.Anonymous
+	}
+	return r.Principal
+}
+
+// resolveResume fills a resume that names only its approval (see
+// delivery.Config.ResolveResume): the approval must be principal's.
+func (w *Worker) resolveResume(ctx context.Context, principal string, req *envelope.Request) error {
+	rec, err := w.approvalStore().Get(ctx, req.ApprovalID)
+	notFound := func(cause error) error {
+		return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageApproval, ExposeToModel: true,
+			Message: "No such approval.", Cause: cause}
+	}
+	switch {
+	case errors.Is(err, approvals.ErrNotFound):
+		return notFound(err)
+	case err != nil:
+		return err
+	case ownerOf(rec) != principal:
+		return notFound(fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), principal))
+	}
+	raw, err := rec.Raw()
+	if err != nil {
+		return &envelope.CapabilityError{Code: envelope.CodeApprovalInputMismatch, Stage: envelope.StageApproval,
+			ExposeToModel: true, Message: "The stored input is not the approved input.", Cause: err}
+	}
+	req.CapabilityID, req.Input, req.Actor, req.Surface = rec.CapabilityID, raw, rec.Actor, rec.Surface
+	if req.CorrelationID == "" {
+		req.CorrelationID = rec.CorrelationID
+	}
 	return nil
 }

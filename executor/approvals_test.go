@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -487,11 +486,12 @@ func runApprovalWorker(t *testing.T, env *testenv.Env, name string, cfg executor
 }
 
 // A static approval rule with its own reason and TTL; an input with no
-// canonical form cannot be approved.
+// canonical form (one that does not write as JSON) cannot be approved.
 func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 	env := testenv.Start(t)
 	type in struct {
-		Ratio float64 `json:"ratio"`
+		Ratio float64    `json:"ratio"`
+		Memo  sealedMemo `json:"memo,omitempty"`
 	}
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("fx.rebalance", executor.Meta{Description: "Rebalances a portfolio.",
@@ -505,7 +505,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 		rec.ExpiresAt.Sub(rec.RequestedAt) != 2*time.Hour {
 		t.Fatalf("approval %+v, record %+v", first.Approval, rec)
 	}
-	got, err := c.Call(ctxT(t), "fx.rebalance", in{Ratio: math.NaN()})
+	got, err := c.Call(ctxT(t), "fx.rebalance", in{Ratio: 0.5, Memo: "sealed"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,6 +513,16 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 	if list, _ := c.Approvals().List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
 		t.Fatalf("%d approvals stored", len(list))
 	}
+}
+
+// sealedMemo refuses to be written as JSON when it says "sealed".
+type sealedMemo string
+
+func (m sealedMemo) MarshalJSON() ([]byte, error) {
+	if m == "sealed" {
+		return nil, errors.New("a sealed memo is not shown")
+	}
+	return json.Marshal(string(m))
 }
 
 type payout struct {

@@ -259,7 +259,7 @@ func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 	id := envelope.NewExecutionID()
-	m := &nats.Msg{Subject: c.Broker().Names.ExecSubject("demo.echo"), Data: []byte("\xc1 not msgpack"),
+	m := &nats.Msg{Subject: c.Broker().Names.ExecSubject(broker.Anonymous, "demo.echo"), Data: []byte("\xc1 not msgpack"),
 		Header: nats.Header{"Nats-Msg-Id": []string{id}}}
 	if _, err := c.Broker().JS.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
@@ -414,6 +414,9 @@ var fullAudit = broker.Config{AuditMaxBytes: 64 << 10, AuditDiscardNew: true}
 func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, caps ...executor.Capability) (*executor.Client, *executor.Worker) {
 	t.Helper()
 	cfg.Broker = fullAudit
+	if _, err := broker.Provision(ctxT(t), env.Connect(t), fullAudit); err != nil {
+		t.Fatal(err)
+	}
 	c, err := executor.NewClient(env.Connect(t), executor.ClientConfig{Actor: alice, Broker: fullAudit})
 	if err != nil {
 		t.Fatal(err)

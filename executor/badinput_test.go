@@ -47,10 +47,10 @@ func TestUndecodableRequest_TerminatedAndFinalizedInputInvalid(t *testing.T) {
 
 	withID := envelope.NewExecutionID()
 	for _, m := range []*nats.Msg{
-		{Subject: "capstan.exec.demo.echo", Data: []byte("\xc1 not msgpack"), Header: nats.Header{"Nats-Msg-Id": []string{withID}}},
-		{Subject: "capstan.exec.demo.echo", Data: []byte{0x93, 0x01}},                                         // truncated array, no id
-		{Subject: "capstan.exec.demo.echo", Data: mustMarshal(t, map[string]any{"v": 9, "executionId": "x"})}, // wrong version
-		{Subject: "capstan.exec._unrouted", Data: []byte("{}"), Header: nats.Header{"Nats-Msg-Id": []string{"bad id!"}}},
+		{Subject: "capstan.exec._anon.demo.echo", Data: []byte("\xc1 not msgpack"), Header: nats.Header{"Nats-Msg-Id": []string{withID}}},
+		{Subject: "capstan.exec._anon.demo.echo", Data: []byte{0x93, 0x01}},                                         // truncated array, no id
+		{Subject: "capstan.exec._anon.demo.echo", Data: mustMarshal(t, map[string]any{"v": 9, "executionId": "x"})}, // wrong version
+		{Subject: "capstan.exec._anon._unrouted", Data: []byte("{}"), Header: nats.Header{"Nats-Msg-Id": []string{"bad id!"}}},
 	} {
 		if _, err := c.Broker().JS.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
@@ -191,7 +191,7 @@ func TestGracefulShutdown_DrainsInFlightWork(t *testing.T) {
 	if got.Status != envelope.StatusCompleted || got.FinalizedBy != w.ID() {
 		t.Fatalf("got %s by %s, want completed by the draining worker", got.Status, got.FinalizedBy)
 	}
-	if _, _, err := broker.Load[executor.Record](ctxT(t), c.Broker().Executions, id); err != nil {
+	if _, _, err := broker.Load[executor.Record](ctxT(t), c.Broker().Executions, broker.Key(broker.Anonymous, id)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -143,7 +143,7 @@ func BenchmarkFinalize(b *testing.B) {
 	for b.Loop() {
 		e := &envelope.Envelope{V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: "bench.noop",
 			Status: envelope.StatusCompleted, Output: out, Attempts: 1, FinalizedBy: "bench", FinalizedAt: time.Now().UTC()}
-		if _, err := broker.Create(ctx, br.Envelopes, e.ExecutionID, e); err != nil {
+		if _, err := broker.Create(ctx, br.Envelopes, broker.Key(broker.Anonymous, e.ExecutionID), e); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -322,12 +322,12 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 	waitState(t, c, id, executor.StateRunning)
 	kv := c.Broker().Executions
 	for {
-		rec, rev, err := broker.Load[executor.Record](ctx, kv, id)
+		rec, rev, err := broker.Load[executor.Record](ctx, kv, broker.Key(broker.Anonymous, id))
 		if err != nil {
 			t.Fatal(err)
 		}
 		rec.CancelRequested, rec.CancelRequestedAt = true, time.Now().UTC()
-		if _, err := broker.Update(ctx, kv, id, rec, rev); err == nil {
+		if _, err := broker.Update(ctx, kv, broker.Key(broker.Anonymous, id), rec, rev); err == nil {
 			break // else the lease renewal moved first: again
 		}
 	}

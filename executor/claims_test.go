@@ -107,7 +107,7 @@ func (s *store) putRecord(rec *executor.Record) uint64 {
 		rec.CreatedAt = time.Now().UTC().Add(-time.Minute)
 	}
 	rec.UpdatedAt = rec.CreatedAt
-	rev, err := broker.Create(ctxT(s.t), s.b.Executions, rec.ExecutionID, rec)
+	rev, err := broker.Create(ctxT(s.t), s.b.Executions, broker.Key(broker.Anonymous, rec.ExecutionID), rec)
 	if err != nil {
 		s.t.Fatalf("create record: %v", err)
 	}
@@ -116,7 +116,7 @@ func (s *store) putRecord(rec *executor.Record) uint64 {
 
 func (s *store) record(id string) (*executor.Record, uint64) {
 	s.t.Helper()
-	rec, rev, err := broker.Load[executor.Record](ctxT(s.t), s.b.Executions, id)
+	rec, rev, err := broker.Load[executor.Record](ctxT(s.t), s.b.Executions, broker.Key(broker.Anonymous, id))
 	if err != nil {
 		s.t.Fatalf("load record %s: %v", id, err)
 	}
@@ -133,7 +133,7 @@ func (s *store) publish(capabilityID, id string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	m := nats.NewMsg(s.b.Names.ExecSubject(capabilityID))
+	m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, capabilityID))
 	m.Data = data
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
@@ -391,7 +391,7 @@ func TestTakeoverTable(t *testing.T) {
 			if tc.envelope {
 				done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: capID,
 					Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
-				if _, err := broker.Create(ctxT(t), s.b.Envelopes, id, done); err != nil {
+				if _, err := broker.Create(ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id), done); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -691,7 +691,7 @@ func TestFinalization_EnvelopeWrittenMeanwhile_RefusedAndAudited(t *testing.T) {
 		late := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.lookup",
 			Status: envelope.StatusCompleted, Output: envelope.MustRaw(probeOut{Attempt: 1}), Attempts: 1,
 			FinalizedBy: deadWorker, FinalizedAt: time.Now().UTC()}
-		if _, err := broker.Create(ctx, s.b.Envelopes, id, late); err != nil {
+		if _, err := broker.Create(ctx, s.b.Envelopes, broker.Key(broker.Anonymous, id), late); err != nil {
 			t.Errorf("late envelope: %v", err)
 		}
 	}
@@ -786,7 +786,7 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 	// capability's catalog entry. The pool's consumer still lists its subject.
 	oldConn := env.Connect(t)
 	old := startWorkerUntil(t, oldConn, executor.WorkerConfig{ID: "old"}, sendCap(&p), lookupCap(&p))
-	s.waitFilter("pool-default", s.b.Names.ExecSubject("test.send"))
+	s.waitFilter("pool-default", s.b.Names.ExecFilter("test.send"))
 	old()
 	// Its process ends: the server forgets the pulls it left waiting.
 	oldConn.Close()

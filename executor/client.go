@@ -21,7 +21,8 @@ type ClientConfig struct {
 	Surface Surface
 	// Actor is the default actor of calls that name none.
 	Actor envelope.Actor
-	// Broker says how resources are named and provisioned.
+	// Broker says how resources are named. A client never provisions: a
+	// server, an admin or a worker creates the resources first.
 	Broker broker.Config
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
@@ -33,8 +34,11 @@ type ClientConfig struct {
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker
-	cat *catalog
-	w   *await.Waiters
+	// principal is who the server knows this connection as (see
+	// broker.PrincipalOf): every subject it publishes to carries it.
+	principal string
+	cat       *catalog
+	w         *await.Waiters
 
 	ctx  context.Context // the catalog watcher's
 	stop context.CancelFunc
@@ -45,8 +49,11 @@ type Client struct {
 // before it reaches a subject.
 var ErrInvalidCapability = errors.New("capstan: invalid capability id")
 
-// NewClient provisions the resources (idempotently) and opens the client's one
-// envelope subscription.
+// NewClient opens the existing resources (it never creates any: that is the
+// work of servers, admins and workers) and the client's one envelope
+// subscription. The client acts as the connection's principal: the one whose
+// credentials it connected with (broker.Connect), or the anonymous principal
+// of an open server.
 func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("capstan: NewClient needs a NATS connection")
@@ -59,13 +66,20 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := broker.Provision(ctx, nc, cfg.Broker)
+	principal := broker.PrincipalOf(nc, broker.NewNames(cfg.Broker.Prefix))
+	// A principal reads its own envelopes and records and the catalog; on an
+	// open server everything is readable, approvals and the trail included.
+	open := broker.Open
+	if principal == broker.Anonymous {
+		open = broker.OpenAll
+	}
+	b, err := openResources(ctx, nc, cfg.Broker, open)
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, b: b}
+	c := &Client{cfg: cfg, b: b, principal: principal}
 	c.ctx, c.stop = context.WithCancel(context.Background())
-	if c.w, err = await.New(b, cfg.Logger); err != nil {
+	if c.w, err = await.New(b, c.principal, cfg.Logger); err != nil {
 		c.stop()
 		return nil, err
 	}
@@ -78,6 +92,23 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	return c, nil
 }
 
+// openResources opens the buckets a client reads, waiting (within ctx) for a
+// server or a worker starting alongside to create them.
+func openResources(ctx context.Context, nc *nats.Conn, cfg broker.Config,
+	open func(context.Context, *nats.Conn, broker.Config) (*broker.Broker, error)) (*broker.Broker, error) {
+	for try := 0; ; try++ {
+		b, err := open(ctx, nc, cfg)
+		if err == nil || !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return b, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(broker.Backoff(try)):
+		}
+	}
+}
+
 // Close releases the subscription and the catalog watcher.
 func (c *Client) Close() error {
 	c.cat.stop()
@@ -85,8 +116,11 @@ func (c *Client) Close() error {
 	return c.w.Close()
 }
 
-// Broker exposes the provisioned resources (for tools and tests).
+// Broker exposes the resources the client opened (for tools and tests).
 func (c *Client) Broker() *broker.Broker { return c.b }
+
+// Principal is who the client acts as.
+func (c *Client) Principal() string { return c.principal }
 
 // CallOption sets a field of one request.
 type CallOption func(*envelope.Request)
@@ -163,9 +197,9 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	subject := c.b.Names.UnroutedSubject()
+	subject := c.b.Names.UnroutedSubject(c.principal)
 	if _, ok := c.cat.lookup(r.CapabilityID); ok {
-		subject = c.b.Names.ExecSubject(r.CapabilityID)
+		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
 	m := nats.NewMsg(subject)
 	m.Data = b
@@ -286,12 +320,13 @@ func (c *Client) Status(ctx context.Context, executionID string) (*Status, error
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
 	var s Status
-	rec, _, err := broker.Load[Record](ctx, c.b.Executions, executionID)
+	key := broker.Key(c.principal, executionID)
+	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
 	s.Record = rec
-	env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, executionID)
+	env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, key)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
@@ -305,9 +340,16 @@ func (c *Client) Status(ctx context.Context, executionID string) (*Status, error
 // ErrNoWorkers: no worker answered a request only workers serve.
 var ErrNoWorkers = errors.New("capstan: no worker is serving")
 
-// Cancel asks the workers to cancel an execution. Cancelling is terminal at any
+// CancelOption changes a cancel request.
+type CancelOption func(*CancelRequest)
+
+// OwnedBy cancels another principal's execution: only an admin's is honoured.
+func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.Owner = principal } }
+
+// Cancel asks the workers to cancel one of the client's executions (another
+// principal's, for an admin, with OwnedBy). Cancelling is terminal at any
 // point: before a claim, during an attempt, during a backoff.
-func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, error) {
+func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelOption) (*CancelReply, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
@@ -316,7 +358,15 @@ func (c *Client) Cancel(ctx context.Context, executionID string) (*CancelReply, 
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(executionID), nil)
+	var body []byte
+	if len(opts) > 0 {
+		var req CancelRequest
+		for _, o := range opts {
+			o(&req)
+		}
+		body, _ = json.Marshal(req)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), body)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("%w: cancel %s", ErrNoWorkers, executionID)
 	}

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"strings"
 
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
@@ -42,14 +45,22 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	// ... and every worker stops its own run of it at once, if it has one:
 	// on the request itself, and again on the notice sent once the cancel is
 	// recorded, for a run that began between the two.
-	stopLocal := func(m *nats.Msg) { w.run.CancelLocal(lastToken(m.Subject)) }
+	stopLocal := func(m *nats.Msg) {
+		if p := n.PrincipalOfSubject(m.Subject); p != "" {
+			w.run.CancelLocal(p, lastToken(m.Subject))
+		}
+	}
 	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
 	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
-	if err := add(w.nc.QueueSubscribe(n.DescribeSubject(), n.WorkersQueue(), w.serveDescribe)); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.DescribeSubjects(), n.WorkersQueue(), w.serveDescribe)); err != nil {
+		return nil, err
+	}
+	// Decisions: the approver is the principal of the subject.
+	if err := add(approvals.NewStore(w.b, w.audit).Serve(w.nc, n, w.grants)); err != nil {
 		return nil, err
 	}
 	return subs, nil
@@ -59,24 +70,43 @@ func lastToken(subject string) string {
 	return subject[strings.LastIndexByte(subject, '.')+1:]
 }
 
+// CancelRequest is the optional body of a cancel. Owner is read for admins
+// only: an admin cancels another principal's execution by naming its owner.
+type CancelRequest struct {
+	Owner string `json:"owner,omitempty"`
+}
+
 // recordCancel answers a cancel request: one worker of the group records it
 // on the execution's record (delivery.Runner.RecordCancel), then every
-// worker is told to stop its own run of it.
+// worker is told to stop its own run of it. A principal cancels only its own
+// executions: the record is the one under the principal of the subject,
+// whatever the body says.
 func (w *Worker) recordCancel(m *nats.Msg) {
-	id := lastToken(m.Subject)
+	principal, id := w.b.Names.PrincipalOfSubject(m.Subject), lastToken(m.Subject)
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
 		if reply.Error == "" && !reply.Finalized {
-			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(id), nil)
+			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(principal, id), nil)
 		}
 		b, _ := json.Marshal(reply)
 		_ = m.Respond(b)
 	}()
-	if err := envelope.ValidExecutionID(id); err != nil {
-		reply.Error = err.Error()
+	if err := envelope.ValidExecutionID(id); err != nil || principal == "" {
+		reply.Error = "invalid cancel subject"
+		if err != nil {
+			reply.Error = err.Error()
+		}
 		return
 	}
-	c, err := w.run.RecordCancel(id)
+	var req CancelRequest
+	if len(m.Data) > 0 && json.Unmarshal(m.Data, &req) == nil && req.Owner != "" && req.Owner != principal {
+		if g, ok := w.grants.Lookup(principal); !ok || g.Role != auth.Admin || !broker.ValidPrincipal(req.Owner) {
+			reply.Error = "only an admin cancels another principal's execution"
+			return
+		}
+		principal = req.Owner
+	}
+	c, err := w.run.RecordCancel(principal, id)
 	if err != nil {
 		reply.Error = err.Error()
 		return

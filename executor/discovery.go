@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
@@ -97,7 +98,7 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		reply.Error = &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 			Message: "The describe request does not decode."}
 	} else {
-		reply = w.describe(&req)
+		reply = w.describe(w.b.Names.PrincipalOfSubject(m.Subject), &req)
 	}
 	b, err := envelope.Marshal(&reply)
 	if err != nil {
@@ -107,21 +108,37 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 	_ = m.Respond(b)
 }
 
-// describe filters the catalog for one surface, actor and scope, and files
-// the result on the trail with the true reason of every policy withholding.
-func (w *Worker) describe(req *DescribeRequest) DescribeReply {
+// describe filters the catalog for one principal, surface, actor and scope,
+// and files the result on the trail with the true reason of every policy
+// withholding. The actor and surface must be within the principal's grant,
+// and only the capabilities it may call are listed.
+func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply {
 	reply := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: envelope.NewExecutionID(), Surface: req.Surface,
 		Capabilities: []Descriptor{}, Worker: w.cfg.ID}}
 	ev := &audit.Event{Type: audit.Discovered, Surface: string(req.Surface), Actor: audit.ActorOf(req.Actor),
-		ExecutionID: reply.ID}
+		Principal: principal, ExecutionID: reply.ID}
 	if cerr := checkActor(req.Actor); cerr != nil {
 		reply.Error = cerr.Wire()
 		ev.Data = map[string]any{"refused": string(cerr.Code), "count": 0}
 		w.emit(ev)
 		return reply
 	}
+	// The actor and surface: as a call of a capability the grant allows.
+	grant, granted := w.grants.Lookup(principal)
+	if err := w.grants.CheckRequest(principal, req.Actor, string(req.Surface), "*"); err != nil {
+		var cerr *envelope.CapabilityError
+		if errors.As(err, &cerr) && !errors.Is(err, auth.ErrCapabilityNotGranted) {
+			reply.Error = cerr.Wire()
+			ev.Data = map[string]any{"refused": string(cerr.Code), "reason": cerr.Cause.Error(), "count": 0}
+			w.emit(ev)
+			return reply
+		}
+	}
 	var candidates []Descriptor
 	for _, d := range w.cat.all() {
+		if granted && !grant.AllowsCapability(d.ID) {
+			continue
+		}
 		if Exposure(d.Expose).Has(req.Surface) && req.Scope.has(d) {
 			candidates = append(candidates, d)
 		}
@@ -235,7 +252,7 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 	if err != nil {
 		return nil, fmt.Errorf("capstan: describe: %w", err)
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(), b)
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return nil, fmt.Errorf("%w: describe", ErrNoWorkers)
 	}

@@ -3,9 +3,16 @@ package executor_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 type Payout struct {
@@ -15,14 +22,19 @@ type Payout struct {
 
 // A capability that requires approval does not run when called: the call
 // ends approval-required, with a pending approval holding the validated
-// input. Someone other than the requester decides it (approvals.Store, or
-// `capstan approvals approve`); Client.Resume then runs the approved call
+// input. Another principal decides it: here alice's agent asks, and carol, an
+// approver, decides through the workers, which record her authenticated
+// identity (neither can do the other's part: the server lets alice send no
+// decision and carol no request). Client.Resume then runs the approved call
 // once, as a new execution, as the original actor. A second resume finds the
 // approval used.
 func ExampleClient_Resume() {
-	nc, cleanup := exampleConn()
-	defer cleanup()
 	ctx := context.Background()
+	connect, cleanup := exampleSecured(
+		auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"finance.*"}},
+		auth.Grant{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"*"}},
+	)
+	defer cleanup()
 
 	payout := executor.Define("finance.payout", executor.Meta{
 		Description: "Pays a vendor.",
@@ -33,35 +45,87 @@ func ExampleClient_Resume() {
 	}, func(ctx context.Context, call executor.Call[Payout]) (string, error) {
 		return fmt.Sprintf("paid %d to %s, approved by %s", call.Input.Amount, call.Input.Vendor, call.Approval.Approver), nil
 	})
-	stop := exampleWorker(nc, executor.WorkerConfig{}, payout)
+	stop := exampleWorker(connect(auth.WorkerPrincipal), executor.WorkerConfig{}, payout)
 	defer stop()
-	c := exampleClient(nc)
-	defer c.Close()
+	alice, err := executor.NewClient(connect("alice"), executor.ClientConfig{Actor: exampleAlice})
+	check(err)
+	defer alice.Close()
 
-	env, err := c.Call(ctx, "finance.payout", Payout{Vendor: "acme", Amount: 900}, executor.As(exampleAlice))
+	env, err := alice.Call(ctx, "finance.payout", Payout{Vendor: "acme", Amount: 900})
 	check(err)
 	fmt.Println(env.Status, env.Approval.Reasons)
 	approvalID := env.Approval.ID
 
-	store := c.Approvals()
-	pending, err := store.Get(ctx, approvalID)
+	carol := connect("carol")
+	pending, err := openApprovals(carol).Get(ctx, approvalID)
 	check(err)
 	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
-	_, err = store.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: exampleBob, Comment: "invoice checked"})
+	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),
+		approvals.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
 	check(err)
+	fmt.Println(decided.Status, "by", decided.Decision.Approver)
 
-	env, err = c.Resume(ctx, approvalID)
+	env, err = alice.Resume(ctx, approvalID)
 	check(err)
 	var out string
 	check(env.Output.Decode(&out))
 	fmt.Println(env.Status+":", out)
 
-	env, err = c.Resume(ctx, approvalID)
+	env, err = alice.Resume(ctx, approvalID)
 	check(err)
 	fmt.Println(env.Status, env.Error.Code)
 	// Output:
 	// approval-required [payouts need a second pair of eyes]
 	// pending for user:alice {"amount":900,"vendor":"acme"}
-	// completed: paid 900 to acme, approved by user:bob
+	// approved by user:carol
+	// completed: paid 900 to acme, approved by user:carol
 	// failed APPROVAL_CONSUMED
+}
+
+// exampleSecured starts a server with authentication holding the principals
+// of grants (and an admin and a worker), provisions its resources and
+// publishes the grants, as `capstan auth init`, `capstan auth add` and
+// `capstan server --auth` do. connect connects as one principal.
+func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.Conn, cleanup func()) {
+	dir, err := os.MkdirTemp("", "capstan-example-")
+	check(err)
+	setup, err := auth.Init(dir+"/secrets", "")
+	check(err)
+	for _, g := range grants {
+		check(setup.Add(g))
+	}
+	s, err := natsserver.Start(natsserver.Options{StoreDir: dir + "/store", Port: -1, ConfigFile: setup.ServerConfigPath()})
+	check(err)
+	url := natsserver.ClientURL(s)
+	var conns []*nats.Conn
+	connect = func(principal string) *nats.Conn {
+		nc, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(principal)})
+		check(err)
+		conns = append(conns, nc)
+		return nc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := broker.Provision(ctx, connect(auth.AdminPrincipal), broker.Config{})
+	check(err)
+	check(auth.PublishGrants(ctx, b.JS, setup, 0))
+	return connect, func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+		s.Shutdown()
+		s.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// openApprovals reads the approvals bucket as an approver may.
+func openApprovals(nc *nats.Conn) *approvals.Store {
+	js, err := jetstream.New(nc)
+	check(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := approvals.Open(ctx, js, broker.NewNames(""))
+	check(err)
+	return s
 }

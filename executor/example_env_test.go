@@ -16,10 +16,7 @@ import (
 // serving a few capabilities, and the actors who call them. Outside an
 // example, the server is `capstan dev`, `capstan server` or any JetStream.
 
-var (
-	exampleAlice = envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
-	exampleBob   = envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
-)
+var exampleAlice = envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
 
 // exampleServer starts an embedded JetStream server on a free loopback port,
 // storing in a new temporary directory that stop removes.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -72,8 +73,13 @@ func waitServing(t *testing.T, nc *nats.Conn, id string) {
 	}
 }
 
+// newClient provisions the resources, as a server or a worker would (a client
+// never does), and opens a client acting for alice.
 func newClient(t *testing.T, nc *nats.Conn) *executor.Client {
 	t.Helper()
+	if _, err := broker.Provision(ctxT(t), nc, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
 	c, err := executor.NewClient(nc, executor.ClientConfig{Actor: alice})
 	if err != nil {
 		t.Fatal(err)

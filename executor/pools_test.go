@@ -125,7 +125,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 	if waiting := info.NumPending + uint64(info.NumAckPending); waiting != emails {
 		t.Fatalf("pool-comms holds %d requests, want the %d emails", waiting, emails)
 	}
-	if !slices.Equal(info.Config.FilterSubjects, []string{"capstan.exec.email.send"}) {
+	if !slices.Equal(info.Config.FilterSubjects, []string{"capstan.exec.*.email.send"}) {
 		t.Fatalf("pool-comms filters %v", info.Config.FilterSubjects)
 	}
 

@@ -3,6 +3,10 @@ package executor
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
@@ -27,6 +31,9 @@ func (c *Client) Approvals() *approvals.Store {
 // under the execution id until the stream answers (a stream electing a
 // leader), or ctx ends.
 func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...CallOption) (string, error) {
+	if c.b.Approvals == nil {
+		return c.submitResumeByID(ctx, approvalID, opts)
+	}
 	rec, err := approvals.NewStore(c.b, nil).Get(ctx, approvalID)
 	if err != nil {
 		return "", err
@@ -68,4 +75,36 @@ func (c *Client) Resume(ctx context.Context, approvalID string, opts ...CallOpti
 		return nil, err
 	}
 	return c.Await(ctx, id)
+}
+
+// submitResumeByID submits a resume naming only its approval, for a
+// principal that may not read approvals: the workers take the capability,
+// input, actor and surface from the approval, and refuse it unless this
+// principal requested it.
+func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts []CallOption) (string, error) {
+	if err := envelope.ValidExecutionID(approvalID); err != nil {
+		return "", fmt.Errorf("capstan: approval id: %w", err)
+	}
+	r := &envelope.Request{V: envelope.Version, ApprovalID: approvalID, SubmittedAt: time.Now().UTC()}
+	for _, o := range opts {
+		o(r)
+	}
+	r.ApprovalID, r.CapabilityID = approvalID, ""
+	if r.ExecutionID == "" {
+		r.ExecutionID = envelope.NewExecutionID()
+	}
+	if err := envelope.ValidExecutionID(r.ExecutionID); err != nil {
+		return "", fmt.Errorf("capstan: %w", err)
+	}
+	b, err := envelope.Marshal(r)
+	if err != nil {
+		return "", err
+	}
+	m := nats.NewMsg(c.b.Names.UnroutedSubject(c.principal))
+	m.Data = b
+	m.Header.Set(jetstream.MsgIDHeader, r.ExecutionID)
+	if err := c.publish(ctx, m); err != nil {
+		return "", fmt.Errorf("capstan: resume %s: %w", approvalID, err)
+	}
+	return r.ExecutionID, nil
 }

@@ -632,7 +632,7 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 			id := envelope.NewExecutionID()
 			past := time.Now().UTC().Add(-time.Minute)
 			// The record a worker lost during its backoff after a timeout leaves.
-			if _, err := broker.Create(ctx, c.Broker().Executions, id, &executor.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
+			if _, err := broker.Create(ctx, c.Broker().Executions, broker.Key(broker.Anonymous, id), &executor.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
 				State: executor.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
 				CreatedAt: past, UpdatedAt: past}); err != nil {
 				t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -161,9 +162,23 @@ func (a *admission) admit() bool {
 		return false
 	}
 	a.input = in
-	// 6: actor.
+	// 6: actor, then what the principal the server authenticated may do:
+	// the subject's capability is the body's, and the actor, surface and
+	// capability are within the principal's grant (DESIGN §12).
 	if cerr := checkActor(a.req.Actor); cerr != nil {
 		a.deny("unauthenticated", cerr, nil)
+		return false
+	}
+	if sc := a.x.SubjectCapability(); sc != "" && sc != a.req.CapabilityID {
+		a.deny("forbidden: the request names capability "+a.req.CapabilityID+" on the subject of "+sc,
+			&envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageActor, ExposeToModel: true,
+				Message: "Not allowed: the request does not match its subject."}, nil)
+		return false
+	}
+	if err := a.w.grants.CheckRequest(a.x.Principal(), a.req.Actor, a.req.Surface, a.req.CapabilityID); err != nil {
+		var cerr *envelope.CapabilityError
+		errors.As(err, &cerr)
+		a.deny(strings.ToLower(string(cerr.Code))+": "+cerr.Cause.Error(), cerr, nil)
 		return false
 	}
 	// 7: invocation-phase policies. A resume runs from stage 9: these

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/delivery"
@@ -115,6 +116,8 @@ type Worker struct {
 	cat   *catalog
 	run   *delivery.Runner
 	caps  map[string]*capability
+	// grants say what each principal may do (stage 6, decisions, cancels).
+	grants *auth.Grants
 }
 
 // NewWorker checks its arguments; Run connects the worker to its pool.
@@ -137,7 +140,8 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
-		Listed: func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+		Listed:        func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+		ResolveResume: w.resolveResume,
 	})
 	return w, nil
 }
@@ -177,6 +181,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	w.b = b
+	w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
+	if err != nil {
+		return err
+	}
+	defer w.grants.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()

@@ -72,7 +72,13 @@ func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }
 // Env.Connect. The connection is closed when the test ends.
 func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	return connect(t, c.URL(), opts)
+	return connect(t, c.URL(), append(adminCreds(t, c.Nodes[0].opts), opts...))
+}
+
+// ConnectAs connects to any node as principal of the cluster's auth setup.
+func (c *Cluster) ConnectAs(t testing.TB, principal string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return connect(t, c.URL(), append(principalCreds(t, c.Nodes[0].opts, principal), opts...))
 }
 
 // StopNode shuts node i down now, as if it were lost.
@@ -96,7 +102,8 @@ func (c *Cluster) stopAll() {
 // replicated create then fails with "no suitable peers for placement".
 func (c *Cluster) waitReady(t testing.TB) {
 	t.Helper()
-	nc, err := nats.Connect(c.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(c.URL(), append(adminCreds(t, c.Nodes[0].opts),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))...)
 	if err != nil {
 		t.Fatalf("testenv: connect to cluster: %v", err)
 	}

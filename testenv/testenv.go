@@ -3,6 +3,7 @@ package testenv
 import (
 	"fmt"
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
@@ -27,6 +29,13 @@ type Option func(*natsserver.Options)
 
 // SyncAlways makes JetStream fsync every write before acknowledging it.
 func SyncAlways() Option { return func(o *natsserver.Options) { o.SyncAlways = true } }
+
+// Auth starts the server with setup's configuration: every client then needs
+// credentials. Connect connects as the setup's admin, ConnectAs as any of its
+// principals.
+func Auth(setup *auth.Setup) Option {
+	return func(o *natsserver.Options) { o.ConfigFile = setup.ServerConfigPath() }
+}
 
 // Start starts a JetStream server with a file store under t.TempDir() on a random
 // loopback port. It is shut down when the test ends.
@@ -58,7 +67,39 @@ func (e *Env) start(t testing.TB) {
 // quickly); opts are applied after them. The connection is closed when the test ends.
 func (e *Env) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	return connect(t, e.URL, opts)
+	return connect(t, e.URL, append(adminCreds(t, e.opts), opts...))
+}
+
+// ConnectAs connects as principal of the server's auth setup (see Auth), with
+// its credentials and reply prefix.
+func (e *Env) ConnectAs(t testing.TB, principal string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	return connect(t, e.URL, append(principalCreds(t, e.opts, principal), opts...))
+}
+
+// adminCreds are the options of an admin connection to a server started with
+// Auth, none for an open server.
+func adminCreds(t testing.TB, o natsserver.Options) []nats.Option {
+	t.Helper()
+	if o.ConfigFile == "" {
+		return nil
+	}
+	return principalCreds(t, o, auth.AdminPrincipal)
+}
+
+func principalCreds(t testing.TB, o natsserver.Options, principal string) []nats.Option {
+	t.Helper()
+	if o.ConfigFile == "" {
+		t.Fatalf("testenv: ConnectAs(%q) on a server started without Auth", principal)
+	}
+	setup, err := auth.Load(filepath.Dir(o.ConfigFile))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return []nats.Option{
+		nats.UserCredentials(setup.CredsPath(principal)),
+		nats.CustomInboxPrefix(setup.Names().InboxPrefix(principal)),
+	}
 }
 
 // JetStream returns a JetStream context on a new connection.

@@ -10,8 +10,11 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -43,6 +46,28 @@ func runApprovals(args []string) int {
 		}
 	}
 	return usageError("unknown command 'approvals %s'; run 'capstan approvals help'", args[0])
+}
+
+// openApprovals reads the approvals bucket as an approver (or on an open
+// server) may: without a client, which an approver's credentials do not allow.
+func openApprovals(conn *connFlags) (*approvals.Store, func(), error) {
+	nc, err := conn.connect("approvals")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	store, err := approvals.Open(ctx, js, broker.NewNames(""))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return store, nc.Close, nil
 }
 
 // approvalView is an approval as the CLI prints it: its status as of now, so
@@ -80,14 +105,14 @@ func runApprovalsList(args []string) int {
 		}
 		f.Actor = a
 	}
-	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	store, closeStore, err := openApprovals(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeClient()
+	defer closeStore()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	list, err := c.Approvals().List(ctx, f)
+	list, err := store.List(ctx, f)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -105,14 +130,14 @@ func runApprovalsShow(args []string) int {
 	if !ok {
 		return code
 	}
-	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	store, closeStore, err := openApprovals(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeClient()
+	defer closeStore()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	r, err := c.Approvals().Get(ctx, pos[0])
+	r, err := store.Get(ctx, pos[0])
 	if errors.Is(err, approvals.ErrNotFound) {
 		return fail(exitFailed, "%v", err)
 	}
@@ -125,52 +150,67 @@ func runApprovalsShow(args []string) int {
 func runApprovalsApprove(args []string) int { return decideCommand("approve", args) }
 func runApprovalsReject(args []string) int  { return decideCommand("reject", args) }
 
-// decideCommand records one decision; the approver's process audits it in the
-// requesting execution's trail. approve --resume then resumes the call and
-// prints the resume's envelope instead of the approval.
+// decideCommand sends one decision to the workers, who record and audit it.
+// With --creds the approver is the principal the server authenticated; on an
+// open server (no --creds) --approver names it. approve --resume then resumes
+// the call and prints the resume's envelope instead of the approval.
 func decideCommand(verb string, args []string) int {
-	usage := "ID --approver kind:id [--comment C]"
+	usage := "ID [--creds APPROVER.creds | --approver kind:id] [--comment C]"
 	if verb == "approve" {
 		usage += " [--self-approval REASON] [--resume [--wait D]]"
 	}
 	fs := newFlags("approvals "+verb, usage)
 	conn := addConnFlags(fs)
-	approver := fs.String("approver", "", "who decides, as kind:id (required; not the requester)")
+	approver := fs.String("approver", "", "on an open server only: who decides, as kind:id (not the requester); with --creds the approver is the principal")
 	comment := fs.String("comment", "", "a comment kept with the decision and shown to the handler")
 	var self *string
 	var resume *bool
 	var wait *time.Duration
 	if verb == "approve" {
-		self = fs.String("self-approval", "", "lets the requester approve their own call; the `reason` is recorded")
-		resume = fs.Bool("resume", false, "resume the approved call at once and print its envelope")
+		self = fs.String("self-approval", "", "on an open server only: lets the requester approve their own call; the `reason` is recorded")
+		resume = fs.Bool("resume", false, "on an open server only: resume the approved call at once and print its envelope")
 		wait = fs.Duration("wait", 30*time.Second, "with --resume, how long to wait for the envelope")
 	}
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
 	}
-	if *approver == "" {
-		return usageError("approvals %s: --approver kind:id is required", verb)
-	}
-	who, err := parseKindID("--approver", *approver)
-	if err != nil {
-		return usageError("%v", err)
+	req := approvals.DecideRequest{ApprovalID: pos[0], Approve: verb == "approve", Comment: *comment}
+	if conn.creds != "" {
+		if *approver != "" || (self != nil && *self != "") {
+			return usageError("approvals %s: with --creds the approver is the principal the server authenticated; "+
+				"--approver and --self-approval are for open servers only", verb)
+		}
+		if resume != nil && *resume {
+			return usageError("approvals approve: --resume is for open servers; the requester resumes with 'capstan resume ID --creds REQUESTER.creds'")
+		}
+	} else {
+		if *approver == "" {
+			return usageError("approvals %s: give --creds APPROVER.creds, or --approver kind:id on an open server", verb)
+		}
+		who, err := parseKindID("--approver", *approver)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		req.Approver = who
+		if self != nil {
+			req.SelfApproval = *self
+		}
 	}
 	if wait != nil && *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	v := approvals.Verdict{Approve: verb == "approve", Approver: who, Comment: *comment}
-	if self != nil {
-		v.SelfApproval = *self
+	if err := conn.mayPublish(broker.NewNames("").DecideSubject); err != nil {
+		return usageError("%v: only approvers decide", err)
 	}
-	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeClient()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	r, err := c.Approvals().Decide(ctx, pos[0], v)
+	r, err := approvals.RequestDecision(ctx, nc, broker.NewNames(""), req)
 	switch {
 	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
 		// The decision stands; only its audit event is missing.
@@ -181,7 +221,12 @@ func decideCommand(verb string, args []string) int {
 	if resume == nil || !*resume {
 		return printJSON(approvalView(r))
 	}
-	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, who)
+	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer closeClient()
+	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, r.Decision.Approver)
 	return resumeAndAwait(c, r.ID, *wait)
 }
 
@@ -192,6 +237,10 @@ func decisionError(err error) int {
 		return usageError("%v", err)
 	case errors.Is(err, approvals.ErrNotFound):
 		return fail(exitFailed, "%v", err)
+	case errors.Is(err, nats.ErrNoResponders):
+		return fail(exitUsage, "no worker serves decisions (is a worker running?)")
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return fail(exitUsage, "no answer to the decision: not an approver (the server refuses decisions from other principals), or no worker running")
 	}
 	if code := approvals.Code(err); code != "" {
 		return fail(exitFailed, "%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
@@ -209,6 +258,9 @@ func runResume(args []string) int {
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
+	}
+	if err := conn.mayPublish(broker.NewNames("").UnroutedSubject); err != nil {
+		return usageError("%v: the principal that asked for the approval resumes it", err)
 	}
 	c, closeClient, err := conn.client("resume", executor.ClientConfig{})
 	if err != nil {

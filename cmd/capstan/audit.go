@@ -48,7 +48,7 @@ func runAudit(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 	pctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	b, err := broker.Provision(pctx, nc, broker.Config{})
+	b, err := broker.OpenAll(pctx, nc, broker.Config{}) // admins and workers read the trail
 	cancel()
 	if err != nil {
 		return usageError("%v", err)

@@ -7,26 +7,31 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )
 
 func runBench(args []string) int {
-	fs := newFlags("bench", "[--embedded | --nats URL] [--n N] [--concurrency C] [--rate R/s] [--batch B] [--capability ID] [--payload BYTES] [--workers W] [--json]")
+	fs := newFlags("bench", "[--embedded [--auth] | --nats URL] [--n N] [--concurrency C] [--rate R/s] [--batch B] [--capability ID] [--payload BYTES] [--workers W] [--json]")
 	conn := addConnFlags(fs)
 	var (
 		cfg              bench.Config
 		embedded, asJSON bool
+		withAuth         bool
 		rateFlag         string
 		timeout          time.Duration
 	)
 	fs.BoolVar(&embedded, "embedded", false, "start an embedded server in a temporary store (otherwise connect to --nats)")
+	fs.BoolVar(&withAuth, "auth", false, "with --embedded: the server requires credentials, the client is a producer principal and the workers check its grants (what the checks cost)")
 	fs.IntVar(&cfg.N, "n", 10000, "executions to run")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 256, "closed loop: calls in flight at once")
 	fs.StringVar(&rateFlag, "rate", "", "open loop: submit at a fixed `R/s` instead of a closed loop")
@@ -59,6 +64,8 @@ func runBench(args []string) int {
 		return usageError("--payload must not be negative")
 	case cfg.Workers < 0 || cfg.WorkerConcurrency <= 0:
 		return usageError("--workers must not be negative and --worker-concurrency must be positive")
+	case withAuth && !embedded:
+		return usageError("--auth needs --embedded (against a server of yours, give --creds)")
 	case embedded && conn.url != "":
 		return usageError("--embedded and --nats exclude each other")
 	case embedded && cfg.Workers == 0:
@@ -78,13 +85,24 @@ func runBench(args []string) int {
 
 	target := bench.Target{Connect: conn.connect}
 	if embedded {
-		srv, stopServer, err := benchServer(ctx)
+		srv, setup, stopServer, err := benchServer(ctx, withAuth)
 		if err != nil {
 			return usageError("bench: %v", err)
 		}
 		defer stopServer()
-		target = bench.Target{Server: srv.srv, Name: "embedded", Connect: func(name string) (*nats.Conn, error) {
-			return broker.Connect(broker.ConnectOptions{URL: srv.url, Name: "capstan bench " + name})
+		target = bench.Target{Server: srv.srv, Name: "embedded", Auth: withAuth, Connect: func(name string) (*nats.Conn, error) {
+			co := broker.ConnectOptions{URL: srv.url, Name: "capstan bench " + name}
+			if setup != nil {
+				switch {
+				case name == "client":
+					co.Creds = setup.CredsPath(benchPrincipal)
+				case name == "admin":
+					co.Creds = setup.CredsPath(auth.AdminPrincipal)
+				default:
+					co.Creds = setup.CredsPath(auth.WorkerPrincipal)
+				}
+			}
+			return broker.Connect(co)
 		}}
 	}
 	res, err := bench.Run(ctx, target, cfg)
@@ -107,19 +125,36 @@ func runBench(args []string) int {
 	return exitOK
 }
 
+// benchPrincipal is the producer a bench with --auth calls as.
+const benchPrincipal = "bench"
+
 // benchServer starts an embedded server in a temporary store, with the
-// resources provisioned; stop removes the store too.
-func benchServer(ctx context.Context) (*embedded, func(), error) {
+// resources provisioned; stop removes the store too. With authentication it
+// generates a setup there with a producer principal for the client.
+func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, func(), error) {
 	dir, err := os.MkdirTemp("", "capstan-bench-")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	e, err := startEmbedded(ctx, natsserver.Options{StoreDir: dir, Port: -1}, broker.Config{}, newLogger(slog.LevelWarn))
+	opts := natsserver.Options{StoreDir: filepath.Join(dir, "store"), Port: -1}
+	var setup *auth.Setup
+	if withAuth {
+		if setup, err = auth.Init(filepath.Join(dir, "secrets"), ""); err == nil {
+			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.Producer,
+				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}})
+		}
+		if err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, nil, nil, err
+		}
+		opts.ConfigFile = setup.ServerConfigPath()
+	}
+	e, err := startEmbedded(ctx, opts, broker.Config{}, setup, newLogger(slog.LevelWarn))
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return e, func() { e.stop(); _ = os.RemoveAll(dir) }, nil
+	return e, setup, func() { e.stop(); _ = os.RemoveAll(dir) }, nil
 }
 
 // isTerminal reports whether f is a character device, where a progress bar
@@ -154,6 +189,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	audit := "on"
 	if !r.Audit {
 		audit = "off"
+	}
+	if r.Auth {
+		audit += "; authentication on"
 	}
 	fmt.Fprintf(w, "capstan bench: %d × %s, %d-byte payload, %s\n", r.N, r.Capability, r.PayloadBytes, mode)
 	fmt.Fprintf(w, "server %s; %d worker(s) × %d concurrency; audit %s; %d CPUs\n\n", r.Server, r.Workers, r.WorkerConcurrency, audit, r.CPUs)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -25,13 +26,31 @@ type requestFlags struct {
 func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	r := &requestFlags{}
 	fs.StringVar(&r.input, "input", "", "the input: JSON text, @file, or - for stdin")
-	fs.StringVar(&r.actor, "actor", defaultActor(), "who the call runs for, as kind:id")
+	fs.StringVar(&r.actor, "actor", "", "who the call runs for, as kind:id (default user:<principal> with --creds, else user:$USER)")
 	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
 	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
 	return r
 }
 
-func defaultActor() string {
+// execSubject is where a principal's requests for capID go; an id that can
+// never name a capability is refused before it reaches a subject.
+func execSubject(capID string) func(string) string {
+	return func(p string) string {
+		if envelope.ValidCapabilityID(capID) != nil {
+			return broker.NewNames("").UnroutedSubject(p)
+		}
+		return broker.NewNames("").ExecSubject(p, capID)
+	}
+}
+
+// defaultActor is the actor of a call that names none: the principal's user
+// with credentials (whose grant then decides), else the shell's user.
+func defaultActor(creds string) string {
+	if creds != "" {
+		if p, err := broker.PrincipalFromCreds(creds); err == nil {
+			return envelope.ActorUser + ":" + p
+		}
+	}
 	if u := os.Getenv("USER"); u != "" {
 		return envelope.ActorUser + ":" + u
 	}
@@ -45,7 +64,10 @@ type request struct {
 	id     string
 }
 
-func (r *requestFlags) parse() (request, error) {
+func (r *requestFlags) parse(creds string) (request, error) {
+	if r.actor == "" {
+		r.actor = defaultActor(creds)
+	}
 	kind, id, ok := strings.Cut(r.actor, ":")
 	if !ok || kind == "" || id == "" {
 		return request{}, fmt.Errorf("--actor %q: want kind:id, e.g. user:alice", r.actor)
@@ -101,12 +123,15 @@ func runCall(args []string) int {
 		return code
 	}
 	capID := pos[0]
-	req, err := rf.parse()
+	req, err := rf.parse(conn.creds)
 	if err != nil {
 		return usageError("%v", err)
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
+	}
+	if err := conn.mayPublish(execSubject(capID)); err != nil {
+		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("call", req.client)
 	if err != nil {
@@ -134,8 +159,11 @@ func runSubmit(args []string) int {
 	if !ok {
 		return code
 	}
-	req, err := rf.parse()
+	req, err := rf.parse(conn.creds)
 	if err != nil {
+		return usageError("%v", err)
+	}
+	if err := conn.mayPublish(execSubject(pos[0])); err != nil {
 		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("submit", req.client)

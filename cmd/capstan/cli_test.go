@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -147,7 +148,7 @@ func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
 	}
 	stored := 0
 	for k := range keys.Keys() {
-		if !ids[k] {
+		if _, id, _ := broker.ParseKey(k); !ids[id] {
 			t.Errorf("envelope %s belongs to no call", k)
 		}
 		stored++

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -29,6 +30,20 @@ func (c *connFlags) connect(name string) (*nats.Conn, error) {
 		URL: c.url, Creds: c.creds, TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey,
 		Name: "capstan " + name, Timeout: 5 * time.Second,
 	})
+}
+
+// mayPublish refuses at once, naming the missing right, what the server
+// would refuse silently: a publish the credentials' permissions do not allow.
+// subject builds the subject from the credentials' principal.
+func (c *connFlags) mayPublish(subject func(principal string) string) error {
+	if c.creds == "" {
+		return nil
+	}
+	p, err := broker.PrincipalFromCreds(c.creds)
+	if err != nil {
+		return nil // not a capstan principal: the server decides
+	}
+	return auth.CheckPublish(c.creds, subject(p))
 }
 
 // client connects and opens a client; closeFn releases both.

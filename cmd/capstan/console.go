@@ -10,7 +10,6 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
-	"github.com/nats-io/nats.go"
 )
 
 // defaultConsole is where `capstan dev` serves its console.
@@ -89,10 +88,10 @@ func serveConsole(ctx context.Context, l net.Listener, cfg console.Config) error
 	return c.Serve(ctx, l)
 }
 
-// startDevConsole serves an open console for `capstan dev` on addr and
-// returns its URL; a console that cannot listen is a warning, not a reason
-// to stop the server.
-func startDevConsole(ctx context.Context, addr string, nc *nats.Conn, log *slog.Logger) (url string, done <-chan error) {
+// startDevConsole serves the console of `capstan dev` on addr (loopback) and
+// returns its URL; a console that cannot listen is a warning, not a reason to
+// stop the server.
+func startDevConsole(ctx context.Context, addr string, cfg console.Config, log *slog.Logger) (url string, done <-chan error) {
 	if addr == "" || addr == "off" {
 		return "", nil
 	}
@@ -106,6 +105,6 @@ func startDevConsole(ctx context.Context, addr string, nc *nats.Conn, log *slog.
 		return "", nil
 	}
 	ch := make(chan error, 1)
-	go func() { ch <- serveConsole(ctx, l, console.Config{Open: true, Conn: nc, Logger: log}) }()
+	go func() { ch <- serveConsole(ctx, l, cfg) }()
 	return "http://" + l.Addr().String(), ch
 }

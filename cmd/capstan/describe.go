@@ -14,7 +14,7 @@ func runDescribe(args []string) int {
 	fs := newFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]...")
 	conn := addConnFlags(fs)
 	surface := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe")
-	actorFlag := fs.String("actor", defaultActor(), "who is asking, as kind:id (or anonymous)")
+	actorFlag := fs.String("actor", "", "who is asking, as kind:id (or anonymous; default user:<principal> with --creds, else user:$USER)")
 	var scope executor.Scope
 	fs.StringVar(&scope.Prefix, "prefix", "", "only capabilities whose id starts with this")
 	fs.Func("tag", "only capabilities with this tag (repeatable: all must match)", func(s string) error {
@@ -29,6 +29,9 @@ func runDescribe(args []string) int {
 	}
 	if *surface == "" {
 		return usageError("--surface is empty")
+	}
+	if *actorFlag == "" {
+		*actorFlag = defaultActor(conn.creds)
 	}
 	actor, err := parseActor(*actorFlag)
 	if err != nil {

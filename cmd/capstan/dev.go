@@ -7,12 +7,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/console"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--console HOST:PORT] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
@@ -29,12 +31,25 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
-	e, err := startEmbedded(ctx, opts, bcfg, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
 	defer e.stop()
-	w, err := newDemoWorker(e.nc, e.js, wf, log)
+	wnc, wjs := e.nc, e.js
+	if sf.setup != nil {
+		// The demo worker connects as the worker principal, as a real one does.
+		wnc, err = broker.Connect(broker.ConnectOptions{URL: e.url, Name: "capstan dev worker",
+			Creds: sf.setup.CredsPath(auth.WorkerPrincipal), Prefix: sf.setup.Prefix})
+		if err != nil {
+			return fail(exitFailed, "dev: %v", err)
+		}
+		defer wnc.Close()
+		if wjs, err = jetstream.New(wnc); err != nil {
+			return fail(exitFailed, "dev: %v", err)
+		}
+	}
+	w, err := newDemoWorker(wnc, wjs, wf, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
@@ -49,7 +64,16 @@ func runDev(args []string) int {
 	if e.url != broker.DefaultURL {
 		natsFlag = " --nats " + e.url
 	}
-	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, e.nc, log)
+	if sf.setup != nil {
+		natsFlag += " --creds " + sf.setup.CredsPath("NAME")
+		fmt.Printf("authentication: %s (principals: capstan auth list %s)\n", sf.auth, sf.auth)
+	}
+	consoleCfg := console.Config{Open: true, Conn: e.nc, Logger: log}
+	if sf.setup != nil {
+		// With authentication, principals sign in with their credentials.
+		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
+	}
+	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
 	if consoleURL != "" {
 		fmt.Printf("console: %s\n", consoleURL)

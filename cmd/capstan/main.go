@@ -36,6 +36,7 @@ var commands = []command{
 	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"console", "the web console: approvals inbox, executions and their trails, capabilities", runConsole},
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
+	{"auth", "create principals, their credentials and the server's configuration", runAuth},
 	{"admin", "operate a deployment: 'admin replicas [N]' shows or changes replica counts", runAdmin},
 }
 

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
@@ -27,19 +28,28 @@ import (
 type serverFlags struct {
 	store, listen string
 	auditMaxAge   longDuration
+	auth          string
+	insecure      bool
+	setup         *auth.Setup
 }
 
 func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	f := &serverFlags{}
 	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
+	fs.StringVar(&f.auth, "auth", "", "credentials `directory` made by 'capstan auth init': every client then needs --creds")
+	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything)")
 	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	return f
 }
 
 // brokerConfig is how the embedded server's resources are provisioned.
 func (f *serverFlags) brokerConfig() broker.Config {
-	return broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge)}
+	c := broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge)}
+	if f.setup != nil {
+		c.Prefix = f.setup.Prefix
+	}
+	return c
 }
 
 func (f *serverFlags) options() (natsserver.Options, error) {
@@ -47,7 +57,28 @@ func (f *serverFlags) options() (natsserver.Options, error) {
 	if err != nil {
 		return natsserver.Options{}, err
 	}
-	return natsserver.Options{StoreDir: f.store, Host: host, Port: port}, nil
+	o := natsserver.Options{StoreDir: f.store, Host: host, Port: port}
+	if f.auth != "" {
+		if f.setup, err = auth.Load(f.auth); err != nil {
+			return o, err
+		}
+		o.ConfigFile = f.setup.ServerConfigPath()
+		return o, nil
+	}
+	if !loopback(host) && !f.insecure {
+		return o, fmt.Errorf("--listen %s reaches beyond this machine without authentication: "+
+			"give --auth DIR (see 'capstan auth init'), or --insecure to accept that anyone who reaches it can act as anyone", f.listen)
+	}
+	return o, nil
+}
+
+// loopback reports whether host is reachable from this machine only.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // hostPort parses HOST:PORT; port 0 becomes natsserver's "any free port".
@@ -89,7 +120,7 @@ type embedded struct {
 
 // startEmbedded starts the server and provisions the resources, retrying
 // until ctx ends: a clustered node can provision only once its peers are up.
-func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Config, log *slog.Logger) (*embedded, error) {
+func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Config, setup *auth.Setup, log *slog.Logger) (*embedded, error) {
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
 	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
@@ -99,7 +130,11 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		return nil, err
 	}
 	e := &embedded{srv: s, url: natsserver.ClientURL(s)}
-	e.nc, err = broker.Connect(broker.ConnectOptions{URL: e.url, Name: "capstan server"})
+	co := broker.ConnectOptions{URL: e.url, Name: "capstan server", Prefix: bcfg.Prefix}
+	if setup != nil {
+		co.Creds = setup.CredsPath(auth.AdminPrincipal)
+	}
+	e.nc, err = broker.Connect(co)
 	if err != nil {
 		e.stop()
 		return nil, err
@@ -109,6 +144,9 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		e.b, err = broker.Provision(pctx, e.nc, bcfg)
 		if err == nil {
 			e.js, err = demo.Provision(pctx, e.nc, e.b.Replicas)
+		}
+		if err == nil && setup != nil {
+			err = auth.PublishGrants(pctx, e.b.JS, setup, e.b.Replicas)
 		}
 		cancel()
 		if err == nil {
@@ -137,7 +175,7 @@ func (e *embedded) stop() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--auth DIR | --insecure] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
@@ -181,11 +219,15 @@ func runServer(args []string) int {
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	e, err := startEmbedded(ctx, opts, bcfg, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
 	if err != nil {
 		return fail(exitFailed, "server: %v", err)
 	}
-	fmt.Printf("capstan server listening on %s (store %s)\n", e.url, opts.StoreDir)
+	mode := "open: no authentication"
+	if sf.setup != nil {
+		mode = "authentication: " + sf.auth
+	}
+	fmt.Printf("capstan server listening on %s (store %s, %s)\n", e.url, opts.StoreDir, mode)
 	<-ctx.Done()
 	log.Info("shutting down")
 	e.stop()

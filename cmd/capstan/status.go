@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -11,8 +12,16 @@ import (
 // byID runs a command whose one argument is an execution id: it parses the
 // flags, checks the id, opens a client and gives act a bounded context.
 func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string) int) int {
+	return byIDWith(name, args, nil, act)
+}
+
+// byIDWith is byID with flags of the command's own.
+func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string) int) int {
 	fs := newFlags(name, "ID")
 	conn := addConnFlags(fs)
+	if flags != nil {
+		flags(fs)
+	}
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code

@@ -21,6 +21,8 @@ type Waiters struct {
 	b   *broker.Broker
 	log *slog.Logger
 	sub *nats.Subscription
+	// principal is whose envelopes these are: the server delivers no other's.
+	principal string
 
 	mu      sync.Mutex
 	waiters map[string][]chan *envelope.Envelope
@@ -33,14 +35,14 @@ type Waiters struct {
 	watchDone chan struct{}
 }
 
-// New opens the subscription to the envelopes of b and watches for missed
-// ones until Close.
-func New(b *broker.Broker, log *slog.Logger) (*Waiters, error) {
-	c := &Waiters{b: b, log: log, waiters: map[string][]chan *envelope.Envelope{}, since: map[string]time.Time{},
-		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
+// New opens the subscription to principal's envelopes in b and watches for
+// missed ones until Close.
+func New(b *broker.Broker, principal string, log *slog.Logger) (*Waiters, error) {
+	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string][]chan *envelope.Envelope{},
+		since: map[string]time.Time{}, gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	var err error
-	c.sub, err = b.NC.Subscribe(b.Names.EnvelopeSubjects(), c.onEnvelope)
+	c.sub, err = b.NC.Subscribe(b.Names.EnvelopeSubjectsOf(principal), c.onEnvelope)
 	if err != nil {
 		c.stop()
 		return nil, fmt.Errorf("capstan: subscribe to envelopes: %w", err)
@@ -59,7 +61,7 @@ func (c *Waiters) Close() error {
 
 func (c *Waiters) onEnvelope(m *nats.Msg) {
 	c.noteSequence(m)
-	id := c.b.Names.EnvelopeKeyFromSubject(m.Subject)
+	_, id, _ := broker.ParseKey(c.b.Names.EnvelopeKeyFromSubject(m.Subject))
 	c.mu.Lock()
 	_, waited := c.waiters[id]
 	c.mu.Unlock()
@@ -136,7 +138,7 @@ func (c *Waiters) Await(ctx context.Context, id string, ch chan *envelope.Envelo
 func (c *Waiters) loadEnvelope(ctx context.Context, id string) (*envelope.Envelope, error) {
 	lctx, cancel := context.WithTimeout(ctx, PublishTry)
 	defer cancel()
-	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, id)
+	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, broker.Key(c.principal, id))
 	return env, err
 }
 

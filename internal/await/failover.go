@@ -94,7 +94,13 @@ func (c *Waiters) watchMissed() {
 
 // noteSequence signals a gap when a republished envelope does not follow the
 // last one seen: the envelopes in between were stored but not seen here.
+//
+// A principal's subscription receives its own envelopes only, whose
+// sequences have gaps by nature: it relies on reconnects and sweeps.
 func (c *Waiters) noteSequence(m *nats.Msg) {
+	if c.principal != broker.Anonymous {
+		return
+	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return
@@ -129,7 +135,17 @@ func (c *Waiters) recheck(minAge time.Duration) {
 				ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
 				// From the leader: a replica catching up after a restart
 				// answers "not found" for envelopes it has yet to receive.
-				env, _, err := broker.LoadFromLeader[envelope.Envelope](ctx, c.b.NC, c.b.Envelopes, id)
+				// A principal may read its own keys only, which the
+				// leader's API cannot limit: it reads from any replica, and
+				// the next recheck asks again.
+				key := broker.Key(c.principal, id)
+				var env *envelope.Envelope
+				var err error
+				if c.principal == broker.Anonymous {
+					env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, c.b.NC, c.b.Envelopes, key)
+				} else {
+					env, _, err = broker.Load[envelope.Envelope](ctx, c.b.Envelopes, key)
+				}
 				cancel()
 				if err == nil {
 					c.deliver(id, env)

@@ -17,7 +17,7 @@ import (
 // closed-loop concurrency or rate. A message's latency runs from its publish
 // to its delivery to the consumer.
 func rawBaseline(ctx context.Context, r *rig, cfg *Config, payload int, bar *progress) (*loopResult, error) {
-	js := r.b.JS
+	js := r.adminJS
 	name := r.b.Names.ExecStream() + "_BENCH_RAW"
 	subject := strings.ToLower(name)
 	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{

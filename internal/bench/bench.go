@@ -16,8 +16,12 @@ import (
 // Target is the server a run measures.
 type Target struct {
 	// Connect opens one connection; name says whose it is ("client",
-	// "worker 0"). Each worker and the client get their own.
+	// "worker 0", "admin"). Each worker and the client get their own; the
+	// admin's provisions the demo's resources, runs the baseline and counts
+	// consumers, which a producer's credentials would not allow.
 	Connect func(name string) (*nats.Conn, error)
+	// Auth reports that the server requires credentials (Result.Auth).
+	Auth bool
 	// Server is the embedded server, if the run started one: its counters
 	// give the server messages per execution. Nil: not counted.
 	Server *server.Server
@@ -83,7 +87,10 @@ type Result struct {
 	WorkerConcurrency int     `json:"workerConcurrency"`
 	PayloadBytes      int     `json:"payloadBytes"`
 	Audit             bool    `json:"audit"`
-	CPUs              int     `json:"cpus"`
+	// Auth: the server required credentials, the client ran as a producer
+	// principal and the workers checked its grants.
+	Auth bool `json:"auth"`
+	CPUs int  `json:"cpus"`
 
 	Completed        int     `json:"completed"`
 	NotCompleted     int     `json:"notCompleted"`
@@ -158,7 +165,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	res := &Result{
 		Mode: "closed", Server: r.url, Capability: cfg.Capability, N: cfg.N, Concurrency: cfg.Concurrency,
 		Workers: cfg.Workers, WorkerConcurrency: cfg.WorkerConcurrency, PayloadBytes: cfg.PayloadBytes, Audit: !cfg.NoAudit,
-		CPUs: runtime.GOMAXPROCS(0),
+		Auth: t.Auth, CPUs: runtime.GOMAXPROCS(0),
 	}
 	if t.Name != "" {
 		res.Server = t.Name
@@ -184,7 +191,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		}
 	}
 
-	consumers := watchConsumers(ctx, r.b.JS)
+	consumers := watchConsumers(ctx, r.adminJS)
 	res.ConsumersBefore = consumers.before
 	stopProfile, err := startProfile(cfg.CPUProfile)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -154,8 +155,8 @@ func backlogRun(ctx context.Context, r *rig, cfg *Config, input envelope.Raw, ba
 	t := newTally(cfg.N, cfg.Notes)
 	all := make(chan struct{})
 	var seen int
-	sub, err := r.nc.Subscribe(r.b.Names.EnvelopeSubjects(), func(m *nats.Msg) {
-		id := r.b.Names.EnvelopeKeyFromSubject(m.Subject)
+	sub, err := r.nc.Subscribe(r.b.Names.EnvelopeSubjectsOf(r.client.Principal()), func(m *nats.Msg) {
+		_, id, _ := broker.ParseKey(r.b.Names.EnvelopeKeyFromSubject(m.Subject))
 		env, err := envelope.DecodeEnvelope(m.Data)
 		mu.Lock()
 		at, ok := submitted[id]

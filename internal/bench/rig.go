@@ -17,11 +17,13 @@ import (
 
 // rig is the client and the in-process workers one run uses.
 type rig struct {
-	url     string
-	srv     *server.Server // nil unless embedded
-	client  *executor.Client
-	b       *broker.Broker
-	nc      *nats.Conn
+	url    string
+	srv    *server.Server // nil unless embedded
+	client *executor.Client
+	b      *broker.Broker
+	nc     *nats.Conn
+	// adminJS administers streams: the baseline's, the consumer count.
+	adminJS jetstream.JetStream
 	closers []func()
 	// startWorkers starts the in-process workers, waits until the catalog
 	// lists what they serve, and returns what stops them.
@@ -45,11 +47,18 @@ func newRig(ctx context.Context, t Target, cfg *Config) (*rig, error) {
 	r.closers = append(r.closers, nc.Close)
 	r.url = nc.ConnectedUrlRedacted()
 	r.nc = nc
-	js, err := demo.Provision(ctx, nc, 0) // auto: what exists, or the deployment's choice
+	admin, err := t.Connect("admin")
 	if err != nil {
 		r.close()
 		return nil, err
 	}
+	r.closers = append(r.closers, admin.Close)
+	js, err := demo.Provision(ctx, admin, 0) // auto: what exists, or the deployment's choice
+	if err != nil {
+		r.close()
+		return nil, err
+	}
+	r.adminJS = js
 	r.client, err = executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-bench"}})
 	if err != nil {
 		r.close()

@@ -93,7 +93,7 @@ func awaitAll(t *testing.T, b *broker.Broker, ids []string, within time.Duration
 		var still []string
 		for _, id := range missing {
 			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err := b.Envelopes.Get(gctx, id)
+			_, err := b.Envelopes.Get(gctx, broker.Key(broker.Anonymous, id))
 			gcancel()
 			if err != nil {
 				still = append(still, id)
@@ -166,11 +166,11 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 	defer cancel()
 	tl := &tally{per: map[string]*outcome{}, statuses: map[string]int{}}
 	for _, id := range ids {
-		env, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, id)
+		env, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, broker.Key(broker.Anonymous, id))
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read envelope %s: %v", id, err)
 		}
-		rec, _, err := broker.Load[executor.Record](ctx, b.Executions, id)
+		rec, _, err := broker.Load[executor.Record](ctx, b.Executions, broker.Key(broker.Anonymous, id))
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read record %s: %v", id, err)
 		}

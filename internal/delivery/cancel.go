@@ -25,10 +25,11 @@ var errCancelNotRecorded = errors.New("the cancel could not be recorded; try aga
 // pending record when no worker has claimed the execution yet, so that it is
 // cancelled whenever a worker sees it (decide). The worker running it sees
 // the request at its next lease renewal, or at once through CancelLocal.
-func (w *Runner) RecordCancel(id string) (Cancel, error) {
+func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
+	key := broker.Key(principal, id)
 	for try := 0; try < 20; try++ {
 		ctx, cancel := StoreContext()
-		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, id)
+		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, key)
 		cancel()
 		now := time.Now().UTC()
 		switch {
@@ -36,7 +37,7 @@ func (w *Runner) RecordCancel(id string) (Cancel, error) {
 			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
 				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
 			ctx, cancel := StoreContext()
-			_, err = broker.Create(ctx, w.b.Executions, id, pending)
+			_, err = broker.Create(ctx, w.b.Executions, key, pending)
 			cancel()
 			if err == nil {
 				return Cancel{State: StatePending}, nil
@@ -51,7 +52,7 @@ func (w *Runner) RecordCancel(id string) (Cancel, error) {
 			// The envelope is the truth: the record is marked finalized only
 			// after it, so an execution can be over while its record says not.
 			ctx, cancel := StoreContext()
-			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, id)
+			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key)
 			cancel()
 			if eerr == nil {
 				return Cancel{State: StateFinalized, Finalized: true, Status: env.Status}, nil
@@ -59,7 +60,7 @@ func (w *Runner) RecordCancel(id string) (Cancel, error) {
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
 			ctx, cancel = StoreContext()
-			_, err = broker.Update(ctx, w.b.Executions, id, &next, rev)
+			_, err = broker.Update(ctx, w.b.Executions, key, &next, rev)
 			cancel()
 			if err == nil {
 				return Cancel{State: rec.State}, nil

@@ -18,7 +18,13 @@ type Execution struct {
 	w   *Runner
 	msg jetstream.Msg
 	req *envelope.Request
-	cap Capability // nil when no pool serves the capability
+	// principal is the token of the subject the server accepted the request
+	// on: who sent it, whatever the body says. key is the execution's key in
+	// the executions and envelopes buckets.
+	principal, key string
+	// subjectCapability is the capability id of the subject, "" for _unrouted.
+	subjectCapability string
+	cap               Capability // nil when no pool serves the capability
 	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
 	// admitted runs the attempts, once stages 4 to 9 let the execution through.
@@ -46,8 +52,17 @@ type Execution struct {
 }
 
 func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
-	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(),
+	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(), principal: broker.Anonymous,
 		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
+	if msg != nil {
+		if p, capID, ok := w.b.Names.ParseExecSubject(msg.Subject()); ok {
+			x.principal = p
+			if capID != broker.Unrouted {
+				x.subjectCapability = capID
+			}
+		}
+	}
+	x.key = broker.Key(x.principal, req.ExecutionID)
 	x.ctx, x.cancel = context.WithCancelCause(w.base)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
@@ -78,13 +93,21 @@ func (x *Execution) casCtx() (context.Context, context.CancelFunc) {
 
 func (x *Execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
-		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), ExecutionID: x.req.ExecutionID,
+		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), Principal: x.principal, ExecutionID: x.req.ExecutionID,
 		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
 	}
 }
 
 // Request is the request being executed.
 func (x *Execution) Request() *envelope.Request { return x.req }
+
+// Principal is who sent the request: the token of the subject the NATS
+// server let it publish on, never a field of the body.
+func (x *Execution) Principal() string { return x.principal }
+
+// SubjectCapability is the capability id of the subject the request arrived
+// on ("" when it came through _unrouted): a body naming another is refused.
+func (x *Execution) SubjectCapability() string { return x.subjectCapability }
 
 // Context spans the whole execution: the caller's cancel and deadline, a lost
 // claim, the worker's shutdown.
@@ -148,7 +171,7 @@ func (x *Execution) update(change func(r *Record)) error {
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
 		ctx, cancel := x.casCtx()
-		rev, err := broker.Update(ctx, x.w.b.Executions, x.req.ExecutionID, &next, x.rev)
+		rev, err := broker.Update(ctx, x.w.b.Executions, x.key, &next, x.rev)
 		cancel()
 		if err == nil {
 			x.rec, x.rev = &next, rev
@@ -159,7 +182,7 @@ func (x *Execution) update(change func(r *Record)) error {
 		}
 		last = err
 		ctx, cancel = x.casCtx()
-		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.req.ExecutionID)
+		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.key)
 		cancel()
 		if lerr != nil {
 			last = lerr

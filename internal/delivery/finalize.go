@@ -152,7 +152,7 @@ func (x *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 	start := time.Now()
 	for try := 0; ; try++ {
 		ctx, cancel := x.casCtx()
-		_, err := broker.Create(ctx, w.b.Envelopes, x.req.ExecutionID, env)
+		_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
 		cancel()
 		if err == nil {
 			w.finalized.Add(1)
@@ -197,9 +197,9 @@ func (x *Execution) storedEnvelope() (*envelope.Envelope, error) {
 	for try := 0; try < 5; try++ {
 		ctx, cancel := StoreContext()
 		var have *envelope.Envelope
-		have, _, err = broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+		have, _, err = broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.key)
 		if errors.Is(err, broker.ErrNotFound) {
-			have, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.req.ExecutionID)
+			have, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.key)
 		}
 		cancel()
 		if err == nil {

@@ -17,7 +17,11 @@ func (w *Runner) handle(msg jetstream.Msg) {
 		w.undecodable(msg, err)
 		return
 	}
-	if x := w.local(req.ExecutionID); x != nil {
+	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
+	if principal == "" {
+		principal = broker.Anonymous
+	}
+	if x := w.local(broker.Key(principal, req.ExecutionID)); x != nil {
 		// A redelivery while this worker still runs the execution: the running
 		// delivery's ack settles the message.
 		nak(msg, w.cfg.Lease)
@@ -82,7 +86,7 @@ func (x *Execution) claimAndRun() {
 	}
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
-		rev, err := broker.Create(ctx, w.b.Executions, x.req.ExecutionID, rec)
+		rev, err := broker.Create(ctx, w.b.Executions, x.key, rec)
 		cancel()
 		if err == nil {
 			x.rec, x.rev = rec, rev
@@ -94,7 +98,7 @@ func (x *Execution) claimAndRun() {
 			time.Sleep(broker.Backoff(try))
 		}
 		ctx, cancel = x.casCtx()
-		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.req.ExecutionID)
+		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.key)
 		cancel()
 		if errors.Is(err, broker.ErrNotFound) {
 			continue
@@ -147,7 +151,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		next := *rec
 		next.State, next.Status, next.Attempt, next.UpdatedAt = StateFinalized, env.Status, env.Attempts, time.Now().UTC()
 		ctx, cancel := StoreContext()
-		_, _ = broker.Update(ctx, w.b.Executions, x.req.ExecutionID, &next, rev)
+		_, _ = broker.Update(ctx, w.b.Executions, x.key, &next, rev)
 		cancel()
 	}
 	if env != nil || rec.State == StateFinalized {
@@ -244,11 +248,11 @@ func NotFoundError() *envelope.CapabilityError {
 func (x *Execution) envelope() (*envelope.Envelope, error) {
 	ctx, cancel := StoreContext()
 	defer cancel()
-	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.req.ExecutionID)
+	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.key)
 	if errors.Is(err, broker.ErrNotFound) {
 		// A replica catching up after a restart may not have it yet: the
 		// stream's leader decides.
-		env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.req.ExecutionID)
+		env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.key)
 	}
 	if errors.Is(err, broker.ErrNotFound) {
 		return nil, nil
@@ -280,7 +284,12 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 				Message: "The request could not be decoded."}}
-		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID}}
+		principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
+		if principal == "" {
+			principal = broker.Anonymous
+		}
+		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
+			principal: principal, key: broker.Key(principal, id)}
 		w.finalizeWithoutRun(x, env, "undecodable")
 	}
 	_ = msg.TermWithReason("request does not decode")
@@ -295,8 +304,8 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
-	if _, err := broker.Create(ctx, w.b.Executions, id, w.finalizedRecord(id, capID, env.Status)); err != nil {
-		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, id)
+	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status)); err != nil {
+		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
 		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status {
 			return
 		}
@@ -308,7 +317,7 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
-	if _, err := broker.Create(ctx, w.b.Envelopes, id, env); err == nil {
+	if _, err := broker.Create(ctx, w.b.Envelopes, x.key, env); err == nil {
 		w.finalized.Add(1)
 	}
 }
@@ -321,13 +330,46 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 		w.undecodable(msg, err)
 		return
 	}
+	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
+	if principal == "" {
+		principal = broker.Anonymous
+	}
+	fwd := msg.Data()
+	if req.ApprovalID != "" && req.CapabilityID == "" && w.cfg.ResolveResume != nil {
+		// A resume naming only its approval: the approval says the rest.
+		ctx, cancel := StoreContext()
+		err := w.cfg.ResolveResume(ctx, principal, req)
+		cancel()
+		var cerr *envelope.CapabilityError
+		if err != nil && !errors.As(err, &cerr) {
+			w.log.Warn("resume not resolved; delivery left for later", "executionId", req.ExecutionID, "err", err)
+			nak(msg, time.Second)
+			return
+		}
+		if cerr != nil {
+			x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+			env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
+				Error: &envelope.Error{Code: cerr.Code, Stage: cerr.Stage, ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
+			reason := "resume-refused"
+			if cerr.Cause != nil {
+				reason += ": " + cerr.Cause.Error()
+			}
+			w.finalizeWithoutRun(x, env, reason)
+			ackSync(msg)
+			return
+		}
+		if fwd, err = envelope.Marshal(req); err != nil {
+			nak(msg, time.Second)
+			return
+		}
+	}
 	if w.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 		// The producer's catalog was stale: forward under a distinct message id,
-		// since the original id is still in the dedup window.
+		// since the original id is still in the dedup window. The principal
+		// stays the one the server authenticated.
 		ctx, cancel := StoreContext()
 		defer cancel()
-		fwd := msg.Data()
-		if _, err := w.b.JS.Publish(ctx, w.b.Names.ExecSubject(req.CapabilityID), fwd,
+		if _, err := w.b.JS.Publish(ctx, w.b.Names.ExecSubject(principal, req.CapabilityID), fwd,
 			jetstream.WithMsgID(req.ExecutionID+"-fwd")); err != nil {
 			nak(msg, time.Second)
 			return

@@ -35,6 +35,12 @@ type Config struct {
 	Capability func(id string) Capability
 	// Listed reports whether the catalog lists a capability (some pool serves it).
 	Listed func(id string) bool
+	// ResolveResume fills a resume that names only its approval (a producer
+	// that may not read approvals sends those): capability, input, actor and
+	// surface come from the approval, which must be principal's. An error is
+	// the request's refusal when it is an *envelope.CapabilityError; any other
+	// error leaves the request for a later delivery.
+	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
 }
 
 // Stats counts what a runner did.
@@ -182,31 +188,31 @@ func (w *Runner) inflightCount() int {
 func (w *Runner) track(x *Execution) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, busy := w.inflight[x.req.ExecutionID]; busy {
+	if _, busy := w.inflight[x.key]; busy {
 		return false
 	}
-	w.inflight[x.req.ExecutionID] = x
+	w.inflight[x.key] = x
 	return true
 }
 
 func (w *Runner) untrack(x *Execution) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.inflight[x.req.ExecutionID] == x {
-		delete(w.inflight, x.req.ExecutionID)
+	if w.inflight[x.key] == x {
+		delete(w.inflight, x.key)
 	}
 }
 
-func (w *Runner) local(id string) *Execution {
+func (w *Runner) local(key string) *Execution {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.inflight[id]
+	return w.inflight[key]
 }
 
-// CancelLocal stops this worker's run of an execution at once, if it has one:
-// the caller cancelled it.
-func (w *Runner) CancelLocal(id string) {
-	if x := w.local(id); x != nil {
+// CancelLocal stops this worker's run of principal's execution at once, if
+// it has one: the caller cancelled it.
+func (w *Runner) CancelLocal(principal, executionID string) {
+	if x := w.local(broker.Key(principal, executionID)); x != nil {
 		x.cancel(errCallerCancelled)
 	}
 }

@@ -6,6 +6,14 @@
 // only an input without issues; JSONSchema describes the same shape to a
 // model, so that what a model is shown and what an input must meet cannot
 // drift apart.
+//
+// An input means what encoding/json makes of it: agents and the CLI send JSON
+// (which reaches the worker as msgpack holding only what JSON holds), Go
+// clients msgpack of their own types, and the check accepts both forms. A
+// checked input is rewritten as JSON along its shape and decoded by
+// encoding/json (inputjson.go), so that times, durations, every number width,
+// base64 bytes and types with their own JSON or text decoder arrive as the
+// handler declares them; schemajson.go describes those forms.
 package inputcheck
 
 import (

@@ -2,6 +2,7 @@ package inputcheck
 
 import (
 	"encoding"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -77,12 +78,19 @@ const (
 	shapeUint                    // unsigned integer of bits
 	shapeFloat                   // float of bits
 	shapeString                  //
-	shapeBytes                   // []byte, and types decoding themselves from text or binary
-	shapeTime                    // time.Time: a msgpack timestamp
+	shapeBytes                   // []byte: base64 text, or binary data
+	shapeTime                    // time.Time: RFC 3339 text, or a msgpack timestamp
 	shapeSlice                   //
 	shapeArray                   // fixed length n
 	shapeMap                     //
 	shapeStruct                  //
+)
+
+// Shapes of types that encoding/json reads in their own way.
+const (
+	shapeDuration shapeKind = shapeStruct + 1 + iota // time.Duration: nanoseconds, or a duration string
+	shapeText                                        // types decoding themselves from text (encoding.TextUnmarshaler)
+	shapeJSON                                        // types decoding themselves from JSON (json.Unmarshaler)
 )
 
 // shape is a Go type as the input check and the JSON Schema see it.
@@ -95,6 +103,13 @@ type shape struct {
 	fields map[string]*shapeField
 	order  []*shapeField // declaration order
 	name   string        // the Go type's name, for schema definitions
+	typ    reflect.Type  // shapeText and shapeJSON: the type that decodes itself
+
+	// msgpackOnly marks a type only the msgpack library can decode: one with
+	// its own msgpack or binary decoder but none for JSON or text, or a map
+	// whose keys JSON cannot name. An input type holding one is decoded by the
+	// msgpack library rather than with encoding/json's meaning.
+	msgpackOnly bool
 }
 
 type shapeField struct {
@@ -102,6 +117,8 @@ type shapeField struct {
 	shape     *shape
 	omitEmpty bool
 	pointer   bool
+	quoted    bool // the json "string" option: the value may come as a JSON string
+	index     int  // in the struct's order
 }
 
 var shapes sync.Map // reflect.Type -> *shape
@@ -144,12 +161,21 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 	case t == timeType:
 		s.kind = shapeTime
 		return s
+	case t == durationType:
+		s.kind, s.bits = shapeDuration, 64
+		return s
+	case pt.Implements(jsonUnmarshalerType):
+		s.kind, s.typ = shapeJSON, t
+		return s
 	case t.Implements(customDecoderType) || pt.Implements(customDecoderType) ||
 		t.Implements(unmarshalerType) || pt.Implements(unmarshalerType):
-		s.kind = shapeAny
+		s.kind, s.msgpackOnly = shapeAny, true
 		return s
-	case pt.Implements(binaryUnmarshalType) || pt.Implements(textUnmarshalType):
-		s.kind = shapeBytes
+	case pt.Implements(textUnmarshalType):
+		s.kind, s.typ = shapeText, t
+		return s
+	case pt.Implements(binaryUnmarshalType):
+		s.kind, s.msgpackOnly = shapeAny, true
 		return s
 	}
 	switch t.Kind() {
@@ -173,6 +199,11 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 		s.kind, s.n, s.elem = shapeArray, t.Len(), compileShape(t.Elem(), building)
 	case reflect.Map:
 		s.kind, s.key, s.elem = shapeMap, compileShape(t.Key(), building), compileShape(t.Elem(), building)
+		switch s.key.kind {
+		case shapeString, shapeInt, shapeUint, shapeText:
+		default: // encoding/json names keys by strings, integers or text only
+			s.msgpackOnly = true
+		}
 	case reflect.Struct:
 		s.kind, s.fields = shapeStruct, map[string]*shapeField{}
 		addFields(s, t, building, 0)
@@ -215,7 +246,9 @@ func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth
 		}
 		sf := &shapeField{name: name, shape: compileShape(ft, building), omitEmpty: hasOption(opts, "omitempty") || hasOption(opts, "omitzero"),
 			pointer: ft.Kind() == reflect.Pointer}
+		sf.quoted = hasOption(opts, "string") && quotable(ft, sf.shape)
 		s.fields[name] = sf
+		sf.index = len(s.order)
 		s.order = append(s.order, sf)
 	}
 	for _, f := range inline {
@@ -247,10 +280,10 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	if issues := checkInput(raw, s); len(issues) > 0 {
 		return nil, &InputError{Issues: issues}
 	}
-	if err := envelope.UnmarshalStrict(raw, in); err != nil {
+	if err := decodeChecked(raw, s, in); err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
-		return nil, &InputError{Issues: []Issue{{Message: "the input does not match the capability's input type"}}, cause: err}
+		return nil, &InputError{Issues: []Issue{{Path: decodeErrorPath(err), Message: "the input does not match the capability's input type"}}, cause: err}
 	}
 	return in, nil
 }
@@ -318,6 +351,8 @@ type head struct {
 	f64   bool   // floats: 64-bit
 	n     uint64 // length: bytes, items, pairs
 	ext   int8   // extension type
+
+	fval float64 // floats: the value
 }
 
 // pathElem is one step of the path to a value.
@@ -416,8 +451,17 @@ func (w *inputWalk) head() (h head, ok bool) {
 		w.fail("the input is truncated or not msgpack")
 		return h, false
 	}
+	h = head{class: valueClass(mh.Class), neg: mh.Neg, mag: mh.Mag, f64: mh.F64, n: mh.N, ext: mh.Ext}
+	switch {
+	case mh.Class == msgpackhead.Bool && mh.True:
+		h.mag = 1
+	case mh.Class == msgpackhead.Float && mh.F64:
+		h.fval = math.Float64frombits(binary.BigEndian.Uint64(w.b[next-8 : next]))
+	case mh.Class == msgpackhead.Float:
+		h.fval = float64(math.Float32frombits(binary.BigEndian.Uint32(w.b[next-4 : next])))
+	}
 	w.off = next
-	return head{class: valueClass(mh.Class), neg: mh.Neg, mag: mh.Mag, f64: mh.F64, n: mh.N, ext: mh.Ext}, true
+	return h, true
 }
 
 // rest skips what follows a header: content, items or pairs.
@@ -467,6 +511,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 	if w.stopped {
 		return
 	}
+	start := w.off
 	h, ok := w.head()
 	if !ok {
 		return
@@ -476,25 +521,50 @@ func (w *inputWalk) value(s *shape, depth int) {
 	}
 	switch s.kind {
 	case shapeAny:
-		w.rest(h, depth)
+		if s.msgpackOnly {
+			w.rest(h, depth)
+			return
+		}
+		w.jsonValue(h, depth)
+	case shapeJSON:
+		w.selfDecoding(s, h, start, depth)
+	case shapeText:
+		w.text(s, h, depth)
+	case shapeDuration:
+		w.duration(s, h, depth)
 	case shapeBool:
 		w.want(h, h.class == classBool, "a boolean", depth)
 	case shapeInt, shapeUint:
+		if h.class == classFloat && wholeOutside(s, h.fval) {
+			w.issue(rangeMessage(s))
+			return
+		}
 		if w.want(h, h.class == classInt, "an integer", depth) {
 			w.intRange(s, h)
 		}
 	case shapeFloat:
-		if h.class == classFloat && h.f64 && s.bits == 32 {
-			// The decoder does not narrow a 64-bit float.
-			w.issue("expected a 32-bit float, got a 64-bit one")
+		if w.want(h, h.class == classInt || h.class == classFloat, "a number", depth) && h.class == classFloat {
+			w.floatRange(s, h)
+		}
+	case shapeString:
+		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+	case shapeBytes:
+		if h.class == classString {
+			w.base64(h)
 			return
 		}
-		w.want(h, h.class == classInt || h.class == classFloat, "a number", depth)
-	case shapeString, shapeBytes:
-		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+		w.want(h, h.class == classBinary, "a base64 string", depth)
 	case shapeTime:
-		w.want(h, h.class == classExt && h.ext == -1, "a timestamp", depth)
+		w.timeValue(h, depth)
 	case shapeSlice, shapeArray:
+		if s.kind == shapeArray && h.class == classBinary && s.elem.kind == shapeUint && s.elem.bits == 8 {
+			// The msgpack library writes a byte array as binary data.
+			if h.n > uint64(s.n) {
+				w.issue(fmt.Sprintf("expected at most %d items, got %d", s.n, h.n))
+			}
+			w.take(h.n)
+			return
+		}
 		if !w.want(h, h.class == classArray, "an array", depth) || !w.fits(h.n, depth) {
 			return
 		}
@@ -529,6 +599,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
 			return
 		}
+		var present fieldSet
 		for range h.n {
 			kh, ok := w.head()
 			if !ok {
@@ -545,7 +616,13 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 			w.push(pathElem{key: name, index: -1})
-			if f := s.fields[string(name)]; f != nil {
+			f := s.fields[string(name)]
+			if f != nil {
+				present.add(f.index)
+			}
+			if f != nil && f.quoted {
+				w.quotedValue(f.shape, depth+1)
+			} else if f != nil {
 				w.value(f.shape, depth+1)
 			} else {
 				w.issue("unknown field")
@@ -556,6 +633,7 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 		}
+		w.missing(s, &present)
 	}
 }
 
@@ -572,9 +650,9 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		if ks.kind != shapeString && ks.kind != shapeBytes && ks.kind != shapeAny {
+		if msg := stringKey(ks, k, kh.class == classBinary); msg != "" {
 			w.push(e)
-			w.issue("unexpected key type: " + kh.class.String())
+			w.issue(msg)
 			w.pop()
 		}
 		return e, true
@@ -607,12 +685,12 @@ func (w *inputWalk) want(h head, ok bool, what string, depth int) bool {
 func (w *inputWalk) intRange(s *shape, h head) {
 	if s.kind == shapeUint {
 		if h.neg || s.bits < 64 && h.mag > 1<<s.bits-1 {
-			w.issue(fmt.Sprintf("expected an integer from 0 to %d", uint64(math.MaxUint64)>>(64-s.bits)))
+			w.issue(rangeMessage(s))
 		}
 		return
 	}
 	limit := uint64(1) << (s.bits - 1) // |min|; max is limit-1
 	if h.neg && h.mag > limit || !h.neg && h.mag > limit-1 {
-		w.issue(fmt.Sprintf("expected an integer from %d to %d", -int64(limit-1)-1, int64(limit-1)))
+		w.issue(rangeMessage(s))
 	}
 }

@@ -82,12 +82,12 @@ func TestInputCheck_ReportsEveryIssueWithItsPath(t *testing.T) {
 
 func TestInputCheck_IntegersRefuseFractionsAndOutOfRange(t *testing.T) {
 	type ints struct {
-		I8  int8    `json:"i8"`
-		U8  uint8   `json:"u8"`
-		I64 int64   `json:"i64"`
-		U64 uint64  `json:"u64"`
-		I   int     `json:"i"`
-		F32 float32 `json:"f32"`
+		I8  int8    `json:"i8,omitempty"`
+		U8  uint8   `json:"u8,omitempty"`
+		I64 int64   `json:"i64,omitempty"`
+		U64 uint64  `json:"u64,omitempty"`
+		I   int     `json:"i,omitempty"`
+		F32 float32 `json:"f32,omitempty"`
 	}
 	typ := reflect.TypeFor[ints]()
 	for _, c := range []struct {
@@ -109,7 +109,9 @@ func TestInputCheck_IntegersRefuseFractionsAndOutOfRange(t *testing.T) {
 		{"int whole float", map[string]any{"i": 2.0}, "expected an integer, got a number with a fraction or exponent"},
 		{"int string", map[string]any{"i": "2"}, "expected an integer, got a string"},
 		{"float32 from int", map[string]any{"f32": 2}, ""},
-		{"float32 from float64", map[string]any{"f32": 2.5}, "expected a 32-bit float, got a 64-bit one"},
+		{"float32 from float64", map[string]any{"f32": 2.5}, ""},
+		{"float32 beyond its range", map[string]any{"f32": 1e39}, "expected a number from -3.4028234663852886e+38 to 3.4028234663852886e+38"},
+		{"int64 beyond 64 bits", map[string]any{"i64": 1e19}, "expected an integer from -9223372036854775808 to 9223372036854775807"},
 		{"null is the zero value", map[string]any{"i": nil}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,7 +125,7 @@ func TestInputCheck_IntegersRefuseFractionsAndOutOfRange(t *testing.T) {
 			// What the check accepts, the decoder decodes.
 			if len(got) == 0 {
 				raw, _ := envelope.NewRaw(c.in)
-				if err := envelope.UnmarshalStrict(raw, new(ints)); err != nil {
+				if err := decodeChecked(raw, shapeOf(typ), new(ints)); err != nil {
 					t.Fatalf("accepted, but the decoder refuses: %v", err)
 				}
 			}
@@ -140,11 +142,13 @@ func TestInputCheck_ShapesTheDecoderWouldBendAreRefused(t *testing.T) {
 	}{
 		// The msgpack library reads an array into a struct by position.
 		{"array for an object", []any{"o1", 5}, "", "expected an object, got an array"},
-		{"object for an array", map[string]any{"lines": map[string]any{}}, "lines", "expected an array, got an object"},
-		{"too many items", map[string]any{"pair": []any{1, 2, 3}}, "pair", "expected at most 2 items, got 3"},
-		{"string for a timestamp", map[string]any{"at": "2024-01-01T00:00:00Z"}, "at", "expected a timestamp, got a string"},
+		{"object for an array", map[string]any{"orderId": "o1", "amount": 5, "lines": map[string]any{}}, "lines", "expected an array, got an object"},
+		{"too many items", map[string]any{"orderId": "o1", "amount": 5, "pair": []any{1, 2, 3}}, "pair", "expected at most 2 items, got 3"},
+		{"a timestamp not in RFC 3339", map[string]any{"orderId": "o1", "amount": 5, "at": "2024-01-01 00:00"}, "at", "expected " + timeHint},
 		// Embedded structs are inlined: their name is not a field.
-		{"embedded by name", map[string]any{"checkEmbedded": map[string]any{}}, "checkEmbedded", "unknown field"},
+		{"embedded by name", map[string]any{"orderId": "o1", "amount": 5, "checkEmbedded": map[string]any{}}, "checkEmbedded", "unknown field"},
+		// What the schema lists as required, the check requires.
+		{"a required field missing", map[string]any{"orderId": "o1"}, "amount", "missing required field"},
 		{"scalar input", "hello", "", "expected an object, got a string"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -154,7 +158,7 @@ func TestInputCheck_ShapesTheDecoderWouldBendAreRefused(t *testing.T) {
 			}
 		})
 	}
-	if got := issuesOf(t, map[string]any{"note": "inlined", "extra": map[string]any{"any": []any{1, "x"}},
+	if got := issuesOf(t, map[string]any{"orderId": "o1", "amount": 0, "note": "inlined", "extra": map[string]any{"any": []any{1, "x"}},
 		"at": time.Unix(5, 0), "ship": nil}, orderType); len(got) > 0 {
 		t.Fatalf("refused a valid input: %+v", got)
 	}
@@ -202,7 +206,7 @@ func FuzzInputCheck(f *testing.F) {
 			return
 		}
 		// What the check accepts, the decoder decodes.
-		if err := envelope.UnmarshalStrict(b, new(checkOrder)); err != nil {
+		if err := decodeChecked(b, s, new(checkOrder)); err != nil {
 			t.Fatalf("accepted % x, decoder: %v", b, err)
 		}
 	})

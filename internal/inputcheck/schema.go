@@ -12,12 +12,20 @@ import (
 //   - a struct is an object of its json-named fields, additionalProperties
 //     false (unknown fields are refused); embedded structs are inlined;
 //   - required lists the fields without omitempty (or omitzero) that are not
-//     pointers. The check itself lets a field be absent (it decodes as the
-//     zero value): a Validate method is where presence is enforced;
-//   - integers are integers, bounded when narrower than 64 bits or unsigned;
+//     pointers, and the check refuses an object without one of them
+//     ("missing required field" at its path);
+//   - integers are integers, bounded by their width;
+//   - a pointer field may be null;
 //   - slices and arrays are arrays of their items, maps objects of their
-//     values, []byte and types that decode themselves from text are strings;
-//   - interfaces and types with their own msgpack decoder are unconstrained;
+//     values (keys of integer maps are integers in strings);
+//   - []byte is a string with contentEncoding base64, time.Time a string of
+//     format date-time, time.Duration a duration string or integer
+//     nanoseconds, types that decode themselves from text strings (with a
+//     format for well-known ones: uuid, IP addresses);
+//   - a field with the json "string" option takes its value or the value in
+//     a string;
+//   - interfaces and types with their own JSON or msgpack decoder are
+//     unconstrained;
 //   - a recursive type refers to its definition in $defs.
 
 // schemaDialect is the JSON Schema version the derived schemas follow.
@@ -60,30 +68,34 @@ func (g *schemaGen) schema(s *shape) map[string]any {
 	case shapeBool:
 		return map[string]any{"type": "boolean"}
 	case shapeInt:
-		m := map[string]any{"type": "integer"}
-		if s.bits < 64 {
-			m["minimum"] = -int64(1) << (s.bits - 1)
-			m["maximum"] = int64(1)<<(s.bits-1) - 1
-		}
-		return m
+		return map[string]any{"type": "integer", "minimum": -int64(1) << (s.bits - 1), "maximum": int64(uint64(1)<<(s.bits-1) - 1)}
 	case shapeUint:
-		m := map[string]any{"type": "integer", "minimum": 0}
-		if s.bits < 64 {
-			m["maximum"] = uint64(math.MaxUint64) >> (64 - s.bits)
-		}
-		return m
+		return map[string]any{"type": "integer", "minimum": 0, "maximum": uint64(math.MaxUint64) >> (64 - s.bits)}
 	case shapeFloat:
+		if s.bits == 32 {
+			return map[string]any{"type": "number", "minimum": -math.MaxFloat32, "maximum": math.MaxFloat32}
+		}
 		return map[string]any{"type": "number"}
-	case shapeString, shapeBytes:
+	case shapeString:
 		return map[string]any{"type": "string"}
+	case shapeBytes:
+		return map[string]any{"type": "string", "contentEncoding": "base64"}
 	case shapeTime:
-		return map[string]any{"description": "a msgpack timestamp (extension type -1)"}
+		return map[string]any{"type": "string", "format": "date-time"}
+	case shapeDuration:
+		return durationSchema()
+	case shapeText:
+		return textSchema(s)
 	case shapeSlice:
 		return map[string]any{"type": "array", "items": g.schema(s.elem)}
 	case shapeArray:
 		return map[string]any{"type": "array", "items": g.schema(s.elem), "maxItems": s.n}
 	case shapeMap:
-		return map[string]any{"type": "object", "additionalProperties": g.schema(s.elem)}
+		m := map[string]any{"type": "object", "additionalProperties": g.schema(s.elem)}
+		if k := keySchema(s.key); k != nil {
+			m["propertyNames"] = k
+		}
+		return m
 	case shapeStruct:
 		return g.object(s)
 	}
@@ -100,6 +112,12 @@ func (g *schemaGen) object(s *shape) map[string]any {
 	var required []string
 	for _, f := range s.order {
 		props[f.name] = g.schema(f.shape)
+		if f.quoted {
+			props[f.name] = quotedSchema(f.shape, props[f.name].(map[string]any))
+		}
+		if f.pointer {
+			props[f.name] = nullable(props[f.name].(map[string]any))
+		}
 		if !f.omitEmpty && !f.pointer {
 			required = append(required, f.name)
 		}

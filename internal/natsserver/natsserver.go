@@ -49,6 +49,10 @@ type Options struct {
 	MaxMemory, MaxStore int64
 	// Logger receives the server's logs. Nil: no logs.
 	Logger *slog.Logger
+	// ConfigFile is a nats-server configuration (for instance the one capstan
+	// auth writes) read first; the fields above override what it says about
+	// listening, clustering and JetStream.
+	ConfigFile string
 }
 
 // Start starts an embedded nats-server with JetStream and waits until it accepts
@@ -112,17 +116,21 @@ func serverOptions(opts Options) (*server.Options, error) {
 		name = defaultName(port, storeDir)
 	}
 
-	sopts := &server.Options{
-		ServerName:         name,
-		Host:               host,
-		Port:               port,
-		JetStream:          true,
-		StoreDir:           storeDir,
-		SyncAlways:         opts.SyncAlways,
-		JetStreamMaxMemory: opts.MaxMemory,
-		JetStreamMaxStore:  opts.MaxStore,
-		NoSigs:             true, // the embedding process owns its signals
+	sopts := &server.Options{}
+	if opts.ConfigFile != "" {
+		if sopts, err = server.ProcessConfigFile(opts.ConfigFile); err != nil {
+			return nil, fmt.Errorf("natsserver: %w", err)
+		}
 	}
+	sopts.ServerName = name
+	sopts.Host = host
+	sopts.Port = port
+	sopts.JetStream = true
+	sopts.StoreDir = storeDir
+	sopts.SyncAlways = opts.SyncAlways
+	sopts.JetStreamMaxMemory = opts.MaxMemory
+	sopts.JetStreamMaxStore = opts.MaxStore
+	sopts.NoSigs = true // the embedding process owns its signals
 
 	if opts.ClusterPort != 0 || len(opts.Routes) > 0 {
 		sopts.Cluster.Name = opts.ClusterName

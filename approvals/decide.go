@@ -1,0 +1,173 @@
+package approvals
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// ErrForbidden: the principal may not decide this approval (not an approver,
+// or not of its types).
+var ErrForbidden = errors.New("capstan: not allowed to decide this approval")
+
+// DecideRequest asks the workers to record a decision. The approver is the
+// principal whose subject the request arrived on (the server lets a principal
+// publish only there), never a field of the request.
+type DecideRequest struct {
+	V          int    `json:"v"`
+	ApprovalID string `json:"approvalId"`
+	Approve    bool   `json:"approve"`
+	Comment    string `json:"comment,omitempty"`
+	// Approver and SelfApproval are read on an open server only, where no
+	// principal is authenticated and the decision names its approver.
+	Approver     envelope.Actor `json:"approver,omitzero"`
+	SelfApproval string         `json:"selfApproval,omitempty"`
+}
+
+// DecideReply is the workers' answer: the decided record, or the conditions
+// that refused it.
+type DecideReply struct {
+	V          int      `json:"v"`
+	Record     *Record  `json:"record,omitempty"`
+	Error      string   `json:"error,omitempty"`
+	Conditions []string `json:"conditions,omitempty"`
+	// AuditUnavailable: the decision stands but its audit event is not stored.
+	AuditUnavailable bool `json:"auditUnavailable,omitempty"`
+}
+
+// Authorizer says who an approver principal is and whether it may decide an
+// approval of some types. open reports a server without principals, where a
+// request names its approver.
+type Authorizer interface {
+	Approver(principal string, types []string) (approver envelope.Actor, open bool, err error)
+}
+
+// DecideAs records principal's decision: the approver is the identity the
+// Authorizer gives the principal; an approval requested under the same
+// principal, or by the same actor, is refused as self-approval, with no
+// reason that lifts it.
+func (s *Store) DecideAs(ctx context.Context, principal string, req DecideRequest, authz Authorizer) (*Record, error) {
+	r, err := s.Get(ctx, req.ApprovalID)
+	if err != nil {
+		return nil, err
+	}
+	who, open, err := authz.Approver(principal, r.Types)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrForbidden, err)
+	}
+	v := Verdict{Approve: req.Approve, Approver: who, Comment: req.Comment}
+	if open {
+		v.Approver, v.SelfApproval = req.Approver, req.SelfApproval
+	} else if r.Principal == principal {
+		return nil, fmt.Errorf("%w: principal %q requested it", ErrSelfApproval, principal)
+	}
+	return s.Decide(ctx, req.ApprovalID, v)
+}
+
+// Serve answers decisions sent to n.DecideSubjects() in the workers' queue
+// group, until the subscription is drained or closed.
+func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
+	prefix := strings.TrimSuffix(n.DecideSubjects(), "*")
+	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
+		principal := strings.TrimPrefix(m.Subject, prefix)
+		var reply DecideReply
+		reply.V = envelope.Version
+		var req DecideRequest
+		if err := envelope.Unmarshal(m.Data, &req); err != nil {
+			reply.Error, reply.Conditions = "the decision does not decode: "+err.Error(), []string{"invalid"}
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+			rec, err := s.DecideAs(ctx, principal, req, authz)
+			cancel()
+			reply.Record = rec
+			if err != nil {
+				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
+				reply.AuditUnavailable = rec != nil && slices.Contains(reply.Conditions, "audit_unavailable")
+			}
+		}
+		b, err := envelope.Marshal(&reply)
+		if err == nil {
+			_ = m.Respond(b)
+		}
+	})
+}
+
+// RequestDecision sends req to the workers as principal (the connection's,
+// see broker.PrincipalOf) and returns the decided record. A refusal is an
+// error that errors.Is matches against the store's conditions (ErrSelfApproval,
+// ErrForbidden, ErrAlreadyDecided...). A decision whose audit event is
+// missing returns the record and an error matching audit.ErrUnavailable.
+func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req DecideRequest) (*Record, error) {
+	req.V = envelope.Version
+	b, err := envelope.Marshal(&req)
+	if err != nil {
+		return nil, err
+	}
+	m, err := nc.RequestWithContext(ctx, n.DecideSubject(broker.PrincipalOf(nc, n)), b)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: decide %s: %w", req.ApprovalID, err)
+	}
+	var reply DecideReply
+	if err := envelope.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("capstan: decide %s: reply: %w", req.ApprovalID, err)
+	}
+	if reply.Error == "" {
+		return reply.Record, nil
+	}
+	return reply.Record, &remoteError{msg: reply.Error, conds: errorsOf(reply.Conditions)}
+}
+
+// decideTimeout bounds one decision in a worker.
+const decideTimeout = 10 * time.Second
+
+// conditionNames name the store's conditions on the wire.
+var conditionNames = []struct {
+	name string
+	err  error
+}{
+	{"not_found", ErrNotFound}, {"pending", ErrPending}, {"rejected", ErrRejected},
+	{"cancelled", ErrCancelled}, {"expired", ErrExpired}, {"consumed", ErrConsumed},
+	{"already_decided", ErrAlreadyDecided}, {"self_approval", ErrSelfApproval},
+	{"input_mismatch", ErrInputMismatch}, {"invalid", ErrInvalid}, {"forbidden", ErrForbidden},
+	{"audit_unavailable", audit.ErrUnavailable},
+}
+
+func conditionsOf(err error) []string {
+	var out []string
+	for _, c := range conditionNames {
+		if errors.Is(err, c.err) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+func errorsOf(names []string) []error {
+	var out []error
+	for _, n := range names {
+		for _, c := range conditionNames {
+			if c.name == n {
+				out = append(out, c.err)
+			}
+		}
+	}
+	return out
+}
+
+// remoteError is a refusal answered by a worker, matching the conditions it named.
+type remoteError struct {
+	msg   string
+	conds []error
+}
+
+func (e *remoteError) Error() string   { return e.msg }
+func (e *remoteError) Unwrap() []error { return e.conds }

@@ -1,0 +1,135 @@
+package approvals_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// securedDecisions starts a server with authentication, a worker connection
+// serving decisions with the grants, and returns a pending approval that
+// principal alice requested as user:alice, of type finance.
+func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approvals.Store, *broker.Broker, *approvals.Record) {
+	t.Helper()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range append([]auth.Grant{
+		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "dave", Role: auth.Approver, Actors: []string{"user:dave"}, Types: []string{"ops"}},
+	}, extra...) {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 1); err != nil {
+		t.Fatal(err)
+	}
+	wnc := env.ConnectAs(t, auth.WorkerPrincipal)
+	b, err := broker.Provision(ctxT(t), wnc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, err := auth.WatchGrants(ctxT(t), b.JS, b.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(grants.Stop)
+	s := approvals.NewStore(b, audit.NewEmitter(b, audit.Options{}))
+	sub, err := s.Serve(wnc, b.Names, grants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	r := pendingOf(t, s, "alice")
+	return env, s, b, r
+}
+
+func pendingOf(t *testing.T, s *approvals.Store, principal string) *approvals.Record {
+	t.Helper()
+	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &approvals.Record{
+		ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Surface: "direct", Actor: alice,
+		Input: input, InputHash: hash, Types: []string{"finance"}, RequestedBy: envelope.NewExecutionID(),
+		Principal: principal,
+	}
+	if err := s.Create(ctxT(t), r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
+	env, s, _, r := securedDecisions(t)
+	carol := env.ConnectAs(t, "carol")
+	// The request names someone else: the record names carol's identity.
+	got, err := approvals.RequestDecision(ctxT(t), carol, broker.NewNames(""), approvals.DecideRequest{
+		ApprovalID: r.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "ceo"}, SelfApproval: "urgent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != approvals.Approved || got.Decision.Approver.String() != "user:carol" {
+		t.Fatalf("decision %+v", got.Decision)
+	}
+	stored, err := s.Get(ctxT(t), r.ID)
+	if err != nil || stored.Decision.Approver.ID != "carol" || stored.Decision.SelfApproval != "" {
+		t.Fatalf("stored %+v, %v", stored, err)
+	}
+}
+
+func TestDecide_ApproverOfOtherTypesIsForbidden(t *testing.T) {
+	env, s, _, r := securedDecisions(t)
+	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "dave"), broker.NewNames(""),
+		approvals.DecideRequest{ApprovalID: r.ID, Approve: true})
+	if !errors.Is(err, approvals.ErrForbidden) {
+		t.Fatalf("err %v, want ErrForbidden", err)
+	}
+	assertPending(t, s, r.ID)
+}
+
+func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
+	// An approver principal whose identity is the requester's actor.
+	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.Approver,
+		Actors: []string{"user:alice"}, Types: []string{"*"}})
+	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "alice-approver"), broker.NewNames(""),
+		approvals.DecideRequest{ApprovalID: r.ID, Approve: true, SelfApproval: "I insist"})
+	if !errors.Is(err, approvals.ErrSelfApproval) {
+		t.Fatalf("err %v, want ErrSelfApproval", err)
+	}
+	// The admin may decide any type, but not what it requested itself.
+	mine := pendingOf(t, s, auth.AdminPrincipal)
+	_, err = approvals.RequestDecision(ctxT(t), env.Connect(t), broker.NewNames(""),
+		approvals.DecideRequest{ApprovalID: mine.ID, Approve: true})
+	if !errors.Is(err, approvals.ErrSelfApproval) {
+		t.Fatalf("admin on its own request: err %v, want ErrSelfApproval", err)
+	}
+	assertPending(t, s, r.ID)
+	assertPending(t, s, mine.ID)
+}
+
+func assertPending(t *testing.T, s *approvals.Store, id string) {
+	t.Helper()
+	got, err := s.Get(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != approvals.Pending || got.Decision != nil {
+		t.Fatalf("approval %s is %s (%+v), want pending and undecided", id, got.Status, got.Decision)
+	}
+}

@@ -1,0 +1,86 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/natsserver"
+)
+
+// A secured deployment from zero: generated credentials, a server that
+// enforces them, grants that workers read.
+func Example() {
+	dir, _ := os.MkdirTemp("", "capstan-auth-example-")
+	defer os.RemoveAll(dir)
+
+	setup, err := auth.Init(dir+"/secrets", "")
+	if err != nil {
+		panic(err)
+	}
+	// A gateway that authenticates its own end users, calling refunds from MCP.
+	err = setup.Add(auth.Grant{Principal: "gateway", Role: auth.Producer,
+		Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*"}})
+	if err != nil {
+		panic(err)
+	}
+
+	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir + "/store", Port: -1,
+		ConfigFile: setup.ServerConfigPath()})
+	if err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+	url := natsserver.ClientURL(srv)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(auth.AdminPrincipal)})
+	if err != nil {
+		panic(err)
+	}
+	defer admin.Close()
+	b, err := broker.Provision(ctx, admin, broker.Config{})
+	if err != nil {
+		panic(err)
+	}
+	if err := auth.PublishGrants(ctx, b.JS, setup, 0); err != nil {
+		panic(err)
+	}
+
+	// A worker's view of the grants decides stage 6 of every request.
+	worker, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(auth.WorkerPrincipal)})
+	if err != nil {
+		panic(err)
+	}
+	defer worker.Close()
+	wjs, _ := jetstream.New(worker)
+	grants, err := auth.WatchGrants(ctx, wjs, setup.Names())
+	if err != nil {
+		panic(err)
+	}
+	defer grants.Stop()
+	bob := envelope.Actor{Kind: "user", ID: "bob"}
+	fmt.Println(grants.CheckRequest("gateway", bob, "mcp", "orders.refund"))
+	fmt.Println(codeOf(grants.CheckRequest("gateway", bob, "direct", "orders.refund")))
+	fmt.Println(codeOf(grants.CheckRequest("stranger", bob, "mcp", "orders.refund")))
+	// Output:
+	// <nil>
+	// FORBIDDEN
+	// UNAUTHENTICATED
+}
+
+func codeOf(err error) envelope.Code {
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		return ce.Code
+	}
+	return ""
+}

@@ -1,0 +1,704 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// Every test here attacks with a producer's real credentials against a real
+// server with authentication and a real worker, and checks that the server
+// or the worker refused it and that records, envelopes, approvals and the
+// trail are what they would have been without the attack.
+
+type Echo struct {
+	Text string `json:"text"`
+}
+
+type Refund struct {
+	OrderID string `json:"orderId"`
+	Amount  int    `json:"amount"`
+}
+
+// rig is a secured deployment: a server (or cluster) with authentication,
+// grants published, one worker connected as the worker principal.
+type rig struct {
+	setup   *auth.Setup
+	admin   *broker.Broker
+	connect func(t *testing.T, principal string, opts ...nats.Option) *nats.Conn
+	// effects counts the handlers' effects, per capability.
+	sends, refunds atomic.Int64
+}
+
+func newRig(t *testing.T, cluster bool) *rig {
+	t.Helper()
+	r := &rig{}
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []auth.Grant{
+		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
+		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
+	} {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.setup = setup
+	var adminNC *nats.Conn
+	if cluster {
+		c := testenv.StartCluster(t, 3, testenv.Auth(setup))
+		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return c.ConnectAs(t, p, opts...) }
+		adminNC = c.Connect(t)
+	} else {
+		e := testenv.Start(t, testenv.Auth(setup))
+		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return e.ConnectAs(t, p, opts...) }
+		adminNC = e.Connect(t)
+	}
+	ctx := testCtx(t)
+	if r.admin, err = broker.Provision(ctx, adminNC, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, r.admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.startWorker(t)
+	return r
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (r *rig) startWorker(t *testing.T) {
+	t.Helper()
+	echo := executor.Define("t.echo", executor.Meta{
+		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
+	send := executor.Define("t.send", executor.Meta{
+		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+	}, func(ctx context.Context, c executor.Call[Echo]) (string, error) {
+		r.sends.Add(1)
+		if c.Input.Text == "hold" {
+			<-ctx.Done() // until cancelled
+			return "", ctx.Err()
+		}
+		return "sent", nil
+	})
+	refund := executor.Define("t.refund", executor.Meta{
+		Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Policies: []executor.Policy{{Name: "finance", Evaluate: func(ctx context.Context, p executor.PolicyRequest) (executor.Decision, error) {
+			return executor.Decision{Stance: executor.RequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
+		}}},
+	}, func(ctx context.Context, c executor.Call[Refund]) (string, error) {
+		r.refunds.Add(1)
+		return fmt.Sprintf("refunded %d", c.Input.Amount), nil
+	})
+	reg, err := executor.NewRegistry(echo, send, refund)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "forge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	wait := testCtx(t)
+	for _, id := range []string{"t.echo", "t.send", "t.refund"} {
+		for {
+			if _, err := r.admin.Catalog.Get(wait, id); err == nil {
+				break
+			}
+			select {
+			case <-wait.Done():
+				t.Fatalf("no worker serves %s", id)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// client returns principal's client and a collector of the server's refusals.
+func (r *rig) client(t *testing.T, principal string, surface executor.Surface) (*executor.Client, *nats.Conn, *violations) {
+	t.Helper()
+	v := newViolations()
+	nc := r.connect(t, principal, v.handler())
+	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: surface,
+		Actor: envelope.Actor{Kind: envelope.ActorUser, ID: principal}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, nc, v
+}
+
+// state is every key of the records, envelopes and approvals buckets with its
+// revision, and the audit stream's last sequence.
+type state struct {
+	keys     map[string]uint64
+	auditSeq uint64
+}
+
+func (r *rig) snapshot(t *testing.T) state {
+	t.Helper()
+	ctx := testCtx(t)
+	s := state{keys: map[string]uint64{}}
+	for _, kv := range []jetstream.KeyValue{r.admin.Executions, r.admin.Envelopes, r.admin.Approvals} {
+		lister, err := kv.ListKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range lister.Keys() {
+			e, err := kv.Get(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.keys[kv.Bucket()+"/"+k] = e.Revision()
+		}
+	}
+	info, err := r.admin.Audit.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.auditSeq = info.State.LastSeq
+	return s
+}
+
+// settled waits until principal's execution id is finalized on its record:
+// the record follows the envelope (a caller may hold the envelope first), and
+// a snapshot taken before would see it change.
+func (r *rig) settled(t *testing.T, principal, id string) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		rec, _, err := broker.Load[executor.Record](ctx, r.admin.Executions, broker.Key(principal, id))
+		if err == nil && rec.State == executor.StateFinalized {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("execution %s never finalized on its record", id)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (r *rig) assertUnchanged(t *testing.T, before state) {
+	t.Helper()
+	after := r.snapshot(t)
+	if !maps.Equal(before.keys, after.keys) {
+		t.Fatalf("records, envelopes or approvals changed:\nbefore %v\nafter  %v", before.keys, after.keys)
+	}
+	if before.auditSeq != after.auditSeq {
+		t.Fatalf("the audit stream grew from %d to %d", before.auditSeq, after.auditSeq)
+	}
+}
+
+// trail returns the event types of one execution's trail, waiting for want's
+// last type (events are published asynchronously).
+func (r *rig) trail(t *testing.T, executionID, last string) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		events := r.events(t, executionID)
+		if len(events) > 0 && events[len(events)-1] == last {
+			return events
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("trail of %s never ended with %s: %v", executionID, last, r.events(t, executionID))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (r *rig) events(t *testing.T, executionID string) []string {
+	t.Helper()
+	events, err := audit.Read(testCtx(t), r.admin, executionID)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil // no event stored yet
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range events {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
+	r := newRig(t, false)
+	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
+	bob := envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
+	env, err := alice.Call(testCtx(t), "t.send", Echo{Text: "as bob"}, executor.As(bob))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodeForbidden || env.Error.Stage != envelope.StageActor {
+		t.Fatalf("envelope %s %+v, want FORBIDDEN at stage actor", env.Status, env.Error)
+	}
+	if n := r.sends.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times", n)
+	}
+	events := r.trail(t, env.ExecutionID, "capability.failed")
+	if !slices.Contains(events, "capability.denied") || slices.Contains(events, "capability.started") {
+		t.Fatalf("trail %v", events)
+	}
+	// The trail says who and why: the principal, and the right it lacks.
+	trail, err := audit.Read(testCtx(t), r.admin, env.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range trail {
+		if e.Principal != "alice" {
+			t.Fatalf("event %s names principal %q", e.Type, e.Principal)
+		}
+		if reason, _ := e.Data["reason"].(string); e.Type == "capability.denied" && !strings.Contains(reason, `may not act as user:bob`) {
+			t.Fatalf("denied for %q", reason)
+		}
+	}
+}
+
+func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
+	r := newRig(t, false)
+	// alice may call from direct only; her client says mcp.
+	alice, _, _ := r.client(t, "alice", executor.SurfaceMCP)
+	env, err := alice.Call(testCtx(t), "t.echo", Echo{Text: "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Error == nil || env.Error.Code != envelope.CodeForbidden {
+		t.Fatalf("envelope %s %+v, want FORBIDDEN", env.Status, env.Error)
+	}
+	if events := r.trail(t, env.ExecutionID, "capability.failed"); !slices.Contains(events, "capability.denied") {
+		t.Fatalf("trail %v", events)
+	}
+}
+
+func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
+	r := newRig(t, false)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	env, err := alice.Call(testCtx(t), "t.refund", Refund{OrderID: "o1", Amount: 900})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("envelope %s %+v", env.Status, env.Error)
+	}
+	r.trail(t, env.ExecutionID, "capability.approval_requested")
+	r.settled(t, "alice", env.ExecutionID)
+	before := r.snapshot(t)
+	ctx := testCtx(t)
+
+	// 1. The decision request, whatever approver it names: the server refuses
+	// to carry it (alice may not publish on any decide subject).
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = approvals.RequestDecision(short, aliceNC, r.setup.Names(), approvals.DecideRequest{
+		ApprovalID: env.Approval.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
+	if err == nil {
+		t.Fatal("alice's decision was answered")
+	}
+	v.wait(t, ctx, r.setup.Names().DecideSubject("alice"))
+	for _, p := range []string{"carol", auth.WorkerPrincipal} {
+		if err := aliceNC.Publish(r.setup.Names().DecideSubject(p), []byte{}); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, r.setup.Names().DecideSubject(p))
+	}
+	// 2. Deciding through the store writes the bucket directly: refused.
+	_, err = alice.Approvals().Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
+		Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
+	if err == nil {
+		t.Fatal("alice decided through the bucket")
+	}
+	// 3. Minting an approved record from nothing, or resetting one: refused.
+	minted := map[string]any{"v": 1, "id": envelope.NewExecutionID(), "capabilityId": "t.refund", "status": "approved"}
+	b, _ := envelope.Marshal(minted)
+	for _, key := range []string{minted["id"].(string), env.Approval.ID} {
+		subject := "$KV." + r.setup.Names().ApprovalsBucket() + "." + key
+		if err := aliceNC.Publish(subject, b); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+	}
+	r.assertUnchanged(t, before)
+	rec, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	if err != nil || rec.Status != approvals.Pending {
+		t.Fatalf("approval %+v, %v", rec, err)
+	}
+	if n := r.refunds.Load(); n != 0 {
+		t.Fatalf("refund ran %d times", n)
+	}
+}
+
+// The approvals flow with two principals: alice requests, carol decides, alice
+// resumes; a consumed approval cannot be reset to run twice.
+func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	env, err := alice.Call(ctx, "t.refund", Refund{OrderID: "o1", Amount: 900})
+	if err != nil || env.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("%v %+v", err, env)
+	}
+	rec, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), r.setup.Names(),
+		approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Decision.Approver.String() != "user:carol" {
+		t.Fatalf("approver %s", rec.Decision.Approver)
+	}
+	done, err := alice.Resume(ctx, env.Approval.ID)
+	if err != nil || done.Status != envelope.StatusCompleted {
+		t.Fatalf("resume: %v %+v", err, done)
+	}
+	r.trail(t, done.ExecutionID, "capability.completed")
+	r.settled(t, "alice", done.ExecutionID)
+	before := r.snapshot(t)
+	consumed, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reset := *consumed
+	reset.Status, reset.ConsumedBy = approvals.Approved, ""
+	b, _ := envelope.Marshal(&reset)
+	subject := "$KV." + r.setup.Names().ApprovalsBucket() + "." + env.Approval.ID
+	if err := aliceNC.Publish(subject, b); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, ctx, subject)
+	r.assertUnchanged(t, before)
+	again, err := alice.Resume(ctx, env.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Error == nil || again.Error.Code != envelope.CodeApprovalConsumed {
+		t.Fatalf("second resume %s %+v", again.Status, again.Error)
+	}
+	if n := r.refunds.Load(); n != 1 {
+		t.Fatalf("refund ran %d times", n)
+	}
+	after, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	if err != nil || after.Status != approvals.Consumed || after.ConsumedBy != done.ExecutionID {
+		t.Fatalf("approval %+v, %v", after, err)
+	}
+}
+
+func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
+	testEnvelopeForges(t, newRig(t, false))
+}
+
+func testEnvelopeForges(t *testing.T, r *rig) {
+	ctx := testCtx(t)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	n := r.setup.Names()
+	id := envelope.NewExecutionID()
+	forged, _ := envelope.Marshal(&envelope.Envelope{V: 1, ExecutionID: id, CapabilityID: "t.echo",
+		Status: envelope.StatusCompleted, Output: envelope.MustRaw(Echo{Text: "forged"})})
+	before := r.snapshot(t)
+	// In the bucket, before the worker finalizes; and as a plain message where
+	// the client listens.
+	for _, subject := range []string{
+		"$KV." + n.EnvelopesBucket() + "." + broker.Key("alice", id),
+		n.EnvelopeSubjectsOf("alice")[:len(n.EnvelopeSubjectsOf("alice"))-1] + id,
+	} {
+		if err := aliceNC.Publish(subject, forged); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+	}
+	r.assertUnchanged(t, before)
+	env, err := alice.Call(ctx, "t.echo", Echo{Text: "real"}, executor.WithID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out Echo
+	if err := env.Output.Decode(&out); err != nil || out.Text != "real" {
+		t.Fatalf("alice read %+v (%v), want the worker's result", out, err)
+	}
+	events := r.trail(t, id, "capability.completed")
+	if slices.Contains(events, "envelope.conflict") {
+		t.Fatalf("trail %v", events)
+	}
+}
+
+func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	env, err := alice.Call(ctx, "t.echo", Echo{Text: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, env.ExecutionID, "capability.completed")
+	r.settled(t, "alice", env.ExecutionID)
+	before := r.snapshot(t)
+	n := r.setup.Names()
+	fake, _ := envelope.Marshal(map[string]any{"type": "capability.completed", "executionId": env.ExecutionID})
+	for _, subject := range []string{
+		n.AuditSubject(env.ExecutionID),
+		"$JS.API.STREAM.PURGE." + n.AuditStream(),
+		"$JS.API.STREAM.MSG.DELETE." + n.AuditStream(),
+		"$JS.API.STREAM.DELETE." + n.AuditStream(),
+		"$JS.API.STREAM.UPDATE." + n.AuditStream(),
+	} {
+		if err := aliceNC.Publish(subject, fake); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+	}
+	r.assertUnchanged(t, before)
+}
+
+func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	id := envelope.NewExecutionID()
+	env, err := alice.Call(ctx, "t.send", Echo{Text: "once"}, executor.WithID(id))
+	if err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("%v %+v", err, env)
+	}
+	r.trail(t, id, "capability.completed")
+	r.settled(t, "alice", id)
+	before := r.snapshot(t)
+	n := r.setup.Names()
+	for _, bucket := range []string{n.ExecutionsBucket(), n.EnvelopesBucket()} {
+		subject := "$KV." + bucket + "." + broker.Key("alice", id)
+		if err := aliceNC.PublishMsg(&nats.Msg{Subject: subject, Header: nats.Header{"KV-Operation": []string{"PURGE"}}}); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+		purge := "$JS.API.STREAM.PURGE.KV_" + bucket
+		if err := aliceNC.Publish(purge, nil); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, purge)
+	}
+	r.assertUnchanged(t, before)
+	// Submitting the same execution again runs nothing.
+	again, err := alice.Call(ctx, "t.send", Echo{Text: "once"}, executor.WithID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.FinalizedAt != env.FinalizedAt || r.sends.Load() != 1 {
+		t.Fatalf("sent %d times; envelope %+v", r.sends.Load(), again)
+	}
+}
+
+func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
+	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	id, err := bob.Submit(ctx, "t.send", Echo{Text: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, id, "capability.started")
+	n := r.setup.Names()
+	// On bob's cancel subject: the server refuses; on alice's own, for bob's id:
+	// no execution of alice has that id.
+	if err := aliceNC.Publish(n.CancelSubject("bob", id), nil); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, ctx, n.CancelSubject("bob", id))
+	// Whatever the workers answer alice, it concerns alice's key space only;
+	// naming bob as the owner is an admin's right.
+	_, _ = alice.Cancel(ctx, id)
+	if _, err := alice.Cancel(ctx, id, executor.OwnedBy("bob")); err == nil || !strings.Contains(err.Error(), "only an admin") {
+		t.Fatalf("alice cancelling as bob's admin: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if env, err := bob.Await(short, id); err == nil {
+		t.Fatalf("bob's execution ended: %s %+v", env.Status, env.Error)
+	}
+	// bob cancels his own.
+	if _, err := bob.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	env, err := bob.Await(ctx, id)
+	if err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("%v %+v", err, env)
+	}
+	// An admin cancels anyone's, naming the owner.
+	other, err := bob.Submit(ctx, "t.send", Echo{Text: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, other, "capability.started")
+	admin, _, _ := r.client(t, auth.AdminPrincipal, executor.SurfaceDirect)
+	if _, err := admin.Cancel(ctx, other, executor.OwnedBy("bob")); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := bob.Await(ctx, other); err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("%v %+v", err, env)
+	}
+}
+
+// A body naming another capability than its subject: the server let alice
+// publish on t.echo's subject, the body asks for t.send.
+func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	dana, danaNC, _ := r.client(t, "dana", executor.SurfaceDirect)
+	id := envelope.NewExecutionID()
+	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.send",
+		Input: envelope.MustRaw(Echo{Text: "x"}), Actor: envelope.Actor{Kind: "user", ID: "dana"},
+		Surface: string(executor.SurfaceDirect), SubmittedAt: time.Now().UTC()}
+	b, err := envelope.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(danaNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, r.setup.Names().ExecSubject("dana", "t.echo"), b, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+	env, err := dana.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Error == nil || env.Error.Code != envelope.CodeForbidden || r.sends.Load() != 0 {
+		t.Fatalf("envelope %s %+v, sent %d", env.Status, env.Error, r.sends.Load())
+	}
+	if events := r.trail(t, id, "capability.failed"); slices.Contains(events, "capability.started") {
+		t.Fatalf("trail %v", events)
+	}
+}
+
+// Describe lists what the principal may call, for actors it may assert.
+func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	dana, _, _ := r.client(t, "dana", executor.SurfaceDirect)
+	d, err := dana.Describe(ctx, executor.SurfaceDirect, envelope.Actor{Kind: "user", ID: "dana"}, executor.Scope{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range d.Capabilities {
+		ids = append(ids, c.ID)
+	}
+	if !slices.Equal(ids, []string{"t.echo"}) {
+		t.Fatalf("dana sees %v, want [t.echo]", ids)
+	}
+	_, err = dana.Describe(ctx, executor.SurfaceDirect, envelope.Actor{Kind: "user", ID: "bob"}, executor.Scope{})
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) || ce.Code != envelope.CodeForbidden {
+		t.Fatalf("dana describing as bob: %v", err)
+	}
+}
+
+func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
+	_, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+	n := r.setup.Names()
+	if _, err := aliceNC.SubscribeSync(n.EnvelopeSubjects()); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, ctx, n.EnvelopeSubjects())
+	if _, err := aliceNC.SubscribeSync(n.EnvelopeSubjectsOf("bob")); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, ctx, n.EnvelopeSubjectsOf("bob"))
+	env, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's secret"})
+	if err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("%v %+v", err, env)
+	}
+	ajs, err := jetstream.New(aliceNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bucket := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
+		kv, err := ajs.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = kv.Get(short, broker.Key("bob", env.ExecutionID))
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("alice's read of bob's %s: %v, want a refusal", bucket, err)
+		}
+		v.wait(t, ctx, "$KV."+bucket+"."+broker.Key("bob", env.ExecutionID))
+	}
+}
+
+func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	r := newRig(t, true)
+	t.Run("envelopes", func(t *testing.T) { testEnvelopeForges(t, r) })
+	t.Run("approvals", func(t *testing.T) {
+		ctx := testCtx(t)
+		alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
+		env, err := alice.Call(ctx, "t.refund", Refund{OrderID: "o2", Amount: 900})
+		if err != nil || env.Status != envelope.StatusApprovalRequired {
+			t.Fatalf("%v %+v", err, env)
+		}
+		r.trail(t, env.ExecutionID, "capability.approval_requested")
+		r.settled(t, "alice", env.ExecutionID)
+		before := r.snapshot(t)
+		n := r.setup.Names()
+		subject := "$KV." + n.ApprovalsBucket() + "." + env.Approval.ID
+		if err := aliceNC.Publish(subject, []byte("approved")); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+		if err := aliceNC.Publish(n.DecideSubject("alice"), nil); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, n.DecideSubject("alice"))
+		r.assertUnchanged(t, before)
+		// carol decides; alice resumes once.
+		if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n,
+			approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true}); err != nil {
+			t.Fatal(err)
+		}
+		done, err := alice.Resume(ctx, env.Approval.ID)
+		if err != nil || done.Status != envelope.StatusCompleted {
+			t.Fatalf("%v %+v", err, done)
+		}
+	})
+}

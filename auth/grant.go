@@ -1,0 +1,181 @@
+package auth
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// Role says what a principal may do.
+type Role string
+
+const (
+	// Producer submits requests, awaits and reads its own results, cancels its
+	// own executions and asks what it may call.
+	Producer Role = "producer"
+	// Approver lists approvals and decides those of its types.
+	Approver Role = "approver"
+	// Worker serves a pool's capabilities and writes records, envelopes,
+	// approvals, the catalog and the audit trail.
+	Worker Role = "worker"
+	// Admin provisions resources and writes grants.
+	Admin Role = "admin"
+)
+
+// Roles lists every role.
+var Roles = []Role{Producer, Approver, Worker, Admin}
+
+// Grant is what one principal may do. Workers check a producer's actor,
+// surface and capability against it before anything runs, and an approver's
+// types before a decision is recorded.
+type Grant struct {
+	V int `json:"v"`
+	// Principal is the NATS user's name and the token of every subject it
+	// publishes to.
+	Principal string `json:"principal"`
+	Role      Role   `json:"role"`
+	// PublicKey is the principal's NATS user key.
+	PublicKey string `json:"publicKey,omitempty"`
+	// Actors the principal may act as: "kind:id", or "kind:*" for a gateway
+	// that authenticates its own end users. A producer needs at least one; an
+	// approver's first actor is the identity its decisions carry.
+	Actors []string `json:"actors,omitempty"`
+	// Surfaces a producer may call from; empty means every surface.
+	Surfaces []string `json:"surfaces,omitempty"`
+	// Capabilities a producer may call: ids, or prefixes ending in ".*"
+	// ("orders.*"); "*" is every capability. Empty means none.
+	Capabilities []string `json:"capabilities,omitempty"`
+	// Types of approvals an approver may decide; "*" is every type.
+	Types []string `json:"types,omitempty"`
+	// Pool a worker serves (informational: workers are trusted).
+	Pool string `json:"pool,omitempty"`
+}
+
+// Errors of Grant checks, wrapped with the missing right.
+var (
+	ErrActorNotGranted      = errors.New("actor not granted")
+	ErrSurfaceNotGranted    = errors.New("surface not granted")
+	ErrCapabilityNotGranted = errors.New("capability not granted")
+	ErrTypeNotGranted       = errors.New("approval type not granted")
+	ErrWrongRole            = errors.New("role does not allow it")
+)
+
+// Validate reports every problem of g at once.
+func (g Grant) Validate() error {
+	var errs []error
+	if !broker.ValidPrincipal(g.Principal) || g.Principal == broker.Anonymous {
+		errs = append(errs, fmt.Errorf("principal %q: want [a-z][a-z0-9_-]*, at most 64 bytes", g.Principal))
+	}
+	if !slices.Contains(Roles, g.Role) {
+		errs = append(errs, fmt.Errorf("role %q: want one of producer, approver, worker, admin", g.Role))
+	}
+	for _, a := range g.Actors {
+		kind, id, ok := strings.Cut(a, ":")
+		if !ok || kind == "" || id == "" || strings.Contains(kind, "*") || (strings.Contains(id, "*") && id != "*") {
+			errs = append(errs, fmt.Errorf("actor %q: want kind:id or kind:*", a))
+		}
+	}
+	for _, c := range g.Capabilities {
+		if c == "*" {
+			continue
+		}
+		if err := envelope.ValidCapabilityID(strings.TrimSuffix(c, ".*")); err != nil {
+			errs = append(errs, fmt.Errorf("capability %q: want an id, a prefix ending in .*, or *", c))
+		}
+	}
+	for _, s := range g.Surfaces {
+		if s == "" || strings.ContainsAny(s, " *>.") {
+			errs = append(errs, fmt.Errorf("surface %q", s))
+		}
+	}
+	if g.Role == Producer && len(g.Actors) == 0 {
+		errs = append(errs, errors.New("a producer needs --actor (kind:id, or kind:* for a gateway)"))
+	}
+	if g.Role == Approver && len(g.Types) == 0 {
+		errs = append(errs, errors.New("an approver needs --types (approval types it may decide, or *)"))
+	}
+	return errors.Join(errs...)
+}
+
+// CheckActor returns nil when the principal may act as a, else an error naming
+// the missing right.
+func (g Grant) CheckActor(a envelope.Actor) error {
+	if g.Role != Producer {
+		return fmt.Errorf("%w: principal %q is a %s, not a producer", ErrWrongRole, g.Principal, g.Role)
+	}
+	for _, p := range g.Actors {
+		kind, id, _ := strings.Cut(p, ":")
+		if kind == a.Kind && (id == "*" || id == a.ID) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: principal %q may not act as %s:%s (granted %s)", ErrActorNotGranted,
+		g.Principal, a.Kind, a.ID, strings.Join(g.Actors, ","))
+}
+
+// CheckSurface returns nil when the principal may call from surface.
+func (g Grant) CheckSurface(surface string) error {
+	if len(g.Surfaces) == 0 || slices.Contains(g.Surfaces, surface) {
+		return nil
+	}
+	return fmt.Errorf("%w: principal %q may not call from surface %q (granted %s)", ErrSurfaceNotGranted,
+		g.Principal, surface, strings.Join(g.Surfaces, ","))
+}
+
+// CheckCapability returns nil when the principal may call capabilityID.
+func (g Grant) CheckCapability(capabilityID string) error {
+	if g.AllowsCapability(capabilityID) {
+		return nil
+	}
+	return fmt.Errorf("%w: principal %q may not call %q", ErrCapabilityNotGranted, g.Principal, capabilityID)
+}
+
+// AllowsCapability reports whether capabilityID is within the grant.
+func (g Grant) AllowsCapability(capabilityID string) bool {
+	for _, c := range g.Capabilities {
+		if c == "*" || c == capabilityID {
+			return true
+		}
+		if p, ok := strings.CutSuffix(c, ".*"); ok && strings.HasPrefix(capabilityID, p+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// CheckTypes returns nil when an approver may decide an approval of types:
+// every type must be granted (an approval without types needs "*").
+func (g Grant) CheckTypes(types []string) error {
+	if g.Role != Approver && g.Role != Admin {
+		return fmt.Errorf("%w: principal %q is a %s, not an approver", ErrWrongRole, g.Principal, g.Role)
+	}
+	if g.Role == Admin || slices.Contains(g.Types, "*") {
+		return nil
+	}
+	if len(types) == 0 {
+		return fmt.Errorf("%w: principal %q may decide approvals of types %s, this one has none", ErrTypeNotGranted,
+			g.Principal, strings.Join(g.Types, ","))
+	}
+	for _, t := range types {
+		if !slices.Contains(g.Types, t) {
+			return fmt.Errorf("%w: principal %q may not decide approvals of type %q", ErrTypeNotGranted, g.Principal, t)
+		}
+	}
+	return nil
+}
+
+// Identity is the actor an approver's decisions carry: its first granted
+// actor, else service:<principal>.
+func (g Grant) Identity() envelope.Actor {
+	if len(g.Actors) > 0 {
+		kind, id, _ := strings.Cut(g.Actors[0], ":")
+		if id != "*" {
+			return envelope.Actor{Kind: kind, ID: id}
+		}
+	}
+	return envelope.Actor{Kind: envelope.ActorService, ID: g.Principal}
+}

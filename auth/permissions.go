@@ -1,0 +1,104 @@
+package auth
+
+import (
+	"strings"
+
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/capstan-dev/capstan/broker"
+)
+
+// Permissions are the subjects a principal may publish and subscribe to. The
+// NATS server enforces them: they are signed into the principal's credentials.
+type Permissions struct {
+	PublishAllow, PublishDeny     []string
+	SubscribeAllow, SubscribeDeny []string
+}
+
+// PermissionsFor returns what the server lets g's principal do, under names.
+//
+// A producer publishes only under its own principal token (requests within its
+// capability grants, cancels, describes), receives only its own replies and
+// envelopes, and reads only its own records and envelopes, the catalog and
+// nothing else: no key-value write, no stream or consumer administration, no
+// audit event. An approver sends decisions to workers and reads approvals. A
+// worker may do what the runtime needs except touch grants or remove audit
+// events; an admin may do anything.
+func PermissionsFor(g Grant, n broker.Names) Permissions {
+	p := g.Principal
+	js := func(s string) string { return "$JS.API." + s }
+	kvStream := func(bucket string) string { return "KV_" + bucket }
+	inbox := n.InboxPrefix(p) + ".>"
+	switch g.Role {
+	case Producer:
+		pub := []string{
+			n.ExecSubject(p, broker.Unrouted),
+			n.CancelSubject(p, "*"),
+			n.DescribeSubject(p),
+		}
+		for _, c := range g.Capabilities {
+			switch {
+			case c == "*":
+				pub = append(pub, n.ExecSubject(p, ">"))
+			case strings.HasSuffix(c, ".*"):
+				pub = append(pub, n.ExecSubject(p, strings.TrimSuffix(c, "*")+">"))
+			default:
+				pub = append(pub, n.ExecSubject(p, c))
+			}
+		}
+		for _, b := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
+			pub = append(pub,
+				js("STREAM.INFO."+kvStream(b)),
+				js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
+		}
+		pub = append(pub, readBucket(n.CatalogBucket())...)
+		return Permissions{
+			PublishAllow:   pub,
+			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
+		}
+	case Approver:
+		pub := append([]string{n.DecideSubject(p)}, readBucket(n.ApprovalsBucket())...)
+		return Permissions{PublishAllow: pub, SubscribeAllow: []string{inbox}}
+	case Worker:
+		grants := n.GrantsBucket()
+		return Permissions{
+			PublishAllow: []string{">"},
+			PublishDeny: []string{
+				"$KV." + grants + ".>",
+				js("STREAM.CREATE." + kvStream(grants)),
+				js("STREAM.UPDATE.>"),
+				js("STREAM.DELETE.>"),
+				js("STREAM.PURGE.>"),
+				js("STREAM.MSG.DELETE.>"),
+			},
+			SubscribeAllow: []string{">"},
+		}
+	default: // Admin
+		return Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}}
+	}
+}
+
+// readBucket lets a principal read and watch a bucket, without writing it.
+func readBucket(b string) []string {
+	s := "KV_" + b
+	return []string{
+		"$JS.API.STREAM.INFO." + s,
+		"$JS.API.DIRECT.GET." + s + ".>",
+		"$JS.API.DIRECT.GET." + s,
+		"$JS.API.STREAM.MSG.GET." + s,
+		"$JS.API.CONSUMER.CREATE." + s + ".>",
+		"$JS.API.CONSUMER.CREATE." + s,
+		"$JS.API.CONSUMER.INFO." + s + ".>",
+		"$JS.API.CONSUMER.DELETE." + s + ".>",
+		"$JS.FC." + s + ".>",
+	}
+}
+
+func (p Permissions) jwt() jwt.Permissions {
+	var j jwt.Permissions
+	j.Pub.Allow.Add(p.PublishAllow...)
+	j.Pub.Deny.Add(p.PublishDeny...)
+	j.Sub.Allow.Add(p.SubscribeAllow...)
+	j.Sub.Deny.Add(p.SubscribeDeny...)
+	return j
+}

@@ -1,0 +1,271 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// violations collects the permission errors the server reports to a connection.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+	seen chan struct{}
+}
+
+func newViolations() *violations { return &violations{seen: make(chan struct{}, 64)} }
+
+func (v *violations) handler() nats.Option {
+	return nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(err.Error(), "Permissions Violation") {
+			v.mu.Lock()
+			v.errs = append(v.errs, err.Error())
+			v.mu.Unlock()
+			v.seen <- struct{}{}
+		}
+	})
+}
+
+// wait returns the server's permission error that names subject, failing the
+// test if none comes before ctx ends.
+func (v *violations) wait(t *testing.T, ctx context.Context, subject string) {
+	t.Helper()
+	for {
+		v.mu.Lock()
+		for _, e := range v.errs {
+			if strings.Contains(e, subject) {
+				v.mu.Unlock()
+				return
+			}
+		}
+		v.mu.Unlock()
+		select {
+		case <-v.seen:
+		case <-ctx.Done():
+			t.Fatalf("no permissions violation for %s; seen %v", subject, v.errs)
+		}
+	}
+}
+
+// secured starts a server with a fresh setup holding producers alice and bob,
+// provisions capstan's resources and publishes the grants as the admin.
+func secured(t *testing.T) (*testenv.Env, *auth.Setup, *broker.Broker) {
+	t.Helper()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []auth.Grant{
+		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}},
+		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+	} {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, b.JS, setup, 1); err != nil {
+		t.Fatal(err)
+	}
+	return env, setup, b
+}
+
+func TestPermissions_AnonymousClientIsRefused(t *testing.T) {
+	env, _, _ := secured(t)
+	nc, err := nats.Connect(env.URL, nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials connected")
+	}
+}
+
+func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
+	env, setup, b := secured(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	v := newViolations()
+	alice := env.ConnectAs(t, "alice", v.handler())
+	js, err := jetstream.New(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := setup.Names()
+	if _, err := js.Publish(ctx, n.ExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
+		t.Fatalf("alice's own request refused: %v", err)
+	}
+	for _, subject := range []string{
+		n.ExecSubject("bob", "demo.echo"),       // another principal's token
+		n.ExecSubject("alice", "orders.refund"), // beyond its capability grants
+		n.ExecSubject(broker.Anonymous, "demo.echo"),
+		n.CancelSubject("bob", "0198"),
+		n.DecideSubject("alice"),
+		n.AuditSubject("0198"),
+		"$KV." + n.EnvelopesBucket() + ".alice.0198",
+		"$KV." + n.ApprovalsBucket() + ".a1",
+		"$KV." + n.ExecutionsBucket() + ".alice.0198",
+		"$KV." + n.CatalogBucket() + ".demo.echo",
+		"$KV." + n.GrantsBucket() + ".alice",
+		"$JS.API.STREAM.PURGE." + n.AuditStream(),
+		"$JS.API.STREAM.DELETE." + n.AuditStream(),
+		"$JS.API.STREAM.CREATE.X",
+	} {
+		if err := alice.Publish(subject, []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, ctx, subject)
+	}
+	info, err := b.Exec.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("exec stream holds %d requests, want alice's one", info.State.Msgs)
+	}
+}
+
+func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
+	env, setup, b := secured(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	n := setup.Names()
+	v := newViolations()
+	alice := env.ConnectAs(t, "alice", v.handler())
+	if _, err := alice.SubscribeSync(n.EnvelopeSubjects()); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, ctx, n.EnvelopeSubjects())
+	own, err := alice.SubscribeSync(n.EnvelopeSubjectsOf("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A worker's envelope for each principal: alice's arrives, bob's does not.
+	for _, p := range []string{"bob", "alice"} {
+		if _, err := b.Envelopes.Create(ctx, broker.Key(p, "0198"), []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := own.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != "alice" {
+		t.Fatalf("alice received %q", m.Data)
+	}
+	ajs, err := jetstream.New(alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := ajs.KeyValue(ctx, n.EnvelopesBucket())
+	if err != nil {
+		t.Fatalf("alice cannot open the envelope bucket: %v", err)
+	}
+	if e, err := kv.Get(ctx, broker.Key("alice", "0198")); err != nil || string(e.Value()) != "alice" {
+		t.Fatalf("alice reads her own envelope: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	if _, err := kv.Get(short, broker.Key("bob", "0198")); err == nil {
+		t.Fatal("alice read bob's envelope")
+	}
+	v.wait(t, ctx, "$KV."+n.EnvelopesBucket()+".bob.0198")
+}
+
+func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
+	env, setup, b := secured(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if _, err := b.JS.Publish(ctx, setup.Names().AuditSubject("0198"), []byte("e")); err != nil {
+		t.Fatal(err)
+	}
+	// Even the admin, who may call the API, cannot remove an event.
+	if err := b.Audit.Purge(ctx); err == nil {
+		t.Fatal("audit stream purged")
+	}
+	if err := b.Audit.DeleteMsg(ctx, 1); err == nil {
+		t.Fatal("audit event deleted")
+	}
+	// A worker may not delete the stream either.
+	wjs, err := jetstream.New(env.ConnectAs(t, auth.WorkerPrincipal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	if err := wjs.DeleteStream(short, setup.Names().AuditStream()); err == nil {
+		t.Fatal("a worker deleted the audit stream")
+	}
+	info, err := b.Audit.Info(ctx)
+	if err != nil || info.State.Msgs != 1 {
+		t.Fatalf("audit stream: %v, %+v", err, info)
+	}
+}
+
+// A worker that starts before the grants exist runs open until an admin
+// publishes them; from then on it knows every principal and refuses the
+// anonymous one.
+func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	wjs, err := jetstream.New(env.ConnectAs(t, auth.WorkerPrincipal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, err := auth.WatchGrants(ctx, wjs, setup.Names())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer grants.Stop()
+	if !grants.Open() {
+		t.Fatal("no grants bucket yet, but not open")
+	}
+	ajs, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, ajs, setup, 1); err != nil {
+		t.Fatal(err)
+	}
+	alice := envelope.Actor{Kind: "user", ID: "alice"}
+	for grants.CheckRequest("alice", alice, "direct", "demo.echo") != nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the published grants were never found")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if grants.Open() || grants.CheckRequest(broker.Anonymous, alice, "direct", "demo.echo") == nil {
+		t.Fatal("still open after the grants were published")
+	}
+}
