@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 )
 
@@ -148,7 +147,8 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
 	awaitEnvelope := func() {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
-			if _, _, err := broker.Load[envelope.Envelope](ctx, b.Envelopes, id); err == nil {
+			// Status reads the envelope under the key the runtime gives it.
+			if st, err := s.client.Status(ctx, id); err == nil && st.Envelope != nil {
 				notify(changed)
 				return
 			}

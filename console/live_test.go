@@ -110,4 +110,9 @@ func TestLive_AStreamOpenedLateReportsWhatThePageMissed(t *testing.T) {
 	lines, closeFn := openStream(t, w, "/live/executions/"+env.ExecutionID+"?after=0")
 	defer closeFn()
 	waitFor(t, lines, "event: changed")
+
+	// A page that showed every event but not yet the envelope hears of it.
+	lines2, closeFn2 := openStream(t, w, "/live/executions/"+env.ExecutionID+"?after=999999999")
+	defer closeFn2()
+	waitFor(t, lines2, "event: changed")
 }
