@@ -23,12 +23,15 @@
 //     capability, and each pool's queue depth.
 //
 // Every read and action goes through the signed-in session's own NATS
-// connection, opened with the principal's credentials (a .creds file, a
-// bearer user token, or a user and password on a development server), so
-// the server's permissions
-// apply to the console as they do to the CLI; nothing is readable before
-// sign-in. In open mode (Config.Open, for `capstan dev` on loopback) sign-in
-// only names the approver and sessions share one connection.
+// connection, opened with the principal's credentials (a .creds file or a
+// bearer user token), so the server's permissions apply to the console as
+// they do to the CLI; nothing is readable before sign-in. Decisions are
+// requests the workers serve (approvals.RequestDecision): the approver is
+// the principal the server authenticated, and its grant's types apply. A
+// session binds only what its principal may read: an approver sees
+// approvals, an admin everything. In open mode (Config.Open, for `capstan
+// dev` on loopback) sign-in only names the approver and sessions share one
+// connection.
 //
 // Assets are embedded: plain HTML rendered on the server, one stylesheet and
 // one small script for live updates (server-sent events) and countdowns.
