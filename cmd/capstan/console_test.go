@@ -130,3 +130,48 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 		t.Fatalf("sign-in over HTTPS: %d, cookies %+v; want a redirect and one Secure, HttpOnly cookie", resp.StatusCode, cookies)
 	}
 }
+
+// `capstan dev --auth` serves a console that asks for credentials: an
+// approver signs in with its .creds and reads the approvals; a name alone
+// signs nobody in.
+func TestDevWithAuth_ConsoleAsksForCredentials(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	for _, args := range [][]string{
+		{"auth", "init", dir},
+		{"auth", "add", dir, "carol", "--role", "approver", "--actor", "user:carol", "--types", "finance"},
+	} {
+		if _, stderr, code := capstan(t, "", args...); code != exitOK {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+	d := startDaemon(t, "capstan call demo.echo", nil, "dev", "--auth", dir, "--store", t.TempDir(),
+		"--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)), "--console", "127.0.0.1:0", "--grace", "5s")
+	m := regexp.MustCompile(`console: (http://127\.0\.0\.1:\d+)`).FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("the banner has no console address:\n%s", d.out.String())
+	}
+	resp, err := http.PostForm(m[1]+"/signin", url.Values{"name": {"user:carol"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), "paste or upload a .creds file") {
+		t.Fatalf("a name alone: %d:\n%s", resp.StatusCode, body)
+	}
+	creds, err := os.ReadFile(filepath.Join(dir, "carol.creds"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar, _ := cookiejar.New(nil)
+	web := &http.Client{Jar: jar, Timeout: guard}
+	resp, err = web.PostForm(m[1]+"/signin", url.Values{"creds": {string(creds)}, "next": {"/approvals"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/approvals" || !strings.Contains(string(body), "Nothing waits for your decision.") {
+		t.Fatalf("carol's sign-in: %d at %s:\n%s", resp.StatusCode, resp.Request.URL.Path, body)
+	}
+}
