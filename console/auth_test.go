@@ -140,6 +140,27 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 		contains(t, "bob's executions page", body, "Your principal (bob) may not read the executions")
 	}
 
+	// The admin reads alice's executions and cancels one of them.
+	id, err := alice.Submit(testCtx(t), "email.send", map[string]any{"to": "ada@example.com", "subject": "hi", "holdMs": 60000}, executor.As(aliceActor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := newWeb(t, r.base)
+	if _, path, body := admin.post("/signin", url.Values{"creds": {credsOf(t, setup, auth.AdminPrincipal)}, "next": {"/executions"}}); path != "/executions" {
+		t.Fatalf("the admin's sign-in ended at %s:\n%s", path, body)
+	} else {
+		contains(t, "the admin's executions", body, "· admin", `id="e-`+env1.ExecutionID+`"`)
+	}
+	page := admin.waitPage("/executions/"+id, `data-type="capability.started"`)
+	contains(t, "the email's page", page, `id="cancel"`)
+	_, _, body = admin.post("/executions/"+id+"/cancel", url.Values{})
+	if !strings.Contains(body, "Cancel recorded") && !strings.Contains(body, "has ended: cancelled") {
+		t.Fatalf("the admin's cancel was not confirmed:\n%s", body)
+	}
+	if env, err := alice.Await(testCtx(t), id); err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("alice's email after the admin's cancel: %v, %v; want cancelled", env, err)
+	}
+
 	// A producer reads neither approvals nor the audit trail: nothing here
 	// is its to read, and sign-in says so.
 	if status, _, body := newWeb(t, r.base).post("/signin", url.Values{"creds": {credsOf(t, setup, "alice")}}); status != http.StatusUnauthorized {

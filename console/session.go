@@ -40,6 +40,9 @@ type Principal struct {
 	Actor envelope.Actor
 	// Types are the approval types the principal may decide; nil: any.
 	Types []string
+	// Role is the principal's role as its credentials name it (producer,
+	// approver, worker, admin), when they do.
+	Role string
 	// Admin may cancel any execution, not only its own.
 	Admin bool
 	open  bool // named at an open sign-in, not authenticated
@@ -276,7 +279,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			return nil, err
 		}
 	} else {
-		opts, name, may, err := ss.connectOptions(cr)
+		opts, name, role, may, err := ss.connectOptions(cr)
 		if err != nil {
 			return nil, err
 		}
@@ -294,8 +297,8 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
 		own = true
-		p = Principal{Name: name, Actor: actorOf(name)}
-		p.Admin = slices.Contains(ss.cfg.Admins, name) || slices.Contains(ss.cfg.Admins, p.Actor.String())
+		p = Principal{Name: name, Actor: actorOf(name), Role: role}
+		p.Admin = role == "admin" || slices.Contains(ss.cfg.Admins, name) || slices.Contains(ss.cfg.Admins, p.Actor.String())
 	}
 	s := &session{id: randomToken(), csrf: randomToken(), p: p, conn: c, own: own, last: time.Now()}
 	ss.mu.Lock()
@@ -305,60 +308,67 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 }
 
 // connectOptions turns credentials into a NATS connection's options, the
-// principal's name and, from a JWT, what it may publish to.
-func (ss *sessions) connectOptions(cr credentials) ([]nats.Option, string, func(string) bool, error) {
+// principal's name and, from a JWT, its role and what it may publish to.
+func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, role string, may func(string) bool, err error) {
 	o := ss.cfg.NATS
-	opts := []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second)}
+	opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second)}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
 	}
 	if o.TLSCert != "" || o.TLSKey != "" {
 		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
 	}
-	var name string
-	var may func(string) bool
 	switch {
 	case len(strings.TrimSpace(string(cr.creds))) > 0:
 		token, err := nkeys.ParseDecoratedJWT(cr.creds)
 		if err != nil {
-			return nil, "", nil, fmt.Errorf("%w: not a credentials file: %v", errSignIn, err)
+			return nil, "", "", nil, fmt.Errorf("%w: not a credentials file: %v", errSignIn, err)
 		}
 		token = strings.TrimSpace(token)
 		claims, err := jwt.DecodeUserClaims(token)
 		if err != nil {
-			return nil, "", nil, fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
+			return nil, "", "", nil, fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
 		}
 		name = claims.Name
 		may = func(subject string) bool { return mayPublish(claims, subject) }
+		for _, tag := range claims.Tags {
+			if r, ok := strings.CutPrefix(tag, roleTag); ok {
+				role = r
+			}
+		}
 		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
-			return nil, "", nil, fmt.Errorf("%w: the credentials name no capstan principal (%q)", errSignIn, name)
+			return nil, "", "", nil, fmt.Errorf("%w: the credentials name no capstan principal (%q)", errSignIn, name)
 		}
 		if kp, kerr := nkeys.ParseDecoratedUserNKey(cr.creds); kerr == nil {
 			seed, err := kp.Seed()
 			if err != nil {
-				return nil, "", nil, fmt.Errorf("%w: %v", errSignIn, err)
+				return nil, "", "", nil, fmt.Errorf("%w: %v", errSignIn, err)
 			}
 			opts = append(opts, nats.UserJWTAndSeed(token, string(seed)))
 		} else if claims.BearerToken {
 			// A bearer token: the server asks for no signature of its nonce.
 			opts = append(opts, nats.UserJWT(func() (string, error) { return token, nil }, func([]byte) ([]byte, error) { return nil, nil }))
 		} else {
-			return nil, "", nil, fmt.Errorf("%w: the credentials hold no user key, and the token is not a bearer token", errSignIn)
+			return nil, "", "", nil, fmt.Errorf("%w: the credentials hold no user key, and the token is not a bearer token", errSignIn)
 		}
 	case cr.user != "":
 		name = cr.user
 		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
-			return nil, "", nil, fmt.Errorf("%w: %q is not a principal's name", errSignIn, name)
+			return nil, "", "", nil, fmt.Errorf("%w: %q is not a principal's name", errSignIn, name)
 		}
 		opts = append(opts, nats.UserInfo(cr.user, cr.password))
 	default:
-		return nil, "", nil, fmt.Errorf("%w: paste or upload a .creds file, or give a user and password", errSignIn)
+		return nil, "", "", nil, fmt.Errorf("%w: paste or upload a .creds file, or give a user and password", errSignIn)
 	}
 	// Replies come under the principal's inbox prefix, the only one the
 	// server lets it receive on.
 	opts = append(opts, nats.CustomInboxPrefix(broker.NewNames(ss.cfg.Broker.Prefix).InboxPrefix(name)))
-	return append(opts, nats.Name("capstan console "+name)), name, may, nil
+	return append(opts, nats.Name("capstan console "+name)), name, role, may, nil
 }
+
+// roleTag prefixes the tag that names a principal's role in the credentials
+// capstan's auth command writes.
+const roleTag = "capstan-role:"
 
 // mayPublish reads a user JWT's publish permissions as the server applies
 // them: no allow list allows everything, a deny wins.
