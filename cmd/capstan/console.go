@@ -56,6 +56,10 @@ func runConsole(args []string) int {
 			return usageError("%v", err)
 		}
 		defer nc.Close()
+		if nc.AuthRequired() {
+			// Everyone signing in would act with this process's credentials.
+			return usageError("console: --open is for servers without authentication; principals sign in with their own credentials")
+		}
 		cfg.Conn = nc
 	}
 	ctx, stop := signalContext()

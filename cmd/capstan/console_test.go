@@ -150,6 +150,15 @@ func TestDevWithAuth_ConsoleAsksForCredentials(t *testing.T) {
 	if m == nil {
 		t.Fatalf("the banner has no console address:\n%s", d.out.String())
 	}
+	natsURL := regexp.MustCompile(`listening on (nats://\S+)`).FindStringSubmatch(d.out.String())
+	if natsURL == nil {
+		t.Fatalf("the banner has no NATS address:\n%s", d.out.String())
+	}
+	// An open console would lend its own credentials to whoever names themselves.
+	if _, stderr, code := capstan(t, natsURL[1], "console", "--open", "--listen", "127.0.0.1:0",
+		"--creds", filepath.Join(dir, "admin.creds")); code != exitUsage || !strings.Contains(stderr, "--open is for servers without authentication") {
+		t.Fatalf("an open console on a server with authentication: exit %d: %s", code, stderr)
+	}
 	resp, err := http.PostForm(m[1]+"/signin", url.Values{"name": {"user:carol"}})
 	if err != nil {
 		t.Fatal(err)
