@@ -74,11 +74,15 @@ func (s *Store) DecideAs(ctx context.Context, principal string, req DecideReques
 }
 
 // Serve answers decisions sent to n.DecideSubjects() in the workers' queue
-// group, until the subscription is drained or closed.
+// group, until the subscription is drained or closed. ServeList answers the
+// listings.
 func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
 	prefix := strings.TrimSuffix(n.DecideSubjects(), "*")
 	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
 		principal := strings.TrimPrefix(m.Subject, prefix)
+		if !n.ReplyAllowed(principal, m.Reply) {
+			return // an answer aimed at someone else's subject: not served
+		}
 		var reply DecideReply
 		reply.V = envelope.Version
 		var req DecideRequest
@@ -171,3 +175,100 @@ type remoteError struct {
 
 func (e *remoteError) Error() string   { return e.msg }
 func (e *remoteError) Unwrap() []error { return e.conds }
+
+// ListRequest asks the workers for approvals, as Filter selects them, or for
+// the one named by ID. An approver receives only the approvals of types it
+// may decide; on an open server, every one.
+type ListRequest struct {
+	V            int            `json:"v"`
+	ID           string         `json:"id,omitempty"`
+	Status       Status         `json:"status,omitempty"`
+	CapabilityID string         `json:"capabilityId,omitempty"`
+	Actor        envelope.Actor `json:"actor,omitzero"`
+}
+
+// ListReply is the workers' answer to a ListRequest.
+type ListReply struct {
+	V          int       `json:"v"`
+	Records    []*Record `json:"records"`
+	Error      string    `json:"error,omitempty"`
+	Conditions []string  `json:"conditions,omitempty"`
+}
+
+// ListAs returns the approvals principal may see: those of types it may
+// decide (see Authorizer).
+func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, authz Authorizer) ([]*Record, error) {
+	var all []*Record
+	if req.ID != "" {
+		r, err := s.Get(ctx, req.ID)
+		if err != nil {
+			return nil, err
+		}
+		all = []*Record{r}
+	} else {
+		var err error
+		if all, err = s.List(ctx, Filter{Status: req.Status, CapabilityID: req.CapabilityID, Actor: req.Actor}); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]*Record, 0, len(all))
+	for _, r := range all {
+		if _, _, err := authz.Approver(principal, r.Types); err == nil {
+			out = append(out, r)
+		}
+	}
+	if req.ID != "" && len(out) == 0 {
+		return nil, fmt.Errorf("%w: principal %q may not decide approvals of types %v", ErrForbidden, principal, all[0].Types)
+	}
+	return out, nil
+}
+
+// ServeList answers listings sent to n.ListApprovalsSubjects() in the
+// workers' queue group.
+func (s *Store) ServeList(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
+	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
+		if !n.ReplyAllowed(n.PrincipalOfSubject(m.Subject), m.Reply) {
+			return // an answer aimed at someone else's subject: not served
+		}
+		reply := ListReply{V: envelope.Version, Records: []*Record{}}
+		var req ListRequest
+		if err := envelope.Unmarshal(m.Data, &req); err != nil {
+			reply.Error, reply.Conditions = "the listing does not decode: "+err.Error(), []string{"invalid"}
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
+			recs, err := s.ListAs(ctx, n.PrincipalOfSubject(m.Subject), req, authz)
+			cancel()
+			if err != nil {
+				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
+			} else {
+				reply.Records = recs
+			}
+		}
+		if b, err := envelope.Marshal(&reply); err == nil {
+			_ = m.Respond(b)
+		}
+	})
+}
+
+// RequestList asks the workers for the approvals the connection's principal
+// may see (see ListAs). A refusal matches the store's conditions with
+// errors.Is (ErrNotFound, ErrForbidden).
+func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListRequest) ([]*Record, error) {
+	req.V = envelope.Version
+	b, err := envelope.Marshal(&req)
+	if err != nil {
+		return nil, err
+	}
+	m, err := nc.RequestWithContext(ctx, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), b)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: list approvals: %w", err)
+	}
+	var reply ListReply
+	if err := envelope.Unmarshal(m.Data, &reply); err != nil {
+		return nil, fmt.Errorf("capstan: list approvals: reply: %w", err)
+	}
+	if reply.Error != "" {
+		return nil, &remoteError{msg: reply.Error, conds: errorsOf(reply.Conditions)}
+	}
+	return reply.Records, nil
+}

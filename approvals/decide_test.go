@@ -54,6 +54,11 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	list, err := s.ServeList(wnc, b.Names, grants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = list.Unsubscribe() })
 	r := pendingOf(t, s, "alice")
 	return env, s, b, r
 }
@@ -131,5 +136,21 @@ func assertPending(t *testing.T, s *approvals.Store, id string) {
 	}
 	if got.Status != approvals.Pending || got.Decision != nil {
 		t.Fatalf("approval %s is %s (%+v), want pending and undecided", id, got.Status, got.Decision)
+	}
+}
+
+func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
+	env, _, _, r := securedDecisions(t)
+	n := broker.NewNames("")
+	got, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
+	if err != nil || len(got) != 1 || got[0].ID != r.ID {
+		t.Fatalf("carol (finance) lists %v, %v", got, err)
+	}
+	got, err = approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{})
+	if err != nil || len(got) != 0 {
+		t.Fatalf("dave (ops) lists %v, %v", got, err)
+	}
+	if _, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{ID: r.ID}); !errors.Is(err, approvals.ErrForbidden) {
+		t.Fatalf("dave shows a finance approval: %v", err)
 	}
 }

@@ -27,6 +27,9 @@ type Options struct {
 	// event's acknowledgement, and the wait for room when JetStream falls
 	// behind. Default 5 s.
 	AckTimeout time.Duration
+	// OnFailure, when set, is called for each event JetStream did not store
+	// (for metrics; it must not block).
+	OnFailure func()
 }
 
 // Emitter publishes events. Events of one execution are published in the order
@@ -57,7 +60,7 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 		jetstream.WithPublishAsyncMaxPending(16384),
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
-			e.failed.Add(1)
+			e.fail()
 			e.opts.Logger.Warn("audit event not stored", "subject", m.Subject, "err", err)
 		}))
 	if err != nil {
@@ -66,6 +69,13 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	}
 	e.js = js
 	return e
+}
+
+func (e *Emitter) fail() {
+	e.failed.Add(1)
+	if e.opts.OnFailure != nil {
+		e.opts.OnFailure()
+	}
 }
 
 // Failed counts asynchronous events JetStream did not store.
@@ -97,7 +107,7 @@ func (e *Emitter) Emit(ev *Event) {
 		_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
 	}
 	if err != nil {
-		e.failed.Add(1)
+		e.fail()
 		e.opts.Logger.Warn("audit event not published", "type", ev.Type, "executionId", ev.ExecutionID, "err", err)
 		return
 	}
@@ -117,7 +127,7 @@ func (e *Emitter) EmitSync(ctx context.Context, ev *Event) error {
 	ctx, cancel := context.WithTimeout(ctx, e.opts.AckTimeout)
 	defer cancel()
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
-		e.failed.Add(1)
+		e.fail()
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	e.sent.Add(1)

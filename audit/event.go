@@ -47,13 +47,16 @@ type Event struct {
 	// Principal is the authenticated NATS principal the request came from
 	// (the token of the subject the server let it publish on); the actor is
 	// what that principal asserted, within its grant.
-	Principal     string         `json:"principal,omitempty"`
-	ExecutionID   string         `json:"executionId,omitempty"`
-	CapabilityID  string         `json:"capabilityId,omitempty"`
-	CorrelationID string         `json:"correlationId,omitempty"`
-	InputHash     string         `json:"inputHash,omitempty"`
-	Worker        string         `json:"worker,omitempty"`
-	Data          map[string]any `json:"data,omitempty"`
+	Principal     string `json:"principal,omitempty"`
+	ExecutionID   string `json:"executionId,omitempty"`
+	CapabilityID  string `json:"capabilityId,omitempty"`
+	CorrelationID string `json:"correlationId,omitempty"`
+	InputHash     string `json:"inputHash,omitempty"`
+	Worker        string `json:"worker,omitempty"`
+	// TraceID is the W3C trace id of the execution's trace (from the
+	// request's traceparent), so that a trail and a trace find each other.
+	TraceID string         `json:"traceId,omitempty"`
+	Data    map[string]any `json:"data,omitempty"`
 
 	// Seq is the event's sequence in the audit stream, set by Read and Follow.
 	// It is not part of the record.
@@ -84,6 +87,25 @@ func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("correlationId", e.CorrelationID)
 	f.String("inputHash", e.InputHash)
 	f.String("worker", e.Worker)
+	f.String("traceId", e.TraceID)
 	f.Value("data", e.Data, len(e.Data) == 0)
 	return f.Encode(enc)
+}
+
+// TraceID returns the trace id of a W3C traceparent
+// ("00-<trace id>-<span id>-<flags>"), or "" when tp is not one.
+func TraceID(tp string) string {
+	if len(tp) < 55 || tp[2] != '-' || tp[35] != '-' {
+		return ""
+	}
+	id := tp[3:35]
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return ""
+		}
+	}
+	if id == "00000000000000000000000000000000" {
+		return ""
+	}
+	return id
 }

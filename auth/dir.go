@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
@@ -291,3 +292,46 @@ var ErrNotPermitted = errors.New("capstan: not permitted")
 
 // roleTag prefixes the tag that names a principal's role in its credentials.
 const roleTag = "capstan-role:"
+
+// Remove revokes a principal: its user is revoked in the account (a server
+// started or reloaded with the rewritten nats-server.conf refuses its
+// credentials), its credentials file is deleted, and its grant leaves the
+// setup (the next PublishGrants removes it from the bucket, after which
+// workers refuse anything it sent). The admin and worker principals stay.
+func (s *Setup) Remove(principal string) error {
+	g, ok := s.Grant(principal)
+	if !ok {
+		return fmt.Errorf("capstan auth: no principal %q", principal)
+	}
+	if principal == AdminPrincipal || principal == WorkerPrincipal {
+		return fmt.Errorf("capstan auth: principal %q is the setup's own", principal)
+	}
+	seed, err := os.ReadFile(filepath.Join(s.Dir, operatorSeedFile))
+	if err != nil {
+		return fmt.Errorf("capstan auth: operator key: %w", err)
+	}
+	okp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return fmt.Errorf("capstan auth: operator key: %w", err)
+	}
+	ac, err := jwt.DecodeAccountClaims(s.AccountJWT)
+	if err != nil {
+		return fmt.Errorf("capstan auth: account: %w", err)
+	}
+	// Revoked from the next second: credentials issued up to now are refused.
+	ac.RevokeAt(g.PublicKey, time.Now().Add(time.Second))
+	if s.AccountJWT, err = ac.Encode(okp); err != nil {
+		return fmt.Errorf("capstan auth: sign account: %w", err)
+	}
+	s.Principals = slices.DeleteFunc(s.Principals, func(x Grant) bool { return x.Principal == principal })
+	if err := s.writeServerConfig(); err != nil {
+		return err
+	}
+	if err := s.save(); err != nil {
+		return err
+	}
+	if err := os.Remove(s.CredsPath(principal)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	return nil
+}

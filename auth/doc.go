@@ -19,8 +19,9 @@
 //     as user:alice or user:* for a gateway; surfaces; capabilities), receives
 //     and reads only its own envelopes and records, cancels only its own
 //     executions. It writes no key-value bucket and no audit event.
-//   - approver: lists approvals and sends decisions, which workers record with
-//     the approver's authenticated identity, for the approval types it holds.
+//   - approver: lists and decides the approvals of the types it holds,
+//     through requests the workers serve; they record decisions with the
+//     approver's authenticated identity.
 //   - worker: serves pools; the only role that writes records, envelopes,
 //     approvals, the catalog and the audit trail. It cannot touch grants,
 //     delete streams or remove audit events.

@@ -569,6 +569,9 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 	if env, err := bob.Await(ctx, other); err != nil || env.Status != envelope.StatusCancelled {
 		t.Fatalf("%v %+v", err, env)
 	}
+	if s, err := admin.StatusOf(ctx, "bob", other); err != nil || s.Envelope == nil || s.Envelope.Status != envelope.StatusCancelled {
+		t.Fatalf("the admin reads bob's execution: %v %+v", err, s)
+	}
 }
 
 // A body naming another capability than its subject: the server let alice
@@ -701,4 +704,60 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 			t.Fatalf("%v %+v", err, done)
 		}
 	})
+}
+
+// The server sends a reply wherever a requester says: a direct get of alice's
+// own envelope, answered on bob's envelope subject, must not pass for the
+// result bob waits for; nor may a worker answer on another principal's subject.
+func TestForge_RepliesAimedAtAnotherPrincipalAreNotResults(t *testing.T) {
+	r := newRig(t, false)
+	ctx := testCtx(t)
+	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
+	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
+	mine, err := alice.Call(ctx, "t.echo", Echo{Text: "alice's"})
+	if err != nil || mine.Status != envelope.StatusCompleted {
+		t.Fatalf("%v %+v", err, mine)
+	}
+	// bob waits for his call: its waiter exists once the call started.
+	id := envelope.NewExecutionID()
+	type result struct {
+		env *envelope.Envelope
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		env, err := bob.Call(ctx, "t.send", Echo{Text: "hold"}, executor.WithID(id))
+		got <- result{env, err}
+	}()
+	r.trail(t, id, "capability.started")
+	n := r.setup.Names()
+	bobs := n.EnvelopeSubjectsOf("bob")[:len(n.EnvelopeSubjectsOf("bob"))-1] + id
+	get := "$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + "." + broker.Key("alice", mine.ExecutionID)
+	if err := aliceNC.PublishRequest(get, bobs, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A describe of alice's answered on bob's subject: the workers do not answer.
+	if err := aliceNC.PublishRequest(n.DescribeSubject("alice"), bobs, []byte{0x80}); err != nil {
+		t.Fatal(err)
+	}
+	if err := aliceNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The forged answers had their chance while bob's execution still ran:
+	// alice's own call's envelope, fetched afresh, proves hers arrived.
+	if _, err := alice.Await(ctx, mine.ExecutionID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-got:
+		t.Fatalf("bob's call returned %+v, %v while it ran", res.env, res.err)
+	case <-time.After(time.Second):
+	}
+	if _, err := bob.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.err != nil || res.env.Status != envelope.StatusCancelled || res.env.ExecutionID != id {
+		t.Fatalf("%v %+v", res.err, res.env)
+	}
 }

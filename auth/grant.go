@@ -17,7 +17,7 @@ const (
 	// Producer submits requests, awaits and reads its own results, cancels its
 	// own executions and asks what it may call.
 	Producer Role = "producer"
-	// Approver lists approvals and decides those of its types.
+	// Approver lists and decides the approvals of its types, through the workers.
 	Approver Role = "approver"
 	// Worker serves a pool's capabilities and writes records, envelopes,
 	// approvals, the catalog and the audit trail.

@@ -51,14 +51,19 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 				js("STREAM.INFO."+kvStream(b)),
 				js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
 		}
-		pub = append(pub, readBucket(n.CatalogBucket())...)
+		// The catalog by key only: no consumer, whose push deliveries could
+		// be aimed at another principal's subjects.
+		pub = append(pub,
+			js("STREAM.INFO."+kvStream(n.CatalogBucket())),
+			js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
 		return Permissions{
 			PublishAllow:   pub,
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
 		}
 	case Approver:
-		pub := append([]string{n.DecideSubject(p)}, readBucket(n.ApprovalsBucket())...)
-		return Permissions{PublishAllow: pub, SubscribeAllow: []string{inbox}}
+		// Approvals are listed and decided through the workers, which keep to
+		// the approver's types: an approver reads no bucket itself.
+		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Worker:
 		grants := n.GrantsBucket()
 		return Permissions{
@@ -75,22 +80,6 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		}
 	default: // Admin
 		return Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}}
-	}
-}
-
-// readBucket lets a principal read and watch a bucket, without writing it.
-func readBucket(b string) []string {
-	s := "KV_" + b
-	return []string{
-		"$JS.API.STREAM.INFO." + s,
-		"$JS.API.DIRECT.GET." + s + ".>",
-		"$JS.API.DIRECT.GET." + s,
-		"$JS.API.STREAM.MSG.GET." + s,
-		"$JS.API.CONSUMER.CREATE." + s + ".>",
-		"$JS.API.CONSUMER.CREATE." + s,
-		"$JS.API.CONSUMER.INFO." + s + ".>",
-		"$JS.API.CONSUMER.DELETE." + s + ".>",
-		"$JS.FC." + s + ".>",
 	}
 }
 

@@ -3,6 +3,8 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -129,6 +131,12 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 		"$JS.API.STREAM.PURGE." + n.AuditStream(),
 		"$JS.API.STREAM.DELETE." + n.AuditStream(),
 		"$JS.API.STREAM.CREATE.X",
+		// No consumer of any kind: a push consumer delivers wherever its
+		// creator says, another principal's cancel subject included.
+		"$JS.API.CONSUMER.CREATE.KV_" + n.CatalogBucket(),
+		"$JS.API.CONSUMER.CREATE.KV_" + n.CatalogBucket() + ".c.>",
+		"$JS.API.CONSUMER.CREATE." + n.AuditStream(),
+		"$JS.API.CONSUMER.DURABLE.CREATE." + n.ExecStream() + ".d",
 	} {
 		if err := alice.Publish(subject, []byte("forged")); err != nil {
 			t.Fatal(err)
@@ -267,5 +275,46 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 	}
 	if grants.Open() || grants.CheckRequest(broker.Anonymous, alice, "direct", "demo.echo") == nil {
 		t.Fatal("still open after the grants were published")
+	}
+}
+
+// A removed principal's credentials no longer connect once the server
+// restarts with the rewritten configuration, and its grant leaves the bucket.
+func TestRemove_RevokesTheCredentialsAndTheGrant(t *testing.T) {
+	env, setup, b := secured(t)
+	kept, err := os.ReadFile(setup.CredsPath("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(t.TempDir(), "alice.creds")
+	if err := os.WriteFile(copyPath, kept, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Remove("alice"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(setup.CredsPath("alice")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("alice.creds: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := auth.PublishGrants(ctx, b.JS, setup, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.JS.KeyValue(ctx, setup.Names().GrantsBucket()); err != nil {
+		t.Fatal(err)
+	}
+	kv, _ := b.JS.KeyValue(ctx, setup.Names().GrantsBucket())
+	if _, err := kv.Get(ctx, "alice"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("alice's grant: %v", err)
+	}
+	env.Restart(t)
+	nc, err := nats.Connect(env.URL, nats.UserCredentials(copyPath), nats.MaxReconnects(0))
+	if err == nil {
+		nc.Close()
+		t.Fatal("revoked credentials connected")
+	}
+	if again, err := auth.Load(setup.Dir); err != nil || len(again.Principals) != 4 {
+		t.Fatalf("setup after removal: %v, %d principals", err, len(again.Principals))
 	}
 }

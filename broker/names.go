@@ -95,9 +95,9 @@ func (n Names) PrincipalOfSubject(subject string) string {
 	if !ok {
 		return ""
 	}
-	_, rest, _ = strings.Cut(rest, ".") // the kind: cancel, cancelled, describe
-	if after, ok := strings.CutPrefix(rest, "decide."); ok {
-		rest = after // approvals.decide.<principal>
+	kind, rest, _ := strings.Cut(rest, ".") // cancel, cancelled, describe, approvals
+	if kind == "approvals" {
+		_, rest, _ = strings.Cut(rest, ".") // approvals.decide.<principal>, approvals.list.<principal>
 	}
 	p, _, _ := strings.Cut(rest, ".")
 	if !ValidPrincipal(p) {
@@ -163,9 +163,29 @@ func (n Names) DecideSubject(principal string) string {
 // DecideSubjects matches every approver's decisions.
 func (n Names) DecideSubjects() string { return n.subject + ".approvals.decide.*" }
 
+// ListApprovalsSubject is where an approver principal asks for the approvals
+// it may decide; workers serve it.
+func (n Names) ListApprovalsSubject(principal string) string {
+	return n.subject + ".approvals.list." + principal
+}
+
+// ListApprovalsSubjects matches every approver's listings.
+func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.list.*" }
+
 // InboxPrefix is principal's reply-subject prefix: the server lets a principal
 // subscribe to its own replies only.
 func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
+
+// ReplyAllowed reports whether a request of principal may be answered on
+// reply: only on the principal's own inbox prefix (the server sends replies to
+// whatever subject a requester names, another principal's included). The
+// anonymous principal of an open server may name any.
+func (n Names) ReplyAllowed(principal, reply string) bool {
+	if principal == Anonymous {
+		return reply != ""
+	}
+	return strings.HasPrefix(reply, n.InboxPrefix(principal)+".")
+}
 
 // Key is the key of principal's execution in the executions and envelopes
 // buckets: the principal is part of it, so that the server can let a principal

@@ -39,6 +39,8 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"GrantsBucket", def.GrantsBucket(), "CAPSTAN_GRANTS"},
 		{"PrincipalOfSubject cancel", def.PrincipalOfSubject("capstan.cancel.alice.0198-x"), "alice"},
 		{"PrincipalOfSubject decide", def.PrincipalOfSubject("capstan.approvals.decide.carol"), "carol"},
+		{"PrincipalOfSubject list", def.PrincipalOfSubject(def.ListApprovalsSubject("carol")), "carol"},
+		{"ListApprovalsSubject", def.ListApprovalsSubject("carol"), "capstan.approvals.list.carol"},
 		{"PrincipalOfSubject describe", def.PrincipalOfSubject("capstan.describe._anon"), "_anon"},
 		{"Key", broker.Key("alice", "0198-x"), "alice.0198-x"},
 		{"WorkersQueue", def.WorkersQueue(), "capstan-workers"},

@@ -160,6 +160,9 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	if env, err := alice.Await(testCtx(t), id); err != nil || env.Status != envelope.StatusCancelled {
 		t.Fatalf("alice's email after the admin's cancel: %v, %v; want cancelled", env, err)
 	}
+	// The admin reads alice's record and envelope, kept under her principal.
+	page = admin.waitPage("/executions/"+id, `id="envelope"`)
+	contains(t, "the cancelled email's page", page, `"status": "cancelled"`, "finalized")
 
 	// A producer reads neither approvals nor the audit trail: nothing here
 	// is its to read, and sign-in says so.

@@ -272,21 +272,25 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 
 func loadExecution(ctx context.Context, s *session, id string) (*execData, error) {
 	d := &execData{ID: id}
-	st, err := s.client.Status(ctx, id)
+	trail, terr := audit.Read(ctx, s.broker(), id)
+	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
+		return nil, terr
+	}
+	owner := ""
+	if len(trail) > 0 {
+		owner = trail[0].Principal
+	}
+	st, err := s.status(ctx, id, owner)
 	switch {
 	case err == nil:
 		d.Record, d.Envelope = st.Record, st.Envelope
 	case !errors.Is(err, executor.ErrUnknownExecution):
 		return nil, err
 	}
-	trail, terr := audit.Read(ctx, s.broker(), id)
-	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
-		return nil, terr
-	}
 	if err != nil && len(trail) == 0 {
 		return nil, err
 	}
-	d.Summary = &execSummary{}
+	d.Summary = &execSummary{Principal: owner}
 	for i := range trail {
 		d.Summary.apply(&trail[i])
 	}
@@ -300,11 +304,11 @@ func loadExecution(ctx context.Context, s *session, id string) (*execData, error
 		}
 	}
 	d.Ended = d.Envelope != nil
-	owner := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
+	own := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
 	if !s.p.open {
-		owner = d.Summary.Principal == s.p.Name
+		own = d.Summary.Principal == s.p.Name
 	}
-	d.MayCancel = !d.Ended && (owner || s.p.Admin)
+	d.MayCancel = !d.Ended && (own || s.p.Admin)
 	return d, nil
 }
 

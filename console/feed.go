@@ -103,11 +103,14 @@ type feeds struct {
 // caught up: whatever changed before it existed is in the bucket by then.
 const approvalsReady = ""
 
-func newFeeds(approvalsKV jetstream.KeyValue, b *broker.Broker) *feeds {
+func newFeeds(approvalsKV jetstream.KeyValue, reader approvalsReader, b *broker.Broker) *feeds {
 	return &feeds{
 		approvals: &feed{start: func(ctx context.Context) (func(context.Context, func(any)) error, error) {
-			if approvalsKV == nil {
+			switch {
+			case approvalsKV == nil && reader == nil:
 				return nil, errNotPermitted
+			case approvalsKV == nil:
+				return func(ctx context.Context, emit func(any)) error { return pollApprovals(ctx, reader, emit) }, nil
 			}
 			return func(ctx context.Context, emit func(any)) error {
 				// Keys only; the initial ones are the bucket as it is, told

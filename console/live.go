@@ -148,7 +148,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	awaitEnvelope := func() {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
 			// Status reads the envelope under the key the runtime gives it.
-			if st, err := s.client.Status(ctx, id); err == nil && st.Envelope != nil {
+			if st, err := s.status(ctx, id, r.URL.Query().Get("owner")); err == nil && st.Envelope != nil {
 				notify(changed)
 				return
 			}

@@ -90,8 +90,8 @@ type conn struct {
 	names broker.Names
 	// approvals reads the approvals bucket, which approvers may read; nil
 	// when the principal may not.
-	approvals    *approvals.Store
-	approvalsKV  jetstream.KeyValue
+	approvals    approvalsReader
+	approvalsKV  jetstream.KeyValue // nil when read through the workers
 	approvalsErr error
 	// client reads executions, the audit trail and the catalog; nil when the
 	// principal's role may not (an approver reads approvals only).
@@ -109,7 +109,7 @@ type conn struct {
 // may says whether the credentials let the principal publish to a subject
 // (nil: unknown, try): what they forbid is not even asked, since a refused
 // request is answered only by its timeout.
-func openConn(nc *nats.Conn, bcfg broker.Config, may func(subject string) bool) (*conn, error) {
+func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool) (*conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js, err := jetstream.New(nc)
@@ -119,13 +119,20 @@ func openConn(nc *nats.Conn, bcfg broker.Config, may func(subject string) bool) 
 	names := broker.NewNames(bcfg.Prefix)
 	c := &conn{nc: nc, names: names}
 	info := func(stream string) bool { return may == nil || may("$JS.API.STREAM.INFO."+stream) }
-	// Approvers, admins and open servers read approvals; producers do not.
-	if !info("KV_" + names.ApprovalsBucket()) {
-		c.approvalsErr = errors.New("its credentials do not let it read the approvals bucket")
-	} else if c.approvals, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
-		if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr != nil {
-			c.approvals = nil
+	// Admins and open servers read the approvals bucket; an approver asks
+	// the workers, who keep to its types; producers read no approvals.
+	switch {
+	case info("KV_" + names.ApprovalsBucket()):
+		var store *approvals.Store
+		if store, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
+			if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr == nil {
+				c.approvals = store
+			}
 		}
+	case may != nil && may(names.ListApprovalsSubject(principal)):
+		c.approvals = workerApprovals{nc: nc, names: names}
+	default:
+		c.approvalsErr = errors.New("its credentials let it read no approvals")
 	}
 	if !info("KV_"+names.ExecutionsBucket()) || !info(names.AuditStream()) {
 		c.clientErr = errors.New("its credentials do not let it read the executions and their audit trail")
@@ -155,7 +162,7 @@ func openConn(nc *nats.Conn, bcfg broker.Config, may func(subject string) bool) 
 	if c.approvals == nil && c.b == nil {
 		return nil, fmt.Errorf("this principal may read neither approvals (%v) nor executions (%v)", c.approvalsErr, c.clientErr)
 	}
-	c.feeds = newFeeds(c.approvalsKV, c.b)
+	c.feeds = newFeeds(c.approvalsKV, c.approvals, c.b)
 	return c, nil
 }
 
@@ -201,6 +208,15 @@ func (s *session) cancel(ctx context.Context, executionID, owner string) (*execu
 		opts = append(opts, executor.OwnedBy(owner))
 	}
 	return s.client.Cancel(ctx, executionID, opts...)
+}
+
+// status reads an execution's record and envelope; an admin reads another
+// principal's under its owner's key.
+func (s *session) status(ctx context.Context, executionID, owner string) (*executor.Status, error) {
+	if !s.p.open && owner != "" && owner != s.p.Name && s.p.Admin {
+		return s.client.StatusOf(ctx, owner, executionID)
+	}
+	return s.client.Status(ctx, executionID)
 }
 
 // mine reports whether the principal requested r.
@@ -292,7 +308,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			nc.Close()
 			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
 		}
-		if c, err = openConn(nc, ss.cfg.Broker, may); err != nil {
+		if c, err = openConn(nc, ss.cfg.Broker, name, may); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -392,7 +408,7 @@ func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
-		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, nil)
+		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil)
 		if err != nil {
 			return nil, err
 		}

@@ -12,18 +12,20 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // approvalGate is stage 8. It reports whether the execution goes on: a resume
 // goes on once it consumed its approval; a call that needs an approval ends
 // here, "approval-required", with a pending approval stored.
 func (a *admission) approvalGate(v verdict) bool {
+	m := a.b.meta
+	if a.req.ApprovalID == "" && v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
+		return true
+	}
+	defer a.x.Stage(observe.StageApproval)(nil)
 	if a.req.ApprovalID != "" {
 		return a.useApproval()
-	}
-	m := a.b.meta
-	if v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
-		return true
 	}
 	a.requestApproval(v)
 	return false

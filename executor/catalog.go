@@ -147,3 +147,44 @@ func (c *catalog) stop() { _ = c.w.Stop() }
 func sortDescriptors(d []Descriptor) {
 	sort.Slice(d, func(i, j int) bool { return d[i].ID < d[j].ID })
 }
+
+// listed reports whether the catalog lists id (some pool serves it): a
+// request for one it does not list goes to _unrouted.
+func (c *Client) listed(id string) bool {
+	if c.cat != nil {
+		_, ok := c.cat.lookup(id)
+		return ok
+	}
+	return c.probe.listed(id)
+}
+
+// catalogProbe reads catalog entries one key at a time and remembers the
+// ones it found for a while: one read per capability every catalogProbeTTL.
+type catalogProbe struct {
+	kv   jetstream.KeyValue
+	mu   sync.Mutex
+	seen map[string]time.Time
+}
+
+const catalogProbeTTL = 10 * time.Second
+
+func (p *catalogProbe) listed(id string) bool {
+	p.mu.Lock()
+	at, ok := p.seen[id]
+	p.mu.Unlock()
+	if ok && time.Since(at) < catalogProbeTTL {
+		return true
+	}
+	if envelope.ValidCapabilityID(id) != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.kv.Get(ctx, id); err != nil {
+		return false // absent, or unknown: _unrouted, where a worker decides
+	}
+	p.mu.Lock()
+	p.seen[id] = time.Now()
+	p.mu.Unlock()
+	return true
+}

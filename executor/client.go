@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/await"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -26,6 +27,9 @@ type ClientConfig struct {
 	Broker broker.Config
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
+	// Observer is told of every request the client submits, for metrics and
+	// traces (see package telemetry). Default: nothing is observed.
+	Observer observe.Client
 }
 
 // Client submits execution requests and awaits their envelopes. It holds one
@@ -34,6 +38,9 @@ type ClientConfig struct {
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker
+	// cat is the watched catalog of an anonymous client; probe reads a
+	// principal's catalog entries by key.
+	probe *catalogProbe
 	// principal is who the server knows this connection as (see
 	// broker.PrincipalOf): every subject it publishes to carries it.
 	principal string
@@ -64,6 +71,9 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = observe.NopClient{}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	principal := broker.PrincipalOf(nc, broker.NewNames(cfg.Broker.Prefix))
@@ -82,6 +92,12 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if c.w, err = await.New(b, c.principal, cfg.Logger); err != nil {
 		c.stop()
 		return nil, err
+	}
+	if c.principal != broker.Anonymous {
+		// A principal may not create consumers (a push consumer's deliveries
+		// could be aimed at any subject): it reads catalog entries by key.
+		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
+		return c, nil
 	}
 	c.cat, err = watchCatalog(c.ctx, b)
 	if err != nil {
@@ -111,7 +127,9 @@ func openResources(ctx context.Context, nc *nats.Conn, cfg broker.Config,
 
 // Close releases the subscription and the catalog watcher.
 func (c *Client) Close() error {
-	c.cat.stop()
+	if c.cat != nil {
+		c.cat.stop()
+	}
 	c.stop()
 	return c.w.Close()
 }
@@ -198,7 +216,7 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 		return nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if _, ok := c.cat.lookup(r.CapabilityID); ok {
+	if c.listed(r.CapabilityID) {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
 	m := nats.NewMsg(subject)
@@ -215,11 +233,13 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	if err != nil {
 		return "", err
 	}
+	end := c.cfg.Observer.Call(ctx, r)
 	m, err := c.message(r)
-	if err != nil {
-		return "", err
+	if err == nil {
+		err = c.publish(ctx, m)
 	}
-	if err := c.publish(ctx, m); err != nil {
+	end(nil, err)
+	if err != nil {
 		return "", fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
 	}
 	return r.ExecutionID, nil
@@ -258,6 +278,14 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 	envs := make([]*envelope.Envelope, len(reqs))
 	errs := make([]error, len(reqs))
 	calls := make([]*await.Call, len(reqs))
+	ends := make([]func(*envelope.Envelope, error), len(reqs))
+	defer func() {
+		for i, end := range ends {
+			if end != nil {
+				end(envs[i], errs[i])
+			}
+		}
+	}()
 	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
@@ -270,6 +298,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			}
 			continue
 		}
+		ends[i] = c.cfg.Observer.Call(ctx, r)
 		m, err := c.message(r)
 		if err != nil {
 			errs[i] = err
@@ -316,11 +345,20 @@ var ErrUnknownExecution = errors.New("capstan: no such execution")
 
 // Status reads the execution record and the envelope.
 func (c *Client) Status(ctx context.Context, executionID string) (*Status, error) {
+	return c.StatusOf(ctx, c.principal, executionID)
+}
+
+// StatusOf reads another principal's execution: what an admin's credentials
+// allow (a producer's server refuses the read, which then fails or times out).
+func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Status, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
+	if !broker.ValidPrincipal(owner) {
+		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
+	}
 	var s Status
-	key := broker.Key(c.principal, executionID)
+	key := broker.Key(owner, executionID)
 	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err

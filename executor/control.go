@@ -59,8 +59,12 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.DescribeSubjects(), n.WorkersQueue(), w.serveDescribe)); err != nil {
 		return nil, err
 	}
-	// Decisions: the approver is the principal of the subject.
-	if err := add(approvals.NewStore(w.b, w.audit).Serve(w.nc, n, w.grants)); err != nil {
+	// Decisions and listings: the approver is the principal of the subject.
+	store := approvals.NewStore(w.b, w.audit)
+	if err := add(store.Serve(w.nc, n, w.grants)); err != nil {
+		return nil, err
+	}
+	if err := add(store.ServeList(w.nc, n, w.grants)); err != nil {
 		return nil, err
 	}
 	return subs, nil
@@ -83,6 +87,9 @@ type CancelRequest struct {
 // whatever the body says.
 func (w *Worker) recordCancel(m *nats.Msg) {
 	principal, id := w.b.Names.PrincipalOfSubject(m.Subject), lastToken(m.Subject)
+	if !w.b.Names.ReplyAllowed(principal, m.Reply) {
+		return // an answer aimed at someone else's subject: not served
+	}
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
 		if reply.Error == "" && !reply.Finalized {

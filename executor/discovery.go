@@ -91,6 +91,9 @@ const discoveryWorkers = 8
 
 // serveDescribe answers one capstan.describe request.
 func (w *Worker) serveDescribe(m *nats.Msg) {
+	if !w.b.Names.ReplyAllowed(w.b.Names.PrincipalOfSubject(m.Subject), m.Reply) {
+		return // an answer aimed at someone else's subject: not served
+	}
 	var reply DescribeReply
 	var req DescribeRequest
 	if err := envelope.Unmarshal(m.Data, &req); err != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 type Payout struct {
@@ -57,9 +56,9 @@ func ExampleClient_Resume() {
 	approvalID := env.Approval.ID
 
 	carol := connect("carol")
-	pending, err := openApprovals(carol).Get(ctx, approvalID)
+	pending, err := approvals.RequestList(ctx, carol, broker.NewNames(""), approvals.ListRequest{ID: approvalID})
 	check(err)
-	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
+	fmt.Println(pending[0].Status, "for", pending[0].Actor, string(pending[0].Input))
 	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),
 		approvals.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
 	check(err)
@@ -117,15 +116,4 @@ func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.
 		s.WaitForShutdown()
 		_ = os.RemoveAll(dir)
 	}
-}
-
-// openApprovals reads the approvals bucket as an approver may.
-func openApprovals(nc *nats.Conn) *approvals.Store {
-	js, err := jetstream.New(nc)
-	check(err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := approvals.Open(ctx, js, broker.NewNames(""))
-	check(err)
-	return s
 }

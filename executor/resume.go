@@ -55,11 +55,13 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 	if r.CorrelationID == "" {
 		r.CorrelationID = rec.CorrelationID
 	}
+	end := c.cfg.Observer.Call(ctx, r)
 	m, err := c.message(r)
-	if err != nil {
-		return "", err
+	if err == nil {
+		err = c.publish(ctx, m)
 	}
-	if err := c.publish(ctx, m); err != nil {
+	end(nil, err)
+	if err != nil {
 		return "", fmt.Errorf("capstan: resume %s: %w", approvalID, err)
 	}
 	return r.ExecutionID, nil

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // The stages of DESIGN §4 that belong to a capability's definition: exposure,
@@ -208,6 +209,9 @@ func (a *admission) admit() bool {
 // policies evaluates the runtime's policies, then the capability's own, for
 // one phase. Every stance is kept for the trail.
 func (a *admission) policies(phase Phase) verdict {
+	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) > 0 {
+		defer a.x.Stage(observe.StagePolicies)(nil)
+	}
 	v := evaluatePolicies(a.x.Context(), a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
 		Phase: phase, CapabilityID: a.b.id, Meta: a.b.meta, Actor: a.req.Actor, Surface: Surface(a.req.Surface),
 		Input: phaseInput(phase, a.input),

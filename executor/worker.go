@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 )
@@ -50,6 +51,9 @@ type WorkerConfig struct {
 	// DisableLeaseRenewal stops lease renewal and InProgress, so JetStream
 	// redelivers a long execution while it runs. Only for tests of redelivery.
 	DisableLeaseRenewal bool
+	// Observer is told what the worker does, for metrics and traces (see
+	// package telemetry). Default: nothing is observed.
+	Observer observe.Worker
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -77,6 +81,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	}
 	if c.PolicyTimeout <= 0 {
 		c.PolicyTimeout = DefaultPolicyTimeout
+	}
+	if c.Observer == nil {
+		c.Observer = observe.NopWorker{}
 	}
 	return c
 }
@@ -142,6 +149,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
 		Listed:        func(id string) bool { _, ok := w.cat.lookup(id); return ok },
 		ResolveResume: w.resolveResume,
+		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
 	return w, nil
 }
@@ -186,7 +194,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer w.grants.Stop()
-	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log})
+	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log,
+		OnFailure: w.cfg.Observer.AuditFailed})
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	w.cat, err = watchCatalog(w.run.Context(), b)

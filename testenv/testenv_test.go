@@ -19,8 +19,14 @@ func TestMain(m *testing.M) {
 
 // testCtx bounds each JetStream call so a broken server fails the test instead of
 // hanging it; it is a safety net, not a timing assertion.
+// testCtx ends shortly before the test's own deadline: a loaded machine may
+// take long to restart a server, and no fixed bound tells slow from stuck.
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	deadline, ok := t.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(-10*time.Second))
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -42,21 +41,13 @@ func runAdminReplicas(args []string) int {
 	conn := addConnFlags(fs)
 	wait := fs.Duration("wait", 5*time.Minute, "how long to wait for the change to settle")
 	// The count is optional, before or after the flags.
-	var pos []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return exitOK
-			}
-			return exitUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
+	pos, code, ok := parseFlags(fs, args, -1)
+	if !ok {
+		return code
 	}
 	if len(pos) > 1 {
-		fs.Usage()
+		fmt.Fprintf(os.Stderr, "capstan admin replicas: want at most one count, got %d arguments\n", len(pos))
+		printUsage(fs, os.Stderr)
 		return exitUsage
 	}
 	n := 0
@@ -77,7 +68,9 @@ func runAdminReplicas(args []string) int {
 	if n == 0 {
 		return showReplicas(ctx, nc)
 	}
+	stopWaiting := waiting(fmt.Sprintf("%d current replicas", n), *wait)
 	changes, err := broker.SetReplicas(ctx, nc, broker.Config{}, n, demo.Streams...)
+	stopWaiting()
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tREPLICAS")
 	for _, c := range changes {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -14,7 +15,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -48,28 +48,6 @@ func runApprovals(args []string) int {
 	return usageError("unknown command 'approvals %s'; run 'capstan approvals help'", args[0])
 }
 
-// openApprovals reads the approvals bucket as an approver (or on an open
-// server) may: without a client, which an approver's credentials do not allow.
-func openApprovals(conn *connFlags) (*approvals.Store, func(), error) {
-	nc, err := conn.connect("approvals")
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	store, err := approvals.Open(ctx, js, broker.NewNames(""))
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return store, nc.Close, nil
-}
-
 // approvalView is an approval as the CLI prints it: its status as of now, so
 // that an approval past its expiry shows expired even before it is marked so,
 // and, when the capability redacts what approvers see, the display in place
@@ -84,13 +62,17 @@ func approvalView(r *approvals.Record) *approvals.Record {
 }
 
 func runApprovalsList(args []string) int {
-	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id]")
+	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed")
 	capID := fs.String("capability", "", "only approvals of this capability")
 	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	f := approvals.Filter{Status: approvals.Status(*status), CapabilityID: *capID}
 	switch f.Status {
@@ -105,14 +87,15 @@ func runApprovalsList(args []string) int {
 		}
 		f.Actor = a
 	}
-	store, closeStore, err := openApprovals(conn)
+	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeStore()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	list, err := store.List(ctx, f)
+	list, err := approvals.RequestList(ctx, nc, broker.NewNames(""),
+		approvals.ListRequest{Status: f.Status, CapabilityID: f.CapabilityID, Actor: f.Actor})
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -120,31 +103,43 @@ func runApprovalsList(args []string) int {
 	for _, r := range list {
 		views = append(views, approvalView(r))
 	}
-	return printJSON(views)
+	return o.print(views, func(w io.Writer, st style) { writeApprovalList(w, st, views) })
 }
 
 func runApprovalsShow(args []string) int {
-	fs := newFlags("approvals show", "ID")
+	fs := newFlags("approvals show", "ID [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
 	}
-	store, closeStore, err := openApprovals(conn)
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer closeStore()
+	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	r, err := store.Get(ctx, pos[0])
-	if errors.Is(err, approvals.ErrNotFound) {
+	rs, err := approvals.RequestList(ctx, nc, broker.NewNames(""), approvals.ListRequest{ID: pos[0]})
+	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return printJSON(approvalView(r))
+	if len(rs) == 0 {
+		return fail(exitFailed, "%v", approvals.ErrNotFound)
+	}
+	return printApproval(o, approvalView(rs[0]))
+}
+
+// printApproval prints one approval as o says.
+func printApproval(o *outputFlags, r *approvals.Record) int {
+	return o.print(r, func(w io.Writer, st style) { writeApproval(w, st, r) })
 }
 
 func runApprovalsApprove(args []string) int { return decideCommand("approve", args) }
@@ -155,12 +150,13 @@ func runApprovalsReject(args []string) int  { return decideCommand("reject", arg
 // open server (no --creds) --approver names it. approve --resume then resumes
 // the call and prints the resume's envelope instead of the approval.
 func decideCommand(verb string, args []string) int {
-	usage := "ID [--creds APPROVER.creds | --approver kind:id] [--comment C]"
+	usage := "ID [--creds APPROVER.creds | --approver kind:id] [--comment C] [-o json]"
 	if verb == "approve" {
 		usage += " [--self-approval REASON] [--resume [--wait D]]"
 	}
 	fs := newFlags("approvals "+verb, usage)
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	approver := fs.String("approver", "", "on an open server only: who decides, as kind:id (not the requester); with --creds the approver is the principal")
 	comment := fs.String("comment", "", "a comment kept with the decision and shown to the handler")
 	var self *string
@@ -174,6 +170,9 @@ func decideCommand(verb string, args []string) int {
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	req := approvals.DecideRequest{ApprovalID: pos[0], Approve: verb == "approve", Comment: *comment}
 	if conn.creds != "" {
@@ -219,7 +218,7 @@ func decideCommand(verb string, args []string) int {
 		return decisionError(err)
 	}
 	if resume == nil || !*resume {
-		return printJSON(approvalView(r))
+		return printApproval(o, approvalView(r))
 	}
 	c, closeClient, err := conn.client("approvals", executor.ClientConfig{})
 	if err != nil {
@@ -284,7 +283,9 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	case err != nil:
 		return usageError("%v", err)
 	}
+	stopWaiting := waiting("the envelope of "+id, wait)
 	env, err := c.Await(ctx, id)
+	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, wait)
 	}

@@ -59,11 +59,11 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 	_, url := startDev(t)
 	id := refundNeedingApproval(t, url)
 
-	stdout, stderr, code := capstan(t, url, "approvals", "list", "--status", "pending")
+	stdout, stderr, code := capstan(t, url, "approvals", "list", "--status", "pending", "--json")
 	if code != exitOK || !strings.Contains(stdout, id) {
 		t.Fatalf("list: exit %d, stdout %s stderr %s", code, stdout, stderr)
 	}
-	stdout, _, code = capstan(t, url, "approvals", "approve", id, "--approver", "user:bob", "--comment", "order checked")
+	stdout, _, code = capstan(t, url, "approvals", "approve", id, "--approver", "user:bob", "--comment", "order checked", "--json")
 	a := decode[printedApproval](t, stdout)
 	if code != exitOK || a.Status != "approved" || a.Decision.Approver.String() != "user:bob" || a.Decision.Comment != "order checked" {
 		t.Fatalf("approve: exit %d, %s", code, stdout)
@@ -78,7 +78,7 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 	if code != exitFailed || again.Status != "failed" || again.Error.Code != "APPROVAL_CONSUMED" {
 		t.Fatalf("second resume: exit %d, %s", code, stdout)
 	}
-	stdout, _, code = capstan(t, url, "approvals", "show", id)
+	stdout, _, code = capstan(t, url, "approvals", "show", id, "-o", "json")
 	shown := decode[printedApproval](t, stdout)
 	if code != exitOK || shown.Status != "consumed" || shown.ConsumedBy != done.ExecutionID || shown.Input["amount"] != float64(900) {
 		t.Fatalf("show: exit %d, %s", code, stdout)
@@ -93,7 +93,7 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 		{shown.RequestedBy, []string{"capability.requested user:alice", "capability.approval_requested user:alice", "capability.approved user:bob"}},
 		{done.ExecutionID, []string{"capability.requested user:alice", "approval.consumed user:alice", "capability.started user:alice", "capability.completed user:alice"}},
 	} {
-		stdout, stderr, code := capstan(t, url, "audit", tc.execID)
+		stdout, stderr, code := capstan(t, url, "audit", tc.execID, "--json")
 		if code != exitOK {
 			t.Fatalf("audit: exit %d, stderr %s", code, stderr)
 		}
@@ -142,7 +142,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 			t.Fatalf("resume: exit %d, stdout %s stderr %s; want %s", code, stdout, stderr, tc.code)
 		}
 	}
-	stdout, _, _ := capstan(t, url, "approvals", "list", "--status", "expired")
+	stdout, _, _ := capstan(t, url, "approvals", "list", "--status", "expired", "--json")
 	if list := decode[[]printedApproval](t, stdout); len(list) != 1 || list[0].ID != expired {
 		t.Fatalf("expired: %s", stdout)
 	}

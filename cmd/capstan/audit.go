@@ -15,8 +15,9 @@ import (
 )
 
 func runAudit(args []string) int {
-	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]")
+	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]; [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	follow := fs.Bool("follow", false, "keep printing events as they are stored, until interrupted")
 	var f audit.Filter
 	fs.StringVar(&f.CapabilityID, "capability", "", "only events of this capability `id`")
@@ -27,6 +28,9 @@ func runAudit(args []string) int {
 	pos, code, ok := parseFlags(fs, args, -1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	if len(pos) > 1 {
 		return usageError("audit: want one execution id, got %d arguments", len(pos))
@@ -57,6 +61,13 @@ func runAudit(args []string) int {
 	out := json.NewEncoder(os.Stdout)
 	out.SetEscapeHTML(false)
 	write := func(ev audit.Event) error { return out.Encode(ev) }
+	if !o.isJSON() {
+		st, many := stdoutStyle(), f.ExecutionID == ""
+		write = func(ev audit.Event) error {
+			st.now = time.Now()
+			return auditLine(os.Stdout, st, &ev, many)
+		}
+	}
 
 	if !*follow {
 		rctx, cancel := context.WithTimeout(ctx, submitTimeout)

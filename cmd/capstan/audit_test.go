@@ -55,7 +55,7 @@ func TestAudit_PrintsTheTrailAsJSONLinesOldestFirst(t *testing.T) {
 	// read again until it is there.
 	deadline := time.Now().Add(guard)
 	for {
-		stdout, stderr, code = capstan(t, url, "audit", id)
+		stdout, stderr, code = capstan(t, url, "audit", id, "--json")
 		if code != exitOK {
 			t.Fatalf("audit: exit %d, stderr %s", code, stderr)
 		}
@@ -99,7 +99,7 @@ func TestAudit_UsageAndUnknownExecution(t *testing.T) {
 func TestAuditFollow_PrintsOnlyMatchingEventsUntilInterrupted(t *testing.T) {
 	_, url := startDev(t)
 	follower := startDaemon(t, "", []string{"CAPSTAN_NATS_URL=" + url},
-		"audit", "--follow", "--type", "capability.denied", "--since", "1h")
+		"audit", "--follow", "--type", "capability.denied", "--since", "1h", "--json")
 
 	var denied []string
 	for _, input := range []string{`{"subject":"no address"}`, `{"to":"ada@example.com","subject":"hi"}`, `{"holdMs":-1}`} {

@@ -15,16 +15,18 @@ import (
 
 // runAuth dispatches the credential commands.
 func runAuth(args []string) int {
-	usage := "usage: capstan auth init|add|list|push DIR ...\n\n" +
+	usage := "usage: capstan auth init|add|remove|list|push DIR ...\n\n" +
 		"  init DIR [--prefix P]      operator, accounts, admin and worker principals, DIR/nats-server.conf\n" +
 		"  add DIR NAME --role R ...  a principal and DIR/NAME.creds (producer: --actor; approver: --types)\n" +
+		"  remove DIR NAME            revoke a principal (restart or reload the server, then push)\n" +
 		"  list DIR                   every principal and its grants\n" +
 		"  push DIR                   publish the grants to a running server (as DIR/admin.creds)\n"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		fmt.Fprint(os.Stderr, usage)
 		if len(args) == 0 {
+			fmt.Fprint(os.Stderr, usage)
 			return exitUsage
 		}
+		fmt.Fprint(os.Stdout, usage) // asked for: help goes to stdout, as every command's does
 		return exitOK
 	}
 	switch args[0] {
@@ -32,6 +34,8 @@ func runAuth(args []string) int {
 		return runAuthInit(args[1:])
 	case "add":
 		return runAuthAdd(args[1:])
+	case "remove":
+		return runAuthRemove(args[1:])
 	case "list":
 		return runAuthList(args[1:])
 	case "push":
@@ -83,6 +87,24 @@ func runAuthAdd(args []string) int {
 	}
 	fmt.Printf("created %s\n", s.CredsPath(g.Principal))
 	fmt.Printf("a running server learns the grant with: capstan auth push %s\n", pos[0])
+	return exitOK
+}
+
+func runAuthRemove(args []string) int {
+	fs := newFlags("auth remove", "DIR NAME")
+	pos, code, ok := parseFlags(fs, args, 2)
+	if !ok {
+		return code
+	}
+	s, err := auth.Load(pos[0])
+	if err != nil {
+		return fail(exitUsage, "auth remove: %v", err)
+	}
+	if err := s.Remove(pos[1]); err != nil {
+		return fail(exitUsage, "auth remove: %v", err)
+	}
+	fmt.Printf("revoked %s in %s\n", pos[1], s.ServerConfigPath())
+	fmt.Printf("restart or reload the server, then: capstan auth push %s\n", pos[0])
 	return exitOK
 }
 

@@ -38,9 +38,18 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 			t.Fatalf("add %v: exit %d, stderr %q, want exit 2 naming %q", tc.args, code, stderr, tc.want)
 		}
 	}
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "temp", "--role", "producer", "--actor", "user:temp"); code != exitOK {
+		t.Fatalf("add temp: exit %d: %s", code, stderr)
+	}
+	if _, stderr, code := capstan(t, "", "auth", "remove", dir, "temp"); code != exitOK {
+		t.Fatalf("remove temp: exit %d: %s", code, stderr)
+	}
+	if _, stderr, code := capstan(t, "", "auth", "remove", dir, "worker"); code != exitUsage {
+		t.Fatalf("remove worker: exit %d: %s", code, stderr)
+	}
 	stdout, stderr, code := capstan(t, "", "auth", "list", dir)
-	if code != exitOK {
-		t.Fatalf("list: exit %d: %s", code, stderr)
+	if code != exitOK || strings.Contains(stdout, "temp") {
+		t.Fatalf("list: exit %d: %s\n%s", code, stderr, stdout)
 	}
 	for _, want := range []string{
 		"admin      admin", "worker     worker",
@@ -115,11 +124,11 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice, "--approver", "user:ceo"); code != exitUsage {
 		t.Fatalf("--approver with credentials: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "approvals", "show", approval, carol)
+	stdout, stderr, code = capstan(t, url, "approvals", "show", approval, carol, "--json")
 	if rec := decode[struct{ Status string }](t, stdout); code != exitOK || rec.Status != "pending" {
 		t.Fatalf("after alice's attempts: exit %d %+v: %s", code, rec, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "approvals", "approve", approval, carol, "--comment", "checked")
+	stdout, stderr, code = capstan(t, url, "approvals", "approve", approval, carol, "--comment", "checked", "--json")
 	rec := decode[struct {
 		Status   string
 		Decision struct {

@@ -141,7 +141,9 @@ func runCall(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
+	stopWaiting := waiting("the envelope of "+req.id, *wait)
 	env, err := c.Call(ctx, capID, req.input, executor.WithID(req.id))
+	stopWaiting()
 	if err != nil {
 		return awaitError(err, req.id, *wait)
 	}
@@ -209,7 +211,9 @@ func runAwait(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
+	stopWaiting := waiting("the envelope of "+id, *wait)
 	env, err := c.Await(ctx, id)
+	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, *wait)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"io"
 
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -12,20 +13,21 @@ func runCancel(args []string) int {
 	flags := func(fs *flag.FlagSet) {
 		fs.StringVar(&owner, "owner", "", "the `principal` whose execution it is (admins only; default: the caller's own)")
 	}
-	return byIDWith("cancel", args, flags, func(ctx context.Context, c *executor.Client, id string) int {
+	return byIDWith("cancel", args, flags, func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
 		var opts []executor.CancelOption
 		if owner != "" {
 			opts = append(opts, executor.OwnedBy(owner))
 		}
 		reply, err := c.Cancel(ctx, id, opts...)
+		human := func(w io.Writer, st style) { writeCancelReply(w, st, reply) }
 		if reply != nil && err != nil {
 			// A worker answered but could not record the cancel.
-			printJSON(reply)
+			o.print(reply, human)
 			return fail(exitFailed, "%v", err)
 		}
 		if err != nil {
 			return usageError("%v", err)
 		}
-		return printJSON(reply)
+		return o.print(reply, human)
 	})
 }

@@ -64,7 +64,7 @@ func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 		t.Fatalf("envelope %+v", env)
 	}
 
-	stdout, _, code := capstan(t, url, "status", id)
+	stdout, _, code := capstan(t, url, "status", id, "--json")
 	if code != exitOK {
 		t.Fatalf("status: exit %d", code)
 	}
@@ -227,7 +227,7 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 		"--input", `{"to":"ada@example.com","subject":"hello","holdMs":60000}`); code != exitOK {
 		t.Fatalf("submit: exit %d, stderr %s", code, stderr)
 	}
-	stdout, stderr, code := capstan(t, url, "cancel", id)
+	stdout, stderr, code := capstan(t, url, "cancel", id, "--json")
 	if code != exitOK {
 		t.Fatalf("cancel: exit %d, stderr %s", code, stderr)
 	}

@@ -359,30 +359,52 @@ func mustStream(t *testing.T, ctx context.Context, js jetstream.JetStream, name 
 // outboxCounts counts the outbox's emails per execution id.
 func outboxCounts(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
 	t.Helper()
-	s := mustStream(t, ctx, js, demo.OutboxStream)
+	// Right after a node restart the stream's group may still be electing a
+	// leader ("no responders"): read again, from the start, until ctx ends.
+	for {
+		out, err := readOutbox(ctx, js)
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read outbox: %v", err)
+		}
+		t.Logf("read outbox: %v; reading again", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func readOutbox(ctx context.Context, js jetstream.JetStream) (map[string]int, error) {
+	s, err := js.Stream(ctx, demo.OutboxStream)
+	if err != nil {
+		return nil, err
+	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	out := map[string]int{}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	for read := uint64(0); read < info.State.Msgs; {
 		b, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		for m := range b.Messages() {
 			out[m.Headers().Get(demo.ExecutionIDHeader)]++
 			read++
 		}
 		if b.Error() != nil {
-			t.Fatalf("read outbox: %v", b.Error())
+			return nil, b.Error()
 		}
 	}
-	return out
+	return out, nil
 }
 
 func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *testing.T) {

@@ -52,10 +52,15 @@ func (c *connFlags) client(name string, cfg executor.ClientConfig) (cl *executor
 	if err != nil {
 		return nil, nil, err
 	}
+	tel, stopTelemetry := clientTelemetry(name)
+	if tel != nil {
+		cfg.Observer = tel
+	}
 	cl, err = executor.NewClient(nc, cfg)
 	if err != nil {
 		nc.Close()
+		stopTelemetry()
 		return nil, nil, err
 	}
-	return cl, func() { _ = cl.Close(); nc.Close() }, nil
+	return cl, func() { _ = cl.Close(); nc.Close(); stopTelemetry() }, nil
 }

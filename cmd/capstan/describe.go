@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -11,8 +12,9 @@ import (
 )
 
 func runDescribe(args []string) int {
-	fs := newFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]...")
+	fs := newFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]... [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	surface := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe")
 	actorFlag := fs.String("actor", "", "who is asking, as kind:id (or anonymous; default user:<principal> with --creds, else user:$USER)")
 	var scope executor.Scope
@@ -29,6 +31,9 @@ func runDescribe(args []string) int {
 	}
 	if *surface == "" {
 		return usageError("--surface is empty")
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	if *actorFlag == "" {
 		*actorFlag = defaultActor(conn.creds)
@@ -53,7 +58,7 @@ func runDescribe(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return printJSON(d)
+	return o.print(d, func(w io.Writer, st style) { writeDiscovery(w, st, d) })
 }
 
 // parseActor reads kind:id; an anonymous actor may leave out the id.

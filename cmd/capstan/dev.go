@@ -49,6 +49,14 @@ func runDev(args []string) int {
 			return fail(exitFailed, "dev: %v", err)
 		}
 	}
+	tel, stopTelemetry, err := startTelemetry(ctx, "capstan-dev", wf.metrics, e.b, log)
+	if err != nil {
+		return fail(exitFailed, "dev: %v", err)
+	}
+	defer stopTelemetry()
+	if tel != nil {
+		wf.observer = tel
+	}
 	w, err := newDemoWorker(wnc, wjs, wf, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)

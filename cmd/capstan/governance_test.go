@@ -19,7 +19,7 @@ func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
 	_, url := startDev(t)
 
 	t.Run("describe --surface mcp prints descriptors with input schemas", func(t *testing.T) {
-		stdout, stderr, code := capstan(t, url, "describe", "--surface", "mcp")
+		stdout, stderr, code := capstan(t, url, "describe", "--surface", "mcp", "--json")
 		if code != exitOK {
 			t.Fatalf("exit %d, stderr %s", code, stderr)
 		}
@@ -43,7 +43,7 @@ func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
 	})
 
 	t.Run("describe narrows by prefix and refuses a malformed actor", func(t *testing.T) {
-		stdout, _, code := capstan(t, url, "describe", "--prefix", "demo.", "--actor", "anonymous")
+		stdout, _, code := capstan(t, url, "describe", "--prefix", "demo.", "--actor", "anonymous", "--json")
 		if d := decode[executor.Discovery](t, stdout); code != exitOK || len(d.Capabilities) != 3 {
 			t.Fatalf("exit %d: %s", code, stdout)
 		}
@@ -145,7 +145,7 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 		t.Fatalf("for the model: %+v", m)
 	}
 	for {
-		stdout, stderr, code = capstan(t, env.URL, "status", got.ExecutionID)
+		stdout, stderr, code = capstan(t, env.URL, "status", got.ExecutionID, "--json")
 		if code != exitOK {
 			t.Fatalf("status: exit %d, %s", code, stderr)
 		}

@@ -87,14 +87,23 @@ func printCommands(w io.Writer) {
 }
 
 // newFlags returns a command's flag set; usage is what follows the command's
-// name in its synopsis.
+// name in its synopsis. parseFlags reports its errors, so that every command
+// says them in one form.
 func newFlags(name, usage string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: capstan %s %s\n\nflags:\n", name, usage)
 		fs.PrintDefaults()
 	}
+	fs.SetOutput(io.Discard)
 	return fs
+}
+
+// printUsage writes the command's synopsis and flags to w.
+func printUsage(fs *flag.FlagSet, w io.Writer) {
+	fs.SetOutput(w)
+	fs.Usage()
+	fs.SetOutput(io.Discard)
 }
 
 // parseFlags parses args, allowing flags before and after positional
@@ -106,9 +115,12 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool)
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
+				printUsage(fs, os.Stdout)
 				return nil, exitOK, false
 			}
-			return nil, exitUsage, false // the flag package has said why
+			fmt.Fprintf(os.Stderr, "capstan %s: %v\n", fs.Name(), err)
+			printUsage(fs, os.Stderr)
+			return nil, exitUsage, false
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -124,11 +136,11 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool)
 	}
 	if want >= 0 && len(pos) != want {
 		if want == 0 {
-			fmt.Fprintf(fs.Output(), "capstan %s: unexpected argument %q\n", fs.Name(), strings.Join(pos, " "))
+			fmt.Fprintf(os.Stderr, "capstan %s: unexpected argument %q\n", fs.Name(), strings.Join(pos, " "))
 		} else {
-			fmt.Fprintf(fs.Output(), "capstan %s: want %d argument(s), got %d\n", fs.Name(), want, len(pos))
+			fmt.Fprintf(os.Stderr, "capstan %s: want %d argument(s), got %d\n", fs.Name(), want, len(pos))
 		}
-		fs.Usage()
+		printUsage(fs, os.Stderr)
 		return nil, exitUsage, false
 	}
 	return pos, 0, true

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 )
@@ -52,3 +56,131 @@ func fail(code int, format string, args ...any) int {
 }
 
 func usageError(format string, args ...any) int { return fail(exitUsage, format, args...) }
+
+// outputFlags choose how a command prints for a person (the default: tables
+// and short summaries) or for a script (-o json or --json: the JSON the
+// command has always printed).
+type outputFlags struct {
+	json   bool
+	format string
+}
+
+func addOutputFlags(fs *flag.FlagSet) *outputFlags {
+	o := &outputFlags{}
+	fs.BoolVar(&o.json, "json", false, "print JSON, for scripts (the same as -o json)")
+	fs.StringVar(&o.format, "o", "", "output `format`: text (for a person, the default) or json")
+	return o
+}
+
+// check refuses an unknown format; call it after parsing.
+func (o *outputFlags) check() error {
+	switch o.format {
+	case "", "text", "table", "json":
+		return nil
+	}
+	return fmt.Errorf("-o %q: want text or json", o.format)
+}
+
+func (o *outputFlags) isJSON() bool { return o.json || o.format == "json" }
+
+// print writes v as JSON, or with human for a person.
+func (o *outputFlags) print(v any, human func(w io.Writer, st style)) int {
+	if o.isJSON() {
+		return printJSON(v)
+	}
+	w := bufio.NewWriter(os.Stdout)
+	human(w, stdoutStyle())
+	if err := w.Flush(); err != nil {
+		return fail(exitFailed, "print: %v", err)
+	}
+	return exitOK
+}
+
+// colorsWanted reports whether f may be written in colour: a terminal, and
+// neither NO_COLOR nor TERM=dumb says otherwise.
+func colorsWanted(f *os.File) bool {
+	return isTerminal(f) && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb"
+}
+
+func stdoutStyle() style { return style{color: colorsWanted(os.Stdout), now: time.Now()} }
+
+// style is how human output is written: in colour or not, and the moment
+// ages are counted from.
+type style struct {
+	color bool
+	now   time.Time
+}
+
+const (
+	ansiReset  = "\x1b[0m"
+	ansiBold   = "\x1b[1m"
+	ansiDim    = "\x1b[2m"
+	ansiRed    = "\x1b[31m"
+	ansiGreen  = "\x1b[32m"
+	ansiYellow = "\x1b[33m"
+	ansiCyan   = "\x1b[36m"
+)
+
+func (s style) paint(code, text string) string {
+	if !s.color || text == "" {
+		return text
+	}
+	return code + text + ansiReset
+}
+
+func (s style) bold(text string) string { return s.paint(ansiBold, text) }
+func (s style) dim(text string) string  { return s.paint(ansiDim, text) }
+
+// status paints a status or event word by what it means.
+func (s style) status(word string) string {
+	switch word {
+	case "completed", "approved", "capability.completed", "capability.approved":
+		return s.paint(ansiGreen, word)
+	case "failed", "rejected", "capability.failed", "capability.denied", "capability.rejected", "envelope.conflict":
+		return s.paint(ansiRed, word)
+	case "cancelled", "pending", "running", "backoff", "capability.cancelled", "capability.retried", "execution.taken_over":
+		return s.paint(ansiYellow, word)
+	case "approval-required", "capability.approval_requested":
+		return s.paint(ansiCyan, word)
+	case "expired", "consumed":
+		return s.paint(ansiDim, word)
+	}
+	return word
+}
+
+// waiting shows, on a terminal's stderr, how long a command has waited for
+// what, once it has waited a second; stop clears the line. Without a
+// terminal it shows nothing.
+func waiting(what string, limit time.Duration) (stop func()) {
+	if !isTerminal(os.Stderr) {
+		return func() {}
+	}
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		start := time.Now()
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		frames := `|/-\`
+		shown := false
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				if shown {
+					fmt.Fprint(os.Stderr, "\r\x1b[K")
+				}
+				return
+			case <-t.C:
+			}
+			waited := time.Since(start)
+			if waited < time.Second {
+				continue
+			}
+			shown = true
+			fmt.Fprintf(os.Stderr, "\r\x1b[K%c waiting for %s: %s of %s", frames[i%len(frames)], what,
+				waited.Truncate(time.Second), limit)
+		}
+	}()
+	return func() { close(done); <-ended }
+}

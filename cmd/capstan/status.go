@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -11,20 +12,25 @@ import (
 
 // byID runs a command whose one argument is an execution id: it parses the
 // flags, checks the id, opens a client and gives act a bounded context.
-func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string) int) int {
+// Its output flags (-o json) are given to act.
+func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
 	return byIDWith(name, args, nil, act)
 }
 
 // byIDWith is byID with flags of the command's own.
-func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string) int) int {
-	fs := newFlags(name, "ID")
+func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
+	fs := newFlags(name, "ID [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	if flags != nil {
 		flags(fs)
 	}
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {
@@ -37,18 +43,25 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ct
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	return act(ctx, c, id)
+	return act(ctx, c, id, o)
 }
 
 func runStatus(args []string) int {
-	return byID("status", args, func(ctx context.Context, c *executor.Client, id string) int {
-		s, err := c.Status(ctx, id)
+	var owner string
+	flags := func(fs *flag.FlagSet) {
+		fs.StringVar(&owner, "owner", "", "the `principal` whose execution it is (admins only; default: the caller's own)")
+	}
+	return byIDWith("status", args, flags, func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
+		if owner == "" {
+			owner = c.Principal()
+		}
+		s, err := c.StatusOf(ctx, owner, id)
 		if errors.Is(err, executor.ErrUnknownExecution) {
 			return fail(exitFailed, "%v", err)
 		}
 		if err != nil {
 			return usageError("%v", err)
 		}
-		return printJSON(s)
+		return o.print(s, func(w io.Writer, st style) { writeStatus(w, st, s) })
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -27,6 +28,10 @@ type workerFlags struct {
 	// capabilities, comma-separated, is the part of the demo catalog served
 	// (worker only); empty serves it all.
 	capabilities string
+	// metrics is where /metrics is served (empty: nowhere).
+	metrics string
+	// observer, when set, observes the worker (metrics and traces).
+	observer observe.Worker
 }
 
 func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
@@ -37,6 +42,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "how long a shutdown waits for in-flight executions")
 	fs.BoolVar(&f.strictAudit, "strict-audit", false, "fail an execution whose capability.started event is not stored")
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
@@ -66,11 +72,12 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
 		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
+		Observer: f.observer,
 	})
 }
 
 func runWorker(args []string) int {
-	fs := newFlags("worker", "[--pool NAME] [--capabilities ID,ID] [--concurrency N] [--lease D] [--grace D] [--strict-audit] [--replicas N]")
+	fs := newFlags("worker", "[--pool NAME] [--capabilities ID,ID] [--concurrency N] [--lease D] [--grace D] [--strict-audit] [--replicas N] [--metrics HOST:PORT]")
 	conn := addConnFlags(fs)
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all)")
@@ -91,6 +98,20 @@ func runWorker(args []string) int {
 	cancel()
 	if err != nil {
 		return usageError("%v", err)
+	}
+	pctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	b, err := broker.Provision(pctx, nc, broker.Config{Replicas: wf.replicas})
+	cancel()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	tel, stopTelemetry, err := startTelemetry(ctx, "capstan-worker", wf.metrics, b, log)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer stopTelemetry()
+	if tel != nil {
+		wf.observer = tel
 	}
 	w, err := newDemoWorker(nc, js, wf, log)
 	if err != nil {

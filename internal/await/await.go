@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Waiters hands envelopes to the calls of one client waiting for them. It
@@ -60,8 +61,15 @@ func (c *Waiters) Close() error {
 }
 
 func (c *Waiters) onEnvelope(m *nats.Msg) {
+	key := c.b.Names.EnvelopeKeyFromSubject(m.Subject)
+	// Only the server's republish of this very key: the server also sends
+	// replies to any subject a requester names, and a direct get of another
+	// key, answered here, would otherwise pass for this one's envelope.
+	if m.Header.Get(jetstream.SubjectHeader) != "$KV."+c.b.Names.EnvelopesBucket()+"."+key {
+		return
+	}
 	c.noteSequence(m)
-	_, id, _ := broker.ParseKey(c.b.Names.EnvelopeKeyFromSubject(m.Subject))
+	_, id, _ := broker.ParseKey(key)
 	c.mu.Lock()
 	_, waited := c.waiters[id]
 	c.mu.Unlock()
@@ -71,6 +79,10 @@ func (c *Waiters) onEnvelope(m *nats.Msg) {
 	env, err := envelope.DecodeEnvelope(m.Data)
 	if err != nil {
 		c.log.Warn("envelope does not decode", "executionId", id, "err", err)
+		return
+	}
+	if env.ExecutionID != id {
+		c.log.Warn("envelope of another execution on this one's subject: ignored", "executionId", id, "envelopeOf", env.ExecutionID)
 		return
 	}
 	c.deliver(id, env)

@@ -25,4 +25,10 @@
 // (exposure, input, actor, policies, approval, the retry rule, output checks),
 // run through Execution's exported methods. Everything that touches the
 // execution's record, lease and envelope is here.
+//
+// Config.Observer (package observe) is told of each delivery from its start
+// to its end: the claim, the stages that wait on I/O (Execution.Stage), each
+// attempt, a retry, a takeover and the finalization; metrics and traces hang
+// there, and the attempt's context, which the handler receives, is the one
+// the observer returns.
 package delivery

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -25,6 +26,7 @@ type Execution struct {
 	// subjectCapability is the capability id of the subject, "" for _unrouted.
 	subjectCapability string
 	cap               Capability // nil when no pool serves the capability
+	obs               observe.Execution
 	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
 	// admitted runs the attempts, once stages 4 to 9 let the execution through.
@@ -63,7 +65,10 @@ func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capabi
 		}
 	}
 	x.key = broker.Key(x.principal, req.ExecutionID)
-	x.ctx, x.cancel = context.WithCancelCause(w.base)
+	ctx, obs := w.cfg.Observer.Begin(w.base, observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID,
+		Deliveries: deliveries(msg), Known: c != nil})
+	x.obs = obs
+	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
@@ -95,7 +100,26 @@ func (x *Execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), Principal: x.principal, ExecutionID: x.req.ExecutionID,
 		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
+		TraceID: audit.TraceID(x.req.Traceparent),
 	}
+}
+
+// deliveries is JetStream's count of msg's deliveries (0: unknown).
+func deliveries(msg jetstream.Msg) int {
+	if msg == nil {
+		return 0
+	}
+	if meta, err := msg.Metadata(); err == nil {
+		return int(meta.NumDelivered)
+	}
+	return 0
+}
+
+// Stage tells the observer that a stage doing I/O starts (observe.Stage*);
+// the returned func ends it.
+func (x *Execution) Stage(name string) func(error) {
+	_, end := x.obs.Stage(x.ctx, name)
+	return end
 }
 
 // Request is the request being executed.

@@ -7,6 +7,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // outcome is a terminal result before it becomes the envelope.
@@ -126,8 +127,10 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
+	endStage := x.Stage(observe.StageFinalize)
 	stored, ok := x.createEnvelope(env)
 	if !ok {
+		endStage(errors.New("envelope not written"))
 		return
 	}
 	if stored != nil {
@@ -140,8 +143,22 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 				r.Cause = o.cause.Error()
 			}
 		})
+		if ours {
+			x.obs.Finalized(stored)
+			w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
+				"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
+		}
 	}
+	endStage(nil)
 	ackSync(x.msg)
+}
+
+// errorCode is the envelope's error code, "" when it has none.
+func errorCode(env *envelope.Envelope) envelope.Code {
+	if env.Error == nil {
+		return ""
+	}
+	return env.Error.Code
 }
 
 // createEnvelope writes the envelope once. It reports whether the message may

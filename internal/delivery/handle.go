@@ -7,6 +7,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -68,6 +69,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 }
 
 func (x *Execution) finish() {
+	x.obs.End()
 	close(x.done)
 	x.stopDeadline()
 	x.cancel(nil)
@@ -86,7 +88,9 @@ func (x *Execution) claimAndRun() {
 	}
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
+		endClaim := x.Stage(observe.StageClaim)
 		rev, err := broker.Create(ctx, w.b.Executions, x.key, rec)
+		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
 			x.rec, x.rev = rec, rev
@@ -169,14 +173,17 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	from := rec.Worker
 	prev := rec.State
 	x.rec, x.rev = rec, rev
-	if err := x.update(func(r *Record) {
+	endClaim := x.Stage(observe.StageClaim)
+	err = x.update(func(r *Record) {
 		r.Worker = w.cfg.ID
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
 			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
 		}
-	}); err != nil && !errors.Is(err, errCancelRequested) {
+	})
+	endClaim(err)
+	if err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.
 		nak(x.msg, time.Second)
 		return
@@ -187,6 +194,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		x.emit(audit.Requested, nil)
 	} else {
 		w.takenOver.Add(1)
+		x.obs.TakenOver(string(prev))
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
 	if x.rec.CancelRequested {
@@ -266,7 +274,7 @@ func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		Data: map[string]any{"finalizedBy": finalizedBy}})
+		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"finalizedBy": finalizedBy}})
 	ackSync(msg)
 }
 
@@ -382,6 +390,14 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 		missing = "invalid-id"
 	}
 	w.claimAndRun(msg, req, nil, missing)
+}
+
+// unlessExists is err, unless it is the ErrExists of a record already there.
+func unlessExists(err error) error {
+	if errors.Is(err, broker.ErrExists) {
+		return nil
+	}
+	return err
 }
 
 // fresh reports whether msg was stored less than d ago: then it cannot have

@@ -9,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // run drives the pipeline of DESIGN §4 for a claimed execution: stages 4 to 9
@@ -44,17 +45,20 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		attempt = 1
 	} else {
 		x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)})
+		x.obs.Retried(attempt, prevCode)
 	}
 	for {
 		if err := x.ctx.Err(); err != nil {
 			x.endByContext(attempt - 1)
 			return
 		}
+		endStart := x.Stage(observe.StageStart)
 		err := x.update(func(r *Record) {
 			now := time.Now().UTC()
 			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
 			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 		})
+		endStart(err)
 		if err != nil {
 			x.endByRecord(err, attempt-1)
 			return
@@ -62,7 +66,10 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		started := x.event(audit.Started, x.admitted.StartedData(attempt))
 		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
-			if err := x.w.audit.EmitSync(x.ctx, started); err != nil {
+			endAudit := x.Stage(observe.StageAudit)
+			err := x.w.audit.EmitSync(x.ctx, started)
+			endAudit(err)
+			if err != nil {
 				if x.ctx.Err() != nil {
 					x.endByContext(attempt - 1)
 					return
@@ -121,6 +128,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			}
 			attempt++
 			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
+			x.obs.Retried(attempt, cerr.Code)
 			continue
 		}
 		x.finalize(x.afterRun(cerr), attempt)
@@ -130,9 +138,17 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 
 // attempt calls the handler once under the attempt's timeout. After a timeout
 // or a cancel it neither waits for nor uses the handler's output.
-func (x *Execution) attempt(n int, timeout time.Duration) (any, *envelope.CapabilityError) {
+func (x *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
 	ctx, cancel := context.WithTimeoutCause(x.ctx, timeout, errAttemptTimeout)
 	defer cancel()
+	ctx, end := x.obs.Attempt(ctx, n)
+	defer func() {
+		var code envelope.Code
+		if cerr != nil {
+			code = cerr.Code
+		}
+		end(code)
+	}()
 	type result struct {
 		out any
 		err error

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -41,6 +42,10 @@ type Config struct {
 	// the request's refusal when it is an *envelope.CapabilityError; any other
 	// error leaves the request for a later delivery.
 	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
+	// Pool names the worker's pool, for the observer.
+	Pool string
+	// Observer is told what happens to each delivery (never nil).
+	Observer observe.Worker
 }
 
 // Stats counts what a runner did.

@@ -1,0 +1,48 @@
+package broker_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// Each pool's backlog counts what its filter matches, and its oldest request
+// is the first one stored that its workers have not acknowledged; a pool
+// with nothing waiting has no oldest request.
+func TestBacklogs_PendingAndOldestPerPool(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	ctx := testCtx(t)
+	if _, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "a", Capabilities: []string{"x.one", "x.two"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "b", Capabilities: []string{"y.one"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, capID := range []string{"x.two", "x.one"} {
+		if _, err := b.JS.Publish(ctx, b.Names.ExecSubject(broker.Anonymous, capID), []byte("request")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := b.Exec.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	backlogs, err := b.Backlogs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]broker.Backlog{}
+	for _, bl := range backlogs {
+		got[bl.Pool] = bl
+	}
+	if a := got["a"]; a.Pending != 2 || a.AckPending != 0 || !a.Oldest.Equal(first.Time) {
+		t.Errorf("pool a: %+v, want 2 pending, the oldest stored at %v", a, first.Time)
+	}
+	if bb, ok := got["b"]; !ok || bb.Pending != 0 || !bb.Oldest.Equal(time.Time{}) {
+		t.Errorf("pool b: %+v (listed %v), want nothing waiting", bb, ok)
+	}
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+// How the commands print for a person. Each writer takes the style (colour,
+// and the moment ages count from) so that tests can pin both.
+
+// table writes aligned columns, two spaces apart. Widths count what shows:
+// a painted cell's escape sequences take no room.
+type table struct {
+	w    io.Writer
+	rows [][]string
+}
+
+func newTable(w io.Writer, st style, header ...string) *table {
+	t := &table{w: w}
+	for i := range header {
+		header[i] = st.bold(header[i])
+	}
+	t.rows = append(t.rows, header)
+	return t
+}
+
+func (t *table) row(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *table) flush() {
+	var widths []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], visible(c))
+		}
+	}
+	for _, r := range t.rows {
+		var b strings.Builder
+		for i, c := range r {
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-visible(c)+2))
+			}
+		}
+		fmt.Fprintln(t.w, strings.TrimRight(b.String(), " "))
+	}
+}
+
+// visible is how many runes of s show: escape sequences take none.
+func visible(s string) int {
+	n := 0
+	for i := 0; i < len(s); {
+		if s[i] == 0x1b {
+			j := strings.IndexByte(s[i:], 'm')
+			if j < 0 {
+				break
+			}
+			i += j + 1
+			continue
+		}
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		n++
+	}
+	return n
+}
+
+// fields writes "Name  value" lines, the values aligned.
+type fields struct{ t *table }
+
+func newFields(w io.Writer) *fields { return &fields{&table{w: w}} }
+
+func (f *fields) add(_ style, name, value string) {
+	if value != "" {
+		f.t.row(name, value)
+	}
+}
+
+func (f *fields) flush() { f.t.flush() }
+
+// ago says how long before now t was, or how long after: "3m ago", "in 12m".
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		return "in " + short(-d)
+	}
+	return short(d) + " ago"
+}
+
+// short rounds a duration to its largest unit: 45s, 12m, 3h, 2d.
+func short(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return strconv.Itoa(int(d/time.Second)) + "s"
+	case d < time.Hour:
+		return strconv.Itoa(int(d/time.Minute)) + "m"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d/time.Hour)) + "h"
+	}
+	return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+}
+
+// stamp is a moment in UTC, to the second, with its age.
+func stamp(st style, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z") + st.dim(" ("+ago(st.now, t)+")")
+}
+
+// clip keeps the first n runes of s.
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+func writeApprovalList(w io.Writer, st style, list []*approvals.Record) {
+	if len(list) == 0 {
+		fmt.Fprintln(w, "No approvals.")
+		return
+	}
+	t := newTable(w, st, "ID", "STATUS", "CAPABILITY", "REQUESTER", "REQUESTED", "EXPIRES", "REASONS")
+	for _, r := range list {
+		expires := ago(st.now, r.ExpiresAt)
+		if r.Status != approvals.Pending && r.Status != approvals.Approved {
+			expires = "-"
+		}
+		reasons := clip(strings.Join(r.Reasons, "; "), 60)
+		if reasons == "" {
+			reasons = "-"
+		}
+		t.row(r.ID, st.status(string(r.Status)), r.CapabilityID, r.Actor.String(), ago(st.now, r.RequestedAt), expires, reasons)
+	}
+	t.flush()
+}
+
+func writeApproval(w io.Writer, st style, r *approvals.Record) {
+	f := newFields(w)
+	f.add(st, "Approval", st.bold(r.ID))
+	status := st.status(string(r.Status))
+	if d := r.Decision; d != nil {
+		if d.Status != r.Status {
+			status += "; " + string(d.Status)
+		}
+		status += " by " + d.Approver.String() + st.dim(" ("+ago(st.now, d.DecidedAt)+")")
+		if d.Comment != "" {
+			status += ": " + strconv.Quote(d.Comment)
+		}
+	}
+	f.add(st, "Status", status)
+	what := r.CapabilityID
+	if details := strings.Join(nonEmpty(r.SideEffect, riskWord(r.Risk)), ", "); details != "" {
+		what += " (" + details + ")"
+	}
+	f.add(st, "Capability", what)
+	f.add(st, "Requester", r.Actor.String())
+	f.add(st, "Requested", stamp(st, r.RequestedAt))
+	if r.Status == approvals.Pending || r.Status == approvals.Approved {
+		f.add(st, "Expires", stamp(st, r.ExpiresAt))
+	}
+	f.add(st, "Reasons", strings.Join(r.Reasons, "; "))
+	f.add(st, "Types", strings.Join(r.Types, ", "))
+	if len(r.Display) > 0 {
+		f.add(st, "Input (shown)", clip(string(r.Display), 200))
+	} else {
+		f.add(st, "Input", clip(string(r.Input), 200))
+	}
+	f.add(st, "Input hash", r.InputHash)
+	f.add(st, "Requested by", r.RequestedBy)
+	if d := r.Decision; d != nil && d.SelfApproval != "" {
+		f.add(st, "Self-approval", d.SelfApproval)
+	}
+	if r.ConsumedBy != "" {
+		f.add(st, "Consumed by", r.ConsumedBy+st.dim(" ("+ago(st.now, r.ConsumedAt)+")"))
+	}
+	f.flush()
+}
+
+func nonEmpty(s ...string) []string {
+	return slices.DeleteFunc(s, func(v string) bool { return v == "" })
+}
+
+func riskWord(r string) string {
+	if r == "" {
+		return ""
+	}
+	return "risk " + r
+}
+
+func writeStatus(w io.Writer, st style, s *executor.Status) {
+	f := newFields(w)
+	rec, env := s.Record, s.Envelope
+	id, capID := "", ""
+	if rec != nil {
+		id, capID = rec.ExecutionID, rec.CapabilityID
+	}
+	if env != nil {
+		id, capID = env.ExecutionID, env.CapabilityID
+	}
+	f.add(st, "Execution", st.bold(id))
+	f.add(st, "Capability", capID)
+	switch {
+	case env != nil:
+		f.add(st, "Status", st.status(string(env.Status)))
+		if e := env.Error; e != nil {
+			line := string(e.Code) + ": " + e.Message
+			if e.Retryable {
+				line += st.dim(" (retryable)")
+			}
+			f.add(st, "Error", line)
+			if e.Stage != "" {
+				f.add(st, "Stage", e.Stage)
+			}
+		}
+		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
+		f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
+		f.add(st, "Finalized", stamp(st, env.FinalizedAt)+" by "+env.FinalizedBy)
+		if a := env.Approval; a != nil {
+			f.add(st, "Approval", a.ID+st.dim(" (expires "+ago(st.now, a.ExpiresAt)+")"))
+			f.add(st, "Reasons", strings.Join(a.Reasons, "; "))
+		}
+		if len(env.Output) > 0 {
+			if out, err := env.Output.MarshalJSON(); err == nil {
+				f.add(st, "Output", clip(string(out), 200))
+			}
+		}
+	case rec != nil:
+		state := string(rec.State)
+		if rec.Attempt > 0 {
+			state += " (attempt " + strconv.Itoa(rec.Attempt) + ")"
+		}
+		if rec.CancelRequested {
+			state += ", cancel requested"
+		}
+		f.add(st, "Status", st.status(string(rec.State))+strings.TrimPrefix(state, string(rec.State)))
+		f.add(st, "Last error", string(rec.LastError))
+	}
+	if rec != nil {
+		f.add(st, "Worker", rec.Worker)
+		if env == nil {
+			f.add(st, "Lease until", stamp(st, rec.LeaseUntil))
+			f.add(st, "Attempt start", stamp(st, rec.StartedAt))
+		}
+		f.add(st, "Created", stamp(st, rec.CreatedAt))
+		f.add(st, "Approval id", rec.ApprovalID)
+		f.add(st, "Cause", st.dim(rec.Cause))
+	}
+	f.flush()
+}
+
+func writeDiscovery(w io.Writer, st style, d *executor.Discovery) {
+	if len(d.Capabilities) == 0 {
+		fmt.Fprintf(w, "No capabilities visible on surface %s.\n", d.Surface)
+		return
+	}
+	t := newTable(w, st, "CAPABILITY", "SIDE EFFECT", "RISK", "RETRY", "APPROVAL", "POOL", "DESCRIPTION")
+	for _, c := range d.Capabilities {
+		retry := "-"
+		if c.RetryMaxAttempts > 0 {
+			retry = strconv.Itoa(c.RetryMaxAttempts)
+		}
+		approval := "-"
+		if c.RequiresApproval {
+			approval = "required"
+		}
+		risk := string(c.Risk)
+		if risk == "" {
+			risk = "-"
+		}
+		t.row(c.ID, string(c.SideEffect), risk, retry, approval, c.Pool, clip(c.Description, 70))
+	}
+	t.flush()
+	fmt.Fprintf(w, "%s on surface %s; digest %s\n", plural(len(d.Capabilities), "capability", "capabilities"),
+		d.Surface, st.dim(d.Digest))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}
+
+// auditLine writes one event on one line: time, type, actor, worker, and its
+// data as key=value, sorted. withExecution adds the execution and capability
+// (when following the stream, events of many executions interleave).
+func auditLine(w io.Writer, st style, ev *audit.Event, withExecution bool) error {
+	var b strings.Builder
+	b.WriteString(st.dim(ev.Timestamp.UTC().Format("2006-01-02 15:04:05.000Z")))
+	b.WriteString("  ")
+	if withExecution {
+		b.WriteString(ev.ExecutionID)
+		b.WriteString("  ")
+		b.WriteString(pad(ev.CapabilityID, 16))
+		b.WriteString("  ")
+	}
+	b.WriteString(st.status(ev.Type) + strings.Repeat(" ", max(0, 30-len(ev.Type))))
+	actor := ev.Actor.Kind + ":" + ev.Actor.ID
+	if ev.Actor.Kind == "" && ev.Actor.ID == "" {
+		actor = "-"
+	}
+	b.WriteString(pad(actor, 16))
+	if ev.Worker != "" {
+		b.WriteString("  " + st.dim("worker="+ev.Worker))
+	}
+	for _, k := range slices.Sorted(maps.Keys(ev.Data)) {
+		if v, ok := ev.Data[k].(string); ok && v == "" {
+			continue // nothing to say: a started event's approvalId without an approval
+		}
+		b.WriteString("  " + k + "=" + dataValue(ev.Data[k]))
+	}
+	_, err := io.WriteString(w, strings.TrimRight(b.String(), " ")+"\n")
+	return err
+}
+
+func pad(s string, n int) string {
+	if len(s) >= n {
+		return s
+	}
+	return s + strings.Repeat(" ", n-len(s))
+}
+
+// dataValue writes an event's data value compactly: strings as they are
+// (quoted when they hold spaces), anything else as JSON.
+func dataValue(v any) string {
+	if s, ok := v.(string); ok {
+		if strings.ContainsAny(s, " \t\n\"") || s == "" {
+			return strconv.Quote(s)
+		}
+		return s
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return clip(string(b), 120)
+}
+
+func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
+	switch {
+	case r.Error != "":
+		fmt.Fprintf(w, "%s: the cancel was not recorded\n", r.ExecutionID)
+	case r.Finalized:
+		fmt.Fprintf(w, "%s has ended: %s\n", r.ExecutionID, st.status(string(r.Status)))
+	default:
+		fmt.Fprintf(w, "%s: cancel recorded (it was %s); 'capstan await %s' shows its end\n", r.ExecutionID,
+			st.status(string(r.State)), r.ExecutionID)
+	}
+}

@@ -1,0 +1,104 @@
+package telemetry
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/broker"
+)
+
+// Watch adds the metrics read from the broker on a scrape: each pool's queue
+// (requests pending delivery, delivered but unacknowledged, age of the
+// oldest) and the approvals pending per capability. What was read is kept for
+// cacheFor (default 5 s) so that frequent scrapes, or many workers scraped at
+// once, do not each list the approvals bucket. The values are the broker's,
+// not the process's: every process that watches reports the same ones, so a
+// query combines them with max, never sum (as the dashboard does), or one
+// process per deployment watches.
+func (t *Telemetry) Watch(b *broker.Broker, cacheFor time.Duration) {
+	if cacheFor <= 0 {
+		cacheFor = 5 * time.Second
+	}
+	t.reg.MustRegister(&brokerCollector{b: b, approvals: approvals.NewStore(b, nil), cacheFor: cacheFor, caps: &t.caps})
+}
+
+var (
+	pendingDesc = prometheus.NewDesc("capstan_pool_pending_requests",
+		"Requests stored in the pool's queue and not yet delivered to a worker.", []string{"pool"}, nil)
+	unackedDesc = prometheus.NewDesc("capstan_pool_unacknowledged_requests",
+		"Requests delivered to the pool's workers and not yet acknowledged (running or buffered).", []string{"pool"}, nil)
+	oldestDesc = prometheus.NewDesc("capstan_pool_oldest_request_age_seconds",
+		"Age of the oldest request of the pool not yet acknowledged (0 when there is none).", []string{"pool"}, nil)
+	approvalsDesc = prometheus.NewDesc("capstan_approvals_pending",
+		"Approvals waiting for a decision, by capability.", []string{"capability"}, nil)
+)
+
+type brokerCollector struct {
+	b         *broker.Broker
+	approvals *approvals.Store
+	cacheFor  time.Duration
+	caps      *capabilities
+
+	mu       sync.Mutex
+	read     time.Time
+	backlogs []broker.Backlog
+	pending  map[string]int
+	errs     []error
+}
+
+func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pendingDesc
+	ch <- unackedDesc
+	ch <- oldestDesc
+	ch <- approvalsDesc
+}
+
+func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if now.Sub(c.read) >= c.cacheFor {
+		c.refresh()
+		c.read = time.Now()
+	}
+	for _, bl := range c.backlogs {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(bl.Pending), bl.Pool)
+		ch <- prometheus.MustNewConstMetric(unackedDesc, prometheus.GaugeValue, float64(bl.AckPending), bl.Pool)
+		age := 0.0
+		if !bl.Oldest.IsZero() {
+			age = max(now.Sub(bl.Oldest), 0).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, bl.Pool)
+	}
+	for capID, n := range c.pending {
+		ch <- prometheus.MustNewConstMetric(approvalsDesc, prometheus.GaugeValue, float64(n), capID)
+	}
+	for _, err := range c.errs {
+		ch <- prometheus.NewInvalidMetric(pendingDesc, err)
+	}
+}
+
+// refresh reads the backlogs and the pending approvals; what fails is left
+// out of the scrape and reported as its error.
+func (c *brokerCollector) refresh() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c.errs = c.errs[:0]
+	bl, err := c.b.Backlogs(ctx)
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+	c.backlogs = bl
+	list, err := c.approvals.List(ctx, approvals.Filter{Status: approvals.Pending})
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+	c.pending = map[string]int{}
+	for _, r := range list {
+		c.pending[c.caps.label(r.CapabilityID)]++
+	}
+}

@@ -1,0 +1,175 @@
+package telemetry_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/telemetry"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// A known workload through a real worker on embedded JetStream: the scrape
+// counts exactly what happened, per capability, pool, status and code.
+func TestMetrics_ScrapeCountsAKnownWorkload(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	b, err := broker.Provision(ctx, nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tel.Watch(b, time.Nanosecond)
+
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[:4]...)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	want := map[string]envelope.Status{}
+	call := func(capID string, input any, status envelope.Status) {
+		t.Helper()
+		e, err := c.Call(ctx, capID, input)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Status != status {
+			t.Fatalf("%s: %s %+v, want %s", capID, e.Status, e.Error, status)
+		}
+		want[e.ExecutionID] = status
+	}
+	for range 3 {
+		call("t.echo", echoIn{Hello: "x"}, envelope.StatusCompleted)
+	}
+	call("t.flaky", flakyIn{FailTimes: 1}, envelope.StatusCompleted)
+	call("t.fail", echoIn{}, envelope.StatusFailed)
+	call("t.approve", echoIn{Hello: "please"}, envelope.StatusApprovalRequired)
+	call("t.nobody", echoIn{}, envelope.StatusFailed)
+
+	// A pool no worker serves yet: two requests wait in its queue.
+	if _, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "idle", Capabilities: []string{"t.idle"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		publishRaw(t, b, "t.idle")
+	}
+	// Every delivery the worker took has ended once it stopped.
+	stop()
+
+	m := scrape(t, tel.Handler())
+	counts := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"capstan_executions_finalized_total", []string{"capability=t.echo", "pool=obs", "status=completed", "code="}, 3},
+		{"capstan_executions_finalized_total", []string{"capability=t.flaky", "pool=obs", "status=completed", "code="}, 1},
+		{"capstan_executions_finalized_total", []string{"capability=t.fail", "pool=obs", "status=failed", "code=EXECUTION_FAILED"}, 1},
+		{"capstan_executions_finalized_total", []string{"capability=t.approve", "pool=obs", "status=approval-required", "code="}, 1},
+		{"capstan_executions_finalized_total", []string{"capability=_unknown", "pool=obs", "status=failed", "code=CAPABILITY_NOT_FOUND"}, 1},
+		{"capstan_attempts_total", []string{"capability=t.echo", "pool=obs"}, 3},
+		{"capstan_attempts_total", []string{"capability=t.flaky", "pool=obs"}, 2},
+		{"capstan_attempts_total", []string{"capability=t.fail", "pool=obs"}, 1},
+		{"capstan_retries_total", []string{"capability=t.flaky", "pool=obs", "previous_code=EXECUTION_FAILED"}, 1},
+		{"capstan_handler_duration_seconds", []string{"capability=t.echo", "pool=obs"}, 3},
+		{"capstan_handler_duration_seconds", []string{"capability=t.flaky", "pool=obs"}, 2},
+		{"capstan_execution_duration_seconds", []string{"capability=t.echo", "pool=obs", "status=completed"}, 3},
+		{"capstan_queue_wait_seconds", []string{"capability=t.echo", "pool=obs"}, 3},
+		{"capstan_executions_in_flight", []string{"capability=t.echo", "pool=obs"}, 0},
+		{"capstan_client_requests_total", []string{"capability=t.echo", "outcome=completed"}, 3},
+		{"capstan_client_requests_total", []string{"capability=t.fail", "outcome=failed"}, 1},
+		{"capstan_client_requests_total", []string{"capability=t.approve", "outcome=approval-required"}, 1},
+		{"capstan_client_call_duration_seconds", []string{"capability=t.echo", "status=completed"}, 3},
+		{"capstan_approvals_pending", []string{"capability=t.approve"}, 1},
+		{"capstan_pool_pending_requests", []string{"pool=idle"}, 2},
+		{"capstan_pool_pending_requests", []string{"pool=obs"}, 0},
+		{"capstan_pool_unacknowledged_requests", []string{"pool=obs"}, 0},
+		{"capstan_pool_oldest_request_age_seconds", []string{"pool=obs"}, 0},
+		{"capstan_audit_publish_failures_total", nil, 0},
+	}
+	for _, c := range counts {
+		got, ok := value(m, c.name, c.labels...)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if got := sum(m, "capstan_executions_finalized_total"); got != float64(len(want)) {
+		t.Errorf("%v executions finalized in all, want %d", got, len(want))
+	}
+	if got := sum(m, "capstan_takeovers_total") + sum(m, "capstan_outcome_unknown_total"); got != 0 {
+		t.Errorf("%v takeovers and unknown outcomes, want none", got)
+	}
+	if age, ok := value(m, "capstan_pool_oldest_request_age_seconds", "pool=idle"); !ok || age <= 0 {
+		t.Errorf("oldest request of the idle pool %v s (present %v): want its age", age, ok)
+	}
+}
+
+// A worker lost during an attempt that may not be repeated: its successor
+// takes the execution over and finalizes OUTCOME_UNKNOWN, which the scrape
+// shows as a takeover from "running" and one unknown outcome.
+func TestMetrics_TakeoverAndOutcomeUnknownCounted(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	holding := make(chan struct{}, 1)
+	hold := capabilities(holding)[4]
+
+	lease := 2 * time.Second
+	leaving := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "leaving", Lease: lease,
+		Grace: 50 * time.Millisecond, Observer: tel}, hold)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	id, err := c.Submit(ctx, "t.hold", echoIn{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+	leaving() // gives the lease back: the execution is left running{1}
+	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel}, hold)
+	e, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Status != envelope.StatusFailed || e.Error.Code != envelope.CodeOutcomeUnknown {
+		t.Fatalf("envelope %s %+v, want failed OUTCOME_UNKNOWN", e.Status, e.Error)
+	}
+	staying() // its deliveries have ended: the counts are final
+
+	m := scrape(t, tel.Handler())
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"capstan_takeovers_total", []string{"capability=t.hold", "pool=obs", "from_state=running"}, 1},
+		{"capstan_outcome_unknown_total", []string{"capability=t.hold", "pool=obs"}, 1},
+		{"capstan_executions_finalized_total", []string{"capability=t.hold", "pool=obs", "status=failed", "code=OUTCOME_UNKNOWN"}, 1},
+		{"capstan_attempts_total", []string{"capability=t.hold", "pool=obs"}, 1},
+		{"capstan_client_requests_total", []string{"capability=t.hold", "outcome=submitted"}, 1},
+	} {
+		got, ok := value(m, c.name, c.labels...)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+}
+
+// publishRaw stores a request for capID straight on its subject, as a
+// producer whose catalog lists it would.
+func publishRaw(t *testing.T, b *broker.Broker, capID string) {
+	t.Helper()
+	id := envelope.NewExecutionID()
+	data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capID,
+		Actor: alice, Surface: "direct", SubmittedAt: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, capID))
+	m.Data = data
+	if _, err := b.JS.PublishMsg(ctxT(t), m, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+}

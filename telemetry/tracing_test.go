@@ -1,0 +1,127 @@
+package telemetry_test
+
+import (
+	"context"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/telemetry"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// One call yields one connected trace: the client's span is its only root,
+// and the worker's spans (queue wait, processing, claim, the attempt,
+// finalization) and a span the handler starts all descend from it. The
+// execution's audit events carry the trace's id.
+func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+
+	allow := executor.Policy{Name: "allow", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
+		return executor.Decision{Stance: executor.Allow}, nil
+	}}
+	traced := executor.Define("t.traced", executor.Meta{Description: "Starts a span of its own.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None, Policies: []executor.Policy{allow}},
+		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
+			_, span := tp.Tracer("handler").Start(ctx, "handler work")
+			span.End()
+			return c.Input, nil
+		})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, traced)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	e, err := c.Call(ctx, "t.traced", echoIn{Hello: "x"})
+	if err != nil || e.Status != envelope.StatusCompleted {
+		t.Fatalf("call: %v %+v", err, e)
+	}
+	stop() // every span of the delivery has ended
+
+	got := spans.GetSpans()
+	byID := map[trace.SpanID]tracetest.SpanStub{}
+	names := map[string]tracetest.SpanStub{}
+	for _, s := range got {
+		byID[s.SpanContext.SpanID()] = s
+		names[s.Name] = s
+	}
+	for _, name := range []string{"call t.traced", "queue wait", "process t.traced", "claim", "policies", "start", "attempt 1", "finalize", "handler work"} {
+		if _, ok := names[name]; !ok {
+			t.Errorf("no span %q among %d", name, len(got))
+		}
+	}
+	root := names["call t.traced"]
+	traceID := root.SpanContext.TraceID()
+	var roots int
+	for _, s := range got {
+		if s.SpanContext.TraceID() != traceID {
+			t.Errorf("span %q in trace %s, want %s", s.Name, s.SpanContext.TraceID(), traceID)
+		}
+		if !s.Parent.IsValid() {
+			roots++
+			continue
+		}
+		if _, ok := byID[s.Parent.SpanID()]; !ok {
+			t.Errorf("span %q has a parent that is not in the trace", s.Name)
+		}
+	}
+	if roots != 1 || root.Parent.IsValid() {
+		t.Errorf("%d roots, want the client's span only", roots)
+	}
+	// The chain from the handler's span up to the client's.
+	chain := []string{"handler work", "attempt 1", "process t.traced", "call t.traced"}
+	for i := 0; i+1 < len(chain); i++ {
+		if p := names[chain[i]].Parent.SpanID(); p != names[chain[i+1]].SpanContext.SpanID() {
+			t.Errorf("parent of %q is %q, want %q", chain[i], byID[p].Name, chain[i+1])
+		}
+	}
+	if p := names["queue wait"].Parent.SpanID(); p != root.SpanContext.SpanID() {
+		t.Errorf("queue wait's parent is %q, want the client's span", byID[p].Name)
+	}
+
+	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trail) == 0 {
+		t.Fatal("no audit trail")
+	}
+	for _, ev := range trail {
+		if ev.TraceID != traceID.String() {
+			t.Errorf("%s carries trace id %q, want %s", ev.Type, ev.TraceID, traceID)
+		}
+	}
+}
+
+// With no tracer provider set (tracing off), nothing is recorded, and a
+// traceparent the caller gave is carried as it is to the audit trail.
+func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	e, err := c.Call(ctx, "t.echo", echoIn{}, executor.WithTraceparent(tp))
+	if err != nil || e.Status != envelope.StatusCompleted {
+		t.Fatalf("call: %v %+v", err, e)
+	}
+	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range trail {
+		if ev.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
+			t.Errorf("%s carries trace id %q", ev.Type, ev.TraceID)
+		}
+	}
+}
