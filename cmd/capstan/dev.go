@@ -31,7 +31,7 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
-	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, sf.wait, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
@@ -112,7 +112,9 @@ func waitServing(ctx context.Context, catalog jetstream.KeyValue, done <-chan er
 			}
 			var ids []string
 			for id := range lister.Keys() {
-				ids = append(ids, id)
+				if !strings.HasPrefix(id, "_") { // a pool's liveness entry
+					ids = append(ids, id)
+				}
 			}
 			return ids, nil
 		}
