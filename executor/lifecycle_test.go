@@ -543,6 +543,23 @@ func TestStartDeadline_WithAuthentication(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkNotStarted(t, got)
+	// The sweeper removes the request it ended: workers may delete messages
+	// of the exec stream, and of no other stream.
+	ctx := ctxT(t)
+	for {
+		info, err := admin.Exec.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the exec stream still holds %d messages after the sweep", info.State.Msgs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	// test.lookup lapses once no live worker of the default pool renews it:
 	// routed to the pool while its entry lives, put back by the worker that
 	// lacks it, then ended CAPABILITY_NOT_FOUND.
