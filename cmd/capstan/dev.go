@@ -9,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/nats-io/nats.go"
@@ -16,9 +17,10 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--audit-max-age D] [--mcp HOST:PORT] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
 	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
 	mf := addMCPFlags(fs, "mcp-")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -79,13 +81,25 @@ func runDev(args []string) int {
 		natsFlag += " --creds " + sf.setup.CredsPath("NAME")
 		fmt.Printf("authentication: %s (principals: capstan auth list %s)\n", sf.auth, sf.auth)
 	}
+	consoleCfg := console.Config{Open: true, Conn: e.nc, Logger: log}
+	if sf.setup != nil {
+		// With authentication, principals sign in with their credentials.
+		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
+	}
+	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
+	if consoleURL != "" {
+		fmt.Printf("console: %s\n", consoleURL)
+	}
 	fmt.Printf("try:\n  capstan call demo.echo%s --input '{\"hello\":\"world\"}'\n", natsFlag)
 	if *mcpAddr != "" {
 		srv, token, err := startDevMCP(e.nc, *mcpAddr, mf, log)
 		if err != nil {
 			stop()
 			<-done
+			if consoleDone != nil {
+				<-consoleDone
+			}
 			return fail(exitFailed, "dev: mcp: %v", err)
 		}
 		defer func() { _ = srv.stop() }()
@@ -95,7 +109,12 @@ func runDev(args []string) int {
 		}
 	}
 
-	if err := <-done; err != nil {
+	err = <-done
+	if consoleDone != nil {
+		stop() // the worker has stopped: so does the console
+		<-consoleDone
+	}
+	if err != nil {
 		return fail(exitFailed, "dev: worker: %v", err)
 	}
 	return exitOK
