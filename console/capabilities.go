@@ -147,6 +147,10 @@ func readCatalog(ctx context.Context, b *broker.Broker) ([]executor.Descriptor, 
 	}
 	var ids []string
 	for k := range keys.Keys() {
+		if strings.HasPrefix(k, "_") {
+			// Reserved keys (a pool's liveness entry) are no capabilities.
+			continue
+		}
 		ids = append(ids, k)
 	}
 	var out []executor.Descriptor
