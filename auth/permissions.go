@@ -66,16 +66,23 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Worker:
 		grants := n.GrantsBucket()
+		deny := []string{
+			"$KV." + grants + ".>",
+			js("STREAM.CREATE." + kvStream(grants)),
+			js("STREAM.UPDATE.>"),
+			js("STREAM.DELETE.>"),
+			js("STREAM.PURGE.>"),
+		}
+		// A worker removes single messages from the exec stream only: the
+		// sweeper deletes the requests it ended NOT_STARTED. Deny wins over
+		// allow in NATS, so every other stream of capstan's is named.
+		for _, stream := range []string{n.AuditStream(), kvStream(grants), kvStream(n.ExecutionsBucket()),
+			kvStream(n.EnvelopesBucket()), kvStream(n.ApprovalsBucket()), kvStream(n.CatalogBucket()), kvStream(n.PoolsBucket())} {
+			deny = append(deny, js("STREAM.MSG.DELETE."+stream))
+		}
 		return Permissions{
-			PublishAllow: []string{">"},
-			PublishDeny: []string{
-				"$KV." + grants + ".>",
-				js("STREAM.CREATE." + kvStream(grants)),
-				js("STREAM.UPDATE.>"),
-				js("STREAM.DELETE.>"),
-				js("STREAM.PURGE.>"),
-				js("STREAM.MSG.DELETE.>"),
-			},
+			PublishAllow:   []string{">"},
+			PublishDeny:    deny,
 			SubscribeAllow: []string{">"},
 		}
 	default: // Admin

@@ -1,14 +1,18 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // DefaultURL is where capstan looks for NATS when nothing else is said.
@@ -84,6 +88,54 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// ConnectWait connects as Connect does, and while no server answers (none is
+// up yet, the cluster is still forming) tries again with a log line until one
+// does, ctx ends, or wait has passed (0: no bound). A process started before
+// its servers (a compose file, a rollout) waits for them instead of exiting.
+// A refusal (credentials, TLS) is returned at once.
+func ConnectWait(ctx context.Context, o ConnectOptions, wait time.Duration, log *slog.Logger) (*nats.Conn, error) {
+	start := time.Now()
+	for try := 0; ; try++ {
+		nc, err := Connect(o)
+		if err == nil {
+			if try > 0 {
+				log.Info("connected to NATS", "url", o.ResolveURL())
+			}
+			return nc, nil
+		}
+		if !Unreachable(err) {
+			return nil, err
+		}
+		if wait > 0 && time.Since(start) >= wait {
+			return nil, fmt.Errorf("%w (waited %v)", err, wait.Round(time.Second))
+		}
+		log.Warn("waiting for NATS: no server answers yet; retrying", "url", o.ResolveURL(), "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
+		}
+	}
+}
+
+// Unreachable reports whether err says that no server answered, or that the
+// cluster is not ready yet (no JetStream leader, no peers to place a
+// replica on), rather than that a server refused: waiting may help.
+func Unreachable(err error) bool {
+	var ne net.Error
+	var api *jetstream.APIError
+	if errors.As(err, &api) && (api.Code == 503 || api.ErrorCode == jsClusterNoPeers) {
+		return true
+	}
+	return errors.Is(err, nats.ErrNoServers) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.As(err, &ne)
+}
+
+// jsClusterNoPeers: "no suitable peers for placement", a cluster still forming.
+const jsClusterNoPeers = 10005
 
 // PrincipalFromCreds returns the capstan principal a credentials file names
 // (its user's name).

@@ -37,7 +37,9 @@ type Config struct {
 	// server knows the size of its cluster from its routes, and provisions R3
 	// resources even while some of its peers are still starting.
 	ClusterSize int
-	// RecordTTL keeps execution records, envelopes and approvals (default 7 days).
+	// RecordTTL keeps execution records, envelopes and approvals (default 7
+	// days). It is also the exec stream's MaxAge: a request never outlives
+	// the record of its execution (DESIGN §13).
 	RecordTTL time.Duration
 	// AuditMaxAge is the audit stream's retention. Unset, a new stream keeps
 	// events 30 days and an existing one keeps the retention it was given, so
@@ -47,7 +49,8 @@ type Config struct {
 	// full stream refuses new events instead of dropping old ones.
 	AuditMaxBytes   int64
 	AuditDiscardNew bool
-	// DedupWindow is the exec stream's duplicate window (default and minimum 2 min).
+	// DedupWindow is the exec stream's duplicate window (default and minimum 2
+	// min, at most RecordTTL).
 	DedupWindow time.Duration
 }
 
@@ -61,6 +64,8 @@ func (c Config) withDefaults() Config {
 	if c.DedupWindow < DefaultDedupWindow {
 		c.DedupWindow = DefaultDedupWindow
 	}
+	// JetStream keeps no duplicate window longer than the stream's MaxAge.
+	c.DedupWindow = min(c.DedupWindow, c.RecordTTL)
 	return c
 }
 
@@ -109,6 +114,10 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		Storage:    jetstream.FileStorage,
 		Duplicates: cfg.DedupWindow,
 		Discard:    jetstream.DiscardOld,
+		// A request older than the record TTL could find its execution's
+		// record expired and run again from scratch: JetStream drops it
+		// first, and the sweeper ends it before (DESIGN §13).
+		MaxAge: cfg.RecordTTL,
 	}, false)
 	if err != nil {
 		return nil, err
@@ -195,6 +204,15 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	if keepMaxAge {
 		want.MaxAge = have.MaxAge
 	}
+	if have.MaxAge == 0 && want.MaxAge > 0 && streamDiff(withMaxAge(have, want.MaxAge), want) == "" {
+		// A stream from an earlier version, which kept requests for ever:
+		// bounding their age only tightens it.
+		have.MaxAge = want.MaxAge
+		if s, err = js.UpdateStream(ctx, have); err != nil {
+			return nil, fmt.Errorf("capstan: stream %s: set MaxAge: %w", want.Name, err)
+		}
+		have = s.CachedInfo().Config
+	}
 	if diff := streamDiff(have, want); diff != "" {
 		return nil, fmt.Errorf("%w: stream %s: %s", ErrConfigConflict, want.Name, diff)
 	}
@@ -208,6 +226,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		}
 	}
 	return s, nil
+}
+
+func withMaxAge(c jetstream.StreamConfig, d time.Duration) jetstream.StreamConfig {
+	c.MaxAge = d
+	return c
 }
 
 // ensureBucket creates the bucket or checks the existing one, which is never

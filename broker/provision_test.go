@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -173,6 +174,30 @@ func TestProvision_DedupWindowNeverBelowTwoMinutes(t *testing.T) {
 	}
 }
 
+// An exec stream from a version that kept requests for ever is given the
+// record TTL as its MaxAge: a request never outlives its record (DESIGN §13).
+// Nothing else about it changes.
+func TestProvision_ExecStreamWithoutMaxAgeGetsTheRecordTTL(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := capstanExec(func(c *jetstream.StreamConfig) { c.MaxAge = 0 })
+	if err := stream(old)(testCtx(t), js); err != nil {
+		t.Fatal(err)
+	}
+	b := provision(t, nc, broker.Config{})
+	got := b.Exec.CachedInfo().Config
+	if got.MaxAge != broker.DefaultRecordTTL {
+		t.Fatalf("exec stream MaxAge %v, want the record TTL %v", got.MaxAge, broker.DefaultRecordTTL)
+	}
+	if got.Duplicates != old.Duplicates || got.Retention != old.Retention || !slices.Equal(got.Subjects, old.Subjects) {
+		t.Fatalf("exec stream changed beyond MaxAge: %+v", got)
+	}
+}
+
 // conflictCase pre-creates one resource with a config that differs from
 // capstan's in one field, and names what the error must say.
 type conflictCase struct {
@@ -204,6 +229,7 @@ func capstanExec(alter func(*jetstream.StreamConfig)) jetstream.StreamConfig {
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.FileStorage,
 		Duplicates: broker.DefaultDedupWindow,
+		MaxAge:     broker.DefaultRecordTTL,
 	}
 	alter(&c)
 	return c
@@ -419,7 +445,8 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 		field string
 		alter func(*broker.Config)
 	}{
-		{"TTL", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
+		// The record TTL is also the exec stream's MaxAge, checked first.
+		{"MaxAge", func(c *broker.Config) { c.RecordTTL = 2 * time.Hour }},
 		{"MaxAge", func(c *broker.Config) { c.AuditMaxAge = 72 * time.Hour }},
 		{"MaxBytes", func(c *broker.Config) { c.AuditMaxBytes = 0 }},
 		{"Discard", func(c *broker.Config) { c.AuditDiscardNew = false }},

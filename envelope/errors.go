@@ -27,6 +27,9 @@ const (
 	CodeOutcomeUnknown              Code = "OUTCOME_UNKNOWN"
 	CodeAuditUnavailable            Code = "AUDIT_UNAVAILABLE"
 	CodeInternalError               Code = "INTERNAL_ERROR"
+	// CodeNotStarted: no worker started the request by its start deadline; it
+	// never ran.
+	CodeNotStarted Code = "NOT_STARTED"
 	// CodeWorkerLost appears only as the previousErrorCode of a re-attempt after
 	// a takeover, never on an envelope.
 	CodeWorkerLost Code = "WORKER_LOST"

@@ -181,6 +181,9 @@ func (r Request) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if r.Deadline != nil {
 		f.Time("deadline", *r.Deadline)
 	}
+	if r.StartBy != nil {
+		f.Time("startBy", *r.StartBy)
+	}
 	f.String("approvalId", r.ApprovalID)
 	f.String("traceparent", r.Traceparent)
 	return f.Encode(enc)

@@ -35,8 +35,11 @@ type Request struct {
 	CorrelationID string     `json:"correlationId,omitempty"`
 	SubmittedAt   time.Time  `json:"submittedAt"`
 	Deadline      *time.Time `json:"deadline,omitempty"`
-	ApprovalID    string     `json:"approvalId,omitempty"`
-	Traceparent   string     `json:"traceparent,omitempty"`
+	// StartBy is when a worker must have started the request; past it, the
+	// request ends NOT_STARTED (DESIGN §13).
+	StartBy     *time.Time `json:"startBy,omitempty"`
+	ApprovalID  string     `json:"approvalId,omitempty"`
+	Traceparent string     `json:"traceparent,omitempty"`
 }
 
 // DecodeRequest decodes and checks an execution request. It never panics; every

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,18 @@ type Descriptor struct {
 	RetryMaxAttempts int            `json:"retryMaxAttempts,omitempty"`
 	RequiresApproval bool           `json:"requiresApproval,omitempty"`
 	InputSchema      map[string]any `json:"inputSchema,omitempty"`
+	// ExpiresAt is when the entry lapses unless a live worker of the pool
+	// renews it (DESIGN §13): every worker renews its capabilities' entries
+	// and its pool's own every third of the catalog TTL.
+	ExpiresAt time.Time `json:"expiresAt,omitzero"`
 }
+
+// poolKey is the catalog key of a pool's liveness entry: capability ids never
+// start with "_".
+func poolKey(pool string) string { return "_pool." + pool }
+
+// DefaultCatalogTTL is how long a catalog entry lasts without renewal.
+const DefaultCatalogTTL = 30 * time.Second
 
 func describe(b *binding, pool string) Descriptor {
 	m := b.meta
@@ -45,14 +57,29 @@ func describe(b *binding, pool string) Descriptor {
 // inputSchema is the JSON Schema of the capability's input type.
 func inputSchema(b *binding) map[string]any { return inputcheck.JSONSchema(b.inShape) }
 
-// publishCatalog writes this worker's capabilities, refusing to take over a
-// capability another pool serves.
-func (w *Worker) publishCatalog(ctx context.Context) error {
+// publishCatalog writes this worker's capabilities and its pool's liveness
+// entry, refusing to take over a capability another pool serves.
+func (w *Worker) publishCatalog(ctx context.Context) error { return w.writeCatalog(ctx, false) }
+
+// writeCatalog writes the worker's entries; renewing, it skips those another
+// worker of the pool renewed less than a third of the TTL ago, so that a pool
+// renews each entry about once a period, however many workers it has.
+func (w *Worker) writeCatalog(ctx context.Context, renewing bool) error {
+	now := time.Now().UTC()
+	expires := now.Add(w.cfg.CatalogTTL)
+	fresh := func(id string) bool {
+		have, ok := w.cat.get(id)
+		return renewing && ok && have.Pool == w.cfg.Pool && have.ExpiresAt.After(now.Add(w.cfg.CatalogTTL*2/3))
+	}
 	for _, id := range w.reg.ids {
+		if fresh(id) {
+			continue
+		}
 		d := describe(w.reg.get(id), w.cfg.Pool)
+		d.ExpiresAt = expires
 		have, _, err := broker.Load[Descriptor](ctx, w.b.Catalog, id)
 		switch {
-		case err == nil && have.Pool != w.cfg.Pool:
+		case err == nil && have.Pool != w.cfg.Pool && w.cat.listed(id):
 			return fmt.Errorf("%w: capability %s is served by pool %q; this worker is in pool %q",
 				broker.ErrConfigConflict, id, have.Pool, w.cfg.Pool)
 		case err != nil && !errors.Is(err, broker.ErrNotFound):
@@ -68,7 +95,50 @@ func (w *Worker) publishCatalog(ctx context.Context) error {
 		// The watcher will see the write too; the worker must not wait for it.
 		w.cat.set(d)
 	}
+	if fresh(poolKey(w.cfg.Pool)) {
+		return nil
+	}
+	return w.heartbeat(ctx, expires)
+}
+
+// heartbeat writes the pool's liveness entry.
+func (w *Worker) heartbeat(ctx context.Context, expires time.Time) error {
+	d := Descriptor{V: envelope.Version, ID: poolKey(w.cfg.Pool), Pool: w.cfg.Pool, ExpiresAt: expires}
+	b, err := envelope.Marshal(&d)
+	if err != nil {
+		return err
+	}
+	if _, err := w.b.Catalog.Put(ctx, d.ID, b); err != nil {
+		return fmt.Errorf("capstan: write catalog: %w", err)
+	}
+	w.cat.set(d)
 	return nil
+}
+
+// renewCatalog renews the worker's catalog entries every third of the
+// catalog TTL until ctx ends: a capability no live worker serves lapses.
+func (w *Worker) renewCatalog(ctx context.Context) {
+	t := time.NewTicker(w.cfg.CatalogTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		putCtx, cancel := context.WithTimeout(ctx, w.cfg.CatalogTTL/3)
+		if err := w.writeCatalog(putCtx, true); err != nil && ctx.Err() == nil {
+			w.log.Warn("catalog not renewed", "err", err)
+		}
+		cancel()
+	}
+}
+
+func (c *catalog) get(id string) (Descriptor, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	d, ok := c.entries[id]
+	return d, ok
 }
 
 func (c *catalog) set(d Descriptor) {
@@ -125,19 +195,39 @@ func watchCatalog(ctx context.Context, b *broker.Broker) (*catalog, error) {
 	}
 }
 
-func (c *catalog) lookup(id string) (Descriptor, bool) {
+// listed reports whether a capability is to be routed to its pool: its entry
+// is live, or its whole pool is down (no live worker renews the pool's
+// entry), in which case requests wait for the pool until their start
+// deadline. An entry that lapsed while its pool lives is a capability the
+// pool no longer serves: CAPABILITY_NOT_FOUND.
+func (c *catalog) listed(id string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	d, ok := c.entries[id]
-	return d, ok
+	return c.listedLocked(id, time.Now())
 }
 
+func (c *catalog) listedLocked(id string, now time.Time) bool {
+	d, ok := c.entries[id]
+	if !ok || strings.HasPrefix(id, "_") {
+		return false
+	}
+	if now.Before(d.ExpiresAt) {
+		return true
+	}
+	pool, ok := c.entries[poolKey(d.Pool)]
+	return !ok || !now.Before(pool.ExpiresAt)
+}
+
+// all returns the listed capabilities.
 func (c *catalog) all() []Descriptor {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
+	now := time.Now()
 	out := make([]Descriptor, 0, len(c.entries))
-	for _, d := range c.entries {
-		out = append(out, d)
+	for id, d := range c.entries {
+		if c.listedLocked(id, now) {
+			out = append(out, d)
+		}
 	}
 	return out
 }
@@ -148,12 +238,12 @@ func sortDescriptors(d []Descriptor) {
 	sort.Slice(d, func(i, j int) bool { return d[i].ID < d[j].ID })
 }
 
-// listed reports whether the catalog lists id (some pool serves it): a
-// request for one it does not list goes to _unrouted.
+// listed reports whether the catalog lists id (some pool serves it, or its
+// pool is down; see catalog.listed): a request for one it does not list goes
+// to _unrouted.
 func (c *Client) listed(id string) bool {
 	if c.cat != nil {
-		_, ok := c.cat.lookup(id)
-		return ok
+		return c.cat.listed(id)
 	}
 	return c.probe.listed(id)
 }
@@ -180,11 +270,18 @@ func (p *catalogProbe) listed(id string) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := p.kv.Get(ctx, id); err != nil {
+	d, _, err := broker.Load[Descriptor](ctx, p.kv, id)
+	if err != nil {
 		return false // absent, or unknown: _unrouted, where a worker decides
 	}
+	now := time.Now()
+	if !now.Before(d.ExpiresAt) {
+		// Lapsed: listed only while its whole pool is down (catalog.listed).
+		pool, _, err := broker.Load[Descriptor](ctx, p.kv, poolKey(d.Pool))
+		return err != nil || !now.Before(pool.ExpiresAt)
+	}
 	p.mu.Lock()
-	p.seen[id] = time.Now()
+	p.seen[id] = now
 	p.mu.Unlock()
 	return true
 }

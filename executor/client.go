@@ -30,7 +30,13 @@ type ClientConfig struct {
 	// Observer is told of every request the client submits, for metrics and
 	// traces (see package telemetry). Default: nothing is observed.
 	Observer observe.Client
+	// StartWithin is how long a request may wait for a worker to start it
+	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin.
+	StartWithin time.Duration
 }
+
+// DefaultStartWithin is how long a request waits to be started by default.
+const DefaultStartWithin = 24 * time.Hour
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
@@ -158,6 +164,12 @@ func WithDeadline(t time.Time) CallOption {
 	return func(r *envelope.Request) { t := t.UTC(); r.Deadline = &t }
 }
 
+// StartWithin sets how long this request may wait for a worker to start it
+// (default the client's StartWithin); past it, it ends NOT_STARTED.
+func StartWithin(d time.Duration) CallOption {
+	return func(r *envelope.Request) { t := r.SubmittedAt.Add(d).UTC(); r.StartBy = &t }
+}
+
 // WithApproval resumes an approved call (used by Resume).
 func WithApproval(id string) CallOption { return func(r *envelope.Request) { r.ApprovalID = id } }
 
@@ -174,6 +186,7 @@ func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (
 		V: envelope.Version, CapabilityID: capabilityID, Input: raw, Actor: c.cfg.Actor,
 		Surface: string(c.cfg.Surface), SubmittedAt: time.Now().UTC(),
 	}
+	c.defaultStartBy(r)
 	for _, o := range opts {
 		o(r)
 	}
@@ -189,6 +202,16 @@ func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (
 			ExposeToModel: true, Message: "No such capability.", Cause: fmt.Errorf("%w: %v", ErrInvalidCapability, err)}
 	}
 	return r, nil
+}
+
+// defaultStartBy sets the client's start deadline; StartWithin overrides it.
+func (c *Client) defaultStartBy(r *envelope.Request) {
+	d := c.cfg.StartWithin
+	if d <= 0 {
+		d = DefaultStartWithin
+	}
+	t := r.SubmittedAt.Add(d).UTC()
+	r.StartBy = &t
 }
 
 func toRaw(input any) (envelope.Raw, error) {

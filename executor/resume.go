@@ -88,6 +88,7 @@ func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts [
 		return "", fmt.Errorf("capstan: approval id: %w", err)
 	}
 	r := &envelope.Request{V: envelope.Version, ApprovalID: approvalID, SubmittedAt: time.Now().UTC()}
+	c.defaultStartBy(r)
 	for _, o := range opts {
 		o(r)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -54,6 +55,18 @@ type WorkerConfig struct {
 	// Observer is told what the worker does, for metrics and traces (see
 	// package telemetry). Default: nothing is observed.
 	Observer observe.Worker
+	// CatalogTTL is how long the worker's catalog entries last unless renewed;
+	// it renews them every third of it. Default DefaultCatalogTTL.
+	CatalogTTL time.Duration
+	// StartupWait bounds how long Run waits for the cluster to be reachable
+	// and ready (provisioning, consumers, catalog), retrying with a log line.
+	// Default 0: no bound, the worker waits until its context ends.
+	StartupWait time.Duration
+	// SweepInterval is how often the worker holding the sweeping lease ends
+	// the requests no worker started by their deadline (DESIGN §13). Default
+	// 30 s, shorter when the record TTL is short; negative: this worker never
+	// sweeps.
+	SweepInterval time.Duration
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -78,6 +91,9 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 	}
 	if c.RolloutDelay <= 0 {
 		c.RolloutDelay = 5 * time.Second
+	}
+	if c.CatalogTTL <= 0 {
+		c.CatalogTTL = DefaultCatalogTTL
 	}
 	if c.PolicyTimeout <= 0 {
 		c.PolicyTimeout = DefaultPolicyTimeout
@@ -105,6 +121,9 @@ type WorkerStats struct {
 	TakenOver uint64
 	// Duplicates counts deliveries of already finalized executions.
 	Duplicates uint64
+	// NotStarted counts deliveries this worker ended NOT_STARTED; Swept the
+	// requests its sweeper ended.
+	NotStarted, Swept uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
 }
@@ -147,7 +166,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
-		Listed:        func(id string) bool { _, ok := w.cat.lookup(id); return ok },
+		Listed:        func(id string) bool { return w.cat.listed(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
@@ -161,7 +180,7 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted, Swept: r.Swept}
 	if w.audit != nil {
 		s.AuditFailed = w.audit.Failed()
 	}
@@ -182,37 +201,53 @@ func (w *Worker) lookup(id string) delivery.Capability {
 // fetching, lets in-flight executions finish within the grace period, abandons
 // the rest to a takeover, and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	b, err := broker.Provision(setupCtx, w.nc, w.cfg.Broker)
-	if err != nil {
+	// Every step of the start waits for the cluster (DESIGN §13).
+	var deadline time.Time
+	if w.cfg.StartupWait > 0 {
+		deadline = time.Now().Add(w.cfg.StartupWait)
+	}
+	ready := func(what string, step func(ctx context.Context) error) error {
+		return w.untilReady(ctx, what, deadline, step)
+	}
+	var b *broker.Broker
+	if err := ready("provision", func(c context.Context) (err error) {
+		b, err = broker.Provision(c, w.nc, w.cfg.Broker)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	w.b = b
-	w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
-	if err != nil {
+	if err := ready("read grants", func(c context.Context) (err error) {
+		w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	defer w.grants.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
-	w.cat, err = watchCatalog(w.run.Context(), b)
-	if err != nil {
+	if err := ready("watch catalog", func(context.Context) (err error) {
+		w.cat, err = watchCatalog(w.run.Context(), b)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	defer w.cat.stop()
 	ackWait := w.cfg.Lease
-	pool, err := b.EnsurePool(setupCtx, broker.PoolConfig{
-		Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
-	})
-	if err != nil {
+	var pool, unrouted jetstream.Consumer
+	if err := ready("create consumers", func(c context.Context) (err error) {
+		pool, err = b.EnsurePool(c, broker.PoolConfig{
+			Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
+		})
+		if err != nil {
+			return err
+		}
+		unrouted, err = b.EnsureUnrouted(c, 1000, ackWait)
 		return err
-	}
-	unrouted, err := b.EnsureUnrouted(setupCtx, 1000, ackWait)
-	if err != nil {
-		return err
+	}); err != nil {
+		return startErr(ctx, err)
 	}
 	subs, err := w.serveControl()
 	if err != nil {
@@ -225,10 +260,20 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	// Listed last: once the catalog names a capability, its consumer exists
 	// and cancel and describe are served.
-	if err := w.publishCatalog(setupCtx); err != nil {
-		return err
+	if err := ready("publish catalog", w.publishCatalog); err != nil {
+		return startErr(ctx, err)
 	}
 	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); w.renewCatalog(renewCtx) }()
+	defer func() { stopRenew(); <-renewed }()
+	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
+		sweepCtx, stopSweep := context.WithCancel(ctx)
+		swept := make(chan struct{})
+		go func() { defer close(swept); w.run.Sweep(sweepCtx, every) }()
+		defer func() { stopSweep(); <-swept }()
+	}
 
 	if err := w.run.Serve(ctx, pool, unrouted, w.cfg.Concurrency, w.cfg.Grace); err != nil {
 		return err
@@ -238,6 +283,50 @@ func (w *Worker) Run(ctx context.Context) error {
 	_ = w.audit.Flush(flushCtx)
 	w.log.Info("worker stopped")
 	return nil
+}
+
+// sweepInterval is how often the sweeper runs: often enough to end requests
+// well before JetStream drops them at the record TTL.
+func sweepInterval(configured, ttl time.Duration) time.Duration {
+	if configured != 0 {
+		return configured
+	}
+	return min(30*time.Second, ttl/30)
+}
+
+// untilReady runs one step of the start until it succeeds, trying again with
+// a log line while the cluster is not reachable or not ready, until ctx ends
+// or deadline (zero: none) passes. Any other error is returned at once.
+func (w *Worker) untilReady(ctx context.Context, what string, deadline time.Time, step func(ctx context.Context) error) error {
+	for try := 0; ; try++ {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := step(sctx)
+		cancel()
+		if err == nil {
+			if try > 0 {
+				w.log.Info("cluster ready", "step", what)
+			}
+			return nil
+		}
+		if ctx.Err() != nil || !broker.Unreachable(err) || (!deadline.IsZero() && time.Now().After(deadline)) {
+			return err
+		}
+		w.log.Warn("waiting for the cluster: "+what+" failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
+		}
+	}
+}
+
+// startErr is Run's answer to a start that did not complete: nil when ctx
+// ended meanwhile (the worker was stopped while it waited).
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // poolMaxAckPending bounds the pool's unacknowledged deliveries. The limit is

@@ -149,7 +149,7 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 		}
 		opts.ConfigFile = setup.ServerConfigPath()
 	}
-	e, err := startEmbedded(ctx, opts, broker.Config{}, setup, newLogger(slog.LevelWarn))
+	e, err := startEmbedded(ctx, opts, broker.Config{}, setup, 0, newLogger(slog.LevelWarn))
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, nil, err

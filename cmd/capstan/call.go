@@ -21,6 +21,7 @@ const submitTimeout = 10 * time.Second
 // requestFlags shape one request; call and submit share them.
 type requestFlags struct {
 	input, actor, surface, id string
+	startWithin               time.Duration
 }
 
 func addRequestFlags(fs *flag.FlagSet) *requestFlags {
@@ -29,6 +30,7 @@ func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	fs.StringVar(&r.actor, "actor", "", "who the call runs for, as kind:id (default user:<principal> with --creds, else user:$USER)")
 	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
 	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
+	fs.DurationVar(&r.startWithin, "start-within", executor.DefaultStartWithin, "how long the request may wait for a worker to start it; past it, it ends NOT_STARTED")
 	return r
 }
 
@@ -86,10 +88,14 @@ func (r *requestFlags) parse(creds string) (request, error) {
 	if err := envelope.ValidExecutionID(execID); err != nil {
 		return request{}, fmt.Errorf("--id: %v", err)
 	}
+	if r.startWithin <= 0 {
+		return request{}, errors.New("--start-within must be positive")
+	}
 	return request{
-		client: executor.ClientConfig{Surface: executor.Surface(r.surface), Actor: envelope.Actor{Kind: kind, ID: id}},
-		input:  in,
-		id:     execID,
+		client: executor.ClientConfig{Surface: executor.Surface(r.surface), Actor: envelope.Actor{Kind: kind, ID: id},
+			StartWithin: r.startWithin},
+		input: in,
+		id:    execID,
 	}, nil
 }
 
@@ -114,7 +120,7 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--wait D]")
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D]")
 	conn := addConnFlags(fs)
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
@@ -154,7 +160,7 @@ func runCall(args []string) int {
 }
 
 func runSubmit(args []string) int {
-	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID]")
+	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D]")
 	conn := addConnFlags(fs)
 	rf := addRequestFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)

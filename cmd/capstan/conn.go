@@ -26,10 +26,14 @@ func addConnFlags(fs *flag.FlagSet) *connFlags {
 }
 
 func (c *connFlags) connect(name string) (*nats.Conn, error) {
-	return broker.Connect(broker.ConnectOptions{
+	return broker.Connect(c.options(name))
+}
+
+func (c *connFlags) options(name string) broker.ConnectOptions {
+	return broker.ConnectOptions{
 		URL: c.url, Creds: c.creds, TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey,
 		Name: "capstan " + name, Timeout: 5 * time.Second,
-	})
+	}
 }
 
 // mayPublish refuses at once, naming the missing right, what the server

@@ -9,13 +9,20 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/mcpbridge"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
+	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
+	mf := addMCPFlags(fs, "mcp-")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -29,7 +36,7 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
-	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, sf.wait, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
@@ -74,13 +81,65 @@ func runDev(args []string) int {
 		natsFlag += " --creds " + sf.setup.CredsPath("NAME")
 		fmt.Printf("authentication: %s (principals: capstan auth list %s)\n", sf.auth, sf.auth)
 	}
+	consoleCfg := console.Config{Open: true, Conn: e.nc, Logger: log}
+	if sf.setup != nil {
+		// With authentication, principals sign in with their credentials.
+		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
+	}
+	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
+	if consoleURL != "" {
+		fmt.Printf("console: %s\n", consoleURL)
+	}
 	fmt.Printf("try:\n  capstan call demo.echo%s --input '{\"hello\":\"world\"}'\n", natsFlag)
+	if *mcpAddr != "" {
+		srv, token, err := startDevMCP(e.nc, *mcpAddr, mf, log)
+		if err != nil {
+			stop()
+			<-done
+			if consoleDone != nil {
+				<-consoleDone
+			}
+			return fail(exitFailed, "dev: mcp: %v", err)
+		}
+		defer func() { _ = srv.stop() }()
+		fmt.Printf("MCP (streamable HTTP) on %s\n", srv.url)
+		if token != "" {
+			fmt.Printf("  bearer token for %s: %s\n", defaultActor(""), token)
+		}
+	}
 
-	if err := <-done; err != nil {
+	err = <-done
+	if consoleDone != nil {
+		stop() // the worker has stopped: so does the console
+		<-consoleDone
+	}
+	if err != nil {
 		return fail(exitFailed, "dev: worker: %v", err)
 	}
 	return exitOK
+}
+
+// startDevMCP serves the bridge for dev: with the tokens of --mcp-tokens, or
+// else one new token for the default actor, returned to be printed.
+func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*mcpServer, string, error) {
+	var tokens *mcpbridge.Tokens
+	var token string
+	var err error
+	if mf.tokens != "" {
+		tokens, err = mf.readTokens()
+	} else {
+		var a envelope.Actor
+		if a, err = parseActor(defaultActor("")); err == nil {
+			token = newToken()
+			tokens, err = mcpbridge.NewTokens(map[string]envelope.Actor{token: a})
+		}
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	srv, err := startMCPHTTP(nc, addr, tokens, mf, log)
+	return srv, token, err
 }
 
 // waitServing waits until the catalog lists demo.echo, which the worker writes
@@ -96,7 +155,9 @@ func waitServing(ctx context.Context, catalog jetstream.KeyValue, done <-chan er
 			}
 			var ids []string
 			for id := range lister.Keys() {
-				ids = append(ids, id)
+				if !strings.HasPrefix(id, "_") { // a pool's liveness entry
+					ids = append(ids, id)
+				}
 			}
 			return ids, nil
 		}

@@ -34,6 +34,8 @@ var commands = []command{
 	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
 	{"approvals", "list, show, approve and reject approvals", runApprovals},
 	{"resume", "run an approved call as a new execution and await it", runResume},
+	{"mcp", "serve the capabilities as MCP tools, over stdio or streamable HTTP", runMCP},
+	{"console", "the web console: approvals inbox, executions and their trails, capabilities", runConsole},
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
 	{"auth", "create principals, their credentials and the server's configuration", runAuth},
 	{"admin", "operate a deployment: 'admin replicas [N]' shows or changes replica counts", runAdmin},

@@ -173,7 +173,7 @@ func startDev(t *testing.T) (*daemon, string) {
 	t.Helper()
 	port := freePort(t)
 	d := startDaemon(t, "capstan call demo.echo", nil,
-		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
+		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "127.0.0.1:0", "--grace", "5s")
 	return d, fmt.Sprintf("nats://127.0.0.1:%d", port)
 }
 

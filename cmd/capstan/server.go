@@ -31,6 +31,8 @@ type serverFlags struct {
 	auth          string
 	insecure      bool
 	setup         *auth.Setup
+	// wait bounds how long the start waits for the cluster (0: no bound).
+	wait time.Duration
 }
 
 func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
@@ -39,6 +41,7 @@ func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
 	fs.StringVar(&f.auth, "auth", "", "credentials `directory` made by 'capstan auth init': every client then needs --creds")
 	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything)")
+	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the cluster to form and provisioning to succeed, retrying with a log line (0: until stopped)")
 	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	return f
 }
@@ -119,8 +122,10 @@ type embedded struct {
 }
 
 // startEmbedded starts the server and provisions the resources, retrying
-// until ctx ends: a clustered node can provision only once its peers are up.
-func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Config, setup *auth.Setup, log *slog.Logger) (*embedded, error) {
+// until ctx ends or wait (0: no bound) passes: a clustered node can
+// provision only once its peers are up.
+func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Config, setup *auth.Setup, wait time.Duration, log *slog.Logger) (*embedded, error) {
+	start := time.Now()
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
 	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
@@ -152,11 +157,11 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		if err == nil {
 			return e, nil
 		}
-		if errors.Is(err, broker.ErrConfigConflict) || ctx.Err() != nil {
+		if errors.Is(err, broker.ErrConfigConflict) || ctx.Err() != nil || (wait > 0 && time.Since(start) > wait) {
 			e.stop()
 			return nil, err
 		}
-		log.Warn("provisioning failed; retrying", "err", err)
+		log.Warn("waiting for the cluster: provisioning failed; retrying", "err", err)
 		select {
 		case <-ctx.Done():
 			e.stop()
@@ -219,7 +224,7 @@ func runServer(args []string) int {
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, log)
+	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, sf.wait, log)
 	if err != nil {
 		return fail(exitFailed, "server: %v", err)
 	}

@@ -10,14 +10,9 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 )
 
-// byID runs a command whose one argument is an execution id: it parses the
-// flags, checks the id, opens a client and gives act a bounded context.
-// Its output flags (-o json) are given to act.
-func byID(name string, args []string, act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
-	return byIDWith(name, args, nil, act)
-}
-
-// byIDWith is byID with flags of the command's own.
+// byIDWith runs a command whose one argument is an execution id: it parses
+// the command's flags (flags adds its own), checks the id, opens a client and
+// gives act a bounded context and the output flags (-o json).
 func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
 	fs := newFlags(name, "ID [-o json]")
 	conn := addConnFlags(fs)

@@ -25,6 +25,9 @@ type workerFlags struct {
 	strictAudit bool
 	id          string
 	replicas    int
+	sweepEvery  time.Duration
+	// wait bounds how long a worker's start waits for the cluster (0: no bound).
+	wait time.Duration
 	// capabilities, comma-separated, is the part of the demo catalog served
 	// (worker only); empty serves it all.
 	capabilities string
@@ -43,6 +46,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.BoolVar(&f.strictAudit, "strict-audit", false, "fail an execution whose capability.started event is not stored")
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
+	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
@@ -72,7 +76,8 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
 		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
-		Observer: f.observer,
+		Observer:    f.observer,
+		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	})
 }
 
@@ -81,25 +86,49 @@ func runWorker(args []string) int {
 	conn := addConnFlags(fs)
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all)")
+	fs.DurationVar(&wf.wait, "wait", 0, "how long to wait for the servers to be reachable and the cluster ready, retrying with a log line (0: until stopped)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
 	log := newLogger(slog.LevelInfo)
-	nc, err := conn.connect("worker")
+	ctx, stop := signalContext()
+	defer stop()
+	start := time.Now()
+	nc, err := broker.ConnectWait(ctx, conn.options("worker"), wf.wait, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return exitOK
+		}
 		return usageError("%v", err)
 	}
 	defer nc.Close()
-	ctx, stop := signalContext()
-	defer stop()
 
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	js, err := demo.Provision(pctx, nc, wf.replicas)
-	cancel()
-	if err != nil {
-		return usageError("%v", err)
+	var js jetstream.JetStream
+	for try := 0; ; try++ {
+		pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		js, err = demo.Provision(pctx, nc, wf.replicas)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		if !broker.Unreachable(err) || (wf.wait > 0 && time.Since(start) > wf.wait) {
+			return usageError("%v", err)
+		}
+		log.Warn("waiting for the cluster: demo provisioning failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(time.Second):
+		}
 	}
-	pctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	if wf.wait > 0 {
+		// What is left of the bound applies to the worker's own start.
+		wf.wait = max(wf.wait-time.Since(start), time.Millisecond)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b, err := broker.Provision(pctx, nc, broker.Config{Replicas: wf.replicas})
 	cancel()
 	if err != nil {

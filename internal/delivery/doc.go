@@ -16,9 +16,14 @@
 //   - finalize.go: finalize is stage 14: the terminal audit event, the one
 //     create-only envelope, the record, then the acknowledgement.
 //
-// execution.go holds the execution's record and its compare-and-swap, and the
-// lease; cancel.go records a caller's cancel on the record, which decide and
-// the lease keeper read.
+// execution.go holds the execution's record and its compare-and-swap (owned
+// by the claim's random token), and the lease, whose loss ends the handler's
+// context; cancel.go records a caller's cancel on the record, which decide
+// and the lease keeper read.
+//
+// Every request ends (DESIGN §13): deadline.go is the start deadline a
+// delivery is compared with, and sweep.go the sweeper, a duty one worker holds
+// at a time, which ends the requests no worker is given.
 //
 // capability.go is the seam with the public executor package, which gives
 // each request its Capability: the stages a capability's definition decides

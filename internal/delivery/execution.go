@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/observe"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -41,6 +42,13 @@ type Execution struct {
 	mu  sync.Mutex // guards rec and rev: the lease keeper and the pipeline both CAS
 	rec *Record
 	rev uint64
+	// claim is this delivery's claim token: the record is this execution's
+	// while it carries it.
+	claim string
+	// leaseEnd fires when the lease last written runs out unrenewed (the
+	// store stopped answering): the execution's context ends, so that the
+	// handler stops before another worker may take over.
+	leaseEnd *time.Timer
 
 	start     time.Time
 	inputHash string
@@ -55,7 +63,7 @@ type Execution struct {
 
 func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
 	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(), principal: broker.Anonymous,
-		done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
+		claim: uuid.NewString(), done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
 	if msg != nil {
 		if p, capID, ok := w.b.Names.ParseExecSubject(msg.Subject()); ok {
 			x.principal = p
@@ -174,7 +182,8 @@ func (x *Execution) Update(change func(r *Record)) error { return x.update(chang
 
 // update applies change to the record with a CAS on its revision. On a lost
 // CAS (or any error, which may hide a write that happened) it re-reads: if the
-// record is still ours it applies change again; if another worker owns it, or
+// record still carries this claim it applies change again; if another claim
+// owns it (another worker, or a process sharing this worker's id), or
 // it is finalized, it returns errLost; a cancel request set meanwhile is
 // applied and reported as errCancelRequested. When the store does not answer
 // for a while it returns errUnsettled.
@@ -199,12 +208,19 @@ func (x *Execution) update(change func(r *Record)) error {
 		cancel()
 		if err == nil {
 			x.rec, x.rev = &next, rev
+			if x.leaseEnd != nil {
+				x.leaseEnd.Reset(time.Until(next.LeaseUntil))
+			}
 			if next.CancelRequested {
 				return errCancelRequested
 			}
 			return nil
 		}
 		last = err
+		if errors.Is(context.Cause(x.ctx), errLeaseLost) {
+			// The lease ran out unrenewed: another worker may own it now.
+			return errLost
+		}
 		ctx, cancel = x.casCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.key)
 		cancel()
@@ -213,7 +229,7 @@ func (x *Execution) update(change func(r *Record)) error {
 			time.Sleep(broker.Backoff(try))
 			continue
 		}
-		if cur.Worker != x.w.cfg.ID || cur.State == StateFinalized {
+		if cur.Claim != x.claim || cur.State == StateFinalized {
 			x.rec, x.rev = cur, curRev
 			return errLost
 		}
@@ -238,8 +254,20 @@ func (w *Runner) storeGivesUp(start time.Time, try int) bool {
 	return try >= 20 && time.Since(start) > storeOutage
 }
 
-// startRenewing starts keepLease.
+// startRenewing starts keepLease, and arms the lease's end: a lease that
+// runs out unrenewed (a worker cut off from the store) ends the execution's
+// context with errLeaseLost, which the handler sees as ctx.Done().
 func (x *Execution) startRenewing() {
+	if !x.w.cfg.DisableLeaseRenewal {
+		x.mu.Lock()
+		if x.leaseEnd == nil {
+			x.leaseEnd = time.AfterFunc(time.Until(x.rec.LeaseUntil), func() {
+				x.w.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", x.req.ExecutionID)
+				x.cancel(errLeaseLost)
+			})
+		}
+		x.mu.Unlock()
+	}
 	x.renewing.Add(1)
 	go func() {
 		defer x.renewing.Done()
@@ -250,7 +278,16 @@ func (x *Execution) startRenewing() {
 // stopLease ends the lease renewal and waits until no renewal is in flight.
 func (x *Execution) stopLease() {
 	x.stopOnce.Do(func() { close(x.stopRenewing) })
+	x.stopLeaseEnd()
 	x.renewing.Wait()
+}
+
+func (x *Execution) stopLeaseEnd() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.leaseEnd != nil {
+		x.leaseEnd.Stop()
+	}
 }
 
 // keepLease renews the lease and the delivery every third of the lease until

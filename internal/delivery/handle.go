@@ -28,6 +28,9 @@ func (w *Runner) handle(msg jetstream.Msg) {
 		nak(msg, w.cfg.Lease)
 		return
 	}
+	if w.endedUnstarted(msg, principal, req) {
+		return
+	}
 	c := w.cfg.Capability(req.CapabilityID)
 	missing := ""
 	if c == nil {
@@ -71,6 +74,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 func (x *Execution) finish() {
 	x.obs.End()
 	close(x.done)
+	x.stopLeaseEnd()
 	x.stopDeadline()
 	x.cancel(nil)
 }
@@ -83,7 +87,7 @@ func (x *Execution) claimAndRun() {
 	now := time.Now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
-		State: StateClaimed, Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease),
+		State: StateClaimed, Worker: w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(w.cfg.Lease),
 		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
 	}
 	for try := 0; try < 10; try++ {
@@ -112,7 +116,7 @@ func (x *Execution) claimAndRun() {
 			nak(x.msg, time.Second)
 			return
 		}
-		if cur.Worker == w.cfg.ID && cur.State == StateClaimed && cur.CreatedAt.Equal(rec.CreatedAt) {
+		if cur.Claim == x.claim && cur.State == StateClaimed {
 			// Our own create, whose answer was lost.
 			x.rec, x.rev = cur, curRev
 			x.runClaimed()
@@ -158,15 +162,19 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		_, _ = broker.Update(ctx, w.b.Executions, x.key, &next, rev)
 		cancel()
 	}
+	if env == nil && rec.State == StateFinalized && rec.LastError == envelope.CodeNotStarted && !w.finalizeRecorded(x, rec) {
+		nak(x.msg, time.Second)
+		return
+	}
 	if env != nil || rec.State == StateFinalized {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
 	}
 	now := time.Now().UTC()
-	// This worker's own live lease on an execution it does not run (handle
-	// checked) is a claim whose answer was lost, or one it left when the
-	// store stopped answering: there is nobody to wait for.
-	if rec.leaseLive(now) && rec.State != StatePending && rec.Worker != w.cfg.ID {
+	// A live lease is another claim's, whichever worker id it names: two
+	// processes may share one (handle checked that this runner does not run
+	// it). A claim of this runner whose answer was lost is waited out too.
+	if rec.leaseLive(now) && rec.State != StatePending {
 		nak(x.msg, rec.LeaseUntil.Sub(now)+50*time.Millisecond)
 		return
 	}
@@ -175,7 +183,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	x.rec, x.rev = rec, rev
 	endClaim := x.Stage(observe.StageClaim)
 	err = x.update(func(r *Record) {
-		r.Worker = w.cfg.ID
+		r.Worker, r.Claim = w.cfg.ID, x.claim
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
@@ -206,7 +214,9 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		n := x.rec.Attempt
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
 			Message: "The worker running the attempt was lost."}
-		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() {
+		// Past the TTL deadline nothing starts another attempt: its record
+		// would not outlive the request.
+		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() && !x.ttlExpired() {
 			x.run(false, n+1, envelope.CodeWorkerLost)
 			return
 		}
@@ -226,7 +236,13 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 			Message: "The worker running this operation was lost; it may or may not have taken effect.",
 		}), n)
 	default:
-		// The handler never started (pending, claimed): run from the top.
+		// The handler never started (pending, claimed): run from the top,
+		// unless the request's start deadline has passed.
+		if x.startExpired() {
+			x.w.notStarted.Add(1)
+			x.finalize(x.failed(NotStartedError()), 0)
+			return
+		}
 		if x.cap == nil {
 			x.notFound(false)
 			return
@@ -304,30 +320,36 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 }
 
 // finalizeWithoutRun writes a finalized record, its trail (requested, denied
-// for reason, failed), then the envelope, for a request refused before it
-// could run (one that does not decode). If another record exists, a decodable
-// request owns the id; a finalized one without its envelope is this path's
-// own, interrupted before the envelope.
-func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) {
+// for reason unless it is empty, failed), then the envelope, for a request
+// refused before it could run (one that does not decode, one past its start
+// deadline). If another record exists, it owns the id (exists); a finalized
+// one without its envelope is this path's own, interrupted before the
+// envelope. done reports that the envelope exists.
+func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) (done, exists bool) {
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
-	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status)); err != nil {
+	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status, env.Error.Code)); err != nil {
 		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
-		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status {
-			return
+		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
+			rec.LastError != env.Error.Code {
+			return false, true
 		}
 	}
 	x.emit(audit.Requested, nil)
-	x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	if reason != "" {
+		x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+	}
 	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
 		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
-	if _, err := broker.Create(ctx, w.b.Envelopes, x.key, env); err == nil {
+	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
+	if err == nil {
 		w.finalized.Add(1)
 	}
+	return err == nil || errors.Is(err, broker.ErrExists), false
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
@@ -341,6 +363,9 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
 	if principal == "" {
 		principal = broker.Anonymous
+	}
+	if w.endedUnstarted(msg, principal, req) {
+		return
 	}
 	fwd := msg.Data()
 	if req.ApprovalID != "" && req.CapabilityID == "" && w.cfg.ResolveResume != nil {

@@ -21,16 +21,19 @@ const (
 )
 
 // Record is an execution's one record in the executions bucket, changed only
-// by compare-and-swap on its revision. The worker named in it owns the
-// execution while its lease lasts.
+// by compare-and-swap on its revision. The claim named in it owns the
+// execution while its lease lasts: a random token each claim or takeover
+// draws, never the worker's id, which two processes may share.
 type Record struct {
 	V            int    `json:"v"`
 	ExecutionID  string `json:"executionId"`
 	CapabilityID string `json:"capabilityId"`
 	State        State  `json:"state"`
 	// Attempt is the number of the attempt running, or the last one started.
-	Attempt    int       `json:"attempt"`
-	Worker     string    `json:"worker,omitempty"`
+	Attempt int    `json:"attempt"`
+	Worker  string `json:"worker,omitempty"`
+	// Claim is the owning claim's random token.
+	Claim      string    `json:"claim,omitempty"`
 	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
 	// StartedAt is when the current attempt started.
 	StartedAt time.Time     `json:"startedAt,omitzero"`
@@ -49,7 +52,7 @@ type Record struct {
 }
 
 func (r *Record) leaseLive(now time.Time) bool {
-	return r.Worker != "" && now.Before(r.LeaseUntil)
+	return (r.Worker != "" || r.Claim != "") && now.Before(r.LeaseUntil)
 }
 
 // EncodeMsgpack writes the record without reflection: it is written three
@@ -64,6 +67,7 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("state", string(r.State))
 	f.Int("attempt", int64(r.Attempt))
 	f.String("worker", r.Worker)
+	f.String("claim", r.Claim)
 	f.Time("leaseUntil", r.LeaseUntil)
 	f.Time("startedAt", r.StartedAt)
 	f.String("lastError", string(r.LastError))

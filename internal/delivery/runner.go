@@ -51,6 +51,9 @@ type Config struct {
 // Stats counts what a runner did.
 type Stats struct {
 	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
+	// NotStarted counts requests this worker ended NOT_STARTED, Swept those
+	// its sweeper ended.
+	NotStarted, Swept uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -72,6 +75,7 @@ type Runner struct {
 
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
+	notStarted, swept                           atomic.Uint64
 }
 
 // Causes that end an execution's context.
@@ -107,7 +111,7 @@ func (w *Runner) Stats() Stats {
 	return Stats{
 		Handled: w.handled.Load(), HandlerCalls: w.handlerCalls.Load(), Finalized: w.finalized.Load(),
 		Conflicts: w.conflicts.Load(), Abandoned: w.abandoned.Load(), TakenOver: w.takenOver.Load(),
-		Duplicates: w.duplicates.Load(),
+		Duplicates: w.duplicates.Load(), NotStarted: w.notStarted.Load(), Swept: w.swept.Load(),
 	}
 }
 
@@ -248,8 +252,9 @@ func (w *Runner) emit(ev *audit.Event) {
 // finalizedRecord is the record written when a request is finalized without
 // running (undecodable): it keeps the invariant that an envelope is always
 // preceded by its execution's record.
-func (w *Runner) finalizedRecord(id, capID string, status envelope.Status) *Record {
+// code, kept as LastError, says which envelope the record stands for.
+func (w *Runner) finalizedRecord(id, capID string, status envelope.Status, code envelope.Code) *Record {
 	now := time.Now().UTC()
 	return &Record{V: envelope.Version, ExecutionID: id, CapabilityID: capID, State: StateFinalized,
-		Worker: w.cfg.ID, Status: status, CreatedAt: now, UpdatedAt: now}
+		Worker: w.cfg.ID, Status: status, LastError: code, CreatedAt: now, UpdatedAt: now}
 }

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/console"
+)
+
+// defaultConsole is where `capstan dev` serves its console.
+const defaultConsole = "127.0.0.1:8233"
+
+func runConsole(args []string) int {
+	fs := newFlags("console", "[--listen HOST:PORT] [--https-cert FILE --https-key FILE] [--open] [--insecure] [--admins kind:id,...]")
+	conn := addConnFlags(fs)
+	listen := fs.String("listen", defaultConsole, "the console's HTTP address")
+	open := fs.Bool("open", false, "no credentials at sign-in: the form names the approver and every session uses this process's connection (loopback only)")
+	insecure := fs.Bool("insecure", false, "allow listening beyond loopback open or without HTTPS")
+	httpsCert := fs.String("https-cert", "", "serve HTTPS with this certificate `file` (with --https-key)")
+	httpsKey := fs.String("https-key", "", "the HTTPS certificate's key `file`")
+	admins := fs.String("admins", "", "principals, as kind:id separated by commas, who may cancel any execution")
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	if (*httpsCert == "") != (*httpsKey == "") {
+		return usageError("--https-cert and --https-key go together")
+	}
+	if err := console.ListenAddr(*listen, *open, *httpsCert != "", *insecure); err != nil {
+		return usageError("%v", err)
+	}
+	var tlsConfig *tls.Config
+	if *httpsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*httpsCert, *httpsKey)
+		if err != nil {
+			return usageError("console: %v", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	cfg := console.Config{
+		Open: *open, Logger: newLogger(slog.LevelInfo),
+		NATS: broker.ConnectOptions{URL: conn.url, TLSCA: conn.tlsCA, TLSCert: conn.tlsCert, TLSKey: conn.tlsKey},
+	}
+	for a := range strings.SplitSeq(*admins, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			cfg.Admins = append(cfg.Admins, a)
+		}
+	}
+	if *open {
+		nc, err := conn.connect("console")
+		if err != nil {
+			return usageError("%v", err)
+		}
+		defer nc.Close()
+		if nc.AuthRequired() {
+			// Everyone signing in would act with this process's credentials.
+			return usageError("console: --open is for servers without authentication; principals sign in with their own credentials")
+		}
+		cfg.Conn = nc
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return usageError("console: %v", err)
+	}
+	scheme := "http"
+	if tlsConfig != nil {
+		l, scheme = tls.NewListener(l, tlsConfig), "https"
+	}
+	mode := "sign in with a principal's credentials"
+	if *open {
+		mode = "open: sign in by naming yourself"
+	}
+	fmt.Printf("capstan console on %s://%s (%s)\n", scheme, l.Addr(), mode)
+	if err := serveConsole(ctx, l, cfg); err != nil {
+		return fail(exitFailed, "console: %v", err)
+	}
+	return exitOK
+}
+
+func serveConsole(ctx context.Context, l net.Listener, cfg console.Config) error {
+	c, err := console.New(cfg)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	return c.Serve(ctx, l)
+}
+
+// startDevConsole serves the console of `capstan dev` on addr (loopback) and
+// returns its URL; a console that cannot listen is a warning, not a reason to
+// stop the server.
+func startDevConsole(ctx context.Context, addr string, cfg console.Config, log *slog.Logger) (url string, done <-chan error) {
+	if addr == "" || addr == "off" {
+		return "", nil
+	}
+	if err := console.ListenAddr(addr, true, false, false); err != nil {
+		log.Warn("console not started", "err", err)
+		return "", nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Warn("console not started", "err", err)
+		return "", nil
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- serveConsole(ctx, l, cfg) }()
+	return "http://" + l.Addr().String(), ch
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/mcpbridge"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+)
+
+// mcpPath is where the streamable HTTP endpoint is served.
+const mcpPath = "/mcp"
+
+// mcpFlags configure the MCP bridge of mcp and dev.
+type mcpFlags struct {
+	tokens       string
+	callTimeout  time.Duration
+	approvalWait time.Duration
+	stateless    bool
+}
+
+func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
+	f := &mcpFlags{}
+	fs.StringVar(&f.tokens, prefix+"tokens", "", "bearer tokens `file` for HTTP, one \"TOKEN kind:id\" per line")
+	fs.DurationVar(&f.callTimeout, prefix+"call-timeout", 5*time.Minute, "how long a tools/call waits for its envelope")
+	fs.DurationVar(&f.approvalWait, prefix+"approval-wait", 0, "how long a call that needs an approval waits for it before answering approval-required")
+	fs.BoolVar(&f.stateless, prefix+"stateless", false, "HTTP without sessions, protocol 2026-07-28 and later (any bridge answers any request)")
+	return f
+}
+
+func (f *mcpFlags) config(log *slog.Logger) mcpbridge.Config {
+	return mcpbridge.Config{Name: "capstan", Version: "dev", CallTimeout: f.callTimeout, ApprovalWait: f.approvalWait, Logger: log}
+}
+
+func (f *mcpFlags) readTokens() (*mcpbridge.Tokens, error) {
+	if f.tokens == "" {
+		return nil, errors.New("--tokens is required with --http: without a bearer token, no tools")
+	}
+	r, err := os.Open(f.tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return mcpbridge.ParseTokens(r)
+}
+
+func runMCP(args []string) int {
+	fs := newFlags("mcp", "[--actor kind:id] | --http HOST:PORT --tokens FILE")
+	conn := addConnFlags(fs)
+	mf := addMCPFlags(fs, "")
+	actor := fs.String("actor", "", "over stdio, who every call runs for, as kind:id (default: user:<principal> with --creds, else user:$USER)")
+	addr := fs.String("http", "", "serve streamable HTTP on `host:port` instead of stdio")
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	// stdout is the protocol over stdio: logs go to stderr only.
+	log := newLogger(slog.LevelInfo)
+	var tokens *mcpbridge.Tokens
+	var a envelope.Actor
+	var err error
+	if *addr != "" {
+		if tokens, err = mf.readTokens(); err != nil {
+			return usageError("%v", err)
+		}
+	} else {
+		if *actor == "" {
+			*actor = defaultActor(conn.creds)
+		}
+		if a, err = parseActor(*actor); err != nil || a.ID == "" {
+			return usageError("--actor %q: want kind:id, e.g. user:alice", *actor)
+		}
+	}
+	nc, err := conn.connect("mcp")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, stop := signalContext()
+	defer stop()
+
+	if *addr == "" {
+		err = serveMCPStdio(ctx, nc, mf.config(log), a)
+	} else {
+		var srv *mcpServer
+		srv, err = startMCPHTTP(nc, *addr, tokens, mf, log)
+		if err == nil {
+			log.Info("capstan mcp serving streamable HTTP", "url", srv.url)
+			<-ctx.Done()
+			err = srv.stop()
+		}
+	}
+	if err != nil {
+		return fail(exitFailed, "mcp: %v", err)
+	}
+	return exitOK
+}
+
+// serveMCPStdio serves one actor over stdin and stdout until ctx ends or the
+// host closes stdin.
+func serveMCPStdio(ctx context.Context, nc *nats.Conn, cfg mcpbridge.Config, actor envelope.Actor) error {
+	b, err := mcpbridge.New(nc, cfg)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	s, err := b.Server(ctx, actor)
+	if err != nil {
+		return err
+	}
+	err = s.Run(ctx, &mcp.StdioTransport{})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// mcpServer is a bridge served over streamable HTTP.
+type mcpServer struct {
+	url    string
+	bridge *mcpbridge.Bridge
+	http   *http.Server
+	done   chan error
+}
+
+// startMCPHTTP serves the bridge on addr until stop.
+func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, mf *mcpFlags, log *slog.Logger) (*mcpServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http: %w", err)
+	}
+	b, err := mcpbridge.New(nc, mf.config(log))
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(mcpPath, b.Handler(tokens, &mcpbridge.HTTPOptions{Stateless: mf.stateless}))
+	s := &mcpServer{url: "http://" + ln.Addr().String() + mcpPath, bridge: b, done: make(chan error, 1),
+		http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	go func() { s.done <- s.http.Serve(ln) }()
+	return s, nil
+}
+
+// stop lets the calls in flight end (at most 10 s: their executions go on,
+// their results stay readable), then closes the sessions and the bridge.
+func (s *mcpServer) stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil {
+		_ = s.http.Close() // streams that never end on their own
+	}
+	err := <-s.done
+	_ = s.bridge.Close()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// newToken returns a random bearer token.
+func newToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

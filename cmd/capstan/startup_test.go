@@ -1,0 +1,50 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A worker started before its server (a compose file or a rollout starting
+// everything at once) waits for it with a log line instead of exiting, and
+// serves once the server is up.
+func TestWorkerStartedBeforeItsServer_WaitsThenServes(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	w := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--capabilities", "demo.echo", "--grace", "5s")
+	w.waitOutput(t, "waiting for NATS")
+	select {
+	case <-w.exited:
+		t.Fatalf("the worker exited while it waited: %v\n%s", w.err, w.out.String())
+	default:
+	}
+	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	w.waitOutput(t, "worker started")
+	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"late"}`)
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) || !strings.Contains(stdout, "late") {
+		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code := w.stop(t); code != exitOK {
+		t.Fatalf("worker exit %d", code)
+	}
+}
+
+// A call of a capability that a catalog lists but no running worker serves
+// (its pool is down) ends NOT_STARTED at --start-within, with exit code 1.
+func TestCall_StartWithin_PoolDown_NotStarted(t *testing.T) {
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	env := []string{"CAPSTAN_NATS_URL=" + url}
+	// The default pool runs (and sweeps); the comms pool served email.send
+	// once and is down now.
+	startDaemon(t, "worker started", env, "worker", "--capabilities", "demo.echo", "--sweep-every", "100ms")
+	comms := startDaemon(t, "worker started", env, "worker", "--pool", "comms", "--capabilities", "email.send")
+	comms.kill(t)
+	stdout, stderr, code := capstan(t, url, "call", "email.send", "--input", `{"to":"a@example.com","subject":"hi"}`,
+		"--start-within", "500ms")
+	if code != exitFailed || !strings.Contains(stdout, `"NOT_STARTED"`) {
+		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}

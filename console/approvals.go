@@ -1,0 +1,197 @@
+package console
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// approvalView is an approval as the console shows it.
+type approvalView struct {
+	*approvals.Record
+	// Now is the status as of the page's time.
+	Now approvals.Status
+	// Shown is what approvers see of the input (RedactApprovalInput's
+	// display when the capability has one), indented.
+	Shown     string
+	Redacted  bool
+	Mine      bool
+	MayDecide bool
+	// V changes whenever what the card shows changes.
+	V string
+}
+
+func viewApproval(r *approvals.Record, s *session, now time.Time) approvalView {
+	v := approvalView{Record: r, Now: r.StatusAt(now), Mine: s.mine(r), MayDecide: s.p.MayDecide(r)}
+	shown := r.Input
+	if len(r.Display) > 0 {
+		shown, v.Redacted = r.Display, true
+	}
+	var buf bytes.Buffer
+	if json.Indent(&buf, shown, "", "  ") == nil {
+		v.Shown = buf.String()
+	} else {
+		v.Shown = string(shown)
+	}
+	v.V = string(v.Now)
+	if r.Decision != nil {
+		v.V += "/" + r.Decision.DecidedAt.String()
+	}
+	if r.ConsumedBy != "" {
+		v.V += "/" + r.ConsumedBy
+	}
+	return v
+}
+
+func sameActor(a, b envelope.Actor) bool { return a.Kind == b.Kind && a.ID == b.ID }
+
+type inboxData struct {
+	Pending []approvalView
+	// Others are pending approvals outside the principal's grants.
+	Others  int
+	Decided []approvalView
+	Now     time.Time
+}
+
+const recentDecisions = 20
+
+func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.approvals == nil {
+		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	all, err := s.approvals.List(ctx, approvals.Filter{})
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading approvals: %v", err)
+		return
+	}
+	now := time.Now()
+	d := inboxData{Now: now}
+	for _, rec := range all {
+		v := viewApproval(rec, s, now)
+		switch {
+		case v.Now == approvals.Pending && v.MayDecide:
+			d.Pending = append(d.Pending, v)
+		case v.Now == approvals.Pending:
+			d.Others++
+		case v.MayDecide || v.Mine:
+			d.Decided = append(d.Decided, v)
+		}
+	}
+	slices.SortFunc(d.Decided, func(a, b approvalView) int { return decidedAt(b).Compare(decidedAt(a)) })
+	if len(d.Decided) > recentDecisions {
+		d.Decided = d.Decided[:recentDecisions]
+	}
+	c.render(w, r, s, "approvals", d)
+}
+
+func decidedAt(v approvalView) time.Time {
+	if v.Decision != nil {
+		return v.Decision.DecidedAt
+	}
+	if v.Now == approvals.Expired {
+		return v.ExpiresAt
+	}
+	return v.RequestedAt
+}
+
+func (c *Console) approval(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.approvals == nil {
+		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	rec, err := s.approvals.Get(ctx, r.PathValue("id"))
+	if errors.Is(err, approvals.ErrNotFound) {
+		c.fail(w, r, s, http.StatusNotFound, "No approval %q: it never existed or its record has expired.", r.PathValue("id"))
+		return
+	}
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading the approval: %v", err)
+		return
+	}
+	c.render(w, r, s, "approval", viewApproval(rec, s, time.Now()))
+}
+
+// decide records the signed-in principal's decision and says plainly what
+// happened, a refusal included.
+func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	approve := r.PostFormValue("decision") == "approve"
+	comment := strings.TrimSpace(r.PostFormValue("comment"))
+	back := safeNext(r.PostFormValue("next"))
+	defer http.Redirect(w, r, back, http.StatusSeeOther)
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	if s.approvals == nil {
+		s.setFlash("error", "Your principal (%s) may not read approvals, nor decide them.", s.p.Name)
+		return
+	}
+	if rec, err := s.approvals.Get(ctx, id); err == nil && !s.p.MayDecide(rec) {
+		s.setFlash("error", "FORBIDDEN: approval %s needs a %s approver; you may decide %s.", shortID(id), strings.Join(rec.Types, " or "), strings.Join(s.p.Types, ", "))
+		return
+	}
+	rec, err := s.decide(ctx, id, approve, comment)
+	verb := "Rejected"
+	if approve {
+		verb = "Approved"
+	}
+	switch {
+	case err == nil:
+		s.setFlash("ok", "%s %s for %s (approval %s).", verb, rec.CapabilityID, rec.Actor.String(), shortID(rec.ID))
+	case errors.Is(err, audit.ErrUnavailable) && rec != nil:
+		s.setFlash("warn", "%s %s, but its audit event was not stored: %v", verb, shortID(rec.ID), err)
+	default:
+		s.setFlash("error", "%s", decisionRefusal(err, rec, s))
+	}
+}
+
+// decisionRefusal says why a decision was refused, with its code.
+func decisionRefusal(err error, rec *approvals.Record, s *session) string {
+	code := approvals.Code(err)
+	switch {
+	case errors.Is(err, approvals.ErrSelfApproval):
+		return fmt.Sprintf("%s: you (%s) requested this call; someone else must decide it.", code, s.p.Name)
+	case errors.Is(err, approvals.ErrForbidden):
+		return fmt.Sprintf("FORBIDDEN: your grant does not cover this approval (%s).", strings.TrimPrefix(err.Error(), "capstan: "))
+	case errors.Is(err, approvals.ErrAlreadyDecided) && rec != nil && rec.Decision != nil:
+		return fmt.Sprintf("%s: this approval was already %s by %s at %s.", code, rec.Decision.Status, rec.Decision.Approver.String(), rec.Decision.DecidedAt.UTC().Format(time.TimeOnly))
+	case errors.Is(err, approvals.ErrAlreadyDecided) && rec != nil:
+		return fmt.Sprintf("%s: this approval is already %s.", code, rec.StatusAt(time.Now()))
+	case errors.Is(err, approvals.ErrExpired):
+		return fmt.Sprintf("%s: this approval expired before it was decided.", code)
+	case errors.Is(err, approvals.ErrNotFound):
+		return "No such approval: it never existed or its record has expired."
+	case code != "":
+		return fmt.Sprintf("%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
+	}
+	return fmt.Sprintf("The decision was not recorded: %v", err)
+}
+
+// resume opens the new execution of an approved call, as its requester, and
+// shows it.
+func (c *Console) resume(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	id, err := s.resume(ctx, r.PathValue("id"))
+	if err != nil {
+		s.setFlash("error", "Resume refused: %v", strings.TrimPrefix(err.Error(), "capstan: "))
+		http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+		return
+	}
+	s.setFlash("ok", "Resumed approval %s as execution %s.", shortID(r.PathValue("id")), id)
+	http.Redirect(w, r, "/executions/"+id, http.StatusSeeOther)
+}

@@ -1,0 +1,268 @@
+package console_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/chromedp/chromedp"
+)
+
+// The browser tests drive Debian's chromium, headless, with no network but
+// loopback. CAPSTAN_CHROMIUM names another binary; without one they skip.
+// With CAPSTAN_CONSOLE_SCREENSHOTS set to a directory, they write the
+// screenshots the README shows there.
+
+func chromium(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("CAPSTAN_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("SKIPPED: no chromium found; the console's browser tests need Debian's chromium (apt-get install chromium) or CAPSTAN_CHROMIUM")
+	return ""
+}
+
+// browser starts one headless chromium for the test and returns its context.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium(t)),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-default-apps", true),
+		chromedp.Flag("hide-scrollbars", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 860),
+	)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	// The first run starts the browser, and must not carry a timeout.
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// tab opens a tab in a browser context of its own: its own cookies, so one
+// principal per tab.
+func tab(t *testing.T, b context.Context) context.Context {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(b, chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
+	return ctx
+}
+
+// do runs steps on a tab within the test's deadline; on failure it logs
+// what the page shows.
+func do(t *testing.T, tab context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		lctx, lcancel := context.WithTimeout(tab, 10*time.Second)
+		defer lcancel()
+		loc, _ := chromedp.Run(lctx, chromedp.Location())
+		body, _ := chromedp.Run(lctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
+		t.Fatalf("%s: %v\npage %s shows:\n%s", what, err, loc, body)
+	}
+}
+
+func text(t *testing.T, tab context.Context, sel string) string {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
+	defer cancel()
+	s, err := chromedp.Run(ctx, chromedp.Text(sel))
+	if err != nil {
+		t.Fatalf("text of %s: %v", sel, err)
+	}
+	return s
+}
+
+// deadlineOf bounds one browser step: the test's deadline, or two minutes,
+// whichever comes first, so that a page that never shows what a step waits
+// for fails the step with the page's text.
+func deadlineOf(t *testing.T) time.Time {
+	d, _ := testCtx(t).Deadline()
+	if guard := time.Now().Add(2 * time.Minute); guard.Before(d) {
+		return guard
+	}
+	return d
+}
+
+func screenshot(t *testing.T, tab context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("CAPSTAN_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func has(t *testing.T, what, got string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(got, w) {
+			t.Fatalf("%s lacks %q:\n%s", what, w, got)
+		}
+	}
+}
+
+func signInTab(t *testing.T, tab context.Context, base, name, types string) {
+	t.Helper()
+	do(t, tab, "sign in as "+name,
+		chromedp.Navigate(base+"/approvals"),
+		chromedp.WaitVisible("#name"),
+		chromedp.SendKeys("#name", name),
+		chromedp.SendKeys("#types", types),
+		chromedp.Click("#signin"),
+		chromedp.WaitVisible("#principal"),
+	)
+	has(t, "the header", text(t, tab, "#principal"), name)
+}
+
+// A refund above 500 asks for approval: bob sees it appear in his inbox
+// without reloading, alice is refused when she approves her own call, bob
+// approves it, alice's open inbox shows his decision live, bob resumes it and
+// sees the new execution's timeline complete.
+func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) {
+	b := browser(t)
+	r := startRig(t, "", console.Config{Open: true})
+	bobTab, aliceTab := tab(t, b), tab(t, b)
+
+	signInTab(t, bobTab, r.base, "user:bob", "finance")
+	do(t, bobTab, "an empty inbox", chromedp.WaitVisible("#a-none"))
+
+	env := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-1001", Amount: 900}, alice)
+	if env.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("refund of 900: %s, want approval-required", env.Status)
+	}
+	card := "#a-" + env.Approval.ID
+	do(t, bobTab, "the approval appears live", chromedp.WaitVisible(card), chromedp.WaitNotPresent("#a-none"))
+	has(t, "the pending card", text(t, bobTab, card), "orders.refund", "risk high", "finance", "user:alice",
+		"refunds above 500 need a finance approval", `"amount": 900`, `"orderId": "o-1001"`, "pending")
+	do(t, bobTab, "the countdown runs", chromedp.Poll[chromedp.Void](`document.querySelector("`+card+` time.countdown").textContent.startsWith("in 1")`))
+
+	signInTab(t, aliceTab, r.base, "user:alice", "")
+	do(t, aliceTab, "alice approves her own call",
+		chromedp.WaitVisible(card+" .badge.mine"),
+		chromedp.Click(card+" button.approve"),
+		chromedp.WaitVisible("#flash.error"),
+	)
+	has(t, "the refusal", text(t, aliceTab, "#flash"), "APPROVAL_SELF_APPROVAL", "someone else must decide it")
+	do(t, aliceTab, "the approval is still pending", chromedp.WaitVisible("#pending "+card))
+
+	do(t, bobTab, "bob comments",
+		chromedp.SendKeys(card+" textarea[name=comment]", "order o-1001 checked"),
+	)
+	screenshot(t, bobTab, "console-inbox.png")
+	do(t, bobTab, "bob approves",
+		chromedp.Click(card+" button.approve"),
+		chromedp.WaitVisible("#flash.ok"),
+		chromedp.WaitVisible("#decided "+card),
+	)
+	has(t, "bob's confirmation", text(t, bobTab, "#flash"), "Approved orders.refund for user:alice")
+	do(t, aliceTab, "alice's inbox shows bob's decision without a reload",
+		chromedp.WaitVisible("#decided "+card+" .decision .approver"),
+		chromedp.WaitNotPresent("#pending "+card),
+	)
+	has(t, "the decided card", text(t, aliceTab, "#decided "+card), "approved by user:bob", "order o-1001 checked")
+
+	do(t, bobTab, "bob resumes the call",
+		chromedp.Click("#decided "+card+" form.resume button"),
+		chromedp.WaitVisible("#timeline"),
+		chromedp.WaitVisible(`#timeline li[data-type="capability.completed"]`),
+		chromedp.WaitVisible("#envelope"),
+	)
+	loc, err := chromedp.Run(bobTab, chromedp.Location())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed := loc[strings.LastIndex(loc, "/")+1:]
+	if err := envelope.ValidExecutionID(resumed); err != nil || resumed == env.ExecutionID {
+		t.Fatalf("resume went to %s, want a new execution's page", loc)
+	}
+	has(t, "the resumed execution's status", text(t, bobTab, "#exec-status"), "completed")
+	has(t, "the resumed execution's timeline", text(t, bobTab, "#timeline"), "requested by user:alice", "attempt 1 started",
+		"resumes approval "+env.Approval.ID, "approval consumed", "completed")
+	has(t, "the resume's approval", text(t, bobTab, "#exec-approval"), "resumed with it; asked for by execution "+env.ExecutionID[len(env.ExecutionID)-12:])
+	has(t, "the envelope", text(t, bobTab, "#envelope"), `"status": "completed"`, `"orderId": "o-1001"`)
+	screenshot(t, bobTab, "console-execution.png")
+
+	do(t, bobTab, "the original execution's trail has the decision",
+		chromedp.Navigate(r.base+"/executions/"+env.ExecutionID),
+		chromedp.WaitVisible(`#timeline li[data-type="capability.approved"]`),
+	)
+	has(t, "the original timeline", text(t, bobTab, "#timeline"), "approval requested", "approved by user:bob", "order o-1001 checked")
+	has(t, "the original's approval", text(t, bobTab, "#exec-approval"), "consumed; approved by user:bob, used by execution "+resumed[len(resumed)-12:])
+}
+
+// A retried execution's page grows live: the retry and the outcome appear as
+// the worker records them.
+func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
+	b := browser(t)
+	r := startRig(t, "", console.Config{Open: true})
+	ops := tab(t, b)
+	signInTab(t, ops, r.base, "user:ops", "")
+	do(t, ops, "the executions list", chromedp.Navigate(r.base+"/executions"), chromedp.WaitVisible("#exec-table"))
+
+	env := r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 1}, bob)
+	row := "#e-" + env.ExecutionID
+	do(t, ops, "the execution appears in the list live", chromedp.WaitVisible(row+" .s-completed"))
+	has(t, "its row", text(t, ops, row), "demo.flaky", "user:bob", "2")
+	do(t, ops, "its page",
+		chromedp.Click(row+" a"),
+		chromedp.WaitVisible(`#timeline li[data-type="capability.completed"]`),
+	)
+	has(t, "the timeline", text(t, ops, "#timeline"), "attempt 1 started", "retry: attempt 2", "after EXECUTION_FAILED", "attempt 2 started", "completed")
+	screenshot(t, ops, "console-execution-retry.png")
+
+	do(t, ops, "the capabilities",
+		chromedp.Navigate(r.base+"/capabilities"),
+		chromedp.WaitVisible("#pool-default"),
+	)
+	has(t, "the default pool", text(t, ops, "#pool-default"), "orders.refund", "demo.flaky", "queued", r.worker.ID())
+
+	// An execution's page opened before anything of it is stored shows it
+	// once it is.
+	id := envelope.NewExecutionID()
+	do(t, ops, "a page waiting for its execution",
+		chromedp.Navigate(r.base+"/executions/"+id),
+		chromedp.WaitVisible("#exec-unknown"),
+	)
+	if _, err := r.client.Submit(testCtx(t), "demo.echo", map[string]any{"late": true}, executor.WithID(id), executor.As(alice)); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ops, "the execution appears on its page",
+		chromedp.WaitVisible(`#timeline li[data-type="capability.completed"]`),
+		chromedp.WaitVisible("#envelope"),
+	)
+	has(t, "the late execution's envelope", text(t, ops, "#envelope"), `"late": true`, `"status": "completed"`)
+}

@@ -1,0 +1,172 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// workersWindow is how far back the audit trail is read to see which workers
+// serve what: workers announce themselves nowhere else.
+const workersWindow = 15 * time.Minute
+
+type capView struct {
+	executor.Descriptor
+	Workers []string
+}
+
+type poolView struct {
+	Name     string
+	Consumer string
+	Caps     []capView
+	// Queue depth of the pool's consumer: waiting to be delivered, delivered
+	// and not yet acknowledged (running), redelivered, and pull requests
+	// waiting (idle worker slots).
+	Pending, InFlight, Redelivered, Waiting uint64
+	Missing                                 bool
+	Workers                                 []workerView
+}
+
+type workerView struct {
+	ID       string
+	LastSeen time.Time
+}
+
+type capsData struct {
+	Pools    []poolView
+	Unrouted *poolView
+	Window   time.Duration
+}
+
+func (c *Console) capabilities(w http.ResponseWriter, r *http.Request, s *session) {
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "the catalog")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	d, err := readCapabilities(ctx, s.broker())
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading the catalog: %v", err)
+		return
+	}
+	c.render(w, r, s, "capabilities", d)
+}
+
+func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) {
+	catalog, err := readCatalog(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	// Which workers served each capability lately, from the trail.
+	served := map[string]map[string]time.Time{}
+	seen := map[string]time.Time{}
+	err = scanAudit(ctx, b, time.Now().Add(-workersWindow), func(ev *audit.Event) {
+		if ev.Worker == "" || ev.CapabilityID == "" {
+			return
+		}
+		if served[ev.CapabilityID] == nil {
+			served[ev.CapabilityID] = map[string]time.Time{}
+		}
+		served[ev.CapabilityID][ev.Worker] = ev.Timestamp
+		seen[ev.Worker] = ev.Timestamp
+	})
+	if err != nil {
+		return nil, err
+	}
+	pools := map[string]*poolView{}
+	for _, d := range catalog {
+		id := d.ID
+		p := pools[d.Pool]
+		if p == nil {
+			p = &poolView{Name: d.Pool, Consumer: b.Names.PoolConsumer(d.Pool)}
+			pools[d.Pool] = p
+		}
+		cv := capView{Descriptor: d}
+		for wk := range served[id] {
+			cv.Workers = append(cv.Workers, wk)
+		}
+		slices.Sort(cv.Workers)
+		p.Caps = append(p.Caps, cv)
+	}
+	out := &capsData{Window: workersWindow}
+	for _, p := range pools {
+		ws := map[string]bool{}
+		for _, cv := range p.Caps {
+			for _, wk := range cv.Workers {
+				ws[wk] = true
+			}
+		}
+		for wk := range ws {
+			p.Workers = append(p.Workers, workerView{ID: wk, LastSeen: seen[wk]})
+		}
+		slices.SortFunc(p.Workers, func(a, b workerView) int { return strings.Compare(a.ID, b.ID) })
+		slices.SortFunc(p.Caps, func(a, b capView) int { return strings.Compare(a.ID, b.ID) })
+		queueDepth(ctx, b, p)
+		out.Pools = append(out.Pools, *p)
+	}
+	slices.SortFunc(out.Pools, func(a, b poolView) int { return strings.Compare(a.Name, b.Name) })
+	u := &poolView{Name: broker.Unrouted, Consumer: b.Names.UnroutedConsumer()}
+	queueDepth(ctx, b, u)
+	out.Unrouted = u
+	return out, nil
+}
+
+func queueDepth(ctx context.Context, b *broker.Broker, p *poolView) {
+	if b.Exec == nil {
+		p.Missing = true
+		return
+	}
+	cons, err := b.Exec.Consumer(ctx, p.Consumer)
+	if err != nil {
+		p.Missing = true
+		return
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		p.Missing = true
+		return
+	}
+	p.Pending, p.InFlight, p.Redelivered, p.Waiting = info.NumPending, uint64(info.NumAckPending), uint64(info.NumRedelivered), uint64(info.NumWaiting)
+}
+
+// readCatalog returns the catalog's descriptors.
+func readCatalog(ctx context.Context, b *broker.Broker) ([]executor.Descriptor, error) {
+	keys, err := b.Catalog.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for k := range keys.Keys() {
+		if strings.HasPrefix(k, "_") {
+			// Reserved keys (a pool's liveness entry) are no capabilities.
+			continue
+		}
+		ids = append(ids, k)
+	}
+	var out []executor.Descriptor
+	for _, id := range ids {
+		e, err := b.Catalog.Get(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var d executor.Descriptor
+		if err := envelope.Unmarshal(e.Value(), &d); err != nil {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}

@@ -1,0 +1,45 @@
+// Package console is capstan's web console: a small web application, served
+// by the binary itself, for the people around the agents — approvers deciding
+// what waits for them, operators following what ran, what failed and why.
+//
+// Pages, each at a stable URL:
+//
+//   - / — the start page: what waits for you, what ran in the last hour,
+//     what serves.
+//   - /approvals — the inbox: pending approvals the signed-in principal may
+//     decide (by approval type), with capability, requester, reasons, risk,
+//     an expiry countdown and the input as the capability shows it to
+//     approvers (executor.Meta.RedactApprovalInput); approve or reject with a
+//     comment; a refused decision (self-approval, already decided, expired)
+//     is shown with its code. It updates live when anyone decides.
+//     /approvals/<approvalId> is one approval.
+//   - /executions — a live list of executions, filtered by capability,
+//     status, actor and time, read from the audit stream.
+//   - /executions/<executionId> — one execution: envelope, record state,
+//     attempts, and its audit trail as a timeline in which retries,
+//     takeovers, approvals and the outcome stand out; cancel for its owner
+//     or an admin.
+//   - /capabilities — the catalog per pool, the workers seen serving each
+//     capability, and each pool's queue depth.
+//
+// Every read and action goes through the signed-in session's own NATS
+// connection, opened with the principal's credentials (a .creds file or a
+// bearer user token), so the server's permissions apply to the console as
+// they do to the CLI; nothing is readable before sign-in. Decisions are
+// requests the workers serve (approvals.RequestDecision): the approver is
+// the principal the server authenticated, and its grant's types apply. A
+// session binds only what its principal may read: an approver sees
+// approvals, an admin everything. In open mode (Config.Open, for `capstan
+// dev` on loopback) sign-in only names the approver and sessions share one
+// connection.
+//
+// Assets are embedded: plain HTML rendered on the server, one stylesheet and
+// one small script for live updates (server-sent events) and countdowns.
+// Every page works without the script.
+//
+//	c, err := console.New(console.Config{Open: true, Conn: nc})
+//	if err != nil { ... }
+//	l, err := net.Listen("tcp", "127.0.0.1:8233")
+//	if err != nil { ... }
+//	err = c.Serve(ctx, l) // until ctx ends
+package console

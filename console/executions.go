@@ -1,0 +1,448 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+// execSummary is one execution as its audit trail tells it.
+type execSummary struct {
+	ID           string
+	CapabilityID string
+	Actor        audit.Actor
+	// Principal is who sent the request (empty on an open server).
+	Principal   string
+	Surface     string
+	RequestedAt time.Time
+	UpdatedAt   time.Time
+	// Status is requested, running, retrying, approval-required, completed,
+	// failed or cancelled.
+	Status     string
+	Code       string
+	Attempts   int
+	Takeovers  int
+	ApprovalID string // the approval it asked for, or the one it resumed
+	Resumed    bool
+}
+
+// V changes whenever the row changes.
+func (e *execSummary) V() string {
+	return e.Status + "/" + e.UpdatedAt.String()
+}
+
+// apply folds one event into the summary.
+func (e *execSummary) apply(ev *audit.Event) {
+	if e.ID == "" {
+		e.ID, e.CapabilityID, e.Actor, e.Surface, e.RequestedAt = ev.ExecutionID, ev.CapabilityID, ev.Actor, ev.Surface, ev.Timestamp
+		e.Status = "requested"
+	}
+	e.UpdatedAt = ev.Timestamp
+	switch ev.Type {
+	case audit.Requested:
+		e.Actor, e.Surface, e.RequestedAt, e.Principal = ev.Actor, ev.Surface, ev.Timestamp, ev.Principal
+	case audit.Denied:
+		e.Status, e.Code = "failed", strOf(ev.Data["publicCode"])
+	case audit.ApprovalRequested:
+		e.Status, e.ApprovalID = "approval-required", strOf(ev.Data["approvalId"])
+	case audit.Started:
+		e.Status, e.Attempts = "running", max(e.Attempts, intOf(ev.Data["attempt"]))
+		if id := strOf(ev.Data["approvalId"]); id != "" {
+			e.ApprovalID, e.Resumed = id, true
+		}
+	case audit.Retried:
+		e.Status = "retrying"
+	case audit.TakenOver:
+		e.Takeovers++
+	case audit.Completed:
+		e.Status, e.Code = "completed", ""
+		e.Attempts = max(e.Attempts, intOf(ev.Data["attempts"]))
+	case audit.Failed:
+		e.Status, e.Code = "failed", strOf(ev.Data["code"])
+		e.Attempts = max(e.Attempts, intOf(ev.Data["attempts"]))
+	case audit.Cancelled:
+		e.Status, e.Code = "cancelled", strOf(ev.Data["code"])
+	}
+}
+
+// execFilter is the executions list's query.
+type execFilter struct {
+	Capability, Status, Actor, Since string
+	since                            time.Time
+}
+
+var sinceChoices = []string{"15m", "1h", "6h", "24h", "7d", "30d"}
+
+func parseExecFilter(q url.Values, now time.Time) execFilter {
+	f := execFilter{Capability: strings.TrimSpace(q.Get("capability")), Status: q.Get("status"),
+		Actor: strings.TrimSpace(q.Get("actor")), Since: q.Get("since")}
+	if !slices.Contains(sinceChoices, f.Since) {
+		f.Since = "24h"
+	}
+	d, err := time.ParseDuration(strings.Replace(f.Since, "d", "h", 1))
+	if strings.HasSuffix(f.Since, "d") {
+		d *= 24
+	}
+	if err != nil {
+		d = 24 * time.Hour
+	}
+	f.since = now.Add(-d)
+	return f
+}
+
+func (f execFilter) match(e *execSummary) bool {
+	if f.Capability != "" && e.CapabilityID != f.Capability && !(strings.HasSuffix(f.Capability, "*") && strings.HasPrefix(e.CapabilityID, strings.TrimSuffix(f.Capability, "*"))) {
+		return false
+	}
+	if f.Status != "" && e.Status != f.Status && !(f.Status == "running" && e.Status == "retrying") {
+		return false
+	}
+	if f.Actor != "" && f.Actor != e.Actor.ID && f.Actor != e.Actor.Kind+":"+e.Actor.ID {
+		return false
+	}
+	return true
+}
+
+// Query is the filter as a query string, for the live part's URL.
+func (f execFilter) Query() string {
+	q := url.Values{}
+	for k, v := range map[string]string{"capability": f.Capability, "status": f.Status, "actor": f.Actor, "since": f.Since} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return q.Encode()
+}
+
+const maxRows = 200
+
+type execListData struct {
+	Filter       execFilter
+	After        uint64 // the audit stream's last sequence when the list was read
+	Rows         []*execSummary
+	Total        int
+	Statuses     []string
+	Since        []string
+	Capabilities []string
+}
+
+// listExecutions reads the executions of the filter's window from the audit
+// stream, newest first.
+func listExecutions(ctx context.Context, b *broker.Broker, f execFilter) (rows []*execSummary, total int, caps []string, err error) {
+	byID := map[string]*execSummary{}
+	capSet := map[string]bool{}
+	err = scanAudit(ctx, b, f.since, func(ev *audit.Event) {
+		if ev.ExecutionID == "" || ev.Type == audit.Discovered {
+			return
+		}
+		e := byID[ev.ExecutionID]
+		if e == nil {
+			e = &execSummary{}
+			byID[ev.ExecutionID] = e
+		}
+		e.apply(ev)
+		if ev.CapabilityID != "" {
+			capSet[ev.CapabilityID] = true
+		}
+	})
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	for _, e := range byID {
+		if f.match(e) {
+			rows = append(rows, e)
+		}
+	}
+	slices.SortFunc(rows, func(a, b *execSummary) int {
+		if c := b.RequestedAt.Compare(a.RequestedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+	total = len(rows)
+	if len(rows) > maxRows {
+		rows = rows[:maxRows]
+	}
+	for c := range capSet {
+		caps = append(caps, c)
+	}
+	slices.Sort(caps)
+	return rows, total, caps, nil
+}
+
+func (c *Console) executions(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "the executions")
+		return
+	}
+	f := parseExecFilter(r.URL.Query(), time.Now())
+	var after uint64
+	if info, err := s.broker().Audit.Info(ctx); err == nil {
+		after = info.State.LastSeq // read first: what the list shows is at least this
+	}
+	rows, total, caps, err := listExecutions(ctx, s.broker(), f)
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading the audit stream: %v", err)
+		return
+	}
+	c.render(w, r, s, "executions", execListData{Filter: f, After: after, Rows: rows, Total: total, Capabilities: caps, Since: sinceChoices,
+		Statuses: []string{"requested", "running", "approval-required", "completed", "failed", "cancelled"}})
+}
+
+// step is one event of an execution's timeline.
+type step struct {
+	audit.Event
+	Offset time.Duration
+	// Kind groups events for the eye: request, approval, start, retry,
+	// takeover, outcome-ok, outcome-bad, note.
+	Kind    string
+	Title   string
+	Details []string
+}
+
+// attempt is one attempt of the handler, as the trail tells it.
+type attempt struct {
+	N        int
+	Worker   string
+	Started  time.Time
+	Ended    time.Time
+	Outcome  string
+	Takeover bool
+}
+
+type execData struct {
+	ID       string
+	Summary  *execSummary
+	Record   *executor.Record
+	Envelope *envelope.Envelope
+	Steps    []step
+	Attempts []attempt
+	LastSeq  uint64
+	// Approval is the approval it asked for or resumed, as of now.
+	Approval    *approvals.Record
+	ApprovalNow approvals.Status
+	MayCancel   bool
+	Ended       bool
+	// Unknown: nothing of it is stored, yet or any more.
+	Unknown bool
+}
+
+func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	if envelope.ValidExecutionID(id) != nil {
+		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
+		return
+	}
+	if s.broker() == nil {
+		c.notPermitted(w, r, s, "executions")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	d, err := loadExecution(ctx, s, id)
+	if errors.Is(err, executor.ErrUnknownExecution) {
+		// Not yet, or no longer: a request just submitted has nothing stored
+		// until a worker takes it, so the page waits for it, live.
+		status := http.StatusNotFound
+		if r.URL.Query().Get("part") != "" {
+			status = http.StatusOK
+		}
+		c.renderStatus(w, r, s, status, "execution", &execData{ID: id, Unknown: true})
+		return
+	}
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading execution %s: %v", id, err)
+		return
+	}
+	c.render(w, r, s, "execution", d)
+}
+
+func loadExecution(ctx context.Context, s *session, id string) (*execData, error) {
+	d := &execData{ID: id}
+	trail, terr := audit.Read(ctx, s.broker(), id)
+	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
+		return nil, terr
+	}
+	owner := ""
+	if len(trail) > 0 {
+		owner = trail[0].Principal
+	}
+	st, err := s.status(ctx, id, owner)
+	switch {
+	case err == nil:
+		d.Record, d.Envelope = st.Record, st.Envelope
+	case !errors.Is(err, executor.ErrUnknownExecution):
+		return nil, err
+	}
+	if err != nil && len(trail) == 0 {
+		return nil, err
+	}
+	d.Summary = &execSummary{Principal: owner}
+	for i := range trail {
+		d.Summary.apply(&trail[i])
+	}
+	d.Steps, d.Attempts = timeline(trail)
+	if n := len(trail); n > 0 {
+		d.LastSeq = trail[n-1].Seq
+	}
+	if id := d.Summary.ApprovalID; id != "" && s.approvals != nil {
+		if rec, err := s.approvals.Get(ctx, id); err == nil {
+			d.Approval, d.ApprovalNow = rec, rec.StatusAt(time.Now())
+		}
+	}
+	d.Ended = d.Envelope != nil
+	own := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
+	if !s.p.open {
+		own = d.Summary.Principal == s.p.Name
+	}
+	d.MayCancel = !d.Ended && (own || s.p.Admin)
+	return d, nil
+}
+
+// timeline turns a trail into steps and attempts.
+func timeline(trail []audit.Event) ([]step, []attempt) {
+	var steps []step
+	var atts []attempt
+	end := func(t time.Time, outcome string) {
+		if n := len(atts); n > 0 && atts[n-1].Ended.IsZero() {
+			atts[n-1].Ended, atts[n-1].Outcome = t, outcome
+		}
+	}
+	takeover := false
+	for _, ev := range trail {
+		st := step{Event: ev, Kind: "note", Title: ev.Type}
+		if len(trail) > 0 {
+			st.Offset = ev.Timestamp.Sub(trail[0].Timestamp)
+		}
+		add := func(label string, key string) {
+			if v := strOf(ev.Data[key]); v != "" {
+				st.Details = append(st.Details, label+" "+v)
+			}
+		}
+		switch ev.Type {
+		case audit.Requested:
+			st.Kind, st.Title = "request", "requested by "+ev.Actor.Kind+":"+ev.Actor.ID
+			if ev.Surface != "" {
+				st.Details = append(st.Details, "surface "+ev.Surface)
+			}
+		case audit.Denied:
+			st.Kind, st.Title = "outcome-bad", "denied"
+			add("code", "publicCode")
+			add("reason", "reason")
+		case audit.ApprovalRequested:
+			st.Kind, st.Title = "approval", "approval requested"
+			add("approval", "approvalId")
+			if rs, ok := ev.Data["reasons"].([]any); ok {
+				for _, r := range rs {
+					st.Details = append(st.Details, "reason: "+strOf(r))
+				}
+			}
+		case audit.Approved:
+			st.Kind, st.Title = "approval", "approved by "+ev.Actor.Kind+":"+ev.Actor.ID
+			add("comment:", "comment")
+			add("self-approval:", "selfApproval")
+		case audit.Rejected:
+			st.Kind, st.Title = "approval-bad", "rejected by "+ev.Actor.Kind+":"+ev.Actor.ID
+			if strOf(ev.Data["status"]) == "cancelled" {
+				st.Title = "approval cancelled by " + ev.Actor.Kind + ":" + ev.Actor.ID
+			}
+			add("comment:", "comment")
+		case audit.ApprovalConsumed:
+			st.Kind, st.Title = "approval", "approval consumed"
+			add("approval", "approvalId")
+		case audit.Started:
+			n := intOf(ev.Data["attempt"])
+			st.Kind, st.Title = "start", "attempt "+itoa(n)+" started"
+			if ev.Worker != "" {
+				st.Details = append(st.Details, "worker "+ev.Worker)
+			}
+			add("resumes approval", "approvalId")
+			atts = append(atts, attempt{N: n, Worker: ev.Worker, Started: ev.Timestamp, Takeover: takeover})
+			takeover = false
+		case audit.Retried:
+			st.Kind, st.Title = "retry", "retry: attempt "+itoa(intOf(ev.Data["attempt"]))
+			add("after", "previousErrorCode")
+			end(ev.Timestamp, strOf(ev.Data["previousErrorCode"]))
+		case audit.TakenOver:
+			st.Kind, st.Title = "takeover", "taken over by "+ev.Worker
+			add("from worker", "fromWorker")
+			add("state", "state")
+			end(ev.Timestamp, "WORKER_LOST")
+			takeover = true
+		case audit.Completed:
+			st.Kind, st.Title = "outcome-ok", "completed"
+			if ms := intOf(ev.Data["durationMs"]); ms > 0 {
+				st.Details = append(st.Details, itoa(ms)+" ms")
+			}
+			st.Details = append(st.Details, "attempts "+itoa(intOf(ev.Data["attempts"])))
+			end(ev.Timestamp, "completed")
+		case audit.Failed:
+			st.Kind, st.Title = "outcome-bad", "failed "+strOf(ev.Data["code"])
+			add("stage", "stage")
+			if ev.Data["attempts"] != nil {
+				st.Details = append(st.Details, "attempts "+itoa(intOf(ev.Data["attempts"])))
+			}
+			end(ev.Timestamp, strOf(ev.Data["code"]))
+		case audit.Cancelled:
+			st.Kind, st.Title = "outcome-bad", "cancelled "+strOf(ev.Data["code"])
+			end(ev.Timestamp, strOf(ev.Data["code"]))
+		case audit.DuplicateDelivery:
+			st.Title = "duplicate delivery (acknowledged, not run)"
+		case audit.EnvelopeConflict:
+			st.Kind, st.Title = "takeover", "second finalization refused"
+		}
+		steps = append(steps, st)
+	}
+	return steps, atts
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// cancel asks the workers to cancel an execution, for its owner or an admin.
+func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	if envelope.ValidExecutionID(id) != nil {
+		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
+		return
+	}
+	defer http.Redirect(w, r, "/executions/"+id, http.StatusSeeOther)
+	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
+	defer cancel()
+	d, err := loadExecution(ctx, s, id)
+	if err != nil {
+		s.setFlash("error", "Cancel not sent: %v", err)
+		return
+	}
+	if !d.MayCancel {
+		if d.Ended {
+			s.setFlash("error", "Execution %s has already ended (%s).", shortID(id), d.Envelope.Status)
+		} else {
+			s.setFlash("error", "FORBIDDEN: only the execution's owner (%s:%s) or an admin may cancel it.", d.Summary.Actor.Kind, d.Summary.Actor.ID)
+		}
+		return
+	}
+	reply, err := s.cancel(ctx, id, d.Summary.Principal)
+	switch {
+	case err != nil:
+		s.setFlash("error", "Cancel not confirmed: %v", err)
+	case reply.Error != "":
+		s.setFlash("error", "Cancel refused: %s", reply.Error)
+	case reply.Finalized:
+		s.setFlash("ok", "Execution %s has ended: %s.", shortID(id), reply.Status)
+	default:
+		s.setFlash("ok", "Cancel recorded (the execution was %s); the worker is stopping it.", reply.State)
+	}
+}

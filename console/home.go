@@ -1,0 +1,51 @@
+package console
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+)
+
+type homeData struct {
+	Pending, Executions, Failed, Capabilities, Pools int
+}
+
+// home is the start page: what waits, what ran, what serves.
+func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	var d homeData
+	now := time.Now()
+	if s.approvals != nil { // producers may not read approvals
+		if list, err := s.approvals.List(ctx, approvals.Filter{Status: approvals.Pending}); err == nil {
+			for _, rec := range list {
+				if s.p.MayDecide(rec) {
+					d.Pending++
+				}
+			}
+		}
+	}
+	if s.broker() == nil {
+		c.render(w, r, s, "home", d)
+		return
+	}
+	if rows, total, _, err := listExecutions(ctx, s.broker(), parseExecFilter(url.Values{"since": {"1h"}}, now)); err == nil {
+		d.Executions = total
+		for _, e := range rows {
+			if e.Status == "failed" {
+				d.Failed++
+			}
+		}
+	}
+	if caps, err := readCatalog(ctx, s.broker()); err == nil {
+		pools := map[string]bool{}
+		for _, dsc := range caps {
+			pools[dsc.Pool] = true
+		}
+		d.Capabilities, d.Pools = len(caps), len(pools)
+	}
+	c.render(w, r, s, "home", d)
+}

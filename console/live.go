@@ -1,0 +1,187 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// Live updates are server-sent events that only say "changed": the page then
+// fetches its own part again (?part=...) and patches what differs, so the
+// server renders every view in one place.
+
+// Bursts of changes are coalesced into one event per period: a page that
+// lists executions reads the audit window again on each, so it waits longer.
+const (
+	settleApprovals  = 250 * time.Millisecond
+	settleExecutions = time.Second
+)
+
+// events streams "changed" to the browser each time something arrives on
+// changed, at most once per settle, with a keep-alive comment while idle.
+func events(w http.ResponseWriter, r *http.Request, settle time.Duration, changed <-chan struct{}, failed <-chan error) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	_, _ = fmt.Fprint(w, "retry: 2000\n: ready\n\n")
+	fl.Flush()
+	keep := time.NewTicker(15 * time.Second)
+	defer keep.Stop()
+	var due <-chan time.Time
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case err := <-failed:
+			_, _ = fmt.Fprintf(w, "event: broken\ndata: %s\n\n", oneLine(err))
+			fl.Flush()
+			return
+		case <-changed:
+			if due == nil {
+				due = time.After(settle)
+			}
+		case <-due:
+			due = nil
+			_, _ = fmt.Fprint(w, "event: changed\ndata: 1\n\n")
+			fl.Flush()
+		case <-keep.C:
+			_, _ = fmt.Fprint(w, ": keep-alive\n\n")
+			fl.Flush()
+		}
+	}
+}
+
+func oneLine(err error) string {
+	if err == nil {
+		return "closed"
+	}
+	b := []byte(err.Error())
+	for i, c := range b {
+		if c == '\n' || c == '\r' {
+			b[i] = ' '
+		}
+	}
+	return string(b)
+}
+
+func notify(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// listen subscribes to a feed until the request ends: keep decides which
+// changes matter; a failed source ends the stream (the browser reconnects).
+func listen(f *feed, changed chan<- struct{}, failed chan<- error, keep func(any) bool) (func(), error) {
+	return f.subscribe(func(v any) {
+		if err, ok := v.(error); ok {
+			select {
+			case failed <- err:
+			default:
+			}
+			return
+		}
+		if keep == nil || keep(v) {
+			notify(changed)
+		}
+	})
+}
+
+// liveApprovals says when any approval changes.
+func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *session) {
+	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	unsub, err := listen(s.feeds.approvals, changed, failed, nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
+	// A change between the page's render and now would be missed: look again.
+	notify(changed)
+	events(w, r, settleApprovals, changed, failed)
+}
+
+// liveExecutions says when any audit event arrives after the one the page
+// showed.
+func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *session) {
+	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	unsub, err := listen(s.feeds.audit, changed, failed, nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
+	// What was stored between the page's render and the subscription.
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	if info, err := s.broker().Audit.Info(r.Context()); err == nil && info.State.LastSeq > after {
+		notify(changed)
+	}
+	events(w, r, settleExecutions, changed, failed)
+}
+
+// liveExecution says when one execution's trail grows past the sequence its
+// page showed, and again once its envelope exists: the final event is emitted
+// just before the envelope is written.
+func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	if envelope.ValidExecutionID(id) != nil {
+		http.Error(w, "not an execution id", http.StatusNotFound)
+		return
+	}
+	b := s.broker()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	awaitEnvelope := func() {
+		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
+			// Status reads the envelope under the key the runtime gives it.
+			if st, err := s.status(ctx, id, r.URL.Query().Get("owner")); err == nil && st.Envelope != nil {
+				notify(changed)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	unsub, err := listen(s.feeds.audit, changed, failed, func(v any) bool {
+		ev, ok := v.(audit.Event)
+		if !ok || ev.ExecutionID != id {
+			return false
+		}
+		switch ev.Type {
+		case audit.Completed, audit.Failed, audit.Cancelled, audit.Denied, audit.ApprovalRequested:
+			go awaitEnvelope()
+		}
+		return true
+	})
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer unsub()
+	// What was stored between the page's render and the subscription.
+	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
+	if m, err := b.Audit.GetLastMsgForSubject(ctx, b.Names.AuditSubject(id)); err == nil && m.Sequence > after {
+		notify(changed)
+	}
+	// The page may show the last event but not yet the envelope it announced.
+	if r.URL.Query().Get("ended") == "" {
+		go awaitEnvelope()
+	}
+	events(w, r, settleApprovals, changed, failed)
+}

@@ -1,0 +1,576 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The tests of this file prove DESIGN §13: every accepted request ends, once.
+
+// publishCopy sends another message of the same request under its own
+// message id: a duplicated delivery, as a redelivery racing a live attempt is.
+func (s *store) publishCopy(capabilityID, id, msgID string) {
+	s.t.Helper()
+	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
+		Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice, Surface: string(executor.SurfaceDirect),
+		SubmittedAt: time.Now().UTC()}
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, capabilityID))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
+		s.t.Fatalf("publish: %v", err)
+	}
+}
+
+// Two workers share one id (a copied unit file): ownership is the claim's
+// random token, so a delivery of an execution the other one runs waits for
+// its lease, and every non-idempotent execution runs one attempt.
+func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	const n = 20
+	var mu sync.Mutex
+	perID := map[string]int{}
+	var a, b *executor.Worker
+	var p probe
+	p.gate = func(ctx context.Context, _ int) {
+		// Hold every attempt until each request's two messages have been
+		// delivered: the copy meets a live lease under the same worker id.
+		for a == nil || b == nil || a.Stats().Handled+b.Stats().Handled < 2*n {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	countCap := executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		mu.Lock()
+		perID[c.ExecutionID]++
+		mu.Unlock()
+		p.called(ctx, c.Attempt)
+		return probeOut{Attempt: c.Attempt}, ctx.Err()
+	})
+	cfg := executor.WorkerConfig{ID: "dup", Lease: 2 * time.Second, Concurrency: 2 * n}
+	a = startWorker(t, env.Connect(t), cfg, countCap)
+	b = startWorker(t, env.Connect(t), cfg, countCap)
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = envelope.NewExecutionID()
+		s.publish("test.send", ids[i])
+		s.publishCopy("test.send", ids[i], ids[i]+"-copy")
+	}
+	for _, id := range ids {
+		got := s.await(id)
+		if got.Status != envelope.StatusCompleted || got.Attempts != 1 {
+			t.Errorf("%s: envelope %s after %d attempts, error %+v", id, got.Status, got.Attempts, got.Error)
+		}
+	}
+	s.settled(ids[n-1])
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		if perID[id] != 1 {
+			t.Errorf("%s: handler called %d times", id, perID[id])
+		}
+	}
+	if got := s.envelopeWrites(); got != n {
+		t.Errorf("%d envelope writes for %d executions", got, n)
+	}
+}
+
+// A worker that loses its lease ends its handler's context: the handler sees
+// ctx.Done() whether another claim took the record over or the worker was cut
+// off from the store until its lease ran out. It then leaves the execution to
+// whoever owns it.
+func TestLeaseLost_HandlerContextEnds(t *testing.T) {
+	t.Run("TakenOverByAnotherClaim", func(t *testing.T) {
+		env := testenv.Start(t)
+		s := newStore(t, env)
+		var p probe
+		started, sawDone := holdUntilDone(&p)
+		w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, sendCap(&p))
+		id := envelope.NewExecutionID()
+		s.publish("test.send", id)
+		waitClosed(t, started, "the handler never started")
+		rec, rev := s.record(id)
+		rec.Worker, rec.Claim = "other-worker", "other-claim"
+		rec.LeaseUntil = time.Now().UTC().Add(time.Hour)
+		if _, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, sawDone, "the handler's context did not end after the claim was taken over")
+		if _, err := s.b.Envelopes.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
+			t.Fatal("the worker that lost its claim finalized the execution")
+		}
+		if n := w.Stats().Finalized; n != 0 {
+			t.Fatalf("%d envelopes finalized", n)
+		}
+	})
+	t.Run("CutOffFromTheStore", func(t *testing.T) {
+		env := testenv.Start(t)
+		s := newStore(t, env)
+		var p probe
+		started, sawDone := holdUntilDone(&p)
+		// Its own timeout is far beyond the test's waits.
+		long := executor.Define("test.send", executor.Meta{
+			Description: "Sends something; never retried.",
+			Expose:      executor.On(executor.SurfaceDirect),
+			SideEffect:  executor.External,
+			Timeout:     time.Hour,
+		}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+			p.called(ctx, c.Attempt)
+			return probeOut{}, ctx.Err()
+		})
+		startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, long)
+		id := envelope.NewExecutionID()
+		s.publish("test.send", id)
+		waitClosed(t, started, "the handler never started")
+		// The server stays down until the handler has seen its context end:
+		// only the worker's own clock can end it.
+		env.Stop()
+		waitClosed(t, sawDone, "the handler's context did not end while the lease ran out")
+		env.Restart(t)
+		// The redelivery finds attempt 1 started and its lease gone: the
+		// non-idempotent attempt is never repeated.
+		got := s.await(id)
+		if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+			t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
+		}
+		if n := p.calls.Load(); n != 1 {
+			t.Fatalf("handler called %d times", n)
+		}
+	})
+}
+
+// holdUntilDone makes p's handler hold until its context ends; started closes
+// when it is called, sawDone when it saw ctx.Done().
+func holdUntilDone(p *probe) (started, sawDone chan struct{}) {
+	started, sawDone = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	p.gate = func(ctx context.Context, _ int) {
+		once.Do(func() {
+			close(started)
+			<-ctx.Done() // bounded: the worker's shutdown ends it too
+			close(sawDone)
+		})
+	}
+	return started, sawDone
+}
+
+func waitClosed(t *testing.T, ch chan struct{}, msg string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-ctxT(t).Done():
+		t.Fatal(msg)
+	}
+}
+
+// newStoreWith provisions the resources with cfg, as a server would, and
+// opens a client and direct access to them.
+func newStoreWith(t *testing.T, env *testenv.Env, cfg broker.Config, cc executor.ClientConfig) *store {
+	t.Helper()
+	nc := env.Connect(t)
+	if _, err := broker.Provision(ctxT(t), nc, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cc.Broker, cc.Actor = cfg, alice
+	c, err := executor.NewClient(nc, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &store{t: t, nc: nc, b: c.Broker(), c: c}
+}
+
+// publishRequest sends a request as a producer does, on any subject.
+func (s *store) publishRequest(subject string, req *envelope.Request) {
+	s.t.Helper()
+	req.V = envelope.Version
+	if req.SubmittedAt.IsZero() {
+		req.SubmittedAt = time.Now().UTC()
+	}
+	if req.Actor.ID == "" {
+		req.Actor = alice
+	}
+	req.Surface = string(executor.SurfaceDirect)
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, req.ExecutionID)
+	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
+		s.t.Fatalf("publish: %v", err)
+	}
+}
+
+// drained waits until the exec stream holds no message.
+func (s *store) drained() {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		info, err := s.b.Exec.Info(ctx)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("the exec stream still holds %d requests", info.State.Msgs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func checkNotStarted(t *testing.T, got *envelope.Envelope) {
+	t.Helper()
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeNotStarted ||
+		got.Attempts != 0 {
+		t.Fatalf("envelope %s after %d attempts, error %+v; want failed NOT_STARTED", got.Status, got.Attempts, got.Error)
+	}
+	// The model is told it never ran, and not to expect it to by waiting.
+	if m := got.ForModel(); m.Code != envelope.CodeNotStarted || m.Retryable {
+		t.Fatalf("model sees %+v", m)
+	}
+}
+
+// A request that no worker will ever take ends NOT_STARTED at its start
+// deadline, whatever the reason: its pool is down, or its subject is routed
+// to no consumer at all. The sweeper, running in a worker of another pool,
+// ends it; a worker of its pool that comes back later never runs it.
+func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	// Pool "down" served test.send once: its consumer and catalog entry are
+	// still there, its workers are gone.
+	downConn := env.Connect(t)
+	stop := startWorkerUntil(t, downConn, executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	stop()
+	downConn.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+
+	downID, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1}, executor.StartWithin(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	startBy := time.Now().UTC().Add(300 * time.Millisecond)
+	nowhere := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.nowhere", StartBy: &startBy}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.nowhere"), nowhere)
+
+	for _, id := range []string{downID, nowhere.ExecutionID} {
+		got := s.await(id)
+		checkNotStarted(t, got)
+		tr := s.settled(id)
+		if n := count(tr, audit.Failed); n != 1 || count(tr, audit.Started) != 0 {
+			t.Errorf("%s: trail %v", id, typesOf(tr))
+		}
+		rec, _ := s.record(id)
+		if rec.State != executor.StateFinalized || rec.Status != envelope.StatusFailed {
+			t.Errorf("%s: record %s/%s", id, rec.State, rec.Status)
+		}
+	}
+	// The pool comes back: nothing is left for it to run but a new request.
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a new request: %v %+v", err, got)
+	}
+	s.drained()
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times for one new request and two that ended NOT_STARTED", n)
+	}
+	if n := s.envelopeWrites(); n != 3 {
+		t.Fatalf("%d envelope writes", n)
+	}
+}
+
+// A request delivered to a worker after its start deadline ends NOT_STARTED
+// on that delivery, without the sweeper: here a capability the catalog still
+// lists but no running worker has, which is put back for a newer worker until
+// its deadline passes.
+func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "old", RolloutDelay: 100 * time.Millisecond, SweepInterval: -1},
+		echoCap(nil))
+	// The catalog lists test.send in this pool (a newer worker is on its
+	// way), and the pool's consumer covers it.
+	d, err := envelope.Marshal(&executor.Descriptor{V: envelope.Version, ID: "test.send", Pool: "default",
+		ExpiresAt: time.Now().UTC().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.b.Catalog.Put(ctxT(t), "test.send", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.b.EnsurePool(ctxT(t), broker.PoolConfig{Pool: "default", Capabilities: []string{"test.send"},
+		MaxAckPending: 20000, AckWait: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	startBy := time.Now().UTC().Add(500 * time.Millisecond)
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.send", StartBy: &startBy}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), req)
+	got := s.await(req.ExecutionID)
+	checkNotStarted(t, got)
+	s.settled(req.ExecutionID)
+	if got.FinalizedBy != "old" || p.calls.Load() != 0 {
+		t.Fatalf("finalized by %s, %d calls", got.FinalizedBy, p.calls.Load())
+	}
+}
+
+// Records outlive requests: the exec stream drops a request at the record
+// TTL, and before that the request ends. Here a non-idempotent attempt starts,
+// its worker is lost, and its pool stays down beyond the record TTL: the
+// sweeper ends it OUTCOME_UNKNOWN before the TTL, JetStream keeps no copy to
+// deliver, and when the pool comes back, after the record has expired, the
+// attempt is never run again from scratch.
+func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
+	const ttl = 4 * time.Second
+	cfg := broker.Config{RecordTTL: ttl}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	if info, err := s.b.Exec.Info(ctxT(t)); err != nil || info.Config.MaxAge != ttl {
+		t.Fatalf("exec stream MaxAge: %v %v, want the record TTL %v", info.Config.MaxAge, err, ttl)
+	}
+	var p probe
+	started, _ := holdUntilDone(&p)
+	lostConn := env.Connect(t)
+	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1},
+		sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Broker: cfg, SweepInterval: 50 * time.Millisecond},
+		echoCap(nil))
+	id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, started, "the handler never started")
+	lostConn.Close() // the worker is lost mid-attempt; its pool is down
+
+	got := s.await(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+		t.Fatalf("envelope %s after %d attempts, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Attempts, got.Error)
+	}
+	s.drained()
+	// Wait until the record itself has expired.
+	ctx := ctxT(t)
+	for {
+		_, err := s.b.Executions.Get(ctx, broker.Key(broker.Anonymous, id))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the record never expired")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// The pool comes back: nothing runs the request again.
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a new request: %v %+v", err, got)
+	}
+	s.drained()
+	if n := p.calls.Load(); n != 2 {
+		t.Fatalf("handler called %d times: want the lost attempt and the new request only", n)
+	}
+}
+
+// runWorker runs a worker until the test ends (or stop is called) and waits
+// until the catalog s reads lists its first capability.
+func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
+	t := s.t
+	t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	wait := ctxT(t)
+	for {
+		if _, err := s.b.Catalog.Get(wait, caps[0].ID()); err == nil {
+			return stop
+		}
+		select {
+		case <-wait.Done():
+			t.Fatalf("no worker serves %s", caps[0].ID())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// A capability that no live worker serves any more lapses from the catalog:
+// its pool lives on without it, so a request for it (here from a producer
+// whose catalog still routes it to the pool) ends CAPABILITY_NOT_FOUND instead
+// of being put back for ever. While the whole pool is down, its entries stay
+// listed and requests wait for it, until their start deadline.
+func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	const ttl = 600 * time.Millisecond
+	// The old release served test.send and demo.echo; the new one only demo.echo.
+	oldConn := env.Connect(t)
+	stop := startWorkerUntil(t, oldConn, executor.WorkerConfig{ID: "old", CatalogTTL: ttl}, sendCap(&p), echoCap(nil))
+	stop()
+	oldConn.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "new", CatalogTTL: ttl, RolloutDelay: 100 * time.Millisecond},
+		echoCap(nil))
+	// Routed as a stale producer would: on the capability's own subject.
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+	got := s.await(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("envelope %s %+v, want CAPABILITY_NOT_FOUND", got.Status, got.Error)
+	}
+	s.settled(id)
+	if p.calls.Load() != 0 {
+		t.Fatal("handler called")
+	}
+	// A client no longer routes it to the pool either.
+	got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 1})
+	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("call: %v %+v", err, got)
+	}
+	// What the live worker serves stays listed across renewals, several TTLs on.
+	ctx := ctxT(t)
+	var rev uint64
+	for renewals := 0; renewals < 4; {
+		e, err := s.b.Catalog.Get(ctx, "demo.echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Revision() != rev {
+			rev = e.Revision()
+			renewals++
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the live worker's entries were not renewed")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if got, err := s.c.Call(ctxT(t), "demo.echo", map[string]any{"hello": "still"}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("demo.echo after renewals: %v %+v", err, got)
+	}
+}
+
+// With authentication the same holds for a producer's client, which reads
+// the catalog key by key, and for a sweeper whose worker credentials may not
+// remove messages: a request whose pool is down ends NOT_STARTED, and when the
+// pool comes back its worker finds the envelope and acknowledges the request
+// without running it. A capability its live pool dropped ends
+// CAPABILITY_NOT_FOUND.
+func TestStartDeadline_WithAuthentication(t *testing.T) {
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"},
+		Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	s := &store{t: t, nc: env.Connect(t), b: admin}
+	var p probe
+	const ttl = 600 * time.Millisecond
+	downConn := env.ConnectAs(t, auth.WorkerPrincipal)
+	stop := s.runWorker(downConn, executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	stop()
+	downConn.Close()
+	oldConn := env.ConnectAs(t, auth.WorkerPrincipal)
+	stop = s.runWorker(oldConn, executor.WorkerConfig{ID: "old", CatalogTTL: ttl}, lookupCap(&p), echoCap(nil))
+	stop()
+	oldConn.Close()
+	s.runWorker(env.ConnectAs(t, auth.WorkerPrincipal),
+		executor.WorkerConfig{ID: "new", CatalogTTL: ttl, SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+
+	c, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{Actor: alice})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	got, err := c.Call(ctxT(t), "test.send", map[string]any{"n": 1}, executor.StartWithin(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNotStarted(t, got)
+	// The sweeper removes the request it ended: workers may delete messages
+	// of the exec stream, and of no other stream.
+	ctx := ctxT(t)
+	for {
+		info, err := admin.Exec.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the exec stream still holds %d messages after the sweep", info.State.Msgs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// test.lookup lapses once no live worker of the default pool renews it:
+	// routed to the pool while its entry lives, put back by the worker that
+	// lacks it, then ended CAPABILITY_NOT_FOUND.
+	got, err = c.Call(ctxT(t), "test.lookup", map[string]any{"n": 1})
+	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
+		t.Fatalf("test.lookup: %v %+v", err, got)
+	}
+	// The down pool comes back: its worker acknowledges the ended request.
+	s.runWorker(env.ConnectAs(t, auth.WorkerPrincipal), executor.WorkerConfig{Pool: "down", SweepInterval: -1}, sendCap(&p))
+	s.drained()
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
+	}
+}

@@ -1,0 +1,276 @@
+package mcpbridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// submitTimeout bounds publishing one request.
+const submitTimeout = 10 * time.Second
+
+// callTool runs one tools/call of a capability as a capstan execution for
+// the view's actor.
+func (b *Bridge) callTool(ctx context.Context, v *view, capID string, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	t, ok := v.lookup(capID)
+	if !ok { // removed between the dispatch and now: the same answer as any unknown tool
+		return refusal(envelope.CodeCapabilityNotFound, "No such capability."), nil
+	}
+	input, problem := argumentsOf(req.Params.Arguments, t.wrapped)
+	if problem != "" {
+		return refusal(envelope.CodeInputInvalid, problem), nil
+	}
+	// The same call again after its approval was granted runs the approved
+	// call instead of asking for another approval.
+	key := pendingKey(v.actor, capID, input)
+	if approvalID, ok := b.pending.lookup(key); ok {
+		return b.resumeApproval(ctx, v.actor, approvalID, newProgress(req), true)
+	}
+	return b.run(ctx, v.actor, newProgress(req), key, func(ctx context.Context, id string) error {
+		_, err := b.c.Submit(ctx, capID, input, b.assert(v.actor), executor.WithID(id))
+		return err
+	})
+}
+
+// assert is the one place the bridge names the actor of a request: the
+// caller authenticated by the transport (a bearer token, or --actor over
+// stdio). Under capstan's trust boundary the bridge's NATS principal is a
+// delegating producer whose grants say which actors it may assert.
+func (b *Bridge) assert(actor envelope.Actor) executor.CallOption { return executor.As(actor) }
+
+// argumentsOf turns tools/call arguments into the capability's input, or
+// says to the model why it cannot.
+func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	if wrapped {
+		var w struct {
+			Input json.RawMessage `json:"input"`
+		}
+		if err := json.Unmarshal(args, &w); err != nil || len(w.Input) == 0 {
+			return nil, "The arguments must be an object with the property \"input\"."
+		}
+		args = w.Input
+	}
+	raw, err := envelope.RawFromJSON(args)
+	if err != nil {
+		return nil, "The arguments are not valid JSON."
+	}
+	return raw, ""
+}
+
+// run submits one execution under a new id and answers with its envelope,
+// sending progress notifications from its audit trail while it runs. A
+// client's notifications/cancelled cancels the execution; a lost connection
+// does not (the envelope stays readable with capstan.status).
+//
+// key, when set, names the call for the pending approvals: the same call
+// made again after its approval runs the approved one. p carries the
+// request's progress token (its values only grow, across a resume too).
+func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
+	id := envelope.NewExecutionID()
+	b.owned.add(actor, id)
+	if h, ok := ctx.Value(callHandleKey{}).(*callHandle); ok {
+		h.start(b, id)
+	}
+	stopFollowing := p.follow(ctx, b, id)
+	defer stopFollowing()
+
+	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	err := submit(sctx, id)
+	cancel()
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		return resultOf(refused(id, ce)), nil
+	}
+	if err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil {
+		// Cancelled while the request was being stored: it may have been.
+		// A cancel recorded first ends it as soon as a worker sees it.
+		b.cancelExecution(id)
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		b.log.Warn("MCP call not submitted", "executionId", id, "err", err)
+		return nil, fmt.Errorf("capstan could not take the call: %w", err)
+	}
+
+	actx, cancel := context.WithTimeout(ctx, b.cfg.CallTimeout)
+	env, err := b.c.Await(actx, id)
+	cancel()
+	switch {
+	case err == nil:
+	case explicitlyCancelled(ctx) && b.ctx.Err() == nil:
+		b.cancelExecution(id)
+		return nil, ctx.Err()
+	case ctx.Err() != nil:
+		// The connection or the bridge ended: the execution goes on.
+		return nil, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded):
+		return stillRunning(id, b.cfg.CallTimeout), nil
+	default:
+		return nil, fmt.Errorf("capstan: await %s: %w", id, err)
+	}
+	if env.Status == envelope.StatusApprovalRequired && env.Approval != nil {
+		if key != "" {
+			b.pending.remember(key, env.Approval.ID)
+		}
+		if b.cfg.ApprovalWait > 0 {
+			stopFollowing() // the resumed execution has a trail of its own
+			if approved := b.awaitDecision(ctx, p, env.Approval.ID); approved {
+				return b.resumeApproval(ctx, actor, env.Approval.ID, p, false)
+			}
+		}
+	}
+	return resultOf(env), nil
+}
+
+// explicitlyCancelled tells a client's notifications/cancelled (the request's
+// context cancelled without a cause) from a lost connection (cancelled with
+// the read error as its cause). Over stateless HTTP the request is the whole
+// exchange: its end, however it comes, is the client giving up.
+func explicitlyCancelled(ctx context.Context) bool {
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		return false
+	}
+	return context.Cause(ctx) == context.Canceled || ctx.Value(closeCancelsKey{}) != nil
+}
+
+func (b *Bridge) cancelExecution(id string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(b.ctx), 10*time.Second)
+	defer cancel()
+	if _, err := b.c.Cancel(ctx, id); err != nil {
+		b.log.Warn("cancel after notifications/cancelled failed", "executionId", id, "err", err)
+		return
+	}
+	b.log.Info("execution cancelled by its MCP client", "executionId", id)
+}
+
+// refused is the envelope of a call refused before it was published.
+func refused(id string, ce *envelope.CapabilityError) *envelope.Envelope {
+	return &envelope.Envelope{V: envelope.Version, ExecutionID: id, Status: envelope.StatusFailed, Error: ce.Wire()}
+}
+
+// resultOf renders an envelope for the model: the output of a completed
+// execution as structured content and JSON text; only ForModel() of a failed
+// or cancelled one; what is pending, why, and what to do next for one that
+// needs an approval.
+func resultOf(env *envelope.Envelope) *mcp.CallToolResult {
+	meta := mcp.Meta{metaKey + "executionId": env.ExecutionID, metaKey + "status": string(env.Status)}
+	switch env.Status {
+	case envelope.StatusCompleted:
+		text, structured := outputOf(env.Output)
+		return &mcp.CallToolResult{Meta: meta, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: structured}
+	case envelope.StatusApprovalRequired:
+		return approvalResult(env, meta)
+	default:
+		me := env.ForModel()
+		if me == nil {
+			me = &envelope.ModelError{Code: envelope.CodeInternalError, Message: "The operation failed."}
+		}
+		return &mcp.CallToolResult{Meta: meta, IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}},
+			StructuredContent: me}
+	}
+}
+
+// outputOf returns the output as JSON text, and as structured content: the
+// output itself when it is an object, else {"result": output}.
+func outputOf(out envelope.Raw) (string, any) {
+	if len(out) == 0 {
+		return "null", map[string]any{"result": nil}
+	}
+	j, err := json.Marshal(out)
+	if err != nil {
+		return "The output could not be rendered as JSON.", nil
+	}
+	var v any
+	if json.Unmarshal(j, &v) != nil {
+		return string(j), nil
+	}
+	if obj, ok := v.(map[string]any); ok {
+		return string(j), obj
+	}
+	return string(j), map[string]any{"result": v}
+}
+
+func errorText(me *envelope.ModelError) string {
+	s := fmt.Sprintf("%s: %s", me.Code, me.Message)
+	if me.Retryable {
+		s += " (retryable)"
+	}
+	if len(me.Details) > 0 {
+		if d, err := json.Marshal(me.Details); err == nil {
+			s += "\n" + string(d)
+		}
+	}
+	return s
+}
+
+// ApprovalRequired is the structured content of a call that waits for an
+// approval.
+type ApprovalRequired struct {
+	Status       string    `json:"status"` // "approval-required"
+	ExecutionID  string    `json:"executionId"`
+	CapabilityID string    `json:"capabilityId"`
+	ApprovalID   string    `json:"approvalId"`
+	Reasons      []string  `json:"reasons,omitempty"`
+	Types        []string  `json:"types,omitempty"`
+	ExpiresAt    time.Time `json:"expiresAt"`
+	Next         string    `json:"next"`
+}
+
+func approvalResult(env *envelope.Envelope, meta mcp.Meta) *mcp.CallToolResult {
+	a := env.Approval
+	if a == nil {
+		a = &envelope.ApprovalRef{}
+	}
+	next := fmt.Sprintf("Nothing ran. Ask a person allowed to approve (%s) to approve %s, for example with "+
+		"'capstan approvals approve %s'; then make the same call again, or call %s with this approvalId. "+
+		"You cannot approve it yourself.", typesText(a.Types), a.ID, a.ID, ResumeTool)
+	ar := ApprovalRequired{Status: string(envelope.StatusApprovalRequired), ExecutionID: env.ExecutionID,
+		CapabilityID: env.CapabilityID, ApprovalID: a.ID, Reasons: a.Reasons, Types: a.Types, ExpiresAt: a.ExpiresAt, Next: next}
+	text := fmt.Sprintf("Approval required before %s runs (approval %s, expires %s).", env.CapabilityID, a.ID,
+		a.ExpiresAt.Format(time.RFC3339))
+	if len(a.Reasons) > 0 {
+		text += " Why: " + strings.Join(a.Reasons, "; ") + "."
+	}
+	text += " " + next
+	return &mcp.CallToolResult{Meta: meta, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: ar}
+}
+
+func typesText(types []string) string {
+	if len(types) == 0 {
+		return "any approver"
+	}
+	return "approval types " + strings.Join(types, ", ")
+}
+
+// refusal is the result of a call refused by the bridge itself.
+func refusal(code envelope.Code, msg string) *mcp.CallToolResult {
+	me := &envelope.ModelError{Code: code, Message: msg}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}}, StructuredContent: me}
+}
+
+// StillRunning is the structured content of a call whose execution outlived
+// Config.CallTimeout.
+type StillRunning struct {
+	Status      string `json:"status"` // "running"
+	ExecutionID string `json:"executionId"`
+	Next        string `json:"next"`
+}
+
+func stillRunning(id string, waited time.Duration) *mcp.CallToolResult {
+	next := fmt.Sprintf("Call %s with this executionId later to read its result.", StatusTool)
+	return &mcp.CallToolResult{
+		Meta:              mcp.Meta{metaKey + "executionId": id, metaKey + "status": "running"},
+		Content:           []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("Still running after %v (execution %s). %s", waited, id, next)}},
+		StructuredContent: StillRunning{Status: "running", ExecutionID: id, Next: next},
+	}
+}

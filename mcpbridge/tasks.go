@@ -1,0 +1,431 @@
+package mcpbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// The Tasks extension (io.modelcontextprotocol/tasks, protocol 2026-07-28):
+// a tools/call from a client that declares the extension is answered at once
+// with a task whose id is the execution id; tasks/get, tasks/update and
+// tasks/cancel read and steer it. A task is nothing but capstan's durable
+// state — the execution's record and envelope, the approval — so it survives
+// the bridge's restart, and any bridge of a deployment answers for it.
+
+// TasksExtension is the Tasks extension's identifier.
+const TasksExtension = "io.modelcontextprotocol/tasks"
+
+const (
+	relatedTaskMeta = "io.modelcontextprotocol/related-task"
+	// codeMissingCapability is the protocol's "Missing required client capability".
+	codeMissingCapability = -32021
+	pollIntervalMs        = 1000
+	// maxResumeHops bounds following approvals from one execution to the
+	// execution that consumed them.
+	maxResumeHops = 4
+)
+
+// Task statuses.
+const (
+	TaskWorking       = "working"
+	TaskInputRequired = "input_required"
+	TaskCompleted     = "completed"
+	TaskFailed        = "failed"
+	TaskCancelled     = "cancelled"
+)
+
+// Task is the extension's task shape: CreateTaskResult (resultType "task")
+// and the result of tasks/get (resultType "complete").
+type Task struct {
+	mcp.ResultBase
+	ResultType     string              `json:"resultType"`
+	TaskID         string              `json:"taskId"`
+	Status         string              `json:"status"`
+	StatusMessage  string              `json:"statusMessage,omitempty"`
+	CreatedAt      string              `json:"createdAt"`
+	LastUpdatedAt  string              `json:"lastUpdatedAt"`
+	TTLMs          *int64              `json:"ttlMs"`
+	PollIntervalMs int64               `json:"pollIntervalMs,omitempty"`
+	InputRequests  map[string]any      `json:"inputRequests,omitempty"`
+	Result         *mcp.CallToolResult `json:"result,omitempty"`
+	Error          *jsonrpc.Error      `json:"error,omitempty"`
+}
+
+// TaskParams are the parameters of tasks/get, tasks/update and tasks/cancel.
+type TaskParams struct {
+	mcp.ParamsBase
+	TaskID         string         `json:"taskId"`
+	InputResponses map[string]any `json:"inputResponses,omitempty"`
+}
+
+// Ack is the empty acknowledgement of tasks/update and tasks/cancel.
+type Ack struct {
+	mcp.ResultBase
+	ResultType string `json:"resultType"`
+}
+
+// serverCapabilities are what every actor's server declares: tools whose
+// list changes, and the Tasks extension.
+func serverCapabilities() *mcp.ServerCapabilities {
+	c := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}
+	c.AddExtension(TasksExtension, map[string]any{})
+	return c
+}
+
+// routeTasks adds the extension's methods to a view's server, and answers a
+// declaring client's tools/call with a task.
+func (b *Bridge) routeTasks(v *view) {
+	v.server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			cr, ok := req.(*mcp.CallToolRequest)
+			if method != "tools/call" || !ok || cr.Params == nil || !extensionIn(cr.ClientCapabilities()) {
+				return next(ctx, method, req)
+			}
+			t, ok := v.lookup(cr.Params.Name)
+			if !ok { // the bridge's own tools, or an unknown name: answered as usual
+				return next(ctx, method, req)
+			}
+			input, problem := argumentsOf(cr.Params.Arguments, t.wrapped)
+			if problem != "" {
+				return next(ctx, method, req)
+			}
+			return b.createTask(ctx, v.actor, cr.Params.Name, input)
+		}
+	})
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Task, error) {
+		if err := checkDeclared(ss, p); err != nil {
+			return nil, err
+		}
+		t, err := b.getTask(ctx, v.actor, p.TaskID)
+		if t != nil {
+			t.ResultType = "complete"
+		}
+		return t, err
+	}))
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
+		if err := checkDeclared(ss, p); err != nil {
+			return nil, err
+		}
+		return &Ack{ResultType: "complete"}, b.updateTask(ctx, v.actor, p)
+	}))
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
+		if err := checkDeclared(ss, p); err != nil {
+			return nil, err
+		}
+		return &Ack{ResultType: "complete"}, b.cancelTask(ctx, v.actor, p.TaskID)
+	}))
+}
+
+func must(err error) {
+	if err != nil {
+		panic(err) // a method name clashes with the SDK's: a programming error
+	}
+}
+
+// extensionIn reports whether capabilities declare the Tasks extension.
+func extensionIn(c *mcp.ClientCapabilities) bool {
+	if c == nil {
+		return false
+	}
+	_, ok := c.Extensions[TasksExtension]
+	return ok
+}
+
+// checkDeclared refuses a tasks/* request from a client that did not
+// declare the extension, on the request or at initialization.
+func checkDeclared(ss *mcp.ServerSession, p *TaskParams) error {
+	if caps, ok := p.Meta[mcp.MetaKeyClientCapabilities].(map[string]any); ok {
+		if ext, ok := caps["extensions"].(map[string]any); ok {
+			if _, ok := ext[TasksExtension]; ok {
+				return nil
+			}
+		}
+	}
+	if ss != nil {
+		if ip := ss.InitializeParams(); ip != nil && extensionIn(ip.Capabilities) {
+			return nil
+		}
+	}
+	return &jsonrpc.Error{Code: codeMissingCapability, Message: "Missing required client capability",
+		Data: []byte(`{"requiredCapabilities":{"extensions":{"` + TasksExtension + `":{}}}}`)}
+}
+
+func taskNotFound() error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: Task not found"}
+}
+
+// createTask submits the call and answers with its task once the request is
+// stored: from then on tasks/get resolves.
+func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
+	id := envelope.NewExecutionID()
+	b.owned.add(actor, id)
+	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
+	cancel()
+	var ce *envelope.CapabilityError
+	if errors.As(err, &ce) {
+		return resultOf(refused(id, ce)), nil
+	}
+	if err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil {
+		b.cancelExecution(id) // the request may have been stored
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan could not take the call: %w", err)
+	}
+	now := time.Now().UTC()
+	t := b.task(id, now, now)
+	t.ResultType = "task"
+	t.Status, t.StatusMessage = TaskWorking, "queued"
+	if b.cfg.TaskAfter < 0 {
+		return t, nil
+	}
+	actx, cancel := context.WithTimeout(ctx, b.cfg.TaskAfter)
+	env, err := b.c.Await(actx, id)
+	cancel()
+	switch {
+	case err != nil:
+		return t, nil // still running: the task it is
+	case env.Status == envelope.StatusApprovalRequired && env.Approval != nil:
+		t.Status, t.StatusMessage = TaskInputRequired, "waiting for approval "+env.Approval.ID
+		t.LastUpdatedAt = env.FinalizedAt.Format(time.RFC3339Nano)
+		return t, nil
+	default:
+		return resultOf(env), nil
+	}
+}
+
+func (b *Bridge) task(id string, created, updated time.Time) *Task {
+	ttl := b.cfg.Broker.RecordTTL
+	if ttl <= 0 {
+		ttl = broker.DefaultRecordTTL
+	}
+	ms := ttl.Milliseconds()
+	return &Task{
+		ResultBase: mcp.ResultBase{Meta: mcp.Meta{relatedTaskMeta: map[string]any{"taskId": id}}},
+		TaskID:     id, CreatedAt: created.Format(time.RFC3339Nano), LastUpdatedAt: updated.Format(time.RFC3339Nano),
+		TTLMs: &ms, PollIntervalMs: pollIntervalMs,
+	}
+}
+
+// getTask reads the task's state from the execution, following an approval
+// to the execution that consumed it. An approved approval nobody resumed yet
+// is resumed here, under an id derived from the approval, so that however
+// many bridges poll, one execution runs (and the approval authorizes one).
+func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID string) (*Task, error) {
+	if envelope.ValidExecutionID(taskID) != nil || !b.owns(ctx, actor, taskID) {
+		return nil, taskNotFound()
+	}
+	id := taskID
+	created := time.Time{}
+	for hop := 0; ; hop++ {
+		st, err := b.c.Status(ctx, id)
+		switch {
+		case errors.Is(err, executor.ErrUnknownExecution):
+			// Stored, not yet claimed by a worker.
+			t := b.task(taskID, orNow(created), time.Now().UTC())
+			t.Status, t.StatusMessage = TaskWorking, "queued"
+			return t, nil
+		case err != nil:
+			return nil, err
+		}
+		if created.IsZero() && st.Record != nil {
+			created = st.Record.CreatedAt
+		}
+		env := st.Envelope
+		if env == nil {
+			t := b.task(taskID, orNow(created), updatedAt(st))
+			t.Status, t.StatusMessage = TaskWorking, stateText(st.Record)
+			return t, nil
+		}
+		t := b.task(taskID, orNow(created), env.FinalizedAt)
+		switch env.Status {
+		case envelope.StatusCompleted, envelope.StatusFailed:
+			t.Status, t.Result = TaskCompleted, resultOf(env)
+			t.StatusMessage = string(env.Status)
+			return t, nil
+		case envelope.StatusCancelled:
+			t.Status, t.Result = TaskCancelled, resultOf(env)
+			if me := env.ForModel(); me != nil {
+				t.StatusMessage = me.Message
+			}
+			return t, nil
+		}
+		// approval-required
+		if env.Approval == nil || hop >= maxResumeHops {
+			t.Status, t.Result = TaskCompleted, resultOf(env)
+			return t, nil
+		}
+		rec, err := b.c.Approvals().Get(ctx, env.Approval.ID)
+		if err != nil {
+			return nil, err
+		}
+		switch rec.StatusAt(time.Now()) {
+		case approvals.Pending:
+			t.Status = TaskInputRequired
+			t.StatusMessage = "waiting for approval " + rec.ID
+			t.InputRequests = approvalInputRequest(rec)
+			t.LastUpdatedAt = rec.RequestedAt.Format(time.RFC3339Nano)
+			return t, nil
+		case approvals.Approved:
+			rid := rec.ID + "-resume"
+			sctx, cancel := context.WithTimeout(ctx, submitTimeout)
+			_, err := b.c.SubmitResume(sctx, rec.ID, executor.WithID(rid))
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			t.Status, t.StatusMessage = TaskWorking, "approved by "+decider(rec)+"; running"
+			return t, nil
+		case approvals.Consumed:
+			id = rec.ConsumedBy
+			continue
+		case approvals.Cancelled:
+			t.Status, t.StatusMessage = TaskCancelled, "the approval request was withdrawn; nothing ran"
+			return t, nil
+		default:
+			code := envelope.CodeApprovalRejected
+			if rec.StatusAt(time.Now()) == approvals.Expired {
+				code = envelope.CodeApprovalExpired
+			}
+			t.Status = TaskCompleted
+			t.Result = refusal(code, "The approval was "+string(rec.StatusAt(time.Now()))+"; nothing ran.")
+			return t, nil
+		}
+	}
+}
+
+func orNow(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Now().UTC()
+	}
+	return t
+}
+
+func updatedAt(st *executor.Status) time.Time {
+	if st.Record != nil {
+		return st.Record.UpdatedAt
+	}
+	return time.Now().UTC()
+}
+
+// stateText is the progress of an execution as its record tells it.
+func stateText(r *executor.Record) string {
+	if r == nil {
+		return "queued"
+	}
+	switch r.State {
+	case executor.StateRunning:
+		return fmt.Sprintf("started, attempt %d", r.Attempt)
+	case executor.StateBackoff:
+		return fmt.Sprintf("retrying: attempt %d after %s", r.Attempt+1, r.LastError)
+	}
+	return string(r.State)
+}
+
+// approvalKey is the inputRequests key of an approval: one per approval, so
+// never reused within a task.
+func approvalKey(id string) string { return "approval-" + id }
+
+// approvalInputRequest tells the client what the task waits for, as a form
+// elicitation with nothing to fill in: someone else decides the approval;
+// the requester may only withdraw the call (decline or cancel).
+func approvalInputRequest(rec *approvals.Record) map[string]any {
+	msg := fmt.Sprintf("%s waits for approval %s (%s)", rec.CapabilityID, rec.ID, typesText(rec.Types))
+	if len(rec.Reasons) > 0 {
+		msg += ": " + rec.Reasons[0]
+	}
+	msg += ". Someone else must approve it; the task then runs by itself. Decline to withdraw the call."
+	return map[string]any{approvalKey(rec.ID): map[string]any{
+		"method": "elicitation/create",
+		"params": map[string]any{"mode": "form", "message": msg,
+			"requestedSchema": map[string]any{"type": "object", "properties": map[string]any{}}},
+	}}
+}
+
+// updateTask takes the answer to an approval's input request: decline or
+// cancel withdraws the approval request; accept changes nothing.
+func (b *Bridge) updateTask(ctx context.Context, actor envelope.Actor, p *TaskParams) error {
+	if envelope.ValidExecutionID(p.TaskID) != nil || !b.owns(ctx, actor, p.TaskID) {
+		return taskNotFound()
+	}
+	for key, resp := range p.InputResponses {
+		r, _ := resp.(map[string]any)
+		action, _ := r["action"].(string)
+		if action != "decline" && action != "cancel" {
+			continue
+		}
+		id, ok := approvalOf(key)
+		if !ok {
+			continue // not a key this task issued
+		}
+		if err := b.withdraw(ctx, actor, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func approvalOf(key string) (string, bool) {
+	const prefix = "approval-"
+	if len(key) <= len(prefix) || key[:len(prefix)] != prefix {
+		return "", false
+	}
+	return key[len(prefix):], true
+}
+
+// withdraw cancels the actor's own pending approval request.
+func (b *Bridge) withdraw(ctx context.Context, actor envelope.Actor, approvalID string) error {
+	store := b.c.Approvals()
+	rec, err := store.Get(ctx, approvalID)
+	if err != nil || rec.Actor.Kind != actor.Kind || rec.Actor.ID != actor.ID {
+		return nil // unknown or another's: ignored, as the extension asks
+	}
+	if _, err := store.Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
+		!errors.Is(err, approvals.ErrAlreadyDecided) {
+		return err
+	}
+	return nil
+}
+
+// cancelTask cancels the execution the task is at: a pending approval is
+// withdrawn, a running execution cancelled. Cancelling is cooperative: a
+// task that already ended keeps its outcome.
+func (b *Bridge) cancelTask(ctx context.Context, actor envelope.Actor, taskID string) error {
+	if envelope.ValidExecutionID(taskID) != nil || !b.owns(ctx, actor, taskID) {
+		return taskNotFound()
+	}
+	id := taskID
+	for hop := 0; hop < maxResumeHops; hop++ {
+		st, err := b.c.Status(ctx, id)
+		if err != nil || st.Envelope == nil {
+			// Queued or running (or not yet visible): cancel the execution.
+			if _, err := b.c.Cancel(ctx, id); err != nil && !errors.Is(err, executor.ErrNoWorkers) {
+				b.log.Warn("tasks/cancel failed", "executionId", id, "err", err)
+			}
+			return nil
+		}
+		if st.Envelope.Status != envelope.StatusApprovalRequired || st.Envelope.Approval == nil {
+			return nil // ended
+		}
+		rec, err := b.c.Approvals().Get(ctx, st.Envelope.Approval.ID)
+		if err != nil {
+			return err
+		}
+		if rec.Status == approvals.Consumed {
+			id = rec.ConsumedBy
+			continue
+		}
+		return b.withdraw(ctx, actor, rec.ID)
+	}
+	return nil
+}
