@@ -177,8 +177,9 @@ func (e *remoteError) Error() string   { return e.msg }
 func (e *remoteError) Unwrap() []error { return e.conds }
 
 // ListRequest asks the workers for approvals, as Filter selects them, or for
-// the one named by ID. An approver receives only the approvals of types it
-// may decide; on an open server, every one.
+// the one named by ID. An approver receives the approvals of types it may
+// decide, and any principal the approvals it requested itself (a producer
+// follows its own calls' approvals so); on an open server, every one.
 type ListRequest struct {
 	V            int            `json:"v"`
 	ID           string         `json:"id,omitempty"`
@@ -196,7 +197,7 @@ type ListReply struct {
 }
 
 // ListAs returns the approvals principal may see: those of types it may
-// decide (see Authorizer).
+// decide (see Authorizer), and those requested under principal itself.
 func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, authz Authorizer) ([]*Record, error) {
 	var all []*Record
 	if req.ID != "" {
@@ -213,14 +214,23 @@ func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, a
 	}
 	out := make([]*Record, 0, len(all))
 	for _, r := range all {
+		if requestedBy(r, principal) {
+			out = append(out, r)
+			continue
+		}
 		if _, _, err := authz.Approver(principal, r.Types); err == nil {
 			out = append(out, r)
 		}
 	}
 	if req.ID != "" && len(out) == 0 {
-		return nil, fmt.Errorf("%w: principal %q may not decide approvals of types %v", ErrForbidden, principal, all[0].Types)
+		return nil, fmt.Errorf("%w: principal %q neither requested nor may decide approvals of types %v", ErrForbidden, principal, all[0].Types)
 	}
 	return out, nil
+}
+
+// requestedBy reports whether an authenticated principal requested r.
+func requestedBy(r *Record, principal string) bool {
+	return principal != "" && principal != broker.Anonymous && r.Principal == principal
 }
 
 // ServeList answers listings sent to n.ListApprovalsSubjects() in the

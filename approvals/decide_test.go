@@ -154,3 +154,24 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 		t.Fatalf("dave shows a finance approval: %v", err)
 	}
 }
+
+func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
+	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "bob", Role: auth.Producer,
+		Actors: []string{"user:bob"}, Capabilities: []string{"*"}})
+	other := pendingOf(t, s, "bob")
+	n := broker.NewNames("")
+	alice := env.ConnectAs(t, "alice")
+	got, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{})
+	if err != nil || len(got) != 1 || got[0].ID != r.ID {
+		t.Fatalf("alice lists %v, %v; want her own approval only", got, err)
+	}
+	got, err = approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: r.ID})
+	if err != nil || len(got) != 1 || got[0].ID != r.ID {
+		t.Fatalf("alice shows her own approval: %v, %v", got, err)
+	}
+	if _, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: other.ID}); !errors.Is(err, approvals.ErrForbidden) {
+		t.Fatalf("alice shows bob's approval: %v", err)
+	}
+	assertPending(t, s, other.ID)
+	assertPending(t, s, r.ID)
+}

@@ -18,7 +18,8 @@
 //   - producer: submits requests within its grant (actors it may assert, such
 //     as user:alice or user:* for a gateway; surfaces; capabilities), receives
 //     and reads only its own envelopes and records, cancels only its own
-//     executions. It writes no key-value bucket and no audit event.
+//     executions, lists (through the workers) only the approvals its own
+//     requests asked for. It writes no key-value bucket and no audit event.
 //   - approver: lists and decides the approvals of the types it holds,
 //     through requests the workers serve; they record decisions with the
 //     approver's authenticated identity.

@@ -18,7 +18,8 @@ type Permissions struct {
 // PermissionsFor returns what the server lets g's principal do, under names.
 //
 // A producer publishes only under its own principal token (requests within its
-// capability grants, cancels, describes), receives only its own replies and
+// capability grants, cancels, describes, listings of the approvals it
+// requested), receives only its own replies and
 // envelopes, and reads only its own records and envelopes, the catalog and
 // nothing else: no key-value write, no stream or consumer administration, no
 // audit event. An approver sends decisions to workers and reads approvals. A
@@ -35,6 +36,8 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			n.ExecSubject(p, broker.Unrouted),
 			n.CancelSubject(p, "*"),
 			n.DescribeSubject(p),
+			// The approvals it requested itself, listed by the workers.
+			n.ListApprovalsSubject(p),
 		}
 		for _, c := range g.Capabilities {
 			switch {

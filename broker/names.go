@@ -163,13 +163,13 @@ func (n Names) DecideSubject(principal string) string {
 // DecideSubjects matches every approver's decisions.
 func (n Names) DecideSubjects() string { return n.subject + ".approvals.decide.*" }
 
-// ListApprovalsSubject is where an approver principal asks for the approvals
-// it may decide; workers serve it.
+// ListApprovalsSubject is where a principal asks for the approvals it may
+// decide, or requested itself; workers serve it.
 func (n Names) ListApprovalsSubject(principal string) string {
 	return n.subject + ".approvals.list." + principal
 }
 
-// ListApprovalsSubjects matches every approver's listings.
+// ListApprovalsSubjects matches every principal's listings.
 func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.list.*" }
 
 // InboxPrefix is principal's reply-subject prefix: the server lets a principal

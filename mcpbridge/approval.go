@@ -3,8 +3,12 @@ package mcpbridge
 import (
 	"container/list"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -87,17 +91,34 @@ func (p *pendingApprovals) lookup(key string) (string, bool) {
 	return p.get(key)
 }
 
-// ownedExecutions remembers which actor started the executions this bridge
-// submitted; older ones are checked on their audit trail.
-type ownedExecutions struct{ lru }
+// executionIDFor returns a new execution id that names its actor: a UUIDv7,
+// then a tag derived from it and the actor. The bridge answers an execution
+// only to the actor its id's tag names, after a restart too, without reading
+// anything: the bridge's principal is a producer, which reads no audit trail
+// and no approvals bucket. The tag needs no secret: an actor cannot make
+// another's id carry its own tag, and the id is part of the execution's key.
+func executionIDFor(actor envelope.Actor) string {
+	u := envelope.NewExecutionID()
+	return u + "-" + actorTag(actor, u)
+}
 
-func (o *ownedExecutions) add(actor envelope.Actor, id string) { o.put(id, actor.String()) }
+const (
+	uuidLen = 36
+	tagLen  = 32
+)
 
-// owns reports whether actor started the execution id: the requester on its
-// audit trail. The bridge answers only its callers' own executions.
+func actorTag(actor envelope.Actor, u string) string {
+	h := sha256.Sum256([]byte(u + "\x00" + actor.String()))
+	return hex.EncodeToString(h[:tagLen/2])
+}
+
+// owns reports whether actor started the execution id. An id without a tag
+// (from a bridge older than them) is judged on its audit trail, where the
+// bridge's principal may read it: its requester is the actor.
 func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool {
-	if a, ok := b.owned.get(id); ok {
-		return a == actor.String()
+	if len(id) == uuidLen+1+tagLen && id[uuidLen] == '-' {
+		u, tag := id[:uuidLen], id[uuidLen+1:]
+		return subtle.ConstantTimeCompare([]byte(tag), []byte(actorTag(actor, u))) == 1
 	}
 	trail, err := audit.Read(ctx, b.c.Broker(), id)
 	if err != nil {
@@ -109,6 +130,26 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 		}
 	}
 	return false
+}
+
+// approval reads an approval through the listing the workers serve: they
+// show a principal the approvals it requested itself (on an open server,
+// every one). An approval the bridge's principal did not request is not
+// found.
+func (b *Bridge) approval(ctx context.Context, id string) (*approvals.Record, error) {
+	br := b.c.Broker()
+	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	defer cancel()
+	recs, err := approvals.RequestList(ctx, br.NC, br.Names, approvals.ListRequest{ID: id})
+	switch {
+	case errors.Is(err, approvals.ErrForbidden) || errors.Is(err, approvals.ErrNotFound):
+		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
+	case err != nil:
+		return nil, err
+	case len(recs) != 1 || recs[0].ID != id:
+		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
+	}
+	return recs[0], nil
 }
 
 // resume answers capstan.resume.
@@ -127,7 +168,7 @@ func (b *Bridge) resume(ctx context.Context, actor envelope.Actor, req *mcp.Call
 // when skipPending, without a new execution; every other status is left to
 // the worker, which ends the execution with the matching APPROVAL_* code.
 func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, approvalID string, p *progress, skipPending bool) (*mcp.CallToolResult, error) {
-	rec, err := b.c.Approvals().Get(ctx, approvalID)
+	rec, err := b.approval(ctx, approvalID)
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
 		return refusal(envelope.CodeForbidden, "No such approval."), nil
@@ -168,9 +209,8 @@ func (b *Bridge) awaitDecision(ctx context.Context, p *progress, approvalID stri
 	p.send(ctx, "waiting for approval "+approvalID)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	store := b.c.Approvals()
 	for {
-		rec, err := store.Get(ctx, approvalID)
+		rec, err := b.approval(ctx, approvalID)
 		if err == nil {
 			switch rec.StatusAt(time.Now()) {
 			case approvals.Approved:

@@ -37,12 +37,13 @@ type Config struct {
 	TaskAfter time.Duration
 	// ProgressFromRecords makes progress notifications poll each execution's
 	// record instead of following its audit trail: for a bridge whose NATS
-	// principal may not read the audit stream. A refused follow falls back
-	// to it anyway.
+	// principal may not read the audit stream. A bridge connected as a
+	// principal always does; a refused follow falls back to it anyway.
 	ProgressFromRecords bool
 	// Refresh is how often every actor's tool list is described again even
 	// when no catalog change was seen (policies may change what an actor
-	// sees). Default 1 min.
+	// sees). Default 1 min; 10 s for a bridge connected as a principal,
+	// which cannot watch the catalog and sees its changes only so.
 	Refresh time.Duration
 	// Broker says how capstan's resources are named (default: capstan's).
 	Broker broker.Config
@@ -86,7 +87,6 @@ type Bridge struct {
 	mu      sync.Mutex
 	views   map[string]*view // by actor kind:id
 	pending pendingApprovals
-	owned   ownedExecutions
 	done    chan struct{}
 }
 
@@ -95,6 +95,7 @@ type Bridge struct {
 // the catalog until Close. nc is the bridge's one identity towards capstan:
 // every call is submitted on it, asserting the caller's actor.
 func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
+	refreshSet := cfg.Refresh > 0
 	cfg.defaults()
 	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceMCP, Broker: cfg.Broker, Logger: cfg.Logger})
 	if err != nil {
@@ -103,8 +104,19 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 	b := &Bridge{c: c, cfg: cfg, log: cfg.Logger, views: map[string]*view{},
 		done: make(chan struct{})}
 	b.pending.init()
-	b.owned.init()
 	b.ctx, b.stop = context.WithCancel(context.Background())
+	if c.Principal() != broker.Anonymous {
+		// A principal (the bridge's is a delegating producer) may create no
+		// consumer, so it cannot watch the catalog: tools are described
+		// again every Refresh instead, and the progress of an execution is
+		// read from its record (a producer reads no audit trail).
+		b.cfg.ProgressFromRecords = true
+		if !refreshSet {
+			b.cfg.Refresh = principalRefresh
+		}
+		go b.follow(nil)
+		return b, nil
+	}
 	w, err := c.Broker().Catalog.WatchAll(b.ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		b.stop()
@@ -114,6 +126,10 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 	go b.follow(w)
 	return b, nil
 }
+
+// principalRefresh is the default Refresh of a bridge connected as a
+// principal, which cannot watch the catalog.
+const principalRefresh = 10 * time.Second
 
 // Close stops following the catalog and closes the bridge's client (not nc).
 // Close the MCP sessions first: their calls need the client.
@@ -127,10 +143,13 @@ func (b *Bridge) Close() error {
 // worker starting or stopping to serve a capability) and every Refresh.
 func (b *Bridge) follow(w jetstream.KeyWatcher) {
 	defer close(b.done)
-	defer func() { _ = w.Stop() }()
+	var updates <-chan jetstream.KeyValueEntry
+	if w != nil {
+		defer func() { _ = w.Stop() }()
+		updates = w.Updates()
+	}
 	tick := time.NewTicker(b.cfg.Refresh)
 	defer tick.Stop()
-	updates := w.Updates()
 	for {
 		select {
 		case <-b.ctx.Done():

@@ -76,8 +76,7 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 // made again after its approval runs the approved one. p carries the
 // request's progress token (its values only grow, across a resume too).
 func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
-	id := envelope.NewExecutionID()
-	b.owned.add(actor, id)
+	id := executionIDFor(actor)
 	if h, ok := ctx.Value(callHandleKey{}).(*callHandle); ok {
 		h.start(b, id)
 	}

@@ -44,5 +44,10 @@
 // The bridge names the actor of every request in one place (the bearer
 // token's actor over HTTP, the configured actor over stdio). Under capstan's
 // trust boundary its NATS identity is a delegating producer, whose grants
-// say which actors it may assert on the mcp surface.
+// say which actors it may assert on the mcp surface: a caller whose actor
+// the grant does not allow is answered 403 over HTTP. Such a bridge reads
+// only what a producer may: approvals through the listing the workers serve
+// (those it requested), progress from execution records, tools described
+// again every 10 s (it cannot watch the catalog), and an execution's owner
+// from its id, which carries a tag of the caller's actor.
 package mcpbridge

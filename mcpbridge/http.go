@@ -145,12 +145,43 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 	if opts.Stateless {
 		h = &cancelRouter{next: h, inflight: map[string]*callHandle{}}
 	}
+	h = b.actorGate(h)
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}
 	}
 	return auth.RequireBearerToken(tokens.verify, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true, ResourceMetadataURL: opts.ResourceMetadataURL,
 	})(h)
+}
+
+// actorGate answers 403 to a caller whose actor the bridge may not assert
+// (its principal's grant does not allow it, FORBIDDEN, or the principal has
+// no grant at all, UNAUTHENTICATED): no tools and no session for it. Any
+// other failure to describe for the actor is 503.
+func (b *Bridge) actorGate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ti := auth.TokenInfoFromContext(r.Context())
+		a, ok := envelope.Actor{}, false
+		if ti != nil {
+			a, ok = ti.Extra["actor"].(envelope.Actor)
+		}
+		if !ok {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		if _, err := b.Server(r.Context(), a); err != nil {
+			var ce *envelope.CapabilityError
+			if errors.As(err, &ce) && (ce.Code == envelope.CodeForbidden || ce.Code == envelope.CodeUnauthenticated) {
+				b.log.Warn("MCP caller refused: the bridge may not act for its actor", "actor", a.String(), "code", ce.Code)
+				http.Error(w, string(ce.Code)+": the bridge may not act for this caller", http.StatusForbidden)
+				return
+			}
+			b.log.Warn("no MCP server for an authenticated actor", "actor", a.String(), "err", err)
+			http.Error(w, "capstan is not available", http.StatusServiceUnavailable)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // cancelRouter carries a stateless client's notifications/cancelled to the

@@ -166,8 +166,7 @@ func taskNotFound() error {
 // createTask submits the call and answers with its task once the request is
 // stored: from then on tasks/get resolves.
 func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
-	id := envelope.NewExecutionID()
-	b.owned.add(actor, id)
+	id := executionIDFor(actor)
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
 	cancel()
@@ -265,7 +264,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 			t.Status, t.Result = TaskCompleted, resultOf(env)
 			return t, nil
 		}
-		rec, err := b.c.Approvals().Get(ctx, env.Approval.ID)
+		rec, err := b.approval(ctx, env.Approval.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -385,12 +384,16 @@ func approvalOf(key string) (string, bool) {
 
 // withdraw cancels the actor's own pending approval request.
 func (b *Bridge) withdraw(ctx context.Context, actor envelope.Actor, approvalID string) error {
-	store := b.c.Approvals()
-	rec, err := store.Get(ctx, approvalID)
+	rec, err := b.approval(ctx, approvalID)
 	if err != nil || rec.Actor.Kind != actor.Kind || rec.Actor.ID != actor.ID {
 		return nil // unknown or another's: ignored, as the extension asks
 	}
-	if _, err := store.Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
+	if b.c.Broker().Approvals == nil {
+		// A principal writes no approval: the request stays until an
+		// approver rejects it or it expires.
+		return fmt.Errorf("capstan: the bridge's principal cannot withdraw approval %s; it expires unless approved", approvalID)
+	}
+	if _, err := b.c.Approvals().Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
 		!errors.Is(err, approvals.ErrAlreadyDecided) {
 		return err
 	}
@@ -417,7 +420,7 @@ func (b *Bridge) cancelTask(ctx context.Context, actor envelope.Actor, taskID st
 		if st.Envelope.Status != envelope.StatusApprovalRequired || st.Envelope.Approval == nil {
 			return nil // ended
 		}
-		rec, err := b.c.Approvals().Get(ctx, st.Envelope.Approval.ID)
+		rec, err := b.approval(ctx, st.Envelope.Approval.ID)
 		if err != nil {
 			return err
 		}
