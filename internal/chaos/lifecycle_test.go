@@ -203,5 +203,12 @@ func TestChaos_PoolKilled_RequestsEndNotStarted(t *testing.T) {
 	if tl.handlerCalls != 0 {
 		t.Errorf("%d handler calls with the mail pool down from the start", tl.handlerCalls)
 	}
-	t.Logf("email.send with its pool killed: executions=%d, sweeping workers killed=%d over %v; %s", len(ids), k, d, tl)
+	sweepers := map[string]bool{}
+	for _, o := range tl.per {
+		if o.env != nil {
+			sweepers[o.env.FinalizedBy] = true
+		}
+	}
+	t.Logf("email.send with its pool killed: executions=%d, sweeping workers killed=%d over %v, requests ended by %d of them; %s",
+		len(ids), k, d, len(sweepers), tl)
 }
