@@ -53,6 +53,14 @@ func runCtx(t *testing.T) context.Context {
 // is tried again while the server is away, until the test's deadline.
 func submitSpread(t *testing.T, c *executor.Client, n int, d time.Duration, call func(i int) (string, any)) (acked, refused []string) {
 	t.Helper()
+	return submitSpreadWith(t, c, n, d, call, nil)
+}
+
+// submitSpreadWith is submitSpread with the call options opts returns for
+// each submission (none when opts is nil).
+func submitSpreadWith(t *testing.T, c *executor.Client, n int, d time.Duration, call func(i int) (string, any),
+	opts func(i int) []executor.CallOption) (acked, refused []string) {
+	t.Helper()
 	ctx := runCtx(t)
 	const senders = 8
 	var (
@@ -77,7 +85,11 @@ func submitSpread(t *testing.T, c *executor.Client, n int, d time.Duration, call
 			for i := range next {
 				capID, input := call(i)
 				id := envelope.NewExecutionID()
-				_, err := c.Submit(ctx, capID, input, executor.WithID(id))
+				o := []executor.CallOption{executor.WithID(id)}
+				if opts != nil {
+					o = append(o, opts(i)...)
+				}
+				_, err := c.Submit(ctx, capID, input, o...)
 				mu.Lock()
 				if err != nil {
 					refused = append(refused, id)

@@ -9,6 +9,10 @@
 // demo appends one message per call to its calls stream, before the effect,
 // without deduplication across calls) and per execution of non-idempotent
 // work, kills that hit attempts in flight, and what `capstan status` prints.
+// Two cases hold DESIGN §13 under kills: workers that share one --id, with
+// every other request stored twice, and a pool whose only worker is killed
+// for good, whose requests must all end NOT_STARTED without running, ended by
+// the sweeping workers of another pool while those are killed in turn.
 //
 // TestMain builds the capstan binary, with the race detector when the tests
 // run with it; a race reported by any child process fails the test.

@@ -10,7 +10,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +32,11 @@ const (
 	envWorkerID    = "CAPSTAN_CHAOS_WORKER_ID"
 	envLease       = "CAPSTAN_CHAOS_LEASE"
 	envConcurrency = "CAPSTAN_CHAOS_CONCURRENCY"
+	// The worker's pool, the part of the demo catalog it serves
+	// (comma-separated ids) and its sweeping interval, when not the defaults.
+	envPool         = "CAPSTAN_CHAOS_POOL"
+	envCapabilities = "CAPSTAN_CHAOS_CAPABILITIES"
+	envSweepEvery   = "CAPSTAN_CHAOS_SWEEP_EVERY"
 	// envBin names the capstan binary to run; "self" runs the test binary in
 	// the roles above. Unset, TestMain builds one.
 	envBin = "CAPSTAN_CHAOS_BIN"
@@ -131,13 +138,30 @@ func work() int {
 		log.Error("provision demo", "err", err)
 		return 1
 	}
-	reg, err := executor.NewRegistry(demo.Catalog(js)...)
+	caps := demo.Catalog(js)
+	if ids := os.Getenv(envCapabilities); ids != "" {
+		var some []executor.Capability
+		for _, c := range caps {
+			if slices.Contains(strings.Split(ids, ","), c.ID()) {
+				some = append(some, c)
+			}
+		}
+		caps = some
+	}
+	reg, err := executor.NewRegistry(caps...)
 	if err != nil {
 		log.Error("registry", "err", err)
 		return 1
 	}
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: id, Lease: lease, Concurrency: concurrency,
-		Grace: time.Second, Logger: log})
+	var sweepEvery time.Duration
+	if s := os.Getenv(envSweepEvery); s != "" {
+		if sweepEvery, err = time.ParseDuration(s); err != nil {
+			log.Error("bad sweep interval", "err", err)
+			return 2
+		}
+	}
+	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: id, Pool: os.Getenv(envPool), Lease: lease,
+		Concurrency: concurrency, Grace: time.Second, Logger: log, SweepInterval: sweepEvery})
 	if err != nil {
 		log.Error("worker", "err", err)
 		return 1

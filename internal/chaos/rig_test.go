@@ -58,6 +58,8 @@ type rig struct {
 	url         string
 	lease       time.Duration
 	concurrency int
+	// spec is how startWorker, and so chaos, starts a worker.
+	spec workerSpec
 
 	mu      sync.Mutex
 	server  *proc
@@ -221,19 +223,50 @@ func (r *rig) killServer() {
 	p.kill()
 }
 
-// startWorker starts one more worker process; it does not wait for it.
-func (r *rig) startWorker() {
+// workerSpec is how a worker process is started, beyond the rig's lease and
+// concurrency: its --id (the process's own name when empty), --pool,
+// --capabilities and --sweep-every (the command's defaults when empty).
+type workerSpec struct {
+	id, pool, capabilities string
+	sweepEvery             time.Duration
+}
+
+// startWorker starts one more worker process as the rig's spec says; it does
+// not wait for it.
+func (r *rig) startWorker() { r.startWorkerAs(r.spec) }
+
+// startWorkerAs starts one more worker process as spec says, and returns its
+// process's name; it does not wait for it.
+func (r *rig) startWorkerAs(spec workerSpec) string {
 	r.mu.Lock()
 	r.started++
-	id := fmt.Sprintf("worker-%d", r.started)
+	name := fmt.Sprintf("worker-%d", r.started)
 	r.mu.Unlock()
-	p := r.spawn(id, []string{"worker", "--nats", r.url, "--id", id, "--lease", r.lease.String(),
-		"--concurrency", strconv.Itoa(r.concurrency), "--grace", "1s"},
-		envRole+"=worker", envURL+"="+r.url, envWorkerID+"="+id, envLease+"="+r.lease.String(),
-		envConcurrency+"="+strconv.Itoa(r.concurrency))
+	id := spec.id
+	if id == "" {
+		id = name
+	}
+	args := []string{"worker", "--nats", r.url, "--id", id, "--lease", r.lease.String(),
+		"--concurrency", strconv.Itoa(r.concurrency), "--grace", "1s"}
+	env := []string{envRole + "=worker", envURL + "=" + r.url, envWorkerID + "=" + id, envLease + "=" + r.lease.String(),
+		envConcurrency + "=" + strconv.Itoa(r.concurrency)}
+	if spec.pool != "" {
+		args = append(args, "--pool", spec.pool)
+		env = append(env, envPool+"="+spec.pool)
+	}
+	if spec.capabilities != "" {
+		args = append(args, "--capabilities", spec.capabilities)
+		env = append(env, envCapabilities+"="+spec.capabilities)
+	}
+	if spec.sweepEvery != 0 {
+		args = append(args, "--sweep-every", spec.sweepEvery.String())
+		env = append(env, envSweepEvery+"="+spec.sweepEvery.String())
+	}
+	p := r.spawn(name, args, env...)
 	r.mu.Lock()
 	r.workers = append(r.workers, p)
 	r.mu.Unlock()
+	return name
 }
 
 // killWorker SIGKILLs the running worker named name, or a random one when
