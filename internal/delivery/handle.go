@@ -11,16 +11,27 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// handle decides what one delivery means (DESIGN §5) and acts on it.
-func (w *Runner) handle(msg jetstream.Msg) {
+// decode reads a delivery's request and the principal its subject names (an
+// open server's requests are the anonymous principal's); a message that is
+// no request is terminated here.
+func (w *Runner) decode(msg jetstream.Msg) (*envelope.Request, string, bool) {
 	req, err := envelope.DecodeRequest(msg.Data())
 	if err != nil {
 		w.undecodable(msg, err)
-		return
+		return nil, "", false
 	}
 	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
 	if principal == "" {
 		principal = broker.Anonymous
+	}
+	return req, principal, true
+}
+
+// handle decides what one delivery means (DESIGN §5) and acts on it.
+func (w *Runner) handle(msg jetstream.Msg) {
+	req, principal, ok := w.decode(msg)
+	if !ok {
+		return
 	}
 	if x := w.local(broker.Key(principal, req.ExecutionID)); x != nil {
 		// A redelivery while this worker still runs the execution: the running
@@ -355,14 +366,9 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
 // because its catalog did not list the capability.
 func (w *Runner) handleUnrouted(msg jetstream.Msg) {
-	req, err := envelope.DecodeRequest(msg.Data())
-	if err != nil {
-		w.undecodable(msg, err)
+	req, principal, ok := w.decode(msg)
+	if !ok {
 		return
-	}
-	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
-	if principal == "" {
-		principal = broker.Anonymous
 	}
 	if w.endedUnstarted(msg, principal, req) {
 		return
