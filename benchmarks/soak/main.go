@@ -11,6 +11,7 @@
 //	soak.csv          one row per sample
 //	soak.png          the curves against executions completed
 //	server-heap.pb.gz the server's heap profile at the end of the load
+//	server-heap-idle.pb.gz  and at the end of the idle time after it
 //	summary.txt       bytes of server memory and of disk per execution
 //
 // soak.sh builds capstan and this command and runs it; see there.
@@ -223,6 +224,9 @@ func run(cfg config) error {
 			return fmt.Errorf("the server exited: %v; see %s", server.err, server.log.Name())
 		default:
 		}
+	}
+	if err := s.heapProfile(filepath.Join(cfg.out, "server-heap-idle.pb.gz")); err != nil {
+		fmt.Fprintln(os.Stderr, "soak: heap profile:", err)
 	}
 	if bench.err != nil {
 		fmt.Printf("soak: bench: %v (see %s)\n", bench.err, bench.log.Name())
