@@ -123,8 +123,8 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 // the current one is asked for at the end.
 func deleteConsumer(b *broker.Broker, cons jetstream.Consumer) {
 	info := cons.CachedInfo()
-	if info == nil {
-		return
+	if info == nil || !b.NC.IsConnected() {
+		return // a server out of reach would hold the caller up to the timeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

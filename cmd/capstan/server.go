@@ -180,13 +180,14 @@ func (e *embedded) stop() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--auth DIR | --insecure] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--auth DIR | --insecure] [--audit-max-age D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N] [--pprof HOST:PORT]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")
 	routes := fs.String("routes", "", "other nodes' route URLs, comma-separated")
 	syncMode := fs.String("sync", "default", "always: fsync every write before acknowledging it; default: the server's interval")
 	replicas := fs.Int("replicas", 0, "replicas of the streams and buckets this server creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
+	pprofAddr := fs.String("pprof", "", "serve the process's Go profiles (heap, CPU, goroutines) under /debug/pprof/ on this loopback `host:port`")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -219,6 +220,15 @@ func runServer(args []string) int {
 		// This node and the ones it routes to: the cluster's size is known
 		// before every peer is up, so auto does not settle for R1 early.
 		bcfg.ClusterSize = len(opts.Routes) + 1
+	}
+
+	if *pprofAddr != "" {
+		at, stopPprof, err := servePprof(*pprofAddr)
+		if err != nil {
+			return usageError("%v", err)
+		}
+		defer stopPprof()
+		fmt.Printf("capstan server: profiles on http://%s/debug/pprof/\n", at)
 	}
 
 	log := newLogger(slog.LevelInfo)

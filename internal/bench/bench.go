@@ -160,7 +160,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, &SetupError{err}
 	}
-	defer r.close()
+	defer r.close(ctx)
 
 	res := &Result{
 		Mode: "closed", Server: r.url, Capability: cfg.Capability, N: cfg.N, Concurrency: cfg.Concurrency,

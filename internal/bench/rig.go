@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -25,12 +26,30 @@ type rig struct {
 	// adminJS administers streams: the baseline's, the consumer count.
 	adminJS jetstream.JetStream
 	closers []func()
+	// conns are every connection the run opened; an interrupted run closes
+	// them before anything else (see close).
+	conns []*nats.Conn
+	// abandon, set by an interrupted close, makes stopping the in-process
+	// workers not wait for their drain.
+	abandon atomic.Bool
 	// startWorkers starts the in-process workers, waits until the catalog
 	// lists what they serve, and returns what stops them.
 	startWorkers func(ctx context.Context) (stop func(), err error)
 }
 
-func (r *rig) close() {
+// close releases what the run holds. When ctx has ended (a signal, the
+// run's timeout) the server may be gone, and everything that talks to it on
+// the way out — a consumer deleted, a worker's drain writing records — would
+// wait for it: close then shuts every connection first and abandons the
+// in-process workers, as a crash of this process would (the design's
+// takeover covers their executions), so that the process stops promptly.
+func (r *rig) close(ctx context.Context) {
+	if ctx.Err() != nil {
+		r.abandon.Store(true)
+		for _, nc := range r.conns {
+			nc.Close()
+		}
+	}
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
 	}
@@ -45,23 +64,25 @@ func newRig(ctx context.Context, t Target, cfg *Config) (*rig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, nc.Close)
+	r.conns = append(r.conns, nc)
 	r.url = nc.ConnectedUrlRedacted()
 	r.nc = nc
 	admin, err := t.Connect("admin")
 	if err != nil {
-		r.close()
+		r.close(ctx)
 		return nil, err
 	}
 	r.closers = append(r.closers, admin.Close)
+	r.conns = append(r.conns, admin)
 	js, err := demo.Provision(ctx, admin, 0) // auto: what exists, or the deployment's choice
 	if err != nil {
-		r.close()
+		r.close(ctx)
 		return nil, err
 	}
 	r.adminJS = js
 	r.client, err = executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-bench"}})
 	if err != nil {
-		r.close()
+		r.close(ctx)
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = r.client.Close() })
@@ -75,7 +96,12 @@ func (r *rig) runWorkers(ctx context.Context, t Target, cfg *Config, js jetstrea
 	// them): their context is not ctx.
 	wctx, stop := context.WithCancel(context.Background())
 	var running sync.WaitGroup
-	stopAll := func() { stop(); running.Wait() }
+	stopAll := func() {
+		stop()
+		if !r.abandon.Load() {
+			running.Wait()
+		}
+	}
 	var served []string
 	for i := 0; i < cfg.Workers; i++ {
 		wnc, err := t.Connect(fmt.Sprintf("worker %d", i))
@@ -83,6 +109,7 @@ func (r *rig) runWorkers(ctx context.Context, t Target, cfg *Config, js jetstrea
 			stopAll()
 			return nil, err
 		}
+		r.conns = append(r.conns, wnc)
 		reg, err := executor.NewRegistry(demo.Catalog(js)...)
 		if err == nil {
 			served = reg.IDs()
