@@ -120,7 +120,7 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	c := &conn{nc: nc, names: names}
 	info := func(stream string) bool { return may == nil || may("$JS.API.STREAM.INFO."+stream) }
 	// Admins and open servers read the approvals bucket; an approver asks
-	// the workers, who keep to its types; producers read no approvals.
+	// the workers, who keep to its types; producers get no inbox.
 	switch {
 	case info("KV_" + names.ApprovalsBucket()):
 		var store *approvals.Store
@@ -129,7 +129,9 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 				c.approvals = store
 			}
 		}
-	case may != nil && may(names.ListApprovalsSubject(principal)):
+	case may != nil && may(names.ListApprovalsSubject(principal)) && may(names.DecideSubject(principal)):
+		// An approver. A producer may list the approvals it asked for, but
+		// decides none: the inbox is not for it.
 		c.approvals = workerApprovals{nc: nc, names: names}
 	default:
 		c.approvalsErr = errors.New("its credentials let it read no approvals")
