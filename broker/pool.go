@@ -107,6 +107,15 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 			return c, err
 		case err != nil:
 			errs, lastErr = errs+1, err
+			if Unreachable(err) {
+				// No responders answer at once while a new stream's group
+				// elects its leader: give the election a moment.
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(time.Duration(errs) * 100 * time.Millisecond):
+				}
+			}
 		}
 	}
 	if lastErr == nil {
