@@ -277,7 +277,9 @@ func TestTakeoverTable(t *testing.T) {
 		rec func(id string) *executor.Record
 		// envelope is an envelope already finalized by another worker.
 		envelope bool
-		want     takeover
+		// late publishes the request with a start deadline already passed.
+		late bool
+		want takeover
 	}{
 		{
 			name: "NoRecord_ClaimAndRun",
@@ -290,6 +292,17 @@ func TestTakeoverTable(t *testing.T) {
 					Worker: deadWorker, LeaseUntil: pastLease()}
 			},
 			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		},
+		{
+			// A claim that never started its handler is run from the top only
+			// before the request's start deadline; past it, NOT_STARTED.
+			name: "ExpiredClaimedPastStartDeadline_NotStarted",
+			late: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+					Worker: deadWorker, LeaseUntil: pastLease()}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: executor.StateClaimed},
 		},
 		{
 			name: "ExpiredRunningRead_RetriedAfterWorkerLost",
@@ -382,7 +395,14 @@ func TestTakeoverTable(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			s.publish(capID, id)
+			if tc.late {
+				startBy := pastLease()
+				s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, capID), &envelope.Request{ExecutionID: id,
+					CapabilityID: capID, Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice,
+					Surface: string(executor.SurfaceDirect), StartBy: &startBy})
+			} else {
+				s.publish(capID, id)
+			}
 			var p probe
 			w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease}, sendCap(&p), lookupCap(&p))
 

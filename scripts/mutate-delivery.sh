@@ -11,7 +11,8 @@
 #
 # Each line of the list is: id, file, test pattern (go test -run), the exact
 # text to replace (it must occur once), its replacement, and what the mutant
-# breaks; fields are separated by tabs, and \n in a text is a newline. The run
+# breaks; fields are separated by tabs, \n in a text is a newline, and \&
+# separates several replacements in one file that make one mutant. The run
 # works on a copy of the tree: the checkout is never changed. A mutant whose
 # tests fail (or time out) is killed; one whose tests pass lived; one that
 # does not compile is reported as such and not counted.
@@ -39,9 +40,11 @@ p = sys.argv[1]
 old = os.environ["OLD"].replace("\\n", "\n").replace("\\t", "\t")
 new = os.environ["NEW"].replace("\\n", "\n").replace("\\t", "\t")
 src = open(p).read()
-if src.count(old) != 1:
-    sys.exit("text to replace occurs %d times" % src.count(old))
-open(p, "w").write(src.replace(old, new))
+for o, n in zip(old.split("\\&"), new.split("\\&")):
+    if src.count(o) != 1:
+        sys.exit("text to replace occurs %d times" % src.count(o))
+    src = src.replace(o, n)
+open(p, "w").write(src)
 PY
 		printf '%s\tSTALE\t%s\n' "$id" "$what"
 		broken=$((broken + 1))
