@@ -864,3 +864,114 @@ func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, ca
 	t.Cleanup(stop)
 	return stop
 }
+
+// A worker whose lease ran out while its handler ran, and whose execution
+// another worker took over, discards its late result: before the envelope, a
+// CAS on the record proves the claim is still its own. Here the late result
+// arrives while the new owner's attempt is still running, so the create-only
+// envelope alone would not refuse it.
+func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	var a, b *executor.Worker
+	second := make(chan struct{})
+	var p probe
+	p.gate = func(ctx context.Context, attempt int) {
+		if attempt == 1 {
+			// Return once the other worker runs attempt 2.
+			select {
+			case <-second:
+			case <-ctx.Done():
+			}
+			return
+		}
+		close(second)
+		// Hold attempt 2 until the first worker has dealt with its result:
+		// discarded it (a conflict) or, wrongly, stored it.
+		for a.Stats().Conflicts+b.Stats().Conflicts == 0 {
+			if _, err := s.b.Envelopes.Get(ctx, key); err == nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	// Renewal is off: the first worker's lease runs out under its handler.
+	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg.ID = "worker-a"
+	a = startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	cfg.ID = "worker-b"
+	b = startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	s.publish("test.lookup", id)
+
+	got := s.await(id)
+	s.settled(id)
+	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	if calls := p.seen(); len(calls) != 2 {
+		t.Fatalf("handler calls %v, want attempts 1 and 2", calls)
+	}
+	var out probeOut
+	if err := got.Output.Decode(&out); err != nil || got.Status != envelope.StatusCompleted || got.Attempts != 2 || out.Attempt != 2 {
+		t.Fatalf("envelope %s after %d attempts, output %+v (%v): want the new owner's attempt 2", got.Status, got.Attempts, out, err)
+	}
+	if field(conflict, "reason") != "claim-lost" {
+		t.Fatalf("conflict %v, want the late result discarded for a lost claim", conflict.Data)
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes, want 1", n)
+	}
+}
+
+// A handler that runs longer than a lease keeps it: the worker renews the
+// lease, so no other worker takes the execution over and the handler's
+// context does not end.
+func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	started, release := make(chan struct{}), make(chan struct{})
+	var ended atomic.Bool
+	var p probe
+	p.gate = func(ctx context.Context, _ int) {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		ended.Store(ctx.Err() != nil)
+	}
+	cfg := executor.WorkerConfig{Lease: time.Second}
+	cfg.ID = "worker-a"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	cfg.ID = "worker-b"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	s.publish("test.send", id)
+	waitClosed(t, started, "the handler never started")
+	first, _ := s.record(id)
+	// Hold the handler until the lease it started with has run out and the
+	// record shows a later one.
+	ctx := ctxT(t)
+	for {
+		rec, _ := s.record(id)
+		if time.Now().After(first.LeaseUntil) && rec.LeaseUntil.After(first.LeaseUntil) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the lease was never renewed: record %+v", rec)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	close(release)
+	got := s.await(id)
+	tr := s.settled(id)
+	if ended.Load() {
+		t.Fatal("the handler's context ended while its lease was renewed")
+	}
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}}, got, tr, &p)
+}
