@@ -975,3 +975,50 @@ func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
 	}
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}}, got, tr, &p)
 }
+
+// An attempt starts only with a CAS on the record that proves the claim is
+// still this delivery's: a worker whose claim was taken over while its
+// policies ran never calls the handler; the new owner runs the one attempt.
+func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	evaluating, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
+		once.Do(func() {
+			close(evaluating)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+		return executor.Decision{Stance: executor.Allow}, nil
+	}}
+	var p probe
+	send := executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+		Policies:    []executor.Policy{hold},
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		return probeOut{Attempt: c.Attempt}, ctx.Err()
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second, PolicyTimeout: time.Hour}, send)
+	s.publish("test.send", id)
+	waitClosed(t, evaluating, "the policy was never evaluated")
+	// Another claim takes the record over (its lease already out, so that the
+	// redelivery may take it back) while the policy runs.
+	rec, rev := s.record(id)
+	rec.Worker, rec.Claim, rec.LeaseUntil = "other-worker", "other-claim", pastLease()
+	if _, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+
+	got := s.await(id)
+	tr := s.settled(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
+		from: "other-worker"}, got, tr, &p)
+}
