@@ -404,7 +404,11 @@ func TestTakeoverTable(t *testing.T) {
 				s.publish(capID, id)
 			}
 			var p probe
-			w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease}, sendCap(&p), lookupCap(&p))
+			cfg := executor.WorkerConfig{ID: "live-worker", Lease: lease}
+			if tc.late {
+				cfg.SweepInterval = -1 // the delivery decides, not the sweeper
+			}
+			w := startWorker(t, env.Connect(t), cfg, sendCap(&p), lookupCap(&p))
 
 			got := s.await(id)
 			tr := s.settled(id)

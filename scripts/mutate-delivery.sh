@@ -52,7 +52,7 @@ PY
 	fi
 	start=$SECONDS
 	set +e
-	(cd "$work" && timeout "$timeout_s" go test ./executor/ -count=1 -failfast -run "$tests" >"$work/.out" 2>&1)
+	(cd "$work" && timeout -k 10 $((timeout_s + 30)) go test ./executor/ -count=1 -failfast -timeout "${timeout_s}s" -run "$tests" >"$work/.out" 2>&1)
 	rc=$?
 	set -e
 	cp "$root/$file" "$work/$file"
@@ -65,9 +65,9 @@ PY
 		survivors+=("$id")
 	else
 		verdict=KILLED
-		[[ $rc -eq 124 ]] && verdict=KILLED-timeout
+		grep -q "panic: test timed out" "$work/.out" && verdict=KILLED-timeout
 		killed=$((killed + 1))
-		by=$(grep -o -- '--- FAIL: [A-Za-z0-9_/]*' "$work/.out" | head -1 | cut -d' ' -f3)
+		by=$(grep -o -- '--- FAIL: [A-Za-z0-9_/]*' "$work/.out" | head -1 | cut -d" " -f3 || true)
 		what="$what (${by:-panic or timeout})"
 	fi
 	printf '%s\t%s\t%ss\t%s\n' "$id" "$verdict" $((SECONDS - start)) "$what"
