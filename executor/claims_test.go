@@ -279,7 +279,9 @@ func TestTakeoverTable(t *testing.T) {
 		envelope bool
 		// late publishes the request with a start deadline already passed.
 		late bool
-		want takeover
+		// noSweep runs the worker without its sweeper: the delivery decides.
+		noSweep bool
+		want    takeover
 	}{
 		{
 			name: "NoRecord_ClaimAndRun",
@@ -303,6 +305,17 @@ func TestTakeoverTable(t *testing.T) {
 					Worker: deadWorker, LeaseUntil: pastLease()}
 			},
 			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: executor.StateClaimed},
+		},
+		{
+			// A worker ended the request NOT_STARTED and was lost between its
+			// record and its envelope: the delivery writes the envelope.
+			name:    "FinalizedNotStartedWithoutEnvelope_EnvelopeWritten",
+			noSweep: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+					Worker: "live-worker", Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted},
 		},
 		{
 			name: "ExpiredRunningRead_RetriedAfterWorkerLost",
@@ -405,7 +418,7 @@ func TestTakeoverTable(t *testing.T) {
 			}
 			var p probe
 			cfg := executor.WorkerConfig{ID: "live-worker", Lease: lease}
-			if tc.late {
+			if tc.late || tc.noSweep {
 				cfg.SweepInterval = -1 // the delivery decides, not the sweeper
 			}
 			w := startWorker(t, env.Connect(t), cfg, sendCap(&p), lookupCap(&p))
