@@ -1039,3 +1039,60 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
 }
+
+// An envelope that is there but does not decode still means the execution
+// ended: the delivery is acknowledged as a duplicate, never a new attempt,
+// and the stored bytes are left as they are.
+func TestUndecodableEnvelope_DuplicateAcknowledgedNoAttempt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	garbage := []byte("not an envelope")
+	if _, err := s.b.Envelopes.Create(ctxT(t), key, garbage); err != nil {
+		t.Fatal(err)
+	}
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
+		sendCap(&p))
+	s.publish("test.send", id)
+	s.drained() // acknowledged: the exec stream holds nothing
+	if n := w.Stats().Duplicates; n != 1 {
+		t.Fatalf("%d duplicates counted, want 1", n)
+	}
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
+	}
+	if e, err := s.b.Envelopes.Get(ctxT(t), key); err != nil || string(e.Value()) != string(garbage) || s.envelopeWrites() != 1 {
+		t.Fatalf("stored envelope changed: %v", err)
+	}
+}
+
+// The sweeper meets a request that already ended NOT_STARTED (its worker was
+// lost before removing it): the envelope there is never written again.
+func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+		Worker: deadWorker, Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted})
+	done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.send", Status: envelope.StatusFailed,
+		Error: &envelope.Error{Code: envelope.CodeNotStarted, Stage: envelope.StageQueue, ExposeToModel: true,
+			Message: "No worker started the operation before its start deadline; it never ran."}, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
+	if _, err := broker.Create(ctxT(t), s.b.Envelopes, key, done); err != nil {
+		t.Fatal(err)
+	}
+	startBy := pastLease()
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
+		CapabilityID: "test.send", StartBy: &startBy})
+	// Only a sweeper sees it: no pool serves test.send.
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+	s.drained()
+	got := s.await(id)
+	if got.FinalizedBy != deadWorker || s.envelopeWrites() != 1 {
+		t.Fatalf("envelope finalized by %s after %d writes, want %s's only", got.FinalizedBy, s.envelopeWrites(), deadWorker)
+	}
+}
