@@ -939,6 +939,10 @@ func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T)
 	if field(conflict, "reason") != "claim-lost" {
 		t.Fatalf("conflict %v, want the late result discarded for a lost claim", conflict.Data)
 	}
+	// The takeover continues the execution: one capability.requested.
+	if tr := s.trail(id); count(tr, audit.Requested) != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", count(tr, audit.Requested), typesOf(tr))
+	}
 	if n := s.envelopeWrites(); n != 1 {
 		t.Fatalf("%d envelope writes, want 1", n)
 	}
@@ -1038,6 +1042,9 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	tr := s.settled(id)
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
+	if n := count(tr, audit.Requested); n != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
+	}
 }
 
 // An envelope that is there but does not decode still means the execution
