@@ -277,7 +277,11 @@ func TestTakeoverTable(t *testing.T) {
 		rec func(id string) *executor.Record
 		// envelope is an envelope already finalized by another worker.
 		envelope bool
-		want     takeover
+		// late publishes the request with a start deadline already passed.
+		late bool
+		// noSweep runs the worker without its sweeper: the delivery decides.
+		noSweep bool
+		want    takeover
 	}{
 		{
 			name: "NoRecord_ClaimAndRun",
@@ -290,6 +294,28 @@ func TestTakeoverTable(t *testing.T) {
 					Worker: deadWorker, LeaseUntil: pastLease()}
 			},
 			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		},
+		{
+			// A claim that never started its handler is run from the top only
+			// before the request's start deadline; past it, NOT_STARTED.
+			name: "ExpiredClaimedPastStartDeadline_NotStarted",
+			late: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+					Worker: deadWorker, LeaseUntil: pastLease()}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: executor.StateClaimed},
+		},
+		{
+			// A worker ended the request NOT_STARTED and was lost between its
+			// record and its envelope: the delivery writes the envelope.
+			name:    "FinalizedNotStartedWithoutEnvelope_EnvelopeWritten",
+			noSweep: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+					Worker: "live-worker", Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted},
 		},
 		{
 			name: "ExpiredRunningRead_RetriedAfterWorkerLost",
@@ -382,9 +408,20 @@ func TestTakeoverTable(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			s.publish(capID, id)
+			if tc.late {
+				startBy := pastLease()
+				s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, capID), &envelope.Request{ExecutionID: id,
+					CapabilityID: capID, Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice,
+					Surface: string(executor.SurfaceDirect), StartBy: &startBy})
+			} else {
+				s.publish(capID, id)
+			}
 			var p probe
-			w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease}, sendCap(&p), lookupCap(&p))
+			cfg := executor.WorkerConfig{ID: "live-worker", Lease: lease}
+			if tc.late || tc.noSweep {
+				cfg.SweepInterval = -1 // the delivery decides, not the sweeper
+			}
+			w := startWorker(t, env.Connect(t), cfg, sendCap(&p), lookupCap(&p))
 
 			got := s.await(id)
 			tr := s.settled(id)
@@ -843,4 +880,226 @@ func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, ca
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// A worker whose lease ran out while its handler ran, and whose execution
+// another worker took over, discards its late result: before the envelope, a
+// CAS on the record proves the claim is still its own. Here the late result
+// arrives while the new owner's attempt is still running, so the create-only
+// envelope alone would not refuse it.
+func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	var a, b *executor.Worker
+	second := make(chan struct{})
+	var p probe
+	p.gate = func(ctx context.Context, attempt int) {
+		if attempt == 1 {
+			// Return once the other worker runs attempt 2.
+			select {
+			case <-second:
+			case <-ctx.Done():
+			}
+			return
+		}
+		close(second)
+		// Hold attempt 2 until the first worker has dealt with its result:
+		// discarded it (a conflict) or, wrongly, stored it.
+		for a.Stats().Conflicts+b.Stats().Conflicts == 0 {
+			if _, err := s.b.Envelopes.Get(ctx, key); err == nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	// Renewal is off: the first worker's lease runs out under its handler.
+	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg.ID = "worker-a"
+	a = startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	cfg.ID = "worker-b"
+	b = startWorker(t, env.Connect(t), cfg, lookupCap(&p))
+	s.publish("test.lookup", id)
+
+	got := s.await(id)
+	s.settled(id)
+	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	if calls := p.seen(); len(calls) != 2 {
+		t.Fatalf("handler calls %v, want attempts 1 and 2", calls)
+	}
+	var out probeOut
+	if err := got.Output.Decode(&out); err != nil || got.Status != envelope.StatusCompleted || got.Attempts != 2 || out.Attempt != 2 {
+		t.Fatalf("envelope %s after %d attempts, output %+v (%v): want the new owner's attempt 2", got.Status, got.Attempts, out, err)
+	}
+	if field(conflict, "reason") != "claim-lost" {
+		t.Fatalf("conflict %v, want the late result discarded for a lost claim", conflict.Data)
+	}
+	// The takeover continues the execution: one capability.requested.
+	if tr := s.trail(id); count(tr, audit.Requested) != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", count(tr, audit.Requested), typesOf(tr))
+	}
+	if n := s.envelopeWrites(); n != 1 {
+		t.Fatalf("%d envelope writes, want 1", n)
+	}
+}
+
+// A handler that runs longer than a lease keeps it: the worker renews the
+// lease, so no other worker takes the execution over and the handler's
+// context does not end.
+func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	started, release := make(chan struct{}), make(chan struct{})
+	var ended atomic.Bool
+	var p probe
+	p.gate = func(ctx context.Context, _ int) {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		ended.Store(ctx.Err() != nil)
+	}
+	cfg := executor.WorkerConfig{Lease: time.Second}
+	cfg.ID = "worker-a"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	cfg.ID = "worker-b"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	s.publish("test.send", id)
+	waitClosed(t, started, "the handler never started")
+	first, _ := s.record(id)
+	// Hold the handler until the lease it started with has run out and the
+	// record shows a later one.
+	ctx := ctxT(t)
+	for {
+		rec, _ := s.record(id)
+		if time.Now().After(first.LeaseUntil) && rec.LeaseUntil.After(first.LeaseUntil) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the lease was never renewed: record %+v", rec)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	close(release)
+	got := s.await(id)
+	tr := s.settled(id)
+	if ended.Load() {
+		t.Fatal("the handler's context ended while its lease was renewed")
+	}
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}}, got, tr, &p)
+}
+
+// An attempt starts only with a CAS on the record that proves the claim is
+// still this delivery's: a worker whose claim was taken over while its
+// policies ran never calls the handler; the new owner runs the one attempt.
+func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	evaluating, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
+		once.Do(func() {
+			close(evaluating)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+		return executor.Decision{Stance: executor.Allow}, nil
+	}}
+	var p probe
+	send := executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+		Policies:    []executor.Policy{hold},
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		return probeOut{Attempt: c.Attempt}, ctx.Err()
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second, PolicyTimeout: time.Hour}, send)
+	s.publish("test.send", id)
+	waitClosed(t, evaluating, "the policy was never evaluated")
+	// Another claim takes the record over (its lease already out, so that the
+	// redelivery may take it back) while the policy runs.
+	rec, rev := s.record(id)
+	rec.Worker, rec.Claim, rec.LeaseUntil = "other-worker", "other-claim", pastLease()
+	if _, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+
+	got := s.await(id)
+	tr := s.settled(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
+		from: "other-worker"}, got, tr, &p)
+	if n := count(tr, audit.Requested); n != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
+	}
+}
+
+// An envelope that is there but does not decode still means the execution
+// ended: the delivery is acknowledged as a duplicate, never a new attempt,
+// and the stored bytes are left as they are.
+func TestUndecodableEnvelope_DuplicateAcknowledgedNoAttempt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	garbage := []byte("not an envelope")
+	if _, err := s.b.Envelopes.Create(ctxT(t), key, garbage); err != nil {
+		t.Fatal(err)
+	}
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
+		sendCap(&p))
+	s.publish("test.send", id)
+	s.drained() // acknowledged: the exec stream holds nothing
+	if n := w.Stats().Duplicates; n != 1 {
+		t.Fatalf("%d duplicates counted, want 1", n)
+	}
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
+	}
+	if e, err := s.b.Envelopes.Get(ctxT(t), key); err != nil || string(e.Value()) != string(garbage) || s.envelopeWrites() != 1 {
+		t.Fatalf("stored envelope changed: %v", err)
+	}
+}
+
+// The sweeper meets a request that already ended NOT_STARTED (its worker was
+// lost before removing it): the envelope there is never written again.
+func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+		Worker: deadWorker, Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted})
+	done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.send", Status: envelope.StatusFailed,
+		Error: &envelope.Error{Code: envelope.CodeNotStarted, Stage: envelope.StageQueue, ExposeToModel: true,
+			Message: "No worker started the operation before its start deadline; it never ran."}, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
+	if _, err := broker.Create(ctxT(t), s.b.Envelopes, key, done); err != nil {
+		t.Fatal(err)
+	}
+	startBy := pastLease()
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
+		CapabilityID: "test.send", StartBy: &startBy})
+	// Only a sweeper sees it: no pool serves test.send.
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+	s.drained()
+	got := s.await(id)
+	if got.FinalizedBy != deadWorker || s.envelopeWrites() != 1 {
+		t.Fatalf("envelope finalized by %s after %d writes, want %s's only", got.FinalizedBy, s.envelopeWrites(), deadWorker)
+	}
 }

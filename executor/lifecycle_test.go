@@ -109,17 +109,25 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 		s := newStore(t, env)
 		var p probe
 		started, sawDone := holdUntilDone(&p)
-		w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, sendCap(&p))
+		// Its own timeout is far beyond the test's waits: only the lost
+		// claim can end the handler's context.
+		w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, longSendCap(&p))
 		id := envelope.NewExecutionID()
 		s.publish("test.send", id)
 		waitClosed(t, started, "the handler never started")
 		rec, rev := s.record(id)
 		rec.Worker, rec.Claim = "other-worker", "other-claim"
 		rec.LeaseUntil = time.Now().UTC().Add(time.Hour)
-		if _, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev); err != nil {
+		rev, err := broker.Update(ctxT(t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev)
+		if err != nil {
 			t.Fatal(err)
 		}
 		waitClosed(t, sawDone, "the handler's context did not end after the claim was taken over")
+		// The worker that lost the claim never writes the record again: it
+		// is the new owner's.
+		if now, nowRev := s.record(id); nowRev != rev || now.Claim != "other-claim" {
+			t.Fatalf("record rewritten by the worker that lost its claim: claim %s, revision %d, want %d", now.Claim, nowRev, rev)
+		}
 		if _, err := s.b.Envelopes.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
 			t.Fatal("the worker that lost its claim finalized the execution")
 		}
@@ -133,16 +141,7 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 		var p probe
 		started, sawDone := holdUntilDone(&p)
 		// Its own timeout is far beyond the test's waits.
-		long := executor.Define("test.send", executor.Meta{
-			Description: "Sends something; never retried.",
-			Expose:      executor.On(executor.SurfaceDirect),
-			SideEffect:  executor.External,
-			Timeout:     time.Hour,
-		}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
-			p.called(ctx, c.Attempt)
-			return probeOut{}, ctx.Err()
-		})
-		startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, long)
+		startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second}, longSendCap(&p))
 		id := envelope.NewExecutionID()
 		s.publish("test.send", id)
 		waitClosed(t, started, "the handler never started")
@@ -165,6 +164,19 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 
 // holdUntilDone makes p's handler hold until its context ends; started closes
 // when it is called, sawDone when it saw ctx.Done().
+// longSendCap is sendCap with a timeout far beyond any test's waits.
+func longSendCap(p *probe) executor.Capability {
+	return executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+		Timeout:     time.Hour,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		return probeOut{}, ctx.Err()
+	})
+}
+
 func holdUntilDone(p *probe) (started, sawDone chan struct{}) {
 	started, sawDone = make(chan struct{}), make(chan struct{})
 	var once sync.Once

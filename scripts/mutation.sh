@@ -9,9 +9,10 @@
 #
 # Each package's mutants are run against that package's own tests (gremlins
 # mutates only code those tests cover). The executor's claim, lease and
-# finalize machinery (internal/delivery) is proven by the executor package's
-# black-box tests, which take minutes per run: mutate it by hand, as the
-# README's "Proving the tests" section shows, rather than here.
+# finalize machinery (internal/delivery) and the retry rule are proven by the
+# executor package's black-box tests, which take minutes per run: their
+# mutants are listed, each with the tests that should catch it, and run by
+# scripts/mutate-delivery.sh.
 #
 # Results: a JSON file per package in $OUT (default: a new temporary
 # directory), and every mutant that lived on stdout.
