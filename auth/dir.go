@@ -263,18 +263,7 @@ func CheckPublish(credsPath, subject string) error {
 	if err != nil {
 		return fmt.Errorf("capstan: credentials file %s: %w", credsPath, err)
 	}
-	allowed := len(uc.Permissions.Pub.Allow) == 0
-	for _, a := range uc.Permissions.Pub.Allow {
-		if server.SubjectMatchesFilter(subject, a) {
-			allowed = true
-			break
-		}
-	}
-	for _, d := range uc.Permissions.Pub.Deny {
-		if server.SubjectMatchesFilter(subject, d) {
-			allowed = false
-		}
-	}
+	allowed := MayPublish(uc, subject)
 	if allowed {
 		return nil
 	}
@@ -285,6 +274,24 @@ func CheckPublish(credsPath, subject string) error {
 		}
 	}
 	return fmt.Errorf("%w: %s %q may not publish to %s", ErrNotPermitted, role, uc.Name, subject)
+}
+
+// MayPublish reads a user JWT's publish permissions as the server applies
+// them: no allow list allows everything, a deny wins.
+func MayPublish(c *jwt.UserClaims, subject string) bool {
+	ok := len(c.Permissions.Pub.Allow) == 0
+	for _, a := range c.Permissions.Pub.Allow {
+		if server.SubjectMatchesFilter(subject, a) {
+			ok = true
+			break
+		}
+	}
+	for _, d := range c.Permissions.Pub.Deny {
+		if server.SubjectMatchesFilter(subject, d) {
+			ok = false
+		}
+	}
+	return ok
 }
 
 // ErrNotPermitted: the credentials do not allow what was asked.

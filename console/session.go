@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -348,7 +348,7 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 			return nil, "", "", nil, fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
 		}
 		name = claims.Name
-		may = func(subject string) bool { return mayPublish(claims, subject) }
+		may = func(subject string) bool { return auth.MayPublish(claims, subject) }
 		for _, tag := range claims.Tags {
 			if r, ok := strings.CutPrefix(tag, roleTag); ok {
 				role = r
@@ -387,24 +387,6 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 // roleTag prefixes the tag that names a principal's role in the credentials
 // capstan's auth command writes.
 const roleTag = "capstan-role:"
-
-// mayPublish reads a user JWT's publish permissions as the server applies
-// them: no allow list allows everything, a deny wins.
-func mayPublish(c *jwt.UserClaims, subject string) bool {
-	ok := len(c.Permissions.Pub.Allow) == 0
-	for _, a := range c.Permissions.Pub.Allow {
-		if server.SubjectMatchesFilter(subject, a) {
-			ok = true
-			break
-		}
-	}
-	for _, d := range c.Permissions.Pub.Deny {
-		if server.SubjectMatchesFilter(subject, d) {
-			ok = false
-		}
-	}
-	return ok
-}
 
 func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
