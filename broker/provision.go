@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
@@ -22,6 +23,9 @@ const (
 	DefaultRecordTTL   = 7 * 24 * time.Hour
 	DefaultAuditMaxAge = 30 * 24 * time.Hour
 	DefaultDedupWindow = 2 * time.Minute
+	// DefaultEnvelopeRetention keeps an envelope a day and an hour: a
+	// request may wait a day for its start (DESIGN §13, §16).
+	DefaultEnvelopeRetention = 25 * time.Hour
 )
 
 // Config says how to provision. Zero values are the defaults.
@@ -37,7 +41,7 @@ type Config struct {
 	// server knows the size of its cluster from its routes, and provisions R3
 	// resources even while some of its peers are still starting.
 	ClusterSize int
-	// RecordTTL keeps execution records, envelopes and approvals (default 7
+	// RecordTTL keeps execution records and approvals (default 7
 	// days). It is also the exec stream's MaxAge: a request never outlives
 	// the record of its execution (DESIGN §13).
 	RecordTTL time.Duration
@@ -52,6 +56,15 @@ type Config struct {
 	// DedupWindow is the exec stream's duplicate window (default and minimum 2
 	// min, at most RecordTTL).
 	DedupWindow time.Duration
+	// EnvelopeRetention is how long an envelope is kept: the envelopes
+	// bucket's TTL. Unset, a new bucket keeps envelopes
+	// DefaultEnvelopeRetention and an existing one keeps the TTL it was
+	// given; set, an existing bucket with another TTL is updated to it (an
+	// operator's choice, logged). Clients cap a request's start window
+	// below it (executor.MaxStartWithin).
+	EnvelopeRetention time.Duration
+	// Logger receives what provisioning changes. Default slog.Default().
+	Logger *slog.Logger
 }
 
 func (c Config) withDefaults() Config {
@@ -66,6 +79,12 @@ func (c Config) withDefaults() Config {
 	}
 	// JetStream keeps no duplicate window longer than the stream's MaxAge.
 	c.DedupWindow = min(c.DedupWindow, c.RecordTTL)
+	if c.EnvelopeRetention <= 0 {
+		c.EnvelopeRetention = DefaultEnvelopeRetention
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	return c
 }
 
@@ -95,6 +114,7 @@ type Broker struct {
 // message naming the resource and the field.
 func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	keepAuditMaxAge := cfg.AuditMaxAge <= 0
+	keepEnvelopeRetention := cfg.EnvelopeRetention <= 0
 	cfg = cfg.withDefaults()
 	if err := checkReplicas(cfg.Replicas, true); err != nil {
 		return nil, err
@@ -153,6 +173,13 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		Source:      "$KV." + n.EnvelopesBucket() + ".>",
 		Destination: n.EnvelopeSubjects(),
 	}
+	b.Envelopes, b.Config.EnvelopeRetention, err = ensureEnvelopes(ctx, js, rc, jetstream.KeyValueConfig{
+		Bucket: n.EnvelopesBucket(), History: 1, TTL: cfg.EnvelopeRetention,
+		Storage: jetstream.FileStorage, RePublish: envelopesRepublish,
+	}, keepEnvelopeRetention, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	for _, kv := range []struct {
 		dst       *jetstream.KeyValue
 		name      string
@@ -160,7 +187,6 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		republish *jetstream.RePublish
 	}{
 		{&b.Executions, n.ExecutionsBucket(), cfg.RecordTTL, nil},
-		{&b.Envelopes, n.EnvelopesBucket(), cfg.RecordTTL, envelopesRepublish},
 		{&b.Approvals, n.ApprovalsBucket(), cfg.RecordTTL, nil},
 		{&b.Catalog, n.CatalogBucket(), 0, nil},
 		{&b.Pools, n.PoolsBucket(), 0, nil},
@@ -226,6 +252,51 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		}
 	}
 	return s, nil
+}
+
+// ensureEnvelopes creates the envelopes bucket or checks the existing one, and
+// returns it with its TTL, the envelope retention. An existing bucket whose
+// TTL differs keeps it with keepTTL (no retention was set), and is otherwise
+// updated to want's: shrinking or growing the retention is an operator's
+// choice, logged. Any other difference is a conflict, as for every bucket.
+func ensureEnvelopes(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.KeyValueConfig,
+	keepTTL bool, log *slog.Logger) (jetstream.KeyValue, time.Duration, error) {
+	kv, err := ensureBucket(ctx, js, rc, want)
+	if err == nil {
+		return kv, want.TTL, nil
+	}
+	if !errors.Is(err, ErrConfigConflict) {
+		return nil, 0, err
+	}
+	s, serr := js.Stream(ctx, "KV_"+want.Bucket)
+	if serr != nil {
+		return nil, 0, err
+	}
+	have := s.CachedInfo().Config
+	asIs := want
+	asIs.TTL = have.MaxAge
+	asIs.Replicas = rc.against(have.Replicas)
+	if have.MaxAge == want.TTL {
+		return nil, 0, err
+	}
+	if diff := bucketDiff(have, asIs); diff != "" {
+		// Another field differs: the TTL is not part of the conflict.
+		return nil, 0, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, diff)
+	}
+	if !keepTTL {
+		have.MaxAge = want.TTL
+		// As a new bucket's: JetStream keeps no duplicate window longer
+		// than the stream's MaxAge.
+		have.Duplicates = min(DefaultDedupWindow, want.TTL)
+		if s, err = js.UpdateStream(ctx, have); err != nil {
+			return nil, 0, fmt.Errorf("capstan: bucket %s: set TTL %v: %w", want.Bucket, want.TTL, err)
+		}
+		log.Info("envelope retention changed", "bucket", want.Bucket, "from", asIs.TTL, "to", want.TTL)
+	}
+	if kv, err = js.KeyValue(ctx, want.Bucket); err != nil {
+		return nil, 0, err
+	}
+	return kv, s.CachedInfo().Config.MaxAge, nil
 }
 
 func withMaxAge(c jetstream.StreamConfig, d time.Duration) jetstream.StreamConfig {

@@ -149,7 +149,7 @@ func TestProvision_CreatesTheDesignedResources(t *testing.T) {
 		publish bool
 	}{
 		{b.Executions, "CAPSTAN_EXECUTIONS", broker.DefaultRecordTTL, false},
-		{b.Envelopes, "CAPSTAN_ENVELOPES", broker.DefaultRecordTTL, true},
+		{b.Envelopes, "CAPSTAN_ENVELOPES", broker.DefaultEnvelopeRetention, true},
 		{b.Approvals, "CAPSTAN_APPROVALS", broker.DefaultRecordTTL, false},
 		{b.Catalog, "CAPSTAN_CATALOG", 0, false},
 		{b.Pools, "CAPSTAN_POOLS", 0, false},
@@ -286,8 +286,6 @@ func TestProvision_ConflictingStreamNamesField(t *testing.T) {
 
 		{"envelopes with history 5", "CAPSTAN_ENVELOPES", "History",
 			bucket(capstanBucket("CAPSTAN_ENVELOPES", week, func(c *jetstream.KeyValueConfig) { c.History = 5 }))},
-		{"envelopes with a 1 h TTL", "CAPSTAN_ENVELOPES", "TTL",
-			bucket(capstanBucket("CAPSTAN_ENVELOPES", week, func(c *jetstream.KeyValueConfig) { c.TTL = time.Hour }))},
 		{"envelopes without republish", "CAPSTAN_ENVELOPES", "RePublish",
 			bucket(capstanBucket("CAPSTAN_ENVELOPES", week, func(c *jetstream.KeyValueConfig) { c.RePublish = nil }))},
 		{"envelopes republished elsewhere", "CAPSTAN_ENVELOPES", "RePublish",
