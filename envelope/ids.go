@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -67,6 +68,22 @@ func ValidExecutionID(id string) error {
 // NewExecutionID returns a new UUIDv7, ordered by time.
 func NewExecutionID() string {
 	return uuid.Must(uuid.NewV7()).String()
+}
+
+// ExecutionIDTime returns when an execution id was made, for an id that is a
+// UUIDv7 in its canonical form (what NewExecutionID makes): its first 48 bits
+// are the Unix time in milliseconds of the clock that made it. ok is false for
+// any other id, which says nothing of its age.
+func ExecutionIDTime(id string) (t time.Time, ok bool) {
+	if len(id) != 36 {
+		return time.Time{}, false
+	}
+	u, err := uuid.Parse(id)
+	if err != nil || u.Version() != 7 || u.Variant() != uuid.RFC4122 {
+		return time.Time{}, false
+	}
+	ms := int64(u[0])<<40 | int64(u[1])<<32 | int64(u[2])<<24 | int64(u[3])<<16 | int64(u[4])<<8 | int64(u[5])
+	return time.UnixMilli(ms).UTC(), true
 }
 
 // IdempotencyKey derives the handler's idempotency key from the execution id

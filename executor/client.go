@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,12 +32,23 @@ type ClientConfig struct {
 	// traces (see package telemetry). Default: nothing is observed.
 	Observer observe.Client
 	// StartWithin is how long a request may wait for a worker to start it
-	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin.
+	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin,
+	// and never more than MaxStartWithin of the envelope retention: a longer
+	// window, here or in a call's StartWithin option, is cut to it.
 	StartWithin time.Duration
 }
 
 // DefaultStartWithin is how long a request waits to be started by default.
 const DefaultStartWithin = 24 * time.Hour
+
+// MaxStartWithin is the longest start window a client gives a request when
+// envelopes are kept retention (broker.Config.EnvelopeRetention): the
+// retention less a margin of an hour (a tenth of it, under ten hours), so
+// that every envelope outlives its request's start deadline by at least the
+// margin. With the default 25 h retention, it is the default 24 h.
+func MaxStartWithin(retention time.Duration) time.Duration {
+	return retention - min(time.Hour, retention/10)
+}
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
@@ -52,6 +64,9 @@ type Client struct {
 	principal string
 	cat       *catalog
 	w         *await.Waiters
+	// maxStart caps every request's start window (0: the retention was not
+	// readable, no cap).
+	maxStart time.Duration
 
 	ctx  context.Context // the catalog watcher's
 	stop context.CancelFunc
@@ -94,6 +109,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, b: b, principal: principal}
+	c.readRetention(ctx)
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	if c.w, err = await.New(b, c.principal, cfg.Logger); err != nil {
 		c.stop()
@@ -131,6 +147,48 @@ func openResources(ctx context.Context, nc *nats.Conn, cfg broker.Config,
 	}
 }
 
+// readRetention reads how long the envelopes bucket keeps envelopes, which
+// caps every request's start window.
+func (c *Client) readRetention(ctx context.Context) {
+	retention, err := c.envelopeRetention(ctx)
+	if err != nil {
+		c.cfg.Logger.Warn("envelope retention unreadable: start windows are not capped by it", "err", err)
+		return
+	}
+	c.b.Config.EnvelopeRetention = retention
+	c.maxStart = MaxStartWithin(retention)
+	if want := cmp.Or(c.cfg.StartWithin, DefaultStartWithin); want > c.maxStart {
+		c.cfg.Logger.Info("start window cut below the envelope retention", "startWithin", want,
+			"envelopeRetention", retention, "cutTo", c.maxStart)
+	}
+}
+
+// envelopeRetention reads the envelopes bucket's TTL: how long an envelope is
+// kept, whatever the default.
+func (c *Client) envelopeRetention(ctx context.Context) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, await.PublishTry)
+	defer cancel()
+	st, err := c.b.Envelopes.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("capstan: read bucket %s: %w", c.b.Names.EnvelopesBucket(), err)
+	}
+	if st.TTL() <= 0 {
+		return 0, fmt.Errorf("capstan: bucket %s keeps envelopes for ever", c.b.Names.EnvelopesBucket())
+	}
+	return st.TTL(), nil
+}
+
+// capStartBy cuts a request's start deadline to the client's longest start
+// window.
+func (c *Client) capStartBy(r *envelope.Request) {
+	if c.maxStart <= 0 || r.StartBy == nil {
+		return
+	}
+	if latest := r.SubmittedAt.Add(c.maxStart).UTC(); r.StartBy.After(latest) {
+		r.StartBy = &latest
+	}
+}
+
 // Close releases the subscription and the catalog watcher.
 func (c *Client) Close() error {
 	if c.cat != nil {
@@ -165,7 +223,8 @@ func WithDeadline(t time.Time) CallOption {
 }
 
 // StartWithin sets how long this request may wait for a worker to start it
-// (default the client's StartWithin); past it, it ends NOT_STARTED.
+// (default the client's StartWithin); past it, it ends NOT_STARTED. It is cut
+// to MaxStartWithin of the envelope retention.
 func StartWithin(d time.Duration) CallOption {
 	return func(r *envelope.Request) { t := r.SubmittedAt.Add(d).UTC(); r.StartBy = &t }
 }
@@ -190,6 +249,7 @@ func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (
 	for _, o := range opts {
 		o(r)
 	}
+	c.capStartBy(r)
 	r.Surface = string(c.cfg.Surface) // the client fixes the surface, never the caller's payload
 	if r.ExecutionID == "" {
 		r.ExecutionID = envelope.NewExecutionID()
@@ -268,9 +328,108 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	return r.ExecutionID, nil
 }
 
-// Await waits for an execution's envelope until ctx ends.
+// Await waits for an execution's envelope until ctx ends. An execution whose
+// envelope is no longer kept fails at once with an *ExpiredError
+// (errors.Is(err, ErrExpired)): see ExpiredError for when.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
-	return c.w.Await(ctx, executionID, c.w.Add(executionID))
+	ch := c.w.Add(executionID)
+	env, err := c.w.Load(ctx, executionID)
+	if err == nil {
+		c.w.Remove(executionID, ch)
+		return env, nil
+	}
+	if errors.Is(err, broker.ErrNotFound) {
+		if xerr := c.expired(ctx, c.principal, executionID); xerr != nil {
+			c.w.Remove(executionID, ch)
+			return nil, xerr
+		}
+	}
+	// The waiter was registered before the read: an envelope stored since
+	// comes on the subscription.
+	return c.w.AwaitFresh(ctx, executionID, ch, c.w.Reconnects())
+}
+
+// ErrExpired marks an execution whose envelope is no longer kept: it will
+// never be answered. See ExpiredError.
+var ErrExpired = errors.New("capstan: execution expired")
+
+// ExpiredError is an execution whose envelope expired. It is decided only for
+// an id that is a UUIDv7 (what the client makes by default), whose time says
+// how old the execution is: an id made longer ago than the envelopes bucket
+// keeps envelopes (read from the bucket, broker.Config.EnvelopeRetention),
+// with no envelope and no record of an execution in flight, is expired. Its
+// envelope, made after its id, was kept at least that long and is gone; no
+// request is started later than its start window, which the client keeps
+// below the retention. Another id says nothing of its age: awaiting it waits.
+// errors.Is(err, ErrExpired) holds, and errors.Is(err, ErrUnknownExecution)
+// too when no record of it is left either.
+type ExpiredError struct {
+	ExecutionID string
+	// MadeAt is the time in the id: when its client made it.
+	MadeAt time.Time
+	// Retention is how long the envelopes bucket keeps an envelope.
+	Retention time.Duration
+	// Status and Code are the outcome its finalized record still holds,
+	// when the record outlived the envelope; empty otherwise.
+	Status envelope.Status
+	Code   envelope.Code
+}
+
+func (e *ExpiredError) Error() string {
+	msg := fmt.Sprintf("capstan: execution %s expired: its id was made %s, %s ago, and envelopes are kept %s",
+		e.ExecutionID, e.MadeAt.Format(time.RFC3339), time.Since(e.MadeAt).Round(time.Second), e.Retention)
+	if e.Status != "" {
+		msg += fmt.Sprintf("; its record says %s", e.Status)
+		if e.Code != "" {
+			msg += " " + string(e.Code)
+		}
+	}
+	return msg
+}
+
+// Unwrap makes the error ErrExpired, and ErrUnknownExecution when no record
+// is left.
+func (e *ExpiredError) Unwrap() []error {
+	if e.Status == "" {
+		return []error{ErrExpired, ErrUnknownExecution}
+	}
+	return []error{ErrExpired}
+}
+
+// expired decides, for an execution of owner's whose envelope was not found,
+// whether it expired: nil when it did not or cannot be told.
+func (c *Client) expired(ctx context.Context, owner, executionID string) *ExpiredError {
+	made, ok := envelope.ExecutionIDTime(executionID)
+	if !ok {
+		return nil
+	}
+	if time.Since(made) < min(c.maxStart, time.Minute) {
+		return nil // younger than any retention in use: no read needed
+	}
+	retention, err := c.envelopeRetention(ctx) // now: an operator may have changed it
+	if err != nil {
+		c.cfg.Logger.Warn("envelope retention unreadable: cannot tell whether the execution expired",
+			"executionId", executionID, "err", err)
+		return nil
+	}
+	if time.Since(made) < retention {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, await.PublishTry)
+	defer cancel()
+	rec, _, err := broker.Load[Record](rctx, c.b.Executions, broker.Key(owner, executionID))
+	switch {
+	case errors.Is(err, broker.ErrNotFound):
+		return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention}
+	case err != nil, rec.State != StateFinalized:
+		return nil // unknown, or still in flight: its envelope is to come
+	}
+	// Finalized: its envelope was stored before the record said so, and is
+	// gone, unless it was stored since the first read.
+	if _, err := c.w.Load(rctx, executionID); !errors.Is(err, broker.ErrNotFound) {
+		return nil
+	}
+	return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, Status: rec.Status, Code: rec.LastError}
 }
 
 // publish stores m, publishing again through a failover.
@@ -393,6 +552,9 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 	}
 	s.Envelope = env
 	if s.Record == nil && s.Envelope == nil {
+		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
+			return nil, xerr
+		}
 		return nil, fmt.Errorf("%w: %s", ErrUnknownExecution, executionID)
 	}
 	return &s, nil

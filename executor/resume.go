@@ -92,6 +92,7 @@ func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts [
 	for _, o := range opts {
 		o(r)
 	}
+	c.capStartBy(r)
 	r.ApprovalID, r.CapabilityID = approvalID, ""
 	if r.ExecutionID == "" {
 		r.ExecutionID = envelope.NewExecutionID()

@@ -138,16 +138,17 @@ func (c *Waiters) Await(ctx context.Context, id string, ch chan *envelope.Envelo
 	// waiter: one Get closes that race. It is bounded on its own: a request
 	// lost with a server that went down is never answered, and the waiter's
 	// re-reads cover a Get that failed.
-	if env, err := c.loadEnvelope(ctx, id); err == nil {
+	if env, err := c.Load(ctx, id); err == nil {
 		c.Remove(id, ch)
 		return env, nil
 	}
 	return c.AwaitFresh(ctx, id, ch, c.Reconnects())
 }
 
-// loadEnvelope reads an envelope with a bound of its own: a request lost with
-// a server that went down is never answered.
-func (c *Waiters) loadEnvelope(ctx context.Context, id string) (*envelope.Envelope, error) {
+// Load reads an envelope with a bound of its own: a request lost with a
+// server that went down is never answered. broker.ErrNotFound says there is
+// none.
+func (c *Waiters) Load(ctx context.Context, id string) (*envelope.Envelope, error) {
 	lctx, cancel := context.WithTimeout(ctx, PublishTry)
 	defer cancel()
 	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, broker.Key(c.principal, id))
@@ -172,7 +173,7 @@ func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.E
 		case <-t.C:
 			if now := c.Reconnects(); now != reconnects {
 				reconnects = now
-				if env, err := c.loadEnvelope(ctx, id); err == nil {
+				if env, err := c.Load(ctx, id); err == nil {
 					c.Remove(id, ch)
 					return env, nil
 				}
