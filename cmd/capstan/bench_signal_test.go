@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // stopBound is how long a process may take to stop after SIGTERM: generous
@@ -86,7 +88,7 @@ func TestCLI_WaitingCommandsStopOnSIGTERMAfterTheServerWasKilled(t *testing.T) {
 	// No worker serves: the call and the await wait for an envelope.
 	waiting := map[string]*daemon{
 		"call":   spawn(t, env, "call", "demo.echo", "--wait", "1h"),
-		"await":  spawn(t, env, "await", "01a22d6e-8b1d-7a21-9171-5ef160f13e3b", "--wait", "1h"),
+		"await":  spawn(t, env, "await", envelope.NewExecutionID(), "--wait", "1h"), // young: waited for, never expired
 		"follow": spawn(t, env, "audit", "--follow"),
 	}
 	// The call is waiting once its request is stored, audit --follow once its

@@ -226,10 +226,18 @@ func runAwait(args []string) int {
 	return printEnvelope(env)
 }
 
+// expiredError reports an execution whose envelope is no longer kept.
+func expiredError(err error, id string) int {
+	return fail(exitExpired, "%v: it will never be answered; its audit trail may still hold it: 'capstan audit %s'", err, id)
+}
+
 // awaitError reports a call or await that ended without an envelope.
 func awaitError(err error, id string, wait time.Duration) int {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fail(exitNoEnvelope, "no envelope for %s within %v; 'capstan await %s' waits again", id, wait, id)
+	}
+	if errors.Is(err, executor.ErrExpired) {
+		return expiredError(err, id)
 	}
 	return usageError("%v", err)
 }

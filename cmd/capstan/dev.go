@@ -17,7 +17,7 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [--envelope-retention D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
@@ -25,6 +25,9 @@ func runDev(args []string) int {
 	mf := addMCPFlags(fs, "mcp-")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if err := sf.check(); err != nil {
+		return usageError("%v", err)
 	}
 	opts, err := sf.options()
 	if err != nil {

@@ -20,6 +20,7 @@ const (
 	exitUsage      = 2 // usage or connection error
 	exitApproval   = 3 // approval-required
 	exitNoEnvelope = 4 // no envelope within --wait
+	exitExpired    = 5 // the envelope is no longer kept
 )
 
 // printJSON writes v to stdout as indented JSON.

@@ -51,6 +51,9 @@ func runStatus(args []string) int {
 			owner = c.Principal()
 		}
 		s, err := c.StatusOf(ctx, owner, id)
+		if errors.Is(err, executor.ErrExpired) {
+			return expiredError(err, id)
+		}
 		if errors.Is(err, executor.ErrUnknownExecution) {
 			return fail(exitFailed, "%v", err)
 		}

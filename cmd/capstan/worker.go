@@ -146,8 +146,63 @@ func runWorker(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	if err := w.Run(ctx); err != nil {
+	ran := make(chan error, 1)
+	go func() { ran <- w.Run(ctx) }()
+	stopped, gone := make(chan struct{}), make(chan struct{})
+	defer close(stopped)
+	go closeWhenServerGone(ctx, stopped, gone, nc, log)
+	select {
+	case err = <-ran:
+	case <-gone:
+		// Whatever is left talks to a closed connection, or retries a
+		// write no server will answer: it is abandoned as a crash's is.
+		select {
+		case err = <-ran:
+		case <-time.After(serverGoneAfter):
+			return fail(exitFailed, "worker: stopped with its server out of reach; executions in flight are left to a takeover")
+		}
+	}
+	if err != nil {
 		return fail(exitFailed, "worker: %v", err)
 	}
 	return exitOK
+}
+
+// serverGoneAfter is how long a stopping worker waits for its connection to
+// come back before it gives up on its server.
+const serverGoneAfter = time.Second
+
+// closeWhenServerGone closes nc, then gone, once the worker is stopping (ctx
+// ended) and its server has been out of reach for serverGoneAfter, until
+// stopped. The shutdown's last words to the server (draining the pulls,
+// releasing the sweeping lease, flushing the audit trail) then fail at once
+// instead of each waiting out its timeout; executions still in flight are
+// abandoned as a crash's are, to a takeover once their lease expires.
+func closeWhenServerGone(ctx context.Context, stopped <-chan struct{}, gone chan<- struct{}, nc *nats.Conn, log *slog.Logger) {
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		return
+	}
+	t := time.NewTicker(serverGoneAfter / 10)
+	defer t.Stop()
+	var since time.Time
+	for {
+		switch {
+		case nc.IsConnected():
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= serverGoneAfter:
+			log.Warn("stopping with the server out of reach: closing the connection; executions in flight are left to a takeover")
+			nc.Close()
+			close(gone)
+			return
+		}
+		select {
+		case <-stopped:
+			return
+		case <-t.C:
+		}
+	}
 }
