@@ -204,9 +204,11 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 }
 
 func (b *Bridge) task(id string, created, updated time.Time) *Task {
-	ttl := b.cfg.Broker.RecordTTL
+	// A task's result is its envelope: kept as long as the envelopes
+	// bucket keeps it, which the client read when it opened.
+	ttl := b.c.Broker().Config.EnvelopeRetention
 	if ttl <= 0 {
-		ttl = broker.DefaultRecordTTL
+		ttl = broker.DefaultEnvelopeRetention
 	}
 	ms := ttl.Milliseconds()
 	return &Task{
