@@ -22,6 +22,9 @@ const (
 	DefaultRecordTTL   = 7 * 24 * time.Hour
 	DefaultAuditMaxAge = 30 * 24 * time.Hour
 	DefaultDedupWindow = 2 * time.Minute
+	// DefaultRecordWindow is how long an execution record is kept after its
+	// last write (DESIGN §16).
+	DefaultRecordWindow = 15 * time.Minute
 )
 
 // Config says how to provision. Zero values are the defaults.
@@ -52,6 +55,12 @@ type Config struct {
 	// DedupWindow is the exec stream's duplicate window (default and minimum 2
 	// min, at most RecordTTL).
 	DedupWindow time.Duration
+	// RecordWindow is how long an execution record outlives its last write
+	// (default 15 min): every write of a worker carries it as the message's
+	// TTL, so a finished execution's record goes RecordWindow after its last
+	// write, and a running one, whose lease is renewed, stays. Every worker
+	// of a deployment must use the same window (DESIGN §16).
+	RecordWindow time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -66,6 +75,11 @@ func (c Config) withDefaults() Config {
 	}
 	// JetStream keeps no duplicate window longer than the stream's MaxAge.
 	c.DedupWindow = min(c.DedupWindow, c.RecordTTL)
+	if c.RecordWindow <= 0 {
+		c.RecordWindow = DefaultRecordWindow
+	}
+	// A per-message TTL is whole seconds, and never beyond the bucket's age.
+	c.RecordWindow = min(max(c.RecordWindow, time.Second), c.RecordTTL)
 	return c
 }
 
@@ -176,7 +190,29 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 			return nil, err
 		}
 	}
+	if err := allowMsgTTL(ctx, js, "KV_"+n.ExecutionsBucket()); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// allowMsgTTL lets a bucket's writes carry their own TTL (the executions
+// bucket's records, DESIGN §16). A bucket from an earlier version gets it by
+// an update, which only adds a capability: nothing stored changes.
+func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("capstan: read stream %s: %w", stream, err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.AllowMsgTTL {
+		return nil
+	}
+	cfg.AllowMsgTTL = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("capstan: stream %s: allow per-message TTLs: %w", stream, err)
+	}
+	return nil
 }
 
 // ensureStream creates the stream or checks the existing one, which is never

@@ -93,7 +93,20 @@ func (x *Execution) RequireApproval(ref *envelope.ApprovalRef, data map[string]a
 func (x *Execution) finalize(o *outcome, attempts int) {
 	w := x.w
 	var err error
-	if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
+	if x.record0() == nil {
+		// Refused before its claim (stages 4 to 9 of the short path): its
+		// record, finalized, comes first, so that a later delivery finds it.
+		rec := x.newRecord(StateFinalized)
+		rec.Status, rec.LeaseUntil = o.env.Status, time.Time{}
+		if o.env.Error != nil {
+			rec.LastError = o.env.Error.Code
+		}
+		if !x.create(rec) {
+			x.yieldClaim()
+			return
+		}
+		x.flushHeld()
+	} else if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
 		err = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
 	}
 	if errors.Is(err, errLost) {
@@ -127,6 +140,7 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
+	x.flushHeld()
 	endStage := x.Stage(observe.StageFinalize)
 	stored, ok := x.createEnvelope(env)
 	if !ok {
@@ -134,15 +148,15 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 		return
 	}
 	if stored != nil {
-		// The record tells what the envelope says, also when another worker's
-		// envelope won and ours was discarded.
+		// The envelope is the proof: the record is not rewritten after it
+		// (DESIGN §14), except to keep a failure's private cause for
+		// operators.
 		ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt)
-		_ = x.update(func(r *Record) {
-			r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts
-			if ours && o.cause != nil {
-				r.Cause = o.cause.Error()
-			}
-		})
+		if ours && o.cause != nil && x.record().State != StateFinalized {
+			_ = x.update(func(r *Record) {
+				r.State, r.Status, r.Attempt, r.Cause = StateFinalized, stored.Status, stored.Attempts, o.cause.Error()
+			})
+		}
 		if ours {
 			x.obs.Finalized(stored)
 			w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
@@ -150,7 +164,8 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 		}
 	}
 	endStage(nil)
-	ackSync(x.msg)
+	// A lost ack is a redelivery, which finds the envelope: no need to wait.
+	_ = x.msg.Ack()
 }
 
 // errorCode is the envelope's error code, "" when it has none.

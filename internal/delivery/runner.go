@@ -249,6 +249,22 @@ func (w *Runner) emit(ev *audit.Event) {
 	w.audit.Emit(ev)
 }
 
+// emitAll publishes one execution's events, in order.
+func (w *Runner) emitAll(evs []*audit.Event) {
+	for _, ev := range evs {
+		w.audit.Emit(ev)
+	}
+}
+
+// emitAllSync publishes one execution's events, in order, and waits until
+// JetStream stored them.
+func (w *Runner) emitAllSync(ctx context.Context, evs []*audit.Event) error {
+	for _, ev := range evs[:len(evs)-1] {
+		w.audit.Emit(ev)
+	}
+	return w.audit.EmitSync(ctx, evs[len(evs)-1])
+}
+
 // finalizedRecord is the record written when a request is finalized without
 // running (undecodable): it keeps the invariant that an envelope is always
 // preceded by its execution's record.
