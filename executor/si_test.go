@@ -532,27 +532,6 @@ func finalizedStatus(t *testing.T, c *executor.Client, id string) *executor.Stat
 	}
 }
 
-// recordedCause waits until the record of a failed execution carries its
-// private cause, which its worker writes after the envelope.
-func recordedCause(t *testing.T, c *executor.Client, id string) *executor.Status {
-	t.Helper()
-	ctx := ctxT(t)
-	for {
-		st, err := c.Status(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Record != nil && st.Record.Cause != "" {
-			return st
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("record of %s never got its cause: %+v", id, st.Record)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
 // syncBuffer collects a logger's output across goroutines.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -619,11 +598,9 @@ func TestSI9_ModelSafeErrors(t *testing.T) {
 				t.Fatalf("message %q", env.Error.Message)
 			}
 			// Operators keep the real cause: the record (capstan status) and the logs.
-			// The cause is written to the record after the envelope.
-			if tc.id != "si9.declared-private" {
-				if st := recordedCause(t, c, env.ExecutionID); !strings.Contains(st.Record.Cause, "hunter2") {
-					t.Fatalf("record cause %q", st.Record.Cause)
-				}
+			st := finalizedStatus(t, c, env.ExecutionID)
+			if tc.id != "si9.declared-private" && !strings.Contains(st.Record.Cause, "hunter2") {
+				t.Fatalf("record cause %q", st.Record.Cause)
 			}
 			for _, ev := range terminalTrail(t, c, env.ExecutionID) {
 				if bytes.Contains(ev.raw, []byte("hunter2")) {

@@ -101,13 +101,24 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 		if o.env.Error != nil {
 			rec.LastError = o.env.Error.Code
 		}
+		if o.cause != nil {
+			rec.Cause = o.cause.Error()
+		}
 		if !x.create(rec) {
 			x.yieldClaim()
 			return
 		}
 		x.flushHeld()
-	} else if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
-		err = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	} else if o.cause != nil || time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
+		// A failure's private cause is kept on the record for operators
+		// (capstan status), written with the lease's renewal: the record is
+		// not written after the envelope.
+		err = x.update(func(r *Record) {
+			r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
+			if o.cause != nil {
+				r.Cause = o.cause.Error()
+			}
+		})
 	}
 	if errors.Is(err, errLost) {
 		w.conflicts.Add(1)
@@ -149,15 +160,8 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 	}
 	if stored != nil {
 		// The envelope is the proof: the record is not rewritten after it
-		// (DESIGN §14), except to keep a failure's private cause for
-		// operators.
-		ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt)
-		if ours && o.cause != nil && x.record().State != StateFinalized {
-			_ = x.update(func(r *Record) {
-				r.State, r.Status, r.Attempt, r.Cause = StateFinalized, stored.Status, stored.Attempts, o.cause.Error()
-			})
-		}
-		if ours {
+		// (DESIGN §14).
+		if ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt); ours {
 			x.obs.Finalized(stored)
 			w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
 				"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
