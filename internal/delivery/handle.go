@@ -134,9 +134,10 @@ func (x *Execution) shortPath() bool {
 		recentID(x.req.ExecutionID, time.Now(), x.w.b.Config.RecordWindow)
 }
 
-// idSkew is how far a client's clock may be from the worker's for an id's
-// time to be trusted.
-const idSkew = time.Minute
+// idSkew is how far a client's or the server's clock may be from the
+// worker's for an id's time, or a message's, to be trusted: a minute, or a
+// quarter of a record window shorter than four minutes (tests).
+func idSkew(window time.Duration) time.Duration { return min(time.Minute, window/4) }
 
 // recentID reports whether id is a UUIDv7 made within window of now (less
 // the skew a client's clock may have): then any earlier execution of the id
@@ -151,7 +152,8 @@ func recentID(id string, now time.Time, window time.Duration) bool {
 	}
 	sec, nsec := u.Time().UnixTime()
 	made := time.Unix(sec, nsec)
-	return made.After(now.Add(-window+idSkew)) && made.Before(now.Add(idSkew))
+	skew := idSkew(window)
+	return made.After(now.Add(-window+skew)) && made.Before(now.Add(skew))
 }
 
 // newRecord is this delivery's first record of the execution, in state st.
@@ -270,7 +272,7 @@ func (x *Execution) checkedFresh() bool {
 		x.w.duplicate(x.msg, x.req, x.rec.Worker)
 		return false
 	}
-	if n > 1 && !fresh(x.msg, x.w.b.Config.RecordWindow-idSkew) {
+	if window := x.w.b.Config.RecordWindow; n > 1 && !fresh(x.msg, window-idSkew(window)) {
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
 		if x.cap == nil || !x.cap.RetryEligible(lost) {
 			x.emit(audit.Requested, nil)
