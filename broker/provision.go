@@ -156,6 +156,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		// The trail is evidence: no process, whatever its rights, removes an event.
 		DenyDelete: true,
 		DenyPurge:  true,
+		// One execution's trail is read with batched direct gets, without a
+		// consumer (audit.Read).
+		AllowDirect: true,
 	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
@@ -259,6 +262,16 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		have.DenyPurge = have.DenyPurge || want.DenyPurge
 		if s, err = js.UpdateStream(ctx, have); err != nil {
 			return nil, fmt.Errorf("capstan: stream %s: deny delete and purge: %w", want.Name, err)
+		}
+	}
+	if want.AllowDirect && !s.CachedInfo().Config.AllowDirect {
+		// A stream from an earlier version: direct gets only add a way to
+		// read it. Credentials that may not update a stream leave it as it
+		// is, and its readers use message gets.
+		cfg := s.CachedInfo().Config
+		cfg.AllowDirect = true
+		if updated, err := js.UpdateStream(ctx, cfg); err == nil {
+			s = updated
 		}
 	}
 	return s, nil

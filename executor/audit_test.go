@@ -378,8 +378,8 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 		}
 		raw := append(bytes.Clone(m.Data), []byte(m.Subject+fmt.Sprint(m.Header))...)
 		if bytes.Contains(raw, []byte(marker)) {
-			ev, _ := audit.Decode(m.Data)
-			t.Fatalf("the event at sequence %d carries the marker: %+v", seq, ev)
+			evs, _ := audit.Decode(m.Data)
+			t.Fatalf("the message at sequence %d carries the marker: %+v", seq, evs)
 		}
 	}
 }
