@@ -631,3 +631,60 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 		}
 	}
 }
+
+// An execution that ends quickly is one message on the audit stream: its
+// requested, started and terminal events, held and published together (DESIGN
+// §14).
+func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
+	env := testenv.Start(t)
+	startDemo(t, env.Connect(t), executor.WorkerConfig{})
+	c := newClient(t, env.Connect(t))
+	got := call(t, c, "demo.echo", map[string]any{"hello": "world"})
+	trail := trailOf(t, c.Broker(), got.ExecutionID)
+	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
+	if trail[0].Seq != trail[1].Seq || trail[1].Seq != trail[2].Seq {
+		t.Fatalf("events stored at sequences %d, %d, %d: want one message", trail[0].Seq, trail[1].Seq, trail[2].Seq)
+	}
+}
+
+// Holding events never hides a running execution: while its handler runs,
+// its trail shows capability.started.
+func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
+	env := testenv.Start(t)
+	release := make(chan struct{})
+	hold := executor.Define("test.hold", executor.Meta{
+		Description: "Waits until released.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.None,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return map[string]any{}, nil
+	})
+	startDemo(t, env.Connect(t), executor.WorkerConfig{}, hold)
+	c := newClient(t, env.Connect(t))
+	id, err := c.Submit(ctxT(t), "test.hold", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
+		trail, _ := audit.Read(ctxT(t), c.Broker(), id)
+		return len(trail) == 2 && trail[1].Type == audit.Started
+	})
+	close(release)
+	expectTypes(t, trailOf(t, c.Broker(), id), audit.Requested, audit.Started, audit.Completed)
+}
+
+// With AuditUnacknowledged the trail is the same; only JetStream's
+// acknowledgements are not asked for.
+func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
+	env := testenv.Start(t)
+	startDemo(t, env.Connect(t), executor.WorkerConfig{AuditUnacknowledged: true})
+	c := newClient(t, env.Connect(t))
+	for _, input := range []map[string]any{{"hello": "world"}, {"n": 2}} {
+		got := call(t, c, "demo.echo", input)
+		expectTypes(t, trailOf(t, c.Broker(), got.ExecutionID), audit.Requested, audit.Started, audit.Completed)
+	}
+}

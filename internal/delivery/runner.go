@@ -249,20 +249,13 @@ func (w *Runner) emit(ev *audit.Event) {
 	w.audit.Emit(ev)
 }
 
-// emitAll publishes one execution's events, in order.
-func (w *Runner) emitAll(evs []*audit.Event) {
-	for _, ev := range evs {
-		w.audit.Emit(ev)
-	}
-}
+// emitAll publishes one execution's events, in order, as one message.
+func (w *Runner) emitAll(evs []*audit.Event) { w.audit.EmitAll(evs...) }
 
-// emitAllSync publishes one execution's events, in order, and waits until
-// JetStream stored them.
+// emitAllSync publishes one execution's events, in order, as one message,
+// and waits until JetStream stored it.
 func (w *Runner) emitAllSync(ctx context.Context, evs []*audit.Event) error {
-	for _, ev := range evs[:len(evs)-1] {
-		w.audit.Emit(ev)
-	}
-	return w.audit.EmitSync(ctx, evs[len(evs)-1])
+	return w.audit.EmitAllSync(ctx, evs...)
 }
 
 // finalizedRecord is the record written when a request is finalized without
