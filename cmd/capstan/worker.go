@@ -18,15 +18,15 @@ import (
 
 // workerFlags configure the demo worker of dev and worker.
 type workerFlags struct {
-	pool        string
-	concurrency int
-	lease       time.Duration
-	grace       time.Duration
-	strictAudit bool
+	pool         string
+	concurrency  int
+	lease        time.Duration
+	grace        time.Duration
+	strictAudit  bool
 	auditUnacked bool
-	id          string
-	replicas    int
-	sweepEvery  time.Duration
+	id           string
+	replicas     int
+	sweepEvery   time.Duration
 	// wait bounds how long a worker's start waits for the cluster (0: no bound).
 	wait time.Duration
 	// capabilities, comma-separated, is the part of the demo catalog served
