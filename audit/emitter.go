@@ -30,22 +30,37 @@ type Options struct {
 	// OnFailure, when set, is called for each event JetStream did not store
 	// (for metrics; it must not block).
 	OnFailure func()
+	// Unacknowledged publishes asynchronous events (Emit, EmitAll) without
+	// asking JetStream for an acknowledgement: one message to the server per
+	// EmitAll instead of a publish and its acknowledgement. A failure is then
+	// counted only when the publish fails on this side (the connection is
+	// closed, or its buffer full while reconnecting); an event the stream
+	// refuses (full, unavailable) is lost without a count. Order is kept.
+	// Strict emissions (EmitSync, EmitAllSync) are always acknowledged.
+	Unacknowledged bool
 }
 
 // Emitter publishes events. Events of one execution are published in the order
 // Emit is called, from one connection, so the stream keeps pipeline order.
+// EmitAll publishes several events of one execution as one message, which the
+// stream stores whole or not at all; a reader gets them back in order.
 //
 // An asynchronous event is published once: a failure is logged and counted,
 // never retried, since a retried event would land after events emitted later
 // and break the order. When JetStream falls behind, Emit waits (up to
 // AckTimeout) for room instead of dropping the event.
 type Emitter struct {
+	nc     *nats.Conn
 	js     jetstream.JetStream
 	names  broker.Names
 	opts   Options
 	failed atomic.Uint64
 	sent   atomic.Uint64
 }
+
+// ErrMixedExecutions is returned (or, for EmitAll, counted and logged) when
+// one call is given events of more than one execution.
+var ErrMixedExecutions = errors.New("capstan: audit events of different executions in one message")
 
 // NewEmitter returns an emitter publishing on b's audit stream.
 func NewEmitter(b *broker.Broker, opts Options) *Emitter {
@@ -55,13 +70,14 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	if opts.AckTimeout <= 0 {
 		opts.AckTimeout = 5 * time.Second
 	}
-	e := &Emitter{names: b.Names, opts: opts}
+	e := &Emitter{nc: b.NC, names: b.Names, opts: opts}
 	js, err := jetstream.New(b.NC,
 		jetstream.WithPublishAsyncMaxPending(16384),
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
-			e.fail()
-			e.opts.Logger.Warn("audit event not stored", "subject", m.Subject, "err", err)
+			e.fail(eventCount(m.Data))
+			e.opts.Logger.Warn("audit event not stored", "executionId", m.Header.Get(broker.AuditExecutionHeader),
+				"events", eventCount(m.Data), "err", err)
 		}))
 	if err != nil {
 		// jetstream.New fails only on invalid options.
@@ -71,10 +87,12 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	return e
 }
 
-func (e *Emitter) fail() {
-	e.failed.Add(1)
+func (e *Emitter) fail(events int) {
+	e.failed.Add(uint64(events))
 	if e.opts.OnFailure != nil {
-		e.opts.OnFailure()
+		for range events {
+			e.opts.OnFailure()
+		}
 	}
 }
 
@@ -84,60 +102,114 @@ func (e *Emitter) Failed() uint64 { return e.failed.Load() }
 // Sent counts events handed to JetStream.
 func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 
-func (e *Emitter) message(ev *Event) (*nats.Msg, error) {
-	ev.V = envelope.Version
-	if ev.Timestamp.IsZero() {
-		ev.Timestamp = time.Now().UTC()
+// message encodes evs, all of one execution, as one message on the
+// execution's shard: a single event as itself, several as an array of events
+// (see Decode).
+func (e *Emitter) message(evs []*Event) (*nats.Msg, error) {
+	id := evs[0].ExecutionID
+	now := time.Time{}
+	for _, ev := range evs {
+		if ev.ExecutionID != id {
+			return nil, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, id, ev.ExecutionID)
+		}
+		ev.V = envelope.Version
+		if ev.Timestamp.IsZero() {
+			if now.IsZero() {
+				now = time.Now().UTC()
+			}
+			ev.Timestamp = now
+		}
 	}
-	b, err := envelope.Marshal(ev)
+	var (
+		b   []byte
+		err error
+	)
+	if len(evs) == 1 {
+		b, err = envelope.Marshal(evs[0])
+	} else {
+		b, err = envelope.Marshal(evs)
+	}
 	if err != nil {
 		return nil, err
 	}
-	return &nats.Msg{Subject: e.names.AuditSubject(ev.ExecutionID), Data: b}, nil
+	return &nats.Msg{
+		Subject: e.names.AuditSubject(id),
+		Header:  nats.Header{broker.AuditExecutionHeader: []string{id}},
+		Data:    b,
+	}, nil
 }
 
 // Emit publishes ev without waiting for JetStream's acknowledgement. A failure
 // is logged and counted; it never fails the execution.
-func (e *Emitter) Emit(ev *Event) {
-	if e == nil || e.opts.Disabled {
+func (e *Emitter) Emit(ev *Event) { e.EmitAll(ev) }
+
+// EmitAll publishes evs, events of one execution, in order, as one message,
+// without waiting for JetStream's acknowledgement. A failure is logged and
+// counted (once per event); it never fails the execution.
+func (e *Emitter) EmitAll(evs ...*Event) {
+	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return
 	}
-	m, err := e.message(ev)
+	m, err := e.message(evs)
 	if err == nil {
-		_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
+		if e.opts.Unacknowledged {
+			err = e.nc.PublishMsg(m)
+		} else {
+			_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
+		}
 	}
 	if err != nil {
-		e.fail()
-		e.opts.Logger.Warn("audit event not published", "type", ev.Type, "executionId", ev.ExecutionID, "err", err)
+		e.fail(len(evs))
+		e.opts.Logger.Warn("audit event not published", "type", evs[0].Type, "events", len(evs),
+			"executionId", evs[0].ExecutionID, "err", err)
 		return
 	}
-	e.sent.Add(1)
+	e.sent.Add(uint64(len(evs)))
 }
 
 // EmitSync publishes ev and waits until JetStream has stored it. Earlier
 // asynchronous events of the same connection are stored before it.
-func (e *Emitter) EmitSync(ctx context.Context, ev *Event) error {
-	if e == nil || e.opts.Disabled {
+func (e *Emitter) EmitSync(ctx context.Context, ev *Event) error { return e.EmitAllSync(ctx, ev) }
+
+// EmitAllSync publishes evs, events of one execution, in order, as one
+// message, and waits until JetStream has stored it: all of them, or none.
+// Earlier asynchronous events of the same connection are stored before them.
+func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
+	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return nil
 	}
-	m, err := e.message(ev)
+	m, err := e.message(evs)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		e.fail(len(evs))
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.opts.AckTimeout)
 	defer cancel()
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
-		e.fail()
+		e.fail(len(evs))
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	e.sent.Add(1)
+	e.sent.Add(uint64(len(evs)))
 	return nil
 }
 
-// Flush waits until every asynchronous event has been acknowledged or ctx ends.
+// Flush waits until every asynchronous event has been acknowledged or ctx
+// ends. With Options.Unacknowledged it waits until the server has read every
+// event published so far, which it stores, in order, right after.
 func (e *Emitter) Flush(ctx context.Context) error {
 	if e == nil || e.opts.Disabled {
 		return nil
+	}
+	if e.opts.Unacknowledged {
+		fctx := ctx
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			fctx, cancel = context.WithTimeout(ctx, e.opts.AckTimeout)
+			defer cancel()
+		}
+		if err := e.nc.FlushWithContext(fctx); err != nil {
+			return err
+		}
 	}
 	select {
 	case <-e.js.PublishAsyncComplete():

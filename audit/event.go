@@ -58,18 +58,58 @@ type Event struct {
 	TraceID string         `json:"traceId,omitempty"`
 	Data    map[string]any `json:"data,omitempty"`
 
-	// Seq is the event's sequence in the audit stream, set by Read and Follow.
-	// It is not part of the record.
-	Seq uint64 `json:"-"`
+	// Seq is the stream sequence of the message the event was stored in, set
+	// by Read and Follow. Several events of one execution can share a message
+	// (Emitter.EmitAll); Index is the event's place in it, from 0. Neither is
+	// part of the record.
+	Seq   uint64 `json:"-"`
+	Index int    `json:"-"`
 }
 
-// Decode reads one event as it is stored on the stream.
-func Decode(b []byte) (*Event, error) {
-	ev := new(Event)
-	if err := envelope.Unmarshal(b, ev); err != nil {
-		return nil, fmt.Errorf("capstan: audit event: %w", err)
+// Decode returns the events of one stored audit message, in the order they
+// were emitted, with Index set: a message of several events (a msgpack array,
+// see Emitter.EmitAll) or of one (a msgpack map, as Emit and every version
+// before EmitAll store it).
+func Decode(b []byte) ([]Event, error) {
+	if !isArray(b) {
+		ev := new(Event)
+		if err := envelope.Unmarshal(b, ev); err != nil {
+			return nil, fmt.Errorf("capstan: audit event: %w", err)
+		}
+		return []Event{*ev}, nil
 	}
-	return ev, nil
+	var evs []Event
+	if err := envelope.Unmarshal(b, &evs); err != nil {
+		return nil, fmt.Errorf("capstan: audit events: %w", err)
+	}
+	if len(evs) == 0 {
+		return nil, fmt.Errorf("capstan: audit events: %w: an empty array", envelope.ErrDecode)
+	}
+	for i := range evs {
+		evs[i].Index = i
+	}
+	return evs, nil
+}
+
+// isArray reports whether b starts with a msgpack array.
+func isArray(b []byte) bool {
+	return len(b) > 0 && (b[0]&0xf0 == 0x90 || b[0] == 0xdc || b[0] == 0xdd)
+}
+
+// eventCount is how many events a stored message holds, read from its
+// array's header without decoding it.
+func eventCount(b []byte) int {
+	switch {
+	case len(b) == 0:
+		return 1
+	case b[0]&0xf0 == 0x90:
+		return max(int(b[0]&0x0f), 1)
+	case b[0] == 0xdc && len(b) >= 3:
+		return max(int(b[1])<<8|int(b[2]), 1)
+	case b[0] == 0xdd && len(b) >= 5:
+		return max(int(b[1])<<24|int(b[2])<<16|int(b[3])<<8|int(b[4]), 1)
+	}
+	return 1
 }
 
 // EncodeMsgpack writes the event without reflection: several are written per

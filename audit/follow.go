@@ -7,6 +7,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -31,53 +32,92 @@ func (f Filter) Match(ev *Event) bool {
 
 // FollowOption says where following starts. By default it starts with the
 // first event stored after Follow is called.
-type FollowOption func(*jetstream.OrderedConsumerConfig)
+type FollowOption func(*followFrom)
 
-// FromStart follows from the oldest event the stream still keeps.
+type followFrom struct {
+	cfg jetstream.OrderedConsumerConfig
+	// fromStart: with an execution id, from the id's time (see Follow).
+	fromStart bool
+	// Events of the message at stream sequence skipSeq up to and including
+	// index skipIndex were seen already.
+	skipSeq   uint64
+	skipIndex int
+}
+
+func (f *followFrom) set(p jetstream.DeliverPolicy, seq uint64, t *time.Time) {
+	f.cfg.DeliverPolicy, f.cfg.OptStartSeq, f.cfg.OptStartTime = p, seq, t
+	f.fromStart, f.skipSeq, f.skipIndex = false, 0, 0
+}
+
+// FromStart follows from the oldest event the stream still keeps. With
+// Filter.ExecutionID set, from the oldest event of the execution's shard that
+// can belong to it: stored at most a minute before the time in its id (see
+// Read), or from the stream's start for an id that is not a UUIDv7.
 func FromStart() FollowOption {
-	return func(c *jetstream.OrderedConsumerConfig) {
-		c.DeliverPolicy, c.OptStartSeq, c.OptStartTime = jetstream.DeliverAllPolicy, 0, nil
+	return func(f *followFrom) {
+		f.set(jetstream.DeliverAllPolicy, 0, nil)
+		f.fromStart = true
 	}
 }
 
 // Since follows from the first event stored at or after t.
 func Since(t time.Time) FollowOption {
-	return func(c *jetstream.OrderedConsumerConfig) {
-		t := t
-		c.DeliverPolicy, c.OptStartSeq, c.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &t
-	}
+	return func(f *followFrom) { f.set(jetstream.DeliverByStartTimePolicy, 0, &t) }
 }
 
-// FromSeq follows from the event at stream sequence seq; pass Event.Seq+1 of
-// the last event seen to resume after it.
+// FromSeq follows from the message at stream sequence seq, all of its
+// events included; pass Event.Seq+1 of the last event seen to resume after
+// its message, or use After.
 func FromSeq(seq uint64) FollowOption {
-	return func(c *jetstream.OrderedConsumerConfig) {
+	return func(f *followFrom) {
 		if seq == 0 {
 			seq = 1
 		}
-		c.DeliverPolicy, c.OptStartSeq, c.OptStartTime = jetstream.DeliverByStartSequencePolicy, seq, nil
+		f.set(jetstream.DeliverByStartSequencePolicy, seq, nil)
 	}
 }
 
-// Follow calls fn with every event that passes f, in stream order, as the
-// stream stores them. It returns nil when ctx ends, or the first error fn
-// returns. An event that does not decode ends it with an error naming its
-// sequence.
+// After resumes exactly after ev, an event Follow or Read returned: with the
+// events stored after it in ev's own message (Emitter.EmitAll), then the
+// messages after that one.
+func After(ev Event) FollowOption {
+	return func(f *followFrom) {
+		FromSeq(ev.Seq)(f)
+		f.skipSeq, f.skipIndex = ev.Seq, ev.Index
+	}
+}
+
+// Follow calls fn with every event that passes f, in stream order (and, in a
+// message of several events, in their order), as the stream stores them. It
+// returns nil when ctx ends, or the first error fn returns. A message that
+// does not decode ends it with an error naming its sequence.
+//
+// With Filter.ExecutionID, Follow reads the execution's shard (see
+// broker.AuditShard) and keeps the execution's events by their
+// Capstan-Execution-Id header, and also the subject stores of earlier
+// versions kept the execution's events on.
 //
 // Follow reads through one ephemeral ordered consumer and deletes it on return.
 func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) error, opts ...FollowOption) error {
-	subject := b.Names.AuditSubjects()
+	subjects := []string{b.Names.AuditSubjects()}
 	if f.ExecutionID != "" {
 		if err := envelope.ValidExecutionID(f.ExecutionID); err != nil {
 			return fmt.Errorf("capstan: %w", err)
 		}
-		subject = b.Names.AuditSubject(f.ExecutionID)
+		subjects = trailSubjects(b.Names, f.ExecutionID)
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, DeliverPolicy: jetstream.DeliverNewPolicy}
+	from := followFrom{cfg: jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverNewPolicy}}
 	for _, o := range opts {
-		o(&cfg)
+		o(&from)
 	}
-	cons, err := b.Audit.OrderedConsumer(ctx, cfg)
+	if from.fromStart && f.ExecutionID != "" {
+		if t, ok := idTime(f.ExecutionID); ok {
+			t = t.Add(-clockSlack)
+			from.cfg.DeliverPolicy, from.cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+		}
+	}
+	subject := subjects[0]
+	cons, err := b.Audit.OrderedConsumer(ctx, from.cfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -98,24 +138,49 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		if err != nil {
 			return fmt.Errorf("capstan: follow %s: %w", subject, err)
 		}
-		ev, err := Decode(m.Data())
-		if err != nil {
-			meta, _ := m.Metadata()
-			if meta != nil {
-				return fmt.Errorf("%w (stream %s, sequence %d)", err, b.Names.AuditStream(), meta.Sequence.Stream)
-			}
-			return err
-		}
+		var seq uint64
 		if meta, err := m.Metadata(); err == nil {
-			ev.Seq = meta.Sequence.Stream
+			seq = meta.Sequence.Stream
 		}
-		if !f.Match(ev) {
+		if f.ExecutionID != "" && !ofExecution(m.Headers(), f.ExecutionID) {
 			continue
 		}
-		if err := fn(*ev); err != nil {
-			return err
+		evs, err := Decode(m.Data())
+		if err != nil {
+			return fmt.Errorf("%w (stream %s, sequence %d)", err, b.Names.AuditStream(), seq)
+		}
+		for i := range evs {
+			ev := &evs[i]
+			ev.Seq = seq
+			if seq == from.skipSeq && ev.Index <= from.skipIndex {
+				continue
+			}
+			if !f.Match(ev) {
+				continue
+			}
+			if err := fn(*ev); err != nil {
+				return err
+			}
 		}
 	}
+}
+
+// trailSubjects are the subjects executionID's events can be on: its shard,
+// and the one subject per execution of stores written before the shards.
+func trailSubjects(n broker.Names, executionID string) []string {
+	shard, legacy := n.AuditSubject(executionID), n.LegacyAuditSubject(executionID)
+	if shard == legacy {
+		return []string{shard}
+	}
+	return []string{shard, legacy}
+}
+
+// ofExecution reports whether a message's header may name executionID: a
+// message without the header (from an earlier version) is decided by its
+// events' ExecutionID, which Filter.Match checks.
+func ofExecution(h nats.Header, executionID string) bool {
+	v := h.Get(broker.AuditExecutionHeader)
+	return v == "" || v == executionID
 }
 
 // deleteConsumer removes the ordered consumer now rather than when the server

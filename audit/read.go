@@ -1,46 +1,178 @@
 package audit
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/google/uuid"
 )
 
-// Read returns one execution's trail, oldest first: every event stored on its
-// subject up to the end of the stream as Read reaches it. An execution with no
-// event fails with an error wrapping broker.ErrNotFound.
+const (
+	// clockSlack is how far ahead of the server's clock the clock that made
+	// an execution id may be for a read from the id's time to find the
+	// trail's first event.
+	clockSlack = time.Minute
+	// earlierWindow is how much earlier Read looks, before the start of the
+	// stream, when the trail's first event was not found from the id's time.
+	earlierWindow = time.Hour
+	// trailTail is how long after the event that ends a trail (stored time)
+	// Read keeps reading for the events that may follow it: a duplicate
+	// delivery, an envelope conflict.
+	trailTail = 10 * time.Minute
+)
+
+// idTime returns the time a UUIDv7 execution id was made: its first 48 bits,
+// milliseconds since the epoch. An id of the MCP bridge (a UUIDv7, a dash
+// and a tag) counts as its UUIDv7.
+func idTime(executionID string) (time.Time, bool) {
+	if len(executionID) < 36 || (len(executionID) > 36 && executionID[36] != '-') {
+		return time.Time{}, false
+	}
+	u, err := uuid.Parse(executionID[:36])
+	if err != nil || u.Version() != 7 {
+		return time.Time{}, false
+	}
+	ms := int64(u[0])<<40 | int64(u[1])<<32 | int64(u[2])<<24 | int64(u[3])<<16 | int64(u[4])<<8 | int64(u[5])
+	return time.UnixMilli(ms), true
+}
+
+// Read returns one execution's trail, oldest first, in the order its events
+// were emitted. An execution with no event fails with an error wrapping
+// broker.ErrNotFound.
 //
-// Read walks the stream with message gets by subject, one per event, so it
-// creates no consumer and leaves nothing behind; a trail is a handful of
-// events.
+// The events are on the execution's shard (broker.AuditShard) among those of
+// other executions: Read keeps the ones whose Capstan-Execution-Id header (or,
+// in a message without it, whose event) names the execution. For a UUIDv7 id
+// it reads the shard from the id's time less one minute, so that a trail costs
+// the same however long the stream is, and stops at the stream's end, or ten
+// minutes (of stored time) after the event that ends the trail (completed,
+// failed, cancelled, denied, approved or rejected): an event of the execution
+// stored later than that, a request submitted again hours after it ended, is
+// in the stream for Follow but not in what Read returns. When the trail's
+// first event (capability.requested) is not among what it read, from a client
+// whose clock ran ahead, it reads the hour before, then the shard from the
+// start. An id that is not a UUIDv7 reads the shard from the start. The
+// subject stores of earlier versions kept each execution's events on is read
+// too, whenever the trail does not begin on the shard.
+//
+// Read uses batched direct gets (many messages per request), or message gets
+// on a stream that does not allow direct gets: it creates no consumer and
+// leaves nothing behind.
 func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
-	subject := b.Names.AuditSubject(executionID)
-	var trail []Event
-	for seq := uint64(1); ; {
-		m, err := b.Audit.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
+	r := newReader(b, executionID)
+	defer r.close()
+	shard := b.Names.AuditSubject(executionID)
+	made, v7 := idTime(executionID)
+	from := made.Add(-clockSlack)
+	if !v7 {
+		from = time.Time{}
+	}
+	trail, err := r.scan(ctx, shard, from, time.Time{}, true)
+	if err != nil {
+		return nil, err
+	}
+	if !begins(trail) {
+		if legacy := b.Names.LegacyAuditSubject(executionID); legacy != shard {
+			old, err := r.scan(ctx, legacy, time.Time{}, time.Time{}, false)
+			if err != nil {
+				return nil, err
+			}
+			trail = merge(old, trail)
+		}
+	}
+	for _, earlier := range []time.Time{from.Add(-earlierWindow), {}} {
+		if begins(trail) || from.IsZero() {
 			break
 		}
+		before, err := r.scan(ctx, shard, earlier, from, false)
 		if err != nil {
-			return nil, fmt.Errorf("capstan: read the audit trail of %s: %w", executionID, err)
+			return nil, err
 		}
-		ev, err := Decode(m.Data)
-		if err != nil {
-			return nil, fmt.Errorf("%w (stream %s, sequence %d)", err, b.Names.AuditStream(), m.Sequence)
-		}
-		ev.Seq = m.Sequence
-		trail = append(trail, *ev)
-		seq = m.Sequence + 1
+		trail, from = merge(before, trail), earlier
 	}
 	if len(trail) == 0 {
 		return nil, fmt.Errorf("%w: no audit events for execution %s", broker.ErrNotFound, executionID)
 	}
 	return trail, nil
+}
+
+// begins reports whether the trail holds its first event.
+func begins(trail []Event) bool { return len(trail) > 0 && trail[0].Type == Requested }
+
+// merge orders the events of two reads as the stream stored them.
+func merge(a, b []Event) []Event {
+	out := append(a, b...)
+	slices.SortStableFunc(out, func(x, y Event) int {
+		if c := cmp.Compare(x.Seq, y.Seq); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Index, y.Index)
+	})
+	return slices.CompactFunc(out, func(x, y Event) bool { return x.Seq == y.Seq && x.Index == y.Index })
+}
+
+// ends reports whether ev ends a trail: after it come only the events of a
+// request delivered or finalized again.
+func ends(ev *Event) bool {
+	switch ev.Type {
+	case Completed, Failed, Cancelled, Denied, Approved, Rejected:
+		return true
+	}
+	return false
+}
+
+// scan returns the execution's events on subject stored from `from` (the
+// stream's start when zero) and, when until is not zero, before until. With
+// tail it stops trailTail after the trail's end.
+func (r *reader) scan(ctx context.Context, subject string, from, until time.Time, tail bool) ([]Event, error) {
+	var (
+		trail []Event
+		stop  time.Time
+		seq   uint64
+	)
+	for first := true; ; first = false {
+		req := getRequest{NextFor: subject, Seq: seq}
+		if first && !from.IsZero() {
+			t := from.UTC()
+			req.StartTime, req.Seq = &t, 0
+		}
+		msgs, more, err := r.get(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("capstan: read the audit trail of %s: %w", r.id, err)
+		}
+		for _, m := range msgs {
+			if (!until.IsZero() && !m.time.Before(until)) || (!stop.IsZero() && m.time.After(stop)) {
+				return trail, nil
+			}
+			seq = m.seq + 1
+			if h := m.header.Get(broker.AuditExecutionHeader); h != "" && h != r.id {
+				continue
+			}
+			evs, err := Decode(m.data)
+			if err != nil {
+				return nil, fmt.Errorf("%w (stream %s, sequence %d)", err, r.stream, m.seq)
+			}
+			for _, ev := range evs {
+				if ev.ExecutionID != r.id {
+					continue
+				}
+				ev.Seq = m.seq
+				trail = append(trail, ev)
+				if tail && stop.IsZero() && ends(&ev) {
+					stop = m.time.Add(trailTail)
+				}
+			}
+		}
+		if !more || len(msgs) == 0 {
+			return trail, nil
+		}
+	}
 }

@@ -194,23 +194,39 @@ func (r *rig) snapshot(t *testing.T) state {
 	return s
 }
 
-// settled waits until principal's execution id is finalized on its record:
-// the record follows the envelope (a caller may hold the envelope first), and
-// a snapshot taken before would see it change.
+// settled waits until principal's execution id has its envelope and its
+// trail its terminal event: nothing of the execution changes after both, and
+// a snapshot taken before would see it change (the trail is published
+// asynchronously, beside the envelope).
 func (r *rig) settled(t *testing.T, principal, id string) {
 	t.Helper()
 	ctx := testCtx(t)
 	for {
-		rec, _, err := broker.Load[executor.Record](ctx, r.admin.Executions, broker.Key(principal, id))
-		if err == nil && rec.State == executor.StateFinalized {
+		_, _, err := broker.Load[envelope.Envelope](ctx, r.admin.Envelopes, broker.Key(principal, id))
+		if err == nil && hasTerminalEvent(ctx, r.admin, id) {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("execution %s never finalized on its record", id)
+			t.Fatalf("execution %s never settled: envelope %v", id, err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// hasTerminalEvent reports whether id's trail holds the event that ends it.
+func hasTerminalEvent(ctx context.Context, b *broker.Broker, id string) bool {
+	trail, err := audit.Read(ctx, b, id)
+	if err != nil {
+		return false
+	}
+	for _, ev := range trail {
+		switch ev.Type {
+		case audit.Completed, audit.Failed, audit.Cancelled, audit.ApprovalRequested:
+			return true
+		}
+	}
+	return false
 }
 
 func (r *rig) assertUnchanged(t *testing.T, before state) {

@@ -67,6 +67,40 @@ func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint
 	return rev, err
 }
 
+// CreateTTL is Create of a value that the bucket removes ttl after this
+// write, unless a later write replaces it (the bucket must allow per-message
+// TTLs).
+func CreateTTL(ctx context.Context, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
+	b, err := envelope.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
+		return 0, ErrExists
+	}
+	return rev, err
+}
+
+// UpdateTTL is Update of a value that the bucket removes ttl after this
+// write, unless a later write replaces it (the bucket must allow per-message
+// TTLs).
+func UpdateTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, v any, rev uint64, ttl time.Duration) (uint64, error) {
+	b, err := envelope.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Data: b, Header: nats.Header{}}
+	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err) {
+			return 0, ErrRevisionMismatch
+		}
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
 // Update writes v under key only if the key is still at revision rev;
 // ErrRevisionMismatch otherwise. Any other error may hide a write that
 // happened: re-read before deciding.

@@ -56,8 +56,41 @@ func (n Names) CapabilityFromSubject(subject string) string {
 	return id
 }
 
-// AuditSubject carries one execution's audit events.
+// AuditShards is how many subjects the audit stream spreads executions over.
+const AuditShards = 1024
+
+// AuditShard returns the shard of executionID's audit events: three lower-case
+// hex digits, 000 to 3ff, of FNV-1a-32(executionID) mod AuditShards. A fixed
+// set of subjects keeps the server's per-subject index the same size however
+// many executions the stream retains.
+func AuditShard(executionID string) string {
+	const (
+		offset32 = 2166136261
+		prime32  = 16777619
+		digits   = "0123456789abcdef"
+	)
+	h := uint32(offset32)
+	for i := 0; i < len(executionID); i++ {
+		h ^= uint32(executionID[i])
+		h *= prime32
+	}
+	s := h % AuditShards
+	return string([]byte{digits[s>>8], digits[s>>4&0xf], digits[s&0xf]})
+}
+
+// AuditSubject carries executionID's audit events, among those of every
+// other execution of its shard (see AuditShard); each message names its
+// execution in the AuditExecutionHeader header.
 func (n Names) AuditSubject(executionID string) string {
+	return n.subject + ".audit." + AuditShard(executionID)
+}
+
+// AuditExecutionHeader names the execution of an audit message.
+const AuditExecutionHeader = "Capstan-Execution-Id"
+
+// LegacyAuditSubject is where versions before the sharded layout stored
+// executionID's events, one subject per execution; such stores are still read.
+func (n Names) LegacyAuditSubject(executionID string) string {
 	return n.subject + ".audit." + executionID
 }
 

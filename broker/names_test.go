@@ -1,9 +1,12 @@
 package broker_test
 
 import (
+	"fmt"
+	"hash/fnv"
 	"testing"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
@@ -28,7 +31,8 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"UnroutedSubject", def.UnroutedSubject("alice"), "capstan.exec.alice._unrouted"},
 		{"UnroutedFilter", def.UnroutedFilter(), "capstan.exec.*._unrouted"},
 		{"CapabilityFromSubject", def.CapabilityFromSubject("capstan.exec.alice.orders.refund"), "orders.refund"},
-		{"AuditSubject", def.AuditSubject("0198-x"), "capstan.audit.0198-x"},
+		{"AuditSubject", def.AuditSubject("0198-x"), "capstan.audit.246"},
+		{"LegacyAuditSubject", def.LegacyAuditSubject("0198-x"), "capstan.audit.0198-x"},
 		{"AuditSubjects", def.AuditSubjects(), "capstan.audit.>"},
 		{"CancelSubject", def.CancelSubject("alice", "0198-x"), "capstan.cancel.alice.0198-x"},
 		{"CancelSubjects", def.CancelSubjects(), "capstan.cancel.*.*"},
@@ -60,7 +64,8 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"prefixed ExecSubjects", teamA.ExecSubjects(), "teama.exec.>"},
 		{"prefixed UnroutedSubject", teamA.UnroutedSubject("p"), "teama.exec.p._unrouted"},
 		{"prefixed CapabilityFromSubject", teamA.CapabilityFromSubject("teama.exec.p.demo.echo"), "demo.echo"},
-		{"prefixed AuditSubject", teamA.AuditSubject("e1"), "teama.audit.e1"},
+		{"prefixed AuditSubject", teamA.AuditSubject("e1"), "teama.audit.303"},
+		{"prefixed LegacyAuditSubject", teamA.LegacyAuditSubject("e1"), "teama.audit.e1"},
 		{"prefixed AuditSubjects", teamA.AuditSubjects(), "teama.audit.>"},
 		{"prefixed CancelSubject", teamA.CancelSubject("p", "e1"), "teama.cancel.p.e1"},
 		{"prefixed CancelSubjects", teamA.CancelSubjects(), "teama.cancel.*.*"},
@@ -105,5 +110,34 @@ func TestResolveURL_OptionThenEnvironmentThenDefault(t *testing.T) {
 	}
 	if got := (broker.ConnectOptions{URL: "nats://opt:4222"}).ResolveURL(); got != "nats://opt:4222" {
 		t.Errorf("option over environment: %q, want nats://opt:4222", got)
+	}
+}
+
+// The shard is FNV-1a-32 of the id mod 1024 in three hex digits, so that any
+// reader, in any language, finds an execution's subject from its id alone.
+func TestAuditShard_IsFNV1aOfTheIDModuloTheShardCount(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 20000; i++ {
+		id := envelope.NewExecutionID()
+		if i%2 == 1 {
+			id = fmt.Sprintf("custom-%d", i)
+		}
+		h := fnv.New32a()
+		h.Write([]byte(id))
+		want := fmt.Sprintf("%03x", h.Sum32()%broker.AuditShards)
+		got := broker.AuditShard(id)
+		if got != want {
+			t.Fatalf("AuditShard(%q) = %q, want %q", id, got, want)
+		}
+		seen[got] = true
+	}
+	// 20,000 ids cover every one of the 1,024 subjects.
+	if len(seen) != broker.AuditShards {
+		t.Fatalf("%d shards used, want %d", len(seen), broker.AuditShards)
+	}
+	for s := range seen {
+		if len(s) != 3 || s > "3ff" {
+			t.Fatalf("shard %q outside 000-3ff", s)
+		}
 	}
 }

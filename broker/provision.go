@@ -26,6 +26,9 @@ const (
 	// DefaultEnvelopeRetention keeps an envelope a day and an hour: a
 	// request may wait a day for its start (DESIGN §13, §16).
 	DefaultEnvelopeRetention = 25 * time.Hour
+	// DefaultRecordWindow is how long an execution record is kept after its
+	// last write (DESIGN §16).
+	DefaultRecordWindow = 15 * time.Minute
 )
 
 // Config says how to provision. Zero values are the defaults.
@@ -65,6 +68,12 @@ type Config struct {
 	EnvelopeRetention time.Duration
 	// Logger receives what provisioning changes. Default slog.Default().
 	Logger *slog.Logger
+	// RecordWindow is how long an execution record outlives its last write
+	// (default 15 min): every write of a worker carries it as the message's
+	// TTL, so a finished execution's record goes RecordWindow after its last
+	// write, and a running one, whose lease is renewed, stays. Every worker
+	// of a deployment must use the same window (DESIGN §16).
+	RecordWindow time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -85,6 +94,11 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.RecordWindow <= 0 {
+		c.RecordWindow = DefaultRecordWindow
+	}
+	// A per-message TTL is whole seconds, and never beyond the bucket's age.
+	c.RecordWindow = min(max(c.RecordWindow, time.Second), c.RecordTTL)
 	return c
 }
 
@@ -162,6 +176,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		// The trail is evidence: no process, whatever its rights, removes an event.
 		DenyDelete: true,
 		DenyPurge:  true,
+		// One execution's trail is read with batched direct gets, without a
+		// consumer (audit.Read).
+		AllowDirect: true,
 	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
@@ -202,7 +219,29 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 			return nil, err
 		}
 	}
+	if err := allowMsgTTL(ctx, js, "KV_"+n.ExecutionsBucket()); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// allowMsgTTL lets a bucket's writes carry their own TTL (the executions
+// bucket's records, DESIGN §16). A bucket from an earlier version gets it by
+// an update, which only adds a capability: nothing stored changes.
+func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("capstan: read stream %s: %w", stream, err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.AllowMsgTTL {
+		return nil
+	}
+	cfg.AllowMsgTTL = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("capstan: stream %s: allow per-message TTLs: %w", stream, err)
+	}
+	return nil
 }
 
 // ensureStream creates the stream or checks the existing one, which is never
@@ -249,6 +288,16 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		have.DenyPurge = have.DenyPurge || want.DenyPurge
 		if s, err = js.UpdateStream(ctx, have); err != nil {
 			return nil, fmt.Errorf("capstan: stream %s: deny delete and purge: %w", want.Name, err)
+		}
+	}
+	if want.AllowDirect && !s.CachedInfo().Config.AllowDirect {
+		// A stream from an earlier version: direct gets only add a way to
+		// read it. Credentials that may not update a stream leave it as it
+		// is, and its readers use message gets.
+		cfg := s.CachedInfo().Config
+		cfg.AllowDirect = true
+		if updated, err := js.UpdateStream(ctx, cfg); err == nil {
+			s = updated
 		}
 	}
 	return s, nil

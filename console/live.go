@@ -176,7 +176,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
-	if m, err := b.Audit.GetLastMsgForSubject(ctx, b.Names.AuditSubject(id)); err == nil && m.Sequence > after {
+	if trail, err := audit.Read(ctx, b, id); err == nil && trail[len(trail)-1].Seq > after {
 		notify(changed)
 	}
 	// The page may show the last event but not yet the envelope it announced.

@@ -24,6 +24,9 @@ func (a *admission) approvalGate(v verdict) bool {
 		return true
 	}
 	defer a.x.Stage(observe.StageApproval)(nil)
+	if !a.x.Claim() {
+		return false // another record was there, and decided
+	}
 	if a.req.ApprovalID != "" {
 		return a.useApproval()
 	}

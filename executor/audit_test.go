@@ -368,8 +368,9 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs < uint64(3*len(calls)) {
-		t.Fatalf("only %d events on the audit stream", info.State.Msgs)
+	// A quick execution's events are one message (DESIGN §14).
+	if info.State.Msgs < uint64(len(calls)) {
+		t.Fatalf("only %d messages on the audit stream", info.State.Msgs)
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		m, err := c.Broker().Audit.GetMsg(ctx, seq)
@@ -378,8 +379,8 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 		}
 		raw := append(bytes.Clone(m.Data), []byte(m.Subject+fmt.Sprint(m.Header))...)
 		if bytes.Contains(raw, []byte(marker)) {
-			ev, _ := audit.Decode(m.Data)
-			t.Fatalf("the event at sequence %d carries the marker: %+v", seq, ev)
+			evs, _ := audit.Decode(m.Data)
+			t.Fatalf("the message at sequence %d carries the marker: %+v", seq, evs)
 		}
 	}
 }
@@ -513,13 +514,14 @@ func TestDefaultAudit_UnavailableTrailRunsAndReportsTheLoss(t *testing.T) {
 	if got.Status != envelope.StatusCompleted || calls.Load() != 1 {
 		t.Fatalf("status %s, error %+v, handler calls %d; want completed after one call", got.Status, got.Error, calls.Load())
 	}
-	// requested, started and completed are each refused; the refusals arrive
+	// requested, started and completed, one message, are refused: three
+	// events counted, one message logged; the refusal arrives
 	// asynchronously.
 	ctx := ctxT(t)
-	for w.Stats().AuditFailed < 3 || log.count("audit event not stored") < 3 {
+	for w.Stats().AuditFailed < 3 || log.count("audit event not stored") < 1 {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("audit failures counted %d, logged %d; want 3 and 3", w.Stats().AuditFailed, log.count("audit event not stored"))
+			t.Fatalf("audit failures counted %d, logged %d; want 3 and 1", w.Stats().AuditFailed, log.count("audit event not stored"))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -629,5 +631,62 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 		if strings.Join(got[id], " ") != strings.Join(w, " ") {
 			t.Fatalf("execution %s: trail %v, want %v", id, got[id], w)
 		}
+	}
+}
+
+// An execution that ends quickly is one message on the audit stream: its
+// requested, started and terminal events, held and published together (DESIGN
+// §14).
+func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
+	env := testenv.Start(t)
+	startDemo(t, env.Connect(t), executor.WorkerConfig{})
+	c := newClient(t, env.Connect(t))
+	got := call(t, c, "demo.echo", map[string]any{"hello": "world"})
+	trail := trailOf(t, c.Broker(), got.ExecutionID)
+	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
+	if trail[0].Seq != trail[1].Seq || trail[1].Seq != trail[2].Seq {
+		t.Fatalf("events stored at sequences %d, %d, %d: want one message", trail[0].Seq, trail[1].Seq, trail[2].Seq)
+	}
+}
+
+// Holding events never hides a running execution: while its handler runs,
+// its trail shows capability.started.
+func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
+	env := testenv.Start(t)
+	release := make(chan struct{})
+	hold := executor.Define("test.hold", executor.Meta{
+		Description: "Waits until released.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.None,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return map[string]any{}, nil
+	})
+	startDemo(t, env.Connect(t), executor.WorkerConfig{}, hold)
+	c := newClient(t, env.Connect(t))
+	id, err := c.Submit(ctxT(t), "test.hold", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
+		trail, _ := audit.Read(ctxT(t), c.Broker(), id)
+		return len(trail) == 2 && trail[1].Type == audit.Started
+	})
+	close(release)
+	expectTypes(t, trailOf(t, c.Broker(), id), audit.Requested, audit.Started, audit.Completed)
+}
+
+// With AuditUnacknowledged the trail is the same; only JetStream's
+// acknowledgements are not asked for.
+func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
+	env := testenv.Start(t)
+	startDemo(t, env.Connect(t), executor.WorkerConfig{AuditUnacknowledged: true})
+	c := newClient(t, env.Connect(t))
+	for _, input := range []map[string]any{{"hello": "world"}, {"n": 2}} {
+		got := call(t, c, "demo.echo", input)
+		expectTypes(t, trailOf(t, c.Broker(), got.ExecutionID), audit.Requested, audit.Started, audit.Completed)
 	}
 }

@@ -123,6 +123,16 @@ func (s *store) record(id string) (*executor.Record, uint64) {
 	return rec, rev
 }
 
+// status is what the client's Status reads of an execution.
+func (s *store) status(id string) *executor.Status {
+	s.t.Helper()
+	st, err := s.c.Status(ctxT(s.t), id)
+	if err != nil || st.Record == nil {
+		s.t.Fatalf("status of %s: %+v, %v", id, st, err)
+	}
+	return st
+}
+
 // publish sends the request message of an execution, as a producer does.
 func (s *store) publish(capabilityID, id string) {
 	s.t.Helper()
@@ -436,14 +446,19 @@ func TestTakeoverTable(t *testing.T) {
 				if n := w.Stats().Duplicates; n != 1 {
 					t.Errorf("worker counted %d duplicates", n)
 				}
-				// A record its lost worker left behind the envelope is brought
-				// up to it.
-				if rec, _ := s.record(id); rec.State != executor.StateFinalized || rec.Status != got.Status {
-					t.Errorf("record %s/%s, envelope %s", rec.State, rec.Status, got.Status)
+				// The envelope is the proof (DESIGN §14): the record its lost
+				// worker left is not rewritten, and status reads it as the
+				// envelope says.
+				if rec, _ := s.record(id); rec.Worker != deadWorker {
+					t.Errorf("record %+v rewritten after the envelope", rec)
+				}
+				if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
+					t.Errorf("status %s/%s, envelope %s", st.Record.State, st.Record.Status, got.Status)
 				}
 			} else {
 				rec, _ := s.record(id)
-				if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Worker != "live-worker" {
+				st := s.status(id)
+				if rec.Worker != "live-worker" || st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
 					t.Errorf("record %+v after the envelope %s", rec, got.Status)
 				}
 			}
@@ -617,9 +632,8 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
 		t.Fatalf("%d conflicts counted", st)
 	}
-	rec, _ := s.record(id)
-	if rec.State != executor.StateFinalized || rec.Status != got.Status {
-		t.Fatalf("record %s/%s, envelope %s", rec.State, rec.Status, got.Status)
+	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
+		t.Fatalf("status %s/%s, envelope %s", st.Record.State, st.Record.Status, got.Status)
 	}
 }
 
@@ -675,9 +689,8 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
 		t.Fatalf("%d conflicts counted", st)
 	}
-	rec, _ := s.record(id)
-	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
-		t.Fatalf("record %+v, envelope %s after %d", rec, got.Status, got.Attempts)
+	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
+		t.Fatalf("status %+v, envelope %s after %d", st.Record, got.Status, got.Attempts)
 	}
 }
 
@@ -739,9 +752,8 @@ func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.
 	if w.Stats().Conflicts != 1 || p.calls.Load() != 1 {
 		t.Fatalf("conflicts %d, calls %d", w.Stats().Conflicts, p.calls.Load())
 	}
-	rec, _ := s.record(id)
-	if rec.State != executor.StateFinalized || rec.Status != got.Status || rec.Attempt != got.Attempts {
-		t.Fatalf("record %s/%s after %d, envelope %s after %d", rec.State, rec.Status, rec.Attempt, got.Status, got.Attempts)
+	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
+		t.Fatalf("status %+v, envelope %s after %d", st.Record, got.Status, got.Attempts)
 	}
 }
 
@@ -1003,7 +1015,8 @@ func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
 func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStore(t, env)
-	id := envelope.NewExecutionID()
+	// An id that is not a UUIDv7 takes the path that claims before stage 4.
+	id := "attempt-start-" + envelope.NewExecutionID()[:8]
 	evaluating, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
@@ -1043,6 +1056,58 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
 	if n := count(tr, audit.Requested); n != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
+	}
+}
+
+// The short path (DESIGN §14) runs stages 4 to 9 before any write, and its
+// attempt's record is create-only: a record another claim created meanwhile
+// makes the create fail, and the takeover table decides from that record.
+func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	evaluating, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
+		once.Do(func() {
+			close(evaluating)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+		return executor.Decision{Stance: executor.Allow}, nil
+	}}
+	var p probe
+	send := executor.Define("test.send", executor.Meta{
+		Description: "Sends something; never retried.",
+		Expose:      executor.On(executor.SurfaceDirect),
+		SideEffect:  executor.External,
+		Policies:    []executor.Policy{hold},
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+		p.called(ctx, c.Attempt)
+		return probeOut{Attempt: c.Attempt}, ctx.Err()
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second, PolicyTimeout: time.Hour}, send)
+	s.publish("test.send", id)
+	waitClosed(t, evaluating, "the policy was never evaluated")
+	// The short path writes nothing before its attempt starts: another claim
+	// creates the record (its lease already out) while the policy runs.
+	if _, err := s.b.Executions.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
+		t.Fatal("a record exists before the attempt started")
+	}
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: "other-worker", Claim: "other-claim", LeaseUntil: pastLease()})
+	close(release)
+
+	got := s.await(id)
+	tr := s.settled(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
+		from: "other-worker"}, got, tr, &p)
+	// The events the short path held before its claim are dropped: the
+	// record's owner audits the request.
+	if n := count(tr, audit.Requested); n != 0 {
 		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
 	}
 }

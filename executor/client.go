@@ -551,6 +551,14 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 		return nil, err
 	}
 	s.Envelope = env
+	if rec != nil && env != nil && rec.State != StateFinalized {
+		// The envelope is the proof of the end: a worker does not rewrite
+		// the record after it (DESIGN §14). Show the record as it stands
+		// for what the envelope says.
+		r := *rec
+		r.State, r.Status, r.Attempt = StateFinalized, env.Status, env.Attempts
+		s.Record = &r
+	}
 	if s.Record == nil && s.Envelope == nil {
 		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
 			return nil, xerr

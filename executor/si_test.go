@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -55,7 +56,7 @@ type trailEvent struct {
 }
 
 // trailUntil reads the audit events filed under id until one of type last
-// appears.
+// appears; raw is the stored message that carried each.
 func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []trailEvent {
 	t.Helper()
 	b := c.Broker()
@@ -73,16 +74,22 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 		done := false
 		// The batch is read to its end so that no fetch outlives the test.
 		for m := range batch.Messages() {
-			var ev audit.Event
-			if err := envelope.Unmarshal(m.Data(), &ev); err != nil {
-				t.Fatalf("audit event does not decode: %v", err)
-			}
-			if done {
+			// The subject is the id's shard: other executions' events too.
+			if m.Headers().Get(broker.AuditExecutionHeader) != id {
 				continue
 			}
-			evs = append(evs, trailEvent{ev, m.Data()})
-			for _, l := range last {
-				done = done || ev.Type == l
+			msgEvs, err := audit.Decode(m.Data())
+			if err != nil {
+				t.Fatalf("audit event does not decode: %v", err)
+			}
+			for _, ev := range msgEvs {
+				if done {
+					continue
+				}
+				evs = append(evs, trailEvent{ev, m.Data()})
+				for _, l := range last {
+					done = done || ev.Type == l
+				}
 			}
 		}
 		if done {

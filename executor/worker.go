@@ -42,6 +42,12 @@ type WorkerConfig struct {
 	StrictAudit bool
 	// DisableAudit publishes no audit events (for measuring the trail's cost).
 	DisableAudit bool
+	// AuditUnacknowledged publishes asynchronous audit events without asking
+	// for JetStream's acknowledgement: one server message fewer per
+	// execution, but an event the server refuses (a full audit stream that
+	// discards new events) is then neither logged nor counted. Strict audit's
+	// capability.started is acknowledged either way.
+	AuditUnacknowledged bool
 	// RolloutDelay is how long a request for a capability this worker lacks,
 	// but the catalog lists, waits for a newer worker. Default 5 s.
 	RolloutDelay time.Duration
@@ -224,7 +230,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.grants.Stop()
-	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log,
+	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()

@@ -26,7 +26,7 @@ const (
 	StageClaim    = "claim"    // the execution record's create or takeover
 	StagePolicies = "policies" // one phase's policies, when there are any (they may call out)
 	StageApproval = "approval" // the approval gate: create, read or consume an approval
-	StageStart    = "start"    // the record's running{n} write before attempt n
+	StageStart    = "start"    // the record's running{n} write before attempt n (a short path's claim is that write)
 	StageAudit    = "audit"    // a strict-mode capability.started stored before the handler
 	StageFinalize = "finalize" // the envelope's create and the record's last update
 )

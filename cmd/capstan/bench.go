@@ -42,6 +42,7 @@ func runBench(args []string) int {
 	fs.IntVar(&cfg.WorkerConcurrency, "worker-concurrency", 256, "concurrency of each in-process worker")
 	fs.BoolVar(&cfg.Backlog, "backlog", false, "submit all N first, then start the workers and time the drain")
 	fs.BoolVar(&cfg.NoAudit, "no-audit", false, "in-process workers publish no audit events (to measure the trail's cost)")
+	fs.BoolVar(&cfg.AuditUnacked, "audit-unacked", false, "in-process workers publish audit events without JetStream's acknowledgement")
 	fs.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the raw JetStream baseline")
 	fs.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the capstan phase to `file`")

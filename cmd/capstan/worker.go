@@ -18,14 +18,15 @@ import (
 
 // workerFlags configure the demo worker of dev and worker.
 type workerFlags struct {
-	pool        string
-	concurrency int
-	lease       time.Duration
-	grace       time.Duration
-	strictAudit bool
-	id          string
-	replicas    int
-	sweepEvery  time.Duration
+	pool         string
+	concurrency  int
+	lease        time.Duration
+	grace        time.Duration
+	strictAudit  bool
+	auditUnacked bool
+	id           string
+	replicas     int
+	sweepEvery   time.Duration
 	// wait bounds how long a worker's start waits for the cluster (0: no bound).
 	wait time.Duration
 	// capabilities, comma-separated, is the part of the demo catalog served
@@ -44,6 +45,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.DurationVar(&f.lease, "lease", 30*time.Second, "how long a claim holds without renewal")
 	fs.DurationVar(&f.grace, "grace", 30*time.Second, "how long a shutdown waits for in-flight executions")
 	fs.BoolVar(&f.strictAudit, "strict-audit", false, "fail an execution whose capability.started event is not stored")
+	fs.BoolVar(&f.auditUnacked, "audit-unacked", false, "publish audit events without JetStream's acknowledgement (one server message fewer per execution; a refused event goes uncounted)")
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
 	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
@@ -75,7 +77,7 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	}
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
-		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
+		StrictAudit: f.strictAudit, AuditUnacknowledged: f.auditUnacked, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
 		Observer:    f.observer,
 		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	})

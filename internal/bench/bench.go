@@ -45,6 +45,7 @@ type Config struct {
 	Workers           int
 	WorkerConcurrency int
 	NoAudit           bool // in-process workers publish no audit events
+	AuditUnacked      bool // in-process workers publish audit events without acknowledgement
 	NoBaseline        bool // skip the raw JetStream baseline
 	CPUProfile        string
 	MemProfile        string

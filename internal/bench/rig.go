@@ -115,7 +115,7 @@ func (r *rig) runWorkers(ctx context.Context, t Target, cfg *Config, js jetstrea
 			served = reg.IDs()
 			var w *executor.Worker
 			w, err = executor.NewWorker(wnc, reg, executor.WorkerConfig{Pool: "default", Concurrency: cfg.WorkerConcurrency,
-				DisableAudit: cfg.NoAudit, Grace: 5 * time.Second})
+				DisableAudit: cfg.NoAudit, AuditUnacknowledged: cfg.AuditUnacked, Grace: 5 * time.Second})
 			if err == nil {
 				running.Add(1)
 				go func() {

@@ -14,10 +14,10 @@ import (
 // (startBy, set by its client); a request no worker started by then ends
 // failed / NOT_STARTED. The record TTL bounds it too: the exec stream drops a
 // request at the record TTL (MaxAge), and a request is never claimed from
-// scratch within ttlMargin of it, so that a request without a record has
-// never run (a record, rewritten at every renewal, outlives its request).
-// The check is a comparison on the delivery; the sweeper (sweep.go) ends the
-// requests no worker is given.
+// scratch within ttlMargin of it. (A record itself goes one record window
+// after its last write; a redelivery that finds none decides as
+// checkedFresh says.) The check is a comparison on the delivery; the sweeper
+// (sweep.go) ends the requests no worker is given.
 
 // ttlMargin is how long before the record TTL a request stops being started.
 func ttlMargin(ttl time.Duration) time.Duration { return min(ttl/10, time.Hour) }

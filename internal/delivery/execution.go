@@ -54,11 +54,27 @@ type Execution struct {
 	inputHash string
 	done      chan struct{}
 
+	// found is the record a create of this delivery found in its place:
+	// another claim's, or a cancel's. The takeover table decides from it.
+	found    *Record
+	foundRev uint64
+
+	// evMu guards held and holding. While holding, the execution's audit
+	// events are kept and published together, as one message: before the
+	// claim (they are dropped if the claim finds another record), and for a
+	// short while after the attempt starts, so that an execution that ends
+	// quickly is one message on the trail (DESIGN §14).
+	evMu       sync.Mutex
+	held       []*audit.Event
+	holding    bool
+	flushTimer *time.Timer
+
 	// renewing runs keepLease; stopRenewing ends it before a release, whose
 	// lease must not be renewed behind it.
 	renewing     sync.WaitGroup
 	stopRenewing chan struct{}
 	stopOnce     sync.Once
+	renewOnce    sync.Once
 }
 
 func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
@@ -148,7 +164,79 @@ func (x *Execution) Context() context.Context { return x.ctx }
 // Emit files an audit event of the execution.
 func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
 
-func (x *Execution) emit(typ string, data map[string]any) { x.w.emit(x.event(typ, data)) }
+func (x *Execution) emit(typ string, data map[string]any) { x.publish(x.event(typ, data)) }
+
+// publish files ev: kept while the execution holds its events, published
+// at once otherwise.
+func (x *Execution) publish(ev *audit.Event) {
+	ev.Worker = x.w.cfg.ID
+	x.evMu.Lock()
+	if x.holding {
+		x.held = append(x.held, ev)
+		x.evMu.Unlock()
+		return
+	}
+	x.evMu.Unlock()
+	x.w.audit.Emit(ev)
+}
+
+// hold starts keeping the execution's events (see Execution.held).
+func (x *Execution) hold() {
+	x.evMu.Lock()
+	x.holding = true
+	x.evMu.Unlock()
+}
+
+// flushHeld ends holding: what was kept is published as one message, then
+// every later event at once.
+func (x *Execution) flushHeld() {
+	x.evMu.Lock()
+	evs := x.held
+	x.held, x.holding = nil, false
+	if x.flushTimer != nil {
+		x.flushTimer.Stop()
+	}
+	x.evMu.Unlock()
+	if len(evs) > 0 {
+		x.w.emitAll(evs)
+	}
+}
+
+// flushHeldSync is flushHeld with ev added, acknowledged by JetStream before
+// it returns (strict audit).
+func (x *Execution) flushHeldSync(ev *audit.Event) error {
+	ev.Worker = x.w.cfg.ID
+	x.evMu.Lock()
+	evs := append(x.held, ev)
+	x.held, x.holding = nil, false
+	if x.flushTimer != nil {
+		x.flushTimer.Stop()
+	}
+	x.evMu.Unlock()
+	return x.w.emitAllSync(x.ctx, evs)
+}
+
+// dropHeld forgets the events kept before a claim that found another
+// record: that record's execution has its own trail.
+func (x *Execution) dropHeld() {
+	x.evMu.Lock()
+	x.held, x.holding = nil, false
+	x.evMu.Unlock()
+}
+
+// flushSoon publishes what is held after holdEvents, unless the execution
+// ends first and publishes it with its terminal event.
+func (x *Execution) flushSoon() {
+	x.evMu.Lock()
+	defer x.evMu.Unlock()
+	if x.holding && x.flushTimer == nil {
+		x.flushTimer = time.AfterFunc(holdEvents, x.flushHeld)
+	}
+}
+
+// holdEvents is how long an attempt's first events wait for its end, to be
+// published with it as one message.
+const holdEvents = 20 * time.Millisecond
 
 // Record returns a copy of the record as this worker last saw it; the lease
 // keeper may change it at any time.
@@ -204,7 +292,7 @@ func (x *Execution) update(change func(r *Record)) error {
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
 		ctx, cancel := x.casCtx()
-		rev, err := broker.Update(ctx, x.w.b.Executions, x.key, &next, x.rev)
+		rev, err := broker.UpdateTTL(ctx, x.w.b.JS, x.w.b.Executions, x.key, &next, x.rev, x.w.b.Config.RecordWindow)
 		cancel()
 		if err == nil {
 			x.rec, x.rev = &next, rev
@@ -224,6 +312,11 @@ func (x *Execution) update(change func(r *Record)) error {
 		ctx, cancel = x.casCtx()
 		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.key)
 		cancel()
+		if errors.Is(lerr, broker.ErrNotFound) {
+			// The record outlived its window unwritten: nothing says the
+			// execution is still ours.
+			return errLost
+		}
 		if lerr != nil {
 			last = lerr
 			time.Sleep(broker.Backoff(try))
@@ -258,6 +351,10 @@ func (w *Runner) storeGivesUp(start time.Time, try int) bool {
 // runs out unrenewed (a worker cut off from the store) ends the execution's
 // context with errLeaseLost, which the handler sees as ctx.Done().
 func (x *Execution) startRenewing() {
+	x.renewOnce.Do(x.startRenewingOnce)
+}
+
+func (x *Execution) startRenewingOnce() {
 	if !x.w.cfg.DisableLeaseRenewal {
 		x.mu.Lock()
 		if x.leaseEnd == nil {

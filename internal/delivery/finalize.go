@@ -93,8 +93,32 @@ func (x *Execution) RequireApproval(ref *envelope.ApprovalRef, data map[string]a
 func (x *Execution) finalize(o *outcome, attempts int) {
 	w := x.w
 	var err error
-	if time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
-		err = x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease) })
+	if x.record0() == nil {
+		// Refused before its claim (stages 4 to 9 of the short path): its
+		// record, finalized, comes first, so that a later delivery finds it.
+		rec := x.newRecord(StateFinalized)
+		rec.Status, rec.LeaseUntil = o.env.Status, time.Time{}
+		if o.env.Error != nil {
+			rec.LastError = o.env.Error.Code
+		}
+		if o.cause != nil {
+			rec.Cause = o.cause.Error()
+		}
+		if !x.create(rec) {
+			x.yieldClaim()
+			return
+		}
+		x.flushHeld()
+	} else if o.cause != nil || time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
+		// A failure's private cause is kept on the record for operators
+		// (capstan status), written with the lease's renewal: the record is
+		// not written after the envelope.
+		err = x.update(func(r *Record) {
+			r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
+			if o.cause != nil {
+				r.Cause = o.cause.Error()
+			}
+		})
 	}
 	if errors.Is(err, errLost) {
 		w.conflicts.Add(1)
@@ -127,6 +151,7 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
+	x.flushHeld()
 	endStage := x.Stage(observe.StageFinalize)
 	stored, ok := x.createEnvelope(env)
 	if !ok {
@@ -134,23 +159,17 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 		return
 	}
 	if stored != nil {
-		// The record tells what the envelope says, also when another worker's
-		// envelope won and ours was discarded.
-		ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt)
-		_ = x.update(func(r *Record) {
-			r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts
-			if ours && o.cause != nil {
-				r.Cause = o.cause.Error()
-			}
-		})
-		if ours {
+		// The envelope is the proof: the record is not rewritten after it
+		// (DESIGN §14).
+		if ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt); ours {
 			x.obs.Finalized(stored)
 			w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
 				"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
 		}
 	}
 	endStage(nil)
-	ackSync(x.msg)
+	// A lost ack is a redelivery, which finds the envelope: no need to wait.
+	_ = x.msg.Ack()
 }
 
 // errorCode is the envelope's error code, "" when it has none.

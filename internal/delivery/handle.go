@@ -8,6 +8,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/observe"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -92,28 +93,96 @@ func (x *Execution) finish() {
 
 // claimAndRun claims the execution and runs it, or decides from the record
 // another delivery or worker left.
+//
+// The first delivery of a request whose id is recent takes the short path
+// (DESIGN §14): stages 4 to 9 run before anything is written, and the claim
+// is the record of attempt 1 itself, created only if no record exists. A
+// recent id's earlier execution, if there was one, still has its record (a
+// record outlives its last write by the record window), so the create alone
+// tells a duplicate. Every other delivery claims first, as `claimed`, and,
+// when no record was there, reads the envelope before running: a
+// redelivery, or an id older than the window, may belong to an execution
+// whose record is gone.
 func (x *Execution) claimAndRun() {
-	w := x.w
 	x.hashInput()
+	if x.shortPath() {
+		x.hold()
+		x.run(true, 0, "")
+		return
+	}
+	rec := x.newRecord(StateClaimed)
+	if !x.create(rec) {
+		x.yieldClaim()
+		return
+	}
+	if x.rec.Claim != x.claim || x.rec.State != StateClaimed {
+		// Our own create, whose answer was lost, already moved on: not here.
+		x.yieldClaim()
+		return
+	}
+	if !x.checkedFresh() {
+		return
+	}
+	x.runClaimed()
+}
+
+// shortPath reports whether this delivery may run stages 4 to 9 before its
+// claim: the request's first delivery, not a resume, of a capability served
+// here, with an id made within the record window.
+func (x *Execution) shortPath() bool {
+	return x.cap != nil && x.req.ApprovalID == "" && deliveries(x.msg) == 1 &&
+		recentID(x.req.ExecutionID, time.Now(), x.w.b.Config.RecordWindow)
+}
+
+// idSkew is how far a client's or the server's clock may be from the
+// worker's for an id's time, or a message's, to be trusted: a minute, or a
+// quarter of a record window shorter than four minutes (tests).
+func idSkew(window time.Duration) time.Duration { return min(time.Minute, window/4) }
+
+// recentID reports whether id is a UUIDv7 made within window of now (less
+// the skew a client's clock may have): then any earlier execution of the id
+// still has its record.
+func recentID(id string, now time.Time, window time.Duration) bool {
+	if len(id) != 36 {
+		return false
+	}
+	u, err := uuid.Parse(id)
+	if err != nil || u.Version() != 7 {
+		return false
+	}
+	sec, nsec := u.Time().UnixTime()
+	made := time.Unix(sec, nsec)
+	skew := idSkew(window)
+	return made.After(now.Add(-window+skew)) && made.Before(now.Add(skew))
+}
+
+// newRecord is this delivery's first record of the execution, in state st.
+func (x *Execution) newRecord(st State) *Record {
 	now := time.Now().UTC()
-	rec := &Record{
+	return &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
-		State: StateClaimed, Worker: w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(w.cfg.Lease),
+		State: st, Worker: x.w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(x.w.cfg.Lease),
 		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
 	}
+}
+
+// create writes the execution's first record, create-only, with the record
+// window as its TTL. It reports false when a record was there (x.found) or
+// the store did not answer (x.found nil); yieldClaim acts on either.
+func (x *Execution) create(rec *Record) bool {
+	w := x.w
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
 		endClaim := x.Stage(observe.StageClaim)
-		rev, err := broker.Create(ctx, w.b.Executions, x.key, rec)
+		rev, err := broker.CreateTTL(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow)
 		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
-			x.rec, x.rev = rec, rev
-			x.runClaimed()
-			return
+			x.setRecord(rec, rev)
+			return true
 		}
 		if !errors.Is(err, broker.ErrExists) {
-			// The create may have happened: re-read below decides either way.
+			// The create may have happened: the read below decides either way.
 			time.Sleep(broker.Backoff(try))
 		}
 		ctx, cancel = x.casCtx()
@@ -124,19 +193,100 @@ func (x *Execution) claimAndRun() {
 		}
 		if err != nil {
 			w.log.Warn("read execution record", "executionId", x.req.ExecutionID, "err", err)
-			nak(x.msg, time.Second)
-			return
+			return false
 		}
-		if cur.Claim == x.claim && cur.State == StateClaimed {
+		if cur.Claim == x.claim {
 			// Our own create, whose answer was lost.
-			x.rec, x.rev = cur, curRev
-			x.runClaimed()
-			return
+			x.setRecord(cur, curRev)
+			return true
 		}
-		x.decide(cur, curRev)
+		x.found, x.foundRev = cur, curRev
+		return false
+	}
+	return false
+}
+
+func (x *Execution) setRecord(rec *Record, rev uint64) {
+	x.mu.Lock()
+	x.rec, x.rev = rec, rev
+	x.mu.Unlock()
+}
+
+// yieldClaim ends a claim that did not happen: the record found decides
+// (DESIGN §5), or, when the store did not answer, a later delivery does.
+func (x *Execution) yieldClaim() {
+	x.dropHeld()
+	if x.found != nil {
+		rec, rev := x.found, x.foundRev
+		x.found = nil
+		x.decide(rec, rev)
 		return
 	}
 	nak(x.msg, time.Second)
+}
+
+// Claim claims an execution that runs stages 4 to 9 before its claim, ahead
+// of a stage that writes (the approval gate), and reports whether it may go
+// on. When it may not, the record found has decided (the takeover table) and
+// the caller returns without finalizing.
+func (x *Execution) Claim() bool {
+	if x.record0() != nil {
+		return true
+	}
+	if !x.create(x.newRecord(StateClaimed)) {
+		x.yieldClaim()
+		return false
+	}
+	x.flushHeld()
+	x.startRenewing()
+	return true
+}
+
+// record0 is the record this execution holds, nil before its claim.
+func (x *Execution) record0() *Record {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.rec
+}
+
+// checkedFresh reads the envelope of an execution this delivery has just
+// claimed with no record before it, when the delivery could not prove the
+// execution new (see claimAndRun). An envelope means a duplicate; a
+// redelivery stored longer ago than the record window, of an execution not
+// eligible for a retry, may have run under a record that expired, and ends
+// OUTCOME_UNKNOWN rather than run a second time. It reports whether the
+// execution may run.
+func (x *Execution) checkedFresh() bool {
+	n := deliveries(x.msg)
+	if n == 1 && recentID(x.req.ExecutionID, time.Now(), x.w.b.Config.RecordWindow) {
+		return true
+	}
+	env, err := x.envelope()
+	if err != nil && !errors.Is(err, envelope.ErrDecode) {
+		x.w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
+		x.release()
+		return false
+	}
+	if env != nil || err != nil {
+		x.stopLease()
+		x.w.duplicate(x.msg, x.req, x.rec.Worker)
+		return false
+	}
+	if window := x.w.b.Config.RecordWindow; n > 1 && !fresh(x.msg, window-idSkew(window)) {
+		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
+		if x.cap == nil || !x.cap.RetryEligible(lost) {
+			x.emit(audit.Requested, nil)
+			x.finalize(x.failedAfterRun(outcomeUnknown("A delivery of this operation came back after its record's window; it may or may not have taken effect.")), 0)
+			return false
+		}
+	}
+	return true
+}
+
+// outcomeUnknown is the error of an attempt whose outcome was lost.
+func outcomeUnknown(msg string) *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeOutcomeUnknown, Stage: envelope.StageHandler, ExposeToModel: true,
+		Message: msg}
 }
 
 // runClaimed runs an execution this delivery has just claimed.
@@ -164,14 +314,6 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
 		nak(x.msg, time.Second)
 		return
-	}
-	if env != nil && rec.State != StateFinalized {
-		// Its worker stored the envelope and was lost before recording it.
-		next := *rec
-		next.State, next.Status, next.Attempt, next.UpdatedAt = StateFinalized, env.Status, env.Attempts, time.Now().UTC()
-		ctx, cancel := StoreContext()
-		_, _ = broker.Update(ctx, w.b.Executions, x.key, &next, rev)
-		cancel()
 	}
 	if env == nil && rec.State == StateFinalized && rec.LastError == envelope.CodeNotStarted && !w.finalizeRecorded(x, rec) {
 		nak(x.msg, time.Second)
@@ -242,10 +384,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 			x.finalize(x.afterRun(last), n)
 			return
 		}
-		x.finalize(x.failedAfterRun(&envelope.CapabilityError{
-			Code: envelope.CodeOutcomeUnknown, Stage: envelope.StageHandler, ExposeToModel: true,
-			Message: "The worker running this operation was lost; it may or may not have taken effect.",
-		}), n)
+		x.finalize(x.failedAfterRun(outcomeUnknown("The worker running this operation was lost; it may or may not have taken effect.")), n)
 	default:
 		// The handler never started (pending, claimed): run from the top,
 		// unless the request's start deadline has passed.
@@ -340,7 +479,8 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
-	if _, err := broker.Create(ctx, w.b.Executions, x.key, w.finalizedRecord(id, capID, env.Status, env.Error.Code)); err != nil {
+	rec := w.finalizedRecord(id, capID, env.Status, env.Error.Code)
+	if _, err := broker.CreateTTL(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow); err != nil {
 		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
 		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
 			rec.LastError != env.Error.Code {

@@ -17,8 +17,13 @@ import (
 // are here. fresh is set
 // on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
 // a takeover at stage 11 with that attempt, after prevCode.
+//
+// An execution on the short path (claimAndRun) comes here unclaimed: stages
+// 4 to 9 run before its record exists, and the start of attempt 1 creates it.
 func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	x.startRenewing()
+	if x.record0() != nil {
+		x.startRenewing()
+	}
 	c := x.cap
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
@@ -36,7 +41,9 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		x.admitted = c.Readmit(x)
 	}
 	if x.admitted == nil {
-		return // a stage refused it and finalized it
+		// A stage refused it and finalized it, or a claim during stages 4 to
+		// 9 found another record, which decided.
+		return
 	}
 
 	// 10–11: controls and the attempts.
@@ -52,22 +59,32 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByContext(attempt - 1)
 			return
 		}
-		endStart := x.Stage(observe.StageStart)
-		err := x.update(func(r *Record) {
-			now := time.Now().UTC()
-			r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
-			r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
-		})
-		endStart(err)
-		if err != nil {
-			x.endByRecord(err, attempt-1)
-			return
+		if x.record0() == nil {
+			// The short path's claim: the record of attempt 1, create-only.
+			rec := x.newRecord(StateRunning)
+			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
+			if !x.create(rec) {
+				x.yieldClaim()
+				return
+			}
+			x.startRenewing()
+		} else {
+			endStart := x.Stage(observe.StageStart)
+			err := x.update(func(r *Record) {
+				now := time.Now().UTC()
+				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
+				r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
+			})
+			endStart(err)
+			if err != nil {
+				x.endByRecord(err, attempt-1)
+				return
+			}
 		}
 		started := x.event(audit.Started, x.admitted.StartedData(attempt))
-		started.Worker = x.w.cfg.ID
 		if x.w.cfg.StrictAudit {
 			endAudit := x.Stage(observe.StageAudit)
-			err := x.w.audit.EmitSync(x.ctx, started)
+			err := x.flushHeldSync(started)
 			endAudit(err)
 			if err != nil {
 				if x.ctx.Err() != nil {
@@ -80,7 +97,8 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				return
 			}
 		} else {
-			x.w.audit.Emit(started)
+			x.publish(started)
+			x.flushSoon()
 		}
 
 		out, cerr := x.attempt(attempt, c.Timeout())
@@ -283,6 +301,11 @@ func (x *Execution) endByRecord(err error, attempts int) {
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (x *Execution) release() {
+	if x.record0() == nil {
+		x.dropHeld()
+		_ = x.msg.Nak() // nothing claimed yet
+		return
+	}
 	x.stopLease()
 	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery

@@ -1,0 +1,137 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// waitRecordGone waits until id's record has been removed by its TTL.
+func (s *store) waitRecordGone(id string) {
+	s.t.Helper()
+	ctx := ctxT(s.t)
+	for {
+		_, err := s.b.Executions.Get(ctx, broker.Key(broker.Anonymous, id))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("the record of %s never expired: %v", id, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// An execution's record goes one record window after its last write (DESIGN
+// §16); its envelope stays. A request of the same id sent again afterwards
+// (a producer's retry past the duplicate window) finds the envelope and runs
+// nothing: the handler ran once.
+func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	w := s.runWorkerStats(env.Connect(t), executor.WorkerConfig{Broker: cfg}, sendCap(&p))
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+	first := s.await(id)
+	if first.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v", first)
+	}
+	s.waitRecordGone(id)
+	if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err != nil {
+		t.Fatalf("the envelope went with the record: %v", err)
+	}
+
+	// The same request again, under a message id the duplicate window does
+	// not know.
+	s.publishAs("test.send", id, id+"-again")
+	waitUntil(t, "the second delivery acknowledged as a duplicate", func() bool { return w().Duplicates == 1 })
+	s.drained()
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
+	}
+	if got := s.await(id); got.FinalizedAt != first.FinalizedAt || got.FinalizedBy != first.FinalizedBy {
+		t.Fatalf("envelope rewritten: %+v", got)
+	}
+}
+
+// A delivery that comes back after its execution's record expired unwritten
+// (a worker lost mid-attempt, its pool down longer than the record window)
+// cannot tell whether an attempt ran: a capability not eligible for a retry
+// ends OUTCOME_UNKNOWN, never a second attempt.
+func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAttempt(t *testing.T) {
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	started, _ := holdUntilDone(&p)
+	lostConn := env.Connect(t)
+	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, started, "the handler never started")
+	lostConn.Close() // the worker is lost mid-attempt; its pool is down
+	s.waitRecordGone(id)
+
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	got := s.await(id)
+	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
+	}
+	s.drained()
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want the lost attempt only", n)
+	}
+}
+
+// runWorkerStats is runWorker returning the worker's counters.
+func (s *store) runWorkerStats(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) func() executor.WorkerStats {
+	s.t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	s.t.Cleanup(func() { cancel(); <-done })
+	waitUntil(s.t, "the worker serving", func() bool {
+		_, err := s.b.Catalog.Get(ctxT(s.t), caps[0].ID())
+		return err == nil
+	})
+	return w.Stats
+}
+
+// publishAs sends id's request under message id msgID.
+func (s *store) publishAs(capabilityID, id, msgID string) {
+	s.t.Helper()
+	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
+		Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice, Surface: string(executor.SurfaceDirect),
+		SubmittedAt: time.Now().UTC()}
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, capabilityID))
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, msgID)
+	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
+		s.t.Fatalf("publish: %v", err)
+	}
+}
