@@ -22,9 +22,12 @@ const (
 	Cancelled         = "capability.cancelled"
 	Discovered        = "capabilities.discovered"
 	DuplicateDelivery = "execution.duplicate_delivery"
-	TakenOver         = "execution.taken_over"
-	EnvelopeConflict  = "envelope.conflict"
-	ApprovalConsumed  = "approval.consumed"
+	// ExpiredRequest: a request whose id is older than envelopes are kept was
+	// refused without running.
+	ExpiredRequest   = "execution.expired_request"
+	TakenOver        = "execution.taken_over"
+	EnvelopeConflict = "envelope.conflict"
+	ApprovalConsumed = "approval.consumed"
 )
 
 // Actor is the acting party of an event: id and kind, never attributes.

@@ -102,6 +102,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// MaxStartWithin is the longest a request may wait for its start when
+// envelopes are kept retention: the retention less a margin of an hour (a
+// tenth of it, under ten hours). Clients cap a request's start window at it;
+// workers refuse a request whose id is older (DESIGN §16).
+func MaxStartWithin(retention time.Duration) time.Duration {
+	return retention - min(time.Hour, retention/10)
+}
+
 // Broker holds the provisioned resources.
 type Broker struct {
 	NC     *nats.Conn

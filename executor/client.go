@@ -46,9 +46,7 @@ const DefaultStartWithin = 24 * time.Hour
 // retention less a margin of an hour (a tenth of it, under ten hours), so
 // that every envelope outlives its request's start deadline by at least the
 // margin. With the default 25 h retention, it is the default 24 h.
-func MaxStartWithin(retention time.Duration) time.Duration {
-	return retention - min(time.Hour, retention/10)
-}
+func MaxStartWithin(retention time.Duration) time.Duration { return broker.MaxStartWithin(retention) }
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it

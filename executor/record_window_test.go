@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -133,5 +135,43 @@ func (s *store) publishAs(capabilityID, id, msgID string) {
 	m.Header.Set(jetstream.MsgIDHeader, msgID)
 	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
 		s.t.Fatalf("publish: %v", err)
+	}
+}
+
+// idMadeAt is a UUIDv7 whose time is t.
+func idMadeAt(t time.Time) string {
+	u := uuid.Must(uuid.NewV7())
+	ms := uint64(t.UnixMilli())
+	for i := 0; i < 6; i++ {
+		u[i] = byte(ms >> (40 - 8*i))
+	}
+	return u.String()
+}
+
+// A request whose id is older than envelopes are kept cannot be told from
+// one that ran and whose envelope expired: it is refused, audited
+// execution.expired_request, and never run (DESIGN §16).
+func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testing.T) {
+	cfg := broker.Config{EnvelopeRetention: 3 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: broker.Config{}}, sendCap(&p))
+	id := idMadeAt(time.Now().Add(-time.Minute))
+	s.publishAs("test.send", id, id)
+	waitUntil(t, "execution.expired_request on the trail", func() bool {
+		trail, _ := audit.Read(ctxT(t), s.b, id)
+		return len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+	})
+	s.drained()
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
+	}
+	if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("an envelope for a refused request: %v", err)
+	}
+	// A fresh request of the same capability runs.
+	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a new request: %v %+v", err, got)
 	}
 }

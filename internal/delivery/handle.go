@@ -8,7 +8,6 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -131,7 +130,17 @@ func (x *Execution) claimAndRun() {
 // here, with an id made within the record window.
 func (x *Execution) shortPath() bool {
 	return x.cap != nil && x.req.ApprovalID == "" && deliveries(x.msg) == 1 &&
-		recentID(x.req.ExecutionID, time.Now(), x.w.b.Config.RecordWindow)
+		recentID(x.req.ExecutionID, time.Now(), x.w.recentWindow())
+}
+
+// recentWindow is how recent an id must be for the short path: the record
+// window, or less when envelopes are kept for less (DESIGN §16).
+func (w *Runner) recentWindow() time.Duration {
+	window := w.b.Config.RecordWindow
+	if r := w.b.Config.EnvelopeRetention; r > 0 {
+		window = min(window, broker.MaxStartWithin(r))
+	}
+	return window
 }
 
 // idSkew is how far a client's or the server's clock may be from the
@@ -143,15 +152,10 @@ func idSkew(window time.Duration) time.Duration { return min(time.Minute, window
 // the skew a client's clock may have): then any earlier execution of the id
 // still has its record.
 func recentID(id string, now time.Time, window time.Duration) bool {
-	if len(id) != 36 {
+	made, ok := envelope.ExecutionIDTime(id)
+	if !ok {
 		return false
 	}
-	u, err := uuid.Parse(id)
-	if err != nil || u.Version() != 7 {
-		return false
-	}
-	sec, nsec := u.Time().UnixTime()
-	made := time.Unix(sec, nsec)
 	skew := idSkew(window)
 	return made.After(now.Add(-window+skew)) && made.Before(now.Add(skew))
 }
@@ -258,7 +262,7 @@ func (x *Execution) record0() *Record {
 // execution may run.
 func (x *Execution) checkedFresh() bool {
 	n := deliveries(x.msg)
-	if n == 1 && recentID(x.req.ExecutionID, time.Now(), x.w.b.Config.RecordWindow) {
+	if n == 1 && recentID(x.req.ExecutionID, time.Now(), x.w.recentWindow()) {
 		return true
 	}
 	env, err := x.envelope()
@@ -272,6 +276,13 @@ func (x *Execution) checkedFresh() bool {
 		x.w.duplicate(x.msg, x.req, x.rec.Worker)
 		return false
 	}
+	if made, ok := envelope.ExecutionIDTime(x.req.ExecutionID); ok && x.w.b.Config.EnvelopeRetention > 0 &&
+		time.Since(made) > broker.MaxStartWithin(x.w.b.Config.EnvelopeRetention) {
+		// Any envelope of this id would be gone: it cannot be told from one
+		// that ran. Refused, never run (DESIGN §16).
+		x.refuseExpired(made)
+		return false
+	}
 	if window := x.w.b.Config.RecordWindow; n > 1 && !fresh(x.msg, window-idSkew(window)) {
 		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
 		if x.cap == nil || !x.cap.RetryEligible(lost) {
@@ -281,6 +292,18 @@ func (x *Execution) checkedFresh() bool {
 		}
 	}
 	return true
+}
+
+// refuseExpired ends a request whose id is older than envelopes are kept:
+// terminated, audited execution.expired_request, no envelope (its caller's
+// await answers EXPIRED).
+func (x *Execution) refuseExpired(made time.Time) {
+	x.stopLease()
+	x.w.log.Warn("request older than the envelope retention: refused", "executionId", x.req.ExecutionID,
+		"idTime", made, "retention", x.w.b.Config.EnvelopeRetention)
+	x.emit(audit.ExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
+		"envelopeRetention": x.w.b.Config.EnvelopeRetention.String()})
+	_ = x.msg.TermWithReason("request older than the envelope retention")
 }
 
 // outcomeUnknown is the error of an attempt whose outcome was lost.
