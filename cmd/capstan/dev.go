@@ -39,6 +39,7 @@ func runDev(args []string) int {
 
 	bcfg := sf.brokerConfig()
 	bcfg.Replicas = wf.replicas
+	bcfg.RecordWindow = wf.recordWindow
 	e, err := startEmbedded(ctx, opts, bcfg, sf.setup, sf.wait, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)

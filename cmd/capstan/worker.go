@@ -26,6 +26,7 @@ type workerFlags struct {
 	auditUnacked bool
 	id           string
 	replicas     int
+	recordWindow time.Duration
 	sweepEvery   time.Duration
 	// wait bounds how long a worker's start waits for the cluster (0: no bound).
 	wait time.Duration
@@ -49,6 +50,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
 	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
+	fs.DurationVar(&f.recordWindow, "record-window", broker.DefaultRecordWindow, "how long an execution's record is kept after its last write (the same on every worker)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
@@ -77,7 +79,7 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	}
 	return executor.NewWorker(nc, reg, executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
-		StrictAudit: f.strictAudit, AuditUnacknowledged: f.auditUnacked, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas},
+		StrictAudit: f.strictAudit, AuditUnacknowledged: f.auditUnacked, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas, RecordWindow: f.recordWindow},
 		Observer:    f.observer,
 		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	})
