@@ -127,13 +127,18 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	ahead, behind := idAt(t, time.Now().Add(3*time.Hour)), idAt(t, time.Now().Add(-3*time.Hour))
+	ids := []string{
+		idAt(t, time.Now().Add(30*time.Second)), // read from a minute earlier
+		idAt(t, time.Now().Add(3*time.Hour)),    // read from the stream's start
+		idAt(t, time.Now().Add(-3*time.Hour)),
+	}
 	for step := 0; step < 3; step++ {
-		lifecycle(e, ahead, step)
-		lifecycle(e, behind, step)
+		for _, id := range ids {
+			lifecycle(e, id, step)
+		}
 	}
 	flush(t, e)
-	for _, id := range []string{ahead, behind} {
+	for _, id := range ids {
 		trail, err := audit.Read(testCtx(t), b, id)
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
