@@ -19,9 +19,9 @@ const (
 	clockSlack = 5 * time.Second
 	// trailTail is how long after the event that ends a trail (stored time)
 	// Read keeps reading for the events that may follow it: a redelivery
-	// after a lost acknowledgement (within the lease, 30 s by default), an
-	// envelope conflict.
-	trailTail = 2 * time.Minute
+	// after a lost acknowledgement (at most a lease after the delivery, 30 s
+	// by default), an envelope conflict.
+	trailTail = time.Minute
 	// recentWindow: a scan of a shard from less than this long ago gets
 	// messages in batches (see reader.get); an older one one by one.
 	recentWindow = 2 * time.Minute
@@ -56,7 +56,7 @@ func idTime(executionID string) (time.Time, bool) {
 // in a message without it, whose event) names the execution. For a UUIDv7 id
 // it reads the shard from the id's time less five seconds, so that a trail
 // costs the same however long the stream is, and stops at the stream's end,
-// or two minutes (of stored time) after the event that ends the trail
+// or a minute (of stored time) after the event that ends the trail
 // (completed, failed, cancelled, denied, approved or rejected): an event of
 // the execution stored later than that, a request submitted again long after
 // it ended, is in the stream, and Follow finds it, but Read does not return

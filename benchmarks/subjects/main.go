@@ -51,9 +51,13 @@ func main() {
 	n := flag.Int("n", 200000, "messages (with -audit, executions) per layout")
 	withAudit := flag.Bool("audit", false, "measure capstan's audit layouts: per execution, per shard, one message per execution")
 	rate := flag.Int("rate", 0, "with -audit: executions/s (0: as fast as the server stores them)")
+	only := flag.String("layouts", "", "with -audit: the layouts to measure, comma-separated (default all)")
 	flag.Parse()
 	if *withAudit {
 		for _, layout := range []string{"audit-per-id", "audit-sharded", "audit-one-message"} {
+			if *only != "" && !strings.Contains(","+*only+",", ","+layout+",") {
+				continue
+			}
 			if err := measureAudit(layout, *n, *rate); err != nil {
 				fmt.Fprintln(os.Stderr, "subjects:", err)
 				os.Exit(1)
