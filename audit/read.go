@@ -60,11 +60,12 @@ func idTime(executionID string) (time.Time, bool) {
 // (completed, failed, cancelled, denied, approved or rejected): an event of
 // the execution stored later than that, a request submitted again long after
 // it ended, is in the stream, and Follow finds it, but Read does not return
-// it. When the trail's first event (capability.requested) is not among what
-// it read (a client whose clock ran ahead made the id), it reads the minute
-// before, then the hour before, then the shard from the stream's start; so
-// does an id with no event at all, which costs a read of its whole shard. An
-// id that is not a UUIDv7 reads its shard from the start. The subject stores
+// it. A trail waiting for an approval's decision has no end yet: it is read
+// to the stream's end. When the trail's first event (capability.requested)
+// is not among what it read (a client whose clock ran ahead made the id), it
+// reads the minute before, then the hour before, then the shard from the
+// stream's start; so does an id with no event at all, which costs a read of
+// its whole shard. An id that is not a UUIDv7 reads its shard from the start. The subject stores
 // of earlier versions kept each execution's events on is read too, whenever
 // the trail does not begin on the shard.
 //
