@@ -63,9 +63,10 @@ func idTime(executionID string) (time.Time, bool) {
 // it. A trail waiting for an approval's decision has no end yet: it is read
 // to the stream's end. When the trail's first event (capability.requested)
 // is not among what it read (a client whose clock ran ahead made the id), it
-// reads the minute before, then the hour before, then the shard from the
-// stream's start; so does an id with no event at all, which costs a read of
-// its whole shard. An id that is not a UUIDv7 reads its shard from the start. The subject stores
+// reads the minute before, then the hour before, and, when it found some of
+// the trail but not its beginning, the shard from the stream's start. An id
+// with no event from an hour before its time is not found. An id that is not
+// a UUIDv7 reads its shard from the start. The subject stores
 // of earlier versions kept each execution's events on is read too, whenever
 // the trail does not begin on the shard.
 //
@@ -105,6 +106,11 @@ func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, e
 		start := time.Time{}
 		if back > 0 {
 			start = made.Add(-back)
+		} else if len(trail) == 0 {
+			// Nothing within an hour of the id's time: the id has no trail
+			// (a clock more than an hour off is beyond what capstan absorbs
+			// anywhere). A trail found without its beginning is read on.
+			break
 		}
 		before, err := r.scan(ctx, shard, start, from, false, !start.IsZero() && time.Since(start) < recentWindow)
 		if err != nil {
