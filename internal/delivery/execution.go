@@ -168,16 +168,16 @@ func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
 func (x *Execution) emit(typ string, data map[string]any) { x.publish(x.event(typ, data)) }
 
 // publish files ev: kept while the execution holds its events, published
-// at once otherwise.
+// at once otherwise. Events are handed to the emitter under evMu, so that
+// they reach the stream in the order they were filed, whoever flushes.
 func (x *Execution) publish(ev *audit.Event) {
 	ev.Worker = x.w.cfg.ID
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	if x.holding {
 		x.held = append(x.held, ev)
-		x.evMu.Unlock()
 		return
 	}
-	x.evMu.Unlock()
 	x.w.audit.Emit(ev)
 }
 
@@ -192,12 +192,12 @@ func (x *Execution) hold() {
 // every later event at once.
 func (x *Execution) flushHeld() {
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	evs := x.held
 	x.held, x.holding = nil, false
 	if x.flushTimer != nil {
 		x.flushTimer.Stop()
 	}
-	x.evMu.Unlock()
 	if len(evs) > 0 {
 		x.w.emitAll(evs)
 	}
@@ -208,12 +208,12 @@ func (x *Execution) flushHeld() {
 func (x *Execution) flushHeldSync(ev *audit.Event) error {
 	ev.Worker = x.w.cfg.ID
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	evs := append(x.held, ev)
 	x.held, x.holding = nil, false
 	if x.flushTimer != nil {
 		x.flushTimer.Stop()
 	}
-	x.evMu.Unlock()
 	return x.w.emitAllSync(x.ctx, evs)
 }
 
