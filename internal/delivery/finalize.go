@@ -108,7 +108,6 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			x.yieldClaim()
 			return
 		}
-		x.flushHeld()
 	} else if o.cause != nil || time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
 		// A failure's private cause is kept on the record for operators
 		// (capstan status), written with the lease's renewal: the record is
