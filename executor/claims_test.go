@@ -1276,3 +1276,35 @@ func TestTakeoverTable_EnvelopeUnreadable_WaitsNeverANewAttempt(t *testing.T) {
 		t.Fatalf("envelope rewritten by %s", got.FinalizedBy)
 	}
 }
+
+// A takeover is its claim's compare-and-swap: a delivery whose claim is not
+// written (the store refuses it here; another worker taking the execution
+// first alike) neither runs nor audits anything, and is put back; the
+// delivery after the store answers again takes the execution over and runs
+// its one attempt.
+func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease()})
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
+		sendCap(&p))
+	records := "KV_" + s.b.Names.ExecutionsBucket()
+	size := s.setMaxMsgSize(records, 1)
+	s.publish("test.send", id)
+	// Put back, the delivery comes again: the first one has been decided.
+	waitUntil(t, "a second delivery, or a handler call", func() bool { return w.Stats().Handled >= 2 || p.calls.Load() > 0 })
+	flushAudit(t)
+	if tr := s.trail(id); p.calls.Load() != 0 || len(tr) != 0 {
+		t.Fatalf("%d handler calls, trail %v, while the claim could not be written", p.calls.Load(), typesOf(tr))
+	}
+	s.setMaxMsgSize(records, size)
+	got := s.await(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		got, s.settled(id), &p)
+	if tr := s.trail(id); count(tr, audit.TakenOver) != 1 {
+		t.Fatalf("%d taken_over events; trail %v", count(tr, audit.TakenOver), typesOf(tr))
+	}
+}
