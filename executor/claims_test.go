@@ -1168,3 +1168,143 @@ func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
 		t.Fatalf("envelope finalized by %s after %d writes, want %s's only", got.FinalizedBy, s.envelopeWrites(), deadWorker)
 	}
 }
+
+// The envelope is created before the request is acknowledged (DESIGN §5): a
+// worker that cannot write its envelope leaves the request in the stream,
+// and the next worker that receives it ends it (here OUTCOME_UNKNOWN: the
+// attempt ran, its result was never stored), never a second attempt. An
+// acknowledgement sent first would lose the request with no envelope.
+func TestEnvelopeNotWritten_RequestStaysQueuedForTheNextWorker(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	started, release := make(chan struct{}), make(chan struct{})
+	var p probe
+	p.gate = func(ctx context.Context, attempt int) {
+		if attempt == 1 {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+	}
+	cfg := executor.WorkerConfig{ID: "refused", Lease: time.Second, Grace: 50 * time.Millisecond, SweepInterval: -1}
+	first, stop := runWorker(t, env.Connect(t), cfg, sendCap(&p))
+	s.publish("test.send", id)
+	waitClosed(t, started, "the handler never started")
+	envelopes := "KV_" + s.b.Names.EnvelopesBucket()
+	size := s.setMaxMsgSize(envelopes, 1)
+	close(release)
+	// The outcome is on the trail before its envelope is tried.
+	s.waitEvent(id, audit.Completed)
+	stop() // the worker gives up on the envelope as it shuts down
+	if n := first.Stats().Finalized; n != 0 {
+		t.Fatalf("%d envelopes written into a bucket that refuses them", n)
+	}
+	info, err := s.b.Exec.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("the exec stream holds %d requests after an envelope that was never written, want 1", info.State.Msgs)
+	}
+
+	s.setMaxMsgSize(envelopes, size)
+	cfg.ID = "next"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	got := s.await(id)
+	s.settled(id)
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown || got.FinalizedBy != "next" {
+		t.Fatalf("envelope %s by %s, error %+v; want OUTCOME_UNKNOWN by the next worker", got.Status, got.FinalizedBy, got.Error)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want the one attempt", n)
+	}
+}
+
+// setAllowDirect turns a stream's direct gets on or off. A client bound
+// while they were on keeps sending them: off, its reads of the stream fail
+// (nobody answers) while every other stream answers.
+func (s *store) setAllowDirect(stream string, on bool) {
+	s.t.Helper()
+	st, err := s.b.JS.Stream(ctxT(s.t), stream)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowDirect = on
+	if _, err := s.b.JS.UpdateStream(ctxT(s.t), cfg); err != nil {
+		s.t.Fatalf("stream %s: allow direct %v: %v", stream, on, err)
+	}
+}
+
+// An envelope that cannot be read is not an absent one (DESIGN §5): a
+// delivery that finds a lost worker's attempt while the envelopes do not
+// answer waits for them, never takes the execution over (the attempt may
+// have ended); once they answer, it finds the envelope and acknowledges a
+// duplicate.
+func TestTakeoverTable_EnvelopeUnreadable_WaitsNeverANewAttempt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
+	done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.lookup", Status: envelope.StatusCompleted,
+		Output: envelope.MustRaw(probeOut{Attempt: 1}), Attempts: 1, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
+	if _, err := broker.Create(ctxT(t), s.b.Envelopes, key, done); err != nil {
+		t.Fatal(err)
+	}
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
+		lookupCap(&p))
+	envelopes := "KV_" + s.b.Names.EnvelopesBucket()
+	s.setAllowDirect(envelopes, false)
+	s.publish("test.lookup", id)
+	// Put back, the delivery comes again: the first one has been decided.
+	waitUntil(t, "a second delivery, or a handler call", func() bool { return w.Stats().Handled >= 2 || p.calls.Load() > 0 })
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times while the envelope could not be read", n)
+	}
+	s.setAllowDirect(envelopes, true)
+	s.drained()
+	if n := w.Stats().Duplicates; n == 0 || p.calls.Load() != 0 {
+		t.Fatalf("%d duplicates counted, %d handler calls; want the delivery acknowledged as a duplicate", n, p.calls.Load())
+	}
+	if got := s.storedEnvelope(id); got.FinalizedBy != deadWorker || s.envelopeWrites() != 1 {
+		t.Fatalf("envelope rewritten by %s", got.FinalizedBy)
+	}
+}
+
+// A takeover is its claim's compare-and-swap: a delivery whose claim is not
+// written (the store refuses it here; another worker taking the execution
+// first alike) neither runs nor audits anything, and is put back; the
+// delivery after the store answers again takes the execution over and runs
+// its one attempt.
+func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease()})
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
+		sendCap(&p))
+	records := "KV_" + s.b.Names.ExecutionsBucket()
+	size := s.setMaxMsgSize(records, 1)
+	s.publish("test.send", id)
+	// Put back, the delivery comes again: the first one has been decided.
+	waitUntil(t, "a second delivery, or a handler call", func() bool { return w.Stats().Handled >= 2 || p.calls.Load() > 0 })
+	flushAudit(t)
+	if tr := s.trail(id); p.calls.Load() != 0 || len(tr) != 0 {
+		t.Fatalf("%d handler calls, trail %v, while the claim could not be written", p.calls.Load(), typesOf(tr))
+	}
+	s.setMaxMsgSize(records, size)
+	got := s.await(id)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		got, s.settled(id), &p)
+	if tr := s.trail(id); count(tr, audit.TakenOver) != 1 {
+		t.Fatalf("%d taken_over events; trail %v", count(tr, audit.TakenOver), typesOf(tr))
+	}
+}

@@ -586,3 +586,167 @@ func TestStartDeadline_WithAuthentication(t *testing.T) {
 		t.Fatalf("handler called %d times", n)
 	}
 }
+
+// sweepSentinel prepares a request only a sweeper ends, without writing a
+// record: its record says it ended NOT_STARTED and its envelope is missing (its
+// worker was lost between the two). It returns its id; sweepPassed sends it.
+func (s *store) sweepSentinel() string {
+	s.t.Helper()
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+		Worker: deadWorker, Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted})
+	return id
+}
+
+// sweepPassed waits until a sweeper has finished a whole pass over every
+// request stored before the call, with the two sentinels given: the first
+// is ended by a pass that covers the earlier requests, the second, stored
+// once the first is ended, only by a later pass, which starts when that one
+// has finished.
+func (s *store) sweepPassed(sentinels [2]string) {
+	s.t.Helper()
+	startBy := pastLease()
+	for _, id := range sentinels {
+		s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
+			CapabilityID: "test.send", StartBy: &startBy})
+		waitUntil(s.t, "the sweeper ended its sentinel", func() bool {
+			_, _, err := broker.Load[envelope.Envelope](ctxT(s.t), s.b.Envelopes, broker.Key(broker.Anonymous, id))
+			return err == nil
+		})
+	}
+}
+
+// noEnvelope fails the test if id has an envelope.
+func (s *store) noEnvelope(id, why string) {
+	s.t.Helper()
+	if env, _, err := broker.Load[envelope.Envelope](ctxT(s.t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); !errors.Is(err, broker.ErrNotFound) {
+		s.t.Fatalf("%s: envelope %+v (%v)", why, env, err)
+	}
+}
+
+// The sweeper ends only what no worker holds (DESIGN §13): a request past its
+// start deadline whose record a live claim holds is its worker's, and one
+// whose started attempt lost its worker before the request's TTL deadline is
+// the pool's to take over (a read is retried). A whole pass leaves both
+// untouched; then the pool's worker retries the read.
+func TestSweeper_LiveClaimAndLostAttemptLeftToTheirPool(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	startBy := pastLease()
+	live := envelope.NewExecutionID()
+	liveRev := s.putRecord(&executor.Record{ExecutionID: live, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: "busy-worker", Claim: "busy-claim", LeaseUntil: time.Now().UTC().Add(time.Hour)})
+	lost := envelope.NewExecutionID()
+	lostRev := s.putRecord(&executor.Record{ExecutionID: lost, CapabilityID: "test.lookup", State: executor.StateRunning,
+		Attempt: 1, Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
+	sentinels := [2]string{s.sweepSentinel(), s.sweepSentinel()}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: live,
+		CapabilityID: "test.send", StartBy: &startBy})
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.lookup"), &envelope.Request{ExecutionID: lost,
+		CapabilityID: "test.lookup", StartBy: &startBy})
+	// Only a sweeper sees them: no pool serves test.send or test.lookup yet.
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+	s.sweepPassed(sentinels)
+	s.noEnvelope(live, "the sweeper ended a request a live claim holds")
+	s.noEnvelope(lost, "the sweeper ended a lost attempt before its TTL deadline")
+	for id, rev := range map[string]uint64{live: liveRev, lost: lostRev} {
+		if _, got := s.record(id); got != rev {
+			t.Fatalf("the sweeper wrote the record of %s (revision %d, was %d)", id, got, rev)
+		}
+	}
+
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "pool-worker", Lease: time.Second, SweepInterval: -1}, lookupCap(&p))
+	got := s.await(lost)
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateRunning,
+		retried: 2}, got, s.settledTrail(lost), &p)
+}
+
+// settledTrail is the trail of id once its workers' events are stored.
+func (s *store) settledTrail(id string) []audit.Event {
+	s.t.Helper()
+	flushAudit(s.t)
+	return s.trail(id)
+}
+
+// setMaxMsgSize changes the largest message a stream accepts and returns the
+// size it had: 1 refuses every write while reads go on.
+func (s *store) setMaxMsgSize(stream string, size int32) int32 {
+	s.t.Helper()
+	st, err := s.b.JS.Stream(ctxT(s.t), stream)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	was := cfg.MaxMsgSize
+	cfg.MaxMsgSize = size
+	if _, err := s.b.JS.UpdateStream(ctxT(s.t), cfg); err != nil {
+		s.t.Fatalf("stream %s: set its largest message: %v", stream, err)
+	}
+	return was
+}
+
+// The sweeper claims a record by CAS before it writes an envelope, as a
+// worker does: when its claim is not written (the store refuses it here;
+// another worker moving first alike), it writes no envelope, which could
+// otherwise say NOT_STARTED of a request another worker runs.
+func TestSweeper_ClaimNotWritten_NoEnvelope(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	startBy := pastLease()
+	id := envelope.NewExecutionID()
+	rev := s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease()})
+	sentinels := [2]string{s.sweepSentinel(), s.sweepSentinel()}
+	s.setMaxMsgSize("KV_"+s.b.Names.ExecutionsBucket(), 1)
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
+		CapabilityID: "test.send", StartBy: &startBy})
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+	s.sweepPassed(sentinels)
+	s.noEnvelope(id, "the sweeper finalized a request it could not claim")
+	if _, got := s.record(id); got != rev {
+		t.Fatalf("record of %s at revision %d, was %d", id, got, rev)
+	}
+}
+
+// Past a request's TTL deadline nothing starts another attempt of it (DESIGN
+// §13), not even a retry-eligible read whose worker was lost: its record and
+// its request would not outlive it. The takeover ends it OUTCOME_UNKNOWN.
+// (The exec stream and the record are kept longer than their TTL here,
+// behind the worker's back, so that a delivery is made past the deadline.)
+func TestTTLDeadline_LostAttemptNotRetriedPastIt_OutcomeUnknown(t *testing.T) {
+	const ttl = 2 * time.Second
+	cfg := broker.Config{RecordTTL: ttl}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second, SweepInterval: -1}, lookupCap(&p))
+	for _, stream := range []string{s.b.Names.ExecStream(), "KV_" + s.b.Names.ExecutionsBucket()} {
+		st, err := s.b.JS.Stream(ctxT(t), stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
+		c.MaxAge = time.Hour
+		if _, err := s.b.JS.UpdateStream(ctxT(t), c); err != nil {
+			t.Fatalf("stream %s: %v", stream, err)
+		}
+	}
+	// The lost worker's lease outlasts the TTL deadline (a tenth of the TTL
+	// before it) by seconds: the takeover comes after it.
+	id := envelope.NewExecutionID()
+	leaseUntil := time.Now().UTC().Add(ttl + 3*time.Second)
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: leaseUntil, StartedAt: time.Now().UTC()})
+	s.publish("test.lookup", id)
+	m, err := s.b.Exec.GetLastMsgForSubject(ctxT(t), s.b.Names.ExecSubject(broker.Anonymous, "test.lookup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deadline := m.Time.Add(ttl - ttl/10); !leaseUntil.After(deadline) {
+		t.Fatalf("the request was stored at %v, after its record's lease (%v) less the TTL's margin", m.Time, leaseUntil)
+	}
+	got := s.await(id)
+	checkTakeover(t, takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1,
+		takenFrom: executor.StateRunning}, got, s.settled(id), &p)
+}

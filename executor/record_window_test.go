@@ -175,3 +175,26 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 		t.Fatalf("a new request: %v %+v", err, got)
 	}
 }
+
+// A cancel's write carries the record window as its TTL, as every write of a
+// worker does (DESIGN §16): a cancel recorded on the record of an execution
+// whose worker was lost, and that nothing writes again, leaves that record
+// to go one window later, not to stay for the record TTL.
+func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	id := envelope.NewExecutionID()
+	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
+	reply, err := s.c.Cancel(ctxT(t), id)
+	if err != nil || reply.Finalized {
+		t.Fatalf("cancel: %+v, %v", reply, err)
+	}
+	if rec, _ := s.record(id); !rec.CancelRequested {
+		t.Fatalf("record %+v: the cancel was not recorded", rec)
+	}
+	s.waitRecordGone(id)
+}

@@ -9,7 +9,8 @@
 #   scripts/mutate-delivery.sh D03 R01          # some, by id
 #   TIMEOUT=240 scripts/mutate-delivery.sh      # seconds per mutant (default 300)
 #
-# Each line of the list is: id, file, test pattern (go test -run), the exact
+# Each line of the list is: id, file, test pattern (go test -run; the
+# executor's tests, or another package's as ./path/:pattern), the exact
 # text to replace (it must occur once), its replacement, and what the mutant
 # breaks; fields are separated by tabs, \n in a text is a newline, and \&
 # separates several replacements in one file that make one mutant. The run
@@ -50,9 +51,13 @@ PY
 		broken=$((broken + 1))
 		continue
 	fi
+	pkg=./executor/
+	if [[ $tests == *:* ]]; then
+		pkg=${tests%%:*} tests=${tests#*:}
+	fi
 	start=$SECONDS
 	set +e
-	(cd "$work" && timeout -k 10 $((timeout_s + 30)) go test ./executor/ -count=1 -failfast -timeout "${timeout_s}s" -run "$tests" >"$work/.out" 2>&1)
+	(cd "$work" && timeout -k 10 $((timeout_s + 30)) go test "$pkg" -count=1 -failfast -timeout "${timeout_s}s" -run "$tests" >"$work/.out" 2>&1)
 	rc=$?
 	set -e
 	cp "$root/$file" "$work/$file"
