@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -135,6 +137,7 @@ func plotSamples(rows []row, streams []string, cfg config, path string) error {
 	}
 	end := rows[len(rows)-1].at
 	for n, p := range []*plot.Plot{mem, idx, disk} {
+		p.X.Tick.Marker = minuteTicks{}
 		marks := []struct {
 			at   time.Duration
 			name string
@@ -229,4 +232,23 @@ func addMark(p *plot.Plot, at time.Duration, k int, name string, legend bool) er
 		p.Legend.Add(name, l)
 	}
 	return nil
+}
+
+// minuteTicks labels whole minutes, every 1, 2, 5, 10, 15, 30 or 60 of
+// them, whichever gives at most a dozen labels.
+type minuteTicks struct{}
+
+func (minuteTicks) Ticks(lo, hi float64) []plot.Tick {
+	step := 60.0
+	for _, s := range []float64{1, 2, 5, 10, 15, 30, 60} {
+		if (hi-lo)/s <= 12 {
+			step = s
+			break
+		}
+	}
+	var ticks []plot.Tick
+	for m := math.Ceil(lo/step) * step; m <= hi; m += step {
+		ticks = append(ticks, plot.Tick{Value: m, Label: strconv.FormatFloat(m, 'f', -1, 64)})
+	}
+	return ticks
 }

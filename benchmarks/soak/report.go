@@ -248,6 +248,7 @@ func (s *sampler) summary(load string) string {
 			name, float64(st.Bytes)/float64(max(st.Msgs, 1)), float64(st.Bytes)/float64(last.executions),
 			st.Msgs, st.NumSubjects, st.NumDeleted, mb(int64(st.Bytes)))
 	}
+	b.WriteString(heapSplits(s.cfg.out))
 	if idle := s.rows[len(s.rows)-1]; idle.phase == "idle" {
 		fmt.Fprintf(&b, "after %v idle: server RSS %.0f MB, heap %.0f MB in use, %.0f MB live; %d envelopes, %d records retained; store %.0f MB\n",
 			(idle.at - last.at).Round(time.Second), mb(idle.serverRSS), mb(idle.serverHeapInuse), mb(idle.serverLive),
