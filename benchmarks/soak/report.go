@@ -179,11 +179,11 @@ func (s *sampler) summary(load string) string {
 		last.executions, last.at.Round(time.Second), float64(last.executions)/last.at.Seconds(), last.retained, last.records)
 
 	// Filling: past the record and duplicate windows (and a sample's
-	// lag), until the envelope retention is full.
+	// lag), until the sample before the envelope retention is full.
 	from := max(cfg.records(), dedupWindow) + cfg.interval
 	var filling []row
 	for _, r := range loadRows {
-		if r.at >= from && r.at <= cfg.envelopes() {
+		if r.at >= from && r.at < cfg.envelopes() {
 			filling = append(filling, r)
 		}
 	}
