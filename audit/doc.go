@@ -1,6 +1,11 @@
 // Package audit is capstan's durable trail: every execution's events, in
-// pipeline order, on one JetStream stream (subject capstan.audit.<executionId>),
-// as msgpack records that never carry an input or an output, only their hash.
+// pipeline order, on one JetStream stream, as msgpack records that never carry
+// an input or an output, only their hash. An execution's events are on one of
+// 1,024 subjects, capstan.audit.<shard> (broker.AuditShard: FNV-1a-32 of the
+// execution id mod 1,024), with the execution's id in the Capstan-Execution-Id
+// header of each message, so that the server's index does not grow with the
+// history. A message holds one event, or several events of one execution
+// (Emitter.EmitAll), stored whole or not at all; Decode reads both.
 //
 // A runtime retry and a model calling the tool again look different here: a
 // retry is a capability.retried event inside one execution id; a re-invocation
@@ -11,10 +16,12 @@
 // (executor.WorkerConfig.StrictAudit) capability.started must be stored before
 // the handler runs, or the execution fails AUDIT_UNAVAILABLE.
 //
-// Reading needs nothing but the stream: Read returns one execution's trail,
-// Follow tails the live stream with filters. Asynchronous events may still be
-// on their way when the envelope arrives, so a trail read at that moment can
-// lack its last events; a worker stores all of its events before Run returns.
+// Reading needs nothing but the stream: Read returns one execution's trail
+// with direct gets of its shard from the time in its UUIDv7 id, without a
+// consumer; Follow tails the live stream with filters. Asynchronous events
+// may still be on their way when the envelope arrives, so a trail read at that
+// moment can lack its last events; a worker stores all of its events before
+// Run returns.
 //
 //	b, err := broker.Provision(ctx, nc, broker.Config{})
 //	if err != nil { ... }

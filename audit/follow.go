@@ -34,6 +34,10 @@ func (f Filter) Match(ev *Event) bool {
 // first event stored after Follow is called.
 type FollowOption func(*followFrom)
 
+// followSlack is how far ahead of the server's clock the clock that made an
+// execution id may be for Follow from the id's time to see its first event.
+const followSlack = time.Minute
+
 type followFrom struct {
 	cfg jetstream.OrderedConsumerConfig
 	// fromStart: with an execution id, from the id's time (see Follow).
@@ -51,8 +55,9 @@ func (f *followFrom) set(p jetstream.DeliverPolicy, seq uint64, t *time.Time) {
 
 // FromStart follows from the oldest event the stream still keeps. With
 // Filter.ExecutionID set, from the oldest event of the execution's shard that
-// can belong to it: stored at most a minute before the time in its id (see
-// Read), or from the stream's start for an id that is not a UUIDv7.
+// can belong to it: from a minute before the time in its id (a client's clock
+// may be ahead of the server's by that much), or from the stream's start for
+// an id that is not a UUIDv7.
 func FromStart() FollowOption {
 	return func(f *followFrom) {
 		f.set(jetstream.DeliverAllPolicy, 0, nil)
@@ -112,7 +117,7 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 	}
 	if from.fromStart && f.ExecutionID != "" {
 		if t, ok := idTime(f.ExecutionID); ok {
-			t = t.Add(-clockSlack)
+			t = t.Add(-followSlack)
 			from.cfg.DeliverPolicy, from.cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
 		}
 	}

@@ -70,8 +70,18 @@ func (r *reader) close() {
 // errNoDirect marks a stream that does not answer direct gets.
 var errNoDirect = errors.New("the stream does not allow direct gets")
 
-// get returns the next messages for req, and whether more may follow them.
-func (r *reader) get(ctx context.Context, req getRequest) ([]stored, bool, error) {
+// get returns the next messages for req, and whether more may follow them:
+// with batch, up to a batch of them, else one.
+//
+// A batch costs the server a count of the messages pending on the subject
+// from the request's start, which for a shard walks every block from there to
+// the end of the stream (a shard is in every block): cheap from a recent
+// start, whose blocks' subject state is in memory, but growing with the age
+// of the start. A single get walks only to the next message of the subject.
+func (r *reader) get(ctx context.Context, req getRequest, batch bool) ([]stored, bool, error) {
+	if batch {
+		req.Batch, req.MaxBytes = getBatch, getMaxBytes
+	}
 	if r.direct {
 		msgs, more, err := r.getDirect(ctx, req)
 		if !errors.Is(err, errNoDirect) {
@@ -97,7 +107,6 @@ func (r *reader) getDirect(ctx context.Context, req getRequest) ([]stored, bool,
 		}
 		r.sub = sub
 	}
-	req.Batch, req.MaxBytes = getBatch, getMaxBytes
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, false, err
@@ -137,6 +146,9 @@ func (r *reader) getDirect(ctx context.Context, req getRequest) ([]stored, bool,
 			return nil, false, fmt.Errorf("direct get: time %q: %w", m.Header.Get("Nats-Time-Stamp"), err)
 		}
 		msgs = append(msgs, stored{seq: seq, time: ts, header: m.Header, data: m.Data})
+		if req.Batch == 0 {
+			return msgs, true, nil
+		}
 	}
 }
 

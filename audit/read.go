@@ -15,16 +15,22 @@ import (
 const (
 	// clockSlack is how far ahead of the server's clock the clock that made
 	// an execution id may be for a read from the id's time to find the
-	// trail's first event.
-	clockSlack = time.Minute
-	// earlierWindow is how much earlier Read looks, before the start of the
-	// stream, when the trail's first event was not found from the id's time.
-	earlierWindow = time.Hour
+	// trail's first event at once.
+	clockSlack = 5 * time.Second
 	// trailTail is how long after the event that ends a trail (stored time)
-	// Read keeps reading for the events that may follow it: a duplicate
-	// delivery, an envelope conflict.
-	trailTail = 10 * time.Minute
+	// Read keeps reading for the events that may follow it: a redelivery
+	// after a lost acknowledgement (at most a lease after the delivery, 30 s
+	// by default), an envelope conflict.
+	trailTail = time.Minute
+	// recentWindow: a scan of a shard from less than this long ago gets
+	// messages in batches (see reader.get); an older one one by one.
+	recentWindow = 2 * time.Minute
 )
+
+// earlier are the starts, before the id's time, that Read reads from when
+// the trail's first event was not found: a minute, an hour, the stream's
+// start.
+var earlier = []time.Duration{time.Minute, time.Hour, 0}
 
 // idTime returns the time a UUIDv7 execution id was made: its first 48 bits,
 // milliseconds since the epoch. An id of the MCP bridge (a UUIDv7, a dash
@@ -48,21 +54,25 @@ func idTime(executionID string) (time.Time, bool) {
 // The events are on the execution's shard (broker.AuditShard) among those of
 // other executions: Read keeps the ones whose Capstan-Execution-Id header (or,
 // in a message without it, whose event) names the execution. For a UUIDv7 id
-// it reads the shard from the id's time less one minute, so that a trail costs
-// the same however long the stream is, and stops at the stream's end, or ten
-// minutes (of stored time) after the event that ends the trail (completed,
-// failed, cancelled, denied, approved or rejected): an event of the execution
-// stored later than that, a request submitted again hours after it ended, is
-// in the stream for Follow but not in what Read returns. When the trail's
-// first event (capability.requested) is not among what it read, from a client
-// whose clock ran ahead, it reads the hour before, then the shard from the
-// start. An id that is not a UUIDv7 reads the shard from the start. The
-// subject stores of earlier versions kept each execution's events on is read
-// too, whenever the trail does not begin on the shard.
+// it reads the shard from the id's time less five seconds, so that a trail
+// costs the same however long the stream is, and stops at the stream's end,
+// or a minute (of stored time) after the event that ends the trail
+// (completed, failed, cancelled, denied, approved or rejected): an event of
+// the execution stored later than that, a request submitted again long after
+// it ended, is in the stream, and Follow finds it, but Read does not return
+// it. A trail waiting for an approval's decision has no end yet: it is read
+// to the stream's end. When the trail's first event (capability.requested)
+// is not among what it read (a client whose clock ran ahead made the id), it
+// reads the minute before, then the hour before, and, when it found some of
+// the trail but not its beginning, the shard from the stream's start. An id
+// with no event from an hour before its time is not found. An id that is not
+// a UUIDv7 reads its shard from the start. The subject stores
+// of earlier versions kept each execution's events on is read too, whenever
+// the trail does not begin on the shard.
 //
-// Read uses batched direct gets (many messages per request), or message gets
-// on a stream that does not allow direct gets: it creates no consumer and
-// leaves nothing behind.
+// Read uses direct gets (batched for a recent trail), or message gets on a
+// stream that does not allow direct gets: it creates no consumer and leaves
+// nothing behind.
 func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
@@ -75,28 +85,38 @@ func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, e
 	if !v7 {
 		from = time.Time{}
 	}
-	trail, err := r.scan(ctx, shard, from, time.Time{}, true)
+	trail, err := r.scan(ctx, shard, from, time.Time{}, true, v7 && time.Since(from) < recentWindow)
 	if err != nil {
 		return nil, err
 	}
 	if !begins(trail) {
 		if legacy := b.Names.LegacyAuditSubject(executionID); legacy != shard {
-			old, err := r.scan(ctx, legacy, time.Time{}, time.Time{}, false)
+			// The subject's own index finds its few messages: one batch.
+			old, err := r.scan(ctx, legacy, time.Time{}, time.Time{}, false, true)
 			if err != nil {
 				return nil, err
 			}
 			trail = merge(old, trail)
 		}
 	}
-	for _, earlier := range []time.Time{from.Add(-earlierWindow), {}} {
-		if begins(trail) || from.IsZero() {
+	for _, back := range earlier {
+		if begins(trail) || !v7 {
 			break
 		}
-		before, err := r.scan(ctx, shard, earlier, from, false)
+		start := time.Time{}
+		if back > 0 {
+			start = made.Add(-back)
+		} else if len(trail) == 0 {
+			// Nothing within an hour of the id's time: the id has no trail
+			// (a clock more than an hour off is beyond what capstan absorbs
+			// anywhere). A trail found without its beginning is read on.
+			break
+		}
+		before, err := r.scan(ctx, shard, start, from, false, !start.IsZero() && time.Since(start) < recentWindow)
 		if err != nil {
 			return nil, err
 		}
-		trail, from = merge(before, trail), earlier
+		trail, from = merge(before, trail), start
 	}
 	if len(trail) == 0 {
 		return nil, fmt.Errorf("%w: no audit events for execution %s", broker.ErrNotFound, executionID)
@@ -131,8 +151,9 @@ func ends(ev *Event) bool {
 
 // scan returns the execution's events on subject stored from `from` (the
 // stream's start when zero) and, when until is not zero, before until. With
-// tail it stops trailTail after the trail's end.
-func (r *reader) scan(ctx context.Context, subject string, from, until time.Time, tail bool) ([]Event, error) {
+// tail it stops trailTail after the trail's end; with batch it gets messages
+// in batches.
+func (r *reader) scan(ctx context.Context, subject string, from, until time.Time, tail, batch bool) ([]Event, error) {
 	var (
 		trail []Event
 		stop  time.Time
@@ -144,7 +165,7 @@ func (r *reader) scan(ctx context.Context, subject string, from, until time.Time
 			t := from.UTC()
 			req.StartTime, req.Seq = &t, 0
 		}
-		msgs, more, err := r.get(ctx, req)
+		msgs, more, err := r.get(ctx, req, batch)
 		if err != nil {
 			return nil, fmt.Errorf("capstan: read the audit trail of %s: %w", r.id, err)
 		}

@@ -2,6 +2,7 @@ package audit_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -119,21 +120,31 @@ func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
 	}
 }
 
-// A client whose clock ran hours ahead made an id later than the events it
-// stored: Read finds the trail's first event by reading earlier. One whose
-// clock ran behind is read from its id's time, which is earlier than every
-// event.
+// A client whose clock ran ahead made an id later than the events it
+// stored: Read finds the trail's first event by reading earlier, up to an
+// hour. One whose clock ran behind is read from its id's time, which is
+// earlier than every event. Beyond an hour ahead, as everywhere in capstan,
+// the clock is too far off: the id is not found.
 func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	ahead, behind := idAt(t, time.Now().Add(3*time.Hour)), idAt(t, time.Now().Add(-3*time.Hour))
+	ids := []string{
+		idAt(t, time.Now().Add(30*time.Second)), // read from a minute earlier
+		idAt(t, time.Now().Add(30*time.Minute)), // read from an hour earlier
+		idAt(t, time.Now().Add(-3*time.Hour)),
+	}
+	tooFar := idAt(t, time.Now().Add(3*time.Hour))
 	for step := 0; step < 3; step++ {
-		lifecycle(e, ahead, step)
-		lifecycle(e, behind, step)
+		for _, id := range append(ids, tooFar) {
+			lifecycle(e, id, step)
+		}
 	}
 	flush(t, e)
-	for _, id := range []string{ahead, behind} {
+	if trail, err := audit.Read(testCtx(t), b, tooFar); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("an id three hours ahead: %v, %v; want not found", types(trail), err)
+	}
+	for _, id := range ids {
 		trail, err := audit.Read(testCtx(t), b, id)
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)

@@ -491,6 +491,9 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 		"$JS.API.STREAM.MSG.DELETE." + n.AuditStream(),
 		"$JS.API.STREAM.DELETE." + n.AuditStream(),
 		"$JS.API.STREAM.UPDATE." + n.AuditStream(),
+		// Nor does it read the trail, whose shards hold other principals'
+		// executions too.
+		"$JS.API.DIRECT.GET." + n.AuditStream(),
 	} {
 		if err := aliceNC.Publish(subject, fake); err != nil {
 			t.Fatal(err)

@@ -367,8 +367,11 @@ type ExpiredError struct {
 	MadeAt time.Time
 	// Retention is how long the envelopes bucket keeps an envelope.
 	Retention time.Duration
-	// Status and Code are the outcome its finalized record still holds,
-	// when the record outlived the envelope; empty otherwise.
+	// State is the state its record still says, when the record outlived
+	// the envelope; empty when no record is left. A record is not rewritten
+	// after its envelope, so only a finalized one (a refusal before the
+	// claim, NOT_STARTED) tells the outcome: Status and Code.
+	State  State
 	Status envelope.Status
 	Code   envelope.Code
 }
@@ -376,11 +379,14 @@ type ExpiredError struct {
 func (e *ExpiredError) Error() string {
 	msg := fmt.Sprintf("capstan: execution %s expired: its id was made %s, %s ago, and envelopes are kept %s",
 		e.ExecutionID, e.MadeAt.Format(time.RFC3339), time.Since(e.MadeAt).Round(time.Second), e.Retention)
-	if e.Status != "" {
+	switch {
+	case e.Status != "":
 		msg += fmt.Sprintf("; its record says %s", e.Status)
 		if e.Code != "" {
 			msg += " " + string(e.Code)
 		}
+	case e.State != "":
+		msg += fmt.Sprintf("; its record says %s, and the trail (capstan audit) holds its outcome", e.State)
 	}
 	return msg
 }
@@ -388,7 +394,7 @@ func (e *ExpiredError) Error() string {
 // Unwrap makes the error ErrExpired, and ErrUnknownExecution when no record
 // is left.
 func (e *ExpiredError) Unwrap() []error {
-	if e.Status == "" {
+	if e.State == "" {
 		return []error{ErrExpired, ErrUnknownExecution}
 	}
 	return []error{ErrExpired}
@@ -419,15 +425,19 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention}
-	case err != nil, rec.State != StateFinalized:
+	case err != nil, rec.InFlight(time.Now()):
 		return nil // unknown, or still in flight: its envelope is to come
 	}
-	// Finalized: its envelope was stored before the record said so, and is
-	// gone, unless it was stored since the first read.
+	// Ended, or abandoned: its envelope, if it had one, is gone, unless it
+	// was stored since the first read.
 	if _, err := c.w.Load(rctx, executionID); !errors.Is(err, broker.ErrNotFound) {
 		return nil
 	}
-	return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, Status: rec.Status, Code: rec.LastError}
+	xerr := &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, State: rec.State}
+	if rec.State == StateFinalized {
+		xerr.Status, xerr.Code = rec.Status, rec.LastError
+	}
+	return xerr
 }
 
 // publish stores m, publishing again through a failover.

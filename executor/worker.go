@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -145,9 +146,11 @@ type Worker struct {
 	log   *slog.Logger
 	b     *broker.Broker
 	audit *audit.Emitter
-	cat   *catalog
-	run   *delivery.Runner
-	caps  map[string]*capability
+	// emitter is audit for Stats, which may run before Run set it.
+	emitter atomic.Pointer[audit.Emitter]
+	cat     *catalog
+	run     *delivery.Runner
+	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
 }
@@ -187,8 +190,8 @@ func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
 		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted, Swept: r.Swept}
-	if w.audit != nil {
-		s.AuditFailed = w.audit.Failed()
+	if em := w.emitter.Load(); em != nil {
+		s.AuditFailed = em.Failed()
 	}
 	return s
 }
@@ -232,6 +235,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.grants.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
+	w.emitter.Store(w.audit)
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {

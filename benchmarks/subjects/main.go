@@ -13,7 +13,22 @@
 // writes and again once the block caches expired, with the stream's subject
 // count.
 //
+// With -audit it measures capstan's audit trail itself instead, per
+// execution of three events (capability.requested, .started, .completed), on
+// a provisioned audit stream:
+//
+//   - audit-per-id: each event a message on capstan.audit.<executionId>, as
+//     versions before the shards stored them;
+//   - audit-sharded: each event a message on the execution's shard
+//     (audit.Emitter.Emit), as workers emit today;
+//   - audit-one-message: the three in one message on the shard
+//     (audit.Emitter.EmitAll);
+//
+// and the time audit.Read takes for one trail among them all.
+//
 //	go run ./subjects -n 200000
+//	go run ./subjects -audit -n 200000
+//	go run ./subjects -audit -n 100000 -rate 1000
 package main
 
 import (
@@ -33,8 +48,23 @@ import (
 )
 
 func main() {
-	n := flag.Int("n", 200000, "messages per layout")
+	n := flag.Int("n", 200000, "messages (with -audit, executions) per layout")
+	withAudit := flag.Bool("audit", false, "measure capstan's audit layouts: per execution, per shard, one message per execution")
+	rate := flag.Int("rate", 0, "with -audit: executions/s (0: as fast as the server stores them)")
+	only := flag.String("layouts", "", "with -audit: the layouts to measure, comma-separated (default all)")
 	flag.Parse()
+	if *withAudit {
+		for _, layout := range []string{"audit-per-id", "audit-sharded", "audit-one-message"} {
+			if *only != "" && !strings.Contains(","+*only+",", ","+layout+",") {
+				continue
+			}
+			if err := measureAudit(layout, *n, *rate); err != nil {
+				fmt.Fprintln(os.Stderr, "subjects:", err)
+				os.Exit(1)
+			}
+		}
+		return
+	}
 	for _, layout := range []string{"per-id", "sharded", "per-id-ttl"} {
 		if err := measure(layout, *n); err != nil {
 			fmt.Fprintln(os.Stderr, "subjects:", err)

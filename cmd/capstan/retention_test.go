@@ -70,7 +70,9 @@ func TestAwait_EnvelopeExpired_ExitsFive(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
 		"--envelope-retention", "3s")
-	startDaemon(t, "worker started", []string{"CAPSTAN_NATS_URL=" + url}, "worker")
+	// A short lease: a record is not rewritten after its envelope, and says
+	// the execution may be in flight until its lease runs out.
+	startDaemon(t, "worker started", []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--lease", "1s")
 
 	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {

@@ -72,6 +72,7 @@ type Execution struct {
 	// renewing runs keepLease; stopRenewing ends it before a release, whose
 	// lease must not be renewed behind it.
 	renewing     sync.WaitGroup
+	renewStart   *time.Timer // starts keepLease; guarded by mu
 	stopRenewing chan struct{}
 	stopOnce     sync.Once
 	renewOnce    sync.Once
@@ -167,16 +168,16 @@ func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
 func (x *Execution) emit(typ string, data map[string]any) { x.publish(x.event(typ, data)) }
 
 // publish files ev: kept while the execution holds its events, published
-// at once otherwise.
+// at once otherwise. Events are handed to the emitter under evMu, so that
+// they reach the stream in the order they were filed, whoever flushes.
 func (x *Execution) publish(ev *audit.Event) {
 	ev.Worker = x.w.cfg.ID
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	if x.holding {
 		x.held = append(x.held, ev)
-		x.evMu.Unlock()
 		return
 	}
-	x.evMu.Unlock()
 	x.w.audit.Emit(ev)
 }
 
@@ -191,12 +192,12 @@ func (x *Execution) hold() {
 // every later event at once.
 func (x *Execution) flushHeld() {
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	evs := x.held
 	x.held, x.holding = nil, false
 	if x.flushTimer != nil {
 		x.flushTimer.Stop()
 	}
-	x.evMu.Unlock()
 	if len(evs) > 0 {
 		x.w.emitAll(evs)
 	}
@@ -207,12 +208,12 @@ func (x *Execution) flushHeld() {
 func (x *Execution) flushHeldSync(ev *audit.Event) error {
 	ev.Worker = x.w.cfg.ID
 	x.evMu.Lock()
+	defer x.evMu.Unlock()
 	evs := append(x.held, ev)
 	x.held, x.holding = nil, false
 	if x.flushTimer != nil {
 		x.flushTimer.Stop()
 	}
-	x.evMu.Unlock()
 	return x.w.emitAllSync(x.ctx, evs)
 }
 
@@ -365,17 +366,35 @@ func (x *Execution) startRenewingOnce() {
 		}
 		x.mu.Unlock()
 	}
+	if x.w.cfg.DisableLeaseRenewal {
+		return
+	}
+	// The keeper starts at its first renewal: most executions end before it.
 	x.renewing.Add(1)
-	go func() {
+	t := time.AfterFunc(x.w.cfg.Lease/3, func() {
 		defer x.renewing.Done()
 		x.keepLease()
-	}()
+	})
+	x.mu.Lock()
+	x.renewStart = t
+	x.mu.Unlock()
+}
+
+// stopRenewStart stops a lease keeper that has not started yet.
+func (x *Execution) stopRenewStart() {
+	x.mu.Lock()
+	t := x.renewStart
+	x.mu.Unlock()
+	if t != nil && t.Stop() {
+		x.renewing.Done() // it never will
+	}
 }
 
 // stopLease ends the lease renewal and waits until no renewal is in flight.
 func (x *Execution) stopLease() {
 	x.stopOnce.Do(func() { close(x.stopRenewing) })
 	x.stopLeaseEnd()
+	x.stopRenewStart()
 	x.renewing.Wait()
 }
 
@@ -387,32 +406,47 @@ func (x *Execution) stopLeaseEnd() {
 	}
 }
 
-// keepLease renews the lease and the delivery every third of the lease until
-// the execution ends; it cancels the execution when the claim is lost or a
-// cancel is recorded.
+// keepLease renews the lease and the delivery at once, then every third of
+// the lease until the execution ends; it cancels the execution when the claim
+// is lost or a cancel is recorded.
 func (x *Execution) keepLease() {
-	if x.w.cfg.DisableLeaseRenewal {
-		return
-	}
-	t := time.NewTicker(x.w.cfg.Lease / 3)
-	defer t.Stop()
-	for {
+	for t := (*time.Ticker)(nil); ; {
+		select {
+		case <-x.done:
+			return
+		case <-x.stopRenewing:
+			return
+		default:
+		}
+		if !x.renew() {
+			return
+		}
+		if t == nil {
+			t = time.NewTicker(x.w.cfg.Lease / 3)
+			defer t.Stop()
+		}
 		select {
 		case <-x.done:
 			return
 		case <-x.stopRenewing:
 			return
 		case <-t.C:
-			_ = x.msg.InProgress()
-			err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(x.w.cfg.Lease) })
-			switch {
-			case errors.Is(err, errCancelRequested):
-				x.cancel(errCallerCancelled)
-			case errors.Is(err, errLost):
-				x.cancel(errLeaseLost)
-				return
-			}
-			// errUnsettled: the lease may still be ours; try again next time.
 		}
 	}
+}
+
+// renew renews the lease and the delivery once, and reports whether the
+// execution is still this worker's to renew.
+func (x *Execution) renew() bool {
+	_ = x.msg.InProgress()
+	err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(x.w.cfg.Lease) })
+	switch {
+	case errors.Is(err, errCancelRequested):
+		x.cancel(errCallerCancelled)
+	case errors.Is(err, errLost):
+		x.cancel(errLeaseLost)
+		return false
+	}
+	// errUnsettled: the lease may still be ours; try again next time.
+	return true
 }

@@ -86,6 +86,7 @@ func (x *Execution) finish() {
 	x.obs.End()
 	close(x.done)
 	x.stopLeaseEnd()
+	x.stopRenewStart()
 	x.stopDeadline()
 	x.cancel(nil)
 }

@@ -51,6 +51,21 @@ type Record struct {
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 
+// InFlight reports whether the record is of an execution that may still
+// write its envelope: not finalized, and waiting for its first claim (a
+// cancel's pending record) or held by a live lease. A record is not
+// rewritten after its envelope (DESIGN §14): one whose lease ran out says
+// nothing more of its outcome.
+func (r *Record) InFlight(now time.Time) bool {
+	switch r.State {
+	case StateFinalized:
+		return false
+	case StatePending:
+		return true
+	}
+	return now.Before(r.LeaseUntil)
+}
+
 func (r *Record) leaseLive(now time.Time) bool {
 	return (r.Worker != "" || r.Claim != "") && now.Before(r.LeaseUntil)
 }
