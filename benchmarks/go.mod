@@ -6,6 +6,7 @@ replace github.com/capstan-dev/capstan => ../
 
 require (
 	github.com/capstan-dev/capstan v0.0.0
+	github.com/google/pprof v0.0.0-20261105003125-4bf881d7fb0b
 	github.com/google/uuid v1.6.0
 	github.com/hibiken/asynq v0.26.0
 	github.com/jackc/pgx/v5 v5.12.0

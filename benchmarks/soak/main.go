@@ -4,15 +4,29 @@
 // retains.
 //
 // Every interval it samples the resident memory of each process (from
-// /proc: Linux), the server's Go heap in use (from its --pprof endpoint),
-// the store's size on disk, and every stream's messages, bytes, subjects
-// and interior deletes (JetStream stream info). It writes:
+// /proc: Linux), the server's Go heap (in use, allocated, and the live heap
+// at the last collection, from its --pprof endpoint), the store's size on
+// disk, and every stream's messages, bytes, subjects and interior deletes
+// (JetStream stream info). It writes:
 //
 //	soak.csv          one row per sample
-//	soak.png          the curves against executions completed
-//	server-heap.pb.gz the server's heap profile at the end of the load
-//	server-heap-idle.pb.gz  and at the end of the idle time after it
-//	summary.txt       bytes of server memory and of disk per execution
+//	soak.png          the curves against time, the windows' fill marked
+//	server-heap-records-full.pb.gz   the server's heap profile when the record window filled
+//	server-heap-envelopes-full.pb.gz and when the envelope retention filled
+//	server-heap.pb.gz                at the end of the load
+//	server-heap-idle.pb.gz           at the end of the idle time after it
+//	summary.txt       bytes of server memory per retained execution while
+//	                  the windows fill, the plateau once they are full, and
+//	                  disk per execution
+//
+// The retention windows are the server's --envelope-retention (how long an
+// envelope, the one thing kept per finished execution, stays) and the
+// worker's --record-window (how long a record outlives its last write).
+// Short windows fill within a soak: the server's memory should grow with
+// the executions retained while they fill, then stay flat.
+//
+// With --replot DIR it reads DIR/soak.csv back and writes DIR/soak.png and
+// DIR/summary.txt again (give it the same windows).
 //
 // soak.sh builds capstan and this command and runs it; see there.
 package main
@@ -20,7 +34,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/csv"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,10 +63,22 @@ func main() {
 	idle := flag.Duration("idle", 30*time.Second, "keep sampling this long after the load ends (is memory released when idle?)")
 	out := flag.String("out", "soak-out", "output `directory`")
 	workerConcurrency := flag.Int("worker-concurrency", 256, "the worker's --concurrency")
+	envelopeRetention := flag.Duration("envelope-retention", 0, "the server's --envelope-retention (0: the server's default, 25h)")
+	recordWindow := flag.Duration("record-window", 0, "the worker's --record-window (0: the worker's default, 15m)")
+	replot := flag.String("replot", "", "read `DIR`/soak.csv and write DIR/soak.png and DIR/summary.txt again, running nothing")
 	flag.Parse()
 
-	if err := run(config{capstan: *capstan, n: *n, rate: *rate, sync: *syncMode, interval: *interval,
-		idle: *idle, out: *out, workerConcurrency: *workerConcurrency}); err != nil {
+	cfg := config{capstan: *capstan, n: *n, rate: *rate, sync: *syncMode, interval: *interval,
+		idle: *idle, out: *out, workerConcurrency: *workerConcurrency,
+		envelopeRetention: *envelopeRetention, recordWindow: *recordWindow, gogc: serverGOGC()}
+	var err error
+	if *replot != "" {
+		cfg.out = *replot
+		err = replotDir(cfg)
+	} else {
+		err = run(cfg)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -66,6 +91,59 @@ type config struct {
 	interval, idle    time.Duration
 	out               string
 	workerConcurrency int
+	// envelopeRetention and recordWindow are passed on when set.
+	envelopeRetention, recordWindow time.Duration
+	gogc                            int // the server's collector target
+}
+
+// Defaults of the server's --envelope-retention, the worker's
+// --record-window and the executions stream's duplicate window, for marking
+// when each window fills.
+const (
+	defaultEnvelopeRetention = 25 * time.Hour
+	defaultRecordWindow      = 15 * time.Minute
+	dedupWindow              = 2 * time.Minute
+)
+
+func (c config) envelopes() time.Duration {
+	if c.envelopeRetention > 0 {
+		return c.envelopeRetention
+	}
+	return defaultEnvelopeRetention
+}
+
+func (c config) records() time.Duration {
+	if c.recordWindow > 0 {
+		return c.recordWindow
+	}
+	return defaultRecordWindow
+}
+
+func (c config) title() string {
+	return fmt.Sprintf("capstan soak: %d executions at %d/s, --sync %s, envelopes kept %v, records %v",
+		c.n, c.rate, c.sync, short(c.envelopes()), short(c.records()))
+}
+
+// short prints 5m0s as 5m, 25h0m0s as 25h.
+func short(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return d.String()
+}
+
+// serverGOGC is the collector target capstan server runs with: GOGC from
+// the environment it inherits, else 50.
+func serverGOGC() int {
+	if v, ok := os.LookupEnv("GOGC"); ok {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 50
 }
 
 // proc is one capstan process and what it printed.
@@ -150,8 +228,11 @@ func run(cfg config) error {
 			procs[i].stop()
 		}
 	}()
-	server, err := start(cfg, "server", nil, "server", "--store", store, "--listen", "127.0.0.1:0",
-		"--pprof", "127.0.0.1:0", "--sync", cfg.sync)
+	serverArgs := []string{"server", "--store", store, "--listen", "127.0.0.1:0", "--pprof", "127.0.0.1:0", "--sync", cfg.sync}
+	if cfg.envelopeRetention > 0 {
+		serverArgs = append(serverArgs, "--envelope-retention", cfg.envelopeRetention.String())
+	}
+	server, err := start(cfg, "server", nil, serverArgs...)
 	if err != nil {
 		return err
 	}
@@ -165,7 +246,11 @@ func run(cfg config) error {
 		return err
 	}
 	env := []string{"CAPSTAN_NATS_URL=" + url}
-	worker, err := start(cfg, "worker", env, "worker", "--concurrency", strconv.Itoa(cfg.workerConcurrency))
+	workerArgs := []string{"worker", "--concurrency", strconv.Itoa(cfg.workerConcurrency)}
+	if cfg.recordWindow > 0 {
+		workerArgs = append(workerArgs, "--record-window", cfg.recordWindow.String())
+	}
+	worker, err := start(cfg, "worker", env, workerArgs...)
 	if err != nil {
 		return err
 	}
@@ -184,7 +269,8 @@ func run(cfg config) error {
 		return err
 	}
 
-	fmt.Printf("soak: %d executions at %d/s, --sync %s, sampling every %v; server %s\n", cfg.n, cfg.rate, cfg.sync, cfg.interval, url)
+	fmt.Printf("soak: %d executions at %d/s, --sync %s, envelopes kept %v, records %v after their last write, sampling every %v; server %s\n",
+		cfg.n, cfg.rate, cfg.sync, cfg.envelopes(), cfg.records(), cfg.interval, url)
 	fmt.Printf("soak: machine load average %s\n", loadavg())
 	started := time.Now()
 	bench, err := start(cfg, "bench", env, "bench", "--workers", "0", "--rate", fmt.Sprintf("%d/s", cfg.rate),
@@ -199,6 +285,11 @@ func run(cfg config) error {
 	tick := time.NewTicker(cfg.interval)
 	defer tick.Stop()
 	s.sample("load")
+	// A heap profile (after a forced collection) when each window fills.
+	fills := []struct {
+		at   time.Duration
+		file string
+	}{{cfg.records(), "server-heap-records-full.pb.gz"}, {cfg.envelopes(), "server-heap-envelopes-full.pb.gz"}}
 	var loadEnded time.Time
 	for loadEnded.IsZero() || time.Since(loadEnded) < cfg.idle {
 		select {
@@ -218,6 +309,12 @@ func run(cfg config) error {
 				phase = "idle"
 			}
 			s.sample(phase)
+			for len(fills) > 0 && loadEnded.IsZero() && time.Since(started) >= fills[0].at {
+				if err := s.heapProfile(filepath.Join(cfg.out, fills[0].file)); err != nil {
+					fmt.Fprintln(os.Stderr, "soak: heap profile:", err)
+				}
+				fills = fills[1:]
+			}
 		}
 		select {
 		case <-server.done:
@@ -234,26 +331,50 @@ func run(cfg config) error {
 	if err := s.writeCSV(filepath.Join(cfg.out, "soak.csv")); err != nil {
 		return err
 	}
-	if err := plotSamples(s.rows, s.streams, filepath.Join(cfg.out, "soak.png"),
-		fmt.Sprintf("capstan soak: %d executions at %d/s, --sync %s", cfg.n, cfg.rate, cfg.sync)); err != nil {
+	return s.report(loadavg())
+}
+
+// report writes the plot and the summary.
+func (s *sampler) report(load string) error {
+	if err := plotSamples(s.rows, s.streams, s.cfg, filepath.Join(s.cfg.out, "soak.png")); err != nil {
 		return err
 	}
-	sum := s.summary()
+	sum := s.summary(load)
 	fmt.Print(sum)
-	return os.WriteFile(filepath.Join(cfg.out, "summary.txt"), []byte(sum), 0o644)
+	return os.WriteFile(filepath.Join(s.cfg.out, "summary.txt"), []byte(sum), 0o644)
 }
 
 // row is one sample.
 type row struct {
-	at                         time.Duration
-	phase                      string
-	executions                 uint64 // envelopes stored
-	submitted                  uint64 // requests the exec stream received
-	serverRSS, workerRSS       int64
-	clientRSS                  int64
-	serverHeapInuse, serverSys int64
-	storeBytes                 int64
-	streams                    map[string]jetstream.StreamState
+	at         time.Duration
+	phase      string  // load or idle
+	load1      float64 // the machine's load average over a minute
+	executions uint64  // envelopes ever stored: executions finished
+	retained   uint64  // envelopes kept now: executions retained
+	records    uint64  // execution records kept now
+	submitted  uint64  // requests the exec stream received
+
+	serverRSS, workerRSS, clientRSS int64
+	// The server's Go heap: spans in use, objects allocated (live and not
+	// yet collected), the live heap at the last collection (estimated as
+	// the next collection's goal over 1 + GOGC/100), memory from the OS.
+	serverHeapInuse, serverHeapAlloc, serverLive, serverSys int64
+	storeBytes                                              int64
+	streams                                                 map[string]jetstream.StreamState
+}
+
+// windows says which windows are full at r: none, records, or
+// records+envelopes.
+func (c config) windows(at time.Duration) string {
+	switch {
+	case at >= c.envelopes() && at >= c.records():
+		return "records+envelopes"
+	case at >= c.records():
+		return "records"
+	case at >= c.envelopes():
+		return "envelopes"
+	}
+	return "none"
 }
 
 type sampler struct {
@@ -270,11 +391,13 @@ type sampler struct {
 func (s *sampler) sample(phase string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r := row{at: time.Since(s.start), phase: phase, streams: map[string]jetstream.StreamState{}}
+	r := row{at: time.Since(s.start), phase: phase, load1: load1(), streams: map[string]jetstream.StreamState{}}
 	r.serverRSS = rss(s.pids["server"])
 	r.workerRSS = rss(s.pids["worker"])
 	r.clientRSS = rss(s.pids["client"])
-	r.serverHeapInuse, r.serverSys = s.heapStats(ctx)
+	var nextGC int64
+	r.serverHeapInuse, r.serverHeapAlloc, nextGC, r.serverSys = s.heapStats(ctx)
+	r.serverLive = int64(float64(nextGC) / (1 + float64(s.cfg.gogc)/100))
 	r.storeBytes = dirSize(s.store)
 	lister := s.js.ListStreams(ctx)
 	for info := range lister.Info() {
@@ -284,17 +407,25 @@ func (s *sampler) sample(phase string) {
 			slices.Sort(s.streams)
 		}
 	}
+	r.fill()
+	s.rows = append(s.rows, r)
+	fmt.Printf("%6.0fs %-4s %8d executions, %7d retained, %6d records  server RSS %6.1f MB (heap %6.1f MB in use, %6.1f MB live)  worker %5.1f MB  client %5.1f MB  store %7.1f MB  load %.1f\n",
+		r.at.Seconds(), phase, r.executions, r.retained, r.records, mb(r.serverRSS), mb(r.serverHeapInuse), mb(r.serverLive),
+		mb(r.workerRSS), mb(r.clientRSS), mb(r.storeBytes), r.load1)
+}
+
+// fill derives the execution counts from the streams.
+func (r *row) fill() {
 	for name, st := range r.streams {
 		switch {
 		case strings.HasSuffix(name, "_ENVELOPES"):
-			r.executions = st.Msgs
+			r.executions, r.retained = st.LastSeq, st.Msgs
+		case strings.HasSuffix(name, "_EXECUTIONS"):
+			r.records = st.Msgs
 		case strings.HasSuffix(name, "_EXEC"):
 			r.submitted = st.LastSeq
 		}
 	}
-	s.rows = append(s.rows, r)
-	fmt.Printf("%6.0fs %-4s %8d executions  server RSS %6.1f MB (heap %6.1f MB)  worker %5.1f MB  client %5.1f MB  store %7.1f MB\n",
-		r.at.Seconds(), phase, r.executions, mb(r.serverRSS), mb(r.serverHeapInuse), mb(r.workerRSS), mb(r.clientRSS), mb(r.storeBytes))
 }
 
 // rss reads a process's resident set size from /proc (Linux); 0 elsewhere.
@@ -317,27 +448,29 @@ func rss(pid int) int64 {
 	return 0
 }
 
-// heapStats reads the server's HeapInuse and Sys from the heap profile's
-// text form, which ends with the runtime's MemStats.
-func (s *sampler) heapStats(ctx context.Context) (inuse, sys int64) {
+// heapStats reads the server's HeapInuse, HeapAlloc, NextGC and Sys from
+// the heap profile's text form, which ends with the runtime's MemStats.
+func (s *sampler) heapStats(ctx context.Context) (inuse, alloc, nextGC, sys int64) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.pprofURL+"heap?debug=1", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, "# HeapInuse = "); ok {
-			inuse, _ = strconv.ParseInt(v, 10, 64)
-		}
-		if v, ok := strings.CutPrefix(line, "# Sys = "); ok {
-			sys, _ = strconv.ParseInt(v, 10, 64)
+		for _, f := range []struct {
+			prefix string
+			v      *int64
+		}{{"# HeapInuse = ", &inuse}, {"# HeapAlloc = ", &alloc}, {"# NextGC = ", &nextGC}, {"# Sys = ", &sys}} {
+			if v, ok := strings.CutPrefix(line, f.prefix); ok {
+				*f.v, _ = strconv.ParseInt(v, 10, 64)
+			}
 		}
 	}
-	return inuse, sys
+	return inuse, alloc, nextGC, sys
 }
 
 func (s *sampler) heapProfile(path string) error {
@@ -390,86 +523,16 @@ func loadavg() string {
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
-func (s *sampler) writeCSV(path string) error {
-	f, err := os.Create(path)
+// load1 is the machine's load average over the last minute.
+func load1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
-		return err
+		return 0
 	}
-	w := csv.NewWriter(f)
-	head := []string{"seconds", "phase", "executions", "submitted", "server_rss_bytes", "server_heap_inuse_bytes", "server_sys_bytes",
-		"worker_rss_bytes", "client_rss_bytes", "store_bytes"}
-	for _, name := range s.streams {
-		head = append(head, name+"_msgs", name+"_bytes", name+"_subjects", name+"_deleted")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
 	}
-	_ = w.Write(head)
-	for _, r := range s.rows {
-		rec := []string{strconv.FormatFloat(r.at.Seconds(), 'f', 1, 64), r.phase, u(r.executions), u(r.submitted),
-			i(r.serverRSS), i(r.serverHeapInuse), i(r.serverSys), i(r.workerRSS), i(r.clientRSS), i(r.storeBytes)}
-		for _, name := range s.streams {
-			st := r.streams[name]
-			rec = append(rec, u(st.Msgs), u(st.Bytes), u(st.NumSubjects), strconv.Itoa(st.NumDeleted))
-		}
-		_ = w.Write(rec)
-	}
-	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func u(v uint64) string { return strconv.FormatUint(v, 10) }
-func i(v int64) string  { return strconv.FormatInt(v, 10) }
-
-// summary states the bytes per execution: the least-squares slope of each
-// curve against executions over the load's second half (past the start-up),
-// and each stream's bytes per execution at the end of the load.
-func (s *sampler) summary() string {
-	var load []row
-	for _, r := range s.rows {
-		if r.phase == "load" && r.executions > 0 {
-			load = append(load, r)
-		}
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "capstan soak: %d executions at %d/s, --sync %s; load average at the end %s\n", s.cfg.n, s.cfg.rate, s.cfg.sync, loadavg())
-	if len(load) < 4 {
-		fmt.Fprintf(&b, "too few samples under load (%d) for slopes\n", len(load))
-		return b.String()
-	}
-	last := load[len(load)-1]
-	half := load[len(load)/2:]
-	slope := func(y func(row) int64) float64 {
-		var sx, sy, sxx, sxy float64
-		for _, r := range half {
-			x, v := float64(r.executions), float64(y(r))
-			sx, sy, sxx, sxy = sx+x, sy+v, sxx+x*x, sxy+x*v
-		}
-		k := float64(len(half))
-		den := k*sxx - sx*sx
-		if den == 0 {
-			return 0
-		}
-		return (k*sxy - sx*sy) / den
-	}
-	fmt.Fprintf(&b, "executions completed: %d (the last sample under load)\n", last.executions)
-	fmt.Fprintf(&b, "growth per execution over the load's second half (least squares):\n")
-	fmt.Fprintf(&b, "  server RSS       %8.0f bytes   (at the end %.0f MB)\n", slope(func(r row) int64 { return r.serverRSS }), mb(last.serverRSS))
-	fmt.Fprintf(&b, "  server heap      %8.0f bytes   (at the end %.0f MB in use)\n", slope(func(r row) int64 { return r.serverHeapInuse }), mb(last.serverHeapInuse))
-	fmt.Fprintf(&b, "  worker RSS       %8.0f bytes   (at the end %.0f MB)\n", slope(func(r row) int64 { return r.workerRSS }), mb(last.workerRSS))
-	fmt.Fprintf(&b, "  client RSS       %8.0f bytes   (at the end %.0f MB)\n", slope(func(r row) int64 { return r.clientRSS }), mb(last.clientRSS))
-	fmt.Fprintf(&b, "  store on disk    %8.0f bytes   (at the end %.0f MB)\n", slope(func(r row) int64 { return r.storeBytes }), mb(last.storeBytes))
-	fmt.Fprintf(&b, "per stream at the end of the load (bytes, messages, subjects, interior deletes, each per execution):\n")
-	for _, name := range s.streams {
-		st := last.streams[name]
-		e := float64(last.executions)
-		fmt.Fprintf(&b, "  %-28s %8.0f B %6.2f msgs %6.2f subjects %6.2f deletes   (%d msgs, %d subjects, %d deletes, %.1f MB)\n",
-			name, float64(st.Bytes)/e, float64(st.Msgs)/e, float64(st.NumSubjects)/e, float64(st.NumDeleted)/e,
-			st.Msgs, st.NumSubjects, st.NumDeleted, mb(int64(st.Bytes)))
-	}
-	if idle := s.rows[len(s.rows)-1]; idle.phase == "idle" {
-		fmt.Fprintf(&b, "after %v idle: server RSS %.0f MB, heap %.0f MB in use\n", (idle.at - last.at).Round(time.Second), mb(idle.serverRSS), mb(idle.serverHeapInuse))
-	}
-	return b.String()
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
