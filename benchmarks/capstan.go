@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -69,7 +70,11 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 
 	t := newTracker(wl.n)
 	names := c.Broker().Names
-	sub, err := cnc.Subscribe(names.EnvelopeSubjects(), func(m *nats.Msg) { t.finish(names.EnvelopeKeyFromSubject(m.Subject)) })
+	sub, err := cnc.Subscribe(names.EnvelopeSubjects(), func(m *nats.Msg) {
+		// The envelope's key is <principal>.<executionId>.
+		_, id, _ := strings.Cut(names.EnvelopeKeyFromSubject(m.Subject), ".")
+		t.finish(id)
+	})
 	if err != nil {
 		return nil, err
 	}
