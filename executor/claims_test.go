@@ -1009,14 +1009,12 @@ func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}}, got, tr, &p)
 }
 
-// An attempt starts only with a CAS on the record that proves the claim is
-// still this delivery's: a worker whose claim was taken over while its
-// policies ran never calls the handler; the new owner runs the one attempt.
-func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
-	env := testenv.Start(t)
-	s := newStore(t, env)
-	// An id that is not a UUIDv7 takes the path that claims before stage 4.
-	id := "attempt-start-" + envelope.NewExecutionID()[:8]
+// sendHeldAtPolicies runs a worker "w" (lease 1 s) serving test.send, whose
+// one policy holds its first evaluation, publishes id's request, and returns
+// once the policy holds it; closing the returned channel lets it go on.
+func (s *store) sendHeldAtPolicies(env *testenv.Env, id string, p *probe) (release chan struct{}) {
+	t := s.t
+	t.Helper()
 	evaluating, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
@@ -1029,7 +1027,6 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 		})
 		return executor.Decision{Stance: executor.Allow}, nil
 	}}
-	var p probe
 	send := executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
@@ -1042,6 +1039,19 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second, PolicyTimeout: time.Hour}, send)
 	s.publish("test.send", id)
 	waitClosed(t, evaluating, "the policy was never evaluated")
+	return release
+}
+
+// An attempt starts only with a CAS on the record that proves the claim is
+// still this delivery's: a worker whose claim was taken over while its
+// policies ran never calls the handler; the new owner runs the one attempt.
+func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	// An id that is not a UUIDv7 takes the path that claims before stage 4.
+	id := "attempt-start-" + envelope.NewExecutionID()[:8]
+	var p probe
+	release := s.sendHeldAtPolicies(env, id, &p)
 	// Another claim takes the record over (its lease already out, so that the
 	// redelivery may take it back) while the policy runs.
 	rec, rev := s.record(id)
@@ -1067,31 +1077,8 @@ func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
-	evaluating, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hold := executor.Policy{Name: "held-once", Evaluate: func(ctx context.Context, _ executor.PolicyRequest) (executor.Decision, error) {
-		once.Do(func() {
-			close(evaluating)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		})
-		return executor.Decision{Stance: executor.Allow}, nil
-	}}
 	var p probe
-	send := executor.Define("test.send", executor.Meta{
-		Description: "Sends something; never retried.",
-		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
-		Policies:    []executor.Policy{hold},
-	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
-		p.called(ctx, c.Attempt)
-		return probeOut{Attempt: c.Attempt}, ctx.Err()
-	})
-	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w", Lease: time.Second, PolicyTimeout: time.Hour}, send)
-	s.publish("test.send", id)
-	waitClosed(t, evaluating, "the policy was never evaluated")
+	release := s.sendHeldAtPolicies(env, id, &p)
 	// The short path writes nothing before its attempt starts: another claim
 	// creates the record (its lease already out) while the policy runs.
 	if _, err := s.b.Executions.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
