@@ -16,7 +16,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The tests of this file prove DESIGN §5: the execution record, its lease, and
@@ -136,19 +135,7 @@ func (s *store) status(id string) *executor.Status {
 // publish sends the request message of an execution, as a producer does.
 func (s *store) publish(capabilityID, id string) {
 	s.t.Helper()
-	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
-		Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice, Surface: string(executor.SurfaceDirect),
-		SubmittedAt: time.Now().UTC()}
-	data, err := envelope.Marshal(req)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, capabilityID))
-	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, id)
-	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
-		s.t.Fatalf("publish: %v", err)
-	}
+	s.publishCopy(capabilityID, id, id)
 }
 
 func (s *store) await(id string) *envelope.Envelope {

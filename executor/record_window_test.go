@@ -1,7 +1,6 @@
 package executor_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,8 +10,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -42,7 +39,7 @@ func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	w := s.runWorkerStats(env.Connect(t), executor.WorkerConfig{Broker: cfg}, sendCap(&p))
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg}, sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
 	first := s.await(id)
@@ -56,8 +53,8 @@ func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
 
 	// The same request again, under a message id the duplicate window does
 	// not know.
-	s.publishAs("test.send", id, id+"-again")
-	waitUntil(t, "the second delivery acknowledged as a duplicate", func() bool { return w().Duplicates == 1 })
+	s.publishCopy("test.send", id, id+"-again")
+	waitUntil(t, "the second delivery acknowledged as a duplicate", func() bool { return w.Stats().Duplicates == 1 })
 	s.drained()
 	if n := p.calls.Load(); n != 1 {
 		t.Fatalf("handler called %d times, want 1", n)
@@ -98,56 +95,6 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 	}
 }
 
-// runWorkerStats is runWorker returning the worker's counters.
-func (s *store) runWorkerStats(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) func() executor.WorkerStats {
-	s.t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx) }()
-	s.t.Cleanup(func() { cancel(); <-done })
-	waitUntil(s.t, "the worker serving", func() bool {
-		_, err := s.b.Catalog.Get(ctxT(s.t), caps[0].ID())
-		return err == nil
-	})
-	return w.Stats
-}
-
-// publishAs sends id's request under message id msgID.
-func (s *store) publishAs(capabilityID, id, msgID string) {
-	s.t.Helper()
-	req := &envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: capabilityID,
-		Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: alice, Surface: string(executor.SurfaceDirect),
-		SubmittedAt: time.Now().UTC()}
-	data, err := envelope.Marshal(req)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, capabilityID))
-	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
-	if _, err := s.b.JS.PublishMsg(ctxT(s.t), m); err != nil {
-		s.t.Fatalf("publish: %v", err)
-	}
-}
-
-// idMadeAt is a UUIDv7 whose time is t.
-func idMadeAt(t time.Time) string {
-	u := uuid.Must(uuid.NewV7())
-	ms := uint64(t.UnixMilli())
-	for i := 0; i < 6; i++ {
-		u[i] = byte(ms >> (40 - 8*i))
-	}
-	return u.String()
-}
-
 // A request whose id is older than envelopes are kept cannot be told from
 // one that ran and whose envelope expired: it is refused, audited
 // execution.expired_request, and never run (DESIGN §16).
@@ -157,8 +104,8 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
 	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: broker.Config{}}, sendCap(&p))
-	id := idMadeAt(time.Now().Add(-time.Minute))
-	s.publishAs("test.send", id, id)
+	id := uuidV7At(time.Now().Add(-time.Minute))
+	s.publish("test.send", id)
 	waitUntil(t, "execution.expired_request on the trail", func() bool {
 		trail, _ := audit.Read(ctxT(t), s.b, id)
 		return len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest

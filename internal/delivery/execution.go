@@ -199,7 +199,7 @@ func (x *Execution) flushHeld() {
 		x.flushTimer.Stop()
 	}
 	if len(evs) > 0 {
-		x.w.emitAll(evs)
+		x.w.audit.EmitAll(evs...)
 	}
 }
 
@@ -214,7 +214,7 @@ func (x *Execution) flushHeldSync(ev *audit.Event) error {
 	if x.flushTimer != nil {
 		x.flushTimer.Stop()
 	}
-	return x.w.emitAllSync(x.ctx, evs)
+	return x.w.audit.EmitAllSync(x.ctx, evs...)
 }
 
 // dropHeld forgets the events kept before a claim that found another

@@ -249,15 +249,6 @@ func (w *Runner) emit(ev *audit.Event) {
 	w.audit.Emit(ev)
 }
 
-// emitAll publishes one execution's events, in order, as one message.
-func (w *Runner) emitAll(evs []*audit.Event) { w.audit.EmitAll(evs...) }
-
-// emitAllSync publishes one execution's events, in order, as one message,
-// and waits until JetStream stored it.
-func (w *Runner) emitAllSync(ctx context.Context, evs []*audit.Event) error {
-	return w.audit.EmitAllSync(ctx, evs...)
-}
-
 // finalizedRecord is the record written when a request is finalized without
 // running (undecodable): it keeps the invariant that an envelope is always
 // preceded by its execution's record.
