@@ -56,6 +56,7 @@ type Emitter struct {
 	opts   Options
 	failed atomic.Uint64
 	sent   atomic.Uint64
+	batch  *batcher // nil: asynchronous events are acknowledged one by one
 }
 
 // ErrMixedExecutions is returned (or, for EmitAll, counted and logged) when
@@ -84,6 +85,11 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 		panic(err)
 	}
 	e.js = js
+	if !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish {
+		if e.batch, err = newBatcher(e); err != nil {
+			e.opts.Logger.Warn("audit events acknowledged one by one", "err", err)
+		}
+	}
 	return e
 }
 
@@ -152,9 +158,14 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 	}
 	m, err := e.message(evs)
 	if err == nil {
-		if e.opts.Unacknowledged {
+		switch {
+		case e.opts.Unacknowledged:
 			err = e.nc.PublishMsg(m)
-		} else {
+		case e.batch != nil:
+			if err = e.batch.publish(m, len(evs), evs[0].ExecutionID); errors.Is(err, errBatchOff) {
+				_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
+			}
+		default:
 			_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
 		}
 	}
@@ -209,6 +220,13 @@ func (e *Emitter) Flush(ctx context.Context) error {
 		}
 		if err := e.nc.FlushWithContext(fctx); err != nil {
 			return err
+		}
+	}
+	if e.batch != nil {
+		select {
+		case <-e.batch.flush():
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 	select {

@@ -187,6 +187,9 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		// One execution's trail is read with batched direct gets, without a
 		// consumer (audit.Read).
 		AllowDirect: true,
+		// Workers publish events as one long fast batch, which the stream
+		// acknowledges every few hundred messages instead of each one.
+		AllowBatchPublish: true,
 	}, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
@@ -296,6 +299,16 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		have.DenyPurge = have.DenyPurge || want.DenyPurge
 		if s, err = js.UpdateStream(ctx, have); err != nil {
 			return nil, fmt.Errorf("capstan: stream %s: deny delete and purge: %w", want.Name, err)
+		}
+	}
+	if want.AllowBatchPublish && !s.CachedInfo().Config.AllowBatchPublish {
+		// A stream from an earlier version: batches only add a way to write
+		// it. Credentials that may not update it leave it as it is, and
+		// events are acknowledged one by one.
+		cfg := s.CachedInfo().Config
+		cfg.AllowBatchPublish = true
+		if updated, err := js.UpdateStream(ctx, cfg); err == nil {
+			s = updated
 		}
 	}
 	if want.AllowDirect && !s.CachedInfo().Config.AllowDirect {

@@ -1,0 +1,151 @@
+package audit_test
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// serverMsgs is how many messages the server has taken in and sent out.
+func serverMsgs(t *testing.T, env *testenv.Env) int64 {
+	t.Helper()
+	v, err := env.Server.Varz(&server.VarzOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.InMsgs + v.OutMsgs
+}
+
+// storedEvents counts the events on the audit stream.
+func storedEvents(t *testing.T, b *broker.Broker, ids []string) int {
+	t.Helper()
+	n := 0
+	for _, id := range ids {
+		trail, err := audit.Read(testCtx(t), b, id)
+		if errors.Is(err, broker.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", id, err)
+		}
+		n += len(trail)
+	}
+	return n
+}
+
+// A worker's asynchronous events travel as one fast batch: each is one
+// message to the server, and the stream acknowledges a few hundred at once.
+// Every event is stored, confirmed (Flush returns) and none counted failed.
+func TestEmit_BatchedEventsAreOneMessageEachAndAllConfirmed(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	if !b.Audit.CachedInfo().Config.AllowBatchPublish {
+		t.Fatal("the audit stream does not take batches")
+	}
+	e := newEmitter(t, b, audit.Options{})
+	const executions, each = 200, 5
+	var ids []string
+	before := serverMsgs(t, env)
+	for i := range executions {
+		id := fmt.Sprintf("exec-%03d", i)
+		ids = append(ids, id)
+		for range each {
+			e.Emit(event(audit.Started, id))
+		}
+	}
+	flush(t, e)
+	msgs := serverMsgs(t, env) - before
+	const n = executions * each
+	if e.Sent() != n || e.Failed() != 0 {
+		t.Fatalf("sent %d, failed %d; want %d and 0", e.Sent(), e.Failed(), n)
+	}
+	// One acknowledgement per event would make 2n.
+	if msgs >= n+n/10 {
+		t.Fatalf("%d server messages for %d events; want about one each", msgs, n)
+	}
+	if got := storedEvents(t, b, ids); got != n {
+		t.Fatalf("%d events stored, want %d", got, n)
+	}
+}
+
+// A stream that stops taking batches refuses the next batched event, which is
+// counted and logged; the events after it are acknowledged one by one and
+// stored.
+func TestEmit_StreamStopsTakingBatches_LaterEventsAcknowledgedOneByOne(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	log := &recorder{}
+	e := newEmitter(t, b, audit.Options{Logger: slog.New(log)})
+	e.Emit(event(audit.Requested, "exec-1"))
+	flush(t, e)
+	cfg := b.Audit.CachedInfo().Config
+	cfg.AllowBatchPublish = false
+	if _, err := b.JS.UpdateStream(testCtx(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	e.Emit(event(audit.Started, "exec-2")) // refused: the stream takes no batch
+	flush(t, e)
+	if e.Failed() != 1 || log.warnings() != 1 {
+		t.Fatalf("failed %d, warnings %d; want 1 and 1", e.Failed(), log.warnings())
+	}
+	for range 3 {
+		e.Emit(event(audit.Completed, "exec-3"))
+	}
+	flush(t, e)
+	if e.Failed() != 1 {
+		t.Fatalf("failed %d after the stream stopped taking batches, want 1", e.Failed())
+	}
+	if got := storedEvents(t, b, []string{"exec-1", "exec-3"}); got != 4 {
+		t.Fatalf("%d events stored, want 4", got)
+	}
+}
+
+// A server restart forgets the open batch: the next event is refused and
+// counted, a new batch starts, and every event after it is stored. No event
+// goes unaccounted: each is stored or counted failed.
+func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	e := newEmitter(t, b, audit.Options{})
+	for range 5 {
+		e.Emit(event(audit.Started, "exec-before"))
+	}
+	env.Restart(t)
+	waitConnected(t, b)
+	e.Emit(event(audit.Started, "exec-refused")) // the batch is unknown now
+	flush(t, e)
+	for range 5 {
+		e.Emit(event(audit.Completed, "exec-after"))
+	}
+	flush(t, e)
+	before, after := storedEvents(t, b, []string{"exec-before"}), storedEvents(t, b, []string{"exec-after"})
+	if after != 5 {
+		t.Fatalf("%d events of the new batch stored, want 5", after)
+	}
+	if e.Failed() == 0 {
+		t.Fatal("the event sent into the forgotten batch was not counted")
+	}
+	if stored := uint64(before + after); stored+e.Failed() < e.Sent() {
+		t.Fatalf("sent %d, stored %d, failed %d: events unaccounted", e.Sent(), stored, e.Failed())
+	}
+}
+
+// waitConnected waits until b's connection is back after a restart.
+func waitConnected(t *testing.T, b *broker.Broker) {
+	t.Helper()
+	ctx := testCtx(t)
+	for !b.NC.IsConnected() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the connection did not come back")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
