@@ -1,6 +1,9 @@
 package envelope
 
 import (
+	"encoding/binary"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -11,73 +14,63 @@ import (
 // order and Fields leaves out the empty ones, so the bytes are those the
 // reflective encoder writes (json names, empty fields omitted). The
 // reflective encoder allocates for every field it checks for emptiness; a
-// record written on every execution is cheaper this way.
+// record written on every execution is cheaper this way. Each field is
+// written as it is added, into one buffer behind a placeholder for the map's
+// header.
 type Fields struct {
-	n int
-	f [24]field
+	b   []byte
+	buf *[]byte // where b came from, back to fieldBufs once written
+	n   int
+	err error
 }
 
-type fieldKind uint8
-
-const (
-	kindString fieldKind = iota
-	kindInt
-	kindBool
-	kindTime
-	kindRaw
-	kindActor
-	kindValue
-)
-
-type field struct {
-	key   string
-	kind  fieldKind
-	s, s2 string
-	i     int64
-	t     time.Time
-	raw   []byte
-	v     any
-}
-
-func (f *Fields) add(key string, kind fieldKind) *field {
-	x := &f.f[f.n]
+// key writes the next field's key.
+func (f *Fields) key(k string) {
+	if f.b == nil {
+		f.buf = fieldBufs.Get().(*[]byte)
+		f.b = append((*f.buf)[:0], 0) // the header's place: a fixmap for up to 15 fields
+	}
 	f.n++
-	*x = field{key: key, kind: kind}
-	return x
+	f.b = appendString(f.b, k)
 }
 
 // String adds a string field, omitted when empty.
 func (f *Fields) String(key, s string) {
 	if s != "" {
-		f.add(key, kindString).s = s
+		f.key(key)
+		f.b = appendString(f.b, s)
 	}
 }
 
 // Int adds an integer field, omitted when 0.
 func (f *Fields) Int(key string, i int64) {
 	if i != 0 {
-		f.add(key, kindInt).i = i
+		f.key(key)
+		f.b = appendInt(f.b, i)
 	}
 }
 
 // Bool adds a boolean field, omitted when false.
 func (f *Fields) Bool(key string, b bool) {
 	if b {
-		f.add(key, kindBool)
+		f.key(key)
+		f.b = append(f.b, 0xc3)
 	}
 }
 
 // Time adds a time field, omitted when zero.
 func (f *Fields) Time(key string, t time.Time) {
 	if !t.IsZero() {
-		f.add(key, kindTime).t = t
+		f.key(key)
+		f.b = appendTime(f.b, t)
 	}
 }
 
 // Raw adds an embedded value, omitted when empty.
 func (f *Fields) Raw(key string, r Raw) {
 	if len(r) > 0 {
-		f.add(key, kindRaw).raw = r
+		f.key(key)
+		f.b = append(f.b, r...)
 	}
 }
 
@@ -86,10 +79,23 @@ func (f *Fields) Actor(key string, id, kind string, attrs map[string]string) {
 	if id == "" && kind == "" && len(attrs) == 0 {
 		return
 	}
-	x := f.add(key, kindActor)
-	x.s, x.s2 = id, kind
+	f.key(key)
+	n := 0
+	for _, set := range []bool{id != "", kind != "", len(attrs) > 0} {
+		if set {
+			n++
+		}
+	}
+	f.b = append(f.b, 0x80|byte(n))
+	if id != "" {
+		f.b = appendString(appendString(f.b, "id"), id)
+	}
+	if kind != "" {
+		f.b = appendString(appendString(f.b, "kind"), kind)
+	}
 	if len(attrs) > 0 {
-		x.v = attrs
+		f.b = appendString(f.b, "attrs")
+		f.value(attrs)
 	}
 }
 
@@ -97,74 +103,115 @@ func (f *Fields) Actor(key string, id, kind string, attrs map[string]string) {
 // says it is to be omitted.
 func (f *Fields) Value(key string, v any, empty bool) {
 	if !empty {
-		f.add(key, kindValue).v = v
+		f.key(key)
+		f.value(v)
 	}
+}
+
+func (f *Fields) value(v any) {
+	e := encoders.Get().(*encoder)
+	defer encoders.Put(e)
+	e.buf.Reset()
+	if err := e.enc.Encode(v); err != nil && f.err == nil {
+		f.err = err
+	}
+	f.b = append(f.b, e.buf.Bytes()...)
 }
 
 // Encode writes the map.
 func (f *Fields) Encode(enc *msgpack.Encoder) error {
-	if err := enc.EncodeMapLen(f.n); err != nil {
-		return err
+	if f.err != nil {
+		return f.err
 	}
-	for i := range f.n {
-		x := &f.f[i]
-		if err := enc.EncodeString(x.key); err != nil {
-			return err
-		}
-		var err error
-		switch x.kind {
-		case kindString:
-			err = enc.EncodeString(x.s)
-		case kindInt:
-			err = enc.EncodeInt(x.i)
-		case kindBool:
-			err = enc.EncodeBool(true)
-		case kindTime:
-			err = enc.EncodeTime(x.t)
-		case kindRaw:
-			_, err = enc.Writer().Write(x.raw)
-		case kindActor:
-			err = encodeActor(enc, x.s, x.s2, x.v)
-		case kindValue:
-			err = enc.Encode(x.v)
-		}
-		if err != nil {
-			return err
-		}
+	_, err := enc.Writer().Write(f.bytes())
+	if f.buf != nil && cap(f.b) <= 4<<10 {
+		*f.buf = f.b[:0]
+		fieldBufs.Put(f.buf)
 	}
-	return nil
+	f.b, f.buf, f.n = nil, nil, 0
+	return err
 }
 
-// encodeActor writes an actor's non-empty fields as a map; attrs is nil or a
-// non-empty map[string]string.
-func encodeActor(enc *msgpack.Encoder, id, kind string, attrs any) error {
-	n := 0
-	for _, set := range []bool{id != "", kind != "", attrs != nil} {
-		if set {
-			n++
+// fieldBufs keeps the buffers Fields write into between records.
+var fieldBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, 256)
+	return &b
+}}
+
+// bytes returns the map, its header in place.
+func (f *Fields) bytes() []byte {
+	switch {
+	case f.b == nil:
+		return []byte{0x80}
+	case f.n < 16:
+		f.b[0] = 0x80 | byte(f.n)
+		return f.b
+	}
+	// map16: two more bytes for the header.
+	f.b = append(f.b, 0, 0)
+	copy(f.b[3:], f.b[1:len(f.b)-2])
+	f.b[0], f.b[1], f.b[2] = 0xde, byte(f.n>>8), byte(f.n)
+	return f.b
+}
+
+// appendString writes s as the msgpack encoder does.
+func appendString(b []byte, s string) []byte {
+	switch l := len(s); {
+	case l < 32:
+		b = append(b, 0xa0|byte(l))
+	case l < 256:
+		b = append(b, 0xd9, byte(l))
+	case l <= math.MaxUint16:
+		b = append(b, 0xda, byte(l>>8), byte(l))
+	default:
+		b = append(b, 0xdb, byte(l>>24), byte(l>>16), byte(l>>8), byte(l))
+	}
+	return append(b, s...)
+}
+
+// appendInt writes i in the fewest bytes, as the encoder with compact
+// integers does.
+func appendInt(b []byte, i int64) []byte {
+	if i >= 0 {
+		switch u := uint64(i); {
+		case u <= math.MaxInt8:
+			return append(b, byte(u))
+		case u <= math.MaxUint8:
+			return append(b, 0xcc, byte(u))
+		case u <= math.MaxUint16:
+			return append(b, 0xcd, byte(u>>8), byte(u))
+		case u <= math.MaxUint32:
+			return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(u))
+		default:
+			return binary.BigEndian.AppendUint64(append(b, 0xcf), u)
 		}
 	}
-	if err := enc.EncodeMapLen(n); err != nil {
-		return err
+	switch {
+	case i >= -32:
+		return append(b, byte(i))
+	case i >= math.MinInt8:
+		return append(b, 0xd0, byte(i))
+	case i >= math.MinInt16:
+		return append(b, 0xd1, byte(i>>8), byte(i))
+	case i >= math.MinInt32:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(i))
 	}
-	for _, kv := range [...]struct{ k, v string }{{"id", id}, {"kind", kind}} {
-		if kv.v == "" {
-			continue
+	return binary.BigEndian.AppendUint64(append(b, 0xd3), uint64(i))
+}
+
+// appendTime writes t as the msgpack timestamp extension (type -1), in 4, 8
+// or 12 bytes, as the encoder does.
+func appendTime(b []byte, t time.Time) []byte {
+	secs := uint64(t.Unix())
+	if secs>>34 == 0 {
+		data := uint64(t.Nanosecond())<<34 | secs
+		if data&0xffffffff00000000 == 0 {
+			return binary.BigEndian.AppendUint32(append(b, 0xd6, 0xff), uint32(data))
 		}
-		if err := enc.EncodeString(kv.k); err != nil {
-			return err
-		}
-		if err := enc.EncodeString(kv.v); err != nil {
-			return err
-		}
+		return binary.BigEndian.AppendUint64(append(b, 0xd7, 0xff), data)
 	}
-	if attrs == nil {
-		return nil
-	}
-	if err := enc.EncodeString("attrs"); err != nil {
-		return err
-	}
-	return enc.Encode(attrs)
+	b = binary.BigEndian.AppendUint32(append(b, 0xc7, 12, 0xff), uint32(t.Nanosecond()))
+	return binary.BigEndian.AppendUint64(b, secs)
 }
 
 // EncodeMsgpack writes the request without reflection.
