@@ -442,7 +442,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 
 // publish stores m, publishing again through a failover.
 func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
-	return await.Publish(ctx, c.b.JS, m, c.cfg.Logger)
+	return await.Publish(ctx, c.b.NC, m, c.cfg.Logger)
 }
 
 // Call submits and awaits. err reports transport trouble only; governed

@@ -32,10 +32,10 @@ const (
 // message id until JetStream acknowledges or refuses it, or ctx ends: within
 // the dedup window a repeat of a request that was stored after all is
 // dropped, so a lost acknowledgement never submits twice.
-func Publish(ctx context.Context, js jetstream.JetStream, m *nats.Msg, log *slog.Logger) error {
+func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg, log *slog.Logger) error {
 	for try := 0; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, PublishTry)
-		_, err := js.PublishMsg(tctx, m)
+		_, err := broker.PublishAck(tctx, nc, m)
 		cancel()
 		if err == nil || ctx.Err() != nil || !transient(err) {
 			return err

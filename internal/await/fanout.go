@@ -67,7 +67,7 @@ func (c *Waiters) Settle(ctx context.Context, calls []*Call) {
 		// Whether the first one was stored is unknown: the await reads first.
 		p.fresh = false
 		if ctx.Err() == nil {
-			err = Publish(ctx, c.b.JS, p.m, c.log)
+			err = Publish(ctx, c.b.NC, p.m, c.log)
 		}
 		if err != nil {
 			c.Remove(p.id, p.ch)

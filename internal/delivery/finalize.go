@@ -187,7 +187,7 @@ func (x *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 	start := time.Now()
 	for try := 0; ; try++ {
 		ctx, cancel := x.casCtx()
-		_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
+		_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
 		cancel()
 		if err == nil {
 			w.finalized.Add(1)

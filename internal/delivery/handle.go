@@ -179,7 +179,7 @@ func (x *Execution) create(rec *Record) bool {
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
 		endClaim := x.Stage(observe.StageClaim)
-		rev, err := broker.CreateTTL(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow)
+		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow)
 		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
@@ -504,7 +504,7 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	ctx, cancel := StoreContext()
 	defer cancel()
 	rec := w.finalizedRecord(id, capID, env.Status, env.Error.Code)
-	if _, err := broker.CreateTTL(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow); err != nil {
+	if _, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow); err != nil {
 		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
 		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
 			rec.LastError != env.Error.Code {
@@ -520,7 +520,7 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
-	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
+	_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
 	if err == nil {
 		w.finalized.Add(1)
 	}

@@ -1,0 +1,81 @@
+package broker_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// Broker.Create is the create-only write of every execution's claim and
+// envelope: a key written once refuses a second create, on one server and on
+// a replicated bucket, a key whose value was deleted takes a new one, and a
+// TTL rides the message.
+func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
+	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
+		ctx := testCtx(t)
+		kv := b.Executions
+		rev, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 1}, time.Hour)
+		if err != nil || rev == 0 {
+			t.Fatalf("first create: rev %d, %v", rev, err)
+		}
+		if _, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 2}, time.Hour); !errors.Is(err, broker.ErrExists) {
+			t.Fatalf("second create: %v, want ErrExists", err)
+		}
+		if v, got, err := broker.Load[counter](ctx, kv, "k"); err != nil || v.N != 1 || got != rev {
+			t.Fatalf("after a refused create: %+v rev %d (%v), want n=1 rev %d", v, got, err, rev)
+		}
+		raw, err := b.JS.Stream(ctx, "KV_"+kv.Bucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm, err := raw.GetMsg(ctx, rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl := sm.Header.Get(jetstream.MsgTTLHeader); ttl != time.Hour.String() {
+			t.Fatalf("TTL header %q, want %q", ttl, time.Hour.String())
+		}
+		if err := kv.Delete(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 3}, 0); err != nil {
+			t.Fatalf("create over a delete marker: %v", err)
+		}
+		if v, _, err := broker.Load[counter](ctx, kv, "k"); err != nil || v.N != 3 {
+			t.Fatalf("after the create over a delete marker: %+v (%v), want n=3", v, err)
+		}
+	})
+}
+
+// PublishAck answers like jetstream's PublishMsg: the stream sequence, a
+// refusal as a *jetstream.APIError, and no stream as ErrNoStreamResponse.
+func TestPublishAck_SequenceRefusalAndNoStream(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	ctx := testCtx(t)
+	data, _ := envelope.Marshal(&counter{V: 1})
+	subj := "$KV." + b.Pools.Bucket() + ".publish-ack"
+	seq, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: subj, Data: data})
+	if err != nil || seq == 0 {
+		t.Fatalf("publish: seq %d, %v", seq, err)
+	}
+	again, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: subj, Data: data})
+	if err != nil || again != seq+1 {
+		t.Fatalf("second publish: seq %d, %v; want %d", again, err, seq+1)
+	}
+	stale := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"1"}}}
+	var api *jetstream.APIError
+	if _, err := broker.PublishAck(ctx, b.NC, stale); !errors.As(err, &api) || api.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		t.Fatalf("stale expectation: %v, want the wrong-last-sequence APIError", err)
+	}
+	if _, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: "no.stream.here", Data: data}); !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("no stream: %v, want ErrNoStreamResponse", err)
+	}
+}
