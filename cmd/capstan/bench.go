@@ -44,6 +44,7 @@ func runBench(args []string) int {
 	fs.BoolVar(&cfg.NoAudit, "no-audit", false, "in-process workers publish no audit events (to measure the trail's cost)")
 	fs.BoolVar(&cfg.AuditUnacked, "audit-unacked", false, "in-process workers publish audit events without JetStream's acknowledgement")
 	fs.BoolVar(&cfg.NoBaseline, "no-baseline", false, "skip the raw JetStream baseline")
+	fs.BoolVar(&cfg.Floor, "floor", false, "also run an execution's server work on JetStream alone (closed loop): the ceiling of capstan's ratio to raw")
 	fs.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the capstan phase to `file`")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write an allocation profile at the end of the capstan phase to `file`")
@@ -221,5 +222,10 @@ func printBench(w io.Writer, r *bench.Result) {
 			fmt.Fprintf(w, "  cost          %.1f server messages per message\n", r.BaselineServerMsgsPerMsg)
 		}
 		fmt.Fprintf(w, "  ratio         %.2f (capstan / raw JetStream)\n", r.Ratio)
+	}
+	if r.FloorPerSec > 0 {
+		fmt.Fprintf(w, "\n  floor         %.0f executions/s   (%.0f µs of CPU, %.1f server messages per execution; an execution's JetStream work alone)\n",
+			r.FloorPerSec, r.FloorCPUPerExecutionUs, r.FloorServerMsgsPerExecution)
+		fmt.Fprintf(w, "  floor ratio   %.2f (floor / raw JetStream: the most capstan's write path could reach)\n", r.FloorRatio)
 	}
 }

@@ -47,8 +47,11 @@ type Config struct {
 	NoAudit           bool // in-process workers publish no audit events
 	AuditUnacked      bool // in-process workers publish audit events without acknowledgement
 	NoBaseline        bool // skip the raw JetStream baseline
-	CPUProfile        string
-	MemProfile        string
+	// Floor also runs the server work of an execution on JetStream alone,
+	// with nothing of capstan's own (closed loop only; see Result.FloorPerSec).
+	Floor      bool
+	CPUProfile string
+	MemProfile string
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
 	Progress io.Writer
@@ -69,6 +72,8 @@ func (c *Config) validate() error {
 		return errors.New("workers must not be negative and worker concurrency must be positive")
 	case c.Rate > 0 && (c.Batch > 0 || c.Backlog):
 		return errors.New("a rate excludes batches and a backlog")
+	case c.Floor && (c.Rate > 0 || c.Batch > 0 || c.Backlog):
+		return errors.New("the floor runs in a closed loop only")
 	case c.Capability == "":
 		return errors.New("no capability")
 	}
@@ -129,6 +134,17 @@ type Result struct {
 	BaselineServerMsgsPerMsg float64 `json:"baselineServerMsgsPerMsg,omitempty"`
 	// Ratio is executionsPerSec / baselinePerSec.
 	Ratio float64 `json:"ratio"`
+	// FloorPerSec, with Config.Floor, is the throughput of an execution's
+	// server work alone: the request's acknowledged publish, its delivery, a
+	// create-only record, a create-only result republished to the caller, an
+	// unacknowledged trail message, the ack (four stored messages, ten
+	// server messages, three synchronous writes) and nothing of capstan's
+	// own. FloorRatio is FloorPerSec / BaselinePerSec: no capstan built on
+	// this write path reaches a higher ratio to raw JetStream.
+	FloorPerSec                 float64 `json:"floorPerSec,omitempty"`
+	FloorCPUPerExecutionUs      float64 `json:"floorCpuPerExecutionUs,omitempty"`
+	FloorServerMsgsPerExecution float64 `json:"floorServerMsgsPerExecution,omitempty"`
+	FloorRatio                  float64 `json:"floorRatio,omitempty"`
 
 	// ConsumersBefore and ConsumersMax count the account's JetStream
 	// consumers before the run and the most seen during it.
@@ -249,6 +265,21 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		res.BaselinePerSec = n / base.elapsed.Seconds()
 		res.BaselineP50Ms, _, res.BaselineP99Ms, res.BaselineMaxMs = percentiles(base.latencies)
 		res.Ratio = res.ExecutionsPerSec / res.BaselinePerSec
+	}
+	if cfg.Floor {
+		bar := newProgress(cfg.Progress, cfg.N, "floor")
+		cpu0, msgs0 := ProcessCPU(), r.serverMsgs()
+		floor, err := floorLoop(ctx, r, &cfg, len(input), bar)
+		res.FloorCPUPerExecutionUs = float64((ProcessCPU() - cpu0).Microseconds()) / n
+		res.FloorServerMsgsPerExecution = float64(r.serverMsgs()-msgs0) / n
+		bar.done()
+		if err != nil {
+			return nil, fmt.Errorf("floor: %w", err)
+		}
+		res.FloorPerSec = n / floor.elapsed.Seconds()
+		if res.BaselinePerSec > 0 {
+			res.FloorRatio = res.FloorPerSec / res.BaselinePerSec
+		}
 	}
 	return res, nil
 }

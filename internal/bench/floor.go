@@ -1,0 +1,158 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// floorLoop runs, on JetStream alone, the server work of one capstan
+// execution and nothing of capstan's own: the request's acknowledged
+// publish, its delivery, a create-only record write, a create-only result
+// write republished to the caller, one unacknowledged trail message and the
+// ack: four stored messages, ten server messages, three synchronous writes.
+// Its throughput is what capstan's write path could reach if its own work
+// (decoding, stages, hashing, encoding, goroutines) cost nothing; its ratio
+// to the raw baseline bounds capstan's. Payloads are the request's length; a
+// message's latency runs from the publish to the result's arrival.
+func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progress) (*loopResult, error) {
+	js := r.adminJS
+	nc := js.Conn()
+	prefix := strings.ToLower(r.b.Names.ExecStream()) + "_bench_floor"
+	streams := []jetstream.StreamConfig{
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REQ", Subjects: []string{prefix + ".req"}, Retention: jetstream.WorkQueuePolicy},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REC", Subjects: []string{prefix + ".rec.>"}},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_RES", Subjects: []string{prefix + ".res.>"},
+			RePublish: &jetstream.RePublish{Source: prefix + ".res.>", Destination: prefix + ".done.>"}},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_TRAIL", Subjects: []string{prefix + ".trail.>"}},
+	}
+	for _, sc := range streams {
+		sc.Storage = jetstream.FileStorage
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, sc := range streams {
+			_ = js.DeleteStream(dctx, sc.Name)
+		}
+	}()
+	req, err := js.Stream(ctx, streams[0].Name)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := req.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable: "floor", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: max(4*cfg.Concurrency, 1000),
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	slots := max(cfg.Concurrency, 1)
+	done := make([]chan struct{}, slots)
+	for i := range done {
+		done[i] = make(chan struct{}, 1)
+	}
+	t := &tally{notes: cfg.Notes, res: loopResult{latencies: make([]time.Duration, 0, cfg.N)}}
+	var got atomic.Int64
+	all := make(chan struct{})
+	ok := &envelope.Envelope{Status: envelope.StatusCompleted}
+	results, err := nc.Subscribe(prefix+".done.>", func(m *nats.Msg) {
+		d := m.Data
+		slot := binary.BigEndian.Uint32(d[0:4])
+		sent := time.Unix(0, int64(binary.BigEndian.Uint64(d[4:12])))
+		t.add(time.Since(sent), ok, nil)
+		bar.add(1)
+		if cfg.Rate == 0 {
+			done[slot] <- struct{}{}
+		}
+		if got.Add(1) == int64(cfg.N) {
+			close(all)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = results.Unsubscribe() }()
+
+	var workErr atomic.Value
+	createOnly := func(subject string, data []byte) error {
+		_, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}})
+		return err
+	}
+	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+		go func() {
+			d := m.Data()
+			id := strconv.FormatUint(binary.BigEndian.Uint64(d[12:20]), 10)
+			err := createOnly(prefix+".rec."+id, d)
+			if err == nil {
+				err = createOnly(prefix+".res."+id, d)
+			}
+			if err == nil {
+				err = nc.Publish(prefix+".trail."+id, d)
+			}
+			if err != nil {
+				workErr.Store(err)
+			}
+			_ = m.Ack()
+		}()
+	}, jetstream.PullMaxMessages(max(cfg.Workers, 1)*max(cfg.WorkerConcurrency, 1)))
+	if err != nil {
+		return nil, err
+	}
+	defer consumeCtx.Stop()
+
+	var seq atomic.Uint64
+	publish := func(slot int) error {
+		b := make([]byte, max(payload, 20))
+		binary.BigEndian.PutUint32(b[0:4], uint32(slot))
+		binary.BigEndian.PutUint64(b[4:12], uint64(time.Now().UnixNano()))
+		binary.BigEndian.PutUint64(b[12:20], seq.Add(1))
+		_, err := js.Publish(ctx, prefix+".req", b)
+		return err
+	}
+	var pubErr atomic.Value
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for slot := range min(slots, cfg.N) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(cfg.N) && ctx.Err() == nil {
+				if err := publish(slot); err != nil {
+					pubErr.Store(err)
+					return
+				}
+				select {
+				case <-done[slot]:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, v := range []*atomic.Value{&pubErr, &workErr} {
+		if err, _ := v.Load().(error); err != nil {
+			return nil, err
+		}
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return t.result(time.Since(start)), nil
+}
