@@ -3,7 +3,9 @@ package envelope
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
+	"time"
 )
 
 // fuzzSeeds are valid records, near misses and the crafted headers that once
@@ -125,6 +127,34 @@ func FuzzRawFromJSON(f *testing.F) {
 		c2, err2 := CanonicalJSON(r2)
 		if (err1 == nil) != (err2 == nil) || !bytes.Equal(c1, c2) {
 			t.Fatalf("JSON %q changed through Raw: %q (%v) vs %q (%v)", j, c1, err1, c2, err2)
+		}
+	})
+}
+
+// FuzzDecodeRequestFast: whatever the direct reader of requests accepts, the
+// reflective decoder decodes to the same request; the reader never panics.
+func FuzzDecodeRequestFast(f *testing.F) {
+	full := fullRequest()
+	deadline := full.SubmittedAt.Add(time.Minute)
+	fuzzSeeds(f,
+		&full,
+		&Request{V: Version, ExecutionID: "e1", CapabilityID: "demo.echo"},
+		&Request{V: Version, ExecutionID: "e1", CapabilityID: "a", Deadline: &deadline, StartBy: &deadline,
+			Actor: Actor{ID: "u", Kind: ActorUser, Attrs: map[string]string{"team": "x"}}},
+		map[string]any{"v": 1, "executionId": "e1", "capabilityId": "a", "input": []any{1, "x", nil}, "extra": map[string]any{"k": 1.5}},
+		map[string]any{"v": -3, "deadline": nil, "actor": map[string]any{"id": "a", "other": 1}, "submittedAt": time.Time{}},
+	)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ok := decodeRequestFast(b)
+		if !ok {
+			return
+		}
+		var slow Request
+		if err := Unmarshal(b, &slow); err != nil {
+			t.Fatalf("the direct reader accepts what the decoder refuses: %v\nrequest: %+v", err, fast)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("the two decoders disagree\ndirect:     %+v\nreflective: %+v", fast, slow)
 		}
 	})
 }

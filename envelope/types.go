@@ -45,9 +45,12 @@ type Request struct {
 // DecodeRequest decodes and checks an execution request. It never panics; every
 // failure wraps ErrDecode.
 func DecodeRequest(b []byte) (*Request, error) {
-	var r Request
-	if err := Unmarshal(b, &r); err != nil {
-		return nil, err
+	r, ok := decodeRequestFast(b)
+	if !ok {
+		r = Request{}
+		if err := Unmarshal(b, &r); err != nil {
+			return nil, err
+		}
 	}
 	if r.V != Version {
 		return nil, fmt.Errorf("%w: schema version %d, want %d", ErrDecode, r.V, Version)
