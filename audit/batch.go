@@ -2,6 +2,7 @@ package audit
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -137,13 +138,9 @@ func (b *batcher) publish(m *nats.Msg, events int, id string) error {
 }
 
 var (
-	errStalled  = jsError("audit stream did not acknowledge in time")
-	errBatchOff = jsError("audit stream does not take batches")
+	errStalled  = errors.New("audit stream did not acknowledge in time")
+	errBatchOff = errors.New("audit stream does not take batches")
 )
-
-type jsError string
-
-func (e jsError) Error() string { return string(e) }
 
 // maxPending bounds the messages not yet confirmed, as PublishAsyncMaxPending
 // bounds acknowledged ones.
