@@ -81,9 +81,7 @@ func rawBaseline(ctx context.Context, r *rig, cfg *Config, payload int, bar *pro
 	case cfg.Rate > 0:
 		interval := time.Duration(float64(time.Second) / cfg.Rate)
 		for i := 0; i < cfg.N && ctx.Err() == nil; i++ {
-			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-				time.Sleep(d)
-			}
+			sleepUntil(start.Add(time.Duration(i) * interval))
 			go func() {
 				if err := publish(0); err != nil {
 					pubErr.Store(err)

@@ -131,9 +131,7 @@ func openLoop(ctx context.Context, c *executor.Client, cfg *Config, input envelo
 	start := time.Now()
 	for i := 0; i < cfg.N && ctx.Err() == nil; i++ {
 		due := start.Add(time.Duration(i) * interval)
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		}
+		sleepUntil(due)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
