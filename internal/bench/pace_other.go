@@ -4,8 +4,8 @@ package bench
 
 import "time"
 
-// sleep sleeps for d.
-func sleep(d time.Duration) {
+// kernelSleep sleeps for d on the runtime's timers.
+func kernelSleep(d time.Duration) {
 	if d > 0 {
 		time.Sleep(d)
 	}
