@@ -80,10 +80,9 @@ func rawBaseline(ctx context.Context, r *rig, cfg *Config, payload int, bar *pro
 	switch {
 	case cfg.Rate > 0:
 		interval := time.Duration(float64(time.Second) / cfg.Rate)
+		pace := newPacer(interval)
 		for i := 0; i < cfg.N && ctx.Err() == nil; i++ {
-			if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-				time.Sleep(d)
-			}
+			pace.wait(start.Add(time.Duration(i) * interval))
 			go func() {
 				if err := publish(0); err != nil {
 					pubErr.Store(err)

@@ -127,13 +127,12 @@ func batchLoop(ctx context.Context, c *executor.Client, cfg *Config, input envel
 func openLoop(ctx context.Context, c *executor.Client, cfg *Config, input envelope.Raw, bar *progress) (*loopResult, error) {
 	t := newTally(cfg.N, cfg.Notes)
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
+	pace := newPacer(interval)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := 0; i < cfg.N && ctx.Err() == nil; i++ {
 		due := start.Add(time.Duration(i) * interval)
-		if d := time.Until(due); d > 0 {
-			time.Sleep(d)
-		}
+		pace.wait(due)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
