@@ -52,34 +52,38 @@ func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, ui
 // Create writes v under key only if the key holds nothing; ErrExists otherwise.
 // A key whose last value was deleted holds nothing.
 func Create(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
-	b, err := envelope.Marshal(v)
-	if err != nil {
-		return 0, err
-	}
-	rev, err := kv.Create(ctx, key, b)
-	// Over a delete marker a create takes two writes; when a rival's create
-	// lands between them, a replicated bucket reports a bare wrong-last-sequence
-	// error instead of ErrKeyExists. (Re-reading to tell it from a rival's
-	// delete would not help: a replica may answer a read with an older value.)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
-		return 0, ErrExists
-	}
-	return rev, err
+	return CreateTTL(ctx, kv, key, v, 0)
 }
 
 // CreateTTL is Create of a value that the bucket removes ttl after this
 // write, unless a later write replaces it (the bucket must allow per-message
-// TTLs).
+// TTLs); 0: no TTL.
 func CreateTTL(ctx context.Context, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
 	b, err := envelope.Marshal(v)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
-	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
-		return 0, ErrExists
+	rev, err := kv.Create(ctx, key, b, createOpts(ttl)...)
+	return rev, createErr(err)
+}
+
+func createOpts(ttl time.Duration) []jetstream.KVCreateOpt {
+	if ttl <= 0 {
+		return nil
 	}
-	return rev, err
+	return []jetstream.KVCreateOpt{jetstream.KeyTTL(ttl)}
+}
+
+// createErr is ErrExists for a create that found the key written. Over a
+// delete marker a create takes two writes; when a rival's create lands
+// between them, a replicated bucket reports a bare wrong-last-sequence error
+// instead of ErrKeyExists. (Re-reading to tell it from a rival's delete would
+// not help: a replica may answer a read with an older value.)
+func createErr(err error) error {
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
+		return ErrExists
+	}
+	return err
 }
 
 // UpdateTTL is Update of a value that the bucket removes ttl after this

@@ -95,11 +95,7 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 	if err == nil || !wrongLastSequence(err) {
 		return rev, err
 	}
-	var opts []jetstream.KVCreateOpt
-	if ttl > 0 {
-		opts = append(opts, jetstream.KeyTTL(ttl))
-	}
-	return kv.Create(ctx, key, b, opts...)
+	return kv.Create(ctx, key, b, createOpts(ttl)...)
 }
 
 // Create is the package's Create (CreateTTL when ttl > 0) on b's connection,
@@ -111,8 +107,5 @@ func (b *Broker) Create(ctx context.Context, kv jetstream.KeyValue, key string, 
 		return 0, err
 	}
 	rev, err := create(ctx, b.NC, kv, key, data, ttl)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
-		return 0, ErrExists
-	}
-	return rev, err
+	return rev, createErr(err)
 }
