@@ -5,11 +5,9 @@ import (
 	"encoding/binary"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -58,28 +56,8 @@ func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progr
 		return nil, err
 	}
 
-	slots := max(cfg.Concurrency, 1)
-	done := make([]chan struct{}, slots)
-	for i := range done {
-		done[i] = make(chan struct{}, 1)
-	}
-	t := &tally{notes: cfg.Notes, res: loopResult{latencies: make([]time.Duration, 0, cfg.N)}}
-	var got atomic.Int64
-	all := make(chan struct{})
-	ok := &envelope.Envelope{Status: envelope.StatusCompleted}
-	results, err := nc.Subscribe(prefix+".done.>", func(m *nats.Msg) {
-		d := m.Data
-		slot := binary.BigEndian.Uint32(d[0:4])
-		sent := time.Unix(0, int64(binary.BigEndian.Uint64(d[4:12])))
-		t.add(time.Since(sent), ok, nil)
-		bar.add(1)
-		if cfg.Rate == 0 {
-			done[slot] <- struct{}{}
-		}
-		if got.Add(1) == int64(cfg.N) {
-			close(all)
-		}
-	})
+	loop := newStampedLoop(cfg, bar)
+	results, err := nc.Subscribe(prefix+".done.>", func(m *nats.Msg) { loop.arrived(m.Data) })
 	if err != nil {
 		return nil, err
 	}
@@ -114,45 +92,17 @@ func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progr
 	defer consumeCtx.Stop()
 
 	var seq atomic.Uint64
-	publish := func(slot int) error {
-		b := make([]byte, max(payload, 20))
-		binary.BigEndian.PutUint32(b[0:4], uint32(slot))
-		binary.BigEndian.PutUint64(b[4:12], uint64(time.Now().UnixNano()))
+	res, err := loop.run(ctx, func(slot int) error {
+		b := loop.message(slot, max(payload, 20))
 		binary.BigEndian.PutUint64(b[12:20], seq.Add(1))
 		_, err := js.Publish(ctx, prefix+".req", b)
 		return err
+	})
+	if err != nil {
+		return nil, err
 	}
-	var pubErr atomic.Value
-	start := time.Now()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for slot := range min(slots, cfg.N) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for next.Add(1) <= int64(cfg.N) && ctx.Err() == nil {
-				if err := publish(slot); err != nil {
-					pubErr.Store(err)
-					return
-				}
-				select {
-				case <-done[slot]:
-				case <-ctx.Done():
-					return
-				}
-			}
-		}()
+	if err, _ := workErr.Load().(error); err != nil {
+		return nil, err
 	}
-	wg.Wait()
-	for _, v := range []*atomic.Value{&pubErr, &workErr} {
-		if err, _ := v.Load().(error); err != nil {
-			return nil, err
-		}
-	}
-	select {
-	case <-all:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return t.result(time.Since(start)), nil
+	return res, nil
 }
