@@ -14,13 +14,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Ack is JetStream's acknowledgement of a publish.
+type Ack struct {
+	Seq uint64 // the stream sequence of the message
+	// Duplicate: the stream had the message's Nats-Msg-Id already, within its
+	// duplicate window, and stored nothing.
+	Duplicate bool
+}
+
 // PublishAck publishes m to a stream and waits for JetStream's
 // acknowledgement, as jetstream's PublishMsg does with its defaults (no
-// responders is tried again twice, 250 ms apart), and returns the stream
-// sequence. Three are written per execution: the common answer ({"stream":
-// …, "seq": N}) is read without a JSON decoder. A refusal is a
-// *jetstream.APIError, as from PublishMsg.
-func PublishAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error) {
+// responders is tried again twice, 250 ms apart). Three are written per
+// execution: the common answer ({"stream": …, "seq": N}) is read without a
+// JSON decoder. A refusal is a *jetstream.APIError, as from PublishMsg.
+func PublishAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (Ack, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
@@ -36,24 +43,25 @@ func PublishAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (uint64, error)
 		resp, err = nc.RequestMsgWithContext(ctx, m)
 	}
 	if errors.Is(err, nats.ErrNoResponders) {
-		return 0, jetstream.ErrNoStreamResponse
+		return Ack{}, jetstream.ErrNoStreamResponse
 	}
 	if err != nil {
-		return 0, err
+		return Ack{}, err
 	}
 	return readPubAck(resp.Data)
 }
 
 var (
-	ackPrefix = []byte(`{"stream":`)
-	ackSeq    = []byte(`"seq":`)
-	ackError  = []byte(`"error"`)
+	ackPrefix    = []byte(`{"stream":`)
+	ackSeq       = []byte(`"seq":`)
+	ackError     = []byte(`"error"`)
+	ackDuplicate = []byte(`"duplicate"`)
 )
 
-// readPubAck returns the sequence of a publish acknowledgement, or the
-// error JetStream answered.
-func readPubAck(b []byte) (uint64, error) {
-	if bytes.HasPrefix(b, ackPrefix) && !bytes.Contains(b, ackError) {
+// readPubAck reads a publish acknowledgement, or the error JetStream
+// answered.
+func readPubAck(b []byte) (Ack, error) {
+	if bytes.HasPrefix(b, ackPrefix) && !bytes.Contains(b, ackError) && !bytes.Contains(b, ackDuplicate) {
 		if i := bytes.Index(b, ackSeq); i > 0 {
 			d := bytes.TrimLeft(b[i+len(ackSeq):], " ")
 			n := 0
@@ -61,25 +69,26 @@ func readPubAck(b []byte) (uint64, error) {
 				n++
 			}
 			if seq, err := strconv.ParseUint(string(d[:n]), 10, 64); err == nil {
-				return seq, nil
+				return Ack{Seq: seq}, nil
 			}
 		}
 	}
 	var r struct {
-		Error  *jetstream.APIError `json:"error"`
-		Stream string              `json:"stream"`
-		Seq    uint64              `json:"seq"`
+		Error     *jetstream.APIError `json:"error"`
+		Stream    string              `json:"stream"`
+		Seq       uint64              `json:"seq"`
+		Duplicate bool                `json:"duplicate"`
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
-		return 0, jetstream.ErrInvalidJSAck
+		return Ack{}, jetstream.ErrInvalidJSAck
 	}
 	if r.Error != nil {
-		return 0, fmt.Errorf("nats: %w", r.Error)
+		return Ack{}, fmt.Errorf("nats: %w", r.Error)
 	}
 	if r.Stream == "" {
-		return 0, jetstream.ErrInvalidJSAck
+		return Ack{}, jetstream.ErrInvalidJSAck
 	}
-	return r.Seq, nil
+	return Ack{Seq: r.Seq, Duplicate: r.Duplicate}, nil
 }
 
 // create writes b under key of kv only if the key holds no message: one
@@ -91,9 +100,9 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 	if ttl > 0 {
 		h[jetstream.MsgTTLHeader] = []string{ttl.String()}
 	}
-	rev, err := PublishAck(ctx, nc, &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b})
+	ack, err := PublishAck(ctx, nc, &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b})
 	if err == nil || !wrongLastSequence(err) {
-		return rev, err
+		return ack.Seq, err
 	}
 	return kv.Create(ctx, key, b, createOpts(ttl)...)
 }

@@ -55,20 +55,33 @@ func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
 }
 
 // PublishAck answers like jetstream's PublishMsg: the stream sequence, a
-// refusal as a *jetstream.APIError, and no stream as ErrNoStreamResponse.
+// duplicate message id, a refusal as a *jetstream.APIError, and no stream as
+// ErrNoStreamResponse.
 func TestPublishAck_SequenceRefusalAndNoStream(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	ctx := testCtx(t)
 	data, _ := envelope.Marshal(&counter{V: 1})
 	subj := "$KV." + b.Pools.Bucket() + ".publish-ack"
-	seq, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: subj, Data: data})
-	if err != nil || seq == 0 {
-		t.Fatalf("publish: seq %d, %v", seq, err)
+	first, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: subj, Data: data})
+	if err != nil || first.Seq == 0 || first.Duplicate {
+		t.Fatalf("publish: %+v, %v", first, err)
 	}
 	again, err := broker.PublishAck(ctx, b.NC, &nats.Msg{Subject: subj, Data: data})
-	if err != nil || again != seq+1 {
-		t.Fatalf("second publish: seq %d, %v; want %d", again, err, seq+1)
+	if err != nil || again.Seq != first.Seq+1 || again.Duplicate {
+		t.Fatalf("second publish: %+v, %v; want sequence %d", again, err, first.Seq+1)
+	}
+	// A message id the stream has seen is a duplicate: nothing stored, the
+	// first one's sequence answered.
+	withID := func() *nats.Msg {
+		return &nats.Msg{Subject: subj, Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{"once"}}}
+	}
+	stored, err := broker.PublishAck(ctx, b.NC, withID())
+	if err != nil || stored.Duplicate {
+		t.Fatalf("publish with an id: %+v, %v", stored, err)
+	}
+	if dup, err := broker.PublishAck(ctx, b.NC, withID()); err != nil || !dup.Duplicate || dup.Seq != stored.Seq {
+		t.Fatalf("the same id again: %+v, %v; want a duplicate of sequence %d", dup, err, stored.Seq)
 	}
 	stale := &nats.Msg{Subject: subj, Data: data, Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"1"}}}
 	var api *jetstream.APIError

@@ -442,7 +442,8 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 
 // publish stores m, publishing again through a failover.
 func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
-	return await.Publish(ctx, c.b.NC, m, c.cfg.Logger)
+	_, err := await.Publish(ctx, c.b.NC, m, c.cfg.Logger)
+	return err
 }
 
 // Call submits and awaits. err reports transport trouble only; governed
@@ -492,6 +493,10 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		m, err := c.message(r)
 		if err != nil {
 			errs[i] = err
+			continue
+		}
+		if len(reqs) == 1 {
+			calls[i] = c.w.SendSync(ctx, r.ExecutionID, m, ownID(rq.Options))
 			continue
 		}
 		calls[i] = c.w.Send(r.ExecutionID, m, ownID(rq.Options))

@@ -32,18 +32,18 @@ const (
 // message id until JetStream acknowledges or refuses it, or ctx ends: within
 // the dedup window a repeat of a request that was stored after all is
 // dropped, so a lost acknowledgement never submits twice.
-func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg, log *slog.Logger) error {
+func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg, log *slog.Logger) (broker.Ack, error) {
 	for try := 0; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, PublishTry)
-		_, err := broker.PublishAck(tctx, nc, m)
+		ack, err := broker.PublishAck(tctx, nc, m)
 		cancel()
 		if err == nil || ctx.Err() != nil || !transient(err) {
-			return err
+			return ack, err
 		}
 		log.Debug("request not stored yet; publishing again", "subject", m.Subject, "try", try+1, "err", err)
 		select {
 		case <-ctx.Done():
-			return err
+			return ack, err
 		case <-time.After(broker.Backoff(try)):
 		}
 	}

@@ -21,6 +21,8 @@ type Call struct {
 	// so no envelope existed before the waiter.
 	fresh bool
 	err   error
+	// settled: published and acknowledged already (SendSync).
+	settled bool
 }
 
 // Send registers a waiter of the execution id and publishes its request m
@@ -35,6 +37,22 @@ func (c *Waiters) Send(id string, m *nats.Msg, fresh bool) *Call {
 	return call
 }
 
+// SendSync registers a waiter of the execution id, publishes its request m
+// and waits for the acknowledgement (through a failover, as Publish does):
+// one call on its own needs no acknowledgement in flight while it sends
+// others. Settle skips the call.
+func (c *Waiters) SendSync(ctx context.Context, id string, m *nats.Msg, fresh bool) *Call {
+	call := &Call{id: id, m: m, ch: c.Add(id), settled: true}
+	ack, err := Publish(ctx, c.b.NC, m, c.log)
+	if err != nil {
+		c.Remove(id, call.ch)
+		call.err = fmt.Errorf("capstan: submit %s: %w", id, err)
+		return call
+	}
+	call.fresh = fresh && !ack.Duplicate
+	return call
+}
+
 // Settle waits for the acknowledgement of every call sent (nil calls are
 // skipped). A publish that failed, or stayed unanswered for AsyncAckWait, is
 // published again under its id (Publish); a call whose request could not be
@@ -44,7 +62,7 @@ func (c *Waiters) Settle(ctx context.Context, calls []*Call) {
 	ackWait := time.AfterFunc(AsyncAckWait, func() { close(ackWaitOver) })
 	defer ackWait.Stop()
 	for _, p := range calls {
-		if p == nil {
+		if p == nil || p.settled {
 			continue
 		}
 		var err error
@@ -67,7 +85,7 @@ func (c *Waiters) Settle(ctx context.Context, calls []*Call) {
 		// Whether the first one was stored is unknown: the await reads first.
 		p.fresh = false
 		if ctx.Err() == nil {
-			err = Publish(ctx, c.b.NC, p.m, c.log)
+			_, err = Publish(ctx, c.b.NC, p.m, c.log)
 		}
 		if err != nil {
 			c.Remove(p.id, p.ch)
