@@ -10,28 +10,12 @@ set -euo pipefail
 N=${N:-20000}
 BENCH_FLAGS=${BENCH_FLAGS:-}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 work=$(mktemp -d)
 pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
+trap stop_processes EXIT
 
 (cd "$here/.." && go build -o "$work/capstan" ./cmd/capstan)
-
-# free_port prints a loopback TCP port nothing listens on.
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 20000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-}
 
 client=() cluster=()
 for i in 1 2 3; do

@@ -14,14 +14,10 @@ N=${N:-100000}
 SMALL=${SMALL:-1000}
 AWAIT=${AWAIT:-10000}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 work=$(mktemp -d)
 pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+trap stop_processes EXIT INT TERM
 
 (cd "$here/.." && go build -o "$work/capstan" ./cmd/capstan)
 capstan="$work/capstan"

@@ -22,6 +22,7 @@ ROUNDS=${ROUNDS:-2}
 C=${C:-64}
 PAYLOAD=${PAYLOAD:-64}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -36,18 +37,6 @@ if [ ${#missing[@]} -gt 0 ]; then
 	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 PG=$(pg_bin)
-
-# free_port prints a loopback TCP port nothing listens on.
-free_port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 20000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return
-		fi
-	done
-}
 
 work=$(mktemp -d)
 chmod 755 "$work"

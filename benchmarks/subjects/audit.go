@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -19,25 +17,11 @@ import (
 // server's live heap per execution, with the time audit.Read takes for one
 // trail.
 func measureAudit(layout string, n, rate int) error {
-	dir, err := os.MkdirTemp("", "capstan-subjects-")
+	nc, stop, err := startServer()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	s.Start()
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	if !s.ReadyForConnections(10 * time.Second) {
-		return fmt.Errorf("server not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	b, err := broker.Provision(ctx, nc, broker.Config{})

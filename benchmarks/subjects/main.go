@@ -82,25 +82,11 @@ func liveHeap() uint64 {
 }
 
 func measure(layout string, n int) error {
-	dir, err := os.MkdirTemp("", "capstan-subjects-")
+	nc, stop, err := startServer()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	s.Start()
-	defer func() { s.Shutdown(); s.WaitForShutdown() }()
-	if !s.ReadyForConnections(10 * time.Second) {
-		return fmt.Errorf("server not ready")
-	}
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
+	defer stop()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -155,4 +141,30 @@ func measure(layout string, n int) error {
 	}
 	fmt.Printf(", %6.0f once caches expired (%d messages, %d subjects left)\n", (float64(liveHeap())-float64(before))/float64(n), info.State.Msgs, info.State.NumSubjects)
 	return nil
+}
+
+// startServer starts a JetStream server on loopback in a temporary
+// directory and connects to it; stop closes the connection, stops the
+// server and removes the directory.
+func startServer() (nc *nats.Conn, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "capstan-subjects-")
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	s.Start()
+	shutdown := func() { s.Shutdown(); s.WaitForShutdown(); os.RemoveAll(dir) }
+	if !s.ReadyForConnections(10 * time.Second) {
+		shutdown()
+		return nil, nil, fmt.Errorf("server not ready")
+	}
+	if nc, err = nats.Connect(s.ClientURL()); err != nil {
+		shutdown()
+		return nil, nil, err
+	}
+	return nc, func() { nc.Close(); shutdown() }, nil
 }
