@@ -48,6 +48,7 @@ func runBench(args []string) int {
 	fs.BoolVar(&asJSON, "json", false, "print the result as one JSON object")
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the capstan phase to `file`")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write an allocation profile at the end of the capstan phase to `file`")
+	fs.StringVar(&cfg.Trace, "trace", "", "write an execution trace of the capstan phase to `file` (go tool trace)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code

@@ -52,6 +52,8 @@ type Config struct {
 	Floor      bool
 	CPUProfile string
 	MemProfile string
+	// Trace is where an execution trace of the capstan phase is written.
+	Trace string
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
 	Progress io.Writer
@@ -210,7 +212,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 
 	consumers := watchConsumers(ctx, r.adminJS)
 	res.ConsumersBefore = consumers.before
-	stopProfile, err := startProfile(cfg.CPUProfile)
+	stopProfile, err := startProfile(cfg.CPUProfile, cfg.Trace)
 	if err != nil {
 		return nil, err
 	}

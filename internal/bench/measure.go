@@ -3,9 +3,11 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -59,19 +61,34 @@ func (w *consumerWatch) stop() int {
 	return int(w.max.Load())
 }
 
-func startProfile(path string) (func(), error) {
+// startProfile starts a CPU profile into cpuPath and an execution trace into
+// tracePath, each when its path is set, and returns what stops both.
+func startProfile(cpuPath, tracePath string) (func(), error) {
+	stopCPU, err := startOne(cpuPath, "CPU profile", pprof.StartCPUProfile, pprof.StopCPUProfile)
+	if err != nil {
+		return nil, err
+	}
+	stopTrace, err := startOne(tracePath, "execution trace", trace.Start, trace.Stop)
+	if err != nil {
+		stopCPU()
+		return nil, err
+	}
+	return func() { stopTrace(); stopCPU() }, nil
+}
+
+func startOne(path, what string, start func(io.Writer) error, stop func()) (func(), error) {
 	if path == "" {
 		return func() {}, nil
 	}
 	out, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("CPU profile: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if err := pprof.StartCPUProfile(out); err != nil {
+	if err := start(out); err != nil {
 		_ = out.Close()
-		return nil, fmt.Errorf("CPU profile: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return func() { pprof.StopCPUProfile(); _ = out.Close() }, nil
+	return func() { stop(); _ = out.Close() }, nil
 }
 
 func writeHeapProfile(path string) error {
