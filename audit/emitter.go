@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -110,13 +111,13 @@ func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 
 // message encodes evs, all of one execution, as one message on the
 // execution's shard: a single event as itself, several as an array of events
-// (see Decode).
-func (e *Emitter) message(evs []*Event) (*nats.Msg, error) {
+// (see Decode). The message's data is enc's: release enc once it is written.
+func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err error) {
 	id := evs[0].ExecutionID
 	now := time.Time{}
 	for _, ev := range evs {
 		if ev.ExecutionID != id {
-			return nil, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, id, ev.ExecutionID)
+			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, id, ev.ExecutionID)
 		}
 		ev.V = envelope.Version
 		if ev.Timestamp.IsZero() {
@@ -126,23 +127,19 @@ func (e *Emitter) message(evs []*Event) (*nats.Msg, error) {
 			ev.Timestamp = now
 		}
 	}
-	var (
-		b   []byte
-		err error
-	)
 	if len(evs) == 1 {
-		b, err = envelope.Marshal(evs[0])
+		enc, err = envelope.Encode(evs[0])
 	} else {
-		b, err = envelope.Marshal(evs)
+		enc, err = envelope.Encode(evs)
 	}
 	if err != nil {
-		return nil, err
+		return nil, enc, err
 	}
 	return &nats.Msg{
 		Subject: e.names.AuditSubject(id),
 		Header:  nats.Header{broker.AuditExecutionHeader: []string{id}},
-		Data:    b,
-	}, nil
+		Data:    enc.Bytes(),
+	}, enc, nil
 }
 
 // Emit publishes ev without waiting for JetStream's acknowledgement. A failure
@@ -156,18 +153,21 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return
 	}
-	m, err := e.message(evs)
+	m, enc, err := e.message(evs)
 	if err == nil {
 		switch {
 		case e.opts.Unacknowledged:
 			err = e.nc.PublishMsg(m)
 		case e.batch != nil:
-			if err = e.batch.publish(m, len(evs), evs[0].ExecutionID); errors.Is(err, errBatchOff) {
-				_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
-			}
+			err = e.batch.publish(m, len(evs), evs[0].ExecutionID)
 		default:
+			err = errBatchOff
+		}
+		if errors.Is(err, errBatchOff) {
+			m.Data = bytes.Clone(m.Data) // kept until its acknowledgement
 			_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
 		}
+		enc.Release()
 	}
 	if err != nil {
 		e.fail(len(evs))
@@ -189,11 +189,12 @@ func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
 	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return nil
 	}
-	m, err := e.message(evs)
+	m, enc, err := e.message(evs)
 	if err != nil {
 		e.fail(len(evs))
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	defer enc.Release()
 	ctx, cancel := context.WithTimeout(ctx, e.opts.AckTimeout)
 	defer cancel()
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {

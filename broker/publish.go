@@ -111,10 +111,11 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 // in one publish when the key is new: the writes of every execution (its
 // claim, its envelope) take this way.
 func (b *Broker) Create(ctx context.Context, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
-	data, err := envelope.Marshal(v)
+	enc, err := envelope.Encode(v)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := create(ctx, b.NC, kv, key, data, ttl)
+	defer enc.Release() // a publish has copied the bytes when it returns
+	rev, err := create(ctx, b.NC, kv, key, enc.Bytes(), ttl)
 	return rev, createErr(err)
 }

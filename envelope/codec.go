@@ -64,6 +64,29 @@ func Marshal(v any) ([]byte, error) {
 	return marshal(&encoders, v)
 }
 
+// Encoded is a record encoded as Marshal does, left in a pooled buffer: for a
+// write that copies the bytes before it returns, as a NATS publish does.
+// Bytes is valid until Release, which hands the buffer back.
+type Encoded struct{ e *encoder }
+
+// Encode is Marshal into a pooled buffer. Call Release when the bytes have
+// been written.
+func Encode(v any) (Encoded, error) {
+	e := encoders.Get().(*encoder)
+	e.buf.Reset()
+	if err := e.enc.Encode(v); err != nil {
+		encoders.Put(e)
+		return Encoded{}, err
+	}
+	return Encoded{e}, nil
+}
+
+// Bytes returns the encoding; it is overwritten after Release.
+func (x Encoded) Bytes() []byte { return x.e.buf.Bytes() }
+
+// Release hands the buffer back to the pool.
+func (x Encoded) Release() { encoders.Put(x.e) }
+
 func marshal(pool *sync.Pool, v any) ([]byte, error) {
 	e := pool.Get().(*encoder)
 	defer pool.Put(e)
