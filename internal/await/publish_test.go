@@ -155,3 +155,34 @@ func TestPublish_RepeatWhileFirstCopyInProcessIsNotAFailure(t *testing.T) {
 		t.Fatalf("exec stream after Publish: %+v, %v; want one message", info, err)
 	}
 }
+
+// A call still waiting when its client closes can no longer be answered: the
+// subscription is gone and nothing re-reads its envelope. Its wait must end
+// then, not when (if ever) the caller's context does.
+func TestAwaitFresh_EndsWhenTheWaitersClose(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	b, err := broker.Provision(testCtx(t, time.Minute), nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := await.New(b, broker.Anonymous, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	ch := w.Add(id)
+	// The safety net: a wait that does not end with Close ends here.
+	ctx := testCtx(t, 15*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.AwaitFresh(ctx, id, ch, w.Reconnects())
+		done <- err
+	}()
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil || ctx.Err() != nil {
+		t.Fatalf("AwaitFresh after Close returned %v when its context ended (%v): a closed client's waits hang until their caller's context ends", err, ctx.Err())
+	}
+}
