@@ -141,7 +141,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	if err := checkReplicas(cfg.Replicas, true); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(AsyncAckTimeout))
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +473,7 @@ func unlimited(v int64) int64 {
 // worker has provisioned) or the credentials do not allow reading it.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(AsyncAckTimeout))
 	if err != nil {
 		return nil, err
 	}

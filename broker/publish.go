@@ -14,6 +14,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// AsyncAckTimeout is how long an asynchronous publish on a Broker's JetStream
+// context waits for its acknowledgement. One the stream never sends (its
+// leader was lost, the reply with it) then fails with
+// jetstream.ErrAsyncPublishTimeout and leaves the pending publishes, which
+// would otherwise fill up and stall every later one.
+const AsyncAckTimeout = 10 * time.Second
+
 // Ack is JetStream's acknowledgement of a publish.
 type Ack struct {
 	Seq uint64 // the stream sequence of the message

@@ -92,3 +92,38 @@ func TestPublishAck_SequenceRefusalAndNoStream(t *testing.T) {
 		t.Fatalf("no stream: %v, want ErrNoStreamResponse", err)
 	}
 }
+
+// An asynchronous publish whose acknowledgement never comes (here a listener
+// that never answers; in a cluster, a reply lost with a stream's leader)
+// fails after AsyncAckTimeout and leaves the pending publishes: thousands of
+// them would otherwise stall every later asynchronous publish.
+func TestBrokerJetStream_UnansweredAsyncPublishIsReleased(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	listener := env.Connect(t)
+	sub, err := listener.SubscribeSync("capstan-test.silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := listener.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.JS.PublishMsgAsync(&nats.Msg{Subject: "capstan-test.silent", Data: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-f.Err():
+		if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Fatalf("unanswered publish ended with %v, want jetstream.ErrAsyncPublishTimeout", err)
+		}
+	case ack := <-f.Ok():
+		t.Fatalf("unanswered publish acknowledged: %+v", ack)
+	case <-testCtx(t).Done():
+		t.Fatal("an unanswered asynchronous publish stayed pending")
+	}
+	if n := b.JS.PublishAsyncPending(); n != 0 {
+		t.Fatalf("%d publishes still pending after the timeout", n)
+	}
+}

@@ -196,6 +196,10 @@ func (c *Client) Close() error {
 	return c.w.Close()
 }
 
+// ErrClosed ends a call or an await still waiting when the client was closed:
+// the execution may still run, and another client can await its id.
+var ErrClosed = await.ErrClosed
+
 // Broker exposes the resources the client opened (for tools and tests).
 func (c *Client) Broker() *broker.Broker { return c.b }
 

@@ -2,6 +2,7 @@ package await
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -53,7 +54,12 @@ func New(b *broker.Broker, principal string, log *slog.Logger) (*Waiters, error)
 	return c, nil
 }
 
-// Close stops watching and releases the subscription.
+// ErrClosed ends a wait the Waiters' Close cut short: the request may still
+// run, and its envelope can be awaited by id on another client.
+var ErrClosed = errors.New("capstan: client closed while awaiting the envelope; the execution may still run")
+
+// Close stops watching and releases the subscription; waits still pending
+// end with ErrClosed.
 func (c *Waiters) Close() error {
 	c.stop()
 	<-c.watchDone
@@ -170,6 +176,9 @@ func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.E
 		case <-ctx.Done():
 			c.Remove(id, ch)
 			return nil, ctx.Err()
+		case <-c.ctx.Done(): // closed: nothing will deliver it
+			c.Remove(id, ch)
+			return nil, ErrClosed
 		case <-t.C:
 			if now := c.Reconnects(); now != reconnects {
 				reconnects = now

@@ -22,7 +22,7 @@ const (
 	PublishTry = 5 * time.Second
 	// AsyncAckWait is how long an asynchronous publish waits for its
 	// acknowledgement before it is published again.
-	AsyncAckWait = 10 * time.Second
+	AsyncAckWait = broker.AsyncAckTimeout
 	// sweepAfter: waiters older than this are re-read now and then even
 	// when nothing suggests that a notification was missed.
 	sweepAfter = 30 * time.Second
@@ -50,18 +50,27 @@ func Publish(ctx context.Context, nc *nats.Conn, m *nats.Msg, log *slog.Logger) 
 }
 
 // transient reports whether a publish error may pass by itself: no stream
-// answered (yet), or the answer was lost. An error JetStream itself returned
-// for the request is final, except "temporarily unavailable" (503).
+// answered (yet), or the answer was lost. A message the connection refused to
+// send is final, and so is an error JetStream itself returned for the
+// request, except "temporarily unavailable" (503) and "duplicate message id
+// is in process": a replicated stream is still storing an earlier copy under
+// this id, and publishing again ends with that copy's acknowledgement.
 func transient(err error) bool {
-	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubject) {
+	switch {
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrBadSubject),
+		errors.Is(err, nats.ErrMaxPayload), errors.Is(err, nats.ErrInvalidMsg),
+		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrInvalidContext):
 		return false
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
-		return apiErr.Code == 503
+		return apiErr.Code == 503 || apiErr.ErrorCode == errDuplicateInProcess
 	}
 	return true
 }
+
+// errDuplicateInProcess is JetStream's "duplicate message id is in process".
+const errDuplicateInProcess = 10158
 
 // Envelope notifications are core NATS messages, so a client can miss one:
 // while it reconnects, or when a stream leader is lost between storing an
