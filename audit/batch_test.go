@@ -149,3 +149,34 @@ func waitConnected(t *testing.T, b *broker.Broker) {
 		}
 	}
 }
+
+// On a replicated stream a batch can be committed before its last message is
+// stored (Flush commits right after the last Emit). The stream then sends the
+// commit's acknowledgement when that message is stored, on that message's
+// reply subject, not the commit's. The events are stored: none may be counted
+// failed, and Flush returns on that acknowledgement.
+func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t *testing.T) {
+	c := testenv.StartCluster(t, 3)
+	b := provision(t, c.Connect(t), broker.Config{Replicas: 3})
+	if got := b.Audit.CachedInfo().Config.Replicas; got != 3 {
+		t.Fatalf("audit stream has %d replicas, want 3", got)
+	}
+	log := &recorder{}
+	e := newEmitter(t, b, audit.Options{Logger: slog.New(log), AckTimeout: 2 * time.Second})
+	const rounds, each = 5, 3
+	var ids []string
+	for r := range rounds {
+		id := fmt.Sprintf("exec-%d", r)
+		ids = append(ids, id)
+		for range each {
+			e.Emit(event(audit.Started, id))
+		}
+		flush(t, e) // commits the batch right after its last message
+	}
+	if got := storedEvents(t, b, ids); got != rounds*each {
+		t.Fatalf("%d events stored, want %d", got, rounds*each)
+	}
+	if e.Failed() != 0 || log.warnings() != 0 {
+		t.Fatalf("%d stored events counted failed (%d warnings), want 0", e.Failed(), log.warnings())
+	}
+}
