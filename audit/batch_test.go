@@ -180,3 +180,27 @@ func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t 
 		t.Fatalf("%d stored events counted failed (%d warnings), want 0", e.Failed(), log.warnings())
 	}
 }
+
+// An emitter is taken per use where events are strict (an approvals store per
+// decision): one that never emits asynchronously must leave nothing behind on
+// the connection, or a long-running process taking one per request grows a
+// subscription (and its goroutine) per request until the connection closes.
+func TestNewEmitter_EmittersTakenPerUseLeaveNoSubscriptionBehind(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	if !b.Audit.CachedInfo().Config.AllowBatchPublish {
+		t.Fatal("the audit stream does not take batches")
+	}
+	before := b.NC.NumSubscriptions()
+	const uses = 20
+	for i := range uses {
+		e := audit.NewEmitter(b, audit.Options{})
+		if err := e.EmitSync(testCtx(t), event(audit.Approved, fmt.Sprintf("exec-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+		flush(t, e)
+	}
+	if grown := b.NC.NumSubscriptions() - before; grown > 1 {
+		t.Fatalf("%d emitters taken and done with left %d subscriptions on the connection, want at most 1", uses, grown)
+	}
+}
