@@ -67,6 +67,9 @@ const (
 	errBatchDisabled = 10205
 	errBatchUnknown  = 10208
 	errBatchTooMany  = 10211
+	// errNoStream marks a reply with status 503: no stream took the message
+	// (it has no leader just now); the batch went with the leader.
+	errNoStream = 503
 	// renewAfter: a batch idle this long is left for a new one, well before
 	// the stream forgets it (10 s idle by default).
 	renewAfter = 5 * time.Second
@@ -218,6 +221,7 @@ func (b *batcher) flush() <-chan struct{} {
 // commit's publish acknowledgement.
 type batchReply struct {
 	Type    string      `json:"type"`
+	Batch   string      `json:"batch"`
 	Seq     uint64      `json:"seq"`
 	LastSeq uint64      `json:"last_seq"`
 	Count   uint64      `json:"count"`
@@ -240,7 +244,9 @@ func (b *batcher) reply(m *nats.Msg) {
 	id, op := tok[0], tok[4]
 	seq, _ := strconv.ParseUint(tok[3], 10, 64)
 	var r batchReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	if m.Header.Get("Status") == "503" {
+		r.Error = &batchError{Code: errNoStream, Description: "no stream answered"}
+	} else if err := json.Unmarshal(m.Data, &r); err != nil {
 		b.e.opts.Logger.Warn("audit batch reply does not decode", "err", err)
 		return
 	}
@@ -267,7 +273,10 @@ func (b *batcher) reply(m *nats.Msg) {
 		b.drop(c)
 	case r.Error != nil:
 		b.refusedLocked(c, seq, r.Error)
-	case op == opCommitEOB:
+	case op == opCommitEOB || r.Type == "" && r.Batch == id:
+		// The commit's acknowledgement. A replicated stream may take the
+		// commit before it has stored the batch's last message; it then
+		// acknowledges the commit once it has, on that message's subject.
 		b.confirmLocked(c, r.Count)
 		b.lostLocked(c, c.msgs, "not in the committed batch")
 		b.drop(c)
@@ -308,9 +317,10 @@ func (b *batcher) refusedLocked(c *openBatch, seq uint64, e *batchError) {
 		case errBatchDisabled:
 			b.disabled = true
 			fallthrough
-		case errBatchUnknown, errBatchTooMany:
+		case errBatchUnknown, errBatchTooMany, errNoStream:
 			// The stream does not know the batch (it was cleaned up, or its
-			// leader changed) or took no more: later events start another.
+			// leader changed), took no more, or has no leader to take it:
+			// later events start another.
 			// What this one did not confirm is counted at its deadline.
 			b.retireLocked(c)
 		}

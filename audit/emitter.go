@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,7 +58,12 @@ type Emitter struct {
 	opts   Options
 	failed atomic.Uint64
 	sent   atomic.Uint64
-	batch  *batcher // nil: asynchronous events are acknowledged one by one
+	// The batcher of asynchronous events, made at the first one (batcher):
+	// an emitter used for strict events only subscribes to nothing. None:
+	// asynchronous events are acknowledged one by one.
+	batchable bool
+	batchOnce sync.Once
+	batch     atomic.Pointer[batcher]
 }
 
 // ErrMixedExecutions is returned (or, for EmitAll, counted and logged) when
@@ -86,12 +92,25 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 		panic(err)
 	}
 	e.js = js
-	if !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish {
-		if e.batch, err = newBatcher(e); err != nil {
-			e.opts.Logger.Warn("audit events acknowledged one by one", "err", err)
-		}
-	}
+	e.batchable = !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish
 	return e
+}
+
+// batcher returns the batcher of asynchronous events, made on first use; nil
+// when the stream does not take batches.
+func (e *Emitter) batcher() *batcher {
+	e.batchOnce.Do(func() {
+		if !e.batchable {
+			return
+		}
+		b, err := newBatcher(e)
+		if err != nil {
+			e.opts.Logger.Warn("audit events acknowledged one by one", "err", err)
+			return
+		}
+		e.batch.Store(b)
+	})
+	return e.batch.Load()
 }
 
 func (e *Emitter) fail(events int) {
@@ -155,11 +174,11 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 	}
 	m, enc, err := e.message(evs)
 	if err == nil {
-		switch {
+		switch batch := e.batcher(); {
 		case e.opts.Unacknowledged:
 			err = e.nc.PublishMsg(m)
-		case e.batch != nil:
-			err = e.batch.publish(m, len(evs), evs[0].ExecutionID)
+		case batch != nil:
+			err = batch.publish(m, len(evs), evs[0].ExecutionID)
 		default:
 			err = errBatchOff
 		}
@@ -223,9 +242,9 @@ func (e *Emitter) Flush(ctx context.Context) error {
 			return err
 		}
 	}
-	if e.batch != nil {
+	if batch := e.batch.Load(); batch != nil {
 		select {
-		case <-e.batch.flush():
+		case <-batch.flush():
 		case <-ctx.Done():
 			return ctx.Err()
 		}
