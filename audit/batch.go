@@ -44,6 +44,10 @@ type openBatch struct {
 	msgs     []batchMsg
 	last     time.Time // when a message was last published
 	deadline time.Time // committed: when its unconfirmed messages count as lost
+	// The connection when it began: connected or not, after how many
+	// reconnects.
+	online     bool
+	reconnects uint64
 }
 
 type batchMsg struct {
@@ -106,14 +110,19 @@ func (b *batcher) publish(m *nats.Msg, events int, id string) error {
 		return errBatchOff
 	}
 	now := time.Now()
-	if b.cur != nil && now.Sub(b.cur.last) > renewAfter {
-		if len(b.cur.msgs) > 0 {
+	online, reconnects := b.e.nc.IsConnected(), b.e.nc.Stats().Reconnects
+	if c := b.cur; c != nil && (now.Sub(c.last) > renewAfter || c.reconnects != reconnects || c.online && !online) {
+		// Idle long enough for the stream to forget it soon, or begun before
+		// the connection was lost, when a server that restarted no longer
+		// knows it: events sent while reconnecting wait in the connection's
+		// buffer and must reach the server as a batch of their own.
+		if len(c.msgs) > 0 {
 			b.commitLocked(now)
 		}
 		b.cur = nil
 	}
 	if b.cur == nil {
-		b.cur = &openBatch{id: nats.NewInbox()[len(nats.InboxPrefix):]}
+		b.cur = &openBatch{id: nats.NewInbox()[len(nats.InboxPrefix):], online: online, reconnects: reconnects}
 	}
 	c := b.cur
 	c.last = now

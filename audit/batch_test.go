@@ -119,20 +119,52 @@ func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
 	}
 	env.Restart(t)
 	waitConnected(t, b)
-	e.Emit(event(audit.Started, "exec-refused")) // the batch is unknown now
+	e.Emit(event(audit.Started, "exec-reconnected")) // a batch of its own: the old one is unknown now
 	flush(t, e)
 	for range 5 {
 		e.Emit(event(audit.Completed, "exec-after"))
 	}
 	flush(t, e)
-	before, after := storedEvents(t, b, []string{"exec-before"}), storedEvents(t, b, []string{"exec-after"})
-	if after != 5 {
-		t.Fatalf("%d events of the new batch stored, want 5", after)
-	}
-	if e.Failed() == 0 {
-		t.Fatal("the event sent into the forgotten batch was not counted")
+	before, after := storedEvents(t, b, []string{"exec-before"}), storedEvents(t, b, []string{"exec-reconnected", "exec-after"})
+	if after != 6 {
+		t.Fatalf("%d events emitted after the restart stored, want 6", after)
 	}
 	if stored := uint64(before + after); stored+e.Failed() < e.Sent() {
+		t.Fatalf("sent %d, stored %d, failed %d: events unaccounted", e.Sent(), stored, e.Failed())
+	}
+}
+
+// Events emitted while the server is down wait in the connection's reconnect
+// buffer and reach the restarted server after it: they must make a batch of
+// their own, which it takes, not join the batch open before the outage, which
+// it no longer knows.
+func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing.T) {
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	e := newEmitter(t, b, audit.Options{})
+	for range 5 {
+		e.Emit(event(audit.Started, "exec-before")) // a batch left open by the outage
+	}
+	env.Stop()
+	ctx := testCtx(t)
+	for b.NC.IsConnected() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the connection did not notice the server's loss")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	for range 5 {
+		e.Emit(event(audit.Completed, "exec-offline"))
+	}
+	env.Restart(t)
+	waitConnected(t, b)
+	flush(t, e)
+	if got := storedEvents(t, b, []string{"exec-offline"}); got != 5 {
+		t.Fatalf("%d of the 5 events emitted during the outage stored", got)
+	}
+	before := storedEvents(t, b, []string{"exec-before"})
+	if stored := uint64(before + 5); stored+e.Failed() < e.Sent() {
 		t.Fatalf("sent %d, stored %d, failed %d: events unaccounted", e.Sent(), stored, e.Failed())
 	}
 }
