@@ -11,8 +11,11 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/nats-io/nats.go"
 )
 
 // A web page of another site whose name its DNS turns to the console's
@@ -165,5 +168,27 @@ func TestApprovals_InputShownWithoutBidiControls(t *testing.T) {
 				t.Errorf("%s shows the input with the bidirectional control %U unescaped", path, ctl)
 			}
 		}
+	}
+}
+
+// An approver reads no executions: a cancel it posts (with its own form
+// token) is refused with a page, not a crash of the request.
+func TestCancel_ByAnApproverIsRefusedNotACrash(t *testing.T) {
+	env, setup := secured(t)
+	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
+	r := startRig(t, env.URL, console.Config{},
+		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.WorkerPrincipal)))
+	bob := newWeb(t, r.base)
+	if _, path, body := bob.post("/signin", url.Values{"creds": {credsOf(t, setup, "bob")}, "next": {"/approvals"}}); path != "/approvals" {
+		t.Fatalf("bob's sign-in ended at %s:\n%s", path, body)
+	}
+	form := url.Values{"csrf": {bob.csrf}}
+	resp, err := bob.c.PostForm(r.base+"/executions/"+envelope.NewExecutionID()+"/cancel", form)
+	if err != nil {
+		t.Fatalf("an approver's cancel: %v", err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatalf("an approver's cancel: %v", err)
 	}
 }
