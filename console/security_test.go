@@ -192,3 +192,32 @@ func TestCancel_ByAnApproverIsRefusedNotACrash(t *testing.T) {
 		t.Fatalf("an approver's cancel: %v", err)
 	}
 }
+
+// A live stream belongs to its session: once the session signs out, the
+// stream ends instead of telling a signed-out browser of every change (and
+// holding its connection for as long as the tab stays open).
+func TestLive_StreamEndsWhenItsSessionSignsOut(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	w := signInOpen(t, r.base, "user:bob", "")
+	w.get("/approvals")
+	lines, closeFn := openStream(t, w, "/live/approvals")
+	defer closeFn()
+	waitFor(t, lines, "event: changed") // the look the stream takes when it opens
+	if status, path, _ := w.post("/signout", url.Values{}); status != http.StatusOK || path != "/signin" {
+		t.Fatalf("sign-out: %d at %s", status, path)
+	}
+	r.call(t, "orders.refund", refund(900), alice)
+	for ctx := testCtx(t); ; {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return // ended
+			}
+			if strings.Contains(l, "event: changed") {
+				t.Fatalf("the live stream of a signed-out session still reports changes")
+			}
+		case <-ctx.Done():
+			t.Fatalf("the live stream of a signed-out session never ended")
+		}
+	}
+}
