@@ -152,11 +152,12 @@ func TestSignIn_RefusedFromAPageOfAnotherSite(t *testing.T) {
 
 // The input is shown as it is bound: a string the model wrote may not
 // reorder what the approver reads. A right-to-left override (U+202E) in a
-// value displays the rest of its line reversed, so "o-1001" reads as
-// "1001-o" and a JSON line can be made to look like another field.
+// value displays what follows it reversed, up to a pop (U+202C) or the end
+// of the line: the order id "o-<RLO>1234-5678<PDF>" reads as "o-8765-4321",
+// and a JSON line can be made to look like another field.
 func TestApprovals_InputShownWithoutBidiControls(t *testing.T) {
 	r := startRig(t, "", console.Config{Open: true})
-	env := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-\u202e1001\u202c", Amount: 900}, alice)
+	env := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-\u202e1234-5678\u202c", Amount: 900}, alice)
 	w := signInOpen(t, r.base, "user:bob", "")
 	for _, path := range []string{"/approvals", "/approvals/" + env.Approval.ID, "/approvals?part=list"} {
 		_, _, body := w.get(path)
