@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +39,15 @@ type Config struct {
 	// execution's owner may always cancel it. In open mode the sign-in form
 	// may also claim it.
 	Admins []string
+	// AllowedHosts are the names, beyond loopback's, by which browsers reach
+	// the console: the host (without port) of the address they open, e.g.
+	// "console.example.com", or "*.example.com" for any one label in front.
+	// A request whose Host header names anything else is refused with 421
+	// Misdirected Request, so that a site whose DNS name is made to point at
+	// the console (DNS rebinding) cannot read or act through it. Always
+	// allowed: the IP address the request came in on and, when that is
+	// loopback, "localhost" and any loopback address.
+	AllowedHosts []string
 	// SessionTTL is how long a session lasts without a request. Default 12 h.
 	SessionTTL time.Duration
 	// Logger receives the console's logs. Default: discarded.
@@ -51,6 +61,7 @@ type Console struct {
 	log      *slog.Logger
 	pages    map[string]*template.Template
 	mux      *http.ServeMux
+	handler  http.Handler // mux behind the cross-origin check
 	sessions *sessions
 }
 
@@ -74,6 +85,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c.pages = pages
 	c.routes()
+	c.handler = c.mux
 	return c, nil
 }
 
@@ -103,7 +115,57 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; form-action 'self'; frame-ancestors 'none'")
-	c.mux.ServeHTTP(w, r)
+	if !c.allowedHost(r) {
+		http.Error(w, "this console is not served under the name "+strconv.Quote(r.Host), http.StatusMisdirectedRequest)
+		return
+	}
+	c.handler.ServeHTTP(w, r)
+}
+
+// allowedHost reports whether r names the console by one of its names: a
+// name in AllowedHosts, the address the request came in on, or on loopback
+// localhost and loopback addresses. Any other name may be one an attacker's
+// DNS turned into the console's address, under which the attacker's pages
+// would be same-origin with the console.
+func (c *Console) allowedHost(r *http.Request) bool {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if host == "" {
+		return false
+	}
+	var local net.IP
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		local = a.IP
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if local != nil && (ip.Equal(local) || ip.IsLoopback() && local.IsLoopback()) {
+			return true
+		}
+	} else if strings.EqualFold(host, "localhost") && local != nil && local.IsLoopback() {
+		return true
+	}
+	for _, a := range c.cfg.AllowedHosts {
+		a = strings.TrimSuffix(strings.Trim(a, "[]"), ".")
+		if ip := net.ParseIP(a); ip != nil {
+			if ip.Equal(net.ParseIP(host)) {
+				return true
+			}
+			continue
+		}
+		if strings.EqualFold(a, host) {
+			return true
+		}
+		// *.example.com: one label, not none and not several.
+		if rest, ok := strings.CutPrefix(a, "*."); ok {
+			if label, domain, ok := strings.Cut(host, "."); ok && label != "" && strings.EqualFold(domain, rest) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Serve serves the console on l until ctx ends, then shuts the server down

@@ -16,7 +16,7 @@ import (
 const defaultConsole = "127.0.0.1:8233"
 
 func runConsole(args []string) int {
-	fs := newFlags("console", "[--listen HOST:PORT] [--https-cert FILE --https-key FILE] [--open] [--insecure] [--admins kind:id,...]")
+	fs := newFlags("console", "[--listen HOST:PORT] [--https-cert FILE --https-key FILE] [--open] [--insecure] [--admins kind:id,...] [--allow-hosts NAME,...]")
 	conn := addConnFlags(fs)
 	listen := fs.String("listen", defaultConsole, "the console's HTTP address")
 	open := fs.Bool("open", false, "no credentials at sign-in: the form names the approver and every session uses this process's connection (loopback only)")
@@ -24,6 +24,7 @@ func runConsole(args []string) int {
 	httpsCert := fs.String("https-cert", "", "serve HTTPS with this certificate `file` (with --https-key)")
 	httpsKey := fs.String("https-key", "", "the HTTPS certificate's key `file`")
 	admins := fs.String("admins", "", "principals, as kind:id separated by commas, who may cancel any execution")
+	allowHosts := fs.String("allow-hosts", "", "more host names, separated by commas (*.example.com for any one label in front), under which browsers reach the console; requests naming any other host are refused (beside --listen's host, the HTTPS certificate's names, and on loopback localhost)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -33,6 +34,15 @@ func runConsole(args []string) int {
 	if err := console.ListenAddr(*listen, *open, *httpsCert != "", *insecure); err != nil {
 		return usageError("%v", err)
 	}
+	cfg := console.Config{
+		Open: *open, Logger: newLogger(slog.LevelInfo),
+		NATS: broker.ConnectOptions{URL: conn.url, TLSCA: conn.tlsCA, TLSCert: conn.tlsCert, TLSKey: conn.tlsKey},
+	}
+	// The names browsers may reach the console by: --listen's, the
+	// certificate's and --allow-hosts.
+	if host, _, err := net.SplitHostPort(*listen); err == nil && host != "" {
+		cfg.AllowedHosts = append(cfg.AllowedHosts, host)
+	}
 	var tlsConfig *tls.Config
 	if *httpsCert != "" {
 		cert, err := tls.LoadX509KeyPair(*httpsCert, *httpsKey)
@@ -40,10 +50,17 @@ func runConsole(args []string) int {
 			return usageError("console: %v", err)
 		}
 		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if cert.Leaf != nil {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, cert.Leaf.DNSNames...)
+			for _, ip := range cert.Leaf.IPAddresses {
+				cfg.AllowedHosts = append(cfg.AllowedHosts, ip.String())
+			}
+		}
 	}
-	cfg := console.Config{
-		Open: *open, Logger: newLogger(slog.LevelInfo),
-		NATS: broker.ConnectOptions{URL: conn.url, TLSCA: conn.tlsCA, TLSCert: conn.tlsCert, TLSKey: conn.tlsKey},
+	for h := range strings.SplitSeq(*allowHosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.AllowedHosts = append(cfg.AllowedHosts, h)
+		}
 	}
 	for a := range strings.SplitSeq(*admins, ",") {
 		if a = strings.TrimSpace(a); a != "" {
