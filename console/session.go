@@ -523,9 +523,19 @@ func (c *Console) signOut(w http.ResponseWriter, r *http.Request, s *session) {
 	http.Redirect(w, r, "/signin", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect inside the console.
+// safeNext keeps a redirect inside the console: a path of its own, nothing
+// a browser could read as another host. Browsers drop tabs and newlines from
+// a URL and read a backslash as a slash, so "/<TAB>/evil.example" or
+// "/\evil.example" is "//evil.example"; any such byte sends to "/".
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	for i := 0; i < len(next); i++ {
+		if b := next[i]; b < 0x20 || b == 0x7f || b == '\\' {
+			return "/"
+		}
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.Opaque != "" || u.User != nil ||
+		!strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
 		return "/"
 	}
 	return next
