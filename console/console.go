@@ -85,7 +85,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	c.pages = pages
 	c.routes()
-	c.handler = c.mux
+	// Forms posted by pages of other sites (a sign-in among them, which
+	// needs no form token) are refused by what browsers say of their origin.
+	c.handler = http.NewCrossOriginProtection().Handler(c.mux)
 	return c, nil
 }
 

@@ -222,3 +222,24 @@ func TestLive_StreamEndsWhenItsSessionSignsOut(t *testing.T) {
 		}
 	}
 }
+
+// A sign-in form is a few fields and a credentials file: a larger body is
+// refused before anyone is signed in, not read or spooled to disk.
+func TestSignIn_RefusesALargeBody(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	form := url.Values{"name": {"user:bob"}, "next": {"/approvals"}, "pad": {strings.Repeat("x", 1<<20)}}
+	c := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := c.PostForm(r.base+"/signin", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("a sign-in of 1 MiB: %d, want %d", resp.StatusCode, http.StatusRequestEntityTooLarge)
+	}
+	for _, ck := range resp.Cookies() {
+		if ck.Value != "" && ck.MaxAge >= 0 {
+			t.Fatalf("a sign-in of 1 MiB set the session cookie %s", ck.Name)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"slices"
@@ -481,12 +482,28 @@ func (c *Console) signedIn(h sessionHandler) http.HandlerFunc {
 	}
 }
 
+// maxSignInBody bounds a sign-in form: a credentials file (read up to
+// 64 KiB) and a few fields.
+const maxSignInBody = 256 << 10
+
 func (c *Console) signInPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, nil, "signin", map[string]any{"Open": c.cfg.Open, "Next": safeNext(r.URL.Query().Get("next"))})
 }
 
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
-	if err := r.ParseMultipartForm(64 << 10); err != nil && !errors.Is(err, http.ErrNotMultipart) {
+	// A credentials file is a few kilobytes: a larger upload is refused
+	// before anything is parsed or spooled to disk.
+	r.Body = http.MaxBytesReader(w, r.Body, maxSignInBody)
+	// ParseMultipartForm would hide ParseForm's error behind ErrNotMultipart.
+	parse := r.ParseForm
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+		parse = func() error { return r.ParseMultipartForm(64 << 10) }
+	}
+	if err := parse(); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			http.Error(w, "sign-in form too large", http.StatusRequestEntityTooLarge)
+			return
+		}
 		http.Error(w, "bad form", http.StatusBadRequest)
 		return
 	}
