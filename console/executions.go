@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -271,6 +272,9 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 }
 
 func loadExecution(ctx context.Context, s *session, id string) (*execData, error) {
+	if s.broker() == nil {
+		return nil, fmt.Errorf("%w: %v", errNotPermitted, s.clientErr)
+	}
 	d := &execData{ID: id}
 	trail, terr := audit.Read(ctx, s.broker(), id)
 	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
@@ -421,6 +425,10 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 	defer http.Redirect(w, r, "/executions/"+id, http.StatusSeeOther)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
+	if s.broker() == nil {
+		s.setFlash("error", "Cancel not sent: your principal (%s) may not read executions: %v", s.p.Name, s.clientErr)
+		return
+	}
 	d, err := loadExecution(ctx, s, id)
 	if err != nil {
 		s.setFlash("error", "Cancel not sent: %v", err)
