@@ -23,8 +23,9 @@ const (
 )
 
 // events streams "changed" to the browser each time something arrives on
-// changed, at most once per settle, with a keep-alive comment while idle.
-func events(w http.ResponseWriter, r *http.Request, settle time.Duration, changed <-chan struct{}, failed <-chan error) {
+// changed, at most once per settle, with a keep-alive comment while idle,
+// until the request or the session (ended) ends.
+func events(w http.ResponseWriter, r *http.Request, ended <-chan struct{}, settle time.Duration, changed <-chan struct{}, failed <-chan error) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -43,6 +44,12 @@ func events(w http.ResponseWriter, r *http.Request, settle time.Duration, change
 	for {
 		select {
 		case <-r.Context().Done():
+			return
+		case <-ended:
+			// Signed out or expired: the page's next request asks for
+			// sign-in.
+			_, _ = fmt.Fprint(w, "event: broken\ndata: signed out\n\n")
+			fl.Flush()
 			return
 		case err := <-failed:
 			_, _ = fmt.Fprintf(w, "event: broken\ndata: %s\n\n", oneLine(err))
@@ -111,7 +118,7 @@ func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// A change between the page's render and now would be missed: look again.
 	notify(changed)
-	events(w, r, settleApprovals, changed, failed)
+	events(w, r, s.done, settleApprovals, changed, failed)
 }
 
 // liveExecutions says when any audit event arrives after the one the page
@@ -129,7 +136,7 @@ func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *sess
 	if info, err := s.broker().Audit.Info(r.Context()); err == nil && info.State.LastSeq > after {
 		notify(changed)
 	}
-	events(w, r, settleExecutions, changed, failed)
+	events(w, r, s.done, settleExecutions, changed, failed)
 }
 
 // liveExecution says when one execution's trail grows past the sequence its
@@ -183,5 +190,5 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	if r.URL.Query().Get("ended") == "" {
 		go awaitEnvelope()
 	}
-	events(w, r, settleApprovals, changed, failed)
+	events(w, r, s.done, settleApprovals, changed, failed)
 }

@@ -79,6 +79,10 @@ type session struct {
 	// connection, or in open mode the one every session shares.
 	*conn
 	own bool // conn is the session's own, closed with it
+	// done is closed when the session ends (sign-out, idle expiry, the
+	// console's close): its live streams end with it.
+	done      chan struct{}
+	closeOnce sync.Once
 
 	mu    sync.Mutex
 	last  time.Time
@@ -248,10 +252,13 @@ func (s *session) takeFlash() *flash {
 }
 
 func (s *session) close() {
-	if s.own {
-		s.conn.close()
-		s.nc.Close()
-	}
+	s.closeOnce.Do(func() {
+		close(s.done)
+		if s.own {
+			s.conn.close()
+			s.nc.Close()
+		}
+	})
 }
 
 const cookieName = "capstan_console"
@@ -319,7 +326,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 		p = Principal{Name: name, Actor: actorOf(name), Role: role}
 		p.Admin = role == "admin" || slices.Contains(ss.cfg.Admins, name) || slices.Contains(ss.cfg.Admins, p.Actor.String())
 	}
-	s := &session{id: randomToken(), csrf: randomToken(), p: p, conn: c, own: own, last: time.Now()}
+	s := &session{id: randomToken(), csrf: randomToken(), p: p, conn: c, own: own, done: make(chan struct{}), last: time.Now()}
 	ss.mu.Lock()
 	ss.byID[s.id] = s
 	ss.mu.Unlock()
