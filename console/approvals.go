@@ -43,6 +43,9 @@ func viewApproval(r *approvals.Record, s *session, now time.Time) approvalView {
 	} else {
 		v.Shown = string(shown)
 	}
+	// Written by the model: its bidirectional controls may not reorder
+	// what the approver reads.
+	v.Shown = escapeFormatChars(v.Shown)
 	v.V = string(v.Now)
 	if r.Decision != nil {
 		v.V += "/" + r.Decision.DecidedAt.String()

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf16"
 )
 
 var pageNames = []string{"signin", "home", "approvals", "approval", "executions", "execution", "capabilities", "error"}
@@ -70,8 +72,67 @@ var funcs = template.FuncMap{
 		if err != nil {
 			return fmt.Sprintf("(%v)", err)
 		}
-		return string(b)
+		return escapeFormatChars(string(b))
 	},
+	"visible": visible,
+}
+
+// formatChar reports whether r is one of the invisible characters that change
+// how the text around them displays: Unicode's format characters (category
+// Cf: the bidirectional overrides, embeddings and isolates, zero-width
+// joiners...) and the line and paragraph separators. A right-to-left override
+// in a value a model wrote shows what follows it reversed, so an approver
+// would read another order id or amount than the one approved.
+func formatChar(r rune) bool {
+	return r == '\u2028' || r == '\u2029' || unicode.Is(unicode.Cf, r)
+}
+
+// escapeFormatChars writes the format characters of JSON text as \uXXXX
+// escapes: the JSON means the same value, and shows what it holds.
+func escapeFormatChars(s string) string {
+	if !strings.ContainsFunc(s, formatChar) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if !formatChar(r) {
+			b.WriteRune(r)
+			continue
+		}
+		if r > 0xffff {
+			r1, r2 := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, "\\u%04x\\u%04x", r1, r2)
+		} else {
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
+}
+
+// visible shows a client-written value (a reason, an actor, a comment) with
+// its format characters named, as <U+202E>, instead of acting on the text.
+func visible(v any) string {
+	var s string
+	switch v := v.(type) {
+	case string:
+		s = v
+	case fmt.Stringer:
+		s = v.String()
+	default:
+		s = fmt.Sprint(v)
+	}
+	if !strings.ContainsFunc(s, formatChar) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if formatChar(r) {
+			fmt.Fprintf(&b, "<%U>", r)
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 func shortID(id string) string {

@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"html"
 	"io"
 	"net"
 	"net/http"
@@ -241,5 +242,24 @@ func TestSignIn_RefusesALargeBody(t *testing.T) {
 		if ck.Value != "" && ck.MaxAge >= 0 {
 			t.Fatalf("a sign-in of 1 MiB set the session cookie %s", ck.Name)
 		}
+	}
+}
+
+// What a client writes besides the input (here an approver's comment) shows
+// its bidirectional controls by name instead of acting on the text.
+func TestApprovals_CommentShownWithItsBidiControlsNamed(t *testing.T) {
+	r := startRig(t, "", console.Config{Open: true})
+	env := r.call(t, "orders.refund", refund(900), alice)
+	w := signInOpen(t, r.base, "user:bob", "")
+	w.get("/approvals")
+	_, _, body := w.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "comment": {"ok \u202erefund 900\u202c"}, "next": {"/approvals/" + env.Approval.ID}})
+	if !strings.Contains(body, "Approved") {
+		t.Fatalf("bob's decision was not recorded:\n%s", body)
+	}
+	if strings.ContainsRune(body, '\u202e') || strings.ContainsRune(body, '\u202c') {
+		t.Errorf("the comment is shown with its bidirectional controls unescaped")
+	}
+	if !strings.Contains(html.UnescapeString(body), "ok <U+202E>refund 900<U+202C>") {
+		t.Errorf("the comment's bidirectional controls are not named:\n%s", body)
 	}
 }
