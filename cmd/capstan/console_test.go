@@ -89,7 +89,8 @@ func TestConsole_AsksForCredentials(t *testing.T) {
 }
 
 // With a certificate the console serves HTTPS, and its session cookie is
-// marked Secure.
+// marked Secure. It answers under the certificate's names and those of
+// --allow-hosts, and refuses any other (421).
 func TestConsole_ServesHTTPS(t *testing.T) {
 	_, natsURL := startDev(t)
 	dir := t.TempDir()
@@ -98,7 +99,7 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"console.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
@@ -111,7 +112,7 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 
 	port := strconv.Itoa(freePort(t))
 	startDaemon(t, "capstan console on https://", []string{"CAPSTAN_NATS_URL=" + natsURL},
-		"console", "--open", "--listen", "127.0.0.1:"+port, "--https-cert", certFile, "--https-key", keyFile)
+		"console", "--open", "--listen", "127.0.0.1:"+port, "--https-cert", certFile, "--https-key", keyFile, "--allow-hosts", "ops.test")
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +129,21 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 	cookies := resp.Cookies()
 	if resp.StatusCode != http.StatusSeeOther || len(cookies) != 1 || !cookies[0].Secure || !cookies[0].HttpOnly {
 		t.Fatalf("sign-in over HTTPS: %d, cookies %+v; want a redirect and one Secure, HttpOnly cookie", resp.StatusCode, cookies)
+	}
+	for host, want := range map[string]int{"console.test": http.StatusOK, "ops.test": http.StatusOK, "rebound.test": http.StatusMisdirectedRequest} {
+		req, err := http.NewRequest(http.MethodGet, "https://127.0.0.1:"+port+"/signin", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host + ":" + port
+		resp, err := web.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET /signin for host %s: %d, want %d", host, resp.StatusCode, want)
+		}
 	}
 }
 
