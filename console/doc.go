@@ -33,6 +33,11 @@
 // dev` on loopback) sign-in only names the approver and sessions share one
 // connection.
 //
+// A request must name the console by one of its hosts (Config.AllowedHosts;
+// on loopback also localhost and loopback addresses), or it is refused with
+// 421, so that a page of a site whose DNS name is turned into the console's
+// address cannot use it; forms posted by pages of other sites are refused.
+//
 // Assets are embedded: plain HTML rendered on the server, one stylesheet and
 // one small script for live updates (server-sent events) and countdowns.
 // Every page works without the script.
