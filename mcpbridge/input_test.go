@@ -1,0 +1,101 @@
+package mcpbridge_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capstan-dev/capstan/mcpbridge"
+)
+
+// rpcReply is one JSON-RPC response as a client reads it.
+type rpcReply struct {
+	ID     json.RawMessage `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// post sends one JSON-RPC body to the bridge's HTTP endpoint as token, in
+// session sid (none when empty), and returns the HTTP status, the
+// Mcp-Session-Id it answered and the JSON-RPC response, read from a JSON
+// body or the first data line of an event stream.
+func post(t *testing.T, url, token, sid, body string) (int, string, *rpcReply) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+token)
+	if sid != "" {
+		req.Header.Set("Mcp-Session-Id", sid)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var data []byte
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				data = []byte(d)
+				break
+			}
+		}
+	} else {
+		data, _ = io.ReadAll(resp.Body)
+	}
+	var r rpcReply
+	if len(data) == 0 || json.Unmarshal(data, &r) != nil {
+		return resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), nil
+	}
+	return resp.StatusCode, resp.Header.Get("Mcp-Session-Id"), &r
+}
+
+// initialized opens a session for token whose client declares the Tasks
+// extension, and returns its id.
+func initialized(t *testing.T, url, token string) string {
+	t.Helper()
+	code, sid, r := post(t, url, token, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",`+
+		`"capabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}},"clientInfo":{"name":"raw","version":"1"}}}`)
+	if code != http.StatusOK || sid == "" || r == nil || r.Error != nil {
+		t.Fatalf("initialize: HTTP %d, session %q, reply %+v", code, sid, r)
+	}
+	if code, _, _ := post(t, url, token, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); code != http.StatusAccepted {
+		t.Fatalf("notifications/initialized: HTTP %d", code)
+	}
+	return sid
+}
+
+// A tasks/* request without params is malformed: it is answered with a
+// JSON-RPC error, and the bridge goes on serving.
+func TestTasksMethods_WithoutParams_AnswerAnErrorAndTheBridgeServesOn(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	sid := initialized(t, srv.URL, aliceToken)
+	for i, body := range []string{
+		`{"jsonrpc":"2.0","id":10,"method":"tasks/get"}`,
+		`{"jsonrpc":"2.0","id":11,"method":"tasks/cancel","params":null}`,
+		`{"jsonrpc":"2.0","id":12,"method":"tasks/update"}`,
+	} {
+		_, _, r := post(t, srv.URL, aliceToken, sid, body)
+		if r == nil || r.Error == nil || (r.Error.Code != -32602 && r.Error.Code != -32600) {
+			t.Errorf("request %d %s: reply %+v, want a JSON-RPC error -32602 or -32600", i, body, r)
+		}
+	}
+	_, _, r := post(t, srv.URL, aliceToken, sid, `{"jsonrpc":"2.0","id":20,"method":"tools/list","params":{}}`)
+	if r == nil || r.Error != nil || len(r.Result) == 0 {
+		t.Errorf("tools/list after malformed tasks requests: %+v", r)
+	}
+}
