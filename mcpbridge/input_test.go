@@ -2,13 +2,18 @@ package mcpbridge_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/mcpbridge"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // rpcReply is one JSON-RPC response as a client reads it.
@@ -97,5 +102,44 @@ func TestTasksMethods_WithoutParams_AnswerAnErrorAndTheBridgeServesOn(t *testing
 	_, _, r := post(t, srv.URL, aliceToken, sid, `{"jsonrpc":"2.0","id":20,"method":"tools/list","params":{}}`)
 	if r == nil || r.Error != nil || len(r.Result) == 0 {
 		t.Errorf("tools/list after malformed tasks requests: %+v", r)
+	}
+}
+
+// A client that declares the Tasks extension and cancels its tools/call
+// before the call answered its task never learns the task id: the
+// execution must be cancelled, as for any other call.
+func TestTasks_CallCancelledBeforeItsTaskCancelsTheExecution(t *testing.T) {
+	f := start(t, mcpbridge.Config{TaskAfter: time.Minute})
+	cs := f.connectTasks(t, f.bridge, alice)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": "t"}})
+		errc <- err
+	}()
+	var id string
+	select {
+	case id = <-f.started:
+	case <-testCtx(t).Done():
+		t.Fatal("test.block never started")
+	}
+	cancel() // the SDK client sends notifications/cancelled
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("CallTool = %v, want context.Canceled", err)
+	}
+	actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer acancel()
+	env, err := f.client.Await(actx, id)
+	if err != nil {
+		st, _ := f.client.Status(testCtx(t), id)
+		state := "unknown"
+		if st != nil && st.Record != nil {
+			state = string(st.Record.State)
+		}
+		t.Fatalf("the cancelled call's execution %s did not end (%v); it is %s", id, err, state)
+	}
+	if env.Status != envelope.StatusCancelled {
+		t.Errorf("envelope = %s, want cancelled", env.Status)
 	}
 }
