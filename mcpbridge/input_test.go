@@ -143,3 +143,65 @@ func TestTasks_CallCancelledBeforeItsTaskCancelsTheExecution(t *testing.T) {
 		t.Errorf("envelope = %s, want cancelled", env.Status)
 	}
 }
+
+// Without sessions, JSON-RPC ids are unique per client only: two clients
+// of one caller (one token) may each have a tools/call 7 in flight. A
+// notifications/cancelled for request 7 must reach the call that was
+// cancelled; today the second call replaces the first in the bridge's
+// table, so the first can no longer be cancelled at all (and the
+// cancellation ends the other client's call instead).
+func TestHTTPStateless_CancelReachesTheCallEvenWhenAnotherUsesItsID(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
+	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"test.block","arguments":{"note":"s"}}}`
+	var ids []string
+	done := make(chan struct{}, 2)
+	for range 2 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, srv.URL, strings.NewReader(call))
+			if err != nil {
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Authorization", "Bearer "+aliceToken)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+		}()
+		select {
+		case id := <-f.started:
+			ids = append(ids, id)
+		case <-testCtx(t).Done():
+			t.Fatal("test.block never started")
+		}
+	}
+	t.Cleanup(func() {
+		for _, id := range ids {
+			_, _ = f.client.Cancel(context.Background(), id)
+		}
+		<-done
+		<-done
+	})
+	code, _, _ := post(t, srv.URL, aliceToken, "", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}`)
+	if code != http.StatusAccepted {
+		t.Fatalf("notifications/cancelled: HTTP %d", code)
+	}
+	actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer acancel()
+	env, err := f.client.Await(actx, ids[0])
+	if err != nil {
+		other := "unknown"
+		if st, serr := f.client.Status(testCtx(t), ids[1]); serr == nil && st.Envelope != nil {
+			other = string(st.Envelope.Status)
+		} else if serr == nil && st.Record != nil {
+			other = string(st.Record.State)
+		}
+		t.Fatalf("the first call 7 (execution %s) was not cancelled: %v; the second call 7 is %s", ids[0], err, other)
+	}
+	if env.Status != envelope.StatusCancelled {
+		t.Errorf("first call 7 ended %s, want cancelled", env.Status)
+	}
+}
