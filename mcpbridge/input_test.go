@@ -205,3 +205,34 @@ func TestHTTPStateless_CancelReachesTheCallEvenWhenAnotherUsesItsID(t *testing.T
 		t.Errorf("first call 7 ended %s, want cancelled", env.Status)
 	}
 }
+
+// On loopback, a request whose Origin is present and not a loopback
+// origin (a page of another site, e.g. after DNS rebinding) is answered
+// 403, whatever it carries; one whose Host is not loopback too.
+func TestHTTP_ForeignOriginOrHostOnLoopbackIs403(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",` +
+		`"capabilities":{},"clientInfo":{"name":"page","version":"1"}}}`
+	for name, set := range map[string]func(*http.Request){
+		"origin": func(r *http.Request) { r.Header.Set("Origin", "http://rebound.example") },
+		"host":   func(r *http.Request) { r.Host = "rebound.example" },
+	} {
+		req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, srv.URL, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		set(req)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s: HTTP %d (session %q), want 403", name, resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
+		}
+	}
+}
