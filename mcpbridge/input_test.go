@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/mcpbridge"
+	"github.com/capstan-dev/capstan/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -233,6 +235,37 @@ func TestHTTP_ForeignOriginOrHostOnLoopbackIs403(t *testing.T) {
 		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusForbidden {
 			t.Errorf("%s: HTTP %d (session %q), want 403", name, resp.StatusCode, resp.Header.Get("Mcp-Session-Id"))
+		}
+	}
+}
+
+// When capstan cannot answer (here: no worker serves the approvals
+// listing), a tool call tells the model so without the bridge's internals:
+// no NATS error text, in a result or a JSON-RPC error.
+func TestToolsCall_CapstanUnavailable_AnswersNoInternals(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	if _, err := broker.Provision(testCtx(t), nc, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := mcpbridge.New(nc, mcpbridge.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	f := &fixture{env: env, nc: nc, bridge: b}
+	cs := f.connectMemory(t, alice, newEvents())
+	res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: mcpbridge.ResumeTool,
+		Arguments: map[string]any{"approvalId": "01a22f08-fcd5-7df7-9874-25b857043ab3"}})
+	answer := ""
+	if err != nil {
+		answer = err.Error()
+	} else {
+		answer = textOf(res)
+	}
+	for _, internal := range []string{"nats", "responders", "list approvals"} {
+		if strings.Contains(strings.ToLower(answer), internal) {
+			t.Errorf("capstan.resume answered %q: it names the bridge's internals (%q)", answer, internal)
 		}
 	}
 }
