@@ -79,6 +79,17 @@ func initialized(t *testing.T, url, token string) string {
 	if code != http.StatusOK || sid == "" || r == nil || r.Error != nil {
 		t.Fatalf("initialize: HTTP %d, session %q, reply %+v", code, sid, r)
 	}
+	t.Cleanup(func() { // end the session, as a client leaving does
+		req, err := http.NewRequest(http.MethodDelete, url, nil)
+		if err != nil {
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Mcp-Session-Id", sid)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	})
 	if code, _, _ := post(t, url, token, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`); code != http.StatusAccepted {
 		t.Fatalf("notifications/initialized: HTTP %d", code)
 	}
