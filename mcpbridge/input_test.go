@@ -2,12 +2,14 @@ package mcpbridge_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -278,5 +280,83 @@ func TestToolsCall_CapstanUnavailable_AnswersNoInternals(t *testing.T) {
 		if strings.Contains(strings.ToLower(answer), internal) {
 			t.Errorf("capstan.resume answered %q: it names the bridge's internals (%q)", answer, internal)
 		}
+	}
+}
+
+// cutter breaks, on demand, the response stream of the first tools/call
+// POST that goes through it, as a proxy or a flaky network does.
+type cutter struct {
+	next http.RoundTripper
+	cut  chan struct{}
+	once sync.Once
+}
+
+func (c *cutter) RoundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		body, _ = io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	resp, err := c.next.RoundTrip(r)
+	if err != nil || r.Method != http.MethodPost || !bytes.Contains(body, []byte(`"tools/call"`)) {
+		return resp, err
+	}
+	first := false
+	c.once.Do(func() { first = true })
+	if !first {
+		return resp, nil
+	}
+	pr, pw := io.Pipe()
+	src := resp.Body
+	go func() {
+		<-c.cut
+		_ = pw.CloseWithError(io.ErrUnexpectedEOF)
+		_ = src.Close()
+	}()
+	go func() {
+		_, err := io.Copy(pw, src)
+		_ = pw.CloseWithError(err)
+	}()
+	resp.Body = pr
+	return resp, nil
+}
+
+// A tools/call whose response stream breaks while its execution runs still
+// gets its result once (the client resumes the stream): otherwise the model
+// learns neither the result nor the execution id, and can only call again,
+// running the capability a second time.
+func TestHTTP_CallWhoseStreamBreaks_GetsItsResult(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	cut := &cutter{next: bearer{token: aliceToken, next: http.DefaultTransport}, cut: make(chan struct{})}
+	tr := &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: &http.Client{Transport: cut}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "flaky", Version: "v0"}, nil).Connect(testCtx(t), tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	ctx, cancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer cancel()
+	type answer struct {
+		res *mcp.CallToolResult
+		err error
+	}
+	ans := make(chan answer, 1)
+	go func() {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.gate", Arguments: map[string]any{"note": "once"}})
+		ans <- answer{res, err}
+	}()
+	id := <-f.started
+	close(cut.cut)
+	f.gate <- struct{}{}
+	if env, err := f.client.Await(testCtx(t), id); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("execution %s: %v %v", id, env, err)
+	}
+	a := <-ans
+	if a.err != nil {
+		t.Fatalf("the call whose stream broke answered %v; its execution %s completed, and the model was not told so", a.err, id)
+	}
+	if textOf(a.res) != `"through once"` {
+		t.Errorf("result %s", textOf(a.res))
 	}
 }
