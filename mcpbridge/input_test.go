@@ -360,3 +360,49 @@ func TestHTTP_CallWhoseStreamBreaks_GetsItsResult(t *testing.T) {
 		t.Errorf("result %s", textOf(a.res))
 	}
 }
+
+// HTTPOptions.Stateless: "a client that closes [its request] cancels the
+// call". A stateless bridge also serves clients of the older protocols
+// (no Mcp-Protocol-Version, or 2025-11-25): their closed request must
+// cancel the execution too, and not leave the call waiting for
+// CallTimeout.
+func TestHTTPStateless_OlderProtocolClientClosingItsRequestCancelsTheCall(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(
+			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test.block","arguments":{"note":"old"}}}`))
+		if err != nil {
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+	}()
+	var id string
+	select {
+	case id = <-f.started:
+	case <-testCtx(t).Done():
+		t.Fatal("test.block never started")
+	}
+	t.Cleanup(func() { _, _ = f.client.Cancel(context.Background(), id) })
+	cancel() // the client gives up: its request is closed
+	<-done
+	actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer acancel()
+	env, err := f.client.Await(actx, id)
+	if err != nil {
+		t.Fatalf("the call whose client closed its request still runs (execution %s): %v", id, err)
+	}
+	if env.Status != envelope.StatusCancelled {
+		t.Errorf("ended %s, want cancelled", env.Status)
+	}
+}
