@@ -140,9 +140,13 @@ func extensionIn(c *mcp.ClientCapabilities) bool {
 	return ok
 }
 
-// checkDeclared refuses a tasks/* request from a client that did not
-// declare the extension, on the request or at initialization.
+// checkDeclared refuses a tasks/* request without params, and one from a
+// client that did not declare the extension, on the request or at
+// initialization.
 func checkDeclared(ss *mcp.ServerSession, p *TaskParams) error {
+	if p == nil { // params absent or null: no task to name
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: taskId is required"}
+	}
 	if caps, ok := p.Meta[mcp.MetaKeyClientCapabilities].(map[string]any); ok {
 		if ext, ok := caps["extensions"].(map[string]any); ok {
 			if _, ok := ext[TasksExtension]; ok {
@@ -192,6 +196,10 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	env, err := b.c.Await(actx, id)
 	cancel()
 	switch {
+	case err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil:
+		// Cancelled before it learnt its task: nobody could cancel it later.
+		b.cancelExecution(id)
+		return nil, ctx.Err()
 	case err != nil:
 		return t, nil // still running: the task it is
 	case env.Status == envelope.StatusApprovalRequired && env.Approval != nil:
