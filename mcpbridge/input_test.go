@@ -33,7 +33,7 @@ type rpcReply struct {
 // post sends one JSON-RPC body to the bridge's HTTP endpoint as token, in
 // session sid (none when empty), and returns the HTTP status, the
 // Mcp-Session-Id it answered and the JSON-RPC response, read from a JSON
-// body or the first data line of an event stream.
+// body or the first data line of an event stream that carries a message.
 func post(t *testing.T, url, token, sid, body string) (int, string, *rpcReply) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, url, strings.NewReader(body))
@@ -57,7 +57,9 @@ func post(t *testing.T, url, token, sid, body string) (int, string, *rpcReply) {
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
-			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			// A stream may open with an event of no data, which only gives
+			// the client an id to resume from.
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok && d != "" {
 				data = []byte(d)
 				break
 			}
