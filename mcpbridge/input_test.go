@@ -408,3 +408,57 @@ func TestHTTPStateless_OlderProtocolClientClosingItsRequestCancelsTheCall(t *tes
 		t.Errorf("ended %s, want cancelled", env.Status)
 	}
 }
+
+// A bridge that began closing cancels nothing when the server ends the
+// requests still open: a stateless call's execution goes on (its result
+// stays readable), although a client closing its request cancels it.
+func TestHTTPStateless_RequestEndedAfterBeginClose_ExecutionGoesOn(t *testing.T) {
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, srv.URL, strings.NewReader(
+			`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test.gate","arguments":{"note":"on"},`+
+				`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},`+
+				`"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"}}}}`))
+		if err != nil {
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+		req.Header.Set("Mcp-Method", "tools/call")
+		req.Header.Set("Mcp-Name", "test.gate")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+	}()
+	var id string
+	select {
+	case id = <-f.started:
+	case <-testCtx(t).Done():
+		t.Fatal("test.gate never started")
+	}
+	f.bridge.BeginClose()
+	srv.CloseClientConnections() // as http.Server.Close does
+	<-done
+	srv.Close() // returns once every request, and any cancel it made, ended
+	actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
+	defer acancel()
+	go func() {
+		select {
+		case f.gate <- struct{}{}:
+		case <-actx.Done():
+		}
+	}()
+	env, err := f.client.Await(actx, id)
+	if err != nil {
+		t.Fatalf("execution %s: %v", id, err)
+	}
+	if env.Status != envelope.StatusCompleted {
+		t.Errorf("the execution of a call whose request the closing server ended is %s, want completed", env.Status)
+	}
+}
