@@ -98,7 +98,12 @@ func (b *Bridge) routeTasks(v *view) {
 			if problem != "" {
 				return next(ctx, method, req)
 			}
-			return b.createTask(ctx, v.actor, cr.Params.Name, input)
+			res, err := b.createTask(ctx, v.actor, cr.Params.Name, input)
+			if err != nil && ctx.Err() == nil {
+				b.log.Warn("MCP call not taken: capstan did not answer", "tool", cr.Params.Name, "err", err)
+				return unavailable(), nil
+			}
+			return res, err
 		}
 	})
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Task, error) {
@@ -106,23 +111,43 @@ func (b *Bridge) routeTasks(v *view) {
 			return nil, err
 		}
 		t, err := b.getTask(ctx, v.actor, p.TaskID)
-		if t != nil {
-			t.ResultType = "complete"
+		if err != nil {
+			return nil, b.protocolError(ctx, "tasks/get", err)
 		}
-		return t, err
+		t.ResultType = "complete"
+		return t, nil
 	}))
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
-		return &Ack{ResultType: "complete"}, b.updateTask(ctx, v.actor, p)
+		if err := b.updateTask(ctx, v.actor, p); err != nil {
+			return nil, b.protocolError(ctx, "tasks/update", err)
+		}
+		return &Ack{ResultType: "complete"}, nil
 	}))
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
-		return &Ack{ResultType: "complete"}, b.cancelTask(ctx, v.actor, p.TaskID)
+		if err := b.cancelTask(ctx, v.actor, p.TaskID); err != nil {
+			return nil, b.protocolError(ctx, "tasks/cancel", err)
+		}
+		return &Ack{ResultType: "complete"}, nil
 	}))
+}
+
+// protocolError is what a client of a protocol method is told of err: a
+// JSON-RPC error of the bridge's own as it is, anything else (NATS
+// unreachable, no worker answering) only as capstan being unavailable,
+// its cause logged. The error of a request its client ended stays as is.
+func (b *Bridge) protocolError(ctx context.Context, method string, err error) error {
+	var je *jsonrpc.Error
+	if errors.As(err, &je) || ctx.Err() != nil {
+		return err
+	}
+	b.log.Warn("MCP request failed: capstan did not answer", "method", method, "err", err)
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "capstan is unavailable"}
 }
 
 func must(err error) {
@@ -183,7 +208,8 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("capstan could not take the call: %w", err)
+		b.log.Warn("MCP call not submitted", "executionId", id, "err", err)
+		return unconfirmed(id), nil
 	}
 	now := time.Now().UTC()
 	t := b.task(id, now, now)
@@ -401,7 +427,8 @@ func (b *Bridge) withdraw(ctx context.Context, actor envelope.Actor, approvalID 
 	if b.c.Broker().Approvals == nil {
 		// A principal writes no approval: the request stays until an
 		// approver rejects it or it expires.
-		return fmt.Errorf("capstan: the bridge's principal cannot withdraw approval %s; it expires unless approved", approvalID)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+			Message: "The bridge cannot withdraw approval " + approvalID + " under its credentials; it expires unless someone approves or rejects it."}
 	}
 	if _, err := b.c.Approvals().Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
 		!errors.Is(err, approvals.ErrAlreadyDecided) {
