@@ -77,9 +77,8 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 // request's progress token (its values only grow, across a resume too).
 func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
 	id := executionIDFor(actor)
-	if h, ok := ctx.Value(callHandleKey{}).(*callHandle); ok {
-		h.start(b, id)
-	}
+	answered := trackCall(ctx, b, id)
+	defer answered()
 	stopFollowing := p.follow(ctx, b, id)
 	defer stopFollowing()
 

@@ -279,6 +279,18 @@ func (h *callHandle) start(b *Bridge, id string) {
 	h.b, h.id = b, id
 }
 
+// trackCall records the execution of a stateless call, if ctx is one, until
+// answered is called: from then on the end of its request cancels nothing
+// (the answer may say that the execution goes on, or be a task).
+func trackCall(ctx context.Context, b *Bridge, id string) (answered func()) {
+	h, ok := ctx.Value(callHandleKey{}).(*callHandle)
+	if !ok {
+		return func() {}
+	}
+	h.start(b, id)
+	return func() { h.start(b, "") }
+}
+
 // cancel ends the request's context, which the call sees unless the SDK
 // does not pass it on, and so cancels its execution too, unless the bridge
 // is closing: then the request ends because the server does, and the

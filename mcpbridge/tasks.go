@@ -196,6 +196,8 @@ func taskNotFound() error {
 // stored: from then on tasks/get resolves.
 func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
 	id := executionIDFor(actor)
+	answered := trackCall(ctx, b, id)
+	defer answered()
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
 	cancel()
