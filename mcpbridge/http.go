@@ -253,8 +253,9 @@ func (b *Bridge) actorGate(next http.Handler) http.Handler {
 // the router remembers each tools/call request by actor and JSON-RPC id, and
 // cancels its execution (and its request's context) when asked. Ids are
 // unique per client only: two clients of one actor may each have a call of
-// the same id in flight, so a cancellation cancels every call of its id (a
-// client that has none left in flight asks for nothing).
+// the same id in flight, so a cancellation cancels every call of its id:
+// another client's call of that id ends with it, a lesser harm than missing
+// the call meant (whose write would go on).
 type cancelRouter struct {
 	next http.Handler
 
