@@ -131,6 +131,14 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 // principal, which cannot watch the catalog.
 const principalRefresh = 10 * time.Second
 
+// BeginClose marks the bridge as closing: from then on a call whose request
+// ends, as the server closing the connections ends it, stops waiting and
+// leaves its execution running (its result stays readable), even over
+// stateless HTTP, where the end of a request otherwise cancels its call.
+// It also stops following the catalog. Call it before closing the HTTP
+// server's connections, then Close.
+func (b *Bridge) BeginClose() { b.stop() }
+
 // Close stops following the catalog and closes the bridge's client (not nc).
 // Close the MCP sessions first: their calls need the client.
 func (b *Bridge) Close() error {

@@ -77,9 +77,8 @@ func argumentsOf(args json.RawMessage, wrapped bool) (envelope.Raw, string) {
 // request's progress token (its values only grow, across a resume too).
 func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key string, submit func(context.Context, string) error) (*mcp.CallToolResult, error) {
 	id := executionIDFor(actor)
-	if h, ok := ctx.Value(callHandleKey{}).(*callHandle); ok {
-		h.start(b, id)
-	}
+	answered := trackCall(ctx, b, id)
+	defer answered()
 	stopFollowing := p.follow(ctx, b, id)
 	defer stopFollowing()
 
@@ -98,7 +97,7 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 	}
 	if err != nil {
 		b.log.Warn("MCP call not submitted", "executionId", id, "err", err)
-		return nil, fmt.Errorf("capstan could not take the call: %w", err)
+		return unconfirmed(id), nil
 	}
 
 	actx, cancel := context.WithTimeout(ctx, b.cfg.CallTimeout)
@@ -115,7 +114,8 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 	case errors.Is(err, context.DeadlineExceeded):
 		return stillRunning(id, b.cfg.CallTimeout), nil
 	default:
-		return nil, fmt.Errorf("capstan: await %s: %w", id, err)
+		b.log.Warn("MCP call: awaiting its envelope failed", "executionId", id, "err", err)
+		return unconfirmed(id), nil
 	}
 	if env.Status == envelope.StatusApprovalRequired && env.Approval != nil {
 		if key != "" {
@@ -249,6 +249,35 @@ func typesText(types []string) string {
 		return "any approver"
 	}
 	return "approval types " + strings.Join(types, ", ")
+}
+
+// answer is what a tool call tells the model of err: capstan's failures
+// (NATS unreachable, no worker answering) only as capstan being
+// unavailable, in the shape of any refusal, their cause logged. The error
+// of a request its client ended stays as is: nobody reads its answer.
+func (b *Bridge) answer(ctx context.Context, tool string, res *mcp.CallToolResult, err error) (*mcp.CallToolResult, error) {
+	if err == nil || ctx.Err() != nil {
+		return res, err
+	}
+	b.log.Warn("MCP tool call failed: capstan did not answer", "tool", tool, "err", err)
+	return unavailable(), nil
+}
+
+// unavailable is the result of a call capstan could not answer.
+func unavailable() *mcp.CallToolResult {
+	me := &envelope.ModelError{Code: envelope.CodeInternalError, Message: "capstan is unavailable; try again later.", Retryable: true}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}}, StructuredContent: me}
+}
+
+// unconfirmed is the result of a call capstan may have taken without
+// saying so (the request may be stored): not retryable, since calling again
+// could run it twice; the model learns the execution id to read instead.
+func unconfirmed(id string) *mcp.CallToolResult {
+	me := &envelope.ModelError{Code: envelope.CodeInternalError,
+		Message: "capstan is unavailable and did not confirm this call; it may run as execution " + id +
+			". Call " + StatusTool + " with this executionId later to learn whether it ran, before calling again."}
+	return &mcp.CallToolResult{Meta: mcp.Meta{metaKey + "executionId": id, metaKey + "status": "unknown"}, IsError: true,
+		Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}}, StructuredContent: me}
 }
 
 // refusal is the result of a call refused by the bridge itself.

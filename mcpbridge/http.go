@@ -9,7 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -140,18 +143,78 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 			return nil
 		}
 		return s
-	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless,
+	}, &mcp.StreamableHTTPOptions{Logger: b.log, Stateless: opts.Stateless, EventStore: replayStore(opts.Stateless),
 		PropagateRequestCancellation: opts.Stateless, SessionTimeout: opts.SessionTimeout})
 	if opts.Stateless {
-		h = &cancelRouter{next: h, inflight: map[string]*callHandle{}}
+		h = &cancelRouter{next: h, inflight: map[string][]*callHandle{}}
 	}
 	h = b.actorGate(h)
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}
 	}
-	return auth.RequireBearerToken(tokens.verify, &auth.RequireBearerTokenOptions{
+	return refuseForeignOrigin(auth.RequireBearerToken(tokens.verify, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true, ResourceMetadataURL: opts.ResourceMetadataURL,
-	})(h)
+	})(h))
+}
+
+// replayBytes bounds what the sessions of one handler keep of their
+// response streams for replay (the oldest events go first).
+const replayBytes = 16 << 20
+
+// replayStore keeps a session's response streams, so that a client whose
+// stream broke resumes it (Last-Event-ID) and still reads its call's result,
+// instead of calling again and running the capability a second time. A
+// stateless request is its own stream: nothing to resume.
+func replayStore(stateless bool) mcp.EventStore {
+	if stateless {
+		return nil
+	}
+	es := mcp.NewMemoryEventStore(nil)
+	es.SetMaxBytes(replayBytes)
+	return es
+}
+
+// refuseForeignOrigin answers 403 to a request that arrived on a loopback
+// address with an Origin header that is not a loopback origin: a page of
+// another site (after DNS rebinding, say) reaching a local bridge. The
+// SDK's check of the Host header does the same for Host.
+func refuseForeignOrigin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if o := r.Header.Get("Origin"); o != "" && onLoopback(r) && !loopbackOrigin(o) {
+			http.Error(w, "Forbidden: invalid Origin header", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// onLoopback reports whether r arrived on a loopback address.
+func onLoopback(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || addr == nil {
+		return false
+	}
+	host, _, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		host = addr.String()
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackOrigin reports whether origin (scheme://host[:port]) names a
+// loopback host.
+func loopbackOrigin(origin string) bool {
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return false // "null" (a sandboxed page, a file) among them
+	}
+	h := u.Hostname()
+	if strings.EqualFold(h, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // actorGate answers 403 to a caller whose actor the bridge may not assert
@@ -188,12 +251,16 @@ func (b *Bridge) actorGate(next http.Handler) http.Handler {
 // call it names. Without sessions each HTTP request is served alone, so the
 // SDK cannot route the notification (it arrives in a request of its own):
 // the router remembers each tools/call request by actor and JSON-RPC id, and
-// cancels its execution (and its request's context) when asked.
+// cancels its execution (and its request's context) when asked. Ids are
+// unique per client only: two clients of one actor may each have a call of
+// the same id in flight, so a cancellation cancels every call of its id:
+// another client's call of that id ends with it, a lesser harm than missing
+// the call meant (whose write would go on).
 type cancelRouter struct {
 	next http.Handler
 
 	mu       sync.Mutex
-	inflight map[string]*callHandle // by actor and JSON-RPC id
+	inflight map[string][]*callHandle // by actor and JSON-RPC id
 }
 
 // callHandle ties one stateless tools/call request to its execution.
@@ -213,14 +280,28 @@ func (h *callHandle) start(b *Bridge, id string) {
 	h.b, h.id = b, id
 }
 
+// trackCall records the execution of a stateless call, if ctx is one, until
+// answered is called: from then on the end of its request cancels nothing
+// (the answer may say that the execution goes on, or be a task).
+func trackCall(ctx context.Context, b *Bridge, id string) (answered func()) {
+	h, ok := ctx.Value(callHandleKey{}).(*callHandle)
+	if !ok {
+		return func() {}
+	}
+	h.start(b, id)
+	return func() { h.start(b, "") }
+}
+
 // cancel ends the request's context, which the call sees unless the SDK
-// does not pass it on, and so cancels its execution too.
+// does not pass it on, and so cancels its execution too, unless the bridge
+// is closing: then the request ends because the server does, and the
+// execution goes on.
 func (h *callHandle) cancel() {
 	h.stop()
 	h.mu.Lock()
 	b, id := h.b, h.id
 	h.mu.Unlock()
-	if id != "" {
+	if id != "" && b.ctx.Err() == nil {
 		b.cancelExecution(id)
 	}
 }
@@ -255,25 +336,47 @@ func (c *cancelRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h := &callHandle{}
 			ctx, h.stop = context.WithCancel(context.WithValue(ctx, callHandleKey{}, h))
 			key := ti.UserID + "\x00" + string(head.ID)
-			c.mu.Lock()
-			c.inflight[key] = h
-			c.mu.Unlock()
+			c.add(key, h)
+			// The SDK ties the call's context to its request for the newest
+			// protocol only: a client of an older one closing its request
+			// gives up the call too. The request ends after the cancel does.
+			cancelled := make(chan struct{})
+			stopCancel := context.AfterFunc(r.Context(), func() { defer close(cancelled); h.cancel() })
 			defer func() {
-				c.mu.Lock()
-				if c.inflight[key] == h {
-					delete(c.inflight, key)
+				if !stopCancel() {
+					<-cancelled
 				}
-				c.mu.Unlock()
+				c.remove(key, h)
 				h.stop()
 			}()
 		case head.Method == "notifications/cancelled":
-			c.mu.Lock()
-			h := c.inflight[ti.UserID+"\x00"+string(head.Params.RequestID)]
-			c.mu.Unlock()
-			if h != nil {
+			for _, h := range c.calls(ti.UserID + "\x00" + string(head.Params.RequestID)) {
 				h.cancel()
 			}
 		}
 	}
 	c.next.ServeHTTP(w, r.WithContext(ctx))
+}
+
+func (c *cancelRouter) add(key string, h *callHandle) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight[key] = append(c.inflight[key], h)
+}
+
+func (c *cancelRouter) remove(key string, h *callHandle) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hs := slices.DeleteFunc(c.inflight[key], func(x *callHandle) bool { return x == h })
+	if len(hs) == 0 {
+		delete(c.inflight, key)
+		return
+	}
+	c.inflight[key] = hs
+}
+
+func (c *cancelRouter) calls(key string) []*callHandle {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.inflight[key])
 }

@@ -98,7 +98,12 @@ func (b *Bridge) routeTasks(v *view) {
 			if problem != "" {
 				return next(ctx, method, req)
 			}
-			return b.createTask(ctx, v.actor, cr.Params.Name, input)
+			res, err := b.createTask(ctx, v.actor, cr.Params.Name, input)
+			if err != nil && ctx.Err() == nil {
+				b.log.Warn("MCP call not taken: capstan did not answer", "tool", cr.Params.Name, "err", err)
+				return unavailable(), nil
+			}
+			return res, err
 		}
 	})
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Task, error) {
@@ -106,23 +111,43 @@ func (b *Bridge) routeTasks(v *view) {
 			return nil, err
 		}
 		t, err := b.getTask(ctx, v.actor, p.TaskID)
-		if t != nil {
-			t.ResultType = "complete"
+		if err != nil {
+			return nil, b.protocolError(ctx, "tasks/get", err)
 		}
-		return t, err
+		t.ResultType = "complete"
+		return t, nil
 	}))
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
-		return &Ack{ResultType: "complete"}, b.updateTask(ctx, v.actor, p)
+		if err := b.updateTask(ctx, v.actor, p); err != nil {
+			return nil, b.protocolError(ctx, "tasks/update", err)
+		}
+		return &Ack{ResultType: "complete"}, nil
 	}))
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
-		return &Ack{ResultType: "complete"}, b.cancelTask(ctx, v.actor, p.TaskID)
+		if err := b.cancelTask(ctx, v.actor, p.TaskID); err != nil {
+			return nil, b.protocolError(ctx, "tasks/cancel", err)
+		}
+		return &Ack{ResultType: "complete"}, nil
 	}))
+}
+
+// protocolError is what a client of a protocol method is told of err: a
+// JSON-RPC error of the bridge's own as it is, anything else (NATS
+// unreachable, no worker answering) only as capstan being unavailable,
+// its cause logged. The error of a request its client ended stays as is.
+func (b *Bridge) protocolError(ctx context.Context, method string, err error) error {
+	var je *jsonrpc.Error
+	if errors.As(err, &je) || ctx.Err() != nil {
+		return err
+	}
+	b.log.Warn("MCP request failed: capstan did not answer", "method", method, "err", err)
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "capstan is unavailable"}
 }
 
 func must(err error) {
@@ -140,9 +165,13 @@ func extensionIn(c *mcp.ClientCapabilities) bool {
 	return ok
 }
 
-// checkDeclared refuses a tasks/* request from a client that did not
-// declare the extension, on the request or at initialization.
+// checkDeclared refuses a tasks/* request without params, and one from a
+// client that did not declare the extension, on the request or at
+// initialization.
 func checkDeclared(ss *mcp.ServerSession, p *TaskParams) error {
+	if p == nil { // params absent or null: no task to name
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: taskId is required"}
+	}
 	if caps, ok := p.Meta[mcp.MetaKeyClientCapabilities].(map[string]any); ok {
 		if ext, ok := caps["extensions"].(map[string]any); ok {
 			if _, ok := ext[TasksExtension]; ok {
@@ -167,6 +196,8 @@ func taskNotFound() error {
 // stored: from then on tasks/get resolves.
 func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
 	id := executionIDFor(actor)
+	answered := trackCall(ctx, b, id)
+	defer answered()
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
 	cancel()
@@ -179,7 +210,8 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("capstan could not take the call: %w", err)
+		b.log.Warn("MCP call not submitted", "executionId", id, "err", err)
+		return unconfirmed(id), nil
 	}
 	now := time.Now().UTC()
 	t := b.task(id, now, now)
@@ -192,6 +224,10 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	env, err := b.c.Await(actx, id)
 	cancel()
 	switch {
+	case err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil:
+		// Cancelled before it learnt its task: nobody could cancel it later.
+		b.cancelExecution(id)
+		return nil, ctx.Err()
 	case err != nil:
 		return t, nil // still running: the task it is
 	case env.Status == envelope.StatusApprovalRequired && env.Approval != nil:
@@ -393,7 +429,8 @@ func (b *Bridge) withdraw(ctx context.Context, actor envelope.Actor, approvalID 
 	if b.c.Broker().Approvals == nil {
 		// A principal writes no approval: the request stays until an
 		// approver rejects it or it expires.
-		return fmt.Errorf("capstan: the bridge's principal cannot withdraw approval %s; it expires unless approved", approvalID)
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+			Message: "The bridge cannot withdraw approval " + approvalID + " under its credentials; it expires unless someone approves or rejects it."}
 	}
 	if _, err := b.c.Approvals().Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
 		!errors.Is(err, approvals.ErrAlreadyDecided) {

@@ -123,10 +123,12 @@ func newView(b *Bridge, actor envelope.Actor) *view {
 		SetCacheable: func(_ context.Context, _ mcp.Request, c *mcp.Cacheable) { c.CacheScope = "private" },
 	})
 	v.server.AddTool(resumeToolDef(), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		return b.resume(ctx, v.actor, req)
+		res, err := b.resume(ctx, v.actor, req)
+		return b.answer(ctx, ResumeTool, res, err)
 	})
 	v.server.AddTool(statusToolDef(), func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		return b.status(ctx, v.actor, req)
+		res, err := b.status(ctx, v.actor, req)
+		return b.answer(ctx, StatusTool, res, err)
 	})
 	b.routeTasks(v)
 	return v
@@ -183,7 +185,8 @@ func (v *view) refresh(ctx context.Context) error {
 		v.tools[desc.ID] = t
 		id := desc.ID
 		v.server.AddTool(t.def, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			return v.b.callTool(ctx, v, id, req)
+			res, err := v.b.callTool(ctx, v, id, req)
+			return v.b.answer(ctx, id, res, err)
 		})
 	}
 	var gone []string

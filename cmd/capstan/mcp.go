@@ -158,6 +158,9 @@ func (s *mcpServer) stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.http.Shutdown(ctx); err != nil {
+		// The server ends the requests still open, not their clients: their
+		// executions must not be cancelled as a stateless client's would.
+		s.bridge.BeginClose()
 		_ = s.http.Close() // streams that never end on their own
 	}
 	err := <-s.done
