@@ -1,6 +1,8 @@
 package executor_test
 
 import (
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"testing"
 	"time"
 
@@ -50,6 +52,52 @@ func TestStartDeadline_StartedAttemptWhoseRecordWent_NeverNotStarted(t *testing.
 			}
 			if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 				t.Fatalf("envelope %s after %d attempts, error %+v: the attempt ran, want OUTCOME_UNKNOWN", got.Status, got.Attempts, got.Error)
+			}
+		})
+	}
+}
+
+// Every accepted request ends in one envelope (DESIGN §13), even when a
+// cancel reached it first and left a pending record. A request refused
+// before it could run — a resume naming an approval that is not the
+// principal's, or a request that does not decode but carries a usable
+// execution id — must not be acknowledged (or terminated) until its
+// envelope exists: once its message has left the work-queue stream, nothing
+// will ever finalize it.
+func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *testing.T) {
+	for _, kind := range []string{"resume-refused", "undecodable"} {
+		t.Run(kind, func(t *testing.T) {
+			env := testenv.Start(t)
+			s := newStore(t, env)
+			var p probe
+			s.runWorker(env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, sendCap(&p))
+			id := envelope.NewExecutionID()
+			reply, err := s.c.Cancel(ctxT(t), id)
+			if err != nil || reply.State != executor.StatePending {
+				t.Fatalf("cancel before the request: %+v, %v", reply, err)
+			}
+			switch kind {
+			case "resume-refused":
+				// A resume naming only its approval, which does not exist.
+				s.publishRequest(s.b.Names.UnroutedSubject(broker.Anonymous),
+					&envelope.Request{ExecutionID: id, ApprovalID: envelope.NewExecutionID()})
+			case "undecodable":
+				m := nats.NewMsg(s.b.Names.ExecSubject(broker.Anonymous, "test.send"))
+				m.Data = []byte{0xc1} // never valid msgpack
+				m.Header.Set(jetstream.MsgIDHeader, id)
+				if _, err := s.b.JS.PublishMsg(ctxT(t), m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The request has left the stream: whatever finalizes it has been
+			// written by now, or never will be.
+			s.drained()
+			if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err != nil {
+				rec, _ := s.record(id)
+				t.Fatalf("request gone from the stream, no envelope (%v); record left %s, cancelRequested %v", err, rec.State, rec.CancelRequested)
+			}
+			if n := p.calls.Load(); n != 0 {
+				t.Fatalf("handler called %d times", n)
 			}
 		})
 	}
