@@ -1,8 +1,6 @@
 package executor_test
 
 import (
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"testing"
 	"time"
 
@@ -10,6 +8,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NOT_STARTED tells the model that the operation never ran (DESIGN §13). A
