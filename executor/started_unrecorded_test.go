@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -100,5 +101,52 @@ func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *test
 				t.Fatalf("handler called %d times", n)
 			}
 		})
+	}
+}
+
+// A request refused before its claim on the short path (stages 4 to 9 run
+// before anything is written) is finalized as a finalized record first, then
+// its envelope. A worker that writes the record but not the envelope (lost
+// between the two writes; here the envelopes refuse every write until it
+// stops) leaves the request queued, and the next delivery must write the
+// envelope the record stands for, as it does for NOT_STARTED: acknowledging
+// it as a duplicate of an envelope that does not exist ends the request with
+// none.
+func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	cfg := executor.WorkerConfig{ID: "refused", Lease: time.Second, Grace: 50 * time.Millisecond, SweepInterval: -1}
+	_, stop := runWorker(t, env.Connect(t), cfg, sendCap(&p))
+	envelopes := "KV_" + s.b.Names.EnvelopesBucket()
+	size := s.setMaxMsgSize(envelopes, 1)
+	id := envelope.NewExecutionID()
+	// An actor of no known kind: refused at stage 6, before any claim.
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
+		CapabilityID: "test.send", Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: envelope.Actor{Kind: "robot", ID: "r"}})
+	// The outcome is on the trail before its envelope is tried.
+	s.waitEvent(id, audit.Failed)
+	stop() // the worker gives up on the envelope as it shuts down
+	if rec, _ := s.record(id); rec.State != executor.StateFinalized {
+		t.Fatalf("record %s, want the finalized record the refusal writes before its envelope", rec.State)
+	}
+	info, err := s.b.Exec.Info(ctxT(t))
+	if err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the exec stream holds %d requests (%v), want the unfinalized one", info.State.Msgs, err)
+	}
+
+	s.setMaxMsgSize(envelopes, size)
+	cfg.ID = "next"
+	startWorker(t, env.Connect(t), cfg, sendCap(&p))
+	s.drained()
+	got, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id))
+	if err != nil {
+		t.Fatalf("request acknowledged, no envelope: %v", err)
+	}
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeUnauthenticated {
+		t.Fatalf("envelope %s, error %+v; want the refusal UNAUTHENTICATED", got.Status, got.Error)
+	}
+	if n := p.calls.Load(); n != 0 {
+		t.Fatalf("handler called %d times", n)
 	}
 }
