@@ -1,6 +1,8 @@
 package executor_test
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,5 +150,51 @@ func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testi
 	}
 	if n := p.calls.Load(); n != 0 {
 		t.Fatalf("handler called %d times", n)
+	}
+}
+
+// A duplicate never causes a second attempt of non-idempotent work (DESIGN
+// §5). Here a non-idempotent attempt starts, its worker is lost, and its
+// pool stays down longer than the record window, so the record goes. The
+// producer sends the same request again under another message id (a retry
+// past the duplicate window), and the copy reaches the pool before the
+// original's redelivery (whose ack wait, the lease, is long). The copy is a
+// first delivery, but of an id older than the record window: the missing
+// record proves nothing, and it must not run attempt 1 again.
+func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	// The first attempt holds until its context ends; any later one returns
+	// at once.
+	started := make(chan struct{})
+	var first atomic.Bool
+	p.gate = func(ctx context.Context, _ int) {
+		if first.CompareAndSwap(false, true) {
+			close(started)
+			<-ctx.Done() // bounded: the worker's shutdown ends it
+		}
+	}
+	// The lease is the pool's ack wait: the original is not redelivered
+	// while the test runs.
+	wcfg := executor.WorkerConfig{Pool: "p", Lease: time.Hour, Grace: 50 * time.Millisecond, Broker: cfg, SweepInterval: -1}
+	lostConn := env.Connect(t)
+	s.runWorker(lostConn, wcfg, sendCap(&p))
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+	waitClosed(t, started, "the handler never started")
+	lostConn.Close() // the worker is lost mid-attempt; its pool is down
+	s.waitRecordGone(id)
+
+	s.publishCopy("test.send", id, id+"-again")
+	s.runWorker(env.Connect(t), wcfg, sendCap(&p))
+	got := s.await(id)
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times (envelope %s after %d attempts): a copy of a request whose attempt was lost ran it again",
+			n, got.Status, got.Attempts)
+	}
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
+		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 }
