@@ -198,3 +198,40 @@ func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 }
+
+// A request that ended NOT_STARTED and is delivered again (a copy under
+// another message id; a redelivery whose acknowledgement was lost alike) is
+// a duplicate delivery on its trail, as any delivery of an ended execution
+// is (DESIGN §5, §8): not a second capability.requested and a second
+// terminal event, which would read as another call of the same execution.
+func TestStartDeadline_EndedRequestDeliveredAgain_AuditedAsADuplicate(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, sendCap(&p))
+	startBy := pastLease()
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.send",
+		Input: envelope.MustRaw(map[string]any{"n": 1}), StartBy: &startBy}
+	subject := s.b.Names.ExecSubject(broker.Anonymous, "test.send")
+	s.publishRequest(subject, req)
+	checkNotStarted(t, s.await(req.ExecutionID))
+	s.settled(req.ExecutionID)
+
+	data, err := envelope.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, req.ExecutionID+"-again")
+	if _, err := s.b.JS.PublishMsg(ctxT(t), m); err != nil {
+		t.Fatal(err)
+	}
+	tr := s.settled(req.ExecutionID)
+	if count(tr, audit.Requested) != 1 || count(tr, audit.Failed) != 1 || count(tr, audit.DuplicateDelivery) != 1 {
+		t.Fatalf("trail %v: want one requested, one failed, and the second delivery as a duplicate", typesOf(tr))
+	}
+	if n := s.envelopeWrites(); n != 1 || p.calls.Load() != 0 {
+		t.Fatalf("%d envelope writes, %d handler calls", n, p.calls.Load())
+	}
+}
