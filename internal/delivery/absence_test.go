@@ -38,6 +38,7 @@ func TestAbsenceProves_OnlyWhereNoClaimCanHaveExpired(t *testing.T) {
 			{"an old id's copy, stored just past the skew", idAt(old), old.Add(skew + tick), true, false},
 			{"an id that is no UUIDv7, first delivery", uuid.NewString(), old, true, true},
 			{"an id that is no UUIDv7, redelivered, stored longer ago than the window", "order-42", old, false, false},
+			{"an id that is no UUIDv7, redelivered, stored just longer ago than the window", "order-42", now.Add(-window - tick), false, false},
 		} {
 			if got := absenceProves(tc.id, tc.stored, tc.first, now, window); got != tc.want {
 				t.Errorf("window %v, %s: absenceProves = %v, want %v", window, tc.name, got, tc.want)
