@@ -304,6 +304,27 @@ func TestTakeoverTable(t *testing.T) {
 			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: executor.StateClaimed},
 		},
 		{
+			// A claim made where no record proved that no attempt had run (its
+			// record may have expired under one) is marked WORKER_LOST; lost
+			// before it decided, its takeover never runs a write from the top.
+			name: "ExpiredClaimedWorkerLostWrite_OutcomeUnknown",
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+					LastError: envelope.CodeWorkerLost, Worker: deadWorker, LeaseUntil: pastLease()}
+			},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, takenFrom: executor.StateClaimed},
+		},
+		{
+			// A read, eligible for a retry after a lost worker, runs again.
+			name: "ExpiredClaimedWorkerLostRead_Runs",
+			read: true,
+			rec: func(id string) *executor.Record {
+				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateClaimed,
+					LastError: envelope.CodeWorkerLost, Worker: deadWorker, LeaseUntil: pastLease()}
+			},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+		},
+		{
 			// A worker ended the request NOT_STARTED and was lost between its
 			// record and its envelope: the delivery writes the envelope.
 			name:    "FinalizedNotStartedWithoutEnvelope_EnvelopeWritten",

@@ -64,47 +64,127 @@ func (x *Execution) startExpired() bool {
 	return time.Now().After(x.w.startDeadline(meta.Timestamp, x.req))
 }
 
-// finalizeRecorded writes the envelope a finalized record names and that was
-// never written (its writer was lost between the two): only NOT_STARTED is
-// recorded that way.
+// finalizeRecorded writes the envelope a finalized record stands for and
+// that was never written: a record finalized before its envelope (a request
+// refused before its claim, one that never started, one that does not
+// decode) whose writer was lost between the two writes, or gave up on the
+// envelope. The envelope is rebuilt from the record's status and error code.
+// It reports whether the envelope exists. A record older than the envelope
+// retention is not repaired: its envelope may have been written and expired
+// since.
 func (w *Runner) finalizeRecorded(x *Execution, rec *Record) bool {
-	if rec.LastError != envelope.CodeNotStarted {
+	if rec.State != StateFinalized {
 		return false
 	}
-	env := notStartedEnvelope(x.req)
+	if r := w.b.Config.EnvelopeRetention; r > 0 && time.Since(rec.UpdatedAt) >= r {
+		return true
+	}
+	env := recordedEnvelope(x.req, rec)
 	env.V, env.FinalizedBy, env.FinalizedAt = envelope.Version, w.cfg.ID, time.Now().UTC()
 	ctx, cancel := StoreContext()
 	defer cancel()
 	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
 	if err == nil {
-		x.emit(audit.Failed, notStartedData())
+		if env.Error != nil {
+			event := audit.Failed
+			if env.Status == envelope.StatusCancelled {
+				event = audit.Cancelled
+			}
+			x.emit(event, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+				"retryable": env.Error.Retryable, "attempts": rec.Attempt,
+				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
+		}
 		w.finalized.Add(1)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists)
 }
 
-func notStartedData() map[string]any {
-	cerr := NotStartedError()
-	return map[string]any{"code": string(cerr.Code), "stage": cerr.Stage, "retryable": false, "attempts": 0,
-		"executedBeforeFailure": false}
+// recordedEnvelope is the envelope a finalized record stands for. A record
+// keeps the status and the error code, not the message: the message is the
+// code's own.
+func recordedEnvelope(req *envelope.Request, rec *Record) *envelope.Envelope {
+	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: rec.CapabilityID, Status: rec.Status,
+		Attempts: rec.Attempt}
+	if env.CapabilityID == "" {
+		env.CapabilityID = req.CapabilityID
+	}
+	if env.Status == "" {
+		env.Status = envelope.StatusFailed
+	}
+	switch rec.LastError {
+	case "":
+	case envelope.CodeNotStarted:
+		env.Error = NotStartedError().Wire()
+	case envelope.CodeCapabilityNotFound:
+		env.Error = NotFoundError().Wire()
+	case envelope.CodeOutcomeUnknown:
+		env.Error = outcomeUnknown(expiredRecordMessage).Wire()
+	default:
+		env.Error = &envelope.Error{Code: rec.LastError, Stage: recordedStage(rec.LastError),
+			ExposeToModel: rec.LastError != envelope.CodeInternalError && rec.LastError != envelope.CodeExecutionFailed,
+			Message:       "The operation was refused before it ran (" + string(rec.LastError) + ")."}
+		if rec.Status == envelope.StatusCancelled {
+			env.Error.Message = "The operation was stopped before it ran (" + string(rec.LastError) + ")."
+		}
+	}
+	return env
+}
+
+// recordedStage is the pipeline stage an error code of a request refused
+// before its claim comes from ("" when several may).
+func recordedStage(code envelope.Code) string {
+	switch code {
+	case envelope.CodeInputInvalid:
+		return envelope.StageInput
+	case envelope.CodeUnauthenticated, envelope.CodeForbidden:
+		return envelope.StageActor
+	case envelope.CodeApprovalPending, envelope.CodeApprovalRejected, envelope.CodeApprovalExpired,
+		envelope.CodeApprovalConsumed, envelope.CodeApprovalInputMismatch, envelope.CodeApprovalSelfApproval,
+		envelope.CodeApprovalUnserializableInput:
+		return envelope.StageApproval
+	case envelope.CodeCancelled:
+		return envelope.StageCancelation
+	case envelope.CodeOutcomeUnknown:
+		return envelope.StageHandler
+	}
+	return ""
 }
 
 // endedUnstarted ends a delivery whose request is past its start deadline
 // and has no record, and reports whether it did; a request with a record is
-// left to the takeover table.
+// left to the takeover table. A delivery of a request that has ended already
+// is a duplicate. When finding no record would not prove that the request
+// never started (absenceProves: an attempt may have run under a record that
+// has expired since), it is not said to have never run: the claiming path
+// decides (checkedFresh).
 func (w *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelope.Request) bool {
 	meta, err := msg.Metadata()
-	if err != nil || !time.Now().After(w.startDeadline(meta.Timestamp, req)) {
+	now := time.Now()
+	if err != nil || !now.After(w.startDeadline(meta.Timestamp, req)) ||
+		!absenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, w.b.Config.RecordWindow) {
 		return false
 	}
 	x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+	have, err := x.envelope()
+	switch {
+	case have != nil || errors.Is(err, envelope.ErrDecode):
+		finalizedBy := ""
+		if have != nil {
+			finalizedBy = have.FinalizedBy
+		}
+		w.duplicate(msg, req, finalizedBy)
+		return true
+	case err != nil:
+		nak(msg, time.Second) // the store did not answer: decide again later
+		return true
+	}
 	x.hashInput()
-	done, exists := w.finalizeWithoutRun(x, notStartedEnvelope(req), "")
+	done, found, _ := w.finalizeWithoutRun(x, notStartedEnvelope(req), "")
 	switch {
 	case done:
 		w.notStarted.Add(1)
 		ackSync(msg)
-	case exists:
+	case found != nil:
 		return false
 	default:
 		nak(msg, time.Second) // the store did not answer: decide again later

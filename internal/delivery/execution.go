@@ -30,6 +30,9 @@ type Execution struct {
 	obs               observe.Execution
 	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
+	// unproven: this delivery found no record, and that did not prove that
+	// no attempt had started (absenceProves).
+	unproven bool
 	// admitted runs the attempts, once stages 4 to 9 let the execution through.
 	admitted Admitted
 

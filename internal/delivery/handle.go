@@ -111,6 +111,11 @@ func (x *Execution) claimAndRun() {
 		return
 	}
 	rec := x.newRecord(StateClaimed)
+	if x.unproven = x.absenceUnproven(); x.unproven {
+		// Should this claim be lost before it decides, the takeover of its
+		// record must not take it for one of a request that never ran.
+		rec.LastError = envelope.CodeWorkerLost
+	}
 	if !x.create(rec) {
 		x.yieldClaim()
 		return
@@ -284,15 +289,57 @@ func (x *Execution) checkedFresh() bool {
 		x.refuseExpired(made)
 		return false
 	}
-	if window := x.w.b.Config.RecordWindow; n > 1 && !fresh(x.msg, window-idSkew(window)) {
-		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
-		if x.cap == nil || !x.cap.RetryEligible(lost) {
-			x.emit(audit.Requested, nil)
-			x.finalize(x.failedAfterRun(outcomeUnknown("A delivery of this operation came back after its record's window; it may or may not have taken effect.")), 0)
-			return false
-		}
+	if x.unproven && !x.mayRunAgain() {
+		x.emit(audit.Requested, nil)
+		x.finalize(x.failedAfterRun(outcomeUnknown(expiredRecordMessage)), 0)
+		return false
 	}
 	return true
+}
+
+// absenceUnproven reports whether finding no record of this delivery's
+// execution would not prove that no attempt of it started (absenceProves).
+func (x *Execution) absenceUnproven() bool {
+	meta, err := x.msg.Metadata()
+	return err != nil || !absenceProves(x.req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, time.Now(), x.w.b.Config.RecordWindow)
+}
+
+// mayRunAgain reports whether an execution whose attempt may have run
+// unrecorded may run now: only a capability eligible for a retry after a
+// lost worker, and never past the start deadline.
+func (x *Execution) mayRunAgain() bool {
+	lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
+	return x.cap != nil && x.cap.RetryEligible(lost) && !x.startExpired()
+}
+
+// expiredRecordMessage is the OUTCOME_UNKNOWN of an execution whose record
+// may have expired under an attempt.
+const expiredRecordMessage = "An earlier delivery of this operation may have run it under a record that has expired since; it may or may not have taken effect."
+
+// absenceProves reports whether finding no record of an execution proves
+// that no claim of it was ever made, so that no attempt of it started. A
+// record goes one record window after its last write (DESIGN §16): once a
+// claim could have been made longer ago than that, its absence proves
+// nothing by itself. A claim of an id comes after a message of it was
+// stored, and the claims of one message after that message was stored. So
+// the absence proves it when the id was made within the window (less the
+// clock skew), or when the message is the id's first publication (stored
+// within the skew of the id's time; an id that is no UUIDv7 is taken for
+// one) and was either never delivered before (firstDelivery) or stored
+// within the window. A later publication of the id (a producer's retry past
+// the duplicate window, a forward from _unrouted) proves nothing once the
+// id is older than the window: an earlier one may have run. The id's age
+// alone would not do: the first delivery of a request that waited in a
+// backlog longer than the window must still run.
+func absenceProves(id string, stored time.Time, firstDelivery bool, now time.Time, window time.Duration) bool {
+	if recentID(id, now, window) {
+		return true
+	}
+	skew := idSkew(window)
+	if made, ok := envelope.ExecutionIDTime(id); ok && stored.After(made.Add(skew)) {
+		return false
+	}
+	return firstDelivery || now.Sub(stored) < window-skew
 }
 
 // refuseExpired ends a request whose id is older than envelopes are kept:
@@ -339,7 +386,9 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		nak(x.msg, time.Second)
 		return
 	}
-	if env == nil && rec.State == StateFinalized && rec.LastError == envelope.CodeNotStarted && !w.finalizeRecorded(x, rec) {
+	if env == nil && rec.State == StateFinalized && !w.finalizeRecorded(x, rec) {
+		// A finalized record stands for its envelope: written now, or the
+		// next delivery tries again.
 		nak(x.msg, time.Second)
 		return
 	}
@@ -411,7 +460,13 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		x.finalize(x.failedAfterRun(outcomeUnknown("The worker running this operation was lost; it may or may not have taken effect.")), n)
 	default:
 		// The handler never started (pending, claimed): run from the top,
-		// unless the request's start deadline has passed.
+		// unless the request's start deadline has passed. A claim made where
+		// no record proved that no attempt had run is marked WORKER_LOST: it
+		// decides as that claim would have (checkedFresh).
+		if prev == StateClaimed && x.rec.LastError == envelope.CodeWorkerLost && !x.mayRunAgain() {
+			x.finalize(x.failedAfterRun(outcomeUnknown(expiredRecordMessage)), 0)
+			return
+		}
 		if x.startExpired() {
 			x.w.notStarted.Add(1)
 			x.finalize(x.failed(NotStartedError()), 0)
@@ -461,11 +516,17 @@ func (x *Execution) envelope() (*envelope.Envelope, error) {
 // duplicate acknowledges a delivery of an execution that is already finalized:
 // never a new attempt.
 func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
+	w.auditDuplicate(req, finalizedBy)
+	ackSync(msg)
+}
+
+// auditDuplicate audits a delivery of an execution that is already
+// finalized: execution.duplicate_delivery, never a second call.
+func (w *Runner) auditDuplicate(req *envelope.Request, finalizedBy string) {
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"finalizedBy": finalizedBy}})
-	ackSync(msg)
 }
 
 // undecodable terminates a message that is not a request: it must not be
@@ -488,35 +549,97 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 		}
 		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
 			principal: principal, key: broker.Key(principal, id)}
-		w.finalizeWithoutRun(x, env, "undecodable")
+		if !w.endWithoutRun(msg, x, env, "undecodable") {
+			return // its envelope is not written yet: not terminated
+		}
 	}
 	_ = msg.TermWithReason("request does not decode")
+}
+
+// endWithoutRun ends a delivery whose request is refused before it can run
+// (one that does not decode, a resume refused before it is resolved) with
+// env, and reports whether the envelope exists, so that the delivery may be
+// settled: a message that leaves the work-queue stream before its envelope
+// is written is never finalized (DESIGN §13). An envelope already there is a
+// duplicate delivery. A record found in the way decides as the takeover
+// table says (a cancel's pending record: CANCELLED; a finalized one: the
+// envelope it stands for), through a delivery of its own; any other record
+// is another delivery's claim, waited for with a delay.
+func (w *Runner) endWithoutRun(msg jetstream.Msg, x *Execution, env *envelope.Envelope, reason string) bool {
+	have, err := x.envelope()
+	switch {
+	case have != nil || errors.Is(err, envelope.ErrDecode):
+		finalizedBy := ""
+		if have != nil {
+			finalizedBy = have.FinalizedBy
+		}
+		w.auditDuplicate(x.req, finalizedBy)
+		return true
+	case err != nil:
+		nak(msg, time.Second)
+		return false
+	}
+	done, rec, rev := w.finalizeWithoutRun(x, env, reason)
+	switch {
+	case done:
+		return true
+	case rec != nil && (rec.State == StatePending || rec.State == StateFinalized):
+		// decide settles the delivery itself.
+		w.decideFound(msg, x.req, rec, rev)
+	case rec != nil:
+		nak(msg, max(time.Until(rec.LeaseUntil), time.Second))
+	default:
+		nak(msg, time.Second) // the store did not answer: decide again later
+	}
+	return false
+}
+
+// decideFound lets the takeover table decide a delivery of a request that
+// was not claimed from the record found in its place.
+func (w *Runner) decideFound(msg jetstream.Msg, req *envelope.Request, rec *Record, rev uint64) {
+	x := w.newExecution(msg, req, nil)
+	if !w.track(x) {
+		x.finish()
+		nak(msg, w.cfg.Lease)
+		return
+	}
+	defer w.untrack(x)
+	defer x.finish()
+	x.hashInput()
+	x.decide(rec, rev)
 }
 
 // finalizeWithoutRun writes a finalized record, its trail (requested, denied
 // for reason unless it is empty, failed), then the envelope, for a request
 // refused before it could run (one that does not decode, one past its start
-// deadline). If another record exists, it owns the id (exists); a finalized
-// one without its envelope is this path's own, interrupted before the
-// envelope. done reports that the envelope exists.
-func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) (done, exists bool) {
+// deadline). done reports that the envelope exists. If another record
+// exists, it owns the id and is returned (found, with its revision); a
+// finalized one of the same outcome without its envelope is this path's
+// own, interrupted before the envelope. Neither done nor a record: the store
+// did not answer.
+func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason string) (done bool, found *Record, foundRev uint64) {
 	id, capID := x.req.ExecutionID, x.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
 	rec := w.finalizedRecord(id, capID, env.Status, env.Error.Code)
 	if _, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow); err != nil {
-		rec, _, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
-		if lerr != nil || rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
+		rec, rev, lerr := broker.Load[Record](ctx, w.b.Executions, x.key)
+		if lerr != nil {
+			return false, nil, 0
+		}
+		if rec.State != StateFinalized || rec.CapabilityID != capID || rec.Status != env.Status ||
 			rec.LastError != env.Error.Code {
-			return false, true
+			return false, rec, rev
 		}
 	}
 	x.emit(audit.Requested, nil)
 	if reason != "" {
 		x.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
 	}
+	// Only an attempt that may have run under an expired record ends here
+	// OUTCOME_UNKNOWN (the sweeper's).
 	x.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
-		"retryable": false, "attempts": 0, "executedBeforeFailure": false})
+		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = time.Now().UTC()
@@ -524,7 +647,7 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	if err == nil {
 		w.finalized.Add(1)
 	}
-	return err == nil || errors.Is(err, broker.ErrExists), false
+	return err == nil || errors.Is(err, broker.ErrExists), nil, 0
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
@@ -557,8 +680,9 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 			if cerr.Cause != nil {
 				reason += ": " + cerr.Cause.Error()
 			}
-			w.finalizeWithoutRun(x, env, reason)
-			ackSync(msg)
+			if w.endWithoutRun(msg, x, env, reason) {
+				ackSync(msg)
+			}
 			return
 		}
 		if fwd, err = envelope.Marshal(req); err != nil {

@@ -36,7 +36,11 @@ type Record struct {
 	Claim      string    `json:"claim,omitempty"`
 	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
 	// StartedAt is when the current attempt started.
-	StartedAt time.Time     `json:"startedAt,omitzero"`
+	StartedAt time.Time `json:"startedAt,omitzero"`
+	// LastError is the failed attempt's code in backoff, the envelope's
+	// code once finalized, and WORKER_LOST on a claim made where finding no
+	// record did not prove that no attempt had started: its takeover never
+	// runs it from the top unless a retry is allowed (DESIGN §5).
 	LastError envelope.Code `json:"lastError,omitempty"`
 	// CancelRequested may be set in any state before finalized; it is terminal.
 	CancelRequested   bool      `json:"cancelRequested,omitempty"`

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,8 @@ import (
 // lease on their record:
 //
 //	no record, or claimed (the handler never started) -> failed / NOT_STARTED
+//	no record, where that proves nothing (absenceProves),
+//	or claimed with WORKER_LOST (a claim made so)      -> failed / OUTCOME_UNKNOWN
 //	pending with a cancel                              -> cancelled / CANCELLED
 //	running or backoff, past the TTL deadline          -> failed / OUTCOME_UNKNOWN
 //	finalized                                          -> nothing to do
@@ -35,8 +38,9 @@ import (
 //
 // One worker sweeps at a time: the duty is a lease in the pools bucket
 // (sweeperKey), taken and renewed by CAS. A pass costs one stream read per
-// queued request (eight ranges of the stream read at once), and one record
-// read per request past its deadline: none of it is on an execution's path.
+// queued request (eight ranges of the stream read at once), one consumer
+// listing, and one record read per request past its deadline: none of it is
+// on an execution's path.
 
 // sweeperKey is the sweeper lease's key in the pools bucket.
 const sweeperKey = "_sweeper"
@@ -121,6 +125,10 @@ func (w *Runner) SweepOnce(ctx context.Context) (int, error) {
 	if info.State.Msgs == 0 || last < first {
 		return 0, nil
 	}
+	reach, err := w.consumerReach(ctx)
+	if err != nil {
+		return 0, err
+	}
 	span := (last - first + sweepWalkers) / sweepWalkers
 	var (
 		wg    sync.WaitGroup
@@ -136,7 +144,7 @@ func (w *Runner) SweepOnce(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := w.sweepRange(ctx, from, to)
+			n, err := w.sweepRange(ctx, reach, from, to)
 			ended.Add(int64(n))
 			errs[i] = err
 		}()
@@ -146,7 +154,7 @@ func (w *Runner) SweepOnce(ctx context.Context) (int, error) {
 }
 
 // sweepRange walks the stream's requests stored from sequence from to to.
-func (w *Runner) sweepRange(ctx context.Context, from, to uint64) (int, error) {
+func (w *Runner) sweepRange(ctx context.Context, reach []consumerReach, from, to uint64) (int, error) {
 	ended := 0
 	subjects := w.b.Names.ExecSubjects()
 	for seq := from; seq <= to; {
@@ -163,16 +171,79 @@ func (w *Runner) sweepRange(ctx context.Context, from, to uint64) (int, error) {
 			return ended, nil
 		}
 		seq = m.Sequence + 1
-		if w.sweepOne(ctx, m) {
+		if w.sweepOne(ctx, reach, m) {
 			ended++
 		}
 	}
 	return ended, nil
 }
 
+// consumerReach is one consumer of the exec stream as a pass found it: its
+// filters and the last stream sequence it delivered. A request at or below
+// it, on a subject it filters, has been delivered at least once.
+type consumerReach struct {
+	filters   []string
+	delivered uint64
+}
+
+// consumerReach reads the exec stream's consumers, before a pass: a request
+// delivered after it is claimed by the worker it went to, whose create-only
+// record and the sweeper's are one write against the other.
+func (w *Runner) consumerReach(ctx context.Context) ([]consumerReach, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list := w.b.Exec.ListConsumers(ctx)
+	var reach []consumerReach
+	for info := range list.Info() {
+		filters := info.Config.FilterSubjects
+		if info.Config.FilterSubject != "" {
+			filters = append(filters, info.Config.FilterSubject)
+		}
+		if len(filters) == 0 {
+			filters = []string{">"}
+		}
+		reach = append(reach, consumerReach{filters: filters, delivered: info.Delivered.Stream})
+	}
+	return reach, list.Err()
+}
+
+// everDelivered reports whether a consumer has delivered the request stored
+// at seq on subject.
+func everDelivered(reach []consumerReach, subject string, seq uint64) bool {
+	for _, c := range reach {
+		if seq > c.delivered {
+			continue
+		}
+		for _, f := range c.filters {
+			if subjectMatches(f, subject) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// subjectMatches reports whether subject is matched by filter, whose tokens
+// may be the wildcards * (one token) and > (the rest, at least one token).
+func subjectMatches(filter, subject string) bool {
+	for {
+		f, fRest, fMore := strings.Cut(filter, ".")
+		t, tRest, tMore := strings.Cut(subject, ".")
+		switch {
+		case f == ">":
+			return t != ""
+		case f != "*" && f != t:
+			return false
+		case !fMore || !tMore:
+			return fMore == tMore
+		}
+		filter, subject = fRest, tRest
+	}
+}
+
 // sweepOne ends one stored request if it is past its deadline and nobody
 // holds it; it reports whether it ended it.
-func (w *Runner) sweepOne(ctx context.Context, m *jetstream.RawStreamMsg) bool {
+func (w *Runner) sweepOne(ctx context.Context, reach []consumerReach, m *jetstream.RawStreamMsg) bool {
 	req, err := envelope.DecodeRequest(m.Data)
 	if err != nil {
 		return false // a pool's worker terminates it; else JetStream drops it at the TTL
@@ -197,7 +268,22 @@ func (w *Runner) sweepOne(ctx context.Context, m *jetstream.RawStreamMsg) bool {
 	cancel()
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
-		done, _ := w.finalizeWithoutRun(x, notStartedEnvelope(req), "")
+		if have, err := x.envelope(); have != nil || err != nil {
+			// Ended already (this is a copy, or its ack was lost), or not known.
+			if have != nil {
+				w.removeSwept(ctx, m.Sequence)
+			}
+			return false
+		}
+		env := notStartedEnvelope(req)
+		if !absenceProves(req.ExecutionID, m.Time, !everDelivered(reach, m.Subject, m.Sequence), now,
+			w.b.Config.RecordWindow) {
+			// An attempt may have run under a record that has expired since:
+			// never "it never ran".
+			env = &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID,
+				Status: envelope.StatusFailed, Error: outcomeUnknown(expiredRecordMessage).Wire()}
+		}
+		done, _, _ := w.finalizeWithoutRun(x, env, "")
 		if done {
 			w.swept.Add(1)
 			w.removeSwept(ctx, m.Sequence)
@@ -206,7 +292,7 @@ func (w *Runner) sweepOne(ctx context.Context, m *jetstream.RawStreamMsg) bool {
 	case err != nil:
 		return false
 	case rec.State == StateFinalized:
-		if rec.LastError == envelope.CodeNotStarted && w.finalizeRecorded(x, rec) {
+		if w.finalizeRecorded(x, rec) {
 			w.removeSwept(ctx, m.Sequence)
 		}
 		return false
@@ -218,6 +304,9 @@ func (w *Runner) sweepOne(ctx context.Context, m *jetstream.RawStreamMsg) bool {
 	switch {
 	case rec.CancelRequested:
 		o = x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution.")
+	case rec.State == StateClaimed && rec.LastError == envelope.CodeWorkerLost:
+		// Claimed where no record proved that no attempt had run.
+		o = x.failedAfterRun(outcomeUnknown(expiredRecordMessage))
 	case rec.State == StatePending || rec.State == StateClaimed:
 		o = x.failed(NotStartedError())
 	case now.After(w.ttlDeadline(m.Time)):
