@@ -42,16 +42,17 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
 		return nil, err
 	}
-	// ... and every worker stops its own run of it at once, if it has one:
-	// on the request itself, and again on the notice sent once the cancel is
-	// recorded, for a run that began between the two.
+	// ... and every worker stops its own run of it at once, if it has one, on
+	// the notice sent once the cancel is recorded. The server also sends
+	// messages to these subjects on a producer's behalf (as the reply of a
+	// request it makes), so a notice is only a prompt: CancelLocal stops the
+	// run only if the execution's record says it was cancelled. A run that
+	// begins after the cancel was recorded sees it on the record when it
+	// claims.
 	stopLocal := func(m *nats.Msg) {
 		if p := n.PrincipalOfSubject(m.Subject); p != "" {
 			w.run.CancelLocal(p, lastToken(m.Subject))
 		}
-	}
-	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
-		return nil, err
 	}
 	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
