@@ -259,6 +259,22 @@ func ackSync(msg jetstream.Msg) {
 	// A lost ack only means a redelivery, which finds the envelope and acks.
 }
 
+// conflict acks, without running it, a request whose execution's record was
+// claimed for another request under the same id (Record.Conflict names the
+// field that differs), and audits it as a duplicate delivery with the field
+// and the record's capability. Nothing of the execution changes: the request
+// the record names still decides it.
+func (w *Runner) conflict(msg jetstream.Msg, req *envelope.Request, rec *Record, field string) {
+	w.duplicates.Add(1)
+	w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
+		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
+	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
+		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"conflict": field,
+			"claimedFor": rec.CapabilityID, "claimedBy": rec.Worker}})
+	ackSync(msg)
+}
+
 func (w *Runner) emit(ev *audit.Event) {
 	ev.Worker = w.cfg.ID
 	w.audit.Emit(ev)
