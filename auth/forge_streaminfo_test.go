@@ -1,9 +1,11 @@
 package auth_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -25,7 +27,12 @@ func TestForge_StreamInfoDoesNotListAnotherPrincipalsExecutions(t *testing.T) {
 	}
 	for _, bucket := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
 		req, _ := json.Marshal(map[string]any{"subjects_filter": "$KV." + bucket + ".>"})
-		m, err := aliceNC.RequestWithContext(ctx, "$JS.API.STREAM.INFO.KV_"+bucket, req)
+		// A refused request is answered only by its timeout: a short one for
+		// each bucket, so that the first refusal does not use up the test's
+		// context and leave the second bucket unasked.
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		m, err := aliceNC.RequestWithContext(short, "$JS.API.STREAM.INFO.KV_"+bucket, req)
+		cancel()
 		if err != nil {
 			continue // refused: nothing listed
 		}
