@@ -16,9 +16,9 @@ type CancelReply struct {
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
 	State State `json:"state,omitempty"`
-	// Finalized is true when the execution has ended: before the cancel (which
-	// then changed nothing), or already because of it, when the worker running
-	// it stopped it before the cancel was recorded. Status says which.
+	// Finalized is true when the execution had ended before the cancel, which
+	// then changed nothing; Status is its envelope's. A running execution is
+	// stopped once the cancel is recorded.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
 	Error     string          `json:"error,omitempty"`
