@@ -92,7 +92,7 @@ func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Su
 			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 			rec, err := s.DecideAs(ctx, principal, req, authz)
 			cancel()
-			reply.Record = rec
+			reply.Record = shownTo(rec, principal)
 			if err != nil {
 				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
 				reply.AuditUnavailable = rec != nil && slices.Contains(reply.Conditions, "audit_unavailable")
@@ -219,13 +219,28 @@ func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, a
 			continue
 		}
 		if _, _, err := authz.Approver(principal, r.Types); err == nil {
-			out = append(out, r)
+			out = append(out, shownTo(r, principal))
 		}
 	}
 	if req.ID != "" && len(out) == 0 {
 		return nil, fmt.Errorf("%w: principal %q neither requested nor may decide approvals of types %v", ErrForbidden, principal, all[0].Types)
 	}
 	return out, nil
+}
+
+// shownTo is r as principal may receive it: when the capability redacts what
+// approvers see (a Display is stored), anyone but the principal that
+// requested it receives the display and the input's hash, not the input. The
+// approval still binds the whole input, which the workers read from the
+// store. On an open server, where every client reads the approvals bucket,
+// the record is sent whole.
+func shownTo(r *Record, principal string) *Record {
+	if r == nil || len(r.Display) == 0 || principal == "" || principal == broker.Anonymous || requestedBy(r, principal) {
+		return r
+	}
+	v := *r
+	v.Input = nil
+	return &v
 }
 
 // requestedBy reports whether an authenticated principal requested r.

@@ -667,15 +667,14 @@ func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
 	if err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("%v %+v", err, env)
 	}
-	ajs, err := jetstream.New(aliceNC)
+	// As a client reads: by key, without the buckets' stream information,
+	// which a producer may not ask for.
+	ab, err := broker.Open(ctx, aliceNC, broker.Config{Prefix: r.setup.Prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, bucket := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
-		kv, err := ajs.KeyValue(ctx, bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, kv := range []jetstream.KeyValue{ab.Envelopes, ab.Executions} {
+		bucket := kv.Bucket()
 		short, cancel := context.WithTimeout(ctx, time.Second)
 		_, err = kv.Get(short, broker.Key("bob", env.ExecutionID))
 		cancel()

@@ -20,9 +20,9 @@ type Permissions struct {
 // A producer publishes only under its own principal token (requests within its
 // capability grants, cancels, describes, listings of the approvals it
 // requested), receives only its own replies and
-// envelopes, and reads only its own records and envelopes, the catalog and
-// nothing else: no key-value write, no stream or consumer administration, no
-// audit event. An approver sends decisions to workers and reads approvals. A
+// envelopes, and reads only its own records and envelopes (by key, without
+// their buckets' stream information), the catalog and nothing else: no
+// key-value write, no stream or consumer administration, no audit event. An approver sends decisions to workers and reads approvals. A
 // worker may do what the runtime needs except touch grants or remove audit
 // events; an admin may do anything.
 func PermissionsFor(g Grant, n broker.Names) Permissions {
@@ -49,10 +49,11 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 				pub = append(pub, n.ExecSubject(p, c))
 			}
 		}
+		// Its own envelopes and records by key, and no stream information
+		// of their buckets: with a subjects filter it lists every key,
+		// another principal's execution ids among them.
 		for _, b := range []string{n.EnvelopesBucket(), n.ExecutionsBucket()} {
-			pub = append(pub,
-				js("STREAM.INFO."+kvStream(b)),
-				js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
+			pub = append(pub, js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
 		}
 		// The catalog by key only: no consumer, whose push deliveries could
 		// be aimed at another principal's subjects.

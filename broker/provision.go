@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // ErrConfigConflict marks an existing resource whose configuration differs from
@@ -233,7 +235,61 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	if err := allowMsgTTL(ctx, js, "KV_"+n.ExecutionsBucket()); err != nil {
 		return nil, err
 	}
+	if err := b.publishResources(ctx); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// ResourcesKey is the catalog key under which provisioning records what
+// clients must know of the buckets they may not inspect (a producer may not
+// ask for their stream information): capability ids never start with "_".
+const ResourcesKey = "_resources"
+
+// resources is the value under ResourcesKey.
+type resources struct {
+	V int `json:"v"`
+	// EnvelopeRetentionMs is the envelopes bucket's TTL.
+	EnvelopeRetentionMs int64 `json:"envelopeRetentionMs"`
+}
+
+// publishResources records the resources' facts for clients, when they
+// changed.
+func (b *Broker) publishResources(ctx context.Context) error {
+	want := resources{V: envelope.Version, EnvelopeRetentionMs: b.Config.EnvelopeRetention.Milliseconds()}
+	if have, _, err := Load[resources](ctx, b.Catalog, ResourcesKey); err == nil && *have == want {
+		return nil
+	}
+	v, err := envelope.Marshal(&want)
+	if err != nil {
+		return err
+	}
+	if _, err := b.Catalog.Put(ctx, ResourcesKey, v); err != nil {
+		return fmt.Errorf("capstan: bucket %s: record %s: %w", b.Names.CatalogBucket(), ResourcesKey, err)
+	}
+	return nil
+}
+
+// EnvelopeRetention reads how long the envelopes bucket keeps envelopes: as
+// provisioning recorded it in the catalog, or, for resources an earlier
+// version provisioned, from the bucket's stream information (which a
+// producer may not read).
+func (b *Broker) EnvelopeRetention(ctx context.Context) (time.Duration, error) {
+	r, _, err := Load[resources](ctx, b.Catalog, ResourcesKey)
+	switch {
+	case err == nil && r.EnvelopeRetentionMs > 0:
+		return time.Duration(r.EnvelopeRetentionMs) * time.Millisecond, nil
+	case err != nil && !errors.Is(err, ErrNotFound):
+		return 0, fmt.Errorf("capstan: read %s of bucket %s: %w", ResourcesKey, b.Names.CatalogBucket(), err)
+	}
+	st, err := b.Envelopes.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("capstan: read bucket %s: %w", b.Names.EnvelopesBucket(), err)
+	}
+	if st.TTL() <= 0 {
+		return 0, fmt.Errorf("capstan: bucket %s keeps envelopes for ever", b.Names.EnvelopesBucket())
+	}
+	return st.TTL(), nil
 }
 
 // allowMsgTTL lets a bucket's writes carry their own TTL (the executions
@@ -466,11 +522,15 @@ func unlimited(v int64) int64 {
 	return v
 }
 
-// Open binds the buckets a client reads (envelopes, executions, catalog)
-// without creating or checking anything: clients never provision, and a
-// producer's credentials would not let it. Exec, Audit, Approvals and Pools
-// are left nil; Open fails when a bucket does not exist yet (no server or
-// worker has provisioned) or the credentials do not allow reading it.
+// Open binds the buckets a client reads without creating or checking
+// anything: clients never provision, and a producer's credentials would not
+// let it. The envelopes and executions buckets are bound for reading by key
+// only (direct gets; every other operation fails with ErrByKeyOnly): a
+// producer may not ask for their stream information, which would list every
+// principal's keys. The catalog is bound whole. Exec, Audit, Approvals and
+// Pools are left nil; Open fails when the catalog does not exist yet (no
+// server or worker has provisioned; provisioning creates it after the other
+// two) or the credentials do not allow reading it.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(AsyncAckTimeout))
@@ -479,27 +539,27 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
-	for _, kv := range []struct {
-		dst  *jetstream.KeyValue
-		name string
-	}{
-		{&b.Envelopes, n.EnvelopesBucket()},
-		{&b.Executions, n.ExecutionsBucket()},
-		{&b.Catalog, n.CatalogBucket()},
-	} {
-		if *kv.dst, err = js.KeyValue(ctx, kv.name); err != nil {
-			if errors.Is(err, jetstream.ErrBucketNotFound) {
-				return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w", kv.name, err)
-			}
-			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
-		}
+	if b.Catalog, err = openBucket(ctx, js, n.CatalogBucket()); err != nil {
+		return nil, err
 	}
+	b.Envelopes, b.Executions = bindByKey(nc, n.EnvelopesBucket()), bindByKey(nc, n.ExecutionsBucket())
 	return b, nil
 }
 
-// OpenAll binds every stream and bucket of the design without creating or
-// checking anything, for a connection that may read them all (an open
-// server's, an admin's). It fails when one does not exist yet.
+func openBucket(ctx context.Context, js jetstream.JetStream, name string) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, name)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w", name, err)
+		}
+		return nil, fmt.Errorf("capstan: open bucket %s: %w", name, err)
+	}
+	return kv, nil
+}
+
+// OpenAll binds every stream and bucket of the design, each whole, without
+// creating or checking anything, for a connection that may read them all (an
+// open server's, an admin's). It fails when one does not exist yet.
 func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	b, err := Open(ctx, nc, cfg)
 	if err != nil {
@@ -521,9 +581,12 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	for _, kv := range []struct {
 		dst  *jetstream.KeyValue
 		name string
-	}{{&b.Approvals, n.ApprovalsBucket()}, {&b.Pools, n.PoolsBucket()}} {
-		if *kv.dst, err = b.JS.KeyValue(ctx, kv.name); err != nil {
-			return nil, fmt.Errorf("capstan: open bucket %s: %w", kv.name, err)
+	}{
+		{&b.Envelopes, n.EnvelopesBucket()}, {&b.Executions, n.ExecutionsBucket()},
+		{&b.Approvals, n.ApprovalsBucket()}, {&b.Pools, n.PoolsBucket()},
+	} {
+		if *kv.dst, err = openBucket(ctx, b.JS, kv.name); err != nil {
+			return nil, err
 		}
 	}
 	return b, nil

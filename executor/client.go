@@ -166,14 +166,7 @@ func (c *Client) readRetention(ctx context.Context) {
 func (c *Client) envelopeRetention(ctx context.Context) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, await.PublishTry)
 	defer cancel()
-	st, err := c.b.Envelopes.Status(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("capstan: read bucket %s: %w", c.b.Names.EnvelopesBucket(), err)
-	}
-	if st.TTL() <= 0 {
-		return 0, fmt.Errorf("capstan: bucket %s keeps envelopes for ever", c.b.Names.EnvelopesBucket())
-	}
-	return st.TTL(), nil
+	return c.b.EnvelopeRetention(ctx)
 }
 
 // capStartBy cuts a request's start deadline to the client's longest start

@@ -16,9 +16,9 @@ type CancelReply struct {
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
 	State State `json:"state,omitempty"`
-	// Finalized is true when the execution has ended: before the cancel (which
-	// then changed nothing), or already because of it, when the worker running
-	// it stopped it before the cancel was recorded. Status says which.
+	// Finalized is true when the execution had ended before the cancel, which
+	// then changed nothing; Status is its envelope's. A running execution is
+	// stopped once the cancel is recorded.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
 	Error     string          `json:"error,omitempty"`
@@ -42,16 +42,17 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
 		return nil, err
 	}
-	// ... and every worker stops its own run of it at once, if it has one:
-	// on the request itself, and again on the notice sent once the cancel is
-	// recorded, for a run that began between the two.
+	// ... and every worker stops its own run of it at once, if it has one, on
+	// the notice sent once the cancel is recorded. The server also sends
+	// messages to these subjects on a producer's behalf (as the reply of a
+	// request it makes), so a notice is only a prompt: CancelLocal stops the
+	// run only if the execution's record says it was cancelled. A run that
+	// begins after the cancel was recorded sees it on the record when it
+	// claims.
 	stopLocal := func(m *nats.Msg) {
 		if p := n.PrincipalOfSubject(m.Subject); p != "" {
 			w.run.CancelLocal(p, lastToken(m.Subject))
 		}
-	}
-	if err := add(w.nc.Subscribe(n.CancelSubjects(), stopLocal)); err != nil {
-		return nil, err
 	}
 	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err

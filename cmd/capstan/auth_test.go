@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/capstan-dev/capstan/executor"
 )
 
 func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
@@ -98,8 +100,23 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 		t.Fatalf("without credentials: exit %d: %s", code, stderr)
 	}
 	stdout, stderr, code := capstan(t, url, "call", "demo.echo", alice, "--input", `{"hi":1}`)
-	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
-		t.Fatalf("alice's call: exit %d %+v: %s", code, env, stderr)
+	called := decode[printedEnvelope](t, stdout)
+	if code != exitOK || called.Status != "completed" {
+		t.Fatalf("alice's call: exit %d %+v: %s", code, called, stderr)
+	}
+	// A producer awaits and reads its own executions by key, without the
+	// buckets' stream information, which it may not ask for.
+	stdout, stderr, code = capstan(t, url, "await", called.ExecutionID, alice)
+	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.ExecutionID != called.ExecutionID || env.Status != "completed" {
+		t.Fatalf("alice's await: exit %d %+v: %s", code, env, stderr)
+	}
+	stdout, stderr, code = capstan(t, url, "status", called.ExecutionID, alice, "--json")
+	status := decode[struct {
+		Record   executor.Record `json:"record"`
+		Envelope printedEnvelope `json:"envelope"`
+	}](t, stdout)
+	if code != exitOK || status.Record.ExecutionID != called.ExecutionID || status.Record.Actor != "user:alice" || status.Envelope.Status != "completed" {
+		t.Fatalf("alice's status: exit %d %+v: %s", code, status, stderr)
 	}
 	stdout, _, code = capstan(t, url, "call", "demo.echo", alice, "--actor", "user:bob", "--input", `{"hi":1}`)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "FORBIDDEN" {

@@ -169,11 +169,13 @@ func recentID(id string, now time.Time, window time.Duration) bool {
 // newRecord is this delivery's first record of the execution, in state st.
 func (x *Execution) newRecord(st State) *Record {
 	now := time.Now().UTC()
-	return &Record{
-		V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID,
+	rec := &Record{
+		V: envelope.Version, ExecutionID: x.req.ExecutionID,
 		State: st, Worker: x.w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(x.w.cfg.Lease),
-		ApprovalID: x.req.ApprovalID, CreatedAt: now, UpdatedAt: now,
+		CreatedAt: now, UpdatedAt: now,
 	}
+	rec.claimedFor(x.req, x.inputHash)
+	return rec
 }
 
 // create writes the execution's first record, create-only, with the record
@@ -396,6 +398,10 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		w.duplicate(x.msg, x.req, rec.Worker)
 		return
 	}
+	if field := rec.Conflict(x.req, x.inputHash); field != "" {
+		w.conflict(x.msg, x.req, rec, field)
+		return
+	}
 	now := time.Now().UTC()
 	// A live lease is another claim's, whichever worker id it names: two
 	// processes may share one (handle checked that this runner does not run
@@ -413,7 +419,8 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
-			r.State, r.CapabilityID, r.ApprovalID = StateClaimed, x.req.CapabilityID, x.req.ApprovalID
+			r.State = StateClaimed
+			r.claimedFor(x.req, x.inputHash)
 		}
 	})
 	endClaim(err)

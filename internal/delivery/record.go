@@ -46,6 +46,13 @@ type Record struct {
 	CancelRequested   bool      `json:"cancelRequested,omitempty"`
 	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
 	ApprovalID        string    `json:"approvalId,omitempty"`
+	// Actor (kind:id), Surface and InputHash, with CapabilityID and
+	// ApprovalID, name the request the record was claimed for: only that
+	// request takes the execution over (see Conflict). Records written before
+	// they existed lack them.
+	Actor     string `json:"actor,omitempty"`
+	Surface   string `json:"surface,omitempty"`
+	InputHash string `json:"inputHash,omitempty"`
 	// Status is the envelope's status once finalized.
 	Status envelope.Status `json:"status,omitempty"`
 	// Cause is a failure's private cause, for operators: it never reaches the
@@ -68,6 +75,48 @@ func (r *Record) InFlight(now time.Time) bool {
 		return true
 	}
 	return now.Before(r.LeaseUntil)
+}
+
+// Conflict names the first field in which req, whose input hashes to
+// inputHash, differs from the request the record was claimed for, or
+// returns "" when it is that request. A producer chooses its execution ids
+// and its message ids: it may publish a second, different request under the
+// id of one of its executions, and a takeover, which runs only the handler,
+// must never run that one on the strength of the first one's stages,
+// policies and approval. A record that names no capability (a cancel's
+// pending record, before any claim) holds no request yet, and a record
+// written before a field existed is not compared on it.
+func (r *Record) Conflict(req *envelope.Request, inputHash string) string {
+	if r.CapabilityID == "" {
+		return ""
+	}
+	switch {
+	case r.CapabilityID != req.CapabilityID:
+		return "capabilityId"
+	case r.ApprovalID != req.ApprovalID:
+		return "approvalId"
+	case r.Actor != "" && r.Actor != actorKey(req.Actor):
+		return "actor"
+	case r.Surface != "" && r.Surface != req.Surface:
+		return "surface"
+	case r.InputHash != "" && r.InputHash != inputHash:
+		return "inputHash"
+	}
+	return ""
+}
+
+// claimedFor records in r the request it is claimed for (see Conflict).
+func (r *Record) claimedFor(req *envelope.Request, inputHash string) {
+	r.CapabilityID, r.ApprovalID = req.CapabilityID, req.ApprovalID
+	r.Actor, r.Surface, r.InputHash = actorKey(req.Actor), req.Surface, inputHash
+}
+
+// actorKey is the actor as a record keeps it: kind:id, or "" for none.
+func actorKey(a envelope.Actor) string {
+	if a.Kind == "" && a.ID == "" {
+		return ""
+	}
+	return a.String()
 }
 
 func (r *Record) leaseLive(now time.Time) bool {
@@ -93,6 +142,9 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Bool("cancelRequested", r.CancelRequested)
 	f.Time("cancelRequestedAt", r.CancelRequestedAt)
 	f.String("approvalId", r.ApprovalID)
+	f.String("actor", r.Actor)
+	f.String("surface", r.Surface)
+	f.String("inputHash", r.InputHash)
 	f.String("status", string(r.Status))
 	f.String("cause", r.Cause)
 	f.Time("createdAt", r.CreatedAt)

@@ -219,11 +219,26 @@ func (w *Runner) local(key string) *Execution {
 }
 
 // CancelLocal stops this worker's run of principal's execution at once, if
-// it has one: the caller cancelled it.
+// it has one and its record says the caller cancelled it. A notice alone
+// proves nothing: the server also publishes on a notice's subject when a
+// producer names it as the reply of a request it may make, so the record,
+// which only workers write, decides. It is read from the stream's leader,
+// which stored the cancel before the notice was sent.
 func (w *Runner) CancelLocal(principal, executionID string) {
-	if x := w.local(broker.Key(principal, executionID)); x != nil {
-		x.cancel(errCallerCancelled)
+	key := broker.Key(principal, executionID)
+	x := w.local(key)
+	if x == nil {
+		return
 	}
+	ctx, cancel := StoreContext()
+	rec, _, err := broker.LoadFromLeader[Record](ctx, w.nc, w.b.Executions, key)
+	cancel()
+	if err != nil || !rec.CancelRequested || rec.ExecutionID != executionID {
+		// Not recorded (or not readable): the lease renewal reads the record
+		// again and stops the run if a cancel is recorded by then.
+		return
+	}
+	x.cancel(errCallerCancelled)
 }
 
 // nak asks for a redelivery after delay; a bare NAK would burn deliveries.
@@ -242,6 +257,22 @@ func ackSync(msg jetstream.Msg) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// A lost ack only means a redelivery, which finds the envelope and acks.
+}
+
+// conflict acks, without running it, a request whose execution's record was
+// claimed for another request under the same id (Record.Conflict names the
+// field that differs), and audits it as a duplicate delivery with the field
+// and the record's capability. Nothing of the execution changes: the request
+// the record names still decides it.
+func (w *Runner) conflict(msg jetstream.Msg, req *envelope.Request, rec *Record, field string) {
+	w.duplicates.Add(1)
+	w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
+		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
+	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
+		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"conflict": field,
+			"claimedFor": rec.CapabilityID, "claimedBy": rec.Worker}})
+	ackSync(msg)
 }
 
 func (w *Runner) emit(ev *audit.Event) {

@@ -1,0 +1,58 @@
+package delivery
+
+import (
+	"testing"
+
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// A record names the request it was claimed for; only that request takes the
+// execution over. A record of an earlier version, without the newer fields,
+// still decodes and is compared on what it holds.
+func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
+	alice := envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
+	claimed := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "vault.transfer",
+		ApprovalID: "ap1", Actor: alice, Surface: "direct"}
+	var rec Record
+	rec.State = StateRunning
+	rec.claimedFor(claimed, "h1")
+
+	// What an earlier version wrote: no actor, surface or input hash.
+	old, err := envelope.Marshal(map[string]any{"v": 1, "executionId": claimed.ExecutionID,
+		"capabilityId": "vault.transfer", "state": "running", "approvalId": "ap1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var oldRec Record
+	if err := envelope.Unmarshal(old, &oldRec); err != nil {
+		t.Fatal(err)
+	}
+
+	other := func(change func(r *envelope.Request)) *envelope.Request {
+		r := *claimed
+		change(&r)
+		return &r
+	}
+	for _, c := range []struct {
+		name      string
+		rec       *Record
+		req       *envelope.Request
+		inputHash string
+		want      string
+	}{
+		{"the claimed request", &rec, claimed, "h1", ""},
+		{"another capability", &rec, other(func(r *envelope.Request) { r.CapabilityID = "gate.pay" }), "h1", "capabilityId"},
+		{"no approval", &rec, other(func(r *envelope.Request) { r.ApprovalID = "" }), "h1", "approvalId"},
+		{"another actor", &rec, other(func(r *envelope.Request) { r.Actor.ID = "bob" }), "h1", "actor"},
+		{"another surface", &rec, other(func(r *envelope.Request) { r.Surface = "mcp" }), "h1", "surface"},
+		{"another input", &rec, claimed, "h2", "inputHash"},
+		{"a cancel's pending record", &Record{State: StatePending, CancelRequested: true}, claimed, "h1", ""},
+		{"an earlier version's record", &oldRec, other(func(r *envelope.Request) { r.Actor.ID = "bob" }), "h2", ""},
+		{"an earlier version's record, another capability", &oldRec, other(func(r *envelope.Request) { r.CapabilityID = "gate.pay" }), "h1", "capabilityId"},
+		{"an earlier version's record, no approval", &oldRec, other(func(r *envelope.Request) { r.ApprovalID = "" }), "h1", "approvalId"},
+	} {
+		if got := c.rec.Conflict(c.req, c.inputHash); got != c.want {
+			t.Errorf("%s: conflict %q, want %q", c.name, got, c.want)
+		}
+	}
+}
