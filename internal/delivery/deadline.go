@@ -165,14 +165,9 @@ func (w *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelo
 		return false
 	}
 	x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
-	have, err := x.envelope()
-	switch {
-	case have != nil || errors.Is(err, envelope.ErrDecode):
-		finalizedBy := ""
-		if have != nil {
-			finalizedBy = have.FinalizedBy
-		}
-		w.duplicate(msg, req, finalizedBy)
+	switch ended, err := w.endedBefore(x); {
+	case ended:
+		ackSync(msg)
 		return true
 	case err != nil:
 		nak(msg, time.Second) // the store did not answer: decide again later

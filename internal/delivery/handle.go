@@ -72,9 +72,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 	}
 	x := w.newExecution(msg, req, c)
 	x.missing = missing
-	if !w.track(x) {
-		x.finish()
-		nak(msg, w.cfg.Lease)
+	if !w.start(msg, x) {
 		return
 	}
 	defer w.untrack(x)
@@ -573,14 +571,8 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 // envelope it stands for), through a delivery of its own; any other record
 // is another delivery's claim, waited for with a delay.
 func (w *Runner) endWithoutRun(msg jetstream.Msg, x *Execution, env *envelope.Envelope, reason string) bool {
-	have, err := x.envelope()
-	switch {
-	case have != nil || errors.Is(err, envelope.ErrDecode):
-		finalizedBy := ""
-		if have != nil {
-			finalizedBy = have.FinalizedBy
-		}
-		w.auditDuplicate(x.req, finalizedBy)
+	switch ended, err := w.endedBefore(x); {
+	case ended:
 		return true
 	case err != nil:
 		nak(msg, time.Second)
@@ -601,13 +593,27 @@ func (w *Runner) endWithoutRun(msg jetstream.Msg, x *Execution, env *envelope.En
 	return false
 }
 
+// endedBefore reports whether x's execution has its envelope already (one
+// that does not decode counts: only a finalization writes there), and then
+// audits the delivery as a duplicate. An error: the store did not answer.
+func (w *Runner) endedBefore(x *Execution) (bool, error) {
+	have, err := x.envelope()
+	if have == nil && !errors.Is(err, envelope.ErrDecode) {
+		return false, err
+	}
+	finalizedBy := ""
+	if have != nil {
+		finalizedBy = have.FinalizedBy
+	}
+	w.auditDuplicate(x.req, finalizedBy)
+	return true, nil
+}
+
 // decideFound lets the takeover table decide a delivery of a request that
 // was not claimed from the record found in its place.
 func (w *Runner) decideFound(msg jetstream.Msg, req *envelope.Request, rec *Record, rev uint64) {
 	x := w.newExecution(msg, req, nil)
-	if !w.track(x) {
-		x.finish()
-		nak(msg, w.cfg.Lease)
+	if !w.start(msg, x) {
 		return
 	}
 	defer w.untrack(x)

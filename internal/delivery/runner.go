@@ -194,6 +194,18 @@ func (w *Runner) inflightCount() int {
 	return len(w.inflight)
 }
 
+// start tracks x for its delivery msg. An execution of the same key already
+// in flight here keeps it: x is finished and msg NAKed until that one's
+// lease could end, and start reports false.
+func (w *Runner) start(msg jetstream.Msg, x *Execution) bool {
+	if w.track(x) {
+		return true
+	}
+	x.finish()
+	nak(msg, w.cfg.Lease)
+	return false
+}
+
 func (w *Runner) track(x *Execution) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
