@@ -36,6 +36,8 @@ import (
 // unless oneAccount, an account for the principal "alice".
 type spikeLayout struct {
 	n          broker.Names
+	operator   nkeys.KeyPair
+	sysKP      nkeys.KeyPair
 	url        string
 	capstanKP  nkeys.KeyPair
 	capstanPub string
@@ -103,7 +105,7 @@ func spikeImports(t *testing.T, n broker.Names, capstanKP nkeys.KeyPair, capstan
 
 // startSpikeServer writes a nats-server configuration with a memory resolver
 // preloaded with the accounts and starts an embedded JetStream server on it.
-func startSpikeServer(t *testing.T, oneAccount bool) *spikeLayout {
+func startSpikeServer(t *testing.T, oneAccount, fullResolver bool) *spikeLayout {
 	t.Helper()
 	l := &spikeLayout{n: broker.NewNames("")}
 	okp, err := nkeys.CreateOperator()
@@ -126,7 +128,9 @@ func startSpikeServer(t *testing.T, oneAccount bool) *spikeLayout {
 		}
 		return s
 	}
-	_, sysPub := newAccount()
+	l.operator = okp
+	var sysPub string
+	l.sysKP, sysPub = newAccount()
 	l.capstanKP, l.capstanPub = newAccount()
 	sys := jwt.NewAccountClaims(sysPub)
 	sys.Name = "SYS"
@@ -153,8 +157,14 @@ func startSpikeServer(t *testing.T, oneAccount bool) *spikeLayout {
 		fmt.Fprintf(&preload, "  %s: %q\n", pub, j)
 	}
 	conf := filepath.Join(t.TempDir(), "nats-server.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n%s}\n",
-		encode2(t, oc, okp), sysPub, preload.String())), 0o600); err != nil {
+	resolver := "MEMORY"
+	if fullResolver {
+		// The server keeps the account JWTs in a directory and takes new
+		// ones pushed by a user of the system account.
+		resolver = fmt.Sprintf("{ type: full, dir: %q, allow_delete: true }", filepath.Join(t.TempDir(), "jwt"))
+	}
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: %s\nresolver_preload: {\n%s}\n",
+		encode2(t, oc, okp), sysPub, resolver, preload.String())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1, ConfigFile: conf})
@@ -230,7 +240,7 @@ type spikeRig struct {
 
 func newSpikeRig(t *testing.T, ctx context.Context, oneAccount bool) *spikeRig {
 	t.Helper()
-	r := &spikeRig{spikeLayout: startSpikeServer(t, oneAccount), notified: make(chan *nats.Msg, 64)}
+	r := &spikeRig{spikeLayout: startSpikeServer(t, oneAccount, false), notified: make(chan *nats.Msg, 64)}
 	n := r.n
 	r.adminNC = r.connect(t, r.capstanKP, "admin", nil)
 	var err error
@@ -696,5 +706,99 @@ func TestSpikeAccounts_AnswerAimedAtAnotherImportOfThePrincipal(t *testing.T) {
 		if forwarded[s] == 0 {
 			t.Errorf("no answer forwarded on the literal import %s: the server changed, revisit design §12", s)
 		}
+	}
+}
+
+// TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart: with the
+// server's full account resolver, a principal's new account is pushed by a
+// user of the system account and works at once (its imports included); its
+// user, revoked in a new version of the account pushed the same way, is
+// disconnected and refused. Neither the server nor the capstan account
+// changes.
+func TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart(t *testing.T) {
+	ctx := testCtx(t)
+	l := startSpikeServer(t, false, true)
+	n := l.n
+	adminNC := l.connect(t, l.capstanKP, "admin", nil)
+	admin, err := broker.Provision(ctx, adminNC, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := broker.Key("bob", "01JSPIKEBOB0000000000000")
+	if _, err := admin.Envelopes.Put(ctx, key, []byte("bob's")); err != nil {
+		t.Fatal(err)
+	}
+	push := l.connect(t, l.sysKP, "push", nil)
+
+	bobKP, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobPub, _ := bobKP.PublicKey()
+	bob := jwt.NewAccountClaims(bobPub)
+	bob.Name = "bob"
+	bob.Imports = spikeImports(t, n, l.capstanKP, l.capstanPub, bobPub, "bob")
+	pushAccount := func() {
+		t.Helper()
+		j, err := bob.Encode(l.operator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := push.RequestWithContext(ctx, "$SYS.REQ.CLAIMS.UPDATE", []byte(j))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply struct {
+			Data  struct{ Code int } `json:"data"`
+			Error *struct {
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &reply); err != nil || reply.Error != nil || reply.Data.Code != 200 {
+			t.Fatalf("push bob's account: %v %s", err, m.Data)
+		}
+	}
+	pushAccount()
+
+	var perms jwt.Permissions
+	perms.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + ".bob.>")
+	perms.Sub.Allow.Add(n.InboxPrefix("bob") + ".>")
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upub, _ := ukp.PublicKey()
+	useed, _ := ukp.Seed()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = "bob"
+	uc.Permissions = perms
+	ujwt, err := uc.Encode(bobKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	bobNC, err := nats.Connect(l.url, nats.UserJWTAndSeed(ujwt, string(useed)), nats.CustomInboxPrefix(n.InboxPrefix("bob")),
+		nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { t.Logf("bob: %v", err) }))
+	if err != nil {
+		t.Fatalf("bob, pushed without a restart, cannot connect: %v", err)
+	}
+	defer bobNC.Close()
+	m, err := bobNC.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+n.EnvelopesBucket()+".$KV."+n.EnvelopesBucket()+"."+key, nil)
+	if err != nil || string(m.Data) != "bob's" {
+		t.Fatalf("bob's envelope through his pushed account: %v %v", err, m)
+	}
+
+	// Revoked: every user of bob's issued up to now.
+	bob.RevokeAt(upub, time.Now().Add(time.Second))
+	pushAccount()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("bob's connection outlived his revocation")
+	}
+	if nc, err := nats.Connect(l.url, nats.UserJWTAndSeed(ujwt, string(useed)), nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Fatal("bob's revoked user connected")
 	}
 }
