@@ -473,6 +473,11 @@ func TestSpikeAccounts_NormalOperationsWorkAcrossImports(t *testing.T) {
 		if m.Subject != n.SubjectPrefix()+".envelope."+r.envKey || string(m.Data) != string(r.envValue) {
 			t.Errorf("notification %s %q", m.Subject, m.Data)
 		}
+		// The republish's header, by which a client knows the message
+		// for the bucket's, crosses the import.
+		if got, want := m.Header.Get(jetstream.SubjectHeader), "$KV."+n.EnvelopesBucket()+"."+r.envKey; got != want {
+			t.Errorf("notification's %s header %q, want %q", jetstream.SubjectHeader, got, want)
+		}
 	case <-ctx.Done():
 		t.Fatal("alice never received her envelope's notification")
 	}
