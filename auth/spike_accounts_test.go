@@ -24,12 +24,12 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
 // spikeLayout is an operator, its system account, the capstan account and,
@@ -44,6 +44,23 @@ type spikeLayout struct {
 	aliceKP    nkeys.KeyPair // the account alice's user is signed by
 	alicePub   string
 	aliceUser  jwt.Permissions
+	srv        *server.Server
+	opts       func() *server.Options // the configuration file's, and the spike's listener and store
+	conf       string                 // the server's configuration file
+	confHead   string                 // its operator, system account and resolver
+	accounts   map[string]string      // preloaded: public key to JWT
+}
+
+// writeConf writes the server's configuration with the accounts preloaded.
+func (l *spikeLayout) writeConf(t *testing.T) {
+	t.Helper()
+	var preload strings.Builder
+	for pub, j := range l.accounts {
+		fmt.Fprintf(&preload, "  %s: %q\n", pub, j)
+	}
+	if err := os.WriteFile(l.conf, []byte(l.confHead+"resolver_preload: {\n"+preload.String()+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // spikeExports are the capstan account's exports a producer needs: each a
@@ -139,6 +156,7 @@ func startSpikeServer(t *testing.T, oneAccount, fullResolver bool) *spikeLayout 
 	capstan.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
 		Streams: jwt.NoLimit, Consumer: jwt.NoLimit, MaxAckPending: jwt.NoLimit}
 	accounts := map[string]string{}
+	l.accounts = accounts
 	if oneAccount {
 		l.aliceKP, l.alicePub = l.capstanKP, l.capstanPub
 	} else {
@@ -152,27 +170,37 @@ func startSpikeServer(t *testing.T, oneAccount, fullResolver bool) *spikeLayout 
 	accounts[sysPub], accounts[l.capstanPub] = encode(sys), encode(capstan)
 	oc := jwt.NewOperatorClaims(opub)
 	oc.SystemAccount = sysPub
-	var preload strings.Builder
-	for pub, j := range accounts {
-		fmt.Fprintf(&preload, "  %s: %q\n", pub, j)
-	}
-	conf := filepath.Join(t.TempDir(), "nats-server.conf")
+	l.conf = filepath.Join(t.TempDir(), "nats-server.conf")
 	resolver := "MEMORY"
 	if fullResolver {
 		// The server keeps the account JWTs in a directory and takes new
 		// ones pushed by a user of the system account.
 		resolver = fmt.Sprintf("{ type: full, dir: %q, allow_delete: true }", filepath.Join(t.TempDir(), "jwt"))
 	}
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: %s\nresolver_preload: {\n%s}\n",
-		encode2(t, oc, okp), sysPub, resolver, preload.String())), 0o600); err != nil {
-		t.Fatal(err)
+	l.confHead = fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: %s\n", encode2(t, oc, okp), sysPub, resolver)
+	l.writeConf(t)
+	// The server's options: the configuration file's, read again at every
+	// reload, and the same listener and store each time.
+	store := t.TempDir()
+	l.opts = func() *server.Options {
+		o, err := server.ProcessConfigFile(l.conf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.ServerName, o.Host, o.Port, o.NoSigs = "spike", "127.0.0.1", -1, true
+		o.JetStream, o.StoreDir = true, store
+		return o
 	}
-	s, err := natsserver.Start(natsserver.Options{StoreDir: t.TempDir(), Port: -1, ConfigFile: conf})
+	s, err := server.NewServer(l.opts())
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.Start()
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	l.url = natsserver.ClientURL(s)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the server never accepted clients")
+	}
+	l.srv, l.url = s, s.ClientURL()
 	// alice's user: today's producer permissions (own subjects, own inbox
 	// and envelopes), in either layout.
 	var perms jwt.Permissions
@@ -714,6 +742,102 @@ func TestSpikeAccounts_AnswerAimedAtAnotherImportOfThePrincipal(t *testing.T) {
 	}
 }
 
+// spikeBob is a principal added after the server started: its account, its
+// user (allowed to read its own envelopes only) and the key it reads.
+type spikeBob struct {
+	account    *jwt.AccountClaims
+	user       string // public key
+	jwt, seed  string
+	key        string
+	closed     chan struct{}
+	envelopeGS string
+}
+
+func newSpikeBob(t *testing.T, ctx context.Context, l *spikeLayout) *spikeBob {
+	t.Helper()
+	n := l.n
+	adminNC := l.connect(t, l.capstanKP, "admin", nil)
+	admin, err := broker.Provision(ctx, adminNC, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &spikeBob{key: broker.Key("bob", "01JSPIKEBOB0000000000000"), closed: make(chan struct{})}
+	if _, err := admin.Envelopes.Put(ctx, b.key, []byte("bob's")); err != nil {
+		t.Fatal(err)
+	}
+	b.envelopeGS = "$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + "." + b.key
+	bobKP, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobPub, _ := bobKP.PublicKey()
+	b.account = jwt.NewAccountClaims(bobPub)
+	b.account.Name = "bob"
+	b.account.Imports = spikeImports(t, n, l.capstanKP, l.capstanPub, bobPub, "bob")
+	var perms jwt.Permissions
+	perms.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + ".bob.>")
+	perms.Sub.Allow.Add(n.InboxPrefix("bob") + ".>")
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.user, _ = ukp.PublicKey()
+	useed, _ := ukp.Seed()
+	b.seed = string(useed)
+	uc := jwt.NewUserClaims(b.user)
+	uc.Name = "bob"
+	uc.Permissions = perms
+	if b.jwt, err = uc.Encode(bobKP); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (b *spikeBob) accountJWT(t *testing.T, l *spikeLayout) string {
+	t.Helper()
+	j, err := b.account.Encode(l.operator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// connectAndRead connects as bob, reads his envelope through his imports,
+// and keeps the connection open until the server closes it.
+func (b *spikeBob) connectAndRead(t *testing.T, ctx context.Context, l *spikeLayout) {
+	t.Helper()
+	nc, err := nats.Connect(l.url, nats.UserJWTAndSeed(b.jwt, b.seed), nats.CustomInboxPrefix(l.n.InboxPrefix("bob")),
+		nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { t.Logf("bob: %v", err) }))
+	if err != nil {
+		t.Fatalf("bob, added without a restart, cannot connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	m, err := nc.RequestWithContext(ctx, b.envelopeGS, nil)
+	if err != nil || string(m.Data) != "bob's" {
+		t.Fatalf("bob's envelope through his new account: %v %v", err, m)
+	}
+}
+
+// revoke revokes every user of bob's issued up to now, in a new version of
+// his account.
+func (b *spikeBob) revoke() { b.account.RevokeAt(b.user, time.Now().Add(time.Second)) }
+
+// refused waits until the server closed bob's connection, then checks that
+// he cannot connect again.
+func (b *spikeBob) refused(t *testing.T, ctx context.Context, l *spikeLayout) {
+	t.Helper()
+	select {
+	case <-b.closed:
+	case <-ctx.Done():
+		t.Fatal("bob's connection outlived his revocation")
+	}
+	if nc, err := nats.Connect(l.url, nats.UserJWTAndSeed(b.jwt, b.seed), nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Fatal("bob's revoked user connected")
+	}
+}
+
 // TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart: with the
 // server's full account resolver, a principal's new account is pushed by a
 // user of the system account and works at once (its imports included); its
@@ -723,33 +847,11 @@ func TestSpikeAccounts_AnswerAimedAtAnotherImportOfThePrincipal(t *testing.T) {
 func TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart(t *testing.T) {
 	ctx := testCtx(t)
 	l := startSpikeServer(t, false, true)
-	n := l.n
-	adminNC := l.connect(t, l.capstanKP, "admin", nil)
-	admin, err := broker.Provision(ctx, adminNC, broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := broker.Key("bob", "01JSPIKEBOB0000000000000")
-	if _, err := admin.Envelopes.Put(ctx, key, []byte("bob's")); err != nil {
-		t.Fatal(err)
-	}
+	bob := newSpikeBob(t, ctx, l)
 	push := l.connect(t, l.sysKP, "push", nil)
-
-	bobKP, err := nkeys.CreateAccount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bobPub, _ := bobKP.PublicKey()
-	bob := jwt.NewAccountClaims(bobPub)
-	bob.Name = "bob"
-	bob.Imports = spikeImports(t, n, l.capstanKP, l.capstanPub, bobPub, "bob")
 	pushAccount := func() {
 		t.Helper()
-		j, err := bob.Encode(l.operator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := push.RequestWithContext(ctx, "$SYS.REQ.CLAIMS.UPDATE", []byte(j))
+		m, err := push.RequestWithContext(ctx, "$SYS.REQ.CLAIMS.UPDATE", []byte(bob.accountJWT(t, l)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -764,46 +866,31 @@ func TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart(t *testing.T
 		}
 	}
 	pushAccount()
-
-	var perms jwt.Permissions
-	perms.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + ".bob.>")
-	perms.Sub.Allow.Add(n.InboxPrefix("bob") + ".>")
-	ukp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	upub, _ := ukp.PublicKey()
-	useed, _ := ukp.Seed()
-	uc := jwt.NewUserClaims(upub)
-	uc.Name = "bob"
-	uc.Permissions = perms
-	ujwt, err := uc.Encode(bobKP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := make(chan struct{})
-	bobNC, err := nats.Connect(l.url, nats.UserJWTAndSeed(ujwt, string(useed)), nats.CustomInboxPrefix(n.InboxPrefix("bob")),
-		nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { t.Logf("bob: %v", err) }))
-	if err != nil {
-		t.Fatalf("bob, pushed without a restart, cannot connect: %v", err)
-	}
-	defer bobNC.Close()
-	m, err := bobNC.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+n.EnvelopesBucket()+".$KV."+n.EnvelopesBucket()+"."+key, nil)
-	if err != nil || string(m.Data) != "bob's" {
-		t.Fatalf("bob's envelope through his pushed account: %v %v", err, m)
-	}
-
-	// Revoked: every user of bob's issued up to now.
-	bob.RevokeAt(upub, time.Now().Add(time.Second))
+	bob.connectAndRead(t, ctx, l)
+	bob.revoke()
 	pushAccount()
-	select {
-	case <-closed:
-	case <-ctx.Done():
-		t.Fatal("bob's connection outlived his revocation")
+	bob.refused(t, ctx, l)
+}
+
+// TestSpikeAccounts_PrincipalAddedAndRevokedByMemoryResolverReload: with the
+// memory resolver of today's configuration, a principal's account added to
+// the preload works after a reload of the server, and its user, revoked in a
+// new version of the account, is disconnected by the next reload.
+func TestSpikeAccounts_PrincipalAddedAndRevokedByMemoryResolverReload(t *testing.T) {
+	ctx := testCtx(t)
+	l := startSpikeServer(t, false, false)
+	bob := newSpikeBob(t, ctx, l)
+	reload := func() {
+		t.Helper()
+		l.accounts[bob.account.Subject] = bob.accountJWT(t, l)
+		l.writeConf(t)
+		if err := l.srv.ReloadOptions(l.opts()); err != nil {
+			t.Fatalf("reload: %v", err)
+		}
 	}
-	if nc, err := nats.Connect(l.url, nats.UserJWTAndSeed(ujwt, string(useed)), nats.NoReconnect()); err == nil {
-		nc.Close()
-		t.Fatal("bob's revoked user connected")
-	}
+	reload()
+	bob.connectAndRead(t, ctx, l)
+	bob.revoke()
+	reload()
+	bob.refused(t, ctx, l)
 }
