@@ -871,26 +871,3 @@ func TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart(t *testing.T
 	pushAccount()
 	bob.refused(t, ctx, l)
 }
-
-// TestSpikeAccounts_PrincipalAddedAndRevokedByMemoryResolverReload: with the
-// memory resolver of today's configuration, a principal's account added to
-// the preload works after a reload of the server, and its user, revoked in a
-// new version of the account, is disconnected by the next reload.
-func TestSpikeAccounts_PrincipalAddedAndRevokedByMemoryResolverReload(t *testing.T) {
-	ctx := testCtx(t)
-	l := startSpikeServer(t, false, false)
-	bob := newSpikeBob(t, ctx, l)
-	reload := func() {
-		t.Helper()
-		l.accounts[bob.account.Subject] = bob.accountJWT(t, l)
-		l.writeConf(t)
-		if err := l.srv.ReloadOptions(l.opts()); err != nil {
-			t.Fatalf("reload: %v", err)
-		}
-	}
-	reload()
-	bob.connectAndRead(t, ctx, l)
-	bob.revoke()
-	reload()
-	bob.refused(t, ctx, l)
-}
