@@ -49,6 +49,29 @@ func (o ConnectOptions) ResolveURL() string {
 	return DefaultURL
 }
 
+// RedactURL returns a server URL, or several separated by commas, without the
+// user, password or token any of them carries: what may be printed.
+func RedactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		rest := u
+		scheme, after, hasScheme := strings.Cut(u, "://")
+		if hasScheme {
+			rest = after
+		}
+		at := strings.LastIndex(rest, "@")
+		if at < 0 {
+			continue
+		}
+		rest = rest[at+1:]
+		if hasScheme {
+			rest = scheme + "://" + rest
+		}
+		parts[i] = rest
+	}
+	return strings.Join(parts, ",")
+}
+
 // Connect opens a NATS connection that reconnects on its own, forever, across
 // every server it was given or learns of.
 func Connect(o ConnectOptions) (*nats.Conn, error) {
@@ -84,7 +107,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	url := o.ResolveURL()
 	nc, err := nats.Connect(strings.ReplaceAll(url, " ", ""), opts...)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: connect to %s: %w", url, err)
+		return nil, fmt.Errorf("capstan: connect to %s: %w", RedactURL(url), err)
 	}
 	return nc, nil
 }
@@ -100,7 +123,7 @@ func ConnectWait(ctx context.Context, o ConnectOptions, wait time.Duration, log 
 		nc, err := Connect(o)
 		if err == nil {
 			if try > 0 {
-				log.Info("connected to NATS", "url", o.ResolveURL())
+				log.Info("connected to NATS", "url", RedactURL(o.ResolveURL()))
 			}
 			return nc, nil
 		}
@@ -110,7 +133,7 @@ func ConnectWait(ctx context.Context, o ConnectOptions, wait time.Duration, log 
 		if wait > 0 && time.Since(start) >= wait {
 			return nil, fmt.Errorf("%w (waited %v)", err, wait.Round(time.Second))
 		}
-		log.Warn("waiting for NATS: no server answers yet; retrying", "url", o.ResolveURL(), "err", err)
+		log.Warn("waiting for NATS: no server answers yet; retrying", "url", RedactURL(o.ResolveURL()), "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
