@@ -323,10 +323,15 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	return r.ExecutionID, nil
 }
 
-// Await waits for an execution's envelope until ctx ends. An execution whose
+// Await waits for an execution's envelope until ctx ends. An id that can never
+// name an execution (envelope.ValidExecutionID) is refused at once. An execution whose
 // envelope is no longer kept fails at once with an *ExpiredError
 // (errors.Is(err, ErrExpired)): see ExpiredError for when.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
+	// An id that can never name an execution has no envelope to wait for.
+	if err := envelope.ValidExecutionID(executionID); err != nil {
+		return nil, fmt.Errorf("capstan: %w", err)
+	}
 	ch := c.w.Add(executionID)
 	env, err := c.w.Load(ctx, executionID)
 	if err == nil {
