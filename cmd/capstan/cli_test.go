@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -261,6 +263,11 @@ func TestExitCodes(t *testing.T) {
 		return s.CachedInfo().State.LastSeq
 	}
 
+	emptyFile := filepath.Join(t.TempDir(), "empty.json")
+	if err := os.WriteFile(emptyFile, []byte(" \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	for _, tc := range []struct {
 		name      string
 		args      []string
@@ -273,6 +280,10 @@ func TestExitCodes(t *testing.T) {
 		{"empty token is refused unpublished", []string{"call", "a..b"}, exitFailed, "CAPABILITY_NOT_FOUND", false},
 		{"submit refuses an invalid id", []string{"submit", "orders.>"}, exitFailed, "", false},
 		{"broken JSON input is a usage error", []string{"call", "demo.echo", "--input", `{"hello":`}, exitUsage, "", false},
+		// An input asked for and not there (a pipe whose writer failed) is
+		// not a call without input.
+		{"empty stdin is a usage error", []string{"call", "email.send", "--input", "-"}, exitUsage, "", false},
+		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
 		{"await without envelope runs out of time", []string{"await", envelope.NewExecutionID(), "--wait", "1s"}, exitNoEnvelope, "", false},
