@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -99,18 +100,26 @@ func (r *requestFlags) parse(creds string) (request, error) {
 	}, nil
 }
 
-// readInput reads --input: JSON text, @file or - for stdin.
+// readInput reads --input: JSON text, @file or - for stdin. An empty stdin
+// or file is refused: an input asked for and missing (a pipe whose writer
+// failed) is not a call without input, which leaves --input out.
 func readInput(s string) (envelope.Raw, error) {
 	b := []byte(s)
 	var err error
+	from := ""
 	switch {
 	case s == "-":
 		b, err = io.ReadAll(os.Stdin)
+		from = "stdin"
 	case strings.HasPrefix(s, "@"):
 		b, err = os.ReadFile(s[1:])
+		from = s[1:]
 	}
 	if err != nil {
 		return nil, fmt.Errorf("--input: %v", err)
+	}
+	if from != "" && len(bytes.TrimSpace(b)) == 0 {
+		return nil, fmt.Errorf("--input %s: %s is empty; leave --input out for a call without input", s, from)
 	}
 	raw, err := envelope.RawFromJSON(b)
 	if err != nil {
