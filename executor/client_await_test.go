@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -23,5 +24,44 @@ func TestAwait_InvalidExecutionIDRefusedAtOnce(t *testing.T) {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 			t.Fatalf("Await(%q) waited for the context: %v", id, err)
 		}
+	}
+}
+
+// A closed client submits nothing: a call, a submit or a resume after Close
+// ends with ErrClosed, and no request reaches the exec stream.
+func TestClosedClient_SubmitsNothing(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	c := newClient(t, nc)
+	ctx := ctxT(t)
+	st, err := c.Broker().JS.Stream(ctx, "CAPSTAN_EXEC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, "demo.echo", map[string]any{"a": 1}); !errors.Is(err, executor.ErrClosed) {
+		t.Errorf("Call after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.Submit(ctx, "demo.echo", map[string]any{"a": 1}); !errors.Is(err, executor.ErrClosed) {
+		t.Errorf("Submit after Close: %v, want ErrClosed", err)
+	}
+	envs, errs := c.CallMany(ctx, []executor.Request{{CapabilityID: "demo.echo"}, {CapabilityID: "demo.echo"}})
+	for i := range envs {
+		if envs[i] != nil || !errors.Is(errs[i], executor.ErrClosed) {
+			t.Errorf("CallMany[%d] after Close: %v, %v, want ErrClosed", i, envs[i], errs[i])
+		}
+	}
+	after, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.LastSeq != before.State.LastSeq {
+		t.Fatalf("the exec stream moved from %d to %d: a closed client published", before.State.LastSeq, after.State.LastSeq)
 	}
 }
