@@ -190,8 +190,18 @@ func (c *Client) Close() error {
 }
 
 // ErrClosed ends a call or an await still waiting when the client was closed:
-// the execution may still run, and another client can await its id.
+// the execution may still run, and another client can await its id. A call,
+// submit or resume made after Close ends with it at once, unpublished.
 var ErrClosed = await.ErrClosed
+
+// closed returns ErrClosed once Close was called: a closed client submits
+// nothing.
+func (c *Client) closed() error {
+	if c.ctx.Err() != nil {
+		return ErrClosed
+	}
+	return nil
+}
 
 // Broker exposes the resources the client opened (for tools and tests).
 func (c *Client) Broker() *broker.Broker { return c.b }
@@ -307,6 +317,9 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 // JetStream stored it. Submitting the same id again within the dedup window is
 // a no-op.
 func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opts ...CallOption) (string, error) {
+	if err := c.closed(); err != nil {
+		return "", err
+	}
 	r, err := c.newRequest(capabilityID, input, opts)
 	if err != nil {
 		return "", err
@@ -479,6 +492,12 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			}
 		}
 	}()
+	if err := c.closed(); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return envs, errs
+	}
 	reconnects := c.w.Reconnects()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -50,6 +51,9 @@ func TestClosedClient_SubmitsNothing(t *testing.T) {
 	}
 	if _, err := c.Submit(ctx, "demo.echo", map[string]any{"a": 1}); !errors.Is(err, executor.ErrClosed) {
 		t.Errorf("Submit after Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.SubmitResume(ctx, envelope.NewExecutionID()); !errors.Is(err, executor.ErrClosed) {
+		t.Errorf("SubmitResume after Close: %v, want ErrClosed", err)
 	}
 	envs, errs := c.CallMany(ctx, []executor.Request{{CapabilityID: "demo.echo"}, {CapabilityID: "demo.echo"}})
 	for i := range envs {

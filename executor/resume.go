@@ -31,6 +31,9 @@ func (c *Client) Approvals() *approvals.Store {
 // under the execution id until the stream answers (a stream electing a
 // leader), or ctx ends.
 func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...CallOption) (string, error) {
+	if err := c.closed(); err != nil {
+		return "", err
+	}
 	if c.b.Approvals == nil {
 		return c.submitResumeByID(ctx, approvalID, opts)
 	}
