@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/msgpackhead"
@@ -56,7 +57,7 @@ func (e *InputError) Error() string {
 		b.WriteString(is.Message)
 	}
 	if e.cause != nil {
-		b.WriteString(" (" + e.cause.Error() + ")")
+		b.WriteString(" (" + shorten(e.cause.Error(), maxIssueText) + ")")
 	}
 	return b.String()
 }
@@ -68,6 +69,16 @@ const maxIssues = 50
 
 // maxInputDepth bounds how deeply the check follows nested values.
 const maxInputDepth = 1000
+
+// Issues travel in the INPUT_INVALID envelope and the record's cause, which
+// the server refuses beyond its payload limit: an issue's path and message
+// are shortened, so that a long key above many issues, or a long value a
+// type's error quotes, cannot make the report outgrow the input.
+const (
+	maxKeyText   = 64  // a key in a path
+	maxPathText  = 256 // a whole path, its last part kept
+	maxIssueText = 256 // a message
+)
 
 type shapeKind uint8
 
@@ -283,7 +294,7 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	if err := decodeChecked(raw, s, in); err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
-		return nil, &InputError{Issues: []Issue{{Path: decodeErrorPath(err), Message: "the input does not match the capability's input type"}}, cause: err}
+		return nil, &InputError{Issues: []Issue{{Path: shortenPath(decodeErrorPath(err)), Message: "the input does not match the capability's input type"}}, cause: err}
 	}
 	return in, nil
 }
@@ -386,7 +397,7 @@ func (w *inputWalk) issue(msg string) {
 		w.stopped = true
 		return
 	}
-	w.issues = append(w.issues, Issue{Path: w.renderPath(), Message: msg})
+	w.issues = append(w.issues, Issue{Path: w.renderPath(), Message: shorten(msg, maxIssueText)})
 }
 
 // fail records an issue that ends the walk: the bytes cannot be followed.
@@ -398,21 +409,52 @@ func (w *inputWalk) fail(msg string) {
 func (w *inputWalk) renderPath() string {
 	var b strings.Builder
 	for _, e := range w.path {
+		key := e.key
+		if len(key) > maxKeyText {
+			key = []byte(shorten(string(key), maxKeyText))
+		}
 		switch {
 		case e.index >= 0:
 			b.WriteString("[" + strconv.Itoa(e.index) + "]")
 		case e.other:
 			b.WriteString("[?]")
-		case plainKey(string(e.key)):
+		case plainKey(string(key)):
 			if b.Len() > 0 {
 				b.WriteByte('.')
 			}
-			b.Write(e.key)
+			b.Write(key)
 		default:
-			b.WriteString("[" + strconv.Quote(string(e.key)) + "]")
+			b.WriteString("[" + strconv.Quote(string(key)) + "]")
 		}
 	}
-	return b.String()
+	return shortenPath(b.String())
+}
+
+// shorten cuts s to at most max bytes, at a character's start, marking the
+// cut with an ellipsis.
+func shorten(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	const more = "…"
+	cut := max - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
+}
+
+// shortenPath keeps a long path's last part, where the issue is.
+func shortenPath(p string) string {
+	if len(p) <= maxPathText {
+		return p
+	}
+	const more = "…"
+	cut := len(p) - (maxPathText - len(more))
+	for cut < len(p) && !utf8.RuneStart(p[cut]) {
+		cut++
+	}
+	return more + p[cut:]
 }
 
 func plainKey(k string) bool {
