@@ -29,6 +29,18 @@ type (
 		embTagged
 	}
 
+	embInner struct{ W int }
+	embTwin  struct {
+		X int
+		embInner
+	}
+	embViaA    struct{ embTwin }
+	embViaB    struct{ embTwin }
+	embTwinned struct {
+		embViaA
+		embViaB
+	}
+
 	embLeft  struct{ X int }
 	embRight struct{ X int }
 	embAtPar struct {
@@ -50,6 +62,7 @@ func TestInputCheck_EmbeddedFieldsChosenAsEncodingJSONChooses(t *testing.T) {
 	}{
 		{"the shallower field wins", reflect.TypeFor[embByDepth](), `{"X":"not base64!"}`, func() any { return new(embByDepth) }},
 		{"the tagged field wins", reflect.TypeFor[embByTag](), `{"X":"not base64!"}`, func() any { return new(embByTag) }},
+		{"below a type embedded twice", reflect.TypeFor[embTwinned](), `{"W":7}`, func() any { return new(embTwinned) }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -73,15 +86,20 @@ func TestInputCheck_EmbeddedFieldsChosenAsEncodingJSONChooses(t *testing.T) {
 			}
 		})
 	}
-	t.Run("fields at par cancel", func(t *testing.T) {
-		raw := envelope.MustRaw(map[string]any{"X": 5})
-		issues := checkInput(raw, shapeOf(reflect.TypeFor[embAtPar]()))
-		if len(issues) != 1 || issues[0].Path != "X" || issues[0].Message != "unknown field" {
-			t.Errorf("issues %v, want X: unknown field", issues)
-		}
-		props := jsonSchema(shapeOf(reflect.TypeFor[embAtPar]()))["properties"].(map[string]any)
-		if _, ok := props["X"]; ok {
-			t.Errorf("the schema lists X, which encoding/json never fills")
-		}
-	})
+	for typ, in := range map[reflect.Type]map[string]any{
+		reflect.TypeFor[embAtPar]():   {"X": 5},
+		reflect.TypeFor[embTwinned](): {"X": 5, "W": 1},
+	} {
+		t.Run("fields at par cancel in "+typ.Name(), func(t *testing.T) {
+			raw := envelope.MustRaw(in)
+			issues := checkInput(raw, shapeOf(typ))
+			if len(issues) != 1 || issues[0].Path != "X" || issues[0].Message != "unknown field" {
+				t.Errorf("issues %v, want X: unknown field", issues)
+			}
+			props := jsonSchema(shapeOf(typ))["properties"].(map[string]any)
+			if _, ok := props["X"]; ok {
+				t.Errorf("the schema lists X, which encoding/json never fills")
+			}
+		})
+	}
 }
