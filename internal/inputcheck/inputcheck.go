@@ -217,58 +217,126 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 		}
 	case reflect.Struct:
 		s.kind, s.fields = shapeStruct, map[string]*shapeField{}
-		addFields(s, t, building, 0)
+		addFields(s, t, building)
 	default: // interfaces, and kinds that never decode (func, chan)
 		s.kind = shapeAny
 	}
 	return s
 }
 
-// addFields adds t's fields under their json names. Embedded structs without
-// a json name are inlined, as encoding/json does; a field of the outer struct
-// wins over an inlined one of the same name.
-func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth int) {
-	var inline []reflect.StructField
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" && opts == "" {
-			continue
-		}
-		ft := f.Type
-		if f.Anonymous && name == "" {
-			et := ft
-			if et.Kind() == reflect.Pointer {
-				et = et.Elem()
-			}
-			if et.Kind() == reflect.Struct && depth < 8 {
-				inline = append(inline, f)
+// addFields adds t's fields under their json names, chosen as encoding/json
+// chooses them, so that the field an input names is the one checked and the
+// one decoded into. Embedded structs without a json name are inlined, level
+// by level; of the fields sharing a name, the shallowest wins, then the one a
+// tag names, and two left at par cancel each other: encoding/json fills
+// neither, so the name is no field (an input naming it is refused).
+func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape) {
+	type candidate struct {
+		f      reflect.StructField
+		name   string
+		opts   string
+		depth  int
+		tagged bool
+	}
+	var cands []candidate
+	byName := map[string][]int{}
+	visited := map[reflect.Type]bool{}
+	level, count := []reflect.Type{t}, map[reflect.Type]int{t: 1}
+	for depth := 0; len(level) > 0; depth++ {
+		var next []reflect.Type
+		nextCount := map[reflect.Type]int{}
+		for _, typ := range level {
+			if visited[typ] {
 				continue
 			}
+			visited[typ] = true
+			for i := range typ.NumField() {
+				f := typ.Field(i)
+				name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+				if name == "-" && opts == "" {
+					continue
+				}
+				if f.Anonymous && name == "" {
+					et := f.Type
+					if et.Kind() == reflect.Pointer {
+						et = et.Elem()
+					}
+					if et.Kind() == reflect.Struct {
+						if nextCount[et]++; nextCount[et] == 1 {
+							next = append(next, et)
+						}
+						continue
+					}
+				}
+				if !f.IsExported() {
+					continue
+				}
+				tagged := name != ""
+				if !tagged {
+					name = f.Name
+				}
+				byName[name] = append(byName[name], len(cands))
+				cands = append(cands, candidate{f: f, name: name, opts: opts, depth: depth, tagged: tagged})
+				if count[typ] > 1 {
+					// The type is embedded twice at this level: its fields
+					// cancel each other, as encoding/json's do.
+					byName[name] = append(byName[name], -1)
+				}
+			}
 		}
-		if !f.IsExported() {
+		level, count = next, nextCount
+	}
+	for i, c := range cands {
+		ids := byName[c.name]
+		of := func(k int) (int, bool) {
+			for ids[k] < 0 { // a twin: the candidate it copies
+				k--
+			}
+			return cands[ids[k]].depth, cands[ids[k]].tagged
+		}
+		if w := dominant(len(ids), of); w < 0 || ids[w] != i {
 			continue
 		}
-		if name == "" {
-			name = f.Name
-		}
-		if _, dup := s.fields[name]; dup {
-			continue
-		}
-		sf := &shapeField{name: name, shape: compileShape(ft, building), omitEmpty: hasOption(opts, "omitempty") || hasOption(opts, "omitzero"),
+		ft := c.f.Type
+		sf := &shapeField{name: c.name, shape: compileShape(ft, building), omitEmpty: hasOption(c.opts, "omitempty") || hasOption(c.opts, "omitzero"),
 			pointer: ft.Kind() == reflect.Pointer}
-		sf.quoted = hasOption(opts, "string") && quotable(ft, sf.shape)
-		s.fields[name] = sf
+		sf.quoted = hasOption(c.opts, "string") && quotable(ft, sf.shape)
+		s.fields[c.name] = sf
 		sf.index = len(s.order)
 		s.order = append(s.order, sf)
 	}
-	for _, f := range inline {
-		et := f.Type
-		if et.Kind() == reflect.Pointer {
-			et = et.Elem()
+}
+
+// dominant picks, of n candidates sharing a name, the one encoding/json
+// fills: the only one at the least depth, or the only tagged one there; -1
+// when none is.
+func dominant(n int, of func(int) (depth int, tagged bool)) int {
+	least := -1
+	for k := range n {
+		if d, _ := of(k); least < 0 || d < least {
+			least = d
 		}
-		addFields(s, et, building, depth+1)
 	}
+	win, only, tagged, at := -1, -1, 0, 0
+	for k := range n {
+		d, tg := of(k)
+		if d != least {
+			continue
+		}
+		at++
+		only = k
+		if tg {
+			tagged++
+			win = k
+		}
+	}
+	switch {
+	case tagged == 1:
+		return win
+	case tagged == 0 && at == 1:
+		return only
+	}
+	return -1
 }
 
 func hasOption(opts, want string) bool {
