@@ -371,6 +371,7 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 func checkInput(raw []byte, s *shape) []Issue {
 	w := walks.Get().(*inputWalk)
 	w.b, w.off, w.path, w.issues, w.stopped = raw, 0, w.path[:0], nil, false
+	w.msgpack = decodesByMsgpack(s)
 	w.value(s, 0)
 	if !w.stopped && w.off != len(w.b) {
 		w.fail("the input has bytes after its value")
@@ -447,6 +448,7 @@ type inputWalk struct {
 	path    []pathElem // rendered only when an issue is found
 	issues  []Issue
 	stopped bool
+	msgpack bool // the input type is decoded by the msgpack library (see decodesByMsgpack)
 }
 
 // walks keeps walkers and their path stacks: a check of a valid input
@@ -629,6 +631,9 @@ func (w *inputWalk) value(s *shape, depth int) {
 	if h.class == classNil {
 		return // null leaves the zero value, as in encoding/json
 	}
+	if w.msgpack && w.msgpackReadsOtherwise(s, h, depth) {
+		return
+	}
 	switch s.kind {
 	case shapeAny:
 		if s.msgpackOnly {
@@ -760,7 +765,11 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		if msg := stringKey(ks, k, kh.class == classBinary); msg != "" {
+		msg := stringKey(ks, k, kh.class == classBinary)
+		if w.msgpack && kh.class == classString && ks.kind == shapeText && hasBinaryForm(ks) {
+			msg = msgpackBinaryHint
+		}
+		if msg != "" {
 			w.push(e)
 			w.issue(msg)
 			w.pop()
@@ -803,4 +812,36 @@ func (w *inputWalk) intRange(s *shape, h head) {
 	if h.neg && h.mag > limit || !h.neg && h.mag > limit-1 {
 		w.issue(rangeMessage(s))
 	}
+}
+
+// The msgpack library, which decodes an input type holding a msgpack-only
+// type, reads some JSON forms the check accepts as something else: a string
+// into []byte as its bytes, not base64; a string into a type with a binary
+// form (netip.Addr) as that form; a string into json.RawMessage as JSON text;
+// and a type with its own JSON decoder by its fields, not by that decoder. An
+// input must not mean something else than what was checked: the first three
+// are refused, the last is left to the library unchecked, as msgpack-only
+// types are.
+const msgpackBinaryHint = "expected binary data: this input type is decoded from msgpack, where text is not read as this type's text form"
+
+// msgpackReadsOtherwise handles a value the msgpack library would read
+// otherwise than the check, and reports whether it did.
+func (w *inputWalk) msgpackReadsOtherwise(s *shape, h head, depth int) bool {
+	switch {
+	case h.class != classString && s.kind != shapeJSON:
+		return false
+	case s.kind == shapeBytes, s.kind == shapeText && hasBinaryForm(s), s.kind == shapeJSON && s.typ == rawMessageType && h.class == classString:
+		w.issue(msgpackBinaryHint)
+		w.take(h.n)
+		return true
+	case s.kind == shapeJSON && s.typ != rawMessageType:
+		w.rest(h, depth)
+		return true
+	}
+	return false
+}
+
+// hasBinaryForm tells a type that decodes itself from binary data too.
+func hasBinaryForm(s *shape) bool {
+	return s.typ != nil && reflect.PointerTo(s.typ).Implements(binaryUnmarshalType)
 }

@@ -50,4 +50,11 @@ func TestJSONInput_MsgpackRouteNeverDecodesAnotherValue(t *testing.T) {
 			t.Errorf("%s decodes into %+v, encoding/json's meaning is %+v", j, got, want)
 		}
 	}
+	// A Go client's msgpack of the same values still decodes.
+	addr := netip.MustParseAddr("::12")
+	got, err := decodeInput[in](envelope.MustRaw(map[string]any{"count": 1, "data": []byte("hi"), "addr": addr,
+		"raw": json.RawMessage(`"123"`)}), s)
+	if err != nil || string(got.Data) != "hi" || got.Addr != addr || string(got.Raw) != `"123"` {
+		t.Errorf("a Go client's msgpack: %+v, %v", got, err)
+	}
 }
