@@ -353,7 +353,14 @@ func hasOption(opts, want string) bool {
 // decodeInput checks raw against the input type's shape, then decodes it.
 func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	in := new(In)
-	if len(raw) == 0 {
+	if len(raw) == 0 || len(raw) == 1 && raw[0] == 0xc0 {
+		// No input, or null: an empty object to a struct, whose required
+		// fields are then missing, as the schema's required list says.
+		if s.kind == shapeStruct {
+			if issues := checkInput([]byte{0x80}, s); len(issues) > 0 {
+				return nil, &InputError{Issues: issues}
+			}
+		}
 		return in, nil
 	}
 	if issues := checkInput(raw, s); len(issues) > 0 {
