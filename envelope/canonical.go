@@ -32,11 +32,23 @@ func CanonicalJSON(r Raw) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// InputHash is the hex SHA-256 of the raw value's canonical JSON.
+// InputHash is the hex SHA-256 of the raw value's canonical JSON. A value
+// without a canonical JSON form (binary data, NaN, invalid UTF-8, keys that
+// are not strings: a Go client's msgpack may hold them) hashes as its msgpack
+// bytes behind a prefix no JSON text begins with: its hash is never a JSON
+// value's, nor another value's, and the same bytes always hash alike. An
+// execution's records and audit events name its input by this hash, so an
+// input must never go without one. Only bytes that are not well-formed msgpack
+// fail.
 func InputHash(r Raw) (string, error) {
 	c, err := CanonicalJSON(r)
 	if err != nil {
-		return "", err
+		// Not canonical, or not decodable as a plain value (an extension
+		// type the msgpack library does not know): the bytes, if well formed.
+		if werr := checkWellFormed(r); werr != nil {
+			return "", fmt.Errorf("%w: %v", ErrDecode, werr)
+		}
+		c = append([]byte("msgpack:"), r...)
 	}
 	sum := sha256.Sum256(c)
 	return hex.EncodeToString(sum[:]), nil
@@ -63,7 +75,10 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 	case float64:
 		return writeFloat(buf, t)
 	case time.Time:
-		b, _ := json.Marshal(t.UTC())
+		b, err := json.Marshal(t.UTC())
+		if err != nil { // a year RFC 3339 cannot write
+			return fmt.Errorf("%w: %v", ErrNotCanonical, err)
+		}
 		buf.Write(b)
 	case []any:
 		buf.WriteByte('[')

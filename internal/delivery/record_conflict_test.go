@@ -56,3 +56,27 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 		}
 	}
 }
+
+// A Go client's input may hold binary data, which JSON has no form for: the
+// record still names that input, and a second request under the same id with
+// other bytes does not take the execution over on the first one's stages.
+func TestRecordConflict_InputWithoutJSONFormStillCompared(t *testing.T) {
+	alice := envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
+	request := func(data []byte) *Execution {
+		req := &envelope.Request{ExecutionID: "e1", CapabilityID: "vault.transfer", Actor: alice, Surface: "direct",
+			Input: envelope.MustRaw(map[string]any{"to": "acct-1", "memo": data})}
+		x := &Execution{req: req}
+		x.hashInput()
+		return x
+	}
+	first, second := request([]byte("benign")), request([]byte("other"))
+	var rec Record
+	rec.State = StateRunning
+	rec.claimedFor(first.req, first.inputHash)
+	if got := rec.Conflict(second.req, second.inputHash); got != "inputHash" {
+		t.Errorf("a request with another input: conflict %q, want %q", got, "inputHash")
+	}
+	if got := rec.Conflict(first.req, request([]byte("benign")).inputHash); got != "" {
+		t.Errorf("the claimed request again: conflict %q, want none", got)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/msgpackhead"
@@ -56,7 +57,7 @@ func (e *InputError) Error() string {
 		b.WriteString(is.Message)
 	}
 	if e.cause != nil {
-		b.WriteString(" (" + e.cause.Error() + ")")
+		b.WriteString(" (" + shorten(e.cause.Error(), maxIssueText) + ")")
 	}
 	return b.String()
 }
@@ -68,6 +69,16 @@ const maxIssues = 50
 
 // maxInputDepth bounds how deeply the check follows nested values.
 const maxInputDepth = 1000
+
+// Issues travel in the INPUT_INVALID envelope and the record's cause, which
+// the server refuses beyond its payload limit: an issue's path and message
+// are shortened, so that a long key above many issues, or a long value a
+// type's error quotes, cannot make the report outgrow the input.
+const (
+	maxKeyText   = 64  // a key in a path
+	maxPathText  = 256 // a whole path, its last part kept
+	maxIssueText = 256 // a message
+)
 
 type shapeKind uint8
 
@@ -206,58 +217,126 @@ func compileShape(t reflect.Type, building map[reflect.Type]*shape) *shape {
 		}
 	case reflect.Struct:
 		s.kind, s.fields = shapeStruct, map[string]*shapeField{}
-		addFields(s, t, building, 0)
+		addFields(s, t, building)
 	default: // interfaces, and kinds that never decode (func, chan)
 		s.kind = shapeAny
 	}
 	return s
 }
 
-// addFields adds t's fields under their json names. Embedded structs without
-// a json name are inlined, as encoding/json does; a field of the outer struct
-// wins over an inlined one of the same name.
-func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape, depth int) {
-	var inline []reflect.StructField
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" && opts == "" {
-			continue
-		}
-		ft := f.Type
-		if f.Anonymous && name == "" {
-			et := ft
-			if et.Kind() == reflect.Pointer {
-				et = et.Elem()
-			}
-			if et.Kind() == reflect.Struct && depth < 8 {
-				inline = append(inline, f)
+// addFields adds t's fields under their json names, chosen as encoding/json
+// chooses them, so that the field an input names is the one checked and the
+// one decoded into. Embedded structs without a json name are inlined, level
+// by level; of the fields sharing a name, the shallowest wins, then the one a
+// tag names, and two left at par cancel each other: encoding/json fills
+// neither, so the name is no field (an input naming it is refused).
+func addFields(s *shape, t reflect.Type, building map[reflect.Type]*shape) {
+	type candidate struct {
+		f      reflect.StructField
+		name   string
+		opts   string
+		depth  int
+		tagged bool
+	}
+	var cands []candidate
+	byName := map[string][]int{}
+	visited := map[reflect.Type]bool{}
+	level, count := []reflect.Type{t}, map[reflect.Type]int{t: 1}
+	for depth := 0; len(level) > 0; depth++ {
+		var next []reflect.Type
+		nextCount := map[reflect.Type]int{}
+		for _, typ := range level {
+			if visited[typ] {
 				continue
 			}
+			visited[typ] = true
+			for i := range typ.NumField() {
+				f := typ.Field(i)
+				name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+				if name == "-" && opts == "" {
+					continue
+				}
+				if f.Anonymous && name == "" {
+					et := f.Type
+					if et.Kind() == reflect.Pointer {
+						et = et.Elem()
+					}
+					if et.Kind() == reflect.Struct {
+						if nextCount[et]++; nextCount[et] == 1 {
+							next = append(next, et)
+						}
+						continue
+					}
+				}
+				if !f.IsExported() {
+					continue
+				}
+				tagged := name != ""
+				if !tagged {
+					name = f.Name
+				}
+				byName[name] = append(byName[name], len(cands))
+				cands = append(cands, candidate{f: f, name: name, opts: opts, depth: depth, tagged: tagged})
+				if count[typ] > 1 {
+					// The type is embedded twice at this level: its fields
+					// cancel each other, as encoding/json's do.
+					byName[name] = append(byName[name], -1)
+				}
+			}
 		}
-		if !f.IsExported() {
+		level, count = next, nextCount
+	}
+	for i, c := range cands {
+		ids := byName[c.name]
+		of := func(k int) (int, bool) {
+			for ids[k] < 0 { // a twin: the candidate it copies
+				k--
+			}
+			return cands[ids[k]].depth, cands[ids[k]].tagged
+		}
+		if w := dominant(len(ids), of); w < 0 || ids[w] != i {
 			continue
 		}
-		if name == "" {
-			name = f.Name
-		}
-		if _, dup := s.fields[name]; dup {
-			continue
-		}
-		sf := &shapeField{name: name, shape: compileShape(ft, building), omitEmpty: hasOption(opts, "omitempty") || hasOption(opts, "omitzero"),
+		ft := c.f.Type
+		sf := &shapeField{name: c.name, shape: compileShape(ft, building), omitEmpty: hasOption(c.opts, "omitempty") || hasOption(c.opts, "omitzero"),
 			pointer: ft.Kind() == reflect.Pointer}
-		sf.quoted = hasOption(opts, "string") && quotable(ft, sf.shape)
-		s.fields[name] = sf
+		sf.quoted = hasOption(c.opts, "string") && quotable(ft, sf.shape)
+		s.fields[c.name] = sf
 		sf.index = len(s.order)
 		s.order = append(s.order, sf)
 	}
-	for _, f := range inline {
-		et := f.Type
-		if et.Kind() == reflect.Pointer {
-			et = et.Elem()
+}
+
+// dominant picks, of n candidates sharing a name, the one encoding/json
+// fills: the only one at the least depth, or the only tagged one there; -1
+// when none is.
+func dominant(n int, of func(int) (depth int, tagged bool)) int {
+	least := -1
+	for k := range n {
+		if d, _ := of(k); least < 0 || d < least {
+			least = d
 		}
-		addFields(s, et, building, depth+1)
 	}
+	win, only, tagged, at := -1, -1, 0, 0
+	for k := range n {
+		d, tg := of(k)
+		if d != least {
+			continue
+		}
+		at++
+		only = k
+		if tg {
+			tagged++
+			win = k
+		}
+	}
+	switch {
+	case tagged == 1:
+		return win
+	case tagged == 0 && at == 1:
+		return only
+	}
+	return -1
 }
 
 func hasOption(opts, want string) bool {
@@ -274,7 +353,14 @@ func hasOption(opts, want string) bool {
 // decodeInput checks raw against the input type's shape, then decodes it.
 func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	in := new(In)
-	if len(raw) == 0 {
+	if len(raw) == 0 || len(raw) == 1 && raw[0] == 0xc0 {
+		// No input, or null: an empty object to a struct, whose required
+		// fields are then missing, as the schema's required list says.
+		if s.kind == shapeStruct {
+			if issues := checkInput([]byte{0x80}, s); len(issues) > 0 {
+				return nil, &InputError{Issues: issues}
+			}
+		}
 		return in, nil
 	}
 	if issues := checkInput(raw, s); len(issues) > 0 {
@@ -283,7 +369,7 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	if err := decodeChecked(raw, s, in); err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
-		return nil, &InputError{Issues: []Issue{{Path: decodeErrorPath(err), Message: "the input does not match the capability's input type"}}, cause: err}
+		return nil, &InputError{Issues: []Issue{{Path: shortenPath(decodeErrorPath(err)), Message: "the input does not match the capability's input type"}}, cause: err}
 	}
 	return in, nil
 }
@@ -292,6 +378,7 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 func checkInput(raw []byte, s *shape) []Issue {
 	w := walks.Get().(*inputWalk)
 	w.b, w.off, w.path, w.issues, w.stopped = raw, 0, w.path[:0], nil, false
+	w.msgpack = decodesByMsgpack(s)
 	w.value(s, 0)
 	if !w.stopped && w.off != len(w.b) {
 		w.fail("the input has bytes after its value")
@@ -368,6 +455,7 @@ type inputWalk struct {
 	path    []pathElem // rendered only when an issue is found
 	issues  []Issue
 	stopped bool
+	msgpack bool // the input type is decoded by the msgpack library (see decodesByMsgpack)
 }
 
 // walks keeps walkers and their path stacks: a check of a valid input
@@ -386,7 +474,7 @@ func (w *inputWalk) issue(msg string) {
 		w.stopped = true
 		return
 	}
-	w.issues = append(w.issues, Issue{Path: w.renderPath(), Message: msg})
+	w.issues = append(w.issues, Issue{Path: w.renderPath(), Message: shorten(msg, maxIssueText)})
 }
 
 // fail records an issue that ends the walk: the bytes cannot be followed.
@@ -398,21 +486,52 @@ func (w *inputWalk) fail(msg string) {
 func (w *inputWalk) renderPath() string {
 	var b strings.Builder
 	for _, e := range w.path {
+		key := e.key
+		if len(key) > maxKeyText {
+			key = []byte(shorten(string(key), maxKeyText))
+		}
 		switch {
 		case e.index >= 0:
 			b.WriteString("[" + strconv.Itoa(e.index) + "]")
 		case e.other:
 			b.WriteString("[?]")
-		case plainKey(string(e.key)):
+		case plainKey(string(key)):
 			if b.Len() > 0 {
 				b.WriteByte('.')
 			}
-			b.Write(e.key)
+			b.Write(key)
 		default:
-			b.WriteString("[" + strconv.Quote(string(e.key)) + "]")
+			b.WriteString("[" + strconv.Quote(string(key)) + "]")
 		}
 	}
-	return b.String()
+	return shortenPath(b.String())
+}
+
+// shorten cuts s to at most max bytes, at a character's start, marking the
+// cut with an ellipsis.
+func shorten(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	const more = "…"
+	cut := max - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + more
+}
+
+// shortenPath keeps a long path's last part, where the issue is.
+func shortenPath(p string) string {
+	if len(p) <= maxPathText {
+		return p
+	}
+	const more = "…"
+	cut := len(p) - (maxPathText - len(more))
+	for cut < len(p) && !utf8.RuneStart(p[cut]) {
+		cut++
+	}
+	return more + p[cut:]
 }
 
 func plainKey(k string) bool {
@@ -518,6 +637,9 @@ func (w *inputWalk) value(s *shape, depth int) {
 	}
 	if h.class == classNil {
 		return // null leaves the zero value, as in encoding/json
+	}
+	if w.msgpack && w.msgpackReadsOtherwise(s, h, depth) {
+		return
 	}
 	switch s.kind {
 	case shapeAny:
@@ -650,7 +772,11 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		if msg := stringKey(ks, k, kh.class == classBinary); msg != "" {
+		msg := stringKey(ks, k, kh.class == classBinary)
+		if w.msgpack && kh.class == classString && ks.kind == shapeText && hasBinaryForm(ks) {
+			msg = msgpackBinaryHint
+		}
+		if msg != "" {
 			w.push(e)
 			w.issue(msg)
 			w.pop()
@@ -693,4 +819,36 @@ func (w *inputWalk) intRange(s *shape, h head) {
 	if h.neg && h.mag > limit || !h.neg && h.mag > limit-1 {
 		w.issue(rangeMessage(s))
 	}
+}
+
+// The msgpack library, which decodes an input type holding a msgpack-only
+// type, reads some JSON forms the check accepts as something else: a string
+// into []byte as its bytes, not base64; a string into a type with a binary
+// form (netip.Addr) as that form; a string into json.RawMessage as JSON text;
+// and a type with its own JSON decoder by its fields, not by that decoder. An
+// input must not mean something else than what was checked: the first three
+// are refused, the last is left to the library unchecked, as msgpack-only
+// types are.
+const msgpackBinaryHint = "expected binary data: this input type is decoded from msgpack, where text is not read as this type's text form"
+
+// msgpackReadsOtherwise handles a value the msgpack library would read
+// otherwise than the check, and reports whether it did.
+func (w *inputWalk) msgpackReadsOtherwise(s *shape, h head, depth int) bool {
+	switch {
+	case h.class != classString && s.kind != shapeJSON:
+		return false
+	case s.kind == shapeBytes, s.kind == shapeText && hasBinaryForm(s), s.kind == shapeJSON && s.typ == rawMessageType && h.class == classString:
+		w.issue(msgpackBinaryHint)
+		w.take(h.n)
+		return true
+	case s.kind == shapeJSON && s.typ != rawMessageType:
+		w.rest(h, depth)
+		return true
+	}
+	return false
+}
+
+// hasBinaryForm tells a type that decodes itself from binary data too.
+func hasBinaryForm(s *shape) bool {
+	return s.typ != nil && reflect.PointerTo(s.typ).Implements(binaryUnmarshalType)
 }

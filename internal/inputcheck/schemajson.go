@@ -45,7 +45,7 @@ func keySchema(k *shape) map[string]any {
 	case shapeInt:
 		return map[string]any{"pattern": `^[-+]?[0-9]+$`}
 	case shapeUint:
-		return map[string]any{"pattern": `^[+]?[0-9]+$`}
+		return map[string]any{"pattern": `^[0-9]+$`} // strconv.ParseUint takes no sign
 	case shapeText:
 		if m, ok := textFormats[k.typ]; ok {
 			return m
