@@ -98,6 +98,10 @@ func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envel
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
 				attribute.String("capstan.execution_id", req.ExecutionID))
+		}
+		// A span not sampled is propagated too, marked so: the worker follows
+		// the caller's decision instead of starting a trace of its own.
+		if span.SpanContext().IsValid() {
 			carrier := propagation.MapCarrier{}
 			t.prop.Inject(ctx, carrier)
 			req.Traceparent = carrier["traceparent"]
@@ -151,7 +155,9 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(req.SubmittedAt), trace.WithSpanKind(trace.SpanKindInternal))
 		q.End(trace.WithTimestamp(x.start))
 	}
-	ctx, x.span = t.tracer.Start(ctx, "process "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindConsumer),
+	// The span's name is the bounded label: a capability no worker serves is
+	// an id the client made up, kept only as an attribute.
+	ctx, x.span = t.tracer.Start(ctx, "process "+x.capLabel, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(x.start))
 	if x.span.IsRecording() {
 		x.span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
