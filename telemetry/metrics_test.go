@@ -173,3 +173,56 @@ func publishRaw(t *testing.T, b *broker.Broker, capID string) {
 		t.Fatal(err)
 	}
 }
+
+// Every envelope a worker creates is counted, those of requests it refuses
+// before any claim too: one past its start deadline (NOT_STARTED) and one
+// that does not decode (INPUT_INVALID).
+func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{})
+	b := c.Broker()
+
+	late := envelope.NewExecutionID()
+	startBy := time.Now().UTC().Add(-time.Minute)
+	data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: late, CapabilityID: "t.echo",
+		Actor: alice, Surface: "direct", SubmittedAt: time.Now().UTC(), StartBy: &startBy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled := envelope.NewExecutionID()
+	for id, body := range map[string][]byte{late: data, garbled: []byte("not a request")} {
+		m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
+		m.Data = body
+		if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, code := range map[string]envelope.Code{late: envelope.CodeNotStarted, garbled: envelope.CodeInputInvalid} {
+		e, err := c.Await(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Error == nil || e.Error.Code != code {
+			t.Fatalf("envelope %s %+v, want %s", e.Status, e.Error, code)
+		}
+	}
+	stop() // every delivery it took has ended: the counts are final
+
+	m := scrape(t, tel.Handler())
+	for _, code := range []string{"NOT_STARTED", "INPUT_INVALID"} {
+		got, ok := value(m, "capstan_executions_finalized_total", "capability=t.echo", "pool=obs", "status=failed", "code="+code)
+		if !ok || got != 1 {
+			t.Errorf("finalized %s: %v (present %v), want 1", code, got, ok)
+		}
+	}
+	if got := sum(m, "capstan_executions_finalized_total"); got != 2 {
+		t.Errorf("%v executions finalized in all, want 2", got)
+	}
+	if got := sum(m, "capstan_executions_in_flight"); got != 0 {
+		t.Errorf("%v executions in flight after the worker stopped", got)
+	}
+}
