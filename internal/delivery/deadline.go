@@ -95,6 +95,7 @@ func (w *Runner) finalizeRecorded(x *Execution, rec *Record) bool {
 				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 		}
 		w.finalized.Add(1)
+		w.observeFinalized(x, env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists)
 }

@@ -659,8 +659,24 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
 	if err == nil {
 		w.finalized.Add(1)
+		w.observeFinalized(x, env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists), nil, 0
+}
+
+// observeFinalized tells the observer of an envelope written outside the
+// pipeline (finalizeWithoutRun, finalizeRecorded): through the delivery's
+// observer when it has one, otherwise as an execution of its own that ends
+// with the envelope, so that every envelope this worker creates is counted.
+func (w *Runner) observeFinalized(x *Execution, env *envelope.Envelope) {
+	if x.obs != nil {
+		x.obs.Finalized(env)
+		return
+	}
+	_, obs := w.cfg.Observer.Begin(w.base, observe.Delivery{Request: x.req, Pool: w.cfg.Pool, Worker: w.cfg.ID,
+		Deliveries: deliveries(x.msg), Known: w.cfg.Capability(x.req.CapabilityID) != nil})
+	obs.Finalized(env)
+	obs.End()
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
