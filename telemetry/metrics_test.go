@@ -226,3 +226,48 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 		t.Errorf("%v executions in flight after the worker stopped", got)
 	}
 }
+
+// A request's submission time is the client's to write: the queue wait and
+// the execution's duration are measured from when JetStream stored it, so
+// that a client's clock, or a client lying, does not move them.
+func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
+	began := time.Now()
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{})
+	b := c.Broker()
+
+	id := envelope.NewExecutionID()
+	data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.echo",
+		Input: envelope.MustRaw(echoIn{}), Actor: alice, Surface: "direct",
+		SubmittedAt: time.Now().UTC().Add(-1000 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
+	m.Data = data
+	if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := c.Await(ctx, id); err != nil || e.Status != envelope.StatusCompleted {
+		t.Fatalf("await: %v %+v", err, e)
+	}
+	stop() // every delivery it took has ended: the counts are final
+	elapsed := time.Since(began).Seconds()
+
+	fams := scrape(t, tel.Handler())
+	for _, name := range []string{"capstan_queue_wait_seconds", "capstan_execution_duration_seconds"} {
+		var n uint64
+		var s float64
+		for _, m := range fams[name].GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+			s += m.GetHistogram().GetSampleSum()
+		}
+		if n != 1 || s < 0 || s > elapsed {
+			t.Errorf("%s: %d observations summing to %v s, want one within the test's %v s", name, n, s, elapsed)
+		}
+	}
+}
