@@ -136,13 +136,18 @@ func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 // first delivery) and one for the worker's processing.
 func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {
 	req := d.Request
-	x := &execution{t: t, pool: d.Pool, capLabel: UnknownCapability, start: time.Now(), submitted: req.SubmittedAt}
+	// The server's clock, when known: the request's own time is the client's.
+	submitted := d.Stored
+	if submitted.IsZero() {
+		submitted = req.SubmittedAt
+	}
+	x := &execution{t: t, pool: d.Pool, capLabel: UnknownCapability, start: time.Now(), submitted: submitted}
 	if d.Known {
 		x.capLabel = t.caps.label(req.CapabilityID)
 	}
 	first := d.Deliveries <= 1
-	if first && !req.SubmittedAt.IsZero() {
-		t.m.queueWait.WithLabelValues(x.capLabel, x.pool).Observe(max(x.start.Sub(req.SubmittedAt), 0).Seconds())
+	if first && !submitted.IsZero() {
+		t.m.queueWait.WithLabelValues(x.capLabel, x.pool).Observe(max(x.start.Sub(submitted), 0).Seconds())
 	}
 	x.inFlight = t.m.inFlight.WithLabelValues(x.capLabel, x.pool)
 	x.inFlight.Inc()
@@ -151,8 +156,8 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 		return ctx, x
 	}
 	ctx = t.parent(ctx, req.Traceparent)
-	if first && !req.SubmittedAt.IsZero() && trace.SpanContextFromContext(ctx).IsValid() {
-		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(req.SubmittedAt), trace.WithSpanKind(trace.SpanKindInternal))
+	if first && !submitted.IsZero() && trace.SpanContextFromContext(ctx).IsValid() {
+		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(submitted), trace.WithSpanKind(trace.SpanKindInternal))
 		q.End(trace.WithTimestamp(x.start))
 	}
 	// The span's name is the bounded label: a capability no worker serves is

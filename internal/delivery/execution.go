@@ -93,8 +93,13 @@ func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capabi
 		}
 	}
 	x.key = broker.Key(x.principal, req.ExecutionID)
-	ctx, obs := w.cfg.Observer.Begin(w.base, observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID,
-		Deliveries: deliveries(msg), Known: c != nil})
+	d := observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID, Known: c != nil}
+	if msg != nil {
+		if meta, err := msg.Metadata(); err == nil {
+			d.Deliveries, d.Stored = int(meta.NumDelivered), meta.Timestamp
+		}
+	}
+	ctx, obs := w.cfg.Observer.Begin(w.base, d)
 	x.obs = obs
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
