@@ -229,7 +229,8 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 
 // A request's submission time is the client's to write: the queue wait and
 // the execution's duration are measured from when JetStream stored it, so
-// that a client's clock, or a client lying, does not move them.
+// that a client's clock, or a client lying, does not move them; for a request
+// that runs and for one refused past its start deadline alike.
 func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 	began := time.Now()
 	env := testenv.Start(t)
@@ -240,20 +241,23 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 	c := newClient(t, nc, executor.ClientConfig{})
 	b := c.Broker()
 
-	id := envelope.NewExecutionID()
-	data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.echo",
-		Input: envelope.MustRaw(echoIn{}), Actor: alice, Surface: "direct",
-		SubmittedAt: time.Now().UTC().Add(-1000 * time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
-	m.Data = data
-	if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := c.Await(ctx, id); err != nil || e.Status != envelope.StatusCompleted {
-		t.Fatalf("await: %v %+v", err, e)
+	past := time.Now().UTC().Add(-time.Minute)
+	for _, startBy := range []*time.Time{nil, &past} {
+		id := envelope.NewExecutionID()
+		data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.echo",
+			Input: envelope.MustRaw(echoIn{}), Actor: alice, Surface: "direct",
+			SubmittedAt: time.Now().UTC().Add(-1000 * time.Hour), StartBy: startBy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
+		m.Data = data
+		if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Await(ctx, id); err != nil {
+			t.Fatalf("await: %v", err)
+		}
 	}
 	stop() // every delivery it took has ended: the counts are final
 	elapsed := time.Since(began).Seconds()
@@ -266,8 +270,8 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 			n += m.GetHistogram().GetSampleCount()
 			s += m.GetHistogram().GetSampleSum()
 		}
-		if n != 1 || s < 0 || s > elapsed {
-			t.Errorf("%s: %d observations summing to %v s, want one within the test's %v s", name, n, s, elapsed)
+		if n != 2 || s < 0 || s > elapsed {
+			t.Errorf("%s: %d observations summing to %v s, want two within the test's %v s", name, n, s, elapsed)
 		}
 	}
 }
