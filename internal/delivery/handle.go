@@ -552,7 +552,7 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 		if principal == "" {
 			principal = broker.Anonymous
 		}
-		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
+		x := &Execution{w: w, msg: msg, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
 			principal: principal, key: broker.Key(principal, id)}
 		if !w.endWithoutRun(msg, x, env, "undecodable") {
 			return // its envelope is not written yet: not terminated
@@ -673,8 +673,7 @@ func (w *Runner) observeFinalized(x *Execution, env *envelope.Envelope) {
 		x.obs.Finalized(env)
 		return
 	}
-	_, obs := w.cfg.Observer.Begin(w.base, observe.Delivery{Request: x.req, Pool: w.cfg.Pool, Worker: w.cfg.ID,
-		Deliveries: deliveries(x.msg), Known: w.cfg.Capability(x.req.CapabilityID) != nil})
+	_, obs := w.cfg.Observer.Begin(w.base, w.delivery(x.msg, x.req, w.cfg.Capability(x.req.CapabilityID) != nil))
 	obs.Finalized(env)
 	obs.End()
 }
@@ -702,7 +701,7 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 		if cerr != nil {
-			x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+			x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
 			env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 				Error: &envelope.Error{Code: cerr.Code, Stage: cerr.Stage, ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
 			reason := "resume-refused"
