@@ -200,3 +200,32 @@ func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
 		t.Error("the capability id is on no span's attributes")
 	}
 }
+
+// Nothing bounds the capability id of a request for a capability no worker
+// serves but the message's size: what a span keeps of it is at most an id's
+// length, so that a client cannot make each span it causes hold a megabyte
+// until it is exported.
+func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+	huge := "a" + strings.Repeat("x", 1<<20)
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: huge}
+	_, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
+	x.End()
+	got := spans.GetSpans()
+	if len(got) == 0 {
+		t.Fatal("no span recorded")
+	}
+	for _, s := range got {
+		if len(s.Name) > envelope.MaxIDLen+len("process ") {
+			t.Errorf("span name of %d bytes", len(s.Name))
+		}
+		for _, a := range s.Attributes {
+			if n := len(a.Value.Emit()); n > envelope.MaxIDLen {
+				t.Errorf("span %q: attribute %s of %d bytes, want at most %d", s.Name, a.Key, n, envelope.MaxIDLen)
+			}
+		}
+	}
+}
