@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -202,15 +203,16 @@ func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
 }
 
 // Nothing bounds the capability id of a request for a capability no worker
-// serves but the message's size: what a span keeps of it is at most an id's
-// length, so that a client cannot make each span it causes hold a megabyte
-// until it is exported.
+// serves but the message's size, nor makes it UTF-8: what a span keeps of it
+// is at most an id's length, so that a client cannot make each span it
+// causes hold a megabyte until it is exported, and valid UTF-8, without
+// which an OTLP export of the batch fails.
 func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
-	huge := "a" + strings.Repeat("x", 1<<20)
+	huge := "a\xff" + strings.Repeat("x", 1<<20)
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: huge}
 	_, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
 	x.End()
@@ -225,6 +227,9 @@ func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
 		for _, a := range s.Attributes {
 			if n := len(a.Value.Emit()); n > envelope.MaxIDLen {
 				t.Errorf("span %q: attribute %s of %d bytes, want at most %d", s.Name, a.Key, n, envelope.MaxIDLen)
+			}
+			if !utf8.ValidString(a.Value.Emit()) {
+				t.Errorf("span %q: attribute %s is not UTF-8", s.Name, a.Key)
 			}
 		}
 	}
