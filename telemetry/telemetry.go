@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,7 +166,13 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 	ctx, x.span = t.tracer.Start(ctx, "process "+x.capLabel, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(x.start))
 	if x.span.IsRecording() {
-		x.span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
+		capID := req.CapabilityID
+		if !d.Known {
+			// Only the message's size bounds an id no worker serves, and
+			// nothing makes it UTF-8, which an OTLP export requires.
+			capID = strings.ToValidUTF8(capID[:min(len(capID), envelope.MaxIDLen)], "?")
+		}
+		x.span.SetAttributes(attribute.String("capstan.capability_id", capID),
 			attribute.String("capstan.execution_id", req.ExecutionID),
 			attribute.String("capstan.pool", d.Pool), attribute.String("capstan.worker", d.Worker),
 			attribute.Int("capstan.delivery", d.Deliveries))
