@@ -89,13 +89,17 @@ func (t *Telemetry) parent(ctx context.Context, traceparent string) context.Cont
 // Call starts the client's span of one request and puts its trace context in
 // the request.
 func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
-	capLabel := t.caps.label(req.CapabilityID)
+	// A resume naming only its approval: the worker reads the capability.
+	capLabel := UnknownCapability
+	if req.CapabilityID != "" {
+		capLabel = t.caps.label(req.CapabilityID)
+	}
 	span := noSpan
 	if t.tracer != nil {
 		if !trace.SpanContextFromContext(ctx).IsValid() {
 			ctx = t.parent(ctx, req.Traceparent)
 		}
-		ctx, span = t.tracer.Start(ctx, "call "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindProducer))
+		ctx, span = t.tracer.Start(ctx, "call "+capLabel, trace.WithSpanKind(trace.SpanKindProducer))
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
 				attribute.String("capstan.execution_id", req.ExecutionID))
