@@ -225,10 +225,10 @@ func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
 			t.Errorf("span name of %d bytes", len(s.Name))
 		}
 		for _, a := range s.Attributes {
-			if n := len(a.Value.Emit()); n > envelope.MaxIDLen {
+			if n := len(a.Value.String()); n > envelope.MaxIDLen {
 				t.Errorf("span %q: attribute %s of %d bytes, want at most %d", s.Name, a.Key, n, envelope.MaxIDLen)
 			}
-			if !utf8.ValidString(a.Value.Emit()) {
+			if !utf8.ValidString(a.Value.String()) {
 				t.Errorf("span %q: attribute %s is not UTF-8", s.Name, a.Key)
 			}
 		}
