@@ -1,6 +1,10 @@
 package telemetry_test
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,7 +186,9 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 	nc := env.Connect(t)
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	var logs syncBuffer
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
 	b := c.Broker()
 
@@ -225,6 +231,30 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 	if got := sum(m, "capstan_executions_in_flight"); got != 0 {
 		t.Errorf("%v executions in flight after the worker stopped", got)
 	}
+	// And each has its one log line, as every envelope a worker writes.
+	for _, id := range []string{late, garbled} {
+		if n := strings.Count(logs.String(), `msg="execution finalized" executionId=`+id); n != 1 {
+			t.Errorf("%d execution finalized lines for %s:\n%s", n, id, logs.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer a worker's goroutines may log to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // A request's submission time is the client's to write: the queue wait and
