@@ -664,18 +664,21 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	return err == nil || errors.Is(err, broker.ErrExists), nil, 0
 }
 
-// observeFinalized tells the observer of an envelope written outside the
-// pipeline (finalizeWithoutRun, finalizeRecorded): through the delivery's
-// observer when it has one, otherwise as an execution of its own that ends
-// with the envelope, so that every envelope this worker creates is counted.
+// observeFinalized tells the observer and the log of an envelope written
+// outside the pipeline (finalizeWithoutRun, finalizeRecorded), as finalize
+// does of the others: through the delivery's observer when it has one,
+// otherwise as an execution of its own that ends with the envelope, so that
+// every envelope this worker creates is counted and logged once.
 func (w *Runner) observeFinalized(x *Execution, env *envelope.Envelope) {
 	if x.obs != nil {
 		x.obs.Finalized(env)
-		return
+	} else {
+		_, obs := w.cfg.Observer.Begin(w.base, w.delivery(x.msg, x.req, w.cfg.Capability(x.req.CapabilityID) != nil))
+		obs.Finalized(env)
+		obs.End()
 	}
-	_, obs := w.cfg.Observer.Begin(w.base, w.delivery(x.msg, x.req, w.cfg.Capability(x.req.CapabilityID) != nil))
-	obs.Finalized(env)
-	obs.End()
+	w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
+		"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
