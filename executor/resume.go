@@ -103,14 +103,16 @@ func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts [
 	if err := envelope.ValidExecutionID(r.ExecutionID); err != nil {
 		return "", fmt.Errorf("capstan: %w", err)
 	}
+	end := c.cfg.Observer.Call(ctx, r)
 	b, err := envelope.Marshal(r)
-	if err != nil {
-		return "", err
+	if err == nil {
+		m := nats.NewMsg(c.b.Names.UnroutedSubject(c.principal))
+		m.Data = b
+		m.Header.Set(jetstream.MsgIDHeader, r.ExecutionID)
+		err = c.publish(ctx, m)
 	}
-	m := nats.NewMsg(c.b.Names.UnroutedSubject(c.principal))
-	m.Data = b
-	m.Header.Set(jetstream.MsgIDHeader, r.ExecutionID)
-	if err := c.publish(ctx, m); err != nil {
+	end(nil, err)
+	if err != nil {
 		return "", fmt.Errorf("capstan: resume %s: %w", approvalID, err)
 	}
 	return r.ExecutionID, nil

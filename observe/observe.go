@@ -2,6 +2,7 @@ package observe
 
 import (
 	"context"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 )
@@ -15,6 +16,10 @@ type Delivery struct {
 	// Deliveries counts JetStream's deliveries of the request, this one
 	// included (1: the first; 0: unknown).
 	Deliveries int
+	// Stored is when JetStream stored the request, by the server's clock
+	// (zero: unknown). Request.SubmittedAt is the client's to write: it
+	// may be skewed, or made up.
+	Stored time.Time
 	// Known reports whether the worker serves the capability; an unknown one
 	// is finalized CAPABILITY_NOT_FOUND.
 	Known bool

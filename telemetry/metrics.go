@@ -70,12 +70,12 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}, capPool),
 		execution: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_execution_duration_seconds",
-			Help:    "From the request's submission to its envelope, as the finalizing worker sees it.",
+			Help:    "From the request's submission (JetStream storing it, by the server's clock) to its envelope, as the finalizing worker sees it.",
 			Buckets: durationBuckets,
 		}, []string{"capability", "pool", "status"}),
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_queue_wait_seconds",
-			Help:    "From the request's submission to its first delivery to a worker.",
+			Help:    "From the request's submission (JetStream storing it, by the server's clock) to its first delivery to a worker.",
 			Buckets: durationBuckets,
 		}, capPool),
 		stage: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -1,6 +1,10 @@
 package telemetry_test
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,5 +175,139 @@ func publishRaw(t *testing.T, b *broker.Broker, capID string) {
 	m.Data = data
 	if _, err := b.JS.PublishMsg(ctxT(t), m, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every envelope a worker creates is counted, those of requests it refuses
+// before any claim too: one past its start deadline (NOT_STARTED) and one
+// that does not decode (INPUT_INVALID).
+func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	var logs syncBuffer
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{})
+	b := c.Broker()
+
+	late := envelope.NewExecutionID()
+	startBy := time.Now().UTC().Add(-time.Minute)
+	data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: late, CapabilityID: "t.echo",
+		Actor: alice, Surface: "direct", SubmittedAt: time.Now().UTC(), StartBy: &startBy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled := envelope.NewExecutionID()
+	for id, body := range map[string][]byte{late: data, garbled: []byte("not a request")} {
+		m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
+		m.Data = body
+		if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, code := range map[string]envelope.Code{late: envelope.CodeNotStarted, garbled: envelope.CodeInputInvalid} {
+		e, err := c.Await(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Error == nil || e.Error.Code != code {
+			t.Fatalf("envelope %s %+v, want %s", e.Status, e.Error, code)
+		}
+	}
+	stop() // every delivery it took has ended: the counts are final
+
+	m := scrape(t, tel.Handler())
+	for _, code := range []string{"NOT_STARTED", "INPUT_INVALID"} {
+		got, ok := value(m, "capstan_executions_finalized_total", "capability=t.echo", "pool=obs", "status=failed", "code="+code)
+		if !ok || got != 1 {
+			t.Errorf("finalized %s: %v (present %v), want 1", code, got, ok)
+		}
+	}
+	if got := sum(m, "capstan_executions_finalized_total"); got != 2 {
+		t.Errorf("%v executions finalized in all, want 2", got)
+	}
+	if got := sum(m, "capstan_executions_in_flight"); got != 0 {
+		t.Errorf("%v executions in flight after the worker stopped", got)
+	}
+	// And each has its one log line, as every envelope a worker writes.
+	for _, id := range []string{late, garbled} {
+		n := 0
+		for _, line := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(line, `msg="execution finalized"`) && strings.Contains(line, " executionId="+id+" ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d execution finalized lines for %s:\n%s", n, id, logs.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer a worker's goroutines may log to.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A request's submission time is the client's to write: the queue wait and
+// the execution's duration are measured from when JetStream stored it, so
+// that a client's clock, or a client lying, does not move them; for a request
+// that runs and for one refused past its start deadline alike.
+func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
+	began := time.Now()
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{})
+	b := c.Broker()
+
+	past := time.Now().UTC().Add(-time.Minute)
+	for _, startBy := range []*time.Time{nil, &past} {
+		id := envelope.NewExecutionID()
+		data, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "t.echo",
+			Input: envelope.MustRaw(echoIn{}), Actor: alice, Surface: "direct",
+			SubmittedAt: time.Now().UTC().Add(-1000 * time.Hour), StartBy: startBy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(b.Names.ExecSubject(broker.Anonymous, "t.echo"))
+		m.Data = data
+		if _, err := b.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Await(ctx, id); err != nil {
+			t.Fatalf("await: %v", err)
+		}
+	}
+	stop() // every delivery it took has ended: the counts are final
+	elapsed := time.Since(began).Seconds()
+
+	fams := scrape(t, tel.Handler())
+	for _, name := range []string{"capstan_queue_wait_seconds", "capstan_execution_duration_seconds"} {
+		var n uint64
+		var s float64
+		for _, m := range fams[name].GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+			s += m.GetHistogram().GetSampleSum()
+		}
+		if n != 2 || s < 0 || s > elapsed {
+			t.Errorf("%s: %d observations summing to %v s, want two within the test's %v s", name, n, s, elapsed)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,16 +89,24 @@ func (t *Telemetry) parent(ctx context.Context, traceparent string) context.Cont
 // Call starts the client's span of one request and puts its trace context in
 // the request.
 func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
-	capLabel := t.caps.label(req.CapabilityID)
+	// A resume naming only its approval: the worker reads the capability.
+	capLabel := UnknownCapability
+	if req.CapabilityID != "" {
+		capLabel = t.caps.label(req.CapabilityID)
+	}
 	span := noSpan
 	if t.tracer != nil {
 		if !trace.SpanContextFromContext(ctx).IsValid() {
 			ctx = t.parent(ctx, req.Traceparent)
 		}
-		ctx, span = t.tracer.Start(ctx, "call "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindProducer))
+		ctx, span = t.tracer.Start(ctx, "call "+capLabel, trace.WithSpanKind(trace.SpanKindProducer))
 		if span.IsRecording() {
 			span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
 				attribute.String("capstan.execution_id", req.ExecutionID))
+		}
+		// A span not sampled is propagated too, marked so: the worker follows
+		// the caller's decision instead of starting a trace of its own.
+		if span.SpanContext().IsValid() {
 			carrier := propagation.MapCarrier{}
 			t.prop.Inject(ctx, carrier)
 			req.Traceparent = carrier["traceparent"]
@@ -132,13 +141,18 @@ func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 // first delivery) and one for the worker's processing.
 func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {
 	req := d.Request
-	x := &execution{t: t, pool: d.Pool, capLabel: UnknownCapability, start: time.Now(), submitted: req.SubmittedAt}
+	// The server's clock, when known: the request's own time is the client's.
+	submitted := d.Stored
+	if submitted.IsZero() {
+		submitted = req.SubmittedAt
+	}
+	x := &execution{t: t, pool: d.Pool, capLabel: UnknownCapability, start: time.Now(), submitted: submitted}
 	if d.Known {
 		x.capLabel = t.caps.label(req.CapabilityID)
 	}
 	first := d.Deliveries <= 1
-	if first && !req.SubmittedAt.IsZero() {
-		t.m.queueWait.WithLabelValues(x.capLabel, x.pool).Observe(max(x.start.Sub(req.SubmittedAt), 0).Seconds())
+	if first && !submitted.IsZero() {
+		t.m.queueWait.WithLabelValues(x.capLabel, x.pool).Observe(max(x.start.Sub(submitted), 0).Seconds())
 	}
 	x.inFlight = t.m.inFlight.WithLabelValues(x.capLabel, x.pool)
 	x.inFlight.Inc()
@@ -147,14 +161,22 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 		return ctx, x
 	}
 	ctx = t.parent(ctx, req.Traceparent)
-	if first && !req.SubmittedAt.IsZero() && trace.SpanContextFromContext(ctx).IsValid() {
-		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(req.SubmittedAt), trace.WithSpanKind(trace.SpanKindInternal))
+	if first && !submitted.IsZero() && trace.SpanContextFromContext(ctx).IsValid() {
+		_, q := t.tracer.Start(ctx, "queue wait", trace.WithTimestamp(submitted), trace.WithSpanKind(trace.SpanKindInternal))
 		q.End(trace.WithTimestamp(x.start))
 	}
-	ctx, x.span = t.tracer.Start(ctx, "process "+req.CapabilityID, trace.WithSpanKind(trace.SpanKindConsumer),
+	// The span's name is the bounded label: a capability no worker serves is
+	// an id the client made up, kept only as an attribute.
+	ctx, x.span = t.tracer.Start(ctx, "process "+x.capLabel, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(x.start))
 	if x.span.IsRecording() {
-		x.span.SetAttributes(attribute.String("capstan.capability_id", req.CapabilityID),
+		capID := req.CapabilityID
+		if !d.Known {
+			// Only the message's size bounds an id no worker serves, and
+			// nothing makes it UTF-8, which an OTLP export requires.
+			capID = strings.ToValidUTF8(capID[:min(len(capID), envelope.MaxIDLen)], "?")
+		}
+		x.span.SetAttributes(attribute.String("capstan.capability_id", capID),
 			attribute.String("capstan.execution_id", req.ExecutionID),
 			attribute.String("capstan.pool", d.Pool), attribute.String("capstan.worker", d.Worker),
 			attribute.Int("capstan.delivery", d.Deliveries))

@@ -2,7 +2,9 @@ package telemetry_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -11,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -124,6 +127,110 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 	for _, ev := range trail {
 		if ev.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
 			t.Errorf("%s carries trace id %q", ev.Type, ev.TraceID)
+		}
+	}
+}
+
+// A call its client does not sample still carries its trace context, marked
+// not sampled: the worker follows the caller's decision and records nothing,
+// rather than starting a trace of its own for every call, and the audit
+// events carry the call's trace id.
+func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	clientTP := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	defer func() { _ = clientTP.Shutdown(context.Background()) }()
+	spans := tracetest.NewInMemoryExporter()
+	workerTP := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans)) // parent-based: samples roots
+	defer func() { _ = workerTP.Shutdown(context.Background()) }()
+
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: telemetry.New(telemetry.Options{TracerProvider: workerTP})},
+		capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{Observer: telemetry.New(telemetry.Options{TracerProvider: clientTP})})
+	e, err := c.Call(ctx, "t.echo", echoIn{})
+	if err != nil || e.Status != envelope.StatusCompleted {
+		t.Fatalf("call: %v %+v", err, e)
+	}
+	stop() // every span of the delivery has ended
+	for _, s := range spans.GetSpans() {
+		t.Errorf("the worker recorded span %q of a call its client did not sample", s.Name)
+	}
+	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(trail) == 0 {
+		t.Fatal("no audit trail")
+	}
+	for _, ev := range trail {
+		if ev.TraceID == "" || ev.TraceID != trail[0].TraceID {
+			t.Errorf("%s carries trace id %q, want the call's (%q)", ev.Type, ev.TraceID, trail[0].TraceID)
+		}
+	}
+}
+
+// A capability id no worker serves is the client's invention: it never
+// names a span (a trace backend keeps span names as an index), only the
+// processing span's attribute.
+func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+	const invented = "made.up.by-the-client.12345"
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: invented}
+	ctx, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
+	_, end := x.Stage(ctx, observe.StageClaim)
+	end(nil)
+	x.End()
+	got := spans.GetSpans()
+	if len(got) == 0 {
+		t.Fatal("no span recorded")
+	}
+	var attr bool
+	for _, s := range got {
+		if strings.Contains(s.Name, invented) {
+			t.Errorf("span %q is named after a capability no worker serves", s.Name)
+		}
+		for _, a := range s.Attributes {
+			attr = attr || a.Value.AsString() == invented
+		}
+	}
+	if !attr {
+		t.Error("the capability id is on no span's attributes")
+	}
+}
+
+// Nothing bounds the capability id of a request for a capability no worker
+// serves but the message's size, nor makes it UTF-8: what a span keeps of it
+// is at most an id's length, so that a client cannot make each span it
+// causes hold a megabyte until it is exported, and valid UTF-8, without
+// which an OTLP export of the batch fails.
+func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+	huge := "a\xff" + strings.Repeat("x", 1<<20)
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: huge}
+	_, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
+	x.End()
+	got := spans.GetSpans()
+	if len(got) == 0 {
+		t.Fatal("no span recorded")
+	}
+	for _, s := range got {
+		if len(s.Name) > envelope.MaxIDLen+len("process ") {
+			t.Errorf("span name of %d bytes", len(s.Name))
+		}
+		for _, a := range s.Attributes {
+			if n := len(a.Value.String()); n > envelope.MaxIDLen {
+				t.Errorf("span %q: attribute %s of %d bytes, want at most %d", s.Name, a.Key, n, envelope.MaxIDLen)
+			}
+			if !utf8.ValidString(a.Value.String()) {
+				t.Errorf("span %q: attribute %s is not UTF-8", s.Name, a.Key)
+			}
 		}
 	}
 }

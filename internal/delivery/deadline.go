@@ -95,6 +95,7 @@ func (w *Runner) finalizeRecorded(x *Execution, rec *Record) bool {
 				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 		}
 		w.finalized.Add(1)
+		w.observeFinalized(x, env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists)
 }
@@ -164,7 +165,7 @@ func (w *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelo
 		!absenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, w.b.Config.RecordWindow) {
 		return false
 	}
-	x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+	x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
 	switch ended, err := w.endedBefore(x); {
 	case ended:
 		ackSync(msg)

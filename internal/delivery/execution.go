@@ -93,8 +93,7 @@ func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capabi
 		}
 	}
 	x.key = broker.Key(x.principal, req.ExecutionID)
-	ctx, obs := w.cfg.Observer.Begin(w.base, observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID,
-		Deliveries: deliveries(msg), Known: c != nil})
+	ctx, obs := w.cfg.Observer.Begin(w.base, w.delivery(msg, req, c != nil))
 	x.obs = obs
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
@@ -130,6 +129,17 @@ func (x *Execution) event(typ string, data map[string]any) *audit.Event {
 		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
 		TraceID: audit.TraceID(x.req.Traceparent),
 	}
+}
+
+// delivery is what the observer is told of msg's delivery of req.
+func (w *Runner) delivery(msg jetstream.Msg, req *envelope.Request, known bool) observe.Delivery {
+	d := observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID, Known: known}
+	if msg != nil {
+		if meta, err := msg.Metadata(); err == nil {
+			d.Deliveries, d.Stored = int(meta.NumDelivered), meta.Timestamp
+		}
+	}
+	return d
 }
 
 // deliveries is JetStream's count of msg's deliveries (0: unknown).

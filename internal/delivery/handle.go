@@ -552,7 +552,7 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 		if principal == "" {
 			principal = broker.Anonymous
 		}
-		x := &Execution{w: w, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
+		x := &Execution{w: w, msg: msg, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
 			principal: principal, key: broker.Key(principal, id)}
 		if !w.endWithoutRun(msg, x, env, "undecodable") {
 			return // its envelope is not written yet: not terminated
@@ -659,8 +659,26 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 	_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
 	if err == nil {
 		w.finalized.Add(1)
+		w.observeFinalized(x, env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists), nil, 0
+}
+
+// observeFinalized tells the observer and the log of an envelope written
+// outside the pipeline (finalizeWithoutRun, finalizeRecorded), as finalize
+// does of the others: through the delivery's observer when it has one,
+// otherwise as an execution of its own that ends with the envelope, so that
+// every envelope this worker creates is counted and logged once.
+func (w *Runner) observeFinalized(x *Execution, env *envelope.Envelope) {
+	if x.obs != nil {
+		x.obs.Finalized(env)
+	} else {
+		_, obs := w.cfg.Observer.Begin(w.base, w.delivery(x.msg, x.req, w.cfg.Capability(x.req.CapabilityID) != nil))
+		obs.Finalized(env)
+		obs.End()
+	}
+	w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
+		"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
 }
 
 // handleUnrouted serves the _unrouted consumer: requests a producer sent there
@@ -686,7 +704,7 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 		if cerr != nil {
-			x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+			x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
 			env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 				Error: &envelope.Error{Code: cerr.Code, Stage: cerr.Stage, ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
 			reason := "resume-refused"
