@@ -1,7 +1,9 @@
 package executor_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +146,57 @@ func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
 		t.Fatalf("record %+v: the cancel was not recorded", rec)
 	}
 	s.waitRecordGone(id)
+}
+
+// A record never expires under its own live lease (DESIGN §5, §16): with a
+// record window shorter than a third of the lease, a handler that runs until
+// its lease has been renewed outlives the window. Its record must still be
+// there at every moment, the renewal must find it, and the execution complete
+// once. Were the record to go between two renewals, the worker would take its
+// own execution for lost, and a redelivery would find no record where a live
+// lease should stand.
+func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.T) {
+	cfg := broker.Config{RecordWindow: time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	var missing, renewed atomic.Bool
+	p := probe{gate: func(ctx context.Context, _ int) {
+		// Polls the record until a lease renewal rewrote it (the record's
+		// revision moves on), or it is gone, or the context ends.
+		var first uint64
+		for ctx.Err() == nil {
+			e, err := s.b.Executions.Get(ctx, key)
+			switch {
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				missing.Store(true)
+				return
+			case err == nil && first == 0:
+				first = e.Revision()
+			case err == nil && e.Revision() > first:
+				renewed.Store(true)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 6 * time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.publish("test.send", id)
+	got := s.await(id)
+	if missing.Load() {
+		t.Errorf("the record of a running execution expired under its live lease")
+	}
+	if !renewed.Load() {
+		t.Errorf("the handler never saw its lease renewed")
+	}
+	if got.Status != envelope.StatusCompleted {
+		t.Errorf("envelope %s, error %+v; want completed", got.Status, got.Error)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Errorf("handler called %d times, want 1", n)
+	}
 }
