@@ -164,14 +164,14 @@ func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.
 	var missing, renewed atomic.Bool
 	p := probe{gate: func(ctx context.Context, _ int) {
 		// Polls the record until a lease renewal rewrote it (the record's
-		// revision moves on), or it is gone, or the context ends.
+		// revision moves on), or the context ends (the worker took its own
+		// execution for lost).
 		var first uint64
 		for ctx.Err() == nil {
 			e, err := s.b.Executions.Get(ctx, key)
 			switch {
 			case errors.Is(err, jetstream.ErrKeyNotFound):
 				missing.Store(true)
-				return
 			case err == nil && first == 0:
 				first = e.Revision()
 			case err == nil && e.Revision() > first:

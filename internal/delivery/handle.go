@@ -184,7 +184,7 @@ func (x *Execution) create(rec *Record) bool {
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
 		endClaim := x.Stage(observe.StageClaim)
-		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow)
+		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.recordTTL(rec))
 		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
