@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -198,5 +199,43 @@ func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.
 	}
 	if n := p.calls.Load(); n != 1 {
 		t.Errorf("handler called %d times, want 1", n)
+	}
+}
+
+// A worker follows a change of the envelope retention made after it started
+// (a server restarted with a longer --envelope-retention, DESIGN §16): a
+// request whose id the retention read at the worker's start calls too old,
+// but that the retention now kept accepts (clients opened since give it a
+// start window that long), runs. Refused by the start-time value, it would
+// be terminated without an envelope while its caller, reading the bucket's
+// new TTL, waits for one.
+func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: 30 * time.Second}, executor.ClientConfig{})
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, sendCap(&p))
+	// A server grows the retention to an hour while the worker runs.
+	if _, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{EnvelopeRetention: time.Hour, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	id := uuidV7At(time.Now().Add(-time.Minute)) // past 30 s less the margin, well within an hour
+	s.publish("test.send", id)
+	var refused bool
+	waitUntil(t, "an envelope, or execution.expired_request on the trail", func() bool {
+		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
+			return true
+		}
+		trail, _ := audit.Read(ctxT(t), s.b, id)
+		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+		return refused
+	})
+	if refused {
+		t.Fatalf("refused by the retention read at the worker's start, with no envelope: its caller waits for ever")
+	}
+	if got := s.await(id); got.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %s, error %+v; want completed", got.Status, got.Error)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
 	}
 }
