@@ -239,3 +239,32 @@ func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testi
 		t.Fatalf("handler called %d times, want 1", n)
 	}
 }
+
+// A retention shrunk after the worker started (a server restarted with a
+// shorter --envelope-retention) is followed within a catalog renewal: from
+// then on a request whose id is older than the new retention is refused, as
+// any envelope of it may be gone.
+func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARenewal(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: time.Hour}, executor.ClientConfig{})
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1, CatalogTTL: 600 * time.Millisecond}, sendCap(&p))
+	if _, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{EnvelopeRetention: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	// Requests of a minute-old id, one after the other, until one is refused.
+	waitUntil(t, "a request older than the shrunk retention refused", func() bool {
+		id := uuidV7At(time.Now().Add(-time.Minute))
+		s.publish("test.send", id)
+		var refused bool
+		waitUntil(t, "an envelope, or execution.expired_request on the trail", func() bool {
+			if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
+				return true
+			}
+			trail, _ := audit.Read(ctxT(t), s.b, id)
+			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+			return refused
+		})
+		return refused
+	})
+}
