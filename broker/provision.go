@@ -73,7 +73,9 @@ type Config struct {
 	// RecordWindow is how long an execution record outlives its last write
 	// (default 15 min): every write of a worker carries it as the message's
 	// TTL, so a finished execution's record goes RecordWindow after its last
-	// write, and a running one, whose lease is renewed, stays. Every worker
+	// write, and a running one, whose lease is renewed, stays (a write of an
+	// execution not finalized carries at least what is left of its lease, so
+	// a window shorter than the lease is safe). Every worker
 	// of a deployment must use the same window (DESIGN §16).
 	RecordWindow time.Duration
 }

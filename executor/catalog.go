@@ -130,6 +130,8 @@ func (w *Worker) renewCatalog(ctx context.Context) {
 		if err := w.writeCatalog(putCtx, true); err != nil && ctx.Err() == nil {
 			w.log.Warn("catalog not renewed", "err", err)
 		}
+		// A retention shrunk by a server since is followed within a renewal.
+		w.run.ReadEnvelopeRetention(putCtx)
 		cancel()
 	}
 }

@@ -1,7 +1,10 @@
 package executor_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +147,124 @@ func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
 		t.Fatalf("record %+v: the cancel was not recorded", rec)
 	}
 	s.waitRecordGone(id)
+}
+
+// A record never expires under its own live lease (DESIGN §5, §16): with a
+// record window shorter than a third of the lease, a handler that runs until
+// its lease has been renewed outlives the window. Its record must still be
+// there at every moment, the renewal must find it, and the execution complete
+// once. Were the record to go between two renewals, the worker would take its
+// own execution for lost, and a redelivery would find no record where a live
+// lease should stand.
+func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.T) {
+	cfg := broker.Config{RecordWindow: time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	var missing, renewed atomic.Bool
+	p := probe{gate: func(ctx context.Context, _ int) {
+		// Polls the record until a lease renewal rewrote it (the record's
+		// revision moves on), or the context ends (the worker took its own
+		// execution for lost).
+		var first uint64
+		for ctx.Err() == nil {
+			e, err := s.b.Executions.Get(ctx, key)
+			switch {
+			case errors.Is(err, jetstream.ErrKeyNotFound):
+				missing.Store(true)
+			case err == nil && first == 0:
+				first = e.Revision()
+			case err == nil && e.Revision() > first:
+				renewed.Store(true)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 6 * time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.publish("test.send", id)
+	got := s.await(id)
+	if missing.Load() {
+		t.Errorf("the record of a running execution expired under its live lease")
+	}
+	if !renewed.Load() {
+		t.Errorf("the handler never saw its lease renewed")
+	}
+	if got.Status != envelope.StatusCompleted {
+		t.Errorf("envelope %s, error %+v; want completed", got.Status, got.Error)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Errorf("handler called %d times, want 1", n)
+	}
+}
+
+// A worker follows a change of the envelope retention made after it started
+// (a server restarted with a longer --envelope-retention, DESIGN §16): a
+// request whose id the retention read at the worker's start calls too old,
+// but that the retention now kept accepts (clients opened since give it a
+// start window that long), runs. Refused by the start-time value, it would
+// be terminated without an envelope while its caller, reading the bucket's
+// new TTL, waits for one.
+func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: 30 * time.Second}, executor.ClientConfig{})
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, sendCap(&p))
+	// A server grows the retention to an hour while the worker runs.
+	if _, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{EnvelopeRetention: time.Hour, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	id := uuidV7At(time.Now().Add(-time.Minute)) // past 30 s less the margin, well within an hour
+	s.publish("test.send", id)
+	var refused bool
+	waitUntil(t, "an envelope, or execution.expired_request on the trail", func() bool {
+		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
+			return true
+		}
+		trail, _ := audit.Read(ctxT(t), s.b, id)
+		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+		return refused
+	})
+	if refused {
+		t.Fatalf("refused by the retention read at the worker's start, with no envelope: its caller waits for ever")
+	}
+	if got := s.await(id); got.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %s, error %+v; want completed", got.Status, got.Error)
+	}
+	if n := p.calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
+	}
+}
+
+// A retention shrunk after the worker started (a server restarted with a
+// shorter --envelope-retention) is followed within a catalog renewal: from
+// then on a request whose id is older than the new retention is refused, as
+// any envelope of it may be gone.
+func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARenewal(t *testing.T) {
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: time.Hour}, executor.ClientConfig{})
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1, CatalogTTL: 600 * time.Millisecond}, sendCap(&p))
+	if _, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{EnvelopeRetention: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		t.Fatal(err)
+	}
+	// Requests of a minute-old id, one after the other, until one is refused.
+	waitUntil(t, "a request older than the shrunk retention refused", func() bool {
+		id := uuidV7At(time.Now().Add(-time.Minute))
+		s.publish("test.send", id)
+		var refused bool
+		waitUntil(t, "an envelope, or execution.expired_request on the trail", func() bool {
+			if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
+				return true
+			}
+			trail, _ := audit.Read(ctxT(t), s.b, id)
+			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+			return refused
+		})
+		return refused
+	})
 }

@@ -155,12 +155,13 @@ func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testi
 
 // A duplicate never causes a second attempt of non-idempotent work (DESIGN
 // §5). Here a non-idempotent attempt starts, its worker is lost, and its
-// pool stays down longer than the record window, so the record goes. The
-// producer sends the same request again under another message id (a retry
-// past the duplicate window), and the copy reaches the pool before the
-// original's redelivery (whose ack wait, the lease, is long). The copy is a
-// first delivery, but of an id older than the record window: the missing
-// record proves nothing, and it must not run attempt 1 again.
+// pool stays down longer than the record window and the lease, so the
+// record goes (a record outlives its lease: it goes a window after its last
+// write, or when its lease ran out, whichever is later). The producer sends
+// the same request again under another message id (a retry past the
+// duplicate window). The copy is a first delivery, but of an id older than
+// the record window: the missing record proves nothing, and neither it nor
+// the original's redelivery may run attempt 1 again.
 func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 	cfg := broker.Config{RecordWindow: 2 * time.Second}
 	env := testenv.Start(t)
@@ -176,9 +177,7 @@ func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 			<-ctx.Done() // bounded: the worker's shutdown ends it
 		}
 	}
-	// The lease is the pool's ack wait: the original is not redelivered
-	// while the test runs.
-	wcfg := executor.WorkerConfig{Pool: "p", Lease: time.Hour, Grace: 50 * time.Millisecond, Broker: cfg, SweepInterval: -1}
+	wcfg := executor.WorkerConfig{Pool: "p", Lease: time.Second, Grace: 50 * time.Millisecond, Broker: cfg, SweepInterval: -1}
 	lostConn := env.Connect(t)
 	s.runWorker(lostConn, wcfg, sendCap(&p))
 	id := envelope.NewExecutionID()

@@ -60,7 +60,7 @@ func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
 			ctx, cancel = StoreContext()
-			_, err = broker.UpdateTTL(ctx, w.b.JS, w.b.Executions, key, &next, rev, w.b.Config.RecordWindow)
+			_, err = broker.UpdateTTL(ctx, w.b.JS, w.b.Executions, key, &next, rev, w.recordTTL(&next))
 			cancel()
 			if err == nil {
 				return Cancel{State: rec.State}, nil

@@ -76,7 +76,7 @@ func (w *Runner) finalizeRecorded(x *Execution, rec *Record) bool {
 	if rec.State != StateFinalized {
 		return false
 	}
-	if r := w.b.Config.EnvelopeRetention; r > 0 && time.Since(rec.UpdatedAt) >= r {
+	if r := w.envelopeRetention(); r > 0 && time.Since(rec.UpdatedAt) >= r {
 		return true
 	}
 	env := recordedEnvelope(x.req, rec)

@@ -306,7 +306,7 @@ func (x *Execution) update(change func(r *Record)) error {
 		change(&next)
 		next.UpdatedAt = time.Now().UTC()
 		ctx, cancel := x.casCtx()
-		rev, err := broker.UpdateTTL(ctx, x.w.b.JS, x.w.b.Executions, x.key, &next, x.rev, x.w.b.Config.RecordWindow)
+		rev, err := broker.UpdateTTL(ctx, x.w.b.JS, x.w.b.Executions, x.key, &next, x.rev, x.w.recordTTL(&next))
 		cancel()
 		if err == nil {
 			x.rec, x.rev = &next, rev

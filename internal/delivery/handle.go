@@ -141,7 +141,7 @@ func (x *Execution) shortPath() bool {
 // window, or less when envelopes are kept for less (DESIGN §16).
 func (w *Runner) recentWindow() time.Duration {
 	window := w.b.Config.RecordWindow
-	if r := w.b.Config.EnvelopeRetention; r > 0 {
+	if r := w.envelopeRetention(); r > 0 {
 		window = min(window, broker.MaxStartWithin(r))
 	}
 	return window
@@ -184,7 +184,7 @@ func (x *Execution) create(rec *Record) bool {
 	for try := 0; try < 10; try++ {
 		ctx, cancel := x.casCtx()
 		endClaim := x.Stage(observe.StageClaim)
-		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.b.Config.RecordWindow)
+		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.recordTTL(rec))
 		endClaim(unlessExists(err))
 		cancel()
 		if err == nil {
@@ -282,8 +282,7 @@ func (x *Execution) checkedFresh() bool {
 		x.w.duplicate(x.msg, x.req, x.rec.Worker)
 		return false
 	}
-	if made, ok := envelope.ExecutionIDTime(x.req.ExecutionID); ok && x.w.b.Config.EnvelopeRetention > 0 &&
-		time.Since(made) > broker.MaxStartWithin(x.w.b.Config.EnvelopeRetention) {
+	if made, ok := envelope.ExecutionIDTime(x.req.ExecutionID); ok && x.w.olderThanRetention(made) {
 		// Any envelope of this id would be gone: it cannot be told from one
 		// that ran. Refused, never run (DESIGN §16).
 		x.refuseExpired(made)
@@ -348,9 +347,9 @@ func absenceProves(id string, stored time.Time, firstDelivery bool, now time.Tim
 func (x *Execution) refuseExpired(made time.Time) {
 	x.stopLease()
 	x.w.log.Warn("request older than the envelope retention: refused", "executionId", x.req.ExecutionID,
-		"idTime", made, "retention", x.w.b.Config.EnvelopeRetention)
+		"idTime", made, "retention", x.w.envelopeRetention())
 	x.emit(audit.ExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
-		"envelopeRetention": x.w.b.Config.EnvelopeRetention.String()})
+		"envelopeRetention": x.w.envelopeRetention().String()})
 	_ = x.msg.TermWithReason("request older than the envelope retention")
 }
 

@@ -76,6 +76,11 @@ type Runner struct {
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
 	notStarted, swept                           atomic.Uint64
+
+	// retention is the envelope retention (nanoseconds) as last read: at
+	// the start, then by ReadEnvelopeRetention and before every refusal of
+	// a request for its id's age (a server may change it while workers run).
+	retention atomic.Int64
 }
 
 // Causes that end an execution's context.
@@ -98,6 +103,36 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 // worker's audit emitter, before it serves anything.
 func (w *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
 	w.b, w.audit = b, em
+	w.retention.Store(int64(b.Config.EnvelopeRetention))
+}
+
+// envelopeRetention is how long envelopes are kept, as last read (0: for
+// ever).
+func (w *Runner) envelopeRetention() time.Duration { return time.Duration(w.retention.Load()) }
+
+// ReadEnvelopeRetention reads the envelope retention again where
+// provisioning records it, and returns it: a server started with another
+// retention changes it while workers run. When it cannot be read, the value
+// known is kept and returned.
+func (w *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
+	if r, err := w.b.EnvelopeRetention(ctx); err == nil {
+		w.retention.Store(int64(r))
+	}
+	return w.envelopeRetention()
+}
+
+// olderThanRetention reports whether an id made at made is older than any
+// envelope of it is kept (less the margin, broker.MaxStartWithin). It reads
+// the retention again before it says so: a refusal by a retention grown
+// since would end a request its caller still waits for without an envelope.
+func (w *Runner) olderThanRetention(made time.Time) bool {
+	old := func(r time.Duration) bool { return r > 0 && time.Since(made) > broker.MaxStartWithin(r) }
+	if !old(w.envelopeRetention()) {
+		return false
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	return old(w.ReadEnvelopeRetention(ctx))
 }
 
 // Context ends when the worker shuts down (Stop).
