@@ -514,26 +514,35 @@ func TestProgress_StatesFromTheAuditTrail(t *testing.T) {
 	})
 }
 
+// callBlockedThenCancel calls test.block on cs and cancels the call once its
+// handler has started (the SDK client sends notifications/cancelled); it
+// returns the execution id and what CallTool returned.
+func (f *fixture) callBlockedThenCancel(t *testing.T, cs *mcp.ClientSession, note string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": note}})
+		errc <- err
+	}()
+	var id string
+	select {
+	case id = <-f.started:
+	case <-testCtx(t).Done():
+		t.Fatal("test.block never started")
+	}
+	cancel()
+	return id, <-errc
+}
+
 func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 	f := start(t, mcpbridge.Config{})
 	c := f.client
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		cs := connect(alice, newEvents())
-		ctx, cancel := context.WithCancel(testCtx(t))
-		defer cancel()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": "x"}})
-			errc <- err
-		}()
-		var id string
-		select {
-		case id = <-f.started:
-		case <-testCtx(t).Done():
-			t.Fatal("test.block never started")
-		}
-		cancel() // the SDK client sends notifications/cancelled
-		if err := <-errc; !errors.Is(err, context.Canceled) {
+		id, err := f.callBlockedThenCancel(t, cs, "x")
+		if !errors.Is(err, context.Canceled) {
 			t.Errorf("CallTool = %v, want context.Canceled", err)
 		}
 		actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)

@@ -128,21 +128,8 @@ func TestTasksMethods_WithoutParams_AnswerAnErrorAndTheBridgeServesOn(t *testing
 func TestTasks_CallCancelledBeforeItsTaskCancelsTheExecution(t *testing.T) {
 	f := start(t, mcpbridge.Config{TaskAfter: time.Minute})
 	cs := f.connectTasks(t, f.bridge, alice)
-	ctx, cancel := context.WithCancel(testCtx(t))
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test.block", Arguments: map[string]any{"note": "t"}})
-		errc <- err
-	}()
-	var id string
-	select {
-	case id = <-f.started:
-	case <-testCtx(t).Done():
-		t.Fatal("test.block never started")
-	}
-	cancel() // the SDK client sends notifications/cancelled
-	if err := <-errc; !errors.Is(err, context.Canceled) {
+	id, err := f.callBlockedThenCancel(t, cs, "t")
+	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("CallTool = %v, want context.Canceled", err)
 	}
 	actx, acancel := context.WithTimeout(testCtx(t), 15*time.Second)
