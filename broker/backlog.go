@@ -56,12 +56,8 @@ func (b *Broker) Backlogs(ctx context.Context) ([]Backlog, error) {
 }
 
 func (b *Broker) oldest(ctx context.Context, info *jetstream.ConsumerInfo) (time.Time, error) {
-	filters := info.Config.FilterSubjects
-	if info.Config.FilterSubject != "" {
-		filters = append(filters, info.Config.FilterSubject)
-	}
 	var oldest time.Time
-	for _, subject := range filters {
+	for _, subject := range Filters(info.Config) {
 		m, err := b.Exec.GetMsg(ctx, info.AckFloor.Stream+1, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue

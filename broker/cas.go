@@ -166,7 +166,7 @@ func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyV
 	}
 	if len(resp.Message.Hdrs) > 0 {
 		if h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs); err == nil {
-			if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			if op := h.Get(kvOperationHeader); op == "DEL" || op == "PURGE" {
 				return nil, 0, ErrNotFound
 			}
 		}

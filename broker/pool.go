@@ -169,7 +169,7 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 		return nil, true, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, r.name, b.Names.ExecStream(), diff)
 	}
 
-	have := union(info.Config.FilterSubjects, info.Config.FilterSubject, nil)
+	have := sortedCopy(Filters(info.Config))
 	var recorded consumerRecord
 	if rec != nil && rec.Created.Equal(info.Created) {
 		recorded = *rec
@@ -177,7 +177,7 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 	want := consumerRecord{
 		V:             envelope.Version,
 		Created:       info.Created,
-		Subjects:      union(recorded.Subjects, "", union(have, "", r.own)),
+		Subjects:      union(recorded.Subjects, union(have, r.own)),
 		MaxAckPending: max(recorded.MaxAckPending, info.Config.MaxAckPending, r.maxAckPending),
 	}
 	consumerCurrent := slices.Equal(have, want.Subjects) && info.Config.MaxAckPending == want.MaxAckPending &&
@@ -260,13 +260,18 @@ func overlapConflict(name string, filters []string, err error) error {
 	return nil
 }
 
-func union(a []string, one string, b []string) []string {
-	out := slices.Clone(a)
-	if one != "" {
-		out = append(out, one)
+func union(a, b []string) []string {
+	return sortedCopy(append(slices.Clone(a), b...))
+}
+
+// Filters returns the subjects consumer c filters on: its FilterSubjects and
+// its FilterSubject, in a slice of their own. None: every subject.
+func Filters(c jetstream.ConsumerConfig) []string {
+	out := slices.Clone(c.FilterSubjects)
+	if c.FilterSubject != "" {
+		out = append(out, c.FilterSubject)
 	}
-	out = append(out, b...)
-	return sortedCopy(out)
+	return out
 }
 
 func sortedCopy(s []string) []string {

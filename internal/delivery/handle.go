@@ -520,17 +520,18 @@ func (x *Execution) envelope() (*envelope.Envelope, error) {
 // duplicate acknowledges a delivery of an execution that is already finalized:
 // never a new attempt.
 func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
-	w.auditDuplicate(req, finalizedBy)
+	w.auditDuplicate(req, map[string]any{"finalizedBy": finalizedBy})
 	ackSync(msg)
 }
 
-// auditDuplicate audits a delivery of an execution that is already
-// finalized: execution.duplicate_delivery, never a second call.
-func (w *Runner) auditDuplicate(req *envelope.Request, finalizedBy string) {
+// auditDuplicate audits a delivery that runs nothing (an execution already
+// finalized, a request its execution was not claimed for) with data:
+// execution.duplicate_delivery, never a second call.
+func (w *Runner) auditDuplicate(req *envelope.Request, data map[string]any) {
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"finalizedBy": finalizedBy}})
+		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
 // undecodable terminates a message that is not a request: it must not be
@@ -604,7 +605,7 @@ func (w *Runner) endedBefore(x *Execution) (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	w.auditDuplicate(x.req, finalizedBy)
+	w.auditDuplicate(x.req, map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 

@@ -312,13 +312,9 @@ func ackSync(msg jetstream.Msg) {
 // and the record's capability. Nothing of the execution changes: the request
 // the record names still decides it.
 func (w *Runner) conflict(msg jetstream.Msg, req *envelope.Request, rec *Record, field string) {
-	w.duplicates.Add(1)
 	w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
 		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		TraceID: audit.TraceID(req.Traceparent), Data: map[string]any{"conflict": field,
-			"claimedFor": rec.CapabilityID, "claimedBy": rec.Worker}})
+	w.auditDuplicate(req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
 	ackSync(msg)
 }
 

@@ -3,7 +3,6 @@ package delivery
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -195,10 +195,7 @@ func (w *Runner) consumerReach(ctx context.Context) ([]consumerReach, error) {
 	list := w.b.Exec.ListConsumers(ctx)
 	var reach []consumerReach
 	for info := range list.Info() {
-		filters := info.Config.FilterSubjects
-		if info.Config.FilterSubject != "" {
-			filters = append(filters, info.Config.FilterSubject)
-		}
+		filters := broker.Filters(info.Config)
 		if len(filters) == 0 {
 			filters = []string{">"}
 		}
@@ -215,30 +212,12 @@ func everDelivered(reach []consumerReach, subject string, seq uint64) bool {
 			continue
 		}
 		for _, f := range c.filters {
-			if subjectMatches(f, subject) {
+			if server.SubjectMatchesFilter(subject, f) {
 				return true
 			}
 		}
 	}
 	return false
-}
-
-// subjectMatches reports whether subject is matched by filter, whose tokens
-// may be the wildcards * (one token) and > (the rest, at least one token).
-func subjectMatches(filter, subject string) bool {
-	for {
-		f, fRest, fMore := strings.Cut(filter, ".")
-		t, tRest, tMore := strings.Cut(subject, ".")
-		switch {
-		case f == ">":
-			return t != ""
-		case f != "*" && f != t:
-			return false
-		case !fMore || !tMore:
-			return fMore == tMore
-		}
-		filter, subject = fRest, tRest
-	}
 }
 
 // sweepOne ends one stored request if it is past its deadline and nobody
