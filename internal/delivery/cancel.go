@@ -8,8 +8,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 )
 
-// Cancel is what recording a cancel found.
-type Cancel struct {
+// CancelRecorded is what recording a cancel found.
+type CancelRecorded struct {
 	// State is the record's state when the cancel was recorded.
 	State State
 	// Finalized: the execution had ended, before the cancel (which then
@@ -25,7 +25,7 @@ var errCancelNotRecorded = errors.New("the cancel could not be recorded; try aga
 // pending record when no worker has claimed the execution yet, so that it is
 // cancelled whenever a worker sees it (decide). The worker running it sees
 // the request at its next lease renewal, or at once through CancelLocal.
-func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
+func (w *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
 	key := broker.Key(principal, id)
 	for try := 0; try < 20; try++ {
 		ctx, cancel := StoreContext()
@@ -40,14 +40,14 @@ func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
 			_, err = broker.Create(ctx, w.b.Executions, key, pending)
 			cancel()
 			if err == nil {
-				return Cancel{State: StatePending}, nil
+				return CancelRecorded{State: StatePending}, nil
 			}
 		case err != nil:
 			time.Sleep(broker.Backoff(try))
 		case rec.State == StateFinalized:
-			return Cancel{State: rec.State, Finalized: true, Status: rec.Status}, nil
+			return CancelRecorded{State: rec.State, Finalized: true, Status: rec.Status}, nil
 		case rec.CancelRequested:
-			return Cancel{State: rec.State}, nil
+			return CancelRecorded{State: rec.State}, nil
 		default:
 			// The envelope is the truth: the record is marked finalized only
 			// after it, so an execution can be over while its record says not.
@@ -55,7 +55,7 @@ func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
 			env, _, eerr := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key)
 			cancel()
 			if eerr == nil {
-				return Cancel{State: StateFinalized, Finalized: true, Status: env.Status}, nil
+				return CancelRecorded{State: StateFinalized, Finalized: true, Status: env.Status}, nil
 			}
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
@@ -63,9 +63,9 @@ func (w *Runner) RecordCancel(principal, id string) (Cancel, error) {
 			_, err = broker.UpdateTTL(ctx, w.b.JS, w.b.Executions, key, &next, rev, w.recordTTL(&next))
 			cancel()
 			if err == nil {
-				return Cancel{State: rec.State}, nil
+				return CancelRecorded{State: rec.State}, nil
 			}
 		}
 	}
-	return Cancel{}, errCancelNotRecorded
+	return CancelRecorded{}, errCancelNotRecorded
 }

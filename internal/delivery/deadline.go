@@ -160,9 +160,13 @@ func recordedStage(code envelope.Code) string {
 // decides (checkedFresh).
 func (w *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelope.Request) bool {
 	meta, err := msg.Metadata()
+	if err != nil {
+		return false
+	}
 	now := time.Now()
-	if err != nil || !now.After(w.startDeadline(meta.Timestamp, req)) ||
-		!absenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, w.b.Config.RecordWindow) {
+	if Takeover(Facts{StartDeadline: w.startDeadline(meta.Timestamp, req), Now: now,
+		AbsenceProves: absenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, w.b.Config.RecordWindow),
+	}).Do != EndNotStarted {
 		return false
 	}
 	x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}

@@ -259,41 +259,80 @@ func (x *Execution) record0() *Record {
 	return x.rec
 }
 
-// checkedFresh reads the envelope of an execution this delivery has just
-// claimed with no record before it, when the delivery could not prove the
-// execution new (see claimAndRun). An envelope means a duplicate; a
-// redelivery stored longer ago than the record window, of an execution not
-// eligible for a retry, may have run under a record that expired, and ends
-// OUTCOME_UNKNOWN rather than run a second time. It reports whether the
+// checkedFresh decides an execution this delivery has just claimed with no
+// record before it (see claimAndRun), from the takeover table's rows of a
+// missing record: unless the delivery proves the execution new (a recent
+// id's first delivery), it reads the envelope first. It reports whether the
 // execution may run.
 func (x *Execution) checkedFresh() bool {
-	n := deliveries(x.msg)
-	if n == 1 && recentID(x.req.ExecutionID, time.Now(), x.w.recentWindow()) {
+	f := x.facts(nil, EnvelopeNotRead)
+	f.Claimed = true
+	if !f.FirstRecent {
+		f.Envelope = x.readEnvelope()
+	}
+	a := Takeover(f)
+	switch a.Do {
+	case Run:
 		return true
-	}
-	env, err := x.envelope()
-	if err != nil && !errors.Is(err, envelope.ErrDecode) {
-		x.w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
-		x.release()
-		return false
-	}
-	if env != nil || err != nil {
+	case Duplicate:
 		x.stopLease()
 		x.w.duplicate(x.msg, x.req, x.rec.Worker)
-		return false
-	}
-	if made, ok := envelope.ExecutionIDTime(x.req.ExecutionID); ok && x.w.olderThanRetention(made) {
-		// Any envelope of this id would be gone: it cannot be told from one
-		// that ran. Refused, never run (DESIGN §16).
+	case Wait:
+		x.release()
+	case RefuseExpired:
+		made, _ := envelope.ExecutionIDTime(x.req.ExecutionID)
 		x.refuseExpired(made)
-		return false
-	}
-	if x.unproven && !x.mayRunAgain() {
+	case Fail:
 		x.emit(audit.Requested, nil)
-		x.finalize(x.failedAfterRun(outcomeUnknown(expiredRecordMessage)), 0)
-		return false
+		x.finalize(x.afterRun(a.Err), a.Attempts)
 	}
-	return true
+	return false
+}
+
+// readEnvelope reads the execution's envelope for the takeover table.
+func (x *Execution) readEnvelope() EnvelopeRead {
+	env, err := x.envelope()
+	switch {
+	case errors.Is(err, envelope.ErrDecode):
+		x.w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
+		return EnvelopeUndecodable
+	case err != nil:
+		x.w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
+		return EnvelopeUnknown
+	case env != nil:
+		return EnvelopePresent
+	}
+	return EnvelopeAbsent
+}
+
+// lostWorker is the error of an attempt lost with its worker, as the retry
+// rule is asked about it.
+var lostWorker = &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
+	Message: "The worker running the attempt was lost."}
+
+// facts gathers what the takeover table decides from: the record found (nil:
+// none), the envelope read, and this delivery's request and metadata.
+func (x *Execution) facts(rec *Record, read EnvelopeRead) Facts {
+	f := Facts{Record: rec, Envelope: read, Known: x.cap != nil, AbsenceProves: !x.unproven, Now: time.Now()}
+	if rec != nil {
+		f.Conflict = rec.Conflict(x.req, x.inputHash)
+	}
+	if c := x.cap; c != nil {
+		f.Timeout = c.Timeout()
+		f.Retry = func(n int) bool { return c.RetryEligible(lostWorker) && n < 1+c.Retries() }
+	}
+	if x.msg != nil {
+		if meta, err := x.msg.Metadata(); err == nil {
+			f.StartDeadline = x.w.startDeadline(meta.Timestamp, x.req)
+			f.TTLDeadline = x.w.ttlDeadline(meta.Timestamp)
+			f.FirstRecent = meta.NumDelivered == 1 && recentID(x.req.ExecutionID, f.Now, x.w.recentWindow())
+		}
+	}
+	f.IDExpired = func() bool {
+		made, ok := envelope.ExecutionIDTime(x.req.ExecutionID)
+		return ok && x.w.olderThanRetention(made)
+	}
+	return f
 }
 
 // absenceUnproven reports whether finding no record of this delivery's
@@ -302,18 +341,6 @@ func (x *Execution) absenceUnproven() bool {
 	meta, err := x.msg.Metadata()
 	return err != nil || !absenceProves(x.req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, time.Now(), x.w.b.Config.RecordWindow)
 }
-
-// mayRunAgain reports whether an execution whose attempt may have run
-// unrecorded may run now: only a capability eligible for a retry after a
-// lost worker, and never past the start deadline.
-func (x *Execution) mayRunAgain() bool {
-	lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true}
-	return x.cap != nil && x.cap.RetryEligible(lost) && !x.startExpired()
-}
-
-// expiredRecordMessage is the OUTCOME_UNKNOWN of an execution whose record
-// may have expired under an attempt.
-const expiredRecordMessage = "An earlier delivery of this operation may have run it under a record that has expired since; it may or may not have taken effect."
 
 // absenceProves reports whether finding no record of an execution proves
 // that no claim of it was ever made, so that no attempt of it started. A
@@ -353,12 +380,6 @@ func (x *Execution) refuseExpired(made time.Time) {
 	_ = x.msg.TermWithReason("request older than the envelope retention")
 }
 
-// outcomeUnknown is the error of an attempt whose outcome was lost.
-func outcomeUnknown(msg string) *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeOutcomeUnknown, Stage: envelope.StageHandler, ExposeToModel: true,
-		Message: msg}
-}
-
 // runClaimed runs an execution this delivery has just claimed.
 func (x *Execution) runClaimed() {
 	if x.cap == nil {
@@ -369,49 +390,33 @@ func (x *Execution) runClaimed() {
 }
 
 // decide handles a delivery whose execution already has a record: the
-// takeover table of DESIGN §5.
+// takeover table of DESIGN §5 (Takeover) decides, this carries it out.
 func (x *Execution) decide(rec *Record, rev uint64) {
 	w := x.w
-	env, err := x.envelope()
-	if errors.Is(err, envelope.ErrDecode) {
-		// An envelope is there, whatever it holds: never a new attempt.
-		w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
-		w.duplicate(x.msg, x.req, rec.Worker)
-		return
-	}
-	if err != nil {
-		// Unknown is not absent: a takeover now could repeat a finished attempt.
-		w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
-		nak(x.msg, time.Second)
-		return
-	}
-	if env == nil && rec.State == StateFinalized && !w.finalizeRecorded(x, rec) {
-		// A finalized record stands for its envelope: written now, or the
-		// next delivery tries again.
-		nak(x.msg, time.Second)
-		return
-	}
-	if env != nil || rec.State == StateFinalized {
-		w.duplicate(x.msg, x.req, rec.Worker)
-		return
-	}
-	if field := rec.Conflict(x.req, x.inputHash); field != "" {
-		w.conflict(x.msg, x.req, rec, field)
-		return
-	}
-	now := time.Now().UTC()
-	// A live lease is another claim's, whichever worker id it names: two
-	// processes may share one (handle checked that this runner does not run
-	// it). A claim of this runner whose answer was lost is waited out too.
-	if rec.leaseLive(now) && rec.State != StatePending {
-		nak(x.msg, rec.LeaseUntil.Sub(now)+50*time.Millisecond)
+	a := Takeover(x.facts(rec, x.readEnvelope()))
+	if !a.TakeOver {
+		switch a.Do {
+		case Duplicate:
+			w.duplicate(x.msg, x.req, rec.Worker)
+		case RestoreEnvelope:
+			if !w.finalizeRecorded(x, rec) {
+				// The next delivery tries again.
+				nak(x.msg, time.Second)
+				return
+			}
+			w.duplicate(x.msg, x.req, rec.Worker)
+		case Conflict:
+			w.conflict(x.msg, x.req, rec, a.Field)
+		case Wait:
+			nak(x.msg, a.Delay)
+		}
 		return
 	}
 	from := rec.Worker
 	prev := rec.State
 	x.rec, x.rev = rec, rev
 	endClaim := x.Stage(observe.StageClaim)
-	err = x.update(func(r *Record) {
+	err := x.update(func(r *Record) {
 		r.Worker, r.Claim = w.cfg.ID, x.claim
 		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
@@ -435,51 +440,19 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		x.obs.TakenOver(string(prev))
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
-	if x.rec.CancelRequested {
-		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), x.rec.Attempt)
-		return
-	}
-	switch prev {
-	case StateRunning, StateBackoff:
-		n := x.rec.Attempt
-		lost := &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
-			Message: "The worker running the attempt was lost."}
-		// Past the TTL deadline nothing starts another attempt: its record
-		// would not outlive the request.
-		if x.cap != nil && x.cap.RetryEligible(lost) && n < 1+x.cap.Retries() && !x.ttlExpired() {
-			x.run(false, n+1, envelope.CodeWorkerLost)
-			return
-		}
-		// Without the capability here, nothing may run it again either.
-		if prev == StateBackoff && x.rec.LastError != "" {
-			// The attempt failed and was recorded; only its retry was lost.
-			last := &envelope.CapabilityError{Code: x.rec.LastError, Stage: envelope.StageHandler, Retryable: true,
-				Message: "The operation failed.", ExposeToModel: false}
-			if last.Code == envelope.CodeTimeout && x.cap != nil {
-				last = x.timeoutError()
-			}
-			x.finalize(x.afterRun(last), n)
-			return
-		}
-		x.finalize(x.failedAfterRun(outcomeUnknown("The worker running this operation was lost; it may or may not have taken effect.")), n)
-	default:
-		// The handler never started (pending, claimed): run from the top,
-		// unless the request's start deadline has passed. A claim made where
-		// no record proved that no attempt had run is marked WORKER_LOST: it
-		// decides as that claim would have (checkedFresh).
-		if prev == StateClaimed && x.rec.LastError == envelope.CodeWorkerLost && !x.mayRunAgain() {
-			x.finalize(x.failedAfterRun(outcomeUnknown(expiredRecordMessage)), 0)
-			return
-		}
-		if x.startExpired() {
-			x.w.notStarted.Add(1)
-			x.finalize(x.failed(NotStartedError()), 0)
-			return
-		}
-		if x.cap == nil {
-			x.notFound(false)
-			return
-		}
+	switch a = a.AfterTakeover(x.rec); a.Do {
+	case Cancel:
+		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
+	case Retry:
+		x.run(false, a.Attempts, envelope.CodeWorkerLost)
+	case Fail:
+		x.finalize(x.afterRun(a.Err), a.Attempts)
+	case NotStarted:
+		x.w.notStarted.Add(1)
+		x.finalize(x.failed(NotStartedError()), 0)
+	case NotFound:
+		x.notFound(false)
+	case Run:
 		x.run(false, 0, "")
 	}
 }

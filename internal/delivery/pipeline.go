@@ -245,10 +245,7 @@ func (x *Execution) contextError(attemptCtx context.Context) *envelope.Capabilit
 	return x.cancelledError()
 }
 
-func (x *Execution) timeoutError() *envelope.CapabilityError {
-	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
-		Message: fmt.Sprintf("The operation did not finish within %v.", x.cap.Timeout()), Cause: context.DeadlineExceeded}
-}
+func (x *Execution) timeoutError() *envelope.CapabilityError { return timeoutError(x.cap.Timeout()) }
 
 func (x *Execution) cancelledError() *envelope.CapabilityError {
 	msg := "The caller cancelled the execution."
