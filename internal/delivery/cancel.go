@@ -31,7 +31,7 @@ func (w *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
 		ctx, cancel := StoreContext()
 		rec, rev, err := broker.Load[Record](ctx, w.b.Executions, key)
 		cancel()
-		now := time.Now().UTC()
+		now := w.now().UTC()
 		switch {
 		case errors.Is(err, broker.ErrNotFound):
 			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
@@ -60,7 +60,7 @@ func (w *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
 			ctx, cancel = StoreContext()
-			_, err = broker.UpdateTTL(ctx, w.b.JS, w.b.Executions, key, &next, rev, w.recordTTL(&next))
+			_, err = broker.UpdateTTL(ctx, w.b.JS, w.b.Executions, key, &next, rev, w.store.ttl(&next))
 			cancel()
 			if err == nil {
 				return CancelRecorded{State: rec.State}, nil

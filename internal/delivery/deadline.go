@@ -61,7 +61,7 @@ func (x *Execution) startExpired() bool {
 	if err != nil {
 		return false
 	}
-	return time.Now().After(x.w.startDeadline(meta.Timestamp, x.req))
+	return x.w.now().After(x.w.startDeadline(meta.Timestamp, x.req))
 }
 
 // finalizeRecorded writes the envelope a finalized record stands for and
@@ -76,11 +76,11 @@ func (w *Runner) finalizeRecorded(x *Execution, rec *Record) bool {
 	if rec.State != StateFinalized {
 		return false
 	}
-	if r := w.envelopeRetention(); r > 0 && time.Since(rec.UpdatedAt) >= r {
+	if r := w.envelopeRetention(); r > 0 && w.now().Sub(rec.UpdatedAt) >= r {
 		return true
 	}
 	env := recordedEnvelope(x.req, rec)
-	env.V, env.FinalizedBy, env.FinalizedAt = envelope.Version, w.cfg.ID, time.Now().UTC()
+	env.V, env.FinalizedBy, env.FinalizedAt = envelope.Version, w.cfg.ID, w.now().UTC()
 	ctx, cancel := StoreContext()
 	defer cancel()
 	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
@@ -163,13 +163,13 @@ func (w *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelo
 	if err != nil {
 		return false
 	}
-	now := time.Now()
+	now := w.now()
 	if Takeover(Facts{StartDeadline: w.startDeadline(meta.Timestamp, req), Now: now,
 		AbsenceProves: absenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, w.b.Config.RecordWindow),
 	}).Do != EndNotStarted {
 		return false
 	}
-	x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+	x := w.bare(msg, req, principal)
 	switch ended, err := w.endedBefore(x); {
 	case ended:
 		ackSync(msg)
@@ -198,5 +198,5 @@ func (x *Execution) ttlExpired() bool {
 		return false
 	}
 	meta, err := x.msg.Metadata()
-	return err == nil && time.Now().After(x.w.ttlDeadline(meta.Timestamp))
+	return err == nil && x.w.now().After(x.w.ttlDeadline(meta.Timestamp))
 }

@@ -3,8 +3,6 @@ package delivery
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -42,16 +40,11 @@ type Execution struct {
 	cancel       context.CancelCauseFunc
 	stopDeadline context.CancelFunc
 
-	mu  sync.Mutex // guards rec and rev: the lease keeper and the pipeline both CAS
-	rec *Record
-	rev uint64
-	// claim is this delivery's claim token: the record is this execution's
-	// while it carries it.
-	claim string
-	// leaseEnd fires when the lease last written runs out unrenewed (the
-	// store stopped answering): the execution's context ends, so that the
-	// handler stops before another worker may take over.
-	leaseEnd *time.Timer
+	// claim holds the execution's record; lease keeps it while it runs;
+	// trail files its audit events.
+	claim *claim
+	lease *leaseKeeper
+	trail *trail
 
 	start     time.Time
 	inputHash string
@@ -61,44 +54,43 @@ type Execution struct {
 	// another claim's, or a cancel's. The takeover table decides from it.
 	found    *Record
 	foundRev uint64
+}
 
-	// evMu guards held and holding. While holding, the execution's audit
-	// events are kept and published together, as one message: before the
-	// claim (they are dropped if the claim finds another record), and for a
-	// short while after the attempt starts, so that an execution that ends
-	// quickly is one message on the trail (DESIGN §14).
-	evMu       sync.Mutex
-	held       []*audit.Event
-	holding    bool
-	flushTimer *time.Timer
-
-	// renewing runs keepLease; stopRenewing ends it before a release, whose
-	// lease must not be renewed behind it.
-	renewing     sync.WaitGroup
-	renewStart   *time.Timer // starts keepLease; guarded by mu
-	stopRenewing chan struct{}
-	stopOnce     sync.Once
-	renewOnce    sync.Once
+// bare is an execution of req, delivered by msg (nil: none) under
+// principal, that may only end without running: its record, trail and
+// envelope, no lease.
+func (w *Runner) bare(msg jetstream.Msg, req *envelope.Request, principal string) *Execution {
+	x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID),
+		start: w.now(), done: make(chan struct{}), stopDeadline: func() {}, trail: &trail{audit: w.audit, worker: w.cfg.ID}}
+	x.claim = &claim{s: w.store, key: x.key, token: uuid.NewString(),
+		lapsed: func() bool { return x.ctx != nil && errors.Is(context.Cause(x.ctx), errLeaseLost) }}
+	return x
 }
 
 func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capability) *Execution {
-	x := &Execution{w: w, msg: msg, req: req, cap: c, start: time.Now(), principal: broker.Anonymous,
-		claim: uuid.NewString(), done: make(chan struct{}), stopRenewing: make(chan struct{}), stopDeadline: func() {}}
+	principal, subjectCapability := broker.Anonymous, ""
 	if msg != nil {
 		if p, capID, ok := w.b.Names.ParseExecSubject(msg.Subject()); ok {
-			x.principal = p
+			principal = p
 			if capID != broker.Unrouted {
-				x.subjectCapability = capID
+				subjectCapability = capID
 			}
 		}
 	}
-	x.key = broker.Key(x.principal, req.ExecutionID)
+	x := w.bare(msg, req, principal)
+	x.cap, x.subjectCapability = c, subjectCapability
 	ctx, obs := w.cfg.Observer.Begin(w.base, w.delivery(msg, req, c != nil))
 	x.obs = obs
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
+	progress := func() {}
+	if msg != nil {
+		progress = func() { _ = msg.InProgress() }
+	}
+	x.lease = &leaseKeeper{claim: x.claim, length: w.cfg.Lease, disabled: w.cfg.DisableLeaseRenewal, now: w.now,
+		progress: progress, end: x.cancel, done: x.done, log: w.log, id: req.ExecutionID, stop: make(chan struct{})}
 	return x
 }
 
@@ -107,20 +99,6 @@ func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capabi
 // broker.
 func (w *Runner) Detached(req *envelope.Request, c Capability) *Execution {
 	return w.newExecution(nil, req, c)
-}
-
-// StoreContext bounds one store operation; it is not tied to the execution,
-// whose cancellation must not stop it from recording its own end.
-func StoreContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 10*time.Second)
-}
-
-// casCtx bounds one operation on the record: short against the lease, so
-// that a request lost with a server is sent again (to its restart, or to
-// another node) while the lease still holds.
-func (x *Execution) casCtx() (context.Context, context.CancelFunc) {
-	d := min(max(x.w.cfg.Lease/4, 250*time.Millisecond), 10*time.Second)
-	return context.WithTimeout(context.Background(), d)
 }
 
 func (x *Execution) event(typ string, data map[string]any) *audit.Event {
@@ -178,89 +156,11 @@ func (x *Execution) Context() context.Context { return x.ctx }
 // Emit files an audit event of the execution.
 func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
 
-func (x *Execution) emit(typ string, data map[string]any) { x.publish(x.event(typ, data)) }
-
-// publish files ev: kept while the execution holds its events, published
-// at once otherwise. Events are handed to the emitter under evMu, so that
-// they reach the stream in the order they were filed, whoever flushes.
-func (x *Execution) publish(ev *audit.Event) {
-	ev.Worker = x.w.cfg.ID
-	x.evMu.Lock()
-	defer x.evMu.Unlock()
-	if x.holding {
-		x.held = append(x.held, ev)
-		return
-	}
-	x.w.audit.Emit(ev)
-}
-
-// hold starts keeping the execution's events (see Execution.held).
-func (x *Execution) hold() {
-	x.evMu.Lock()
-	x.holding = true
-	x.evMu.Unlock()
-}
-
-// flushHeld ends holding: what was kept is published as one message, then
-// every later event at once.
-func (x *Execution) flushHeld() {
-	x.evMu.Lock()
-	defer x.evMu.Unlock()
-	evs := x.held
-	x.held, x.holding = nil, false
-	if x.flushTimer != nil {
-		x.flushTimer.Stop()
-	}
-	if len(evs) > 0 {
-		x.w.audit.EmitAll(evs...)
-	}
-}
-
-// flushHeldSync is flushHeld with ev added, acknowledged by JetStream before
-// it returns (strict audit).
-func (x *Execution) flushHeldSync(ev *audit.Event) error {
-	ev.Worker = x.w.cfg.ID
-	x.evMu.Lock()
-	defer x.evMu.Unlock()
-	evs := append(x.held, ev)
-	x.held, x.holding = nil, false
-	if x.flushTimer != nil {
-		x.flushTimer.Stop()
-	}
-	return x.w.audit.EmitAllSync(x.ctx, evs...)
-}
-
-// dropHeld forgets the events kept before a claim that found another
-// record: that record's execution has its own trail.
-func (x *Execution) dropHeld() {
-	x.evMu.Lock()
-	x.held, x.holding = nil, false
-	x.evMu.Unlock()
-}
-
-// flushSoon publishes what is held after holdEvents, unless the execution
-// ends first and publishes it with its terminal event.
-func (x *Execution) flushSoon() {
-	x.evMu.Lock()
-	defer x.evMu.Unlock()
-	if x.holding && x.flushTimer == nil {
-		x.flushTimer = time.AfterFunc(holdEvents, x.flushHeld)
-	}
-}
-
-// holdEvents is how long an attempt's first events wait for its end, to be
-// published with it as one message.
-const holdEvents = 20 * time.Millisecond
+func (x *Execution) emit(typ string, data map[string]any) { x.trail.publish(x.event(typ, data)) }
 
 // Record returns a copy of the record as this worker last saw it; the lease
 // keeper may change it at any time.
-func (x *Execution) Record() Record { return x.record() }
-
-func (x *Execution) record() Record {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return *x.rec
-}
+func (x *Execution) Record() Record { return x.claim.record() }
 
 // hashInput sets the input hash events carry in place of the input (SI-10).
 func (x *Execution) hashInput() {
@@ -269,197 +169,8 @@ func (x *Execution) hashInput() {
 	}
 }
 
-// errLost reports that the record no longer belongs to this worker.
-var errLost = errors.New("capstan: execution record no longer ours")
+// Update changes the execution's record (see claim.update).
+func (x *Execution) Update(change func(r *Record)) error { return x.claim.update(change) }
 
-// errCancelRequested reports that the record says the caller cancelled.
-var errCancelRequested = errors.New("capstan: cancel requested")
-
-// errUnsettled reports that the store did not answer: the record may or may
-// not have changed, and may or may not still be ours.
-var errUnsettled = errors.New("capstan: execution record unreachable")
-
-// Update changes the execution's record (see update).
-func (x *Execution) Update(change func(r *Record)) error { return x.update(change) }
-
-// update applies change to the record with a CAS on its revision. On a lost
-// CAS (or any error, which may hide a write that happened) it re-reads: if the
-// record still carries this claim it applies change again; if another claim
-// owns it (another worker, or a process sharing this worker's id), or
-// it is finalized, it returns errLost; a cancel request set meanwhile is
-// applied and reported as errCancelRequested. When the store does not answer
-// for a while it returns errUnsettled.
-//
-// A store that does not answer (a replicated bucket electing a new leader) is
-// waited for up to storeOutage: giving up early would leave a record that
-// says the execution is ours, or running, when it is neither.
-func (x *Execution) update(change func(r *Record)) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.rec == nil {
-		return errUnsettled // nothing claimed
-	}
-	var last error
-	start := time.Now()
-	for try := 0; !x.w.storeGivesUp(start, try); try++ {
-		next := *x.rec
-		change(&next)
-		next.UpdatedAt = time.Now().UTC()
-		ctx, cancel := x.casCtx()
-		rev, err := broker.UpdateTTL(ctx, x.w.b.JS, x.w.b.Executions, x.key, &next, x.rev, x.w.recordTTL(&next))
-		cancel()
-		if err == nil {
-			x.rec, x.rev = &next, rev
-			if x.leaseEnd != nil {
-				x.leaseEnd.Reset(time.Until(next.LeaseUntil))
-			}
-			if next.CancelRequested {
-				return errCancelRequested
-			}
-			return nil
-		}
-		last = err
-		if errors.Is(context.Cause(x.ctx), errLeaseLost) {
-			// The lease ran out unrenewed: another worker may own it now.
-			return errLost
-		}
-		ctx, cancel = x.casCtx()
-		cur, curRev, lerr := broker.Load[Record](ctx, x.w.b.Executions, x.key)
-		cancel()
-		if errors.Is(lerr, broker.ErrNotFound) {
-			// The record outlived its window unwritten: nothing says the
-			// execution is still ours.
-			return errLost
-		}
-		if lerr != nil {
-			last = lerr
-			time.Sleep(broker.Backoff(try))
-			continue
-		}
-		if cur.Claim != x.claim || cur.State == StateFinalized {
-			x.rec, x.rev = cur, curRev
-			return errLost
-		}
-		if curRev == x.rev {
-			time.Sleep(broker.Backoff(try)) // spurious failure: the record did not move
-		}
-		x.rec, x.rev = cur, curRev
-	}
-	return fmt.Errorf("%w: %v", errUnsettled, last)
-}
-
-// storeOutage is how long a worker keeps trying a write that the store does
-// not answer: longer than a replicated bucket takes to elect a new leader.
-const storeOutage = time.Minute
-
-// storeGivesUp reports whether a write tried since start should stop: after
-// storeOutage, or after a few tries once the worker is shutting down.
-func (w *Runner) storeGivesUp(start time.Time, try int) bool {
-	if w.base.Err() != nil {
-		return try >= 20
-	}
-	return try >= 20 && time.Since(start) > storeOutage
-}
-
-// startRenewing starts keepLease, and arms the lease's end: a lease that
-// runs out unrenewed (a worker cut off from the store) ends the execution's
-// context with errLeaseLost, which the handler sees as ctx.Done().
-func (x *Execution) startRenewing() {
-	x.renewOnce.Do(x.startRenewingOnce)
-}
-
-func (x *Execution) startRenewingOnce() {
-	if !x.w.cfg.DisableLeaseRenewal {
-		x.mu.Lock()
-		if x.leaseEnd == nil {
-			x.leaseEnd = time.AfterFunc(time.Until(x.rec.LeaseUntil), func() {
-				x.w.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", x.req.ExecutionID)
-				x.cancel(errLeaseLost)
-			})
-		}
-		x.mu.Unlock()
-	}
-	if x.w.cfg.DisableLeaseRenewal {
-		return
-	}
-	// The keeper starts at its first renewal: most executions end before it.
-	x.renewing.Add(1)
-	t := time.AfterFunc(x.w.cfg.Lease/3, func() {
-		defer x.renewing.Done()
-		x.keepLease()
-	})
-	x.mu.Lock()
-	x.renewStart = t
-	x.mu.Unlock()
-}
-
-// stopRenewStart stops a lease keeper that has not started yet.
-func (x *Execution) stopRenewStart() {
-	x.mu.Lock()
-	t := x.renewStart
-	x.mu.Unlock()
-	if t != nil && t.Stop() {
-		x.renewing.Done() // it never will
-	}
-}
-
-// stopLease ends the lease renewal and waits until no renewal is in flight.
-func (x *Execution) stopLease() {
-	x.stopOnce.Do(func() { close(x.stopRenewing) })
-	x.stopLeaseEnd()
-	x.stopRenewStart()
-	x.renewing.Wait()
-}
-
-func (x *Execution) stopLeaseEnd() {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.leaseEnd != nil {
-		x.leaseEnd.Stop()
-	}
-}
-
-// keepLease renews the lease and the delivery at once, then every third of
-// the lease until the execution ends; it cancels the execution when the claim
-// is lost or a cancel is recorded.
-func (x *Execution) keepLease() {
-	for t := (*time.Ticker)(nil); ; {
-		select {
-		case <-x.done:
-			return
-		case <-x.stopRenewing:
-			return
-		default:
-		}
-		if !x.renew() {
-			return
-		}
-		if t == nil {
-			t = time.NewTicker(x.w.cfg.Lease / 3)
-			defer t.Stop()
-		}
-		select {
-		case <-x.done:
-			return
-		case <-x.stopRenewing:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// renew renews the lease and the delivery once, and reports whether the
-// execution is still this worker's to renew.
-func (x *Execution) renew() bool {
-	_ = x.msg.InProgress()
-	err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC().Add(x.w.cfg.Lease) })
-	switch {
-	case errors.Is(err, errCancelRequested):
-		x.cancel(errCallerCancelled)
-	case errors.Is(err, errLost):
-		x.cancel(errLeaseLost)
-		return false
-	}
-	// errUnsettled: the lease may still be ours; try again next time.
-	return true
-}
+// envelope reads the execution's envelope: nil, nil when there is none.
+func (x *Execution) envelope() (*envelope.Envelope, error) { return x.w.store.envelope(x.key) }

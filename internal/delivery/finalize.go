@@ -93,7 +93,7 @@ func (x *Execution) RequireApproval(ref *envelope.ApprovalRef, data map[string]a
 func (x *Execution) finalize(o *outcome, attempts int) {
 	w := x.w
 	var err error
-	if x.record0() == nil {
+	if x.claim.held() == nil {
 		// Refused before its claim (stages 4 to 9 of the short path): its
 		// record, finalized, comes first, so that a later delivery finds it.
 		rec := x.newRecord(StateFinalized)
@@ -108,12 +108,12 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			x.yieldClaim()
 			return
 		}
-	} else if o.cause != nil || time.Until(x.record().LeaseUntil) <= w.cfg.Lease/2 {
+	} else if o.cause != nil || x.claim.record().LeaseUntil.Sub(x.w.now()) <= w.cfg.Lease/2 {
 		// A failure's private cause is kept on the record for operators
 		// (capstan status), written with the lease's renewal: the record is
 		// not written after the envelope.
-		err = x.update(func(r *Record) {
-			r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
+		err = x.claim.update(func(r *Record) {
+			r.LeaseUntil = x.w.now().UTC().Add(w.cfg.Lease)
 			if o.cause != nil {
 				r.Cause = o.cause.Error()
 			}
@@ -121,20 +121,20 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 	}
 	if errors.Is(err, errLost) {
 		w.conflicts.Add(1)
-		owner := x.record().Worker
+		owner := x.claim.record().Worker
 		w.log.Warn("claim lost before finalizing: outcome discarded", "executionId", x.req.ExecutionID,
 			"owner", owner, "status", o.env.Status)
 		x.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
 			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
 		return
 	}
-	now := time.Now().UTC()
+	now := x.w.now().UTC()
 	env := o.env
 	env.V = envelope.Version
 	env.ExecutionID = x.req.ExecutionID
 	env.CapabilityID = x.req.CapabilityID
 	env.Attempts = attempts
-	env.DurationMs = time.Since(x.start).Milliseconds()
+	env.DurationMs = x.w.now().Sub(x.start).Milliseconds()
 	env.FinalizedBy = w.cfg.ID
 	env.FinalizedAt = now
 
@@ -150,7 +150,7 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 			"code", env.Error.Code, "cause", o.cause)
 	}
 
-	x.flushHeld()
+	x.trail.flush()
 	endStage := x.Stage(observe.StageFinalize)
 	stored, ok := x.createEnvelope(env)
 	if !ok {
@@ -184,22 +184,20 @@ func errorCode(env *envelope.Envelope) envelope.Code {
 // stored envelope.
 func (x *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
 	w := x.w
-	start := time.Now()
+	start := x.w.now()
 	for try := 0; ; try++ {
-		ctx, cancel := x.casCtx()
-		_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
-		cancel()
+		err := w.store.createEnvelope(x.key, env)
 		if err == nil {
 			w.finalized.Add(1)
 			return env, true
 		}
 		if errors.Is(err, broker.ErrExists) {
-			have, lerr := x.storedEnvelope()
+			have, lerr := x.w.store.storedEnvelope(x.key)
 			if lerr != nil {
 				// Not found: a replicated bucket can refuse a create
 				// spuriously. Unreadable: unknown is not present. Either way,
 				// acknowledging now could lose the execution.
-				if w.storeGivesUp(start, try) {
+				if w.store.givesUp(start, try) {
 					w.log.Error("envelope refused but not readable", "executionId", x.req.ExecutionID, "err", lerr)
 					return nil, false
 				}
@@ -215,7 +213,7 @@ func (x *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 				"discardedAttempts": env.Attempts, "finalizedBy": have.FinalizedBy, "status": string(have.Status)})
 			return have, true
 		}
-		if w.storeGivesUp(start, try) {
+		if w.store.givesUp(start, try) {
 			// Leave the message unacknowledged: its redelivery decides again.
 			w.log.Error("envelope not written", "executionId", x.req.ExecutionID, "err", err)
 			return nil, false

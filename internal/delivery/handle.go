@@ -83,8 +83,7 @@ func (w *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capabil
 func (x *Execution) finish() {
 	x.obs.End()
 	close(x.done)
-	x.stopLeaseEnd()
-	x.stopRenewStart()
+	x.lease.disarm()
 	x.stopDeadline()
 	x.cancel(nil)
 }
@@ -104,7 +103,7 @@ func (x *Execution) finish() {
 func (x *Execution) claimAndRun() {
 	x.hashInput()
 	if x.shortPath() {
-		x.hold()
+		x.trail.hold()
 		x.run(true, 0, "")
 		return
 	}
@@ -118,7 +117,7 @@ func (x *Execution) claimAndRun() {
 		x.yieldClaim()
 		return
 	}
-	if x.rec.Claim != x.claim || x.rec.State != StateClaimed {
+	if r := x.claim.held(); r.Claim != x.claim.token || r.State != StateClaimed {
 		// Our own create, whose answer was lost, already moved on: not here.
 		x.yieldClaim()
 		return
@@ -134,7 +133,7 @@ func (x *Execution) claimAndRun() {
 // here, with an id made within the record window.
 func (x *Execution) shortPath() bool {
 	return x.cap != nil && x.req.ApprovalID == "" && deliveries(x.msg) == 1 &&
-		recentID(x.req.ExecutionID, time.Now(), x.w.recentWindow())
+		recentID(x.req.ExecutionID, x.w.now(), x.w.recentWindow())
 }
 
 // recentWindow is how recent an id must be for the short path: the record
@@ -166,66 +165,29 @@ func recentID(id string, now time.Time, window time.Duration) bool {
 
 // newRecord is this delivery's first record of the execution, in state st.
 func (x *Execution) newRecord(st State) *Record {
-	now := time.Now().UTC()
+	now := x.w.now().UTC()
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID,
-		State: st, Worker: x.w.cfg.ID, Claim: x.claim, LeaseUntil: now.Add(x.w.cfg.Lease),
+		State: st, Worker: x.w.cfg.ID, Claim: x.claim.token, LeaseUntil: now.Add(x.w.cfg.Lease),
 		CreatedAt: now, UpdatedAt: now,
 	}
 	rec.claimedFor(x.req, x.inputHash)
 	return rec
 }
 
-// create writes the execution's first record, create-only, with the record
-// window as its TTL. It reports false when a record was there (x.found) or
-// the store did not answer (x.found nil); yieldClaim acts on either.
+// create writes the execution's first record, create-only (claim.create).
+// It reports false when a record was there (x.found) or the store did not
+// answer (x.found nil); yieldClaim acts on either.
 func (x *Execution) create(rec *Record) bool {
-	w := x.w
-	for try := 0; try < 10; try++ {
-		ctx, cancel := x.casCtx()
-		endClaim := x.Stage(observe.StageClaim)
-		rev, err := w.b.Create(ctx, w.b.Executions, x.key, rec, w.recordTTL(rec))
-		endClaim(unlessExists(err))
-		cancel()
-		if err == nil {
-			x.setRecord(rec, rev)
-			return true
-		}
-		if !errors.Is(err, broker.ErrExists) {
-			// The create may have happened: the read below decides either way.
-			time.Sleep(broker.Backoff(try))
-		}
-		ctx, cancel = x.casCtx()
-		cur, curRev, err := broker.Load[Record](ctx, w.b.Executions, x.key)
-		cancel()
-		if errors.Is(err, broker.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			w.log.Warn("read execution record", "executionId", x.req.ExecutionID, "err", err)
-			return false
-		}
-		if cur.Claim == x.claim {
-			// Our own create, whose answer was lost.
-			x.setRecord(cur, curRev)
-			return true
-		}
-		x.found, x.foundRev = cur, curRev
-		return false
-	}
-	return false
-}
-
-func (x *Execution) setRecord(rec *Record, rev uint64) {
-	x.mu.Lock()
-	x.rec, x.rev = rec, rev
-	x.mu.Unlock()
+	var ok bool
+	x.found, x.foundRev, ok = x.claim.create(rec, func() func(error) { return x.Stage(observe.StageClaim) })
+	return ok
 }
 
 // yieldClaim ends a claim that did not happen: the record found decides
 // (DESIGN §5), or, when the store did not answer, a later delivery does.
 func (x *Execution) yieldClaim() {
-	x.dropHeld()
+	x.trail.drop()
 	if x.found != nil {
 		rec, rev := x.found, x.foundRev
 		x.found = nil
@@ -240,23 +202,16 @@ func (x *Execution) yieldClaim() {
 // on. When it may not, the record found has decided (the takeover table) and
 // the caller returns without finalizing.
 func (x *Execution) Claim() bool {
-	if x.record0() != nil {
+	if x.claim.held() != nil {
 		return true
 	}
 	if !x.create(x.newRecord(StateClaimed)) {
 		x.yieldClaim()
 		return false
 	}
-	x.flushHeld()
-	x.startRenewing()
+	x.trail.flush()
+	x.lease.start()
 	return true
-}
-
-// record0 is the record this execution holds, nil before its claim.
-func (x *Execution) record0() *Record {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.rec
 }
 
 // checkedFresh decides an execution this delivery has just claimed with no
@@ -275,8 +230,8 @@ func (x *Execution) checkedFresh() bool {
 	case Run:
 		return true
 	case Duplicate:
-		x.stopLease()
-		x.w.duplicate(x.msg, x.req, x.rec.Worker)
+		x.lease.halt()
+		x.w.duplicate(x.msg, x.req, x.claim.held().Worker)
 	case Wait:
 		x.release()
 	case RefuseExpired:
@@ -313,7 +268,7 @@ var lostWorker = &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage:
 // facts gathers what the takeover table decides from: the record found (nil:
 // none), the envelope read, and this delivery's request and metadata.
 func (x *Execution) facts(rec *Record, read EnvelopeRead) Facts {
-	f := Facts{Record: rec, Envelope: read, Known: x.cap != nil, AbsenceProves: !x.unproven, Now: time.Now()}
+	f := Facts{Record: rec, Envelope: read, Known: x.cap != nil, AbsenceProves: !x.unproven, Now: x.w.now()}
 	if rec != nil {
 		f.Conflict = rec.Conflict(x.req, x.inputHash)
 	}
@@ -339,7 +294,7 @@ func (x *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 // execution would not prove that no attempt of it started (absenceProves).
 func (x *Execution) absenceUnproven() bool {
 	meta, err := x.msg.Metadata()
-	return err != nil || !absenceProves(x.req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, time.Now(), x.w.b.Config.RecordWindow)
+	return err != nil || !absenceProves(x.req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, x.w.now(), x.w.b.Config.RecordWindow)
 }
 
 // absenceProves reports whether finding no record of an execution proves
@@ -372,7 +327,7 @@ func absenceProves(id string, stored time.Time, firstDelivery bool, now time.Tim
 // terminated, audited execution.expired_request, no envelope (its caller's
 // await answers EXPIRED).
 func (x *Execution) refuseExpired(made time.Time) {
-	x.stopLease()
+	x.lease.halt()
 	x.w.log.Warn("request older than the envelope retention: refused", "executionId", x.req.ExecutionID,
 		"idTime", made, "retention", x.w.envelopeRetention())
 	x.emit(audit.ExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
@@ -414,11 +369,11 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	}
 	from := rec.Worker
 	prev := rec.State
-	x.rec, x.rev = rec, rev
+	x.claim.hold(rec, rev)
 	endClaim := x.Stage(observe.StageClaim)
-	err := x.update(func(r *Record) {
-		r.Worker, r.Claim = w.cfg.ID, x.claim
-		r.LeaseUntil = time.Now().UTC().Add(w.cfg.Lease)
+	err := x.claim.update(func(r *Record) {
+		r.Worker, r.Claim = w.cfg.ID, x.claim.token
+		r.LeaseUntil = x.w.now().UTC().Add(w.cfg.Lease)
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
 			r.State = StateClaimed
@@ -440,7 +395,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		x.obs.TakenOver(string(prev))
 		x.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
-	switch a = a.AfterTakeover(x.rec); a.Do {
+	switch a = a.AfterTakeover(x.claim.held()); a.Do {
 	case Cancel:
 		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
 	case Retry:
@@ -472,22 +427,6 @@ func (x *Execution) notFound(fresh bool) {
 func NotFoundError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve, ExposeToModel: true,
 		Message: "No such capability."}
-}
-
-// envelope reads the execution's envelope: nil, nil when there is none.
-func (x *Execution) envelope() (*envelope.Envelope, error) {
-	ctx, cancel := StoreContext()
-	defer cancel()
-	env, _, err := broker.Load[envelope.Envelope](ctx, x.w.b.Envelopes, x.key)
-	if errors.Is(err, broker.ErrNotFound) {
-		// A replica catching up after a restart may not have it yet: the
-		// stream's leader decides.
-		env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, x.w.nc, x.w.b.Envelopes, x.key)
-	}
-	if errors.Is(err, broker.ErrNotFound) {
-		return nil, nil
-	}
-	return env, err
 }
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
@@ -525,8 +464,7 @@ func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
 		if principal == "" {
 			principal = broker.Anonymous
 		}
-		x := &Execution{w: w, msg: msg, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
-			principal: principal, key: broker.Key(principal, id)}
+		x := w.bare(msg, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
 		if !w.endWithoutRun(msg, x, env, "undecodable") {
 			return // its envelope is not written yet: not terminated
 		}
@@ -559,7 +497,7 @@ func (w *Runner) endWithoutRun(msg jetstream.Msg, x *Execution, env *envelope.En
 		// decide settles the delivery itself.
 		w.decideFound(msg, x.req, rec, rev)
 	case rec != nil:
-		nak(msg, max(time.Until(rec.LeaseUntil), time.Second))
+		nak(msg, max(rec.LeaseUntil.Sub(w.now()), time.Second))
 	default:
 		nak(msg, time.Second) // the store did not answer: decide again later
 	}
@@ -628,7 +566,7 @@ func (w *Runner) finalizeWithoutRun(x *Execution, env *envelope.Envelope, reason
 		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 	env.V = envelope.Version
 	env.FinalizedBy = w.cfg.ID
-	env.FinalizedAt = time.Now().UTC()
+	env.FinalizedAt = w.now().UTC()
 	_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
 	if err == nil {
 		w.finalized.Add(1)
@@ -677,7 +615,7 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 		if cerr != nil {
-			x := &Execution{w: w, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID)}
+			x := w.bare(msg, req, principal)
 			env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 				Error: &envelope.Error{Code: cerr.Code, Stage: cerr.Stage, ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
 			reason := "resume-refused"
@@ -713,14 +651,6 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 		missing = "invalid-id"
 	}
 	w.claimAndRun(msg, req, nil, missing)
-}
-
-// unlessExists is err, unless it is the ErrExists of a record already there.
-func unlessExists(err error) error {
-	if errors.Is(err, broker.ErrExists) {
-		return nil
-	}
-	return err
 }
 
 // fresh reports whether msg was stored less than d ago: then it cannot have

@@ -21,8 +21,8 @@ import (
 // An execution on the short path (claimAndRun) comes here unclaimed: stages
 // 4 to 9 run before its record exists, and the start of attempt 1 creates it.
 func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	if x.record0() != nil {
-		x.startRenewing()
+	if x.claim.held() != nil {
+		x.lease.start()
 	}
 	c := x.cap
 	// 2: the request is audited before anything can refuse it.
@@ -59,7 +59,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByContext(attempt - 1)
 			return
 		}
-		if x.record0() == nil {
+		if x.claim.held() == nil {
 			// The short path's claim: the record of attempt 1, create-only.
 			rec := x.newRecord(StateRunning)
 			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
@@ -67,11 +67,11 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				x.yieldClaim()
 				return
 			}
-			x.startRenewing()
+			x.lease.start()
 		} else {
 			endStart := x.Stage(observe.StageStart)
-			err := x.update(func(r *Record) {
-				now := time.Now().UTC()
+			err := x.claim.update(func(r *Record) {
+				now := x.w.now().UTC()
 				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
 				r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
 			})
@@ -84,7 +84,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		started := x.event(audit.Started, x.admitted.StartedData(attempt))
 		if x.w.cfg.StrictAudit {
 			endAudit := x.Stage(observe.StageAudit)
-			err := x.flushHeldSync(started)
+			err := x.trail.flushSync(x.ctx, started)
 			endAudit(err)
 			if err != nil {
 				if x.ctx.Err() != nil {
@@ -97,8 +97,8 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				return
 			}
 		} else {
-			x.publish(started)
-			x.flushSoon()
+			x.trail.publish(started)
+			x.trail.flushSoon()
 		}
 
 		out, cerr := x.attempt(attempt, c.Timeout())
@@ -124,7 +124,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			return
 		}
 		if c.RetryEligible(cerr) && attempt < 1+c.Retries() {
-			if err := x.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
+			if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
 				x.endByRecord(err, attempt)
 				return
 			}
@@ -298,13 +298,13 @@ func (x *Execution) endByRecord(err error, attempts int) {
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (x *Execution) release() {
-	if x.record0() == nil {
-		x.dropHeld()
+	if x.claim.held() == nil {
+		x.trail.drop()
 		_ = x.msg.Nak() // nothing claimed yet
 		return
 	}
-	x.stopLease()
-	if err := x.update(func(r *Record) { r.LeaseUntil = time.Now().UTC() }); errors.Is(err, errLost) {
+	x.lease.halt()
+	if err := x.claim.update(func(r *Record) { r.LeaseUntil = x.w.now().UTC() }); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery
 	}
 	_ = x.msg.Nak()

@@ -62,22 +62,6 @@ type Record struct {
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 
-// recordTTL is the TTL a write of rec carries (DESIGN §16): the record
-// window, and, while rec is not finalized, at least what is left of its lease
-// (in whole seconds, rounded up). A window shorter than the lease would let a
-// running execution's record expire between two renewals: its worker would
-// take the execution for lost, and a redelivery would find no record where a
-// live lease stands.
-func (w *Runner) recordTTL(rec *Record) time.Duration {
-	ttl := w.b.Config.RecordWindow
-	if rec.State != StateFinalized {
-		if left := time.Until(rec.LeaseUntil); left > ttl {
-			ttl = left.Truncate(time.Second) + time.Second
-		}
-	}
-	return ttl
-}
-
 // InFlight reports whether the record is of an execution that may still
 // write its envelope: not finalized, and waiting for its first claim (a
 // cancel's pending record) or held by a live lease. A record is not

@@ -46,6 +46,9 @@ type Config struct {
 	Pool string
 	// Observer is told what happens to each delivery (never nil).
 	Observer observe.Worker
+	// Now is the engine's clock (default time.Now): every rule that reads
+	// the time reads it here.
+	Now func() time.Time
 }
 
 // Stats counts what a runner did.
@@ -64,6 +67,9 @@ type Runner struct {
 	audit *audit.Emitter
 	cfg   Config
 	log   *slog.Logger
+	now   func() time.Time
+	// store holds the executions' records and envelopes.
+	store *store
 
 	mu       sync.Mutex
 	inflight map[string]*Execution
@@ -83,18 +89,12 @@ type Runner struct {
 	retention atomic.Int64
 }
 
-// Causes that end an execution's context.
-var (
-	errCallerCancelled = errors.New("cancelled by the caller")
-	errDeadline        = errors.New("the request's deadline passed")
-	errLeaseLost       = errors.New("the claim was lost to another worker")
-	errShutdown        = errors.New("the worker shut down before the execution ended")
-	errAttemptTimeout  = errors.New("the attempt timed out")
-)
-
 // NewRunner returns the machinery of one worker. Its context ends with Stop.
 func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
-	w := &Runner{nc: nc, cfg: cfg, log: log, inflight: make(map[string]*Execution)}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	w := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution)}
 	w.base, w.baseCancel = context.WithCancelCause(context.Background())
 	return w
 }
@@ -103,6 +103,7 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 // worker's audit emitter, before it serves anything.
 func (w *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
 	w.b, w.audit = b, em
+	w.store = &store{b: b, nc: w.nc, log: w.log, lease: w.cfg.Lease, now: w.now, shutdown: w.base}
 	w.retention.Store(int64(b.Config.EnvelopeRetention))
 }
 
@@ -126,7 +127,7 @@ func (w *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
 // the retention again before it says so: a refusal by a retention grown
 // since would end a request its caller still waits for without an envelope.
 func (w *Runner) olderThanRetention(made time.Time) bool {
-	old := func(r time.Duration) bool { return r > 0 && time.Since(made) > broker.MaxStartWithin(r) }
+	old := func(r time.Duration) bool { return r > 0 && w.now().Sub(made) > broker.MaxStartWithin(r) }
 	if !old(w.envelopeRetention()) {
 		return false
 	}
@@ -328,7 +329,7 @@ func (w *Runner) emit(ev *audit.Event) {
 // preceded by its execution's record.
 // code, kept as LastError, says which envelope the record stands for.
 func (w *Runner) finalizedRecord(id, capID string, status envelope.Status, code envelope.Code) *Record {
-	now := time.Now().UTC()
+	now := w.now().UTC()
 	return &Record{V: envelope.Version, ExecutionID: id, CapabilityID: capID, State: StateFinalized,
 		Worker: w.cfg.ID, Status: status, LastError: code, CreatedAt: now, UpdatedAt: now}
 }

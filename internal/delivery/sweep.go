@@ -81,7 +81,7 @@ func (w *Runner) Sweep(ctx context.Context, every time.Duration) {
 func (w *Runner) holdSweepLease(ctx context.Context, token string, d time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	now := time.Now().UTC()
+	now := w.now().UTC()
 	mine := &sweeperLease{V: envelope.Version, Holder: token, Worker: w.cfg.ID, Until: now.Add(d)}
 	cur, rev, err := broker.Load[sweeperLease](ctx, w.b.Pools, sweeperKey)
 	switch {
@@ -110,7 +110,7 @@ func (w *Runner) releaseSweepLease(token string) {
 	if err != nil || cur.Holder != token {
 		return
 	}
-	cur.Until = time.Now().UTC()
+	cur.Until = w.now().UTC()
 	_, _ = broker.Update(ctx, w.b.Pools, sweeperKey, cur, rev)
 }
 
@@ -227,7 +227,7 @@ func (w *Runner) sweepOne(ctx context.Context, reach []consumerReach, m *jetstre
 	if err != nil {
 		return false // a pool's worker terminates it; else JetStream drops it at the TTL
 	}
-	now := time.Now()
+	now := w.now()
 	if !now.After(w.startDeadline(m.Time, req)) {
 		return false
 	}
@@ -235,9 +235,7 @@ func (w *Runner) sweepOne(ctx context.Context, reach []consumerReach, m *jetstre
 	if !ok {
 		principal = broker.Anonymous
 	}
-	x := &Execution{w: w, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID),
-		claim: uuid.NewString(), start: now, done: make(chan struct{}), stopRenewing: make(chan struct{}),
-		stopDeadline: func() {}}
+	x := w.bare(nil, req, principal)
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	defer x.cancel(nil)
 	x.hashInput()
@@ -299,9 +297,9 @@ func (w *Runner) sweepOne(ctx context.Context, reach []consumerReach, m *jetstre
 	}
 	// Claim it, as a takeover does; a lost CAS means someone else moved.
 	prev := rec.Worker
-	x.rec, x.rev = rec, rev
-	if err := x.update(func(r *Record) {
-		r.Worker, r.Claim, r.LeaseUntil = w.cfg.ID, x.claim, time.Now().UTC().Add(w.cfg.Lease)
+	x.claim.hold(rec, rev)
+	if err := x.claim.update(func(r *Record) {
+		r.Worker, r.Claim, r.LeaseUntil = w.cfg.ID, x.claim.token, w.now().UTC().Add(w.cfg.Lease)
 	}); err != nil && !errors.Is(err, errCancelRequested) {
 		return false
 	}
@@ -322,7 +320,7 @@ func (w *Runner) sweepOne(ctx context.Context, reach []consumerReach, m *jetstre
 func (x *Execution) finalizeSwept(o *outcome, attempts int) bool {
 	env := o.env
 	env.V, env.ExecutionID, env.CapabilityID = envelope.Version, x.req.ExecutionID, x.req.CapabilityID
-	env.Attempts, env.FinalizedBy, env.FinalizedAt = attempts, x.w.cfg.ID, time.Now().UTC()
+	env.Attempts, env.FinalizedBy, env.FinalizedAt = attempts, x.w.cfg.ID, x.w.now().UTC()
 	data := o.data
 	if data == nil {
 		data = map[string]any{}
@@ -333,7 +331,7 @@ func (x *Execution) finalizeSwept(o *outcome, attempts int) bool {
 	if !ok {
 		return false
 	}
-	_ = x.update(func(r *Record) {
+	_ = x.claim.update(func(r *Record) {
 		r.State, r.Status, r.Attempt = StateFinalized, stored.Status, stored.Attempts
 		if stored.Error != nil {
 			r.LastError = stored.Error.Code

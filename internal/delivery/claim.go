@@ -1,0 +1,179 @@
+package delivery
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+)
+
+// claim is one execution's hold on its record (DESIGN §5): the random token
+// it writes there, and the record and revision it last wrote or read. The
+// record is the execution's while it carries the token; every change is a
+// compare-and-swap on the revision, and a swap that fails is decided by what
+// a read finds. The attempt loop and the lease keeper share it.
+type claim struct {
+	s     *store
+	key   string
+	token string
+	// lapsed reports that the lease this claim last wrote ran out unrenewed:
+	// another worker may own the record by now.
+	lapsed func() bool
+	// wrote is told the lease of every record written, nil until the lease
+	// keeper arms the lease's end.
+	wrote func(leaseUntil time.Time)
+
+	mu  sync.Mutex // the lease keeper and the attempt loop both swap
+	rec *Record
+	rev uint64
+}
+
+// errLost reports that the record no longer belongs to this worker.
+var errLost = errors.New("capstan: execution record no longer ours")
+
+// errCancelRequested reports that the record says the caller cancelled.
+var errCancelRequested = errors.New("capstan: cancel requested")
+
+// errUnsettled reports that the store did not answer: the record may or may
+// not have changed, and may or may not still be ours.
+var errUnsettled = errors.New("capstan: execution record unreachable")
+
+// create writes the execution's first record, create-only, with the record
+// window as its TTL, as this claim's. When another record is there it
+// returns it (found, with its revision); when the store did not answer,
+// neither ok nor a record. observe wraps each write (the observer's claim
+// stage).
+func (c *claim) create(rec *Record, observe func() func(error)) (found *Record, foundRev uint64, ok bool) {
+	for try := 0; try < 10; try++ {
+		end := observe()
+		rev, err := c.s.create(c.key, rec)
+		end(unlessExists(err))
+		if err == nil {
+			c.hold(rec, rev)
+			return nil, 0, true
+		}
+		if !errors.Is(err, broker.ErrExists) {
+			// The create may have happened: the read below decides either way.
+			time.Sleep(broker.Backoff(try))
+		}
+		cur, curRev, err := c.s.load(c.key)
+		if errors.Is(err, broker.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			c.s.log.Warn("read execution record", "executionId", rec.ExecutionID, "err", err)
+			return nil, 0, false
+		}
+		if cur.Claim == c.token {
+			// Our own create, whose answer was lost.
+			c.hold(cur, curRev)
+			return nil, 0, true
+		}
+		return cur, curRev, false
+	}
+	return nil, 0, false
+}
+
+// hold makes rec, at revision rev, the record this claim last wrote or read.
+func (c *claim) hold(rec *Record, rev uint64) {
+	c.mu.Lock()
+	c.rec, c.rev = rec, rev
+	c.mu.Unlock()
+}
+
+// held is the record this claim holds, nil before the claim is made.
+func (c *claim) held() *Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rec
+}
+
+// watch calls wrote with the lease of the record held now, then with that
+// of every record this claim writes.
+func (c *claim) watch(wrote func(leaseUntil time.Time)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wrote(c.rec.LeaseUntil)
+	c.wrote = wrote
+}
+
+// record is a copy of the record as this claim last saw it; the lease keeper
+// may change it at any time.
+func (c *claim) record() Record {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return *c.rec
+}
+
+// update applies change to the record with a compare-and-swap on its
+// revision. On a lost swap (or any error, which may hide a write that
+// happened) it reads the record again: if it still carries this claim it
+// applies change again; if another claim owns it (another worker, or a
+// process sharing this worker's id), or it is finalized, it returns errLost;
+// a cancel request set meanwhile is applied and reported as
+// errCancelRequested. When the store does not answer for a while it returns
+// errUnsettled.
+//
+// A store that does not answer (a replicated bucket electing a new leader)
+// is waited for up to storeOutage: giving up early would leave a record that
+// says the execution is ours, or running, when it is neither.
+func (c *claim) update(change func(r *Record)) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.rec == nil {
+		return errUnsettled // nothing claimed
+	}
+	var last error
+	start := c.s.now()
+	for try := 0; !c.s.givesUp(start, try); try++ {
+		next := *c.rec
+		change(&next)
+		next.UpdatedAt = c.s.now().UTC()
+		rev, err := c.s.swap(c.key, &next, c.rev)
+		if err == nil {
+			c.rec, c.rev = &next, rev
+			if c.wrote != nil {
+				c.wrote(next.LeaseUntil)
+			}
+			if next.CancelRequested {
+				return errCancelRequested
+			}
+			return nil
+		}
+		last = err
+		if c.lapsed() {
+			// The lease ran out unrenewed: another worker may own it now.
+			return errLost
+		}
+		cur, curRev, lerr := c.s.load(c.key)
+		if errors.Is(lerr, broker.ErrNotFound) {
+			// The record outlived its window unwritten: nothing says the
+			// execution is still ours.
+			return errLost
+		}
+		if lerr != nil {
+			last = lerr
+			time.Sleep(broker.Backoff(try))
+			continue
+		}
+		if cur.Claim != c.token || cur.State == StateFinalized {
+			c.rec, c.rev = cur, curRev
+			return errLost
+		}
+		if curRev == c.rev {
+			time.Sleep(broker.Backoff(try)) // spurious failure: the record did not move
+		}
+		c.rec, c.rev = cur, curRev
+	}
+	return fmt.Errorf("%w: %v", errUnsettled, last)
+}
+
+// unlessExists is err, unless it is the ErrExists of a record already there.
+func unlessExists(err error) error {
+	if errors.Is(err, broker.ErrExists) {
+		return nil
+	}
+	return err
+}
