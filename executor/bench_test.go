@@ -83,7 +83,6 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	x := w.run.Detached(req, c)
 	inputHash, err := envelope.InputHash(req.Input)
 	if err != nil {
 		b.Fatal(err)
@@ -97,20 +96,21 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Requested, nil))
-	admitted := c.Admit(x)
-	if admitted == nil {
+	adm := c.Admit(w.run.Context(), delivery.Request{Request: req, Principal: broker.Anonymous})
+	if adm.Unit == nil {
 		b.Fatal("refused")
 	}
+	unit := adm.Unit
 	rec.State, rec.Attempt, rec.StartedAt = StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
-	mustMarshal(b, event(audit.Started, admitted.StartedData(1)))
-	ctx, cancel := context.WithTimeout(x.Context(), time.Second)
-	out, err := admitted.Invoke(ctx, delivery.Attempt{N: 1, Logger: w.log})
+	mustMarshal(b, event(audit.Started, unit.Started(1)))
+	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
+	out, err := unit.Work(ctx, delivery.Attempt{N: 1, Logger: w.log})
 	cancel()
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw, cerr := admitted.CheckOutput(out)
+	raw, cerr := unit.Output(out)
 	if cerr != nil {
 		b.Fatal(cerr)
 	}

@@ -31,8 +31,8 @@ type Execution struct {
 	// unproven: this delivery found no record, and that did not prove that
 	// no attempt had started (absenceProves).
 	unproven bool
-	// admitted runs the attempts, once stages 4 to 9 let the execution through.
-	admitted Admitted
+	// unit runs the attempts, once stages 4 to 9 let the execution through.
+	unit WorkUnit
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost
 	// claim, the worker's shutdown. Each attempt adds its own timeout.
@@ -94,13 +94,6 @@ func (w *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, c Capabi
 	return x
 }
 
-// Detached returns an execution of req that no delivery carries, its
-// context the runner's: for benchmarks of the stages, which run without a
-// broker.
-func (w *Runner) Detached(req *envelope.Request, c Capability) *Execution {
-	return w.newExecution(nil, req, c)
-}
-
 func (x *Execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), Principal: x.principal, ExecutionID: x.req.ExecutionID,
@@ -131,36 +124,15 @@ func deliveries(msg jetstream.Msg) int {
 	return 0
 }
 
-// Stage tells the observer that a stage doing I/O starts (observe.Stage*);
+// stage tells the observer that a stage doing I/O starts (observe.Stage*);
 // the returned func ends it.
-func (x *Execution) Stage(name string) func(error) {
+func (x *Execution) stage(name string) func(error) {
 	_, end := x.obs.Stage(x.ctx, name)
 	return end
 }
 
-// Request is the request being executed.
-func (x *Execution) Request() *envelope.Request { return x.req }
-
-// Principal is who sent the request: the token of the subject the NATS
-// server let it publish on, never a field of the body.
-func (x *Execution) Principal() string { return x.principal }
-
-// SubjectCapability is the capability id of the subject the request arrived
-// on ("" when it came through _unrouted): a body naming another is refused.
-func (x *Execution) SubjectCapability() string { return x.subjectCapability }
-
-// Context spans the whole execution: the caller's cancel and deadline, a lost
-// claim, the worker's shutdown.
-func (x *Execution) Context() context.Context { return x.ctx }
-
-// Emit files an audit event of the execution.
-func (x *Execution) Emit(typ string, data map[string]any) { x.emit(typ, data) }
-
+// emit files an audit event of the execution.
 func (x *Execution) emit(typ string, data map[string]any) { x.trail.publish(x.event(typ, data)) }
-
-// Record returns a copy of the record as this worker last saw it; the lease
-// keeper may change it at any time.
-func (x *Execution) Record() Record { return x.claim.record() }
 
 // hashInput sets the input hash events carry in place of the input (SI-10).
 func (x *Execution) hashInput() {
@@ -168,9 +140,6 @@ func (x *Execution) hashInput() {
 		x.inputHash = h
 	}
 }
-
-// Update changes the execution's record (see claim.update).
-func (x *Execution) Update(change func(r *Record)) error { return x.claim.update(change) }
 
 // envelope reads the execution's envelope: nil, nil when there is none.
 func (x *Execution) envelope() (*envelope.Envelope, error) { return x.w.store.envelope(x.key) }

@@ -68,17 +68,6 @@ func (x *Execution) stopped(cerr *envelope.CapabilityError) *outcome {
 	}
 }
 
-// Fail finalizes a failure before the handler ran.
-func (x *Execution) Fail(cerr *envelope.CapabilityError, attempts int) {
-	x.finalize(x.failed(cerr), attempts)
-}
-
-// RequireApproval finalizes a call that waits for a human decision; data is
-// its capability.approval_requested event's.
-func (x *Execution) RequireApproval(ref *envelope.ApprovalRef, data map[string]any) {
-	x.finalize(x.approvalRequired(ref, data), 0)
-}
-
 // finalize is stage 14: the terminal event, the one envelope (create-only:
 // a second finalization is refused by the server and audited), the record,
 // then the ack.
@@ -151,7 +140,7 @@ func (x *Execution) finalize(o *outcome, attempts int) {
 	}
 
 	x.trail.flush()
-	endStage := x.Stage(observe.StageFinalize)
+	endStage := x.stage(observe.StageFinalize)
 	stored, ok := x.createEnvelope(env)
 	if !ok {
 		endStage(errors.New("envelope not written"))

@@ -180,7 +180,7 @@ func (x *Execution) newRecord(st State) *Record {
 // answer (x.found nil); yieldClaim acts on either.
 func (x *Execution) create(rec *Record) bool {
 	var ok bool
-	x.found, x.foundRev, ok = x.claim.create(rec, func() func(error) { return x.Stage(observe.StageClaim) })
+	x.found, x.foundRev, ok = x.claim.create(rec, func() func(error) { return x.stage(observe.StageClaim) })
 	return ok
 }
 
@@ -197,11 +197,11 @@ func (x *Execution) yieldClaim() {
 	nak(x.msg, time.Second)
 }
 
-// Claim claims an execution that runs stages 4 to 9 before its claim, ahead
-// of a stage that writes (the approval gate), and reports whether it may go
-// on. When it may not, the record found has decided (the takeover table) and
-// the caller returns without finalizing.
-func (x *Execution) Claim() bool {
+// claimBeforeWrite claims an execution that runs stages 4 to 9 before its
+// claim (the short path), ahead of a write (the approval gate's), and
+// reports whether it may go on. When it may not, the record found has
+// decided (the takeover table) and the caller returns without finalizing.
+func (x *Execution) claimBeforeWrite() bool {
 	if x.claim.held() != nil {
 		return true
 	}
@@ -274,7 +274,7 @@ func (x *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	}
 	if c := x.cap; c != nil {
 		f.Timeout = c.Timeout()
-		f.Retry = func(n int) bool { return c.RetryEligible(lostWorker) && n < 1+c.Retries() }
+		f.Retry = func(n int) bool { _, ok := c.Retry(n, lostWorker); return ok }
 	}
 	if x.msg != nil {
 		if meta, err := x.msg.Metadata(); err == nil {
@@ -370,7 +370,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	from := rec.Worker
 	prev := rec.State
 	x.claim.hold(rec, rev)
-	endClaim := x.Stage(observe.StageClaim)
+	endClaim := x.stage(observe.StageClaim)
 	err := x.claim.update(func(r *Record) {
 		r.Worker, r.Claim = w.cfg.ID, x.claim.token
 		r.LeaseUntil = x.w.now().UTC().Add(w.cfg.Lease)

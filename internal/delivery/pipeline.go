@@ -13,10 +13,10 @@ import (
 )
 
 // run drives the pipeline of DESIGN §4 for a claimed execution: stages 4 to 9
-// and 12 to 13 are the capability's (Admit, Readmit, CheckOutput), the rest
-// are here. fresh is set
-// on a first claim (stage 2's event is emitted once). fromAttempt > 0 resumes
-// a takeover at stage 11 with that attempt, after prevCode.
+// and 12 to 13 are the capability's (Admit, Readmit, WorkUnit.Output), the
+// rest are here. fresh is set on a first claim (stage 2's event is emitted
+// once). fromAttempt > 0 resumes a takeover at stage 11 with that attempt,
+// after prevCode.
 //
 // An execution on the short path (claimAndRun) comes here unclaimed: stages
 // 4 to 9 run before its record exists, and the start of attempt 1 creates it.
@@ -35,16 +35,31 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	}
 	// 3–9 ran before any attempt started; a takeover of a running execution
 	// only needs the input back, and the approval it consumed.
+	var adm Admission
 	if fromAttempt == 0 {
-		x.admitted = c.Admit(x)
+		adm = c.Admit(x.ctx, x.request())
 	} else {
-		x.admitted = c.Readmit(x)
+		adm = c.Readmit(x.ctx, x.request())
 	}
-	if x.admitted == nil {
-		// A stage refused it and finalized it, or a claim during stages 4 to
-		// 9 found another record, which decided.
+	for _, ev := range adm.Events {
+		x.emit(ev.Type, ev.Data)
+	}
+	switch {
+	case adm.Stopped:
+		x.endByContext(0)
+		return
+	case adm.Refusal != nil:
+		attempts := 0
+		if fromAttempt > 0 {
+			attempts = x.claim.record().Attempt
+		}
+		x.finalize(x.failed(adm.Refusal), attempts)
+		return
+	case adm.Approval != nil:
+		x.awaitApproval(adm.Approval)
 		return
 	}
+	x.unit = adm.Unit
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt
@@ -69,7 +84,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			}
 			x.lease.start()
 		} else {
-			endStart := x.Stage(observe.StageStart)
+			endStart := x.stage(observe.StageStart)
 			err := x.claim.update(func(r *Record) {
 				now := x.w.now().UTC()
 				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
@@ -81,9 +96,9 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				return
 			}
 		}
-		started := x.event(audit.Started, x.admitted.StartedData(attempt))
+		started := x.event(audit.Started, x.unit.Started(attempt))
 		if x.w.cfg.StrictAudit {
-			endAudit := x.Stage(observe.StageAudit)
+			endAudit := x.stage(observe.StageAudit)
 			err := x.trail.flushSync(x.ctx, started)
 			endAudit(err)
 			if err != nil {
@@ -104,7 +119,7 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		out, cerr := x.attempt(attempt, c.Timeout())
 		if cerr == nil {
 			// 12–13: the output's validation, redaction and encoding.
-			raw, oerr := x.admitted.CheckOutput(out)
+			raw, oerr := x.unit.Output(out)
 			if oerr != nil {
 				x.finalize(x.failedAfterRun(oerr), attempt)
 				return
@@ -123,12 +138,11 @@ func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			x.endByContext(attempt)
 			return
 		}
-		if c.RetryEligible(cerr) && attempt < 1+c.Retries() {
+		if delay, ok := c.Retry(attempt, cerr); ok {
 			if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
 				x.endByRecord(err, attempt)
 				return
 			}
-			delay := c.Backoff(attempt)
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
@@ -180,7 +194,7 @@ func (x *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope
 				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
 			}
 		}()
-		out, err := x.admitted.Invoke(ctx, a)
+		out, err := x.unit.Work(ctx, a)
 		ch <- result{out, err}
 	}()
 	var res result
@@ -266,9 +280,6 @@ func (x *Execution) afterRun(cerr *envelope.CapabilityError) *outcome {
 	return x.failedAfterRun(cerr)
 }
 
-// EndByContext finalizes an execution whose whole context ended (see endByContext).
-func (x *Execution) EndByContext(attempts int) { x.endByContext(attempts) }
-
 // endByContext finalizes an execution whose whole context ended.
 func (x *Execution) endByContext(attempts int) {
 	switch cause := context.Cause(x.ctx); {
@@ -280,9 +291,6 @@ func (x *Execution) endByContext(attempts int) {
 	}
 	x.finalize(x.cancelled(envelope.CodeCancelled, x.cancelledError().Message), attempts)
 }
-
-// EndByRecord handles a failed record update (see endByRecord).
-func (x *Execution) EndByRecord(err error, attempts int) { x.endByRecord(err, attempts) }
 
 // endByRecord handles a failed record update.
 func (x *Execution) endByRecord(err error, attempts int) {
@@ -308,4 +316,37 @@ func (x *Execution) release() {
 		return // another worker owns it, and its delivery
 	}
 	_ = x.msg.Nak()
+}
+
+// awaitApproval ends a call that needs an approval (stage 8): claimed first
+// (the short path runs stages 4 to 9 before its claim, and the approval is
+// a write), the approval's id reserved on the record, so that a takeover of
+// this execution finds the same approval instead of asking twice, the
+// approval stored, then the envelope approval-required.
+func (x *Execution) awaitApproval(need *ApprovalNeeded) {
+	defer x.stage(observe.StageApproval)(nil)
+	if !x.claimBeforeWrite() {
+		return // another record was there, and decided
+	}
+	id := x.claim.record().ApprovalID
+	if id == "" {
+		id = envelope.NewExecutionID()
+		if err := x.claim.update(func(r *Record) { r.ApprovalID = id }); err != nil {
+			x.endByRecord(err, 0)
+			return
+		}
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	ref, data, cerr := need.Store(ctx, id)
+	if cerr != nil {
+		x.finalize(x.failed(cerr), 0)
+		return
+	}
+	x.finalize(x.approvalRequired(ref, data), 0)
+}
+
+// request is what the stages see of the execution.
+func (x *Execution) request() Request {
+	return Request{Request: x.req, Principal: x.principal, SubjectCapability: x.subjectCapability, Stage: x.stage}
 }
