@@ -11,7 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -19,10 +19,10 @@ import (
 // execution does not go on: a resume goes on once it consumed its approval;
 // a call that needs an approval ends here, the engine asked to store a
 // pending approval and end it approval-required.
-func (a *admission) approvalGate(v verdict) (end delivery.Admission, stop bool) {
+func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 	m := a.b.meta
 	if a.req.ApprovalID == "" && v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
-		return delivery.Admission{}, false
+		return engine.Admission{}, false
 	}
 	if a.req.ApprovalID != "" {
 		// A resume is admitted under its execution's claim (it never takes
@@ -39,9 +39,9 @@ func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.
 // approval record it asks the engine to have stored, under the id the
 // engine reserves on the execution's record (so that a takeover of this
 // execution finds the same approval instead of asking twice).
-func (a *admission) requestApproval(v verdict) delivery.Admission {
+func (a *admission) requestApproval(v verdict) engine.Admission {
 	m := a.b.meta
-	unserializable := func(err error) delivery.Admission {
+	unserializable := func(err error) engine.Admission {
 		return a.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
 			Stage: envelope.StageApproval, ExposeToModel: true, Cause: err,
 			Message: "The input cannot be serialized canonically, so it cannot be approved."}, v.records)
@@ -76,7 +76,7 @@ func (a *admission) requestApproval(v verdict) delivery.Admission {
 		}
 	}
 	store, req, principal := a.w.approvalStore(), a.req, a.r.Principal
-	return delivery.Admission{Events: a.events, Approval: &delivery.ApprovalNeeded{
+	return engine.Admission{Events: a.events, Approval: &engine.ApprovalNeeded{
 		Store: func(ctx context.Context, id string) (*envelope.ApprovalRef, map[string]any, *envelope.CapabilityError) {
 			rec, err := store.Get(ctx, id)
 			if err != nil || rec.RequestedBy != req.ExecutionID {
@@ -114,12 +114,12 @@ func (a *admission) requestApproval(v verdict) delivery.Admission {
 // stored input must still hash to what was approved and decode into the
 // current input type; then one CAS consumes it for this execution. It
 // returns the execution's end and stop when the resume is refused.
-func (a *admission) useApproval() (end delivery.Admission, stop bool) {
+func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	store := a.w.approvalStore()
-	ctx, cancel := delivery.StoreContext()
+	ctx, cancel := engine.StoreContext()
 	defer cancel()
 	id := a.req.ApprovalID
-	refuse := func(reason string, code envelope.Code, msg string, cause error) (delivery.Admission, bool) {
+	refuse := func(reason string, code envelope.Code, msg string, cause error) (engine.Admission, bool) {
 		return a.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
 			Message: msg, Cause: cause}, nil), true
 	}
@@ -178,10 +178,10 @@ func (a *admission) useApproval() (end delivery.Admission, stop bool) {
 		a.file(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
 			"approver": rec.Decision.Approver.String()})
 	}
-	return delivery.Admission{}, false
+	return engine.Admission{}, false
 }
 
-func (a *admission) approvalStoreFailed(err error) delivery.Admission {
+func (a *admission) approvalStoreFailed(err error) engine.Admission {
 	return a.fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 		Retryable: true, ExposeToModel: true, Cause: err,
 		Message: "The approval could not be read; try again."})
@@ -258,7 +258,7 @@ func (a *admission) restoreGrant() *envelope.CapabilityError {
 	if a.req.ApprovalID == "" {
 		return nil
 	}
-	ctx, cancel := delivery.StoreContext()
+	ctx, cancel := engine.StoreContext()
 	defer cancel()
 	fail := func(code envelope.Code, msg string, cause error) *envelope.CapabilityError {
 		return &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true, Message: msg, Cause: cause}
@@ -292,7 +292,7 @@ func ownerOf(r *approvals.Record) string {
 }
 
 // resolveResume fills a resume that names only its approval (see
-// delivery.Config.ResolveResume): the approval must be principal's.
+// engine.Config.ResolveResume): the approval must be principal's.
 func (w *Worker) resolveResume(ctx context.Context, principal string, req *envelope.Request) error {
 	rec, err := w.approvalStore().Get(ctx, req.ApprovalID)
 	notFound := func(cause error) error {

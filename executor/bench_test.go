@@ -9,7 +9,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -30,7 +30,7 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	w := &Worker{reg: reg, cfg: WorkerConfig{ID: "bench", Policies: policies, Logger: slog.New(slog.DiscardHandler)}.withDefaults()}
 	w.log = w.cfg.Logger
 	w.caps = map[string]*capability{"bench.noop": {b: reg.get("bench.noop"), w: w}}
-	w.run = delivery.NewRunner(nil, w.log, delivery.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
+	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }
@@ -96,7 +96,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Requested, nil))
-	adm := c.Admit(w.run.Context(), delivery.Request{Request: req, Principal: broker.Anonymous})
+	adm := c.Admit(w.run.Context(), engine.Request{Request: req, Principal: broker.Anonymous})
 	if adm.Unit == nil {
 		b.Fatal("refused")
 	}
@@ -105,7 +105,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Started, unit.Started(1)))
 	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
-	out, err := unit.Work(ctx, delivery.Attempt{N: 1, Logger: w.log})
+	out, err := unit.Work(ctx, engine.Attempt{N: 1, Logger: w.log})
 	cancel()
 	if err != nil {
 		b.Fatal(err)

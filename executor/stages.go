@@ -11,7 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -19,8 +19,8 @@ import (
 // input, actor, policies and approval before the attempts (4 to 9), the retry
 // rule between them (11), validation and redaction of the output (12, 13).
 // The engine (internal/delivery) claims, leases, attempts, takes over and
-// finalizes; it asks these through delivery.Capability and gets decisions
-// back (delivery.Admission): they never write a record, an event or an
+// finalizes; it asks these through engine.Capability and gets decisions
+// back (engine.Admission): they never write a record, an event or an
 // envelope themselves.
 
 // capability is a registered capability as a worker's engine drives it.
@@ -31,31 +31,31 @@ type capability struct {
 
 // admission is one execution going through its capability's stages: what
 // they established is what the attempts use (it is the execution's
-// delivery.WorkUnit once admitted).
+// engine.WorkUnit once admitted).
 type admission struct {
 	*capability
 	ctx context.Context
-	r   delivery.Request
+	r   engine.Request
 	req *envelope.Request
 
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
-	decisions []PolicyRecord   // every policy stance so far, for the trail
-	events    []delivery.Event // what the stages filed for the trail so far
+	decisions []PolicyRecord // every policy stance so far, for the trail
+	events    []engine.Event // what the stages filed for the trail so far
 }
 
-func (c *capability) admission(ctx context.Context, r delivery.Request) *admission {
+func (c *capability) admission(ctx context.Context, r engine.Request) *admission {
 	return &admission{capability: c, ctx: ctx, r: r, req: r.Request}
 }
 
 // Admit runs stages 4 to 9 (admit).
-func (c *capability) Admit(ctx context.Context, r delivery.Request) delivery.Admission {
+func (c *capability) Admit(ctx context.Context, r engine.Request) engine.Admission {
 	return c.admission(ctx, r).admit()
 }
 
 // Readmit restores a takeover's input (stage 5 again) and the approval the
 // execution consumed.
-func (c *capability) Readmit(ctx context.Context, r delivery.Request) delivery.Admission {
+func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admission {
 	a := c.admission(ctx, r)
 	in, err := c.b.decode(a.req.Input)
 	if err != nil {
@@ -115,7 +115,7 @@ func (a *admission) Started(attempt int) map[string]any {
 }
 
 // Work is stage 11's call of the handler, with the validated input.
-func (a *admission) Work(ctx context.Context, at delivery.Attempt) (any, error) {
+func (a *admission) Work(ctx context.Context, at engine.Attempt) (any, error) {
 	return a.b.invoke(ctx, callInfo{
 		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
 		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: at.N,
@@ -148,7 +148,7 @@ func (a *admission) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
 }
 
 // admit runs stages 4 to 9 and returns their decision.
-func (a *admission) admit() delivery.Admission {
+func (a *admission) admit() engine.Admission {
 	m := a.b.meta
 	// 4: exposure, deny by default, enforced here whatever the caller was
 	// shown. Concealed (SI-8): an unexposed capability, or one discovery would
@@ -240,7 +240,7 @@ func phaseInput(phase Phase, in any) any {
 
 // policyGate is a phase's verdict: the execution's end when it is refused
 // (refused reports it), nothing otherwise.
-func (a *admission) policyGate(v verdict, stage string) (end delivery.Admission, refused bool) {
+func (a *admission) policyGate(v verdict, stage string) (end engine.Admission, refused bool) {
 	switch {
 	case v.failed && a.ctx.Err() != nil:
 		// The policies were cut off because the execution ended (a cancel, the
@@ -255,21 +255,21 @@ func (a *admission) policyGate(v verdict, stage string) (end delivery.Admission,
 	case v.stance == Hide:
 		return a.conceal("policy-hidden", stage, v.records), true
 	}
-	return delivery.Admission{}, false
+	return engine.Admission{}, false
 }
 
 // deny refuses the execution before any attempt, its reason on the trail.
-func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) delivery.Admission {
+func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {
 	return a.refuse(reason, cerr.Stage, cerr, records)
 }
 
 // conceal refuses as if the capability did not exist (SI-8). The trail keeps
 // the true reason and stage; the caller sees what an unknown id gets.
-func (a *admission) conceal(reason, stage string, records []PolicyRecord) delivery.Admission {
-	return a.refuse(reason, stage, delivery.NotFoundError(), records)
+func (a *admission) conceal(reason, stage string, records []PolicyRecord) engine.Admission {
+	return a.refuse(reason, stage, engine.NotFoundError(), records)
 }
 
-func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) delivery.Admission {
+func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {
 	data := map[string]any{"reason": reason, "publicCode": string(cerr.Code), "stage": stage}
 	if len(records) > 0 {
 		data["policyDecisions"] = records
@@ -280,23 +280,23 @@ func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError,
 
 // file adds an event to the trail the decision carries.
 func (a *admission) file(typ string, data map[string]any) {
-	a.events = append(a.events, delivery.Event{Type: typ, Data: data})
+	a.events = append(a.events, engine.Event{Type: typ, Data: data})
 }
 
 // fail ends the execution with cerr, without a denial on the trail (a
 // fault, not a refusal).
-func (a *admission) fail(cerr *envelope.CapabilityError) delivery.Admission {
-	return delivery.Admission{Events: a.events, Refusal: cerr}
+func (a *admission) fail(cerr *envelope.CapabilityError) engine.Admission {
+	return engine.Admission{Events: a.events, Refusal: cerr}
 }
 
 // stopped leaves the end to the execution's context.
-func (a *admission) stopped() delivery.Admission {
-	return delivery.Admission{Events: a.events, Stopped: true}
+func (a *admission) stopped() engine.Admission {
+	return engine.Admission{Events: a.events, Stopped: true}
 }
 
 // admitted lets the execution through to its attempts.
-func (a *admission) admitted() delivery.Admission {
-	return delivery.Admission{Events: a.events, Unit: a}
+func (a *admission) admitted() engine.Admission {
+	return engine.Admission{Events: a.events, Unit: a}
 }
 
 // stage tells the observer that a stage doing I/O starts.

@@ -13,7 +13,8 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/executor/internal/sweeper"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -149,7 +150,9 @@ type Worker struct {
 	// emitter is audit for Stats, which may run before Run set it.
 	emitter atomic.Pointer[audit.Emitter]
 	cat     *catalog
-	run     *delivery.Runner
+	run     *engine.Runner
+	// sweeper is set while Run sweeps (DESIGN §13).
+	sweeper atomic.Pointer[sweeper.Sweeper]
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
@@ -172,7 +175,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	for _, id := range reg.ids {
 		w.caps[id] = &capability{b: reg.get(id), w: w}
 	}
-	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
+	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
 		Listed:        func(id string) bool { return w.cat.listed(id) },
@@ -189,7 +192,10 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted, Swept: r.Swept}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted}
+	if sw := w.sweeper.Load(); sw != nil {
+		s.Swept = sw.Swept()
+	}
 	if em := w.emitter.Load(); em != nil {
 		s.AuditFailed = em.Failed()
 	}
@@ -198,7 +204,7 @@ func (w *Worker) Stats() WorkerStats {
 
 // lookup is the capability a request names, or nil (never a nil pointer in
 // the interface).
-func (w *Worker) lookup(id string) delivery.Capability {
+func (w *Worker) lookup(id string) engine.Capability {
 	if c, ok := w.caps[id]; ok {
 		return c
 	}
@@ -280,8 +286,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { stopRenew(); <-renewed }()
 	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
+		sw := sweeper.New(b, w.run, sweeper.Config{Worker: w.cfg.ID, Log: w.log})
+		w.sweeper.Store(sw)
 		swept := make(chan struct{})
-		go func() { defer close(swept); w.run.Sweep(sweepCtx, every) }()
+		go func() { defer close(swept); sw.Run(sweepCtx, every) }()
 		defer func() { stopSweep(); <-swept }()
 	}
 

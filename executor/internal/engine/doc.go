@@ -36,4 +36,4 @@
 // attempt, a retry, a takeover and the finalization; metrics and traces hang
 // there, and the attempt's context, which the handler receives, is the one
 // the observer returns.
-package delivery
+package engine

@@ -1,12 +1,22 @@
-package delivery
+package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 )
+
+// DESIGN §13: every request ends. A request carries when it must have started
+// (startBy, set by its client); a request no worker started by then ends
+// failed / NOT_STARTED. The record TTL bounds it too: the exec stream drops a
+// request at the record TTL (MaxAge), and a request is never claimed from
+// scratch within ttlMargin of it. (A record itself goes one record window
+// after its last write; a redelivery that finds none decides as
+// checkedFresh says.) The check is a comparison on the delivery; the sweeper
+// (sweep.go) ends the requests no worker is given.
 
 // The takeover table of DESIGN §5, as one pure function: what a delivery
 // does, given the record and the envelope it found, what it knows of its own
@@ -34,6 +44,21 @@ const (
 	EnvelopeUnknown
 )
 
+// classifyEnvelope is what a read of an envelope that returned env and err
+// found: an envelope there, whatever it holds, is the end; a read that
+// failed is unknown, never absent.
+func classifyEnvelope(env *envelope.Envelope, err error) EnvelopeRead {
+	switch {
+	case errors.Is(err, envelope.ErrDecode):
+		return EnvelopeUndecodable
+	case err != nil:
+		return EnvelopeUnknown
+	case env != nil:
+		return EnvelopePresent
+	}
+	return EnvelopeAbsent
+}
+
 // Facts is what the takeover table decides from.
 type Facts struct {
 	// Record is the execution's record as found, nil when there was none.
@@ -59,7 +84,7 @@ type Facts struct {
 	// capability's RetryOn.
 	Retry func(n int) bool
 	// AbsenceProves: finding no record proves that no attempt of the
-	// execution started (absenceProves).
+	// execution started (AbsenceProves).
 	AbsenceProves bool
 	// FirstRecent: the request's first delivery, its id made within the
 	// record window: any earlier execution of the id would have its record.
@@ -175,7 +200,7 @@ func Takeover(f Facts) Action {
 		return Action{Do: Duplicate}
 	case f.Conflict != "":
 		return Action{Do: Conflict, Field: f.Conflict}
-	case rec.leaseLive(f.Now) && rec.State != StatePending:
+	case rec.Leased(f.Now) && rec.State != StatePending:
 		// Another claim's, whichever worker id it names: two processes may
 		// share one. A claim of this worker whose answer was lost is waited
 		// out too.
@@ -280,6 +305,14 @@ func (f Facts) mayRunAgain() bool {
 // passed reports whether deadline d (zero: none) has passed at now.
 func passed(d, now time.Time) bool { return !d.IsZero() && now.After(d) }
 
+// LostWorkerError is the OUTCOME_UNKNOWN of an attempt that started and
+// whose worker was lost.
+func LostWorkerError() *envelope.CapabilityError { return outcomeUnknown(lostWorkerMessage) }
+
+// ExpiredRecordError is the OUTCOME_UNKNOWN of an execution whose record may
+// have expired under an attempt: it is never said to have not started.
+func ExpiredRecordError() *envelope.CapabilityError { return outcomeUnknown(expiredRecordMessage) }
+
 // timeoutError is the error of an attempt that did not finish within d.
 func timeoutError(d time.Duration) *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeTimeout, Stage: envelope.StageTimeout, Retryable: true, ExposeToModel: true,
@@ -290,4 +323,67 @@ func timeoutError(d time.Duration) *envelope.CapabilityError {
 func outcomeUnknown(msg string) *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeOutcomeUnknown, Stage: envelope.StageHandler, ExposeToModel: true,
 		Message: msg}
+}
+
+// ttlMargin is how long before the record TTL a request stops being started.
+func ttlMargin(ttl time.Duration) time.Duration { return min(ttl/10, time.Hour) }
+
+// StartDeadline is when a request stored at stored must have started: its
+// startBy, and at the latest ttlMargin before its age reaches the record
+// TTL.
+func StartDeadline(stored time.Time, startBy *time.Time, recordTTL time.Duration) time.Time {
+	d := TTLDeadline(stored, recordTTL)
+	if startBy != nil && startBy.Before(d) {
+		d = *startBy
+	}
+	return d
+}
+
+// TTLDeadline is when a request stored at stored must end: past it,
+// nothing may start or retry it, and the sweeper finalizes what is left.
+func TTLDeadline(stored time.Time, recordTTL time.Duration) time.Time {
+	return stored.Add(recordTTL - ttlMargin(recordTTL))
+}
+
+// idSkew is how far a client's or the server's clock may be from the
+// worker's for an id's time, or a message's, to be trusted: a minute, or a
+// quarter of a record window shorter than four minutes (tests).
+func idSkew(window time.Duration) time.Duration { return min(time.Minute, window/4) }
+
+// recentID reports whether id is a UUIDv7 made within window of now (less
+// the skew a client's clock may have): then any earlier execution of the id
+// still has its record.
+func recentID(id string, now time.Time, window time.Duration) bool {
+	made, ok := envelope.ExecutionIDTime(id)
+	if !ok {
+		return false
+	}
+	skew := idSkew(window)
+	return made.After(now.Add(-window+skew)) && made.Before(now.Add(skew))
+}
+
+// AbsenceProves reports whether finding no record of an execution proves
+// that no claim of it was ever made, so that no attempt of it started. A
+// record goes one record window after its last write (DESIGN §16): once a
+// claim could have been made longer ago than that, its absence proves
+// nothing by itself. A claim of an id comes after a message of it was
+// stored, and the claims of one message after that message was stored. So
+// the absence proves it when the id was made within the window (less the
+// clock skew), or when the message is the id's first publication (stored
+// within the skew of the id's time; an id that is no UUIDv7 is taken for
+// one) and was either never delivered before (firstDelivery) or stored
+// within the window. A later publication of the id (a producer's retry past
+// the duplicate window, a forward from _unrouted) proves nothing once the
+// id is older than the window: an earlier one may have run. The id's age
+// alone would not do: the first delivery of a request that waited in a
+// backlog longer than the window must still run.
+func AbsenceProves(id string, stored time.Time, firstDelivery bool, now time.Time, window time.Duration) bool {
+	if recentID(id, now, window) {
+		return true
+	}
+	skew := idSkew(window)
+	if made, ok := envelope.ExecutionIDTime(id); ok && stored.After(made.Add(skew)) {
+		return false
+	}
+	return firstDelivery || now.Sub(stored) < window-skew
 }

@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"context"
@@ -20,160 +20,160 @@ import (
 //
 // An execution on the short path (claimAndRun) comes here unclaimed: stages
 // 4 to 9 run before its record exists, and the start of attempt 1 creates it.
-func (x *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	if x.claim.held() != nil {
-		x.lease.start()
+func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
+	if e.claim.held() != nil {
+		e.lease.start()
 	}
-	c := x.cap
+	c := e.cap
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
-		x.emit(audit.Requested, nil)
+		e.emit(audit.Requested, nil)
 	}
-	if x.ctx.Err() != nil {
-		x.endByContext(0)
+	if e.ctx.Err() != nil {
+		e.endByContext(0)
 		return
 	}
 	// 3–9 ran before any attempt started; a takeover of a running execution
 	// only needs the input back, and the approval it consumed.
 	var adm Admission
 	if fromAttempt == 0 {
-		adm = c.Admit(x.ctx, x.request())
+		adm = c.Admit(e.ctx, e.request())
 	} else {
-		adm = c.Readmit(x.ctx, x.request())
+		adm = c.Readmit(e.ctx, e.request())
 	}
 	for _, ev := range adm.Events {
-		x.emit(ev.Type, ev.Data)
+		e.emit(ev.Type, ev.Data)
 	}
 	switch {
 	case adm.Stopped:
-		x.endByContext(0)
+		e.endByContext(0)
 		return
 	case adm.Refusal != nil:
 		attempts := 0
 		if fromAttempt > 0 {
-			attempts = x.claim.record().Attempt
+			attempts = e.claim.record().Attempt
 		}
-		x.finalize(x.failed(adm.Refusal), attempts)
+		e.finalize(e.failed(adm.Refusal), attempts)
 		return
 	case adm.Approval != nil:
-		x.awaitApproval(adm.Approval)
+		e.awaitApproval(adm.Approval)
 		return
 	}
-	x.unit = adm.Unit
+	e.unit = adm.Unit
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt
 	if attempt == 0 {
 		attempt = 1
 	} else {
-		x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)})
-		x.obs.Retried(attempt, prevCode)
+		e.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)})
+		e.obs.Retried(attempt, prevCode)
 	}
 	for {
-		if err := x.ctx.Err(); err != nil {
-			x.endByContext(attempt - 1)
+		if err := e.ctx.Err(); err != nil {
+			e.endByContext(attempt - 1)
 			return
 		}
-		if x.claim.held() == nil {
+		if e.claim.held() == nil {
 			// The short path's claim: the record of attempt 1, create-only.
-			rec := x.newRecord(StateRunning)
+			rec := e.newRecord(StateRunning)
 			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
-			if !x.create(rec) {
-				x.yieldClaim()
+			if !e.create(rec) {
+				e.yieldClaim()
 				return
 			}
-			x.lease.start()
+			e.lease.start()
 		} else {
-			endStart := x.stage(observe.StageStart)
-			err := x.claim.update(func(r *Record) {
-				now := x.w.now().UTC()
+			endStart := e.stage(observe.StageStart)
+			err := e.claim.update(func(r *Record) {
+				now := e.r.now().UTC()
 				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
-				r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
+				r.LeaseUntil = now.Add(e.r.cfg.Lease) // a full lease for the attempt that starts
 			})
 			endStart(err)
 			if err != nil {
-				x.endByRecord(err, attempt-1)
+				e.endByRecord(err, attempt-1)
 				return
 			}
 		}
-		started := x.event(audit.Started, x.unit.Started(attempt))
-		if x.w.cfg.StrictAudit {
-			endAudit := x.stage(observe.StageAudit)
-			err := x.trail.flushSync(x.ctx, started)
+		started := e.event(audit.Started, e.unit.Started(attempt))
+		if e.r.cfg.StrictAudit {
+			endAudit := e.stage(observe.StageAudit)
+			err := e.trail.flushSync(e.ctx, started)
 			endAudit(err)
 			if err != nil {
-				if x.ctx.Err() != nil {
-					x.endByContext(attempt - 1)
+				if e.ctx.Err() != nil {
+					e.endByContext(attempt - 1)
 					return
 				}
-				x.finalize(x.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
+				e.finalize(e.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
 				return
 			}
 		} else {
-			x.trail.publish(started)
-			x.trail.flushSoon()
+			e.trail.publish(started)
+			e.trail.flushSoon()
 		}
 
-		out, cerr := x.attempt(attempt, c.Timeout())
+		out, cerr := e.attempt(attempt, c.Timeout())
 		if cerr == nil {
 			// 12–13: the output's validation, redaction and encoding.
-			raw, oerr := x.unit.Output(out)
+			raw, oerr := e.unit.Output(out)
 			if oerr != nil {
-				x.finalize(x.failedAfterRun(oerr), attempt)
+				e.finalize(e.failedAfterRun(oerr), attempt)
 				return
 			}
-			x.finalize(x.completed(raw), attempt)
+			e.finalize(e.completed(raw), attempt)
 			return
 		}
-		switch cause := context.Cause(x.ctx); {
+		switch cause := context.Cause(e.ctx); {
 		case errors.Is(cause, errLeaseLost):
-			x.w.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
+			e.r.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
 			return
 		case errors.Is(cause, errShutdown):
-			x.release()
+			e.release()
 			return
-		case x.ctx.Err() != nil:
-			x.endByContext(attempt)
+		case e.ctx.Err() != nil:
+			e.endByContext(attempt)
 			return
 		}
 		if delay, ok := c.Retry(attempt, cerr); ok {
-			if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
-				x.endByRecord(err, attempt)
+			if err := e.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
+				e.endByRecord(err, attempt)
 				return
 			}
 			t := time.NewTimer(delay)
 			select {
 			case <-t.C:
-			case <-x.ctx.Done():
+			case <-e.ctx.Done():
 				t.Stop()
-				if errors.Is(context.Cause(x.ctx), errShutdown) {
-					x.release()
+				if errors.Is(context.Cause(e.ctx), errShutdown) {
+					e.release()
 					return
 				}
-				if errors.Is(context.Cause(x.ctx), errLeaseLost) {
+				if errors.Is(context.Cause(e.ctx), errLeaseLost) {
 					return
 				}
-				x.endByContext(attempt)
+				e.endByContext(attempt)
 				return
 			}
 			attempt++
-			x.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
-			x.obs.Retried(attempt, cerr.Code)
+			e.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
+			e.obs.Retried(attempt, cerr.Code)
 			continue
 		}
-		x.finalize(x.afterRun(cerr), attempt)
+		e.finalize(e.afterRun(cerr), attempt)
 		return
 	}
 }
 
 // attempt calls the handler once under the attempt's timeout. After a timeout
 // or a cancel it neither waits for nor uses the handler's output.
-func (x *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
-	ctx, cancel := context.WithTimeoutCause(x.ctx, timeout, errAttemptTimeout)
+func (e *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
+	ctx, cancel := context.WithTimeoutCause(e.ctx, timeout, errAttemptTimeout)
 	defer cancel()
-	ctx, end := x.obs.Attempt(ctx, n)
+	ctx, end := e.obs.Attempt(ctx, n)
 	defer func() {
 		var code envelope.Code
 		if cerr != nil {
@@ -186,15 +186,15 @@ func (x *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope
 		err error
 	}
 	ch := make(chan result, 1)
-	x.w.handlerCalls.Add(1)
-	a := Attempt{N: n, Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n)}
+	e.r.handlerCalls.Add(1)
+	a := Attempt{N: n, Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n)}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
 				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
 			}
 		}()
-		out, err := x.unit.Work(ctx, a)
+		out, err := e.unit.Work(ctx, a)
 		ch <- result{out, err}
 	}()
 	var res result
@@ -204,15 +204,15 @@ func (x *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope
 		select {
 		case res = <-ch: // it returned as well: its result was there first
 		default:
-			x.w.abandoned.Add(1)
-			return nil, x.contextError(ctx)
+			e.r.abandoned.Add(1)
+			return nil, e.contextError(ctx)
 		}
 	}
 	if res.err != nil {
 		// A handler that returns because its context ended reports the context's
 		// reason, not its own wording of it.
 		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
-			return nil, x.contextError(ctx)
+			return nil, e.contextError(ctx)
 		}
 		return nil, handlerError(res.err)
 	}
@@ -249,21 +249,21 @@ func handlerError(err error) *envelope.CapabilityError {
 	return &c
 }
 
-func (x *Execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
-	if x.ctx.Err() != nil {
-		return x.cancelledError()
+func (e *Execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
+	if e.ctx.Err() != nil {
+		return e.cancelledError()
 	}
 	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return x.timeoutError()
+		return e.timeoutError()
 	}
-	return x.cancelledError()
+	return e.cancelledError()
 }
 
-func (x *Execution) timeoutError() *envelope.CapabilityError { return timeoutError(x.cap.Timeout()) }
+func (e *Execution) timeoutError() *envelope.CapabilityError { return timeoutError(e.cap.Timeout()) }
 
-func (x *Execution) cancelledError() *envelope.CapabilityError {
+func (e *Execution) cancelledError() *envelope.CapabilityError {
 	msg := "The caller cancelled the execution."
-	if errors.Is(context.Cause(x.ctx), errDeadline) {
+	if errors.Is(context.Cause(e.ctx), errDeadline) {
 		msg = "The request's deadline passed."
 	}
 	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
@@ -273,49 +273,49 @@ func (x *Execution) cancelledError() *envelope.CapabilityError {
 // runtime stopping the handler, as a cancel is: status cancelled, code
 // TIMEOUT (still retryable for the caller), event capability.cancelled. A
 // failure the handler reported is status failed, event capability.failed.
-func (x *Execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+func (e *Execution) afterRun(cerr *envelope.CapabilityError) *outcome {
 	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
-		return x.stopped(cerr)
+		return e.stopped(cerr)
 	}
-	return x.failedAfterRun(cerr)
+	return e.failedAfterRun(cerr)
 }
 
 // endByContext finalizes an execution whose whole context ended.
-func (x *Execution) endByContext(attempts int) {
-	switch cause := context.Cause(x.ctx); {
+func (e *Execution) endByContext(attempts int) {
+	switch cause := context.Cause(e.ctx); {
 	case errors.Is(cause, errLeaseLost):
 		return
 	case errors.Is(cause, errShutdown):
-		x.release()
+		e.release()
 		return
 	}
-	x.finalize(x.cancelled(envelope.CodeCancelled, x.cancelledError().Message), attempts)
+	e.finalize(e.cancelled(envelope.CodeCancelled, e.cancelledError().Message), attempts)
 }
 
 // endByRecord handles a failed record update.
-func (x *Execution) endByRecord(err error, attempts int) {
+func (e *Execution) endByRecord(err error, attempts int) {
 	if errors.Is(err, errCancelRequested) {
-		x.finalize(x.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
+		e.finalize(e.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
 	}
 	// Lost: another worker owns it. Unsettled: the store did not answer; the
 	// redelivery decides once the lease has run out.
-	x.w.log.Warn("execution record not updated: leaving the execution", "executionId", x.req.ExecutionID, "err", err)
+	e.r.log.Warn("execution record not updated: leaving the execution", "executionId", e.req.ExecutionID, "err", err)
 }
 
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
-func (x *Execution) release() {
-	if x.claim.held() == nil {
-		x.trail.drop()
-		_ = x.msg.Nak() // nothing claimed yet
+func (e *Execution) release() {
+	if e.claim.held() == nil {
+		e.trail.drop()
+		_ = e.msg.Nak() // nothing claimed yet
 		return
 	}
-	x.lease.halt()
-	if err := x.claim.update(func(r *Record) { r.LeaseUntil = x.w.now().UTC() }); errors.Is(err, errLost) {
+	e.lease.halt()
+	if err := e.claim.update(func(r *Record) { r.LeaseUntil = e.r.now().UTC() }); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery
 	}
-	_ = x.msg.Nak()
+	_ = e.msg.Nak()
 }
 
 // awaitApproval ends a call that needs an approval (stage 8): claimed first
@@ -323,16 +323,16 @@ func (x *Execution) release() {
 // a write), the approval's id reserved on the record, so that a takeover of
 // this execution finds the same approval instead of asking twice, the
 // approval stored, then the envelope approval-required.
-func (x *Execution) awaitApproval(need *ApprovalNeeded) {
-	defer x.stage(observe.StageApproval)(nil)
-	if !x.claimBeforeWrite() {
+func (e *Execution) awaitApproval(need *ApprovalNeeded) {
+	defer e.stage(observe.StageApproval)(nil)
+	if !e.claimBeforeWrite() {
 		return // another record was there, and decided
 	}
-	id := x.claim.record().ApprovalID
+	id := e.claim.record().ApprovalID
 	if id == "" {
 		id = envelope.NewExecutionID()
-		if err := x.claim.update(func(r *Record) { r.ApprovalID = id }); err != nil {
-			x.endByRecord(err, 0)
+		if err := e.claim.update(func(r *Record) { r.ApprovalID = id }); err != nil {
+			e.endByRecord(err, 0)
 			return
 		}
 	}
@@ -340,13 +340,13 @@ func (x *Execution) awaitApproval(need *ApprovalNeeded) {
 	defer cancel()
 	ref, data, cerr := need.Store(ctx, id)
 	if cerr != nil {
-		x.finalize(x.failed(cerr), 0)
+		e.finalize(e.failed(cerr), 0)
 		return
 	}
-	x.finalize(x.approvalRequired(ref, data), 0)
+	e.finalize(e.approvalRequired(ref, data), 0)
 }
 
 // request is what the stages see of the execution.
-func (x *Execution) request() Request {
-	return Request{Request: x.req, Principal: x.principal, SubjectCapability: x.subjectCapability, Stage: x.stage}
+func (e *Execution) request() Request {
+	return Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Stage: e.stage}
 }
