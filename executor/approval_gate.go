@@ -19,11 +19,8 @@ import (
 // execution does not go on: a resume goes on once it consumed its approval;
 // a call that needs an approval ends here, the engine asked to store a
 // pending approval and end it approval-required.
+// admit calls it only when an approval is asked for or carried.
 func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
-	m := a.b.meta
-	if a.req.ApprovalID == "" && v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
-		return engine.Admission{}, false
-	}
 	if a.req.ApprovalID != "" {
 		// A resume is admitted under its execution's claim (it never takes
 		// the short path): consuming the approval is this execution's.

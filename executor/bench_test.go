@@ -29,8 +29,10 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	}
 	w := &Worker{reg: reg, cfg: WorkerConfig{ID: "bench", Policies: policies, Logger: slog.New(slog.DiscardHandler)}.withDefaults()}
 	w.log = w.cfg.Logger
-	w.caps = map[string]*capability{"bench.noop": {b: reg.get("bench.noop"), w: w}}
-	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
+	c := newCapability(reg.get("bench.noop"), w)
+	w.caps = map[string]*capability{"bench.noop": c}
+	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease,
+		Capabilities: map[string]engine.Capability{"bench.noop": c}})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }

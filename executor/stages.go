@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -18,7 +19,7 @@ import (
 // The stages of DESIGN §4 that belong to a capability's definition: exposure,
 // input, actor, policies and approval before the attempts (4 to 9), the retry
 // rule between them (11), validation and redaction of the output (12, 13).
-// The engine (internal/delivery) claims, leases, attempts, takes over and
+// The engine (internal/engine) claims, leases, attempts, takes over and
 // finalizes; it asks these through engine.Capability and gets decisions
 // back (engine.Admission): they never write a record, an event or an
 // envelope themselves.
@@ -27,6 +28,8 @@ import (
 type capability struct {
 	b *binding
 	w *Worker
+	// timeout is the attempt timeout its metadata sets.
+	timeout time.Duration
 }
 
 // admission is one execution going through its capability's stages: what
@@ -42,6 +45,10 @@ type admission struct {
 	grant     *ApprovalGrant
 	decisions []PolicyRecord // every policy stance so far, for the trail
 	events    []engine.Event // what the stages filed for the trail so far
+}
+
+func newCapability(b *binding, w *Worker) *capability {
+	return &capability{b: b, w: w, timeout: b.meta.timeout()}
 }
 
 func (c *capability) admission(ctx context.Context, r engine.Request) *admission {
@@ -69,7 +76,7 @@ func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admis
 }
 
 // Timeout bounds one attempt.
-func (c *capability) Timeout() time.Duration { return c.b.meta.timeout() }
+func (c *capability) Timeout() time.Duration { return c.timeout }
 
 // Retry is the retry rule: attempt n, failed with err, is followed by
 // another only when the SI-11 rule allows it (RetryEligible) and attempts
@@ -135,10 +142,11 @@ func (a *admission) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
 	if err != nil {
 		return nil, invalid(err)
 	}
-	out, err = redact(a.b.meta.RedactOutput, out)
-	if err != nil {
-		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
-			Message: "The operation failed.", Cause: err}
+	if f := a.b.meta.RedactOutput; f != nil {
+		if out, err = redact(f, out); err != nil {
+			return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+				Message: "The operation failed.", Cause: err}
+		}
 	}
 	raw, err := envelope.NewRaw(out)
 	if err != nil {
@@ -154,7 +162,7 @@ func (a *admission) admit() engine.Admission {
 	// shown. Concealed (SI-8): an unexposed capability, or one discovery would
 	// not show this caller, fails exactly as an unknown one does; only the
 	// trail says why.
-	if !m.Expose.Has(Surface(a.req.Surface)) {
+	if !slices.Contains(m.Expose, Surface(a.req.Surface)) {
 		return a.conceal("not-exposed", envelope.StageExposure, nil)
 	}
 	if v := a.policies(PhaseDiscovery); v.stance == Deny || v.stance == Hide || v.failed {
@@ -200,8 +208,10 @@ func (a *admission) admit() engine.Admission {
 		}
 	}
 	// 8: approval gate.
-	if end, stop := a.approvalGate(v); stop {
-		return end
+	if a.req.ApprovalID != "" || v.stance == RequireApproval || (m.Approval != nil && m.Approval.Required) {
+		if end, stop := a.approvalGate(v); stop {
+			return end
+		}
 	}
 	// 9: execution-phase policies.
 	v = a.policies(PhaseExecution)
@@ -220,9 +230,10 @@ func (a *admission) admit() engine.Admission {
 // policies evaluates the runtime's policies, then the capability's own, for
 // one phase. Every stance is kept for the trail.
 func (a *admission) policies(phase Phase) verdict {
-	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) > 0 {
-		defer a.stage(observe.StagePolicies)(nil)
+	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) == 0 {
+		return verdict{stance: Allow} // what evaluatePolicies makes of none
 	}
+	defer a.stage(observe.StagePolicies)(nil)
 	v := evaluatePolicies(a.ctx, a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
 		Phase: phase, CapabilityID: a.b.id, Meta: a.b.meta, Actor: a.req.Actor, Surface: Surface(a.req.Surface),
 		Input: phaseInput(phase, a.input),

@@ -139,7 +139,7 @@ type WorkerStats struct {
 // Worker serves one pool: it pulls requests for its registry's capabilities
 // and runs them through the pipeline, finalizing one envelope each. The
 // machinery of one delivery (claim, lease, attempts, takeover, finalization)
-// is internal/delivery's; the stages a capability defines are in stages.go.
+// is the engine's (internal/engine); the stages a capability defines are in stages.go.
 type Worker struct {
 	nc    *nats.Conn
 	reg   *Registry
@@ -172,12 +172,14 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
 		caps: make(map[string]*capability, len(reg.ids))}
+	served := make(map[string]engine.Capability, len(reg.ids))
 	for _, id := range reg.ids {
-		w.caps[id] = &capability{b: reg.get(id), w: w}
+		c := newCapability(reg.get(id), w)
+		w.caps[id], served[id] = c, c
 	}
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
+		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capabilities: served,
 		Listed:        func(id string) bool { return w.cat.listed(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
@@ -200,15 +202,6 @@ func (w *Worker) Stats() WorkerStats {
 		s.AuditFailed = em.Failed()
 	}
 	return s
-}
-
-// lookup is the capability a request names, or nil (never a nil pointer in
-// the interface).
-func (w *Worker) lookup(id string) engine.Capability {
-	if c, ok := w.caps[id]; ok {
-		return c
-	}
-	return nil
 }
 
 // Run provisions the resources, publishes the worker's capabilities to the

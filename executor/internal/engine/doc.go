@@ -1,39 +1,46 @@
-// Package delivery is what a worker does with one delivery of an execution
+// Package engine is what a worker does with one delivery of an execution
 // request: the machinery behind executor.Worker that keeps capstan's
-// guarantees across redeliveries, lost workers and crashes.
+// guarantees across redeliveries, lost workers and crashes (DESIGN §4, §5,
+// §6, §13, §14).
 //
-// One delivery reads top-down through four files:
+// The public side hands the engine a Capability and gets decisions back
+// (capability.go): the stages of a capability's definition return an
+// Admission — a WorkUnit to run, a refusal, an approval needed — and the
+// audit events they want filed; they never call back into the engine. The
+// engine alone claims, writes records, files the trail and writes
+// envelopes.
+//
+// One delivery reads top-down, and back up, through these files:
 //
 //   - runner.go: Runner.Serve pulls deliveries from the pool's consumer and
-//     hands each to handle.
-//   - handle.go: handle decides what the delivery means (DESIGN §5): a
-//     redelivery of an execution this worker runs, a capability rolling out,
-//     or one to claim. claimAndRun creates the execution's record (the claim);
-//     when a record exists, decide applies the takeover table.
-//   - pipeline.go: run drives the pipeline of DESIGN §4: the capability's
-//     admission (stages 4 to 9), the attempts under the lease that
-//     execution.go keeps, the retry rule, the output's checks (12, 13).
-//   - finalize.go: finalize is stage 14: the terminal audit event, the one
-//     create-only envelope, the record, then the acknowledgement.
+//     hands each to handle; it keeps the executions in flight here.
+//   - handle.go: Runner.handle decides what the delivery means: a
+//     redelivery of an execution this worker runs, one past its start
+//     deadline, a capability rolling out, or one to claim
+//     (Execution.claimAndRun). When a record is there, Execution.decide
+//     carries out the takeover table's action.
+//   - takeover.go: the rules, pure functions of what a delivery found and
+//     the time: the takeover table (Takeover), what a missing record
+//     proves (AbsenceProves), the deadlines.
+//   - execution.go: an Execution and its run: the capability's admission
+//     (stages 4 to 9), the attempts under the lease, the retry rule, the
+//     output's checks (12, 13); its trail holds its audit events.
+//   - claim.go: the claim on the execution's record, changed by
+//     compare-and-swap only, and the lease keeper, whose lost lease ends
+//     the handler's context. record.go: the record and the store it lives
+//     in, with the envelopes.
+//   - finalize.go: stage 14: the terminal audit event, the one create-only
+//     envelope, then the acknowledgement; and the endings of requests no
+//     delivery runs (refused before they could run, never started, swept).
 //
-// execution.go holds the execution's record and its compare-and-swap (owned
-// by the claim's random token), and the lease, whose loss ends the handler's
-// context; cancel.go records a caller's cancel on the record, which decide
-// and the lease keeper read.
-//
-// Every request ends (DESIGN §13): deadline.go is the start deadline a
-// delivery is compared with, and sweep.go the sweeper, a duty one worker holds
-// at a time, which ends the requests no worker is given.
-//
-// capability.go is the seam with the public executor package, which gives
-// each request its Capability: the stages a capability's definition decides
-// (exposure, input, actor, policies, approval, the retry rule, output checks),
-// run through Execution's exported methods. Everything that touches the
-// execution's record, lease and envelope is here.
+// cancel.go records a caller's cancel on the record, which decide and the
+// lease keeper read. The sweeper (package sweeper) ends the requests no
+// worker is given, through Runner.EndUnrun, RestoreEnvelope and EndTaken.
 //
 // Config.Observer (package observe) is told of each delivery from its start
-// to its end: the claim, the stages that wait on I/O (Execution.Stage), each
-// attempt, a retry, a takeover and the finalization; metrics and traces hang
-// there, and the attempt's context, which the handler receives, is the one
-// the observer returns.
+// to its end: the claim, the stages that wait on I/O, each attempt, a
+// retry, a takeover and the finalization; metrics and traces hang there,
+// and the attempt's context, which the handler receives, is the one the
+// observer returns. Config.Now is the engine's clock: every rule reads the
+// time there.
 package engine

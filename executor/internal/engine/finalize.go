@@ -401,7 +401,7 @@ func (r *Runner) observeFinalized(e *Execution, env *envelope.Envelope) {
 	if e.obs != nil {
 		e.obs.Finalized(env)
 	} else {
-		_, obs := r.cfg.Observer.Begin(r.base, r.delivery(e.msg, e.req, r.cfg.Capability(e.req.CapabilityID) != nil))
+		_, obs := r.cfg.Observer.Begin(r.base, r.observed(e.delivery, e.req, r.cfg.Capabilities[e.req.CapabilityID] != nil))
 		obs.Finalized(env)
 		obs.End()
 	}

@@ -39,10 +39,11 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		nak(msg, r.cfg.Lease)
 		return
 	}
-	if r.endedUnstarted(msg, principal, req) {
+	d := delivered(msg, req)
+	if r.endedUnstarted(msg, principal, req, d) {
 		return
 	}
-	c := r.cfg.Capability(req.CapabilityID)
+	c := r.cfg.Capabilities[req.CapabilityID]
 	missing := ""
 	if c == nil {
 		// During a rolling deploy a newer worker may serve it: wait while the
@@ -53,24 +54,36 @@ func (r *Runner) handle(msg jetstream.Msg) {
 		}
 		missing = "unknown"
 	}
-	r.claimAndRun(msg, req, c, missing)
+	r.execute(msg, req, d, c, missing)
 }
 
-// claimAndRun runs one delivery as an execution of this worker. A nil capability
-// (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless its record
-// says otherwise: even then the takeover table decides.
-func (r *Runner) claimAndRun(msg jetstream.Msg, req *envelope.Request, c Capability, missing string) {
+// delivered is what msg's metadata says of its delivery of req.
+func delivered(msg jetstream.Msg, req *envelope.Request) Delivery {
+	d := Delivery{ID: req.ExecutionID, StartBy: req.StartBy}
+	if meta, err := msg.Metadata(); err == nil {
+		d.Stored, d.Deliveries = meta.Timestamp, int(meta.NumDelivered)
+	}
+	return d
+}
+
+// execute runs one delivery as an execution of this worker. A nil
+// capability (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless
+// its record says otherwise: even then the takeover table decides.
+func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Capability, missing string) {
 	if r.base.Err() != nil {
 		// Shutting down: leave it to a live worker rather than claim it.
 		nak(msg, 0)
 		return
 	}
-	if !r.cfg.DisableLeaseRenewal && !fresh(msg, r.cfg.Lease/10) {
+	if !r.cfg.DisableLeaseRenewal && (d.Stored.IsZero() || time.Since(d.Stored) >= r.cfg.Lease/10) {
 		// The delivery may have waited in the pull buffer: restart its ack
-		// timer now, as the claim starts its lease.
+		// timer now, as the claim starts its lease. (A message stored less
+		// than a tenth of the lease ago cannot have waited longer: its ack
+		// timer has nearly all its length left, and the lease keeper's first
+		// InProgress comes well before it runs out.)
 		_ = msg.InProgress()
 	}
-	x := r.newExecution(msg, req, c)
+	x := r.newExecution(msg, req, d, c)
 	x.missing = missing
 	if !r.start(msg, x) {
 		return
@@ -108,7 +121,7 @@ func (e *Execution) claimAndRun() {
 		return
 	}
 	rec := e.newRecord(StateClaimed)
-	if e.unproven = e.absenceUnproven(); e.unproven {
+	if e.unproven = !e.delivery.facts(e.r.windows(), e.r.now()).AbsenceProves; e.unproven {
 		// Should this claim be lost before it decides, the takeover of its
 		// record must not take it for one of a request that never ran.
 		rec.LastError = envelope.CodeWorkerLost
@@ -132,18 +145,7 @@ func (e *Execution) claimAndRun() {
 // claim: the request's first delivery, not a resume, of a capability served
 // here, with an id made within the record window.
 func (e *Execution) shortPath() bool {
-	return e.cap != nil && e.req.ApprovalID == "" && deliveries(e.msg) == 1 &&
-		recentID(e.req.ExecutionID, e.r.now(), e.r.recentWindow())
-}
-
-// recentWindow is how recent an id must be for the short path: the record
-// window, or less when envelopes are kept for less (DESIGN §16).
-func (r *Runner) recentWindow() time.Duration {
-	window := r.b.Config.RecordWindow
-	if kept := r.envelopeRetention(); kept > 0 {
-		window = min(window, broker.MaxStartWithin(kept))
-	}
-	return window
+	return e.cap != nil && e.req.ApprovalID == "" && e.delivery.facts(e.r.windows(), e.r.now()).FirstRecent
 }
 
 // yieldClaim ends a claim that did not happen: the record found decides
@@ -227,7 +229,8 @@ var lostWorker = &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage:
 // facts gathers what the takeover table decides from: the record found (nil:
 // none), the envelope read, and this delivery's request and metadata.
 func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
-	f := Facts{Record: rec, Envelope: read, Known: e.cap != nil, AbsenceProves: !e.unproven, Now: e.r.now()}
+	f := e.delivery.facts(e.r.windows(), e.r.now())
+	f.Record, f.Envelope, f.Known, f.AbsenceProves = rec, read, e.cap != nil, !e.unproven
 	if rec != nil {
 		f.Conflict = rec.Conflict(e.req, e.inputHash)
 	}
@@ -235,25 +238,11 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 		f.Timeout = c.Timeout()
 		f.Retry = func(n int) bool { _, ok := c.Retry(n, lostWorker); return ok }
 	}
-	if e.msg != nil {
-		if meta, err := e.msg.Metadata(); err == nil {
-			f.StartDeadline = StartDeadline(meta.Timestamp, e.req.StartBy, e.r.b.Config.RecordTTL)
-			f.TTLDeadline = TTLDeadline(meta.Timestamp, e.r.b.Config.RecordTTL)
-			f.FirstRecent = meta.NumDelivered == 1 && recentID(e.req.ExecutionID, f.Now, e.r.recentWindow())
-		}
-	}
 	f.IDExpired = func() bool {
 		made, ok := envelope.ExecutionIDTime(e.req.ExecutionID)
 		return ok && e.r.olderThanRetention(made)
 	}
 	return f
-}
-
-// absenceUnproven reports whether finding no record of this delivery's
-// execution would not prove that no attempt of it started (AbsenceProves).
-func (e *Execution) absenceUnproven() bool {
-	meta, err := e.msg.Metadata()
-	return err != nil || !AbsenceProves(e.req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, e.r.now(), e.r.b.Config.RecordWindow)
 }
 
 // refuseExpired ends a request whose id is older than envelopes are kept:
@@ -448,7 +437,7 @@ func (r *Runner) endedBefore(e *Execution) (bool, error) {
 // decideFound lets the takeover table decide a delivery of a request that
 // was not claimed from the record found in its place.
 func (r *Runner) decideFound(msg jetstream.Msg, req *envelope.Request, rec *Record, rev uint64) {
-	x := r.newExecution(msg, req, nil)
+	x := r.newExecution(msg, req, delivered(msg, req), nil)
 	if !r.start(msg, x) {
 		return
 	}
@@ -465,7 +454,8 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 	if !ok {
 		return
 	}
-	if r.endedUnstarted(msg, principal, req) {
+	d := delivered(msg, req)
+	if r.endedUnstarted(msg, principal, req, d) {
 		return
 	}
 	fwd := msg.Data()
@@ -516,15 +506,7 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 	if envelope.ValidCapabilityID(req.CapabilityID) != nil {
 		missing = "invalid-id"
 	}
-	r.claimAndRun(msg, req, nil, missing)
-}
-
-// fresh reports whether msg was stored less than d ago: then it cannot have
-// waited longer in the pull buffer, its ack timer has nearly all its length
-// left, and the lease keeper's first InProgress comes well before it runs out.
-func fresh(msg jetstream.Msg, d time.Duration) bool {
-	meta, err := msg.Metadata()
-	return err == nil && time.Since(meta.Timestamp) < d
+	r.execute(msg, req, d, nil, missing)
 }
 
 // endedUnstarted ends a delivery whose request is past its start deadline
@@ -534,15 +516,8 @@ func fresh(msg jetstream.Msg, d time.Duration) bool {
 // never started (AbsenceProves: an attempt may have run under a record that
 // has expired since), it is not said to have never run: the claiming path
 // decides (checkedFresh).
-func (r *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelope.Request) bool {
-	meta, err := msg.Metadata()
-	if err != nil {
-		return false
-	}
-	now := r.now()
-	if Takeover(Facts{StartDeadline: StartDeadline(meta.Timestamp, req.StartBy, r.b.Config.RecordTTL), Now: now,
-		AbsenceProves: AbsenceProves(req.ExecutionID, meta.Timestamp, meta.NumDelivered == 1, now, r.b.Config.RecordWindow),
-	}).Do != EndNotStarted {
+func (r *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelope.Request, d Delivery) bool {
+	if Takeover(d.facts(r.windows(), r.now())).Do != EndNotStarted {
 		return false
 	}
 	x := r.bare(msg, req, principal)

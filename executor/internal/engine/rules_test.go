@@ -168,3 +168,43 @@ func TestCancelFound_TheEnvelopeEndsItWhateverTheRecordSays(t *testing.T) {
 		}
 	}
 }
+
+// What a delivery's metadata gives the table: its deadlines, what a
+// missing record proves, whether it is a recent id's first delivery; and,
+// without metadata, nothing proven and no deadline known.
+func TestDeliveryFacts(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	w := Windows{Record: 15 * time.Minute, Recent: 15 * time.Minute, TTL: 7 * 24 * time.Hour}
+	recent, old := idAt(now.Add(-time.Minute)), idAt(now.Add(-time.Hour))
+	startBy := now.Add(time.Hour)
+	for _, tc := range []struct {
+		name          string
+		d             Delivery
+		proves, first bool
+		start, ttl    time.Time
+	}{
+		{"a recent id's first delivery", Delivery{ID: recent, Stored: now.Add(-time.Minute), Deliveries: 1},
+			true, true, now.Add(-time.Minute).Add(w.TTL - time.Hour), now.Add(-time.Minute).Add(w.TTL - time.Hour)},
+		{"a recent id redelivered", Delivery{ID: recent, Stored: now.Add(-time.Minute), Deliveries: 2},
+			true, false, now.Add(-time.Minute).Add(w.TTL - time.Hour), now.Add(-time.Minute).Add(w.TTL - time.Hour)},
+		{"an old id's first publication, redelivered long after", Delivery{ID: old, Stored: now.Add(-time.Hour), Deliveries: 3},
+			false, false, now.Add(-time.Hour).Add(w.TTL - time.Hour), now.Add(-time.Hour).Add(w.TTL - time.Hour)},
+		{"a startBy", Delivery{ID: recent, StartBy: &startBy, Stored: now.Add(-time.Minute), Deliveries: 1},
+			true, true, startBy, now.Add(-time.Minute).Add(w.TTL - time.Hour)},
+		{"a recent id beyond a shorter recent window", Delivery{ID: idAt(now.Add(-10 * time.Minute)), Stored: now.Add(-10 * time.Minute), Deliveries: 1},
+			true, false, now.Add(-10 * time.Minute).Add(w.TTL - time.Hour), now.Add(-10 * time.Minute).Add(w.TTL - time.Hour)},
+		{"no metadata", Delivery{ID: recent, StartBy: &startBy}, false, false, time.Time{}, time.Time{}},
+	} {
+		ww := w
+		if tc.name == "a recent id beyond a shorter recent window" {
+			ww.Recent = 5 * time.Minute
+		}
+		f := tc.d.facts(ww, now)
+		if f.AbsenceProves != tc.proves || f.FirstRecent != tc.first || !f.StartDeadline.Equal(tc.start) ||
+			!f.TTLDeadline.Equal(tc.ttl) || !f.Now.Equal(now) {
+			t.Errorf("%s: proves %v first-recent %v start %v ttl %v; want %v %v %v %v", tc.name, f.AbsenceProves, f.FirstRecent,
+				f.StartDeadline, f.TTLDeadline, tc.proves, tc.first, tc.start, tc.ttl)
+		}
+	}
+}

@@ -31,9 +31,8 @@ type Config struct {
 	StrictAudit bool
 	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
 	DisableLeaseRenewal bool
-	// Capability returns the capability a request names, or nil when this
-	// worker's registry lacks it.
-	Capability func(id string) Capability
+	// Capabilities are the capabilities this worker serves, by id.
+	Capabilities map[string]Capability
 	// Listed reports whether the catalog lists a capability (some pool serves it).
 	Listed func(id string) bool
 	// ResolveResume fills a resume that names only its approval (a producer
@@ -119,6 +118,17 @@ func (r *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
 		r.retention.Store(int64(kept))
 	}
 	return r.envelopeRetention()
+}
+
+// windows are the durations the rules read (DESIGN §13, §16). An id is
+// recent for the short path within the record window, or less when
+// envelopes are kept for less.
+func (r *Runner) windows() Windows {
+	w := Windows{Record: r.b.Config.RecordWindow, Recent: r.b.Config.RecordWindow, TTL: r.b.Config.RecordTTL}
+	if kept := r.envelopeRetention(); kept > 0 {
+		w.Recent = min(w.Recent, broker.MaxStartWithin(kept))
+	}
+	return w
 }
 
 // olderThanRetention reports whether an id made at made is older than any

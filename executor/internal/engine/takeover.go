@@ -59,6 +59,44 @@ func classifyEnvelope(env *envelope.Envelope, err error) EnvelopeRead {
 	return EnvelopeAbsent
 }
 
+// Delivery is what a delivery's metadata tells the rules: when its request
+// was stored, and how many times JetStream has delivered it. Zero: nothing
+// known (a request with no delivery, or metadata that did not parse).
+type Delivery struct {
+	ID         string
+	StartBy    *time.Time
+	Stored     time.Time
+	Deliveries int
+}
+
+// Windows are the durations the rules read, the deployment's (DESIGN §13,
+// §16).
+type Windows struct {
+	// Record is how long a record outlives its last write.
+	Record time.Duration
+	// Recent is how recent an id must be for the short path: the record
+	// window, or less when envelopes are kept for less.
+	Recent time.Duration
+	// TTL is the record TTL, the exec stream's MaxAge.
+	TTL time.Duration
+}
+
+// facts are what a delivery's metadata gives the table at now: its
+// deadlines, what a missing record proves, whether it is a recent id's
+// first delivery. Without metadata nothing is proven and no deadline is
+// known.
+func (d Delivery) facts(w Windows, now time.Time) Facts {
+	f := Facts{Now: now}
+	if d.Stored.IsZero() {
+		return f
+	}
+	f.StartDeadline = StartDeadline(d.Stored, d.StartBy, w.TTL)
+	f.TTLDeadline = TTLDeadline(d.Stored, w.TTL)
+	f.AbsenceProves = AbsenceProves(d.ID, d.Stored, d.Deliveries == 1, now, w.Record)
+	f.FirstRecent = d.Deliveries == 1 && recentID(d.ID, now, w.Recent)
+	return f
+}
+
 // Facts is what the takeover table decides from.
 type Facts struct {
 	// Record is the execution's record as found, nil when there was none.
