@@ -12,7 +12,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -219,7 +218,7 @@ func everDelivered(reach []consumerReach, subject string, seq uint64) bool {
 			continue
 		}
 		for _, f := range c.filters {
-			if server.SubjectMatchesFilter(subject, f) {
+			if broker.SubjectMatches(subject, f) {
 				return true
 			}
 		}
