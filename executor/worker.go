@@ -224,6 +224,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	}); err != nil {
 		return startErr(ctx, err)
 	}
+	// One record window per deployment (DESIGN §16): a worker set to
+	// another refuses to start, one set to none adopts the deployment's.
+	if err := ready("agree on the record window", func(c context.Context) error {
+		return b.AgreeRecordWindow(c, w.cfg.Broker.RecordWindow > 0)
+	}); err != nil {
+		return startErr(ctx, err)
+	}
 	w.b = b
 	if err := ready("read grants", func(c context.Context) (err error) {
 		w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
@@ -272,7 +279,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := ready("publish catalog", w.publishCatalog); err != nil {
 		return startErr(ctx, err)
 	}
-	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
+	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency,
+		"recordWindow", b.Config.RecordWindow)
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	renewed := make(chan struct{})
 	go func() { defer close(renewed); w.renewCatalog(renewCtx) }()
