@@ -275,10 +275,21 @@ func (b *Broker) publishResources(ctx context.Context) error {
 // writes nothing.
 func (b *Broker) changeResources(ctx context.Context, change func(r *resources) error) error {
 	var err error
-	for try := 0; try < 20; try++ {
+	for try := 0; try < 60; try++ {
+		if try > 0 {
+			// Another process wrote it meanwhile, or the bucket was not
+			// ready to answer (a replicated one just created elects its
+			// leader): read it again.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("capstan: bucket %s: record %s: %w (%w)", b.Names.CatalogBucket(), ResourcesKey, ctx.Err(), err)
+			case <-time.After(Backoff(try)):
+			}
+		}
 		have, rev, lerr := Load[resources](ctx, b.Catalog, ResourcesKey)
 		if lerr != nil && !errors.Is(lerr, ErrNotFound) {
-			return fmt.Errorf("capstan: read %s of bucket %s: %w", ResourcesKey, b.Names.CatalogBucket(), lerr)
+			err = fmt.Errorf("read: %w", lerr)
+			continue
 		}
 		next := resources{V: envelope.Version}
 		if have != nil {
@@ -299,10 +310,6 @@ func (b *Broker) changeResources(ctx context.Context, change func(r *resources) 
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		time.Sleep(Backoff(try)) // another process wrote it meanwhile: read it again
 	}
 	return fmt.Errorf("capstan: bucket %s: record %s: %w", b.Names.CatalogBucket(), ResourcesKey, err)
 }

@@ -20,11 +20,36 @@ func (r *Runner) decode(msg jetstream.Msg) (*envelope.Request, string, bool) {
 		r.undecodable(msg, err)
 		return nil, "", false
 	}
+	principal := r.principalOf(msg)
+	if id := msgID(msg); !broker.MsgIDNames(id, principal, req.ExecutionID) {
+		// Message ids are scoped by principal (DESIGN §2): one that names
+		// another execution is a forgery or a broken client. Refused before
+		// anything of it runs; its own execution, if nothing else ends it,
+		// ends INPUT_INVALID.
+		r.refuseUnrun(msg, principal, req.ExecutionID, req.CapabilityID,
+			"The request's message id does not name its execution.", "misnamed",
+			"request's message id does not name its execution: refused", "msgId", id)
+		return nil, "", false
+	}
+	return req, principal, true
+}
+
+// principalOf is the principal a delivery's subject names (an open server's
+// requests are the anonymous principal's).
+func (r *Runner) principalOf(msg jetstream.Msg) string {
 	principal, _, _ := r.b.Names.ParseExecSubject(msg.Subject())
 	if principal == "" {
 		principal = broker.Anonymous
 	}
-	return req, principal, true
+	return principal
+}
+
+// msgID is a delivery's Nats-Msg-Id header.
+func msgID(msg jetstream.Msg) string {
+	if h := msg.Headers(); h != nil {
+		return h.Get(jetstream.MsgIDHeader)
+	}
+	return ""
 }
 
 // handle decides what one delivery means (DESIGN §5) and acts on it.
@@ -195,7 +220,7 @@ func (e *Execution) checkedFresh() bool {
 		return true
 	case Duplicate:
 		e.lease.halt()
-		e.r.duplicate(e.msg, e.req, e.claim.held().Worker)
+		e.r.duplicate(e.msg, e.principal, e.req, e.claim.held().Worker)
 	case Wait:
 		e.release()
 	case RefuseExpired:
@@ -273,16 +298,16 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	if !a.TakeOver {
 		switch a.Do {
 		case Duplicate:
-			e.r.duplicate(e.msg, e.req, rec.Worker)
+			e.r.duplicate(e.msg, e.principal, e.req, rec.Worker)
 		case RestoreEnvelope:
 			if !e.r.finalizeRecorded(e, rec) {
 				// The next delivery tries again.
 				nak(e.msg, time.Second)
 				return
 			}
-			e.r.duplicate(e.msg, e.req, rec.Worker)
+			e.r.duplicate(e.msg, e.principal, e.req, rec.Worker)
 		case Conflict:
-			e.r.conflict(e.msg, e.req, rec, a.Field)
+			e.r.conflict(e.msg, e.principal, e.req, rec, a.Field)
 		case Wait:
 			nak(e.msg, a.Delay)
 		}
@@ -345,45 +370,48 @@ func (e *Execution) notFound(fresh bool) {
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
 // never a new attempt.
-func (r *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
-	r.auditDuplicate(req, map[string]any{"finalizedBy": finalizedBy})
+func (r *Runner) duplicate(msg jetstream.Msg, principal string, req *envelope.Request, finalizedBy string) {
+	r.auditDuplicate(principal, req, map[string]any{"finalizedBy": finalizedBy})
 	ackSync(msg)
 }
 
 // auditDuplicate audits a delivery that runs nothing (an execution already
 // finalized, a request its execution was not claimed for) with data:
 // execution.duplicate_delivery, never a second call.
-func (r *Runner) auditDuplicate(req *envelope.Request, data map[string]any) {
+func (r *Runner) auditDuplicate(principal string, req *envelope.Request, data map[string]any) {
 	r.duplicates.Add(1)
 	r.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
 // undecodable terminates a message that is not a request: it must not be
-// redelivered forever. With a usable execution id header, it is finalized as
-// INPUT_INVALID so that its caller is not left waiting.
+// redelivered forever. With a usable execution id in its message id, it is
+// finalized as INPUT_INVALID so that its caller is not left waiting.
 func (r *Runner) undecodable(msg jetstream.Msg, derr error) {
-	id := ""
-	if h := msg.Headers(); h != nil {
-		id = h.Get("Nats-Msg-Id")
-	}
-	r.log.Warn("request does not decode: terminated", "subject", msg.Subject(), "executionId", id, "err", derr)
+	principal := r.principalOf(msg)
+	r.refuseUnrun(msg, principal, broker.ExecutionOfMsgID(msgID(msg), principal),
+		r.b.Names.CapabilityFromSubject(msg.Subject()), "The request could not be decoded.", "undecodable",
+		"request does not decode: terminated", "err", derr)
+}
+
+// refuseUnrun ends a delivery that must never run (a message that is no
+// request, or whose message id names another execution), logging why with
+// logAttrs: when id is a usable execution id, its execution is finalized
+// INPUT_INVALID with message, unless something else ended it; the message is
+// terminated once that is so.
+func (r *Runner) refuseUnrun(msg jetstream.Msg, principal, id, capID, message, reason, logMsg string, logAttrs ...any) {
+	r.log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
 	if envelope.ValidExecutionID(id) == nil {
-		capID := r.b.Names.CapabilityFromSubject(msg.Subject())
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
-				Message: "The request could not be decoded."}}
-		principal, _, _ := r.b.Names.ParseExecSubject(msg.Subject())
-		if principal == "" {
-			principal = broker.Anonymous
-		}
-		x := r.bare(msg, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
-		if !r.endWithoutRun(msg, x, env, "undecodable") {
+				Message: message}}
+		e := r.bare(msg, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
+		if !r.endWithoutRun(msg, e, env, reason) {
 			return // its envelope is not written yet: not terminated
 		}
 	}
-	_ = msg.TermWithReason("request does not decode")
+	_ = msg.TermWithReason(logMsg)
 }
 
 // endWithoutRun ends a delivery whose request is refused before it can run
@@ -430,7 +458,7 @@ func (r *Runner) endedBefore(e *Execution) (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	r.auditDuplicate(e.req, map[string]any{"finalizedBy": finalizedBy})
+	r.auditDuplicate(e.principal, e.req, map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 
@@ -495,7 +523,7 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 		ctx, cancel := StoreContext()
 		defer cancel()
 		if _, err := r.b.JS.Publish(ctx, r.b.Names.ExecSubject(principal, req.CapabilityID), fwd,
-			jetstream.WithMsgID(req.ExecutionID+"-fwd")); err != nil {
+			jetstream.WithMsgID(r.ids.Forward(principal, req.ExecutionID))); err != nil {
 			nak(msg, time.Second)
 			return
 		}
@@ -548,9 +576,9 @@ func (r *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelo
 // field that differs), and audits it as a duplicate delivery with the field
 // and the record's capability. Nothing of the execution changes: the request
 // the record names still decides it.
-func (r *Runner) conflict(msg jetstream.Msg, req *envelope.Request, rec *Record, field string) {
+func (r *Runner) conflict(msg jetstream.Msg, principal string, req *envelope.Request, rec *Record, field string) {
 	r.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
 		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	r.auditDuplicate(req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
+	r.auditDuplicate(principal, req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
 	ackSync(msg)
 }
