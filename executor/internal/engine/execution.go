@@ -72,6 +72,8 @@ func (r *Runner) bare(msg jetstream.Msg, req *envelope.Request, principal string
 	return r.execution(msg, req, principal, d)
 }
 
+// execution is an execution of req, delivered by msg (nil: none) as d,
+// under principal, with its claim (not made yet) and its trail.
 func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal string, d Delivery) *Execution {
 	x := &Execution{r: r, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID),
 		delivery: d, start: r.now(), done: make(chan struct{}), stopDeadline: func() {},
@@ -110,6 +112,7 @@ func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delive
 	return x
 }
 
+// event is an audit event of the execution.
 func (e *Execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: e.req.Surface, Actor: audit.ActorOf(e.req.Actor), Principal: e.principal, ExecutionID: e.req.ExecutionID,

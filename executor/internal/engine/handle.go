@@ -100,7 +100,7 @@ func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c
 		nak(msg, 0)
 		return
 	}
-	if !r.cfg.DisableLeaseRenewal && (d.Stored.IsZero() || time.Since(d.Stored) >= r.cfg.Lease/10) {
+	if !r.cfg.DisableLeaseRenewal && (d.Stored.IsZero() || r.now().Sub(d.Stored) >= r.cfg.Lease/10) {
 		// The delivery may have waited in the pull buffer: restart its ack
 		// timer now, as the claim starts its lease. (A message stored less
 		// than a tenth of the lease ago cannot have waited longer: its ack
@@ -118,6 +118,8 @@ func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c
 	x.claimAndRun()
 }
 
+// finish ends the execution's observation, lease and context: its delivery
+// is done with, whatever became of it.
 func (e *Execution) finish() {
 	e.obs.End()
 	close(e.done)

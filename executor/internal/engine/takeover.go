@@ -183,6 +183,7 @@ const (
 var doNames = [...]string{"", "claim", "end-not-started", "duplicate", "restore-envelope", "conflict", "wait",
 	"refuse-expired", "run", "retry", "cancel", "not-found", "not-started", "fail"}
 
+// String names the action, for logs and test failures.
 func (d Do) String() string {
 	if d > 0 && int(d) < len(doNames) {
 		return doNames[d]
