@@ -310,12 +310,14 @@ func (a *admission) admitted() engine.Admission {
 	return engine.Admission{Events: a.events, Unit: a}
 }
 
-// stage tells the observer that a stage doing I/O starts.
+// stage tells the observer that a stage doing I/O starts, and returns its
+// end.
 func (a *admission) stage(name string) func(error) {
-	if a.r.Stage == nil {
+	if a.r.Observer == nil {
 		return func(error) {}
 	}
-	return a.r.Stage(name)
+	_, end := a.r.Observer.Stage(a.ctx, name)
+	return end
 }
 
 // inputInvalid turns a stage-5 error into the caller's INPUT_INVALID, with

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // The seam between the public executor package and the engine, one way
@@ -45,9 +46,9 @@ type Request struct {
 	// SubjectCapability is the capability id of that subject ("" when it
 	// came through _unrouted): a body naming another is refused.
 	SubjectCapability string
-	// Stage tells the observer that a stage doing I/O starts (observe.Stage*);
-	// the returned func ends it.
-	Stage func(name string) func(error)
+	// Observer is told of the stages that wait on I/O (Stage, with the
+	// execution's context and an observe.Stage* name); nil: none.
+	Observer observe.Execution
 }
 
 // Admission is the stages' decision on one execution: exactly one of Unit,

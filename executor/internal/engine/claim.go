@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/observe"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // claim is one execution's hold on its record (DESIGN §5): the random token
@@ -22,9 +24,10 @@ type claim struct {
 	s     *store
 	key   string
 	token string
-	// lapsed reports that the lease this claim last wrote ran out unrenewed:
-	// another worker may own the record by now.
-	lapsed func() bool
+	// lapsed is set when the lease this claim last wrote ran out unrenewed,
+	// or a renewal found another claim: another worker may own the record
+	// by now.
+	lapsed atomic.Bool
 	// wrote is told the lease of every record written, nil until the lease
 	// keeper arms the lease's end.
 	wrote func(leaseUntil time.Time)
@@ -47,11 +50,11 @@ var errUnsettled = errors.New("capstan: execution record unreachable")
 // create writes the execution's first record, create-only, with the record
 // window as its TTL, as this claim's. When another record is there it
 // returns it (found, with its revision); when the store did not answer,
-// neither ok nor a record. observe wraps each write (the observer's claim
+// neither ok nor a record. obs is told of each write (the observer's claim
 // stage).
-func (c *claim) create(rec *Record, observe func() func(error)) (found *Record, foundRev uint64, ok bool) {
+func (c *claim) create(rec *Record, obs stager) (found *Record, foundRev uint64, ok bool) {
 	for try := 0; try < 10; try++ {
-		end := observe()
+		end := obs.stage(observe.StageClaim)
 		rev, err := c.s.create(c.key, rec)
 		end(unlessExists(err))
 		if err == nil {
@@ -147,7 +150,7 @@ func (c *claim) update(change func(r *Record)) error {
 			return nil
 		}
 		last = err
-		if c.lapsed() {
+		if c.lapsed.Load() {
 			// The lease ran out unrenewed: another worker may own it now.
 			return errLost
 		}
@@ -199,7 +202,7 @@ func (e *Execution) newRecord(st State) *Record {
 // answer (x.found nil); yieldClaim acts on either.
 func (e *Execution) create(rec *Record) bool {
 	var ok bool
-	e.found, e.foundRev, ok = e.claim.create(rec, func() func(error) { return e.stage(observe.StageClaim) })
+	e.found, e.foundRev, ok = e.claim.create(rec, e)
 	return ok
 }
 
@@ -215,8 +218,9 @@ type leaseKeeper struct {
 	length   time.Duration
 	disabled bool // no renewal, no end (tests of redelivery)
 	now      func() time.Time
-	// progress restarts the delivery's ack timer (InProgress).
-	progress func()
+	// msg is the delivery, whose ack timer each renewal restarts
+	// (InProgress).
+	msg jetstream.Msg
 	// end ends the execution's context, with its cause.
 	end context.CancelCauseFunc
 	// done is closed when the execution ends.
@@ -272,7 +276,7 @@ func (l *leaseKeeper) wrote(until time.Time) {
 	}
 	l.expiry = time.AfterFunc(until.Sub(l.now()), func() {
 		l.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", l.id)
-		l.end(errLeaseLost)
+		l.lose()
 	})
 }
 
@@ -329,15 +333,29 @@ func (l *leaseKeeper) keep() {
 // renew renews the lease and the delivery once, and reports whether the
 // execution is still this worker's to renew.
 func (l *leaseKeeper) renew() bool {
-	l.progress()
+	if l.msg != nil {
+		_ = l.msg.InProgress()
+	}
 	err := l.claim.update(func(r *Record) { r.LeaseUntil = l.now().UTC().Add(l.length) })
 	switch {
 	case errors.Is(err, errCancelRequested):
 		l.end(errCallerCancelled)
 	case errors.Is(err, errLost):
-		l.end(errLeaseLost)
+		l.lose()
 		return false
 	}
 	// errUnsettled: the lease may still be ours; try again next time.
 	return true
+}
+
+// lose ends the execution as one whose claim is lost: its context ends with
+// errLeaseLost, and its claim writes nothing more.
+func (l *leaseKeeper) lose() {
+	l.claim.lapsed.Store(true)
+	l.end(errLeaseLost)
+}
+
+// stager is told when a stage doing I/O starts, and returns its end.
+type stager interface {
+	stage(name string) func(error)
 }

@@ -47,9 +47,9 @@ type Execution struct {
 
 	// claim holds the execution's record; lease keeps it while it runs;
 	// trail files its audit events.
-	claim *claim
-	lease *leaseKeeper
-	trail *trail
+	claim claim
+	lease leaseKeeper
+	trail trail
 
 	start     time.Time
 	inputHash string
@@ -76,10 +76,9 @@ func (r *Runner) bare(msg jetstream.Msg, req *envelope.Request, principal string
 // under principal, with its claim (not made yet) and its trail.
 func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal string, d Delivery) *Execution {
 	x := &Execution{r: r, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID),
-		delivery: d, start: r.now(), done: make(chan struct{}), stopDeadline: func() {},
-		trail: &trail{audit: r.audit, worker: r.cfg.ID}}
-	x.claim = &claim{s: r.store, key: x.key, token: uuid.NewString(),
-		lapsed: func() bool { return x.ctx != nil && errors.Is(context.Cause(x.ctx), errLeaseLost) }}
+		delivery: d, start: r.now(), done: make(chan struct{}), stopDeadline: func() {}}
+	x.trail.audit, x.trail.worker = r.audit, r.cfg.ID
+	x.claim.s, x.claim.key, x.claim.token = r.store, x.key, uuid.NewString()
 	return x
 }
 
@@ -103,12 +102,9 @@ func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delive
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
-	progress := func() {}
-	if msg != nil {
-		progress = func() { _ = msg.InProgress() }
-	}
-	x.lease = &leaseKeeper{claim: x.claim, length: r.cfg.Lease, disabled: r.cfg.DisableLeaseRenewal, now: r.now,
-		progress: progress, end: x.cancel, done: x.done, log: r.log, id: req.ExecutionID, stop: make(chan struct{})}
+	l := &x.lease
+	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, r.cfg.Lease, r.cfg.DisableLeaseRenewal, r.now, msg
+	l.end, l.done, l.log, l.id, l.stop = x.cancel, x.done, r.log, req.ExecutionID, make(chan struct{})
 	return x
 }
 
@@ -483,7 +479,7 @@ func (e *Execution) awaitApproval(need *ApprovalNeeded) {
 
 // request is what the stages see of the execution.
 func (e *Execution) request() Request {
-	return Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Stage: e.stage}
+	return Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
 }
 
 // trail files an execution's audit events (DESIGN §8). While it holds them,

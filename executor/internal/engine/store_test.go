@@ -40,7 +40,7 @@ func testRunner(t *testing.T) *Runner {
 
 // newClaim is a claim of key on r's store with a token of its own.
 func (r *Runner) newClaim(key string) *claim {
-	return &claim{s: r.store, key: key, token: uuid.NewString(), lapsed: func() bool { return false }}
+	return &claim{s: r.store, key: key, token: uuid.NewString()}
 }
 
 func claimRecord(id, worker, token string, st State, leaseUntil time.Time) *Record {
@@ -49,7 +49,10 @@ func claimRecord(id, worker, token string, st State, leaseUntil time.Time) *Reco
 		Claim: token, LeaseUntil: leaseUntil, CreatedAt: now, UpdatedAt: now}
 }
 
-func noStage() func(error) { return func(error) {} }
+// noStage observes nothing.
+type noStage struct{}
+
+func (noStage) stage(string) func(error) { return func(error) {} }
 
 func TestClaim_CreateFindsAnotherClaimsRecord(t *testing.T) {
 	t.Parallel()
@@ -58,10 +61,10 @@ func TestClaim_CreateFindsAnotherClaimsRecord(t *testing.T) {
 	key := broker.Key(broker.Anonymous, id)
 	first, second := r.newClaim(key), r.newClaim(key)
 	lease := time.Now().Add(time.Minute)
-	if found, _, ok := first.create(claimRecord(id, "w1", first.token, StateClaimed, lease), noStage); !ok || found != nil {
+	if found, _, ok := first.create(claimRecord(id, "w1", first.token, StateClaimed, lease), noStage{}); !ok || found != nil {
 		t.Fatalf("first create: ok %v, found %+v", ok, found)
 	}
-	found, rev, ok := second.create(claimRecord(id, "w2", second.token, StateRunning, lease), noStage)
+	found, rev, ok := second.create(claimRecord(id, "w2", second.token, StateRunning, lease), noStage{})
 	if ok || found == nil || found.Claim != first.token || found.State != StateClaimed || rev == 0 {
 		t.Fatalf("second create: ok %v, found %+v at %d; want the first claim's record", ok, found, rev)
 	}
@@ -76,7 +79,7 @@ func TestClaim_UpdateAfterAnotherClaimTookIt_LostNotApplied(t *testing.T) {
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
 	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Second)), noStage); !ok {
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Second)), noStage{}); !ok {
 		t.Fatal("create")
 	}
 	// Another worker takes it over, its lease having run out.
@@ -105,7 +108,7 @@ func TestClaim_UpdateReadsACancelRecordedMeanwhile(t *testing.T) {
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
 	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Minute)), noStage); !ok {
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
 		t.Fatal("create")
 	}
 	if c, err := r.RecordCancel(broker.Anonymous, id); err != nil || c.Finalized || c.State != StateRunning {
@@ -131,7 +134,7 @@ func TestEndTaken_SwapLost_NothingWritten(t *testing.T) {
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
 	dead := r.newClaim(key)
-	if _, _, ok := dead.create(claimRecord(id, "w-dead", dead.token, StateClaimed, time.Now().Add(-time.Second)), noStage); !ok {
+	if _, _, ok := dead.create(claimRecord(id, "w-dead", dead.token, StateClaimed, time.Now().Add(-time.Second)), noStage{}); !ok {
 		t.Fatal("create")
 	}
 	stale, staleRev, err := r.store.load(key)
@@ -168,7 +171,7 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
 	c := r.newClaim(key)
-	if _, _, ok := c.create(claimRecord(id, "w1", c.token, StateRunning, time.Now().Add(time.Minute)), noStage); !ok {
+	if _, _, ok := c.create(claimRecord(id, "w1", c.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
 		t.Fatal("create")
 	}
 	_, rev, _ := r.store.load(key)
