@@ -220,30 +220,6 @@ func (e *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 	}
 }
 
-// storedEnvelope reads the envelope a create was refused for. An absence is
-// confirmed with the stream's leader: a replica catching up after a restart
-// may not have the envelope yet.
-func (e *Execution) storedEnvelope() (*envelope.Envelope, error) {
-	var err error
-	for try := 0; try < 5; try++ {
-		ctx, cancel := StoreContext()
-		var have *envelope.Envelope
-		have, _, err = broker.Load[envelope.Envelope](ctx, e.r.b.Envelopes, e.key)
-		if errors.Is(err, broker.ErrNotFound) {
-			have, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, e.r.nc, e.r.b.Envelopes, e.key)
-		}
-		cancel()
-		if err == nil {
-			return have, nil
-		}
-		if errors.Is(err, broker.ErrNotFound) {
-			return nil, err
-		}
-		time.Sleep(broker.Backoff(try))
-	}
-	return nil, err
-}
-
 // NotStartedError is the envelope error of a request no worker started in time.
 func NotStartedError() *envelope.CapabilityError {
 	return &envelope.CapabilityError{Code: envelope.CodeNotStarted, Stage: envelope.StageQueue, ExposeToModel: true,
