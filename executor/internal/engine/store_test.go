@@ -188,3 +188,63 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 		t.Fatalf("record %+v at %d: a cancel was recorded on an ended execution (was %d)", rec, gotRev, rev)
 	}
 }
+
+// A renewal that finds another claim in the record ends the execution at
+// once (DESIGN §5: a worker that loses its lease cancels its handler's
+// context), without waiting for its own lease to run out; and the claim
+// writes nothing more.
+func TestLeaseKeeper_RenewalFindingAnotherClaim_EndsTheExecutionAtOnce(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	mine := r.newClaim(key)
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	other := r.newClaim(key)
+	cur, rev, _ := r.store.load(key)
+	other.hold(cur, rev)
+	if err := other.update(func(rec *Record) { rec.Worker, rec.Claim = "w2", other.token }); err != nil {
+		t.Fatal(err)
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	defer end(nil)
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		stop: make(chan struct{})}
+	if l.renew() {
+		t.Fatal("a renewal that found another claim reported the execution still this worker's")
+	}
+	if !errors.Is(context.Cause(ctx), errLeaseLost) {
+		t.Fatalf("the execution's context: %v, want ended with errLeaseLost (its lease still had an hour)", context.Cause(ctx))
+	}
+	if !mine.lapsed.Load() {
+		t.Fatal("the lost claim may still write")
+	}
+}
+
+// A claim whose lease ran out unrenewed writes nothing more, even where the
+// record still names it: another worker may be taking it over, and its
+// handler's context has ended.
+func TestClaim_LapsedLease_WritesNothingMore(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	mine := r.newClaim(key)
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Second)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	// A cancel moves the revision, not the claim; then the lease lapses.
+	if _, err := r.RecordCancel(broker.Anonymous, id); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, _ := r.store.load(key)
+	mine.lapsed.Store(true)
+	if err := mine.update(func(rec *Record) { rec.LeaseUntil = time.Now().UTC().Add(time.Hour) }); !errors.Is(err, errLost) {
+		t.Fatalf("a renewal after the lease lapsed: %v, want errLost", err)
+	}
+	if _, got, _ := r.store.load(key); got != rev {
+		t.Fatalf("record at revision %d, want %d: a lapsed claim wrote", got, rev)
+	}
+}
