@@ -68,6 +68,13 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(store.ServeList(w.nc, n, w.grants)); err != nil {
 		return nil, err
 	}
+	// Executions, read on a principal's behalf (executions.go).
+	if err := add(w.nc.QueueSubscribe(n.ListExecutionsSubjects(), n.WorkersQueue(), w.serveExecutions)); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.QueueSubscribe(n.ExecutionSubjects(), n.WorkersQueue(), w.serveExecution)); err != nil {
+		return nil, err
+	}
 	return subs, nil
 }
 
