@@ -262,8 +262,8 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(changes) != 8 {
-			t.Fatalf("%d changes, want 7 streams and the extra one: %+v", len(changes), changes)
+		if len(changes) != 9 {
+			t.Fatalf("%d changes, want 8 streams and the extra one: %+v", len(changes), changes)
 		}
 		for _, ch := range changes {
 			if ch.From != 1 || ch.To != 3 {
