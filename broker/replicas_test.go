@@ -37,8 +37,8 @@ func streamReplicas(t *testing.T, ctx context.Context, js jetstream.JetStream, n
 
 func wantAll(t *testing.T, got map[string]int, want int) {
 	t.Helper()
-	if len(got) != 7 {
-		t.Fatalf("%d streams, want 7: %v", len(got), got)
+	if len(got) != 8 {
+		t.Fatalf("%d streams, want 8: %v", len(got), got)
 	}
 	for name, r := range got {
 		if r != want {
