@@ -51,7 +51,6 @@ type Entry struct {
 	// event happened.
 	RequestedAt time.Time `json:"requestedAt,omitzero"`
 	UpdatedAt   time.Time `json:"updatedAt"`
-	Worker      string    `json:"worker,omitempty"`
 
 	// Seq is the index stream's sequence of the entry, set by List; it is
 	// the cursor of a listing. Not part of the record.
@@ -89,9 +88,6 @@ func EntryOf(evs []*Event) *Entry {
 		}
 		if e.Surface == "" {
 			e.Surface = ev.Surface
-		}
-		if ev.Worker != "" {
-			e.Worker = ev.Worker
 		}
 		e.UpdatedAt = ev.Timestamp
 		switch ev.Type {
@@ -161,11 +157,7 @@ func indexMessage(n broker.Names, e *Entry) (*nats.Msg, envelope.Encoded, error)
 	if err != nil {
 		return nil, enc, err
 	}
-	return &nats.Msg{
-		Subject: n.IndexSubject(principal, e.Status, e.Actor.ID, capID),
-		Header:  nats.Header{broker.AuditExecutionHeader: []string{e.ExecutionID}},
-		Data:    enc.Bytes(),
-	}, enc, nil
+	return &nats.Msg{Subject: n.IndexSubject(principal, e.Status, e.Actor.ID, capID), Data: enc.Bytes()}, enc, nil
 }
 
 func str(v any) string {

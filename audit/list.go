@@ -45,6 +45,10 @@ const (
 	maxScanned = 200_000
 )
 
+// denseAfter is how many matches of a window are read one by one before the
+// rest are read in batches.
+const denseAfter = 16
+
 // Page is one page of a listing, newest first.
 type Page struct {
 	Entries []Entry `json:"entries"`
@@ -270,8 +274,17 @@ func (r *reader) window(ctx context.Context, filter string, from, hi uint64, nee
 			keep, trimmed = keep[len(keep)-need:], true
 		}
 	}()
+	// A batch costs the server a count of what matches from seq to the
+	// stream's end (see reader.get), which for a window deep in the stream
+	// walks every block after it: a window is read one match at a time, each
+	// get walking only to its match, until it proves dense.
+	singles := 0
 	for seq < hi {
-		msgs, more, err := r.get(ctx, getRequest{Seq: seq, NextFor: filter}, true)
+		batch := singles >= denseAfter
+		msgs, more, err := r.get(ctx, getRequest{Seq: seq, NextFor: filter}, batch)
+		if !batch {
+			singles++
+		}
 		if err != nil {
 			return nil, scanned, false, fmt.Errorf("capstan: read stream %s: %w", r.stream, err)
 		}
