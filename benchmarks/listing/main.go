@@ -210,7 +210,9 @@ func fill(ctx context.Context, b *broker.Broker, n int) error {
 func worker(nc *nats.Conn) (*executor.Worker, func(), error) {
 	reg, err := executor.NewRegistry(executor.Define("demo.echo", executor.Meta{
 		Description: "Returns its input.", SideEffect: executor.None, Expose: []executor.Surface{executor.SurfaceDirect}},
-		func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) { return c.Input, nil }))
+		func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+			return c.Input, nil
+		}))
 	if err != nil {
 		return nil, nil, err
 	}
