@@ -145,7 +145,7 @@ func runCall(args []string) int {
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	if err := conn.mayPublish(execSubject(capID)); err != nil {
+	if err := conn.need("call "+capID, execSubject(capID), ""); err != nil {
 		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("call", req.client)
@@ -180,7 +180,7 @@ func runSubmit(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	if err := conn.mayPublish(execSubject(pos[0])); err != nil {
+	if err := conn.need("call "+pos[0], execSubject(pos[0]), ""); err != nil {
 		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("submit", req.client)
@@ -218,6 +218,10 @@ func runAwait(args []string) int {
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
+	if err := conn.need("await results", directGet(names.EnvelopesBucket()),
+		"an approver reads the outcome of the executions behind its approvals with 'capstan status ID'"); err != nil {
+		return usageError("%v", err)
+	}
 	c, closeClient, err := conn.client("await", executor.ClientConfig{})
 	if err != nil {
 		return usageError("%v", err)
@@ -226,6 +230,9 @@ func runAwait(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
+	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+		return usageError("%v", err)
+	}
 	stopWaiting := waiting("the envelope of "+id, *wait)
 	env, err := c.Await(ctx, id)
 	stopWaiting()
@@ -247,6 +254,9 @@ func awaitError(err error, id string, wait time.Duration) int {
 	}
 	if errors.Is(err, executor.ErrExpired) {
 		return expiredError(err, id)
+	}
+	if errors.Is(err, executor.ErrNoSuchExecution) {
+		return fail(exitUnknown, "%v", err)
 	}
 	return usageError("%v", err)
 }

@@ -81,7 +81,7 @@ func runMCP(args []string) int {
 			return usageError("--actor %q: want kind:id, e.g. user:alice", *actor)
 		}
 	}
-	nc, err := conn.connect("mcp")
+	nc, err := conn.connectServing("mcp")
 	if err != nil {
 		return usageError("%v", err)
 	}

@@ -21,6 +21,7 @@ const (
 	exitApproval   = 3 // approval-required
 	exitNoEnvelope = 4 // no envelope within --wait
 	exitExpired    = 5 // the envelope is no longer kept
+	exitUnknown    = 6 // no such execution: nothing of it is stored
 )
 
 // printJSON writes v to stdout as indented JSON.
