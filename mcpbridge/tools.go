@@ -32,8 +32,11 @@ type tool struct {
 func toolOf(d executor.Descriptor) tool {
 	schema, wrapped := objectSchema(d.InputSchema)
 	desc := d.Description
-	if d.RequiresApproval {
+	switch {
+	case d.RequiresApproval:
 		desc = strings.TrimSpace(desc + " Needs someone else's approval before it runs.")
+	case len(d.ApprovalPolicies) > 0:
+		desc = strings.TrimSpace(desc + " Some calls need someone else's approval before they run.")
 	}
 	t := &mcp.Tool{
 		Name:        d.ID,
@@ -42,7 +45,7 @@ func toolOf(d executor.Descriptor) tool {
 		Annotations: annotationsOf(d),
 		Meta: mcp.Meta{metaKey + "capability": map[string]any{
 			"sideEffect": string(d.SideEffect), "risk": string(d.Risk), "idempotent": d.Idempotent,
-			"requiresApproval": d.RequiresApproval, "timeoutMs": d.TimeoutMs,
+			"requiresApproval": d.RequiresApproval, "mayRequireApproval": d.MayRequireApproval(), "timeoutMs": d.TimeoutMs,
 			"retryMaxAttempts": d.RetryMaxAttempts, "tags": d.Tags,
 		}},
 	}

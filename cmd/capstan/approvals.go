@@ -239,7 +239,7 @@ func decideCommand(verb string, args []string) int {
 	}
 	defer closeClient()
 	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, r.Decision.Approver)
-	return resumeAndAwait(c, r.ID, *wait)
+	return resumeAndAwait(c, o, r.ID, *wait)
 }
 
 // decisionError reports a refused decision with its code.
@@ -261,12 +261,16 @@ func decisionError(err error) int {
 }
 
 func runResume(args []string) int {
-	fs := newFlags("resume", "APPROVAL_ID [--wait D]")
+	fs := newFlags("resume", "APPROVAL_ID [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
@@ -285,12 +289,12 @@ func runResume(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	return resumeAndAwait(c, id, *wait)
+	return resumeAndAwait(c, o, id, *wait)
 }
 
 // resumeAndAwait opens the resume's execution, as the approval's requester,
 // and prints its envelope.
-func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) int {
+func resumeAndAwait(c *executor.Client, o *outputFlags, approvalID string, wait time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	id, err := c.SubmitResume(ctx, approvalID)
@@ -308,7 +312,7 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	if err != nil {
 		return awaitError(err, id, wait)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 // parseKindID reads an actor flag as kind:id, both required.

@@ -129,13 +129,17 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D]")
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	capID := pos[0]
 	req, err := rf.parse(conn.creds)
@@ -165,16 +169,20 @@ func runCall(args []string) int {
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
 		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 func runSubmit(args []string) int {
-	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D]")
+	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	req, err := rf.parse(conn.creds)
 	if err != nil {
@@ -199,17 +207,27 @@ func runSubmit(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	fmt.Println(id)
-	return exitOK
+	// For a person, the id alone on stdout (what a script captures too) and
+	// what to do with it on a terminal's stderr.
+	return o.print(map[string]string{"executionId": id}, func(w io.Writer, st style) {
+		fmt.Fprintln(w, id)
+		if isTerminal(os.Stderr) {
+			fmt.Fprintf(os.Stderr, "%s\n", st.dim("submitted; 'capstan await "+id+"' waits for its end, 'capstan status "+id+"' shows where it is"))
+		}
+	})
 }
 
 func runAwait(args []string) int {
-	fs := newFlags("await", "ID [--wait D]")
+	fs := newFlags("await", "ID [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {
@@ -239,7 +257,7 @@ func runAwait(args []string) int {
 	if err != nil {
 		return awaitError(err, id, *wait)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 // expiredError reports an execution whose envelope is no longer kept.

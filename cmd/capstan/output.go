@@ -35,9 +35,10 @@ func printJSON(v any) int {
 	return exitOK
 }
 
-// printEnvelope prints env and returns the exit code of its status.
-func printEnvelope(env *envelope.Envelope) int {
-	if code := printJSON(env); code != exitOK {
+// printEnvelope prints env as o says and returns the exit code of its
+// status.
+func printEnvelope(o *outputFlags, env *envelope.Envelope) int {
+	if code := o.print(env, func(w io.Writer, st style) { writeEnvelope(w, st, env) }); code != exitOK {
 		return code
 	}
 	switch env.Status {
