@@ -220,7 +220,6 @@ func (s *session) cancel(ctx context.Context, executionID, owner string) (*execu
 	return s.client.Cancel(ctx, executionID, opts...)
 }
 
-
 // mine reports whether the principal requested r.
 func (s *session) mine(r *approvals.Record) bool {
 	if s.p.open {
