@@ -29,6 +29,9 @@ func runDev(args []string) int {
 	if err := sf.check(); err != nil {
 		return usageError("%v", err)
 	}
+	if err := mf.check(); err != nil {
+		return usageError("%v", err)
+	}
 	opts, err := sf.options()
 	if err != nil {
 		return usageError("%v", err)
