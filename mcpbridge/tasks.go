@@ -2,6 +2,7 @@ package mcpbridge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -58,6 +59,20 @@ type Task struct {
 	InputRequests  map[string]any      `json:"inputRequests,omitempty"`
 	Result         *mcp.CallToolResult `json:"result,omitempty"`
 	Error          *jsonrpc.Error      `json:"error,omitempty"`
+}
+
+// MarshalJSON writes the task with its result in the tool result's standard
+// shape (resultType "complete"), as the extension's completed task carries it.
+func (t Task) MarshalJSON() ([]byte, error) {
+	type plain Task
+	p := struct {
+		plain
+		Result any `json:"result,omitempty"`
+	}{plain: plain(t)}
+	if t.Result != nil {
+		p.Result = completeResult{t.Result}
+	}
+	return json.Marshal(p)
 }
 
 // TaskParams are the parameters of tasks/get, tasks/update and tasks/cancel.
@@ -133,7 +148,13 @@ func (b *Bridge) routeTasks(v *view) {
 			res, err := b.createTask(ctx, v.actor, t.capID, input)
 			if err != nil && ctx.Err() == nil {
 				b.log.Warn("MCP call not taken: capstan did not answer", "tool", cr.Params.Name, "err", err)
-				return unavailable(), nil
+				res, err = unavailable(), nil
+			}
+			if r, ok := res.(*mcp.CallToolResult); ok {
+				// A result in place of the task: the polymorphic result's
+				// other shape says so (the SDK marks only the results of
+				// its own tool handlers).
+				return completeResult{r}, err
 			}
 			return res, err
 		}
@@ -206,6 +227,23 @@ func (b *Bridge) routeTasks(v *view) {
 		}
 		return &Ack{ResultType: "complete"}, nil
 	}))
+}
+
+// completeResult is a tool result marked resultType "complete", the standard
+// shape of a call the Tasks extension could have answered with a task.
+type completeResult struct{ *mcp.CallToolResult }
+
+func (r completeResult) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.CallToolResult)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	m["resultType"] = json.RawMessage(`"complete"`)
+	return json.Marshal(m)
 }
 
 // protocolError is what a client of a protocol method is told of err: a
