@@ -59,7 +59,7 @@ type openBatch struct {
 type batchMsg struct {
 	seq    uint64
 	events int
-	id     string // execution id, for the log
+	key    string // the execution's key (broker.Key), for its subject and the log
 }
 
 const (
@@ -99,7 +99,7 @@ func newBatcher(nc *nats.Conn, timeout time.Duration, log *slog.Logger, what str
 
 // publish sends m as the next message of the open batch. It waits for room
 // (up to AckTimeout) while maxPending messages are unconfirmed.
-func (b *batcher) publish(m *nats.Msg, events int, id string) error {
+func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 	b.mu.Lock()
 	for b.pending >= maxPending && !b.disabled {
 		room := b.room
@@ -143,7 +143,7 @@ func (b *batcher) publish(m *nats.Msg, events int, id string) error {
 		b.mu.Unlock()
 		return err
 	}
-	c.msgs = append(c.msgs, batchMsg{seq: c.seq, events: events, id: id})
+	c.msgs = append(c.msgs, batchMsg{seq: c.seq, events: events, key: key})
 	if b.pending == 0 {
 		b.idle = make(chan struct{})
 	}
@@ -365,7 +365,7 @@ func (b *batcher) lostLocked(c *openBatch, msgs []batchMsg, why string) {
 	for _, m := range msgs {
 		gone[m.seq] = true
 		b.lost(m.events)
-		b.log.Warn(b.what+" not stored", "executionId", m.id, "events", m.events, "err", why)
+		b.log.Warn(b.what+" not stored", "execution", m.key, "events", m.events, "err", why)
 	}
 	kept := c.msgs[:0]
 	for _, m := range c.msgs {

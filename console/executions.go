@@ -266,7 +266,7 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	d, err := loadExecution(ctx, s, id, r.URL.Query().Get("owner"))
+	d, err := loadExecution(ctx, s, id, s.owner(r))
 	if errors.Is(err, executor.ErrNoSuchExecution) || errors.Is(err, executor.ErrUnknownExecution) {
 		// Not yet, or no longer: a request just submitted has nothing stored
 		// until a worker takes it, so the page waits for it, live.
@@ -444,14 +444,14 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
 		return
 	}
-	defer http.Redirect(w, r, "/executions/"+id, http.StatusSeeOther)
+	defer http.Redirect(w, r, "/executions/"+id+"?owner="+s.owner(r), http.StatusSeeOther)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
 	if s.reads == nil || s.client == nil {
 		s.setFlash("error", "Cancel not sent: your principal (%s) may not cancel executions.", s.p.Name)
 		return
 	}
-	d, err := loadExecution(ctx, s, id, r.URL.Query().Get("owner"))
+	d, err := loadExecution(ctx, s, id, s.owner(r))
 	if err != nil {
 		s.setFlash("error", "Cancel not sent: %v", err)
 		return

@@ -201,8 +201,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
-	owner := r.URL.Query().Get("owner")
-	b := s.broker()
+	b, owner := s.broker(), s.owner(r)
 	if b == nil {
 		if s.reads == nil {
 			http.Error(w, errNotPermitted.Error(), http.StatusForbidden)
@@ -221,10 +220,15 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 		events(w, r, s.done, settleApprovals, changed, failed)
 		return
 	}
-	awaitEnvelope := func() {
-		if owner == "" {
-			owner = broker.Anonymous
+	if owner == "" {
+		// An admin's page that named no owner: the one principal with an
+		// execution of this id (ids are unique per principal).
+		owner = s.p.Name
+		if owners, err := broker.Owners(ctx, b, id); err == nil && len(owners) == 1 {
+			owner = owners[0]
 		}
+	}
+	awaitEnvelope := func() {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
 			if _, err := b.Envelopes.Get(ctx, broker.Key(owner, id)); err == nil {
 				notify(changed)
@@ -238,7 +242,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	}
 	unsub, err := listen(s.feeds.audit, changed, failed, func(v any) bool {
 		ev, ok := v.(audit.Event)
-		if !ok || ev.ExecutionID != id {
+		if !ok || ev.ExecutionID != id || ev.Key() != broker.Key(owner, id) {
 			return false
 		}
 		switch ev.Type {
@@ -254,7 +258,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
-	if trail, err := audit.Read(ctx, b, id); err == nil && trail[len(trail)-1].Seq > after {
+	if trail, err := audit.Read(ctx, b, owner, id); err == nil && trail[len(trail)-1].Seq > after {
 		notify(changed)
 	}
 	// The page may show the last event but not yet the envelope it announced.

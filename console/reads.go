@@ -68,23 +68,27 @@ func (r *execReader) get(ctx context.Context, id, owner string) (*executor.Execu
 // admin.
 func localView(ctx context.Context, b *broker.Broker, id, owner string) (*executor.ExecutionView, error) {
 	v := &executor.ExecutionView{V: envelope.Version, ExecutionID: id, Scope: executor.ScopeAll}
-	trail, err := audit.Read(ctx, b, id)
+	if owner == "" {
+		// Ids are unique per principal: the one with an execution of it.
+		owners, err := broker.Owners(ctx, b, id)
+		if err != nil {
+			return nil, err
+		}
+		switch len(owners) {
+		case 0:
+			owner = broker.PrincipalOf(b.NC, b.Names)
+		case 1:
+			owner = owners[0]
+		default:
+			return nil, fmt.Errorf("execution %s exists for several principals (%v): name one as its owner", id, owners)
+		}
+	}
+	v.Principal = owner
+	trail, err := audit.Read(ctx, b, owner, id)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
 	v.Trail = trail
-	if owner == "" {
-		for _, ev := range trail {
-			if ev.Type == audit.Requested && ev.Principal != "" {
-				owner = ev.Principal
-				break
-			}
-		}
-	}
-	if owner == "" {
-		owner = broker.Anonymous
-	}
-	v.Principal = owner
 	key := broker.Key(owner, id)
 	if rec, _, err := broker.Load[executor.Record](ctx, b.Executions, key); err == nil {
 		v.Record = rec

@@ -220,6 +220,20 @@ func (s *session) cancel(ctx context.Context, executionID, owner string) (*execu
 	return s.client.Cancel(ctx, executionID, opts...)
 }
 
+// owner is the principal whose execution a request names (executions are
+// scoped by principal, DESIGN §2): its owner parameter; on an open server the
+// anonymous one; otherwise "", and the workers take the one the principal may
+// see.
+func (s *session) owner(r *http.Request) string {
+	if o := r.URL.Query().Get("owner"); broker.ValidPrincipal(o) {
+		return o
+	}
+	if s.p.open {
+		return broker.Anonymous
+	}
+	return ""
+}
+
 // mine reports whether the principal requested r.
 func (s *session) mine(r *approvals.Record) bool {
 	if s.p.open {

@@ -389,7 +389,10 @@ func (w *Worker) serveExecution(m *nats.Msg) {
 	w.respond(m, reply)
 }
 
-// execution is one execution as principal may see it.
+// execution is one execution as principal may see it. Execution ids are
+// unique per principal only (DESIGN §2): the owner is the producer itself, or
+// the one the request names (an admin's, an approver's: checked, never
+// trusted), or the one principal with an execution of that id.
 func (w *Worker) execution(ctx context.Context, principal string, req ExecutionRequest) (*ExecutionView, error) {
 	v, err := w.viewerOf(principal)
 	if err != nil {
@@ -399,78 +402,96 @@ func (w *Worker) execution(ctx context.Context, principal string, req ExecutionR
 	if err := envelope.ValidExecutionID(id); err != nil {
 		return nil, err
 	}
-	owner := req.Owner
-	switch v.scope {
-	case ScopeOwn:
-		if owner != "" && owner != principal {
-			return nil, fmt.Errorf("%w: a producer (%s) reads only its own executions, not %s's", ErrNotAllowed, principal, owner)
+	if req.Owner != "" && !broker.ValidPrincipal(req.Owner) {
+		return nil, fmt.Errorf("owner %q is not a principal", req.Owner)
+	}
+	candidates := []string{req.Owner}
+	switch {
+	case v.scope == ScopeOwn:
+		if req.Owner != "" && req.Owner != principal {
+			return nil, fmt.Errorf("%w: a producer (%s) reads only its own executions, not %s's", ErrNotAllowed, principal, req.Owner)
 		}
-		owner = principal
-	case ScopeApprovals:
-		owner = "" // from the trail, never from the body
+		candidates = []string{principal}
+	case principal == broker.Anonymous:
+		candidates = []string{broker.Anonymous} // an open server: every execution is the anonymous principal's
+	case req.Owner == "":
+		owners, err := broker.Owners(ctx, w.b, id)
+		if err != nil {
+			return nil, err
+		}
+		candidates = owners
+		if len(owners) > 1 && v.scope == ScopeAll {
+			return nil, fmt.Errorf("execution %s exists for several principals (%s): name one as its owner", id, strings.Join(owners, ", "))
+		}
 	}
-	if owner != "" && !broker.ValidPrincipal(owner) {
-		return nil, fmt.Errorf("owner %q is not a principal", owner)
-	}
-	view := &ExecutionView{ExecutionID: id, Principal: owner, Scope: v.scope}
 	if req.Probe {
 		if v.scope == ScopeApprovals {
 			return nil, fmt.Errorf("%w: an approver (%s) reads executions behind its approvals, not where any is", ErrNotAllowed, principal)
 		}
+		owner := ""
+		if len(candidates) == 1 {
+			owner = candidates[0]
+		}
+		view := &ExecutionView{ExecutionID: id, Scope: v.scope}
 		view.State, view.Principal, err = w.where(ctx, owner, id)
 		return view, err
 	}
-	trail, err := audit.Read(ctx, w.b, id)
+	if len(candidates) == 0 {
+		if v.scope == ScopeApprovals {
+			return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, principal)
+		}
+		candidates = []string{principal} // nothing in the buckets: queued, or nothing
+	}
+	var refused error
+	for _, owner := range candidates {
+		view, err := w.executionOf(ctx, v, owner, id)
+		if errors.Is(err, ErrNotAllowed) {
+			refused = err
+			continue
+		}
+		return view, err
+	}
+	return nil, refused
+}
+
+// executionOf is owner's execution id as v may see it.
+func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*ExecutionView, error) {
+	view := &ExecutionView{ExecutionID: id, Principal: owner, Scope: v.scope}
+	trail, err := audit.Read(ctx, w.b, owner, id)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
-	if owner == "" {
-		for _, ev := range trail {
-			if ev.Type == audit.Requested && ev.Principal != "" {
-				owner = ev.Principal
-				break
-			}
-		}
+	view.Trail = trail
+	key := broker.Key(owner, id)
+	if rec, _, err := broker.Load[Record](ctx, w.b.Executions, key); err == nil {
+		view.Record = rec
+	} else if !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
 	}
-	if owner != "" && v.scope != ScopeAll {
-		// A trail is keyed by the execution id alone (DESIGN §12): keep the
-		// events of this principal's execution, and the decisions on it.
-		trail = slices.DeleteFunc(trail, func(ev audit.Event) bool { return ev.Principal != "" && ev.Principal != owner })
-	}
-	view.Principal, view.Trail = owner, trail
-	if owner != "" {
-		key := broker.Key(owner, id)
-		if rec, _, err := broker.Load[Record](ctx, w.b.Executions, key); err == nil {
-			view.Record = rec
-		} else if !errors.Is(err, broker.ErrNotFound) {
-			return nil, err
-		}
-		if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key); err == nil {
-			view.Envelope = env
-		} else if !errors.Is(err, broker.ErrNotFound) {
-			return nil, err
-		}
+	if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key); err == nil {
+		view.Envelope = env
+	} else if !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
 	}
 	// The approvals behind it: asked for (its trail and envelope say which)
-	// or consumed by it.
-	ids := approvalIDs(view)
+	// or consumed by it, by its owner.
 	store := approvals.NewStore(w.b, nil)
 	behind := false
-	for _, aid := range ids {
+	for _, aid := range approvalIDs(view) {
 		r, err := store.Get(ctx, aid)
-		if err != nil || (r.RequestedBy != id && r.ConsumedBy != id) || (owner != "" && r.Principal != owner) {
+		if err != nil || (r.RequestedBy != id && r.ConsumedBy != id) || r.Principal != owner {
 			continue
 		}
 		if v.scope == ScopeApprovals {
-			if _, _, err := w.grants.Approver(principal, r.Types); err != nil {
+			if _, _, err := w.grants.Approver(v.principal, r.Types); err != nil {
 				continue
 			}
 			behind = true
 		}
-		view.Approvals = append(view.Approvals, approvals.ShownTo(r, principal))
+		view.Approvals = append(view.Approvals, approvals.ShownTo(r, v.principal))
 	}
 	if v.scope == ScopeApprovals && !behind {
-		return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, principal)
+		return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, v.principal)
 	}
 	if v.scope == ScopeApprovals && view.Record != nil {
 		r := *view.Record
@@ -480,10 +501,8 @@ func (w *Worker) execution(ctx context.Context, principal string, req ExecutionR
 	switch {
 	case view.Envelope != nil:
 		view.State = ExecEnded
-	case view.Record != nil:
-		view.State = ExecInFlight
-	case len(trail) > 0:
-		view.State = ExecInFlight // claimed, its record gone or not yet readable
+	case view.Record != nil, len(trail) > 0:
+		view.State = ExecInFlight // a trail without a record: claimed, its record gone or not yet readable
 	default:
 		view.State, _, err = w.where(ctx, owner, id)
 		if err != nil {
@@ -548,10 +567,10 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 		return ExecQueued, qp, nil
 	}
 	if owner == "" {
-		// Without an owner the buckets cannot be read by key: the trail
-		// names it once a worker claimed it.
-		if trail, err := audit.Read(ctx, w.b, id); err == nil && len(trail) > 0 {
-			return ExecInFlight, trail[0].Principal, nil
+		// Without an owner the buckets cannot be read by key: whoever has
+		// a record or an envelope of the id.
+		if owners, err := broker.Owners(ctx, w.b, id); err == nil && len(owners) > 0 {
+			return ExecInFlight, owners[0], nil
 		}
 		if !certain {
 			return ExecUncertain, "", nil
@@ -598,10 +617,9 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 			return false, "", false, err
 		}
 		seq = m.Sequence + 1
-		// The message id is the execution id (or, keyed per principal,
-		// <principal>.<id>).
-		if h := m.Header.Get(nats.MsgIdHdr); h == id || strings.HasSuffix(h, "."+id) {
-			p, _, _ := w.b.Names.ParseExecSubject(m.Subject)
+		// The message id names the execution: <principal>.<id>[.<tag>]
+		// (or, from earlier versions, the id alone).
+		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
 			return true, p, true, nil
 		}
 		if v7 && m.Time.After(made.Add(time.Minute)) {
