@@ -115,7 +115,7 @@ func runAudit(args []string) int {
 			var v *executor.ExecutionView
 			if v, err = executor.RequestExecution(rctx, nc, names, executor.ExecutionRequest{ExecutionID: f.ExecutionID,
 				Owner: f.Principal}); err == nil {
-				trail = v.Trail
+				trail, f.Principal = v.Trail, v.Principal
 			}
 		}
 		if errors.Is(err, broker.ErrNotFound) {
