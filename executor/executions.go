@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -595,38 +596,81 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 }
 
 // queued looks for the request of id among the exec stream's messages on
-// subj: from the id's time less a minute (a UUIDv7's; a request is stored
-// right after its id is made) to a minute after it, or the whole stream for
-// another id; certain is false when it stopped at probeMaxMsgs.
+// subj: for a UUIDv7 id from the id's time less a minute (a request is never
+// stored before its id is made, less the clocks' skew), else from the
+// stream's start; certain is false when it stopped at probeMaxMsgs.
 func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
-	info, err := w.b.Exec.Info(ctx)
-	if err != nil {
-		return false, "", false, err
+	var from *time.Time
+	if made, v7 := envelope.ExecutionIDTime(id); v7 {
+		t := made.Add(-time.Minute).UTC()
+		from = &t
 	}
-	if info.State.Msgs == 0 {
-		return false, "", true, nil
-	}
-	made, v7 := envelope.ExecutionIDTime(id)
-	seq := info.State.FirstSeq
+	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := w.b.Exec.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return false, "", true, nil
-		}
+		m, err := w.nextMsg(ctx, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
-		seq = m.Sequence + 1
+		if m == nil {
+			return false, "", true, nil
+		}
+		from, seq = nil, m.Sequence+1
 		// The message id names the execution: <principal>.<id>[.<tag>]
 		// (or, from earlier versions, the id alone).
 		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
 			return true, p, true, nil
 		}
-		if v7 && m.Time.After(made.Add(time.Minute)) {
-			return false, "", true, nil
-		}
 	}
 	return false, "", false, nil
+}
+
+// nextMsg is the exec stream's first message on subj at or after seq (or
+// time from), or nil: a message get, which the exec stream answers without
+// direct gets.
+func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+	req := struct {
+		Seq       uint64     `json:"seq,omitempty"`
+		NextFor   string     `json:"next_by_subj"`
+		StartTime *time.Time `json:"start_time,omitempty"`
+	}{Seq: seq, NextFor: subj, StartTime: from}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	if err != nil {
+		return nil, err
+	}
+	var answer struct {
+		Message *struct {
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs"`
+			Time     time.Time `json:"time"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &answer); err != nil {
+		return nil, err
+	}
+	switch {
+	case answer.Error != nil && answer.Error.Code == 404:
+		return nil, nil
+	case answer.Error != nil:
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+	case answer.Message == nil:
+		return nil, nil
+	}
+	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time}
+	if len(answer.Message.Header) > 0 {
+		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
+			m.Header = h
+		}
+	}
+	return m, nil
 }
 
 // RequestExecutions asks the workers for a page of the executions the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
@@ -13,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 )
 
@@ -226,6 +228,25 @@ func TestProbe_UnknownIsToldApartFromQueued(t *testing.T) {
 	v, err = executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
 	if err != nil || v.State != executor.ExecQueued {
 		t.Fatalf("probe of a queued id: %v %+v, want queued", err, v)
+	}
+	// An id made long before its request was stored is found all the same.
+	old := envelope.NewExecutionID()
+	u, _ := uuid.Parse(old)
+	ms := uint64(time.Now().Add(-10 * time.Minute).UnixMilli())
+	for i := range 6 {
+		u[i] = byte(ms >> (40 - 8*i))
+	}
+	old = u.String()
+	msg.Header.Set(nats.MsgIdHdr, old)
+	req.ExecutionID = old
+	b, _ = envelope.Marshal(&req)
+	msg.Data = b
+	if _, err := r.admin.JS.PublishMsg(ctxT(t), msg); err != nil {
+		t.Fatal(err)
+	}
+	v, err = executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: old, Probe: true})
+	if err != nil || v.State != executor.ExecQueued {
+		t.Fatalf("probe of a queued id made ten minutes before: %v %+v, want queued", err, v)
 	}
 	// gw does not see alice's queued request.
 	v, err = executor.RequestExecution(ctxT(t), r.conns["gw"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
