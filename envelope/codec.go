@@ -28,12 +28,19 @@ type encoder struct {
 	enc *msgpack.Encoder
 }
 
+// encoders write records. Besides leaving every empty field out, they write
+// the keys of a map inside a record (an actor's attrs, an error's details, a
+// descriptor's input schema, an audit event's data) sorted by their bytes, so
+// that a record's bytes follow from its value alone: decoded and encoded
+// again, in Go or by a client in another language, it is the same bytes
+// (docs/wire.md).
 var encoders = sync.Pool{New: func() any {
 	e := &encoder{}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	e.enc.SetCustomStructTag("json")
 	e.enc.SetOmitEmpty(true)
 	e.enc.UseCompactInts(true)
+	e.enc.SetSortMapKeys(true)
 	return e
 }}
 
@@ -41,11 +48,14 @@ var encoders = sync.Pool{New: func() any {
 // field is left out only when its tag says omitempty, as encoding/json does:
 // the msgpack library counts a struct without exported fields (netip.Addr) as
 // empty, and a value must not lose it, nor a zero its handler meant to send.
+// A map's keys are sorted, as in records: a value's bytes follow from the
+// value (a JSON input, decoded into a map, keeps no order to follow).
 var valueEncoders = sync.Pool{New: func() any {
 	e := &encoder{}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	e.enc.SetCustomStructTag("json")
 	e.enc.UseCompactInts(true)
+	e.enc.SetSortMapKeys(true)
 	return e
 }}
 
