@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +21,7 @@ func runDev(args []string) int {
 	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [--envelope-retention D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all; demo.echo among them)")
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
 	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
 	mf := addMCPFlags(fs, "mcp-")
@@ -28,6 +30,9 @@ func runDev(args []string) int {
 	}
 	if err := sf.check(); err != nil {
 		return usageError("%v", err)
+	}
+	if wf.capabilities != "" && !slices.Contains(strings.Split(strings.ReplaceAll(wf.capabilities, " ", ""), ","), "demo.echo") {
+		return usageError("--capabilities: dev serves demo.echo, and waits for it to be served")
 	}
 	opts, err := sf.options()
 	if err != nil {
