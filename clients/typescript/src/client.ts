@@ -246,7 +246,7 @@ function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, executionI
   if (signal === undefined) return p;
   if (signal.aborted) return Promise.reject(aborted(signal, executionId));
   return new Promise<T>((resolve, reject) => {
-    const onAbort = (): void => reject(aborted(signal, executionId));
+    const onAbort = (): void => { reject(aborted(signal, executionId)); };
     signal.addEventListener("abort", onAbort, { once: true });
     p.then(
       (v) => {
@@ -283,7 +283,8 @@ function backoff(attempt: number): number {
 function isNoResponders(err: unknown): boolean {
   for (let e: unknown = err; e instanceof Error; e = e.cause) {
     if (e.name === "NoRespondersError") return true;
-    if ("isNoResponders" in e && typeof e.isNoResponders === "function" && e.isNoResponders() === true) return true;
+    const re = e as { isNoResponders?: () => boolean };
+    if (typeof re.isNoResponders === "function" && re.isNoResponders()) return true;
   }
   return false;
 }
@@ -328,8 +329,8 @@ class Waiters {
     private readonly c: Client,
     private readonly nc: NatsConnection,
   ) {
-    this.sub = nc.subscribe(c.names.envelopes(c.principal), { callback: (err, m) => this.onEnvelope(err, m) });
-    this.timer = setInterval(() => this.sweep(), 1000);
+    this.sub = nc.subscribe(c.names.envelopes(c.principal), { callback: (err, m) => { this.onEnvelope(err, m); } });
+    this.timer = setInterval(() => { this.sweep(); }, 1000);
     this.timer.unref();
     void this.watchStatus();
   }

@@ -659,7 +659,7 @@ export function writeValue(w: Writer, v: unknown, depth: number, path: string): 
   }
   if (Array.isArray(v)) {
     w.arrayHeader(v.length);
-    v.forEach((x: unknown, i) => writeValue(w, x, depth + 1, `${path}[${i}]`));
+    v.forEach((x: unknown, i) => { writeValue(w, x, depth + 1, `${path}[${i}]`); });
     return;
   }
   const o = v as Record<string, unknown> & { toJSON?: unknown };

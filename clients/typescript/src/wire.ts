@@ -508,7 +508,7 @@ function decodeRecord(r: Reader, s: Schema): Record<string, unknown> | null {
       r.skip(); // a field this reader does not know
       continue;
     }
-    delete o[key]; // a repeated key: the last one counts, as in Go
+    Reflect.deleteProperty(o, key); // a repeated key: the last one counts, as in Go
     const v = decodeField(r, kind, o, key);
     if (v !== undefined) o[key] = v;
   }
@@ -615,7 +615,7 @@ function writeRecord(w: Writer, o: Record<string, unknown>, s: Schema): void {
 function writeField(w: Writer, k: Kind, o: Record<string, unknown>, name: string): boolean {
   const v = o[name];
   if (v === undefined || v === null) return false;
-  const key = (): void => w.str(name);
+  const key = (): void => { w.str(name); };
   switch (k.t) {
     case "int":
       if (typeof v !== "number" && typeof v !== "bigint") throw new TypeError(`${name}: want an integer`);
@@ -637,7 +637,7 @@ function writeField(w: Writer, k: Kind, o: Record<string, unknown>, name: string
       return true;
     case "time": {
       if (v === "") return false;
-      const t = parseTimestamp(v instanceof Date ? v.toISOString() : String(v));
+      const t = parseTimestamp(v instanceof Date ? v.toISOString() : (v as string));
       if (isZeroTimestamp(t)) return false;
       key();
       w.time(t);
@@ -651,13 +651,14 @@ function writeField(w: Writer, k: Kind, o: Record<string, unknown>, name: string
       return true;
     }
     case "attrs": {
-      const entries = Object.entries(v as Record<string, string>).sort(([a], [b]) => compareUTF8(a, b));
+      const entries = Object.entries(v as Record<string, unknown>).sort(([a], [b]) => compareUTF8(a, b));
       if (entries.length === 0) return false;
       key();
       w.mapHeader(entries.length);
       for (const [a, x] of entries) {
+        if (typeof x !== "string") throw new TypeError(`${name}.${a}: want a string`);
         w.str(a);
-        w.str(String(x));
+        w.str(x);
       }
       return true;
     }
@@ -714,6 +715,7 @@ export function encodeWith(s: Schema, o: object): Uint8Array {
  * map, a field of the wrong type, and a record whose v is not 1 are refused
  * with DecodeError.
  */
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- the schema says what T is
 export function decodeWith<T>(s: Schema, b: Uint8Array): T {
   // A Buffer's slices are Buffers, which JSON renders as objects: values
   // hold plain Uint8Arrays.

@@ -75,7 +75,7 @@ export async function startDev(o: DevOptions = {}): Promise<Dev> {
   p.stderr.on("data", (b: Buffer) => (log += b.toString()));
   const url = await new Promise<string>((resolve, reject) => {
     let out = "";
-    const timer = setTimeout(() => reject(new Error(`capstan dev did not start within 120 s:\n${out}\n${log}`)), 120_000);
+    const timer = setTimeout(() => { reject(new Error(`capstan dev did not start within 120 s:\n${out}\n${log}`)); }, 120_000);
     p.stdout.on("data", (b: Buffer) => {
       out += b.toString();
       const m = /capstan dev listening on (nats:\/\/[^\s]+)/.exec(out);
@@ -89,7 +89,7 @@ export async function startDev(o: DevOptions = {}): Promise<Dev> {
       reject(new Error(`capstan dev exited (${String(code)}):\n${out}\n${log}`));
     });
   });
-  const stopped = new Promise<void>((resolve) => p.on("exit", () => resolve()));
+  const stopped = new Promise<void>((resolve) => p.on("exit", () => { resolve(); }));
   return {
     url,
     bin,
@@ -99,7 +99,7 @@ export async function startDev(o: DevOptions = {}): Promise<Dev> {
       if (secrets === undefined) throw new Error("an open server has no credentials");
       return join(secrets, `${name}.creds`);
     },
-    async worker(pool, capabilities) {
+    worker(pool, capabilities) {
       const wargs = ["worker", "--nats", url, "--pool", pool, "--capabilities", capabilities.join(","), "--sweep-every", "-1s"];
       if (secrets !== undefined) wargs.push("--creds", join(secrets, "worker.creds"));
       const w = spawn(bin, wargs, { stdio: ["ignore", "ignore", "pipe"] });
@@ -109,7 +109,7 @@ export async function startDev(o: DevOptions = {}): Promise<Dev> {
       w.on("exit", (code) => {
         if (code !== 0 && code !== null) process.stderr.write(`capstan worker exited ${code}:\n${wlog}\n`);
       });
-      return w;
+      return Promise.resolve(w);
     },
     async stop() {
       for (const w of workers) if (w.exitCode === null) w.kill("SIGTERM");

@@ -12,6 +12,8 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, type Envelope } from "../src/index.js";
 import { encodeEnvelope } from "../src/wire.js";
+import { aiTools } from "../src/ai.js";
+import { main } from "../examples/scripted-agent.js";
 import { startDev, type Dev } from "./capstan.js";
 
 const demo = ["demo.echo", "demo.flaky", "demo.sleep", "orders.refund"];
@@ -195,7 +197,7 @@ describe("cancel and abort", () => {
   test("an aborted wait is not a failure of the execution: it goes on and can be awaited", async () => {
     const ac = new AbortController();
     const call = c.call("demo.sleep", { ms: 300 }, { signal: ac.signal });
-    setTimeout(() => ac.abort(new Error("the user went away")), 20);
+    setTimeout(() => { ac.abort(new Error("the user went away")); }, 20);
     const err = (await call.then(
       () => assert.fail("the call should have been aborted"),
       (e: unknown) => e,
@@ -210,7 +212,7 @@ describe("cancel and abort", () => {
   test("cancelOnAbort cancels the execution too", async () => {
     const ac = new AbortController();
     const call = c.call("email.send", { to: "ada@example.com", subject: "abort me", holdMs: 30_000 }, { signal: ac.signal, cancelOnAbort: true });
-    setTimeout(() => ac.abort(), 300);
+    setTimeout(() => { ac.abort(); }, 300);
     const err = (await call.catch((e: unknown) => e)) as CapstanError;
     assert.equal(err.code, "ABORTED");
     const env = await c.await(err.executionId as string, { signal: bound() });
@@ -309,7 +311,7 @@ describe("what a client must refuse", () => {
     forge(id, envelopeOf(id, 2), `$KV.CAPSTAN_ENVELOPES._anon.${id}`); // an unknown schema version
     await raw.flush();
     const good = { ...envelopeOf(id), output: { taken: true } };
-    setTimeout(() => forge(id, good, `$KV.CAPSTAN_ENVELOPES._anon.${id}`), 200);
+    setTimeout(() => { forge(id, good, `$KV.CAPSTAN_ENVELOPES._anon.${id}`); }, 200);
     const env = await wait;
     assert.deepEqual(env.output, { taken: true });
   });
@@ -320,6 +322,68 @@ describe("what a client must refuse", () => {
     await kv.put(`_anon.${id}`, encodeEnvelope(envelopeOf(id, 2)));
     await assert.rejects(c.status(id), (e: CapstanError) => e.code === "DECODE");
     await assert.rejects(c.await(id, { signal: bound() }), (e: CapstanError) => e.code === "DECODE");
+  });
+});
+
+describe("AI SDK tools", () => {
+  test("the capabilities become tools in the SDK's shape; execute is a governed call", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    assert.ok("demo_echo" in tools && "orders_refund" in tools && "capstan_resume" in tools && "capstan_status" in tools);
+    // The SDK's isSchema: Symbol.for("vercel.ai.schema"), jsonSchema and validate.
+    const schema = tools.orders_refund?.inputSchema as Record<string | symbol, unknown>;
+    assert.equal(schema[Symbol.for("vercel.ai.schema")], true);
+    assert.ok("validate" in schema);
+    assert.deepEqual(Object.keys((schema.jsonSchema as { properties: object }).properties).sort(), ["amount", "orderId"]);
+    assert.match(tools.orders_refund?.description ?? "", /approval/);
+
+    assert.deepEqual(await tools.demo_echo?.execute({ a: 1 }), { a: 1 });
+  });
+
+  test("a failure shows the model only forModel(); an approval what to do next", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    const failed = (await tools.demo_flaky?.execute({ failTimes: 5 })) as { status: string; error: unknown };
+    assert.equal(failed.status, "failed");
+    assert.deepEqual(failed.error, { code: "EXECUTION_FAILED", message: "Attempt 3 failed on purpose.", retryable: true });
+    const approval = (await tools.orders_refund?.execute({ orderId: "o-7", amount: 901 })) as { status: string; approvalId: string; next: string };
+    assert.equal(approval.status, "approval-required");
+    assert.match(approval.next, /You cannot approve it yourself/);
+    const early = (await tools.capstan_resume?.execute({ approvalId: approval.approvalId })) as { error: { code: string } };
+    assert.equal(early.error.code, "APPROVAL_PENDING");
+  });
+
+  test("a call that outlives the tool's wait goes on, and the model is told how to read it", async () => {
+    const tools = await aiTools(c, { surface: "mcp", callTimeoutMs: 50 });
+    const r = (await tools.demo_sleep?.execute({ ms: 500 })) as { status: string; executionId: string };
+    assert.equal(r.status, "running");
+    const tools2 = await aiTools(c, { surface: "mcp" });
+    for (;;) {
+      const s = (await tools2.capstan_status?.execute({ executionId: r.executionId })) as { status?: string; sleptMs?: number };
+      if (s.status !== "running") {
+        assert.deepEqual(s, { sleptMs: 500 });
+        break;
+      }
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  });
+
+  test("the model's abort cancels the execution", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    const ac = new AbortController();
+    const run = tools.email_send?.execute({ to: "x@example.com", subject: "abort", holdMs: 30_000 }, { abortSignal: ac.signal });
+    setTimeout(() => { ac.abort(); }, 300);
+    const err = (await run?.catch((e: unknown) => e)) as CapstanError;
+    assert.equal(err.code, "ABORTED");
+    const env = await c.await(err.executionId as string, { signal: bound() });
+    assert.equal(env.status, "cancelled");
+  });
+
+  test("the example's scripted loop runs: echo, a failure, an approval, one resume", async () => {
+    const lines: string[] = [];
+    const results = await main(dev.url, (l) => lines.push(l));
+    assert.deepEqual(results[0], { question: "Is capstan up?" });
+    assert.equal((results[2] as { status: string }).status, "approval-required");
+    assert.deepEqual(results[3], { orderId: "o-42", amount: 900, repeated: false });
+    assert.equal(lines.length, 1 + 4 + 1);
   });
 });
 
