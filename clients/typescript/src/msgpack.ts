@@ -4,7 +4,7 @@
 // error's details) are written by encodeValue, which makes the choices Go's
 // codec makes, and read by @msgpack/msgpack.
 
-import { decode as decodeMsgpack, DecodeError as MsgpackDecodeError, ExtensionCodec } from "@msgpack/msgpack";
+import { Decoder, DecodeError as MsgpackDecodeError, ExtensionCodec } from "@msgpack/msgpack";
 import { formatTimestamp, type Timestamp, timestampOfDate } from "./time.js";
 
 /** Thrown for bytes that are not a valid record: the client error code DECODE. */
@@ -123,6 +123,10 @@ export class Writer {
 
   /** An integer in the fewest bytes, as Go's encoder with compact integers. */
   int(n: number | bigint): void {
+    if (typeof n === "number" && Number.isSafeInteger(n) && n >= -0x80000000 && n <= 0xffffffff) {
+      this.smallInt(n);
+      return;
+    }
     const v = BigInt(n);
     if (v >= 0n) {
       if (v <= 0x7fn) this.u8(Number(v));
@@ -161,6 +165,37 @@ export class Writer {
       this.view.setBigInt64(this.pos, v);
       this.pos += 8;
     } else throw new RangeError(`integer ${v} does not fit in 64 bits`);
+  }
+
+  // smallInt writes an integer of 32 bits or fewer without a bigint.
+  private smallInt(n: number): void {
+    if (n >= 0) {
+      if (n <= 0x7f) this.u8(n);
+      else if (n <= 0xff) {
+        this.u8(0xcc);
+        this.u8(n);
+      } else if (n <= 0xffff) {
+        this.u8(0xcd);
+        this.u16(n);
+      } else {
+        this.u8(0xce);
+        this.u32(n);
+      }
+      return;
+    }
+    if (n >= -32) this.u8(n & 0xff);
+    else if (n >= -0x80) {
+      this.u8(0xd0);
+      this.u8(n & 0xff);
+    } else if (n >= -0x8000) {
+      this.u8(0xd1);
+      this.u16(n & 0xffff);
+    } else {
+      this.u8(0xd2);
+      this.room(4);
+      this.view.setInt32(this.pos, n);
+      this.pos += 4;
+    }
   }
 
   float64(n: number): void {
@@ -432,6 +467,11 @@ export class Reader {
 
   /** An integer of any width, as a number; 0 for nil. One beyond 2^53 is refused. */
   int(): number {
+    const c = this.b[this.pos];
+    if (c !== undefined && (c <= 0x7f || c >= 0xe0)) {
+      this.pos++;
+      return c <= 0x7f ? c : c - 0x100;
+    }
     const v = this.bigint();
     if (v > BigInt(Number.MAX_SAFE_INTEGER) || v < BigInt(Number.MIN_SAFE_INTEGER)) {
       throw new DecodeError(`integer ${v} beyond 2^53 in a record field`);
@@ -547,6 +587,10 @@ function headerFor(data: Uint8Array): Uint8Array {
   return b;
 }
 
+// One decoder for every value: it re-enters itself safely when a decode
+// happens inside another (it clones), and builds no state per call.
+const valueDecoder = new Decoder({ extensionCodec: valueCodec, useBigInt64: true, mapKeyConverter: mapKey });
+
 function mapKey(key: unknown): string | number {
   let k: string | number;
   if (typeof key === "string" || typeof key === "number") k = key;
@@ -567,7 +611,7 @@ export function decodeValue(b: Uint8Array): unknown {
   checkWellFormed(b);
   let v: unknown;
   try {
-    v = decodeMsgpack(b, { extensionCodec: valueCodec, useBigInt64: true, mapKeyConverter: mapKey });
+    v = valueDecoder.decode(b);
   } catch (err) {
     if (err instanceof DecodeError) throw err;
     if (err instanceof MsgpackDecodeError || err instanceof RangeError || err instanceof Error) {

@@ -496,11 +496,22 @@ function keptBytes(o: Record<string, unknown>, field: string): Uint8Array | unde
   return e !== undefined && e.value === o[field] ? e.bytes : undefined;
 }
 
+const fieldMaps = new WeakMap<Schema, Map<string, Kind>>();
+
+function fieldsOf(s: Schema): Map<string, Kind> {
+  let m = fieldMaps.get(s);
+  if (m === undefined) {
+    m = new Map(s.map((f) => [f[0], f[1]]));
+    fieldMaps.set(s, m);
+  }
+  return m;
+}
+
 function decodeRecord(r: Reader, s: Schema): Record<string, unknown> | null {
   const n = r.mapLen();
   if (n === null) return null;
   const o: Record<string, unknown> = {};
-  const fields = new Map(s.map((f) => [f[0], f[1]]));
+  const fields = fieldsOf(s);
   for (let i = 0; i < n; i++) {
     const key = r.string();
     const kind = fields.get(key);
