@@ -23,6 +23,16 @@ const Version = 1
 // ErrDecode marks bytes that are not a valid record. Compare with errors.Is.
 var ErrDecode = errors.New("envelope: record does not decode")
 
+// CheckVersion refuses a record of a schema version this reader does not
+// know, as not decoding (docs/wire.md: a reader refuses a record whose v is
+// not Version).
+func CheckVersion(v int) error {
+	if v != Version {
+		return fmt.Errorf("%w: schema version %d, want %d", ErrDecode, v, Version)
+	}
+	return nil
+}
+
 type encoder struct {
 	buf bytes.Buffer
 	enc *msgpack.Encoder
