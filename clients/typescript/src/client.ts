@@ -4,7 +4,7 @@
 // (docs/wire.md).
 
 import { readFile } from "node:fs/promises";
-import { credsAuthenticator, headers as natsHeaders, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
+import { credsAuthenticator, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { connect as natsConnect, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { jetstream, type JetStreamClient, JetStreamApiError } from "@nats-io/jetstream";
 import { CapabilityError, CapstanError, ExpiredError } from "./errors.js";
@@ -305,8 +305,11 @@ function transient(err: unknown): boolean {
   return isTimeout(err) || isNoResponders(err);
 }
 
+const closedMessage = "capstan: client closed while awaiting the envelope; the execution may still run";
+
 interface Waiter {
   resolve(env: Envelope): void;
+  reject(err: Error): void;
 }
 
 /**
@@ -333,10 +336,15 @@ class Waiters {
     this.timer = setInterval(() => { this.sweep(); }, 1000);
     this.timer.unref();
     void this.watchStatus();
+    // A connection closed under the client ends its waits: nothing will deliver them.
+    void nc.closed().then(() => {
+      this.close();
+    });
   }
 
   private async watchStatus(): Promise<void> {
     for await (const s of this.nc.status()) {
+      if (this.closed) return;
       if (s.type === "reconnect") {
         this.reconnects++;
         this.recheck(0);
@@ -398,8 +406,16 @@ class Waiters {
   /** Registers a waiter of id's envelope; wait or remove ends it. */
   add(id: string): { waiter: Waiter; promise: Promise<Envelope> } {
     let resolve!: (env: Envelope) => void;
-    const promise = new Promise<Envelope>((r) => (resolve = r));
-    const waiter = { resolve };
+    let reject!: (err: Error) => void;
+    const promise = new Promise<Envelope>((res, rej) => {
+      resolve = res;
+      reject = rej;
+    });
+    promise.catch(() => undefined); // a waiter removed unawaited may be rejected at close
+    const waiter = { resolve, reject: (err: Error) => {
+      reject(new CapstanError("CLOSED", err.message, { executionId: id }));
+    } };
+    if (this.closed) waiter.reject(new Error(closedMessage));
     let ws = this.waiters.get(id);
     if (ws === undefined) {
       ws = new Set();
@@ -442,28 +458,21 @@ class Waiters {
   /** Waits for a registered waiter's envelope until signal ends it or the client closes. */
   async wait(id: string, w: { waiter: Waiter; promise: Promise<Envelope> }, signal?: AbortSignal): Promise<Envelope> {
     try {
-      return await abortable(Promise.race([w.promise, this.closedPromise]), signal, id);
-    } catch (err) {
-      if (err instanceof CapstanError && err.code === "CLOSED") {
-        throw new CapstanError("CLOSED", err.message, { executionId: id });
-      }
-      throw err;
+      return await abortable(w.promise, signal, id);
     } finally {
       this.remove(id, w.waiter);
     }
   }
 
-  private rejectClosed!: (err: Error) => void;
-  private readonly closedPromise: Promise<never> = new Promise<never>((_, reject) => {
-    this.rejectClosed = reject;
-  });
-
+  /** Stops watching and releases the subscription; waits still pending end with CLOSED. */
   close(): void {
+    if (this.closed) return;
     this.closed = true;
     clearInterval(this.timer);
-    this.closedPromise.catch(() => undefined); // rejected on purpose; waits see it through race
-    this.rejectClosed(new CapstanError("CLOSED", "capstan: client closed while awaiting the envelope; the execution may still run"));
-    this.sub.unsubscribe();
+    for (const ws of this.waiters.values()) for (const w of ws) w.reject(new Error(closedMessage));
+    this.waiters.clear();
+    this.since.clear();
+    if (!this.nc.isClosed()) this.sub.unsubscribe();
   }
 }
 
@@ -661,8 +670,7 @@ export class Client {
       this.checkOpen(executionId);
       if (signal?.aborted === true) throw aborted(signal, executionId);
       try {
-        const h = natsHeaders();
-        const ack = await abortable(this.js.publish(subject, data, { msgID, timeout: publishTryMs, headers: h }), signal, executionId);
+        const ack = await abortable(this.js.publish(subject, data, { msgID, timeout: publishTryMs }), signal, executionId);
         return { duplicate: ack.duplicate };
       } catch (err) {
         if (err instanceof CapstanError) throw err;
