@@ -361,25 +361,40 @@ export class Reader {
    * length fits in the bytes that remain and nesting stays within maxDepth,
    * as Go's decoder checks before it allocates.
    */
-  walk(depth = 0): void {
-    const { h, body } = this.head();
-    if (body > this.b.length) throw new DecodeError("record is truncated");
-    this.pos = body;
-    switch (h.kind) {
-      case "str":
-      case "bin":
-        this.take(h.n);
-        return;
-      case "ext": // body starts after the type byte
-        this.take(h.n);
-        return;
-      case "array":
-      case "map": {
-        const n = h.kind === "map" ? 2 * h.n : h.n;
-        if (depth >= maxDepth) throw new DecodeError(`values nest deeper than ${maxDepth}`);
-        if (n > this.b.length - this.pos) throw new DecodeError("record declares more than it holds");
-        for (let i = 0; i < n; i++) this.walk(depth + 1);
-        return;
+  walk(): void {
+    // Iterative: a JavaScript stack is shallower than the 10,000 levels
+    // Go's decoder accepts. Each entry is what is left to read of an
+    // enclosing array or map.
+    const stack: number[] = [];
+    let remaining = 1;
+    for (;;) {
+      if (remaining === 0) {
+        const up = stack.pop();
+        if (up === undefined) return;
+        remaining = up;
+        continue;
+      }
+      remaining--;
+      const { h, body } = this.head();
+      if (body > this.b.length) throw new DecodeError("record is truncated");
+      this.pos = body;
+      switch (h.kind) {
+        case "str":
+        case "bin":
+        case "ext": // body starts after the type byte
+          this.take(h.n);
+          break;
+        case "array":
+        case "map": {
+          if (stack.length >= maxDepth) throw new DecodeError(`values nest deeper than ${maxDepth}`);
+          const n = h.kind === "map" ? 2 * h.n : h.n;
+          if (n > this.b.length - this.pos) throw new DecodeError("record declares more than it holds");
+          stack.push(remaining);
+          remaining = n;
+          break;
+        }
+        default:
+          break;
       }
     }
   }
@@ -609,9 +624,8 @@ function mapKey(key: unknown): string | number {
 export function decodeValue(b: Uint8Array): unknown {
   if (Buffer.isBuffer(b)) b = new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
   checkWellFormed(b);
-  let v: unknown;
   try {
-    v = valueDecoder.decode(b);
+    return safeIntegers(valueDecoder.decode(b));
   } catch (err) {
     if (err instanceof DecodeError) throw err;
     if (err instanceof MsgpackDecodeError || err instanceof RangeError || err instanceof Error) {
@@ -619,23 +633,29 @@ export function decodeValue(b: Uint8Array): unknown {
     }
     throw err;
   }
-  return safeIntegers(v);
 }
 
-// safeIntegers turns 64-bit integers that a number holds exactly into numbers.
+// safeIntegers turns 64-bit integers that a number holds exactly into
+// numbers, iteratively (values may nest 10,000 deep).
 function safeIntegers(v: unknown): unknown {
-  if (typeof v === "bigint") {
-    return v <= BigInt(Number.MAX_SAFE_INTEGER) && v >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(v) : v;
+  const fix = (x: unknown): unknown =>
+    typeof x === "bigint" && x <= BigInt(Number.MAX_SAFE_INTEGER) && x >= BigInt(Number.MIN_SAFE_INTEGER) ? Number(x) : x;
+  const todo: unknown[] = [v];
+  for (let x = todo.pop(); x !== undefined || todo.length > 0; x = todo.pop()) {
+    if (Array.isArray(x)) {
+      for (let i = 0; i < x.length; i++) {
+        x[i] = fix(x[i]);
+        if (typeof x[i] === "object") todo.push(x[i]);
+      }
+    } else if (x !== null && typeof x === "object" && !(x instanceof Uint8Array)) {
+      const o = x as Record<string, unknown>;
+      for (const k of Object.keys(o)) {
+        o[k] = fix(o[k]);
+        if (typeof o[k] === "object") todo.push(o[k]);
+      }
+    }
   }
-  if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) v[i] = safeIntegers(v[i]);
-    return v;
-  }
-  if (v !== null && typeof v === "object" && !(v instanceof Uint8Array)) {
-    const o = v as Record<string, unknown>;
-    for (const k of Object.keys(o)) o[k] = safeIntegers(o[k]);
-  }
-  return v;
+  return fix(v);
 }
 
 /** A value that cannot be sent: refused before anything is published. */
@@ -655,7 +675,13 @@ export class ValueError extends TypeError {
  */
 export function encodeValue(v: unknown): Uint8Array {
   const w = new Writer();
-  writeValue(w, v, 0, "");
+  try {
+    writeValue(w, v, 0, "");
+  } catch (err) {
+    // Deeper than this JavaScript stack reaches (some thousands of levels).
+    if (err instanceof RangeError && !(err instanceof ValueError)) throw new ValueError(`value: ${err.message}`, { cause: err });
+    throw err;
+  }
   return w.bytes();
 }
 

@@ -9,7 +9,7 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { parseJSON, stringifyJSON } from "../src/json.js";
-import { encodeValue } from "../src/msgpack.js";
+import { decodeValue, DecodeError, encodeValue } from "../src/msgpack.js";
 import * as wire from "../src/wire.js";
 import { vectorsDir } from "./capstan.js";
 
@@ -112,6 +112,19 @@ describe("values", () => {
     assert.deepEqual(out.bytes, new Uint8Array([0, 1, 0xfe, 0xff]));
     assert.equal(out.when, "2026-03-14T15:09:26.535897932Z");
     assert.equal(out.text, "héllo, 世界 😀");
+  });
+
+  test("values nest up to 10,000 levels, as Go's decoder allows, and no deeper", () => {
+    const nested = (depth: number): Uint8Array => {
+      const b = new Uint8Array(depth + 1).fill(0x91, 0, depth);
+      b[depth] = 0x01;
+      return b;
+    };
+    let v = decodeValue(nested(10000));
+    for (let i = 0; i < 10000; i++) v = (v as unknown[])[0];
+    assert.equal(v, 1);
+    assert.throws(() => decodeValue(nested(10001)), DecodeError);
+    assert.throws(() => decodeValue(new Uint8Array([0xdd, 0xff, 0xff, 0xff, 0xff])), DecodeError); // a crafted length
   });
 
   test("a changed value is encoded from the value, not from the bytes it came in", () => {
