@@ -58,6 +58,15 @@ export const principals = {
 /** Starts `capstan dev` on a free loopback port and waits until it serves. */
 export async function startDev(o: DevOptions = {}): Promise<Dev> {
   const dir = mkdtempSync(join(tmpdir(), "capstan-ts-"));
+  try {
+    return await start(dir, o);
+  } catch (err) {
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
+  }
+}
+
+async function start(dir: string, o: DevOptions): Promise<Dev> {
   const bin = await buildCapstan(dir);
   const args = ["dev", "--listen", "127.0.0.1:0", "--store", join(dir, "store"), "--console", "off", "--sweep-every", "200ms"];
   let secrets: string | undefined;
