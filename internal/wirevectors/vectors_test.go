@@ -14,9 +14,12 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/inputcheck"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 var update = flag.Bool("update", false, "write testdata/go anew from the Go codec")
@@ -474,6 +477,60 @@ func TestVectors_Go(t *testing.T) {
 		}
 	}
 	checkVectors(t, dir)
+}
+
+// MsgIDVector is a request's message id as a connection that signs with an
+// nkey makes it (broker.MsgIDs): a client in another language must make the
+// same, so that a request submitted again by any process of the principal is
+// dropped as a duplicate.
+type MsgIDVector struct {
+	// Seed is a user nkey seed made from fixed bytes for this vector only.
+	Seed        string `json:"seed"`
+	Principal   string `json:"principal"`
+	ExecutionID string `json:"executionId"`
+	MsgID       string `json:"msgId"`
+	// Unsigned is the message id of a connection that does not sign.
+	Unsigned string `json:"unsigned"`
+}
+
+// TestVectors_MsgIDs checks testdata/go/msgids.json against broker.MsgIDs
+// (-update writes it).
+func TestVectors_MsgIDs(t *testing.T) {
+	seed, err := nkeys.EncodeSeed(nkeys.PrefixByteUser, bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed, err := broker.NewMsgIDs(&nats.Conn{Opts: nats.Options{SignatureCB: kp.Sign}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsigned, err := broker.NewMsgIDs(&nats.Conn{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []MsgIDVector
+	for _, c := range []struct{ principal, id string }{{"alice", execID}, {"alice", execID2}, {"bob", execID}, {"_anon", execID}} {
+		want = append(want, MsgIDVector{Seed: string(seed), Principal: c.principal, ExecutionID: c.id,
+			MsgID: signed.Request(c.principal, c.id), Unsigned: unsigned.Request(c.principal, c.id)})
+	}
+	b, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, '\n')
+	path := filepath.Join("testdata", "go", "msgids.json")
+	if *update {
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if have := readFile(t, path); !bytes.Equal(have, b) {
+		t.Errorf("%s is not what broker.MsgIDs makes today:\nhave %s\nnow  %s", path, have, b)
+	}
 }
 
 // TestVectors_TypeScript reads the requests the TypeScript client wrote

@@ -8,6 +8,7 @@ import { credsAuthenticator, type Msg, type NatsConnection, type Subscription } 
 import { connect as natsConnect, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { jetstream, type JetStreamClient, JetStreamApiError } from "@nats-io/jetstream";
 import { CapabilityError, CapstanError, ExpiredError } from "./errors.js";
+import { MsgIds } from "./msgid.js";
 import { anonymous, key, Names, validPrincipal } from "./names.js";
 import { formatTimestamp, timeMillis, timeText, timestampOfDate } from "./time.js";
 import { DecodeError } from "./msgpack.js";
@@ -488,6 +489,7 @@ export class Client {
   readonly principal: string;
   readonly log: Logger;
   private readonly js: JetStreamClient;
+  private readonly msgIds: MsgIds;
   private readonly w: Waiters;
   private readonly opts: ClientOptions;
   private readonly ownsConnection: boolean;
@@ -510,6 +512,7 @@ export class Client {
     const inbox = (nc as unknown as { options?: { inboxPrefix?: string } }).options?.inboxPrefix;
     this.principal = this.names.principalOfInbox(inbox);
     this.js = jetstream(nc);
+    this.msgIds = MsgIds.fromConnection(nc);
     this.w = new Waiters(this, nc);
     this.approvals = {
       list: (o = {}) => this.listApprovals(o),
@@ -693,8 +696,8 @@ export class Client {
     } catch (err) {
       throw new CapstanError("INVALID_ARGUMENT", `capstan: input does not encode: ${(err as Error).message}`, { cause: err, executionId: r.executionId });
     }
-    // The exec stream's dedup id: the principal's key of the execution.
-    return this.publish(subject, data, key(this.principal, r.executionId), r.executionId, signal);
+    // The exec stream's dedup id: the execution's key, tagged by the connection's key.
+    return this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
   }
 
   /**

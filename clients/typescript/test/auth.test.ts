@@ -10,6 +10,13 @@ import { credsAuthenticator, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import { CapstanError, connect, forModel, newExecutionId, principalFromCreds, type Client } from "../src/index.js";
 import { Names } from "../src/names.js";
+import { MsgIds } from "../src/msgid.js";
+import { encodeRequest } from "../src/wire.js";
+import { jetstream } from "@nats-io/jetstream";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
 import { startDev, type Dev } from "./capstan.js";
 
 const bound = (): AbortSignal => AbortSignal.timeout(60_000); // a failure guard, not a measure
@@ -129,6 +136,30 @@ describe("approvals with authentication", () => {
     assert.equal(rejected.status, "rejected");
     const r = await alice.resume(approvalId, { signal: bound() });
     assert.equal(r.error?.code, "APPROVAL_REJECTED");
+  });
+});
+
+describe("request message ids", () => {
+  test("the client tags a request's message id as the Go client does: Go's submit, then the same id from TypeScript, is a duplicate", async () => {
+    const raw = await natsConnect({
+      servers: dev.url,
+      authenticator: credsAuthenticator(readFileSync(dev.creds("alice"))),
+      inboxPrefix: new Names().inboxPrefix("alice"),
+    });
+    try {
+      const id = newExecutionId();
+      const { stdout } = await run(dev.bin, ["submit", "demo.echo", "--nats", dev.url, "--creds", dev.creds("alice"), "--id", id, "--input", "{}"]);
+      assert.equal(stdout.trim(), id);
+      const msgId = MsgIds.fromConnection(raw).request("alice", id);
+      assert.match(msgId, new RegExp(`^alice\\.${id}\\.[0-9a-f]{16}$`));
+      const req = { v: 1, executionId: id, capabilityId: "demo.echo", actor: { kind: "user", id: "alice" }, surface: "direct", submittedAt: new Date().toISOString() };
+      const ack = await jetstream(raw).publish("capstan.exec.alice.demo.echo", encodeRequest(req), { msgID: msgId });
+      assert.equal(ack.duplicate, true);
+      const env = await alice.await(id, { signal: bound() });
+      assert.equal(env.status, "completed");
+    } finally {
+      await raw.close();
+    }
   });
 });
 

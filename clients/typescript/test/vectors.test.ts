@@ -12,6 +12,10 @@ import { parseJSON, stringifyJSON } from "../src/json.js";
 import { decodeValue, DecodeError, encodeValue } from "../src/msgpack.js";
 import * as wire from "../src/wire.js";
 import { vectorsDir } from "./capstan.js";
+import { fromSeed } from "@nats-io/nkeys";
+import { nkeyAuthenticator } from "@nats-io/nats-core";
+import type { NatsConnection } from "@nats-io/nats-core";
+import { MsgIds, msgIdKeyText } from "../src/msgid.js";
 
 interface Vector {
   name: string;
@@ -259,4 +263,27 @@ describe("requests this client writes, read by Go", () => {
       assert.equal(Buffer.from(encode(decoded as never)).toString("hex"), have.toString("hex"));
     });
   }
+});
+
+describe("request message ids", () => {
+  const vectors = parseJSON(readFileSync(join(vectorsDir, "go", "msgids.json"), "utf8")) as {
+    seed: string;
+    principal: string;
+    executionId: string;
+    msgId: string;
+    unsigned: string;
+  }[];
+  test("a connection that signs makes Go's tagged ids; one that does not, the key alone", () => {
+    assert.ok(vectors.length > 0);
+    for (const v of vectors) {
+      const seed = new TextEncoder().encode(v.seed);
+      const bySignature = MsgIds.fromSignature(fromSeed(seed).sign(new TextEncoder().encode(msgIdKeyText)));
+      assert.equal(bySignature.request(v.principal, v.executionId), v.msgId);
+      // As a connection's authenticator signs a server's nonce.
+      const nc = { options: { authenticator: nkeyAuthenticator(seed) } } as unknown as NatsConnection;
+      assert.equal(MsgIds.fromConnection(nc).request(v.principal, v.executionId), v.msgId);
+      const open = { options: { authenticator: () => ({}) } } as unknown as NatsConnection;
+      assert.equal(MsgIds.fromConnection(open).request(v.principal, v.executionId), v.unsigned);
+    }
+  });
 });
