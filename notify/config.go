@@ -492,9 +492,9 @@ func (c Channel) receives(types []string) bool {
 	return false
 }
 
-// where describes a channel's destination without its secrets: the URL's
+// Where describes a channel's destination without its secrets: the URL's
 // host, or the mail server.
-func (c Channel) where() string {
+func (c Channel) Where() string {
 	switch c.Kind {
 	case Email:
 		return c.SMTP.Host

@@ -97,7 +97,7 @@ func (s *httpSender) send(ctx context.Context, n *notification) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return transient("POST to %s: %v", s.ch.where(), err)
+		return transient("POST to %s: %v", s.ch.Where(), err)
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -106,13 +106,13 @@ func (s *httpSender) send(ctx context.Context, n *notification) error {
 	case code >= 200 && code < 300:
 		return nil
 	case code == http.StatusTooManyRequests || code == http.StatusRequestTimeout || code >= 500:
-		f := &failure{err: fmt.Errorf("POST to %s: answered %s", s.ch.where(), resp.Status)}
+		f := &failure{err: fmt.Errorf("POST to %s: answered %s", s.ch.Where(), resp.Status)}
 		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
 			f.retryAfter = time.Duration(secs) * time.Second
 		}
 		return f
 	case code >= 300 && code < 400:
-		return permanent("POST to %s: answered %s, a redirect, which is not followed", s.ch.where(), resp.Status)
+		return permanent("POST to %s: answered %s, a redirect, which is not followed", s.ch.Where(), resp.Status)
 	}
-	return permanent("POST to %s: answered %s", s.ch.where(), resp.Status)
+	return permanent("POST to %s: answered %s", s.ch.Where(), resp.Status)
 }

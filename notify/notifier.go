@@ -22,10 +22,11 @@ import (
 
 // Settings of the notify consumer.
 const (
-	// AckWait is how long a delivery may go without word from its notifier
-	// (a notifier working on one says so every third of it) before the
-	// server hands it to another.
-	AckWait = time.Minute
+	// AckWait is how long a change may go without word from the notifier
+	// that took it (a notifier working on one says so every third of the
+	// consumer's AckWait) before the server hands it to another: how long a
+	// killed notifier's notifications wait.
+	AckWait = 30 * time.Second
 	// maxAckPending bounds the approvals notified at once across notifiers.
 	maxAckPending = 1024
 	// DefaultConcurrency is how many approvals one notifier works on at once.
@@ -39,6 +40,10 @@ const (
 // ErrNoConsumer: the notify consumer does not exist, and this notifier may
 // not (or was not told to) create it.
 var ErrNoConsumer = errors.New("capstan notify: the notify consumer does not exist")
+
+// ErrNotProvisioned: the approvals bucket does not exist yet (no server or
+// worker provisioned capstan's resources).
+var ErrNotProvisioned = errors.New("capstan notify: no approvals bucket yet")
 
 // Notifier delivers the notifications of a deployment's approvals to its
 // channels. Several notifiers (in workers, in capstan notify processes) share
@@ -161,7 +166,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, n broker.Names) (jet
 		c, err = js.CreateConsumer(ctx, stream, consumerConfig(n))
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("capstan notify: no approvals bucket (%s): provision capstan's resources first (capstan server, or a worker)", n.ApprovalsBucket())
+		return nil, fmt.Errorf("%w (%s): capstan server or a worker provisions it", ErrNotProvisioned, n.ApprovalsBucket())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("capstan notify: consumer %s on %s: %w", n.NotifyConsumer(), stream, err)
@@ -204,6 +209,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 		return err
 	}
 	since := cons.CachedInfo().Created
+	ackWait := cons.CachedInfo().Config.AckWait
 	n.started.Store(n.now().UnixNano())
 	if !n.cfg.NoStatus {
 		sub, err := n.serveStatus()
@@ -248,7 +254,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 		n.inFlight.Add(1)
 		go func() {
 			defer func() { n.inFlight.Add(-1); <-slots; wg.Done() }()
-			n.handle(ctx, m, since)
+			n.handle(ctx, m, since, ackWait)
 		}()
 	}
 }
@@ -275,7 +281,7 @@ func fetchOne(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, erro
 // handle works on one revision of one approval: it decides what is due
 // (due), delivers it to every channel of the approval's types, and acks, or
 // hands the revision back to come again at the approval's expiry.
-func (n *Notifier) handle(ctx context.Context, m jetstream.Msg, since time.Time) {
+func (n *Notifier) handle(ctx context.Context, m jetstream.Msg, since time.Time, ackWait time.Duration) {
 	if op := m.Headers().Get("KV-Operation"); op != "" {
 		n.ack(m) // a delete or a purge: nothing to say
 		return
@@ -300,7 +306,7 @@ func (n *Notifier) handle(ctx context.Context, m jetstream.Msg, since time.Time)
 		return
 	}
 	note := newNotification(&rec, p, n.cfg.ConsoleURL)
-	stop := keepAlive(m)
+	stop := keepAlive(m, ackWait)
 	var wg sync.WaitGroup
 	var unfinished atomic.Bool
 	for _, c := range targets {
@@ -345,15 +351,18 @@ func (n *Notifier) ack(m jetstream.Msg) {
 	}
 }
 
-// keepAlive tells the server every third of AckWait that the message is
-// being worked on, until stop.
-func keepAlive(m jetstream.Msg) (stop func()) {
+// keepAlive tells the server every third of the consumer's ackWait that the
+// message is being worked on, until stop.
+func keepAlive(m jetstream.Msg, ackWait time.Duration) (stop func()) {
+	if ackWait <= 0 {
+		ackWait = AckWait
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		t := time.NewTicker(AckWait / 3)
+		t := time.NewTicker(ackWait / 3)
 		defer t.Stop()
 		for {
 			select {

@@ -58,7 +58,7 @@ func (n *Notifier) Stats() Stats {
 		s.Started = time.Unix(0, t).UTC()
 	}
 	for _, c := range n.chans {
-		cs := ChannelStats{Name: c.Name, Kind: c.Kind, Where: c.where(), Types: slices.Clone(c.Types),
+		cs := ChannelStats{Name: c.Name, Kind: c.Kind, Where: c.Where(), Types: slices.Clone(c.Types),
 			Sent: c.sent.Load(), Failed: c.failed.Load(), Retries: c.retries.Load()}
 		if t := c.lastSent.Load(); t != 0 {
 			cs.LastSent = time.Unix(0, t).UTC()
