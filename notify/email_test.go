@@ -96,7 +96,9 @@ func TestEmail_NoSTARTTLSBeyondLoopback_NothingSent(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())
 	smtp := startSMTP(t, false, "capstan", smtpPassword)
-	n, err := New(r.env.Connect(t), emailConfig(smtp, "mail.example.com", STARTTLS))
+	cfg := emailConfig(smtp, "mail.example.com", STARTTLS)
+	cfg.Provision, cfg.Logger = true, quiet()
+	n, err := New(r.env.Connect(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,6 @@ func TestEmail_WrongPassword_GivenUpAtOnce(t *testing.T) {
 // runNotifier runs n until the test ends.
 func runNotifier(t *testing.T, r *rig, n *Notifier) {
 	t.Helper()
-	n.cfg.Provision, n.log = true, quiet()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Run(ctx) }()

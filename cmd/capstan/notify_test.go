@@ -272,3 +272,29 @@ func connectAs(t *testing.T, url, credsPath string) *nats.Conn {
 	t.Cleanup(nc.Close)
 	return nc
 }
+
+// capstan dev --notify runs a notifier beside its worker, with the worker's
+// rights (it creates the consumer), its messages linking to dev's console.
+func TestDev_Notify_RunsBesideTheWorker(t *testing.T) {
+	const secret = "whsec-dev-0123456789abcdef"
+	hook := startHookReceiver(t, secret)
+	config := filepath.Join(t.TempDir(), "notify.json")
+	doc := fmt.Sprintf(`{"channels": [{"name": "hook", "kind": "webhook", "types": ["*"], "url": %q, "secret": %q}]}`, hook.url, secret)
+	if err := os.WriteFile(config, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	d := startDaemon(t, "notifier started", nil, "dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--console", "127.0.0.1:0", "--grace", "5s", "--notify", config)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	id := refundNeedingApproval(t, url)
+	hook.waitFor(t, notify.Key(id, notify.Requested), 1)
+	p := hook.deliveries()[0].payload
+	console := regexp.MustCompile(`console: (http://\S+)`).FindStringSubmatch(d.out.String())
+	if console == nil || p.URL != console[1]+"/approvals/"+id || hook.deliveries()[0].verified != nil {
+		t.Fatalf("payload url %q, console %v, signature %v", p.URL, console, hook.deliveries()[0].verified)
+	}
+	if code := d.stop(t); code != exitOK {
+		t.Fatalf("dev exited %d:\n%s", code, d.out.String())
+	}
+}
