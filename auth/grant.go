@@ -24,7 +24,7 @@ const (
 	Worker Role = "worker"
 	// Admin provisions resources and writes grants.
 	Admin Role = "admin"
-	// Notifier reads the approvals' changes through the notify consumer and
+	// Notifier reads the approvals' changes through the notify consumers and
 	// tells approvers in Slack, by email or a webhook (package notify). It
 	// writes nothing.
 	Notifier Role = "notifier"

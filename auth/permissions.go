@@ -76,14 +76,19 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		// the approver's types: an approver reads no bucket itself.
 		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Notifier:
-		stream := kvStream(n.ApprovalsBucket()) + "." + n.NotifyConsumer()
+		// The approvals stream's consumers: a channel's is notify-<channel>,
+		// one subject token, which no wildcard can narrow to the prefix.
+		stream := kvStream(n.ApprovalsBucket())
 		return Permissions{
 			PublishAllow: []string{
-				js("CONSUMER.INFO." + stream),
-				js("CONSUMER.MSG.NEXT." + stream),
+				js("CONSUMER.INFO." + stream + ".*"),
+				js("CONSUMER.MSG.NEXT." + stream + ".*"),
 				// Acks, naks and "in progress" of the deliveries it pulled.
-				"$JS.ACK." + stream + ".>",
-				// capstan notify --status asks the running notifiers.
+				"$JS.ACK." + stream + ".*.>",
+				// capstan notify --status: the consumers' queues, the running
+				// notifiers.
+				js("STREAM.INFO." + stream),
+				js("CONSUMER.LIST." + stream),
 				n.NotifyStatusSubject(),
 			},
 			SubscribeAllow: []string{inbox, n.NotifyStatusSubject()},

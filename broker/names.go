@@ -206,8 +206,12 @@ func (n Names) ListApprovalsSubject(principal string) string {
 func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.list.*" }
 
 // NotifyConsumer is the durable consumer on the approvals bucket's stream
-// that every notifier of a deployment shares (DESIGN §7).
-func (n Names) NotifyConsumer() string { return "notify" }
+// from which every notifier of a deployment reads the changes a channel
+// notifies (DESIGN §7).
+func (n Names) NotifyConsumer(channel string) string { return NotifyConsumerPrefix + channel }
+
+// NotifyConsumerPrefix begins the name of every notify consumer.
+const NotifyConsumerPrefix = "notify-"
 
 // NotifyStatusSubject is where running notifiers answer who they are and
 // what they delivered.

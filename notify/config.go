@@ -87,10 +87,10 @@ type Config struct {
 	Retry Retry
 	// Timeout bounds one attempt of one delivery (default 10 s).
 	Timeout time.Duration
-	// Concurrency is how many approvals' notifications one notifier
-	// delivers at once (default 64).
+	// Concurrency is how many approvals one notifier works on at once for
+	// each channel (default 64).
 	Concurrency int
-	// Provision creates the notify consumer when it is missing, which needs
+	// Provision creates the channels' notify consumers when missing, which needs
 	// the right to create consumers (a worker's or an admin's credentials).
 	// Without it, a missing consumer is an error that says how to create it.
 	Provision bool

@@ -55,7 +55,7 @@ func TestExpiry_DecidedApprovalNotExpired(t *testing.T) {
 	}
 }
 
-// Notifications begin when the notify consumer is created: an approval still
+// A channel's notifications begin when its consumer is created: an approval still
 // pending then is notified, however old; one decided before is not.
 func TestConsumerCreated_PendingNotifiedDecidedBeforeNot(t *testing.T) {
 	t.Parallel()
@@ -102,9 +102,7 @@ func TestSeveralNotifiers_EachNotificationSentOnce(t *testing.T) {
 		want[Key(id, Requested)] = 1
 		hook.waitKey(t, Key(id, Requested))
 	}
-	for _, n := range ns {
-		r.idle(t, n, approvalsN)
-	}
+	r.idleAll(t, map[string]int{"hook": approvalsN}, ns...)
 	if got := hook.keys(); !equalCounts(got, want) {
 		t.Fatalf("%d deliveries of %d keys, want each of %d once", len(hook.deliveries()), len(got), approvalsN)
 	}
@@ -146,7 +144,7 @@ func TestStoppedMidRetry_NextNotifierSendsIt(t *testing.T) {
 	cfg.Retry = Retry{Attempts: 3, Initial: 10 * time.Millisecond}
 	second, _ := r.run(t, cfg)
 	eventually(t, "the second notifier's delivery", func() bool { return second.Stats().Channels[0].Sent == 1 })
-	r.idle(t, second, 1)
+	r.idleAll(t, map[string]int{"hook": 1}, first, second)
 	ds := hook.deliveries()
 	if len(ds) != 2 || ds[0].key != Key(id, Requested) || ds[1].key != ds[0].key {
 		t.Fatalf("deliveries %+v", ds)
@@ -170,10 +168,10 @@ func TestMissingConsumer_SaysHowToCreateIt(t *testing.T) {
 	if err == nil || !errors.Is(err, ErrNoConsumer) {
 		t.Fatalf("Run: %v, want ErrNoConsumer", err)
 	}
-	if _, err := Provision(ctx, r.env.JetStream(t), broker.NewNames("")); err != nil {
+	if err := Provision(ctx, r.env.JetStream(t), broker.NewNames(""), "hook"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Provision(ctx, r.env.JetStream(t), broker.NewNames("")); err != nil {
+	if err := Provision(ctx, r.env.JetStream(t), broker.NewNames(""), "hook"); err != nil {
 		t.Fatalf("a second Provision: %v", err)
 	}
 }

@@ -3,14 +3,16 @@
 // a Slack-compatible incoming webhook, or an email over SMTP, chosen per
 // approval type.
 //
-// A notifier reads what the approvals bucket already holds, through one
-// durable JetStream consumer on the bucket's stream (broker.Names.NotifyConsumer)
-// that every notifier of a deployment shares: each change of an approval goes
-// to one notifier, which acknowledges it once every channel has it. Nothing is
-// added to a worker's path: an approval costs what it cost before.
+// A notifier reads what the approvals bucket already holds, through a
+// durable JetStream consumer per channel on the bucket's stream
+// (broker.Names.NotifyConsumer) that every notifier of a deployment shares:
+// each change of an approval goes, for each channel, to one notifier, which
+// acknowledges it once the channel has it. A channel whose receiver is down
+// holds back no other. Nothing is added to a worker's path: an approval costs
+// what it cost before.
 //
 //	cfg, err := notify.LoadFile("notify.json") // refused unless chmod 600
-//	cfg.Provision = true                        // create the consumer (a worker's or an admin's right)
+//	cfg.Provision = true                        // create the consumers (a worker's or an admin's right)
 //	n, err := notify.New(nc, cfg)
 //	err = n.Run(ctx)                            // until ctx ends
 //
@@ -20,16 +22,15 @@
 // approval is "requested", and comes back at its expiry to be "expired" if
 // nobody decided it; "approved", "rejected" and "cancelled" follow a
 // decision. A consumed approval adds nothing. What was decided or expired
-// before the consumer was created is not notified; an approval still
-// pending then is. An approval that changed twice while no notifier ran is
+// before the channel's consumer was created is not notified; an approval
+// still pending then is. An approval that changed twice while no notifier ran is
 // notified once, at its latest state.
 //
 // Delivery is at least once. Every notification carries the idempotency key
 // "<approvalId>.<event>" (the Capstan-Idempotency-Key header, the payload's
 // idempotencyKey, the email's Message-ID, the Slack message's footer): a
 // notifier stopped or killed mid-delivery leaves the change unacknowledged,
-// and the next notifier sends it again, with the same key, to every channel
-// of the approval.
+// and the next notifier sends it again, on that channel, with the same key.
 //
 // A failed delivery is retried with exponential backoff (Retry: 12 attempts
 // from 2 s, doubling, at most 10 min apart: about 37 minutes), honouring a
@@ -92,12 +93,13 @@
 //
 // # Credentials
 //
-// A notifier needs to read the consumer, not to write anything: the
+// A notifier needs to read its consumers, not to write anything: the
 // notifier role of package auth (capstan auth add NAME --role notifier) may
-// pull from the notify consumer, acknowledge, and answer status requests,
-// and nothing else. Such a notifier cannot create the consumer: an admin
-// does, once (capstan notify --init), or a notifier running in a worker
-// (capstan worker --notify FILE) does with the worker's rights. The notifier
+// pull from the approvals stream's consumers, acknowledge, and answer status
+// requests, and nothing else. Such a notifier cannot create a consumer (a
+// push consumer delivers wherever its creator says): an admin does, once per
+// channel (capstan notify --init --config FILE), or a notifier running in a
+// worker (capstan worker --notify FILE) does with the worker's rights. The notifier
 // reads approval records whole, the input a capability redacts included,
 // and sends only what approvers may see.
 package notify

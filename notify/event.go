@@ -40,7 +40,7 @@ type plan struct {
 }
 
 // due decides, from one stored revision of an approval alone, what to send
-// at now (DESIGN §7, "Notifications"). since is when the notify consumer was
+// at now (DESIGN §7, "Notifications"). since is when the channel's notify consumer was
 // created: what was decided or expired before it is not notified, while an
 // approval still pending is, however old its request.
 //

@@ -92,7 +92,7 @@ func Example() {
 		ConsoleURL: "https://capstan.example.com",
 		Channels: []notify.Channel{{Name: "finance-hook", Kind: notify.Webhook, Types: []string{"finance"},
 			URL: notify.Secret(hook.URL), Secret: notify.Secret(secret)}},
-		Provision: true, // this connection may create the notify consumer
+		Provision: true, // this connection may create the channel's consumer
 		Logger:    slog.New(slog.DiscardHandler),
 	})
 	check(err)

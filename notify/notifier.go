@@ -20,16 +20,15 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 )
 
-// Settings of the notify consumer.
+// Settings of the notify consumers.
 const (
 	// AckWait is how long a change may go without word from the notifier
 	// that took it (a notifier working on one says so every third of the
 	// consumer's AckWait) before the server hands it to another: how long a
 	// killed notifier's notifications wait.
 	AckWait = 30 * time.Second
-	// maxAckPending bounds the approvals notified at once across notifiers.
-	maxAckPending = 1024
-	// DefaultConcurrency is how many approvals one notifier works on at once.
+	// DefaultConcurrency is how many approvals one notifier works on at once
+	// for one channel.
 	DefaultConcurrency = 64
 	// fetchWait is how long one pull waits for an approval to change.
 	fetchWait = 5 * time.Second
@@ -37,17 +36,18 @@ const (
 	recentFailures = 20
 )
 
-// ErrNoConsumer: the notify consumer does not exist, and this notifier may
-// not (or was not told to) create it.
-var ErrNoConsumer = errors.New("capstan notify: the notify consumer does not exist")
+// ErrNoConsumer: a channel's notify consumer does not exist, and this
+// notifier may not (or was not told to) create it.
+var ErrNoConsumer = errors.New("capstan notify: no notify consumer")
 
 // ErrNotProvisioned: the approvals bucket does not exist yet (no server or
 // worker provisioned capstan's resources).
 var ErrNotProvisioned = errors.New("capstan notify: no approvals bucket yet")
 
 // Notifier delivers the notifications of a deployment's approvals to its
-// channels. Several notifiers (in workers, in capstan notify processes) share
-// one durable consumer: each change of an approval goes to one of them.
+// channels. Each channel has a durable consumer that several notifiers (in
+// workers, in capstan notify processes) share: each change of an approval
+// goes, for each channel, to one of them.
 type Notifier struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
@@ -57,8 +57,7 @@ type Notifier struct {
 	chans []*channel
 	now   func() time.Time
 
-	started  atomic.Int64 // unix nanoseconds, once Run reads the consumer
-	inFlight atomic.Int64
+	started atomic.Int64 // unix nanoseconds, once Run reads the consumers
 	// scrub hides every channel's secrets in a text (an error a library
 	// composed, a server's answer).
 	scrub *strings.Replacer
@@ -73,6 +72,10 @@ type channel struct {
 	s                     sender
 	sent, failed, retries atomic.Uint64
 	lastSent, lastFailed  atomic.Int64 // unix nanoseconds
+	inFlight              atomic.Int64
+	// handled counts the changes this notifier finished with (acked,
+	// handed back or terminated).
+	handled atomic.Uint64
 }
 
 // New returns a notifier of cfg's channels on nc. Nothing is read until Run.
@@ -141,35 +144,48 @@ func secretForms(c Channel) []string {
 	return out
 }
 
-// consumerConfig is the notify consumer: durable, pulled, every change of
-// every approval from the current state of each when it is created.
-func consumerConfig(n broker.Names) jetstream.ConsumerConfig {
+// consumerConfig is a channel's notify consumer: durable, pulled, every
+// change of every approval from the current state of each when it is
+// created.
+func consumerConfig(n broker.Names, channel string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:       n.NotifyConsumer(),
-		Description:   "capstan notifications of approvals (capstan notify)",
+		Durable:       n.NotifyConsumer(channel),
+		Description:   "capstan notifications of approvals to channel " + channel + " (capstan notify)",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       AckWait,
 		MaxDeliver:    -1,
-		MaxAckPending: maxAckPending,
+		MaxAckPending: -1, // a pending approval waits for its expiry in flight: never a cap
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		FilterSubject: "$KV." + n.ApprovalsBucket() + ".>",
 	}
 }
 
-// Provision creates the notify consumer on the approvals bucket's stream, or
-// checks the existing one; it needs the right to create consumers (an
-// admin's or a worker's credentials). It is idempotent.
-func Provision(ctx context.Context, js jetstream.JetStream, n broker.Names) (jetstream.Consumer, error) {
-	stream := "KV_" + n.ApprovalsBucket()
-	c, err := js.Consumer(ctx, stream, n.NotifyConsumer())
+// Provision creates the notify consumer of each channel on the approvals
+// bucket's stream, or checks the existing ones; it needs the right to create
+// consumers (an admin's or a worker's credentials). It is idempotent.
+func Provision(ctx context.Context, js jetstream.JetStream, n broker.Names, channels ...string) error {
+	for _, ch := range channels {
+		if _, err := provision(ctx, js, n, ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func provision(ctx context.Context, js jetstream.JetStream, n broker.Names, channel string) (jetstream.Consumer, error) {
+	if !validName(channel) {
+		return nil, fmt.Errorf("%w: channel name %q: want [a-z0-9_-], 1 to 64 bytes", ErrConfig, channel)
+	}
+	stream, name := "KV_"+n.ApprovalsBucket(), n.NotifyConsumer(channel)
+	c, err := js.Consumer(ctx, stream, name)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		c, err = js.CreateConsumer(ctx, stream, consumerConfig(n))
+		c, err = js.CreateConsumer(ctx, stream, consumerConfig(n, channel))
 	}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("%w (%s): capstan server or a worker provisions it", ErrNotProvisioned, n.ApprovalsBucket())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("capstan notify: consumer %s on %s: %w", n.NotifyConsumer(), stream, err)
+		return nil, fmt.Errorf("capstan notify: consumer %s on %s: %w", name, stream, err)
 	}
 	return c, checkConsumer(c.CachedInfo(), n)
 }
@@ -178,38 +194,41 @@ func checkConsumer(info *jetstream.ConsumerInfo, n broker.Names) error {
 	c := info.Config
 	if c.AckPolicy != jetstream.AckExplicitPolicy || c.DeliverSubject != "" || c.FilterSubject != "$KV."+n.ApprovalsBucket()+".>" {
 		return fmt.Errorf("%w: consumer %s on %s is not a notify consumer (explicit acks, pulled, filtered on %s): remove it or choose another prefix",
-			broker.ErrConfigConflict, n.NotifyConsumer(), info.Stream, "$KV."+n.ApprovalsBucket()+".>")
+			broker.ErrConfigConflict, info.Name, info.Stream, "$KV."+n.ApprovalsBucket()+".>")
 	}
 	return nil
 }
 
-// bind finds the notify consumer, creating it when the configuration says so.
-func (n *Notifier) bind(ctx context.Context) (jetstream.Consumer, error) {
+// bind finds a channel's consumer, creating it when the configuration says so.
+func (n *Notifier) bind(ctx context.Context, channel string) (jetstream.Consumer, error) {
 	if n.cfg.Provision {
-		return Provision(ctx, n.js, n.names)
+		return provision(ctx, n.js, n.names, channel)
 	}
-	c, err := n.js.Consumer(ctx, "KV_"+n.names.ApprovalsBucket(), n.names.NotifyConsumer())
+	c, err := n.js.Consumer(ctx, "KV_"+n.names.ApprovalsBucket(), n.names.NotifyConsumer(channel))
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
-		return nil, fmt.Errorf("%w on KV_%s: create it once with an admin's credentials (capstan notify --init --creds DIR/admin.creds), or run a notifier in a worker (capstan worker --notify FILE)",
-			ErrNoConsumer, n.names.ApprovalsBucket())
+		return nil, fmt.Errorf("%w: channel %s has no consumer %s on KV_%s: create the channels' consumers with an admin's credentials (capstan notify --init --config FILE --creds DIR/admin.creds), or run the notifier in a worker (capstan worker --notify FILE)",
+			ErrNoConsumer, channel, n.names.NotifyConsumer(channel), n.names.ApprovalsBucket())
 	case err != nil:
-		return nil, fmt.Errorf("capstan notify: consumer %s: %w", n.names.NotifyConsumer(), err)
+		return nil, fmt.Errorf("capstan notify: consumer %s: %w", n.names.NotifyConsumer(channel), err)
 	}
 	return c, checkConsumer(c.CachedInfo(), n.names)
 }
 
 // Run delivers notifications until ctx ends, then finishes the deliveries in
 // flight (a delivery waiting to be retried is handed back to the server at
-// once, for any notifier). It returns an error only when it cannot start: no
-// consumer, no right to read it.
+// once, for any notifier). Each channel reads its own consumer, so a channel
+// whose receiver is down delays no other. Run returns an error only when it
+// cannot start: no consumer, no right to read one.
 func (n *Notifier) Run(ctx context.Context) error {
-	cons, err := n.bind(ctx)
-	if err != nil {
-		return err
+	var conss []jetstream.Consumer
+	for _, c := range n.chans {
+		cons, err := n.bind(ctx, c.Name)
+		if err != nil {
+			return err
+		}
+		conss = append(conss, cons)
 	}
-	since := cons.CachedInfo().Created
-	ackWait := cons.CachedInfo().Config.AckWait
 	n.started.Store(n.now().UnixNano())
 	if !n.cfg.NoStatus {
 		sub, err := n.serveStatus()
@@ -218,43 +237,61 @@ func (n *Notifier) Run(ctx context.Context) error {
 		}
 		defer func() { _ = sub.Unsubscribe() }()
 	}
-	n.log.Info("notifier started", "channels", len(n.chans), "consumer", n.names.NotifyConsumer(),
-		"since", since.UTC().Format(time.RFC3339))
+	defer n.closeIdle()
+	var wg sync.WaitGroup
+	for i, c := range n.chans {
+		info := conss[i].CachedInfo()
+		n.log.Info("notifier started", "channel", c.Name, "kind", c.Kind, "consumer", info.Name,
+			"since", info.Created.UTC().Format(time.RFC3339))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.pull(ctx, c, conss[i])
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+// pull works on a channel's consumer until ctx ends, at most Concurrency
+// approvals at once.
+func (n *Notifier) pull(ctx context.Context, c *channel, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	since, ackWait := info.Created, info.Config.AckWait
 	slots := make(chan struct{}, n.cfg.Concurrency)
 	var wg sync.WaitGroup
-	defer n.closeIdle()
 	defer wg.Wait()
 	quietUntil := time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case slots <- struct{}{}:
 		}
 		m, err := fetchOne(ctx, cons)
 		if m == nil {
 			<-slots
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
 			if err != nil {
 				if time.Now().After(quietUntil) {
-					n.log.Warn("reading approvals failed; retrying", "err", err)
+					n.log.Warn("reading approvals failed; retrying", "channel", c.Name, "err", err)
 					quietUntil = time.Now().Add(time.Minute)
 				}
 				select {
 				case <-ctx.Done():
-					return nil
+					return
 				case <-time.After(time.Second):
 				}
 			}
 			continue
 		}
 		wg.Add(1)
-		n.inFlight.Add(1)
+		c.inFlight.Add(1)
 		go func() {
-			defer func() { n.inFlight.Add(-1); <-slots; wg.Done() }()
-			n.handle(ctx, m, since, ackWait)
+			defer func() { c.handled.Add(1); c.inFlight.Add(-1); <-slots; wg.Done() }()
+			n.handle(ctx, c, m, since, ackWait)
 		}()
 	}
 }
@@ -278,50 +315,36 @@ func fetchOne(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, erro
 	return nil, nil
 }
 
-// handle works on one revision of one approval: it decides what is due
-// (due), delivers it to every channel of the approval's types, and acks, or
-// hands the revision back to come again at the approval's expiry.
-func (n *Notifier) handle(ctx context.Context, m jetstream.Msg, since time.Time, ackWait time.Duration) {
+// handle works on one revision of one approval for channel c: it decides
+// what is due (due), delivers it when the approval is of the channel's
+// types, and acks, or hands the revision back to come again at the
+// approval's expiry.
+func (n *Notifier) handle(ctx context.Context, c *channel, m jetstream.Msg, since time.Time, ackWait time.Duration) {
 	if op := m.Headers().Get("KV-Operation"); op != "" {
 		n.ack(m) // a delete or a purge: nothing to say
 		return
 	}
 	var rec approvals.Record
 	if err := envelope.Unmarshal(m.Data(), &rec); err != nil || rec.ID == "" {
-		n.log.Warn("not an approval record: skipped", "subject", m.Subject(), "err", err)
+		n.log.Warn("not an approval record: skipped", "channel", c.Name, "subject", m.Subject(), "err", err)
 		_ = m.Term()
 		return
 	}
-	p := due(&rec, since, n.now())
-	var targets []*channel
-	if p.event != "" {
-		for _, c := range n.chans {
-			if c.receives(rec.Types) {
-				targets = append(targets, c)
-			}
-		}
+	if !c.receives(rec.Types) {
+		n.ack(m)
+		return
 	}
-	if len(targets) == 0 {
+	p := due(&rec, since, n.now())
+	if p.event == "" {
 		n.ack(m)
 		return
 	}
 	note := newNotification(&rec, p, n.cfg.ConsoleURL)
 	stop := keepAlive(m, ackWait)
-	var wg sync.WaitGroup
-	var unfinished atomic.Bool
-	for _, c := range targets {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !n.deliver(ctx, c, note) {
-				unfinished.Store(true)
-			}
-		}()
-	}
-	wg.Wait()
+	done := n.deliver(ctx, c, note)
 	stop()
-	if unfinished.Load() {
-		// Stopping: another notifier sends it, to every channel again.
+	if !done {
+		// Stopping: another notifier sends it, at once.
 		_ = m.Nak()
 		return
 	}

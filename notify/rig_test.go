@@ -303,15 +303,43 @@ func (rc *receiver) waitKey(t *testing.T, key string) delivery {
 	return found
 }
 
-// idle waits until the notifier has nothing left to do: the consumer has
-// handed out every change and each one taken is done or waiting for its
-// approval's expiry (waiting of them).
+// idle waits until n has nothing left to do: every channel's consumer has
+// handed out every change, n finished with each one, and waiting of them on
+// each channel wait for their approval's expiry.
 func (r *rig) idle(t *testing.T, n *Notifier, waiting int) {
 	t.Helper()
+	want := map[string]int{}
+	for _, c := range n.chans {
+		want[c.Name] = waiting
+	}
+	r.idleAll(t, want, n)
+}
+
+// idleAll waits until the notifiers ns, sharing their consumers, have
+// nothing left to do, waiting[channel] changes of each channel waiting for
+// their approval's expiry.
+func (r *rig) idleAll(t *testing.T, waiting map[string]int, ns ...*Notifier) {
+	t.Helper()
 	js := r.env.JetStream(t)
-	eventually(t, fmt.Sprintf("the notifier idle with %d approvals waiting for their expiry", waiting), func() bool {
-		q, err := QueueOf(context.Background(), js, r.names)
-		return err == nil && q.Waiting == 0 && q.InFlight == waiting && n.Stats().InFlight == 0
+	eventually(t, fmt.Sprintf("the notifiers idle with %v approvals waiting for their expiry", waiting), func() bool {
+		for _, c := range ns[0].chans {
+			q, err := QueueOf(context.Background(), js, r.names, c.Name)
+			if err != nil || q.Waiting != 0 || q.InFlight != waiting[c.Name] {
+				return false
+			}
+			var handled uint64
+			for _, n := range ns {
+				for _, nc := range n.chans {
+					if nc.Name == c.Name {
+						handled += nc.handled.Load()
+					}
+				}
+			}
+			if handled != q.Delivered {
+				return false
+			}
+		}
+		return true
 	})
 }
 

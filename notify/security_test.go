@@ -21,7 +21,7 @@ import (
 	"github.com/capstan-dev/capstan/testenv"
 )
 
-// A notifier's credentials read the notify consumer and nothing else: with
+// A notifier's credentials read the notify consumers and nothing else: with
 // them, an attacker can neither write a bucket or a stream (directly, through
 // a consumer it creates, or through another notifier's status answer), nor
 // decide, submit, read an approval by key, remove the consumer or listen to
@@ -53,7 +53,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	startWorker(t, env.ConnectAs(t, auth.WorkerPrincipal), refund())
-	if _, err := Provision(ctx, b.JS, b.Names); err != nil {
+	if err := Provision(ctx, b.JS, b.Names, "hook"); err != nil {
 		t.Fatal(err)
 	}
 	client, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{Actor: alice})
@@ -123,7 +123,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	}
 	// Removing the consumer every notifier shares.
 	c2, cancel2 := short()
-	err = js.DeleteConsumer(c2, "KV_"+n1.ApprovalsBucket(), n1.NotifyConsumer())
+	err = js.DeleteConsumer(c2, "KV_"+n1.ApprovalsBucket(), n1.NotifyConsumer("hook"))
 	cancel2()
 	if err == nil {
 		t.Error("the notifier deleted the notify consumer")
@@ -166,7 +166,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	for c := range names.Name() {
 		consumers = append(consumers, c)
 	}
-	if strings.Join(consumers, ",") != n1.NotifyConsumer() {
+	if strings.Join(consumers, ",") != n1.NotifyConsumer("hook") {
 		t.Errorf("consumers of the approvals stream: %v", consumers)
 	}
 	mu.Lock()
@@ -190,4 +190,3 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatalf("payload %+v", p)
 	}
 }
-

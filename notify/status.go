@@ -17,8 +17,10 @@ import (
 // Stats is what one notifier delivered since it started. Counts are kept in
 // memory: a restarted notifier starts from zero.
 type Stats struct {
-	ID       string         `json:"id"`
-	Started  time.Time      `json:"started"`
+	ID      string    `json:"id"`
+	Started time.Time `json:"started"`
+	// InFlight is how many approvals' notifications it is delivering, on
+	// every channel (retries included).
 	InFlight int            `json:"inFlight"`
 	Channels []ChannelStats `json:"channels"`
 	// Failures are the latest notifications given up, newest last.
@@ -38,6 +40,7 @@ type ChannelStats struct {
 	Sent        uint64    `json:"sent"`
 	Failed      uint64    `json:"failed"`
 	Retries     uint64    `json:"retries"`
+	InFlight    int       `json:"inFlight"`
 	LastSent    time.Time `json:"lastSent,omitzero"`
 	LastFailure time.Time `json:"lastFailure,omitzero"`
 }
@@ -53,13 +56,14 @@ type Failure struct {
 
 // Stats returns the notifier's counts now.
 func (n *Notifier) Stats() Stats {
-	s := Stats{ID: n.cfg.ID, InFlight: int(n.inFlight.Load())}
+	s := Stats{ID: n.cfg.ID}
 	if t := n.started.Load(); t != 0 {
 		s.Started = time.Unix(0, t).UTC()
 	}
 	for _, c := range n.chans {
 		cs := ChannelStats{Name: c.Name, Kind: c.Kind, Where: c.Where(), Types: slices.Clone(c.Types),
-			Sent: c.sent.Load(), Failed: c.failed.Load(), Retries: c.retries.Load()}
+			Sent: c.sent.Load(), Failed: c.failed.Load(), Retries: c.retries.Load(), InFlight: int(c.inFlight.Load())}
+		s.InFlight += cs.InFlight
 		if t := c.lastSent.Load(); t != 0 {
 			cs.LastSent = time.Unix(0, t).UTC()
 		}
@@ -117,26 +121,57 @@ func RequestStatus(ctx context.Context, nc *nats.Conn, n broker.Names, wait time
 	return out, nil
 }
 
-// Queue is the notify consumer's state, as the server keeps it for every
-// notifier.
+// Queue is a notify consumer's state, as the server keeps it for every
+// notifier of its channel.
 type Queue struct {
-	// Created is when notifications began: nothing decided or expired before
-	// is notified.
+	// Channel is the channel the consumer is for.
+	Channel string `json:"channel"`
+	// Created is when the channel's notifications began: nothing decided or
+	// expired before is notified.
 	Created time.Time `json:"created"`
 	// Waiting changes no notifier has taken yet; InFlight ones taken and not
-	// done (an approval waiting for its expiry included); Redelivered ones
-	// handed out again (a notifier stopped or gone).
+	// done (pending approvals waiting for their expiry included);
+	// Redelivered ones handed out again (a notifier stopped or gone).
 	Waiting     uint64 `json:"waiting"`
 	InFlight    int    `json:"inFlight"`
 	Redelivered int    `json:"redelivered"`
+	// Delivered counts every hand-out, redeliveries included.
+	Delivered uint64 `json:"delivered"`
 }
 
-// QueueOf reads the notify consumer's state.
-func QueueOf(ctx context.Context, js jetstream.JetStream, n broker.Names) (Queue, error) {
-	c, err := js.Consumer(ctx, "KV_"+n.ApprovalsBucket(), n.NotifyConsumer())
+// Queues reads the state of every notify consumer of the deployment, by
+// channel name.
+func Queues(ctx context.Context, js jetstream.JetStream, n broker.Names) ([]Queue, error) {
+	stream, err := js.Stream(ctx, "KV_"+n.ApprovalsBucket())
 	if err != nil {
-		return Queue{}, fmt.Errorf("capstan notify: consumer %s: %w", n.NotifyConsumer(), err)
+		return nil, fmt.Errorf("capstan notify: stream KV_%s: %w", n.ApprovalsBucket(), err)
 	}
-	i := c.CachedInfo()
-	return Queue{Created: i.Created, Waiting: i.NumPending, InFlight: i.NumAckPending, Redelivered: i.NumRedelivered}, nil
+	var out []Queue
+	list := stream.ListConsumers(ctx)
+	for i := range list.Info() {
+		ch, ok := strings.CutPrefix(i.Name, broker.NotifyConsumerPrefix)
+		if !ok || i.Config.DeliverSubject != "" {
+			continue
+		}
+		out = append(out, queueOf(ch, i))
+	}
+	if err := list.Err(); err != nil {
+		return nil, fmt.Errorf("capstan notify: consumers of KV_%s: %w", n.ApprovalsBucket(), err)
+	}
+	slices.SortFunc(out, func(a, b Queue) int { return strings.Compare(a.Channel, b.Channel) })
+	return out, nil
+}
+
+// QueueOf reads one channel's notify consumer.
+func QueueOf(ctx context.Context, js jetstream.JetStream, n broker.Names, channel string) (Queue, error) {
+	c, err := js.Consumer(ctx, "KV_"+n.ApprovalsBucket(), n.NotifyConsumer(channel))
+	if err != nil {
+		return Queue{}, fmt.Errorf("capstan notify: consumer %s: %w", n.NotifyConsumer(channel), err)
+	}
+	return queueOf(channel, c.CachedInfo()), nil
+}
+
+func queueOf(channel string, i *jetstream.ConsumerInfo) Queue {
+	return Queue{Channel: channel, Created: i.Created, Waiting: i.NumPending, InFlight: i.NumAckPending,
+		Redelivered: i.NumRedelivered, Delivered: i.Delivered.Consumer}
 }

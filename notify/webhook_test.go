@@ -94,7 +94,7 @@ func TestWebhook_OnlyTheChannelsTypes(t *testing.T) {
 	every.waitKey(t, Key(refundID, Requested))
 	every.waitKey(t, Key(chargeID, Requested))
 	finance.waitKey(t, Key(refundID, Requested))
-	r.idle(t, n, 2)
+	r.idleAll(t, map[string]int{"hook": 1, "every": 2}, n)
 	if got := finance.keys(); !equalCounts(got, map[string]int{Key(refundID, Requested): 1}) {
 		t.Fatalf("the finance channel got %v", got)
 	}

@@ -25,7 +25,7 @@ import (
 const notifyConfigEnv = "CAPSTAN_NOTIFY_CONFIG"
 
 func runNotify(args []string) int {
-	fs := newFlags("notify", "--config FILE [--id ID] [--metrics HOST:PORT] [--wait D] | --status [--json] | --init | --check --config FILE")
+	fs := newFlags("notify", "--config FILE [--id ID] [--metrics HOST:PORT] [--wait D] | --init --config FILE | --check --config FILE | --status [--json]")
 	conn := addConnFlags(fs)
 	out := addOutputFlags(fs)
 	config := fs.String("config", "", "the channels' configuration `file` (JSON, mode 0600; default $"+notifyConfigEnv+")")
@@ -34,7 +34,7 @@ func runNotify(args []string) int {
 	wait := fs.Duration("wait", 0, "how long to wait for the servers and capstan's resources at start, retrying with a log line (0: until stopped)")
 	status := fs.Bool("status", false, "print what the running notifiers delivered and failed, and the consumer's queue, then exit (1: none answered, or one gave a notification up)")
 	statusWait := fs.Duration("status-wait", time.Second, "how long --status gathers answers")
-	initOnly := fs.Bool("init", false, "create the notify consumer (with an admin's credentials), then exit")
+	initOnly := fs.Bool("init", false, "create the notify consumer of each channel of --config (with an admin's credentials), then exit")
 	check := fs.Bool("check", false, "read and check the configuration, print its channels (never their secrets), then exit")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -46,11 +46,8 @@ func runNotify(args []string) int {
 		*config = os.Getenv(notifyConfigEnv)
 	}
 	names := broker.NewNames("")
-	switch {
-	case *status:
+	if *status {
 		return notifyStatus(conn, out, names, *statusWait)
-	case *initOnly:
-		return notifyInit(conn, names)
 	}
 	if *config == "" {
 		return usageError("notify: --config FILE (or $%s) names the channels", notifyConfigEnv)
@@ -58,6 +55,9 @@ func runNotify(args []string) int {
 	cfg, err := notify.LoadFile(*config)
 	if err != nil {
 		return usageError("%v", err)
+	}
+	if *initOnly {
+		return notifyInit(conn, names, cfg)
 	}
 	if *check {
 		return out.print(cfg.Channels, func(w io.Writer, st style) { writeChannels(w, st, cfg) })
@@ -164,9 +164,9 @@ func startNotifier(ctx context.Context, nc *nats.Conn, cfg *notify.Config, tel *
 	return func() { cancel(); <-done }, nil
 }
 
-// notifyInit creates the notify consumer, which a notifier's own
+// notifyInit creates the channels' notify consumers, which a notifier's own
 // credentials may not.
-func notifyInit(conn *connFlags, names broker.Names) int {
+func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 	nc, err := conn.connect("notify --init")
 	if err != nil {
 		return usageError("%v", err)
@@ -178,20 +178,33 @@ func notifyInit(conn *connFlags, names broker.Names) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := notify.Provision(ctx, js, names)
-	if err != nil {
-		return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
+	configured := map[string]bool{}
+	for _, c := range cfg.Channels {
+		configured[c.Name] = true
+		if err := notify.Provision(ctx, js, names, c.Name); err != nil {
+			return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
+		}
 	}
-	fmt.Printf("notify consumer %s on KV_%s: notifications since %s\n", names.NotifyConsumer(), names.ApprovalsBucket(),
-		c.CachedInfo().Created.UTC().Format(time.RFC3339))
+	queues, err := notify.Queues(ctx, js, names)
+	if err != nil {
+		return fail(exitFailed, "notify --init: %v", err)
+	}
+	for _, q := range queues {
+		if configured[q.Channel] {
+			fmt.Printf("channel %s: consumer %s, notifications since %s\n", q.Channel, names.NotifyConsumer(q.Channel), q.Created.UTC().Format(time.RFC3339))
+		} else {
+			fmt.Printf("channel %s is not in this configuration: its consumer %s stays until removed (nats consumer rm KV_%s %s)\n",
+				q.Channel, names.NotifyConsumer(q.Channel), names.ApprovalsBucket(), names.NotifyConsumer(q.Channel))
+		}
+	}
 	return exitOK
 }
 
 // notifyReport is what --status prints.
 type notifyReport struct {
 	Notifiers []notify.Stats `json:"notifiers"`
-	Queue     *notify.Queue  `json:"queue,omitempty"`
-	QueueErr  string         `json:"queueError,omitempty"`
+	Queues    []notify.Queue `json:"queues"`
+	QueuesErr string         `json:"queuesError,omitempty"`
 }
 
 func notifyStatus(conn *connFlags, out *outputFlags, names broker.Names, wait time.Duration) int {
@@ -206,12 +219,12 @@ func notifyStatus(conn *connFlags, out *outputFlags, names broker.Names, wait ti
 	if err != nil {
 		return fail(exitFailed, "notify --status: %v", err)
 	}
-	r := notifyReport{Notifiers: stats}
+	r := notifyReport{Notifiers: stats, Queues: []notify.Queue{}}
 	if js, err := jetstream.New(nc); err == nil {
-		if q, err := notify.QueueOf(ctx, js, names); err == nil {
-			r.Queue = &q
+		if q, err := notify.Queues(ctx, js, names); err == nil {
+			r.Queues = q
 		} else {
-			r.QueueErr = err.Error()
+			r.QueuesErr = err.Error()
 		}
 	}
 	if code := out.print(r, func(w io.Writer, st style) { writeNotifyStatus(w, st, r) }); code != exitOK {
@@ -258,14 +271,16 @@ func writeNotifyStatus(w io.Writer, st style, r notifyReport) {
 		}
 	}
 	fmt.Fprintln(w)
-	switch {
-	case r.Queue != nil:
-		q := r.Queue
-		fmt.Fprintf(w, "%s  %d waiting, %d in flight (pending approvals waiting for their expiry included), %d redelivered; notifications since %s\n",
-			st.bold("queue"), q.Waiting, q.InFlight, q.Redelivered, stamp(st, q.Created))
-	case r.QueueErr != "":
-		fmt.Fprintf(w, "%s  %s\n", st.bold("queue"), r.QueueErr)
+	if r.QueuesErr != "" {
+		fmt.Fprintf(w, "%s  %s\n", st.bold("queues"), r.QueuesErr)
+		return
 	}
+	t := newTable(w, st, "QUEUE", "WAITING", "IN FLIGHT", "REDELIVERED", "SINCE")
+	for _, q := range r.Queues {
+		t.row(q.Channel, strconv.FormatUint(q.Waiting, 10), strconv.Itoa(q.InFlight), strconv.Itoa(q.Redelivered), stamp(st, q.Created))
+	}
+	t.flush()
+	fmt.Fprintln(w, st.dim("in flight: being delivered, or a pending approval waiting for its expiry"))
 }
 
 func writeChannels(w io.Writer, st style, cfg notify.Config) {

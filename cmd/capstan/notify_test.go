@@ -139,7 +139,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	if code != exitUsage || !strings.Contains(stderr, "capstan notify --init") {
 		t.Fatalf("no consumer: exit %d: %s", code, stderr)
 	}
-	if _, stderr, code := capstanEnv(t, env, "notify", "--init", creds("notifier")); code == exitOK {
+	if _, stderr, code := capstanEnv(t, env, "notify", "--init", "--config", config, creds("notifier")); code == exitOK {
 		t.Fatalf("the notifier created its own consumer: %s", stderr)
 	}
 	// The consumer as --init makes it, with a short AckWait (an operator's
@@ -150,13 +150,13 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 		t.Fatal(err)
 	}
 	names := broker.NewNames("")
-	ccfg := jetstream.ConsumerConfig{Durable: names.NotifyConsumer(), AckPolicy: jetstream.AckExplicitPolicy,
+	ccfg := jetstream.ConsumerConfig{Durable: names.NotifyConsumer("finance-hook"), AckPolicy: jetstream.AckExplicitPolicy,
 		AckWait: 2 * time.Second, MaxDeliver: -1, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 		FilterSubject: "$KV." + names.ApprovalsBucket() + ".>"}
 	if _, err := js.CreateConsumer(context.Background(), "KV_"+names.ApprovalsBucket(), ccfg); err != nil {
 		t.Fatal(err)
 	}
-	if stdout, stderr, code := capstanEnv(t, env, "notify", "--init", creds("admin")); code != exitOK || !strings.Contains(stdout, "notifications since") {
+	if stdout, stderr, code := capstanEnv(t, env, "notify", "--init", "--config", config, creds("admin")); code != exitOK || !strings.Contains(stdout, "channel finance-hook: consumer notify-finance-hook, notifications since") {
 		t.Fatalf("--init: exit %d: %s %s", code, stdout, stderr)
 	}
 
@@ -191,18 +191,17 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 
 	// Done when the queue is: nothing waiting, nothing in flight.
 	deadline := time.Now().Add(guard)
-	var report struct {
+	type statusReport struct {
 		Notifiers []notify.Stats `json:"notifiers"`
-		Queue     notify.Queue   `json:"queue"`
+		Queues    []notify.Queue `json:"queues"`
 	}
+	var report statusReport
 	var statusOut string
 	for {
 		statusOut, stderr, code = capstanEnv(t, env, "notify", "--status", creds("notifier"), "--json")
-		report = decode[struct {
-			Notifiers []notify.Stats `json:"notifiers"`
-			Queue     notify.Queue   `json:"queue"`
-		}](t, statusOut)
-		if code == exitOK && report.Queue.Waiting == 0 && report.Queue.InFlight == 0 &&
+		report = decode[statusReport](t, statusOut)
+		if code == exitOK && len(report.Queues) == 1 && report.Queues[0].Channel == "finance-hook" &&
+			report.Queues[0].Waiting == 0 && report.Queues[0].InFlight == 0 &&
 			len(report.Notifiers) == 1 && report.Notifiers[0].InFlight == 0 {
 			break
 		}
@@ -248,7 +247,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 			}
 		}
 	}
-	if !strings.Contains(human, "finance-hook") || !strings.Contains(human, "0 waiting") {
+	if !strings.Contains(human, "finance-hook") || !strings.Contains(human, "QUEUE") {
 		t.Errorf("status:\n%s", human)
 	}
 }
