@@ -6,12 +6,19 @@
 // /metrics, and, in one process per deployment, [Telemetry.Watch] the broker
 // for the queues and the pending approvals:
 //
-//	tp, shutdown, err := telemetry.TracingFromEnv(ctx, "payments-worker") // OTLP when OTEL_* say so
-//	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+//	tel := telemetry.New(telemetry.Options{TracerProvider: tp}) // tp: yours, or nil for metrics only
 //	tel.Watch(b, 0)
 //	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
 //	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel})
 //	http.Handle("/metrics", tel.Handler())
+//
+// As OpenTelemetry asks of a library, the package takes a
+// trace.TracerProvider and never chooses an exporter: it links the
+// OpenTelemetry API, not its SDK, OTLP or gRPC. The program builds the
+// provider with the exporter it wants; package telemetry/otlp builds one from the
+// OTEL_* variables, as the capstan command does, and is the only part of
+// capstan that links the OTLP exporters. Metrics go to a Prometheus registry
+// (Options.Registry, or one of its own).
 //
 // # Metrics
 //
@@ -29,11 +36,15 @@
 // broker on a scrape (Watch): capstan_pool_pending_requests,
 // capstan_pool_unacknowledged_requests and
 // capstan_pool_oldest_request_age_seconds per pool, and
-// capstan_approvals_pending per capability.
+// capstan_approvals_pending per capability. A notifier's counts, read on a
+// scrape (WatchNotifier): capstan_notifications_sent_total,
+// capstan_notifications_failed_total and capstan_notification_retries_total
+// per channel and kind, and capstan_notifications_in_flight.
 //
 // Labels are bounded: capability ids (a capability no worker serves counts as
 // "_unknown", ids past Options.MaxCapabilities as "_other"), pools, statuses,
-// error codes and stage names; never execution or actor ids. Which worker is
+// error codes, stage names and the configured channels' names; never
+// execution or actor ids. Which worker is
 // slow is the scrape's own instance label.
 //
 // # Traces
@@ -48,8 +59,8 @@
 // "attempt N" per attempt (the handler's context carries it, so the
 // handler's own spans join the trace) and "finalize". The audit events of the execution carry the trace id.
 //
-// [TracingFromEnv] reads the standard OTEL_* variables; when none asks for an
-// exporter, there is no provider, no span is started, nothing is exported,
+// With no TracerProvider (otlp.TracingFromEnv returns none when no OTEL_*
+// variable asks for an exporter), no span is started, nothing is exported,
 // and an execution costs its observer the metrics' updates only (a few µs and
 // 7 allocations; see BenchmarkObserver_PerExecution and the README).
 package telemetry
