@@ -209,7 +209,6 @@ func checkMode(path string, mode fs.FileMode) error {
 // fileConfig is the configuration file's shape.
 type fileConfig struct {
 	ConsoleURL string        `json:"consoleUrl"`
-	Prefix     string        `json:"prefix"`
 	Timeout    duration      `json:"timeout"`
 	Retry      fileRetry     `json:"retry"`
 	Channels   []fileChannel `json:"channels"`
@@ -272,7 +271,7 @@ func Parse(b []byte, getenv func(string) string) (Config, error) {
 		return Config{}, fmt.Errorf("%w: %v", ErrConfig, jsonError(err))
 	}
 	cfg := Config{
-		ConsoleURL: f.ConsoleURL, Prefix: f.Prefix, Timeout: time.Duration(f.Timeout),
+		ConsoleURL: f.ConsoleURL, Timeout: time.Duration(f.Timeout),
 		Retry: Retry{Attempts: f.Retry.Attempts, Initial: time.Duration(f.Retry.Initial), Max: time.Duration(f.Retry.Max)},
 	}
 	var errs []error

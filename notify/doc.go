@@ -31,6 +31,8 @@
 // idempotencyKey, the email's Message-ID, the Slack message's footer): a
 // notifier stopped or killed mid-delivery leaves the change unacknowledged,
 // and the next notifier sends it again, on that channel, with the same key.
+// Order is not promised: while a request's delivery is retried, its decision
+// may arrive first (Payload.OccurredAt orders them).
 //
 // A failed delivery is retried with exponential backoff (Retry: 12 attempts
 // from 2 s, doubling, at most 10 min apart: about 37 minutes), honouring a
