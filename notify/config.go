@@ -138,40 +138,40 @@ func (r Retry) withDefaults() Retry {
 type Channel struct {
 	// Name identifies the channel in logs, metrics and status: a short token
 	// ([a-z0-9_-]).
-	Name string
-	Kind Kind
+	Name string `json:"name"`
+	Kind Kind   `json:"kind"`
 	// Types are the approval types whose notifications the channel
 	// receives; "*" is every approval, those without types included. An
 	// approval of several types reaches every channel that lists one.
-	Types []string
+	Types []string `json:"types"`
 	// URL is where a webhook or Slack channel posts. It must be https
 	// beyond loopback, unless AllowHTTP.
-	URL       Secret
-	AllowHTTP bool
+	URL       Secret `json:"url,omitzero"`
+	AllowHTTP bool   `json:"allowHttp,omitzero"`
 	// Secret is a webhook's HMAC-SHA256 key (at least 16 bytes).
-	Secret Secret
+	Secret Secret `json:"secret,omitzero"`
 	// SMTP, From and To configure an email channel.
-	SMTP SMTP
-	From string
-	To   []string
+	SMTP SMTP     `json:"smtp,omitzero"`
+	From string   `json:"from,omitzero"`
+	To   []string `json:"to,omitzero"`
 }
 
 // SMTP is how an email channel reaches its mail server.
 type SMTP struct {
-	Host string
+	Host string `json:"host"`
 	// Port defaults to 587 (465 with ImplicitTLS).
-	Port int
+	Port int `json:"port,omitzero"`
 	// Username and Password authenticate with AUTH PLAIN; empty: no AUTH.
-	Username string
-	Password Secret
-	TLS      TLSMode
+	Username string  `json:"username,omitzero"`
+	Password Secret  `json:"password,omitzero"`
+	TLS      TLSMode `json:"tls,omitzero"`
 	// TLSConfig, when set, is the TLS configuration (its ServerName
 	// defaults to Host); CAFile in the configuration file adds a root.
 	TLSConfig *tls.Config `json:"-"`
 }
 
 // ErrConfig marks a configuration that cannot be used.
-var ErrConfig = errors.New("capstan notify: invalid configuration")
+var ErrConfig = errors.New("capstan: invalid notify configuration")
 
 // LoadFile reads a JSON configuration file (see the package documentation
 // for its format), refusing one that anyone but its owner may read or write:
@@ -189,11 +189,7 @@ func LoadFile(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	cfg, err := Parse(b, os.Getenv)
-	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", path, err)
-	}
-	return cfg, nil
+	return parse(b, os.Getenv, path)
 }
 
 // checkMode refuses a file that group or others may access. Windows keeps
@@ -263,12 +259,21 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 // Parse reads a JSON configuration; getenv resolves the fields ending in
 // "Env". Unknown fields are refused (a misspelt one would otherwise be
 // silently ignored).
-func Parse(b []byte, getenv func(string) string) (Config, error) {
+func Parse(b []byte, getenv func(string) string) (Config, error) { return parse(b, getenv, "") }
+
+// parse reads a configuration from source (a file's path, or "").
+func parse(b []byte, getenv func(string) string, source string) (Config, error) {
+	invalid := func(err error) error {
+		if source != "" {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, source, err)
+		}
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	var f fileConfig
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return Config{}, fmt.Errorf("%w: %v", ErrConfig, jsonError(err))
+		return Config{}, invalid(errors.New(jsonError(err)))
 	}
 	cfg := Config{
 		ConsoleURL: f.ConsoleURL, Timeout: time.Duration(f.Timeout),
@@ -316,10 +321,10 @@ func Parse(b []byte, getenv func(string) string) (Config, error) {
 		cfg.Channels = append(cfg.Channels, c)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		return Config{}, invalid(err)
 	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+	if err := cfg.validate(); err != nil {
+		return Config{}, invalid(err)
 	}
 	return cfg, nil
 }
@@ -345,6 +350,13 @@ func jsonError(err error) string {
 // Validate reports every problem of cfg at once, naming fields and never
 // quoting a secret.
 func (cfg Config) Validate() error {
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+func (cfg Config) validate() error {
 	var errs []error
 	if cfg.ConsoleURL != "" {
 		if u, err := url.Parse(cfg.ConsoleURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -367,10 +379,7 @@ func (cfg Config) Validate() error {
 	if cfg.Retry.Attempts < 0 || cfg.Retry.Initial < 0 || cfg.Retry.Max < 0 || cfg.Timeout < 0 || cfg.Concurrency < 0 {
 		errs = append(errs, errors.New("retry and timeout: want positive values (zero: the default)"))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (c Channel) validate() error {

@@ -38,11 +38,11 @@ const (
 
 // ErrNoConsumer: a channel's notify consumer does not exist, and this
 // notifier may not (or was not told to) create it.
-var ErrNoConsumer = errors.New("capstan notify: no notify consumer")
+var ErrNoConsumer = errors.New("capstan: notify: no notify consumer")
 
 // ErrNotProvisioned: the approvals bucket does not exist yet (no server or
 // worker provisioned capstan's resources).
-var ErrNotProvisioned = errors.New("capstan notify: no approvals bucket yet")
+var ErrNotProvisioned = errors.New("capstan: notify: no approvals bucket yet")
 
 // Notifier delivers the notifications of a deployment's approvals to its
 // channels. Each channel has a durable consumer that several notifiers (in
@@ -185,7 +185,7 @@ func provision(ctx context.Context, js jetstream.JetStream, n broker.Names, chan
 		return nil, fmt.Errorf("%w (%s): capstan server or a worker provisions it", ErrNotProvisioned, n.ApprovalsBucket())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("capstan notify: consumer %s on %s: %w", name, stream, err)
+		return nil, fmt.Errorf("capstan: notify: consumer %s on %s: %w", name, stream, err)
 	}
 	return c, checkConsumer(c.CachedInfo(), n)
 }
@@ -210,7 +210,7 @@ func (n *Notifier) bind(ctx context.Context, channel string) (jetstream.Consumer
 		return nil, fmt.Errorf("%w: channel %s has no consumer %s on KV_%s: create the channels' consumers with an admin's credentials (capstan notify --init --config FILE --creds DIR/admin.creds), or run the notifier in a worker (capstan worker --notify FILE)",
 			ErrNoConsumer, channel, n.names.NotifyConsumer(channel), n.names.ApprovalsBucket())
 	case err != nil:
-		return nil, fmt.Errorf("capstan notify: consumer %s: %w", n.names.NotifyConsumer(channel), err)
+		return nil, fmt.Errorf("capstan: notify: consumer %s: %w", n.names.NotifyConsumer(channel), err)
 	}
 	return c, checkConsumer(c.CachedInfo(), n.names)
 }
@@ -233,7 +233,7 @@ func (n *Notifier) Run(ctx context.Context) error {
 	if !n.cfg.NoStatus {
 		sub, err := n.serveStatus()
 		if err != nil {
-			return fmt.Errorf("capstan notify: status: %w", err)
+			return fmt.Errorf("capstan: notify: status: %w", err)
 		}
 		defer func() { _ = sub.Unsubscribe() }()
 	}

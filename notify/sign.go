@@ -42,9 +42,9 @@ func mac(secret []byte, ts string, body []byte) []byte {
 
 // Errors of Verify.
 var (
-	ErrSignatureMalformed = errors.New("capstan notify: malformed signature header")
-	ErrSignatureMismatch  = errors.New("capstan notify: signature does not match")
-	ErrSignatureTooOld    = errors.New("capstan notify: signature timestamp outside the tolerance")
+	ErrSignatureMalformed = errors.New("capstan: notify: malformed signature header")
+	ErrSignatureMismatch  = errors.New("capstan: notify: signature does not match")
+	ErrSignatureTooOld    = errors.New("capstan: notify: signature timestamp outside the tolerance")
 )
 
 // Verify checks a Capstan-Signature header against the body received, for a

@@ -144,7 +144,7 @@ type Queue struct {
 func Queues(ctx context.Context, js jetstream.JetStream, n broker.Names) ([]Queue, error) {
 	stream, err := js.Stream(ctx, "KV_"+n.ApprovalsBucket())
 	if err != nil {
-		return nil, fmt.Errorf("capstan notify: stream KV_%s: %w", n.ApprovalsBucket(), err)
+		return nil, fmt.Errorf("capstan: notify: stream KV_%s: %w", n.ApprovalsBucket(), err)
 	}
 	var out []Queue
 	list := stream.ListConsumers(ctx)
@@ -156,7 +156,7 @@ func Queues(ctx context.Context, js jetstream.JetStream, n broker.Names) ([]Queu
 		out = append(out, queueOf(ch, i))
 	}
 	if err := list.Err(); err != nil {
-		return nil, fmt.Errorf("capstan notify: consumers of KV_%s: %w", n.ApprovalsBucket(), err)
+		return nil, fmt.Errorf("capstan: notify: consumers of KV_%s: %w", n.ApprovalsBucket(), err)
 	}
 	slices.SortFunc(out, func(a, b Queue) int { return strings.Compare(a.Channel, b.Channel) })
 	return out, nil
@@ -166,7 +166,7 @@ func Queues(ctx context.Context, js jetstream.JetStream, n broker.Names) ([]Queu
 func QueueOf(ctx context.Context, js jetstream.JetStream, n broker.Names, channel string) (Queue, error) {
 	c, err := js.Consumer(ctx, "KV_"+n.ApprovalsBucket(), n.NotifyConsumer(channel))
 	if err != nil {
-		return Queue{}, fmt.Errorf("capstan notify: consumer %s: %w", n.NotifyConsumer(channel), err)
+		return Queue{}, fmt.Errorf("capstan: notify: consumer %s: %w", n.NotifyConsumer(channel), err)
 	}
 	return queueOf(channel, c.CachedInfo()), nil
 }
