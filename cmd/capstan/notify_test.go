@@ -198,7 +198,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	var report statusReport
 	var statusOut string
 	for {
-		statusOut, stderr, code = capstanEnv(t, env, "notify", "--status", creds("notifier"), "--json")
+		statusOut, stderr, code = capstanEnv(t, env, "notify", "--status", "--status-wait", "300ms", creds("notifier"), "--json")
 		report = decode[statusReport](t, statusOut)
 		if code == exitOK && len(report.Queues) == 1 && report.Queues[0].Channel == "finance-hook" &&
 			report.Queues[0].Waiting == 0 && report.Queues[0].InFlight == 0 &&
@@ -238,7 +238,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	if !strings.Contains(string(metrics), `capstan_notifications_sent_total{channel="finance-hook",kind="webhook"} 2`) {
 		t.Errorf("metrics:\n%s", metrics)
 	}
-	human, _, _ := capstanEnv(t, env, "notify", "--status", creds("notifier"))
+	human, _, _ := capstanEnv(t, env, "notify", "--status", "--status-wait", "300ms", creds("notifier"))
 	for where, text := range map[string]string{"the first notifier's output": first.out.String(), "the second's": second.out.String(),
 		"the status": statusOut + human, "the metrics": string(metrics)} {
 		for _, s := range []string{secret, "tok-7f3a9c", hook.url} {
