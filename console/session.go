@@ -162,6 +162,12 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 				b.Exec = st
 			}
 		}
+		// A client binds the catalog by key; the capabilities page lists it.
+		if info("KV_" + names.CatalogBucket()) {
+			if kv, err := js.KeyValue(ctx, names.CatalogBucket()); err == nil {
+				b.Catalog = kv
+			}
+		}
 		if b.Audit != nil {
 			c.b = &b
 		}

@@ -82,7 +82,13 @@ func (f *serverFlags) options() (natsserver.Options, error) {
 		if f.setup, err = auth.Load(f.auth); err != nil {
 			return o, err
 		}
+		if err := f.setup.Current(); err != nil {
+			return o, err
+		}
 		o.ConfigFile = f.setup.ServerConfigPath()
+		// Each store keeps the accounts pushed to its server: the nodes of a
+		// cluster on one machine share a configuration, not a directory.
+		o.ResolverDir = filepath.Join(f.store, auth.ResolverDirName)
 		return o, nil
 	}
 	if !loopback(host) && !f.insecure {
@@ -166,7 +172,15 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		e.b, err = broker.Provision(pctx, e.nc, bcfg)
+		err = nil
+		if setup != nil {
+			// Every account as the setup has it now, so that a principal added
+			// or removed while the server was down is as the setup says.
+			err = pushAccounts(pctx, e.url, setup)
+		}
+		if err == nil {
+			e.b, err = broker.Provision(pctx, e.nc, bcfg)
+		}
 		if err == nil {
 			e.js, err = demo.Provision(pctx, e.nc, e.b.Replicas)
 		}
@@ -189,6 +203,17 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// pushAccounts sends setup's accounts to the server at url as the push user.
+func pushAccounts(ctx context.Context, url string, setup *auth.Setup) error {
+	nc, err := broker.Connect(pushOptions(url, setup))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	_, err = auth.PushAccounts(ctx, nc, setup)
+	return err
 }
 
 func (e *embedded) stop() {
