@@ -42,40 +42,91 @@ type Refund struct {
 type rig struct {
 	setup   *auth.Setup
 	admin   *broker.Broker
+	url     string
+	nodes   []string // every server's own URL
 	connect func(t *testing.T, principal string, opts ...nats.Option) *nats.Conn
+	// push sends the setup's accounts to the servers.
+	push func(t *testing.T)
 	// effects counts the handlers' effects, per capability.
 	sends, refunds atomic.Int64
 }
 
-func newRig(t *testing.T, cluster bool) *rig {
+// deployment says what a rig runs on.
+type deployment int
+
+const (
+	embedded deployment = iota // one embedded server
+	cluster                    // three embedded servers routed together
+	official                   // an official nats-server binary, as a deployment runs it
+	legacy                     // one embedded server on a one-account setup (v1)
+)
+
+func (d deployment) String() string {
+	return [...]string{"embedded", "cluster", "official", "legacy"}[d]
+}
+
+// rigGrants are the principals of every rig.
+var rigGrants = []auth.Grant{
+	{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
+	{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+	{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+	{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
+}
+
+func newRig(t *testing.T, onCluster bool) *rig {
+	t.Helper()
+	if onCluster {
+		return newRigOn(t, cluster)
+	}
+	return newRigOn(t, embedded)
+}
+
+// newRigOn starts a secured deployment on d with the rig's principals,
+// provisions it, publishes the grants and starts the worker.
+func newRigOn(t *testing.T, d deployment) *rig {
 	t.Helper()
 	r := &rig{}
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
-		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
-		{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
-	} {
-		if err := setup.Add(g); err != nil {
+	var setup *auth.Setup
+	if d == legacy {
+		setup = testenv.LegacySetup(t, t.TempDir(), rigGrants...)
+	} else {
+		var err error
+		if setup, err = auth.Init(t.TempDir(), ""); err != nil {
 			t.Fatal(err)
+		}
+		for _, g := range rigGrants {
+			if err := setup.Add(g); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	r.setup = setup
 	var adminNC *nats.Conn
-	if cluster {
+	switch d {
+	case cluster:
 		c := testenv.StartCluster(t, 3, testenv.Auth(setup))
 		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return c.ConnectAs(t, p, opts...) }
+		r.push = func(t *testing.T) { c.PushAccounts(t) }
+		r.url, r.nodes = c.URL(), c.URLs
 		adminNC = c.Connect(t)
-	} else {
+	case official:
+		r.url = startOfficial(t, setup)
+		r.nodes = []string{r.url}
+		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn {
+			return connectWhenUp(t, testCtx(t), r.url, setup, p, opts...)
+		}
+		r.push = func(t *testing.T) { pushTo(t, r.url, setup) }
+		r.push(t)
+		adminNC = r.connect(t, auth.AdminPrincipal)
+	default:
 		e := testenv.Start(t, testenv.Auth(setup))
 		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return e.ConnectAs(t, p, opts...) }
+		r.push = func(t *testing.T) { e.PushAccounts(t) }
+		r.url, r.nodes = e.URL, []string{e.URL}
 		adminNC = e.Connect(t)
 	}
 	ctx := testCtx(t)
+	var err error
 	if r.admin, err = broker.Provision(ctx, adminNC, broker.Config{}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +171,11 @@ func (r *rig) startWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "forge"})
+	// Nothing of the worker's own writes while a test compares the state
+	// before and after an attack: no catalog renewal, no lease renewal of
+	// a held execution, no sweep.
+	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "forge",
+		CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
