@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -145,6 +146,13 @@ func testCtx(t *testing.T) context.Context {
 
 func (r *rig) startWorker(t *testing.T) {
 	t.Helper()
+	t.Cleanup(r.startStoppableWorker(t))
+}
+
+// startStoppableWorker starts the rig's worker and returns what stops it
+// (once; later calls do nothing).
+func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
+	t.Helper()
 	echo := executor.Define("t.echo", executor.Meta{
 		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.None,
 	}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
@@ -182,12 +190,15 @@ func (r *rig) startWorker(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		})
+	}
 	wait := testCtx(t)
 	for _, id := range []string{"t.echo", "t.send", "t.refund"} {
 		for {
@@ -196,11 +207,13 @@ func (r *rig) startWorker(t *testing.T) {
 			}
 			select {
 			case <-wait.Done():
+				stop()
 				t.Fatalf("no worker serves %s", id)
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
 	}
+	return stop
 }
 
 // client returns principal's client and a collector of the server's refusals.
