@@ -308,6 +308,12 @@ func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) err
 	}
 	cfg.AllowMsgTTL = true
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			// A worker's credentials may not update streams: an admin's must
+			// provision first (capstan auth push, capstan server --auth).
+			return fmt.Errorf("capstan: stream %s needs an update these credentials may not make (allow per-message TTLs): "+
+				"provision as an admin first, e.g. 'capstan auth push DIR': %w", stream, err)
+		}
 		return fmt.Errorf("capstan: stream %s: allow per-message TTLs: %w", stream, err)
 	}
 	return nil

@@ -6,7 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/jwt/v2"
+
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
@@ -165,5 +169,77 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	stdout, _, code = capstan(t, url, "resume", approval, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "APPROVAL_CONSUMED" {
 		t.Fatalf("second resume: exit %d %+v", code, env)
+	}
+}
+
+// A one-account setup is refused until migrated; the migration says loudly
+// which credentials are new, does nothing the second time, and the
+// migrated setup serves its principals.
+func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
+	for _, args := range [][]string{
+		{"server", "--auth", dir, "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
+		{"auth", "add", dir, "bob", "--role", "producer", "--actor", "user:bob"},
+		{"auth", "push", dir},
+	} {
+		if _, stderr, code := capstan(t, "", args...); code == exitOK || !strings.Contains(stderr, "capstan auth migrate "+dir) {
+			t.Fatalf("%v on a one-account setup: exit %d: %s", args, code, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, "", "auth", "migrate", dir)
+	if code != exitOK || !strings.Contains(stdout, "NEW CREDENTIALS") || !strings.Contains(stdout, filepath.Join(dir, "alice.creds")) ||
+		strings.Contains(stdout, filepath.Join(dir, "worker.creds")) {
+		t.Fatalf("migrate: exit %d:\n%s\n%s", code, stdout, stderr)
+	}
+	if stdout, _, code := capstan(t, "", "auth", "migrate", dir); code != exitOK || !strings.Contains(stdout, "nothing to migrate") {
+		t.Fatalf("second migrate: exit %d: %s", code, stdout)
+	}
+	port := freePort(t)
+	startDaemon(t, "capstan call demo.echo", nil, "dev", "--auth", dir, "--store", t.TempDir(),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	stdout, stderr, code = capstan(t, url, "call", "demo.echo", "--creds", filepath.Join(dir, "alice.creds"), "--input", `{"hi":1}`)
+	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
+		t.Fatalf("alice after the migration: exit %d %+v: %s", code, env, stderr)
+	}
+}
+
+// Limits set at auth add are signed into the principal's account and
+// shown by auth list; they are refused where they mean nothing.
+func TestAuthAdd_Limits(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice",
+		"--max-connections", "3", "--max-subscriptions", "40", "--max-payload", "64KiB"); code != exitOK {
+		t.Fatalf("add: %s", stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"w2", "--role", "worker", "--max-connections", "3"}, "capstan account"},
+		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-payload", "lots"}, "size"},
+		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-connections", "0"}, "connections"},
+		{[]string{"push", "--role", "producer", "--actor", "user:x"}, "setup's own"},
+	} {
+		if _, stderr, code := capstan(t, "", append([]string{"auth", "add", dir}, tc.args...)...); code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Fatalf("add %v: exit %d: %s", tc.args, code, stderr)
+		}
+	}
+	stdout, _, _ := capstan(t, "", "auth", "list", dir)
+	if !strings.Contains(stdout, "conns=3,subs=40,payload=64KiB") {
+		t.Fatalf("list:\n%s", stdout)
+	}
+	s, err := auth.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := s.Grant("alice")
+	ac, err := jwt.DecodeAccountClaims(g.AccountJWT)
+	if err != nil || ac.Limits.Conn != 3 || ac.Limits.Subs != 40 || ac.Limits.Payload != 64<<10 {
+		t.Fatalf("alice's account: %v %+v", err, ac.Limits)
 	}
 }
