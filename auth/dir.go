@@ -205,6 +205,9 @@ func (s *Setup) loadKeys() (*keys, error) {
 }
 
 func readSeed(path string) (nkeys.KeyPair, error) {
+	if err := broker.CheckPrivate(path); err != nil {
+		return nil, err
+	}
 	seed, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -241,5 +242,30 @@ func TestAuthAdd_Limits(t *testing.T) {
 	ac, err := jwt.DecodeAccountClaims(g.AccountJWT)
 	if err != nil || ac.Limits.Conn != 3 || ac.Limits.Subs != 40 || ac.Limits.Payload != 64<<10 {
 		t.Fatalf("alice's account: %v %+v", err, ac.Limits)
+	}
+}
+
+// Credentials and seeds are secrets: a file others may read is refused,
+// naming the mode to set, before anything connects or signs.
+func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	creds := filepath.Join(dir, "admin.creds")
+	if err := os.Chmod(creds, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "call", "demo.echo", "--creds", creds)
+	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+creds) {
+		t.Fatalf("loose credentials: exit %d: %s", code, stderr)
+	}
+	seed := filepath.Join(dir, "account.nk")
+	if err := os.Chmod(seed, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code = capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice")
+	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+seed) {
+		t.Fatalf("a loose seed: exit %d: %s", code, stderr)
 	}
 }

@@ -43,7 +43,7 @@ func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
 	fs.StringVar(&f.auth, "auth", "", "credentials `directory` made by 'capstan auth init': every client then needs --creds")
-	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything)")
+	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything); for dev, also serve --mcp beyond loopback over plain HTTP")
 	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the cluster to form and provisioning to succeed, retrying with a log line (0: until stopped)")
 	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	f.envelopeRetention = longDuration(broker.DefaultEnvelopeRetention)
