@@ -64,6 +64,9 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = alice.Close()
+	// The work queue holds the queued request alone once the worker's
+	// acknowledgements of the others are applied.
+	r.waitExecDrained(t, 1)
 	before := r.world(t)
 	for _, s := range r.streamNames() {
 		if before.streams[s].Msgs == 0 {

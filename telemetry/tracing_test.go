@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/observe"
@@ -92,7 +93,7 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 		t.Errorf("queue wait's parent is %q, want the client's span", byID[p].Name)
 	}
 
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
 	}
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 	for _, s := range spans.GetSpans() {
 		t.Errorf("the worker recorded span %q of a call its client did not sample", s.Name)
 	}
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
