@@ -431,7 +431,7 @@ func (r *rig) waitExecDrained(t *testing.T, msgs uint64) {
 }
 
 // assertAuditOnlyOf fails unless every audit event stored after seq is of
-// principal and of type typ.
+// principal and, unless typ is empty, of type typ.
 func (r *rig) assertAuditOnlyOf(t *testing.T, seq uint64, principal, typ string) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -449,7 +449,7 @@ func (r *rig) assertAuditOnlyOf(t *testing.T, seq uint64, principal, typ string)
 			t.Fatalf("audit #%d on %s does not decode: %v", s, m.Subject, err)
 		}
 		for _, e := range events {
-			if e.Principal != principal || e.Type != typ {
+			if e.Principal != principal || (typ != "" && e.Type != typ) {
 				t.Errorf("audit #%d: %s of %q", s, e.Type, e.Principal)
 			}
 		}
@@ -621,6 +621,107 @@ func testEachAttack(t *testing.T, r *rig) {
 		})
 	}
 	t.Run("a forged result under bob's id", func(t *testing.T) { testForgedResult(t, r) })
+	t.Run("an id taken first", func(t *testing.T) { testIDSquatting(t, r) })
+	t.Run("a trail polluted", func(t *testing.T) { testTrailPollution(t, r) })
+}
+
+// assertOnlyOwnChanges fails unless everything that changed since before is
+// principal's own: its keys in the records and envelopes buckets, its events
+// on the trail; nothing in approvals, grants, catalog or pools, nothing
+// queued in the exec stream.
+func (r *rig) assertOnlyOwnChanges(t *testing.T, before world, principal string) {
+	t.Helper()
+	n := r.setup.Names()
+	r.waitExecDrained(t, before.streams[n.ExecStream()].Msgs)
+	after := r.world(t)
+	own := func(k string) bool {
+		bucket, key, _ := strings.Cut(k, "/")
+		return (bucket == n.ExecutionsBucket() || bucket == n.EnvelopesBucket()) && strings.HasPrefix(key, principal+".")
+	}
+	for k, rev := range after.keys {
+		if before.keys[k] != rev && !own(k) {
+			t.Errorf("%s's doing changed %s (revision %d, before %d)", principal, k, rev, before.keys[k])
+		}
+	}
+	for k := range before.keys {
+		if _, ok := after.keys[k]; !ok && !own(k) {
+			t.Errorf("%s's doing removed %s", principal, k)
+		}
+	}
+	for _, b := range []string{n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket()} {
+		if after.streams["KV_"+b] != before.streams["KV_"+b] {
+			t.Errorf("bucket %s changed: %+v, before %+v", b, after.streams["KV_"+b], before.streams["KV_"+b])
+		}
+	}
+	r.assertAuditOnlyOf(t, before.streams[n.AuditStream()].LastSeq, principal, "")
+}
+
+// testIDSquatting: alice takes an id bob will choose first, under her own
+// principal, and publishes requests whose message ids name bob's execution
+// (as his client makes them, with a guessed tag); what changes is hers, and
+// bob's call under that id runs and completes with his own output.
+func testIDSquatting(t *testing.T, r *rig) {
+	ctx := testCtx(t)
+	sc := r.newScene(t)
+	id := "order-" + envelope.NewExecutionID()[:8] + "-mail"
+	before := r.world(t)
+	sends := r.sends.Load()
+	env, err := sc.alice.Call(ctx, "t.send", Echo{Text: "alice's, first"}, executor.WithID(id))
+	if err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("alice's own call: %v %+v", err, env)
+	}
+	for _, msgID := range []string{broker.Key("bob", id), broker.Key("bob", id) + ".0123456789abcdef"} {
+		publishAs(t, sc.aliceNC, "alice", "t.send", id, msgID, Echo{Text: "FORGED BY ALICE"})
+	}
+	r.settled(t, "alice", id)
+	r.assertOnlyOwnChanges(t, before, "alice")
+	if n := r.sends.Load() - sends; n != 1 {
+		t.Fatalf("the handler ran %d times for alice, want her one call", n)
+	}
+	mine, err := sc.bob.Call(ctx, "t.send", Echo{Text: "bob's"}, executor.WithID(id))
+	if err != nil || mine.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's call under the id alice took first: %v %+v", err, mine)
+	}
+	r.trailOf(t, "bob", id, "capability.completed")
+	r.assertTrailOf(t, "bob", id)
+}
+
+// testTrailPollution: alice submits under the id of bob's running execution;
+// her execution is hers, and bob's trail holds none of her events.
+func testTrailPollution(t *testing.T, r *rig) {
+	ctx := testCtx(t)
+	sc := r.newScene(t)
+	before := r.world(t)
+	env, err := sc.alice.Call(ctx, "t.echo", Echo{Text: "on bob's trail?"}, executor.WithID(sc.bobRun))
+	if err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("alice's call: %v %+v", err, env)
+	}
+	r.settled(t, "alice", sc.bobRun)
+	r.assertOnlyOwnChanges(t, before, "alice")
+	r.assertTrailOf(t, "bob", sc.bobRun)
+	if _, err := sc.bob.Cancel(ctx, sc.bobRun); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := sc.bob.Await(ctx, sc.bobRun); err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("%v %+v", err, env)
+	}
+	r.trailOf(t, "bob", sc.bobRun, "capability.cancelled")
+	r.assertTrailOf(t, "bob", sc.bobRun)
+}
+
+// assertTrailOf fails unless every event of principal's execution id is
+// principal's.
+func (r *rig) assertTrailOf(t *testing.T, principal, id string) {
+	t.Helper()
+	trail, err := audit.Read(testCtx(t), r.admin, principal, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range trail {
+		if ev.Principal != principal || ev.Actor.ID != principal {
+			t.Errorf("%s's trail of %s holds an event of %s (actor %s): %s", principal, id, ev.Principal, ev.Actor.ID, ev.Type)
+		}
+	}
 }
 
 // testForgedResult: alice, knowing the id of bob's running execution, runs

@@ -240,6 +240,12 @@ func runAuthPush(args []string) int {
 	if err := s.Current(); err != nil {
 		return fail(exitUsage, "auth push: %v", err)
 	}
+	// Accounts signed by an earlier version get this version's crossings.
+	if resigned, err := s.Sync(); err != nil {
+		return fail(exitFailed, "auth push: %v", err)
+	} else if resigned {
+		fmt.Printf("re-signed the accounts whose exports or imports this version changes\n")
+	}
 	if conn.creds == "" {
 		conn.creds = s.CredsPath(auth.AdminPrincipal)
 	}

@@ -85,6 +85,11 @@ func (f *serverFlags) options() (natsserver.Options, error) {
 		if err := f.setup.Current(); err != nil {
 			return o, err
 		}
+		// Accounts signed by an earlier version get this version's crossings
+		// (the configuration, read below, preloads the capstan account).
+		if _, err := f.setup.Sync(); err != nil {
+			return o, err
+		}
 		o.ConfigFile = f.setup.ServerConfigPath()
 		// Each store keeps the accounts pushed to its server: the nodes of a
 		// cluster on one machine share a configuration, not a directory.
