@@ -84,7 +84,9 @@ func sameExports(have, want jwt.Exports) bool {
 }
 
 func sameImports(have, want jwt.Imports) bool {
-	key := func(i *jwt.Import) crossing { return crossing{subject: string(i.Subject), typ: i.Type, private: i.Token != ""} }
+	key := func(i *jwt.Import) crossing {
+		return crossing{subject: string(i.Subject), typ: i.Type, private: i.Token != ""}
+	}
 	return sameSet(have, want, key)
 }
 
