@@ -6,8 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/executor"
@@ -267,5 +269,71 @@ func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
 	_, stderr, code = capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice")
 	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+seed) {
 		t.Fatalf("a loose seed: exit %d: %s", code, stderr)
+	}
+}
+
+// Three `capstan server --auth` processes make a cluster; a principal added
+// and pushed with `capstan auth push` calls through every node at once, and
+// removed and pushed again, is disconnected from every node and refused by
+// each, with no restart.
+func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	_, urls := startServerCluster(t, "--auth", dir)
+	startDaemon(t, "", []string{"CAPSTAN_NATS_URL=" + urls}, "worker", "--creds", filepath.Join(dir, "worker.creds"))
+	if _, stderr, code := capstan(t, urls, "auth", "add", dir, "erin", "--role", "producer", "--actor", "user:erin"); code != exitOK {
+		t.Fatalf("add: %s", stderr)
+	}
+	creds := filepath.Join(dir, "erin.creds")
+	nodes := strings.Split(urls, ",")
+	if _, _, code := capstan(t, nodes[0], "call", "demo.echo", "--creds", creds, "--input", `{}`); code == exitOK {
+		t.Fatal("erin called before her account was pushed")
+	}
+	if stdout, stderr, code := capstan(t, urls, "auth", "push", dir); code != exitOK || !strings.Contains(stdout, "to 3 servers") {
+		t.Fatalf("push: exit %d: %s %s", code, stdout, stderr)
+	}
+	var conns []*nats.Conn
+	closed := make(chan string, len(nodes))
+	for _, url := range nodes {
+		stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--creds", creds, "--input", `{"via":"`+url+`"}`)
+		if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
+			t.Fatalf("erin through %s: exit %d %+v: %s", url, code, env, stderr)
+		}
+		nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(),
+			nats.ClosedHandler(func(*nats.Conn) { closed <- url }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		conns = append(conns, nc)
+	}
+	kept := filepath.Join(t.TempDir(), "erin.creds")
+	if b, err := os.ReadFile(creds); err != nil || os.WriteFile(kept, b, 0o600) != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := capstan(t, urls, "auth", "remove", dir, "erin"); code != exitOK {
+		t.Fatalf("remove: %s", stderr)
+	}
+	if _, stderr, code := capstan(t, urls, "auth", "push", dir); code != exitOK {
+		t.Fatalf("push: %s", stderr)
+	}
+	deadline := time.After(guard)
+	for range conns {
+		select {
+		case <-closed:
+		case <-deadline:
+			t.Fatal("erin's connections outlived the push of her removal")
+		}
+	}
+	for _, url := range nodes {
+		if nc, err := nats.Connect(url, nats.UserCredentials(kept), nats.NoReconnect()); err == nil {
+			nc.Close()
+			t.Fatalf("erin, removed, connected to %s", url)
+		}
 	}
 }
