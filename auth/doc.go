@@ -27,6 +27,9 @@
 //     approvals, the catalog and the audit trail. It cannot touch grants,
 //     delete streams or remove audit events.
 //   - admin: provisions resources and publishes grants.
+//   - notifier: pulls the approvals' changes from the notify consumers and
+//     acknowledges them (package notify); it writes nothing, creates no
+//     consumer and reads no other bucket.
 //
 // The mechanism is NATS's decentralized authentication, with an account per
 // principal (DESIGN §12): Init creates an operator, the system account and its
