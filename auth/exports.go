@@ -35,7 +35,7 @@ type Crossing struct {
 // ResponseThreshold bounds how long the server keeps the route back to a
 // principal's account for one request the capstan account received but has
 // not answered yet. Every responder of a crossing answers at once (JetStream)
-// or within its own bounded time (workers answer within about 10 s); the
+// or within its own bounded time (workers answer within 10 to 15 s); the
 // threshold only bounds the state a principal's requests leave in the
 // capstan account if a responder never answers.
 const ResponseThreshold = 30 * time.Second
@@ -52,6 +52,10 @@ var Crossings = []Crossing{
 	{Subject: func(n broker.Names, p string) string { return n.DescribeSubject(p) }, Roles: []Role{Producer}},
 	{Subject: func(n broker.Names, p string) string { return n.ListApprovalsSubject(p) }, Roles: []Role{Producer, Approver}},
 	{Subject: func(n broker.Names, p string) string { return n.DecideSubject(p) }, Roles: []Role{Approver}},
+	// Executions, their trails and results, as the role may see them
+	// (workers answer).
+	{Subject: func(n broker.Names, p string) string { return n.ListExecutionsSubject(p) }, Roles: []Role{Producer, Approver}},
+	{Subject: func(n broker.Names, p string) string { return n.ExecutionSubject(p) }, Roles: []Role{Producer, Approver}},
 	// Its own envelopes and records by key: the direct get whose subject
 	// names the key, never the form whose body does.
 	{Subject: func(n broker.Names, p string) string { return directGet(n.EnvelopesBucket(), p+".>") }, Roles: []Role{Producer}},

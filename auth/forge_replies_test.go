@@ -186,6 +186,8 @@ func (r *rig) requests(sc *scene) []request {
 	describe, _ := envelope.Marshal(&executor.DescribeRequest{V: 1, Surface: executor.SurfaceDirect,
 		Actor: envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}})
 	list, _ := envelope.Marshal(&approvals.ListRequest{V: 1})
+	executions, _ := envelope.Marshal(&executor.ExecutionsRequest{V: 1})
+	one, _ := envelope.Marshal(&executor.ExecutionRequest{V: 1, ExecutionID: sc.aliceDone})
 	return []request{
 		{name: "own envelope", subject: directGetOf(n.EnvelopesBucket(), broker.Key("alice", sc.aliceDone))},
 		{name: "own record", subject: directGetOf(n.ExecutionsBucket(), broker.Key("alice", sc.aliceDone))},
@@ -195,6 +197,8 @@ func (r *rig) requests(sc *scene) []request {
 		{name: "empty 404 of the catalog", subject: directGetOf(n.CatalogBucket(), "t.nothing")},
 		{name: "describe", subject: n.DescribeSubject("alice"), body: describe, byWorkers: true},
 		{name: "approvals listing", subject: n.ListApprovalsSubject("alice"), body: list, byWorkers: true},
+		{name: "executions listing", subject: n.ListExecutionsSubject("alice"), body: executions, byWorkers: true},
+		{name: "one execution", subject: n.ExecutionSubject("alice"), body: one, byWorkers: true},
 		// Her own request, answered with the exec stream's acknowledgement:
 		// a body that is no request and no id, which a worker terminates.
 		{name: "own request", subject: n.ExecSubject("alice", "t.echo"), body: []byte{0xc1}, stored: true},
@@ -824,7 +828,7 @@ func TestForge_AnswersAimedAtThePrincipalsOwnImports(t *testing.T) {
 	sc := r.newScene(t)
 	n := r.setup.Names()
 	own := []string{n.ExecSubject("alice", "t.echo"), n.CancelSubject("alice", sc.aliceDone),
-		n.DescribeSubject("alice"), n.ListApprovalsSubject("alice")}
+		n.DescribeSubject("alice"), n.ListApprovalsSubject("alice"), n.ListExecutionsSubject("alice"), n.ExecutionSubject("alice")}
 	var reqs []request
 	for _, req := range r.requests(sc) {
 		if !req.byWorkers && !req.stored {
@@ -836,7 +840,8 @@ func TestForge_AnswersAimedAtThePrincipalsOwnImports(t *testing.T) {
 	// A worker serving a forwarded describe would audit a discovery, one
 	// serving a listing would answer: the world is unchanged.
 	r.assertWorldUnchanged(t, before)
-	want := map[string]int{n.DescribeSubject("alice"): len(reqs), n.ListApprovalsSubject("alice"): len(reqs)}
+	want := map[string]int{n.DescribeSubject("alice"): len(reqs), n.ListApprovalsSubject("alice"): len(reqs),
+		n.ListExecutionsSubject("alice"): len(reqs), n.ExecutionSubject("alice"): len(reqs)}
 	if !maps.Equal(landed, want) {
 		t.Errorf("forwarded into the capstan account: %v, want the literal imports' %v (the server changed: revisit DESIGN §12)", landed, want)
 	}

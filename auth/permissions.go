@@ -45,6 +45,10 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			n.DescribeSubject(p),
 			// The approvals it requested itself, listed by the workers.
 			n.ListApprovalsSubject(p),
+			// Its own executions, their trails and results, read by the
+			// workers.
+			n.ListExecutionsSubject(p),
+			n.ExecutionSubject(p),
 		}
 		for _, c := range g.Capabilities {
 			switch {
@@ -73,7 +77,9 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 	case Approver:
 		// Approvals are listed and decided through the workers, which keep to
 		// the approver's types: an approver reads no bucket itself.
-		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
+		// So are the executions behind them, with their trails and outcomes.
+		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p),
+			n.ListExecutionsSubject(p), n.ExecutionSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Notifier:
 		// The approvals stream's consumers: a channel's is notify-<channel>,
 		// one subject token, which no wildcard can narrow to the prefix.

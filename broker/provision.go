@@ -123,8 +123,10 @@ type Broker struct {
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
 
-	Exec       jetstream.Stream
-	Audit      jetstream.Stream
+	Exec  jetstream.Stream
+	Audit jetstream.Stream
+	// Index is the executions index (DESIGN §3): what listings read.
+	Index      jetstream.Stream
 	Executions jetstream.KeyValue
 	Envelopes  jetstream.KeyValue
 	Approvals  jetstream.KeyValue
@@ -199,6 +201,10 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		return nil, err
 	}
 	b.Config.AuditMaxAge = b.Audit.CachedInfo().Config.MaxAge
+	b.Index, err = ensureStream(ctx, js, rc, IndexConfig(n, b.Config.AuditMaxAge), keepAuditMaxAge)
+	if err != nil {
+		return nil, err
+	}
 	// Envelopes are republished once stored: a client's one subscription sees
 	// only envelopes JetStream accepted, never a refused second finalization.
 	envelopesRepublish := &jetstream.RePublish{
@@ -241,6 +247,23 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		return nil, err
 	}
 	return b, nil
+}
+
+// IndexConfig is the executions index's stream: kept as long as the trail it
+// indexes, removed by nobody, read with direct gets, written in fast batches.
+func IndexConfig(n Names, maxAge time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              n.IndexStream(),
+		Subjects:          []string{n.IndexSubjects()},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		MaxAge:            maxAge,
+		Discard:           jetstream.DiscardOld,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowDirect:       true,
+		AllowBatchPublish: true,
+	}
 }
 
 // ResourcesKey is the catalog key under which provisioning records what
@@ -598,6 +621,11 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 		}
 	}
 	b.Replicas = b.Exec.CachedInfo().Config.Replicas
+	// The index is younger than the rest: a store no worker of this version
+	// provisioned yet has none, and lists nothing until one does.
+	if b.Index, err = b.JS.Stream(ctx, n.IndexStream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("capstan: open stream %s: %w", n.IndexStream(), err)
+	}
 	for _, kv := range []struct {
 		dst  *jetstream.KeyValue
 		name string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -153,6 +154,9 @@ type Worker struct {
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
+	// reading counts the readings of executions being answered (executions.go).
+	reading sync.WaitGroup
+	readers chan struct{}
 }
 
 // skipped is told of a record of bucket that a listing skipped because it
@@ -177,7 +181,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		return nil, fmt.Errorf("capstan: pool name %q: letters, digits, - and _ only", cfg.Pool)
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
-		caps: make(map[string]*capability, len(reg.ids))}
+		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
 	for _, id := range reg.ids {
 		w.caps[id] = &capability{b: reg.get(id), w: w}
 	}
@@ -276,6 +280,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
+		w.reading.Wait() // readings answered on goroutines of their own
 	}()
 	// Listed last: once the catalog names a capability, its consumer exists
 	// and cancel and describe are served.

@@ -103,17 +103,17 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	alice, carol := "--creds="+filepath.Join(dir, "alice.creds"), "--creds="+filepath.Join(dir, "carol.creds")
 
-	if _, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hi":1}`); code != exitUsage {
+	if _, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hi":1}`); code != exitUsage {
 		t.Fatalf("without credentials: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", alice, "--input", `{"hi":1}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", alice, "--input", `{"hi":1}`)
 	called := decode[printedEnvelope](t, stdout)
 	if code != exitOK || called.Status != "completed" {
 		t.Fatalf("alice's call: exit %d %+v: %s", code, called, stderr)
 	}
 	// A producer awaits and reads its own executions by key, without the
 	// buckets' stream information, which it may not ask for.
-	stdout, stderr, code = capstan(t, url, "await", called.ExecutionID, alice)
+	stdout, stderr, code = capstan(t, url, "await", "-o", "json", called.ExecutionID, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.ExecutionID != called.ExecutionID || env.Status != "completed" {
 		t.Fatalf("alice's await: exit %d %+v: %s", code, env, stderr)
 	}
@@ -125,12 +125,12 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if code != exitOK || status.Record.ExecutionID != called.ExecutionID || status.Record.Actor != "user:alice" || status.Envelope.Status != "completed" {
 		t.Fatalf("alice's status: exit %d %+v: %s", code, status, stderr)
 	}
-	stdout, _, code = capstan(t, url, "call", "demo.echo", alice, "--actor", "user:bob", "--input", `{"hi":1}`)
+	stdout, _, code = capstan(t, url, "call", "-o", "json", "demo.echo", alice, "--actor", "user:bob", "--input", `{"hi":1}`)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "FORBIDDEN" {
 		t.Fatalf("alice as bob: exit %d %+v", code, env)
 	}
 
-	stdout, stderr, code = capstan(t, url, "call", "orders.refund", alice, "--input", `{"orderId":"o1","amount":900}`)
+	stdout, stderr, code = capstan(t, url, "call", "-o", "json", "orders.refund", alice, "--input", `{"orderId":"o1","amount":900}`)
 	if code != exitApproval {
 		t.Fatalf("refund: exit %d: %s %s", code, stdout, stderr)
 	}
@@ -142,7 +142,7 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 
 	// alice cannot decide, whatever approver she names; carol can.
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice); code != exitUsage ||
-		!strings.Contains(stderr, `producer "alice" may not publish to capstan.approvals.decide.alice`) {
+		!strings.Contains(stderr, `producer "alice" may not decide approvals: its credentials do not allow publishing to capstan.approvals.decide.alice`) {
 		t.Fatalf("alice approved her own refund: exit %d: %s", code, stderr)
 	}
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice, "--approver", "user:ceo"); code != exitUsage {
@@ -162,14 +162,14 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if code != exitOK || rec.Status != "approved" || rec.Decision.Approver.ID != "carol" {
 		t.Fatalf("carol's approval: exit %d %+v: %s", code, rec, stderr)
 	}
-	if _, stderr, code := capstan(t, url, "resume", approval, carol); code != exitUsage || !strings.Contains(stderr, `approver "carol" may not publish`) {
+	if _, stderr, code := capstan(t, url, "resume", "-o", "json", approval, carol); code != exitUsage || !strings.Contains(stderr, `approver "carol" may not resume approved calls`) {
 		t.Fatalf("carol resumed alice's call: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "resume", approval, alice)
+	stdout, stderr, code = capstan(t, url, "resume", "-o", "json", approval, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
 		t.Fatalf("resume: exit %d %+v: %s", code, env, stderr)
 	}
-	stdout, _, code = capstan(t, url, "resume", approval, alice)
+	stdout, _, code = capstan(t, url, "resume", "-o", "json", approval, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "APPROVAL_CONSUMED" {
 		t.Fatalf("second resume: exit %d %+v", code, env)
 	}

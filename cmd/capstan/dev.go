@@ -31,6 +31,9 @@ func runDev(args []string) int {
 	if err := sf.check(); err != nil {
 		return usageError("%v", err)
 	}
+	if err := mf.check(); err != nil {
+		return usageError("%v", err)
+	}
 	if wf.capabilities != "" && !slices.Contains(strings.Split(strings.ReplaceAll(wf.capabilities, " ", ""), ","), "demo.echo") {
 		return usageError("--capabilities: dev serves demo.echo, and waits for it to be served")
 	}

@@ -12,6 +12,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -30,6 +33,7 @@ type mcpFlags struct {
 	callTimeout         time.Duration
 	approvalWait        time.Duration
 	stateless           bool
+	toolNames           string
 	httpsCert, httpsKey string
 	prefix              string
 }
@@ -42,11 +46,22 @@ func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
 	fs.DurationVar(&f.callTimeout, prefix+"call-timeout", 5*time.Minute, "how long a tools/call waits for its envelope")
 	fs.DurationVar(&f.approvalWait, prefix+"approval-wait", 0, "how long a call that needs an approval waits for it before answering approval-required")
 	fs.BoolVar(&f.stateless, prefix+"stateless", false, "HTTP without sessions, protocol 2026-07-28 and later (any bridge answers any request)")
+	fs.StringVar(&f.toolNames, prefix+"tool-names", string(mcpbridge.PortableNames),
+		"how capabilities are named as tools: portable (orders_refund: what the Anthropic and OpenAI APIs take) or ids (orders.refund)")
 	return f
 }
 
+func (f *mcpFlags) check() error {
+	switch mcpbridge.ToolNames(f.toolNames) {
+	case mcpbridge.PortableNames, mcpbridge.CapabilityIDs:
+		return nil
+	}
+	return fmt.Errorf("--tool-names %q: want portable or ids", f.toolNames)
+}
+
 func (f *mcpFlags) config(log *slog.Logger) mcpbridge.Config {
-	return mcpbridge.Config{Name: "capstan", Version: "dev", CallTimeout: f.callTimeout, ApprovalWait: f.approvalWait, Logger: log}
+	return mcpbridge.Config{Name: "capstan", Version: "dev", CallTimeout: f.callTimeout, ApprovalWait: f.approvalWait,
+		ToolNames: mcpbridge.ToolNames(f.toolNames), Logger: log}
 }
 
 func (f *mcpFlags) readTokens() (*mcpbridge.Tokens, error) {
@@ -65,14 +80,22 @@ func (f *mcpFlags) readTokens() (*mcpbridge.Tokens, error) {
 }
 
 func runMCP(args []string) int {
-	fs := newFlags("mcp", "[--actor kind:id] | --http HOST:PORT --tokens FILE")
+	fs := newFlags("mcp", "[--actor kind:id] | --http HOST:PORT --tokens FILE; [--print-config [--config-format claude|vscode]]")
 	conn := addConnFlags(fs)
 	mf := addMCPFlags(fs, "")
 	actor := fs.String("actor", "", "over stdio, who every call runs for, as kind:id (default: user:<principal> with --creds, else user:$USER)")
 	addr := fs.String("http", "", "serve streamable HTTP on `host:port` instead of stdio")
 	insecure := fs.Bool("insecure", false, "serve plain HTTP beyond loopback (bearer tokens travel in clear: anyone on the path can replay them)")
+	printConfig := fs.Bool("print-config", false, "print the configuration that makes a desktop host or an IDE run this command (absolute paths), and exit")
+	format := fs.String("config-format", "claude", "with --print-config: claude (Claude Desktop, Claude Code, Cursor: \"mcpServers\") or vscode (\"servers\")")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	if err := mf.check(); err != nil {
+		return usageError("%v", err)
+	}
+	if *printConfig {
+		return printMCPConfig(args, conn, *addr, *format)
 	}
 	// stdout is the protocol over stdio: logs go to stderr only.
 	log := newLogger(slog.LevelInfo)
@@ -94,7 +117,7 @@ func runMCP(args []string) int {
 			return usageError("--actor %q: want kind:id, e.g. user:alice", *actor)
 		}
 	}
-	nc, err := conn.connect("mcp")
+	nc, err := conn.connectServing("mcp")
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -131,7 +154,7 @@ func serveMCPStdio(ctx context.Context, nc *nats.Conn, cfg mcpbridge.Config, act
 	if err != nil {
 		return err
 	}
-	err = s.Run(ctx, &mcp.StdioTransport{})
+	err = s.Run(ctx, mcpbridge.TasksTransport(&mcp.StdioTransport{}))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -189,6 +212,18 @@ func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, mf *mcpF
 		_ = ln.Close()
 		return nil, err
 	}
+	// Each caller's tool list now: a tool name two capabilities would share
+	// is refused at start, not at the first call.
+	for _, a := range tokens.Actors() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := b.Server(ctx, a)
+		cancel()
+		if errors.Is(err, mcpbridge.ErrToolNameCollision) {
+			_ = b.Close()
+			_ = ln.Close()
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle(mcpPath, b.Handler(tokens, &mcpbridge.HTTPOptions{Stateless: mf.stateless}))
 	s := &mcpServer{url: scheme + "://" + ln.Addr().String() + mcpPath, bridge: b, done: make(chan error, 1),
@@ -221,4 +256,81 @@ func newToken() string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// printMCPConfig prints what a desktop host or an IDE needs to run this very
+// command over stdio: the absolute path of this binary, and the flags given
+// with every file made absolute, without --print-config. A desktop app
+// starts it without the shell's PATH or working directory.
+func printMCPConfig(args []string, conn *connFlags, httpAddr, format string) int {
+	if format != "claude" && format != "vscode" {
+		return usageError("--config-format %q: want claude or vscode", format)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fail(exitFailed, "the path of this binary: %v", err)
+	}
+	if p, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = p
+	}
+	if strings.Contains(exe, string(filepath.Separator)+"go-build") {
+		fmt.Fprintf(os.Stderr, "capstan: %s is a temporary binary of 'go run': install capstan ('go install ./cmd/capstan') and print the configuration with it\n", exe)
+	}
+	var server map[string]any
+	if httpAddr != "" {
+		server = map[string]any{"type": "http", "url": "http://" + httpAddr + mcpPath,
+			"headers": map[string]string{"Authorization": "Bearer TOKEN (a line of the --tokens file)"}}
+	} else {
+		out := []string{"mcp"}
+		files := map[string]bool{"creds": true, "tls-ca": true, "tls-cert": true, "tls-key": true, "tokens": true}
+		skip := map[string]bool{"print-config": true, "config-format": true}
+		for i := 0; i < len(args); i++ {
+			name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+			if !strings.HasPrefix(args[i], "-") {
+				continue
+			}
+			switchOnly := name == "stateless" || name == "print-config"
+			if !hasValue && !switchOnly && i+1 < len(args) {
+				i++
+				value = args[i]
+			}
+			if skip[name] {
+				continue
+			}
+			if files[name] {
+				if abs, err := filepath.Abs(value); err == nil {
+					value = abs
+				}
+			}
+			if switchOnly {
+				out = append(out, "--"+name)
+				continue
+			}
+			out = append(out, "--"+name, value)
+		}
+		if !slices.Contains(out, "--nats") {
+			// What this command connects to now, written down: the host's
+			// environment has no CAPSTAN_NATS_URL.
+			out = append(out, "--nats", conn.options("mcp").ResolveURL())
+		}
+		server = map[string]any{"command": exe, "args": out}
+		if format == "vscode" {
+			server["type"] = "stdio"
+		}
+	}
+	key := "mcpServers"
+	if format == "vscode" {
+		key = "servers"
+	}
+	if code := printJSON(map[string]any{key: map[string]any{"capstan": server}}); code != exitOK {
+		return code
+	}
+	if isTerminal(os.Stderr) {
+		where := "Claude Desktop: claude_desktop_config.json (macOS: ~/Library/Application Support/Claude/, Windows: %APPDATA%\\Claude\\); Claude Code and Cursor: .mcp.json"
+		if format == "vscode" {
+			where = "VS Code: .vscode/mcp.json"
+		}
+		fmt.Fprintf(os.Stderr, "capstan: merge this into %s\n", where)
+	}
+	return exitOK
 }

@@ -42,12 +42,12 @@ func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names = append(names, tl.Name)
 	}
-	for _, want := range []string{"demo.echo", "orders.refund", "capstan.resume"} {
+	for _, want := range []string{"demo_echo", "orders_refund", "capstan_resume"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("tools/list = %v, lacks %s", names, want)
 		}
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"via": "stdio"}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo_echo", Arguments: map[string]any{"via": "stdio"}})
 	if err != nil {
 		t.Fatal(err)
 	}

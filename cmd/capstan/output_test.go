@@ -237,7 +237,7 @@ func TestColorsWanted_NotOnAFileOrPipe(t *testing.T) {
 // usage error.
 func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
 	_, url := startDev(t)
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("call: exit %d, stderr %s", code, stderr)
 	}
