@@ -202,7 +202,7 @@ func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
 	startDaemon(t, "capstan call demo.echo", nil, "dev", "--auth", dir, "--store", t.TempDir(),
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	stdout, stderr, code = capstan(t, url, "call", "demo.echo", "--creds", filepath.Join(dir, "alice.creds"), "--input", `{"hi":1}`)
+	stdout, stderr, code = capstan(t, url, "call", "-o", "json", "demo.echo", "--creds", filepath.Join(dir, "alice.creds"), "--input", `{"hi":1}`)
 	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
 		t.Fatalf("alice after the migration: exit %d %+v: %s", code, env, stderr)
 	}
@@ -300,7 +300,7 @@ func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
 	var conns []*nats.Conn
 	closed := make(chan string, len(nodes))
 	for _, url := range nodes {
-		stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--creds", creds, "--input", `{"via":"`+url+`"}`)
+		stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--creds", creds, "--input", `{"via":"`+url+`"}`)
 		if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
 			t.Fatalf("erin through %s: exit %d %+v: %s", url, code, env, stderr)
 		}
