@@ -67,10 +67,9 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			pub = append(pub, js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
 		}
 		// The catalog by key only: no consumer, whose push deliveries could
-		// be aimed at another principal's subjects.
-		pub = append(pub,
-			js("STREAM.INFO."+kvStream(n.CatalogBucket())),
-			js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
+		// be aimed at another principal's subjects, and no stream
+		// information (its own account has no JetStream to answer it).
+		pub = append(pub, js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
 		return Permissions{
 			PublishAllow:   pub,
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},

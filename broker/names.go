@@ -333,15 +333,30 @@ func (n Names) NotifyStatusSubject() string { return n.subject + ".notify.status
 func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
 
 // ReplyAllowed reports whether a request of principal may be answered on
-// reply: only on the principal's own inbox prefix (the server sends replies to
-// whatever subject a requester names, another principal's included). The
-// anonymous principal of an open server may name any.
+// reply. A principal in an account of its own (DESIGN §12 "Accounts per
+// principal") reaches the capstan account through a service import, and the
+// server gives its request a reply under ResponseImportPrefix, which routes
+// the answer back into that account only, whatever subject the principal
+// named there: accepted. A principal inside the capstan account (an admin, a
+// worker, a principal of a one-account setup) is answered only on its own
+// inbox prefix, since the server sends replies to whatever subject a
+// requester names, another principal's included. The anonymous principal of
+// an open server may name any. No reply: nobody to answer (an answer the
+// server forwarded through an import arrives so), never served.
 func (n Names) ReplyAllowed(principal, reply string) bool {
-	if principal == Anonymous {
-		return reply != ""
+	if reply == "" {
+		return false
+	}
+	if principal == Anonymous || strings.HasPrefix(reply, ResponseImportPrefix) {
+		return true
 	}
 	return strings.HasPrefix(reply, n.InboxPrefix(principal)+".")
 }
+
+// ResponseImportPrefix begins the reply the server gives a request that
+// entered an account through a service import: its answer goes back to the
+// importing account alone.
+const ResponseImportPrefix = "_R_."
 
 // Key is the key of principal's execution in the executions and envelopes
 // buckets: the principal is part of it, so that the server can let a principal

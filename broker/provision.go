@@ -419,6 +419,12 @@ func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) err
 	}
 	cfg.AllowMsgTTL = true
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			// A worker's credentials may not update streams: an admin's must
+			// provision first (capstan auth push, capstan server --auth).
+			return fmt.Errorf("capstan: stream %s needs an update these credentials may not make (allow per-message TTLs): "+
+				"provision as an admin first, e.g. 'capstan auth push DIR': %w", stream, err)
+		}
 		return fmt.Errorf("capstan: stream %s: allow per-message TTLs: %w", stream, err)
 	}
 	return nil
@@ -637,13 +643,15 @@ func unlimited(v int64) int64 {
 
 // Open binds the buckets a client reads without creating or checking
 // anything: clients never provision, and a producer's credentials would not
-// let it. The envelopes and executions buckets are bound for reading by key
-// only (direct gets; every other operation fails with ErrByKeyOnly): a
-// producer may not ask for their stream information, which would list every
-// principal's keys. The catalog is bound whole. Exec, Audit, Approvals and
-// Pools are left nil; Open fails when the catalog does not exist yet (no
-// server or worker has provisioned; provisioning creates it after the other
-// two) or the credentials do not allow reading it.
+// let it. The envelopes, executions and catalog buckets are bound for reading
+// by key only (direct gets; every other operation fails with ErrByKeyOnly):
+// a producer may not ask for their stream information, which would list
+// every principal's keys, and a principal's own account has no JetStream to
+// answer it (DESIGN §12 "Accounts per principal": only direct gets cross).
+// Exec, Audit, Approvals and Pools are left nil. Open fails with
+// jetstream.ErrBucketNotFound while the catalog does not exist yet (no server
+// or worker has provisioned; provisioning creates it after the other two),
+// and with the server's refusal when the credentials do not allow reading it.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(AsyncAckTimeout))
@@ -652,8 +660,15 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
-	if b.Catalog, err = openBucket(ctx, js, n.CatalogBucket()); err != nil {
-		return nil, err
+	b.Catalog = bindByKey(nc, n.CatalogBucket())
+	// The entry provisioning writes last tells that the catalog exists: a
+	// direct get of a stream that does not exist finds no responder.
+	if _, err := b.Catalog.Get(ctx, ResourcesKey); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w: %w",
+				n.CatalogBucket(), jetstream.ErrBucketNotFound, err)
+		}
+		return nil, fmt.Errorf("capstan: open bucket %s: %w", n.CatalogBucket(), err)
 	}
 	b.Envelopes, b.Executions = bindByKey(nc, n.EnvelopesBucket()), bindByKey(nc, n.ExecutionsBucket())
 	return b, nil
@@ -679,6 +694,9 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	n := b.Names
+	if b.Catalog, err = openBucket(ctx, b.JS, n.CatalogBucket()); err != nil {
+		return nil, err
+	}
 	for _, st := range []struct {
 		dst  *jetstream.Stream
 		name string

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -117,7 +118,7 @@ type conn struct {
 // may says whether the credentials let the principal publish to a subject
 // (nil: unknown, try): what they forbid is not even asked, since a refused
 // request is answered only by its timeout.
-func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool) (*conn, error) {
+func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool, log *slog.Logger) (*conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js, err := jetstream.New(nc)
@@ -133,6 +134,10 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	case info("KV_" + names.ApprovalsBucket()):
 		var store *approvals.Store
 		if store, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
+			// One approval that does not decode hides only itself.
+			store.OnSkipped(func(key string, err error) {
+				log.Warn("approval does not decode: skipped", "bucket", names.ApprovalsBucket(), "key", key, "err", err)
+			})
 			if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr == nil {
 				c.approvals = store
 			}
@@ -153,8 +158,10 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	} else {
 		c.clientErr = errors.New("its credentials do not let it ask the workers for executions (issued before this version? add the principal again)")
 	}
-	// A client cancels and resumes: producers and admins.
-	if info("KV_" + names.CatalogBucket()) {
+	// A client cancels and resumes: producers (who submit on their own
+	// subjects; from an account of their own, they read the catalog by key
+	// only) and admins.
+	if may == nil || may(names.UnroutedSubject(principal)) {
 		if cl, err := executor.NewClient(nc, executor.ClientConfig{Broker: bcfg}); err == nil {
 			c.client = cl
 		} else if c.reads == nil {
@@ -326,7 +333,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			nc.Close()
 			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
 		}
-		if c, err = openConn(nc, ss.cfg.Broker, name, may); err != nil {
+		if c, err = openConn(nc, ss.cfg.Broker, name, may, ss.cfg.Logger); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -408,7 +415,7 @@ func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
-		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil)
+		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil, ss.cfg.Logger)
 		if err != nil {
 			return nil, err
 		}

@@ -30,7 +30,9 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 	return a.requestApproval(v), true
 }
 
-func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.b, w.audit) }
+func (w *Worker) approvalStore() *approvals.Store {
+	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+}
 
 // requestApproval is the decision of a call that needs an approval: the
 // approval record it asks the engine to have stored, under the id the

@@ -178,7 +178,9 @@ type catalog struct {
 	w       jetstream.KeyWatcher
 }
 
-func watchCatalog(ctx context.Context, b *broker.Broker) (*catalog, error) {
+// watchCatalog follows the catalog; an entry that does not decode is
+// skipped and told to skipped.
+func watchCatalog(ctx context.Context, b *broker.Broker, skipped func(key string, err error)) (*catalog, error) {
 	w, err := b.Catalog.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: watch catalog: %w", err)
@@ -198,8 +200,11 @@ func watchCatalog(ctx context.Context, b *broker.Broker) (*catalog, error) {
 			c.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				var d Descriptor
-				if envelope.Unmarshal(e.Value(), &d) == nil {
+				if err := envelope.Unmarshal(e.Value(), &d); err == nil {
 					c.entries[e.Key()] = d
+				} else {
+					delete(c.entries, e.Key()) // an entry that does not decode lists nothing
+					skipped(e.Key(), err)
 				}
 			} else {
 				delete(c.entries, e.Key())

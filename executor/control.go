@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -61,7 +60,7 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 		return nil, err
 	}
 	// Decisions and listings: the approver is the principal of the subject.
-	store := approvals.NewStore(w.b, w.audit)
+	store := w.approvalStore()
 	if err := add(store.Serve(w.nc, n, w.grants)); err != nil {
 		return nil, err
 	}

@@ -162,6 +162,15 @@ type Worker struct {
 	readers chan struct{}
 }
 
+// skipped is told of a record of bucket that a listing skipped because it
+// does not decode: a log line naming it and a count, and nothing else fails.
+func (w *Worker) skipped(bucket string) func(key string, err error) {
+	return func(key string, err error) {
+		w.log.Warn("record does not decode: skipped", "bucket", bucket, "key", key, "err", err)
+		w.cfg.Observer.Skipped(bucket)
+	}
+}
+
 // NewWorker checks its arguments; Run connects the worker to its pool.
 func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) {
 	if nc == nil {
@@ -249,7 +258,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {
-		w.cat, err = watchCatalog(w.run.Context(), b)
+		w.cat, err = watchCatalog(w.run.Context(), b, w.skipped(b.Names.CatalogBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)

@@ -71,7 +71,7 @@ const serverReady = "capstan server listening on"
 // startServerCluster starts three `capstan server` processes routed to each
 // other, as the README's three commands do, and returns them and the URL
 // list clients are given.
-func startServerCluster(t *testing.T) ([]*serverNode, string) {
+func startServerCluster(t *testing.T, extra ...string) ([]*serverNode, string) {
 	t.Helper()
 	var clientPorts, routePorts []int
 	for range 3 {
@@ -92,6 +92,7 @@ func startServerCluster(t *testing.T) ([]*serverNode, string) {
 			"--listen", fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
 			"--cluster", fmt.Sprintf("127.0.0.1:%d", routePorts[i]),
 			"--routes", strings.Join(routes, ",")}}
+		n.args = append(n.args, extra...)
 		nodes = append(nodes, n)
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", clientPorts[i]))
 	}

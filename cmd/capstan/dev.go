@@ -45,6 +45,11 @@ func runDev(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
+	if *mcpAddr != "" {
+		if err := mf.checkListen("--mcp", *mcpAddr, sf.insecure); err != nil {
+			return usageError("%v", err)
+		}
+	}
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()

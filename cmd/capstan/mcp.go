@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -27,16 +29,20 @@ const mcpPath = "/mcp"
 
 // mcpFlags configure the MCP bridge of mcp and dev.
 type mcpFlags struct {
-	tokens       string
-	callTimeout  time.Duration
-	approvalWait time.Duration
-	stateless    bool
-	toolNames    string
+	tokens              string
+	callTimeout         time.Duration
+	approvalWait        time.Duration
+	stateless           bool
+	toolNames           string
+	httpsCert, httpsKey string
+	prefix              string
 }
 
 func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
-	f := &mcpFlags{}
-	fs.StringVar(&f.tokens, prefix+"tokens", "", "bearer tokens `file` for HTTP, one \"TOKEN kind:id\" per line")
+	f := &mcpFlags{prefix: prefix}
+	fs.StringVar(&f.tokens, prefix+"tokens", "", "bearer tokens `file` for HTTP, one \"TOKEN kind:id\" per line (readable by its owner only)")
+	fs.StringVar(&f.httpsCert, prefix+"https-cert", "", "serve HTTPS with this certificate `file` (with --"+prefix+"https-key)")
+	fs.StringVar(&f.httpsKey, prefix+"https-key", "", "the HTTPS certificate's key `file`")
 	fs.DurationVar(&f.callTimeout, prefix+"call-timeout", 5*time.Minute, "how long a tools/call waits for its envelope")
 	fs.DurationVar(&f.approvalWait, prefix+"approval-wait", 0, "how long a call that needs an approval waits for it before answering approval-required")
 	fs.BoolVar(&f.stateless, prefix+"stateless", false, "HTTP without sessions, protocol 2026-07-28 and later (any bridge answers any request)")
@@ -62,6 +68,9 @@ func (f *mcpFlags) readTokens() (*mcpbridge.Tokens, error) {
 	if f.tokens == "" {
 		return nil, errors.New("--tokens is required with --http: without a bearer token, no tools")
 	}
+	if err := broker.CheckPrivate(f.tokens); err != nil {
+		return nil, fmt.Errorf("--%stokens: %w", f.prefix, err)
+	}
 	r, err := os.Open(f.tokens)
 	if err != nil {
 		return nil, err
@@ -76,6 +85,7 @@ func runMCP(args []string) int {
 	mf := addMCPFlags(fs, "")
 	actor := fs.String("actor", "", "over stdio, who every call runs for, as kind:id (default: user:<principal> with --creds, else user:$USER)")
 	addr := fs.String("http", "", "serve streamable HTTP on `host:port` instead of stdio")
+	insecure := fs.Bool("insecure", false, "serve plain HTTP beyond loopback (bearer tokens travel in clear: anyone on the path can replay them)")
 	printConfig := fs.Bool("print-config", false, "print the configuration that makes a desktop host or an IDE run this command (absolute paths), and exit")
 	format := fs.String("config-format", "claude", "with --print-config: claude (Claude Desktop, Claude Code, Cursor: \"mcpServers\") or vscode (\"servers\")")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -93,6 +103,9 @@ func runMCP(args []string) int {
 	var a envelope.Actor
 	var err error
 	if *addr != "" {
+		if err := mf.checkListen("--http", *addr, *insecure); err != nil {
+			return usageError("%v", err)
+		}
 		if tokens, err = mf.readTokens(); err != nil {
 			return usageError("%v", err)
 		}
@@ -156,11 +169,43 @@ type mcpServer struct {
 	done   chan error
 }
 
-// startMCPHTTP serves the bridge on addr until stop.
+// checkListen refuses to serve bearer tokens over plain HTTP beyond
+// loopback, unless insecure: they would travel in clear to anyone on the
+// path. flagName names the address's flag in the message.
+func (f *mcpFlags) checkListen(flagName, addr string, insecure bool) error {
+	if (f.httpsCert == "") != (f.httpsKey == "") {
+		return fmt.Errorf("--%shttps-cert and --%shttps-key go together", f.prefix, f.prefix)
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q: want host:port", flagName, addr)
+	}
+	if f.httpsCert != "" || loopback(host) || insecure {
+		return nil
+	}
+	return fmt.Errorf("%s %s serves bearer tokens over plain HTTP beyond this machine: "+
+		"give --%shttps-cert and --%shttps-key, listen on loopback behind a TLS proxy, "+
+		"or --insecure to accept that anyone on the path can read and replay them", flagName, addr, f.prefix, f.prefix)
+}
+
+// startMCPHTTP serves the bridge on addr until stop, over HTTPS when mf
+// names a certificate.
 func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, mf *mcpFlags, log *slog.Logger) (*mcpServer, error) {
+	scheme := "http"
+	var tlsConfig *tls.Config
+	if mf.httpsCert != "" {
+		cert, err := tls.LoadX509KeyPair(mf.httpsCert, mf.httpsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--%shttps-cert: %w", mf.prefix, err)
+		}
+		tlsConfig, scheme = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, "https"
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http: %w", err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
 	}
 	b, err := mcpbridge.New(nc, mf.config(log))
 	if err != nil {
@@ -181,7 +226,7 @@ func startMCPHTTP(nc *nats.Conn, addr string, tokens *mcpbridge.Tokens, mf *mcpF
 	}
 	mux := http.NewServeMux()
 	mux.Handle(mcpPath, b.Handler(tokens, &mcpbridge.HTTPOptions{Stateless: mf.stateless}))
-	s := &mcpServer{url: "http://" + ln.Addr().String() + mcpPath, bridge: b, done: make(chan error, 1),
+	s := &mcpServer{url: scheme + "://" + ln.Addr().String() + mcpPath, bridge: b, done: make(chan error, 1),
 		http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
 	go func() { s.done <- s.http.Serve(ln) }()
 	return s, nil
