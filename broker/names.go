@@ -234,6 +234,19 @@ func (n Names) EnvelopeKeyFromSubject(subject string) string {
 	return strings.TrimPrefix(subject, n.subject+".envelope.")
 }
 
+// ProgressSubject is where workers publish what a handler reports of the
+// progress of principal's execution (core NATS, coalesced; DESIGN §5
+// "Progress").
+func (n Names) ProgressSubject(principal, executionID string) string {
+	return n.subject + ".progress." + principal + "." + executionID
+}
+
+// ProgressSubjectsOf matches the progress of principal's executions: what
+// its users may subscribe to.
+func (n Names) ProgressSubjectsOf(principal string) string {
+	return n.subject + ".progress." + principal + ".>"
+}
+
 // Anonymous is the principal token of every subject in open mode (a server
 // without authentication). A server with authentication never lets a client
 // publish under it.

@@ -39,6 +39,8 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 		{"DescribeSubject", def.DescribeSubject("alice"), "capstan.describe.alice"},
 		{"DecideSubject", def.DecideSubject("carol"), "capstan.approvals.decide.carol"},
 		{"EnvelopeSubjectsOf", def.EnvelopeSubjectsOf("alice"), "capstan.envelope.alice.>"},
+		{"ProgressSubject", def.ProgressSubject("alice", "0198-x"), "capstan.progress.alice.0198-x"},
+		{"ProgressSubjectsOf", def.ProgressSubjectsOf("alice"), "capstan.progress.alice.>"},
 		{"InboxPrefix", def.InboxPrefix("alice"), "_INBOX_capstan.alice"},
 		{"GrantsBucket", def.GrantsBucket(), "CAPSTAN_GRANTS"},
 		{"PrincipalOfSubject cancel", def.PrincipalOfSubject("capstan.cancel.alice.0198-x"), "alice"},

@@ -59,6 +59,15 @@ func (f *Fields) Bool(key string, b bool) {
 	}
 }
 
+// Float adds a float64 field, omitted when 0: always the 9 bytes of a
+// float64, as the encoder writes one.
+func (f *Fields) Float(key string, v float64) {
+	if v != 0 {
+		f.key(key)
+		f.b = binary.BigEndian.AppendUint64(append(f.b, 0xcb), math.Float64bits(v))
+	}
+}
+
 // Time adds a time field, omitted when zero.
 func (f *Fields) Time(key string, t time.Time) {
 	if !t.IsZero() {

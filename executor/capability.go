@@ -8,6 +8,7 @@ import (
 	"reflect"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/inputcheck"
 )
 
@@ -30,6 +31,28 @@ type Call[In any] struct {
 	// Approval is set when an approval authorized this execution.
 	Approval *ApprovalGrant
 	Logger   *slog.Logger
+
+	// progress takes what Progress reports (nil outside a worker).
+	progress *engine.Reporter
+}
+
+// Progress reports how far the attempt has got: done of total (0 when the
+// total is not known) and a short message, one line of at most
+// envelope.MaxProgressMessage bytes ("page 37 of 120"). Call it as often as
+// you like, from any goroutine: it returns at once, never fails and never
+// slows the attempt. The worker coalesces what is reported to at most four
+// messages a second, publishes them to the
+// execution's owner alone — the Go and TypeScript clients, capstan await
+// and call, the MCP bridge's progress notifications and tasks, the console
+// — and keeps the last one in the execution's record, which capstan status
+// shows, with each lease renewal. Progress is best effort: a caller may
+// miss some, and only the envelope tells how the execution ended. A value
+// that is not finite, or is negative, counts as 0; reports made after the
+// attempt ended are dropped, and so is everything a Call made outside a
+// worker (a test's) reports. No output travels with progress: the output's
+// checks (stages 12 and 13) apply to the whole output, in the envelope.
+func (c Call[In]) Progress(done, total float64, message string) {
+	c.progress.Report(done, total, message)
 }
 
 // ApprovalGrant tells a handler which approval authorized it, and who decided.
@@ -82,6 +105,7 @@ type callInfo struct {
 	correlationID  string
 	approval       *ApprovalGrant
 	logger         *slog.Logger
+	progress       *engine.Reporter
 }
 
 // binding is a capability with its types erased, as the pipeline drives it.
@@ -150,6 +174,7 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 				CorrelationID:  ci.correlationID,
 				Approval:       ci.approval,
 				Logger:         ci.logger,
+				progress:       ci.progress,
 			})
 		},
 	}

@@ -344,8 +344,9 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	return r.ExecutionID, nil
 }
 
-// Await waits for an execution's envelope until ctx ends. An id that can never
-// name an execution (envelope.ValidExecutionID) is refused at once. An execution whose
+// Await waits for an execution's envelope until ctx ends, handing its
+// progress to the callback of WithProgress, if ctx has one. An id that can
+// never name an execution (envelope.ValidExecutionID) is refused at once. An execution whose
 // envelope is no longer kept fails at once with an *ExpiredError
 // (errors.Is(err, ErrExpired)): see ExpiredError for when. An id of which
 // nothing is stored, as the workers tell (no request in its queue, no record,
@@ -355,6 +356,9 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
+	progress := c.progressFor(ctx, 1) // nil unless WithProgress asked
+	defer progress.stop()
+	progress.follow(executionID)
 	ch := c.w.Add(executionID)
 	env, err := c.w.Load(ctx, executionID)
 	if err == nil || errors.Is(err, envelope.ErrDecode) {
@@ -500,7 +504,8 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 
 // Call submits and awaits. err reports transport trouble only; governed
 // outcomes (completed, failed, cancelled, approval-required) are in the
-// envelope. An id that can never name a capability is refused here, as a
+// envelope. Under a context of WithProgress, the execution's progress goes
+// to its callback while the call waits. An id that can never name a capability is refused here, as a
 // failed CAPABILITY_NOT_FOUND envelope that was never published.
 func (c *Client) Call(ctx context.Context, capabilityID string, input any, opts ...CallOption) (*envelope.Envelope, error) {
 	envs, errs := c.CallMany(ctx, []Request{{CapabilityID: capabilityID, Input: input, Options: opts}})
@@ -536,6 +541,8 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		return envs, errs
 	}
 	reconnects := c.w.Reconnects()
+	progress := c.progressFor(ctx, len(reqs)) // nil unless WithProgress asked
+	defer progress.stop()
 	for i, rq := range reqs {
 		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
 		if err != nil {
@@ -547,6 +554,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			}
 			continue
 		}
+		progress.follow(r.ExecutionID)
 		ends[i] = c.cfg.Observer.Call(ctx, r)
 		m, err := c.message(r)
 		if err != nil {

@@ -77,6 +77,24 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 // a stored input that is not even JSON (approvals.ErrInputMismatch); every
 // governed outcome is in the envelope.
 func (c *Client) Resume(ctx context.Context, approvalID string, opts ...CallOption) (*envelope.Envelope, error) {
+	if progress := c.progressFor(ctx, 1); progress != nil {
+		// Its progress is followed from before the request is published.
+		id := envelope.NewExecutionID()
+		if !ownID(opts) {
+			var r envelope.Request
+			for _, o := range opts {
+				o(&r)
+			}
+			id = r.ExecutionID
+		}
+		opts = append(opts, WithID(id))
+		progress.follow(id)
+		defer progress.stop()
+		if _, err := c.SubmitResume(ctx, approvalID, opts...); err != nil {
+			return nil, err
+		}
+		return c.Await(context.WithValue(ctx, progressKey{}, nil), id)
+	}
 	id, err := c.SubmitResume(ctx, approvalID, opts...)
 	if err != nil {
 		return nil, err

@@ -127,7 +127,7 @@ func (a *admission) Work(ctx context.Context, at engine.Attempt) (any, error) {
 		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
 		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: at.N,
 		actor: a.req.Actor, surface: Surface(a.req.Surface), correlationID: a.req.CorrelationID,
-		approval: a.grant, logger: at.Logger,
+		approval: a.grant, logger: at.Logger, progress: at.Progress,
 	}, a.input)
 }
 

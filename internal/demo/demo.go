@@ -1,12 +1,13 @@
 // Package demo is the demo catalog that `capstan dev` and `capstan worker`
-// serve: five capabilities with which every rule of the design can be seen.
+// serve: six capabilities with which every rule of the design can be seen.
 //
 // Every handler but demo.echo first appends one message to the calls stream
 // (CallsStream), before it does anything else, under a message id of its own
 // call: a second run of the same attempt, which the runtime must never make,
 // shows as a second message there, while the outbox keeps one email per
 // attempt. Crash tests count the calls stream, which outlives the workers
-// they kill. demo.echo records nothing: it is the no-op that benchmarks call.
+// they kill. demo.echo records nothing: it is the no-op that benchmarks call;
+// nor does demo.report, whose pages only report their progress.
 package demo
 
 import (
@@ -63,6 +64,60 @@ type SleepInput struct {
 // SleepOutput reports how long it slept.
 type SleepOutput struct {
 	SleptMs int `json:"sleptMs"`
+}
+
+// ReportInput is demo.report's input: how many pages to render, and how long
+// each takes (default DefaultPageMs).
+type ReportInput struct {
+	Pages  int `json:"pages"`
+	PageMs int `json:"pageMs,omitempty"`
+}
+
+// DefaultPageMs is how long demo.report takes per page by default.
+const DefaultPageMs = 100
+
+// Validate bounds the report: 1 to 100,000 pages, at most 10 s a page, and
+// no more than its 10-minute timeout in all.
+func (r ReportInput) Validate() error {
+	var issues []executor.Issue
+	if r.Pages < 1 || r.Pages > 100_000 {
+		issues = append(issues, executor.Issue{Path: "pages", Message: "must be between 1 and 100000"})
+	}
+	if r.PageMs < 0 || r.PageMs > 10_000 {
+		issues = append(issues, executor.Issue{Path: "pageMs", Message: "must be between 0 and 10000"})
+	}
+	if len(issues) > 0 {
+		return &executor.InputError{Issues: issues}
+	}
+	return nil
+}
+
+// ReportOutput says how many pages were rendered.
+type ReportOutput struct {
+	Pages int `json:"pages"`
+}
+
+// report is demo.report's handler: it renders one page after another and
+// reports its progress after each, as often as it likes; the worker
+// coalesces the reports.
+func report(ctx context.Context, c executor.Call[ReportInput]) (ReportOutput, error) {
+	per := time.Duration(c.Input.PageMs) * time.Millisecond
+	if c.Input.PageMs == 0 {
+		per = DefaultPageMs * time.Millisecond
+	}
+	c.Progress(0, float64(c.Input.Pages), "starting")
+	t := time.NewTimer(per)
+	defer t.Stop()
+	for page := 1; page <= c.Input.Pages; page++ {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ReportOutput{}, ctx.Err()
+		}
+		t.Reset(per)
+		c.Progress(float64(page), float64(c.Input.Pages), fmt.Sprintf("page %d of %d rendered", page, c.Input.Pages))
+	}
+	return ReportOutput{Pages: c.Input.Pages}, nil
 }
 
 // EmailInput is email.send's input.
@@ -324,6 +379,12 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 				return SleepOutput{}, ctx.Err()
 			}
 		})),
+
+		executor.Define("demo.report", executor.Meta{
+			Description: "Renders a report of pages pages (pageMs each, default 100), reporting its progress after every page.",
+			Expose:      everywhere, SideEffect: executor.None, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Timeout: 10 * time.Minute,
+		}, report),
 
 		executor.Define("email.send", executor.Meta{
 			Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",

@@ -108,4 +108,7 @@ type Attempt struct {
 	// N counts from 1; takeovers after a lost worker count too.
 	N      int
 	Logger *slog.Logger
+	// Progress takes what the handler reports of its progress while the
+	// attempt runs (DESIGN §5, "Progress"): never blocking, never failing.
+	Progress *Reporter
 }

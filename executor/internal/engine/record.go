@@ -65,6 +65,10 @@ type Record struct {
 	Cause     string    `json:"cause,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
+	// Progress is the last progress the running attempt's handler reported,
+	// as of the last lease renewal (DESIGN §5, "Progress"): written with
+	// the renewal, never on its own; cleared when an attempt starts.
+	Progress *envelope.Progress `json:"progress,omitempty"`
 }
 
 // InFlight reports whether the record is of an execution that may still
@@ -156,6 +160,7 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("cause", r.Cause)
 	f.Time("createdAt", r.CreatedAt)
 	f.Time("updatedAt", r.UpdatedAt)
+	f.Value("progress", r.Progress, r.Progress == nil)
 	return f.Encode(enc)
 }
 
