@@ -64,6 +64,8 @@ var Crossings = []Crossing{
 	{Subject: func(n broker.Names, _ string) string { return directGet(n.CatalogBucket(), ">") }, Public: true, Roles: []Role{Producer}},
 	// Its envelopes' notifications, the envelopes bucket's republish.
 	{Subject: func(n broker.Names, p string) string { return n.EnvelopeSubjectsOf(p) }, Stream: true, Roles: []Role{Producer}},
+	// Its executions' progress, as workers publish it.
+	{Subject: func(n broker.Names, p string) string { return n.ProgressSubjectsOf(p) }, Stream: true, Roles: []Role{Producer}},
 }
 
 // directGet is the direct get of one key (or a pattern of keys) of bucket.

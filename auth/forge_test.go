@@ -49,6 +49,9 @@ type rig struct {
 	push func(t *testing.T)
 	// effects counts the handlers' effects, per capability.
 	sends, refunds atomic.Int64
+	// reported is closed to let t.report's handlers return.
+	reported     chan struct{}
+	reportedOnce sync.Once
 }
 
 // deployment says what a rig runs on.
@@ -174,7 +177,24 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 		r.refunds.Add(1)
 		return fmt.Sprintf("refunded %d", c.Input.Amount), nil
 	})
-	reg, err := executor.NewRegistry(echo, send, refund)
+	// t.report reports its progress, naming its input, and holds until
+	// the test lets it end.
+	if r.reported == nil {
+		r.reported = make(chan struct{})
+		t.Cleanup(func() { r.reportedOnce.Do(func() { close(r.reported) }) })
+	}
+	report := executor.Define("t.report", executor.Meta{
+		Description: "Reports its progress.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[Echo]) (string, error) {
+		c.Progress(1, 2, "progress of "+c.Input.Text)
+		select {
+		case <-r.reported:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+		return "reported", nil
+	})
+	reg, err := executor.NewRegistry(echo, send, refund, report)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +219,7 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 		})
 	}
 	wait := testCtx(t)
-	for _, id := range []string{"t.echo", "t.send", "t.refund"} {
+	for _, id := range []string{"t.echo", "t.send", "t.refund", "t.report"} {
 		for {
 			if _, err := r.admin.Catalog.Get(wait, id); err == nil {
 				break

@@ -23,8 +23,8 @@ type Permissions struct {
 //
 // A producer publishes only under its own principal token (requests within its
 // capability grants, cancels, describes, listings of the approvals it
-// requested), receives only its own replies and
-// envelopes, and reads only its own records and envelopes (by key, without
+// requested), receives only its own replies,
+// envelopes and progress, and reads only its own records and envelopes (by key, without
 // their buckets' stream information), the catalog and nothing else: no
 // key-value write, no stream or consumer administration, no audit event. An approver sends decisions to workers and reads approvals. A
 // worker may do what the runtime needs except touch grants or remove audit
@@ -72,7 +72,8 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		pub = append(pub, js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
 		return Permissions{
 			PublishAllow:   pub,
-			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
+			// Its envelopes' notifications, and its executions' progress.
+			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p), n.ProgressSubjectsOf(p)},
 		}
 	case Approver:
 		// Approvals are listed and decided through the workers, which keep to
