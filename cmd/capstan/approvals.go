@@ -306,8 +306,9 @@ func resumeAndAwait(c *executor.Client, o *outputFlags, approvalID string, wait 
 	case err != nil:
 		return usageError("%v", err)
 	}
-	stopWaiting := waiting("the envelope of "+id, wait)
-	env, err := c.Await(ctx, id)
+	show := newProgressShow(o, &progressFlags{})
+	stopWaiting := waitingFor("the envelope of "+id, wait, show)
+	env, err := c.Await(show.context(ctx), id)
 	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, wait)

@@ -129,11 +129,12 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D] [-o json]")
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D] [--follow] [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
+	pf := addProgressFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
@@ -160,8 +161,9 @@ func runCall(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	stopWaiting := waiting("the envelope of "+req.id, *wait)
-	env, err := c.Call(ctx, capID, req.input, executor.WithID(req.id))
+	show := newProgressShow(o, pf)
+	stopWaiting := waitingFor("the envelope of "+req.id, *wait, show)
+	env, err := c.Call(show.context(ctx), capID, req.input, executor.WithID(req.id))
 	stopWaiting()
 	if err != nil {
 		return awaitError(err, req.id, *wait)
@@ -218,10 +220,11 @@ func runSubmit(args []string) int {
 }
 
 func runAwait(args []string) int {
-	fs := newFlags("await", "ID [--wait D] [-o json]")
+	fs := newFlags("await", "ID [--wait D] [--follow] [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
+	pf := addProgressFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
@@ -251,8 +254,9 @@ func runAwait(args []string) int {
 	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
 		return usageError("%v", err)
 	}
-	stopWaiting := waiting("the envelope of "+id, *wait)
-	env, err := c.Await(ctx, id)
+	show := newProgressShow(o, pf)
+	stopWaiting := waitingFor("the envelope of "+id, *wait, show)
+	env, err := c.Await(show.context(ctx), id)
 	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, *wait)

@@ -257,6 +257,10 @@ func writeStatus(w io.Writer, st style, s *executor.Status) {
 		}
 		f.add(st, "Status", st.status(string(rec.State))+strings.TrimPrefix(state, string(rec.State)))
 		f.add(st, "Last error", string(rec.LastError))
+		if p := rec.Progress; p != nil && rec.State == executor.StateRunning {
+			// As of the lease's last renewal: 'capstan await ID' shows it live.
+			f.add(st, "Progress", clip(progressText(p), 120)+st.dim(" ("+ago(st.now, p.At)+")"))
+		}
 	}
 	if rec != nil {
 		f.add(st, "Worker", rec.Worker)

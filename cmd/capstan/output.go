@@ -154,36 +154,4 @@ func (s style) status(word string) string {
 // waiting shows, on a terminal's stderr, how long a command has waited for
 // what, once it has waited a second; stop clears the line. Without a
 // terminal it shows nothing.
-func waiting(what string, limit time.Duration) (stop func()) {
-	if !isTerminal(os.Stderr) {
-		return func() {}
-	}
-	done := make(chan struct{})
-	ended := make(chan struct{})
-	go func() {
-		defer close(ended)
-		start := time.Now()
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		frames := `|/-\`
-		shown := false
-		for i := 0; ; i++ {
-			select {
-			case <-done:
-				if shown {
-					fmt.Fprint(os.Stderr, "\r\x1b[K")
-				}
-				return
-			case <-t.C:
-			}
-			waited := time.Since(start)
-			if waited < time.Second {
-				continue
-			}
-			shown = true
-			fmt.Fprintf(os.Stderr, "\r\x1b[K%c waiting for %s: %s of %s", frames[i%len(frames)], what,
-				waited.Truncate(time.Second), limit)
-		}
-	}()
-	return func() { close(done); <-ended }
-}
+func waiting(what string, limit time.Duration) (stop func()) { return waitingFor(what, limit, nil) }

@@ -90,7 +90,8 @@ func sampleStatuses() map[string]*executor.Status {
 		"running": {
 			Record: &executor.Record{ExecutionID: id, CapabilityID: "email.send", State: executor.StateRunning, Attempt: 1,
 				Worker: "host-1-ab12", LeaseUntil: at(25 * time.Second), StartedAt: at(-5 * time.Second), CancelRequested: true,
-				CreatedAt: at(-5 * time.Second)},
+				CreatedAt: at(-5 * time.Second), Progress: &envelope.Progress{V: 1, ExecutionID: id, Attempt: 1, Done: 37, Total: 120,
+					Message: "page 37\x1b[2J rendered", At: at(-2 * time.Second)}},
 		},
 		"approval-required": {
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "orders.refund", Status: envelope.StatusApprovalRequired,
