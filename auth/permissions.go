@@ -71,7 +71,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		// information (its own account has no JetStream to answer it).
 		pub = append(pub, js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
 		return Permissions{
-			PublishAllow:   pub,
+			PublishAllow: pub,
 			// Its envelopes' notifications, and its executions' progress.
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p), n.ProgressSubjectsOf(p)},
 		}
