@@ -98,14 +98,40 @@ func (c *Client) Progress(ctx context.Context, executionID string) (<-chan Progr
 	return out, nil
 }
 
+// WatchProgress hands fn every progress report of every execution of the
+// client's principal, as the workers publish them, until ctx ends (or the
+// client closes): one subscription to the principal's progress subjects, for
+// a service that shows many executions at once (the MCP bridge's tasks, a
+// dashboard). fn is called once at a time and must return quickly; reports
+// that come while it is busy may be dropped. Reports are best effort (see
+// Progress).
+func (c *Client) WatchProgress(ctx context.Context, fn func(Progress)) error {
+	if err := c.closed(); err != nil {
+		return err
+	}
+	f, err := c.followProgress(fn, 0)
+	if err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-c.ctx.Done():
+		}
+		f.stop()
+	}()
+	return nil
+}
+
 // progressFollow delivers the progress of the executions added to it to fn,
 // until stop.
 type progressFollow struct {
 	c  *Client
 	fn func(Progress)
 	// wide follows every execution of the principal on one subscription
-	// (a fan-out); otherwise each id added has its own.
-	wide bool
+	// (a fan-out); otherwise each id added has its own. every hands over
+	// every execution's reports, not only those of the ids added.
+	wide, every bool
 
 	mu   sync.Mutex
 	ids  map[string]bool
@@ -118,9 +144,10 @@ type progressFollow struct {
 
 // followProgress starts following progress for up to n executions: on
 // their own subjects for one, on the principal's for more (its account's
-// subscriptions are counted and limited, DESIGN §12 "Limits").
+// subscriptions are counted and limited, DESIGN §12 "Limits"); n 0 follows
+// every execution of the principal.
 func (c *Client) followProgress(fn func(Progress), n int) (*progressFollow, error) {
-	f := &progressFollow{c: c, fn: fn, wide: n > 1, ids: map[string]bool{}}
+	f := &progressFollow{c: c, fn: fn, wide: n != 1, every: n == 0, ids: map[string]bool{}}
 	if f.wide {
 		sub, err := c.b.NC.Subscribe(c.b.Names.ProgressSubjectsOf(c.principal), f.receive)
 		if err != nil {
@@ -169,7 +196,7 @@ func (f *progressFollow) receive(m *nats.Msg) {
 	// is one printable line when it reaches a terminal, a page or a model.
 	_, _, p.Message = envelope.CleanProgress(0, 0, p.Message)
 	f.mu.Lock()
-	followed := f.ids[p.ExecutionID]
+	followed := f.every || f.ids[p.ExecutionID]
 	f.mu.Unlock()
 	if !followed {
 		return

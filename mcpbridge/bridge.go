@@ -94,6 +94,9 @@ type Bridge struct {
 	views   map[string]*view // by actor kind:id
 	pending pendingApprovals
 	done    chan struct{}
+	// live is the last progress of the executions that reported lately,
+	// for the tasks' status messages.
+	live liveProgress
 }
 
 // New opens the bridge's executor client on nc, on the mcp surface (the

@@ -85,6 +85,18 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 				return "", ctx.Err()
 			}
 		}),
+		executor.Define("test.progress", executor.Meta{
+			Description: "Reports a third of its work done, then returns when the test opens the gate.",
+			Expose:      executor.On(executor.SurfaceMCP), SideEffect: executor.Read, Timeout: time.Minute,
+		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
+			c.Progress(1, 3, "first third")
+			select {
+			case <-f.gate:
+				return "all thirds", nil
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		}),
 		executor.Define("test.direct", executor.Meta{
 			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "no", nil }),
@@ -190,6 +202,7 @@ type events struct {
 	mu       sync.Mutex
 	progress []string
 	values   []float64
+	totals   []float64
 	changed  chan struct{}
 	progCh   chan string
 }
@@ -210,6 +223,7 @@ func (e *events) options() *mcp.ClientOptions {
 			e.mu.Lock()
 			e.progress = append(e.progress, r.Params.Message)
 			e.values = append(e.values, r.Params.Progress)
+			e.totals = append(e.totals, r.Params.Total)
 			e.mu.Unlock()
 			select {
 			case e.progCh <- r.Params.Message:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,14 +15,16 @@ import (
 )
 
 // progress sends a call's progress notifications, when the client asked for
-// them with a progress token.
+// them with a progress token: the execution's steps (queued, started,
+// retrying, waiting for an approval) and what its handler reports of its
+// work (DESIGN §5 "Progress").
 type progress struct {
 	session *mcp.ServerSession
 	token   any
 
-	mu   sync.Mutex
-	n    float64
-	said map[string]bool
+	mu    sync.Mutex
+	scale progressScale
+	said  map[string]bool
 }
 
 func newProgress(req *mcp.CallToolRequest) *progress {
@@ -32,7 +35,43 @@ func newProgress(req *mcp.CallToolRequest) *progress {
 	return p
 }
 
-// send notifies one step, once: the progress value grows by one each time.
+// progressScale makes the values of one call's notifications. MCP asks that
+// each value be greater than the last; a total makes a client show a bar.
+// The work the handler reports sets the values (done of total), so that the
+// bar says how far the work has got; the runtime's own steps move the value
+// by a negligible stepValue only, and the step that ends the call fills the
+// bar. A report that would not move the value forward (a retry's, which
+// starts again) moves it by a step: the bar never goes back.
+type progressScale struct {
+	last  float64 // the last value sent
+	total float64 // the last total the handler reported (0: none yet)
+}
+
+// stepValue is how far one of the runtime's steps moves the value.
+const stepValue = 1.0 / 1024
+
+// step is the value and total of a step of the runtime's; final fills the
+// bar when a total is known.
+func (s *progressScale) step(final bool) (value, total float64) {
+	v := s.last + stepValue
+	if final && s.total > v {
+		v = s.total
+	}
+	s.last = v
+	return v, s.total
+}
+
+// report is the value and total of a report of the handler's.
+func (s *progressScale) report(done, total float64) (value, tot float64) {
+	v := max(done, s.last+stepValue)
+	if total > 0 {
+		s.total = max(total, v)
+	}
+	s.last = v
+	return v, s.total
+}
+
+// send notifies one step, once.
 func (p *progress) send(ctx context.Context, msg string) {
 	if p == nil || p.token == nil || p.session == nil {
 		return
@@ -46,16 +85,52 @@ func (p *progress) send(ctx context.Context, msg string) {
 		p.said = map[string]bool{}
 	}
 	p.said[msg] = true
-	p.n++
-	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: p.n, Message: msg})
+	v, total := p.scale.step(finalStep(msg))
+	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: v, Total: total, Message: msg})
+}
+
+// sendReport notifies what the handler reported.
+func (p *progress) sendReport(ctx context.Context, r executor.Progress) {
+	if p == nil || p.token == nil || p.session == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, total := p.scale.report(r.Done, r.Total)
+	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: v, Total: total,
+		Message: reportText(&r)})
+}
+
+// finalStep reports whether a step's message ends the call.
+func finalStep(msg string) bool {
+	switch msg {
+	case "completed", "failed", "cancelled":
+		return true
+	}
+	return false
+}
+
+// reportText is a handler's report as a notification or a task's status
+// message says it: "37 of 120 (30%): page 37", with the attempt after the
+// first.
+func reportText(r *executor.Progress) string {
+	text := r.String()
+	if text == "" {
+		text = "working"
+	}
+	if r.Attempt > 1 {
+		text = fmt.Sprintf("attempt %d: %s", r.Attempt, text)
+	}
+	return text
 }
 
 // drainWait bounds how long a call's answer waits for the last steps of its
 // trail: audit events are written after the envelope (asynchronously).
 const drainWait = 3 * time.Second
 
-// follow notifies the execution's steps as its audit trail records them
-// (queued, waiting for approval, started attempt n, retrying), or, when the
+// follow notifies what the execution's handler reports of its work, and the
+// execution's steps as its audit trail records them (queued, waiting for
+// approval, started attempt n, retrying), or, when the
 // bridge may not read the audit stream (Config.ProgressFromRecords, or a
 // refused follow), as its execution record shows them. stop waits,
 // at most drainWait, for the trail's last step, then stops following; once it
@@ -67,6 +142,21 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	last := make(chan struct{})
+	// What the handler reports, from before the request is published.
+	reports, err := b.c.Progress(ctx, executionID)
+	if err != nil {
+		b.log.Debug("progress: the handler's reports are not followed", "executionId", executionID, "err", err)
+	}
+	reported := make(chan struct{})
+	go func() {
+		defer close(reported)
+		if reports == nil {
+			return
+		}
+		for r := range reports { // closed when ctx ends
+			p.sendReport(ctx, r)
+		}
+	}()
 	go func() {
 		defer close(done)
 		var once sync.Once
@@ -101,6 +191,7 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 			t.Stop()
 			cancel()
 			<-done
+			<-reported
 		})
 	}
 }
@@ -177,4 +268,67 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 		case <-tick.C:
 		}
 	}
+}
+
+// liveProgress keeps the last report of each of the bridge principal's
+// executions that reported lately, for the tasks' status messages: a task is
+// polled (tasks/get), and the record holds a report only as of its lease's
+// last renewal. It follows the principal's progress subjects from the first
+// task on, and keeps at most maxLive executions, the most recent.
+type liveProgress struct {
+	once sync.Once
+	mu   sync.Mutex
+	last map[string]executor.Progress
+}
+
+// maxLive bounds the executions liveProgress keeps.
+const maxLive = 4096
+
+// start follows the principal's progress, once.
+func (l *liveProgress) start(b *Bridge) {
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.last = map[string]executor.Progress{}
+		l.mu.Unlock()
+		if err := b.c.WatchProgress(b.ctx, l.put); err != nil {
+			b.log.Debug("progress: tasks show the records' progress only", "err", err)
+		}
+	})
+}
+
+func (l *liveProgress) put(p executor.Progress) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.last) >= maxLive {
+		// Keep the newest half.
+		ats := make([]time.Time, 0, len(l.last))
+		for _, q := range l.last {
+			ats = append(ats, q.At)
+		}
+		slices.SortFunc(ats, func(a, b time.Time) int { return a.Compare(b) })
+		cut := ats[len(ats)/2]
+		for id, q := range l.last {
+			if q.At.Before(cut) {
+				delete(l.last, id)
+			}
+		}
+	}
+	l.last[p.ExecutionID] = p
+}
+
+// of is the latest report of an execution the record says is running
+// attempt (0: not known): the live one, or the record's (rec), whichever is
+// of that attempt and newer. nil when there is none.
+func (l *liveProgress) of(id string, attempt int, rec *executor.Progress) *executor.Progress {
+	l.mu.Lock()
+	p, ok := l.last[id]
+	l.mu.Unlock()
+	best := rec
+	if best != nil && attempt > 0 && best.Attempt != attempt {
+		best = nil
+	}
+	if ok && (attempt == 0 || p.Attempt >= attempt) && (best == nil || p.At.After(best.At)) {
+		best = &p
+	}
+	return best
 }

@@ -313,6 +313,7 @@ func taskNotFound() error {
 // createTask submits the call and answers with its task once the request is
 // stored: from then on tasks/get resolves.
 func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
+	b.live.start(b) // the task's first reports, before tasks/get asks
 	id := executionIDFor(actor)
 	answered := trackCall(ctx, b, id)
 	defer answered()
@@ -380,6 +381,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 	if envelope.ValidExecutionID(taskID) != nil || !b.owns(ctx, actor, taskID) {
 		return nil, taskNotFound()
 	}
+	b.live.start(b)
 	id := taskID
 	created := time.Time{}
 	for hop := 0; ; hop++ {
@@ -399,7 +401,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		env := st.Envelope
 		if env == nil {
 			t := b.task(taskID, orNow(created), updatedAt(st))
-			t.Status, t.StatusMessage = TaskWorking, stateText(st.Record)
+			t.Status, t.StatusMessage = TaskWorking, b.runningText(id, st.Record)
 			return t, nil
 		}
 		t := b.task(taskID, orNow(created), env.FinalizedAt)
@@ -471,6 +473,20 @@ func updatedAt(st *executor.Status) time.Time {
 		return st.Record.UpdatedAt
 	}
 	return time.Now().UTC()
+}
+
+// runningText is the status message of a task whose execution runs: its
+// state as its record tells it and, once its handler reported progress,
+// the latest report (from the progress subjects, or the record's).
+func (b *Bridge) runningText(id string, r *executor.Record) string {
+	text := stateText(r)
+	if r == nil || r.State != executor.StateRunning {
+		return text
+	}
+	if p := b.live.of(id, r.Attempt, r.Progress); p != nil {
+		text += ": " + reportText(p)
+	}
+	return text
 }
 
 // stateText is the progress of an execution as its record tells it.

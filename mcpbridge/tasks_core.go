@@ -172,6 +172,7 @@ func coreTaskOf(t *Task) *CoreTask {
 
 // coreCreate submits a task-augmented call and answers its task at once.
 func (b *Bridge) coreCreate(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
+	b.live.start(b) // the task's first reports, before tasks/get asks
 	id := executionIDFor(actor)
 	answered := trackCall(ctx, b, id)
 	defer answered()
@@ -298,6 +299,9 @@ func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor stri
 		switch e.Status {
 		case audit.EntryRunning:
 			c.Status, c.StatusMessage = TaskWorking, "running"
+			if p := b.live.of(e.ExecutionID, 0, nil); p != nil {
+				c.StatusMessage += ": " + reportText(p)
+			}
 		case audit.EntryApprovalRequired:
 			c.Status, c.StatusMessage = TaskWorking, "waiting for approval "+e.ApprovalID
 		case audit.EntryCompleted:

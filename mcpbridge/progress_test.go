@@ -1,0 +1,60 @@
+package mcpbridge
+
+import "testing"
+
+// The values of a call's notifications always grow, as MCP asks; the
+// handler's reports set them (done of total), the runtime's steps move them
+// by a negligible step, and the final step fills the bar.
+func TestProgressScale(t *testing.T) {
+	t.Parallel()
+	type op struct {
+		step, final bool
+		done, total float64
+		wantValue   float64
+		wantTotal   float64
+	}
+	s := stepValue
+	for _, c := range []struct {
+		name string
+		ops  []op
+	}{
+		{"steps alone", []op{{step: true, wantValue: s}, {step: true, wantValue: 2 * s}, {step: true, final: true, wantValue: 3 * s}}},
+		{"steps, then the handler's reports, then the end", []op{
+			{step: true, wantValue: s},                            // queued
+			{step: true, wantValue: 2 * s},                        // started
+			{done: 0, total: 4, wantValue: 3 * s, wantTotal: 4},   // 0 of 4: barely moves
+			{done: 1, total: 4, wantValue: 1, wantTotal: 4},       // 1 of 4
+			{done: 3, total: 4, wantValue: 3, wantTotal: 4},       // 3 of 4
+			{step: true, final: true, wantValue: 4, wantTotal: 4}, // completed: full
+		}},
+		{"a retry starts again: the bar never goes back", []op{
+			{done: 37, total: 120, wantValue: 37, wantTotal: 120},
+			{step: true, wantValue: 37 + s, wantTotal: 120},            // retrying
+			{done: 2, total: 120, wantValue: 37 + 2*s, wantTotal: 120}, // attempt 2's first page
+			{done: 40, total: 120, wantValue: 40, wantTotal: 120},
+		}},
+		{"no total: counts only", []op{{done: 5, wantValue: 5}, {done: 9, wantValue: 9}, {step: true, final: true, wantValue: 9 + s}}},
+		{"done beyond the total: the total follows", []op{{done: 5, total: 4, wantValue: 5, wantTotal: 5}}},
+	} {
+		var sc progressScale
+		last := 0.0
+		for i, o := range c.ops {
+			var v, tot float64
+			if o.step {
+				v, tot = sc.step(o.final)
+			} else {
+				v, tot = sc.report(o.done, o.total)
+			}
+			if v != o.wantValue || tot != o.wantTotal {
+				t.Errorf("%s, op %d: %v of %v, want %v of %v", c.name, i, v, tot, o.wantValue, o.wantTotal)
+			}
+			if v <= last {
+				t.Errorf("%s, op %d: %v after %v", c.name, i, v, last)
+			}
+			if tot > 0 && v > tot {
+				t.Errorf("%s, op %d: %v beyond its total %v", c.name, i, v, tot)
+			}
+			last = v
+		}
+	}
+}
