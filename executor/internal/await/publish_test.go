@@ -13,7 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/await"
+	"github.com/capstan-dev/capstan/executor/internal/await"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
