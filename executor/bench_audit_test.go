@@ -7,7 +7,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/bench"
+	"github.com/capstan-dev/capstan/internal/procstat"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -62,7 +62,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu := time.Now(), bench.ProcessCPU()
+	start, cpu := time.Now(), procstat.CPU()
 	for left := b.N; left > 0; left -= batch {
 		n := min(left, batch)
 		envs, errs := c.CallMany(callCtx, reqs[:n])
@@ -76,7 +76,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "execs/s")
-	if used := bench.ProcessCPU() - cpu; used > 0 {
+	if used := procstat.CPU() - cpu; used > 0 {
 		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/exec")
 	}
 }

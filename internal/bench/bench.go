@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/procstat"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -112,7 +113,7 @@ type Result struct {
 	// CPUPerExecutionUs is this process's CPU time (user and system) per
 	// execution: with an embedded server it counts the server, the workers
 	// and the client, and it depends far less on other load than throughput
-	// does. 0 where ProcessCPU has no reading.
+	// does. 0 where the platform offers no reading.
 	CPUPerExecutionUs float64 `json:"cpuPerExecutionUs"`
 	// AllocsPerExecution and BytesPerExecution are this process's heap
 	// allocations per execution (embedded: server, workers, client).
@@ -153,8 +154,8 @@ type Result struct {
 	ConsumersBefore int `json:"consumersBefore"`
 	ConsumersMax    int `json:"consumersMax"`
 	// PeakRSSMB is this process's peak resident memory (with an embedded
-	// server it holds the server and the workers too); 0 where PeakRSS has
-	// no reading.
+	// server it holds the server and the workers too); 0 where the platform
+	// offers no reading (internal/procstat).
 	PeakRSSMB float64 `json:"peakRssMB"`
 }
 
@@ -217,7 +218,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	bar := newProgress(cfg.Progress, cfg.N, "capstan")
-	cpu0, mem0, msgs0 := ProcessCPU(), memStats(), r.serverMsgs()
+	cpu0, mem0, msgs0 := procstat.CPU(), memStats(), r.serverMsgs()
 	var run *loopResult
 	switch {
 	case cfg.Backlog:
@@ -232,7 +233,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	default:
 		run, err = closedLoop(ctx, r.client, &cfg, input, bar)
 	}
-	cpu, mem1, msgs := ProcessCPU()-cpu0, memStats(), r.serverMsgs()-msgs0
+	cpu, mem1, msgs := procstat.CPU()-cpu0, memStats(), r.serverMsgs()-msgs0
 	bar.done()
 	stopProfile()
 	if err == nil && cfg.MemProfile != "" {
@@ -252,13 +253,13 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	res.AllocsPerExecution = float64(mem1.Mallocs-mem0.Mallocs) / n
 	res.BytesPerExecution = float64(mem1.TotalAlloc-mem0.TotalAlloc) / n
 	res.ServerMsgsPerExecution = float64(msgs) / n
-	res.PeakRSSMB = float64(PeakRSS()) / (1 << 20)
+	res.PeakRSSMB = float64(procstat.PeakRSS()) / (1 << 20)
 
 	if !cfg.NoBaseline {
 		bar := newProgress(cfg.Progress, cfg.N, "baseline")
-		cpu0, msgs0 := ProcessCPU(), r.serverMsgs()
+		cpu0, msgs0 := procstat.CPU(), r.serverMsgs()
 		base, err := rawBaseline(ctx, r, &cfg, len(input), bar)
-		res.BaselineCPUPerMsgUs = float64((ProcessCPU() - cpu0).Microseconds()) / n
+		res.BaselineCPUPerMsgUs = float64((procstat.CPU() - cpu0).Microseconds()) / n
 		res.BaselineServerMsgsPerMsg = float64(r.serverMsgs()-msgs0) / n
 		bar.done()
 		if err != nil {
@@ -270,9 +271,9 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	}
 	if cfg.Floor {
 		bar := newProgress(cfg.Progress, cfg.N, "floor")
-		cpu0, msgs0 := ProcessCPU(), r.serverMsgs()
+		cpu0, msgs0 := procstat.CPU(), r.serverMsgs()
 		floor, err := floorLoop(ctx, r, &cfg, len(input), bar)
-		res.FloorCPUPerExecutionUs = float64((ProcessCPU() - cpu0).Microseconds()) / n
+		res.FloorCPUPerExecutionUs = float64((procstat.CPU() - cpu0).Microseconds()) / n
 		res.FloorServerMsgsPerExecution = float64(r.serverMsgs()-msgs0) / n
 		bar.done()
 		if err != nil {

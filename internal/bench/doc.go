@@ -24,7 +24,6 @@
 // latencies count from when each call was due, and a backlog (all N queued
 // before the workers start, then the drain is timed).
 //
-// The process readings (ProcessCPU, PeakRSS) are the one place capstan reads
-// the operating system's resource usage; they sit behind build tags and
-// report 0 where a platform offers no reading.
+// The process readings (CPU time, peak RSS) come from internal/procstat, the
+// one place capstan reads the operating system's resource usage.
 package bench

@@ -1,4 +1,4 @@
-package bench
+package procstat
 
 import (
 	"bufio"

@@ -1,12 +1,12 @@
-package bench
+package procstat
 
 import (
 	"syscall"
 	"time"
 )
 
-// ProcessCPU is the CPU time, user and kernel, this process used so far.
-func ProcessCPU() time.Duration {
+// CPU is the CPU time, user and kernel, this process used so far.
+func CPU() time.Duration {
 	h, err := syscall.GetCurrentProcess()
 	if err != nil {
 		return 0

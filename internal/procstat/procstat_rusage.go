@@ -1,14 +1,14 @@
 //go:build linux || darwin
 
-package bench
+package procstat
 
 import (
 	"syscall"
 	"time"
 )
 
-// ProcessCPU is the CPU time, user and system, this process used so far.
-func ProcessCPU() time.Duration {
+// CPU is the CPU time, user and system, this process used so far.
+func CPU() time.Duration {
 	ru, ok := rusage()
 	if !ok {
 		return 0

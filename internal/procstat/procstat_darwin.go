@@ -1,4 +1,4 @@
-package bench
+package procstat
 
 // PeakRSS is this process's peak resident set in bytes (getrusage's
 // ru_maxrss, which Darwin gives in bytes).
