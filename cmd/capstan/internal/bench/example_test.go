@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/internal/bench"
+	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )
