@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )

@@ -1,12 +1,3 @@
-// Package demo is the demo catalog that `capstan dev` and `capstan worker`
-// serve: five capabilities with which every rule of the design can be seen.
-//
-// Every handler but demo.echo first appends one message to the calls stream
-// (CallsStream), before it does anything else, under a message id of its own
-// call: a second run of the same attempt, which the runtime must never make,
-// shows as a second message there, while the outbox keeps one email per
-// attempt. Crash tests count the calls stream, which outlives the workers
-// they kill. demo.echo records nothing: it is the no-op that benchmarks call.
 package demo
 
 import (
