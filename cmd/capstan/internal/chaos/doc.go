@@ -26,7 +26,7 @@
 // the long mode: 1,000 executions per run under at least 20 seconds of kills,
 // and 2,000 across a server kill.
 //
-//	go test -race ./internal/chaos/
-//	CAPSTAN_CHAOS_LONG=1 go test -v -timeout 30m ./internal/chaos/
-//	CAPSTAN_CHAOS_SEED=42 go test -v -run ServerKilled ./internal/chaos/
+//	go test -race ./cmd/capstan/internal/chaos/
+//	CAPSTAN_CHAOS_LONG=1 go test -v -timeout 30m ./cmd/capstan/internal/chaos/
+//	CAPSTAN_CHAOS_SEED=42 go test -v -run ServerKilled ./cmd/capstan/internal/chaos/
 package chaos
