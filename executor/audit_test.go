@@ -103,6 +103,7 @@ func call(t *testing.T, c *executor.Client, capID string, input any, opts ...exe
 }
 
 func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	w := startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -131,6 +132,7 @@ func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
 }
 
 func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -165,6 +167,7 @@ func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
 // A model calling the tool again is a new execution, not a retry: each call
 // has its own id and its own capability.requested.
 func TestAudit_ReinvocationIsANewExecutionWithItsOwnRequested(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -197,6 +200,7 @@ func stance(name string, s executor.Stance, phases ...executor.Phase) executor.P
 // Every refusal is audited with why it happened, even where the caller is only
 // told CAPABILITY_NOT_FOUND.
 func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	everywhere := executor.On(executor.SurfaceDirect, executor.SurfaceMCP)
 	broken := executor.Policy{Name: "broken", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
@@ -254,6 +258,7 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 }
 
 func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -278,6 +283,7 @@ func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
 // A cancel that arrives before any worker claimed the execution leaves a
 // pending record; the worker that finds it audits the request, then its end.
 func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
@@ -307,6 +313,7 @@ func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
 // SI-10: the trail carries a hash of the input, never the input or the output,
 // whatever path the execution takes.
 func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	marker := "MARKER-" + uuid.NewString()
 	leaky := executor.Define("t.leaky", executor.Meta{
@@ -454,6 +461,7 @@ func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, c
 }
 
 func TestStrictAudit_UnavailableTrailFailsTheExecutionBeforeTheHandler(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	c, w := startFullAudit(t, env, executor.WorkerConfig{StrictAudit: true}, echoCap(&calls))
@@ -504,6 +512,7 @@ func (r *logRecorder) count(msg string) int {
 }
 
 func TestDefaultAudit_UnavailableTrailRunsAndReportsTheLoss(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	log := &logRecorder{}
@@ -545,6 +554,7 @@ func auditLoad(t *testing.T) int {
 // 256 each, through four different paths: every execution's events are on the
 // stream in its pipeline's order.
 func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
+	t.Parallel()
 	n := auditLoad(t)
 	env := testenv.Start(t)
 	cfg := executor.WorkerConfig{Concurrency: 256}
@@ -638,6 +648,7 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 // requested, started and terminal events, held and published together (DESIGN
 // §14).
 func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -652,6 +663,7 @@ func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
 // Holding events never hides a running execution: while its handler runs,
 // its trail shows capability.started.
 func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	release := make(chan struct{})
 	hold := executor.Define("test.hold", executor.Meta{
@@ -682,6 +694,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 // With AuditUnacknowledged the trail is the same; only JetStream's
 // acknowledgements are not asked for.
 func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{AuditUnacknowledged: true})
 	c := newClient(t, env.Connect(t))

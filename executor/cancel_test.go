@@ -89,6 +89,7 @@ func wantCancelled(t *testing.T, got *envelope.Envelope, attempts int) {
 // a cancelled attempt is never re-attempted. Its timeout outlasts the test,
 // so that only the cancel can end the attempt, however slow the machine.
 func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, blocking("report.build",
@@ -131,6 +132,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 // record, so the worker that later receives the request finalizes it
 // cancelled without calling the handler.
 func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
 	if err != nil {
@@ -192,6 +194,7 @@ func retryingForever(id string, calls *atomic.Int64) executor.Capability {
 
 // TestCancel_DuringBackoffIsTerminal: the next attempt never starts.
 func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, retryingForever("stock.read", &calls))
@@ -222,6 +225,7 @@ func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
 // TestDeadline_EndsTheExecutionAtAnyPoint: the request's deadline spans the
 // whole execution: before the claim, during an attempt, during a backoff.
 func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var blockCalls, retryCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
@@ -273,6 +277,7 @@ func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
 // worker finalizes at once, while the handler (which ignores its context)
 // still runs; the abandoned handler is counted and its output discarded.
 func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	release := make(chan struct{})
 	defer close(release)
@@ -326,6 +331,7 @@ func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
 // TestCancel_RecordedOnTheRecordAloneStopsTheRun: a worker that missed the
 // cancel message still sees the cancel on the record when it renews its lease.
 func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 300 * time.Millisecond},
@@ -361,6 +367,7 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 
 // TestCancel_AfterFinalizationChangesNothing: the envelope stands.
 func TestCancel_AfterFinalizationChangesNothing(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -389,6 +396,7 @@ func TestCancel_AfterFinalizationChangesNothing(t *testing.T) {
 // TestCancel_DuringPolicyEvaluationIsCancelled: a policy cut off by the
 // cancel does not turn the outcome into POLICY_FAILED.
 func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	evaluating := make(chan struct{}, 1)
 	slow := executor.Policy{Name: "slow-risk-check", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {

@@ -40,6 +40,7 @@ func clusterRunSize(t *testing.T) int {
 // leading a bucket the executions depend on. Every execution ends with
 // exactly one envelope, no email is sent twice, nothing is lost.
 func TestClusterR3_NodeLostTwiceMidRun_OneEnvelopeAndAtMostOneEmailPerExecution(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster failover run")
 	}

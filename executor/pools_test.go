@@ -63,6 +63,7 @@ func runPoolWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps 
 }
 
 func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	ctx := ctxT(t)
 	setup := env.Connect(t)
@@ -159,6 +160,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 }
 
 func TestPools_FanOutAcrossPoolsCompletesWithOneEnvelopeEach(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	ctx := ctxT(t)
 	js, err := demo.Provision(ctx, env.Connect(t), 0)

@@ -35,6 +35,7 @@ func (r republishes) WithGroup(string) slog.Handler      { return r }
 // leader), Submit and SubmitResume both keep publishing under the execution
 // id; once the stream is back, each returns, and its execution runs once.
 func TestSubmitAndSubmitResume_PublishAgainUntilTheStreamAnswers(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)

@@ -172,6 +172,7 @@ func mustFail(t *testing.T, env *envelope.Envelope, err error, code envelope.Cod
 }
 
 func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var nowhere, mcpOnly atomic.Int64
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
@@ -196,6 +197,7 @@ func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
 }
 
 func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls, hidden atomic.Int64
 	bob := envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
@@ -254,6 +256,7 @@ func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
 }
 
 func TestSI3_ActorRequiredAndWellFormed(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	startAll(t, e.Connect(t), executor.WorkerConfig{}, counted("si3.cap", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect)}))
@@ -320,6 +323,7 @@ func (n *normalizedEmail) Validate() error {
 }
 
 func TestSI6_HandlersAndPoliciesSeeOnlyTheValidatedInput(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var mu sync.Mutex
 	seen := map[executor.Phase]any{}
@@ -378,6 +382,7 @@ func TestSI6_HandlersAndPoliciesSeeOnlyTheValidatedInput(t *testing.T) {
 }
 
 func TestSI7_PoliciesFailClosed(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -450,6 +455,7 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 }
 
 func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	hide := executor.Policy{Name: "hide", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
@@ -558,6 +564,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestSI9_ModelSafeErrors(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	logs := &syncBuffer{}
 	secret := "dsn=postgres://app:hunter2@db"
@@ -651,6 +658,7 @@ func (s secretOut) Validate() error {
 }
 
 func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	const marker = "zq-secret-7731"
 	deny := executor.Policy{Name: "deny-deny", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
@@ -718,6 +726,7 @@ func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
 // The CLI's `capstan call orders.refund --input '{"orderId":1,"amount":"x"}'`
 // through the demo catalog: both fields are reported, each at its path.
 func TestInputInvalid_DemoRefundReportsEveryFieldPath(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	nc := e.Connect(t)
 	js, err := demo.Provision(ctxT(t), nc, 1)
@@ -737,6 +746,7 @@ func TestInputInvalid_DemoRefundReportsEveryFieldPath(t *testing.T) {
 }
 
 func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	meta := executor.Meta{Description: "Issues a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write}
@@ -786,6 +796,7 @@ func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
 }
 
 func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	nc := e.Connect(t)
 	js, err := demo.Provision(ctxT(t), nc, 1)
