@@ -10,6 +10,7 @@ import (
 )
 
 func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
 		t.Fatalf("init: exit %d: %s", code, stderr)
@@ -67,6 +68,7 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 }
 
 func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "", "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("0.0.0.0:%d", freePort(t)))
 	if code != exitUsage || !strings.Contains(stderr, "--auth") || !strings.Contains(stderr, "--insecure") {
 		t.Fatalf("exit %d, stderr %s", code, stderr)
@@ -80,6 +82,7 @@ func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T)
 // The secured setup from zero, as the README shows it: two principals, one
 // asks, the other approves; neither can do the other's part.
 func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	for _, args := range [][]string{
 		{"auth", "init", dir},

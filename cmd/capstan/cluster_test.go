@@ -159,6 +159,7 @@ func waitAllCurrent(t *testing.T, ctx context.Context, js jetstream.JetStream) {
 }
 
 func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEmailPerExecution(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of processes")
 	}
@@ -435,6 +436,7 @@ func readOutbox(ctx context.Context, js jetstream.JetStream) (map[string]int, er
 }
 
 func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))

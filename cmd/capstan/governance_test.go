@@ -16,6 +16,7 @@ import (
 )
 
 func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 
 	t.Run("describe --surface mcp prints descriptors with input schemas", func(t *testing.T) {
@@ -98,6 +99,7 @@ func (l *lockedBuffer) String() string {
 // "The operation failed."; `capstan status` and the worker's logs keep the
 // real cause.
 func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	logs := &lockedBuffer{}
 	reg, err := executor.NewRegistry(executor.Define("ledger.post", executor.Meta{

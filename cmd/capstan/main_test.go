@@ -168,12 +168,14 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// startDev runs `capstan dev` on a free port and returns it and its URL.
-func startDev(t *testing.T) (*daemon, string) {
+// startDev runs `capstan dev` on a free port, with flags after the test's
+// own, and returns it and its URL.
+func startDev(t *testing.T, flags ...string) (*daemon, string) {
 	t.Helper()
 	port := freePort(t)
-	d := startDaemon(t, "capstan call demo.echo", nil,
-		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "127.0.0.1:0", "--grace", "5s")
+	d := startDaemon(t, "capstan call demo.echo", nil, append([]string{
+		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "127.0.0.1:0", "--grace", "5s"},
+		flags...)...)
 	return d, fmt.Sprintf("nats://127.0.0.1:%d", port)
 }
 

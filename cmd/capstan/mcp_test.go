@@ -21,6 +21,7 @@ func mcpCtx(t *testing.T) context.Context {
 }
 
 func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	ctx := mcpCtx(t)
 	cmd := exec.Command(bin, "mcp", "--actor", "user:ada")
@@ -60,6 +61,7 @@ func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
 }
 
 func TestMCP_HTTPWithoutTokensRefusesToStart(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "mcp", "--http", "127.0.0.1:0")
 	if code != exitUsage || !strings.Contains(stderr, "no tools") {
 		t.Errorf("exit %d, stderr %s", code, stderr)
@@ -67,6 +69,7 @@ func TestMCP_HTTPWithoutTokensRefusesToStart(t *testing.T) {
 }
 
 func TestDev_MCPFlagServesHTTPWithABearerToken(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	d := startDaemon(t, "bearer token for", nil, "dev", "--store", t.TempDir(), "--listen", "127.0.0.1:0",
 		"--mcp", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
