@@ -12,6 +12,7 @@ import (
 // is the first one stored that its workers have not acknowledged; a pool
 // with nothing waiting has no oldest request.
 func TestBacklogs_PendingAndOldestPerPool(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	ctx := testCtx(t)

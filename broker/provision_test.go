@@ -49,6 +49,7 @@ func takeSnapshot(t *testing.T, ctx context.Context, js jetstream.JetStream, n b
 }
 
 func TestProvision_TwiceIsNoOp(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, first *broker.Broker) {
 		ctx := testCtx(t)
 		js := first.JS
@@ -87,6 +88,7 @@ func TestProvision_TwiceIsNoOp(t *testing.T) {
 
 // Every process provisions at start, often at the same moment.
 func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
+	t.Parallel()
 	for _, store := range []struct {
 		name     string
 		replicas int
@@ -126,6 +128,7 @@ func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
 }
 
 func TestProvision_CreatesTheDesignedResources(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -167,6 +170,7 @@ func TestProvision_CreatesTheDesignedResources(t *testing.T) {
 }
 
 func TestProvision_DedupWindowNeverBelowTwoMinutes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{DedupWindow: time.Second})
 	if got := b.Exec.CachedInfo().Config.Duplicates; got != broker.DefaultDedupWindow {
@@ -178,6 +182,7 @@ func TestProvision_DedupWindowNeverBelowTwoMinutes(t *testing.T) {
 // record TTL as its MaxAge: a request never outlives its record (DESIGN §13).
 // Nothing else about it changes.
 func TestProvision_ExecStreamWithoutMaxAgeGetsTheRecordTTL(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	js, err := jetstream.New(nc)
@@ -257,6 +262,7 @@ func capstanBucket(name string, ttl time.Duration, alter func(*jetstream.KeyValu
 }
 
 func TestProvision_ConflictingStreamNamesField(t *testing.T) {
+	t.Parallel()
 	week := broker.DefaultRecordTTL
 	for _, tc := range []conflictCase{
 		{"exec with limits retention", "CAPSTAN_EXEC", "Retention",
@@ -348,6 +354,7 @@ func streamInfo(t *testing.T, ctx context.Context, js jetstream.JetStream, name 
 }
 
 func TestProvision_PrefixNamesEveryResource(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -385,6 +392,7 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 }
 
 func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -426,6 +434,7 @@ func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
 // customised deployment provisions again without a false conflict; and a
 // process started with other settings is told which one differs.
 func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -462,6 +471,7 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 // The audit retention is the one setting only the process that sets it needs
 // to know: asked for, it must match; unset, the stream's own is kept.
 func TestProvision_AuditRetentionConflictsOnlyWhenAskedFor(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	if _, err := env.JetStream(t).CreateStream(ctx, capstanAudit(func(c *jetstream.StreamConfig) { c.MaxAge = 24 * time.Hour })); err != nil {
