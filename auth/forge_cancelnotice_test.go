@@ -15,6 +15,7 @@ import (
 // producer names the notice subject as the reply of a request it may make: a
 // producer must not cancel another principal's execution so.
 func TestForge_CancelNoticeAimedAtAnotherPrincipalsExecutionStopsNothing(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	n := r.setup.Names()

@@ -22,6 +22,7 @@ type Payout struct {
 // what the workers send an approver, listing or deciding, holds the shown
 // input, not the whole of it.
 func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	const secret = "DE89370400440532013000"

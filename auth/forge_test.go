@@ -275,6 +275,7 @@ func (r *rig) events(t *testing.T, executionID string) []string {
 }
 
 func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob := envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
@@ -308,6 +309,7 @@ func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
 }
 
 func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	// alice may call from direct only; her client says mcp.
 	alice, _, _ := r.client(t, "alice", executor.SurfaceMCP)
@@ -324,6 +326,7 @@ func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
 }
 
 func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
 	env, err := alice.Call(testCtx(t), "t.refund", Refund{OrderID: "o1", Amount: 900})
@@ -383,6 +386,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 // The approvals flow with two principals: alice requests, carol decides, alice
 // resumes; a consumed approval cannot be reset to run twice.
 func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -435,6 +439,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 }
 
 func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
+	t.Parallel()
 	testEnvelopeForges(t, newRig(t, false))
 }
 
@@ -473,6 +478,7 @@ func testEnvelopeForges(t *testing.T, r *rig) {
 }
 
 func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -504,6 +510,7 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 }
 
 func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -540,6 +547,7 @@ func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *test
 }
 
 func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -596,6 +604,7 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 // A body naming another capability than its subject: the server let alice
 // publish on t.echo's subject, the body asks for t.send.
 func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	dana, danaNC, _ := r.client(t, "dana", executor.SurfaceDirect)
@@ -628,6 +637,7 @@ func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
 
 // Describe lists what the principal may call, for actors it may assert.
 func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	dana, _, _ := r.client(t, "dana", executor.SurfaceDirect)
@@ -650,6 +660,7 @@ func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
 }
 
 func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -686,6 +697,7 @@ func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
 }
 
 func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
@@ -728,6 +740,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 // own envelope, answered on bob's envelope subject, must not pass for the
 // result bob waits for; nor may a worker answer on another principal's subject.
 func TestForge_RepliesAimedAtAnotherPrincipalAreNotResults(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)

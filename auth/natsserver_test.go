@@ -23,6 +23,7 @@ import (
 // an official nats-server binary, built from the module this one depends on,
 // exactly as a deployment would: nats-server -c conf -p PORT -js -sd DIR.
 func TestServerConfig_OfficialNatsServer(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds nats-server")
 	}

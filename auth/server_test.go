@@ -94,6 +94,7 @@ func secured(t *testing.T) (*testenv.Env, *auth.Setup, *broker.Broker) {
 }
 
 func TestPermissions_AnonymousClientIsRefused(t *testing.T) {
+	t.Parallel()
 	env, _, _ := secured(t)
 	nc, err := nats.Connect(env.URL, nats.MaxReconnects(0))
 	if err == nil {
@@ -103,6 +104,7 @@ func TestPermissions_AnonymousClientIsRefused(t *testing.T) {
 }
 
 func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -153,6 +155,7 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 }
 
 func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -202,6 +205,7 @@ func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
 }
 
 func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -235,6 +239,7 @@ func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
 // publishes them; from then on it knows every principal and refuses the
 // anonymous one.
 func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -280,6 +285,7 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 // A removed principal's credentials no longer connect once the server
 // restarts with the rewritten configuration, and its grant leaves the bucket.
 func TestRemove_RevokesTheCredentialsAndTheGrant(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	kept, err := os.ReadFile(setup.CredsPath("alice"))
 	if err != nil {

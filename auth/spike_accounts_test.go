@@ -448,6 +448,7 @@ func (r *spikeRig) attack(t *testing.T, ctx context.Context) []string {
 // capstan's subjects are stored there. The attack and its measure are the
 // ones the accounts layout must survive.
 func TestSpikeAccounts_ControlOneAccountRepliesLand(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	r := newSpikeRig(t, ctx, true)
 	landed := r.attack(t, ctx)
@@ -464,6 +465,7 @@ func TestSpikeAccounts_ControlOneAccountRepliesLand(t *testing.T) {
 // cancel-notice subject of the capstan account as the reply of every request
 // she may make; nothing reaches the capstan account.
 func TestSpikeAccounts_RepliesAimedAtCapstanSubjectsStayInThePrincipalsAccount(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	r := newSpikeRig(t, ctx, false)
 	if landed := r.attack(t, ctx); len(landed) > 0 {
@@ -492,6 +494,7 @@ func requestInfoOf(m *nats.Msg) requestInfo {
 // direct get (the catalog's stream information, which the KeyValue binding
 // asks for) is not served across an import.
 func TestSpikeAccounts_NormalOperationsWorkAcrossImports(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	r := newSpikeRig(t, ctx, false)
 	n := r.n
@@ -609,6 +612,7 @@ func deadline(ctx context.Context) time.Time {
 // Either way nothing reaches a subject outside alice's own imports, and no
 // stream stores it.
 func TestSpikeAccounts_AnswerAimedAtAnotherImportOfThePrincipal(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	r := newSpikeRig(t, ctx, false)
 	n := r.n
@@ -845,6 +849,7 @@ func (b *spikeBob) refused(t *testing.T, ctx context.Context, l *spikeLayout) {
 // disconnected and refused. Neither the server nor the capstan account
 // changes.
 func TestSpikeAccounts_PrincipalAddedAndRevokedByPushWithoutRestart(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	l := startSpikeServer(t, false, true)
 	bob := newSpikeBob(t, ctx, l)
