@@ -153,6 +153,7 @@ func signInTab(t *testing.T, tab context.Context, base, name, types string) {
 // approves it, alice's open inbox shows his decision live, bob resumes it and
 // sees the new execution's timeline complete.
 func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) {
+	t.Parallel()
 	b := browser(t)
 	r := startRig(t, "", console.Config{Open: true})
 	bobTab, aliceTab := tab(t, b), tab(t, b)
@@ -227,6 +228,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 // A retried execution's page grows live: the retry and the outcome appear as
 // the worker records them.
 func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
+	t.Parallel()
 	b := browser(t)
 	r := startRig(t, "", console.Config{Open: true})
 	ops := tab(t, b)
