@@ -35,6 +35,7 @@ type payIn struct {
 // grant does not allow runs nothing, an approval decided by an approver
 // principal runs the call once, and a request without a token is refused.
 func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
