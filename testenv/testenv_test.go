@@ -40,6 +40,7 @@ func createStream(t *testing.T, ctx context.Context, js jetstream.JetStream, rep
 }
 
 func TestStart_PublishAndConsume(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -68,6 +69,7 @@ func TestStart_PublishAndConsume(t *testing.T) {
 }
 
 func TestRestart_KeepsStreamMessages(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	url := env.URL
@@ -116,6 +118,7 @@ func TestRestart_KeepsStreamMessages(t *testing.T) {
 }
 
 func TestCluster_R3MessageSurvivesLeaderLoss(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	c := testenv.StartCluster(t, 3)
 	if len(c.Nodes) != 3 || len(c.URLs) != 3 {
@@ -212,6 +215,7 @@ func getMsgEventually(t *testing.T, ctx context.Context, js jetstream.JetStream,
 }
 
 func TestStartCluster_URLConnectsToEveryNode(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	for i, node := range c.Nodes {
 		nc := node.Connect(t)
