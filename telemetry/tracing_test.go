@@ -23,6 +23,7 @@ import (
 // finalization) and a span the handler starts all descend from it. The
 // execution's audit events carry the trace's id.
 func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -109,6 +110,7 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 // With no tracer provider set (tracing off), nothing is recorded, and a
 // traceparent the caller gave is carried as it is to the audit trail.
 func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -136,6 +138,7 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 // rather than starting a trace of its own for every call, and the audit
 // events carry the call's trace id.
 func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -174,6 +177,7 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 // names a span (a trace backend keeps span names as an index), only the
 // processing span's attribute.
 func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
+	t.Parallel()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
@@ -208,6 +212,7 @@ func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
 // causes hold a megabyte until it is exported, and valid UTF-8, without
 // which an OTLP export of the batch fails.
 func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
+	t.Parallel()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
