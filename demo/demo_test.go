@@ -47,6 +47,7 @@ func streamMsgs(t *testing.T, ctx context.Context, js jetstream.JetStream, name 
 // do — is invisible in the outbox, whose message id names the attempt, and
 // shows in the calls stream, which keeps every handler call.
 func TestDemo_SecondRunOfOneAttempt_ShowsInTheCallsStream(t *testing.T) {
+	t.Parallel()
 	ctx, js := provisioned(t)
 	send := recorded(js, sendEmail(js))
 	call := executor.Call[EmailInput]{Input: EmailInput{To: "ada@example.com", Subject: "twice"},
@@ -73,6 +74,7 @@ func TestDemo_SecondRunOfOneAttempt_ShowsInTheCallsStream(t *testing.T) {
 // the calls stream has no effect, and one that was recorded but never got to
 // its effect still counts.
 func TestDemo_CallRecordedBeforeTheEffect(t *testing.T) {
+	t.Parallel()
 	ctx, js := provisioned(t)
 	if err := js.DeleteStream(ctx, CallsStream); err != nil {
 		t.Fatal(err)
@@ -111,6 +113,7 @@ func TestDemo_CallRecordedBeforeTheEffect(t *testing.T) {
 // Through a worker, every demo handler but demo.echo records each call with
 // its attempt: demo.flaky failing once shows attempts 1 and 2.
 func TestDemo_WorkerCallsRecordedPerAttempt(t *testing.T) {
+	t.Parallel()
 	ctx, js := provisioned(t)
 	reg, err := executor.NewRegistry(Catalog(js)...)
 	if err != nil {
