@@ -54,6 +54,7 @@ func request(b *broker.Broker, data []byte) *nats.Msg {
 // payload) is refused at once: publishing it again cannot store it, and a
 // call without a deadline would never end.
 func TestPublish_RequestLargerThanMaxPayloadIsNotPublishedAgain(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b, err := broker.Provision(testCtx(t, time.Minute), nc, broker.Config{})
@@ -82,6 +83,7 @@ func TestPublish_RequestLargerThanMaxPayloadIsNotPublishedAgain(t *testing.T) {
 // keep publishing under the id until the stream answers the first copy's
 // sequence, not report a failed submit for a request that will run.
 func TestPublish_RepeatWhileFirstCopyInProcessIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster")
 	}
@@ -160,6 +162,7 @@ func TestPublish_RepeatWhileFirstCopyInProcessIsNotAFailure(t *testing.T) {
 // subscription is gone and nothing re-reads its envelope. Its wait must end
 // then, not when (if ever) the caller's context does.
 func TestAwaitFresh_EndsWhenTheWaitersClose(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b, err := broker.Provision(testCtx(t, time.Minute), nc, broker.Config{})
