@@ -445,6 +445,7 @@ func checkStatusCommand(t *testing.T, r *rig, tl *tally) {
 // executions hold their effect: every execution ends with one envelope, no
 // email is sent twice, and every completed one was sent exactly once.
 func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
+	t.Parallel()
 	n := scale(200, 1000)
 	d := scale(5*time.Second, 22*time.Second)
 	r := newRig(t, chaosLease, 16)
@@ -479,6 +480,7 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 // killed are taken over and attempted again (capability.retried after
 // WORKER_LOST), and complete.
 func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
+	t.Parallel()
 	n := scale(200, 1000)
 	d := scale(5*time.Second, 22*time.Second)
 	r := newRig(t, chaosLease, 16)
@@ -538,6 +540,7 @@ func inFlight(ctx context.Context, b *broker.Broker) (int, error) {
 // start it again on the same store: every submission ends with exactly one
 // envelope and a finalized record; nothing is lost, nothing runs twice.
 func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
+	t.Parallel()
 	n := scale(400, 2000)
 	d := scale(4*time.Second, 10*time.Second)
 	r := newRig(t, 5*time.Second, 16)

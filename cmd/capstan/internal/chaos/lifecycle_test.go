@@ -101,6 +101,7 @@ func (d *duplicator) stop() []string {
 // token, not the id, so every execution ends with one envelope and no email
 // runs its handler twice, whichever process with the id receives a copy.
 func TestChaos_WorkersSharingAnID_EmailSentAtMostOnce(t *testing.T) {
+	t.Parallel()
 	n := scale(120, 600)
 	d := scale(4*time.Second, 20*time.Second)
 	r := newRig(t, chaosLease, 16)
@@ -154,6 +155,7 @@ func TestChaos_WorkersSharingAnID_EmailSentAtMostOnce(t *testing.T) {
 // passes between them, end every such request failed / NOT_STARTED: one
 // envelope each, a finalized record, no attempt and no handler call.
 func TestChaos_PoolKilled_RequestsEndNotStarted(t *testing.T) {
+	t.Parallel()
 	n := scale(60, 400)
 	d := scale(3*time.Second, 20*time.Second)
 	r := newRig(t, chaosLease, 8)
