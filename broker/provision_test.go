@@ -104,6 +104,7 @@ func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
 		}},
 	} {
 		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := testCtx(t)
 			connect := store.start(t)
 			const n = 6
