@@ -372,7 +372,7 @@ func (s *Store) emitDecision(ctx context.Context, r *Record, typ string, by enve
 		return nil
 	}
 	err := s.audit.EmitSync(ctx, &audit.Event{
-		Type: typ, Surface: r.Surface, Actor: audit.ActorOf(by), ExecutionID: r.RequestedBy,
+		Type: typ, Surface: r.Surface, Actor: audit.ActorOf(by), Principal: r.Principal, ExecutionID: r.RequestedBy,
 		CapabilityID: r.CapabilityID, CorrelationID: r.CorrelationID, InputHash: r.InputHash, Data: data,
 	})
 	if err != nil {

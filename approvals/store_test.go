@@ -551,7 +551,7 @@ func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
 // before it returns.
 func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
 	t.Helper()
-	evs, err := audit.Read(ctxT(t), b, executionID)
+	evs, err := audit.Read(ctxT(t), b, broker.Anonymous, executionID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 	flush(t, e)
 
 	for _, id := range []string{"exec-a", "exec-b"} {
-		trail, err := audit.Read(testCtx(t), b, id)
+		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestRead_UnknownExecutionIsNotFound(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	if _, err := audit.Read(testCtx(t), b, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
+	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("err %v, want broker.ErrNotFound", err)
 	}
 }
@@ -113,7 +113,7 @@ func TestRead_RefusesIDsThatAreNotOneSubjectToken(t *testing.T) {
 	e.Emit(event(audit.Requested, "x"))
 	flush(t, e)
 	for _, id := range []string{"*", ">", "x.>", "", "a b"} {
-		if trail, err := audit.Read(testCtx(t), b, id); err == nil || errors.Is(err, broker.ErrNotFound) {
+		if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err == nil || errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("id %q: trail %v, err %v; want a refusal", id, trail, err)
 		}
 	}
@@ -272,7 +272,7 @@ func TestFollow_UndecodableEventIsAnErrorNamingItsSequence(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "sequence 1") {
 		t.Fatalf("err %v, want a decode error naming sequence 1", err)
 	}
-	if _, err := audit.Read(testCtx(t), b, "garbage"); err == nil || !strings.Contains(err.Error(), "sequence 1") {
+	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "garbage"); err == nil || !strings.Contains(err.Error(), "sequence 1") {
 		t.Fatalf("read: err %v, want a decode error naming sequence 1", err)
 	}
 }

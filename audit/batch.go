@@ -53,7 +53,7 @@ type openBatch struct {
 type batchMsg struct {
 	seq    uint64
 	events int
-	id     string // execution id, for the log
+	key    string // the execution's key (broker.Key), for its subject and the log
 }
 
 const (
@@ -93,7 +93,7 @@ func newBatcher(e *Emitter) (*batcher, error) {
 
 // publish sends m as the next message of the open batch. It waits for room
 // (up to AckTimeout) while maxPending messages are unconfirmed.
-func (b *batcher) publish(m *nats.Msg, events int, id string) error {
+func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 	b.mu.Lock()
 	for b.pending >= maxPending && !b.disabled {
 		room := b.room
@@ -137,7 +137,7 @@ func (b *batcher) publish(m *nats.Msg, events int, id string) error {
 		b.mu.Unlock()
 		return err
 	}
-	c.msgs = append(c.msgs, batchMsg{seq: c.seq, events: events, id: id})
+	c.msgs = append(c.msgs, batchMsg{seq: c.seq, events: events, key: key})
 	if b.pending == 0 {
 		b.idle = make(chan struct{})
 	}
@@ -207,7 +207,7 @@ func (b *batcher) commitLocked(now time.Time) {
 	}
 	c.deadline = now.Add(b.e.opts.AckTimeout)
 	b.committed[c.id] = c
-	m := &nats.Msg{Subject: b.e.names.AuditSubject(c.msgs[0].id), Reply: b.subject(c.id, c.seq+1, opCommitEOB)}
+	m := &nats.Msg{Subject: b.e.names.AuditSubject(c.msgs[0].key), Reply: b.subject(c.id, c.seq+1, opCommitEOB)}
 	if err := b.e.nc.PublishMsg(m); err != nil {
 		c.deadline = now // nothing will confirm the tail
 	}
@@ -359,7 +359,7 @@ func (b *batcher) lostLocked(c *openBatch, msgs []batchMsg, why string) {
 	for _, m := range msgs {
 		gone[m.seq] = true
 		b.e.fail(m.events)
-		b.e.opts.Logger.Warn("audit event not stored", "executionId", m.id, "events", m.events, "err", why)
+		b.e.opts.Logger.Warn("audit event not stored", "execution", m.key, "events", m.events, "err", why)
 	}
 	kept := c.msgs[:0]
 	for _, m := range c.msgs {

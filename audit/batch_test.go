@@ -28,7 +28,7 @@ func storedEvents(t *testing.T, b *broker.Broker, ids []string) int {
 	t.Helper()
 	n := 0
 	for _, id := range ids {
-		trail, err := audit.Read(testCtx(t), b, id)
+		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 		if errors.Is(err, broker.ErrNotFound) {
 			continue
 		}

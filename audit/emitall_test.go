@@ -27,7 +27,7 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 	}
 	flush(t, e)
 	want := []string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed, audit.DuplicateDelivery}
-	trail, err := audit.Read(testCtx(t), b, "exec-a")
+	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
 	if e.Failed() != 4 || e.Sent() != 0 {
 		t.Fatalf("failed %d, sent %d; want 4 and 0", e.Failed(), e.Sent())
 	}
-	if _, err := audit.Read(testCtx(t), b, "exec-a"); !errors.Is(err, broker.ErrNotFound) {
+	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-a"); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("read: %v, want nothing stored", err)
 	}
 }
@@ -104,7 +104,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 	flush(t, e)
 	// The acknowledged event was stored after every unacknowledged one of
 	// the same connection: the trail is whole.
-	trail, err := audit.Read(testCtx(t), b, "exec-u")
+	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-u")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 	}
 	legacy(audit.Requested)
 	legacy(audit.Started)
-	if trail, err := audit.Read(testCtx(t), b, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.Requested, audit.Started}) {
+	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.Requested, audit.Started}) {
 		t.Fatalf("legacy trail %v, %v", types(trail), err)
 	}
 	e := newEmitter(t, b, audit.Options{})
@@ -168,7 +168,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{audit.Requested, audit.Started, audit.Completed}
-	trail, err := audit.Read(testCtx(t), b, id)
+	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 	if err != nil || fmt.Sprint(types(trail)) != fmt.Sprint(want) {
 		t.Fatalf("trail across the upgrade %v, %v; want %v", types(trail), err, want)
 	}

@@ -84,7 +84,7 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
 			e.fail(eventCount(m.Data))
-			e.opts.Logger.Warn("audit event not stored", "executionId", m.Header.Get(broker.AuditExecutionHeader),
+			e.opts.Logger.Warn("audit event not stored", "execution", m.Header.Get(broker.AuditExecutionHeader),
 				"events", eventCount(m.Data), "err", err)
 		}))
 	if err != nil {
@@ -132,11 +132,11 @@ func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 // execution's shard: a single event as itself, several as an array of events
 // (see Decode). The message's data is enc's: release enc once it is written.
 func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err error) {
-	id := evs[0].ExecutionID
+	key := evs[0].Key()
 	now := time.Time{}
 	for _, ev := range evs {
-		if ev.ExecutionID != id {
-			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, id, ev.ExecutionID)
+		if k := ev.Key(); k != key {
+			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, key, k)
 		}
 		ev.V = envelope.Version
 		if ev.Timestamp.IsZero() {
@@ -155,8 +155,8 @@ func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err 
 		return nil, enc, err
 	}
 	return &nats.Msg{
-		Subject: e.names.AuditSubject(id),
-		Header:  nats.Header{broker.AuditExecutionHeader: []string{id}},
+		Subject: e.names.AuditSubject(key),
+		Header:  nats.Header{broker.AuditExecutionHeader: []string{key}},
 		Data:    enc.Bytes(),
 	}, enc, nil
 }
@@ -178,7 +178,7 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 		case e.opts.Unacknowledged:
 			err = e.nc.PublishMsg(m)
 		case batch != nil:
-			err = batch.publish(m, len(evs), evs[0].ExecutionID)
+			err = batch.publish(m, len(evs), m.Header.Get(broker.AuditExecutionHeader))
 		default:
 			err = errBatchOff
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -67,6 +68,21 @@ type Event struct {
 	// part of the record.
 	Seq   uint64 `json:"-"`
 	Index int    `json:"-"`
+}
+
+// Key is the key of the event's execution (broker.Key): its principal, the
+// anonymous one when it names none, and its id. An execution's events are
+// stored and read by it, so that another principal's events under the same
+// id are never part of its trail.
+func (ev *Event) Key() string { return broker.Key(ev.principal(), ev.ExecutionID) }
+
+// principal is the event's principal, the anonymous one when it names none
+// (an open server's, or an event of an earlier version).
+func (ev *Event) principal() string {
+	if ev.Principal == "" {
+		return broker.Anonymous
+	}
+	return ev.Principal
 }
 
 // Decode returns the events of one stored audit message, in the order they

@@ -63,7 +63,7 @@ func ExampleRead() {
 	stopWorker()
 	check(<-done)
 
-	trail, err := audit.Read(ctx, c.Broker(), env.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, env.ExecutionID)
 	check(err)
 	for _, ev := range trail {
 		if attempt, ok := ev.Data["attempt"]; ok {

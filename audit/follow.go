@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -13,7 +14,11 @@ import (
 
 // Filter selects events; an empty field matches every event.
 type Filter struct {
-	// ExecutionID narrows the stream's subject to one execution's trail.
+	// Principal keeps the events of one principal's executions. With
+	// ExecutionID, the anonymous principal's when empty.
+	Principal string
+	// ExecutionID narrows the stream's subject to one execution's trail:
+	// Principal's execution of that id.
 	ExecutionID string
 	// CapabilityID, ActorID and Type are not in the subject; they are matched
 	// on each event.
@@ -24,10 +29,20 @@ type Filter struct {
 
 // Match reports whether ev passes the filter.
 func (f Filter) Match(ev *Event) bool {
-	return (f.ExecutionID == "" || ev.ExecutionID == f.ExecutionID) &&
+	return (f.Principal == "" && f.ExecutionID == "" || ev.principal() == f.principal()) &&
+		(f.ExecutionID == "" || ev.ExecutionID == f.ExecutionID) &&
 		(f.CapabilityID == "" || ev.CapabilityID == f.CapabilityID) &&
 		(f.ActorID == "" || ev.Actor.ID == f.ActorID) &&
 		(f.Type == "" || ev.Type == f.Type)
+}
+
+// principal is the filter's principal: the anonymous one when it names an
+// execution without a principal.
+func (f Filter) principal() string {
+	if f.Principal == "" {
+		return broker.Anonymous
+	}
+	return f.Principal
 }
 
 // FollowOption says where following starts. By default it starts with the
@@ -99,8 +114,8 @@ func After(ev Event) FollowOption {
 //
 // With Filter.ExecutionID, Follow reads the execution's shard (see
 // broker.AuditShard) and keeps the execution's events by their
-// Capstan-Execution-Id header, and also the subject stores of earlier
-// versions kept the execution's events on.
+// Capstan-Execution header, and also the shard and the subject stores of
+// earlier versions kept the execution's events on.
 //
 // Follow reads through one ephemeral ordered consumer and deletes it on return.
 func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) error, opts ...FollowOption) error {
@@ -109,7 +124,10 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		if err := envelope.ValidExecutionID(f.ExecutionID); err != nil {
 			return fmt.Errorf("capstan: %w", err)
 		}
-		subjects = trailSubjects(b.Names, f.ExecutionID)
+		if f.Principal != "" && !broker.ValidPrincipal(f.Principal) {
+			return fmt.Errorf("capstan: %q is not a principal", f.Principal)
+		}
+		subjects = trailSubjects(b.Names, f.principal(), f.ExecutionID)
 	}
 	from := followFrom{cfg: jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverNewPolicy}}
 	for _, o := range opts {
@@ -147,7 +165,7 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		if meta, err := m.Metadata(); err == nil {
 			seq = meta.Sequence.Stream
 		}
-		if f.ExecutionID != "" && !ofExecution(m.Headers(), f.ExecutionID) {
+		if f.ExecutionID != "" && !ofExecution(m.Headers(), broker.Key(f.principal(), f.ExecutionID), f.ExecutionID) {
 			continue
 		}
 		evs, err := Decode(m.Data())
@@ -170,22 +188,31 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 	}
 }
 
-// trailSubjects are the subjects executionID's events can be on: its shard,
-// and the one subject per execution of stores written before the shards.
-func trailSubjects(n broker.Names, executionID string) []string {
-	shard, legacy := n.AuditSubject(executionID), n.LegacyAuditSubject(executionID)
-	if shard == legacy {
-		return []string{shard}
+// trailSubjects are the subjects principal's execution executionID's events
+// can be on: the shard of its key, and, for stores of earlier versions, the
+// shard of its id alone and the one subject per execution of stores written
+// before the shards.
+func trailSubjects(n broker.Names, principal, executionID string) []string {
+	subjects := []string{n.AuditSubject(broker.Key(principal, executionID))}
+	for _, s := range []string{n.AuditSubject(executionID), n.LegacyAuditSubject(executionID)} {
+		if !slices.Contains(subjects, s) {
+			subjects = append(subjects, s)
+		}
 	}
-	return []string{shard, legacy}
+	return subjects
 }
 
-// ofExecution reports whether a message's header may name executionID: a
-// message without the header (from an earlier version) is decided by its
-// events' ExecutionID, which Filter.Match checks.
-func ofExecution(h nats.Header, executionID string) bool {
-	v := h.Get(broker.AuditExecutionHeader)
-	return v == "" || v == executionID
+// ofExecution reports whether a message's header may name the execution of
+// key (broker.Key) and id: its Capstan-Execution header, or in a message of
+// an earlier version the Capstan-Execution-Id header, names it; a message
+// with neither (older still) is decided by its events, which Filter.Match
+// and Read check.
+func ofExecution(h nats.Header, key, id string) bool {
+	if v := h.Get(broker.AuditExecutionHeader); v != "" {
+		return v == key
+	}
+	v := h.Get(broker.LegacyAuditExecutionHeader)
+	return v == "" || v == id
 }
 
 // deleteConsumer removes the ordered consumer now rather than when the server

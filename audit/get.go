@@ -50,15 +50,16 @@ const (
 type reader struct {
 	nc     *nats.Conn
 	stream string
-	id     string
+	// key (broker.Key) and id of the execution whose trail it reads.
+	key, id string
 	// direct is false once the stream answered that it has no direct gets.
 	direct bool
 	inbox  string
 	sub    *nats.Subscription
 }
 
-func newReader(b *broker.Broker, executionID string) *reader {
-	return &reader{nc: b.NC, stream: b.Names.AuditStream(), id: executionID, direct: true}
+func newReader(b *broker.Broker, principal, executionID string) *reader {
+	return &reader{nc: b.NC, stream: b.Names.AuditStream(), key: broker.Key(principal, executionID), id: executionID, direct: true}
 }
 
 func (r *reader) close() {

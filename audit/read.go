@@ -47,40 +47,74 @@ func idTime(executionID string) (time.Time, bool) {
 	return time.UnixMilli(ms), true
 }
 
-// Read returns one execution's trail, oldest first, in the order its events
-// were emitted. An execution with no event fails with an error wrapping
-// broker.ErrNotFound.
+// Read returns the trail of principal's execution executionID, oldest first,
+// in the order its events were emitted. An execution with no event fails with
+// an error wrapping broker.ErrNotFound. Executions are scoped by principal:
+// another principal's events under the same id are not part of the trail.
 //
-// The events are on the execution's shard (broker.AuditShard) among those of
-// other executions: Read keeps the ones whose Capstan-Execution-Id header (or,
-// in a message without it, whose event) names the execution. For a UUIDv7 id
-// it reads the shard from the id's time less five seconds, so that a trail
-// costs the same however long the stream is, and stops at the stream's end,
-// or a minute (of stored time) after the event that ends the trail
-// (completed, failed, cancelled, denied, approved or rejected): an event of
-// the execution stored later than that, a request submitted again long after
-// it ended, is in the stream, and Follow finds it, but Read does not return
-// it. A trail waiting for an approval's decision has no end yet: it is read
-// to the stream's end. When the trail's first event (capability.requested)
-// is not among what it read (a client whose clock ran ahead made the id), it
-// reads the minute before, then the hour before, and, when it found some of
-// the trail but not its beginning, the shard from the stream's start. An id
-// with no event from an hour before its time is not found. An id that is not
-// a UUIDv7 reads its shard from the start. The subject stores
-// of earlier versions kept each execution's events on is read too, whenever
-// the trail does not begin on the shard.
+// The events are on the execution's shard (broker.AuditShard of its key)
+// among those of other executions: Read keeps the ones whose
+// Capstan-Execution header names the execution's key (or, in a message of an
+// earlier version, whose events name it). For a UUIDv7 id it reads the shard
+// from the id's time less five seconds, so that a trail costs the same
+// however long the stream is, and stops at the stream's end, or a minute (of
+// stored time) after the event that ends the trail (completed, failed,
+// cancelled, denied, approved or rejected): an event of the execution stored
+// later than that, a request submitted again long after it ended, is in the
+// stream, and Follow finds it, but Read does not return it. A trail waiting
+// for an approval's decision has no end yet: it is read to the stream's end.
+// When the trail's first event (capability.requested) is not among what it
+// read (a client whose clock ran ahead made the id), it reads the minute
+// before, then the hour before, and, when it found some of the trail but not
+// its beginning, the shard from the stream's start. An id with no event from
+// an hour before its time is not found. An id that is not a UUIDv7 reads its
+// shard from the start. Stores of earlier versions are read too: the shard of
+// the id alone when the key's shard has none of the trail, and the subject
+// per execution whenever the trail does not begin on the shards.
 //
 // Read uses direct gets (batched for a recent trail), or message gets on a
 // stream that does not allow direct gets: it creates no consumer and leaves
 // nothing behind.
-func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, error) {
+func Read(ctx context.Context, b *broker.Broker, principal, executionID string) ([]Event, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
-	r := newReader(b, executionID)
+	if !broker.ValidPrincipal(principal) {
+		return nil, fmt.Errorf("capstan: %q is not a principal", principal)
+	}
+	r := newReader(b, principal, executionID)
 	defer r.close()
-	shard := b.Names.AuditSubject(executionID)
-	made, v7 := idTime(executionID)
+	shard := b.Names.AuditSubject(r.key)
+	trail, err := r.read(ctx, shard)
+	if err != nil {
+		return nil, err
+	}
+	if len(trail) == 0 {
+		// Earlier versions sharded by the execution id alone.
+		if old := b.Names.AuditSubject(executionID); old != shard {
+			if trail, err = r.read(ctx, old); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if !begins(trail) {
+		// The subject's own index finds its few messages: one batch.
+		old, err := r.scan(ctx, b.Names.LegacyAuditSubject(executionID), time.Time{}, time.Time{}, false, true)
+		if err != nil {
+			return nil, err
+		}
+		trail = merge(old, trail)
+	}
+	if len(trail) == 0 {
+		return nil, fmt.Errorf("%w: no audit events for execution %s", broker.ErrNotFound, executionID)
+	}
+	return trail, nil
+}
+
+// read returns the execution's events on one shard: from the id's time, and
+// earlier while the trail's beginning is missing (see Read).
+func (r *reader) read(ctx context.Context, shard string) ([]Event, error) {
+	made, v7 := idTime(r.id)
 	from := made.Add(-clockSlack)
 	if !v7 {
 		from = time.Time{}
@@ -88,16 +122,6 @@ func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, e
 	trail, err := r.scan(ctx, shard, from, time.Time{}, true, v7 && time.Since(from) < recentWindow)
 	if err != nil {
 		return nil, err
-	}
-	if !begins(trail) {
-		if legacy := b.Names.LegacyAuditSubject(executionID); legacy != shard {
-			// The subject's own index finds its few messages: one batch.
-			old, err := r.scan(ctx, legacy, time.Time{}, time.Time{}, false, true)
-			if err != nil {
-				return nil, err
-			}
-			trail = merge(old, trail)
-		}
 	}
 	for _, back := range earlier {
 		if begins(trail) || !v7 {
@@ -117,9 +141,6 @@ func Read(ctx context.Context, b *broker.Broker, executionID string) ([]Event, e
 			return nil, err
 		}
 		trail, from = merge(before, trail), start
-	}
-	if len(trail) == 0 {
-		return nil, fmt.Errorf("%w: no audit events for execution %s", broker.ErrNotFound, executionID)
 	}
 	return trail, nil
 }
@@ -174,7 +195,7 @@ func (r *reader) scan(ctx context.Context, subject string, from, until time.Time
 				return trail, nil
 			}
 			seq = m.seq + 1
-			if h := m.header.Get(broker.AuditExecutionHeader); h != "" && h != r.id {
+			if !ofExecution(m.header, r.key, r.id) {
 				continue
 			}
 			evs, err := Decode(m.data)
@@ -182,7 +203,7 @@ func (r *reader) scan(ctx context.Context, subject string, from, until time.Time
 				return nil, fmt.Errorf("%w (stream %s, sequence %d)", err, r.stream, m.seq)
 			}
 			for _, ev := range evs {
-				if ev.ExecutionID != r.id {
+				if ev.Key() != r.key {
 					continue
 				}
 				ev.Seq = m.seq

@@ -19,12 +19,12 @@ import (
 func sameShard(t *testing.T, n int) []string {
 	t.Helper()
 	ids := []string{envelope.NewExecutionID()}
-	shard := broker.AuditShard(ids[0])
+	shard := broker.AuditShard(broker.Key(broker.Anonymous, ids[0]))
 	for tries := 0; len(ids) < n; tries++ {
 		if tries > n*1024*50 {
 			t.Fatalf("found %d ids on shard %s", len(ids), shard)
 		}
-		if id := envelope.NewExecutionID(); broker.AuditShard(id) == shard {
+		if id := envelope.NewExecutionID(); broker.AuditShard(broker.Key(broker.Anonymous, id)) == shard {
 			ids = append(ids, id)
 		}
 	}
@@ -78,7 +78,7 @@ func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
 	}
 	want := fmt.Sprint([]string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed})
 	for _, id := range []string{ids[0], ids[57], ids[119]} {
-		trail, err := audit.Read(testCtx(t), b, id)
+		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +116,7 @@ func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	trail, err := audit.Read(testCtx(t), b, ids[0])
+	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, ids[0])
 	if err != nil || len(trail) != 1 || trail[0].ExecutionID != ids[0] || trail[0].Seq != 2 {
 		t.Fatalf("trail %+v, %v; want the one event at sequence 2", trail, err)
 	}
@@ -144,11 +144,11 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 		}
 	}
 	flush(t, e)
-	if trail, err := audit.Read(testCtx(t), b, tooFar); !errors.Is(err, broker.ErrNotFound) {
+	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, tooFar); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("an id three hours ahead: %v, %v; want not found", types(trail), err)
 	}
 	for _, id := range ids {
-		trail, err := audit.Read(testCtx(t), b, id)
+		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
@@ -180,7 +180,7 @@ func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
 		}
 	}
 	flush(t, e)
-	trail, err := audit.Read(testCtx(t), b, ids[1])
+	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, ids[1])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -281,13 +280,13 @@ func CheckPublish(credsPath, subject string) error {
 func MayPublish(c *jwt.UserClaims, subject string) bool {
 	ok := len(c.Permissions.Pub.Allow) == 0
 	for _, a := range c.Permissions.Pub.Allow {
-		if server.SubjectMatchesFilter(subject, a) {
+		if broker.SubjectMatches(subject, a) {
 			ok = true
 			break
 		}
 	}
 	for _, d := range c.Permissions.Pub.Deny {
-		if server.SubjectMatchesFilter(subject, d) {
+		if broker.SubjectMatches(subject, d) {
 			ok = false
 		}
 	}

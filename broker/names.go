@@ -59,34 +59,43 @@ func (n Names) CapabilityFromSubject(subject string) string {
 // AuditShards is how many subjects the audit stream spreads executions over.
 const AuditShards = 1024
 
-// AuditShard returns the shard of executionID's audit events: three lower-case
-// hex digits, 000 to 3ff, of FNV-1a-32(executionID) mod AuditShards. A fixed
-// set of subjects keeps the server's per-subject index the same size however
-// many executions the stream retains.
-func AuditShard(executionID string) string {
+// AuditShard returns the shard of an execution's audit events: three
+// lower-case hex digits, 000 to 3ff, of FNV-1a-32(key) mod AuditShards, where
+// key is the execution's Key (its principal and id). A fixed set of subjects
+// keeps the server's per-subject index the same size however many executions
+// the stream retains. Stores of earlier versions sharded by the execution id
+// alone: AuditShard(executionID) is that shard.
+func AuditShard(key string) string {
 	const (
 		offset32 = 2166136261
 		prime32  = 16777619
 		digits   = "0123456789abcdef"
 	)
 	h := uint32(offset32)
-	for i := 0; i < len(executionID); i++ {
-		h ^= uint32(executionID[i])
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
 		h *= prime32
 	}
 	s := h % AuditShards
 	return string([]byte{digits[s>>8], digits[s>>4&0xf], digits[s&0xf]})
 }
 
-// AuditSubject carries executionID's audit events, among those of every
-// other execution of its shard (see AuditShard); each message names its
-// execution in the AuditExecutionHeader header.
-func (n Names) AuditSubject(executionID string) string {
-	return n.subject + ".audit." + AuditShard(executionID)
+// AuditSubject carries the audit events of the execution whose Key is key,
+// among those of every other execution of its shard (see AuditShard); each
+// message names its execution in the AuditExecutionHeader header. Given a
+// bare execution id, it is the shard stores of earlier versions used.
+func (n Names) AuditSubject(key string) string {
+	return n.subject + ".audit." + AuditShard(key)
 }
 
-// AuditExecutionHeader names the execution of an audit message.
-const AuditExecutionHeader = "Capstan-Execution-Id"
+// AuditExecutionHeader names the execution of an audit message: its Key,
+// principal and id, so that another principal's events under the same id are
+// never taken for its own.
+const AuditExecutionHeader = "Capstan-Execution"
+
+// LegacyAuditExecutionHeader named the execution of an audit message, by id
+// alone, in stores of versions before executions were scoped by principal.
+const LegacyAuditExecutionHeader = "Capstan-Execution-Id"
 
 // LegacyAuditSubject is where versions before the sharded layout stored
 // executionID's events, one subject per execution; such stores are still read.

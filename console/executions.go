@@ -147,10 +147,11 @@ func listExecutions(ctx context.Context, b *broker.Broker, f execFilter) (rows [
 		if ev.ExecutionID == "" || ev.Type == audit.Discovered {
 			return
 		}
-		e := byID[ev.ExecutionID]
+		// Executions are scoped by principal: two may share an id.
+		e := byID[ev.Key()]
 		if e == nil {
 			e = &execSummary{}
-			byID[ev.ExecutionID] = e
+			byID[ev.Key()] = e
 		}
 		e.apply(ev)
 		if ev.CapabilityID != "" {
@@ -253,7 +254,7 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	d, err := loadExecution(ctx, s, id)
+	d, err := loadExecution(ctx, s, s.owner(r), id)
 	if errors.Is(err, executor.ErrUnknownExecution) {
 		// Not yet, or no longer: a request just submitted has nothing stored
 		// until a worker takes it, so the page waits for it, live.
@@ -271,18 +272,16 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	c.render(w, r, s, "execution", d)
 }
 
-func loadExecution(ctx context.Context, s *session, id string) (*execData, error) {
+// loadExecution reads owner's execution id: executions are scoped by
+// principal (DESIGN §2).
+func loadExecution(ctx context.Context, s *session, owner, id string) (*execData, error) {
 	if s.broker() == nil {
 		return nil, fmt.Errorf("%w: %v", errNotPermitted, s.clientErr)
 	}
 	d := &execData{ID: id}
-	trail, terr := audit.Read(ctx, s.broker(), id)
+	trail, terr := audit.Read(ctx, s.broker(), owner, id)
 	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
 		return nil, terr
-	}
-	owner := ""
-	if len(trail) > 0 {
-		owner = trail[0].Principal
 	}
 	st, err := s.status(ctx, id, owner)
 	switch {
@@ -422,14 +421,14 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
 		return
 	}
-	defer http.Redirect(w, r, "/executions/"+id, http.StatusSeeOther)
+	defer http.Redirect(w, r, "/executions/"+id+"?owner="+s.owner(r), http.StatusSeeOther)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
 	if s.broker() == nil {
 		s.setFlash("error", "Cancel not sent: your principal (%s) may not read executions: %v", s.p.Name, s.clientErr)
 		return
 	}
-	d, err := loadExecution(ctx, s, id)
+	d, err := loadExecution(ctx, s, s.owner(r), id)
 	if err != nil {
 		s.setFlash("error", "Cancel not sent: %v", err)
 		return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 )
 
@@ -148,14 +149,14 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 		http.Error(w, "not an execution id", http.StatusNotFound)
 		return
 	}
-	b := s.broker()
+	b, owner := s.broker(), s.owner(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
 	awaitEnvelope := func() {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
 			// Status reads the envelope under the key the runtime gives it.
-			if st, err := s.status(ctx, id, r.URL.Query().Get("owner")); err == nil && st.Envelope != nil {
+			if st, err := s.status(ctx, id, owner); err == nil && st.Envelope != nil {
 				notify(changed)
 				return
 			}
@@ -167,7 +168,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	}
 	unsub, err := listen(s.feeds.audit, changed, failed, func(v any) bool {
 		ev, ok := v.(audit.Event)
-		if !ok || ev.ExecutionID != id {
+		if !ok || ev.ExecutionID != id || ev.Key() != broker.Key(owner, id) {
 			return false
 		}
 		switch ev.Type {
@@ -183,7 +184,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
-	if trail, err := audit.Read(ctx, b, id); err == nil && trail[len(trail)-1].Seq > after {
+	if trail, err := audit.Read(ctx, b, owner, id); err == nil && trail[len(trail)-1].Seq > after {
 		notify(changed)
 	}
 	// The page may show the last event but not yet the envelope it announced.

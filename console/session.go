@@ -162,6 +162,16 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 				b.Exec = st
 			}
 		}
+		// Whose an execution id is (broker.Owners) takes the buckets whole,
+		// not by key as a client binds them.
+		for _, kv := range []struct {
+			h    *jetstream.KeyValue
+			name string
+		}{{&b.Executions, names.ExecutionsBucket()}, {&b.Envelopes, names.EnvelopesBucket()}} {
+			if whole, err := js.KeyValue(ctx, kv.name); err == nil {
+				*kv.h = whole
+			}
+		}
 		if b.Audit != nil {
 			c.b = &b
 		}
@@ -215,6 +225,27 @@ func (s *session) cancel(ctx context.Context, executionID, owner string) (*execu
 		opts = append(opts, executor.OwnedBy(owner))
 	}
 	return s.client.Cancel(ctx, executionID, opts...)
+}
+
+// owner is the principal whose execution a request names (executions are
+// scoped by principal, DESIGN §2): its owner parameter; else, for an admin,
+// the one principal with an execution of the path's id; else the session's
+// own principal.
+func (s *session) owner(r *http.Request) string {
+	if o := r.URL.Query().Get("owner"); broker.ValidPrincipal(o) {
+		return o
+	}
+	if s.p.open {
+		return broker.Anonymous
+	}
+	if id := r.PathValue("id"); s.p.Admin && s.broker() != nil && envelope.ValidExecutionID(id) == nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if owners, err := broker.Owners(ctx, s.broker(), id); err == nil && len(owners) == 1 {
+			return owners[0]
+		}
+	}
+	return s.p.Name
 }
 
 // status reads an execution's record and envelope; an admin reads another

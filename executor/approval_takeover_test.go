@@ -71,7 +71,7 @@ func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *te
 	n := broker.NewNames("")
 	m := nats.NewMsg(n.ExecSubject(broker.Anonymous, "gate.pay"))
 	m.Data = body
-	m.Header.Set(jetstream.MsgIDHeader, envelope.NewExecutionID())
+	m.Header.Set(jetstream.MsgIDHeader, broker.Key(broker.Anonymous, id)+".second")
 	if _, err := js.PublishMsg(ctxT(t), m); err != nil {
 		t.Fatal(err)
 	}

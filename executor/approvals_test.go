@@ -635,7 +635,7 @@ func approvalTrail(t *testing.T, b *broker.Broker, executionID string, n int) []
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		trail, err := audit.Read(ctx, b, executionID)
+		trail, err := audit.Read(ctx, b, broker.Anonymous, executionID)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}

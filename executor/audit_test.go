@@ -51,7 +51,7 @@ func trailOf(t *testing.T, b *broker.Broker, id string) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		trail, err := audit.Read(ctx, b, id)
+		trail, err := audit.Read(ctx, b, broker.Anonymous, id)
 		if err == nil && isTerminal(trail[len(trail)-1].Type) {
 			return trail
 		}
@@ -684,7 +684,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
-		trail, _ := audit.Read(ctxT(t), c.Broker(), id)
+		trail, _ := audit.Read(ctxT(t), c.Broker(), broker.Anonymous, id)
 		return len(trail) == 2 && trail[1].Type == audit.Started
 	})
 	close(release)

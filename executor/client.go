@@ -60,8 +60,10 @@ type Client struct {
 	// principal is who the server knows this connection as (see
 	// broker.PrincipalOf): every subject it publishes to carries it.
 	principal string
-	cat       *catalog
-	w         *await.Waiters
+	// ids makes the message ids of its requests (broker.MsgIDs).
+	ids broker.MsgIDs
+	cat *catalog
+	w   *await.Waiters
 	// maxStart caps every request's start window (0: the retention was not
 	// readable, no cap).
 	maxStart time.Duration
@@ -106,7 +108,11 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, b: b, principal: principal}
+	ids, err := broker.NewMsgIDs(nc)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, b: b, principal: principal, ids: ids}
 	c.readRetention(ctx)
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	if c.w, err = await.New(b, c.principal, cfg.Logger); err != nil {
@@ -309,7 +315,7 @@ func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
 	}
 	m := nats.NewMsg(subject)
 	m.Data = b
-	m.Header.Set(jetstream.MsgIDHeader, r.ExecutionID)
+	m.Header.Set(jetstream.MsgIDHeader, c.ids.Request(c.principal, r.ExecutionID))
 	return m, nil
 }
 

@@ -80,7 +80,7 @@ func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T)
 	}
 	m := nats.NewMsg(b2.Names.ExecSubject(broker.Anonymous, "demo.echo"))
 	m.Data = req
-	if _, err := b2.JS.PublishMsg(ctx, m, jetstream.WithMsgID(id+"-copy")); err != nil {
+	if _, err := b2.JS.PublishMsg(ctx, m, jetstream.WithMsgID(broker.Key(broker.Anonymous, id)+".copy")); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the worker acknowledges the copy", func() bool {

@@ -79,7 +79,7 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 	for i := range ids {
 		ids[i] = envelope.NewExecutionID()
 		s.publish("test.send", ids[i])
-		s.publishCopy("test.send", ids[i], ids[i]+"-copy")
+		s.publishCopy("test.send", ids[i], broker.Key(broker.Anonymous, ids[i])+".copy")
 	}
 	for _, id := range ids {
 		got := s.await(id)

@@ -59,7 +59,7 @@ func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
 
 	// The same request again, under a message id the duplicate window does
 	// not know.
-	s.publishCopy("test.send", id, id+"-again")
+	s.publishCopy("test.send", id, broker.Key(broker.Anonymous, id)+".again")
 	waitUntil(t, "the second delivery acknowledged as a duplicate", func() bool { return w.Stats().Duplicates == 1 })
 	s.drained()
 	if n := p.calls.Load(); n != 1 {
@@ -115,7 +115,7 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 	id := uuidV7At(time.Now().Add(-time.Minute))
 	s.publish("test.send", id)
 	waitUntil(t, "execution.expired_request on the trail", func() bool {
-		trail, _ := audit.Read(ctxT(t), s.b, id)
+		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
 		return len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
 	})
 	s.drained()
@@ -233,7 +233,7 @@ func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testi
 		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 			return true
 		}
-		trail, _ := audit.Read(ctxT(t), s.b, id)
+		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
 		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
 		return refused
 	})
@@ -270,7 +270,7 @@ func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARene
 			if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 				return true
 			}
-			trail, _ := audit.Read(ctxT(t), s.b, id)
+			trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
 			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
 			return refused
 		})

@@ -108,7 +108,7 @@ func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts [
 	if err == nil {
 		m := nats.NewMsg(c.b.Names.UnroutedSubject(c.principal))
 		m.Data = b
-		m.Header.Set(jetstream.MsgIDHeader, r.ExecutionID)
+		m.Header.Set(jetstream.MsgIDHeader, c.ids.Request(c.principal, r.ExecutionID))
 		err = c.publish(ctx, m)
 	}
 	end(nil, err)

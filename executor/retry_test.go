@@ -609,7 +609,7 @@ func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		evs, err := audit.Read(ctx, c.Broker(), executionID)
+		evs, err := audit.Read(ctx, c.Broker(), broker.Anonymous, executionID)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}

@@ -61,7 +61,8 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 	t.Helper()
 	b := c.Broker()
 	ctx := ctxT(t)
-	cons, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{b.Names.AuditSubject(id)}})
+	key := broker.Key(c.Principal(), id)
+	cons, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{b.Names.AuditSubject(key)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 		// The batch is read to its end so that no fetch outlives the test.
 		for m := range batch.Messages() {
 			// The subject is the id's shard: other executions' events too.
-			if m.Headers().Get(broker.AuditExecutionHeader) != id {
+			if m.Headers().Get(broker.AuditExecutionHeader) != key {
 				continue
 			}
 			msgEvs, err := audit.Decode(m.Data())

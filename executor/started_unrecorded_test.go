@@ -190,7 +190,7 @@ func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 	lostConn.Close() // the worker is lost mid-attempt; its pool is down
 	s.waitRecordGone(id)
 
-	s.publishCopy("test.send", id, id+"-again")
+	s.publishCopy("test.send", id, broker.Key(broker.Anonymous, id)+".again")
 	s.runWorker(env.Connect(t), wcfg, sendCap(&p))
 	got := s.await(id)
 	if n := p.calls.Load(); n != 1 {
@@ -227,7 +227,7 @@ func TestStartDeadline_EndedRequestDeliveredAgain_AuditedAsADuplicate(t *testing
 	}
 	m := nats.NewMsg(subject)
 	m.Data = data
-	m.Header.Set(jetstream.MsgIDHeader, req.ExecutionID+"-again")
+	m.Header.Set(jetstream.MsgIDHeader, broker.Key(broker.Anonymous, req.ExecutionID)+".again")
 	if _, err := s.b.JS.PublishMsg(ctxT(t), m); err != nil {
 		t.Fatal(err)
 	}

@@ -120,7 +120,7 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 		u, tag := id[:uuidLen], id[uuidLen+1:]
 		return subtle.ConstantTimeCompare([]byte(tag), []byte(actorTag(actor, u))) == 1
 	}
-	trail, err := audit.Read(ctx, b.c.Broker(), id)
+	trail, err := audit.Read(ctx, b.c.Broker(), b.c.Principal(), id)
 	if err != nil {
 		return false
 	}

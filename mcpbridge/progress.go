@@ -74,7 +74,7 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 			p.poll(ctx, b, executionID, func() { once.Do(func() { close(last) }) })
 			return
 		}
-		err := audit.Follow(ctx, b.c.Broker(), audit.Filter{ExecutionID: executionID}, func(ev audit.Event) error {
+		err := audit.Follow(ctx, b.c.Broker(), audit.Filter{Principal: b.c.Principal(), ExecutionID: executionID}, func(ev audit.Event) error {
 			if msg := stepOf(ev); msg != "" {
 				p.send(ctx, msg)
 			}

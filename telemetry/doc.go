@@ -6,12 +6,19 @@
 // /metrics, and, in one process per deployment, [Telemetry.Watch] the broker
 // for the queues and the pending approvals:
 //
-//	tp, shutdown, err := telemetry.TracingFromEnv(ctx, "payments-worker") // OTLP when OTEL_* say so
-//	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
+//	tel := telemetry.New(telemetry.Options{TracerProvider: tp}) // tp: yours, or nil for metrics only
 //	tel.Watch(b, 0)
 //	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
 //	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel})
 //	http.Handle("/metrics", tel.Handler())
+//
+// As OpenTelemetry asks of a library, the package takes a
+// trace.TracerProvider and never chooses an exporter: it links the
+// OpenTelemetry API, not its SDK, OTLP or gRPC. The program builds the
+// provider with the exporter it wants; package telemetry/otlp builds one from the
+// OTEL_* variables, as the capstan command does, and is the only part of
+// capstan that links the OTLP exporters. Metrics go to a Prometheus registry
+// (Options.Registry, or one of its own).
 //
 // # Metrics
 //
@@ -48,8 +55,8 @@
 // "attempt N" per attempt (the handler's context carries it, so the
 // handler's own spans join the trace) and "finalize". The audit events of the execution carry the trace id.
 //
-// [TracingFromEnv] reads the standard OTEL_* variables; when none asks for an
-// exporter, there is no provider, no span is started, nothing is exported,
+// With no TracerProvider (otlp.TracingFromEnv returns none when no OTEL_*
+// variable asks for an exporter), no span is started, nothing is exported,
 // and an execution costs its observer the metrics' updates only (a few µs and
 // 7 allocations; see BenchmarkObserver_PerExecution and the README).
 package telemetry

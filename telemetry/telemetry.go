@@ -24,9 +24,10 @@ type Options struct {
 	// Registry receives the metrics. Default: a new registry with the Go
 	// runtime's and the process's collectors, served by Handler.
 	Registry *prometheus.Registry
-	// TracerProvider starts the spans (TracingFromEnv's, or
-	// otel.GetTracerProvider() to use the global one). Default: none, and no
-	// span is started: tracing off costs nothing beyond the metrics.
+	// TracerProvider starts the spans: the program's own, with the exporter
+	// it chose (otlp.TracingFromEnv's, say), or otel.GetTracerProvider() to
+	// use the global one. Default: none, and no span is started: tracing off
+	// costs nothing beyond the metrics.
 	TracerProvider trace.TracerProvider
 	// MaxCapabilities bounds the distinct values of the capability label
 	// (default 1000); past it, new ids count as "_other".

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/observe"
@@ -93,7 +94,7 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 		t.Errorf("queue wait's parent is %q, want the client's span", byID[p].Name)
 	}
 
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
 	}
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 	for _, s := range spans.GetSpans() {
 		t.Errorf("the worker recorded span %q of a call its client did not sample", s.Name)
 	}
-	trail, err := audit.Read(ctx, c.Broker(), e.ExecutionID)
+	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +25,7 @@ func runAudit(args []string) int {
 	fs.StringVar(&f.CapabilityID, "capability", "", "only events of this capability `id`")
 	fs.StringVar(&f.Type, "type", "", "only events of this `type`, e.g. capability.denied")
 	fs.StringVar(&f.ActorID, "actor", "", "only events of this actor `id`")
+	fs.StringVar(&f.Principal, "owner", "", "the `principal` whose execution it is, or whose events to follow (executions are scoped by principal; default with an ID: the one principal that has an execution of that id, else the caller's own)")
 	var since longDuration
 	fs.Var(&since, "since", "with --follow and no ID: begin with the events of the last `duration` (e.g. 10m, 2d) instead of new ones")
 	pos, code, ok := parseFlags(fs, args, -1)
@@ -58,6 +61,15 @@ func runAudit(args []string) int {
 		return usageError("%v", err)
 	}
 
+	if f.ExecutionID != "" && f.Principal == "" {
+		octx, cancel := context.WithTimeout(ctx, submitTimeout)
+		f.Principal, err = ownerOf(octx, b, broker.PrincipalOf(nc, b.Names), f.ExecutionID)
+		cancel()
+		if err != nil {
+			return usageError("audit: %v", err)
+		}
+	}
+
 	out := json.NewEncoder(os.Stdout)
 	out.SetEscapeHTML(false)
 	write := func(ev audit.Event) error { return out.Encode(ev) }
@@ -72,7 +84,7 @@ func runAudit(args []string) int {
 	if !*follow {
 		rctx, cancel := context.WithTimeout(ctx, submitTimeout)
 		defer cancel()
-		trail, err := audit.Read(rctx, b, f.ExecutionID)
+		trail, err := audit.Read(rctx, b, f.Principal, f.ExecutionID)
 		if errors.Is(err, broker.ErrNotFound) {
 			return fail(exitFailed, "%v", err)
 		}
@@ -101,6 +113,21 @@ func runAudit(args []string) int {
 		return fail(exitFailed, "audit: %v", err)
 	}
 	return exitOK
+}
+
+// ownerOf is the principal whose execution id is, for a caller that did not
+// name one: the one principal with a record or an envelope of that id (what
+// an admin reads), else self. Ids are unique per principal only (DESIGN §2):
+// several owners must be told apart with --owner.
+func ownerOf(ctx context.Context, b *broker.Broker, self, id string) (string, error) {
+	owners, err := broker.Owners(ctx, b, id)
+	switch {
+	case err != nil || len(owners) == 0 || slices.Contains(owners, self):
+		return self, nil // not an admin's credentials, or none found: the caller's own
+	case len(owners) == 1:
+		return owners[0], nil
+	}
+	return "", fmt.Errorf("execution %s exists for several principals (%s): name one with --owner", id, strings.Join(owners, ", "))
 }
 
 // longDuration is a flag value that takes Go durations and whole days: 90d.

@@ -124,7 +124,7 @@ func publishCopy(t *testing.T, js jetstream.JetStream, id, capabilityID, input, 
 	m.Data = b
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	defer cancel()
-	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id+"-"+tag)); err != nil {
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(broker.Key(broker.Anonymous, id)+"."+tag)); err != nil {
 		t.Fatalf("publish a copy of %s: %v", id, err)
 	}
 }

@@ -8,15 +8,17 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/telemetry"
+	"github.com/capstan-dev/capstan/telemetry/otlp"
 )
 
 // startTelemetry gives a worker process (dev, worker) its metrics and traces:
-// traces when the OTEL_* variables ask for an exporter, metrics on
+// traces over OTLP when the OTEL_* variables ask for an exporter (the
+// command chooses the exporter; package telemetry never does), metrics on
 // metricsAddr's /metrics when it is set (with the pools' queues and the
 // pending approvals read from b). It returns nil when neither is asked for,
 // and the function that flushes and stops them.
 func startTelemetry(ctx context.Context, service, metricsAddr string, b *broker.Broker, log *slog.Logger) (*telemetry.Telemetry, func(), error) {
-	tp, stopTracing, err := telemetry.TracingFromEnv(ctx, service)
+	tp, stopTracing, err := otlp.TracingFromEnv(ctx, service)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -49,7 +51,7 @@ func startTelemetry(ctx context.Context, service, metricsAddr string, b *broker.
 // clientTelemetry traces a command's calls when the OTEL_* variables ask
 // for an exporter; it returns nil otherwise.
 func clientTelemetry(name string) (*telemetry.Telemetry, func()) {
-	tp, stopTracing, err := telemetry.TracingFromEnv(context.Background(), "capstan "+name)
+	tp, stopTracing, err := otlp.TracingFromEnv(context.Background(), "capstan "+name)
 	if err != nil {
 		fail(0, "warning: traces off: %v", err)
 		return nil, func() {}

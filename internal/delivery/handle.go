@@ -20,11 +20,36 @@ func (w *Runner) decode(msg jetstream.Msg) (*envelope.Request, string, bool) {
 		w.undecodable(msg, err)
 		return nil, "", false
 	}
+	principal := w.principalOf(msg)
+	if id := msgID(msg); !broker.MsgIDNames(id, principal, req.ExecutionID) {
+		// Message ids are scoped by principal (DESIGN §2): one that names
+		// another execution is a forgery or a broken client. Refused before
+		// anything of it runs; its own execution, if nothing else ends it,
+		// ends INPUT_INVALID.
+		w.refuseUnrun(msg, principal, req.ExecutionID, req.CapabilityID,
+			"The request's message id does not name its execution.", "misnamed",
+			"request's message id does not name its execution: refused", "msgId", id)
+		return nil, "", false
+	}
+	return req, principal, true
+}
+
+// principalOf is the principal a delivery's subject names (an open server's
+// requests are the anonymous principal's).
+func (w *Runner) principalOf(msg jetstream.Msg) string {
 	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
 	if principal == "" {
 		principal = broker.Anonymous
 	}
-	return req, principal, true
+	return principal
+}
+
+// msgID is a delivery's Nats-Msg-Id header.
+func msgID(msg jetstream.Msg) string {
+	if h := msg.Headers(); h != nil {
+		return h.Get(jetstream.MsgIDHeader)
+	}
+	return ""
 }
 
 // handle decides what one delivery means (DESIGN §5) and acts on it.
@@ -279,7 +304,7 @@ func (x *Execution) checkedFresh() bool {
 	}
 	if env != nil || err != nil {
 		x.stopLease()
-		x.w.duplicate(x.msg, x.req, x.rec.Worker)
+		x.w.duplicate(x.msg, x.principal, x.req, x.rec.Worker)
 		return false
 	}
 	if made, ok := envelope.ExecutionIDTime(x.req.ExecutionID); ok && x.w.olderThanRetention(made) {
@@ -376,7 +401,7 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 	if errors.Is(err, envelope.ErrDecode) {
 		// An envelope is there, whatever it holds: never a new attempt.
 		w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
-		w.duplicate(x.msg, x.req, rec.Worker)
+		w.duplicate(x.msg, x.principal, x.req, rec.Worker)
 		return
 	}
 	if err != nil {
@@ -392,11 +417,11 @@ func (x *Execution) decide(rec *Record, rev uint64) {
 		return
 	}
 	if env != nil || rec.State == StateFinalized {
-		w.duplicate(x.msg, x.req, rec.Worker)
+		w.duplicate(x.msg, x.principal, x.req, rec.Worker)
 		return
 	}
 	if field := rec.Conflict(x.req, x.inputHash); field != "" {
-		w.conflict(x.msg, x.req, rec, field)
+		w.conflict(x.msg, x.principal, x.req, rec, field)
 		return
 	}
 	now := time.Now().UTC()
@@ -519,46 +544,49 @@ func (x *Execution) envelope() (*envelope.Envelope, error) {
 
 // duplicate acknowledges a delivery of an execution that is already finalized:
 // never a new attempt.
-func (w *Runner) duplicate(msg jetstream.Msg, req *envelope.Request, finalizedBy string) {
-	w.auditDuplicate(req, map[string]any{"finalizedBy": finalizedBy})
+func (w *Runner) duplicate(msg jetstream.Msg, principal string, req *envelope.Request, finalizedBy string) {
+	w.auditDuplicate(principal, req, map[string]any{"finalizedBy": finalizedBy})
 	ackSync(msg)
 }
 
 // auditDuplicate audits a delivery that runs nothing (an execution already
 // finalized, a request its execution was not claimed for) with data:
 // execution.duplicate_delivery, never a second call.
-func (w *Runner) auditDuplicate(req *envelope.Request, data map[string]any) {
+func (w *Runner) auditDuplicate(principal string, req *envelope.Request, data map[string]any) {
 	w.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
 // undecodable terminates a message that is not a request: it must not be
-// redelivered forever. With a usable execution id header, it is finalized as
-// INPUT_INVALID so that its caller is not left waiting.
+// redelivered forever. With a usable execution id in its message id, it is
+// finalized as INPUT_INVALID so that its caller is not left waiting.
 func (w *Runner) undecodable(msg jetstream.Msg, derr error) {
-	id := ""
-	if h := msg.Headers(); h != nil {
-		id = h.Get("Nats-Msg-Id")
-	}
-	w.log.Warn("request does not decode: terminated", "subject", msg.Subject(), "executionId", id, "err", derr)
+	principal := w.principalOf(msg)
+	w.refuseUnrun(msg, principal, broker.ExecutionOfMsgID(msgID(msg), principal),
+		w.b.Names.CapabilityFromSubject(msg.Subject()), "The request could not be decoded.", "undecodable",
+		"request does not decode: terminated", "err", derr)
+}
+
+// refuseUnrun ends a delivery that must never run (a message that is no
+// request, or whose message id names another execution), logging why with
+// logAttrs: when id is a usable execution id, its execution is finalized
+// INPUT_INVALID with message, unless something else ended it; the message is
+// terminated once that is so.
+func (w *Runner) refuseUnrun(msg jetstream.Msg, principal, id, capID, message, reason, logMsg string, logAttrs ...any) {
+	w.log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
 	if envelope.ValidExecutionID(id) == nil {
-		capID := w.b.Names.CapabilityFromSubject(msg.Subject())
 		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
-				Message: "The request could not be decoded."}}
-		principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
-		if principal == "" {
-			principal = broker.Anonymous
-		}
+				Message: message}}
 		x := &Execution{w: w, msg: msg, req: &envelope.Request{ExecutionID: id, CapabilityID: capID},
 			principal: principal, key: broker.Key(principal, id)}
-		if !w.endWithoutRun(msg, x, env, "undecodable") {
+		if !w.endWithoutRun(msg, x, env, reason) {
 			return // its envelope is not written yet: not terminated
 		}
 	}
-	_ = msg.TermWithReason("request does not decode")
+	_ = msg.TermWithReason(logMsg)
 }
 
 // endWithoutRun ends a delivery whose request is refused before it can run
@@ -605,7 +633,7 @@ func (w *Runner) endedBefore(x *Execution) (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	w.auditDuplicate(x.req, map[string]any{"finalizedBy": finalizedBy})
+	w.auditDuplicate(x.principal, x.req, map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 
@@ -728,7 +756,7 @@ func (w *Runner) handleUnrouted(msg jetstream.Msg) {
 		ctx, cancel := StoreContext()
 		defer cancel()
 		if _, err := w.b.JS.Publish(ctx, w.b.Names.ExecSubject(principal, req.CapabilityID), fwd,
-			jetstream.WithMsgID(req.ExecutionID+"-fwd")); err != nil {
+			jetstream.WithMsgID(w.ids.Forward(principal, req.ExecutionID))); err != nil {
 			nak(msg, time.Second)
 			return
 		}

@@ -65,6 +65,9 @@ type Runner struct {
 	cfg   Config
 	log   *slog.Logger
 
+	// ids makes the message ids of the requests it forwards.
+	ids broker.MsgIDs
+
 	mu       sync.Mutex
 	inflight map[string]*Execution
 
@@ -95,6 +98,12 @@ var (
 // NewRunner returns the machinery of one worker. Its context ends with Stop.
 func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 	w := &Runner{nc: nc, cfg: cfg, log: log, inflight: make(map[string]*Execution)}
+	var err error
+	if w.ids, err = broker.NewMsgIDs(nc); err != nil {
+		// The connection signed its own authentication; a key that cannot
+		// sign now leaves forwards' message ids without a tag.
+		log.Warn("message ids of forwarded requests carry no tag", "err", err)
+	}
 	w.base, w.baseCancel = context.WithCancelCause(context.Background())
 	return w
 }
@@ -311,10 +320,10 @@ func ackSync(msg jetstream.Msg) {
 // field that differs), and audits it as a duplicate delivery with the field
 // and the record's capability. Nothing of the execution changes: the request
 // the record names still decides it.
-func (w *Runner) conflict(msg jetstream.Msg, req *envelope.Request, rec *Record, field string) {
+func (w *Runner) conflict(msg jetstream.Msg, principal string, req *envelope.Request, rec *Record, field string) {
 	w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
 		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	w.auditDuplicate(req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
+	w.auditDuplicate(principal, req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
 	ackSync(msg)
 }
 

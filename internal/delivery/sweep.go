@@ -11,7 +11,6 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -212,7 +211,7 @@ func everDelivered(reach []consumerReach, subject string, seq uint64) bool {
 			continue
 		}
 		for _, f := range c.filters {
-			if server.SubjectMatchesFilter(subject, f) {
+			if broker.SubjectMatches(subject, f) {
 				return true
 			}
 		}

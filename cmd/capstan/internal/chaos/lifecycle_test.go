@@ -22,8 +22,17 @@ import (
 // request ends, once, when workers share an id and when nobody will ever
 // serve it.
 
-// copySuffix ends the message id of a request's copy.
+// copySuffix ends the message id of a request's copy: a tag of its own, or
+// the end of its tag (DESIGN §2).
 const copySuffix = "-copy"
+
+// copyID is the message id of a copy of the request whose message id is id.
+func copyID(id string) string {
+	if strings.Count(id, ".") < 2 {
+		return id + "." + copySuffix[1:] // the key alone: a tag of its own
+	}
+	return id + copySuffix
+}
 
 // duplicator stores a second message of every other request published on
 // subject, under its own message id: a duplicated delivery of the same
@@ -41,7 +50,7 @@ func duplicate(t *testing.T, nc *nats.Conn, js jetstream.JetStream, subject stri
 	d := &duplicator{copied: map[string]bool{}}
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		id := m.Header.Get(jetstream.MsgIDHeader)
-		if id == "" || strings.HasSuffix(id, copySuffix) {
+		if id == "" || strings.HasSuffix(id, copySuffix) || strings.HasSuffix(id, "."+copySuffix[1:]) {
 			return
 		}
 		d.mu.Lock()
@@ -60,7 +69,7 @@ func duplicate(t *testing.T, nc *nats.Conn, js jetstream.JetStream, subject stri
 		for k, v := range m.Header {
 			cp.Header[k] = append([]string(nil), v...)
 		}
-		cp.Header.Set(jetstream.MsgIDHeader, id+copySuffix)
+		cp.Header.Set(jetstream.MsgIDHeader, copyID(id))
 		// Publish from another goroutine: this one delivers the
 		// subscription's messages.
 		go func() {

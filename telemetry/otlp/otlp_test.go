@@ -1,12 +1,17 @@
-package telemetry_test
+package otlp_test
 
 import (
+	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 
-	"github.com/capstan-dev/capstan/telemetry"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
+
+	"github.com/capstan-dev/capstan/telemetry/otlp"
 )
 
 // Without OTEL_* variables asking for an exporter there is no provider and
@@ -35,7 +40,7 @@ func TestTracingFromEnv_ExportsOnlyWhenAskedTo(t *testing.T) {
 		for k, v := range env {
 			t.Setenv(k, v)
 		}
-		tp, shutdown, err := telemetry.TracingFromEnv(ctx, "capstan-test")
+		tp, shutdown, err := otlp.TracingFromEnv(ctx, "capstan-test")
 		if err != nil || tp != nil {
 			t.Fatalf("%v: provider %v, err %v; want none", env, tp, err)
 		}
@@ -52,7 +57,7 @@ func TestTracingFromEnv_ExportsOnlyWhenAskedTo(t *testing.T) {
 		for k, v := range env {
 			t.Setenv(k, v)
 		}
-		if _, _, err := telemetry.TracingFromEnv(ctx, "capstan-test"); err == nil {
+		if _, _, err := otlp.TracingFromEnv(ctx, "capstan-test"); err == nil {
 			t.Errorf("%v: no error", env)
 		}
 		for k := range env {
@@ -64,7 +69,7 @@ func TestTracingFromEnv_ExportsOnlyWhenAskedTo(t *testing.T) {
 	}
 
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
-	tp, shutdown, err := telemetry.TracingFromEnv(ctx, "capstan-test")
+	tp, shutdown, err := otlp.TracingFromEnv(ctx, "capstan-test")
 	if err != nil || tp == nil {
 		t.Fatalf("provider %v, err %v", tp, err)
 	}
@@ -76,4 +81,51 @@ func TestTracingFromEnv_ExportsOnlyWhenAskedTo(t *testing.T) {
 	if posts.Load() == 0 {
 		t.Fatal("the span never reached the OTLP endpoint")
 	}
+}
+
+// OTEL_EXPORTER_OTLP_PROTOCOL=grpc exports over gRPC.
+func TestTracingFromEnv_GRPCWhenAskedFor(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	collector := &traceCollector{}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, collector)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	for k, v := range map[string]string{"OTEL_SDK_DISABLED": "", "OTEL_TRACES_EXPORTER": "",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + lis.Addr().String(), "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+		"OTEL_EXPORTER_OTLP_INSECURE": "true"} {
+		t.Setenv(k, v)
+	}
+	ctx := ctxT(t)
+	tp, shutdown, err := otlp.TracingFromEnv(ctx, "capstan-test")
+	if err != nil || tp == nil {
+		t.Fatalf("provider %v, err %v", tp, err)
+	}
+	_, span := tp.Tracer("test").Start(ctx, "one")
+	span.End()
+	if err := shutdown(ctx); err != nil { // flushes
+		t.Fatal(err)
+	}
+	if got := collector.spans.Load(); got != 1 {
+		t.Fatalf("the gRPC collector received %d spans, want 1", got)
+	}
+}
+
+// traceCollector counts the spans exported to it over gRPC.
+type traceCollector struct {
+	coltracepb.UnimplementedTraceServiceServer
+	spans atomic.Int64
+}
+
+func (c *traceCollector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			c.spans.Add(int64(len(ss.Spans)))
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
 }

@@ -1,4 +1,4 @@
-package telemetry
+package otlp
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // OpenTelemetry environment variables, and the function that flushes and
 // stops it.
 //
-// Nothing is exported, and the provider is nil (Options.TracerProvider's
+// Nothing is exported, and the provider is nil (telemetry.Options'
 // "tracing off"), unless
 // OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
 // OTEL_TRACES_EXPORTER=otlp is set; OTEL_TRACES_EXPORTER=none and
