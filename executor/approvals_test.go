@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -468,27 +469,12 @@ func runApprovalWorker(t *testing.T, env *testenv.Env, name string, cfg executor
 		t.Fatal(err)
 	}
 	cfg.ID = name
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	waitServing(t, nc, caps[0].ID())
+	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg))
 	waitProcessesServing(t, env.Server, name)
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-			nc.Close()
-		})
+	return func() {
+		w.Stop()
+		nc.Close()
 	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // A static approval rule with its own reason and TTL; an input with no

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -434,30 +435,8 @@ func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(env.Connect(t), reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	wait := ctxT(t)
-	for {
-		if _, err := c.Broker().Catalog.Get(wait, caps[0].ID()); err == nil {
-			return c, w
-		}
-		select {
-		case <-wait.Done():
-			t.Fatalf("no worker serves %s", caps[0].ID())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	w := capstantest.Worker(t, reg, capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
+	return c, w.Worker
 }
 
 func TestStrictAudit_UnavailableTrailFailsTheExecutionBeforeTheHandler(t *testing.T) {

@@ -3,7 +3,6 @@ package executor_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,34 +16,11 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// runWorker is startWorker with a stop the test may call before it ends.
+// runWorker is startWorker with a stop the test may call before it ends; it
+// returns once the worker also answers control requests.
 func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (*executor.Worker, func()) {
 	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	trackWorker(t, w)
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	for _, c := range caps {
-		waitServing(t, nc, c.ID())
-	}
+	w := runWorkerOn(t, nc, cfg, caps...)
 	// Control requests are served once the worker pulls from its pool.
 	c := newClient(t, nc)
 	waitUntil(t, "the worker answers describe", func() bool {
@@ -54,7 +30,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 		}
 		return err == nil
 	})
-	return w, stop
+	return w.Worker, w.Stop
 }
 
 // waitState waits until the execution's record is in state.

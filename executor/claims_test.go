@@ -884,30 +884,7 @@ func (s *store) waitFilter(consumer, subject string) {
 // startWorkerUntil runs a worker and returns the function that stops it.
 func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) func() {
 	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	trackWorker(t, w)
-	waitServing(t, nc, caps[0].ID())
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return runWorkerOn(t, nc, cfg, caps...).Stop
 }
 
 // A worker whose lease ran out while its handler ran, and whose execution

@@ -419,42 +419,10 @@ func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 }
 
 // runWorker runs a worker until the test ends (or stop is called) and waits
-// until the catalog s reads lists its first capability.
+// until the catalog lists its capabilities.
 func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
-	t := s.t
-	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	wait := ctxT(t)
-	for {
-		if _, err := s.b.Catalog.Get(wait, caps[0].ID()); err == nil {
-			return stop
-		}
-		select {
-		case <-wait.Done():
-			t.Fatalf("no worker serves %s", caps[0].ID())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	s.t.Helper()
+	return runWorkerOn(s.t, nc, cfg, caps...).Stop
 }
 
 // A capability that no live worker serves any more lapses from the catalog:
