@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -129,17 +130,7 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 		t.Fatal(err)
 	}
 	nc := f.env.Connect(t)
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stopWait := func() { once.Do(func() { stop(); <-done }) }
-	t.Cleanup(stopWait)
-	// Serving once describe answers and lists the worker's capabilities.
+	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(executor.WorkerConfig{Pool: pool}))
 	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +148,7 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 	for {
 		d, err := c.Describe(ctx2, executor.SurfaceMCP, alice, executor.Scope{})
 		if err == nil && listsAll(d, want) {
-			return stopWait
+			return w.Stop
 		}
 		if !errors.Is(err, executor.ErrNoWorkers) && err != nil {
 			t.Fatal(err)
