@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -120,32 +121,8 @@ func (r *rig) startWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "forge"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	wait := testCtx(t)
-	for _, id := range []string{"t.echo", "t.send", "t.refund"} {
-		for {
-			if _, err := r.admin.Catalog.Get(wait, id); err == nil {
-				break
-			}
-			select {
-			case <-wait.Done():
-				t.Fatalf("no worker serves %s", id)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}
+	capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "forge"}))
 }
 
 // client returns principal's client and a collector of the server's refusals.

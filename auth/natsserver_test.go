@@ -15,6 +15,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -112,14 +113,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(connectWhenUp(t, ctx, url, setup, auth.WorkerPrincipal), reg, executor.WorkerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { stop(); <-done }()
+	capstantest.Worker(t, reg, capstantest.WithConn(connectWhenUp(t, ctx, url, setup, auth.WorkerPrincipal)))
 	c, err := executor.NewClient(alice, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "alice"}})
 	if err != nil {
 		t.Fatal(err)
