@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -119,37 +120,8 @@ func TestDemo_WorkerCallsRecordedPerAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(js.Conn(), reg, executor.WorkerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	c, err := executor.NewClient(js.Conn(), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	// The worker publishes its catalog as it starts.
-	for _, id := range []string{"demo.echo", "demo.flaky"} {
-		for {
-			if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the worker never served %s", id)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}
+	w := capstantest.Worker(t, reg, capstantest.WithConn(js.Conn()))
+	c := w.Client(t, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "test"}})
 
 	echo, err := c.Call(ctx, "demo.echo", map[string]any{"a": 1})
 	if err != nil || echo.Status != envelope.StatusCompleted {
