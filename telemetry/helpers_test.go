@@ -72,23 +72,6 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 	return capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg)).Stop
 }
 
-// waitServing waits until the catalog lists id, which a worker writes at start.
-func waitServing(t testing.TB, nc *nats.Conn, id string) {
-	t.Helper()
-	c := newClient(t, nc, executor.ClientConfig{})
-	ctx := ctxT(t)
-	for {
-		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no worker serves %s", id)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 func newClient(t testing.TB, nc *nats.Conn, cfg executor.ClientConfig) *executor.Client {
 	t.Helper()
 	cfg.Actor = alice
