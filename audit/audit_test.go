@@ -18,6 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }
 

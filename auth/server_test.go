@@ -20,7 +20,10 @@ import (
 	"github.com/capstan-dev/capstan/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
+	goleak.VerifyTestMain(m)
+}
 
 // violations collects the permission errors the server reports to a connection.
 type violations struct {

@@ -15,7 +15,10 @@ import (
 )
 
 // Every worker, client and server a test started is gone when the tests end.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
+	goleak.VerifyTestMain(m)
+}
 
 var ada = envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
 

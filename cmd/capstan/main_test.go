@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
 
@@ -24,6 +25,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	dir, err := os.MkdirTemp("", "capstan-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
