@@ -293,15 +293,18 @@ func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 		}
 	}
 	for _, name := range names {
-		args := strings.Fields(name)
-		stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
-		if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
-			t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-		}
-		stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
-		if code != exitUsage || stdout != "" ||
-			!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
-			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := strings.Fields(name)
+			stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
+			if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
+				t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+			stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
+			if code != exitUsage || stdout != "" ||
+				!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
+				t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+		})
 	}
 }
