@@ -410,6 +410,7 @@ func TestTakeoverTable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			env := testenv.Start(t)
 			s := newStore(t, env)
 			id := envelope.NewExecutionID()

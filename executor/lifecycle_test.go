@@ -107,6 +107,7 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 	t.Parallel()
 	t.Run("TakenOverByAnotherClaim", func(t *testing.T) {
+		t.Parallel()
 		env := testenv.Start(t)
 		s := newStore(t, env)
 		var p probe
@@ -138,6 +139,7 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 		}
 	})
 	t.Run("CutOffFromTheStore", func(t *testing.T) {
+		t.Parallel()
 		env := testenv.Start(t)
 		s := newStore(t, env)
 		var p probe

@@ -72,6 +72,7 @@ func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *test
 	t.Parallel()
 	for _, kind := range []string{"resume-refused", "undecodable"} {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			env := testenv.Start(t)
 			s := newStore(t, env)
 			var p probe
