@@ -9,11 +9,13 @@
 //
 // An input means what encoding/json makes of it: agents and the CLI send JSON
 // (which reaches the worker as msgpack holding only what JSON holds), Go
-// clients msgpack of their own types, and the check accepts both forms. A
-// checked input is rewritten as JSON along its shape and decoded by
-// encoding/json (inputjson.go), so that times, durations, every number width,
-// base64 bytes and types with their own JSON or text decoder arrive as the
-// handler declares them; schemajson.go describes those forms.
+// clients msgpack of their own types, and the check accepts both forms. The
+// one walk that checks an input also rewrites it as JSON along its shape
+// (inputWalk: one descent, checking alone or checking and writing), and an
+// input without issues is decoded from that JSON by encoding/json
+// (inputjson.go), so that times, durations, every number width, base64 bytes
+// and types with their own JSON or text decoder arrive as the handler
+// declares them; schemajson.go describes those forms.
 package inputcheck
 
 import (

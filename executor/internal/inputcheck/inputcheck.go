@@ -3,6 +3,7 @@ package inputcheck
 import (
 	"encoding"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -19,13 +20,15 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Stage 5 decodes an input in two steps. A check walks the msgpack bytes
-// against a shape compiled once per Go input type and collects every issue with
-// its path; only an input without issues is then decoded by the msgpack
-// library. The check runs on every input, not only on failures: the library
-// silently truncates integers that do not fit (300 into an int8, -1 into a
-// uint8) and reads an array into a struct by position, and an input must not
-// mean something else than what the caller sent. The check allocates nothing
+// Stage 5 checks and decodes an input in one walk. The walk reads the
+// msgpack bytes against a shape compiled once per Go input type, collects
+// every issue with its path, and, for an input type encoding/json decodes,
+// writes the value as the JSON encoding/json reads into that type (see
+// inputjson.go); only an input without issues is then decoded. The check runs
+// on every input, not only on failures: the msgpack library silently
+// truncates integers that do not fit (300 into an int8, -1 into a uint8) and
+// reads an array into a struct by position, and an input must not mean
+// something else than what the caller sent. Checking alone allocates nothing
 // unless it finds an issue.
 
 // Issue is one problem of an input, at a path like "items[2].amount" (empty
@@ -350,7 +353,9 @@ func hasOption(opts, want string) bool {
 	return false
 }
 
-// decodeInput checks raw against the input type's shape, then decodes it.
+// decodeInput checks raw against the input type's shape and decodes it: the
+// walk that checks it also writes the JSON that encoding/json decodes, unless
+// the type is decoded by the msgpack library (decodesByMsgpack).
 func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	in := new(In)
 	if len(raw) == 0 || len(raw) == 1 && raw[0] == 0xc0 {
@@ -363,10 +368,19 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 		}
 		return in, nil
 	}
-	if issues := checkInput(raw, s); len(issues) > 0 {
+	byMsgpack := decodesByMsgpack(s)
+	issues, j := walk(raw, s, !byMsgpack)
+	if len(issues) > 0 {
 		return nil, &InputError{Issues: issues}
 	}
-	if err := decodeChecked(raw, s, in); err != nil {
+	var err error
+	if byMsgpack {
+		err = envelope.UnmarshalStrict(raw, in)
+	} else {
+		// The walk has refused unknown fields already, names matched exactly.
+		err = json.Unmarshal(j, in)
+	}
+	if err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
 		return nil, &InputError{Issues: []Issue{{Path: shortenPath(decodeErrorPath(err)), Message: "the input does not match the capability's input type"}}, cause: err}
@@ -376,20 +390,31 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 
 // checkInput walks one msgpack value against s and returns every issue.
 func checkInput(raw []byte, s *shape) []Issue {
+	issues, _ := walk(raw, s, false)
+	return issues
+}
+
+// walk walks one msgpack value against s and returns every issue and, with
+// emit, the value as JSON (meaningful only without issues).
+func walk(raw []byte, s *shape, emit bool) ([]Issue, []byte) {
 	w := walks.Get().(*inputWalk)
 	w.b, w.off, w.path, w.issues, w.stopped = raw, 0, w.path[:0], nil, false
 	w.msgpack = decodesByMsgpack(s)
-	w.value(s, 0)
+	w.emit, w.out = emit, nil
+	if emit {
+		w.out = make([]byte, 0, len(raw)+len(raw)/2+16)
+	}
+	w.value(s, 0, false)
 	if !w.stopped && w.off != len(w.b) {
 		w.fail("the input has bytes after its value")
 	}
-	issues := w.issues
-	w.b, w.issues = nil, nil
+	issues, out := w.issues, w.out
+	w.b, w.issues, w.out = nil, nil, nil
 	walks.Put(w)
 	// Object keys come in no particular order (JSON objects are maps): sorted
 	// by path, the same input always reads the same.
 	slices.SortStableFunc(issues[:min(len(issues), maxIssues)], func(a, b Issue) int { return strings.Compare(a.Path, b.Path) })
-	return issues
+	return issues, out
 }
 
 // valueClass is what a msgpack value is, in JSON's words.
@@ -449,6 +474,10 @@ type pathElem struct {
 	other bool   // a map key that is not a string
 }
 
+// inputWalk is the one descent through an input: it checks each value
+// against its shape and, with emit, writes each value it accepts to out as
+// the JSON encoding/json reads into the shape's Go type. What it writes is
+// meaningful only for an input without issues.
 type inputWalk struct {
 	b       []byte
 	off     int
@@ -456,6 +485,8 @@ type inputWalk struct {
 	issues  []Issue
 	stopped bool
 	msgpack bool // the input type is decoded by the msgpack library (see decodesByMsgpack)
+	emit    bool
+	out     []byte
 }
 
 // walks keeps walkers and their path stacks: a check of a valid input
@@ -625,8 +656,9 @@ func (w *inputWalk) fits(n uint64, depth int) bool {
 	return true
 }
 
-// value checks the next value against s.
-func (w *inputWalk) value(s *shape, depth int) {
+// value checks the next value against s (written as a JSON string for a
+// field with the "string" option when quoted), and writes it.
+func (w *inputWalk) value(s *shape, depth int, quoted bool) {
 	if w.stopped {
 		return
 	}
@@ -636,10 +668,21 @@ func (w *inputWalk) value(s *shape, depth int) {
 		return
 	}
 	if h.class == classNil {
-		return // null leaves the zero value, as in encoding/json
+		w.put("null") // null leaves the zero value, as in encoding/json
+		return
+	}
+	if quoted && h.class == classString && s.kind != shapeString {
+		w.quotedString(s, h)
+		return
 	}
 	if w.msgpack && w.msgpackReadsOtherwise(s, h, depth) {
 		return
+	}
+	if quoted && (h.class == classBool || h.class == classInt || h.class == classFloat) {
+		// A number or boolean as the msgpack library writes it, for a field
+		// encoding/json reads from a string.
+		w.put(`"`)
+		defer w.put(`"`)
 	}
 	switch s.kind {
 	case shapeAny:
@@ -655,7 +698,9 @@ func (w *inputWalk) value(s *shape, depth int) {
 	case shapeDuration:
 		w.duration(s, h, depth)
 	case shapeBool:
-		w.want(h, h.class == classBool, "a boolean", depth)
+		if w.want(h, h.class == classBool, "a boolean", depth) {
+			w.putBool(h.mag == 1)
+		}
 	case shapeInt, shapeUint:
 		if h.class == classFloat && wholeOutside(s, h.fval) {
 			w.issue(rangeMessage(s))
@@ -663,19 +708,32 @@ func (w *inputWalk) value(s *shape, depth int) {
 		}
 		if w.want(h, h.class == classInt, "an integer", depth) {
 			w.intRange(s, h)
+			w.putInt(h)
 		}
 	case shapeFloat:
-		if w.want(h, h.class == classInt || h.class == classFloat, "a number", depth) && h.class == classFloat {
-			w.floatRange(s, h)
+		if !w.want(h, h.class == classInt || h.class == classFloat, "a number", depth) {
+			return
 		}
+		if h.class == classInt {
+			w.putInt(h)
+			return
+		}
+		w.floatRange(s, h)
+		w.putFloat(h.fval, s.bits)
 	case shapeString:
-		w.want(h, h.class == classString || h.class == classBinary, "a string", depth)
+		if w.want(h, h.class == classString || h.class == classBinary, "a string", depth) {
+			w.stringValue(h, quoted)
+		}
 	case shapeBytes:
 		if h.class == classString {
 			w.base64(h)
 			return
 		}
-		w.want(h, h.class == classBinary, "a base64 string", depth)
+		if w.want(h, h.class == classBinary, "a base64 string", depth) {
+			if b, ok := w.take(h.n); ok {
+				w.putBase64(b)
+			}
+		}
 	case shapeTime:
 		w.timeValue(h, depth)
 	case shapeSlice, shapeArray:
@@ -684,7 +742,9 @@ func (w *inputWalk) value(s *shape, depth int) {
 			if h.n > uint64(s.n) {
 				w.issue(fmt.Sprintf("expected at most %d items, got %d", s.n, h.n))
 			}
-			w.take(h.n)
+			if b, ok := w.take(h.n); ok {
+				w.putByteList(b)
+			}
 			return
 		}
 		if !w.want(h, h.class == classArray, "an array", depth) || !w.fits(h.n, depth) {
@@ -693,35 +753,48 @@ func (w *inputWalk) value(s *shape, depth int) {
 		if s.kind == shapeArray && h.n > uint64(s.n) {
 			w.issue(fmt.Sprintf("expected at most %d items, got %d", s.n, h.n))
 		}
+		w.put("[")
 		for i := range h.n {
+			if i > 0 {
+				w.put(",")
+			}
 			w.push(pathElem{index: int(i)})
-			w.value(s.elem, depth+1)
+			w.value(s.elem, depth+1, false)
 			w.pop()
 			if w.stopped {
 				return
 			}
 		}
+		w.put("]")
 	case shapeMap:
 		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
 			return
 		}
-		for range h.n {
+		w.put("{")
+		for i := range h.n {
+			if i > 0 {
+				w.put(",")
+			}
 			key, ok := w.mapKey(s.key, depth)
 			if !ok {
 				return
 			}
+			w.put(":")
 			w.push(key)
-			w.value(s.elem, depth+1)
+			w.value(s.elem, depth+1, false)
 			w.pop()
 			if w.stopped {
 				return
 			}
 		}
+		w.put("}")
 	case shapeStruct:
 		if !w.want(h, h.class == classMap, "an object", depth) || !w.fits(2*h.n, depth) {
 			return
 		}
+		w.put("{")
 		var present fieldSet
+		written := false
 		for range h.n {
 			kh, ok := w.head()
 			if !ok {
@@ -738,14 +811,15 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 			w.push(pathElem{key: name, index: -1})
-			f := s.fields[string(name)]
-			if f != nil {
+			if f := s.fields[string(name)]; f != nil {
 				present.add(f.index)
-			}
-			if f != nil && f.quoted {
-				w.quotedValue(f.shape, depth+1)
-			} else if f != nil {
-				w.value(f.shape, depth+1)
+				if written {
+					w.put(",")
+				}
+				written = true
+				w.putString(name)
+				w.put(":")
+				w.value(f.shape, depth+1, f.quoted)
 			} else {
 				w.issue("unknown field")
 				w.skip(depth + 1)
@@ -755,11 +829,13 @@ func (w *inputWalk) value(s *shape, depth int) {
 				return
 			}
 		}
+		w.put("}")
 		w.missing(s, &present)
 	}
 }
 
-// mapKey checks a map key and returns the path step it names.
+// mapKey checks a map key, writes it as a JSON string, and returns the path
+// step it names.
 func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 	start := w.off
 	kh, ok := w.head()
@@ -772,7 +848,16 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 			return pathElem{}, false
 		}
 		e := pathElem{key: k, index: -1}
-		msg := stringKey(ks, k, kh.class == classBinary)
+		var msg string
+		if ks.kind == shapeText {
+			// Its text form, as encoding/json names the key.
+			if err := unmarshalText(ks.typ, k, kh.class == classBinary, w.to()); err != nil {
+				msg = "invalid " + ks.typ.String() + " key: " + err.Error()
+			}
+		} else {
+			msg = stringKey(ks, k)
+			w.putString(k)
+		}
 		if w.msgpack && kh.class == classString && ks.kind == shapeText && hasBinaryForm(ks) {
 			msg = msgpackBinaryHint
 		}
@@ -783,23 +868,23 @@ func (w *inputWalk) mapKey(ks *shape, depth int) (pathElem, bool) {
 		}
 		return e, true
 	}
-	// A key that is not a string: check it as a value of the key type.
+	// A key that is not a string: check it as a value of the key type, and
+	// write it in a string, as encoding/json names an integer key.
 	w.off = start
 	e := pathElem{index: -1, other: true}
 	w.push(e)
-	w.value(ks, depth+1)
+	w.put(`"`)
+	w.value(ks, depth+1, false)
+	w.put(`"`)
 	w.pop()
 	return e, !w.stopped
 }
 
 // want reports a mismatch and skips the value when ok is false. A matching
-// string, binary or extension has its content skipped; a matching array or
-// map is left for the caller to walk.
+// value is left for the caller to read: a string's, binary's or extension's
+// content, an array's items, a map's pairs.
 func (w *inputWalk) want(h head, ok bool, what string, depth int) bool {
 	if ok {
-		if h.class == classString || h.class == classBinary || h.class == classExt {
-			w.take(h.n)
-		}
 		return true
 	}
 	w.issue("expected " + what + ", got " + h.class.String())

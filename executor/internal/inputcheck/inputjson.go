@@ -99,7 +99,8 @@ func (w *inputWalk) floatRange(s *shape, h head) {
 	}
 }
 
-// base64 checks a string meant for a []byte, decoded as encoding/json does.
+// base64 checks a string meant for a []byte, decoded as encoding/json does,
+// and writes it as it came.
 func (w *inputWalk) base64(h head) {
 	b, ok := w.take(h.n)
 	if !ok {
@@ -108,10 +109,13 @@ func (w *inputWalk) base64(h head) {
 	if _, err := base64.StdEncoding.Decode(make([]byte, base64.StdEncoding.DecodedLen(len(b))), b); err != nil {
 		w.issue("expected base64 (standard alphabet, with padding)")
 	}
+	w.putString(b)
 }
 
 const timeHint = "a date and time in RFC 3339 format, like 2026-11-30T10:00:00Z"
 
+// timeValue checks a time, and writes it in RFC 3339 (a timestamp as
+// encoding/json writes a time.Time).
 func (w *inputWalk) timeValue(h head, depth int) {
 	switch {
 	case h.class == classString:
@@ -123,6 +127,7 @@ func (w *inputWalk) timeValue(h head, depth int) {
 		if t.UnmarshalText(b) != nil {
 			w.issue("expected " + timeHint)
 		}
+		w.putString(b)
 	case h.class == classExt && h.ext == -1:
 		b, ok := w.take(h.n)
 		if !ok {
@@ -134,6 +139,8 @@ func (w *inputWalk) timeValue(h head, depth int) {
 			w.issue("expected a msgpack timestamp of 4, 8 or 12 bytes")
 		case t.Year() < 0 || t.Year() > 9999:
 			w.issue("expected a time between the years 0 and 9999") // RFC 3339 has four digits
+		default:
+			w.putTime(t)
 		}
 	default:
 		w.want(h, false, timeHint, depth)
@@ -163,6 +170,7 @@ func extTime(b []byte) (time.Time, bool) {
 
 const durationHint = `a duration: a string like "1h30m" or "250ms", or an integer of nanoseconds`
 
+// duration checks a duration, and writes it as integer nanoseconds.
 func (w *inputWalk) duration(s *shape, h head, depth int) {
 	switch {
 	case h.class == classString:
@@ -170,18 +178,24 @@ func (w *inputWalk) duration(s *shape, h head, depth int) {
 		if !ok {
 			return
 		}
-		if _, err := time.ParseDuration(string(b)); err != nil {
+		d, err := time.ParseDuration(string(b))
+		if err != nil {
 			w.issue("expected " + durationHint)
+		}
+		if w.emit {
+			w.out = strconv.AppendInt(w.out, int64(d), 10)
 		}
 	case h.class == classFloat && wholeOutside(s, h.fval):
 		w.issue(rangeMessage(s))
 	case w.want(h, h.class == classInt, durationHint, depth):
 		w.intRange(s, h)
+		w.putInt(h)
 	}
 }
 
 // text checks a value for a type that decodes itself from text: a string it
-// accepts, or its binary form as a Go client's msgpack writes it.
+// accepts, or its binary form as a Go client's msgpack writes it; it writes
+// the value's text.
 func (w *inputWalk) text(s *shape, h head, depth int) {
 	if h.class != classString && h.class != classBinary {
 		w.want(h, false, "a string", depth)
@@ -191,7 +205,7 @@ func (w *inputWalk) text(s *shape, h head, depth int) {
 	if !ok {
 		return
 	}
-	if err := unmarshalText(s.typ, b, h.class == classBinary, nil); err != nil {
+	if err := unmarshalText(s.typ, b, h.class == classBinary, w.to()); err != nil {
 		w.issue("invalid " + s.typ.String() + ": " + err.Error())
 	}
 }
@@ -227,12 +241,29 @@ func unmarshalText(t reflect.Type, b []byte, bin bool, out *[]byte) error {
 // selfDecoding checks a value for a type with its own JSON decoder: any JSON
 // value, which the type's UnmarshalJSON then accepts or refuses.
 func (w *inputWalk) selfDecoding(s *shape, h head, start, depth int) {
-	before := len(w.issues)
+	if h.class == classBinary && s.typ == rawMessageType {
+		// json.RawMessage as the msgpack library writes it: its JSON text.
+		if b, ok := w.take(h.n); ok && w.emit {
+			if json.Valid(b) {
+				w.out = append(w.out, b...)
+			} else {
+				w.putString(b)
+			}
+		}
+		return
+	}
+	before, mark := len(w.issues), len(w.out)
 	w.jsonValue(h, depth)
 	if w.stopped || len(w.issues) > before || s.typ == rawMessageType {
 		return
 	}
-	j, err := transcode(w.b[start:w.off], &shape{kind: shapeAny})
+	// The value as JSON: what this walk wrote, or, when it writes nothing, a
+	// walk of the value alone that does.
+	j := w.out[mark:]
+	var err error
+	if !w.emit {
+		j, err = transcode(w.b[start:w.off], &shape{kind: shapeAny})
+	}
 	if err == nil {
 		err = reflect.New(s.typ).Interface().(json.Unmarshaler).UnmarshalJSON(j)
 	}
@@ -241,17 +272,36 @@ func (w *inputWalk) selfDecoding(s *shape, h head, start, depth int) {
 	}
 }
 
-// jsonValue checks that a value has a JSON form: finite numbers, timestamps
+// jsonValue checks that a value has a JSON form — finite numbers, timestamps
 // with a year of four digits, no other extension, keys that are strings,
-// integers or booleans.
+// integers or booleans — and writes it as encoding/json writes what it would
+// decode into an interface: binary data as base64, timestamps in RFC 3339.
 func (w *inputWalk) jsonValue(h head, depth int) {
 	switch h.class {
+	case classNil:
+		w.put("null")
+	case classBool:
+		w.putBool(h.mag == 1)
+	case classInt:
+		w.putInt(h)
 	case classFloat:
 		if math.IsNaN(h.fval) || math.IsInf(h.fval, 0) {
 			w.issue("expected a finite number")
+			return
 		}
-	case classString, classBinary:
-		w.take(h.n)
+		bits := 64
+		if !h.f64 {
+			bits = 32
+		}
+		w.putFloat(h.fval, bits)
+	case classString:
+		if b, ok := w.take(h.n); ok {
+			w.putString(b)
+		}
+	case classBinary:
+		if b, ok := w.take(h.n); ok {
+			w.putBase64(b)
+		}
 	case classExt:
 		if h.ext == -1 {
 			w.timeValue(h, depth)
@@ -267,7 +317,15 @@ func (w *inputWalk) jsonValue(h head, depth int) {
 		if !w.fits(n, depth) {
 			return
 		}
+		open, end := "[", "]"
+		if h.class == classMap {
+			open, end = "{", "}"
+		}
+		w.put(open)
 		for i := range h.n {
+			if i > 0 {
+				w.put(",")
+			}
 			e := pathElem{index: int(i)}
 			if h.class == classMap {
 				kh, ok := w.head()
@@ -281,8 +339,12 @@ func (w *inputWalk) jsonValue(h head, depth int) {
 						return
 					}
 					e = pathElem{key: k, index: -1}
+					w.putString(k)
 				case classInt, classBool:
 					e = pathElem{index: -1, other: true}
+					w.put(`"`)
+					w.jsonValue(kh, depth+1)
+					w.put(`"`)
 				default:
 					e = pathElem{index: -1, other: true}
 					w.push(e)
@@ -290,6 +352,7 @@ func (w *inputWalk) jsonValue(h head, depth int) {
 					w.pop()
 					w.rest(kh, depth+1)
 				}
+				w.put(":")
 			}
 			w.push(e)
 			if vh, ok := w.head(); ok {
@@ -300,24 +363,35 @@ func (w *inputWalk) jsonValue(h head, depth int) {
 				return
 			}
 		}
+		w.put(end)
 	}
 }
 
-// quotedValue checks a field with the "string" option: its value as a JSON
-// string, or as itself.
-func (w *inputWalk) quotedValue(s *shape, depth int) {
-	start := w.off
-	h, ok := w.head()
+// stringValue writes a string (or binary data) meant for a string. A field
+// with the "string" option wants a JSON string inside the string; a plain one
+// is a Go client's msgpack, which ignores the option.
+func (w *inputWalk) stringValue(h head, quoted bool) {
+	b, ok := w.take(h.n)
+	if !ok || !w.emit {
+		return
+	}
+	if quoted && h.class == classString && !(len(b) > 0 && b[0] == '"' && json.Valid(b)) {
+		q, _ := json.Marshal(string(b))
+		w.putString(q)
+		return
+	}
+	w.putString(b)
+}
+
+// quotedString checks a string for a boolean or number field with the
+// "string" option, which encoding/json reads from the string, and writes it.
+func (w *inputWalk) quotedString(s *shape, h head) {
+	b, ok := w.take(h.n)
 	if !ok {
 		return
 	}
-	if h.class != classString || s.kind == shapeString {
-		w.off = start
-		w.value(s, depth)
-		return
-	}
-	b, ok := w.take(h.n)
-	if !ok || string(b) == "null" {
+	w.putString(b)
+	if string(b) == "null" {
 		return
 	}
 	var err error
@@ -396,8 +470,9 @@ func jsonNumber(b []byte) error {
 }
 
 // stringKey checks a map key that came as a string (JSON names every key
-// so), or as binary data (a Go client's key of a binary form).
-func stringKey(ks *shape, k []byte, bin bool) string {
+// so), or as binary data, for a key type other than one that decodes itself
+// from text (see mapKey).
+func stringKey(ks *shape, k []byte) string {
 	switch ks.kind {
 	case shapeString, shapeBytes, shapeAny, shapeJSON:
 		return ""
@@ -409,11 +484,6 @@ func stringKey(ks *shape, k []byte, bin bool) string {
 	case shapeUint:
 		if _, err := strconv.ParseUint(string(k), 10, ks.bits); err != nil {
 			return "expected a key that is an integer from " + rangeMessage(ks)[len("expected an integer from "):]
-		}
-		return ""
-	case shapeText:
-		if err := unmarshalText(ks.typ, k, bin, nil); err != nil {
-			return "invalid " + ks.typ.String() + " key: " + err.Error()
 		}
 		return ""
 	}
@@ -429,7 +499,6 @@ func decodeChecked(raw []byte, s *shape, v any) error {
 	if err != nil {
 		return err
 	}
-	// The check has refused unknown fields already, names matched exactly.
 	return json.Unmarshal(j, v)
 }
 
@@ -471,261 +540,101 @@ func decodesByMsgpack(s *shape) bool {
 	return r
 }
 
-// transcoder rewrites a checked msgpack value as the JSON encoding/json reads
-// into the shape's Go type.
-type transcoder struct {
-	inputWalk
-	out []byte
-}
-
 var errUntranscodable = errors.New("the input has no JSON form")
 
+// transcode writes a checked value as the JSON encoding/json reads into the
+// shape's Go type: the walk that checks it, writing.
 func transcode(raw []byte, s *shape) ([]byte, error) {
-	t := &transcoder{inputWalk: inputWalk{b: raw}, out: make([]byte, 0, len(raw)+len(raw)/2+16)}
-	t.value(s, false)
-	if len(t.issues) > 0 {
-		return nil, fmt.Errorf("%w: %s", errUntranscodable, t.issues[0].Message)
+	issues, j := walk(raw, s, true)
+	if len(issues) > 0 {
+		return nil, fmt.Errorf("%w: %s", errUntranscodable, issues[0].Message)
 	}
-	return t.out, nil
+	return j, nil
 }
 
-func (t *transcoder) value(s *shape, quoted bool) {
-	if t.stopped {
-		return
-	}
-	h, ok := t.head()
-	if !ok {
-		return
-	}
-	if h.class == classNil {
-		t.out = append(t.out, "null"...)
-		return
-	}
-	if h.class == classString {
-		t.string(s, h, quoted)
-		return
-	}
-	if quoted && (h.class == classBool || h.class == classInt || h.class == classFloat) {
-		// A number or boolean as the msgpack library writes it, for a field
-		// encoding/json reads from a string.
-		t.out = append(t.out, '"')
-		defer func() { t.out = append(t.out, '"') }()
-	}
-	switch s.kind {
-	case shapeBool, shapeInt, shapeUint, shapeDuration:
-		t.any(h)
-	case shapeFloat:
-		if h.class == classFloat {
-			t.float(h.fval, s.bits)
-			return
-		}
-		t.any(h)
-	case shapeString:
-		b, _ := t.take(h.n)
-		t.out = appendJSONString(t.out, b)
-	case shapeText:
-		b, _ := t.take(h.n)
-		if err := unmarshalText(s.typ, b, h.class == classBinary, &t.out); err != nil {
-			t.fail(err.Error())
-		}
-	case shapeSlice, shapeArray:
-		if h.class == classBinary { // a byte array
-			b, _ := t.take(h.n)
-			t.out = append(t.out, '[')
-			for i, c := range b {
-				if i > 0 {
-					t.out = append(t.out, ',')
-				}
-				t.out = strconv.AppendUint(t.out, uint64(c), 10)
-			}
-			t.out = append(t.out, ']')
-			return
-		}
-		t.out = append(t.out, '[')
-		for i := range h.n {
-			if i > 0 {
-				t.out = append(t.out, ',')
-			}
-			t.value(s.elem, false)
-		}
-		t.out = append(t.out, ']')
-	case shapeMap:
-		t.out = append(t.out, '{')
-		for i := range h.n {
-			if i > 0 {
-				t.out = append(t.out, ',')
-			}
-			t.key(s.key)
-			t.out = append(t.out, ':')
-			t.value(s.elem, false)
-		}
-		t.out = append(t.out, '}')
-	case shapeStruct:
-		t.out = append(t.out, '{')
-		for i := range h.n {
-			kh, _ := t.head()
-			name, _ := t.take(kh.n)
-			f := s.fields[string(name)]
-			if f == nil {
-				t.fail("unknown field")
-				return
-			}
-			if i > 0 {
-				t.out = append(t.out, ',')
-			}
-			t.out = appendJSONString(t.out, name)
-			t.out = append(t.out, ':')
-			t.value(f.shape, f.quoted)
-		}
-		t.out = append(t.out, '}')
-	case shapeJSON:
-		if h.class == classBinary && s.typ == rawMessageType {
-			// json.RawMessage as the msgpack library writes it: its JSON text.
-			if b, _ := t.take(h.n); json.Valid(b) {
-				t.out = append(t.out, b...)
-			} else {
-				t.out = appendJSONString(t.out, b)
-			}
-			return
-		}
-		t.any(h)
-	default: // shapeAny, and shapeBytes and shapeTime in msgpack's own forms
-		t.any(h)
+// Writing: each is a no-op unless the walk writes (inputWalk.emit).
+
+func (w *inputWalk) put(s string) {
+	if w.emit {
+		w.out = append(w.out, s...)
 	}
 }
 
-// string rewrites a string for s.
-func (t *transcoder) string(s *shape, h head, quoted bool) {
-	b, ok := t.take(h.n)
-	if !ok {
-		return
-	}
-	switch {
-	case s.kind == shapeDuration:
-		d, err := time.ParseDuration(string(b))
-		if err != nil {
-			t.fail(err.Error())
-			return
-		}
-		t.out = strconv.AppendInt(t.out, int64(d), 10)
-	case s.kind == shapeText:
-		if err := unmarshalText(s.typ, b, false, &t.out); err != nil {
-			t.fail(err.Error())
-		}
-	case s.kind == shapeString && quoted && !(len(b) > 0 && b[0] == '"' && json.Valid(b)):
-		// The "string" option wants a JSON string inside the string; a plain
-		// one is a Go client's msgpack, which ignores the option.
-		q, _ := json.Marshal(string(b))
-		t.out = appendJSONString(t.out, q)
-	default:
-		t.out = appendJSONString(t.out, b)
+func (w *inputWalk) putString(b []byte) {
+	if w.emit {
+		w.out = appendJSONString(w.out, b)
 	}
 }
 
-// key writes a map key as a JSON string.
-func (t *transcoder) key(ks *shape) {
-	h, ok := t.head()
-	if !ok {
-		return
-	}
-	switch h.class {
-	case classString, classBinary:
-		b, _ := t.take(h.n)
-		if ks.kind == shapeText {
-			if err := unmarshalText(ks.typ, b, h.class == classBinary, &t.out); err != nil {
-				t.fail(err.Error())
-			}
-			return
-		}
-		t.out = appendJSONString(t.out, b)
-	case classInt:
-		t.out = append(t.out, '"')
-		t.int(h)
-		t.out = append(t.out, '"')
-	case classBool:
-		t.out = append(t.out, `"`+strconv.FormatBool(h.mag == 1)+`"`...)
-	default:
-		t.fail("object keys must be strings")
+func (w *inputWalk) putBool(v bool) {
+	if w.emit {
+		w.out = strconv.AppendBool(w.out, v)
 	}
 }
 
-func (t *transcoder) int(h head) {
+func (w *inputWalk) putInt(h head) {
+	if !w.emit {
+		return
+	}
 	if h.neg {
-		t.out = append(t.out, '-')
+		w.out = append(w.out, '-')
 	}
-	t.out = strconv.AppendUint(t.out, h.mag, 10)
+	w.out = strconv.AppendUint(w.out, h.mag, 10)
 }
 
-func (t *transcoder) float(f float64, bits int) {
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		t.fail("expected a finite number")
+// putFloat writes f as a float of bits, as encoding/json reads it back
+// exactly; the check has refused NaN and the infinities.
+func (w *inputWalk) putFloat(f float64, bits int) {
+	if !w.emit {
 		return
 	}
 	if bits == 32 {
 		f = float64(float32(f))
 	}
-	t.out = strconv.AppendFloat(t.out, f, 'g', -1, bits)
+	w.out = strconv.AppendFloat(w.out, f, 'g', -1, bits)
 }
 
-// any rewrites a value whatever its shape: binary data as base64, timestamps
-// as RFC 3339, as encoding/json writes []byte and time.Time.
-func (t *transcoder) any(h head) {
-	switch h.class {
-	case classNil:
-		t.out = append(t.out, "null"...)
-	case classBool:
-		t.out = strconv.AppendBool(t.out, h.mag == 1)
-	case classInt:
-		t.int(h)
-	case classFloat:
-		bits := 64
-		if !h.f64 {
-			bits = 32
-		}
-		t.float(h.fval, bits)
-	case classString:
-		b, _ := t.take(h.n)
-		t.out = appendJSONString(t.out, b)
-	case classBinary:
-		b, _ := t.take(h.n)
-		t.out = append(t.out, '"')
-		t.out = base64.StdEncoding.AppendEncode(t.out, b)
-		t.out = append(t.out, '"')
-	case classExt:
-		b, _ := t.take(h.n)
-		tm, ok := extTime(b)
-		if h.ext != -1 || !ok {
-			t.fail("an extension value has no JSON form")
-			return
-		}
-		t.out = append(t.out, '"')
-		t.out = tm.AppendFormat(t.out, time.RFC3339Nano)
-		t.out = append(t.out, '"')
-	case classArray:
-		t.out = append(t.out, '[')
-		for i := range h.n {
-			if i > 0 {
-				t.out = append(t.out, ',')
-			}
-			if vh, ok := t.head(); ok {
-				t.any(vh)
-			}
-		}
-		t.out = append(t.out, ']')
-	case classMap:
-		t.out = append(t.out, '{')
-		for i := range h.n {
-			if i > 0 {
-				t.out = append(t.out, ',')
-			}
-			t.key(&shape{kind: shapeString})
-			t.out = append(t.out, ':')
-			if vh, ok := t.head(); ok {
-				t.any(vh)
-			}
-		}
-		t.out = append(t.out, '}')
+// putBase64 writes binary data as encoding/json writes a []byte.
+func (w *inputWalk) putBase64(b []byte) {
+	if !w.emit {
+		return
 	}
+	w.out = append(w.out, '"')
+	w.out = base64.StdEncoding.AppendEncode(w.out, b)
+	w.out = append(w.out, '"')
+}
+
+// putByteList writes a byte array, which the msgpack library writes as
+// binary data, as encoding/json reads an array: its numbers.
+func (w *inputWalk) putByteList(b []byte) {
+	if !w.emit {
+		return
+	}
+	w.out = append(w.out, '[')
+	for i, c := range b {
+		if i > 0 {
+			w.out = append(w.out, ',')
+		}
+		w.out = strconv.AppendUint(w.out, uint64(c), 10)
+	}
+	w.out = append(w.out, ']')
+}
+
+func (w *inputWalk) putTime(t time.Time) {
+	if !w.emit {
+		return
+	}
+	w.out = append(w.out, '"')
+	w.out = t.AppendFormat(w.out, time.RFC3339Nano)
+	w.out = append(w.out, '"')
+}
+
+// to is where a value's text form is written: out, or nowhere.
+func (w *inputWalk) to() *[]byte {
+	if w.emit {
+		return &w.out
+	}
+	return nil
 }
 
 // appendJSONString appends s as a JSON string; invalid UTF-8 becomes U+FFFD,
