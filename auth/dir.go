@@ -275,6 +275,29 @@ func CheckPublish(credsPath, subject string) error {
 	return fmt.Errorf("%w: %s %q may not publish to %s", ErrNotPermitted, role, uc.Name, subject)
 }
 
+// RoleFromCreds returns the role signed into a credentials file's tags, or
+// "" for credentials capstan did not make.
+func RoleFromCreds(credsPath string) (Role, error) {
+	b, err := os.ReadFile(credsPath)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file: %w", err)
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file %s: %w", credsPath, err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return "", fmt.Errorf("capstan: credentials file %s: %w", credsPath, err)
+	}
+	for _, tag := range uc.Tags {
+		if r, ok := strings.CutPrefix(tag, roleTag); ok {
+			return Role(r), nil
+		}
+	}
+	return "", nil
+}
+
 // MayPublish reads a user JWT's publish permissions as the server applies
 // them: no allow list allows everything, a deny wins.
 func MayPublish(c *jwt.UserClaims, subject string) bool {

@@ -27,6 +27,9 @@
 //     approvals, the catalog and the audit trail. It cannot touch grants,
 //     delete streams or remove audit events.
 //   - admin: provisions resources and publishes grants.
+//   - notifier: pulls the approvals' changes from the notify consumers and
+//     acknowledges them (package notify); it writes nothing, creates no
+//     consumer and reads no other bucket.
 //
 // The mechanism is NATS's decentralized authentication: Init creates an
 // operator, a system account and one account holding capstan's streams and

@@ -24,10 +24,14 @@ const (
 	Worker Role = "worker"
 	// Admin provisions resources and writes grants.
 	Admin Role = "admin"
+	// Notifier reads the approvals' changes through the notify consumers and
+	// tells approvers in Slack, by email or a webhook (package notify). It
+	// writes nothing.
+	Notifier Role = "notifier"
 )
 
 // Roles lists every role.
-var Roles = []Role{Producer, Approver, Worker, Admin}
+var Roles = []Role{Producer, Approver, Worker, Admin, Notifier}
 
 // Grant is what one principal may do. Workers check a producer's actor,
 // surface and capability against it before anything runs, and an approver's
@@ -71,7 +75,7 @@ func (g Grant) Validate() error {
 		errs = append(errs, fmt.Errorf("principal %q: want [a-z][a-z0-9_-]*, at most 64 bytes", g.Principal))
 	}
 	if !slices.Contains(Roles, g.Role) {
-		errs = append(errs, fmt.Errorf("role %q: want one of producer, approver, worker, admin", g.Role))
+		errs = append(errs, fmt.Errorf("role %q: want one of producer, approver, worker, admin, notifier", g.Role))
 	}
 	for _, a := range g.Actors {
 		kind, id, ok := strings.Cut(a, ":")

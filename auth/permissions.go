@@ -2,6 +2,7 @@ package auth
 
 import (
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 
@@ -13,6 +14,9 @@ import (
 type Permissions struct {
 	PublishAllow, PublishDeny     []string
 	SubscribeAllow, SubscribeDeny []string
+	// Responses lets the principal answer, once, a request it received,
+	// on the reply subject the request names.
+	Responses bool
 }
 
 // PermissionsFor returns what the server lets g's principal do, under names.
@@ -24,7 +28,10 @@ type Permissions struct {
 // their buckets' stream information), the catalog and nothing else: no
 // key-value write, no stream or consumer administration, no audit event. An approver sends decisions to workers and reads approvals. A
 // worker may do what the runtime needs except touch grants or remove audit
-// events; an admin may do anything.
+// events; an admin may do anything. A notifier pulls from the notify
+// consumer and acknowledges what it pulled, and answers status requests:
+// it creates no consumer (a push consumer delivers wherever its creator
+// says) and writes no bucket or stream.
 func PermissionsFor(g Grant, n broker.Names) Permissions {
 	p := g.Principal
 	js := func(s string) string { return "$JS.API." + s }
@@ -68,6 +75,25 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		// Approvals are listed and decided through the workers, which keep to
 		// the approver's types: an approver reads no bucket itself.
 		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
+	case Notifier:
+		// The approvals stream's consumers: a channel's is notify-<channel>,
+		// one subject token, which no wildcard can narrow to the prefix.
+		stream := kvStream(n.ApprovalsBucket())
+		return Permissions{
+			PublishAllow: []string{
+				js("CONSUMER.INFO." + stream + ".*"),
+				js("CONSUMER.MSG.NEXT." + stream + ".*"),
+				// Acks, naks and "in progress" of the deliveries it pulled.
+				"$JS.ACK." + stream + ".*.>",
+				// capstan notify --status: the consumers' queues, the running
+				// notifiers.
+				js("STREAM.INFO." + stream),
+				js("CONSUMER.LIST." + stream),
+				n.NotifyStatusSubject(),
+			},
+			SubscribeAllow: []string{inbox, n.NotifyStatusSubject()},
+			Responses:      true,
+		}
 	case Worker:
 		grants := n.GrantsBucket()
 		deny := []string{
@@ -100,5 +126,8 @@ func (p Permissions) jwt() jwt.Permissions {
 	j.Pub.Deny.Add(p.PublishDeny...)
 	j.Sub.Allow.Add(p.SubscribeAllow...)
 	j.Sub.Deny.Add(p.SubscribeDeny...)
+	if p.Responses {
+		j.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	}
 	return j
 }

@@ -214,6 +214,18 @@ func (n Names) ListApprovalsSubject(principal string) string {
 // ListApprovalsSubjects matches every principal's listings.
 func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.list.*" }
 
+// NotifyConsumer is the durable consumer on the approvals bucket's stream
+// from which every notifier of a deployment reads the changes a channel
+// notifies (DESIGN §7).
+func (n Names) NotifyConsumer(channel string) string { return NotifyConsumerPrefix + channel }
+
+// NotifyConsumerPrefix begins the name of every notify consumer.
+const NotifyConsumerPrefix = "notify-"
+
+// NotifyStatusSubject is where running notifiers answer who they are and
+// what they delivered.
+func (n Names) NotifyStatusSubject() string { return n.subject + ".notify.status" }
+
 // InboxPrefix is principal's reply-subject prefix: the server lets a principal
 // subscribe to its own replies only.
 func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }

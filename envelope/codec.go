@@ -23,17 +23,34 @@ const Version = 1
 // ErrDecode marks bytes that are not a valid record. Compare with errors.Is.
 var ErrDecode = errors.New("envelope: record does not decode")
 
+// CheckVersion refuses a record of a schema version this reader does not
+// know, as not decoding (docs/wire.md: a reader refuses a record whose v is
+// not Version).
+func CheckVersion(v int) error {
+	if v != Version {
+		return fmt.Errorf("%w: schema version %d, want %d", ErrDecode, v, Version)
+	}
+	return nil
+}
+
 type encoder struct {
 	buf bytes.Buffer
 	enc *msgpack.Encoder
 }
 
+// encoders write records. Besides leaving every empty field out, they write
+// the keys of a map inside a record (an actor's attrs, an error's details, a
+// descriptor's input schema, an audit event's data) sorted by their bytes, so
+// that a record's bytes follow from its value alone: decoded and encoded
+// again, in Go or by a client in another language, it is the same bytes
+// (docs/wire.md).
 var encoders = sync.Pool{New: func() any {
 	e := &encoder{}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	e.enc.SetCustomStructTag("json")
 	e.enc.SetOmitEmpty(true)
 	e.enc.UseCompactInts(true)
+	e.enc.SetSortMapKeys(true)
 	return e
 }}
 
@@ -41,11 +58,14 @@ var encoders = sync.Pool{New: func() any {
 // field is left out only when its tag says omitempty, as encoding/json does:
 // the msgpack library counts a struct without exported fields (netip.Addr) as
 // empty, and a value must not lose it, nor a zero its handler meant to send.
+// A map's keys are sorted, as in records: a value's bytes follow from the
+// value (a JSON input, decoded into a map, keeps no order to follow).
 var valueEncoders = sync.Pool{New: func() any {
 	e := &encoder{}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	e.enc.SetCustomStructTag("json")
 	e.enc.UseCompactInts(true)
+	e.enc.SetSortMapKeys(true)
 	return e
 }}
 

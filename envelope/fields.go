@@ -2,6 +2,7 @@ package envelope
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -251,4 +252,43 @@ func (e Envelope) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("finalizedBy", e.FinalizedBy)
 	f.Time("finalizedAt", e.FinalizedAt)
 	return f.Encode(enc)
+}
+
+// EncodeMsgpack writes the error as the reflective encoder writes it, but for
+// its details: they are written as the generic values a decoder reads back
+// (a struct as a map, every map's keys sorted), so that an envelope decoded
+// and encoded again is the same bytes, in Go and in every other client
+// (docs/wire.md). A handler's details may hold its own structs, whose fields
+// the reflective encoder writes in declaration order and a decoder reads
+// back as a map.
+func (e Error) EncodeMsgpack(enc *msgpack.Encoder) error {
+	var f Fields
+	f.String("code", string(e.Code))
+	f.String("message", e.Message)
+	f.Bool("retryable", e.Retryable)
+	f.Bool("exposeToModel", e.ExposeToModel)
+	if len(e.Details) > 0 {
+		d, err := canonicalValue(e.Details)
+		if err != nil {
+			return fmt.Errorf("envelope: error details: %w", err)
+		}
+		f.Raw("details", d)
+	}
+	f.String("stage", e.Stage)
+	return f.Encode(enc)
+}
+
+// canonicalValue encodes v as a record's value, decodes it into generic
+// values and encodes those: the form a decoder reads back and writes again
+// unchanged.
+func canonicalValue(v any) (Raw, error) {
+	b, err := Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var g any
+	if err := Unmarshal(b, &g); err != nil {
+		return nil, err
+	}
+	return Marshal(g)
 }

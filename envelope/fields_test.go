@@ -47,3 +47,27 @@ func TestHandWrittenEncoders_WriteTheReflectiveEncodersBytes(t *testing.T) {
 		t.Errorf("nil envelope: % x", got)
 	}
 }
+
+// An error's details are written as a decoder reads them back: a handler's
+// struct as a map with sorted keys, so that the envelope decoded and encoded
+// again is the same bytes.
+func TestErrorDetails_WrittenAsTheyDecode(t *testing.T) {
+	type issue struct {
+		Path    string `json:"path,omitempty"`
+		Message string `json:"message"`
+	}
+	env := Envelope{V: Version, ExecutionID: testExecutionID, Status: StatusFailed, FinalizedAt: time.Unix(1, 0),
+		Error: &Error{Code: CodeInputInvalid, Message: "The input is invalid.", ExposeToModel: true, Stage: StageInput,
+			Details: map[string]any{"issues": []issue{{Path: "amount", Message: "want a number"}, {Message: "x"}}, "b": 1, "a": 2}}}
+	b := mustMarshal(t, &env)
+	got, err := DecodeEnvelope(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := mustMarshal(t, got); !bytes.Equal(again, b) {
+		t.Fatalf("decoded and encoded again:\n got % x\nwant % x", again, b)
+	}
+	if !bytes.Contains(b, []byte("\xa1a\x02\xa1b\x01")) || !bytes.Contains(b, []byte("\xa7message\xadwant a number\xa4path\xa6amount")) {
+		t.Fatalf("details not written as sorted maps: % x", b)
+	}
+}

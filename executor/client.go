@@ -353,9 +353,11 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 	}
 	ch := c.w.Add(executionID)
 	env, err := c.w.Load(ctx, executionID)
-	if err == nil {
+	if err == nil || errors.Is(err, envelope.ErrDecode) {
+		// One stored that does not decode will never be another: envelopes
+		// are written once.
 		c.w.Remove(executionID, ch)
-		return env, nil
+		return env, err
 	}
 	if errors.Is(err, broker.ErrNotFound) {
 		if xerr := c.expired(ctx, c.principal, executionID); xerr != nil {
@@ -582,11 +584,17 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 	var s Status
 	key := broker.Key(owner, executionID)
 	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
+	if err == nil {
+		err = envelope.CheckVersion(rec.V)
+	}
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
 	s.Record = rec
 	env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, key)
+	if err == nil {
+		err = envelope.CheckVersion(env.V)
+	}
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}

@@ -71,3 +71,38 @@ func TestClosedClient_SubmitsNothing(t *testing.T) {
 		t.Fatalf("the exec stream moved from %d to %d: a closed client published", before.State.LastSeq, after.State.LastSeq)
 	}
 }
+
+// A stored envelope or record of a schema version this client does not know
+// is refused as not decoding (docs/wire.md), by Await and Status alike, at
+// once: envelopes are written once, and waiting would never see another.
+func TestAwaitAndStatus_UnknownVersionRefused(t *testing.T) {
+	env := testenv.Start(t)
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	id := envelope.NewExecutionID()
+	b, err := envelope.Marshal(&envelope.Envelope{V: envelope.Version + 1, ExecutionID: id, CapabilityID: "demo.echo",
+		Status: envelope.StatusCompleted, Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Broker().Envelopes.Put(ctx, "_anon."+id, b); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Await(ctx, id); !errors.Is(err, envelope.ErrDecode) {
+		t.Errorf("Await = %v, %v; want ErrDecode", got, err)
+	}
+	if got, err := c.Status(ctx, id); !errors.Is(err, envelope.ErrDecode) {
+		t.Errorf("Status = %v, %v; want ErrDecode", got, err)
+	}
+	rid := envelope.NewExecutionID()
+	rb, err := envelope.Marshal(&executor.Record{V: envelope.Version + 1, ExecutionID: rid, State: executor.StateRunning})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Broker().Executions.Put(ctx, "_anon."+rid, rb); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Status(ctx, rid); !errors.Is(err, envelope.ErrDecode) {
+		t.Errorf("Status of a record = %v, %v; want ErrDecode", got, err)
+	}
+}

@@ -36,11 +36,15 @@
 // broker on a scrape (Watch): capstan_pool_pending_requests,
 // capstan_pool_unacknowledged_requests and
 // capstan_pool_oldest_request_age_seconds per pool, and
-// capstan_approvals_pending per capability.
+// capstan_approvals_pending per capability. A notifier's counts, read on a
+// scrape (WatchNotifier): capstan_notifications_sent_total,
+// capstan_notifications_failed_total and capstan_notification_retries_total
+// per channel and kind, and capstan_notifications_in_flight.
 //
 // Labels are bounded: capability ids (a capability no worker serves counts as
 // "_unknown", ids past Options.MaxCapabilities as "_other"), pools, statuses,
-// error codes and stage names; never execution or actor ids. Which worker is
+// error codes, stage names and the configured channels' names; never
+// execution or actor ids. Which worker is
 // slow is the scrape's own instance label.
 //
 // # Traces

@@ -62,8 +62,8 @@ func runAuthInit(args []string) int {
 }
 
 func runAuthAdd(args []string) int {
-	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P]")
-	role := fs.String("role", "", "producer, approver, worker or admin")
+	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P]")
+	role := fs.String("role", "", "producer, approver, worker, admin or notifier")
 	actors := fs.String("actor", "", "actors the principal may act as, comma-separated: kind:id, or kind:* for a gateway that authenticates its users")
 	surfaces := fs.String("surfaces", "", "surfaces a producer may call from, comma-separated (default all)")
 	caps := fs.String("capabilities", "*", "capabilities a producer may call, comma-separated: ids, prefixes like orders.*, or *")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,9 +18,10 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--audit-max-age D] [--envelope-retention D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--notify FILE] [--audit-max-age D] [--envelope-retention D] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
+	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all; demo.echo among them)")
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
 	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
 	mf := addMCPFlags(fs, "mcp-")
@@ -27,6 +29,13 @@ func runDev(args []string) int {
 		return code
 	}
 	if err := sf.check(); err != nil {
+		return usageError("%v", err)
+	}
+	if wf.capabilities != "" && !slices.Contains(strings.Split(strings.ReplaceAll(wf.capabilities, " ", ""), ","), "demo.echo") {
+		return usageError("--capabilities: dev serves demo.echo, and waits for it to be served")
+	}
+	notifyCfg, err := loadNotify(wf.notify)
+	if err != nil {
 		return usageError("%v", err)
 	}
 	opts, err := sf.options()
@@ -91,6 +100,19 @@ func runDev(args []string) int {
 		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
 	}
 	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
+	if notifyCfg != nil && notifyCfg.ConsoleURL == "" {
+		notifyCfg.ConsoleURL = consoleURL // messages link to this console
+	}
+	stopNotifier, err := startNotifier(ctx, wnc, notifyCfg, tel, log)
+	if err != nil {
+		stop()
+		<-done
+		if consoleDone != nil {
+			<-consoleDone
+		}
+		return fail(exitFailed, "dev: --notify: %v", err)
+	}
+	defer stopNotifier()
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
 	if consoleURL != "" {
 		fmt.Printf("console: %s\n", consoleURL)

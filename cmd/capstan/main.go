@@ -35,6 +35,7 @@ var commands = []command{
 	{"approvals", "list, show, approve and reject approvals", runApprovals},
 	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"mcp", "serve the capabilities as MCP tools, over stdio or streamable HTTP", runMCP},
+	{"notify", "tell approvers of approvals in Slack, by email or a signed webhook", runNotify},
 	{"console", "the web console: approvals inbox, executions and their trails, capabilities", runConsole},
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
 	{"auth", "create principals, their credentials and the server's configuration", runAuth},

@@ -37,6 +37,9 @@ type workerFlags struct {
 	metrics string
 	// observer, when set, observes the worker (metrics and traces).
 	observer observe.Worker
+	// notify names a notifier's configuration file: the worker runs one
+	// beside itself (empty: none).
+	notify string
 }
 
 func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
@@ -51,6 +54,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
 	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
 	fs.DurationVar(&f.recordWindow, "record-window", broker.DefaultRecordWindow, "how long an execution's record is kept after its last write (the same on every worker)")
+	fs.StringVar(&f.notify, "notify", "", "also run a notifier of approvals with this configuration `file` (see capstan notify)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f
 }
@@ -86,13 +90,17 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 }
 
 func runWorker(args []string) int {
-	fs := newFlags("worker", "[--pool NAME] [--capabilities ID,ID] [--concurrency N] [--lease D] [--grace D] [--strict-audit] [--replicas N] [--metrics HOST:PORT]")
+	fs := newFlags("worker", "[--pool NAME] [--capabilities ID,ID] [--concurrency N] [--lease D] [--grace D] [--strict-audit] [--replicas N] [--metrics HOST:PORT] [--notify FILE]")
 	conn := addConnFlags(fs)
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all)")
 	fs.DurationVar(&wf.wait, "wait", 0, "how long to wait for the servers to be reachable and the cluster ready, retrying with a log line (0: until stopped)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
+	}
+	notifyCfg, err := loadNotify(wf.notify)
+	if err != nil {
+		return usageError("%v", err)
 	}
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
@@ -152,6 +160,11 @@ func runWorker(args []string) int {
 	}
 	ran := make(chan error, 1)
 	go func() { ran <- w.Run(ctx) }()
+	stopNotifier, err := startNotifier(ctx, nc, notifyCfg, tel, log)
+	if err != nil {
+		return usageError("--notify: %v", err)
+	}
+	defer stopNotifier()
 	stopped, gone := make(chan struct{}), make(chan struct{})
 	defer close(stopped)
 	go closeWhenServerGone(ctx, stopped, gone, nc, log)

@@ -143,10 +143,11 @@ func (c *Waiters) Await(ctx context.Context, id string, ch chan *envelope.Envelo
 	// The envelope may have been written before the subscription saw the
 	// waiter: one Get closes that race. It is bounded on its own: a request
 	// lost with a server that went down is never answered, and the waiter's
-	// re-reads cover a Get that failed.
-	if env, err := c.Load(ctx, id); err == nil {
+	// re-reads cover a Get that failed. One stored that does not decode will
+	// never be another (envelopes are written once): it is the answer.
+	if env, err := c.Load(ctx, id); err == nil || errors.Is(err, envelope.ErrDecode) {
 		c.Remove(id, ch)
-		return env, nil
+		return env, err
 	}
 	return c.AwaitFresh(ctx, id, ch, c.Reconnects())
 }
@@ -158,7 +159,13 @@ func (c *Waiters) Load(ctx context.Context, id string) (*envelope.Envelope, erro
 	lctx, cancel := context.WithTimeout(ctx, PublishTry)
 	defer cancel()
 	env, _, err := broker.Load[envelope.Envelope](lctx, c.b.Envelopes, broker.Key(c.principal, id))
-	return env, err
+	if err == nil {
+		err = envelope.CheckVersion(env.V)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return env, nil
 }
 
 // AwaitFresh waits for the envelope of a request whose waiter was registered

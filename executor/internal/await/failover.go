@@ -156,7 +156,7 @@ func (c *Waiters) recheck(minAge time.Duration) {
 					env, _, err = broker.Load[envelope.Envelope](ctx, c.b.Envelopes, key)
 				}
 				cancel()
-				if err == nil {
+				if err == nil && envelope.CheckVersion(env.V) == nil {
 					c.deliver(id, env)
 				}
 			}

@@ -1,0 +1,192 @@
+// Capabilities as Vercel AI SDK tools, without importing the SDK: each tool
+// is the shape the SDK's tool() returns (a description, an input schema in
+// the SDK's schema shape, an execute function), so `generateText({ tools })`
+// takes them as they are. Pass the SDK's own jsonSchema to wrap the schemas
+// with it instead.
+//
+// A tool's execute is one governed call. What it returns is what a model may
+// see (docs/typescript.md): the output of a completed execution; only
+// forModel() of a failure; for an approval, what is pending and what to do
+// next — never the approval itself, which only someone else can grant.
+
+import type { CallOptions, Client, DescribeOptions } from "./client.js";
+import { CapstanError } from "./errors.js";
+import { toJSONValue } from "./json.js";
+import { forModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
+
+/** The schema shape the AI SDK's jsonSchema() returns (Symbol.for("vercel.ai.schema")). */
+export interface SchemaLike {
+  readonly jsonSchema: Record<string, unknown>;
+  readonly validate: undefined;
+}
+
+/** A tool as the AI SDK's tool() makes it. */
+export interface Tool {
+  description: string;
+  inputSchema: unknown;
+  execute(input: unknown, options?: { abortSignal?: AbortSignal; toolCallId?: string }): Promise<unknown>;
+}
+
+export interface ToolsOptions extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
+  /** Options of every call (the actor, a correlation id, a start window). */
+  call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
+  /** How long a call is waited for before the model is told it is still running (default 5 min). */
+  callTimeoutMs?: number;
+  /** A tool's name (default: the capability id, dots as underscores, as model providers require). */
+  name?: (d: Descriptor) => string;
+  /** Wraps a JSON Schema for the SDK: pass `jsonSchema` from "ai" (default: an object of the same shape). */
+  jsonSchema?: (schema: Record<string, unknown>) => unknown;
+  /** Adds capstan_resume and capstan_status, as the MCP bridge adds capstan.resume and capstan.status (default true). */
+  controlTools?: boolean;
+}
+
+export const resumeToolName = "capstan_resume";
+export const statusToolName = "capstan_status";
+
+const schemaSymbol = Symbol.for("vercel.ai.schema");
+
+/** A model's argument as text ("" when it is not text). */
+function text(v: unknown): string {
+  return typeof v === "string" ? v : "";
+}
+
+function schemaLike(schema: Record<string, unknown>): SchemaLike {
+  return { [schemaSymbol]: true, _type: undefined, jsonSchema: schema, validate: undefined } as unknown as SchemaLike;
+}
+
+/**
+ * The capabilities the client's surface and actor may see (describe), as AI
+ * SDK tools keyed by tool name.
+ */
+export async function aiTools(client: Client, options: ToolsOptions = {}): Promise<Record<string, Tool>> {
+  const discovery = await client.describe(options);
+  const wrap = options.jsonSchema ?? schemaLike;
+  const nameOf = options.name ?? ((d: Descriptor) => d.id.replace(/\./g, "_"));
+  const tools: Record<string, Tool> = {};
+  for (const d of discovery.capabilities) {
+    const name = nameOf(d);
+    if (name in tools) throw new CapstanError("INVALID_ARGUMENT", `capstan: two capabilities are both the tool ${name}`);
+    const { schema, wrapped } = objectSchema(d.inputSchema ?? {});
+    const description = d.requiresApproval === true ? `${d.description} Needs someone else's approval before it runs.`.trim() : d.description;
+    tools[name] = {
+      description,
+      inputSchema: wrap(schema),
+      execute: async (input, o) => {
+        const args = wrapped ? (input as { input?: unknown } | undefined)?.input : input;
+        return run(client, options, (signal) => client.call(d.id, args ?? {}, callOptions(options, signal, o?.toolCallId)), o?.abortSignal);
+      },
+    };
+  }
+  if (options.controlTools !== false) {
+    tools[resumeToolName] = {
+      description:
+        "Runs a call that needed an approval, once someone else approved it. Give the approvalId from the approval-required result. It runs at most once, whoever asks.",
+      inputSchema: wrap({ type: "object", required: ["approvalId"], properties: { approvalId: { type: "string", description: "The approval id." } } }),
+      execute: async (input, o) => {
+        const approvalId = text((input as { approvalId?: unknown } | undefined)?.approvalId);
+        return run(client, options, (signal) => client.resume(approvalId, callOptions(options, signal, o?.toolCallId)), o?.abortSignal);
+      },
+    };
+    tools[statusToolName] = {
+      description:
+        "Reads the result of an execution you started, by its executionId: the result if it ended, else its state. Use it after a call that was still running.",
+      inputSchema: wrap({ type: "object", required: ["executionId"], properties: { executionId: { type: "string", description: "The execution id." } } }),
+      execute: async (input, o) => {
+        const id = text((input as { executionId?: unknown } | undefined)?.executionId);
+        try {
+          const s = await client.status(id, { signal: o?.abortSignal });
+          if (s.envelope !== undefined) return forTheModel(s.envelope);
+          return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
+        } catch (err) {
+          if (err instanceof CapstanError && (err.code === "UNKNOWN_EXECUTION" || err.code === "EXPIRED" || err.code === "INVALID_ARGUMENT")) {
+            return { error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false } };
+          }
+          return unavailable(err);
+        }
+      },
+    };
+  }
+  return tools;
+}
+
+function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: string): CallOptions {
+  const o: CallOptions = { ...options.call, signal };
+  if (o.correlationId === undefined && toolCallId !== undefined) o.correlationId = toolCallId;
+  return o;
+}
+
+/**
+ * Runs one call for a tool: the model's abort cancels the execution (and is
+ * thrown, as the SDK expects); a call that outlives callTimeoutMs goes on,
+ * and the model is told how to read its result later.
+ */
+async function run(client: Client, options: ToolsOptions, call: (signal: AbortSignal) => Promise<Envelope>, abort?: AbortSignal): Promise<unknown> {
+  const timeout = AbortSignal.timeout(options.callTimeoutMs ?? 300_000);
+  const signal = abort === undefined ? timeout : AbortSignal.any([abort, timeout]);
+  try {
+    return forTheModel(await call(signal));
+  } catch (err) {
+    if (err instanceof CapstanError && err.code === "ABORTED") {
+      const id = err.executionId;
+      if (abort?.aborted === true) {
+        // The model's run was aborted: so is the call, as an MCP client's
+        // notifications/cancelled cancels it.
+        if (id !== undefined) {
+          client.cancel(id).catch((e: unknown) => client.log.warn?.("cancel after abort failed", { executionId: id, err: (e as Error).message }));
+        }
+        throw err;
+      }
+      // Only the wait ended: the execution goes on.
+      return { status: "running", executionId: id, next: `Still running. Call ${statusToolName} with this executionId later to read its result.` };
+    }
+    return unavailable(err);
+  }
+}
+
+/** What a model may see of an envelope. */
+export function forTheModel(env: Envelope): unknown {
+  switch (env.status) {
+    case "completed":
+      return toJSONValue(env.output) ?? null;
+    case "approval-required": {
+      const a = env.approval;
+      const types = a?.types !== undefined && a.types.length > 0 ? `approval types ${a.types.join(", ")}` : "any approver";
+      return {
+        status: "approval-required",
+        executionId: env.executionId,
+        capabilityId: env.capabilityId,
+        approvalId: a?.id,
+        reasons: a?.reasons,
+        types: a?.types,
+        expiresAt: a?.expiresAt,
+        next: `Nothing ran. Ask a person allowed to approve (${types}) to approve ${a?.id ?? ""}; then call ${resumeToolName} with this approvalId. You cannot approve it yourself.`,
+      };
+    }
+    default:
+      return { status: env.status, executionId: env.executionId, error: toJSONValue(forModel(env) ?? opaque) };
+  }
+}
+
+const opaque: ModelError = { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
+
+/** Transport trouble, as a model may see it: capstan is unavailable, and whether the call may run. */
+function unavailable(err: unknown): unknown {
+  const id = err instanceof CapstanError ? err.executionId : undefined;
+  const message =
+    id !== undefined
+      ? `capstan is unavailable and did not confirm this call; it may run as execution ${id}. Call ${statusToolName} with this executionId later to learn whether it ran, before calling again.`
+      : "capstan is unavailable; try again later.";
+  return { error: { code: "INTERNAL_ERROR", message, retryable: true }, ...(id !== undefined ? { executionId: id } : {}) };
+}
+
+/**
+ * An object schema for the input: the capability's own when it describes an
+ * object (or anything), else one that takes the input under "input" (tool
+ * arguments are objects), as the MCP bridge does.
+ */
+function objectSchema(s: Record<string, unknown>): { schema: Record<string, unknown>; wrapped: boolean } {
+  if (Object.keys(s).length === 0) return { schema: { type: "object" }, wrapped: false };
+  if (s.type === "object") return { schema: s, wrapped: false };
+  if (s.type === undefined && s.properties !== undefined) return { schema: { ...s, type: "object" }, wrapped: false };
+  return { schema: { type: "object", properties: { input: s }, required: ["input"] }, wrapped: true };
+}

@@ -1,0 +1,55 @@
+// @capstan-dev/client: call capstan capabilities from TypeScript.
+//
+//   import { connect } from "@capstan-dev/client";
+//   const capstan = await connect({ creds: "secrets/alice.creds" });
+//   const env = await capstan.call("demo.echo", { hello: "world" });
+//   console.log(env.status, env.output);
+//
+// Every governed outcome is an envelope; a promise rejects only for
+// transport trouble (CapstanError) or a refusal where no envelope exists
+// (CapabilityError). docs/typescript.md is the manual, docs/wire.md the
+// contract.
+
+export {
+  Client,
+  connect,
+  defaultStartWithinMs,
+  defaultURL,
+  maxStartWithinMs,
+  principalFromCreds,
+  type Approvals,
+  type AwaitOptions,
+  type CallOptions,
+  type CancelReply,
+  type ClientOptions,
+  type ConnectOptions,
+  type DecideOptions,
+  type DescribeOptions,
+  type ExecutionStatus,
+  type ListApprovalsOptions,
+  type Logger,
+  type Surface,
+} from "./client.js";
+export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } from "./errors.js";
+export { stringifyJSON, toJSONValue } from "./json.js";
+export { anonymous } from "./names.js";
+export {
+  executionIdTime,
+  forModel,
+  newExecutionId,
+  type Actor,
+  type Approval,
+  type ApprovalRef,
+  type ApprovalStatus,
+  type Decision,
+  type Descriptor,
+  type Discovery,
+  type Envelope,
+  type EnvelopeError,
+  type ErrorCode,
+  type ExecutionRecord,
+  type ModelError,
+  type Scope,
+  type State,
+  type Status,
+} from "./wire.js";

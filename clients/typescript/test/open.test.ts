@@ -1,0 +1,428 @@
+// The client against a real `capstan dev` without authentication: every
+// principal is _anon. The dev worker serves the demo catalog but email.send,
+// which a `capstan worker` of its own pool serves until the start-deadline
+// test stops it.
+
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { after, before, describe, test } from "node:test";
+import { headers, type NatsConnection } from "@nats-io/nats-core";
+import { connect as natsConnect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { Kvm } from "@nats-io/kv";
+import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, type Envelope } from "../src/index.js";
+import { encodeEnvelope } from "../src/wire.js";
+import { aiTools } from "../src/ai.js";
+import { main } from "../examples/scripted-agent.js";
+import { startDev, type Dev } from "./capstan.js";
+
+const demo = ["demo.echo", "demo.flaky", "demo.sleep", "orders.refund"];
+const bound = (): AbortSignal => AbortSignal.timeout(60_000); // a failure guard, not a measure
+
+let dev: Dev;
+let c: Client;
+let mail: ChildProcess;
+let raw: NatsConnection;
+
+before(async () => {
+  dev = await startDev({ capabilities: demo, flags: ["--envelope-retention", "10h"] });
+  mail = await dev.worker("mail", ["email.send"]);
+  c = await connect({ servers: dev.url, actor: { kind: "user", id: "ada" } });
+  raw = await natsConnect({ servers: dev.url });
+  // The mail pool serves once its worker has started.
+  for (;;) {
+    const env = await c.call("email.send", { to: "ada@example.com", subject: "ready?" }, { signal: bound() });
+    if (env.status === "completed") break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+});
+
+after(async () => {
+  await c?.close();
+  await raw?.close();
+  await dev?.stop();
+});
+
+describe("calls", () => {
+  test("a call completes with its output; the client acts as _anon", async () => {
+    assert.equal(c.principal, "_anon");
+    const env = await c.call("demo.echo", { hello: "world" }, { signal: bound() });
+    assert.equal(env.status, "completed");
+    assert.deepEqual(env.output, { hello: "world" });
+    assert.equal(env.attempts, 1);
+    assert.equal(env.capabilityId, "demo.echo");
+    assert.ok(env.finalizedAt !== undefined && !Number.isNaN(new Date(env.finalizedAt).getTime()));
+  });
+
+  test("an input means what encoding/json makes of it: the echo returns numbers as float64, bytes as base64, times as text", async () => {
+    const env = await c.call(
+      "demo.echo",
+      { text: "héllo 世界 😀", big: 9007199254740993n, n: 7, half: 0.5, bytes: new Uint8Array([1, 2, 3]), when: new Date(Date.UTC(2026, 0, 2, 3, 4, 5, 6)), list: [null, true] },
+      { signal: bound() },
+    );
+    assert.equal(env.status, "completed", JSON.stringify(forModel(env)));
+    assert.deepEqual(env.output, {
+      text: "héllo 世界 😀",
+      big: 9007199254740992, // a float64 holds no more
+      n: 7,
+      half: 0.5,
+      bytes: "AQID",
+      when: "2026-01-02T03:04:05.006Z",
+      list: [null, true],
+    });
+  });
+
+  test("a retried read completes on its second attempt", async () => {
+    const env = await c.call("demo.flaky", { failTimes: 1 }, { signal: bound() });
+    assert.equal(env.status, "completed");
+    assert.equal(env.attempts, 2);
+    assert.deepEqual(env.output, { attempt: 2 });
+  });
+
+  test("submit then await: the same envelope, and status shows record and envelope", async () => {
+    const id = await c.submit("demo.echo", { n: 1 }, { signal: bound() });
+    const env = await c.await(id, { signal: bound() });
+    assert.equal(env.executionId, id);
+    const again = await c.await(id, { signal: bound() });
+    assert.deepEqual(again, env);
+    const s = await c.status(id);
+    assert.deepEqual(s.envelope, env);
+    assert.equal(s.record?.state, "finalized");
+    assert.equal(s.record?.status, "completed");
+  });
+
+  test("many calls in flight each get their own envelope", async () => {
+    const envs = await Promise.all(Array.from({ length: 50 }, (_, i) => c.call("demo.echo", { i }, { signal: bound() })));
+    envs.forEach((env, i) => {
+      assert.equal(env.status, "completed");
+      assert.deepEqual(env.output, { i });
+    });
+    assert.equal(new Set(envs.map((e) => e.executionId)).size, 50);
+  });
+});
+
+describe("governed failures are envelopes, never errors", () => {
+  test("INPUT_INVALID carries every issue, and the model sees them", async () => {
+    const env = await c.call("orders.refund", { orderId: 1, amount: "x" }, { signal: bound() });
+    assert.equal(env.status, "failed");
+    assert.equal(env.error?.code, "INPUT_INVALID");
+    const issues = (env.error?.details as { issues: { path: string }[] }).issues;
+    assert.deepEqual(issues.map((i) => i.path).sort(), ["amount", "orderId"]);
+    assert.deepEqual(forModel(env)?.details, env.error?.details);
+  });
+
+  test("a retryable failure after every attempt: exposed with its message", async () => {
+    const env = await c.call("demo.flaky", { failTimes: 5 }, { signal: bound() });
+    assert.equal(env.status, "failed");
+    assert.equal(env.attempts, 3);
+    assert.deepEqual(forModel(env), { code: "EXECUTION_FAILED", message: "Attempt 3 failed on purpose.", retryable: true });
+  });
+
+  test("a per-attempt timeout ends cancelled TIMEOUT after the retry", async () => {
+    const env = await c.call("demo.sleep", { ms: 3000 }, { signal: bound() });
+    assert.equal(env.status, "cancelled");
+    assert.equal(env.error?.code, "TIMEOUT");
+    assert.equal(env.attempts, 2);
+  });
+
+  test("an unknown capability ends CAPABILITY_NOT_FOUND through _unrouted", async () => {
+    const env = await c.call("demo.nothing", {}, { signal: bound() });
+    assert.equal(env.status, "failed");
+    assert.equal(env.error?.code, "CAPABILITY_NOT_FOUND");
+    assert.ok((await c.status(env.executionId)).envelope !== undefined); // a worker ended it
+  });
+
+  test("an id that can never name a capability is answered without being published", async () => {
+    const env = await c.call("orders.*", {});
+    assert.equal(env.status, "failed");
+    assert.equal(env.error?.code, "CAPABILITY_NOT_FOUND");
+    await assert.rejects(c.status(env.executionId), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+    await assert.rejects(c.submit("Bad Id", {}), (e: CapabilityError) => e instanceof CapabilityError && e.code === "CAPABILITY_NOT_FOUND");
+  });
+
+  test("inputs without a JSON form and invalid ids are refused before anything is sent", async () => {
+    await assert.rejects(c.call("demo.echo", { x: NaN }), (e: CapstanError) => e.code === "INVALID_ARGUMENT");
+    await assert.rejects(c.call("demo.echo", {}, { id: "a.b" }), (e: CapstanError) => e.code === "INVALID_ARGUMENT");
+    await assert.rejects(c.await("a b"), (e: CapstanError) => e.code === "INVALID_ARGUMENT");
+  });
+});
+
+/** How many times email.send's handler ran for id: its calls stream holds one message per run. */
+async function handlerRuns(id: string): Promise<number> {
+  const jsm = await jetstreamManager(raw);
+  const consumer = await jetstream(raw).consumers.get("CAPSTAN_DEMO_CALLS", { filter_subjects: ["capstan.demo.calls.email.send"] });
+  const pending = (await jsm.streams.info("CAPSTAN_DEMO_CALLS", { subjects_filter: "capstan.demo.calls.email.send" })).state.messages;
+  let runs = 0;
+  for (let seen = 0; seen < pending; seen++) {
+    const m = await consumer.next({ expires: 5000 });
+    if (m === null) break;
+    if (m.headers?.get("Capstan-Execution-Id") === id) runs++;
+  }
+  return runs;
+}
+
+describe("duplicate ids", () => {
+  test("one id submitted three times and called once runs once", async () => {
+    const id = newExecutionId();
+    const input = { to: "ada@example.com", subject: "once", holdMs: 200 };
+    const ids = await Promise.all([c.submit("email.send", input, { id }), c.submit("email.send", input, { id }), c.submit("email.send", input, { id })]);
+    assert.deepEqual(ids, [id, id, id]);
+    const env = await c.call("email.send", input, { id, signal: bound() });
+    assert.equal(env.status, "completed");
+    assert.equal(env.attempts, 1);
+    assert.deepEqual(await c.await(id, { signal: bound() }), env);
+    assert.equal(await handlerRuns(id), 1);
+  });
+});
+
+describe("cancel and abort", () => {
+  test("cancel stops a running call: it ends cancelled", async () => {
+    const id = await c.submit("email.send", { to: "ada@example.com", subject: "slow", holdMs: 30_000 });
+    const r = await c.cancel(id);
+    assert.equal(r.executionId, id);
+    assert.notEqual(r.finalized, true);
+    const env = await c.await(id, { signal: bound() });
+    assert.equal(env.status, "cancelled");
+    assert.equal(env.error?.code, "CANCELLED");
+  });
+
+  test("cancelling an execution that ended changes nothing: the workers say so", async () => {
+    const env = await c.call("demo.echo", { done: true }, { signal: bound() });
+    const r = await c.cancel(env.executionId);
+    assert.equal(r.finalized, true);
+    assert.equal(r.status, "completed");
+    assert.deepEqual(await c.await(env.executionId), env);
+  });
+
+  test("an aborted wait is not a failure of the execution: it goes on and can be awaited", async () => {
+    const ac = new AbortController();
+    const call = c.call("demo.sleep", { ms: 700 }, { signal: ac.signal }); // well under its 1 s timeout
+    setTimeout(() => { ac.abort(new Error("the user went away")); }, 20);
+    const err = (await call.then(
+      () => assert.fail("the call should have been aborted"),
+      (e: unknown) => e,
+    )) as CapstanError;
+    assert.equal(err.code, "ABORTED");
+    assert.equal((err.cause as Error).message, "the user went away");
+    assert.ok(err.executionId !== undefined);
+    const env = await c.await(err.executionId, { signal: bound() });
+    assert.equal(env.status, "completed");
+  });
+
+  test("cancelOnAbort cancels the execution too", async () => {
+    const ac = new AbortController();
+    const call = c.call("email.send", { to: "ada@example.com", subject: "abort me", holdMs: 30_000 }, { signal: ac.signal, cancelOnAbort: true });
+    setTimeout(() => { ac.abort(); }, 300);
+    const err = (await call.catch((e: unknown) => e)) as CapstanError;
+    assert.equal(err.code, "ABORTED");
+    const env = await c.await(err.executionId as string, { signal: bound() });
+    assert.equal(env.status, "cancelled");
+  });
+
+  test("a closed client ends its waits with CLOSED and submits nothing", async () => {
+    const other = await connect({ servers: dev.url });
+    const id = newExecutionId(); // never submitted: nothing will answer it
+    const wait = other.await(id);
+    await new Promise((r) => setTimeout(r, 50));
+    await other.close();
+    await assert.rejects(wait, (e: CapstanError) => e.code === "CLOSED" && e.executionId === id);
+    await assert.rejects(other.call("demo.echo", {}), (e: CapstanError) => e.code === "CLOSED");
+  });
+});
+
+describe("approvals on an open server", () => {
+  test("approval required, decided by someone else, resumed once", async () => {
+    const env = await c.call("orders.refund", { orderId: "o-1", amount: 900 }, { signal: bound() });
+    assert.equal(env.status, "approval-required");
+    const approvalId = env.approval?.id as string;
+    assert.deepEqual(env.approval?.types, ["finance"]);
+
+    const [pending] = await c.approvals.list({ status: "pending", capabilityId: "orders.refund" }).then((rs) => rs.filter((r) => r.id === approvalId));
+    assert.deepEqual(pending?.input, { amount: 900, orderId: "o-1" });
+
+    await assert.rejects(c.approvals.decide(approvalId, { approve: true, approver: { kind: "user", id: "ada" } }), (e: CapstanError) =>
+      e.conditions.includes("self_approval"),
+    );
+    const approved = await c.approvals.decide(approvalId, { approve: true, approver: { kind: "user", id: "bob" }, comment: "ok" });
+    assert.equal(approved.status, "approved");
+    assert.equal(approved.decision?.approver?.id, "bob");
+
+    const results = await Promise.all([c.resume(approvalId, { signal: bound() }), c.resume(approvalId, { signal: bound() })]);
+    const completed = results.filter((e) => e.status === "completed");
+    assert.equal(completed.length, 1);
+    assert.deepEqual(completed[0]?.output, { orderId: "o-1", amount: 900, repeated: false });
+    const refused = results.find((e) => e.status === "failed");
+    assert.equal(refused?.error?.code, "APPROVAL_CONSUMED");
+    assert.equal((await c.approvals.get(approvalId)).status, "consumed");
+  });
+
+  test("an unknown approval is refused in an envelope", async () => {
+    const env = await c.resume(newExecutionId(), { signal: bound() });
+    assert.equal(env.status, "failed");
+    assert.equal(env.error?.code, "FORBIDDEN");
+  });
+});
+
+describe("describe", () => {
+  test("what the surface may see, with input schemas", async () => {
+    const d = await c.describe({ surface: "mcp" });
+    const ids = d.capabilities.map((x) => x.id);
+    assert.deepEqual(ids, [...ids].sort());
+    assert.ok(ids.includes("orders.refund"));
+    const refund = d.capabilities.find((x) => x.id === "orders.refund");
+    const props = refund?.inputSchema?.properties as Record<string, unknown>;
+    assert.deepEqual(Object.keys(props).sort(), ["amount", "orderId"]);
+    assert.equal(refund?.sideEffect, "write");
+    assert.match(d.digest, /^[0-9a-f]{64}$/);
+    assert.ok(d.id.length > 0);
+  });
+
+  test("a malformed actor is refused with a CapabilityError", async () => {
+    await assert.rejects(c.describe({ actor: { kind: "martian", id: "x" } }), (e: CapabilityError) => e instanceof CapabilityError && e.code === "UNAUTHENTICATED");
+  });
+});
+
+describe("what a client must refuse", () => {
+  // On an open server anyone may publish anything: these forge what the
+  // server itself would send, to see which the client takes.
+  const forge = (id: string, env: Envelope, subjectHeader?: string): void => {
+    const h = headers();
+    if (subjectHeader !== undefined) h.set("Nats-Subject", subjectHeader);
+    raw.publish(`capstan.envelope._anon.${id}`, encodeEnvelope(env), { headers: h });
+  };
+  const envelopeOf = (id: string, v = 1): Envelope => ({
+    v,
+    executionId: id,
+    capabilityId: "demo.echo",
+    status: "completed",
+    output: { forged: true },
+    attempts: 1,
+    durationMs: 1,
+    finalizedAt: new Date().toISOString(),
+  });
+
+  test("an envelope is taken only from the republish of the very key awaited, of a known v", async () => {
+    const id = newExecutionId();
+    const wait = c.await(id, { signal: bound() });
+    await new Promise((r) => setTimeout(r, 100));
+    forge(id, envelopeOf(id)); // no Nats-Subject: a reply aimed at the subject
+    forge(id, envelopeOf(id), `$KV.CAPSTAN_ENVELOPES._anon.${newExecutionId()}`); // another key's
+    forge(id, envelopeOf(newExecutionId()), `$KV.CAPSTAN_ENVELOPES._anon.${id}`); // another execution's body
+    forge(id, envelopeOf(id, 2), `$KV.CAPSTAN_ENVELOPES._anon.${id}`); // an unknown schema version
+    await raw.flush();
+    const good = { ...envelopeOf(id), output: { taken: true } };
+    setTimeout(() => { forge(id, good, `$KV.CAPSTAN_ENVELOPES._anon.${id}`); }, 200);
+    const env = await wait;
+    assert.deepEqual(env.output, { taken: true });
+  });
+
+  test("a stored envelope of an unknown v is refused with DECODE", async () => {
+    const id = newExecutionId();
+    const kv = await new Kvm(raw).open("CAPSTAN_ENVELOPES");
+    await kv.put(`_anon.${id}`, encodeEnvelope(envelopeOf(id, 2)));
+    await assert.rejects(c.status(id), (e: CapstanError) => e.code === "DECODE");
+    await assert.rejects(c.await(id, { signal: bound() }), (e: CapstanError) => e.code === "DECODE");
+  });
+});
+
+describe("AI SDK tools", () => {
+  test("the capabilities become tools in the SDK's shape; execute is a governed call", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    assert.ok("demo_echo" in tools && "orders_refund" in tools && "capstan_resume" in tools && "capstan_status" in tools);
+    // The SDK's isSchema: Symbol.for("vercel.ai.schema"), jsonSchema and validate.
+    const schema = tools.orders_refund?.inputSchema as Record<string | symbol, unknown>;
+    assert.equal(schema[Symbol.for("vercel.ai.schema")], true);
+    assert.ok("validate" in schema);
+    assert.deepEqual(Object.keys((schema.jsonSchema as { properties: object }).properties).sort(), ["amount", "orderId"]);
+    assert.match(tools.orders_refund?.description ?? "", /approval/);
+
+    assert.deepEqual(await tools.demo_echo?.execute({ a: 1 }), { a: 1 });
+  });
+
+  test("a failure shows the model only forModel(); an approval what to do next", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    const failed = (await tools.demo_flaky?.execute({ failTimes: 5 })) as { status: string; error: unknown };
+    assert.equal(failed.status, "failed");
+    assert.deepEqual(failed.error, { code: "EXECUTION_FAILED", message: "Attempt 3 failed on purpose.", retryable: true });
+    const approval = (await tools.orders_refund?.execute({ orderId: "o-7", amount: 901 })) as { status: string; approvalId: string; next: string };
+    assert.equal(approval.status, "approval-required");
+    assert.match(approval.next, /You cannot approve it yourself/);
+    const early = (await tools.capstan_resume?.execute({ approvalId: approval.approvalId })) as { error: { code: string } };
+    assert.equal(early.error.code, "APPROVAL_PENDING");
+  });
+
+  test("a call that outlives the tool's wait goes on, and the model is told how to read it", async () => {
+    const tools = await aiTools(c, { surface: "mcp", callTimeoutMs: 50 });
+    const r = (await tools.demo_sleep?.execute({ ms: 500 })) as { status: string; executionId: string };
+    assert.equal(r.status, "running");
+    const tools2 = await aiTools(c, { surface: "mcp" });
+    for (;;) {
+      const s = (await tools2.capstan_status?.execute({ executionId: r.executionId })) as { status?: string; sleptMs?: number };
+      if (s.status !== "running") {
+        assert.deepEqual(s, { sleptMs: 500 });
+        break;
+      }
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  });
+
+  test("the model's abort cancels the execution", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    const ac = new AbortController();
+    const run = tools.email_send?.execute({ to: "x@example.com", subject: "abort", holdMs: 30_000 }, { abortSignal: ac.signal });
+    setTimeout(() => { ac.abort(); }, 300);
+    const err = (await run?.catch((e: unknown) => e)) as CapstanError;
+    assert.equal(err.code, "ABORTED");
+    const env = await c.await(err.executionId as string, { signal: bound() });
+    assert.equal(env.status, "cancelled");
+  });
+
+  test("the example's scripted loop runs: echo, a failure, an approval, one resume", async () => {
+    const lines: string[] = [];
+    const results = await main(dev.url, (l) => lines.push(l));
+    assert.deepEqual(results[0], { question: "Is capstan up?" });
+    assert.equal((results[2] as { status: string }).status, "approval-required");
+    assert.deepEqual(results[3], { orderId: "o-42", amount: 900, repeated: false });
+    assert.equal(lines.length, 1 + 4 + 1);
+  });
+});
+
+describe("expiry and start deadlines", () => {
+  test("the client reads the envelope retention and caps start windows below it", () => {
+    assert.equal(c.retentionMs, 10 * 3600_000);
+    assert.equal(c.maxStartWithinMs, 9 * 3600_000);
+    assert.equal(maxStartWithinMs(25 * 3600_000), 24 * 3600_000);
+    assert.equal(maxStartWithinMs(5 * 3600_000), 4.5 * 3600_000);
+  });
+
+  test("an execution older than the retention, with nothing left of it, is EXPIRED", async () => {
+    // A UUIDv7 made two days ago.
+    const ms = Date.now() - 2 * 24 * 3600_000;
+    const hex = ms.toString(16).padStart(12, "0");
+    const id = `${hex.slice(0, 8)}-${hex.slice(8)}-7abc-8def-0123456789ab`;
+    const err = (await c.await(id).catch((e: unknown) => e)) as ExpiredError;
+    assert.ok(err instanceof ExpiredError, String(err));
+    assert.equal(err.code, "EXPIRED");
+    assert.equal(err.unknown, true);
+    assert.equal(err.madeAt.getTime(), ms);
+    await assert.rejects(c.status(id), (e: CapstanError) => e.code === "EXPIRED");
+  });
+
+  test("an id the client did not make says nothing of its age: awaiting it waits", async () => {
+    await assert.rejects(c.await("not-a-uuid", { signal: AbortSignal.timeout(300) }), (e: CapstanError) => e.code === "ABORTED");
+    await assert.rejects(c.status("not-a-uuid"), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+  });
+
+  test("a request no worker starts by its start deadline ends NOT_STARTED", async () => {
+    mail.kill("SIGTERM");
+    await new Promise((r) => mail.once("exit", r));
+    const env = await c.call("email.send", { to: "ada@example.com", subject: "nobody serves me" }, { startWithinMs: 500, signal: bound() });
+    assert.equal(env.status, "failed");
+    assert.deepEqual(forModel(env), {
+      code: "NOT_STARTED",
+      message: "No worker started the operation before its start deadline; it never ran.",
+      retryable: false,
+    });
+    assert.equal(env.attempts, 0);
+  });
+});

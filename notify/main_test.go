@@ -1,0 +1,13 @@
+package notify
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every notifier, receiver, worker and connection must be gone when the
+// tests end.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
