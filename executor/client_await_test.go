@@ -76,6 +76,7 @@ func TestClosedClient_SubmitsNothing(t *testing.T) {
 // is refused as not decoding (docs/wire.md), by Await and Status alike, at
 // once: envelopes are written once, and waiting would never see another.
 func TestAwaitAndStatus_UnknownVersionRefused(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
