@@ -116,16 +116,20 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 	nc := env.Connect(t)
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
-	runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	e, err := c.Call(ctx, "t.echo", echoIn{}, executor.WithTraceparent(tp))
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
 	}
+	stop() // a stopped worker has stored its audit events
 	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(trail) == 0 {
+		t.Fatal("no audit trail")
 	}
 	for _, ev := range trail {
 		if ev.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
