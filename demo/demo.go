@@ -209,27 +209,29 @@ type HandlerCall struct {
 	Attempt      int
 }
 
-// ReadCalls returns every handler call the calls stream holds, oldest first.
+// ReadCalls returns every handler call the calls stream holds, oldest first:
+// as many as the stream's state counts (a consumer's count of what it has
+// pending can lag behind a stream a cluster has just replicated).
 func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, error) {
 	s, err := js.Stream(ctx, CallsStream)
 	if err != nil {
 		return nil, fmt.Errorf("demo: calls stream: %w", err)
 	}
+	stored := s.CachedInfo().State.Msgs
+	calls := make([]HandlerCall, 0, stored)
+	if stored == 0 {
+		return calls, nil
+	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		return nil, fmt.Errorf("demo: read calls: %w", err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("demo: read calls: %w", err)
-	}
-	calls := make([]HandlerCall, 0, info.NumPending)
-	for left := info.NumPending; left > 0; {
-		batch, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
+	for uint64(len(calls)) < stored {
+		batch, err := cons.Fetch(int(min(stored-uint64(len(calls)), 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			return nil, fmt.Errorf("demo: read calls: %w", err)
 		}
-		got := uint64(0)
+		got := 0
 		for m := range batch.Messages() {
 			attempt, _ := strconv.Atoi(m.Headers().Get(AttemptHeader))
 			calls = append(calls, HandlerCall{
@@ -243,9 +245,8 @@ func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, erro
 			if err := batch.Error(); err != nil {
 				return nil, fmt.Errorf("demo: read calls: %w", err)
 			}
-			return nil, fmt.Errorf("demo: read calls: %d of %d messages not delivered", left, info.NumPending)
+			return nil, fmt.Errorf("demo: read calls: %d of %d messages not delivered", stored-uint64(len(calls)), stored)
 		}
-		left -= got
 	}
 	return calls, nil
 }
