@@ -243,6 +243,10 @@ func shownTo(r *Record, principal string) *Record {
 	return &v
 }
 
+// ShownTo is r as principal may receive it (see shownTo): what any reader on
+// a principal's behalf hands it, an execution's view among them.
+func ShownTo(r *Record, principal string) *Record { return shownTo(r, principal) }
+
 // requestedBy reports whether an authenticated principal requested r.
 func requestedBy(r *Record, principal string) bool {
 	return principal != "" && principal != broker.Anonymous && r.Principal == principal

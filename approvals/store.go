@@ -21,6 +21,17 @@ type Store struct {
 	kv    jetstream.KeyValue
 	audit *audit.Emitter
 	now   func() time.Time
+	// skipped is told of each record a listing skipped (see OnSkipped).
+	skipped func(key string, err error)
+}
+
+// OnSkipped has f told of every record a listing (List, ListAs, ExpireDue)
+// skips because it does not decode, with its key and the decoding error: one
+// bad record is that approval's problem alone, never the listing's. The
+// workers log and count them; it returns s.
+func (s *Store) OnSkipped(f func(key string, err error)) *Store {
+	s.skipped = f
+	return s
 }
 
 // NewStore returns a store over b's approvals bucket. Decisions are audited on
@@ -125,7 +136,9 @@ type Filter struct {
 	Actor envelope.Actor
 }
 
-// List returns the approvals that match f, oldest first.
+// List returns the approvals that match f, oldest first. A record that does
+// not decode is skipped (and reported, see OnSkipped), never the listing's
+// failure.
 func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 	if s.kv == nil {
 		return nil, ErrNoBucket
@@ -144,6 +157,13 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 		r, _, err := s.load(ctx, id)
 		if errors.Is(err, ErrNotFound) {
 			continue // removed since it was listed
+		}
+		if errors.Is(err, envelope.ErrDecode) {
+			// Whoever wrote it, it decides nothing for the others.
+			if s.skipped != nil {
+				s.skipped(id, err)
+			}
+			continue
 		}
 		if err != nil {
 			return nil, err

@@ -557,3 +557,49 @@ func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
 	}
 	return evs
 }
+
+// One approval that does not decode (an empty value, garbage) is that
+// approval's problem alone: every listing skips it and tells OnSkipped, and
+// lists, expires and decides the others.
+func TestList_SkipsARecordThatDoesNotDecode(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	s, b := storeOn(t, testenv.Start(t).Connect(t))
+	var mu sync.Mutex
+	var skipped []string
+	s.OnSkipped(func(key string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !errors.Is(err, envelope.ErrDecode) {
+			t.Errorf("skipped %s for %v, want a decoding error", key, err)
+		}
+		skipped = append(skipped, key)
+	})
+	good := pending(t, s, 900)
+	empty, garbage := envelope.NewExecutionID(), envelope.NewExecutionID()
+	if _, err := b.Approvals.Put(ctx, empty, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Approvals.Put(ctx, garbage, []byte{0xc1, 0xc1}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.List(ctx, approvals.Filter{})
+	if err != nil || len(list) != 1 || list[0].ID != good.ID {
+		t.Fatalf("list: %v %+v", err, list)
+	}
+	if _, err := s.ExpireDue(ctx); err != nil {
+		t.Fatalf("expiring with a record that does not decode: %v", err)
+	}
+	mu.Lock()
+	n := len(skipped)
+	mu.Unlock()
+	if n < 2 {
+		t.Fatalf("skipped %v, want both bad records told", skipped)
+	}
+	if _, err := s.Decide(ctx, good.ID, approvals.Verdict{Approve: true, Approver: carol}); err != nil {
+		t.Fatalf("deciding the good one: %v", err)
+	}
+	if _, err := s.Get(ctx, empty); !errors.Is(err, envelope.ErrDecode) {
+		t.Fatalf("the bad record read alone: %v, want its decoding error", err)
+	}
+}

@@ -3,6 +3,7 @@ package audit
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,9 +25,13 @@ import (
 // within AckTimeout of its batch's commit is counted as not stored, as an
 // asynchronous publish that timed out is.
 type batcher struct {
-	e     *Emitter
-	inbox string // replies arrive on inbox.<batch>.<flow>.ok.<seq>.<op>.$FI
-	sub   *nats.Subscription
+	nc      *nats.Conn
+	timeout time.Duration // the emitter's AckTimeout
+	log     *slog.Logger
+	what    string           // what a message holds, for the log: "audit event", "index entry"
+	lost    func(events int) // counts what was not stored
+	inbox   string           // replies arrive on inbox.<batch>.<flow>.ok.<seq>.<op>.$FI
+	sub     *nats.Subscription
 
 	mu        sync.Mutex
 	cur       *openBatch            // the batch new events join; nil: start one
@@ -40,6 +45,7 @@ type batcher struct {
 
 type openBatch struct {
 	id       string
+	subject  string // the first message's: the commit goes there
 	seq      uint64 // sequence of the last message published
 	msgs     []batchMsg
 	last     time.Time // when a message was last published
@@ -79,11 +85,11 @@ const (
 	renewAfter = 5 * time.Second
 )
 
-func newBatcher(e *Emitter) (*batcher, error) {
-	b := &batcher{e: e, inbox: e.nc.NewInbox(), committed: map[string]*openBatch{},
-		room: make(chan struct{}), idle: make(chan struct{})}
+func newBatcher(nc *nats.Conn, timeout time.Duration, log *slog.Logger, what string, lost func(int)) (*batcher, error) {
+	b := &batcher{nc: nc, timeout: timeout, log: log, what: what, lost: lost, inbox: nc.NewInbox(),
+		committed: map[string]*openBatch{}, room: make(chan struct{}), idle: make(chan struct{})}
 	close(b.idle)
-	sub, err := e.nc.Subscribe(b.inbox+".>", b.reply)
+	sub, err := nc.Subscribe(b.inbox+".>", b.reply)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +106,7 @@ func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 		b.mu.Unlock()
 		select {
 		case <-room:
-		case <-time.After(b.e.opts.AckTimeout):
+		case <-time.After(b.timeout):
 			return errStalled
 		}
 		b.mu.Lock()
@@ -110,7 +116,7 @@ func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 		return errBatchOff
 	}
 	now := time.Now()
-	online, reconnects := b.e.nc.IsConnected(), b.e.nc.Stats().Reconnects
+	online, reconnects := b.nc.IsConnected(), b.nc.Stats().Reconnects
 	if c := b.cur; c != nil && (now.Sub(c.last) > renewAfter || c.reconnects != reconnects || c.online && !online) {
 		// Idle long enough for the stream to forget it soon, or begun before
 		// the connection was lost, when a server that restarted no longer
@@ -122,7 +128,7 @@ func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 		b.cur = nil
 	}
 	if b.cur == nil {
-		b.cur = &openBatch{id: nats.NewInbox()[len(nats.InboxPrefix):], online: online, reconnects: reconnects}
+		b.cur = &openBatch{id: nats.NewInbox()[len(nats.InboxPrefix):], subject: m.Subject, online: online, reconnects: reconnects}
 	}
 	c := b.cur
 	c.last = now
@@ -132,7 +138,7 @@ func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 		op = opStart
 	}
 	m.Reply = b.subject(c.id, c.seq, op)
-	if err := b.e.nc.PublishMsg(m); err != nil {
+	if err := b.nc.PublishMsg(m); err != nil {
 		c.seq-- // the next message takes its place: the stream saw no gap
 		b.mu.Unlock()
 		return err
@@ -150,8 +156,8 @@ func (b *batcher) publish(m *nats.Msg, events int, key string) error {
 }
 
 var (
-	errStalled  = errors.New("audit stream did not acknowledge in time")
-	errBatchOff = errors.New("audit stream does not take batches")
+	errStalled  = errors.New("the stream did not acknowledge in time")
+	errBatchOff = errors.New("the stream does not take batches")
 )
 
 // maxPending bounds the messages not yet confirmed, as PublishAsyncMaxPending
@@ -205,13 +211,13 @@ func (b *batcher) commitLocked(now time.Time) {
 	if len(c.msgs) == 0 {
 		return
 	}
-	c.deadline = now.Add(b.e.opts.AckTimeout)
+	c.deadline = now.Add(b.timeout)
 	b.committed[c.id] = c
-	m := &nats.Msg{Subject: b.e.names.AuditSubject(c.msgs[0].key), Reply: b.subject(c.id, c.seq+1, opCommitEOB)}
-	if err := b.e.nc.PublishMsg(m); err != nil {
+	m := &nats.Msg{Subject: c.subject, Reply: b.subject(c.id, c.seq+1, opCommitEOB)}
+	if err := b.nc.PublishMsg(m); err != nil {
 		c.deadline = now // nothing will confirm the tail
 	}
-	b.arm(b.e.opts.AckTimeout)
+	b.arm(b.timeout)
 }
 
 // flush commits the open batch and returns a channel closed once nothing is
@@ -256,7 +262,7 @@ func (b *batcher) reply(m *nats.Msg) {
 	if m.Header.Get("Status") == "503" {
 		r.Error = &batchError{Code: errNoStream, Description: "no stream answered"}
 	} else if err := json.Unmarshal(m.Data, &r); err != nil {
-		b.e.opts.Logger.Warn("audit batch reply does not decode", "err", err)
+		b.log.Warn("batch reply does not decode", "of", b.what, "err", err)
 		return
 	}
 	b.mu.Lock()
@@ -344,9 +350,9 @@ func (b *batcher) retireLocked(c *openBatch) {
 	}
 	b.cur = nil
 	if len(c.msgs) > 0 {
-		c.deadline = time.Now().Add(b.e.opts.AckTimeout)
+		c.deadline = time.Now().Add(b.timeout)
 		b.committed[c.id] = c
-		b.arm(b.e.opts.AckTimeout)
+		b.arm(b.timeout)
 	}
 }
 
@@ -358,8 +364,8 @@ func (b *batcher) lostLocked(c *openBatch, msgs []batchMsg, why string) {
 	gone := map[uint64]bool{}
 	for _, m := range msgs {
 		gone[m.seq] = true
-		b.e.fail(m.events)
-		b.e.opts.Logger.Warn("audit event not stored", "execution", m.key, "events", m.events, "err", why)
+		b.lost(m.events)
+		b.log.Warn(b.what+" not stored", "execution", m.key, "events", m.events, "err", why)
 	}
 	kept := c.msgs[:0]
 	for _, m := range c.msgs {

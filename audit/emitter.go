@@ -64,6 +64,14 @@ type Emitter struct {
 	batchable bool
 	batchOnce sync.Once
 	batch     atomic.Pointer[batcher]
+	// The executions index (index.go): an entry for each message that
+	// begins or ends an execution, in a fast batch of its own. indexed is
+	// false when the broker has no index stream (a client's emitter).
+	indexed      bool
+	indexOnce    sync.Once
+	indexBatch   atomic.Pointer[batcher]
+	indexFailed  atomic.Uint64
+	indexBatches bool
 }
 
 // ErrMixedExecutions is returned (or, for EmitAll, counted and logged) when
@@ -93,7 +101,64 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	}
 	e.js = js
 	e.batchable = !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish
+	e.indexed = !opts.Disabled && b.Index != nil
+	e.indexBatches = e.indexed && !opts.Unacknowledged && b.Index.CachedInfo().Config.AllowBatchPublish
 	return e
+}
+
+// indexBatcher returns the batcher of index entries, made on first use; nil
+// when the index stream does not take batches.
+func (e *Emitter) indexBatcher() *batcher {
+	e.indexOnce.Do(func() {
+		if !e.indexBatches {
+			return
+		}
+		b, err := newBatcher(e.nc, e.opts.AckTimeout, e.opts.Logger, "index entry", func(n int) { e.indexFailed.Add(uint64(n)) })
+		if err != nil {
+			e.opts.Logger.Warn("index entries acknowledged one by one", "err", err)
+			return
+		}
+		e.indexBatch.Store(b)
+	})
+	return e.indexBatch.Load()
+}
+
+// IndexFailed counts index entries JetStream did not store: executions a
+// listing misses (their trails and envelopes are whole).
+func (e *Emitter) IndexFailed() uint64 { return e.indexFailed.Load() }
+
+// index files the index entry of evs, a message of the trail, if they begin
+// or end an execution: asynchronously, whatever the trail's mode, since a
+// listing is no evidence. Called after the trail's message was handed over,
+// so that an entry never names an execution whose trail was refused first.
+func (e *Emitter) index(evs []*Event) {
+	if !e.indexed {
+		return
+	}
+	entry := EntryOf(evs)
+	if entry == nil {
+		return
+	}
+	m, enc, err := indexMessage(e.names, entry)
+	if err == nil {
+		switch batch := e.indexBatcher(); {
+		case e.opts.Unacknowledged:
+			err = e.nc.PublishMsg(m)
+		case batch != nil:
+			err = batch.publish(m, 1, broker.Key(entry.Principal, entry.ExecutionID))
+		default:
+			err = errBatchOff
+		}
+		if errors.Is(err, errBatchOff) {
+			m.Data = bytes.Clone(m.Data)
+			_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
+		}
+		enc.Release()
+	}
+	if err != nil {
+		e.indexFailed.Add(1)
+		e.opts.Logger.Warn("index entry not published", "executionId", entry.ExecutionID, "status", entry.Status, "err", err)
+	}
 }
 
 // batcher returns the batcher of asynchronous events, made on first use; nil
@@ -103,7 +168,7 @@ func (e *Emitter) batcher() *batcher {
 		if !e.batchable {
 			return
 		}
-		b, err := newBatcher(e)
+		b, err := newBatcher(e.nc, e.opts.AckTimeout, e.opts.Logger, "audit event", e.fail)
 		if err != nil {
 			e.opts.Logger.Warn("audit events acknowledged one by one", "err", err)
 			return
@@ -195,6 +260,7 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 		return
 	}
 	e.sent.Add(uint64(len(evs)))
+	e.index(evs)
 }
 
 // EmitSync publishes ev and waits until JetStream has stored it. Earlier
@@ -221,6 +287,7 @@ func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	e.sent.Add(uint64(len(evs)))
+	e.index(evs)
 	return nil
 }
 
@@ -242,7 +309,10 @@ func (e *Emitter) Flush(ctx context.Context) error {
 			return err
 		}
 	}
-	if batch := e.batch.Load(); batch != nil {
+	for _, batch := range []*batcher{e.batch.Load(), e.indexBatch.Load()} {
+		if batch == nil {
+			continue
+		}
 		select {
 		case <-batch.flush():
 		case <-ctx.Done():

@@ -62,6 +62,11 @@ func newReader(b *broker.Broker, principal, executionID string) *reader {
 	return &reader{nc: b.NC, stream: b.Names.AuditStream(), key: broker.Key(principal, executionID), id: executionID, direct: true}
 }
 
+// newStreamReader reads any stream of capstan's (the executions index).
+func newStreamReader(nc *nats.Conn, stream string) *reader {
+	return &reader{nc: nc, stream: stream, direct: true}
+}
+
 func (r *reader) close() {
 	if r.sub != nil {
 		_ = r.sub.Unsubscribe()

@@ -21,36 +21,72 @@ import (
 const (
 	StateFile        = "capstan-auth.json" // principals and grants, public keys and JWTs
 	ServerConfigFile = "nats-server.conf"  // an official nats-server's configuration
+	// ResolverDirName is where, by default, an official nats-server keeps
+	// the account JWTs pushed to it: a directory beside the configuration.
+	ResolverDirName  = "jwt"
 	operatorSeedFile = "operator.nk"
-	accountSeedFile  = "account.nk"
+	accountSeedFile  = "account.nk" // the capstan account's
+	systemSeedFile   = "sys.nk"
+	accountSeedExt   = ".account.nk" // a principal's own account: NAME.account.nk
 )
 
 // Principals init creates.
 const (
 	AdminPrincipal  = "admin"
 	WorkerPrincipal = "worker"
+	// PushUser is the system account's user that pushes account JWTs to a
+	// running server (DIR/push.creds); it is no principal of capstan's.
+	PushUser = "push"
 )
+
+// SetupVersion is the layout Init writes: an account per producer and
+// approver (DESIGN §12 "Accounts per principal"). Version 1, every principal
+// a user of the capstan account, is moved by Migrate.
+const SetupVersion = 2
 
 // ErrExists is returned by Init over an existing setup and by Add for a
 // principal that exists.
 var ErrExists = errors.New("capstan auth: already exists")
 
-// Setup is a directory of generated credentials: an operator, the system
-// account, one account holding capstan's streams and buckets, and a user per
-// principal whose permissions are signed into its credentials. Adding a
-// principal does not change the server's configuration: the server trusts the
-// operator, and the account signs users.
+// ErrNeedsMigration is returned for a setup of an earlier layout by what
+// needs the current one.
+var ErrNeedsMigration = errors.New("capstan auth: setup of an earlier layout")
+
+// Setup is a directory of generated credentials: an operator; the system
+// account and its push user; the capstan account, which holds every stream
+// and bucket and whose users are the admins and workers; and an account of
+// its own for every producer and approver, which imports from the capstan
+// account only its own subjects (see Crossings). The server trusts the
+// operator and learns a principal's account when it is pushed (Push), with
+// no restart.
 type Setup struct {
 	Dir string `json:"-"`
 	V   int    `json:"v"`
 	// Prefix names capstan's resources (default CAPSTAN).
-	Prefix        string  `json:"prefix"`
-	OperatorJWT   string  `json:"operatorJwt"`
-	SystemAccount string  `json:"systemAccount"`
-	SystemJWT     string  `json:"systemJwt"`
-	Account       string  `json:"account"`
-	AccountJWT    string  `json:"accountJwt"`
-	Principals    []Grant `json:"principals"`
+	Prefix        string `json:"prefix"`
+	OperatorJWT   string `json:"operatorJwt"`
+	SystemAccount string `json:"systemAccount"`
+	SystemJWT     string `json:"systemJwt"`
+	// Account is the capstan account's public key; JetStream keeps its
+	// streams under it.
+	Account    string `json:"account"`
+	AccountJWT string `json:"accountJwt"`
+	// ResolverDir is where an official nats-server keeps pushed account
+	// JWTs (its full resolver's directory).
+	ResolverDir string  `json:"resolverDir,omitempty"`
+	Principals  []Grant `json:"principals"`
+	// Removed are accounts of principals removed since: each revokes its
+	// user, and every push sends it again so that no server keeps an older
+	// version.
+	Removed []RemovedAccount `json:"removed,omitempty"`
+}
+
+// RemovedAccount is the last version of a removed principal's account.
+type RemovedAccount struct {
+	Principal  string    `json:"principal"`
+	Account    string    `json:"account"`
+	AccountJWT string    `json:"accountJwt"`
+	RemovedAt  time.Time `json:"removedAt"`
 }
 
 // Names returns the resource names of the setup.
@@ -60,6 +96,9 @@ func (s *Setup) Names() broker.Names { return broker.NewNames(s.Prefix) }
 func (s *Setup) CredsPath(principal string) string {
 	return filepath.Join(s.Dir, principal+".creds")
 }
+
+// PushCredsPath returns where the push user's credentials are.
+func (s *Setup) PushCredsPath() string { return s.CredsPath(PushUser) }
 
 // ServerConfigPath returns the nats-server configuration's path.
 func (s *Setup) ServerConfigPath() string { return filepath.Join(s.Dir, ServerConfigFile) }
@@ -74,8 +113,22 @@ func (s *Setup) Grant(principal string) (Grant, bool) {
 	return Grant{}, false
 }
 
-// Init creates a setup in dir (created if missing, 0700): operator, accounts,
-// the admin and worker principals, their credentials and nats-server.conf.
+// Current returns nil for a setup of the current layout, and otherwise an
+// error wrapping ErrNeedsMigration that says what to run.
+func (s *Setup) Current() error {
+	if s.V == SetupVersion {
+		return nil
+	}
+	if s.V < SetupVersion {
+		return fmt.Errorf("%w (v%d, every principal in one account): run 'capstan auth migrate %s' first, "+
+			"which gives producers and approvers accounts of their own and new credentials", ErrNeedsMigration, s.V, s.Dir)
+	}
+	return fmt.Errorf("capstan auth: %s holds a setup of layout v%d, newer than this capstan knows (v%d)", s.Dir, s.V, SetupVersion)
+}
+
+// Init creates a setup in dir (created if missing, 0700): the operator, the
+// system account and its push user, the capstan account, the admin and
+// worker principals, their credentials and nats-server.conf.
 func Init(dir, prefix string) (*Setup, error) {
 	if _, err := os.Stat(filepath.Join(dir, StateFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s holds a setup", ErrExists, dir)
@@ -83,40 +136,38 @@ func Init(dir, prefix string) (*Setup, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("capstan auth: %w", err)
 	}
-	s := &Setup{Dir: dir, V: 1, Prefix: broker.NewNames(prefix).SubjectPrefix()}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("capstan auth: %w", err)
+	}
+	s := &Setup{Dir: dir, V: SetupVersion, Prefix: broker.NewNames(prefix).SubjectPrefix(),
+		ResolverDir: filepath.Join(abs, ResolverDirName)}
 	okp, err := nkeys.CreateOperator()
 	if err != nil {
 		return nil, err
 	}
-	opub, _ := okp.PublicKey()
-	sys, sysSeed, err := newAccount(okp, "SYS", false)
+	akp, err := nkeys.CreateAccount()
 	if err != nil {
 		return nil, err
 	}
-	acc, accSeed, err := newAccount(okp, strings.ToUpper(s.Prefix), true)
-	if err != nil {
+	s.Account, _ = akp.PublicKey()
+	k := &keys{operator: okp, account: akp}
+	if err := s.newSystemAccount(k); err != nil {
 		return nil, err
 	}
-	oc := jwt.NewOperatorClaims(opub)
-	oc.Name = "capstan"
-	oc.SystemAccount = sys.Subject
-	if s.OperatorJWT, err = oc.Encode(okp); err != nil {
-		return nil, fmt.Errorf("capstan auth: sign operator: %w", err)
+	if err := s.signCapstanAccount(k, nil); err != nil {
+		return nil, err
 	}
-	if s.SystemJWT, err = sys.Encode(okp); err != nil {
-		return nil, fmt.Errorf("capstan auth: sign system account: %w", err)
-	}
-	if s.AccountJWT, err = acc.Encode(okp); err != nil {
-		return nil, fmt.Errorf("capstan auth: sign account: %w", err)
-	}
-	s.SystemAccount, s.Account = sys.Subject, acc.Subject
 	oseed, _ := okp.Seed()
-	for name, seed := range map[string][]byte{operatorSeedFile: oseed, accountSeedFile: accSeed} {
-		if err := os.WriteFile(filepath.Join(dir, name), seed, 0o600); err != nil {
-			return nil, fmt.Errorf("capstan auth: %w", err)
+	aseed, _ := akp.Seed()
+	for name, seed := range map[string][]byte{operatorSeedFile: oseed, accountSeedFile: aseed} {
+		if err := writeSecret(filepath.Join(dir, name), seed); err != nil {
+			return nil, err
 		}
 	}
-	_ = sysSeed // the system account signs no users; its key is not kept
+	if err := s.writePushCreds(k); err != nil {
+		return nil, err
+	}
 	if err := s.writeServerConfig(); err != nil {
 		return nil, err
 	}
@@ -124,32 +175,158 @@ func Init(dir, prefix string) (*Setup, error) {
 		{Principal: AdminPrincipal, Role: Admin},
 		{Principal: WorkerPrincipal, Role: Worker},
 	} {
-		if err := s.Add(g); err != nil {
+		if err := s.add(k, g); err != nil {
 			return nil, err
 		}
 	}
-	return s, nil
+	return s, s.save()
 }
 
-func newAccount(okp nkeys.KeyPair, name string, jetStream bool) (*jwt.AccountClaims, []byte, error) {
-	akp, err := nkeys.CreateAccount()
-	if err != nil {
-		return nil, nil, err
+// keys are the signing keys a change of the setup needs.
+type keys struct {
+	operator, account, system nkeys.KeyPair
+}
+
+// loadKeys reads the operator's, the capstan account's and (when kept) the
+// system account's seeds.
+func (s *Setup) loadKeys() (*keys, error) {
+	k := &keys{}
+	var err error
+	if k.operator, err = readSeed(filepath.Join(s.Dir, operatorSeedFile)); err != nil {
+		return nil, fmt.Errorf("capstan auth: operator key: %w", err)
 	}
-	pub, _ := akp.PublicKey()
-	seed, _ := akp.Seed()
-	ac := jwt.NewAccountClaims(pub)
-	ac.Name = name
-	if jetStream {
-		ac.Limits.JetStreamLimits = jwt.JetStreamLimits{
-			MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
-			Streams: jwt.NoLimit, Consumer: jwt.NoLimit, MaxAckPending: jwt.NoLimit,
+	if k.account, err = readSeed(filepath.Join(s.Dir, accountSeedFile)); err != nil {
+		return nil, fmt.Errorf("capstan auth: account key: %w", err)
+	}
+	if k.system, err = readSeed(filepath.Join(s.Dir, systemSeedFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("capstan auth: system account key: %w", err)
+	}
+	return k, nil
+}
+
+func readSeed(path string) (nkeys.KeyPair, error) {
+	if err := broker.CheckPrivate(path); err != nil {
+		return nil, err
+	}
+	seed, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return nkeys.FromSeed(seed)
+}
+
+// writeSecret writes a seed or credentials file, readable by its owner only,
+// through a temporary file so that a crash never leaves half of one.
+func writeSecret(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil { // an existing .tmp keeps its mode through WriteFile
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	return nil
+}
+
+// newSystemAccount creates the system account, keeps its seed and re-signs
+// the operator naming it.
+func (s *Setup) newSystemAccount(k *keys) error {
+	skp, err := nkeys.CreateAccount()
+	if err != nil {
+		return err
+	}
+	seed, _ := skp.Seed()
+	if err := writeSecret(filepath.Join(s.Dir, systemSeedFile), seed); err != nil {
+		return err
+	}
+	k.system = skp
+	return s.signSystemAccount(k)
+}
+
+// signSystemAccount signs the system account (k.system) and the operator
+// naming it.
+func (s *Setup) signSystemAccount(k *keys) error {
+	var err error
+	s.SystemAccount, _ = k.system.PublicKey()
+	sys := jwt.NewAccountClaims(s.SystemAccount)
+	sys.Name = "SYS"
+	if s.SystemJWT, err = sys.Encode(k.operator); err != nil {
+		return fmt.Errorf("capstan auth: sign system account: %w", err)
+	}
+	opub, _ := k.operator.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	oc.Name = "capstan"
+	oc.SystemAccount = s.SystemAccount
+	if s.OperatorJWT, err = oc.Encode(k.operator); err != nil {
+		return fmt.Errorf("capstan auth: sign operator: %w", err)
+	}
+	return nil
+}
+
+// signCapstanAccount signs the capstan account: JetStream without limits,
+// the exports of Crossings, and edit's changes to the claims as they are
+// (revocations), or from scratch when the setup has none yet.
+func (s *Setup) signCapstanAccount(k *keys, edit func(*jwt.AccountClaims)) error {
+	ac := jwt.NewAccountClaims(s.Account)
+	if s.AccountJWT != "" {
+		var err error
+		if ac, err = jwt.DecodeAccountClaims(s.AccountJWT); err != nil {
+			return fmt.Errorf("capstan auth: capstan account: %w", err)
 		}
 	}
-	return ac, seed, nil
+	ac.Name = strings.ToUpper(s.Prefix)
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{
+		MemoryStorage: jwt.NoLimit, DiskStorage: jwt.NoLimit,
+		Streams: jwt.NoLimit, Consumer: jwt.NoLimit, MaxAckPending: jwt.NoLimit,
+	}
+	// The exports of this version, keeping what was revoked under earlier ones.
+	revoked := map[string]jwt.RevocationList{}
+	for _, e := range ac.Exports {
+		revoked[string(e.Subject)] = e.Revocations
+	}
+	ac.Exports = exports(s.Names())
+	for _, e := range ac.Exports {
+		e.Revocations = revoked[string(e.Subject)]
+	}
+	if edit != nil {
+		edit(ac)
+	}
+	var err error
+	if s.AccountJWT, err = ac.Encode(k.operator); err != nil {
+		return fmt.Errorf("capstan auth: sign capstan account: %w", err)
+	}
+	return nil
 }
 
-// Load reads the setup in dir.
+// writePushCreds writes DIR/push.creds: a user of the system account that
+// may send account JWTs to the servers' resolvers and nothing else.
+func (s *Setup) writePushCreds(k *keys) error {
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		return err
+	}
+	upub, _ := ukp.PublicKey()
+	useed, _ := ukp.Seed()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = PushUser
+	uc.Permissions.Pub.Allow.Add(claimsUpdateSubject)
+	uc.Permissions.Sub.Allow.Add(s.Names().InboxPrefix(PushUser) + ".>")
+	ujwt, err := uc.Encode(k.system)
+	if err != nil {
+		return fmt.Errorf("capstan auth: sign push user: %w", err)
+	}
+	creds, err := jwt.FormatUserConfig(ujwt, useed)
+	if err != nil {
+		return err
+	}
+	return writeSecret(s.PushCredsPath(), creds)
+}
+
+// Load reads the setup in dir. A setup of an earlier layout loads (Current
+// says so); only Migrate changes it.
 func Load(dir string) (*Setup, error) {
 	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -166,28 +343,115 @@ func Load(dir string) (*Setup, error) {
 	return s, nil
 }
 
-// Add creates a principal: its user, signed by the account with the
-// permissions of its grant, and DIR/<principal>.creds. The server needs no
-// change; workers learn the grant once it is published (see PublishGrants).
+// Add creates a principal. A producer or approver gets an account of its
+// own, importing only its own subjects (see Crossings), with g.Limits
+// (DefaultLimits when nil), its key kept as DIR/NAME.account.nk; an admin or
+// worker is a user of the capstan account. Either way DIR/NAME.creds holds
+// its user, with the permissions of its grant. A running server learns the
+// account, and workers the grant, with Push.
 func (s *Setup) Add(g Grant) error {
+	if err := s.Current(); err != nil {
+		return err
+	}
+	k, err := s.loadKeys()
+	if err != nil {
+		return err
+	}
+	if err := s.add(k, g); err != nil {
+		return err
+	}
+	return s.save()
+}
+
+func (s *Setup) add(k *keys, g Grant) error {
 	g.V = 1
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("capstan auth: principal %q: %w", g.Principal, err)
 	}
+	if g.Principal == PushUser {
+		return fmt.Errorf("capstan auth: principal %q: the name is the setup's own (%s)", g.Principal, s.PushCredsPath())
+	}
 	if _, ok := s.Grant(g.Principal); ok {
 		return fmt.Errorf("%w: principal %q", ErrExists, g.Principal)
 	}
-	seed, err := os.ReadFile(filepath.Join(s.Dir, accountSeedFile))
-	if err != nil {
-		return fmt.Errorf("capstan auth: account key: %w", err)
+	signer := k.account
+	limits := g.Limits
+	g.Account, g.AccountJWT, g.Limits = "", "", nil
+	if HasOwnAccount(g.Role) {
+		akp, err := s.principalAccountKey(g.Principal, true)
+		if err != nil {
+			return err
+		}
+		l := limits.OrDefault()
+		g.Limits = &l
+		if err := s.signPrincipalAccount(k, akp, &g); err != nil {
+			return err
+		}
+		signer = akp
 	}
-	akp, err := nkeys.FromSeed(seed)
-	if err != nil {
-		return fmt.Errorf("capstan auth: account key: %w", err)
-	}
-	ukp, err := nkeys.CreateUser()
+	upub, err := s.writeUser(signer, g)
 	if err != nil {
 		return err
+	}
+	g.PublicKey = upub
+	s.Principals = append(s.Principals, g)
+	slices.SortFunc(s.Principals, func(a, b Grant) int { return strings.Compare(a.Principal, b.Principal) })
+	return nil
+}
+
+// principalAccountKey reads DIR/NAME.account.nk, or creates it when create
+// and it does not exist (an interrupted migration's is reused).
+func (s *Setup) principalAccountKey(principal string, create bool) (nkeys.KeyPair, error) {
+	path := filepath.Join(s.Dir, principal+accountSeedExt)
+	kp, err := readSeed(path)
+	if err == nil || !create || !errors.Is(err, fs.ErrNotExist) {
+		if err != nil {
+			return nil, fmt.Errorf("capstan auth: account key of %q: %w", principal, err)
+		}
+		return kp, nil
+	}
+	if kp, err = nkeys.CreateAccount(); err != nil {
+		return nil, err
+	}
+	seed, _ := kp.Seed()
+	return kp, writeSecret(path, seed)
+}
+
+// signPrincipalAccount signs g's own account: no JetStream, the imports of
+// its role with their activation tokens, its limits, and the revocations its
+// existing version holds.
+func (s *Setup) signPrincipalAccount(k *keys, akp nkeys.KeyPair, g *Grant) error {
+	pub, _ := akp.PublicKey()
+	ac := jwt.NewAccountClaims(pub)
+	if g.AccountJWT != "" {
+		old, err := jwt.DecodeAccountClaims(g.AccountJWT)
+		if err != nil {
+			return fmt.Errorf("capstan auth: account of %q: %w", g.Principal, err)
+		}
+		ac.Revocations = old.Revocations
+	}
+	ac.Name = g.Principal
+	imports, err := importsFor(s.Names(), g.Role, g.Principal, pub, s.Account, func(c *jwt.ActivationClaims) (string, error) {
+		return c.Encode(k.account)
+	})
+	if err != nil {
+		return fmt.Errorf("capstan auth: activation tokens of %q: %w", g.Principal, err)
+	}
+	ac.Imports = imports
+	g.Limits.apply(ac)
+	if g.AccountJWT, err = ac.Encode(k.operator); err != nil {
+		return fmt.Errorf("capstan auth: sign account of %q: %w", g.Principal, err)
+	}
+	g.Account = pub
+	return nil
+}
+
+// writeUser signs g's user with signer (its account's key) and writes
+// DIR/NAME.creds; it returns the user's public key.
+func (s *Setup) writeUser(signer nkeys.KeyPair, g Grant) (string, error) {
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		return "", err
 	}
 	upub, _ := ukp.PublicKey()
 	useed, _ := ukp.Seed()
@@ -195,21 +459,15 @@ func (s *Setup) Add(g Grant) error {
 	uc.Name = g.Principal
 	uc.Tags.Add(roleTag + string(g.Role))
 	uc.Permissions = PermissionsFor(g, s.Names()).jwt()
-	ujwt, err := uc.Encode(akp)
+	ujwt, err := uc.Encode(signer)
 	if err != nil {
-		return fmt.Errorf("capstan auth: sign principal %q: %w", g.Principal, err)
+		return "", fmt.Errorf("capstan auth: sign principal %q: %w", g.Principal, err)
 	}
 	creds, err := jwt.FormatUserConfig(ujwt, useed)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := os.WriteFile(s.CredsPath(g.Principal), creds, 0o600); err != nil {
-		return fmt.Errorf("capstan auth: %w", err)
-	}
-	g.PublicKey = upub
-	s.Principals = append(s.Principals, g)
-	slices.SortFunc(s.Principals, func(a, b Grant) int { return strings.Compare(a.Principal, b.Principal) })
-	return s.save()
+	return upub, writeSecret(s.CredsPath(g.Principal), creds)
 }
 
 func (s *Setup) save() error {
@@ -217,28 +475,60 @@ func (s *Setup) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.Dir, StateFile+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("capstan auth: %w", err)
-	}
-	return os.Rename(tmp, filepath.Join(s.Dir, StateFile))
+	return writeSecret(filepath.Join(s.Dir, StateFile), append(b, '\n'))
 }
 
-// writeServerConfig writes nats-server.conf: the operator, both accounts
-// preloaded in a memory resolver. Ports, JetStream and its store directory are
-// left to the command line (nats-server -c nats-server.conf -p 4222 -js -sd DIR).
+// claimsUpdateSubject is where a user of the system account sends an
+// account JWT to every server's resolver.
+const claimsUpdateSubject = "$SYS.REQ.CLAIMS.UPDATE"
+
+// writeServerConfig writes nats-server.conf: the operator, the system
+// account, the full resolver (which keeps pushed accounts in ResolverDir and
+// shares them between the nodes of a cluster) preloaded with the system and
+// capstan accounts. Ports, JetStream and its store directory are left to the
+// command line (nats-server -c nats-server.conf -p 4222 -js -sd DIR).
 func (s *Setup) writeServerConfig() error {
-	conf := fmt.Sprintf(`# Generated by capstan auth init: regenerate rather than edit.
+	conf := fmt.Sprintf(`# Generated by capstan auth: regenerate rather than edit.
 # nats-server -c nats-server.conf -p 4222 -js -sd /var/lib/capstan
+# then: capstan auth push DIR (principals' accounts and grants)
 operator: %q
 system_account: %s
-resolver: MEMORY
+resolver: {
+  type: full
+  dir: %q
+  allow_delete: false
+  interval: "2m"
+}
 resolver_preload: {
   %s: %q
   %s: %q
 }
-`, s.OperatorJWT, s.SystemAccount, s.SystemAccount, s.SystemJWT, s.Account, s.AccountJWT)
-	return os.WriteFile(s.ServerConfigPath(), []byte(conf), 0o644)
+`, s.OperatorJWT, s.SystemAccount, s.ResolverDir, s.SystemAccount, s.SystemJWT, s.Account, s.AccountJWT)
+	if err := os.MkdirAll(s.ResolverDir, 0o700); err != nil {
+		return fmt.Errorf("capstan auth: resolver directory: %w", err)
+	}
+	tmp := s.ServerConfigPath() + ".tmp"
+	if err := os.WriteFile(tmp, []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	return os.Rename(tmp, s.ServerConfigPath())
+}
+
+// SetResolverDir changes where an official nats-server keeps pushed
+// accounts, and rewrites nats-server.conf.
+func (s *Setup) SetResolverDir(dir string) error {
+	if err := s.Current(); err != nil {
+		return err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
+	s.ResolverDir = abs
+	if err := s.writeServerConfig(); err != nil {
+		return err
+	}
+	return s.save()
 }
 
 // PrincipalFromCreds returns the principal named in a credentials file.
@@ -322,12 +612,17 @@ var ErrNotPermitted = errors.New("capstan: not permitted")
 // roleTag prefixes the tag that names a principal's role in its credentials.
 const roleTag = "capstan-role:"
 
-// Remove revokes a principal: its user is revoked in the account (a server
-// started or reloaded with the rewritten nats-server.conf refuses its
-// credentials), its credentials file is deleted, and its grant leaves the
-// setup (the next PublishGrants removes it from the bucket, after which
-// workers refuse anything it sent). The admin and worker principals stay.
+// Remove revokes a principal and deletes its credentials. A producer or
+// approver: its user is revoked in its own account, the account's activation
+// tokens are revoked in the capstan account's exports (so that even its
+// account's key could sign no working user), and its account key is deleted;
+// an admin or worker: its user is revoked in the capstan account. Push then
+// disconnects it from every server at once, and removes its grant from the
+// bucket. The setup's own admin and worker principals stay.
 func (s *Setup) Remove(principal string) error {
+	if err := s.Current(); err != nil {
+		return err
+	}
 	g, ok := s.Grant(principal)
 	if !ok {
 		return fmt.Errorf("capstan auth: no principal %q", principal)
@@ -335,22 +630,38 @@ func (s *Setup) Remove(principal string) error {
 	if principal == AdminPrincipal || principal == WorkerPrincipal {
 		return fmt.Errorf("capstan auth: principal %q is the setup's own", principal)
 	}
-	seed, err := os.ReadFile(filepath.Join(s.Dir, operatorSeedFile))
+	k, err := s.loadKeys()
 	if err != nil {
-		return fmt.Errorf("capstan auth: operator key: %w", err)
-	}
-	okp, err := nkeys.FromSeed(seed)
-	if err != nil {
-		return fmt.Errorf("capstan auth: operator key: %w", err)
-	}
-	ac, err := jwt.DecodeAccountClaims(s.AccountJWT)
-	if err != nil {
-		return fmt.Errorf("capstan auth: account: %w", err)
+		return err
 	}
 	// Revoked from the next second: credentials issued up to now are refused.
-	ac.RevokeAt(g.PublicKey, time.Now().Add(time.Second))
-	if s.AccountJWT, err = ac.Encode(okp); err != nil {
-		return fmt.Errorf("capstan auth: sign account: %w", err)
+	at := time.Now().Add(time.Second)
+	if g.Account != "" {
+		ac, err := jwt.DecodeAccountClaims(g.AccountJWT)
+		if err != nil {
+			return fmt.Errorf("capstan auth: account of %q: %w", principal, err)
+		}
+		ac.RevokeAt(g.PublicKey, at)
+		ac.RevokeAt(jwt.All, at)
+		revoked, err := ac.Encode(k.operator)
+		if err != nil {
+			return fmt.Errorf("capstan auth: sign account of %q: %w", principal, err)
+		}
+		s.Removed = append(s.Removed, RemovedAccount{Principal: principal, Account: g.Account, AccountJWT: revoked, RemovedAt: time.Now().UTC()})
+		err = s.signCapstanAccount(k, func(c *jwt.AccountClaims) {
+			for _, e := range c.Exports {
+				if e.TokenReq {
+					e.RevokeAt(g.Account, at)
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+	} else {
+		if err := s.signCapstanAccount(k, func(c *jwt.AccountClaims) { c.RevokeAt(g.PublicKey, at) }); err != nil {
+			return err
+		}
 	}
 	s.Principals = slices.DeleteFunc(s.Principals, func(x Grant) bool { return x.Principal == principal })
 	if err := s.writeServerConfig(); err != nil {
@@ -359,8 +670,10 @@ func (s *Setup) Remove(principal string) error {
 	if err := s.save(); err != nil {
 		return err
 	}
-	if err := os.Remove(s.CredsPath(principal)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("capstan auth: %w", err)
+	for _, f := range []string{s.CredsPath(principal), filepath.Join(s.Dir, principal+accountSeedExt)} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("capstan auth: %w", err)
+		}
 	}
 	return nil
 }

@@ -31,23 +31,28 @@
 //     acknowledges them (package notify); it writes nothing, creates no
 //     consumer and reads no other bucket.
 //
-// The mechanism is NATS's decentralized authentication: Init creates an
-// operator, a system account and one account holding capstan's streams and
-// buckets; every principal is a user signed by that account, with its
-// permissions inside its signed credentials. The server trusts the operator,
-// so adding a principal changes nothing on the server: only the grant must
-// reach the grants bucket (PublishGrants), which only admins write and
-// workers watch.
+// The mechanism is NATS's decentralized authentication, with an account per
+// principal (DESIGN §12): Init creates an operator, the system account and its
+// push user, and the capstan account that holds every stream and bucket and
+// whose users are the admins and workers; Add gives each producer and approver
+// an account of its own that imports from the capstan account only its own
+// subjects (Crossings, the one table of them), so that whatever answer it
+// provokes stays in its account. The server trusts the operator and learns a
+// principal's account when PushAccounts sends it, with no restart; its grant
+// reaches workers through the grants bucket (PublishGrants), which only admins
+// write. Remove revokes a principal, and the next push disconnects it.
+// Migrate moves a setup of the earlier one-account layout.
 //
 // From zero:
 //
-//	setup, err := auth.Init("secrets", "")            // admin.creds, worker.creds, nats-server.conf
+//	setup, err := auth.Init("secrets", "")            // admin, worker and push credentials, nats-server.conf
 //	err = setup.Add(auth.Grant{Principal: "agent", Role: auth.Producer,
 //		Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*"}})
 //	// nats-server -c secrets/nats-server.conf -p 4222 -js -sd /var/lib/capstan
 //	// or: capstan server --auth secrets
+//	_, err = auth.PushAccounts(ctx, pushConn, setup)  // a connection of secrets/push.creds
 //	err = auth.PublishGrants(ctx, adminJetStream, setup, 0)
 //	nc, err := broker.Connect(broker.ConnectOptions{Creds: setup.CredsPath("agent")})
 //
-// The capstan auth command does the same from a shell.
+// The capstan auth command does the same from a shell (capstan auth push).
 package auth

@@ -33,7 +33,7 @@ func Example() {
 	}
 
 	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir + "/store", Port: -1,
-		ConfigFile: setup.ServerConfigPath()})
+		ConfigFile: setup.ServerConfigPath(), ResolverDir: dir + "/store/jwt"})
 	if err != nil {
 		panic(err)
 	}
@@ -42,6 +42,15 @@ func Example() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The principals' accounts, pushed to the running server.
+	push, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.PushCredsPath()})
+	if err != nil {
+		panic(err)
+	}
+	defer push.Close()
+	if _, err := auth.PushAccounts(ctx, push, setup); err != nil {
+		panic(err)
+	}
 	admin, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(auth.AdminPrincipal)})
 	if err != nil {
 		panic(err)
@@ -71,10 +80,19 @@ func Example() {
 	fmt.Println(grants.CheckRequest("gateway", bob, "mcp", "orders.refund"))
 	fmt.Println(codeOf(grants.CheckRequest("gateway", bob, "direct", "orders.refund")))
 	fmt.Println(codeOf(grants.CheckRequest("stranger", bob, "mcp", "orders.refund")))
+
+	// The gateway connects with its own credentials, in its own account.
+	gw, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath("gateway")})
+	if err != nil {
+		panic(err)
+	}
+	defer gw.Close()
+	fmt.Println(broker.PrincipalOf(gw, setup.Names()))
 	// Output:
 	// <nil>
 	// FORBIDDEN
 	// UNAUTHENTICATED
+	// gateway
 }
 
 func codeOf(err error) envelope.Code {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -43,40 +42,91 @@ type Refund struct {
 type rig struct {
 	setup   *auth.Setup
 	admin   *broker.Broker
+	url     string
+	nodes   []string // every server's own URL
 	connect func(t *testing.T, principal string, opts ...nats.Option) *nats.Conn
+	// push sends the setup's accounts to the servers.
+	push func(t *testing.T)
 	// effects counts the handlers' effects, per capability.
 	sends, refunds atomic.Int64
 }
 
-func newRig(t *testing.T, cluster bool) *rig {
+// deployment says what a rig runs on.
+type deployment int
+
+const (
+	embedded deployment = iota // one embedded server
+	cluster                    // three embedded servers routed together
+	official                   // an official nats-server binary, as a deployment runs it
+	legacy                     // one embedded server on a one-account setup (v1)
+)
+
+func (d deployment) String() string {
+	return [...]string{"embedded", "cluster", "official", "legacy"}[d]
+}
+
+// rigGrants are the principals of every rig.
+var rigGrants = []auth.Grant{
+	{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
+	{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+	{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+	{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
+}
+
+func newRig(t *testing.T, onCluster bool) *rig {
+	t.Helper()
+	if onCluster {
+		return newRigOn(t, cluster)
+	}
+	return newRigOn(t, embedded)
+}
+
+// newRigOn starts a secured deployment on d with the rig's principals,
+// provisions it, publishes the grants and starts the worker.
+func newRigOn(t *testing.T, d deployment) *rig {
 	t.Helper()
 	r := &rig{}
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
-		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
-		{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
-	} {
-		if err := setup.Add(g); err != nil {
+	var setup *auth.Setup
+	if d == legacy {
+		setup = testenv.LegacySetup(t, t.TempDir(), rigGrants...)
+	} else {
+		var err error
+		if setup, err = auth.Init(t.TempDir(), ""); err != nil {
 			t.Fatal(err)
+		}
+		for _, g := range rigGrants {
+			if err := setup.Add(g); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	r.setup = setup
 	var adminNC *nats.Conn
-	if cluster {
+	switch d {
+	case cluster:
 		c := testenv.StartCluster(t, 3, testenv.Auth(setup))
 		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return c.ConnectAs(t, p, opts...) }
+		r.push = func(t *testing.T) { c.PushAccounts(t) }
+		r.url, r.nodes = c.URL(), c.URLs
 		adminNC = c.Connect(t)
-	} else {
+	case official:
+		r.url = startOfficial(t, setup)
+		r.nodes = []string{r.url}
+		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn {
+			return connectWhenUp(t, testCtx(t), r.url, setup, p, opts...)
+		}
+		r.push = func(t *testing.T) { pushTo(t, r.url, setup) }
+		r.push(t)
+		adminNC = r.connect(t, auth.AdminPrincipal)
+	default:
 		e := testenv.Start(t, testenv.Auth(setup))
 		r.connect = func(t *testing.T, p string, opts ...nats.Option) *nats.Conn { return e.ConnectAs(t, p, opts...) }
+		r.push = func(t *testing.T) { e.PushAccounts(t) }
+		r.url, r.nodes = e.URL, []string{e.URL}
 		adminNC = e.Connect(t)
 	}
 	ctx := testCtx(t)
+	var err error
 	if r.admin, err = broker.Provision(ctx, adminNC, broker.Config{}); err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +144,13 @@ func testCtx(t *testing.T) context.Context {
 }
 
 func (r *rig) startWorker(t *testing.T) {
+	t.Helper()
+	t.Cleanup(r.startStoppableWorker(t))
+}
+
+// startStoppableWorker starts the rig's worker and returns what stops it
+// (once; later calls do nothing).
+func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	t.Helper()
 	echo := executor.Define("t.echo", executor.Meta{
 		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.None,
@@ -121,8 +178,12 @@ func (r *rig) startWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
-		capstantest.WithConfig(executor.WorkerConfig{Pool: "forge"}))
+	// Nothing of the worker's own writes while a test compares the state
+	// before and after an attack: no catalog renewal, no lease renewal of
+	// a held execution, no sweep.
+	return capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "forge",
+			CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second})).Stop
 }
 
 // client returns principal's client and a collector of the server's refusals.
@@ -139,37 +200,9 @@ func (r *rig) client(t *testing.T, principal string, surface executor.Surface) (
 	return c, nc, v
 }
 
-// state is every key of the records, envelopes and approvals buckets with its
-// revision, and the audit stream's last sequence.
-type state struct {
-	keys     map[string]uint64
-	auditSeq uint64
-}
-
-func (r *rig) snapshot(t *testing.T) state {
-	t.Helper()
-	ctx := testCtx(t)
-	s := state{keys: map[string]uint64{}}
-	for _, kv := range []jetstream.KeyValue{r.admin.Executions, r.admin.Envelopes, r.admin.Approvals} {
-		lister, err := kv.ListKeys(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k := range lister.Keys() {
-			e, err := kv.Get(ctx, k)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.keys[kv.Bucket()+"/"+k] = e.Revision()
-		}
-	}
-	info, err := r.admin.Audit.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.auditSeq = info.State.LastSeq
-	return s
-}
+// snapshot is the whole state an attack must not change: every stream's and
+// every key of every bucket (see world).
+func (r *rig) snapshot(t *testing.T) world { return r.world(t) }
 
 // settled waits until principal's execution id has its envelope and its
 // trail its terminal event: nothing of the execution changes after both, and
@@ -219,14 +252,11 @@ func hasTerminalEvent(ctx context.Context, b *broker.Broker, principal, id strin
 	return false
 }
 
-func (r *rig) assertUnchanged(t *testing.T, before state) {
+func (r *rig) assertUnchanged(t *testing.T, before world) {
 	t.Helper()
-	after := r.snapshot(t)
-	if !maps.Equal(before.keys, after.keys) {
-		t.Fatalf("records, envelopes or approvals changed:\nbefore %v\nafter  %v", before.keys, after.keys)
-	}
-	if before.auditSeq != after.auditSeq {
-		t.Fatalf("the audit stream grew from %d to %d", before.auditSeq, after.auditSeq)
+	r.assertWorldUnchanged(t, before)
+	if t.Failed() {
+		t.FailNow()
 	}
 }
 
@@ -234,15 +264,26 @@ func (r *rig) assertUnchanged(t *testing.T, before state) {
 // last type (events are published asynchronously).
 func (r *rig) trail(t *testing.T, executionID, last string) []string {
 	t.Helper()
+	return r.waitTrail(t, executionID, last, func() []string { return r.events(t, executionID) })
+}
+
+// trailOf is trail of principal's execution id.
+func (r *rig) trailOf(t *testing.T, principal, executionID, last string) []string {
+	t.Helper()
+	return r.waitTrail(t, executionID, last, func() []string { return r.eventsOf(t, principal, executionID) })
+}
+
+func (r *rig) waitTrail(t *testing.T, executionID, last string, read func() []string) []string {
+	t.Helper()
 	ctx := testCtx(t)
 	for {
-		events := r.events(t, executionID)
+		events := read()
 		if len(events) > 0 && events[len(events)-1] == last {
 			return events
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("trail of %s never ended with %s: %v", executionID, last, r.events(t, executionID))
+			t.Fatalf("trail of %s never ended with %s: %v", executionID, last, read())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -250,7 +291,20 @@ func (r *rig) trail(t *testing.T, executionID, last string) []string {
 
 func (r *rig) events(t *testing.T, executionID string) []string {
 	t.Helper()
-	events, err := readTrail(testCtx(t), r.admin, executionID)
+	return eventTypes(t, func(ctx context.Context) ([]audit.Event, error) { return readTrail(ctx, r.admin, executionID) })
+}
+
+// eventsOf returns the event types of principal's execution id.
+func (r *rig) eventsOf(t *testing.T, principal, executionID string) []string {
+	t.Helper()
+	return eventTypes(t, func(ctx context.Context) ([]audit.Event, error) {
+		return audit.Read(ctx, r.admin, principal, executionID)
+	})
+}
+
+func eventTypes(t *testing.T, read func(context.Context) ([]audit.Event, error)) []string {
+	t.Helper()
+	events, err := read(testCtx(t))
 	if errors.Is(err, broker.ErrNotFound) {
 		return nil // no event stored yet
 	}

@@ -57,6 +57,15 @@ type Grant struct {
 	Types []string `json:"types,omitempty"`
 	// Pool a worker serves (informational: workers are trusted).
 	Pool string `json:"pool,omitempty"`
+	// Account is the public key of a producer's or approver's own account
+	// (DESIGN §12 "Accounts per principal"); empty for admins and workers,
+	// users of the capstan account.
+	Account string `json:"account,omitempty"`
+	// AccountJWT is that account, signed by the operator: what Push sends
+	// the servers. It is kept in the setup, never in the grants bucket.
+	AccountJWT string `json:"accountJwt,omitempty"`
+	// Limits of the principal's own account (nil at Add: DefaultLimits).
+	Limits *Limits `json:"limits,omitempty"`
 }
 
 // Errors of Grant checks, wrapped with the missing right.
@@ -101,6 +110,13 @@ func (g Grant) Validate() error {
 	}
 	if g.Role == Approver && len(g.Types) == 0 {
 		errs = append(errs, errors.New("an approver needs --types (approval types it may decide, or *)"))
+	}
+	if g.Limits != nil {
+		if !HasOwnAccount(g.Role) {
+			errs = append(errs, fmt.Errorf("limits: a %s lives in the capstan account, which has none of its own", g.Role))
+		} else if err := g.Limits.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

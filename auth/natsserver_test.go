@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,11 +22,21 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 )
 
-// TestServerConfig_OfficialNatsServer runs the generated nats-server.conf on
-// an official nats-server binary, built from the module this one depends on,
-// exactly as a deployment would: nats-server -c conf -p PORT -js -sd DIR.
-func TestServerConfig_OfficialNatsServer(t *testing.T) {
-	t.Parallel()
+// officialBinary is an official nats-server, built once from the module
+// this one depends on.
+var officialBinary struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+	out  []byte
+}
+
+// natsServerBinary returns the path of the official nats-server binary,
+// building it on first use; the test is skipped in -short mode or without
+// a go command.
+func natsServerBinary(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds nats-server")
 	}
@@ -32,21 +44,28 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err != nil {
 		t.Skip("no go command to build nats-server with")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	bin := filepath.Join(t.TempDir(), "nats-server")
-	build := exec.CommandContext(ctx, goBin, "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build nats-server: %v\n%s", err, out)
+	b := &officialBinary
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "capstan-nats-server-"); b.err != nil {
+			return
+		}
+		b.path = filepath.Join(b.dir, "nats-server")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		b.out, b.err = exec.CommandContext(ctx, goBin, "build", "-o", b.path, "github.com/nats-io/nats-server/v2").CombinedOutput()
+	})
+	if b.err != nil {
+		t.Fatalf("build nats-server: %v\n%s", b.err, b.out)
 	}
+	return b.path
+}
 
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
-		t.Fatal(err)
-	}
+// startOfficial runs setup's generated nats-server.conf on the official
+// binary exactly as a deployment would (nats-server -c conf -p PORT -js -sd
+// DIR), and returns its URL. Nothing is pushed yet.
+func startOfficial(t *testing.T, setup *auth.Setup) string {
+	t.Helper()
+	bin := natsServerBinary(t)
 	port := freePort(t)
 	srv := exec.Command(bin, "-c", setup.ServerConfigPath(), "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir())
 	var log bytes.Buffer
@@ -62,6 +81,40 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 		}
 	})
 	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	connectWhenUp(t, testCtx(t), url, setup, auth.AdminPrincipal).Close()
+	return url
+}
+
+// pushTo pushes setup's accounts to the server at url, as capstan auth push does.
+func pushTo(t *testing.T, url string, setup *auth.Setup) {
+	t.Helper()
+	nc := connectWhenUp(t, testCtx(t), url, setup, auth.PushUser)
+	defer nc.Close()
+	if _, err := auth.PushAccounts(testCtx(t), nc, setup); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServerConfig_OfficialNatsServer runs the generated configuration on an
+// official nats-server: a principal connects only once its account is
+// pushed, publishes under its own token only, and a call runs through it.
+func TestServerConfig_OfficialNatsServer(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	url := startOfficial(t, setup)
+	ctx := testCtx(t)
+	// Before the push the server does not know alice's account.
+	if nc, err := nats.Connect(url, nats.UserCredentials(setup.CredsPath("alice")), nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("alice connected before her account was pushed")
+	}
+	pushTo(t, url, setup)
 
 	admin := connectWhenUp(t, ctx, url, setup, auth.AdminPrincipal)
 	b, err := broker.Provision(ctx, admin, broker.Config{})
@@ -71,7 +124,6 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err := auth.PublishGrants(ctx, b.JS, setup, 0); err != nil {
 		t.Fatal(err)
 	}
-
 	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
 		nc.Close()
 		t.Fatal("a client without credentials connected")

@@ -45,6 +45,10 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			n.DescribeSubject(p),
 			// The approvals it requested itself, listed by the workers.
 			n.ListApprovalsSubject(p),
+			// Its own executions, their trails and results, read by the
+			// workers.
+			n.ListExecutionsSubject(p),
+			n.ExecutionSubject(p),
 		}
 		for _, c := range g.Capabilities {
 			switch {
@@ -63,10 +67,9 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			pub = append(pub, js("DIRECT.GET."+kvStream(b)+".$KV."+b+"."+p+".>"))
 		}
 		// The catalog by key only: no consumer, whose push deliveries could
-		// be aimed at another principal's subjects.
-		pub = append(pub,
-			js("STREAM.INFO."+kvStream(n.CatalogBucket())),
-			js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
+		// be aimed at another principal's subjects, and no stream
+		// information (its own account has no JetStream to answer it).
+		pub = append(pub, js("DIRECT.GET."+kvStream(n.CatalogBucket())+".$KV."+n.CatalogBucket()+".>"))
 		return Permissions{
 			PublishAllow:   pub,
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)},
@@ -74,7 +77,9 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 	case Approver:
 		// Approvals are listed and decided through the workers, which keep to
 		// the approver's types: an approver reads no bucket itself.
-		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p)}, SubscribeAllow: []string{inbox}}
+		// So are the executions behind them, with their trails and outcomes.
+		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p),
+			n.ListExecutionsSubject(p), n.ExecutionSubject(p)}, SubscribeAllow: []string{inbox}}
 	case Notifier:
 		// The approvals stream's consumers: a channel's is notify-<channel>,
 		// one subject token, which no wildcard can narrow to the prefix.

@@ -3,6 +3,7 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,17 @@ import (
 
 func TestMain(m *testing.M) {
 	testenv.RaiseParallel()
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if officialBinary.dir != "" {
+		_ = os.RemoveAll(officialBinary.dir)
+	}
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // violations collects the permission errors the server reports to a connection.
@@ -285,9 +296,9 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 	}
 }
 
-// A removed principal's credentials no longer connect once the server
-// restarts with the rewritten configuration, and its grant leaves the bucket.
-func TestRemove_RevokesTheCredentialsAndTheGrant(t *testing.T) {
+// A removed principal is disconnected at once by a push, with no restart,
+// and its credentials connect no more; its grant leaves the bucket.
+func TestRemove_DisconnectsAtOnceAndRevokesTheGrant(t *testing.T) {
 	t.Parallel()
 	env, setup, b := secured(t)
 	kept, err := os.ReadFile(setup.CredsPath("alice"))
@@ -298,31 +309,49 @@ func TestRemove_RevokesTheCredentialsAndTheGrant(t *testing.T) {
 	if err := os.WriteFile(copyPath, kept, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	closed := make(chan struct{})
+	alice := env.ConnectAs(t, "alice", nats.NoReconnect(), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err := alice.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	if err := setup.Remove("alice"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(setup.CredsPath("alice")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("alice.creds: %v", err)
+	for _, f := range []string{setup.CredsPath("alice"), filepath.Join(setup.Dir, "alice.account.nk")} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: %v", f, err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
+	env.PushAccounts(t)
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Fatal("alice's connection outlived the push of her removal")
+	}
 	if err := auth.PublishGrants(ctx, b.JS, setup, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.JS.KeyValue(ctx, setup.Names().GrantsBucket()); err != nil {
+	kv, err := b.JS.KeyValue(ctx, setup.Names().GrantsBucket())
+	if err != nil {
 		t.Fatal(err)
 	}
-	kv, _ := b.JS.KeyValue(ctx, setup.Names().GrantsBucket())
 	if _, err := kv.Get(ctx, "alice"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("alice's grant: %v", err)
 	}
-	env.Restart(t)
 	nc, err := nats.Connect(env.URL, nats.UserCredentials(copyPath), nats.MaxReconnects(0))
 	if err == nil {
 		nc.Close()
 		t.Fatal("revoked credentials connected")
 	}
-	if again, err := auth.Load(setup.Dir); err != nil || len(again.Principals) != 4 {
+	// And after a restart, from what the server kept.
+	env.Restart(t)
+	if nc, err := nats.Connect(env.URL, nats.UserCredentials(copyPath), nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("revoked credentials connected after a restart")
+	}
+	if again, err := auth.Load(setup.Dir); err != nil || len(again.Principals) != 4 || len(again.Removed) != 1 {
 		t.Fatalf("setup after removal: %v, %d principals", err, len(again.Principals))
 	}
 }

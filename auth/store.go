@@ -33,6 +33,7 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	}
 	want := map[string]bool{}
 	for _, g := range s.Principals {
+		g.AccountJWT = "" // the servers', not the workers'
 		b, err := json.Marshal(g)
 		if err != nil {
 			return err

@@ -87,7 +87,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 		opts = append(opts, nats.Timeout(o.Timeout))
 	}
 	if o.Creds != "" {
-		if _, err := os.Stat(o.Creds); err != nil {
+		if err := CheckPrivate(o.Creds); err != nil {
 			return nil, fmt.Errorf("capstan: credentials file: %w", err)
 		}
 		opts = append(opts, nats.UserCredentials(o.Creds))

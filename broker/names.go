@@ -106,6 +106,71 @@ func (n Names) LegacyAuditSubject(executionID string) string {
 // AuditSubjects is the audit stream's subject space.
 func (n Names) AuditSubjects() string { return n.subject + ".audit.>" }
 
+// IndexStream is the executions index (DESIGN §3, "Listing executions"): one
+// small entry per execution's request and end, on subjects that carry what a
+// listing filters by.
+func (n Names) IndexStream() string { return n.prefix + "_INDEX" }
+
+// IndexSubjects is the executions index's subject space.
+func (n Names) IndexSubjects() string { return n.subject + ".index.>" }
+
+// IndexActorShards is how many subject tokens the actors of the index are
+// spread over: an actor filter reads one in 64 of its principal's entries,
+// and a principal's subjects stay bounded whatever the number of its actors.
+const IndexActorShards = 64
+
+// IndexActorShard returns the shard of an actor id in the index: two
+// lower-case hex digits, 00 to 3f, of FNV-1a-32(actorID) mod
+// IndexActorShards. The id alone, not its kind, so that a filter by id finds
+// it under any kind.
+func IndexActorShard(actorID string) string {
+	const (
+		offset32 = 2166136261
+		prime32  = 16777619
+		digits   = "0123456789abcdef"
+	)
+	h := uint32(offset32)
+	for i := 0; i < len(actorID); i++ {
+		h ^= uint32(actorID[i])
+		h *= prime32
+	}
+	s := h % IndexActorShards
+	return string([]byte{digits[s>>4], digits[s&0xf]})
+}
+
+// IndexSubject is where the index entry of principal's execution of
+// capabilityID, in status, for actorID, is stored:
+// capstan.index.<principal>.<status>.<actorShard>.<capabilityId>. Its subjects
+// are bounded by principals × statuses × 64 × capabilities, never one per
+// execution (DESIGN §16).
+func (n Names) IndexSubject(principal, status, actorID, capabilityID string) string {
+	return n.subject + ".index." + principal + "." + status + "." + IndexActorShard(actorID) + "." + capabilityID
+}
+
+// IndexFilter is the subject filter of a listing: principal, status and
+// actor id exact, or "" for any; capability exact, a prefix ending in "."
+// (orders.), or "" for any.
+func (n Names) IndexFilter(principal, status, actorID, capability string) string {
+	star := func(s string) string {
+		if s == "" {
+			return "*"
+		}
+		return s
+	}
+	shard := "*"
+	if actorID != "" {
+		shard = IndexActorShard(actorID)
+	}
+	tail := capability
+	switch {
+	case capability == "":
+		tail = ">"
+	case strings.HasSuffix(capability, "."):
+		tail = capability + ">"
+	}
+	return n.subject + ".index." + star(principal) + "." + star(status) + "." + shard + "." + tail
+}
+
 // CancelSubject is the core NATS request subject where principal cancels one
 // of its executions.
 func (n Names) CancelSubject(principal, executionID string) string {
@@ -131,15 +196,18 @@ func (n Names) DescribeSubject(principal string) string { return n.subject + ".d
 func (n Names) DescribeSubjects() string { return n.subject + ".describe.*" }
 
 // PrincipalOfSubject returns the principal token of a cancel, cancel notice,
-// describe or decide subject: the token after the subject's kind.
+// describe, approvals or executions subject: the token after the subject's
+// kind.
 func (n Names) PrincipalOfSubject(subject string) string {
 	rest, ok := strings.CutPrefix(subject, n.subject+".")
 	if !ok {
 		return ""
 	}
-	kind, rest, _ := strings.Cut(rest, ".") // cancel, cancelled, describe, approvals
-	if kind == "approvals" {
-		_, rest, _ = strings.Cut(rest, ".") // approvals.decide.<principal>, approvals.list.<principal>
+	kind, rest, _ := strings.Cut(rest, ".") // cancel, cancelled, describe, approvals, executions
+	if kind == "approvals" || kind == "executions" {
+		// approvals.decide.<principal>, approvals.list.<principal>,
+		// executions.list.<principal>, executions.get.<principal>
+		_, rest, _ = strings.Cut(rest, ".")
 	}
 	p, _, _ := strings.Cut(rest, ".")
 	if !ValidPrincipal(p) {
@@ -214,6 +282,40 @@ func (n Names) ListApprovalsSubject(principal string) string {
 // ListApprovalsSubjects matches every principal's listings.
 func (n Names) ListApprovalsSubjects() string { return n.subject + ".approvals.list.*" }
 
+// ListExecutionsSubject is where a principal asks for the executions it may
+// see (DESIGN §12): an admin every one, a producer its own, an approver those
+// behind the approvals it may decide. Workers serve it.
+func (n Names) ListExecutionsSubject(principal string) string {
+	return n.subject + ".executions.list." + principal
+}
+
+// ListExecutionsSubjects matches every principal's listings of executions.
+func (n Names) ListExecutionsSubjects() string { return n.subject + ".executions.list.*" }
+
+// ExecutionSubject is where a principal asks for one execution it may see:
+// its record, envelope, trail and the approvals behind it. Workers serve it.
+func (n Names) ExecutionSubject(principal string) string {
+	return n.subject + ".executions.get." + principal
+}
+
+// ExecutionSubjects matches every principal's requests for one execution.
+func (n Names) ExecutionSubjects() string { return n.subject + ".executions.get.*" }
+
+// ServedRequestSubjects are the core NATS requests workers serve for
+// principal, each with the principal as a token and answered only on the
+// principal's reply (ReplyAllowed): what a principal's account imports from
+// capstan's. Cancel takes the execution id as one more token.
+func (n Names) ServedRequestSubjects(principal string) []string {
+	return []string{
+		n.CancelSubject(principal, "*"),
+		n.DescribeSubject(principal),
+		n.DecideSubject(principal),
+		n.ListApprovalsSubject(principal),
+		n.ListExecutionsSubject(principal),
+		n.ExecutionSubject(principal),
+	}
+}
+
 // NotifyConsumer is the durable consumer on the approvals bucket's stream
 // from which every notifier of a deployment reads the changes a channel
 // notifies (DESIGN §7).
@@ -231,15 +333,30 @@ func (n Names) NotifyStatusSubject() string { return n.subject + ".notify.status
 func (n Names) InboxPrefix(principal string) string { return "_INBOX_" + n.subject + "." + principal }
 
 // ReplyAllowed reports whether a request of principal may be answered on
-// reply: only on the principal's own inbox prefix (the server sends replies to
-// whatever subject a requester names, another principal's included). The
-// anonymous principal of an open server may name any.
+// reply. A principal in an account of its own (DESIGN §12 "Accounts per
+// principal") reaches the capstan account through a service import, and the
+// server gives its request a reply under ResponseImportPrefix, which routes
+// the answer back into that account only, whatever subject the principal
+// named there: accepted. A principal inside the capstan account (an admin, a
+// worker, a principal of a one-account setup) is answered only on its own
+// inbox prefix, since the server sends replies to whatever subject a
+// requester names, another principal's included. The anonymous principal of
+// an open server may name any. No reply: nobody to answer (an answer the
+// server forwarded through an import arrives so), never served.
 func (n Names) ReplyAllowed(principal, reply string) bool {
-	if principal == Anonymous {
-		return reply != ""
+	if reply == "" {
+		return false
+	}
+	if principal == Anonymous || strings.HasPrefix(reply, ResponseImportPrefix) {
+		return true
 	}
 	return strings.HasPrefix(reply, n.InboxPrefix(principal)+".")
 }
+
+// ResponseImportPrefix begins the reply the server gives a request that
+// entered an account through a service import: its answer goes back to the
+// importing account alone.
+const ResponseImportPrefix = "_R_."
 
 // Key is the key of principal's execution in the executions and envelopes
 // buckets: the principal is part of it, so that the server can let a principal

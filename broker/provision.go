@@ -123,8 +123,10 @@ type Broker struct {
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
 
-	Exec       jetstream.Stream
-	Audit      jetstream.Stream
+	Exec  jetstream.Stream
+	Audit jetstream.Stream
+	// Index is the executions index (DESIGN §3): what listings read.
+	Index      jetstream.Stream
 	Executions jetstream.KeyValue
 	Envelopes  jetstream.KeyValue
 	Approvals  jetstream.KeyValue
@@ -200,6 +202,10 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		return nil, err
 	}
 	b.Config.AuditMaxAge = b.Audit.CachedInfo().Config.MaxAge
+	b.Index, err = ensureStream(ctx, js, rc, IndexConfig(n, b.Config.AuditMaxAge), keepAuditMaxAge)
+	if err != nil {
+		return nil, err
+	}
 	// Envelopes are republished once stored: a client's one subscription sees
 	// only envelopes JetStream accepted, never a refused second finalization.
 	envelopesRepublish := &jetstream.RePublish{
@@ -242,6 +248,23 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		return nil, err
 	}
 	return b, nil
+}
+
+// IndexConfig is the executions index's stream: kept as long as the trail it
+// indexes, removed by nobody, read with direct gets, written in fast batches.
+func IndexConfig(n Names, maxAge time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              n.IndexStream(),
+		Subjects:          []string{n.IndexSubjects()},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		MaxAge:            maxAge,
+		Discard:           jetstream.DiscardOld,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowDirect:       true,
+		AllowBatchPublish: true,
+	}
 }
 
 // ResourcesKey is the catalog key under which provisioning records what
@@ -309,6 +332,12 @@ func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) err
 	}
 	cfg.AllowMsgTTL = true
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			// A worker's credentials may not update streams: an admin's must
+			// provision first (capstan auth push, capstan server --auth).
+			return fmt.Errorf("capstan: stream %s needs an update these credentials may not make (allow per-message TTLs): "+
+				"provision as an admin first, e.g. 'capstan auth push DIR': %w", stream, err)
+		}
 		return fmt.Errorf("capstan: stream %s: allow per-message TTLs: %w", stream, err)
 	}
 	return nil
@@ -536,13 +565,15 @@ func unlimited(v int64) int64 {
 
 // Open binds the buckets a client reads without creating or checking
 // anything: clients never provision, and a producer's credentials would not
-// let it. The envelopes and executions buckets are bound for reading by key
-// only (direct gets; every other operation fails with ErrByKeyOnly): a
-// producer may not ask for their stream information, which would list every
-// principal's keys. The catalog is bound whole. Exec, Audit, Approvals and
-// Pools are left nil; Open fails when the catalog does not exist yet (no
-// server or worker has provisioned; provisioning creates it after the other
-// two) or the credentials do not allow reading it.
+// let it. The envelopes, executions and catalog buckets are bound for reading
+// by key only (direct gets; every other operation fails with ErrByKeyOnly):
+// a producer may not ask for their stream information, which would list
+// every principal's keys, and a principal's own account has no JetStream to
+// answer it (DESIGN §12 "Accounts per principal": only direct gets cross).
+// Exec, Audit, Approvals and Pools are left nil. Open fails with
+// jetstream.ErrBucketNotFound while the catalog does not exist yet (no server
+// or worker has provisioned; provisioning creates it after the other two),
+// and with the server's refusal when the credentials do not allow reading it.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(AsyncAckTimeout))
@@ -551,8 +582,15 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
-	if b.Catalog, err = openBucket(ctx, js, n.CatalogBucket()); err != nil {
-		return nil, err
+	b.Catalog = bindByKey(nc, n.CatalogBucket())
+	// The entry provisioning writes last tells that the catalog exists: a
+	// direct get of a stream that does not exist finds no responder.
+	if _, err := b.Catalog.Get(ctx, ResourcesKey); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, fmt.Errorf("capstan: bucket %s does not exist: start a server, a worker or 'capstan server' first: %w: %w",
+				n.CatalogBucket(), jetstream.ErrBucketNotFound, err)
+		}
+		return nil, fmt.Errorf("capstan: open bucket %s: %w", n.CatalogBucket(), err)
 	}
 	b.Envelopes, b.Executions = bindByKey(nc, n.EnvelopesBucket()), bindByKey(nc, n.ExecutionsBucket())
 	return b, nil
@@ -578,6 +616,9 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	n := b.Names
+	if b.Catalog, err = openBucket(ctx, b.JS, n.CatalogBucket()); err != nil {
+		return nil, err
+	}
 	for _, st := range []struct {
 		dst  *jetstream.Stream
 		name string
@@ -590,6 +631,11 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 		}
 	}
 	b.Replicas = b.Exec.CachedInfo().Config.Replicas
+	// The index is younger than the rest: a store no worker of this version
+	// provisioned yet has none, and lists nothing until one does.
+	if b.Index, err = b.JS.Stream(ctx, n.IndexStream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("capstan: open stream %s: %w", n.IndexStream(), err)
+	}
 	for _, kv := range []struct {
 		dst  *jetstream.KeyValue
 		name string

@@ -27,11 +27,7 @@ type snapshot map[string]struct {
 func takeSnapshot(t *testing.T, ctx context.Context, js jetstream.JetStream, n broker.Names) snapshot {
 	t.Helper()
 	s := snapshot{}
-	for _, name := range []string{
-		n.ExecStream(), n.AuditStream(),
-		"KV_" + n.ExecutionsBucket(), "KV_" + n.EnvelopesBucket(),
-		"KV_" + n.ApprovalsBucket(), "KV_" + n.CatalogBucket(), "KV_" + n.PoolsBucket(),
-	} {
+	for _, name := range n.Streams() {
 		st, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)
@@ -387,8 +383,8 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 			t.Errorf("stream %s outside the prefix", name)
 		}
 	}
-	if len(names) != 7 {
-		t.Errorf("streams %v, want the 7 TEAMA ones", names)
+	if len(names) != 8 {
+		t.Errorf("streams %v, want the 8 TEAMA ones", names)
 	}
 }
 

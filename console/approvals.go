@@ -37,15 +37,7 @@ func viewApproval(r *approvals.Record, s *session, now time.Time) approvalView {
 	if len(r.Display) > 0 {
 		shown, v.Redacted = r.Display, true
 	}
-	var buf bytes.Buffer
-	if json.Indent(&buf, shown, "", "  ") == nil {
-		v.Shown = buf.String()
-	} else {
-		v.Shown = string(shown)
-	}
-	// Written by the model: its bidirectional controls may not reorder
-	// what the approver reads.
-	v.Shown = escapeFormatChars(v.Shown)
+	v.Shown = prettyJSON(shown)
 	v.V = string(v.Now)
 	if r.Decision != nil {
 		v.V += "/" + r.Decision.DecidedAt.String()
@@ -54,6 +46,18 @@ func viewApproval(r *approvals.Record, s *session, now time.Time) approvalView {
 		v.V += "/" + r.ConsumedBy
 	}
 	return v
+}
+
+// prettyJSON indents JSON text written by a model, with its format
+// characters escaped: its bidirectional controls may not reorder what the
+// approver reads.
+func prettyJSON(raw []byte) string {
+	var buf bytes.Buffer
+	s := string(raw)
+	if json.Indent(&buf, raw, "", "  ") == nil {
+		s = buf.String()
+	}
+	return escapeFormatChars(s)
 }
 
 func sameActor(a, b envelope.Actor) bool { return a.Kind == b.Kind && a.ID == b.ID }

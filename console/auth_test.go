@@ -135,10 +135,26 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	if rec.Status != "approved" || rec.Decision.Approver.String() != "user:bob" || rec.Decision.Comment != "checked" {
 		t.Fatalf("approval %s, decision %+v; want approved by user:bob", rec.Status, rec.Decision)
 	}
-	if status, _, body := bob.get("/executions"); status != http.StatusForbidden {
-		t.Fatalf("an approver's /executions: %d, want 403:\n%s", status, body)
+	// The approver reads the execution behind his approval: its input (as
+	// approvers see it), trail and outcome, and no other.
+	if status, _, body := bob.get("/executions"); status != http.StatusOK {
+		t.Fatalf("an approver's /executions: %d, want 200:\n%s", status, body)
 	} else {
-		contains(t, "bob's executions page", body, "Your principal (bob) may not read the executions")
+		contains(t, "bob's executions page", body, `id="e-`+env1.ExecutionID+`"`, "behind the approvals you may decide")
+	}
+	page := bob.waitPage("/executions/"+env1.ExecutionID, `data-type="capability.approved"`)
+	contains(t, "bob's view of the refund", page, `id="exec-input"`, `"amount": 900`, `id="timeline"`, "approval requested", `id="envelope"`)
+	if strings.Contains(page, `id="cancel"`) {
+		t.Fatalf("an approver may cancel alice's execution:\n%s", page)
+	}
+	echo, err := alice.Call(testCtx(t), "demo.echo", map[string]any{"secret": "of alice"}, executor.As(aliceActor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, _, body := bob.get("/executions/" + echo.ExecutionID); status != http.StatusForbidden || strings.Contains(body, "of alice") {
+		t.Fatalf("bob reading an execution behind no approval of his: %d, want 403:\n%s", status, body)
+	} else {
+		contains(t, "bob's refusal", body, "an approver (bob) reads only the executions behind approvals it may decide")
 	}
 
 	// The admin reads alice's executions and cancels one of them.
@@ -152,7 +168,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	} else {
 		contains(t, "the admin's executions", body, "· admin", `id="e-`+env1.ExecutionID+`"`)
 	}
-	page := admin.waitPage("/executions/"+id, `data-type="capability.started"`)
+	page = admin.waitPage("/executions/"+id, `data-type="capability.started"`)
 	contains(t, "the email's page", page, `id="cancel"`)
 	_, _, body = admin.post("/executions/"+id+"/cancel", url.Values{})
 	if !strings.Contains(body, "Cancel recorded") && !strings.Contains(body, "has ended: cancelled") {
@@ -165,13 +181,16 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	page = admin.waitPage("/executions/"+id, `id="envelope"`)
 	contains(t, "the cancelled email's page", page, `"status": "cancelled"`, "finalized")
 
-	// A producer reads neither approvals nor the audit trail: nothing here
-	// is its to read, and sign-in says so.
-	if status, _, body := newWeb(t, r.base).post("/signin", url.Values{"creds": {credsOf(t, setup, "alice")}}); status != http.StatusUnauthorized {
-		t.Fatalf("alice's sign-in: %d, want 401:\n%s", status, body)
+	// A producer signs in and sees its own executions, their trails and
+	// results; it decides nothing.
+	aliceWeb := newWeb(t, r.base)
+	if _, path, body := aliceWeb.post("/signin", url.Values{"creds": {credsOf(t, setup, "alice")}, "next": {"/executions"}}); path != "/executions" {
+		t.Fatalf("alice's sign-in ended at %s:\n%s", path, body)
 	} else {
-		contains(t, "alice's sign-in", body, "may read neither approvals", "nor executions")
+		contains(t, "alice's executions", body, "· producer", `id="e-`+echo.ExecutionID+`"`, `id="e-`+id+`"`, "Your principal's executions")
 	}
+	page = aliceWeb.waitPage("/executions/"+echo.ExecutionID, `id="envelope"`)
+	contains(t, "alice's echo", page, `"secret": "of alice"`, `data-type="capability.completed"`)
 }
 
 var aliceActor = envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}

@@ -13,6 +13,8 @@ import (
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 )
 
@@ -213,7 +215,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 	has(t, "the resumed execution's status", text(t, bobTab, "#exec-status"), "completed")
 	has(t, "the resumed execution's timeline", text(t, bobTab, "#timeline"), "requested by user:alice", "attempt 1 started",
 		"resumes approval "+env.Approval.ID, "approval consumed", "completed")
-	has(t, "the resume's approval", text(t, bobTab, "#exec-approval"), "resumed with it; asked for by execution "+env.ExecutionID[len(env.ExecutionID)-12:])
+	has(t, "the resume's approval", text(t, bobTab, "#exec-approval"), "resumed with it; asked for by execution "+env.ExecutionID)
 	has(t, "the envelope", text(t, bobTab, "#envelope"), `"status": "completed"`, `"orderId": "o-1001"`)
 	screenshot(t, bobTab, "console-execution.png")
 
@@ -222,7 +224,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 		chromedp.WaitVisible(`#timeline li[data-type="capability.approved"]`),
 	)
 	has(t, "the original timeline", text(t, bobTab, "#timeline"), "approval requested", "approved by user:bob", "order o-1001 checked")
-	has(t, "the original's approval", text(t, bobTab, "#exec-approval"), "consumed; approved by user:bob, used by execution "+resumed[len(resumed)-12:])
+	has(t, "the original's approval", text(t, bobTab, "#exec-approval"), "consumed; approved by user:bob, used by execution "+resumed)
 }
 
 // A retried execution's page grows live: the retry and the outcome appear as
@@ -267,4 +269,122 @@ func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
 		chromedp.WaitVisible("#envelope"),
 	)
 	has(t, "the late execution's envelope", text(t, ops, "#envelope"), `"late": true`, `"status": "completed"`)
+}
+
+// colorScheme makes the tab's pages prefer scheme: light or dark.
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	})
+}
+
+// fits reports, for the page in tab, how far the document is wider than the
+// window (0: no horizontal scrolling), and the actions among sel that are
+// not wholly within the window's width or not shown at all.
+func fits(t *testing.T, tab context.Context, sel ...string) (overflow int, hidden []string) {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
+	defer cancel()
+	over, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`))
+	if err != nil {
+		t.Fatalf("measure the page: %v", err)
+	}
+	for _, s := range sel {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => {
+			const els = document.querySelectorAll(`+"`"+s+"`"+`);
+			if (!els.length) return false;
+			for (const el of els) {
+				const r = el.getBoundingClientRect(), st = getComputedStyle(el);
+				if (r.width === 0 || r.height === 0 || st.visibility === "hidden" || st.display === "none") return false;
+				if (r.left < 0 || r.right > window.innerWidth) return false;
+			}
+			return true;
+		})()`))
+		if err != nil {
+			t.Fatalf("measure %s: %v", s, err)
+		}
+		if !ok {
+			hidden = append(hidden, s)
+		}
+	}
+	return over, hidden
+}
+
+// On a phone's 390 px, in light and in dark, no page scrolls sideways and
+// every action is within reach: the navigation, sign out, the filters, an
+// approval's approve, reject and comment, an execution's cancel and copy,
+// the list's links. The favicon is served.
+func TestBrowser_PhoneWidthNoHorizontalScrollEveryActionVisible(t *testing.T) {
+	t.Parallel()
+	b := browser(t)
+	r := startRig(t, "", console.Config{Open: true})
+	pending := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-2002", Amount: 1200}, alice)
+	r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 1}, alice)
+	r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-2003", Amount: -1}, alice)
+	running, err := r.client.Submit(testCtx(t), "email.send", map[string]any{"to": "ada@example.com", "subject": "held", "holdMs": 120000},
+		executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := []string{".top .brand", `.top nav a[href="/approvals"]`, `.top nav a[href="/executions"]`, `.top nav a[href="/capabilities"]`,
+		"#principal", "form[action='/signout'] button"}
+	pages := []struct {
+		name, path, wait string
+		actions          []string
+	}{
+		{"home", "/", "#tile-executions", []string{"#tile-approvals", "#tile-executions", "#tile-capabilities"}},
+		{"inbox", "/approvals", "#a-" + pending.Approval.ID, []string{"#a-" + pending.Approval.ID + " button.approve",
+			"#a-" + pending.Approval.ID + " button.reject", "#a-" + pending.Approval.ID + " textarea"}},
+		{"executions", "/executions", "#exec-table", []string{"#filters button", "#filters input[name=capability]",
+			"#filters select[name=status]", "#e-" + running + " a"}},
+		{"execution", "/executions/" + running, `#timeline li[data-type="capability.started"]`, []string{"#cancel", "button.copy", "#exec-id"}},
+		{"approval's execution", "/executions/" + pending.ExecutionID, "#exec-input", []string{"#exec-approval a", "button.copy"}},
+		{"capabilities", "/capabilities", "#pool-default", []string{`[id="cap-orders.refund"]`}},
+	}
+	for _, scheme := range []string{"light", "dark"} {
+		phone := tab(t, b)
+		do(t, phone, "a phone's viewport, "+scheme, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulatePortrait),
+			colorScheme(scheme))
+		signInTab(t, phone, r.base, "user:alice", "finance")
+		for _, pg := range pages {
+			do(t, phone, pg.name+" at 390 px", chromedp.Navigate(r.base+pg.path), chromedp.WaitVisible(pg.wait))
+			over, hidden := fits(t, phone, append(header, pg.actions...)...)
+			if over > 0 {
+				t.Errorf("%s (%s) is %d px wider than a 390 px phone", pg.name, scheme, over)
+			}
+			if len(hidden) > 0 {
+				t.Errorf("%s (%s): out of reach at 390 px: %v", pg.name, scheme, hidden)
+			}
+			if bg, err := chromedp.Run(phone, chromedp.Evaluate[string](`getComputedStyle(document.body).backgroundColor`)); err != nil {
+				t.Fatal(err)
+			} else if dark := bg != "rgb(246, 247, 249)"; dark != (scheme == "dark") {
+				t.Errorf("%s in %s has the background %s", pg.name, scheme, bg)
+			}
+			switch pg.name {
+			case "inbox", "execution", "executions":
+				screenshot(t, phone, "console-phone-"+strings.ReplaceAll(pg.name, " ", "-")+"-"+scheme+".png")
+			}
+		}
+		// The sign-in page too, signed out.
+		do(t, phone, "sign out", chromedp.Click("form[action='/signout'] button"), chromedp.WaitVisible("#signin"))
+		if over, hidden := fits(t, phone, "#name", "#signin"); over > 0 || len(hidden) > 0 {
+			t.Errorf("sign-in (%s) at 390 px: %d px too wide, out of reach: %v", scheme, over, hidden)
+		}
+	}
+	// Wide, in dark: the same pages lay out as on a desktop.
+	wide := tab(t, b)
+	do(t, wide, "a desktop, dark", colorScheme("dark"))
+	signInTab(t, wide, r.base, "user:alice", "finance")
+	do(t, wide, "the executions", chromedp.Navigate(r.base+"/executions"), chromedp.WaitVisible("#exec-table"))
+	if over, hidden := fits(t, wide, append(header, "#filters button")...); over > 0 || len(hidden) > 0 {
+		t.Errorf("executions at 1280 px: %d px too wide, out of reach: %v", over, hidden)
+	}
+	screenshot(t, wide, "console-executions-dark.png")
+	icon, err := chromedp.Run(wide, chromedp.Evaluate[string](`fetch("/favicon.ico").then(r => r.status + " " + r.headers.get("content-type"))`,
+		chromedp.EvalAwaitPromise))
+	if err != nil || !strings.HasPrefix(icon, "200 image/") {
+		t.Fatalf("/favicon.ico: %q %v, want an image", icon, err)
+	}
 }

@@ -94,6 +94,9 @@ func New(cfg Config) (*Console, error) {
 func (c *Console) routes() {
 	static, _ := fs.Sub(assets, "assets/static")
 	c.mux.Handle("GET /static/", http.StripPrefix("/static/", cacheFor(time.Hour, http.FileServerFS(static))))
+	c.mux.Handle("GET /favicon.ico", cacheFor(24*time.Hour, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFileFS(w, r, assets, "assets/static/favicon.ico")
+	})))
 	c.mux.HandleFunc("GET /signin", c.signInPage)
 	c.mux.HandleFunc("POST /signin", c.signIn)
 	c.mux.HandleFunc("POST /signout", c.signedIn(c.signOut))

@@ -13,8 +13,9 @@
 //     comment; a refused decision (self-approval, already decided, expired)
 //     is shown with its code. It updates live when anyone decides.
 //     /approvals/<approvalId> is one approval.
-//   - /executions — a live list of executions, filtered by capability,
-//     status, actor and time, read from the audit stream.
+//   - /executions — a live list of the executions the principal may see,
+//     newest first, paged, filtered by capability, status, actor, principal
+//     and time: the workers' listing (capstan.executions.list), as the CLI's.
 //   - /executions/<executionId> — one execution: envelope, record state,
 //     attempts, and its audit trail as a timeline in which retries,
 //     takeovers, approvals and the outcome stand out; cancel for its owner
@@ -27,9 +28,13 @@
 // bearer user token), so the server's permissions apply to the console as
 // they do to the CLI; nothing is readable before sign-in. Decisions are
 // requests the workers serve (approvals.RequestDecision): the approver is
-// the principal the server authenticated, and its grant's types apply. A
-// session binds only what its principal may read: an approver sees
-// approvals, an admin everything. In open mode (Config.Open, for `capstan
+// the principal the server authenticated, and its grant's types apply.
+// Executions are read through the workers too (capstan.executions.list and
+// .get of the principal), who answer each role with what it may see: an
+// admin everything, a producer its own executions, their trails and
+// results, an approver the executions behind the approvals it may decide,
+// with the input as approvers are shown it. Pages fit a phone's 390 px, in
+// light and dark. In open mode (Config.Open, for `capstan
 // dev` on loopback) sign-in only names the approver and sessions share one
 // connection.
 //

@@ -2,6 +2,8 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,7 +15,6 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -40,7 +41,7 @@ type execSummary struct {
 
 // V changes whenever the row changes.
 func (e *execSummary) V() string {
-	return e.Status + "/" + e.UpdatedAt.String()
+	return e.ID + "/" + e.Status + "/" + e.UpdatedAt.String()
 }
 
 // apply folds one event into the summary.
@@ -79,46 +80,42 @@ func (e *execSummary) apply(ev *audit.Event) {
 
 // execFilter is the executions list's query.
 type execFilter struct {
-	Capability, Status, Actor, Since string
-	since                            time.Time
+	Capability, Status, Actor, Principal, Since, Cursor string
+	since                                               time.Time
 }
 
 var sinceChoices = []string{"15m", "1h", "6h", "24h", "7d", "30d"}
 
 func parseExecFilter(q url.Values, now time.Time) execFilter {
 	f := execFilter{Capability: strings.TrimSpace(q.Get("capability")), Status: q.Get("status"),
-		Actor: strings.TrimSpace(q.Get("actor")), Since: q.Get("since")}
+		Actor: strings.TrimSpace(q.Get("actor")), Principal: strings.TrimSpace(q.Get("principal")),
+		Since: q.Get("since"), Cursor: q.Get("cursor")}
 	if !slices.Contains(sinceChoices, f.Since) {
-		f.Since = "24h"
+		f.Since = "" // any time the index keeps
+		return f
 	}
 	d, err := time.ParseDuration(strings.Replace(f.Since, "d", "h", 1))
 	if strings.HasSuffix(f.Since, "d") {
 		d *= 24
 	}
-	if err != nil {
-		d = 24 * time.Hour
+	if err == nil {
+		f.since = now.Add(-d)
 	}
-	f.since = now.Add(-d)
 	return f
 }
 
-func (f execFilter) match(e *execSummary) bool {
-	if f.Capability != "" && e.CapabilityID != f.Capability && !(strings.HasSuffix(f.Capability, "*") && strings.HasPrefix(e.CapabilityID, strings.TrimSuffix(f.Capability, "*"))) {
-		return false
-	}
-	if f.Status != "" && e.Status != f.Status && !(f.Status == "running" && e.Status == "retrying") {
-		return false
-	}
-	if f.Actor != "" && f.Actor != e.Actor.ID && f.Actor != e.Actor.Kind+":"+e.Actor.ID {
-		return false
-	}
-	return true
+// request is the filter as the workers' listing takes it.
+func (f execFilter) request(limit int) executor.ExecutionsRequest {
+	return executor.ExecutionsRequest{Cursor: f.Cursor, Query: audit.Query{CapabilityID: f.Capability, Status: f.Status,
+		Actor: f.Actor, Principal: f.Principal, Since: f.since, Limit: limit}}
 }
 
-// Query is the filter as a query string, for the live part's URL.
+// Query is the filter as a query string, without its cursor: the first
+// page's, which the live part fetches.
 func (f execFilter) Query() string {
 	q := url.Values{}
-	for k, v := range map[string]string{"capability": f.Capability, "status": f.Status, "actor": f.Actor, "since": f.Since} {
+	for k, v := range map[string]string{"capability": f.Capability, "status": f.Status, "actor": f.Actor,
+		"principal": f.Principal, "since": f.Since} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -126,82 +123,91 @@ func (f execFilter) Query() string {
 	return q.Encode()
 }
 
-const maxRows = 200
-
-type execListData struct {
-	Filter       execFilter
-	After        uint64 // the audit stream's last sequence when the list was read
-	Rows         []*execSummary
-	Total        int
-	Statuses     []string
-	Since        []string
-	Capabilities []string
+// NextQuery is the query string of the page after one whose cursor is next.
+func (f execFilter) NextQuery(next string) string {
+	q, _ := url.ParseQuery(f.Query())
+	q.Set("cursor", next)
+	return q.Encode()
 }
 
-// listExecutions reads the executions of the filter's window from the audit
-// stream, newest first.
-func listExecutions(ctx context.Context, b *broker.Broker, f execFilter) (rows []*execSummary, total int, caps []string, err error) {
-	byID := map[string]*execSummary{}
-	capSet := map[string]bool{}
-	err = scanAudit(ctx, b, f.since, func(ev *audit.Event) {
-		if ev.ExecutionID == "" || ev.Type == audit.Discovered {
-			return
-		}
-		// Executions are scoped by principal: two may share an id.
-		e := byID[ev.Key()]
-		if e == nil {
-			e = &execSummary{}
-			byID[ev.Key()] = e
-		}
-		e.apply(ev)
-		if ev.CapabilityID != "" {
-			capSet[ev.CapabilityID] = true
-		}
-	})
+// pageSize is how many executions a page of the list shows.
+const pageSize = 50
+
+type execListData struct {
+	Filter   execFilter
+	Rows     []*execSummary
+	Next     string
+	Scope    string
+	Statuses []string
+	Since    []string
+	// After is the audit stream's last sequence when the list was read, for
+	// a session that follows the trail live (admins); 0 otherwise.
+	After uint64
+}
+
+// Fingerprint changes whenever what the list shows does.
+func (d *execListData) Fingerprint() string {
+	var b strings.Builder
+	for _, r := range d.Rows {
+		b.WriteString(r.V())
+		b.WriteByte(';')
+	}
+	sum := sha256.Sum256([]byte(b.String() + d.Next))
+	return hex.EncodeToString(sum[:8])
+}
+
+// summaryOf is an index entry as the list shows it.
+func summaryOf(e audit.Entry) *execSummary {
+	return &execSummary{ID: e.ExecutionID, CapabilityID: e.CapabilityID, Actor: e.Actor, Principal: e.Principal,
+		Surface: e.Surface, RequestedAt: e.RequestedAt, UpdatedAt: e.UpdatedAt, Status: e.Status, Code: e.Code,
+		Attempts: e.Attempts, ApprovalID: e.ApprovalID, Resumed: e.Resumed}
+}
+
+// readList reads one page of the filter's executions, newest first.
+func readList(ctx context.Context, s *session, f execFilter) (*execListData, error) {
+	page, err := s.reads.list(ctx, f.request(pageSize))
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, err
 	}
-	for _, e := range byID {
-		if f.match(e) {
-			rows = append(rows, e)
-		}
+	d := &execListData{Filter: f, Next: page.Next, Scope: page.Scope, Statuses: audit.EntryStatuses, Since: sinceChoices}
+	for _, e := range page.Entries {
+		d.Rows = append(d.Rows, summaryOf(e))
 	}
-	slices.SortFunc(rows, func(a, b *execSummary) int {
-		if c := b.RequestedAt.Compare(a.RequestedAt); c != 0 {
-			return c
-		}
-		return strings.Compare(b.ID, a.ID)
-	})
-	total = len(rows)
-	if len(rows) > maxRows {
-		rows = rows[:maxRows]
-	}
-	for c := range capSet {
-		caps = append(caps, c)
-	}
-	slices.Sort(caps)
-	return rows, total, caps, nil
+	return d, nil
 }
 
 func (c *Console) executions(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	if s.broker() == nil {
+	if s.reads == nil {
 		c.notPermitted(w, r, s, "the executions")
 		return
 	}
 	f := parseExecFilter(r.URL.Query(), time.Now())
 	var after uint64
-	if info, err := s.broker().Audit.Info(ctx); err == nil {
-		after = info.State.LastSeq // read first: what the list shows is at least this
+	if b := s.broker(); b != nil {
+		if info, err := b.Audit.Info(ctx); err == nil {
+			after = info.State.LastSeq // read first: what the list shows is at least this
+		}
 	}
-	rows, total, caps, err := listExecutions(ctx, s.broker(), f)
+	d, err := readList(ctx, s, f)
 	if err != nil {
-		c.fail(w, r, s, http.StatusBadGateway, "reading the audit stream: %v", err)
+		c.fail(w, r, s, readStatus(err), "Reading the executions: %v", err)
 		return
 	}
-	c.render(w, r, s, "executions", execListData{Filter: f, After: after, Rows: rows, Total: total, Capabilities: caps, Since: sinceChoices,
-		Statuses: []string{"requested", "running", "approval-required", "completed", "failed", "cancelled"}})
+	d.After = after
+	c.render(w, r, s, "executions", d)
+}
+
+// readStatus is the HTTP status of a reading that failed.
+func readStatus(err error) int {
+	switch {
+	case errors.Is(err, executor.ErrNotAllowed):
+		return http.StatusForbidden
+	case errors.Is(err, executor.ErrNoSuchExecution):
+		return http.StatusNotFound
+	}
+	return http.StatusBadGateway
 }
 
 // step is one event of an execution's timeline.
@@ -233,13 +239,19 @@ type execData struct {
 	Steps    []step
 	Attempts []attempt
 	LastSeq  uint64
-	// Approval is the approval it asked for or resumed, as of now.
+	// Approval is the approval it asked for or resumed, as of now, as the
+	// principal may see it; Input is what of the input it shows (an
+	// approver sees what the capability shows approvers).
 	Approval    *approvals.Record
 	ApprovalNow approvals.Status
+	Input       string
+	Redacted    bool
 	MayCancel   bool
 	Ended       bool
 	// Unknown: nothing of it is stored, yet or any more.
 	Unknown bool
+	// Fingerprint changes whenever what the page shows does.
+	Fingerprint string
 }
 
 func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) {
@@ -248,70 +260,81 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 		c.fail(w, r, s, http.StatusNotFound, "%q is not an execution id.", id)
 		return
 	}
-	if s.broker() == nil {
+	if s.reads == nil {
 		c.notPermitted(w, r, s, "executions")
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	d, err := loadExecution(ctx, s, s.owner(r), id)
-	if errors.Is(err, executor.ErrUnknownExecution) {
+	d, err := loadExecution(ctx, s, id, s.owner(r))
+	if errors.Is(err, executor.ErrNoSuchExecution) || errors.Is(err, executor.ErrUnknownExecution) {
 		// Not yet, or no longer: a request just submitted has nothing stored
 		// until a worker takes it, so the page waits for it, live.
 		status := http.StatusNotFound
 		if r.URL.Query().Get("part") != "" {
 			status = http.StatusOK
 		}
-		c.renderStatus(w, r, s, status, "execution", &execData{ID: id, Unknown: true})
+		c.renderStatus(w, r, s, status, "execution", &execData{ID: id, Unknown: true, Fingerprint: "unknown"})
 		return
 	}
 	if err != nil {
-		c.fail(w, r, s, http.StatusBadGateway, "reading execution %s: %v", id, err)
+		c.fail(w, r, s, readStatus(err), "Reading execution %s: %v", id, err)
 		return
 	}
 	c.render(w, r, s, "execution", d)
 }
 
-// loadExecution reads owner's execution id: executions are scoped by
-// principal (DESIGN §2).
-func loadExecution(ctx context.Context, s *session, owner, id string) (*execData, error) {
-	if s.broker() == nil {
+func loadExecution(ctx context.Context, s *session, id, owner string) (*execData, error) {
+	if s.reads == nil {
 		return nil, fmt.Errorf("%w: %v", errNotPermitted, s.clientErr)
 	}
-	d := &execData{ID: id}
-	trail, terr := audit.Read(ctx, s.broker(), owner, id)
-	if terr != nil && !errors.Is(terr, broker.ErrNotFound) {
-		return nil, terr
-	}
-	st, err := s.status(ctx, id, owner)
-	switch {
-	case err == nil:
-		d.Record, d.Envelope = st.Record, st.Envelope
-	case !errors.Is(err, executor.ErrUnknownExecution):
+	v, err := s.reads.get(ctx, id, owner)
+	if err != nil {
 		return nil, err
 	}
-	if err != nil && len(trail) == 0 {
-		return nil, err
-	}
-	d.Summary = &execSummary{Principal: owner}
+	d := &execData{ID: id, Record: v.Record, Envelope: v.Envelope}
+	trail := v.Trail
+	d.Summary = &execSummary{Principal: v.Principal}
 	for i := range trail {
 		d.Summary.apply(&trail[i])
+	}
+	if d.Summary.ID == "" {
+		d.Summary.ID = id
+	}
+	if d.Summary.CapabilityID == "" {
+		switch {
+		case v.Envelope != nil:
+			d.Summary.CapabilityID = v.Envelope.CapabilityID
+		case v.Record != nil:
+			d.Summary.CapabilityID = v.Record.CapabilityID
+		}
 	}
 	d.Steps, d.Attempts = timeline(trail)
 	if n := len(trail); n > 0 {
 		d.LastSeq = trail[n-1].Seq
 	}
-	if id := d.Summary.ApprovalID; id != "" && s.approvals != nil {
-		if rec, err := s.approvals.Get(ctx, id); err == nil {
-			d.Approval, d.ApprovalNow = rec, rec.StatusAt(time.Now())
+	for _, a := range v.Approvals {
+		if a.ID == d.Summary.ApprovalID || d.Approval == nil {
+			d.Approval, d.ApprovalNow = a, a.StatusAt(time.Now())
 		}
+	}
+	if a := d.Approval; a != nil {
+		shown := a.Input
+		if len(a.Display) > 0 {
+			shown, d.Redacted = a.Display, true
+		}
+		d.Input = prettyJSON(shown)
 	}
 	d.Ended = d.Envelope != nil
 	own := d.Summary.Actor.Kind == s.p.Actor.Kind && d.Summary.Actor.ID == s.p.Actor.ID
 	if !s.p.open {
 		own = d.Summary.Principal == s.p.Name
 	}
-	d.MayCancel = !d.Ended && (own || s.p.Admin)
+	d.MayCancel = !d.Ended && (own || s.p.Admin) && s.client != nil
+	d.Fingerprint = fmt.Sprintf("%d/%d/%v/%v", d.LastSeq, len(trail), d.Envelope != nil, d.ApprovalNow)
+	if rec := d.Record; rec != nil {
+		d.Fingerprint += fmt.Sprintf("/%s%d%v", rec.State, rec.Attempt, rec.CancelRequested)
+	}
 	return d, nil
 }
 
@@ -424,11 +447,11 @@ func (c *Console) cancel(w http.ResponseWriter, r *http.Request, s *session) {
 	defer http.Redirect(w, r, "/executions/"+id+"?owner="+s.owner(r), http.StatusSeeOther)
 	ctx, cancel := context.WithTimeout(r.Context(), 15*time.Second)
 	defer cancel()
-	if s.broker() == nil {
-		s.setFlash("error", "Cancel not sent: your principal (%s) may not read executions: %v", s.p.Name, s.clientErr)
+	if s.reads == nil || s.client == nil {
+		s.setFlash("error", "Cancel not sent: your principal (%s) may not cancel executions.", s.p.Name)
 		return
 	}
-	d, err := loadExecution(ctx, s, s.owner(r), id)
+	d, err := loadExecution(ctx, s, id, s.owner(r))
 	if err != nil {
 		s.setFlash("error", "Cancel not sent: %v", err)
 		return

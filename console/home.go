@@ -11,7 +11,12 @@ import (
 
 type homeData struct {
 	Pending, Executions, Failed, Capabilities, Pools int
+	// More: the last hour holds more executions than homeCount.
+	More bool
 }
+
+// homeCount is as many executions as the start page counts.
+const homeCount = 500
 
 // home is the start page: what waits, what ran, what serves.
 func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
@@ -28,17 +33,21 @@ func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 		}
 	}
+	if s.reads != nil {
+		// What ran in the last hour that the principal may see: a page of
+		// the listing, and its failures.
+		f := parseExecFilter(url.Values{"since": {"1h"}}, now)
+		if page, err := s.reads.list(ctx, f.request(homeCount)); err == nil {
+			d.Executions, d.More = len(page.Entries), page.Next != ""
+		}
+		f.Status = "failed"
+		if page, err := s.reads.list(ctx, f.request(homeCount)); err == nil {
+			d.Failed = len(page.Entries)
+		}
+	}
 	if s.broker() == nil {
 		c.render(w, r, s, "home", d)
 		return
-	}
-	if rows, total, _, err := listExecutions(ctx, s.broker(), parseExecFilter(url.Values{"since": {"1h"}}, now)); err == nil {
-		d.Executions = total
-		for _, e := range rows {
-			if e.Status == "failed" {
-				d.Failed++
-			}
-		}
 	}
 	if caps, err := readCatalog(ctx, s.broker()); err == nil {
 		pools := map[string]bool{}

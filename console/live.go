@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 )
 
 // Live updates are server-sent events that only say "changed": the page then
@@ -122,10 +124,55 @@ func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *sessi
 	events(w, r, s.done, settleApprovals, changed, failed)
 }
 
-// liveExecutions says when any audit event arrives after the one the page
-// showed.
+// pollEvery is how often a live page of a session that may not follow the
+// trail (a producer, an approver) reads what it shows again.
+const pollExecutions = 2 * time.Second
+
+// poll calls fingerprint every period until ctx ends and notifies changed
+// whenever it differs from want (what the page showed).
+func poll(ctx context.Context, want string, fingerprint func(context.Context) (string, error), changed chan<- struct{}) {
+	t := time.NewTicker(pollExecutions)
+	defer t.Stop()
+	for {
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		got, err := fingerprint(fctx)
+		cancel()
+		if err == nil && got != want {
+			want = got
+			notify(changed)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// liveExecutions says when the list may have changed: any audit event after
+// the one the page showed, for a session that follows the trail; otherwise
+// a first page that differs from the one the page showed.
 func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *session) {
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	if s.broker() == nil {
+		if s.reads == nil {
+			http.Error(w, errNotPermitted.Error(), http.StatusForbidden)
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		f := parseExecFilter(r.URL.Query(), time.Now())
+		f.Cursor = ""
+		go poll(ctx, r.URL.Query().Get("v"), func(ctx context.Context) (string, error) {
+			d, err := readList(ctx, s, f)
+			if err != nil {
+				return "", err
+			}
+			return d.Fingerprint(), nil
+		}, changed)
+		events(w, r, s.done, settleExecutions, changed, failed)
+		return
+	}
 	unsub, err := listen(s.feeds.audit, changed, failed, nil)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
@@ -140,23 +187,50 @@ func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *sess
 	events(w, r, s.done, settleExecutions, changed, failed)
 }
 
-// liveExecution says when one execution's trail grows past the sequence its
-// page showed, and again once its envelope exists: the final event is emitted
-// just before the envelope is written.
+// liveExecution says when one execution changes: for a session that follows
+// the trail, when its trail grows past the sequence its page showed, and
+// again once its envelope exists (the final event is emitted just before the
+// envelope is written); otherwise when what the workers show of it differs
+// from what the page showed.
 func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	if envelope.ValidExecutionID(id) != nil {
 		http.Error(w, "not an execution id", http.StatusNotFound)
 		return
 	}
-	b, owner := s.broker(), s.owner(r)
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
+	b, owner := s.broker(), s.owner(r)
+	if b == nil {
+		if s.reads == nil {
+			http.Error(w, errNotPermitted.Error(), http.StatusForbidden)
+			return
+		}
+		go poll(ctx, r.URL.Query().Get("v"), func(ctx context.Context) (string, error) {
+			d, err := loadExecution(ctx, s, id, owner)
+			if errors.Is(err, executor.ErrNoSuchExecution) {
+				return "unknown", nil
+			}
+			if err != nil {
+				return "", err
+			}
+			return d.Fingerprint, nil
+		}, changed)
+		events(w, r, s.done, settleApprovals, changed, failed)
+		return
+	}
+	if owner == "" {
+		// An admin's page that named no owner: the one principal with an
+		// execution of this id (ids are unique per principal).
+		owner = s.p.Name
+		if owners, err := broker.Owners(ctx, b, id); err == nil && len(owners) == 1 {
+			owner = owners[0]
+		}
+	}
 	awaitEnvelope := func() {
 		for i := 0; i < 50 && ctx.Err() == nil; i++ { // bounded: 10 s
-			// Status reads the envelope under the key the runtime gives it.
-			if st, err := s.status(ctx, id, owner); err == nil && st.Envelope != nil {
+			if _, err := b.Envelopes.Get(ctx, broker.Key(owner, id)); err == nil {
 				notify(changed)
 				return
 			}

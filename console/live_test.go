@@ -84,6 +84,15 @@ func TestLive_ManyPagesShareOneAuditConsumer(t *testing.T) {
 	for _, lines := range streams {
 		waitFor(t, lines, ": ready")
 	}
+	// The feed's one consumer is made by its loop, just after the first
+	// page subscribed.
+	for ctx := testCtx(t); consumers()-before == 0; {
+		select {
+		case <-ctx.Done():
+			t.Fatal("no audit consumer for six live pages")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	if n := consumers() - before; n != 1 {
 		t.Fatalf("%d audit consumers for six live pages, want 1", n)
 	}

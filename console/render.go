@@ -135,9 +135,12 @@ func visible(v any) string {
 	return b.String()
 }
 
+// shortID is an id's first 13 characters (of a UUIDv7: its time to the
+// millisecond and a little more), which the CLI takes for the whole id.
+// Pages show ids whole; short ones only name them in titles and messages.
 func shortID(id string) string {
 	if len(id) > 13 {
-		return id[len(id)-12:]
+		return id[:13]
 	}
 	return id
 }

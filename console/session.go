@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"net/url"
@@ -98,12 +99,15 @@ type conn struct {
 	approvals    approvalsReader
 	approvalsKV  jetstream.KeyValue // nil when read through the workers
 	approvalsErr error
-	// client reads executions, the audit trail and the catalog; nil when the
-	// principal's role may not (an approver reads approvals only).
+	// reads reads executions as the principal may see them; nil when its
+	// credentials do not let it ask (clientErr says why).
+	reads *execReader
+	// client cancels and resumes; nil when the principal's role may not (an
+	// approver).
 	client    *executor.Client
 	clientErr error
-	// b is the client's resources, with the audit and exec streams when the
-	// principal may read them (Audit nil otherwise).
+	// b is every stream and bucket, when the principal may read them all (an
+	// admin, an open server): live updates from the trail, the catalog.
 	b     *broker.Broker
 	feeds *feeds
 }
@@ -114,7 +118,7 @@ type conn struct {
 // may says whether the credentials let the principal publish to a subject
 // (nil: unknown, try): what they forbid is not even asked, since a refused
 // request is answered only by its timeout.
-func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool) (*conn, error) {
+func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool, log *slog.Logger) (*conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js, err := jetstream.New(nc)
@@ -130,6 +134,10 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	case info("KV_" + names.ApprovalsBucket()):
 		var store *approvals.Store
 		if store, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
+			// One approval that does not decode hides only itself.
+			store.OnSkipped(func(key string, err error) {
+				log.Warn("approval does not decode: skipped", "bucket", names.ApprovalsBucket(), "key", key, "err", err)
+			})
 			if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr == nil {
 				c.approvals = store
 			}
@@ -141,42 +149,34 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	default:
 		c.approvalsErr = errors.New("its credentials let it read no approvals")
 	}
-	if !info("KV_"+names.ExecutionsBucket()) || !info(names.AuditStream()) {
-		c.clientErr = errors.New("its credentials do not let it read the executions and their audit trail")
+	// Executions: every role reads them through the workers, who keep to
+	// what it may see (admins everything, producers their own, approvers
+	// those behind their approvals); admins and open servers may also read
+	// the streams, for live updates and when no worker answers.
+	if may == nil || may(names.ListExecutionsSubject(principal)) && may(names.ExecutionSubject(principal)) {
+		c.reads = &execReader{nc: nc, names: names, principal: principal}
 	} else {
-		c.client, c.clientErr = executor.NewClient(nc, executor.ClientConfig{Broker: bcfg})
+		c.clientErr = errors.New("its credentials do not let it ask the workers for executions (issued before this version? add the principal again)")
 	}
-	if c.client != nil {
-		b := *c.client.Broker()
-		// Clients bind what producers read; the trail and the queues are
-		// readable by admins (and on an open server).
-		if b.Audit == nil {
-			if st, err := js.Stream(ctx, names.AuditStream()); err == nil {
-				b.Audit = st
-			} else {
-				c.clientErr = fmt.Errorf("the audit stream: %w", err)
-			}
-		}
-		if b.Exec == nil {
-			if st, err := js.Stream(ctx, names.ExecStream()); err == nil {
-				b.Exec = st
-			}
-		}
-		// Whose an execution id is (broker.Owners) takes the buckets whole,
-		// not by key as a client binds them.
-		for _, kv := range []struct {
-			h    *jetstream.KeyValue
-			name string
-		}{{&b.Executions, names.ExecutionsBucket()}, {&b.Envelopes, names.EnvelopesBucket()}} {
-			if whole, err := js.KeyValue(ctx, kv.name); err == nil {
-				*kv.h = whole
-			}
-		}
-		if b.Audit != nil {
-			c.b = &b
+	// A client cancels and resumes: producers (who submit on their own
+	// subjects; from an account of their own, they read the catalog by key
+	// only) and admins.
+	if may == nil || may(names.UnroutedSubject(principal)) {
+		if cl, err := executor.NewClient(nc, executor.ClientConfig{Broker: bcfg}); err == nil {
+			c.client = cl
+		} else if c.reads == nil {
+			c.clientErr = err
 		}
 	}
-	if c.approvals == nil && c.b == nil {
+	if info(names.AuditStream()) && info("KV_"+names.ExecutionsBucket()) {
+		if b, err := broker.OpenAll(ctx, nc, bcfg); err == nil {
+			c.b = b
+			if c.reads != nil {
+				c.reads.b = b
+			}
+		}
+	}
+	if c.approvals == nil && c.reads == nil {
 		return nil, fmt.Errorf("this principal may read neither approvals (%v) nor executions (%v)", c.approvalsErr, c.clientErr)
 	}
 	c.feeds = newFeeds(c.approvalsKV, c.approvals, c.b)
@@ -190,8 +190,8 @@ func (c *conn) close() {
 	}
 }
 
-// broker is what the session reads executions through, or nil when the
-// principal may not read them.
+// broker is every stream and bucket, or nil when the principal may not read
+// them all.
 func (c *conn) broker() *broker.Broker { return c.b }
 
 type flash struct {
@@ -228,9 +228,9 @@ func (s *session) cancel(ctx context.Context, executionID, owner string) (*execu
 }
 
 // owner is the principal whose execution a request names (executions are
-// scoped by principal, DESIGN §2): its owner parameter; else, for an admin,
-// the one principal with an execution of the path's id; else the session's
-// own principal.
+// scoped by principal, DESIGN §2): its owner parameter; on an open server the
+// anonymous one; otherwise "", and the workers take the one the principal may
+// see.
 func (s *session) owner(r *http.Request) string {
 	if o := r.URL.Query().Get("owner"); broker.ValidPrincipal(o) {
 		return o
@@ -238,23 +238,7 @@ func (s *session) owner(r *http.Request) string {
 	if s.p.open {
 		return broker.Anonymous
 	}
-	if id := r.PathValue("id"); s.p.Admin && s.broker() != nil && envelope.ValidExecutionID(id) == nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		defer cancel()
-		if owners, err := broker.Owners(ctx, s.broker(), id); err == nil && len(owners) == 1 {
-			return owners[0]
-		}
-	}
-	return s.p.Name
-}
-
-// status reads an execution's record and envelope; an admin reads another
-// principal's under its owner's key.
-func (s *session) status(ctx context.Context, executionID, owner string) (*executor.Status, error) {
-	if !s.p.open && owner != "" && owner != s.p.Name && s.p.Admin {
-		return s.client.StatusOf(ctx, owner, executionID)
-	}
-	return s.client.Status(ctx, executionID)
+	return ""
 }
 
 // mine reports whether the principal requested r.
@@ -349,7 +333,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			nc.Close()
 			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
 		}
-		if c, err = openConn(nc, ss.cfg.Broker, name, may); err != nil {
+		if c, err = openConn(nc, ss.cfg.Broker, name, may, ss.cfg.Logger); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -431,7 +415,7 @@ func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
-		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil)
+		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil, ss.cfg.Logger)
 		if err != nil {
 			return nil, err
 		}

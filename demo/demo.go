@@ -327,7 +327,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Expose:      everywhere, SideEffect: executor.Write, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
 			Idempotent: true, Retry: &executor.Retry{MaxAttempts: 1}, Timeout: 10 * time.Second,
 			Policies: []executor.Policy{{
-				Name: "refund-approval-above-500",
+				Name: "refund-approval-above-500", MayRequireApproval: true,
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 					in, ok := r.Input.(*RefundInput)
 					if ok && in.Amount > RefundApprovalAbove {

@@ -34,7 +34,9 @@ func (a *admission) approvalGate(v verdict) bool {
 	return false
 }
 
-func (w *Worker) approvalStore() *approvals.Store { return approvals.NewStore(w.b, w.audit) }
+func (w *Worker) approvalStore() *approvals.Store {
+	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+}
 
 // requestApproval stores a pending approval for this call and finalizes the
 // execution approval-required. The approval's id is reserved on the execution

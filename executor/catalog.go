@@ -17,18 +17,21 @@ import (
 
 // Descriptor is a capability as the catalog and discovery show it.
 type Descriptor struct {
-	V                int            `json:"v"`
-	ID               string         `json:"id"`
-	Pool             string         `json:"pool"`
-	Description      string         `json:"description"`
-	SideEffect       SideEffect     `json:"sideEffect"`
-	Risk             Risk           `json:"risk,omitempty"`
-	Tags             []string       `json:"tags,omitempty"`
-	Expose           []Surface      `json:"expose,omitempty"`
-	Idempotent       bool           `json:"idempotent,omitempty"`
-	TimeoutMs        int64          `json:"timeoutMs"`
-	RetryMaxAttempts int            `json:"retryMaxAttempts,omitempty"`
-	RequiresApproval bool           `json:"requiresApproval,omitempty"`
+	V                int        `json:"v"`
+	ID               string     `json:"id"`
+	Pool             string     `json:"pool"`
+	Description      string     `json:"description"`
+	SideEffect       SideEffect `json:"sideEffect"`
+	Risk             Risk       `json:"risk,omitempty"`
+	Tags             []string   `json:"tags,omitempty"`
+	Expose           []Surface  `json:"expose,omitempty"`
+	Idempotent       bool       `json:"idempotent,omitempty"`
+	TimeoutMs        int64      `json:"timeoutMs"`
+	RetryMaxAttempts int        `json:"retryMaxAttempts,omitempty"`
+	RequiresApproval bool       `json:"requiresApproval,omitempty"`
+	// ApprovalPolicies name the capability's policies that may require an
+	// approval for some inputs (Policy.MayRequireApproval).
+	ApprovalPolicies []string       `json:"approvalPolicies,omitempty"`
 	InputSchema      map[string]any `json:"inputSchema,omitempty"`
 	// ExpiresAt is when the entry lapses unless a live worker of the pool
 	// renews it (DESIGN §13): every worker renews its capabilities' entries
@@ -50,8 +53,27 @@ func describe(b *binding, pool string) Descriptor {
 		Risk: m.Risk, Tags: m.Tags, Expose: m.Expose, Idempotent: m.Idempotent,
 		TimeoutMs: m.timeout().Milliseconds(), RetryMaxAttempts: m.maxAttempts(),
 		RequiresApproval: m.Approval != nil && m.Approval.Required,
+		ApprovalPolicies: approvalPolicies(m.Policies),
 		InputSchema:      inputSchema(b),
 	}
+}
+
+// approvalPolicies are the names of the policies that declare they may
+// require an approval.
+func approvalPolicies(ps []Policy) []string {
+	var out []string
+	for _, p := range ps {
+		if p.MayRequireApproval {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// MayRequireApproval reports whether a call may need an approval: always,
+// or for some inputs.
+func (d Descriptor) MayRequireApproval() bool {
+	return d.RequiresApproval || len(d.ApprovalPolicies) > 0
 }
 
 // inputSchema is the JSON Schema of the capability's input type.
@@ -156,7 +178,9 @@ type catalog struct {
 	w       jetstream.KeyWatcher
 }
 
-func watchCatalog(ctx context.Context, b *broker.Broker) (*catalog, error) {
+// watchCatalog follows the catalog; an entry that does not decode is
+// skipped and told to skipped.
+func watchCatalog(ctx context.Context, b *broker.Broker, skipped func(key string, err error)) (*catalog, error) {
 	w, err := b.Catalog.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: watch catalog: %w", err)
@@ -176,8 +200,11 @@ func watchCatalog(ctx context.Context, b *broker.Broker) (*catalog, error) {
 			c.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
 				var d Descriptor
-				if envelope.Unmarshal(e.Value(), &d) == nil {
+				if err := envelope.Unmarshal(e.Value(), &d); err == nil {
 					c.entries[e.Key()] = d
+				} else {
+					delete(c.entries, e.Key()) // an entry that does not decode lists nothing
+					skipped(e.Key(), err)
 				}
 			} else {
 				delete(c.entries, e.Key())

@@ -125,7 +125,9 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
 		return c, nil
 	}
-	c.cat, err = watchCatalog(c.ctx, b)
+	c.cat, err = watchCatalog(c.ctx, b, func(key string, err error) {
+		cfg.Logger.Warn("catalog entry does not decode: skipped", "bucket", b.Names.CatalogBucket(), "key", key, "err", err)
+	})
 	if err != nil {
 		_ = c.w.Close()
 		c.stop()
@@ -345,7 +347,9 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 // Await waits for an execution's envelope until ctx ends. An id that can never
 // name an execution (envelope.ValidExecutionID) is refused at once. An execution whose
 // envelope is no longer kept fails at once with an *ExpiredError
-// (errors.Is(err, ErrExpired)): see ExpiredError for when.
+// (errors.Is(err, ErrExpired)): see ExpiredError for when. An id of which
+// nothing is stored, as the workers tell (no request in its queue, no record,
+// no envelope), fails at once with ErrNoSuchExecution.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
 	// An id that can never name an execution has no envelope to wait for.
 	if err := envelope.ValidExecutionID(executionID); err != nil {
@@ -364,10 +368,35 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 			c.w.Remove(executionID, ch)
 			return nil, xerr
 		}
+		if c.unknown(ctx, executionID) {
+			c.w.Remove(executionID, ch)
+			return nil, fmt.Errorf("%w: %s: neither its request, nor its record, nor its envelope is stored", ErrNoSuchExecution, executionID)
+		}
 	}
 	// The waiter was registered before the read: an envelope stored since
 	// comes on the subscription.
 	return c.w.AwaitFresh(ctx, executionID, ch, c.w.Reconnects())
+}
+
+// probeWait bounds how long Await asks the workers whether an execution
+// it found no envelope for exists at all.
+const probeWait = 2 * time.Second
+
+// probeAfter: an id younger than this is not probed.
+const probeAfter = 2 * time.Second
+
+// unknown reports whether the workers say that nothing of the client's
+// execution id is stored: no request waiting in its queue, no record, no
+// envelope (read in that order, which no claim racing the reads can hide it
+// from). Without an answer (no worker, an older one) it is not unknown.
+func (c *Client) unknown(ctx context.Context, executionID string) bool {
+	if made, ok := envelope.ExecutionIDTime(executionID); ok && time.Since(made) < probeAfter {
+		return false // just made: its request may be on its way (a submit awaited at once)
+	}
+	pctx, cancel := context.WithTimeout(ctx, probeWait)
+	defer cancel()
+	v, err := c.Execution(pctx, ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true})
+	return err == nil && v.State == ExecUnknown
 }
 
 // ErrExpired marks an execution whose envelope is no longer kept: it will

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"strings"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -61,11 +60,18 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 		return nil, err
 	}
 	// Decisions and listings: the approver is the principal of the subject.
-	store := approvals.NewStore(w.b, w.audit)
+	store := w.approvalStore()
 	if err := add(store.Serve(w.nc, n, w.grants)); err != nil {
 		return nil, err
 	}
 	if err := add(store.ServeList(w.nc, n, w.grants)); err != nil {
+		return nil, err
+	}
+	// Executions, read on a principal's behalf (executions.go).
+	if err := add(w.nc.QueueSubscribe(n.ListExecutionsSubjects(), n.WorkersQueue(), w.concurrently(w.serveExecutions))); err != nil {
+		return nil, err
+	}
+	if err := add(w.nc.QueueSubscribe(n.ExecutionSubjects(), n.WorkersQueue(), w.concurrently(w.serveExecution))); err != nil {
 		return nil, err
 	}
 	return subs, nil
@@ -120,4 +126,27 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		return
 	}
 	reply.State, reply.Finalized, reply.Status = c.State, c.Finalized, c.Status
+}
+
+// concurrentReadings bounds the readings of executions one worker answers at
+// once; one more waits on its subscription, which holds the rest back.
+const concurrentReadings = 8
+
+// concurrently answers each request on a goroutine of its own while fewer
+// than concurrentReadings are being answered (a listing that reads deep in
+// the index does not hold the others up), and on the subscription's own
+// otherwise.
+func (w *Worker) concurrently(h nats.MsgHandler) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		select {
+		case w.readers <- struct{}{}:
+			w.reading.Add(1)
+			go func() {
+				defer func() { <-w.readers; w.reading.Done() }()
+				h(m)
+			}()
+		default:
+			h(m)
+		}
+	}
 }

@@ -83,8 +83,8 @@ func ExampleClient_Resume() {
 
 // exampleSecured starts a server with authentication holding the principals
 // of grants (and an admin and a worker), provisions its resources and
-// publishes the grants, as `capstan auth init`, `capstan auth add` and
-// `capstan server --auth` do. connect connects as one principal.
+// publishes the accounts and the grants, as `capstan auth init`, `capstan
+// auth add` and `capstan server --auth` do. connect connects as one principal.
 func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.Conn, cleanup func()) {
 	dir, err := os.MkdirTemp("", "capstan-example-")
 	check(err)
@@ -93,7 +93,8 @@ func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.
 	for _, g := range grants {
 		check(setup.Add(g))
 	}
-	s, err := natsserver.Start(natsserver.Options{StoreDir: dir + "/store", Port: -1, ConfigFile: setup.ServerConfigPath()})
+	s, err := natsserver.Start(natsserver.Options{StoreDir: dir + "/store", Port: -1,
+		ConfigFile: setup.ServerConfigPath(), ResolverDir: dir + "/store/jwt"})
 	check(err)
 	url := natsserver.ClientURL(s)
 	var conns []*nats.Conn
@@ -105,6 +106,9 @@ func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Every principal's account, pushed to the running server.
+	_, err = auth.PushAccounts(ctx, connect(auth.PushUser), setup)
+	check(err)
 	b, err := broker.Provision(ctx, connect(auth.AdminPrincipal), broker.Config{})
 	check(err)
 	check(auth.PublishGrants(ctx, b.JS, setup, 0))

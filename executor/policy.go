@@ -79,6 +79,11 @@ type Policy struct {
 	// Phases it applies to; empty means invocation only.
 	Phases   []Phase
 	Evaluate func(ctx context.Context, r PolicyRequest) (Decision, error)
+	// MayRequireApproval declares that Evaluate may answer RequireApproval
+	// for some inputs ("refunds above 500"): describe, the catalog and MCP
+	// tools then say that a call may need someone else's approval. It
+	// changes nothing of what the policy decides.
+	MayRequireApproval bool
 }
 
 func (p Policy) appliesTo(ph Phase) bool {

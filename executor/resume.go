@@ -17,7 +17,9 @@ import (
 // audited with the approver as the acting actor. It is cheap: take one where
 // it is needed.
 func (c *Client) Approvals() *approvals.Store {
-	return approvals.NewStore(c.b, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger}))
+	return approvals.NewStore(c.b, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
+		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
+	})
 }
 
 // SubmitResume opens a new execution of an approved call and returns its id.

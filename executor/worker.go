@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -153,6 +154,18 @@ type Worker struct {
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
+	// reading counts the readings of executions being answered (executions.go).
+	reading sync.WaitGroup
+	readers chan struct{}
+}
+
+// skipped is told of a record of bucket that a listing skipped because it
+// does not decode: a log line naming it and a count, and nothing else fails.
+func (w *Worker) skipped(bucket string) func(key string, err error) {
+	return func(key string, err error) {
+		w.log.Warn("record does not decode: skipped", "bucket", bucket, "key", key, "err", err)
+		w.cfg.Observer.Skipped(bucket)
+	}
 }
 
 // NewWorker checks its arguments; Run connects the worker to its pool.
@@ -168,7 +181,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		return nil, fmt.Errorf("capstan: pool name %q: letters, digits, - and _ only", cfg.Pool)
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
-		caps: make(map[string]*capability, len(reg.ids))}
+		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
 	for _, id := range reg.ids {
 		w.caps[id] = &capability{b: reg.get(id), w: w}
 	}
@@ -239,7 +252,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {
-		w.cat, err = watchCatalog(w.run.Context(), b)
+		w.cat, err = watchCatalog(w.run.Context(), b, w.skipped(b.Names.CatalogBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
@@ -267,6 +280,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
+		w.reading.Wait() // readings answered on goroutines of their own
 	}()
 	// Listed last: once the catalog names a capability, its consumer exists
 	// and cancel and describe are served.

@@ -121,7 +121,7 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	bobCS := connectHTTP(t, srv, bobToken, newEvents())
 
 	// tools/list and a call, as alice.
-	if names := toolNames(t, aliceCS); !containsAll(names, "test.echo", "test.pay", mcpbridge.ResumeTool, mcpbridge.StatusTool) {
+	if names := toolNames(t, aliceCS); !containsAll(names, "test_echo", "test_pay", mcpbridge.ResumeTool, mcpbridge.StatusTool) {
 		t.Fatalf("alice's tools: %v", names)
 	}
 	res, err := aliceCS.CallTool(ctx, &mcp.CallToolParams{Name: "test.echo", Arguments: map[string]any{"note": "hi"}})

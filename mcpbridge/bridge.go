@@ -45,6 +45,9 @@ type Config struct {
 	// sees). Default 1 min; 10 s for a bridge connected as a principal,
 	// which cannot watch the catalog and sees its changes only so.
 	Refresh time.Duration
+	// ToolNames says how capabilities are named as tools: PortableNames (the
+	// default), which every host takes, or CapabilityIDs.
+	ToolNames ToolNames
 	// Broker says how capstan's resources are named (default: capstan's).
 	Broker broker.Config
 	// Logger receives the bridge's logs. Default: discarded.
@@ -54,6 +57,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.Name == "" {
 		c.Name = "capstan"
+	}
+	if c.ToolNames == "" {
+		c.ToolNames = PortableNames
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -361,27 +361,27 @@ func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
 		for _, tl := range res.Tools {
 			byName[tl.Name] = tl
 		}
-		for _, want := range []string{"demo.echo", "orders.refund", "email.send", "test.block", "test.wipe",
+		for _, want := range []string{"demo_echo", "orders_refund", "email_send", "test_block", "test_wipe",
 			mcpbridge.ResumeTool, mcpbridge.StatusTool} {
 			if byName[want] == nil {
 				t.Errorf("tools/list lacks %s", want)
 			}
 		}
-		if byName["test.direct"] != nil {
+		if byName["test_direct"] != nil {
 			t.Error("a capability not exposed on mcp is listed")
 		}
-		if byName["test.alice-only"] == nil {
+		if byName["test_alice-only"] == nil {
 			t.Error("alice does not see test.alice-only")
 		}
 		// A policy hides it from bob: absent from his list, and not callable.
 		bobCS := connect(bob, newEvents())
-		if slices.Contains(toolNames(t, bobCS), "test.alice-only") {
+		if slices.Contains(toolNames(t, bobCS), "test_alice-only") {
 			t.Error("a capability hidden from bob is listed for him")
 		}
 		if res, err := bobCS.CallTool(testCtx(t), &mcp.CallToolParams{Name: "test.alice-only", Arguments: map[string]any{}}); err == nil && !res.IsError {
 			t.Errorf("bob called a capability hidden from him: %s", textOf(res))
 		}
-		refund := byName["orders.refund"]
+		refund := byName["orders_refund"]
 		if refund == nil {
 			t.FailNow()
 		}
@@ -392,13 +392,13 @@ func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
 		if a := refund.Annotations; a == nil || a.ReadOnlyHint || a.DestructiveHint == nil || *a.DestructiveHint || !a.IdempotentHint {
 			t.Errorf("orders.refund annotations = %+v", refund.Annotations)
 		}
-		if a := byName["demo.echo"].Annotations; a == nil || !a.ReadOnlyHint {
+		if a := byName["demo_echo"].Annotations; a == nil || !a.ReadOnlyHint {
 			t.Errorf("demo.echo annotations = %+v", a)
 		}
-		if a := byName["test.wipe"].Annotations; a == nil || a.DestructiveHint == nil || !*a.DestructiveHint {
+		if a := byName["test_wipe"].Annotations; a == nil || a.DestructiveHint == nil || !*a.DestructiveHint {
 			t.Errorf("test.wipe annotations = %+v", a)
 		}
-		if a := byName["email.send"].Annotations; a == nil || a.OpenWorldHint == nil || !*a.OpenWorldHint || a.ReadOnlyHint {
+		if a := byName["email_send"].Annotations; a == nil || a.OpenWorldHint == nil || !*a.OpenWorldHint || a.ReadOnlyHint {
 			t.Errorf("email.send annotations = %+v", a)
 		}
 	})
@@ -703,7 +703,7 @@ func waitChanged(t *testing.T, ev *events, cs *mcp.ClientSession, name string, w
 	for {
 		select {
 		case <-ev.changed:
-			if slices.Contains(toolNames(t, cs), name) == want {
+			if slices.Contains(toolNames(t, cs), mcpbridge.ToolName(name, mcpbridge.PortableNames)) == want {
 				return
 			}
 		case <-ctx.Done():

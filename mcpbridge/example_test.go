@@ -54,12 +54,12 @@ func Example() {
 	for _, t := range tools.Tools {
 		fmt.Printf("%s read-only=%v\n", t.Name, t.Annotations.ReadOnlyHint)
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "greet.hello", Arguments: map[string]any{"name": "Ada"}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "greet_hello", Arguments: map[string]any{"name": "Ada"}})
 	check(err)
 	fmt.Println(res.Content[0].(*mcp.TextContent).Text, res.StructuredContent, res.Meta["capstan/status"])
 	// Output:
-	// capstan.resume read-only=false
-	// capstan.status read-only=true
-	// greet.hello read-only=true
+	// capstan_resume read-only=false
+	// capstan_status read-only=true
+	// greet_hello read-only=true
 	// "Hello, Ada!" map[result:Hello, Ada!] completed
 }

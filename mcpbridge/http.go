@@ -80,6 +80,19 @@ func ParseTokens(r io.Reader) (*Tokens, error) {
 }
 
 // Actor returns the actor a token authenticates.
+// Actors returns every actor a token names, each once.
+func (t *Tokens) Actors() []envelope.Actor {
+	var out []envelope.Actor
+	seen := map[string]bool{}
+	for _, a := range t.actors {
+		if !seen[a.String()] {
+			seen[a.String()] = true
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 func (t *Tokens) Actor(token string) (envelope.Actor, bool) {
 	a, ok := t.actors[sha256.Sum256([]byte(token))]
 	return a, ok
@@ -148,6 +161,7 @@ func (b *Bridge) Handler(tokens *Tokens, opts *HTTPOptions) http.Handler {
 	if opts.Stateless {
 		h = &cancelRouter{next: h, inflight: map[string][]*callHandle{}}
 	}
+	h = httpTasks(h) // the core tasks' "task" parameter (tasks_core.go)
 	h = b.actorGate(h)
 	if tokens == nil {
 		tokens = &Tokens{actors: map[[sha256.Size]byte]envelope.Actor{}}

@@ -2,6 +2,7 @@ package mcpbridge
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -60,6 +61,20 @@ type Task struct {
 	Error          *jsonrpc.Error      `json:"error,omitempty"`
 }
 
+// MarshalJSON writes the task with its result in the tool result's standard
+// shape (resultType "complete"), as the extension's completed task carries it.
+func (t Task) MarshalJSON() ([]byte, error) {
+	type plain Task
+	p := struct {
+		plain
+		Result any `json:"result,omitempty"`
+	}{plain: plain(t)}
+	if t.Result != nil {
+		p.Result = completeResult{t.Result}
+	}
+	return json.Marshal(p)
+}
+
 // TaskParams are the parameters of tasks/get, tasks/update and tasks/cancel.
 type TaskParams struct {
 	mcp.ParamsBase
@@ -86,27 +101,72 @@ func serverCapabilities() *mcp.ServerCapabilities {
 func (b *Bridge) routeTasks(v *view) {
 	v.server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			ss, _ := req.GetSession().(*mcp.ServerSession)
+			switch method {
+			case "initialize":
+				// A 2025-11-25 client learns of the core tasks here.
+				res, err := next(ctx, method, req)
+				if ip, ok := req.GetParams().(*mcp.InitializeParams); err == nil && ok && ip.ProtocolVersion == CoreTasksVersion {
+					return withCoreTasks(res)
+				}
+				return res, err
+			case "tools/list":
+				res, err := next(ctx, method, req)
+				if err == nil && coreSession(ss) {
+					return withTaskSupport(res)
+				}
+				return res, err
+			}
 			cr, ok := req.(*mcp.CallToolRequest)
-			if method != "tools/call" || !ok || cr.Params == nil || !extensionIn(cr.ClientCapabilities()) {
+			if method != "tools/call" || !ok || cr.Params == nil {
 				return next(ctx, method, req)
 			}
-			t, ok := v.lookup(cr.Params.Name)
-			if !ok { // the bridge's own tools, or an unknown name: answered as usual
+			if _, asked := cr.Params.Meta[coreTaskMeta]; asked && coreSession(ss) {
+				// A 2025-11-25 task: answered {"task": ...} at once.
+				t, found := v.byName(cr.Params.Name)
+				if !found {
+					return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "Tool " + cr.Params.Name + " is not called as a task"}
+				}
+				input, problem := argumentsOf(cr.Params.Arguments, t.wrapped)
+				if problem != "" {
+					return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: problem}
+				}
+				return b.coreCreate(ctx, v.actor, t.capID, input)
+			}
+			t, ok := v.byName(cr.Params.Name)
+			if ok && cr.Params.Name != t.def.Name {
+				// A capability called by its id: the tool listed for it.
+				cr.Params.Name = t.def.Name
+			}
+			if !ok || !extensionIn(cr.ClientCapabilities()) { // the bridge's own tools, or an unknown name: answered as usual
 				return next(ctx, method, req)
 			}
 			input, problem := argumentsOf(cr.Params.Arguments, t.wrapped)
 			if problem != "" {
 				return next(ctx, method, req)
 			}
-			res, err := b.createTask(ctx, v.actor, cr.Params.Name, input)
+			res, err := b.createTask(ctx, v.actor, t.capID, input)
 			if err != nil && ctx.Err() == nil {
 				b.log.Warn("MCP call not taken: capstan did not answer", "tool", cr.Params.Name, "err", err)
-				return unavailable(), nil
+				res, err = unavailable(), nil
+			}
+			if r, ok := res.(*mcp.CallToolResult); ok {
+				// A result in place of the task: the polymorphic result's
+				// other shape says so (the SDK marks only the results of
+				// its own tool handlers).
+				return completeResult{r}, err
 			}
 			return res, err
 		}
 	})
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Task, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (mcp.Result, error) {
+		if core(ss, p) {
+			c, _, err := b.coreGet(ctx, v.actor, p.TaskID)
+			if err != nil {
+				return nil, b.protocolError(ctx, "tasks/get", err)
+			}
+			return c, nil
+		}
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
@@ -117,6 +177,31 @@ func (b *Bridge) routeTasks(v *view) {
 		t.ResultType = "complete"
 		return t, nil
 	}))
+	// The core tasks' own methods (2025-11-25).
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/result", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*mcp.CallToolResult, error) {
+		if !core(ss, p) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/result is a method of protocol " + CoreTasksVersion}
+		}
+		res, err := b.coreResult(ctx, v.actor, p.TaskID)
+		if err != nil {
+			return nil, b.protocolError(ctx, "tasks/result", err)
+		}
+		return res, nil
+	}))
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/list", func(ctx context.Context, ss *mcp.ServerSession, p *ListTasksParams) (*ListTasksResult, error) {
+		if !coreSession(ss) {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/list is a method of protocol " + CoreTasksVersion}
+		}
+		cursor := ""
+		if p != nil {
+			cursor = p.Cursor
+		}
+		res, err := b.coreList(ctx, v.actor, cursor)
+		if err != nil {
+			return nil, b.protocolError(ctx, "tasks/list", err)
+		}
+		return res, nil
+	}))
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
@@ -126,7 +211,14 @@ func (b *Bridge) routeTasks(v *view) {
 		}
 		return &Ack{ResultType: "complete"}, nil
 	}))
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (mcp.Result, error) {
+		if core(ss, p) {
+			c, err := b.coreCancel(ctx, v.actor, p.TaskID)
+			if err != nil {
+				return nil, b.protocolError(ctx, "tasks/cancel", err)
+			}
+			return c, nil
+		}
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
@@ -135,6 +227,23 @@ func (b *Bridge) routeTasks(v *view) {
 		}
 		return &Ack{ResultType: "complete"}, nil
 	}))
+}
+
+// completeResult is a tool result marked resultType "complete", the standard
+// shape of a call the Tasks extension could have answered with a task.
+type completeResult struct{ *mcp.CallToolResult }
+
+func (r completeResult) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.CallToolResult)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	m["resultType"] = json.RawMessage(`"complete"`)
+	return json.Marshal(m)
 }
 
 // protocolError is what a client of a protocol method is told of err: a
@@ -154,6 +263,15 @@ func must(err error) {
 	if err != nil {
 		panic(err) // a method name clashes with the SDK's: a programming error
 	}
+}
+
+// core reports whether a tasks/* request is one of the core tasks: from a
+// 2025-11-25 session that did not declare the extension.
+func core(ss *mcp.ServerSession, p *TaskParams) bool {
+	if p == nil || !coreSession(ss) {
+		return false
+	}
+	return checkDeclared(ss, p) != nil
 }
 
 // extensionIn reports whether capabilities declare the Tasks extension.

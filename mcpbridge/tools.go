@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -17,9 +18,54 @@ import (
 // metaKey prefixes the keys capstan sets in MCP _meta objects.
 const metaKey = "capstan/"
 
+// ToolNames says how the bridge names capabilities as MCP tools.
+type ToolNames string
+
+const (
+	// PortableNames (the default) name each tool so that every host takes
+	// it: ^[a-zA-Z0-9_-]{1,64}$, which the Anthropic and OpenAI tool APIs
+	// require of a tool's name. A capability id's dots become underscores
+	// (orders.refund is orders_refund); an id longer than 64 bytes keeps its
+	// first 55 and a hash. The capability id stays in the tool's
+	// description and its _meta ("capstan/capability": {"id": ...}), and
+	// the trail names the capability as ever. Two capabilities whose names
+	// would be the same are refused (ErrToolNameCollision).
+	PortableNames ToolNames = "portable"
+	// CapabilityIDs name each tool by its capability id: valid MCP, but
+	// hosts that pass tool names to a model API refuse the dots.
+	CapabilityIDs ToolNames = "ids"
+)
+
+// ErrToolNameCollision: two capabilities would be listed under one tool name.
+var ErrToolNameCollision = errors.New("capstan: two capabilities have one MCP tool name")
+
+// ToolName is the MCP tool name of a capability id under n.
+func ToolName(capabilityID string, n ToolNames) string {
+	if n == CapabilityIDs {
+		return capabilityID
+	}
+	name := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+			return r
+		}
+		return '_'
+	}, capabilityID)
+	if len(name) > maxToolName {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(capabilityID))
+		name = fmt.Sprintf("%s_%08x", name[:maxToolName-9], h.Sum32())
+	}
+	return name
+}
+
+// maxToolName is the longest tool name the model APIs take.
+const maxToolName = 64
+
 // tool is one capability as an MCP tool.
 type tool struct {
-	def *mcp.Tool
+	capID string
+	def   *mcp.Tool
 	// wrapped: the capability's input is not a JSON object, so the tool takes
 	// it as the property "input" of its arguments (MCP arguments are objects).
 	wrapped bool
@@ -27,27 +73,36 @@ type tool struct {
 	fingerprint string
 }
 
-// toolOf renders a descriptor as an MCP tool: the id as its name, the
+// toolOf renders a descriptor as an MCP tool: its name (see ToolNames), the
 // description, the input's JSON Schema, and hints derived from the metadata.
-func toolOf(d executor.Descriptor) tool {
+func toolOf(d executor.Descriptor, names ToolNames) tool {
 	schema, wrapped := objectSchema(d.InputSchema)
+	name := ToolName(d.ID, names)
 	desc := d.Description
-	if d.RequiresApproval {
+	switch {
+	case d.RequiresApproval:
 		desc = strings.TrimSpace(desc + " Needs someone else's approval before it runs.")
+	case len(d.ApprovalPolicies) > 0:
+		desc = strings.TrimSpace(desc + " Some calls need someone else's approval before they run.")
+	}
+	if name != d.ID {
+		// The model and the people reading its transcript see which
+		// capability the tool is.
+		desc = strings.TrimSpace(desc + " (capstan capability " + d.ID + ")")
 	}
 	t := &mcp.Tool{
-		Name:        d.ID,
+		Name:        name,
 		Description: desc,
 		InputSchema: schema,
 		Annotations: annotationsOf(d),
 		Meta: mcp.Meta{metaKey + "capability": map[string]any{
-			"sideEffect": string(d.SideEffect), "risk": string(d.Risk), "idempotent": d.Idempotent,
-			"requiresApproval": d.RequiresApproval, "timeoutMs": d.TimeoutMs,
+			"id": d.ID, "sideEffect": string(d.SideEffect), "risk": string(d.Risk), "idempotent": d.Idempotent,
+			"requiresApproval": d.RequiresApproval, "mayRequireApproval": d.MayRequireApproval(), "timeoutMs": d.TimeoutMs,
 			"retryMaxAttempts": d.RetryMaxAttempts, "tags": d.Tags,
 		}},
 	}
 	fp, _ := json.Marshal(t)
-	return tool{def: t, wrapped: wrapped, fingerprint: string(fp)}
+	return tool{capID: d.ID, def: t, wrapped: wrapped, fingerprint: string(fp)}
 }
 
 // objectSchema returns an object schema for the input: the capability's own
@@ -86,17 +141,25 @@ func annotationsOf(d executor.Descriptor) *mcp.ToolAnnotations {
 	}
 }
 
-// Tools the bridge adds to every actor's server, beside the capabilities.
+// Tools the bridge adds to every actor's server, beside the capabilities,
+// named so that every host takes them.
 const (
 	// ResumeTool runs an approved call: {"approvalId": "..."}.
-	ResumeTool = "capstan.resume"
+	ResumeTool = "capstan_resume"
 	// StatusTool reads an execution the caller started: {"executionId": "..."}.
-	StatusTool = "capstan.status"
+	StatusTool = "capstan_status"
 )
 
-// reserved reports whether a capability id is one of the bridge's own tools;
-// such a capability is not listed.
-func reserved(id string) bool { return id == ResumeTool || id == StatusTool }
+// reserved reports whether a capability's tool name (or id) is one of the
+// bridge's own tools, or their names before 0.x ("capstan.resume"); such a
+// capability is not listed.
+func reserved(name string) bool {
+	switch name {
+	case ResumeTool, StatusTool, "capstan.resume", "capstan.status":
+		return true
+	}
+	return false
+}
 
 // view is one actor's MCP server and the tools it lists.
 type view struct {
@@ -110,11 +173,12 @@ type view struct {
 
 	mu     sync.Mutex
 	loaded bool
-	tools  map[string]tool
+	tools  map[string]tool   // by tool name
+	names  map[string]string // capability id to tool name
 }
 
 func newView(b *Bridge, actor envelope.Actor) *view {
-	v := &view{b: b, actor: actor, tools: map[string]tool{}}
+	v := &view{b: b, actor: actor, tools: map[string]tool{}, names: map[string]string{}}
 	v.server = mcp.NewServer(&mcp.Implementation{Name: b.cfg.Name, Version: b.cfg.Version}, &mcp.ServerOptions{
 		Logger:       b.log,
 		Instructions: instructions,
@@ -171,18 +235,38 @@ func (v *view) refresh(ctx context.Context) error {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	seen := make(map[string]bool, len(d.Capabilities))
+	// Tool names of this listing: a name two capabilities would share is
+	// refused when the bridge starts (the first listing), and later keeps
+	// the capability that had it.
+	byName := make(map[string]executor.Descriptor, len(d.Capabilities))
 	for _, desc := range d.Capabilities {
-		if reserved(desc.ID) {
-			v.b.log.Warn("capability not listed over MCP: its id is one of the bridge's tools", "capabilityId", desc.ID)
+		name := ToolName(desc.ID, v.b.cfg.ToolNames)
+		if reserved(name) || reserved(desc.ID) {
+			v.b.log.Warn("capability not listed over MCP: its tool name is one of the bridge's tools", "capabilityId", desc.ID, "tool", name)
 			continue
 		}
-		seen[desc.ID] = true
-		t := toolOf(desc)
-		if have, ok := v.tools[desc.ID]; ok && have.fingerprint == t.fingerprint {
+		other, taken := byName[name]
+		if !taken {
+			byName[name] = desc
 			continue
 		}
-		v.tools[desc.ID] = t
+		if !v.loaded {
+			return fmt.Errorf("%w: %s and %s are both %s; rename one, or serve them with ToolNames %q (capstan mcp --tool-names ids) if every host takes dots",
+				ErrToolNameCollision, other.ID, desc.ID, name, CapabilityIDs)
+		}
+		if have, ok := v.tools[name]; ok && have.capID == desc.ID {
+			byName[name] = desc
+		}
+		v.b.log.Warn("capability not listed over MCP: another capability has its tool name", "capabilityId", desc.ID,
+			"listed", byName[name].ID, "tool", name)
+	}
+	for name, desc := range byName {
+		t := toolOf(desc, v.b.cfg.ToolNames)
+		if have, ok := v.tools[name]; ok && have.fingerprint == t.fingerprint {
+			continue
+		}
+		v.tools[name] = t
+		v.names[desc.ID] = name
 		id := desc.ID
 		v.server.AddTool(t.def, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			res, err := v.b.callTool(ctx, v, id, req)
@@ -190,10 +274,13 @@ func (v *view) refresh(ctx context.Context) error {
 		})
 	}
 	var gone []string
-	for id := range v.tools {
-		if !seen[id] {
-			gone = append(gone, id)
-			delete(v.tools, id)
+	for name, t := range v.tools {
+		if _, ok := byName[name]; !ok {
+			gone = append(gone, name)
+			delete(v.tools, name)
+			if v.names[t.capID] == name {
+				delete(v.names, t.capID)
+			}
 		}
 	}
 	if len(gone) > 0 {
@@ -204,11 +291,24 @@ func (v *view) refresh(ctx context.Context) error {
 	return nil
 }
 
-// lookup returns the tool as listed now.
-func (v *view) lookup(id string) (tool, bool) {
+// lookup returns the tool of a capability id as listed now.
+func (v *view) lookup(capID string) (tool, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	t, ok := v.tools[id]
+	t, ok := v.tools[v.names[capID]]
+	return t, ok
+}
+
+// byName returns the tool listed under name, or, for a client that calls a
+// capability by its id (as hosts did before portable names), the tool of
+// that capability.
+func (v *view) byName(name string) (tool, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if t, ok := v.tools[name]; ok {
+		return t, true
+	}
+	t, ok := v.tools[v.names[name]]
 	return t, ok
 }
 

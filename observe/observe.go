@@ -45,6 +45,9 @@ type Worker interface {
 	Begin(ctx context.Context, d Delivery) (context.Context, Execution)
 	// AuditFailed is called for each audit event JetStream did not store.
 	AuditFailed()
+	// Skipped is called for each record of bucket a listing skipped because
+	// it does not decode (the listing goes on without it).
+	Skipped(bucket string)
 }
 
 // Execution is told what happens to one delivery a worker works on.
@@ -90,6 +93,9 @@ func (NopWorker) Begin(ctx context.Context, _ Delivery) (context.Context, Execut
 
 // AuditFailed does nothing.
 func (NopWorker) AuditFailed() {}
+
+// Skipped does nothing.
+func (NopWorker) Skipped(string) {}
 
 // NopExecution observes nothing; embed it to implement only some methods.
 type NopExecution struct{}

@@ -23,7 +23,7 @@ func (t *Telemetry) Watch(b *broker.Broker, cacheFor time.Duration) {
 	if cacheFor <= 0 {
 		cacheFor = 5 * time.Second
 	}
-	t.reg.MustRegister(&brokerCollector{b: b, approvals: approvals.NewStore(b, nil), cacheFor: cacheFor, caps: &t.caps})
+	t.reg.MustRegister(&brokerCollector{b: b, approvals: approvals.NewStore(b, nil).OnSkipped(func(string, error) { t.Skipped(b.Names.ApprovalsBucket()) }), cacheFor: cacheFor, caps: &t.caps})
 }
 
 var (

@@ -25,7 +25,9 @@
 // Workers: capstan_executions_finalized_total{capability,pool,status,code},
 // capstan_attempts_total, capstan_retries_total{previous_code},
 // capstan_takeovers_total{from_state}, capstan_outcome_unknown_total,
-// capstan_audit_publish_failures_total, capstan_executions_in_flight, and the
+// capstan_audit_publish_failures_total, capstan_records_skipped_total{bucket}
+// (records a listing skipped because they do not decode, each also logged
+// with its key), capstan_executions_in_flight, and the
 // histograms capstan_handler_duration_seconds (one attempt),
 // capstan_execution_duration_seconds (submission to envelope),
 // capstan_queue_wait_seconds (submission to first delivery) and

@@ -22,6 +22,7 @@ type metrics struct {
 	takeovers      *prometheus.CounterVec
 	outcomeUnknown *prometheus.CounterVec
 	auditFailures  prometheus.Counter
+	skipped        *prometheus.CounterVec
 	handler        *prometheus.HistogramVec
 	execution      *prometheus.HistogramVec
 	queueWait      *prometheus.HistogramVec
@@ -63,6 +64,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_audit_publish_failures_total",
 			Help: "Audit events JetStream did not store.",
 		}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_records_skipped_total",
+			Help: "Records a listing skipped because they do not decode, by bucket (each is logged with its key).",
+		}, []string{"bucket"}),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_handler_duration_seconds",
 			Help:    "Duration of one handler attempt.",
@@ -97,7 +102,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Buckets: durationBuckets,
 		}, []string{"capability", "status"}),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.outcomeUnknown, m.auditFailures,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.outcomeUnknown, m.auditFailures, m.skipped,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
 	return m
 }

@@ -138,6 +138,10 @@ func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envel
 // AuditFailed counts an audit event JetStream did not store.
 func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 
+// Skipped counts a record of bucket a listing skipped because it does not
+// decode. Buckets are capstan's few: the label stays small.
+func (t *Telemetry) Skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }
+
 // Begin continues the request's trace with a span for its queue wait (on its
 // first delivery) and one for the worker's processing.
 func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {

@@ -62,8 +62,13 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		c.URLs = append(c.URLs, node.URL)
 	}
 	c.waitReady(t)
+	c.PushAccounts(t)
 	return c
 }
+
+// PushAccounts sends the accounts of the cluster's auth setup (see Auth) to
+// every node, as Env.PushAccounts does.
+func (c *Cluster) PushAccounts(t testing.TB) { t.Helper(); pushAccounts(t, c.URL(), c.Nodes[0].opts) }
 
 // URL returns the client URLs of all nodes, comma-separated, as nats.Connect takes them.
 func (c *Cluster) URL() string { return strings.Join(c.URLs, ",") }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -32,9 +33,13 @@ func SyncAlways() Option { return func(o *natsserver.Options) { o.SyncAlways = t
 
 // Auth starts the server with setup's configuration: every client then needs
 // credentials. Connect connects as the setup's admin, ConnectAs as any of its
-// principals.
+// principals. The server keeps accounts in its store directory, and the
+// setup's accounts are pushed to it once it is up (see PushAccounts).
 func Auth(setup *auth.Setup) Option {
-	return func(o *natsserver.Options) { o.ConfigFile = setup.ServerConfigPath() }
+	return func(o *natsserver.Options) {
+		o.ConfigFile = setup.ServerConfigPath()
+		o.ResolverDir = filepath.Join(o.StoreDir, auth.ResolverDirName)
+	}
 }
 
 // Start starts a JetStream server with a file store under t.TempDir() on a random
@@ -46,6 +51,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 		o(&e.opts)
 	}
 	e.start(t)
+	e.PushAccounts(t)
 	// Later restarts reuse the port, so clients given e.URL find the server again.
 	e.opts.Port = e.Server.Addr().(*net.TCPAddr).Port
 	t.Cleanup(e.Stop)
@@ -99,6 +105,35 @@ func principalCreds(t testing.TB, o natsserver.Options, principal string) []nats
 	return []nats.Option{
 		nats.UserCredentials(setup.CredsPath(principal)),
 		nats.CustomInboxPrefix(setup.Names().InboxPrefix(principal)),
+	}
+}
+
+// PushAccounts sends the accounts of the server's auth setup (see Auth),
+// as it is now, to the server: principals added or removed since it
+// started take effect. Nothing on a server started without Auth.
+func (e *Env) PushAccounts(t testing.TB) { t.Helper(); pushAccounts(t, e.URL, e.opts) }
+
+func pushAccounts(t testing.TB, url string, o natsserver.Options) {
+	t.Helper()
+	if o.ConfigFile == "" {
+		return
+	}
+	setup, err := auth.Load(filepath.Dir(o.ConfigFile))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if setup.Current() != nil {
+		return // a one-account setup (LegacySetup): its server takes no pushes
+	}
+	nc := connect(t, url, []nats.Option{
+		nats.UserCredentials(setup.PushCredsPath()),
+		nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.PushUser)),
+	})
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := auth.PushAccounts(ctx, nc, setup); err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
 }
 

@@ -30,7 +30,8 @@ func TestMain(m *testing.M) {
 
 // After RaiseParallel, 4 parallel tests per CPU (2 under the race detector)
 // run at once: as many subtests as that all wait for each other, which only
-// ends if they all run together.
+// ends if they all run together. (Not itself parallel: it runs before the
+// parallel tests, with every slot free for its subtests.)
 func TestRaiseParallel_SeveralTestsPerCPURunAtOnce(t *testing.T) {
 	if parallelGiven {
 		t.Skip("-parallel given: RaiseParallel leaves it")

@@ -87,6 +87,9 @@ func runApprovalsList(args []string) int {
 		}
 		f.Actor = a
 	}
+	if err := conn.need("list approvals", names.ListApprovalsSubject, ""); err != nil {
+		return usageError("%v", err)
+	}
 	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
@@ -117,6 +120,9 @@ func runApprovalsShow(args []string) int {
 	if err := o.check(); err != nil {
 		return usageError("%v", err)
 	}
+	if err := conn.need("read approvals", names.ListApprovalsSubject, ""); err != nil {
+		return usageError("%v", err)
+	}
 	nc, err := conn.connect("approvals")
 	if err != nil {
 		return usageError("%v", err)
@@ -124,7 +130,11 @@ func runApprovalsShow(args []string) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	rs, err := approvals.RequestList(ctx, nc, broker.NewNames(""), approvals.ListRequest{ID: pos[0]})
+	id, err := resolveApproval(ctx, nc, pos[0])
+	if err != nil {
+		return usageError("%v", err)
+	}
+	rs, err := approvals.RequestList(ctx, nc, broker.NewNames(""), approvals.ListRequest{ID: id})
 	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}
@@ -199,8 +209,8 @@ func decideCommand(verb string, args []string) int {
 	if wait != nil && *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	if err := conn.mayPublish(broker.NewNames("").DecideSubject); err != nil {
-		return usageError("%v: only approvers decide", err)
+	if err := conn.need("decide approvals", names.DecideSubject, "only approvers decide"); err != nil {
+		return usageError("%v", err)
 	}
 	nc, err := conn.connect("approvals")
 	if err != nil {
@@ -209,6 +219,9 @@ func decideCommand(verb string, args []string) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
+	if req.ApprovalID, err = resolveApproval(ctx, nc, req.ApprovalID); err != nil {
+		return usageError("%v", err)
+	}
 	r, err := approvals.RequestDecision(ctx, nc, broker.NewNames(""), req)
 	switch {
 	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
@@ -226,7 +239,7 @@ func decideCommand(verb string, args []string) int {
 	}
 	defer closeClient()
 	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, r.Decision.Approver)
-	return resumeAndAwait(c, r.ID, *wait)
+	return resumeAndAwait(c, o, r.ID, *wait)
 }
 
 // decisionError reports a refused decision with its code.
@@ -248,30 +261,40 @@ func decisionError(err error) int {
 }
 
 func runResume(args []string) int {
-	fs := newFlags("resume", "APPROVAL_ID [--wait D]")
+	fs := newFlags("resume", "APPROVAL_ID [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
 	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	if err := conn.mayPublish(broker.NewNames("").UnroutedSubject); err != nil {
-		return usageError("%v: the principal that asked for the approval resumes it", err)
+	if err := conn.need("resume approved calls", names.UnroutedSubject, "the producer that asked for the approval resumes it"); err != nil {
+		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("resume", executor.ClientConfig{})
 	if err != nil {
 		return usageError("%v", err)
 	}
 	defer closeClient()
-	return resumeAndAwait(c, pos[0], *wait)
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	id, err := resolveApproval(ctx, c.Broker().NC, pos[0])
+	cancel()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	return resumeAndAwait(c, o, id, *wait)
 }
 
 // resumeAndAwait opens the resume's execution, as the approval's requester,
 // and prints its envelope.
-func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) int {
+func resumeAndAwait(c *executor.Client, o *outputFlags, approvalID string, wait time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	id, err := c.SubmitResume(ctx, approvalID)
@@ -289,7 +312,7 @@ func resumeAndAwait(c *executor.Client, approvalID string, wait time.Duration) i
 	if err != nil {
 		return awaitError(err, id, wait)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 // parseKindID reads an actor flag as kind:id, both required.

@@ -34,7 +34,7 @@ type printedApproval struct {
 // approval id of its approval-required envelope (exit 3).
 func refundNeedingApproval(t *testing.T, url string) string {
 	t.Helper()
-	stdout, stderr, code := capstan(t, url, "call", "orders.refund", "--input", `{"orderId":"o1","amount":900}`, "--actor", "user:alice")
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "orders.refund", "--input", `{"orderId":"o1","amount":900}`, "--actor", "user:alice")
 	if code != exitApproval {
 		t.Fatalf("call: exit %d, want %d; stdout %s stderr %s", code, exitApproval, stdout, stderr)
 	}
@@ -69,12 +69,12 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 	if code != exitOK || a.Status != "approved" || a.Decision.Approver.String() != "user:bob" || a.Decision.Comment != "order checked" {
 		t.Fatalf("approve: exit %d, %s", code, stdout)
 	}
-	stdout, stderr, code = capstan(t, url, "resume", id)
+	stdout, stderr, code = capstan(t, url, "resume", "-o", "json", id)
 	done := decode[printedEnvelope](t, stdout)
 	if code != exitOK || done.Status != "completed" {
 		t.Fatalf("resume: exit %d, stdout %s stderr %s", code, stdout, stderr)
 	}
-	stdout, _, code = capstan(t, url, "resume", id)
+	stdout, _, code = capstan(t, url, "resume", "-o", "json", id)
 	again := decode[printedEnvelope](t, stdout)
 	if code != exitFailed || again.Status != "failed" || again.Error.Code != "APPROVAL_CONSUMED" {
 		t.Fatalf("second resume: exit %d, %s", code, stdout)
@@ -138,7 +138,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 		{rejected, "APPROVAL_REJECTED"},
 		{expired, "APPROVAL_EXPIRED"},
 	} {
-		stdout, stderr, code := capstan(t, url, "resume", tc.id)
+		stdout, stderr, code := capstan(t, url, "resume", "-o", "json", tc.id)
 		env := decode[printedEnvelope](t, stdout)
 		if code != exitFailed || env.Status != "failed" || env.Error == nil || env.Error.Code != tc.code {
 			t.Fatalf("resume: exit %d, stdout %s stderr %s; want %s", code, stdout, stderr, tc.code)
@@ -159,7 +159,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 		}
 	}
-	if _, _, code := capstan(t, url, "resume", envelope.NewExecutionID()); code != exitFailed {
+	if _, _, code := capstan(t, url, "resume", "-o", "json", envelope.NewExecutionID()); code != exitFailed {
 		t.Errorf("resume of an unknown approval: exit %d", code)
 	}
 }
@@ -186,7 +186,7 @@ func TestCLI_ApproveWithResume(t *testing.T) {
 	t.Parallel()
 	_, url := startDev(t)
 	id := refundNeedingApproval(t, url)
-	stdout, stderr, code := capstan(t, url, "approvals", "approve", id, "--approver", "user:bob", "--resume")
+	stdout, stderr, code := capstan(t, url, "approvals", "approve", id, "--approver", "user:bob", "--resume", "-o", "json")
 	env := decode[printedEnvelope](t, stdout)
 	if code != exitOK || env.Status != "completed" || !strings.Contains(stderr, "approved by user:bob") {
 		t.Fatalf("approve --resume: exit %d, stdout %s stderr %s", code, stdout, stderr)

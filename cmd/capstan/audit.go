@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 )
 
 func runAudit(args []string) int {
@@ -47,6 +48,18 @@ func runAudit(args []string) int {
 		return usageError("audit: want an execution id, or --follow")
 	}
 
+	// Admins (and open servers) read the stream; every other principal asks
+	// the workers for one execution's trail, as its role lets it see it.
+	direct := conn.principal().may(streamInfo(names.AuditStream())(""))
+	if *follow && !direct {
+		return usageError("%v", conn.need("follow the audit stream", streamInfo(names.AuditStream()),
+			"only admins follow it; 'capstan audit ID' reads one execution's trail, and 'capstan executions' lists what changed"))
+	}
+	if !direct {
+		if err := conn.need("read executions", names.ExecutionSubject, reissue); err != nil {
+			return usageError("%v", err)
+		}
+	}
 	nc, err := conn.connect("audit")
 	if err != nil {
 		return usageError("%v", err)
@@ -54,14 +67,25 @@ func runAudit(args []string) int {
 	defer nc.Close()
 	ctx, stop := signalContext()
 	defer stop()
-	pctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	b, err := broker.OpenAll(pctx, nc, broker.Config{}) // admins and workers read the trail
-	cancel()
-	if err != nil {
-		return usageError("%v", err)
+	if f.ExecutionID != "" {
+		rctx, cancel := context.WithTimeout(ctx, submitTimeout)
+		f.ExecutionID, err = resolveExecution(rctx, nc, conn, f.ExecutionID)
+		cancel()
+		if err != nil {
+			return usageError("%v", err)
+		}
+	}
+	var b *broker.Broker
+	if direct {
+		pctx, cancel := context.WithTimeout(ctx, submitTimeout)
+		b, err = broker.OpenAll(pctx, nc, broker.Config{}) // admins and workers read the trail
+		cancel()
+		if err != nil {
+			return usageError("%v", err)
+		}
 	}
 
-	if f.ExecutionID != "" && f.Principal == "" {
+	if direct && f.ExecutionID != "" && f.Principal == "" {
 		octx, cancel := context.WithTimeout(ctx, submitTimeout)
 		f.Principal, err = ownerOf(octx, b, broker.PrincipalOf(nc, b.Names), f.ExecutionID)
 		cancel()
@@ -84,12 +108,24 @@ func runAudit(args []string) int {
 	if !*follow {
 		rctx, cancel := context.WithTimeout(ctx, submitTimeout)
 		defer cancel()
-		trail, err := audit.Read(rctx, b, f.Principal, f.ExecutionID)
+		var trail []audit.Event
+		if direct {
+			trail, err = audit.Read(rctx, b, f.Principal, f.ExecutionID)
+		} else {
+			var v *executor.ExecutionView
+			if v, err = executor.RequestExecution(rctx, nc, names, executor.ExecutionRequest{ExecutionID: f.ExecutionID,
+				Owner: f.Principal}); err == nil {
+				trail, f.Principal = v.Trail, v.Principal
+			}
+		}
 		if errors.Is(err, broker.ErrNotFound) {
 			return fail(exitFailed, "%v", err)
 		}
 		if err != nil {
-			return usageError("%v", err)
+			return readError(err)
+		}
+		if len(trail) == 0 && !direct {
+			return fail(exitFailed, "%v: no audit events for execution %s", broker.ErrNotFound, f.ExecutionID)
 		}
 		for _, ev := range trail {
 			if !f.Match(&ev) {

@@ -45,7 +45,7 @@ func eventTypes(evs []printedEvent) string {
 func TestAudit_PrintsTheTrailAsJSONLinesOldestFirst(t *testing.T) {
 	t.Parallel()
 	_, url := startDev(t)
-	stdout, stderr, code := capstan(t, url, "call", "demo.flaky", "--input", `{"failTimes":1}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.flaky", "--input", `{"failTimes":1}`)
 	if code != exitOK {
 		t.Fatalf("call: exit %d, stderr %s", code, stderr)
 	}
@@ -106,7 +106,7 @@ func TestAuditFollow_PrintsOnlyMatchingEventsUntilInterrupted(t *testing.T) {
 
 	var denied []string
 	for _, input := range []string{`{"subject":"no address"}`, `{"to":"ada@example.com","subject":"hi"}`, `{"holdMs":-1}`} {
-		stdout, _, _ := capstan(t, url, "call", "email.send", "--input", input)
+		stdout, _, _ := capstan(t, url, "call", "-o", "json", "email.send", "--input", input)
 		env := decode[printedEnvelope](t, stdout)
 		if env.Status == "failed" && env.Error != nil && env.Error.Code == "INPUT_INVALID" {
 			denied = append(denied, env.ExecutionID)
@@ -172,7 +172,7 @@ func TestServer_AuditMaxAgeSetsTheRetention(t *testing.T) {
 	}
 	// A worker and the other commands, which do not say, accept it.
 	startDaemon(t, "worker started", []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--grace", "5s")
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("call against a 90-day audit stream: exit %d, stderr %s", code, stderr)
 	}

@@ -2,25 +2,28 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
 )
 
 // runAuth dispatches the credential commands.
 func runAuth(args []string) int {
-	usage := "usage: capstan auth init|add|remove|list|push DIR ...\n\n" +
-		"  init DIR [--prefix P]      operator, accounts, admin and worker principals, DIR/nats-server.conf\n" +
-		"  add DIR NAME --role R ...  a principal and DIR/NAME.creds (producer: --actor; approver: --types)\n" +
-		"  remove DIR NAME            revoke a principal (restart or reload the server, then push)\n" +
-		"  list DIR                   every principal and its grants\n" +
-		"  push DIR                   publish the grants to a running server (as DIR/admin.creds)\n"
+	usage := "usage: capstan auth init|add|remove|list|push|migrate DIR ...\n\n" +
+		"  init DIR [--prefix P] [--resolver-dir D]  operator, accounts, admin and worker principals, DIR/nats-server.conf\n" +
+		"  add DIR NAME --role R ...                 a principal and DIR/NAME.creds (producer: --actor; approver: --types)\n" +
+		"  remove DIR NAME                           revoke a principal (then push: it is disconnected at once)\n" +
+		"  list DIR                                  every principal, its grants and limits\n" +
+		"  push DIR                                  bring a running server or cluster to the setup: accounts, resources, grants\n" +
+		"  migrate DIR                               move a one-account setup to accounts per principal (new credentials!)\n"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
 		if len(args) == 0 {
 			fmt.Fprint(os.Stderr, usage)
@@ -40,13 +43,16 @@ func runAuth(args []string) int {
 		return runAuthList(args[1:])
 	case "push":
 		return runAuthPush(args[1:])
+	case "migrate":
+		return runAuthMigrate(args[1:])
 	}
 	return usageError("unknown auth command %q; run 'capstan auth --help'", args[0])
 }
 
 func runAuthInit(args []string) int {
-	fs := newFlags("auth init", "DIR [--prefix P]")
+	fs := newFlags("auth init", "DIR [--prefix P] [--resolver-dir D]")
 	prefix := fs.String("prefix", "", "prefix of capstan's resource names (default CAPSTAN)")
+	resolverDir := fs.String("resolver-dir", "", "`directory` where an official nats-server keeps the accounts pushed to it (default DIR/"+auth.ResolverDirName+"; each server needs its own)")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
@@ -55,20 +61,81 @@ func runAuthInit(args []string) int {
 	if err != nil {
 		return fail(exitFailed, "auth init: %v", err)
 	}
-	fmt.Printf("created %s: %s, %s, %s\n", pos[0], auth.ServerConfigFile,
-		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal))
+	if *resolverDir != "" {
+		if err := s.SetResolverDir(*resolverDir); err != nil {
+			return fail(exitFailed, "auth init: %v", err)
+		}
+	}
+	fmt.Printf("created %s: %s, %s, %s, %s\n", pos[0], auth.ServerConfigFile,
+		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal), s.PushCredsPath())
 	fmt.Printf("next:\n  capstan auth add %s NAME --role producer --actor user:NAME\n  capstan server --auth %s\n", pos[0], pos[0])
 	return exitOK
 }
 
+// limitFlags are a principal's account limits.
+type limitFlags struct {
+	connections, subscriptions int64
+	payload                    byteSize
+}
+
+func addLimitFlags(fs *flag.FlagSet) *limitFlags {
+	l := &limitFlags{payload: byteSize(auth.DefaultLimits.Payload)}
+	fs.Int64Var(&l.connections, "max-connections", auth.DefaultLimits.Connections, "connections the principal may hold at once (-1: no limit)")
+	fs.Int64Var(&l.subscriptions, "max-subscriptions", auth.DefaultLimits.Subscriptions, "subscriptions the principal may hold at once, all its connections together (-1: no limit)")
+	fs.Var(&l.payload, "max-payload", "largest `size` of a message the principal may publish, such as 256KiB or 1MiB (-1: the server's)")
+	return l
+}
+
+func (l *limitFlags) limits() *auth.Limits {
+	return &auth.Limits{Connections: l.connections, Subscriptions: l.subscriptions, Payload: int64(l.payload)}
+}
+
+// byteSize is a flag of bytes: 262144, 256KiB, 1MiB, 1MB, or -1.
+type byteSize int64
+
+func (b *byteSize) String() string {
+	if b == nil {
+		return ""
+	}
+	v := int64(*b)
+	switch {
+	case v > 0 && v%(1<<20) == 0:
+		return strconv.FormatInt(v>>20, 10) + "MiB"
+	case v > 0 && v%(1<<10) == 0:
+		return strconv.FormatInt(v>>10, 10) + "KiB"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"KB", 1000}, {"MB", 1000 * 1000}, {"K", 1 << 10}, {"M", 1 << 20}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = n, u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || (v < 1 && !(v == -1 && mult == 1)) {
+		return errors.New("want a size such as 262144, 256KiB or 1MiB, or -1")
+	}
+	*b = byteSize(v * mult)
+	return nil
+}
+
 func runAuthAdd(args []string) int {
-	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P]")
+	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P] [--max-connections N] [--max-subscriptions N] [--max-payload SIZE]")
 	role := fs.String("role", "", "producer, approver, worker, admin or notifier")
 	actors := fs.String("actor", "", "actors the principal may act as, comma-separated: kind:id, or kind:* for a gateway that authenticates its users")
 	surfaces := fs.String("surfaces", "", "surfaces a producer may call from, comma-separated (default all)")
 	caps := fs.String("capabilities", "*", "capabilities a producer may call, comma-separated: ids, prefixes like orders.*, or *")
 	types := fs.String("types", "", "approval types an approver may decide, comma-separated, or *")
 	pool := fs.String("pool", "", "pool of a worker")
+	lf := addLimitFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 2)
 	if !ok {
 		return code
@@ -82,12 +149,24 @@ func runAuthAdd(args []string) int {
 	if g.Role == auth.Producer {
 		g.Capabilities = list(*caps)
 	}
+	if auth.HasOwnAccount(g.Role) {
+		g.Limits = lf.limits()
+	} else if limitSet(fs) {
+		return usageError("auth add: --max-* limit a producer's or approver's own account; a %s lives in the capstan account", g.Role)
+	}
 	if err := s.Add(g); err != nil {
 		return fail(exitUsage, "auth add: %v", err)
 	}
 	fmt.Printf("created %s\n", s.CredsPath(g.Principal))
-	fmt.Printf("a running server learns the grant with: capstan auth push %s\n", pos[0])
+	fmt.Printf("a running server learns it with: capstan auth push %s\n", pos[0])
 	return exitOK
+}
+
+// limitSet reports whether a --max-* flag was given.
+func limitSet(fs *flag.FlagSet) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || strings.HasPrefix(f.Name, "max-") })
+	return set
 }
 
 func runAuthRemove(args []string) int {
@@ -103,8 +182,8 @@ func runAuthRemove(args []string) int {
 	if err := s.Remove(pos[1]); err != nil {
 		return fail(exitUsage, "auth remove: %v", err)
 	}
-	fmt.Printf("revoked %s in %s\n", pos[1], s.ServerConfigPath())
-	fmt.Printf("restart or reload the server, then: capstan auth push %s\n", pos[0])
+	fmt.Printf("revoked %s in %s\n", pos[1], pos[0])
+	fmt.Printf("it is disconnected from every server, and workers refuse what it sent, once you run: capstan auth push %s\n", pos[0])
 	return exitOK
 }
 
@@ -118,19 +197,38 @@ func runAuthList(args []string) int {
 	if err != nil {
 		return fail(exitUsage, "auth list: %v", err)
 	}
+	if err := s.Current(); err != nil {
+		fmt.Fprintf(os.Stderr, "capstan: %v\n", err)
+	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRINCIPAL\tROLE\tACTORS\tSURFACES\tCAPABILITIES\tTYPES\tCREDS")
+	fmt.Fprintln(tw, "PRINCIPAL\tROLE\tACTORS\tSURFACES\tCAPABILITIES\tTYPES\tACCOUNT\tLIMITS\tCREDS")
 	for _, g := range s.Principals {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Principal, g.Role, dash(g.Actors), dash(g.Surfaces),
-			dash(g.Capabilities), dash(g.Types), s.CredsPath(g.Principal))
+		account, limits := "capstan", "-"
+		if g.Account != "" {
+			account = "own"
+		}
+		if g.Limits != nil {
+			p := byteSize(g.Limits.Payload)
+			limits = fmt.Sprintf("conns=%s,subs=%s,payload=%s", limit(g.Limits.Connections), limit(g.Limits.Subscriptions), p.String())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Principal, g.Role, dash(g.Actors), dash(g.Surfaces),
+			dash(g.Capabilities), dash(g.Types), account, limits, s.CredsPath(g.Principal))
 	}
 	_ = tw.Flush()
 	return exitOK
 }
 
+func limit(v int64) string {
+	if v < 0 {
+		return "none"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
 func runAuthPush(args []string) int {
-	fs := newFlags("auth push", "DIR [--nats URL] [--creds DIR/admin.creds]")
+	fs := newFlags("auth push", "DIR [--nats URL] [--creds DIR/admin.creds] [--push-creds DIR/push.creds]")
 	conn := addConnFlags(fs)
+	pushCreds := fs.String("push-creds", "", "credentials `file` of the system account's push user (default DIR/push.creds)")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
@@ -139,24 +237,92 @@ func runAuthPush(args []string) int {
 	if err != nil {
 		return fail(exitUsage, "auth push: %v", err)
 	}
+	if err := s.Current(); err != nil {
+		return fail(exitUsage, "auth push: %v", err)
+	}
+	// Accounts signed by an earlier version get this version's crossings.
+	if resigned, err := s.Sync(); err != nil {
+		return fail(exitFailed, "auth push: %v", err)
+	} else if resigned {
+		fmt.Printf("re-signed the accounts whose exports or imports this version changes\n")
+	}
 	if conn.creds == "" {
 		conn.creds = s.CredsPath(auth.AdminPrincipal)
 	}
-	nc, err := conn.connect("auth push")
-	if err != nil {
-		return fail(exitUsage, "%v", err)
+	if *pushCreds == "" {
+		*pushCreds = s.PushCredsPath()
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fail(exitUsage, "%v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := auth.PublishGrants(ctx, js, s, 0); err != nil {
+	po := conn.options("auth push")
+	po.Creds, po.Prefix = *pushCreds, s.Prefix
+	ao := conn.options("auth push")
+	ao.Prefix = s.Prefix
+	res, err := pushSetup(ctx, s, po, ao, broker.Config{Prefix: s.Prefix})
+	if err != nil {
 		return fail(exitFailed, "auth push: %v", err)
 	}
-	fmt.Printf("published %d grants\n", len(s.Principals))
+	fmt.Printf("pushed %d accounts to %d servers; resources provisioned; published %d grants\n", res.accounts, res.servers, len(s.Principals))
+	return exitOK
+}
+
+// pushed is what pushSetup did.
+type pushed struct{ accounts, servers int }
+
+// pushSetup brings a running server or cluster to the setup: every account,
+// as the push user (po), so that principals added connect and those removed
+// are disconnected at once; then, as the admin (ao), capstan's resources
+// provisioned (an admin's right: workers may not create or update streams)
+// and the grants published.
+func pushSetup(ctx context.Context, s *auth.Setup, po, ao broker.ConnectOptions, bcfg broker.Config) (pushed, error) {
+	res := pushed{accounts: 1 + len(s.Removed)}
+	for _, g := range s.Principals {
+		if g.AccountJWT != "" {
+			res.accounts++
+		}
+	}
+	pnc, err := broker.Connect(po)
+	if err != nil {
+		return res, err
+	}
+	defer pnc.Close()
+	if res.servers, err = auth.PushAccounts(ctx, pnc, s); err != nil {
+		return res, err
+	}
+	anc, err := broker.Connect(ao)
+	if err != nil {
+		return res, err
+	}
+	defer anc.Close()
+	b, err := broker.Provision(ctx, anc, bcfg)
+	if err != nil {
+		return res, fmt.Errorf("provision as %s: %w", ao.Creds, err)
+	}
+	return res, auth.PublishGrants(ctx, b.JS, s, b.Replicas)
+}
+
+func runAuthMigrate(args []string) int {
+	fs := newFlags("auth migrate", "DIR [--max-connections N] [--max-subscriptions N] [--max-payload SIZE]")
+	lf := addLimitFlags(fs)
+	pos, code, ok := parseFlags(fs, args, 1)
+	if !ok {
+		return code
+	}
+	rep, err := auth.Migrate(pos[0], lf.limits())
+	if err != nil {
+		return fail(exitFailed, "auth migrate: %v (run it again to finish: it resumes where it stopped)", err)
+	}
+	if rep.Current {
+		fmt.Println(rep)
+		return exitOK
+	}
+	fmt.Printf("migrated %s to accounts per principal; what it rewrote, as it was, is in %s\n", pos[0], rep.Backup)
+	fmt.Printf("\n!! NEW CREDENTIALS: hand these out again; the old ones stop working once the servers run the new configuration:\n")
+	for _, p := range rep.Reissued {
+		fmt.Printf("!!   %s\n", (&auth.Setup{Dir: pos[0]}).CredsPath(p))
+	}
+	fmt.Printf("\nnext:\n  1. restart every server once on %s (a capstan server --auth %s restarts the same way)\n  2. capstan auth push %s\n",
+		(&auth.Setup{Dir: pos[0]}).ServerConfigPath(), pos[0], pos[0])
 	return exitOK
 }
 
@@ -176,4 +342,9 @@ func dash(v []string) string {
 		return "-"
 	}
 	return strings.Join(v, ",")
+}
+
+// pushOptions are the push user's connection to an embedded server.
+func pushOptions(url string, s *auth.Setup) broker.ConnectOptions {
+	return broker.ConnectOptions{URL: url, Creds: s.PushCredsPath(), Prefix: s.Prefix, Name: "capstan push"}
 }

@@ -2,11 +2,18 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
@@ -99,17 +106,17 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	alice, carol := "--creds="+filepath.Join(dir, "alice.creds"), "--creds="+filepath.Join(dir, "carol.creds")
 
-	if _, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hi":1}`); code != exitUsage {
+	if _, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hi":1}`); code != exitUsage {
 		t.Fatalf("without credentials: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", alice, "--input", `{"hi":1}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", alice, "--input", `{"hi":1}`)
 	called := decode[printedEnvelope](t, stdout)
 	if code != exitOK || called.Status != "completed" {
 		t.Fatalf("alice's call: exit %d %+v: %s", code, called, stderr)
 	}
 	// A producer awaits and reads its own executions by key, without the
 	// buckets' stream information, which it may not ask for.
-	stdout, stderr, code = capstan(t, url, "await", called.ExecutionID, alice)
+	stdout, stderr, code = capstan(t, url, "await", "-o", "json", called.ExecutionID, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.ExecutionID != called.ExecutionID || env.Status != "completed" {
 		t.Fatalf("alice's await: exit %d %+v: %s", code, env, stderr)
 	}
@@ -121,12 +128,12 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if code != exitOK || status.Record.ExecutionID != called.ExecutionID || status.Record.Actor != "user:alice" || status.Envelope.Status != "completed" {
 		t.Fatalf("alice's status: exit %d %+v: %s", code, status, stderr)
 	}
-	stdout, _, code = capstan(t, url, "call", "demo.echo", alice, "--actor", "user:bob", "--input", `{"hi":1}`)
+	stdout, _, code = capstan(t, url, "call", "-o", "json", "demo.echo", alice, "--actor", "user:bob", "--input", `{"hi":1}`)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "FORBIDDEN" {
 		t.Fatalf("alice as bob: exit %d %+v", code, env)
 	}
 
-	stdout, stderr, code = capstan(t, url, "call", "orders.refund", alice, "--input", `{"orderId":"o1","amount":900}`)
+	stdout, stderr, code = capstan(t, url, "call", "-o", "json", "orders.refund", alice, "--input", `{"orderId":"o1","amount":900}`)
 	if code != exitApproval {
 		t.Fatalf("refund: exit %d: %s %s", code, stdout, stderr)
 	}
@@ -138,7 +145,7 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 
 	// alice cannot decide, whatever approver she names; carol can.
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice); code != exitUsage ||
-		!strings.Contains(stderr, `producer "alice" may not publish to capstan.approvals.decide.alice`) {
+		!strings.Contains(stderr, `producer "alice" may not decide approvals: its credentials do not allow publishing to capstan.approvals.decide.alice`) {
 		t.Fatalf("alice approved her own refund: exit %d: %s", code, stderr)
 	}
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice, "--approver", "user:ceo"); code != exitUsage {
@@ -158,15 +165,182 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	if code != exitOK || rec.Status != "approved" || rec.Decision.Approver.ID != "carol" {
 		t.Fatalf("carol's approval: exit %d %+v: %s", code, rec, stderr)
 	}
-	if _, stderr, code := capstan(t, url, "resume", approval, carol); code != exitUsage || !strings.Contains(stderr, `approver "carol" may not publish`) {
+	if _, stderr, code := capstan(t, url, "resume", "-o", "json", approval, carol); code != exitUsage || !strings.Contains(stderr, `approver "carol" may not resume approved calls`) {
 		t.Fatalf("carol resumed alice's call: exit %d: %s", code, stderr)
 	}
-	stdout, stderr, code = capstan(t, url, "resume", approval, alice)
+	stdout, stderr, code = capstan(t, url, "resume", "-o", "json", approval, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
 		t.Fatalf("resume: exit %d %+v: %s", code, env, stderr)
 	}
-	stdout, _, code = capstan(t, url, "resume", approval, alice)
+	stdout, _, code = capstan(t, url, "resume", "-o", "json", approval, alice)
 	if env := decode[printedEnvelope](t, stdout); code != exitFailed || env.Error == nil || env.Error.Code != "APPROVAL_CONSUMED" {
 		t.Fatalf("second resume: exit %d %+v", code, env)
+	}
+}
+
+// A one-account setup is refused until migrated; the migration says loudly
+// which credentials are new, does nothing the second time, and the
+// migrated setup serves its principals.
+func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "secrets")
+	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
+	for _, args := range [][]string{
+		{"server", "--auth", dir, "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
+		{"auth", "add", dir, "bob", "--role", "producer", "--actor", "user:bob"},
+		{"auth", "push", dir},
+	} {
+		if _, stderr, code := capstan(t, "", args...); code == exitOK || !strings.Contains(stderr, "capstan auth migrate "+dir) {
+			t.Fatalf("%v on a one-account setup: exit %d: %s", args, code, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, "", "auth", "migrate", dir)
+	if code != exitOK || !strings.Contains(stdout, "NEW CREDENTIALS") || !strings.Contains(stdout, filepath.Join(dir, "alice.creds")) ||
+		strings.Contains(stdout, filepath.Join(dir, "worker.creds")) {
+		t.Fatalf("migrate: exit %d:\n%s\n%s", code, stdout, stderr)
+	}
+	if stdout, _, code := capstan(t, "", "auth", "migrate", dir); code != exitOK || !strings.Contains(stdout, "nothing to migrate") {
+		t.Fatalf("second migrate: exit %d: %s", code, stdout)
+	}
+	port := freePort(t)
+	startDaemon(t, "capstan call demo.echo", nil, "dev", "--auth", dir, "--store", t.TempDir(),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	stdout, stderr, code = capstan(t, url, "call", "-o", "json", "demo.echo", "--creds", filepath.Join(dir, "alice.creds"), "--input", `{"hi":1}`)
+	if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
+		t.Fatalf("alice after the migration: exit %d %+v: %s", code, env, stderr)
+	}
+}
+
+// Limits set at auth add are signed into the principal's account and
+// shown by auth list; they are refused where they mean nothing.
+func TestAuthAdd_Limits(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice",
+		"--max-connections", "3", "--max-subscriptions", "40", "--max-payload", "64KiB"); code != exitOK {
+		t.Fatalf("add: %s", stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"w2", "--role", "worker", "--max-connections", "3"}, "capstan account"},
+		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-payload", "lots"}, "size"},
+		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-connections", "0"}, "connections"},
+		{[]string{"push", "--role", "producer", "--actor", "user:x"}, "setup's own"},
+	} {
+		if _, stderr, code := capstan(t, "", append([]string{"auth", "add", dir}, tc.args...)...); code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Fatalf("add %v: exit %d: %s", tc.args, code, stderr)
+		}
+	}
+	stdout, _, _ := capstan(t, "", "auth", "list", dir)
+	if !strings.Contains(stdout, "conns=3,subs=40,payload=64KiB") {
+		t.Fatalf("list:\n%s", stdout)
+	}
+	s, err := auth.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := s.Grant("alice")
+	ac, err := jwt.DecodeAccountClaims(g.AccountJWT)
+	if err != nil || ac.Limits.Conn != 3 || ac.Limits.Subs != 40 || ac.Limits.Payload != 64<<10 {
+		t.Fatalf("alice's account: %v %+v", err, ac.Limits)
+	}
+}
+
+// Credentials and seeds are secrets: a file others may read is refused,
+// naming the mode to set, before anything connects or signs.
+func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	creds := filepath.Join(dir, "admin.creds")
+	if err := os.Chmod(creds, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "call", "demo.echo", "--creds", creds)
+	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+creds) {
+		t.Fatalf("loose credentials: exit %d: %s", code, stderr)
+	}
+	seed := filepath.Join(dir, "account.nk")
+	if err := os.Chmod(seed, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code = capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice")
+	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+seed) {
+		t.Fatalf("a loose seed: exit %d: %s", code, stderr)
+	}
+}
+
+// Three `capstan server --auth` processes make a cluster; a principal added
+// and pushed with `capstan auth push` calls through every node at once, and
+// removed and pushed again, is disconnected from every node and refused by
+// each, with no restart.
+func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("3-node cluster")
+	}
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	_, urls := startServerCluster(t, "--auth", dir)
+	startDaemon(t, "", []string{"CAPSTAN_NATS_URL=" + urls}, "worker", "--creds", filepath.Join(dir, "worker.creds"))
+	if _, stderr, code := capstan(t, urls, "auth", "add", dir, "erin", "--role", "producer", "--actor", "user:erin"); code != exitOK {
+		t.Fatalf("add: %s", stderr)
+	}
+	creds := filepath.Join(dir, "erin.creds")
+	nodes := strings.Split(urls, ",")
+	if _, _, code := capstan(t, nodes[0], "call", "demo.echo", "--creds", creds, "--input", `{}`); code == exitOK {
+		t.Fatal("erin called before her account was pushed")
+	}
+	if stdout, stderr, code := capstan(t, urls, "auth", "push", dir); code != exitOK || !strings.Contains(stdout, "to 3 servers") {
+		t.Fatalf("push: exit %d: %s %s", code, stdout, stderr)
+	}
+	var conns []*nats.Conn
+	closed := make(chan string, len(nodes))
+	for _, url := range nodes {
+		stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--creds", creds, "--input", `{"via":"`+url+`"}`)
+		if env := decode[printedEnvelope](t, stdout); code != exitOK || env.Status != "completed" {
+			t.Fatalf("erin through %s: exit %d %+v: %s", url, code, env, stderr)
+		}
+		nc, err := nats.Connect(url, nats.UserCredentials(creds), nats.NoReconnect(),
+			nats.ClosedHandler(func(*nats.Conn) { closed <- url }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		conns = append(conns, nc)
+	}
+	kept := filepath.Join(t.TempDir(), "erin.creds")
+	if b, err := os.ReadFile(creds); err != nil || os.WriteFile(kept, b, 0o600) != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := capstan(t, urls, "auth", "remove", dir, "erin"); code != exitOK {
+		t.Fatalf("remove: %s", stderr)
+	}
+	if _, stderr, code := capstan(t, urls, "auth", "push", dir); code != exitOK {
+		t.Fatalf("push: %s", stderr)
+	}
+	deadline := time.After(guard)
+	for range conns {
+		select {
+		case <-closed:
+		case <-deadline:
+			t.Fatal("erin's connections outlived the push of her removal")
+		}
+	}
+	for _, url := range nodes {
+		if nc, err := nats.Connect(url, nats.UserCredentials(kept), nats.NoReconnect()); err == nil {
+			nc.Close()
+			t.Fatalf("erin, removed, connected to %s", url)
+		}
 	}
 }

@@ -143,14 +143,19 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 	var setup *auth.Setup
 	if withAuth {
 		if setup, err = auth.Init(filepath.Join(dir, "secrets"), ""); err == nil {
+			// The default limits but the payload's: --payload may ask for
+			// more than a principal sends by default.
+			limits := auth.DefaultLimits
+			limits.Payload = -1
 			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.Producer,
-				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}})
+				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}, Limits: &limits})
 		}
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return nil, nil, nil, err
 		}
 		opts.ConfigFile = setup.ServerConfigPath()
+		opts.ResolverDir = filepath.Join(opts.StoreDir, auth.ResolverDirName)
 	}
 	e, err := startEmbedded(ctx, opts, broker.Config{}, setup, 0, newLogger(slog.LevelWarn))
 	if err != nil {

@@ -129,13 +129,17 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D]")
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	capID := pos[0]
 	req, err := rf.parse(conn.creds)
@@ -145,7 +149,7 @@ func runCall(args []string) int {
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	if err := conn.mayPublish(execSubject(capID)); err != nil {
+	if err := conn.need("call "+capID, execSubject(capID), ""); err != nil {
 		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("call", req.client)
@@ -165,22 +169,26 @@ func runCall(args []string) int {
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
 		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 func runSubmit(args []string) int {
-	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D]")
+	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
 	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
 	req, err := rf.parse(conn.creds)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	if err := conn.mayPublish(execSubject(pos[0])); err != nil {
+	if err := conn.need("call "+pos[0], execSubject(pos[0]), ""); err != nil {
 		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("submit", req.client)
@@ -199,17 +207,27 @@ func runSubmit(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	fmt.Println(id)
-	return exitOK
+	// For a person, the id alone on stdout (what a script captures too) and
+	// what to do with it on a terminal's stderr.
+	return o.print(map[string]string{"executionId": id}, func(w io.Writer, st style) {
+		fmt.Fprintln(w, id)
+		if isTerminal(os.Stderr) {
+			fmt.Fprintf(os.Stderr, "%s\n", st.dim("submitted; 'capstan await "+id+"' waits for its end, 'capstan status "+id+"' shows where it is"))
+		}
+	})
 }
 
 func runAwait(args []string) int {
-	fs := newFlags("await", "ID [--wait D]")
+	fs := newFlags("await", "ID [--wait D] [-o json]")
 	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {
@@ -217,6 +235,10 @@ func runAwait(args []string) int {
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")
+	}
+	if err := conn.need("await results", directGet(names.EnvelopesBucket()),
+		"an approver reads the outcome of the executions behind its approvals with 'capstan status ID'"); err != nil {
+		return usageError("%v", err)
 	}
 	c, closeClient, err := conn.client("await", executor.ClientConfig{})
 	if err != nil {
@@ -226,13 +248,16 @@ func runAwait(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
+	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+		return usageError("%v", err)
+	}
 	stopWaiting := waiting("the envelope of "+id, *wait)
 	env, err := c.Await(ctx, id)
 	stopWaiting()
 	if err != nil {
 		return awaitError(err, id, *wait)
 	}
-	return printEnvelope(env)
+	return printEnvelope(o, env)
 }
 
 // expiredError reports an execution whose envelope is no longer kept.
@@ -247,6 +272,9 @@ func awaitError(err error, id string, wait time.Duration) int {
 	}
 	if errors.Is(err, executor.ErrExpired) {
 		return expiredError(err, id)
+	}
+	if errors.Is(err, executor.ErrNoSuchExecution) {
+		return fail(exitUnknown, "%v", err)
 	}
 	return usageError("%v", err)
 }

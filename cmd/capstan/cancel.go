@@ -29,5 +29,5 @@ func runCancel(args []string) int {
 			return usageError("%v", err)
 		}
 		return o.print(reply, human)
-	})
+	}, nil)
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -34,7 +36,7 @@ func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
 	t.Parallel()
 	dev, url := startDev(t)
 
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %s", code, stderr)
 	}
@@ -71,14 +73,14 @@ func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishCopy(t, js, id, "email.send", input, "while-running")
-	first, stderr, code := capstan(t, url, "await", id)
+	first, stderr, code := capstan(t, url, "await", "-o", "json", id)
 	if code != exitOK {
 		t.Fatalf("await: exit %d, stderr %s", code, stderr)
 	}
 	publishCopy(t, js, id, "email.send", input, "after-the-envelope")
 	waitExecStreamEmpty(t, js)
 
-	second, _, _ := capstan(t, url, "await", id)
+	second, _, _ := capstan(t, url, "await", "-o", "json", id)
 	if first != second {
 		t.Fatalf("the awaits differ:\n%s\n%s", first, second)
 	}
@@ -292,12 +294,20 @@ func TestExitCodes(t *testing.T) {
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
 		{"await without envelope runs out of time", []string{"await", envelope.NewExecutionID(), "--wait", "1s"}, exitNoEnvelope, "", false},
+		// An id nothing is stored for, made long enough ago not to be on
+		// its way: answered at once.
+		{"await of an unknown id says so at once", []string{"await", idMadeAgo(t, time.Minute), "--wait", "1h"}, exitUnknown, "", false},
+		{"status of an unknown id says so", []string{"status", idMadeAgo(t, time.Minute)}, exitUnknown, "", false},
 		{"no server is a connection error", []string{"call", "demo.echo", "--nats", fmt.Sprintf("nats://127.0.0.1:%d", freePort(t))}, exitUsage, "", false},
 		{"failing handler exits 1", []string{"call", "demo.flaky", "--input", `{"failTimes":5}`}, exitFailed, "EXECUTION_FAILED", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := lastSeq()
-			stdout, stderr, code := capstan(t, url, tc.args...)
+			args := tc.args
+			if tc.errCode != "" {
+				args = append(slices.Clone(args), "-o", "json")
+			}
+			stdout, stderr, code := capstan(t, url, args...)
 			if code != tc.code {
 				t.Fatalf("exit %d, want %d; stdout %s stderr %s", code, tc.code, stdout, stderr)
 			}
@@ -334,9 +344,23 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 	if reply := decode[executor.CancelReply](t, stdout); reply.ExecutionID != id || reply.Error != "" {
 		t.Fatalf("cancel reply %+v", reply)
 	}
-	stdout, _, code = capstan(t, url, "await", id)
+	stdout, _, code = capstan(t, url, "await", "-o", "json", id)
 	env := decode[printedEnvelope](t, stdout)
 	if code != exitFailed || env.Status != "cancelled" || env.Error == nil || env.Error.Code != "CANCELLED" {
 		t.Fatalf("exit %d, envelope %s", code, stdout)
 	}
+}
+
+// idMadeAgo is a new UUIDv7 execution id whose time is d ago.
+func idMadeAgo(t *testing.T, d time.Duration) string {
+	t.Helper()
+	u, err := uuid.Parse(envelope.NewExecutionID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := uint64(time.Now().Add(-d).UnixMilli())
+	for i := range 6 {
+		u[i] = byte(ms >> (40 - 8*i))
+	}
+	return u.String()
 }

@@ -68,7 +68,7 @@ func runConsole(args []string) int {
 		}
 	}
 	if *open {
-		nc, err := conn.connect("console")
+		nc, err := conn.connectServing("console")
 		if err != nil {
 			return usageError("%v", err)
 		}

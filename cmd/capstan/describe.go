@@ -42,6 +42,10 @@ func runDescribe(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
+	if err := conn.need("describe capabilities", names.DescribeSubject,
+		"an approver reads approvals ('capstan approvals list') and the executions behind them ('capstan executions')"); err != nil {
+		return usageError("%v", err)
+	}
 	c, closeClient, err := conn.client("describe", executor.ClientConfig{Surface: executor.Surface(*surface)})
 	if err != nil {
 		return usageError("%v", err)

@@ -31,6 +31,9 @@ func runDev(args []string) int {
 	if err := sf.check(); err != nil {
 		return usageError("%v", err)
 	}
+	if err := mf.check(); err != nil {
+		return usageError("%v", err)
+	}
 	if wf.capabilities != "" && !slices.Contains(strings.Split(strings.ReplaceAll(wf.capabilities, " ", ""), ","), "demo.echo") {
 		return usageError("--capabilities: dev serves demo.echo, and waits for it to be served")
 	}
@@ -41,6 +44,11 @@ func runDev(args []string) int {
 	opts, err := sf.options()
 	if err != nil {
 		return usageError("%v", err)
+	}
+	if *mcpAddr != "" {
+		if err := mf.checkListen("--mcp", *mcpAddr, sf.insecure); err != nil {
+			return usageError("%v", err)
+		}
 	}
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()

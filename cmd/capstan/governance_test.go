@@ -56,14 +56,14 @@ func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
 	})
 
 	t.Run("broken JSON input says so", func(t *testing.T) {
-		_, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":`)
+		_, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":`)
 		if code != exitUsage || !strings.Contains(stderr, "--input: input is not valid JSON") {
 			t.Fatalf("exit %d, stderr %q", code, stderr)
 		}
 	})
 
 	t.Run("mistyped fields are INPUT_INVALID with both paths", func(t *testing.T) {
-		stdout, _, code := capstan(t, url, "call", "orders.refund", "--input", `{"orderId":1,"amount":"x"}`)
+		stdout, _, code := capstan(t, url, "call", "-o", "json", "orders.refund", "--input", `{"orderId":1,"amount":"x"}`)
 		env := decode[envelope.Envelope](t, stdout)
 		if code != exitFailed || env.Error == nil || env.Error.Code != envelope.CodeInputInvalid {
 			t.Fatalf("exit %d: %s", code, stdout)
@@ -114,7 +114,7 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 	capstantest.Worker(t, reg, capstantest.WithConn(connect(t, env.URL)),
 		capstantest.WithConfig(executor.WorkerConfig{Logger: slog.New(slog.NewTextHandler(logs, nil))}))
 
-	stdout, stderr, code := capstan(t, env.URL, "call", "ledger.post", "--input", `{}`)
+	stdout, stderr, code := capstan(t, env.URL, "call", "-o", "json", "ledger.post", "--input", `{}`)
 	got := decode[envelope.Envelope](t, stdout)
 	if code != exitFailed || got.Error == nil || got.Error.Code != envelope.CodeExecutionFailed ||
 		got.Error.Message != "The operation failed." || got.Error.ExposeToModel || strings.Contains(stdout, "10.0.0.7") {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
@@ -281,8 +283,11 @@ func writeDiscovery(w io.Writer, st style, d *executor.Discovery) {
 			retry = strconv.Itoa(c.RetryMaxAttempts)
 		}
 		approval := "-"
-		if c.RequiresApproval {
+		switch {
+		case c.RequiresApproval:
 			approval = "required"
+		case len(c.ApprovalPolicies) > 0:
+			approval = "may (" + strings.Join(c.ApprovalPolicies, ", ") + ")"
 		}
 		risk := string(c.Risk)
 		if risk == "" {
@@ -366,5 +371,48 @@ func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
 	default:
 		fmt.Fprintf(w, "%s: cancel recorded (it was %s); 'capstan await %s' shows its end\n", r.ExecutionID,
 			st.status(string(r.State)), r.ExecutionID)
+	}
+}
+
+// writeEnvelope prints an execution's end for a person: what it was, how it
+// ended, and the output in full (indented JSON), the error with its details,
+// or the approval it waits for and what to do next.
+func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
+	f := newFields(w)
+	f.add(st, "Execution", st.bold(env.ExecutionID))
+	f.add(st, "Capability", env.CapabilityID)
+	f.add(st, "Status", st.status(string(env.Status)))
+	if e := env.Error; e != nil {
+		line := string(e.Code) + ": " + e.Message
+		if e.Retryable {
+			line += st.dim(" (retryable)")
+		}
+		f.add(st, "Error", line)
+		f.add(st, "Stage", e.Stage)
+		for _, k := range slices.Sorted(maps.Keys(e.Details)) {
+			f.add(st, "  "+k, dataValue(e.Details[k]))
+		}
+	}
+	if a := env.Approval; a != nil {
+		f.add(st, "Approval", a.ID+st.dim(" ("+strings.Join(a.Types, ", ")+"; expires "+ago(st.now, a.ExpiresAt)+")"))
+		f.add(st, "Reasons", strings.Join(a.Reasons, "; "))
+		f.add(st, "Next", "once someone else approved it: capstan resume "+a.ID)
+	}
+	if env.Attempts > 0 {
+		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
+	}
+	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
+	if !env.FinalizedAt.IsZero() {
+		f.add(st, "Finalized", stamp(st, env.FinalizedAt)+" by "+env.FinalizedBy)
+	}
+	f.flush()
+	if len(env.Output) > 0 {
+		if out, err := env.Output.MarshalJSON(); err == nil {
+			var pretty bytes.Buffer
+			if json.Indent(&pretty, out, "", "  ") == nil {
+				out = pretty.Bytes()
+			}
+			fmt.Fprintf(w, "%s\n%s\n", st.bold("Output"), out)
+		}
 	}
 }

@@ -2,7 +2,8 @@
 // status and cancellation of executions from a shell.
 //
 // Exit codes: 0 completed, 1 failed or cancelled, 2 usage or connection
-// error, 3 approval-required, 4 no envelope within --wait.
+// error, 3 approval-required, 4 no envelope within --wait, 5 expired, 6 no
+// such execution.
 package main
 
 import (
@@ -29,6 +30,7 @@ var commands = []command{
 	{"submit", "submit an execution and print its id", runSubmit},
 	{"await", "await an execution's envelope", runAwait},
 	{"status", "print an execution's record and envelope", runStatus},
+	{"executions", "list executions, newest first, by capability, status, actor, principal and time", runExecutions},
 	{"cancel", "cancel an execution", runCancel},
 	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
 	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
@@ -70,7 +72,13 @@ func run(args []string) int {
 	return c.run(rest)
 }
 
+// aliases are other names of commands.
+var aliases = map[string]string{"list": "executions"}
+
 func lookup(name string) (command, bool) {
+	if a, ok := aliases[name]; ok {
+		name = a
+	}
 	for _, c := range commands {
 		if c.name == name {
 			return c, true

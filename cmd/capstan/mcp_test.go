@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,12 +43,12 @@ func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names = append(names, tl.Name)
 	}
-	for _, want := range []string{"demo.echo", "orders.refund", "capstan.resume"} {
+	for _, want := range []string{"demo_echo", "orders_refund", "capstan_resume"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("tools/list = %v, lacks %s", names, want)
 		}
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"via": "stdio"}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo_echo", Arguments: map[string]any{"via": "stdio"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,4 +118,85 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+string(b))
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// Bearer tokens never travel in clear beyond this machine by default: the
+// bridge refuses plain HTTP beyond loopback unless told --insecure, and a
+// tokens file others may read.
+func TestMCP_RefusesPlainHTTPBeyondLoopbackAndLooseTokens(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("s3cr3t-token-for-a-test user:ada\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	beyond := fmt.Sprintf("0.0.0.0:%d", freePort(t))
+	for _, args := range [][]string{
+		{"mcp", "--http", beyond, "--tokens", tokens},
+		{"mcp", "--http", ":" + strconv.Itoa(freePort(t)), "--tokens", tokens},
+		{"dev", "--store", t.TempDir(), "--listen", "127.0.0.1:0", "--mcp", beyond},
+	} {
+		_, stderr, code := capstan(t, "nats://127.0.0.1:1", args...)
+		if code != exitUsage || !strings.Contains(stderr, "plain HTTP") || !strings.Contains(stderr, "https-cert") || !strings.Contains(stderr, "--insecure") {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+	}
+	if err := os.Chmod(tokens, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "mcp", "--http", "127.0.0.1:0", "--tokens", tokens)
+	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+tokens) || strings.Contains(stderr, "s3cr3t") {
+		t.Fatalf("a tokens file others may read: exit %d: %s", code, stderr)
+	}
+}
+
+// With a certificate, the bridge serves HTTPS, and may then listen beyond
+// loopback (here it listens on loopback: tests stay on this machine).
+func TestMCP_ServesHTTPS(t *testing.T) {
+	t.Parallel()
+	_, natsURL := startDev(t)
+	certFile, keyFile, der := selfSigned(t, "mcp.test")
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("tok-https-0123456789 user:ada\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	d := startDaemon(t, "capstan mcp serving", []string{"CAPSTAN_NATS_URL=" + natsURL},
+		"mcp", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--tokens", tokens, "--https-cert", certFile, "--https-key", keyFile)
+	if !strings.Contains(d.out.String(), fmt.Sprintf("https://127.0.0.1:%d/mcp", port)) {
+		t.Fatalf("not served over HTTPS:\n%s", d.out.String())
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	tr := &mcp.StreamableClientTransport{Endpoint: fmt.Sprintf("https://127.0.0.1:%d/mcp", port),
+		HTTPClient: &http.Client{Transport: bearerOver("tok-https-0123456789", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}})}}
+	ctx := mcpCtx(t)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "host", Version: "v0"}, nil).Connect(ctx, tr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"via": "https"}})
+	if err != nil || res.IsError {
+		t.Fatalf("%v %+v", err, res)
+	}
+}
+
+// bearerOver sends a bearer token through next.
+type bearerOverTransport struct {
+	token string
+	next  http.RoundTripper
+}
+
+func bearerOver(token string, next http.RoundTripper) http.RoundTripper {
+	return bearerOverTransport{token, next}
+}
+
+func (b bearerOverTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }

@@ -30,7 +30,7 @@ func TestDev_MetricsAndOneLogLinePerOutcome(t *testing.T) {
 		{"call", "demo.echo", "--input", `{"hello":"secret-input-2"}`},
 		{"call", "demo.flaky", "--input", `{"failTimes":1}`},
 	} {
-		stdout, stderr, code := capstan(t, url, call...)
+		stdout, stderr, code := capstan(t, url, append(call, "-o", "json")...)
 		if code != exitOK {
 			t.Fatalf("%v: exit %d, stderr %s", call, code, stderr)
 		}

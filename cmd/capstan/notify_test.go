@@ -165,7 +165,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	hook.hang = true
 	hook.mu.Unlock()
 	first := startDaemon(t, "notifier started", env, "notify", "--config", config, creds("notifier"), "--id", "first")
-	stdout, stderr, code := capstanEnv(t, env, "call", "orders.refund", creds("alice"), "--input", `{"orderId":"o1","amount":900}`)
+	stdout, stderr, code := capstanEnv(t, env, "call", "orders.refund", creds("alice"), "-o", "json", "--input", `{"orderId":"o1","amount":900}`)
 	if code != exitApproval {
 		t.Fatalf("refund: exit %d: %s %s", code, stdout, stderr)
 	}

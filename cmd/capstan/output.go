@@ -21,6 +21,7 @@ const (
 	exitApproval   = 3 // approval-required
 	exitNoEnvelope = 4 // no envelope within --wait
 	exitExpired    = 5 // the envelope is no longer kept
+	exitUnknown    = 6 // no such execution: nothing of it is stored
 )
 
 // printJSON writes v to stdout as indented JSON.
@@ -34,9 +35,10 @@ func printJSON(v any) int {
 	return exitOK
 }
 
-// printEnvelope prints env and returns the exit code of its status.
-func printEnvelope(env *envelope.Envelope) int {
-	if code := printJSON(env); code != exitOK {
+// printEnvelope prints env as o says and returns the exit code of its
+// status.
+func printEnvelope(o *outputFlags, env *envelope.Envelope) int {
+	if code := o.print(env, func(w io.Writer, st style) { writeEnvelope(w, st, env) }); code != exitOK {
 		return code
 	}
 	switch env.Status {

@@ -240,7 +240,7 @@ func TestColorsWanted_NotOnAFileOrPipe(t *testing.T) {
 func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
 	t.Parallel()
 	_, url := startDev(t)
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("call: exit %d, stderr %s", code, stderr)
 	}

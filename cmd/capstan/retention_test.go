@@ -76,7 +76,7 @@ func TestAwait_EnvelopeExpired_ExitsFive(t *testing.T) {
 	// the execution may be in flight until its lease runs out.
 	startDaemon(t, "worker started", []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--lease", "1s")
 
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("call: exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -105,7 +105,7 @@ func TestAwait_EnvelopeExpired_ExitsFive(t *testing.T) {
 	}
 
 	// --wait is far longer than the test: only an answer at once passes.
-	stdout, stderr, code = capstan(t, url, "await", id, "--wait", "1h")
+	stdout, stderr, code = capstan(t, url, "await", "-o", "json", id, "--wait", "1h")
 	if code != exitExpired || stdout != "" {
 		t.Fatalf("await of an expired execution: exit %d, want %d\n%s%s", code, exitExpired, stdout, stderr)
 	}
@@ -114,8 +114,10 @@ func TestAwait_EnvelopeExpired_ExitsFive(t *testing.T) {
 			t.Errorf("message %q does not say %q", stderr, want)
 		}
 	}
-	if _, stderr, code := capstan(t, url, "await", "not-a-uuid", "--wait", "1s"); code != exitNoEnvelope {
-		t.Fatalf("await of an unknown id that is not a UUIDv7: exit %d, want %d (waited)\n%s", code, exitNoEnvelope, stderr)
+	// An id that is not a UUIDv7 cannot be aged: nothing stored of it is
+	// no such execution, not an expired one.
+	if _, stderr, code := capstan(t, url, "await", "-o", "json", "not-a-uuid", "--wait", "1h"); code != exitUnknown {
+		t.Fatalf("await of an unknown id that is not a UUIDv7: exit %d, want %d\n%s", code, exitUnknown, stderr)
 	}
 }
 

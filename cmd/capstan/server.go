@@ -43,7 +43,7 @@ func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	fs.StringVar(&f.store, "store", filepath.Join(os.TempDir(), defaultStore), "JetStream store `directory`")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "client listen address `host:port` (port 0: any free port)")
 	fs.StringVar(&f.auth, "auth", "", "credentials `directory` made by 'capstan auth init': every client then needs --creds")
-	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything)")
+	fs.BoolVar(&f.insecure, "insecure", false, "listen beyond loopback without authentication (anyone who reaches the port can forge anything); for dev, also serve --mcp beyond loopback over plain HTTP")
 	fs.DurationVar(&f.wait, "wait", 0, "how long to wait for the cluster to form and provisioning to succeed, retrying with a log line (0: until stopped)")
 	fs.Var(&f.auditMaxAge, "audit-max-age", "how long the audit stream keeps events, a `duration` like 90d (default 30d for a new stream; unset, an existing stream keeps its own)")
 	f.envelopeRetention = longDuration(broker.DefaultEnvelopeRetention)
@@ -82,7 +82,18 @@ func (f *serverFlags) options() (natsserver.Options, error) {
 		if f.setup, err = auth.Load(f.auth); err != nil {
 			return o, err
 		}
+		if err := f.setup.Current(); err != nil {
+			return o, err
+		}
+		// Accounts signed by an earlier version get this version's crossings
+		// (the configuration, read below, preloads the capstan account).
+		if _, err := f.setup.Sync(); err != nil {
+			return o, err
+		}
 		o.ConfigFile = f.setup.ServerConfigPath()
+		// Each store keeps the accounts pushed to its server: the nodes of a
+		// cluster on one machine share a configuration, not a directory.
+		o.ResolverDir = filepath.Join(f.store, auth.ResolverDirName)
 		return o, nil
 	}
 	if !loopback(host) && !f.insecure {
@@ -166,7 +177,15 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		e.b, err = broker.Provision(pctx, e.nc, bcfg)
+		err = nil
+		if setup != nil {
+			// Every account as the setup has it now, so that a principal added
+			// or removed while the server was down is as the setup says.
+			err = pushAccounts(pctx, e.url, setup)
+		}
+		if err == nil {
+			e.b, err = broker.Provision(pctx, e.nc, bcfg)
+		}
 		if err == nil {
 			e.js, err = demo.Provision(pctx, e.nc, e.b.Replicas)
 		}
@@ -189,6 +208,17 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// pushAccounts sends setup's accounts to the server at url as the push user.
+func pushAccounts(ctx context.Context, url string, setup *auth.Setup) error {
+	nc, err := broker.Connect(pushOptions(url, setup))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	_, err = auth.PushAccounts(ctx, nc, setup)
+	return err
 }
 
 func (e *embedded) stop() {

@@ -22,7 +22,7 @@ func TestWorkerStartedBeforeItsServer_WaitsThenServes(t *testing.T) {
 	}
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
 	w.waitOutput(t, "worker started")
-	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"late"}`)
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"late"}`)
 	if code != exitOK || !strings.Contains(stdout, `"completed"`) || !strings.Contains(stdout, "late") {
 		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
 	}
@@ -44,7 +44,7 @@ func TestCall_StartWithin_PoolDown_NotStarted(t *testing.T) {
 	startDaemon(t, "worker started", env, "worker", "--capabilities", "demo.echo", "--sweep-every", "100ms")
 	comms := startDaemon(t, "worker started", env, "worker", "--pool", "comms", "--capabilities", "email.send")
 	comms.kill(t)
-	stdout, stderr, code := capstan(t, url, "call", "email.send", "--input", `{"to":"a@example.com","subject":"hi"}`,
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "email.send", "--input", `{"to":"a@example.com","subject":"hi"}`,
 		"--start-within", "500ms")
 	if code != exitFailed || !strings.Contains(stdout, `"NOT_STARTED"`) {
 		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)

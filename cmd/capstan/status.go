@@ -4,16 +4,22 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
-// byIDWith runs a command whose one argument is an execution id: it parses
-// the command's flags (flags adds its own), checks the id, opens a client and
-// gives act a bounded context and the output flags (-o json).
-func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int) int {
+// byIDWith runs a command whose one argument is an execution id (or a unique
+// prefix of one): it parses the command's flags (flags adds its own), checks
+// the id, opens a client, resolves the id and gives act a bounded context
+// and the output flags (-o json). viaWorkers, when set, serves a principal
+// that may not read results by key (an approver) instead: it asks the
+// workers, who show it what its role lets it see.
+func byIDWith(name string, args []string, flags func(*flag.FlagSet),
+	act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int,
+	viaWorkers func(conn *connFlags, o *outputFlags, id string) int) int {
 	fs := newFlags(name, "ID [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
@@ -31,6 +37,18 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ct
 	if err := envelope.ValidExecutionID(id); err != nil {
 		return usageError("%v", err)
 	}
+	if p := conn.principal(); viaWorkers != nil && !p.may(directGet(names.EnvelopesBucket())(p.name)) {
+		return viaWorkers(conn, o, id)
+	}
+	if name == "cancel" {
+		if err := conn.need("cancel executions", func(p string) string { return names.CancelSubject(p, "*") },
+			"producers cancel their own executions, admins any"); err != nil {
+			return usageError("%v", err)
+		}
+	}
+	if err := conn.need("read execution results", directGet(names.EnvelopesBucket()), ""); err != nil {
+		return usageError("%v", err)
+	}
 	c, closeClient, err := conn.client(name, executor.ClientConfig{})
 	if err != nil {
 		return usageError("%v", err)
@@ -38,6 +56,9 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet), act func(ct
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
+	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+		return usageError("%v", err)
+	}
 	return act(ctx, c, id, o)
 }
 
@@ -55,11 +76,49 @@ func runStatus(args []string) int {
 			return expiredError(err, id)
 		}
 		if errors.Is(err, executor.ErrUnknownExecution) {
-			return fail(exitFailed, "%v", err)
+			// Nothing in the buckets: queued, or no such execution.
+			v, perr := c.Execution(ctx, executor.ExecutionRequest{ExecutionID: id, Owner: owner, Probe: true})
+			if perr == nil && v.State == executor.ExecQueued {
+				return o.print(v, func(w io.Writer, st style) {
+					fmt.Fprintf(w, "%s is %s: no worker has taken it yet\n", id, st.status("queued"))
+				})
+			}
+			return fail(exitUnknown, "%v: %s", executor.ErrNoSuchExecution, id)
 		}
 		if err != nil {
 			return usageError("%v", err)
 		}
 		return o.print(s, func(w io.Writer, st style) { writeStatus(w, st, s) })
+	}, statusThroughWorkers)
+}
+
+// statusThroughWorkers prints what the workers show the principal of one
+// execution: an approver's view of the executions behind its approvals.
+func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
+	if err := conn.need("read executions", names.ExecutionSubject, reissue); err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := conn.connect("status")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	id, err := resolveExecution(ctx, nc, conn, arg)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	v, err := executor.RequestExecution(ctx, nc, names, executor.ExecutionRequest{ExecutionID: id})
+	if err != nil {
+		return readError(err)
+	}
+	s := &executor.Status{Record: v.Record, Envelope: v.Envelope}
+	return o.print(s, func(w io.Writer, st style) {
+		if s.Record == nil && s.Envelope == nil {
+			fmt.Fprintf(w, "%s is %s\n", id, st.status(v.State))
+			return
+		}
+		writeStatus(w, st, s)
 	})
 }

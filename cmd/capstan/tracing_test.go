@@ -30,7 +30,7 @@ func TestDevAndCall_ExportTracesOverOTLPWhenTheVariablesSaySo(t *testing.T) {
 	port := freePort(t)
 	d := startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", t.TempDir(),
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "off")
-	stdout, stderr, code := capstan(t, fmt.Sprintf("nats://127.0.0.1:%d", port), "call", "demo.echo", "--input", `{"hello":"world"}`)
+	stdout, stderr, code := capstan(t, fmt.Sprintf("nats://127.0.0.1:%d", port), "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
 		t.Fatalf("call: exit %d, stderr %s", code, stderr)
 	}

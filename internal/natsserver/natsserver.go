@@ -53,6 +53,11 @@ type Options struct {
 	// auth writes) read first; the fields above override what it says about
 	// listening, clustering and JetStream.
 	ConfigFile string
+	// ResolverDir, with a ConfigFile whose account resolver keeps accounts
+	// in a directory (capstan auth's full resolver), is where this server
+	// keeps them instead: each server of a cluster, and each store, needs
+	// its own.
+	ResolverDir string
 }
 
 // Start starts an embedded nats-server with JetStream and waits until it accepts
@@ -121,6 +126,9 @@ func serverOptions(opts Options) (*server.Options, error) {
 		if sopts, err = server.ProcessConfigFile(opts.ConfigFile); err != nil {
 			return nil, fmt.Errorf("natsserver: %w", err)
 		}
+		if err := ownResolverDir(sopts, opts.ResolverDir); err != nil {
+			return nil, err
+		}
 	}
 	sopts.ServerName = name
 	sopts.Host = host
@@ -152,6 +160,35 @@ func serverOptions(opts Options) (*server.Options, error) {
 	}
 	return sopts, nil
 }
+
+// ownResolverDir replaces a directory resolver read from a configuration
+// with one keeping its accounts in dir.
+func ownResolverDir(sopts *server.Options, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if _, ok := sopts.AccountResolver.(*server.DirAccResolver); !ok {
+		return nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("natsserver: resolver dir: %w", err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return fmt.Errorf("natsserver: resolver dir: %w", err)
+	}
+	r, err := server.NewDirAccResolver(abs, 0, resolverSync, server.NoDelete)
+	if err != nil {
+		return fmt.Errorf("natsserver: resolver dir %s: %w", abs, err)
+	}
+	sopts.AccountResolver.Close()
+	sopts.AccountResolver = r
+	return nil
+}
+
+// resolverSync is how often the nodes of a cluster compare the accounts
+// their resolvers hold (a node that missed a push catches up).
+const resolverSync = 2 * time.Minute
 
 // defaultName gives a name that is stable across restarts of the same node, so
 // a clustered node keeps its identity in the JetStream meta group.

@@ -94,6 +94,21 @@
     }
   }
 
+  // Copy buttons copy an id whole.
+  document.addEventListener("click", async (e) => {
+    const b = e.target.closest("button[data-copy]");
+    if (!b) return;
+    try {
+      await navigator.clipboard.writeText(b.dataset.copy);
+      b.textContent = "Copied";
+    } catch (_) {
+      const sel = window.getSelection(), el = document.getElementById("exec-id");
+      if (el) { const r = document.createRange(); r.selectNodeContents(el); sel.removeAllRanges(); sel.addRange(r); }
+      b.textContent = "Selected: copy it";
+    }
+    setTimeout(() => { b.textContent = "Copy id"; }, 1500);
+  });
+
   document.addEventListener("DOMContentLoaded", () => {
     for (const r of document.querySelectorAll("[data-live]")) live(r);
     tick();

@@ -1,0 +1,196 @@
+package audit
+
+import (
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+)
+
+// The executions index (DESIGN §3, "Listing executions"): a projection of
+// the trail, one small entry per audit message that begins or ends an
+// execution, on a subject that carries what a listing filters by. The
+// emitter writes it with the trail; listings read it newest first (List).
+
+// Statuses of an index entry. An entry says what an execution was when it
+// was written; a later entry of the same execution supersedes it.
+const (
+	EntryRunning          = "running"
+	EntryApprovalRequired = "approval-required"
+	EntryCompleted        = "completed"
+	EntryFailed           = "failed"
+	EntryCancelled        = "cancelled"
+)
+
+// EntryStatuses are the statuses an entry may have, in the order a listing
+// offers them.
+var EntryStatuses = []string{EntryRunning, EntryApprovalRequired, EntryCompleted, EntryFailed, EntryCancelled}
+
+// Entry is one execution as the index tells it: what a listing shows. It
+// holds no input and no output (SI-10), as the trail does not.
+type Entry struct {
+	V            int    `json:"v"`
+	ExecutionID  string `json:"executionId"`
+	Principal    string `json:"principal"`
+	CapabilityID string `json:"capabilityId"`
+	Actor        Actor  `json:"actor"`
+	Surface      string `json:"surface,omitempty"`
+	// Status is one of the Entry* statuses; Code the error code of a
+	// failed or cancelled execution.
+	Status     string `json:"status"`
+	Code       string `json:"code,omitempty"`
+	Attempts   int    `json:"attempts,omitempty"`
+	DurationMs int64  `json:"durationMs,omitempty"`
+	// ApprovalID is the approval the execution asked for (approval-required)
+	// or consumed (Resumed).
+	ApprovalID string `json:"approvalId,omitempty"`
+	Resumed    bool   `json:"resumed,omitempty"`
+	// RequestedAt is when a worker took the request (its requested event),
+	// zero when the message did not hold it; UpdatedAt when the entry's last
+	// event happened.
+	RequestedAt time.Time `json:"requestedAt,omitzero"`
+	UpdatedAt   time.Time `json:"updatedAt"`
+
+	// Seq is the index stream's sequence of the entry, set by List; it is
+	// the cursor of a listing. Not part of the record.
+	Seq uint64 `json:"seq,omitempty"`
+}
+
+// Ended reports whether the entry is an execution's end.
+func (e *Entry) Ended() bool { return e.Status != EntryRunning }
+
+// EntryOf returns the index entry of one audit message's events (all of one
+// execution, in order), or nil when they neither begin nor end it: an
+// execution's end (completed, failed, cancelled, or approval-required) makes
+// an entry with its outcome; its requested event, without an end in the same
+// message, one that says it runs. A quick execution's events are one message,
+// hence one entry; a long one has two, the later superseding. A retry's or a
+// takeover's events make none.
+func EntryOf(evs []*Event) *Entry {
+	var e *Entry
+	begins := false
+	for _, ev := range evs {
+		if ev == nil || ev.ExecutionID == "" {
+			continue
+		}
+		if e == nil {
+			e = &Entry{V: envelope.Version, ExecutionID: ev.ExecutionID}
+		}
+		if e.CapabilityID == "" {
+			e.CapabilityID = ev.CapabilityID
+		}
+		if e.Actor == (Actor{}) {
+			e.Actor = ev.Actor
+		}
+		if e.Principal == "" {
+			e.Principal = ev.Principal
+		}
+		if e.Surface == "" {
+			e.Surface = ev.Surface
+		}
+		e.UpdatedAt = ev.Timestamp
+		switch ev.Type {
+		case Requested:
+			begins = true
+			e.RequestedAt = ev.Timestamp
+			e.Actor, e.Principal, e.Surface = ev.Actor, ev.Principal, ev.Surface
+		case Started:
+			if id, _ := ev.Data["approvalId"].(string); id != "" {
+				e.ApprovalID, e.Resumed = id, true
+			}
+		case ApprovalConsumed:
+			if id, _ := ev.Data["approvalId"].(string); id != "" {
+				e.ApprovalID, e.Resumed = id, true
+			}
+		case Completed:
+			e.Status, e.Code = EntryCompleted, ""
+		case Failed:
+			e.Status, e.Code = EntryFailed, str(ev.Data["code"])
+		case Cancelled:
+			e.Status, e.Code = EntryCancelled, str(ev.Data["code"])
+		case ApprovalRequested:
+			e.Status = EntryApprovalRequired
+			if id, _ := ev.Data["approvalId"].(string); id != "" {
+				e.ApprovalID = id
+			}
+		}
+		if n, ok := number(ev.Data["attempts"]); ok {
+			e.Attempts = max(e.Attempts, int(n))
+		}
+		if n, ok := number(ev.Data["attempt"]); ok && ev.Type == Started {
+			e.Attempts = max(e.Attempts, int(n))
+		}
+		if n, ok := number(ev.Data["durationMs"]); ok {
+			e.DurationMs = n
+		}
+	}
+	if e == nil {
+		return nil
+	}
+	if e.Status == "" {
+		if !begins {
+			return nil
+		}
+		e.Status = EntryRunning
+	}
+	if e.Principal == "" {
+		e.Principal = broker.Anonymous
+	}
+	return e
+}
+
+// indexMessage is the stored form of e: its subject carries the principal,
+// the status, the actor's shard and the capability, so that a listing's
+// filters are the server's subject filters. A capability id that is no
+// subject token (a request refused for it) is filed under "_invalid".
+func indexMessage(n broker.Names, e *Entry) (*nats.Msg, envelope.Encoded, error) {
+	capID := e.CapabilityID
+	if envelope.ValidCapabilityID(capID) != nil {
+		capID = "_invalid"
+	}
+	principal := e.Principal
+	if !broker.ValidPrincipal(principal) {
+		principal = broker.Anonymous
+	}
+	enc, err := envelope.Encode(e)
+	if err != nil {
+		return nil, enc, err
+	}
+	return &nats.Msg{Subject: n.IndexSubject(principal, e.Status, e.Actor.ID, capID), Data: enc.Bytes()}, enc, nil
+}
+
+func str(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// number reads an integer of an event's data, whatever width msgpack or the
+// emitter gave it.
+func number(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		return int64(n), true
+	case float64:
+		return int64(n), true
+	case float32:
+		return int64(n), true
+	}
+	return 0, false
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/nats-io/jwt/v2"
+)
+
+// What the command's credentials let it do, read from the credentials
+// themselves: a refusal the server would answer with a timeout (a publish
+// its permissions forbid is dropped, and the request waits) is said at once,
+// naming the role and the right.
+
+// principal is who the credentials name, and their claims; zero without
+// credentials or for credentials of no capstan principal (the server
+// decides).
+type principal struct {
+	name, role string
+	claims     *jwt.UserClaims
+}
+
+func (c *connFlags) principal() principal {
+	if c.creds == "" {
+		return principal{}
+	}
+	b, err := os.ReadFile(c.creds)
+	if err != nil {
+		return principal{}
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return principal{}
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil || !broker.ValidPrincipal(uc.Name) || uc.Name == broker.Anonymous {
+		return principal{}
+	}
+	p := principal{name: uc.Name, role: "principal", claims: uc}
+	for _, tag := range uc.Tags {
+		if r, ok := strings.CutPrefix(tag, "capstan-role:"); ok {
+			p.role = r
+		}
+	}
+	return p
+}
+
+// known reports whether the credentials name a capstan principal.
+func (p principal) known() bool { return p.claims != nil }
+
+// may reports whether the credentials let the principal publish to subject
+// (true when they are not a capstan principal's: the server decides).
+func (p principal) may(subject string) bool {
+	return !p.known() || auth.MayPublish(p.claims, subject)
+}
+
+// need refuses, naming the role and the right, what the credentials do not
+// allow: right says it for a person ("list executions"), subject is what the
+// server would refuse. hint, when not empty, says what the role does instead.
+func (c *connFlags) need(right string, subject func(principal string) string, hint string) error {
+	p := c.principal()
+	if !p.known() {
+		return nil
+	}
+	s := subject(p.name)
+	if p.may(s) {
+		return nil
+	}
+	msg := fmt.Sprintf("%s %q may not %s: its credentials do not allow publishing to %s", p.role, p.name, right, s)
+	if hint != "" {
+		msg += "; " + hint
+	}
+	return fmt.Errorf("%w: %s", auth.ErrNotPermitted, msg)
+}
+
+// names are the default deployment's names, as every command uses them.
+var names = broker.NewNames("")
+
+// Subjects the commands need, by right.
+func directGet(bucket string) func(string) string {
+	return func(p string) string {
+		return "$JS.API.DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "." + p + ".>"
+	}
+}
+
+func streamInfo(stream string) func(string) string {
+	return func(string) string { return "$JS.API.STREAM.INFO." + stream }
+}
+
+// reissue is the hint for a right this version added to a role: credentials
+// issued before lack it.
+const reissue = "credentials issued by a version before this right existed lack it: remove and add the principal again ('capstan auth remove', 'capstan auth add')"

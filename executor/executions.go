@@ -1,0 +1,740 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Reading executions on a principal's behalf (DESIGN §12, "Who reads
+// what"). Under the trust boundary only workers and admins read the index,
+// the trail and other principals' records; everyone else asks the workers,
+// who answer with what the principal's role lets it see:
+//
+//   - an admin (and every client of an open server): every execution;
+//   - a producer: its own (the principal of the execution's key);
+//   - an approver: the executions behind the approvals it may decide, the
+//     one that asked for an approval and the one that consumed it, with the
+//     input as the capability shows it to approvers.
+//
+// The principal is the token of the request's subject, never a field of its
+// body; the answer goes only to the principal's reply subject.
+
+// ExecutionsRequest asks for a page of executions (capstan.executions.list.<principal>).
+type ExecutionsRequest struct {
+	V int `json:"v"`
+	audit.Query
+	// Cursor is a page's Next: where the next, older page begins.
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// ExecutionsPage answers an ExecutionsRequest: the entries newest first.
+type ExecutionsPage struct {
+	V       int           `json:"v"`
+	Entries []audit.Entry `json:"entries"`
+	// Next is the cursor of the next, older page; "" when nothing older
+	// matches. A page may hold fewer entries than asked and still have a
+	// next: what it read was superseded, or its reading bound was reached.
+	Next    string `json:"next,omitempty"`
+	Scanned int    `json:"scanned,omitempty"`
+	// Scope says whose executions the principal sees: all, own, approvals.
+	Scope      string   `json:"scope,omitempty"`
+	Error      string   `json:"error,omitempty"`
+	Conditions []string `json:"conditions,omitempty"`
+}
+
+// Scopes of what a principal sees.
+const (
+	ScopeAll       = "all"
+	ScopeOwn       = "own"
+	ScopeApprovals = "approvals"
+)
+
+// ExecutionRequest asks for one execution (capstan.executions.get.<principal>).
+type ExecutionRequest struct {
+	V           int    `json:"v"`
+	ExecutionID string `json:"executionId"`
+	// Owner is the principal whose execution it is: read for admins (and on
+	// an open server); by default the one its trail names.
+	Owner string `json:"owner,omitempty"`
+	// Probe asks only where the execution is (State): no trail, no
+	// approvals. What await asks of an id it finds nothing for.
+	Probe bool `json:"probe,omitempty"`
+}
+
+// Where an execution is, as ExecutionView.State says it.
+const (
+	// StateQueued: its request is stored and no worker claimed it yet.
+	ExecQueued = "queued"
+	// ExecInFlight: its record says it is claimed, running or waiting.
+	ExecInFlight = "in-flight"
+	// ExecEnded: its envelope exists.
+	ExecEnded = "ended"
+	// ExecUnknown: nothing of it is stored: no request, record or envelope.
+	ExecUnknown = "unknown"
+	// ExecUncertain: the workers could not tell (a long backlog, an id
+	// without a time): it may be queued.
+	ExecUncertain = "uncertain"
+)
+
+// ExecutionView is one execution as a principal may see it.
+type ExecutionView struct {
+	V           int    `json:"v"`
+	ExecutionID string `json:"executionId"`
+	// Principal is whose execution it is.
+	Principal string `json:"principal,omitempty"`
+	// State says where it is: queued, in-flight, ended, unknown, uncertain.
+	State    string             `json:"state"`
+	Record   *Record            `json:"record,omitempty"`
+	Envelope *envelope.Envelope `json:"envelope,omitempty"`
+	// Trail is its audit trail, oldest first.
+	Trail []audit.Event `json:"trail,omitempty"`
+	// Approvals are those it asked for or consumed, as the principal may see
+	// them (an approver gets what the capability shows approvers of the
+	// input).
+	Approvals  []*approvals.Record `json:"approvals,omitempty"`
+	Scope      string              `json:"scope,omitempty"`
+	Error      string              `json:"error,omitempty"`
+	Conditions []string            `json:"conditions,omitempty"`
+}
+
+// Errors of a reading refused or failed on the workers' side; errors.Is
+// matches a reply's conditions against them.
+var (
+	// ErrNotAllowed: the principal's role does not let it see this.
+	ErrNotAllowed = errors.New("capstan: not allowed to read this execution")
+	// ErrNoSuchExecution: nothing of the execution is stored, neither its
+	// request nor its record nor its envelope: it never existed, or is long
+	// gone (see ErrExpired for one whose envelope expired).
+	ErrNoSuchExecution = errors.New("capstan: no such execution")
+	// ErrAmbiguousID: an id prefix names several executions.
+	ErrAmbiguousID = errors.New("capstan: ambiguous execution id")
+)
+
+var readConditions = []struct {
+	name string
+	err  error
+}{
+	{"forbidden", ErrNotAllowed}, {"unknown", ErrNoSuchExecution}, {"unknown", ErrUnknownExecution},
+	{"not_found", broker.ErrNotFound},
+}
+
+func readConditionsOf(err error) []string {
+	var out []string
+	for _, c := range readConditions {
+		if errors.Is(err, c.err) && !slices.Contains(out, c.name) {
+			out = append(out, c.name)
+		}
+	}
+	return out
+}
+
+// readError is a refusal the workers answered.
+type readError struct {
+	msg   string
+	conds []error
+}
+
+func (e *readError) Error() string   { return e.msg }
+func (e *readError) Unwrap() []error { return e.conds }
+
+func readErrorOf(msg string, conds []string) error {
+	e := &readError{msg: msg}
+	for _, n := range conds {
+		for _, c := range readConditions {
+			if c.name == n {
+				e.conds = append(e.conds, c.err)
+			}
+		}
+	}
+	return e
+}
+
+// readTimeout bounds one reading in a worker.
+const readTimeout = 15 * time.Second
+
+// viewer is what a principal may read.
+type viewer struct {
+	principal string
+	scope     string
+	role      auth.Role
+}
+
+// viewerOf decides what principal may read from its grant.
+func (w *Worker) viewerOf(principal string) (viewer, error) {
+	v := viewer{principal: principal}
+	if principal == broker.Anonymous {
+		if w.grants.Open() {
+			v.scope = ScopeAll
+			return v, nil
+		}
+		return v, fmt.Errorf("%w: anonymous request on a server with grants", ErrNotAllowed)
+	}
+	g, ok := w.grants.Lookup(principal)
+	if !ok {
+		if w.grants.Open() {
+			v.scope = ScopeAll
+			return v, nil
+		}
+		return v, fmt.Errorf("%w: principal %q has no grant", ErrNotAllowed, principal)
+	}
+	v.role = g.Role
+	switch g.Role {
+	case auth.Admin, auth.Worker:
+		v.scope = ScopeAll
+	case auth.Producer:
+		v.scope = ScopeOwn
+	case auth.Approver:
+		v.scope = ScopeApprovals
+	default:
+		return v, fmt.Errorf("%w: role %q reads no executions", ErrNotAllowed, g.Role)
+	}
+	return v, nil
+}
+
+// serveExecutions answers listings of executions.
+func (w *Worker) serveExecutions(m *nats.Msg) {
+	principal := w.b.Names.PrincipalOfSubject(m.Subject)
+	if !w.b.Names.ReplyAllowed(principal, m.Reply) {
+		return // an answer aimed at someone else's subject: not served
+	}
+	reply := ExecutionsPage{V: envelope.Version, Entries: []audit.Entry{}}
+	var req ExecutionsRequest
+	if err := envelope.Unmarshal(m.Data, &req); err != nil {
+		reply.Error, reply.Conditions = "the listing does not decode: "+err.Error(), []string{"invalid"}
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+		page, err := w.listExecutions(ctx, principal, req)
+		cancel()
+		if err != nil {
+			reply.Error, reply.Conditions = err.Error(), readConditionsOf(err)
+		} else {
+			reply = *page
+		}
+	}
+	w.respond(m, &reply)
+}
+
+func (w *Worker) respond(m *nats.Msg, v any) {
+	b, err := envelope.Marshal(v)
+	if err != nil {
+		w.log.Error("reply does not encode", "subject", m.Subject, "err", err)
+		return
+	}
+	_ = m.Respond(b)
+}
+
+// listExecutions is one page of what principal may see.
+func (w *Worker) listExecutions(ctx context.Context, principal string, req ExecutionsRequest) (*ExecutionsPage, error) {
+	v, err := w.viewerOf(principal)
+	if err != nil {
+		return nil, err
+	}
+	q := req.Query
+	if q.Limit <= 0 {
+		q.Limit = audit.DefaultLimit
+	}
+	q.Limit = min(q.Limit, audit.MaxLimit)
+	switch v.scope {
+	case ScopeApprovals:
+		return w.listBehindApprovals(ctx, v, q, req.Cursor)
+	case ScopeOwn:
+		if q.Principal != "" && q.Principal != principal {
+			return nil, fmt.Errorf("%w: a producer (%s) sees only its own executions, not %s's", ErrNotAllowed, principal, q.Principal)
+		}
+		q.Principal = principal
+	}
+	if req.Cursor != "" {
+		n, err := strconv.ParseUint(req.Cursor, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("cursor %q: not one of this listing's", req.Cursor)
+		}
+		q.Before = n
+	}
+	page, err := audit.List(ctx, w.b, q)
+	if err != nil {
+		return nil, err
+	}
+	out := &ExecutionsPage{V: envelope.Version, Entries: w.current(ctx, page.Entries), Scanned: page.Scanned, Scope: v.scope}
+	if page.Next > 0 {
+		out.Next = strconv.FormatUint(page.Next, 10)
+	}
+	return out, nil
+}
+
+// current drops the running entries of executions that have ended since:
+// their end is a later entry of the index, which a listing shows where it
+// stands (or, for an execution that ended after the listing began, the next
+// listing does).
+func (w *Worker) current(ctx context.Context, entries []audit.Entry) []audit.Entry {
+	out := entries[:0]
+	for _, e := range entries {
+		if e.Status == audit.EntryRunning {
+			if _, err := w.b.Envelopes.Get(ctx, broker.Key(e.Principal, e.ExecutionID)); err == nil {
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// approvalsOf returns the approvals v may decide.
+func (w *Worker) approvalsOf(ctx context.Context, v viewer) ([]*approvals.Record, error) {
+	all, err := approvals.NewStore(w.b, nil).List(ctx, approvals.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	var out []*approvals.Record
+	for _, r := range all {
+		if _, _, err := w.grants.Approver(v.principal, r.Types); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// listBehindApprovals lists, for an approver, the executions behind the
+// approvals it may decide: each approval's requesting execution and the
+// execution that consumed it, from their envelopes. Approvals are few (a
+// bucket with a TTL), so the page is made from all of them; the cursor is
+// an offset.
+func (w *Worker) listBehindApprovals(ctx context.Context, v viewer, q audit.Query, cursor string) (*ExecutionsPage, error) {
+	recs, err := w.approvalsOf(ctx, v)
+	if err != nil {
+		return nil, err
+	}
+	var entries []audit.Entry
+	for _, r := range recs {
+		asked := w.entryOf(ctx, r, r.RequestedBy, false)
+		entries = append(entries, asked)
+		if r.ConsumedBy != "" {
+			entries = append(entries, w.entryOf(ctx, r, r.ConsumedBy, true))
+		}
+	}
+	entries = slices.DeleteFunc(entries, func(e audit.Entry) bool { return !q.Match(&e) })
+	slices.SortFunc(entries, func(a, b audit.Entry) int {
+		if c := b.UpdatedAt.Compare(a.UpdatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ExecutionID, a.ExecutionID)
+	})
+	off := 0
+	if cursor != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(cursor, "o"))
+		if err != nil || n < 0 || !strings.HasPrefix(cursor, "o") {
+			return nil, fmt.Errorf("cursor %q: not one of this listing's", cursor)
+		}
+		off = min(n, len(entries))
+	}
+	page := &ExecutionsPage{V: envelope.Version, Scope: ScopeApprovals, Scanned: len(recs)}
+	end := min(off+q.Limit, len(entries))
+	page.Entries = entries[off:end]
+	if end < len(entries) {
+		page.Next = "o" + strconv.Itoa(end)
+	}
+	return page, nil
+}
+
+// entryOf is an execution behind approval r as an index entry, from its
+// envelope when it has one.
+func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, resume bool) audit.Entry {
+	e := audit.Entry{V: envelope.Version, ExecutionID: id, Principal: r.Principal, CapabilityID: r.CapabilityID,
+		Actor: audit.ActorOf(r.Actor), Surface: r.Surface, ApprovalID: r.ID, Resumed: resume,
+		RequestedAt: r.RequestedAt, UpdatedAt: r.RequestedAt, Status: audit.EntryApprovalRequired}
+	if resume {
+		e.RequestedAt, e.UpdatedAt, e.Status = r.ConsumedAt, r.ConsumedAt, audit.EntryRunning
+	}
+	if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, broker.Key(r.Principal, id)); err == nil {
+		e.Status, e.Attempts, e.DurationMs, e.UpdatedAt = string(env.Status), env.Attempts, env.DurationMs, env.FinalizedAt
+		if env.Error != nil {
+			e.Code = string(env.Error.Code)
+		}
+	}
+	return e
+}
+
+// serveExecution answers requests for one execution.
+func (w *Worker) serveExecution(m *nats.Msg) {
+	principal := w.b.Names.PrincipalOfSubject(m.Subject)
+	if !w.b.Names.ReplyAllowed(principal, m.Reply) {
+		return // an answer aimed at someone else's subject: not served
+	}
+	var reply *ExecutionView
+	var req ExecutionRequest
+	if err := envelope.Unmarshal(m.Data, &req); err != nil {
+		reply = &ExecutionView{Error: "the request does not decode: " + err.Error(), Conditions: []string{"invalid"}}
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+		var err error
+		reply, err = w.execution(ctx, principal, req)
+		cancel()
+		if err != nil {
+			reply = &ExecutionView{ExecutionID: req.ExecutionID, Error: err.Error(), Conditions: readConditionsOf(err)}
+		}
+	}
+	reply.V = envelope.Version
+	w.respond(m, reply)
+}
+
+// execution is one execution as principal may see it. Execution ids are
+// unique per principal only (DESIGN §2): the owner is the producer itself, or
+// the one the request names (an admin's, an approver's: checked, never
+// trusted), or the one principal with an execution of that id.
+func (w *Worker) execution(ctx context.Context, principal string, req ExecutionRequest) (*ExecutionView, error) {
+	v, err := w.viewerOf(principal)
+	if err != nil {
+		return nil, err
+	}
+	id := req.ExecutionID
+	if err := envelope.ValidExecutionID(id); err != nil {
+		return nil, err
+	}
+	if req.Owner != "" && !broker.ValidPrincipal(req.Owner) {
+		return nil, fmt.Errorf("owner %q is not a principal", req.Owner)
+	}
+	candidates := []string{req.Owner}
+	switch {
+	case v.scope == ScopeOwn:
+		if req.Owner != "" && req.Owner != principal {
+			return nil, fmt.Errorf("%w: a producer (%s) reads only its own executions, not %s's", ErrNotAllowed, principal, req.Owner)
+		}
+		candidates = []string{principal}
+	case principal == broker.Anonymous:
+		candidates = []string{broker.Anonymous} // an open server: every execution is the anonymous principal's
+	case req.Owner == "":
+		owners, err := broker.Owners(ctx, w.b, id)
+		if err != nil {
+			return nil, err
+		}
+		candidates = owners
+		if len(owners) > 1 && v.scope == ScopeAll {
+			return nil, fmt.Errorf("execution %s exists for several principals (%s): name one as its owner", id, strings.Join(owners, ", "))
+		}
+	}
+	if req.Probe {
+		if v.scope == ScopeApprovals {
+			return nil, fmt.Errorf("%w: an approver (%s) reads executions behind its approvals, not where any is", ErrNotAllowed, principal)
+		}
+		owner := ""
+		if len(candidates) == 1 {
+			owner = candidates[0]
+		}
+		view := &ExecutionView{ExecutionID: id, Scope: v.scope}
+		view.State, view.Principal, err = w.where(ctx, owner, id)
+		return view, err
+	}
+	if len(candidates) == 0 {
+		if v.scope == ScopeApprovals {
+			return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, principal)
+		}
+		candidates = []string{principal} // nothing in the buckets: queued, or nothing
+	}
+	var refused error
+	for _, owner := range candidates {
+		view, err := w.executionOf(ctx, v, owner, id)
+		if errors.Is(err, ErrNotAllowed) {
+			refused = err
+			continue
+		}
+		return view, err
+	}
+	return nil, refused
+}
+
+// executionOf is owner's execution id as v may see it.
+func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*ExecutionView, error) {
+	view := &ExecutionView{ExecutionID: id, Principal: owner, Scope: v.scope}
+	trail, err := audit.Read(ctx, w.b, owner, id)
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
+	}
+	view.Trail = trail
+	key := broker.Key(owner, id)
+	if rec, _, err := broker.Load[Record](ctx, w.b.Executions, key); err == nil {
+		view.Record = rec
+	} else if !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
+	}
+	if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key); err == nil {
+		view.Envelope = env
+	} else if !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
+	}
+	// The approvals behind it: asked for (its trail and envelope say which)
+	// or consumed by it, by its owner.
+	store := approvals.NewStore(w.b, nil)
+	behind := false
+	for _, aid := range approvalIDs(view) {
+		r, err := store.Get(ctx, aid)
+		if err != nil || (r.RequestedBy != id && r.ConsumedBy != id) || r.Principal != owner {
+			continue
+		}
+		if v.scope == ScopeApprovals {
+			if _, _, err := w.grants.Approver(v.principal, r.Types); err != nil {
+				continue
+			}
+			behind = true
+		}
+		view.Approvals = append(view.Approvals, approvals.ShownTo(r, v.principal))
+	}
+	if v.scope == ScopeApprovals && !behind {
+		return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, v.principal)
+	}
+	if v.scope == ScopeApprovals && view.Record != nil {
+		r := *view.Record
+		r.Cause, r.Claim = "", "" // for operators and the owning worker
+		view.Record = &r
+	}
+	switch {
+	case view.Envelope != nil:
+		view.State = ExecEnded
+	case view.Record != nil, len(trail) > 0:
+		view.State = ExecInFlight // a trail without a record: claimed, its record gone or not yet readable
+	default:
+		view.State, _, err = w.where(ctx, owner, id)
+		if err != nil {
+			return nil, err
+		}
+		if view.State == ExecUnknown {
+			return nil, fmt.Errorf("%w: %s", ErrNoSuchExecution, id)
+		}
+	}
+	if view.Envelope != nil && view.Record != nil && view.Record.State != StateFinalized {
+		r := *view.Record
+		r.State, r.Status, r.Attempt = StateFinalized, view.Envelope.Status, view.Envelope.Attempts
+		view.Record = &r
+	}
+	return view, nil
+}
+
+// approvalIDs are the approvals an execution's trail, record and envelope name.
+func approvalIDs(v *ExecutionView) []string {
+	var ids []string
+	add := func(id string) {
+		if id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	for _, ev := range v.Trail {
+		switch ev.Type {
+		case audit.ApprovalRequested, audit.Started, audit.ApprovalConsumed:
+			if s, ok := ev.Data["approvalId"].(string); ok {
+				add(s)
+			}
+		}
+	}
+	if v.Envelope != nil && v.Envelope.Approval != nil {
+		add(v.Envelope.Approval.ID)
+	}
+	if v.Record != nil {
+		add(v.Record.ApprovalID)
+	}
+	return ids
+}
+
+// probeMaxMsgs bounds the requests a probe reads in the exec stream.
+const probeMaxMsgs = 2000
+
+// where says where owner's execution id is, reading in the order that no
+// claim racing the reads can hide it from: its request in the exec stream
+// (a worker acknowledges a request only after its record exists), then its
+// record (created before its envelope), then its envelope. owner "" (an
+// admin who named none) looks at every principal's requests.
+func (w *Worker) where(ctx context.Context, owner, id string) (state, principal string, err error) {
+	p := owner
+	subj := w.b.Names.ExecSubjects()
+	if owner != "" {
+		subj = w.b.Names.ExecSubject(owner, ">")
+	}
+	queued, qp, certain, err := w.queued(ctx, subj, id)
+	if err != nil {
+		return "", "", err
+	}
+	if queued {
+		return ExecQueued, qp, nil
+	}
+	if owner == "" {
+		// Without an owner the buckets cannot be read by key: whoever has
+		// a record or an envelope of the id.
+		if owners, err := broker.Owners(ctx, w.b, id); err == nil && len(owners) > 0 {
+			return ExecInFlight, owners[0], nil
+		}
+		if !certain {
+			return ExecUncertain, "", nil
+		}
+		return ExecUnknown, "", nil
+	}
+	key := broker.Key(p, id)
+	if _, err := w.b.Executions.Get(ctx, key); err == nil {
+		return ExecInFlight, p, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", "", err
+	}
+	if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
+		return ExecEnded, p, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", "", err
+	}
+	if !certain {
+		return ExecUncertain, p, nil
+	}
+	return ExecUnknown, p, nil
+}
+
+// queued looks for the request of id among the exec stream's messages on
+// subj: for a UUIDv7 id from the id's time less a minute (a request is never
+// stored before its id is made, less the clocks' skew), else from the
+// stream's start; certain is false when it stopped at probeMaxMsgs.
+func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
+	var from *time.Time
+	if made, v7 := envelope.ExecutionIDTime(id); v7 {
+		t := made.Add(-time.Minute).UTC()
+		from = &t
+	}
+	seq := uint64(0)
+	for range probeMaxMsgs {
+		m, err := w.nextMsg(ctx, subj, seq, from)
+		if err != nil {
+			return false, "", false, err
+		}
+		if m == nil {
+			return false, "", true, nil
+		}
+		from, seq = nil, m.Sequence+1
+		// The message id names the execution: <principal>.<id>[.<tag>]
+		// (or, from earlier versions, the id alone).
+		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
+			return true, p, true, nil
+		}
+	}
+	return false, "", false, nil
+}
+
+// nextMsg is the exec stream's first message on subj at or after seq (or
+// time from), or nil: a message get, which the exec stream answers without
+// direct gets.
+func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+	req := struct {
+		Seq       uint64     `json:"seq,omitempty"`
+		NextFor   string     `json:"next_by_subj"`
+		StartTime *time.Time `json:"start_time,omitempty"`
+	}{Seq: seq, NextFor: subj, StartTime: from}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	if err != nil {
+		return nil, err
+	}
+	var answer struct {
+		Message *struct {
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs"`
+			Time     time.Time `json:"time"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &answer); err != nil {
+		return nil, err
+	}
+	switch {
+	case answer.Error != nil && answer.Error.Code == 404:
+		return nil, nil
+	case answer.Error != nil:
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+	case answer.Message == nil:
+		return nil, nil
+	}
+	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time}
+	if len(answer.Message.Header) > 0 {
+		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
+			m.Header = h
+		}
+	}
+	return m, nil
+}
+
+// RequestExecutions asks the workers for a page of the executions the
+// connection's principal may see (see the Scope* constants). A refusal
+// matches ErrNotAllowed with errors.Is; no worker answering, ErrNoWorkers.
+func RequestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req ExecutionsRequest) (*ExecutionsPage, error) {
+	req.V = envelope.Version
+	var page ExecutionsPage
+	if err := request(ctx, nc, n.ListExecutionsSubject(broker.PrincipalOf(nc, n)), &req, &page, "list executions"); err != nil {
+		return nil, err
+	}
+	if page.Error != "" {
+		return nil, readErrorOf(page.Error, page.Conditions)
+	}
+	return &page, nil
+}
+
+// RequestExecution asks the workers for one execution as the connection's
+// principal may see it. Nothing stored of it matches ErrNoSuchExecution; a
+// refusal ErrNotAllowed.
+func RequestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req ExecutionRequest) (*ExecutionView, error) {
+	req.V = envelope.Version
+	var view ExecutionView
+	if err := request(ctx, nc, n.ExecutionSubject(broker.PrincipalOf(nc, n)), &req, &view, "read execution "+req.ExecutionID); err != nil {
+		return nil, err
+	}
+	if view.Error != "" {
+		return nil, readErrorOf(view.Error, view.Conditions)
+	}
+	return &view, nil
+}
+
+// request sends req to subject, which workers serve, and decodes the answer.
+func request(ctx context.Context, nc *nats.Conn, subject string, req, reply any, what string) error {
+	b, err := envelope.Marshal(req)
+	if err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, readTimeout)
+		defer cancel()
+	}
+	m, err := nc.RequestWithContext(ctx, subject, b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%w: %s", ErrNoWorkers, what)
+	}
+	if err != nil {
+		return fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	if err := envelope.Unmarshal(m.Data, reply); err != nil {
+		return fmt.Errorf("capstan: %s: reply: %w", what, err)
+	}
+	return nil
+}
+
+// Executions asks the workers for a page of the executions the client's
+// principal may see.
+func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*ExecutionsPage, error) {
+	return RequestExecutions(ctx, c.b.NC, c.b.Names, req)
+}
+
+// Execution asks the workers for one execution as the client's principal may
+// see it: record, envelope, trail and the approvals behind it.
+func (c *Client) Execution(ctx context.Context, req ExecutionRequest) (*ExecutionView, error) {
+	return RequestExecution(ctx, c.b.NC, c.b.Names, req)
+}
