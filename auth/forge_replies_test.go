@@ -522,10 +522,8 @@ func TestForgeOnOfficialServer_EachAttackChangesNothing(t *testing.T) {
 	testEachAttack(t, newRigOn(t, official))
 }
 
-// Not parallel: it compares a whole 3-node cluster's state before and after
-// each attack, and waits for answers; beside other tests under -race it saw
-// an answer arrive late and the exec stream settle mid-comparison.
 func TestForgeOnCluster_EachAttackChangesNothing(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
