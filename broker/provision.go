@@ -75,8 +75,10 @@ type Config struct {
 	// TTL, so a finished execution's record goes RecordWindow after its last
 	// write, and a running one, whose lease is renewed, stays (a write of an
 	// execution not finalized carries at least what is left of its lease, so
-	// a window shorter than the lease is safe). Every worker
-	// of a deployment must use the same window (DESIGN §16).
+	// a window shorter than the lease is safe). A deployment has one window
+	// (DESIGN §16): the first worker records it (AgreeRecordWindow); a
+	// worker set to another refuses to start, and one that sets none adopts
+	// it.
 	RecordWindow time.Duration
 }
 
@@ -277,23 +279,109 @@ type resources struct {
 	V int `json:"v"`
 	// EnvelopeRetentionMs is the envelopes bucket's TTL.
 	EnvelopeRetentionMs int64 `json:"envelopeRetentionMs"`
+	// RecordWindowMs is the deployment's record window, once its first
+	// worker recorded it (0: none yet).
+	RecordWindowMs int64 `json:"recordWindowMs,omitempty"`
 }
 
 // publishResources records the resources' facts for clients, when they
-// changed.
+// changed, keeping the record window recorded there.
 func (b *Broker) publishResources(ctx context.Context) error {
-	want := resources{V: envelope.Version, EnvelopeRetentionMs: b.Config.EnvelopeRetention.Milliseconds()}
-	if have, _, err := Load[resources](ctx, b.Catalog, ResourcesKey); err == nil && *have == want {
+	return b.changeResources(ctx, func(r *resources) error {
+		r.EnvelopeRetentionMs = b.Config.EnvelopeRetention.Milliseconds()
 		return nil
+	})
+}
+
+// changeResources applies change to the resources' record by
+// compare-and-swap (creating it when there is none), reading it again when
+// another process changed it meanwhile. A change that leaves it as it was
+// writes nothing.
+func (b *Broker) changeResources(ctx context.Context, change func(r *resources) error) error {
+	var err error
+	for try := 0; try < 60; try++ {
+		if try > 0 {
+			// Another process wrote it meanwhile, or the bucket was not
+			// ready to answer (a replicated one just created elects its
+			// leader): read it again.
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("capstan: bucket %s: record %s: %w (%w)", b.Names.CatalogBucket(), ResourcesKey, ctx.Err(), err)
+			case <-time.After(Backoff(try)):
+			}
+		}
+		have, rev, lerr := Load[resources](ctx, b.Catalog, ResourcesKey)
+		if lerr != nil && !errors.Is(lerr, ErrNotFound) {
+			err = fmt.Errorf("read: %w", lerr)
+			continue
+		}
+		next := resources{V: envelope.Version}
+		if have != nil {
+			next = *have
+			next.V = envelope.Version
+		}
+		if err := change(&next); err != nil {
+			return err
+		}
+		switch {
+		case have != nil && *have == next:
+			return nil
+		case have == nil:
+			_, err = Create(ctx, b.Catalog, ResourcesKey, &next)
+		default:
+			_, err = Update(ctx, b.Catalog, ResourcesKey, &next, rev)
+		}
+		if err == nil {
+			return nil
+		}
 	}
-	v, err := envelope.Marshal(&want)
+	return fmt.Errorf("capstan: bucket %s: record %s: %w", b.Names.CatalogBucket(), ResourcesKey, err)
+}
+
+// ErrRecordWindow marks a worker set to a record window other than its
+// deployment's (DESIGN §16). It is an ErrConfigConflict.
+var ErrRecordWindow = fmt.Errorf("%w: the record window", ErrConfigConflict)
+
+// AgreeRecordWindow makes the deployment's record window this process's
+// (Config.RecordWindow), as every worker does at start, before it writes a
+// record: a deployment has one window. The first worker of a deployment
+// records its own; a later one set to the same adopts it, one set to none
+// (set is false: the window is the default) adopts the deployment's, and
+// one set to another is refused with ErrRecordWindow, whatever it would
+// otherwise do. Workers that judged "no record" by different windows could
+// run a request twice (DESIGN §5, What a missing record proves).
+func (b *Broker) AgreeRecordWindow(ctx context.Context, set bool) error {
+	mine := b.Config.RecordWindow
+	var deployed time.Duration
+	err := b.changeResources(ctx, func(r *resources) error {
+		if r.RecordWindowMs <= 0 {
+			r.RecordWindowMs = mine.Milliseconds()
+		}
+		deployed = time.Duration(r.RecordWindowMs) * time.Millisecond
+		if set && deployed != mine {
+			return fmt.Errorf("%w: this worker is set to %v, but its deployment (prefix %s) keeps execution records %v after their last write, and every worker of a deployment must use one window: start it with the deployment's (--record-window %v), or leave it unset to adopt it",
+				ErrRecordWindow, mine, b.Names.prefix, deployed, deployed)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	if _, err := b.Catalog.Put(ctx, ResourcesKey, v); err != nil {
-		return fmt.Errorf("capstan: bucket %s: record %s: %w", b.Names.CatalogBucket(), ResourcesKey, err)
-	}
+	b.Config.RecordWindow = deployed
 	return nil
+}
+
+// RecordWindow reads the deployment's record window, as its first worker
+// recorded it (0: no worker has started yet).
+func (b *Broker) RecordWindow(ctx context.Context) (time.Duration, error) {
+	r, _, err := Load[resources](ctx, b.Catalog, ResourcesKey)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	}
+	return time.Duration(r.RecordWindowMs) * time.Millisecond, nil
 }
 
 // EnvelopeRetention reads how long the envelopes bucket keeps envelopes: as

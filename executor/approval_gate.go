@@ -11,141 +11,127 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/observe"
 )
 
-// approvalGate is stage 8. It reports whether the execution goes on: a resume
-// goes on once it consumed its approval; a call that needs an approval ends
-// here, "approval-required", with a pending approval stored.
-func (a *admission) approvalGate(v verdict) bool {
-	m := a.b.meta
-	if a.req.ApprovalID == "" && v.stance != RequireApproval && (m.Approval == nil || !m.Approval.Required) {
-		return true
-	}
-	defer a.x.Stage(observe.StageApproval)(nil)
-	if !a.x.Claim() {
-		return false // another record was there, and decided
-	}
+// approvalGate is stage 8. It returns the execution's end and stop when the
+// execution does not go on: a resume goes on once it consumed its approval;
+// a call that needs an approval ends here, the engine asked to store a
+// pending approval and end it approval-required.
+// admit calls it only when an approval is asked for or carried.
+func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 	if a.req.ApprovalID != "" {
+		// A resume is admitted under its execution's claim (it never takes
+		// the short path): consuming the approval is this execution's.
+		defer a.stage(observe.StageApproval)(nil)
 		return a.useApproval()
 	}
-	a.requestApproval(v)
-	return false
+	return a.requestApproval(v), true
 }
 
 func (w *Worker) approvalStore() *approvals.Store {
 	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
 }
 
-// requestApproval stores a pending approval for this call and finalizes the
-// execution approval-required. The approval's id is reserved on the execution
-// record first, so a takeover of this execution finds the same approval
-// instead of asking twice.
-func (a *admission) requestApproval(v verdict) {
+// requestApproval is the decision of a call that needs an approval: the
+// approval record it asks the engine to have stored, under the id the
+// engine reserves on the execution's record (so that a takeover of this
+// execution finds the same approval instead of asking twice).
+func (a *admission) requestApproval(v verdict) engine.Admission {
 	m := a.b.meta
-	unserializable := func(err error) {
-		a.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
+	unserializable := func(err error) engine.Admission {
+		return a.deny("approval-unserializable-input", &envelope.CapabilityError{Code: envelope.CodeApprovalUnserializableInput,
 			Stage: envelope.StageApproval, ExposeToModel: true, Cause: err,
 			Message: "The input cannot be serialized canonically, so it cannot be approved."}, v.records)
 	}
 	input, hash, err := canonicalInput(a.input)
 	if err != nil {
-		unserializable(err)
-		return
+		return unserializable(err)
 	}
 	var display []byte
 	if m.RedactApprovalInput != nil {
 		shown, err := m.ApprovalDisplay(a.input)
 		if err != nil {
-			a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
-				Message: "The operation failed.", Cause: err}, 0)
-			return
+			return a.fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+				Message: "The operation failed.", Cause: err})
 		}
 		if display, _, err = canonicalInput(shown); err != nil {
-			unserializable(err)
-			return
+			return unserializable(err)
 		}
 	}
-	id := a.x.Record().ApprovalID
-	if id == "" {
-		id = envelope.NewExecutionID()
-		if err := a.x.Update(func(r *Record) { r.ApprovalID = id }); err != nil {
-			a.x.EndByRecord(err, 0)
-			return
+	ttl := approvals.DefaultTTL
+	reasons := v.reasons
+	if ap := m.Approval; ap != nil {
+		if ap.TTL > 0 {
+			ttl = ap.TTL
 		}
-	}
-	store := a.w.approvalStore()
-	ctx, cancel := delivery.StoreContext()
-	defer cancel()
-	rec, err := store.Get(ctx, id)
-	if err != nil || rec.RequestedBy != a.req.ExecutionID {
-		ttl := approvals.DefaultTTL
-		reasons := v.reasons
-		if a := m.Approval; a != nil {
-			if a.TTL > 0 {
-				ttl = a.TTL
+		if ap.Required {
+			reason := ap.Reason
+			if reason == "" {
+				reason = "this capability requires an approval"
 			}
-			if a.Required {
-				reason := a.Reason
-				if reason == "" {
-					reason = "this capability requires an approval"
+			reasons = append(append([]string(nil), reasons...), reason)
+		}
+	}
+	store, req, principal := a.w.approvalStore(), a.req, a.r.Principal
+	return engine.Admission{Events: a.events, Approval: &engine.ApprovalNeeded{
+		Store: func(ctx context.Context, id string) (*envelope.ApprovalRef, map[string]any, *envelope.CapabilityError) {
+			rec, err := store.Get(ctx, id)
+			if err != nil || rec.RequestedBy != req.ExecutionID {
+				now := time.Now().UTC()
+				rec = &approvals.Record{
+					ID: id, CapabilityID: req.CapabilityID, Surface: req.Surface, Actor: req.Actor,
+					Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
+					Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
+					RequestedBy: req.ExecutionID, CorrelationID: req.CorrelationID, Principal: principal,
 				}
-				reasons = append(append([]string(nil), reasons...), reason)
+				if err := store.Create(ctx, rec); err != nil {
+					return nil, nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+						Retryable: true, ExposeToModel: true, Cause: err,
+						Message: "The approval request could not be stored; try again."}
+				}
 			}
-		}
-		now := time.Now().UTC()
-		rec = &approvals.Record{
-			ID: id, CapabilityID: a.req.CapabilityID, Surface: a.req.Surface, Actor: a.req.Actor,
-			Input: input, InputHash: hash, Display: display, Reasons: reasons, Types: v.approvalTypes,
-			Risk: string(m.Risk), SideEffect: string(m.SideEffect), RequestedAt: now, ExpiresAt: now.Add(ttl),
-			RequestedBy: a.req.ExecutionID, CorrelationID: a.req.CorrelationID, Principal: a.x.Principal(),
-		}
-		if err := store.Create(ctx, rec); err != nil {
-			a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
-				Retryable: true, ExposeToModel: true, Cause: err,
-				Message: "The approval request could not be stored; try again."}, 0)
-			return
-		}
-	}
-	ref := &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}
-	data := map[string]any{"approvalId": rec.ID, "expiresAt": rec.ExpiresAt.Format(time.RFC3339Nano)}
-	if len(rec.Reasons) > 0 {
-		data["reasons"] = rec.Reasons
-	}
-	if len(rec.Types) > 0 {
-		data["types"] = rec.Types
-	}
-	if len(v.records) > 0 {
-		data["policyDecisions"] = v.records
-	}
-	a.x.RequireApproval(ref, data)
+			ref := &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}
+			data := map[string]any{"approvalId": rec.ID, "expiresAt": rec.ExpiresAt.Format(time.RFC3339Nano)}
+			if len(rec.Reasons) > 0 {
+				data["reasons"] = rec.Reasons
+			}
+			if len(rec.Types) > 0 {
+				data["types"] = rec.Types
+			}
+			if len(v.records) > 0 {
+				data["policyDecisions"] = v.records
+			}
+			return ref, data, nil
+		},
+	}}
 }
 
 // useApproval runs stage 8 of a resume: the approval must be this call's
 // (capability, actor, surface, validated input), approved and unexpired; its
 // stored input must still hash to what was approved and decode into the
-// current input type; then one CAS consumes it for this execution.
-func (a *admission) useApproval() bool {
+// current input type; then one CAS consumes it for this execution. It
+// returns the execution's end and stop when the resume is refused.
+func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	store := a.w.approvalStore()
-	ctx, cancel := delivery.StoreContext()
+	ctx, cancel := engine.StoreContext()
 	defer cancel()
 	id := a.req.ApprovalID
-	refuse := func(reason string, code envelope.Code, msg string, cause error) bool {
-		a.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
-			Message: msg, Cause: cause}, nil)
-		return false
+	refuse := func(reason string, code envelope.Code, msg string, cause error) (engine.Admission, bool) {
+		return a.deny(reason, &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true,
+			Message: msg, Cause: cause}, nil), true
 	}
 	rec, err := store.Get(ctx, id)
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
 		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", err)
 	case err != nil:
-		return a.approvalStoreFailed(err)
-	case ownerOf(rec) != a.x.Principal():
+		return a.approvalStoreFailed(err), true
+	case ownerOf(rec) != a.r.Principal:
 		// Only the principal that asked for it may use it; to others it does not exist.
 		return refuse("approval-other-principal", envelope.CodeForbidden, "No such approval.",
-			fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), a.x.Principal()))
+			fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), a.r.Principal))
 	case rec.CapabilityID != a.req.CapabilityID:
 		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
 	case rec.Actor.Kind != a.req.Actor.Kind || rec.Actor.ID != a.req.Actor.ID:
@@ -169,11 +155,9 @@ func (a *admission) useApproval() bool {
 	in, err := a.b.decode(raw)
 	if err != nil {
 		if cerr := inputInvalid(err); cerr.Code != envelope.CodeInputInvalid {
-			a.x.Fail(cerr, 0) // the capability's bug, not a refusal
-		} else {
-			a.deny("approval-input-invalid", cerr, nil)
+			return a.fail(cerr), true // the capability's bug, not a refusal
 		}
-		return false
+		return a.deny("approval-input-invalid", inputInvalid(err), nil), true
 	}
 	wasApproved := rec.Status == approvals.Approved
 	rec, err = store.Consume(ctx, id, a.req.ExecutionID)
@@ -185,22 +169,21 @@ func (a *admission) useApproval() bool {
 			}
 			return refuse(unusableReason(err), code, unusableMessage(err), cause)
 		}
-		return a.approvalStoreFailed(err)
+		return a.approvalStoreFailed(err), true
 	}
 	a.input = in
 	a.grant = grantOf(rec)
 	if wasApproved {
-		a.x.Emit(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
+		a.file(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
 			"approver": rec.Decision.Approver.String()})
 	}
-	return true
+	return engine.Admission{}, false
 }
 
-func (a *admission) approvalStoreFailed(err error) bool {
-	a.x.Fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
+func (a *admission) approvalStoreFailed(err error) engine.Admission {
+	return a.fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 		Retryable: true, ExposeToModel: true, Cause: err,
-		Message: "The approval could not be read; try again."}, 0)
-	return false
+		Message: "The approval could not be read; try again."})
 }
 
 // unusableReason names in the trail why an approval could not be used.
@@ -274,7 +257,7 @@ func (a *admission) restoreGrant() *envelope.CapabilityError {
 	if a.req.ApprovalID == "" {
 		return nil
 	}
-	ctx, cancel := delivery.StoreContext()
+	ctx, cancel := engine.StoreContext()
 	defer cancel()
 	fail := func(code envelope.Code, msg string, cause error) *envelope.CapabilityError {
 		return &envelope.CapabilityError{Code: code, Stage: envelope.StageApproval, ExposeToModel: true, Message: msg, Cause: cause}
@@ -308,7 +291,7 @@ func ownerOf(r *approvals.Record) string {
 }
 
 // resolveResume fills a resume that names only its approval (see
-// delivery.Config.ResolveResume): the approval must be principal's.
+// engine.Config.ResolveResume): the approval must be principal's.
 func (w *Worker) resolveResume(ctx context.Context, principal string, req *envelope.Request) error {
 	rec, err := w.approvalStore().Get(ctx, req.ApprovalID)
 	notFound := func(cause error) error {

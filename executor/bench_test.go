@@ -9,7 +9,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -29,8 +29,10 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	}
 	w := &Worker{reg: reg, cfg: WorkerConfig{ID: "bench", Policies: policies, Logger: slog.New(slog.DiscardHandler)}.withDefaults()}
 	w.log = w.cfg.Logger
-	w.caps = map[string]*capability{"bench.noop": {b: reg.get("bench.noop"), w: w}}
-	w.run = delivery.NewRunner(nil, w.log, delivery.Config{ID: w.cfg.ID, Lease: w.cfg.Lease, Capability: w.lookup})
+	c := newCapability(reg.get("bench.noop"), w)
+	w.caps = map[string]*capability{"bench.noop": c}
+	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease,
+		Capabilities: map[string]engine.Capability{"bench.noop": c}})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }
@@ -83,7 +85,6 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	x := w.run.Detached(req, c)
 	inputHash, err := envelope.InputHash(req.Input)
 	if err != nil {
 		b.Fatal(err)
@@ -97,20 +98,21 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Requested, nil))
-	admitted := c.Admit(x)
-	if admitted == nil {
+	adm := c.Admit(w.run.Context(), engine.Request{Request: req, Principal: broker.Anonymous})
+	if adm.Unit == nil {
 		b.Fatal("refused")
 	}
+	unit := adm.Unit
 	rec.State, rec.Attempt, rec.StartedAt = StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
-	mustMarshal(b, event(audit.Started, admitted.StartedData(1)))
-	ctx, cancel := context.WithTimeout(x.Context(), time.Second)
-	out, err := admitted.Invoke(ctx, delivery.Attempt{N: 1, Logger: w.log})
+	mustMarshal(b, event(audit.Started, unit.Started(1)))
+	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
+	out, err := unit.Work(ctx, engine.Attempt{N: 1, Logger: w.log})
 	cancel()
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw, cerr := admitted.CheckOutput(out)
+	raw, cerr := unit.Output(out)
 	if cerr != nil {
 		b.Fatal(cerr)
 	}

@@ -88,7 +88,7 @@ type CancelRequest struct {
 }
 
 // recordCancel answers a cancel request: one worker of the group records it
-// on the execution's record (delivery.Runner.RecordCancel), then every
+// on the execution's record (engine.Runner.RecordCancel), then every
 // worker is told to stop its own run of it. A principal cancels only its own
 // executions: the record is the one under the principal of the subject,
 // whatever the body says.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -11,68 +12,81 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/observe"
 )
 
 // The stages of DESIGN §4 that belong to a capability's definition: exposure,
 // input, actor, policies and approval before the attempts (4 to 9), the retry
 // rule between them (11), validation and redaction of the output (12, 13).
-// The delivery machinery (internal/delivery) claims, leases, attempts,
-// takes over and finalizes; it calls these through delivery.Capability and
-// delivery.Admitted.
+// The engine (internal/engine) claims, leases, attempts, takes over and
+// finalizes; it asks these through engine.Capability and gets decisions
+// back (engine.Admission): they never write a record, an event or an
+// envelope themselves.
 
-// capability is a registered capability as a worker's delivery machinery
-// drives it.
+// capability is a registered capability as a worker's engine drives it.
 type capability struct {
 	b *binding
 	w *Worker
+	// timeout is the attempt timeout its metadata sets.
+	timeout time.Duration
 }
 
 // admission is one execution going through its capability's stages: what
-// they established is what the attempts use.
+// they established is what the attempts use (it is the execution's
+// engine.WorkUnit once admitted).
 type admission struct {
 	*capability
-	x   *delivery.Execution
+	ctx context.Context
+	r   engine.Request
 	req *envelope.Request
 
 	input     any // decoded, validated input (pointer to the input type)
 	grant     *ApprovalGrant
 	decisions []PolicyRecord // every policy stance so far, for the trail
+	events    []engine.Event // what the stages filed for the trail so far
 }
 
-func (c *capability) admission(x *delivery.Execution) *admission {
-	return &admission{capability: c, x: x, req: x.Request()}
+func newCapability(b *binding, w *Worker) *capability {
+	return &capability{b: b, w: w, timeout: b.meta.timeout()}
+}
+
+func (c *capability) admission(ctx context.Context, r engine.Request) *admission {
+	return &admission{capability: c, ctx: ctx, r: r, req: r.Request}
 }
 
 // Admit runs stages 4 to 9 (admit).
-func (c *capability) Admit(x *delivery.Execution) delivery.Admitted {
-	if a := c.admission(x); a.admit() {
-		return a
-	}
-	return nil
+func (c *capability) Admit(ctx context.Context, r engine.Request) engine.Admission {
+	return c.admission(ctx, r).admit()
 }
 
 // Readmit restores a takeover's input (stage 5 again) and the approval the
 // execution consumed.
-func (c *capability) Readmit(x *delivery.Execution) delivery.Admitted {
-	a := c.admission(x)
+func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admission {
+	a := c.admission(ctx, r)
 	in, err := c.b.decode(a.req.Input)
 	if err != nil {
-		x.Fail(inputInvalid(err), 0)
-		return nil
+		return a.fail(inputInvalid(err))
 	}
 	a.input = in
 	if err := a.restoreGrant(); err != nil {
-		x.Fail(err, x.Record().Attempt)
-		return nil
+		return a.fail(err)
 	}
-	return a
+	return a.admitted()
 }
 
-func (c *capability) Timeout() time.Duration      { return c.b.meta.timeout() }
-func (c *capability) Retries() int                { return c.b.meta.maxAttempts() }
-func (c *capability) Backoff(n int) time.Duration { return c.b.meta.backoff(n) }
+// Timeout bounds one attempt.
+func (c *capability) Timeout() time.Duration { return c.timeout }
+
+// Retry is the retry rule: attempt n, failed with err, is followed by
+// another only when the SI-11 rule allows it (RetryEligible) and attempts
+// are left, after the backoff.
+func (c *capability) Retry(n int, err *envelope.CapabilityError) (time.Duration, bool) {
+	if !c.RetryEligible(err) || n >= 1+c.b.meta.maxAttempts() {
+		return 0, false
+	}
+	return c.b.meta.backoff(n), true
+}
 
 // RetryEligible is the SI-11 rule: all must hold.
 func (c *capability) RetryEligible(err *envelope.CapabilityError) bool {
@@ -97,8 +111,18 @@ func (c *capability) retryOn(err *envelope.CapabilityError) (retry bool) {
 	return c.b.meta.Retry.RetryOn(err)
 }
 
-// Invoke is stage 11's call of the handler, with the validated input.
-func (a *admission) Invoke(ctx context.Context, at delivery.Attempt) (any, error) {
+// Started is capability.started's data: the attempt, the approval, and
+// every policy stance that let the execution start.
+func (a *admission) Started(attempt int) map[string]any {
+	data := map[string]any{"attempt": attempt, "approvalId": a.req.ApprovalID}
+	if len(a.decisions) > 0 {
+		data["policyDecisions"] = a.decisions
+	}
+	return data
+}
+
+// Work is stage 11's call of the handler, with the validated input.
+func (a *admission) Work(ctx context.Context, at engine.Attempt) (any, error) {
 	return a.b.invoke(ctx, callInfo{
 		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
 		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: at.N,
@@ -107,9 +131,9 @@ func (a *admission) Invoke(ctx context.Context, at delivery.Attempt) (any, error
 	}, a.input)
 }
 
-// CheckOutput is stages 12 and 13: validation, redaction, encoding. Nothing
-// of an output that fails them leaves the worker.
-func (a *admission) CheckOutput(out any) (envelope.Raw, *envelope.CapabilityError) {
+// Output is stages 12 and 13: validation, redaction, encoding. Nothing of
+// an output that fails them leaves the worker.
+func (a *admission) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
 	invalid := func(err error) *envelope.CapabilityError {
 		return &envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput, ExposeToModel: true,
 			Message: "The operation ran, but its output is invalid; it was withheld.", Cause: err}
@@ -118,10 +142,11 @@ func (a *admission) CheckOutput(out any) (envelope.Raw, *envelope.CapabilityErro
 	if err != nil {
 		return nil, invalid(err)
 	}
-	out, err = redact(a.b.meta.RedactOutput, out)
-	if err != nil {
-		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
-			Message: "The operation failed.", Cause: err}
+	if f := a.b.meta.RedactOutput; f != nil {
+		if out, err = redact(f, out); err != nil {
+			return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageRedaction,
+				Message: "The operation failed.", Cause: err}
+		}
 	}
 	raw, err := envelope.NewRaw(out)
 	if err != nil {
@@ -130,25 +155,21 @@ func (a *admission) CheckOutput(out any) (envelope.Raw, *envelope.CapabilityErro
 	return raw, nil
 }
 
-// admit runs stages 4 to 9. It finalizes the execution itself when a stage
-// refuses it, and reports whether the attempts may start.
-func (a *admission) admit() bool {
+// admit runs stages 4 to 9 and returns their decision.
+func (a *admission) admit() engine.Admission {
 	m := a.b.meta
 	// 4: exposure, deny by default, enforced here whatever the caller was
 	// shown. Concealed (SI-8): an unexposed capability, or one discovery would
 	// not show this caller, fails exactly as an unknown one does; only the
 	// trail says why.
-	if !m.Expose.Has(Surface(a.req.Surface)) {
-		a.conceal("not-exposed", envelope.StageExposure, nil)
-		return false
+	if !slices.Contains(m.Expose, Surface(a.req.Surface)) {
+		return a.conceal("not-exposed", envelope.StageExposure, nil)
 	}
 	if v := a.policies(PhaseDiscovery); v.stance == Deny || v.stance == Hide || v.failed {
-		if v.failed && a.x.Context().Err() != nil {
-			a.x.EndByContext(0)
-			return false
+		if v.failed && a.ctx.Err() != nil {
+			return a.stopped()
 		}
-		a.conceal("hidden-at-discovery", envelope.StageExposure, v.records)
-		return false
+		return a.conceal("hidden-at-discovery", envelope.StageExposure, v.records)
 	}
 	// 5: input, strictly decoded and validated: what policies, approvals and
 	// the handler see from here on (SI-6).
@@ -156,44 +177,41 @@ func (a *admission) admit() bool {
 	if err != nil {
 		cerr := inputInvalid(err)
 		if cerr.Code != envelope.CodeInputInvalid {
-			a.x.Fail(cerr, 0) // the capability's bug, not a refusal
-			return false
+			return a.fail(cerr) // the capability's bug, not a refusal
 		}
-		a.deny("input-invalid", cerr, nil)
-		return false
+		return a.deny("input-invalid", cerr, nil)
 	}
 	a.input = in
 	// 6: actor, then what the principal the server authenticated may do:
 	// the subject's capability is the body's, and the actor, surface and
 	// capability are within the principal's grant (DESIGN §12).
 	if cerr := checkActor(a.req.Actor); cerr != nil {
-		a.deny("unauthenticated", cerr, nil)
-		return false
+		return a.deny("unauthenticated", cerr, nil)
 	}
-	if sc := a.x.SubjectCapability(); sc != "" && sc != a.req.CapabilityID {
-		a.deny("forbidden: the request names capability "+a.req.CapabilityID+" on the subject of "+sc,
+	if sc := a.r.SubjectCapability; sc != "" && sc != a.req.CapabilityID {
+		return a.deny("forbidden: the request names capability "+a.req.CapabilityID+" on the subject of "+sc,
 			&envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageActor, ExposeToModel: true,
 				Message: "Not allowed: the request does not match its subject."}, nil)
-		return false
 	}
-	if err := a.w.grants.CheckRequest(a.x.Principal(), a.req.Actor, a.req.Surface, a.req.CapabilityID); err != nil {
+	if err := a.w.grants.CheckRequest(a.r.Principal, a.req.Actor, a.req.Surface, a.req.CapabilityID); err != nil {
 		var cerr *envelope.CapabilityError
 		errors.As(err, &cerr)
-		a.deny(strings.ToLower(string(cerr.Code))+": "+cerr.Cause.Error(), cerr, nil)
-		return false
+		return a.deny(strings.ToLower(string(cerr.Code))+": "+cerr.Cause.Error(), cerr, nil)
 	}
 	// 7: invocation-phase policies. A resume runs from stage 9: these
 	// policies already asked for the approval it carries.
 	var v verdict
 	if a.req.ApprovalID == "" {
 		v = a.policies(PhaseInvocation)
-		if !a.policyGate(v, envelope.StagePolicy) {
-			return false
+		if end, refused := a.policyGate(v, envelope.StagePolicy); refused {
+			return end
 		}
 	}
 	// 8: approval gate.
-	if !a.approvalGate(v) {
-		return false
+	if a.req.ApprovalID != "" || v.stance == RequireApproval || (m.Approval != nil && m.Approval.Required) {
+		if end, stop := a.approvalGate(v); stop {
+			return end
+		}
 	}
 	// 9: execution-phase policies.
 	v = a.policies(PhaseExecution)
@@ -203,16 +221,20 @@ func (a *admission) admit() bool {
 	if v.stance == RequireApproval {
 		v.stance, v.reasons = Deny, append(v.reasons, "approval required at execution")
 	}
-	return a.policyGate(v, envelope.StageExecPolicy)
+	if end, refused := a.policyGate(v, envelope.StageExecPolicy); refused {
+		return end
+	}
+	return a.admitted()
 }
 
 // policies evaluates the runtime's policies, then the capability's own, for
 // one phase. Every stance is kept for the trail.
 func (a *admission) policies(phase Phase) verdict {
-	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) > 0 {
-		defer a.x.Stage(observe.StagePolicies)(nil)
+	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) == 0 {
+		return verdict{stance: Allow} // what evaluatePolicies makes of none
 	}
-	v := evaluatePolicies(a.x.Context(), a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
+	defer a.stage(observe.StagePolicies)(nil)
+	v := evaluatePolicies(a.ctx, a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
 		Phase: phase, CapabilityID: a.b.id, Meta: a.b.meta, Actor: a.req.Actor, Surface: Surface(a.req.Surface),
 		Input: phaseInput(phase, a.input),
 	}, a.w.cfg.PolicyTimeout)
@@ -227,57 +249,75 @@ func phaseInput(phase Phase, in any) any {
 	return in
 }
 
-// policyGate finalizes a refusal and reports whether the execution goes on.
-func (a *admission) policyGate(v verdict, stage string) bool {
+// policyGate is a phase's verdict: the execution's end when it is refused
+// (refused reports it), nothing otherwise.
+func (a *admission) policyGate(v verdict, stage string) (end engine.Admission, refused bool) {
 	switch {
-	case v.failed && a.x.Context().Err() != nil:
+	case v.failed && a.ctx.Err() != nil:
 		// The policies were cut off because the execution ended (a cancel, the
 		// deadline, a lost claim, a shutdown): that decides, not the policies.
-		a.x.EndByContext(0)
-		return false
+		return a.stopped(), true
 	case v.failed:
-		a.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: stage,
-			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused."}, v.records)
-		return false
+		return a.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: stage,
+			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused."}, v.records), true
 	case v.stance == Deny:
-		a.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: stage,
-			ExposeToModel: true, Message: "A policy refused the call."}, v.records)
-		return false
+		return a.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: stage,
+			ExposeToModel: true, Message: "A policy refused the call."}, v.records), true
 	case v.stance == Hide:
-		a.conceal("policy-hidden", stage, v.records)
-		return false
+		return a.conceal("policy-hidden", stage, v.records), true
 	}
-	return true
+	return engine.Admission{}, false
 }
 
-// deny finalizes a refusal before any attempt, its reason on the trail.
-func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) {
-	a.refuse(reason, cerr.Stage, cerr, records)
+// deny refuses the execution before any attempt, its reason on the trail.
+func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {
+	return a.refuse(reason, cerr.Stage, cerr, records)
 }
 
 // conceal refuses as if the capability did not exist (SI-8). The trail keeps
 // the true reason and stage; the caller sees what an unknown id gets.
-func (a *admission) conceal(reason, stage string, records []PolicyRecord) {
-	a.refuse(reason, stage, delivery.NotFoundError(), records)
+func (a *admission) conceal(reason, stage string, records []PolicyRecord) engine.Admission {
+	return a.refuse(reason, stage, engine.NotFoundError(), records)
 }
 
-func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) {
+func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {
 	data := map[string]any{"reason": reason, "publicCode": string(cerr.Code), "stage": stage}
 	if len(records) > 0 {
 		data["policyDecisions"] = records
 	}
-	a.x.Emit(audit.Denied, data)
-	a.x.Fail(cerr, 0)
+	a.file(audit.Denied, data)
+	return a.fail(cerr)
 }
 
-// StartedData is capability.started's data: the attempt, the approval, and
-// every policy stance that let the execution start.
-func (a *admission) StartedData(attempt int) map[string]any {
-	data := map[string]any{"attempt": attempt, "approvalId": a.req.ApprovalID}
-	if len(a.decisions) > 0 {
-		data["policyDecisions"] = a.decisions
+// file adds an event to the trail the decision carries.
+func (a *admission) file(typ string, data map[string]any) {
+	a.events = append(a.events, engine.Event{Type: typ, Data: data})
+}
+
+// fail ends the execution with cerr, without a denial on the trail (a
+// fault, not a refusal).
+func (a *admission) fail(cerr *envelope.CapabilityError) engine.Admission {
+	return engine.Admission{Events: a.events, Refusal: cerr}
+}
+
+// stopped leaves the end to the execution's context.
+func (a *admission) stopped() engine.Admission {
+	return engine.Admission{Events: a.events, Stopped: true}
+}
+
+// admitted lets the execution through to its attempts.
+func (a *admission) admitted() engine.Admission {
+	return engine.Admission{Events: a.events, Unit: a}
+}
+
+// stage tells the observer that a stage doing I/O starts, and returns its
+// end.
+func (a *admission) stage(name string) func(error) {
+	if a.r.Observer == nil {
+		return func(error) {}
 	}
-	return data
+	_, end := a.r.Observer.Stage(a.ctx, name)
+	return end
 }
 
 // inputInvalid turns a stage-5 error into the caller's INPUT_INVALID, with

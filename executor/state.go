@@ -1,21 +1,21 @@
 package executor
 
-import "github.com/capstan-dev/capstan/internal/delivery"
+import "github.com/capstan-dev/capstan/executor/internal/engine"
 
 // State is an execution record's state (DESIGN §5).
-type State = delivery.State
+type State = engine.State
 
 // Record states.
 const (
 	// StatePending: a cancel arrived before any worker claimed the execution.
-	StatePending   = delivery.StatePending
-	StateClaimed   = delivery.StateClaimed
-	StateRunning   = delivery.StateRunning
-	StateBackoff   = delivery.StateBackoff
-	StateFinalized = delivery.StateFinalized
+	StatePending   = engine.StatePending
+	StateClaimed   = engine.StateClaimed
+	StateRunning   = engine.StateRunning
+	StateBackoff   = engine.StateBackoff
+	StateFinalized = engine.StateFinalized
 )
 
 // Record is an execution's one record in the executions bucket, changed only
 // by compare-and-swap on its revision. The worker named in it owns the
 // execution while its lease lasts.
-type Record = delivery.Record
+type Record = engine.Record

@@ -14,7 +14,8 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/delivery"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/executor/internal/sweeper"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -139,7 +140,7 @@ type WorkerStats struct {
 // Worker serves one pool: it pulls requests for its registry's capabilities
 // and runs them through the pipeline, finalizing one envelope each. The
 // machinery of one delivery (claim, lease, attempts, takeover, finalization)
-// is internal/delivery's; the stages a capability defines are in stages.go.
+// is the engine's (internal/engine); the stages a capability defines are in stages.go.
 type Worker struct {
 	nc    *nats.Conn
 	reg   *Registry
@@ -150,7 +151,9 @@ type Worker struct {
 	// emitter is audit for Stats, which may run before Run set it.
 	emitter atomic.Pointer[audit.Emitter]
 	cat     *catalog
-	run     *delivery.Runner
+	run     *engine.Runner
+	// sweeper is set while Run sweeps (DESIGN §13).
+	sweeper atomic.Pointer[sweeper.Sweeper]
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
@@ -182,12 +185,14 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
 		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
+	served := make(map[string]engine.Capability, len(reg.ids))
 	for _, id := range reg.ids {
-		w.caps[id] = &capability{b: reg.get(id), w: w}
+		c := newCapability(reg.get(id), w)
+		w.caps[id], served[id] = c, c
 	}
-	w.run = delivery.NewRunner(nc, w.log, delivery.Config{
+	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capability: w.lookup,
+		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capabilities: served,
 		Listed:        func(id string) bool { return w.cat.listed(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
@@ -202,20 +207,14 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted, Swept: r.Swept}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted}
+	if sw := w.sweeper.Load(); sw != nil {
+		s.Swept = sw.Swept()
+	}
 	if em := w.emitter.Load(); em != nil {
 		s.AuditFailed = em.Failed()
 	}
 	return s
-}
-
-// lookup is the capability a request names, or nil (never a nil pointer in
-// the interface).
-func (w *Worker) lookup(id string) delivery.Capability {
-	if c, ok := w.caps[id]; ok {
-		return c
-	}
-	return nil
 }
 
 // Run provisions the resources, publishes the worker's capabilities to the
@@ -235,6 +234,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := ready("provision", func(c context.Context) (err error) {
 		b, err = broker.Provision(c, w.nc, w.cfg.Broker)
 		return err
+	}); err != nil {
+		return startErr(ctx, err)
+	}
+	// One record window per deployment (DESIGN §16): a worker set to
+	// another refuses to start, one set to none adopts the deployment's.
+	if err := ready("agree on the record window", func(c context.Context) error {
+		return b.AgreeRecordWindow(c, w.cfg.Broker.RecordWindow > 0)
 	}); err != nil {
 		return startErr(ctx, err)
 	}
@@ -287,15 +293,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := ready("publish catalog", w.publishCatalog); err != nil {
 		return startErr(ctx, err)
 	}
-	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency)
+	w.log.Info("worker started", "capabilities", w.reg.ids, "concurrency", w.cfg.Concurrency,
+		"recordWindow", b.Config.RecordWindow)
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	renewed := make(chan struct{})
 	go func() { defer close(renewed); w.renewCatalog(renewCtx) }()
 	defer func() { stopRenew(); <-renewed }()
 	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
+		sw := sweeper.New(b, w.run, sweeper.Config{Worker: w.cfg.ID, Log: w.log})
+		w.sweeper.Store(sw)
 		swept := make(chan struct{})
-		go func() { defer close(swept); w.run.Sweep(sweepCtx, every) }()
+		go func() { defer close(swept); sw.Run(sweepCtx, every) }()
 		defer func() { stopSweep(); <-swept }()
 	}
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Mutation run of the delivery machinery (internal/delivery: claim, lease,
-# takeover table, attempts, finalization, sweeper) and of the retry rule
-# (executor/stages.go, SI-11). Their tests are the executor package's
-# black-box tests, too slow to run whole per mutant, so each mutant names the
-# tests that should catch it. A measurement, not a CI gate.
+# Mutation run of the engine (executor/internal/engine: claim, lease, the
+# takeover table, attempts, finalization; executor/internal/sweeper), of the
+# retry rule (executor/stages.go, SI-11) and of the deployment's one record
+# window (broker). Each mutant names the tests that should catch it: the
+# pure tables' tests of its package first (milliseconds), then the executor
+# package's black-box tests, too slow to run whole per mutant. A
+# measurement, not a CI gate.
 #
 #   scripts/mutate-delivery.sh                  # every mutant in scripts/mutants-delivery.tsv
 #   scripts/mutate-delivery.sh D03 R01          # some, by id
 #   TIMEOUT=240 scripts/mutate-delivery.sh      # seconds per mutant (default 300)
 #
 # Each line of the list is: id, file, test pattern (go test -run; the
-# executor's tests, or another package's as ./path/:pattern), the exact
+# executor's tests, or another package's as ./path/:pattern; several, run in
+# turn until one fails, joined by ;), the exact
 # text to replace (it must occur once), its replacement, and what the mutant
 # breaks; fields are separated by tabs, \n in a text is a newline, and \&
 # separates several replacements in one file that make one mutant. The run
@@ -51,15 +54,21 @@ PY
 		broken=$((broken + 1))
 		continue
 	fi
-	pkg=./executor/
-	if [[ $tests == *:* ]]; then
-		pkg=${tests%%:*} tests=${tests#*:}
-	fi
 	start=$SECONDS
-	set +e
-	(cd "$work" && timeout -k 10 $((timeout_s + 30)) go test "$pkg" -count=1 -failfast -timeout "${timeout_s}s" -run "$tests" >"$work/.out" 2>&1)
-	rc=$?
-	set -e
+	rc=0
+	: >"$work/.out"
+	IFS=';' read -ra runs <<<"$tests"
+	for run in "${runs[@]}"; do
+		pkg=./executor/ pattern=$run
+		if [[ $run == *:* ]]; then
+			pkg=${run%%:*} pattern=${run#*:}
+		fi
+		set +e
+		(cd "$work" && timeout -k 10 $((timeout_s + 30)) go test "$pkg" -count=1 -failfast -timeout "${timeout_s}s" -run "$pattern" >>"$work/.out" 2>&1)
+		rc=$?
+		set -e
+		[[ $rc -ne 0 ]] && break
+	done
 	cp "$root/$file" "$work/$file"
 	if grep -q '\[build failed\]\|\[setup failed\]' "$work/.out"; then
 		verdict=UNBUILT

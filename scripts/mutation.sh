@@ -8,11 +8,11 @@
 #   WORKERS=2 scripts/mutation.sh        # mutants tested at once (default 1)
 #
 # Each package's mutants are run against that package's own tests (gremlins
-# mutates only code those tests cover). The executor's claim, lease and
-# finalize machinery (internal/delivery) and the retry rule are proven by the
-# executor package's black-box tests, which take minutes per run: their
-# mutants are listed, each with the tests that should catch it, and run by
-# scripts/mutate-delivery.sh.
+# mutates only code those tests cover). The engine (executor/internal/engine,
+# executor/internal/sweeper) has its rules table-tested in its own package,
+# and its wiring proven by the executor package's black-box tests, which take
+# minutes per run: its mutants are listed, each with the tests that should
+# catch it, and run by scripts/mutate-delivery.sh.
 #
 # Results: a JSON file per package in $OUT (default: a new temporary
 # directory), and every mutant that lived on stdout.

@@ -64,7 +64,7 @@ func main() {
 	out := flag.String("out", "soak-out", "output `directory`")
 	workerConcurrency := flag.Int("worker-concurrency", 256, "the worker's --concurrency")
 	envelopeRetention := flag.Duration("envelope-retention", 0, "the server's --envelope-retention (0: the server's default, 25h)")
-	recordWindow := flag.Duration("record-window", 0, "the worker's --record-window (0: the worker's default, 15m)")
+	recordWindow := flag.Duration("record-window", 0, "the worker's --record-window (0: the deployment's, 15m for a new one)")
 	replot := flag.String("replot", "", "read `DIR`/soak.csv and write DIR/soak.png and DIR/summary.txt again, running nothing")
 	flag.Parse()
 

@@ -53,7 +53,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 	fs.StringVar(&f.id, "id", "", "worker id in records, envelopes and audit (default host-pid-random)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics (traces: the OTEL_* variables)")
 	fs.DurationVar(&f.sweepEvery, "sweep-every", 30*time.Second, "how often the worker holding the sweeping lease ends requests no worker started by their deadline (negative: never)")
-	fs.DurationVar(&f.recordWindow, "record-window", broker.DefaultRecordWindow, "how long an execution's record is kept after its last write (the same on every worker)")
+	fs.DurationVar(&f.recordWindow, "record-window", 0, "how long an execution's record is kept after its last write: one per deployment, recorded by its first worker (0: the deployment's, 15m for a new one); a worker set to another refuses to start")
 	fs.StringVar(&f.notify, "notify", "", "also run a notifier of approvals with this configuration `file` (see capstan notify)")
 	fs.IntVar(&f.replicas, "replicas", 0, "replicas of the streams and buckets it creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	return f

@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"testing"
@@ -10,6 +10,7 @@ import (
 // execution over. A record of an earlier version, without the newer fields,
 // still decodes and is compared on what it holds.
 func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
+	t.Parallel()
 	alice := envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
 	claimed := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "vault.transfer",
 		ApprovalID: "ap1", Actor: alice, Surface: "direct"}
@@ -61,10 +62,17 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 // record still names that input, and a second request under the same id with
 // other bytes does not take the execution over on the first one's stages.
 func TestRecordConflict_InputWithoutJSONFormStillCompared(t *testing.T) {
+	t.Parallel()
+	// A struct, not a map: a map's msgpack keys come in a random order, and
+	// two encodings of one input would differ.
+	type transfer struct {
+		To   string `json:"to"`
+		Memo []byte `json:"memo"`
+	}
 	alice := envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
 	request := func(data []byte) *Execution {
 		req := &envelope.Request{ExecutionID: "e1", CapabilityID: "vault.transfer", Actor: alice, Surface: "direct",
-			Input: envelope.MustRaw(map[string]any{"to": "acct-1", "memo": data})}
+			Input: envelope.MustRaw(transfer{To: "acct-1", Memo: data})}
 		x := &Execution{req: req}
 		x.hashInput()
 		return x

@@ -1,9 +1,14 @@
-package delivery
+package engine
 
 import (
+	"context"
+	"errors"
+	"log/slog"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -60,22 +65,6 @@ type Record struct {
 	Cause     string    `json:"cause,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
-}
-
-// recordTTL is the TTL a write of rec carries (DESIGN §16): the record
-// window, and, while rec is not finalized, at least what is left of its lease
-// (in whole seconds, rounded up). A window shorter than the lease would let a
-// running execution's record expire between two renewals: its worker would
-// take the execution for lost, and a redelivery would find no record where a
-// live lease stands.
-func (w *Runner) recordTTL(rec *Record) time.Duration {
-	ttl := w.b.Config.RecordWindow
-	if rec.State != StateFinalized {
-		if left := time.Until(rec.LeaseUntil); left > ttl {
-			ttl = left.Truncate(time.Second) + time.Second
-		}
-	}
-	return ttl
 }
 
 // InFlight reports whether the record is of an execution that may still
@@ -135,7 +124,9 @@ func actorKey(a envelope.Actor) string {
 	return a.String()
 }
 
-func (r *Record) leaseLive(now time.Time) bool {
+// Leased reports whether a claim holds the record under a lease that has
+// not run out at now (a cancel's pending record names no claim).
+func (r *Record) Leased(now time.Time) bool {
 	return (r.Worker != "" || r.Claim != "") && now.Before(r.LeaseUntil)
 }
 
@@ -166,4 +157,141 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Time("createdAt", r.CreatedAt)
 	f.Time("updatedAt", r.UpdatedAt)
 	return f.Encode(enc)
+}
+
+// store holds what a worker writes of its executions: records, changed only
+// by compare-and-swap on their revision, and envelopes, created once (DESIGN
+// §5). Each operation is bounded on its own; a write the store does not
+// answer is tried again, up to storeOutage.
+type store struct {
+	b   *broker.Broker
+	nc  *nats.Conn
+	log *slog.Logger
+	// lease is the claims' lease, which bounds one operation on a record.
+	lease time.Duration
+	now   func() time.Time
+	// shutdown ends when the worker shuts down: writes then give up sooner.
+	shutdown context.Context
+}
+
+// opCtx bounds one operation on a record: short against the lease, so that
+// a request lost with a server is sent again (to its restart, or to another
+// node) while the lease still holds.
+func (s *store) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), opTimeout(s.lease))
+}
+
+// opTimeout is how long one operation on a record may take under a lease.
+func opTimeout(lease time.Duration) time.Duration {
+	return min(max(lease/4, 250*time.Millisecond), 10*time.Second)
+}
+
+// StoreContext bounds one store operation; it is not tied to the execution,
+// whose cancellation must not stop it from recording its own end.
+func StoreContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 10*time.Second)
+}
+
+// storeOutage is how long a worker keeps trying a write that the store does
+// not answer: longer than a replicated bucket takes to elect a new leader.
+const storeOutage = time.Minute
+
+// givesUp reports whether a write tried since start should stop: after
+// storeOutage, or after a few tries once the worker is shutting down.
+func (s *store) givesUp(start time.Time, try int) bool {
+	if s.shutdown.Err() != nil {
+		return try >= 20
+	}
+	return try >= 20 && s.now().Sub(start) > storeOutage
+}
+
+// ttl is the TTL a write of rec carries (DESIGN §16): the record window,
+// and, while rec is not finalized, at least what is left of its lease.
+func (s *store) ttl(rec *Record) time.Duration {
+	return recordTTL(rec, s.b.Config.RecordWindow, s.now())
+}
+
+// recordTTL is the TTL of a write of rec at now under the record window: the
+// window, and, while rec is not finalized, at least what is left of its
+// lease (in whole seconds, rounded up). A window shorter than the lease
+// would let a running execution's record expire between two renewals: its
+// worker would take the execution for lost, and a redelivery would find no
+// record where a live lease stands.
+func recordTTL(rec *Record, window time.Duration, now time.Time) time.Duration {
+	ttl := window
+	if rec.State != StateFinalized {
+		if left := rec.LeaseUntil.Sub(now); left > ttl {
+			ttl = left.Truncate(time.Second) + time.Second
+		}
+	}
+	return ttl
+}
+
+// create writes an execution's first record, create-only.
+func (s *store) create(key string, rec *Record) (uint64, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	return s.b.Create(ctx, s.b.Executions, key, rec, s.ttl(rec))
+}
+
+// swap writes rec over the revision rev, or fails.
+func (s *store) swap(key string, rec *Record, rev uint64) (uint64, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	return broker.UpdateTTL(ctx, s.b.JS, s.b.Executions, key, rec, rev, s.ttl(rec))
+}
+
+// load reads a record and its revision.
+func (s *store) load(key string) (*Record, uint64, error) {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	return broker.Load[Record](ctx, s.b.Executions, key)
+}
+
+// envelope reads an execution's envelope: nil, nil when there is none.
+func (s *store) envelope(key string) (*envelope.Envelope, error) {
+	ctx, cancel := StoreContext()
+	defer cancel()
+	env, _, err := broker.Load[envelope.Envelope](ctx, s.b.Envelopes, key)
+	if errors.Is(err, broker.ErrNotFound) {
+		// A replica catching up after a restart may not have it yet: the
+		// stream's leader decides.
+		env, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, s.nc, s.b.Envelopes, key)
+	}
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, nil
+	}
+	return env, err
+}
+
+// storedEnvelope reads the envelope a create was refused for. An absence is
+// confirmed with the stream's leader: a replica catching up after a restart
+// may not have the envelope yet.
+func (s *store) storedEnvelope(key string) (*envelope.Envelope, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		ctx, cancel := StoreContext()
+		var have *envelope.Envelope
+		have, _, err = broker.Load[envelope.Envelope](ctx, s.b.Envelopes, key)
+		if errors.Is(err, broker.ErrNotFound) {
+			have, _, err = broker.LoadFromLeader[envelope.Envelope](ctx, s.nc, s.b.Envelopes, key)
+		}
+		cancel()
+		if err == nil {
+			return have, nil
+		}
+		if errors.Is(err, broker.ErrNotFound) {
+			return nil, err
+		}
+		time.Sleep(broker.Backoff(try))
+	}
+	return nil, err
+}
+
+// createEnvelope writes env once, create-only.
+func (s *store) createEnvelope(key string, env *envelope.Envelope) error {
+	ctx, cancel := s.opCtx()
+	defer cancel()
+	_, err := s.b.Create(ctx, s.b.Envelopes, key, env, 0)
+	return err
 }

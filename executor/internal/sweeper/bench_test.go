@@ -1,4 +1,4 @@
-package delivery
+package sweeper
 
 import (
 	"context"
@@ -10,14 +10,15 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// sweepRig is a runner on a real embedded JetStream holding queued requests
-// that no consumer takes.
-func sweepRig(b *testing.B, queued int, startBy time.Time) *Runner {
+// sweepRig is a sweeper on a real embedded JetStream holding queued
+// requests that no consumer takes.
+func sweepRig(b *testing.B, queued int, startBy time.Time) *Sweeper {
 	b.Helper()
 	env := testenv.Start(b)
 	nc := env.Connect(b)
@@ -27,10 +28,11 @@ func sweepRig(b *testing.B, queued int, startBy time.Time) *Runner {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := NewRunner(nc, slog.New(slog.DiscardHandler), Config{ID: "sweeper", Lease: 30 * time.Second})
+	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second})
 	em := audit.NewEmitter(br, audit.Options{Logger: slog.New(slog.DiscardHandler)})
-	w.Provisioned(br, em)
-	b.Cleanup(w.Stop)
+	eng.Provisioned(br, em)
+	b.Cleanup(eng.Stop)
+	w := New(br, eng, Config{Worker: "sweeper"})
 	subject := br.Names.ExecSubject(broker.Anonymous, "bench.nowhere")
 	var futures []jetstream.PubAckFuture
 	for i := range queued {
@@ -77,7 +79,7 @@ func BenchmarkSweep_Walk100kQueued(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for b.Loop() {
-		n, err := w.SweepOnce(ctx)
+		n, err := w.Pass(ctx)
 		if err != nil || n != 0 {
 			b.Fatalf("swept %d: %v", n, err)
 		}
@@ -92,7 +94,7 @@ func BenchmarkSweep_End10kDue(b *testing.B) {
 		b.StopTimer()
 		w := sweepRig(b, 10_000, time.Now().Add(-time.Second))
 		b.StartTimer()
-		n, err := w.SweepOnce(context.Background())
+		n, err := w.Pass(context.Background())
 		if err != nil || n != 10_000 {
 			b.Fatalf("swept %d: %v", n, err)
 		}

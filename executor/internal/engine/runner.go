@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"context"
@@ -31,9 +31,8 @@ type Config struct {
 	StrictAudit bool
 	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
 	DisableLeaseRenewal bool
-	// Capability returns the capability a request names, or nil when this
-	// worker's registry lacks it.
-	Capability func(id string) Capability
+	// Capabilities are the capabilities this worker serves, by id.
+	Capabilities map[string]Capability
 	// Listed reports whether the catalog lists a capability (some pool serves it).
 	Listed func(id string) bool
 	// ResolveResume fills a resume that names only its approval (a producer
@@ -46,14 +45,16 @@ type Config struct {
 	Pool string
 	// Observer is told what happens to each delivery (never nil).
 	Observer observe.Worker
+	// Now is the engine's clock (default time.Now): every rule that reads
+	// the time reads it here.
+	Now func() time.Time
 }
 
 // Stats counts what a runner did.
 type Stats struct {
 	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
-	// NotStarted counts requests this worker ended NOT_STARTED, Swept those
-	// its sweeper ended.
-	NotStarted, Swept uint64
+	// NotStarted counts requests this worker ended NOT_STARTED.
+	NotStarted uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -64,6 +65,9 @@ type Runner struct {
 	audit *audit.Emitter
 	cfg   Config
 	log   *slog.Logger
+	now   func() time.Time
+	// store holds the executions' records and envelopes.
+	store *store
 
 	// ids makes the message ids of the requests it forwards.
 	ids broker.MsgIDs
@@ -78,7 +82,7 @@ type Runner struct {
 
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
-	notStarted, swept                           atomic.Uint64
+	notStarted                                  atomic.Uint64
 
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
@@ -86,76 +90,84 @@ type Runner struct {
 	retention atomic.Int64
 }
 
-// Causes that end an execution's context.
-var (
-	errCallerCancelled = errors.New("cancelled by the caller")
-	errDeadline        = errors.New("the request's deadline passed")
-	errLeaseLost       = errors.New("the claim was lost to another worker")
-	errShutdown        = errors.New("the worker shut down before the execution ended")
-	errAttemptTimeout  = errors.New("the attempt timed out")
-)
-
 // NewRunner returns the machinery of one worker. Its context ends with Stop.
 func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
-	w := &Runner{nc: nc, cfg: cfg, log: log, inflight: make(map[string]*Execution)}
-	var err error
-	if w.ids, err = broker.NewMsgIDs(nc); err != nil {
-		// The connection signed its own authentication; a key that cannot
-		// sign now leaves forwards' message ids without a tag.
-		log.Warn("message ids of forwarded requests carry no tag", "err", err)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	w.base, w.baseCancel = context.WithCancelCause(context.Background())
-	return w
+	r := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution)}
+	if nc != nil { // a runner of no connection (benchmarks of the stages) forwards nothing
+		var err error
+		if r.ids, err = broker.NewMsgIDs(nc); err != nil {
+			// The connection signed its own authentication; a key that
+			// cannot sign now leaves forwards' message ids without a tag.
+			log.Warn("message ids of forwarded requests carry no tag", "err", err)
+		}
+	}
+	r.base, r.baseCancel = context.WithCancelCause(context.Background())
+	return r
 }
 
 // Provisioned gives the runner the resources its worker provisioned and the
 // worker's audit emitter, before it serves anything.
-func (w *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
-	w.b, w.audit = b, em
-	w.retention.Store(int64(b.Config.EnvelopeRetention))
+func (r *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
+	r.b, r.audit = b, em
+	r.store = &store{b: b, nc: r.nc, log: r.log, lease: r.cfg.Lease, now: r.now, shutdown: r.base}
+	r.retention.Store(int64(b.Config.EnvelopeRetention))
 }
 
 // envelopeRetention is how long envelopes are kept, as last read (0: for
 // ever).
-func (w *Runner) envelopeRetention() time.Duration { return time.Duration(w.retention.Load()) }
+func (r *Runner) envelopeRetention() time.Duration { return time.Duration(r.retention.Load()) }
 
 // ReadEnvelopeRetention reads the envelope retention again where
 // provisioning records it, and returns it: a server started with another
 // retention changes it while workers run. When it cannot be read, the value
 // known is kept and returned.
-func (w *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
-	if r, err := w.b.EnvelopeRetention(ctx); err == nil {
-		w.retention.Store(int64(r))
+func (r *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
+	if kept, err := r.b.EnvelopeRetention(ctx); err == nil {
+		r.retention.Store(int64(kept))
 	}
-	return w.envelopeRetention()
+	return r.envelopeRetention()
+}
+
+// windows are the durations the rules read (DESIGN §13, §16). An id is
+// recent for the short path within the record window, or less when
+// envelopes are kept for less.
+func (r *Runner) windows() Windows {
+	w := Windows{Record: r.b.Config.RecordWindow, Recent: r.b.Config.RecordWindow, TTL: r.b.Config.RecordTTL}
+	if kept := r.envelopeRetention(); kept > 0 {
+		w.Recent = min(w.Recent, broker.MaxStartWithin(kept))
+	}
+	return w
 }
 
 // olderThanRetention reports whether an id made at made is older than any
 // envelope of it is kept (less the margin, broker.MaxStartWithin). It reads
 // the retention again before it says so: a refusal by a retention grown
 // since would end a request its caller still waits for without an envelope.
-func (w *Runner) olderThanRetention(made time.Time) bool {
-	old := func(r time.Duration) bool { return r > 0 && time.Since(made) > broker.MaxStartWithin(r) }
-	if !old(w.envelopeRetention()) {
+func (r *Runner) olderThanRetention(made time.Time) bool {
+	old := func(kept time.Duration) bool { return kept > 0 && r.now().Sub(made) > broker.MaxStartWithin(kept) }
+	if !old(r.envelopeRetention()) {
 		return false
 	}
 	ctx, cancel := StoreContext()
 	defer cancel()
-	return old(w.ReadEnvelopeRetention(ctx))
+	return old(r.ReadEnvelopeRetention(ctx))
 }
 
 // Context ends when the worker shuts down (Stop).
-func (w *Runner) Context() context.Context { return w.base }
+func (r *Runner) Context() context.Context { return r.base }
 
 // Stop ends every execution still running: the worker shut down.
-func (w *Runner) Stop() { w.baseCancel(errShutdown) }
+func (r *Runner) Stop() { r.baseCancel(errShutdown) }
 
 // Stats returns the runner's counters.
-func (w *Runner) Stats() Stats {
+func (r *Runner) Stats() Stats {
 	return Stats{
-		Handled: w.handled.Load(), HandlerCalls: w.handlerCalls.Load(), Finalized: w.finalized.Load(),
-		Conflicts: w.conflicts.Load(), Abandoned: w.abandoned.Load(), TakenOver: w.takenOver.Load(),
-		Duplicates: w.duplicates.Load(), NotStarted: w.notStarted.Load(), Swept: w.swept.Load(),
+		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
+		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
+		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(),
 	}
 }
 
@@ -163,7 +175,7 @@ func (w *Runner) Stats() Stats {
 // and from the unrouted one, and handles each, until ctx ends. Then it stops
 // fetching, lets in-flight executions finish within grace, and abandons the
 // rest to a takeover.
-func (w *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
 	var wg sync.WaitGroup
 	loops := []struct {
 		c        jetstream.Consumer
@@ -195,18 +207,18 @@ func (w *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 						return
 					}
-					w.log.Warn("pull failed", "err", err)
+					r.log.Warn("pull failed", "err", err)
 					time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
 					continue
 				}
 				wg.Add(1)
 				go func() {
 					defer func() { <-sem; wg.Done() }()
-					w.handled.Add(1)
+					r.handled.Add(1)
 					if unrouted {
-						w.handleUnrouted(msg)
+						r.handleUnrouted(msg)
 					} else {
-						w.handle(msg)
+						r.handle(msg)
 					}
 				}()
 			}
@@ -214,7 +226,7 @@ func (w *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 	}
 
 	<-ctx.Done()
-	w.log.Info("worker draining", "grace", grace)
+	r.log.Info("worker draining", "grace", grace)
 	// Drain: stop pulling, hand out what was already buffered.
 	for _, it := range iters {
 		it.Drain()
@@ -224,54 +236,54 @@ func (w *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 	select {
 	case <-done:
 	case <-time.After(grace):
-		w.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", w.inflightCount())
-		w.baseCancel(errShutdown)
+		r.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", r.inflightCount())
+		r.baseCancel(errShutdown)
 		<-done
 	}
-	w.baseCancel(errShutdown)
+	r.baseCancel(errShutdown)
 	return nil
 }
 
-func (w *Runner) inflightCount() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.inflight)
+func (r *Runner) inflightCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.inflight)
 }
 
 // start tracks x for its delivery msg. An execution of the same key already
 // in flight here keeps it: x is finished and msg NAKed until that one's
 // lease could end, and start reports false.
-func (w *Runner) start(msg jetstream.Msg, x *Execution) bool {
-	if w.track(x) {
+func (r *Runner) start(msg jetstream.Msg, e *Execution) bool {
+	if r.track(e) {
 		return true
 	}
-	x.finish()
-	nak(msg, w.cfg.Lease)
+	e.finish()
+	nak(msg, r.cfg.Lease)
 	return false
 }
 
-func (w *Runner) track(x *Execution) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if _, busy := w.inflight[x.key]; busy {
+func (r *Runner) track(e *Execution) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, busy := r.inflight[e.key]; busy {
 		return false
 	}
-	w.inflight[x.key] = x
+	r.inflight[e.key] = e
 	return true
 }
 
-func (w *Runner) untrack(x *Execution) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.inflight[x.key] == x {
-		delete(w.inflight, x.key)
+func (r *Runner) untrack(e *Execution) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight[e.key] == e {
+		delete(r.inflight, e.key)
 	}
 }
 
-func (w *Runner) local(key string) *Execution {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.inflight[key]
+func (r *Runner) local(key string) *Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inflight[key]
 }
 
 // CancelLocal stops this worker's run of principal's execution at once, if
@@ -280,14 +292,14 @@ func (w *Runner) local(key string) *Execution {
 // producer names it as the reply of a request it may make, so the record,
 // which only workers write, decides. It is read from the stream's leader,
 // which stored the cancel before the notice was sent.
-func (w *Runner) CancelLocal(principal, executionID string) {
+func (r *Runner) CancelLocal(principal, executionID string) {
 	key := broker.Key(principal, executionID)
-	x := w.local(key)
+	x := r.local(key)
 	if x == nil {
 		return
 	}
 	ctx, cancel := StoreContext()
-	rec, _, err := broker.LoadFromLeader[Record](ctx, w.nc, w.b.Executions, key)
+	rec, _, err := broker.LoadFromLeader[Record](ctx, r.nc, r.b.Executions, key)
 	cancel()
 	if err != nil || !rec.CancelRequested || rec.ExecutionID != executionID {
 		// Not recorded (or not readable): the lease renewal reads the record
@@ -315,29 +327,7 @@ func ackSync(msg jetstream.Msg) {
 	// A lost ack only means a redelivery, which finds the envelope and acks.
 }
 
-// conflict acks, without running it, a request whose execution's record was
-// claimed for another request under the same id (Record.Conflict names the
-// field that differs), and audits it as a duplicate delivery with the field
-// and the record's capability. Nothing of the execution changes: the request
-// the record names still decides it.
-func (w *Runner) conflict(msg jetstream.Msg, principal string, req *envelope.Request, rec *Record, field string) {
-	w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
-		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	w.auditDuplicate(principal, req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
-	ackSync(msg)
-}
-
-func (w *Runner) emit(ev *audit.Event) {
-	ev.Worker = w.cfg.ID
-	w.audit.Emit(ev)
-}
-
-// finalizedRecord is the record written when a request is finalized without
-// running (undecodable): it keeps the invariant that an envelope is always
-// preceded by its execution's record.
-// code, kept as LastError, says which envelope the record stands for.
-func (w *Runner) finalizedRecord(id, capID string, status envelope.Status, code envelope.Code) *Record {
-	now := time.Now().UTC()
-	return &Record{V: envelope.Version, ExecutionID: id, CapabilityID: capID, State: StateFinalized,
-		Worker: w.cfg.ID, Status: status, LastError: code, CreatedAt: now, UpdatedAt: now}
+func (r *Runner) emit(ev *audit.Event) {
+	ev.Worker = r.cfg.ID
+	r.audit.Emit(ev)
 }

@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"testing"
@@ -22,6 +22,7 @@ func idAt(t time.Time) string {
 // when it is a UUIDv7 made within the record window less the skew a client's
 // clock may have, and not further ahead than that skew.
 func TestRecentID_WithinTheWindowLessTheSkewOnly(t *testing.T) {
+	t.Parallel()
 	now := time.Now().Truncate(time.Millisecond)
 	for _, window := range []time.Duration{15 * time.Minute, 2 * time.Second} {
 		skew := idSkew(window)

@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 type plainRecord Record
 
 func TestRecordEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
+	t.Parallel()
 	now := time.Now().UTC()
 	var filled Record
 	codectest.Fill(&filled)

@@ -1,4 +1,4 @@
-package delivery
+package engine
 
 import (
 	"testing"
@@ -16,6 +16,7 @@ import (
 // delivery of a request that waited in a backlog longer than the window
 // still does.
 func TestAbsenceProves_OnlyWhereNoClaimCanHaveExpired(t *testing.T) {
+	t.Parallel()
 	now := time.Now().Truncate(time.Millisecond)
 	for _, window := range []time.Duration{15 * time.Minute, 2 * time.Second} {
 		skew := idSkew(window)
@@ -40,38 +41,9 @@ func TestAbsenceProves_OnlyWhereNoClaimCanHaveExpired(t *testing.T) {
 			{"an id that is no UUIDv7, redelivered, stored longer ago than the window", "order-42", old, false, false},
 			{"an id that is no UUIDv7, redelivered, stored just longer ago than the window", "order-42", now.Add(-window - tick), false, false},
 		} {
-			if got := absenceProves(tc.id, tc.stored, tc.first, now, window); got != tc.want {
-				t.Errorf("window %v, %s: absenceProves = %v, want %v", window, tc.name, got, tc.want)
+			if got := AbsenceProves(tc.id, tc.stored, tc.first, now, window); got != tc.want {
+				t.Errorf("window %v, %s: AbsenceProves = %v, want %v", window, tc.name, got, tc.want)
 			}
-		}
-	}
-}
-
-// The sweeper tells a request a consumer has delivered from one it has not
-// by the consumers' filters and delivered sequences.
-func TestEverDelivered_ByFilterAndDeliveredSequence(t *testing.T) {
-	reach := []consumerReach{
-		{filters: []string{"capstan.exec.*.orders.refund", "capstan.exec.*.email.send"}, delivered: 10},
-		{filters: []string{"capstan.exec.*._unrouted"}, delivered: 3},
-		{filters: []string{"capstan.other.>"}, delivered: 100},
-	}
-	for _, tc := range []struct {
-		subject string
-		seq     uint64
-		want    bool
-	}{
-		{"capstan.exec.alice.orders.refund", 10, true},
-		{"capstan.exec.alice.orders.refund", 11, false},
-		{"capstan.exec.bob.email.send", 2, true},
-		{"capstan.exec.bob._unrouted", 3, true},
-		{"capstan.exec.bob._unrouted", 4, false},
-		{"capstan.exec.alice.demo.echo", 1, false}, // no consumer filters it
-		{"capstan.exec.alice.orders.refund.extra", 1, false},
-		{"capstan.other.x.y", 50, true},
-		{"capstan.other", 50, false}, // > needs at least one token
-	} {
-		if got := everDelivered(reach, tc.subject, tc.seq); got != tc.want {
-			t.Errorf("%s at %d: everDelivered = %v, want %v", tc.subject, tc.seq, got, tc.want)
 		}
 	}
 }

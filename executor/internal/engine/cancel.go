@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// CancelRecorded is what recording a cancel found.
+type CancelRecorded struct {
+	// State is the record's state when the cancel was recorded.
+	State State
+	// Finalized: the execution had ended, before the cancel (which then
+	// changed nothing) or because of it; Status is its envelope's.
+	Finalized bool
+	Status    envelope.Status
+}
+
+// errCancelNotRecorded: the store did not let the cancel be recorded.
+var errCancelNotRecorded = errors.New("the cancel could not be recorded; try again")
+
+// RecordCancel sets cancel-requested on an execution's record, creating a
+// pending record when no worker has claimed the execution yet, so that it is
+// cancelled whenever a worker sees it (decide). The worker running it sees
+// the request at its next lease renewal, or at once through CancelLocal.
+func (r *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
+	key := broker.Key(principal, id)
+	for try := 0; try < 20; try++ {
+		ctx, cancel := StoreContext()
+		rec, rev, err := broker.Load[Record](ctx, r.b.Executions, key)
+		cancel()
+		now := r.now().UTC()
+		switch {
+		case errors.Is(err, broker.ErrNotFound):
+			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
+				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
+			ctx, cancel := StoreContext()
+			_, err = broker.Create(ctx, r.b.Executions, key, pending)
+			cancel()
+			if err == nil {
+				return CancelRecorded{State: StatePending}, nil
+			}
+		case err != nil:
+			time.Sleep(broker.Backoff(try))
+		default:
+			found := cancelFound(rec, func() *envelope.Envelope {
+				ctx, cancel := StoreContext()
+				defer cancel()
+				env, _, err := broker.Load[envelope.Envelope](ctx, r.b.Envelopes, key)
+				if err != nil {
+					return nil
+				}
+				return env
+			})
+			if found != nil {
+				return *found, nil
+			}
+			next := *rec
+			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
+			ctx, cancel = StoreContext()
+			_, err = broker.UpdateTTL(ctx, r.b.JS, r.b.Executions, key, &next, rev, r.store.ttl(&next))
+			cancel()
+			if err == nil {
+				return CancelRecorded{State: rec.State}, nil
+			}
+		}
+	}
+	return CancelRecorded{}, errCancelNotRecorded
+}
+
+// cancelFound is what a cancel answers from the record it read, rec, and,
+// only when the record does not tell, the execution's envelope (read by
+// envelope: nil when there is none): the execution ended (a finalized
+// record, or an envelope whatever the record says: a record is not written
+// after its envelope, DESIGN §14), or a cancel recorded already. Nil: the
+// cancel is to be recorded.
+func cancelFound(rec *Record, envelope func() *envelope.Envelope) *CancelRecorded {
+	switch {
+	case rec.State == StateFinalized:
+		return &CancelRecorded{State: rec.State, Finalized: true, Status: rec.Status}
+	case rec.CancelRequested:
+		return &CancelRecorded{State: rec.State}
+	}
+	if env := envelope(); env != nil {
+		return &CancelRecorded{State: StateFinalized, Finalized: true, Status: env.Status}
+	}
+	return nil
+}
