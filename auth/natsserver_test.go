@@ -3,7 +3,6 @@ package auth_test
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // officialBinary is an official nats-server, built once from the module
@@ -181,15 +181,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
 // connectWhenUp connects as principal, retrying until the server listens or ctx ends.
 func connectWhenUp(t *testing.T, ctx context.Context, url string, setup *auth.Setup, principal string, opts ...nats.Option) *nats.Conn {
