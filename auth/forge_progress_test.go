@@ -20,6 +20,7 @@ import (
 // of alice's account allowed every subject receives only what the one line
 // of auth.Crossings imports into it, her own progress, never bob's.
 func TestForge_ProgressReachesItsPrincipalAlone(t *testing.T) {
+	t.Parallel()
 	r := newRigOn(t, embedded)
 	ctx := testCtx(t)
 	n := r.setup.Names()

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -387,4 +388,58 @@ func TestBrowser_PhoneWidthNoHorizontalScrollEveryActionVisible(t *testing.T) {
 	if err != nil || !strings.HasPrefix(icon, "200 image/") {
 		t.Fatalf("/favicon.ico: %q %v, want an image", icon, err)
 	}
+}
+
+// An execution's page shows its handler's progress and follows it live: the
+// bar and its text move without the page being loaded again; once the
+// execution ends, its outcome replaces them.
+func TestBrowser_ExecutionPageFollowsItsProgress(t *testing.T) {
+	t.Parallel()
+	b := browser(t)
+	r := startRig(t, "", console.Config{Open: true})
+	ctx := testCtx(t)
+	id, err := r.client.Submit(ctx, "demo.report", demo.ReportInput{Pages: 600, PageMs: 50}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := tab(t, b)
+	signInTab(t, ops, r.base, "user:ops", "")
+	do(t, ops, "the report's page shows its progress",
+		chromedp.Navigate(r.base+"/executions/"+id),
+		chromedp.WaitVisible("#exec-progress"),
+	)
+	mctx, mcancel := context.WithDeadline(ops, deadlineOf(t))
+	defer mcancel()
+	if _, err := chromedp.Run(mctx, chromedp.Evaluate[bool](`window.stayed = true`)); err != nil {
+		t.Fatal(err)
+	}
+	first := text(t, ops, "#exec-progress-text")
+	has(t, "the progress", first, "of 600", "rendered")
+	pctx, cancel := context.WithDeadline(ops, deadlineOf(t))
+	defer cancel()
+	if _, err := chromedp.Run(pctx, chromedp.Poll[bool](`(() => {
+		const bar = document.querySelector("#exec-progress-bar");
+		return document.querySelector("#exec-progress-text").textContent !== `+strconvQuote(first)+` && bar.max === 600 && bar.value > 0;
+	})()`)); err != nil {
+		t.Fatalf("the progress did not move on the page (it shows %q): %v", text(t, ops, "#exec-progress-text"), err)
+	}
+	stayed, err := chromedp.Run(pctx, chromedp.Evaluate[bool](`window.stayed === true`))
+	if err != nil || !stayed {
+		t.Fatalf("the page was loaded again to show progress (%v)", err)
+	}
+	screenshot(t, ops, "console-execution-progress.png")
+
+	if _, err := r.client.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	do(t, ops, "the cancelled report's page shows its envelope and no progress",
+		chromedp.WaitVisible("#envelope"),
+		chromedp.WaitNotPresent("#exec-progress"),
+	)
+	has(t, "the envelope", text(t, ops, "#envelope"), `"status": "cancelled"`)
+}
+
+func strconvQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

@@ -18,8 +18,10 @@
 //     and time: the workers' listing (capstan.executions.list), as the CLI's.
 //   - /executions/<executionId> — one execution: envelope, record state,
 //     attempts, and its audit trail as a timeline in which retries,
-//     takeovers, approvals and the outcome stand out; cancel for its owner
-//     or an admin.
+//     takeovers, approvals and the outcome stand out; while it runs, how
+//     far its handler has got (executor.Call.Progress), live for a session
+//     that may receive its progress (its owner, an admin); cancel for its
+//     owner or an admin.
 //   - /capabilities — the catalog per pool, the workers seen serving each
 //     capability, and each pool's queue depth.
 //

@@ -248,6 +248,9 @@ type execData struct {
 	Redacted    bool
 	MayCancel   bool
 	Ended       bool
+	// Progress is the handler's last report, as of the lease's last
+	// renewal, while the execution runs (the page then follows it live).
+	Progress *envelope.Progress
 	// Unknown: nothing of it is stored, yet or any more.
 	Unknown bool
 	// Fingerprint changes whenever what the page shows does.
@@ -334,6 +337,10 @@ func loadExecution(ctx context.Context, s *session, id, owner string) (*execData
 	d.Fingerprint = fmt.Sprintf("%d/%d/%v/%v", d.LastSeq, len(trail), d.Envelope != nil, d.ApprovalNow)
 	if rec := d.Record; rec != nil {
 		d.Fingerprint += fmt.Sprintf("/%s%d%v", rec.State, rec.Attempt, rec.CancelRequested)
+		if p := rec.Progress; p != nil && !d.Ended {
+			d.Progress = p
+			d.Fingerprint += fmt.Sprintf("/p%d", p.At.UnixNano())
+		}
 	}
 	return d, nil
 }

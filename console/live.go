@@ -26,9 +26,11 @@ const (
 )
 
 // events streams "changed" to the browser each time something arrives on
-// changed, at most once per settle, with a keep-alive comment while idle,
-// until the request or the session (ended) ends.
-func events(w http.ResponseWriter, r *http.Request, ended <-chan struct{}, settle time.Duration, changed <-chan struct{}, failed <-chan error) {
+// changed, at most once per settle, and each progress report that arrives
+// on progress (nil: none), at most one per settleProgress, with a
+// keep-alive comment while idle, until the request or the session (ended)
+// ends.
+func events(w http.ResponseWriter, r *http.Request, ended <-chan struct{}, settle time.Duration, changed <-chan struct{}, failed <-chan error, progress <-chan []byte) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
@@ -44,6 +46,7 @@ func events(w http.ResponseWriter, r *http.Request, ended <-chan struct{}, settl
 	keep := time.NewTicker(15 * time.Second)
 	defer keep.Stop()
 	var due <-chan time.Time
+	var ps progressSender
 	for {
 		select {
 		case <-r.Context().Done():
@@ -66,6 +69,10 @@ func events(w http.ResponseWriter, r *http.Request, ended <-chan struct{}, settl
 			due = nil
 			_, _ = fmt.Fprint(w, "event: changed\ndata: 1\n\n")
 			fl.Flush()
+		case b := <-progress:
+			ps.offer(b)
+		case <-ps.due:
+			ps.send(w, fl)
 		case <-keep.C:
 			_, _ = fmt.Fprint(w, ": keep-alive\n\n")
 			fl.Flush()
@@ -121,7 +128,7 @@ func (c *Console) liveApprovals(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// A change between the page's render and now would be missed: look again.
 	notify(changed)
-	events(w, r, s.done, settleApprovals, changed, failed)
+	events(w, r, s.done, settleApprovals, changed, failed, nil)
 }
 
 // pollEvery is how often a live page of a session that may not follow the
@@ -170,7 +177,7 @@ func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *sess
 			}
 			return d.Fingerprint(), nil
 		}, changed)
-		events(w, r, s.done, settleExecutions, changed, failed)
+		events(w, r, s.done, settleExecutions, changed, failed, nil)
 		return
 	}
 	unsub, err := listen(s.feeds.audit, changed, failed, nil)
@@ -184,7 +191,7 @@ func (c *Console) liveExecutions(w http.ResponseWriter, r *http.Request, s *sess
 	if info, err := s.broker().Audit.Info(r.Context()); err == nil && info.State.LastSeq > after {
 		notify(changed)
 	}
-	events(w, r, s.done, settleExecutions, changed, failed)
+	events(w, r, s.done, settleExecutions, changed, failed, nil)
 }
 
 // liveExecution says when one execution changes: for a session that follows
@@ -202,6 +209,23 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	defer cancel()
 	changed, failed := make(chan struct{}, 1), make(chan error, 1)
 	b, owner := s.broker(), s.owner(r)
+	// Its progress, live, for a session that may receive it.
+	var progress chan []byte
+	followed := func(owner string) {
+		if !s.mayFollowProgress(owner) {
+			return
+		}
+		if owner == "" {
+			owner = s.p.Name
+		}
+		ch := make(chan []byte, 1)
+		unsub, err := followProgress(s.nc, s.names, owner, id, ch)
+		if err != nil {
+			return // best effort: the page still shows the record's
+		}
+		progress = ch
+		context.AfterFunc(ctx, unsub)
+	}
 	if b == nil {
 		if s.reads == nil {
 			http.Error(w, errNotPermitted.Error(), http.StatusForbidden)
@@ -217,7 +241,8 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 			}
 			return d.Fingerprint, nil
 		}, changed)
-		events(w, r, s.done, settleApprovals, changed, failed)
+		followed(owner)
+		events(w, r, s.done, settleApprovals, changed, failed, progress)
 		return
 	}
 	if owner == "" {
@@ -265,5 +290,6 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	if r.URL.Query().Get("ended") == "" {
 		go awaitEnvelope()
 	}
-	events(w, r, s.done, settleApprovals, changed, failed)
+	followed(owner)
+	events(w, r, s.done, settleApprovals, changed, failed, progress)
 }

@@ -14,6 +14,7 @@ import (
 // notifications with a total, among the execution's steps; the values only
 // grow and never pass their total.
 func TestProgress_TheHandlersReportsAreNotifications(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		ev := newEvents()
@@ -53,6 +54,7 @@ func TestProgress_TheHandlersReportsAreNotifications(t *testing.T) {
 // A task's status message says how far its handler has got, in both task
 // lanes: the Tasks extension's tasks/get and the 2025-11-25 core tasks.
 func TestTasks_StatusMessageShowsTheHandlersProgress(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	want := "1 of 3 (33%): first third"
 

@@ -18,6 +18,7 @@ import (
 // -o json; stdout is the envelope alone; without --follow, -o json prints
 // nothing more.
 func TestCall_FollowPrintsProgressOnStderr(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	input := `{"pages":4,"pageMs":50}`
 
@@ -75,6 +76,7 @@ func TestCall_FollowPrintsProgressOnStderr(t *testing.T) {
 // No clock decides the test: the report runs until it is cancelled, which
 // the test does once a line came.
 func TestAwait_FollowPrintsProgressUntilTheEnvelope(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	stdout, stderr, code := capstan(t, url, "submit", "demo.report", "--input", `{"pages":1000,"pageMs":200}`)
 	if code != exitOK {

@@ -47,15 +47,42 @@
     tick();
   }
 
+  // showProgress shows a handler's progress report in the region's
+  // progress card, unless the card shows a later one already (the page as
+  // rendered carries the record's, which may lag what came live).
+  function showProgress(region, p) {
+    const card = region.querySelector("#exec-progress");
+    if (!card || !p) return;
+    const shownAttempt = Number(card.dataset.attempt || 0), shownAt = Date.parse(card.dataset.at || "");
+    if (p.attempt < shownAttempt || (p.attempt === shownAttempt && Date.parse(p.at) < shownAt)) return;
+    card.dataset.attempt = String(p.attempt);
+    card.dataset.at = p.at;
+    const bar = card.querySelector("progress");
+    if (p.total > 0) {
+      bar.max = p.total;
+      bar.value = Math.min(p.done, p.total);
+    } else {
+      bar.removeAttribute("value"); // not known: indeterminate
+    }
+    card.querySelector(".progress-text").textContent = p.text;
+    const at = card.querySelector("time");
+    at.setAttribute("datetime", p.at);
+    at.textContent = p.atText;
+    card.hidden = false;
+  }
+
   function live(region) {
-    let busy = false, again = false, src = null;
+    let busy = false, again = false, src = null, progress = null;
     async function refresh() {
       if (busy) { again = true; return; }
       busy = true;
       try {
         const r = await fetch(region.dataset.part, { credentials: "same-origin", headers: { "Accept": "text/html" } });
         if (r.status === 401) { location.reload(); return; }
-        if (r.ok) patch(region, await r.text());
+        if (r.ok) {
+          patch(region, await r.text());
+          showProgress(region, progress);
+        }
       } finally {
         busy = false;
         if (again) { again = false; refresh(); }
@@ -64,6 +91,10 @@
     function connect() {
       src = new EventSource(region.dataset.live);
       src.addEventListener("changed", refresh);
+      src.addEventListener("progress", (e) => {
+        try { progress = JSON.parse(e.data); } catch (_) { return; }
+        showProgress(region, progress);
+      });
       src.addEventListener("open", () => document.body.classList.remove("offline"));
       src.addEventListener("error", () => document.body.classList.add("offline"));
       src.addEventListener("broken", () => { src.close(); setTimeout(connect, 2000); });
