@@ -62,6 +62,7 @@ var decoders = map[string]func([]byte) (any, error){
 	"listRequest":     decodeVersioned[approvals.ListRequest],
 	"listReply":       decodeVersioned[approvals.ListReply],
 	"approval":        decodeVersioned[approvals.Record],
+	"progress":        func(b []byte) (any, error) { return envelope.DecodeProgress(b) },
 }
 
 // resources is the catalog's _resources entry (broker.ResourcesKey), as
@@ -215,7 +216,8 @@ func goVectors() []struct {
 		Attempt: 2, Worker: "worker-1", Claim: "c-7f3a", LeaseUntil: t8.Add(30 * time.Second), StartedAt: t8,
 		LastError: "TIMEOUT", CancelRequested: true, CancelRequestedAt: t8.Add(time.Second), ApprovalID: approvalID,
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8}
+		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8,
+		Progress: &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8}}
 	finalized := executor.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: executor.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
 	pending := executor.Record{V: 1, ExecutionID: execID, State: executor.StatePending, CancelRequested: true,
@@ -292,6 +294,13 @@ func goVectors() []struct {
 		{Vector{Name: "record-finalized", Kind: "record", About: "a finalized record: state finalized, the envelope's status"}, &finalized},
 		{Vector{Name: "record-pending-cancel", Kind: "record", About: "the pending record a cancel leaves before any claim"}, &pending},
 
+		{Vector{Name: "progress", Kind: "progress", About: "a handler's progress report, as workers publish it on capstan.progress.<principal>.<executionId>: done and total are float64 whatever their value"},
+			&envelope.Progress{V: 1, ExecutionID: execID, Attempt: 1, Done: 37, Total: 120, Message: "page 37 of 120 — rendu ✓", At: t8}},
+		{Vector{Name: "progress-fractions", Kind: "progress", About: "fractional values, a later attempt, no message"},
+			&envelope.Progress{V: 1, ExecutionID: execID, Attempt: 3, Done: 0.375, Total: 1.5, At: tFar}},
+		{Vector{Name: "progress-message-only", Kind: "progress", About: "nothing counted: done and total absent (0, not known)"},
+			&envelope.Progress{V: 1, ExecutionID: execID, Message: "connecting", At: t4}},
+
 		{Vector{Name: "descriptor", Kind: "descriptor", About: "a catalog entry (key: the capability id) with its input's JSON Schema, every map's keys sorted"},
 			ptr(descriptor("orders.refund", false))},
 		{Vector{Name: "resources", Kind: "resources", About: "the catalog's _resources entry: how long envelopes are kept"},
@@ -363,6 +372,9 @@ func refusedVectors(t *testing.T) []struct {
 	badID := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: "a.b", CapabilityID: "demo.echo", SubmittedAt: t8})
 	noCap := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: execID, SubmittedAt: t8})
 	record := mustMarshal(t, &executor.Record{V: 3, ExecutionID: execID, State: executor.StateRunning})
+	negative := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: execID, Done: -1, At: t8})
+	infinite := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: execID, Total: math.Inf(1), At: t8})
+	progressBadID := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: "a.b", At: t8})
 	return []vec{
 		{Vector{Name: "refused-envelope-v2", Kind: "envelope", About: "an envelope of schema version 2"}, v2},
 		{Vector{Name: "refused-envelope-no-v", Kind: "envelope", About: "an envelope without v"}, noV},
@@ -374,6 +386,9 @@ func refusedVectors(t *testing.T) []struct {
 		{Vector{Name: "refused-request-bad-id", Kind: "request", About: "an execution id that is not one subject token"}, badID},
 		{Vector{Name: "refused-request-no-capability", Kind: "request", About: "neither a capability id nor an approval id"}, noCap},
 		{Vector{Name: "refused-record-v3", Kind: "record", About: "an execution record of schema version 3"}, record},
+		{Vector{Name: "refused-progress-negative", Kind: "progress", About: "a progress report whose done is negative"}, negative},
+		{Vector{Name: "refused-progress-infinite", Kind: "progress", About: "a progress report whose total is not finite"}, infinite},
+		{Vector{Name: "refused-progress-bad-id", Kind: "progress", About: "an execution id that is not one subject token"}, progressBadID},
 	}
 }
 

@@ -13,7 +13,7 @@ import { anonymous, key, Names, validPrincipal } from "./names.js";
 import { formatTimestamp, timeMillis, timeText, timestampOfDate } from "./time.js";
 import { DecodeError } from "./msgpack.js";
 import * as wire from "./wire.js";
-import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, ExecutionRecord, Request, Scope, State, Status } from "./wire.js";
+import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, ExecutionRecord, Progress, Request, Scope, State, Status } from "./wire.js";
 
 /** The default NATS URL, when neither the options nor CAPSTAN_NATS_URL say. */
 export const defaultURL = "nats://127.0.0.1:4222";
@@ -86,11 +86,18 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Also cancel the execution when signal aborts a call (as an MCP client's notifications/cancelled does). */
   cancelOnAbort?: boolean;
-  // Reserved: onProgress, for progress notifications once capstan sends them.
+  /**
+   * Called with each progress report of the execution while call waits for
+   * it (at most four a second, as the worker publishes them; best effort:
+   * the envelope alone says how it ended). Without it nothing is subscribed.
+   */
+  onProgress?: (p: Progress) => void;
 }
 
 export interface AwaitOptions {
   signal?: AbortSignal;
+  /** Called with each progress report of the execution while await waits for it (see CallOptions.onProgress). */
+  onProgress?: (p: Progress) => void;
 }
 
 /** What the runtime knows of one execution. */
@@ -740,7 +747,57 @@ export class Client {
     return this.sendAndAwait(r, options.id === undefined, options);
   }
 
+  /**
+   * Follows the progress of one of this principal's executions until the
+   * returned function is called: fn gets each report that decodes, of that
+   * execution, on its own subject, its message cleaned, one at a time and in
+   * order. The subscription goes out before anything the caller publishes
+   * next on the connection, so the server knows of it before any worker may
+   * report. Without fn nothing is subscribed.
+   */
+  private followProgress(id: string, fn: ((p: Progress) => void) | undefined): () => void {
+    if (fn === undefined) return () => undefined;
+    const subject = this.names.progress(this.principal, id);
+    let stopped = false;
+    const sub = this.nc.subscribe(subject, {
+      callback: (err, m) => {
+        if (err !== null || stopped || m.subject !== subject) return;
+        let p: Progress;
+        try {
+          p = wire.decodeProgress(m.data);
+        } catch (e) {
+          this.log.debug?.("progress report does not decode: ignored", { executionId: id, err: (e as Error).message });
+          return;
+        }
+        if (p.executionId !== id) return;
+        // Whoever published it (an open server keeps no one out), the
+        // message is one printable line.
+        const message = wire.cleanProgressMessage(p.message ?? "");
+        if (message === "") delete p.message;
+        else p.message = message;
+        try {
+          fn(p);
+        } catch (e) {
+          this.log.warn?.("onProgress threw", { executionId: id, err: (e as Error).message });
+        }
+      },
+    });
+    return () => {
+      stopped = true;
+      if (!this.nc.isClosed()) sub.unsubscribe();
+    };
+  }
+
   private async sendAndAwait(r: Request, ownId: boolean, options: CallOptions): Promise<Envelope> {
+    const stop = this.followProgress(r.executionId, options.onProgress);
+    try {
+      return await this.sendAndAwaitEnvelope(r, ownId, options);
+    } finally {
+      stop();
+    }
+  }
+
+  private async sendAndAwaitEnvelope(r: Request, ownId: boolean, options: CallOptions): Promise<Envelope> {
     const id = r.executionId;
     const reconnects = this.w.reconnects;
     const w = this.w.add(id);
@@ -783,6 +840,15 @@ export class Client {
     this.checkOpen(executionId);
     const bad = wire.invalidExecutionId(executionId);
     if (bad !== undefined) throw new CapstanError("INVALID_ARGUMENT", `capstan: ${bad}`);
+    const stop = this.followProgress(executionId, options.onProgress);
+    try {
+      return await this.awaitEnvelope(executionId, options);
+    } finally {
+      stop();
+    }
+  }
+
+  private async awaitEnvelope(executionId: string, options: AwaitOptions): Promise<Envelope> {
     const w = this.w.add(executionId);
     try {
       const env = await this.loadEnvelope(this.principal, executionId, options.signal);

@@ -34,9 +34,12 @@ export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } fro
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
 export {
+  cleanProgressMessage,
   executionIdTime,
   forModel,
+  maxProgressMessage,
   newExecutionId,
+  progressText,
   type Actor,
   type Approval,
   type ApprovalRef,
@@ -49,6 +52,7 @@ export {
   type ErrorCode,
   type ExecutionRecord,
   type ModelError,
+  type Progress,
   type Scope,
   type State,
   type Status,

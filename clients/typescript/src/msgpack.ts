@@ -494,6 +494,24 @@ export class Reader {
     return Number(v);
   }
 
+  /** A float64 (or a float32, or an integer, as Go reads them into a float64); 0 for nil. */
+  float(): number {
+    const c = this.b[this.pos];
+    const v = new DataView(this.b.buffer, this.b.byteOffset, this.b.byteLength);
+    if (c === 0xcb || c === 0xca) {
+      const n = c === 0xcb ? 8 : 4;
+      if (this.pos + 1 + n > this.b.length) throw new DecodeError("record is truncated");
+      const f = c === 0xcb ? v.getFloat64(this.pos + 1) : v.getFloat32(this.pos + 1);
+      this.pos += 1 + n;
+      return f;
+    }
+    if (c === 0xc0) {
+      this.pos++;
+      return 0;
+    }
+    return this.int();
+  }
+
   bigint(): bigint {
     const p = this.pos;
     const c = this.b[p];

@@ -63,6 +63,11 @@ export class Names {
     return `${this.subject}.envelope.${principal}.>`;
   }
 
+  /** Where workers publish the progress of principal's execution (core NATS, coalesced). */
+  progress(principal: string, executionId: string): string {
+    return `${this.subject}.progress.${principal}.${executionId}`;
+  }
+
   /** The bucket key a republished envelope's subject names. */
   envelopeKeyOf(subject: string): string {
     return subject.startsWith(`${this.subject}.envelope.`) ? subject.slice(this.subject.length + 10) : "";

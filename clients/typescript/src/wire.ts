@@ -107,6 +107,57 @@ export interface Envelope {
 export type State = "pending" | "claimed" | "running" | "backoff" | "finalized" | (string & {});
 
 /** An execution's record in the executions bucket. */
+/**
+ * What a handler reported of an attempt's work (Go's envelope.Progress):
+ * done of total (total absent: not known) and a short message. Best effort,
+ * never proof: only the envelope says how an execution ended.
+ */
+export interface Progress {
+  v: number;
+  executionId: string;
+  /** The attempt that reported it: a retry's progress starts again. */
+  attempt?: number;
+  done?: number;
+  total?: number;
+  /** One printable line, at most 256 bytes. */
+  message?: string;
+  /** When the handler reported it (the worker's clock), RFC 3339. */
+  at: string;
+}
+
+/** A progress report for a person: "37 of 120 (30%): rendering", "37: rendering", or the message alone. */
+export function progressText(p: Progress): string {
+  const done = p.done ?? 0, total = p.total ?? 0;
+  let s = "";
+  if (total > 0) s = `${done} of ${total} (${Math.floor(Math.min(Math.max(done / total, 0), 1) * 100)}%)`;
+  else if (done > 0) s = String(done);
+  const m = p.message ?? "";
+  if (s === "") return m;
+  return m === "" ? s : `${s}: ${m}`;
+}
+
+/** The longest progress message, in bytes. */
+export const maxProgressMessage = 256;
+
+/**
+ * A progress message as one printable line of at most maxProgressMessage
+ * UTF-8 bytes, as Go's envelope.CleanProgress makes it: what is not a
+ * letter, mark, number, punctuation, symbol or the ASCII space (control
+ * characters, a terminal's escape sequences, format characters) becomes a
+ * space; a longer one is cut at a character boundary.
+ */
+export function cleanProgressMessage(s: string): string {
+  let out = "", bytes = 0;
+  for (let ch of s) {
+    if (!/^[\p{L}\p{M}\p{N}\p{P}\p{S} ]$/u.test(ch)) ch = " ";
+    const n = utf8Bytes(ch).length;
+    if (bytes + n > maxProgressMessage) break;
+    out += ch;
+    bytes += n;
+  }
+  return out;
+}
+
 export interface ExecutionRecord {
   v: number;
   executionId: string;
@@ -128,6 +179,8 @@ export interface ExecutionRecord {
   cause?: string;
   createdAt?: string;
   updatedAt?: string;
+  /** The running attempt's last progress report, as of the lease's last renewal. */
+  progress?: Progress;
 }
 
 /** A capability as the catalog and describe show it. */
@@ -258,7 +311,7 @@ export interface ListReply {
 // ---- schemas ----
 
 type Kind =
-  | { t: "int" | "str" | "bool" | "time" | "strs" | "attrs" }
+  | { t: "int" | "float" | "str" | "bool" | "time" | "strs" | "attrs" }
   /** A value embedded as is (Go's envelope.Raw): kept as its bytes, shown decoded. */
   | { t: "raw" }
   /** A generic map (Go's map[string]any): kept as its bytes, shown decoded. */
@@ -274,6 +327,8 @@ type Field = readonly [name: string, kind: Kind, absent?: unknown];
 type Schema = readonly Field[];
 
 const int = { t: "int" } as const;
+/** A float64, written as the 9 bytes of one whatever its value, as Go's envelope.Fields.Float. */
+const float = { t: "float" } as const;
 const str = { t: "str" } as const;
 const bool = { t: "bool" } as const;
 const time = { t: "time" } as const;
@@ -335,6 +390,20 @@ export const envelopeSchema: Schema = [
   ["finalizedAt", time],
 ];
 
+/** A handler's progress report, as workers publish it on the progress subject and keep it in the record. */
+function progressSchemaFields(): Schema {
+  return [
+    ["v", int, 0],
+    ["executionId", str, ""],
+    ["attempt", int],
+    ["done", float],
+    ["total", float],
+    ["message", str],
+    ["at", time, ""],
+  ];
+}
+export const progressSchema: Schema = progressSchemaFields();
+
 export const recordSchema: Schema = [
   ["v", int, 0],
   ["executionId", str, ""],
@@ -356,6 +425,7 @@ export const recordSchema: Schema = [
   ["cause", str],
   ["createdAt", time],
   ["updatedAt", time],
+  ["progress", { t: "rec", s: progressSchemaFields(), ptr: true }],
 ];
 
 export const descriptorSchema: Schema = [
@@ -538,6 +608,11 @@ function decodeField(r: Reader, k: Kind, o: Record<string, unknown>, key: string
   switch (k.t) {
     case "int":
       return r.int() || undefined;
+    case "float": {
+      const f = r.float();
+      if (!Number.isFinite(f) || f < 0) throw new DecodeError(`field ${key}: ${f} is not a finite value of at least 0`);
+      return f || undefined;
+    }
     case "str": {
       const v = r.string();
       return v === "" ? undefined : v;
@@ -634,6 +709,12 @@ function writeField(w: Writer, k: Kind, o: Record<string, unknown>, name: string
       if (typeof v === "number" && !Number.isSafeInteger(v)) throw new TypeError(`${name}: want an integer`);
       key();
       w.int(v);
+      return true;
+    case "float":
+      if (typeof v !== "number") throw new TypeError(`${name}: want a number`);
+      if (v === 0) return false;
+      key();
+      w.float64(v);
       return true;
     case "str":
       if (typeof v !== "string") throw new TypeError(`${name}: want a string`);
@@ -769,6 +850,14 @@ export function decodeRequest(b: Uint8Array): Request {
   return r;
 }
 export const decodeEnvelope = (b: Uint8Array): Envelope => decodeWith<Envelope>(envelopeSchema, b);
+/** Decodes a progress report as clients do: also refused without a valid execution id. */
+export function decodeProgress(b: Uint8Array): Progress {
+  const p = decodeWith<Progress>(progressSchema, b);
+  const bad = invalidExecutionId(p.executionId);
+  if (bad !== undefined) throw new DecodeError(bad);
+  return p;
+}
+export const encodeProgress = (p: Progress): Uint8Array => encodeWith(progressSchema, p);
 export const decodeExecutionRecord = (b: Uint8Array): ExecutionRecord => decodeWith<ExecutionRecord>(recordSchema, b);
 export const decodeDescriptor = (b: Uint8Array): Descriptor => decodeWith<Descriptor>(descriptorSchema, b);
 export const decodeResources = (b: Uint8Array): Resources => decodeWith<Resources>(resourcesSchema, b);

@@ -38,6 +38,28 @@ after(async () => {
   await dev?.stop();
 });
 
+describe("progress", () => {
+  test("a producer follows its own execution's progress; another may not subscribe to it", async () => {
+    const seen: number[] = [];
+    const env = await alice.call("demo.report", { pages: 4, pageMs: 100 }, { signal: bound(), onProgress: (p) => seen.push(p.done ?? 0) });
+    assert.equal(env.status, "completed");
+    assert.ok(seen.length >= 2, `${seen.length} reports`);
+    // bob's credentials refuse a subscription to alice's progress: the
+    // server says so on his connection.
+    const nc = await natsConnect({ servers: dev.url, authenticator: credsAuthenticator(readFileSync(dev.creds("bob"))), inboxPrefix: new Names().inboxPrefix("bob") });
+    try {
+      const refused = new Promise<string>((resolve) => {
+        nc.subscribe("capstan.progress.alice.>", { callback: (err) => { if (err !== null) resolve(err.message); } });
+        setTimeout(() => { resolve("no refusal"); }, 30_000).unref();
+      });
+      await nc.flush();
+      assert.match(await refused, /Permissions Violation for Subscription to "capstan\.progress\.alice\.>"/);
+    } finally {
+      await nc.close();
+    }
+  });
+});
+
 describe("principals", () => {
   test("each client acts as the principal its credentials name, under its inbox prefix", () => {
     assert.equal(principalFromCreds(readFileSync(dev.creds("alice"))), "alice");

@@ -10,13 +10,13 @@ import { headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, type Envelope } from "../src/index.js";
-import { encodeEnvelope } from "../src/wire.js";
+import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
+import { encodeEnvelope, encodeProgress } from "../src/wire.js";
 import { aiTools } from "../src/ai.js";
 import { main } from "../examples/scripted-agent.js";
 import { startDev, type Dev } from "./capstan.js";
 
-const demo = ["demo.echo", "demo.flaky", "demo.sleep", "orders.refund"];
+const demo = ["demo.echo", "demo.flaky", "demo.sleep", "demo.report", "orders.refund"];
 const bound = (): AbortSignal => AbortSignal.timeout(60_000); // a failure guard, not a measure
 
 let dev: Dev;
@@ -41,6 +41,53 @@ after(async () => {
   await c?.close();
   await raw?.close();
   await dev?.stop();
+});
+
+describe("progress", () => {
+  test("onProgress gets the handler's reports while call waits, in order, and none after it returned", async () => {
+    const seen: Progress[] = [];
+    const env = await c.call("demo.report", { pages: 8, pageMs: 100 }, { signal: bound(), onProgress: (p) => seen.push(p) });
+    assert.equal(env.status, "completed", JSON.stringify(forModel(env)));
+    assert.deepEqual(env.output, { pages: 8 });
+    assert.ok(seen.length >= 2, `${seen.length} reports`);
+    let done = -1;
+    for (const p of seen) {
+      assert.equal(p.v, 1);
+      assert.equal(p.executionId, env.executionId);
+      assert.equal(p.attempt, 1);
+      assert.equal(p.total, 8);
+      assert.ok((p.done ?? 0) >= done, `went back: ${JSON.stringify(seen)}`);
+      done = p.done ?? 0;
+      assert.match(p.message ?? "", /^(starting|page \d of 8 rendered)$/);
+      assert.ok(!Number.isNaN(new Date(p.at).getTime()));
+    }
+    assert.match(progressText(seen[seen.length - 1] as Progress), /^\d of 8 \(\d+%\)/);
+    const n = seen.length;
+    await c.call("demo.report", { pages: 3, pageMs: 50 }, { signal: bound() }); // reports nobody follows
+    assert.equal(seen.length, n);
+  });
+
+  test("await follows an execution's progress; a forged report is shown as one printable line", async () => {
+    const id = await c.submit("demo.report", { pages: 6, pageMs: 100 });
+    const seen: Progress[] = [];
+    const env = c.await(id, {
+      signal: bound(),
+      onProgress: (p) => {
+        seen.push(p);
+        if (seen.length === 1) {
+          // Anyone may publish on an open server: the client cleans what it hands over.
+          raw.publish(`capstan.progress._anon.${id}`, encodeProgress({ v: 1, executionId: id, attempt: 1, done: 1, total: 6, message: "\u001b]0;pwned\u0007\nred", at: new Date().toISOString() }));
+          raw.publish(`capstan.progress._anon.${id}`, encodeProgress({ v: 1, executionId: newExecutionId(), done: 1, message: "another's", at: new Date().toISOString() }));
+          raw.publish(`capstan.progress._anon.${id}`, new Uint8Array([0xc1]));
+        }
+      },
+    });
+    assert.equal((await env).status, "completed");
+    const forged = seen.find((p) => (p.message ?? "").includes("pwned"));
+    assert.ok(forged !== undefined, JSON.stringify(seen));
+    assert.equal(forged.message, " ]0;pwned  red");
+    assert.ok(seen.every((p) => p.executionId === id && p.message !== "another's"));
+  });
 });
 
 describe("calls", () => {

@@ -40,6 +40,7 @@ const codecs: Record<string, { decode: (b: Uint8Array) => unknown; encode: (v: n
   listRequest: { decode: wire.decodeListRequest, encode: wire.encodeListRequest },
   listReply: { decode: wire.decodeListReply, encode: wire.encodeListReply },
   approval: { decode: wire.decodeApproval, encode: wire.encodeApproval },
+  progress: { decode: wire.decodeProgress, encode: wire.encodeProgress },
 };
 
 /** Reads a vectors.json, its numbers exact. */
