@@ -68,6 +68,7 @@ func cleanLine(s string, max int) string {
 		return s
 	}
 	var b strings.Builder
+	b.Grow(min(len(s), max))
 	for _, r := range s {
 		switch {
 		case r == utf8.RuneError:

@@ -3,6 +3,7 @@ package engine
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -143,4 +144,38 @@ func TestReporter_TakesReportsOnlyWhileItsAttemptRuns(t *testing.T) {
 	}
 	var nilReporter *Reporter
 	nilReporter.Report(1, 1, "outside a worker") // no panic
+}
+
+// What one report costs the handler that makes it (the publish, at most
+// four a second, is a timer's): run with -bench Reporter -benchmem.
+func BenchmarkReporter_Report(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		message string
+	}{
+		{"short message", "page 37 of 120"},
+		{"message to clean", "page 37\tof 120\x1b[0m, " + strings.Repeat("é", 200)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := &Reporter{id: "x", now: time.Now}
+			r.open(1)
+			defer r.close()
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Report(37, 120, tc.message)
+			}
+		})
+	}
+	b.Run("four goroutines", func(b *testing.B) {
+		r := &Reporter{id: "x", now: time.Now}
+		r.open(1)
+		defer r.close()
+		b.ReportAllocs()
+		b.SetParallelism(4)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				r.Report(37, 120, "page 37 of 120")
+			}
+		})
+	})
 }
