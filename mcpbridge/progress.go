@@ -306,9 +306,11 @@ func (l *liveProgress) put(p executor.Progress) {
 			ats = append(ats, q.At)
 		}
 		slices.SortFunc(ats, func(a, b time.Time) int { return a.Compare(b) })
+		// At or before the median: at least half goes, even when many
+		// reports carry one time (forged ones on an open server may).
 		cut := ats[len(ats)/2]
 		for id, q := range l.last {
-			if q.At.Before(cut) {
+			if !q.At.After(cut) {
 				delete(l.last, id)
 			}
 		}

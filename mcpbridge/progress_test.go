@@ -1,6 +1,12 @@
 package mcpbridge
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/executor"
+)
 
 // The values of a call's notifications always grow, as MCP asks; the
 // handler's reports set them (done of total), the runtime's steps move them
@@ -55,6 +61,31 @@ func TestProgressScale(t *testing.T) {
 				t.Errorf("%s, op %d: %v beyond its total %v", c.name, i, v, tot)
 			}
 			last = v
+		}
+	}
+}
+
+// The bridge keeps the last report of at most maxLive executions, even when
+// every report carries the same time (forged ones on an open server may).
+func TestLiveProgress_BoundedWhateverTheReportsTimes(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		at   func(i int) time.Time
+	}{
+		{"one time for all", func(int) time.Time { return at }},
+		{"each its own", func(i int) time.Time { return at.Add(time.Duration(i) * time.Millisecond) }},
+	} {
+		l := liveProgress{last: map[string]executor.Progress{}}
+		for i := range 3 * maxLive {
+			l.put(executor.Progress{V: 1, ExecutionID: fmt.Sprintf("x%d", i), At: c.at(i)})
+			if len(l.last) > maxLive {
+				t.Fatalf("%s: %d kept after %d reports", c.name, len(l.last), i+1)
+			}
+		}
+		if p := l.of(fmt.Sprintf("x%d", 3*maxLive-1), 0, nil); p == nil {
+			t.Fatalf("%s: the newest report is gone", c.name)
 		}
 	}
 }
