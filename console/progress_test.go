@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
@@ -75,26 +76,50 @@ func TestExecutionPage_ShowsItsHandlersProgressLive(t *testing.T) {
 
 	// A report some other process forged on an open server (which keeps no
 	// one out) reaches the page as one line of text in JSON, which the
-	// script shows as text.
-	forged, _ := envelope.Marshal(&envelope.Progress{V: envelope.Version, ExecutionID: id, Attempt: 1, Done: 1999, Total: 2000,
+	// script shows as text. Its execution reports once, then only every ten
+	// seconds: the forged report is not folded into a real one.
+	slow, err := r.client.Submit(ctx, "demo.report", demo.ReportInput{Pages: 3, PageMs: 10_000}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.waitPage("/executions/"+slow, `id="exec-progress"`)
+	slowLines, closeSlow := openStream(t, w, "/live/executions/"+slow+"?after=0")
+	defer closeSlow()
+	forged, _ := envelope.Marshal(&envelope.Progress{V: envelope.Version, ExecutionID: slow, Attempt: 1, Done: 0.5, Total: 3,
 		Message: "<script>alert(1)</script>\x1b]0;title\x07\nnext line"})
 	nc, err := nats.Connect(r.url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if err := nc.Publish("capstan.progress."+"_anon."+id, forged); err != nil {
-		t.Fatal(err)
-	}
+	// Published until the page shows it: the console's subscription may
+	// reach the server after the first publish.
+	seen := make(chan struct{})
+	defer close(seen)
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_ = nc.Publish("capstan.progress."+"_anon."+slow, forged)
+			select {
+			case <-seen:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	for {
-		p := nextProgress(t, lines)
-		if p.Done != 1999 {
+		p := nextProgress(t, slowLines)
+		if p.Done != 0.5 {
 			continue
 		}
 		if strings.ContainsAny(p.Text, "\x1b\x07\n") || !strings.Contains(p.Text, "<script>") {
 			t.Fatalf("forged report shown as %q", p.Text)
 		}
 		break
+	}
+	if _, err := r.client.Cancel(ctx, slow); err != nil {
+		t.Fatal(err)
 	}
 
 	if _, err := r.client.Cancel(ctx, id); err != nil {

@@ -52,7 +52,7 @@ type Call[In any] struct {
 // worker (a test's) reports. No output travels with progress: the output's
 // checks (stages 12 and 13) apply to the whole output, in the envelope.
 func (c Call[In]) Progress(done, total float64, message string) {
-	c.progress.Report(done, total, message)
+	c.progress.Report(c.Attempt, done, total, message)
 }
 
 // ApprovalGrant tells a handler which approval authorized it, and who decided.

@@ -45,6 +45,10 @@ func newProgress(req *mcp.CallToolRequest) *progress {
 type progressScale struct {
 	last  float64 // the last value sent
 	total float64 // the last total the handler reported (0: none yet)
+	// ended: the step that ends the call was sent; a report that comes
+	// after it (published before the envelope, delivered after the trail's
+	// last step) is not sent.
+	ended bool
 }
 
 // stepValue is how far one of the runtime's steps moves the value.
@@ -57,18 +61,22 @@ func (s *progressScale) step(final bool) (value, total float64) {
 	if final && s.total > v {
 		v = s.total
 	}
-	s.last = v
+	s.last, s.ended = v, s.ended || final
 	return v, s.total
 }
 
-// report is the value and total of a report of the handler's.
-func (s *progressScale) report(done, total float64) (value, tot float64) {
+// report is the value and total of a report of the handler's; ok is false
+// once the call's end was sent: nothing more is.
+func (s *progressScale) report(done, total float64) (value, tot float64, ok bool) {
+	if s.ended {
+		return 0, 0, false
+	}
 	v := max(done, s.last+stepValue)
 	if total > 0 {
 		s.total = max(total, v)
 	}
 	s.last = v
-	return v, s.total
+	return v, s.total, true
 }
 
 // send notifies one step, once.
@@ -96,7 +104,10 @@ func (p *progress) sendReport(ctx context.Context, r executor.Progress) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	v, total := p.scale.report(r.Done, r.Total)
+	v, total, ok := p.scale.report(r.Done, r.Total)
+	if !ok {
+		return
+	}
 	_ = p.session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: p.token, Progress: v, Total: total,
 		Message: reportText(&r)})
 }

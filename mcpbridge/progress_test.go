@@ -16,6 +16,7 @@ func TestProgressScale(t *testing.T) {
 	type op struct {
 		step, final bool
 		done, total float64
+		dropped     bool // not sent
 		wantValue   float64
 		wantTotal   float64
 	}
@@ -41,6 +42,11 @@ func TestProgressScale(t *testing.T) {
 		}},
 		{"no total: counts only", []op{{done: 5, wantValue: 5}, {done: 9, wantValue: 9}, {step: true, final: true, wantValue: 9 + s}}},
 		{"done beyond the total: the total follows", []op{{done: 5, total: 4, wantValue: 5, wantTotal: 5}}},
+		{"a report after the end is not sent", []op{
+			{done: 1, total: 4, wantValue: 1, wantTotal: 4},
+			{step: true, final: true, wantValue: 4, wantTotal: 4},
+			{done: 3, total: 4, dropped: true},
+		}},
 	} {
 		var sc progressScale
 		last := 0.0
@@ -49,7 +55,14 @@ func TestProgressScale(t *testing.T) {
 			if o.step {
 				v, tot = sc.step(o.final)
 			} else {
-				v, tot = sc.report(o.done, o.total)
+				var ok bool
+				v, tot, ok = sc.report(o.done, o.total)
+				if ok == o.dropped {
+					t.Errorf("%s, op %d: sent %v, want %v", c.name, i, ok, !o.dropped)
+				}
+				if !ok {
+					continue
+				}
 			}
 			if v != o.wantValue || tot != o.wantTotal {
 				t.Errorf("%s, op %d: %v of %v, want %v of %v", c.name, i, v, tot, o.wantValue, o.wantTotal)

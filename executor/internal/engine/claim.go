@@ -227,10 +227,10 @@ type leaseKeeper struct {
 	done <-chan struct{}
 	log  *slog.Logger
 	id   string // the execution's, for the log
-	// progress holds what the attempt running reported last, which each
-	// renewal writes into the record (DESIGN §5, "Progress"): no write of
-	// its own.
-	progress *Reporter
+	// progress takes what the attempt running reports of its progress;
+	// each renewal writes the last report into the record (DESIGN §5,
+	// "Progress"): no write of its own.
+	progress Reporter
 
 	mu      sync.Mutex
 	expiry  *time.Timer // fires when the lease last written runs out
@@ -340,10 +340,7 @@ func (l *leaseKeeper) renew() bool {
 	if l.msg != nil {
 		_ = l.msg.InProgress()
 	}
-	var p *envelope.Progress
-	if l.progress != nil {
-		p = l.progress.lastReport()
-	}
+	p := l.progress.lastReport()
 	err := l.claim.update(func(r *Record) {
 		r.LeaseUntil = l.now().UTC().Add(l.length)
 		if p != nil {

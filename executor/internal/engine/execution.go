@@ -45,13 +45,12 @@ type Execution struct {
 	cancel       context.CancelCauseFunc
 	stopDeadline context.CancelFunc
 
-	// claim holds the execution's record; lease keeps it while it runs;
-	// trail files its audit events; progress takes what its attempts
-	// report of their progress.
-	claim    claim
-	lease    leaseKeeper
-	trail    trail
-	progress Reporter
+	// claim holds the execution's record; lease keeps it while it runs,
+	// and takes what its attempts report of their progress; trail files its
+	// audit events.
+	claim claim
+	lease leaseKeeper
+	trail trail
 
 	start     time.Time
 	inputHash string
@@ -81,11 +80,7 @@ func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal s
 		delivery: d, start: r.now(), done: make(chan struct{}), stopDeadline: func() {}}
 	x.trail.audit, x.trail.worker = r.audit, r.cfg.ID
 	x.claim.s, x.claim.key, x.claim.token = r.store, x.key, uuid.NewString()
-	pr := &x.progress
-	pr.nc, pr.principal, pr.id, pr.now = r.nc, principal, req.ExecutionID, r.now
-	if r.b != nil {
-		pr.names = r.b.Names
-	}
+	x.lease.progress.x = x
 	return x
 }
 
@@ -112,7 +107,6 @@ func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delive
 	l := &x.lease
 	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, r.cfg.Lease, r.cfg.DisableLeaseRenewal, r.now, msg
 	l.end, l.done, l.log, l.id, l.stop = x.cancel, x.done, r.log, req.ExecutionID, make(chan struct{})
-	l.progress = &x.progress
 	return x
 }
 
@@ -327,10 +321,10 @@ func (e *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope
 	}
 	ch := make(chan result, 1)
 	e.r.handlerCalls.Add(1)
-	e.progress.open(n)
-	defer e.progress.close()
+	e.lease.progress.begin(n)
+	defer e.lease.progress.end()
 	a := Attempt{N: n, Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
-		Progress: &e.progress}
+		Progress: &e.lease.progress}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {

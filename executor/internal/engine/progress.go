@@ -2,9 +2,9 @@ package engine
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
@@ -57,105 +57,162 @@ func (c *coalescer) fired(now time.Time) {
 	c.sent, c.due = now, false
 }
 
-// Reporter takes an attempt's progress reports. One belongs to each
-// execution; it is open while an attempt runs and drops what comes before
-// or after (a handler still running after its lease was lost, or its
-// timeout, reports into nothing).
+// Reporter takes an execution's progress reports: three words in the
+// execution, and nothing more until its handler first reports (a handler
+// that never reports costs no allocation). It takes reports only from the
+// attempt running: before and after, and from an attempt that ended (a
+// handler still running after its timeout or its lost lease, whatever
+// attempt runs now), they are dropped.
 type Reporter struct {
-	// nc publishes the reports (nil: nowhere, a runner of no connection);
-	// the subject is names' progress subject of the execution's principal
-	// and id, made at the first send (a handler that never reports makes
-	// nothing).
-	nc        *nats.Conn
-	names     broker.Names
-	principal string
-	id        string
-	now       func() time.Time
+	x    *Execution // whose reports: its runner's connection and names, its principal and id
+	open atomic.Int64
+	s    atomic.Pointer[reporting] // made at the first report
+}
+
+// reporting is what a Reporter holds once its handler reported.
+type reporting struct {
+	// nc publishes the reports (nil: nowhere, a runner of no connection)
+	// on subject, the progress subject of the execution's principal and id.
+	nc      *nats.Conn
+	subject string
+	id      string
+	now     func() time.Time
 
 	mu      sync.Mutex
-	attempt int // the attempt reports are taken for; 0: closed
+	attempt int64 // the attempt reports are taken for, as of the last sync; 0: none
 	co      coalescer
 	timer   *time.Timer
 	pending *envelope.Progress // the value the scheduled send carries
 	last    *envelope.Progress // the last value reported, for the record
 }
 
-// Report stores what the handler reports of its work: done of total (0: not
-// known) and a short message (envelope.CleanProgress). It returns at once:
-// the value is published later, coalesced, by a timer.
-func (r *Reporter) Report(done, total float64, message string) {
-	if r == nil {
+// Report stores what attempt's handler reports of its work: done of total
+// (0: not known) and a short message (envelope.CleanProgress). It returns at
+// once: the value is published later, coalesced, by a timer.
+func (r *Reporter) Report(attempt int, done, total float64, message string) {
+	if r == nil || attempt <= 0 || r.open.Load() != int64(attempt) {
 		return
 	}
+	s := r.s.Load()
+	if s == nil {
+		s = r.newReporting()
+		if !r.s.CompareAndSwap(nil, s) {
+			s = r.s.Load()
+		}
+	}
+	s.report(&r.open, int64(attempt), done, total, message)
+}
+
+// newReporting is the state of the execution's first report.
+func (r *Reporter) newReporting() *reporting {
+	s := &reporting{now: time.Now, co: coalescer{every: ProgressEvery}}
+	if x := r.x; x != nil {
+		s.id = x.req.ExecutionID
+		if x.r != nil {
+			s.nc, s.now = x.r.nc, x.r.now
+			if x.r.b != nil {
+				s.subject = x.r.b.Names.ProgressSubject(x.principal, s.id)
+			}
+		}
+	}
+	return s
+}
+
+// sync makes the state follow the attempt open now (read under the lock,
+// so that the last sync sees the last begin or end): a new attempt
+// forgets the last one's reports; an end drops what is pending.
+func (s *reporting) sync(open *atomic.Int64) {
+	n := open.Load()
+	if n == s.attempt {
+		return
+	}
+	s.attempt, s.pending = n, nil
+	if n != 0 {
+		s.last = nil // the ended attempt's stays until another starts
+	}
+	s.co.due = false
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}
+
+func (s *reporting) report(open *atomic.Int64, attempt int64, done, total float64, message string) {
 	done, total, message = envelope.CleanProgress(done, total, message)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.attempt == 0 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sync(open)
+	if s.attempt != attempt {
 		return
 	}
-	now := r.now()
-	p := &envelope.Progress{V: envelope.Version, ExecutionID: r.id, Attempt: r.attempt, Done: done, Total: total,
+	now := s.now()
+	p := &envelope.Progress{V: envelope.Version, ExecutionID: s.id, Attempt: int(attempt), Done: done, Total: total,
 		Message: message, At: now.UTC()}
-	r.pending, r.last = p, p
-	delay, schedule := r.co.offer(now)
+	s.pending, s.last = p, p
+	delay, schedule := s.co.offer(now)
 	if !schedule {
 		return
 	}
-	if r.timer == nil {
-		r.timer = time.AfterFunc(delay, r.send)
+	if s.timer == nil {
+		s.timer = time.AfterFunc(delay, s.send)
 		return
 	}
-	r.timer.Reset(delay)
+	s.timer.Reset(delay)
 }
 
-// send publishes the value due, if the attempt still runs. A publish is
+// send publishes the value due, if its attempt still runs. A publish is
 // fire-and-forget: a slow or absent subscriber costs nothing here, and a
 // refused one is not tried again (the next report, or the record, will say
 // more).
-func (r *Reporter) send() {
-	r.mu.Lock()
-	p := r.pending
-	r.pending = nil
-	if r.attempt == 0 || p == nil {
-		r.mu.Unlock()
+func (s *reporting) send() {
+	s.mu.Lock()
+	p := s.pending
+	s.pending = nil
+	if s.attempt == 0 || p == nil {
+		s.mu.Unlock()
 		return
 	}
-	r.co.fired(r.now())
-	r.mu.Unlock()
-	if r.nc == nil {
+	s.co.fired(s.now())
+	s.mu.Unlock()
+	if s.nc == nil || s.subject == "" {
 		return
 	}
 	b, err := envelope.Marshal(p)
 	if err != nil {
 		return
 	}
-	_ = r.nc.Publish(r.names.ProgressSubject(r.principal, r.id), b)
+	_ = s.nc.Publish(s.subject, b)
 }
 
-// open takes reports for attempt n, forgetting the last attempt's.
-func (r *Reporter) open(n int) {
-	r.mu.Lock()
-	r.attempt, r.last, r.pending = n, nil, nil
-	r.co = coalescer{every: ProgressEvery, sent: r.co.sent}
-	r.mu.Unlock()
+// begin takes reports for attempt n, forgetting the last attempt's.
+func (r *Reporter) begin(n int) {
+	r.open.Store(int64(n))
+	r.sync()
 }
 
-// close stops taking reports: the attempt ended. A value not sent yet is
+// end stops taking reports: the attempt ended. A value not sent yet is
 // dropped (the envelope follows); a send already under way may still go.
-func (r *Reporter) close() {
-	r.mu.Lock()
-	r.attempt, r.pending = 0, nil
-	if r.timer != nil {
-		r.timer.Stop()
+func (r *Reporter) end() {
+	r.open.Store(0)
+	r.sync()
+}
+
+func (r *Reporter) sync() {
+	if s := r.s.Load(); s != nil {
+		s.mu.Lock()
+		s.sync(&r.open)
+		s.mu.Unlock()
 	}
-	r.co.due = false
-	r.mu.Unlock()
 }
 
 // lastReport is the last value reported by the attempt running, nil when it
 // reported none: the lease keeper folds it into its renewal.
 func (r *Reporter) lastReport() *envelope.Progress {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.last
+	s := r.s.Load()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sync(&r.open)
+	return s.last
 }

@@ -4,8 +4,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // sent is one send of the coalescer: when, and the index of the report whose
@@ -116,34 +119,85 @@ func TestCoalescer_RuleHoldsForAnyReports(t *testing.T) {
 	}
 }
 
-// A reporter takes reports only while an attempt runs: before, after, and
-// from an attempt that ended (a handler still running after its timeout or
-// its lost lease) they are dropped; a new attempt starts with nothing.
-func TestReporter_TakesReportsOnlyWhileItsAttemptRuns(t *testing.T) {
+// reporterOf is the reporter of an execution of id whose runner has no
+// connection and the clock now.
+func reporterOf(id string, now func() time.Time) *Reporter {
+	x := &Execution{r: &Runner{now: now}, req: &envelope.Request{ExecutionID: id}}
+	x.lease.progress.x = x
+	return &x.lease.progress
+}
+
+// A reporter takes reports only from the attempt running: before, after,
+// and from an attempt that ended (a handler still running after its timeout
+// or its lost lease, while another attempt runs) they are dropped; a new
+// attempt starts with nothing.
+func TestReporter_TakesReportsOnlyFromTheAttemptRunning(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	r := &Reporter{id: "x", now: func() time.Time { return now }}
-	r.Report(1, 2, "before")
+	r := reporterOf("x", func() time.Time { return now })
+	r.Report(1, 1, 2, "before")
 	if p := r.lastReport(); p != nil {
 		t.Fatalf("before the attempt: %+v", p)
 	}
-	r.open(1)
-	r.Report(1, 2, "a\nb")
+	if r.s.Load() != nil {
+		t.Fatal("a report before the attempt made the reporter's state")
+	}
+	r.begin(1)
+	if r.s.Load() != nil {
+		t.Fatal("an attempt that has not reported has the reporter's state")
+	}
+	r.Report(1, 1, 2, "a\nb")
 	p := r.lastReport()
 	if p == nil || p.Attempt != 1 || p.Done != 1 || p.Total != 2 || p.Message != "a b" || !p.At.Equal(now) || p.ExecutionID != "x" {
 		t.Fatalf("during attempt 1: %+v", p)
 	}
-	r.close()
-	r.Report(2, 2, "late")
+	r.end()
+	r.Report(1, 2, 2, "late")
 	if p := r.lastReport(); p.Message != "a b" {
 		t.Fatalf("a late report was taken: %+v", p)
 	}
-	r.open(2)
+	r.begin(2)
 	if p := r.lastReport(); p != nil {
 		t.Fatalf("attempt 2 starts with %+v", p)
 	}
+	r.Report(1, 2, 2, "attempt 1, still running")
+	if p := r.lastReport(); p != nil {
+		t.Fatalf("attempt 1's report was taken while attempt 2 runs: %+v", p)
+	}
+	r.Report(2, 1, 3, "attempt 2")
+	if p := r.lastReport(); p == nil || p.Attempt != 2 || p.Message != "attempt 2" {
+		t.Fatalf("during attempt 2: %+v", p)
+	}
 	var nilReporter *Reporter
-	nilReporter.Report(1, 1, "outside a worker") // no panic
+	nilReporter.Report(1, 1, 1, "outside a worker") // no panic
+}
+
+// Reports racing the attempt's begin and end, from the attempt's handler
+// and from an earlier attempt's: whatever the order, the reporter ends
+// holding only reports of the attempt running (run with -race).
+func TestReporter_RacingBeginAndEnd_OnlyTheAttemptRunningsReports(t *testing.T) {
+	t.Parallel()
+	for round := range 200 {
+		r := reporterOf("x", time.Now)
+		var wg sync.WaitGroup
+		for _, attempt := range []int{1, 2} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					r.Report(attempt, float64(i), 0, "")
+				}
+			}()
+		}
+		r.begin(1)
+		r.end()
+		r.begin(2)
+		wg.Wait()
+		if p := r.lastReport(); p != nil && p.Attempt != 2 {
+			t.Fatalf("round %d: attempt 2 runs and the reporter holds %+v", round, p)
+		}
+		r.end()
+	}
 }
 
 // What one report costs the handler that makes it (the publish, at most
@@ -157,24 +211,24 @@ func BenchmarkReporter_Report(b *testing.B) {
 		{"message to clean", "page 37\tof 120\x1b[0m, " + strings.Repeat("é", 200)},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			r := &Reporter{id: "x", now: time.Now}
-			r.open(1)
-			defer r.close()
+			r := reporterOf("x", time.Now)
+			r.begin(1)
+			defer r.end()
 			b.ReportAllocs()
 			for b.Loop() {
-				r.Report(37, 120, tc.message)
+				r.Report(1, 37, 120, tc.message)
 			}
 		})
 	}
 	b.Run("four goroutines", func(b *testing.B) {
-		r := &Reporter{id: "x", now: time.Now}
-		r.open(1)
-		defer r.close()
+		r := reporterOf("x", time.Now)
+		r.begin(1)
+		defer r.end()
 		b.ReportAllocs()
 		b.SetParallelism(4)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				r.Report(37, 120, "page 37 of 120")
+				r.Report(1, 37, 120, "page 37 of 120")
 			}
 		})
 	})
