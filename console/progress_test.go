@@ -136,8 +136,8 @@ func TestExecutionPage_ShowsItsHandlersProgressLive(t *testing.T) {
 }
 
 // Under authentication a producer's page follows its own executions'
-// progress, with its own credentials; an approver's page of the same
-// execution receives none of it.
+// progress, with its own credentials, and so does an admin's; an
+// approver's page of the same execution receives none of it.
 func TestExecutionPage_ProgressReachesItsPrincipalAlone(t *testing.T) {
 	t.Parallel()
 	env, setup := secured(t)
@@ -173,7 +173,13 @@ func TestExecutionPage_ProgressReachesItsPrincipalAlone(t *testing.T) {
 			t.Fatalf("alice's progress: %+v", p)
 		}
 	}
-	// While alice's page received three reports, bob's received none.
+	adminLines, closeAdmin := openStream(t, signIn(auth.AdminPrincipal), "/live/executions/"+id+"?after=0&owner=alice")
+	defer closeAdmin()
+	if p := nextProgress(t, adminLines); p.Total != 2000 || !strings.Contains(p.Text, "rendered") {
+		t.Fatalf("the admin's page of alice's execution: %+v", p)
+	}
+	// While alice's page received three reports and the admin's one, bob's
+	// received none.
 	for {
 		select {
 		case l, ok := <-bobLines:
