@@ -213,13 +213,15 @@ func (f *progressFollow) stop() {
 	if f == nil {
 		return
 	}
-	f.mu.Lock()
+	// A call under way ends first; none starts after.
+	f.calling.Lock()
 	f.stopped.Store(true)
+	f.calling.Unlock()
+	// add, which checks stopped under mu, adds nothing after this.
+	f.mu.Lock()
 	subs := f.subs
 	f.subs = nil
 	f.mu.Unlock()
-	f.calling.Lock() // a call under way ends first
-	f.calling.Unlock()
 	for _, s := range subs {
 		if err := s.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
 			f.c.cfg.Logger.Debug("progress: unsubscribe", "subject", s.Subject, "err", err)
