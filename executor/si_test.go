@@ -833,7 +833,7 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 			t.Errorf("%s: input schema %v", desc.ID, desc.InputSchema)
 		}
 	}
-	wantIDs := "demo.echo demo.flaky demo.sleep email.send orders.refund pool-b.mcp"
+	wantIDs := "demo.echo demo.flaky demo.report demo.sleep email.send orders.refund pool-b.mcp"
 	if strings.Join(ids, " ") != wantIDs || d.Surface != executor.SurfaceMCP {
 		t.Fatalf("listed %v on %s, want %s", ids, d.Surface, wantIDs)
 	}
@@ -841,12 +841,12 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 	if d.Digest != hex.EncodeToString(sum[:]) {
 		t.Fatalf("digest %s", d.Digest)
 	}
-	refund := d.Capabilities[4]
+	refund := d.Capabilities[5]
 	if b, _ := json.Marshal(refund.InputSchema["required"]); string(b) != `["orderId","amount"]` || refund.RequiresApproval {
 		t.Fatalf("orders.refund: %+v", refund)
 	}
 	ev := eventOf(t, trailUntil(t, c, d.ID, audit.Discovered), audit.Discovered)
-	if ev.Data["digest"] != d.Digest || fmt.Sprint(ev.Data["count"]) != "6" || ev.Surface != "mcp" || ev.Actor.ID != "alice" {
+	if ev.Data["digest"] != d.Digest || fmt.Sprint(ev.Data["count"]) != "7" || ev.Surface != "mcp" || ev.Actor.ID != "alice" {
 		t.Fatalf("discovered event %+v", ev.Event)
 	}
 
@@ -861,7 +861,7 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 			t.Errorf("%s: requiresApproval %v", desc.ID, desc.RequiresApproval)
 		}
 	}
-	if strings.Join(ids, " ") != "demo.echo demo.flaky demo.sleep email.send orders.refund" {
+	if strings.Join(ids, " ") != "demo.echo demo.flaky demo.report demo.sleep email.send orders.refund" {
 		t.Fatalf("agent sees %v", ids)
 	}
 	ev = eventOf(t, trailUntil(t, c, d.ID, audit.Discovered), audit.Discovered)
@@ -872,7 +872,7 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 
 	// Scope narrows the listing.
 	d, err = c.Describe(ctxT(t), executor.SurfaceMCP, alice, executor.Scope{Prefix: "demo."})
-	if err != nil || len(d.Capabilities) != 3 {
+	if err != nil || len(d.Capabilities) != 4 {
 		t.Fatalf("prefix scope: %v %v", err, d)
 	}
 	d, err = c.Describe(ctxT(t), executor.SurfaceMCP, alice, executor.Scope{Tags: []string{"demo", "payments"}})

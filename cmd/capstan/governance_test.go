@@ -33,10 +33,10 @@ func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
 				t.Errorf("%s: %+v", c.ID, c)
 			}
 		}
-		if strings.Join(ids, " ") != "demo.echo demo.flaky demo.sleep email.send orders.refund" || d.Surface != "mcp" || len(d.Digest) != 64 {
+		if strings.Join(ids, " ") != "demo.echo demo.flaky demo.report demo.sleep email.send orders.refund" || d.Surface != "mcp" || len(d.Digest) != 64 {
 			t.Fatalf("discovery %s", stdout)
 		}
-		refund := d.Capabilities[4].InputSchema
+		refund := d.Capabilities[5].InputSchema
 		props := refund["properties"].(map[string]any)
 		if props["orderId"].(map[string]any)["type"] != "string" || props["amount"].(map[string]any)["type"] != "integer" ||
 			refund["additionalProperties"] != false {
@@ -46,7 +46,7 @@ func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
 
 	t.Run("describe narrows by prefix and refuses a malformed actor", func(t *testing.T) {
 		stdout, _, code := capstan(t, url, "describe", "--prefix", "demo.", "--actor", "anonymous", "--json")
-		if d := decode[executor.Discovery](t, stdout); code != exitOK || len(d.Capabilities) != 3 {
+		if d := decode[executor.Discovery](t, stdout); code != exitOK || len(d.Capabilities) != 4 {
 			t.Fatalf("exit %d: %s", code, stdout)
 		}
 		_, stderr, code := capstan(t, url, "describe", "--actor", "root:alice")
