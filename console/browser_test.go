@@ -324,8 +324,10 @@ func TestBrowser_PhoneWidthNoHorizontalScrollEveryActionVisible(t *testing.T) {
 	pending := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-2002", Amount: 1200}, alice)
 	r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 1}, alice)
 	r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-2003", Amount: -1}, alice)
-	running, err := r.client.Submit(testCtx(t), "email.send", map[string]any{"to": "ada@example.com", "subject": "held", "holdMs": 120000},
-		executor.As(alice))
+	// Running for minutes (email.send's hold would end at its 30 s timeout,
+	// which a loaded machine reaches before the second pass), and
+	// reporting its progress.
+	running, err := r.client.Submit(testCtx(t), "demo.report", demo.ReportInput{Pages: 100_000, PageMs: 5}, executor.As(alice))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +342,7 @@ func TestBrowser_PhoneWidthNoHorizontalScrollEveryActionVisible(t *testing.T) {
 			"#a-" + pending.Approval.ID + " button.reject", "#a-" + pending.Approval.ID + " textarea"}},
 		{"executions", "/executions", "#exec-table", []string{"#filters button", "#filters input[name=capability]",
 			"#filters select[name=status]", "#e-" + running + " a"}},
-		{"execution", "/executions/" + running, `#timeline li[data-type="capability.started"]`, []string{"#cancel", "button.copy", "#exec-id"}},
+		{"execution", "/executions/" + running, "#exec-progress", []string{"#cancel", "button.copy", "#exec-id", "#exec-progress-bar", "#exec-progress-text"}},
 		{"approval's execution", "/executions/" + pending.ExecutionID, "#exec-input", []string{"#exec-approval a", "button.copy"}},
 		{"capabilities", "/capabilities", "#pool-default", []string{`[id="cap-orders.refund"]`}},
 	}
