@@ -162,6 +162,10 @@ func (r *rig) newScene(t *testing.T) *scene {
 	for _, id := range []string{sc.aliceDone, hers.ExecutionID} {
 		r.settled(t, "alice", id)
 	}
+	// Their requests' acks follow their envelopes: the world a test reads
+	// next must not see them go (bob's t.send still runs, its request kept).
+	r.acked(t, "bob", "t.echo", "t.refund")
+	r.acked(t, "alice", "t.echo", "t.refund")
 	return sc
 }
 

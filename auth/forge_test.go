@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -245,10 +246,11 @@ func (r *rig) settled(t *testing.T, principal, id string) {
 	}
 }
 
-// acked waits until no request of principal's is left in the exec stream:
-// the ack of a request follows its envelope, and a world read between them
-// would see the stream shrink.
-func (r *rig) acked(t *testing.T, principal string) {
+// acked waits until no request of principal's is left in the exec stream
+// (with capabilities, none for those capabilities): the ack of a request
+// follows its envelope, and a world read between them would see the stream
+// shrink.
+func (r *rig) acked(t *testing.T, principal string, capabilities ...string) {
 	t.Helper()
 	ctx := testCtx(t)
 	n := r.setup.Names()
@@ -260,7 +262,14 @@ func (r *rig) acked(t *testing.T, principal string) {
 		var left map[string]uint64
 		info, err := s.Info(ctx, jetstream.WithSubjectFilter(n.ExecSubject(principal, ">")))
 		if err == nil {
-			if left = info.State.Subjects; len(left) == 0 {
+			left = info.State.Subjects
+			if len(capabilities) > 0 {
+				left = maps.Clone(left)
+				maps.DeleteFunc(left, func(subject string, _ uint64) bool {
+					return !slices.ContainsFunc(capabilities, func(c string) bool { return subject == n.ExecSubject(principal, c) })
+				})
+			}
+			if len(left) == 0 {
 				return
 			}
 		}
