@@ -100,17 +100,17 @@ func (e *Execution) recover(how string, n int, receipt envelope.Raw, out any) {
 		out, err = e.fromReceipt(n, receipt)
 	}
 	if err != nil {
-		e.finalize(e.failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput,
+		e.finalize(failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput,
 			ExposeToModel: true, Message: "The operation took effect, but its receipt could not be made its output; it was withheld.",
 			Cause: err}), n)
 		return
 	}
 	raw, oerr := e.unit.Output(out)
 	if oerr != nil {
-		e.finalize(e.failedAfterRun(oerr), n)
+		e.finalize(failedAfterRun(oerr), n)
 		return
 	}
-	o := e.completed(raw)
+	o := completed(raw)
 	o.env.Recovered = &envelope.Recovered{How: how, Attempt: n}
 	o.data = map[string]any{"recovered": how, "recoveredAttempt": n}
 	if how == envelope.RecoveredByReceipt {
@@ -163,11 +163,11 @@ func (e *Execution) admitted(n int) bool {
 		e.endByContext(n)
 		return false
 	case adm.Refusal != nil:
-		e.finalize(e.failed(adm.Refusal), n)
+		e.finalize(failed(adm.Refusal), n)
 		return false
 	case adm.Unit == nil:
 		// An approval asked for again: a takeover never asks twice.
-		e.finalize(e.failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageHandler,
+		e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageHandler,
 			Message: "The operation failed.", Cause: errors.New("readmission asked for an approval")}), n)
 		return false
 	}
@@ -227,9 +227,9 @@ func (e *Execution) reconcile(n int) {
 		e.retryReason = a.Reason
 		e.run(false, a.Attempts, envelope.CodeWorkerLost)
 	case Cancel:
-		e.finalize(e.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
+		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
 	case Fail:
-		e.finalize(e.afterRun(a.Err), a.Attempts)
+		e.finalize(afterRun(a.Err), a.Attempts)
 	default:
 		// Nothing else follows an answer: leave it to the next delivery.
 		e.r.log.Error("takeover table: no action after a reconciliation", "executionId", e.req.ExecutionID, "do", a.Do)
