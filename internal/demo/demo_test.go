@@ -43,29 +43,120 @@ func streamMsgs(t *testing.T, ctx context.Context, js jetstream.JetStream, name 
 	return s.CachedInfo().State.Msgs
 }
 
-// A second run of the same attempt of email.send — what the runtime must never
-// do — is invisible in the outbox, whose message id names the attempt, and
-// shows in the calls stream, which keeps every handler call.
-func TestDemo_SecondRunOfOneAttempt_ShowsInTheCallsStream(t *testing.T) {
+// A second call of email.send for one execution — what the runtime never
+// makes on a guess — shows in the calls stream, which keeps every handler
+// call, and sends nothing: the outbox holds one email per idempotency key,
+// which the second call finds and reports.
+func TestDemo_SecondCallOfOneExecution_ShowsInTheCallsStreamOneEmail(t *testing.T) {
 	ctx, js := provisioned(t)
 	send := recorded(js, sendEmail(js))
-	call := executor.Call[EmailInput]{Input: EmailInput{To: "ada@example.com", Subject: "twice"},
-		ExecutionID: envelope.NewExecutionID(), CapabilityID: "email.send", Attempt: 1}
-	for range 2 {
-		if _, err := send(ctx, call); err != nil {
+	id := envelope.NewExecutionID()
+	var outs []EmailOutput
+	for attempt := 1; attempt <= 2; attempt++ {
+		call := executor.Call[EmailInput]{Input: EmailInput{To: "ada@example.com", Subject: "twice"},
+			ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), CapabilityID: "email.send", Attempt: attempt}
+		out, err := send(ctx, call)
+		if err != nil {
 			t.Fatal(err)
 		}
+		outs = append(outs, out)
 	}
-	if n := streamMsgs(t, ctx, js, OutboxStream); n != 1 {
-		t.Fatalf("the outbox holds %d emails of one attempt, want 1 (its per-attempt view)", n)
+	if n := streamMsgs(t, ctx, js, OutboxStream); n != 1 || outs[0] != outs[1] {
+		t.Fatalf("the outbox holds %d emails of one key, the calls reported %+v; want one email, reported twice", n, outs)
 	}
 	calls, err := ReadCalls(ctx, js)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := HandlerCall{CapabilityID: "email.send", ExecutionID: call.ExecutionID, Attempt: 1}
-	if len(calls) != 2 || calls[0] != want || calls[1] != want {
-		t.Fatalf("calls stream %+v, want two of %+v", calls, want)
+	if len(calls) != 2 || calls[0].ExecutionID != id || calls[1].Attempt != 2 {
+		t.Fatalf("calls stream %+v, want both calls", calls)
+	}
+	sent, found, err := sentEmail(ctx, js, envelope.IdempotencyKey(id))
+	if err != nil || !found || sent.Header.Get(AttemptHeader) != "1" || sent.Header.Get(ExecutionIDHeader) != id {
+		t.Fatalf("outbox email %+v, found %v, err %v: want attempt 1's", sent, found, err)
+	}
+}
+
+// email.send's reconciler reads the outbox by idempotency key: the email of
+// the execution is found, with the sequence the handler reports; no email is
+// a proof of absence; another execution's email under the key is no
+// evidence either way.
+func TestDemo_EmailReconciler(t *testing.T) {
+	ctx, js := provisioned(t)
+	r := emailRecovery(js)
+	if !r.ProvesAbsence {
+		t.Fatal("email.send's reconciler does not prove absence")
+	}
+	id := envelope.NewExecutionID()
+	q := executor.Reconciliation[EmailInput]{ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), Attempt: 1}
+	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectAbsent {
+		t.Fatalf("before the email: %+v, %v; want absent", got, err)
+	}
+	out, err := sendEmail(js)(ctx, executor.Call[EmailInput]{Input: EmailInput{To: "ada@example.com"}, ExecutionID: id,
+		IdempotencyKey: q.IdempotencyKey, CapabilityID: "email.send", Attempt: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectFound || got.Output != out {
+		t.Fatalf("after the email: %+v, %v; want found %+v", got, err, out)
+	}
+	other := q
+	other.ExecutionID = envelope.NewExecutionID()
+	if got, err := r.Reconcile(ctx, other); err != nil || got.Effect != executor.EffectUnknown {
+		t.Fatalf("another execution's email under the key: %+v, %v; want unknown", got, err)
+	}
+}
+
+// orders.refund's reconciler reads the refunds bucket by idempotency key.
+func TestDemo_RefundReconciler(t *testing.T) {
+	ctx, js := provisioned(t)
+	r := refundRecovery(js)
+	id := envelope.NewExecutionID()
+	in := RefundInput{OrderID: "o-1", Amount: 40}
+	q := executor.Reconciliation[RefundInput]{Input: in, ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), Attempt: 1}
+	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectAbsent {
+		t.Fatalf("before the refund: %+v, %v; want absent", got, err)
+	}
+	kv, err := js.KeyValue(ctx, RefundsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, q.IdempotencyKey, envelope.MustRaw(in)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectFound || got.Output.OrderID != "o-1" {
+		t.Fatalf("after the refund: %+v, %v; want found", got, err)
+	}
+	q.Input.Amount = 41
+	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectUnknown {
+		t.Fatalf("another refund under the key: %+v, %v; want unknown", got, err)
+	}
+}
+
+// An outbox an earlier version made (one subject for every email) is widened
+// to the subjects by idempotency key, its emails kept.
+func TestDemo_ProvisionWidensAnEarlierOutbox(t *testing.T) {
+	ctx := testCtx(t)
+	nc := testenv.Start(t).Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: OutboxStream, Subjects: []string{OutboxSubject}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, OutboxSubject, []byte("old")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Provision(ctx, nc, 1); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, OutboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := s.CachedInfo().Config; len(cfg.Subjects) != 2 || s.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("outbox subjects %v with %d emails", cfg.Subjects, s.CachedInfo().State.Msgs)
 	}
 }
 
