@@ -9,7 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
-	"github.com/capstan-dev/capstan/internal/inputcheck"
+	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
 )
 
 // Call is what a handler receives besides its context: the validated input and

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -33,6 +33,7 @@ type printedEnvelope struct {
 }
 
 func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
+	t.Parallel()
 	dev, url := startDev(t)
 
 	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
@@ -52,9 +53,11 @@ func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
 // second `capstan submit` (which the exec stream's dedup window absorbs), nor
 // a copy of the request published under another message id while the first
 // runs, nor one published after its envelope exists; both copies reach the
-// worker, as the stream's emptying shows.
+// worker, as the stream's emptying shows. The copy that comes while the
+// first runs is delivered again a lease later: a 2 s lease, not 30 s.
 func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
-	_, url := startDev(t)
+	t.Parallel()
+	_, url := startDev(t, "--lease", "2s")
 	id := envelope.NewExecutionID()
 	input := `{"to":"ada@example.com","subject":"hello","holdMs":500}`
 	submit := []string{"submit", "email.send", "--id", id, "--input", input}
@@ -192,6 +195,7 @@ func outboxMessages(t *testing.T, url, id string) int {
 }
 
 func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
+	t.Parallel()
 	const executions = 2000
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
@@ -252,6 +256,7 @@ func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	js, err := jetstream.New(connect(t, url))
 	if err != nil {
@@ -323,6 +328,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	id := envelope.NewExecutionID()
 	if _, stderr, code := capstan(t, url, "submit", "email.send", "--id", id,
