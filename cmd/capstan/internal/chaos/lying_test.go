@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/demo"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
