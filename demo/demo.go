@@ -392,7 +392,7 @@ func lastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) 
 	return msg, true, nil
 }
 
-// emailRecovery is email.send's recovery: its receipt is its output, and its
+// EmailRecovery is email.send's recovery: its receipt is its output, and its
 // reconciler looks the execution's idempotency key up in the outbox.
 //
 // It proves absence. The outbox is read on its stream's leader, so an email
@@ -405,7 +405,7 @@ func lastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) 
 // the late one refused. The stream's duplicate window, keyed on the
 // idempotency key, drops such a repeat within the window as well; the
 // create-only subject is what holds past it.
-func emailRecovery(js jetstream.JetStream) executor.Recovery[EmailInput, EmailOutput] {
+func EmailRecovery(js jetstream.JetStream) executor.Recovery[EmailInput, EmailOutput] {
 	return executor.Recovery[EmailInput, EmailOutput]{
 		ProvesAbsence: true,
 		Timeout:       5 * time.Second,
@@ -519,7 +519,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			}
 		})),
 
-		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(emailRecovery(js))),
+		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",

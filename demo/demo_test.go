@@ -86,7 +86,7 @@ func TestDemo_SecondCallOfOneExecution_ShowsInTheCallsStreamOneEmail(t *testing.
 func TestDemo_EmailReconciler(t *testing.T) {
 	t.Parallel()
 	ctx, js := provisioned(t)
-	r := emailRecovery(js)
+	r := EmailRecovery(js)
 	if !r.ProvesAbsence {
 		t.Fatal("email.send's reconciler does not prove absence")
 	}
