@@ -70,7 +70,28 @@ type SleepOutput struct {
 type EmailInput struct {
 	To      string `json:"to"`
 	Subject string `json:"subject"`
-	HoldMs  int    `json:"holdMs,omitempty"`
+	// DelayMs waits before the email is sent, honouring cancellation: until
+	// then nothing is sent, and a cancel ends the execution CANCELLED.
+	DelayMs int `json:"delayMs,omitempty"`
+	// HoldMs holds after the email is sent and its receipt recorded: the
+	// window where a crash leaves an effect without a result. A cancel there
+	// comes after the effect, and the execution completes (DESIGN §5).
+	HoldMs int `json:"holdMs,omitempty"`
+}
+
+// wait waits ms milliseconds, or until ctx ends.
+func wait(ctx context.Context, ms int) error {
+	if ms <= 0 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Validate checks the address is present.
@@ -275,6 +296,9 @@ func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, erro
 // then a hold.
 func sendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
 	return func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
+		if err := wait(ctx, c.Input.DelayMs); err != nil {
+			return EmailOutput{}, err // nothing sent
+		}
 		out, err := send(ctx, js, c)
 		if err != nil {
 			return EmailOutput{}, err
@@ -288,14 +312,8 @@ func sendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput]
 		}
 		// The dangerous window: the effect happened, the result is not yet
 		// returned. A crash here must never send the email again.
-		if c.Input.HoldMs > 0 {
-			t := time.NewTimer(time.Duration(c.Input.HoldMs) * time.Millisecond)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return EmailOutput{}, ctx.Err()
-			}
+		if err := wait(ctx, c.Input.HoldMs); err != nil {
+			return EmailOutput{}, err
 		}
 		return out, nil
 	}
@@ -437,16 +455,15 @@ var EmailMeta = executor.Meta{
 // their own, to prove that they would see one that lies.
 func SendEmailWithoutReceipt(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
 	return recorded(js, func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
+		if err := wait(ctx, c.Input.DelayMs); err != nil {
+			return EmailOutput{}, err
+		}
 		out, err := send(ctx, js, c)
 		if err != nil {
 			return EmailOutput{}, err
 		}
-		if c.Input.HoldMs > 0 {
-			select {
-			case <-time.After(time.Duration(c.Input.HoldMs) * time.Millisecond):
-			case <-ctx.Done():
-				return EmailOutput{}, ctx.Err()
-			}
+		if err := wait(ctx, c.Input.HoldMs); err != nil {
+			return EmailOutput{}, err
 		}
 		return out, nil
 	})

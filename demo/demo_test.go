@@ -237,3 +237,61 @@ func TestDemo_WorkerCallsRecordedPerAttempt(t *testing.T) {
 		t.Fatalf("calls %+v, want %+v", calls, want)
 	}
 }
+
+// A cancel before email.send sends (its delay) ends it CANCELLED with no
+// email; a cancel after (its hold, the receipt recorded) comes after the
+// effect: the execution completes from its receipt, and says so.
+func TestDemo_EmailCancelledBeforeOrAfterItsSend(t *testing.T) {
+	t.Parallel()
+	ctx, js := provisioned(t)
+	reg, err := executor.NewRegistry(Catalog(js)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := capstantest.Worker(t, reg, capstantest.WithConn(js.Conn()))
+	c := w.Client(t, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "test"}})
+	cancelWhenCalled := func(in EmailInput) *envelope.Envelope {
+		t.Helper()
+		before := streamMsgs(t, ctx, js, CallsStream)
+		id, err := c.Submit(ctx, "email.send", in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for streamMsgs(t, ctx, js, CallsStream) == before {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if in.HoldMs > 0 {
+			// Cancel once the receipt is on the record.
+			for {
+				s, err := c.Status(ctx, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if s.Record != nil && len(s.Record.Receipt) > 0 {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		if _, err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		env, err := c.Await(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return env
+	}
+	env := cancelWhenCalled(EmailInput{To: "ada@example.com", DelayMs: 60_000})
+	if env.Status != envelope.StatusCancelled || env.Recovered != nil || streamMsgs(t, ctx, js, OutboxStream) != 0 {
+		t.Fatalf("cancelled in its delay: %s %+v, %d emails; want cancelled, none sent", env.Status, env.Recovered,
+			streamMsgs(t, ctx, js, OutboxStream))
+	}
+	env = cancelWhenCalled(EmailInput{To: "ada@example.com", HoldMs: 60_000})
+	var out EmailOutput
+	if err := env.Output.Decode(&out); err != nil || env.Status != envelope.StatusCompleted || env.Recovered == nil ||
+		env.Recovered.How != envelope.RecoveredByReceipt || out.OutboxSeq != 1 {
+		t.Fatalf("cancelled in its hold: %s %+v output %+v (%v); want completed from its receipt, email 1", env.Status,
+			env.Recovered, out, err)
+	}
+}
