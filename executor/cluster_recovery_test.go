@@ -53,9 +53,14 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 		}
 		plain := executor.Define("email.plain", demo.EmailMeta, demo.SendEmailWithoutReceipt(js),
 			executor.WithRecovery(demo.EmailRecovery(js)))
+		// Each worker to cut serves one of the two, so that both have
+		// executions in flight when it is cut.
 		caps := append(demo.Catalog(js), plain)
-		if id == "cut-plain" {
+		switch id {
+		case "cut-plain":
 			caps = []executor.Capability{plain}
+		case "cut":
+			caps = demo.Catalog(js)
 		}
 		if id != "staying" {
 			runWorkerUntilCut(t, nc, executor.WorkerConfig{ID: id, Concurrency: 64, Lease: lease}, caps...)
