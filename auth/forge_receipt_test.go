@@ -64,7 +64,11 @@ func TestForge_ReceiptInTheRecordIsRefused(t *testing.T) {
 			env.Recovered, r.sends.Load())
 	}
 
-	// While it runs: a cancel after a receipt would end it completed.
+	// While it runs: a cancel after a receipt would end it completed. The
+	// first execution is settled and acknowledged first: the world read
+	// around the attack must not see it end.
+	r.settled(t, "alice", id)
+	r.acked(t, "alice")
 	held, err := alice.Submit(ctx, "t.send", Echo{Text: "hold"})
 	if err != nil {
 		t.Fatal(err)
