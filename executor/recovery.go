@@ -82,7 +82,9 @@ type Recovery[In, Out any] struct {
 	// execution's cancel, held under a claim and a lease as an attempt is
 	// (a worker lost while it asks is taken over and asks again). Return
 	// Found with the output, Absent, or Unknown; an error, a panic or the
-	// time running out count as Unknown.
+	// time running out count as Unknown. One that ignores its context is
+	// abandoned when its time runs out, as a handler is: the takeover goes
+	// on without it, and an answer it gives later is not used.
 	Reconcile func(ctx context.Context, q Reconciliation[In]) (Reconciled[Out], error)
 	// ProvesAbsence declares that Reconcile's Absent is authoritative: the
 	// system where the effect lives says that it did not happen, and it
