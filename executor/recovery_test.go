@@ -251,6 +251,22 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			verdict: "unknown", reason: "timeout",
 		},
 		{
+			// A reconciler that ignores its context and answers "found" long
+			// after its time: abandoned, its late answer not used.
+			name: "ReconcilerHangsIgnoringItsContext_OutcomeUnknownLateAnswerUnused",
+			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
+				return &executor.Recovery[map[string]any, mailOut]{Timeout: 100 * time.Millisecond,
+					Reconcile: func(ctx context.Context, q executor.Reconciliation[map[string]any]) (executor.Reconciled[mailOut], error) {
+						time.Sleep(time.Second)
+						return executor.Found(mailOut{MessageID: "late"}), nil
+					}}
+			},
+			rec:     func(id string) *executor.Record { return running(id, nil) },
+			sent:    true,
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			verdict: "unknown", reason: "timeout",
+		},
+		{
 			name: "ReconciliationLostWithItsWorker_AskedAgain",
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
