@@ -904,7 +904,7 @@ export function recoveredForModel(env: Pick<Envelope, "recovered">): string | un
     case "receipt":
       return `The operation took effect (attempt ${n}). Its worker stopped before reporting the result; this result was recovered from the receipt the operation recorded when its effect happened. Do not call it again to make sure.`;
     case "reconciler":
-      return `The operation took effect (attempt ${n}). Its worker was lost before reporting the result; this result was recovered by checking the system where its effect lives. Do not call it again to make sure.`;
+      return `The operation took effect (attempt ${n}). Its worker was lost before reporting the result; this result was recovered by checking the system where the effect lives. Do not call it again to make sure.`;
   }
   return `The operation took effect (attempt ${n}); its result was recovered (${r.how}) after its worker stopped.`;
 }

@@ -35,11 +35,18 @@ describe("recovered outcomes", () => {
     assert.equal(wire.recoveredForModel(base), undefined);
     for (const [how, says] of [
       ["receipt", "recovered from the receipt"],
-      ["reconciler", "recovered by checking the system where its effect lives"],
+      ["reconciler", "recovered by checking the system where the effect lives"],
     ] as const) {
       const env = { ...base, recovered: { how, attempt: 2 } };
       const note = wire.recoveredForModel(env) ?? "";
       assert.ok(note.includes(says) && note.includes("attempt 2") && note.includes("Do not call it again"), note);
+      if (how === "reconciler") {
+        // Go's Recovered.ForModel, word for word (its ExampleWithRecovery prints it).
+        assert.equal(
+          note,
+          "The operation took effect (attempt 2). Its worker was lost before reporting the result; this result was recovered by checking the system where the effect lives. Do not call it again to make sure.",
+        );
+      }
       assert.deepEqual(forTheModel(env), { status: "completed", executionId: "x", output: { outboxSeq: 7 }, recovered: how, note });
     }
   });
