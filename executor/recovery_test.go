@@ -675,3 +675,48 @@ func runWorkerUntilCut(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, c
 	t.Cleanup(func() { cancel(); <-done })
 	waitServing(t, nc, caps[0].ID())
 }
+
+// A receipt larger than MaxReceipt, which would ride every later write of
+// the record, is refused and nothing is written; a small one after it is
+// recorded. The execution ends as its handler returns.
+func TestReceipt_TooLarge_RefusedNothingWritten(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	errs := make(chan error, 2)
+	sizes := executor.Define("test.mail", executor.Meta{
+		Description: "Records a receipt too large, then a small one.",
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
+		errs <- c.Receipt(ctx, strings.Repeat("x", executor.MaxReceipt))
+		errs <- c.Receipt(ctx, mailOut{MessageID: "msg-1"})
+		return mailOut{MessageID: "msg-1"}, nil
+	})
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "w"}, sizes)
+	id := envelope.NewExecutionID()
+	before := s.recordWrites()
+	s.publish("test.mail", id)
+	got := s.await(id)
+	if n := s.recordWrites() - before; n != 2 {
+		t.Errorf("the record was written %d times, want 2 (the claim, the small receipt)", n)
+	}
+	if err := <-errs; !errors.Is(err, executor.ErrReceiptRefused) || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("a receipt of %d bytes: %v, want ErrReceiptRefused for its size", executor.MaxReceipt+2, err)
+	}
+	if err := <-errs; err != nil {
+		t.Errorf("a small receipt after it: %v", err)
+	}
+	if got.Status != envelope.StatusCompleted || got.Recovered != nil {
+		t.Fatalf("envelope %s recovered %+v, want completed from its handler", got.Status, got.Recovered)
+	}
+	tr := s.settled(id)
+	n := 0
+	for _, ev := range tr {
+		if ev.Type == audit.ReceiptRecorded {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d receipts in the trail %v, want the small one", n, typesOf(tr))
+	}
+}
