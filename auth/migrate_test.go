@@ -156,7 +156,8 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 // it finishes with the keys and credentials the first run made, and the
 // backup still holds the credentials from before either run.
 func TestMigrate_ResumesAfterAnInterruption(t *testing.T) {
-	t.Parallel()
+	// Not parallel: FailMigrationAt changes the package's migration hook,
+	// which every Migrate reads (a parallel migration test raced with it).
 	dir := filepath.Join(t.TempDir(), "secrets")
 	v1 := testenv.LegacySetup(t, dir, migrationGrants...)
 	oldAlice := readCreds(t, v1.CredsPath("alice"))
