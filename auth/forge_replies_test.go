@@ -162,6 +162,10 @@ func (r *rig) newScene(t *testing.T) *scene {
 	for _, id := range []string{sc.aliceDone, hers.ExecutionID} {
 		r.settled(t, "alice", id)
 	}
+	// What ended is acknowledged too: a world read later sees the stream
+	// as it stays (bob's held sends of this scene and earlier ones stay).
+	r.acked(t, "alice")
+	r.acked(t, "bob", sc.bobDone, sc.bobWaiting)
 	return sc
 }
 
