@@ -81,6 +81,7 @@ func pendingOf(t *testing.T, s *approvals.Store, principal string) *approvals.Re
 }
 
 func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
+	t.Parallel()
 	env, s, _, r := securedDecisions(t)
 	carol := env.ConnectAs(t, "carol")
 	// The request names someone else: the record names carol's identity.
@@ -99,6 +100,7 @@ func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
 }
 
 func TestDecide_ApproverOfOtherTypesIsForbidden(t *testing.T) {
+	t.Parallel()
 	env, s, _, r := securedDecisions(t)
 	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "dave"), broker.NewNames(""),
 		approvals.DecideRequest{ApprovalID: r.ID, Approve: true})
@@ -109,6 +111,7 @@ func TestDecide_ApproverOfOtherTypesIsForbidden(t *testing.T) {
 }
 
 func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
+	t.Parallel()
 	// An approver principal whose identity is the requester's actor.
 	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.Approver,
 		Actors: []string{"user:alice"}, Types: []string{"*"}})
@@ -140,6 +143,7 @@ func assertPending(t *testing.T, s *approvals.Store, id string) {
 }
 
 func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
+	t.Parallel()
 	env, _, _, r := securedDecisions(t)
 	n := broker.NewNames("")
 	got, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
@@ -156,6 +160,7 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 }
 
 func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
+	t.Parallel()
 	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "bob", Role: auth.Producer,
 		Actors: []string{"user:bob"}, Capabilities: []string{"*"}})
 	other := pendingOf(t, s, "bob")

@@ -80,6 +80,7 @@ func rewrite(t *testing.T, b *broker.Broker, id string, change func(r *approvals
 }
 
 func TestCanonical_SortedKeysNoWhitespace(t *testing.T) {
+	t.Parallel()
 	raw, err := envelope.RawFromJSON([]byte(`{ "b": 1, "a": [ 2.5, "x" ], "c": {"z": null, "y": true} }`))
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +98,7 @@ func TestCanonical_SortedKeysNoWhitespace(t *testing.T) {
 }
 
 func TestCanonical_UnserializableInputRefused(t *testing.T) {
+	t.Parallel()
 	for name, v := range map[string]any{
 		"NaN":      map[string]any{"amount": math.NaN()},
 		"Inf":      map[string]any{"amount": math.Inf(1)},
@@ -116,6 +118,7 @@ func TestCanonical_UnserializableInputRefused(t *testing.T) {
 }
 
 func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -146,6 +149,7 @@ func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
 // stays approved); the same request's create again, as after a lost answer,
 // succeeds without writing.
 func TestCreate_ExistingApprovalNeverReplaced(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, b := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -177,6 +181,7 @@ func TestCreate_ExistingApprovalNeverReplaced(t *testing.T) {
 }
 
 func TestCreate_InputNotMatchingItsHashRefused(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	input, _, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
@@ -189,6 +194,7 @@ func TestCreate_InputNotMatchingItsHashRefused(t *testing.T) {
 }
 
 func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -212,6 +218,7 @@ func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
 }
 
 func TestDecide_OnlyFromPending(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -244,6 +251,7 @@ func TestDecide_OnlyFromPending(t *testing.T) {
 }
 
 func TestDecide_AnonymousApproverRefused(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -255,6 +263,7 @@ func TestDecide_AnonymousApproverRefused(t *testing.T) {
 }
 
 func TestDecide_PastExpiryRefusedAndMarkedExpired(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, b := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -271,6 +280,7 @@ func TestDecide_PastExpiryRefusedAndMarkedExpired(t *testing.T) {
 
 // However many approvers race, one decision is recorded.
 func TestDecide_ConcurrentDecisionsOneWins(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -306,6 +316,7 @@ func TestDecide_ConcurrentDecisionsOneWins(t *testing.T) {
 // Consumption is one CAS in the shared bucket: stores on separate connections
 // (workers, clients, CLIs) racing for one approval let exactly one through.
 func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	stores := make([]*approvals.Store, 5)
 	for i := range stores {
@@ -350,6 +361,7 @@ func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 // A retry or takeover of the execution that consumed an approval finds it
 // still covered; any other execution does not.
 func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -376,6 +388,7 @@ func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
 // execution alone (its retries and takeovers), never by another execution or
 // by a check that names none.
 func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
 	r := pending(t, s, 900)
@@ -401,6 +414,7 @@ func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
 }
 
 func TestConsume_RefusedUnlessApproved(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, b := storeOn(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -448,6 +462,7 @@ func TestConsume_RefusedUnlessApproved(t *testing.T) {
 }
 
 func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s, b := storeOn(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -502,6 +517,7 @@ func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
 
 // A decision lands in the requesting execution's trail, the approver acting.
 func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	s, b := storeOn(t, nc)
@@ -546,6 +562,7 @@ func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
 // approval's problem alone: every listing skips it and tells OnSkipped, and
 // lists, expires and decides the others.
 func TestList_SkipsARecordThatDoesNotDecode(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	s, b := storeOn(t, testenv.Start(t).Connect(t))
 	var mu sync.Mutex

@@ -18,6 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }
 
@@ -66,6 +67,7 @@ func types(trail []audit.Event) []string {
 }
 
 func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -96,6 +98,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 }
 
 func TestRead_UnknownExecutionIsNotFound(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
@@ -104,6 +107,7 @@ func TestRead_UnknownExecutionIsNotFound(t *testing.T) {
 }
 
 func TestRead_RefusesIDsThatAreNotOneSubjectToken(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -145,6 +149,7 @@ func collect(t *testing.T, b *broker.Broker, f audit.Filter, n int, opts ...audi
 }
 
 func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -197,6 +202,7 @@ func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
 }
 
 func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -233,6 +239,7 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 }
 
 func TestFollow_ResumesFromASequenceOrATime(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -255,6 +262,7 @@ func TestFollow_ResumesFromASequenceOrATime(t *testing.T) {
 }
 
 func TestFollow_UndecodableEventIsAnErrorNamingItsSequence(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b := provision(t, nc, broker.Config{})
@@ -315,6 +323,7 @@ func (r *recorder) warnings() int {
 }
 
 func TestEmitSync_FailsUnavailableWhenTheStreamRefuses(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{AuditMaxBytes: 16 << 10, AuditDiscardNew: true})
 	e := newEmitter(t, b, audit.Options{})
@@ -332,6 +341,7 @@ func TestEmitSync_FailsUnavailableWhenTheStreamRefuses(t *testing.T) {
 }
 
 func TestEmit_RefusedEventIsCountedAndLogged(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{AuditMaxBytes: 16 << 10, AuditDiscardNew: true})
 	log := &recorder{}
@@ -347,6 +357,7 @@ func TestEmit_RefusedEventIsCountedAndLogged(t *testing.T) {
 // Events of each execution stay in emission order on the stream, whatever
 // the other executions emitting at once do.
 func TestEmit_EachExecutionsEventsKeepTheirOrder(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -382,6 +393,7 @@ func TestEmit_EachExecutionsEventsKeepTheirOrder(t *testing.T) {
 }
 
 func TestProvision_AuditRetentionDefaultsTo30DaysAndIsKeptOnceSet(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	for _, c := range []struct {

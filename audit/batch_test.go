@@ -44,6 +44,7 @@ func storedEvents(t *testing.T, b *broker.Broker, ids []string) int {
 // message to the server, and the stream acknowledges a few hundred at once.
 // Every event is stored, confirmed (Flush returns) and none counted failed.
 func TestEmit_BatchedEventsAreOneMessageEachAndAllConfirmed(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	if !b.Audit.CachedInfo().Config.AllowBatchPublish {
@@ -79,6 +80,7 @@ func TestEmit_BatchedEventsAreOneMessageEachAndAllConfirmed(t *testing.T) {
 // counted and logged; the events after it are acknowledged one by one and
 // stored.
 func TestEmit_StreamStopsTakingBatches_LaterEventsAcknowledgedOneByOne(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	log := &recorder{}
@@ -111,6 +113,7 @@ func TestEmit_StreamStopsTakingBatches_LaterEventsAcknowledgedOneByOne(t *testin
 // counted, a new batch starts, and every event after it is stored. No event
 // goes unaccounted: each is stored or counted failed.
 func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -139,6 +142,7 @@ func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
 // their own, which it takes, not join the batch open before the outage, which
 // it no longer knows.
 func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -188,6 +192,7 @@ func waitConnected(t *testing.T, b *broker.Broker) {
 // reply subject, not the commit's. The events are stored: none may be counted
 // failed, and Flush returns on that acknowledgement.
 func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	b := provision(t, c.Connect(t), broker.Config{Replicas: 3})
 	if got := b.Audit.CachedInfo().Config.Replicas; got != 3 {
@@ -218,6 +223,7 @@ func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t 
 // the connection, or a long-running process taking one per request grows a
 // subscription (and its goroutine) per request until the connection closes.
 func TestNewEmitter_EmittersTakenPerUseLeaveNoSubscriptionBehind(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	if !b.Audit.CachedInfo().Config.AllowBatchPublish {

@@ -16,6 +16,7 @@ import (
 // them back in the order they were given, between the events emitted before
 // and after.
 func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -62,6 +63,7 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 }
 
 func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -82,6 +84,7 @@ func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
 // Unacknowledged publishes without asking for JetStream's acknowledgement;
 // the events are stored all the same, in order, once Flush returns.
 func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{Unacknowledged: true})
@@ -121,6 +124,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 // A closed connection fails an unacknowledged publish on this side: it is
 // counted.
 func TestEmit_UnacknowledgedFailureOnAClosedConnectionIsCounted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b := provision(t, nc, broker.Config{})
@@ -137,6 +141,7 @@ func TestEmit_UnacknowledgedFailureOnAClosedConnectionIsCounted(t *testing.T) {
 // still read and followed, and a trail that moved to the shard during an
 // upgrade reads whole, in stream order.
 func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	const id = "0190b6f2-3c4d-7e5f-8a6b-7c8d9e0f1a2b" // a UUIDv7 of 2024
@@ -179,6 +184,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 }
 
 func TestDecode_ReadsBothTheArrayAndTheSingleEventForm(t *testing.T) {
+	t.Parallel()
 	one, err := envelope.Marshal(event(audit.Requested, "x"))
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 type plainEvent Event
 
 func TestEventEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
+	t.Parallel()
 	var filled Event
 	codectest.Fill(&filled)
 	for name, e := range map[string]Event{

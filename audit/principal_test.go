@@ -29,6 +29,7 @@ func byPrincipal(trail []audit.Event) string {
 // Executions are scoped by principal: two principals' executions under one id
 // have two trails, and neither reads or follows the other's events as its own.
 func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPartOfIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -63,6 +64,7 @@ func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPart
 // id alone, named by the Capstan-Execution-Id header: they are still read, as
 // the trail of the principal their events name.
 func TestRead_StoresBeforePrincipalScopedIDs(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	id := envelope.NewExecutionID()

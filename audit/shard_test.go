@@ -58,6 +58,7 @@ func lifecycle(e *audit.Emitter, id string, step int) {
 // followed is its own execution's, whole and in order, however many other
 // events the shard holds between its events (more than one direct get's batch).
 func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -102,6 +103,7 @@ func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
 // A message without the execution header (written by hand, or by a version
 // between) is kept or dropped by the execution id its events carry.
 func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	ids := sameShard(t, 2)
@@ -126,6 +128,7 @@ func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
 // earlier than every event. Beyond an hour ahead, as everywhere in capstan,
 // the clock is too far off: the id is not found.
 func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
@@ -158,6 +161,7 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 // On a stream that does not allow direct gets (created by an earlier
 // version, on credentials that could not update it), Read uses message gets.
 func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	if !b.Audit.CachedInfo().Config.AllowDirect {
@@ -197,6 +201,7 @@ func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
 // Stores of earlier versions hold audit streams created without direct
 // gets; provisioning turns them on and changes nothing else.
 func TestProvision_AuditStreamOfAnEarlierVersionGetsDirectGets(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	js, err := jetstream.New(nc)

@@ -13,6 +13,7 @@ import (
 // account: the notice never reaches the workers, bob's execution runs on
 // until he cancels it himself.
 func TestForge_CancelNoticeAimedAtAnotherPrincipalsExecutionStopsNothing(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	n := r.setup.Names()

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"testing"
-	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -22,6 +22,7 @@ type Payout struct {
 // what the workers send an approver, listing or deciding, holds the shown
 // input, not the whole of it.
 func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	const secret = "DE89370400440532013000"
@@ -39,29 +40,8 @@ func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "payouts"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	for {
-		if _, err := r.admin.Catalog.Get(ctx, "t.payout"); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no worker serves t.payout")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "payouts"}))
 
 	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
 	env, err := alice.Call(ctx, "t.payout", Payout{IBAN: secret, Amount: 70})

@@ -287,15 +287,24 @@ func watch(t *testing.T, nc *nats.Conn, subjects []string, each bool) *answers {
 // observerIn connects a user of principal's own account, signed with the
 // account's key from the setup, that may subscribe to everything there (the
 // principal's own user may not) and publish nothing: it sees where answers
-// arrive.
-func (r *rig) observerIn(t *testing.T, principal string) *nats.Conn {
+// arrive. It connects to the server beside, where the requests are sent: an
+// answer reaches the requester's server and is delivered there, and on a
+// cluster a subscription on another node may not have reached that server
+// yet when the answer comes.
+func (r *rig) observerIn(t *testing.T, principal string, beside *nats.Conn) *nats.Conn {
 	t.Helper()
-	return r.userIn(t, principal, func(p *jwt.Permissions) { p.Pub.Deny.Add(">") })
+	return r.userAt(t, beside.ConnectedUrl(), principal, func(p *jwt.Permissions) { p.Pub.Deny.Add(">") })
 }
 
 // userIn connects a new user of principal's own account with the
 // permissions perms sets.
 func (r *rig) userIn(t *testing.T, principal string, perms func(*jwt.Permissions)) *nats.Conn {
+	t.Helper()
+	return r.userAt(t, r.url, principal, perms)
+}
+
+// userAt connects as userIn does, to url.
+func (r *rig) userAt(t *testing.T, url, principal string, perms func(*jwt.Permissions)) *nats.Conn {
 	t.Helper()
 	seed, err := os.ReadFile(filepath.Join(r.setup.Dir, principal+".account.nk"))
 	if err != nil {
@@ -315,7 +324,7 @@ func (r *rig) userIn(t *testing.T, principal string, perms func(*jwt.Permissions
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(r.url, nats.UserJWTAndSeed(ujwt, string(useed)))
+	nc, err := nats.Connect(url, nats.UserJWTAndSeed(ujwt, string(useed)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +339,7 @@ func (r *rig) aim(t *testing.T, sc *scene, reqs []request, targets []string) map
 	t.Helper()
 	ctx := testCtx(t)
 	inCapstan := watch(t, r.admin.NC, targets, true)
-	inAlice := watch(t, r.observerIn(t, "alice"), targets, false)
+	inAlice := watch(t, r.observerIn(t, "alice", sc.aliceNC), targets, false)
 	want := map[string]int{}
 	for _, req := range reqs {
 		for _, target := range targets {
@@ -362,14 +371,17 @@ func (r *rig) aim(t *testing.T, sc *scene, reqs []request, targets []string) map
 // reach: nothing arrives in the capstan account, no stream or key changes,
 // and bob's executions, approvals and grant work on.
 func TestForge_AnswersAimedAtCapstanStayInThePrincipalsAccount(t *testing.T) {
+	t.Parallel()
 	testAnswersStayInTheAccount(t, newRigOn(t, embedded))
 }
 
 func TestForgeOnOfficialServer_AnswersAimedAtCapstanStayInThePrincipalsAccount(t *testing.T) {
+	t.Parallel()
 	testAnswersStayInTheAccount(t, newRigOn(t, official))
 }
 
 func TestForgeOnCluster_AnswersAimedAtCapstanStayInThePrincipalsAccount(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
@@ -510,14 +522,17 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 // with only its own producer credentials would make them, one by one; each
 // changes no stream and no key, and its victim works on.
 func TestForge_EachAttackChangesNothing(t *testing.T) {
+	t.Parallel()
 	testEachAttack(t, newRigOn(t, embedded))
 }
 
 func TestForgeOnOfficialServer_EachAttackChangesNothing(t *testing.T) {
+	t.Parallel()
 	testEachAttack(t, newRigOn(t, official))
 }
 
 func TestForgeOnCluster_EachAttackChangesNothing(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
@@ -754,6 +769,7 @@ func testForgedResult(t *testing.T, r *rig) {
 	// Whatever the workers make of it, it is alice's: it ends, and is
 	// settled, under her key.
 	r.settled(t, "alice", sc.bobRun)
+	r.acked(t, "alice")
 	before := r.world(t)
 	get := request{name: "her forged envelope", subject: directGetOf(n.EnvelopesBucket(), broker.Key("alice", sc.bobRun))}
 	target := "$KV." + n.EnvelopesBucket() + "." + broker.Key("bob", sc.bobRun)
@@ -781,6 +797,7 @@ func testForgedResult(t *testing.T, r *rig) {
 // answers in capstan's buckets and streams; so the measure above detects the
 // hole it says is closed.
 func TestForgeControl_OneAccountLayoutLetsAnswersLand(t *testing.T) {
+	t.Parallel()
 	r := newRigOn(t, legacy)
 	sc := r.newScene(t)
 	ctx := testCtx(t)
@@ -824,6 +841,7 @@ func TestForgeControl_OneAccountLayoutLetsAnswersLand(t *testing.T) {
 // account on that subject, with no reply, where workers answer nothing
 // without a reply. No stream stores any of them, and no worker answers.
 func TestForge_AnswersAimedAtThePrincipalsOwnImports(t *testing.T) {
+	t.Parallel()
 	r := newRigOn(t, embedded)
 	sc := r.newScene(t)
 	n := r.setup.Names()
@@ -857,6 +875,7 @@ func TestForge_AnswersAimedAtThePrincipalsOwnImports(t *testing.T) {
 // envelope and record have no responder, a request on bob's subject is
 // stored nowhere, bob's envelope notifications never arrive.
 func TestForge_APrincipalsAccountReachesOnlyItsImports(t *testing.T) {
+	t.Parallel()
 	r := newRigOn(t, embedded)
 	sc := r.newScene(t)
 	ctx := testCtx(t)

@@ -16,6 +16,7 @@ import (
 // another principal's, which name its executions. The stream information a
 // producer may ask of the envelope and record buckets must not list them.
 func TestForge_StreamInfoDoesNotListAnotherPrincipalsExecutions(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	n := r.setup.Names()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -181,38 +181,9 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	// Nothing of the worker's own writes while a test compares the state
 	// before and after an attack: no catalog renewal, no lease renewal of
 	// a held execution, no sweep.
-	w, err := executor.NewWorker(r.connect(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{Pool: "forge",
-		CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	wait := testCtx(t)
-	for _, id := range []string{"t.echo", "t.send", "t.refund"} {
-		for {
-			if _, err := r.admin.Catalog.Get(wait, id); err == nil {
-				break
-			}
-			select {
-			case <-wait.Done():
-				stop()
-				t.Fatalf("no worker serves %s", id)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}
-	return stop
+	return capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "forge",
+			CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second})).Stop
 }
 
 // client returns principal's client and a collector of the server's refusals.
@@ -248,6 +219,33 @@ func (r *rig) settled(t *testing.T, principal, id string) {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("execution %s never settled: envelope %v", id, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// acked waits until no request of principal's is left in the exec stream:
+// the ack of a request follows its envelope, and a world read between them
+// would see the stream shrink.
+func (r *rig) acked(t *testing.T, principal string) {
+	t.Helper()
+	ctx := testCtx(t)
+	n := r.setup.Names()
+	s, err := r.admin.JS.Stream(ctx, n.ExecStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var left map[string]uint64
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(n.ExecSubject(principal, ">")))
+		if err == nil {
+			if left = info.State.Subjects; len(left) == 0 {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s's requests never all acknowledged: %v, left %v", principal, err, left)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -348,6 +346,7 @@ func eventTypes(t *testing.T, read func(context.Context) ([]audit.Event, error))
 }
 
 func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob := envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
@@ -381,6 +380,7 @@ func TestForge_ActorFromTheBodyIsRefused(t *testing.T) {
 }
 
 func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	// alice may call from direct only; her client says mcp.
 	alice, _, _ := r.client(t, "alice", executor.SurfaceMCP)
@@ -397,6 +397,7 @@ func TestForge_SurfaceFromTheBodyIsRefused(t *testing.T) {
 }
 
 func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
 	env, err := alice.Call(testCtx(t), "t.refund", Refund{OrderID: "o1", Amount: 900})
@@ -456,6 +457,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 // The approvals flow with two principals: alice requests, carol decides, alice
 // resumes; a consumed approval cannot be reset to run twice.
 func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -508,6 +510,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 }
 
 func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
+	t.Parallel()
 	testEnvelopeForges(t, newRig(t, false))
 }
 
@@ -546,6 +549,7 @@ func testEnvelopeForges(t *testing.T, r *rig) {
 }
 
 func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -577,6 +581,7 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 }
 
 func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
@@ -613,6 +618,7 @@ func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *test
 }
 
 func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -669,6 +675,7 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 // A body naming another capability than its subject: the server let alice
 // publish on t.echo's subject, the body asks for t.send.
 func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	dana, danaNC, _ := r.client(t, "dana", executor.SurfaceDirect)
@@ -701,6 +708,7 @@ func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
 
 // Describe lists what the principal may call, for actors it may assert.
 func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	dana, _, _ := r.client(t, "dana", executor.SurfaceDirect)
@@ -723,6 +731,7 @@ func TestForge_DescribeKeepsToTheGrant(t *testing.T) {
 }
 
 func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -759,6 +768,7 @@ func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
 }
 
 func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}
@@ -801,6 +811,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 // own envelope, answered on bob's envelope subject, must not pass for the
 // result bob waits for; nor may a worker answer on another principal's subject.
 func TestForge_RepliesAimedAtAnotherPrincipalAreNotResults(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)

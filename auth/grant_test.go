@@ -10,6 +10,7 @@ import (
 )
 
 func TestGrant_ActorsSurfacesCapabilitiesAndTypes(t *testing.T) {
+	t.Parallel()
 	gateway := auth.Grant{Principal: "gw", Role: auth.Producer, Actors: []string{"user:*", "service:billing"},
 		Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*", "demo.echo"}}
 	approver := auth.Grant{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance", "legal"}}
@@ -47,6 +48,7 @@ func TestGrant_ActorsSurfacesCapabilitiesAndTypes(t *testing.T) {
 }
 
 func TestGrant_ValidateReportsEveryProblem(t *testing.T) {
+	t.Parallel()
 	err := auth.Grant{Principal: "Bad Name", Role: "root", Actors: []string{"nokind", "user:a*"},
 		Capabilities: []string{"orders.>"}, Surfaces: []string{"m p"}}.Validate()
 	if err == nil {

@@ -40,6 +40,7 @@ func publishAs(t *testing.T, nc *nats.Conn, principal, capabilityID, executionID
 // runs once and completes with his own output, alice's forgeries are refused
 // before they run, and nothing of hers is on bob's trail or under his key.
 func TestIDs_ScopedByPrincipal_NoSquattingNoTrailPollution(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -96,6 +97,7 @@ func TestIDs_ScopedByPrincipal_NoSquattingNoTrailPollution(t *testing.T) {
 // A request whose message id does not name its own execution is refused
 // before it runs; with nothing else under its id, it ends INPUT_INVALID.
 func TestIDs_MessageIDNamingAnotherExecution_RefusedBeforeItRuns(t *testing.T) {
+	t.Parallel()
 	r := newRig(t, false)
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	id := envelope.NewExecutionID()

@@ -22,6 +22,7 @@ import (
 // server refuses its connections, subscriptions and large messages, and
 // another principal goes on as if nothing happened.
 func TestLimits_APrincipalExhaustsOnlyItsOwn(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)

@@ -14,14 +14,17 @@ import (
 // restart: one added connects to every node and calls; one removed is
 // disconnected from every node at once and connects nowhere again.
 func TestLivePrincipals_AddedAndRemovedByPush(t *testing.T) {
+	t.Parallel()
 	testLivePrincipals(t, newRigOn(t, embedded))
 }
 
 func TestLivePrincipalsOnOfficialServer_AddedAndRemovedByPush(t *testing.T) {
+	t.Parallel()
 	testLivePrincipals(t, newRigOn(t, official))
 }
 
 func TestLivePrincipalsOnCluster_AddedAndRemovedByPushOnEveryNode(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}

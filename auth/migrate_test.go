@@ -32,6 +32,7 @@ var migrationGrants = []auth.Grant{
 // producer's and approver's old credentials are refused, their new ones work
 // on everything they left behind, and the admin's and worker's are unchanged.
 func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	dir := filepath.Join(t.TempDir(), "secrets")
 	v1 := testenv.LegacySetup(t, dir, migrationGrants...)
@@ -155,6 +156,7 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 // it finishes with the keys and credentials the first run made, and the
 // backup still holds the credentials from before either run.
 func TestMigrate_ResumesAfterAnInterruption(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	v1 := testenv.LegacySetup(t, dir, migrationGrants...)
 	oldAlice := readCreds(t, v1.CredsPath("alice"))
@@ -195,6 +197,7 @@ func TestMigrate_ResumesAfterAnInterruption(t *testing.T) {
 }
 
 func TestMigrate_RefusesWhatItCannotMigrate(t *testing.T) {
+	t.Parallel()
 	s, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package auth_test
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +16,10 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // officialBinary is an official nats-server, built once from the module
@@ -98,6 +99,7 @@ func pushTo(t *testing.T, url string, setup *auth.Setup) {
 // official nats-server: a principal connects only once its account is
 // pushed, publishes under its own token only, and a call runs through it.
 func TestServerConfig_OfficialNatsServer(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -163,14 +165,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(connectWhenUp(t, ctx, url, setup, auth.WorkerPrincipal), reg, executor.WorkerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { stop(); <-done }()
+	capstantest.Worker(t, reg, capstantest.WithConn(connectWhenUp(t, ctx, url, setup, auth.WorkerPrincipal)))
 	c, err := executor.NewClient(alice, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "alice"}})
 	if err != nil {
 		t.Fatal(err)
@@ -186,15 +181,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
 // connectWhenUp connects as principal, retrying until the server listens or ctx ends.
 func connectWhenUp(t *testing.T, ctx context.Context, url string, setup *auth.Setup, principal string, opts ...nats.Option) *nats.Conn {

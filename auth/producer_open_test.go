@@ -14,6 +14,7 @@ import (
 // (which caps its requests' start windows and tells an expired execution),
 // from what provisioning recorded in the catalog.
 func TestProducer_LearnsTheEnvelopeRetentionWithoutStreamInfo(t *testing.T) {
+	t.Parallel()
 	env, setup, _ := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()

@@ -22,6 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	code := m.Run()
 	if officialBinary.dir != "" {
 		_ = os.RemoveAll(officialBinary.dir)
@@ -107,6 +108,7 @@ func secured(t *testing.T) (*testenv.Env, *auth.Setup, *broker.Broker) {
 }
 
 func TestPermissions_AnonymousClientIsRefused(t *testing.T) {
+	t.Parallel()
 	env, _, _ := secured(t)
 	nc, err := nats.Connect(env.URL, nats.MaxReconnects(0))
 	if err == nil {
@@ -116,6 +118,7 @@ func TestPermissions_AnonymousClientIsRefused(t *testing.T) {
 }
 
 func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -166,6 +169,7 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 }
 
 func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -215,6 +219,7 @@ func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
 }
 
 func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
@@ -248,6 +253,7 @@ func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
 // publishes them; from then on it knows every principal and refuses the
 // anonymous one.
 func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -293,6 +299,7 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 // A removed principal is disconnected at once by a push, with no restart,
 // and its credentials connect no more; its grant leaves the bucket.
 func TestRemove_DisconnectsAtOnceAndRevokesTheGrant(t *testing.T) {
+	t.Parallel()
 	env, setup, b := secured(t)
 	kept, err := os.ReadFile(setup.CredsPath("alice"))
 	if err != nil {

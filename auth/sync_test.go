@@ -19,6 +19,7 @@ import (
 // one (here: describe), gets it from Sync and the next push, with no
 // restart: adding a request the workers serve is one line of Crossings.
 func TestSync_AccountsOfAnEarlierVersionGetNewCrossingsByAPush(t *testing.T) {
+	t.Parallel()
 	r := newRigOn(t, embedded)
 	ctx := testCtx(t)
 	n := r.setup.Names()

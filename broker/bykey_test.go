@@ -15,6 +15,7 @@ import (
 // their stream information: a read answers as a bound bucket's does, and
 // nothing else is possible through it.
 func TestOpen_ReadsEnvelopesAndRecordsByKeyAsABoundBucketDoes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	const retention = 2 * time.Hour
 	full := provision(t, env.Connect(t), broker.Config{EnvelopeRetention: retention})

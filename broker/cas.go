@@ -134,11 +134,28 @@ func wrongLastSequence(err error) bool {
 // restart, which reports a key that exists as absent; where absent and present
 // lead to different decisions, confirm an absence here.
 func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string) (*T, uint64, error) {
-	bucket := kv.Bucket()
+	seq, deleted, data, err := lastFromLeader(ctx, nc, kv.Bucket(), key)
+	if err != nil {
+		return nil, 0, err
+	}
+	if deleted {
+		return nil, 0, ErrNotFound
+	}
+	v := new(T)
+	if err := envelope.Unmarshal(data, v); err != nil {
+		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", kv.Bucket(), key, err)
+	}
+	return v, seq, nil
+}
+
+// lastFromLeader reads key's last message from its bucket's stream leader:
+// its sequence, whether it is a delete or purge marker, and its data.
+// ErrNotFound when the key has no message.
+func lastFromLeader(ctx context.Context, nc *nats.Conn, bucket, key string) (uint64, bool, []byte, error) {
 	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
 	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
 	if err != nil {
-		return nil, 0, err
+		return 0, false, nil, err
 	}
 	var resp struct {
 		Message *struct {
@@ -153,27 +170,23 @@ func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyV
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
+		return 0, false, nil, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
 	}
 	if resp.Error != nil {
 		if resp.Error.Code == 404 {
-			return nil, 0, ErrNotFound
+			return 0, false, nil, ErrNotFound
 		}
-		return nil, 0, fmt.Errorf("capstan: %s/%s: %s (%d)", bucket, key, resp.Error.Desc, resp.Error.ErrCode)
+		return 0, false, nil, fmt.Errorf("capstan: %s/%s: %s (%d)", bucket, key, resp.Error.Desc, resp.Error.ErrCode)
 	}
 	if resp.Message == nil {
-		return nil, 0, fmt.Errorf("capstan: %s/%s: empty answer", bucket, key)
+		return 0, false, nil, fmt.Errorf("capstan: %s/%s: empty answer", bucket, key)
 	}
+	deleted := false
 	if len(resp.Message.Hdrs) > 0 {
 		if h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs); err == nil {
-			if op := h.Get(kvOperationHeader); op == "DEL" || op == "PURGE" {
-				return nil, 0, ErrNotFound
-			}
+			op := h.Get(kvOperationHeader)
+			deleted = op == "DEL" || op == "PURGE"
 		}
 	}
-	v := new(T)
-	if err := envelope.Unmarshal(resp.Message.Data, v); err != nil {
-		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
-	}
-	return v, resp.Message.Seq, nil
+	return resp.Message.Seq, deleted, resp.Message.Data, nil
 }

@@ -27,16 +27,19 @@ type counter struct {
 // error code than a single one, and the helpers must not care.
 func onEveryStore(t *testing.T, f func(t *testing.T, b *broker.Broker)) {
 	t.Run("R1", func(t *testing.T) {
+		t.Parallel()
 		env := testenv.Start(t)
 		f(t, provision(t, env.Connect(t), broker.Config{}))
 	})
 	t.Run("R3", func(t *testing.T) {
+		t.Parallel()
 		c := testenv.StartCluster(t, 3)
 		f(t, provision(t, c.Connect(t), broker.Config{Replicas: 3}))
 	})
 }
 
 func TestCAS_HelpersMapEveryConflictToItsSentinel(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		kv := b.Executions
@@ -92,6 +95,7 @@ func TestCAS_HelpersMapEveryConflictToItsSentinel(t *testing.T) {
 // Concurrent writers through the helpers: exactly one create wins, and
 // read-modify-write loops that retry on ErrRevisionMismatch lose no increment.
 func TestCAS_ConcurrentWritersLoseNothing(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		kv := b.Executions
@@ -180,6 +184,7 @@ func increment(t *testing.T, b *broker.Broker, key string) error {
 }
 
 func TestLoad_UndecodableRecordIsAnErrorNamingTheKey(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -198,6 +203,7 @@ func TestLoad_UndecodableRecordIsAnErrorNamingTheKey(t *testing.T) {
 // The envelope bucket republishes what it stores on capstan.envelope.<id>, and
 // only that: a second Create the server refused is never seen by a client.
 func TestEnvelopes_OnlyStoredEnvelopesAreRepublished(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		msgs := make(chan *nats.Msg, 16)

@@ -15,6 +15,7 @@ import (
 )
 
 func TestConnect_BadOptionsAreClearErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	missingCreds := filepath.Join(dir, "missing.creds")
 	missingCA := filepath.Join(dir, "missing-ca.pem")
@@ -55,6 +56,7 @@ func TestConnect_BadOptionsAreClearErrors(t *testing.T) {
 }
 
 func TestConnect_NothingListeningNamesTheURL(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +74,7 @@ func TestConnect_NothingListeningNamesTheURL(t *testing.T) {
 }
 
 func TestConnect_SingleServer(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, Name: "capstan-test"})
 	if err != nil {
@@ -89,6 +92,7 @@ func TestConnect_SingleServer(t *testing.T) {
 // Several comma-separated URLs, spaces allowed: Connect reaches the cluster
 // through any live one, and a connection whose server dies moves to another.
 func TestConnect_CommaSeparatedURLsOfACluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	// The first URL's server is gone; the others carry the connection.
 	c.StopNode(0)

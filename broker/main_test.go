@@ -9,9 +9,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }
 

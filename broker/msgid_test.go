@@ -11,6 +11,7 @@ import (
 )
 
 func TestMsgIDNames(t *testing.T) {
+	t.Parallel()
 	const id = "0198c0de-0000-7000-8000-000000000001"
 	for _, c := range []struct {
 		msgID string
@@ -40,6 +41,7 @@ func TestMsgIDNames(t *testing.T) {
 }
 
 func TestExecutionOfMsgID(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ msgID, want string }{
 		{"alice.e1", "e1"},
 		{"alice.e1.0123456789abcdef", "e1"},
@@ -67,6 +69,7 @@ func signing(t *testing.T, kp nkeys.KeyPair) *nats.Conn {
 // principal is still a duplicate), different for another key, and absent on a
 // connection that does not sign.
 func TestMsgIDs_TagOnlyTheKeysHolderMakes(t *testing.T) {
+	t.Parallel()
 	alice, _ := nkeys.CreateUser()
 	mallory, _ := nkeys.CreateUser()
 	ids := func(kp nkeys.KeyPair) broker.MsgIDs {

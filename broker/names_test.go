@@ -10,6 +10,7 @@ import (
 )
 
 func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
+	t.Parallel()
 	def, teamA, lower := broker.NewNames(""), broker.NewNames("TEAMA"), broker.NewNames("teama")
 	for _, tc := range []struct {
 		name string
@@ -85,6 +86,7 @@ func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {
 
 // A subject and the id it carries survive the round trip for every id shape.
 func TestNames_SubjectRoundTrips(t *testing.T) {
+	t.Parallel()
 	n := broker.NewNames("")
 	for _, id := range []string{"echo", "orders.refund", "a.b-c.d_e", "x1"} {
 		if got := n.CapabilityFromSubject(n.ExecSubject("p", id)); got != id {
@@ -116,6 +118,7 @@ func TestResolveURL_OptionThenEnvironmentThenDefault(t *testing.T) {
 // The shard is FNV-1a-32 of the id mod 1024 in three hex digits, so that any
 // reader, in any language, finds an execution's subject from its id alone.
 func TestAuditShard_IsFNV1aOfTheIDModuloTheShardCount(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for i := 0; i < 20000; i++ {
 		id := envelope.NewExecutionID()

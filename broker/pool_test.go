@@ -47,6 +47,7 @@ func filters(info *jetstream.ConsumerInfo) []string {
 }
 
 func TestEnsurePool_CreatesDurableFilteredOnItsCapabilities(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -92,6 +93,7 @@ func TestEnsurePool_CreatesDurableFilteredOnItsCapabilities(t *testing.T) {
 }
 
 func TestEnsurePool_DefaultsAckWaitAndMaxAckPending(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -105,6 +107,7 @@ func TestEnsurePool_DefaultsAckWaitAndMaxAckPending(t *testing.T) {
 }
 
 func TestEnsurePool_SecondCallChangesNothing(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -123,6 +126,7 @@ func TestEnsurePool_SecondCallChangesNothing(t *testing.T) {
 }
 
 func TestEnsurePool_WidensAndNeverNarrows(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -154,6 +158,7 @@ func TestEnsurePool_WidensAndNeverNarrows(t *testing.T) {
 
 // Widening keeps requests that were waiting for the old filter.
 func TestEnsurePool_WideningKeepsPendingRequests(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -188,6 +193,7 @@ func TestEnsurePool_WideningKeepsPendingRequests(t *testing.T) {
 }
 
 func TestEnsurePool_MaxAckPendingNeverDecreases(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -202,6 +208,7 @@ func TestEnsurePool_MaxAckPendingNeverDecreases(t *testing.T) {
 }
 
 func TestEnsurePool_OverlappingPoolsConflict(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -247,6 +254,7 @@ func TestEnsurePool_OverlappingPoolsConflict(t *testing.T) {
 // others lack; the filter ends as the union of all of them, every time. (One
 // connection serves all goroutines: the race is in JetStream, not the client.)
 func TestEnsurePool_ConcurrentWideningKeepsEveryCapability(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		const workers = 8
@@ -287,6 +295,7 @@ func TestEnsurePool_ConcurrentWideningKeepsEveryCapability(t *testing.T) {
 }
 
 func TestEnsureUnrouted_FiltersOnTheUnroutedSubject(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	for _, prefix := range []string{"", "TEAMA"} {
@@ -319,6 +328,7 @@ func TestEnsureUnrouted_FiltersOnTheUnroutedSubject(t *testing.T) {
 // worker's capability. The pools bucket remembers it, and the next round of
 // the stale writer, or any later EnsurePool, puts it back.
 func TestEnsurePool_RestoresACapabilityAStaleWriteDropped(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -348,6 +358,7 @@ func TestEnsurePool_RestoresACapabilityAStaleWriteDropped(t *testing.T) {
 // capability to another pool: the consumer made again serves only what the
 // workers starting now ask for.
 func TestEnsurePool_RecreatedConsumerForgetsTheDeletedOnesFilter(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -372,6 +383,7 @@ func TestEnsurePool_RecreatedConsumerForgetsTheDeletedOnesFilter(t *testing.T) {
 
 // A consumer made by hand with a single FilterSubject is widened like any other.
 func TestEnsurePool_WidensASingleFilterSubject(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -389,6 +401,7 @@ func TestEnsurePool_WidensASingleFilterSubject(t *testing.T) {
 }
 
 func TestEnsurePool_ConflictingConsumerNamesField(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		field string
 		alter func(*jetstream.ConsumerConfig)
@@ -427,6 +440,7 @@ func TestEnsurePool_ConflictingConsumerNamesField(t *testing.T) {
 }
 
 func TestEnsurePool_RefusesFiltersThatWouldTakeOtherCapabilities(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})

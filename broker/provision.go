@@ -159,6 +159,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
 	rc := &replicaChoice{nc: nc, explicit: cfg.Replicas, clusterSize: cfg.ClusterSize}
+	js = resending{js}
 
 	b.Exec, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
 		Name:       n.ExecStream(),
@@ -416,7 +417,7 @@ func (b *Broker) EnvelopeRetention(ctx context.Context) (time.Duration, error) {
 // bucket's records, DESIGN §16). A bucket from an earlier version gets it by
 // an update, which only adds a capability: nothing stored changes.
 func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) error {
-	s, err := js.Stream(ctx, stream)
+	s, err := existingStream(ctx, js, stream)
 	if err != nil {
 		return fmt.Errorf("capstan: read stream %s: %w", stream, err)
 	}
@@ -450,7 +451,11 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	}
 	// It exists with another configuration, or the server refuses this one
 	// (a single server refuses R3 even for a stream that exists as R1).
-	s, err := js.Stream(ctx, want.Name)
+	read := js.Stream
+	if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+		read = func(ctx context.Context, name string) (jetstream.Stream, error) { return existingStream(ctx, js, name) }
+	}
+	s, err := read(ctx, want.Name)
 	if err != nil {
 		if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
@@ -564,9 +569,14 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	if cerr == nil {
 		return kv, nil
 	}
-	s, err := js.Stream(ctx, "KV_"+want.Bucket)
+	exists := errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse)
+	read := js.Stream
+	if exists {
+		read = func(ctx context.Context, name string) (jetstream.Stream, error) { return existingStream(ctx, js, name) }
+	}
+	s, err := read(ctx, "KV_"+want.Bucket)
 	if err != nil {
-		if errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+		if exists {
 			return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
 		}
 		return nil, fmt.Errorf("capstan: create bucket %s (replicas %d): %w", want.Bucket, want.Replicas, cerr)

@@ -45,6 +45,7 @@ func takeSnapshot(t *testing.T, ctx context.Context, js jetstream.JetStream, n b
 }
 
 func TestProvision_TwiceIsNoOp(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, first *broker.Broker) {
 		ctx := testCtx(t)
 		js := first.JS
@@ -83,6 +84,7 @@ func TestProvision_TwiceIsNoOp(t *testing.T) {
 
 // Every process provisions at start, often at the same moment.
 func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
+	t.Parallel()
 	for _, store := range []struct {
 		name     string
 		replicas int
@@ -98,6 +100,7 @@ func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
 		}},
 	} {
 		t.Run(store.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := testCtx(t)
 			connect := store.start(t)
 			const n = 6
@@ -122,6 +125,7 @@ func TestProvision_ConcurrentCallsAllSucceed(t *testing.T) {
 }
 
 func TestProvision_CreatesTheDesignedResources(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
@@ -163,6 +167,7 @@ func TestProvision_CreatesTheDesignedResources(t *testing.T) {
 }
 
 func TestProvision_DedupWindowNeverBelowTwoMinutes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{DedupWindow: time.Second})
 	if got := b.Exec.CachedInfo().Config.Duplicates; got != broker.DefaultDedupWindow {
@@ -174,6 +179,7 @@ func TestProvision_DedupWindowNeverBelowTwoMinutes(t *testing.T) {
 // record TTL as its MaxAge: a request never outlives its record (DESIGN §13).
 // Nothing else about it changes.
 func TestProvision_ExecStreamWithoutMaxAgeGetsTheRecordTTL(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	js, err := jetstream.New(nc)
@@ -253,6 +259,7 @@ func capstanBucket(name string, ttl time.Duration, alter func(*jetstream.KeyValu
 }
 
 func TestProvision_ConflictingStreamNamesField(t *testing.T) {
+	t.Parallel()
 	week := broker.DefaultRecordTTL
 	for _, tc := range []conflictCase{
 		{"exec with limits retention", "CAPSTAN_EXEC", "Retention",
@@ -344,6 +351,7 @@ func streamInfo(t *testing.T, ctx context.Context, js jetstream.JetStream, name 
 }
 
 func TestProvision_PrefixNamesEveryResource(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -381,6 +389,7 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 }
 
 func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -422,6 +431,7 @@ func TestProvision_TwoPrefixesCoexistOnOneServer(t *testing.T) {
 // customised deployment provisions again without a false conflict; and a
 // process started with other settings is told which one differs.
 func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -458,6 +468,7 @@ func TestProvision_CustomSettingsTwiceIsNoOpAndOtherSettingsConflict(t *testing.
 // The audit retention is the one setting only the process that sets it needs
 // to know: asked for, it must match; unset, the stream's own is kept.
 func TestProvision_AuditRetentionConflictsOnlyWhenAskedFor(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	if _, err := env.JetStream(t).CreateStream(ctx, capstanAudit(func(c *jetstream.StreamConfig) { c.MaxAge = 24 * time.Hour })); err != nil {

@@ -107,11 +107,28 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 	if ttl > 0 {
 		h[jetstream.MsgTTLHeader] = []string{ttl.String()}
 	}
-	ack, err := PublishAck(ctx, nc, &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b})
+	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b}
+	ack, err := PublishAck(ctx, nc, m)
 	if err == nil || !wrongLastSequence(err) {
 		return ack.Seq, err
 	}
-	return kv.Create(ctx, key, b, createOpts(ttl)...)
+	// The key has a message: a value, or a delete or purge marker to create
+	// over, expecting the marker's sequence. It is read from the stream's
+	// leader: a replica's direct get (as jetstream's KeyValue.Create reads)
+	// may still answer with the value the marker replaced, and the create be
+	// refused for a key that has none.
+	seq, deleted, _, lerr := lastFromLeader(ctx, nc, kv.Bucket(), key)
+	switch {
+	case errors.Is(lerr, ErrNotFound):
+		seq = 0 // gone meanwhile (a TTL): as new
+	case lerr != nil:
+		return 0, lerr
+	case !deleted:
+		return 0, err // a value: the key exists
+	}
+	h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(seq, 10)}
+	ack, err = PublishAck(ctx, nc, m)
+	return ack.Seq, err
 }
 
 // Create is the package's Create (CreateTTL when ttl > 0) on b's connection,

@@ -18,6 +18,7 @@ import (
 // a replicated bucket, a key whose value was deleted takes a new one, and a
 // TTL rides the message.
 func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
+	t.Parallel()
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		kv := b.Executions
@@ -58,6 +59,7 @@ func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
 // duplicate message id, a refusal as a *jetstream.APIError, and no stream as
 // ErrNoStreamResponse.
 func TestPublishAck_SequenceRefusalAndNoStream(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	ctx := testCtx(t)
@@ -98,6 +100,7 @@ func TestPublishAck_SequenceRefusalAndNoStream(t *testing.T) {
 // fails after AsyncAckTimeout and leaves the pending publishes: thousands of
 // them would otherwise stall every later asynchronous publish.
 func TestBrokerJetStream_UnansweredAsyncPublishIsReleased(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	listener := env.Connect(t)

@@ -48,6 +48,7 @@ func wantAll(t *testing.T, got map[string]int, want int) {
 }
 
 func TestAutoReplicas_SingleServerGetsOne(t *testing.T) {
+	t.Parallel()
 	ctx := replicasCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -65,6 +66,7 @@ func TestAutoReplicas_SingleServerGetsOne(t *testing.T) {
 }
 
 func TestAutoReplicas_KnownClusterSizeIsUsedForNewResources(t *testing.T) {
+	t.Parallel()
 	ctx := replicasCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -83,6 +85,7 @@ func TestAutoReplicas_KnownClusterSizeIsUsedForNewResources(t *testing.T) {
 }
 
 func TestSetReplicas_RefusesCountsJetStreamCannotHold(t *testing.T) {
+	t.Parallel()
 	ctx := replicasCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -107,6 +110,7 @@ func TestSetReplicas_RefusesCountsJetStreamCannotHold(t *testing.T) {
 }
 
 func TestAutoReplicas_ClusterOfTwoGetsOne(t *testing.T) {
+	t.Parallel()
 	ctx := replicasCtx(t)
 	c := testenv.StartCluster(t, 2)
 	if got := broker.DetectReplicas(ctx, c.Connect(t)); got != 1 {
@@ -115,11 +119,13 @@ func TestAutoReplicas_ClusterOfTwoGetsOne(t *testing.T) {
 }
 
 // TestReplicasOnAClusterOfThree shares one cluster between rules; each rule
-// provisions under its own prefix.
+// provisions under its own prefix, so that the rules run side by side.
 func TestReplicasOnAClusterOfThree(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 
 	t.Run("AutoDetectsThreeFromOneURL", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Nodes[0].Connect(t)
 		if got := broker.DetectReplicas(ctx, nc); got != 3 {
@@ -128,6 +134,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("AutoDetectsThreeByPingWhenNoServerIsAdvertised", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Nodes[1].Connect(t, nats.IgnoreDiscoveredServers())
 		if n := len(nc.Servers()); n != 1 {
@@ -139,6 +146,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("AutoProvisionsEveryStreamAndBucketR3", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		b, err := broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "AUTO3"})
 		if err != nil {
@@ -151,6 +159,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("LoadFromLeaderReadsWhatTheBucketHolds", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Connect(t)
 		b, err := broker.Provision(ctx, nc, broker.Config{Prefix: "LEADER"})
@@ -180,6 +189,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("KnownClusterSizeStandsInForDetection", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		b, err := broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "HINT1", ClusterSize: 1})
 		if err != nil {
@@ -195,6 +205,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("ExistingR1DeploymentKeepsWorkingUnderAuto", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Connect(t)
 		cfg := broker.Config{Prefix: "OLD1"}
@@ -223,6 +234,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("ExplicitCountConflictsAndNamesTheCommand", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Connect(t)
 		if _, err := broker.Provision(ctx, nc, broker.Config{Prefix: "PIN", Replicas: 1}); err != nil {
@@ -240,6 +252,7 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 	})
 
 	t.Run("SetReplicasScalesEveryStreamBucketAndConsumer", func(t *testing.T) {
+		t.Parallel()
 		ctx := replicasCtx(t)
 		nc := c.Connect(t)
 		cfg := broker.Config{Prefix: "SCALE", Replicas: 1}

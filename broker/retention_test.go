@@ -44,6 +44,7 @@ func envelopesBucket(t *testing.T, ctx context.Context, js jetstream.JetStream) 
 // another TTL (an earlier version's seven days) is shrunk to it, grown again,
 // and each change is logged; what it holds stays.
 func TestEnvelopeRetention_SetUpdatesAnExistingBucketAndLogsIt(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -90,6 +91,7 @@ func TestEnvelopeRetention_SetUpdatesAnExistingBucketAndLogsIt(t *testing.T) {
 // Unset, the retention of an existing bucket is kept and read back: a worker
 // that does not know it never undoes the server's setting.
 func TestEnvelopeRetention_UnsetKeepsTheBucketsOwn(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	nc := env.Connect(t)
@@ -111,6 +113,7 @@ func TestEnvelopeRetention_UnsetKeepsTheBucketsOwn(t *testing.T) {
 // the retention asked for, and is left as it was; the error does not blame
 // the TTL.
 func TestEnvelopeRetention_OtherDifferencesStillConflict(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)

@@ -65,6 +65,7 @@ func credsOf(t *testing.T, setup *auth.Setup, principal string) string {
 // grant gives, through the workers; an approval outside its types is refused;
 // what its role may not read, it is told so.
 func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
+	t.Parallel()
 	env, setup := secured(t)
 	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
 	r := startRig(t, env.URL, console.Config{},

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
@@ -155,6 +155,7 @@ func signInTab(t *testing.T, tab context.Context, base, name, types string) {
 // approves it, alice's open inbox shows his decision live, bob resumes it and
 // sees the new execution's timeline complete.
 func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) {
+	t.Parallel()
 	b := browser(t)
 	r := startRig(t, "", console.Config{Open: true})
 	bobTab, aliceTab := tab(t, b), tab(t, b)
@@ -229,6 +230,7 @@ func TestBrowser_ApprovalAppearsIsApprovedBySomeoneElseAndResumes(t *testing.T) 
 // A retried execution's page grows live: the retry and the outcome appear as
 // the worker records them.
 func TestBrowser_ExecutionsListAndARetriedTimeline(t *testing.T) {
+	t.Parallel()
 	b := browser(t)
 	r := startRig(t, "", console.Config{Open: true})
 	ops := tab(t, b)
@@ -315,6 +317,7 @@ func fits(t *testing.T, tab context.Context, sel ...string) (overflow int, hidde
 // approval's approve, reject and comment, an execution's cancel and copy,
 // the list's links. The favicon is served.
 func TestBrowser_PhoneWidthNoHorizontalScrollEveryActionVisible(t *testing.T) {
+	t.Parallel()
 	b := browser(t)
 	r := startRig(t, "", console.Config{Open: true})
 	pending := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-2002", Amount: 1200}, alice)

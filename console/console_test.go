@@ -10,9 +10,9 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 )
 
 func signInOpen(t testing.TB, base, name, types string) *web {
@@ -41,6 +41,7 @@ func refund(amount int64) demo.RefundInput {
 
 // A form without the session's token changes nothing.
 func TestDecide_RefusedWithoutTheSessionsFormToken(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", refund(900), alice)
 	w := signInOpen(t, r.base, "user:bob", "")
@@ -59,6 +60,7 @@ func TestDecide_RefusedWithoutTheSessionsFormToken(t *testing.T) {
 // Self-approval, a second decision and a decision outside the principal's
 // approval types are each refused with a message that says why.
 func TestDecide_RefusalsAreShownWithTheirCode(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", refund(900), alice)
 	id := env.Approval.ID
@@ -93,6 +95,7 @@ func TestDecide_RefusalsAreShownWithTheirCode(t *testing.T) {
 // Cancel is offered to the execution's owner and to admins; anyone else is
 // refused, and the execution goes on.
 func TestCancel_OnlyTheOwnerOrAnAdmin(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	ctx := testCtx(t)
 	id, err := r.client.Submit(ctx, "email.send", demo.EmailInput{To: "ada@example.com", Subject: "hi", HoldMs: 60000}, executor.As(alice))
@@ -126,6 +129,7 @@ func TestCancel_OnlyTheOwnerOrAnAdmin(t *testing.T) {
 // The executions list filters by capability, status and actor, and one
 // execution's page shows its retries.
 func TestExecutions_FilteredListAndARetryOnTheTimeline(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	echo := r.call(t, "demo.echo", map[string]any{"hello": "world"}, alice)
 	flaky := r.call(t, "demo.flaky", demo.FlakyInput{FailTimes: 1}, bob)
@@ -172,6 +176,7 @@ func TestExecutions_FilteredListAndARetryOnTheTimeline(t *testing.T) {
 // The capabilities page lists the catalog per pool with the worker serving
 // it and the pool's queue depth.
 func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	r.call(t, "orders.refund", refund(10), alice)
 	w := signInOpen(t, r.base, "user:ops", "")
@@ -183,6 +188,7 @@ func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
 // In open mode sign-in names an actor that may decide: a user, service or
 // agent with an id.
 func TestSignIn_OpenModeNamesAnActorThatMayDecide(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	for _, name := range []string{"", "user:", "bot:x", "user:a b", "user:a:b"} {
 		w := newWeb(t, r.base)
@@ -202,6 +208,7 @@ func TestSignIn_OpenModeNamesAnActorThatMayDecide(t *testing.T) {
 // A rejection is recorded with its comment; an approval past its expiry is
 // refused as expired and listed so.
 func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", refund(900), alice)
 	w := signInOpen(t, r.base, "user:bob", "")

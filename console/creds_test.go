@@ -88,6 +88,7 @@ func operatorServer(t *testing.T) (string, func(name string, bearer bool) []byte
 // as the user its credentials name; credentials the server does not trust
 // are refused.
 func TestSignIn_WithCredentialsFile(t *testing.T) {
+	t.Parallel()
 	natsURL, issue := operatorServer(t)
 	workerCreds := issue("worker", false)
 	jwtStr, _ := nkeys.ParseDecoratedJWT(workerCreds)

@@ -61,6 +61,7 @@ func waitFor(t *testing.T, lines <-chan string, want string) {
 // However many pages follow the executions live, the console reads the audit
 // stream through one consumer, and none once they are closed.
 func TestLive_ManyPagesShareOneAuditConsumer(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	consumers := func() int {
 		t.Helper()
@@ -113,6 +114,7 @@ func TestLive_ManyPagesShareOneAuditConsumer(t *testing.T) {
 
 // A stream opened after the page missed a change says so at once.
 func TestLive_AStreamOpenedLateReportsWhatThePageMissed(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	w := signInOpen(t, r.base, "user:ops", "")
 	env := r.call(t, "demo.echo", map[string]any{"n": 1}, alice)

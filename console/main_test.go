@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"github.com/capstan-dev/capstan/testenv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -9,5 +10,6 @@ import (
 // Every session, live stream, worker and browser must be gone when the tests
 // end.
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }

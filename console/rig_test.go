@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
@@ -59,28 +60,10 @@ func startRig(t testing.TB, url string, cfg console.Config, opts ...nats.Option)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(workerNC, reg, executor.WorkerConfig{Grace: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- w.Run(ctx) }()
+	w := capstantest.Worker(t, reg, capstantest.WithConn(workerNC), capstantest.WithConfig(executor.WorkerConfig{Grace: 5 * time.Second}))
 	c, err := executor.NewClient(conn(), executor.ClientConfig{})
 	if err != nil {
 		t.Fatal(err)
-	}
-	// Serving once the catalog lists the worker's last capability.
-	for wait := testCtx(t); ; {
-		if _, err := c.Broker().Catalog.Get(wait, "orders.refund"); err == nil {
-			break
-		}
-		select {
-		case <-wait.Done():
-			t.Fatal("the worker never published its catalog")
-		case err := <-workerDone:
-			t.Fatalf("worker: %v", err)
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 	if cfg.Open {
 		cfg.Conn = conn()
@@ -102,11 +85,8 @@ func startRig(t testing.TB, url string, cfg console.Config, opts ...nats.Option)
 			t.Errorf("console: %v", err)
 		}
 		_ = c.Close()
-		if err := <-workerDone; err != nil {
-			t.Errorf("worker: %v", err)
-		}
 	})
-	return &rig{url: url, base: "http://" + l.Addr().String(), client: c, worker: w}
+	return &rig{url: url, base: "http://" + l.Addr().String(), client: c, worker: w.Worker}
 }
 
 // testCtx ends a little before the test's own deadline.

@@ -14,8 +14,8 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go"
 )
 
@@ -24,6 +24,7 @@ import (
 // page: its requests carry the site's name in Host. The console must refuse
 // them, or that page signs in, reads the form token and approves.
 func TestConsole_RefusesRequestsForAnotherHost(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", refund(900), alice)
 	_, port, err := net.SplitHostPort(strings.TrimPrefix(r.base, "http://"))
@@ -87,6 +88,7 @@ func TestConsole_RefusesRequestsForAnotherHost(t *testing.T) {
 // tabs and newlines from a Location, so "/<TAB>/evil.example" is
 // "//evil.example", another site.
 func TestSignIn_ReturnsOnlyToAPageOfTheConsole(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	base, err := url.Parse(r.base)
 	if err != nil {
@@ -128,6 +130,7 @@ func TestSignIn_ReturnsOnlyToAPageOfTheConsole(t *testing.T) {
 // browser in as whoever that site names: its approver then decides as that
 // name without knowing it.
 func TestSignIn_RefusedFromAPageOfAnotherSite(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	c := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	req, err := http.NewRequest(http.MethodPost, r.base+"/signin", strings.NewReader(url.Values{"name": {"user:mallory"}, "admin": {"1"}}.Encode()))
@@ -157,6 +160,7 @@ func TestSignIn_RefusedFromAPageOfAnotherSite(t *testing.T) {
 // of the line: the order id "o-<RLO>1234-5678<PDF>" reads as "o-8765-4321",
 // and a JSON line can be made to look like another field.
 func TestApprovals_InputShownWithoutBidiControls(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", demo.RefundInput{OrderID: "o-\u202e1234-5678\u202c", Amount: 900}, alice)
 	w := signInOpen(t, r.base, "user:bob", "")
@@ -176,6 +180,7 @@ func TestApprovals_InputShownWithoutBidiControls(t *testing.T) {
 // An approver reads no executions: a cancel it posts (with its own form
 // token) is refused with a page, not a crash of the request.
 func TestCancel_ByAnApproverIsRefusedNotACrash(t *testing.T) {
+	t.Parallel()
 	env, setup := secured(t)
 	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
 	r := startRig(t, env.URL, console.Config{},
@@ -199,6 +204,7 @@ func TestCancel_ByAnApproverIsRefusedNotACrash(t *testing.T) {
 // stream ends instead of telling a signed-out browser of every change (and
 // holding its connection for as long as the tab stays open).
 func TestLive_StreamEndsWhenItsSessionSignsOut(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	w := signInOpen(t, r.base, "user:bob", "")
 	w.get("/approvals")
@@ -227,6 +233,7 @@ func TestLive_StreamEndsWhenItsSessionSignsOut(t *testing.T) {
 // A sign-in form is a few fields and a credentials file: a larger body is
 // refused before anyone is signed in, not read or spooled to disk.
 func TestSignIn_RefusesALargeBody(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	form := url.Values{"name": {"user:bob"}, "next": {"/approvals"}, "pad": {strings.Repeat("x", 1<<20)}}
 	c := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -248,6 +255,7 @@ func TestSignIn_RefusesALargeBody(t *testing.T) {
 // What a client writes besides the input (here an approver's comment) shows
 // its bidirectional controls by name instead of acting on the text.
 func TestApprovals_CommentShownWithItsBidiControlsNamed(t *testing.T) {
+	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	env := r.call(t, "orders.refund", refund(900), alice)
 	w := signInOpen(t, r.base, "user:bob", "")

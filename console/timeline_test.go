@@ -10,6 +10,7 @@ import (
 // A takeover ends the lost worker's attempt as WORKER_LOST and marks the next
 // one; the summary counts it, and the outcome closes the last attempt.
 func TestTimeline_TakeoverRetryAndOutcomeStandOut(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	ada := audit.Actor{Kind: "user", ID: "ada"}

@@ -24,6 +24,7 @@ import (
 // pool that needs an approval it never got. The worker process is killed: the
 // second request must not run as the takeover of the first.
 func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills a worker process")
 	}

@@ -18,9 +18,10 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -186,6 +187,7 @@ func mustFailWith(t *testing.T, env *envelope.Envelope, code envelope.Code) {
 // approver other than the requester approves; the resume completes once, and
 // a second resume is refused.
 func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	js, err := demo.Provision(ctxT(t), nc, 1)
@@ -244,6 +246,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 
 // The requester may not approve their own call.
 func TestApproval_RequesterApprovingOwnCall_SelfApproval(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -266,6 +269,7 @@ func TestApproval_RequesterApprovingOwnCall_SelfApproval(t *testing.T) {
 // A resume of an approval that is not approved ends with the matching code,
 // and the handler is never called.
 func TestResume_NotApproved_MatchingCodeHandlerNotCalled(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -329,6 +333,7 @@ func rewriteApproval(t *testing.T, b *broker.Broker, id string, change func(r *a
 // Changing the approved input in the bucket is caught by the re-hash: the
 // handler is not called and the approval is not used up.
 func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -371,6 +376,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 // A resume carries the approved input and runs as the requester: a request
 // that names the approval with another actor or another input is refused.
 func TestResume_OnlyTheApprovedCallAsTheRequester(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -420,6 +426,7 @@ func TestResume_OnlyTheApprovedCallAsTheRequester(t *testing.T) {
 // worker whose type changed since refuses the resume without using the
 // approval.
 func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	c := newClient(t, env.Connect(t))
 
@@ -462,32 +469,18 @@ func runApprovalWorker(t *testing.T, env *testenv.Env, name string, cfg executor
 		t.Fatal(err)
 	}
 	cfg.ID = name
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	waitServing(t, nc, caps[0].ID())
+	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg))
 	waitProcessesServing(t, env.Server, name)
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-			nc.Close()
-		})
+	return func() {
+		w.Stop()
+		nc.Close()
 	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // A static approval rule with its own reason and TTL; an input with no
 // canonical form (one that does not write as JSON) cannot be approved.
 func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	type in struct {
 		Ratio float64    `json:"ratio"`
@@ -539,6 +532,7 @@ func (p *payout) Validate() error {
 // An approval binds the validated input (SI-4, SI-6); an approver may be
 // shown a redacted view of it; the handler still gets the whole of it.
 func TestApproval_BindsValidatedInput_RedactedForTheApprover(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("payouts.send", executor.Meta{Description: "Sends a payout.",
@@ -569,6 +563,7 @@ func TestApproval_BindsValidatedInput_RedactedForTheApprover(t *testing.T) {
 // The trail tells the whole story: the request, the decision with the
 // approver acting, and the resume consuming it.
 func TestApproval_EventsInTheTrail(t *testing.T) {
+	t.Parallel()
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -764,6 +759,7 @@ func waitProcessesServing(t *testing.T, s *server.Server, ids ...string) {
 // client connections resume at once, 3 worker processes serve them; one
 // handler call, 49 APPROVAL_CONSUMED. Repeated 100 times.
 func TestSI5_ResumeRace_ExactlyOneExecutionRunsTheApproval(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
@@ -836,6 +832,7 @@ func TestSI5_ResumeRace_ExactlyOneExecutionRunsTheApproval(t *testing.T) {
 // for a new one. A non-idempotent handler is not attempted again (its outcome
 // is unknown); an idempotent one is, still authorized by the same approval.
 func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("kills worker processes")
 	}

@@ -16,9 +16,10 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -103,6 +104,7 @@ func call(t *testing.T, c *executor.Client, capID string, input any, opts ...exe
 }
 
 func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	w := startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -131,6 +133,7 @@ func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
 }
 
 func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -165,6 +168,7 @@ func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
 // A model calling the tool again is a new execution, not a retry: each call
 // has its own id and its own capability.requested.
 func TestAudit_ReinvocationIsANewExecutionWithItsOwnRequested(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -197,6 +201,7 @@ func stance(name string, s executor.Stance, phases ...executor.Phase) executor.P
 // Every refusal is audited with why it happened, even where the caller is only
 // told CAPABILITY_NOT_FOUND.
 func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	everywhere := executor.On(executor.SurfaceDirect, executor.SurfaceMCP)
 	broken := executor.Policy{Name: "broken", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
@@ -254,6 +259,7 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 }
 
 func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -278,6 +284,7 @@ func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
 // A cancel that arrives before any worker claimed the execution leaves a
 // pending record; the worker that finds it audits the request, then its end.
 func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
@@ -307,6 +314,7 @@ func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
 // SI-10: the trail carries a hash of the input, never the input or the output,
 // whatever path the execution takes.
 func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	marker := "MARKER-" + uuid.NewString()
 	leaky := executor.Define("t.leaky", executor.Meta{
@@ -427,33 +435,12 @@ func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(env.Connect(t), reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	wait := ctxT(t)
-	for {
-		if _, err := c.Broker().Catalog.Get(wait, caps[0].ID()); err == nil {
-			return c, w
-		}
-		select {
-		case <-wait.Done():
-			t.Fatalf("no worker serves %s", caps[0].ID())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	w := capstantest.Worker(t, reg, capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
+	return c, w.Worker
 }
 
 func TestStrictAudit_UnavailableTrailFailsTheExecutionBeforeTheHandler(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	c, w := startFullAudit(t, env, executor.WorkerConfig{StrictAudit: true}, echoCap(&calls))
@@ -504,6 +491,7 @@ func (r *logRecorder) count(msg string) int {
 }
 
 func TestDefaultAudit_UnavailableTrailRunsAndReportsTheLoss(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	log := &logRecorder{}
@@ -545,6 +533,7 @@ func auditLoad(t *testing.T) int {
 // 256 each, through four different paths: every execution's events are on the
 // stream in its pipeline's order.
 func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
+	t.Parallel()
 	n := auditLoad(t)
 	env := testenv.Start(t)
 	cfg := executor.WorkerConfig{Concurrency: 256}
@@ -638,6 +627,7 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 // requested, started and terminal events, held and published together (DESIGN
 // §14).
 func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
@@ -652,6 +642,7 @@ func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
 // Holding events never hides a running execution: while its handler runs,
 // its trail shows capability.started.
 func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	release := make(chan struct{})
 	hold := executor.Define("test.hold", executor.Meta{
@@ -682,6 +673,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 // With AuditUnacknowledged the trail is the same; only JetStream's
 // acknowledgements are not asked for.
 func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startDemo(t, env.Connect(t), executor.WorkerConfig{AuditUnacknowledged: true})
 	c := newClient(t, env.Connect(t))

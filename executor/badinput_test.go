@@ -39,6 +39,7 @@ func waitEmpty(t *testing.T, c *executor.Client) {
 }
 
 func TestUndecodableRequest_TerminatedAndFinalizedInputInvalid(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	startWorker(t, nc, executor.WorkerConfig{}, echoCap(nil))
@@ -80,6 +81,7 @@ func mustMarshal(t *testing.T, v any) []byte {
 }
 
 func TestUnknownCapability_EndsCapabilityNotFound(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -98,6 +100,7 @@ func TestUnknownCapability_EndsCapabilityNotFound(t *testing.T) {
 }
 
 func TestInvalidCapabilityID_RefusedBeforeItReachesASubject(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -130,6 +133,7 @@ func TestInvalidCapabilityID_RefusedBeforeItReachesASubject(t *testing.T) {
 }
 
 func TestStaleProducerCatalog_UnroutedRequestIsForwarded(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -151,6 +155,7 @@ func TestStaleProducerCatalog_UnroutedRequestIsForwarded(t *testing.T) {
 }
 
 func TestGracefulShutdown_DrainsInFlightWork(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	started := make(chan struct{}, 1)
 	release := make(chan struct{})

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/bench"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/procstat"
 )
 
 // benchCallMany measures end-to-end throughput of demo.echo executions:
@@ -17,30 +17,12 @@ import (
 // (embedded server included) spent per execution, the steadier figure on a
 // shared machine.
 func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
-	env := testenv.Start(b)
 	cfg.Concurrency = 256
 	reg, err := executor.NewRegistry(echoCap(nil))
 	if err != nil {
 		b.Fatal(err)
 	}
-	w, err := executor.NewWorker(env.Connect(b), reg, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Error(err)
-		}
-	}()
-	c, err := executor.NewClient(env.Connect(b), executor.ClientConfig{Actor: alice})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := capstantest.Worker(b, reg, capstantest.WithConfig(cfg)).Client(b, executor.ClientConfig{Actor: alice})
 	callCtx, stop := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer stop()
 	// Warm up: the worker serves once an execution completes.
@@ -62,7 +44,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu := time.Now(), bench.ProcessCPU()
+	start, cpu := time.Now(), procstat.CPU()
 	for left := b.N; left > 0; left -= batch {
 		n := min(left, batch)
 		envs, errs := c.CallMany(callCtx, reqs[:n])
@@ -76,7 +58,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "execs/s")
-	if used := bench.ProcessCPU() - cpu; used > 0 {
+	if used := procstat.CPU() - cpu; used > 0 {
 		b.ReportMetric(float64(used.Microseconds())/float64(b.N), "cpu-µs/exec")
 	}
 }

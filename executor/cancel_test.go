@@ -3,48 +3,24 @@ package executor_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
 
-// runWorker is startWorker with a stop the test may call before it ends.
+// runWorker is startWorker with a stop the test may call before it ends; it
+// returns once the worker also answers control requests.
 func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (*executor.Worker, func()) {
 	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	trackWorker(t, w)
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	for _, c := range caps {
-		waitServing(t, nc, c.ID())
-	}
+	w := runWorkerOn(t, nc, cfg, caps...)
 	// Control requests are served once the worker pulls from its pool.
 	c := newClient(t, nc)
 	waitUntil(t, "the worker answers describe", func() bool {
@@ -54,7 +30,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 		}
 		return err == nil
 	})
-	return w, stop
+	return w.Worker, w.Stop
 }
 
 // waitState waits until the execution's record is in state.
@@ -89,6 +65,7 @@ func wantCancelled(t *testing.T, got *envelope.Envelope, attempts int) {
 // a cancelled attempt is never re-attempted. Its timeout outlasts the test,
 // so that only the cancel can end the attempt, however slow the machine.
 func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, blocking("report.build",
@@ -131,6 +108,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 // record, so the worker that later receives the request finalizes it
 // cancelled without calling the handler.
 func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
 	if err != nil {
@@ -192,6 +170,7 @@ func retryingForever(id string, calls *atomic.Int64) executor.Capability {
 
 // TestCancel_DuringBackoffIsTerminal: the next attempt never starts.
 func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, retryingForever("stock.read", &calls))
@@ -222,6 +201,7 @@ func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
 // TestDeadline_EndsTheExecutionAtAnyPoint: the request's deadline spans the
 // whole execution: before the claim, during an attempt, during a backoff.
 func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var blockCalls, retryCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
@@ -273,6 +253,7 @@ func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
 // worker finalizes at once, while the handler (which ignores its context)
 // still runs; the abandoned handler is counted and its output discarded.
 func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	release := make(chan struct{})
 	defer close(release)
@@ -326,6 +307,7 @@ func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
 // TestCancel_RecordedOnTheRecordAloneStopsTheRun: a worker that missed the
 // cancel message still sees the cancel on the record when it renews its lease.
 func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 300 * time.Millisecond},
@@ -361,6 +343,7 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 
 // TestCancel_AfterFinalizationChangesNothing: the envelope stands.
 func TestCancel_AfterFinalizationChangesNothing(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -389,6 +372,7 @@ func TestCancel_AfterFinalizationChangesNothing(t *testing.T) {
 // TestCancel_DuringPolicyEvaluationIsCancelled: a policy cut off by the
 // cancel does not turn the outcome into POLICY_FAILED.
 func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	evaluating := make(chan struct{}, 1)
 	slow := executor.Policy{Name: "slow-risk-check", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {

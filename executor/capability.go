@@ -8,7 +8,7 @@ import (
 	"reflect"
 
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/inputcheck"
+	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
 )
 
 // Call is what a handler receives besides its context: the validated input and

@@ -30,6 +30,7 @@ type plainErr struct{}
 func (plainErr) Validate() error { return errors.New("the dates are in the wrong order") }
 
 func TestDecode_ValidateRunsAfterDecodingAndMayNormalize(t *testing.T) {
+	t.Parallel()
 	c := Define("n.x", Meta{}, func(_ context.Context, c Call[normalized]) (struct{}, error) { return struct{}{}, nil })
 	in, err := c.binding().decode(envelope.MustRaw(map[string]any{"email": "A@B.C"}))
 	if err != nil || in.(*normalized).Email != "a@b.c" {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/inputcheck"
+	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

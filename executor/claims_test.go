@@ -265,6 +265,7 @@ type takeover struct {
 }
 
 func TestTakeoverTable(t *testing.T) {
+	t.Parallel()
 	const lease = 2 * time.Second
 	cases := []struct {
 		name string
@@ -409,6 +410,7 @@ func TestTakeoverTable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			env := testenv.Start(t)
 			s := newStore(t, env)
 			id := envelope.NewExecutionID()
@@ -536,6 +538,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 // until the lease ends, the record is not touched and the handler not called;
 // then the lease has expired, and the execution is taken over.
 func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -570,6 +573,7 @@ func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
 // runs. The redelivery reaches the worker running it: no second attempt of a
 // non-idempotent capability, one envelope.
 func TestRedeliveryWhileRunning_SameWorker_NoSecondAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var w *executor.Worker
@@ -604,6 +608,7 @@ func TestRedeliveryWhileRunning_SameWorker_NoSecondAttempt(t *testing.T) {
 // the attempt's lease expired. A non-idempotent attempt is never repeated: the
 // outcome is unknown, and the first worker's late result is refused and audited.
 func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -648,6 +653,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 // Two workers finalize the same execution at the same moment: one envelope;
 // the loser's output is discarded and the conflict audited.
 func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -724,6 +730,7 @@ func checkConflict(t *testing.T, conflict audit.Event, got *envelope.Envelope) {
 // stored one write), the output is discarded and audited as envelope.conflict,
 // and the record tells what the stored envelope says.
 func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -769,6 +776,7 @@ func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.
 // another worker takes the execution over at once instead of waiting for the
 // lease to run out.
 func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	const lease = time.Minute // far longer than the test may wait
@@ -824,6 +832,7 @@ func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
 // worker had started, still ends with one envelope: the record is decided as
 // the takeover table says, never acknowledged without an envelope.
 func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -876,30 +885,7 @@ func (s *store) waitFilter(consumer, subject string) {
 // startWorkerUntil runs a worker and returns the function that stops it.
 func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) func() {
 	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	trackWorker(t, w)
-	waitServing(t, nc, caps[0].ID())
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return runWorkerOn(t, nc, cfg, caps...).Stop
 }
 
 // A worker whose lease ran out while its handler ran, and whose execution
@@ -908,6 +894,7 @@ func startWorkerUntil(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, ca
 // arrives while the new owner's attempt is still running, so the create-only
 // envelope alone would not refuse it.
 func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -972,6 +959,7 @@ func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T)
 // lease, so no other worker takes the execution over and the handler's
 // context does not end.
 func TestLease_RenewedWhileTheHandlerRuns_NoTakeover(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1054,6 +1042,7 @@ func (s *store) sendHeldAtPolicies(env *testenv.Env, id string, p *probe) (relea
 // still this delivery's: a worker whose claim was taken over while its
 // policies ran never calls the handler; the new owner runs the one attempt.
 func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	// An id that is not a UUIDv7 takes the path that claims before stage 4.
@@ -1082,6 +1071,7 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 // attempt's record is create-only: a record another claim created meanwhile
 // makes the create fail, and the takeover table decides from that record.
 func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1111,6 +1101,7 @@ func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing
 // ended: the delivery is acknowledged as a duplicate, never a new attempt,
 // and the stored bytes are left as they are.
 func TestUndecodableEnvelope_DuplicateAcknowledgedNoAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1140,6 +1131,7 @@ func TestUndecodableEnvelope_DuplicateAcknowledgedNoAttempt(t *testing.T) {
 // The sweeper meets a request that already ended NOT_STARTED (its worker was
 // lost before removing it): the envelope there is never written again.
 func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1170,6 +1162,7 @@ func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
 // attempt ran, its result was never stored), never a second attempt. An
 // acknowledgement sent first would lose the request with no envelope.
 func TestEnvelopeNotWritten_RequestStaysQueuedForTheNextWorker(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1240,6 +1233,7 @@ func (s *store) setAllowDirect(stream string, on bool) {
 // have ended); once they answer, it finds the envelope and acknowledges a
 // duplicate.
 func TestTakeoverTable_EnvelopeUnreadable_WaitsNeverANewAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
@@ -1278,6 +1272,7 @@ func TestTakeoverTable_EnvelopeUnreadable_WaitsNeverANewAttempt(t *testing.T) {
 // delivery after the store answers again takes the execution over and runs
 // its one attempt.
 func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()

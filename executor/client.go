@@ -11,7 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/await"
+	"github.com/capstan-dev/capstan/executor/internal/await"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,7 +50,7 @@ func MaxStartWithin(retention time.Duration) time.Duration { return broker.MaxSt
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
-// rides out a failover of the servers (internal/await).
+// rides out a failover of the servers (executor/internal/await).
 type Client struct {
 	cfg ClientConfig
 	b   *broker.Broker

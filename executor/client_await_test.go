@@ -14,6 +14,7 @@ import (
 // Cancel refuse it: awaiting it would wait for the whole context for an
 // envelope that cannot exist.
 func TestAwait_InvalidExecutionIDRefusedAtOnce(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
@@ -31,6 +32,7 @@ func TestAwait_InvalidExecutionIDRefusedAtOnce(t *testing.T) {
 // A closed client submits nothing: a call, a submit or a resume after Close
 // ends with ErrClosed, and no request reaches the exec stream.
 func TestClosedClient_SubmitsNothing(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	c := newClient(t, nc)
@@ -74,6 +76,7 @@ func TestClosedClient_SubmitsNothing(t *testing.T) {
 // is refused as not decoding (docs/wire.md), by Await and Status alike, at
 // once: envelopes are written once, and waiting would never see another.
 func TestAwaitAndStatus_UnknownVersionRefused(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)

@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -40,6 +40,7 @@ func clusterRunSize(t *testing.T) int {
 // leading a bucket the executions depend on. Every execution ends with
 // exactly one envelope, no email is sent twice, nothing is lost.
 func TestClusterR3_NodeLostTwiceMidRun_OneEnvelopeAndAtMostOneEmailPerExecution(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster failover run")
 	}

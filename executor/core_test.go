@@ -16,6 +16,7 @@ import (
 )
 
 func TestCall_EchoCompletesWithOneEnvelope(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var calls atomic.Int64
@@ -39,6 +40,7 @@ func TestCall_EchoCompletesWithOneEnvelope(t *testing.T) {
 }
 
 func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, echoCap(&calls))
@@ -91,6 +93,7 @@ func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T)
 }
 
 func TestCallMany_FanOutOfFiveThousandWithoutAConsumerPerCall(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Concurrency: 128}, echoCap(&calls))

@@ -56,7 +56,8 @@
 // moves the record through claimed, running{n}, backoff{n} and finalized with
 // compare-and-swap, renews its lease while the handler runs, and creates the
 // envelope (create-only) before it acknowledges the message. That machinery
-// is internal (executor/internal/engine for a worker, internal/await for a client);
+// is internal (executor/internal/engine for a worker, executor/internal/await for a
+// client);
 // this package holds the API and the stages a capability's definition decides
 // (stages.go, approval_gate.go).
 package executor

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -32,28 +33,23 @@ func echoCap(calls *atomic.Int64) executor.Capability {
 	})
 }
 
-// startWorker runs a worker until the test ends and waits until it serves.
+// startWorker runs a worker on nc until the test ends and waits until it
+// serves every capability.
 func startWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) *executor.Worker {
+	t.Helper()
+	return runWorkerOn(t, nc, cfg, caps...).Worker
+}
+
+// runWorkerOn is startWorker with the worker's Stop, for a test that stops it
+// before it ends.
+func runWorkerOn(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) *capstantest.Running {
 	t.Helper()
 	reg, err := executor.NewRegistry(caps...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	trackWorker(t, w)
-	waitServing(t, nc, caps[0].ID())
+	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg))
+	trackWorker(t, w.Worker)
 	return w
 }
 

@@ -81,6 +81,7 @@ type typesNested struct {
 // encoding/json gives it; JSON that does not fit ends INPUT_INVALID with the
 // issue's path.
 func TestInputTypes_JSONReachesTheHandlerAsEncodingJSONReadsIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	// The handler answers with its input as encoding/json writes it.
 	echo := executor.Define("types.echo", executor.Meta{
@@ -216,6 +217,7 @@ type typesOut struct {
 // a time.Time in RFC 3339 (in UTC: msgpack keeps the instant), []byte in
 // base64, float32 in its shortest form, every integer width exactly.
 func TestOutputTypes_EnvelopeJSONReadsAsEncodingJSONWritesIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	seven := int32(7)
 	out := typesOut{
@@ -282,6 +284,7 @@ type meeting struct {
 // float32, a UUID, an IP address and bytes make the trip and reach the
 // handler as they were.
 func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	book := executor.Define("rooms.book", executor.Meta{
 		Description: "Books a recurring meeting.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,

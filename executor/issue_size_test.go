@@ -24,6 +24,7 @@ type basketIn struct {
 // server accepts: its issue report does not grow with the input times the
 // number of issues.
 func TestInputInvalid_CraftedIssueReportStillEnds(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, executor.Define("basket.check", executor.Meta{
 		Description: "Checks baskets.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,

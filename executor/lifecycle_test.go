@@ -42,6 +42,7 @@ func (s *store) publishCopy(capabilityID, id, msgID string) {
 // random token, so a delivery of an execution the other one runs waits for
 // its lease, and every non-idempotent execution runs one attempt.
 func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	const n = 20
@@ -104,7 +105,9 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 // off from the store until its lease ran out. It then leaves the execution to
 // whoever owns it.
 func TestLeaseLost_HandlerContextEnds(t *testing.T) {
+	t.Parallel()
 	t.Run("TakenOverByAnotherClaim", func(t *testing.T) {
+		t.Parallel()
 		env := testenv.Start(t)
 		s := newStore(t, env)
 		var p probe
@@ -136,6 +139,7 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 		}
 	})
 	t.Run("CutOffFromTheStore", func(t *testing.T) {
+		t.Parallel()
 		env := testenv.Start(t)
 		s := newStore(t, env)
 		var p probe
@@ -276,6 +280,7 @@ func checkNotStarted(t *testing.T, got *envelope.Envelope) {
 // to no consumer at all. The sweeper, running in a worker of another pool,
 // ends it; a worker of its pool that comes back later never runs it.
 func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -326,6 +331,7 @@ func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
 // lists but no running worker has, which is put back for a newer worker until
 // its deadline passes.
 func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -363,6 +369,7 @@ func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
 // deliver, and when the pool comes back, after the record has expired, the
 // attempt is never run again from scratch.
 func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
+	t.Parallel()
 	const ttl = 4 * time.Second
 	cfg := broker.Config{RecordTTL: ttl}
 	env := testenv.Start(t)
@@ -414,42 +421,10 @@ func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 }
 
 // runWorker runs a worker until the test ends (or stop is called) and waits
-// until the catalog s reads lists its first capability.
+// until the catalog lists its capabilities.
 func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Capability) (stop func()) {
-	t := s.t
-	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	wait := ctxT(t)
-	for {
-		if _, err := s.b.Catalog.Get(wait, caps[0].ID()); err == nil {
-			return stop
-		}
-		select {
-		case <-wait.Done():
-			t.Fatalf("no worker serves %s", caps[0].ID())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	s.t.Helper()
+	return runWorkerOn(s.t, nc, cfg, caps...).Stop
 }
 
 // A capability that no live worker serves any more lapses from the catalog:
@@ -458,6 +433,7 @@ func (s *store) runWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...exec
 // of being put back for ever. While the whole pool is down, its entries stay
 // listed and requests wait for it, until their start deadline.
 func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -515,6 +491,7 @@ func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
 // without running it. A capability its live pool dropped ends
 // CAPABILITY_NOT_FOUND.
 func TestStartDeadline_WithAuthentication(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -630,6 +607,7 @@ func (s *store) noEnvelope(id, why string) {
 // the pool's to take over (a read is retried). A whole pass leaves both
 // untouched; then the pool's worker retries the read.
 func TestSweeper_LiveClaimAndLostAttemptLeftToTheirPool(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	startBy := pastLease()
@@ -691,6 +669,7 @@ func (s *store) setMaxMsgSize(stream string, size int32) int32 {
 // another worker moving first alike), it writes no envelope, which could
 // otherwise say NOT_STARTED of a request another worker runs.
 func TestSweeper_ClaimNotWritten_NoEnvelope(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	startBy := pastLease()
@@ -715,6 +694,7 @@ func TestSweeper_ClaimNotWritten_NoEnvelope(t *testing.T) {
 // (The exec stream and the record are kept longer than their TTL here,
 // behind the worker's back, so that a delivery is made past the deadline.)
 func TestTTLDeadline_LostAttemptNotRetriedPastIt_OutcomeUnknown(t *testing.T) {
+	t.Parallel()
 	const ttl = 2 * time.Second
 	cfg := broker.Config{RecordTTL: ttl}
 	env := testenv.Start(t)

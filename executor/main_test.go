@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"github.com/capstan-dev/capstan/testenv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -9,5 +10,6 @@ import (
 // Every worker, client, lease keeper and abandoned handler must be gone when
 // the tests end.
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }

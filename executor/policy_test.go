@@ -15,6 +15,7 @@ func stance(name string, s Stance, types ...string) Policy {
 }
 
 func TestPolicies_PrecedenceDenyHideApprovalAllow(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		stances []Stance
 		want    Stance
@@ -39,6 +40,7 @@ func TestPolicies_PrecedenceDenyHideApprovalAllow(t *testing.T) {
 }
 
 func TestPolicies_AllEvaluatedNoShortCircuit(t *testing.T) {
+	t.Parallel()
 	var ran []string
 	track := func(name string, s Stance) Policy {
 		return Policy{Name: name, Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
@@ -65,6 +67,7 @@ func TestPolicies_AllEvaluatedNoShortCircuit(t *testing.T) {
 }
 
 func TestPolicies_ApprovalRequirementsMerge(t *testing.T) {
+	t.Parallel()
 	v := evaluatePolicies(context.Background(),
 		[]Policy{stance("a", RequireApproval, "finance"), stance("b", Allow)},
 		[]Policy{stance("c", RequireApproval, "security", "finance")},
@@ -76,6 +79,7 @@ func TestPolicies_ApprovalRequirementsMerge(t *testing.T) {
 }
 
 func TestPolicies_OnlyThoseOfThePhase(t *testing.T) {
+	t.Parallel()
 	disc := stance("discovery-only", Hide)
 	disc.Phases = []Phase{PhaseDiscovery}
 	exec := stance("execution-only", Deny)
@@ -93,6 +97,7 @@ func TestPolicies_OnlyThoseOfThePhase(t *testing.T) {
 // Every way a policy can fail to decide denies, is recorded with how it
 // failed, and does not stop the others from being evaluated (SI-7).
 func TestPolicies_FailClosed(t *testing.T) {
+	t.Parallel()
 	block := make(chan struct{})
 	defer close(block)
 	ps := []Policy{

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -35,34 +35,11 @@ func isNotEmail(id string) bool { return id != "email.send" }
 // runPoolWorker runs a worker until stop is called or the test ends.
 func runPoolWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps []executor.Capability) (stop func()) {
 	t.Helper()
-	reg, err := executor.NewRegistry(caps...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker in pool %q: %v", cfg.Pool, err)
-		}
-	}
-	t.Cleanup(stop)
-	waitServing(t, nc, caps[0].ID())
-	return stop
+	return runWorkerOn(t, nc, cfg, caps...).Stop
 }
 
 func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	ctx := ctxT(t)
 	setup := env.Connect(t)
@@ -159,6 +136,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 }
 
 func TestPools_FanOutAcrossPoolsCompletesWithOneEnvelopeEach(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	ctx := ctxT(t)
 	js, err := demo.Provision(ctx, env.Connect(t), 0)

@@ -7,9 +7,9 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -35,6 +35,7 @@ func (r republishes) WithGroup(string) slog.Handler      { return r }
 // leader), Submit and SubmitResume both keep publishing under the execution
 // id; once the stream is back, each returns, and its execution runs once.
 func TestSubmitAndSubmitResume_PublishAgainUntilTheStreamAnswers(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)

@@ -36,13 +36,16 @@ func (s *store) waitRecordGone(id string) {
 // An execution's record goes one record window after its last write (DESIGN
 // §16); its envelope stays. A request of the same id sent again afterwards
 // (a producer's retry past the duplicate window) finds the envelope and runs
-// nothing: the handler ran once.
+// nothing: the handler ran once. The lease is shorter than the window: an
+// unfinalized write carries at least what is left of its lease as TTL, and
+// the default lease would keep the record 30 s.
 func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{RecordWindow: 2 * time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg}, sendCap(&p))
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second}, sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
 	first := s.await(id)
@@ -72,6 +75,7 @@ func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
 // cannot tell whether an attempt ran: a capability not eligible for a retry
 // ends OUTCOME_UNKNOWN, never a second attempt.
 func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAttempt(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{RecordWindow: 2 * time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
@@ -102,6 +106,7 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 // one that ran and whose envelope expired: it is refused, audited
 // execution.expired_request, and never run (DESIGN §16).
 func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{EnvelopeRetention: 3 * time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
@@ -131,6 +136,7 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 // whose worker was lost, and that nothing writes again, leaves that record
 // to go one window later, not to stay for the record TTL.
 func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{RecordWindow: 2 * time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
@@ -157,6 +163,7 @@ func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
 // own execution for lost, and a redelivery would find no record where a live
 // lease should stand.
 func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{RecordWindow: time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
@@ -210,6 +217,7 @@ func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.
 // be terminated without an envelope while its caller, reading the bucket's
 // new TTL, waits for one.
 func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: 30 * time.Second}, executor.ClientConfig{})
 	var p probe
@@ -245,6 +253,7 @@ func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testi
 // then on a request whose id is older than the new retention is refused, as
 // any envelope of it may be gone.
 func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARenewal(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: time.Hour}, executor.ClientConfig{})
 	var p probe

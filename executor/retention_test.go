@@ -40,6 +40,7 @@ func (s *store) waitEnvelopeGone(id string) {
 // outcome its record still holds, and as an unknown execution once the record
 // is gone too.
 func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T) {
+	t.Parallel()
 	const retention = 3 * time.Second
 	cfg := broker.Config{EnvelopeRetention: retention}
 	env := testenv.Start(t)
@@ -88,6 +89,7 @@ func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T
 // or still running is waited for, and an old id's envelope, when there is
 // one, is the answer.
 func TestEnvelopeRetention_OnlyOldUUIDv7WithoutEnvelopeOrRunningRecordIsExpired(t *testing.T) {
+	t.Parallel()
 	const retention = time.Hour
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, broker.Config{EnvelopeRetention: retention}, executor.ClientConfig{})
@@ -153,6 +155,7 @@ func (s *store) requestStartBy() (submitted, startBy time.Time) {
 // outlive: the client's StartWithin and a call's are cut to MaxStartWithin of
 // the retention the bucket keeps; shorter ones are kept.
 func TestEnvelopeRetention_StartWithinIsCutBelowIt(t *testing.T) {
+	t.Parallel()
 	if got := executor.MaxStartWithin(broker.DefaultEnvelopeRetention); got != executor.DefaultStartWithin {
 		t.Fatalf("MaxStartWithin(default retention) = %v, want the default start window %v", got, executor.DefaultStartWithin)
 	}

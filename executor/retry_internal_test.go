@@ -8,6 +8,7 @@ import (
 )
 
 func TestBackoff_DoublesFromTheConfiguredOrDefaultBase(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		retry *Retry
 		want  []time.Duration
@@ -29,6 +30,7 @@ func TestBackoff_DoublesFromTheConfiguredOrDefaultBase(t *testing.T) {
 // refuses a retry of non-idempotent write-like work even if metadata that the
 // registry would refuse reached it.
 func TestSI11_RuntimeRuleHoldsWithoutTheRegistry(t *testing.T) {
+	t.Parallel()
 	retryable := &envelope.CapabilityError{Code: envelope.CodeTimeout, Retryable: true}
 	for _, se := range []SideEffect{Write, Destructive, External} {
 		for _, idem := range []bool{false, true} {

@@ -12,9 +12,9 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -39,6 +39,7 @@ func failing(id string, m executor.Meta, retryable bool, calls *atomic.Int64) ex
 // handler's calls: three (one plus two retries) only when SI-11 allows it,
 // else one. Combinations the registry refuses are checked to be refused.
 func TestSI11_RetryEligibilityTable(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 
@@ -147,6 +148,7 @@ func TestSI11_RetryEligibilityTable(t *testing.T) {
 // destructive and external capabilities needs idempotent: true; the registry
 // names every offending capability at once and none of the others.
 func TestSI11_RegistryRefusesRetryOnWriteLikeWithoutIdempotent(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int64
 	retry := &executor.Retry{MaxAttempts: 1}
 	_, err := executor.NewRegistry(
@@ -197,6 +199,7 @@ func demoWorker(t *testing.T, env *testenv.Env) (*executor.Worker, *executor.Cli
 // id throughout, one capability.retried per re-attempt, attempts on the
 // terminal event and the envelope.
 func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	w, c := demoWorker(t, env)
 
@@ -241,6 +244,7 @@ func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
 
 // TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts: the retries are used up.
 func TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	w, c := demoWorker(t, env)
 
@@ -268,6 +272,7 @@ func TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts(t *testing.T) {
 // timeout is retried for a read, and a last timeout ends the execution as
 // status cancelled with code TIMEOUT.
 func TestDemoSleep_TimesOutOnBothAttempts(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	w, c := demoWorker(t, env)
 
@@ -299,6 +304,7 @@ func TestDemoSleep_TimesOutOnBothAttempts(t *testing.T) {
 // each attempt, not the execution: the attempt after a timed-out one runs
 // under a deadline of its own, later than the first's, and completes.
 func TestTimeout_ArmsPerAttempt_ARetryGetsAFreshTimeout(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var (
 		mu        sync.Mutex
@@ -350,6 +356,7 @@ func blocking(id string, m executor.Meta, calls *atomic.Int64) executor.Capabili
 // TestSI11_TimedOutWriteRetriedOnlyWhenIdempotent: TIMEOUT is retryable, but
 // a write is re-attempted only with idempotent: true and retry configured.
 func TestSI11_TimedOutWriteRetriedOnlyWhenIdempotent(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var plain, idem, idemNoRetry atomic.Int64
@@ -386,6 +393,7 @@ func TestSI11_TimedOutWriteRetriedOnlyWhenIdempotent(t *testing.T) {
 // TestIdempotencyKey_StableAcrossAttemptsDistinctAcrossExecutions: the key is
 // derived from the execution id alone.
 func TestIdempotencyKey_StableAcrossAttemptsDistinctAcrossExecutions(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var mu sync.Mutex
@@ -441,6 +449,7 @@ var errStale = errors.New("stale read")
 // retryability and an exposed message; anything else is EXECUTION_FAILED, not
 // retryable and not exposed, and is never retried.
 func TestHandlerErrors_OnlyDeclaredErrorsSpeak(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name      string
 		err       error
@@ -519,6 +528,7 @@ func TestHandlerErrors_OnlyDeclaredErrorsSpeak(t *testing.T) {
 // TestRetryOn_SeesTheCapabilityErrorAndTheHandlersError: RetryOn receives the
 // attempt's CapabilityError; the handler's own error is reachable through it.
 func TestRetryOn_SeesTheCapabilityErrorAndTheHandlersError(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var calls atomic.Int64
@@ -571,6 +581,7 @@ func TestRetryOn_SeesTheCapabilityErrorAndTheHandlersError(t *testing.T) {
 // TestRetryOn_PanicVetoesTheRetry: a RetryOn that panics does not take the
 // worker down; the error is final.
 func TestRetryOn_PanicVetoesTheRetry(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var calls atomic.Int64
@@ -631,6 +642,7 @@ func ofType(evs []audit.Event, typ string) []audit.Event {
 // WORKER_LOST) when SI-11 allows it; when RetryOn vetoes, the recorded
 // TIMEOUT ends it as cancelled/TIMEOUT like any last timeout.
 func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	retryOn := func(err error) bool {

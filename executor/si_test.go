@@ -41,9 +41,9 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -173,6 +173,7 @@ func mustFail(t *testing.T, env *envelope.Envelope, err error, code envelope.Cod
 }
 
 func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var nowhere, mcpOnly atomic.Int64
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
@@ -197,6 +198,7 @@ func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
 }
 
 func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls, hidden atomic.Int64
 	bob := envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}
@@ -255,6 +257,7 @@ func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
 }
 
 func TestSI3_ActorRequiredAndWellFormed(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	startAll(t, e.Connect(t), executor.WorkerConfig{}, counted("si3.cap", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect)}))
@@ -321,6 +324,7 @@ func (n *normalizedEmail) Validate() error {
 }
 
 func TestSI6_HandlersAndPoliciesSeeOnlyTheValidatedInput(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var mu sync.Mutex
 	seen := map[executor.Phase]any{}
@@ -379,6 +383,7 @@ func TestSI6_HandlersAndPoliciesSeeOnlyTheValidatedInput(t *testing.T) {
 }
 
 func TestSI7_PoliciesFailClosed(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -451,6 +456,7 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 }
 
 func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	hide := executor.Policy{Name: "hide", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
@@ -559,6 +565,7 @@ func (s *syncBuffer) String() string {
 }
 
 func TestSI9_ModelSafeErrors(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	logs := &syncBuffer{}
 	secret := "dsn=postgres://app:hunter2@db"
@@ -652,6 +659,7 @@ func (s secretOut) Validate() error {
 }
 
 func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	const marker = "zq-secret-7731"
 	deny := executor.Policy{Name: "deny-deny", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
@@ -719,6 +727,7 @@ func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
 // The CLI's `capstan call orders.refund --input '{"orderId":1,"amount":"x"}'`
 // through the demo catalog: both fields are reported, each at its path.
 func TestInputInvalid_DemoRefundReportsEveryFieldPath(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	nc := e.Connect(t)
 	js, err := demo.Provision(ctxT(t), nc, 1)
@@ -738,6 +747,7 @@ func TestInputInvalid_DemoRefundReportsEveryFieldPath(t *testing.T) {
 }
 
 func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	meta := executor.Meta{Description: "Issues a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write}
@@ -787,6 +797,7 @@ func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
 }
 
 func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
+	t.Parallel()
 	e := testenv.Start(t)
 	nc := e.Connect(t)
 	js, err := demo.Provision(ctxT(t), nc, 1)

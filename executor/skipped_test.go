@@ -39,6 +39,7 @@ func (s *skips) of(bucket string) int {
 // catalog serves every other capability, and each skip is counted and
 // logged with its bucket and key.
 func TestWorker_ListingsSkipARecordThatDoesNotDecode(t *testing.T) {
+	t.Parallel()
 	ctx := ctxT(t)
 	nc := testenv.Start(t).Connect(t)
 	b, err := broker.Provision(ctx, nc, broker.Config{})

@@ -23,6 +23,7 @@ import (
 // redelivery of such a request before its start deadline does
 // (TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAttempt).
 func TestStartDeadline_StartedAttemptWhoseRecordWent_NeverNotStarted(t *testing.T) {
+	t.Parallel()
 	for _, by := range []string{"delivery", "sweeper"} {
 		t.Run(by, func(t *testing.T) {
 			cfg := broker.Config{RecordWindow: 2 * time.Second}
@@ -68,8 +69,10 @@ func TestStartDeadline_StartedAttemptWhoseRecordWent_NeverNotStarted(t *testing.
 // envelope exists: once its message has left the work-queue stream, nothing
 // will ever finalize it.
 func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *testing.T) {
+	t.Parallel()
 	for _, kind := range []string{"resume-refused", "undecodable"} {
 		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
 			env := testenv.Start(t)
 			s := newStore(t, env)
 			var p probe
@@ -115,6 +118,7 @@ func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *test
 // it as a duplicate of an envelope that does not exist ends the request with
 // none.
 func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe
@@ -163,6 +167,7 @@ func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testi
 // the record window: the missing record proves nothing, and neither it nor
 // the original's redelivery may run attempt 1 again.
 func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
+	t.Parallel()
 	cfg := broker.Config{RecordWindow: 2 * time.Second}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
@@ -204,6 +209,7 @@ func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 // is (DESIGN §5, §8): not a second capability.requested and a second
 // terminal event, which would read as another call of the same execution.
 func TestStartDeadline_EndedRequestDeliveredAgain_AuditedAsADuplicate(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	var p probe

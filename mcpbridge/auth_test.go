@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/mcpbridge"
@@ -35,6 +36,7 @@ type payIn struct {
 // grant does not allow runs nothing, an approval decided by an approver
 // principal runs the call once, and a request without a token is refused.
 func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -81,14 +83,7 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(env.ConnectAs(t, auth.WorkerPrincipal), reg, executor.WorkerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, stopWorker := context.WithCancel(context.Background())
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- w.Run(wctx) }()
-	t.Cleanup(func() { stopWorker(); <-workerDone })
+	capstantest.Worker(t, reg, capstantest.WithConn(env.ConnectAs(t, auth.WorkerPrincipal)))
 
 	gw := env.ConnectAs(t, "gateway")
 	// The worker serves once describe, asked as the gateway, lists both.

@@ -15,9 +15,10 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -129,17 +130,7 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 		t.Fatal(err)
 	}
 	nc := f.env.Connect(t)
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: pool})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stopWait := func() { once.Do(func() { stop(); <-done }) }
-	t.Cleanup(stopWait)
-	// Serving once describe answers and lists the worker's capabilities.
+	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(executor.WorkerConfig{Pool: pool}))
 	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +148,7 @@ func (f *fixture) runWorker(t *testing.T, pool string, caps ...executor.Capabili
 	for {
 		d, err := c.Describe(ctx2, executor.SurfaceMCP, alice, executor.Scope{})
 		if err == nil && listsAll(d, want) {
-			return stopWait
+			return w.Stop
 		}
 		if !errors.Is(err, executor.ErrNoWorkers) && err != nil {
 			t.Fatal(err)
@@ -355,6 +346,7 @@ func transports(t *testing.T, f *fixture, run func(t *testing.T, connect func(en
 }
 
 func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		cs := connect(alice, newEvents())
@@ -413,6 +405,7 @@ func TestToolsList_IsDescribeOnTheMCPSurface(t *testing.T) {
 }
 
 func TestToolsCall_CompletedIsStructuredContentAndText(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		cs := connect(alice, newEvents())
@@ -437,6 +430,7 @@ func TestToolsCall_CompletedIsStructuredContentAndText(t *testing.T) {
 }
 
 func TestToolsCall_InputErrorsCarryTheirPaths(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		cs := connect(alice, newEvents())
@@ -462,6 +456,7 @@ func TestToolsCall_InputErrorsCarryTheirPaths(t *testing.T) {
 }
 
 func TestToolsCall_FailureShowsOnlyForModel(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		cs := connect(alice, newEvents())
@@ -496,6 +491,7 @@ func TestToolsCall_FailureShowsOnlyForModel(t *testing.T) {
 }
 
 func TestProgress_StatesFromTheAuditTrail(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
 		ev := newEvents()
@@ -537,6 +533,7 @@ func (f *fixture) callBlockedThenCancel(t *testing.T, cs *mcp.ClientSession, not
 }
 
 func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	c := f.client
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
@@ -561,6 +558,7 @@ func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 }
 
 func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	c := f.client
 	transports(t, f, func(t *testing.T, connect func(envelope.Actor, *events) *mcp.ClientSession) {
@@ -626,6 +624,7 @@ func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
 }
 
 func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{ApprovalWait: time.Minute})
 	c := f.client
 	ev := newEvents()
@@ -669,6 +668,7 @@ func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
 }
 
 func TestListChanged_WhenAWorkerStartsAndACapabilityGoes(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	ev := newEvents()
 	mem := f.connectMemory(t, alice, ev)
@@ -713,6 +713,7 @@ func waitChanged(t *testing.T, ev *events, cs *mcp.ClientSession, name string, w
 }
 
 func TestHTTP_NoTokenNoTools(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`
@@ -741,6 +742,7 @@ func TestHTTP_NoTokenNoTools(t *testing.T) {
 }
 
 func TestHTTP_TokenChoosesTheActor(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	cs := connectHTTP(t, srv.URL, bobToken, newEvents())
@@ -759,6 +761,7 @@ func TestHTTP_TokenChoosesTheActor(t *testing.T) {
 }
 
 func TestSessions_SurviveANATSReconnect(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	mem := f.connectMemory(t, alice, newEvents())
 	srv := f.serveHTTP(t)
@@ -787,6 +790,7 @@ func TestSessions_SurviveANATSReconnect(t *testing.T) {
 }
 
 func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
+	t.Parallel()
 	f := &fixture{env: testenv.Start(t), started: make(chan string, 1)}
 	f.nc = f.env.Connect(t)
 	// The server provisions capstan's resources (clients never do); no
@@ -812,6 +816,7 @@ func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
 }
 
 func TestHTTPStateless_Protocol20260728(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
 	ev := newEvents()
@@ -871,6 +876,7 @@ func (b *breakable) Connect(ctx context.Context) (mcp.Connection, error) {
 }
 
 func TestDisconnect_TheExecutionGoesOn_StatusReadsItsResult(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	ctx := testCtx(t)
 	srv, err := f.bridge.Server(ctx, alice)
@@ -925,6 +931,7 @@ func TestDisconnect_TheExecutionGoesOn_StatusReadsItsResult(t *testing.T) {
 }
 
 func TestCallTimeout_AnswersStillRunningWithTheExecutionID(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{CallTimeout: 100 * time.Millisecond})
 	ctx := testCtx(t)
 	cs := f.connectMemory(t, alice, newEvents())
@@ -951,6 +958,7 @@ func TestCallTimeout_AnswersStillRunningWithTheExecutionID(t *testing.T) {
 }
 
 func TestProgress_FromRecords_WhenTheAuditStreamIsNotReadable(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{ProgressFromRecords: true})
 	ev := newEvents()
 	cs := f.connectMemory(t, alice, ev)

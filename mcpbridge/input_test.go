@@ -103,6 +103,7 @@ func initialized(t *testing.T, url, token string) string {
 // A tasks/* request without params is malformed: it is answered with a
 // JSON-RPC error, and the bridge goes on serving.
 func TestTasksMethods_WithoutParams_AnswerAnErrorAndTheBridgeServesOn(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	sid := initialized(t, srv.URL, aliceToken)
@@ -126,6 +127,7 @@ func TestTasksMethods_WithoutParams_AnswerAnErrorAndTheBridgeServesOn(t *testing
 // before the call answered its task never learns the task id: the
 // execution must be cancelled, as for any other call.
 func TestTasks_CallCancelledBeforeItsTaskCancelsTheExecution(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: time.Minute})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id, err := f.callBlockedThenCancel(t, cs, "t")
@@ -155,6 +157,7 @@ func TestTasks_CallCancelledBeforeItsTaskCancelsTheExecution(t *testing.T) {
 // table, so the first can no longer be cancelled at all (and the
 // cancellation ends the other client's call instead).
 func TestHTTPStateless_CancelReachesTheCallEvenWhenAnotherUsesItsID(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
 	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"test.block","arguments":{"note":"s"}}}`
@@ -214,6 +217,7 @@ func TestHTTPStateless_CancelReachesTheCallEvenWhenAnotherUsesItsID(t *testing.T
 // origin (a page of another site, e.g. after DNS rebinding) is answered
 // 403, whatever it carries; one whose Host is not loopback too.
 func TestHTTP_ForeignOriginOrHostOnLoopbackIs403(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",` +
@@ -245,6 +249,7 @@ func TestHTTP_ForeignOriginOrHostOnLoopbackIs403(t *testing.T) {
 // listing), a tool call tells the model so without the bridge's internals:
 // no NATS error text, in a result or a JSON-RPC error.
 func TestToolsCall_CapstanUnavailable_AnswersNoInternals(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	if _, err := broker.Provision(testCtx(t), nc, broker.Config{}); err != nil {
@@ -315,6 +320,7 @@ func (c *cutter) RoundTrip(r *http.Request) (*http.Response, error) {
 // learns neither the result nor the execution id, and can only call again,
 // running the capability a second time.
 func TestHTTP_CallWhoseStreamBreaks_GetsItsResult(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	cut := &cutter{next: bearer{token: aliceToken, next: http.DefaultTransport}, cut: make(chan struct{})}
@@ -356,6 +362,7 @@ func TestHTTP_CallWhoseStreamBreaks_GetsItsResult(t *testing.T) {
 // cancel the execution too, and not leave the call waiting for
 // CallTimeout.
 func TestHTTPStateless_OlderProtocolClientClosingItsRequestCancelsTheCall(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -400,6 +407,7 @@ func TestHTTPStateless_OlderProtocolClientClosingItsRequestCancelsTheCall(t *tes
 // requests still open: a stateless call's execution goes on (its result
 // stays readable), although a client closing its request cancels it.
 func TestHTTPStateless_RequestEndedAfterBeginClose_ExecutionGoesOn(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTPWith(t, &mcpbridge.HTTPOptions{Stateless: true})
 	done := make(chan struct{})

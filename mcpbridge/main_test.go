@@ -1,6 +1,7 @@
 package mcpbridge_test
 
 import (
+	"github.com/capstan-dev/capstan/testenv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -8,5 +9,6 @@ import (
 
 // Every bridge, session, follower and worker must be gone when the tests end.
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }

@@ -52,6 +52,7 @@ func TestToolName_EveryHostTakesIt(t *testing.T) {
 // description and its _meta; a capability called by its id (as before) still
 // runs; a capability whose policies may ask for an approval says so.
 func TestToolNames_PortableByDefault_TheIDStaysVisible(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	cs := f.connectMemory(t, alice, newEvents())
 	res, err := cs.ListTools(testCtx(t), nil)
@@ -91,6 +92,7 @@ func TestToolNames_PortableByDefault_TheIDStaysVisible(t *testing.T) {
 // Two capabilities whose tool names would be one are refused when the bridge
 // starts serving, naming both; with the ids as names they are both listed.
 func TestToolNames_CollisionRefusedAtStart(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	echo := func(id string) executor.Capability {
 		return executor.Define(id, executor.Meta{Description: "Echoes.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None},

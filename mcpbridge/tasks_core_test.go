@@ -149,6 +149,7 @@ func (s *rawSession) waitStatus(id string, want ...string) coreTask {
 // for (tasks/result), listed, cancelled; failures are failed, an approval
 // someone else decides keeps it working until it runs.
 func TestCoreTasks_The20251125Lane(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	srv := f.serveHTTP(t)
 	s := &rawSession{t: t, url: srv.URL, token: aliceToken}

@@ -95,6 +95,7 @@ func pollTask(t *testing.T, cs *mcp.ClientSession, id string, want ...string) *m
 }
 
 func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "demo.echo", map[string]any{"n": 1})
@@ -115,6 +116,7 @@ func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
 }
 
 func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-task", "amount": 800})
@@ -154,6 +156,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 }
 
 func TestTasks_CancelCancelsTheExecution(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "test.block", map[string]any{"note": "t"})
@@ -173,6 +176,7 @@ func TestTasks_CancelCancelsTheExecution(t *testing.T) {
 }
 
 func TestTasks_WithoutTheExtensionTheCallBlocks(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectMemory(t, alice, newEvents())
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"a": 1}})
@@ -185,6 +189,7 @@ func TestTasks_WithoutTheExtensionTheCallBlocks(t *testing.T) {
 }
 
 func TestTasks_DeclineWithdrawsTheApprovalRequest(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-decline", "amount": 800})
@@ -201,6 +206,7 @@ func TestTasks_DeclineWithdrawsTheApprovalRequest(t *testing.T) {
 }
 
 func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	ctx := testCtx(t)
 	srv, err := f.bridge.Server(ctx, alice)
@@ -229,6 +235,7 @@ func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
 }
 
 func TestTasks_AQuickCallAnswersItsResult_AnApprovalATask(t *testing.T) {
+	t.Parallel()
 	f := start(t, mcpbridge.Config{TaskAfter: time.Minute})
 	cs := f.connectTasks(t, f.bridge, alice)
 	res, err := cs.CallTool(testCtx(t), &mcp.CallToolParams{Name: "demo.echo", Arguments: map[string]any{"q": 1}})

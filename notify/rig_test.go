@@ -17,6 +17,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -117,29 +118,7 @@ func startWorker(t *testing.T, nc *nats.Conn, caps ...executor.Capability) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	b, err := broker.Provision(context.Background(), nc, broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range caps {
-		eventually(t, "the worker serves "+c.ID(), func() bool {
-			_, err := b.Catalog.Get(context.Background(), c.ID())
-			return err == nil
-		})
-	}
+	capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(executor.WorkerConfig{Logger: quiet()}))
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

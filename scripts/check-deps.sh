@@ -3,8 +3,9 @@
 # library packages stays the NATS client, msgpack, uuid and what the package
 # itself is about (Prometheus for telemetry, the MCP SDK for mcpbridge). The
 # server, gRPC, the OpenTelemetry exporters and a browser belong to the
-# binaries: cmd/capstan, testenv (an embedded server by design) and
-# telemetry/otlp (the OTLP wiring a program chooses to import).
+# binaries: cmd/capstan, testenv and capstantest (an embedded server, for
+# tests, by design) and telemetry/otlp (the OTLP wiring a program chooses to
+# import).
 #
 # Every package outside cmd/ and internal/ is checked (examples/hello, a
 # worker and a client as a user writes them, included) unless it is excluded
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 module=$(go list -m)
-excluded="^$module/(cmd/|internal/|testenv\$|telemetry/otlp\$)"
+excluded="^$module/(cmd/|internal/|testenv\$|capstantest\$|telemetry/otlp\$)"
 forbidden='^(github\.com/nats-io/nats-server/|google\.golang\.org/grpc(/|$)|go\.opentelemetry\.io/otel/exporters/|github\.com/chromedp/)'
 
 mapfile -t libraries < <(go list ./... | grep -Ev "$excluded")

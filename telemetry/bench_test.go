@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/observe"
@@ -77,8 +78,6 @@ func BenchmarkCall_Observed(b *testing.B) {
 	for _, name := range []string{"none", "tracing-off", "tracing-on"} {
 		o := observers(b)[name]
 		b.Run(name, func(b *testing.B) {
-			env := testenv.Start(b)
-			nc := env.Connect(b)
 			echo := executor.Define("t.echo", executor.Meta{Description: "Returns its input.",
 				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
 				func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
@@ -86,20 +85,9 @@ func BenchmarkCall_Observed(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Observer: o})
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx) }()
-			defer func() { cancel(); <-done }()
-			waitServing(b, nc, "t.echo")
-			c, err := executor.NewClient(nc, executor.ClientConfig{Actor: alice, Observer: o})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() { _ = c.Close() }()
+			w := capstantest.Worker(b, reg, capstantest.WithConfig(executor.WorkerConfig{Observer: o}))
+			c := w.Client(b, executor.ClientConfig{Actor: alice, Observer: o})
+			ctx := context.Background()
 			if _, err := c.Call(ctx, "t.echo", echoIn{Hello: "warm"}); err != nil { // the worker serves
 				b.Fatal(err)
 			}
@@ -123,17 +111,7 @@ func BenchmarkCall_ObservedInterleaved(b *testing.B) {
 	obs := observers(b)
 	names := []string{"none", "tracing-off", "tracing-on"}
 	clients := map[string]*executor.Client{}
-	ctx, cancel := context.WithCancel(context.Background())
-	var dones []chan error
-	defer func() {
-		for _, c := range clients {
-			_ = c.Close()
-		}
-		cancel()
-		for _, d := range dones {
-			<-d
-		}
-	}()
+	ctx := context.Background()
 	for _, name := range names {
 		nc := env.Connect(b)
 		capID := "t.echo." + strings.ReplaceAll(name, "-", "")
@@ -144,18 +122,11 @@ func BenchmarkCall_ObservedInterleaved(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: strings.ReplaceAll(name, "-", ""), Observer: obs[name]})
-		if err != nil {
-			b.Fatal(err)
-		}
-		done := make(chan error, 1)
-		dones = append(dones, done)
-		go func() { done <- w.Run(ctx) }()
-		waitServing(b, nc, capID) // else a call may go unrouted to a worker whose catalog lags
-		c, err := executor.NewClient(nc, executor.ClientConfig{Actor: alice, Observer: obs[name]})
-		if err != nil {
-			b.Fatal(err)
-		}
+		// Worker returns once the catalog lists capID, else a call may go
+		// unrouted to a worker whose catalog lags.
+		w := capstantest.Worker(b, reg, capstantest.WithConn(nc),
+			capstantest.WithConfig(executor.WorkerConfig{Pool: strings.ReplaceAll(name, "-", ""), Observer: obs[name]}))
+		c := w.Client(b, executor.ClientConfig{Actor: alice, Observer: obs[name]})
 		clients[name] = c
 		if _, err := c.Call(ctx, capID, echoIn{Hello: "warm"}); err != nil {
 			b.Fatal(err)

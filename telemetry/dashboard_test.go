@@ -21,6 +21,7 @@ import (
 // series a panel queries is in a scrape where each kind of event happened
 // once, and every metric of that scrape is on a panel.
 func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b, err := broker.Provision(ctxT(t), nc, broker.Config{})

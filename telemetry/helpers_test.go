@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -68,44 +69,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(nc, reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	}
-	t.Cleanup(stop)
-	waitServing(t, nc, caps[0].ID())
-	return stop
-}
-
-// waitServing waits until the catalog lists id, which a worker writes at start.
-func waitServing(t testing.TB, nc *nats.Conn, id string) {
-	t.Helper()
-	c := newClient(t, nc, executor.ClientConfig{})
-	ctx := ctxT(t)
-	for {
-		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no worker serves %s", id)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg)).Stop
 }
 
 func newClient(t testing.TB, nc *nats.Conn, cfg executor.ClientConfig) *executor.Client {

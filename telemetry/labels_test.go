@@ -15,6 +15,7 @@ import (
 // as _other, one no worker serves as _unknown, and no execution or actor id
 // is ever a label value.
 func TestMetrics_LabelsBounded(t *testing.T) {
+	t.Parallel()
 	tel := telemetry.New(telemetry.Options{MaxCapabilities: 2})
 	var ids []string
 	deliver := func(capID string, known bool) {

@@ -1,6 +1,7 @@
 package telemetry_test
 
 import (
+	"github.com/capstan-dev/capstan/testenv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -8,5 +9,6 @@ import (
 
 // Every worker, client and server of the tests must be gone when they end.
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
 }

@@ -21,6 +21,7 @@ import (
 // A known workload through a real worker on embedded JetStream: the scrape
 // counts exactly what happened, per capability, pool, status and code.
 func TestMetrics_ScrapeCountsAKnownWorkload(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -115,6 +116,7 @@ func TestMetrics_ScrapeCountsAKnownWorkload(t *testing.T) {
 // takes the execution over and finalizes OUTCOME_UNKNOWN, which the scrape
 // shows as a takeover from "running" and one unknown outcome.
 func TestMetrics_TakeoverAndOutcomeUnknownCounted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -182,6 +184,7 @@ func publishRaw(t *testing.T, b *broker.Broker, capID string) {
 // before any claim too: one past its start deadline (NOT_STARTED) and one
 // that does not decode (INPUT_INVALID).
 func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -268,6 +271,7 @@ func (b *syncBuffer) String() string {
 // that a client's clock, or a client lying, does not move them; for a request
 // that runs and for one refused past its start deadline alike.
 func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	env := testenv.Start(t)
 	nc := env.Connect(t)

@@ -23,6 +23,7 @@ import (
 // it, and its span's trace reaches the worker (the resumed execution's audit
 // events carry it).
 func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
+	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 // finalization) and a span the handler starts all descend from it. The
 // execution's audit events carry the trace's id.
 func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -110,20 +111,25 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 // With no tracer provider set (tracing off), nothing is recorded, and a
 // traceparent the caller gave is carried as it is to the audit trail.
 func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
-	runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	e, err := c.Call(ctx, "t.echo", echoIn{}, executor.WithTraceparent(tp))
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
 	}
+	stop() // a stopped worker has stored its audit events
 	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(trail) == 0 {
+		t.Fatal("no audit trail")
 	}
 	for _, ev := range trail {
 		if ev.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
@@ -137,6 +143,7 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 // rather than starting a trace of its own for every call, and the audit
 // events carry the call's trace id.
 func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx := ctxT(t)
@@ -175,6 +182,7 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 // names a span (a trace backend keeps span names as an index), only the
 // processing span's attribute.
 func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
+	t.Parallel()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
@@ -209,6 +217,7 @@ func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
 // causes hold a megabyte until it is exported, and valid UTF-8, without
 // which an OTLP export of the batch fails.
 func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
+	t.Parallel()
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()

@@ -32,8 +32,8 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		t.Fatalf("testenv: StartCluster needs at least one node, got %d", n)
 	}
 	// Every node must list every other node's route, so all ports are chosen first.
-	clientPorts := freePorts(t, n)
-	clusterPorts := freePorts(t, n)
+	clientPorts := FreePorts(t, n)
+	clusterPorts := FreePorts(t, n)
 	c := &Cluster{}
 	for i := range n {
 		var routes []string

@@ -13,4 +13,12 @@
 //
 // Crash-like tests call Stop and Restart (same store, same port; clients
 // reconnect), and StartCluster, StopNode and RestartNode for a 3-node cluster.
+//
+// Each test owns its servers, so tests call t.Parallel; a package's TestMain
+// calls RaiseParallel to run several per CPU, as they mostly wait:
+//
+//	func TestMain(m *testing.M) {
+//		testenv.RaiseParallel()
+//		os.Exit(m.Run())
+//	}
 package testenv

@@ -46,7 +46,7 @@ func Auth(setup *auth.Setup) Option {
 // loopback port. It is shut down when the test ends.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
-	e := &Env{opts: natsserver.Options{StoreDir: t.TempDir(), Port: -1}}
+	e := &Env{opts: natsserver.Options{StoreDir: t.TempDir(), Port: FreePort(t)}}
 	for _, o := range opts {
 		o(&e.opts)
 	}
@@ -179,22 +179,6 @@ func connect(t testing.TB, url string, opts []nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
-}
-
-// freePorts returns n distinct free loopback ports. The listeners are held until
-// all ports are chosen so that no port is returned twice.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("testenv: pick a free port: %v", err)
-		}
-		defer l.Close()
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
 }
 
 func routeURL(port int) string { return fmt.Sprintf("nats://127.0.0.1:%d", port) }

@@ -3,7 +3,11 @@ package testenv_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,8 +17,47 @@ import (
 	"github.com/capstan-dev/capstan/testenv"
 )
 
+// parallelGiven says whether go test was given -parallel, which RaiseParallel
+// leaves as it is.
+var parallelGiven bool
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { parallelGiven = parallelGiven || f.Name == "test.parallel" })
+	testenv.RaiseParallel()
 	goleak.VerifyTestMain(m)
+}
+
+// After RaiseParallel, 4 parallel tests per CPU (2 under the race detector)
+// run at once: as many subtests as that all wait for each other, which only
+// ends if they all run together. (Not itself parallel: it runs before the
+// parallel tests, with every slot free for its subtests.)
+func TestRaiseParallel_SeveralTestsPerCPURunAtOnce(t *testing.T) {
+	if parallelGiven {
+		t.Skip("-parallel given: RaiseParallel leaves it")
+	}
+	n := 4 * runtime.GOMAXPROCS(0)
+	if raceEnabled {
+		n = 2 * runtime.GOMAXPROCS(0)
+	}
+	if got := flag.Lookup("test.parallel").Value.String(); got != strconv.Itoa(n) {
+		t.Fatalf("-parallel is %s, want %d", got, n)
+	}
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	all := make(chan struct{})
+	go func() { arrived.Wait(); close(all) }()
+	for i := range n {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			t.Parallel()
+			arrived.Done()
+			select {
+			case <-all:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the %d parallel tests never all ran at once", n)
+			}
+		})
+	}
 }
 
 // testCtx bounds each JetStream call so a broken server fails the test instead of
@@ -40,6 +83,7 @@ func createStream(t *testing.T, ctx context.Context, js jetstream.JetStream, rep
 }
 
 func TestStart_PublishAndConsume(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	js := env.JetStream(t)
@@ -68,6 +112,7 @@ func TestStart_PublishAndConsume(t *testing.T) {
 }
 
 func TestRestart_KeepsStreamMessages(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	env := testenv.Start(t)
 	url := env.URL
@@ -116,6 +161,7 @@ func TestRestart_KeepsStreamMessages(t *testing.T) {
 }
 
 func TestCluster_R3MessageSurvivesLeaderLoss(t *testing.T) {
+	t.Parallel()
 	ctx := testCtx(t)
 	c := testenv.StartCluster(t, 3)
 	if len(c.Nodes) != 3 || len(c.URLs) != 3 {
@@ -212,6 +258,7 @@ func getMsgEventually(t *testing.T, ctx context.Context, js jetstream.JetStream,
 }
 
 func TestStartCluster_URLConnectsToEveryNode(t *testing.T) {
+	t.Parallel()
 	c := testenv.StartCluster(t, 3)
 	for i, node := range c.Nodes {
 		nc := node.Connect(t)

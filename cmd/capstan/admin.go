@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )

@@ -10,9 +10,9 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -56,6 +56,7 @@ func refundNeedingApproval(t *testing.T, url string) string {
 // The demo's walk-through: a refund of 900 exits 3; bob approves; the resume
 // completes; a second resume is refused APPROVAL_CONSUMED.
 func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	id := refundNeedingApproval(t, url)
 
@@ -114,6 +115,7 @@ func TestCLI_RefundApprovalApproveResumeOnce(t *testing.T) {
 // The requester cannot approve their own call, and a resume of an approval
 // that is pending, rejected or expired ends with the matching code.
 func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 
 	pending := refundNeedingApproval(t, url)
@@ -181,6 +183,7 @@ func expire(t *testing.T, url, id string) {
 }
 
 func TestCLI_ApproveWithResume(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	id := refundNeedingApproval(t, url)
 	stdout, stderr, code := capstan(t, url, "approvals", "approve", id, "--approver", "user:bob", "--resume", "-o", "json")
@@ -195,6 +198,7 @@ func TestCLI_ApproveWithResume(t *testing.T) {
 // (The executor's tests repeat this a hundred times with worker processes of
 // their own; here it runs with the real binary.)
 func TestCLI_ResumeRaceAcrossWorkerProcesses(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, "capstan server listening on", nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))

@@ -43,6 +43,7 @@ func eventTypes(evs []printedEvent) string {
 }
 
 func TestAudit_PrintsTheTrailAsJSONLinesOldestFirst(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.flaky", "--input", `{"failTimes":1}`)
 	if code != exitOK {
@@ -75,6 +76,7 @@ func TestAudit_PrintsTheTrailAsJSONLinesOldestFirst(t *testing.T) {
 }
 
 func TestAudit_UsageAndUnknownExecution(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	for _, tc := range []struct {
 		name string
@@ -97,6 +99,7 @@ func TestAudit_UsageAndUnknownExecution(t *testing.T) {
 }
 
 func TestAuditFollow_PrintsOnlyMatchingEventsUntilInterrupted(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	follower := startDaemon(t, "", []string{"CAPSTAN_NATS_URL=" + url},
 		"audit", "--follow", "--type", "capability.denied", "--since", "1h", "--json")
@@ -151,6 +154,7 @@ func TestAuditFollow_PrintsOnlyMatchingEventsUntilInterrupted(t *testing.T) {
 }
 
 func TestServer_AuditMaxAgeSetsTheRetention(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, "listening", nil, "server", "--store", t.TempDir(),

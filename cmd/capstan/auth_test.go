@@ -17,6 +17,7 @@ import (
 )
 
 func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
 		t.Fatalf("init: exit %d: %s", code, stderr)
@@ -74,6 +75,7 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 }
 
 func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "", "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("0.0.0.0:%d", freePort(t)))
 	if code != exitUsage || !strings.Contains(stderr, "--auth") || !strings.Contains(stderr, "--insecure") {
 		t.Fatalf("exit %d, stderr %s", code, stderr)
@@ -87,6 +89,7 @@ func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T)
 // The secured setup from zero, as the README shows it: two principals, one
 // asks, the other approves; neither can do the other's part.
 func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	for _, args := range [][]string{
 		{"auth", "init", dir},
@@ -179,6 +182,7 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 // which credentials are new, does nothing the second time, and the
 // migrated setup serves its principals.
 func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
 	for _, args := range [][]string{
@@ -211,6 +215,7 @@ func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
 // Limits set at auth add are signed into the principal's account and
 // shown by auth list; they are refused where they mean nothing.
 func TestAuthAdd_Limits(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
 		t.Fatalf("init: %s", stderr)
@@ -250,6 +255,7 @@ func TestAuthAdd_Limits(t *testing.T) {
 // Credentials and seeds are secrets: a file others may read is refused,
 // naming the mode to set, before anything connects or signs.
 func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
 		t.Fatalf("init: %s", stderr)
@@ -277,6 +283,7 @@ func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
 // removed and pushed again, is disconnected from every node and refused by
 // each, with no restart.
 func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("3-node cluster")
 	}

@@ -29,6 +29,7 @@ func stopBound(t *testing.T) time.Duration {
 // that would talk to the server on the way out, and abandons its in-process
 // workers as a crash would.
 func TestBench_StopsOnSIGTERMAfterItsServerWasKilled(t *testing.T) {
+	t.Parallel()
 	for _, workers := range []string{"1", "0"} {
 		t.Run("workers="+workers, func(t *testing.T) {
 			port := freePort(t)
@@ -81,6 +82,7 @@ func TestBench_StopsOnSIGTERMAfterItsServerWasKilled(t *testing.T) {
 // a call awaiting its envelope, an await, and audit --follow (which no longer
 // waits to delete its consumer on a server out of reach).
 func TestCLI_WaitingCommandsStopOnSIGTERMAfterTheServerWasKilled(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	server := startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))

@@ -24,6 +24,7 @@ type benchJSON struct {
 }
 
 func TestBenchEmbedded_JSONReportsEveryExecutionCompletedAndTheBaseline(t *testing.T) {
+	t.Parallel()
 	stdout, stderr, code := capstan(t, "", "bench", "--embedded", "--n", "300", "--concurrency", "16", "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %s", code, stderr)
@@ -51,6 +52,7 @@ func TestBenchEmbedded_JSONReportsEveryExecutionCompletedAndTheBaseline(t *testi
 }
 
 func TestBenchOpenLoopAndBatch_AgainstAServer(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	for _, args := range [][]string{
 		{"--rate", "200/s", "--n", "100"},
@@ -67,6 +69,7 @@ func TestBenchOpenLoopAndBatch_AgainstAServer(t *testing.T) {
 }
 
 func TestBench_UsageAndConnectionErrorsExit2(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"--embedded", "--nats", "nats://127.0.0.1:1"},
 		{"--n", "0"},

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -33,6 +33,7 @@ type printedEnvelope struct {
 }
 
 func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
+	t.Parallel()
 	dev, url := startDev(t)
 
 	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
@@ -52,9 +53,11 @@ func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
 // second `capstan submit` (which the exec stream's dedup window absorbs), nor
 // a copy of the request published under another message id while the first
 // runs, nor one published after its envelope exists; both copies reach the
-// worker, as the stream's emptying shows.
+// worker, as the stream's emptying shows. The copy that comes while the
+// first runs is delivered again a lease later: a 2 s lease, not 30 s.
 func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
-	_, url := startDev(t)
+	t.Parallel()
+	_, url := startDev(t, "--lease", "2s")
 	id := envelope.NewExecutionID()
 	input := `{"to":"ada@example.com","subject":"hello","holdMs":500}`
 	submit := []string{"submit", "email.send", "--id", id, "--input", input}
@@ -192,6 +195,7 @@ func outboxMessages(t *testing.T, url, id string) int {
 }
 
 func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
+	t.Parallel()
 	const executions = 2000
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
@@ -252,6 +256,7 @@ func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	js, err := jetstream.New(connect(t, url))
 	if err != nil {
@@ -288,7 +293,10 @@ func TestExitCodes(t *testing.T) {
 		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
-		{"await without envelope runs out of time", []string{"await", envelope.NewExecutionID(), "--wait", "1s"}, exitNoEnvelope, "", false},
+		// The id is made as the subtest runs (freshID): an id made longer
+		// ago than a moment is probed, and nothing stored of it is an
+		// unknown execution.
+		{"await without envelope runs out of time", []string{"await", freshID, "--wait", "1s"}, exitNoEnvelope, "", false},
 		// An id nothing is stored for, made long enough ago not to be on
 		// its way: answered at once.
 		{"await of an unknown id says so at once", []string{"await", idMadeAgo(t, time.Minute), "--wait", "1h"}, exitUnknown, "", false},
@@ -298,9 +306,12 @@ func TestExitCodes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := lastSeq()
-			args := tc.args
+			args := slices.Clone(tc.args)
+			if i := slices.Index(args, freshID); i >= 0 {
+				args[i] = envelope.NewExecutionID()
+			}
 			if tc.errCode != "" {
-				args = append(slices.Clone(args), "-o", "json")
+				args = append(args, "-o", "json")
 			}
 			stdout, stderr, code := capstan(t, url, args...)
 			if code != tc.code {
@@ -323,6 +334,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	id := envelope.NewExecutionID()
 	if _, stderr, code := capstan(t, url, "submit", "email.send", "--id", id,
@@ -346,6 +358,10 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 }
 
 // idMadeAgo is a new UUIDv7 execution id whose time is d ago.
+// freshID in a test's arguments is replaced by an execution id made as the
+// command starts.
+const freshID = "<a fresh execution id>"
+
 func idMadeAgo(t *testing.T, d time.Duration) string {
 	t.Helper()
 	u, err := uuid.Parse(envelope.NewExecutionID())

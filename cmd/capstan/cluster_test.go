@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 )
 
 // spawn runs capstan args until the test ends without waiting for it.
@@ -160,6 +160,7 @@ func waitAllCurrent(t *testing.T, ctx context.Context, js jetstream.JetStream) {
 }
 
 func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEmailPerExecution(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("cluster of processes")
 	}
@@ -436,6 +437,7 @@ func readOutbox(ctx context.Context, js jetstream.JetStream) (map[string]int, er
 }
 
 func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
@@ -471,10 +473,20 @@ func TestPoolProcesses_EmailsWaitForTheCommsPoolWhileEverythingElseCompletes(t *
 			t.Fatalf("%v with the comms pool down: exit %d, stdout %s, stderr %s", call, code, stdout, stderr)
 		}
 	}
+	// Each email's await waits its second with the others.
+	var waits sync.WaitGroup
 	for _, id := range emails {
-		if _, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1s"); code != exitNoEnvelope {
-			t.Fatalf("email %s with its pool down: exit %d, stderr %s", id, code, stderr)
-		}
+		waits.Go(func() {
+			if _, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1s"); code != exitNoEnvelope {
+				t.Errorf("email %s with its pool down: exit %d, stderr %s", id, code, stderr)
+			}
+		})
+	}
+	waits.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, id := range emails {
 		// Not claimed: status tells it is queued, nothing more.
 		if stdout, stderr, code := capstan(t, url, "status", id); code != exitOK || !strings.Contains(stdout, "queued") {
 			t.Fatalf("email %s was touched with its pool down: exit %d, stdout %s, stderr %s", id, code, stdout, stderr)

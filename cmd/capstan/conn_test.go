@@ -11,6 +11,7 @@ import (
 // A NATS URL may carry a user and password or a token: a connection error
 // names the server without them.
 func TestConnectionError_URLSecretsNotPrinted(t *testing.T) {
+	t.Parallel()
 	port := freePort(t) // nothing listens there
 	for _, url := range []string{
 		fmt.Sprintf("nats://alice:s3cret-pass@127.0.0.1:%d", port),

@@ -25,6 +25,7 @@ import (
 
 // `capstan dev` serves an open console on loopback and prints its address.
 func TestDev_ServesTheConsoleAndPrintsIt(t *testing.T) {
+	t.Parallel()
 	d, _ := startDev(t)
 	m := regexp.MustCompile(`console: (http://127\.0\.0\.1:\d+)`).FindStringSubmatch(d.out.String())
 	if m == nil {
@@ -48,6 +49,7 @@ func TestDev_ServesTheConsoleAndPrintsIt(t *testing.T) {
 
 // An open console (no credentials at sign-in) listens on loopback only.
 func TestConsole_OpenRefusedBeyondLoopback(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "console", "--open", "--listen", "0.0.0.0:0")
 	if code != exitUsage || !strings.Contains(stderr, "listens only on loopback") {
 		t.Fatalf("exit %d, stderr %q; want %d and a refusal", code, stderr, exitUsage)
@@ -56,6 +58,7 @@ func TestConsole_OpenRefusedBeyondLoopback(t *testing.T) {
 
 // Beyond loopback, a console with sign-in serves HTTPS only.
 func TestConsole_PlainHTTPRefusedBeyondLoopback(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "console", "--listen", "0.0.0.0:0")
 	if code != exitUsage || !strings.Contains(stderr, "serves HTTPS only") {
 		t.Fatalf("exit %d, stderr %q; want %d and a refusal", code, stderr, exitUsage)
@@ -64,6 +67,7 @@ func TestConsole_PlainHTTPRefusedBeyondLoopback(t *testing.T) {
 
 // Without --open, the console asks for credentials before anything.
 func TestConsole_AsksForCredentials(t *testing.T) {
+	t.Parallel()
 	_, natsURL := startDev(t)
 	port := freePort(t)
 	startDaemon(t, "capstan console on", []string{"CAPSTAN_NATS_URL=" + natsURL}, "console", "--listen", "127.0.0.1:"+strconv.Itoa(port))
@@ -92,6 +96,7 @@ func TestConsole_AsksForCredentials(t *testing.T) {
 // marked Secure. It answers under the certificate's names and those of
 // --allow-hosts, and refuses any other (421).
 func TestConsole_ServesHTTPS(t *testing.T) {
+	t.Parallel()
 	_, natsURL := startDev(t)
 	certFile, keyFile, der := selfSigned(t, "console.test")
 
@@ -136,6 +141,7 @@ func TestConsole_ServesHTTPS(t *testing.T) {
 // approver signs in with its .creds and reads the approvals; a name alone
 // signs nobody in.
 func TestDevWithAuth_ConsoleAsksForCredentials(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	for _, args := range [][]string{
 		{"auth", "init", dir},

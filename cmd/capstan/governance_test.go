@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 
 	t.Run("describe --surface mcp prints descriptors with input schemas", func(t *testing.T) {
@@ -98,6 +100,7 @@ func (l *lockedBuffer) String() string {
 // "The operation failed."; `capstan status` and the worker's logs keep the
 // real cause.
 func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
+	t.Parallel()
 	env := testenv.Start(t)
 	logs := &lockedBuffer{}
 	reg, err := executor.NewRegistry(executor.Define("ledger.post", executor.Meta{
@@ -108,32 +111,8 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := executor.NewWorker(connect(t, env.URL), reg, executor.WorkerConfig{Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	// Wait until the worker lists its capability.
-	c, err := executor.NewClient(connect(t, env.URL), executor.ClientConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	deadline := time.After(guard)
-	for {
-		if _, err := c.Broker().Catalog.Get(ctx, "ledger.post"); err == nil {
-			break
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-deadline:
-			t.Fatal("the worker never listed ledger.post")
-		}
-	}
+	capstantest.Worker(t, reg, capstantest.WithConn(connect(t, env.URL)),
+		capstantest.WithConfig(executor.WorkerConfig{Logger: slog.New(slog.NewTextHandler(logs, nil))}))
 
 	stdout, stderr, code := capstan(t, env.URL, "call", "-o", "json", "ledger.post", "--input", `{}`)
 	got := decode[envelope.Envelope](t, stdout)

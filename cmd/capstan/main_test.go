@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
 
@@ -24,6 +24,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
 	dir, err := os.MkdirTemp("", "capstan-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -158,22 +159,16 @@ func capstan(t *testing.T, url string, args ...string) (string, string, int) {
 	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testenv.FreePort(t) }
 
-// startDev runs `capstan dev` on a free port and returns it and its URL.
-func startDev(t *testing.T) (*daemon, string) {
+// startDev runs `capstan dev` on a free port, with flags after the test's
+// own, and returns it and its URL.
+func startDev(t *testing.T, flags ...string) (*daemon, string) {
 	t.Helper()
 	port := freePort(t)
-	d := startDaemon(t, "capstan call demo.echo", nil,
-		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "127.0.0.1:0", "--grace", "5s")
+	d := startDaemon(t, "capstan call demo.echo", nil, append([]string{
+		"dev", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "127.0.0.1:0", "--grace", "5s"},
+		flags...)...)
 	return d, fmt.Sprintf("nats://127.0.0.1:%d", port)
 }
 

@@ -25,6 +25,7 @@ func mcpCtx(t *testing.T) context.Context {
 }
 
 func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	ctx := mcpCtx(t)
 	cmd := exec.Command(bin, "mcp", "--actor", "user:ada")
@@ -64,6 +65,7 @@ func TestMCP_StdioServesTheCatalogToAnSDKClient(t *testing.T) {
 }
 
 func TestMCP_HTTPWithoutTokensRefusesToStart(t *testing.T) {
+	t.Parallel()
 	_, stderr, code := capstan(t, "nats://127.0.0.1:1", "mcp", "--http", "127.0.0.1:0")
 	if code != exitUsage || !strings.Contains(stderr, "no tools") {
 		t.Errorf("exit %d, stderr %s", code, stderr)
@@ -71,6 +73,7 @@ func TestMCP_HTTPWithoutTokensRefusesToStart(t *testing.T) {
 }
 
 func TestDev_MCPFlagServesHTTPWithABearerToken(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	d := startDaemon(t, "bearer token for", nil, "dev", "--store", t.TempDir(), "--listen", "127.0.0.1:0",
 		"--mcp", fmt.Sprintf("127.0.0.1:%d", port), "--grace", "5s")
@@ -121,6 +124,7 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // bridge refuses plain HTTP beyond loopback unless told --insecure, and a
 // tokens file others may read.
 func TestMCP_RefusesPlainHTTPBeyondLoopbackAndLooseTokens(t *testing.T) {
+	t.Parallel()
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte("s3cr3t-token-for-a-test user:ada\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -148,6 +152,7 @@ func TestMCP_RefusesPlainHTTPBeyondLoopbackAndLooseTokens(t *testing.T) {
 // With a certificate, the bridge serves HTTPS, and may then listen beyond
 // loopback (here it listens on loopback: tests stay on this machine).
 func TestMCP_ServesHTTPS(t *testing.T) {
+	t.Parallel()
 	_, natsURL := startDev(t)
 	certFile, keyFile, der := selfSigned(t, "mcp.test")
 	tokens := filepath.Join(t.TempDir(), "tokens")

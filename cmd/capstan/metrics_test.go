@@ -18,6 +18,7 @@ import (
 // id, capability, status, attempts and duration, and nothing of its input or
 // output.
 func TestDev_MetricsAndOneLogLinePerOutcome(t *testing.T) {
+	t.Parallel()
 	port, metricsPort := freePort(t), freePort(t)
 	d := startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", t.TempDir(),
 		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort))

@@ -99,6 +99,7 @@ func (h *hookReceiver) waitFor(t *testing.T, key string, n int) {
 // notifier runs with its own least-privilege credentials; its output, its
 // status and its metrics hold no secret.
 func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	for _, args := range [][]string{
 		{"auth", "init", dir},
@@ -252,14 +253,11 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	}
 }
 
-// capstanEnv runs one short command with env added to its environment.
+// capstanEnv runs one short command with env added to its environment (the
+// command's own, not the test process's: the tests run in parallel).
 func capstanEnv(t *testing.T, env []string, args ...string) (string, string, int) {
 	t.Helper()
-	for _, e := range env {
-		k, v, _ := strings.Cut(e, "=")
-		t.Setenv(k, v)
-	}
-	return capstan(t, os.Getenv("CAPSTAN_NATS_URL"), args...)
+	return capstanNoWait(t, env, args...)
 }
 
 func connectAs(t *testing.T, url, credsPath string) *nats.Conn {
@@ -275,6 +273,7 @@ func connectAs(t *testing.T, url, credsPath string) *nats.Conn {
 // capstan dev --notify runs a notifier beside its worker, with the worker's
 // rights (it creates the consumer), its messages linking to dev's console.
 func TestDev_Notify_RunsBesideTheWorker(t *testing.T) {
+	t.Parallel()
 	const secret = "whsec-dev-0123456789abcdef"
 	hook := startHookReceiver(t, secret)
 	config := filepath.Join(t.TempDir(), "notify.json")

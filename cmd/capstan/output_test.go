@@ -135,6 +135,7 @@ func sampleTrail() []audit.Event {
 
 // The human printers, plain and in colour, against their golden files.
 func TestGolden_HumanOutput(t *testing.T) {
+	t.Parallel()
 	for _, color := range []bool{false, true} {
 		st := style{color: color, now: goldenNow}
 		suffix := ""
@@ -190,6 +191,7 @@ func TestGolden_HumanOutput(t *testing.T) {
 // and stripping the colour output's escapes gives the plain output back, so
 // colour changes nothing of a table's alignment.
 func TestGolden_ColorOnlyPaints(t *testing.T) {
+	t.Parallel()
 	plain, painted := style{now: goldenNow}, style{color: true, now: goldenNow}
 	var a, b bytes.Buffer
 	writeApprovalList(&a, plain, sampleApprovals())
@@ -236,6 +238,7 @@ func TestColorsWanted_NotOnAFileOrPipe(t *testing.T) {
 // JSON of old with -o json or --json, and refuses an unknown format as a
 // usage error.
 func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"world"}`)
 	if code != exitOK {
@@ -273,6 +276,7 @@ func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
 // synopsis and flags on stdout and exits 0; an unknown flag is named on
 // stderr, after "capstan CMD:", with the synopsis, and exits 2.
 func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
+	t.Parallel()
 	var names []string
 	for _, c := range commands {
 		switch c.name {
@@ -289,15 +293,18 @@ func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 		}
 	}
 	for _, name := range names {
-		args := strings.Fields(name)
-		stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
-		if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
-			t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-		}
-		stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
-		if code != exitUsage || stdout != "" ||
-			!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
-			t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := strings.Fields(name)
+			stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
+			if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
+				t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+			stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
+			if code != exitUsage || stdout != "" ||
+				!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
+				t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+		})
 	}
 }

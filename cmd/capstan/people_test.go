@@ -14,6 +14,7 @@ import (
 // call shows the status and the output indented; describe says which
 // capability may ask for an approval.
 func TestOutput_ForAPersonByDefault_JSONOnRequest(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":{"to":"world"}}`)
 	if code != exitOK {
@@ -51,6 +52,7 @@ func TestOutput_ForAPersonByDefault_JSONOnRequest(t *testing.T) {
 // prints, and -o json is the page; a unique id prefix is taken for the id,
 // an ambiguous one lists the candidates.
 func TestExecutions_ListFilterPageAndPrefixes(t *testing.T) {
+	t.Parallel()
 	_, url := startDev(t)
 	var ids []string
 	for i := range 3 {
@@ -164,6 +166,7 @@ func TestConnectionErrors_SayWhatWasTriedAndWhatToDo(t *testing.T) {
 // right; an approver reads the execution behind its approval through the
 // workers, and nothing else.
 func TestRoles_RefusalsNameTheRoleAndTheRight(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
 	for _, args := range [][]string{
 		{"auth", "init", dir},

@@ -12,6 +12,7 @@ import (
 // capstan server --pprof serves the Go profiles on loopback, and refuses an
 // address beyond it: a heap profile shows the process's memory.
 func TestServerPprof_ServesProfilesOnLoopbackOnly(t *testing.T) {
+	t.Parallel()
 	d := startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", "127.0.0.1:0", "--pprof", "127.0.0.1:0")
 	m := regexp.MustCompile(`profiles on (http://\S+/debug/pprof/)`).FindStringSubmatch(d.out.String())
 	if m == nil {

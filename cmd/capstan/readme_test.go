@@ -23,6 +23,7 @@ import (
 // the test ends. Every other command must succeed, the last one printing a
 // completed execution (for a person: its Status line).
 func TestREADME_OfficialServerSetupFromZero(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds nats-server")
 	}

@@ -35,6 +35,7 @@ func envelopesTTL(t *testing.T, url string) time.Duration {
 // `capstan server --envelope-retention` sets the envelopes bucket's TTL, and
 // changes it on a store that kept another, saying so; 0 is refused.
 func TestServer_EnvelopeRetentionFlag_SetsAndChangesTheBucketsTTL(t *testing.T) {
+	t.Parallel()
 	store := t.TempDir()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
@@ -66,6 +67,7 @@ func TestServer_EnvelopeRetentionFlag_SetsAndChangesTheBucketsTTL(t *testing.T) 
 // seconds) exits 5 with a message saying so, at once; an id that is not a
 // UUIDv7 is waited for as before.
 func TestAwait_EnvelopeExpired_ExitsFive(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port),

@@ -18,7 +18,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"

@@ -10,6 +10,7 @@ import (
 // everything at once) waits for it with a log line instead of exiting, and
 // serves once the server is up.
 func TestWorkerStartedBeforeItsServer_WaitsThenServes(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	w := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "worker", "--capabilities", "demo.echo", "--grace", "5s")
@@ -33,6 +34,7 @@ func TestWorkerStartedBeforeItsServer_WaitsThenServes(t *testing.T) {
 // A call of a capability that a catalog lists but no running worker serves
 // (its pool is down) ends NOT_STARTED at --start-within, with exit code 1.
 func TestCall_StartWithin_PoolDown_NotStarted(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))

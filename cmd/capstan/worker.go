@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

@@ -13,6 +13,7 @@ import (
 // A worker whose server was killed stops on SIGTERM without waiting for the
 // server: idle, and in the middle of a load it was serving.
 func TestWorker_StopsOnSIGTERMAfterItsServerWasKilled(t *testing.T) {
+	t.Parallel()
 	for _, busy := range []bool{false, true} {
 		t.Run(fmt.Sprintf("busy=%v", busy), func(t *testing.T) {
 			port := freePort(t)

@@ -2,6 +2,7 @@ package wirevectors
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,7 +18,6 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/inputcheck"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -153,7 +153,8 @@ type refund struct {
 }
 
 func refundSchema() map[string]any {
-	return inputcheck.JSONSchema(inputcheck.ShapeOf(reflect.TypeFor[refund]()))
+	return executor.InputSchema(executor.Define("orders.refund", executor.Meta{},
+		func(context.Context, executor.Call[refund]) (struct{}, error) { return struct{}{}, nil }))
 }
 
 func descriptor(id string, approval bool) executor.Descriptor {

@@ -318,7 +318,7 @@ interface Waiter {
  * principal's republished envelopes, never a JetStream consumer per call,
  * and a re-read of the ones it may have missed (a reconnect; for the
  * anonymous principal, a gap in the stream's sequence; every 30 s, those
- * waited for longer). Go: internal/await.
+ * waited for longer). Go: executor/internal/await.
  */
 class Waiters {
   private readonly waiters = new Map<string, Set<Waiter>>();

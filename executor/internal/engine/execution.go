@@ -184,7 +184,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		if fromAttempt > 0 {
 			attempts = e.claim.record().Attempt
 		}
-		e.finalize(e.failed(adm.Refusal), attempts)
+		e.finalize(failed(adm.Refusal), attempts)
 		return
 	case adm.Approval != nil:
 		e.awaitApproval(adm.Approval)
@@ -237,7 +237,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 					e.endByContext(attempt - 1)
 					return
 				}
-				e.finalize(e.failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
+				e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
 					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
 					attempt-1)
 				return
@@ -252,10 +252,10 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			// 12–13: the output's validation, redaction and encoding.
 			raw, oerr := e.unit.Output(out)
 			if oerr != nil {
-				e.finalize(e.failedAfterRun(oerr), attempt)
+				e.finalize(failedAfterRun(oerr), attempt)
 				return
 			}
-			e.finalize(e.completed(raw), attempt)
+			e.finalize(completed(raw), attempt)
 			return
 		}
 		switch cause := context.Cause(e.ctx); {
@@ -294,7 +294,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			e.obs.Retried(attempt, cerr.Code)
 			continue
 		}
-		e.finalize(e.afterRun(cerr), attempt)
+		e.finalize(afterRun(cerr), attempt)
 		return
 	}
 }
@@ -404,11 +404,11 @@ func (e *Execution) cancelledError() *envelope.CapabilityError {
 // runtime stopping the handler, as a cancel is: status cancelled, code
 // TIMEOUT (still retryable for the caller), event capability.cancelled. A
 // failure the handler reported is status failed, event capability.failed.
-func (e *Execution) afterRun(cerr *envelope.CapabilityError) *outcome {
+func afterRun(cerr *envelope.CapabilityError) *outcome {
 	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
-		return e.stopped(cerr)
+		return stopped(cerr)
 	}
-	return e.failedAfterRun(cerr)
+	return failedAfterRun(cerr)
 }
 
 // endByContext finalizes an execution whose whole context ended.
@@ -420,13 +420,13 @@ func (e *Execution) endByContext(attempts int) {
 		e.release()
 		return
 	}
-	e.finalize(e.cancelled(envelope.CodeCancelled, e.cancelledError().Message), attempts)
+	e.finalize(cancelled(envelope.CodeCancelled, e.cancelledError().Message), attempts)
 }
 
 // endByRecord handles a failed record update.
 func (e *Execution) endByRecord(err error, attempts int) {
 	if errors.Is(err, errCancelRequested) {
-		e.finalize(e.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
+		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
 		return
 	}
 	// Lost: another worker owns it. Unsettled: the store did not answer; the
@@ -471,10 +471,10 @@ func (e *Execution) awaitApproval(need *ApprovalNeeded) {
 	defer cancel()
 	ref, data, cerr := need.Store(ctx, id)
 	if cerr != nil {
-		e.finalize(e.failed(cerr), 0)
+		e.finalize(failed(cerr), 0)
 		return
 	}
-	e.finalize(e.approvalRequired(ref, data), 0)
+	e.finalize(approvalRequired(ref, data), 0)
 }
 
 // request is what the stages see of the execution.

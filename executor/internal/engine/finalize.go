@@ -19,21 +19,21 @@ type outcome struct {
 	cause error // private, for the logs
 }
 
-func (e *Execution) completed(out envelope.Raw) *outcome {
+func completed(out envelope.Raw) *outcome {
 	return &outcome{env: &envelope.Envelope{Status: envelope.StatusCompleted, Output: out}, event: audit.Completed}
 }
 
-func (e *Execution) failed(cerr *envelope.CapabilityError) *outcome {
-	return e.failure(cerr, false)
+func failed(cerr *envelope.CapabilityError) *outcome {
+	return failure(cerr, false)
 }
 
 // failedAfterRun is a failure after the handler was called: its effect may
 // have happened.
-func (e *Execution) failedAfterRun(cerr *envelope.CapabilityError) *outcome {
-	return e.failure(cerr, true)
+func failedAfterRun(cerr *envelope.CapabilityError) *outcome {
+	return failure(cerr, true)
 }
 
-func (e *Execution) failure(cerr *envelope.CapabilityError, executed bool) *outcome {
+func failure(cerr *envelope.CapabilityError, executed bool) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusFailed, Error: cerr.Wire()},
 		event: audit.Failed,
@@ -45,7 +45,7 @@ func (e *Execution) failure(cerr *envelope.CapabilityError, executed bool) *outc
 
 // approvalRequired ends a call that waits for a human decision; its
 // terminal event is capability.approval_requested.
-func (e *Execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
+func approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusApprovalRequired, Approval: ref},
 		event: audit.ApprovalRequested,
@@ -53,15 +53,15 @@ func (e *Execution) approvalRequired(ref *envelope.ApprovalRef, data map[string]
 	}
 }
 
-func (e *Execution) cancelled(code envelope.Code, msg string) *outcome {
-	return e.stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
+func cancelled(code envelope.Code, msg string) *outcome {
+	return stopped(&envelope.CapabilityError{Code: code, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg})
 }
 
 // stopped is the outcome of an execution the runtime stopped rather than one
 // that failed on its own: the caller's cancel or deadline (CANCELLED), or a
 // last attempt that timed out (TIMEOUT). Status cancelled, event
 // capability.cancelled, its code telling the two apart.
-func (e *Execution) stopped(cerr *envelope.CapabilityError) *outcome {
+func stopped(cerr *envelope.CapabilityError) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusCancelled, Error: cerr.Wire()},
 		event: audit.Cancelled,
@@ -444,11 +444,11 @@ func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal 
 	var o *outcome
 	switch a.Do {
 	case Cancel:
-		o = e.cancelled(envelope.CodeCancelled, "The caller cancelled the execution.")
+		o = cancelled(envelope.CodeCancelled, "The caller cancelled the execution.")
 	case NotStarted:
-		o = e.failed(NotStartedError())
+		o = failed(NotStartedError())
 	case Fail:
-		o = e.afterRun(a.Err)
+		o = afterRun(a.Err)
 	default:
 		return false
 	}

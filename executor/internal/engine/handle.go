@@ -230,7 +230,7 @@ func (e *Execution) checkedFresh() bool {
 		e.refuseExpired(made)
 	case Fail:
 		e.emit(audit.Requested, nil)
-		e.finalize(e.afterRun(a.Err), a.Attempts)
+		e.finalize(afterRun(a.Err), a.Attempts)
 	}
 	return false
 }
@@ -345,14 +345,14 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	}
 	switch a = a.AfterTakeover(e.claim.held()); a.Do {
 	case Cancel:
-		e.finalize(e.cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
+		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
 	case Retry:
 		e.run(false, a.Attempts, envelope.CodeWorkerLost)
 	case Fail:
-		e.finalize(e.afterRun(a.Err), a.Attempts)
+		e.finalize(afterRun(a.Err), a.Attempts)
 	case NotStarted:
 		e.r.notStarted.Add(1)
-		e.finalize(e.failed(NotStartedError()), 0)
+		e.finalize(failed(NotStartedError()), 0)
 	case NotFound:
 		e.notFound(false)
 	case Run:
@@ -367,7 +367,7 @@ func (e *Execution) notFound(fresh bool) {
 	}
 	cerr := NotFoundError()
 	e.emit(audit.Denied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
-	e.finalize(e.failed(cerr), 0)
+	e.finalize(failed(cerr), 0)
 }
 
 // duplicate acknowledges a delivery of an execution that is already finalized:

@@ -1,0 +1,16 @@
+package approvals_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// Every store, connection and server a test started is gone when the tests
+// end; the tests, each on its server, run several per CPU.
+func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
+	goleak.VerifyTestMain(m)
+}

@@ -1,0 +1,158 @@
+package capstantest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// serveWait bounds how long Worker waits for the worker to serve.
+const serveWait = 30 * time.Second
+
+// Option changes how Worker runs its worker.
+type Option func(*options)
+
+type options struct {
+	cfg  executor.WorkerConfig
+	conn *nats.Conn
+}
+
+// WithConfig runs the worker with cfg (its pool, concurrency, lease, logger,
+// broker configuration) instead of the zero configuration.
+func WithConfig(cfg executor.WorkerConfig) Option {
+	return func(o *options) { o.cfg = cfg }
+}
+
+// WithConn runs the worker over nc instead of a connection to a server of its
+// own: a server or cluster the test started, or credentials of its own. The
+// test keeps nc; it must stay open until the test ends.
+func WithConn(nc *nats.Conn) Option {
+	return func(o *options) { o.conn = nc }
+}
+
+// Running is a worker Worker started. It is an executor.Worker (Stats, ID)
+// with the connection and server it runs on.
+type Running struct {
+	*executor.Worker
+	// Conn is the worker's connection.
+	Conn *nats.Conn
+	// Env is the server Worker started for it; nil with WithConn.
+	Env *testenv.Env
+
+	cfg    executor.WorkerConfig
+	stop   func()
+	exited chan struct{} // closed when Run returned, runErr set
+	runErr error
+	told   bool // runErr already failed the test
+}
+
+// Worker runs a worker serving reg until the test ends, and returns once it
+// serves: once the catalog lists every capability of reg. Unless WithConn
+// says otherwise it serves on a new embedded JetStream server (testenv.Start),
+// shut down after it. A worker that stops on an error fails the test.
+func Worker(t testing.TB, reg *executor.Registry, opts ...Option) *Running {
+	t.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	r := &Running{Conn: o.conn, cfg: o.cfg}
+	if r.Conn == nil {
+		r.Env = testenv.Start(t)
+		r.Conn = r.Env.Connect(t)
+	}
+	w, err := executor.NewWorker(r.Conn, reg, o.cfg)
+	if err != nil {
+		t.Fatalf("capstantest: %v", err)
+	}
+	r.Worker = w
+	ctx, cancel := context.WithCancel(context.Background())
+	r.exited = make(chan struct{})
+	go func() {
+		defer close(r.exited)
+		r.runErr = w.Run(ctx)
+	}()
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			cancel()
+			<-r.exited
+		})
+	}
+	t.Cleanup(func() {
+		r.stop()
+		if r.runErr != nil && !r.told {
+			t.Errorf("capstantest: worker: %v", r.runErr)
+		}
+	})
+	if err := r.waitServing(reg.IDs()); err != nil {
+		t.Fatalf("capstantest: %v", err)
+	}
+	return r
+}
+
+// Stop stops the worker and returns once every delivery it took has ended,
+// as the end of the test does; stopping twice is harmless. An error the
+// worker stopped on fails the test when it ends.
+func (r *Running) Stop() { r.stop() }
+
+// Client opens a client with cfg, closed when the test ends: on a connection
+// of its own to the worker's server, or on the worker's connection with
+// WithConn. A zero cfg.Broker is the worker's.
+func (r *Running) Client(t testing.TB, cfg executor.ClientConfig) *executor.Client {
+	t.Helper()
+	nc := r.Conn
+	if r.Env != nil {
+		nc = r.Env.Connect(t)
+	}
+	if cfg.Broker == (broker.Config{}) {
+		cfg.Broker = r.cfg.Broker
+	}
+	c, err := executor.NewClient(nc, cfg)
+	if err != nil {
+		t.Fatalf("capstantest: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// waitServing waits until the catalog lists every id, or the worker stops.
+func (r *Running) waitServing(ids []string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), serveWait)
+	defer cancel()
+	var b *broker.Broker
+	for left := ids; len(left) > 0; {
+		var err error
+		if b == nil {
+			// The worker provisions as it starts: until then nothing opens.
+			b, err = broker.Open(ctx, r.Conn, r.cfg.Broker)
+		}
+		if err == nil {
+			if _, err = b.Catalog.Get(ctx, left[0]); err == nil {
+				left = left[1:]
+				continue
+			}
+		}
+		select {
+		case <-r.exited:
+			r.told = true
+			if r.runErr == nil {
+				return errors.New("the worker stopped before it served")
+			}
+			return fmt.Errorf("the worker stopped before it served: %w", r.runErr)
+		case <-ctx.Done():
+			return fmt.Errorf("no worker serves %s after %s: %w", left[0], serveWait, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package capstantest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/capstantest"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// Every worker, client and server a test started is gone when the tests end.
+func TestMain(m *testing.M) {
+	testenv.RaiseParallel()
+	goleak.VerifyTestMain(m)
+}
+
+var ada = envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
+
+func echo(id string) executor.Capability {
+	return executor.Define(id, executor.Meta{
+		Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) { return c.Input, nil })
+}
+
+func registry(t *testing.T, caps ...executor.Capability) *executor.Registry {
+	t.Helper()
+	reg, err := executor.NewRegistry(caps...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+func call(t *testing.T, c *executor.Client, id string) *envelope.Envelope {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env, err := c.Call(ctx, id, Greeting{Name: "Ada"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
+}
+
+// Worker returns once the catalog lists every capability of the registry,
+// not only the first, and each of them is then served.
+func TestWorker_ReturnsOnceEveryCapabilityIsListed(t *testing.T) {
+	t.Parallel()
+	ids := []string{"t.one", "t.two", "t.three"}
+	w := capstantest.Worker(t, registry(t, echo(ids[0]), echo(ids[1]), echo(ids[2])))
+	if w.Env == nil {
+		t.Fatal("Worker started no server of its own")
+	}
+	c := w.Client(t, executor.ClientConfig{Actor: ada})
+	for _, id := range ids {
+		if _, err := c.Broker().Catalog.Get(context.Background(), id); err != nil {
+			t.Fatalf("the catalog does not list %s once Worker returned: %v", id, err)
+		}
+	}
+	for _, id := range ids {
+		if env := call(t, c, id); env.Status != envelope.StatusCompleted {
+			t.Fatalf("%s: %s %+v", id, env.Status, env.Error)
+		}
+	}
+}
+
+// WithConn runs the worker on the test's server and connection, and its
+// configuration reaches the worker and its clients: a pool of its own and
+// resources under another prefix.
+func TestWorker_WithConnAndConfig(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	cfg := executor.WorkerConfig{Pool: "greeters", Broker: broker.Config{Prefix: "OTHER"}}
+	w := capstantest.Worker(t, registry(t, echo("t.echo")), capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
+	if w.Env != nil {
+		t.Fatal("Worker started a server of its own beside the test's")
+	}
+	c := w.Client(t, executor.ClientConfig{Actor: ada})
+	if got := c.Broker().Names.ExecStream(); got != broker.NewNames("OTHER").ExecStream() {
+		t.Fatalf("the client opened %s, not the worker's resources", got)
+	}
+	if env := call(t, c, "t.echo"); env.Status != envelope.StatusCompleted {
+		t.Fatalf("%s %+v", env.Status, env.Error)
+	}
+	if _, err := broker.Open(context.Background(), env.Connect(t), broker.Config{Prefix: "OTHER"}); err != nil {
+		t.Fatalf("no resources under the worker's prefix on the test's server: %v", err)
+	}
+	if _, err := c.Broker().JS.Consumer(context.Background(), c.Broker().Names.ExecStream(), c.Broker().Names.PoolConsumer("greeters")); err != nil {
+		t.Fatalf("the worker's pool has no consumer: %v", err)
+	}
+}
+
+// Stop returns once the worker is gone: an execution it held has had its
+// context ended (the grace is short), and a second Stop returns at once.
+func TestStop_ReturnsOnceTheWorkerIsGone(t *testing.T) {
+	t.Parallel()
+	started, ended := make(chan string, 1), make(chan struct{})
+	hold := executor.Define("t.hold", executor.Meta{
+		Description: "Holds until its context ends.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read,
+	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) {
+		started <- c.ExecutionID
+		<-ctx.Done()
+		close(ended)
+		return Greeting{}, ctx.Err()
+	})
+	w := capstantest.Worker(t, registry(t, hold), capstantest.WithConfig(executor.WorkerConfig{Grace: 100 * time.Millisecond}))
+	c := w.Client(t, executor.ClientConfig{Actor: ada})
+	if _, err := c.Submit(context.Background(), "t.hold", Greeting{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the execution never started")
+	}
+	w.Stop()
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Stop returned while the worker still ran an execution")
+	}
+	w.Stop()
+}

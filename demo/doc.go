@@ -1,0 +1,31 @@
+// Package demo is the demo catalog that `capstan dev` and `capstan worker`
+// serve: five capabilities with which every rule of the design can be seen —
+// demo.echo (no side effect), demo.flaky (fails retryably a chosen number of
+// times), demo.sleep (times out after a second), email.send (an effect that
+// is never retried) and orders.refund (idempotent, and above 500 it needs an
+// approval). It is also the workload of capstan's own tests, and an example
+// of capabilities written against the executor's API.
+//
+// Every handler but demo.echo first appends one message to the calls stream
+// (CallsStream), before it does anything else, under a message id of its own
+// call: a second run of the same attempt, which the runtime must never make,
+// shows as a second message there, while the outbox keeps one email per
+// attempt. Crash tests count the calls stream, which outlives the workers
+// they kill. demo.echo records nothing: it is the no-op that benchmarks call.
+//
+// Serving the catalog from a worker of your own:
+//
+//	js, err := demo.Provision(ctx, nc, 0) // the outbox, calls stream and refunds bucket
+//	if err != nil {
+//		return err
+//	}
+//	reg, err := executor.NewRegistry(demo.Catalog(js)...)
+//	if err != nil {
+//		return err
+//	}
+//	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	return w.Run(ctx)
+package demo
