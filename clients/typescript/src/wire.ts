@@ -146,7 +146,21 @@ export interface Descriptor {
   requiresApproval?: boolean;
   /** The JSON Schema of the capability's input. */
   inputSchema?: Record<string, unknown>;
+  /** The capability's limits (docs/design.md §17). */
+  limits?: LimitInfo[];
   expiresAt?: string;
+}
+
+/** One limit a capability declares, as describe shows it. */
+export interface LimitInfo {
+  kind: "concurrency" | "rate" | "budget" | (string & {});
+  per?: "capability" | "actor" | "principal" | (string & {});
+  name?: string;
+  max: number;
+  intervalMs?: number;
+  atLimit: "wait" | "refuse" | "approval" | (string & {});
+  /** The limit in words, e.g. "10 per 1m per actor". */
+  text: string;
 }
 
 /** The catalog's _resources entry. */
@@ -358,6 +372,16 @@ export const recordSchema: Schema = [
   ["updatedAt", time],
 ];
 
+const limitInfoSchema: Schema = [
+  ["kind", str, ""],
+  ["per", str],
+  ["name", str],
+  ["max", int, 0],
+  ["intervalMs", int],
+  ["atLimit", str, ""],
+  ["text", str, ""],
+];
+
 export const descriptorSchema: Schema = [
   ["v", int, 0],
   ["id", str, ""],
@@ -372,6 +396,7 @@ export const descriptorSchema: Schema = [
   ["retryMaxAttempts", int],
   ["requiresApproval", bool],
   ["inputSchema", anyv],
+  ["limits", { t: "recs", s: limitInfoSchema, ptr: false }],
   ["expiresAt", time],
 ];
 
