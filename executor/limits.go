@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"github.com/capstan-dev/capstan/envelope"
 	"strings"
 	"time"
 
@@ -207,4 +208,67 @@ func plainName(s string) bool {
 	return strings.IndexFunc(s, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_')
 	}) < 0
+}
+
+// limits are the capability's limits as they apply to this execution: the
+// actor's and principal's counters, a budget's amount taken from the input.
+// strict: an amount that cannot be taken refuses the call (INPUT_INVALID);
+// else (a takeover) the budgets are left out.
+func (a *admission) limits(strict bool) ([]limits.Limit, *envelope.CapabilityError) {
+	ls := a.b.meta.Limits
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	out := make([]limits.Limit, 0, len(ls))
+	for _, l := range ls {
+		who := ""
+		switch l.per() {
+		case PerActor:
+			if l.Kind != LimitConcurrency {
+				who = string(a.req.Actor.Kind) + ":" + a.req.Actor.ID
+			}
+		case PerPrincipal:
+			who = a.r.Principal
+		}
+		r := l.rule(a.b.id, who)
+		if l.Kind == LimitBudget {
+			n, err := amountOf(l, a.input)
+			if err != nil {
+				if !strict {
+					continue
+				}
+				return nil, &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
+					Message: "The input is invalid.", Cause: err,
+					Details: map[string]any{"issues": []Issue{{Message: "the " + l.Name + " it sets cannot be counted: " + err.Error()}}}}
+			}
+			r.Amount = n
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// amountOf asks a budget's Amount function, failing closed on a panic or a
+// negative number.
+func amountOf(l Limit, in any) (n int64, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			n, err = 0, fmt.Errorf("amount function panicked: %v", r)
+		}
+	}()
+	if n, err = l.Amount(in); err == nil && n < 0 {
+		err = fmt.Errorf("%s %d is negative", l.Name, n)
+	}
+	return n, err
+}
+
+// needsBudgetApproval reports whether a budget of the capability asks for
+// an approval at its limit.
+func (b *binding) needsBudgetApproval() bool {
+	for _, l := range b.meta.Limits {
+		if l.Kind == LimitBudget && l.atLimit() == AtLimitApproval {
+			return true
+		}
+	}
+	return false
 }

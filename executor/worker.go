@@ -133,6 +133,9 @@ type WorkerStats struct {
 	// NotStarted counts deliveries this worker ended NOT_STARTED; Swept the
 	// requests its sweeper ended.
 	NotStarted, Swept uint64
+	// Limited counts executions a limit held back (waited, refused or sent
+	// to an approval; DESIGN §17).
+	Limited uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
 }
@@ -207,7 +210,8 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
+		Limited: r.Limited}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}

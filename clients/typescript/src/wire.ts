@@ -879,6 +879,6 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   if (e === undefined) return undefined;
   if (!e.exposeToModel) return { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
-  if (e.code === "INPUT_INVALID" && e.details !== undefined) m.details = e.details;
+  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED") && e.details !== undefined) m.details = e.details;
   return m;
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,6 +55,9 @@ type Execution struct {
 	start     time.Time
 	inputHash string
 	done      chan struct{}
+
+	// taken is what the execution took of its limits (DESIGN §17).
+	taken limits.Taken
 
 	// found is the record a create of this delivery found in its place:
 	// another claim's, or a cancel's. The takeover table decides from it.
@@ -191,6 +195,12 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		return
 	}
 	e.unit = adm.Unit
+	if len(adm.Limits) > 0 {
+		if !e.takeLimits(adm, fromAttempt) {
+			return
+		}
+		defer e.releaseLimits()
+	}
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt

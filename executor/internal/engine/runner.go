@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,6 +56,9 @@ type Stats struct {
 	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
 	// NotStarted counts requests this worker ended NOT_STARTED.
 	NotStarted uint64
+	// Limited counts executions a limit held back: waited, refused or sent
+	// to an approval (DESIGN §17).
+	Limited uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -68,6 +72,8 @@ type Runner struct {
 	now   func() time.Time
 	// store holds the executions' records and envelopes.
 	store *store
+	// limits holds the counters of capabilities' limits (DESIGN §17).
+	limits *limits.Store
 
 	// ids makes the message ids of the requests it forwards.
 	ids broker.MsgIDs
@@ -83,6 +89,8 @@ type Runner struct {
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
 	notStarted                                  atomic.Uint64
+	// limited counts executions a limit held back (DESIGN §17).
+	limited atomic.Uint64
 
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
@@ -113,6 +121,9 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 func (r *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
 	r.b, r.audit = b, em
 	r.store = &store{b: b, nc: r.nc, log: r.log, lease: r.cfg.Lease, now: r.now, shutdown: r.base}
+	if b.Limits != nil {
+		r.limits = limits.NewStore(b, r.holderAlive, r.now)
+	}
 	r.retention.Store(int64(b.Config.EnvelopeRetention))
 }
 
@@ -167,7 +178,7 @@ func (r *Runner) Stats() Stats {
 	return Stats{
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
-		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(),
+		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Limited: r.limited.Load(),
 	}
 }
 
