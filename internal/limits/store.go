@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
@@ -97,6 +98,10 @@ type Store struct {
 
 	mu   sync.Mutex
 	seen map[string]seenValue
+	// keys serializes this store's own changes of one key: executions of
+	// one worker never race each other's compare-and-swap, only other
+	// workers'.
+	keys [64]sync.Mutex
 }
 
 type seenValue struct {
@@ -324,6 +329,11 @@ func (s *Store) Read(ctx context.Context, key string) (*Counter, error) {
 // nothing (nil: nothing to change then). apply reports whether to write.
 // It returns the counter as written or found.
 func (s *Store) change(ctx context.Context, key string, fresh func() *Counter, apply func(c *Counter) bool) (*Counter, error) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	l := &s.keys[h.Sum32()%uint32(len(s.keys))]
+	l.Lock()
+	defer l.Unlock()
 	var lastErr error
 	for try := 0; try < maxTries; try++ {
 		if err := ctx.Err(); err != nil {
