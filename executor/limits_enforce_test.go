@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -237,4 +238,52 @@ func asInt(v any) int64 {
 		return int64(n)
 	}
 	return -1
+}
+
+// A budget whose choice at its limit is an approval: the call over it asks
+// a human, with the limit as its reason; the approval binds the input, so
+// the amount; the resume runs once, charged past the budget, and the next
+// call over it asks again.
+func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
+	t.Parallel()
+	run := &running{}
+	amount := func(in any) (int64, error) {
+		return in.(*struct {
+			N int64 `json:"n"`
+		}).N, nil
+	}
+	reg, err := executor.NewRegistry(limited("t.pay", run, 0, executor.Limit{Kind: executor.LimitBudget, Per: executor.PerActor,
+		Name: "amount", Max: 1000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitApproval}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := capstantest.Worker(t, reg)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	if env, err := c.Call(t.Context(), "t.pay", map[string]int{"n": 600}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("within the budget: %v %+v", err, env)
+	}
+	env, err := c.Call(t.Context(), "t.pay", map[string]int{"n": 600})
+	if err != nil || env.Status != envelope.StatusApprovalRequired || env.Approval == nil {
+		t.Fatalf("over the budget: %v %+v", err, env)
+	}
+	if len(env.Approval.Reasons) != 1 || env.Approval.Reasons[0] != "over its limit: amount 1000 per 24h per actor" {
+		t.Errorf("the approver is told %q", env.Approval.Reasons)
+	}
+	if _, err := c.Approvals().Decide(t.Context(), env.Approval.ID, approvals.Verdict{Approve: true,
+		Approver: envelope.Actor{Kind: "user", ID: "bob"}}); err != nil {
+		t.Fatal(err)
+	}
+	resumed, err := c.Resume(t.Context(), env.Approval.ID)
+	if err != nil || resumed.Status != envelope.StatusCompleted {
+		t.Fatalf("the approved call: %v %+v", err, resumed)
+	}
+	if again, err := c.Resume(t.Context(), env.Approval.ID); err != nil || again.Error == nil || again.Error.Code != envelope.CodeApprovalConsumed {
+		t.Fatalf("the approval used twice: %v %+v", err, again)
+	}
+	if env, err := c.Call(t.Context(), "t.pay", map[string]int{"n": 1}); err != nil || env.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("after the approved call, the budget is spent: %v %+v", err, env)
+	}
+	if n := run.calls.Load(); n != 2 {
+		t.Errorf("%d handler calls, want 2", n)
+	}
 }
