@@ -76,6 +76,9 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	}
 	if over == nil {
 		e.taken = taken
+		if taken.Slot() {
+			e.obs.Slot(true)
+		}
 		return true
 	}
 	action := over.Limit.Action
@@ -86,6 +89,7 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 		}
 	}
 	e.r.limited.Add(1)
+	e.obs.Limited(string(over.Limit.Kind), string(action))
 	data := map[string]any{"limit": over.Limit.String(), "kind": string(over.Limit.Kind), "per": string(over.Limit.Per),
 		"max": over.Limit.Max, "used": over.Used, "action": string(action)}
 	if over.Limit.Kind == limits.Budget {
@@ -136,6 +140,7 @@ func (e *Execution) releaseLimits() {
 	defer cancel()
 	e.r.limits.Release(ctx, e.taken)
 	e.taken = limits.Taken{}
+	e.obs.Slot(false)
 }
 
 // RateLimitedError is the refusal of a call over a limit whose choice is to
