@@ -136,6 +136,9 @@ type WorkerStats struct {
 	// Limited counts executions a limit held back (waited, refused or sent
 	// to an approval; DESIGN §17).
 	Limited uint64
+	// Deferred counts deliveries left for later because their principal
+	// held its fair share of this worker's slots while others were active.
+	Deferred uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
 }
@@ -211,7 +214,7 @@ func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
 		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
-		Limited: r.Limited}
+		Limited: r.Limited, Deferred: r.Deferred}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}

@@ -59,6 +59,9 @@ type Stats struct {
 	// Limited counts executions a limit held back: waited, refused or sent
 	// to an approval (DESIGN §17).
 	Limited uint64
+	// Deferred counts deliveries left for later because their principal
+	// held its fair share of the slots while others were active.
+	Deferred uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -91,6 +94,10 @@ type Runner struct {
 	notStarted                                  atomic.Uint64
 	// limited counts executions a limit held back (DESIGN §17).
 	limited atomic.Uint64
+	// share is the fair share of the pool's slots between principals, set
+	// by Serve; deferred counts the deliveries it left for later.
+	share    atomic.Pointer[fairShare]
+	deferred atomic.Uint64
 
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
@@ -179,6 +186,7 @@ func (r *Runner) Stats() Stats {
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
 		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Limited: r.limited.Load(),
+		Deferred: r.deferred.Load(),
 	}
 }
 
@@ -187,6 +195,7 @@ func (r *Runner) Stats() Stats {
 // fetching, lets in-flight executions finish within grace, and abandons the
 // rest to a takeover.
 func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+	r.share.Store(newFairShare(concurrency))
 	var wg sync.WaitGroup
 	loops := []struct {
 		c        jetstream.Consumer
