@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -285,5 +286,58 @@ func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
 	}
 	if n := run.calls.Load(); n != 2 {
 		t.Errorf("%d handler calls, want 2", n)
+	}
+}
+
+// A rate whose choice is to wait, across three workers: 100 calls of a
+// capability allowed 20 a second all complete, and their handlers never
+// start faster than the rate allows (a burst of 20, then one every 50 ms):
+// the starts after the burst number at most what the time they took allows.
+func TestLimits_RateWaitsAcrossWorkers(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var starts []time.Time
+	rated := executor.Define("t.rated", executor.Meta{Description: "Rated.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.Write, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: 20, Interval: time.Second}}},
+		func(ctx context.Context, call executor.Call[struct {
+			N int `json:"n"`
+		}]) (int, error) {
+			mu.Lock()
+			starts = append(starts, time.Now())
+			mu.Unlock()
+			return call.Input.N, nil
+		})
+	reg, err := executor.NewRegistry(rated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := capstantest.Worker(t, reg)
+	for range 2 {
+		capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+	}
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	reqs := make([]executor.Request, 100)
+	for i := range reqs {
+		reqs[i] = executor.Request{CapabilityID: "t.rated", Input: map[string]int{"n": i}}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	envs, errs := c.CallMany(ctx, reqs)
+	for i := range envs {
+		if errs[i] != nil || envs[i].Status != envelope.StatusCompleted {
+			t.Fatalf("call %d: %v %+v", i, errs[i], envs[i])
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(starts) != 100 {
+		t.Fatalf("%d handler calls for 100 calls", len(starts))
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	// After the burst of 20, one every 50 ms: the last 80 starts span at
+	// least 79 emissions, less the time between an admission and its
+	// handler's start (a scheduling delay, bounded here by a generous 1 s).
+	if span := starts[99].Sub(starts[20]); span < 79*50*time.Millisecond-time.Second {
+		t.Errorf("the 80 calls after the burst started within %v: faster than 20 a second", span)
 	}
 }
