@@ -13,6 +13,9 @@ const (
 	StateRunning   = engine.StateRunning
 	StateBackoff   = engine.StateBackoff
 	StateFinalized = engine.StateFinalized
+	// StateReconciling: a takeover asks the capability's reconciler whether
+	// a lost attempt took effect (DESIGN §5).
+	StateReconciling = engine.StateReconciling
 )
 
 // Record is an execution's one record in the executions bucket, changed only

@@ -141,6 +141,9 @@ type WorkerStats struct {
 	Deferred uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
+	// Recovered counts executions finalized completed from a lost or
+	// stopped attempt's receipt, or its reconciler's finding (DESIGN §5).
+	Recovered uint64
 }
 
 // Worker serves one pool: it pulls requests for its registry's capabilities
@@ -214,7 +217,7 @@ func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
 		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
-		Limited: r.Limited, Deferred: r.Deferred}
+		Recovered: r.Recovered, Limited: r.Limited, Deferred: r.Deferred}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}

@@ -274,6 +274,7 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	if c := e.cap; c != nil {
 		f.Timeout = c.Timeout()
 		f.Retry = func(n int) bool { _, ok := c.Retry(n, lostWorker); return ok }
+		f.Recovery = c.Recovery()
 	}
 	f.IDExpired = func() bool {
 		made, ok := envelope.ExecutionIDTime(e.req.ExecutionID)
@@ -337,6 +338,12 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 			r.State = StateClaimed
 			r.claimedFor(e.req, e.inputHash)
 		}
+		if a.Do == Reconcile {
+			// Held as reconciling{n}: a worker lost while it asks is taken
+			// over like one lost during an attempt (DESIGN §5).
+			r.State = StateReconciling
+			r.Reconciliations++
+		}
 	})
 	endClaim(err)
 	if err != nil && !errors.Is(err, errCancelRequested) {
@@ -356,7 +363,12 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	switch a = a.AfterTakeover(e.claim.held()); a.Do {
 	case Cancel:
 		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
+	case Recover:
+		e.recoverTaken(a.Attempts)
+	case Reconcile:
+		e.reconcile(a.Attempts)
 	case Retry:
+		e.retryReason = a.Reason
 		e.run(false, a.Attempts, envelope.CodeWorkerLost)
 	case Fail:
 		e.finalize(afterRun(a.Err), a.Attempts)

@@ -62,6 +62,9 @@ type Stats struct {
 	// Deferred counts deliveries left for later because their principal
 	// held its fair share of the slots while others were active.
 	Deferred uint64
+	// Recovered counts executions this worker finalized completed from a
+	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
+	Recovered uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -92,6 +95,7 @@ type Runner struct {
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
 	notStarted                                  atomic.Uint64
+	recovered                                   atomic.Uint64
 	// limited counts executions a limit held back (DESIGN §17).
 	limited atomic.Uint64
 	// share is the fair share of the pool's slots between principals, set
@@ -185,8 +189,8 @@ func (r *Runner) Stats() Stats {
 	return Stats{
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
-		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Limited: r.limited.Load(),
-		Deferred: r.deferred.Load(),
+		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Recovered: r.recovered.Load(),
+		Limited: r.limited.Load(), Deferred: r.deferred.Load(),
 	}
 }
 
