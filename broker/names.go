@@ -27,6 +27,7 @@ func (n Names) EnvelopesBucket() string         { return n.prefix + "_ENVELOPES"
 func (n Names) ApprovalsBucket() string         { return n.prefix + "_APPROVALS" }
 func (n Names) CatalogBucket() string           { return n.prefix + "_CATALOG" }
 func (n Names) PoolsBucket() string             { return n.prefix + "_POOLS" }
+func (n Names) LimitsBucket() string            { return n.prefix + "_LIMITS" }
 func (n Names) PoolConsumer(pool string) string { return "pool-" + pool }
 func (n Names) UnroutedConsumer() string        { return Unrouted }
 

@@ -220,7 +220,21 @@ export interface Descriptor {
   requiresApproval?: boolean;
   /** The JSON Schema of the capability's input. */
   inputSchema?: Record<string, unknown>;
+  /** The capability's limits (docs/design.md §17). */
+  limits?: LimitInfo[];
   expiresAt?: string;
+}
+
+/** One limit a capability declares, as describe shows it. */
+export interface LimitInfo {
+  kind: "concurrency" | "rate" | "budget" | (string & {});
+  per?: "capability" | "actor" | "principal" | (string & {});
+  name?: string;
+  max: number;
+  intervalMs?: number;
+  atLimit: "wait" | "refuse" | "approval" | (string & {});
+  /** The limit in words, e.g. "10 per 1m per actor". */
+  text: string;
 }
 
 /** The catalog's _resources entry. */
@@ -460,6 +474,16 @@ export const recordSchema: Schema = [
   ["progress", { t: "rec", s: progressSchemaFields(), ptr: true }],
 ];
 
+const limitInfoSchema: Schema = [
+  ["kind", str, ""],
+  ["per", str],
+  ["name", str],
+  ["max", int, 0],
+  ["intervalMs", int],
+  ["atLimit", str, ""],
+  ["text", str, ""],
+];
+
 export const descriptorSchema: Schema = [
   ["v", int, 0],
   ["id", str, ""],
@@ -474,6 +498,7 @@ export const descriptorSchema: Schema = [
   ["retryMaxAttempts", int],
   ["requiresApproval", bool],
   ["inputSchema", anyv],
+  ["limits", { t: "recs", s: limitInfoSchema, ptr: false }],
   ["expiresAt", time],
 ];
 
@@ -975,7 +1000,7 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   if (e === undefined) return undefined;
   if (!e.exposeToModel) return { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
-  if (e.code === "INPUT_INVALID" && e.details !== undefined) m.details = e.details;
+  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED") && e.details !== undefined) m.details = e.details;
   return m;
 }
 
