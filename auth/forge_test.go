@@ -402,7 +402,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		v.wait(t, ctx, r.setup.Names().DecideSubject(p))
 	}
 	// 2. Deciding through the store writes the bucket directly: refused.
-	_, err = alice.Approvals().Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
+	_, err = alice.Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
 		Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
 	if err == nil {
 		t.Fatal("alice decided through the bucket")

@@ -66,7 +66,7 @@ type EmailInput struct {
 // Validate checks the address is present.
 func (e EmailInput) Validate() error {
 	if e.To == "" {
-		return &executor.InputError{Issues: []executor.Issue{{Path: "to", Message: "required"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "to", Message: "required"}}}
 	}
 	return nil
 }
@@ -84,15 +84,15 @@ type RefundInput struct {
 
 // Validate checks the order id and amount.
 func (r RefundInput) Validate() error {
-	var issues []executor.Issue
+	var issues []envelope.Issue
 	if r.OrderID == "" {
-		issues = append(issues, executor.Issue{Path: "orderId", Message: "required"})
+		issues = append(issues, envelope.Issue{Path: "orderId", Message: "required"})
 	}
 	if r.Amount <= 0 {
-		issues = append(issues, executor.Issue{Path: "amount", Message: "must be positive"})
+		issues = append(issues, envelope.Issue{Path: "amount", Message: "must be positive"})
 	}
 	if len(issues) > 0 {
-		return &executor.InputError{Issues: issues}
+		return &envelope.InputError{Issues: issues}
 	}
 	return nil
 }

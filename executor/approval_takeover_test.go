@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -87,7 +89,7 @@ func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	waitUntil(t, "the second request settled", func() bool {
 		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 			return true

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -64,7 +66,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
 }
 
 func BenchmarkCallMany_AuditOff(b *testing.B) {
-	benchCallMany(b, executor.WorkerConfig{DisableAudit: true})
+	benchCallMany(b, testhooks.Worker(executor.WorkerConfig{}, testhooks.WorkerKnobs{DisableAudit: true}))
 }
 
 func BenchmarkCallMany_AuditOn(b *testing.B) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -94,7 +96,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 			CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID, InputHash: inputHash, Data: data, Worker: w.cfg.ID}
 	}
 	now := time.Now().UTC()
-	rec := &Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: StateClaimed,
+	rec := &execution.Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: execution.StateClaimed,
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Requested, nil))
@@ -103,7 +105,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		b.Fatal("refused")
 	}
 	unit := adm.Unit
-	rec.State, rec.Attempt, rec.StartedAt = StateRunning, 1, time.Now().UTC()
+	rec.State, rec.Attempt, rec.StartedAt = execution.StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Started, unit.Started(1)))
 	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
@@ -120,7 +122,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		Status: envelope.StatusCompleted, Output: raw, Attempts: 1, FinalizedBy: w.cfg.ID, FinalizedAt: time.Now().UTC()}
 	mustMarshal(b, event(audit.Completed, map[string]any{"attempts": 1, "durationMs": int64(0)}))
 	mustMarshal(b, env)
-	rec.State, rec.Status = StateFinalized, env.Status
+	rec.State, rec.Status = execution.StateFinalized, env.Status
 	mustMarshal(b, rec)
 }
 

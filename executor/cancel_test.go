@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -34,7 +37,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 }
 
 // waitState waits until the execution's record is in state.
-func waitState(t *testing.T, c *executor.Client, id string, state executor.State) {
+func waitState(t *testing.T, c *executor.Client, id string, state execution.State) {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
@@ -77,7 +80,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateRunning)
+	waitState(t, c, id, execution.StateRunning)
 	reply, err := c.Cancel(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +136,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if reply.State != executor.StatePending {
+	if reply.State != execution.StatePending {
 		t.Fatalf("cancel reply %+v, want the pending state", reply)
 	}
 
@@ -151,12 +154,12 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 		t.Errorf("trail %v, want requested then cancelled", got)
 	}
 	// The record is finalized after the envelope is written.
-	waitState(t, c, id, executor.StateFinalized)
+	waitState(t, c, id, execution.StateFinalized)
 	s, err := c.Status(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := s.Record; r.State != executor.StateFinalized || r.Status != envelope.StatusCancelled || r.CapabilityID != "demo.sleep" || !r.CancelRequested {
+	if r := s.Record; r.State != execution.StateFinalized || r.Status != envelope.StatusCancelled || r.CapabilityID != "demo.sleep" || !r.CancelRequested {
 		t.Errorf("record %+v", r)
 	}
 }
@@ -181,7 +184,7 @@ func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateBackoff)
+	waitState(t, c, id, execution.StateBackoff)
 	if _, err := c.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -319,10 +322,10 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateRunning)
-	kv := c.Broker().Executions
+	waitState(t, c, id, execution.StateRunning)
+	kv := testhooks.Broker(c).Executions
 	for {
-		rec, rev, err := broker.Load[executor.Record](ctx, kv, broker.Key(broker.Anonymous, id))
+		rec, rev, err := broker.Load[execution.Record](ctx, kv, broker.Key(broker.Anonymous, id))
 		if err != nil {
 			t.Fatal(err)
 		}

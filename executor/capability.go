@@ -47,14 +47,6 @@ type Handler[In, Out any] func(ctx context.Context, call Call[In]) (Out, error)
 // after decoding.
 type Validator interface{ Validate() error }
 
-// Issue is one problem of an input, at a path like "items[2].amount" (empty
-// for the input as a whole).
-type Issue = inputcheck.Issue
-
-// InputError lists every issue of an input. Validate methods may return one to
-// report issues with paths; any other error becomes one issue without a path.
-type InputError = inputcheck.InputError
-
 // InputSchema returns the JSON Schema of a capability's input type.
 func InputSchema(c Capability) map[string]any {
 	if c == nil {
@@ -184,7 +176,7 @@ func validateInput(v Validator) error {
 		return &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageInput,
 			Message: "The operation failed.", Cause: err}
 	}
-	var ie *InputError
+	var ie *envelope.InputError
 	if errors.As(err, &ie) {
 		return ie
 	}
@@ -193,7 +185,7 @@ func validateInput(v Validator) error {
 	if errors.As(err, &ce) {
 		msg = ce.Message // a declared error speaks its public message only
 	}
-	return inputcheck.NewInputError([]Issue{{Message: msg}}, err)
+	return inputcheck.NewInputError([]envelope.Issue{{Message: msg}}, err)
 }
 
 // callValidate calls v.Validate, if there is one, recovering a panic.

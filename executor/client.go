@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/await"
@@ -211,8 +213,18 @@ func (c *Client) closed() error {
 	return nil
 }
 
-// Broker exposes the resources the client opened (for tools and tests).
-func (c *Client) Broker() *broker.Broker { return c.b }
+// Conn is the NATS connection the client was made with.
+func (c *Client) Conn() *nats.Conn { return c.b.NC }
+
+// EnvelopeRetention is how long the envelopes bucket keeps an envelope, as
+// the client read it when it opened (broker.DefaultEnvelopeRetention when it
+// could not): how long an execution's outcome can be awaited.
+func (c *Client) EnvelopeRetention() time.Duration {
+	if r := c.b.Config.EnvelopeRetention; r > 0 {
+		return r
+	}
+	return broker.DefaultEnvelopeRetention
+}
 
 // Principal is who the client acts as.
 func (c *Client) Principal() string { return c.principal }
@@ -423,7 +435,7 @@ type ExpiredError struct {
 	// the envelope; empty when no record is left. A record is not rewritten
 	// after its envelope, so only a finalized one (a refusal before the
 	// claim, NOT_STARTED) tells the outcome: Status and Code.
-	State  State
+	State  execution.State
 	Status envelope.Status
 	Code   envelope.Code
 }
@@ -473,7 +485,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 	}
 	rctx, cancel := context.WithTimeout(ctx, await.PublishTry)
 	defer cancel()
-	rec, _, err := broker.Load[Record](rctx, c.b.Executions, broker.Key(owner, executionID))
+	rec, _, err := broker.Load[execution.Record](rctx, c.b.Executions, broker.Key(owner, executionID))
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention}
@@ -486,7 +498,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 		return nil
 	}
 	xerr := &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, State: rec.State}
-	if rec.State == StateFinalized {
+	if rec.State == execution.StateFinalized {
 		xerr.Status, xerr.Code = rec.Status, rec.LastError
 	}
 	return xerr
@@ -589,7 +601,7 @@ func refused(capabilityID string, r *envelope.Request, ce *envelope.CapabilityEr
 
 // Status is what the runtime knows of one execution.
 type Status struct {
-	Record   *Record            `json:"record,omitempty"`
+	Record   *execution.Record  `json:"record,omitempty"`
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
 
@@ -612,7 +624,7 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 	}
 	var s Status
 	key := broker.Key(owner, executionID)
-	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
+	rec, _, err := broker.Load[execution.Record](ctx, c.b.Executions, key)
 	if err == nil {
 		err = envelope.CheckVersion(rec.V)
 	}
@@ -628,12 +640,12 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 		return nil, err
 	}
 	s.Envelope = env
-	if rec != nil && env != nil && rec.State != StateFinalized {
+	if rec != nil && env != nil && rec.State != execution.StateFinalized {
 		// The envelope is the proof of the end: a worker does not rewrite
 		// the record after it (DESIGN §14). Show the record as it stands
 		// for what the envelope says.
 		r := *rec
-		r.State, r.Status, r.Attempt = StateFinalized, env.Status, env.Attempts
+		r.State, r.Status, r.Attempt = execution.StateFinalized, env.Status, env.Attempts
 		s.Record = &r
 	}
 	if s.Record == nil && s.Envelope == nil {

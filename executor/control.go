@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -14,7 +16,7 @@ import (
 type CancelReply struct {
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
-	State State `json:"state,omitempty"`
+	State execution.State `json:"state,omitempty"`
 	// Finalized is true when the execution had ended before the cancel, which
 	// then changed nothing; Status is its envelope's. A running execution is
 	// stopped once the cancel is recorded.

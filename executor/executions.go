@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
@@ -98,7 +100,7 @@ type ExecutionView struct {
 	Principal string `json:"principal,omitempty"`
 	// State says where it is: queued, in-flight, ended, unknown, uncertain.
 	State    string             `json:"state"`
-	Record   *Record            `json:"record,omitempty"`
+	Record   *execution.Record  `json:"record,omitempty"`
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 	// Trail is its audit trail, oldest first.
 	Trail []audit.Event `json:"trail,omitempty"`
@@ -464,7 +466,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	}
 	view.Trail = trail
 	key := broker.Key(owner, id)
-	if rec, _, err := broker.Load[Record](ctx, w.b.Executions, key); err == nil {
+	if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil {
 		view.Record = rec
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
@@ -513,9 +515,9 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 			return nil, fmt.Errorf("%w: %s", ErrNoSuchExecution, id)
 		}
 	}
-	if view.Envelope != nil && view.Record != nil && view.Record.State != StateFinalized {
+	if view.Envelope != nil && view.Record != nil && view.Record.State != execution.StateFinalized {
 		r := *view.Record
-		r.State, r.Status, r.Attempt = StateFinalized, view.Envelope.Status, view.Envelope.Attempts
+		r.State, r.Status, r.Attempt = execution.StateFinalized, view.Envelope.Status, view.Envelope.Attempts
 		view.Record = &r
 	}
 	return view, nil

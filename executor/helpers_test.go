@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
@@ -94,7 +96,7 @@ func waitServing(t *testing.T, nc *nats.Conn, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
+		if _, err := testhooks.Broker(c).Catalog.Get(ctx, id); err == nil {
 			return
 		}
 		select {

@@ -166,7 +166,7 @@ func TestInputTypes_JSONReachesTheHandlerAsEncodingJSONReadsIt(t *testing.T) {
 				if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeInputInvalid {
 					t.Fatalf("status %s, error %+v; want INPUT_INVALID", got.Status, got.Error)
 				}
-				var d struct{ Issues []executor.Issue }
+				var d struct{ Issues []envelope.Issue }
 				b, _ := json.Marshal(got.Error.Details)
 				if err := json.Unmarshal(b, &d); err != nil || len(d.Issues) != 1 || d.Issues[0].Path != row.path {
 					t.Fatalf("details %s, want one issue at %q", b, row.path)

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -609,7 +612,7 @@ func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		evs, err := audit.Read(ctx, c.Broker(), broker.Anonymous, executionID)
+		evs, err := c.Trail(ctx, executionID)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}
@@ -679,8 +682,8 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 			id := envelope.NewExecutionID()
 			past := time.Now().UTC().Add(-time.Minute)
 			// The record a worker lost during its backoff after a timeout leaves.
-			if _, err := broker.Create(ctx, c.Broker().Executions, broker.Key(broker.Anonymous, id), &executor.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
-				State: executor.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
+			if _, err := broker.Create(ctx, testhooks.Broker(c).Executions, broker.Key(broker.Anonymous, id), &execution.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
+				State: execution.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
 				CreatedAt: past, UpdatedAt: past}); err != nil {
 				t.Fatal(err)
 			}

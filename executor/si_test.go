@@ -39,6 +39,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -59,7 +62,7 @@ type trailEvent struct {
 // appears; raw is the stored message that carried each.
 func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []trailEvent {
 	t.Helper()
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	ctx := ctxT(t)
 	key := broker.Key(c.Principal(), id)
 	cons, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{b.Names.AuditSubject(key)}})
@@ -318,7 +321,7 @@ type normalizedEmail struct {
 func (n *normalizedEmail) Validate() error {
 	n.To = strings.ToLower(strings.TrimSpace(n.To))
 	if !strings.Contains(n.To, "@") {
-		return &executor.InputError{Issues: []executor.Issue{{Path: "to", Message: "not an address"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "to", Message: "not an address"}}}
 	}
 	return nil
 }
@@ -535,7 +538,7 @@ func finalizedStatus(t *testing.T, c *executor.Client, id string) *executor.Stat
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Record != nil && st.Record.State == executor.StateFinalized {
+		if st.Record != nil && st.Record.State == execution.StateFinalized {
 			return st
 		}
 		select {

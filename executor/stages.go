@@ -330,11 +330,11 @@ func inputInvalid(err error) *envelope.CapabilityError {
 	}
 	ce = &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 		Message: "The input is invalid.", Cause: err}
-	var ie *InputError
+	var ie *envelope.InputError
 	if errors.As(err, &ie) {
 		ce.Details = map[string]any{"issues": ie.Issues}
 	} else {
-		ce.Details = map[string]any{"issues": []Issue{{Message: "the input does not decode"}}}
+		ce.Details = map[string]any{"issues": []envelope.Issue{{Message: "the input does not decode"}}}
 	}
 	return ce
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
@@ -52,9 +54,11 @@ type fixture struct {
 	client  *executor.Client
 }
 
-func (f *fixture) bridgeCatalog(t *testing.T) jetstream.KeyValue { return f.client.Broker().Catalog }
+func (f *fixture) bridgeCatalog(t *testing.T) jetstream.KeyValue {
+	return testhooks.Broker(f.client).Catalog
+}
 
-func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return f.client.Broker() }
+func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return testhooks.Broker(f.client) }
 
 func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	t.Helper()
@@ -548,7 +552,7 @@ func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 		if err != nil {
 			st, serr := c.Status(testCtx(t), id)
 			j, _ := json.Marshal(st)
-			tr, _ := audit.Read(testCtx(t), c.Broker(), broker.Anonymous, id)
+			tr, _ := audit.Read(testCtx(t), testhooks.Broker(c), broker.Anonymous, id)
 			t.Fatalf("%v: status %s %v; trail %+v", err, j, serr, tr)
 		}
 		if env.Status != envelope.StatusCancelled || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
@@ -602,7 +606,7 @@ func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
 		}
 
 		// Bob approves through the approvals store.
-		if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+		if _, err := c.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 			t.Fatal(err)
 		}
 		done, err := cs.CallTool(ctx, call)
@@ -650,7 +654,7 @@ func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
 			t.Fatal("no 'waiting for approval' progress")
 		}
 	}
-	if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+	if _, err := c.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 		t.Fatal(err)
 	}
 	res := <-resc

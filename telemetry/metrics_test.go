@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -193,7 +195,7 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
-	b := c.Broker()
+	b := testhooks.Broker(c)
 
 	late := envelope.NewExecutionID()
 	startBy := time.Now().UTC().Add(-time.Minute)
@@ -279,7 +281,7 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{})
 	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
-	b := c.Broker()
+	b := testhooks.Broker(c)
 
 	past := time.Now().UTC().Add(-time.Minute)
 	for _, startBy := range []*time.Time{nil, &past} {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -133,7 +135,7 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 			t.Fatalf("status: exit %d, %s", code, stderr)
 		}
 		st := decode[executor.Status](t, stdout)
-		if st.Record != nil && st.Record.State == executor.StateFinalized {
+		if st.Record != nil && st.Record.State == execution.StateFinalized {
 			if !strings.Contains(st.Record.Cause, "connection to 10.0.0.7:5432 refused") {
 				t.Fatalf("status keeps no cause: %s", stdout)
 			}

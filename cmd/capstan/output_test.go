@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
@@ -73,13 +75,13 @@ func sampleStatuses() map[string]*executor.Status {
 	id := "0197d2a0-0000-7000-8000-0000000000c1"
 	return map[string]*executor.Status{
 		"completed": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "demo.echo", State: executor.StateFinalized, Attempt: 1,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "demo.echo", State: execution.StateFinalized, Attempt: 1,
 				Worker: "host-1-ab12", Status: envelope.StatusCompleted, CreatedAt: at(-2 * time.Minute), UpdatedAt: at(-2 * time.Minute)},
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "demo.echo", Status: envelope.StatusCompleted, Output: out,
 				Attempts: 1, DurationMs: 12, FinalizedBy: "host-1-ab12", FinalizedAt: at(-2 * time.Minute)},
 		},
 		"failed": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "demo.sleep", State: executor.StateFinalized, Attempt: 2,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "demo.sleep", State: execution.StateFinalized, Attempt: 2,
 				Worker: "host-2-cd34", Status: envelope.StatusCancelled, Cause: "context deadline exceeded",
 				CreatedAt: at(-90 * time.Second)},
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "demo.sleep", Status: envelope.StatusCancelled,
@@ -88,7 +90,7 @@ func sampleStatuses() map[string]*executor.Status {
 				Attempts: 2, DurationMs: 2260, FinalizedBy: "host-2-cd34", FinalizedAt: at(-87 * time.Second)},
 		},
 		"running": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "email.send", State: executor.StateRunning, Attempt: 1,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
 				Worker: "host-1-ab12", LeaseUntil: at(25 * time.Second), StartedAt: at(-5 * time.Second), CancelRequested: true,
 				CreatedAt: at(-5 * time.Second)},
 		},
@@ -180,7 +182,7 @@ func TestGolden_HumanOutput(t *testing.T) {
 			}
 		})
 		render("cancel", func(b *bytes.Buffer) {
-			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: executor.StateRunning})
+			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: execution.StateRunning})
 			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", Finalized: true,
 				Status: envelope.StatusCompleted})
 		})

@@ -56,7 +56,7 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet),
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
 	}
 	return act(ctx, c, id, o)

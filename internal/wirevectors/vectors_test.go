@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -52,7 +54,7 @@ type Vector struct {
 var decoders = map[string]func([]byte) (any, error){
 	"request":         func(b []byte) (any, error) { return envelope.DecodeRequest(b) },
 	"envelope":        func(b []byte) (any, error) { return envelope.DecodeEnvelope(b) },
-	"record":          decodeVersioned[executor.Record],
+	"record":          decodeVersioned[execution.Record],
 	"descriptor":      decodeVersioned[executor.Descriptor],
 	"resources":       decodeVersioned[resources],
 	"describeRequest": decodeVersioned[executor.DescribeRequest],
@@ -211,14 +213,14 @@ func goVectors() []struct {
 			"tenant": "acme", "région": "eu", "～": "fullwidth tilde", "😀": "an emoji sorts after it in UTF-8, before it in UTF-16"}},
 		Surface: "mcp", CorrelationID: "conv-7", SubmittedAt: t8, Deadline: at(t8.Add(time.Minute)),
 		StartBy: at(t8.Add(24 * time.Hour)), ApprovalID: approvalID, Traceparent: traceCtx}
-	running := executor.Record{V: 1, ExecutionID: execID, CapabilityID: "orders.refund", State: executor.StateRunning,
+	running := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "orders.refund", State: execution.StateRunning,
 		Attempt: 2, Worker: "worker-1", Claim: "c-7f3a", LeaseUntil: t8.Add(30 * time.Second), StartedAt: t8,
 		LastError: "TIMEOUT", CancelRequested: true, CancelRequestedAt: t8.Add(time.Second), ApprovalID: approvalID,
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8}
-	finalized := executor.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: executor.StateFinalized,
+	finalized := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: execution.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
-	pending := executor.Record{V: 1, ExecutionID: execID, State: executor.StatePending, CancelRequested: true,
+	pending := execution.Record{V: 1, ExecutionID: execID, State: execution.StatePending, CancelRequested: true,
 		CancelRequestedAt: t8, CreatedAt: t8, UpdatedAt: t8}
 	discovery := executor.Discovery{V: 1, ID: execID2, Surface: "mcp",
 		Capabilities: []executor.Descriptor{descriptor("orders.refund", true), {V: 1, ID: "demo.echo", Pool: "demo",
@@ -362,7 +364,7 @@ func refusedVectors(t *testing.T) []struct {
 	reqV2[2] = 2
 	badID := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: "a.b", CapabilityID: "demo.echo", SubmittedAt: t8})
 	noCap := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: execID, SubmittedAt: t8})
-	record := mustMarshal(t, &executor.Record{V: 3, ExecutionID: execID, State: executor.StateRunning})
+	record := mustMarshal(t, &execution.Record{V: 3, ExecutionID: execID, State: execution.StateRunning})
 	return []vec{
 		{Vector{Name: "refused-envelope-v2", Kind: "envelope", About: "an envelope of schema version 2"}, v2},
 		{Vector{Name: "refused-envelope-no-v", Kind: "envelope", About: "an envelope without v"}, noV},

@@ -259,7 +259,7 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	f := e.delivery.facts(e.r.windows(), e.r.now())
 	f.Record, f.Envelope, f.Known, f.AbsenceProves = rec, read, e.cap != nil, !e.unproven
 	if rec != nil {
-		f.Conflict = rec.Conflict(e.req, e.inputHash)
+		f.Conflict = conflict(rec, e.req, e.inputHash)
 	}
 	if c := e.cap; c != nil {
 		f.Timeout = c.Timeout()
@@ -325,7 +325,7 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
 			r.State = StateClaimed
-			r.claimedFor(e.req, e.inputHash)
+			claimedFor(r, e.req, e.inputHash)
 		}
 	})
 	endClaim(err)
