@@ -35,7 +35,7 @@ func ExampleRead() {
 	ping := executor.Define("net.ping", executor.Meta{
 		Description: "Checks that a host answers.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, call executor.Call[Ping]) (bool, error) {
 		if call.Attempt == 1 {

@@ -153,10 +153,10 @@ func (r *rig) startWorker(t *testing.T) {
 func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	t.Helper()
 	echo := executor.Define("t.echo", executor.Meta{
-		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
 	send := executor.Define("t.send", executor.Meta{
-		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[Echo]) (string, error) {
 		r.sends.Add(1)
 		if c.Input.Text == "hold" {
@@ -166,9 +166,9 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 		return "sent", nil
 	})
 	refund := executor.Define("t.refund", executor.Meta{
-		Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 		Policies: []executor.Policy{{Name: "finance", Evaluate: func(ctx context.Context, p executor.PolicyRequest) (executor.Decision, error) {
-			return executor.Decision{Stance: executor.RequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
+			return executor.Decision{Stance: executor.StanceRequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
 		}}},
 	}, func(ctx context.Context, c executor.Call[Refund]) (string, error) {
 		r.refunds.Add(1)

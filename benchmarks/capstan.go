@@ -42,7 +42,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	}
 	defer wnc.Close()
 	reg, err := executor.NewRegistry(executor.Define("bench.noop", executor.Meta{
-		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[noopIn]) (struct{}, error) { return struct{}{}, nil }))
 	if err != nil {
 		return nil, err

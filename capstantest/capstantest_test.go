@@ -26,7 +26,7 @@ var ada = envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
 
 func echo(id string) executor.Capability {
 	return executor.Define(id, executor.Meta{
-		Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) { return c.Input, nil })
 }
 
@@ -104,7 +104,7 @@ func TestStop_ReturnsOnceTheWorkerIsGone(t *testing.T) {
 	t.Parallel()
 	started, ended := make(chan string, 1), make(chan struct{})
 	hold := executor.Define("t.hold", executor.Meta{
-		Description: "Holds until its context ends.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read,
+		Description: "Holds until its context ends.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead,
 	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) {
 		started <- c.ExecutionID
 		<-ctx.Done()

@@ -285,14 +285,14 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
 		executor.Define("demo.echo", executor.Meta{
 			Description: "Returns its input unchanged. Use to check that capstan works end to end.",
-			Expose:      everywhere, SideEffect: executor.None, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 		}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 			return c.Input, nil
 		}),
 
 		executor.Define("demo.flaky", executor.Meta{
 			Description: "Fails retryably while its attempt number is at most failTimes, then succeeds.",
-			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectRead, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Retry: &executor.Retry{MaxAttempts: 2},
 		}, recorded(js, func(ctx context.Context, c executor.Call[FlakyInput]) (FlakyOutput, error) {
 			if c.Attempt <= c.Input.FailTimes {
@@ -304,7 +304,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 
 		executor.Define("demo.sleep", executor.Meta{
 			Description: "Sleeps ms milliseconds, honouring cancellation; times out after 1 s.",
-			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectRead, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: time.Second, Retry: &executor.Retry{MaxAttempts: 1},
 		}, recorded(js, func(ctx context.Context, c executor.Call[SleepInput]) (SleepOutput, error) {
 			t := time.NewTimer(time.Duration(c.Input.Ms) * time.Millisecond)
@@ -319,22 +319,22 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 
 		executor.Define("email.send", executor.Meta{
 			Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
-			Expose:      everywhere, SideEffect: executor.External, Risk: executor.RiskMedium, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectExternal, Risk: executor.RiskMedium, Tags: []string{"demo"},
 		}, recorded(js, sendEmail(js))),
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
-			Expose:      everywhere, SideEffect: executor.Write, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
+			Expose:      everywhere, SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
 			Idempotent: true, Retry: &executor.Retry{MaxAttempts: 1}, Timeout: 10 * time.Second,
 			Policies: []executor.Policy{{
 				Name: "refund-approval-above-500", MayRequireApproval: true,
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 					in, ok := r.Input.(*RefundInput)
 					if ok && in.Amount > RefundApprovalAbove {
-						return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"},
+						return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"},
 							Reason: fmt.Sprintf("refunds above %d need a finance approval", RefundApprovalAbove)}, nil
 					}
-					return executor.Decision{Stance: executor.Allow}, nil
+					return executor.Decision{Stance: executor.StanceAllow}, nil
 				},
 			}},
 		}, recorded(js, func(ctx context.Context, c executor.Call[RefundInput]) (RefundOutput, error) {

@@ -39,7 +39,7 @@ func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *te
 	var gateRuns atomic.Int64
 	gate := executor.Define("gate.pay", executor.Meta{
 		Description: "Pays, once approved; deduplicated by the idempotency key.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Write, Idempotent: true,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
 		Retry:    &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 		Approval: &executor.ApprovalRule{Required: true, Reason: "payments need a second pair of eyes"},
 	}, func(ctx context.Context, call executor.Call[vaultInput]) (string, error) {

@@ -94,14 +94,14 @@ func vaultCatalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
 		executor.Define("vault.transfer", executor.Meta{
 			Description: "Moves money out. Never retried.",
-			Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.External,
+			Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.SideEffectExternal,
 			Risk: executor.RiskCritical, Approval: required,
 		}, func(ctx context.Context, c executor.Call[vaultInput]) (vaultOutput, error) {
 			return run(ctx, c, false)
 		}),
 		executor.Define("vault.refund", executor.Meta{
 			Description: "Refunds money, deduplicated by the idempotency key.",
-			Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Write, Idempotent: true,
+			Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
 			Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}, Risk: executor.RiskHigh, Approval: required,
 		}, func(ctx context.Context, c executor.Call[vaultInput]) (vaultOutput, error) {
 			kv, err := js.KeyValue(ctx, refundsBucket)
@@ -445,7 +445,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 	var calls int
 	stop = runApprovalWorker(t, env, "approvals-v2", executor.WorkerConfig{Pool: vaultPool},
 		executor.Define("vault.transfer", executor.Meta{Description: "Moves money out, without holds.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 			Approval: &executor.ApprovalRule{Required: true}},
 			func(ctx context.Context, c executor.Call[strictInput]) (string, error) { calls++; return "sent", nil }))
 	defer stop()
@@ -490,7 +490,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 	}
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("fx.rebalance", executor.Meta{Description: "Rebalances a portfolio.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 			Approval: &executor.ApprovalRule{Required: true, Reason: "rebalancing is reviewed", TTL: 2 * time.Hour}},
 			func(ctx context.Context, c executor.Call[in]) (in, error) { return c.Input, nil }))
 	c := newClient(t, env.Connect(t))
@@ -538,7 +538,7 @@ func TestApproval_BindsValidatedInput_RedactedForTheApprover(t *testing.T) {
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("payouts.send", executor.Meta{Description: "Sends a payout.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 			Approval: &executor.ApprovalRule{Required: true},
 			RedactApprovalInput: func(in any) any {
 				p := in.(*payout)

@@ -187,7 +187,7 @@ func TestAudit_ReinvocationIsANewExecutionWithItsOwnRequested(t *testing.T) {
 
 func passThrough(id string, expose executor.Exposure, policies ...executor.Policy) executor.Capability {
 	return executor.Define(id, executor.Meta{
-		Description: "Returns its input.", Expose: expose, SideEffect: executor.None, Policies: policies,
+		Description: "Returns its input.", Expose: expose, SideEffect: executor.SideEffectNone, Policies: policies,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		return c.Input, nil
 	})
@@ -211,10 +211,10 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 	}}
 	startDemo(t, env.Connect(t), executor.WorkerConfig{},
 		passThrough("t.http-only", executor.On(executor.SurfaceHTTP)),
-		passThrough("t.denied", everywhere, stance("no-way", executor.Deny)),
-		passThrough("t.hidden", everywhere, stance("secret", executor.Hide)),
+		passThrough("t.denied", everywhere, stance("no-way", executor.StanceDeny)),
+		passThrough("t.hidden", everywhere, stance("secret", executor.StanceHide)),
 		passThrough("t.broken", everywhere, broken),
-		passThrough("t.late-deny", everywhere, stance("closing-time", executor.Deny, executor.PhaseExecution)),
+		passThrough("t.late-deny", everywhere, stance("closing-time", executor.StanceDeny, executor.PhaseExecution)),
 	)
 	c := newClient(t, env.Connect(t))
 
@@ -320,13 +320,13 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 	env := testenv.Start(t)
 	marker := "MARKER-" + uuid.NewString()
 	leaky := executor.Define("t.leaky", executor.Meta{
-		Description: "Fails with its input in the error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Fails with its input in the error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		return nil, &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, ExposeToModel: true,
 			Message: fmt.Sprint("refused ", c.Input), Cause: fmt.Errorf("input was %v", c.Input)}
 	})
 	badOut := executor.Define("t.bad-output", executor.Meta{
-		Description: "Returns an output that does not validate.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns an output that does not validate.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (invalidOut, error) {
 		return invalidOut{Secret: fmt.Sprint(c.Input["note"])}, nil
 	})
@@ -650,7 +650,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 	hold := executor.Define("test.hold", executor.Meta{
 		Description: "Waits until released.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		select {
 		case <-release:

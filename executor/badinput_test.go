@@ -162,7 +162,7 @@ func TestGracefulShutdown_DrainsInFlightWork(t *testing.T) {
 	env := testenv.Start(t)
 	started := make(chan struct{}, 1)
 	release := make(chan struct{})
-	slow := executor.Define("demo.slow", executor.Meta{Description: "Waits to be released.", SideEffect: executor.Write,
+	slow := executor.Define("demo.slow", executor.Meta{Description: "Waits to be released.", SideEffect: executor.SideEffectWrite,
 		Expose: executor.On(executor.SurfaceDirect)},
 		func(ctx context.Context, c executor.Call[struct{}]) (string, error) {
 			started <- struct{}{}

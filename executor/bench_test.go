@@ -24,7 +24,7 @@ type benchIn struct {
 func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker, *capability) {
 	b.Helper()
 	reg, err := NewRegistry(Define("bench.noop", Meta{
-		Description: "Returns its input.", Expose: On(SurfaceDirect), SideEffect: None, Policies: capPolicies,
+		Description: "Returns its input.", Expose: On(SurfaceDirect), SideEffect: SideEffectNone, Policies: capPolicies,
 	}, func(ctx context.Context, c Call[benchIn]) (benchIn, error) { return c.Input, nil }))
 	if err != nil {
 		b.Fatal(err)
@@ -34,7 +34,7 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	c := newCapability(reg.get("bench.noop"), w)
 	w.caps = map[string]*capability{"bench.noop": c}
 	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease,
-		Capabilities: map[string]engine.Capability{"bench.noop": c}})
+		Capabilities: map[string]engine.Definition{"bench.noop": c}})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }
@@ -61,7 +61,7 @@ func benchRequest(b *testing.B) []byte {
 // events).
 func BenchmarkGovernanceStages(b *testing.B) {
 	allow := Policy{Name: "allow", Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
-		return Decision{Stance: Allow}, nil
+		return Decision{Stance: StanceAllow}, nil
 	}}
 	for _, bc := range []struct {
 		name             string

@@ -72,7 +72,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, blocking("report.build",
-		executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute, Retry: &executor.Retry{MaxAttempts: 1}}, &calls))
+		executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute, Retry: &executor.Retry{MaxAttempts: 1}}, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -124,7 +124,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 	// Another pool's worker answers cancel requests meanwhile.
 	var otherCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "other"},
-		failing("other.task", executor.Meta{SideEffect: executor.None}, false, &otherCalls))
+		failing("other.task", executor.Meta{SideEffect: executor.SideEffectNone}, false, &otherCalls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -167,7 +167,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 // retryingForever fails retryably with a backoff long enough that only a
 // cancel or a deadline ends the execution.
 func retryingForever(id string, calls *atomic.Int64) executor.Capability {
-	return failing(id, executor.Meta{SideEffect: executor.Read,
+	return failing(id, executor.Meta{SideEffect: executor.SideEffectRead,
 		Retry: &executor.Retry{MaxAttempts: 3, Backoff: 10 * time.Minute}}, true, calls)
 }
 
@@ -208,7 +208,7 @@ func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
 	env := testenv.Start(t)
 	var blockCalls, retryCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
-		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &blockCalls),
+		blocking("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute}, &blockCalls),
 		retryingForever("stock.read", &retryCalls))
 	c := newClient(t, env.Connect(t))
 
@@ -264,7 +264,7 @@ func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
 	stubborn := func(id string, timeout time.Duration) executor.Capability {
 		return executor.Define(id, executor.Meta{
 			Description: "Ignores its context.", Expose: executor.On(executor.SurfaceDirect),
-			SideEffect: executor.Read, Timeout: timeout,
+			SideEffect: executor.SideEffectRead, Timeout: timeout,
 		}, func(ctx context.Context, c executor.Call[none]) (map[string]any, error) {
 			started <- c.ExecutionID
 			<-release
@@ -314,7 +314,7 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 300 * time.Millisecond},
-		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &calls))
+		blocking("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute}, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -385,7 +385,7 @@ func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
 	}}
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{PolicyTimeout: 10 * time.Minute},
-		failing("report.build", executor.Meta{SideEffect: executor.Read, Policies: []executor.Policy{slow}}, false, &calls))
+		failing("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Policies: []executor.Policy{slow}}, false, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 

@@ -60,7 +60,7 @@ func sendCap(p *probe) executor.Capability {
 	return executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
 		if err := ctx.Err(); err != nil {
@@ -75,7 +75,7 @@ func lookupCap(p *probe) executor.Capability {
 	return executor.Define("test.lookup", executor.Meta{
 		Description: "Reads something; retried once.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
@@ -126,7 +126,7 @@ func (s *store) record(id string) (*execution.Record, uint64) {
 }
 
 // status is what the client's Status reads of an execution.
-func (s *store) status(id string) *executor.Status {
+func (s *store) status(id string) *executor.ExecutionStatus {
 	s.t.Helper()
 	st, err := s.c.Status(ctxT(s.t), id)
 	if err != nil || st.Record == nil {
@@ -1024,12 +1024,12 @@ func (s *store) sendHeldAtPolicies(env *testenv.Env, id string, p *probe) (relea
 			case <-ctx.Done():
 			}
 		})
-		return executor.Decision{Stance: executor.Allow}, nil
+		return executor.Decision{Stance: executor.StanceAllow}, nil
 	}}
 	send := executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Policies:    []executor.Policy{hold},
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)

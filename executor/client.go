@@ -599,8 +599,10 @@ func refused(capabilityID string, r *envelope.Request, ce *envelope.CapabilityEr
 		Status: envelope.StatusFailed, Error: ce.Wire(), FinalizedAt: time.Now().UTC()}
 }
 
-// Status is what the runtime knows of one execution.
-type Status struct {
+// ExecutionStatus is what the runtime knows of one execution: its record
+// and, once it ended, its envelope (whose Status, an envelope.Status, is the
+// outcome).
+type ExecutionStatus struct {
 	Record   *execution.Record  `json:"record,omitempty"`
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
@@ -609,20 +611,20 @@ type Status struct {
 var ErrUnknownExecution = errors.New("capstan: no such execution")
 
 // Status reads the execution record and the envelope.
-func (c *Client) Status(ctx context.Context, executionID string) (*Status, error) {
+func (c *Client) Status(ctx context.Context, executionID string) (*ExecutionStatus, error) {
 	return c.StatusOf(ctx, c.principal, executionID)
 }
 
 // StatusOf reads another principal's execution: what an admin's credentials
 // allow (a producer's server refuses the read, which then fails or times out).
-func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Status, error) {
+func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*ExecutionStatus, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
 	if !broker.ValidPrincipal(owner) {
 		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
 	}
-	var s Status
+	var s ExecutionStatus
 	key := broker.Key(owner, executionID)
 	rec, _, err := broker.Load[execution.Record](ctx, c.b.Executions, key)
 	if err == nil {

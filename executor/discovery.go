@@ -169,16 +169,16 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	ids := make([]string, 0, len(results))
 	for _, r := range results {
 		switch {
-		case r.v.failed, r.v.stance == Deny, r.v.stance == Hide:
+		case r.v.failed, r.v.stance == StanceDeny, r.v.stance == StanceHide:
 			reason := "policy-hidden"
 			if r.v.failed {
 				reason = "policy-failed"
-			} else if r.v.stance == Deny {
+			} else if r.v.stance == StanceDeny {
 				reason = "policy-denied"
 			}
 			withheld = append(withheld, map[string]any{"capabilityId": r.d.ID, "reason": reason, "policyDecisions": r.v.records})
 			continue
-		case r.v.stance == RequireApproval:
+		case r.v.stance == StanceRequireApproval:
 			r.d.RequiresApproval = true
 		}
 		reply.Capabilities = append(reply.Capabilities, r.d)

@@ -13,7 +13,7 @@
 //	greet := executor.Define("demo.greet", executor.Meta{
 //		Description: "Greets someone by name.",
 //		Expose:      executor.On(executor.SurfaceDirect),
-//		SideEffect:  executor.None,
+//		SideEffect:  executor.SideEffectNone,
 //	}, func(ctx context.Context, call executor.Call[GreetIn]) (string, error) {
 //		return "Hello, " + call.Input.Name + "!", nil
 //	})
@@ -47,7 +47,7 @@
 // its handler deduplicates with Call.IdempotencyKey. A last attempt that times
 // out ends the envelope cancelled with code TIMEOUT; a cancel ends it cancelled
 // with CANCELLED, never retried. A call that needs approval (Meta.Approval, or
-// a policy answering RequireApproval) ends approval-required; once someone
+// a policy answering StanceRequireApproval) ends approval-required; once someone
 // else approves it (Client.Approvals), Client.Resume runs it once. Each of
 // these has a runnable example.
 //

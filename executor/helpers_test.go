@@ -26,7 +26,7 @@ func echoCap(calls *atomic.Int64) executor.Capability {
 	return executor.Define("demo.echo", executor.Meta{
 		Description: "Returns its input.",
 		Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 		if calls != nil {
 			calls.Add(1)

@@ -67,7 +67,7 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 	countCap := executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		mu.Lock()
 		perID[c.ExecutionID]++
@@ -176,7 +176,7 @@ func longSendCap(p *probe) executor.Capability {
 	return executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Timeout:     time.Hour,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)

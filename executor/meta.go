@@ -11,15 +11,17 @@ type SideEffect string
 
 // Side effects.
 const (
-	None        SideEffect = "none"
-	Read        SideEffect = "read"
-	Write       SideEffect = "write"
-	Destructive SideEffect = "destructive"
-	External    SideEffect = "external"
+	SideEffectNone        SideEffect = "none"
+	SideEffectRead        SideEffect = "read"
+	SideEffectWrite       SideEffect = "write"
+	SideEffectDestructive SideEffect = "destructive"
+	SideEffectExternal    SideEffect = "external"
 )
 
 // writeLike reports whether repeating the call may repeat an effect.
-func (s SideEffect) writeLike() bool { return s == Write || s == Destructive || s == External }
+func (s SideEffect) writeLike() bool {
+	return s == SideEffectWrite || s == SideEffectDestructive || s == SideEffectExternal
+}
 
 // Risk grades a capability for reviewers and policies.
 type Risk string

@@ -74,7 +74,7 @@ func validate(b *binding) []string {
 		p = append(p, "description is empty: a model chooses tools by it")
 	}
 	switch m.SideEffect {
-	case None, Read, Write, Destructive, External:
+	case SideEffectNone, SideEffectRead, SideEffectWrite, SideEffectDestructive, SideEffectExternal:
 	case "":
 		p = append(p, "sideEffect is not declared (none, read, write, destructive or external)")
 	default:

@@ -180,7 +180,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
 		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
-	served := make(map[string]engine.Capability, len(reg.ids))
+	served := make(map[string]engine.Definition, len(reg.ids))
 	for _, id := range reg.ids {
 		c := newCapability(reg.get(id), w)
 		w.caps[id], served[id] = c, c

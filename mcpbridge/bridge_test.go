@@ -72,7 +72,7 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	caps := append(demo.Catalog(js),
 		executor.Define("test.block", executor.Meta{
 			Description: "Runs until cancelled.", Expose: executor.On(executor.SurfaceMCP),
-			SideEffect: executor.Read, Timeout: time.Minute,
+			SideEffect: executor.SideEffectRead, Timeout: time.Minute,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			f.started <- c.ExecutionID
 			<-ctx.Done()
@@ -80,7 +80,7 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 		}),
 		executor.Define("test.gate", executor.Meta{
 			Description: "Returns when the test opens the gate.", Expose: executor.On(executor.SurfaceMCP),
-			SideEffect: executor.Read, Timeout: time.Minute,
+			SideEffect: executor.SideEffectRead, Timeout: time.Minute,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			f.started <- c.ExecutionID
 			select {
@@ -91,25 +91,25 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 			}
 		}),
 		executor.Define("test.direct", executor.Meta{
-			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "no", nil }),
 		executor.Define("test.secret", executor.Meta{
-			Description: "Fails with a private cause.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Description: "Fails with a private cause.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			return "", errors.New("connect to db as admin:hunter2 failed")
 		}),
 		executor.Define("test.alice-only", executor.Meta{
-			Description: "Hidden from bob by a policy.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Description: "Hidden from bob by a policy.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 			Policies: []executor.Policy{{Name: "not-bob", Phases: []executor.Phase{executor.PhaseDiscovery, executor.PhaseInvocation},
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 					if r.Actor.ID == bob.ID {
-						return executor.Decision{Stance: executor.Hide, Reason: "not for bob"}, nil
+						return executor.Decision{Stance: executor.StanceHide, Reason: "not for bob"}, nil
 					}
-					return executor.Decision{Stance: executor.Allow}, nil
+					return executor.Decision{Stance: executor.StanceAllow}, nil
 				}}},
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "for alice", nil }),
 		executor.Define("test.wipe", executor.Meta{
-			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.Destructive,
+			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectDestructive,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "wiped", nil }),
 	)
 	f.runWorker(t, "default", caps...)
@@ -685,7 +685,7 @@ func TestListChanged_WhenAWorkerStartsAndACapabilityGoes(t *testing.T) {
 		}
 	}
 	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
-		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
 	waitChanged(t, ev, mem, "test.late", true)
 	waitChanged(t, evHTTP, web, "test.late", true)
@@ -814,7 +814,7 @@ func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
 		t.Fatalf("with no worker, tools = %v, want only the bridge's two", names)
 	}
 	f.runWorker(t, "default", executor.Define("test.first", executor.Meta{
-		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "first", nil }))
 	waitChanged(t, ev, cs, "test.first", true)
 }
@@ -858,7 +858,7 @@ func TestHTTPStateless_Protocol20260728(t *testing.T) {
 	}
 
 	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
-		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
 	waitChanged(t, ev, cs, "test.late", true)
 }

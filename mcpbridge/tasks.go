@@ -464,7 +464,7 @@ func orNow(t time.Time) time.Time {
 	return t
 }
 
-func updatedAt(st *executor.Status) time.Time {
+func updatedAt(st *executor.ExecutionStatus) time.Time {
 	if st.Record != nil {
 		return st.Record.UpdatedAt
 	}

@@ -32,10 +32,10 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 
 	allow := executor.Policy{Name: "allow", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-		return executor.Decision{Stance: executor.Allow}, nil
+		return executor.Decision{Stance: executor.StanceAllow}, nil
 	}}
 	traced := executor.Define("t.traced", executor.Meta{Description: "Starts a span of its own.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None, Policies: []executor.Policy{allow}},
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone, Policies: []executor.Policy{allow}},
 		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 			_, span := tp.Tracer("handler").Start(ctx, "handler work")
 			span.End()

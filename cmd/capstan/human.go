@@ -210,7 +210,7 @@ func riskWord(r string) string {
 	return "risk " + r
 }
 
-func writeStatus(w io.Writer, st style, s *executor.Status) {
+func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	f := newFields(w)
 	rec, env := s.Record, s.Envelope
 	id, capID := "", ""

@@ -69,11 +69,11 @@ func sampleApprovals() []*approvals.Record {
 	}
 }
 
-func sampleStatuses() map[string]*executor.Status {
+func sampleStatuses() map[string]*executor.ExecutionStatus {
 	out, _ := envelope.RawFromJSON([]byte(`{"hello":"world"}`))
 	at := func(d time.Duration) time.Time { return goldenNow.Add(d) }
 	id := "0197d2a0-0000-7000-8000-0000000000c1"
-	return map[string]*executor.Status{
+	return map[string]*executor.ExecutionStatus{
 		"completed": {
 			Record: &execution.Record{ExecutionID: id, CapabilityID: "demo.echo", State: execution.StateFinalized, Attempt: 1,
 				Worker: "host-1-ab12", Status: envelope.StatusCompleted, CreatedAt: at(-2 * time.Minute), UpdatedAt: at(-2 * time.Minute)},
@@ -106,11 +106,11 @@ func sampleStatuses() map[string]*executor.Status {
 func sampleDiscovery() *executor.Discovery {
 	return &executor.Discovery{ID: "0197d2a0-0000-7000-8000-0000000000d1", Surface: executor.SurfaceDirect, Digest: "3f79bb7b435b05321651daefd374cdc681dc06faa65e374e38337b88ca046dea",
 		Capabilities: []executor.Descriptor{
-			{ID: "demo.echo", Pool: "default", Description: "Returns its input.", SideEffect: executor.None},
+			{ID: "demo.echo", Pool: "default", Description: "Returns its input.", SideEffect: executor.SideEffectNone},
 			{ID: "demo.flaky", Pool: "default", Description: "Fails retryably while its attempt number is at most failTimes.",
-				SideEffect: executor.Read, RetryMaxAttempts: 2},
+				SideEffect: executor.SideEffectRead, RetryMaxAttempts: 2},
 			{ID: "orders.refund", Pool: "payments", Description: "Refunds an order; above 500 a finance approval is required before the refund is recorded.",
-				SideEffect: executor.Write, Risk: executor.RiskHigh, Idempotent: true, RetryMaxAttempts: 1, RequiresApproval: true},
+				SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh, Idempotent: true, RetryMaxAttempts: 1, RequiresApproval: true},
 		}}
 }
 

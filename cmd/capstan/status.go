@@ -113,7 +113,7 @@ func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
 	if err != nil {
 		return readError(err)
 	}
-	s := &executor.Status{Record: v.Record, Envelope: v.Envelope}
+	s := &executor.ExecutionStatus{Record: v.Record, Envelope: v.Envelope}
 	return o.print(s, func(w io.Writer, st style) {
 		if s.Record == nil && s.Envelope == nil {
 			fmt.Fprintf(w, "%s is %s\n", id, st.status(v.State))

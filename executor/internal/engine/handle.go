@@ -94,7 +94,7 @@ func delivered(msg jetstream.Msg, req *envelope.Request) Delivery {
 // execute runs one delivery as an execution of this worker. A nil
 // capability (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless
 // its record says otherwise: even then the takeover table decides.
-func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Capability, missing string) {
+func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition, missing string) {
 	if r.base.Err() != nil {
 		// Shutting down: leave it to a live worker rather than claim it.
 		nak(msg, 0)
