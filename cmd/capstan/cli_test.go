@@ -297,7 +297,10 @@ func TestExitCodes(t *testing.T) {
 		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
-		{"await without envelope runs out of time", []string{"await", envelope.NewExecutionID(), "--wait", "1s"}, exitNoEnvelope, "", false},
+		// The id is made as the subtest runs (freshID): an id made longer
+		// ago than a moment is probed, and nothing stored of it is an
+		// unknown execution.
+		{"await without envelope runs out of time", []string{"await", freshID, "--wait", "1s"}, exitNoEnvelope, "", false},
 		// An id nothing is stored for, made long enough ago not to be on
 		// its way: answered at once.
 		{"await of an unknown id says so at once", []string{"await", idMadeAgo(t, time.Minute), "--wait", "1h"}, exitUnknown, "", false},
@@ -307,9 +310,12 @@ func TestExitCodes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := lastSeq()
-			args := tc.args
+			args := slices.Clone(tc.args)
+			if i := slices.Index(args, freshID); i >= 0 {
+				args[i] = envelope.NewExecutionID()
+			}
 			if tc.errCode != "" {
-				args = append(slices.Clone(args), "-o", "json")
+				args = append(args, "-o", "json")
 			}
 			stdout, stderr, code := capstan(t, url, args...)
 			if code != tc.code {
@@ -356,6 +362,10 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 }
 
 // idMadeAgo is a new UUIDv7 execution id whose time is d ago.
+// freshID in a test's arguments is replaced by an execution id made as the
+// command starts.
+const freshID = "<a fresh execution id>"
+
 func idMadeAgo(t *testing.T, d time.Duration) string {
 	t.Helper()
 	u, err := uuid.Parse(envelope.NewExecutionID())
