@@ -440,6 +440,7 @@ type ExpiredError struct {
 	Code   envelope.Code
 }
 
+// Error says when the id was made and how long envelopes are kept.
 func (e *ExpiredError) Error() string {
 	msg := fmt.Sprintf("capstan: execution %s expired: its id was made %s, %s ago, and envelopes are kept %s",
 		e.ExecutionID, e.MadeAt.Format(time.RFC3339), time.Since(e.MadeAt).Round(time.Second), e.Retention)

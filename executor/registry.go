@@ -21,6 +21,7 @@ type RegistryError struct {
 	Problems []string
 }
 
+// Error lists every problem, one a line.
 func (e *RegistryError) Error() string {
 	return fmt.Sprintf("capstan: %d problem(s) in the capability registry:\n  - %s",
 		len(e.Problems), strings.Join(e.Problems, "\n  - "))
