@@ -769,6 +769,7 @@ func testForgedResult(t *testing.T, r *rig) {
 	// Whatever the workers make of it, it is alice's: it ends, and is
 	// settled, under her key.
 	r.settled(t, "alice", sc.bobRun)
+	r.acked(t, "alice")
 	before := r.world(t)
 	get := request{name: "her forged envelope", subject: directGetOf(n.EnvelopesBucket(), broker.Key("alice", sc.bobRun))}
 	target := "$KV." + n.EnvelopesBucket() + "." + broker.Key("bob", sc.bobRun)

@@ -224,6 +224,33 @@ func (r *rig) settled(t *testing.T, principal, id string) {
 	}
 }
 
+// acked waits until no request of principal's is left in the exec stream:
+// the ack of a request follows its envelope, and a world read between them
+// would see the stream shrink.
+func (r *rig) acked(t *testing.T, principal string) {
+	t.Helper()
+	ctx := testCtx(t)
+	n := r.setup.Names()
+	s, err := r.admin.JS.Stream(ctx, n.ExecStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var left map[string]uint64
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(n.ExecSubject(principal, ">")))
+		if err == nil {
+			if left = info.State.Subjects; len(left) == 0 {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s's requests never all acknowledged: %v, left %v", principal, err, left)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // readTrail reads the trail of the execution id of the one principal that
 // has an execution of that id.
 func readTrail(ctx context.Context, b *broker.Broker, id string) ([]audit.Event, error) {
