@@ -87,7 +87,7 @@ func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T)
 	}
 }
 
-// The secured setup from zero, as the README shows it: two principals, one
+// The secured setup from zero, as docs/security.md shows it: two principals, one
 // asks, the other approves; neither can do the other's part.
 func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	t.Parallel()

@@ -71,7 +71,7 @@ type serverNode struct {
 const serverReady = "capstan server listening on"
 
 // startServerCluster starts three `capstan server` processes routed to each
-// other, as the README's three commands do, and returns them and the URL
+// other, as the three commands of docs/operations.md do, and returns them and the URL
 // list clients are given.
 func startServerCluster(t *testing.T, extra ...string) ([]*serverNode, string) {
 	t.Helper()
