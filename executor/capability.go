@@ -14,29 +14,41 @@ import (
 // Call is what a handler receives besides its context: the validated input and
 // the execution's identity.
 type Call[In any] struct {
+	// Input is the decoded and validated input: what policies and approvals
+	// saw.
 	Input In
 	// ExecutionID is the same across runtime retries, redeliveries and
 	// takeovers of one execution; a model calling the tool again gets a new one.
-	ExecutionID  string
+	ExecutionID string
+	// CapabilityID names the capability called.
 	CapabilityID string
 	// IdempotencyKey is derived from ExecutionID alone: pass it to the service
 	// where the effect lives so that a repeated attempt changes nothing.
 	IdempotencyKey string
 	// Attempt counts from 1; takeovers after a lost worker count too.
-	Attempt       int
-	Actor         envelope.Actor
-	Surface       Surface
+	Attempt int
+	// Actor is who the call runs for.
+	Actor envelope.Actor
+	// Surface is where the call came from.
+	Surface Surface
+	// CorrelationID ties executions of one conversation or workflow together
+	// (a resume keeps the original call's).
 	CorrelationID string
 	// Approval is set when an approval authorized this execution.
 	Approval *ApprovalGrant
-	Logger   *slog.Logger
+	// Logger is the worker's logger with the execution's id, capability and
+	// attempt attached.
+	Logger *slog.Logger
 }
 
 // ApprovalGrant tells a handler which approval authorized it, and who decided.
 type ApprovalGrant struct {
-	ID       string
+	// ID is the approval's.
+	ID string
+	// Approver decided it.
 	Approver envelope.Actor
-	Comment  string
+	// Comment is the approver's, if any.
+	Comment string
 }
 
 // Handler runs a capability. ctx carries the per-attempt timeout and the
@@ -45,7 +57,11 @@ type Handler[In, Out any] func(ctx context.Context, call Call[In]) (Out, error)
 
 // Validator is implemented by input and output types that check themselves
 // after decoding.
-type Validator interface{ Validate() error }
+type Validator interface {
+	// Validate reports what is wrong with the value: an *envelope.InputError
+	// for issues with paths, any other error as one issue.
+	Validate() error
+}
 
 // InputSchema returns the JSON Schema of a capability's input type.
 func InputSchema(c Capability) map[string]any {
@@ -58,7 +74,9 @@ func InputSchema(c Capability) map[string]any {
 // Capability is a defined capability: metadata, input and output types and a
 // handler. Make one with Define.
 type Capability interface {
+	// ID is the capability's id, as callers name it.
 	ID() string
+	// Meta is its metadata, defaults applied.
 	Meta() Meta
 	binding() *binding
 }

@@ -604,7 +604,10 @@ func refused(capabilityID string, r *envelope.Request, ce *envelope.CapabilityEr
 // and, once it ended, its envelope (whose Status, an envelope.Status, is the
 // outcome).
 type ExecutionStatus struct {
-	Record   *execution.Record  `json:"record,omitempty"`
+	// Record is the execution's record; nil once it went (a record window
+	// after the envelope).
+	Record *execution.Record `json:"record,omitempty"`
+	// Envelope is the outcome; nil while the execution runs.
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
 

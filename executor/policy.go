@@ -52,7 +52,9 @@ func (s Stance) rank() int {
 
 // Decision is one policy's stance with its reason.
 type Decision struct {
+	// Stance is the policy's answer; empty is StanceAllow.
 	Stance Stance
+	// Reason says why, for the audit trail and (for a denial) the caller.
 	Reason string
 	// ApprovalTypes name the kinds of approval required (with StanceRequireApproval).
 	ApprovalTypes []string
@@ -61,11 +63,14 @@ type Decision struct {
 // PolicyRequest is what a policy sees: the validated input, never raw bytes
 // (SI-6). Input is shared with the handler: a policy must not change it.
 type PolicyRequest struct {
-	Phase        Phase
+	// Phase is when the policy is asked: discovery, invocation or execution.
+	Phase Phase
+	// CapabilityID and Meta are the capability's.
 	CapabilityID string
 	Meta         Meta
-	Actor        envelope.Actor
-	Surface      Surface
+	// Actor is who the call runs for; Surface where it came from.
+	Actor   envelope.Actor
+	Surface Surface
 	// Input is a pointer to the capability's validated input type (nil in the
 	// discovery phase).
 	Input any
@@ -75,9 +80,11 @@ type PolicyRequest struct {
 // have effects; one that errors, panics or outlives the policy timeout fails
 // closed.
 type Policy struct {
+	// Name identifies the policy in the audit trail.
 	Name string
 	// Phases it applies to; empty means invocation only.
-	Phases   []Phase
+	Phases []Phase
+	// Evaluate decides; ctx carries the policy timeout.
 	Evaluate func(ctx context.Context, r PolicyRequest) (Decision, error)
 	// MayRequireApproval declares that Evaluate may answer StanceRequireApproval
 	// for some inputs ("refunds above 500"): describe, the catalog and MCP
