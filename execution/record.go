@@ -13,10 +13,16 @@ type State string
 // Record states.
 const (
 	// StatePending: a cancel arrived before any worker claimed the execution.
-	StatePending   State = "pending"
-	StateClaimed   State = "claimed"
-	StateRunning   State = "running"
-	StateBackoff   State = "backoff"
+	StatePending State = "pending"
+	// StateClaimed: a worker claimed it; no attempt has started.
+	StateClaimed State = "claimed"
+	// StateRunning: attempt Attempt runs, under the claim's lease.
+	StateRunning State = "running"
+	// StateBackoff: attempt Attempt failed retryably; the next waits.
+	StateBackoff State = "backoff"
+	// StateFinalized: the execution ended; its envelope holds the outcome.
+	// A record may also still say running beside its envelope, which is the
+	// proof of the end (Client.Status reads them together).
 	StateFinalized State = "finalized"
 )
 
@@ -25,15 +31,21 @@ const (
 // execution while its lease lasts: a random token each claim or takeover
 // draws, never the worker's id, which two processes may share.
 type Record struct {
-	V            int    `json:"v"`
+	// V is the record's schema version.
+	V int `json:"v"`
+	// ExecutionID and CapabilityID name the execution and what it calls.
 	ExecutionID  string `json:"executionId"`
 	CapabilityID string `json:"capabilityId"`
-	State        State  `json:"state"`
+	// State is where the execution is.
+	State State `json:"state"`
 	// Attempt is the number of the attempt running, or the last one started.
-	Attempt int    `json:"attempt"`
-	Worker  string `json:"worker,omitempty"`
+	Attempt int `json:"attempt"`
+	// Worker is the id of the worker holding the claim.
+	Worker string `json:"worker,omitempty"`
 	// Claim is the owning claim's random token.
-	Claim      string    `json:"claim,omitempty"`
+	Claim string `json:"claim,omitempty"`
+	// LeaseUntil is when the claim lapses unless renewed: another worker
+	// may then take the execution over.
 	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
 	// StartedAt is when the current attempt started.
 	StartedAt time.Time `json:"startedAt,omitzero"`
@@ -43,13 +55,15 @@ type Record struct {
 	// runs it from the top unless a retry is allowed (DESIGN §5).
 	LastError envelope.Code `json:"lastError,omitempty"`
 	// CancelRequested may be set in any state before finalized; it is terminal.
-	CancelRequested   bool      `json:"cancelRequested,omitempty"`
+	CancelRequested bool `json:"cancelRequested,omitempty"`
+	// CancelRequestedAt is when the cancel arrived.
 	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
-	ApprovalID        string    `json:"approvalId,omitempty"`
+	// ApprovalID is the approval the execution resumes, if any.
+	ApprovalID string `json:"approvalId,omitempty"`
 	// Actor (kind:id), Surface and InputHash, with CapabilityID and
 	// ApprovalID, name the request the record was claimed for: only that
-	// request takes the execution over (see Conflict). Records written before
-	// they existed lack them.
+	// request takes the execution over. Records written before they existed
+	// lack them.
 	Actor     string `json:"actor,omitempty"`
 	Surface   string `json:"surface,omitempty"`
 	InputHash string `json:"inputHash,omitempty"`
@@ -57,7 +71,9 @@ type Record struct {
 	Status envelope.Status `json:"status,omitempty"`
 	// Cause is a failure's private cause, for operators: it never reaches the
 	// envelope, the model or the audit trail.
-	Cause     string    `json:"cause,omitempty"`
+	Cause string `json:"cause,omitempty"`
+	// CreatedAt and UpdatedAt are when the record was created and last
+	// written.
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
 }
