@@ -426,6 +426,7 @@ var ErrExpired = errors.New("capstan: execution expired")
 // errors.Is(err, ErrExpired) holds, and errors.Is(err, ErrUnknownExecution)
 // too when no record of it is left either.
 type ExpiredError struct {
+	// ExecutionID is the execution's.
 	ExecutionID string
 	// MadeAt is the time in the id: when its client made it.
 	MadeAt time.Time
@@ -522,6 +523,7 @@ func (c *Client) Call(ctx context.Context, capabilityID string, input any, opts 
 
 // Request is one call of a fan-out.
 type Request struct {
+	// CapabilityID, Input and Options are Call's arguments.
 	CapabilityID string
 	Input        any
 	Options      []CallOption

@@ -14,6 +14,7 @@ import (
 
 // CancelReply answers a cancel request.
 type CancelReply struct {
+	// ExecutionID is the execution cancelled.
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
 	State execution.State `json:"state,omitempty"`
@@ -22,7 +23,8 @@ type CancelReply struct {
 	// stopped once the cancel is recorded.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
-	Error     string          `json:"error,omitempty"`
+	// Error is the refusal, if the cancel was refused.
+	Error string `json:"error,omitempty"`
 }
 
 // serveControl subscribes to the core NATS requests workers serve.
@@ -86,6 +88,7 @@ func lastToken(subject string) string {
 // CancelRequest is the optional body of a cancel. Owner is read for admins
 // only: an admin cancels another principal's execution by naming its owner.
 type CancelRequest struct {
+	// Owner is the principal whose execution it is (admins only).
 	Owner string `json:"owner,omitempty"`
 }
 

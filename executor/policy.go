@@ -107,8 +107,10 @@ func (p Policy) appliesTo(ph Phase) bool {
 
 // PolicyRecord is one evaluated stance, as the audit trail records it.
 type PolicyRecord struct {
+	// Policy is the policy's name; Phase when it was asked.
 	Policy string `json:"policy"`
 	Phase  Phase  `json:"phase"`
+	// Stance and Reason are what it answered.
 	Stance Stance `json:"stance"`
 	Reason string `json:"reason,omitempty"`
 	// Failed is set when the policy errored, panicked, timed out or answered

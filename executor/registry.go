@@ -18,6 +18,7 @@ type Registry struct {
 
 // RegistryError lists every problem of every capability found at build.
 type RegistryError struct {
+	// Problems are the messages, each naming its capability.
 	Problems []string
 }
 
