@@ -9,7 +9,9 @@ import (
 // for the input as a whole). An INPUT_INVALID envelope lists them in its
 // error's details, under "issues".
 type Issue struct {
-	Path    string `json:"path"`
+	// Path is where in the input, "" for the input as a whole.
+	Path string `json:"path"`
+	// Message says what is wrong there.
 	Message string `json:"message"`
 }
 
@@ -17,6 +19,7 @@ type Issue struct {
 // return one from its Validate method to report issues with paths; any other
 // error becomes one issue without a path.
 type InputError struct {
+	// Issues are the problems found.
 	Issues []Issue
 	// Cause is what the decoder or the Validate method said, for the logs
 	// and for errors.Is and errors.As. It never reaches the envelope, the
