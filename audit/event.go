@@ -29,6 +29,12 @@ const (
 	TakenOver        = "execution.taken_over"
 	EnvelopeConflict = "envelope.conflict"
 	ApprovalConsumed = "approval.consumed"
+	// ReceiptRecorded: an attempt's handler recorded the evidence of its
+	// effect (DESIGN §5); the event names it by its hash, never its content.
+	ReceiptRecorded = "capability.receipt_recorded"
+	// Reconciled: the capability's reconciler answered whether a lost
+	// attempt took effect.
+	Reconciled = "capability.reconciled"
 )
 
 // Actor is the acting party of an event: id and kind, never attributes.

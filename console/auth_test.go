@@ -158,7 +158,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	}
 
 	// The admin reads alice's executions and cancels one of them.
-	id, err := alice.Submit(testCtx(t), "email.send", map[string]any{"to": "ada@example.com", "subject": "hi", "holdMs": 60000}, executor.As(aliceActor))
+	id, err := alice.Submit(testCtx(t), "email.send", map[string]any{"to": "ada@example.com", "subject": "hi", "delayMs": 60000}, executor.As(aliceActor))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func TestCancel_OnlyTheOwnerOrAnAdmin(t *testing.T) {
 	t.Parallel()
 	r := startRig(t, "", console.Config{Open: true})
 	ctx := testCtx(t)
-	id, err := r.client.Submit(ctx, "email.send", demo.EmailInput{To: "ada@example.com", Subject: "hi", HoldMs: 60000}, executor.As(alice))
+	id, err := r.client.Submit(ctx, "email.send", demo.EmailInput{To: "ada@example.com", Subject: "hi", DelayMs: 60000}, executor.As(alice))
 	if err != nil {
 		t.Fatal(err)
 	}

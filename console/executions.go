@@ -403,6 +403,9 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 		case audit.Retried:
 			st.Kind, st.Title = "retry", "retry: attempt "+itoa(intOf(ev.Data["attempt"]))
 			add("after", "previousErrorCode")
+			if strOf(ev.Data["reason"]) == "reconciled-absent" {
+				st.Title += ", the reconciler proved the lost attempt's effect absent"
+			}
 			end(ev.Timestamp, strOf(ev.Data["previousErrorCode"]))
 		case audit.TakenOver:
 			st.Kind, st.Title = "takeover", "taken over by "+ev.Worker
@@ -412,6 +415,13 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 			takeover = true
 		case audit.Completed:
 			st.Kind, st.Title = "outcome-ok", "completed"
+			switch strOf(ev.Data["recovered"]) {
+			case envelope.RecoveredByReceipt:
+				st.Title = "completed, recovered from attempt " + itoa(intOf(ev.Data["recoveredAttempt"])) + "'s receipt"
+				add("receipt sha256", "receiptHash")
+			case envelope.RecoveredByReconciler:
+				st.Title = "completed, recovered by the reconciler (attempt " + itoa(intOf(ev.Data["recoveredAttempt"])) + ")"
+			}
 			if ms := intOf(ev.Data["durationMs"]); ms > 0 {
 				st.Details = append(st.Details, itoa(ms)+" ms")
 			}
@@ -427,6 +437,18 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 		case audit.Cancelled:
 			st.Kind, st.Title = "outcome-bad", "cancelled "+strOf(ev.Data["code"])
 			end(ev.Timestamp, strOf(ev.Data["code"]))
+		case audit.ReceiptRecorded:
+			st.Kind, st.Title = "note", "receipt recorded by attempt "+itoa(intOf(ev.Data["attempt"]))
+			add("sha256", "receiptHash")
+		case audit.Reconciled:
+			st.Kind, st.Title = "takeover", "reconciled attempt "+itoa(intOf(ev.Data["attempt"]))+": "+strOf(ev.Data["verdict"])
+			add("reason", "reason")
+			if ms := intOf(ev.Data["durationMs"]); ms > 0 {
+				st.Details = append(st.Details, itoa(ms)+" ms")
+			}
+			if b, _ := ev.Data["provesAbsence"].(bool); b {
+				st.Details = append(st.Details, "proves absence")
+			}
 		case audit.DuplicateDelivery:
 			st.Title = "duplicate delivery (acknowledged, not run)"
 		case audit.EnvelopeConflict:

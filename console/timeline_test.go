@@ -52,3 +52,61 @@ func TestTimeline_TakeoverRetryAndOutcomeStandOut(t *testing.T) {
 		t.Fatalf("summary %+v", sum)
 	}
 }
+
+// A recovered outcome shows how it was recovered: a receipt recorded, then
+// the takeover that completed from it; or the reconciler's verdicts, a retry
+// it allowed, and the outcome it found.
+func TestTimeline_RecoveredOutcomesSayHow(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ada := audit.Actor{Kind: "user", ID: "ada"}
+	for _, c := range []struct {
+		name   string
+		trail  []audit.Event
+		titles []string
+	}{
+		{"receipt", []audit.Event{
+			{Type: audit.Requested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
+			{Type: audit.Started, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
+			{Type: audit.ReceiptRecorded, Timestamp: at(5), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1, "receiptHash": "ab12"}},
+			{Type: audit.TakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
+			{Type: audit.Completed, Timestamp: at(30002), Actor: ada, Worker: "w2",
+				Data: map[string]any{"attempts": 1, "recovered": "receipt", "recoveredAttempt": 1, "receiptHash": "ab12"}},
+		}, []string{"requested by user:ada", "attempt 1 started", "receipt recorded by attempt 1", "taken over by w2",
+			"completed, recovered from attempt 1's receipt"}},
+		{"reconciler", []audit.Event{
+			{Type: audit.Requested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
+			{Type: audit.Started, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
+			{Type: audit.TakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
+			{Type: audit.Reconciled, Timestamp: at(30005), Actor: ada, Worker: "w2",
+				Data: map[string]any{"attempt": 1, "verdict": "absent", "provesAbsence": true, "durationMs": 4}},
+			{Type: audit.Retried, Timestamp: at(30006), Actor: ada, Worker: "w2",
+				Data: map[string]any{"attempt": 2, "previousErrorCode": "WORKER_LOST", "reason": "reconciled-absent"}},
+			{Type: audit.Started, Timestamp: at(30007), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": 2}},
+			{Type: audit.TakenOver, Timestamp: at(60001), Actor: ada, Worker: "w3", Data: map[string]any{"fromWorker": "w2", "state": "running"}},
+			{Type: audit.Reconciled, Timestamp: at(60005), Actor: ada, Worker: "w3", Data: map[string]any{"attempt": 2, "verdict": "found"}},
+			{Type: audit.Completed, Timestamp: at(60006), Actor: ada, Worker: "w3",
+				Data: map[string]any{"attempts": 2, "recovered": "reconciler", "recoveredAttempt": 2}},
+		}, []string{"requested by user:ada", "attempt 1 started", "taken over by w2", "reconciled attempt 1: absent",
+			"retry: attempt 2, the reconciler proved the lost attempt's effect absent", "attempt 2 started", "taken over by w3",
+			"reconciled attempt 2: found", "completed, recovered by the reconciler (attempt 2)"}},
+	} {
+		steps, _ := timeline(c.trail)
+		var titles []string
+		for _, s := range steps {
+			titles = append(titles, s.Title)
+		}
+		if len(titles) != len(c.titles) {
+			t.Fatalf("%s: titles %q, want %q", c.name, titles, c.titles)
+		}
+		for i := range titles {
+			if titles[i] != c.titles[i] {
+				t.Errorf("%s: step %d %q, want %q", c.name, i, titles[i], c.titles[i])
+			}
+		}
+		if last := steps[len(steps)-1]; last.Kind != "outcome-ok" {
+			t.Errorf("%s: last step %+v, want an outcome-ok", c.name, last)
+		}
+	}
+}

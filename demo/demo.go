@@ -3,8 +3,10 @@ package demo
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,7 +20,11 @@ import (
 
 // Names of the demo's own resources.
 const (
-	OutboxStream  = "CAPSTAN_DEMO_OUTBOX"
+	OutboxStream = "CAPSTAN_DEMO_OUTBOX"
+	// OutboxSubject.<idempotency key> holds an execution's email, at most
+	// one: it is published create-only (no message on the subject yet), so
+	// the outbox is a mail provider that folds every send of one key into
+	// the first.
 	OutboxSubject = "capstan.demo.outbox"
 	RefundsBucket = "CAPSTAN_DEMO_REFUNDS"
 	// CallsStream keeps one message per handler call, on the subject
@@ -28,8 +34,12 @@ const (
 	// ExecutionIDHeader carries the execution id on every outbox and calls
 	// message.
 	ExecutionIDHeader = "Capstan-Execution-Id"
-	// AttemptHeader carries the attempt number on every calls message.
+	// AttemptHeader carries the attempt number on every calls and outbox
+	// message.
 	AttemptHeader = "Capstan-Attempt"
+	// IdempotencyKeyHeader carries the idempotency key on every outbox
+	// message.
+	IdempotencyKeyHeader = "Capstan-Idempotency-Key"
 	// RefundApprovalAbove is the amount above which a refund needs approval.
 	RefundApprovalAbove = 500
 )
@@ -60,7 +70,28 @@ type SleepOutput struct {
 type EmailInput struct {
 	To      string `json:"to"`
 	Subject string `json:"subject"`
-	HoldMs  int    `json:"holdMs,omitempty"`
+	// DelayMs waits before the email is sent, honouring cancellation: until
+	// then nothing is sent, and a cancel ends the execution CANCELLED.
+	DelayMs int `json:"delayMs,omitempty"`
+	// HoldMs holds after the email is sent and its receipt recorded: the
+	// window where a crash leaves an effect without a result. A cancel there
+	// comes after the effect, and the execution completes (DESIGN §5).
+	HoldMs int `json:"holdMs,omitempty"`
+}
+
+// wait waits ms milliseconds, or until ctx ends.
+func wait(ctx context.Context, ms int) error {
+	if ms <= 0 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Validate checks the address is present.
@@ -71,7 +102,8 @@ func (e EmailInput) Validate() error {
 	return nil
 }
 
-// EmailOutput is the outbox message's sequence.
+// EmailOutput is the outbox message's sequence. It is also the receipt
+// email.send records once its email is in the outbox.
 type EmailOutput struct {
 	OutboxSeq uint64 `json:"outboxSeq"`
 }
@@ -131,7 +163,7 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 	}{
 		{OutboxStream, func(n int) error {
 			_, err := js.CreateStream(ctx, jetstream.StreamConfig{
-				Name: OutboxStream, Subjects: []string{OutboxSubject}, Storage: jetstream.FileStorage, Replicas: n,
+				Name: OutboxStream, Subjects: []string{OutboxSubject + ".>"}, Storage: jetstream.FileStorage, Replicas: n,
 			})
 			return err
 		}},
@@ -158,8 +190,17 @@ func Provision(ctx context.Context, nc *nats.Conn, replicas int) (jetstream.JetS
 		if err != nil {
 			return nil, fmt.Errorf("demo: create %s: %w", r.stream, cerr)
 		}
-		if have := s.CachedInfo().Config.Replicas; explicit && have != replicas {
+		cfg := s.CachedInfo().Config
+		if have := cfg.Replicas; explicit && have != replicas {
 			return nil, fmt.Errorf("%w: demo stream %s: Replicas is %d, wanted %d", broker.ErrConfigConflict, r.stream, have, replicas)
+		}
+		if r.stream == OutboxStream && !slices.Contains(cfg.Subjects, OutboxSubject+".>") {
+			// An outbox of an earlier version took every email on one
+			// subject: it takes them by idempotency key too.
+			cfg.Subjects = append(cfg.Subjects, OutboxSubject+".>")
+			if _, err := js.UpdateStream(ctx, cfg); err != nil {
+				return nil, fmt.Errorf("demo: widen %s: %w", r.stream, err)
+			}
 		}
 	}
 	return js, nil
@@ -251,32 +292,210 @@ func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, erro
 	return calls, nil
 }
 
-// sendEmail is email.send's handler: one message to the outbox, then a hold.
+// sendEmail is email.send's handler: one email to the outbox, its receipt,
+// then a hold.
 func sendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
 	return func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
-		m := nats.NewMsg(OutboxSubject)
-		m.Header.Set(ExecutionIDHeader, c.ExecutionID)
-		m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
-		// The outbox is the per-attempt view: its message id names the
-		// attempt, so a second attempt, which the runtime must never make,
-		// shows as a second email; a second run of the same attempt shows in
-		// the calls stream.
-		ack, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d", c.ExecutionID, c.Attempt))
+		if err := wait(ctx, c.Input.DelayMs); err != nil {
+			return EmailOutput{}, err // nothing sent
+		}
+		out, err := send(ctx, js, c)
 		if err != nil {
-			return EmailOutput{}, fmt.Errorf("outbox: %w", err)
+			return EmailOutput{}, err
+		}
+		// The email is sent: record it at once, so that a worker lost from
+		// here on, or an attempt stopped, ends completed, not
+		// OUTCOME_UNKNOWN. A refusal means the outcome is no longer this
+		// attempt's to report: it is returned all the same, and discarded.
+		if err := c.Receipt(ctx, out); err != nil && c.Logger != nil {
+			c.Logger.Warn("receipt not recorded", "err", err)
 		}
 		// The dangerous window: the effect happened, the result is not yet
-		// recorded. A crash here must never send the email again.
-		if c.Input.HoldMs > 0 {
-			t := time.NewTimer(time.Duration(c.Input.HoldMs) * time.Millisecond)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return EmailOutput{}, ctx.Err()
-			}
+		// returned. A crash here must never send the email again.
+		if err := wait(ctx, c.Input.HoldMs); err != nil {
+			return EmailOutput{}, err
 		}
+		return out, nil
+	}
+}
+
+// send publishes c's email to the outbox under its idempotency key,
+// create-only: when the key's email is there already (sent by an earlier
+// attempt, or by a lost one whose publish landed late), it is that email,
+// never a second.
+func send(ctx context.Context, js jetstream.JetStream, c executor.Call[EmailInput]) (EmailOutput, error) {
+	m := nats.NewMsg(OutboxSubject + "." + c.IdempotencyKey)
+	m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+	m.Header.Set(IdempotencyKeyHeader, c.IdempotencyKey)
+	m.Header.Set(AttemptHeader, strconv.Itoa(c.Attempt))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	m.Data = []byte(c.Input.To + "\n" + c.Input.Subject)
+	// The stream's duplicate window drops a repeat of this key's publish
+	// too (and makes sendOnce's tries one email).
+	ack, err := sendOnce(ctx, js, m, c.IdempotencyKey)
+	if err == nil {
 		return EmailOutput{OutboxSeq: ack.Sequence}, nil
+	}
+	if !wrongLastSequence(err) {
+		return EmailOutput{}, fmt.Errorf("outbox: %w", err)
+	}
+	// The key's email is there already.
+	sent, found, err := sentEmail(ctx, js, c.IdempotencyKey)
+	switch {
+	case err != nil:
+		return EmailOutput{}, fmt.Errorf("outbox: %w", err)
+	case !found || sent.Header.Get(ExecutionIDHeader) != c.ExecutionID:
+		return EmailOutput{}, fmt.Errorf("outbox: key %s refused but not held for execution %s", c.IdempotencyKey, c.ExecutionID)
+	}
+	return EmailOutput{OutboxSeq: sent.Sequence}, nil
+}
+
+// wrongLastSequence reports the stream's refusal of a create-only publish:
+// code 10071 from a single server, 10164 from a replicated stream.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// sentEmail reads the outbox's email of key from the stream's leader: a
+// replica may not have the last one yet, and absent must mean absent.
+func sentEmail(ctx context.Context, js jetstream.JetStream, key string) (*jetstream.RawStreamMsg, bool, error) {
+	return lastFromLeader(ctx, js.Conn(), OutboxStream, OutboxSubject+"."+key)
+}
+
+// lastFromLeader reads the last message of subject in stream from the
+// stream's leader (a message get, never a direct get, which any replica may
+// answer), and reports whether there is one.
+func lastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, bool, error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, false, err
+	}
+	var resp struct {
+		Message *struct {
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
+		} `json:"message"`
+		Error *struct {
+			Code    int    `json:"code"`
+			ErrCode int    `json:"err_code"`
+			Desc    string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, false, fmt.Errorf("%s %s: %w", stream, subject, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.Code == 404 && resp.Error.ErrCode == 10037:
+		return nil, false, nil // no message: the stream says so
+	case resp.Error != nil:
+		return nil, false, fmt.Errorf("%s %s: %s (%d)", stream, subject, resp.Error.Desc, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, false, fmt.Errorf("%s %s: empty answer", stream, subject)
+	}
+	msg := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data,
+		Time: resp.Message.Time, Header: nats.Header{}}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return nil, false, fmt.Errorf("%s %s: %w", stream, subject, err)
+		}
+		msg.Header = h
+	}
+	return msg, true, nil
+}
+
+// EmailRecovery is email.send's recovery: its receipt is its output, and its
+// reconciler looks the execution's idempotency key up in the outbox.
+//
+// It proves absence. The outbox is read on its stream's leader, so an email
+// stored before the question is seen; and an email is published create-only
+// under its key, so a lost attempt's publish that lands after the answer (a
+// worker cut off by a partition whose handler ignored its context, its
+// publish sent on reconnect) is refused whenever it lands, for as long as the
+// outbox keeps the key's email (it has no age limit): the new attempt under
+// the same key finds the late email and reports it, or its own email makes
+// the late one refused. The stream's duplicate window, keyed on the
+// idempotency key, drops such a repeat within the window as well; the
+// create-only subject is what holds past it.
+func EmailRecovery(js jetstream.JetStream) executor.Recovery[EmailInput, EmailOutput] {
+	return executor.Recovery[EmailInput, EmailOutput]{
+		ProvesAbsence: true,
+		Timeout:       5 * time.Second,
+		Reconcile: func(ctx context.Context, q executor.Reconciliation[EmailInput]) (executor.Reconciled[EmailOutput], error) {
+			sent, found, err := sentEmail(ctx, js, q.IdempotencyKey)
+			switch {
+			case err != nil:
+				return executor.Reconciled[EmailOutput]{}, err
+			case !found:
+				return executor.Reconciled[EmailOutput]{Effect: executor.EffectAbsent}, nil
+			case sent.Header.Get(ExecutionIDHeader) != q.ExecutionID:
+				// Another execution's email under this key: not evidence of
+				// this one's, either way.
+				return executor.Reconciled[EmailOutput]{}, nil
+			}
+			return executor.Found(EmailOutput{OutboxSeq: sent.Sequence}), nil
+		},
+	}
+}
+
+// EmailMeta is email.send's metadata.
+var EmailMeta = executor.Meta{
+	Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
+	Expose:      everywhere, SideEffect: executor.SideEffectExternal, Risk: executor.RiskMedium, Tags: []string{"demo"},
+}
+
+// SendEmailWithoutReceipt is email.send's handler, recorded in the calls
+// stream, that records no receipt: crash tests pair it with reconcilers of
+// their own, to prove that they would see one that lies.
+func SendEmailWithoutReceipt(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
+	return recorded(js, func(ctx context.Context, c executor.Call[EmailInput]) (EmailOutput, error) {
+		if err := wait(ctx, c.Input.DelayMs); err != nil {
+			return EmailOutput{}, err
+		}
+		out, err := send(ctx, js, c)
+		if err != nil {
+			return EmailOutput{}, err
+		}
+		if err := wait(ctx, c.Input.HoldMs); err != nil {
+			return EmailOutput{}, err
+		}
+		return out, nil
+	})
+}
+
+// refundRecovery is orders.refund's: its reconciler looks the idempotency
+// key up in the refunds bucket, on the stream's leader. It proves absence:
+// a refund is created under its key, create-only, so a lost attempt's late
+// write is refused (and reported as a repeat) whenever it lands.
+func refundRecovery(js jetstream.JetStream) executor.Recovery[RefundInput, RefundOutput] {
+	return executor.Recovery[RefundInput, RefundOutput]{
+		ProvesAbsence: true,
+		Timeout:       5 * time.Second,
+		Reconcile: func(ctx context.Context, q executor.Reconciliation[RefundInput]) (executor.Reconciled[RefundOutput], error) {
+			m, found, err := lastFromLeader(ctx, js.Conn(), "KV_"+RefundsBucket, "$KV."+RefundsBucket+"."+q.IdempotencyKey)
+			switch {
+			case err != nil:
+				return executor.Reconciled[RefundOutput]{}, err
+			case !found || m.Header.Get("KV-Operation") != "":
+				// Never written, or deleted: no refund under this key.
+				return executor.Reconciled[RefundOutput]{Effect: executor.EffectAbsent}, nil
+			}
+			var in RefundInput
+			if err := envelope.Unmarshal(m.Data, &in); err != nil {
+				return executor.Reconciled[RefundOutput]{}, err
+			}
+			if in != q.Input {
+				// Another refund under this key: not this execution's.
+				return executor.Reconciled[RefundOutput]{}, nil
+			}
+			return executor.Found(RefundOutput{OrderID: in.OrderID, Amount: in.Amount}), nil
+		},
 	}
 }
 
@@ -317,10 +536,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			}
 		})),
 
-		executor.Define("email.send", executor.Meta{
-			Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
-			Expose:      everywhere, SideEffect: executor.SideEffectExternal, Risk: executor.RiskMedium, Tags: []string{"demo"},
-		}, recorded(js, sendEmail(js))),
+		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
@@ -353,6 +569,6 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 					Message: "The refund store is unavailable.", Cause: err}
 			}
 			return RefundOutput{OrderID: c.Input.OrderID, Amount: c.Input.Amount}, nil
-		})),
+		}), executor.WithRecovery(refundRecovery(js))),
 	}
 }

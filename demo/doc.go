@@ -8,10 +8,15 @@
 //
 // Every handler but demo.echo first appends one message to the calls stream
 // (CallsStream), before it does anything else, under a message id of its own
-// call: a second run of the same attempt, which the runtime must never make,
-// shows as a second message there, while the outbox keeps one email per
-// attempt. Crash tests count the calls stream, which outlives the workers
-// they kill. demo.echo records nothing: it is the no-op that benchmarks call.
+// call: a second call, whatever its attempt, shows as a second message there.
+// Crash tests count the calls stream, which outlives the workers they kill.
+// demo.echo records nothing: it is the no-op that benchmarks call.
+//
+// email.send and orders.refund recover a lost attempt (DESIGN §5): email.send
+// records a receipt as soon as its email is in the outbox, and both reconcile
+// by the execution's idempotency key, where their effect lives — the outbox
+// holds at most one email per key (OutboxSubject.<key>, create-only), the
+// refunds bucket one refund per key.
 //
 // Serving the catalog from a worker of your own:
 //

@@ -251,6 +251,7 @@ func (e Envelope) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Int("durationMs", e.DurationMs)
 	f.String("finalizedBy", e.FinalizedBy)
 	f.Time("finalizedAt", e.FinalizedAt)
+	f.Value("recovered", e.Recovered, e.Recovered == nil)
 	return f.Encode(enc)
 }
 

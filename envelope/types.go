@@ -108,6 +108,45 @@ type Envelope struct {
 	DurationMs   int64        `json:"durationMs"`
 	FinalizedBy  string       `json:"finalizedBy,omitempty"`
 	FinalizedAt  time.Time    `json:"finalizedAt"`
+	// Recovered is set when the outcome was not the handler's return but
+	// recovered from the evidence a lost attempt left (DESIGN §5).
+	Recovered *Recovered `json:"recovered,omitempty"`
+}
+
+// How an outcome was recovered.
+const (
+	// RecoveredByReceipt: from the receipt the attempt's handler recorded
+	// after its effect, before its worker was lost or its attempt stopped.
+	RecoveredByReceipt = "receipt"
+	// RecoveredByReconciler: from what the capability's reconciler found
+	// where the effect lives.
+	RecoveredByReconciler = "reconciler"
+)
+
+// Recovered says how a completed outcome was recovered, and of which
+// attempt: the attempt's handler did not return it (its worker was lost, or
+// the attempt was stopped after its effect), but the effect is known to
+// have happened.
+type Recovered struct {
+	// How is RecoveredByReceipt or RecoveredByReconciler.
+	How     string `json:"how"`
+	Attempt int    `json:"attempt,omitempty"`
+}
+
+// ForModel is what a model is told of a recovered outcome, beside the
+// output: that it is the operation's result although the call's worker did
+// not report it, and how that is known. "" for none.
+func (r *Recovered) ForModel() string {
+	if r == nil {
+		return ""
+	}
+	switch r.How {
+	case RecoveredByReceipt:
+		return fmt.Sprintf("The operation took effect (attempt %d). Its worker stopped before reporting the result; this result was recovered from the receipt the operation recorded when its effect happened. Do not call it again to make sure.", r.Attempt)
+	case RecoveredByReconciler:
+		return fmt.Sprintf("The operation took effect (attempt %d). Its worker was lost before reporting the result; this result was recovered by checking the system where the effect lives. Do not call it again to make sure.", r.Attempt)
+	}
+	return fmt.Sprintf("The operation took effect (attempt %d); its result was recovered (%s) after its worker stopped.", r.Attempt, r.How)
 }
 
 // DecodeEnvelope decodes an envelope record.

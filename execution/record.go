@@ -24,6 +24,10 @@ const (
 	// A record may also still say running beside its envelope, which is the
 	// proof of the end (Client.Status reads them together).
 	StateFinalized State = "finalized"
+	// StateReconciling: a takeover asks the capability's reconciler whether
+	// the lost attempt (Attempt) took effect, under its claim and lease as an
+	// attempt runs (DESIGN §5, receipts and reconcilers).
+	StateReconciling State = "reconciling"
 )
 
 // Record is an execution's one record in the executions bucket, changed only
@@ -76,6 +80,20 @@ type Record struct {
 	// written.
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
+
+	// Receipts and reconcilers (DESIGN §5). Receipt is the evidence attempt
+	// ReceiptAttempt recorded of its effect, at ReceiptAt, written by that
+	// attempt's claim (a lost lease cannot write it): a takeover of the
+	// attempt finalizes completed from it. A new attempt clears it.
+	Receipt        envelope.Raw `json:"receipt,omitempty"`
+	ReceiptAttempt int          `json:"receiptAttempt,omitempty"`
+	ReceiptAt      time.Time    `json:"receiptAt,omitzero"`
+	// Reconciliations counts the reconciliations started for Attempt: those
+	// lost with their workers are bounded.
+	Reconciliations int `json:"reconciliations,omitempty"`
+	// Reattempts counts the attempts started because a reconciler proved the
+	// effect of the one before absent: bounded by the capability.
+	Reattempts int `json:"reattempts,omitempty"`
 }
 
 // InFlight reports whether the record is of an execution that may still
@@ -125,5 +143,10 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("cause", r.Cause)
 	f.Time("createdAt", r.CreatedAt)
 	f.Time("updatedAt", r.UpdatedAt)
+	f.Raw("receipt", r.Receipt)
+	f.Int("receiptAttempt", int64(r.ReceiptAttempt))
+	f.Time("receiptAt", r.ReceiptAt)
+	f.Int("reconciliations", int64(r.Reconciliations))
+	f.Int("reattempts", int64(r.Reattempts))
 	return f.Encode(enc)
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
 )
 
@@ -39,6 +40,9 @@ type Call[In any] struct {
 	// Logger is the worker's logger with the execution's id, capability and
 	// attempt attached.
 	Logger *slog.Logger
+
+	// receipts records the attempt's receipts (Receipt).
+	receipts engine.Receipts
 }
 
 // ApprovalGrant tells a handler which approval authorized it, and who decided.
@@ -92,6 +96,7 @@ type callInfo struct {
 	correlationID  string
 	approval       *ApprovalGrant
 	logger         *slog.Logger
+	receipts       engine.Receipts
 }
 
 // binding is a capability with its types erased, as the pipeline drives it.
@@ -111,6 +116,14 @@ type binding struct {
 	checkOutput func(out any) (any, error)
 	// invoke calls the handler with a decoded input.
 	invoke func(ctx context.Context, ci callInfo, in any) (any, error)
+
+	// Recovery (WithRecovery, DESIGN §5): what the engine is told, how a
+	// receipt becomes the output, the reconciler (nil: none), and what is
+	// wrong with the declaration, for NewRegistry.
+	recovery         engine.Recovery
+	fromReceipt      func(ctx context.Context, n int, receipt envelope.Raw) (any, error)
+	reconcile        func(ctx context.Context, ci callInfo, in any) engine.Reconciliation
+	recoveryProblems []string
 }
 
 type definition[In, Out any] struct{ b binding }
@@ -120,9 +133,10 @@ func (d *definition[In, Out]) Meta() Meta        { return d.b.meta }
 func (d *definition[In, Out]) binding() *binding { return &d.b }
 func (d *definition[In, Out]) String() string    { return "capability " + d.b.id }
 
-// Define makes a typed capability. Nothing is checked here: NewRegistry checks
-// every capability at once and reports all problems together.
-func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
+// Define makes a typed capability; opts add what metadata does not say
+// (WithRecovery). Nothing is checked here: NewRegistry checks every
+// capability at once and reports all problems together.
+func Define[In, Out any](id string, meta Meta, h Handler[In, Out], opts ...Option[In, Out]) Capability {
 	d := &definition[In, Out]{}
 	inShape := inputcheck.ShapeOf(reflect.TypeFor[In]())
 	d.b = binding{
@@ -160,11 +174,23 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out]) Capability {
 				CorrelationID:  ci.correlationID,
 				Approval:       ci.approval,
 				Logger:         ci.logger,
+				receipts:       ci.receipts,
 			})
+		},
+		fromReceipt: func(_ context.Context, _ int, raw envelope.Raw) (any, error) {
+			// The receipt is the output.
+			var o Out
+			err := raw.Decode(&o)
+			return o, err
 		},
 	}
 	if h == nil {
 		d.b.invoke = nil
+	}
+	for _, o := range opts {
+		if o != nil {
+			o(d)
+		}
 	}
 	return d
 }

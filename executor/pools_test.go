@@ -129,7 +129,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 			t.Fatalf("email %s after its pool came back: %+v, err %v", id, e, err)
 		}
 	}
-	sent := outboxByExecution(t, ctx, js)
+	sent, _ := outboxByExecution(t, ctx, js)
 	for _, id := range emailIDs {
 		if sent[id] != 1 {
 			t.Fatalf("email %s sent %d times, want 1", id, sent[id])

@@ -117,6 +117,7 @@ func validate(b *binding) []string {
 	if b.inType != nil && b.inType.Kind() == 0 {
 		p = append(p, "input type is invalid")
 	}
+	p = append(p, b.recoveryProblems...)
 	return p
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -123,12 +124,22 @@ func (a *admission) Started(attempt int) map[string]any {
 
 // Work is stage 11's call of the handler, with the validated input.
 func (a *admission) Work(ctx context.Context, at engine.Attempt) (any, error) {
-	return a.b.invoke(ctx, callInfo{
+	ci := a.callInfo(at.N, at.Logger)
+	ci.receipts = at.Receipts
+	return a.b.invoke(ctx, ci, a.input)
+}
+
+// callInfo is what a handler (or a reconciler) is told of attempt n.
+func (a *admission) callInfo(n int, logger *slog.Logger) callInfo {
+	if logger == nil {
+		logger = a.w.log.With("executionId", a.req.ExecutionID, "capabilityId", a.req.CapabilityID, "attempt", n)
+	}
+	return callInfo{
 		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
-		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: at.N,
+		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: n,
 		actor: a.req.Actor, surface: Surface(a.req.Surface), correlationID: a.req.CorrelationID,
-		approval: a.grant, logger: at.Logger,
-	}, a.input)
+		approval: a.grant, logger: logger,
+	}
 }
 
 // Output is stages 12 and 13: validation, redaction, encoding. Nothing of

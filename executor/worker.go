@@ -130,6 +130,9 @@ type WorkerStats struct {
 	NotStarted, Swept uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
+	// Recovered counts executions finalized completed from a lost or
+	// stopped attempt's receipt, or its reconciler's finding (DESIGN §5).
+	Recovered uint64
 }
 
 // Worker serves one pool: it pulls requests for its registry's capabilities
@@ -202,7 +205,8 @@ func (w *Worker) ID() string { return w.cfg.ID }
 func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
-		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted}
+		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
+		Recovered: r.Recovered}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}

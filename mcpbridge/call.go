@@ -158,7 +158,8 @@ func refused(id string, ce *envelope.CapabilityError) *envelope.Envelope {
 }
 
 // resultOf renders an envelope for the model: the output of a completed
-// execution as structured content and JSON text; only ForModel() of a failed
+// execution as structured content and JSON text (and, when it was recovered
+// from a lost attempt, what Recovered.ForModel says of it); only ForModel() of a failed
 // or cancelled one; what is pending, why, and what to do next for one that
 // needs an approval.
 func resultOf(env *envelope.Envelope) *mcp.CallToolResult {
@@ -166,7 +167,14 @@ func resultOf(env *envelope.Envelope) *mcp.CallToolResult {
 	switch env.Status {
 	case envelope.StatusCompleted:
 		text, structured := outputOf(env.Output)
-		return &mcp.CallToolResult{Meta: meta, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: structured}
+		content := []mcp.Content{&mcp.TextContent{Text: text}}
+		if r := env.Recovered; r != nil {
+			// The outcome was recovered from a lost attempt (DESIGN §5): the
+			// model is told so, lest it call again to make sure.
+			meta[metaKey+"recovered"] = r.How
+			content = append(content, &mcp.TextContent{Text: r.ForModel()})
+		}
+		return &mcp.CallToolResult{Meta: meta, Content: content, StructuredContent: structured}
 	case envelope.StatusApprovalRequired:
 		return approvalResult(env, meta)
 	default:

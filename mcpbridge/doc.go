@@ -31,7 +31,9 @@
 //
 //   - tools/call is one execution, submitted with the actor asserted and
 //     awaited: completed answers the output as structured content (an object
-//     as is, anything else as {"result": ...}) and JSON text; failed and
+//     as is, anything else as {"result": ...}) and JSON text (and, for an
+//     outcome recovered from a lost attempt, what Recovered.ForModel says,
+//     with _meta capstan/recovered); failed and
 //     cancelled answer isError with ForModel() only, never a private cause;
 //     approval-required answers what is pending, why, and the approval id.
 //     Once someone else approved it, the same call again (or the tool

@@ -28,12 +28,14 @@ type Delivery struct {
 // Stage names of the steps a worker reports with [Execution.Stage]: each one
 // waits on the store.
 const (
-	StageClaim    = "claim"    // the execution record's create or takeover
-	StagePolicies = "policies" // one phase's policies, when there are any (they may call out)
-	StageApproval = "approval" // the approval gate: create, read or consume an approval
-	StageStart    = "start"    // the record's running{n} write before attempt n (a short path's claim is that write)
-	StageAudit    = "audit"    // a strict-mode capability.started stored before the handler
-	StageFinalize = "finalize" // the envelope's create and the record's last update
+	StageClaim     = "claim"     // the execution record's create or takeover
+	StagePolicies  = "policies"  // one phase's policies, when there are any (they may call out)
+	StageApproval  = "approval"  // the approval gate: create, read or consume an approval
+	StageStart     = "start"     // the record's running{n} write before attempt n (a short path's claim is that write)
+	StageAudit     = "audit"     // a strict-mode capability.started stored before the handler
+	StageFinalize  = "finalize"  // the envelope's create and the record's last update
+	StageReceipt   = "receipt"   // a handler's receipt, written on the record by compare-and-swap
+	StageReconcile = "reconcile" // a capability's reconciler asked whether a lost attempt took effect
 )
 
 // Worker is told what a worker does. See the package comment.

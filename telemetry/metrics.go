@@ -21,6 +21,7 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
 	outcomeUnknown *prometheus.CounterVec
+	recovered      *prometheus.CounterVec
 	auditFailures  prometheus.Counter
 	skipped        *prometheus.CounterVec
 	handler        *prometheus.HistogramVec
@@ -60,6 +61,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_outcome_unknown_total",
 			Help: "Executions finalized OUTCOME_UNKNOWN: their worker was lost during an attempt that may not be repeated.",
 		}, capPool),
+		recovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_executions_recovered_total",
+			Help: "Executions finalized completed from what a lost or stopped attempt left, by how: its receipt, or its reconciler's finding.",
+		}, []string{"capability", "pool", "how"}),
 		auditFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "capstan_audit_publish_failures_total",
 			Help: "Audit events JetStream did not store.",
@@ -102,7 +107,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Buckets: durationBuckets,
 		}, []string{"capability", "status"}),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.outcomeUnknown, m.auditFailures, m.skipped,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
 	return m
 }

@@ -2,6 +2,7 @@ package telemetry_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -315,5 +316,66 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 		if n != 2 || s < 0 || s > elapsed {
 			t.Errorf("%s: %d observations summing to %v s, want two within the test's %v s", name, n, s, elapsed)
 		}
+	}
+}
+
+// A worker lost after its handler recorded a receipt: its successor takes the
+// execution over and finalizes it completed from the receipt, which the scrape
+// shows as one execution recovered by receipt, and no unknown outcome.
+func TestMetrics_RecoveredCountedByHow(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	ctx := ctxT(t)
+	tel := telemetry.New(telemetry.Options{})
+	holding := make(chan struct{}, 1)
+	send := executor.Define("t.send", executor.Meta{Description: "Records a receipt, then holds until its context ends.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal},
+		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
+			if err := c.Receipt(ctx, echoIn{Hello: "sent"}); err != nil {
+				return echoIn{}, err
+			}
+			holding <- struct{}{}
+			<-ctx.Done()
+			return echoIn{}, ctx.Err()
+		})
+
+	lease := 2 * time.Second
+	leaving := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "leaving", Lease: lease,
+		Grace: 50 * time.Millisecond, Observer: tel}, send)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	id, err := c.Submit(ctx, "t.send", echoIn{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-holding
+	leaving() // gives the lease back: the execution is left running{1}, its receipt recorded
+	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel}, send)
+	e, err := c.Await(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Status != envelope.StatusCompleted || e.Recovered == nil || e.Recovered.How != envelope.RecoveredByReceipt {
+		t.Fatalf("envelope %s %+v recovered %+v, want completed from the receipt", e.Status, e.Error, e.Recovered)
+	}
+	staying()
+
+	m := scrape(t, tel.Handler())
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"capstan_executions_recovered_total", []string{"capability=t.send", "pool=obs", "how=receipt"}, 1},
+		{"capstan_takeovers_total", []string{"capability=t.send", "pool=obs", "from_state=running"}, 1},
+		{"capstan_executions_finalized_total", []string{"capability=t.send", "pool=obs", "status=completed", "code="}, 1},
+	} {
+		got, ok := value(m, c.name, c.labels...)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	if got := sum(m, "capstan_outcome_unknown_total"); got != 0 {
+		t.Errorf("%v unknown outcomes, want none", got)
 	}
 }

@@ -259,6 +259,9 @@ func (x *execution) Finalized(env *envelope.Envelope) {
 	if env.Error != nil && env.Error.Code == envelope.CodeOutcomeUnknown {
 		x.t.m.outcomeUnknown.WithLabelValues(x.capLabel, x.pool).Inc()
 	}
+	if env.Recovered != nil {
+		x.t.m.recovered.WithLabelValues(x.capLabel, x.pool, env.Recovered.How).Inc()
+	}
 	since := x.start
 	if !x.submitted.IsZero() {
 		since = x.submitted

@@ -342,7 +342,7 @@ func TestCancel_AwaitPrintsCancelledAndExitsOne(t *testing.T) {
 	_, url := startDev(t)
 	id := envelope.NewExecutionID()
 	if _, stderr, code := capstan(t, url, "submit", "email.send", "--id", id,
-		"--input", `{"to":"ada@example.com","subject":"hello","holdMs":60000}`); code != exitOK {
+		"--input", `{"to":"ada@example.com","subject":"hello","delayMs":60000}`); code != exitOK {
 		t.Fatalf("submit: exit %d, stderr %s", code, stderr)
 	}
 	stdout, stderr, code := capstan(t, url, "cancel", id, "--json")

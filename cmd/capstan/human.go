@@ -236,6 +236,9 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 			}
 		}
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
+		if r := env.Recovered; r != nil {
+			f.add(st, "Recovered", recoveredLine(r))
+		}
 		f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
 		f.add(st, "Finalized", stamp(st, env.FinalizedAt)+" by "+env.FinalizedBy)
 		if a := env.Approval; a != nil {
@@ -377,6 +380,17 @@ func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
 // writeEnvelope prints an execution's end for a person: what it was, how it
 // ended, and the output in full (indented JSON), the error with its details,
 // or the approval it waits for and what to do next.
+// recoveredLine says how a recovered outcome is known (DESIGN §5).
+func recoveredLine(r *envelope.Recovered) string {
+	switch r.How {
+	case envelope.RecoveredByReceipt:
+		return fmt.Sprintf("from the receipt attempt %d recorded after its effect (its worker stopped before returning)", r.Attempt)
+	case envelope.RecoveredByReconciler:
+		return fmt.Sprintf("by the reconciler, which found attempt %d's effect (its worker was lost)", r.Attempt)
+	}
+	return fmt.Sprintf("%s, attempt %d", r.How, r.Attempt)
+}
+
 func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	f := newFields(w)
 	f.add(st, "Execution", st.bold(env.ExecutionID))
@@ -400,6 +414,9 @@ func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	}
 	if env.Attempts > 0 {
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
+	}
+	if r := env.Recovered; r != nil {
+		f.add(st, "Recovered", recoveredLine(r))
 	}
 	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
 	if !env.FinalizedAt.IsZero() {

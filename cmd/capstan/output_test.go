@@ -94,6 +94,13 @@ func sampleStatuses() map[string]*executor.ExecutionStatus {
 				Worker: "host-1-ab12", LeaseUntil: at(25 * time.Second), StartedAt: at(-5 * time.Second), CancelRequested: true,
 				CreatedAt: at(-5 * time.Second)},
 		},
+		"recovered": {
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
+				Worker: "host-1-ab12", CreatedAt: at(-3 * time.Minute)},
+			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "email.send", Status: envelope.StatusCompleted,
+				Output: out, Attempts: 1, DurationMs: 31020, FinalizedBy: "host-2-cd34", FinalizedAt: at(-150 * time.Second),
+				Recovered: &envelope.Recovered{How: envelope.RecoveredByReceipt, Attempt: 1}},
+		},
 		"approval-required": {
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "orders.refund", Status: envelope.StatusApprovalRequired,
 				Approval: &envelope.ApprovalRef{ID: "0197d2a0-0000-7000-8000-000000000001", Reasons: []string{"amount above 500"},
@@ -130,6 +137,9 @@ func sampleTrail() []audit.Event {
 		ev(5, audit.Retried, map[string]any{"attempt": 2, "previousErrorCode": "EXECUTION_FAILED"}),
 		ev(257, audit.Started, map[string]any{"attempt": 2}),
 		ev(260, audit.Completed, map[string]any{"attempts": 2, "durationMs": 260}),
+		ev(400, audit.ReceiptRecorded, map[string]any{"attempt": 1, "receiptHash": "5f2b0e1c", "bytes": 18}),
+		ev(500, audit.Reconciled, map[string]any{"attempt": 1, "verdict": "found", "provesAbsence": true, "durationMs": 3}),
+		ev(501, audit.Completed, map[string]any{"attempts": 1, "durationMs": 31020, "recovered": "reconciler", "recoveredAttempt": 1}),
 		ev(900, audit.Denied, map[string]any{"reason": "input-invalid", "publicCode": "INPUT_INVALID",
 			"policyDecisions": []any{map[string]any{"policy": "limits", "stance": "allow"}}}),
 	}
@@ -163,7 +173,7 @@ func TestGolden_HumanOutput(t *testing.T) {
 		})
 		render("status", func(b *bytes.Buffer) {
 			all := sampleStatuses()
-			for i, name := range []string{"completed", "failed", "running", "approval-required"} {
+			for i, name := range []string{"completed", "failed", "running", "approval-required", "recovered"} {
 				if i > 0 {
 					b.WriteString("\n")
 				}

@@ -5,14 +5,15 @@
 // with it instead.
 //
 // A tool's execute is one governed call. What it returns is what a model may
-// see (docs/typescript.md): the output of a completed execution; only
+// see (docs/typescript.md): the output of a completed execution (with how it
+// was known, when it was recovered from a lost attempt); only
 // forModel() of a failure; for an approval, what is pending and what to do
 // next — never the approval itself, which only someone else can grant.
 
 import type { CallOptions, Client, DescribeOptions } from "./client.js";
 import { CapstanError } from "./errors.js";
 import { toJSONValue } from "./json.js";
-import { forModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
+import { forModel, recoveredForModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
 
 /** The schema shape the AI SDK's jsonSchema() returns (Symbol.for("vercel.ai.schema")). */
 export interface SchemaLike {
@@ -146,8 +147,13 @@ async function run(client: Client, options: ToolsOptions, call: (signal: AbortSi
 /** What a model may see of an envelope. */
 export function forTheModel(env: Envelope): unknown {
   switch (env.status) {
-    case "completed":
-      return toJSONValue(env.output) ?? null;
+    case "completed": {
+      const note = recoveredForModel(env);
+      if (note === undefined) return toJSONValue(env.output) ?? null;
+      // Recovered from a lost attempt (docs/design.md §5): the model is told
+      // so, lest it call again to make sure.
+      return { status: "completed", executionId: env.executionId, output: toJSONValue(env.output) ?? null, recovered: env.recovered?.how, note };
+    }
     case "approval-required": {
       const a = env.approval;
       const types = a?.types !== undefined && a.types.length > 0 ? `approval types ${a.types.join(", ")}` : "any approver";

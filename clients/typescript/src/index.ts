@@ -36,6 +36,7 @@ export { anonymous } from "./names.js";
 export {
   executionIdTime,
   forModel,
+  recoveredForModel,
   newExecutionId,
   type Actor,
   type Approval,
@@ -49,6 +50,7 @@ export {
   type ErrorCode,
   type ExecutionRecord,
   type ModelError,
+  type Recovered,
   type Scope,
   type State,
   type Status,

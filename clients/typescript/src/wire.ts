@@ -101,10 +101,23 @@ export interface Envelope {
   durationMs: number;
   finalizedBy?: string;
   finalizedAt?: string;
+  /** Set when the outcome was recovered from a lost attempt (docs/design.md §5). */
+  recovered?: Recovered;
+}
+
+/**
+ * How a completed outcome was recovered, and of which attempt: its handler
+ * did not return it (its worker was lost, or the attempt was stopped after
+ * its effect), but the effect is known to have happened.
+ */
+export interface Recovered {
+  /** "receipt": from the receipt the attempt recorded; "reconciler": what the capability's reconciler found. */
+  how: "receipt" | "reconciler" | (string & {});
+  attempt?: number;
 }
 
 /** An execution record's state (docs/design.md §5). */
-export type State = "pending" | "claimed" | "running" | "backoff" | "finalized" | (string & {});
+export type State = "pending" | "claimed" | "running" | "backoff" | "reconciling" | "finalized" | (string & {});
 
 /** An execution's record in the executions bucket. */
 export interface ExecutionRecord {
@@ -128,6 +141,14 @@ export interface ExecutionRecord {
   cause?: string;
   createdAt?: string;
   updatedAt?: string;
+  /** The evidence attempt receiptAttempt recorded of its effect (Go's Call.Receipt). */
+  receipt?: unknown;
+  receiptAttempt?: number;
+  receiptAt?: string;
+  /** Reconciliations started for the attempt (those lost with their workers are bounded). */
+  reconciliations?: number;
+  /** Attempts started because a reconciler proved the one before took no effect. */
+  reattempts?: number;
 }
 
 /** A capability as the catalog and describe show it. */
@@ -321,6 +342,11 @@ const approvalRefSchema: Schema = [
   ["expiresAt", time],
 ];
 
+const recoveredSchema: Schema = [
+  ["how", str, ""],
+  ["attempt", int],
+];
+
 export const envelopeSchema: Schema = [
   ["v", int, 0],
   ["executionId", str, ""],
@@ -333,6 +359,7 @@ export const envelopeSchema: Schema = [
   ["durationMs", int, 0],
   ["finalizedBy", str],
   ["finalizedAt", time],
+  ["recovered", { t: "rec", s: recoveredSchema, ptr: true }],
 ];
 
 export const recordSchema: Schema = [
@@ -356,6 +383,11 @@ export const recordSchema: Schema = [
   ["cause", str],
   ["createdAt", time],
   ["updatedAt", time],
+  ["receipt", raw],
+  ["receiptAttempt", int],
+  ["receiptAt", time],
+  ["reconciliations", int],
+  ["reattempts", int],
 ];
 
 export const descriptorSchema: Schema = [
@@ -856,4 +888,23 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
   if (e.code === "INPUT_INVALID" && e.details !== undefined) m.details = e.details;
   return m;
+}
+
+/**
+ * What a model is told of a recovered outcome, beside the output, as Go's
+ * Recovered.ForModel: that the operation took effect although its worker did
+ * not report it, and how that is known. Undefined for an outcome that was
+ * not recovered.
+ */
+export function recoveredForModel(env: Pick<Envelope, "recovered">): string | undefined {
+  const r = env.recovered;
+  if (r === undefined) return undefined;
+  const n = r.attempt ?? 0;
+  switch (r.how) {
+    case "receipt":
+      return `The operation took effect (attempt ${n}). Its worker stopped before reporting the result; this result was recovered from the receipt the operation recorded when its effect happened. Do not call it again to make sure.`;
+    case "reconciler":
+      return `The operation took effect (attempt ${n}). Its worker was lost before reporting the result; this result was recovered by checking the system where the effect lives. Do not call it again to make sure.`;
+  }
+  return `The operation took effect (attempt ${n}); its result was recovered (${r.how}) after its worker stopped.`;
 }

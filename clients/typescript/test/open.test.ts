@@ -177,7 +177,7 @@ describe("duplicate ids", () => {
 
 describe("cancel and abort", () => {
   test("cancel stops a running call: it ends cancelled", async () => {
-    const id = await c.submit("email.send", { to: "ada@example.com", subject: "slow", holdMs: 30_000 });
+    const id = await c.submit("email.send", { to: "ada@example.com", subject: "slow", delayMs: 30_000 });
     const r = await c.cancel(id);
     assert.equal(r.executionId, id);
     assert.notEqual(r.finalized, true);
@@ -211,7 +211,7 @@ describe("cancel and abort", () => {
 
   test("cancelOnAbort cancels the execution too", async () => {
     const ac = new AbortController();
-    const call = c.call("email.send", { to: "ada@example.com", subject: "abort me", holdMs: 30_000 }, { signal: ac.signal, cancelOnAbort: true });
+    const call = c.call("email.send", { to: "ada@example.com", subject: "abort me", delayMs: 30_000 }, { signal: ac.signal, cancelOnAbort: true });
     setTimeout(() => { ac.abort(); }, 300);
     const err = (await call.catch((e: unknown) => e)) as CapstanError;
     assert.equal(err.code, "ABORTED");
@@ -369,7 +369,7 @@ describe("AI SDK tools", () => {
   test("the model's abort cancels the execution", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     const ac = new AbortController();
-    const run = tools.email_send?.execute({ to: "x@example.com", subject: "abort", holdMs: 30_000 }, { abortSignal: ac.signal });
+    const run = tools.email_send?.execute({ to: "x@example.com", subject: "abort", delayMs: 30_000 }, { abortSignal: ac.signal });
     setTimeout(() => { ac.abort(); }, 300);
     const err = (await run?.catch((e: unknown) => e)) as CapstanError;
     assert.equal(err.code, "ABORTED");

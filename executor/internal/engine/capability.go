@@ -35,6 +35,27 @@ type Definition interface {
 	// Retry is the retry rule (SI-11, DESIGN §6): whether attempt n, which
 	// failed with err, may be followed by attempt n+1, and after what pause.
 	Retry(n int, err *envelope.CapabilityError) (backoff time.Duration, ok bool)
+	// Recovery is what the capability declares for an attempt whose
+	// outcome was lost: its reconciler, if any (DESIGN §5).
+	Recovery() Recovery
+}
+
+// Recovery is what a capability declares for an attempt whose outcome was
+// lost with its worker (DESIGN §5, receipts and reconcilers). The zero
+// value declares no reconciler: a lost attempt that left no receipt is
+// decided as it always was.
+type Recovery struct {
+	// Reconciles: the capability has a reconciler (WorkUnit.Reconcile).
+	Reconciles bool
+	// ProvesAbsence: its reconciler's Absent is authoritative — the system
+	// where the effect lives says it did not happen, and folds any late
+	// effect of the lost attempt into a new one under the same idempotency
+	// key. Only then may a new attempt of work that is not retried run.
+	ProvesAbsence bool
+	// MaxReattempts bounds the attempts a proof of absence may start.
+	MaxReattempts int
+	// Timeout bounds one reconciliation.
+	Timeout time.Duration
 }
 
 // Request is what the stages see of one execution.
@@ -101,6 +122,51 @@ type WorkUnit interface {
 	// an attempt returned. Nothing of an output that fails them leaves the
 	// worker.
 	Output(out any) (envelope.Raw, *envelope.CapabilityError)
+	// FromReceipt is the output attempt n's receipt stands for, before
+	// stages 12 and 13 (the receipt itself, or what the capability makes of
+	// it).
+	FromReceipt(ctx context.Context, n int, receipt envelope.Raw) (any, error)
+	// Reconcile asks the capability's reconciler whether attempt n took
+	// effect, under ctx (the reconciliation's timeout, the execution's
+	// cancel). Only called when Recovery().Reconciles.
+	Reconcile(ctx context.Context, n int) Reconciliation
+}
+
+// Verdict is a reconciler's answer, as the takeover table reads it.
+type Verdict int
+
+// Reconcilers' answers.
+const (
+	// NotAsked: no reconciler was asked about the attempt (yet).
+	NotAsked Verdict = iota
+	// Found: the effect happened; Reconciliation.Output is the output.
+	Found
+	// Absent: the effect did not happen (authoritative only where the
+	// capability declares Recovery.ProvesAbsence).
+	Absent
+	// Inconclusive: the reconciler could not tell (it said so, failed,
+	// panicked or ran out of time).
+	Inconclusive
+)
+
+var verdictNames = [...]string{"not-asked", "found", "absent", "unknown"}
+
+// String names the verdict as the trail does.
+func (v Verdict) String() string {
+	if v >= 0 && int(v) < len(verdictNames) {
+		return verdictNames[v]
+	}
+	return "?"
+}
+
+// Reconciliation is what a reconciler answered.
+type Reconciliation struct {
+	Verdict Verdict
+	// Output is Found's output, before stages 12 and 13.
+	Output any
+	// Err is why an Inconclusive answer is one (its error, a panic), for the
+	// logs: never on the trail or the envelope.
+	Err error
 }
 
 // Attempt is one call of a handler.
@@ -108,4 +174,19 @@ type Attempt struct {
 	// N counts from 1; takeovers after a lost worker count too.
 	N      int
 	Logger *slog.Logger
+	// Receipts records the evidence the attempt reports of its effect
+	// (DESIGN §5): the port through which a handler's call.Receipt reaches
+	// the execution's record, under the attempt's claim.
+	Receipts Receipts
+}
+
+// Receipts records what an attempt's handler reports of its effect. It is
+// the engine's, handed down with the attempt as its context is; the
+// capability side only passes it on to the handler.
+type Receipts interface {
+	// RecordReceipt stores receipt as attempt n's evidence on the
+	// execution's record, by compare-and-swap under the attempt's claim. It
+	// fails (ErrReceiptRefused) once the attempt has ended, its lease was
+	// lost, or the store did not answer.
+	RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error
 }

@@ -37,15 +37,18 @@
 // lease keeper read. The sweeper (package sweeper) ends the requests no
 // worker is given, through Runner.EndUnrun, RestoreEnvelope and EndTaken.
 //
-// Where what comes next fits: evidence an attempt records of its effect is a
-// field of the Record, written by the claim's compare-and-swap (a lost lease
-// cannot write it), and a row of the takeover table ends a takeover that
-// finds it; asking a capability what happened to an attempt that may have
-// run is an action of the table, carried out under the claim and its lease
-// as an attempt is; a limit that makes a request wait is an Admission the
-// engine carries out (a delay, or a refusal); what an attempt reports of its
-// progress rides the lease keeper's renewal. Each is a case of a table and a
-// row of its test, and a field or a method of the seam.
+// recover.go carries out the receipts and reconcilers of DESIGN §5: a
+// receipt is a field of the Record, written by the claim's compare-and-swap
+// (a lost lease cannot write it), and a row of the takeover table ends a
+// takeover that finds it (Recover); asking a capability what happened to an
+// attempt that may have run is an action of the table (Reconcile), carried
+// out under the claim and its lease as an attempt is, whose answer the table
+// decides again (Facts.Reconciled).
+//
+// Where what comes next fits: a limit that makes a request wait is an
+// Admission the engine carries out (a delay, or a refusal); what an attempt
+// reports of its progress rides the lease keeper's renewal. Each is a case of
+// a table and a row of its test, and a field or a method of the seam.
 //
 // Config.Observer (package observe) is told of each delivery from its start
 // to its end: the claim, the stages that wait on I/O, each attempt, a

@@ -59,6 +59,15 @@ type Execution struct {
 	// another claim's, or a cancel's. The takeover table decides from it.
 	found    *Record
 	foundRev uint64
+
+	// receiptOpen is the attempt whose handler may record a receipt (0:
+	// none), changed under receiptMu, which a receipt's write holds: an
+	// attempt's end waits for a receipt being written (DESIGN §5).
+	receiptMu   sync.Mutex
+	receiptOpen int
+	// retryReason is why the next attempt starts when it is not the retry
+	// rule (ReasonReconciledAbsent): audited, and counted on the record.
+	retryReason string
 }
 
 // bare is an execution of req, delivered by msg (nil: none) under
@@ -166,38 +175,45 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	}
 	// 3–9 ran before any attempt started; a takeover of a running execution
 	// only needs the input back, and the approval it consumed.
-	var adm Admission
-	if fromAttempt == 0 {
-		adm = c.Admit(e.ctx, e.request())
-	} else {
-		adm = c.Readmit(e.ctx, e.request())
-	}
-	for _, ev := range adm.Events {
-		e.emit(ev.Type, ev.Data)
-	}
-	switch {
-	case adm.Stopped:
-		e.endByContext(0)
-		return
-	case adm.Refusal != nil:
-		attempts := 0
-		if fromAttempt > 0 {
-			attempts = e.claim.record().Attempt
+	// (A reconciliation readmitted it already.)
+	if e.unit == nil {
+		var adm Admission
+		if fromAttempt == 0 {
+			adm = c.Admit(e.ctx, e.request())
+		} else {
+			adm = c.Readmit(e.ctx, e.request())
 		}
-		e.finalize(failed(adm.Refusal), attempts)
-		return
-	case adm.Approval != nil:
-		e.awaitApproval(adm.Approval)
-		return
+		for _, ev := range adm.Events {
+			e.emit(ev.Type, ev.Data)
+		}
+		switch {
+		case adm.Stopped:
+			e.endByContext(0)
+			return
+		case adm.Refusal != nil:
+			attempts := 0
+			if fromAttempt > 0 {
+				attempts = e.claim.record().Attempt
+			}
+			e.finalize(failed(adm.Refusal), attempts)
+			return
+		case adm.Approval != nil:
+			e.awaitApproval(adm.Approval)
+			return
+		}
+		e.unit = adm.Unit
 	}
-	e.unit = adm.Unit
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt
 	if attempt == 0 {
 		attempt = 1
 	} else {
-		e.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)})
+		data := map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)}
+		if e.retryReason != "" {
+			data["reason"] = e.retryReason
+		}
+		e.emit(audit.Retried, data)
 		e.obs.Retried(attempt, prevCode)
 	}
 	for {
@@ -216,11 +232,18 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			e.lease.start()
 		} else {
 			endStart := e.stage(observe.StageStart)
+			reattempt := e.retryReason == ReasonReconciledAbsent
 			err := e.claim.update(func(r *Record) {
 				now := e.r.now().UTC()
 				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
 				r.LeaseUntil = now.Add(e.r.cfg.Lease) // a full lease for the attempt that starts
+				// What a lost attempt before it left is its own.
+				r.Receipt, r.ReceiptAttempt, r.ReceiptAt, r.Reconciliations = nil, 0, time.Time{}, 0
+				if reattempt {
+					r.Reattempts++
+				}
 			})
+			e.retryReason = ""
 			endStart(err)
 			if err != nil {
 				e.endByRecord(err, attempt-1)
@@ -247,7 +270,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			e.trail.flushSoon()
 		}
 
-		out, cerr := e.attempt(attempt, c.Timeout())
+		out, cerr, receipt := e.attempt(attempt, c.Timeout())
 		if cerr == nil {
 			// 12–13: the output's validation, redaction and encoding.
 			raw, oerr := e.unit.Output(out)
@@ -264,6 +287,11 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			return
 		case errors.Is(cause, errShutdown):
 			e.release()
+			return
+		case receipt != nil && stoppedByRuntime(cerr):
+			// Stopped (its timeout, the caller's cancel) after it recorded
+			// that its effect happened: it completed (DESIGN §5).
+			e.recover(envelope.RecoveredByReceipt, attempt, receipt, nil)
 			return
 		case e.ctx.Err() != nil:
 			e.endByContext(attempt)
@@ -299,9 +327,24 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	}
 }
 
+// stoppedByRuntime reports whether an attempt's failure is the runtime
+// stopping it (its timeout, the caller's cancel or deadline) rather than
+// the handler's own answer.
+func stoppedByRuntime(cerr *envelope.CapabilityError) bool {
+	return cerr.Stage == envelope.StageTimeout || cerr.Stage == envelope.StageCancelation
+}
+
 // attempt calls the handler once under the attempt's timeout. After a timeout
-// or a cancel it neither waits for nor uses the handler's output.
-func (e *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
+// or a cancel it neither waits for nor uses the handler's output. It returns
+// the receipt the attempt recorded, if any, once no more may be.
+func (e *Execution) attempt(n int, timeout time.Duration) (_ any, _ *envelope.CapabilityError, receipt envelope.Raw) {
+	e.openReceipts(n)
+	out, cerr := e.call(n, timeout)
+	return out, cerr, e.closeReceipts(n)
+}
+
+// call is attempt's call of the handler.
+func (e *Execution) call(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
 	ctx, cancel := context.WithTimeoutCause(e.ctx, timeout, errAttemptTimeout)
 	defer cancel()
 	ctx, end := e.obs.Attempt(ctx, n)
@@ -318,7 +361,8 @@ func (e *Execution) attempt(n int, timeout time.Duration) (_ any, cerr *envelope
 	}
 	ch := make(chan result, 1)
 	e.r.handlerCalls.Add(1)
-	a := Attempt{N: n, Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n)}
+	a := Attempt{N: n, Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
+		Receipts: e}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {

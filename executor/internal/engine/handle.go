@@ -264,6 +264,7 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	if c := e.cap; c != nil {
 		f.Timeout = c.Timeout()
 		f.Retry = func(n int) bool { _, ok := c.Retry(n, lostWorker); return ok }
+		f.Recovery = c.Recovery()
 	}
 	f.IDExpired = func() bool {
 		made, ok := envelope.ExecutionIDTime(e.req.ExecutionID)
@@ -327,6 +328,12 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 			r.State = StateClaimed
 			claimedFor(r, e.req, e.inputHash)
 		}
+		if a.Do == Reconcile {
+			// Held as reconciling{n}: a worker lost while it asks is taken
+			// over like one lost during an attempt (DESIGN §5).
+			r.State = StateReconciling
+			r.Reconciliations++
+		}
 	})
 	endClaim(err)
 	if err != nil && !errors.Is(err, errCancelRequested) {
@@ -346,7 +353,12 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	switch a = a.AfterTakeover(e.claim.held()); a.Do {
 	case Cancel:
 		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
+	case Recover:
+		e.recoverTaken(a.Attempts)
+	case Reconcile:
+		e.reconcile(a.Attempts)
 	case Retry:
+		e.retryReason = a.Reason
 		e.run(false, a.Attempts, envelope.CodeWorkerLost)
 	case Fail:
 		e.finalize(afterRun(a.Err), a.Attempts)

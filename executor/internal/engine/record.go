@@ -26,7 +26,29 @@ const (
 	StateRunning   = execution.StateRunning
 	StateBackoff   = execution.StateBackoff
 	StateFinalized = execution.StateFinalized
+	// StateReconciling: a takeover asks the capability's reconciler whether
+	// the lost attempt took effect (DESIGN §5, receipts and reconcilers).
+	StateReconciling = execution.StateReconciling
 )
+
+// receiptOf returns the receipt attempt n recorded in r, nil when it
+// recorded none (or the record is of another attempt).
+func receiptOf(r *Record, n int) envelope.Raw {
+	if n == 0 || r.ReceiptAttempt != n || len(r.Receipt) == 0 {
+		return nil
+	}
+	return r.Receipt
+}
+
+// lostReceipt returns the receipt of the attempt a takeover finds lost in
+// r: an attempt that was running (its handler may have returned nothing)
+// and recorded one.
+func lostReceipt(r *Record) envelope.Raw {
+	if r.State != StateRunning {
+		return nil
+	}
+	return receiptOf(r, r.Attempt)
+}
 
 // conflict names the first field in which req, whose input hashes to
 // inputHash, differs from the request the record was claimed for, or

@@ -55,6 +55,9 @@ type Stats struct {
 	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
 	// NotStarted counts requests this worker ended NOT_STARTED.
 	NotStarted uint64
+	// Recovered counts executions this worker finalized completed from a
+	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
+	Recovered uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -83,6 +86,7 @@ type Runner struct {
 	handled, handlerCalls, finalized, conflicts atomic.Uint64
 	abandoned, takenOver, duplicates            atomic.Uint64
 	notStarted                                  atomic.Uint64
+	recovered                                   atomic.Uint64
 
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
@@ -167,7 +171,7 @@ func (r *Runner) Stats() Stats {
 	return Stats{
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
-		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(),
+		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Recovered: r.recovered.Load(),
 	}
 }
 

@@ -136,6 +136,13 @@ type Facts struct {
 	StartDeadline, TTLDeadline time.Time
 	// Now is the time of the decision.
 	Now time.Time
+	// Recovery is what the capability declares for a lost attempt (when
+	// Known): its reconciler, whether it proves absence, the attempts a
+	// proof may start.
+	Recovery Recovery
+	// Reconciled is the reconciler's answer about the record's attempt, once
+	// this delivery asked it (then Claimed is set: it holds the record).
+	Reconciled Verdict
 }
 
 // Do is what the takeover table says to do.
@@ -178,10 +185,17 @@ const (
 	NotStarted
 	// Fail: finalize failed with Err, after a run (Err says how).
 	Fail
+	// Recover: finalize completed from what attempt Attempts left — its
+	// receipt, or what the reconciler found (How).
+	Recover
+	// Reconcile: hold the record as reconciling{Attempts} and ask the
+	// capability's reconciler whether the attempt took effect; its answer
+	// decides again (Facts.Reconciled).
+	Reconcile
 )
 
 var doNames = [...]string{"", "claim", "end-not-started", "duplicate", "restore-envelope", "conflict", "wait",
-	"refuse-expired", "run", "retry", "cancel", "not-found", "not-started", "fail"}
+	"refuse-expired", "run", "retry", "cancel", "not-found", "not-started", "fail", "recover", "reconcile"}
 
 // String names the action, for logs and test failures.
 func (d Do) String() string {
@@ -208,7 +222,22 @@ type Action struct {
 	// (the event's executedBeforeFailure, and a timeout's status).
 	Err      *envelope.CapabilityError
 	AfterRun bool
+	// How is what Recover recovers from (envelope.RecoveredByReceipt,
+	// envelope.RecoveredByReconciler).
+	How string
+	// Reason is why Retry runs another attempt when the retry rule is not
+	// what allows it (ReasonReconciledAbsent).
+	Reason string
 }
+
+// ReasonReconciledAbsent is the reason of an attempt started because the
+// capability's reconciler proved the effect of the lost one absent.
+const ReasonReconciledAbsent = "reconciled-absent"
+
+// maxReconciliations bounds the reconciliations of one attempt lost with
+// their workers: a reconciler that kills its worker every time ends the
+// execution OUTCOME_UNKNOWN instead of taking every worker down.
+const maxReconciliations = 3
 
 // Messages of the OUTCOME_UNKNOWN the table decides.
 const (
@@ -217,6 +246,15 @@ const (
 	// expiredRecordMessage: an execution whose record may have expired
 	// under an attempt.
 	expiredRecordMessage = "An earlier delivery of this operation may have run it under a record that has expired since; it may or may not have taken effect."
+	// inconclusiveMessage: the reconciler could not tell whether the lost
+	// attempt took effect.
+	inconclusiveMessage = "The worker running this operation was lost, and the system where its effect lives could not tell whether it took effect; it may or may not have."
+	// reconciliationsLostMessage: the reconciliations of a lost attempt
+	// were lost with their workers too.
+	reconciliationsLostMessage = "The worker running this operation was lost, and so were the workers asking whether it took effect; it may or may not have."
+	// absentMessage: the reconciler proved that the lost attempt did not
+	// take effect, and no other attempt may start.
+	absentMessage = "The operation did not take effect: its worker was lost before it did, as the system where its effect lives confirms. It was not run again; calling it again is safe."
 )
 
 // Takeover is the takeover table of DESIGN §5.
@@ -225,6 +263,11 @@ func Takeover(f Facts) Action {
 		return noRecord(f)
 	}
 	rec := f.Record
+	if f.Claimed {
+		// This delivery took the record over and holds it: the
+		// reconciler's answer decides.
+		return taken(rec, f)
+	}
 	switch {
 	case f.Envelope == EnvelopeUndecodable:
 		// An envelope is there, whatever it holds: never a new attempt.
@@ -253,12 +296,26 @@ func Takeover(f Facts) Action {
 // taken is what a takeover does with the record it takes: the rows of an
 // expired lease, a cancel, a pending record.
 func taken(rec *Record, f Facts) Action {
+	// Evidence that the lost attempt's effect happened decides first:
+	// whatever else the record says (a cancel came too late to stop it), it
+	// completed.
+	switch {
+	case lostReceipt(rec) != nil && f.Known:
+		return Action{Do: Recover, How: envelope.RecoveredByReceipt, Attempts: rec.Attempt}
+	case f.Reconciled == Found && f.Known && f.Recovery.Reconciles:
+		return Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: rec.Attempt}
+	}
 	if rec.CancelRequested {
 		return Action{Do: Cancel, Attempts: rec.Attempt}
 	}
 	switch rec.State {
-	case StateRunning, StateBackoff:
+	case StateRunning, StateBackoff, StateReconciling:
 		n := rec.Attempt
+		if rec.State != StateBackoff && f.Known && f.Recovery.Reconciles {
+			if a, ok := reconciled(rec, f); ok {
+				return a
+			}
+		}
 		// Past the TTL deadline nothing starts another attempt: its record
 		// would not outlive the request. Without the capability here,
 		// nothing may run it again either.
@@ -273,6 +330,9 @@ func taken(rec *Record, f Facts) Action {
 				last = timeoutError(f.Timeout)
 			}
 			return Action{Do: Fail, Attempts: n, AfterRun: true, Err: last}
+		}
+		if f.Reconciled != NotAsked {
+			return Action{Do: Fail, Attempts: n, AfterRun: true, Err: outcomeUnknown(inconclusiveMessage)}
 		}
 		return Action{Do: Fail, Attempts: n, AfterRun: true, Err: outcomeUnknown(lostWorkerMessage)}
 	}
@@ -290,6 +350,32 @@ func taken(rec *Record, f Facts) Action {
 		return Action{Do: NotFound}
 	}
 	return Action{Do: Run}
+}
+
+// reconciled is the table's rows for a lost attempt of a capability with a
+// reconciler: ask it (once the takeover holds the record), then act on its
+// answer. ok is false where the answer proves nothing: the rows of a lost
+// attempt without a reconciler decide (a retry where the rule allows one,
+// OUTCOME_UNKNOWN otherwise). A new attempt of work the retry rule does not
+// allow runs only on a proof of absence (DESIGN §5, rule A).
+func reconciled(rec *Record, f Facts) (a Action, ok bool) {
+	n := rec.Attempt
+	switch f.Reconciled {
+	case NotAsked:
+		if rec.State == StateReconciling && rec.Reconciliations >= maxReconciliations {
+			return Action{Do: Fail, Attempts: n, AfterRun: true, Err: outcomeUnknown(reconciliationsLostMessage)}, true
+		}
+		return Action{Do: Reconcile, Attempts: n}, true
+	case Absent:
+		if !f.Recovery.ProvesAbsence {
+			return Action{}, false
+		}
+		if rec.Reattempts >= f.Recovery.MaxReattempts || passed(f.TTLDeadline, f.Now) {
+			return Action{Do: Fail, Attempts: n, AfterRun: true, Err: absentError()}, true
+		}
+		return Action{Do: Retry, Attempts: n + 1, Reason: ReasonReconciledAbsent}, true
+	}
+	return Action{}, false
 }
 
 // noRecord is the table's rows for a delivery that found no record: before
@@ -324,9 +410,10 @@ func noRecord(f Facts) Action {
 }
 
 // AfterTakeover is the action once the takeover's compare-and-swap holds
-// taken, the record as written: a cancel recorded meanwhile ends it.
+// taken, the record as written: a cancel recorded meanwhile ends it, unless
+// the lost attempt's receipt says its effect happened.
 func (a Action) AfterTakeover(taken *Record) Action {
-	if taken.CancelRequested && a.Do != Cancel {
+	if taken.CancelRequested && a.Do != Cancel && a.Do != Recover {
 		return Action{Do: Cancel, TakeOver: true, Attempts: taken.Attempt}
 	}
 	return a
@@ -351,6 +438,14 @@ func LostWorkerError() *envelope.CapabilityError { return outcomeUnknown(lostWor
 // ExpiredRecordError is the OUTCOME_UNKNOWN of an execution whose record may
 // have expired under an attempt: it is never said to have not started.
 func ExpiredRecordError() *envelope.CapabilityError { return outcomeUnknown(expiredRecordMessage) }
+
+// absentError is the failure of an execution whose lost attempt a
+// reconciler proved never took effect, when no other attempt may start:
+// retryable, for the caller may safely call again.
+func absentError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler, Retryable: true,
+		ExposeToModel: true, Message: absentMessage}
+}
 
 // timeoutError is the error of an attempt that did not finish within d.
 func timeoutError(d time.Duration) *envelope.CapabilityError {

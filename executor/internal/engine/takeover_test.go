@@ -35,6 +35,19 @@ func TestTakeover(t *testing.T) {
 	write := func(f Facts) Facts { f.Known, f.Retry, f.Timeout = true, deny, 30*time.Second; return f }
 	read := func(f Facts) Facts { f.Known, f.Retry, f.Timeout = true, upTo(2), 5*time.Second; return f }
 	unknown := func(f Facts) Facts { f.Known, f.Retry = false, nil; return f }
+	// reconciling is a write with a reconciler, proving is one whose
+	// reconciler proves absence (two attempts it may start), asked is what
+	// it answered once this delivery held the record.
+	reconciling := func(f Facts) Facts { f = write(f); f.Recovery = Recovery{Reconciles: true}; return f }
+	proving := func(f Facts) Facts {
+		f = write(f)
+		f.Recovery = Recovery{Reconciles: true, ProvesAbsence: true, MaxReattempts: 2}
+		return f
+	}
+	asked := func(v Verdict, f Facts) Facts { f.Claimed, f.Reconciled = true, v; return f }
+	withReceipt := func(n int) func(r *Record) {
+		return func(r *Record) { r.Attempt, r.Receipt, r.ReceiptAttempt = n, envelope.MustRaw("msg-1"), n }
+	}
 	lost := outcomeUnknown(lostWorkerMessage)
 	expiredRecord := outcomeUnknown(expiredRecordMessage)
 
@@ -151,6 +164,81 @@ func TestTakeover(t *testing.T) {
 			write(Facts{Record: record(StateBackoff, attempt(1)), Envelope: EnvelopeAbsent}),
 			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: lost}},
 
+		// Receipts (DESIGN §5): evidence the lost attempt recorded after its
+		// effect.
+		{"an expired running attempt with its receipt: completed from the receipt",
+			write(Facts{Record: record(StateRunning, withReceipt(1)), Envelope: EnvelopeAbsent}),
+			Action{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 1}},
+		{"an expired running attempt with its receipt and a cancel: completed, the cancel came after the effect",
+			write(Facts{Record: record(StateRunning, func(r *Record) { withReceipt(1)(r); r.CancelRequested = true }), Envelope: EnvelopeAbsent}),
+			Action{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 1}},
+		{"an expired running attempt with its receipt, a read allowed a retry: completed, not run again",
+			read(Facts{Record: record(StateRunning, withReceipt(1)), Envelope: EnvelopeAbsent, TTLDeadline: before}),
+			Action{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 1}},
+		{"an expired running attempt with the receipt of an earlier attempt: as without one",
+			write(Facts{Record: record(StateRunning, func(r *Record) { withReceipt(1)(r); r.Attempt = 2 }), Envelope: EnvelopeAbsent}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 2, Err: lost}},
+		{"an expired backoff with a receipt: the failure the handler returned decides",
+			write(Facts{Record: record(StateBackoff, func(r *Record) { withReceipt(1)(r); r.LastError = envelope.CodeExecutionFailed }), Envelope: EnvelopeAbsent}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: &envelope.CapabilityError{Code: envelope.CodeExecutionFailed,
+				Stage: envelope.StageHandler, Retryable: true, Message: "The operation failed."}}},
+		{"an expired running attempt with its receipt, a capability no pool serves: OUTCOME_UNKNOWN (no one to make its output)",
+			unknown(Facts{Record: record(StateRunning, withReceipt(1)), Envelope: EnvelopeAbsent}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: lost}},
+		{"a live lease with a receipt: left to its owner",
+			write(Facts{Record: record(StateRunning, func(r *Record) { withReceipt(1)(r); r.LeaseUntil = live }), Envelope: EnvelopeAbsent}),
+			Action{Do: Wait, Delay: 10*time.Second + 50*time.Millisecond}},
+		// Reconcilers: no receipt, the capability asks where the effect lives.
+		{"an expired running attempt without a receipt, a reconciler: taken over as reconciling and asked",
+			reconciling(Facts{Record: record(StateRunning, attempt(1)), Envelope: EnvelopeAbsent}),
+			Action{Do: Reconcile, TakeOver: true, Attempts: 1}},
+		{"an expired reconciliation (its worker lost while it asked): asked again",
+			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reconciliations = 1, 1 }), Envelope: EnvelopeAbsent}),
+			Action{Do: Reconcile, TakeOver: true, Attempts: 1}},
+		{"an expired reconciliation lost three times: OUTCOME_UNKNOWN",
+			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reconciliations = 1, 3 }), Envelope: EnvelopeAbsent}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: outcomeUnknown(reconciliationsLostMessage)}},
+		{"an expired reconciliation with a cancel: cancelled, never asked",
+			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true }), Envelope: EnvelopeAbsent}),
+			Action{Do: Cancel, TakeOver: true, Attempts: 1}},
+		{"an expired backoff with a reconciler: the failure the handler returned decides, never asked",
+			reconciling(Facts{Record: record(StateBackoff, func(r *Record) { r.Attempt, r.LastError = 1, envelope.CodeExecutionFailed }), Envelope: EnvelopeAbsent}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: &envelope.CapabilityError{Code: envelope.CodeExecutionFailed,
+				Stage: envelope.StageHandler, Retryable: true, Message: "The operation failed."}}},
+		{"an expired running attempt with a reconciler, a capability no pool serves: OUTCOME_UNKNOWN, never asked",
+			unknown(Facts{Record: record(StateRunning, attempt(1)), Envelope: EnvelopeAbsent, Recovery: Recovery{Reconciles: true}}),
+			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: lost}},
+		{"the reconciler found the effect: completed from what it found",
+			reconciling(asked(Found, Facts{Record: record(StateReconciling, attempt(1))})),
+			Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: 1}},
+		{"the reconciler found the effect, a read allowed a retry: completed, not run again",
+			read(asked(Found, Facts{Record: record(StateReconciling, attempt(1)), Recovery: Recovery{Reconciles: true}, TTLDeadline: before})),
+			Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: 1}},
+		{"the reconciler proved the effect absent: attempt n+1 under the same key, audited as such",
+			proving(asked(Absent, Facts{Record: record(StateReconciling, attempt(1)), TTLDeadline: before})),
+			Action{Do: Retry, Attempts: 2, Reason: ReasonReconciledAbsent}},
+		{"the reconciler proved the effect absent, no re-attempt left: failed, retryable (it never took effect)",
+			proving(asked(Absent, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reattempts = 3, 2 })})),
+			Action{Do: Fail, AfterRun: true, Attempts: 3, Err: absentError()}},
+		{"the reconciler proved the effect absent past the TTL deadline: failed, retryable, never run again",
+			proving(asked(Absent, Facts{Record: record(StateReconciling, attempt(1)), TTLDeadline: after})),
+			Action{Do: Fail, AfterRun: true, Attempts: 1, Err: absentError()}},
+		{"the reconciler said absent but cannot prove it, a write: OUTCOME_UNKNOWN, never run again",
+			reconciling(asked(Absent, Facts{Record: record(StateReconciling, attempt(1)), TTLDeadline: before})),
+			Action{Do: Fail, AfterRun: true, Attempts: 1, Err: outcomeUnknown(inconclusiveMessage)}},
+		{"the reconciler could not tell, a write: OUTCOME_UNKNOWN",
+			proving(asked(Inconclusive, Facts{Record: record(StateReconciling, attempt(1)), TTLDeadline: before})),
+			Action{Do: Fail, AfterRun: true, Attempts: 1, Err: outcomeUnknown(inconclusiveMessage)}},
+		{"the reconciler could not tell, a read allowed a retry: attempt n+1 by the retry rule",
+			read(asked(Inconclusive, Facts{Record: record(StateReconciling, attempt(1)), Recovery: Recovery{Reconciles: true}, TTLDeadline: before})),
+			Action{Do: Retry, Attempts: 2}},
+		{"a cancel recorded while the reconciler asked, which found the effect: completed, the cancel came after it",
+			reconciling(asked(Found, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true })})),
+			Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: 1}},
+		{"a cancel recorded while the reconciler asked, which proved absence: cancelled, never run again",
+			proving(asked(Absent, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true })})),
+			Action{Do: Cancel, Attempts: 1}},
+
 		// No record, before any claim.
 		{"no record, which proves nothing started, past the start deadline: NOT_STARTED before any claim",
 			write(Facts{AbsenceProves: true, StartDeadline: after}),
@@ -229,6 +317,12 @@ func TestTakeover_CancelRecordedMeanwhileWins(t *testing.T) {
 			t.Errorf("%s without a cancel: %s, want it unchanged", a.Do, describe(got))
 		}
 	}
+	// A receipt the lost attempt recorded says its effect happened: the
+	// cancel came too late to stop it.
+	recovered := Action{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 2}
+	if got := recovered.AfterTakeover(taken); !sameAction(got, recovered) {
+		t.Errorf("recover after a cancel: %s, want it unchanged", describe(got))
+	}
 }
 
 // The retry rule may run a capability's RetryOn: the table asks it only in
@@ -264,7 +358,7 @@ func TestTakeover_RetryRuleAskedOnlyWhereARowNeedsIt(t *testing.T) {
 
 func sameAction(a, b Action) bool {
 	if a.Do != b.Do || a.TakeOver != b.TakeOver || a.Delay != b.Delay || a.Field != b.Field || a.Attempts != b.Attempts ||
-		a.AfterRun != b.AfterRun || (a.Err == nil) != (b.Err == nil) {
+		a.AfterRun != b.AfterRun || a.How != b.How || a.Reason != b.Reason || (a.Err == nil) != (b.Err == nil) {
 		return false
 	}
 	if a.Err == nil {
@@ -287,6 +381,9 @@ func describe(a Action) string {
 	}
 	if a.Attempts > 0 {
 		s += fmt.Sprintf(" attempts=%d", a.Attempts)
+	}
+	if a.How != "" || a.Reason != "" {
+		s += " " + a.How + a.Reason
 	}
 	if a.Err != nil {
 		s += " " + string(a.Err.Code) + "/" + a.Err.Stage + " " + a.Err.Message

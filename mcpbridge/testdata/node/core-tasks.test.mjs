@@ -81,7 +81,7 @@ test("a failing call is a failed task whose result says why", { skip }, async ()
 
 test("cancelTask stops a running execution; a second cancel is refused", { skip }, async () => {
   const stream = client.experimental.tasks.callToolStream({ name: "email_send",
-    arguments: { to: "ada@example.com", subject: "held", holdMs: 60000 } });
+    arguments: { to: "ada@example.com", subject: "held", delayMs: 60000 } });
   const first = await stream.next();
   assert.equal(first.value.type, "taskCreated");
   const id = first.value.task.taskId;

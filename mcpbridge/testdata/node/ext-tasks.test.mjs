@@ -105,7 +105,7 @@ test("a call that outlasts a second is a durable task, settled by polling", { sk
 });
 
 test("a task is cancelled", { skip }, async () => {
-  const execution = await session.callTool("email_send", { to: "ada@example.com", subject: "held", holdMs: 60000 },
+  const execution = await session.callTool("email_send", { to: "ada@example.com", subject: "held", delayMs: 60000 },
   );
   assert.equal(execution.kind, "task");
   const id = execution.handle.taskId;

@@ -7,8 +7,15 @@
 // promise of the takeover rules from what the store kept: one envelope per
 // execution, a finalized record, at most one handler call per attempt (the
 // demo appends one message per call to its calls stream, before the effect,
-// without deduplication across calls) and per execution of non-idempotent
-// work, kills that hit attempts in flight, and what `capstan status` prints.
+// without deduplication across calls), kills that hit attempts in flight, and
+// what `capstan status` prints. email.send records a receipt once sent and
+// reconciles against the outbox (DESIGN §5): a run fails when more than 1% of
+// its executions end OUTCOME_UNKNOWN, when an attempt after the first ran
+// without a reconciler's proof that the one before took no effect, or when
+// any handler call came after the execution's email was sent (a duplicate
+// send, even where the outbox, keyed on the idempotency key, folded it into
+// the first). TestChaos_LyingReconciler_SeenAsDuplicateSends proves that a
+// reconciler lying "absent" is caught so.
 // Two cases hold DESIGN §13 under kills: workers that share one --id, with
 // every other request stored twice, and a pool whose only worker is killed
 // for good, whose requests must all end NOT_STARTED without running, ended by

@@ -37,6 +37,9 @@ const (
 	envPool         = "CAPSTAN_CHAOS_POOL"
 	envCapabilities = "CAPSTAN_CHAOS_CAPABILITIES"
 	envSweepEvery   = "CAPSTAN_CHAOS_SWEEP_EVERY"
+	// envEmail, set to "lying", makes a worker of the test binary serve an
+	// email.send whose reconciler lies (lying_test.go).
+	envEmail = "CAPSTAN_CHAOS_EMAIL"
 	// envBin names the capstan binary to run; "self" runs the test binary in
 	// the roles above. Unset, TestMain builds one.
 	envBin = "CAPSTAN_CHAOS_BIN"
@@ -139,6 +142,13 @@ func work() int {
 		return 1
 	}
 	caps := demo.Catalog(js)
+	if os.Getenv(envEmail) == "lying" {
+		for i, c := range caps {
+			if c.ID() == "email.send" {
+				caps[i] = lyingEmailSend(js)
+			}
+		}
+	}
 	if ids := os.Getenv(envCapabilities); ids != "" {
 		var some []executor.Capability
 		for _, c := range caps {

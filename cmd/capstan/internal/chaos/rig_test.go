@@ -63,6 +63,9 @@ type rig struct {
 	concurrency int
 	// spec is how startWorker, and so chaos, starts a worker.
 	spec workerSpec
+	// workerEnv is added to every worker's environment; with it, workers
+	// run the test binary (its own worker role), whatever the binary.
+	workerEnv []string
 
 	mu      sync.Mutex
 	server  *proc
@@ -148,6 +151,10 @@ func cliBin() string {
 func (r *rig) spawn(name string, args []string, env ...string) *proc {
 	r.t.Helper()
 	exe := capstanBin()
+	if r.workerEnv != nil && strings.HasPrefix(name, "worker-") {
+		exe = ""
+		env = append(env, r.workerEnv...)
+	}
 	if exe == "" {
 		var err error
 		if exe, err = os.Executable(); err != nil {
