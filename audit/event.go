@@ -11,8 +11,12 @@ import (
 
 // Event types of DESIGN §8.
 const (
-	Requested         = "capability.requested"
-	Denied            = "capability.denied"
+	Requested = "capability.requested"
+	Denied    = "capability.denied"
+	// Limited: a limit of the capability held the call back (DESIGN §17):
+	// data names the limit, its usage, and what the call did (wait, refuse,
+	// approval).
+	Limited           = "capability.limited"
 	ApprovalRequested = "capability.approval_requested"
 	Approved          = "capability.approved"
 	Rejected          = "capability.rejected"

@@ -54,7 +54,8 @@ func (r *rig) streamNames() []string {
 
 func (r *rig) bucketNames() []string {
 	n := r.setup.Names()
-	return []string{n.ExecutionsBucket(), n.EnvelopesBucket(), n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket()}
+	return []string{n.ExecutionsBucket(), n.EnvelopesBucket(), n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket(),
+		n.LimitsBucket()}
 }
 
 func (r *rig) world(t *testing.T) world {
@@ -162,6 +163,10 @@ func (r *rig) newScene(t *testing.T) *scene {
 	for _, id := range []string{sc.aliceDone, hers.ExecutionID} {
 		r.settled(t, "alice", id)
 	}
+	// What ended is acknowledged too: a world read later sees the stream
+	// as it stays (bob's held sends of this scene and earlier ones stay).
+	r.acked(t, "alice")
+	r.acked(t, "bob", sc.bobDone, sc.bobWaiting)
 	return sc
 }
 
@@ -220,6 +225,7 @@ func (r *rig) targets(sc *scene) map[string]string {
 		"bob's grant":                      kv(n.GrantsBucket(), "bob"),
 		"a catalog entry":                  kv(n.CatalogBucket(), "t.echo"),
 		"the pool's entry":                 kv(n.PoolsBucket(), n.PoolConsumer("forge")),
+		"a limit's counter":                kv(n.LimitsBucket(), "c.t.echo"),
 		"bob's trail":                      n.AuditSubject(sc.bobRun),
 		"bob's exec subject":               n.ExecSubject("bob", "t.echo"),
 		"bob's cancel notice":              n.CancelNoticeSubject("bob", sc.bobRun),
@@ -667,7 +673,7 @@ func (r *rig) assertOnlyOwnChanges(t *testing.T, before world, principal string)
 			t.Errorf("%s's doing removed %s", principal, k)
 		}
 	}
-	for _, b := range []string{n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket()} {
+	for _, b := range []string{n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket(), n.LimitsBucket()} {
 		if after.streams["KV_"+b] != before.streams["KV_"+b] {
 			t.Errorf("bucket %s changed: %+v, before %+v", b, after.streams["KV_"+b], before.streams["KV_"+b])
 		}

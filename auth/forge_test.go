@@ -157,6 +157,9 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
 	send := executor.Define("t.send", executor.Meta{
 		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
+		// A held send runs until cancelled: the default 30 s ended it
+		// during a scene on a loaded machine, and the world changed.
+		Timeout: 10 * time.Minute,
 	}, func(ctx context.Context, c executor.Call[Echo]) (string, error) {
 		r.sends.Add(1)
 		if c.Input.Text == "hold" {
@@ -224,30 +227,57 @@ func (r *rig) settled(t *testing.T, principal, id string) {
 	}
 }
 
-// acked waits until no request of principal's is left in the exec stream:
-// the ack of a request follows its envelope, and a world read between them
-// would see the stream shrink.
-func (r *rig) acked(t *testing.T, principal string) {
+// acked waits until the exec stream holds no request of principal's among
+// ids (with no ids: none of principal's at all). The ack of a request
+// follows its envelope, and a world read between them would see the stream
+// shrink.
+func (r *rig) acked(t *testing.T, principal string, ids ...string) {
 	t.Helper()
 	ctx := testCtx(t)
-	n := r.setup.Names()
-	s, err := r.admin.JS.Stream(ctx, n.ExecStream())
-	if err != nil {
-		t.Fatal(err)
-	}
 	for {
-		var left map[string]uint64
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(n.ExecSubject(principal, ">")))
-		if err == nil {
-			if left = info.State.Subjects; len(left) == 0 {
-				return
-			}
+		left, err := r.queued(ctx, principal)
+		if err == nil && !slices.ContainsFunc(left, func(id string) bool { return len(ids) == 0 || slices.Contains(ids, id) }) {
+			return
 		}
 		select {
 		case <-ctx.Done():
 			t.Fatalf("%s's requests never all acknowledged: %v, left %v", principal, err, left)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// queued lists the execution ids of principal's requests the exec stream
+// still holds.
+func (r *rig) queued(ctx context.Context, principal string) ([]string, error) {
+	n := r.setup.Names()
+	s, err := r.admin.JS.Stream(ctx, n.ExecStream())
+	if err != nil {
+		return nil, err
+	}
+	subject := n.ExecSubject(principal, ">")
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return nil, err
+	}
+	if len(info.State.Subjects) == 0 {
+		return nil, nil
+	}
+	// Read one by one, the next of the subject from each sequence on: a
+	// consumer on the work queue would take them from the workers.
+	var ids []string
+	for seq := info.State.FirstSeq; ; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return ids, nil
+		}
+		if err != nil {
+			return ids, err
+		}
+		if req, err := envelope.DecodeRequest(m.Data); err == nil {
+			ids = append(ids, req.ExecutionID)
+		}
+		seq = m.Sequence + 1
 	}
 }
 

@@ -68,6 +68,15 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 	// The work queue holds the queued request alone once the worker's
 	// acknowledgements of the others are applied.
 	r.waitExecDrained(t, 1)
+	// A limit's counter, as a worker leaves one (the rig's capabilities
+	// declare none): the migration keeps the limits bucket too.
+	counter, err := envelope.Marshal(map[string]any{"v": envelope.Version, "kind": "concurrency", "capability": "t.echo", "max": 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.admin.Limits.Put(ctx, "c.t.echo", counter); err != nil {
+		t.Fatal(err)
+	}
 	before := r.world(t)
 	for _, s := range r.streamNames() {
 		if before.streams[s].Msgs == 0 {

@@ -116,7 +116,8 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		// sweeper deletes the requests it ended NOT_STARTED. Deny wins over
 		// allow in NATS, so every other stream of capstan's is named.
 		for _, stream := range []string{n.AuditStream(), kvStream(grants), kvStream(n.ExecutionsBucket()),
-			kvStream(n.EnvelopesBucket()), kvStream(n.ApprovalsBucket()), kvStream(n.CatalogBucket()), kvStream(n.PoolsBucket())} {
+			kvStream(n.EnvelopesBucket()), kvStream(n.ApprovalsBucket()), kvStream(n.CatalogBucket()), kvStream(n.PoolsBucket()),
+			kvStream(n.LimitsBucket())} {
 			deny = append(deny, js("STREAM.MSG.DELETE."+stream))
 		}
 		return Permissions{

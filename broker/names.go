@@ -41,6 +41,9 @@ func (n Names) CatalogBucket() string { return n.prefix + "_CATALOG" }
 // PoolsBucket is the key-value bucket of worker pools' routing.
 func (n Names) PoolsBucket() string { return n.prefix + "_POOLS" }
 
+// LimitsBucket is the key-value bucket of the limits' counters.
+func (n Names) LimitsBucket() string { return n.prefix + "_LIMITS" }
+
 // PoolConsumer is the durable consumer a worker pool pulls requests from.
 func (n Names) PoolConsumer(pool string) string { return "pool-" + pool }
 

@@ -143,6 +143,9 @@ type Broker struct {
 	// Pools records what the workers of each pool asked of its consumer, so
 	// that concurrent widenings never lose a capability (see EnsurePool).
 	Pools jetstream.KeyValue
+	// Limits holds the counters of capabilities' limits (DESIGN §17):
+	// concurrency slots, rates and budgets, changed by compare-and-swap.
+	Limits jetstream.KeyValue
 }
 
 // Provision creates every stream and bucket of the design, or checks that the
@@ -238,6 +241,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 		{&b.Approvals, n.ApprovalsBucket(), cfg.RecordTTL, nil},
 		{&b.Catalog, n.CatalogBucket(), 0, nil},
 		{&b.Pools, n.PoolsBucket(), 0, nil},
+		{&b.Limits, n.LimitsBucket(), 0, nil},
 	} {
 		*kv.dst, err = ensureBucket(ctx, js, rc, jetstream.KeyValueConfig{
 			Bucket:    kv.name,
@@ -250,8 +254,11 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 			return nil, err
 		}
 	}
-	if err := allowMsgTTL(ctx, js, "KV_"+n.ExecutionsBucket()); err != nil {
-		return nil, err
+	// Records and limits' counters carry their own TTL (DESIGN §16, §17).
+	for _, bucket := range []string{n.ExecutionsBucket(), n.LimitsBucket()} {
+		if err := allowMsgTTL(ctx, js, "KV_"+bucket); err != nil {
+			return nil, err
+		}
 	}
 	if err := b.publishResources(ctx); err != nil {
 		return nil, err
@@ -741,6 +748,11 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 		if *kv.dst, err = openBucket(ctx, b.JS, kv.name); err != nil {
 			return nil, err
 		}
+	}
+	// The limits bucket is younger than the rest: a store no worker of this
+	// version provisioned yet has none, and no limit has been taken there.
+	if b.Limits, err = b.JS.KeyValue(ctx, n.LimitsBucket()); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("capstan: open bucket %s: %w", n.LimitsBucket(), err)
 	}
 	return b, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,6 +23,9 @@ const workersWindow = 15 * time.Minute
 type capView struct {
 	executor.Descriptor
 	Workers []string
+	// Usage is each of the capability's counters against its limit, now
+	// (DESIGN §17); none when the console may not read them.
+	Usage []limits.Usage
 }
 
 type poolView struct {
@@ -83,6 +87,13 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 	if err != nil {
 		return nil, err
 	}
+	// Limits' usage, for a console that may read the counters (an admin's).
+	usage := map[string][]limits.Usage{}
+	if us, err := limits.Read(ctx, b.Limits, "", time.Now()); err == nil {
+		for _, u := range us {
+			usage[u.Capability] = append(usage[u.Capability], u)
+		}
+	}
 	pools := map[string]*poolView{}
 	for _, d := range catalog {
 		id := d.ID
@@ -91,7 +102,7 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 			p = &poolView{Name: d.Pool, Consumer: b.Names.PoolConsumer(d.Pool)}
 			pools[d.Pool] = p
 		}
-		cv := capView{Descriptor: d}
+		cv := capView{Descriptor: d, Usage: usage[id]}
 		for wk := range served[id] {
 			cv.Workers = append(cv.Workers, wk)
 		}

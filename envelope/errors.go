@@ -30,6 +30,9 @@ const (
 	// CodeNotStarted: no worker started the request by its start deadline; it
 	// never ran.
 	CodeNotStarted Code = "NOT_STARTED"
+	// CodeRateLimited: a limit of the capability refused the call before it
+	// started (DESIGN §17); details carry retryAfterMs and the limit.
+	CodeRateLimited Code = "RATE_LIMITED"
 	// CodeWorkerLost appears only as the previousErrorCode of a re-attempt after
 	// a takeover, never on an envelope.
 	CodeWorkerLost Code = "WORKER_LOST"
@@ -52,6 +55,7 @@ const (
 	StageTimeout     = "timeout"
 	StageCancelation = "cancellation"
 	StageQueue       = "queue"
+	StageLimits      = "limits"
 )
 
 // CapabilityError is the one error type of a governed failure. Message is the

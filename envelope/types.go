@@ -171,8 +171,9 @@ type ModelError struct {
 
 // ForModel returns what a model may see of the envelope's error: the code,
 // message and retryability when the error is exposed, a generic internal error
-// otherwise. Details travel only with INPUT_INVALID. It is nil for an envelope
-// without an error.
+// otherwise. Details travel only with INPUT_INVALID (the issues) and
+// RATE_LIMITED (retryAfterMs and the limit). It is nil for an envelope without
+// an error.
 func (e *Envelope) ForModel() *ModelError {
 	if e == nil || e.Error == nil {
 		return nil
@@ -186,7 +187,7 @@ func (e *Error) ForModel() *ModelError {
 		return &ModelError{Code: CodeInternalError, Message: "The operation failed.", Retryable: false}
 	}
 	m := &ModelError{Code: e.Code, Message: e.Message, Retryable: e.Retryable}
-	if e.Code == CodeInputInvalid {
+	if e.Code == CodeInputInvalid || e.Code == CodeRateLimited {
 		m.Details = e.Details
 	}
 	return m

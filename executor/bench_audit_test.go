@@ -18,9 +18,15 @@ import (
 // envelope. ns/op is per execution; cpu-µs/exec is the CPU the whole process
 // (embedded server included) spent per execution, the steadier figure on a
 // shared machine.
-func benchCallMany(b *testing.B, cfg executor.WorkerConfig) {
+func benchCallMany(b *testing.B, cfg executor.WorkerConfig, ls ...executor.Limit) {
 	cfg.Concurrency = 256
-	reg, err := executor.NewRegistry(echoCap(nil))
+	echo := echoCap(nil)
+	if len(ls) > 0 {
+		echo = executor.Define("demo.echo", executor.Meta{Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectNone, Limits: ls},
+			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
+	}
+	reg, err := executor.NewRegistry(echo)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -75,4 +81,16 @@ func BenchmarkCallMany_AuditOn(b *testing.B) {
 
 func BenchmarkCallMany_AuditStrict(b *testing.B) {
 	benchCallMany(b, executor.WorkerConfig{StrictAudit: true})
+}
+
+// The cost of limits on the write path (DESIGN §17), every execution on one
+// counter of one capability (the hottest case: its compare-and-swaps race):
+// a slot (take and release) and a rate per principal, neither ever reached.
+func BenchmarkCallMany_LimitSlot(b *testing.B) {
+	benchCallMany(b, executor.WorkerConfig{}, executor.Limit{Kind: executor.LimitConcurrency, Max: 1 << 20})
+}
+
+func BenchmarkCallMany_LimitRate(b *testing.B) {
+	benchCallMany(b, executor.WorkerConfig{}, executor.Limit{Kind: executor.LimitRate, Per: executor.PerPrincipal,
+		Max: 1 << 30, Interval: time.Second})
 }

@@ -33,6 +33,9 @@ type Descriptor struct {
 	// approval for some inputs (Policy.MayRequireApproval).
 	ApprovalPolicies []string       `json:"approvalPolicies,omitempty"`
 	InputSchema      map[string]any `json:"inputSchema,omitempty"`
+	// Limits are the capability's limits (DESIGN §17), so that an agent
+	// sees them before it calls.
+	Limits []LimitInfo `json:"limits,omitempty"`
 	// ExpiresAt is when the entry lapses unless a live worker of the pool
 	// renews it (DESIGN §13): every worker renews its capabilities' entries
 	// and its pool's own every third of the catalog TTL.
@@ -55,6 +58,7 @@ func describe(b *binding, pool string) Descriptor {
 		RequiresApproval: m.Approval != nil && m.Approval.Required,
 		ApprovalPolicies: approvalPolicies(m.Policies),
 		InputSchema:      inputSchema(b),
+		Limits:           limitInfos(m.Limits, b.id),
 	}
 }
 

@@ -114,6 +114,9 @@ type Meta struct {
 	Approval *ApprovalRule
 	// Policies evaluated for this capability after the runtime's own.
 	Policies []Policy
+	// Limits bound how many run at once, how fast and how much, across
+	// every worker (DESIGN §17). None: no limit, and no round trip.
+	Limits []Limit
 	// RedactOutput, when set, returns what of the output may leave the
 	// worker (stage 13). It receives the validated output value; the envelope
 	// carries only what it returns. If it panics, the output is withheld.

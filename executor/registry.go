@@ -114,6 +114,7 @@ func validate(b *binding) []string {
 			p = append(p, fmt.Sprintf("policy #%d %q has no Evaluate function", i, pol.Name))
 		}
 	}
+	p = append(p, validateLimits(m.Limits)...)
 	if b.inType != nil && b.inType.Kind() == 0 {
 		p = append(p, "input type is invalid")
 	}

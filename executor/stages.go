@@ -73,7 +73,9 @@ func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admis
 	if err := a.restoreGrant(); err != nil {
 		return a.fail(err)
 	}
-	return a.admitted()
+	adm := a.admitted()
+	adm.Limits, _ = a.limits(false) // a takeover takes its slot again, nothing else
+	return adm
 }
 
 // Timeout bounds one attempt.
@@ -235,7 +237,20 @@ func (a *admission) admit() engine.Admission {
 	if end, refused := a.policyGate(v, envelope.StageExecPolicy); refused {
 		return end
 	}
-	return a.admitted()
+	// The limits (DESIGN §17) are the engine's to take, last: a call any
+	// stage refuses takes nothing.
+	lims, cerr := a.limits(true)
+	if cerr != nil {
+		return a.deny("limit-amount", cerr, nil)
+	}
+	adm := a.admitted()
+	adm.Limits, adm.Approved = lims, a.grant != nil
+	if a.b.needsBudgetApproval() {
+		adm.OverBudget = func(reason string) *engine.ApprovalNeeded {
+			return a.requestApproval(verdict{stance: StanceRequireApproval, reasons: []string{"over its limit: " + reason}}).Approval
+		}
+	}
+	return adm
 }
 
 // policies evaluates the runtime's policies, then the capability's own, for

@@ -128,6 +128,12 @@ type WorkerStats struct {
 	// NotStarted counts deliveries this worker ended NOT_STARTED; Swept the
 	// requests its sweeper ended.
 	NotStarted, Swept uint64
+	// Limited counts executions a limit held back (waited, refused or sent
+	// to an approval; DESIGN §17).
+	Limited uint64
+	// Deferred counts deliveries left for later because their principal
+	// held its fair share of this worker's slots while others were active.
+	Deferred uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64
 	// Recovered counts executions finalized completed from a lost or
@@ -206,7 +212,7 @@ func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
 		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
-		Recovered: r.Recovered}
+		Recovered: r.Recovered, Limited: r.Limited, Deferred: r.Deferred}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}

@@ -85,6 +85,14 @@ func toolOf(d executor.Descriptor, names ToolNames) tool {
 	case len(d.ApprovalPolicies) > 0:
 		desc = strings.TrimSpace(desc + " Some calls need someone else's approval before they run.")
 	}
+	if len(d.Limits) > 0 {
+		// The model sees the limits before it calls (design §17).
+		texts := make([]string, len(d.Limits))
+		for i, l := range d.Limits {
+			texts[i] = l.Text
+		}
+		desc = strings.TrimSpace(desc + " Limits: " + strings.Join(texts, "; ") + ".")
+	}
 	if name != d.ID {
 		// The model and the people reading its transcript see which
 		// capability the tool is.
@@ -100,6 +108,9 @@ func toolOf(d executor.Descriptor, names ToolNames) tool {
 			"requiresApproval": d.RequiresApproval, "mayRequireApproval": d.MayRequireApproval(), "timeoutMs": d.TimeoutMs,
 			"retryMaxAttempts": d.RetryMaxAttempts, "tags": d.Tags,
 		}},
+	}
+	if len(d.Limits) > 0 {
+		t.Meta[metaKey+"capability"].(map[string]any)["limits"] = d.Limits
 	}
 	fp, _ := json.Marshal(t)
 	return tool{capID: d.ID, def: t, wrapped: wrapped, fingerprint: string(fp)}

@@ -68,6 +68,13 @@ type Execution interface {
 	// TakenOver is called when the worker takes the execution over from
 	// another one, whose record was in state from.
 	TakenOver(from string)
+	// Limited is called when a limit of the capability held the execution
+	// back (DESIGN §17): kind is the limit's (concurrency, rate, budget),
+	// action what the execution did (wait, refuse, approval).
+	Limited(kind, action string)
+	// Slot is called when the execution takes a concurrency slot (held) and
+	// when it gives it back.
+	Slot(held bool)
 	// Finalized is called with the envelope this worker created; never for a
 	// delivery whose envelope already existed.
 	Finalized(env *envelope.Envelope)
@@ -120,6 +127,12 @@ func (NopExecution) Retried(int, envelope.Code) {}
 
 // TakenOver does nothing.
 func (NopExecution) TakenOver(string) {}
+
+// Limited does nothing.
+func (NopExecution) Limited(string, string) {}
+
+// Slot does nothing.
+func (NopExecution) Slot(bool) {}
 
 // Finalized does nothing.
 func (NopExecution) Finalized(*envelope.Envelope) {}

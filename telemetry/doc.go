@@ -25,6 +25,7 @@
 // Workers: capstan_executions_finalized_total{capability,pool,status,code},
 // capstan_attempts_total, capstan_retries_total{previous_code},
 // capstan_takeovers_total{from_state}, capstan_outcome_unknown_total,
+// capstan_limited_total{kind,action}, capstan_limit_slots_held (DESIGN §17),
 // capstan_audit_publish_failures_total, capstan_records_skipped_total{bucket}
 // (records a listing skipped because they do not decode, each also logged
 // with its key), capstan_executions_in_flight, and the

@@ -20,6 +20,8 @@ type metrics struct {
 	attempts       *prometheus.CounterVec
 	retries        *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
+	limited        *prometheus.CounterVec
+	slots          *prometheus.GaugeVec
 	outcomeUnknown *prometheus.CounterVec
 	recovered      *prometheus.CounterVec
 	auditFailures  prometheus.Counter
@@ -57,6 +59,14 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_takeovers_total",
 			Help: "Executions taken over from a lost worker, by the state its record was in.",
 		}, []string{"capability", "pool", "from_state"}),
+		limited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_limited_total",
+			Help: "Executions a limit of their capability held back, by the limit's kind and what they did (wait, refuse, approval).",
+		}, []string{"capability", "pool", "kind", "action"}),
+		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "capstan_limit_slots_held",
+			Help: "Concurrency slots this worker's executions hold; summed over the workers, a capability's occupancy.",
+		}, []string{"capability", "pool"}),
 		outcomeUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capstan_outcome_unknown_total",
 			Help: "Executions finalized OUTCOME_UNKNOWN: their worker was lost during an attempt that may not be repeated.",
@@ -107,7 +117,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Buckets: durationBuckets,
 		}, []string{"capability", "status"}),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
 	return m
 }

@@ -249,6 +249,22 @@ func (x *execution) TakenOver(from string) {
 	}
 }
 
+func (x *execution) Limited(kind, action string) {
+	x.t.m.limited.WithLabelValues(x.capLabel, x.pool, kind, action).Inc()
+	if x.span.IsRecording() {
+		x.span.AddEvent("limited", trace.WithAttributes(attribute.String("capstan.limit", kind),
+			attribute.String("capstan.at_limit", action)))
+	}
+}
+
+func (x *execution) Slot(held bool) {
+	if held {
+		x.t.m.slots.WithLabelValues(x.capLabel, x.pool).Inc()
+	} else {
+		x.t.m.slots.WithLabelValues(x.capLabel, x.pool).Dec()
+	}
+}
+
 func (x *execution) Finalized(env *envelope.Envelope) {
 	code := ""
 	if env.Error != nil {

@@ -49,6 +49,8 @@ func runBench(args []string) int {
 	fs.StringVar(&cfg.CPUProfile, "cpuprofile", "", "write a CPU profile of the capstan phase to `file`")
 	fs.StringVar(&cfg.MemProfile, "memprofile", "", "write an allocation profile at the end of the capstan phase to `file`")
 	fs.StringVar(&cfg.Trace, "trace", "", "write an execution trace of the capstan phase to `file` (go tool trace)")
+	fs.IntVar(&cfg.Flood, "flood", 0, "with --embedded --auth: another principal submits `N` held calls (demo.sleep) as the measured phase starts; the latencies show its fair share")
+	fs.IntVar(&cfg.FloodMs, "flood-ms", 900, "how long each flooding call holds its worker slot, in `ms`")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -67,6 +69,8 @@ func runBench(args []string) int {
 		return usageError("--payload must not be negative")
 	case cfg.Workers < 0 || cfg.WorkerConcurrency <= 0:
 		return usageError("--workers must not be negative and --worker-concurrency must be positive")
+	case cfg.Flood > 0 && !withAuth:
+		return usageError("--flood needs --embedded --auth: the flood comes from another principal")
 	case withAuth && !embedded:
 		return usageError("--auth needs --embedded (against a server of yours, give --creds)")
 	case embedded && conn.url != "":
@@ -101,6 +105,8 @@ func runBench(args []string) int {
 					co.Creds = setup.CredsPath(benchPrincipal)
 				case name == "admin":
 					co.Creds = setup.CredsPath(auth.AdminPrincipal)
+				case name == bench.FloodPrincipal:
+					co.Creds = setup.CredsPath(bench.FloodPrincipal)
 				default:
 					co.Creds = setup.CredsPath(auth.WorkerPrincipal)
 				}
@@ -149,6 +155,10 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 			limits.Payload = -1
 			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.Producer,
 				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}, Limits: &limits})
+			if err == nil {
+				err = setup.Add(auth.Grant{Principal: bench.FloodPrincipal, Role: auth.Producer,
+					Actors: []string{envelope.ActorService + ":capstan-flood"}, Capabilities: []string{"*"}, Limits: &limits})
+			}
 		}
 		if err != nil {
 			_ = os.RemoveAll(dir)
@@ -200,6 +210,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	}
 	if r.Auth {
 		audit += "; authentication on"
+	}
+	if r.Flood > 0 {
+		audit += fmt.Sprintf("; another principal flooded %d held calls of %d ms", r.Flood, r.FloodMs)
 	}
 	fmt.Fprintf(w, "capstan bench: %d × %s, %d-byte payload, %s\n", r.N, r.Capability, r.PayloadBytes, mode)
 	fmt.Fprintf(w, "server %s; %d worker(s) × %d concurrency; audit %s; %d CPUs\n\n", r.Server, r.Workers, r.WorkerConcurrency, audit, r.CPUs)

@@ -34,6 +34,7 @@ var commands = []command{
 	{"cancel", "cancel an execution", runCancel},
 	{"audit", "print an execution's audit trail, or follow the audit stream", runAudit},
 	{"describe", "list the capabilities a surface and actor may see, with input schemas", runDescribe},
+	{"limits", "show each capability's limits and their usage now: slots, rates, budgets", runLimits},
 	{"approvals", "list, show, approve and reject approvals", runApprovals},
 	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"mcp", "serve the capabilities as MCP tools, over stdio or streamable HTTP", runMCP},

@@ -167,7 +167,21 @@ export interface Descriptor {
   requiresApproval?: boolean;
   /** The JSON Schema of the capability's input. */
   inputSchema?: Record<string, unknown>;
+  /** The capability's limits (docs/design.md §17). */
+  limits?: LimitInfo[];
   expiresAt?: string;
+}
+
+/** One limit a capability declares, as describe shows it. */
+export interface LimitInfo {
+  kind: "concurrency" | "rate" | "budget" | (string & {});
+  per?: "capability" | "actor" | "principal" | (string & {});
+  name?: string;
+  max: number;
+  intervalMs?: number;
+  atLimit: "wait" | "refuse" | "approval" | (string & {});
+  /** The limit in words, e.g. "10 per 1m per actor". */
+  text: string;
 }
 
 /** The catalog's _resources entry. */
@@ -390,6 +404,16 @@ export const recordSchema: Schema = [
   ["reattempts", int],
 ];
 
+const limitInfoSchema: Schema = [
+  ["kind", str, ""],
+  ["per", str],
+  ["name", str],
+  ["max", int, 0],
+  ["intervalMs", int],
+  ["atLimit", str, ""],
+  ["text", str, ""],
+];
+
 export const descriptorSchema: Schema = [
   ["v", int, 0],
   ["id", str, ""],
@@ -404,6 +428,7 @@ export const descriptorSchema: Schema = [
   ["retryMaxAttempts", int],
   ["requiresApproval", bool],
   ["inputSchema", anyv],
+  ["limits", { t: "recs", s: limitInfoSchema, ptr: false }],
   ["expiresAt", time],
 ];
 
@@ -886,7 +911,7 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   if (e === undefined) return undefined;
   if (!e.exposeToModel) return { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
-  if (e.code === "INPUT_INVALID" && e.details !== undefined) m.details = e.details;
+  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED") && e.details !== undefined) m.details = e.details;
   return m;
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -85,6 +86,16 @@ type Admission struct {
 	Refusal *envelope.CapabilityError
 	// Approval is stage 8's need of an approval.
 	Approval *ApprovalNeeded
+	// Limits are the limits an admitted execution takes before its first
+	// attempt (DESIGN §17), resolved for its actor, principal and input.
+	// None: nothing is read or written for limits.
+	Limits []limits.Limit
+	// OverBudget, when set, is the approval a budget whose choice is an
+	// approval asks for when the execution is over it (reason says which).
+	OverBudget func(reason string) *ApprovalNeeded
+	// Approved: the execution consumed an approval, which lets it past a
+	// budget whose choice at its limit is an approval.
+	Approved bool
 	// Stopped: the execution's context ended while the stages ran (a
 	// policy cut off by a cancel, the deadline, a lost claim, a shutdown):
 	// the engine ends it as the context says.

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,6 +55,12 @@ type Execution struct {
 	start     time.Time
 	inputHash string
 	done      chan struct{}
+
+	// adm is the admission that let the execution through: the limits it
+	// takes (DESIGN §17).
+	adm Admission
+	// taken is what the execution took of its limits.
+	taken limits.Taken
 
 	// found is the record a create of this delivery found in its place:
 	// another claim's, or a cancel's. The takeover table decides from it.
@@ -201,7 +208,13 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			e.awaitApproval(adm.Approval)
 			return
 		}
-		e.unit = adm.Unit
+		e.unit, e.adm = adm.Unit, adm
+	}
+	if len(e.adm.Limits) > 0 {
+		if !e.takeLimits(e.adm, fromAttempt) {
+			return
+		}
+		defer e.releaseLimits()
 	}
 
 	// 10–11: controls and the attempts.

@@ -68,6 +68,16 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if r.endedUnstarted(msg, principal, req, d) {
 		return
 	}
+	if share := r.share.Load(); share != nil {
+		if !share.take(principal, r.now()) {
+			// Over its principal's fair share while others wait: nothing of
+			// it was read or written; a later delivery runs it.
+			r.deferred.Add(1)
+			nak(msg, shareDelay())
+			return
+		}
+		defer share.give(principal)
+	}
 	c := r.cfg.Capabilities[req.CapabilityID]
 	missing := ""
 	if c == nil {

@@ -171,7 +171,7 @@ func (e *Execution) admitted(n int) bool {
 			Message: "The operation failed.", Cause: errors.New("readmission asked for an approval")}), n)
 		return false
 	}
-	e.unit = adm.Unit
+	e.unit, e.adm = adm.Unit, adm
 	return true
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,6 +56,12 @@ type Stats struct {
 	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
 	// NotStarted counts requests this worker ended NOT_STARTED.
 	NotStarted uint64
+	// Limited counts executions a limit held back: waited, refused or sent
+	// to an approval (DESIGN §17).
+	Limited uint64
+	// Deferred counts deliveries left for later because their principal
+	// held its fair share of the slots while others were active.
+	Deferred uint64
 	// Recovered counts executions this worker finalized completed from a
 	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
 	Recovered uint64
@@ -71,6 +78,8 @@ type Runner struct {
 	now   func() time.Time
 	// store holds the executions' records and envelopes.
 	store *store
+	// limits holds the counters of capabilities' limits (DESIGN §17).
+	limits *limits.Store
 
 	// ids makes the message ids of the requests it forwards.
 	ids broker.MsgIDs
@@ -87,6 +96,12 @@ type Runner struct {
 	abandoned, takenOver, duplicates            atomic.Uint64
 	notStarted                                  atomic.Uint64
 	recovered                                   atomic.Uint64
+	// limited counts executions a limit held back (DESIGN §17).
+	limited atomic.Uint64
+	// share is the fair share of the pool's slots between principals, set
+	// by Serve; deferred counts the deliveries it left for later.
+	share    atomic.Pointer[fairShare]
+	deferred atomic.Uint64
 
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
@@ -117,6 +132,9 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 func (r *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
 	r.b, r.audit = b, em
 	r.store = &store{b: b, nc: r.nc, log: r.log, lease: r.cfg.Lease, now: r.now, shutdown: r.base}
+	if b.Limits != nil {
+		r.limits = limits.NewStore(b, r.holderAlive, r.now)
+	}
 	r.retention.Store(int64(b.Config.EnvelopeRetention))
 }
 
@@ -172,6 +190,7 @@ func (r *Runner) Stats() Stats {
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
 		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Recovered: r.recovered.Load(),
+		Limited: r.limited.Load(), Deferred: r.deferred.Load(),
 	}
 }
 
@@ -180,6 +199,7 @@ func (r *Runner) Stats() Stats {
 // fetching, lets in-flight executions finish within grace, and abandons the
 // rest to a takeover.
 func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+	r.share.Store(newFairShare(concurrency))
 	var wg sync.WaitGroup
 	loops := []struct {
 		c        jetstream.Consumer

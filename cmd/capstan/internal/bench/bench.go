@@ -55,6 +55,12 @@ type Config struct {
 	MemProfile string
 	// Trace is where an execution trace of the capstan phase is written.
 	Trace string
+	// Flood, with credentials (Target.Auth), has another producer principal
+	// submit this many held calls (demo.sleep of FloodMs) as the measured
+	// phase starts: the measured principal's latencies then show whether
+	// one principal's backlog stands in front of another's (DESIGN §17).
+	Flood   int
+	FloodMs int
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
 	Progress io.Writer
@@ -79,13 +85,19 @@ func (c *Config) validate() error {
 		return errors.New("the floor runs in a closed loop only")
 	case c.Capability == "":
 		return errors.New("no capability")
+	case c.Flood < 0 || (c.Flood > 0 && c.FloodMs <= 0):
+		return errors.New("a flood needs a positive number of calls and their length")
 	}
 	return nil
 }
 
 // Result is what a run measured; `capstan bench --json` prints it as is.
 type Result struct {
-	Mode              string  `json:"mode"` // closed, open, batch or backlog
+	Mode string `json:"mode"` // closed, open, batch or backlog
+	// Flood is the held calls another principal submitted as the measured
+	// phase started, each FloodMs long.
+	Flood             int     `json:"flood,omitempty"`
+	FloodMs           int     `json:"floodMs,omitempty"`
 	Server            string  `json:"server"`
 	Capability        string  `json:"capability"`
 	N                 int     `json:"n"`
@@ -216,6 +228,15 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	stopProfile, err := startProfile(cfg.CPUProfile, cfg.Trace)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Flood > 0 {
+		if !t.Auth {
+			return nil, &SetupError{errors.New("a flood needs credentials: another principal sends it")}
+		}
+		if err := flood(ctx, t, cfg.Flood, cfg.FloodMs); err != nil {
+			return nil, fmt.Errorf("flood: %w", err)
+		}
+		res.Flood, res.FloodMs = cfg.Flood, cfg.FloodMs
 	}
 	bar := newProgress(cfg.Progress, cfg.N, "capstan")
 	cpu0, mem0, msgs0 := procstat.CPU(), memStats(), r.serverMsgs()

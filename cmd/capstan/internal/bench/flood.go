@@ -1,0 +1,36 @@
+package bench
+
+import (
+	"context"
+
+	"github.com/capstan-dev/capstan/demo"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+// FloodPrincipal is the producer principal a flood comes from (Target.Connect
+// is asked for its connection by this name).
+const FloodPrincipal = "flood"
+
+// flood submits n demo.sleep calls of ms milliseconds as FloodPrincipal,
+// without awaiting them: they hold worker slots while the measured
+// principal's calls run.
+func flood(ctx context.Context, t Target, n, ms int) error {
+	nc, err := t.Connect(FloodPrincipal)
+	if err != nil {
+		return err
+	}
+	c, err := executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-flood"}})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	// The calls outlive the submission: the connection stays open until the
+	// process ends, so that their envelopes find their way.
+	for range n {
+		if _, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: ms}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

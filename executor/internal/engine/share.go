@@ -1,0 +1,89 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Fair share between principals (DESIGN §17): while another principal has
+// sent this worker a request lately, one principal may hold at most all but
+// a reserve of the worker's slots, so that a principal's backlog of long
+// calls never stands in front of every other principal's calls. A delivery
+// over its principal's share is left for later at once, before anything of
+// it is read or written. A worker that sees one principal alone lets it use
+// every slot.
+
+// shareWindow is how long a principal counts as active after its last
+// delivery.
+const shareWindow = 10 * time.Second
+
+// Reserve is the slots of a worker of concurrency slots that one principal
+// may not hold while others are active: an eighth, at least one. A worker
+// of one slot reserves none.
+func Reserve(slots int) int {
+	if slots <= 1 {
+		return 0
+	}
+	return max(1, slots/8)
+}
+
+// fairShare counts each principal's deliveries in hand.
+type fairShare struct {
+	mu   sync.Mutex
+	max  int // a principal's share while others are active; 0: no share
+	held map[string]int
+	seen map[string]time.Time
+}
+
+func newFairShare(slots int) *fairShare {
+	f := &fairShare{held: map[string]int{}, seen: map[string]time.Time{}}
+	if r := Reserve(slots); r > 0 {
+		f.max = slots - r
+	}
+	return f
+}
+
+// take counts a delivery of p at now, unless p holds its share while
+// another principal is active: then it reports false and counts nothing.
+func (f *fairShare) take(p string, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen[p] = now
+	if f.max > 0 && f.held[p] >= f.max && f.othersActive(p, now) {
+		return false
+	}
+	f.held[p]++
+	return true
+}
+
+// give ends a delivery of p that take counted.
+func (f *fairShare) give(p string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held[p]--; f.held[p] <= 0 {
+		delete(f.held, p)
+	}
+}
+
+// othersActive reports whether a principal other than p had a delivery
+// within the window; it forgets the principals idle longer.
+func (f *fairShare) othersActive(p string, now time.Time) bool {
+	active := false
+	for q, at := range f.seen {
+		switch {
+		case now.Sub(at) > shareWindow:
+			delete(f.seen, q)
+		case q != p:
+			active = true
+		}
+	}
+	return active
+}
+
+// shareDelay is how long a delivery over its principal's share waits
+// before it is delivered again: 100 to 300 ms, so that deliveries left
+// together do not come back together.
+func shareDelay() time.Duration {
+	return 100*time.Millisecond + rand.N(200*time.Millisecond)
+}

@@ -1,0 +1,203 @@
+package limits
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
+)
+
+// provisioned is a deployment on a real embedded JetStream, for the store's
+// wiring; the rules themselves are tested without a server.
+func provisioned(t *testing.T) *broker.Broker {
+	t.Helper()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func alwaysAlive(context.Context, Holder) (Verdict, error) {
+	return Verdict{Until: time.Now().Add(time.Hour)}, nil
+}
+
+// Twenty workers' stores race for three slots: at no moment do more than
+// three executions hold one, and every one gets one in the end.
+func TestStore_RacingWorkersNeverHoldMoreSlotsThanTheLimit(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	l := Limit{Kind: Concurrency, Capability: "t.slots", Max: 3, Action: Wait}
+	var holding, most, done atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := NewStore(b, alwaysAlive, nil)
+			h := Holder{Key: fmt.Sprintf("p.e%d", i), Claim: fmt.Sprintf("c%d", i), Until: time.Now().Add(time.Minute)}
+			for {
+				taken, over, err := s.Take(context.Background(), []Limit{l}, h, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if over != nil {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				n := holding.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(2 * time.Millisecond)
+				holding.Add(-1)
+				s.Release(context.Background(), taken)
+				done.Add(1)
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() > 3 {
+		t.Errorf("%d held a slot at once, limit 3", most.Load())
+	}
+	if done.Load() != 20 {
+		t.Errorf("%d of 20 got a slot", done.Load())
+	}
+	c, err := NewStore(b, alwaysAlive, nil).Read(context.Background(), l.Key())
+	if err != nil || c == nil || len(c.Holders) != 0 {
+		t.Errorf("after every release: %+v, %v", c, err)
+	}
+}
+
+// A holder whose lease has passed as recorded is asked about, not dropped:
+// alive, it keeps its slot (with its record's lease); gone, it frees it.
+func TestStore_StaleHolderIsJudgedByItsRecord(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	l := Limit{Kind: Concurrency, Capability: "t.stale", Max: 1, Action: Wait}
+	now := time.Now()
+	clock := func() time.Time { return now }
+	var asked atomic.Int64
+	gone := atomic.Bool{}
+	alive := func(_ context.Context, h Holder) (Verdict, error) {
+		asked.Add(1)
+		if gone.Load() {
+			return Verdict{Gone: true}, nil
+		}
+		return Verdict{Until: now.Add(time.Hour)}, nil
+	}
+	s := NewStore(b, alive, clock)
+	first := Holder{Key: "p.first", Claim: "first", Until: now.Add(time.Second)}
+	if _, over, err := s.Take(context.Background(), []Limit{l}, first, nil); over != nil || err != nil {
+		t.Fatalf("first take: %v %v", over, err)
+	}
+	second := Holder{Key: "p.second", Claim: "second", Until: now.Add(time.Minute)}
+	if _, over, _ := s.Take(context.Background(), []Limit{l}, second, nil); over == nil || asked.Load() != 0 {
+		t.Fatalf("within the first's lease: over=%v, records asked %d", over, asked.Load())
+	}
+	now = now.Add(2 * time.Second) // the first's lease, as recorded, passed
+	if _, over, _ := s.Take(context.Background(), []Limit{l}, second, nil); over == nil || asked.Load() != 1 {
+		t.Fatalf("first still alive by its record: over=%v, asked %d", over, asked.Load())
+	}
+	c, _ := s.Read(context.Background(), l.Key())
+	if len(c.Holders) != 1 || !c.Holders[0].Until.Equal(now.Add(time.Hour)) {
+		t.Errorf("the alive holder's lease was not written back: %+v", c.Holders)
+	}
+	gone.Store(true)
+	now = now.Add(2 * time.Hour)
+	if _, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: "p.second", Claim: "second", Until: now.Add(time.Minute)}, nil); over != nil || err != nil {
+		t.Fatalf("first gone by its record: %v %v", over, err)
+	}
+}
+
+// Twenty racing charges of 150 against a budget of 2,000: thirteen fit, and
+// the sum never passes the maximum by a unit.
+func TestStore_RacingChargesNeverPassTheBudget(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	l := Limit{Kind: Budget, Capability: "t.refund", Per: PerActor, Who: "user:ann", Name: "amount", Max: 2000,
+		Interval: 24 * time.Hour, Amount: 150, Action: Refuse}
+	var charged atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := NewStore(b, alwaysAlive, nil)
+			h := Holder{Key: fmt.Sprintf("p.e%d", i), Claim: fmt.Sprintf("c%d", i)}
+			_, over, err := s.Take(context.Background(), []Limit{l}, h, nil)
+			if err != nil {
+				t.Error(err)
+			}
+			if over == nil && err == nil {
+				charged.Add(150)
+			}
+		}()
+	}
+	wg.Wait()
+	c, err := NewStore(b, alwaysAlive, nil).Read(context.Background(), l.Key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := c.Used(time.Now()); used != charged.Load() || used != 13*150 {
+		t.Errorf("budget holds %d, charges that succeeded %d, want %d", used, charged.Load(), 13*150)
+	}
+}
+
+// An execution charged twice (its first charge's worker was lost before the
+// attempt) counts once.
+func TestStore_AnExecutionIsChargedOnce(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	l := Limit{Kind: Budget, Capability: "t.once", Per: PerActor, Who: "user:ann", Name: "amount", Max: 1000,
+		Interval: time.Hour, Amount: 600, Action: Refuse}
+	for i := range 2 {
+		s := NewStore(b, alwaysAlive, nil) // another worker each time
+		if _, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: "p.same", Claim: fmt.Sprint(i)}, nil); over != nil || err != nil {
+			t.Fatalf("charge %d: %v %v", i, over, err)
+		}
+	}
+	c, _ := NewStore(b, alwaysAlive, nil).Read(context.Background(), l.Key())
+	if used := c.Used(time.Now()); used != 600 {
+		t.Errorf("used %d, want 600", used)
+	}
+}
+
+// A limit that says no gives back what came before it: the rate's
+// execution and the slot.
+func TestStore_TakeIsAllOrNothing(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	rate := Limit{Kind: Rate, Capability: "t.all", Per: PerActor, Who: "user:ann", Max: 2, Interval: time.Hour, Action: Refuse}
+	slot := Limit{Kind: Concurrency, Capability: "t.all", Max: 5, Action: Refuse}
+	budget := Limit{Kind: Budget, Capability: "t.all", Per: PerActor, Who: "user:ann", Name: "n", Max: 10, Interval: time.Hour, Amount: 11, Action: Refuse}
+	s := NewStore(b, alwaysAlive, nil)
+	_, over, err := s.Take(context.Background(), []Limit{budget, slot, rate}, Holder{Key: "p.x", Claim: "x", Until: time.Now().Add(time.Minute)}, nil)
+	if err != nil || over == nil || over.Limit.Kind != Budget || over.RetryAfter != 0 {
+		t.Fatalf("over=%+v err=%v, want the budget, never fitting", over, err)
+	}
+	for _, l := range []Limit{rate, slot} {
+		c, _ := s.Read(context.Background(), l.Key())
+		if c != nil && c.Used(time.Now()) != 0 {
+			t.Errorf("%s still counts %d after the budget refused", l.Kind, c.Used(time.Now()))
+		}
+	}
+	// And two executions of the rate are there to take.
+	for i := range 2 {
+		if _, over, _ := s.Take(context.Background(), []Limit{rate}, Holder{Key: fmt.Sprintf("p.%d", i), Claim: fmt.Sprint(i)}, nil); over != nil {
+			t.Fatalf("take %d of a rate of 2 refused", i)
+		}
+	}
+	if _, over, _ := s.Take(context.Background(), []Limit{rate}, Holder{Key: "p.3", Claim: "3"}, nil); over == nil || over.RetryAfter <= 0 {
+		t.Fatalf("third of a rate of 2: over=%+v", over)
+	}
+}
