@@ -23,10 +23,14 @@ var ErrForbidden = errors.New("capstan: not allowed to decide this approval")
 // principal whose subject the request arrived on (the server lets a principal
 // publish only there), never a field of the request.
 type DecideRequest struct {
-	V          int    `json:"v"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// ApprovalID is the approval decided.
 	ApprovalID string `json:"approvalId"`
-	Approve    bool   `json:"approve"`
-	Comment    string `json:"comment,omitempty"`
+	// Approve approves; false rejects.
+	Approve bool `json:"approve"`
+	// Comment is the approver's, kept on the record and the trail.
+	Comment string `json:"comment,omitempty"`
 	// Approver and SelfApproval are read on an open server only, where no
 	// principal is authenticated and the decision names its approver.
 	Approver     envelope.Actor `json:"approver,omitzero"`
@@ -36,8 +40,13 @@ type DecideRequest struct {
 // DecideReply is the workers' answer: the decided record, or the conditions
 // that refused it.
 type DecideReply struct {
-	V          int      `json:"v"`
-	Record     *Record  `json:"record,omitempty"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// Record is the decided approval.
+	Record *Record `json:"record,omitempty"`
+	// Error and Conditions carry a refusal: the message, and the names of
+	// the sentinel errors (not_found, expired, consumed, …) that
+	// RequestDecision and RequestList turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"`
 	// AuditUnavailable: the decision stands but its audit event is not stored.
@@ -48,6 +57,8 @@ type DecideReply struct {
 // approval of some types. open reports a server without principals, where a
 // request names its approver.
 type Authorizer interface {
+	// Approver returns the actor principal decides as, if it may decide an
+	// approval of these types.
 	Approver(principal string, types []string) (approver envelope.Actor, open bool, err error)
 }
 
@@ -181,19 +192,29 @@ func (e *remoteError) Unwrap() []error { return e.conds }
 // decide, and any principal the approvals it requested itself (a producer
 // follows its own calls' approvals so); on an open server, every one.
 type ListRequest struct {
-	V            int            `json:"v"`
-	ID           string         `json:"id,omitempty"`
-	Status       Status         `json:"status,omitempty"`
-	CapabilityID string         `json:"capabilityId,omitempty"`
-	Actor        envelope.Actor `json:"actor,omitzero"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// ID asks for one approval; the other fields filter a listing.
+	ID string `json:"id,omitempty"`
+	// Status is as of now: an approval past its expiry lists as expired.
+	Status Status `json:"status,omitempty"`
+	// CapabilityID keeps the approvals of one capability.
+	CapabilityID string `json:"capabilityId,omitempty"`
+	// Actor keeps the approvals one requester asked for.
+	Actor envelope.Actor `json:"actor,omitzero"`
 }
 
 // ListReply is the workers' answer to a ListRequest.
 type ListReply struct {
-	V          int       `json:"v"`
-	Records    []*Record `json:"records"`
-	Error      string    `json:"error,omitempty"`
-	Conditions []string  `json:"conditions,omitempty"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// Records are the approvals listed.
+	Records []*Record `json:"records"`
+	// Error and Conditions carry a refusal: the message, and the names of
+	// the sentinel errors (not_found, expired, consumed, …) that
+	// RequestDecision and RequestList turn back into errors errors.Is knows.
+	Error      string   `json:"error,omitempty"`
+	Conditions []string `json:"conditions,omitempty"`
 }
 
 // ListAs returns the approvals principal may see: those of types it may

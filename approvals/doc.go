@@ -29,6 +29,6 @@
 // error code an envelope carries for each.
 //
 // With the executor, workers create and consume the records themselves: an
-// application decides through executor.Client.Approvals and runs the approved
+// application decides through executor.Client.Decide and runs the approved
 // call with executor.Client.Resume.
 package approvals

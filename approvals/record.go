@@ -30,10 +30,15 @@ const DefaultTTL = 15 * time.Minute
 
 // Decision is what an approver (or a canceller) decided.
 type Decision struct {
-	Status    Status         `json:"status"`
-	Approver  envelope.Actor `json:"approver"`
-	Comment   string         `json:"comment,omitempty"`
-	DecidedAt time.Time      `json:"decidedAt"`
+	// Status is what the decision made of the approval: approved, rejected
+	// or cancelled.
+	Status Status `json:"status"`
+	// Approver is who decided (or cancelled).
+	Approver envelope.Actor `json:"approver"`
+	// Comment is theirs, if any.
+	Comment string `json:"comment,omitempty"`
+	// DecidedAt is when.
+	DecidedAt time.Time `json:"decidedAt"`
 	// SelfApproval holds the reason given when the requester approved their
 	// own call, which is refused without one.
 	SelfApproval string `json:"selfApproval,omitempty"`
@@ -42,8 +47,12 @@ type Decision struct {
 // Record is one approval in the approvals bucket, changed only by
 // compare-and-swap on its revision.
 type Record struct {
-	V            int            `json:"v"`
-	ID           string         `json:"id"`
+	// V is the record's schema version.
+	V int `json:"v"`
+	// ID is the approval's.
+	ID string `json:"id"`
+	// CapabilityID, Surface and Actor are the call's: what it calls, where
+	// it came from, who it runs for (the requester).
 	CapabilityID string         `json:"capabilityId"`
 	Surface      string         `json:"surface,omitempty"`
 	Actor        envelope.Actor `json:"actor"`
@@ -52,20 +61,28 @@ type Record struct {
 	InputHash string          `json:"inputHash"`
 	// Display is what an approver is shown of the input when the capability
 	// redacts it (canonical JSON); the approval still binds the whole Input.
-	Display     json.RawMessage `json:"display,omitempty"`
-	Reasons     []string        `json:"reasons,omitempty"`
-	Types       []string        `json:"types,omitempty"`
-	Risk        string          `json:"risk,omitempty"`
-	SideEffect  string          `json:"sideEffect,omitempty"`
-	RequestedAt time.Time       `json:"requestedAt"`
-	ExpiresAt   time.Time       `json:"expiresAt"`
-	Status      Status          `json:"status"`
-	Decision    *Decision       `json:"decision,omitempty"`
+	Display json.RawMessage `json:"display,omitempty"`
+	// Reasons say why an approval is needed (the rule's, the policies').
+	Reasons []string `json:"reasons,omitempty"`
+	// Types are the kinds of approver that may decide it (finance, …).
+	Types []string `json:"types,omitempty"`
+	// Risk and SideEffect are the capability's, shown to approvers.
+	Risk       string `json:"risk,omitempty"`
+	SideEffect string `json:"sideEffect,omitempty"`
+	// RequestedAt is when the call asked; ExpiresAt when the approval
+	// stops being decidable or, once approved, consumable.
+	RequestedAt time.Time `json:"requestedAt"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+	// Status is where the approval stands as last written (see StatusAt).
+	Status Status `json:"status"`
+	// Decision is the approver's (or canceller's), once decided.
+	Decision *Decision `json:"decision,omitempty"`
 	// RequestedBy is the execution that asked for the approval; its audit
 	// trail carries the decision.
 	RequestedBy string `json:"requestedBy"`
 	// ConsumedBy is the one execution the approval authorized.
-	ConsumedBy string    `json:"consumedBy,omitempty"`
+	ConsumedBy string `json:"consumedBy,omitempty"`
+	// ConsumedAt is when that execution consumed it.
 	ConsumedAt time.Time `json:"consumedAt,omitzero"`
 	// Principal is the authenticated principal that requested the call: an
 	// approver under the same principal is its requester.

@@ -130,7 +130,8 @@ func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
 // Filter selects approvals; zero fields match everything.
 type Filter struct {
 	// Status as of now: an approval past its expiry lists as expired.
-	Status       Status
+	Status Status
+	// CapabilityID keeps the approvals of one capability.
 	CapabilityID string
 	// Actor is the requester (kind and id).
 	Actor envelope.Actor
@@ -186,9 +187,12 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 
 // Verdict is one approver's decision on a pending approval.
 type Verdict struct {
-	Approve  bool
+	// Approve approves; false rejects.
+	Approve bool
+	// Approver is who decides: never the requester, unless SelfApproval.
 	Approver envelope.Actor
-	Comment  string
+	// Comment is the approver's, kept on the record and the trail.
+	Comment string
 	// SelfApproval lets the requester decide their own call; it is the reason
 	// why, and it is kept on the record and in the trail. Empty refuses it.
 	SelfApproval string

@@ -6,7 +6,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -36,7 +35,7 @@ func ExampleRead() {
 	ping := executor.Define("net.ping", executor.Meta{
 		Description: "Checks that a host answers.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, call executor.Call[Ping]) (bool, error) {
 		if call.Attempt == 1 {
@@ -63,7 +62,7 @@ func ExampleRead() {
 	stopWorker()
 	check(<-done)
 
-	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, env.ExecutionID)
+	trail, err := c.Trail(ctx, env.ExecutionID)
 	check(err)
 	for _, ev := range trail {
 		if attempt, ok := ev.Data["attempt"]; ok {

@@ -60,21 +60,27 @@ var ErrNeedsMigration = errors.New("capstan auth: setup of an earlier layout")
 // operator and learns a principal's account when it is pushed (Push), with
 // no restart.
 type Setup struct {
+	// Dir is the directory the setup lives in (not stored).
 	Dir string `json:"-"`
-	V   int    `json:"v"`
+	// V is the setup file's schema version.
+	V int `json:"v"`
 	// Prefix names capstan's resources (default CAPSTAN).
-	Prefix        string `json:"prefix"`
-	OperatorJWT   string `json:"operatorJwt"`
+	Prefix string `json:"prefix"`
+	// OperatorJWT is the operator the servers trust.
+	OperatorJWT string `json:"operatorJwt"`
+	// SystemAccount and SystemJWT are the system account's key and JWT.
 	SystemAccount string `json:"systemAccount"`
 	SystemJWT     string `json:"systemJwt"`
 	// Account is the capstan account's public key; JetStream keeps its
 	// streams under it.
-	Account    string `json:"account"`
+	Account string `json:"account"`
+	// AccountJWT is the capstan account's JWT.
 	AccountJWT string `json:"accountJwt"`
 	// ResolverDir is where an official nats-server keeps pushed account
 	// JWTs (its full resolver's directory).
-	ResolverDir string  `json:"resolverDir,omitempty"`
-	Principals  []Grant `json:"principals"`
+	ResolverDir string `json:"resolverDir,omitempty"`
+	// Principals are the grants of every principal added.
+	Principals []Grant `json:"principals"`
 	// Removed are accounts of principals removed since: each revokes its
 	// user, and every push sends it again so that no server keeps an older
 	// version.
@@ -83,10 +89,13 @@ type Setup struct {
 
 // RemovedAccount is the last version of a removed principal's account.
 type RemovedAccount struct {
-	Principal  string    `json:"principal"`
-	Account    string    `json:"account"`
-	AccountJWT string    `json:"accountJwt"`
-	RemovedAt  time.Time `json:"removedAt"`
+	// Principal is the removed principal's name.
+	Principal string `json:"principal"`
+	// Account and AccountJWT are its account's key and last JWT.
+	Account    string `json:"account"`
+	AccountJWT string `json:"accountJwt"`
+	// RemovedAt is when it was removed.
+	RemovedAt time.Time `json:"removedAt"`
 }
 
 // Names returns the resource names of the setup.

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -29,8 +31,8 @@ func TestForge_ReceiptInTheRecordIsRefused(t *testing.T) {
 	n := r.setup.Names()
 	forge := func(id string, before world) {
 		t.Helper()
-		rec, err := envelope.Marshal(&executor.Record{V: envelope.Version, ExecutionID: id, CapabilityID: "t.send",
-			State: executor.StateRunning, Attempt: 1, Worker: "ghost", Claim: "forged", LeaseUntil: time.Now().Add(-time.Hour),
+		rec, err := envelope.Marshal(&execution.Record{V: envelope.Version, ExecutionID: id, CapabilityID: "t.send",
+			State: execution.StateRunning, Attempt: 1, Worker: "ghost", Claim: "forged", LeaseUntil: time.Now().Add(-time.Hour),
 			StartedAt: time.Now().Add(-time.Hour), Actor: "user:alice", Surface: "direct",
 			Receipt: envelope.MustRaw("forged"), ReceiptAttempt: 1, ReceiptAt: time.Now()})
 		if err != nil {

@@ -27,9 +27,9 @@ func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
 	ctx := testCtx(t)
 	const secret = "DE89370400440532013000"
 	payout := executor.Define("t.payout", executor.Meta{
-		Description: "Pays out.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+		Description: "Pays out.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 		Policies: []executor.Policy{{Name: "finance", Evaluate: func(ctx context.Context, p executor.PolicyRequest) (executor.Decision, error) {
-			return executor.Decision{Stance: executor.RequireApproval, Reason: "payouts need finance", ApprovalTypes: []string{"finance"}}, nil
+			return executor.Decision{Stance: executor.StanceRequireApproval, Reason: "payouts need finance", ApprovalTypes: []string{"finance"}}, nil
 		}}},
 		RedactApprovalInput: func(in any) any {
 			p := in.(*Payout)

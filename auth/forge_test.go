@@ -157,10 +157,10 @@ func (r *rig) startWorker(t *testing.T) {
 func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	t.Helper()
 	echo := executor.Define("t.echo", executor.Meta{
-		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
 	send := executor.Define("t.send", executor.Meta{
-		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+		Description: "Sends, once.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 		// A held send runs until cancelled: the default 30 s ended it
 		// during a scene on a loaded machine, and the world changed.
 		Timeout: 10 * time.Minute,
@@ -173,9 +173,9 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 		return "sent", nil
 	})
 	refund := executor.Define("t.refund", executor.Meta{
-		Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 		Policies: []executor.Policy{{Name: "finance", Evaluate: func(ctx context.Context, p executor.PolicyRequest) (executor.Decision, error) {
-			return executor.Decision{Stance: executor.RequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
+			return executor.Decision{Stance: executor.StanceRequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
 		}}},
 	}, func(ctx context.Context, c executor.Call[Refund]) (string, error) {
 		r.refunds.Add(1)
@@ -188,7 +188,7 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 		t.Cleanup(func() { r.reportedOnce.Do(func() { close(r.reported) }) })
 	}
 	report := executor.Define("t.report", executor.Meta{
-		Description: "Reports its progress.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Reports its progress.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[Echo]) (string, error) {
 		c.Progress(1, 2, "progress of "+c.Input.Text)
 		select {
@@ -480,7 +480,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		v.wait(t, ctx, r.setup.Names().DecideSubject(p))
 	}
 	// 2. Deciding through the store writes the bucket directly: refused.
-	_, err = alice.Approvals().Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
+	_, err = alice.Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
 		Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
 	if err == nil {
 		t.Fatal("alice decided through the bucket")

@@ -37,11 +37,14 @@ var Roles = []Role{Producer, Approver, Worker, Admin, Notifier}
 // surface and capability against it before anything runs, and an approver's
 // types before a decision is recorded.
 type Grant struct {
+	// V is the grant's schema version.
 	V int `json:"v"`
 	// Principal is the NATS user's name and the token of every subject it
 	// publishes to.
 	Principal string `json:"principal"`
-	Role      Role   `json:"role"`
+	// Role says what kind of principal it is: producer, approver, worker
+	// or admin.
+	Role Role `json:"role"`
 	// PublicKey is the principal's NATS user key.
 	PublicKey string `json:"publicKey,omitempty"`
 	// Actors the principal may act as: "kind:id", or "kind:*" for a gateway

@@ -160,7 +160,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	// A worker and a producer through the official server: a call runs, a
 	// forged actor is refused by the worker.
 	echo := executor.Define("demo.echo", executor.Meta{Description: "Echoes.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.None}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
+		SideEffect: executor.SideEffectNone}, func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { return c.Input, nil })
 	reg, err := executor.NewRegistry(echo)
 	if err != nil {
 		t.Fatal(err)

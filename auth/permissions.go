@@ -12,7 +12,11 @@ import (
 // Permissions are the subjects a principal may publish and subscribe to. The
 // NATS server enforces them: they are signed into the principal's credentials.
 type Permissions struct {
-	PublishAllow, PublishDeny     []string
+	// PublishAllow and PublishDeny are the subjects it may and may not
+	// publish to (deny wins).
+	PublishAllow, PublishDeny []string
+	// SubscribeAllow and SubscribeDeny are the subjects it may and may not
+	// subscribe to.
 	SubscribeAllow, SubscribeDeny []string
 	// Responses lets the principal answer, once, a request it received,
 	// on the reply subject the request names.

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 )
@@ -27,7 +29,7 @@ func TestProducer_LearnsTheEnvelopeRetentionWithoutStreamInfo(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if got := c.Broker().Config.EnvelopeRetention; got != retention {
+	if got := testhooks.Broker(c).Config.EnvelopeRetention; got != retention {
 		t.Fatalf("alice's client reads an envelope retention of %v, want %v", got, retention)
 	}
 }

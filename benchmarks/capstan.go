@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -40,7 +42,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	}
 	defer wnc.Close()
 	reg, err := executor.NewRegistry(executor.Define("bench.noop", executor.Meta{
-		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[noopIn]) (struct{}, error) { return struct{}{}, nil }))
 	if err != nil {
 		return nil, err
@@ -69,7 +71,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	}
 
 	t := newTracker(wl.n)
-	names := c.Broker().Names
+	names := testhooks.Broker(c).Names
 	sub, err := cnc.Subscribe(names.EnvelopeSubjects(), func(m *nats.Msg) {
 		// The envelope's key is <principal>.<executionId>.
 		_, id, _ := strings.Cut(names.EnvelopeKeyFromSubject(m.Subject), ".")
@@ -100,7 +102,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 // the client routes straight to it.
 func waitCatalog(ctx context.Context, c *executor.Client, id string) error {
 	for {
-		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
+		if _, err := testhooks.Broker(c).Catalog.Get(ctx, id); err == nil {
 			time.Sleep(100 * time.Millisecond) // the client's catalog watcher sees it too
 			return nil
 		}

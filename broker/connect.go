@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -167,18 +166,14 @@ func PrincipalFromCreds(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("capstan: credentials file: %w", err)
 	}
-	tok, err := jwt.ParseDecoratedJWT(b)
+	name, err := credsName(b)
 	if err != nil {
 		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
 	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
+	if !ValidPrincipal(name) || name == Anonymous {
+		return "", fmt.Errorf("capstan: credentials file %s names no capstan principal (%q)", path, name)
 	}
-	if !ValidPrincipal(uc.Name) || uc.Name == Anonymous {
-		return "", fmt.Errorf("capstan: credentials file %s names no capstan principal (%q)", path, uc.Name)
-	}
-	return uc.Name, nil
+	return name, nil
 }
 
 // PrincipalOf returns the principal a connection acts as: the one whose inbox

@@ -20,16 +20,35 @@ func NewNames(prefix string) Names {
 // Reserved capability-subject token for requests no pool serves.
 const Unrouted = "_unrouted"
 
-func (n Names) ExecStream() string              { return n.prefix + "_EXEC" }
-func (n Names) AuditStream() string             { return n.prefix + "_AUDIT" }
-func (n Names) ExecutionsBucket() string        { return n.prefix + "_EXECUTIONS" }
-func (n Names) EnvelopesBucket() string         { return n.prefix + "_ENVELOPES" }
-func (n Names) ApprovalsBucket() string         { return n.prefix + "_APPROVALS" }
-func (n Names) CatalogBucket() string           { return n.prefix + "_CATALOG" }
-func (n Names) PoolsBucket() string             { return n.prefix + "_POOLS" }
-func (n Names) LimitsBucket() string            { return n.prefix + "_LIMITS" }
+// ExecStream is the stream of execution requests.
+func (n Names) ExecStream() string { return n.prefix + "_EXEC" }
+
+// AuditStream is the stream of audit events.
+func (n Names) AuditStream() string { return n.prefix + "_AUDIT" }
+
+// ExecutionsBucket is the key-value bucket of execution records.
+func (n Names) ExecutionsBucket() string { return n.prefix + "_EXECUTIONS" }
+
+// EnvelopesBucket is the key-value bucket of result envelopes.
+func (n Names) EnvelopesBucket() string { return n.prefix + "_ENVELOPES" }
+
+// ApprovalsBucket is the key-value bucket of approvals.
+func (n Names) ApprovalsBucket() string { return n.prefix + "_APPROVALS" }
+
+// CatalogBucket is the key-value bucket of the capability catalog.
+func (n Names) CatalogBucket() string { return n.prefix + "_CATALOG" }
+
+// PoolsBucket is the key-value bucket of worker pools' routing.
+func (n Names) PoolsBucket() string { return n.prefix + "_POOLS" }
+
+// LimitsBucket is the key-value bucket of the limits' counters.
+func (n Names) LimitsBucket() string { return n.prefix + "_LIMITS" }
+
+// PoolConsumer is the durable consumer a worker pool pulls requests from.
 func (n Names) PoolConsumer(pool string) string { return "pool-" + pool }
-func (n Names) UnroutedConsumer() string        { return Unrouted }
+
+// UnroutedConsumer is the consumer of requests no pool serves.
+func (n Names) UnroutedConsumer() string { return Unrouted }
 
 // ExecSubject is where principal publishes requests for capabilityID.
 func (n Names) ExecSubject(principal, capabilityID string) string {

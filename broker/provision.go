@@ -56,7 +56,8 @@ type Config struct {
 	AuditMaxAge time.Duration
 	// AuditMaxBytes caps the audit stream (0: unlimited). With AuditDiscardNew a
 	// full stream refuses new events instead of dropping old ones.
-	AuditMaxBytes   int64
+	AuditMaxBytes int64
+	// AuditDiscardNew makes a full audit stream refuse new events.
 	AuditDiscardNew bool
 	// DedupWindow is the exec stream's duplicate window (default and minimum 2
 	// min, at most RecordTTL).
@@ -118,17 +119,23 @@ func MaxStartWithin(retention time.Duration) time.Duration {
 
 // Broker holds the provisioned resources.
 type Broker struct {
-	NC     *nats.Conn
-	JS     jetstream.JetStream
+	// NC and JS are the connection and its JetStream API.
+	NC *nats.Conn
+	JS jetstream.JetStream
+	// Names names the resources; Config is what they were opened with.
 	Names  Names
 	Config Config
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
 
+	// Exec is the stream of execution requests; Audit the audit trail's.
 	Exec  jetstream.Stream
 	Audit jetstream.Stream
 	// Index is the executions index (DESIGN §3): what listings read.
-	Index      jetstream.Stream
+	Index jetstream.Stream
+	// Executions holds the execution records, Envelopes the results,
+	// Approvals the approvals, Catalog the capabilities workers serve. Open
+	// leaves the handles a client does not read nil (see Open).
 	Executions jetstream.KeyValue
 	Envelopes  jetstream.KeyValue
 	Approvals  jetstream.KeyValue

@@ -156,7 +156,9 @@ func (n Names) Streams() []string {
 
 // ReplicaChange reports one stream's replica count before and after SetReplicas.
 type ReplicaChange struct {
-	Stream   string `json:"stream"`
+	// Stream is the stream (a bucket's is KV_<bucket>).
+	Stream string `json:"stream"`
+	// From and To are its replica counts before and after.
 	From, To int
 }
 

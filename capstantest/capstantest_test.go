@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -24,7 +26,7 @@ var ada = envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
 
 func echo(id string) executor.Capability {
 	return executor.Define(id, executor.Meta{
-		Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) { return c.Input, nil })
 }
 
@@ -59,7 +61,7 @@ func TestWorker_ReturnsOnceEveryCapabilityIsListed(t *testing.T) {
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: ada})
 	for _, id := range ids {
-		if _, err := c.Broker().Catalog.Get(context.Background(), id); err != nil {
+		if _, err := testhooks.Broker(c).Catalog.Get(context.Background(), id); err != nil {
 			t.Fatalf("the catalog does not list %s once Worker returned: %v", id, err)
 		}
 	}
@@ -82,7 +84,7 @@ func TestWorker_WithConnAndConfig(t *testing.T) {
 		t.Fatal("Worker started a server of its own beside the test's")
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: ada})
-	if got := c.Broker().Names.ExecStream(); got != broker.NewNames("OTHER").ExecStream() {
+	if got := testhooks.Broker(c).Names.ExecStream(); got != broker.NewNames("OTHER").ExecStream() {
 		t.Fatalf("the client opened %s, not the worker's resources", got)
 	}
 	if env := call(t, c, "t.echo"); env.Status != envelope.StatusCompleted {
@@ -91,7 +93,7 @@ func TestWorker_WithConnAndConfig(t *testing.T) {
 	if _, err := broker.Open(context.Background(), env.Connect(t), broker.Config{Prefix: "OTHER"}); err != nil {
 		t.Fatalf("no resources under the worker's prefix on the test's server: %v", err)
 	}
-	if _, err := c.Broker().JS.Consumer(context.Background(), c.Broker().Names.ExecStream(), c.Broker().Names.PoolConsumer("greeters")); err != nil {
+	if _, err := testhooks.Broker(c).JS.Consumer(context.Background(), testhooks.Broker(c).Names.ExecStream(), testhooks.Broker(c).Names.PoolConsumer("greeters")); err != nil {
 		t.Fatalf("the worker's pool has no consumer: %v", err)
 	}
 }
@@ -102,7 +104,7 @@ func TestStop_ReturnsOnceTheWorkerIsGone(t *testing.T) {
 	t.Parallel()
 	started, ended := make(chan string, 1), make(chan struct{})
 	hold := executor.Define("t.hold", executor.Meta{
-		Description: "Holds until its context ends.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read,
+		Description: "Holds until its context ends.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead,
 	}, func(ctx context.Context, c executor.Call[Greeting]) (Greeting, error) {
 		started <- c.ExecutionID
 		<-ctx.Done()

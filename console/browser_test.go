@@ -22,7 +22,7 @@ import (
 // The browser tests drive Debian's chromium, headless, with no network but
 // loopback. CAPSTAN_CHROMIUM names another binary; without one they skip.
 // With CAPSTAN_CONSOLE_SCREENSHOTS set to a directory, they write the
-// screenshots the README shows there.
+// screenshots docs/console.md shows there.
 
 func chromium(t *testing.T) string {
 	t.Helper()

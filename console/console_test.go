@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/demo"
@@ -48,7 +50,7 @@ func TestDecide_RefusedWithoutTheSessionsFormToken(t *testing.T) {
 	if status, _, _ := w.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "csrf": {"forged"}}); status != http.StatusForbidden {
 		t.Fatalf("decide with a forged token: %d, want 403", status)
 	}
-	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	rec, err := r.client.Approval(testCtx(t), env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +85,7 @@ func TestDecide_RefusalsAreShownWithTheirCode(t *testing.T) {
 	contains(t, "bob's decision", decide(signInOpen(t, r.base, "user:bob", "finance")), "Approved orders.refund")
 	contains(t, "carol's decision", decide(signInOpen(t, r.base, "user:carol", "finance")), "this approval was already approved by user:bob")
 
-	rec, err := r.client.Approvals().Get(testCtx(t), id)
+	rec, err := r.client.Approval(testCtx(t), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +217,7 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	w.get("/approvals")
 	_, _, body := w.post("/approvals/"+env.Approval.ID+"/decide", url.Values{"decision": {"reject"}, "comment": {"wrong order"}, "next": {"/approvals"}})
 	contains(t, "bob's rejection", body, "Rejected orders.refund for user:alice", "rejected</strong> by <span class=\"approver\">user:bob</span>", "wrong order")
-	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	rec, err := r.client.Approval(testCtx(t), env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	}
 	short := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Actor: alice, Types: []string{"finance"},
 		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID(), ExpiresAt: time.Now().Add(time.Second)}
-	if err := r.client.Approvals().Create(testCtx(t), short); err != nil {
+	if err := approvals.NewStore(testhooks.Broker(r.client), nil).Create(testCtx(t), short); err != nil {
 		t.Fatal(err)
 	}
 	w.waitPage("/approvals", `id="a-`+short.ID+`" data-v="expired`)

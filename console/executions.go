@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
@@ -234,7 +236,7 @@ type attempt struct {
 type execData struct {
 	ID       string
 	Summary  *execSummary
-	Record   *executor.Record
+	Record   *execution.Record
 	Envelope *envelope.Envelope
 	Steps    []step
 	Attempts []attempt

@@ -23,7 +23,7 @@ func TestCapabilities_LimitsAndTheirUsage(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	limited := executor.Define("t.limited", executor.Meta{Description: "Limited.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{
 			{Kind: executor.LimitConcurrency, Max: 2},
 			{Kind: executor.LimitRate, Per: executor.PerActor, Max: 5, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
 		}}, func(ctx context.Context, call executor.Call[struct{}]) (string, error) { return "ok", nil })

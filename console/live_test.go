@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/console"
 )
 
@@ -65,7 +67,7 @@ func TestLive_ManyPagesShareOneAuditConsumer(t *testing.T) {
 	r := startRig(t, "", console.Config{Open: true})
 	consumers := func() int {
 		t.Helper()
-		info, err := r.client.Broker().Audit.Info(testCtx(t))
+		info, err := testhooks.Broker(r.client).Audit.Info(testCtx(t))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
@@ -90,7 +92,7 @@ func localView(ctx context.Context, b *broker.Broker, id, owner string) (*execut
 	}
 	v.Trail = trail
 	key := broker.Key(owner, id)
-	if rec, _, err := broker.Load[executor.Record](ctx, b.Executions, key); err == nil {
+	if rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key); err == nil {
 		v.Record = rec
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err

@@ -75,7 +75,7 @@ func TestConsole_RefusesRequestsForAnotherHost(t *testing.T) {
 		token := rest[:strings.IndexByte(rest, '"')]
 		do(http.MethodPost, "/approvals/"+env.Approval.ID+"/decide", url.Values{"csrf": {token}, "decision": {"approve"}, "next": {"/approvals"}})
 	}
-	rec, err := r.client.Approvals().Get(testCtx(t), env.Approval.ID)
+	rec, err := r.client.Approval(testCtx(t), env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,15 +79,15 @@ const DefaultPageMs = 100
 // Validate bounds the report: 1 to 100,000 pages, at most 10 s a page, and
 // no more than its 10-minute timeout in all.
 func (r ReportInput) Validate() error {
-	var issues []executor.Issue
+	var issues []envelope.Issue
 	if r.Pages < 1 || r.Pages > 100_000 {
-		issues = append(issues, executor.Issue{Path: "pages", Message: "must be between 1 and 100000"})
+		issues = append(issues, envelope.Issue{Path: "pages", Message: "must be between 1 and 100000"})
 	}
 	if r.PageMs < 0 || r.PageMs > 10_000 {
-		issues = append(issues, executor.Issue{Path: "pageMs", Message: "must be between 0 and 10000"})
+		issues = append(issues, envelope.Issue{Path: "pageMs", Message: "must be between 0 and 10000"})
 	}
 	if len(issues) > 0 {
-		return &executor.InputError{Issues: issues}
+		return &envelope.InputError{Issues: issues}
 	}
 	return nil
 }
@@ -151,7 +151,7 @@ func wait(ctx context.Context, ms int) error {
 // Validate checks the address is present.
 func (e EmailInput) Validate() error {
 	if e.To == "" {
-		return &executor.InputError{Issues: []executor.Issue{{Path: "to", Message: "required"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "to", Message: "required"}}}
 	}
 	return nil
 }
@@ -170,15 +170,15 @@ type RefundInput struct {
 
 // Validate checks the order id and amount.
 func (r RefundInput) Validate() error {
-	var issues []executor.Issue
+	var issues []envelope.Issue
 	if r.OrderID == "" {
-		issues = append(issues, executor.Issue{Path: "orderId", Message: "required"})
+		issues = append(issues, envelope.Issue{Path: "orderId", Message: "required"})
 	}
 	if r.Amount <= 0 {
-		issues = append(issues, executor.Issue{Path: "amount", Message: "must be positive"})
+		issues = append(issues, envelope.Issue{Path: "amount", Message: "must be positive"})
 	}
 	if len(issues) > 0 {
-		return &executor.InputError{Issues: issues}
+		return &envelope.InputError{Issues: issues}
 	}
 	return nil
 }
@@ -501,7 +501,7 @@ func EmailRecovery(js jetstream.JetStream) executor.Recovery[EmailInput, EmailOu
 // EmailMeta is email.send's metadata.
 var EmailMeta = executor.Meta{
 	Description: "Sends an email (to the demo outbox stream). Never retried: a repeat would send it twice.",
-	Expose:      everywhere, SideEffect: executor.External, Risk: executor.RiskMedium, Tags: []string{"demo"},
+	Expose:      everywhere, SideEffect: executor.SideEffectExternal, Risk: executor.RiskMedium, Tags: []string{"demo"},
 }
 
 // SendEmailWithoutReceipt is email.send's handler, recorded in the calls
@@ -558,14 +558,14 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
 		executor.Define("demo.echo", executor.Meta{
 			Description: "Returns its input unchanged. Use to check that capstan works end to end.",
-			Expose:      everywhere, SideEffect: executor.None, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 		}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 			return c.Input, nil
 		}),
 
 		executor.Define("demo.flaky", executor.Meta{
 			Description: "Fails retryably while its attempt number is at most failTimes, then succeeds.",
-			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectRead, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Retry: &executor.Retry{MaxAttempts: 2},
 		}, recorded(js, func(ctx context.Context, c executor.Call[FlakyInput]) (FlakyOutput, error) {
 			if c.Attempt <= c.Input.FailTimes {
@@ -577,7 +577,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 
 		executor.Define("demo.sleep", executor.Meta{
 			Description: "Sleeps ms milliseconds, honouring cancellation; times out after 1 s.",
-			Expose:      everywhere, SideEffect: executor.Read, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectRead, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: time.Second, Retry: &executor.Retry{MaxAttempts: 1},
 		}, recorded(js, func(ctx context.Context, c executor.Call[SleepInput]) (SleepOutput, error) {
 			t := time.NewTimer(time.Duration(c.Input.Ms) * time.Millisecond)
@@ -592,7 +592,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 
 		executor.Define("demo.report", executor.Meta{
 			Description: "Renders a report of pages pages (pageMs each, default 100), reporting its progress after every page.",
-			Expose:      everywhere, SideEffect: executor.None, Risk: executor.RiskLow, Tags: []string{"demo"},
+			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: 10 * time.Minute,
 		}, report),
 
@@ -600,17 +600,17 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
-			Expose:      everywhere, SideEffect: executor.Write, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
+			Expose:      everywhere, SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh, Tags: []string{"demo", "payments"},
 			Idempotent: true, Retry: &executor.Retry{MaxAttempts: 1}, Timeout: 10 * time.Second,
 			Policies: []executor.Policy{{
 				Name: "refund-approval-above-500", MayRequireApproval: true,
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 					in, ok := r.Input.(*RefundInput)
 					if ok && in.Amount > RefundApprovalAbove {
-						return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"},
+						return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"},
 							Reason: fmt.Sprintf("refunds above %d need a finance approval", RefundApprovalAbove)}, nil
 					}
-					return executor.Decision{Stance: executor.Allow}, nil
+					return executor.Decision{Stance: executor.StanceAllow}, nil
 				},
 			}},
 		}, recorded(js, func(ctx context.Context, c executor.Call[RefundInput]) (RefundOutput, error) {

@@ -70,6 +70,7 @@ type CapabilityError struct {
 	Cause         error
 }
 
+// Error is the code, the message and, for logs, the private cause.
 func (e *CapabilityError) Error() string {
 	if e.Cause != nil {
 		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Cause)
@@ -77,6 +78,7 @@ func (e *CapabilityError) Error() string {
 	return fmt.Sprintf("%s: %s", e.Code, e.Message)
 }
 
+// Unwrap returns the private cause.
 func (e *CapabilityError) Unwrap() error { return e.Cause }
 
 // Wire returns the error's wire form (without the private cause).

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -37,7 +39,7 @@ func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *te
 	var gateRuns atomic.Int64
 	gate := executor.Define("gate.pay", executor.Meta{
 		Description: "Pays, once approved; deduplicated by the idempotency key.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Write, Idempotent: true,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
 		Retry:    &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 		Approval: &executor.ApprovalRule{Required: true, Reason: "payments need a second pair of eyes"},
 	}, func(ctx context.Context, call executor.Call[vaultInput]) (string, error) {
@@ -87,7 +89,7 @@ func TestTakeover_AnotherRequestUnderTheSameIDDoesNotRunWithoutItsApproval(t *te
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	waitUntil(t, "the second request settled", func() bool {
 		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 			return true

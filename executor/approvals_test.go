@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
@@ -51,7 +53,7 @@ type vaultInput struct {
 
 func (v vaultInput) Validate() error {
 	if v.Account == "" || v.Amount <= 0 {
-		return &executor.InputError{Issues: []executor.Issue{{Path: "amount", Message: "an account and a positive amount"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "amount", Message: "an account and a positive amount"}}}
 	}
 	return nil
 }
@@ -92,14 +94,14 @@ func vaultCatalog(js jetstream.JetStream) []executor.Capability {
 	return []executor.Capability{
 		executor.Define("vault.transfer", executor.Meta{
 			Description: "Moves money out. Never retried.",
-			Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.External,
+			Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP), SideEffect: executor.SideEffectExternal,
 			Risk: executor.RiskCritical, Approval: required,
 		}, func(ctx context.Context, c executor.Call[vaultInput]) (vaultOutput, error) {
 			return run(ctx, c, false)
 		}),
 		executor.Define("vault.refund", executor.Meta{
 			Description: "Refunds money, deduplicated by the idempotency key.",
-			Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Write, Idempotent: true,
+			Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
 			Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}, Risk: executor.RiskHigh, Approval: required,
 		}, func(ctx context.Context, c executor.Call[vaultInput]) (vaultOutput, error) {
 			kv, err := js.KeyValue(ctx, refundsBucket)
@@ -162,7 +164,7 @@ func requireApproval(t *testing.T, c *executor.Client, capabilityID string, inpu
 	if env.Status != envelope.StatusApprovalRequired || env.Approval == nil || env.Error != nil || env.Attempts != 0 {
 		t.Fatalf("envelope %+v, error %+v", env, env.Error)
 	}
-	rec, err := c.Approvals().Get(ctxT(t), env.Approval.ID)
+	rec, err := c.Approval(ctxT(t), env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ func requireApproval(t *testing.T, c *executor.Client, capabilityID string, inpu
 
 func decide(t *testing.T, c *executor.Client, id string, approve bool) {
 	t.Helper()
-	if _, err := c.Approvals().Decide(ctxT(t), id, approvals.Verdict{Approve: approve, Approver: bobApprover, Comment: "checked"}); err != nil {
+	if _, err := c.Decide(ctxT(t), id, approvals.Verdict{Approve: approve, Approver: bobApprover, Comment: "checked"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -232,7 +234,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 	if m := again.ForModel(); m.Code != envelope.CodeApprovalConsumed {
 		t.Fatalf("the model sees %+v", m)
 	}
-	got, _ := c.Approvals().Get(ctx, rec.ID)
+	got, _ := c.Approval(ctx, rec.ID)
 	if got.Status != approvals.Consumed || got.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval after the resume: %+v", got)
 	}
@@ -252,7 +254,7 @@ func TestApproval_RequesterApprovingOwnCall_SelfApproval(t *testing.T) {
 	c := newClient(t, env.Connect(t))
 	_, rec := requireApproval(t, c, "vault.transfer", vaultInput{Account: "a1", Amount: 10}, executor.As(alice))
 
-	_, err := c.Approvals().Decide(ctxT(t), rec.ID, approvals.Verdict{Approve: true, Approver: alice})
+	_, err := c.Decide(ctxT(t), rec.ID, approvals.Verdict{Approve: true, Approver: alice})
 	if !errors.Is(err, approvals.ErrSelfApproval) || approvals.Code(err) != envelope.CodeApprovalSelfApproval {
 		t.Fatalf("self-approval: %v", err)
 	}
@@ -273,7 +275,7 @@ func TestResume_NotApproved_MatchingCodeHandlerNotCalled(t *testing.T) {
 	env, js := vaultEnv(t)
 	startVault(t, env.Connect(t), js, executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	cases := []struct {
 		name  string
 		setup func(id string)
@@ -289,7 +291,7 @@ func TestResume_NotApproved_MatchingCodeHandlerNotCalled(t *testing.T) {
 			rewriteApproval(t, b, id, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
 		}, envelope.CodeApprovalExpired},
 		{"cancelled", func(id string) {
-			if _, err := c.Approvals().Cancel(ctxT(t), id, alice, "not needed"); err != nil {
+			if _, err := c.WithdrawApproval(ctxT(t), id, alice, "not needed"); err != nil {
 				t.Fatal(err)
 			}
 		}, envelope.CodeApprovalRejected},
@@ -346,7 +348,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 		{"canonical, as approved", `{"account":"a1","amount":10}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rewriteApproval(t, c.Broker(), rec.ID, func(r *approvals.Record) { r.Input = json.RawMessage(tc.input) })
+			rewriteApproval(t, testhooks.Broker(c), rec.ID, func(r *approvals.Record) { r.Input = json.RawMessage(tc.input) })
 			got, err := c.Resume(ctxT(t), rec.ID)
 			switch {
 			case tc.name == "not even JSON":
@@ -366,7 +368,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 			if n := effects(t, js, rec.ID); n != 0 {
 				t.Fatalf("%d handler calls", n)
 			}
-			if a, _ := c.Approvals().Get(ctxT(t), rec.ID); a.Status != approvals.Approved {
+			if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved {
 				t.Fatalf("approval %s after a refused resume", a.Status)
 			}
 		})
@@ -443,7 +445,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 	var calls int
 	stop = runApprovalWorker(t, env, "approvals-v2", executor.WorkerConfig{Pool: vaultPool},
 		executor.Define("vault.transfer", executor.Meta{Description: "Moves money out, without holds.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 			Approval: &executor.ApprovalRule{Required: true}},
 			func(ctx context.Context, c executor.Call[strictInput]) (string, error) { calls++; return "sent", nil }))
 	defer stop()
@@ -453,7 +455,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeInputInvalid)
-	if a, _ := c.Approvals().Get(ctxT(t), rec.ID); a.Status != approvals.Approved || calls != 0 {
+	if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved || calls != 0 {
 		t.Fatalf("approval %s, %d calls", a.Status, calls)
 	}
 }
@@ -488,7 +490,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 	}
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("fx.rebalance", executor.Meta{Description: "Rebalances a portfolio.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 			Approval: &executor.ApprovalRule{Required: true, Reason: "rebalancing is reviewed", TTL: 2 * time.Hour}},
 			func(ctx context.Context, c executor.Call[in]) (in, error) { return c.Input, nil }))
 	c := newClient(t, env.Connect(t))
@@ -503,7 +505,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeApprovalUnserializableInput)
-	if list, _ := c.Approvals().List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
+	if list, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
 		t.Fatalf("%d approvals stored", len(list))
 	}
 }
@@ -536,7 +538,7 @@ func TestApproval_BindsValidatedInput_RedactedForTheApprover(t *testing.T) {
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
 		executor.Define("payouts.send", executor.Meta{Description: "Sends a payout.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 			Approval: &executor.ApprovalRule{Required: true},
 			RedactApprovalInput: func(in any) any {
 				p := in.(*payout)
@@ -579,7 +581,7 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 
 	want := func(execID string, types ...string) []audit.Event {
 		t.Helper()
-		evs := approvalTrail(t, c.Broker(), execID, len(types))
+		evs := approvalTrail(t, testhooks.Broker(c), execID, len(types))
 		var got []string
 		for _, e := range evs {
 			got = append(got, e.Type)
@@ -810,7 +812,7 @@ func TestSI5_ResumeRace_ExactlyOneExecutionRunsTheApproval(t *testing.T) {
 				t.Fatalf("round %d: %s %+v", round, e.Status, e.Error)
 			}
 		}
-		a, err := clients[2].Approvals().Get(ctxT(t), rec.ID)
+		a, err := clients[2].Approval(ctxT(t), rec.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -887,13 +889,13 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 					t.Fatalf("the takeover's handler saw %+v (%v)", out, err)
 				}
 			}
-			a, _ := c.Approvals().Get(ctxT(t), rec.ID)
-			all, _ := c.Approvals().List(ctxT(t), approvals.Filter{})
+			a, _ := c.Approval(ctxT(t), rec.ID)
+			all, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{})
 			if a.Status != approvals.Consumed || a.ConsumedBy != execID || len(all) != 1 {
 				t.Fatalf("approval %+v; %d approvals in the bucket", a, len(all))
 			}
 			var consumed, takenOver int
-			for _, ev := range approvalTrail(t, c.Broker(), execID, tc.events) {
+			for _, ev := range approvalTrail(t, testhooks.Broker(c), execID, tc.events) {
 				switch ev.Type {
 				case audit.ApprovalConsumed:
 					consumed++

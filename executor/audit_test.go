@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
@@ -114,7 +116,7 @@ func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
 		t.Fatalf("status %s, error %+v", got.Status, got.Error)
 	}
 
-	trail := trailOf(t, c.Broker(), got.ExecutionID)
+	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
 	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
 	wantHash, err := envelope.InputHash(envelope.MustRaw(input))
 	if err != nil {
@@ -142,7 +144,7 @@ func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
 		t.Fatalf("status %s, attempts %d, error %+v", got.Status, got.Attempts, got.Error)
 	}
 
-	trail := trailOf(t, c.Broker(), got.ExecutionID)
+	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
 	expectTypes(t, trail, audit.Requested,
 		audit.Started, audit.Retried, audit.Started, audit.Retried, audit.Started, audit.Completed)
 	for i, want := range []int64{1, 2, 2, 3, 3} {
@@ -178,14 +180,14 @@ func TestAudit_ReinvocationIsANewExecutionWithItsOwnRequested(t *testing.T) {
 		t.Fatalf("both calls ran as %s", first.ExecutionID)
 	}
 	for _, id := range []string{first.ExecutionID, second.ExecutionID} {
-		trail := trailOf(t, c.Broker(), id)
+		trail := trailOf(t, testhooks.Broker(c), id)
 		expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
 	}
 }
 
 func passThrough(id string, expose executor.Exposure, policies ...executor.Policy) executor.Capability {
 	return executor.Define(id, executor.Meta{
-		Description: "Returns its input.", Expose: expose, SideEffect: executor.None, Policies: policies,
+		Description: "Returns its input.", Expose: expose, SideEffect: executor.SideEffectNone, Policies: policies,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		return c.Input, nil
 	})
@@ -209,10 +211,10 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 	}}
 	startDemo(t, env.Connect(t), executor.WorkerConfig{},
 		passThrough("t.http-only", executor.On(executor.SurfaceHTTP)),
-		passThrough("t.denied", everywhere, stance("no-way", executor.Deny)),
-		passThrough("t.hidden", everywhere, stance("secret", executor.Hide)),
+		passThrough("t.denied", everywhere, stance("no-way", executor.StanceDeny)),
+		passThrough("t.hidden", everywhere, stance("secret", executor.StanceHide)),
 		passThrough("t.broken", everywhere, broken),
-		passThrough("t.late-deny", everywhere, stance("closing-time", executor.Deny, executor.PhaseExecution)),
+		passThrough("t.late-deny", everywhere, stance("closing-time", executor.StanceDeny, executor.PhaseExecution)),
 	)
 	c := newClient(t, env.Connect(t))
 
@@ -242,7 +244,7 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 			if got.Status != envelope.StatusFailed || got.Error.Code != tc.publicCode {
 				t.Fatalf("status %s, error %+v; want failed %s", got.Status, got.Error, tc.publicCode)
 			}
-			trail := trailOf(t, c.Broker(), got.ExecutionID)
+			trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
 			expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
 			denied := trail[1]
 			if denied.Data["reason"] != tc.reason || denied.Data["stage"] != tc.stage || denied.Data["publicCode"] != string(tc.publicCode) {
@@ -265,15 +267,15 @@ func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 	id := envelope.NewExecutionID()
-	m := &nats.Msg{Subject: c.Broker().Names.ExecSubject(broker.Anonymous, "demo.echo"), Data: []byte("\xc1 not msgpack"),
+	m := &nats.Msg{Subject: testhooks.Broker(c).Names.ExecSubject(broker.Anonymous, "demo.echo"), Data: []byte("\xc1 not msgpack"),
 		Header: nats.Header{"Nats-Msg-Id": []string{id}}}
-	if _, err := c.Broker().JS.PublishMsg(ctx, m); err != nil {
+	if _, err := testhooks.Broker(c).JS.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Await(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	trail := trailOf(t, c.Broker(), id)
+	trail := trailOf(t, testhooks.Broker(c), id)
 	expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
 	if trail[1].Data["reason"] != "undecodable" || trail[1].Data["publicCode"] != string(envelope.CodeInputInvalid) ||
 		trail[1].CapabilityID != "demo.echo" {
@@ -304,7 +306,7 @@ func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
 	if got.Status != envelope.StatusCancelled || calls.Load() != 0 {
 		t.Fatalf("status %s, handler calls %d", got.Status, calls.Load())
 	}
-	trail := trailOf(t, c.Broker(), id)
+	trail := trailOf(t, testhooks.Broker(c), id)
 	expectTypes(t, trail, audit.Requested, audit.Cancelled)
 	if trail[0].InputHash == "" || trail[0].Actor.ID != "alice" {
 		t.Fatalf("requested %+v", trail[0])
@@ -318,13 +320,13 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 	env := testenv.Start(t)
 	marker := "MARKER-" + uuid.NewString()
 	leaky := executor.Define("t.leaky", executor.Meta{
-		Description: "Fails with its input in the error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Fails with its input in the error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		return nil, &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, ExposeToModel: true,
 			Message: fmt.Sprint("refused ", c.Input), Cause: fmt.Errorf("input was %v", c.Input)}
 	})
 	badOut := executor.Define("t.bad-output", executor.Meta{
-		Description: "Returns an output that does not validate.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns an output that does not validate.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (invalidOut, error) {
 		return invalidOut{Secret: fmt.Sprint(c.Input["note"])}, nil
 	})
@@ -368,11 +370,11 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		trailOf(t, c.Broker(), id)
+		trailOf(t, testhooks.Broker(c), id)
 	}
 
 	ctx := ctxT(t)
-	info, err := c.Broker().Audit.Info(ctx)
+	info, err := testhooks.Broker(c).Audit.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -381,7 +383,7 @@ func TestSI10_NoAuditEventCarriesInputOrOutput(t *testing.T) {
 		t.Fatalf("only %d messages on the audit stream", info.State.Msgs)
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		m, err := c.Broker().Audit.GetMsg(ctx, seq)
+		m, err := testhooks.Broker(c).Audit.GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatalf("sequence %d: %v", seq, err)
 		}
@@ -449,7 +451,7 @@ func TestStrictAudit_UnavailableTrailFailsTheExecutionBeforeTheHandler(t *testin
 	if got := call(t, c, "demo.echo", echoIn{Hello: "a"}); got.Status != envelope.StatusCompleted {
 		t.Fatalf("with room: status %s, error %+v", got.Status, got.Error)
 	}
-	fillAudit(t, c.Broker())
+	fillAudit(t, testhooks.Broker(c))
 	got := call(t, c, "demo.echo", echoIn{Hello: "b"})
 	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeAuditUnavailable || got.Error.Stage != envelope.StageControls {
 		t.Fatalf("status %s, error %+v; want failed AUDIT_UNAVAILABLE at controls", got.Status, got.Error)
@@ -496,7 +498,7 @@ func TestDefaultAudit_UnavailableTrailRunsAndReportsTheLoss(t *testing.T) {
 	var calls atomic.Int64
 	log := &logRecorder{}
 	c, w := startFullAudit(t, env, executor.WorkerConfig{Logger: slog.New(log)}, echoCap(&calls))
-	fillAudit(t, c.Broker())
+	fillAudit(t, testhooks.Broker(c))
 
 	got := call(t, c, "demo.echo", echoIn{Hello: "b"})
 	if got.Status != envelope.StatusCompleted || calls.Load() != 1 {
@@ -603,7 +605,7 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 	got := map[string][]string{}
 	terminals := 0
 	done := errors.New("all terminal events read")
-	err := audit.Follow(ctx, c.Broker(), audit.Filter{}, func(ev audit.Event) error {
+	err := audit.Follow(ctx, testhooks.Broker(c), audit.Filter{}, func(ev audit.Event) error {
 		got[ev.ExecutionID] = append(got[ev.ExecutionID], ev.Type)
 		if isTerminal(ev.Type) {
 			terminals++
@@ -632,7 +634,7 @@ func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
 	startDemo(t, env.Connect(t), executor.WorkerConfig{})
 	c := newClient(t, env.Connect(t))
 	got := call(t, c, "demo.echo", map[string]any{"hello": "world"})
-	trail := trailOf(t, c.Broker(), got.ExecutionID)
+	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
 	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
 	if trail[0].Seq != trail[1].Seq || trail[1].Seq != trail[2].Seq {
 		t.Fatalf("events stored at sequences %d, %d, %d: want one message", trail[0].Seq, trail[1].Seq, trail[2].Seq)
@@ -648,7 +650,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 	hold := executor.Define("test.hold", executor.Meta{
 		Description: "Waits until released.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		select {
 		case <-release:
@@ -663,11 +665,11 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
-		trail, _ := audit.Read(ctxT(t), c.Broker(), broker.Anonymous, id)
+		trail, _ := audit.Read(ctxT(t), testhooks.Broker(c), broker.Anonymous, id)
 		return len(trail) == 2 && trail[1].Type == audit.Started
 	})
 	close(release)
-	expectTypes(t, trailOf(t, c.Broker(), id), audit.Requested, audit.Started, audit.Completed)
+	expectTypes(t, trailOf(t, testhooks.Broker(c), id), audit.Requested, audit.Started, audit.Completed)
 }
 
 // With AuditUnacknowledged the trail is the same; only JetStream's
@@ -675,10 +677,10 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
-	startDemo(t, env.Connect(t), executor.WorkerConfig{AuditUnacknowledged: true})
+	startDemo(t, env.Connect(t), testhooks.Worker(executor.WorkerConfig{}, testhooks.WorkerKnobs{AuditUnacknowledged: true}))
 	c := newClient(t, env.Connect(t))
 	for _, input := range []map[string]any{{"hello": "world"}, {"n": 2}} {
 		got := call(t, c, "demo.echo", input)
-		expectTypes(t, trailOf(t, c.Broker(), got.ExecutionID), audit.Requested, audit.Started, audit.Completed)
+		expectTypes(t, trailOf(t, testhooks.Broker(c), got.ExecutionID), audit.Requested, audit.Started, audit.Completed)
 	}
 }

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -18,7 +21,7 @@ import (
 func waitEmpty(t *testing.T, c *executor.Client) {
 	t.Helper()
 	ctx := ctxT(t)
-	st, err := c.Broker().JS.Stream(ctx, "CAPSTAN_EXEC")
+	st, err := testhooks.Broker(c).JS.Stream(ctx, "CAPSTAN_EXEC")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +56,7 @@ func TestUndecodableRequest_TerminatedAndFinalizedInputInvalid(t *testing.T) {
 		{Subject: "capstan.exec._anon.demo.echo", Data: mustMarshal(t, map[string]any{"v": 9, "executionId": "x"})}, // wrong version
 		{Subject: "capstan.exec._anon._unrouted", Data: []byte("{}"), Header: nats.Header{"Nats-Msg-Id": []string{"bad id!"}}},
 	} {
-		if _, err := c.Broker().JS.PublishMsg(ctx, m); err != nil {
+		if _, err := testhooks.Broker(c).JS.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -124,7 +127,7 @@ func TestInvalidCapabilityID_RefusedBeforeItReachesASubject(t *testing.T) {
 			t.Fatalf("%q: submit err %v", id, err)
 		}
 	}
-	if err := c.Broker().NC.Flush(); err != nil {
+	if err := testhooks.Broker(c).NC.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := sub.NextMsg(200 * time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
@@ -159,7 +162,7 @@ func TestGracefulShutdown_DrainsInFlightWork(t *testing.T) {
 	env := testenv.Start(t)
 	started := make(chan struct{}, 1)
 	release := make(chan struct{})
-	slow := executor.Define("demo.slow", executor.Meta{Description: "Waits to be released.", SideEffect: executor.Write,
+	slow := executor.Define("demo.slow", executor.Meta{Description: "Waits to be released.", SideEffect: executor.SideEffectWrite,
 		Expose: executor.On(executor.SurfaceDirect)},
 		func(ctx context.Context, c executor.Call[struct{}]) (string, error) {
 			started <- struct{}{}
@@ -196,7 +199,7 @@ func TestGracefulShutdown_DrainsInFlightWork(t *testing.T) {
 	if got.Status != envelope.StatusCompleted || got.FinalizedBy != w.ID() {
 		t.Fatalf("got %s by %s, want completed by the draining worker", got.Status, got.FinalizedBy)
 	}
-	if _, _, err := broker.Load[executor.Record](ctxT(t), c.Broker().Executions, broker.Key(broker.Anonymous, id)); err != nil {
+	if _, _, err := broker.Load[execution.Record](ctxT(t), testhooks.Broker(c).Executions, broker.Key(broker.Anonymous, id)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -21,7 +23,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig, ls ...executor.Limit
 	echo := echoCap(nil)
 	if len(ls) > 0 {
 		echo = executor.Define("demo.echo", executor.Meta{Description: "Returns its input.", Expose: executor.On(executor.SurfaceDirect),
-			SideEffect: executor.None, Limits: ls},
+			SideEffect: executor.SideEffectNone, Limits: ls},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
 	}
 	reg, err := executor.NewRegistry(echo)
@@ -70,7 +72,7 @@ func benchCallMany(b *testing.B, cfg executor.WorkerConfig, ls ...executor.Limit
 }
 
 func BenchmarkCallMany_AuditOff(b *testing.B) {
-	benchCallMany(b, executor.WorkerConfig{DisableAudit: true})
+	benchCallMany(b, testhooks.Worker(executor.WorkerConfig{}, testhooks.WorkerKnobs{DisableAudit: true}))
 }
 
 func BenchmarkCallMany_AuditOn(b *testing.B) {

@@ -20,7 +20,7 @@ func BenchmarkLimits_RateOverAMinute(b *testing.B) {
 	const rate, window = 10, time.Minute
 	var started atomic.Int64
 	rated := executor.Define("t.rated", executor.Meta{Description: "Rated.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Read, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: rate, Interval: time.Second}}},
+		SideEffect: executor.SideEffectRead, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: rate, Interval: time.Second}}},
 		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
 			started.Add(1)
 			return "ok", nil

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -22,7 +24,7 @@ type benchIn struct {
 func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker, *capability) {
 	b.Helper()
 	reg, err := NewRegistry(Define("bench.noop", Meta{
-		Description: "Returns its input.", Expose: On(SurfaceDirect), SideEffect: None, Policies: capPolicies,
+		Description: "Returns its input.", Expose: On(SurfaceDirect), SideEffect: SideEffectNone, Policies: capPolicies,
 	}, func(ctx context.Context, c Call[benchIn]) (benchIn, error) { return c.Input, nil }))
 	if err != nil {
 		b.Fatal(err)
@@ -32,7 +34,7 @@ func benchWorker(b *testing.B, policies []Policy, capPolicies []Policy) (*Worker
 	c := newCapability(reg.get("bench.noop"), w)
 	w.caps = map[string]*capability{"bench.noop": c}
 	w.run = engine.NewRunner(nil, w.log, engine.Config{ID: w.cfg.ID, Lease: w.cfg.Lease,
-		Capabilities: map[string]engine.Capability{"bench.noop": c}})
+		Capabilities: map[string]engine.Definition{"bench.noop": c}})
 	b.Cleanup(w.run.Stop)
 	return w, w.caps["bench.noop"]
 }
@@ -59,7 +61,7 @@ func benchRequest(b *testing.B) []byte {
 // events).
 func BenchmarkGovernanceStages(b *testing.B) {
 	allow := Policy{Name: "allow", Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
-		return Decision{Stance: Allow}, nil
+		return Decision{Stance: StanceAllow}, nil
 	}}
 	for _, bc := range []struct {
 		name             string
@@ -94,7 +96,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 			CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID, InputHash: inputHash, Data: data, Worker: w.cfg.ID}
 	}
 	now := time.Now().UTC()
-	rec := &Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: StateClaimed,
+	rec := &execution.Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: execution.StateClaimed,
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Requested, nil))
@@ -103,7 +105,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		b.Fatal("refused")
 	}
 	unit := adm.Unit
-	rec.State, rec.Attempt, rec.StartedAt = StateRunning, 1, time.Now().UTC()
+	rec.State, rec.Attempt, rec.StartedAt = execution.StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
 	mustMarshal(b, event(audit.Started, unit.Started(1)))
 	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
@@ -120,7 +122,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 		Status: envelope.StatusCompleted, Output: raw, Attempts: 1, FinalizedBy: w.cfg.ID, FinalizedAt: time.Now().UTC()}
 	mustMarshal(b, event(audit.Completed, map[string]any{"attempts": 1, "durationMs": int64(0)}))
 	mustMarshal(b, env)
-	rec.State, rec.Status = StateFinalized, env.Status
+	rec.State, rec.Status = execution.StateFinalized, env.Status
 	mustMarshal(b, rec)
 }
 

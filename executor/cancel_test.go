@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -34,7 +37,7 @@ func runWorker(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, caps ...e
 }
 
 // waitState waits until the execution's record is in state.
-func waitState(t *testing.T, c *executor.Client, id string, state executor.State) {
+func waitState(t *testing.T, c *executor.Client, id string, state execution.State) {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
@@ -69,7 +72,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, blocking("report.build",
-		executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute, Retry: &executor.Retry{MaxAttempts: 1}}, &calls))
+		executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute, Retry: &executor.Retry{MaxAttempts: 1}}, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -77,7 +80,7 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateRunning)
+	waitState(t, c, id, execution.StateRunning)
 	reply, err := c.Cancel(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +124,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 	// Another pool's worker answers cancel requests meanwhile.
 	var otherCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "other"},
-		failing("other.task", executor.Meta{SideEffect: executor.None}, false, &otherCalls))
+		failing("other.task", executor.Meta{SideEffect: executor.SideEffectNone}, false, &otherCalls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -133,7 +136,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if reply.State != executor.StatePending {
+	if reply.State != execution.StatePending {
 		t.Fatalf("cancel reply %+v, want the pending state", reply)
 	}
 
@@ -151,12 +154,12 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 		t.Errorf("trail %v, want requested then cancelled", got)
 	}
 	// The record is finalized after the envelope is written.
-	waitState(t, c, id, executor.StateFinalized)
+	waitState(t, c, id, execution.StateFinalized)
 	s, err := c.Status(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := s.Record; r.State != executor.StateFinalized || r.Status != envelope.StatusCancelled || r.CapabilityID != "demo.sleep" || !r.CancelRequested {
+	if r := s.Record; r.State != execution.StateFinalized || r.Status != envelope.StatusCancelled || r.CapabilityID != "demo.sleep" || !r.CancelRequested {
 		t.Errorf("record %+v", r)
 	}
 }
@@ -164,7 +167,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 // retryingForever fails retryably with a backoff long enough that only a
 // cancel or a deadline ends the execution.
 func retryingForever(id string, calls *atomic.Int64) executor.Capability {
-	return failing(id, executor.Meta{SideEffect: executor.Read,
+	return failing(id, executor.Meta{SideEffect: executor.SideEffectRead,
 		Retry: &executor.Retry{MaxAttempts: 3, Backoff: 10 * time.Minute}}, true, calls)
 }
 
@@ -181,7 +184,7 @@ func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateBackoff)
+	waitState(t, c, id, execution.StateBackoff)
 	if _, err := c.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +208,7 @@ func TestDeadline_EndsTheExecutionAtAnyPoint(t *testing.T) {
 	env := testenv.Start(t)
 	var blockCalls, retryCalls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{},
-		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &blockCalls),
+		blocking("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute}, &blockCalls),
 		retryingForever("stock.read", &retryCalls))
 	c := newClient(t, env.Connect(t))
 
@@ -261,7 +264,7 @@ func TestLateResult_NeverWaitedForNorUsed(t *testing.T) {
 	stubborn := func(id string, timeout time.Duration) executor.Capability {
 		return executor.Define(id, executor.Meta{
 			Description: "Ignores its context.", Expose: executor.On(executor.SurfaceDirect),
-			SideEffect: executor.Read, Timeout: timeout,
+			SideEffect: executor.SideEffectRead, Timeout: timeout,
 		}, func(ctx context.Context, c executor.Call[none]) (map[string]any, error) {
 			started <- c.ExecutionID
 			<-release
@@ -311,7 +314,7 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 	env := testenv.Start(t)
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 300 * time.Millisecond},
-		blocking("report.build", executor.Meta{SideEffect: executor.Read, Timeout: 10 * time.Minute}, &calls))
+		blocking("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Timeout: 10 * time.Minute}, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 
@@ -319,10 +322,10 @@ func TestCancel_RecordedOnTheRecordAloneStopsTheRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, c, id, executor.StateRunning)
-	kv := c.Broker().Executions
+	waitState(t, c, id, execution.StateRunning)
+	kv := testhooks.Broker(c).Executions
 	for {
-		rec, rev, err := broker.Load[executor.Record](ctx, kv, broker.Key(broker.Anonymous, id))
+		rec, rev, err := broker.Load[execution.Record](ctx, kv, broker.Key(broker.Anonymous, id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -382,7 +385,7 @@ func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
 	}}
 	var calls atomic.Int64
 	startWorker(t, env.Connect(t), executor.WorkerConfig{PolicyTimeout: 10 * time.Minute},
-		failing("report.build", executor.Meta{SideEffect: executor.Read, Policies: []executor.Policy{slow}}, false, &calls))
+		failing("report.build", executor.Meta{SideEffect: executor.SideEffectRead, Policies: []executor.Policy{slow}}, false, &calls))
 	c := newClient(t, env.Connect(t))
 	ctx := ctxT(t)
 

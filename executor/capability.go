@@ -15,22 +15,31 @@ import (
 // Call is what a handler receives besides its context: the validated input and
 // the execution's identity.
 type Call[In any] struct {
+	// Input is the decoded and validated input: what policies and approvals
+	// saw.
 	Input In
 	// ExecutionID is the same across runtime retries, redeliveries and
 	// takeovers of one execution; a model calling the tool again gets a new one.
-	ExecutionID  string
+	ExecutionID string
+	// CapabilityID names the capability called.
 	CapabilityID string
 	// IdempotencyKey is derived from ExecutionID alone: pass it to the service
 	// where the effect lives so that a repeated attempt changes nothing.
 	IdempotencyKey string
 	// Attempt counts from 1; takeovers after a lost worker count too.
-	Attempt       int
-	Actor         envelope.Actor
-	Surface       Surface
+	Attempt int
+	// Actor is who the call runs for.
+	Actor envelope.Actor
+	// Surface is where the call came from.
+	Surface Surface
+	// CorrelationID ties executions of one conversation or workflow together
+	// (a resume keeps the original call's).
 	CorrelationID string
 	// Approval is set when an approval authorized this execution.
 	Approval *ApprovalGrant
-	Logger   *slog.Logger
+	// Logger is the worker's logger with the execution's id, capability and
+	// attempt attached.
+	Logger *slog.Logger
 
 	// receipts records the attempt's receipts (Receipt).
 	receipts engine.Receipts
@@ -59,9 +68,12 @@ func (c Call[In]) Progress(done, total float64, message string) {
 
 // ApprovalGrant tells a handler which approval authorized it, and who decided.
 type ApprovalGrant struct {
-	ID       string
+	// ID is the approval's.
+	ID string
+	// Approver decided it.
 	Approver envelope.Actor
-	Comment  string
+	// Comment is the approver's, if any.
+	Comment string
 }
 
 // Handler runs a capability. ctx carries the per-attempt timeout and the
@@ -70,15 +82,11 @@ type Handler[In, Out any] func(ctx context.Context, call Call[In]) (Out, error)
 
 // Validator is implemented by input and output types that check themselves
 // after decoding.
-type Validator interface{ Validate() error }
-
-// Issue is one problem of an input, at a path like "items[2].amount" (empty
-// for the input as a whole).
-type Issue = inputcheck.Issue
-
-// InputError lists every issue of an input. Validate methods may return one to
-// report issues with paths; any other error becomes one issue without a path.
-type InputError = inputcheck.InputError
+type Validator interface {
+	// Validate reports what is wrong with the value: an *envelope.InputError
+	// for issues with paths, any other error as one issue.
+	Validate() error
+}
 
 // InputSchema returns the JSON Schema of a capability's input type.
 func InputSchema(c Capability) map[string]any {
@@ -91,7 +99,9 @@ func InputSchema(c Capability) map[string]any {
 // Capability is a defined capability: metadata, input and output types and a
 // handler. Make one with Define.
 type Capability interface {
+	// ID is the capability's id, as callers name it.
 	ID() string
+	// Meta is its metadata, defaults applied.
 	Meta() Meta
 	binding() *binding
 }
@@ -233,7 +243,7 @@ func validateInput(v Validator) error {
 		return &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageInput,
 			Message: "The operation failed.", Cause: err}
 	}
-	var ie *InputError
+	var ie *envelope.InputError
 	if errors.As(err, &ie) {
 		return ie
 	}
@@ -242,7 +252,7 @@ func validateInput(v Validator) error {
 	if errors.As(err, &ce) {
 		msg = ce.Message // a declared error speaks its public message only
 	}
-	return inputcheck.NewInputError([]Issue{{Message: msg}}, err)
+	return inputcheck.NewInputError([]envelope.Issue{{Message: msg}}, err)
 }
 
 // callValidate calls v.Validate, if there is one, recovering a panic.

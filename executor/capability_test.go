@@ -15,7 +15,7 @@ type normalized struct {
 
 func (n *normalized) Validate() error {
 	if n.Email == "" {
-		return &InputError{Issues: []Issue{{Path: "email", Message: "required"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "email", Message: "required"}}}
 	}
 	n.Email = strings.ToLower(n.Email)
 	return nil
@@ -37,7 +37,7 @@ func TestDecode_ValidateRunsAfterDecodingAndMayNormalize(t *testing.T) {
 		t.Fatalf("in %+v, err %v", in, err)
 	}
 	_, err = c.binding().decode(envelope.MustRaw(map[string]any{}))
-	var ie *InputError
+	var ie *envelope.InputError
 	if !errors.As(err, &ie) || ie.Issues[0].Path != "email" {
 		t.Fatalf("err %v", err)
 	}
@@ -51,7 +51,7 @@ func TestDecode_ValidateRunsAfterDecodingAndMayNormalize(t *testing.T) {
 	e := Define("e.x", Meta{}, func(_ context.Context, c Call[plainErr]) (struct{}, error) { return struct{}{}, nil })
 	_, err = e.binding().decode(nil)
 	if ce := inputInvalid(err); ce.Code != envelope.CodeInputInvalid ||
-		ce.Details["issues"].([]Issue)[0].Message != "the dates are in the wrong order" {
+		ce.Details["issues"].([]envelope.Issue)[0].Message != "the dates are in the wrong order" {
 		t.Fatalf("a plain Validate error gave %+v", ce)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -57,7 +60,7 @@ func sendCap(p *probe) executor.Capability {
 	return executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
 		if err := ctx.Err(); err != nil {
@@ -72,7 +75,7 @@ func lookupCap(p *probe) executor.Capability {
 	return executor.Define("test.lookup", executor.Meta{
 		Description: "Reads something; retried once.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
@@ -95,11 +98,11 @@ func newStore(t *testing.T, env *testenv.Env) *store {
 	t.Helper()
 	nc := env.Connect(t)
 	c := newClient(t, nc)
-	return &store{t: t, nc: nc, b: c.Broker(), c: c}
+	return &store{t: t, nc: nc, b: testhooks.Broker(c), c: c}
 }
 
 // putRecord writes an execution record as a worker would have left it.
-func (s *store) putRecord(rec *executor.Record) uint64 {
+func (s *store) putRecord(rec *execution.Record) uint64 {
 	s.t.Helper()
 	rec.V = envelope.Version
 	if rec.CreatedAt.IsZero() {
@@ -113,9 +116,9 @@ func (s *store) putRecord(rec *executor.Record) uint64 {
 	return rev
 }
 
-func (s *store) record(id string) (*executor.Record, uint64) {
+func (s *store) record(id string) (*execution.Record, uint64) {
 	s.t.Helper()
-	rec, rev, err := broker.Load[executor.Record](ctxT(s.t), s.b.Executions, broker.Key(broker.Anonymous, id))
+	rec, rev, err := broker.Load[execution.Record](ctxT(s.t), s.b.Executions, broker.Key(broker.Anonymous, id))
 	if err != nil {
 		s.t.Fatalf("load record %s: %v", id, err)
 	}
@@ -123,7 +126,7 @@ func (s *store) record(id string) (*executor.Record, uint64) {
 }
 
 // status is what the client's Status reads of an execution.
-func (s *store) status(id string) *executor.Status {
+func (s *store) status(id string) *executor.ExecutionStatus {
 	s.t.Helper()
 	st, err := s.c.Status(ctxT(s.t), id)
 	if err != nil || st.Record == nil {
@@ -258,7 +261,7 @@ type takeover struct {
 	calls []int
 	// takenFrom is the state an execution.taken_over event names, "" for none;
 	// from the worker it names (default deadWorker).
-	takenFrom executor.State
+	takenFrom execution.State
 	from      string
 	// retried is set when a capability.retried {attempt, WORKER_LOST} is due.
 	retried int
@@ -272,7 +275,7 @@ func TestTakeoverTable(t *testing.T) {
 		// read picks test.lookup (a read with one retry), else test.send.
 		read bool
 		// rec is the record found, nil for none.
-		rec func(id string) *executor.Record
+		rec func(id string) *execution.Record
 		// envelope is an envelope already finalized by another worker.
 		envelope bool
 		// late publishes the request with a start deadline already passed.
@@ -287,51 +290,51 @@ func TestTakeoverTable(t *testing.T) {
 		},
 		{
 			name: "ExpiredClaimed_TakeOverAndRun",
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 					Worker: deadWorker, LeaseUntil: pastLease()}
 			},
-			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed},
 		},
 		{
 			// A claim that never started its handler is run from the top only
 			// before the request's start deadline; past it, NOT_STARTED.
 			name: "ExpiredClaimedPastStartDeadline_NotStarted",
 			late: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 					Worker: deadWorker, LeaseUntil: pastLease()}
 			},
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: executor.StateClaimed},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted, takenFrom: execution.StateClaimed},
 		},
 		{
 			// A claim made where no record proved that no attempt had run (its
 			// record may have expired under one) is marked WORKER_LOST; lost
 			// before it decided, its takeover never runs a write from the top.
 			name: "ExpiredClaimedWorkerLostWrite_OutcomeUnknown",
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 					LastError: envelope.CodeWorkerLost, Worker: deadWorker, LeaseUntil: pastLease()}
 			},
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, takenFrom: executor.StateClaimed},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, takenFrom: execution.StateClaimed},
 		},
 		{
 			// A read, eligible for a retry after a lost worker, runs again.
 			name: "ExpiredClaimedWorkerLostRead_Runs",
 			read: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateClaimed,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateClaimed,
 					LastError: envelope.CodeWorkerLost, Worker: deadWorker, LeaseUntil: pastLease()}
 			},
-			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed},
 		},
 		{
 			// A worker ended the request NOT_STARTED and was lost between its
 			// record and its envelope: the delivery writes the envelope.
 			name:    "FinalizedNotStartedWithoutEnvelope_EnvelopeWritten",
 			noSweep: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateFinalized,
 					Worker: "live-worker", Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted}
 			},
 			want: takeover{status: envelope.StatusFailed, code: envelope.CodeNotStarted},
@@ -339,51 +342,51 @@ func TestTakeoverTable(t *testing.T) {
 		{
 			name: "ExpiredRunningRead_RetriedAfterWorkerLost",
 			read: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
 					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
 			},
-			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateRunning, retried: 2},
+			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: execution.StateRunning, retried: 2},
 		},
 		{
 			name: "ExpiredBackoffRead_RetriedAfterWorkerLost",
 			read: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateBackoff, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateBackoff, Attempt: 1,
 					LastError: envelope.CodeTimeout, Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
 			},
-			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateBackoff, retried: 2},
+			want: takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: execution.StateBackoff, retried: 2},
 		},
 		{
 			name: "ExpiredRunningWrite_OutcomeUnknown",
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
 			},
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 		},
 		{
 			name: "ExpiredRunningRead_NoAttemptsLeft_OutcomeUnknown",
 			read: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 2,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 2,
 					Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
 			},
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 2, takenFrom: executor.StateRunning},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 2, takenFrom: execution.StateRunning},
 		},
 		{
 			name: "CancelRequestedRunning_CancelledWithoutHandler",
 			read: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
 					Worker: deadWorker, LeaseUntil: pastLease(), CancelRequested: true, CancelRequestedAt: pastLease()}
 			},
-			want: takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: executor.StateRunning},
+			want: takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: execution.StateRunning},
 		},
 		{
 			name: "CancelRequestedBeforeClaim_CancelledWithoutHandler",
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, State: executor.StatePending, CancelRequested: true,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, State: execution.StatePending, CancelRequested: true,
 					CancelRequestedAt: pastLease()}
 			},
 			want: takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled},
@@ -391,8 +394,8 @@ func TestTakeoverTable(t *testing.T) {
 		{
 			name:     "EnvelopeExists_AckDuplicateNoAttempt",
 			envelope: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateFinalized, Attempt: 1,
 					Worker: deadWorker, Status: envelope.StatusCompleted}
 			},
 			want: takeover{status: envelope.StatusCompleted, attempts: 1},
@@ -401,8 +404,8 @@ func TestTakeoverTable(t *testing.T) {
 			// The worker stored the envelope and died before recording it.
 			name:     "EnvelopeExistsRecordRunning_AckDuplicateNoAttempt",
 			envelope: true,
-			rec: func(id string) *executor.Record {
-				return &executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+			rec: func(id string) *execution.Record {
+				return &execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 					Worker: deadWorker, LeaseUntil: time.Now().UTC().Add(time.Hour)}
 			},
 			want: takeover{status: envelope.StatusCompleted, attempts: 1},
@@ -462,13 +465,13 @@ func TestTakeoverTable(t *testing.T) {
 				if rec, _ := s.record(id); rec.Worker != deadWorker {
 					t.Errorf("record %+v rewritten after the envelope", rec)
 				}
-				if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
+				if st := s.status(id); st.Record.State != execution.StateFinalized || st.Record.Status != got.Status {
 					t.Errorf("status %s/%s, envelope %s", st.Record.State, st.Record.Status, got.Status)
 				}
 			} else {
 				rec, _ := s.record(id)
 				st := s.status(id)
-				if rec.Worker != "live-worker" || st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
+				if rec.Worker != "live-worker" || st.Record.State != execution.StateFinalized || st.Record.Status != got.Status {
 					t.Errorf("record %+v after the envelope %s", rec, got.Status)
 				}
 			}
@@ -543,7 +546,7 @@ func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
 	leaseUntil := time.Now().UTC().Add(1500 * time.Millisecond)
-	rev := s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+	rev := s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 		Worker: "other-worker", LeaseUntil: leaseUntil})
 	s.publish("test.send", id)
 	var p probe
@@ -562,7 +565,7 @@ func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
 	got := s.await(id)
 	tr := s.settled(id)
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1},
-		takenFrom: executor.StateClaimed, from: "other-worker"}, got, tr, &p)
+		takenFrom: execution.StateClaimed, from: "other-worker"}, got, tr, &p)
 	ev, _ := find(tr, audit.TakenOver)
 	if ev.Timestamp.Before(leaseUntil) {
 		t.Fatalf("taken over at %v, before the lease ended at %v", ev.Timestamp, leaseUntil)
@@ -590,7 +593,7 @@ func TestRedeliveryWhileRunning_SameWorker_NoSecondAttempt(t *testing.T) {
 		}
 		close(redelivered)
 	}
-	w = startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "slow-worker", Lease: time.Second, DisableLeaseRenewal: true},
+	w = startWorker(t, env.Connect(t), testhooks.Worker(executor.WorkerConfig{ID: "slow-worker", Lease: time.Second}, noRenewal),
 		sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
@@ -617,7 +620,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 		// Hold the attempt until the other worker has finalized the execution.
 		_, _ = s.c.Await(ctx, id)
 	}
-	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg := testhooks.Worker(executor.WorkerConfig{Lease: time.Second}, noRenewal)
 	cfg.ID = "worker-a"
 	a := startWorker(t, env.Connect(t), cfg, sendCap(&p))
 	cfg.ID = "worker-b"
@@ -645,7 +648,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
 		t.Fatalf("%d conflicts counted", st)
 	}
-	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status {
+	if st := s.status(id); st.Record.State != execution.StateFinalized || st.Record.Status != got.Status {
 		t.Fatalf("status %s/%s, envelope %s", st.Record.State, st.Record.Status, got.Status)
 	}
 }
@@ -670,7 +673,7 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 		case <-ctx.Done():
 		}
 	}
-	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg := testhooks.Worker(executor.WorkerConfig{Lease: time.Second}, noRenewal)
 	cfg.ID = "worker-a"
 	a := startWorker(t, env.Connect(t), cfg, lookupCap(&p))
 	cfg.ID = "worker-b"
@@ -703,7 +706,7 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
 		t.Fatalf("%d conflicts counted", st)
 	}
-	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
+	if st := s.status(id); st.Record.State != execution.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
 		t.Fatalf("status %+v, envelope %s after %d", st.Record, got.Status, got.Attempts)
 	}
 }
@@ -734,7 +737,7 @@ func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
 	var p probe
 	p.gate = func(ctx context.Context, attempt int) {
@@ -767,7 +770,7 @@ func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.
 	if w.Stats().Conflicts != 1 || p.calls.Load() != 1 {
 		t.Fatalf("conflicts %d, calls %d", w.Stats().Conflicts, p.calls.Load())
 	}
-	if st := s.status(id); st.Record.State != executor.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
+	if st := s.status(id); st.Record.State != execution.StateFinalized || st.Record.Status != got.Status || st.Record.Attempt != got.Attempts {
 		t.Fatalf("status %+v, envelope %s after %d", st.Record, got.Status, got.Attempts)
 	}
 }
@@ -807,7 +810,7 @@ func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := s.record(id)
-	if rec.State != executor.StateRunning || rec.Worker != "leaving" || rec.LeaseUntil.After(time.Now()) {
+	if rec.State != execution.StateRunning || rec.Worker != "leaving" || rec.LeaseUntil.After(time.Now()) {
 		t.Fatalf("record after shutdown %+v: want running, its lease given back", rec)
 	}
 
@@ -848,7 +851,7 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
 	s.publish("test.send", id)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "new"}, lookupCap(&p))
@@ -926,7 +929,7 @@ func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T)
 		}
 	}
 	// Renewal is off: the first worker's lease runs out under its handler.
-	cfg := executor.WorkerConfig{Lease: time.Second, DisableLeaseRenewal: true}
+	cfg := testhooks.Worker(executor.WorkerConfig{Lease: time.Second}, noRenewal)
 	cfg.ID = "worker-a"
 	a = startWorker(t, env.Connect(t), cfg, lookupCap(&p))
 	cfg.ID = "worker-b"
@@ -1021,12 +1024,12 @@ func (s *store) sendHeldAtPolicies(env *testenv.Env, id string, p *probe) (relea
 			case <-ctx.Done():
 			}
 		})
-		return executor.Decision{Stance: executor.Allow}, nil
+		return executor.Decision{Stance: executor.StanceAllow}, nil
 	}}
 	send := executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Policies:    []executor.Policy{hold},
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
@@ -1060,7 +1063,7 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 
 	got := s.await(id)
 	tr := s.settled(id)
-	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
 	if n := count(tr, audit.Requested); n != 1 {
 		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
@@ -1082,13 +1085,13 @@ func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing
 	if _, err := s.b.Executions.Get(ctxT(t), broker.Key(broker.Anonymous, id)); err == nil {
 		t.Fatal("a record exists before the attempt started")
 	}
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 		Worker: "other-worker", Claim: "other-claim", LeaseUntil: pastLease()})
 	close(release)
 
 	got := s.await(id)
 	tr := s.settled(id)
-	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed,
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
 	// The events the short path held before its claim are dropped: the
 	// record's owner audits the request.
@@ -1106,7 +1109,7 @@ func TestUndecodableEnvelope_DuplicateAcknowledgedNoAttempt(t *testing.T) {
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
 	garbage := []byte("not an envelope")
 	if _, err := s.b.Envelopes.Create(ctxT(t), key, garbage); err != nil {
@@ -1136,7 +1139,7 @@ func TestSweeper_NotStartedEnvelopeThere_NeverRewritten(t *testing.T) {
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateFinalized,
 		Worker: deadWorker, Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted})
 	done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.send", Status: envelope.StatusFailed,
 		Error: &envelope.Error{Code: envelope.CodeNotStarted, Stage: envelope.StageQueue, ExposeToModel: true,
@@ -1238,7 +1241,7 @@ func TestTakeoverTable_EnvelopeUnreadable_WaitsNeverANewAttempt(t *testing.T) {
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
 	key := broker.Key(broker.Anonymous, id)
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
 	done := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "test.lookup", Status: envelope.StatusCompleted,
 		Output: envelope.MustRaw(probeOut{Attempt: 1}), Attempts: 1, FinalizedBy: deadWorker, FinalizedAt: pastLease()}
@@ -1276,7 +1279,7 @@ func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease()})
 	var p probe
 	w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: time.Second, SweepInterval: -1},
@@ -1292,9 +1295,13 @@ func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
 	}
 	s.setMaxMsgSize(records, size)
 	got := s.await(id)
-	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: executor.StateClaimed},
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed},
 		got, s.settled(id), &p)
 	if tr := s.trail(id); count(tr, audit.TakenOver) != 1 {
 		t.Fatalf("%d taken_over events; trail %v", count(tr, audit.TakenOver), typesOf(tr))
 	}
 }
+
+// noRenewal stops lease renewal, so that JetStream redelivers a long
+// execution while it runs.
+var noRenewal = testhooks.WorkerKnobs{DisableLeaseRenewal: true}

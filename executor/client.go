@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/await"
@@ -211,8 +213,18 @@ func (c *Client) closed() error {
 	return nil
 }
 
-// Broker exposes the resources the client opened (for tools and tests).
-func (c *Client) Broker() *broker.Broker { return c.b }
+// Conn is the NATS connection the client was made with.
+func (c *Client) Conn() *nats.Conn { return c.b.NC }
+
+// EnvelopeRetention is how long the envelopes bucket keeps an envelope, as
+// the client read it when it opened (broker.DefaultEnvelopeRetention when it
+// could not): how long an execution's outcome can be awaited.
+func (c *Client) EnvelopeRetention() time.Duration {
+	if r := c.b.Config.EnvelopeRetention; r > 0 {
+		return r
+	}
+	return broker.DefaultEnvelopeRetention
+}
 
 // Principal is who the client acts as.
 func (c *Client) Principal() string { return c.principal }
@@ -418,6 +430,7 @@ var ErrExpired = errors.New("capstan: execution expired")
 // errors.Is(err, ErrExpired) holds, and errors.Is(err, ErrUnknownExecution)
 // too when no record of it is left either.
 type ExpiredError struct {
+	// ExecutionID is the execution's.
 	ExecutionID string
 	// MadeAt is the time in the id: when its client made it.
 	MadeAt time.Time
@@ -427,11 +440,12 @@ type ExpiredError struct {
 	// the envelope; empty when no record is left. A record is not rewritten
 	// after its envelope, so only a finalized one (a refusal before the
 	// claim, NOT_STARTED) tells the outcome: Status and Code.
-	State  State
+	State  execution.State
 	Status envelope.Status
 	Code   envelope.Code
 }
 
+// Error says when the id was made and how long envelopes are kept.
 func (e *ExpiredError) Error() string {
 	msg := fmt.Sprintf("capstan: execution %s expired: its id was made %s, %s ago, and envelopes are kept %s",
 		e.ExecutionID, e.MadeAt.Format(time.RFC3339), time.Since(e.MadeAt).Round(time.Second), e.Retention)
@@ -477,7 +491,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 	}
 	rctx, cancel := context.WithTimeout(ctx, await.PublishTry)
 	defer cancel()
-	rec, _, err := broker.Load[Record](rctx, c.b.Executions, broker.Key(owner, executionID))
+	rec, _, err := broker.Load[execution.Record](rctx, c.b.Executions, broker.Key(owner, executionID))
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention}
@@ -490,7 +504,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 		return nil
 	}
 	xerr := &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, State: rec.State}
-	if rec.State == StateFinalized {
+	if rec.State == execution.StateFinalized {
 		xerr.Status, xerr.Code = rec.Status, rec.LastError
 	}
 	return xerr
@@ -514,6 +528,7 @@ func (c *Client) Call(ctx context.Context, capabilityID string, input any, opts 
 
 // Request is one call of a fan-out.
 type Request struct {
+	// CapabilityID, Input and Options are Call's arguments.
 	CapabilityID string
 	Input        any
 	Options      []CallOption
@@ -595,9 +610,14 @@ func refused(capabilityID string, r *envelope.Request, ce *envelope.CapabilityEr
 		Status: envelope.StatusFailed, Error: ce.Wire(), FinalizedAt: time.Now().UTC()}
 }
 
-// Status is what the runtime knows of one execution.
-type Status struct {
-	Record   *Record            `json:"record,omitempty"`
+// ExecutionStatus is what the runtime knows of one execution: its record
+// and, once it ended, its envelope (whose Status, an envelope.Status, is the
+// outcome).
+type ExecutionStatus struct {
+	// Record is the execution's record; nil once it went (a record window
+	// after the envelope).
+	Record *execution.Record `json:"record,omitempty"`
+	// Envelope is the outcome; nil while the execution runs.
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
 
@@ -605,22 +625,22 @@ type Status struct {
 var ErrUnknownExecution = errors.New("capstan: no such execution")
 
 // Status reads the execution record and the envelope.
-func (c *Client) Status(ctx context.Context, executionID string) (*Status, error) {
+func (c *Client) Status(ctx context.Context, executionID string) (*ExecutionStatus, error) {
 	return c.StatusOf(ctx, c.principal, executionID)
 }
 
 // StatusOf reads another principal's execution: what an admin's credentials
 // allow (a producer's server refuses the read, which then fails or times out).
-func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Status, error) {
+func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*ExecutionStatus, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
 	if !broker.ValidPrincipal(owner) {
 		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
 	}
-	var s Status
+	var s ExecutionStatus
 	key := broker.Key(owner, executionID)
-	rec, _, err := broker.Load[Record](ctx, c.b.Executions, key)
+	rec, _, err := broker.Load[execution.Record](ctx, c.b.Executions, key)
 	if err == nil {
 		err = envelope.CheckVersion(rec.V)
 	}
@@ -636,12 +656,12 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Stat
 		return nil, err
 	}
 	s.Envelope = env
-	if rec != nil && env != nil && rec.State != StateFinalized {
+	if rec != nil && env != nil && rec.State != execution.StateFinalized {
 		// The envelope is the proof of the end: a worker does not rewrite
 		// the record after it (DESIGN §14). Show the record as it stands
 		// for what the envelope says.
 		r := *rec
-		r.State, r.Status, r.Attempt = StateFinalized, env.Status, env.Attempts
+		r.State, r.Status, r.Attempt = execution.StateFinalized, env.Status, env.Attempts
 		s.Record = &r
 	}
 	if s.Record == nil && s.Envelope == nil {

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
@@ -37,7 +40,7 @@ func TestClosedClient_SubmitsNothing(t *testing.T) {
 	nc := env.Connect(t)
 	c := newClient(t, nc)
 	ctx := ctxT(t)
-	st, err := c.Broker().JS.Stream(ctx, "CAPSTAN_EXEC")
+	st, err := testhooks.Broker(c).JS.Stream(ctx, "CAPSTAN_EXEC")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +89,7 @@ func TestAwaitAndStatus_UnknownVersionRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Broker().Envelopes.Put(ctx, "_anon."+id, b); err != nil {
+	if _, err := testhooks.Broker(c).Envelopes.Put(ctx, "_anon."+id, b); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := c.Await(ctx, id); !errors.Is(err, envelope.ErrDecode) {
@@ -96,11 +99,11 @@ func TestAwaitAndStatus_UnknownVersionRefused(t *testing.T) {
 		t.Errorf("Status = %v, %v; want ErrDecode", got, err)
 	}
 	rid := envelope.NewExecutionID()
-	rb, err := envelope.Marshal(&executor.Record{V: envelope.Version + 1, ExecutionID: rid, State: executor.StateRunning})
+	rb, err := envelope.Marshal(&execution.Record{V: envelope.Version + 1, ExecutionID: rid, State: execution.StateRunning})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Broker().Executions.Put(ctx, "_anon."+rid, rb); err != nil {
+	if _, err := testhooks.Broker(c).Executions.Put(ctx, "_anon."+rid, rb); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := c.Status(ctx, rid); !errors.Is(err, envelope.ErrDecode) {

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -12,15 +14,17 @@ import (
 
 // CancelReply answers a cancel request.
 type CancelReply struct {
+	// ExecutionID is the execution cancelled.
 	ExecutionID string `json:"executionId"`
 	// State is the record's state when the cancel was recorded.
-	State State `json:"state,omitempty"`
+	State execution.State `json:"state,omitempty"`
 	// Finalized is true when the execution had ended before the cancel, which
 	// then changed nothing; Status is its envelope's. A running execution is
 	// stopped once the cancel is recorded.
 	Finalized bool            `json:"finalized,omitempty"`
 	Status    envelope.Status `json:"status,omitempty"`
-	Error     string          `json:"error,omitempty"`
+	// Error is the refusal, if the cancel was refused.
+	Error string `json:"error,omitempty"`
 }
 
 // serveControl subscribes to the core NATS requests workers serve.
@@ -84,6 +88,7 @@ func lastToken(subject string) string {
 // CancelRequest is the optional body of a cancel. Owner is read for admins
 // only: an admin cancels another principal's execution by naming its owner.
 type CancelRequest struct {
+	// Owner is the principal whose execution it is (admins only).
 	Owner string `json:"owner,omitempty"`
 }
 

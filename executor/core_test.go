@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -71,7 +73,7 @@ func TestSubmitTwiceSameID_RunsOnceAndBothAwaitsGetTheSameEnvelope(t *testing.T)
 	if _, err := c.Submit(ctx, "demo.echo", map[string]any{"hello": "once"}, executor.WithID(id)); err != nil {
 		t.Fatal(err)
 	}
-	b2 := c.Broker()
+	b2 := testhooks.Broker(c)
 	req, err := envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: id, CapabilityID: "demo.echo",
 		Input: envelope.MustRaw(map[string]any{"hello": "once"}), Actor: alice, Surface: string(executor.SurfaceDirect),
 		SubmittedAt: time.Now().UTC()})
@@ -105,7 +107,7 @@ func TestCallMany_FanOutOfFiveThousandWithoutAConsumerPerCall(t *testing.T) {
 		// The streams an await could put a consumer on. (The catalog watcher's
 		// one ordered consumer may be recreated under load; it is per client.)
 		for _, s := range []string{"CAPSTAN_EXEC", "KV_CAPSTAN_ENVELOPES", "KV_CAPSTAN_EXECUTIONS"} {
-			st, err := c.Broker().JS.Stream(ctx, s)
+			st, err := testhooks.Broker(c).JS.Stream(ctx, s)
 			if err != nil {
 				continue
 			}
@@ -141,7 +143,7 @@ func TestCallMany_FanOutOfFiveThousandWithoutAConsumerPerCall(t *testing.T) {
 	if after := consumers(); after != before {
 		t.Fatalf("consumers went from %d to %d during the fan-out", before, after)
 	}
-	keys, err := c.Broker().Envelopes.ListKeys(ctx)
+	keys, err := testhooks.Broker(c).Envelopes.ListKeys(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,18 +56,23 @@ func (s Scope) has(d Descriptor) bool {
 
 // DescribeRequest is the msgpack body of a capstan.describe request.
 type DescribeRequest struct {
-	V       int            `json:"v"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// Surface and Actor are whose view is asked for.
 	Surface Surface        `json:"surface"`
 	Actor   envelope.Actor `json:"actor"`
-	Scope   Scope          `json:"scope"`
+	// Scope narrows the listing.
+	Scope Scope `json:"scope"`
 }
 
 // Discovery is what a surface and actor may see of the catalog.
 type Discovery struct {
+	// V is the body's schema version.
 	V int `json:"v"`
 	// ID names this discovery on the audit trail (its capabilities.discovered
 	// event is filed under it).
-	ID      string  `json:"id"`
+	ID string `json:"id"`
+	// Surface is the surface described.
 	Surface Surface `json:"surface"`
 	// Capabilities are sorted by id.
 	Capabilities []Descriptor `json:"capabilities"`
@@ -82,6 +87,7 @@ type Discovery struct {
 // discovery, or the error that refused it.
 type DescribeReply struct {
 	Discovery
+	// Error is the refusal, if the description was refused.
 	Error *envelope.Error `json:"error,omitempty"`
 }
 
@@ -169,16 +175,16 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	ids := make([]string, 0, len(results))
 	for _, r := range results {
 		switch {
-		case r.v.failed, r.v.stance == Deny, r.v.stance == Hide:
+		case r.v.failed, r.v.stance == StanceDeny, r.v.stance == StanceHide:
 			reason := "policy-hidden"
 			if r.v.failed {
 				reason = "policy-failed"
-			} else if r.v.stance == Deny {
+			} else if r.v.stance == StanceDeny {
 				reason = "policy-denied"
 			}
 			withheld = append(withheld, map[string]any{"capabilityId": r.d.ID, "reason": reason, "policyDecisions": r.v.records})
 			continue
-		case r.v.stance == RequireApproval:
+		case r.v.stance == StanceRequireApproval:
 			r.d.RequiresApproval = true
 		}
 		reply.Capabilities = append(reply.Capabilities, r.d)

@@ -13,7 +13,7 @@
 //	greet := executor.Define("demo.greet", executor.Meta{
 //		Description: "Greets someone by name.",
 //		Expose:      executor.On(executor.SurfaceDirect),
-//		SideEffect:  executor.None,
+//		SideEffect:  executor.SideEffectNone,
 //	}, func(ctx context.Context, call executor.Call[GreetIn]) (string, error) {
 //		return "Hello, " + call.Input.Name + "!", nil
 //	})
@@ -47,17 +47,17 @@
 // its handler deduplicates with Call.IdempotencyKey. A last attempt that times
 // out ends the envelope cancelled with code TIMEOUT; a cancel ends it cancelled
 // with CANCELLED, never retried. A call that needs approval (Meta.Approval, or
-// a policy answering RequireApproval) ends approval-required; once someone
-// else approves it (Client.Approvals), Client.Resume runs it once. Each of
-// these has a runnable example.
+// a policy answering StanceRequireApproval) ends approval-required; once someone
+// else approves it (Client.Decide, or capstan approve), Client.Resume runs it
+// once. Client.Status reads where an execution is, Client.Trail its audit
+// trail. Each of these has a runnable example.
 //
 // Under the hood a request is a message on capstan.exec.<capabilityId>; the
 // worker claims it by creating the execution's record in a key-value bucket,
 // moves the record through claimed, running{n}, backoff{n} and finalized with
 // compare-and-swap, renews its lease while the handler runs, and creates the
 // envelope (create-only) before it acknowledges the message. That machinery
-// is internal (executor/internal/engine for a worker, executor/internal/await for a
-// client);
-// this package holds the API and the stages a capability's definition decides
+// is internal (executor/internal/engine for a worker, executor/internal/await
+// for a client); this package holds the API and the stages a capability's definition decides
 // (stages.go, approval_gate.go).
 package executor

@@ -38,7 +38,7 @@ func ExampleClient_Resume() {
 	payout := executor.Define("finance.payout", executor.Meta{
 		Description: "Pays a vendor.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Risk:        executor.RiskHigh,
 		Approval:    &executor.ApprovalRule{Required: true, Reason: "payouts need a second pair of eyes"},
 	}, func(ctx context.Context, call executor.Call[Payout]) (string, error) {

@@ -26,14 +26,14 @@ func ExampleClient_Describe() {
 	search := executor.Define("docs.search", executor.Meta{
 		Description: "Searches the product documentation.",
 		Expose:      executor.On(executor.SurfaceMCP, executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 	}, func(ctx context.Context, call executor.Call[SearchQuery]) ([]string, error) {
 		return nil, nil
 	})
 	reindex := executor.Define("docs.reindex", executor.Meta{
 		Description: "Rebuilds the search index.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Write,
+		SideEffect:  executor.SideEffectWrite,
 	}, func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
 		return "ok", nil
 	})

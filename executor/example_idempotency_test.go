@@ -36,7 +36,7 @@ func ExampleCall_idempotencyKey() {
 	refund := executor.Define("orders.refund", executor.Meta{
 		Description: "Refunds an order.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Write,
+		SideEffect:  executor.SideEffectWrite,
 		Idempotent:  true, // reviewable: the handler deduplicates with the key
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, call executor.Call[RefundOrder]) (string, error) {

@@ -27,7 +27,7 @@ func Example_jsonInput() {
 	schedule := executor.Define("calendar.schedule", executor.Meta{
 		Description: "Schedules a meeting.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Write,
+		SideEffect:  executor.SideEffectWrite,
 	}, func(ctx context.Context, call executor.Call[Meeting]) (string, error) {
 		m := call.Input
 		return fmt.Sprintf("%s at %s for %s (share %g)", m.Title, m.At.UTC().Format(time.Kitchen), m.Length, m.Share), nil

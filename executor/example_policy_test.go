@@ -31,15 +31,15 @@ func ExamplePolicy() {
 		Name: "blocked-actors",
 		Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 			if r.Actor.Kind == envelope.ActorUser && r.Actor.ID == "mallory" {
-				return executor.Decision{Stance: executor.Deny, Reason: "account under review"}, nil
+				return executor.Decision{Stance: executor.StanceDeny, Reason: "account under review"}, nil
 			}
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		},
 	}
 	lookup := executor.Define("customers.lookup", executor.Meta{
 		Description: "Finds a customer by email address.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 	}, func(ctx context.Context, call executor.Call[Lookup]) (string, error) {
 		return "customer c-17", nil
 	})

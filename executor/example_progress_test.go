@@ -21,7 +21,7 @@ func ExampleCall_Progress() {
 	render := executor.Define("reports.render", executor.Meta{
 		Description: "Renders a report page by page.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, call executor.Call[Report]) (string, error) {
 		const pages = 3
 		for page := 1; page <= pages; page++ {

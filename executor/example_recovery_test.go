@@ -53,7 +53,7 @@ func ExampleCall_Receipt() {
 	charge := executor.Define("payments.charge", executor.Meta{
 		Description: "Charges a card.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Timeout:     100 * time.Millisecond,
 	}, func(ctx context.Context, call executor.Call[Charge]) (string, error) {
 		id := gw.charge(call.IdempotencyKey)
@@ -95,7 +95,7 @@ func ExampleWithRecovery() {
 		return executor.Define("payments.charge", executor.Meta{
 			Description: "Charges a card.",
 			Expose:      executor.On(executor.SurfaceDirect),
-			SideEffect:  executor.External,
+			SideEffect:  executor.SideEffectExternal,
 		}, func(ctx context.Context, call executor.Call[Charge]) (string, error) {
 			gw.charge(call.IdempotencyKey)
 			calls <- struct{}{}

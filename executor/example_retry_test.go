@@ -25,7 +25,7 @@ func ExampleRetry() {
 	stock := executor.Define("inventory.stock", executor.Meta{
 		Description: "Counts the units of a product in stock.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 2, Backoff: 10 * time.Millisecond},
 	}, func(ctx context.Context, call executor.Call[StockQuery]) (int, error) {
 		if call.Attempt == 1 {
@@ -59,7 +59,7 @@ func ExampleRetry_writeNeedsIdempotent() {
 	transfer := executor.Define("bank.transfer", executor.Meta{
 		Description: "Moves money between two accounts.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Write,
+		SideEffect:  executor.SideEffectWrite,
 		Retry:       &executor.Retry{MaxAttempts: 3},
 	}, func(ctx context.Context, call executor.Call[Transfer]) (string, error) {
 		return "done", nil

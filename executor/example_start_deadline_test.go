@@ -21,7 +21,7 @@ func ExampleStartWithin() {
 	report := slowReport(executor.Meta{
 		Description: "Builds the monthly sales report.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 	}, nil)
 	// The reports pool served it once, and is down now.
 	stopReports := exampleWorker(nc, executor.WorkerConfig{Pool: "reports", SweepInterval: -1}, report)

@@ -40,7 +40,7 @@ func ExampleMeta_timeout() {
 	report := slowReport(executor.Meta{
 		Description: "Builds the monthly sales report.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Timeout:     50 * time.Millisecond,
 		Retry:       &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond},
 	}, nil)
@@ -70,7 +70,7 @@ func ExampleClient_Cancel() {
 	report := slowReport(executor.Meta{
 		Description: "Builds the monthly sales report.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.Read,
+		SideEffect:  executor.SideEffectRead,
 		Retry:       &executor.Retry{MaxAttempts: 2},
 	}, started)
 	stop := exampleWorker(nc, executor.WorkerConfig{}, report)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
@@ -35,6 +37,7 @@ import (
 
 // ExecutionsRequest asks for a page of executions (capstan.executions.list.<principal>).
 type ExecutionsRequest struct {
+	// V is the body's schema version.
 	V int `json:"v"`
 	audit.Query
 	// Cursor is a page's Next: where the next, older page begins.
@@ -43,15 +46,21 @@ type ExecutionsRequest struct {
 
 // ExecutionsPage answers an ExecutionsRequest: the entries newest first.
 type ExecutionsPage struct {
-	V       int           `json:"v"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// Entries are the page's executions, newest first.
 	Entries []audit.Entry `json:"entries"`
 	// Next is the cursor of the next, older page; "" when nothing older
 	// matches. A page may hold fewer entries than asked and still have a
 	// next: what it read was superseded, or its reading bound was reached.
-	Next    string `json:"next,omitempty"`
-	Scanned int    `json:"scanned,omitempty"`
+	Next string `json:"next,omitempty"`
+	// Scanned is how many index entries were read to make the page.
+	Scanned int `json:"scanned,omitempty"`
 	// Scope says whose executions the principal sees: all, own, approvals.
-	Scope      string   `json:"scope,omitempty"`
+	Scope string `json:"scope,omitempty"`
+	// Error and Conditions carry a refusal: the message, and the names
+	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
+	// into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"`
 }
@@ -65,7 +74,9 @@ const (
 
 // ExecutionRequest asks for one execution (capstan.executions.get.<principal>).
 type ExecutionRequest struct {
-	V           int    `json:"v"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// ExecutionID is the execution asked for.
 	ExecutionID string `json:"executionId"`
 	// Owner is the principal whose execution it is: read for admins (and on
 	// an open server); by default the one its trail names.
@@ -77,7 +88,7 @@ type ExecutionRequest struct {
 
 // Where an execution is, as ExecutionView.State says it.
 const (
-	// StateQueued: its request is stored and no worker claimed it yet.
+	// ExecQueued: its request is stored and no worker claimed it yet.
 	ExecQueued = "queued"
 	// ExecInFlight: its record says it is claimed, running or waiting.
 	ExecInFlight = "in-flight"
@@ -92,23 +103,31 @@ const (
 
 // ExecutionView is one execution as a principal may see it.
 type ExecutionView struct {
-	V           int    `json:"v"`
+	// V is the body's schema version.
+	V int `json:"v"`
+	// ExecutionID is the execution's.
 	ExecutionID string `json:"executionId"`
 	// Principal is whose execution it is.
 	Principal string `json:"principal,omitempty"`
 	// State says where it is: queued, in-flight, ended, unknown, uncertain.
-	State    string             `json:"state"`
-	Record   *Record            `json:"record,omitempty"`
+	State string `json:"state"`
+	// Record is its record, while one is kept.
+	Record *execution.Record `json:"record,omitempty"`
+	// Envelope is its outcome, once it ended.
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 	// Trail is its audit trail, oldest first.
 	Trail []audit.Event `json:"trail,omitempty"`
 	// Approvals are those it asked for or consumed, as the principal may see
 	// them (an approver gets what the capability shows approvers of the
 	// input).
-	Approvals  []*approvals.Record `json:"approvals,omitempty"`
-	Scope      string              `json:"scope,omitempty"`
-	Error      string              `json:"error,omitempty"`
-	Conditions []string            `json:"conditions,omitempty"`
+	Approvals []*approvals.Record `json:"approvals,omitempty"`
+	// Scope says why the principal may see it: all, own, approvals.
+	Scope string `json:"scope,omitempty"`
+	// Error and Conditions carry a refusal: the message, and the names
+	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
+	// into errors errors.Is recognizes.
+	Error      string   `json:"error,omitempty"`
+	Conditions []string `json:"conditions,omitempty"`
 }
 
 // Errors of a reading refused or failed on the workers' side; errors.Is
@@ -464,7 +483,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	}
 	view.Trail = trail
 	key := broker.Key(owner, id)
-	if rec, _, err := broker.Load[Record](ctx, w.b.Executions, key); err == nil {
+	if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil {
 		view.Record = rec
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
@@ -513,9 +532,9 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 			return nil, fmt.Errorf("%w: %s", ErrNoSuchExecution, id)
 		}
 	}
-	if view.Envelope != nil && view.Record != nil && view.Record.State != StateFinalized {
+	if view.Envelope != nil && view.Record != nil && view.Record.State != execution.StateFinalized {
 		r := *view.Record
-		r.State, r.Status, r.Attempt = StateFinalized, view.Envelope.Status, view.Envelope.Attempts
+		r.State, r.Status, r.Attempt = execution.StateFinalized, view.Envelope.Status, view.Envelope.Attempts
 		view.Record = &r
 	}
 	return view, nil

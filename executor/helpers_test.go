@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
@@ -24,7 +26,7 @@ func echoCap(calls *atomic.Int64) executor.Capability {
 	return executor.Define("demo.echo", executor.Meta{
 		Description: "Returns its input.",
 		Expose:      executor.On(executor.SurfaceDirect, executor.SurfaceMCP),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 		if calls != nil {
 			calls.Add(1)
@@ -94,7 +96,7 @@ func waitServing(t *testing.T, nc *nats.Conn, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for {
-		if _, err := c.Broker().Catalog.Get(ctx, id); err == nil {
+		if _, err := testhooks.Broker(c).Catalog.Get(ctx, id); err == nil {
 			return
 		}
 		select {

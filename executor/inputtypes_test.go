@@ -85,7 +85,7 @@ func TestInputTypes_JSONReachesTheHandlerAsEncodingJSONReadsIt(t *testing.T) {
 	env := testenv.Start(t)
 	// The handler answers with its input as encoding/json writes it.
 	echo := executor.Define("types.echo", executor.Meta{
-		Description: "Returns what it received.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns what it received.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[typesIn]) (string, error) {
 		b, err := json.Marshal(c.Input)
 		return string(b), err
@@ -166,7 +166,7 @@ func TestInputTypes_JSONReachesTheHandlerAsEncodingJSONReadsIt(t *testing.T) {
 				if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeInputInvalid {
 					t.Fatalf("status %s, error %+v; want INPUT_INVALID", got.Status, got.Error)
 				}
-				var d struct{ Issues []executor.Issue }
+				var d struct{ Issues []envelope.Issue }
 				b, _ := json.Marshal(got.Error.Details)
 				if err := json.Unmarshal(b, &d); err != nil || len(d.Issues) != 1 || d.Issues[0].Path != row.path {
 					t.Fatalf("details %s, want one issue at %q", b, row.path)
@@ -226,7 +226,7 @@ func TestOutputTypes_EnvelopeJSONReadsAsEncodingJSONWritesIt(t *testing.T) {
 		Ptr: &seven, Nested: typesNested{Name: "n", Count: 3}, List: []string{"x"},
 	}
 	cap := executor.Define("types.out", executor.Meta{
-		Description: "Returns typed values.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Returns typed values.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[struct{}]) (typesOut, error) {
 		return out, nil
 	})
@@ -287,7 +287,7 @@ func TestInputTypes_ApprovedInputResumesWithItsTypes(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	book := executor.Define("rooms.book", executor.Meta{
-		Description: "Books a recurring meeting.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Description: "Books a recurring meeting.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 		Approval: &executor.ApprovalRule{Required: true, Reason: "bookings are reviewed"},
 	}, func(ctx context.Context, c executor.Call[meeting]) (meeting, error) {
 		return c.Input, nil

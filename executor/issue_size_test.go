@@ -27,7 +27,7 @@ func TestInputInvalid_CraftedIssueReportStillEnds(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	startWorker(t, env.Connect(t), executor.WorkerConfig{}, executor.Define("basket.check", executor.Meta{
-		Description: "Checks baskets.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+		Description: "Checks baskets.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[basketIn]) (map[string]any, error) {
 		t.Error("the handler ran with an invalid input")
 		return nil, nil

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
@@ -64,7 +67,7 @@ func TestClaimToken_WorkersSharingAnID_OneAttemptEach(t *testing.T) {
 	countCap := executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		mu.Lock()
 		perID[c.ExecutionID]++
@@ -173,7 +176,7 @@ func longSendCap(p *probe) executor.Capability {
 	return executor.Define("test.send", executor.Meta{
 		Description: "Sends something; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Timeout:     time.Hour,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
 		p.called(ctx, c.Attempt)
@@ -217,7 +220,7 @@ func newStoreWith(t *testing.T, env *testenv.Env, cfg broker.Config, cc executor
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return &store{t: t, nc: nc, b: c.Broker(), c: c}
+	return &store{t: t, nc: nc, b: testhooks.Broker(c), c: c}
 }
 
 // publishRequest sends a request as a producer does, on any subject.
@@ -308,7 +311,7 @@ func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
 			t.Errorf("%s: trail %v", id, typesOf(tr))
 		}
 		rec, _ := s.record(id)
-		if rec.State != executor.StateFinalized || rec.Status != envelope.StatusFailed {
+		if rec.State != execution.StateFinalized || rec.Status != envelope.StatusFailed {
 			t.Errorf("%s: record %s/%s", id, rec.State, rec.Status)
 		}
 	}
@@ -570,7 +573,7 @@ func TestStartDeadline_WithAuthentication(t *testing.T) {
 func (s *store) sweepSentinel() string {
 	s.t.Helper()
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateFinalized,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateFinalized,
 		Worker: deadWorker, Status: envelope.StatusFailed, LastError: envelope.CodeNotStarted})
 	return id
 }
@@ -612,10 +615,10 @@ func TestSweeper_LiveClaimAndLostAttemptLeftToTheirPool(t *testing.T) {
 	s := newStore(t, env)
 	startBy := pastLease()
 	live := envelope.NewExecutionID()
-	liveRev := s.putRecord(&executor.Record{ExecutionID: live, CapabilityID: "test.send", State: executor.StateClaimed,
+	liveRev := s.putRecord(&execution.Record{ExecutionID: live, CapabilityID: "test.send", State: execution.StateClaimed,
 		Worker: "busy-worker", Claim: "busy-claim", LeaseUntil: time.Now().UTC().Add(time.Hour)})
 	lost := envelope.NewExecutionID()
-	lostRev := s.putRecord(&executor.Record{ExecutionID: lost, CapabilityID: "test.lookup", State: executor.StateRunning,
+	lostRev := s.putRecord(&execution.Record{ExecutionID: lost, CapabilityID: "test.lookup", State: execution.StateRunning,
 		Attempt: 1, Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
 	sentinels := [2]string{s.sweepSentinel(), s.sweepSentinel()}
 	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: live,
@@ -636,7 +639,7 @@ func TestSweeper_LiveClaimAndLostAttemptLeftToTheirPool(t *testing.T) {
 	var p probe
 	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "pool-worker", Lease: time.Second, SweepInterval: -1}, lookupCap(&p))
 	got := s.await(lost)
-	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateRunning,
+	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: execution.StateRunning,
 		retried: 2}, got, s.settledTrail(lost), &p)
 }
 
@@ -674,7 +677,7 @@ func TestSweeper_ClaimNotWritten_NoEnvelope(t *testing.T) {
 	s := newStore(t, env)
 	startBy := pastLease()
 	id := envelope.NewExecutionID()
-	rev := s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateClaimed,
+	rev := s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateClaimed,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease()})
 	sentinels := [2]string{s.sweepSentinel(), s.sweepSentinel()}
 	s.setMaxMsgSize("KV_"+s.b.Names.ExecutionsBucket(), 1)
@@ -716,7 +719,7 @@ func TestTTLDeadline_LostAttemptNotRetriedPastIt_OutcomeUnknown(t *testing.T) {
 	// before it) by seconds: the takeover comes after it.
 	id := envelope.NewExecutionID()
 	leaseUntil := time.Now().UTC().Add(ttl + 3*time.Second)
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.lookup", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: leaseUntil, StartedAt: time.Now().UTC()})
 	s.publish("test.lookup", id)
 	m, err := s.b.Exec.GetLastMsgForSubject(ctxT(t), s.b.Names.ExecSubject(broker.Anonymous, "test.lookup"))
@@ -728,5 +731,5 @@ func TestTTLDeadline_LostAttemptNotRetriedPastIt_OutcomeUnknown(t *testing.T) {
 	}
 	got := s.await(id)
 	checkTakeover(t, takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1,
-		takenFrom: executor.StateRunning}, got, s.settled(id), &p)
+		takenFrom: execution.StateRunning}, got, s.settled(id), &p)
 }

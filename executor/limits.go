@@ -239,7 +239,7 @@ func (a *admission) limits(strict bool) ([]limits.Limit, *envelope.CapabilityErr
 				}
 				return nil, &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 					Message: "The input is invalid.", Cause: err,
-					Details: map[string]any{"issues": []Issue{{Message: "the " + l.Name + " it sets cannot be counted: " + err.Error()}}}}
+					Details: map[string]any{"issues": []envelope.Issue{{Message: "the " + l.Name + " it sets cannot be counted: " + err.Error()}}}}
 			}
 			r.Amount = n
 		}

@@ -38,7 +38,7 @@ type slotIn struct {
 // until cancelled when asked to.
 func slotCapability(js jetstream.JetStream) executor.Capability {
 	return executor.Define("t.slot", executor.Meta{Description: "Runs alone.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
 		func(ctx context.Context, call executor.Call[slotIn]) (string, error) {
 			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
 				return "", err
@@ -56,7 +56,7 @@ func slotCapability(js jetstream.JetStream) executor.Capability {
 // end, with the worker's id, in a stream that outlives every process.
 func pairCapability(js jetstream.JetStream, worker string) executor.Capability {
 	return executor.Define("t.pair", executor.Meta{Description: "Runs two at a time.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Read, Retry: &executor.Retry{MaxAttempts: 5, Backoff: 10 * time.Millisecond},
+		SideEffect: executor.SideEffectRead, Retry: &executor.Retry{MaxAttempts: 5, Backoff: 10 * time.Millisecond},
 		Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 2}}},
 		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
 			if _, err := js.Publish(ctx, "limits.pair", []byte("start "+worker)); err != nil {

@@ -29,7 +29,7 @@ func (r *running) leave() { r.now.Add(-1) }
 
 func limited(id string, run *running, hold time.Duration, ls ...executor.Limit) executor.Capability {
 	return executor.Define(id, executor.Meta{Description: "Counts its calls.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: ls},
+		SideEffect: executor.SideEffectWrite, Limits: ls},
 		func(ctx context.Context, call executor.Call[struct {
 			N int64 `json:"n"`
 		}]) (int64, error) {
@@ -121,7 +121,7 @@ func TestLimits_WaitEndsAtTheStartDeadline(t *testing.T) {
 	release := make(chan struct{})
 	var calls atomic.Int64
 	slow := executor.Define("t.wait", executor.Meta{Description: "Holds its slot.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
 		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
 			calls.Add(1)
 			select {
@@ -174,7 +174,7 @@ func TestLimits_RacingCallsNeverPassABudget(t *testing.T) {
 		return n.N, nil
 	}
 	refund := executor.Define("t.refund", executor.Meta{Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount",
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount",
 			Max: 2000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitRefuse}}},
 		func(ctx context.Context, call executor.Call[struct {
 			N int64 `json:"n"`
@@ -270,7 +270,7 @@ func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
 	if len(env.Approval.Reasons) != 1 || env.Approval.Reasons[0] != "over its limit: amount 1000 per 24h per actor" {
 		t.Errorf("the approver is told %q", env.Approval.Reasons)
 	}
-	if _, err := c.Approvals().Decide(t.Context(), env.Approval.ID, approvals.Verdict{Approve: true,
+	if _, err := c.Decide(t.Context(), env.Approval.ID, approvals.Verdict{Approve: true,
 		Approver: envelope.Actor{Kind: "user", ID: "bob"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestLimits_RateWaitsAcrossWorkers(t *testing.T) {
 	var mu sync.Mutex
 	var starts []time.Time
 	rated := executor.Define("t.rated", executor.Meta{Description: "Rated.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: 20, Interval: time.Second}}},
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: 20, Interval: time.Second}}},
 		func(ctx context.Context, call executor.Call[struct {
 			N int `json:"n"`
 		}]) (int, error) {

@@ -56,11 +56,11 @@ func TestValidateLimits(t *testing.T) {
 func TestLimits_RefusedAtRegistrationShownByDescribe(t *testing.T) {
 	t.Parallel()
 	h := func(context.Context, Call[struct{}]) (struct{}, error) { return struct{}{}, nil }
-	if _, err := NewRegistry(Define("t.bad", Meta{Description: "x", SideEffect: Read,
+	if _, err := NewRegistry(Define("t.bad", Meta{Description: "x", SideEffect: SideEffectRead,
 		Limits: []Limit{{Kind: LimitRate, Max: 5}}}, h)); err == nil || !strings.Contains(err.Error(), "under a second") {
 		t.Fatalf("a rate without its interval registered: %v", err)
 	}
-	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: Read, Limits: []Limit{
+	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Limits: []Limit{
 		{Kind: LimitConcurrency, Max: 3},
 		{Kind: LimitRate, Per: PerActor, Max: 10, Interval: time.Minute, AtLimit: AtLimitRefuse},
 	}}, h))

@@ -11,15 +11,17 @@ type SideEffect string
 
 // Side effects.
 const (
-	None        SideEffect = "none"
-	Read        SideEffect = "read"
-	Write       SideEffect = "write"
-	Destructive SideEffect = "destructive"
-	External    SideEffect = "external"
+	SideEffectNone        SideEffect = "none"
+	SideEffectRead        SideEffect = "read"
+	SideEffectWrite       SideEffect = "write"
+	SideEffectDestructive SideEffect = "destructive"
+	SideEffectExternal    SideEffect = "external"
 )
 
 // writeLike reports whether repeating the call may repeat an effect.
-func (s SideEffect) writeLike() bool { return s == Write || s == Destructive || s == External }
+func (s SideEffect) writeLike() bool {
+	return s == SideEffectWrite || s == SideEffectDestructive || s == SideEffectExternal
+}
 
 // Risk grades a capability for reviewers and policies.
 type Risk string
@@ -87,18 +89,29 @@ type ApprovalRule struct {
 // Meta is a capability's metadata. Zero values are the safe defaults: exposed
 // nowhere, no side effect declared (refused), no retry, 30 s timeout.
 type Meta struct {
+	// Description tells a model and a reviewer what the capability does; it
+	// is required.
 	Description string
-	Expose      Exposure
-	SideEffect  SideEffect
-	Risk        Risk
-	Tags        []string
+	// Expose lists the surfaces that may see and call it (On(...)); none by
+	// default.
+	Expose Exposure
+	// SideEffect is what a call does to the world; required. It decides
+	// which retries the registry allows (SI-11).
+	SideEffect SideEffect
+	// Risk grades it for reviewers and policies.
+	Risk Risk
+	// Tags are free labels, for discovery filters and policies.
+	Tags []string
 	// Timeout arms per attempt. Default 30 s.
 	Timeout time.Duration
-	Retry   *Retry
+	// Retry is the runtime retry rule; nil: never retried.
+	Retry *Retry
 	// Idempotent is a reviewable claim that repeating the call with identical
 	// input is safe because the handler deduplicates with Call.IdempotencyKey.
 	Idempotent bool
-	Approval   *ApprovalRule
+	// Approval, when Required, makes every call wait for someone else's
+	// approval before it runs.
+	Approval *ApprovalRule
 	// Policies evaluated for this capability after the runtime's own.
 	Policies []Policy
 	// Limits bound how many run at once, how fast and how much, across

@@ -32,19 +32,19 @@ type Stance string
 
 // Stances, strongest first: deny > hide > require-approval > allow.
 const (
-	Deny            Stance = "deny"
-	Hide            Stance = "hide"
-	RequireApproval Stance = "require-approval"
-	Allow           Stance = "allow"
+	StanceDeny            Stance = "deny"
+	StanceHide            Stance = "hide"
+	StanceRequireApproval Stance = "require-approval"
+	StanceAllow           Stance = "allow"
 )
 
 func (s Stance) rank() int {
 	switch s {
-	case Deny:
+	case StanceDeny:
 		return 3
-	case Hide:
+	case StanceHide:
 		return 2
-	case RequireApproval:
+	case StanceRequireApproval:
 		return 1
 	}
 	return 0
@@ -52,20 +52,25 @@ func (s Stance) rank() int {
 
 // Decision is one policy's stance with its reason.
 type Decision struct {
+	// Stance is the policy's answer; empty is StanceAllow.
 	Stance Stance
+	// Reason says why, for the audit trail and (for a denial) the caller.
 	Reason string
-	// ApprovalTypes name the kinds of approval required (with RequireApproval).
+	// ApprovalTypes name the kinds of approval required (with StanceRequireApproval).
 	ApprovalTypes []string
 }
 
 // PolicyRequest is what a policy sees: the validated input, never raw bytes
 // (SI-6). Input is shared with the handler: a policy must not change it.
 type PolicyRequest struct {
-	Phase        Phase
+	// Phase is when the policy is asked: discovery, invocation or execution.
+	Phase Phase
+	// CapabilityID and Meta are the capability's.
 	CapabilityID string
 	Meta         Meta
-	Actor        envelope.Actor
-	Surface      Surface
+	// Actor is who the call runs for; Surface where it came from.
+	Actor   envelope.Actor
+	Surface Surface
 	// Input is a pointer to the capability's validated input type (nil in the
 	// discovery phase).
 	Input any
@@ -75,11 +80,13 @@ type PolicyRequest struct {
 // have effects; one that errors, panics or outlives the policy timeout fails
 // closed.
 type Policy struct {
+	// Name identifies the policy in the audit trail.
 	Name string
 	// Phases it applies to; empty means invocation only.
-	Phases   []Phase
+	Phases []Phase
+	// Evaluate decides; ctx carries the policy timeout.
 	Evaluate func(ctx context.Context, r PolicyRequest) (Decision, error)
-	// MayRequireApproval declares that Evaluate may answer RequireApproval
+	// MayRequireApproval declares that Evaluate may answer StanceRequireApproval
 	// for some inputs ("refunds above 500"): describe, the catalog and MCP
 	// tools then say that a call may need someone else's approval. It
 	// changes nothing of what the policy decides.
@@ -100,8 +107,10 @@ func (p Policy) appliesTo(ph Phase) bool {
 
 // PolicyRecord is one evaluated stance, as the audit trail records it.
 type PolicyRecord struct {
+	// Policy is the policy's name; Phase when it was asked.
 	Policy string `json:"policy"`
 	Phase  Phase  `json:"phase"`
+	// Stance and Reason are what it answered.
 	Stance Stance `json:"stance"`
 	Reason string `json:"reason,omitempty"`
 	// Failed is set when the policy errored, panicked, timed out or answered
@@ -130,7 +139,7 @@ const DefaultPolicyTimeout = time.Second
 // errors, panics, times out or answers an unknown stance counts as deny and
 // marks the verdict failed (SI-7).
 func evaluatePolicies(ctx context.Context, runtime, own []Policy, r PolicyRequest, timeout time.Duration) verdict {
-	v := verdict{stance: Allow}
+	v := verdict{stance: StanceAllow}
 	for _, set := range [2][]Policy{runtime, own} {
 		for _, p := range set {
 			if !p.appliesTo(r.Phase) {
@@ -138,23 +147,23 @@ func evaluatePolicies(ctx context.Context, runtime, own []Policy, r PolicyReques
 			}
 			d, err := runPolicy(ctx, p, r, timeout)
 			if d.Stance == "" {
-				d.Stance = Allow
+				d.Stance = StanceAllow
 			}
 			rec := PolicyRecord{Policy: p.Name, Phase: r.Phase, Stance: d.Stance, Reason: d.Reason}
 			var pf *policyFailure
 			if errors.As(err, &pf) {
-				rec.Stance, rec.Failed, rec.Failure, rec.Reason = Deny, true, pf.kind, pf.Error()
+				rec.Stance, rec.Failed, rec.Failure, rec.Reason = StanceDeny, true, pf.kind, pf.Error()
 				v.failed = true
-				d = Decision{Stance: Deny, Reason: pf.Error()}
+				d = Decision{Stance: StanceDeny, Reason: pf.Error()}
 			}
 			v.records = append(v.records, rec)
 			if d.Stance.rank() > v.stance.rank() {
 				v.stance = d.Stance
 			}
-			if d.Stance != Allow && d.Reason != "" {
+			if d.Stance != StanceAllow && d.Reason != "" {
 				v.reasons = append(v.reasons, d.Reason)
 			}
-			if d.Stance == RequireApproval {
+			if d.Stance == StanceRequireApproval {
 				v.approvalTypes = appendUnique(v.approvalTypes, d.ApprovalTypes...)
 			}
 		}
@@ -207,7 +216,7 @@ func runPolicy(ctx context.Context, p Policy, r PolicyRequest, timeout time.Dura
 			return fail("error", "failed: %v", res.err)
 		}
 		switch res.d.Stance {
-		case "", Allow, Deny, Hide, RequireApproval:
+		case "", StanceAllow, StanceDeny, StanceHide, StanceRequireApproval:
 		default:
 			return fail("invalid-stance", "answered an unknown stance %q", res.d.Stance)
 		}

@@ -20,13 +20,13 @@ func TestPolicies_PrecedenceDenyHideApprovalAllow(t *testing.T) {
 		stances []Stance
 		want    Stance
 	}{
-		{nil, Allow},
-		{[]Stance{Allow, Allow}, Allow},
-		{[]Stance{Allow, RequireApproval}, RequireApproval},
-		{[]Stance{RequireApproval, Hide, Allow}, Hide},
-		{[]Stance{Hide, Deny, RequireApproval}, Deny},
-		{[]Stance{Deny, Hide}, Deny},
-		{[]Stance{""}, Allow}, // no stance is allow
+		{nil, StanceAllow},
+		{[]Stance{StanceAllow, StanceAllow}, StanceAllow},
+		{[]Stance{StanceAllow, StanceRequireApproval}, StanceRequireApproval},
+		{[]Stance{StanceRequireApproval, StanceHide, StanceAllow}, StanceHide},
+		{[]Stance{StanceHide, StanceDeny, StanceRequireApproval}, StanceDeny},
+		{[]Stance{StanceDeny, StanceHide}, StanceDeny},
+		{[]Stance{""}, StanceAllow}, // no stance is allow
 	} {
 		var ps []Policy
 		for i, s := range c.stances {
@@ -49,14 +49,14 @@ func TestPolicies_AllEvaluatedNoShortCircuit(t *testing.T) {
 		}}
 	}
 	v := evaluatePolicies(context.Background(),
-		[]Policy{track("runtime-deny", Deny), track("runtime-allow", Allow)},
-		[]Policy{track("own-hide", Hide), track("own-approval", RequireApproval)},
+		[]Policy{track("runtime-deny", StanceDeny), track("runtime-allow", StanceAllow)},
+		[]Policy{track("own-hide", StanceHide), track("own-approval", StanceRequireApproval)},
 		PolicyRequest{Phase: PhaseInvocation}, time.Second)
 	want := []string{"runtime-deny", "runtime-allow", "own-hide", "own-approval"}
 	if !slices.Equal(ran, want) {
 		t.Fatalf("ran %v, want every policy in order %v", ran, want)
 	}
-	if len(v.records) != 4 || v.stance != Deny {
+	if len(v.records) != 4 || v.stance != StanceDeny {
 		t.Fatalf("records %+v, stance %s", v.records, v.stance)
 	}
 	for i, r := range v.records {
@@ -69,10 +69,10 @@ func TestPolicies_AllEvaluatedNoShortCircuit(t *testing.T) {
 func TestPolicies_ApprovalRequirementsMerge(t *testing.T) {
 	t.Parallel()
 	v := evaluatePolicies(context.Background(),
-		[]Policy{stance("a", RequireApproval, "finance"), stance("b", Allow)},
-		[]Policy{stance("c", RequireApproval, "security", "finance")},
+		[]Policy{stance("a", StanceRequireApproval, "finance"), stance("b", StanceAllow)},
+		[]Policy{stance("c", StanceRequireApproval, "security", "finance")},
 		PolicyRequest{Phase: PhaseInvocation}, time.Second)
-	if v.stance != RequireApproval || !slices.Equal(v.approvalTypes, []string{"finance", "security"}) ||
+	if v.stance != StanceRequireApproval || !slices.Equal(v.approvalTypes, []string{"finance", "security"}) ||
 		!slices.Equal(v.reasons, []string{"a says require-approval", "c says require-approval"}) {
 		t.Fatalf("%+v", v)
 	}
@@ -80,13 +80,13 @@ func TestPolicies_ApprovalRequirementsMerge(t *testing.T) {
 
 func TestPolicies_OnlyThoseOfThePhase(t *testing.T) {
 	t.Parallel()
-	disc := stance("discovery-only", Hide)
+	disc := stance("discovery-only", StanceHide)
 	disc.Phases = []Phase{PhaseDiscovery}
-	exec := stance("execution-only", Deny)
+	exec := stance("execution-only", StanceDeny)
 	exec.Phases = []Phase{PhaseExecution}
-	def := stance("default-invocation", RequireApproval)
+	def := stance("default-invocation", StanceRequireApproval)
 	ps := []Policy{disc, exec, def}
-	for phase, want := range map[Phase]Stance{PhaseDiscovery: Hide, PhaseInvocation: RequireApproval, PhaseExecution: Deny} {
+	for phase, want := range map[Phase]Stance{PhaseDiscovery: StanceHide, PhaseInvocation: StanceRequireApproval, PhaseExecution: StanceDeny} {
 		v := evaluatePolicies(context.Background(), ps, nil, PolicyRequest{Phase: phase}, time.Second)
 		if v.stance != want || len(v.records) != 1 {
 			t.Errorf("%s: %s with %d records, want %s", phase, v.stance, len(v.records), want)
@@ -102,21 +102,21 @@ func TestPolicies_FailClosed(t *testing.T) {
 	defer close(block)
 	ps := []Policy{
 		{Name: "errs", Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
-			return Decision{Stance: Allow}, errors.New("directory unreachable")
+			return Decision{Stance: StanceAllow}, errors.New("directory unreachable")
 		}},
 		{Name: "panics", Evaluate: func(context.Context, PolicyRequest) (Decision, error) { panic("nil map") }},
 		{Name: "hangs", Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
 			<-block // ignores its context: the runtime must not wait for it
-			return Decision{Stance: Allow}, nil
+			return Decision{Stance: StanceAllow}, nil
 		}},
 		{Name: "unknown-stance", Evaluate: func(context.Context, PolicyRequest) (Decision, error) {
 			return Decision{Stance: "maybe"}, nil
 		}},
 		{Name: "no-function"},
-		stance("allows", Allow),
+		stance("allows", StanceAllow),
 	}
 	v := evaluatePolicies(context.Background(), ps, nil, PolicyRequest{Phase: PhaseInvocation}, 50*time.Millisecond)
-	if !v.failed || v.stance != Deny {
+	if !v.failed || v.stance != StanceDeny {
 		t.Fatalf("verdict %+v: want failed and deny", v)
 	}
 	want := map[string]string{"errs": "error", "panics": "panic", "hangs": "timeout", "unknown-stance": "invalid-stance",
@@ -128,7 +128,7 @@ func TestPolicies_FailClosed(t *testing.T) {
 		if r.Failure != want[r.Policy] {
 			t.Errorf("%s: failure %q, want %q", r.Policy, r.Failure, want[r.Policy])
 		}
-		if failed := want[r.Policy] != ""; r.Failed != failed || failed && (r.Stance != Deny || r.Reason == "") {
+		if failed := want[r.Policy] != ""; r.Failed != failed || failed && (r.Stance != StanceDeny || r.Reason == "") {
 			t.Errorf("%s: %+v", r.Policy, r)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -53,7 +55,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 
 	// The catalog records each capability's pool.
 	for id, pool := range map[string]string{"email.send": "comms", "demo.echo": "default", "orders.refund": "default"} {
-		d, _, err := broker.Load[executor.Descriptor](ctx, c.Broker().Catalog, id)
+		d, _, err := broker.Load[executor.Descriptor](ctx, testhooks.Broker(c).Catalog, id)
 		if err != nil || d.Pool != pool {
 			t.Fatalf("catalog entry of %s: pool %+v, err %v; want %q", id, d, err, pool)
 		}
@@ -91,7 +93,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 			t.Fatalf("email %s was touched with its pool down: %+v, err %v", id, st, err)
 		}
 	}
-	cons, err := c.Broker().Exec.Consumer(ctx, "pool-comms")
+	cons, err := testhooks.Broker(c).Exec.Consumer(ctx, "pool-comms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestPools_FanOutAcrossPoolsCompletesWithOneEnvelopeEach(t *testing.T) {
 		seen[e.ExecutionID] = true
 	}
 	// One envelope per call, and each pool's consumer is drained.
-	st, err := c.Broker().JS.Stream(ctx, "KV_"+c.Broker().Names.EnvelopesBucket())
+	st, err := testhooks.Broker(c).JS.Stream(ctx, "KV_"+testhooks.Broker(c).Names.EnvelopesBucket())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +179,7 @@ func TestPools_FanOutAcrossPoolsCompletesWithOneEnvelopeEach(t *testing.T) {
 		t.Fatalf("%d envelopes stored for %d calls", got, len(reqs))
 	}
 	for _, pool := range []string{"comms", "payments", "default"} {
-		waitDrained(t, ctx, c.Broker(), "pool-"+pool)
+		waitDrained(t, ctx, testhooks.Broker(c), "pool-"+pool)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -28,9 +29,9 @@ type flood struct {
 // is never retried).
 func (f *flood) capability(id string, timeout time.Duration, retries int) executor.Capability {
 	meta := executor.Meta{Description: "Reports its progress without pause.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Timeout: timeout}
+		SideEffect: executor.SideEffectWrite, Timeout: timeout}
 	if retries > 0 {
-		meta.SideEffect = executor.Read
+		meta.SideEffect = executor.SideEffectRead
 		meta.Retry = &executor.Retry{MaxAttempts: retries, Backoff: 10 * time.Millisecond}
 	}
 	return executor.Define(id, meta, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
@@ -132,7 +133,7 @@ func TestProgress_ReportingWithoutPause_CancellationAndTimeoutsUnchanged(t *test
 			}
 			// The trail tells the same story: one start per attempt.
 			starts := 0
-			for _, ev := range trailOf(t, c.Broker(), id) {
+			for _, ev := range trailOf(t, testhooks.Broker(c), id) {
 				if ev.Type == audit.Started {
 					starts++
 				}

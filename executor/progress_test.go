@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )
@@ -22,7 +23,7 @@ func steppedReport(steps int, next <-chan struct{}) executor.Capability {
 	return executor.Define("test.report", executor.Meta{
 		Description: "Reports its progress step by step.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 		Timeout:     time.Hour,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		for n := 1; n <= steps; n++ {
@@ -83,7 +84,7 @@ func TestProgress_ReachesTheCallerAndTheRecord(t *testing.T) {
 	// A subscriber that never reads, with the smallest buffer: it costs the
 	// handler nothing.
 	slow := env.Connect(t)
-	stuck, err := slow.SubscribeSync(c.Broker().Names.ProgressSubjectsOf(broker.Anonymous))
+	stuck, err := slow.SubscribeSync(testhooks.Broker(c).Names.ProgressSubjectsOf(broker.Anonymous))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +264,7 @@ func TestProgress_ChannelFanOutAndAwait(t *testing.T) {
 		}()
 		// The first report may have come before Await subscribed: the
 		// second is made once the server knows of its subscription.
-		waitInterest(t, env.Connect(t), c.Broker().Names.ProgressSubject(broker.Anonymous, id))
+		waitInterest(t, env.Connect(t), testhooks.Broker(c).Names.ProgressSubject(broker.Anonymous, id))
 		next <- struct{}{}
 		waitUntil(t, "the second step's progress", func() bool { p := log.last(); return p != nil && p.Done == 2 })
 		next <- struct{}{}
@@ -285,7 +286,7 @@ func TestProgress_OnlyTheFollowedExecutionsReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := c.Broker().Names
+	n := testhooks.Broker(c).Names
 	publish := func(subject string, p envelope.Progress) {
 		b, err := envelope.Marshal(&p)
 		if err != nil {

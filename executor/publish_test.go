@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -63,7 +65,7 @@ func TestSubmitAndSubmitResume_PublishAgainUntilTheStreamAnswers(t *testing.T) {
 		{"SubmitResume", func(ctx context.Context) (string, error) { return c.SubmitResume(ctx, rec.ID) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := js.DeleteStream(ctx, c.Broker().Names.ExecStream()); err != nil {
+			if err := js.DeleteStream(ctx, testhooks.Broker(c).Names.ExecStream()); err != nil {
 				t.Fatal(err)
 			}
 			type result struct {
@@ -101,7 +103,7 @@ func TestSubmitAndSubmitResume_PublishAgainUntilTheStreamAnswers(t *testing.T) {
 			}
 		})
 	}
-	if got, err := c.Approvals().Get(ctx, rec.ID); err != nil || got.Status != approvals.Consumed {
+	if got, err := c.Approval(ctx, rec.ID); err != nil || got.Status != approvals.Consumed {
 		t.Fatalf("approval after the resume: %+v %v", got, err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -143,7 +145,7 @@ func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
 	var p probe
 	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: cfg, SweepInterval: -1}, sendCap(&p))
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.send", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
 	reply, err := s.c.Cancel(ctxT(t), id)
 	if err != nil || reply.Finalized {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -75,7 +77,7 @@ func mailCap(p *probe, pv *provider, r *executor.Recovery[map[string]any, mailOu
 	return executor.Define("test.mail", executor.Meta{
 		Description: "Sends a message; never retried.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.External,
+		SideEffect:  executor.SideEffectExternal,
 		Timeout:     2 * time.Second,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		p.called(ctx, c.Attempt)
@@ -101,16 +103,16 @@ func lookupMail(pv *provider) func(context.Context, executor.Reconciliation[map[
 func TestRecovery_TakeoverTable(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
-	running := func(id string, change func(r *executor.Record)) *executor.Record {
-		r := &executor.Record{ExecutionID: id, CapabilityID: "test.mail", State: executor.StateRunning, Attempt: 1,
+	running := func(id string, change func(r *execution.Record)) *execution.Record {
+		r := &execution.Record{ExecutionID: id, CapabilityID: "test.mail", State: execution.StateRunning, Attempt: 1,
 			Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()}
 		if change != nil {
 			change(r)
 		}
 		return r
 	}
-	receipt := func(v any) func(r *executor.Record) {
-		return func(r *executor.Record) {
+	receipt := func(v any) func(r *execution.Record) {
+		return func(r *execution.Record) {
 			r.Receipt, r.ReceiptAttempt, r.ReceiptAt = envelope.MustRaw(v), r.Attempt, pastLease()
 		}
 	}
@@ -118,7 +120,7 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 		name string
 		// recovery is the capability's, nil for none.
 		recovery func(pv *provider) *executor.Recovery[map[string]any, mailOut]
-		rec      func(id string) *executor.Record
+		rec      func(id string) *execution.Record
 		// sent is set when the lost attempt's effect happened.
 		sent bool
 		want takeover
@@ -131,22 +133,22 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 	}{
 		{
 			name: "ReceiptRecorded_CompletedFromIt",
-			rec:  func(id string) *executor.Record { return running(id, receipt(mailOut{MessageID: "msg-7"})) },
+			rec:  func(id string) *execution.Record { return running(id, receipt(mailOut{MessageID: "msg-7"})) },
 			sent: true,
-			want: takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateRunning},
+			want: takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
 			// The receipt is the output.
 			output: "msg-7", recovered: envelope.RecoveredByReceipt,
 		},
 		{
 			name: "ReceiptRecordedThenCancel_CompletedTheCancelCameAfter",
-			rec: func(id string) *executor.Record {
-				return running(id, func(r *executor.Record) {
+			rec: func(id string) *execution.Record {
+				return running(id, func(r *execution.Record) {
 					receipt(mailOut{MessageID: "msg-7"})(r)
 					r.CancelRequested, r.CancelRequestedAt = true, pastLease()
 				})
 			},
 			sent:   true,
-			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateRunning},
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
 			output: "msg-7", recovered: envelope.RecoveredByReceipt,
 		},
 		{
@@ -161,9 +163,9 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 						return mailOut{MessageID: "<" + id + ">"}, nil
 					}}
 			},
-			rec:    func(id string) *executor.Record { return running(id, receipt("msg-9")) },
+			rec:    func(id string) *execution.Record { return running(id, receipt("msg-9")) },
 			sent:   true,
-			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateRunning},
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
 			output: "<msg-9>", recovered: envelope.RecoveredByReceipt,
 		},
 		{
@@ -173,24 +175,24 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
 			},
-			rec:    func(id string) *executor.Record { return running(id, receipt(mailOut{MessageID: "msg-7"})) },
+			rec:    func(id string) *execution.Record { return running(id, receipt(mailOut{MessageID: "msg-7"})) },
 			sent:   true,
-			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateRunning},
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
 			output: "msg-7", recovered: envelope.RecoveredByReceipt,
 		},
 		{
 			name: "NoReceiptNoReconciler_OutcomeUnknown",
-			rec:  func(id string) *executor.Record { return running(id, nil) },
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			rec:  func(id string) *execution.Record { return running(id, nil) },
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 		},
 		{
 			name: "ReconcilerFindsTheEffect_CompletedFromWhatItFound",
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv)}
 			},
-			rec:    func(id string) *executor.Record { return running(id, nil) },
+			rec:    func(id string) *execution.Record { return running(id, nil) },
 			sent:   true,
-			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateRunning},
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
 			output: "msg-1", recovered: envelope.RecoveredByReconciler, verdict: "found",
 		},
 		{
@@ -198,8 +200,8 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
-			want:    takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: executor.StateRunning, retried: 2},
+			rec:     func(id string) *execution.Record { return running(id, nil) },
+			want:    takeover{status: envelope.StatusCompleted, attempts: 2, calls: []int{2}, takenFrom: execution.StateRunning, retried: 2},
 			output:  "msg-1",
 			verdict: "absent",
 		},
@@ -208,8 +210,8 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv)}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			rec:     func(id string) *execution.Record { return running(id, nil) },
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 			verdict: "absent",
 		},
 		{
@@ -220,8 +222,8 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 						return executor.Reconciled[mailOut]{Effect: executor.EffectAbsent}, errors.New("provider unreachable (secret detail)")
 					}}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			rec:     func(id string) *execution.Record { return running(id, nil) },
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 			verdict: "unknown", reason: "error",
 		},
 		{
@@ -232,8 +234,8 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 						panic("reconciler bug")
 					}}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			rec:     func(id string) *execution.Record { return running(id, nil) },
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 			verdict: "unknown", reason: "panic",
 		},
 		{
@@ -246,8 +248,8 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 						return executor.Reconciled[mailOut]{Effect: executor.EffectAbsent}, nil
 					}}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			rec:     func(id string) *execution.Record { return running(id, nil) },
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 			verdict: "unknown", reason: "timeout",
 		},
 		{
@@ -261,9 +263,9 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 						return executor.Found(mailOut{MessageID: "late"}), nil
 					}}
 			},
-			rec:     func(id string) *executor.Record { return running(id, nil) },
+			rec:     func(id string) *execution.Record { return running(id, nil) },
 			sent:    true,
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateRunning},
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateRunning},
 			verdict: "unknown", reason: "timeout",
 		},
 		{
@@ -271,11 +273,11 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
 			},
-			rec: func(id string) *executor.Record {
-				return running(id, func(r *executor.Record) { r.State, r.Reconciliations = executor.StateReconciling, 1 })
+			rec: func(id string) *execution.Record {
+				return running(id, func(r *execution.Record) { r.State, r.Reconciliations = execution.StateReconciling, 1 })
 			},
 			sent:   true,
-			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: executor.StateReconciling},
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateReconciling},
 			output: "msg-1", recovered: envelope.RecoveredByReconciler, verdict: "found",
 		},
 		{
@@ -283,20 +285,20 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
 			},
-			rec: func(id string) *executor.Record {
-				return running(id, func(r *executor.Record) { r.State, r.Reconciliations = executor.StateReconciling, 3 })
+			rec: func(id string) *execution.Record {
+				return running(id, func(r *execution.Record) { r.State, r.Reconciliations = execution.StateReconciling, 3 })
 			},
-			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: executor.StateReconciling},
+			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateReconciling},
 		},
 		{
 			name: "AbsenceProvedNoReattemptLeft_FailedRetryable",
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
 				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true, MaxReattempts: 1}
 			},
-			rec: func(id string) *executor.Record {
-				return running(id, func(r *executor.Record) { r.Attempt, r.Reattempts = 2, 1 })
+			rec: func(id string) *execution.Record {
+				return running(id, func(r *execution.Record) { r.Attempt, r.Reattempts = 2, 1 })
 			},
-			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeExecutionFailed, attempts: 2, takenFrom: executor.StateRunning},
+			want:    takeover{status: envelope.StatusFailed, code: envelope.CodeExecutionFailed, attempts: 2, takenFrom: execution.StateRunning},
 			verdict: "absent",
 		},
 	}
@@ -411,7 +413,7 @@ func TestReceipt_AttemptTimedOutAfterItsEffect_CompletedFromTheReceipt(t *testin
 	p.gate = func(ctx context.Context, _ int) {}
 	slow := executor.Define("test.mail", executor.Meta{
 		Description: "Sends, records its receipt, then hangs.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External, Timeout: 200 * time.Millisecond,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal, Timeout: 200 * time.Millisecond,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		p.called(ctx, c.Attempt)
 		out := mailOut{MessageID: pv.send(c.IdempotencyKey)}
@@ -447,7 +449,7 @@ func TestReceipt_AfterTheAttemptEnded_Refused(t *testing.T) {
 	refused := make(chan error, 1)
 	late := executor.Define("test.mail", executor.Meta{
 		Description: "Ignores its context, then records a receipt.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External, Timeout: 100 * time.Millisecond,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal, Timeout: 100 * time.Millisecond,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		<-ctx.Done()
 		time.Sleep(200 * time.Millisecond) // the engine has decided by now
@@ -484,7 +486,7 @@ func TestReceipt_ClaimLost_Refused(t *testing.T) {
 	refused := make(chan error, 1)
 	held := executor.Define("test.mail", executor.Meta{
 		Description: "Waits, then records a receipt.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External, Timeout: time.Hour,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal, Timeout: time.Hour,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		close(started)
 		<-proceed
@@ -522,7 +524,7 @@ func TestReceipt_CancelledAfterTheEffect_Completed(t *testing.T) {
 	recorded := make(chan struct{})
 	held := executor.Define("test.mail", executor.Meta{
 		Description: "Sends, records its receipt, then waits.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External, Timeout: time.Hour,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal, Timeout: time.Hour,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		if err := c.Receipt(ctx, mailOut{MessageID: "msg-1"}); err != nil {
 			return mailOut{}, err
@@ -581,7 +583,7 @@ func (s *store) recordWrites() uint64 {
 }
 
 // update writes rec over revision rev, as another worker would.
-func (s *store) update(id string, rec *executor.Record, rev uint64) uint64 {
+func (s *store) update(id string, rec *execution.Record, rev uint64) uint64 {
 	s.t.Helper()
 	rev, err := broker.Update(ctxT(s.t), s.b.Executions, broker.Key(broker.Anonymous, id), rec, rev)
 	if err != nil {
@@ -616,13 +618,13 @@ func TestReconcile_WorkerLostMidReconciliation_TakenOverAndAskedAgain(t *testing
 			return lookupMail(&pv)(ctx, q)
 		}}
 	var p probe
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "test.mail", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.mail", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
 	s.publish("test.mail", id)
 	ncA := env.Connect(t)
 	runWorkerUntilCut(t, ncA, executor.WorkerConfig{ID: "worker-a", Lease: time.Second}, mailCap(&p, &pv, r))
 	waitClosed(t, asking, "the reconciler was never asked")
-	if rec, _ := s.record(id); rec.State != executor.StateReconciling || rec.Worker != "worker-a" || rec.Reconciliations != 1 {
+	if rec, _ := s.record(id); rec.State != execution.StateReconciling || rec.Worker != "worker-a" || rec.Reconciliations != 1 {
 		t.Fatalf("record %+v while worker-a asks, want reconciling{1} held by worker-a", rec)
 	}
 	ncA.Close() // worker-a is cut off: its lease runs out unrenewed
@@ -686,7 +688,7 @@ func TestReceipt_TooLarge_RefusedNothingWritten(t *testing.T) {
 	errs := make(chan error, 2)
 	sizes := executor.Define("test.mail", executor.Meta{
 		Description: "Records a receipt too large, then a small one.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.External,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (mailOut, error) {
 		errs <- c.Receipt(ctx, strings.Repeat("x", executor.MaxReceipt))
 		errs <- c.Receipt(ctx, mailOut{MessageID: "msg-1"})

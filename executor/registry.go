@@ -18,9 +18,11 @@ type Registry struct {
 
 // RegistryError lists every problem of every capability found at build.
 type RegistryError struct {
+	// Problems are the messages, each naming its capability.
 	Problems []string
 }
 
+// Error lists every problem, one a line.
 func (e *RegistryError) Error() string {
 	return fmt.Sprintf("capstan: %d problem(s) in the capability registry:\n  - %s",
 		len(e.Problems), strings.Join(e.Problems, "\n  - "))
@@ -74,7 +76,7 @@ func validate(b *binding) []string {
 		p = append(p, "description is empty: a model chooses tools by it")
 	}
 	switch m.SideEffect {
-	case None, Read, Write, Destructive, External:
+	case SideEffectNone, SideEffectRead, SideEffectWrite, SideEffectDestructive, SideEffectExternal:
 	case "":
 		p = append(p, "sideEffect is not declared (none, read, write, destructive or external)")
 	default:

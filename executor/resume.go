@@ -13,13 +13,89 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 )
 
-// Approvals returns a store over the approvals bucket whose decisions are
-// audited with the approver as the acting actor. It is cheap: take one where
-// it is needed.
-func (c *Client) Approvals() *approvals.Store {
+// approvalStore is a store over the approvals bucket whose decisions are
+// audited with the approver as the acting actor.
+func (c *Client) approvalStore() *approvals.Store {
 	return approvals.NewStore(c.b, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
 		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
 	})
+}
+
+// Approval reads an approval from the approvals bucket. A client whose
+// connection may not read the bucket (a producer's, under access control)
+// gets approvals.ErrNoBucket: it lists its own approvals with
+// ListApprovals.
+func (c *Client) Approval(ctx context.Context, approvalID string) (*approvals.Record, error) {
+	return c.approvalStore().Get(ctx, approvalID)
+}
+
+// ListApprovals asks the workers for the approvals req selects: they show a
+// principal the approvals it requested itself, and an open server's
+// clients every one.
+func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) ([]*approvals.Record, error) {
+	return approvals.RequestList(ctx, c.b.NC, c.b.Names, req)
+}
+
+// Decide approves or rejects a pending approval as v.Approver, writing the
+// approvals bucket and the decision's audit event itself: for a client whose
+// connection may write approvals (an open server's). Under access control an
+// approver's decision goes through the workers instead
+// (approvals.RequestDecision, capstan approve), which check who decides.
+func (c *Client) Decide(ctx context.Context, approvalID string, v approvals.Verdict) (*approvals.Record, error) {
+	return c.approvalStore().Decide(ctx, approvalID, v)
+}
+
+// WithdrawApproval cancels a pending or approved approval before it is used;
+// by is recorded as the decision's actor and the trail shows a rejection
+// with status cancelled. A client whose connection may not write approvals
+// gets approvals.ErrNoBucket.
+func (c *Client) WithdrawApproval(ctx context.Context, approvalID string, by envelope.Actor, reason string) (*approvals.Record, error) {
+	return c.approvalStore().Cancel(ctx, approvalID, by, reason)
+}
+
+// Trail reads an execution's audit trail, in order, as the client's
+// principal may: its own executions' trails, or every one on an open server.
+func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, error) {
+	return audit.Read(ctx, c.b, c.principal, executionID)
+}
+
+// FollowTrail calls fn with every event of an execution's trail as it is
+// filed, until ctx ends or fn returns an error (which it returns); opts say
+// where to start (default: new events only, audit.FromStart for all).
+func (c *Client) FollowTrail(ctx context.Context, executionID string, fn func(audit.Event) error, opts ...audit.FollowOption) error {
+	return audit.Follow(ctx, c.b, audit.Filter{Principal: c.principal, ExecutionID: executionID}, fn, opts...)
+}
+
+// CatalogChanges signals on the returned channel each time workers change
+// the catalog (a capability served, withdrawn or expired), coalescing
+// changes the reader has not taken yet; the channel is closed when ctx ends
+// or the watch fails. Only a client of an open server may watch: a principal
+// may create no consumer, and gets an error.
+func (c *Client) CatalogChanges(ctx context.Context) (<-chan struct{}, error) {
+	w, err := c.b.Catalog.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{}, 1)
+	go func() {
+		defer close(ch)
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return ch, nil
 }
 
 // SubmitResume opens a new execution of an approved call and returns its id.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -64,7 +66,7 @@ func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T
 		t.Fatalf("await of an expired execution with its record: %v, want an ExpiredError that is not unknown", err)
 	}
 	made, _ := envelope.ExecutionIDTime(id)
-	if xerr.ExecutionID != id || !xerr.MadeAt.Equal(made) || xerr.Retention != retention || xerr.State != executor.StateRunning {
+	if xerr.ExecutionID != id || !xerr.MadeAt.Equal(made) || xerr.Retention != retention || xerr.State != execution.StateRunning {
 		t.Fatalf("expired error %+v: want id %s made %v, retention %v, state running", xerr, id, made, retention)
 	}
 	if msg := err.Error(); !strings.Contains(msg, "expired") || !strings.Contains(msg, id) || !strings.Contains(msg, retention.String()) {
@@ -114,7 +116,7 @@ func TestEnvelopeRetention_OnlyOldUUIDv7WithoutEnvelopeOrRunningRecordIsExpired(
 
 	// Old, still running: waited for.
 	running := uuidV7At(old)
-	s.putRecord(&executor.Record{ExecutionID: running, CapabilityID: "demo.echo", State: executor.StateRunning,
+	s.putRecord(&execution.Record{ExecutionID: running, CapabilityID: "demo.echo", State: execution.StateRunning,
 		Attempt: 1, Worker: "w1", Claim: "c1", LeaseUntil: time.Now().Add(time.Hour).UTC()})
 	for _, id := range []string{running, envelope.NewExecutionID(), "custom-id-1"} {
 		ctx, cancel := context.WithTimeout(ctxT(t), 300*time.Millisecond)

@@ -32,7 +32,7 @@ func TestBackoff_DoublesFromTheConfiguredOrDefaultBase(t *testing.T) {
 func TestSI11_RuntimeRuleHoldsWithoutTheRegistry(t *testing.T) {
 	t.Parallel()
 	retryable := &envelope.CapabilityError{Code: envelope.CodeTimeout, Retryable: true}
-	for _, se := range []SideEffect{Write, Destructive, External} {
+	for _, se := range []SideEffect{SideEffectWrite, SideEffectDestructive, SideEffectExternal} {
 		for _, idem := range []bool{false, true} {
 			c := &capability{b: &binding{meta: Meta{SideEffect: se, Idempotent: idem, Retry: &Retry{MaxAttempts: 5}}}}
 			if got := c.RetryEligible(retryable); got != idem {

@@ -27,21 +27,21 @@ func TestSI11_RetryRuleWithItsAttemptBound(t *testing.T) {
 		ok    bool
 		pause time.Duration
 	}{
-		{"a read, attempt 1 timed out, 2 retries", Meta{SideEffect: Read, Retry: retry(2)}, 1, timeout, true, 10 * time.Millisecond},
-		{"a read, attempt 2 timed out, 2 retries", Meta{SideEffect: Read, Retry: retry(2)}, 2, timeout, true, 20 * time.Millisecond},
-		{"a read, attempt 3 timed out, 2 retries: none left", Meta{SideEffect: Read, Retry: retry(2)}, 3, timeout, false, 0},
-		{"a read, its worker lost before any attempt (a takeover runs at once)", Meta{SideEffect: Read, Retry: retry(2)}, 0, lost, true, 10 * time.Millisecond},
-		{"a read, no retry configured", Meta{SideEffect: Read}, 1, timeout, false, 0},
-		{"a read, an error not retryable", Meta{SideEffect: Read, Retry: retry(2)}, 1, failed, false, 0},
-		{"no side effect, its worker lost", Meta{SideEffect: None, Retry: retry(1)}, 1, lost, true, 10 * time.Millisecond},
-		{"a write, not idempotent", Meta{SideEffect: Write, Retry: retry(5)}, 1, timeout, false, 0},
-		{"a write, not idempotent, its worker lost", Meta{SideEffect: Write, Retry: retry(5)}, 1, lost, false, 0},
-		{"a write, idempotent", Meta{SideEffect: Write, Idempotent: true, Retry: retry(5)}, 1, timeout, true, 10 * time.Millisecond},
-		{"destructive, not idempotent", Meta{SideEffect: Destructive, Retry: retry(5)}, 1, lost, false, 0},
-		{"external, idempotent", Meta{SideEffect: External, Idempotent: true, Retry: retry(5)}, 2, lost, true, 20 * time.Millisecond},
-		{"RetryOn vetoes", Meta{SideEffect: Read, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return false }}}, 1, timeout, false, 0},
-		{"RetryOn allows", Meta{SideEffect: Read, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return true }}}, 1, timeout, true, DefaultBackoff},
-		{"RetryOn panics: vetoed", Meta{SideEffect: Read, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { panic("no") }}}, 1, timeout, false, 0},
+		{"a read, attempt 1 timed out, 2 retries", Meta{SideEffect: SideEffectRead, Retry: retry(2)}, 1, timeout, true, 10 * time.Millisecond},
+		{"a read, attempt 2 timed out, 2 retries", Meta{SideEffect: SideEffectRead, Retry: retry(2)}, 2, timeout, true, 20 * time.Millisecond},
+		{"a read, attempt 3 timed out, 2 retries: none left", Meta{SideEffect: SideEffectRead, Retry: retry(2)}, 3, timeout, false, 0},
+		{"a read, its worker lost before any attempt (a takeover runs at once)", Meta{SideEffect: SideEffectRead, Retry: retry(2)}, 0, lost, true, 10 * time.Millisecond},
+		{"a read, no retry configured", Meta{SideEffect: SideEffectRead}, 1, timeout, false, 0},
+		{"a read, an error not retryable", Meta{SideEffect: SideEffectRead, Retry: retry(2)}, 1, failed, false, 0},
+		{"no side effect, its worker lost", Meta{SideEffect: SideEffectNone, Retry: retry(1)}, 1, lost, true, 10 * time.Millisecond},
+		{"a write, not idempotent", Meta{SideEffect: SideEffectWrite, Retry: retry(5)}, 1, timeout, false, 0},
+		{"a write, not idempotent, its worker lost", Meta{SideEffect: SideEffectWrite, Retry: retry(5)}, 1, lost, false, 0},
+		{"a write, idempotent", Meta{SideEffect: SideEffectWrite, Idempotent: true, Retry: retry(5)}, 1, timeout, true, 10 * time.Millisecond},
+		{"destructive, not idempotent", Meta{SideEffect: SideEffectDestructive, Retry: retry(5)}, 1, lost, false, 0},
+		{"external, idempotent", Meta{SideEffect: SideEffectExternal, Idempotent: true, Retry: retry(5)}, 2, lost, true, 20 * time.Millisecond},
+		{"RetryOn vetoes", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return false }}}, 1, timeout, false, 0},
+		{"RetryOn allows", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return true }}}, 1, timeout, true, DefaultBackoff},
+		{"RetryOn panics: vetoed", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { panic("no") }}}, 1, timeout, false, 0},
 	} {
 		w := &Worker{log: slog.New(slog.DiscardHandler)}
 		c := newCapability(&binding{id: "t.cap", meta: tc.meta}, w)

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -55,7 +58,7 @@ func TestSI11_RetryEligibilityTable(t *testing.T) {
 	}
 	var served, refused []*tcase
 	var caps, refusedCaps []executor.Capability
-	for _, se := range []executor.SideEffect{executor.None, executor.Read, executor.Write, executor.Destructive, executor.External} {
+	for _, se := range []executor.SideEffect{executor.SideEffectNone, executor.SideEffectRead, executor.SideEffectWrite, executor.SideEffectDestructive, executor.SideEffectExternal} {
 		for _, idem := range []bool{false, true} {
 			for _, configured := range []bool{false, true} {
 				for _, retryable := range []bool{false, true} {
@@ -77,7 +80,7 @@ func TestSI11_RetryEligibilityTable(t *testing.T) {
 							}
 						}
 						c := failing(tc.id, m, retryable, &tc.calls)
-						writeLike := se == executor.Write || se == executor.Destructive || se == executor.External
+						writeLike := se == executor.SideEffectWrite || se == executor.SideEffectDestructive || se == executor.SideEffectExternal
 						if writeLike && !idem && configured {
 							refused, refusedCaps = append(refused, tc), append(refusedCaps, c)
 							continue
@@ -116,7 +119,7 @@ func TestSI11_RetryEligibilityTable(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("%s: %v", tc.id, errs[i])
 		}
-		writeLike := tc.sideEffect == executor.Write || tc.sideEffect == executor.Destructive || tc.sideEffect == executor.External
+		writeLike := tc.sideEffect == executor.SideEffectWrite || tc.sideEffect == executor.SideEffectDestructive || tc.sideEffect == executor.SideEffectExternal
 		eligible := tc.configured && tc.retryable && (!writeLike || tc.idempotent) && tc.retryOn != "vetoes"
 		want := int64(1)
 		if eligible {
@@ -152,18 +155,18 @@ func TestSI11_RegistryRefusesRetryOnWriteLikeWithoutIdempotent(t *testing.T) {
 	var calls atomic.Int64
 	retry := &executor.Retry{MaxAttempts: 1}
 	_, err := executor.NewRegistry(
-		failing("orders.write", executor.Meta{SideEffect: executor.Write, Retry: retry}, true, &calls),
-		failing("orders.delete", executor.Meta{SideEffect: executor.Destructive, Retry: retry}, true, &calls),
-		failing("email.notify", executor.Meta{SideEffect: executor.External, Retry: retry}, true, &calls),
-		failing("orders.refund", executor.Meta{SideEffect: executor.Write, Idempotent: true, Retry: retry}, true, &calls),
-		failing("orders.read", executor.Meta{SideEffect: executor.Read, Retry: retry}, true, &calls),
-		failing("email.draft", executor.Meta{SideEffect: executor.External}, true, &calls),
+		failing("orders.write", executor.Meta{SideEffect: executor.SideEffectWrite, Retry: retry}, true, &calls),
+		failing("orders.delete", executor.Meta{SideEffect: executor.SideEffectDestructive, Retry: retry}, true, &calls),
+		failing("email.notify", executor.Meta{SideEffect: executor.SideEffectExternal, Retry: retry}, true, &calls),
+		failing("orders.refund", executor.Meta{SideEffect: executor.SideEffectWrite, Idempotent: true, Retry: retry}, true, &calls),
+		failing("orders.read", executor.Meta{SideEffect: executor.SideEffectRead, Retry: retry}, true, &calls),
+		failing("email.draft", executor.Meta{SideEffect: executor.SideEffectExternal}, true, &calls),
 	)
 	var rerr *executor.RegistryError
 	if !errors.As(err, &rerr) {
 		t.Fatalf("registry accepted retry without idempotent: %v", err)
 	}
-	want := map[string]executor.SideEffect{"orders.write": executor.Write, "orders.delete": executor.Destructive, "email.notify": executor.External}
+	want := map[string]executor.SideEffect{"orders.write": executor.SideEffectWrite, "orders.delete": executor.SideEffectDestructive, "email.notify": executor.SideEffectExternal}
 	if len(rerr.Problems) != len(want) {
 		t.Fatalf("want one problem for each of %v, got:\n%v", want, err)
 	}
@@ -312,7 +315,7 @@ func TestTimeout_ArmsPerAttempt_ARetryGetsAFreshTimeout(t *testing.T) {
 	)
 	read := executor.Define("stock.read", executor.Meta{
 		Description: "Times out on its first attempt, then answers at once.",
-		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.Read, Timeout: time.Second,
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead, Timeout: time.Second,
 		Retry: &executor.Retry{MaxAttempts: 1, Backoff: time.Millisecond},
 	}, func(ctx context.Context, c executor.Call[none]) (none, error) {
 		d, _ := ctx.Deadline()
@@ -362,10 +365,10 @@ func TestSI11_TimedOutWriteRetriedOnlyWhenIdempotent(t *testing.T) {
 	var plain, idem, idemNoRetry atomic.Int64
 	timeout := 50 * time.Millisecond
 	startWorker(t, nc, executor.WorkerConfig{},
-		blocking("orders.write", executor.Meta{SideEffect: executor.Write, Timeout: timeout}, &plain),
-		blocking("orders.write-idempotent", executor.Meta{SideEffect: executor.Write, Idempotent: true, Timeout: timeout,
+		blocking("orders.write", executor.Meta{SideEffect: executor.SideEffectWrite, Timeout: timeout}, &plain),
+		blocking("orders.write-idempotent", executor.Meta{SideEffect: executor.SideEffectWrite, Idempotent: true, Timeout: timeout,
 			Retry: &executor.Retry{MaxAttempts: 1, Backoff: time.Millisecond}}, &idem),
-		blocking("orders.write-idempotent-no-retry", executor.Meta{SideEffect: executor.Write, Idempotent: true, Timeout: timeout}, &idemNoRetry),
+		blocking("orders.write-idempotent-no-retry", executor.Meta{SideEffect: executor.SideEffectWrite, Idempotent: true, Timeout: timeout}, &idemNoRetry),
 	)
 	c := newClient(t, env.Connect(t))
 	for _, tc := range []struct {
@@ -400,7 +403,7 @@ func TestIdempotencyKey_StableAcrossAttemptsDistinctAcrossExecutions(t *testing.
 	keys := map[string][]string{} // execution id -> key of each attempt
 	charge := executor.Define("payments.charge", executor.Meta{
 		Description: "Charges twice unless deduplicated.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Idempotent: true, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond},
+		SideEffect: executor.SideEffectWrite, Idempotent: true, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond},
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (none, error) {
 		mu.Lock()
 		keys[c.ExecutionID] = append(keys[c.ExecutionID], c.IdempotencyKey)
@@ -485,7 +488,7 @@ func TestHandlerErrors_OnlyDeclaredErrorsSpeak(t *testing.T) {
 	var caps []executor.Capability
 	for i, tc := range cases {
 		caps = append(caps, executor.Define("errors."+tc.name, executor.Meta{
-			Description: "Returns a given error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read,
+			Description: "Returns a given error.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead,
 			Retry: &executor.Retry{MaxAttempts: 1, Backoff: time.Millisecond},
 		}, func(ctx context.Context, c executor.Call[none]) (none, error) {
 			counts[i].Add(1)
@@ -538,7 +541,7 @@ func TestRetryOn_SeesTheCapabilityErrorAndTheHandlersError(t *testing.T) {
 		Description: "Reads stock; a stale read is worth another attempt, nothing else.",
 		// Attempts 1 and 3 return at once: the timeout must outlast them on a
 		// loaded machine; attempt 2 waits for it.
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Read, Timeout: time.Second,
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead, Timeout: time.Second,
 		Retry: &executor.Retry{MaxAttempts: 5, Backoff: time.Millisecond, RetryOn: func(err error) bool {
 			var ce *envelope.CapabilityError
 			if !errors.As(err, &ce) {
@@ -585,7 +588,7 @@ func TestRetryOn_PanicVetoesTheRetry(t *testing.T) {
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	var calls atomic.Int64
-	m := executor.Meta{SideEffect: executor.Read, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond,
+	m := executor.Meta{SideEffect: executor.SideEffectRead, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond,
 		RetryOn: func(err error) bool { panic("bug in retryOn") }}}
 	startWorker(t, nc, executor.WorkerConfig{}, failing("flaky.read", m, true, &calls), echoCap(nil))
 	c := newClient(t, env.Connect(t))
@@ -609,7 +612,7 @@ func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		evs, err := audit.Read(ctx, c.Broker(), broker.Anonymous, executionID)
+		evs, err := c.Trail(ctx, executionID)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}
@@ -655,7 +658,7 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 			r.RetryOn = retryOn
 		}
 		return executor.Define(id, executor.Meta{Description: "Succeeds.", Expose: executor.On(executor.SurfaceDirect),
-			SideEffect: executor.Read, Timeout: time.Second, Retry: r,
+			SideEffect: executor.SideEffectRead, Timeout: time.Second, Retry: r,
 		}, func(ctx context.Context, c executor.Call[none]) (int, error) {
 			calls.Add(1)
 			return c.Attempt, nil
@@ -679,8 +682,8 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 			id := envelope.NewExecutionID()
 			past := time.Now().UTC().Add(-time.Minute)
 			// The record a worker lost during its backoff after a timeout leaves.
-			if _, err := broker.Create(ctx, c.Broker().Executions, broker.Key(broker.Anonymous, id), &executor.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
-				State: executor.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
+			if _, err := broker.Create(ctx, testhooks.Broker(c).Executions, broker.Key(broker.Anonymous, id), &execution.Record{V: 1, ExecutionID: id, CapabilityID: tc.capID,
+				State: execution.StateBackoff, Attempt: 1, Worker: "lost-worker", LeaseUntil: past, LastError: envelope.CodeTimeout,
 				CreatedAt: past, UpdatedAt: past}); err != nil {
 				t.Fatal(err)
 			}

@@ -39,6 +39,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -59,7 +62,7 @@ type trailEvent struct {
 // appears; raw is the stored message that carried each.
 func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []trailEvent {
 	t.Helper()
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	ctx := ctxT(t)
 	key := broker.Key(c.Principal(), id)
 	cons, err := b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{b.Names.AuditSubject(key)}})
@@ -145,7 +148,7 @@ func counted(id string, calls *atomic.Int64, meta executor.Meta) executor.Capabi
 		meta.Description = "A test capability."
 	}
 	if meta.SideEffect == "" {
-		meta.SideEffect = executor.None
+		meta.SideEffect = executor.SideEffectNone
 	}
 	return executor.Define(id, meta, func(ctx context.Context, c executor.Call[anyIn]) (anyIn, error) {
 		calls.Add(1)
@@ -205,9 +208,9 @@ func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
 	hideFromBob := executor.Policy{Name: "hide-from-bob", Phases: []executor.Phase{executor.PhaseDiscovery},
 		Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 			if r.Actor.ID == "bob" {
-				return executor.Decision{Stance: executor.Hide, Reason: "bob does not see payroll"}, nil
+				return executor.Decision{Stance: executor.StanceHide, Reason: "bob does not see payroll"}, nil
 			}
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}}
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
 		counted("si2.mcp-only", &calls, executor.Meta{Expose: executor.On(executor.SurfaceMCP)}),
@@ -318,7 +321,7 @@ type normalizedEmail struct {
 func (n *normalizedEmail) Validate() error {
 	n.To = strings.ToLower(strings.TrimSpace(n.To))
 	if !strings.Contains(n.To, "@") {
-		return &executor.InputError{Issues: []executor.Issue{{Path: "to", Message: "not an address"}}}
+		return &envelope.InputError{Issues: []envelope.Issue{{Path: "to", Message: "not an address"}}}
 	}
 	return nil
 }
@@ -337,11 +340,11 @@ func TestSI6_HandlersAndPoliciesSeeOnlyTheValidatedInput(t *testing.T) {
 				return executor.Decision{}, fmt.Errorf("policy input is %T", r.Input)
 			}
 			seen[r.Phase] = *in
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}}
 	var calls atomic.Int64
 	startAll(t, e.Connect(t), executor.WorkerConfig{Policies: []executor.Policy{record}},
-		executor.Define("si6.mail", executor.Meta{Description: "Mails.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+		executor.Define("si6.mail", executor.Meta{Description: "Mails.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[normalizedEmail]) (normalizedEmail, error) {
 				calls.Add(1)
 				return c.Input, nil
@@ -393,13 +396,13 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 		}},
 		{Name: "sleeps", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 			<-release // past the policy timeout, ignoring its context
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}},
 		{Name: "errors", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
 			return executor.Decision{}, errors.New("policy store unreachable")
 		}},
 		{Name: "allows", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}},
 	}
 	var calls atomic.Int64
@@ -422,10 +425,10 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []executor.PolicyRecord{
-		{Policy: "panics", Stance: executor.Deny, Failed: true, Failure: "panic"},
-		{Policy: "sleeps", Stance: executor.Deny, Failed: true, Failure: "timeout"},
-		{Policy: "errors", Stance: executor.Deny, Failed: true, Failure: "error"},
-		{Policy: "allows", Stance: executor.Allow},
+		{Policy: "panics", Stance: executor.StanceDeny, Failed: true, Failure: "panic"},
+		{Policy: "sleeps", Stance: executor.StanceDeny, Failed: true, Failure: "timeout"},
+		{Policy: "errors", Stance: executor.StanceDeny, Failed: true, Failure: "error"},
+		{Policy: "allows", Stance: executor.StanceAllow},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("policy decisions %+v", got)
@@ -460,7 +463,7 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 	e := testenv.Start(t)
 	var calls atomic.Int64
 	hide := executor.Policy{Name: "hide", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
-		return executor.Decision{Stance: executor.Hide, Reason: "not for this caller"}, nil
+		return executor.Decision{Stance: executor.StanceHide, Reason: "not for this caller"}, nil
 	}}
 	hideAtDiscovery := hide
 	hideAtDiscovery.Phases = []executor.Phase{executor.PhaseDiscovery}
@@ -527,7 +530,7 @@ func describe(t *testing.T, c *executor.Client, s executor.Surface, a envelope.A
 
 // finalizedStatus waits for the record to say finalized: the worker writes it
 // just after the envelope.
-func finalizedStatus(t *testing.T, c *executor.Client, id string) *executor.Status {
+func finalizedStatus(t *testing.T, c *executor.Client, id string) *executor.ExecutionStatus {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
@@ -535,7 +538,7 @@ func finalizedStatus(t *testing.T, c *executor.Client, id string) *executor.Stat
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.Record != nil && st.Record.State == executor.StateFinalized {
+		if st.Record != nil && st.Record.State == execution.StateFinalized {
 			return st
 		}
 		select {
@@ -570,7 +573,7 @@ func TestSI9_ModelSafeErrors(t *testing.T) {
 	logs := &syncBuffer{}
 	secret := "dsn=postgres://app:hunter2@db"
 	fail := func(id string, err error) executor.Capability {
-		return executor.Define(id, executor.Meta{Description: "Fails.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+		return executor.Define(id, executor.Meta{Description: "Fails.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[anyIn]) (anyIn, error) {
 				if id == "si9.panics" {
 					panic(secret)
@@ -664,19 +667,19 @@ func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
 	const marker = "zq-secret-7731"
 	deny := executor.Policy{Name: "deny-deny", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 		if in, _ := r.Input.(*anyIn); in != nil && (*in)["deny"] != nil {
-			return executor.Decision{Stance: executor.Deny, Reason: "deny requested"}, nil
+			return executor.Decision{Stance: executor.StanceDeny, Reason: "deny requested"}, nil
 		}
-		return executor.Decision{Stance: executor.Allow}, nil
+		return executor.Decision{Stance: executor.StanceAllow}, nil
 	}}
 	startAll(t, e.Connect(t), executor.WorkerConfig{Policies: []executor.Policy{deny}},
-		executor.Define("si10.cap", executor.Meta{Description: "Echoes a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+		executor.Define("si10.cap", executor.Meta{Description: "Echoes a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[anyIn]) (secretOut, error) {
 				if c.Input["fail"] != nil {
 					return secretOut{}, fmt.Errorf("failed on %v", c.Input["v"])
 				}
 				return secretOut{Token: fmt.Sprint(c.Input["prefix"], c.Input["v"])}, nil
 			}),
-		executor.Define("si10.typed", executor.Meta{Description: "Typed.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+		executor.Define("si10.typed", executor.Meta{Description: "Typed.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[normalizedEmail]) (normalizedEmail, error) {
 				return c.Input, nil
 			}))
@@ -750,7 +753,7 @@ func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
 	t.Parallel()
 	e := testenv.Start(t)
 	var calls atomic.Int64
-	meta := executor.Meta{Description: "Issues a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write}
+	meta := executor.Meta{Description: "Issues a token.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite}
 	redacted := meta
 	redacted.RedactOutput = func(out any) any {
 		o := out.(secretOut)
@@ -806,13 +809,13 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 	}
 	askApproval := executor.Policy{Name: "agents-need-approval", Phases: []executor.Phase{executor.PhaseDiscovery},
 		Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-			if r.Actor.Kind == envelope.ActorAgent && r.Meta.SideEffect == executor.Write {
-				return executor.Decision{Stance: executor.RequireApproval}, nil
+			if r.Actor.Kind == envelope.ActorAgent && r.Meta.SideEffect == executor.SideEffectWrite {
+				return executor.Decision{Stance: executor.StanceRequireApproval}, nil
 			}
 			if r.Actor.Kind == envelope.ActorAgent && r.CapabilityID == "pool-b.mcp" {
-				return executor.Decision{Stance: executor.Hide}, nil
+				return executor.Decision{Stance: executor.StanceHide}, nil
 			}
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}}
 	cfg := executor.WorkerConfig{Policies: []executor.Policy{askApproval}}
 	startAll(t, nc, cfg, demo.Catalog(js)...)

@@ -21,7 +21,7 @@ import (
 // input, actor, policies and approval before the attempts (4 to 9), the retry
 // rule between them (11), validation and redaction of the output (12, 13).
 // The engine (internal/engine) claims, leases, attempts, takes over and
-// finalizes; it asks these through engine.Capability and gets decisions
+// finalizes; it asks these through engine.Definition and gets decisions
 // back (engine.Admission): they never write a record, an event or an
 // envelope themselves.
 
@@ -179,7 +179,7 @@ func (a *admission) admit() engine.Admission {
 	if !slices.Contains(m.Expose, Surface(a.req.Surface)) {
 		return a.conceal("not-exposed", envelope.StageExposure, nil)
 	}
-	if v := a.policies(PhaseDiscovery); v.stance == Deny || v.stance == Hide || v.failed {
+	if v := a.policies(PhaseDiscovery); v.stance == StanceDeny || v.stance == StanceHide || v.failed {
 		if v.failed && a.ctx.Err() != nil {
 			return a.stopped()
 		}
@@ -222,18 +222,18 @@ func (a *admission) admit() engine.Admission {
 		}
 	}
 	// 8: approval gate.
-	if a.req.ApprovalID != "" || v.stance == RequireApproval || (m.Approval != nil && m.Approval.Required) {
+	if a.req.ApprovalID != "" || v.stance == StanceRequireApproval || (m.Approval != nil && m.Approval.Required) {
 		if end, stop := a.approvalGate(v); stop {
 			return end
 		}
 	}
 	// 9: execution-phase policies.
 	v = a.policies(PhaseExecution)
-	if v.stance == RequireApproval && a.grant != nil {
-		v.stance = Allow // the approval already granted covers it
+	if v.stance == StanceRequireApproval && a.grant != nil {
+		v.stance = StanceAllow // the approval already granted covers it
 	}
-	if v.stance == RequireApproval {
-		v.stance, v.reasons = Deny, append(v.reasons, "approval required at execution")
+	if v.stance == StanceRequireApproval {
+		v.stance, v.reasons = StanceDeny, append(v.reasons, "approval required at execution")
 	}
 	if end, refused := a.policyGate(v, envelope.StageExecPolicy); refused {
 		return end
@@ -248,7 +248,7 @@ func (a *admission) admit() engine.Admission {
 	adm.Limits, adm.Approved = lims, a.grant != nil
 	if a.b.needsBudgetApproval() {
 		adm.OverBudget = func(reason string) *engine.ApprovalNeeded {
-			return a.requestApproval(verdict{stance: RequireApproval, reasons: []string{"over its limit: " + reason}}).Approval
+			return a.requestApproval(verdict{stance: StanceRequireApproval, reasons: []string{"over its limit: " + reason}}).Approval
 		}
 	}
 	return adm
@@ -258,7 +258,7 @@ func (a *admission) admit() engine.Admission {
 // one phase. Every stance is kept for the trail.
 func (a *admission) policies(phase Phase) verdict {
 	if len(a.w.cfg.Policies)+len(a.b.meta.Policies) == 0 {
-		return verdict{stance: Allow} // what evaluatePolicies makes of none
+		return verdict{stance: StanceAllow} // what evaluatePolicies makes of none
 	}
 	defer a.stage(observe.StagePolicies)(nil)
 	v := evaluatePolicies(a.ctx, a.w.cfg.Policies, a.b.meta.Policies, PolicyRequest{
@@ -287,10 +287,10 @@ func (a *admission) policyGate(v verdict, stage string) (end engine.Admission, r
 	case v.failed:
 		return a.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: stage,
 			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused."}, v.records), true
-	case v.stance == Deny:
+	case v.stance == StanceDeny:
 		return a.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: stage,
 			ExposeToModel: true, Message: "A policy refused the call."}, v.records), true
-	case v.stance == Hide:
+	case v.stance == StanceHide:
 		return a.conceal("policy-hidden", stage, v.records), true
 	}
 	return engine.Admission{}, false
@@ -357,11 +357,11 @@ func inputInvalid(err error) *envelope.CapabilityError {
 	}
 	ce = &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 		Message: "The input is invalid.", Cause: err}
-	var ie *InputError
+	var ie *envelope.InputError
 	if errors.As(err, &ie) {
 		ce.Details = map[string]any{"issues": ie.Issues}
 	} else {
-		ce.Details = map[string]any{"issues": []Issue{{Message: "the input does not decode"}}}
+		ce.Details = map[string]any{"issues": []envelope.Issue{{Message: "the input does not decode"}}}
 	}
 	return ce
 }

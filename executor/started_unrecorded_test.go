@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -79,7 +81,7 @@ func TestCancelledFirst_RequestRefusedBeforeItRuns_StillEndsInAnEnvelope(t *test
 			s.runWorker(env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, sendCap(&p))
 			id := envelope.NewExecutionID()
 			reply, err := s.c.Cancel(ctxT(t), id)
-			if err != nil || reply.State != executor.StatePending {
+			if err != nil || reply.State != execution.StatePending {
 				t.Fatalf("cancel before the request: %+v, %v", reply, err)
 			}
 			switch kind {
@@ -133,7 +135,7 @@ func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testi
 	// The outcome is on the trail before its envelope is tried.
 	s.waitEvent(id, audit.Failed)
 	stop() // the worker gives up on the envelope as it shuts down
-	if rec, _ := s.record(id); rec.State != executor.StateFinalized {
+	if rec, _ := s.record(id); rec.State != execution.StateFinalized {
 		t.Fatalf("record %s, want the finalized record the refusal writes before its envelope", rec.State)
 	}
 	info, err := s.b.Exec.Info(ctxT(t))

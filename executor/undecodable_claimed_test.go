@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -23,7 +25,7 @@ func TestUndecodableRequest_AnotherClaimInTheWay_SettledOnlyOnceItsEnvelopeExist
 	env := testenv.Start(t)
 	s := newStore(t, env)
 	id := envelope.NewExecutionID()
-	s.putRecord(&executor.Record{ExecutionID: id, CapabilityID: "demo.echo", State: executor.StateRunning, Attempt: 1,
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "demo.echo", State: execution.StateRunning, Attempt: 1,
 		Worker: "busy-worker", Claim: "busy-claim", LeaseUntil: time.Now().UTC().Add(2 * time.Second), StartedAt: time.Now().UTC()})
 	startWorker(t, env.Connect(t), executor.WorkerConfig{SweepInterval: -1}, echoCap(nil))
 	ctx := ctxT(t)

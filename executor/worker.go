@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
@@ -43,14 +45,6 @@ type WorkerConfig struct {
 	// StrictAudit requires capability.started to be stored before a handler
 	// runs; otherwise the execution fails AUDIT_UNAVAILABLE.
 	StrictAudit bool
-	// DisableAudit publishes no audit events (for measuring the trail's cost).
-	DisableAudit bool
-	// AuditUnacknowledged publishes asynchronous audit events without asking
-	// for JetStream's acknowledgement: one server message fewer per
-	// execution, but an event the server refuses (a full audit stream that
-	// discards new events) is then neither logged nor counted. Strict audit's
-	// capability.started is acknowledged either way.
-	AuditUnacknowledged bool
 	// RolloutDelay is how long a request for a capability this worker lacks,
 	// but the catalog lists, waits for a newer worker. Default 5 s.
 	RolloutDelay time.Duration
@@ -58,9 +52,6 @@ type WorkerConfig struct {
 	PolicyTimeout time.Duration
 	// Policies apply to every capability, before the capability's own.
 	Policies []Policy
-	// DisableLeaseRenewal stops lease renewal and InProgress, so JetStream
-	// redelivers a long execution while it runs. Only for tests of redelivery.
-	DisableLeaseRenewal bool
 	// Observer is told what the worker does, for metrics and traces (see
 	// package telemetry). Default: nothing is observed.
 	Observer observe.Worker
@@ -76,6 +67,10 @@ type WorkerConfig struct {
 	// 30 s, shorter when the record TTL is short; negative: this worker never
 	// sweeps.
 	SweepInterval time.Duration
+
+	// knobs are the options only the module's tests and benchmarks set
+	// (internal/testhooks).
+	knobs testhooks.WorkerKnobs
 }
 
 func (c WorkerConfig) withDefaults() WorkerConfig {
@@ -194,14 +189,14 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
 		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
-	served := make(map[string]engine.Capability, len(reg.ids))
+	served := make(map[string]engine.Definition, len(reg.ids))
 	for _, id := range reg.ids {
 		c := newCapability(reg.get(id), w)
 		w.caps[id], served[id] = c, c
 	}
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.DisableLeaseRenewal, Capabilities: served,
+		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
 		Listed:        func(id string) bool { return w.cat.listed(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
@@ -262,7 +257,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.grants.Stop()
-	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.AuditUnacknowledged,
+	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.emitter.Store(w.audit)
 	w.run.Provisioned(b, w.audit)

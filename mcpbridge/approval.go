@@ -120,7 +120,7 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 		u, tag := id[:uuidLen], id[uuidLen+1:]
 		return subtle.ConstantTimeCompare([]byte(tag), []byte(actorTag(actor, u))) == 1
 	}
-	trail, err := audit.Read(ctx, b.c.Broker(), b.c.Principal(), id)
+	trail, err := b.c.Trail(ctx, id)
 	if err != nil {
 		return false
 	}
@@ -137,10 +137,9 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 // every one). An approval the bridge's principal did not request is not
 // found.
 func (b *Bridge) approval(ctx context.Context, id string) (*approvals.Record, error) {
-	br := b.c.Broker()
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
-	recs, err := approvals.RequestList(ctx, br.NC, br.Names, approvals.ListRequest{ID: id})
+	recs, err := b.c.ListApprovals(ctx, approvals.ListRequest{ID: id})
 	switch {
 	case errors.Is(err, approvals.ErrForbidden) || errors.Is(err, approvals.ErrNotFound):
 		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)

@@ -62,17 +62,17 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	var echoes, pays atomic.Int32
 	reg, err := executor.NewRegistry(
 		executor.Define("test.echo", executor.Meta{
-			Description: "Echoes its note.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Description: "Echoes its note.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			echoes.Add(1)
 			return "echo " + c.Input.Note + " for " + c.Actor.String(), nil
 		}),
 		executor.Define("test.pay", executor.Meta{
 			Description: "Pays; always needs a finance approval.", Expose: executor.On(executor.SurfaceMCP),
-			SideEffect: executor.Write,
+			SideEffect: executor.SideEffectWrite,
 			Policies: []executor.Policy{{Name: "finance-approves",
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-					return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"},
+					return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"},
 						Reason: "every payment needs a finance approval"}, nil
 				}}},
 		}, func(ctx context.Context, c executor.Call[payIn]) (int, error) {

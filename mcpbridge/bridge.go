@@ -12,7 +12,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config configures a Bridge. Zero values are the defaults.
@@ -126,13 +125,13 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 		go b.follow(nil)
 		return b, nil
 	}
-	w, err := c.Broker().Catalog.WatchAll(b.ctx, jetstream.UpdatesOnly())
+	changes, err := c.CatalogChanges(b.ctx)
 	if err != nil {
 		b.stop()
 		_ = c.Close()
 		return nil, fmt.Errorf("capstan: watch the catalog: %w", err)
 	}
-	go b.follow(w)
+	go b.follow(changes)
 	return b, nil
 }
 
@@ -158,13 +157,8 @@ func (b *Bridge) Close() error {
 
 // follow describes every actor's tools again after each catalog change (a
 // worker starting or stopping to serve a capability) and every Refresh.
-func (b *Bridge) follow(w jetstream.KeyWatcher) {
+func (b *Bridge) follow(updates <-chan struct{}) {
 	defer close(b.done)
-	var updates <-chan jetstream.KeyValueEntry
-	if w != nil {
-		defer func() { _ = w.Stop() }()
-		updates = w.Updates()
-	}
 	tick := time.NewTicker(b.cfg.Refresh)
 	defer tick.Stop()
 	for {
@@ -185,7 +179,7 @@ func (b *Bridge) follow(w jetstream.KeyWatcher) {
 }
 
 // settle drains the updates that arrive within a short quiet period.
-func (b *Bridge) settle(updates <-chan jetstream.KeyValueEntry) {
+func (b *Bridge) settle(updates <-chan struct{}) {
 	quiet := time.NewTimer(50 * time.Millisecond)
 	defer quiet.Stop()
 	for {

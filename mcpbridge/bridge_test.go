@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
@@ -52,9 +54,11 @@ type fixture struct {
 	client  *executor.Client
 }
 
-func (f *fixture) bridgeCatalog(t *testing.T) jetstream.KeyValue { return f.client.Broker().Catalog }
+func (f *fixture) bridgeCatalog(t *testing.T) jetstream.KeyValue {
+	return testhooks.Broker(f.client).Catalog
+}
 
-func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return f.client.Broker() }
+func (f *fixture) bridgeBroker(t *testing.T) *broker.Broker { return testhooks.Broker(f.client) }
 
 func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	t.Helper()
@@ -68,7 +72,7 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 	caps := append(demo.Catalog(js),
 		executor.Define("test.block", executor.Meta{
 			Description: "Runs until cancelled.", Expose: executor.On(executor.SurfaceMCP),
-			SideEffect: executor.Read, Timeout: time.Minute,
+			SideEffect: executor.SideEffectRead, Timeout: time.Minute,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			f.started <- c.ExecutionID
 			<-ctx.Done()
@@ -76,7 +80,7 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 		}),
 		executor.Define("test.gate", executor.Meta{
 			Description: "Returns when the test opens the gate.", Expose: executor.On(executor.SurfaceMCP),
-			SideEffect: executor.Read, Timeout: time.Minute,
+			SideEffect: executor.SideEffectRead, Timeout: time.Minute,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			f.started <- c.ExecutionID
 			select {
@@ -88,7 +92,7 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 		}),
 		executor.Define("test.progress", executor.Meta{
 			Description: "Reports a third of its work done, then returns when the test opens the gate.",
-			Expose:      executor.On(executor.SurfaceMCP), SideEffect: executor.Read, Timeout: time.Minute,
+			Expose:      executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectRead, Timeout: time.Minute,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			c.Progress(1, 3, "first third")
 			select {
@@ -99,25 +103,25 @@ func start(t *testing.T, cfg mcpbridge.Config) *fixture {
 			}
 		}),
 		executor.Define("test.direct", executor.Meta{
-			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None,
+			Description: "Not exposed on mcp.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "no", nil }),
 		executor.Define("test.secret", executor.Meta{
-			Description: "Fails with a private cause.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Description: "Fails with a private cause.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) {
 			return "", errors.New("connect to db as admin:hunter2 failed")
 		}),
 		executor.Define("test.alice-only", executor.Meta{
-			Description: "Hidden from bob by a policy.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+			Description: "Hidden from bob by a policy.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 			Policies: []executor.Policy{{Name: "not-bob", Phases: []executor.Phase{executor.PhaseDiscovery, executor.PhaseInvocation},
 				Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 					if r.Actor.ID == bob.ID {
-						return executor.Decision{Stance: executor.Hide, Reason: "not for bob"}, nil
+						return executor.Decision{Stance: executor.StanceHide, Reason: "not for bob"}, nil
 					}
-					return executor.Decision{Stance: executor.Allow}, nil
+					return executor.Decision{Stance: executor.StanceAllow}, nil
 				}}},
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "for alice", nil }),
 		executor.Define("test.wipe", executor.Meta{
-			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.Destructive,
+			Description: "Destructive.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectDestructive,
 		}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "wiped", nil }),
 	)
 	f.runWorker(t, "default", caps...)
@@ -562,7 +566,7 @@ func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 		if err != nil {
 			st, serr := c.Status(testCtx(t), id)
 			j, _ := json.Marshal(st)
-			tr, _ := audit.Read(testCtx(t), c.Broker(), broker.Anonymous, id)
+			tr, _ := audit.Read(testCtx(t), testhooks.Broker(c), broker.Anonymous, id)
 			t.Fatalf("%v: status %s %v; trail %+v", err, j, serr, tr)
 		}
 		if env.Status != envelope.StatusCancelled || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
@@ -616,7 +620,7 @@ func TestApproval_EndToEnd_AnotherActorApproves_RunsOnce(t *testing.T) {
 		}
 
 		// Bob approves through the approvals store.
-		if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+		if _, err := c.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 			t.Fatal(err)
 		}
 		done, err := cs.CallTool(ctx, call)
@@ -664,7 +668,7 @@ func TestApprovalWait_ResumesOnceApproved(t *testing.T) {
 			t.Fatal("no 'waiting for approval' progress")
 		}
 	}
-	if _, err := c.Approvals().Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+	if _, err := c.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 		t.Fatal(err)
 	}
 	res := <-resc
@@ -695,7 +699,7 @@ func TestListChanged_WhenAWorkerStartsAndACapabilityGoes(t *testing.T) {
 		}
 	}
 	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
-		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
 	waitChanged(t, ev, mem, "test.late", true)
 	waitChanged(t, evHTTP, web, "test.late", true)
@@ -824,7 +828,7 @@ func TestNoWorkerYet_ToolsArriveWithListChanged(t *testing.T) {
 		t.Fatalf("with no worker, tools = %v, want only the bridge's two", names)
 	}
 	f.runWorker(t, "default", executor.Define("test.first", executor.Meta{
-		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "First served.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "first", nil }))
 	waitChanged(t, ev, cs, "test.first", true)
 }
@@ -868,7 +872,7 @@ func TestHTTPStateless_Protocol20260728(t *testing.T) {
 	}
 
 	f.runWorker(t, "late", executor.Define("test.late", executor.Meta{
-		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None,
+		Description: "Served late.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone,
 	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "late", nil }))
 	waitChanged(t, ev, cs, "test.late", true)
 }

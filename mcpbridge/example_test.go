@@ -27,7 +27,7 @@ func Example() {
 	hello := executor.Define("greet.hello", executor.Meta{
 		Description: "Greets someone by name.",
 		Expose:      executor.On(executor.SurfaceMCP),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, call executor.Call[Greeting]) (string, error) {
 		return "Hello, " + call.Input.Name + "!", nil
 	})

@@ -93,6 +93,8 @@ func (t *Tokens) Actors() []envelope.Actor {
 	return out
 }
 
+// Actor is the actor a bearer token stands for; false for a token not
+// listed.
 func (t *Tokens) Actor(token string) (envelope.Actor, bool) {
 	a, ok := t.actors[sha256.Sum256([]byte(token))]
 	return a, ok

@@ -10,7 +10,7 @@ import (
 // A tool tells the model its capability's limits, in words, before it calls.
 func TestTool_ShowsTheCapabilitysLimits(t *testing.T) {
 	t.Parallel()
-	d := executor.Descriptor{ID: "orders.refund", Description: "Refunds an order.", SideEffect: executor.Write,
+	d := executor.Descriptor{ID: "orders.refund", Description: "Refunds an order.", SideEffect: executor.SideEffectWrite,
 		Limits: []executor.LimitInfo{{Kind: executor.LimitRate, Per: executor.PerActor, Max: 5, IntervalMs: 60000,
 			AtLimit: executor.AtLimitRefuse, Text: "5 per 1m per actor"}}}
 	tl := toolOf(d, PortableNames)

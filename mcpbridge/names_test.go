@@ -95,7 +95,7 @@ func TestToolNames_CollisionRefusedAtStart(t *testing.T) {
 	t.Parallel()
 	f := start(t, mcpbridge.Config{})
 	echo := func(id string) executor.Capability {
-		return executor.Define(id, executor.Meta{Description: "Echoes.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.None},
+		return executor.Define(id, executor.Meta{Description: "Echoes.", Expose: executor.On(executor.SurfaceMCP), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return id, nil })
 	}
 	f.runWorker(t, "twins", echo("twin.a_b"), echo("twin_a.b"))

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -175,7 +177,7 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 			p.poll(ctx, b, executionID, func() { once.Do(func() { close(last) }) })
 			return
 		}
-		err := audit.Follow(ctx, b.c.Broker(), audit.Filter{Principal: b.c.Principal(), ExecutionID: executionID}, func(ev audit.Event) error {
+		err := b.c.FollowTrail(ctx, executionID, func(ev audit.Event) error {
 			if msg := stepOf(ev); msg != "" {
 				p.send(ctx, msg)
 			}
@@ -269,7 +271,7 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 			return
 		default:
 			p.send(ctx, "queued (execution "+executionID+")")
-			if st.Record != nil && st.Record.State != executor.StatePending && st.Record.State != executor.StateClaimed {
+			if st.Record != nil && st.Record.State != execution.StatePending && st.Record.State != execution.StateClaimed {
 				p.send(ctx, stateText(st.Record))
 			}
 		}

@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -361,10 +362,7 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 func (b *Bridge) task(id string, created, updated time.Time) *Task {
 	// A task's result is its envelope: kept as long as the envelopes
 	// bucket keeps it, which the client read when it opened.
-	ttl := b.c.Broker().Config.EnvelopeRetention
-	if ttl <= 0 {
-		ttl = broker.DefaultEnvelopeRetention
-	}
+	ttl := b.c.EnvelopeRetention()
 	ms := ttl.Milliseconds()
 	return &Task{
 		ResultBase: mcp.ResultBase{Meta: mcp.Meta{relatedTaskMeta: map[string]any{"taskId": id}}},
@@ -468,7 +466,7 @@ func orNow(t time.Time) time.Time {
 	return t
 }
 
-func updatedAt(st *executor.Status) time.Time {
+func updatedAt(st *executor.ExecutionStatus) time.Time {
 	if st.Record != nil {
 		return st.Record.UpdatedAt
 	}
@@ -478,9 +476,9 @@ func updatedAt(st *executor.Status) time.Time {
 // runningText is the status message of a task whose execution runs: its
 // state as its record tells it and, once its handler reported progress,
 // the latest report (from the progress subjects, or the record's).
-func (b *Bridge) runningText(id string, r *executor.Record) string {
+func (b *Bridge) runningText(id string, r *execution.Record) string {
 	text := stateText(r)
-	if r == nil || r.State != executor.StateRunning {
+	if r == nil || r.State != execution.StateRunning {
 		return text
 	}
 	if p := b.live.of(id, r.Attempt, r.Progress); p != nil {
@@ -490,14 +488,14 @@ func (b *Bridge) runningText(id string, r *executor.Record) string {
 }
 
 // stateText is the progress of an execution as its record tells it.
-func stateText(r *executor.Record) string {
+func stateText(r *execution.Record) string {
 	if r == nil {
 		return "queued"
 	}
 	switch r.State {
-	case executor.StateRunning:
+	case execution.StateRunning:
 		return fmt.Sprintf("started, attempt %d", r.Attempt)
-	case executor.StateBackoff:
+	case execution.StateBackoff:
 		return fmt.Sprintf("retrying: attempt %d after %s", r.Attempt+1, r.LastError)
 	}
 	return string(r.State)
@@ -560,14 +558,14 @@ func (b *Bridge) withdraw(ctx context.Context, actor envelope.Actor, approvalID 
 	if err != nil || rec.Actor.Kind != actor.Kind || rec.Actor.ID != actor.ID {
 		return nil // unknown or another's: ignored, as the extension asks
 	}
-	if b.c.Broker().Approvals == nil {
+	_, err = b.c.WithdrawApproval(ctx, approvalID, actor, "withdrawn by the requester over MCP")
+	switch {
+	case errors.Is(err, approvals.ErrNoBucket):
 		// A principal writes no approval: the request stays until an
 		// approver rejects it or it expires.
 		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 			Message: "The bridge cannot withdraw approval " + approvalID + " under its credentials; it expires unless someone approves or rejects it."}
-	}
-	if _, err := b.c.Approvals().Cancel(ctx, approvalID, actor, "withdrawn by the requester over MCP"); err != nil &&
-		!errors.Is(err, approvals.ErrAlreadyDecided) {
+	case err != nil && !errors.Is(err, approvals.ErrAlreadyDecided):
 		return err
 	}
 	return nil

@@ -259,7 +259,7 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 		waiting = s.waitStatus(refund.TaskID, "working")
 	}
 	approvalID := strings.Fields(strings.TrimPrefix(waiting.StatusMessage, "waiting for approval "))[0]
-	if _, err := f.client.Approvals().Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true,
+	if _, err := f.client.Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true,
 		Approver: envelope.Actor{Kind: envelope.ActorUser, ID: "carol"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	for key := range task.InputRequests {
 		approvalID = strings.TrimPrefix(key, "approval-")
 	}
-	if _, err := f.client.Approvals().Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
+	if _, err := f.client.Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -146,7 +146,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	// Polling both bridges again runs nothing more: the approval authorized
 	// one execution.
 	_ = getTask(t, cs, id)
-	rec, err := f.client.Approvals().Get(testCtx(t), approvalID)
+	rec, err := f.client.Approval(testCtx(t), approvalID)
 	if err != nil {
 		t.Fatal(err)
 	}

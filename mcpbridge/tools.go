@@ -141,9 +141,9 @@ func objectSchema(s map[string]any) (map[string]any, bool) {
 // none and read, destructive only for destructive, open-world only for
 // external, idempotent as declared (reads are idempotent by nature).
 func annotationsOf(d executor.Descriptor) *mcp.ToolAnnotations {
-	readOnly := d.SideEffect == executor.None || d.SideEffect == executor.Read
-	destructive := d.SideEffect == executor.Destructive
-	openWorld := d.SideEffect == executor.External
+	readOnly := d.SideEffect == executor.SideEffectNone || d.SideEffect == executor.SideEffectRead
+	destructive := d.SideEffect == executor.SideEffectDestructive
+	openWorld := d.SideEffect == executor.SideEffectExternal
 	return &mcp.ToolAnnotations{
 		ReadOnlyHint:    readOnly,
 		DestructiveHint: &destructive,

@@ -70,12 +70,12 @@ func Example() {
 
 	// A worker serving a refund that needs a finance approval above 500.
 	refund := executor.Define("orders.refund", executor.Meta{
-		Description: "Refunds an order.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Description: "Refunds an order.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 		Policies: []executor.Policy{{Name: "finance-above-500", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 			if r.Input.(*Refund).Amount > 500 {
-				return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"}, Reason: "above 500"}, nil
+				return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"}, Reason: "above 500"}, nil
 			}
-			return executor.Decision{Stance: executor.Allow}, nil
+			return executor.Decision{Stance: executor.StanceAllow}, nil
 		}}},
 	}, func(ctx context.Context, c executor.Call[Refund]) (string, error) { return "refunded", nil })
 	reg, err := executor.NewRegistry(refund)

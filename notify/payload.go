@@ -21,7 +21,10 @@ const PayloadVersion = 1
 // drops the delivery (it is at least once: a notifier that stopped
 // mid-delivery sends again, with the same key).
 type Payload struct {
-	V              int    `json:"v"`
+	// V is PayloadVersion.
+	V int `json:"v"`
+	// IdempotencyKey names this event of this approval: the same on every
+	// delivery of it.
 	IdempotencyKey string `json:"idempotencyKey"`
 	// Event is "approval." + the Event: approval.requested,
 	// approval.approved, approval.rejected, approval.cancelled,
@@ -31,7 +34,8 @@ type Payload struct {
 	// the expiry.
 	OccurredAt time.Time `json:"occurredAt"`
 	// URL is the approval's page in the console, when one is configured.
-	URL      string   `json:"url,omitempty"`
+	URL string `json:"url,omitempty"`
+	// Approval is the approval as of the event.
 	Approval Approval `json:"approval"`
 }
 
@@ -43,33 +47,51 @@ const MaxInput = 64 << 10
 // approver is shown: the capability's redacted display when it declares one
 // (InputRedacted), and never then the input itself.
 type Approval struct {
-	ID                string           `json:"id"`
-	CapabilityID      string           `json:"capabilityId"`
-	Surface           string           `json:"surface,omitempty"`
-	Actor             envelope.Actor   `json:"actor"`
-	Principal         string           `json:"principal,omitempty"`
-	Types             []string         `json:"types,omitempty"`
-	Reasons           []string         `json:"reasons,omitempty"`
-	Risk              string           `json:"risk,omitempty"`
-	SideEffect        string           `json:"sideEffect,omitempty"`
-	RequestedAt       time.Time        `json:"requestedAt"`
-	ExpiresAt         time.Time        `json:"expiresAt"`
-	Status            approvals.Status `json:"status"`
-	Decision          *Decision        `json:"decision,omitempty"`
-	RequestedBy       string           `json:"requestedBy"`
-	CorrelationID     string           `json:"correlationId,omitempty"`
-	InputHash         string           `json:"inputHash"`
-	Input             json.RawMessage  `json:"input,omitempty"`
-	InputRedacted     bool             `json:"inputRedacted,omitempty"`
-	InputOmittedBytes int              `json:"inputOmittedBytes,omitempty"`
+	// ID is the approval's.
+	ID string `json:"id"`
+	// CapabilityID, Surface and Actor are the call's: what it calls, where
+	// it came from, who it runs for (the requester).
+	CapabilityID string         `json:"capabilityId"`
+	Surface      string         `json:"surface,omitempty"`
+	Actor        envelope.Actor `json:"actor"`
+	// Principal is the authenticated principal that requested the call.
+	Principal string `json:"principal,omitempty"`
+	// Types are the kinds of approver that may decide it.
+	Types []string `json:"types,omitempty"`
+	// Reasons say why an approval is needed.
+	Reasons []string `json:"reasons,omitempty"`
+	// Risk and SideEffect are the capability's.
+	Risk       string `json:"risk,omitempty"`
+	SideEffect string `json:"sideEffect,omitempty"`
+	// RequestedAt is when the call asked; ExpiresAt when the approval
+	// stops being decidable or, once approved, consumable.
+	RequestedAt time.Time `json:"requestedAt"`
+	ExpiresAt   time.Time `json:"expiresAt"`
+	// Status is the approval's status as of the event.
+	Status approvals.Status `json:"status"`
+	// Decision is the approver's, on a decision's event.
+	Decision *Decision `json:"decision,omitempty"`
+	// RequestedBy is the execution that asked; CorrelationID its.
+	RequestedBy   string `json:"requestedBy"`
+	CorrelationID string `json:"correlationId,omitempty"`
+	// InputHash is the SHA-256 of the whole input the approval binds.
+	InputHash string `json:"inputHash"`
+	// Input is what an approver is shown of it (canonical JSON), left out
+	// beyond MaxInput; InputRedacted says it is the capability's display,
+	// InputOmittedBytes how large what was left out is.
+	Input             json.RawMessage `json:"input,omitempty"`
+	InputRedacted     bool            `json:"inputRedacted,omitempty"`
+	InputOmittedBytes int             `json:"inputOmittedBytes,omitempty"`
 }
 
 // Decision is who decided an approval, when and why.
 type Decision struct {
-	Status    approvals.Status `json:"status"`
-	Approver  envelope.Actor   `json:"approver"`
-	Comment   string           `json:"comment,omitempty"`
-	DecidedAt time.Time        `json:"decidedAt"`
+	// Status is approved, rejected or cancelled.
+	Status approvals.Status `json:"status"`
+	// Approver decided (or cancelled), at DecidedAt, with Comment.
+	Approver  envelope.Actor `json:"approver"`
+	Comment   string         `json:"comment,omitempty"`
+	DecidedAt time.Time      `json:"decidedAt"`
 }
 
 // notification is one event of one approval, ready for every channel.

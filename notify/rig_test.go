@@ -41,14 +41,14 @@ type RefundIn struct {
 func refund() executor.Capability {
 	return executor.Define("orders.refund", executor.Meta{
 		Description: "Refunds an order.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Risk: executor.RiskHigh,
+		SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh,
 		Policies: []executor.Policy{{Name: "refund-approval-above-500",
 			Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
 				if in, ok := r.Input.(*RefundIn); ok && in.Amount > 500 {
-					return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"finance"},
+					return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"},
 						Reason: "refunds above 500 need a finance approval"}, nil
 				}
-				return executor.Decision{Stance: executor.Allow}, nil
+				return executor.Decision{Stance: executor.StanceAllow}, nil
 			}}},
 	}, func(ctx context.Context, c executor.Call[RefundIn]) (string, error) {
 		return "refunded " + c.Input.OrderID, nil
@@ -69,11 +69,11 @@ const cardNumber = "4111111111111111"
 func charge() executor.Capability {
 	return executor.Define("cards.charge", executor.Meta{
 		Description: "Charges a card.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.External, Risk: executor.RiskHigh,
+		SideEffect: executor.SideEffectExternal, Risk: executor.RiskHigh,
 		Approval: &executor.ApprovalRule{Required: true, Reason: "every charge is approved"},
 		Policies: []executor.Policy{{Name: "payments",
 			Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-				return executor.Decision{Stance: executor.RequireApproval, ApprovalTypes: []string{"payments"}, Reason: "a card is charged"}, nil
+				return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"payments"}, Reason: "a card is charged"}, nil
 			}}},
 		RedactApprovalInput: func(in any) any {
 			c := in.(*ChargeIn)
@@ -86,7 +86,7 @@ func charge() executor.Capability {
 func brief(ttl time.Duration) executor.Capability {
 	return executor.Define("ops.restart", executor.Meta{
 		Description: "Restarts a service.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.External, Approval: &executor.ApprovalRule{Required: true, Reason: "restarts are approved", TTL: ttl},
+		SideEffect: executor.SideEffectExternal, Approval: &executor.ApprovalRule{Required: true, Reason: "restarts are approved", TTL: ttl},
 	}, func(ctx context.Context, c executor.Call[struct{}]) (string, error) { return "restarted", nil })
 }
 

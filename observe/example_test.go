@@ -53,7 +53,7 @@ func Example() {
 	hello := executor.Define("greet.hello", executor.Meta{
 		Description: "Greets someone by name.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, call executor.Call[string]) (string, error) {
 		return "Hello, " + call.Input + "!", nil
 	})

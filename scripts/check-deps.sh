@@ -7,14 +7,14 @@
 # tests, by design) and telemetry/otlp (the OTLP wiring a program chooses to
 # import).
 #
-# Every package outside cmd/ and internal/ is checked (examples/hello, a
+# Every package outside cmd/, internal/ and scripts/ is checked (examples/hello, a
 # worker and a client as a user writes them, included) unless it is excluded
 # here; a new one is checked from the start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 module=$(go list -m)
-excluded="^$module/(cmd/|internal/|testenv\$|capstantest\$|telemetry/otlp\$)"
+excluded="^$module/(cmd/|internal/|scripts/|testenv\$|capstantest\$|telemetry/otlp\$)"
 forbidden='^(github\.com/nats-io/nats-server/|google\.golang\.org/grpc(/|$)|go\.opentelemetry\.io/otel/exporters/|github\.com/chromedp/)'
 
 mapfile -t libraries < <(go list ./... | grep -Ev "$excluded")

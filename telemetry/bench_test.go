@@ -79,7 +79,7 @@ func BenchmarkCall_Observed(b *testing.B) {
 		o := observers(b)[name]
 		b.Run(name, func(b *testing.B) {
 			echo := executor.Define("t.echo", executor.Meta{Description: "Returns its input.",
-				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 				func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
 			reg, err := executor.NewRegistry(echo)
 			if err != nil {
@@ -116,7 +116,7 @@ func BenchmarkCall_ObservedInterleaved(b *testing.B) {
 		nc := env.Connect(b)
 		capID := "t.echo." + strings.ReplaceAll(name, "-", "")
 		echo := executor.Define(capID, executor.Meta{Description: "Returns its input.",
-			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None},
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
 		reg, err := executor.NewRegistry(echo)
 		if err != nil {

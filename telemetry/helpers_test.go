@@ -34,25 +34,25 @@ type flakyIn struct {
 func capabilities(holding chan<- struct{}) []executor.Capability {
 	direct := executor.On(executor.SurfaceDirect)
 	return []executor.Capability{
-		executor.Define("t.echo", executor.Meta{Description: "Returns its input.", Expose: direct, SideEffect: executor.None},
+		executor.Define("t.echo", executor.Meta{Description: "Returns its input.", Expose: direct, SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil }),
 		executor.Define("t.flaky", executor.Meta{Description: "Fails while its attempt is at most failTimes.", Expose: direct,
-			SideEffect: executor.Read, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond}},
+			SideEffect: executor.SideEffectRead, Retry: &executor.Retry{MaxAttempts: 2, Backoff: time.Millisecond}},
 			func(ctx context.Context, c executor.Call[flakyIn]) (int, error) {
 				if c.Attempt <= c.Input.FailTimes {
 					return 0, executor.Retryable("not yet")
 				}
 				return c.Attempt, nil
 			}),
-		executor.Define("t.fail", executor.Meta{Description: "Always fails.", Expose: direct, SideEffect: executor.None},
+		executor.Define("t.fail", executor.Meta{Description: "Always fails.", Expose: direct, SideEffect: executor.SideEffectNone},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 				return echoIn{}, executor.Fail("no")
 			}),
-		executor.Define("t.approve", executor.Meta{Description: "Needs an approval.", Expose: direct, SideEffect: executor.Write,
+		executor.Define("t.approve", executor.Meta{Description: "Needs an approval.", Expose: direct, SideEffect: executor.SideEffectWrite,
 			Approval: &executor.ApprovalRule{Required: true, Reason: "test"}},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil }),
 		executor.Define("t.hold", executor.Meta{Description: "Holds until its context ends.", Expose: direct,
-			SideEffect: executor.External},
+			SideEffect: executor.SideEffectExternal},
 			func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 				holding <- struct{}{}
 				<-ctx.Done()

@@ -25,7 +25,7 @@ func TestMetrics_LimitedAndSlotsHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	once := executor.Define("t.once", executor.Meta{Description: "Once an hour.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{
 			{Kind: executor.LimitConcurrency, Max: 4},
 			{Kind: executor.LimitRate, Max: 1, Interval: time.Hour, AtLimit: executor.AtLimitRefuse},
 		}}, func(ctx context.Context, call executor.Call[struct{}]) (string, error) { return "ok", nil })

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -194,7 +196,7 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
-	b := c.Broker()
+	b := testhooks.Broker(c)
 
 	late := envelope.NewExecutionID()
 	startBy := time.Now().UTC().Add(-time.Minute)
@@ -280,7 +282,7 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{})
 	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
-	b := c.Broker()
+	b := testhooks.Broker(c)
 
 	past := time.Now().UTC().Add(-time.Minute)
 	for _, startBy := range []*time.Time{nil, &past} {
@@ -328,7 +330,7 @@ func TestMetrics_RecoveredCountedByHow(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{})
 	holding := make(chan struct{}, 1)
 	send := executor.Define("t.send", executor.Meta{Description: "Records a receipt, then holds until its context ends.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.External},
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal},
 		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 			if err := c.Receipt(ctx, echoIn{Hello: "sent"}); err != nil {
 				return echoIn{}, err

@@ -46,10 +46,10 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	finance := executor.Policy{Name: "finance", Evaluate: func(context.Context, executor.PolicyRequest) (executor.Decision, error) {
-		return executor.Decision{Stance: executor.RequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
+		return executor.Decision{Stance: executor.StanceRequireApproval, Reason: "refunds need finance", ApprovalTypes: []string{"finance"}}, nil
 	}}
 	refund := executor.Define("t.refund", executor.Meta{Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Policies: []executor.Policy{finance}},
+		SideEffect: executor.SideEffectWrite, Policies: []executor.Policy{finance}},
 		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) { return c.Input, nil })
 	stop := runWorker(t, env.ConnectAs(t, auth.WorkerPrincipal), executor.WorkerConfig{Pool: "obs"}, refund)
 

@@ -10,8 +10,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/observe"
@@ -34,10 +32,10 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 
 	allow := executor.Policy{Name: "allow", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-		return executor.Decision{Stance: executor.Allow}, nil
+		return executor.Decision{Stance: executor.StanceAllow}, nil
 	}}
 	traced := executor.Define("t.traced", executor.Meta{Description: "Starts a span of its own.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.None, Policies: []executor.Policy{allow}},
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone, Policies: []executor.Policy{allow}},
 		func(ctx context.Context, c executor.Call[echoIn]) (echoIn, error) {
 			_, span := tp.Tracer("handler").Start(ctx, "handler work")
 			span.End()
@@ -94,7 +92,7 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 		t.Errorf("queue wait's parent is %q, want the client's span", byID[p].Name)
 	}
 
-	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
+	trail, err := c.Trail(ctx, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +122,7 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 		t.Fatalf("call: %v %+v", err, e)
 	}
 	stop() // a stopped worker has stored its audit events
-	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
+	trail, err := c.Trail(ctx, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +162,7 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 	for _, s := range spans.GetSpans() {
 		t.Errorf("the worker recorded span %q of a call its client did not sample", s.Name)
 	}
-	trail, err := audit.Read(ctx, c.Broker(), broker.Anonymous, e.ExecutionID)
+	trail, err := c.Trail(ctx, e.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}

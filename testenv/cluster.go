@@ -19,8 +19,10 @@ const readyTimeout = 30 * time.Second
 
 // Cluster is a JetStream cluster of embedded servers routed on loopback.
 type Cluster struct {
+	// Nodes are the servers, one Env each.
 	Nodes []*Env
-	URLs  []string
+	// URLs are their client URLs, in the order of Nodes.
+	URLs []string
 }
 
 // StartCluster starts n JetStream servers that route to each other, each with its

@@ -18,9 +18,12 @@ import (
 
 // Env is one embedded JetStream server for a test.
 type Env struct {
-	URL      string
+	// URL is the server's client URL, on loopback.
+	URL string
+	// StoreDir is its JetStream store, removed when the test ends.
 	StoreDir string
-	Server   *server.Server
+	// Server is the embedded server itself.
+	Server *server.Server
 
 	opts natsserver.Options
 }

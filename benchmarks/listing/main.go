@@ -209,7 +209,7 @@ func fill(ctx context.Context, b *broker.Broker, n int) error {
 // worker serves the listings as a worker does, with one capability.
 func worker(nc *nats.Conn) (*executor.Worker, func(), error) {
 	reg, err := executor.NewRegistry(executor.Define("demo.echo", executor.Meta{
-		Description: "Returns its input.", SideEffect: executor.None, Expose: []executor.Surface{executor.SurfaceDirect}},
+		Description: "Returns its input.", SideEffect: executor.SideEffectNone, Expose: []executor.Surface{executor.SurfaceDirect}},
 		func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 			return c.Input, nil
 		}))

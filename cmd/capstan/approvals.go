@@ -284,7 +284,7 @@ func runResume(args []string) int {
 	}
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	id, err := resolveApproval(ctx, c.Broker().NC, pos[0])
+	id, err := resolveApproval(ctx, c.Conn(), pos[0])
 	cancel()
 	if err != nil {
 		return usageError("%v", err)

@@ -223,7 +223,7 @@ func TestCLI_ResumeRaceAcrossWorkerProcesses(t *testing.T) {
 
 	for round := 0; round < 10; round++ {
 		id := refundNeedingApproval(t, url)
-		if _, err := c.Approvals().Decide(ctx, id, approvals.Verdict{Approve: true, Approver: envelope.Actor{Kind: "user", ID: "bob"}}); err != nil {
+		if _, err := c.Decide(ctx, id, approvals.Verdict{Approve: true, Approver: envelope.Actor{Kind: "user", ID: "bob"}}); err != nil {
 			t.Fatal(err)
 		}
 		envs := make([]*envelope.Envelope, 50)

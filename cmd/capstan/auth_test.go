@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -86,7 +87,7 @@ func TestServer_RefusesToListenBeyondLoopbackWithoutAuthentication(t *testing.T)
 	}
 }
 
-// The secured setup from zero, as the README shows it: two principals, one
+// The secured setup from zero, as docs/security.md shows it: two principals, one
 // asks, the other approves; neither can do the other's part.
 func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	t.Parallel()
@@ -122,8 +123,8 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	}
 	stdout, stderr, code = capstan(t, url, "status", called.ExecutionID, alice, "--json")
 	status := decode[struct {
-		Record   executor.Record `json:"record"`
-		Envelope printedEnvelope `json:"envelope"`
+		Record   execution.Record `json:"record"`
+		Envelope printedEnvelope  `json:"envelope"`
 	}](t, stdout)
 	if code != exitOK || status.Record.ExecutionID != called.ExecutionID || status.Record.Actor != "user:alice" || status.Envelope.Status != "completed" {
 		t.Fatalf("alice's status: exit %d %+v: %s", code, status, stderr)

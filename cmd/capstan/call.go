@@ -251,7 +251,7 @@ func runAwait(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
 	}
 	show := newProgressShow(o, pf)

@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -93,10 +97,10 @@ func TestSubmitTwiceWithOneID_HandlerRunsOnce(t *testing.T) {
 		t.Fatalf("status: exit %d", code)
 	}
 	status := decode[struct {
-		Record   executor.Record `json:"record"`
-		Envelope printedEnvelope `json:"envelope"`
+		Record   execution.Record `json:"record"`
+		Envelope printedEnvelope  `json:"envelope"`
 	}](t, stdout)
-	if status.Record.Attempt != 1 || status.Record.State != executor.StateFinalized || status.Envelope.Attempts != 1 {
+	if status.Record.Attempt != 1 || status.Record.State != execution.StateFinalized || status.Envelope.Attempts != 1 {
 		t.Fatalf("status %+v", status)
 	}
 	if n := handlerCalls(t, js, id); n != 1 {
@@ -231,7 +235,7 @@ func TestTwoWorkerProcesses_EachExecutionOneEnvelope(t *testing.T) {
 		byWorker[env.FinalizedBy]++
 		ids[env.ExecutionID] = true
 	}
-	keys, err := c.Broker().Envelopes.ListKeys(ctx)
+	keys, err := testhooks.Broker(c).Envelopes.ListKeys(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -69,7 +71,7 @@ type serverNode struct {
 const serverReady = "capstan server listening on"
 
 // startServerCluster starts three `capstan server` processes routed to each
-// other, as the README's three commands do, and returns them and the URL
+// other, as the three commands of docs/operations.md do, and returns them and the URL
 // list clients are given.
 func startServerCluster(t *testing.T, extra ...string) ([]*serverNode, string) {
 	t.Helper()
@@ -553,7 +555,7 @@ func diagnose(t *testing.T, js jetstream.JetStream, urls string, workers []*daem
 			if failed < 5 {
 				t.Logf("call %s error: %v", ids[i], err)
 				if e, err := recs.Get(ctx, ids[i]); err == nil {
-					var r executor.Record
+					var r execution.Record
 					_ = envelope.Unmarshal(e.Value(), &r)
 					t.Logf("  record rev %d: %+v", e.Revision(), r)
 				} else {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -104,7 +106,7 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 	env := testenv.Start(t)
 	logs := &lockedBuffer{}
 	reg, err := executor.NewRegistry(executor.Define("ledger.post", executor.Meta{
-		Description: "Posts to the ledger.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.Write,
+		Description: "Posts to the ledger.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
 	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
 		return nil, errors.New("ledger: connection to 10.0.0.7:5432 refused")
 	}))
@@ -132,8 +134,8 @@ func TestUndeclaredHandlerError_StatusAndLogsKeepTheCause(t *testing.T) {
 		if code != exitOK {
 			t.Fatalf("status: exit %d, %s", code, stderr)
 		}
-		st := decode[executor.Status](t, stdout)
-		if st.Record != nil && st.Record.State == executor.StateFinalized {
+		st := decode[executor.ExecutionStatus](t, stdout)
+		if st.Record != nil && st.Record.State == execution.StateFinalized {
 			if !strings.Contains(st.Record.Cause, "connection to 10.0.0.7:5432 refused") {
 				t.Fatalf("status keeps no cause: %s", stdout)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/executor"
 )
 
@@ -210,7 +211,7 @@ func riskWord(r string) string {
 	return "risk " + r
 }
 
-func writeStatus(w io.Writer, st style, s *executor.Status) {
+func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	f := newFields(w)
 	rec, env := s.Record, s.Envelope
 	id, capID := "", ""
@@ -260,7 +261,7 @@ func writeStatus(w io.Writer, st style, s *executor.Status) {
 		}
 		f.add(st, "Status", st.status(string(rec.State))+strings.TrimPrefix(state, string(rec.State)))
 		f.add(st, "Last error", string(rec.LastError))
-		if p := rec.Progress; p != nil && rec.State == executor.StateRunning {
+		if p := rec.Progress; p != nil && rec.State == execution.StateRunning {
 			// As of the lease's last renewal: 'capstan await ID' shows it live.
 			f.add(st, "Progress", clip(progressText(p), 120)+st.dim(" ("+ago(st.now, p.At)+")"))
 		}

@@ -18,7 +18,7 @@ func TestLimits_ShowsUsageAgainstEachLimit(t *testing.T) {
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
 	held := executor.Define("t.held", executor.Meta{Description: "Holds.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.Write, Limits: []executor.Limit{
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{
 			{Kind: executor.LimitConcurrency, Max: 3},
 			{Kind: executor.LimitRate, Per: executor.PerActor, Max: 10, Interval: time.Hour},
 		}},

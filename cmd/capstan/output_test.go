@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
@@ -67,19 +69,19 @@ func sampleApprovals() []*approvals.Record {
 	}
 }
 
-func sampleStatuses() map[string]*executor.Status {
+func sampleStatuses() map[string]*executor.ExecutionStatus {
 	out, _ := envelope.RawFromJSON([]byte(`{"hello":"world"}`))
 	at := func(d time.Duration) time.Time { return goldenNow.Add(d) }
 	id := "0197d2a0-0000-7000-8000-0000000000c1"
-	return map[string]*executor.Status{
+	return map[string]*executor.ExecutionStatus{
 		"completed": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "demo.echo", State: executor.StateFinalized, Attempt: 1,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "demo.echo", State: execution.StateFinalized, Attempt: 1,
 				Worker: "host-1-ab12", Status: envelope.StatusCompleted, CreatedAt: at(-2 * time.Minute), UpdatedAt: at(-2 * time.Minute)},
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "demo.echo", Status: envelope.StatusCompleted, Output: out,
 				Attempts: 1, DurationMs: 12, FinalizedBy: "host-1-ab12", FinalizedAt: at(-2 * time.Minute)},
 		},
 		"failed": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "demo.sleep", State: executor.StateFinalized, Attempt: 2,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "demo.sleep", State: execution.StateFinalized, Attempt: 2,
 				Worker: "host-2-cd34", Status: envelope.StatusCancelled, Cause: "context deadline exceeded",
 				CreatedAt: at(-90 * time.Second)},
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "demo.sleep", Status: envelope.StatusCancelled,
@@ -88,13 +90,13 @@ func sampleStatuses() map[string]*executor.Status {
 				Attempts: 2, DurationMs: 2260, FinalizedBy: "host-2-cd34", FinalizedAt: at(-87 * time.Second)},
 		},
 		"running": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "email.send", State: executor.StateRunning, Attempt: 1,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
 				Worker: "host-1-ab12", LeaseUntil: at(25 * time.Second), StartedAt: at(-5 * time.Second), CancelRequested: true,
 				CreatedAt: at(-5 * time.Second), Progress: &envelope.Progress{V: 1, ExecutionID: id, Attempt: 1, Done: 37, Total: 120,
 					Message: "page 37\x1b[2J rendered", At: at(-2 * time.Second)}},
 		},
 		"recovered": {
-			Record: &executor.Record{ExecutionID: id, CapabilityID: "email.send", State: executor.StateRunning, Attempt: 1,
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
 				Worker: "host-1-ab12", CreatedAt: at(-3 * time.Minute)},
 			Envelope: &envelope.Envelope{ExecutionID: id, CapabilityID: "email.send", Status: envelope.StatusCompleted,
 				Output: out, Attempts: 1, DurationMs: 31020, FinalizedBy: "host-2-cd34", FinalizedAt: at(-150 * time.Second),
@@ -112,11 +114,11 @@ func sampleStatuses() map[string]*executor.Status {
 func sampleDiscovery() *executor.Discovery {
 	return &executor.Discovery{ID: "0197d2a0-0000-7000-8000-0000000000d1", Surface: executor.SurfaceDirect, Digest: "3f79bb7b435b05321651daefd374cdc681dc06faa65e374e38337b88ca046dea",
 		Capabilities: []executor.Descriptor{
-			{ID: "demo.echo", Pool: "default", Description: "Returns its input.", SideEffect: executor.None},
+			{ID: "demo.echo", Pool: "default", Description: "Returns its input.", SideEffect: executor.SideEffectNone},
 			{ID: "demo.flaky", Pool: "default", Description: "Fails retryably while its attempt number is at most failTimes.",
-				SideEffect: executor.Read, RetryMaxAttempts: 2},
+				SideEffect: executor.SideEffectRead, RetryMaxAttempts: 2},
 			{ID: "orders.refund", Pool: "payments", Description: "Refunds an order; above 500 a finance approval is required before the refund is recorded.",
-				SideEffect: executor.Write, Risk: executor.RiskHigh, Idempotent: true, RetryMaxAttempts: 1, RequiresApproval: true},
+				SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh, Idempotent: true, RetryMaxAttempts: 1, RequiresApproval: true},
 		}}
 }
 
@@ -191,7 +193,7 @@ func TestGolden_HumanOutput(t *testing.T) {
 			}
 		})
 		render("cancel", func(b *bytes.Buffer) {
-			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: executor.StateRunning})
+			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: execution.StateRunning})
 			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", Finalized: true,
 				Status: envelope.StatusCompleted})
 		})

@@ -15,8 +15,9 @@ import (
 	"time"
 )
 
-// TestREADME_OfficialServerSetupFromZero runs the README's official-server
-// setup block as it is written, in an empty directory: every line, with the
+// TestREADME_OfficialServerSetupFromZero runs the official-server setup block
+// of docs/security.md (where the README sends its reader) as it is written,
+// in an empty directory: every line, with the
 // official nats-server built from the module capstan depends on. Only the
 // port (4222) and the store (/var/lib/capstan) are replaced, by a free port
 // and a temporary directory; lines ending in & run in the background until
@@ -47,7 +48,7 @@ func TestREADME_OfficialServerSetupFromZero(t *testing.T) {
 		case "nats-server":
 			prog = natsServer
 		default:
-			t.Fatalf("the README's block runs %q, which this test does not know", words[0])
+			t.Fatalf("the block runs %q, which this test does not know", words[0])
 		}
 		if background {
 			d := &daemon{cmd: exec.Command(prog, words[1:]...), exited: make(chan struct{})}
@@ -82,10 +83,10 @@ func TestREADME_OfficialServerSetupFromZero(t *testing.T) {
 }
 
 // readmeBlock returns the lines of the fenced block that follows marker in
-// the README.
+// docs/security.md.
 func readmeBlock(t *testing.T, marker string) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "..", "README.md"))
+	f, err := os.Open(filepath.Join("..", "..", "docs", "security.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +107,11 @@ func readmeBlock(t *testing.T, marker string) []string {
 			lines = append(lines, l)
 		}
 	}
-	t.Fatalf("README.md has no fenced block after %q", marker)
+	t.Fatalf("docs/security.md has no fenced block after %q", marker)
 	return nil
 }
 
-// shellWords splits a line as a POSIX shell would for the README's simple
+// shellWords splits a line as a POSIX shell would for the documentation's simple
 // commands: words, single-quoted strings, a # comment, a trailing &.
 func shellWords(t *testing.T, line string) (words []string, background bool) {
 	t.Helper()
@@ -133,7 +134,7 @@ func shellWords(t *testing.T, line string) (words []string, background bool) {
 				cur.Reset()
 			}
 		case strings.ContainsRune(`"$\|;<>`+"`", rune(c)):
-			t.Fatalf("the README's line %q needs a shell (%q): this test runs simple commands only", line, c)
+			t.Fatalf("the line %q needs a shell (%q): this test runs simple commands only", line, c)
 		default:
 			cur.WriteByte(c)
 			inWord = true

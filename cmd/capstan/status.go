@@ -56,7 +56,7 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet),
 	defer closeClient()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	if id, err = resolveExecution(ctx, c.Broker().NC, conn, id); err != nil {
+	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
 	}
 	return act(ctx, c, id, o)
@@ -113,7 +113,7 @@ func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
 	if err != nil {
 		return readError(err)
 	}
-	s := &executor.Status{Record: v.Record, Envelope: v.Envelope}
+	s := &executor.ExecutionStatus{Record: v.Record, Envelope: v.Envelope}
 	return o.print(s, func(w io.Writer, st style) {
 		if s.Record == nil && s.Envelope == nil {
 			fmt.Fprintf(w, "%s is %s\n", id, st.status(v.State))

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
@@ -81,12 +83,12 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	if err != nil {
 		return nil, err
 	}
-	return executor.NewWorker(nc, reg, executor.WorkerConfig{
+	return executor.NewWorker(nc, reg, testhooks.Worker(executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
-		StrictAudit: f.strictAudit, AuditUnacknowledged: f.auditUnacked, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas, RecordWindow: f.recordWindow},
+		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas, RecordWindow: f.recordWindow},
 		Observer:    f.observer,
 		StartupWait: f.wait, SweepInterval: f.sweepEvery,
-	})
+	}, testhooks.WorkerKnobs{AuditUnacknowledged: f.auditUnacked}))
 }
 
 func runWorker(args []string) int {

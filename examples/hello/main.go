@@ -44,7 +44,7 @@ func run(ctx context.Context, opts broker.ConnectOptions, out io.Writer) error {
 	hello := executor.Define("greet.hello", executor.Meta{
 		Description: "Greets someone by name.",
 		Expose:      executor.On(executor.SurfaceDirect),
-		SideEffect:  executor.None,
+		SideEffect:  executor.SideEffectNone,
 	}, func(ctx context.Context, call executor.Call[Greeting]) (string, error) {
 		return "Hello, " + call.Input.Name + "!", nil
 	})

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -52,7 +54,7 @@ type Vector struct {
 var decoders = map[string]func([]byte) (any, error){
 	"request":         func(b []byte) (any, error) { return envelope.DecodeRequest(b) },
 	"envelope":        func(b []byte) (any, error) { return envelope.DecodeEnvelope(b) },
-	"record":          decodeVersioned[executor.Record],
+	"record":          decodeVersioned[execution.Record],
 	"descriptor":      decodeVersioned[executor.Descriptor],
 	"resources":       decodeVersioned[resources],
 	"describeRequest": decodeVersioned[executor.DescribeRequest],
@@ -217,15 +219,15 @@ func goVectors() []struct {
 			"tenant": "acme", "région": "eu", "～": "fullwidth tilde", "😀": "an emoji sorts after it in UTF-8, before it in UTF-16"}},
 		Surface: "mcp", CorrelationID: "conv-7", SubmittedAt: t8, Deadline: at(t8.Add(time.Minute)),
 		StartBy: at(t8.Add(24 * time.Hour)), ApprovalID: approvalID, Traceparent: traceCtx}
-	running := executor.Record{V: 1, ExecutionID: execID, CapabilityID: "orders.refund", State: executor.StateRunning,
+	running := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "orders.refund", State: execution.StateRunning,
 		Attempt: 2, Worker: "worker-1", Claim: "c-7f3a", LeaseUntil: t8.Add(30 * time.Second), StartedAt: t8,
 		LastError: "TIMEOUT", CancelRequested: true, CancelRequestedAt: t8.Add(time.Second), ApprovalID: approvalID,
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8,
 		Progress: &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8}}
-	finalized := executor.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: executor.StateFinalized,
+	finalized := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: execution.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
-	pending := executor.Record{V: 1, ExecutionID: execID, State: executor.StatePending, CancelRequested: true,
+	pending := execution.Record{V: 1, ExecutionID: execID, State: execution.StatePending, CancelRequested: true,
 		CancelRequestedAt: t8, CreatedAt: t8, UpdatedAt: t8}
 	discovery := executor.Discovery{V: 1, ID: execID2, Surface: "mcp",
 		Capabilities: []executor.Descriptor{descriptor("orders.refund", true), {V: 1, ID: "demo.echo", Pool: "demo",
@@ -302,12 +304,12 @@ func goVectors() []struct {
 		{Vector{Name: "record-running", Kind: "record", About: "an execution record with every field (a map16 header: more than 15 fields)"}, &running},
 		{Vector{Name: "record-finalized", Kind: "record", About: "a finalized record: state finalized, the envelope's status"}, &finalized},
 		{Vector{Name: "record-receipt", Kind: "record", About: "attempt 2, started after a reconciler proved attempt 1's effect absent, has recorded its receipt (design §5)"},
-			&executor.Record{V: 1, ExecutionID: execID, CapabilityID: "email.send", State: executor.StateRunning, Attempt: 2,
+			&execution.Record{V: 1, ExecutionID: execID, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 2,
 				Worker: "worker-2", Claim: "c-9b1e", LeaseUntil: t8.Add(30 * time.Second), StartedAt: t8, Actor: "user:alice",
 				Surface: "direct", CreatedAt: t4, UpdatedAt: t8, Receipt: envelope.MustRaw(map[string]any{"outboxSeq": 41}),
 				ReceiptAttempt: 2, ReceiptAt: t8, Reattempts: 1}},
 		{Vector{Name: "record-reconciling", Kind: "record", About: "a takeover asking the reconciler whether attempt 1 took effect, the second to ask"},
-			&executor.Record{V: 1, ExecutionID: execID, CapabilityID: "email.send", State: executor.StateReconciling, Attempt: 1,
+			&execution.Record{V: 1, ExecutionID: execID, CapabilityID: "email.send", State: execution.StateReconciling, Attempt: 1,
 				Worker: "worker-3", Claim: "c-0d4c", LeaseUntil: t8.Add(30 * time.Second), StartedAt: t4, Actor: "user:alice",
 				Surface: "direct", CreatedAt: t4, UpdatedAt: t8, Reconciliations: 2}},
 		{Vector{Name: "record-pending-cancel", Kind: "record", About: "the pending record a cancel leaves before any claim"}, &pending},
@@ -389,7 +391,7 @@ func refusedVectors(t *testing.T) []struct {
 	reqV2[2] = 2
 	badID := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: "a.b", CapabilityID: "demo.echo", SubmittedAt: t8})
 	noCap := mustMarshal(t, &envelope.Request{V: 1, ExecutionID: execID, SubmittedAt: t8})
-	record := mustMarshal(t, &executor.Record{V: 3, ExecutionID: execID, State: executor.StateRunning})
+	record := mustMarshal(t, &execution.Record{V: 3, ExecutionID: execID, State: execution.StateRunning})
 	negative := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: execID, Done: -1, At: t8})
 	infinite := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: execID, Total: math.Inf(1), At: t8})
 	progressBadID := mustMarshal(t, &envelope.Progress{V: 1, ExecutionID: "a.b", At: t8})

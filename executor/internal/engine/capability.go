@@ -18,10 +18,10 @@ import (
 // carries out what a decision asks (the events it lists, the approval it
 // needs stored).
 
-// Capability is what the engine needs of the capability a request names:
+// Definition is what the engine needs of the capability a request names:
 // the stages its definition decides (exposure, input, actor, policies,
 // approval, output) and its retry rule. The executor package provides it.
-type Capability interface {
+type Definition interface {
 	// Admit runs stages 4 to 9 of a fresh execution. ctx is the execution's:
 	// its cancel and deadline. A request that names an approval (a resume)
 	// is always admitted under the execution's claim, so that consuming the

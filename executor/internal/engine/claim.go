@@ -193,7 +193,7 @@ func (e *Execution) newRecord(st State) *Record {
 		State: st, Worker: e.r.cfg.ID, Claim: e.claim.token, LeaseUntil: now.Add(e.r.cfg.Lease),
 		CreatedAt: now, UpdatedAt: now,
 	}
-	rec.claimedFor(e.req, e.inputHash)
+	claimedFor(rec, e.req, e.inputHash)
 	return rec
 }
 

@@ -28,7 +28,7 @@ type Execution struct {
 	principal, key string
 	// subjectCapability is the capability id of the subject, "" for _unrouted.
 	subjectCapability string
-	cap               Capability // nil when no pool serves the capability
+	cap               Definition // nil when no pool serves the capability
 	obs               observe.Execution
 	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
@@ -102,7 +102,7 @@ func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal s
 
 // newExecution is an execution of req, delivered by msg as d, of the
 // capability c (nil: none served here).
-func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delivery, c Capability) *Execution {
+func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition) *Execution {
 	principal, subjectCapability := broker.Anonymous, ""
 	if msg != nil {
 		if p, capID, ok := r.b.Names.ParseExecSubject(msg.Subject()); ok {

@@ -104,7 +104,7 @@ func delivered(msg jetstream.Msg, req *envelope.Request) Delivery {
 // execute runs one delivery as an execution of this worker. A nil
 // capability (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless
 // its record says otherwise: even then the takeover table decides.
-func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Capability, missing string) {
+func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition, missing string) {
 	if r.base.Err() != nil {
 		// Shutting down: leave it to a live worker rather than claim it.
 		nak(msg, 0)
@@ -269,7 +269,7 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	f := e.delivery.facts(e.r.windows(), e.r.now())
 	f.Record, f.Envelope, f.Known, f.AbsenceProves = rec, read, e.cap != nil, !e.unproven
 	if rec != nil {
-		f.Conflict = rec.Conflict(e.req, e.inputHash)
+		f.Conflict = conflict(rec, e.req, e.inputHash)
 	}
 	if c := e.cap; c != nil {
 		f.Timeout = c.Timeout()
@@ -336,7 +336,7 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 		if r.State == StatePending {
 			// A cancel's record knew only the id.
 			r.State = StateClaimed
-			r.claimedFor(e.req, e.inputHash)
+			claimedFor(r, e.req, e.inputHash)
 		}
 		if a.Do == Reconcile {
 			// Held as reconciling{n}: a worker lost while it asks is taken

@@ -8,123 +8,49 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/execution"
 	"github.com/nats-io/nats.go"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
-// State is an execution record's state (DESIGN §5).
-type State string
+// Record and State are the public execution record (package execution),
+// named here for brevity.
+type (
+	Record = execution.Record
+	State  = execution.State
+)
 
 // Record states.
 const (
-	// StatePending: a cancel arrived before any worker claimed the execution.
-	StatePending   State = "pending"
-	StateClaimed   State = "claimed"
-	StateRunning   State = "running"
-	StateBackoff   State = "backoff"
-	StateFinalized State = "finalized"
+	StatePending   = execution.StatePending
+	StateClaimed   = execution.StateClaimed
+	StateRunning   = execution.StateRunning
+	StateBackoff   = execution.StateBackoff
+	StateFinalized = execution.StateFinalized
 	// StateReconciling: a takeover asks the capability's reconciler whether
-	// the lost attempt (Attempt) took effect, under its claim and lease as an
-	// attempt runs (DESIGN §5, receipts and reconcilers).
-	StateReconciling State = "reconciling"
+	// the lost attempt took effect (DESIGN §5, receipts and reconcilers).
+	StateReconciling = execution.StateReconciling
 )
 
-// Record is an execution's one record in the executions bucket, changed only
-// by compare-and-swap on its revision. The claim named in it owns the
-// execution while its lease lasts: a random token each claim or takeover
-// draws, never the worker's id, which two processes may share.
-type Record struct {
-	V            int    `json:"v"`
-	ExecutionID  string `json:"executionId"`
-	CapabilityID string `json:"capabilityId"`
-	State        State  `json:"state"`
-	// Attempt is the number of the attempt running, or the last one started.
-	Attempt int    `json:"attempt"`
-	Worker  string `json:"worker,omitempty"`
-	// Claim is the owning claim's random token.
-	Claim      string    `json:"claim,omitempty"`
-	LeaseUntil time.Time `json:"leaseUntil,omitzero"`
-	// StartedAt is when the current attempt started.
-	StartedAt time.Time `json:"startedAt,omitzero"`
-	// LastError is the failed attempt's code in backoff, the envelope's
-	// code once finalized, and WORKER_LOST on a claim made where finding no
-	// record did not prove that no attempt had started: its takeover never
-	// runs it from the top unless a retry is allowed (DESIGN §5).
-	LastError envelope.Code `json:"lastError,omitempty"`
-	// CancelRequested may be set in any state before finalized; it is terminal.
-	CancelRequested   bool      `json:"cancelRequested,omitempty"`
-	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
-	ApprovalID        string    `json:"approvalId,omitempty"`
-	// Actor (kind:id), Surface and InputHash, with CapabilityID and
-	// ApprovalID, name the request the record was claimed for: only that
-	// request takes the execution over (see Conflict). Records written before
-	// they existed lack them.
-	Actor     string `json:"actor,omitempty"`
-	Surface   string `json:"surface,omitempty"`
-	InputHash string `json:"inputHash,omitempty"`
-	// Status is the envelope's status once finalized.
-	Status envelope.Status `json:"status,omitempty"`
-	// Cause is a failure's private cause, for operators: it never reaches the
-	// envelope, the model or the audit trail.
-	Cause     string    `json:"cause,omitempty"`
-	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
-
-	// Receipts and reconcilers (DESIGN §5). Receipt is the evidence attempt
-	// ReceiptAttempt recorded of its effect, at ReceiptAt, written by that
-	// attempt's claim (a lost lease cannot write it): a takeover of the
-	// attempt finalizes completed from it. A new attempt clears it.
-	Receipt        envelope.Raw `json:"receipt,omitempty"`
-	ReceiptAttempt int          `json:"receiptAttempt,omitempty"`
-	ReceiptAt      time.Time    `json:"receiptAt,omitzero"`
-	// Reconciliations counts the reconciliations started for Attempt: those
-	// lost with their workers are bounded (maxReconciliations).
-	Reconciliations int `json:"reconciliations,omitempty"`
-	// Reattempts counts the attempts started because a reconciler proved the
-	// effect of the one before absent: bounded by the capability.
-	Reattempts int `json:"reattempts,omitempty"`
-
-	// Progress is the last progress the running attempt's handler reported,
-	// as of the last lease renewal (DESIGN §5, "Progress"): written with
-	// the renewal, never on its own; cleared when an attempt starts.
-	Progress *envelope.Progress `json:"progress,omitempty"`
-}
-
-// receiptOf returns the receipt attempt n recorded, nil when it recorded
-// none (or the record is of another attempt).
-func (r *Record) receiptOf(n int) envelope.Raw {
+// receiptOf returns the receipt attempt n recorded in r, nil when it
+// recorded none (or the record is of another attempt).
+func receiptOf(r *Record, n int) envelope.Raw {
 	if n == 0 || r.ReceiptAttempt != n || len(r.Receipt) == 0 {
 		return nil
 	}
 	return r.Receipt
 }
 
-// lostReceipt returns the receipt of the attempt a takeover finds lost: an
-// attempt that was running (its handler may have returned nothing) and
-// recorded one.
-func (r *Record) lostReceipt() envelope.Raw {
+// lostReceipt returns the receipt of the attempt a takeover finds lost in
+// r: an attempt that was running (its handler may have returned nothing)
+// and recorded one.
+func lostReceipt(r *Record) envelope.Raw {
 	if r.State != StateRunning {
 		return nil
 	}
-	return r.receiptOf(r.Attempt)
+	return receiptOf(r, r.Attempt)
 }
 
-// InFlight reports whether the record is of an execution that may still
-// write its envelope: not finalized, and waiting for its first claim (a
-// cancel's pending record) or held by a live lease. A record is not
-// rewritten after its envelope (DESIGN §14): one whose lease ran out says
-// nothing more of its outcome.
-func (r *Record) InFlight(now time.Time) bool {
-	switch r.State {
-	case StateFinalized:
-		return false
-	case StatePending:
-		return true
-	}
-	return now.Before(r.LeaseUntil)
-}
-
-// Conflict names the first field in which req, whose input hashes to
+// conflict names the first field in which req, whose input hashes to
 // inputHash, differs from the request the record was claimed for, or
 // returns "" when it is that request. A producer chooses its execution ids
 // and its message ids: it may publish a second, different request under the
@@ -133,7 +59,7 @@ func (r *Record) InFlight(now time.Time) bool {
 // policies and approval. A record that names no capability (a cancel's
 // pending record, before any claim) holds no request yet, and a record
 // written before a field existed is not compared on it.
-func (r *Record) Conflict(req *envelope.Request, inputHash string) string {
+func conflict(r *Record, req *envelope.Request, inputHash string) string {
 	if r.CapabilityID == "" {
 		return ""
 	}
@@ -152,8 +78,8 @@ func (r *Record) Conflict(req *envelope.Request, inputHash string) string {
 	return ""
 }
 
-// claimedFor records in r the request it is claimed for (see Conflict).
-func (r *Record) claimedFor(req *envelope.Request, inputHash string) {
+// claimedFor records in r the request it is claimed for (see conflict).
+func claimedFor(r *Record, req *envelope.Request, inputHash string) {
 	r.CapabilityID, r.ApprovalID = req.CapabilityID, req.ApprovalID
 	r.Actor, r.Surface, r.InputHash = actorKey(req.Actor), req.Surface, inputHash
 }
@@ -164,47 +90,6 @@ func actorKey(a envelope.Actor) string {
 		return ""
 	}
 	return a.String()
-}
-
-// Leased reports whether a claim holds the record under a lease that has
-// not run out at now (a cancel's pending record names no claim).
-func (r *Record) Leased(now time.Time) bool {
-	return (r.Worker != "" || r.Claim != "") && now.Before(r.LeaseUntil)
-}
-
-// EncodeMsgpack writes the record without reflection: it is written three
-// times per execution. A field added to Record is added here too, in
-// declaration order (TestRecordEncoder_WritesTheReflectiveEncodersBytes
-// fails until it is).
-func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
-	f.Int("v", int64(r.V))
-	f.String("executionId", r.ExecutionID)
-	f.String("capabilityId", r.CapabilityID)
-	f.String("state", string(r.State))
-	f.Int("attempt", int64(r.Attempt))
-	f.String("worker", r.Worker)
-	f.String("claim", r.Claim)
-	f.Time("leaseUntil", r.LeaseUntil)
-	f.Time("startedAt", r.StartedAt)
-	f.String("lastError", string(r.LastError))
-	f.Bool("cancelRequested", r.CancelRequested)
-	f.Time("cancelRequestedAt", r.CancelRequestedAt)
-	f.String("approvalId", r.ApprovalID)
-	f.String("actor", r.Actor)
-	f.String("surface", r.Surface)
-	f.String("inputHash", r.InputHash)
-	f.String("status", string(r.Status))
-	f.String("cause", r.Cause)
-	f.Time("createdAt", r.CreatedAt)
-	f.Time("updatedAt", r.UpdatedAt)
-	f.Raw("receipt", r.Receipt)
-	f.Int("receiptAttempt", int64(r.ReceiptAttempt))
-	f.Time("receiptAt", r.ReceiptAt)
-	f.Int("reconciliations", int64(r.Reconciliations))
-	f.Int("reattempts", int64(r.Reattempts))
-	f.Value("progress", r.Progress, r.Progress == nil)
-	return f.Encode(enc)
 }
 
 // store holds what a worker writes of its executions: records, changed only

@@ -16,7 +16,7 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 		ApprovalID: "ap1", Actor: alice, Surface: "direct"}
 	var rec Record
 	rec.State = StateRunning
-	rec.claimedFor(claimed, "h1")
+	claimedFor(&rec, claimed, "h1")
 
 	// What an earlier version wrote: no actor, surface or input hash.
 	old, err := envelope.Marshal(map[string]any{"v": 1, "executionId": claimed.ExecutionID,
@@ -52,7 +52,7 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 		{"an earlier version's record, another capability", &oldRec, other(func(r *envelope.Request) { r.CapabilityID = "gate.pay" }), "h1", "capabilityId"},
 		{"an earlier version's record, no approval", &oldRec, other(func(r *envelope.Request) { r.ApprovalID = "" }), "h1", "approvalId"},
 	} {
-		if got := c.rec.Conflict(c.req, c.inputHash); got != c.want {
+		if got := conflict(c.rec, c.req, c.inputHash); got != c.want {
 			t.Errorf("%s: conflict %q, want %q", c.name, got, c.want)
 		}
 	}
@@ -80,11 +80,11 @@ func TestRecordConflict_InputWithoutJSONFormStillCompared(t *testing.T) {
 	first, second := request([]byte("benign")), request([]byte("other"))
 	var rec Record
 	rec.State = StateRunning
-	rec.claimedFor(first.req, first.inputHash)
-	if got := rec.Conflict(second.req, second.inputHash); got != "inputHash" {
+	claimedFor(&rec, first.req, first.inputHash)
+	if got := conflict(&rec, second.req, second.inputHash); got != "inputHash" {
 		t.Errorf("a request with another input: conflict %q, want %q", got, "inputHash")
 	}
-	if got := rec.Conflict(first.req, request([]byte("benign")).inputHash); got != "" {
+	if got := conflict(&rec, first.req, request([]byte("benign")).inputHash); got != "" {
 		t.Errorf("the claimed request again: conflict %q, want none", got)
 	}
 }

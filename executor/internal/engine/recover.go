@@ -88,7 +88,7 @@ func (e *Execution) closeReceipts(n int) envelope.Raw {
 		return nil
 	}
 	rec := e.claim.record()
-	return rec.receiptOf(n)
+	return receiptOf(&rec, n)
 }
 
 // recover finalizes attempt n completed from what it left: its receipt, or
@@ -179,7 +179,7 @@ func (e *Execution) admitted(n int) bool {
 func (e *Execution) recoverTaken(n int) {
 	e.lease.start()
 	rec := e.claim.record()
-	receipt := rec.receiptOf(n)
+	receipt := receiptOf(&rec, n)
 	if !e.admitted(n) {
 		return
 	}

@@ -33,7 +33,7 @@ type Config struct {
 	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
 	DisableLeaseRenewal bool
 	// Capabilities are the capabilities this worker serves, by id.
-	Capabilities map[string]Capability
+	Capabilities map[string]Definition
 	// Listed reports whether the catalog lists a capability (some pool serves it).
 	Listed func(id string) bool
 	// ResolveResume fills a resume that names only its approval (a producer

@@ -300,7 +300,7 @@ func taken(rec *Record, f Facts) Action {
 	// whatever else the record says (a cancel came too late to stop it), it
 	// completed.
 	switch {
-	case rec.lostReceipt() != nil && f.Known:
+	case lostReceipt(rec) != nil && f.Known:
 		return Action{Do: Recover, How: envelope.RecoveredByReceipt, Attempts: rec.Attempt}
 	case f.Reconciled == Found && f.Known && f.Recovery.Reconciles:
 		return Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: rec.Attempt}

@@ -40,5 +40,5 @@ func JSONSchema(s *Shape) map[string]any { return jsonSchema(s) }
 // NewInputError lists issues found outside the check itself (a Validate
 // method's); cause is kept for the logs and for errors.Is and errors.As.
 func NewInputError(issues []Issue, cause error) *InputError {
-	return &InputError{Issues: issues, cause: cause}
+	return &InputError{Issues: issues, Cause: cause}
 }

@@ -31,41 +31,12 @@ import (
 // something else than what the caller sent. Checking alone allocates nothing
 // unless it finds an issue.
 
-// Issue is one problem of an input, at a path like "items[2].amount" (empty
-// for the input as a whole).
-type Issue struct {
-	Path    string `json:"path"`
-	Message string `json:"message"`
-}
-
-// InputError lists every issue of an input. Validate methods may return one to
-// report issues with paths; any other error becomes one issue without a path.
-type InputError struct {
-	Issues []Issue
-	cause  error // private: what the decoder said, for the logs
-}
-
-func (e *InputError) Error() string {
-	if len(e.Issues) == 0 {
-		return "invalid input"
-	}
-	var b strings.Builder
-	for i, is := range e.Issues {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		if is.Path != "" {
-			b.WriteString(is.Path + ": ")
-		}
-		b.WriteString(is.Message)
-	}
-	if e.cause != nil {
-		b.WriteString(" (" + shorten(e.cause.Error(), maxIssueText) + ")")
-	}
-	return b.String()
-}
-
-func (e *InputError) Unwrap() error { return e.cause }
+// Issue and InputError are the public envelope.Issue and
+// envelope.InputError.
+type (
+	Issue      = envelope.Issue
+	InputError = envelope.InputError
+)
 
 // maxIssues bounds the issues reported for one input.
 const maxIssues = 50
@@ -383,7 +354,7 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 	if err != nil {
 		// The check found nothing the decoder refuses: a type with its own
 		// decoder, or a case the check does not model.
-		return nil, &InputError{Issues: []Issue{{Path: shortenPath(decodeErrorPath(err)), Message: "the input does not match the capability's input type"}}, cause: err}
+		return nil, &InputError{Issues: []Issue{{Path: shortenPath(decodeErrorPath(err)), Message: "the input does not match the capability's input type"}}, Cause: err}
 	}
 	return in, nil
 }

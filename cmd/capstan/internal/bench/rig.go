@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
@@ -86,7 +88,7 @@ func newRig(ctx context.Context, t Target, cfg *Config) (*rig, error) {
 		return nil, err
 	}
 	r.closers = append(r.closers, func() { _ = r.client.Close() })
-	r.b = r.client.Broker()
+	r.b = testhooks.Broker(r.client)
 	r.startWorkers = func(ctx context.Context) (func(), error) { return r.runWorkers(ctx, t, cfg, js) }
 	return r, nil
 }
@@ -114,8 +116,8 @@ func (r *rig) runWorkers(ctx context.Context, t Target, cfg *Config, js jetstrea
 		if err == nil {
 			served = reg.IDs()
 			var w *executor.Worker
-			w, err = executor.NewWorker(wnc, reg, executor.WorkerConfig{Pool: "default", Concurrency: cfg.WorkerConcurrency,
-				DisableAudit: cfg.NoAudit, AuditUnacknowledged: cfg.AuditUnacked, Grace: 5 * time.Second})
+			w, err = executor.NewWorker(wnc, reg, testhooks.Worker(executor.WorkerConfig{Pool: "default", Concurrency: cfg.WorkerConcurrency,
+				Grace: 5 * time.Second}, testhooks.WorkerKnobs{DisableAudit: cfg.NoAudit, AuditUnacknowledged: cfg.AuditUnacked}))
 			if err == nil {
 				running.Add(1)
 				go func() {

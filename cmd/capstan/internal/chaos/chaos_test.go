@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
@@ -151,7 +154,7 @@ func awaitAll(t *testing.T, b *broker.Broker, ids []string) {
 // outcome is what the store holds of one execution after a run.
 type outcome struct {
 	env    *envelope.Envelope
-	rec    *executor.Record
+	rec    *execution.Record
 	outbox int // email.send's effects: emails under its key
 	// emailAttempt and emailSeq are the outbox's email's attempt and
 	// sequence (0: none).
@@ -226,7 +229,7 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read envelope %s: %v", id, err)
 		}
-		rec, _, err := broker.Load[executor.Record](ctx, b.Executions, broker.Key(broker.Anonymous, id))
+		rec, _, err := broker.Load[execution.Record](ctx, b.Executions, broker.Key(broker.Anonymous, id))
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("read record %s: %v", id, err)
 		}
@@ -235,7 +238,7 @@ func inspect(t *testing.T, b *broker.Broker, ids []string) *tally {
 		if env != nil && env.Recovered != nil {
 			tl.recovered[env.Recovered.How]++
 		}
-		if env != nil && (rec == nil || rec.State != executor.StateFinalized || rec.Status != env.Status) {
+		if env != nil && (rec == nil || rec.State != execution.StateFinalized || rec.Status != env.Status) {
 			tl.unsettled++
 		}
 		if env != nil {
@@ -316,7 +319,7 @@ func (tl *tally) countEvent(ev audit.Event) {
 		}
 	case audit.TakenOver:
 		tl.takenOver++
-		if fmt.Sprint(ev.Data["state"]) == string(executor.StateRunning) {
+		if fmt.Sprint(ev.Data["state"]) == string(execution.StateRunning) {
 			tl.takenFrom[fmt.Sprint(ev.Data["fromWorker"])]++
 		}
 	case audit.EnvelopeConflict:
@@ -379,7 +382,7 @@ func checkRecordsFinalized(t *testing.T, tl *tally) {
 		// record window after its last write). The record is not rewritten
 		// after the envelope (DESIGN §14): when it says finalized, it says
 		// what the envelope says.
-		if o.rec == nil || o.env == nil || (o.rec.State == executor.StateFinalized && o.rec.Status != o.env.Status) {
+		if o.rec == nil || o.env == nil || (o.rec.State == execution.StateFinalized && o.rec.Status != o.env.Status) {
 			t.Errorf("%s: record %+v, envelope %+v", id, o.rec, o.env)
 		}
 	}
@@ -513,7 +516,7 @@ func checkStatusCommand(t *testing.T, r *rig, tl *tally) {
 	}
 	rec, env := r.status(pick)
 	want := tl.per[pick]
-	if rec == nil || env == nil || rec.State != executor.StateFinalized || rec.Worker == "" || rec.LeaseUntil.IsZero() ||
+	if rec == nil || env == nil || rec.State != execution.StateFinalized || rec.Worker == "" || rec.LeaseUntil.IsZero() ||
 		rec.Attempt != want.env.Attempts || env.Status != want.env.Status || env.FinalizedBy != want.env.FinalizedBy {
 		t.Errorf("capstan status %s: record %+v, envelope %+v; want %+v", pick, rec, env, want.env)
 	}
@@ -535,7 +538,7 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	c := r.client("email.send")
 
 	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(c.Broker())) }()
+	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
 	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
 		return "email.send", demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "chaos", HoldMs: spread(i, 300)}
 	})
@@ -543,9 +546,9 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	if len(refused) > 0 {
 		t.Fatalf("%d submissions refused with the server up", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids)
+	awaitAll(t, testhooks.Broker(c), ids)
 
-	tl := inspect(t, c.Broker(), ids)
+	tl := inspect(t, testhooks.Broker(c), ids)
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
@@ -576,7 +579,7 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	c := r.client("demo.sleep")
 
 	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(c.Broker())) }()
+	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
 	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
 		return "demo.sleep", demo.SleepInput{Ms: spread(i, 300)}
 	})
@@ -584,9 +587,9 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	if len(refused) > 0 {
 		t.Fatalf("%d submissions refused with the server up", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids)
+	awaitAll(t, testhooks.Broker(c), ids)
 
-	tl := inspect(t, c.Broker(), ids)
+	tl := inspect(t, testhooks.Broker(c), ids)
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
 	checkOneCallPerAttempt(t, tl)
@@ -643,7 +646,7 @@ func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 		running := 0
 		for try := 0; try < 200 && running <= 0; try++ {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			running, _ = inFlight(ctx, c.Broker())
+			running, _ = inFlight(ctx, testhooks.Broker(c))
 			cancel()
 			if running <= 0 {
 				time.Sleep(time.Duration(1+r.randN(20)) * time.Millisecond)
@@ -665,9 +668,9 @@ func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 	if len(refused) > 0 {
 		t.Errorf("%d submissions refused across the server's restart", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids)
+	awaitAll(t, testhooks.Broker(c), ids)
 
-	tl := inspect(t, c.Broker(), append(append([]string(nil), ids...), refused...))
+	tl := inspect(t, testhooks.Broker(c), append(append([]string(nil), ids...), refused...))
 	checkOneEnvelopeEach(t, tl, ids)
 	checkRecordsFinalized(t, tl)
 	unknown, unknownSent := checkEmailAtMostOnce(t, tl)
@@ -677,7 +680,7 @@ func TestChaos_ServerKilled_NothingLostNothingTwice(t *testing.T) {
 		// their workers logged of them.
 		shown := 0
 		for id, o := range tl.per {
-			if shown < 5 && o.env != nil && (o.rec == nil || o.rec.State != executor.StateFinalized || o.rec.Status != o.env.Status ||
+			if shown < 5 && o.env != nil && (o.rec == nil || o.rec.State != execution.StateFinalized || o.rec.Status != o.env.Status ||
 				o.env.Status != envelope.StatusCompleted) {
 				shown++
 				t.Logf("%s: record %+v; envelope %s by %s; logs:\n%s", id, o.rec, o.env.Status, o.env.FinalizedBy,

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
@@ -120,7 +122,7 @@ func TestChaos_WorkersSharingAnID_EmailSentAtMostOnce(t *testing.T) {
 		r.startWorker()
 	}
 	c := r.client("email.send")
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	dup := duplicate(t, r.connect(), b.JS, b.Names.ExecSubject(broker.Anonymous, "email.send"))
 
 	// The record names the id, not the process: kill at random, which with
@@ -175,7 +177,7 @@ func TestChaos_PoolKilled_RequestsEndNotStarted(t *testing.T) {
 		r.startWorker()
 	}
 	c := r.client("email.send", "demo.echo")
-	b := c.Broker()
+	b := testhooks.Broker(c)
 	if got := r.killWorker(mail); got != mail {
 		t.Fatalf("killed %s, not the mail pool's worker %s", got, mail)
 	}

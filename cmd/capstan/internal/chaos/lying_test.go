@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,7 +49,7 @@ func TestChaos_LyingReconciler_SeenAsDuplicateSends(t *testing.T) {
 	c := r.client("email.send")
 
 	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(c.Broker())) }()
+	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
 	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
 		// Long holds after the send: kills land after the effect.
 		return "email.send", demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "lie", HoldMs: 200 + spread(i, 300)}
@@ -56,9 +58,9 @@ func TestChaos_LyingReconciler_SeenAsDuplicateSends(t *testing.T) {
 	if len(refused) > 0 {
 		t.Fatalf("%d submissions refused with the server up", len(refused))
 	}
-	awaitAll(t, c.Broker(), ids)
+	awaitAll(t, testhooks.Broker(c), ids)
 
-	tl := inspect(t, c.Broker(), ids)
+	tl := inspect(t, testhooks.Broker(c), ids)
 	problems := emailProblems(tl)
 	dup := 0
 	for _, p := range problems {

@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/testhooks"
+
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
@@ -329,8 +332,8 @@ func aimAtInFlight(b *broker.Broker) func() string {
 			if err != nil {
 				continue
 			}
-			rec, _, err := broker.Load[executor.Record](ctx, b.Executions, broker.Key(broker.Anonymous, m.Header.Get(demo.ExecutionIDHeader)))
-			if err == nil && rec.State == executor.StateRunning && rec.Worker != "" {
+			rec, _, err := broker.Load[execution.Record](ctx, b.Executions, broker.Key(broker.Anonymous, m.Header.Get(demo.ExecutionIDHeader)))
+			if err == nil && rec.State == execution.StateRunning && rec.Worker != "" {
 				return rec.Worker
 			}
 		}
@@ -362,7 +365,7 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 	for _, id := range capabilities {
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, err := c.Broker().Catalog.Get(ctx, id)
+			_, err := testhooks.Broker(c).Catalog.Get(ctx, id)
 			cancel()
 			if err == nil {
 				break
@@ -377,7 +380,7 @@ func (r *rig) client(capabilities ...string) *executor.Client {
 }
 
 // status runs `capstan status ID` and decodes what it prints.
-func (r *rig) status(id string) (*executor.Record, *envelope.Envelope) {
+func (r *rig) status(id string) (*execution.Record, *envelope.Envelope) {
 	r.t.Helper()
 	var stderr strings.Builder
 	cmd := exec.Command(cliBin(), "status", "--json", "--nats", r.url, id)
@@ -390,7 +393,7 @@ func (r *rig) status(id string) (*executor.Record, *envelope.Envelope) {
 		r.t.Fatalf("capstan status %s: %v\n%s", id, err, stderr.String())
 	}
 	var s struct {
-		Record   *executor.Record   `json:"record"`
+		Record   *execution.Record  `json:"record"`
 		Envelope *envelope.Envelope `json:"envelope"`
 	}
 	if err := json.Unmarshal(out, &s); err != nil {

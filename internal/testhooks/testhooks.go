@@ -1,0 +1,41 @@
+// Package testhooks reaches what capstan's public API keeps from its users,
+// for the module's own tests, benchmarks and the CLI's measuring flags: the
+// resources a client opened, and worker options that trade a guarantee or
+// the audit trail for a measurement. Package executor sets the hooks when
+// it is initialized; nothing outside this module can import them.
+package testhooks
+
+import "github.com/capstan-dev/capstan/broker"
+
+// WorkerKnobs are the worker options no production worker sets.
+type WorkerKnobs struct {
+	// DisableLeaseRenewal stops lease renewal and InProgress, so JetStream
+	// redelivers a long execution while it runs: for tests of redelivery.
+	DisableLeaseRenewal bool
+	// DisableAudit publishes no audit events (for measuring the trail's
+	// cost).
+	DisableAudit bool
+	// AuditUnacknowledged publishes asynchronous audit events without
+	// asking for JetStream's acknowledgement: one server message fewer per
+	// execution, but an event the server refuses (a full audit stream that
+	// discards new events) is then neither logged nor counted. Strict
+	// audit's capability.started is acknowledged either way.
+	AuditUnacknowledged bool
+}
+
+// Set by package executor's init.
+var (
+	// ClientBroker returns the resources an *executor.Client opened.
+	ClientBroker func(client any) *broker.Broker
+	// WorkerKnobsOf returns the knobs of an *executor.WorkerConfig.
+	WorkerKnobsOf func(cfg any) *WorkerKnobs
+)
+
+// Broker returns the resources client (an *executor.Client) opened.
+func Broker(client any) *broker.Broker { return ClientBroker(client) }
+
+// Worker returns cfg (an executor.WorkerConfig) with its knobs set to k.
+func Worker[C any](cfg C, k WorkerKnobs) C {
+	*WorkerKnobsOf(&cfg) = k
+	return cfg
+}
