@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -377,4 +379,19 @@ func idMadeAgo(t *testing.T, d time.Duration) string {
 		u[i] = byte(ms >> (40 - 8*i))
 	}
 	return u.String()
+}
+
+// version names capstan's version and the Go that built it; a build from a
+// checkout says "(devel)", one of a release its tag.
+func TestVersion_NamesItselfAndItsGo(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		stdout, stderr, code := capstan(t, "", args...)
+		if code != exitOK || !strings.HasPrefix(stdout, "capstan ") || !strings.Contains(stdout, runtime.Version()) {
+			t.Fatalf("capstan %v: exit %d, %q %q", args, code, stdout, stderr)
+		}
+	}
+	if _, _, code := capstan(t, "", "version", "extra"); code != exitUsage {
+		t.Fatalf("version with an argument: exit %d", code)
+	}
 }

@@ -43,6 +43,7 @@ var commands = []command{
 	{"bench", "measure throughput and latency, against a raw JetStream baseline", runBench},
 	{"auth", "create principals, their credentials and the server's configuration", runAuth},
 	{"admin", "operate a deployment: 'admin replicas [N]' shows or changes replica counts", runAdmin},
+	{"version", "print capstan's version, and the Go and NATS versions it was built with", runVersion},
 }
 
 func main() {
@@ -65,6 +66,8 @@ func run(args []string) int {
 		}
 		printCommands(os.Stdout)
 		return exitOK
+	case "-version", "--version":
+		return runVersion(rest)
 	}
 	c, ok := lookup(name)
 	if !ok {
