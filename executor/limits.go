@@ -46,8 +46,8 @@ const (
 	// retryAfter the model is shown.
 	AtLimitRefuse AtLimit = "refuse"
 	// AtLimitApproval (budgets only) asks a human instead of refusing; the
-	// approval binds the input, and so the amount, and the usage the
-	// approver was shown.
+	// approval binds the input, and so the amount (not the usage the
+	// approver was shown: two approved calls over budget may both run).
 	AtLimitApproval AtLimit = "approval"
 )
 
