@@ -594,6 +594,9 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Description: "Renders a report of pages pages (pageMs each, default 100), reporting its progress after every page.",
 			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: 10 * time.Minute,
+			// A report is heavy work: at most four render at once across the
+			// deployment; more wait their turn (`capstan limits` shows it).
+			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4}},
 		}, report),
 
 		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),
