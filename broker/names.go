@@ -86,18 +86,8 @@ const AuditShards = 1024
 // the stream retains. Stores of earlier versions sharded by the execution id
 // alone: AuditShard(executionID) is that shard.
 func AuditShard(key string) string {
-	const (
-		offset32 = 2166136261
-		prime32  = 16777619
-		digits   = "0123456789abcdef"
-	)
-	h := uint32(offset32)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= prime32
-	}
-	s := h % AuditShards
-	return string([]byte{digits[s>>8], digits[s>>4&0xf], digits[s&0xf]})
+	s := fnv1a32(key) % AuditShards
+	return string([]byte{hexDigits[s>>8], hexDigits[s>>4&0xf], hexDigits[s&0xf]})
 }
 
 // AuditSubject carries the audit events of the execution whose Key is key,
@@ -144,18 +134,24 @@ const IndexActorShards = 64
 // IndexActorShards. The id alone, not its kind, so that a filter by id finds
 // it under any kind.
 func IndexActorShard(actorID string) string {
+	s := fnv1a32(actorID) % IndexActorShards
+	return string([]byte{hexDigits[s>>4], hexDigits[s&0xf]})
+}
+
+const hexDigits = "0123456789abcdef"
+
+// fnv1a32 is the 32-bit FNV-1a hash of s, which shards subjects.
+func fnv1a32(s string) uint32 {
 	const (
 		offset32 = 2166136261
 		prime32  = 16777619
-		digits   = "0123456789abcdef"
 	)
 	h := uint32(offset32)
-	for i := 0; i < len(actorID); i++ {
-		h ^= uint32(actorID[i])
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
 		h *= prime32
 	}
-	s := h % IndexActorShards
-	return string([]byte{digits[s>>4], digits[s&0xf]})
+	return h
 }
 
 // IndexSubject is where the index entry of principal's execution of

@@ -113,6 +113,19 @@ func (p *Progress) Fraction() (float64, bool) {
 	return min(max(p.Done/p.Total, 0), 1), true
 }
 
+// Line is the report in one line for a person: String, or empty when
+// String says nothing, with "attempt N: " before it after the first attempt.
+func (p *Progress) Line(empty string) string {
+	text := p.String()
+	if text == "" {
+		text = empty
+	}
+	if p != nil && p.Attempt > 1 {
+		text = "attempt " + strconv.Itoa(p.Attempt) + ": " + text
+	}
+	return text
+}
+
 // String is the progress for a person: "37 of 120 (30%): rendering", "37:
 // rendering", or the message alone when nothing is counted.
 func (p *Progress) String() string {

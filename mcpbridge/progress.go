@@ -126,16 +126,7 @@ func finalStep(msg string) bool {
 // reportText is a handler's report as a notification or a task's status
 // message says it: "37 of 120 (30%): page 37", with the attempt after the
 // first.
-func reportText(r *executor.Progress) string {
-	text := r.String()
-	if text == "" {
-		text = "working"
-	}
-	if r.Attempt > 1 {
-		text = fmt.Sprintf("attempt %d: %s", r.Attempt, text)
-	}
-	return text
-}
+func reportText(r *executor.Progress) string { return r.Line("working") }
 
 // drainWait bounds how long a call's answer waits for the last steps of its
 // trail: audit events are written after the envelope (asynchronously).

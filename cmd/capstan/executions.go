@@ -199,13 +199,10 @@ func resolveExecution(ctx context.Context, nc *nats.Conn, conn *connFlags, arg s
 	}
 	page, err := listExecutions(ctx, nc, conn, req)
 	if err != nil {
-		if len(arg) < len(envelope.NewExecutionID()) {
-			// Shorter than an id: taken as given, it would name nothing,
-			// and the command would answer for an execution that is not
-			// the one meant.
-			return "", fmt.Errorf("%q reads as the beginning of an execution id, and the executions to find it among could not be listed: %w", arg, err)
-		}
-		return arg, nil // resolved by no one: taken as given
+		// A prefix (prefixTimes takes nothing as long as an id) taken as
+		// given would name nothing, and the command would answer for an
+		// execution that is not the one meant.
+		return "", fmt.Errorf("%q reads as the beginning of an execution id, and the executions to find it among could not be listed: %w", arg, err)
 	}
 	var found []audit.Entry
 	for _, e := range page.Entries {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -111,14 +110,7 @@ func (s *progressShow) lock() func() {
 func progressText(p *envelope.Progress) string {
 	q := *p
 	q.Done, q.Total, q.Message = envelope.CleanProgress(q.Done, q.Total, q.Message)
-	text := q.String()
-	if text == "" {
-		text = "reported"
-	}
-	if q.Attempt > 1 {
-		text = "attempt " + strconv.Itoa(q.Attempt) + ": " + text
-	}
-	return text
+	return q.Line("reported")
 }
 
 // waitingFor shows, on a terminal's stderr, how long a command has waited

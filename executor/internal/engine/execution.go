@@ -499,16 +499,23 @@ func (e *Execution) endByRecord(err error, attempts int) {
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (e *Execution) release() {
+	e.releaseThen(func() { _ = e.msg.Nak() })
+}
+
+// releaseThen gives the execution back, its lease ended now, and then has
+// the delivery redelivered as redeliver says; nothing claimed yet, the held
+// trail is dropped first. A claim another worker took keeps its delivery.
+func (e *Execution) releaseThen(redeliver func()) {
 	if e.claim.held() == nil {
 		e.trail.drop()
-		_ = e.msg.Nak() // nothing claimed yet
+		redeliver()
 		return
 	}
 	e.lease.halt()
 	if err := e.claim.update(func(r *Record) { r.LeaseUntil = e.r.now().UTC() }); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery
 	}
-	_ = e.msg.Nak()
+	redeliver()
 }
 
 // awaitApproval ends a call that needs an approval (stage 8): claimed first

@@ -118,16 +118,7 @@ func (e *Execution) waitForLimit(delay time.Duration) {
 	if sb := e.req.StartBy; sb != nil {
 		delay = min(delay, max(sb.Sub(e.r.now())+10*time.Millisecond, 0))
 	}
-	if e.claim.held() == nil {
-		e.trail.drop()
-		nak(e.msg, delay)
-		return
-	}
-	e.lease.halt()
-	if err := e.claim.update(func(r *Record) { r.LeaseUntil = e.r.now().UTC() }); err != nil && errors.Is(err, errLost) {
-		return // another worker owns it, and its delivery
-	}
-	nak(e.msg, delay)
+	e.releaseThen(func() { nak(e.msg, delay) })
 }
 
 // releaseLimits gives back the slot the execution took, if any: its run has

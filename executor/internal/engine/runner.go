@@ -199,7 +199,11 @@ func (r *Runner) Stats() Stats {
 // fetching, lets in-flight executions finish within grace, and abandons the
 // rest to a takeover.
 func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
-	r.share.Store(newFairShare(concurrency))
+	if Reserve(concurrency) > 0 {
+		// With nothing to keep back (one slot) a share never refuses:
+		// deliveries skip it.
+		r.share.Store(newFairShare(concurrency))
+	}
 	var wg sync.WaitGroup
 	loops := []struct {
 		c        jetstream.Consumer
