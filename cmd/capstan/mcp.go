@@ -95,7 +95,7 @@ func runMCP(args []string) int {
 		return usageError("%v", err)
 	}
 	if *printConfig {
-		return printMCPConfig(args, conn, *addr, *format)
+		return printMCPConfig(fs, args, conn, *addr, *format)
 	}
 	// stdout is the protocol over stdio: logs go to stderr only.
 	log := newLogger(slog.LevelInfo)
@@ -262,7 +262,7 @@ func newToken() string {
 // command over stdio: the absolute path of this binary, and the flags given
 // with every file made absolute, without --print-config. A desktop app
 // starts it without the shell's PATH or working directory.
-func printMCPConfig(args []string, conn *connFlags, httpAddr, format string) int {
+func printMCPConfig(fs *flag.FlagSet, args []string, conn *connFlags, httpAddr, format string) int {
 	if format != "claude" && format != "vscode" {
 		return usageError("--config-format %q: want claude or vscode", format)
 	}
@@ -289,7 +289,9 @@ func printMCPConfig(args []string, conn *connFlags, httpAddr, format string) int
 			if !strings.HasPrefix(args[i], "-") {
 				continue
 			}
-			switchOnly := name == "stateless" || name == "print-config"
+			// A switch takes no value of the next argument: the flag set
+			// knows which flags are switches.
+			switchOnly := isSwitch(fs, name)
 			if !hasValue && !switchOnly && i+1 < len(args) {
 				i++
 				value = args[i]
@@ -333,4 +335,15 @@ func printMCPConfig(args []string, conn *connFlags, httpAddr, format string) int
 		fmt.Fprintf(os.Stderr, "capstan: merge this into %s\n", where)
 	}
 	return exitOK
+}
+
+// isSwitch reports whether fs's flag name is a switch (--insecure, not
+// --insecure VALUE).
+func isSwitch(fs *flag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }

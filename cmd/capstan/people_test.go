@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -253,6 +254,26 @@ func TestMCP_PrintConfigHasAbsolutePaths(t *testing.T) {
 		!strings.Contains(joined, "--actor user:ada") || !strings.Contains(joined, "--nats nats://127.0.0.1:4999") ||
 		strings.Contains(joined, "print-config") {
 		t.Errorf("args %v", srv.Args)
+	}
+}
+
+// A switch before --print-config (--insecure) takes no value: the printed
+// command serves, it does not print a configuration again.
+func TestMCP_PrintConfigKeepsSwitchesAsSwitches(t *testing.T) {
+	t.Parallel()
+	stdout, stderr, code := capstan(t, "nats://127.0.0.1:4999", "mcp", "--insecure", "--print-config")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var cfg struct {
+		MCPServers map[string]struct{ Args []string } `json:"mcpServers"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &cfg); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	args := cfg.MCPServers["capstan"].Args
+	if !slices.Contains(args, "--insecure") || slices.Contains(args, "--print-config") {
+		t.Errorf("args %v", args)
 	}
 }
 
