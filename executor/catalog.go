@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -180,6 +181,8 @@ type catalog struct {
 	mu      sync.RWMutex
 	entries map[string]Descriptor
 	w       jetstream.KeyWatcher
+	// behind stops the watcher's updates (testhooks.WorkerKnobs.CatalogBehind).
+	behind atomic.Bool
 }
 
 // watchCatalog follows the catalog; an entry that does not decode is
@@ -199,6 +202,9 @@ func watchCatalog(ctx context.Context, b *broker.Broker, skipped func(key string
 					initial = false
 					close(ready)
 				}
+				continue
+			}
+			if c.behind.Load() {
 				continue
 			}
 			c.mu.Lock()
@@ -249,6 +255,44 @@ func (c *catalog) listedLocked(id string, now time.Time) bool {
 	}
 	pool, ok := c.entries[poolKey(d.Pool)]
 	return !ok || !now.Before(pool.ExpiresAt)
+}
+
+// listedNow reports whether the catalog lists id (catalog.listed) as its
+// bucket holds it now. The watched copy answers when it lists id; when it
+// does not, the bucket's leader is asked, since the watcher may lag behind a
+// write a client has already seen: a new worker's entry, read by a client
+// that calls the capability at once. A worker that took its own copy's word
+// would end such a call CAPABILITY_NOT_FOUND although a worker serves it
+// (DESIGN §3). The read costs one request, on a miss of the registry only.
+// An entry that does not decode lists nothing, as in the watched copy.
+func (w *Worker) listedNow(ctx context.Context, id string) (bool, error) {
+	if w.cat.listed(id) {
+		return true, nil
+	}
+	load := func(key string) (*Descriptor, bool, error) {
+		d, _, err := broker.LoadFromLeader[Descriptor](ctx, w.nc, w.b.Catalog, key)
+		switch {
+		case errors.Is(err, broker.ErrNotFound) || errors.Is(err, envelope.ErrDecode):
+			return nil, false, nil
+		case err != nil:
+			return nil, false, err
+		}
+		return d, true, nil
+	}
+	d, ok, err := load(id)
+	if !ok || err != nil {
+		return false, err
+	}
+	now := time.Now()
+	if now.Before(d.ExpiresAt) {
+		return true, nil
+	}
+	// Lapsed: listed only while its whole pool is down.
+	pool, ok, err := load(poolKey(d.Pool))
+	if err != nil {
+		return false, err
+	}
+	return !ok || !now.Before(pool.ExpiresAt), nil
 }
 
 // all returns the listed capabilities.

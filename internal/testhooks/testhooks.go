@@ -21,6 +21,11 @@ type WorkerKnobs struct {
 	// discards new events) is then neither logged nor counted. Strict
 	// audit's capability.started is acknowledged either way.
 	AuditUnacknowledged bool
+	// CatalogBehind keeps the worker's watched copy of the catalog as it
+	// loaded it at start, with the worker's own entries: a watcher far
+	// behind the bucket, for the tests of a worker that has not yet seen
+	// another's new capability when a request for it reaches it.
+	CatalogBehind bool
 }
 
 // Set by package executor's init.

@@ -81,15 +81,51 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	c := r.cfg.Capabilities[req.CapabilityID]
 	missing := ""
 	if c == nil {
-		// During a rolling deploy a newer worker may serve it: wait while the
-		// catalog lists it.
-		if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
-			nak(msg, r.cfg.RolloutDelay)
+		// During a rolling deploy a newer worker may serve it: leave it for
+		// one while the catalog lists it.
+		switch listed, err := r.listed(req.CapabilityID); {
+		case err != nil:
+			r.catalogUnread(msg, req, err)
+			return
+		case listed:
+			nak(msg, rolloutDelay(r.cfg.RolloutDelay, d.Deliveries))
 			return
 		}
 		missing = "unknown"
 	}
 	r.execute(msg, req, d, c, missing)
+}
+
+// listed reports whether the catalog lists id now (Config.Listed); an id
+// that can never name a capability is never listed.
+func (r *Runner) listed(id string) (bool, error) {
+	if envelope.ValidCapabilityID(id) != nil {
+		return false, nil
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	return r.cfg.Listed(ctx, id)
+}
+
+// catalogUnread leaves a delivery for later: whether the catalog lists its
+// capability is not known, and an unknown capability's refusal cannot be
+// told from a capability served elsewhere.
+func (r *Runner) catalogUnread(msg jetstream.Msg, req *envelope.Request, err error) {
+	r.log.Warn("catalog not read; delivery left for later", "executionId", req.ExecutionID,
+		"capabilityId", req.CapabilityID, "err", err)
+	nak(msg, time.Second)
+}
+
+// rolloutDelay is how long a delivery of a capability this worker lacks,
+// but the catalog lists, is left for a worker that serves it, at its
+// deliveries-th delivery: 100 ms at the first, twice as long at each next,
+// at most most. The first is short because the worker that serves it is
+// usually already pulling from the same consumer (a new worker of the same
+// pool); the growth keeps a fleet of older workers from passing a request
+// around while the new one is slow to come.
+func rolloutDelay(most time.Duration, deliveries int) time.Duration {
+	d := 100 * time.Millisecond << min(max(deliveries-1, 0), 16)
+	return min(d, most)
 }
 
 // delivered is what msg's metadata says of its delivery of req.
@@ -540,7 +576,12 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 	}
-	if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+	listed, err := r.listed(req.CapabilityID)
+	if err != nil {
+		r.catalogUnread(msg, req, err)
+		return
+	}
+	if listed {
 		// The producer's catalog was stale: forward under a distinct message id,
 		// since the original id is still in the dedup window. The principal
 		// stays the one the server authenticated.
