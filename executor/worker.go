@@ -214,7 +214,8 @@ func (w *Worker) ID() string { return w.cfg.ID }
 // From then on a call of any of them, from any client, whichever worker of
 // the deployment its delivery reaches, is run by a worker that serves it: a
 // worker that does not serve a capability the catalog lists leaves its
-// requests to one that does (DESIGN §3). Before then, a call may end
+// requests to one that does (DESIGN §3, which says why the workers of one
+// pool should serve the same capabilities). Before then, a call may end
 // CAPABILITY_NOT_FOUND when no other worker serves the capability yet.
 //
 // A program that starts a worker and calls it at once waits here first. If

@@ -119,10 +119,10 @@ func (r *Runner) catalogUnread(msg jetstream.Msg, req *envelope.Request, err err
 // rolloutDelay is how long a delivery of a capability this worker lacks,
 // but the catalog lists, is left for a worker that serves it, at its
 // deliveries-th delivery: 100 ms at the first, twice as long at each next,
-// at most most. The first is short because the worker that serves it is
-// usually already pulling from the same consumer (a new worker of the same
-// pool); the growth keeps a fleet of older workers from passing a request
-// around while the new one is slow to come.
+// at most most. The first is short: a worker that serves it may already be
+// pulling from the same consumer (a new worker of the same pool); the growth
+// keeps a fleet of older workers from passing a request around while no new
+// one is there to take it.
 func rolloutDelay(most time.Duration, deliveries int) time.Duration {
 	d := 100 * time.Millisecond << min(max(deliveries-1, 0), 16)
 	return min(d, most)
