@@ -69,18 +69,18 @@ type Event struct {
 	// (the token of the subject the server let it publish on); the actor is
 	// what that principal asserted, within its grant.
 	Principal string `json:"principal,omitempty"`
-	// ExecutionID is the execution the event is of (for a decision, the
-	// execution that asked for the approval); empty for an event of no
-	// execution, such as a discovery.
+	// ExecutionID is the execution the event is of: for an approval's
+	// decision, the execution that asked for the approval; for a
+	// discovery, the id its describe reply names (executor.Discovery.ID).
 	ExecutionID string `json:"executionId,omitempty"`
-	// CapabilityID is the capability called; empty when the request named
-	// none the worker could read.
+	// CapabilityID is the capability called; empty for a discovery, and
+	// for a request that named none the worker could read.
 	CapabilityID string `json:"capabilityId,omitempty"`
 	// CorrelationID is the request's correlation id, tying executions
 	// together; empty for none.
 	CorrelationID string `json:"correlationId,omitempty"`
 	// InputHash names the input by its hash (envelope.InputHash), never its
-	// content; empty before the input was read.
+	// content; empty for an event without an input (a discovery).
 	InputHash string `json:"inputHash,omitempty"`
 	// Worker is the id of the worker that emitted the event; empty for an
 	// approval's decision events, which the approvals store emits.

@@ -130,8 +130,8 @@ type Error struct {
 type ApprovalRef struct {
 	// ID is the approval's id: what an approver decides and a resume names.
 	ID string `json:"id"`
-	// Reasons say why the call needs an approval (from the policy or the
-	// capability's metadata).
+	// Reasons say why the call needs an approval, in words an approver
+	// reads (a policy's reason, the capability's approval rule).
 	Reasons []string `json:"reasons,omitempty"`
 	// Types are the approver types that may decide it (e.g. "finance").
 	Types []string `json:"types,omitempty"`
