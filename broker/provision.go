@@ -124,7 +124,7 @@ type Broker struct {
 	JS jetstream.JetStream // NC's JetStream API
 	// Names names the resources; Config is what they were opened with.
 	Names  Names
-	Config Config // with its defaults applied and the retentions the server holds
+	Config Config // the Config given, defaults applied; Provision fills in the retentions the server holds
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
 

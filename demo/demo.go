@@ -170,8 +170,8 @@ type EmailOutput struct {
 // RefundInput is orders.refund's input.
 type RefundInput struct {
 	OrderID string `json:"orderId"` // the order refunded, required
-	// Amount is the refund in the order's currency units, positive; above
-	// RefundApprovalAbove the refund needs a finance approval.
+	// Amount is the amount refunded, positive; above RefundApprovalAbove
+	// the refund needs a finance approval.
 	Amount int64 `json:"amount"`
 }
 
