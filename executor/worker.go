@@ -197,7 +197,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
-		Listed:        func(id string) bool { return w.cat.listed(id) },
+		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
@@ -263,7 +263,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {
-		w.cat, err = watchCatalog(w.run.Context(), b, w.skipped(b.Names.CatalogBucket()))
+		w.cat, err = watchCatalog(w.run.Context(), b, w.cfg.knobs.CatalogLag, w.skipped(b.Names.CatalogBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)

@@ -83,7 +83,11 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if c == nil {
 		// During a rolling deploy a newer worker may serve it: wait while the
 		// catalog lists it.
-		if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+		switch listed, err := r.cfg.Listed(req.CapabilityID); {
+		case err != nil:
+			nak(msg, time.Second) // the store did not answer: decide again later
+			return
+		case listed && envelope.ValidCapabilityID(req.CapabilityID) == nil:
 			nak(msg, r.cfg.RolloutDelay)
 			return
 		}
@@ -540,7 +544,12 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 	}
-	if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+	listed, err := r.cfg.Listed(req.CapabilityID)
+	if err != nil {
+		nak(msg, time.Second) // the store did not answer: decide again later
+		return
+	}
+	if listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 		// The producer's catalog was stale: forward under a distinct message id,
 		// since the original id is still in the dedup window. The principal
 		// stays the one the server authenticated.

@@ -34,8 +34,11 @@ type Config struct {
 	DisableLeaseRenewal bool
 	// Capabilities are the capabilities this worker serves, by id.
 	Capabilities map[string]Definition
-	// Listed reports whether the catalog lists a capability (some pool serves it).
-	Listed func(id string) bool
+	// Listed reports whether the catalog lists a capability (some pool
+	// serves it, or its pool is down) as the catalog bucket holds it now, not
+	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
+	// its answer. An error: the bucket did not answer.
+	Listed func(id string) (bool, error)
 	// ResolveResume fills a resume that names only its approval (a producer
 	// that may not read approvals sends those): capability, input, actor and
 	// surface come from the approval, which must be principal's. An error is
