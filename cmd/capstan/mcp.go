@@ -111,7 +111,7 @@ func runMCP(args []string) int {
 		}
 	} else {
 		if *actor == "" {
-			*actor = defaultActor(conn.creds)
+			*actor = defaultActor(conn)
 		}
 		if a, err = parseActor(*actor); err != nil || a.ID == "" {
 			return usageError("--actor %q: want kind:id, e.g. user:alice", *actor)
