@@ -1,12 +1,17 @@
 package auth_test
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
@@ -107,6 +112,80 @@ func TestReadCredentials_BadFiles(t *testing.T) {
 		}
 		if err != nil || cr.Known() || cr.Principal != "" || cr.Role != "" || !cr.MayPublish("anything") {
 			t.Errorf("%s: err %v, known %v, principal %q, role %q: want read, unknown, the server deciding", tc.name, err, cr.Known(), cr.Principal, cr.Role)
+		}
+	}
+}
+
+// A reconnect reads the file again, as nats.UserCredentials does: credentials
+// rewritten in place are the ones a connection presents once the server
+// comes back.
+func TestReadCredentials_ReconnectReadsTheFileAgain(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"alice", "bob"} {
+		if err := setup.Add(auth.Grant{Principal: p, Role: auth.Producer, Actors: []string{"user:" + p}, Capabilities: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	userKey := func(principal string) string {
+		cr, err := auth.ReadCredentials(setup.CredsPath(principal))
+		if err != nil {
+			t.Fatal(err)
+		}
+		uc, err := jwt.DecodeUserClaims(cr.JWT)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uc.Subject
+	}
+	presented := func() string {
+		cz, err := env.Server.Connz(&server.ConnzOptions{Username: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cz.Conns {
+			if c.Name == t.Name() {
+				return c.AuthorizedUser
+			}
+		}
+		return ""
+	}
+	path := filepath.Join(t.TempDir(), "rotated.creds")
+	copyCreds := func(principal string) {
+		b, err := os.ReadFile(setup.CredsPath(principal))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyCreds("alice")
+	cr, err := auth.ReadCredentials(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, Creds: path, Credentials: cr.Credentials, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if got, want := presented(), userKey("alice"); got != want {
+		t.Fatalf("connected as user %q, want alice's %q", got, want)
+	}
+	copyCreds("bob")
+	env.Restart(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for presented() != userKey("bob") {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("after the restart the connection presents %q, not the rewritten file's (bob's)", presented())
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
