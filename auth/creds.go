@@ -15,6 +15,7 @@ import (
 // role and the permissions signed into it, which let a command refuse at
 // once, naming the role, what the server would refuse silently.
 type Credentials struct {
+	// Credentials is what a connection takes (broker.ConnectOptions.Credentials).
 	*broker.Credentials
 	// Role is the role signed into the credentials' tags, "" for credentials
 	// capstan did not make.
