@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -166,6 +167,13 @@ func ConnectWait(ctx context.Context, o ConnectOptions, wait time.Duration, log 
 func Unreachable(err error) bool {
 	var ne net.Error
 	var api *jetstream.APIError
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		// A file of the options (credentials, a root certificate) that is
+		// missing or unreadable: no server was asked, and waiting will not
+		// write it. (A PathError passes for a net.Error.)
+		return false
+	}
 	if errors.As(err, &api) && (api.Code == 503 || api.ErrorCode == jsClusterNoPeers) {
 		return true
 	}
