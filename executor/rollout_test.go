@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
@@ -26,71 +27,11 @@ func helloCap() executor.Capability {
 	})
 }
 
-// A worker that does not serve a capability, and whose copy of the catalog
-// has not yet seen the new worker that lists it, is reached by a request for
-// it: through _unrouted (the new worker is of another pool, the producer's
-// catalog did not list it yet) or through the pool's own consumer (the new
-// worker shares the older one's pool, a rolling deploy). The older worker
-// asks the catalog's bucket before it refuses, and leaves the request to a
-// worker that serves it: no CAPABILITY_NOT_FOUND for a capability the
-// catalog lists. Here the older worker's copy never catches up, and the new
-// worker is stopped once it listed the capability, so that the request can
-// only reach the older one first: before the older worker read the bucket,
-// each case ended CAPABILITY_NOT_FOUND.
-func TestRollout_WorkerBehindTheCatalogLeavesAListedCapability(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name    string
-		newPool string
-		newCaps []executor.Capability
-		// unrouted: the request comes as from a producer whose catalog did
-		// not list the capability yet.
-		unrouted bool
-	}{
-		{"another pool, through _unrouted", "greeters", []executor.Capability{helloCap()}, true},
-		{"the same pool, through its consumer", "default", []executor.Capability{echoCap(nil), helloCap()}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			env := testenv.Start(t)
-			s := newStore(t, env)
-			behind := testhooks.Worker(executor.WorkerConfig{ID: "old", Pool: "default", SweepInterval: -1},
-				testhooks.WorkerKnobs{CatalogBehind: true})
-			old := startWorker(t, env.Connect(t), behind, echoCap(nil))
-			newCfg := executor.WorkerConfig{Pool: tc.newPool, SweepInterval: -1}
-			runWorkerOn(t, env.Connect(t), newCfg, tc.newCaps...).Stop()
-
-			req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "greet.hello",
-				Input: mustMarshal(t, greeting{Name: "Ada"})}
-			subject := s.b.Names.ExecSubject(broker.Anonymous, "greet.hello")
-			if tc.unrouted {
-				subject = s.b.Names.UnroutedSubject(broker.Anonymous)
-			}
-			s.publishRequest(subject, req)
-			waitUntil(t, "the older worker took the request", func() bool { return old.Stats().Handled >= 1 })
-
-			newCfg.ID = "new"
-			startWorker(t, env.Connect(t), newCfg, tc.newCaps...)
-			got := s.await(req.ExecutionID)
-			if got.Status != envelope.StatusCompleted || got.Attempts != 1 || got.FinalizedBy != "new" {
-				t.Fatalf("envelope %s after %d attempts by %s, error %+v; want completed once by the new worker",
-					got.Status, got.Attempts, got.FinalizedBy, got.Error)
-			}
-			var out string
-			if err := got.Output.Decode(&out); err != nil || out != "Hello, Ada!" {
-				t.Fatalf("output %q, %v", out, err)
-			}
-			s.settled(req.ExecutionID)
-			if st := old.Stats(); st.Finalized != 0 || st.HandlerCalls != 0 {
-				t.Fatalf("the older worker finalized %d, called %d handlers", st.Finalized, st.HandlerCalls)
-			}
-		})
-	}
-}
-
 // A capability nobody serves still ends CAPABILITY_NOT_FOUND at its first
-// delivery: the read of the catalog finds nothing, and the request is not
-// left for later (an agent calling a tool that does not exist hears so at
+// delivery, also from a worker whose copy of the catalog lags the bucket
+// (TestCatalog_WorkersCopyLagsTheBucket_RequestWaitsForTheNewerWorker shows a
+// served one left for its worker): the read of the bucket finds nothing, and
+// the request is not left for later (an agent calling a tool that does not exist hears so at
 // once).
 func TestRollout_UnknownCapabilityEndsAtItsFirstDelivery(t *testing.T) {
 	t.Parallel()
@@ -99,7 +40,7 @@ func TestRollout_UnknownCapabilityEndsAtItsFirstDelivery(t *testing.T) {
 		knobs testhooks.WorkerKnobs
 	}{
 		{"a worker whose catalog is current", testhooks.WorkerKnobs{}},
-		{"a worker behind the catalog", testhooks.WorkerKnobs{CatalogBehind: true}},
+		{"a worker whose copy lags the catalog", testhooks.WorkerKnobs{CatalogLag: time.Hour}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

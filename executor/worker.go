@@ -199,7 +199,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
-		Listed:        w.listedNow,
+		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
@@ -279,13 +279,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {
-		w.cat, err = watchCatalog(w.run.Context(), b, w.skipped(b.Names.CatalogBucket()))
+		w.cat, err = watchCatalog(w.run.Context(), b, w.cfg.knobs.CatalogLag, w.skipped(b.Names.CatalogBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
 	}
 	defer w.cat.stop()
-	w.cat.behind.Store(w.cfg.knobs.CatalogBehind)
 	ackWait := w.cfg.Lease
 	var pool, unrouted jetstream.Consumer
 	if err := ready("create consumers", func(c context.Context) (err error) {

@@ -143,7 +143,7 @@ func runDev(args []string) int {
 		defer func() { _ = srv.stop() }()
 		fmt.Printf("MCP (streamable HTTP) on %s\n", srv.url)
 		if token != "" {
-			fmt.Printf("  bearer token for %s: %s\n", defaultActor(""), token)
+			fmt.Printf("  bearer token for %s: %s\n", defaultActor(&connFlags{}), token)
 		}
 	}
 
@@ -168,7 +168,7 @@ func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*m
 		tokens, err = mf.readTokens()
 	} else {
 		var a envelope.Actor
-		if a, err = parseActor(defaultActor("")); err == nil {
+		if a, err = parseActor(defaultActor(&connFlags{})); err == nil {
 			token = newToken()
 			tokens, err = mcpbridge.NewTokens(map[string]envelope.Actor{token: a})
 		}

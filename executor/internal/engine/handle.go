@@ -81,39 +81,19 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	c := r.cfg.Capabilities[req.CapabilityID]
 	missing := ""
 	if c == nil {
-		// During a rolling deploy a newer worker may serve it: leave it for
-		// one while the catalog lists it.
-		switch listed, err := r.listed(req.CapabilityID); {
+		// During a rolling deploy a newer worker may serve it: wait while the
+		// catalog lists it.
+		switch listed, err := r.cfg.Listed(req.CapabilityID); {
 		case err != nil:
-			r.catalogUnread(msg, req, err)
+			nak(msg, time.Second) // the store did not answer: decide again later
 			return
-		case listed:
+		case listed && envelope.ValidCapabilityID(req.CapabilityID) == nil:
 			nak(msg, rolloutDelay(r.cfg.RolloutDelay, d.Deliveries))
 			return
 		}
 		missing = "unknown"
 	}
 	r.execute(msg, req, d, c, missing)
-}
-
-// listed reports whether the catalog lists id now (Config.Listed); an id
-// that can never name a capability is never listed.
-func (r *Runner) listed(id string) (bool, error) {
-	if envelope.ValidCapabilityID(id) != nil {
-		return false, nil
-	}
-	ctx, cancel := StoreContext()
-	defer cancel()
-	return r.cfg.Listed(ctx, id)
-}
-
-// catalogUnread leaves a delivery for later: whether the catalog lists its
-// capability is not known, and an unknown capability's refusal cannot be
-// told from a capability served elsewhere.
-func (r *Runner) catalogUnread(msg jetstream.Msg, req *envelope.Request, err error) {
-	r.log.Warn("catalog not read; delivery left for later", "executionId", req.ExecutionID,
-		"capabilityId", req.CapabilityID, "err", err)
-	nak(msg, time.Second)
 }
 
 // rolloutDelay is how long a delivery of a capability this worker lacks,
@@ -576,12 +556,12 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 	}
-	listed, err := r.listed(req.CapabilityID)
+	listed, err := r.cfg.Listed(req.CapabilityID)
 	if err != nil {
-		r.catalogUnread(msg, req, err)
+		nak(msg, time.Second) // the store did not answer: decide again later
 		return
 	}
-	if listed {
+	if listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 		// The producer's catalog was stale: forward under a distinct message id,
 		// since the original id is still in the dedup window. The principal
 		// stays the one the server authenticated.

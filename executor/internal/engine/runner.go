@@ -36,11 +36,10 @@ type Config struct {
 	// Capabilities are the capabilities this worker serves, by id.
 	Capabilities map[string]Definition
 	// Listed reports whether the catalog lists a capability (some pool
-	// serves it, or its whole pool is down) as the catalog's bucket holds it
-	// now, not as a watched copy last saw it: a client may have seen a new
-	// worker's entry before this worker's watcher did (DESIGN §3). An error:
-	// the catalog did not answer, and nothing may be decided from it.
-	Listed func(ctx context.Context, id string) (bool, error)
+	// serves it, or its pool is down) as the catalog bucket holds it now, not
+	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
+	// its answer. An error: the bucket did not answer.
+	Listed func(id string) (bool, error)
 	// ResolveResume fills a resume that names only its approval (a producer
 	// that may not read approvals sends those): capability, input, actor and
 	// surface come from the approval, which must be principal's. An error is
