@@ -415,6 +415,13 @@ func TestBrowser_ExecutionPageFollowsItsProgress(t *testing.T) {
 	if _, err := chromedp.Run(mctx, chromedp.Evaluate[bool](`window.stayed = true`)); err != nil {
 		t.Fatal(err)
 	}
+	// The page may come before the handler's first report: it shows the
+	// report when it arrives, without a reload.
+	wctx, wcancel := context.WithDeadline(ops, deadlineOf(t))
+	defer wcancel()
+	if _, err := chromedp.Run(wctx, chromedp.Poll[bool](`document.querySelector("#exec-progress-text").textContent.includes("of 600")`)); err != nil {
+		t.Fatalf("the report's first progress never showed: %v (text %q)", err, text(t, ops, "#exec-progress-text"))
+	}
 	first := text(t, ops, "#exec-progress-text")
 	has(t, "the progress", first, "of 600", "rendered")
 	pctx, cancel := context.WithDeadline(ops, deadlineOf(t))
