@@ -204,7 +204,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 	if first.Approval.Types[0] != "finance" || !strings.Contains(strings.Join(first.Approval.Reasons, ";"), "above 500") {
 		t.Fatalf("approval ref %+v", first.Approval)
 	}
-	if rec.Status != approvals.Pending || rec.RequestedBy != first.ExecutionID || rec.Actor.String() != "user:alice" ||
+	if rec.Status != approvals.StatusPending || rec.RequestedBy != first.ExecutionID || rec.Actor.String() != "user:alice" ||
 		string(rec.Input) != `{"amount":900,"orderId":"o1"}` || rec.SideEffect != "write" || rec.Risk != "high" ||
 		!rec.ExpiresAt.Equal(first.Approval.ExpiresAt) || rec.ExpiresAt.Sub(rec.RequestedAt) != approvals.DefaultTTL {
 		t.Fatalf("approval %+v", rec)
@@ -235,7 +235,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 		t.Fatalf("the model sees %+v", m)
 	}
 	got, _ := c.Approval(ctx, rec.ID)
-	if got.Status != approvals.Consumed || got.ConsumedBy != done.ExecutionID {
+	if got.Status != approvals.StatusConsumed || got.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval after the resume: %+v", got)
 	}
 
@@ -368,7 +368,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 			if n := effects(t, js, rec.ID); n != 0 {
 				t.Fatalf("%d handler calls", n)
 			}
-			if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved {
+			if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.StatusApproved {
 				t.Fatalf("approval %s after a refused resume", a.Status)
 			}
 		})
@@ -455,7 +455,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeInputInvalid)
-	if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved || calls != 0 {
+	if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.StatusApproved || calls != 0 {
 		t.Fatalf("approval %s, %d calls", a.Status, calls)
 	}
 }
@@ -891,7 +891,7 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 			}
 			a, _ := c.Approval(ctxT(t), rec.ID)
 			all, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{})
-			if a.Status != approvals.Consumed || a.ConsumedBy != execID || len(all) != 1 {
+			if a.Status != approvals.StatusConsumed || a.ConsumedBy != execID || len(all) != 1 {
 				t.Fatalf("approval %+v; %d approvals in the bucket", a, len(all))
 			}
 			var consumed, takenOver int

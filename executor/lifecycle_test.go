@@ -499,7 +499,7 @@ func TestStartDeadline_WithAuthentication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"},
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"},
 		Capabilities: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -721,7 +721,7 @@ func waitChanged(t *testing.T, ev *events, cs *mcp.ClientSession, name string, w
 	for {
 		select {
 		case <-ev.changed:
-			if slices.Contains(toolNames(t, cs), mcpbridge.ToolName(name, mcpbridge.PortableNames)) == want {
+			if slices.Contains(toolNames(t, cs), mcpbridge.ToolName(name, mcpbridge.ToolNamesPortable)) == want {
 				return
 			}
 		case <-ctx.Done():

@@ -78,7 +78,7 @@ func runNotify(args []string) int {
 	// else's (an admin's, a worker's, none on an open server) may.
 	if conn.creds != "" {
 		role, _ := auth.RoleFromCreds(conn.creds)
-		cfg.Provision = role != auth.Notifier
+		cfg.Provision = role != auth.RoleNotifier
 	} else {
 		cfg.Provision = true
 	}
