@@ -83,7 +83,7 @@ func TestLimits_RateRefusesWithRetryAfter(t *testing.T) {
 	t.Parallel()
 	run := &running{}
 	reg, err := executor.NewRegistry(limited("t.rate", run, 0,
-		executor.Limit{Kind: executor.LimitRate, Per: executor.PerActor, Max: 2, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}))
+		executor.Limit{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 2, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestLimits_RacingCallsNeverPassABudget(t *testing.T) {
 		return n.N, nil
 	}
 	refund := executor.Define("t.refund", executor.Meta{Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount",
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount",
 			Max: 2000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitRefuse}}},
 		func(ctx context.Context, call executor.Call[struct {
 			N int64 `json:"n"`
@@ -253,7 +253,7 @@ func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
 			N int64 `json:"n"`
 		}).N, nil
 	}
-	reg, err := executor.NewRegistry(limited("t.pay", run, 0, executor.Limit{Kind: executor.LimitBudget, Per: executor.PerActor,
+	reg, err := executor.NewRegistry(limited("t.pay", run, 0, executor.Limit{Kind: executor.LimitBudget, Per: executor.LimitPerActor,
 		Name: "amount", Max: 1000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitApproval}))
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 func TestTool_ShowsTheCapabilitysLimits(t *testing.T) {
 	t.Parallel()
 	d := executor.Descriptor{ID: "orders.refund", Description: "Refunds an order.", SideEffect: executor.SideEffectWrite,
-		Limits: []executor.LimitInfo{{Kind: executor.LimitRate, Per: executor.PerActor, Max: 5, IntervalMs: 60000,
+		Limits: []executor.LimitInfo{{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 5, IntervalMs: 60000,
 			AtLimit: executor.AtLimitRefuse, Text: "5 per 1m per actor"}}}
 	tl := toolOf(d, ToolNamesPortable)
 	if !strings.Contains(tl.def.Description, "Limits: 5 per 1m per actor.") {

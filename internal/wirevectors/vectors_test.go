@@ -166,7 +166,7 @@ func descriptor(id string, approval bool) executor.Descriptor {
 		Idempotent: true, TimeoutMs: 10000, RetryMaxAttempts: 2, RequiresApproval: approval, InputSchema: refundSchema(),
 		Limits: []executor.LimitInfo{
 			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once"},
-			{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
+			{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
 				AtLimit: executor.AtLimitApproval, Text: "amount 2000 per 24h per actor"},
 		},
 		ExpiresAt: t8.Add(30 * time.Second)}
