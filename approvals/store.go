@@ -209,9 +209,9 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 	if err := checkApprover(v.Approver); err != nil {
 		return nil, err
 	}
-	status, event := StatusRejected, audit.Rejected
+	status, event := StatusRejected, audit.EventRejected
 	if v.Approve {
-		status, event = StatusApproved, audit.Approved
+		status, event = StatusApproved, audit.EventApproved
 	}
 	var mine *Decision
 	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
@@ -310,7 +310,7 @@ func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason
 	if reason != "" {
 		data["comment"] = reason
 	}
-	return rec, s.emitDecision(ctx, rec, audit.Rejected, by, data)
+	return rec, s.emitDecision(ctx, rec, audit.EventRejected, by, data)
 }
 
 // ExpireDue marks every pending or approved approval past its expiry as

@@ -534,7 +534,7 @@ func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
 		r     *approvals.Record
 		typ   string
 		actor envelope.Actor
-	}{{approved, audit.Approved, bob}, {rejected, audit.Rejected, carol}} {
+	}{{approved, audit.EventApproved, bob}, {rejected, audit.EventRejected, carol}} {
 		evs := trail(t, b, c.r.RequestedBy)
 		if len(evs) != 1 {
 			t.Fatalf("trail of %s: %+v", c.r.RequestedBy, evs)

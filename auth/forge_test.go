@@ -323,7 +323,7 @@ func hasTerminalEvent(ctx context.Context, b *broker.Broker, principal, id strin
 	}
 	for _, ev := range trail {
 		switch ev.Type {
-		case audit.Completed, audit.Failed, audit.Cancelled, audit.ApprovalRequested:
+		case audit.EventCompleted, audit.EventFailed, audit.EventCancelled, audit.EventApprovalRequested:
 			return true
 		}
 	}

@@ -174,7 +174,7 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	a.input = in
 	a.grant = grantOf(rec)
 	if wasApproved {
-		a.file(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
+		a.file(audit.EventApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
 			"approver": rec.Decision.Approver.String()})
 	}
 	return engine.Admission{}, false

@@ -591,14 +591,14 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 		}
 		return evs
 	}
-	evs := want(first.ExecutionID, audit.Requested, audit.ApprovalRequested, audit.Approved)
+	evs := want(first.ExecutionID, audit.EventRequested, audit.EventApprovalRequested, audit.EventApproved)
 	if evs[1].Actor != audit.ActorOf(alice) || evs[1].Data["approvalId"] != rec.ID {
 		t.Fatalf("approval_requested %+v", evs[1])
 	}
 	if evs[2].Actor != audit.ActorOf(bobApprover) || evs[2].Data["approvalId"] != rec.ID || evs[2].InputHash != rec.InputHash {
 		t.Fatalf("approved %+v", evs[2])
 	}
-	evs = want(done.ExecutionID, audit.Requested, audit.ApprovalConsumed, audit.Started, audit.Completed)
+	evs = want(done.ExecutionID, audit.EventRequested, audit.EventApprovalConsumed, audit.EventStarted, audit.EventCompleted)
 	if evs[1].Actor != audit.ActorOf(alice) || evs[1].Data["approvalId"] != rec.ID || evs[1].Data["approver"] != "user:bob" ||
 		evs[1].Data["requestedBy"] != first.ExecutionID || evs[2].Data["approvalId"] != rec.ID || evs[1].InputHash != rec.InputHash {
 		t.Fatalf("resume trail %+v", evs)
@@ -607,11 +607,11 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs = want(again.ExecutionID, audit.Requested, audit.Denied, audit.Failed)
+	evs = want(again.ExecutionID, audit.EventRequested, audit.EventDenied, audit.EventFailed)
 	if evs[1].Data["reason"] != "approval-consumed" || evs[1].Data["publicCode"] != string(envelope.CodeApprovalConsumed) {
 		t.Fatalf("denied %+v", evs[1])
 	}
-	evs = want(rejected.RequestedBy, audit.Requested, audit.ApprovalRequested, audit.Rejected)
+	evs = want(rejected.RequestedBy, audit.EventRequested, audit.EventApprovalRequested, audit.EventRejected)
 	if evs[2].Actor != audit.ActorOf(bobApprover) {
 		t.Fatalf("rejected %+v", evs[2])
 	}
@@ -897,9 +897,9 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 			var consumed, takenOver int
 			for _, ev := range approvalTrail(t, testhooks.Broker(c), execID, tc.events) {
 				switch ev.Type {
-				case audit.ApprovalConsumed:
+				case audit.EventApprovalConsumed:
 					consumed++
-				case audit.TakenOver:
+				case audit.EventTakenOver:
 					takenOver++
 				}
 			}

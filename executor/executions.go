@@ -550,7 +550,7 @@ func approvalIDs(v *ExecutionView) []string {
 	}
 	for _, ev := range v.Trail {
 		switch ev.Type {
-		case audit.ApprovalRequested, audit.Started, audit.ApprovalConsumed:
+		case audit.EventApprovalRequested, audit.EventStarted, audit.EventApprovalConsumed:
 			if s, ok := ev.Data["approvalId"].(string); ok {
 				add(s)
 			}

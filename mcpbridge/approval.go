@@ -125,7 +125,7 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 		return false
 	}
 	for _, ev := range trail {
-		if ev.Type == audit.Requested {
+		if ev.Type == audit.EventRequested {
 			return ev.Actor.Kind == actor.Kind && ev.Actor.ID == actor.ID
 		}
 	}

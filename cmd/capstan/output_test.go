@@ -133,15 +133,15 @@ func sampleTrail() []audit.Event {
 		return e
 	}
 	return []audit.Event{
-		ev(0, audit.Requested, nil),
-		ev(3, audit.Started, map[string]any{"attempt": 1, "approvalId": ""}),
-		ev(5, audit.Retried, map[string]any{"attempt": 2, "previousErrorCode": "EXECUTION_FAILED"}),
-		ev(257, audit.Started, map[string]any{"attempt": 2}),
-		ev(260, audit.Completed, map[string]any{"attempts": 2, "durationMs": 260}),
-		ev(400, audit.ReceiptRecorded, map[string]any{"attempt": 1, "receiptHash": "5f2b0e1c", "bytes": 18}),
-		ev(500, audit.Reconciled, map[string]any{"attempt": 1, "verdict": "found", "provesAbsence": true, "durationMs": 3}),
-		ev(501, audit.Completed, map[string]any{"attempts": 1, "durationMs": 31020, "recovered": "reconciler", "recoveredAttempt": 1}),
-		ev(900, audit.Denied, map[string]any{"reason": "input-invalid", "publicCode": "INPUT_INVALID",
+		ev(0, audit.EventRequested, nil),
+		ev(3, audit.EventStarted, map[string]any{"attempt": 1, "approvalId": ""}),
+		ev(5, audit.EventRetried, map[string]any{"attempt": 2, "previousErrorCode": "EXECUTION_FAILED"}),
+		ev(257, audit.EventStarted, map[string]any{"attempt": 2}),
+		ev(260, audit.EventCompleted, map[string]any{"attempts": 2, "durationMs": 260}),
+		ev(400, audit.EventReceiptRecorded, map[string]any{"attempt": 1, "receiptHash": "5f2b0e1c", "bytes": 18}),
+		ev(500, audit.EventReconciled, map[string]any{"attempt": 1, "verdict": "found", "provesAbsence": true, "durationMs": 3}),
+		ev(501, audit.EventCompleted, map[string]any{"attempts": 1, "durationMs": 31020, "recovered": "reconciler", "recoveredAttempt": 1}),
+		ev(900, audit.EventDenied, map[string]any{"reason": "input-invalid", "publicCode": "INPUT_INVALID",
 			"policyDecisions": []any{map[string]any{"policy": "limits", "stance": "allow"}}}),
 	}
 }
