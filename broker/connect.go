@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,9 +29,14 @@ type ConnectOptions struct {
 	Creds string
 	// Prefix of capstan's names (default "CAPSTAN"), for the inbox prefix.
 	Prefix string
-	// TLSCA, TLSCert and TLSKey enable TLS with a custom root and a client
-	// certificate.
-	TLSCA, TLSCert, TLSKey string
+	// TLS is the client's TLS configuration when the server asks for more
+	// than a known root: a client certificate (tls.LoadX509KeyPair), its own
+	// roots or server name. Connect uses a copy. capstan parses no key files
+	// itself, so a program that never sets it links no private-key parsing.
+	TLS *tls.Config
+	// TLSCA is a PEM file of the root certificates that signed the server's
+	// certificate; when set, they are the roots, in place of TLS.RootCAs.
+	TLSCA string
 	// Name is the connection name shown by the server's monitoring.
 	Name string
 	// Timeout bounds the first connection attempt. Default 5 s.
@@ -94,14 +100,11 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 			opts = append(opts, nats.CustomInboxPrefix(NewNames(o.Prefix).InboxPrefix(p)))
 		}
 	}
+	if o.TLS != nil {
+		opts = append(opts, nats.Secure(o.TLS.Clone()))
+	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
-	}
-	if (o.TLSCert == "") != (o.TLSKey == "") {
-		return nil, errors.New("capstan: --tls-cert and --tls-key go together")
-	}
-	if o.TLSCert != "" {
-		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
 	}
 	url := o.ResolveURL()
 	nc, err := nats.Connect(strings.ReplaceAll(url, " ", ""), opts...)

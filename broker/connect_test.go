@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"crypto/tls"
 	"errors"
 	"io/fs"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestConnect_BadOptionsAreClearErrors(t *testing.T) {
@@ -26,10 +28,6 @@ func TestConnect_BadOptionsAreClearErrors(t *testing.T) {
 		is   error
 	}{
 		{"credentials file missing", broker.ConnectOptions{Creds: missingCreds}, []string{"credentials file", missingCreds}, fs.ErrNotExist},
-		{"client cert without key", broker.ConnectOptions{TLSCert: filepath.Join(dir, "c.pem")}, []string{"--tls-cert", "--tls-key"}, nil},
-		{"client key without cert", broker.ConnectOptions{TLSKey: filepath.Join(dir, "k.pem")}, []string{"--tls-cert", "--tls-key"}, nil},
-		{"client cert and key missing", broker.ConnectOptions{TLSCert: filepath.Join(dir, "c.pem"), TLSKey: filepath.Join(dir, "k.pem")},
-			[]string{filepath.Join(dir, "c.pem")}, nil},
 		{"CA file missing", broker.ConnectOptions{TLSCA: missingCA}, []string{missingCA}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,4 +131,49 @@ func TestConnect_CommaSeparatedURLsOfACluster(t *testing.T) {
 func sameHostPort(a, b string) bool {
 	trim := func(s string) string { return strings.TrimPrefix(s, "nats://") }
 	return trim(a) == trim(b)
+}
+
+// A server that speaks only TLS and asks for a client certificate: a client
+// with the certificate in ConnectOptions.TLS and the root in TLSCA connects
+// and uses JetStream; without the certificate, or without the root, the
+// server or the client refuses the handshake.
+func TestConnect_ClientCertificate(t *testing.T) {
+	t.Parallel()
+	opt, files := testenv.MutualTLS(t)
+	env := testenv.Start(t, opt)
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, TLS: withCert, TLSCA: files.CA, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("with the client certificate: %v", err)
+	}
+	defer nc.Close()
+	if !nc.TLSRequired() {
+		t.Error("the connection does not say the server requires TLS")
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AccountInfo(t.Context()); err != nil {
+		t.Errorf("JetStream over the client certificate's connection: %v", err)
+	}
+	if withCert.RootCAs != nil {
+		t.Error("Connect changed the caller's TLS configuration")
+	}
+	for name, o := range map[string]broker.ConnectOptions{
+		"no client certificate": {TLSCA: files.CA},
+		"no root":               {TLS: withCert},
+	} {
+		o.URL, o.Timeout = env.URL, 5*time.Second
+		if nc, err := broker.Connect(o); err == nil {
+			nc.Close()
+			t.Errorf("%s: connected", name)
+		} else {
+			t.Logf("%s: %v", name, err)
+		}
+	}
 }

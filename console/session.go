@@ -353,11 +353,11 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, role string, may func(string) bool, err error) {
 	o := ss.cfg.NATS
 	opts = []nats.Option{nats.Timeout(5 * time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second)}
+	if o.TLS != nil {
+		opts = append(opts, nats.Secure(o.TLS.Clone()))
+	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))
-	}
-	if o.TLSCert != "" || o.TLSKey != "" {
-		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
 	}
 	switch {
 	case len(strings.TrimSpace(string(cr.creds))) > 0:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -339,5 +340,82 @@ func TestLimits_RateWaitsAcrossWorkers(t *testing.T) {
 	// handler's start (a scheduling delay, bounded here by a generous 1 s).
 	if span := starts[99].Sub(starts[20]); span < 79*50*time.Millisecond-time.Second {
 		t.Errorf("the 80 calls after the burst started within %v: faster than 20 a second", span)
+	}
+}
+
+// A call that waits for a slot is left with no worker named, and the
+// delivery that later runs it resumes it: its trail says it was limited,
+// then started and completed, and never that it was taken over from a
+// worker (which would tell an operator of a lost worker that never was).
+func TestLimits_AWaitIsNotATakeover(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	slot := executor.Define("t.slot", executor.Meta{Description: "Holds its slot until released.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
+		Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
+		func(ctx context.Context, call executor.Call[struct {
+			Hold bool `json:"hold"`
+		}]) (bool, error) {
+			if call.Input.Hold {
+				held <- struct{}{}
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return false, ctx.Err()
+				}
+			}
+			return call.Input.Hold, nil
+		})
+	reg, err := executor.NewRegistry(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := capstantest.Worker(t, reg)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	first, err := c.Submit(ctx, "t.slot", map[string]bool{"hold": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-held
+	second, err := c.Submit(ctx, "t.slot", map[string]bool{"hold": false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second waits for the slot: its trail says so before the first ends.
+	waited := errors.New("limited")
+	err = c.FollowTrail(ctx, second, func(ev audit.Event) error {
+		if ev.Type == audit.EventLimited {
+			return waited
+		}
+		return nil
+	})
+	if !errors.Is(err, waited) {
+		t.Fatalf("following the waiting call's trail: %v", err)
+	}
+	close(release)
+	for _, id := range []string{first, second} {
+		if env, err := c.Await(ctx, id); err != nil || env.Status != envelope.StatusCompleted {
+			t.Fatalf("%s: %v %+v", id, err, env)
+		}
+	}
+	trail, err := c.Trail(ctx, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, ev := range trail {
+		types = append(types, ev.Type)
+	}
+	for _, want := range []string{audit.EventRequested, audit.EventLimited, audit.EventStarted, audit.EventCompleted} {
+		if !slices.Contains(types, want) {
+			t.Errorf("trail %v has no %s", types, want)
+		}
+	}
+	t.Logf("trail: %v", types)
+	if slices.Contains(types, audit.EventTakenOver) {
+		t.Errorf("trail %v says the waiting call was taken over", types)
 	}
 }

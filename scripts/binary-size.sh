@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What capstan adds to a program's binary: examples/hello (a worker and a
-# client, one call) against programs that use nats.go alone for a round trip
+# client, one call), and a client alone (a program that only calls) against programs that use nats.go alone for a round trip
 # (core NATS: connect, subscribe, publish a request, read the reply; and
 # JetStream: a stream, a consumer, one message published and consumed). All
 # are built with this module's versions, with and without -ldflags="-s -w".
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/core" "$tmp/jetstream"
+mkdir "$tmp/core" "$tmp/jetstream" "$tmp/client"
 
 cat >"$tmp/core/main.go" <<'EOF'
 package main
@@ -84,13 +84,44 @@ func main() {
 }
 EOF
 
+cat >"$tmp/client/main.go" <<'EOF'
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+)
+
+func main() {
+	nc, err := broker.Connect(broker.ConnectOptions{Name: "client"})
+	if err != nil {
+		panic(err)
+	}
+	defer nc.Close()
+	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})
+	if err != nil {
+		panic(err)
+	}
+	ada := envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
+	env, err := c.Call(context.Background(), "greet.hello", map[string]string{"name": "Ada"}, executor.As(ada))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(env.Status)
+}
+EOF
+
 size() { stat -c %s "$1" 2>/dev/null || stat -f %z "$1"; }
 mb() { awk -v b="$1" 'BEGIN { printf "%.2f MB", b / 1e6 }'; }
 
 go version
 printf '%-34s %12s %12s\n' program default '-s -w'
 declare -A sizes
-for prog in hello core jetstream; do
+for prog in hello client core jetstream; do
 	src="./examples/hello"
 	if [[ $prog != hello ]]; then
 		src="$tmp/$prog/main.go" # built as files, against this module's go.mod
@@ -101,7 +132,9 @@ for prog in hello core jetstream; do
 	sizes[$prog.sw]=$(size "$tmp/$prog.sw.bin")
 done
 printf '%-34s %12s %12s\n' "examples/hello (capstan)" "$(mb "${sizes[hello]}")" "$(mb "${sizes[hello.sw]}")"
+printf '%-34s %12s %12s\n' "a client alone (capstan)" "$(mb "${sizes[client]}")" "$(mb "${sizes[client.sw]}")"
 printf '%-34s %12s %12s\n' "nats.go, core round trip" "$(mb "${sizes[core]}")" "$(mb "${sizes[core.sw]}")"
 printf '%-34s %12s %12s\n' "nats.go, JetStream round trip" "$(mb "${sizes[jetstream]}")" "$(mb "${sizes[jetstream.sw]}")"
 printf '%-34s %12s %12s\n' "capstan over core" "$(mb $((sizes[hello] - sizes[core])))" "$(mb $((sizes[hello.sw] - sizes[core.sw])))"
 printf '%-34s %12s %12s\n' "capstan over JetStream" "$(mb $((sizes[hello] - sizes[jetstream])))" "$(mb $((sizes[hello.sw] - sizes[jetstream.sw])))"
+printf '%-34s %12s %12s\n' "a client over JetStream" "$(mb $((sizes[client] - sizes[jetstream])))" "$(mb $((sizes[client.sw] - sizes[jetstream.sw])))"

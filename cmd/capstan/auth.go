@@ -254,10 +254,13 @@ func runAuthPush(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	po := conn.options("auth push")
-	po.Creds, po.Prefix = *pushCreds, s.Prefix
-	ao := conn.options("auth push")
+	ao, err := conn.options("auth push")
+	if err != nil {
+		return usageError("%v", err)
+	}
 	ao.Prefix = s.Prefix
+	po := ao
+	po.Creds = *pushCreds
 	res, err := pushSetup(ctx, s, po, ao, broker.Config{Prefix: s.Prefix})
 	if err != nil {
 		return fail(exitFailed, "auth push: %v", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -61,7 +62,10 @@ func (c *connFlags) connect(name string) (*nats.Conn, error) {
 // console): checked and explained as connect's, but a refused publish is
 // the served request's to answer, not the end of the process.
 func (c *connFlags) connectServing(name string) (*nats.Conn, error) {
-	o := c.options(name)
+	o, err := c.options(name)
+	if err != nil {
+		return nil, err
+	}
 	url := o.ResolveURL()
 	if err := checkURLs(url); err != nil {
 		return nil, err
@@ -174,11 +178,28 @@ func explainConnect(url string, err error) error {
 	return err
 }
 
-func (c *connFlags) options(name string) broker.ConnectOptions {
+func (c *connFlags) options(name string) (broker.ConnectOptions, error) {
+	tc, err := clientTLS(c.tlsCert, c.tlsKey)
 	return broker.ConnectOptions{
-		URL: c.url, Creds: c.creds, TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey,
+		URL: c.url, Creds: c.creds, TLS: tc, TLSCA: c.tlsCA,
 		Name: "capstan " + name, Timeout: 5 * time.Second,
+	}, err
+}
+
+// clientTLS is the TLS configuration of --tls-cert and --tls-key, nil
+// without them.
+func clientTLS(certFile, keyFile string) (*tls.Config, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
+	if certFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // client connects and opens a client; closeFn releases both.

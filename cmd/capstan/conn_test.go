@@ -1,11 +1,15 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // A NATS URL may carry a user and password or a token: a connection error
@@ -32,6 +36,50 @@ func TestConnectionError_URLSecretsNotPrinted(t *testing.T) {
 			if !strings.Contains(stderr, fmt.Sprintf("127.0.0.1:%d", port)) {
 				t.Fatalf("%s via %s: the error does not name the server:\n%s", args[0], url, stderr)
 			}
+		}
+	}
+}
+
+// --tls-cert and --tls-key reach a server that asks for a client
+// certificate; without them the server refuses, and a pair given by half or
+// a file missing is said before anything is dialed.
+func TestConnect_ClientCertificateFlags(t *testing.T) {
+	t.Parallel()
+	opt, files := testenv.MutualTLS(t)
+	env := testenv.Start(t, opt)
+	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, TLSCA: files.CA,
+		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := broker.Provision(t.Context(), nc, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	tlsFlags := []string{"--tls-ca", files.CA, "--tls-cert", files.Cert, "--tls-key", files.Key}
+	stdout, stderr, code := capstan(t, env.URL, append([]string{"status", id}, tlsFlags...)...)
+	if code != exitUnknown || !strings.Contains(stderr+stdout, id) {
+		t.Errorf("status over the client certificate: exit %d, want %d naming the id; stdout %s stderr %s", code, exitUnknown, stdout, stderr)
+	}
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		says  string
+	}{
+		{"no client certificate", []string{"--tls-ca", files.CA}, "tls"},
+		{"certificate without key", []string{"--tls-ca", files.CA, "--tls-cert", files.Cert}, "--tls-cert and --tls-key go together"},
+		{"key without certificate", []string{"--tls-ca", files.CA, "--tls-key", files.Key}, "--tls-cert and --tls-key go together"},
+		{"certificate file missing", []string{"--tls-ca", files.CA, "--tls-cert", missing, "--tls-key", files.Key}, missing},
+	} {
+		stdout, stderr, code := capstan(t, env.URL, append([]string{"status", id}, tc.flags...)...)
+		if code != exitUsage || !strings.Contains(stderr, tc.says) {
+			t.Errorf("%s: exit %d, want %d saying %q; stdout %s stderr %s", tc.name, code, exitUsage, tc.says, stdout, stderr)
 		}
 	}
 }

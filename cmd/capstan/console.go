@@ -34,9 +34,13 @@ func runConsole(args []string) int {
 	if err := console.ListenAddr(*listen, *open, *httpsCert != "", *insecure); err != nil {
 		return usageError("%v", err)
 	}
+	natsTLS, err := clientTLS(conn.tlsCert, conn.tlsKey)
+	if err != nil {
+		return usageError("console: %v", err)
+	}
 	cfg := console.Config{
 		Open: *open, Logger: newLogger(slog.LevelInfo),
-		NATS: broker.ConnectOptions{URL: conn.url, TLSCA: conn.tlsCA, TLSCert: conn.tlsCert, TLSKey: conn.tlsKey},
+		NATS: broker.ConnectOptions{URL: conn.url, TLS: natsTLS, TLSCA: conn.tlsCA},
 	}
 	// The names browsers may reach the console by: --listen's, the
 	// certificate's and --allow-hosts.

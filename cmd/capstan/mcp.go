@@ -313,7 +313,7 @@ func printMCPConfig(fs *flag.FlagSet, args []string, conn *connFlags, httpAddr, 
 		if !slices.Contains(out, "--nats") {
 			// What this command connects to now, written down: the host's
 			// environment has no CAPSTAN_NATS_URL.
-			out = append(out, "--nats", conn.options("mcp").ResolveURL())
+			out = append(out, "--nats", (&broker.ConnectOptions{URL: conn.url}).ResolveURL())
 		}
 		server = map[string]any{"command": exe, "args": out}
 		if format == "vscode" {

@@ -65,7 +65,11 @@ func runNotify(args []string) int {
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	nc, err := broker.ConnectWait(ctx, conn.options("notify"), *wait, log)
+	o, err := conn.options("notify")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := broker.ConnectWait(ctx, o, *wait, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return exitOK

@@ -108,7 +108,11 @@ func runWorker(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 	start := time.Now()
-	nc, err := broker.ConnectWait(ctx, conn.options("worker"), wf.wait, log)
+	o, err := conn.options("worker")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := broker.ConnectWait(ctx, o, wf.wait, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return exitOK

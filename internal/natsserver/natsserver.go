@@ -3,6 +3,7 @@ package natsserver
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -58,6 +59,10 @@ type Options struct {
 	// keeps them instead: each server of a cluster, and each store, needs
 	// its own.
 	ResolverDir string
+	// TLS, when set, is the client listener's TLS configuration: the server
+	// then speaks only TLS to clients, and verifies their certificates when
+	// its ClientAuth asks for them.
+	TLS *tls.Config
 }
 
 // Start starts an embedded nats-server with JetStream and waits until it accepts
@@ -139,6 +144,11 @@ func serverOptions(opts Options) (*server.Options, error) {
 	sopts.JetStreamMaxMemory = opts.MaxMemory
 	sopts.JetStreamMaxStore = opts.MaxStore
 	sopts.NoSigs = true // the embedding process owns its signals
+	if opts.TLS != nil {
+		sopts.TLS, sopts.TLSConfig = true, opts.TLS
+		sopts.TLSVerify = opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+		sopts.TLSTimeout = 5
+	}
 
 	if opts.ClusterPort != 0 || len(opts.Routes) > 0 {
 		sopts.Cluster.Name = opts.ClusterName
