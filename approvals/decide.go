@@ -34,7 +34,7 @@ type DecideRequest struct {
 	// Approver and SelfApproval are read on an open server only, where no
 	// principal is authenticated and the decision names its approver.
 	Approver     envelope.Actor `json:"approver,omitzero"`
-	SelfApproval string         `json:"selfApproval,omitempty"`
+	SelfApproval string         `json:"selfApproval,omitempty"` // the reason a requester gives for approving its own call
 }
 
 // DecideReply is the workers' answer: the decided record, or the conditions
@@ -48,7 +48,7 @@ type DecideReply struct {
 	// the sentinel errors (not_found, expired, consumed, …) that
 	// RequestDecision and RequestList turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
-	Conditions []string `json:"conditions,omitempty"`
+	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// AuditUnavailable: the decision stands but its audit event is not stored.
 	AuditUnavailable bool `json:"auditUnavailable,omitempty"`
 }
@@ -214,7 +214,7 @@ type ListReply struct {
 	// the sentinel errors (not_found, expired, consumed, …) that
 	// RequestDecision and RequestList turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
-	Conditions []string `json:"conditions,omitempty"`
+	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 }
 
 // ListAs returns the approvals principal may see: those of types it may

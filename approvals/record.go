@@ -70,11 +70,11 @@ type Record struct {
 	// CapabilityID, Surface and Actor are the call's: what it calls, where
 	// it came from, who it runs for (the requester).
 	CapabilityID string         `json:"capabilityId"`
-	Surface      string         `json:"surface,omitempty"`
-	Actor        envelope.Actor `json:"actor"`
+	Surface      string         `json:"surface,omitempty"` // "direct", "mcp" or "http"
+	Actor        envelope.Actor `json:"actor"`             // who the call runs for, not the approver
 	// Input is the validated input as canonical JSON; InputHash is its SHA-256.
 	Input     json.RawMessage `json:"input"`
-	InputHash string          `json:"inputHash"`
+	InputHash string          `json:"inputHash"` // hex SHA-256 of Input; CheckInput checks it
 	// Display is what an approver is shown of the input when the capability
 	// redacts it (canonical JSON); the approval still binds the whole Input.
 	Display json.RawMessage `json:"display,omitempty"`
@@ -84,11 +84,11 @@ type Record struct {
 	Types []string `json:"types,omitempty"`
 	// Risk and SideEffect are the capability's, shown to approvers.
 	Risk       string `json:"risk,omitempty"`
-	SideEffect string `json:"sideEffect,omitempty"`
+	SideEffect string `json:"sideEffect,omitempty"` // none, read, write, destructive or external
 	// RequestedAt is when the call asked; ExpiresAt when the approval
 	// stops being decidable or, once approved, consumable.
 	RequestedAt time.Time `json:"requestedAt"`
-	ExpiresAt   time.Time `json:"expiresAt"`
+	ExpiresAt   time.Time `json:"expiresAt"` // RequestedAt plus the capability's TTL (DefaultTTL unless set)
 	// Status is where the approval stands as last written (see StatusAt).
 	Status Status `json:"status"`
 	// Decision is the approver's (or canceller's), once decided.

@@ -86,8 +86,8 @@ const (
 
 // Actor is the acting party of an event: id and kind, never attributes.
 type Actor struct {
-	ID   string `json:"id"`
-	Kind string `json:"kind"`
+	ID   string `json:"id"`   // the actor's id (envelope.Actor.ID)
+	Kind string `json:"kind"` // user, service, agent or anonymous (envelope.Actor.Kind)
 }
 
 // ActorOf keeps what the trail may carry of an actor.
@@ -96,31 +96,52 @@ func ActorOf(a envelope.Actor) Actor { return Actor{ID: a.ID, Kind: a.Kind} }
 // Event is one audit record. Data holds the type's own fields; it never holds
 // raw input or output (SI-10).
 type Event struct {
-	V         int       `json:"v"`
-	Type      string    `json:"type"`
+	// V is the schema version, envelope.Version; the emitter sets it.
+	V int `json:"v"`
+	// Type is one of the event types above (EventRequested, EventStarted, …).
+	Type string `json:"type"`
+	// Timestamp is when the event happened, in UTC: the emitter sets it
+	// to the time of storing when it is zero.
 	Timestamp time.Time `json:"timestamp"`
-	Surface   string    `json:"surface,omitempty"`
-	Actor     Actor     `json:"actor"`
+	// Surface is the request's surface ("direct", "mcp", "http").
+	Surface string `json:"surface,omitempty"`
+	// Actor is who the execution runs for; for an approval's decision, the
+	// approver (or canceller).
+	Actor Actor `json:"actor"`
 	// Principal is the authenticated NATS principal the request came from
 	// (the token of the subject the server let it publish on); the actor is
 	// what that principal asserted, within its grant.
-	Principal     string `json:"principal,omitempty"`
-	ExecutionID   string `json:"executionId,omitempty"`
-	CapabilityID  string `json:"capabilityId,omitempty"`
+	Principal string `json:"principal,omitempty"`
+	// ExecutionID is the execution the event is of: for an approval's
+	// decision, the execution that asked for the approval; for a
+	// discovery, the id its describe reply names (executor.Discovery.ID).
+	ExecutionID string `json:"executionId,omitempty"`
+	// CapabilityID is the capability called; empty for a discovery, and
+	// for a request that named none the worker could read.
+	CapabilityID string `json:"capabilityId,omitempty"`
+	// CorrelationID is the request's correlation id, tying executions
+	// together; empty for none.
 	CorrelationID string `json:"correlationId,omitempty"`
-	InputHash     string `json:"inputHash,omitempty"`
-	Worker        string `json:"worker,omitempty"`
+	// InputHash names the input by its hash (envelope.InputHash), never its
+	// content; empty for an event without an input (a discovery).
+	InputHash string `json:"inputHash,omitempty"`
+	// Worker is the id of the worker that emitted the event; empty for an
+	// approval's decision events, which the approvals store emits.
+	Worker string `json:"worker,omitempty"`
 	// TraceID is the W3C trace id of the execution's trace (from the
 	// request's traceparent), so that a trail and a trace find each other.
-	TraceID string         `json:"traceId,omitempty"`
-	Data    map[string]any `json:"data,omitempty"`
+	TraceID string `json:"traceId,omitempty"`
+	// Data holds the fields of the event's type (a failure's code and
+	// stage, an attempt's number, a duration in milliseconds, …); never the
+	// input or the output.
+	Data map[string]any `json:"data,omitempty"`
 
 	// Seq is the stream sequence of the message the event was stored in, set
 	// by Read and Follow. Several events of one execution can share a message
 	// (Emitter.EmitAll); Index is the event's place in it, from 0. Neither is
 	// part of the record.
 	Seq   uint64 `json:"-"`
-	Index int    `json:"-"`
+	Index int    `json:"-"` // the event's place in its message, from 0
 }
 
 // Key is the key of the event's execution (broker.Key): its principal, the

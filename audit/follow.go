@@ -23,8 +23,8 @@ type Filter struct {
 	// CapabilityID, ActorID and Type are not in the subject; they are matched
 	// on each event.
 	CapabilityID string
-	ActorID      string
-	Type         string
+	ActorID      string // the actor's id, of any kind
+	Type         string // an event type (EventRequested, EventFailed, …)
 }
 
 // Match reports whether ev passes the filter.

@@ -30,27 +30,32 @@ var EntryStatuses = []string{EntryRunning, EntryApprovalRequired, EntryCompleted
 // Entry is one execution as the index tells it: what a listing shows. It
 // holds no input and no output (SI-10), as the trail does not.
 type Entry struct {
-	V            int    `json:"v"`
-	ExecutionID  string `json:"executionId"`
+	V           int    `json:"v"`           // the schema version, envelope.Version
+	ExecutionID string `json:"executionId"` // the execution listed
+	// Principal is the principal the request came from; the anonymous
+	// principal (broker.Anonymous) when its events name none.
 	Principal    string `json:"principal"`
-	CapabilityID string `json:"capabilityId"`
-	Actor        Actor  `json:"actor"`
-	Surface      string `json:"surface,omitempty"`
+	CapabilityID string `json:"capabilityId"`      // the capability called
+	Actor        Actor  `json:"actor"`             // who the execution runs for
+	Surface      string `json:"surface,omitempty"` // "direct", "mcp" or "http"
 	// Status is one of the Entry* statuses; Code the error code of a
 	// failed or cancelled execution.
-	Status     string `json:"status"`
-	Code       string `json:"code,omitempty"`
-	Attempts   int    `json:"attempts,omitempty"`
-	DurationMs int64  `json:"durationMs,omitempty"`
+	Status string `json:"status"`
+	Code   string `json:"code,omitempty"` // see Status
+	// Attempts is the highest attempt its events name: 0 for an execution
+	// that never ran its handler.
+	Attempts int `json:"attempts,omitempty"`
+	// DurationMs is the envelope's duration in milliseconds, once ended.
+	DurationMs int64 `json:"durationMs,omitempty"`
 	// ApprovalID is the approval the execution asked for (approval-required)
 	// or consumed (Resumed).
 	ApprovalID string `json:"approvalId,omitempty"`
-	Resumed    bool   `json:"resumed,omitempty"`
+	Resumed    bool   `json:"resumed,omitempty"` // the execution is a resume that consumed ApprovalID
 	// RequestedAt is when a worker took the request (its requested event),
 	// zero when the message did not hold it; UpdatedAt when the entry's last
 	// event happened.
 	RequestedAt time.Time `json:"requestedAt,omitzero"`
-	UpdatedAt   time.Time `json:"updatedAt"`
+	UpdatedAt   time.Time `json:"updatedAt"` // see RequestedAt
 
 	// Seq is the index stream's sequence of the entry, set by List; it is
 	// the cursor of a listing. Not part of the record.

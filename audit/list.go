@@ -16,7 +16,7 @@ import (
 type Query struct {
 	// Principal, Status: exact.
 	Principal string `json:"principal,omitempty"`
-	Status    string `json:"status,omitempty"`
+	Status    string `json:"status,omitempty"` // one of EntryStatuses
 	// CapabilityID is an id, or a prefix ending in "*" (orders.* or ord*).
 	CapabilityID string `json:"capabilityId,omitempty"`
 	// Actor is kind:id, or an id of any kind.
@@ -24,7 +24,7 @@ type Query struct {
 	// Since and Until bound when the entry was written (an execution's end,
 	// or its start while it runs).
 	Since time.Time `json:"since,omitzero"`
-	Until time.Time `json:"until,omitzero"`
+	Until time.Time `json:"until,omitzero"` // see Since
 	// IDPrefix keeps the executions whose id begins with it.
 	IDPrefix string `json:"idPrefix,omitempty"`
 	// Limit is the page's size: default DefaultLimit, at most MaxLimit.
@@ -51,6 +51,9 @@ const denseAfter = 16
 
 // Page is one page of a listing, newest first.
 type Page struct {
+	// Entries are the matching entries, newest first, at most the query's
+	// Limit; an execution appears once in a page, by the newest of its
+	// entries that match.
 	Entries []Entry `json:"entries"`
 	// Next is the cursor of the next, older page (Query.Before); 0 when
 	// nothing older matches.

@@ -70,7 +70,7 @@ type Setup struct {
 	OperatorJWT string `json:"operatorJwt"`
 	// SystemAccount and SystemJWT are the system account's key and JWT.
 	SystemAccount string `json:"systemAccount"`
-	SystemJWT     string `json:"systemJwt"`
+	SystemJWT     string `json:"systemJwt"` // see SystemAccount
 	// Account is the capstan account's public key; JetStream keeps its
 	// streams under it.
 	Account string `json:"account"`
@@ -93,7 +93,7 @@ type RemovedAccount struct {
 	Principal string `json:"principal"`
 	// Account and AccountJWT are its account's key and last JWT.
 	Account    string `json:"account"`
-	AccountJWT string `json:"accountJwt"`
+	AccountJWT string `json:"accountJwt"` // the JWT that revokes the removed user, pushed again with every push
 	// RemovedAt is when it was removed.
 	RemovedAt time.Time `json:"removedAt"`
 }

@@ -121,25 +121,25 @@ func MaxStartWithin(retention time.Duration) time.Duration {
 type Broker struct {
 	// NC and JS are the connection and its JetStream API.
 	NC *nats.Conn
-	JS jetstream.JetStream
+	JS jetstream.JetStream // NC's JetStream API
 	// Names names the resources; Config is what they were opened with.
 	Names  Names
-	Config Config
+	Config Config // the Config given, defaults applied; Provision fills in the retentions the server holds
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
 
 	// Exec is the stream of execution requests; Audit the audit trail's.
 	Exec  jetstream.Stream
-	Audit jetstream.Stream
+	Audit jetstream.Stream // nil after Open (see Open)
 	// Index is the executions index (DESIGN §3): what listings read.
 	Index jetstream.Stream
 	// Executions holds the execution records, Envelopes the results,
 	// Approvals the approvals, Catalog the capabilities workers serve. Open
 	// leaves the handles a client does not read nil (see Open).
 	Executions jetstream.KeyValue
-	Envelopes  jetstream.KeyValue
-	Approvals  jetstream.KeyValue
-	Catalog    jetstream.KeyValue
+	Envelopes  jetstream.KeyValue // see Executions
+	Approvals  jetstream.KeyValue // see Executions
+	Catalog    jetstream.KeyValue // see Executions
 	// Pools records what the workers of each pool asked of its consumer, so
 	// that concurrent widenings never lose a capability (see EnsurePool).
 	Pools jetstream.KeyValue

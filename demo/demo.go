@@ -48,29 +48,34 @@ var everywhere = executor.On(executor.SurfaceDirect, executor.SurfaceMCP)
 
 // FlakyInput is demo.flaky's input.
 type FlakyInput struct {
+	// FailTimes is how many attempts fail (retryably) before one succeeds:
+	// 0 succeeds at once; demo.flaky makes at most 3 attempts, so 3 or more
+	// ends failed.
 	FailTimes int `json:"failTimes"`
 }
 
 // FlakyOutput reports the attempt that succeeded.
 type FlakyOutput struct {
-	Attempt int `json:"attempt"`
+	Attempt int `json:"attempt"` // the attempt that succeeded, from 1
 }
 
 // SleepInput is demo.sleep's input.
 type SleepInput struct {
+	// Ms is how long to sleep, in milliseconds; past demo.sleep's 1 s
+	// timeout the attempt times out (and is tried once more).
 	Ms int `json:"ms"`
 }
 
 // SleepOutput reports how long it slept.
 type SleepOutput struct {
-	SleptMs int `json:"sleptMs"`
+	SleptMs int `json:"sleptMs"` // the input's Ms
 }
 
 // ReportInput is demo.report's input: how many pages to render, and how long
 // each takes (default DefaultPageMs).
 type ReportInput struct {
-	Pages  int `json:"pages"`
-	PageMs int `json:"pageMs,omitempty"`
+	Pages  int `json:"pages"`            // pages to render, 1 to 100,000
+	PageMs int `json:"pageMs,omitempty"` // milliseconds a page takes, at most 10,000; 0 is DefaultPageMs
 }
 
 // DefaultPageMs is how long demo.report takes per page by default.
@@ -94,7 +99,7 @@ func (r ReportInput) Validate() error {
 
 // ReportOutput says how many pages were rendered.
 type ReportOutput struct {
-	Pages int `json:"pages"`
+	Pages int `json:"pages"` // the input's Pages, all rendered
 }
 
 // report is demo.report's handler: it renders one page after another and
@@ -122,8 +127,8 @@ func report(ctx context.Context, c executor.Call[ReportInput]) (ReportOutput, er
 
 // EmailInput is email.send's input.
 type EmailInput struct {
-	To      string `json:"to"`
-	Subject string `json:"subject"`
+	To      string `json:"to"`      // the recipient's address, required (not checked further)
+	Subject string `json:"subject"` // the subject line, may be empty
 	// DelayMs waits before the email is sent, honouring cancellation: until
 	// then nothing is sent, and a cancel ends the execution CANCELLED.
 	DelayMs int `json:"delayMs,omitempty"`
@@ -159,13 +164,15 @@ func (e EmailInput) Validate() error {
 // EmailOutput is the outbox message's sequence. It is also the receipt
 // email.send records once its email is in the outbox.
 type EmailOutput struct {
-	OutboxSeq uint64 `json:"outboxSeq"`
+	OutboxSeq uint64 `json:"outboxSeq"` // the email's sequence in OutboxStream
 }
 
 // RefundInput is orders.refund's input.
 type RefundInput struct {
-	OrderID string `json:"orderId"`
-	Amount  int64  `json:"amount"`
+	OrderID string `json:"orderId"` // the order refunded, required
+	// Amount is the amount refunded, positive; above RefundApprovalAbove
+	// the refund needs a finance approval.
+	Amount int64 `json:"amount"`
 }
 
 // Validate checks the order id and amount.
@@ -185,9 +192,11 @@ func (r RefundInput) Validate() error {
 
 // RefundOutput says whether this call recorded the refund or found it done.
 type RefundOutput struct {
-	OrderID  string `json:"orderId"`
-	Amount   int64  `json:"amount"`
-	Repeated bool   `json:"repeated"`
+	OrderID string `json:"orderId"` // the input's OrderID
+	Amount  int64  `json:"amount"`  // the input's Amount
+	// Repeated: this execution's refund was recorded already (by an
+	// earlier attempt) and nothing changed.
+	Repeated bool `json:"repeated"`
 }
 
 // Streams names the demo's streams: the outbox, the calls stream and the
@@ -299,9 +308,9 @@ func recorded[In, Out any](js jetstream.JetStream, h executor.Handler[In, Out]) 
 
 // HandlerCall is one message of the calls stream: one call of a handler.
 type HandlerCall struct {
-	CapabilityID string
-	ExecutionID  string
-	Attempt      int
+	CapabilityID string // the capability whose handler was called
+	ExecutionID  string // the execution the call was an attempt of
+	Attempt      int    // the attempt's number, from 1
 }
 
 // ReadCalls returns every handler call the calls stream holds, oldest first:

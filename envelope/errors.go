@@ -61,13 +61,29 @@ const (
 // CapabilityError is the one error type of a governed failure. Message is the
 // public message; Cause is private and never leaves the worker except in logs.
 type CapabilityError struct {
-	Code          Code
-	Message       string
-	Stage         string
-	Retryable     bool
+	// Code is the stable error code (DESIGN §9), e.g. CodeInputInvalid.
+	Code Code
+	// Message is the public message, written to the envelope; a model sees
+	// it only when ExposeToModel is set.
+	Message string
+	// Stage is the pipeline stage that failed (a Stage constant); the worker
+	// sets StageHandler on any error a handler returns.
+	Stage string
+	// Retryable says the same call may succeed if made again. On a
+	// handler's error it permits a runtime retry, which happens only when
+	// the capability's metadata allows one (retries configured, and a
+	// read, or a write declared idempotent).
+	Retryable bool
+	// ExposeToModel lets a model see Message (and the code); when false a
+	// model sees only a generic INTERNAL_ERROR.
 	ExposeToModel bool
-	Details       map[string]any
-	Cause         error
+	// Details are structured facts of the failure, written to the
+	// envelope's error; nil for none. A model sees them only with
+	// INPUT_INVALID and RATE_LIMITED.
+	Details map[string]any
+	// Cause is the private cause: kept in logs and the execution's record
+	// for operators, never in the envelope or shown to a model.
+	Cause error
 }
 
 // Error is the code, the message and, for logs, the private cause.

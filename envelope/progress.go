@@ -21,15 +21,18 @@ import (
 // alone does. It carries no output: what leaves a worker of an output passes
 // stages 12 and 13 in the envelope, whole.
 type Progress struct {
-	V           int    `json:"v"`
+	// V is the schema version, Version; a reader refuses any other.
+	V int `json:"v"`
+	// ExecutionID is the execution the report is of.
 	ExecutionID string `json:"executionId"`
 	// Attempt is the attempt that reported it: a retry's progress starts
 	// again.
 	Attempt int `json:"attempt,omitempty"`
 	// Done is how much is done, Total of how much (0: not known); both are
-	// finite and not negative.
+	// finite and not negative, in the handler's own unit (items, bytes,
+	// pages).
 	Done  float64 `json:"done,omitempty"`
-	Total float64 `json:"total,omitempty"`
+	Total float64 `json:"total,omitempty"` // see Done
 	// Message is one line of printable text, at most MaxProgressMessage
 	// bytes, shown to people and models as the handler wrote it.
 	Message string `json:"message,omitempty"`

@@ -7,8 +7,14 @@ import (
 
 // Actor is who an execution runs for.
 type Actor struct {
-	ID    string            `json:"id"`
-	Kind  string            `json:"kind"`
+	// ID names the actor within its kind (a user name, a service's name):
+	// printable UTF-8, required for every kind but ActorAnonymous.
+	ID string `json:"id"`
+	// Kind is one of ActorUser, ActorService, ActorAgent or ActorAnonymous;
+	// a worker refuses a call with any other, or none (UNAUTHENTICATED).
+	Kind string `json:"kind"`
+	// Attrs are attributes of the actor a policy may read (a tenant, a
+	// role); nil for none. Written with their keys sorted.
 	Attrs map[string]string `json:"attrs,omitempty"`
 }
 
@@ -23,23 +29,46 @@ const (
 	ActorAnonymous = "anonymous"
 )
 
-// Request is an execution request, published to capstan.exec.<capabilityId>
-// with the header Nats-Msg-Id set to ExecutionID.
+// Request is an execution request, published to
+// capstan.exec.<principal>.<capabilityId> with the header Nats-Msg-Id naming
+// its execution (see docs/wire.md, "Message ids"). A client builds it; a
+// worker takes the principal from the subject, never from the request.
 type Request struct {
-	V             int        `json:"v"`
-	ExecutionID   string     `json:"executionId"`
-	CapabilityID  string     `json:"capabilityId"`
-	Input         Raw        `json:"input,omitempty"`
-	Actor         Actor      `json:"actor"`
-	Surface       string     `json:"surface,omitempty"`
-	CorrelationID string     `json:"correlationId,omitempty"`
-	SubmittedAt   time.Time  `json:"submittedAt"`
-	Deadline      *time.Time `json:"deadline,omitempty"`
+	// V is the schema version, Version; a reader refuses any other.
+	V int `json:"v"`
+	// ExecutionID names the execution: 1 to 128 bytes of [A-Za-z0-9_-],
+	// a new UUIDv7 unless the caller gave one. Unique per principal.
+	ExecutionID string `json:"executionId"`
+	// CapabilityID is the capability to run; empty only in a resume that
+	// names its approval alone (ApprovalID), whose capability the workers
+	// read from the approval.
+	CapabilityID string `json:"capabilityId"`
+	// Input is the call's input as a msgpack value; nil for none.
+	Input Raw `json:"input,omitempty"`
+	// Actor is who the execution runs for: the client's actor unless the
+	// call names another.
+	Actor Actor `json:"actor"`
+	// Surface is where the call comes from ("direct", "mcp", "http"): the
+	// client sets it from its configuration, whatever the caller passes.
+	Surface string `json:"surface,omitempty"`
+	// CorrelationID ties executions together (a conversation, a job) in the
+	// audit trail; empty for none.
+	CorrelationID string `json:"correlationId,omitempty"`
+	// SubmittedAt is when the client made the request, in UTC.
+	SubmittedAt time.Time `json:"submittedAt"`
+	// Deadline, when set, ends the whole execution CANCELLED at that time,
+	// across its attempts; nil for none (each attempt still has its
+	// capability's timeout).
+	Deadline *time.Time `json:"deadline,omitempty"`
 	// StartBy is when a worker must have started the request; past it, the
 	// request ends NOT_STARTED (DESIGN §13).
-	StartBy     *time.Time `json:"startBy,omitempty"`
-	ApprovalID  string     `json:"approvalId,omitempty"`
-	Traceparent string     `json:"traceparent,omitempty"`
+	StartBy *time.Time `json:"startBy,omitempty"`
+	// ApprovalID, in a resume, is the granted approval the execution uses;
+	// empty in a first call.
+	ApprovalID string `json:"approvalId,omitempty"`
+	// Traceparent is a W3C trace context the worker continues its spans
+	// and audit events under; empty for none.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // DecodeRequest decodes and checks an execution request. It never panics; every
@@ -78,36 +107,75 @@ const (
 
 // Error is the wire form of a governed failure.
 type Error struct {
-	Code          Code           `json:"code"`
-	Message       string         `json:"message"`
-	Retryable     bool           `json:"retryable"`
-	ExposeToModel bool           `json:"exposeToModel"`
-	Details       map[string]any `json:"details,omitempty"`
-	Stage         string         `json:"stage,omitempty"`
+	// Code is the stable error code (DESIGN §9), e.g. CodeInputInvalid.
+	Code Code `json:"code"`
+	// Message is the public message: never the private cause.
+	Message string `json:"message"`
+	// Retryable says the same call may succeed if made again.
+	Retryable bool `json:"retryable"`
+	// ExposeToModel says Message may be shown to a model; when false a
+	// model sees only a generic INTERNAL_ERROR (see ForModel).
+	ExposeToModel bool `json:"exposeToModel"`
+	// Details are structured facts of the failure: for INPUT_INVALID
+	// {"issues": [{"message", "path"}]}, for RATE_LIMITED {"limit",
+	// "retryAfterMs"}, for other codes what the handler declared; nil for
+	// none.
+	Details map[string]any `json:"details,omitempty"`
+	// Stage is the pipeline stage that ended the execution (one of the
+	// Stage constants, e.g. StageHandler); empty when not known.
+	Stage string `json:"stage,omitempty"`
 }
 
 // ApprovalRef tells the caller which approval an execution waits for.
 type ApprovalRef struct {
-	ID        string    `json:"id"`
-	Reasons   []string  `json:"reasons,omitempty"`
-	Types     []string  `json:"types,omitempty"`
+	// ID is the approval's id: what an approver decides and a resume names.
+	ID string `json:"id"`
+	// Reasons say why the call needs an approval, in words an approver
+	// reads (a policy's reason, the capability's approval rule).
+	Reasons []string `json:"reasons,omitempty"`
+	// Types are the approver types that may decide it (e.g. "finance").
+	Types []string `json:"types,omitempty"`
+	// ExpiresAt is when the approval expires if nobody decides it.
 	ExpiresAt time.Time `json:"expiresAt"`
 }
 
 // Envelope is the one result of an execution, created once in the envelope
 // bucket and never changed.
 type Envelope struct {
-	V            int          `json:"v"`
-	ExecutionID  string       `json:"executionId"`
-	CapabilityID string       `json:"capabilityId"`
-	Status       Status       `json:"status"`
-	Output       Raw          `json:"output,omitempty"`
-	Error        *Error       `json:"error,omitempty"`
-	Attempts     int          `json:"attempts"`
-	Approval     *ApprovalRef `json:"approval,omitempty"`
-	DurationMs   int64        `json:"durationMs"`
-	FinalizedBy  string       `json:"finalizedBy,omitempty"`
-	FinalizedAt  time.Time    `json:"finalizedAt"`
+	// V is the schema version, Version; a reader refuses any other.
+	V int `json:"v"`
+	// ExecutionID is the execution the envelope ends.
+	ExecutionID string `json:"executionId"`
+	// CapabilityID is the capability that ran; empty for a resume refused
+	// before its approval was read.
+	CapabilityID string `json:"capabilityId"`
+	// Status is the outcome: completed, failed, cancelled or
+	// approval-required.
+	Status Status `json:"status"`
+	// Output is the redacted output of a completed execution, as a msgpack
+	// value; nil otherwise.
+	Output Raw `json:"output,omitempty"`
+	// Error says why a failed or cancelled execution ended; nil for a
+	// completed one.
+	Error *Error `json:"error,omitempty"`
+	// Attempts is how many attempts of the handler were started, across
+	// retries and workers; 0 when it never ran (refused, not started,
+	// waiting for an approval).
+	Attempts int `json:"attempts"`
+	// Approval names the approval an approval-required execution waits
+	// for; nil for every other status.
+	Approval *ApprovalRef `json:"approval,omitempty"`
+	// DurationMs is the time in milliseconds from when the finalizing
+	// worker took the request up to when it wrote the envelope (time
+	// queued, or spent by a worker that was lost, is not counted); 0 in an
+	// envelope written without a delivery (by a sweep or a takeover).
+	DurationMs int64 `json:"durationMs"`
+	// FinalizedBy is the id of the worker that wrote the envelope
+	// (executor.WorkerConfig.ID).
+	FinalizedBy string `json:"finalizedBy,omitempty"`
+	// FinalizedAt is when the envelope was written (the worker's clock,
+	// UTC).
+	FinalizedAt time.Time `json:"finalizedAt"`
 	// Recovered is set when the outcome was not the handler's return but
 	// recovered from the evidence a lost attempt left (DESIGN §5).
 	Recovered *Recovered `json:"recovered,omitempty"`
@@ -129,8 +197,9 @@ const (
 // have happened.
 type Recovered struct {
 	// How is RecoveredByReceipt or RecoveredByReconciler.
-	How     string `json:"how"`
-	Attempt int    `json:"attempt,omitempty"`
+	How string `json:"how"`
+	// Attempt is the attempt (from 1) whose effect the outcome is.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // ForModel is what a model is told of a recovered outcome, beside the
@@ -163,10 +232,10 @@ func DecodeEnvelope(b []byte) (*Envelope, error) {
 
 // ModelError is the only shape of a failure a model may see.
 type ModelError struct {
-	Code      Code           `json:"code"`
-	Message   string         `json:"message"`
-	Retryable bool           `json:"retryable"`
-	Details   map[string]any `json:"details,omitempty"`
+	Code      Code           `json:"code"`              // the error's code, or CodeInternalError when it is not exposed
+	Message   string         `json:"message"`           // the public message, or a generic one when it is not exposed
+	Retryable bool           `json:"retryable"`         // the same call may succeed if made again
+	Details   map[string]any `json:"details,omitempty"` // only for INPUT_INVALID and RATE_LIMITED; nil otherwise
 }
 
 // ForModel returns what a model may see of the envelope's error: the code,

@@ -39,7 +39,7 @@ type Record struct {
 	V int `json:"v"`
 	// ExecutionID and CapabilityID name the execution and what it calls.
 	ExecutionID  string `json:"executionId"`
-	CapabilityID string `json:"capabilityId"`
+	CapabilityID string `json:"capabilityId"` // the capability the request names
 	// State is where the execution is.
 	State State `json:"state"`
 	// Attempt is the number of the attempt running, or the last one started.
@@ -69,8 +69,8 @@ type Record struct {
 	// request takes the execution over. Records written before they existed
 	// lack them.
 	Actor     string `json:"actor,omitempty"`
-	Surface   string `json:"surface,omitempty"`
-	InputHash string `json:"inputHash,omitempty"`
+	Surface   string `json:"surface,omitempty"`   // the request's surface ("direct", "mcp", "http")
+	InputHash string `json:"inputHash,omitempty"` // envelope.InputHash of the request's input
 	// Status is the envelope's status once finalized.
 	Status envelope.Status `json:"status,omitempty"`
 	// Cause is a failure's private cause, for operators: it never reaches the
@@ -79,15 +79,15 @@ type Record struct {
 	// CreatedAt and UpdatedAt are when the record was created and last
 	// written.
 	CreatedAt time.Time `json:"createdAt"`
-	UpdatedAt time.Time `json:"updatedAt"`
+	UpdatedAt time.Time `json:"updatedAt"` // see CreatedAt
 
 	// Receipts and reconcilers (DESIGN §5). Receipt is the evidence attempt
 	// ReceiptAttempt recorded of its effect, at ReceiptAt, written by that
 	// attempt's claim (a lost lease cannot write it): a takeover of the
 	// attempt finalizes completed from it. A new attempt clears it.
 	Receipt        envelope.Raw `json:"receipt,omitempty"`
-	ReceiptAttempt int          `json:"receiptAttempt,omitempty"`
-	ReceiptAt      time.Time    `json:"receiptAt,omitzero"`
+	ReceiptAttempt int          `json:"receiptAttempt,omitempty"` // the attempt that recorded Receipt
+	ReceiptAt      time.Time    `json:"receiptAt,omitzero"`       // when Receipt was recorded
 	// Reconciliations counts the reconciliations started for Attempt: those
 	// lost with their workers are bounded.
 	Reconciliations int `json:"reconciliations,omitempty"`

@@ -101,7 +101,8 @@ func InputSchema(c Capability) map[string]any {
 type Capability interface {
 	// ID is the capability's id, as callers name it.
 	ID() string
-	// Meta is its metadata, defaults applied.
+	// Meta is its metadata as Define was given it: a zero field stands for
+	// its default (see Meta).
 	Meta() Meta
 	binding() *binding
 }

@@ -17,22 +17,24 @@ import (
 
 // Descriptor is a capability as the catalog and discovery show it.
 type Descriptor struct {
-	V                int        `json:"v"`
-	ID               string     `json:"id"`
-	Pool             string     `json:"pool"`
-	Description      string     `json:"description"`
-	SideEffect       SideEffect `json:"sideEffect"`
-	Risk             Risk       `json:"risk,omitempty"`
-	Tags             []string   `json:"tags,omitempty"`
-	Expose           []Surface  `json:"expose,omitempty"`
-	Idempotent       bool       `json:"idempotent,omitempty"`
-	TimeoutMs        int64      `json:"timeoutMs"`
-	RetryMaxAttempts int        `json:"retryMaxAttempts,omitempty"`
-	RequiresApproval bool       `json:"requiresApproval,omitempty"`
+	V                int        `json:"v"`                          // the schema version, envelope.Version
+	ID               string     `json:"id"`                         // the capability's id, its catalog key
+	Pool             string     `json:"pool"`                       // the pool of the workers that serve it
+	Description      string     `json:"description"`                // Meta.Description
+	SideEffect       SideEffect `json:"sideEffect"`                 // Meta.SideEffect
+	Risk             Risk       `json:"risk,omitempty"`             // Meta.Risk; empty when not graded
+	Tags             []string   `json:"tags,omitempty"`             // Meta.Tags
+	Expose           []Surface  `json:"expose,omitempty"`           // Meta.Expose: the surfaces that may see and call it
+	Idempotent       bool       `json:"idempotent,omitempty"`       // Meta.Idempotent
+	TimeoutMs        int64      `json:"timeoutMs"`                  // the per-attempt timeout in milliseconds, the default applied
+	RetryMaxAttempts int        `json:"retryMaxAttempts,omitempty"` // retries after the first attempt (Retry.MaxAttempts); 0 for none
+	RequiresApproval bool       `json:"requiresApproval,omitempty"` // every call waits for an approval (ApprovalRule.Required)
 	// ApprovalPolicies name the capability's policies that may require an
 	// approval for some inputs (Policy.MayRequireApproval).
-	ApprovalPolicies []string       `json:"approvalPolicies,omitempty"`
-	InputSchema      map[string]any `json:"inputSchema,omitempty"`
+	ApprovalPolicies []string `json:"approvalPolicies,omitempty"`
+	// InputSchema is the JSON Schema of the input type, derived from it;
+	// what an MCP client is shown as the tool's input schema.
+	InputSchema map[string]any `json:"inputSchema,omitempty"`
 	// Limits are the capability's limits (DESIGN §17), so that an agent
 	// sees them before it calls.
 	Limits []LimitInfo `json:"limits,omitempty"`

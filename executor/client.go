@@ -441,8 +441,8 @@ type ExpiredError struct {
 	// after its envelope, so only a finalized one (a refusal before the
 	// claim, NOT_STARTED) tells the outcome: Status and Code.
 	State  execution.State
-	Status envelope.Status
-	Code   envelope.Code
+	Status envelope.Status // the finalized record's envelope status; empty otherwise
+	Code   envelope.Code   // the finalized record's error code; empty otherwise
 }
 
 // Error says when the id was made and how long envelopes are kept.
@@ -530,8 +530,8 @@ func (c *Client) Call(ctx context.Context, capabilityID string, input any, opts 
 type Request struct {
 	// CapabilityID, Input and Options are Call's arguments.
 	CapabilityID string
-	Input        any
-	Options      []CallOption
+	Input        any          // as for Call: nil, an envelope.Raw, a json.RawMessage or a value to encode
+	Options      []CallOption // options of this request alone
 }
 
 // CallMany submits every request at once and awaits every envelope. The

@@ -22,7 +22,7 @@ type CancelReply struct {
 	// then changed nothing; Status is its envelope's. A running execution is
 	// stopped once the cancel is recorded.
 	Finalized bool            `json:"finalized,omitempty"`
-	Status    envelope.Status `json:"status,omitempty"`
+	Status    envelope.Status `json:"status,omitempty"` // set with Finalized
 	// Error is the refusal, if the cancel was refused.
 	Error string `json:"error,omitempty"`
 }

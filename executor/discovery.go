@@ -60,7 +60,7 @@ type DescribeRequest struct {
 	V int `json:"v"`
 	// Surface and Actor are whose view is asked for.
 	Surface Surface        `json:"surface"`
-	Actor   envelope.Actor `json:"actor"`
+	Actor   envelope.Actor `json:"actor"` // Client.Describe sends its own actor for a zero one
 	// Scope narrows the listing.
 	Scope Scope `json:"scope"`
 }

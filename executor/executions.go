@@ -62,7 +62,7 @@ type ExecutionsPage struct {
 	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
 	// into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
-	Conditions []string `json:"conditions,omitempty"`
+	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 }
 
 // Scopes of what a principal sees.
@@ -127,7 +127,7 @@ type ExecutionView struct {
 	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
 	// into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
-	Conditions []string `json:"conditions,omitempty"`
+	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 }
 
 // Errors of a reading refused or failed on the workers' side; errors.Is

@@ -72,6 +72,7 @@ const (
 //			Amount: func(in any) (int64, error) { return in.(*Refund).Amount, nil }, AtLimit: executor.AtLimitApproval},
 //	}
 type Limit struct {
+	// Kind is LimitConcurrency, LimitRate or LimitBudget; required.
 	Kind LimitKind
 	// Per is whose usage is counted: the capability's (zero value), each
 	// actor's or each principal's. A concurrency limit is the capability's.
@@ -94,12 +95,12 @@ type Limit struct {
 
 // LimitInfo is a limit as describe and the catalog show it.
 type LimitInfo struct {
-	Kind       LimitKind `json:"kind"`
-	Per        LimitPer  `json:"per,omitempty"`
-	Name       string    `json:"name,omitempty"`
-	Max        int64     `json:"max"`
-	IntervalMs int64     `json:"intervalMs,omitempty"`
-	AtLimit    AtLimit   `json:"atLimit"`
+	Kind       LimitKind `json:"kind"`                 // Limit.Kind
+	Per        LimitPer  `json:"per,omitempty"`        // Limit.Per, the default applied; empty for a concurrency limit
+	Name       string    `json:"name,omitempty"`       // Limit.Name, a budget's number
+	Max        int64     `json:"max"`                  // Limit.Max
+	IntervalMs int64     `json:"intervalMs,omitempty"` // Limit.Interval in milliseconds; 0 for a concurrency limit
+	AtLimit    AtLimit   `json:"atLimit"`              // Limit.AtLimit, the default applied
 	// Text says it in words: "at most 4 running at once", "10 per 1m per
 	// actor", "amount 2000 per 24h per actor".
 	Text string `json:"text"`

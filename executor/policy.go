@@ -67,10 +67,10 @@ type PolicyRequest struct {
 	Phase Phase
 	// CapabilityID and Meta are the capability's.
 	CapabilityID string
-	Meta         Meta
+	Meta         Meta // the capability's metadata, as Define was given it
 	// Actor is who the call runs for; Surface where it came from.
 	Actor   envelope.Actor
-	Surface Surface
+	Surface Surface // direct, mcp or http: fixed by the caller's client
 	// Input is a pointer to the capability's validated input type (nil in the
 	// discovery phase).
 	Input any
@@ -109,10 +109,10 @@ func (p Policy) appliesTo(ph Phase) bool {
 type PolicyRecord struct {
 	// Policy is the policy's name; Phase when it was asked.
 	Policy string `json:"policy"`
-	Phase  Phase  `json:"phase"`
+	Phase  Phase  `json:"phase"` // discovery, invocation or execution
 	// Stance and Reason are what it answered.
 	Stance Stance `json:"stance"`
-	Reason string `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"` // the Decision's Reason
 	// Failed is set when the policy errored, panicked, timed out or answered
 	// an unknown stance; its stance is then deny.
 	Failed bool `json:"failed,omitempty"`

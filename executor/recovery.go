@@ -119,15 +119,15 @@ func (r Receipt) Decode(v any) error { return r.raw.Decode(v) }
 type Reconciliation[In any] struct {
 	// Input is the validated input, as the handler received it.
 	Input        In
-	ExecutionID  string
-	CapabilityID string
+	ExecutionID  string // the execution whose attempt was lost, as Call.ExecutionID
+	CapabilityID string // the capability called
 	// IdempotencyKey is the key the lost attempt used: where the effect
 	// lives, look it up by this.
 	IdempotencyKey string
 	// Attempt is the lost attempt.
 	Attempt int
-	Actor   envelope.Actor
-	Logger  *slog.Logger
+	Actor   envelope.Actor // who the call runs for, as Call.Actor
+	Logger  *slog.Logger   // the worker's logger with the execution's id, capability and attempt attached
 }
 
 // Effect is a reconciler's answer.
@@ -147,8 +147,8 @@ const (
 // Reconciled is a reconciler's answer: the effect, and the output when it
 // was found.
 type Reconciled[Out any] struct {
-	Effect Effect
-	Output Out
+	Effect Effect // what the reconciler found; the zero value is EffectUnknown
+	Output Out    // the execution's output, with EffectFound only
 }
 
 // Found is the answer of a reconciler that found the effect: out is the

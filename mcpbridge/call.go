@@ -223,14 +223,14 @@ func errorText(me *envelope.ModelError) string {
 // ApprovalRequired is the structured content of a call that waits for an
 // approval.
 type ApprovalRequired struct {
-	Status       string    `json:"status"` // "approval-required"
-	ExecutionID  string    `json:"executionId"`
-	CapabilityID string    `json:"capabilityId"`
-	ApprovalID   string    `json:"approvalId"`
-	Reasons      []string  `json:"reasons,omitempty"`
-	Types        []string  `json:"types,omitempty"`
-	ExpiresAt    time.Time `json:"expiresAt"`
-	Next         string    `json:"next"`
+	Status       string    `json:"status"`            // "approval-required"
+	ExecutionID  string    `json:"executionId"`       // the execution that asked; nothing of it ran
+	CapabilityID string    `json:"capabilityId"`      // the tool's capability
+	ApprovalID   string    `json:"approvalId"`        // what an approver decides, and the resume tool takes
+	Reasons      []string  `json:"reasons,omitempty"` // why an approval is needed
+	Types        []string  `json:"types,omitempty"`   // the approver types that may decide it; empty for any
+	ExpiresAt    time.Time `json:"expiresAt"`         // when the approval expires undecided
+	Next         string    `json:"next"`              // what to do next, in words a model follows
 }
 
 func approvalResult(env *envelope.Envelope, meta mcp.Meta) *mcp.CallToolResult {
@@ -297,9 +297,9 @@ func refusal(code envelope.Code, msg string) *mcp.CallToolResult {
 // StillRunning is the structured content of a call whose execution outlived
 // Config.CallTimeout.
 type StillRunning struct {
-	Status      string `json:"status"` // "running"
-	ExecutionID string `json:"executionId"`
-	Next        string `json:"next"`
+	Status      string `json:"status"`      // "running"
+	ExecutionID string `json:"executionId"` // the execution, to read later with the status tool
+	Next        string `json:"next"`        // what to do next, in words a model follows
 }
 
 func stillRunning(id string, waited time.Duration) *mcp.CallToolResult {

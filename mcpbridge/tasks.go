@@ -49,17 +49,41 @@ const (
 // and the result of tasks/get (resultType "complete").
 type Task struct {
 	mcp.ResultBase
-	ResultType     string              `json:"resultType"`
-	TaskID         string              `json:"taskId"`
-	Status         string              `json:"status"`
-	StatusMessage  string              `json:"statusMessage,omitempty"`
-	CreatedAt      string              `json:"createdAt"`
-	LastUpdatedAt  string              `json:"lastUpdatedAt"`
-	TTLMs          *int64              `json:"ttlMs"`
-	PollIntervalMs int64               `json:"pollIntervalMs,omitempty"`
-	InputRequests  map[string]any      `json:"inputRequests,omitempty"`
-	Result         *mcp.CallToolResult `json:"result,omitempty"`
-	Error          *jsonrpc.Error      `json:"error,omitempty"`
+	// ResultType is "task" when a tools/call is answered with the task,
+	// "complete" in the answer of tasks/get.
+	ResultType string `json:"resultType"`
+	// TaskID is the task's id: the id of the execution the call made.
+	TaskID string `json:"taskId"`
+	// Status is TaskWorking, TaskInputRequired (an approval is pending),
+	// TaskCompleted (also when the tool's result is an error) or
+	// TaskCancelled.
+	Status string `json:"status"`
+	// StatusMessage says where the execution is, in words: "queued", its
+	// attempt and latest progress report, the approval it waits for, or
+	// how it ended.
+	StatusMessage string `json:"statusMessage,omitempty"`
+	// CreatedAt is when the execution's record was created (RFC 3339); the
+	// time of the answer while no worker has claimed it.
+	CreatedAt string `json:"createdAt"`
+	// LastUpdatedAt is when the execution last changed (RFC 3339): its
+	// record's last write, its envelope, or its approval's request.
+	LastUpdatedAt string `json:"lastUpdatedAt"`
+	// TTLMs is how long the task's result is kept, in milliseconds: the
+	// envelope retention the bridge's client read.
+	TTLMs *int64 `json:"ttlMs"`
+	// PollIntervalMs is how often a client should ask tasks/get, in
+	// milliseconds (1000).
+	PollIntervalMs int64 `json:"pollIntervalMs,omitempty"`
+	// InputRequests, while an approval is pending, holds one form
+	// elicitation under "approval-<id>" with nothing to fill in: someone
+	// else decides; the requester may only decline it to withdraw the call.
+	InputRequests map[string]any `json:"inputRequests,omitempty"`
+	// Result is the tool's result once the execution ended (completed,
+	// failed or cancelled), as tools/call would have answered it.
+	Result *mcp.CallToolResult `json:"result,omitempty"`
+	// Error is the extension's field for a task that failed as a protocol
+	// error; the bridge leaves it nil and puts every outcome in Result.
+	Error *jsonrpc.Error `json:"error,omitempty"`
 }
 
 // MarshalJSON writes the task with its result in the tool result's standard
@@ -79,14 +103,17 @@ func (t Task) MarshalJSON() ([]byte, error) {
 // TaskParams are the parameters of tasks/get, tasks/update and tasks/cancel.
 type TaskParams struct {
 	mcp.ParamsBase
-	TaskID         string         `json:"taskId"`
+	TaskID string `json:"taskId"` // the task asked about
+	// InputResponses answer a task's InputRequests (tasks/update), under
+	// their keys: {"action": "decline"} (or "cancel") to an approval's
+	// request withdraws the call; anything else is ignored.
 	InputResponses map[string]any `json:"inputResponses,omitempty"`
 }
 
 // Ack is the empty acknowledgement of tasks/update and tasks/cancel.
 type Ack struct {
 	mcp.ResultBase
-	ResultType string `json:"resultType"`
+	ResultType string `json:"resultType"` // always "complete"
 }
 
 // serverCapabilities are what every actor's server declares: tools whose

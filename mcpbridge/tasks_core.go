@@ -47,32 +47,35 @@ const taskFailed = "failed"
 // and the "task" of CreateTaskResult and of tasks/list.
 type CoreTask struct {
 	mcp.ResultBase
-	TaskID        string `json:"taskId"`
+	TaskID string `json:"taskId"` // the id of the execution the call made
+	// Status is as Task's, except that a tool result that is an error is
+	// "failed", and a pending approval, which someone else decides, is
+	// TaskWorking.
 	Status        string `json:"status"`
-	StatusMessage string `json:"statusMessage,omitempty"`
-	CreatedAt     string `json:"createdAt"`
-	LastUpdatedAt string `json:"lastUpdatedAt"`
-	TTL           *int64 `json:"ttl"`
-	PollInterval  int64  `json:"pollInterval,omitempty"`
+	StatusMessage string `json:"statusMessage,omitempty"` // as Task.StatusMessage
+	CreatedAt     string `json:"createdAt"`               // as Task.CreatedAt (RFC 3339)
+	LastUpdatedAt string `json:"lastUpdatedAt"`           // as Task.LastUpdatedAt (RFC 3339)
+	TTL           *int64 `json:"ttl"`                     // as Task.TTLMs, in milliseconds
+	PollInterval  int64  `json:"pollInterval,omitempty"`  // as Task.PollIntervalMs, in milliseconds
 }
 
 // CreateTaskResult answers a task-augmented tools/call.
 type CreateTaskResult struct {
 	mcp.ResultBase
-	Task *CoreTask `json:"task"`
+	Task *CoreTask `json:"task"` // the call's new task, working ("queued")
 }
 
 // ListTasksParams are the parameters of tasks/list.
 type ListTasksParams struct {
 	mcp.ParamsBase
-	Cursor string `json:"cursor,omitempty"`
+	Cursor string `json:"cursor,omitempty"` // a previous answer's NextCursor; empty for the newest tasks
 }
 
 // ListTasksResult answers tasks/list.
 type ListTasksResult struct {
 	mcp.ResultBase
-	Tasks      []*CoreTask `json:"tasks"`
-	NextCursor string      `json:"nextCursor,omitempty"`
+	Tasks      []*CoreTask `json:"tasks"`                // the actor's tasks made through the bridge, newest first
+	NextCursor string      `json:"nextCursor,omitempty"` // where the next, older page starts; empty at the end
 }
 
 // rawResult is a result the SDK has no type for, written as it is.

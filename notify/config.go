@@ -159,7 +159,7 @@ type Channel struct {
 	// Name identifies the channel in logs, metrics and status: a short token
 	// ([a-z0-9_-]).
 	Name string `json:"name"`
-	Kind Kind   `json:"kind"`
+	Kind Kind   `json:"kind"` // KindWebhook, KindSlack or KindEmail; required
 	// Types are the approval types whose notifications the channel
 	// receives; "*" is every approval, those without types included. An
 	// approval of several types reaches every channel that lists one.
@@ -167,24 +167,24 @@ type Channel struct {
 	// URL is where a webhook or Slack channel posts. It must be https
 	// beyond loopback, unless AllowHTTP.
 	URL       Secret `json:"url,omitzero"`
-	AllowHTTP bool   `json:"allowHttp,omitzero"`
+	AllowHTTP bool   `json:"allowHttp,omitzero"` // permits a plain http URL beyond loopback (the payload then travels in clear)
 	// Secret is a webhook's HMAC-SHA256 key (at least 16 bytes).
 	Secret Secret `json:"secret,omitzero"`
 	// SMTP, From and To configure an email channel.
 	SMTP SMTP     `json:"smtp,omitzero"`
-	From string   `json:"from,omitzero"`
-	To   []string `json:"to,omitzero"`
+	From string   `json:"from,omitzero"` // the sender's address, required for email
+	To   []string `json:"to,omitzero"`   // the recipients' addresses, at least one for email
 }
 
 // SMTP is how an email channel reaches its mail server.
 type SMTP struct {
-	Host string `json:"host"`
+	Host string `json:"host"` // the mail server's host name or address; required
 	// Port defaults to 587 (465 with TLSModeImplicit).
 	Port int `json:"port,omitzero"`
 	// Username and Password authenticate with AUTH PLAIN; empty: no AUTH.
 	Username string  `json:"username,omitzero"`
-	Password Secret  `json:"password,omitzero"`
-	TLS      TLSMode `json:"tls,omitzero"`
+	Password Secret  `json:"password,omitzero"` // see Username; never sent in clear beyond loopback
+	TLS      TLSMode `json:"tls,omitzero"`      // TLSModeStartTLS (when empty), TLSModeImplicit or TLSModeOptional
 	// TLSConfig, when set, is the TLS configuration (its ServerName
 	// defaults to Host); CAFile in the configuration file adds a root.
 	TLSConfig *tls.Config `json:"-"`

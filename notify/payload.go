@@ -52,8 +52,8 @@ type Approval struct {
 	// CapabilityID, Surface and Actor are the call's: what it calls, where
 	// it came from, who it runs for (the requester).
 	CapabilityID string         `json:"capabilityId"`
-	Surface      string         `json:"surface,omitempty"`
-	Actor        envelope.Actor `json:"actor"`
+	Surface      string         `json:"surface,omitempty"` // "direct", "mcp" or "http"
+	Actor        envelope.Actor `json:"actor"`             // who the call runs for, not the approver
 	// Principal is the authenticated principal that requested the call.
 	Principal string `json:"principal,omitempty"`
 	// Types are the kinds of approver that may decide it.
@@ -62,26 +62,26 @@ type Approval struct {
 	Reasons []string `json:"reasons,omitempty"`
 	// Risk and SideEffect are the capability's.
 	Risk       string `json:"risk,omitempty"`
-	SideEffect string `json:"sideEffect,omitempty"`
+	SideEffect string `json:"sideEffect,omitempty"` // none, read, write, destructive or external
 	// RequestedAt is when the call asked; ExpiresAt when the approval
 	// stops being decidable or, once approved, consumable.
 	RequestedAt time.Time `json:"requestedAt"`
-	ExpiresAt   time.Time `json:"expiresAt"`
+	ExpiresAt   time.Time `json:"expiresAt"` // see RequestedAt
 	// Status is the approval's status as of the event.
 	Status approvals.Status `json:"status"`
 	// Decision is the approver's, on a decision's event.
 	Decision *Decision `json:"decision,omitempty"`
 	// RequestedBy is the execution that asked; CorrelationID its.
 	RequestedBy   string `json:"requestedBy"`
-	CorrelationID string `json:"correlationId,omitempty"`
+	CorrelationID string `json:"correlationId,omitempty"` // the requesting execution's; empty for none
 	// InputHash is the SHA-256 of the whole input the approval binds.
 	InputHash string `json:"inputHash"`
 	// Input is what an approver is shown of it (canonical JSON), left out
 	// beyond MaxInput; InputRedacted says it is the capability's display,
 	// InputOmittedBytes how large what was left out is.
 	Input             json.RawMessage `json:"input,omitempty"`
-	InputRedacted     bool            `json:"inputRedacted,omitempty"`
-	InputOmittedBytes int             `json:"inputOmittedBytes,omitempty"`
+	InputRedacted     bool            `json:"inputRedacted,omitempty"`     // Input is the capability's display, not the input
+	InputOmittedBytes int             `json:"inputOmittedBytes,omitempty"` // the size of an Input left out; 0 when it is there
 }
 
 // Decision is who decided an approval, when and why.
@@ -90,8 +90,8 @@ type Decision struct {
 	Status approvals.Status `json:"status"`
 	// Approver decided (or cancelled), at DecidedAt, with Comment.
 	Approver  envelope.Actor `json:"approver"`
-	Comment   string         `json:"comment,omitempty"`
-	DecidedAt time.Time      `json:"decidedAt"`
+	Comment   string         `json:"comment,omitempty"` // the approver's comment; empty for none
+	DecidedAt time.Time      `json:"decidedAt"`         // when the decision was recorded
 }
 
 // notification is one event of one approval, ready for every channel.

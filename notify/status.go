@@ -17,41 +17,41 @@ import (
 // Stats is what one notifier delivered since it started. Counts are kept in
 // memory: a restarted notifier starts from zero.
 type Stats struct {
-	ID      string    `json:"id"`
-	Started time.Time `json:"started"`
+	ID      string    `json:"id"`      // the notifier's id (Config.ID)
+	Started time.Time `json:"started"` // when it started delivering; zero before
 	// InFlight is how many approvals' notifications it is delivering, on
 	// every channel (retries included).
 	InFlight int            `json:"inFlight"`
-	Channels []ChannelStats `json:"channels"`
+	Channels []ChannelStats `json:"channels"` // one per configured channel, in the configuration's order
 	// Failures are the latest notifications given up, newest last.
 	Failures []Failure `json:"failures,omitempty"`
 }
 
 // ChannelStats counts one channel's deliveries.
 type ChannelStats struct {
-	Name string `json:"name"`
-	Kind Kind   `json:"kind"`
+	Name string `json:"name"` // Channel.Name
+	Kind Kind   `json:"kind"` // Channel.Kind
 	// Where is the destination's host (never its URL, whose path may be a
 	// secret) or mail server.
 	Where string   `json:"where"`
-	Types []string `json:"types"`
+	Types []string `json:"types"` // Channel.Types
 	// Sent notifications, Failed ones (given up: retries exhausted, or
 	// refused for good), and Retries (failed attempts retried).
 	Sent        uint64    `json:"sent"`
-	Failed      uint64    `json:"failed"`
-	Retries     uint64    `json:"retries"`
-	InFlight    int       `json:"inFlight"`
-	LastSent    time.Time `json:"lastSent,omitzero"`
-	LastFailure time.Time `json:"lastFailure,omitzero"`
+	Failed      uint64    `json:"failed"`               // see Sent
+	Retries     uint64    `json:"retries"`              // see Sent
+	InFlight    int       `json:"inFlight"`             // approvals whose notification it is delivering now
+	LastSent    time.Time `json:"lastSent,omitzero"`    // when it last delivered one; zero for never
+	LastFailure time.Time `json:"lastFailure,omitzero"` // when it last gave one up; zero for never
 }
 
 // Failure is one notification given up.
 type Failure struct {
-	At       time.Time `json:"at"`
-	Channel  string    `json:"channel"`
-	Key      string    `json:"key"`
-	Attempts int       `json:"attempts"`
-	Error    string    `json:"error"`
+	At       time.Time `json:"at"`       // when it was given up
+	Channel  string    `json:"channel"`  // the channel's Name
+	Key      string    `json:"key"`      // the notification's idempotency key (Key): "<approvalId>.<event>"
+	Attempts int       `json:"attempts"` // attempts made, the last included
+	Error    string    `json:"error"`    // the last attempt's error
 }
 
 // Stats returns the notifier's counts now.
@@ -133,8 +133,8 @@ type Queue struct {
 	// done (pending approvals waiting for their expiry included);
 	// Redelivered ones handed out again (a notifier stopped or gone).
 	Waiting     uint64 `json:"waiting"`
-	InFlight    int    `json:"inFlight"`
-	Redelivered int    `json:"redelivered"`
+	InFlight    int    `json:"inFlight"`    // see Waiting
+	Redelivered int    `json:"redelivered"` // see Waiting
 	// Delivered counts every hand-out, redeliveries included.
 	Delivered uint64 `json:"delivered"`
 }

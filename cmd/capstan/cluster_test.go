@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
@@ -330,23 +333,64 @@ func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEm
 	}
 	calls := readCalls(t, readCtx, js)
 	ran := map[string]int{}
+	attempts := map[string]map[int]int{}
 	for _, c := range calls {
 		ran[c.ExecutionID]++
-	}
-	for id, k := range ran {
-		if k > 1 {
-			t.Errorf("execution %s ran its handler %d times", id, k)
+		if attempts[c.ExecutionID] == nil {
+			attempts[c.ExecutionID] = map[int]int{}
 		}
+		attempts[c.ExecutionID][c.Attempt]++
+	}
+	reattempted := 0
+	for id, k := range ran {
 		if sent[id] > k {
 			t.Errorf("execution %s sent %d emails in %d recorded handler calls", id, sent[id], k)
 		}
+		if k == 1 {
+			continue
+		}
+		// A second call is an attempt the takeover rules allow only on an
+		// authoritative answer: the reconciler proved the one before it
+		// absent (a worker cut off from the store by a node's loss lost its
+		// lease with its handler in flight; email.send's outbox, create-only
+		// under the idempotency key, refuses the lost attempt's late email).
+		// Never twice the same attempt, never one on a guess.
+		absent := provedAbsent(t, readCtx, client, id)
+		for attempt, n := range attempts[id] {
+			if n > 1 {
+				t.Errorf("execution %s ran attempt %d's handler %d times", id, attempt, n)
+			}
+			if attempt > 1 && !slices.Contains(absent, attempt) {
+				t.Errorf("execution %s ran attempt %d without a proof that the one before took no effect (calls by attempt %v)",
+					id, attempt, attempts[id])
+			}
+		}
+		reattempted++
 	}
 	for id, ok := range completed {
-		if ok && (sent[id] != 1 || ran[id] != 1) {
+		if ok && sent[id] != 1 {
 			t.Errorf("completed execution %s sent %d emails in %d handler calls, want 1", id, sent[id], ran[id])
 		}
 	}
-	t.Logf("emails sent: %d, handler calls: %d", len(sent), len(calls))
+	t.Logf("emails sent: %d, handler calls: %d, executions attempted again after a proof of absence: %d", len(sent), len(calls), reattempted)
+}
+
+// provedAbsent lists the attempts of an execution that its trail says
+// started because a reconciler proved the attempt before them absent.
+func provedAbsent(t *testing.T, ctx context.Context, c *executor.Client, id string) []int {
+	t.Helper()
+	trail, err := c.Trail(ctx, id)
+	if err != nil {
+		t.Fatalf("trail of %s: %v", id, err)
+	}
+	var out []int
+	for _, ev := range trail {
+		if ev.Type == audit.EventRetried && fmt.Sprint(ev.Data["reason"]) == "reconciled-absent" {
+			n, _ := strconv.Atoi(fmt.Sprint(ev.Data["attempt"]))
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func indexOf(nodes []*serverNode, n *serverNode) int {
