@@ -120,8 +120,9 @@ func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
 	for range 5 {
 		e.Emit(event(audit.EventStarted, "exec-before"))
 	}
+	reconnects := b.NC.Stats().Reconnects
 	env.Restart(t)
-	waitConnected(t, b)
+	waitReconnected(t, b, reconnects)
 	e.Emit(event(audit.EventStarted, "exec-reconnected")) // a batch of its own: the old one is unknown now
 	flush(t, e)
 	for range 5 {
@@ -149,6 +150,7 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 	for range 5 {
 		e.Emit(event(audit.EventStarted, "exec-before")) // a batch left open by the outage
 	}
+	reconnects := b.NC.Stats().Reconnects
 	env.Stop()
 	ctx := testCtx(t)
 	for b.NC.IsConnected() {
@@ -162,7 +164,7 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 		e.Emit(event(audit.EventCompleted, "exec-offline"))
 	}
 	env.Restart(t)
-	waitConnected(t, b)
+	waitReconnected(t, b, reconnects)
 	flush(t, e)
 	if got := storedEvents(t, b, []string{"exec-offline"}); got != 5 {
 		t.Fatalf("%d of the 5 events emitted during the outage stored", got)
@@ -173,11 +175,15 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 	}
 }
 
-// waitConnected waits until b's connection is back after a restart.
-func waitConnected(t *testing.T, b *broker.Broker) {
+// waitReconnected waits until b's connection, which had reconnected
+// `reconnects` times before the server's restart, is connected to the
+// restarted server. Being connected is not enough: a connection that has not
+// yet read the old server's end still says it is connected, and what is
+// published on it then is lost with the old socket.
+func waitReconnected(t *testing.T, b *broker.Broker, reconnects uint64) {
 	t.Helper()
 	ctx := testCtx(t)
-	for !b.NC.IsConnected() {
+	for b.NC.Stats().Reconnects == reconnects || !b.NC.IsConnected() {
 		select {
 		case <-ctx.Done():
 			t.Fatal("the connection did not come back")

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -27,6 +28,10 @@ type ConnectOptions struct {
 	// capstan principal, replies come under the principal's inbox prefix, the
 	// only one the server lets it receive on.
 	Creds string
+	// Credentials, when it was read from Creds (ReadCredentials), is used
+	// instead of reading the file again; credentials of another file are
+	// ignored.
+	Credentials *Credentials
 	// Prefix of capstan's names (default "CAPSTAN"), for the inbox prefix.
 	Prefix string
 	// TLS is the client's TLS configuration when the server asks for more
@@ -41,6 +46,9 @@ type ConnectOptions struct {
 	Name string
 	// Timeout bounds the first connection attempt. Default 5 s.
 	Timeout time.Duration
+	// Dialer, when set, dials the server's TCP connections instead of the
+	// client's own dialer.
+	Dialer nats.CustomDialer
 }
 
 // ResolveURL returns the URL the options connect to.
@@ -91,13 +99,22 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if o.Timeout > 0 {
 		opts = append(opts, nats.Timeout(o.Timeout))
 	}
+	if o.Dialer != nil {
+		opts = append(opts, nats.SetCustomDialer(o.Dialer))
+	}
 	if o.Creds != "" {
-		if err := CheckPrivate(o.Creds); err != nil {
-			return nil, fmt.Errorf("capstan: credentials file: %w", err)
+		c := o.Credentials
+		if c == nil || c.Path != o.Creds {
+			var err error
+			if c, err = ReadCredentials(o.Creds); err != nil {
+				return nil, err
+			}
 		}
-		opts = append(opts, nats.UserCredentials(o.Creds))
-		if p, err := PrincipalFromCreds(o.Creds); err == nil {
-			opts = append(opts, nats.CustomInboxPrefix(NewNames(o.Prefix).InboxPrefix(p)))
+		opt, connected := c.option()
+		defer connected()
+		opts = append(opts, opt)
+		if c.Principal != "" {
+			opts = append(opts, nats.CustomInboxPrefix(NewNames(o.Prefix).InboxPrefix(c.Principal)))
 		}
 	}
 	if o.TLS != nil {
@@ -150,6 +167,13 @@ func ConnectWait(ctx context.Context, o ConnectOptions, wait time.Duration, log 
 func Unreachable(err error) bool {
 	var ne net.Error
 	var api *jetstream.APIError
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		// A file of the options (credentials, a root certificate) that is
+		// missing or unreadable: no server was asked, and waiting will not
+		// write it. (A PathError passes for a net.Error.)
+		return false
+	}
 	if errors.As(err, &api) && (api.Code == 503 || api.ErrorCode == jsClusterNoPeers) {
 		return true
 	}
@@ -161,23 +185,6 @@ func Unreachable(err error) bool {
 
 // jsClusterNoPeers: "no suitable peers for placement", a cluster still forming.
 const jsClusterNoPeers = 10005
-
-// PrincipalFromCreds returns the capstan principal a credentials file names
-// (its user's name).
-func PrincipalFromCreds(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file: %w", err)
-	}
-	name, err := credsName(b)
-	if err != nil {
-		return "", fmt.Errorf("capstan: credentials file %s: %w", path, err)
-	}
-	if !ValidPrincipal(name) || name == Anonymous {
-		return "", fmt.Errorf("capstan: credentials file %s names no capstan principal (%q)", path, name)
-	}
-	return name, nil
-}
 
 // PrincipalOf returns the principal a connection acts as: the one whose inbox
 // prefix it uses (see Connect), else Anonymous. The server, not this answer,

@@ -1,9 +1,11 @@
 package broker_test
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
@@ -175,5 +177,35 @@ func TestConnect_ClientCertificate(t *testing.T) {
 		} else {
 			t.Logf("%s: %v", name, err)
 		}
+	}
+}
+
+// A credentials file that is missing is no server that has not answered yet:
+// ConnectWait says so at once instead of waiting for the file to appear.
+func TestConnectWait_MissingCredentialsFileIsNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	missing := filepath.Join(t.TempDir(), "missing.creds")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		nc, err := broker.ConnectWait(ctx, broker.ConnectOptions{URL: env.URL, Creds: missing}, 0, slog.New(slog.DiscardHandler))
+		if nc != nil {
+			nc.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
+			t.Errorf("ConnectWait: %v, want the missing file named", err)
+		}
+	case <-time.After(time.Minute):
+		cancel()
+		t.Fatalf("ConnectWait still waiting for a missing credentials file: %v", <-done)
+	}
+	if broker.Unreachable(&fs.PathError{Op: "open", Path: missing, Err: fs.ErrNotExist}) {
+		t.Error("a missing file reads as an unreachable server")
 	}
 }

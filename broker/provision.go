@@ -458,13 +458,10 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	}
 	// It exists with another configuration, or the server refuses this one
 	// (a single server refuses R3 even for a stream that exists as R1).
-	read := js.Stream
-	if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
-		read = func(ctx context.Context, name string) (jetstream.Stream, error) { return existingStream(ctx, js, name) }
-	}
-	s, err := read(ctx, want.Name)
+	exists := errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse)
+	s, err := readRefused(ctx, js, want.Name, exists)
 	if err != nil {
-		if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) {
+		if exists {
 			return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
 		}
 		return nil, fmt.Errorf("capstan: create stream %s (replicas %d): %w", want.Name, want.Replicas, cerr)
@@ -577,11 +574,7 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		return kv, nil
 	}
 	exists := errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse)
-	read := js.Stream
-	if exists {
-		read = func(ctx context.Context, name string) (jetstream.Stream, error) { return existingStream(ctx, js, name) }
-	}
-	s, err := read(ctx, "KV_"+want.Bucket)
+	s, err := readRefused(ctx, js, "KV_"+want.Bucket, exists)
 	if err != nil {
 		if exists {
 			return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
@@ -594,6 +587,15 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 		return nil, fmt.Errorf("%w: bucket %s: %s", ErrConfigConflict, want.Bucket, diff)
 	}
 	return js.KeyValue(ctx, want.Bucket)
+}
+
+// readRefused reads the stream a create refused: one the create said exists
+// is waited for until it answers (existingStream), any other is read once.
+func readRefused(ctx context.Context, js jetstream.JetStream, name string, exists bool) (jetstream.Stream, error) {
+	if exists {
+		return existingStream(ctx, js, name)
+	}
+	return js.Stream(ctx, name)
 }
 
 // bucketDiff names every field of a bucket's stream capstan relies on that differs.

@@ -56,7 +56,8 @@ type Running struct {
 }
 
 // Worker runs a worker serving reg until the test ends, and returns once it
-// serves: once the catalog lists every capability of reg. Unless WithConn
+// serves (executor.Worker.Ready): the catalog lists every capability of reg,
+// and a call of any of them reaches a worker that serves it. Unless WithConn
 // says otherwise it serves on a new embedded JetStream server (testenv.Start),
 // shut down after it. A worker that stops on an error fails the test.
 func Worker(t testing.TB, reg *executor.Registry, opts ...Option) *Running {
@@ -94,7 +95,7 @@ func Worker(t testing.TB, reg *executor.Registry, opts ...Option) *Running {
 			t.Errorf("capstantest: worker: %v", r.runErr)
 		}
 	})
-	if err := r.waitServing(reg.IDs()); err != nil {
+	if err := r.waitServing(); err != nil {
 		t.Fatalf("capstantest: %v", err)
 	}
 	return r
@@ -125,34 +126,19 @@ func (r *Running) Client(t testing.TB, cfg executor.ClientConfig) *executor.Clie
 	return c
 }
 
-// waitServing waits until the catalog lists every id, or the worker stops.
-func (r *Running) waitServing(ids []string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), serveWait)
-	defer cancel()
-	var b *broker.Broker
-	for left := ids; len(left) > 0; {
-		var err error
-		if b == nil {
-			// The worker provisions as it starts: until then nothing opens.
-			b, err = broker.Open(ctx, r.Conn, r.cfg.Broker)
+// waitServing waits until the worker serves (executor.Worker.Ready), or
+// stops.
+func (r *Running) waitServing() error {
+	select {
+	case <-r.Ready():
+		return nil
+	case <-r.exited:
+		r.told = true
+		if r.runErr == nil {
+			return errors.New("the worker stopped before it served")
 		}
-		if err == nil {
-			if _, err = b.Catalog.Get(ctx, left[0]); err == nil {
-				left = left[1:]
-				continue
-			}
-		}
-		select {
-		case <-r.exited:
-			r.told = true
-			if r.runErr == nil {
-				return errors.New("the worker stopped before it served")
-			}
-			return fmt.Errorf("the worker stopped before it served: %w", r.runErr)
-		case <-ctx.Done():
-			return fmt.Errorf("no worker serves %s after %s: %w", left[0], serveWait, err)
-		case <-time.After(20 * time.Millisecond):
-		}
+		return fmt.Errorf("the worker stopped before it served: %w", r.runErr)
+	case <-time.After(serveWait):
+		return fmt.Errorf("the worker does not serve after %s", serveWait)
 	}
-	return nil
 }

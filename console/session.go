@@ -372,11 +372,7 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 		}
 		name = claims.Name
 		may = func(subject string) bool { return auth.MayPublish(claims, subject) }
-		for _, tag := range claims.Tags {
-			if r, ok := strings.CutPrefix(tag, roleTag); ok {
-				role = r
-			}
-		}
+		role = string(auth.RoleOf(claims))
 		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
 			return nil, "", "", nil, fmt.Errorf("%w: the credentials name no capstan principal (%q)", errSignIn, name)
 		}
@@ -406,10 +402,6 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 	opts = append(opts, nats.CustomInboxPrefix(broker.NewNames(ss.cfg.Broker.Prefix).InboxPrefix(name)))
 	return append(opts, nats.Name("capstan console "+name)), name, role, may, nil
 }
-
-// roleTag prefixes the tag that names a principal's role in the credentials
-// capstan's auth command writes.
-const roleTag = "capstan-role:"
 
 func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()

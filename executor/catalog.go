@@ -182,16 +182,18 @@ type catalog struct {
 	mu      sync.RWMutex
 	entries map[string]Descriptor
 	w       jetstream.KeyWatcher
+	kv      jetstream.KeyValue // the bucket, for listedNow
 }
 
 // watchCatalog follows the catalog; an entry that does not decode is
-// skipped and told to skipped.
-func watchCatalog(ctx context.Context, b *broker.Broker, skipped func(key string, err error)) (*catalog, error) {
+// skipped and told to skipped. lag holds back each change after the first
+// load (testhooks.WorkerKnobs.CatalogLag; 0 in production).
+func watchCatalog(ctx context.Context, b *broker.Broker, lag time.Duration, skipped func(key string, err error)) (*catalog, error) {
 	w, err := b.Catalog.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: watch catalog: %w", err)
 	}
-	c := &catalog{entries: map[string]Descriptor{}, w: w}
+	c := &catalog{entries: map[string]Descriptor{}, w: w, kv: b.Catalog}
 	ready := make(chan struct{})
 	go func() {
 		initial := true
@@ -202,6 +204,12 @@ func watchCatalog(ctx context.Context, b *broker.Broker, skipped func(key string
 					close(ready)
 				}
 				continue
+			}
+			if lag > 0 && !initial {
+				select {
+				case <-time.After(lag):
+				case <-ctx.Done():
+				}
 			}
 			c.mu.Lock()
 			if e.Operation() == jetstream.KeyValuePut {
@@ -239,6 +247,25 @@ func (c *catalog) listed(id string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.listedLocked(id, time.Now())
+}
+
+// listedNow is listed, asking the bucket itself when the copy does not list
+// id: the watcher's copy may not yet have the entry a newer worker has just
+// written, which the producer that routed the request here had read. A
+// worker decides with it whether a request for a capability it lacks waits
+// for another worker, or is forwarded to it, or ends CAPABILITY_NOT_FOUND;
+// err when the bucket did not answer, which proves nothing.
+func (c *catalog) listedNow(id string) (bool, error) {
+	if c.listed(id) {
+		return true, nil
+	}
+	if strings.HasPrefix(id, "_") || envelope.ValidCapabilityID(id) != nil {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	listed, _, err := storeListed(ctx, c.kv, id)
+	return listed, err
 }
 
 func (c *catalog) listedLocked(id string, now time.Time) bool {
@@ -305,18 +332,52 @@ func (p *catalogProbe) listed(id string) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	d, _, err := broker.Load[Descriptor](ctx, p.kv, id)
-	if err != nil {
+	listed, live, err := storeListed(ctx, p.kv, id)
+	if err != nil || !listed {
 		return false // absent, or unknown: _unrouted, where a worker decides
 	}
-	now := time.Now()
-	if !now.Before(d.ExpiresAt) {
-		// Lapsed: listed only while its whole pool is down (catalog.listed).
-		pool, _, err := broker.Load[Descriptor](ctx, p.kv, poolKey(d.Pool))
-		return err != nil || !now.Before(pool.ExpiresAt)
+	if live {
+		p.mu.Lock()
+		p.seen[id] = time.Now()
+		p.mu.Unlock()
 	}
-	p.mu.Lock()
-	p.seen[id] = now
-	p.mu.Unlock()
 	return true
+}
+
+// storeListed reads from the catalog bucket itself whether it lists id, by
+// catalog.listed's rule, and whether its entry is live; err when the bucket
+// did not answer. An entry that does not decode lists nothing, as in the
+// watcher's copy.
+func storeListed(ctx context.Context, kv jetstream.KeyValue, id string) (listed, live bool, err error) {
+	d, err := loadEntry(ctx, kv, id)
+	if err != nil || d == nil {
+		return false, false, err
+	}
+	now := time.Now()
+	if now.Before(d.ExpiresAt) {
+		return true, true, nil
+	}
+	// Lapsed: listed only while its whole pool is down.
+	pool, err := loadEntry(ctx, kv, poolKey(d.Pool))
+	if err != nil {
+		return false, false, err
+	}
+	return pool == nil || !now.Before(pool.ExpiresAt), false, nil
+}
+
+// loadEntry reads one catalog entry: nil when there is none, or it does not
+// decode; err when the bucket did not answer.
+func loadEntry(ctx context.Context, kv jetstream.KeyValue, key string) (*Descriptor, error) {
+	e, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	var d Descriptor
+	if envelope.Unmarshal(e.Value(), &d) != nil {
+		return nil, nil
+	}
+	return &d, nil
 }

@@ -127,7 +127,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
 		return c, nil
 	}
-	c.cat, err = watchCatalog(c.ctx, b, func(key string, err error) {
+	c.cat, err = watchCatalog(c.ctx, b, 0, func(key string, err error) {
 		cfg.Logger.Warn("catalog entry does not decode: skipped", "bucket", b.Names.CatalogBucket(), "key", key, "err", err)
 	})
 	if err != nil {

@@ -24,6 +24,7 @@
 //	reg, err := executor.NewRegistry(greet)      // all metadata problems, at once
 //	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "default"})
 //	go w.Run(ctx)                                 // returns after a graceful drain
+//	<-w.Ready()                                   // listed and served: call at once
 //
 //	c, err := executor.NewClient(nc, executor.ClientConfig{})
 //	env, err := c.Call(ctx, "demo.greet", GreetIn{Name: "Ada"}, executor.As(actor))

@@ -15,7 +15,10 @@ type Greeting struct {
 
 // A capability, a registry, a worker serving it and a client calling it: the
 // README's first example. The worker and the client would usually live in
-// different processes; any number of each may run.
+// different processes; any number of each may run. A program that starts a
+// worker and calls it at once waits for Ready first: before it, another
+// worker of the deployment (capstan dev's) could take the call and end it
+// CAPABILITY_NOT_FOUND.
 func Example() {
 	url, stopServer := exampleServer() // yours: `capstan dev`, `capstan server` or any JetStream
 	defer stopServer()
@@ -34,8 +37,13 @@ func Example() {
 	check(err)
 	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "greeters"})
 	check(err)
-	done := make(chan error)
+	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }() // until ctx ends, then drains
+	select {
+	case <-w.Ready(): // greet.hello is listed and served: call it at once
+	case err := <-done:
+		check(err)
+	}
 
 	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})
 	check(err)

@@ -487,6 +487,72 @@ func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
 	}
 }
 
+// A worker's copy of the catalog follows the bucket a moment late: a newer
+// worker has just listed a capability, and a producer that read the bucket
+// routes a request for it to the pool (or, its own catalog stale, to
+// _unrouted) before an older worker's copy has the entry. The older worker
+// asks the bucket before it ends the request CAPABILITY_NOT_FOUND: it puts
+// it back (forwards it), and the newer worker runs it. Here the older
+// worker's copy is held back for the whole test.
+func TestCatalog_WorkersCopyLagsTheBucket_RequestWaitsForTheNewerWorker(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		subject func(broker.Names) string
+	}{
+		{"RoutedToThePool", func(n broker.Names) string { return n.ExecSubject(broker.Anonymous, "test.send") }},
+		{"Unrouted", func(n broker.Names) string { return n.UnroutedSubject(broker.Anonymous) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			s := newStore(t, env)
+			var p probe
+			old := startWorker(t, env.Connect(t), testhooks.Worker(executor.WorkerConfig{ID: "old", RolloutDelay: 100 * time.Millisecond,
+				SweepInterval: -1}, testhooks.WorkerKnobs{CatalogLag: time.Hour}), echoCap(nil))
+			// The newer worker's start, up to its catalog entry: the pool's
+			// consumer covers test.send, and the bucket lists it.
+			if _, err := s.b.EnsurePool(ctxT(t), broker.PoolConfig{Pool: "default", Capabilities: []string{"test.send"},
+				MaxAckPending: 20000, AckWait: 30 * time.Second}); err != nil {
+				t.Fatal(err)
+			}
+			d, err := envelope.Marshal(&executor.Descriptor{V: envelope.Version, ID: "test.send", Pool: "default",
+				ExpiresAt: time.Now().UTC().Add(time.Hour)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.b.Catalog.Put(ctxT(t), "test.send", d); err != nil {
+				t.Fatal(err)
+			}
+			req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.send"}
+			s.publishRequest(tc.subject(s.b.Names), req)
+			// The older worker, alone in the pool, has put the request back
+			// at least once (a third delivery), and not ended it.
+			ctx := ctxT(t)
+			for old.Stats().Handled < 3 {
+				if st, err := s.c.Status(ctx, req.ExecutionID); err == nil && st.Envelope != nil {
+					t.Fatalf("ended %s %+v by %s before a worker that serves it came", st.Envelope.Status, st.Envelope.Error,
+						st.Envelope.FinalizedBy)
+				}
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the older worker handled %d deliveries", old.Stats().Handled)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+			startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "new", SweepInterval: -1}, sendCap(&p))
+			got := s.await(req.ExecutionID)
+			if got.Status != envelope.StatusCompleted || got.FinalizedBy != "new" {
+				t.Fatalf("envelope %s %+v by %s; want completed by the newer worker", got.Status, got.Error, got.FinalizedBy)
+			}
+			s.settled(req.ExecutionID)
+			if n := p.calls.Load(); n != 1 {
+				t.Fatalf("handler called %d times", n)
+			}
+		})
+	}
+}
+
 // With authentication the same holds for a producer's client, which reads
 // the catalog key by key, and for a sweeper whose worker credentials may not
 // remove messages: a request whose pool is down ends NOT_STARTED, and when the

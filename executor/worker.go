@@ -45,8 +45,10 @@ type WorkerConfig struct {
 	// StrictAudit requires capability.started to be stored before a handler
 	// runs; otherwise the execution fails AUDIT_UNAVAILABLE.
 	StrictAudit bool
-	// RolloutDelay is how long a request for a capability this worker lacks,
-	// but the catalog lists, waits for a newer worker. Default 5 s.
+	// RolloutDelay is the longest a request for a capability this worker
+	// lacks, but the catalog lists, is left for a worker that serves it
+	// before it is delivered again (the first time 100 ms, doubling at each
+	// delivery). Default 5 s.
 	RolloutDelay time.Duration
 	// PolicyTimeout bounds one policy evaluation. Default 1 s.
 	PolicyTimeout time.Duration
@@ -197,7 +199,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
-		Listed:        func(id string) bool { return w.cat.listed(id) },
+		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
@@ -206,6 +208,20 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 
 // ID is the worker's id.
 func (w *Worker) ID() string { return w.cfg.ID }
+
+// Ready is closed once Run serves: the worker's capabilities are listed in
+// the catalog, its pool's consumer covers them and the worker pulls from it.
+// From then on a call of any of them, from any client, whichever worker of
+// the deployment its delivery reaches, is run by a worker that serves it: a
+// worker that does not serve a capability the catalog lists leaves its
+// requests to one that does (DESIGN §3, which says why the workers of one
+// pool should serve the same capabilities). Before then, a call may end
+// CAPABILITY_NOT_FOUND when no other worker serves the capability yet.
+//
+// A program that starts a worker and calls it at once waits here first. If
+// Run returns before it serves (an error, or its context ended), Ready is
+// never closed: wait for Run's result as well.
+func (w *Worker) Ready() <-chan struct{} { return w.run.Serving() }
 
 // Stats returns the worker's counters.
 func (w *Worker) Stats() WorkerStats {
@@ -263,7 +279,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.run.Provisioned(b, w.audit)
 	defer w.run.Stop()
 	if err := ready("watch catalog", func(context.Context) (err error) {
-		w.cat, err = watchCatalog(w.run.Context(), b, w.skipped(b.Names.CatalogBucket()))
+		w.cat, err = watchCatalog(w.run.Context(), b, w.cfg.knobs.CatalogLag, w.skipped(b.Names.CatalogBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)

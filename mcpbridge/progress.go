@@ -42,8 +42,10 @@ func newProgress(req *mcp.CallToolRequest) *progress {
 // The work the handler reports sets the values (done of total), so that the
 // bar says how far the work has got; the runtime's own steps move the value
 // by a negligible stepValue only, and the step that ends the call fills the
-// bar. A report that would not move the value forward (a retry's, which
-// starts again) moves it by a step: the bar never goes back.
+// bar; a report of the whole total stops a step short of it, so that the end
+// still grows the value and no value passes its total. A report that would
+// not move the value forward (a retry's, which starts again) moves it by a
+// step: the bar never goes back.
 type progressScale struct {
 	last  float64 // the last value sent
 	total float64 // the last total the handler reported (0: none yet)
@@ -63,6 +65,11 @@ func (s *progressScale) step(final bool) (value, total float64) {
 	if final && s.total > v {
 		v = s.total
 	}
+	if s.total > 0 && v > s.total {
+		// No room left below the total (the handler reported it more than
+		// once): the total follows, and the bar stays full.
+		s.total = v
+	}
 	s.last, s.ended = v, s.ended || final
 	return v, s.total
 }
@@ -74,6 +81,12 @@ func (s *progressScale) report(done, total float64) (value, tot float64, ok bool
 		return 0, 0, false
 	}
 	v := max(done, s.last+stepValue)
+	if room := total - stepValue; total > 0 && v > room && room > s.last {
+		// The handler says it is done (or past its total) before the call
+		// has ended: the bar stops a step short, for the step that ends the
+		// call to fill it and still grow.
+		v = room
+	}
 	if total > 0 {
 		s.total = max(total, v)
 	}

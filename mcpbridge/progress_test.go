@@ -41,7 +41,17 @@ func TestProgressScale(t *testing.T) {
 			{done: 40, total: 120, wantValue: 40, wantTotal: 120},
 		}},
 		{"no total: counts only", []op{{done: 5, wantValue: 5}, {done: 9, wantValue: 9}, {step: true, final: true, wantValue: 9 + s}}},
-		{"done beyond the total: the total follows", []op{{done: 5, total: 4, wantValue: 5, wantTotal: 5}}},
+		{"done beyond the total: a step short of it", []op{{done: 5, total: 4, wantValue: 4 - s, wantTotal: 4}}},
+		{"the handler reports its total before the end: the end fills the bar", []op{
+			{step: true, wantValue: s},                            // started
+			{done: 4, total: 4, wantValue: 4 - s, wantTotal: 4},   // 4 of 4: a step short
+			{step: true, final: true, wantValue: 4, wantTotal: 4}, // completed: full, and grown
+		}},
+		{"no room left below the total: the total follows", []op{
+			{done: 4, total: 4, wantValue: 4 - s, wantTotal: 4},
+			{done: 4, total: 4, wantValue: 4, wantTotal: 4},
+			{step: true, final: true, wantValue: 4 + s, wantTotal: 4 + s},
+		}},
 		{"a report after the end is not sent", []op{
 			{done: 1, total: 4, wantValue: 1, wantTotal: 4},
 			{step: true, final: true, wantValue: 4, wantTotal: 4},

@@ -2,12 +2,9 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strings"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/nats-io/jwt/v2"
 )
 
 // What the command's credentials let it do, read from the credentials
@@ -15,47 +12,32 @@ import (
 // its permissions forbid is dropped, and the request waits) is said at once,
 // naming the role and the right.
 
-// principal is who the credentials name, and their claims; zero without
-// credentials or for credentials of no capstan principal (the server
-// decides).
+// principal is who the credentials name, read once per command (see
+// connFlags.credentials); zero without credentials or for credentials of no
+// capstan principal (the server decides).
 type principal struct {
 	name, role string
-	claims     *jwt.UserClaims
+	cred       *auth.Credentials
 }
 
 func (c *connFlags) principal() principal {
-	if c.creds == "" {
+	cr, _ := c.credentials()
+	if !cr.Known() {
 		return principal{}
 	}
-	b, err := os.ReadFile(c.creds)
-	if err != nil {
-		return principal{}
-	}
-	tok, err := jwt.ParseDecoratedJWT(b)
-	if err != nil {
-		return principal{}
-	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil || !broker.ValidPrincipal(uc.Name) || uc.Name == broker.Anonymous {
-		return principal{}
-	}
-	p := principal{name: uc.Name, role: "principal", claims: uc}
-	for _, tag := range uc.Tags {
-		if r, ok := strings.CutPrefix(tag, "capstan-role:"); ok {
-			p.role = r
-		}
+	p := principal{name: cr.Principal, role: string(cr.Role), cred: cr}
+	if p.role == "" {
+		p.role = "principal"
 	}
 	return p
 }
 
 // known reports whether the credentials name a capstan principal.
-func (p principal) known() bool { return p.claims != nil }
+func (p principal) known() bool { return p.cred.Known() }
 
 // may reports whether the credentials let the principal publish to subject
 // (true when they are not a capstan principal's: the server decides).
-func (p principal) may(subject string) bool {
-	return !p.known() || auth.MayPublish(p.claims, subject)
-}
+func (p principal) may(subject string) bool { return p.cred.MayPublish(subject) }
 
 // need refuses, naming the role and the right, what the credentials do not
 // allow: right says it for a person ("list executions"), subject is what the

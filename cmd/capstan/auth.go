@@ -284,12 +284,8 @@ func pushSetup(ctx context.Context, s *auth.Setup, po, ao broker.ConnectOptions,
 			res.accounts++
 		}
 	}
-	pnc, err := broker.Connect(po)
-	if err != nil {
-		return res, err
-	}
-	defer pnc.Close()
-	if res.servers, err = auth.PushAccounts(ctx, pnc, s); err != nil {
+	var err error
+	if res.servers, err = pushAccounts(ctx, po, s); err != nil {
 		return res, err
 	}
 	anc, err := broker.Connect(ao)
@@ -345,6 +341,17 @@ func dash(v []string) string {
 		return "-"
 	}
 	return strings.Join(v, ",")
+}
+
+// pushAccounts sends the setup's accounts, as the push user (o), to the
+// server or cluster o reaches; it returns how many servers took them.
+func pushAccounts(ctx context.Context, o broker.ConnectOptions, s *auth.Setup) (int, error) {
+	nc, err := broker.Connect(o)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	return auth.PushAccounts(ctx, nc, s)
 }
 
 // pushOptions are the push user's connection to an embedded server.

@@ -48,11 +48,9 @@ func execSubject(capID string) func(string) string {
 
 // defaultActor is the actor of a call that names none: the principal's user
 // with credentials (whose grant then decides), else the shell's user.
-func defaultActor(creds string) string {
-	if creds != "" {
-		if p, err := broker.PrincipalFromCreds(creds); err == nil {
-			return envelope.ActorUser + ":" + p
-		}
+func defaultActor(conn *connFlags) string {
+	if cr, err := conn.credentials(); err == nil && cr != nil && cr.Principal != "" {
+		return envelope.ActorUser + ":" + cr.Principal
 	}
 	if u := os.Getenv("USER"); u != "" {
 		return envelope.ActorUser + ":" + u
@@ -67,9 +65,9 @@ type request struct {
 	id     string
 }
 
-func (r *requestFlags) parse(creds string) (request, error) {
+func (r *requestFlags) parse(conn *connFlags) (request, error) {
 	if r.actor == "" {
-		r.actor = defaultActor(creds)
+		r.actor = defaultActor(conn)
 	}
 	kind, id, ok := strings.Cut(r.actor, ":")
 	if !ok || kind == "" || id == "" {
@@ -143,7 +141,7 @@ func runCall(args []string) int {
 		return usageError("%v", err)
 	}
 	capID := pos[0]
-	req, err := rf.parse(conn.creds)
+	req, err := rf.parse(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -186,7 +184,7 @@ func runSubmit(args []string) int {
 	if err := o.check(); err != nil {
 		return usageError("%v", err)
 	}
-	req, err := rf.parse(conn.creds)
+	req, err := rf.parse(conn)
 	if err != nil {
 		return usageError("%v", err)
 	}

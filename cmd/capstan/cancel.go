@@ -13,7 +13,11 @@ func runCancel(args []string) int {
 	flags := func(fs *flag.FlagSet) {
 		fs.StringVar(&owner, "owner", "", "the `principal` whose execution it is (admins only; default: the caller's own)")
 	}
-	return byIDWith("cancel", args, flags, func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
+	need := func(conn *connFlags) error {
+		return conn.need("cancel executions", func(p string) string { return names.CancelSubject(p, "*") },
+			"producers cancel their own executions, admins any")
+	}
+	return byID{name: "cancel", flags: flags, need: need, act: func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
 		var opts []executor.CancelOption
 		if owner != "" {
 			opts = append(opts, executor.OwnedBy(owner))
@@ -29,5 +33,5 @@ func runCancel(args []string) int {
 			return usageError("%v", err)
 		}
 		return o.print(reply, human)
-	}, nil)
+	}}.run(args)
 }

@@ -55,6 +55,42 @@ func TestDev_CallEchoPrintsCompletedEnvelope(t *testing.T) {
 	}
 }
 
+// capstan dev prints its ready line once the demo worker serves, and names
+// what it serves: a call typed the moment the line shows completes. Started
+// again on the store the first run left, whose catalog lists the first run's
+// capabilities from the start, it still waits for its own worker, and names
+// only what that worker serves (the line used to be printed as soon as the
+// catalog listed demo.echo, and to name every capability it listed).
+func TestDev_ReadyLineOnceTheDemoWorkerServes(t *testing.T) {
+	t.Parallel()
+	store := t.TempDir()
+	for _, run := range []struct {
+		flags   []string
+		serving string
+	}{
+		{nil, "serving demo.echo, demo.flaky, demo.report, demo.sleep, email.send, orders.refund\n"},
+		{[]string{"--capabilities", "demo.echo"}, "serving demo.echo\n"},
+	} {
+		port := freePort(t)
+		dev := startDaemon(t, "capstan call demo.echo", nil, append([]string{"dev", "--store", store,
+			"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "off", "--grace", "5s"}, run.flags...)...)
+		url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+		stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"hello":"at once"}`)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d, stderr %s", run.flags, code, stderr)
+		}
+		if env := decode[printedEnvelope](t, stdout); env.Status != "completed" || env.Attempts != 1 {
+			t.Fatalf("%v: envelope %+v", run.flags, env)
+		}
+		if out := dev.out.String(); !strings.Contains(out, run.serving) {
+			t.Fatalf("%v: the ready line does not say %q:\n%s", run.flags, run.serving, out)
+		}
+		if code := dev.stop(t); code != 0 {
+			t.Fatalf("%v: dev exited %d after SIGTERM", run.flags, code)
+		}
+	}
+}
+
 // Submitting one execution id again never runs its handler twice: not the
 // second `capstan submit` (which the exec stream's dedup window absorbs), nor
 // a copy of the request published under another message id while the first

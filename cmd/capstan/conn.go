@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -9,8 +10,10 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
@@ -19,6 +22,24 @@ import (
 // connFlags are the connection flags of every networked command.
 type connFlags struct {
 	url, creds, tlsCA, tlsCert, tlsKey string
+
+	// The --creds file as read, once (see credentials).
+	credsRead bool
+	cred      *auth.Credentials
+	credErr   error
+}
+
+// credentials reads the --creds file once for the whole command: every use
+// (the inbox prefix and the connection's authentication, the role a refusal
+// names, the default actor) takes this value. nil without --creds; a file
+// that cannot be read, or that others may read, is the error the connection
+// reports.
+func (c *connFlags) credentials() (*auth.Credentials, error) {
+	if !c.credsRead && c.creds != "" {
+		c.credsRead = true
+		c.cred, c.credErr = auth.ReadCredentials(c.creds)
+	}
+	return c.cred, c.credErr
 }
 
 func addConnFlags(fs *flag.FlagSet) *connFlags {
@@ -70,10 +91,16 @@ func (c *connFlags) connectServing(name string) (*nats.Conn, error) {
 	if err := checkURLs(url); err != nil {
 		return nil, err
 	}
-	if err := probe(url); err != nil {
+	if _, err := c.credentials(); err != nil {
 		return nil, err
 	}
+	if g := newGreeter(url, o.Timeout); g != nil {
+		o.Dialer = g
+	}
 	nc, err := broker.Connect(o)
+	if nn := (*notNATSError)(nil); errors.As(err, &nn) {
+		return nil, nn
+	}
 	if err != nil {
 		return nil, explainConnect(url, err)
 	}
@@ -101,61 +128,75 @@ func checkURLs(urls string) error {
 	return nil
 }
 
-// probeWait bounds how long probe waits for a NATS server's greeting, which
-// a server sends as soon as it accepts a connection.
+// probeWait bounds how long the first connection waits for a NATS server's
+// greeting, which a server sends as soon as it accepts a connection.
 const probeWait = 1500 * time.Millisecond
 
-// probe looks, before connecting, at what listens at a single plain URL: a
-// NATS server greets with INFO at once. Nothing listening, or a server that
-// speaks another protocol (the console's HTTP port), is said at once rather
-// than after the client's timeout. A cluster's several URLs, TLS and
+// greeter dials the command's connection to a single plain URL. The first
+// connection it opens must greet as a NATS server does (INFO) within
+// probeWait: nothing NATS listening there (the console's HTTP port, another
+// protocol) is said at once, on that same connection, rather than after the
+// client's timeout; the greeting read is handed on to the client. A
+// reconnect dials as the client would. A cluster's several URLs, TLS and
 // websockets are left to the client.
-func probe(url string) error {
+type greeter struct {
+	url     string
+	timeout time.Duration
+	greeted atomic.Bool
+}
+
+func newGreeter(url string, timeout time.Duration) *greeter {
 	if strings.Contains(url, ",") {
 		return nil
 	}
-	addr := url
-	if scheme, rest, ok := strings.Cut(url, "://"); ok {
-		if strings.ToLower(scheme) != "nats" {
-			return nil
-		}
-		addr = rest
+	if scheme, _, ok := strings.Cut(url, "://"); ok && strings.ToLower(scheme) != "nats" {
+		return nil
 	}
-	if at := strings.LastIndex(addr, "@"); at >= 0 {
-		addr = addr[at+1:]
+	return &greeter{url: url, timeout: timeout}
+}
+
+// Dial implements nats.CustomDialer.
+func (g *greeter) Dial(network, addr string) (net.Conn, error) {
+	conn, err := net.DialTimeout(network, addr, g.timeout)
+	if err != nil || g.greeted.Load() {
+		return conn, err // nothing listening: the client says it, and explainConnect explains
 	}
-	addr = strings.TrimSuffix(addr, "/")
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		addr = net.JoinHostPort(addr, "4222")
-	}
-	conn, err := net.DialTimeout("tcp", addr, probeWait)
-	if err != nil {
-		return nil // the client says it, and explainConnect explains
-	}
-	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(probeWait))
 	buf := make([]byte, 5)
 	n, _ := io.ReadFull(conn, buf)
 	if n >= 4 && string(buf[:4]) == "INFO" {
-		return nil
+		_ = conn.SetDeadline(time.Time{})
+		g.greeted.Store(true)
+		return &greetedConn{Conn: conn, r: io.MultiReader(bytes.NewReader(buf[:n]), conn)}, nil
 	}
 	what := "sends no NATS greeting"
 	if n > 0 {
 		what = fmt.Sprintf("greets with %q, not a NATS server's INFO", buf[:n])
-	} else if speaksHTTP(addr) {
+	} else if speaksHTTP(conn) {
 		what = "speaks HTTP, not NATS (is it the console's address? capstan's console serves 127.0.0.1:8233 by default, NATS 4222)"
 	}
-	return fmt.Errorf("capstan: %s %s: give the NATS server's address with --nats URL or CAPSTAN_NATS_URL (default %s)",
-		broker.RedactURL(url), what, broker.DefaultURL)
+	_ = conn.Close()
+	return nil, &notNATSError{fmt.Sprintf("capstan: %s %s: give the NATS server's address with --nats URL or CAPSTAN_NATS_URL (default %s)",
+		broker.RedactURL(g.url), what, broker.DefaultURL)}
 }
 
-// speaksHTTP reports whether the server at addr answers an HTTP request.
-func speaksHTTP(addr string) bool {
-	conn, err := net.DialTimeout("tcp", addr, probeWait)
-	if err != nil {
-		return false
-	}
-	defer conn.Close()
+// greetedConn replays the greeting the dialer read, then reads the
+// connection.
+type greetedConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *greetedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// notNATSError: what listens at the URL is not a NATS server.
+type notNATSError struct{ msg string }
+
+func (e *notNATSError) Error() string { return e.msg }
+
+// speaksHTTP reports whether the silent server at the other end of conn
+// answers an HTTP request.
+func speaksHTTP(conn net.Conn) bool {
 	_ = conn.SetDeadline(time.Now().Add(probeWait))
 	if _, err := io.WriteString(conn, "HEAD / HTTP/1.0\r\n\r\n"); err != nil {
 		return false
@@ -180,10 +221,14 @@ func explainConnect(url string, err error) error {
 
 func (c *connFlags) options(name string) (broker.ConnectOptions, error) {
 	tc, err := clientTLS(c.tlsCert, c.tlsKey)
-	return broker.ConnectOptions{
+	o := broker.ConnectOptions{
 		URL: c.url, Creds: c.creds, TLS: tc, TLSCA: c.tlsCA,
 		Name: "capstan " + name, Timeout: 5 * time.Second,
-	}, err
+	}
+	if cr, cerr := c.credentials(); cerr == nil && cr != nil {
+		o.Credentials = cr.Credentials
+	}
+	return o, err
 }
 
 // clientTLS is the TLS configuration of --tls-cert and --tls-key, nil

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/testenv"
@@ -37,6 +40,40 @@ func TestConnectionError_URLSecretsNotPrinted(t *testing.T) {
 				t.Fatalf("%s via %s: the error does not name the server:\n%s", args[0], url, stderr)
 			}
 		}
+	}
+}
+
+// A command opens one connection to the server: what listens at the URL is
+// judged by that connection's greeting, and the credentials read once
+// authenticate it (the server counts every connection it accepts, one that
+// only looks at the greeting too).
+func TestCommand_OpensOneConnection(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(filepath.Join(t.TempDir(), "secrets"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	if _, err := broker.Provision(t.Context(), env.Connect(t), broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	accepted := func() int64 {
+		v, err := env.Server.Varz(&server.VarzOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(v.TotalConnections)
+	}
+	before := accepted()
+	_, stderr, code := capstan(t, env.URL, "status", envelope.NewExecutionID(), "--creds", setup.CredsPath("alice"))
+	if strings.Contains(stderr, "connect to") || strings.Contains(stderr, "credentials") {
+		t.Fatalf("status did not connect as alice: exit %d: %s", code, stderr)
+	}
+	if n := accepted() - before; n != 1 {
+		t.Fatalf("status opened %d connections, want 1 (exit %d: %s)", n, code, stderr)
 	}
 }
 

@@ -36,7 +36,7 @@ func runDescribe(args []string) int {
 		return usageError("%v", err)
 	}
 	if *actorFlag == "" {
-		*actorFlag = defaultActor(conn.creds)
+		*actorFlag = defaultActor(conn)
 	}
 	actor, err := parseActor(*actorFlag)
 	if err != nil {

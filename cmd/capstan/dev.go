@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
@@ -83,14 +81,20 @@ func runDev(args []string) int {
 	if tel != nil {
 		wf.observer = tel
 	}
-	w, err := newDemoWorker(wnc, wjs, wf, log)
+	w, ids, err := newDemoWorker(wnc, wjs, wf, log)
 	if err != nil {
 		return fail(exitFailed, "dev: %v", err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	ids, err := waitServing(ctx, e.b.Catalog, done)
-	if err != nil {
+	// The ready line below is printed once the demo worker serves: a call
+	// typed the moment it shows is listed and run.
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		if err == nil {
+			err = ctx.Err()
+		}
 		return fail(exitFailed, "dev: %v", err)
 	}
 
@@ -139,7 +143,7 @@ func runDev(args []string) int {
 		defer func() { _ = srv.stop() }()
 		fmt.Printf("MCP (streamable HTTP) on %s\n", srv.url)
 		if token != "" {
-			fmt.Printf("  bearer token for %s: %s\n", defaultActor(""), token)
+			fmt.Printf("  bearer token for %s: %s\n", defaultActor(&connFlags{}), token)
 		}
 	}
 
@@ -164,7 +168,7 @@ func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*m
 		tokens, err = mf.readTokens()
 	} else {
 		var a envelope.Actor
-		if a, err = parseActor(defaultActor("")); err == nil {
+		if a, err = parseActor(defaultActor(&connFlags{})); err == nil {
 			token = newToken()
 			tokens, err = mcpbridge.NewTokens(map[string]envelope.Actor{token: a})
 		}
@@ -174,36 +178,4 @@ func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*m
 	}
 	srv, err := startMCPHTTP(nc, addr, tokens, mf, log)
 	return srv, token, err
-}
-
-// waitServing waits until the catalog lists demo.echo, which the worker writes
-// once it serves, and returns the ids the catalog lists.
-func waitServing(ctx context.Context, catalog jetstream.KeyValue, done <-chan error) ([]string, error) {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if _, err := catalog.Get(ctx, "demo.echo"); err == nil {
-			lister, err := catalog.ListKeys(ctx)
-			if err != nil {
-				return nil, err
-			}
-			var ids []string
-			for id := range lister.Keys() {
-				if !strings.HasPrefix(id, "_") { // a pool's liveness entry
-					ids = append(ids, id)
-				}
-			}
-			return ids, nil
-		}
-		select {
-		case err := <-done:
-			if err == nil {
-				err = ctx.Err()
-			}
-			return nil, err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-	}
 }

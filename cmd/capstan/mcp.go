@@ -95,7 +95,7 @@ func runMCP(args []string) int {
 		return usageError("%v", err)
 	}
 	if *printConfig {
-		return printMCPConfig(fs, args, conn, *addr, *format)
+		return printMCPConfig(fs, conn, *addr, *format)
 	}
 	// stdout is the protocol over stdio: logs go to stderr only.
 	log := newLogger(slog.LevelInfo)
@@ -111,7 +111,7 @@ func runMCP(args []string) int {
 		}
 	} else {
 		if *actor == "" {
-			*actor = defaultActor(conn.creds)
+			*actor = defaultActor(conn)
 		}
 		if a, err = parseActor(*actor); err != nil || a.ID == "" {
 			return usageError("--actor %q: want kind:id, e.g. user:alice", *actor)
@@ -262,7 +262,7 @@ func newToken() string {
 // command over stdio: the absolute path of this binary, and the flags given
 // with every file made absolute, without --print-config. A desktop app
 // starts it without the shell's PATH or working directory.
-func printMCPConfig(fs *flag.FlagSet, args []string, conn *connFlags, httpAddr, format string) int {
+func printMCPConfig(fs *flag.FlagSet, conn *connFlags, httpAddr, format string) int {
 	if format != "claude" && format != "vscode" {
 		return usageError("--config-format %q: want claude or vscode", format)
 	}
@@ -284,32 +284,28 @@ func printMCPConfig(fs *flag.FlagSet, args []string, conn *connFlags, httpAddr, 
 		out := []string{"mcp"}
 		files := map[string]bool{"creds": true, "tls-ca": true, "tls-cert": true, "tls-key": true, "tokens": true}
 		skip := map[string]bool{"print-config": true, "config-format": true}
-		for i := 0; i < len(args); i++ {
-			name, value, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-			if !strings.HasPrefix(args[i], "-") {
-				continue
+		// The flags given, as the flag set parsed them: a switch stays a
+		// switch, and a value is the one that took effect.
+		fs.Visit(func(f *flag.Flag) {
+			if skip[f.Name] {
+				return
 			}
-			// A switch takes no value of the next argument: the flag set
-			// knows which flags are switches.
-			switchOnly := isSwitch(fs, name)
-			if !hasValue && !switchOnly && i+1 < len(args) {
-				i++
-				value = args[i]
+			value := f.Value.String()
+			if isSwitch(f) {
+				if value == "true" {
+					out = append(out, "--"+f.Name)
+				} else {
+					out = append(out, "--"+f.Name+"="+value)
+				}
+				return
 			}
-			if skip[name] {
-				continue
-			}
-			if files[name] {
+			if files[f.Name] {
 				if abs, err := filepath.Abs(value); err == nil {
 					value = abs
 				}
 			}
-			if switchOnly {
-				out = append(out, "--"+name)
-				continue
-			}
-			out = append(out, "--"+name, value)
-		}
+			out = append(out, "--"+f.Name, value)
+		})
 		if !slices.Contains(out, "--nats") {
 			// What this command connects to now, written down: the host's
 			// environment has no CAPSTAN_NATS_URL.
@@ -337,13 +333,8 @@ func printMCPConfig(fs *flag.FlagSet, args []string, conn *connFlags, httpAddr, 
 	return exitOK
 }
 
-// isSwitch reports whether fs's flag name is a switch (--insecure, not
-// --insecure VALUE).
-func isSwitch(fs *flag.FlagSet, name string) bool {
-	f := fs.Lookup(name)
-	if f == nil {
-		return false
-	}
+// isSwitch reports whether f is a switch (--insecure, not --insecure VALUE).
+func isSwitch(f *flag.Flag) bool {
 	b, ok := f.Value.(interface{ IsBoolFlag() bool })
 	return ok && b.IsBoolFlag()
 }

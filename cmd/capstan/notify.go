@@ -80,12 +80,8 @@ func runNotify(args []string) int {
 	cfg.ID, cfg.Logger = *id, log
 	// A notifier's own credentials may not create the consumer; anyone
 	// else's (an admin's, a worker's, none on an open server) may.
-	if conn.creds != "" {
-		role, _ := auth.RoleFromCreds(conn.creds)
-		cfg.Provision = role != auth.RoleNotifier
-	} else {
-		cfg.Provision = true
-	}
+	cr, _ := conn.credentials()
+	cfg.Provision = !cr.Known() || cr.Role != auth.RoleNotifier
 	n, err := notify.New(nc, cfg)
 	if err != nil {
 		return usageError("%v", err)

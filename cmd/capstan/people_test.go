@@ -275,6 +275,18 @@ func TestMCP_PrintConfigKeepsSwitchesAsSwitches(t *testing.T) {
 	if !slices.Contains(args, "--insecure") || slices.Contains(args, "--print-config") {
 		t.Errorf("args %v", args)
 	}
+	// A switch turned off stays off.
+	stdout, stderr, code = capstan(t, "nats://127.0.0.1:4999", "mcp", "--stateless=false", "--print-config")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if err := json.Unmarshal([]byte(stdout), &cfg); err != nil {
+		t.Fatalf("%v:\n%s", err, stdout)
+	}
+	args = cfg.MCPServers["capstan"].Args
+	if slices.Contains(args, "--stateless") || !slices.Contains(args, "--stateless=false") {
+		t.Errorf("--stateless=false printed as %v", args)
+	}
 }
 
 func mustAbs(t *testing.T, p string) string {

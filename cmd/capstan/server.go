@@ -181,7 +181,7 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		if setup != nil {
 			// Every account as the setup has it now, so that a principal added
 			// or removed while the server was down is as the setup says.
-			err = pushAccounts(pctx, e.url, setup)
+			_, err = pushAccounts(pctx, pushOptions(e.url, setup), setup)
 		}
 		if err == nil {
 			e.b, err = broker.Provision(pctx, e.nc, bcfg)
@@ -208,17 +208,6 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// pushAccounts sends setup's accounts to the server at url as the push user.
-func pushAccounts(ctx context.Context, url string, setup *auth.Setup) error {
-	nc, err := broker.Connect(pushOptions(url, setup))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	_, err = auth.PushAccounts(ctx, nc, setup)
-	return err
 }
 
 func (e *embedded) stop() {

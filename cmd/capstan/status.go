@@ -11,20 +11,31 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 )
 
-// byIDWith runs a command whose one argument is an execution id (or a unique
-// prefix of one): it parses the command's flags (flags adds its own), checks
-// the id, opens a client, resolves the id and gives act a bounded context
-// and the output flags (-o json). viaWorkers, when set, serves a principal
-// that may not read results by key (an approver) instead: it asks the
-// workers, who show it what its role lets it see.
-func byIDWith(name string, args []string, flags func(*flag.FlagSet),
-	act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int,
-	viaWorkers func(conn *connFlags, o *outputFlags, id string) int) int {
-	fs := newFlags(name, "ID [-o json]")
+// byID is a command whose one argument is an execution id (or a unique
+// prefix of one).
+type byID struct {
+	name string
+	// flags adds the command's own flags.
+	flags func(*flag.FlagSet)
+	// need refuses at once, naming the role, what the command needs beyond
+	// reading results by key (a cancel: cancelling).
+	need func(conn *connFlags) error
+	// act does the command with a bounded context and the output flags.
+	act func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int
+	// viaWorkers, when set, serves a principal that may not read results by
+	// key (an approver) instead: it asks the workers, who show it what its
+	// role lets it see.
+	viaWorkers func(conn *connFlags, o *outputFlags, id string) int
+}
+
+// run parses the command's flags, checks the id, opens a client, resolves
+// the id and acts.
+func (b byID) run(args []string) int {
+	fs := newFlags(b.name, "ID [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
-	if flags != nil {
-		flags(fs)
+	if b.flags != nil {
+		b.flags(fs)
 	}
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
@@ -37,19 +48,18 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet),
 	if err := envelope.ValidExecutionID(id); err != nil {
 		return usageError("%v", err)
 	}
-	if p := conn.principal(); viaWorkers != nil && !p.may(directGet(names.EnvelopesBucket())(p.name)) {
-		return viaWorkers(conn, o, id)
+	if p := conn.principal(); b.viaWorkers != nil && !p.may(directGet(names.EnvelopesBucket())(p.name)) {
+		return b.viaWorkers(conn, o, id)
 	}
-	if name == "cancel" {
-		if err := conn.need("cancel executions", func(p string) string { return names.CancelSubject(p, "*") },
-			"producers cancel their own executions, admins any"); err != nil {
+	if b.need != nil {
+		if err := b.need(conn); err != nil {
 			return usageError("%v", err)
 		}
 	}
 	if err := conn.need("read execution results", directGet(names.EnvelopesBucket()), ""); err != nil {
 		return usageError("%v", err)
 	}
-	c, closeClient, err := conn.client(name, executor.ClientConfig{})
+	c, closeClient, err := conn.client(b.name, executor.ClientConfig{})
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -59,7 +69,7 @@ func byIDWith(name string, args []string, flags func(*flag.FlagSet),
 	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
 	}
-	return act(ctx, c, id, o)
+	return b.act(ctx, c, id, o)
 }
 
 func runStatus(args []string) int {
@@ -67,7 +77,7 @@ func runStatus(args []string) int {
 	flags := func(fs *flag.FlagSet) {
 		fs.StringVar(&owner, "owner", "", "the `principal` whose execution it is (admins only; default: the caller's own)")
 	}
-	return byIDWith("status", args, flags, func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
+	return byID{name: "status", flags: flags, viaWorkers: statusThroughWorkers, act: func(ctx context.Context, c *executor.Client, id string, o *outputFlags) int {
 		if owner == "" {
 			owner = c.Principal()
 		}
@@ -89,7 +99,7 @@ func runStatus(args []string) int {
 			return usageError("%v", err)
 		}
 		return o.print(s, func(w io.Writer, st style) { writeStatus(w, st, s) })
-	}, statusThroughWorkers)
+	}}.run(args)
 }
 
 // statusThroughWorkers prints what the workers show the principal of one

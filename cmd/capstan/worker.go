@@ -63,7 +63,7 @@ func addWorkerFlags(fs *flag.FlagSet) *workerFlags {
 
 // newDemoWorker returns a worker serving the demo catalog, or the part of it
 // f names, its effects kept in js.
-func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *slog.Logger) (*executor.Worker, error) {
+func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *slog.Logger) (*executor.Worker, []string, error) {
 	caps := demo.Catalog(js)
 	if f.capabilities != "" {
 		byID := map[string]executor.Capability{}
@@ -74,21 +74,22 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 		for _, id := range strings.Split(f.capabilities, ",") {
 			c, ok := byID[strings.TrimSpace(id)]
 			if !ok {
-				return nil, fmt.Errorf("--capabilities: the demo catalog has no %q", strings.TrimSpace(id))
+				return nil, nil, fmt.Errorf("--capabilities: the demo catalog has no %q", strings.TrimSpace(id))
 			}
 			caps = append(caps, c)
 		}
 	}
 	reg, err := executor.NewRegistry(caps...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return executor.NewWorker(nc, reg, testhooks.Worker(executor.WorkerConfig{
+	w, err := executor.NewWorker(nc, reg, testhooks.Worker(executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
 		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas, RecordWindow: f.recordWindow},
 		Observer:    f.observer,
 		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	}, testhooks.WorkerKnobs{AuditUnacknowledged: f.auditUnacked}))
+	return w, reg.IDs(), err
 }
 
 func runWorker(args []string) int {
@@ -160,7 +161,7 @@ func runWorker(args []string) int {
 	if tel != nil {
 		wf.observer = tel
 	}
-	w, err := newDemoWorker(nc, js, wf, log)
+	w, _, err := newDemoWorker(nc, js, wf, log)
 	if err != nil {
 		return usageError("%v", err)
 	}

@@ -1,13 +1,13 @@
 // Command hello is the README's first example as a program: a capability, a
 // worker serving it and a client calling it, in one process.
 //
-//	go run ./cmd/capstan server   # in one shell: JetStream on loopback, no worker
+//	go run ./cmd/capstan dev      # in one shell: JetStream on loopback, the demo worker
 //	go run ./examples/hello       # in another: completed 1 Hello, Ada!
 //
-// (Against `capstan dev`, whose demo worker is already serving, the call may
-// reach that worker before this one has listed greet.hello in the catalog,
-// and end CAPABILITY_NOT_FOUND: a worker and its clients usually live in
-// different processes, the worker started first.)
+// (`capstan server`, with no worker, does as well.) The program calls once its
+// worker is ready (executor.Worker.Ready): greet.hello is listed in the
+// catalog and served, so that the demo worker, which does not serve it, leaves
+// the call to this one instead of ending it CAPABILITY_NOT_FOUND.
 //
 // It connects to $CAPSTAN_NATS_URL (default nats://127.0.0.1:4222). What it
 // links is what a program using capstan as a library links: the NATS client,
@@ -64,6 +64,15 @@ func run(ctx context.Context, opts broker.ConnectOptions, out io.Writer) error {
 	wctx, stopWorker := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }() // until wctx ends, then drains
+	select {
+	case <-w.Ready(): // greet.hello is listed and served: call it at once
+	case err := <-done:
+		stopWorker()
+		if err == nil {
+			err = ctx.Err() // interrupted before it served
+		}
+		return err
+	}
 	defer func() { stopWorker(); <-done }()
 
 	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceDirect})

@@ -5,7 +5,11 @@
 // it is initialized; nothing outside this module can import them.
 package testhooks
 
-import "github.com/capstan-dev/capstan/broker"
+import (
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+)
 
 // WorkerKnobs are the worker options no production worker sets.
 type WorkerKnobs struct {
@@ -21,6 +25,11 @@ type WorkerKnobs struct {
 	// discards new events) is then neither logged nor counted. Strict
 	// audit's capability.started is acknowledged either way.
 	AuditUnacknowledged bool
+	// CatalogLag holds back each change the worker's catalog watcher
+	// receives after the first load this long (at most until the worker
+	// stops) before its copy of the catalog has it: for tests of a worker
+	// whose copy lags the bucket.
+	CatalogLag time.Duration
 }
 
 // Set by package executor's init.

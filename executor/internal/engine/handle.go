@@ -83,13 +83,29 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if c == nil {
 		// During a rolling deploy a newer worker may serve it: wait while the
 		// catalog lists it.
-		if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
-			nak(msg, r.cfg.RolloutDelay)
+		switch listed, err := r.cfg.Listed(req.CapabilityID); {
+		case err != nil:
+			nak(msg, time.Second) // the store did not answer: decide again later
+			return
+		case listed && envelope.ValidCapabilityID(req.CapabilityID) == nil:
+			nak(msg, rolloutDelay(r.cfg.RolloutDelay, d.Deliveries))
 			return
 		}
 		missing = "unknown"
 	}
 	r.execute(msg, req, d, c, missing)
+}
+
+// rolloutDelay is how long a delivery of a capability this worker lacks,
+// but the catalog lists, is left for a worker that serves it, at its
+// deliveries-th delivery: 100 ms at the first, twice as long at each next,
+// at most most. The first is short: a worker that serves it may already be
+// pulling from the same consumer (a new worker of the same pool); the growth
+// keeps a fleet of older workers from passing a request around while no new
+// one is there to take it.
+func rolloutDelay(most time.Duration, deliveries int) time.Duration {
+	d := 100 * time.Millisecond << min(max(deliveries-1, 0), 16)
+	return min(d, most)
 }
 
 // delivered is what msg's metadata says of its delivery of req.
@@ -540,7 +556,12 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 			return
 		}
 	}
-	if r.cfg.Listed(req.CapabilityID) && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+	listed, err := r.cfg.Listed(req.CapabilityID)
+	if err != nil {
+		nak(msg, time.Second) // the store did not answer: decide again later
+		return
+	}
+	if listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
 		// The producer's catalog was stale: forward under a distinct message id,
 		// since the original id is still in the dedup window. The principal
 		// stays the one the server authenticated.

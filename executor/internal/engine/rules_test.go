@@ -208,3 +208,28 @@ func TestDeliveryFacts(t *testing.T) {
 		}
 	}
 }
+
+// A delivery of a capability the worker lacks but the catalog lists is left
+// for a worker that serves it: soon at first, twice as long at each next
+// delivery, never longer than the configured most (DESIGN §3).
+func TestRolloutDelay_DoublesFromATenthOfASecondToItsMost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		most       time.Duration
+		deliveries int
+		want       time.Duration
+	}{
+		{5 * time.Second, 0, 100 * time.Millisecond}, // no metadata
+		{5 * time.Second, 1, 100 * time.Millisecond},
+		{5 * time.Second, 2, 200 * time.Millisecond},
+		{5 * time.Second, 6, 3200 * time.Millisecond},
+		{5 * time.Second, 7, 5 * time.Second},
+		{5 * time.Second, 1 << 20, 5 * time.Second},
+		{50 * time.Millisecond, 1, 50 * time.Millisecond},
+		{time.Hour, 1 << 20, time.Hour},
+	} {
+		if got := rolloutDelay(tc.most, tc.deliveries); got != tc.want {
+			t.Errorf("rolloutDelay(%v, %d) = %v, want %v", tc.most, tc.deliveries, got, tc.want)
+		}
+	}
+}

@@ -25,8 +25,9 @@ type Config struct {
 	ID string
 	// Lease is how long a claim holds without renewal.
 	Lease time.Duration
-	// RolloutDelay is how long a request for a capability this worker lacks,
-	// but the catalog lists, waits for a newer worker.
+	// RolloutDelay is the longest a request for a capability this worker
+	// lacks, but the catalog lists, waits before it is delivered again: the
+	// first redelivery comes sooner (rolloutDelay).
 	RolloutDelay time.Duration
 	// StrictAudit requires capability.started to be stored before a handler runs.
 	StrictAudit bool
@@ -34,8 +35,11 @@ type Config struct {
 	DisableLeaseRenewal bool
 	// Capabilities are the capabilities this worker serves, by id.
 	Capabilities map[string]Definition
-	// Listed reports whether the catalog lists a capability (some pool serves it).
-	Listed func(id string) bool
+	// Listed reports whether the catalog lists a capability (some pool
+	// serves it, or its pool is down) as the catalog bucket holds it now, not
+	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
+	// its answer. An error: the bucket did not answer.
+	Listed func(id string) (bool, error)
 	// ResolveResume fills a resume that names only its approval (a producer
 	// that may not read approvals sends those): capability, input, actor and
 	// surface come from the approval, which must be principal's. An error is
@@ -103,6 +107,10 @@ type Runner struct {
 	share    atomic.Pointer[fairShare]
 	deferred atomic.Uint64
 
+	// serving is closed once Serve pulls from its consumers (Serving).
+	serving     chan struct{}
+	servingOnce sync.Once
+
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
 	// a request for its id's age (a server may change it while workers run).
@@ -114,7 +122,8 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution)}
+	r := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution),
+		serving: make(chan struct{})}
 	if nc != nil { // a runner of no connection (benchmarks of the stages) forwards nothing
 		var err error
 		if r.ids, err = broker.NewMsgIDs(nc); err != nil {
@@ -180,6 +189,10 @@ func (r *Runner) olderThanRetention(made time.Time) bool {
 
 // Context ends when the worker shuts down (Stop).
 func (r *Runner) Context() context.Context { return r.base }
+
+// Serving is closed once Serve pulls from the pool's consumer and the
+// unrouted one; never, if Serve is never called or fails to start pulling.
+func (r *Runner) Serving() <-chan struct{} { return r.serving }
 
 // Stop ends every execution still running: the worker shut down.
 func (r *Runner) Stop() { r.baseCancel(errShutdown) }
@@ -252,6 +265,7 @@ func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 			}
 		}(it, l.unrouted, make(chan struct{}, l.batch))
 	}
+	r.servingOnce.Do(func() { close(r.serving) })
 
 	<-ctx.Done()
 	r.log.Info("worker draining", "grace", grace)
