@@ -22,9 +22,9 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 		t.Fatal(err)
 	}
 	for _, g := range append([]auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
-		{Principal: "dave", Role: auth.Approver, Actors: []string{"user:dave"}, Types: []string{"ops"}},
+		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "dave", Role: auth.RoleApprover, Actors: []string{"user:dave"}, Types: []string{"ops"}},
 	}, extra...) {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
@@ -90,7 +90,7 @@ func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != approvals.Approved || got.Decision.Approver.String() != "user:carol" {
+	if got.Status != approvals.StatusApproved || got.Decision.Approver.String() != "user:carol" {
 		t.Fatalf("decision %+v", got.Decision)
 	}
 	stored, err := s.Get(ctxT(t), r.ID)
@@ -113,7 +113,7 @@ func TestDecide_ApproverOfOtherTypesIsForbidden(t *testing.T) {
 func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
 	t.Parallel()
 	// An approver principal whose identity is the requester's actor.
-	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.Approver,
+	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.RoleApprover,
 		Actors: []string{"user:alice"}, Types: []string{"*"}})
 	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "alice-approver"), broker.NewNames(""),
 		approvals.DecideRequest{ApprovalID: r.ID, Approve: true, SelfApproval: "I insist"})
@@ -137,7 +137,7 @@ func assertPending(t *testing.T, s *approvals.Store, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != approvals.Pending || got.Decision != nil {
+	if got.Status != approvals.StatusPending || got.Decision != nil {
 		t.Fatalf("approval %s is %s (%+v), want pending and undecided", id, got.Status, got.Decision)
 	}
 }
@@ -161,7 +161,7 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 
 func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
 	t.Parallel()
-	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "bob", Role: auth.Producer,
+	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "bob", Role: auth.RoleProducer,
 		Actors: []string{"user:bob"}, Capabilities: []string{"*"}})
 	other := pendingOf(t, s, "bob")
 	n := broker.NewNames("")

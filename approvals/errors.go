@@ -65,20 +65,20 @@ func Code(err error) envelope.Code {
 // retry or a takeover of the execution it authorized.
 func statusError(s Status, r *Record, executionID string) error {
 	switch s {
-	case Approved:
+	case StatusApproved:
 		return nil
-	case Consumed:
+	case StatusConsumed:
 		if executionID != "" && r.ConsumedBy == executionID {
 			return nil
 		}
 		return ErrConsumed
-	case Pending:
+	case StatusPending:
 		return ErrPending
-	case Rejected:
+	case StatusRejected:
 		return ErrRejected
-	case Cancelled:
+	case StatusCancelled:
 		return ErrCancelled
-	case Expired:
+	case StatusExpired:
 		return ErrExpired
 	}
 	return ErrInvalid

@@ -16,12 +16,28 @@ type Status string
 // Statuses. Only pending may be decided and only approved may be consumed;
 // every other status is final.
 const (
-	Pending   Status = "pending"
-	Approved  Status = "approved"
-	Rejected  Status = "rejected"
-	Expired   Status = "expired"
-	Cancelled Status = "cancelled"
-	Consumed  Status = "consumed"
+	StatusPending   Status = "pending"
+	StatusApproved  Status = "approved"
+	StatusRejected  Status = "rejected"
+	StatusExpired   Status = "expired"
+	StatusCancelled Status = "cancelled"
+	StatusConsumed  Status = "consumed"
+)
+
+// The names the statuses had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use StatusPending.
+	Pending = StatusPending
+	// Deprecated: use StatusApproved.
+	Approved = StatusApproved
+	// Deprecated: use StatusRejected.
+	Rejected = StatusRejected
+	// Deprecated: use StatusExpired.
+	Expired = StatusExpired
+	// Deprecated: use StatusCancelled.
+	Cancelled = StatusCancelled
+	// Deprecated: use StatusConsumed.
+	Consumed = StatusConsumed
 )
 
 // DefaultTTL is how long an approval stays decidable and, once approved,
@@ -94,8 +110,8 @@ type Record struct {
 // StatusAt is the status as of t: a pending or approved approval whose
 // expiry has passed is expired, whether or not the record says so yet.
 func (r *Record) StatusAt(t time.Time) Status {
-	if (r.Status == Pending || r.Status == Approved) && !t.Before(r.ExpiresAt) {
-		return Expired
+	if (r.Status == StatusPending || r.Status == StatusApproved) && !t.Before(r.ExpiresAt) {
+		return StatusExpired
 	}
 	return r.Status
 }

@@ -80,7 +80,7 @@ func (s *Store) Create(ctx context.Context, r *Record) error {
 		return ErrNoBucket
 	}
 	r.V = envelope.Version
-	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = Pending, nil, "", time.Time{}
+	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = StatusPending, nil, "", time.Time{}
 	if r.RequestedAt.IsZero() {
 		r.RequestedAt = s.now()
 	}
@@ -209,9 +209,9 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 	if err := checkApprover(v.Approver); err != nil {
 		return nil, err
 	}
-	status, event := Rejected, audit.Rejected
+	status, event := StatusRejected, audit.EventRejected
 	if v.Approve {
-		status, event = Approved, audit.Approved
+		status, event = StatusApproved, audit.EventApproved
 	}
 	var mine *Decision
 	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
@@ -221,7 +221,7 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 		if next := expire(r, now); next != nil {
 			return next, ErrExpired
 		}
-		if r.Status != Pending {
+		if r.Status != StatusPending {
 			if err := statusError(r.Status, r, ""); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrAlreadyDecided, err)
 			}
@@ -260,7 +260,7 @@ func (s *Store) Consume(ctx context.Context, id, executionID string) (*Record, e
 		return nil, fmt.Errorf("%w: execution id: %v", ErrInvalid, err)
 	}
 	return s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
-		if r.Status == Consumed && r.ConsumedBy == executionID {
+		if r.Status == StatusConsumed && r.ConsumedBy == executionID {
 			return nil, r.CheckInput()
 		}
 		if next := expire(r, now); next != nil {
@@ -273,7 +273,7 @@ func (s *Store) Consume(ctx context.Context, id, executionID string) (*Record, e
 			return nil, err
 		}
 		next := *r
-		next.Status, next.ConsumedBy, next.ConsumedAt = Consumed, executionID, now
+		next.Status, next.ConsumedBy, next.ConsumedAt = StatusConsumed, executionID, now
 		return &next, nil
 	})
 }
@@ -293,37 +293,37 @@ func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason
 		if next := expire(r, now); next != nil {
 			return next, ErrExpired
 		}
-		if r.Status != Pending && r.Status != Approved {
+		if r.Status != StatusPending && r.Status != StatusApproved {
 			return nil, statusError(r.Status, r, "")
 		}
 		if mine == nil {
-			mine = &Decision{Status: Cancelled, Approver: by, Comment: reason, DecidedAt: now}
+			mine = &Decision{Status: StatusCancelled, Approver: by, Comment: reason, DecidedAt: now}
 		}
 		next := *r
-		next.Status, next.Decision = Cancelled, mine
+		next.Status, next.Decision = StatusCancelled, mine
 		return &next, nil
 	})
 	if err != nil {
 		return rec, err
 	}
-	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String(), "status": string(Cancelled)}
+	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String(), "status": string(StatusCancelled)}
 	if reason != "" {
 		data["comment"] = reason
 	}
-	return rec, s.emitDecision(ctx, rec, audit.Rejected, by, data)
+	return rec, s.emitDecision(ctx, rec, audit.EventRejected, by, data)
 }
 
 // ExpireDue marks every pending or approved approval past its expiry as
 // expired and returns how many it changed. Expiry holds without it (every
 // decision and consumption checks the time); it keeps listings honest.
 func (s *Store) ExpireDue(ctx context.Context) (int, error) {
-	all, err := s.List(ctx, Filter{Status: Expired})
+	all, err := s.List(ctx, Filter{Status: StatusExpired})
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, r := range all {
-		if r.Status == Expired {
+		if r.Status == StatusExpired {
 			continue
 		}
 		_, err := s.update(ctx, r.ID, func(r *Record, now time.Time) (*Record, error) {
@@ -348,11 +348,11 @@ var errNotChanged = errors.New("not changed")
 // expire returns the expired version of a pending or approved record whose
 // expiry has passed, or nil.
 func expire(r *Record, now time.Time) *Record {
-	if (r.Status != Pending && r.Status != Approved) || r.StatusAt(now) != Expired {
+	if (r.Status != StatusPending && r.Status != StatusApproved) || r.StatusAt(now) != StatusExpired {
 		return nil
 	}
 	next := *r
-	next.Status = Expired
+	next.Status = StatusExpired
 	return &next
 }
 

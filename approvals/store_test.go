@@ -127,7 +127,7 @@ func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.V != envelope.Version || got.Status != approvals.Pending || got.Decision != nil || got.ConsumedBy != "" {
+	if got.V != envelope.Version || got.Status != approvals.StatusPending || got.Decision != nil || got.ConsumedBy != "" {
 		t.Fatalf("record %+v", got)
 	}
 	if string(got.Input) != `{"amount":900,"orderId":"o1"}` || got.InputHash != r.InputHash {
@@ -175,7 +175,7 @@ func TestCreate_ExistingApprovalNeverReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after != before || got.Status != approvals.Approved || got.RequestedBy != r.RequestedBy {
+	if after != before || got.Status != approvals.StatusApproved || got.RequestedBy != r.RequestedBy {
 		t.Fatalf("the approval changed: revision %d → %d, %s requested by %s", before, after, got.Status, got.RequestedBy)
 	}
 }
@@ -204,7 +204,7 @@ func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
 	if !errors.Is(err, approvals.ErrSelfApproval) || approvals.Code(err) != envelope.CodeApprovalSelfApproval {
 		t.Fatalf("err %v, want ErrSelfApproval", err)
 	}
-	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.Pending {
+	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.StatusPending {
 		t.Fatalf("status %s after a refused self-approval", got.Status)
 	}
 	// Explicitly allowed, with a reason that stays on the record.
@@ -212,7 +212,7 @@ func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != approvals.Approved || got.Decision.SelfApproval != "on call alone tonight" || got.Decision.Approver.String() != alice.String() {
+	if got.Status != approvals.StatusApproved || got.Decision.SelfApproval != "on call alone tonight" || got.Decision.Approver.String() != alice.String() {
 		t.Fatalf("record %+v decision %+v", got, got.Decision)
 	}
 }
@@ -229,7 +229,7 @@ func TestDecide_OnlyFromPending(t *testing.T) {
 	if !errors.Is(err, approvals.ErrAlreadyDecided) {
 		t.Fatalf("reject after approve: %v", err)
 	}
-	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.Approved || got.Decision.Approver.String() != bob.String() {
+	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.StatusApproved || got.Decision.Approver.String() != bob.String() {
 		t.Fatalf("record %+v", got)
 	}
 	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); err != nil {
@@ -273,7 +273,7 @@ func TestDecide_PastExpiryRefusedAndMarkedExpired(t *testing.T) {
 	if !errors.Is(err, approvals.ErrExpired) || approvals.Code(err) != envelope.CodeApprovalExpired {
 		t.Fatalf("err %v, want ErrExpired", err)
 	}
-	if got.Status != approvals.Expired || got.Decision != nil {
+	if got.Status != approvals.StatusExpired || got.Decision != nil {
 		t.Fatalf("record %+v", got)
 	}
 }
@@ -352,7 +352,7 @@ func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 			}
 		}
 		got, _ := stores[1].Get(ctxT(t), r.ID)
-		if winner == "" || got.Status != approvals.Consumed || got.ConsumedBy != winner {
+		if winner == "" || got.Status != approvals.StatusConsumed || got.ConsumedBy != winner {
 			t.Fatalf("round %d: winner %q, record %+v", round, winner, got)
 		}
 	}
@@ -454,7 +454,7 @@ func TestConsume_RefusedUnlessApproved(t *testing.T) {
 			if code := approvals.Code(err); code != c.want {
 				t.Fatalf("err %v (code %s), want %s", err, code, c.want)
 			}
-			if got, _ := s.Get(ctx, r.ID); got.Status == approvals.Consumed {
+			if got, _ := s.Get(ctx, r.ID); got.Status == approvals.StatusConsumed {
 				t.Fatalf("consumed after a refusal: %+v", got)
 			}
 		})
@@ -494,12 +494,12 @@ func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
 		want []string
 	}{
 		"all":                      {approvals.Filter{}, []string{p.ID, a.ID, x.ID, other.ID}},
-		"pending":                  {approvals.Filter{Status: approvals.Pending}, []string{p.ID, other.ID}},
-		"approved":                 {approvals.Filter{Status: approvals.Approved}, []string{a.ID}},
-		"expired (not yet marked)": {approvals.Filter{Status: approvals.Expired}, []string{x.ID}},
+		"pending":                  {approvals.Filter{Status: approvals.StatusPending}, []string{p.ID, other.ID}},
+		"approved":                 {approvals.Filter{Status: approvals.StatusApproved}, []string{a.ID}},
+		"expired (not yet marked)": {approvals.Filter{Status: approvals.StatusExpired}, []string{x.ID}},
 		"capability":               {approvals.Filter{CapabilityID: "email.send"}, []string{other.ID}},
 		"actor":                    {approvals.Filter{Actor: alice}, []string{p.ID, a.ID, x.ID}},
-		"actor and status":         {approvals.Filter{Actor: carol, Status: approvals.Approved}, nil},
+		"actor and status":         {approvals.Filter{Actor: carol, Status: approvals.StatusApproved}, nil},
 	} {
 		if got := ids(c.f); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: %v, want %v", name, got, c.want)
@@ -510,7 +510,7 @@ func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("ExpireDue: %d, %v", n, err)
 	}
-	if got, _ := s.Get(ctx, x.ID); got.Status != approvals.Expired {
+	if got, _ := s.Get(ctx, x.ID); got.Status != approvals.StatusExpired {
 		t.Fatalf("status %s after ExpireDue", got.Status)
 	}
 }
@@ -534,7 +534,7 @@ func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
 		r     *approvals.Record
 		typ   string
 		actor envelope.Actor
-	}{{approved, audit.Approved, bob}, {rejected, audit.Rejected, carol}} {
+	}{{approved, audit.EventApproved, bob}, {rejected, audit.EventRejected, carol}} {
 		evs := trail(t, b, c.r.RequestedBy)
 		if len(evs) != 1 {
 			t.Fatalf("trail of %s: %+v", c.r.RequestedBy, evs)

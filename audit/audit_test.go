@@ -72,7 +72,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	// Two executions interleaved on the stream: each trail holds only its own.
-	for _, typ := range []string{audit.Requested, audit.Started, audit.Completed} {
+	for _, typ := range []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted} {
 		e.Emit(event(typ, "exec-a"))
 		e.Emit(event(typ, "exec-b"))
 	}
@@ -83,7 +83,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := fmt.Sprint(types(trail)), fmt.Sprint([]string{audit.Requested, audit.Started, audit.Completed}); got != want {
+		if got, want := fmt.Sprint(types(trail)), fmt.Sprint([]string{audit.EventRequested, audit.EventStarted, audit.EventCompleted}); got != want {
 			t.Fatalf("%s: trail %s, want %s", id, got, want)
 		}
 		for i, ev := range trail {
@@ -111,7 +111,7 @@ func TestRead_RefusesIDsThatAreNotOneSubjectToken(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	e.Emit(event(audit.Requested, "x"))
+	e.Emit(event(audit.EventRequested, "x"))
 	flush(t, e)
 	for _, id := range []string{"*", ">", "x.>", "", "a b"} {
 		if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err == nil || errors.Is(err, broker.ErrNotFound) {
@@ -154,7 +154,7 @@ func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	for i := 0; i < 3; i++ {
-		for _, typ := range []string{audit.Requested, audit.Started, audit.Completed} {
+		for _, typ := range []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted} {
 			ev := event(typ, fmt.Sprintf("exec-%d", i))
 			if i == 1 {
 				ev.CapabilityID = "orders.refund"
@@ -165,7 +165,7 @@ func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
 			e.Emit(ev)
 		}
 	}
-	e.Emit(event(audit.Failed, "exec-last")) // the end marker every filter below passes
+	e.Emit(event(audit.EventFailed, "exec-last")) // the end marker every filter below passes
 	flush(t, e)
 
 	cases := []struct {
@@ -174,15 +174,15 @@ func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
 		want []string // execution id / type
 	}{
 		{"execution", audit.Filter{ExecutionID: "exec-1"},
-			[]string{"exec-1/" + audit.Requested, "exec-1/" + audit.Started, "exec-1/" + audit.Completed}},
+			[]string{"exec-1/" + audit.EventRequested, "exec-1/" + audit.EventStarted, "exec-1/" + audit.EventCompleted}},
 		{"capability", audit.Filter{CapabilityID: "orders.refund"},
-			[]string{"exec-1/" + audit.Requested, "exec-1/" + audit.Started, "exec-1/" + audit.Completed}},
+			[]string{"exec-1/" + audit.EventRequested, "exec-1/" + audit.EventStarted, "exec-1/" + audit.EventCompleted}},
 		{"actor", audit.Filter{ActorID: "bob"},
-			[]string{"exec-2/" + audit.Requested, "exec-2/" + audit.Started, "exec-2/" + audit.Completed}},
-		{"type", audit.Filter{Type: audit.Started},
-			[]string{"exec-0/" + audit.Started, "exec-1/" + audit.Started, "exec-2/" + audit.Started}},
-		{"type and actor", audit.Filter{Type: audit.Completed, ActorID: "alice"},
-			[]string{"exec-0/" + audit.Completed, "exec-1/" + audit.Completed}},
+			[]string{"exec-2/" + audit.EventRequested, "exec-2/" + audit.EventStarted, "exec-2/" + audit.EventCompleted}},
+		{"type", audit.Filter{Type: audit.EventStarted},
+			[]string{"exec-0/" + audit.EventStarted, "exec-1/" + audit.EventStarted, "exec-2/" + audit.EventStarted}},
+		{"type and actor", audit.Filter{Type: audit.EventCompleted, ActorID: "alice"},
+			[]string{"exec-0/" + audit.EventCompleted, "exec-1/" + audit.EventCompleted}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -206,7 +206,7 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	e.Emit(event(audit.Requested, "old"))
+	e.Emit(event(audit.EventRequested, "old"))
 	flush(t, e)
 
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -224,7 +224,7 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	e.Emit(event(audit.Requested, "new"))
+	e.Emit(event(audit.EventRequested, "new"))
 	flush(t, e)
 	if ev := <-got; ev.ExecutionID != "new" {
 		t.Fatalf("first followed event is of %s, want the new one", ev.ExecutionID)
@@ -244,7 +244,7 @@ func TestFollow_ResumesFromASequenceOrATime(t *testing.T) {
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	for i := 0; i < 5; i++ {
-		e.Emit(event(audit.Requested, fmt.Sprintf("exec-%d", i)))
+		e.Emit(event(audit.EventRequested, fmt.Sprintf("exec-%d", i)))
 	}
 	flush(t, e)
 	all := collect(t, b, audit.Filter{}, 5, audit.FromStart())
@@ -327,11 +327,11 @@ func TestEmitSync_FailsUnavailableWhenTheStreamRefuses(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{AuditMaxBytes: 16 << 10, AuditDiscardNew: true})
 	e := newEmitter(t, b, audit.Options{})
-	if err := e.EmitSync(testCtx(t), event(audit.Started, "before")); err != nil {
+	if err := e.EmitSync(testCtx(t), event(audit.EventStarted, "before")); err != nil {
 		t.Fatalf("with room: %v", err)
 	}
 	fillAudit(t, b)
-	err := e.EmitSync(testCtx(t), event(audit.Started, "after"))
+	err := e.EmitSync(testCtx(t), event(audit.EventStarted, "after"))
 	if !errors.Is(err, audit.ErrUnavailable) {
 		t.Fatalf("err %v, want audit.ErrUnavailable", err)
 	}
@@ -347,7 +347,7 @@ func TestEmit_RefusedEventIsCountedAndLogged(t *testing.T) {
 	log := &recorder{}
 	e := newEmitter(t, b, audit.Options{Logger: slog.New(log)})
 	fillAudit(t, b)
-	e.Emit(event(audit.Requested, "refused"))
+	e.Emit(event(audit.EventRequested, "refused"))
 	flush(t, e)
 	if e.Failed() != 1 || log.warnings() != 1 {
 		t.Fatalf("failed %d, warnings %d; want 1 and 1", e.Failed(), log.warnings())
@@ -368,7 +368,7 @@ func TestEmit_EachExecutionsEventsKeepTheirOrder(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for n := 0; n < perExecution; n++ {
-				ev := event(audit.Retried, fmt.Sprintf("exec-%d", i))
+				ev := event(audit.EventRetried, fmt.Sprintf("exec-%d", i))
 				ev.Data = map[string]any{"attempt": n}
 				e.Emit(ev)
 			}

@@ -58,7 +58,7 @@ func TestEmit_BatchedEventsAreOneMessageEachAndAllConfirmed(t *testing.T) {
 		id := fmt.Sprintf("exec-%03d", i)
 		ids = append(ids, id)
 		for range each {
-			e.Emit(event(audit.Started, id))
+			e.Emit(event(audit.EventStarted, id))
 		}
 	}
 	flush(t, e)
@@ -85,20 +85,20 @@ func TestEmit_StreamStopsTakingBatches_LaterEventsAcknowledgedOneByOne(t *testin
 	b := provision(t, env.Connect(t), broker.Config{})
 	log := &recorder{}
 	e := newEmitter(t, b, audit.Options{Logger: slog.New(log)})
-	e.Emit(event(audit.Requested, "exec-1"))
+	e.Emit(event(audit.EventRequested, "exec-1"))
 	flush(t, e)
 	cfg := b.Audit.CachedInfo().Config
 	cfg.AllowBatchPublish = false
 	if _, err := b.JS.UpdateStream(testCtx(t), cfg); err != nil {
 		t.Fatal(err)
 	}
-	e.Emit(event(audit.Started, "exec-2")) // refused: the stream takes no batch
+	e.Emit(event(audit.EventStarted, "exec-2")) // refused: the stream takes no batch
 	flush(t, e)
 	if e.Failed() != 1 || log.warnings() != 1 {
 		t.Fatalf("failed %d, warnings %d; want 1 and 1", e.Failed(), log.warnings())
 	}
 	for range 3 {
-		e.Emit(event(audit.Completed, "exec-3"))
+		e.Emit(event(audit.EventCompleted, "exec-3"))
 	}
 	flush(t, e)
 	if e.Failed() != 1 {
@@ -118,15 +118,15 @@ func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	for range 5 {
-		e.Emit(event(audit.Started, "exec-before"))
+		e.Emit(event(audit.EventStarted, "exec-before"))
 	}
 	reconnects := b.NC.Stats().Reconnects
 	env.Restart(t)
 	waitReconnected(t, b, reconnects)
-	e.Emit(event(audit.Started, "exec-reconnected")) // a batch of its own: the old one is unknown now
+	e.Emit(event(audit.EventStarted, "exec-reconnected")) // a batch of its own: the old one is unknown now
 	flush(t, e)
 	for range 5 {
-		e.Emit(event(audit.Completed, "exec-after"))
+		e.Emit(event(audit.EventCompleted, "exec-after"))
 	}
 	flush(t, e)
 	before, after := storedEvents(t, b, []string{"exec-before"}), storedEvents(t, b, []string{"exec-reconnected", "exec-after"})
@@ -148,7 +148,7 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	for range 5 {
-		e.Emit(event(audit.Started, "exec-before")) // a batch left open by the outage
+		e.Emit(event(audit.EventStarted, "exec-before")) // a batch left open by the outage
 	}
 	reconnects := b.NC.Stats().Reconnects
 	env.Stop()
@@ -161,7 +161,7 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 		}
 	}
 	for range 5 {
-		e.Emit(event(audit.Completed, "exec-offline"))
+		e.Emit(event(audit.EventCompleted, "exec-offline"))
 	}
 	env.Restart(t)
 	waitReconnected(t, b, reconnects)
@@ -212,7 +212,7 @@ func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t 
 		id := fmt.Sprintf("exec-%d", r)
 		ids = append(ids, id)
 		for range each {
-			e.Emit(event(audit.Started, id))
+			e.Emit(event(audit.EventStarted, id))
 		}
 		flush(t, e) // commits the batch right after its last message
 	}
@@ -239,7 +239,7 @@ func TestNewEmitter_EmittersTakenPerUseLeaveNoSubscriptionBehind(t *testing.T) {
 	const uses = 20
 	for i := range uses {
 		e := audit.NewEmitter(b, audit.Options{})
-		if err := e.EmitSync(testCtx(t), event(audit.Approved, fmt.Sprintf("exec-%d", i))); err != nil {
+		if err := e.EmitSync(testCtx(t), event(audit.EventApproved, fmt.Sprintf("exec-%d", i))); err != nil {
 			t.Fatal(err)
 		}
 		flush(t, e)

@@ -29,7 +29,7 @@
 //	for _, ev := range trail {
 //		fmt.Println(ev.Timestamp, ev.Type, ev.Data)
 //	}
-//	err = audit.Follow(ctx, b, audit.Filter{Type: audit.Denied}, func(ev audit.Event) error {
+//	err = audit.Follow(ctx, b, audit.Filter{Type: audit.EventDenied}, func(ev audit.Event) error {
 //		fmt.Println(ev.ExecutionID, ev.CapabilityID, ev.Data["reason"])
 //		return nil
 //	})

@@ -20,13 +20,13 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	e.Emit(event(audit.Requested, "exec-a"))
-	e.EmitAll(event(audit.Started, "exec-a"), event(audit.Retried, "exec-a"), event(audit.Started, "exec-a"))
-	if err := e.EmitAllSync(testCtx(t), event(audit.Completed, "exec-a"), event(audit.DuplicateDelivery, "exec-a")); err != nil {
+	e.Emit(event(audit.EventRequested, "exec-a"))
+	e.EmitAll(event(audit.EventStarted, "exec-a"), event(audit.EventRetried, "exec-a"), event(audit.EventStarted, "exec-a"))
+	if err := e.EmitAllSync(testCtx(t), event(audit.EventCompleted, "exec-a"), event(audit.EventDuplicateDelivery, "exec-a")); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, e)
-	want := []string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed, audit.DuplicateDelivery}
+	want := []string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted, audit.EventDuplicateDelivery}
 	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-a")
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 		t.Fatalf("after event 2: %v, want %v", got, want[3:])
 	}
 	// A filter on type sees the events inside a message one by one.
-	retried := collect(t, b, audit.Filter{Type: audit.Retried}, 1, audit.FromStart())
+	retried := collect(t, b, audit.Filter{Type: audit.EventRetried}, 1, audit.FromStart())
 	if retried[0].Seq != 2 || retried[0].Index != 1 {
 		t.Fatalf("retried at %d/%d, want 2/1", retried[0].Seq, retried[0].Index)
 	}
@@ -67,11 +67,11 @@ func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
-	err := e.EmitAllSync(testCtx(t), event(audit.Started, "exec-a"), event(audit.Started, "exec-b"))
+	err := e.EmitAllSync(testCtx(t), event(audit.EventStarted, "exec-a"), event(audit.EventStarted, "exec-b"))
 	if !errors.Is(err, audit.ErrUnavailable) || !errors.Is(err, audit.ErrMixedExecutions) {
 		t.Fatalf("err %v, want ErrUnavailable and ErrMixedExecutions", err)
 	}
-	e.EmitAll(event(audit.Started, "exec-a"), event(audit.Started, "exec-b"))
+	e.EmitAll(event(audit.EventStarted, "exec-a"), event(audit.EventStarted, "exec-b"))
 	flush(t, e)
 	if e.Failed() != 4 || e.Sent() != 0 {
 		t.Fatalf("failed %d, sent %d; want 4 and 0", e.Failed(), e.Sent())
@@ -90,7 +90,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 	e := newEmitter(t, b, audit.Options{Unacknowledged: true})
 	const n = 50
 	for i := 0; i < n; i++ {
-		ev := event(audit.Retried, "exec-u")
+		ev := event(audit.EventRetried, "exec-u")
 		ev.Data = map[string]any{"attempt": i}
 		if i%2 == 0 {
 			e.Emit(ev)
@@ -98,7 +98,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 			e.EmitAll(ev)
 		}
 	}
-	if err := e.EmitSync(testCtx(t), event(audit.Completed, "exec-u")); err != nil {
+	if err := e.EmitSync(testCtx(t), event(audit.EventCompleted, "exec-u")); err != nil {
 		t.Fatal(err)
 	}
 	flush(t, e)
@@ -108,8 +108,8 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(trail) != n+1 || trail[n].Type != audit.Completed {
-		t.Fatalf("%d events, last %s; want %d ending with %s", len(trail), trail[len(trail)-1].Type, n+1, audit.Completed)
+	if len(trail) != n+1 || trail[n].Type != audit.EventCompleted {
+		t.Fatalf("%d events, last %s; want %d ending with %s", len(trail), trail[len(trail)-1].Type, n+1, audit.EventCompleted)
 	}
 	for i := 0; i < n; i++ {
 		if got := asInt(trail[i].Data["attempt"]); got != int64(i) {
@@ -130,7 +130,7 @@ func TestEmit_UnacknowledgedFailureOnAClosedConnectionIsCounted(t *testing.T) {
 	b := provision(t, nc, broker.Config{})
 	e := audit.NewEmitter(b, audit.Options{Unacknowledged: true})
 	nc.Close()
-	e.EmitAll(event(audit.Started, "exec-c"), event(audit.Completed, "exec-c"))
+	e.EmitAll(event(audit.EventStarted, "exec-c"), event(audit.EventCompleted, "exec-c"))
 	if e.Failed() != 2 || e.Sent() != 0 {
 		t.Fatalf("failed %d, sent %d; want 2 and 0", e.Failed(), e.Sent())
 	}
@@ -158,16 +158,16 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	legacy(audit.Requested)
-	legacy(audit.Started)
-	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.Requested, audit.Started}) {
+	legacy(audit.EventRequested)
+	legacy(audit.EventStarted)
+	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.EventRequested, audit.EventStarted}) {
 		t.Fatalf("legacy trail %v, %v", types(trail), err)
 	}
 	e := newEmitter(t, b, audit.Options{})
-	if err := e.EmitSync(testCtx(t), event(audit.Completed, id)); err != nil {
+	if err := e.EmitSync(testCtx(t), event(audit.EventCompleted, id)); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{audit.Requested, audit.Started, audit.Completed}
+	want := []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted}
 	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 	if err != nil || fmt.Sprint(types(trail)) != fmt.Sprint(want) {
 		t.Fatalf("trail across the upgrade %v, %v; want %v", types(trail), err, want)
@@ -185,11 +185,11 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 
 func TestDecode_ReadsBothTheArrayAndTheSingleEventForm(t *testing.T) {
 	t.Parallel()
-	one, err := envelope.Marshal(event(audit.Requested, "x"))
+	one, err := envelope.Marshal(event(audit.EventRequested, "x"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	many, err := envelope.Marshal([]*audit.Event{event(audit.Started, "x"), event(audit.Completed, "x")})
+	many, err := envelope.Marshal([]*audit.Event{event(audit.EventStarted, "x"), event(audit.EventCompleted, "x")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,8 +198,8 @@ func TestDecode_ReadsBothTheArrayAndTheSingleEventForm(t *testing.T) {
 		data []byte
 		want []string
 	}{
-		{"single", one, []string{audit.Requested}},
-		{"array", many, []string{audit.Started, audit.Completed}},
+		{"single", one, []string{audit.EventRequested}},
+		{"array", many, []string{audit.EventStarted, audit.EventCompleted}},
 	} {
 		evs, err := audit.Decode(c.data)
 		if err != nil {

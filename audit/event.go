@@ -11,34 +11,77 @@ import (
 
 // Event types of DESIGN §8.
 const (
-	Requested = "capability.requested"
-	Denied    = "capability.denied"
-	// Limited: a limit of the capability held the call back (DESIGN §17):
+	EventRequested = "capability.requested"
+	EventDenied    = "capability.denied"
+	// EventLimited: a limit of the capability held the call back (DESIGN §17):
 	// data names the limit, its usage, and what the call did (wait, refuse,
 	// approval).
-	Limited           = "capability.limited"
-	ApprovalRequested = "capability.approval_requested"
-	Approved          = "capability.approved"
-	Rejected          = "capability.rejected"
-	Started           = "capability.started"
-	Retried           = "capability.retried"
-	Completed         = "capability.completed"
-	Failed            = "capability.failed"
-	Cancelled         = "capability.cancelled"
-	Discovered        = "capabilities.discovered"
-	DuplicateDelivery = "execution.duplicate_delivery"
-	// ExpiredRequest: a request whose id is older than envelopes are kept was
+	EventLimited           = "capability.limited"
+	EventApprovalRequested = "capability.approval_requested"
+	EventApproved          = "capability.approved"
+	EventRejected          = "capability.rejected"
+	EventStarted           = "capability.started"
+	EventRetried           = "capability.retried"
+	EventCompleted         = "capability.completed"
+	EventFailed            = "capability.failed"
+	EventCancelled         = "capability.cancelled"
+	EventDiscovered        = "capabilities.discovered"
+	EventDuplicateDelivery = "execution.duplicate_delivery"
+	// EventExpiredRequest: a request whose id is older than envelopes are kept was
 	// refused without running.
-	ExpiredRequest   = "execution.expired_request"
-	TakenOver        = "execution.taken_over"
-	EnvelopeConflict = "envelope.conflict"
-	ApprovalConsumed = "approval.consumed"
-	// ReceiptRecorded: an attempt's handler recorded the evidence of its
+	EventExpiredRequest   = "execution.expired_request"
+	EventTakenOver        = "execution.taken_over"
+	EventEnvelopeConflict = "envelope.conflict"
+	EventApprovalConsumed = "approval.consumed"
+	// EventReceiptRecorded: an attempt's handler recorded the evidence of its
 	// effect (DESIGN §5); the event names it by its hash, never its content.
-	ReceiptRecorded = "capability.receipt_recorded"
-	// Reconciled: the capability's reconciler answered whether a lost
+	EventReceiptRecorded = "capability.receipt_recorded"
+	// EventReconciled: the capability's reconciler answered whether a lost
 	// attempt took effect.
-	Reconciled = "capability.reconciled"
+	EventReconciled = "capability.reconciled"
+)
+
+// The names the event types had in v0.1.0, kept for importers; they go
+// before v1.
+const (
+	// Deprecated: use EventRequested.
+	Requested = EventRequested
+	// Deprecated: use EventDenied.
+	Denied = EventDenied
+	// Deprecated: use EventLimited.
+	Limited = EventLimited
+	// Deprecated: use EventApprovalRequested.
+	ApprovalRequested = EventApprovalRequested
+	// Deprecated: use EventApproved.
+	Approved = EventApproved
+	// Deprecated: use EventRejected.
+	Rejected = EventRejected
+	// Deprecated: use EventStarted.
+	Started = EventStarted
+	// Deprecated: use EventRetried.
+	Retried = EventRetried
+	// Deprecated: use EventCompleted.
+	Completed = EventCompleted
+	// Deprecated: use EventFailed.
+	Failed = EventFailed
+	// Deprecated: use EventCancelled.
+	Cancelled = EventCancelled
+	// Deprecated: use EventDiscovered.
+	Discovered = EventDiscovered
+	// Deprecated: use EventDuplicateDelivery.
+	DuplicateDelivery = EventDuplicateDelivery
+	// Deprecated: use EventExpiredRequest.
+	ExpiredRequest = EventExpiredRequest
+	// Deprecated: use EventTakenOver.
+	TakenOver = EventTakenOver
+	// Deprecated: use EventEnvelopeConflict.
+	EnvelopeConflict = EventEnvelopeConflict
+	// Deprecated: use EventApprovalConsumed.
+	ApprovalConsumed = EventApprovalConsumed
+	// Deprecated: use EventReceiptRecorded.
+	ReceiptRecorded = EventReceiptRecorded
+	// Deprecated: use EventReconciled.
+	Reconciled = EventReconciled
 )
 
 // Actor is the acting party of an event: id and kind, never attributes.
@@ -55,7 +98,7 @@ func ActorOf(a envelope.Actor) Actor { return Actor{ID: a.ID, Kind: a.Kind} }
 type Event struct {
 	// V is the schema version, envelope.Version; the emitter sets it.
 	V int `json:"v"`
-	// Type is one of the event types above (Requested, Started, …).
+	// Type is one of the event types above (EventRequested, EventStarted, …).
 	Type string `json:"type"`
 	// Timestamp is when the event happened, in UTC: the emitter sets it
 	// to the time of storing when it is zero.

@@ -19,10 +19,10 @@ func TestEventEncoder_WritesTheReflectiveEncodersBytes(t *testing.T) {
 	for name, e := range map[string]Event{
 		"every field": filled,
 		"zero":        {},
-		"full": {V: envelope.Version, Type: Completed, Timestamp: time.Now().UTC(), Surface: "mcp", Actor: Actor{ID: "alice", Kind: "user"},
+		"full": {V: envelope.Version, Type: EventCompleted, Timestamp: time.Now().UTC(), Surface: "mcp", Actor: Actor{ID: "alice", Kind: "user"},
 			ExecutionID: envelope.NewExecutionID(), CapabilityID: "demo.echo", CorrelationID: "c1", InputHash: "ab12", Worker: "w1",
 			Data: map[string]any{"attempts": 2}},
-		"actor kind only": {Type: Started, Actor: Actor{Kind: "anonymous"}, Data: map[string]any{}},
+		"actor kind only": {Type: EventStarted, Actor: Actor{Kind: "anonymous"}, Data: map[string]any{}},
 	} {
 		got, err := envelope.Marshal(&e)
 		if err != nil {

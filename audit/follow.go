@@ -24,7 +24,7 @@ type Filter struct {
 	// on each event.
 	CapabilityID string
 	ActorID      string // the actor's id, of any kind
-	Type         string // an event type (Requested, Failed, …)
+	Type         string // an event type (EventRequested, EventFailed, …)
 }
 
 // Match reports whether ev passes the filter.

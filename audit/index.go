@@ -96,25 +96,25 @@ func EntryOf(evs []*Event) *Entry {
 		}
 		e.UpdatedAt = ev.Timestamp
 		switch ev.Type {
-		case Requested:
+		case EventRequested:
 			begins = true
 			e.RequestedAt = ev.Timestamp
 			e.Actor, e.Principal, e.Surface = ev.Actor, ev.Principal, ev.Surface
-		case Started:
+		case EventStarted:
 			if id, _ := ev.Data["approvalId"].(string); id != "" {
 				e.ApprovalID, e.Resumed = id, true
 			}
-		case ApprovalConsumed:
+		case EventApprovalConsumed:
 			if id, _ := ev.Data["approvalId"].(string); id != "" {
 				e.ApprovalID, e.Resumed = id, true
 			}
-		case Completed:
+		case EventCompleted:
 			e.Status, e.Code = EntryCompleted, ""
-		case Failed:
+		case EventFailed:
 			e.Status, e.Code = EntryFailed, str(ev.Data["code"])
-		case Cancelled:
+		case EventCancelled:
 			e.Status, e.Code = EntryCancelled, str(ev.Data["code"])
-		case ApprovalRequested:
+		case EventApprovalRequested:
 			e.Status = EntryApprovalRequired
 			if id, _ := ev.Data["approvalId"].(string); id != "" {
 				e.ApprovalID = id
@@ -123,7 +123,7 @@ func EntryOf(evs []*Event) *Entry {
 		if n, ok := number(ev.Data["attempts"]); ok {
 			e.Attempts = max(e.Attempts, int(n))
 		}
-		if n, ok := number(ev.Data["attempt"]); ok && ev.Type == Started {
+		if n, ok := number(ev.Data["attempt"]); ok && ev.Type == EventStarted {
 			e.Attempts = max(e.Attempts, int(n))
 		}
 		if n, ok := number(ev.Data["durationMs"]); ok {

@@ -26,25 +26,25 @@ func TestEntryOf_BeginningsAndEndsOnly(t *testing.T) {
 		approval   string
 		resumed    bool
 	}{
-		{"a quick execution: one message, its end", []*audit.Event{ev(audit.Requested, nil), ev(audit.Started, map[string]any{"attempt": 1}),
-			ev(audit.Completed, map[string]any{"attempts": 1, "durationMs": 3})}, audit.EntryCompleted, "", 1, "", false},
-		{"a long one's first message: running", []*audit.Event{ev(audit.Requested, nil), ev(audit.Started, map[string]any{"attempt": 1})},
+		{"a quick execution: one message, its end", []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventStarted, map[string]any{"attempt": 1}),
+			ev(audit.EventCompleted, map[string]any{"attempts": 1, "durationMs": 3})}, audit.EntryCompleted, "", 1, "", false},
+		{"a long one's first message: running", []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventStarted, map[string]any{"attempt": 1})},
 			audit.EntryRunning, "", 1, "", false},
-		{"its end alone", []*audit.Event{ev(audit.Failed, map[string]any{"code": "TIMEOUT", "attempts": int64(2)})},
+		{"its end alone", []*audit.Event{ev(audit.EventFailed, map[string]any{"code": "TIMEOUT", "attempts": int64(2)})},
 			audit.EntryFailed, "TIMEOUT", 2, "", false},
-		{"a takeover's start alone: no entry", []*audit.Event{ev(audit.TakenOver, nil), ev(audit.Started, map[string]any{"attempt": 2})},
+		{"a takeover's start alone: no entry", []*audit.Event{ev(audit.EventTakenOver, nil), ev(audit.EventStarted, map[string]any{"attempt": 2})},
 			"", "", 0, "", false},
-		{"a retry alone: no entry", []*audit.Event{ev(audit.Retried, map[string]any{"attempt": 2})}, "", "", 0, "", false},
-		{"a duplicate delivery: no entry", []*audit.Event{ev(audit.DuplicateDelivery, nil)}, "", "", 0, "", false},
-		{"an approval decision: no entry", []*audit.Event{ev(audit.Approved, nil)}, "", "", 0, "", false},
-		{"approval required", []*audit.Event{ev(audit.Requested, nil), ev(audit.ApprovalRequested, map[string]any{"approvalId": "ap-1"})},
+		{"a retry alone: no entry", []*audit.Event{ev(audit.EventRetried, map[string]any{"attempt": 2})}, "", "", 0, "", false},
+		{"a duplicate delivery: no entry", []*audit.Event{ev(audit.EventDuplicateDelivery, nil)}, "", "", 0, "", false},
+		{"an approval decision: no entry", []*audit.Event{ev(audit.EventApproved, nil)}, "", "", 0, "", false},
+		{"approval required", []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventApprovalRequested, map[string]any{"approvalId": "ap-1"})},
 			audit.EntryApprovalRequired, "", 0, "ap-1", false},
-		{"a resume", []*audit.Event{ev(audit.Requested, nil), ev(audit.ApprovalConsumed, map[string]any{"approvalId": "ap-1"}),
-			ev(audit.Started, map[string]any{"attempt": 1, "approvalId": "ap-1"}), ev(audit.Completed, map[string]any{"attempts": 1})},
+		{"a resume", []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventApprovalConsumed, map[string]any{"approvalId": "ap-1"}),
+			ev(audit.EventStarted, map[string]any{"attempt": 1, "approvalId": "ap-1"}), ev(audit.EventCompleted, map[string]any{"attempts": 1})},
 			audit.EntryCompleted, "", 1, "ap-1", true},
-		{"cancelled", []*audit.Event{ev(audit.Cancelled, map[string]any{"code": "CANCELLED"})}, audit.EntryCancelled, "CANCELLED", 0, "", false},
-		{"denied then failed", []*audit.Event{ev(audit.Requested, nil), ev(audit.Denied, map[string]any{"publicCode": "POLICY_DENIED"}),
-			ev(audit.Failed, map[string]any{"code": "POLICY_DENIED"})}, audit.EntryFailed, "POLICY_DENIED", 0, "", false},
+		{"cancelled", []*audit.Event{ev(audit.EventCancelled, map[string]any{"code": "CANCELLED"})}, audit.EntryCancelled, "CANCELLED", 0, "", false},
+		{"denied then failed", []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventDenied, map[string]any{"publicCode": "POLICY_DENIED"}),
+			ev(audit.EventFailed, map[string]any{"code": "POLICY_DENIED"})}, audit.EntryFailed, "POLICY_DENIED", 0, "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := audit.EntryOf(tc.evs)
@@ -74,14 +74,14 @@ func emitExecution(e *audit.Emitter, id, principal, capID, actor, end string) {
 		return &audit.Event{Type: typ, ExecutionID: id, CapabilityID: capID, Principal: principal,
 			Actor: audit.Actor{ID: actor, Kind: "user"}, Surface: "direct", Data: data}
 	}
-	evs := []*audit.Event{mk(audit.Requested, nil)}
+	evs := []*audit.Event{mk(audit.EventRequested, nil)}
 	switch end {
 	case "":
-		evs = append(evs, mk(audit.Started, map[string]any{"attempt": 1}))
-	case audit.Completed:
-		evs = append(evs, mk(audit.Started, map[string]any{"attempt": 1}), mk(audit.Completed, map[string]any{"attempts": 1}))
-	case audit.Failed:
-		evs = append(evs, mk(audit.Failed, map[string]any{"code": "INPUT_INVALID"}))
+		evs = append(evs, mk(audit.EventStarted, map[string]any{"attempt": 1}))
+	case audit.EventCompleted:
+		evs = append(evs, mk(audit.EventStarted, map[string]any{"attempt": 1}), mk(audit.EventCompleted, map[string]any{"attempts": 1}))
+	case audit.EventFailed:
+		evs = append(evs, mk(audit.EventFailed, map[string]any{"code": "INPUT_INVALID"}))
 	}
 	e.EmitAll(evs...)
 }
@@ -104,10 +104,10 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	for i := range 300 {
 		id := fmt.Sprintf("exec-%03d", i)
 		if i%50 == 7 {
-			emitExecution(e, id, "gw", "orders.refund", "bob", audit.Failed)
+			emitExecution(e, id, "gw", "orders.refund", "bob", audit.EventFailed)
 			continue
 		}
-		emitExecution(e, id, "app", "demo.echo", "alice", audit.Completed)
+		emitExecution(e, id, "app", "demo.echo", "alice", audit.EventCompleted)
 	}
 	// A long one: its start, then (later) its end.
 	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", "")
@@ -158,7 +158,7 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	}
 
 	// The long one ends: its newest entry wins, once.
-	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", audit.Completed)
+	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", audit.EventCompleted)
 	flush(t, e)
 	page, err = audit.List(testCtx(t), b, audit.Query{Limit: 3})
 	if err != nil {

@@ -34,9 +34,9 @@ func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPart
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, audit.Options{})
 	id := envelope.NewExecutionID()
-	e.Emit(as("bob", audit.Requested, id))
-	e.EmitAll(as("alice", audit.Requested, id), as("alice", audit.Failed, id))
-	e.EmitAll(as("bob", audit.Started, id), as("bob", audit.Completed, id))
+	e.Emit(as("bob", audit.EventRequested, id))
+	e.EmitAll(as("alice", audit.EventRequested, id), as("alice", audit.EventFailed, id))
+	e.EmitAll(as("bob", audit.EventStarted, id), as("bob", audit.EventCompleted, id))
 	flush(t, e)
 
 	for principal, want := range map[string]string{
@@ -68,7 +68,7 @@ func TestRead_StoresBeforePrincipalScopedIDs(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	id := envelope.NewExecutionID()
-	for _, ev := range []*audit.Event{as("alice", audit.Requested, id), as("alice", audit.Completed, id), as("bob", audit.Requested, id)} {
+	for _, ev := range []*audit.Event{as("alice", audit.EventRequested, id), as("alice", audit.EventCompleted, id), as("bob", audit.EventRequested, id)} {
 		ev.V = envelope.Version
 		data, err := envelope.Marshal(ev)
 		if err != nil {

@@ -146,7 +146,7 @@ func (r *reader) read(ctx context.Context, shard string) ([]Event, error) {
 }
 
 // begins reports whether the trail holds its first event.
-func begins(trail []Event) bool { return len(trail) > 0 && trail[0].Type == Requested }
+func begins(trail []Event) bool { return len(trail) > 0 && trail[0].Type == EventRequested }
 
 // merge orders the events of two reads as the stream stored them.
 func merge(a, b []Event) []Event {
@@ -164,7 +164,7 @@ func merge(a, b []Event) []Event {
 // request delivered or finalized again.
 func ends(ev *Event) bool {
 	switch ev.Type {
-	case Completed, Failed, Cancelled, Denied, Approved, Rejected:
+	case EventCompleted, EventFailed, EventCancelled, EventDenied, EventApproved, EventRejected:
 		return true
 	}
 	return false

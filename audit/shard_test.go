@@ -46,11 +46,11 @@ func idAt(t *testing.T, at time.Time) string {
 func lifecycle(e *audit.Emitter, id string, step int) {
 	switch step {
 	case 0:
-		e.Emit(event(audit.Requested, id))
+		e.Emit(event(audit.EventRequested, id))
 	case 1:
-		e.EmitAll(event(audit.Started, id), event(audit.Retried, id), event(audit.Started, id))
+		e.EmitAll(event(audit.EventStarted, id), event(audit.EventRetried, id), event(audit.EventStarted, id))
 	case 2:
-		e.Emit(event(audit.Completed, id))
+		e.Emit(event(audit.EventCompleted, id))
 	}
 }
 
@@ -76,7 +76,7 @@ func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
 	if info.State.NumSubjects != 1 || info.State.Msgs != 3*120 {
 		t.Fatalf("%d subjects, %d messages; want 1 and %d", info.State.NumSubjects, info.State.Msgs, 3*120)
 	}
-	want := fmt.Sprint([]string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed})
+	want := fmt.Sprint([]string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted})
 	for _, id := range []string{ids[0], ids[57], ids[119]} {
 		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
 		if err != nil {
@@ -108,7 +108,7 @@ func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
 	b := provision(t, env.Connect(t), broker.Config{})
 	ids := sameShard(t, 2)
 	for _, id := range []string{ids[1], ids[0], ids[1]} {
-		data, err := envelope.Marshal(event(audit.Requested, id))
+		data, err := envelope.Marshal(event(audit.EventRequested, id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +152,7 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if len(trail) != 5 || trail[0].Type != audit.Requested || trail[4].Type != audit.Completed {
+		if len(trail) != 5 || trail[0].Type != audit.EventRequested || trail[4].Type != audit.EventCompleted {
 			t.Fatalf("%s: %v", id, types(trail))
 		}
 	}
@@ -184,7 +184,7 @@ func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprint([]string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed})
+	want := fmt.Sprint([]string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted})
 	if got := fmt.Sprint(types(trail)); got != want {
 		t.Fatalf("%s, want %s", got, want)
 	}

@@ -28,7 +28,7 @@ func TestReadCredentials_ConnectionUsesTheValueRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
 	env := testenv.Start(t, testenv.Auth(setup))
@@ -45,7 +45,7 @@ func TestReadCredentials_ConnectionUsesTheValueRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := setup.Names()
-	if !cr.Known() || cr.Principal != "alice" || cr.Role != auth.Producer {
+	if !cr.Known() || cr.Principal != "alice" || cr.Role != auth.RoleProducer {
 		t.Fatalf("read %q, role %q, known %v; want alice, producer", cr.Principal, cr.Role, cr.Known())
 	}
 	if !cr.MayPublish(n.ExecSubject("alice", "demo.echo")) || cr.MayPublish(n.DecideSubject("alice")) {
@@ -126,7 +126,7 @@ func TestReadCredentials_ReconnectReadsTheFileAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"alice", "bob"} {
-		if err := setup.Add(auth.Grant{Principal: p, Role: auth.Producer, Actors: []string{"user:" + p}, Capabilities: []string{"*"}}); err != nil {
+		if err := setup.Add(auth.Grant{Principal: p, Role: auth.RoleProducer, Actors: []string{"user:" + p}, Capabilities: []string{"*"}}); err != nil {
 			t.Fatal(err)
 		}
 	}

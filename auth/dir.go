@@ -181,8 +181,8 @@ func Init(dir, prefix string) (*Setup, error) {
 		return nil, err
 	}
 	for _, g := range []Grant{
-		{Principal: AdminPrincipal, Role: Admin},
-		{Principal: WorkerPrincipal, Role: Worker},
+		{Principal: AdminPrincipal, Role: RoleAdmin},
+		{Principal: WorkerPrincipal, Role: RoleWorker},
 	} {
 		if err := s.add(k, g); err != nil {
 			return nil, err

@@ -46,7 +46,7 @@
 // From zero:
 //
 //	setup, err := auth.Init("secrets", "")            // admin, worker and push credentials, nats-server.conf
-//	err = setup.Add(auth.Grant{Principal: "agent", Role: auth.Producer,
+//	err = setup.Add(auth.Grant{Principal: "agent", Role: auth.RoleProducer,
 //		Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*"}})
 //	// nats-server -c secrets/nats-server.conf -p 4222 -js -sd /var/lib/capstan
 //	// or: capstan server --auth secrets

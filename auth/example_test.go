@@ -26,7 +26,7 @@ func Example() {
 		panic(err)
 	}
 	// A gateway that authenticates its own end users, calling refunds from MCP.
-	err = setup.Add(auth.Grant{Principal: "gateway", Role: auth.Producer,
+	err = setup.Add(auth.Grant{Principal: "gateway", Role: auth.RoleProducer,
 		Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*"}})
 	if err != nil {
 		panic(err)

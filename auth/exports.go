@@ -47,25 +47,25 @@ var Crossings = []Crossing{
 	// wildcard: the grant's capabilities stay in the user's permissions, and
 	// an answer aimed at a wildcard import never re-enters the capstan
 	// account as a message (DESIGN §12 "the forwarding rule").
-	{Subject: func(n broker.Names, p string) string { return n.ExecSubject(p, ">") }, Roles: []Role{Producer}},
-	{Subject: func(n broker.Names, p string) string { return n.CancelSubject(p, "*") }, Roles: []Role{Producer}},
-	{Subject: func(n broker.Names, p string) string { return n.DescribeSubject(p) }, Roles: []Role{Producer}},
-	{Subject: func(n broker.Names, p string) string { return n.ListApprovalsSubject(p) }, Roles: []Role{Producer, Approver}},
-	{Subject: func(n broker.Names, p string) string { return n.DecideSubject(p) }, Roles: []Role{Approver}},
+	{Subject: func(n broker.Names, p string) string { return n.ExecSubject(p, ">") }, Roles: []Role{RoleProducer}},
+	{Subject: func(n broker.Names, p string) string { return n.CancelSubject(p, "*") }, Roles: []Role{RoleProducer}},
+	{Subject: func(n broker.Names, p string) string { return n.DescribeSubject(p) }, Roles: []Role{RoleProducer}},
+	{Subject: func(n broker.Names, p string) string { return n.ListApprovalsSubject(p) }, Roles: []Role{RoleProducer, RoleApprover}},
+	{Subject: func(n broker.Names, p string) string { return n.DecideSubject(p) }, Roles: []Role{RoleApprover}},
 	// Executions, their trails and results, as the role may see them
 	// (workers answer).
-	{Subject: func(n broker.Names, p string) string { return n.ListExecutionsSubject(p) }, Roles: []Role{Producer, Approver}},
-	{Subject: func(n broker.Names, p string) string { return n.ExecutionSubject(p) }, Roles: []Role{Producer, Approver}},
+	{Subject: func(n broker.Names, p string) string { return n.ListExecutionsSubject(p) }, Roles: []Role{RoleProducer, RoleApprover}},
+	{Subject: func(n broker.Names, p string) string { return n.ExecutionSubject(p) }, Roles: []Role{RoleProducer, RoleApprover}},
 	// Its own envelopes and records by key: the direct get whose subject
 	// names the key, never the form whose body does.
-	{Subject: func(n broker.Names, p string) string { return directGet(n.EnvelopesBucket(), p+".>") }, Roles: []Role{Producer}},
-	{Subject: func(n broker.Names, p string) string { return directGet(n.ExecutionsBucket(), p+".>") }, Roles: []Role{Producer}},
+	{Subject: func(n broker.Names, p string) string { return directGet(n.EnvelopesBucket(), p+".>") }, Roles: []Role{RoleProducer}},
+	{Subject: func(n broker.Names, p string) string { return directGet(n.ExecutionsBucket(), p+".>") }, Roles: []Role{RoleProducer}},
 	// Catalog entries by key, everyone's.
-	{Subject: func(n broker.Names, _ string) string { return directGet(n.CatalogBucket(), ">") }, Public: true, Roles: []Role{Producer}},
+	{Subject: func(n broker.Names, _ string) string { return directGet(n.CatalogBucket(), ">") }, Public: true, Roles: []Role{RoleProducer}},
 	// Its envelopes' notifications, the envelopes bucket's republish.
-	{Subject: func(n broker.Names, p string) string { return n.EnvelopeSubjectsOf(p) }, Stream: true, Roles: []Role{Producer}},
+	{Subject: func(n broker.Names, p string) string { return n.EnvelopeSubjectsOf(p) }, Stream: true, Roles: []Role{RoleProducer}},
 	// Its executions' progress, as workers publish it.
-	{Subject: func(n broker.Names, p string) string { return n.ProgressSubjectsOf(p) }, Stream: true, Roles: []Role{Producer}},
+	{Subject: func(n broker.Names, p string) string { return n.ProgressSubjectsOf(p) }, Stream: true, Roles: []Role{RoleProducer}},
 }
 
 // directGet is the direct get of one key (or a pattern of keys) of bucket.
@@ -76,7 +76,7 @@ func directGet(bucket, key string) string {
 // HasOwnAccount reports whether a principal of role lives in an account of
 // its own: the roles whose credentials may sit next to a model. Admins and
 // workers are trusted with the capstan account's subjects and live there.
-func HasOwnAccount(r Role) bool { return r == Producer || r == Approver }
+func HasOwnAccount(r Role) bool { return r == RoleProducer || r == RoleApprover }
 
 // exports are the capstan account's exports: one per crossing.
 func exports(n broker.Names) jwt.Exports {

@@ -427,7 +427,7 @@ func testAnswersStayInTheAccount(t *testing.T, r *rig) {
 	if !maps.Equal(before.keys, after.keys) {
 		t.Errorf("keys changed:\nbefore %v\nafter  %v", before.keys, after.keys)
 	}
-	r.assertAuditOnlyOf(t, before.streams[n.AuditStream()].LastSeq, "alice", audit.Discovered)
+	r.assertAuditOnlyOf(t, before.streams[n.AuditStream()].LastSeq, "alice", audit.EventDiscovered)
 	r.victimsWorkOn(t, ctx, sc)
 }
 

@@ -71,10 +71,10 @@ func (d deployment) String() string {
 
 // rigGrants are the principals of every rig.
 var rigGrants = []auth.Grant{
-	{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
-	{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
-	{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
-	{Principal: "dana", Role: auth.Producer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
+	{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
+	{Principal: "bob", Role: auth.RoleProducer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+	{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+	{Principal: "dana", Role: auth.RoleProducer, Actors: []string{"user:dana"}, Capabilities: []string{"t.echo"}},
 }
 
 func newRig(t *testing.T, onCluster bool) *rig {
@@ -323,7 +323,7 @@ func hasTerminalEvent(ctx context.Context, b *broker.Broker, principal, id strin
 	}
 	for _, ev := range trail {
 		switch ev.Type {
-		case audit.Completed, audit.Failed, audit.Cancelled, audit.ApprovalRequested:
+		case audit.EventCompleted, audit.EventFailed, audit.EventCancelled, audit.EventApprovalRequested:
 			return true
 		}
 	}
@@ -497,7 +497,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 	}
 	r.assertUnchanged(t, before)
 	rec, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
-	if err != nil || rec.Status != approvals.Pending {
+	if err != nil || rec.Status != approvals.StatusPending {
 		t.Fatalf("approval %+v, %v", rec, err)
 	}
 	if n := r.refunds.Load(); n != 0 {
@@ -536,7 +536,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	reset := *consumed
-	reset.Status, reset.ConsumedBy = approvals.Approved, ""
+	reset.Status, reset.ConsumedBy = approvals.StatusApproved, ""
 	b, _ := envelope.Marshal(&reset)
 	subject := "$KV." + r.setup.Names().ApprovalsBucket() + "." + env.Approval.ID
 	if err := aliceNC.Publish(subject, b); err != nil {
@@ -555,7 +555,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 		t.Fatalf("refund ran %d times", n)
 	}
 	after, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
-	if err != nil || after.Status != approvals.Consumed || after.ConsumedBy != done.ExecutionID {
+	if err != nil || after.Status != approvals.StatusConsumed || after.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval %+v, %v", after, err)
 	}
 }

@@ -14,24 +14,38 @@ import (
 type Role string
 
 const (
-	// Producer submits requests, awaits and reads its own results, cancels its
+	// RoleProducer submits requests, awaits and reads its own results, cancels its
 	// own executions and asks what it may call.
-	Producer Role = "producer"
-	// Approver lists and decides the approvals of its types, through the workers.
-	Approver Role = "approver"
-	// Worker serves a pool's capabilities and writes records, envelopes,
+	RoleProducer Role = "producer"
+	// RoleApprover lists and decides the approvals of its types, through the workers.
+	RoleApprover Role = "approver"
+	// RoleWorker serves a pool's capabilities and writes records, envelopes,
 	// approvals, the catalog and the audit trail.
-	Worker Role = "worker"
-	// Admin provisions resources and writes grants.
-	Admin Role = "admin"
-	// Notifier reads the approvals' changes through the notify consumers and
+	RoleWorker Role = "worker"
+	// RoleAdmin provisions resources and writes grants.
+	RoleAdmin Role = "admin"
+	// RoleNotifier reads the approvals' changes through the notify consumers and
 	// tells approvers in Slack, by email or a webhook (package notify). It
 	// writes nothing.
-	Notifier Role = "notifier"
+	RoleNotifier Role = "notifier"
+)
+
+// The names the roles had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use RoleProducer.
+	Producer = RoleProducer
+	// Deprecated: use RoleApprover.
+	Approver = RoleApprover
+	// Deprecated: use RoleWorker.
+	Worker = RoleWorker
+	// Deprecated: use RoleAdmin.
+	Admin = RoleAdmin
+	// Deprecated: use RoleNotifier.
+	Notifier = RoleNotifier
 )
 
 // Roles lists every role.
-var Roles = []Role{Producer, Approver, Worker, Admin, Notifier}
+var Roles = []Role{RoleProducer, RoleApprover, RoleWorker, RoleAdmin, RoleNotifier}
 
 // Grant is what one principal may do. Workers check a producer's actor,
 // surface and capability against it before anything runs, and an approver's
@@ -108,10 +122,10 @@ func (g Grant) Validate() error {
 			errs = append(errs, fmt.Errorf("surface %q", s))
 		}
 	}
-	if g.Role == Producer && len(g.Actors) == 0 {
+	if g.Role == RoleProducer && len(g.Actors) == 0 {
 		errs = append(errs, errors.New("a producer needs --actor (kind:id, or kind:* for a gateway)"))
 	}
-	if g.Role == Approver && len(g.Types) == 0 {
+	if g.Role == RoleApprover && len(g.Types) == 0 {
 		errs = append(errs, errors.New("an approver needs --types (approval types it may decide, or *)"))
 	}
 	if g.Limits != nil {
@@ -127,7 +141,7 @@ func (g Grant) Validate() error {
 // CheckActor returns nil when the principal may act as a, else an error naming
 // the missing right.
 func (g Grant) CheckActor(a envelope.Actor) error {
-	if g.Role != Producer {
+	if g.Role != RoleProducer {
 		return fmt.Errorf("%w: principal %q is a %s, not a producer", ErrWrongRole, g.Principal, g.Role)
 	}
 	for _, p := range g.Actors {
@@ -173,10 +187,10 @@ func (g Grant) AllowsCapability(capabilityID string) bool {
 // CheckTypes returns nil when an approver may decide an approval of types:
 // every type must be granted (an approval without types needs "*").
 func (g Grant) CheckTypes(types []string) error {
-	if g.Role != Approver && g.Role != Admin {
+	if g.Role != RoleApprover && g.Role != RoleAdmin {
 		return fmt.Errorf("%w: principal %q is a %s, not an approver", ErrWrongRole, g.Principal, g.Role)
 	}
-	if g.Role == Admin || slices.Contains(g.Types, "*") {
+	if g.Role == RoleAdmin || slices.Contains(g.Types, "*") {
 		return nil
 	}
 	if len(types) == 0 {

@@ -11,9 +11,9 @@ import (
 
 func TestGrant_ActorsSurfacesCapabilitiesAndTypes(t *testing.T) {
 	t.Parallel()
-	gateway := auth.Grant{Principal: "gw", Role: auth.Producer, Actors: []string{"user:*", "service:billing"},
+	gateway := auth.Grant{Principal: "gw", Role: auth.RoleProducer, Actors: []string{"user:*", "service:billing"},
 		Surfaces: []string{"mcp"}, Capabilities: []string{"orders.*", "demo.echo"}}
-	approver := auth.Grant{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance", "legal"}}
+	approver := auth.Grant{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance", "legal"}}
 	user := func(kind, id string) envelope.Actor { return envelope.Actor{Kind: kind, ID: id} }
 	for _, tc := range []struct {
 		name string

@@ -83,7 +83,7 @@ func TestIDs_ScopedByPrincipal_NoSquattingNoTrailPollution(t *testing.T) {
 		}
 		types = append(types, ev.Type)
 	}
-	if slices.Contains(types, audit.DuplicateDelivery) || types[len(types)-1] != audit.Completed {
+	if slices.Contains(types, audit.EventDuplicateDelivery) || types[len(types)-1] != audit.EventCompleted {
 		t.Errorf("bob's trail %v: want his own execution, completed", types)
 	}
 	// alice's forgeries ended on her own execution, never on bob's: hers

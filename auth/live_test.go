@@ -33,7 +33,7 @@ func TestLivePrincipalsOnCluster_AddedAndRemovedByPushOnEveryNode(t *testing.T) 
 
 func testLivePrincipals(t *testing.T, r *rig) {
 	ctx := testCtx(t)
-	if err := r.setup.Add(auth.Grant{Principal: "erin", Role: auth.Producer, Actors: []string{"user:erin"}, Capabilities: []string{"t.echo"}}); err != nil {
+	if err := r.setup.Add(auth.Grant{Principal: "erin", Role: auth.RoleProducer, Actors: []string{"user:erin"}, Capabilities: []string{"t.echo"}}); err != nil {
 		t.Fatal(err)
 	}
 	creds := r.setup.CredsPath("erin")

@@ -20,8 +20,8 @@ import (
 )
 
 var migrationGrants = []auth.Grant{
-	{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
-	{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+	{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+	{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
 }
 
 // TestMigrate_KeepsEveryStreamBucketAndMessage moves a one-account
@@ -221,7 +221,7 @@ func TestMigrate_RefusesWhatItCannotMigrate(t *testing.T) {
 	}
 	for _, op := range []func() error{
 		func() error {
-			return v1.Add(auth.Grant{Principal: "x", Role: auth.Producer, Actors: []string{"user:x"}})
+			return v1.Add(auth.Grant{Principal: "x", Role: auth.RoleProducer, Actors: []string{"user:x"}})
 		},
 		func() error { return v1.Remove("alice") },
 	} {

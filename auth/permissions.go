@@ -42,7 +42,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 	kvStream := func(bucket string) string { return "KV_" + bucket }
 	inbox := n.InboxPrefix(p) + ".>"
 	switch g.Role {
-	case Producer:
+	case RoleProducer:
 		pub := []string{
 			n.ExecSubject(p, broker.Unrouted),
 			n.CancelSubject(p, "*"),
@@ -79,13 +79,13 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			// Its envelopes' notifications, and its executions' progress.
 			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p), n.ProgressSubjectsOf(p)},
 		}
-	case Approver:
+	case RoleApprover:
 		// Approvals are listed and decided through the workers, which keep to
 		// the approver's types: an approver reads no bucket itself.
 		// So are the executions behind them, with their trails and outcomes.
 		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p),
 			n.ListExecutionsSubject(p), n.ExecutionSubject(p)}, SubscribeAllow: []string{inbox}}
-	case Notifier:
+	case RoleNotifier:
 		// The approvals stream's consumers: a channel's is notify-<channel>,
 		// one subject token, which no wildcard can narrow to the prefix.
 		stream := kvStream(n.ApprovalsBucket())
@@ -104,7 +104,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			SubscribeAllow: []string{inbox, n.NotifyStatusSubject()},
 			Responses:      true,
 		}
-	case Worker:
+	case RoleWorker:
 		grants := n.GrantsBucket()
 		deny := []string{
 			"$KV." + grants + ".>",
@@ -126,7 +126,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			PublishDeny:    deny,
 			SubscribeAllow: []string{">"},
 		}
-	default: // Admin
+	default: // RoleAdmin
 		return Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}}
 	}
 }

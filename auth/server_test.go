@@ -86,9 +86,9 @@ func secured(t *testing.T) (*testenv.Env, *auth.Setup, *broker.Broker) {
 		t.Fatal(err)
 	}
 	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}},
-		{Principal: "bob", Role: auth.Producer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}},
+		{Principal: "bob", Role: auth.RoleProducer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
@@ -258,7 +258,7 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
 	env := testenv.Start(t, testenv.Auth(setup))

@@ -89,9 +89,9 @@ func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
 	for _, rec := range all {
 		v := viewApproval(rec, s, now)
 		switch {
-		case v.Now == approvals.Pending && v.MayDecide:
+		case v.Now == approvals.StatusPending && v.MayDecide:
 			d.Pending = append(d.Pending, v)
-		case v.Now == approvals.Pending:
+		case v.Now == approvals.StatusPending:
 			d.Others++
 		case v.MayDecide || v.Mine:
 			d.Decided = append(d.Decided, v)
@@ -108,7 +108,7 @@ func decidedAt(v approvalView) time.Time {
 	if v.Decision != nil {
 		return v.Decision.DecidedAt
 	}
-	if v.Now == approvals.Expired {
+	if v.Now == approvals.StatusExpired {
 		return v.ExpiresAt
 	}
 	return v.RequestedAt

@@ -221,7 +221,7 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != approvals.Rejected || rec.Decision.Comment != "wrong order" {
+	if rec.Status != approvals.StatusRejected || rec.Decision.Comment != "wrong order" {
 		t.Fatalf("approval %s with %+v, want rejected with the comment", rec.Status, rec.Decision)
 	}
 

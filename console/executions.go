@@ -54,28 +54,28 @@ func (e *execSummary) apply(ev *audit.Event) {
 	}
 	e.UpdatedAt = ev.Timestamp
 	switch ev.Type {
-	case audit.Requested:
+	case audit.EventRequested:
 		e.Actor, e.Surface, e.RequestedAt, e.Principal = ev.Actor, ev.Surface, ev.Timestamp, ev.Principal
-	case audit.Denied:
+	case audit.EventDenied:
 		e.Status, e.Code = "failed", strOf(ev.Data["publicCode"])
-	case audit.ApprovalRequested:
+	case audit.EventApprovalRequested:
 		e.Status, e.ApprovalID = "approval-required", strOf(ev.Data["approvalId"])
-	case audit.Started:
+	case audit.EventStarted:
 		e.Status, e.Attempts = "running", max(e.Attempts, intOf(ev.Data["attempt"]))
 		if id := strOf(ev.Data["approvalId"]); id != "" {
 			e.ApprovalID, e.Resumed = id, true
 		}
-	case audit.Retried:
+	case audit.EventRetried:
 		e.Status = "retrying"
-	case audit.TakenOver:
+	case audit.EventTakenOver:
 		e.Takeovers++
-	case audit.Completed:
+	case audit.EventCompleted:
 		e.Status, e.Code = "completed", ""
 		e.Attempts = max(e.Attempts, intOf(ev.Data["attempts"]))
-	case audit.Failed:
+	case audit.EventFailed:
 		e.Status, e.Code = "failed", strOf(ev.Data["code"])
 		e.Attempts = max(e.Attempts, intOf(ev.Data["attempts"]))
-	case audit.Cancelled:
+	case audit.EventCancelled:
 		e.Status, e.Code = "cancelled", strOf(ev.Data["code"])
 	}
 }
@@ -368,16 +368,16 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 			}
 		}
 		switch ev.Type {
-		case audit.Requested:
+		case audit.EventRequested:
 			st.Kind, st.Title = "request", "requested by "+ev.Actor.Kind+":"+ev.Actor.ID
 			if ev.Surface != "" {
 				st.Details = append(st.Details, "surface "+ev.Surface)
 			}
-		case audit.Denied:
+		case audit.EventDenied:
 			st.Kind, st.Title = "outcome-bad", "denied"
 			add("code", "publicCode")
 			add("reason", "reason")
-		case audit.ApprovalRequested:
+		case audit.EventApprovalRequested:
 			st.Kind, st.Title = "approval", "approval requested"
 			add("approval", "approvalId")
 			if rs, ok := ev.Data["reasons"].([]any); ok {
@@ -385,20 +385,20 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 					st.Details = append(st.Details, "reason: "+strOf(r))
 				}
 			}
-		case audit.Approved:
+		case audit.EventApproved:
 			st.Kind, st.Title = "approval", "approved by "+ev.Actor.Kind+":"+ev.Actor.ID
 			add("comment:", "comment")
 			add("self-approval:", "selfApproval")
-		case audit.Rejected:
+		case audit.EventRejected:
 			st.Kind, st.Title = "approval-bad", "rejected by "+ev.Actor.Kind+":"+ev.Actor.ID
 			if strOf(ev.Data["status"]) == "cancelled" {
 				st.Title = "approval cancelled by " + ev.Actor.Kind + ":" + ev.Actor.ID
 			}
 			add("comment:", "comment")
-		case audit.ApprovalConsumed:
+		case audit.EventApprovalConsumed:
 			st.Kind, st.Title = "approval", "approval consumed"
 			add("approval", "approvalId")
-		case audit.Started:
+		case audit.EventStarted:
 			n := intOf(ev.Data["attempt"])
 			st.Kind, st.Title = "start", "attempt "+itoa(n)+" started"
 			if ev.Worker != "" {
@@ -407,20 +407,20 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 			add("resumes approval", "approvalId")
 			atts = append(atts, attempt{N: n, Worker: ev.Worker, Started: ev.Timestamp, Takeover: takeover})
 			takeover = false
-		case audit.Retried:
+		case audit.EventRetried:
 			st.Kind, st.Title = "retry", "retry: attempt "+itoa(intOf(ev.Data["attempt"]))
 			add("after", "previousErrorCode")
 			if strOf(ev.Data["reason"]) == "reconciled-absent" {
 				st.Title += ", the reconciler proved the lost attempt's effect absent"
 			}
 			end(ev.Timestamp, strOf(ev.Data["previousErrorCode"]))
-		case audit.TakenOver:
+		case audit.EventTakenOver:
 			st.Kind, st.Title = "takeover", "taken over by "+ev.Worker
 			add("from worker", "fromWorker")
 			add("state", "state")
 			end(ev.Timestamp, "WORKER_LOST")
 			takeover = true
-		case audit.Completed:
+		case audit.EventCompleted:
 			st.Kind, st.Title = "outcome-ok", "completed"
 			switch strOf(ev.Data["recovered"]) {
 			case envelope.RecoveredByReceipt:
@@ -434,20 +434,20 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 			}
 			st.Details = append(st.Details, "attempts "+itoa(intOf(ev.Data["attempts"])))
 			end(ev.Timestamp, "completed")
-		case audit.Failed:
+		case audit.EventFailed:
 			st.Kind, st.Title = "outcome-bad", "failed "+strOf(ev.Data["code"])
 			add("stage", "stage")
 			if ev.Data["attempts"] != nil {
 				st.Details = append(st.Details, "attempts "+itoa(intOf(ev.Data["attempts"])))
 			}
 			end(ev.Timestamp, strOf(ev.Data["code"]))
-		case audit.Cancelled:
+		case audit.EventCancelled:
 			st.Kind, st.Title = "outcome-bad", "cancelled "+strOf(ev.Data["code"])
 			end(ev.Timestamp, strOf(ev.Data["code"]))
-		case audit.ReceiptRecorded:
+		case audit.EventReceiptRecorded:
 			st.Kind, st.Title = "note", "receipt recorded by attempt "+itoa(intOf(ev.Data["attempt"]))
 			add("sha256", "receiptHash")
-		case audit.Reconciled:
+		case audit.EventReconciled:
 			st.Kind, st.Title = "takeover", "reconciled attempt "+itoa(intOf(ev.Data["attempt"]))+": "+strOf(ev.Data["verdict"])
 			add("reason", "reason")
 			if ms := intOf(ev.Data["durationMs"]); ms > 0 {
@@ -456,9 +456,9 @@ func timeline(trail []audit.Event) ([]step, []attempt) {
 			if b, _ := ev.Data["provesAbsence"].(bool); b {
 				st.Details = append(st.Details, "proves absence")
 			}
-		case audit.DuplicateDelivery:
+		case audit.EventDuplicateDelivery:
 			st.Title = "duplicate delivery (acknowledged, not run)"
-		case audit.EnvelopeConflict:
+		case audit.EventEnvelopeConflict:
 			st.Kind, st.Title = "takeover", "second finalization refused"
 		}
 		steps = append(steps, st)

@@ -25,7 +25,7 @@ func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
 	var d homeData
 	now := time.Now()
 	if s.approvals != nil { // producers may not read approvals
-		if list, err := s.approvals.List(ctx, approvals.Filter{Status: approvals.Pending}); err == nil {
+		if list, err := s.approvals.List(ctx, approvals.Filter{Status: approvals.StatusPending}); err == nil {
 			for _, rec := range list {
 				if s.p.MayDecide(rec) {
 					d.Pending++

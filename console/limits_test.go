@@ -25,7 +25,7 @@ func TestCapabilities_LimitsAndTheirUsage(t *testing.T) {
 	limited := executor.Define("t.limited", executor.Meta{Description: "Limited.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{
 			{Kind: executor.LimitConcurrency, Max: 2},
-			{Kind: executor.LimitRate, Per: executor.PerActor, Max: 5, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
+			{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 5, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
 		}}, func(ctx context.Context, call executor.Call[struct{}]) (string, error) { return "ok", nil })
 	reg, err := executor.NewRegistry(limited)
 	if err != nil {

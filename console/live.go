@@ -271,7 +271,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 			return false
 		}
 		switch ev.Type {
-		case audit.Completed, audit.Failed, audit.Cancelled, audit.Denied, audit.ApprovalRequested:
+		case audit.EventCompleted, audit.EventFailed, audit.EventCancelled, audit.EventDenied, audit.EventApprovalRequested:
 			go awaitEnvelope()
 		}
 		return true

@@ -79,7 +79,7 @@ func TestConsole_RefusesRequestsForAnotherHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != approvals.Pending {
+	if rec.Status != approvals.StatusPending {
 		t.Fatalf("a page of %s had the approval %s by %v", rebound, rec.Status, rec.Decision.Approver)
 	}
 }

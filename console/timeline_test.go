@@ -15,12 +15,12 @@ func TestTimeline_TakeoverRetryAndOutcomeStandOut(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	ada := audit.Actor{Kind: "user", ID: "ada"}
 	trail := []audit.Event{
-		{Type: audit.Requested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "orders.refund", Surface: "direct"},
-		{Type: audit.Started, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": int8(1)}},
-		{Type: audit.TakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
-		{Type: audit.Retried, Timestamp: at(30002), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": uint8(2), "previousErrorCode": "WORKER_LOST"}},
-		{Type: audit.Started, Timestamp: at(30003), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": int64(2)}},
-		{Type: audit.Completed, Timestamp: at(30010), Actor: ada, Worker: "w2", Data: map[string]any{"attempts": 2, "durationMs": 30010}},
+		{Type: audit.EventRequested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "orders.refund", Surface: "direct"},
+		{Type: audit.EventStarted, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": int8(1)}},
+		{Type: audit.EventTakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
+		{Type: audit.EventRetried, Timestamp: at(30002), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": uint8(2), "previousErrorCode": "WORKER_LOST"}},
+		{Type: audit.EventStarted, Timestamp: at(30003), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": int64(2)}},
+		{Type: audit.EventCompleted, Timestamp: at(30010), Actor: ada, Worker: "w2", Data: map[string]any{"attempts": 2, "durationMs": 30010}},
 	}
 	steps, atts := timeline(trail)
 	var kinds []string
@@ -67,26 +67,26 @@ func TestTimeline_RecoveredOutcomesSayHow(t *testing.T) {
 		titles []string
 	}{
 		{"receipt", []audit.Event{
-			{Type: audit.Requested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
-			{Type: audit.Started, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
-			{Type: audit.ReceiptRecorded, Timestamp: at(5), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1, "receiptHash": "ab12"}},
-			{Type: audit.TakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
-			{Type: audit.Completed, Timestamp: at(30002), Actor: ada, Worker: "w2",
+			{Type: audit.EventRequested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
+			{Type: audit.EventStarted, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
+			{Type: audit.EventReceiptRecorded, Timestamp: at(5), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1, "receiptHash": "ab12"}},
+			{Type: audit.EventTakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
+			{Type: audit.EventCompleted, Timestamp: at(30002), Actor: ada, Worker: "w2",
 				Data: map[string]any{"attempts": 1, "recovered": "receipt", "recoveredAttempt": 1, "receiptHash": "ab12"}},
 		}, []string{"requested by user:ada", "attempt 1 started", "receipt recorded by attempt 1", "taken over by w2",
 			"completed, recovered from attempt 1's receipt"}},
 		{"reconciler", []audit.Event{
-			{Type: audit.Requested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
-			{Type: audit.Started, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
-			{Type: audit.TakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
-			{Type: audit.Reconciled, Timestamp: at(30005), Actor: ada, Worker: "w2",
+			{Type: audit.EventRequested, Timestamp: at(0), Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
+			{Type: audit.EventStarted, Timestamp: at(1), Actor: ada, Worker: "w1", Data: map[string]any{"attempt": 1}},
+			{Type: audit.EventTakenOver, Timestamp: at(30001), Actor: ada, Worker: "w2", Data: map[string]any{"fromWorker": "w1", "state": "running"}},
+			{Type: audit.EventReconciled, Timestamp: at(30005), Actor: ada, Worker: "w2",
 				Data: map[string]any{"attempt": 1, "verdict": "absent", "provesAbsence": true, "durationMs": 4}},
-			{Type: audit.Retried, Timestamp: at(30006), Actor: ada, Worker: "w2",
+			{Type: audit.EventRetried, Timestamp: at(30006), Actor: ada, Worker: "w2",
 				Data: map[string]any{"attempt": 2, "previousErrorCode": "WORKER_LOST", "reason": "reconciled-absent"}},
-			{Type: audit.Started, Timestamp: at(30007), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": 2}},
-			{Type: audit.TakenOver, Timestamp: at(60001), Actor: ada, Worker: "w3", Data: map[string]any{"fromWorker": "w2", "state": "running"}},
-			{Type: audit.Reconciled, Timestamp: at(60005), Actor: ada, Worker: "w3", Data: map[string]any{"attempt": 2, "verdict": "found"}},
-			{Type: audit.Completed, Timestamp: at(60006), Actor: ada, Worker: "w3",
+			{Type: audit.EventStarted, Timestamp: at(30007), Actor: ada, Worker: "w2", Data: map[string]any{"attempt": 2}},
+			{Type: audit.EventTakenOver, Timestamp: at(60001), Actor: ada, Worker: "w3", Data: map[string]any{"fromWorker": "w2", "state": "running"}},
+			{Type: audit.EventReconciled, Timestamp: at(60005), Actor: ada, Worker: "w3", Data: map[string]any{"attempt": 2, "verdict": "found"}},
+			{Type: audit.EventCompleted, Timestamp: at(60006), Actor: ada, Worker: "w3",
 				Data: map[string]any{"attempts": 2, "recovered": "reconciler", "recoveredAttempt": 2}},
 		}, []string{"requested by user:ada", "attempt 1 started", "taken over by w2", "reconciled attempt 1: absent",
 			"retry: attempt 2, the reconciler proved the lost attempt's effect absent", "attempt 2 started", "taken over by w3",

@@ -159,7 +159,7 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 		}
 		return a.deny("approval-input-invalid", inputInvalid(err), nil), true
 	}
-	wasApproved := rec.Status == approvals.Approved
+	wasApproved := rec.Status == approvals.StatusApproved
 	rec, err = store.Consume(ctx, id, a.req.ExecutionID)
 	if err != nil {
 		if code := approvals.Code(err); code != "" {
@@ -174,7 +174,7 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	a.input = in
 	a.grant = grantOf(rec)
 	if wasApproved {
-		a.file(audit.ApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
+		a.file(audit.EventApprovalConsumed, map[string]any{"approvalId": rec.ID, "requestedBy": rec.RequestedBy,
 			"approver": rec.Decision.Approver.String()})
 	}
 	return engine.Admission{}, false
@@ -268,7 +268,7 @@ func (a *admission) restoreGrant() *envelope.CapabilityError {
 		return fail(envelope.CodeForbidden, "No such approval.", err)
 	case err != nil:
 		return fail(envelope.CodeInternalError, "The approval could not be read; try again.", err)
-	case rec.Status != approvals.Consumed || rec.ConsumedBy != a.req.ExecutionID:
+	case rec.Status != approvals.StatusConsumed || rec.ConsumedBy != a.req.ExecutionID:
 		return fail(envelope.CodeApprovalConsumed, "The approval does not cover this execution.", nil)
 	}
 	if err := rec.CheckInput(); err != nil {

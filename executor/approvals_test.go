@@ -204,7 +204,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 	if first.Approval.Types[0] != "finance" || !strings.Contains(strings.Join(first.Approval.Reasons, ";"), "above 500") {
 		t.Fatalf("approval ref %+v", first.Approval)
 	}
-	if rec.Status != approvals.Pending || rec.RequestedBy != first.ExecutionID || rec.Actor.String() != "user:alice" ||
+	if rec.Status != approvals.StatusPending || rec.RequestedBy != first.ExecutionID || rec.Actor.String() != "user:alice" ||
 		string(rec.Input) != `{"amount":900,"orderId":"o1"}` || rec.SideEffect != "write" || rec.Risk != "high" ||
 		!rec.ExpiresAt.Equal(first.Approval.ExpiresAt) || rec.ExpiresAt.Sub(rec.RequestedAt) != approvals.DefaultTTL {
 		t.Fatalf("approval %+v", rec)
@@ -235,7 +235,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 		t.Fatalf("the model sees %+v", m)
 	}
 	got, _ := c.Approval(ctx, rec.ID)
-	if got.Status != approvals.Consumed || got.ConsumedBy != done.ExecutionID {
+	if got.Status != approvals.StatusConsumed || got.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval after the resume: %+v", got)
 	}
 
@@ -368,7 +368,7 @@ func TestResume_InputChangedInBucket_InputMismatch(t *testing.T) {
 			if n := effects(t, js, rec.ID); n != 0 {
 				t.Fatalf("%d handler calls", n)
 			}
-			if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved {
+			if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.StatusApproved {
 				t.Fatalf("approval %s after a refused resume", a.Status)
 			}
 		})
@@ -455,7 +455,7 @@ func TestResume_RevalidatedAgainstCurrentInputType(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeInputInvalid)
-	if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.Approved || calls != 0 {
+	if a, _ := c.Approval(ctxT(t), rec.ID); a.Status != approvals.StatusApproved || calls != 0 {
 		t.Fatalf("approval %s, %d calls", a.Status, calls)
 	}
 }
@@ -591,14 +591,14 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 		}
 		return evs
 	}
-	evs := want(first.ExecutionID, audit.Requested, audit.ApprovalRequested, audit.Approved)
+	evs := want(first.ExecutionID, audit.EventRequested, audit.EventApprovalRequested, audit.EventApproved)
 	if evs[1].Actor != audit.ActorOf(alice) || evs[1].Data["approvalId"] != rec.ID {
 		t.Fatalf("approval_requested %+v", evs[1])
 	}
 	if evs[2].Actor != audit.ActorOf(bobApprover) || evs[2].Data["approvalId"] != rec.ID || evs[2].InputHash != rec.InputHash {
 		t.Fatalf("approved %+v", evs[2])
 	}
-	evs = want(done.ExecutionID, audit.Requested, audit.ApprovalConsumed, audit.Started, audit.Completed)
+	evs = want(done.ExecutionID, audit.EventRequested, audit.EventApprovalConsumed, audit.EventStarted, audit.EventCompleted)
 	if evs[1].Actor != audit.ActorOf(alice) || evs[1].Data["approvalId"] != rec.ID || evs[1].Data["approver"] != "user:bob" ||
 		evs[1].Data["requestedBy"] != first.ExecutionID || evs[2].Data["approvalId"] != rec.ID || evs[1].InputHash != rec.InputHash {
 		t.Fatalf("resume trail %+v", evs)
@@ -607,11 +607,11 @@ func TestApproval_EventsInTheTrail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs = want(again.ExecutionID, audit.Requested, audit.Denied, audit.Failed)
+	evs = want(again.ExecutionID, audit.EventRequested, audit.EventDenied, audit.EventFailed)
 	if evs[1].Data["reason"] != "approval-consumed" || evs[1].Data["publicCode"] != string(envelope.CodeApprovalConsumed) {
 		t.Fatalf("denied %+v", evs[1])
 	}
-	evs = want(rejected.RequestedBy, audit.Requested, audit.ApprovalRequested, audit.Rejected)
+	evs = want(rejected.RequestedBy, audit.EventRequested, audit.EventApprovalRequested, audit.EventRejected)
 	if evs[2].Actor != audit.ActorOf(bobApprover) {
 		t.Fatalf("rejected %+v", evs[2])
 	}
@@ -891,15 +891,15 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 			}
 			a, _ := c.Approval(ctxT(t), rec.ID)
 			all, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{})
-			if a.Status != approvals.Consumed || a.ConsumedBy != execID || len(all) != 1 {
+			if a.Status != approvals.StatusConsumed || a.ConsumedBy != execID || len(all) != 1 {
 				t.Fatalf("approval %+v; %d approvals in the bucket", a, len(all))
 			}
 			var consumed, takenOver int
 			for _, ev := range approvalTrail(t, testhooks.Broker(c), execID, tc.events) {
 				switch ev.Type {
-				case audit.ApprovalConsumed:
+				case audit.EventApprovalConsumed:
 					consumed++
-				case audit.TakenOver:
+				case audit.EventTakenOver:
 					takenOver++
 				}
 			}

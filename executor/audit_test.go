@@ -45,7 +45,7 @@ func startDemo(t *testing.T, nc *nats.Conn, cfg executor.WorkerConfig, extra ...
 // isTerminal reports whether an event ends an execution's trail; a call that
 // waits for an approval ends with capability.approval_requested.
 func isTerminal(typ string) bool {
-	return typ == audit.Completed || typ == audit.Failed || typ == audit.Cancelled || typ == audit.ApprovalRequested
+	return typ == audit.EventCompleted || typ == audit.EventFailed || typ == audit.EventCancelled || typ == audit.EventApprovalRequested
 }
 
 // trailOf reads an execution's trail once its terminal event is stored: the
@@ -117,7 +117,7 @@ func TestAudit_EchoTrailIsRequestedStartedCompleted(t *testing.T) {
 	}
 
 	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
-	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
+	expectTypes(t, trail, audit.EventRequested, audit.EventStarted, audit.EventCompleted)
 	wantHash, err := envelope.InputHash(envelope.MustRaw(input))
 	if err != nil {
 		t.Fatal(err)
@@ -145,8 +145,8 @@ func TestAudit_FlakyFailingTwiceIsOneExecutionWithTwoRetried(t *testing.T) {
 	}
 
 	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
-	expectTypes(t, trail, audit.Requested,
-		audit.Started, audit.Retried, audit.Started, audit.Retried, audit.Started, audit.Completed)
+	expectTypes(t, trail, audit.EventRequested,
+		audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted)
 	for i, want := range []int64{1, 2, 2, 3, 3} {
 		if n := dataInt(trail[1+i], "attempt"); n != want {
 			t.Fatalf("%s #%d: attempt %d, want %d", trail[1+i].Type, i, n, want)
@@ -181,7 +181,7 @@ func TestAudit_ReinvocationIsANewExecutionWithItsOwnRequested(t *testing.T) {
 	}
 	for _, id := range []string{first.ExecutionID, second.ExecutionID} {
 		trail := trailOf(t, testhooks.Broker(c), id)
-		expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
+		expectTypes(t, trail, audit.EventRequested, audit.EventStarted, audit.EventCompleted)
 	}
 }
 
@@ -245,7 +245,7 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 				t.Fatalf("status %s, error %+v; want failed %s", got.Status, got.Error, tc.publicCode)
 			}
 			trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
-			expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
+			expectTypes(t, trail, audit.EventRequested, audit.EventDenied, audit.EventFailed)
 			denied := trail[1]
 			if denied.Data["reason"] != tc.reason || denied.Data["stage"] != tc.stage || denied.Data["publicCode"] != string(tc.publicCode) {
 				t.Fatalf("denied %v; want reason %s, stage %s, publicCode %s", denied.Data, tc.reason, tc.stage, tc.publicCode)
@@ -276,7 +276,7 @@ func TestAudit_UndecodableRequestIsAuditedAsDenied(t *testing.T) {
 		t.Fatal(err)
 	}
 	trail := trailOf(t, testhooks.Broker(c), id)
-	expectTypes(t, trail, audit.Requested, audit.Denied, audit.Failed)
+	expectTypes(t, trail, audit.EventRequested, audit.EventDenied, audit.EventFailed)
 	if trail[1].Data["reason"] != "undecodable" || trail[1].Data["publicCode"] != string(envelope.CodeInputInvalid) ||
 		trail[1].CapabilityID != "demo.echo" {
 		t.Fatalf("denied %+v", trail[1])
@@ -307,7 +307,7 @@ func TestAudit_CancelBeforeClaimIsRequestedThenCancelled(t *testing.T) {
 		t.Fatalf("status %s, handler calls %d", got.Status, calls.Load())
 	}
 	trail := trailOf(t, testhooks.Broker(c), id)
-	expectTypes(t, trail, audit.Requested, audit.Cancelled)
+	expectTypes(t, trail, audit.EventRequested, audit.EventCancelled)
 	if trail[0].InputHash == "" || trail[0].Actor.ID != "alice" {
 		t.Fatalf("requested %+v", trail[0])
 	}
@@ -549,13 +549,13 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 		want  []string
 	}{
 		{"demo.echo", map[string]any{"n": 1},
-			[]string{audit.Requested, audit.Started, audit.Completed}},
+			[]string{audit.EventRequested, audit.EventStarted, audit.EventCompleted}},
 		{"demo.flaky", demo.FlakyInput{FailTimes: 1},
-			[]string{audit.Requested, audit.Started, audit.Retried, audit.Started, audit.Completed}},
+			[]string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted}},
 		{"email.send", demo.EmailInput{Subject: "no address"},
-			[]string{audit.Requested, audit.Denied, audit.Failed}},
+			[]string{audit.EventRequested, audit.EventDenied, audit.EventFailed}},
 		{"no.such", nil,
-			[]string{audit.Requested, audit.Denied, audit.Failed}},
+			[]string{audit.EventRequested, audit.EventDenied, audit.EventFailed}},
 	}
 	// Mostly echo; one in ten of each other path.
 	kindOf := func(i int) int {
@@ -635,7 +635,7 @@ func TestAudit_QuickExecutionIsOneMessage(t *testing.T) {
 	c := newClient(t, env.Connect(t))
 	got := call(t, c, "demo.echo", map[string]any{"hello": "world"})
 	trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
-	expectTypes(t, trail, audit.Requested, audit.Started, audit.Completed)
+	expectTypes(t, trail, audit.EventRequested, audit.EventStarted, audit.EventCompleted)
 	if trail[0].Seq != trail[1].Seq || trail[1].Seq != trail[2].Seq {
 		t.Fatalf("events stored at sequences %d, %d, %d: want one message", trail[0].Seq, trail[1].Seq, trail[2].Seq)
 	}
@@ -666,10 +666,10 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 	}
 	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
 		trail, _ := audit.Read(ctxT(t), testhooks.Broker(c), broker.Anonymous, id)
-		return len(trail) == 2 && trail[1].Type == audit.Started
+		return len(trail) == 2 && trail[1].Type == audit.EventStarted
 	})
 	close(release)
-	expectTypes(t, trailOf(t, testhooks.Broker(c), id), audit.Requested, audit.Started, audit.Completed)
+	expectTypes(t, trailOf(t, testhooks.Broker(c), id), audit.EventRequested, audit.EventStarted, audit.EventCompleted)
 }
 
 // With AuditUnacknowledged the trail is the same; only JetStream's
@@ -681,6 +681,6 @@ func TestAudit_UnacknowledgedEventsMakeTheSameTrail(t *testing.T) {
 	c := newClient(t, env.Connect(t))
 	for _, input := range []map[string]any{{"hello": "world"}, {"n": 2}} {
 		got := call(t, c, "demo.echo", input)
-		expectTypes(t, trailOf(t, testhooks.Broker(c), got.ExecutionID), audit.Requested, audit.Started, audit.Completed)
+		expectTypes(t, trailOf(t, testhooks.Broker(c), got.ExecutionID), audit.EventRequested, audit.EventStarted, audit.EventCompleted)
 	}
 }

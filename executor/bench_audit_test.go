@@ -91,6 +91,6 @@ func BenchmarkCallMany_LimitSlot(b *testing.B) {
 }
 
 func BenchmarkCallMany_LimitRate(b *testing.B) {
-	benchCallMany(b, executor.WorkerConfig{}, executor.Limit{Kind: executor.LimitRate, Per: executor.PerPrincipal,
+	benchCallMany(b, executor.WorkerConfig{}, executor.Limit{Kind: executor.LimitRate, Per: executor.LimitPerPrincipal,
 		Max: 1 << 30, Interval: time.Second})
 }

@@ -99,7 +99,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	rec := &execution.Record{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, State: execution.StateClaimed,
 		Worker: w.cfg.ID, LeaseUntil: now.Add(w.cfg.Lease), CreatedAt: now, UpdatedAt: now}
 	mustMarshal(b, rec)
-	mustMarshal(b, event(audit.Requested, nil))
+	mustMarshal(b, event(audit.EventRequested, nil))
 	adm := c.Admit(w.run.Context(), engine.Request{Request: req, Principal: broker.Anonymous})
 	if adm.Unit == nil {
 		b.Fatal("refused")
@@ -107,7 +107,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	unit := adm.Unit
 	rec.State, rec.Attempt, rec.StartedAt = execution.StateRunning, 1, time.Now().UTC()
 	mustMarshal(b, rec)
-	mustMarshal(b, event(audit.Started, unit.Started(1)))
+	mustMarshal(b, event(audit.EventStarted, unit.Started(1)))
 	ctx, cancel := context.WithTimeout(w.run.Context(), time.Second)
 	out, err := unit.Work(ctx, engine.Attempt{N: 1, Logger: w.log})
 	cancel()
@@ -120,7 +120,7 @@ func governOnce(b *testing.B, w *Worker, c *capability, data []byte) {
 	}
 	env := &envelope.Envelope{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID,
 		Status: envelope.StatusCompleted, Output: raw, Attempts: 1, FinalizedBy: w.cfg.ID, FinalizedAt: time.Now().UTC()}
-	mustMarshal(b, event(audit.Completed, map[string]any{"attempts": 1, "durationMs": int64(0)}))
+	mustMarshal(b, event(audit.EventCompleted, map[string]any{"attempts": 1, "durationMs": int64(0)}))
 	mustMarshal(b, env)
 	rec.State, rec.Status = execution.StateFinalized, env.Status
 	mustMarshal(b, rec)

@@ -98,11 +98,11 @@ func TestCancel_DuringAnAttemptIsTerminal(t *testing.T) {
 		t.Errorf("%d handler calls", n)
 	}
 	evs := trail(t, c, id)
-	if n := len(ofType(evs, audit.Retried)); n != 0 {
+	if n := len(ofType(evs, audit.EventRetried)); n != 0 {
 		t.Errorf("%d capability.retried events after a cancel", n)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeCancelled) || intValue(last.Data["attempts"]) != 1 {
+	if last.Type != audit.EventCancelled || last.Data["code"] != string(envelope.CodeCancelled) || intValue(last.Data["attempts"]) != 1 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -150,7 +150,7 @@ func TestCancel_BeforeAnyWorkerClaimsIt(t *testing.T) {
 		t.Errorf("the handler was called %d times", n)
 	}
 	evs := trail(t, c, id)
-	if got := typesOf(evs); len(got) != 2 || got[0] != audit.Requested || got[1] != audit.Cancelled {
+	if got := typesOf(evs); len(got) != 2 || got[0] != audit.EventRequested || got[1] != audit.EventCancelled {
 		t.Errorf("trail %v, want requested then cancelled", got)
 	}
 	// The record is finalized after the envelope is written.
@@ -196,7 +196,7 @@ func TestCancel_DuringBackoffIsTerminal(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Errorf("%d handler calls", n)
 	}
-	if n := len(ofType(trail(t, c, id), audit.Retried)); n != 0 {
+	if n := len(ofType(trail(t, c, id), audit.EventRetried)); n != 0 {
 		t.Errorf("%d capability.retried events", n)
 	}
 }

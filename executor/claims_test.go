@@ -453,7 +453,7 @@ func TestTakeoverTable(t *testing.T) {
 				if got.FinalizedBy != deadWorker {
 					t.Errorf("envelope rewritten by %s", got.FinalizedBy)
 				}
-				if n := count(tr, audit.DuplicateDelivery); n != 1 {
+				if n := count(tr, audit.EventDuplicateDelivery); n != 1 {
 					t.Errorf("%d duplicate_delivery events, want 1; trail %v", n, typesOf(tr))
 				}
 				if n := w.Stats().Duplicates; n != 1 {
@@ -505,7 +505,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		t.Errorf("handler called with attempts %v, want %v", calls, want.calls)
 	}
 	if want.takenFrom == "" {
-		if n := count(tr, audit.TakenOver); n != 0 {
+		if n := count(tr, audit.EventTakenOver); n != 0 {
 			t.Errorf("%d taken_over events, want none; trail %v", n, typesOf(tr))
 		}
 	} else {
@@ -513,14 +513,14 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 		if from == "" {
 			from = deadWorker
 		}
-		ev, ok := find(tr, audit.TakenOver)
+		ev, ok := find(tr, audit.EventTakenOver)
 		if !ok || field(ev, "fromWorker") != from || field(ev, "state") != string(want.takenFrom) {
 			t.Errorf("taken_over %v, want from %s in %s; trail %v", ev.Data, from, want.takenFrom, typesOf(tr))
 		}
 	}
 	retried := 0
 	for _, ev := range tr {
-		if ev.Type != audit.Retried {
+		if ev.Type != audit.EventRetried {
 			continue
 		}
 		retried++
@@ -532,7 +532,7 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 	if (want.retried > 0) != (retried == 1) {
 		t.Errorf("%d capability.retried events; trail %v", retried, typesOf(tr))
 	}
-	if n := count(tr, audit.Started); n != len(want.calls) {
+	if n := count(tr, audit.EventStarted); n != len(want.calls) {
 		t.Errorf("%d capability.started events for %d calls", n, len(want.calls))
 	}
 }
@@ -566,7 +566,7 @@ func TestTakeoverTable_LiveLeaseLeftAloneUntilItExpires(t *testing.T) {
 	tr := s.settled(id)
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1},
 		takenFrom: execution.StateClaimed, from: "other-worker"}, got, tr, &p)
-	ev, _ := find(tr, audit.TakenOver)
+	ev, _ := find(tr, audit.EventTakenOver)
 	if ev.Timestamp.Before(leaseUntil) {
 		t.Fatalf("taken over at %v, before the lease ended at %v", ev.Timestamp, leaseUntil)
 	}
@@ -629,7 +629,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 
 	got := s.await(id)
 	s.settled(id)
-	s.waitEvent(id, audit.EnvelopeConflict)
+	s.waitEvent(id, audit.EventEnvelopeConflict)
 	tr := s.trail(id)
 	if p.calls.Load() != 1 {
 		t.Fatalf("handler called %d times", p.calls.Load())
@@ -640,7 +640,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	if n := s.envelopeWrites(); n != 1 {
 		t.Fatalf("%d envelope writes", n)
 	}
-	conflict, _ := find(tr, audit.EnvelopeConflict)
+	conflict, _ := find(tr, audit.EventEnvelopeConflict)
 	checkConflict(t, conflict, got)
 	if field(conflict, "discardedStatus") != string(envelope.StatusCompleted) {
 		t.Fatalf("envelope.conflict %v: the late result was not the one discarded", conflict.Data)
@@ -683,7 +683,7 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 
 	got := s.await(id)
 	s.settled(id)
-	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	conflict := s.waitEvent(id, audit.EventEnvelopeConflict)
 	tr := s.trail(id)
 	if calls := p.seen(); len(calls) != 2 {
 		t.Fatalf("handler calls %v, want attempts 1 and 2", calls)
@@ -700,7 +700,7 @@ func TestConcurrentFinalization_OneEnvelope_LoserAudited(t *testing.T) {
 		t.Fatalf("output %+v of an envelope with %d attempts (%v)", out, got.Attempts, err)
 	}
 	checkConflict(t, conflict, got)
-	if n := count(tr, audit.EnvelopeConflict); n != 1 {
+	if n := count(tr, audit.EventEnvelopeConflict); n != 1 {
 		t.Fatalf("%d envelope.conflict events", n)
 	}
 	if st := a.Stats().Conflicts + b.Stats().Conflicts; st != 1 {
@@ -759,7 +759,7 @@ func TestOneEnvelopePerExecution_SecondFinalizationRefusedAndAudited(t *testing.
 		t.Fatalf("the bucket stored %d envelope writes, the last by %s after %d attempts: the second finalization must be refused, the first envelope kept",
 			n, got.FinalizedBy, got.Attempts)
 	}
-	conflict, ok := find(tr, audit.EnvelopeConflict)
+	conflict, ok := find(tr, audit.EventEnvelopeConflict)
 	if !ok {
 		t.Fatalf("no envelope.conflict event for the refused finalization; trail %v", typesOf(tr))
 	}
@@ -825,7 +825,7 @@ func TestShutdown_ReleasesLeaseToTakeover(t *testing.T) {
 	if got.Status != envelope.StatusCompleted || got.Attempts != 2 || got.FinalizedBy != "staying" {
 		t.Fatalf("envelope %s after %d attempts by %s", got.Status, got.Attempts, got.FinalizedBy)
 	}
-	ev, ok := find(tr, audit.Retried)
+	ev, ok := find(tr, audit.EventRetried)
 	if !ok || field(ev, "previousErrorCode") != string(envelope.CodeWorkerLost) {
 		t.Fatalf("retried %+v; trail %v", ev, typesOf(tr))
 	}
@@ -938,7 +938,7 @@ func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T)
 
 	got := s.await(id)
 	s.settled(id)
-	conflict := s.waitEvent(id, audit.EnvelopeConflict)
+	conflict := s.waitEvent(id, audit.EventEnvelopeConflict)
 	if calls := p.seen(); len(calls) != 2 {
 		t.Fatalf("handler calls %v, want attempts 1 and 2", calls)
 	}
@@ -950,8 +950,8 @@ func TestFinalize_LostClaimDiscardsTheLateResult_NewOwnerFinalizes(t *testing.T)
 		t.Fatalf("conflict %v, want the late result discarded for a lost claim", conflict.Data)
 	}
 	// The takeover continues the execution: one capability.requested.
-	if tr := s.trail(id); count(tr, audit.Requested) != 1 {
-		t.Fatalf("%d capability.requested events; trail %v", count(tr, audit.Requested), typesOf(tr))
+	if tr := s.trail(id); count(tr, audit.EventRequested) != 1 {
+		t.Fatalf("%d capability.requested events; trail %v", count(tr, audit.EventRequested), typesOf(tr))
 	}
 	if n := s.envelopeWrites(); n != 1 {
 		t.Fatalf("%d envelope writes, want 1", n)
@@ -1065,7 +1065,7 @@ func TestAttemptStart_ClaimTakenOverMeanwhile_HandlerNotCalled(t *testing.T) {
 	tr := s.settled(id)
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed,
 		from: "other-worker"}, got, tr, &p)
-	if n := count(tr, audit.Requested); n != 1 {
+	if n := count(tr, audit.EventRequested); n != 1 {
 		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
 	}
 }
@@ -1095,7 +1095,7 @@ func TestShortPath_RecordCreatedWhilePoliciesRan_TakeoverTableDecides(t *testing
 		from: "other-worker"}, got, tr, &p)
 	// The events the short path held before its claim are dropped: the
 	// record's owner audits the request.
-	if n := count(tr, audit.Requested); n != 0 {
+	if n := count(tr, audit.EventRequested); n != 0 {
 		t.Fatalf("%d capability.requested events; trail %v", n, typesOf(tr))
 	}
 }
@@ -1188,7 +1188,7 @@ func TestEnvelopeNotWritten_RequestStaysQueuedForTheNextWorker(t *testing.T) {
 	size := s.setMaxMsgSize(envelopes, 1)
 	close(release)
 	// The outcome is on the trail before its envelope is tried.
-	s.waitEvent(id, audit.Completed)
+	s.waitEvent(id, audit.EventCompleted)
 	stop() // the worker gives up on the envelope as it shuts down
 	if n := first.Stats().Finalized; n != 0 {
 		t.Fatalf("%d envelopes written into a bucket that refuses them", n)
@@ -1297,8 +1297,8 @@ func TestTakeoverTable_ClaimNotWritten_NothingRunNothingAudited(t *testing.T) {
 	got := s.await(id)
 	checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, calls: []int{1}, takenFrom: execution.StateClaimed},
 		got, s.settled(id), &p)
-	if tr := s.trail(id); count(tr, audit.TakenOver) != 1 {
-		t.Fatalf("%d taken_over events; trail %v", count(tr, audit.TakenOver), typesOf(tr))
+	if tr := s.trail(id); count(tr, audit.EventTakenOver) != 1 {
+		t.Fatalf("%d taken_over events; trail %v", count(tr, audit.EventTakenOver), typesOf(tr))
 	}
 }
 

@@ -119,7 +119,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	}
 	var req CancelRequest
 	if len(m.Data) > 0 && json.Unmarshal(m.Data, &req) == nil && req.Owner != "" && req.Owner != principal {
-		if g, ok := w.grants.Lookup(principal); !ok || g.Role != auth.Admin || !broker.ValidPrincipal(req.Owner) {
+		if g, ok := w.grants.Lookup(principal); !ok || g.Role != auth.RoleAdmin || !broker.ValidPrincipal(req.Owner) {
 			reply.Error = "only an admin cancels another principal's execution"
 			return
 		}

@@ -124,7 +124,7 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply {
 	reply := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: envelope.NewExecutionID(), Surface: req.Surface,
 		Capabilities: []Descriptor{}, Worker: w.cfg.ID}}
-	ev := &audit.Event{Type: audit.Discovered, Surface: string(req.Surface), Actor: audit.ActorOf(req.Actor),
+	ev := &audit.Event{Type: audit.EventDiscovered, Surface: string(req.Surface), Actor: audit.ActorOf(req.Actor),
 		Principal: principal, ExecutionID: reply.ID}
 	if cerr := checkActor(req.Actor); cerr != nil {
 		reply.Error = cerr.Wire()

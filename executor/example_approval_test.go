@@ -30,8 +30,8 @@ type Payout struct {
 func ExampleClient_Resume() {
 	ctx := context.Background()
 	connect, cleanup := exampleSecured(
-		auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"finance.*"}},
-		auth.Grant{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"*"}},
+		auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"finance.*"}},
+		auth.Grant{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"*"}},
 	)
 	defer cleanup()
 

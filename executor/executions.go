@@ -212,11 +212,11 @@ func (w *Worker) viewerOf(principal string) (viewer, error) {
 	}
 	v.role = g.Role
 	switch g.Role {
-	case auth.Admin, auth.Worker:
+	case auth.RoleAdmin, auth.RoleWorker:
 		v.scope = ScopeAll
-	case auth.Producer:
+	case auth.RoleProducer:
 		v.scope = ScopeOwn
-	case auth.Approver:
+	case auth.RoleApprover:
 		v.scope = ScopeApprovals
 	default:
 		return v, fmt.Errorf("%w: role %q reads no executions", ErrNotAllowed, g.Role)
@@ -550,7 +550,7 @@ func approvalIDs(v *ExecutionView) []string {
 	}
 	for _, ev := range v.Trail {
 		switch ev.Type {
-		case audit.ApprovalRequested, audit.Started, audit.ApprovalConsumed:
+		case audit.EventApprovalRequested, audit.EventStarted, audit.EventApprovalConsumed:
 			if s, ok := ev.Data["approvalId"].(string); ok {
 				add(s)
 			}

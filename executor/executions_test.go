@@ -34,10 +34,10 @@ func newReaders(t *testing.T) *readers {
 		t.Fatal(err)
 	}
 	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
-		{Principal: "gw", Role: auth.Producer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
-		{Principal: "bob", Role: auth.Approver, Actors: []string{"user:bob"}, Types: []string{"finance"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"security"}},
+		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+		{Principal: "gw", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
+		{Principal: "bob", Role: auth.RoleApprover, Actors: []string{"user:bob"}, Types: []string{"finance"}},
+		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"security"}},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)

@@ -307,7 +307,7 @@ func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
 		got := s.await(id)
 		checkNotStarted(t, got)
 		tr := s.settled(id)
-		if n := count(tr, audit.Failed); n != 1 || count(tr, audit.Started) != 0 {
+		if n := count(tr, audit.EventFailed); n != 1 || count(tr, audit.EventStarted) != 0 {
 			t.Errorf("%s: trail %v", id, typesOf(tr))
 		}
 		rec, _ := s.record(id)
@@ -565,7 +565,7 @@ func TestStartDeadline_WithAuthentication(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"},
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"},
 		Capabilities: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}

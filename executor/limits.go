@@ -29,9 +29,20 @@ type LimitPer string
 
 // Whose usage a limit counts. The zero value is the capability's own.
 const (
-	PerCapability LimitPer = "capability"
-	PerActor      LimitPer = "actor"
-	PerPrincipal  LimitPer = "principal"
+	LimitPerCapability LimitPer = "capability"
+	LimitPerActor      LimitPer = "actor"
+	LimitPerPrincipal  LimitPer = "principal"
+)
+
+// The names the LimitPer values had in v0.1.0, kept for importers; they go
+// before v1.
+const (
+	// Deprecated: use LimitPerCapability.
+	PerCapability = LimitPerCapability
+	// Deprecated: use LimitPerActor.
+	PerActor = LimitPerActor
+	// Deprecated: use LimitPerPrincipal.
+	PerPrincipal = LimitPerPrincipal
 )
 
 // AtLimit is what an execution over a limit does: the capability's choice.
@@ -56,8 +67,8 @@ const (
 //
 //	Limits: []executor.Limit{
 //		{Kind: executor.LimitConcurrency, Max: 4},
-//		{Kind: executor.LimitRate, Per: executor.PerActor, Max: 10, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
-//		{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount", Max: 2000, Interval: 24 * time.Hour,
+//		{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 10, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
+//		{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, Interval: 24 * time.Hour,
 //			Amount: func(in any) (int64, error) { return in.(*Refund).Amount, nil }, AtLimit: executor.AtLimitApproval},
 //	}
 type Limit struct {
@@ -97,7 +108,7 @@ type LimitInfo struct {
 
 func (l Limit) per() LimitPer {
 	if l.Per == "" {
-		return PerCapability
+		return LimitPerCapability
 	}
 	return l.Per
 }
@@ -149,7 +160,7 @@ func validateLimits(ls []Limit) []string {
 		at := fmt.Sprintf("limit #%d (%s)", i, l.Kind)
 		switch l.Kind {
 		case LimitConcurrency:
-			if l.Per != "" && l.Per != PerCapability {
+			if l.Per != "" && l.Per != LimitPerCapability {
 				p = append(p, at+": a concurrency limit counts the capability's attempts, not per "+string(l.Per))
 			}
 			if l.Interval != 0 || l.Amount != nil || l.Name != "" {
@@ -171,7 +182,7 @@ func validateLimits(ls []Limit) []string {
 			continue
 		}
 		switch l.per() {
-		case PerCapability, PerActor, PerPrincipal:
+		case LimitPerCapability, LimitPerActor, LimitPerPrincipal:
 		default:
 			p = append(p, fmt.Sprintf("%s: per %q is not one of capability, actor, principal", at, l.Per))
 		}
@@ -224,11 +235,11 @@ func (a *admission) limits(strict bool) ([]limits.Limit, *envelope.CapabilityErr
 	for _, l := range ls {
 		who := ""
 		switch l.per() {
-		case PerActor:
+		case LimitPerActor:
 			if l.Kind != LimitConcurrency {
 				who = string(a.req.Actor.Kind) + ":" + a.req.Actor.ID
 			}
-		case PerPrincipal:
+		case LimitPerPrincipal:
 			who = a.r.Principal
 		}
 		r := l.rule(a.b.id, who)

@@ -84,7 +84,7 @@ func TestLimits_RateRefusesWithRetryAfter(t *testing.T) {
 	t.Parallel()
 	run := &running{}
 	reg, err := executor.NewRegistry(limited("t.rate", run, 0,
-		executor.Limit{Kind: executor.LimitRate, Per: executor.PerActor, Max: 2, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}))
+		executor.Limit{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 2, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestLimits_RacingCallsNeverPassABudget(t *testing.T) {
 		return n.N, nil
 	}
 	refund := executor.Define("t.refund", executor.Meta{Description: "Refunds.", Expose: executor.On(executor.SurfaceDirect),
-		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount",
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount",
 			Max: 2000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitRefuse}}},
 		func(ctx context.Context, call executor.Call[struct {
 			N int64 `json:"n"`
@@ -254,7 +254,7 @@ func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
 			N int64 `json:"n"`
 		}).N, nil
 	}
-	reg, err := executor.NewRegistry(limited("t.pay", run, 0, executor.Limit{Kind: executor.LimitBudget, Per: executor.PerActor,
+	reg, err := executor.NewRegistry(limited("t.pay", run, 0, executor.Limit{Kind: executor.LimitBudget, Per: executor.LimitPerActor,
 		Name: "amount", Max: 1000, Interval: 24 * time.Hour, Amount: amount, AtLimit: executor.AtLimitApproval}))
 	if err != nil {
 		t.Fatal(err)
@@ -387,7 +387,7 @@ func TestLimits_AWaitIsNotATakeover(t *testing.T) {
 	// The second waits for the slot: its trail says so before the first ends.
 	waited := errors.New("limited")
 	err = c.FollowTrail(ctx, second, func(ev audit.Event) error {
-		if ev.Type == audit.Limited {
+		if ev.Type == audit.EventLimited {
 			return waited
 		}
 		return nil
@@ -409,13 +409,13 @@ func TestLimits_AWaitIsNotATakeover(t *testing.T) {
 	for _, ev := range trail {
 		types = append(types, ev.Type)
 	}
-	for _, want := range []string{audit.Requested, audit.Limited, audit.Started, audit.Completed} {
+	for _, want := range []string{audit.EventRequested, audit.EventLimited, audit.EventStarted, audit.EventCompleted} {
 		if !slices.Contains(types, want) {
 			t.Errorf("trail %v has no %s", types, want)
 		}
 	}
 	t.Logf("trail: %v", types)
-	if slices.Contains(types, audit.TakenOver) {
+	if slices.Contains(types, audit.EventTakenOver) {
 		t.Errorf("trail %v says the waiting call was taken over", types)
 	}
 }

@@ -20,14 +20,14 @@ func TestValidateLimits(t *testing.T) {
 	}{
 		{"none", nil, ""},
 		{"concurrency", []Limit{{Kind: LimitConcurrency, Max: 2}}, ""},
-		{"rate per actor, refusing", []Limit{{Kind: LimitRate, Per: PerActor, Max: 5, Interval: time.Minute, AtLimit: AtLimitRefuse}}, ""},
-		{"budget asking an approval", []Limit{{Kind: LimitBudget, Per: PerActor, Name: "amount", Max: 2000, Interval: 24 * time.Hour,
+		{"rate per actor, refusing", []Limit{{Kind: LimitRate, Per: LimitPerActor, Max: 5, Interval: time.Minute, AtLimit: AtLimitRefuse}}, ""},
+		{"budget asking an approval", []Limit{{Kind: LimitBudget, Per: LimitPerActor, Name: "amount", Max: 2000, Interval: 24 * time.Hour,
 			Amount: amount, AtLimit: AtLimitApproval}}, ""},
-		{"a rate per actor and per principal", []Limit{{Kind: LimitRate, Per: PerActor, Max: 5, Interval: time.Minute},
-			{Kind: LimitRate, Per: PerPrincipal, Max: 50, Interval: time.Minute}}, ""},
+		{"a rate per actor and per principal", []Limit{{Kind: LimitRate, Per: LimitPerActor, Max: 5, Interval: time.Minute},
+			{Kind: LimitRate, Per: LimitPerPrincipal, Max: 50, Interval: time.Minute}}, ""},
 		{"unknown kind", []Limit{{Kind: "speed", Max: 1}}, `kind "speed"`},
 		{"zero max", []Limit{{Kind: LimitConcurrency}}, "max 0 is not positive"},
-		{"concurrency per actor", []Limit{{Kind: LimitConcurrency, Per: PerActor, Max: 1}}, "not per actor"},
+		{"concurrency per actor", []Limit{{Kind: LimitConcurrency, Per: LimitPerActor, Max: 1}}, "not per actor"},
 		{"rate without interval", []Limit{{Kind: LimitRate, Max: 5}}, "under a second"},
 		{"rate per unknown", []Limit{{Kind: LimitRate, Per: "team", Max: 5, Interval: time.Minute}}, `per "team"`},
 		{"budget without amount", []Limit{{Kind: LimitBudget, Name: "amount", Max: 5, Interval: time.Hour}}, "needs an Amount"},
@@ -62,7 +62,7 @@ func TestLimits_RefusedAtRegistrationShownByDescribe(t *testing.T) {
 	}
 	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Limits: []Limit{
 		{Kind: LimitConcurrency, Max: 3},
-		{Kind: LimitRate, Per: PerActor, Max: 10, Interval: time.Minute, AtLimit: AtLimitRefuse},
+		{Kind: LimitRate, Per: LimitPerActor, Max: 10, Interval: time.Minute, AtLimit: AtLimitRefuse},
 	}}, h))
 	if err != nil {
 		t.Fatal(err)

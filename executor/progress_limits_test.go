@@ -134,7 +134,7 @@ func TestProgress_ReportingWithoutPause_CancellationAndTimeoutsUnchanged(t *test
 			// The trail tells the same story: one start per attempt.
 			starts := 0
 			for _, ev := range trailOf(t, testhooks.Broker(c), id) {
-				if ev.Type == audit.Started {
+				if ev.Type == audit.EventStarted {
 					starts++
 				}
 			}

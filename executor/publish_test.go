@@ -103,7 +103,7 @@ func TestSubmitAndSubmitResume_PublishAgainUntilTheStreamAnswers(t *testing.T) {
 			}
 		})
 	}
-	if got, err := c.Approval(ctx, rec.ID); err != nil || got.Status != approvals.Consumed {
+	if got, err := c.Approval(ctx, rec.ID); err != nil || got.Status != approvals.StatusConsumed {
 		t.Fatalf("approval after the resume: %+v %v", got, err)
 	}
 }

@@ -118,7 +118,7 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 	s.publish("test.send", id)
 	waitUntil(t, "execution.expired_request on the trail", func() bool {
 		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
-		return len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+		return len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 	})
 	s.drained()
 	if n := p.calls.Load(); n != 0 {
@@ -236,7 +236,7 @@ func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testi
 			return true
 		}
 		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
-		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 		return refused
 	})
 	if refused {
@@ -273,7 +273,7 @@ func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARene
 				return true
 			}
 			trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
-			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.ExpiredRequest
+			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 			return refused
 		})
 		return refused

@@ -326,7 +326,7 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			tr := s.settled(id)
 			checkTakeover(t, tc.want, got, tr, &p)
 			checkRecovered(t, got, tr, tc.recovered, tc.output, w)
-			ev, asked := find(tr, audit.Reconciled)
+			ev, asked := find(tr, audit.EventReconciled)
 			switch {
 			case tc.verdict == "" && (asked || pv.questions() > 0):
 				t.Errorf("reconciled %v (the provider asked %d times), want no reconciliation", ev.Data, pv.questions())
@@ -337,7 +337,7 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 				t.Errorf("reconciled %v, want reason %s", ev.Data, tc.reason)
 			}
 			if tc.want.retried > 0 {
-				rt, _ := find(tr, audit.Retried)
+				rt, _ := find(tr, audit.EventRetried)
 				if field(rt, "reason") != "reconciled-absent" {
 					t.Errorf("retried %v, want reason reconciled-absent", rt.Data)
 				}
@@ -387,7 +387,7 @@ func checkRecovered(t *testing.T, got *envelope.Envelope, tr []audit.Event, how,
 	if note := got.Recovered.ForModel(); !strings.Contains(note, "took effect") {
 		t.Errorf("model told %q", note)
 	}
-	done, ok := find(tr, audit.Completed)
+	done, ok := find(tr, audit.EventCompleted)
 	if !ok || field(done, "recovered") != how || field(done, "recoveredAttempt") != fmt.Sprint(got.Attempts) {
 		t.Errorf("completed %v, want recovered %s", done.Data, how)
 	}
@@ -432,8 +432,8 @@ func TestReceipt_AttemptTimedOutAfterItsEffect_CompletedFromTheReceipt(t *testin
 		t.Fatalf("envelope %s after %d attempts, %+v; want completed", got.Status, got.Attempts, got.Error)
 	}
 	checkRecovered(t, got, tr, envelope.RecoveredByReceipt, "msg-1", w)
-	rr, ok := find(tr, audit.ReceiptRecorded)
-	done, _ := find(tr, audit.Completed)
+	rr, ok := find(tr, audit.EventReceiptRecorded)
+	done, _ := find(tr, audit.EventCompleted)
 	if !ok || field(rr, "attempt") != "1" || field(rr, "receiptHash") != field(done, "receiptHash") {
 		t.Errorf("receipt_recorded %v, completed %v: want the same receipt's hash", rr.Data, done.Data)
 	}
@@ -641,14 +641,14 @@ func TestReconcile_WorkerLostMidReconciliation_TakenOverAndAskedAgain(t *testing
 	}
 	var states []string
 	for _, ev := range tr {
-		if ev.Type == audit.TakenOver {
+		if ev.Type == audit.EventTakenOver {
 			states = append(states, field(ev, "fromWorker")+":"+field(ev, "state"))
 		}
 	}
 	if fmt.Sprint(states) != "["+deadWorker+":running worker-a:reconciling]" {
 		t.Errorf("takeovers %v, want from %s (running) then from worker-a (reconciling)", states, deadWorker)
 	}
-	if n := count(tr, audit.Reconciled); n != 1 {
+	if n := count(tr, audit.EventReconciled); n != 1 {
 		t.Errorf("%d capability.reconciled events, want worker-b's only", n)
 	}
 	if rec, _ := s.record(id); rec.Reconciliations != 2 {
@@ -714,7 +714,7 @@ func TestReceipt_TooLarge_RefusedNothingWritten(t *testing.T) {
 	tr := s.settled(id)
 	n := 0
 	for _, ev := range tr {
-		if ev.Type == audit.ReceiptRecorded {
+		if ev.Type == audit.EventReceiptRecorded {
 			n++
 		}
 	}

@@ -222,7 +222,7 @@ func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
 	}
 
 	evs := trail(t, c, got.ExecutionID)
-	retried := ofType(evs, audit.Retried)
+	retried := ofType(evs, audit.EventRetried)
 	if len(retried) != 2 {
 		t.Fatalf("%d capability.retried events: %v", len(retried), typesOf(evs))
 	}
@@ -236,11 +236,11 @@ func TestDemoFlaky_TwoFailuresThenCompletedOnTheThirdAttempt(t *testing.T) {
 			t.Errorf("%s carries execution %s, not %s", ev.Type, ev.ExecutionID, got.ExecutionID)
 		}
 	}
-	if started := ofType(evs, audit.Started); len(started) != 3 {
+	if started := ofType(evs, audit.EventStarted); len(started) != 3 {
 		t.Errorf("%d capability.started events", len(started))
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Completed || intValue(last.Data["attempts"]) != 3 {
+	if last.Type != audit.EventCompleted || intValue(last.Data["attempts"]) != 3 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -262,11 +262,11 @@ func TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts(t *testing.T) {
 		t.Fatalf("%d handler calls", n)
 	}
 	evs := trail(t, c, got.ExecutionID)
-	if n := len(ofType(evs, audit.Retried)); n != 2 {
+	if n := len(ofType(evs, audit.EventRetried)); n != 2 {
 		t.Errorf("%d capability.retried events", n)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Failed || intValue(last.Data["attempts"]) != 3 || last.Data["code"] != string(envelope.CodeExecutionFailed) {
+	if last.Type != audit.EventFailed || intValue(last.Data["attempts"]) != 3 || last.Data["code"] != string(envelope.CodeExecutionFailed) {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -293,12 +293,12 @@ func TestDemoSleep_TimesOutOnBothAttempts(t *testing.T) {
 		t.Fatalf("%d handler calls", n)
 	}
 	evs := trail(t, c, got.ExecutionID)
-	retried := ofType(evs, audit.Retried)
+	retried := ofType(evs, audit.EventRetried)
 	if len(retried) != 1 || intValue(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeTimeout) {
 		t.Errorf("retried events %v", retried)
 	}
 	last := evs[len(evs)-1]
-	if last.Type != audit.Cancelled || last.Data["code"] != string(envelope.CodeTimeout) || intValue(last.Data["attempts"]) != 2 {
+	if last.Type != audit.EventCancelled || last.Data["code"] != string(envelope.CodeTimeout) || intValue(last.Data["attempts"]) != 2 {
 		t.Errorf("terminal event %s %v", last.Type, last.Data)
 	}
 }
@@ -618,7 +618,7 @@ func trail(t *testing.T, c *executor.Client, executionID string) []audit.Event {
 		}
 		for i, ev := range evs {
 			switch ev.Type {
-			case audit.Completed, audit.Failed, audit.Cancelled:
+			case audit.EventCompleted, audit.EventFailed, audit.EventCancelled:
 				return evs[:i+1]
 			}
 		}
@@ -695,7 +695,7 @@ func TestTakeoverInBackoff_FollowsTheRetryRule(t *testing.T) {
 				t.Fatalf("status %s, attempts %d, calls %d, error %+v", got.Status, got.Attempts, calls.Load()-before, got.Error)
 			}
 			evs := trail(t, c, id)
-			retried := ofType(evs, audit.Retried)
+			retried := ofType(evs, audit.EventRetried)
 			if tc.status == envelope.StatusCompleted {
 				if len(retried) != 1 || intValue(retried[0].Data["attempt"]) != 2 || retried[0].Data["previousErrorCode"] != string(envelope.CodeWorkerLost) {
 					t.Errorf("retried %v", retried)

@@ -107,7 +107,7 @@ func trailUntil(t *testing.T, c *executor.Client, id string, last ...string) []t
 
 func terminalTrail(t *testing.T, c *executor.Client, id string) []trailEvent {
 	t.Helper()
-	return trailUntil(t, c, id, audit.Completed, audit.Failed, audit.Cancelled)
+	return trailUntil(t, c, id, audit.EventCompleted, audit.EventFailed, audit.EventCancelled)
 }
 
 func trailTypes(evs []trailEvent) []string {
@@ -227,7 +227,7 @@ func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
 	// ... and a caller that calls it anyway is refused by the worker.
 	env, err := direct.Call(ctxT(t), "si2.mcp-only", anyIn{})
 	mustFail(t, env, err, envelope.CodeCapabilityNotFound)
-	denied := eventOf(t, terminalTrail(t, direct, env.ExecutionID), audit.Denied)
+	denied := eventOf(t, terminalTrail(t, direct, env.ExecutionID), audit.EventDenied)
 	if denied.Data["reason"] != "not-exposed" || denied.Data["stage"] != envelope.StageExposure {
 		t.Fatalf("denied event %+v", denied.Data)
 	}
@@ -247,7 +247,7 @@ func TestSI2_ExposureEnforcedAtExecution(t *testing.T) {
 	}
 	env, err = direct.Call(ctxT(t), "si2.payroll", anyIn{}, executor.As(bob))
 	mustFail(t, env, err, envelope.CodeCapabilityNotFound)
-	denied = eventOf(t, terminalTrail(t, direct, env.ExecutionID), audit.Denied)
+	denied = eventOf(t, terminalTrail(t, direct, env.ExecutionID), audit.EventDenied)
 	if denied.Data["reason"] != "hidden-at-discovery" {
 		t.Fatalf("denied event %+v", denied.Data)
 	}
@@ -415,7 +415,7 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 	if calls.Load() != 0 || env.Error.Stage != envelope.StagePolicy {
 		t.Fatalf("handler calls %d, stage %s", calls.Load(), env.Error.Stage)
 	}
-	denied := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.Denied)
+	denied := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.EventDenied)
 	if denied.Data["reason"] != "policy-failed" {
 		t.Fatalf("denied %+v", denied.Data)
 	}
@@ -452,7 +452,7 @@ func TestSI7_PoliciesFailClosed(t *testing.T) {
 	if len(d.Capabilities) != 0 {
 		t.Fatalf("listed %v despite a failing discovery policy", d.Capabilities)
 	}
-	ev := eventOf(t, trailUntil(t, c2, d.ID, audit.Discovered), audit.Discovered)
+	ev := eventOf(t, trailUntil(t, c2, d.ID, audit.EventDiscovered), audit.EventDiscovered)
 	if w, _ := json.Marshal(ev.Data["withheld"]); !bytes.Contains(w, []byte(`"reason":"policy-failed"`)) {
 		t.Fatalf("discovered %+v", ev.Data)
 	}
@@ -501,7 +501,7 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 			}
 		}
 		// The trail keeps the truth.
-		denied := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.Denied)
+		denied := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.EventDenied)
 		if denied.Data["reason"] != tc.reason || denied.Data["publicCode"] != string(envelope.CodeCapabilityNotFound) {
 			t.Fatalf("%s: denied event %+v", tc.id, denied.Data)
 		}
@@ -720,7 +720,7 @@ func TestSI10_AuditNeverCarriesInputOrOutput(t *testing.T) {
 		})
 	}
 	d := describe(t, c, "", alice, executor.Scope{})
-	for _, ev := range trailUntil(t, c, d.ID, audit.Discovered) {
+	for _, ev := range trailUntil(t, c, d.ID, audit.EventDiscovered) {
 		if bytes.Contains(ev.raw, []byte(marker)) {
 			t.Fatal("the discovery event carries input")
 		}
@@ -777,7 +777,7 @@ func TestOutput_ValidatedAndRedactedBeforeItLeaves(t *testing.T) {
 	if env.Output != nil || env.Error.Stage != envelope.StageOutput || env.Attempts != 1 || calls.Load() != 1 {
 		t.Fatalf("envelope %+v, calls %d", env, calls.Load())
 	}
-	failed := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.Failed)
+	failed := eventOf(t, terminalTrail(t, c, env.ExecutionID), audit.EventFailed)
 	if failed.Data["executedBeforeFailure"] != true || failed.Data["code"] != string(envelope.CodeOutputInvalid) {
 		t.Fatalf("failed event %+v", failed.Data)
 	}
@@ -848,7 +848,7 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 	if b, _ := json.Marshal(refund.InputSchema["required"]); string(b) != `["orderId","amount"]` || refund.RequiresApproval {
 		t.Fatalf("orders.refund: %+v", refund)
 	}
-	ev := eventOf(t, trailUntil(t, c, d.ID, audit.Discovered), audit.Discovered)
+	ev := eventOf(t, trailUntil(t, c, d.ID, audit.EventDiscovered), audit.EventDiscovered)
 	if ev.Data["digest"] != d.Digest || fmt.Sprint(ev.Data["count"]) != "7" || ev.Surface != "mcp" || ev.Actor.ID != "alice" {
 		t.Fatalf("discovered event %+v", ev.Event)
 	}
@@ -867,7 +867,7 @@ func TestDescribe_DescriptorsWithInputSchemaAndAuditedDigest(t *testing.T) {
 	if strings.Join(ids, " ") != "demo.echo demo.flaky demo.report demo.sleep email.send orders.refund" {
 		t.Fatalf("agent sees %v", ids)
 	}
-	ev = eventOf(t, trailUntil(t, c, d.ID, audit.Discovered), audit.Discovered)
+	ev = eventOf(t, trailUntil(t, c, d.ID, audit.EventDiscovered), audit.EventDiscovered)
 	if w, _ := json.Marshal(ev.Data["withheld"]); !bytes.Contains(w, []byte(`"capabilityId":"pool-b.mcp","policyDecisions"`)) ||
 		!bytes.Contains(w, []byte(`"reason":"policy-hidden"`)) {
 		t.Fatalf("withheld %s", w)

@@ -312,7 +312,7 @@ func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError,
 	if len(records) > 0 {
 		data["policyDecisions"] = records
 	}
-	a.file(audit.Denied, data)
+	a.file(audit.EventDenied, data)
 	return a.fail(cerr)
 }
 

@@ -133,7 +133,7 @@ func TestShortPathRefusal_RecordWrittenEnvelopeNot_NextDeliveryWritesIt(t *testi
 	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.send"), &envelope.Request{ExecutionID: id,
 		CapabilityID: "test.send", Input: envelope.MustRaw(map[string]any{"n": 1}), Actor: envelope.Actor{Kind: "robot", ID: "r"}})
 	// The outcome is on the trail before its envelope is tried.
-	s.waitEvent(id, audit.Failed)
+	s.waitEvent(id, audit.EventFailed)
 	stop() // the worker gives up on the envelope as it shuts down
 	if rec, _ := s.record(id); rec.State != execution.StateFinalized {
 		t.Fatalf("record %s, want the finalized record the refusal writes before its envelope", rec.State)
@@ -235,7 +235,7 @@ func TestStartDeadline_EndedRequestDeliveredAgain_AuditedAsADuplicate(t *testing
 		t.Fatal(err)
 	}
 	tr := s.settled(req.ExecutionID)
-	if count(tr, audit.Requested) != 1 || count(tr, audit.Failed) != 1 || count(tr, audit.DuplicateDelivery) != 1 {
+	if count(tr, audit.EventRequested) != 1 || count(tr, audit.EventFailed) != 1 || count(tr, audit.EventDuplicateDelivery) != 1 {
 		t.Fatalf("trail %v: want one requested, one failed, and the second delivery as a duplicate", typesOf(tr))
 	}
 	if n := s.envelopeWrites(); n != 1 || p.calls.Load() != 0 {

@@ -125,7 +125,7 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 		return false
 	}
 	for _, ev := range trail {
-		if ev.Type == audit.Requested {
+		if ev.Type == audit.EventRequested {
 			return ev.Actor.Kind == actor.Kind && ev.Actor.ID == actor.ID
 		}
 	}
@@ -179,7 +179,7 @@ func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, appro
 		// answer as an unknown one.
 		return refusal(envelope.CodeForbidden, "No such approval."), nil
 	}
-	if skipPending && rec.StatusAt(time.Now()) == approvals.Pending {
+	if skipPending && rec.StatusAt(time.Now()) == approvals.StatusPending {
 		return resultOf(&envelope.Envelope{V: envelope.Version, ExecutionID: rec.RequestedBy, CapabilityID: rec.CapabilityID,
 			Status:   envelope.StatusApprovalRequired,
 			Approval: &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}}), nil
@@ -212,10 +212,10 @@ func (b *Bridge) awaitDecision(ctx context.Context, p *progress, approvalID stri
 		rec, err := b.approval(ctx, approvalID)
 		if err == nil {
 			switch rec.StatusAt(time.Now()) {
-			case approvals.Approved:
+			case approvals.StatusApproved:
 				p.send(ctx, "approved by "+decider(rec))
 				return true
-			case approvals.Pending:
+			case approvals.StatusPending:
 			default:
 				return false
 			}

@@ -42,8 +42,8 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range []auth.Grant{
-		{Principal: "gateway", Role: auth.Producer, Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "gateway", Role: auth.RoleProducer, Actors: []string{"user:*"}, Surfaces: []string{"mcp"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
@@ -175,7 +175,7 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	}
 	rec, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), admin.Names,
 		approvals.DecideRequest{ApprovalID: approvalID, Approve: true})
-	if err != nil || rec.Status != approvals.Approved || rec.Decision.Approver.String() != "user:carol" {
+	if err != nil || rec.Status != approvals.StatusApproved || rec.Decision.Approver.String() != "user:carol" {
 		t.Fatalf("carol's decision: %+v, %v", rec, err)
 	}
 	done, err := aliceCS.CallTool(ctx, pay)

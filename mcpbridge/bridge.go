@@ -44,8 +44,8 @@ type Config struct {
 	// sees). Default 1 min; 10 s for a bridge connected as a principal,
 	// which cannot watch the catalog and sees its changes only so.
 	Refresh time.Duration
-	// ToolNames says how capabilities are named as tools: PortableNames (the
-	// default), which every host takes, or CapabilityIDs.
+	// ToolNames says how capabilities are named as tools: ToolNamesPortable (the
+	// default), which every host takes, or ToolNamesCapabilityIDs.
 	ToolNames ToolNames
 	// Broker says how capstan's resources are named (default: capstan's).
 	Broker broker.Config
@@ -58,7 +58,7 @@ func (c *Config) defaults() {
 		c.Name = "capstan"
 	}
 	if c.ToolNames == "" {
-		c.ToolNames = PortableNames
+		c.ToolNames = ToolNamesPortable
 	}
 	if c.Version == "" {
 		c.Version = "dev"

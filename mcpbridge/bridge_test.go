@@ -721,7 +721,7 @@ func waitChanged(t *testing.T, ev *events, cs *mcp.ClientSession, name string, w
 	for {
 		select {
 		case <-ev.changed:
-			if slices.Contains(toolNames(t, cs), mcpbridge.ToolName(name, mcpbridge.PortableNames)) == want {
+			if slices.Contains(toolNames(t, cs), mcpbridge.ToolName(name, mcpbridge.ToolNamesPortable)) == want {
 				return
 			}
 		case <-ctx.Done():
@@ -773,7 +773,7 @@ func TestHTTP_TokenChoosesTheActor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if trail[0].Type != audit.Requested || trail[0].Actor.ID != "bob" || trail[0].Surface != string(executor.SurfaceMCP) {
+	if trail[0].Type != audit.EventRequested || trail[0].Actor.ID != "bob" || trail[0].Surface != string(executor.SurfaceMCP) {
 		t.Errorf("first event = %+v, want requested by user:bob on mcp", trail[0])
 	}
 }

@@ -15,7 +15,7 @@
 // What an MCP client sees and does:
 //
 //   - Tools are named as every host takes them (Config.ToolNames,
-//     PortableNames by default): ^[a-zA-Z0-9_-]{1,64}$, the capability
+//     ToolNamesPortable by default): ^[a-zA-Z0-9_-]{1,64}$, the capability
 //     id's dots become underscores (orders.refund is orders_refund), and
 //     the id stays in the description and in _meta ("capstan/capability");
 //     a call by the id still runs. Two capabilities one name would fit are

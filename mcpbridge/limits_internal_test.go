@@ -11,9 +11,9 @@ import (
 func TestTool_ShowsTheCapabilitysLimits(t *testing.T) {
 	t.Parallel()
 	d := executor.Descriptor{ID: "orders.refund", Description: "Refunds an order.", SideEffect: executor.SideEffectWrite,
-		Limits: []executor.LimitInfo{{Kind: executor.LimitRate, Per: executor.PerActor, Max: 5, IntervalMs: 60000,
+		Limits: []executor.LimitInfo{{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 5, IntervalMs: 60000,
 			AtLimit: executor.AtLimitRefuse, Text: "5 per 1m per actor"}}}
-	tl := toolOf(d, PortableNames)
+	tl := toolOf(d, ToolNamesPortable)
 	if !strings.Contains(tl.def.Description, "Limits: 5 per 1m per actor.") {
 		t.Errorf("description %q", tl.def.Description)
 	}
@@ -21,7 +21,7 @@ func TestTool_ShowsTheCapabilitysLimits(t *testing.T) {
 	if ls, _ := meta["limits"].([]executor.LimitInfo); len(ls) != 1 {
 		t.Errorf("meta %+v", meta)
 	}
-	plain := toolOf(executor.Descriptor{ID: "demo.echo", Description: "Echoes."}, PortableNames)
+	plain := toolOf(executor.Descriptor{ID: "demo.echo", Description: "Echoes."}, ToolNamesPortable)
 	if strings.Contains(plain.def.Description, "Limits") {
 		t.Errorf("a capability without limits: %q", plain.def.Description)
 	}

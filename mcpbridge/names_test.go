@@ -27,18 +27,18 @@ func TestToolName_EveryHostTakesIt(t *testing.T) {
 		{"plain", "plain"},
 		{long, ""}, // shortened with a hash: checked below
 	} {
-		got := mcpbridge.ToolName(tc.id, mcpbridge.PortableNames)
+		got := mcpbridge.ToolName(tc.id, mcpbridge.ToolNamesPortable)
 		if !hostNames.MatchString(got) {
 			t.Errorf("%s is named %q, which hosts refuse", tc.id, got)
 		}
 		if tc.want != "" && got != tc.want {
 			t.Errorf("%s is named %q, want %q", tc.id, got, tc.want)
 		}
-		if ids := mcpbridge.ToolName(tc.id, mcpbridge.CapabilityIDs); ids != tc.id {
-			t.Errorf("with CapabilityIDs %s is named %q", tc.id, ids)
+		if ids := mcpbridge.ToolName(tc.id, mcpbridge.ToolNamesCapabilityIDs); ids != tc.id {
+			t.Errorf("with ToolNamesCapabilityIDs %s is named %q", tc.id, ids)
 		}
 	}
-	if a, b := mcpbridge.ToolName(long, mcpbridge.PortableNames), mcpbridge.ToolName(long+"x", mcpbridge.PortableNames); a == b {
+	if a, b := mcpbridge.ToolName(long, mcpbridge.ToolNamesPortable), mcpbridge.ToolName(long+"x", mcpbridge.ToolNamesPortable); a == b {
 		t.Errorf("two long ids share the name %s", a)
 	}
 	for _, own := range []string{mcpbridge.ResumeTool, mcpbridge.StatusTool} {
@@ -108,7 +108,7 @@ func TestToolNames_CollisionRefusedAtStart(t *testing.T) {
 	if !errors.Is(err, mcpbridge.ErrToolNameCollision) || !strings.Contains(err.Error(), "twin.a_b") || !strings.Contains(err.Error(), "twin_a.b") {
 		t.Fatalf("serving two capabilities named twin_a_b: %v, want ErrToolNameCollision naming both", err)
 	}
-	ids, err := mcpbridge.New(f.nc, mcpbridge.Config{ToolNames: mcpbridge.CapabilityIDs})
+	ids, err := mcpbridge.New(f.nc, mcpbridge.Config{ToolNames: mcpbridge.ToolNamesCapabilityIDs})
 	if err != nil {
 		t.Fatal(err)
 	}

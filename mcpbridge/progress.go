@@ -217,7 +217,7 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 // is told: its end, or the request for an approval.
 func lastStep(ev audit.Event) bool {
 	switch ev.Type {
-	case audit.Completed, audit.Failed, audit.Cancelled, audit.ApprovalRequested, audit.Denied:
+	case audit.EventCompleted, audit.EventFailed, audit.EventCancelled, audit.EventApprovalRequested, audit.EventDenied:
 		return true
 	}
 	return false
@@ -227,25 +227,25 @@ func lastStep(ev audit.Event) bool {
 // are not steps of the execution.
 func stepOf(ev audit.Event) string {
 	switch ev.Type {
-	case audit.Requested:
+	case audit.EventRequested:
 		return "queued (execution " + ev.ExecutionID + ")"
-	case audit.ApprovalRequested:
+	case audit.EventApprovalRequested:
 		return fmt.Sprintf("waiting for approval %v", ev.Data["approvalId"])
-	case audit.Approved:
+	case audit.EventApproved:
 		return "approved"
-	case audit.Rejected:
+	case audit.EventRejected:
 		return "rejected"
-	case audit.Started:
+	case audit.EventStarted:
 		return fmt.Sprintf("started, attempt %v", ev.Data["attempt"])
-	case audit.Retried:
+	case audit.EventRetried:
 		return fmt.Sprintf("retrying: attempt %v after %v", ev.Data["attempt"], ev.Data["previousErrorCode"])
-	case audit.TakenOver:
+	case audit.EventTakenOver:
 		return "taken over by another worker"
-	case audit.Completed:
+	case audit.EventCompleted:
 		return "completed"
-	case audit.Failed:
+	case audit.EventFailed:
 		return "failed"
-	case audit.Cancelled:
+	case audit.EventCancelled:
 		return "cancelled"
 	}
 	return ""

@@ -452,13 +452,13 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 			return nil, err
 		}
 		switch rec.StatusAt(time.Now()) {
-		case approvals.Pending:
+		case approvals.StatusPending:
 			t.Status = TaskInputRequired
 			t.StatusMessage = "waiting for approval " + rec.ID
 			t.InputRequests = approvalInputRequest(rec)
 			t.LastUpdatedAt = rec.RequestedAt.Format(time.RFC3339Nano)
 			return t, nil
-		case approvals.Approved:
+		case approvals.StatusApproved:
 			rid := rec.ID + "-resume"
 			sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 			_, err := b.c.SubmitResume(sctx, rec.ID, executor.WithID(rid))
@@ -468,15 +468,15 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 			}
 			t.Status, t.StatusMessage = TaskWorking, "approved by "+decider(rec)+"; running"
 			return t, nil
-		case approvals.Consumed:
+		case approvals.StatusConsumed:
 			id = rec.ConsumedBy
 			continue
-		case approvals.Cancelled:
+		case approvals.StatusCancelled:
 			t.Status, t.StatusMessage = TaskCancelled, "the approval request was withdrawn; nothing ran"
 			return t, nil
 		default:
 			code := envelope.CodeApprovalRejected
-			if rec.StatusAt(time.Now()) == approvals.Expired {
+			if rec.StatusAt(time.Now()) == approvals.StatusExpired {
 				code = envelope.CodeApprovalExpired
 			}
 			t.Status = TaskCompleted
@@ -622,7 +622,7 @@ func (b *Bridge) cancelTask(ctx context.Context, actor envelope.Actor, taskID st
 		if err != nil {
 			return err
 		}
-		if rec.Status == approvals.Consumed {
+		if rec.Status == approvals.StatusConsumed {
 			id = rec.ConsumedBy
 			continue
 		}

@@ -150,7 +150,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != approvals.Consumed || rec.ConsumedBy != approvalID+"-resume" {
+	if rec.Status != approvals.StatusConsumed || rec.ConsumedBy != approvalID+"-resume" {
 		t.Errorf("approval = %s consumed by %s", rec.Status, rec.ConsumedBy)
 	}
 }

@@ -22,7 +22,7 @@ const metaKey = "capstan/"
 type ToolNames string
 
 const (
-	// PortableNames (the default) name each tool so that every host takes
+	// ToolNamesPortable (the default) name each tool so that every host takes
 	// it: ^[a-zA-Z0-9_-]{1,64}$, which the Anthropic and OpenAI tool APIs
 	// require of a tool's name. A capability id's dots become underscores
 	// (orders.refund is orders_refund); an id longer than 64 bytes keeps its
@@ -30,10 +30,18 @@ const (
 	// description and its _meta ("capstan/capability": {"id": ...}), and
 	// the trail names the capability as ever. Two capabilities whose names
 	// would be the same are refused (ErrToolNameCollision).
-	PortableNames ToolNames = "portable"
-	// CapabilityIDs name each tool by its capability id: valid MCP, but
+	ToolNamesPortable ToolNames = "portable"
+	// ToolNamesCapabilityIDs name each tool by its capability id: valid MCP, but
 	// hosts that pass tool names to a model API refuse the dots.
-	CapabilityIDs ToolNames = "ids"
+	ToolNamesCapabilityIDs ToolNames = "ids"
+)
+
+// The names the ToolNames values had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use ToolNamesPortable.
+	PortableNames = ToolNamesPortable
+	// Deprecated: use ToolNamesCapabilityIDs.
+	CapabilityIDs = ToolNamesCapabilityIDs
 )
 
 // ErrToolNameCollision: two capabilities would be listed under one tool name.
@@ -41,7 +49,7 @@ var ErrToolNameCollision = errors.New("capstan: two capabilities have one MCP to
 
 // ToolName is the MCP tool name of a capability id under n.
 func ToolName(capabilityID string, n ToolNames) string {
-	if n == CapabilityIDs {
+	if n == ToolNamesCapabilityIDs {
 		return capabilityID
 	}
 	name := strings.Map(func(r rune) rune {
@@ -263,7 +271,7 @@ func (v *view) refresh(ctx context.Context) error {
 		}
 		if !v.loaded {
 			return fmt.Errorf("%w: %s and %s are both %s; rename one, or serve them with ToolNames %q (capstan mcp --tool-names ids) if every host takes dots",
-				ErrToolNameCollision, other.ID, desc.ID, name, CapabilityIDs)
+				ErrToolNameCollision, other.ID, desc.ID, name, ToolNamesCapabilityIDs)
 		}
 		if have, ok := v.tools[name]; ok && have.capID == desc.ID {
 			byName[name] = desc

@@ -25,12 +25,22 @@ type Kind string
 
 // Kinds of channels.
 const (
-	// Webhook POSTs the Payload as JSON, signed (see Sign).
-	Webhook Kind = "webhook"
-	// Slack POSTs a message to a Slack-compatible incoming webhook.
-	Slack Kind = "slack"
-	// Email sends a plain-text message over SMTP.
-	Email Kind = "email"
+	// KindWebhook POSTs the Payload as JSON, signed (see Sign).
+	KindWebhook Kind = "webhook"
+	// KindSlack POSTs a message to a Slack-compatible incoming webhook.
+	KindSlack Kind = "slack"
+	// KindEmail sends a plain-text message over SMTP.
+	KindEmail Kind = "email"
+)
+
+// The names the kinds had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use KindWebhook.
+	Webhook = KindWebhook
+	// Deprecated: use KindSlack.
+	Slack = KindSlack
+	// Deprecated: use KindEmail.
+	Email = KindEmail
 )
 
 // TLSMode says how an email channel protects its SMTP connection.
@@ -38,15 +48,25 @@ type TLSMode string
 
 // TLS modes of an SMTP connection.
 const (
-	// STARTTLS (the default) upgrades the connection when the server offers
+	// TLSModeStartTLS (the default) upgrades the connection when the server offers
 	// it, and refuses to send beyond loopback when it does not.
-	STARTTLS TLSMode = "starttls"
-	// ImplicitTLS speaks TLS from the first byte (SMTPS, usually port 465).
-	ImplicitTLS TLSMode = "implicit"
-	// OptionalTLS upgrades when offered and otherwise sends in clear, even
+	TLSModeStartTLS TLSMode = "starttls"
+	// TLSModeImplicit speaks TLS from the first byte (SMTPS, usually port 465).
+	TLSModeImplicit TLSMode = "implicit"
+	// TLSModeOptional upgrades when offered and otherwise sends in clear, even
 	// beyond loopback: only where the network itself is trusted. AUTH is
 	// still never sent in clear beyond loopback.
-	OptionalTLS TLSMode = "optional"
+	TLSModeOptional TLSMode = "optional"
+)
+
+// The names the TLS modes had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use TLSModeStartTLS.
+	STARTTLS = TLSModeStartTLS
+	// Deprecated: use TLSModeImplicit.
+	ImplicitTLS = TLSModeImplicit
+	// Deprecated: use TLSModeOptional.
+	OptionalTLS = TLSModeOptional
 )
 
 // Secret is a value that must never be printed: a webhook's signing key, a
@@ -139,7 +159,7 @@ type Channel struct {
 	// Name identifies the channel in logs, metrics and status: a short token
 	// ([a-z0-9_-]).
 	Name string `json:"name"`
-	Kind Kind   `json:"kind"` // Webhook, Slack or Email; required
+	Kind Kind   `json:"kind"` // KindWebhook, KindSlack or KindEmail; required
 	// Types are the approval types whose notifications the channel
 	// receives; "*" is every approval, those without types included. An
 	// approval of several types reaches every channel that lists one.
@@ -159,12 +179,12 @@ type Channel struct {
 // SMTP is how an email channel reaches its mail server.
 type SMTP struct {
 	Host string `json:"host"` // the mail server's host name or address; required
-	// Port defaults to 587 (465 with ImplicitTLS).
+	// Port defaults to 587 (465 with TLSModeImplicit).
 	Port int `json:"port,omitzero"`
 	// Username and Password authenticate with AUTH PLAIN; empty: no AUTH.
 	Username string  `json:"username,omitzero"`
 	Password Secret  `json:"password,omitzero"` // see Username; never sent in clear beyond loopback
-	TLS      TLSMode `json:"tls,omitzero"`      // STARTTLS (when empty), ImplicitTLS or OptionalTLS
+	TLS      TLSMode `json:"tls,omitzero"`      // TLSModeStartTLS (when empty), TLSModeImplicit or TLSModeOptional
 	// TLSConfig, when set, is the TLS configuration (its ServerName
 	// defaults to Host); CAFile in the configuration file adds a root.
 	TLSConfig *tls.Config `json:"-"`
@@ -396,20 +416,20 @@ func (c Channel) validate() error {
 		}
 	}
 	switch c.Kind {
-	case Webhook, Slack:
+	case KindWebhook, KindSlack:
 		if err := checkURL(c.URL.Reveal(), c.AllowHTTP); err != nil {
 			errs = append(errs, err)
 		}
-		if c.Kind == Webhook && len(c.Secret.Reveal()) < 16 {
+		if c.Kind == KindWebhook && len(c.Secret.Reveal()) < 16 {
 			errs = append(errs, errors.New("secret: a webhook is signed with a key of at least 16 bytes (secret or secretEnv)"))
 		}
-		if c.Kind == Slack && c.Secret != "" {
+		if c.Kind == KindSlack && c.Secret != "" {
 			errs = append(errs, errors.New("secret: a Slack webhook is not signed; its URL is the secret"))
 		}
 		if c.SMTP.Host != "" || c.From != "" || len(c.To) > 0 {
 			errs = append(errs, fmt.Errorf("smtp, from and to belong to an email channel, not a %s one", c.Kind))
 		}
-	case Email:
+	case KindEmail:
 		if c.URL != "" || c.Secret != "" {
 			errs = append(errs, errors.New("url and secret belong to webhook and Slack channels"))
 		}
@@ -420,7 +440,7 @@ func (c Channel) validate() error {
 			errs = append(errs, errors.New("smtp.port: want 1 to 65535"))
 		}
 		switch c.SMTP.TLS {
-		case "", STARTTLS, ImplicitTLS, OptionalTLS:
+		case "", TLSModeStartTLS, TLSModeImplicit, TLSModeOptional:
 		default:
 			errs = append(errs, fmt.Errorf("smtp.tls %q: want starttls, implicit or optional", c.SMTP.TLS))
 		}
@@ -504,7 +524,7 @@ func (c Channel) receives(types []string) bool {
 // host, or the mail server.
 func (c Channel) Where() string {
 	switch c.Kind {
-	case Email:
+	case KindEmail:
 		return c.SMTP.Host
 	default:
 		if u, err := url.Parse(c.URL.Reveal()); err == nil {

@@ -37,7 +37,7 @@ func (s *emailSender) port() int {
 	switch {
 	case s.ch.SMTP.Port > 0:
 		return s.ch.SMTP.Port
-	case s.ch.SMTP.TLS == ImplicitTLS:
+	case s.ch.SMTP.TLS == TLSModeImplicit:
 		return 465
 	}
 	return 587
@@ -66,7 +66,7 @@ func (s *emailSender) send(ctx context.Context, n *notification) error {
 		_ = conn.SetDeadline(dl)
 	}
 	secure := false
-	if m.TLS == ImplicitTLS {
+	if m.TLS == TLSModeImplicit {
 		tc := tls.Client(conn, s.tlsConfig())
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return transient("TLS with %s: %v", server, err)
@@ -87,7 +87,7 @@ func (s *emailSender) send(ctx context.Context, n *notification) error {
 				return smtpFailure(server, "STARTTLS", err)
 			}
 			secure = true
-		} else if m.TLS != OptionalTLS && !loopback(m.Host) {
+		} else if m.TLS != TLSModeOptional && !loopback(m.Host) {
 			return permanent("%s does not offer STARTTLS: approvals are not sent in clear beyond loopback (smtp.tls \"optional\" allows it)", server)
 		}
 	}
@@ -182,9 +182,9 @@ func emailMessage(n *notification, ch Channel, now time.Time) []byte {
 	header("Subject", mime.QEncoding.Encode("utf-8", cut(subject, 200)))
 	header("Date", now.Format(time.RFC1123Z))
 	header("Message-ID", msgID(n.key))
-	if n.event != Requested {
-		header("In-Reply-To", msgID(Key(r.ID, Requested)))
-		header("References", msgID(Key(r.ID, Requested)))
+	if n.event != EventRequested {
+		header("In-Reply-To", msgID(Key(r.ID, EventRequested)))
+		header("References", msgID(Key(r.ID, EventRequested)))
 	}
 	header(IdempotencyHeader, n.key)
 	header("Auto-Submitted", "auto-generated")
@@ -214,7 +214,7 @@ func emailBody(n *notification) string {
 	}
 	line("Requested at:  %s UTC", r.RequestedAt.UTC().Format(time.DateTime))
 	switch n.event {
-	case Requested, Expired:
+	case EventRequested, EventExpired:
 		line("Expires at:    %s UTC", r.ExpiresAt.UTC().Format(time.DateTime))
 	default:
 		d := r.Decision
@@ -240,7 +240,7 @@ func emailBody(n *notification) string {
 	if n.url != "" {
 		line("Open it in the console: %s", n.url)
 	}
-	if n.event == Requested {
+	if n.event == EventRequested {
 		line("Or from a shell: capstan approvals show %s", r.ID)
 	}
 	line("")

@@ -19,7 +19,7 @@ func emailConfig(s *smtpServer, host string, mode TLSMode) Config {
 	return Config{
 		ConsoleURL: "https://console.example.com",
 		Retry:      Retry{Attempts: 3, Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
-		Channels: []Channel{{Name: "mail", Kind: Email, Types: []string{"finance"},
+		Channels: []Channel{{Name: "mail", Kind: KindEmail, Types: []string{"finance"},
 			SMTP: SMTP{Host: host, Port: s.port(), Username: s.user, Password: Secret(s.pass), TLS: mode,
 				TLSConfig: &tls.Config{RootCAs: s.roots(), MinVersion: tls.VersionTLS12}},
 			From: "capstan <capstan@example.com>", To: []string{"finance@example.com", "Bob <bob@example.com>"}}},
@@ -42,12 +42,12 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())
 	smtp := startSMTP(t, true, "capstan", smtpPassword)
-	n, _ := r.run(t, emailConfig(smtp, "127.0.0.1", STARTTLS))
+	n, _ := r.run(t, emailConfig(smtp, "127.0.0.1", TLSModeStartTLS))
 
 	id := r.request(t, "orders.refund", RefundIn{OrderID: "o-17", Amount: 900})
-	eventually(t, "the request's email", func() bool { return len(smtp.byKey(t, Key(id, Requested))) == 1 })
+	eventually(t, "the request's email", func() bool { return len(smtp.byKey(t, Key(id, EventRequested))) == 1 })
 	r.decide(t, id, true, "invoice checked")
-	eventually(t, "the decision's email", func() bool { return len(smtp.byKey(t, Key(id, Approved))) == 1 })
+	eventually(t, "the decision's email", func() bool { return len(smtp.byKey(t, Key(id, EventApproved))) == 1 })
 	r.idle(t, n, 0)
 
 	msgs := smtp.received()
@@ -65,12 +65,12 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 			t.Errorf("AUTH sent in clear: %q", c.line)
 		}
 	}
-	req := smtp.byKey(t, Key(id, Requested))[0]
+	req := smtp.byKey(t, Key(id, EventRequested))[0]
 	subject, _ := new(mime.WordDecoder).DecodeHeader(req.Header.Get("Subject"))
 	if subject != "[capstan] Approval requested: orders.refund for user:alice" {
 		t.Errorf("subject %q", subject)
 	}
-	if got := req.Header.Get("Message-ID"); got != "<"+Key(id, Requested)+"@example.com>" {
+	if got := req.Header.Get("Message-ID"); got != "<"+Key(id, EventRequested)+"@example.com>" {
 		t.Errorf("Message-ID %q", got)
 	}
 	body := bodyOf(t, req)
@@ -80,8 +80,8 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 			t.Errorf("the request's body lacks %q:\n%s", want, body)
 		}
 	}
-	dec := smtp.byKey(t, Key(id, Approved))[0]
-	if got := dec.Header.Get("In-Reply-To"); got != "<"+Key(id, Requested)+"@example.com>" {
+	dec := smtp.byKey(t, Key(id, EventApproved))[0]
+	if got := dec.Header.Get("In-Reply-To"); got != "<"+Key(id, EventRequested)+"@example.com>" {
 		t.Errorf("In-Reply-To %q", got)
 	}
 	if body := bodyOf(t, dec); !strings.Contains(body, "Approved by user:carol") || !strings.Contains(body, "invoice checked") {
@@ -96,7 +96,7 @@ func TestEmail_NoSTARTTLSBeyondLoopback_NothingSent(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())
 	smtp := startSMTP(t, false, "capstan", smtpPassword)
-	cfg := emailConfig(smtp, "mail.example.com", STARTTLS)
+	cfg := emailConfig(smtp, "mail.example.com", TLSModeStartTLS)
 	cfg.Provision, cfg.Logger = true, quiet()
 	n, err := New(r.env.Connect(t), cfg)
 	if err != nil {
@@ -134,11 +134,11 @@ func TestEmail_OnLoopbackWithoutSTARTTLS_Sent(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())
 	smtp := startSMTP(t, false, "", "")
-	cfg := emailConfig(smtp, "127.0.0.1", STARTTLS)
+	cfg := emailConfig(smtp, "127.0.0.1", TLSModeStartTLS)
 	cfg.Channels[0].SMTP.TLSConfig = nil
 	n, _ := r.run(t, cfg)
 	id := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
-	eventually(t, "the email", func() bool { return len(smtp.byKey(t, Key(id, Requested))) == 1 })
+	eventually(t, "the email", func() bool { return len(smtp.byKey(t, Key(id, EventRequested))) == 1 })
 	r.idle(t, n, 1)
 	if m := smtp.received(); len(m) != 1 || m[0].tls {
 		t.Fatalf("messages %+v", m)
@@ -150,7 +150,7 @@ func TestEmail_WrongPassword_GivenUpAtOnce(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())
 	smtp := startSMTP(t, true, "capstan", "the-right-one")
-	cfg := emailConfig(smtp, "127.0.0.1", STARTTLS)
+	cfg := emailConfig(smtp, "127.0.0.1", TLSModeStartTLS)
 	cfg.Channels[0].SMTP.Password = smtpPassword
 	var logs logBuffer
 	cfg.Logger = logs.logger()

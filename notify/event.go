@@ -11,11 +11,25 @@ type Event string
 
 // Events a notifier sends.
 const (
-	Requested Event = "requested"
-	Approved  Event = "approved"
-	Rejected  Event = "rejected"
-	Cancelled Event = "cancelled"
-	Expired   Event = "expired"
+	EventRequested Event = "requested"
+	EventApproved  Event = "approved"
+	EventRejected  Event = "rejected"
+	EventCancelled Event = "cancelled"
+	EventExpired   Event = "expired"
+)
+
+// The names the events had in v0.1.0, kept for importers; they go before v1.
+const (
+	// Deprecated: use EventRequested.
+	Requested = EventRequested
+	// Deprecated: use EventApproved.
+	Approved = EventApproved
+	// Deprecated: use EventRejected.
+	Rejected = EventRejected
+	// Deprecated: use EventCancelled.
+	Cancelled = EventCancelled
+	// Deprecated: use EventExpired.
+	Expired = EventExpired
 )
 
 // Key is the idempotency key of an approval's event, "<approvalId>.<event>":
@@ -51,14 +65,14 @@ type plan struct {
 //   - consumed: nothing (its approval was notified when it was decided).
 func due(r *approvals.Record, since, now time.Time) plan {
 	switch r.Status {
-	case approvals.Pending:
+	case approvals.StatusPending:
 		if now.Before(r.ExpiresAt) {
-			return plan{event: Requested, at: r.RequestedAt, again: r.ExpiresAt.Add(expiryMargin)}
+			return plan{event: EventRequested, at: r.RequestedAt, again: r.ExpiresAt.Add(expiryMargin)}
 		}
-		return after(since, Expired, r.ExpiresAt)
-	case approvals.Expired:
-		return after(since, Expired, r.ExpiresAt)
-	case approvals.Approved, approvals.Rejected, approvals.Cancelled:
+		return after(since, EventExpired, r.ExpiresAt)
+	case approvals.StatusExpired:
+		return after(since, EventExpired, r.ExpiresAt)
+	case approvals.StatusApproved, approvals.StatusRejected, approvals.StatusCancelled:
 		if r.Decision == nil {
 			return plan{}
 		}

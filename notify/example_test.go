@@ -90,7 +90,7 @@ func Example() {
 	// The notifier: one webhook channel for the finance approvals.
 	n, err := notify.New(connect(), notify.Config{
 		ConsoleURL: "https://capstan.example.com",
-		Channels: []notify.Channel{{Name: "finance-hook", Kind: notify.Webhook, Types: []string{"finance"},
+		Channels: []notify.Channel{{Name: "finance-hook", Kind: notify.KindWebhook, Types: []string{"finance"},
 			URL: notify.Secret(hook.URL), Secret: notify.Secret(secret)}},
 		Provision: true, // this connection may create the channel's consumer
 		Logger:    slog.New(slog.DiscardHandler),

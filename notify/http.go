@@ -70,7 +70,7 @@ func newHTTPSender(ch Channel, now func() time.Time) *httpSender {
 func (s *httpSender) send(ctx context.Context, n *notification) error {
 	var body []byte
 	var err error
-	if s.ch.Kind == Slack {
+	if s.ch.Kind == KindSlack {
 		body, err = json.Marshal(slackMessage(n))
 	} else {
 		body, err = json.Marshal(n.payload())
@@ -86,7 +86,7 @@ func (s *httpSender) send(ctx context.Context, n *notification) error {
 	req.Header.Set("User-Agent", UserAgent)
 	req.Header.Set(IdempotencyHeader, n.key)
 	req.Header.Set("Capstan-Event", "approval."+string(n.event))
-	if s.ch.Kind == Webhook {
+	if s.ch.Kind == KindWebhook {
 		req.Header.Set(SignatureHeader, Sign([]byte(s.ch.Secret.Reveal()), body, s.now()))
 	}
 	resp, err := s.client.Do(req)

@@ -107,7 +107,7 @@ func New(nc *nats.Conn, cfg Config) (*Notifier, error) {
 	for _, c := range cfg.Channels {
 		ch := &channel{Channel: c}
 		switch c.Kind {
-		case Email:
+		case KindEmail:
 			ch.s = newEmailSender(c, n.now)
 		default:
 			ch.s = newHTTPSender(c, n.now)

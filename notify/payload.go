@@ -120,11 +120,11 @@ func newNotification(r *approvals.Record, p plan, consoleURL string) *notificati
 
 // status is the approval's status as of the event.
 func (n *notification) status() approvals.Status {
-	if n.event == Expired {
-		return approvals.Expired
+	if n.event == EventExpired {
+		return approvals.StatusExpired
 	}
-	if n.event == Requested {
-		return approvals.Pending
+	if n.event == EventRequested {
+		return approvals.StatusPending
 	}
 	return n.rec.Status
 }
@@ -143,7 +143,7 @@ func (n *notification) payload() Payload {
 	} else {
 		a.InputOmittedBytes = len(n.shown)
 	}
-	if d := r.Decision; d != nil && n.event != Requested && n.event != Expired {
+	if d := r.Decision; d != nil && n.event != EventRequested && n.event != EventExpired {
 		a.Decision = &Decision{Status: d.Status, Approver: d.Approver, Comment: d.Comment, DecidedAt: d.DecidedAt}
 	}
 	return Payload{V: PayloadVersion, IdempotencyKey: n.key, Event: "approval." + string(n.event), OccurredAt: n.at, URL: n.url, Approval: a}
@@ -153,15 +153,15 @@ func (n *notification) payload() Payload {
 func (n *notification) headline() string {
 	r := n.rec
 	switch n.event {
-	case Requested:
+	case EventRequested:
 		return "Approval requested"
-	case Approved:
+	case EventApproved:
 		return "Approved by " + r.Decision.Approver.String()
-	case Rejected:
+	case EventRejected:
 		return "Rejected by " + r.Decision.Approver.String()
-	case Cancelled:
+	case EventCancelled:
 		return "Cancelled by " + r.Decision.Approver.String()
-	case Expired:
+	case EventExpired:
 		return "Expired without a decision"
 	}
 	return string(n.event)

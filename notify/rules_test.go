@@ -35,18 +35,18 @@ func TestDue(t *testing.T) {
 		event Event
 		again time.Time
 	}{
-		{"pending before its expiry: requested, again at the expiry", rec(approvals.Pending, t0, time.Time{}), t0.Add(time.Minute), Requested, t0.Add(15*time.Minute + expiryMargin)},
-		{"pending requested before notifications began: still requested", rec(approvals.Pending, since.Add(-10*time.Minute), time.Time{}), since.Add(time.Minute), Requested, since.Add(5*time.Minute + expiryMargin)},
-		{"pending past its expiry: expired", rec(approvals.Pending, t0, time.Time{}), t0.Add(16 * time.Minute), Expired, time.Time{}},
-		{"pending that expired before notifications began: nothing", rec(approvals.Pending, since.Add(-time.Hour), time.Time{}), t0, "", time.Time{}},
-		{"approved", rec(approvals.Approved, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), Approved, time.Time{}},
-		{"approved after its expiry passed: still approved (an approval, not an expiry)", rec(approvals.Approved, t0, t0.Add(time.Minute)), t0.Add(time.Hour), Approved, time.Time{}},
-		{"rejected", rec(approvals.Rejected, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), Rejected, time.Time{}},
-		{"cancelled", rec(approvals.Cancelled, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), Cancelled, time.Time{}},
-		{"decided before notifications began: nothing", rec(approvals.Rejected, since.Add(-time.Hour), since.Add(-time.Minute)), t0, "", time.Time{}},
-		{"written expired", rec(approvals.Expired, t0, time.Time{}), t0.Add(20 * time.Minute), Expired, time.Time{}},
-		{"consumed: nothing", rec(approvals.Consumed, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), "", time.Time{}},
-		{"a decision without its decision: nothing", rec(approvals.Approved, t0, time.Time{}), t0, "", time.Time{}},
+		{"pending before its expiry: requested, again at the expiry", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(time.Minute), EventRequested, t0.Add(15*time.Minute + expiryMargin)},
+		{"pending requested before notifications began: still requested", rec(approvals.StatusPending, since.Add(-10*time.Minute), time.Time{}), since.Add(time.Minute), EventRequested, since.Add(5*time.Minute + expiryMargin)},
+		{"pending past its expiry: expired", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(16 * time.Minute), EventExpired, time.Time{}},
+		{"pending that expired before notifications began: nothing", rec(approvals.StatusPending, since.Add(-time.Hour), time.Time{}), t0, "", time.Time{}},
+		{"approved", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventApproved, time.Time{}},
+		{"approved after its expiry passed: still approved (an approval, not an expiry)", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(time.Hour), EventApproved, time.Time{}},
+		{"rejected", rec(approvals.StatusRejected, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventRejected, time.Time{}},
+		{"cancelled", rec(approvals.StatusCancelled, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventCancelled, time.Time{}},
+		{"decided before notifications began: nothing", rec(approvals.StatusRejected, since.Add(-time.Hour), since.Add(-time.Minute)), t0, "", time.Time{}},
+		{"written expired", rec(approvals.StatusExpired, t0, time.Time{}), t0.Add(20 * time.Minute), EventExpired, time.Time{}},
+		{"consumed: nothing", rec(approvals.StatusConsumed, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), "", time.Time{}},
+		{"a decision without its decision: nothing", rec(approvals.StatusApproved, t0, time.Time{}), t0, "", time.Time{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -34,8 +34,8 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"orders.*"}},
-		{Principal: "notifier", Role: auth.Notifier},
+		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"orders.*"}},
+		{Principal: "notifier", Role: auth.RoleNotifier},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
@@ -77,7 +77,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	runNotifier(t, &rig{env: env, names: b.Names}, n)
-	hook.waitKey(t, Key(id, Requested))
+	hook.waitKey(t, Key(id, EventRequested))
 
 	var mu sync.Mutex
 	var violations []string
@@ -94,7 +94,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forged, _ := envelope.Marshal(&approvals.Record{ID: id, Status: approvals.Approved, Decision: &approvals.Decision{Status: approvals.Approved, Approver: carol}})
+	forged, _ := envelope.Marshal(&approvals.Record{ID: id, Status: approvals.StatusApproved, Decision: &approvals.Decision{Status: approvals.StatusApproved, Approver: carol}})
 	n1 := b.Names
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) }
 
@@ -146,7 +146,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 
 	// Nothing changed.
 	store := approvals.NewStore(b, nil)
-	if rec, err := store.Get(ctx, id); err != nil || rec.Status != approvals.Pending || rec.Decision != nil {
+	if rec, err := store.Get(ctx, id); err != nil || rec.Status != approvals.StatusPending || rec.Decision != nil {
 		t.Errorf("the approval after the attacks: %+v, %v", rec, err)
 	}
 	for _, k := range []string{"alice.forged", "alice.push", "alice.deputy"} {
@@ -183,10 +183,10 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	if _, err := store.Decide(ctx, id, approvals.Verdict{Approve: true, Approver: carol}); err != nil {
 		t.Fatal(err)
 	}
-	hook.waitKey(t, Key(id, Approved))
+	hook.waitKey(t, Key(id, EventApproved))
 	var p Payload
-	_ = json.Unmarshal(hook.waitKey(t, Key(id, Approved)).body, &p)
-	if p.Approval.Status != approvals.Approved {
+	_ = json.Unmarshal(hook.waitKey(t, Key(id, EventApproved)).body, &p)
+	if p.Approval.Status != approvals.StatusApproved {
 		t.Fatalf("payload %+v", p)
 	}
 }

@@ -28,9 +28,9 @@ func slackMessage(n *notification) map[string]any {
 		facts = append(facts, plain("Risk\n"+strings.TrimSpace(r.Risk+" "+r.SideEffect)))
 	}
 	switch n.event {
-	case Requested:
+	case EventRequested:
 		facts = append(facts, plain("Expires\n"+r.ExpiresAt.UTC().Format(time.DateTime)+" UTC"))
-	case Approved, Rejected, Cancelled:
+	case EventApproved, EventRejected, EventCancelled:
 		if c := r.Decision.Comment; c != "" {
 			facts = append(facts, plain("Comment\n"+cut(c, summaryValue*2)))
 		}

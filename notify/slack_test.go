@@ -100,7 +100,7 @@ func slackConfig(url string) Config {
 	return Config{
 		ConsoleURL: "https://console.example.com",
 		Retry:      Retry{Attempts: 3, Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond},
-		Channels:   []Channel{{Name: "payments-slack", Kind: Slack, Types: []string{"payments"}, URL: Secret(url)}},
+		Channels:   []Channel{{Name: "payments-slack", Kind: KindSlack, Types: []string{"payments"}, URL: Secret(url)}},
 	}
 }
 
@@ -126,9 +126,9 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 	n, _ := r.run(t, slackConfig(slack.url))
 
 	id := r.request(t, "cards.charge", ChargeIn{Card: cardNumber, Amount: 4200, Note: "<!channel> see <https://evil.example|here>"})
-	slack.waitKey(t, Key(id, Requested))
+	slack.waitKey(t, Key(id, EventRequested))
 	r.decide(t, id, false, "not this card")
-	slack.waitKey(t, Key(id, Rejected))
+	slack.waitKey(t, Key(id, EventRejected))
 	r.idle(t, n, 0)
 	mu.Lock()
 	if len(invalid) > 0 {
@@ -155,7 +155,7 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 		}
 	}
 	var req slackMessageBody
-	_ = json.Unmarshal(slack.waitKey(t, Key(id, Requested)).body, &req)
+	_ = json.Unmarshal(slack.waitKey(t, Key(id, EventRequested)).body, &req)
 	all := req.texts()
 	for _, want := range []string{"Approval requested: cards.charge", "user:alice", "a card is charged", "•••• 1111",
 		"4200", "input redacted by the capability", "<https://console.example.com/approvals/" + id + "|"} {
@@ -167,7 +167,7 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 		t.Errorf("text %q", req.Text)
 	}
 	var rm slackMessageBody
-	_ = json.Unmarshal(slack.waitKey(t, Key(id, Rejected)).body, &rm)
+	_ = json.Unmarshal(slack.waitKey(t, Key(id, EventRejected)).body, &rm)
 	rej := rm.texts()
 	if !strings.Contains(rej, "Rejected by user:carol") || !strings.Contains(rej, "not this card") {
 		t.Errorf("the rejection's message:\n%s", rej)
@@ -190,9 +190,9 @@ func TestSlackMessage_LargeInputWithinSlacksLimits(t *testing.T) {
 	rec := &approvals.Record{ID: "0190e0c0-0000-7000-8000-000000000001", CapabilityID: "orders.refund",
 		Actor: envelope.Actor{Kind: "user", ID: strings.Repeat("a", 500) + "\r\nBcc: x@example.com"},
 		Input: input, InputHash: hash, Reasons: []string{strings.Repeat("why ", 1000)}, Types: []string{"finance"},
-		Status: approvals.Rejected, RequestedAt: now, ExpiresAt: now.Add(time.Hour),
-		Decision: &approvals.Decision{Status: approvals.Rejected, Approver: carol, Comment: strings.Repeat("c", 5000), DecidedAt: now}}
-	for _, p := range []plan{{event: Requested, at: now}, {event: Rejected, at: now}, {event: Expired, at: now}} {
+		Status: approvals.StatusRejected, RequestedAt: now, ExpiresAt: now.Add(time.Hour),
+		Decision: &approvals.Decision{Status: approvals.StatusRejected, Approver: carol, Comment: strings.Repeat("c", 5000), DecidedAt: now}}
+	for _, p := range []plan{{event: EventRequested, at: now}, {event: EventRejected, at: now}, {event: EventExpired, at: now}} {
 		n := newNotification(rec, p, "https://console.example.com")
 		body, err := json.Marshal(slackMessage(n))
 		if err != nil {

@@ -16,7 +16,7 @@ func hookConfig(url string, types ...string) Config {
 	return Config{
 		ConsoleURL: "https://console.example.com/",
 		Retry:      Retry{Attempts: 8, Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Channels:   []Channel{{Name: "hook", Kind: Webhook, Types: types, URL: Secret(url), Secret: hookSecret}},
+		Channels:   []Channel{{Name: "hook", Kind: KindWebhook, Types: types, URL: Secret(url), Secret: hookSecret}},
 	}
 }
 
@@ -31,12 +31,12 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 
 	approved := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
 	rejected := r.request(t, "orders.refund", RefundIn{OrderID: "o2", Amount: 700})
-	d := hook.waitKey(t, Key(approved, Requested))
-	hook.waitKey(t, Key(rejected, Requested))
+	d := hook.waitKey(t, Key(approved, EventRequested))
+	hook.waitKey(t, Key(rejected, EventRequested))
 	r.decide(t, approved, true, "invoice checked")
 	r.decide(t, rejected, false, "not ours")
-	hook.waitKey(t, Key(approved, Approved))
-	hook.waitKey(t, Key(rejected, Rejected))
+	hook.waitKey(t, Key(approved, EventApproved))
+	hook.waitKey(t, Key(rejected, EventRejected))
 	r.idle(t, n, 0)
 
 	for _, got := range hook.deliveries() {
@@ -48,14 +48,14 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 			t.Errorf("header key %q event %q, body key %q event %q", got.key, got.event, p.IdempotencyKey, p.Event)
 		}
 	}
-	want := map[string]int{Key(approved, Requested): 1, Key(rejected, Requested): 1, Key(approved, Approved): 1, Key(rejected, Rejected): 1}
+	want := map[string]int{Key(approved, EventRequested): 1, Key(rejected, EventRequested): 1, Key(approved, EventApproved): 1, Key(rejected, EventRejected): 1}
 	if got := hook.keys(); !equalCounts(got, want) {
 		t.Fatalf("deliveries by key %v, want %v", got, want)
 	}
 
 	p := decodePayload(t, d.body)
 	a := p.Approval
-	if a.ID != approved || a.CapabilityID != "orders.refund" || a.Actor.String() != alice.String() || a.Status != approvals.Pending ||
+	if a.ID != approved || a.CapabilityID != "orders.refund" || a.Actor.String() != alice.String() || a.Status != approvals.StatusPending ||
 		strings.Join(a.Types, ",") != "finance" || a.InputRedacted || p.V != PayloadVersion {
 		t.Errorf("requested payload: %+v", p)
 	}
@@ -67,11 +67,11 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 	}
 	var decided Payload
 	for _, got := range hook.deliveries() {
-		if got.key == Key(approved, Approved) {
+		if got.key == Key(approved, EventApproved) {
 			decided = decodePayload(t, got.body)
 		}
 	}
-	if dd := decided.Approval.Decision; dd == nil || dd.Approver.String() != carol.String() || dd.Comment != "invoice checked" || decided.Approval.Status != approvals.Approved {
+	if dd := decided.Approval.Decision; dd == nil || dd.Approver.String() != carol.String() || dd.Comment != "invoice checked" || decided.Approval.Status != approvals.StatusApproved {
 		t.Errorf("approved payload: %+v", decided.Approval)
 	}
 	if st := n.Stats().Channels[0]; st.Sent != 4 || st.Failed != 0 {
@@ -86,16 +86,16 @@ func TestWebhook_OnlyTheChannelsTypes(t *testing.T) {
 	r := newRig(t, refund(), charge())
 	finance, every := newReceiver(t, hookSecret), newReceiver(t, hookSecret)
 	cfg := hookConfig(finance.url, "finance")
-	cfg.Channels = append(cfg.Channels, Channel{Name: "every", Kind: Webhook, Types: []string{"*"}, URL: Secret(every.url), Secret: hookSecret})
+	cfg.Channels = append(cfg.Channels, Channel{Name: "every", Kind: KindWebhook, Types: []string{"*"}, URL: Secret(every.url), Secret: hookSecret})
 	n, _ := r.run(t, cfg)
 
 	refundID := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
 	chargeID := r.request(t, "cards.charge", ChargeIn{Card: cardNumber, Amount: 20})
-	every.waitKey(t, Key(refundID, Requested))
-	every.waitKey(t, Key(chargeID, Requested))
-	finance.waitKey(t, Key(refundID, Requested))
+	every.waitKey(t, Key(refundID, EventRequested))
+	every.waitKey(t, Key(chargeID, EventRequested))
+	finance.waitKey(t, Key(refundID, EventRequested))
 	r.idleAll(t, map[string]int{"hook": 1, "every": 2}, n)
-	if got := finance.keys(); !equalCounts(got, map[string]int{Key(refundID, Requested): 1}) {
+	if got := finance.keys(); !equalCounts(got, map[string]int{Key(refundID, EventRequested): 1}) {
 		t.Fatalf("the finance channel got %v", got)
 	}
 }
@@ -123,9 +123,9 @@ func TestWebhook_ReceiverDownThenUp_DeliveredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	hook := serveReceiver(t, l, hookSecret)
-	hook.waitKey(t, Key(id, Requested))
+	hook.waitKey(t, Key(id, EventRequested))
 	r.idle(t, n, 1)
-	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, Requested): 1}) {
+	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, EventRequested): 1}) {
 		t.Fatalf("deliveries %v, want one", got)
 	}
 	st := n.Stats().Channels[0]
@@ -159,7 +159,7 @@ func TestWebhook_FailingReceiver_GivenUpCountedWithoutSecrets(t *testing.T) {
 		t.Fatalf("%d attempts, want 3", len(hook.deliveries()))
 	}
 	f := st.Failures
-	if len(f) != 1 || f[0].Key != Key(id, Requested) || f[0].Attempts != 3 || !strings.Contains(f[0].Error, "503") {
+	if len(f) != 1 || f[0].Key != Key(id, EventRequested) || f[0].Attempts != 3 || !strings.Contains(f[0].Error, "503") {
 		t.Fatalf("failures %+v", f)
 	}
 	status, _ := json.Marshal(st)

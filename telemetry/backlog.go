@@ -93,7 +93,7 @@ func (c *brokerCollector) refresh() {
 		c.errs = append(c.errs, err)
 	}
 	c.backlogs = bl
-	list, err := c.approvals.List(ctx, approvals.Filter{Status: approvals.Pending})
+	list, err := c.approvals.List(ctx, approvals.Filter{Status: approvals.StatusPending})
 	if err != nil {
 		c.errs = append(c.errs, err)
 	}

@@ -29,8 +29,8 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
-		{Principal: "carol", Role: auth.Approver, Actors: []string{"user:carol"}, Types: []string{"finance"}},
+		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Surfaces: []string{"direct"}, Capabilities: []string{"*"}},
+		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
 	} {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)

@@ -62,7 +62,7 @@ func LegacySetup(t testing.TB, dir string, grants ...auth.Grant) *auth.Setup {
 	aseed, _ := accKP.Seed()
 	fail(os.WriteFile(filepath.Join(dir, "operator.nk"), oseed, 0o600))
 	fail(os.WriteFile(filepath.Join(dir, "account.nk"), aseed, 0o600))
-	all := append([]auth.Grant{{Principal: auth.AdminPrincipal, Role: auth.Admin}, {Principal: auth.WorkerPrincipal, Role: auth.Worker}}, grants...)
+	all := append([]auth.Grant{{Principal: auth.AdminPrincipal, Role: auth.RoleAdmin}, {Principal: auth.WorkerPrincipal, Role: auth.RoleWorker}}, grants...)
 	for _, g := range all {
 		g.V = 1
 		ukp, err := nkeys.CreateUser()

@@ -154,20 +154,20 @@ func fill(ctx context.Context, b *broker.Broker, n int) error {
 		}
 		env := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: capID, Status: envelope.StatusCompleted,
 			Attempts: 1, DurationMs: 3, FinalizedBy: "w1", FinalizedAt: time.Now().UTC(), Output: envelope.Raw{0x80}}
-		evs := []*audit.Event{ev(audit.Requested, nil), ev(audit.Started, map[string]any{"attempt": 1})}
+		evs := []*audit.Event{ev(audit.EventRequested, nil), ev(audit.EventStarted, map[string]any{"attempt": 1})}
 		switch {
 		case i%1000 == 999: // running: no end, no envelope
 			env = nil
 		case i%200 == 100:
-			evs = append(evs[:1], ev(audit.ApprovalRequested, map[string]any{"approvalId": "ap-" + id}))
+			evs = append(evs[:1], ev(audit.EventApprovalRequested, map[string]any{"approvalId": "ap-" + id}))
 			env.Status, env.Attempts, env.Output = envelope.StatusApprovalRequired, 0, nil
 			env.Approval = &envelope.ApprovalRef{ID: "ap-" + id}
 		case i%50 == 25:
-			evs = append(evs, ev(audit.Failed, map[string]any{"code": "EXECUTION_FAILED", "attempts": 1}))
+			evs = append(evs, ev(audit.EventFailed, map[string]any{"code": "EXECUTION_FAILED", "attempts": 1}))
 			env.Status, env.Output = envelope.StatusFailed, nil
 			env.Error = &envelope.Error{Code: envelope.CodeExecutionFailed, Message: "The operation failed."}
 		default:
-			evs = append(evs, ev(audit.Completed, map[string]any{"attempts": 1, "durationMs": 3}))
+			evs = append(evs, ev(audit.EventCompleted, map[string]any{"attempts": 1, "durationMs": 3}))
 		}
 		em.EmitAll(evs...)
 		if env != nil {

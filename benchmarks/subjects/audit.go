@@ -39,7 +39,7 @@ func measureAudit(layout string, n, rate int) error {
 	began := time.Now()
 	for i, id := range ids {
 		evs := make([]*audit.Event, 3)
-		for j, typ := range []string{audit.Requested, audit.Started, audit.Completed} {
+		for j, typ := range []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted} {
 			evs[j] = &audit.Event{Type: typ, ExecutionID: id, CapabilityID: "demo.echo", Surface: "direct",
 				Actor: audit.Actor{ID: "alice", Kind: "user"}, Worker: "w1", InputHash: "9f86d081884c7d659a2feaa0c55ad015",
 				Data: map[string]any{"attempt": 1}}

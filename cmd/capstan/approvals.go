@@ -76,7 +76,7 @@ func runApprovalsList(args []string) int {
 	}
 	f := approvals.Filter{Status: approvals.Status(*status), CapabilityID: *capID}
 	switch f.Status {
-	case "", approvals.Pending, approvals.Approved, approvals.Rejected, approvals.Expired, approvals.Cancelled, approvals.Consumed:
+	case "", approvals.StatusPending, approvals.StatusApproved, approvals.StatusRejected, approvals.StatusExpired, approvals.StatusCancelled, approvals.StatusConsumed:
 	default:
 		return usageError("--status %q: want pending, approved, rejected, expired, cancelled or consumed", *status)
 	}

@@ -146,7 +146,7 @@ func runAuthAdd(args []string) int {
 	}
 	g := auth.Grant{Principal: pos[1], Role: auth.Role(*role), Actors: list(*actors),
 		Surfaces: list(*surfaces), Types: list(*types), Pool: *pool}
-	if g.Role == auth.Producer {
+	if g.Role == auth.RoleProducer {
 		g.Capabilities = list(*caps)
 	}
 	if auth.HasOwnAccount(g.Role) {

@@ -185,7 +185,7 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "secrets")
-	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
+	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
 	for _, args := range [][]string{
 		{"server", "--auth", dir, "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
 		{"auth", "add", dir, "bob", "--role", "producer", "--actor", "user:bob"},

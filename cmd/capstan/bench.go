@@ -153,10 +153,10 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 			// more than a principal sends by default.
 			limits := auth.DefaultLimits
 			limits.Payload = -1
-			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.Producer,
+			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.RoleProducer,
 				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}, Limits: &limits})
 			if err == nil {
-				err = setup.Add(auth.Grant{Principal: bench.FloodPrincipal, Role: auth.Producer,
+				err = setup.Add(auth.Grant{Principal: bench.FloodPrincipal, Role: auth.RoleProducer,
 					Actors: []string{envelope.ActorService + ":capstan-flood"}, Capabilities: []string{"*"}, Limits: &limits})
 			}
 		}

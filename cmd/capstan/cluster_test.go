@@ -385,7 +385,7 @@ func provedAbsent(t *testing.T, ctx context.Context, c *executor.Client, id stri
 	}
 	var out []int
 	for _, ev := range trail {
-		if ev.Type == audit.Retried && fmt.Sprint(ev.Data["reason"]) == "reconciled-absent" {
+		if ev.Type == audit.EventRetried && fmt.Sprint(ev.Data["reason"]) == "reconciled-absent" {
 			n, _ := strconv.Atoi(fmt.Sprint(ev.Data["attempt"]))
 			out = append(out, n)
 		}

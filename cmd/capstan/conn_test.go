@@ -53,7 +53,7 @@ func TestCommand_OpensOneConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.Producer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
+	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}}); err != nil {
 		t.Fatal(err)
 	}
 	env := testenv.Start(t, testenv.Auth(setup))

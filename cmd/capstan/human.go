@@ -146,7 +146,7 @@ func writeApprovalList(w io.Writer, st style, list []*approvals.Record) {
 	t := newTable(w, st, "ID", "STATUS", "CAPABILITY", "REQUESTER", "REQUESTED", "EXPIRES", "REASONS")
 	for _, r := range list {
 		expires := ago(st.now, r.ExpiresAt)
-		if r.Status != approvals.Pending && r.Status != approvals.Approved {
+		if r.Status != approvals.StatusPending && r.Status != approvals.StatusApproved {
 			expires = "-"
 		}
 		reasons := clip(strings.Join(r.Reasons, "; "), 60)
@@ -179,7 +179,7 @@ func writeApproval(w io.Writer, st style, r *approvals.Record) {
 	f.add(st, "Capability", what)
 	f.add(st, "Requester", r.Actor.String())
 	f.add(st, "Requested", stamp(st, r.RequestedAt))
-	if r.Status == approvals.Pending || r.Status == approvals.Approved {
+	if r.Status == approvals.StatusPending || r.Status == approvals.StatusApproved {
 		f.add(st, "Expires", stamp(st, r.ExpiresAt))
 	}
 	f.add(st, "Reasons", strings.Join(r.Reasons, "; "))

@@ -20,7 +20,7 @@ func TestLimits_ShowsUsageAgainstEachLimit(t *testing.T) {
 	held := executor.Define("t.held", executor.Meta{Description: "Holds.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{
 			{Kind: executor.LimitConcurrency, Max: 3},
-			{Kind: executor.LimitRate, Per: executor.PerActor, Max: 10, Interval: time.Hour},
+			{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 10, Interval: time.Hour},
 		}},
 		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
 			started <- struct{}{}

@@ -46,14 +46,14 @@ func addMCPFlags(fs *flag.FlagSet, prefix string) *mcpFlags {
 	fs.DurationVar(&f.callTimeout, prefix+"call-timeout", 5*time.Minute, "how long a tools/call waits for its envelope")
 	fs.DurationVar(&f.approvalWait, prefix+"approval-wait", 0, "how long a call that needs an approval waits for it before answering approval-required")
 	fs.BoolVar(&f.stateless, prefix+"stateless", false, "HTTP without sessions, protocol 2026-07-28 and later (any bridge answers any request)")
-	fs.StringVar(&f.toolNames, prefix+"tool-names", string(mcpbridge.PortableNames),
+	fs.StringVar(&f.toolNames, prefix+"tool-names", string(mcpbridge.ToolNamesPortable),
 		"how capabilities are named as tools: portable (orders_refund: what the Anthropic and OpenAI APIs take) or ids (orders.refund)")
 	return f
 }
 
 func (f *mcpFlags) check() error {
 	switch mcpbridge.ToolNames(f.toolNames) {
-	case mcpbridge.PortableNames, mcpbridge.CapabilityIDs:
+	case mcpbridge.ToolNamesPortable, mcpbridge.ToolNamesCapabilityIDs:
 		return nil
 	}
 	return fmt.Errorf("--tool-names %q: want portable or ids", f.toolNames)

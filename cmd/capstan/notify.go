@@ -81,7 +81,7 @@ func runNotify(args []string) int {
 	// A notifier's own credentials may not create the consumer; anyone
 	// else's (an admin's, a worker's, none on an open server) may.
 	cr, _ := conn.credentials()
-	cfg.Provision = !cr.Known() || cr.Role != auth.Notifier
+	cfg.Provision = !cr.Known() || cr.Role != auth.RoleNotifier
 	n, err := notify.New(nc, cfg)
 	if err != nil {
 		return usageError("%v", err)

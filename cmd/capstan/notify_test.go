@@ -172,7 +172,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	id := decode[struct {
 		Approval struct{ ID string } `json:"approval"`
 	}](t, stdout).Approval.ID
-	requested := notify.Key(id, notify.Requested)
+	requested := notify.Key(id, notify.EventRequested)
 	hook.waitFor(t, requested, 1)
 	if err := first.cmd.Process.Kill(); err != nil { // mid-delivery: the receiver holds the request
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	if _, stderr, code := capstanEnv(t, env, "approvals", "approve", id, creds("carol"), "--comment", "ok"); code != exitOK {
 		t.Fatalf("approve: exit %d: %s", code, stderr)
 	}
-	approved := notify.Key(id, notify.Approved)
+	approved := notify.Key(id, notify.EventApproved)
 	hook.waitFor(t, approved, 1)
 
 	// Done when the queue is: nothing waiting, nothing in flight.
@@ -286,7 +286,7 @@ func TestDev_Notify_RunsBesideTheWorker(t *testing.T) {
 		"--console", "127.0.0.1:0", "--grace", "5s", "--notify", config)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	id := refundNeedingApproval(t, url)
-	hook.waitFor(t, notify.Key(id, notify.Requested), 1)
+	hook.waitFor(t, notify.Key(id, notify.EventRequested), 1)
 	p := hook.deliveries()[0].payload
 	console := regexp.MustCompile(`console: (http://\S+)`).FindStringSubmatch(d.out.String())
 	if console == nil || p.URL != console[1]+"/approvals/"+id || hook.deliveries()[0].verified != nil {

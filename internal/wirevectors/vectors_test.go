@@ -166,7 +166,7 @@ func descriptor(id string, approval bool) executor.Descriptor {
 		Idempotent: true, TimeoutMs: 10000, RetryMaxAttempts: 2, RequiresApproval: approval, InputSchema: refundSchema(),
 		Limits: []executor.LimitInfo{
 			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once"},
-			{Kind: executor.LimitBudget, Per: executor.PerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
+			{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
 				AtLimit: executor.AtLimitApproval, Text: "amount 2000 per 24h per actor"},
 		},
 		ExpiresAt: t8.Add(30 * time.Second)}
@@ -180,11 +180,11 @@ func approvalRecord(status approvals.Status) approvals.Record {
 		RequestedAt: t8, ExpiresAt: t8.Add(15 * time.Minute), Status: status, RequestedBy: execID,
 		Principal: "alice", CorrelationID: "conv-7"}
 	switch status {
-	case approvals.Approved, approvals.Rejected:
+	case approvals.StatusApproved, approvals.StatusRejected:
 		r.Decision = &approvals.Decision{Status: status, Approver: envelope.Actor{ID: "carol", Kind: "user"},
 			Comment: "vérifié ✓", DecidedAt: t8.Add(time.Minute)}
-	case approvals.Consumed:
-		r.Decision = &approvals.Decision{Status: approvals.Approved, Approver: envelope.Actor{ID: "carol", Kind: "user"},
+	case approvals.StatusConsumed:
+		r.Decision = &approvals.Decision{Status: approvals.StatusApproved, Approver: envelope.Actor{ID: "carol", Kind: "user"},
 			DecidedAt: t8.Add(time.Minute)}
 		r.ConsumedBy, r.ConsumedAt = execID2, t8.Add(2*time.Minute)
 		r.Display = json.RawMessage(`{"orderId":"o-42"}`)
@@ -344,21 +344,21 @@ func goVectors() []struct {
 			&approvals.DecideRequest{V: 1, ApprovalID: approvalID, Approver: envelope.Actor{ID: "bob", Kind: "user"},
 				SelfApproval: "on call"}},
 		{Vector{Name: "decide-reply", Kind: "decideReply", About: "the decided approval"},
-			&approvals.DecideReply{V: 1, Record: ptr(approvalRecord(approvals.Approved))}},
+			&approvals.DecideReply{V: 1, Record: ptr(approvalRecord(approvals.StatusApproved))}},
 		{Vector{Name: "decide-reply-refused", Kind: "decideReply", About: "a refused decision: its message and the conditions that name it"},
 			&approvals.DecideReply{V: 1, Error: `capstan: self-approval is not allowed: principal "alice" requested it`,
 				Conditions: []string{"self_approval"}}},
 		{Vector{Name: "list-request", Kind: "listRequest", About: "a listing of pending approvals"},
-			&approvals.ListRequest{V: 1, Status: approvals.Pending}},
+			&approvals.ListRequest{V: 1, Status: approvals.StatusPending}},
 		{Vector{Name: "list-request-one", Kind: "listRequest", About: "one approval by id, of one actor and capability"},
 			&approvals.ListRequest{V: 1, ID: approvalID, CapabilityID: "orders.refund", Actor: envelope.Actor{ID: "alice", Kind: "user"}}},
 		{Vector{Name: "list-reply", Kind: "listReply", About: "approvals in three states"},
-			&approvals.ListReply{V: 1, Records: []*approvals.Record{ptr(approvalRecord(approvals.Pending)),
-				ptr(approvalRecord(approvals.Rejected)), ptr(approvalRecord(approvals.Consumed))}}},
+			&approvals.ListReply{V: 1, Records: []*approvals.Record{ptr(approvalRecord(approvals.StatusPending)),
+				ptr(approvalRecord(approvals.StatusRejected)), ptr(approvalRecord(approvals.StatusConsumed))}}},
 		{Vector{Name: "list-reply-empty", Kind: "listReply", About: "no approvals: the empty list is left out"},
 			&approvals.ListReply{V: 1, Records: []*approvals.Record{}}},
 		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution; input and display are canonical JSON carried as binary"},
-			ptr(approvalRecord(approvals.Consumed))},
+			ptr(approvalRecord(approvals.StatusConsumed))},
 	}
 }
 

@@ -176,7 +176,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	c := e.cap
 	// 2: the request is audited before anything can refuse it.
 	if fresh {
-		e.emit(audit.Requested, nil)
+		e.emit(audit.EventRequested, nil)
 	}
 	if e.ctx.Err() != nil {
 		e.endByContext(0)
@@ -228,7 +228,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		if e.retryReason != "" {
 			data["reason"] = e.retryReason
 		}
-		e.emit(audit.Retried, data)
+		e.emit(audit.EventRetried, data)
 		e.obs.Retried(attempt, prevCode)
 	}
 	for {
@@ -266,7 +266,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				return
 			}
 		}
-		started := e.event(audit.Started, e.unit.Started(attempt))
+		started := e.event(audit.EventStarted, e.unit.Started(attempt))
 		if e.r.cfg.StrictAudit {
 			endAudit := e.stage(observe.StageAudit)
 			err := e.trail.flushSync(e.ctx, started)
@@ -334,7 +334,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 				return
 			}
 			attempt++
-			e.emit(audit.Retried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
+			e.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			e.obs.Retried(attempt, cerr.Code)
 			continue
 		}

@@ -20,7 +20,7 @@ type outcome struct {
 }
 
 func completed(out envelope.Raw) *outcome {
-	return &outcome{env: &envelope.Envelope{Status: envelope.StatusCompleted, Output: out}, event: audit.Completed}
+	return &outcome{env: &envelope.Envelope{Status: envelope.StatusCompleted, Output: out}, event: audit.EventCompleted}
 }
 
 func failed(cerr *envelope.CapabilityError) *outcome {
@@ -36,7 +36,7 @@ func failedAfterRun(cerr *envelope.CapabilityError) *outcome {
 func failure(cerr *envelope.CapabilityError, executed bool) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusFailed, Error: cerr.Wire()},
-		event: audit.Failed,
+		event: audit.EventFailed,
 		data: map[string]any{"code": string(cerr.Code), "stage": cerr.Stage, "retryable": cerr.Retryable,
 			"executedBeforeFailure": executed},
 		cause: cerr.Cause,
@@ -48,7 +48,7 @@ func failure(cerr *envelope.CapabilityError, executed bool) *outcome {
 func approvalRequired(ref *envelope.ApprovalRef, data map[string]any) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusApprovalRequired, Approval: ref},
-		event: audit.ApprovalRequested,
+		event: audit.EventApprovalRequested,
 		data:  data,
 	}
 }
@@ -64,7 +64,7 @@ func cancelled(code envelope.Code, msg string) *outcome {
 func stopped(cerr *envelope.CapabilityError) *outcome {
 	return &outcome{
 		env:   &envelope.Envelope{Status: envelope.StatusCancelled, Error: cerr.Wire()},
-		event: audit.Cancelled,
+		event: audit.EventCancelled,
 		data:  map[string]any{"code": string(cerr.Code), "stage": cerr.Stage, "retryable": cerr.Retryable},
 	}
 }
@@ -113,7 +113,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 		owner := e.claim.record().Worker
 		e.r.log.Warn("claim lost before finalizing: outcome discarded", "executionId", e.req.ExecutionID,
 			"owner", owner, "status", o.env.Status)
-		e.emit(audit.EnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
+		e.emit(audit.EventEnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
 			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
 		return
 	}
@@ -207,7 +207,7 @@ func (e *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, 
 				return have, true
 			}
 			e.r.conflicts.Add(1)
-			e.emit(audit.EnvelopeConflict, map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
+			e.emit(audit.EventEnvelopeConflict, map[string]any{"reason": "envelope-exists", "discardedStatus": string(env.Status),
 				"discardedAttempts": env.Attempts, "finalizedBy": have.FinalizedBy, "status": string(have.Status)})
 			return have, true
 		}
@@ -254,9 +254,9 @@ func (r *Runner) finalizeRecorded(e *Execution, rec *Record) bool {
 	_, err := broker.Create(ctx, r.b.Envelopes, e.key, env)
 	if err == nil {
 		if env.Error != nil {
-			event := audit.Failed
+			event := audit.EventFailed
 			if env.Status == envelope.StatusCancelled {
-				event = audit.Cancelled
+				event = audit.EventCancelled
 			}
 			e.emit(event, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
 				"retryable": env.Error.Retryable, "attempts": rec.Attempt,
@@ -349,13 +349,13 @@ func (r *Runner) finalizeWithoutRun(e *Execution, env *envelope.Envelope, reason
 			return false, rec, rev
 		}
 	}
-	e.emit(audit.Requested, nil)
+	e.emit(audit.EventRequested, nil)
 	if reason != "" {
-		e.emit(audit.Denied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
+		e.emit(audit.EventDenied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
 	}
 	// Only an attempt that may have run under an expired record ends here
 	// OUTCOME_UNKNOWN (the sweeper's).
-	e.emit(audit.Failed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+	e.emit(audit.EventFailed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
 		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 	env.V = envelope.Version
 	env.FinalizedBy = r.cfg.ID
@@ -460,9 +460,9 @@ func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal 
 		return false
 	}
 	if rec.State == StatePending {
-		e.emit(audit.Requested, nil)
+		e.emit(audit.EventRequested, nil)
 	} else {
-		e.emit(audit.TakenOver, map[string]any{"fromWorker": prev, "state": string(rec.State), "attempt": a.Attempts})
+		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": prev, "state": string(rec.State), "attempt": a.Attempts})
 	}
 	return e.finalizeSwept(o, a.Attempts)
 }

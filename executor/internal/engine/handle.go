@@ -255,7 +255,7 @@ func (e *Execution) checkedFresh() bool {
 		made, _ := envelope.ExecutionIDTime(e.req.ExecutionID)
 		e.refuseExpired(made)
 	case Fail:
-		e.emit(audit.Requested, nil)
+		e.emit(audit.EventRequested, nil)
 		e.finalize(afterRun(a.Err), a.Attempts)
 	}
 	return false
@@ -306,7 +306,7 @@ func (e *Execution) refuseExpired(made time.Time) {
 	e.lease.halt()
 	e.r.log.Warn("request older than the envelope retention: refused", "executionId", e.req.ExecutionID,
 		"idTime", made, "retention", e.r.envelopeRetention())
-	e.emit(audit.ExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
+	e.emit(audit.EventExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
 		"envelopeRetention": e.r.envelopeRetention().String()})
 	_ = e.msg.TermWithReason("request older than the envelope retention")
 }
@@ -370,11 +370,11 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	if prev == StatePending {
 		// A cancel came first and left the record; the request itself was
 		// never audited.
-		e.emit(audit.Requested, nil)
+		e.emit(audit.EventRequested, nil)
 	} else {
 		e.r.takenOver.Add(1)
 		e.obs.TakenOver(string(prev))
-		e.emit(audit.TakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
+		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
 	switch a = a.AfterTakeover(e.claim.held()); a.Do {
 	case Cancel:
@@ -401,10 +401,10 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 // notFound finalizes an execution of a capability no pool serves.
 func (e *Execution) notFound(fresh bool) {
 	if fresh {
-		e.emit(audit.Requested, nil)
+		e.emit(audit.EventRequested, nil)
 	}
 	cerr := NotFoundError()
-	e.emit(audit.Denied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
+	e.emit(audit.EventDenied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
 	e.finalize(failed(cerr), 0)
 }
 
@@ -420,7 +420,7 @@ func (r *Runner) duplicate(msg jetstream.Msg, principal string, req *envelope.Re
 // execution.duplicate_delivery, never a second call.
 func (r *Runner) auditDuplicate(principal string, req *envelope.Request, data map[string]any) {
 	r.duplicates.Add(1)
-	r.emit(&audit.Event{Type: audit.DuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
+	r.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }

@@ -99,7 +99,7 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
 	}
 	// Outside the held trail: a wait drops what it holds.
-	e.r.emit(e.event(audit.Limited, data))
+	e.r.emit(e.event(audit.EventLimited, data))
 	switch action {
 	case limits.Refuse:
 		e.finalize(failed(RateLimitedError(*over)), 0)

@@ -67,7 +67,7 @@ func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 	case err != nil:
 		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
 	}
-	e.emit(audit.ReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
+	e.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
 	return nil
 }
 
@@ -212,7 +212,7 @@ func (e *Execution) reconcile(n int) {
 		e.release()
 		return
 	}
-	e.emit(audit.Reconciled, data)
+	e.emit(audit.EventReconciled, data)
 	if e.ctx.Err() != nil && res.Verdict != Found {
 		e.endByContext(n)
 		return

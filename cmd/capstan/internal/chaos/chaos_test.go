@@ -294,11 +294,11 @@ func (tl *tally) countEvent(ev audit.Event) {
 	tl.auditEvents++
 	o := tl.per[ev.ExecutionID]
 	switch ev.Type {
-	case audit.Started:
+	case audit.EventStarted:
 		if o != nil {
 			o.started++
 		}
-	case audit.Retried:
+	case audit.EventRetried:
 		if fmt.Sprint(ev.Data["previousErrorCode"]) == string(envelope.CodeWorkerLost) {
 			tl.retriedLost++
 			if o != nil {
@@ -309,22 +309,22 @@ func (tl *tally) countEvent(ev audit.Event) {
 			n, _ := strconv.Atoi(fmt.Sprint(ev.Data["attempt"]))
 			o.provedAbsent = append(o.provedAbsent, n)
 		}
-	case audit.ReceiptRecorded:
+	case audit.EventReceiptRecorded:
 		tl.receipts++
-	case audit.Reconciled:
+	case audit.EventReconciled:
 		v := fmt.Sprint(ev.Data["verdict"])
 		tl.verdicts[v]++
 		if o != nil {
 			o.verdicts[v]++
 		}
-	case audit.TakenOver:
+	case audit.EventTakenOver:
 		tl.takenOver++
 		if fmt.Sprint(ev.Data["state"]) == string(execution.StateRunning) {
 			tl.takenFrom[fmt.Sprint(ev.Data["fromWorker"])]++
 		}
-	case audit.EnvelopeConflict:
+	case audit.EventEnvelopeConflict:
 		tl.conflicts++
-	case audit.DuplicateDelivery:
+	case audit.EventDuplicateDelivery:
 		tl.duplicates++
 	}
 }
