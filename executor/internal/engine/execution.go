@@ -499,20 +499,28 @@ func (e *Execution) endByRecord(err error, attempts int) {
 // release gives the execution back on shutdown: the lease ends now and the
 // message is redelivered at once, so a live worker takes it over.
 func (e *Execution) release() {
-	e.releaseThen(func() { _ = e.msg.Nak() })
+	e.releaseThen(false, func() { _ = e.msg.Nak() })
 }
 
 // releaseThen gives the execution back, its lease ended now, and then has
 // the delivery redelivered as redeliver says; nothing claimed yet, the held
 // trail is dropped first. A claim another worker took keeps its delivery.
-func (e *Execution) releaseThen(redeliver func()) {
+// Waiting (for a limit), the record names no worker any more: the delivery
+// that comes back resumes it rather than taking it over from a worker that
+// was not lost.
+func (e *Execution) releaseThen(waiting bool, redeliver func()) {
 	if e.claim.held() == nil {
 		e.trail.drop()
 		redeliver()
 		return
 	}
 	e.lease.halt()
-	if err := e.claim.update(func(r *Record) { r.LeaseUntil = e.r.now().UTC() }); errors.Is(err, errLost) {
+	if err := e.claim.update(func(r *Record) {
+		r.LeaseUntil = e.r.now().UTC()
+		if waiting {
+			r.Worker = ""
+		}
+	}); errors.Is(err, errLost) {
 		return // another worker owns it, and its delivery
 	}
 	redeliver()

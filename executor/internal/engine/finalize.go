@@ -459,9 +459,12 @@ func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal 
 	}); err != nil && !errors.Is(err, errCancelRequested) {
 		return false
 	}
-	if rec.State == StatePending {
+	switch {
+	case rec.State == StatePending:
 		e.emit(audit.EventRequested, nil)
-	} else {
+	case prev == "":
+		// Left waiting for a limit: ended, not taken over from a worker.
+	default:
 		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": prev, "state": string(rec.State), "attempt": a.Attempts})
 	}
 	return e.finalizeSwept(o, a.Attempts)

@@ -367,11 +367,15 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 		nak(e.msg, time.Second)
 		return
 	}
-	if prev == StatePending {
+	switch {
+	case prev == StatePending:
 		// A cancel came first and left the record; the request itself was
 		// never audited.
 		e.emit(audit.EventRequested, nil)
-	} else {
+	case from == "":
+		// Left waiting for a limit (capability.limited is in the trail) by
+		// a worker that gave it back: resumed, not taken over.
+	default:
 		e.r.takenOver.Add(1)
 		e.obs.TakenOver(string(prev))
 		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})

@@ -118,7 +118,7 @@ func (e *Execution) waitForLimit(delay time.Duration) {
 	if sb := e.req.StartBy; sb != nil {
 		delay = min(delay, max(sb.Sub(e.r.now())+10*time.Millisecond, 0))
 	}
-	e.releaseThen(func() { nak(e.msg, delay) })
+	e.releaseThen(true, func() { nak(e.msg, delay) })
 }
 
 // releaseLimits gives back the slot the execution took, if any: its run has
