@@ -248,7 +248,12 @@ func (b *Bridge) status(ctx context.Context, actor envelope.Actor, req *mcp.Call
 	}
 	st, err := b.c.Status(ctx, in.ExecutionID)
 	if errors.Is(err, executor.ErrUnknownExecution) {
-		return refusal(envelope.CodeCapabilityNotFound, "No such execution."), nil
+		// The actor's own (owns said so), stored, and no worker has taken it
+		// yet: it is queued. (One whose result is no longer kept is ErrExpired.)
+		res := stillRunning(in.ExecutionID, 0)
+		res.Content = []mcp.Content{&mcp.TextContent{Text: "Execution " + in.ExecutionID + " is queued: no worker has taken it yet; call " +
+			StatusTool + " again later."}}
+		return res, nil
 	}
 	if err != nil {
 		return nil, err

@@ -998,3 +998,45 @@ func TestProgress_FromRecords_WhenTheAuditStreamIsNotReadable(t *testing.T) {
 	}
 	waitProgress(t, ev, "completed")
 }
+
+// A call the bridge answered "still running" may still be queued, no worker
+// having taken it: capstan.status says it is queued, not that there is no
+// such execution, and reads its result once a worker has run it.
+func TestStatus_AQueuedCallIsQueuedNotUnknown(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{CallTimeout: 200 * time.Millisecond})
+	ctx := testCtx(t)
+	later := executor.Define("test.later", executor.Meta{
+		Description: "Served by a pool whose worker comes later.", Expose: executor.On(executor.SurfaceMCP),
+		SideEffect: executor.SideEffectNone,
+	}, func(ctx context.Context, c executor.Call[blockIn]) (string, error) { return "ran " + c.Input.Note, nil })
+	f.runWorker(t, "later", later)() // listed in the catalog, then gone
+	cs := f.connectMemory(t, alice, newEvents())
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test_later", Arguments: map[string]any{"note": "queued"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := structured(t, res)
+	id, _ := sr["executionId"].(string)
+	if res.IsError || sr["status"] != "running" || id == "" {
+		t.Fatalf("a call no worker takes = %s", textOf(res))
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.StatusTool, Arguments: map[string]any{"executionId": id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || !strings.Contains(textOf(res), "queued") {
+		t.Errorf("status of a queued call = %s", textOf(res))
+	}
+	f.runWorker(t, "later", later)
+	if _, err := f.client.Await(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: mcpbridge.StatusTool, Arguments: map[string]any{"executionId": id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if textOf(res) != `"ran queued"` {
+		t.Errorf("status once run = %s", textOf(res))
+	}
+}
