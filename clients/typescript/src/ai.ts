@@ -95,9 +95,7 @@ export async function aiTools(client: Client, options: ToolsOptions = {}): Promi
       execute: async (input, o) => {
         const id = text((input as { executionId?: unknown } | undefined)?.executionId);
         try {
-          const s = await client.status(id, { signal: o?.abortSignal });
-          if (s.envelope !== undefined) return forTheModel(s.envelope);
-          return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
+          return await statusForTheModel(client, id, o?.abortSignal);
         } catch (err) {
           if (err instanceof CapstanError && (err.code === "UNKNOWN_EXECUTION" || err.code === "EXPIRED" || err.code === "INVALID_ARGUMENT")) {
             return { error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false } };
@@ -108,6 +106,45 @@ export async function aiTools(client: Client, options: ToolsOptions = {}): Promi
     };
   }
   return tools;
+}
+
+/**
+ * What capstan_status tells a model of an execution. Neither a record nor an
+ * envelope: the workers say whether its request is stored and no worker has
+ * taken it yet (queued: still running, as far as the model is concerned),
+ * or nothing is stored of it (UNKNOWN_EXECUTION: not found). When they
+ * cannot tell (no worker answers, a backlog too long to read), the model is
+ * told capstan is unavailable and to ask again before calling again — never
+ * that there is no such execution.
+ */
+async function statusForTheModel(client: Client, id: string, signal?: AbortSignal): Promise<unknown> {
+  let s;
+  try {
+    s = await client.status(id, { signal });
+  } catch (err) {
+    if (!(err instanceof CapstanError && err.code === "UNKNOWN_EXECUTION")) throw err;
+    let v;
+    try {
+      v = await client.execution(id, { probe: true, owner: client.principal, signal });
+    } catch (perr) {
+      if (perr instanceof CapstanError && (perr.code === "UNKNOWN_EXECUTION" || perr.code === "ABORTED")) throw perr;
+      return unavailable(new CapstanError("TRANSPORT", (perr as Error).message, { cause: perr, executionId: id }));
+    }
+    switch (v.state) {
+      case "queued":
+        return { status: "running", executionId: id, state: "queued", next: `Queued: no worker has taken it yet. Call ${statusToolName} again later.` };
+      case "unknown":
+        throw err;
+      case "in-flight":
+      case "ended":
+        s = await client.status(id, { signal }); // taken since the first read
+        break;
+      default: // uncertain: it may be queued
+        return unavailable(new CapstanError("TRANSPORT", `capstan: the workers cannot tell whether ${id} is queued`, { executionId: id }));
+    }
+  }
+  if (s.envelope !== undefined) return forTheModel(s.envelope);
+  return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
 }
 
 function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: string): CallOptions {

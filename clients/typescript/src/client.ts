@@ -117,6 +117,16 @@ export interface CancelReply {
   error?: string;
 }
 
+export interface ExecutionOptions {
+  /** Whose execution it is: honoured for an admin (and on an open server); a producer reads only its own. */
+  owner?: string;
+  /** Ask only where the execution is (the view's state): what status needs of an id it finds nothing for. */
+  probe?: boolean;
+  signal?: AbortSignal;
+  /** Default 15 s. */
+  timeoutMs?: number;
+}
+
 export interface DescribeOptions {
   /** Default the client's surface. */
   surface?: Surface;
@@ -167,6 +177,7 @@ export function maxStartWithinMs(retentionMs: number): number {
 const publishTryMs = 5000; // one attempt to store a request
 const directGetMs = 5000;
 const requestMs = 10_000; // cancel, describe, approvals
+const executionRequestMs = 15_000; // an execution the workers read
 const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
 
@@ -912,6 +923,33 @@ export class Client {
       throw new CapstanError("UNKNOWN_EXECUTION", `capstan: no such execution: ${executionId}`, { executionId });
     }
     return s;
+  }
+
+  /**
+   * Asks the workers for one execution as this principal may see it (Go:
+   * Client.Execution): where it is (state), its record, envelope and the
+   * approvals behind it. With probe, the state alone: "queued" when its
+   * request is stored and no worker has taken it yet, which status cannot
+   * tell from an id nothing is known of. Nothing stored of it (without
+   * probe) rejects with UNKNOWN_EXECUTION, another refusal with REFUSED
+   * (conditions: forbidden, not_found, invalid); no worker answering with
+   * NO_WORKERS.
+   */
+  async execution(executionId: string, options: ExecutionOptions = {}): Promise<wire.ExecutionView> {
+    const bad = wire.invalidExecutionId(executionId);
+    if (bad !== undefined) throw new CapstanError("INVALID_ARGUMENT", `capstan: ${bad}`);
+    const req: wire.ExecutionRequest = { v: wire.version, executionId };
+    if (options.owner !== undefined) req.owner = options.owner;
+    if (options.probe === true) req.probe = true;
+    const what = `read execution ${executionId}`;
+    const m = await this.workerRequest(what, this.names.execution(this.principal), wire.encodeExecutionRequest(req), { timeoutMs: executionRequestMs, ...options }, executionId);
+    const v = decoded(() => wire.decodeExecutionView(m.data), executionId);
+    if (v.error !== undefined) {
+      const conditions = v.conditions ?? [];
+      const code = conditions.includes("unknown") ? "UNKNOWN_EXECUTION" : "REFUSED";
+      throw new CapstanError(code, `capstan: ${what}: ${v.error}`, { conditions, executionId });
+    }
+    return v;
   }
 
   /**

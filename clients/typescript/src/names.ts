@@ -58,6 +58,11 @@ export class Names {
     return `${this.subject}.approvals.list.${principal}`;
   }
 
+  /** Where principal asks the workers for one execution it may see. */
+  execution(principal: string): string {
+    return `${this.subject}.executions.get.${principal}`;
+  }
+
   /** The envelopes of principal's executions, as the server republishes them. */
   envelopes(principal: string): string {
     return `${this.subject}.envelope.${principal}.>`;

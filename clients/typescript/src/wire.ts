@@ -343,6 +343,42 @@ export interface ListReply {
   conditions?: string[];
 }
 
+/** Asks the workers for one execution (capstan.executions.get.P; Go: executor.ExecutionRequest). */
+export interface ExecutionRequest {
+  v: number;
+  executionId: string;
+  /** Whose execution it is: honoured for an admin (and on an open server); a producer's own by default. */
+  owner?: string;
+  /** Only where the execution is (state): no record, envelope, trail or approvals. */
+  probe?: boolean;
+}
+
+/**
+ * Where an execution is, as the workers see it: its request stored and no
+ * worker has taken it yet (queued), its record in flight, its envelope
+ * written (ended), nothing stored of it (unknown), or they could not tell
+ * (uncertain: it may be queued).
+ */
+export type ExecutionState = "queued" | "in-flight" | "ended" | "unknown" | "uncertain" | (string & {});
+
+/** One execution as the principal may see it (Go: executor.ExecutionView; this client does not decode the trail). */
+export interface ExecutionView {
+  v: number;
+  executionId: string;
+  /** Whose execution it is. */
+  principal?: string;
+  state: ExecutionState;
+  record?: ExecutionRecord;
+  envelope?: Envelope;
+  /** The approvals it asked for or consumed, as the principal may see them. */
+  approvals?: Approval[];
+  /** Why the principal may see it: all, own, approvals. */
+  scope?: string;
+  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid). */
+  error?: string;
+  conditions?: string[];
+}
+
 // ---- schemas ----
 
 type Kind =
@@ -594,6 +630,26 @@ export const listRequestSchema: Schema = [
 export const listReplySchema: Schema = [
   ["v", int, 0],
   ["records", { t: "recs", s: approvalSchema, ptr: true }, []],
+  ["error", str],
+  ["conditions", strs],
+];
+
+export const executionRequestSchema: Schema = [
+  ["v", int, 0],
+  ["executionId", str, ""],
+  ["owner", str],
+  ["probe", bool],
+];
+
+export const executionViewSchema: Schema = [
+  ["v", int, 0],
+  ["executionId", str, ""],
+  ["principal", str],
+  ["state", str, ""],
+  ["record", { t: "rec", s: recordSchema, ptr: true }],
+  ["envelope", { t: "rec", s: envelopeSchema, ptr: true }],
+  ["approvals", { t: "recs", s: approvalSchema, ptr: true }],
+  ["scope", str],
   ["error", str],
   ["conditions", strs],
 ];
@@ -925,6 +981,9 @@ export const decodeDecideReply = (b: Uint8Array): DecideReply => decodeWith<Deci
 export const decodeListRequest = (b: Uint8Array): ListRequest => decodeWith<ListRequest>(listRequestSchema, b);
 export const decodeListReply = (b: Uint8Array): ListReply => decodeWith<ListReply>(listReplySchema, b);
 export const decodeApproval = (b: Uint8Array): Approval => decodeWith<Approval>(approvalSchema, b);
+export const encodeExecutionRequest = (r: ExecutionRequest): Uint8Array => encodeWith(executionRequestSchema, r);
+export const decodeExecutionRequest = (b: Uint8Array): ExecutionRequest => decodeWith<ExecutionRequest>(executionRequestSchema, b);
+export const decodeExecutionView = (b: Uint8Array): ExecutionView => decodeWith<ExecutionView>(executionViewSchema, b);
 
 // ---- ids ----
 

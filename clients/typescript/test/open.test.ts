@@ -1,7 +1,7 @@
 // The client against a real `capstan dev` without authentication: every
 // principal is _anon. The dev worker serves the demo catalog but email.send,
 // which a `capstan worker` of its own pool serves until the start-deadline
-// test stops it.
+// test stops it (the test after it, of a queued call, starts another).
 
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
@@ -471,5 +471,39 @@ describe("expiry and start deadlines", () => {
       retryable: false,
     });
     assert.equal(env.attempts, 0);
+  });
+
+  test("a call no worker has taken yet is queued, not unknown: the status tool says so, then reads its result", async () => {
+    // The mail pool has no worker since the test above: email.send waits in its stream.
+    const id = await c.submit("email.send", { to: "ada@example.com", subject: "queued" });
+    const tools = await aiTools(c, { surface: "mcp" });
+    const status = tools.capstan_status;
+    assert.ok(status !== undefined);
+    assert.deepEqual(await status.execute({ executionId: id }), {
+      status: "running",
+      executionId: id,
+      state: "queued",
+      next: "Queued: no worker has taken it yet. Call capstan_status again later.",
+    });
+    // status itself knows nothing of it yet; the workers do.
+    await assert.rejects(c.status(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+    const v = await c.execution(id, { probe: true });
+    assert.deepEqual([v.executionId, v.state, v.principal], [id, "queued", "_anon"]);
+    // An id nothing is stored of is not found, by the tool and by the workers.
+    const none = newExecutionId();
+    assert.deepEqual(await status.execute({ executionId: none }), {
+      error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false },
+    });
+    assert.equal((await c.execution(none, { probe: true })).state, "unknown");
+    await assert.rejects(c.execution(none), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION" && e.conditions.includes("unknown"));
+
+    mail = await dev.worker("mail", ["email.send"]);
+    const env = await c.await(id, { signal: bound() });
+    assert.equal(env.status, "completed", JSON.stringify(forModel(env)));
+    assert.deepEqual(await status.execute({ executionId: id }), env.output);
+    const ended = await c.execution(id);
+    assert.equal(ended.state, "ended");
+    assert.equal(ended.envelope?.status, "completed");
+    assert.equal(ended.record?.state, "finalized");
   });
 });
