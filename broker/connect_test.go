@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -143,11 +142,7 @@ func TestConnect_ClientCertificate(t *testing.T) {
 	t.Parallel()
 	opt, files := testenv.MutualTLS(t)
 	env := testenv.Start(t, opt)
-	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	withCert := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	withCert := files.ClientTLS(t)
 	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, TLS: withCert, TLSCA: files.CA, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("with the client certificate: %v", err)

@@ -60,6 +60,18 @@ func MutualTLS(t testing.TB) (Option, TLSFiles) {
 	return func(o *natsserver.Options) { o.TLS = cfg }, files
 }
 
+// ClientTLS is a client's TLS configuration with the certificate and key of
+// f: what a program that connects to a MutualTLS server puts in
+// broker.ConnectOptions.TLS.
+func (f TLSFiles) ClientTLS(t testing.TB) *tls.Config {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+}
+
 // newCert makes a certificate from tmpl with a fresh P-256 key, signed by
 // parent's key (self-signed when parent is nil).
 func newCert(t testing.TB, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, tmpl *x509.Certificate) (*ecdsa.PrivateKey, *x509.Certificate) {

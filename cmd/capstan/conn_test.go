@@ -1,7 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -84,12 +83,7 @@ func TestConnect_ClientCertificateFlags(t *testing.T) {
 	t.Parallel()
 	opt, files := testenv.MutualTLS(t)
 	env := testenv.Start(t, opt)
-	cert, err := tls.LoadX509KeyPair(files.Cert, files.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, TLSCA: files.CA,
-		TLS: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	nc, err := broker.Connect(broker.ConnectOptions{URL: env.URL, TLSCA: files.CA, TLS: files.ClientTLS(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
