@@ -64,8 +64,7 @@ func followProgress(nc *nats.Conn, names broker.Names, owner, id string, latest 
 			return
 		}
 		// Whoever published it (an open server keeps no one out), the page
-		// shows one printable line.
-		_, _, p.Message = envelope.CleanProgress(0, 0, p.Message)
+		// shows one printable line: DecodeProgress cleaned the message.
 		b, err := json.Marshal(viewOf(p))
 		if err != nil {
 			return

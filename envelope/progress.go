@@ -88,7 +88,10 @@ func cleanLine(s string, max int) string {
 
 // DecodeProgress decodes a progress record, refusing one of another schema
 // version, without a valid execution id, or with a value that is not finite
-// or is negative. It never panics; every failure wraps ErrDecode.
+// or is negative. Whoever published it, its message comes out cleaned as
+// CleanProgress cleans it: one printable line, at most MaxProgressMessage
+// bytes, for a terminal, a page or a model. It never panics; every failure
+// wraps ErrDecode.
 func DecodeProgress(b []byte) (*Progress, error) {
 	var p Progress
 	if err := Unmarshal(b, &p); err != nil {
@@ -105,6 +108,7 @@ func DecodeProgress(b []byte) (*Progress, error) {
 			return nil, fmt.Errorf("%w: progress value %v", ErrDecode, f)
 		}
 	}
+	p.Message = cleanLine(p.Message, MaxProgressMessage)
 	return &p, nil
 }
 

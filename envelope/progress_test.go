@@ -57,6 +57,12 @@ func TestDecodeProgress_RefusesWhatTheContractRefuses(t *testing.T) {
 	if _, err := DecodeProgress([]byte{0x93, 0x01}); !errors.Is(err, ErrDecode) {
 		t.Errorf("garbage: %v", err)
 	}
+	dirty := good
+	dirty.Message = "page\x1b[2J 37\nnext" + strings.Repeat("é", MaxProgressMessage)
+	got, err = DecodeProgress(mustMarshal(t, &dirty))
+	if _, _, want := CleanProgress(0, 0, dirty.Message); err != nil || got.Message != want {
+		t.Errorf("a dirty message decodes as %q (%v), want %q", got.Message, err, want)
+	}
 }
 
 func TestCleanProgress(t *testing.T) {

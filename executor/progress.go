@@ -182,7 +182,7 @@ func (f *progressFollow) add(id string) error {
 
 // receive hands one progress report to fn: only a record that decodes, of
 // an execution followed, on that execution's own subject, its message
-// cleaned (envelope.CleanProgress).
+// cleaned (envelope.DecodeProgress cleans it, whoever published it).
 func (f *progressFollow) receive(m *nats.Msg) {
 	p, err := envelope.DecodeProgress(m.Data)
 	if err != nil {
@@ -192,9 +192,6 @@ func (f *progressFollow) receive(m *nats.Msg) {
 	if m.Subject != f.c.b.Names.ProgressSubject(f.c.principal, p.ExecutionID) {
 		return
 	}
-	// Whoever published it (an open server keeps no one out), the message
-	// is one printable line when it reaches a terminal, a page or a model.
-	_, _, p.Message = envelope.CleanProgress(0, 0, p.Message)
 	f.mu.Lock()
 	followed := f.every || f.ids[p.ExecutionID]
 	f.mu.Unlock()

@@ -71,8 +71,12 @@ type Execution struct {
 	// receiptOpen is the attempt whose handler may record a receipt (0:
 	// none), changed under receiptMu, which a receipt's write holds: an
 	// attempt's end waits for a receipt being written (DESIGN §5).
-	receiptMu   sync.Mutex
-	receiptOpen int
+	// receiptTried says the open attempt's handler wrote (or tried to
+	// write) a receipt: without one, the attempt's end does not read the
+	// claim, whose lock a lease renewal may hold.
+	receiptMu    sync.Mutex
+	receiptOpen  int
+	receiptTried bool
 	// retryReason is why the next attempt starts when it is not the retry
 	// rule (ReasonReconciledAbsent): audited, and counted on the record.
 	retryReason string

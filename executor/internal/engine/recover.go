@@ -53,6 +53,7 @@ func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 		// The lease ran out unrenewed: another worker may own the execution.
 		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
 	}
+	e.receiptTried = true
 	_, end := e.obs.Stage(ctx, observe.StageReceipt)
 	err = e.claim.update(func(r *Record) {
 		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, e.r.now().UTC()
@@ -74,17 +75,18 @@ func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 // openReceipts lets attempt n record receipts.
 func (e *Execution) openReceipts(n int) {
 	e.receiptMu.Lock()
-	e.receiptOpen = n
+	e.receiptOpen, e.receiptTried = n, false
 	e.receiptMu.Unlock()
 }
 
 // closeReceipts ends attempt n's receipts and returns the one it recorded,
-// nil for none: from here the attempt's outcome is decided.
+// nil for none: from here the attempt's outcome is decided. An attempt
+// that wrote no receipt ends without reading the claim.
 func (e *Execution) closeReceipts(n int) envelope.Raw {
 	e.receiptMu.Lock()
 	defer e.receiptMu.Unlock()
 	e.receiptOpen = 0
-	if e.claim.held() == nil {
+	if !e.receiptTried || e.claim.held() == nil {
 		return nil
 	}
 	rec := e.claim.record()
