@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -41,11 +42,10 @@ func (r *Runner) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict
 func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	lims := adm.Limits
 	if fromAttempt > 0 {
-		lims = nil
-		for _, l := range adm.Limits {
-			if l.Kind == limits.Concurrency {
-				lims = append(lims, l)
-			}
+		// Readmit carries the concurrency limits alone; any other is
+		// dropped here all the same.
+		if slices.ContainsFunc(lims, func(l limits.Limit) bool { return l.Kind != limits.Concurrency }) {
+			lims = slices.DeleteFunc(slices.Clone(lims), func(l limits.Limit) bool { return l.Kind != limits.Concurrency })
 		}
 		if len(lims) == 0 {
 			return true
