@@ -76,8 +76,6 @@ type Over struct {
 	// RetryAfter is how long until the limit would let it through, when the
 	// limit knows (a rate, a budget; 0: unknown, or never).
 	RetryAfter time.Duration
-	// Moved: a budget an approval bound has grown since its approver saw it.
-	Moved bool
 }
 
 // AliveFunc reads a stale holder's execution record and judges it
@@ -305,7 +303,7 @@ func (s *Store) charge(ctx context.Context, l Limit, key string, approvedAt *int
 		}
 		next, d := ChargeBudget(w, l.Max, l.Amount, l.Interval, key, approvedAt, s.keep, s.now())
 		if !d.OK {
-			over = &Over{Limit: l, Used: d.Used, RetryAfter: d.RetryAfter, Moved: d.Moved}
+			over = &Over{Limit: l, Used: d.Used, RetryAfter: d.RetryAfter}
 			return false
 		}
 		c.Window = &next
