@@ -86,7 +86,7 @@ func createOpts(ttl time.Duration) []jetstream.KVCreateOpt {
 // instead of ErrKeyExists. (Re-reading to tell it from a rival's delete would
 // not help: a replica may answer a read with an older value.)
 func createErr(err error) error {
-	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || WrongLastSequence(err)) {
 		return ErrExists
 	}
 	return err
@@ -109,7 +109,7 @@ func UpdateDataTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.Key
 	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Data: data, Header: nats.Header{}}
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err) {
+		if errors.Is(err, jetstream.ErrKeyExists) || WrongLastSequence(err) {
 			return 0, ErrRevisionMismatch
 		}
 		return 0, err
@@ -126,15 +126,16 @@ func Update(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev u
 		return 0, err
 	}
 	n, err := kv.Update(ctx, key, b, rev)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)) {
+	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || WrongLastSequence(err)) {
 		return 0, ErrRevisionMismatch
 	}
 	return n, err
 }
 
-// wrongLastSequence reports the server's refusal of a compare-and-swap: code
-// 10071 from a single server, 10164 from a replicated stream.
-func wrongLastSequence(err error) bool {
+// WrongLastSequence reports the server's refusal of a compare-and-swap or a
+// create-only publish: code 10071 from a single server, 10164 from a
+// replicated stream.
+func WrongLastSequence(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) &&
 		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
@@ -164,16 +165,34 @@ func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyV
 // its sequence, whether it is a delete or purge marker, and its data.
 // ErrNotFound when the key has no message.
 func lastFromLeader(ctx context.Context, nc *nats.Conn, bucket, key string) (uint64, bool, []byte, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	m, err := LastFromLeader(ctx, nc, "KV_"+bucket, "$KV."+bucket+"."+key)
 	if err != nil {
 		return 0, false, nil, err
 	}
+	op := m.Header.Get(kvOperationHeader)
+	return m.Sequence, op == "DEL" || op == "PURGE", m.Data, nil
+}
+
+// jsNoMessageFound: the stream holds no message of the subject asked for.
+const jsNoMessageFound = 10037
+
+// LastFromLeader reads the last message of subject in stream from the
+// stream's leader (a message get, never a direct get, which any replica may
+// answer, one still catching up among them): where absent must mean absent.
+// ErrNotFound when the stream holds no message of subject.
+func LastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
 	var resp struct {
 		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
+			Subject string    `json:"subject"`
+			Seq     uint64    `json:"seq"`
+			Hdrs    []byte    `json:"hdrs"`
+			Data    []byte    `json:"data"`
+			Time    time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
 			Code    int    `json:"code"`
@@ -182,23 +201,24 @@ func lastFromLeader(ctx context.Context, nc *nats.Conn, bucket, key string) (uin
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return 0, false, nil, fmt.Errorf("capstan: %s/%s: %w", bucket, key, err)
+		return nil, fmt.Errorf("capstan: %s %s: %w", stream, subject, err)
 	}
-	if resp.Error != nil {
-		if resp.Error.Code == 404 {
-			return 0, false, nil, ErrNotFound
-		}
-		return 0, false, nil, fmt.Errorf("capstan: %s/%s: %s (%d)", bucket, key, resp.Error.Desc, resp.Error.ErrCode)
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
+		return nil, ErrNotFound // the stream says so; a missing stream is no proof
+	case resp.Error != nil:
+		return nil, fmt.Errorf("capstan: %s %s: %s (%d)", stream, subject, resp.Error.Desc, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, fmt.Errorf("capstan: %s %s: empty answer", stream, subject)
 	}
-	if resp.Message == nil {
-		return 0, false, nil, fmt.Errorf("capstan: %s/%s: empty answer", bucket, key)
-	}
-	deleted := false
+	msg := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data,
+		Time: resp.Message.Time, Header: nats.Header{}}
 	if len(resp.Message.Hdrs) > 0 {
-		if h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs); err == nil {
-			op := h.Get(kvOperationHeader)
-			deleted = op == "DEL" || op == "PURGE"
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return nil, fmt.Errorf("capstan: %s %s: %w", stream, subject, err)
 		}
+		msg.Header = h
 	}
-	return resp.Message.Seq, deleted, resp.Message.Data, nil
+	return msg, nil
 }

@@ -109,7 +109,7 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 	}
 	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b}
 	ack, err := PublishAck(ctx, nc, m)
-	if err == nil || !wrongLastSequence(err) {
+	if err == nil || !WrongLastSequence(err) {
 		return ack.Seq, err
 	}
 	// The key has a message: a value, or a delete or purge marker to create

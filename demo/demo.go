@@ -3,7 +3,6 @@ package demo
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -399,7 +398,7 @@ func send(ctx context.Context, js jetstream.JetStream, c executor.Call[EmailInpu
 	if err == nil {
 		return EmailOutput{OutboxSeq: ack.Sequence}, nil
 	}
-	if !wrongLastSequence(err) {
+	if !broker.WrongLastSequence(err) {
 		return EmailOutput{}, fmt.Errorf("outbox: %w", err)
 	}
 	// The key's email is there already.
@@ -413,64 +412,19 @@ func send(ctx context.Context, js jetstream.JetStream, c executor.Call[EmailInpu
 	return EmailOutput{OutboxSeq: sent.Sequence}, nil
 }
 
-// wrongLastSequence reports the stream's refusal of a create-only publish:
-// code 10071 from a single server, 10164 from a replicated stream.
-func wrongLastSequence(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
-}
-
 // sentEmail reads the outbox's email of key from the stream's leader: a
 // replica may not have the last one yet, and absent must mean absent.
 func sentEmail(ctx context.Context, js jetstream.JetStream, key string) (*jetstream.RawStreamMsg, bool, error) {
 	return lastFromLeader(ctx, js.Conn(), OutboxStream, OutboxSubject+"."+key)
 }
 
-// lastFromLeader reads the last message of subject in stream from the
-// stream's leader (a message get, never a direct get, which any replica may
-// answer), and reports whether there is one.
+// lastFromLeader is broker.LastFromLeader with absence as found false.
 func lastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, bool, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, false, err
+	m, err := broker.LastFromLeader(ctx, nc, stream, subject)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, false, nil
 	}
-	var resp struct {
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Hdrs    []byte    `json:"hdrs"`
-			Data    []byte    `json:"data"`
-			Time    time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			Code    int    `json:"code"`
-			ErrCode int    `json:"err_code"`
-			Desc    string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, false, fmt.Errorf("%s %s: %w", stream, subject, err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.Code == 404 && resp.Error.ErrCode == 10037:
-		return nil, false, nil // no message: the stream says so
-	case resp.Error != nil:
-		return nil, false, fmt.Errorf("%s %s: %s (%d)", stream, subject, resp.Error.Desc, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, false, fmt.Errorf("%s %s: empty answer", stream, subject)
-	}
-	msg := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data,
-		Time: resp.Message.Time, Header: nats.Header{}}
-	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return nil, false, fmt.Errorf("%s %s: %w", stream, subject, err)
-		}
-		msg.Header = h
-	}
-	return msg, true, nil
+	return m, err == nil, err
 }
 
 // EmailRecovery is email.send's recovery: its receipt is its output, and its
