@@ -63,7 +63,13 @@ func CreateTTL(ctx context.Context, kv jetstream.KeyValue, key string, v any, tt
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Create(ctx, key, b, createOpts(ttl)...)
+	return CreateDataTTL(ctx, kv, key, b, ttl)
+}
+
+// CreateDataTTL is CreateTTL of a value already encoded (envelope.Marshal),
+// for a caller that keeps the bytes it wrote.
+func CreateDataTTL(ctx context.Context, kv jetstream.KeyValue, key string, data []byte, ttl time.Duration) (uint64, error) {
+	rev, err := kv.Create(ctx, key, data, createOpts(ttl)...)
 	return rev, createErr(err)
 }
 
@@ -94,7 +100,13 @@ func UpdateTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValu
 	if err != nil {
 		return 0, err
 	}
-	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Data: b, Header: nats.Header{}}
+	return UpdateDataTTL(ctx, js, kv, key, b, rev, ttl)
+}
+
+// UpdateDataTTL is UpdateTTL of a value already encoded (envelope.Marshal),
+// for a caller that keeps the bytes it wrote.
+func UpdateDataTTL(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Data: data, Header: nats.Header{}}
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) || WrongLastSequence(err) {

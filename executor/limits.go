@@ -224,15 +224,20 @@ func plainName(s string) bool {
 
 // limits are the capability's limits as they apply to this execution: the
 // actor's and principal's counters, a budget's amount taken from the input.
-// strict: an amount that cannot be taken refuses the call (INPUT_INVALID);
-// else (a takeover) the budgets are left out.
-func (a *admission) limits(strict bool) ([]limits.Limit, *envelope.CapabilityError) {
+// An amount that cannot be taken refuses the call (INPUT_INVALID). A
+// takeover takes its slot again and nothing else (its rates and budgets were
+// taken when it first started): it gets the concurrency limits alone, and
+// no budget's Amount is asked.
+func (a *admission) limits(takeover bool) ([]limits.Limit, *envelope.CapabilityError) {
 	ls := a.b.meta.Limits
 	if len(ls) == 0 {
 		return nil, nil
 	}
 	out := make([]limits.Limit, 0, len(ls))
 	for _, l := range ls {
+		if takeover && l.Kind != LimitConcurrency {
+			continue
+		}
 		who := ""
 		switch l.per() {
 		case LimitPerActor:
@@ -246,9 +251,6 @@ func (a *admission) limits(strict bool) ([]limits.Limit, *envelope.CapabilityErr
 		if l.Kind == LimitBudget {
 			n, err := amountOf(l, a.input)
 			if err != nil {
-				if !strict {
-					continue
-				}
 				return nil, &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 					Message: "The input is invalid.", Cause: err,
 					Details: map[string]any{"issues": []envelope.Issue{{Message: "the " + l.Name + " it sets cannot be counted: " + err.Error()}}}}

@@ -74,7 +74,7 @@ func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admis
 		return a.fail(err)
 	}
 	adm := a.admitted()
-	adm.Limits, _ = a.limits(false) // a takeover takes its slot again, nothing else
+	adm.Limits, _ = a.limits(true) // a takeover takes its slot again, nothing else
 	return adm
 }
 
@@ -240,7 +240,7 @@ func (a *admission) admit() engine.Admission {
 	}
 	// The limits (DESIGN §17) are the engine's to take, last: a call any
 	// stage refuses takes nothing.
-	lims, cerr := a.limits(true)
+	lims, cerr := a.limits(false)
 	if cerr != nil {
 		return a.deny("limit-amount", cerr, nil)
 	}

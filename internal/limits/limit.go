@@ -42,7 +42,7 @@ const (
 	// Refuse: the execution ends RATE_LIMITED with a retryAfter.
 	Refuse Action = "refuse"
 	// Approve: a budget over its maximum asks a human; the approval binds
-	// the amount (it is in the input) and the usage the approver was shown.
+	// the amount (it is in the input), not the usage the approver was shown.
 	Approve Action = "approval"
 )
 

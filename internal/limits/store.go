@@ -76,8 +76,6 @@ type Over struct {
 	// RetryAfter is how long until the limit would let it through, when the
 	// limit knows (a rate, a budget; 0: unknown, or never).
 	RetryAfter time.Duration
-	// Moved: a budget an approval bound has grown since its approver saw it.
-	Moved bool
 }
 
 // AliveFunc reads a stale holder's execution record and judges it
@@ -131,9 +129,15 @@ const maxTries = 50
 // back.
 type Taken struct {
 	holder  Holder
-	slot    string   // the slots key, "" when none was taken
-	rates   []Limit  // rates taken (each refunded by Undo)
-	budgets []string // budget keys charged under holder.Key
+	slot    string      // the slots key, "" when none was taken
+	rates   []takenRate // rates taken (each refunded by Undo)
+	budgets []string    // budget keys charged under holder.Key
+}
+
+// takenRate is a rate taken, with its key.
+type takenRate struct {
+	l   Limit
+	key string
 }
 
 // Slot reports whether a concurrency slot was taken.
@@ -150,27 +154,28 @@ func (s *Store) Take(ctx context.Context, lims []Limit, h Holder, approved map[s
 	ordered := slices.Clone(lims)
 	slices.SortStableFunc(ordered, func(a, b Limit) int { return order(a.Kind) - order(b.Kind) })
 	for _, l := range ordered {
+		key := l.Key() // a hash for an actor's or principal's counter: once
 		var over *Over
 		var err error
 		switch l.Kind {
 		case Rate:
-			over, err = s.takeRate(ctx, l)
+			over, err = s.takeRate(ctx, l, key)
 			if err == nil && over == nil {
-				t.rates = append(t.rates, l)
+				t.rates = append(t.rates, takenRate{l, key})
 			}
 		case Concurrency:
-			over, err = s.takeSlot(ctx, l, h)
+			over, err = s.takeSlot(ctx, l, key, h)
 			if err == nil && over == nil {
-				t.slot = l.Key()
+				t.slot = key
 			}
 		case Budget:
 			var seen *int64
-			if v, ok := approved[l.Key()]; ok {
+			if v, ok := approved[key]; ok {
 				seen = &v
 			}
-			over, err = s.charge(ctx, l, h.Key, seen)
+			over, err = s.charge(ctx, l, key, h.Key, seen)
 			if err == nil && over == nil {
-				t.budgets = append(t.budgets, l.Key())
+				t.budgets = append(t.budgets, key)
 			}
 		}
 		if err != nil || over != nil {
@@ -195,8 +200,8 @@ func order(k Kind) int {
 // after all (a later limit refused it).
 func (s *Store) Undo(ctx context.Context, t Taken) {
 	s.Release(ctx, t)
-	for _, l := range t.rates {
-		_, _ = s.change(ctx, l.Key(), func() *Counter { return newCounter(l) }, func(c *Counter) bool {
+	for _, r := range t.rates {
+		_, _ = s.change(ctx, r.key, func() *Counter { return newCounter(r.l) }, func(c *Counter) bool {
 			if c.TAT.IsZero() {
 				return false
 			}
@@ -230,9 +235,9 @@ func (s *Store) Release(ctx context.Context, t Taken) {
 }
 
 // takeRate takes one execution of a rate.
-func (s *Store) takeRate(ctx context.Context, l Limit) (*Over, error) {
+func (s *Store) takeRate(ctx context.Context, l Limit, key string) (*Over, error) {
 	var over *Over
-	_, err := s.change(ctx, l.Key(), func() *Counter { return newCounter(l) }, func(c *Counter) bool {
+	_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 		over = nil
 		c.define(l)
 		next, ok, retry := TakeRate(c.TAT, l.Max, l.Interval, s.now())
@@ -250,12 +255,12 @@ func (s *Store) takeRate(ctx context.Context, l Limit) (*Over, error) {
 // are full and some holder's lease has passed as recorded, each such holder
 // is judged from its execution's record, and the bid is made again with the
 // verdicts.
-func (s *Store) takeSlot(ctx context.Context, l Limit, h Holder) (*Over, error) {
+func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*Over, error) {
 	var over *Over
 	verdicts := map[string]Verdict{}
 	for round := 0; round < 3; round++ {
 		var stale []Holder
-		_, err := s.change(ctx, l.Key(), func() *Counter { return newCounter(l) }, func(c *Counter) bool {
+		_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 			over, stale = nil, nil
 			c.define(l)
 			judged := Verdicts(c.Holders, verdicts)
@@ -293,19 +298,19 @@ func sameHolder(a, b Holder) bool {
 	return a.Key == b.Key && a.Claim == b.Claim && a.Until.Equal(b.Until) && a.Worker == b.Worker
 }
 
-// charge charges an execution's amount to a budget.
-func (s *Store) charge(ctx context.Context, l Limit, key string, approvedAt *int64) (*Over, error) {
+// charge charges execution's amount to the budget l, under key.
+func (s *Store) charge(ctx context.Context, l Limit, key, execution string, approvedAt *int64) (*Over, error) {
 	var over *Over
-	_, err := s.change(ctx, l.Key(), func() *Counter { return newCounter(l) }, func(c *Counter) bool {
+	_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 		over = nil
 		c.define(l)
 		var w Window
 		if c.Window != nil {
 			w = *c.Window
 		}
-		next, d := ChargeBudget(w, l.Max, l.Amount, l.Interval, key, approvedAt, s.keep, s.now())
+		next, d := ChargeBudget(w, l.Max, l.Amount, l.Interval, execution, approvedAt, s.keep, s.now())
 		if !d.OK {
-			over = &Over{Limit: l, Used: d.Used, RetryAfter: d.RetryAfter, Moved: d.Moved}
+			over = &Over{Limit: l, Used: d.Used, RetryAfter: d.RetryAfter}
 			return false
 		}
 		c.Window = &next
@@ -363,16 +368,19 @@ func (s *Store) change(ctx context.Context, key string, fresh func() *Counter, a
 		now := s.now().UTC()
 		c.V, c.UpdatedAt = envelope.Version, now
 		ttl := counterTTL(c, now)
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		// Encoded once: the bytes written are the bytes remembered.
+		data, err := envelope.Marshal(c)
 		var newRev uint64
-		if rev == 0 {
-			newRev, err = broker.CreateTTL(wctx, s.kv, key, c, ttl)
-		} else {
-			newRev, err = broker.UpdateTTL(wctx, s.js, s.kv, key, c, rev, ttl)
-		}
-		cancel()
 		if err == nil {
-			data, _ := envelope.Marshal(c)
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if rev == 0 {
+				newRev, err = broker.CreateDataTTL(wctx, s.kv, key, data, ttl)
+			} else {
+				newRev, err = broker.UpdateDataTTL(wctx, s.js, s.kv, key, data, rev, ttl)
+			}
+			cancel()
+		}
+		if err == nil {
 			s.remember(key, data, newRev)
 			return c, nil
 		}

@@ -28,8 +28,9 @@ type Definition interface {
 	// approval is this execution's to do.
 	Admit(ctx context.Context, r Request) Admission
 	// Readmit restores what Admit established, for a takeover of an
-	// execution whose attempts had started: the input, and the approval it
-	// consumed.
+	// execution whose attempts had started: the input, the approval it
+	// consumed, and its concurrency limits (the rest the engine does not
+	// take again, so they need not be computed).
 	Readmit(ctx context.Context, r Request) Admission
 	// Timeout bounds one attempt.
 	Timeout() time.Duration

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -41,11 +42,10 @@ func (r *Runner) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict
 func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	lims := adm.Limits
 	if fromAttempt > 0 {
-		lims = nil
-		for _, l := range adm.Limits {
-			if l.Kind == limits.Concurrency {
-				lims = append(lims, l)
-			}
+		// Readmit carries the concurrency limits alone; any other is
+		// dropped here all the same.
+		if slices.ContainsFunc(lims, func(l limits.Limit) bool { return l.Kind != limits.Concurrency }) {
+			lims = slices.DeleteFunc(slices.Clone(lims), func(l limits.Limit) bool { return l.Kind != limits.Concurrency })
 		}
 		if len(lims) == 0 {
 			return true
@@ -55,10 +55,13 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 		e.waitForLimit(time.Second)
 		return false
 	}
-	approved := map[string]int64{}
+	var approved map[string]int64 // nil unless an approval lets the execution past its budgets
 	if adm.Approved {
 		for _, l := range lims {
 			if l.Kind == limits.Budget && l.Action == limits.Approve {
+				if approved == nil {
+					approved = map[string]int64{}
+				}
 				approved[l.Key()] = math.MaxInt64 // the approval bound the input, and so the amount
 			}
 		}
@@ -82,7 +85,7 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 		return true
 	}
 	action := over.Limit.Action
-	if fromAttempt > 0 || (action == limits.Approve && (adm.OverBudget == nil || over.Moved)) {
+	if fromAttempt > 0 || (action == limits.Approve && adm.OverBudget == nil) {
 		action = limits.Wait
 		if fromAttempt == 0 {
 			action = limits.Refuse
