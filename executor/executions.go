@@ -576,15 +576,29 @@ const probeMaxMsgs = 2000
 func (w *Worker) where(ctx context.Context, owner, id string) (state, principal string, err error) {
 	p := owner
 	subj := w.b.Names.ExecSubjects()
+	// The owner's queue, and the shared one (which holds the requests
+	// stored before the owner had its own); without an owner, every queue.
+	streams := []string{w.b.Names.ExecStream()}
 	if owner != "" {
 		subj = w.b.Names.ExecSubject(owner, ">")
-	}
-	queued, qp, certain, err := w.queued(ctx, subj, id)
-	if err != nil {
+		if owner != broker.Anonymous {
+			streams = append([]string{w.b.Names.QueueStream(owner)}, streams...)
+		}
+	} else if names, err := w.b.QueueNames(ctx); err == nil {
+		streams = names
+	} else {
 		return "", "", err
 	}
-	if queued {
-		return ExecQueued, qp, nil
+	certain := true
+	for _, stream := range streams {
+		queued, qp, sure, err := w.queued(ctx, stream, subj, id)
+		if err != nil {
+			return "", "", err
+		}
+		if queued {
+			return ExecQueued, qp, nil
+		}
+		certain = certain && sure
 	}
 	if owner == "" {
 		// Without an owner the buckets cannot be read by key: whoever has
@@ -614,11 +628,11 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 	return ExecUnknown, p, nil
 }
 
-// queued looks for the request of id among the exec stream's messages on
+// queued looks for the request of id among the messages of the queue stream on
 // subj: for a UUIDv7 id from the id's time less a minute (a request is never
 // stored before its id is made, less the clocks' skew), else from the
 // stream's start; certain is false when it stopped at probeMaxMsgs.
-func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
+func (w *Worker) queued(ctx context.Context, stream, subj, id string) (found bool, principal string, certain bool, err error) {
 	var from *time.Time
 	if made, v7 := envelope.ExecutionIDTime(id); v7 {
 		t := made.Add(-time.Minute).UTC()
@@ -626,7 +640,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 	}
 	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := w.nextMsg(ctx, subj, seq, from)
+		m, err := w.nextMsg(ctx, stream, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
@@ -643,10 +657,10 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 	return false, "", false, nil
 }
 
-// nextMsg is the exec stream's first message on subj at or after seq (or
-// time from), or nil: a message get, which the exec stream answers without
+// nextMsg is the first message of the queue stream on subj at or after seq (or
+// time from), or nil: a message get, which a queue answers without
 // direct gets.
-func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+func (w *Worker) nextMsg(ctx context.Context, stream, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
 	req := struct {
 		Seq       uint64     `json:"seq,omitempty"`
 		NextFor   string     `json:"next_by_subj"`
@@ -656,7 +670,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	if err != nil {
 		return nil, err
 	}
-	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
@@ -677,9 +691,9 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	}
 	switch {
 	case answer.Error != nil && answer.Error.Code == 404:
-		return nil, nil
+		return nil, nil // no such message, or no such stream (a principal without a queue of its own)
 	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", stream, answer.Error.Code, answer.Error.Description)
 	case answer.Message == nil:
 		return nil, nil
 	}
