@@ -144,9 +144,15 @@ func ensureExec(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, 
 		if slices.Equal(have.Subjects, []string{n.QueueSubjects(Anonymous)}) {
 			want.Subjects = have.Subjects
 		}
+		// Limits that refuse new requests are an operator's; so is no
+		// limit at all (a stream of an earlier version). Limits that drop
+		// stored requests are a conflict.
+		unbounded := unlimited(have.MaxMsgs) < 0 && unlimited(have.MaxBytes) < 0
+		if have.Discard != jetstream.DiscardNew && !unbounded {
+			return
+		}
 		change = cfg.QueueMaxBytes != 0 && (unlimited(have.MaxBytes) != unlimited(want.MaxBytes) || have.Discard != jetstream.DiscardNew)
-		// Until changed below, the limits it has are accepted: a stream of
-		// an earlier version kept requests without a bound.
+		// Until changed below, the limits it has are kept.
 		want.MaxMsgs, want.MaxBytes, want.Discard = have.MaxMsgs, have.MaxBytes, have.Discard
 	})
 	if err != nil || !change {
