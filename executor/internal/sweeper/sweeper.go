@@ -281,7 +281,9 @@ func (s *Sweeper) sweep(ctx context.Context, q broker.Queue, reach []consumerRea
 		return false
 	}
 	if s.unserved(reach, m, capID) {
-		return s.endUnserved(ctx, q, m, req, principal, capID)
+		if ended, decided := s.endUnserved(ctx, q, m, req, principal, capID); decided {
+			return ended
+		}
 	}
 	now := s.cfg.Now()
 	f := Facts{StartDeadline: engine.StartDeadline(m.Time, req.StartBy, s.b.Config.RecordTTL),
@@ -337,33 +339,35 @@ func (s *Sweeper) unserved(reach []consumerReach, m *jetstream.RawStreamMsg, cap
 }
 
 // endUnserved ends a request no worker will be given: CAPABILITY_NOT_FOUND,
-// as a worker would end it, unless something ended it or holds it already.
-func (s *Sweeper) endUnserved(ctx context.Context, q broker.Queue, m *jetstream.RawStreamMsg, req *envelope.Request, principal, capID string) bool {
+// as a worker would end it, unless something ended it already. decided is
+// false when its execution has a record, which the table decides from.
+func (s *Sweeper) endUnserved(ctx context.Context, q broker.Queue, m *jetstream.RawStreamMsg, req *envelope.Request,
+	principal, capID string) (ended, decided bool) {
 	_, _, err := s.eng.Record(principal, req.ExecutionID)
 	switch {
 	case err == nil:
-		return false // its record decides, by the table, at its deadline
+		return false, false
 	case !errors.Is(err, broker.ErrNotFound):
-		return false // the store did not answer: the next pass
+		return false, true // the store did not answer: the next pass
 	}
 	switch s.eng.Envelope(principal, req.ExecutionID) {
-	case engine.EnvelopePresent:
+	case engine.EnvelopePresent, engine.EnvelopeUndecodable:
 		s.remove(ctx, q, m.Sequence)
-		return false
+		return false, true
 	case engine.EnvelopeAbsent:
 	default:
-		return false
+		return false, true
 	}
 	// The subject's capability is the one no worker serves: the body's
 	// may name another, which no worker would take from it either.
 	unserved := *req
 	unserved.CapabilityID = capID
 	if !s.eng.EndRefused(&unserved, principal, engine.NotFoundError(), "unserved") {
-		return false
+		return false, true
 	}
 	s.swept.Add(1)
 	s.remove(ctx, q, m.Sequence)
-	return true
+	return true, true
 }
 
 // remove removes a request the sweeper ended from its queue. Credentials

@@ -7,6 +7,7 @@ import (
 	"io"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/procstat"
@@ -61,6 +62,11 @@ type Config struct {
 	// one principal's backlog stands in front of another's (DESIGN §17).
 	Flood   int
 	FloodMs int
+	// OtherBacklog, with credentials, has another producer principal queue
+	// this many demo.echo calls just before the measured phase: the
+	// measured principal's latencies then show whether one principal's
+	// backlog in the queue stands in front of another's calls (DESIGN §3).
+	OtherBacklog int
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
 	Progress io.Writer
@@ -87,6 +93,8 @@ func (c *Config) validate() error {
 		return errors.New("no capability")
 	case c.Flood < 0 || (c.Flood > 0 && c.FloodMs <= 0):
 		return errors.New("a flood needs a positive number of calls and their length")
+	case c.OtherBacklog < 0:
+		return errors.New("another principal's backlog must not be negative")
 	}
 	return nil
 }
@@ -96,8 +104,13 @@ type Result struct {
 	Mode string `json:"mode"` // closed, open, batch or backlog
 	// Flood is the held calls another principal submitted as the measured
 	// phase started, each FloodMs long.
-	Flood             int     `json:"flood,omitempty"`
-	FloodMs           int     `json:"floodMs,omitempty"`
+	Flood   int `json:"flood,omitempty"`
+	FloodMs int `json:"floodMs,omitempty"`
+	// OtherBacklog is the demo.echo calls another principal queued just
+	// before the measured phase, and OtherBacklogSec how long queueing
+	// them took.
+	OtherBacklog      int     `json:"otherBacklog,omitempty"`
+	OtherBacklogSec   float64 `json:"otherBacklogSec,omitempty"`
 	Server            string  `json:"server"`
 	Capability        string  `json:"capability"`
 	N                 int     `json:"n"`
@@ -237,6 +250,16 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("flood: %w", err)
 		}
 		res.Flood, res.FloodMs = cfg.Flood, cfg.FloodMs
+	}
+	if cfg.OtherBacklog > 0 {
+		if !t.Auth {
+			return nil, &SetupError{errors.New("another principal's backlog needs credentials: another principal queues it")}
+		}
+		start := time.Now()
+		if err := queueBacklog(ctx, t, cfg.OtherBacklog); err != nil {
+			return nil, fmt.Errorf("another principal's backlog: %w", err)
+		}
+		res.OtherBacklog, res.OtherBacklogSec = cfg.OtherBacklog, time.Since(start).Seconds()
 	}
 	bar := newProgress(cfg.Progress, cfg.N, "capstan")
 	cpu0, mem0, msgs0 := procstat.CPU(), memStats(), r.serverMsgs()
