@@ -33,9 +33,9 @@ type serverFlags struct {
 	envelopeRetention longDuration
 	// queueMaxBytes bounds each principal's queue (DESIGN §3).
 	queueMaxBytes byteSize
-	auth              string
-	insecure          bool
-	setup             *auth.Setup
+	auth          string
+	insecure      bool
+	setup         *auth.Setup
 	// wait bounds how long the start waits for the cluster (0: no bound).
 	wait time.Duration
 }
