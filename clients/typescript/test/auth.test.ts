@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { credsAuthenticator, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
-import { CapstanError, connect, forModel, newExecutionId, principalFromCreds, type Client } from "../src/index.js";
+import { CapabilityError, CapstanError, connect, forModel, newExecutionId, principalFromCreds, type Client } from "../src/index.js";
 import { Names } from "../src/names.js";
 import { MsgIds } from "../src/msgid.js";
 import { encodeRequest } from "../src/wire.js";
@@ -106,6 +106,49 @@ describe("principals", () => {
     ]);
     assert.deepEqual(a.output, { who: "alice" });
     assert.deepEqual(b.output, { who: "bob" });
+  });
+});
+
+describe("quotas", () => {
+  // As an operator changes them: capstan auth set, then auth push to the
+  // running deployment; no worker restarts.
+  const setQueued = async (n: number): Promise<void> => {
+    if (dev.secrets === undefined) throw new Error("no secrets");
+    await run(dev.bin, ["auth", "set", dev.secrets, "alice", "--quota-queued", String(n)]);
+    await run(dev.bin, ["auth", "push", dev.secrets, "--nats", dev.url]);
+  };
+
+  test("over its queue quota a producer is refused QUOTA_EXCEEDED at the door, naming the quota and its limit; another is served", async () => {
+    await setQueued(2);
+    try {
+      // Two held calls wait in alice's queue (running, not yet ended).
+      const held = [
+        await alice.submit("email.send", { to: "q1@example.com", subject: "held", holdMs: 3000 }),
+        await alice.submit("email.send", { to: "q2@example.com", subject: "held", holdMs: 3000 }),
+      ];
+      const q = await alice.queue({ signal: bound() });
+      assert.equal(q.principal, "alice");
+      assert.equal(q.maxRequests, 2);
+      assert.equal(q.requests, 2);
+
+      const err = (await alice.submit("demo.echo", { over: true }).catch((e: unknown) => e)) as CapabilityError;
+      assert.ok(err instanceof CapabilityError, String(err));
+      assert.equal(err.code, "QUOTA_EXCEEDED");
+      assert.equal(err.retryable, true);
+      assert.deepEqual(err.details, { quota: "queuedRequests", limit: 2, retryAfterMs: 1000 });
+
+      const env = await alice.call("demo.echo", { over: true }, { signal: bound() });
+      assert.equal(env.status, "failed");
+      assert.deepEqual(forModel(env), { code: "QUOTA_EXCEEDED", message: env.error?.message, retryable: true,
+        details: { quota: "queuedRequests", limit: 2, retryAfterMs: 1000 } });
+      await assert.rejects(alice.status(env.executionId), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION"); // never stored
+
+      const mine = await bob.call("demo.echo", { who: "bob" }, { signal: bound() });
+      assert.equal(mine.status, "completed");
+      for (const id of held) assert.equal((await alice.await(id, { signal: bound() })).status, "completed");
+    } finally {
+      await setQueued(10_000);
+    }
   });
 });
 
