@@ -146,7 +146,9 @@ func main() {
 		rows = append(rows, row{d, n})
 		total += n
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].dir < rows[j].dir })
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].dir < rows[j].dir
+	})
 	for _, r := range rows {
 		fmt.Printf("%5d  %s\n", r.n, filepath.ToSlash(r.dir))
 	}
