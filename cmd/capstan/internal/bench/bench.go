@@ -63,9 +63,10 @@ type Config struct {
 	Flood   int
 	FloodMs int
 	// OtherBacklog, with credentials, has another producer principal queue
-	// this many demo.echo calls just before the measured phase: the
-	// measured principal's latencies then show whether one principal's
-	// backlog in the queue stands in front of another's calls (DESIGN §3).
+	// this many demo.echo calls while the workers are stopped; they start
+	// again with the measured phase, whose latencies then show whether one
+	// principal's backlog in the queue stands in front of another's calls
+	// (DESIGN §3).
 	OtherBacklog int
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
@@ -93,8 +94,8 @@ func (c *Config) validate() error {
 		return errors.New("no capability")
 	case c.Flood < 0 || (c.Flood > 0 && c.FloodMs <= 0):
 		return errors.New("a flood needs a positive number of calls and their length")
-	case c.OtherBacklog < 0:
-		return errors.New("another principal's backlog must not be negative")
+	case c.OtherBacklog < 0 || (c.OtherBacklog > 0 && c.Backlog):
+		return errors.New("another principal's backlog must not be negative, and excludes a backlog of one's own")
 	}
 	return nil
 }
@@ -221,7 +222,8 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	input := envelope.MustRaw(map[string]any{"data": strings.Repeat("x", cfg.PayloadBytes)})
 
 	// Warm up (connections, pull requests, the catalog, the allocator). A
-	// backlog run then stops the workers and queues before starting them again.
+	// backlog run then stops the workers and queues before starting them
+	// again; so does a run with another principal's backlog.
 	if cfg.Workers > 0 {
 		stopWorkers, err := r.startWorkers(ctx)
 		if err != nil {
@@ -231,7 +233,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		if _, err := closedLoop(ctx, r.client, &warm, input, nil); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
-		if cfg.Backlog {
+		if cfg.Backlog || cfg.OtherBacklog > 0 {
 			stopWorkers()
 		}
 	}
@@ -255,11 +257,18 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		if !t.Auth {
 			return nil, &SetupError{errors.New("another principal's backlog needs credentials: another principal queues it")}
 		}
+		// Queued while no worker runs: the whole backlog stands in the
+		// queue when the workers start, with the measured phase.
 		start := time.Now()
 		if err := queueBacklog(ctx, t, cfg.OtherBacklog); err != nil {
 			return nil, fmt.Errorf("another principal's backlog: %w", err)
 		}
 		res.OtherBacklog, res.OtherBacklogSec = cfg.OtherBacklog, time.Since(start).Seconds()
+		if cfg.Workers > 0 {
+			if _, err := r.startWorkers(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	bar := newProgress(cfg.Progress, cfg.N, "capstan")
 	cpu0, mem0, msgs0 := procstat.CPU(), memStats(), r.serverMsgs()
