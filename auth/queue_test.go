@@ -2,11 +2,13 @@ package auth_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // Each principal's requests wait in a queue of its own (DESIGN §3): alice's
@@ -406,4 +409,136 @@ func testNothingParks(t *testing.T, r *rig) {
 	if len(bobAfter.keys) != len(bobDuring.keys) {
 		t.Errorf("bob's keys: %d after the sweep, %d before", len(bobAfter.keys), len(bobDuring.keys))
 	}
+}
+
+// A deployment of an earlier version, its one exec stream holding requests,
+// upgraded as docs/operations.md says: workers of this version first (they
+// serve the shared stream as the earlier ones did), then a push of this
+// version. Every request stored before the push is served, each once, as
+// is every request after it, which goes to its principal's queue; a worker
+// that ran across the push finds the new queues without a restart.
+func TestQueue_UpgradeOfAStoredDeploymentKeepsItsRequests(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range rigGrants {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := testenv.Start(t, testenv.Auth(setup))
+	ctx := testCtx(t)
+	n := setup.Names()
+	adminNC := env.Connect(t)
+	js, err := jetstream.New(adminNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The exec stream as earlier versions made it, and their grants: no
+	// queues.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: n.ExecStream(), Subjects: []string{n.ExecSubjects()},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Duplicates: broker.DefaultDedupWindow,
+		MaxAge: broker.DefaultRecordTTL}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Provision(ctx, adminNC, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.GrantsBucket(), History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range setup.Principals {
+		g.AccountJWT = ""
+		body, err := json.Marshal(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := grants.Put(ctx, g.Principal, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var echoes, sends atomic.Int64
+	define := func(id string, count *atomic.Int64) *executor.Registry {
+		reg, err := executor.NewRegistry(executor.Define(id, executor.Meta{Description: "Counts its calls.",
+			Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
+			func(ctx context.Context, c executor.Call[Echo]) (Echo, error) { count.Add(1); return c.Input, nil }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	worker := func(pool string, reg *executor.Registry) *capstantest.Running {
+		return capstantest.Worker(t, reg, capstantest.WithConn(env.ConnectAs(t, auth.WorkerPrincipal)),
+			capstantest.WithConfig(executor.WorkerConfig{Pool: pool, CatalogTTL: time.Hour, SweepInterval: -1, Grace: time.Second}))
+	}
+	// Upgraded workers, before the push: one runs across it, the other is
+	// stopped with requests waiting for it.
+	worker("echoes", define("u.echo", &echoes))
+	worker("sends", define("u.send", &sends)).Stop()
+	alice, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = alice.Close() })
+	if env, err := alice.Call(ctx, "u.echo", Echo{Text: "before the push"}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("alice's call before the push: %v %+v", err, env)
+	}
+	var ids []string
+	for i := range 5 {
+		id, err := alice.Submit(ctx, "u.send", Echo{Text: fmt.Sprint("before ", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+
+	// The push of this version.
+	if err := auth.PublishGrants(ctx, b.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	shared, err := js.Stream(ctx, n.ExecStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := shared.CachedInfo(); !slices.Equal(s.Config.Subjects, []string{n.QueueSubjects(broker.Anonymous)}) || s.State.Msgs != 5 {
+		t.Fatalf("the shared stream after the push: subjects %v, %d requests", s.Config.Subjects, s.State.Msgs)
+	}
+	// The worker that ran across the push serves alice's queue.
+	if env, err := alice.Call(ctx, "u.echo", Echo{Text: "after the push"}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("alice's call after the push: %v %+v", err, env)
+	}
+	for i := range 3 {
+		id, err := alice.Submit(ctx, "u.send", Echo{Text: fmt.Sprint("after ", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if got := streamMsgs(t, js, n.QueueStream("alice")); got != 3 {
+		t.Fatalf("alice's queue holds %d requests, want her 3 after the push", got)
+	}
+	worker("sends", define("u.send", &sends))
+	for _, id := range ids {
+		if env, err := alice.Await(ctx, id); err != nil || env.Status != envelope.StatusCompleted {
+			t.Fatalf("alice's %s: %v %+v", id, err, env)
+		}
+	}
+	if echoes.Load() != 2 || sends.Load() != int64(len(ids)) {
+		t.Fatalf("handlers ran %d echoes and %d sends, want 2 and %d: each once", echoes.Load(), sends.Load(), len(ids))
+	}
+}
+
+// streamMsgs is how many messages stream holds.
+func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(testCtx(t), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo().State.Msgs
 }
