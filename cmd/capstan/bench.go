@@ -231,6 +231,7 @@ func printBench(w io.Writer, r *bench.Result) {
 	fmt.Fprintf(w, "  cost          %.0f allocations, %.1f KB allocated, %.1f server messages per execution\n",
 		r.AllocsPerExecution, r.BytesPerExecution/1024, r.ServerMsgsPerExecution)
 	fmt.Fprintf(w, "  latency       p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (submit → envelope)\n", r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs)
+	fmt.Fprintf(w, "  waited        p50 %.2f ms   p99 %.2f ms   max %.2f ms   (before a worker took it)\n", r.WaitP50Ms, r.WaitP99Ms, r.WaitMaxMs)
 	if len(r.DecilesPerSec) > 0 {
 		parts := make([]string, len(r.DecilesPerSec))
 		for i, d := range r.DecilesPerSec {

@@ -136,6 +136,13 @@ type Result struct {
 	P90Ms            float64 `json:"p90Ms"`
 	P99Ms            float64 `json:"p99Ms"`
 	MaxMs            float64 `json:"maxMs"`
+	// WaitP50Ms, WaitP99Ms and WaitMaxMs are how long calls waited before a
+	// worker took them: each latency less its envelope's durationMs (from
+	// the worker taking the delivery to the end), which leaves the queue,
+	// the wait for a slot, the publication and the envelope's way back.
+	WaitP50Ms float64 `json:"waitP50Ms"`
+	WaitP99Ms float64 `json:"waitP99Ms"`
+	WaitMaxMs float64 `json:"waitMaxMs"`
 	// CPUPerExecutionUs is this process's CPU time (user and system) per
 	// execution: with an embedded server it counts the server, the workers
 	// and the client, and it depends far less on other load than throughput
@@ -301,6 +308,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	res.ElapsedSec = run.elapsed.Seconds()
 	res.ExecutionsPerSec = float64(run.completed+run.notCompleted) / run.elapsed.Seconds()
 	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = percentiles(run.latencies)
+	res.WaitP50Ms, _, res.WaitP99Ms, res.WaitMaxMs = percentiles(run.waits)
 	res.DecilesPerSec = deciles(run.arrivals)
 	res.CPUPerExecutionUs = float64(cpu.Microseconds()) / n
 	res.AllocsPerExecution = float64(mem1.Mallocs-mem0.Mallocs) / n
