@@ -24,9 +24,10 @@ import (
 
 // Queue is one exec stream of the deployment, as workers pull it.
 type Queue struct {
-	// Stream is the stream; Name its name.
+	// Stream is the stream.
 	Stream jetstream.Stream
-	Name   string
+	// Name is the stream's name.
+	Name string
 	// Principal is the principal whose queue it is; "" for the shared exec
 	// stream, whose consumers take every principal's requests it holds.
 	Principal string
@@ -170,7 +171,10 @@ func ensureExec(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, 
 // holds at once; -1 is no bound of its own (the deployment's bytes bound
 // it still).
 type QueueLimits struct {
-	Requests, Bytes int64
+	// Requests is how many requests the queue holds at most.
+	Requests int64
+	// Bytes is how many bytes its requests hold at most.
+	Bytes int64
 }
 
 // ProvisionQueues gives each principal of want its queue, bounded by its
@@ -357,16 +361,19 @@ func AsQueueFull(err error) *QueueFullError {
 
 // QueueUsage is what one principal's queue holds and may hold.
 type QueueUsage struct {
-	// Principal whose queue it is; Stream the queue's stream (the shared
-	// exec stream for a principal without a queue of its own).
+	// Principal is whose queue it is.
 	Principal string `json:"principal"`
-	Stream    string `json:"stream"`
-	// Requests and Bytes are what it holds: requests not yet ended.
+	// Stream is the queue's stream (the shared exec stream for a principal
+	// without a queue of its own).
+	Stream string `json:"stream"`
+	// Requests is how many requests it holds: not yet ended.
 	Requests uint64 `json:"requests"`
-	Bytes    uint64 `json:"bytes"`
-	// MaxRequests and MaxBytes are what it may hold; -1: no bound.
+	// Bytes is how many bytes they hold.
+	Bytes uint64 `json:"bytes"`
+	// MaxRequests is how many requests it may hold; -1: no bound.
 	MaxRequests int64 `json:"maxRequests"`
-	MaxBytes    int64 `json:"maxBytes"`
+	// MaxBytes is how many bytes it may hold; -1: no bound.
+	MaxBytes int64 `json:"maxBytes"`
 }
 
 // QueueUsageOf reads principal's queue: its own, or the shared exec stream
