@@ -332,7 +332,13 @@ func testNothingParks(t *testing.T, r *rig) {
 	for i := range parked {
 		id := envelope.NewExecutionID()
 		parkedIDs = append(parkedIDs, id)
-		publishAs(t, aliceNC, "alice", fmt.Sprintf("demo.parked%d", i), id, broker.Key("alice", id), Echo{Text: strings.Repeat("p", 10<<10)})
+		// Subjects no capability serves, one of them no capability can
+		// ever be named (not a key of the catalog).
+		capID := fmt.Sprintf("demo.parked%d", i)
+		if i == 0 {
+			capID = "Demo!parked"
+		}
+		publishAs(t, aliceNC, "alice", capID, id, broker.Key("alice", id), Echo{Text: strings.Repeat("p", 10<<10)})
 	}
 	// Bodies that are no request: under a message id naming an
 	// execution, or none; on a subject nobody serves, and on one the

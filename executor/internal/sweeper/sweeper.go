@@ -334,6 +334,9 @@ func (s *Sweeper) unserved(reach []consumerReach, m *jetstream.RawStreamMsg, cap
 	if s.cfg.Listed == nil || capID == broker.Unrouted || covered(reach, m.Subject) || everDelivered(reach, m.Subject, m.Sequence) {
 		return false
 	}
+	if envelope.ValidCapabilityID(capID) != nil {
+		return true // no capability is named so: nothing will ever list it
+	}
 	listed, err := s.cfg.Listed(capID)
 	return err == nil && !listed
 }
