@@ -153,6 +153,16 @@ func (r *rig) setQuotas(t *testing.T, principal string, change func(q *auth.Quot
 	}
 }
 
+// bobCalls makes one call of bob's, which must complete, and waits until it
+// left his queue.
+func (r *rig) bobCalls(t *testing.T, bob *executor.Client, input Echo) {
+	t.Helper()
+	if env, err := bob.Call(testCtx(t), "t.echo", input); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's call %q: %v %+v", input.Text, err, env)
+	}
+	r.acked(t, "bob")
+}
+
 // bobsWorld is what of the world is bob's: his queue, his records and
 // envelopes.
 func (r *rig) bobsWorld(t *testing.T) world {
@@ -188,10 +198,7 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	r.setQuotas(t, "alice", func(q *auth.Quotas) { q.QueuedRequests = 3 })
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
-	if env, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's, before"}); err != nil || env.Status != envelope.StatusCompleted {
-		t.Fatalf("bob's call: %v %+v", err, env)
-	}
-	r.acked(t, "bob")
+	r.bobCalls(t, bob, Echo{Text: "bob's, before"})
 	bobBefore := r.bobsWorld(t)
 
 	// Two held calls wait in alice's queue (running, not yet ended).
@@ -238,10 +245,7 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	}
 
 	// bob is served meanwhile, and nothing of his changed.
-	if env, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's, while alice is over"}); err != nil || env.Status != envelope.StatusCompleted {
-		t.Fatalf("bob's call while alice is over her quota: %v %+v", err, env)
-	}
-	r.acked(t, "bob")
+	r.bobCalls(t, bob, Echo{Text: "bob's, while alice is over"})
 	bobAfter := r.bobsWorld(t)
 	if bobAfter.streams[n.QueueStream("bob")].Msgs != 0 {
 		t.Fatalf("bob's queue holds %+v", bobAfter.streams[n.QueueStream("bob")])
@@ -321,10 +325,7 @@ func testNothingParks(t *testing.T, r *rig) {
 	n := r.setup.Names()
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
-	if env, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's, before"}); err != nil || env.Status != envelope.StatusCompleted {
-		t.Fatalf("bob's call: %v %+v", err, env)
-	}
-	r.acked(t, "bob")
+	r.bobCalls(t, bob, Echo{Text: "bob's, before"})
 	bobBefore := r.bobsWorld(t)
 
 	const parked = 10
@@ -366,10 +367,7 @@ func testNothingParks(t *testing.T, r *rig) {
 	if got := r.queueDepth(t, "alice"); got < parked+4 {
 		t.Fatalf("alice's queue holds %d requests, want at least her %d parked ones", got, parked+4)
 	}
-	if env, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's, while alice parks"}); err != nil || env.Status != envelope.StatusCompleted {
-		t.Fatalf("bob's call: %v %+v", err, env)
-	}
-	r.acked(t, "bob")
+	r.bobCalls(t, bob, Echo{Text: "bob's, while alice parks"})
 	bobDuring := r.bobsWorld(t)
 
 	// A worker that sweeps: within a pass, alice's queue is empty.
