@@ -216,6 +216,14 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	if err != nil || env.Error == nil || env.Error.Code != envelope.CodeQuotaExceeded || env.Error.Details["quota"] != broker.QuotaQueuedRequests {
 		t.Fatalf("alice's unrouted request, forwarded into her full queue: %v %+v", err, env)
 	}
+	// Acknowledged after its envelope, the unrouted request leaves its place.
+	for r.queueDepth(t, "alice") != 2 {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("alice's queue holds %d requests, want her 2 held ones", r.queueDepth(t, "alice"))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	if _, err := alice.Submit(ctx, "t.send", Echo{Text: "hold"}); err != nil {
 		t.Fatal(err)
 	}
