@@ -129,7 +129,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if cerr := checkActor(req.Actor); cerr != nil {
 		reply.Error = cerr.Wire()
 		ev.Data = map[string]any{"refused": string(cerr.Code), "count": 0}
-		w.emit(ev)
+		w.fileReadOnly(ev)
 		return reply
 	}
 	// The actor and surface: as a call of a capability the grant allows.
@@ -139,7 +139,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 		if errors.As(err, &cerr) && !errors.Is(err, auth.ErrCapabilityNotGranted) {
 			reply.Error = cerr.Wire()
 			ev.Data = map[string]any{"refused": string(cerr.Code), "reason": cerr.Cause.Error(), "count": 0}
-			w.emit(ev)
+			w.fileReadOnly(ev)
 			return reply
 		}
 	}
@@ -198,7 +198,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if len(withheld) > 0 {
 		ev.Data["withheld"] = withheld
 	}
-	w.emit(ev)
+	w.fileReadOnly(ev)
 	return reply
 }
 
@@ -244,7 +244,10 @@ func discoveryDigest(ids []string) string {
 // within scope. An empty surface is the client's own; an actor left zero is
 // the client's default actor. A malformed actor is refused with an
 // UNAUTHENTICATED *envelope.CapabilityError. Every description is audited as
-// capabilities.discovered under the returned Discovery's ID.
+// capabilities.discovered: under the returned Discovery's ID, or, for a
+// principal's further descriptions within a second, counted in one event of
+// that second (DESIGN §8). Beyond its principal's controlPerSecond quota it
+// is refused with a QUOTA_EXCEEDED *envelope.CapabilityError.
 func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.Actor, scope Scope) (*Discovery, error) {
 	if surface == "" {
 		surface = c.cfg.Surface

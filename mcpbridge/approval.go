@@ -139,16 +139,16 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 func (b *Bridge) approval(ctx context.Context, id string) (*approvals.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
-	recs, err := b.c.ListApprovals(ctx, approvals.ListRequest{ID: id})
+	page, err := b.c.ListApprovals(ctx, approvals.ListRequest{ID: id})
 	switch {
 	case errors.Is(err, approvals.ErrForbidden) || errors.Is(err, approvals.ErrNotFound):
 		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
 	case err != nil:
 		return nil, err
-	case len(recs) != 1 || recs[0].ID != id:
+	case len(page.Records) != 1 || page.Records[0].ID != id:
 		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
 	}
-	return recs[0], nil
+	return page.Records[0], nil
 }
 
 // resume answers capstan.resume.
