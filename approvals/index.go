@@ -23,7 +23,7 @@ type Index struct {
 	recs     map[string]indexed
 	pendings map[string]map[string]*Record // principal → its records written pending
 	reserved map[string]int                // principal → creations under way in this process
-	ttl      time.Duration  // the bucket's: a record older is gone without a word
+	ttl      time.Duration                 // the bucket's: a record older is gone without a word
 	watch    jetstream.KeyWatcher
 	skipped  func(key string, err error)
 }
