@@ -24,8 +24,13 @@ type Index struct {
 	pendings map[string]map[string]*Record // principal → its records written pending
 	reserved map[string]int                // principal → creations under way in this process
 	ttl      time.Duration                 // the bucket's: a record older is gone without a word
+	kv       jetstream.KeyValue
 	watch    jetstream.KeyWatcher
 	skipped  func(key string, err error)
+	// seen is the last revision the watcher applied; changed is closed
+	// (and replaced) whenever it moves.
+	seen    uint64
+	changed chan struct{}
 }
 
 type indexed struct {
@@ -37,12 +42,19 @@ type indexed struct {
 // ends or Stop; it returns once what the bucket holds is read. A record that
 // does not decode is left out and reported to skipped (nil: not reported).
 func WatchIndex(ctx context.Context, kv jetstream.KeyValue, skipped func(key string, err error)) (*Index, error) {
-	x := &Index{recs: map[string]indexed{}, pendings: map[string]map[string]*Record{}, reserved: map[string]int{}, skipped: skipped}
+	x := &Index{recs: map[string]indexed{}, pendings: map[string]map[string]*Record{}, reserved: map[string]int{},
+		kv: kv, skipped: skipped, changed: make(chan struct{})}
 	st, err := kv.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: approvals bucket: %w", err)
 	}
 	x.ttl = st.TTL()
+	// What the initial load covers: the bucket up to here, including what
+	// its TTL removed (which no message announces).
+	var atStart uint64
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok && bs.StreamInfo() != nil {
+		atStart = bs.StreamInfo().State.LastSeq
+	}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: watch approvals: %w", err)
@@ -55,6 +67,7 @@ func WatchIndex(ctx context.Context, kv jetstream.KeyValue, skipped func(key str
 			if e == nil {
 				if initial {
 					initial = false
+					x.saw(atStart)
 					close(ready)
 				}
 				continue
@@ -82,6 +95,7 @@ func (x *Index) Stop() {
 }
 
 func (x *Index) apply(e jetstream.KeyValueEntry) {
+	defer x.saw(e.Revision())
 	if e.Operation() != jetstream.KeyValuePut {
 		x.mu.Lock()
 		x.remove(e.Key())
@@ -102,6 +116,44 @@ func (x *Index) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	x.note(&r, e.Created())
+}
+
+func (x *Index) saw(rev uint64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rev > x.seen {
+		x.seen = rev
+		close(x.changed)
+		x.changed = make(chan struct{})
+	}
+}
+
+// Sync waits until the index holds everything the bucket held when Sync
+// was called (one request for the bucket's last revision): a listing after
+// Sync misses nothing written before it, by any process.
+func (x *Index) Sync(ctx context.Context) error {
+	st, err := x.kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("capstan: approvals bucket: %w", err)
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return nil
+	}
+	last := bs.StreamInfo().State.LastSeq
+	for {
+		x.mu.RLock()
+		seen, changed := x.seen, x.changed
+		x.mu.RUnlock()
+		if seen >= last {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("capstan: approvals index at revision %d, the bucket at %d: %w", seen, last, ctx.Err())
+		}
+	}
 }
 
 // Noted puts r, which this process has just written, in the index before

@@ -49,10 +49,10 @@ func (c cursor) encode() string {
 }
 
 func decodeCursor(s string, newest bool) (cursor, error) {
-	c := cursor{At: map[string]string{}, Newest: newest}
 	if s == "" {
-		return c, nil
+		return cursor{At: map[string]string{}, Newest: newest}, nil
 	}
+	var c cursor
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err == nil {
 		err = json.Unmarshal(b, &c)
@@ -237,6 +237,11 @@ func (s *Store) PageAs(ctx context.Context, principal string, req ListRequest, a
 	var recs []*Record
 	load := func(r *Record) (*Record, bool, error) { return shownTo(r, principal), true, nil }
 	if s.index != nil {
+		// What was written before the listing is in it, whoever wrote it;
+		// an index that cannot tell lists what it has.
+		sctx, cancel := context.WithTimeout(ctx, syncWait)
+		_ = s.index.Sync(sctx)
+		cancel()
 		recs = s.index.Select(matches)
 		load = func(r *Record) (*Record, bool, error) {
 			full, err := s.Get(ctx, r.ID)
@@ -264,6 +269,9 @@ func (s *Store) PageAs(ctx context.Context, principal string, req ListRequest, a
 	}
 	return reply, fill(reply, newTurns(recs, c), limit, maxBytes, load)
 }
+
+// syncWait bounds how long a listing waits for the index to catch up.
+const syncWait = 2 * time.Second
 
 // replySlack covers what a reply holds besides its records and cursor: its
 // keys, its version, the arrays' and strings' headers.

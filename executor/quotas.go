@@ -170,6 +170,11 @@ func (w *Worker) reservePending(principal string) (release func(), refusal *enve
 	if !quoted || q.PendingApprovals <= 0 || w.approvalIndex == nil {
 		return func() {}, nil
 	}
+	// Counted from what every worker wrote before now: only approvals
+	// created at this very moment elsewhere are missed.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = w.approvalIndex.Sync(ctx)
+	cancel()
 	release, wait, err := w.approvalIndex.Reserve(principal, q.PendingApprovals, time.Now())
 	if err != nil {
 		w.quotaRefused(envelope.QuotaPendingApprovals, principal)
