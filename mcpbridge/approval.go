@@ -171,6 +171,8 @@ func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, appro
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
 		return refusal(envelope.CodeForbidden, "No such approval."), nil
+	case quotaRefusal(err) != nil:
+		return quotaRefusal(err), nil
 	case err != nil:
 		return nil, err
 	}
@@ -254,6 +256,9 @@ func (b *Bridge) status(ctx context.Context, actor envelope.Actor, req *mcp.Call
 		res.Content = []mcp.Content{&mcp.TextContent{Text: "Execution " + in.ExecutionID + " is queued: no worker has taken it yet; call " +
 			StatusTool + " again later."}}
 		return res, nil
+	}
+	if r := quotaRefusal(err); r != nil {
+		return r, nil
 	}
 	if err != nil {
 		return nil, err

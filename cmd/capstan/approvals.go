@@ -117,7 +117,7 @@ func runApprovalsList(args []string) int {
 	defer cancel()
 	page, err := approvals.RequestList(ctx, nc, broker.NewNames(""), req)
 	if err != nil {
-		return usageError("%v", err)
+		return requestError(err)
 	}
 	out := approvalsPage{Records: make([]*approvals.Record, 0, len(page.Records)), Next: page.Next, Trimmed: page.Trimmed}
 	for _, r := range page.Records {
@@ -164,7 +164,7 @@ func runApprovalsShow(args []string) int {
 		return fail(exitFailed, "%v", err)
 	}
 	if err != nil {
-		return usageError("%v", err)
+		return requestError(err)
 	}
 	return printApproval(o, approvalView(rec))
 }
@@ -279,7 +279,7 @@ func decisionError(err error) int {
 	if code := approvals.Code(err); code != "" {
 		return fail(exitFailed, "%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
 	}
-	return usageError("%v", err)
+	return requestError(err)
 }
 
 func runResume(args []string) int {

@@ -146,6 +146,16 @@ func readError(err error) int {
 	case errors.Is(err, executor.ErrNoWorkers):
 		return fail(exitUsage, "%v: no worker answers listings and readings (start one with 'capstan worker', or 'capstan dev')", err)
 	}
+	return requestError(err)
+}
+
+// requestError reports a request the workers refused or could not answer:
+// a quota's refusal fails (exit 1), naming the quota and when to try again;
+// anything else is a usage or connection error.
+func requestError(err error) int {
+	if errors.Is(err, envelope.ErrQuotaExceeded) {
+		return fail(exitFailed, "%v", err)
+	}
 	return usageError("%v", err)
 }
 
