@@ -25,10 +25,11 @@ type CancelReply struct {
 	Status    envelope.Status `json:"status,omitempty"` // set with Finalized
 	// Error is the refusal, if the cancel was refused.
 	Error string `json:"error,omitempty"`
-	// Conditions and Details say more of a refusal: quota_exceeded, with
-	// the quota, its limit and retryAfterMs (envelope.QuotaExceeded).
-	Conditions []string       `json:"conditions,omitempty"`
-	Details    map[string]any `json:"details,omitempty"`
+	// Conditions name a refusal's kind: quota_exceeded.
+	Conditions []string `json:"conditions,omitempty"`
+	// Details are a refusal's facts: for quota_exceeded, the quota, its
+	// limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // serveControl subscribes to the core NATS requests workers serve. Each
