@@ -114,6 +114,17 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		w.log.Error("describe reply does not encode", "err", err)
 		return
 	}
+	if bound := w.replyBound(w.b.Names.PrincipalOfSubject(m.Subject)); len(b) > bound {
+		// Never dropped for its size: the refusal says how to ask for less.
+		refusal := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: reply.ID, Surface: reply.Surface,
+			Capabilities: []Descriptor{}, Worker: w.cfg.ID}, Error: &envelope.Error{Code: envelope.CodeInputInvalid,
+			Stage: envelope.StageInput, ExposeToModel: true,
+			Message: fmt.Sprintf("The description of %d capabilities is %d bytes, over the %d a reply may hold: narrow its scope (a prefix or tags).",
+				len(reply.Capabilities), len(b), bound)}}
+		if b, err = envelope.Marshal(&refusal); err != nil {
+			return
+		}
+	}
 	_ = m.Respond(b)
 }
 

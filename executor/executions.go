@@ -300,7 +300,9 @@ func (w *Worker) respond(m *nats.Msg, v any) {
 		w.log.Error("reply does not encode", "subject", m.Subject, "err", err)
 		return
 	}
-	_ = m.Respond(b)
+	if err := m.Respond(b); err != nil {
+		w.log.Error("reply not sent", "subject", m.Subject, "bytes", len(b), "err", err)
+	}
 }
 
 // listExecutions is one page of what principal may see.

@@ -211,7 +211,7 @@ type coalesced struct {
 	last     *audit.Event
 	actors   []string
 	digests  []string
-	more     int // actors and digests past coalesceKept
+	unlisted int // events whose actor or digest is past the coalesceKept listed
 	withheld map[string]string
 }
 
@@ -233,9 +233,12 @@ func (c *readOnlyEvents) file(ev *audit.Event, now time.Time) bool {
 	}
 	o.n++
 	o.to, o.last = now, ev
-	o.keep(&o.actors, ev.Actor.Kind+":"+ev.Actor.ID)
+	listed := keep(&o.actors, ev.Actor.Kind+":"+ev.Actor.ID)
 	if d, ok := ev.Data["digest"].(string); ok {
-		o.keep(&o.digests, d)
+		listed = keep(&o.digests, d) && listed
+	}
+	if !listed {
+		o.unlisted++
 	}
 	if ws, ok := ev.Data["withheld"].([]map[string]any); ok {
 		if o.withheld == nil {
@@ -250,15 +253,17 @@ func (c *readOnlyEvents) file(ev *audit.Event, now time.Time) bool {
 	return false
 }
 
-func (o *coalesced) keep(list *[]string, s string) {
+// keep adds s to list unless it holds coalesceKept already; it reports
+// whether s is listed.
+func keep(list *[]string, s string) bool {
 	if slices.Contains(*list, s) {
-		return
+		return true
 	}
 	if len(*list) >= coalesceKept {
-		o.more++
-		return
+		return false
 	}
 	*list = append(*list, s)
+	return true
 }
 
 // due returns the summaries of the intervals ended at now (every one, for
@@ -277,8 +282,8 @@ func (c *readOnlyEvents) due(now time.Time) []*audit.Event {
 		}
 		data := map[string]any{"coalesced": o.n, "from": o.from.UTC().Format(time.RFC3339Nano),
 			"to": o.to.UTC().Format(time.RFC3339Nano), "actors": o.actors, "digests": o.digests}
-		if o.more > 0 {
-			data["more"] = o.more
+		if o.unlisted > 0 {
+			data["unlisted"] = o.unlisted
 		}
 		if len(o.withheld) > 0 {
 			data["withheld"] = o.withheld
