@@ -255,10 +255,11 @@ func discoveryDigest(ids []string) string {
 // within scope. An empty surface is the client's own; an actor left zero is
 // the client's default actor. A malformed actor is refused with an
 // UNAUTHENTICATED *envelope.CapabilityError. Every description is audited as
-// capabilities.discovered: under the returned Discovery's ID, or, for a
-// principal's further descriptions within a second, counted in one event of
-// that second (DESIGN §8). Beyond its principal's controlPerSecond quota it
-// is refused with a QUOTA_EXCEEDED *envelope.CapabilityError.
+// capabilities.discovered under the returned Discovery's ID, unless its
+// principal asked for the same description (or for 16 others) in the last
+// 10 s: it is then counted in one event at the interval's end (DESIGN §8).
+// Beyond its principal's controlPerSecond quota it is refused with a
+// QUOTA_EXCEEDED *envelope.CapabilityError.
 func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.Actor, scope Scope) (*Discovery, error) {
 	if surface == "" {
 		surface = c.cfg.Surface

@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -186,13 +187,19 @@ func (w *Worker) reservePending(principal string) (release func(), refusal *enve
 
 // Coalescing (DESIGN §8): the audit events of read-only requests — a
 // description's capabilities.discovered, the only one they file — are
-// filed at once for a principal's first request of an interval; the others
-// of the interval are counted, and filed as one event when it ends. No
-// principal grows the trail by more than two events an interval on a
+// filed at once for each distinct description (surface, actor, scope, what
+// it listed and withheld) a principal asks for in an interval, up to
+// coalesceDistinct of them; its repeats, and every description past those,
+// are counted and filed as one event when the interval ends. No principal
+// grows the trail by more than coalesceDistinct+1 events an interval on a
 // worker, whatever it asks.
 
-// coalesceEvery is the interval.
-const coalesceEvery = time.Second
+// coalesceEvery is the interval; coalesceDistinct how many distinct
+// descriptions of a principal an interval files at once.
+const (
+	coalesceEvery    = 10 * time.Second
+	coalesceDistinct = 16
+)
 
 // coalesceKept bounds the distinct actors and digests a summary names.
 const coalesceKept = 16
@@ -206,6 +213,7 @@ type readOnlyEvents struct {
 // coalesced is one principal's interval.
 type coalesced struct {
 	until    time.Time
+	filed    map[string]bool // the descriptions filed at once
 	from, to time.Time
 	n        int
 	last     *audit.Event
@@ -215,17 +223,30 @@ type coalesced struct {
 	withheld map[string]string
 }
 
-// file reports whether ev is to be filed now: the first of its principal's
-// interval. Otherwise it is counted in the interval's summary.
+// sameDescription is what makes two descriptions one: everything of their
+// event but when it was and its id.
+func sameDescription(ev *audit.Event) string {
+	return fmt.Sprintf("%s\x00%s:%s\x00%v\x00%v\x00%v\x00%v\x00%v", ev.Surface, ev.Actor.Kind, ev.Actor.ID,
+		ev.Data["scope"], ev.Data["digest"], ev.Data["withheld"], ev.Data["refused"], ev.Data["reason"])
+}
+
+// file reports whether ev is to be filed now: a description its principal
+// has not asked for yet in the interval, within coalesceDistinct. Otherwise
+// it is counted in the interval's summary.
 func (c *readOnlyEvents) file(ev *audit.Event, now time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.open == nil {
 		c.open = map[string]*coalesced{}
 	}
+	key := sameDescription(ev)
 	o := c.open[ev.Principal]
 	if o == nil || !now.Before(o.until) && o.n == 0 {
-		c.open[ev.Principal] = &coalesced{until: now.Add(coalesceEvery)}
+		c.open[ev.Principal] = &coalesced{until: now.Add(coalesceEvery), filed: map[string]bool{key: true}}
+		return true
+	}
+	if !o.filed[key] && len(o.filed) < coalesceDistinct {
+		o.filed[key] = true
 		return true
 	}
 	if o.n == 0 {

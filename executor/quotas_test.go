@@ -264,8 +264,9 @@ func TestPendingApprovalsQuota_RefusedWithoutCreatingOne(t *testing.T) {
 }
 
 // The events of a principal's descriptions within an interval are one
-// event at once and one that counts the rest: alice's describes grow the
-// trail by two, whatever their number.
+// event for each distinct description, sixteen at most, and one that counts
+// the rest: thirty identical describes grow the trail by two events, forty
+// different ones (each its own scope) by seventeen.
 func TestDescribe_AuditEventsCoalescedPerPrincipal(t *testing.T) {
 	t.Parallel()
 	r := newQuotaRig(t)
@@ -279,17 +280,31 @@ func TestDescribe_AuditEventsCoalescedPerPrincipal(t *testing.T) {
 	}
 	waitAuditMsgs(t, r.admin, before+1)
 	// The interval ends: one event counts the 29 others.
-	r.clock.advance(2 * time.Second)
+	r.clock.advance(time.Minute)
 	waitAuditMsgs(t, r.admin, before+2)
 	evs := discovered(t, r.admin, "bob")
-	if len(evs) != 2 {
-		t.Fatalf("bob's discovered events: %d, want 2", len(evs))
-	}
-	if fmt.Sprint(evs[1].Data["coalesced"]) != "29" {
-		t.Fatalf("the interval's event: %+v", evs[1].Data)
+	if len(evs) != 2 || fmt.Sprint(evs[1].Data["coalesced"]) != "29" {
+		t.Fatalf("bob's discovered events: %+v, want his first and one of 29", evs)
 	}
 	if got := auditMsgs(t, r.admin); got != before+2 {
 		t.Fatalf("the trail grew by %d messages for 30 describes, want 2", got-before)
+	}
+
+	// Forty descriptions, each of another scope, in the next interval.
+	for i := range 40 {
+		if _, err := bob.Describe(ctx, "", envelope.Actor{}, executor.Scope{Prefix: fmt.Sprint("p", i)}); err != nil {
+			t.Fatalf("describe %d: %v", i, err)
+		}
+	}
+	waitAuditMsgs(t, r.admin, before+2+16)
+	r.clock.advance(time.Minute)
+	waitAuditMsgs(t, r.admin, before+2+17)
+	evs = discovered(t, r.admin, "bob")
+	if len(evs) != 2+17 || fmt.Sprint(evs[len(evs)-1].Data["coalesced"]) != "24" {
+		t.Fatalf("bob's discovered events: %d, the last %+v; want 17 more, the last of 24", len(evs), evs[len(evs)-1].Data)
+	}
+	if got := auditMsgs(t, r.admin); got != before+2+17 {
+		t.Fatalf("the trail grew by %d messages, want 19", got-before)
 	}
 }
 
