@@ -115,7 +115,7 @@ func (x *Index) apply(e jetstream.KeyValueEntry) {
 		}
 		return
 	}
-	x.note(&r, e.Created())
+	x.note(&r, e.Created(), true)
 }
 
 func (x *Index) saw(rev uint64) {
@@ -156,16 +156,18 @@ func (x *Index) Sync(ctx context.Context) error {
 	}
 }
 
-// Noted puts r, which this process has just written, in the index before
-// the watcher brings it.
-func (x *Index) Noted(r *Record) { x.note(r, time.Now()) }
+// Noted puts r, which this process has just created, in the index before
+// the watcher brings it; what the watcher brings replaces it.
+func (x *Index) Noted(r *Record) { x.note(r, time.Now(), false) }
 
-func (x *Index) note(r *Record, written time.Time) {
+// note indexes r; a record the index holds already is replaced only by what
+// the watcher brings (in the bucket's order), never by what Noted says.
+func (x *Index) note(r *Record, written time.Time, watched bool) {
 	s := *r
 	s.Input, s.Display = nil, nil
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if have, ok := x.recs[s.ID]; ok && have.written.After(written) {
+	if _, ok := x.recs[s.ID]; ok && !watched {
 		return
 	}
 	x.remove(s.ID)
