@@ -128,7 +128,7 @@ type refusalLog struct {
 	n      int
 }
 
-// conditionsOf is the condition a control reply names for a refusal.
+// refusalConditions are the conditions a control reply names for a refusal.
 func refusalConditions(cerr *envelope.CapabilityError) []string {
 	if errors.Is(cerr, envelope.ErrQuotaExceeded) {
 		return []string{"quota_exceeded"}
