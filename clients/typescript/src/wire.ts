@@ -328,21 +328,39 @@ export interface DecideReply {
   error?: string;
   conditions?: string[];
   auditUnavailable?: boolean;
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
+/** Asks for a page of approvals, or one by id (Go: approvals.ListRequest). */
 export interface ListRequest {
   v: number;
   id?: string;
   status?: ApprovalStatus;
   capabilityId?: string;
   actor?: Actor;
+  /** The page's size: default 50, at most 500. */
+  limit?: number;
+  /** A page's next: where the next page begins. */
+  cursor?: string;
+  /** Only approvals no longer pending; not with status. */
+  decided?: boolean;
+  /** Each requester's approvals newest first. */
+  newest?: boolean;
 }
 
+/** One page of approvals: each requester's oldest first, the requesters taking turns. */
 export interface ListReply {
   v: number;
   records: Approval[];
   error?: string;
   conditions?: string[];
+  /** The cursor of the next page; absent when nothing more matches. */
+  next?: string;
+  /** Records sent without their input and display: alone, too large for a reply. */
+  trimmed?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 /** Asks the workers for one execution (capstan.executions.get.P; Go: executor.ExecutionRequest). */
@@ -376,9 +394,13 @@ export interface ExecutionView {
   approvals?: Approval[];
   /** Why the principal may see it: all, own, approvals. */
   scope?: string;
-  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid). */
+  /** What the view leaves out because the reply would exceed the payload: trail, approvals.input, output. */
+  omitted?: string[];
+  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid, quota_exceeded). */
   error?: string;
   conditions?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 // ---- schemas ----
@@ -619,6 +641,7 @@ export const decideReplySchema: Schema = [
   ["error", str],
   ["conditions", strs],
   ["auditUnavailable", bool],
+  ["details", anyv],
 ];
 
 export const listRequestSchema: Schema = [
@@ -627,6 +650,10 @@ export const listRequestSchema: Schema = [
   ["status", str],
   ["capabilityId", str],
   ["actor", actor],
+  ["limit", int],
+  ["cursor", str],
+  ["decided", bool],
+  ["newest", bool],
 ];
 
 export const listReplySchema: Schema = [
@@ -634,6 +661,9 @@ export const listReplySchema: Schema = [
   ["records", { t: "recs", s: approvalSchema, ptr: true }, []],
   ["error", str],
   ["conditions", strs],
+  ["next", str],
+  ["trimmed", strs],
+  ["details", anyv],
 ];
 
 export const executionRequestSchema: Schema = [
@@ -652,8 +682,10 @@ export const executionViewSchema: Schema = [
   ["envelope", { t: "rec", s: envelopeSchema, ptr: true }],
   ["approvals", { t: "recs", s: approvalSchema, ptr: true }],
   ["scope", str],
+  ["omitted", strs],
   ["error", str],
   ["conditions", strs],
+  ["details", anyv],
 ];
 
 // ---- the codec ----
