@@ -138,10 +138,11 @@ type WorkUnit interface {
 	// stages 12 and 13 (the receipt itself, or what the capability makes of
 	// it).
 	FromReceipt(ctx context.Context, n int, receipt envelope.Raw) (any, error)
-	// Reconcile asks the capability's reconciler whether attempt n took
-	// effect, under ctx (the reconciliation's timeout, the execution's
-	// cancel). Only called when Recovery().Reconciles.
-	Reconcile(ctx context.Context, n int) Reconciliation
+	// Reconcile asks the capability's reconciler whether attempt n, which
+	// was given the idempotency key key, took effect, under ctx (the
+	// reconciliation's timeout, the execution's cancel). Only called when
+	// Recovery().Reconciles.
+	Reconcile(ctx context.Context, n int, key string) Reconciliation
 }
 
 // Verdict is a reconciler's answer, as the takeover table reads it.
@@ -184,7 +185,10 @@ type Reconciliation struct {
 // Attempt is one call of a handler.
 type Attempt struct {
 	// N counts from 1; takeovers after a lost worker count too.
-	N      int
+	N int
+	// Key is the execution's idempotency key: the derivation its record
+	// names, the same for every attempt (DESIGN §6).
+	Key    string
 	Logger *slog.Logger
 	// Progress takes what the handler reports of its progress while the
 	// attempt runs (DESIGN §5, "Progress"): never blocking, never failing.
