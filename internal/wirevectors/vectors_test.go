@@ -224,7 +224,8 @@ func goVectors() []struct {
 		LastError: "TIMEOUT", CancelRequested: true, CancelRequestedAt: t8.Add(time.Second), ApprovalID: approvalID,
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8,
-		Progress: &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8}}
+		Progress:   &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8},
+		KeyVersion: envelope.IdempotencyKeyV2}
 	finalized := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: execution.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
 	pending := execution.Record{V: 1, ExecutionID: execID, State: execution.StatePending, CancelRequested: true,
@@ -566,6 +567,47 @@ func TestVectors_MsgIDs(t *testing.T) {
 	}
 	if have := readFile(t, path); !bytes.Equal(have, b) {
 		t.Errorf("%s is not what broker.MsgIDs makes today:\nhave %s\nnow  %s", path, have, b)
+	}
+}
+
+// KeyVector is an execution's idempotency key (envelope.IdempotencyKey):
+// what a handler is given, and what the system where its effect lives
+// stores. A client in another language (a service that looks effects up)
+// must derive the same.
+type KeyVector struct {
+	Principal   string `json:"principal"`
+	ExecutionID string `json:"executionId"`
+	// Key is this version's key, the principal's and the id's together
+	// (key version 2).
+	Key string `json:"key"`
+	// KeyV1 is the key an execution begun before key versions used: the
+	// id's alone, the same for every principal (key version 1, or none).
+	KeyV1 string `json:"keyV1"`
+}
+
+// TestVectors_IdempotencyKeys checks testdata/go/idempotency-keys.json
+// against envelope.IdempotencyKeyOf (-update writes it).
+func TestVectors_IdempotencyKeys(t *testing.T) {
+	var want []KeyVector
+	for _, c := range []struct{ principal, id string }{{"alice", execID}, {"bob", execID}, {"alice", "refund-42"},
+		{"bob", "refund-42"}, {"_anon", execID}} {
+		want = append(want, KeyVector{Principal: c.principal, ExecutionID: c.id,
+			Key:   envelope.IdempotencyKeyOf(envelope.IdempotencyKeyV2, c.principal, c.id),
+			KeyV1: envelope.IdempotencyKeyOf(envelope.IdempotencyKeyV1, c.principal, c.id)})
+	}
+	b, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, '\n')
+	path := filepath.Join("testdata", "go", "idempotency-keys.json")
+	if *update {
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if have := readFile(t, path); !bytes.Equal(have, b) {
+		t.Errorf("%s is not what envelope.IdempotencyKeyOf makes today:\nhave %s\nnow  %s", path, have, b)
 	}
 }
 

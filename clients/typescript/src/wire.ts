@@ -202,6 +202,12 @@ export interface ExecutionRecord {
   reattempts?: number;
   /** The running attempt's last progress report, as of the lease's last renewal. */
   progress?: Progress;
+  /**
+   * The idempotency key's derivation every attempt of the execution is
+   * given (idempotencyKeyOf); none: an execution begun before key
+   * versions, which keeps the key of its id alone.
+   */
+  keyVersion?: number;
 }
 
 /** A capability as the catalog and describe show it. */
@@ -508,6 +514,7 @@ export const recordSchema: Schema = [
   ["reconciliations", int],
   ["reattempts", int],
   ["progress", { t: "rec", s: progressSchemaFields(), ptr: true }],
+  ["keyVersion", int],
 ];
 
 const limitInfoSchema: Schema = [
