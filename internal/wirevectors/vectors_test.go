@@ -186,7 +186,7 @@ func approvalRecord(status approvals.Status) approvals.Record {
 	case approvals.StatusConsumed:
 		r.Decision = &approvals.Decision{Status: approvals.StatusApproved, Approver: envelope.Actor{ID: "carol", Kind: "user"},
 			DecidedAt: t8.Add(time.Minute)}
-		r.ConsumedBy, r.ConsumedAt = execID2, t8.Add(2*time.Minute)
+		r.ConsumedBy, r.ConsumedAt, r.ConsumedUnder = execID2, t8.Add(2*time.Minute), t8.Add(90*time.Second)
 		r.Display = json.RawMessage(`{"orderId":"o-42"}`)
 	}
 	return r
@@ -358,7 +358,7 @@ func goVectors() []struct {
 				ptr(approvalRecord(approvals.StatusRejected)), ptr(approvalRecord(approvals.StatusConsumed))}}},
 		{Vector{Name: "list-reply-empty", Kind: "listReply", About: "no approvals: the empty list is left out"},
 			&approvals.ListReply{V: 1, Records: []*approvals.Record{}}},
-		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution; input and display are canonical JSON carried as binary"},
+		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution, under the execution record created at consumedUnder; input and display are canonical JSON carried as binary"},
 			ptr(approvalRecord(approvals.StatusConsumed))},
 	}
 }

@@ -312,6 +312,11 @@ export interface Approval {
   requestedBy: string;
   consumedBy?: string;
   consumedAt?: string;
+  /**
+   * The execution record under which it was consumed (its creation time):
+   * only a takeover holding that record may use the approval again.
+   */
+  consumedUnder?: string;
   principal?: string;
   correlationId?: string;
 }
@@ -605,6 +610,7 @@ export const approvalSchema: Schema = [
   ["requestedBy", str, ""],
   ["consumedBy", str],
   ["consumedAt", time],
+  ["consumedUnder", time],
   ["principal", str],
   ["correlationId", str],
 ];

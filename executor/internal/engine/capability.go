@@ -69,6 +69,11 @@ type Request struct {
 	// SubjectCapability is the capability id of that subject ("" when it
 	// came through _unrouted): a body naming another is refused.
 	SubjectCapability string
+	// RecordCreated is when the execution record this delivery holds was
+	// created (zero before the claim: the short path). It names the record:
+	// an approval consumed under it may be used again by a delivery holding
+	// the same record, never under one made since (DESIGN §7).
+	RecordCreated time.Time
 	// Observer is told of the stages that wait on I/O (Stage, with the
 	// execution's context and an observe.Stage* name); nil: none.
 	Observer observe.Execution

@@ -571,7 +571,11 @@ func (e *Execution) idempotencyKey() string {
 
 // request is what the stages see of the execution.
 func (e *Execution) request() Request {
-	return Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
+	r := Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
+	if rec := e.claim.held(); rec != nil {
+		r.RecordCreated = rec.CreatedAt
+	}
+	return r
 }
 
 // trail files an execution's audit events (DESIGN §8). While it holds them,
