@@ -86,7 +86,7 @@ func TestApproval_ConsumedNeverRunsAgainAfterItsWindowsExpire(t *testing.T) {
 	}
 	for _, try := range []struct{ id, msgID string }{
 		{id, broker.Key(broker.Anonymous, id) + ".again"}, // the same request, past its windows
-		{"refund-43", "refund-43"},                       // another id naming the spent approval
+		{"refund-43", "refund-43"},                        // another id naming the spent approval
 	} {
 		got := resend(try.id, try.msgID)
 		mustFailWith(t, got, envelope.CodeApprovalConsumed)
