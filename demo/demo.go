@@ -565,8 +565,10 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: 10 * time.Minute,
 			// A report is heavy work: at most four render at once across the
-			// deployment; more wait their turn (`capstan limits` shows it).
-			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4}},
+			// deployment, at most three of one principal's, so that another's
+			// report finds a slot whatever one principal sends; more wait
+			// their turn (`capstan limits` shows it).
+			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4, PrincipalMax: 3}},
 		}, report),
 
 		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),

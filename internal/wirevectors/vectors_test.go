@@ -165,7 +165,10 @@ func descriptor(id string, approval bool) executor.Descriptor {
 		SideEffect: "write", Risk: "high", Tags: []string{"money", "orders"}, Expose: []executor.Surface{"direct", "mcp"},
 		Idempotent: true, TimeoutMs: 10000, RetryMaxAttempts: 2, RequiresApproval: approval, InputSchema: refundSchema(),
 		Limits: []executor.LimitInfo{
-			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once"},
+			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once, 3 per principal",
+				PrincipalMax: 3},
+			{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 1, AtLimit: executor.AtLimitWait,
+				Text: "at most 1 running at once per actor"},
 			{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
 				AtLimit: executor.AtLimitApproval, Text: "amount 2000 per 24h per actor"},
 		},

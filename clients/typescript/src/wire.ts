@@ -241,6 +241,8 @@ export interface LimitInfo {
   atLimit: "wait" | "refuse" | "approval" | (string & {});
   /** The limit in words, e.g. "10 per 1m per actor". */
   text: string;
+  /** The most of a concurrency limit's slots one principal may hold at once. */
+  principalMax?: number;
 }
 
 /** The catalog's _resources entry. */
@@ -530,6 +532,7 @@ const limitInfoSchema: Schema = [
   ["intervalMs", int],
   ["atLimit", str, ""],
   ["text", str, ""],
+  ["principalMax", int],
 ];
 
 export const descriptorSchema: Schema = [
