@@ -86,23 +86,17 @@ func ExecutionIDTime(id string) (t time.Time, ok bool) {
 	return time.UnixMilli(ms).UTC(), true
 }
 
-// Idempotency keys. An execution's key is fixed when its record is created
+// IdempotencyKeyVersion is the idempotency key's derivation a new
+// execution's record names: 2, the principal's and the execution id's
+// together (IdempotencyKey). Version 1 — and 0, a record that names none —
+// is the execution id's alone (IdempotencyKeyFromID), the key of executions
+// begun before v0.2. An execution's key is fixed when its record is created
 // and kept for its whole life (DESIGN §6): every attempt, takeover and
 // reconciliation of it uses the derivation its record names.
-const (
-	// IdempotencyKeyV1 derives the key from the execution id alone: the key of
-	// executions begun by capstan before v0.2, whose records name no version.
-	IdempotencyKeyV1 = 1
-	// IdempotencyKeyV2 derives it from the principal and the execution id: an
-	// effect belongs to its principal, and the same id used by two principals
-	// is two executions with two keys.
-	IdempotencyKeyV2 = 2
-	// IdempotencyKeyVersion is the derivation a new execution's record names.
-	IdempotencyKeyVersion = IdempotencyKeyV2
-)
+const IdempotencyKeyVersion = 2
 
 // IdempotencyKey derives the idempotency key of principal's execution
-// executionID (IdempotencyKeyV2): stable across retries, redeliveries and
+// executionID (version 2): stable across retries, redeliveries and
 // takeovers of one execution, distinct across executions and across
 // principals. It is the hex of the first 16 bytes of
 // SHA-256("capstan/idempotency/v2/" + principal + "." + executionID): the
@@ -113,18 +107,18 @@ func IdempotencyKey(principal, executionID string) string {
 }
 
 // IdempotencyKeyOf is the key the derivation version gives principal's
-// execution executionID: IdempotencyKeyV1 (and 0, what a record written
-// before versions were recorded names) the id alone, any other the
-// principal's and the id's together.
+// execution executionID: 1 (and 0, what a record written before versions
+// were recorded names) the id alone, any other the principal's and the id's
+// together.
 func IdempotencyKeyOf(version int, principal, executionID string) string {
-	if version <= IdempotencyKeyV1 {
+	if version <= 1 {
 		return IdempotencyKeyFromID(executionID)
 	}
 	return IdempotencyKey(principal, executionID)
 }
 
 // IdempotencyKeyFromID is the key of an execution begun before v0.2
-// (IdempotencyKeyV1): the hex of the first 16 bytes of
+// (version 1): the hex of the first 16 bytes of
 // SHA-256("capstan/idempotency/v1/" + executionID), the same for every
 // principal. Such an execution keeps it until it ends; use it to look up
 // effects stored under it.

@@ -157,7 +157,7 @@ func TestIdempotencyKey_DerivationIsPinned(t *testing.T) {
 	if got, want := IdempotencyKeyFromID(testExecutionID), "58febe7b500713b45da9f28a97b0dbb2"; got != want {
 		t.Errorf("IdempotencyKeyFromID(%q) = %s, want %s", testExecutionID, got, want)
 	}
-	for _, v := range []int{0, IdempotencyKeyV1} {
+	for _, v := range []int{0, 1} {
 		if got := IdempotencyKeyOf(v, "alice", testExecutionID); got != IdempotencyKeyFromID(testExecutionID) {
 			t.Errorf("IdempotencyKeyOf(%d) = %s, want the id-alone key", v, got)
 		}
@@ -165,7 +165,7 @@ func TestIdempotencyKey_DerivationIsPinned(t *testing.T) {
 	if got, want := IdempotencyKey("alice", testExecutionID), "b5948430f8a23b4aac726bc2f8645d1c"; got != want {
 		t.Errorf("IdempotencyKey(alice, %q) = %s, want %s", testExecutionID, got, want)
 	}
-	if got := IdempotencyKeyOf(IdempotencyKeyV2, "alice", testExecutionID); got != IdempotencyKey("alice", testExecutionID) {
+	if got := IdempotencyKeyOf(IdempotencyKeyVersion, "alice", testExecutionID); got != IdempotencyKey("alice", testExecutionID) {
 		t.Errorf("IdempotencyKeyOf(2) = %s", got)
 	}
 }

@@ -51,9 +51,9 @@ func TestIdempotencyKey_ExecutionBegunByAnEarlierVersionKeepsItsKey(t *testing.T
 			state: execution.StateBackoff, calls: 1, repeated: true},
 		// This version's records name their derivation: the same takeover
 		// looks the principal's key up.
-		{name: "Refund_ThisVersionsRecord", capability: "orders.refund", input: refund, version: envelope.IdempotencyKeyV2,
+		{name: "Refund_ThisVersionsRecord", capability: "orders.refund", input: refund, version: envelope.IdempotencyKeyVersion,
 			state: execution.StateRunning, recovered: envelope.RecoveredByReconciler},
-		{name: "Email_ThisVersionsRecord", capability: "email.send", input: email, version: envelope.IdempotencyKeyV2,
+		{name: "Email_ThisVersionsRecord", capability: "email.send", input: email, version: envelope.IdempotencyKeyVersion,
 			state: execution.StateRunning, recovered: envelope.RecoveredByReconciler},
 	}
 	for _, tc := range cases {

@@ -228,7 +228,7 @@ func goVectors() []struct {
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8,
 		Progress:   &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8},
-		KeyVersion: envelope.IdempotencyKeyV2}
+		KeyVersion: envelope.IdempotencyKeyVersion}
 	finalized := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: execution.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
 	pending := execution.Record{V: 1, ExecutionID: execID, State: execution.StatePending, CancelRequested: true,
@@ -595,8 +595,8 @@ func TestVectors_IdempotencyKeys(t *testing.T) {
 	for _, c := range []struct{ principal, id string }{{"alice", execID}, {"bob", execID}, {"alice", "refund-42"},
 		{"bob", "refund-42"}, {"_anon", execID}} {
 		want = append(want, KeyVector{Principal: c.principal, ExecutionID: c.id,
-			Key:   envelope.IdempotencyKeyOf(envelope.IdempotencyKeyV2, c.principal, c.id),
-			KeyV1: envelope.IdempotencyKeyOf(envelope.IdempotencyKeyV1, c.principal, c.id)})
+			Key:   envelope.IdempotencyKeyOf(envelope.IdempotencyKeyVersion, c.principal, c.id),
+			KeyV1: envelope.IdempotencyKeyOf(1, c.principal, c.id)})
 	}
 	b, err := json.MarshalIndent(want, "", "  ")
 	if err != nil {

@@ -7,11 +7,6 @@
 import { createHash } from "node:crypto";
 import { key } from "./names.js";
 
-/** Key version 1: the execution id alone (executions begun before key versions). */
-export const idempotencyKeyV1 = 1;
-/** Key version 2: the principal's and the execution id's together. */
-export const idempotencyKeyV2 = 2;
-
 /**
  * The idempotency key of principal's execution executionId: hex of the
  * first 16 bytes of SHA-256("capstan/idempotency/v2/" + principal + "." +
@@ -33,7 +28,7 @@ export function idempotencyKeyFromId(executionId: string): string {
 
 /** The key the derivation version gives: 0 (a record that names none) and 1 the id alone, 2 the principal's and the id's. */
 export function idempotencyKeyOf(version: number, principal: string, executionId: string): string {
-  return version <= idempotencyKeyV1 ? idempotencyKeyFromId(executionId) : idempotencyKey(principal, executionId);
+  return version <= 1 ? idempotencyKeyFromId(executionId) : idempotencyKey(principal, executionId);
 }
 
 function derived(text: string): string {

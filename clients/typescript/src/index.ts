@@ -34,7 +34,7 @@ export {
 export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } from "./errors.js";
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
-export { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf, idempotencyKeyV1, idempotencyKeyV2 } from "./idempotency.js";
+export { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "./idempotency.js";
 export {
   cleanProgressMessage,
   executionIdTime,
