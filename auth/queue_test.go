@@ -213,7 +213,7 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	unrouted := envelope.NewExecutionID()
 	publishUnrouted(t, aliceNC, "alice", "t.echo", unrouted)
 	env, err := alice.Await(ctx, unrouted)
-	if err != nil || env.Error == nil || env.Error.Code != envelope.CodeQuotaExceeded || env.Error.Details["quota"] != broker.QuotaQueuedRequests {
+	if err != nil || env.Error == nil || env.Error.Code != envelope.CodeQuotaExceeded || env.Error.Details["quota"] != envelope.QuotaQueuedRequests {
 		t.Fatalf("alice's unrouted request, forwarded into her full queue: %v %+v", err, env)
 	}
 	// Acknowledged after its envelope, the unrouted request leaves its place.
@@ -235,14 +235,14 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	if !errors.As(err, &cerr) || cerr.Code != envelope.CodeQuotaExceeded || !errors.Is(err, broker.ErrQueueFull) {
 		t.Fatalf("alice's submit over her quota: %v", err)
 	}
-	if cerr.Details["quota"] != broker.QuotaQueuedRequests || fmt.Sprint(cerr.Details["limit"]) != "3" || !cerr.Retryable {
+	if cerr.Details["quota"] != envelope.QuotaQueuedRequests || fmt.Sprint(cerr.Details["limit"]) != "3" || !cerr.Retryable {
 		t.Fatalf("refusal: %+v", cerr)
 	}
 	env, err = alice.Call(ctx, "t.echo", Echo{Text: "one too many, called"})
 	if err != nil || env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodeQuotaExceeded {
 		t.Fatalf("alice's call over her quota: %v %+v", err, env)
 	}
-	if m := env.ForModel(); m.Code != envelope.CodeQuotaExceeded || m.Details["quota"] != broker.QuotaQueuedRequests || fmt.Sprint(m.Details["limit"]) != "3" {
+	if m := env.ForModel(); m.Code != envelope.CodeQuotaExceeded || m.Details["quota"] != envelope.QuotaQueuedRequests || fmt.Sprint(m.Details["limit"]) != "3" {
 		t.Fatalf("what a model sees: %+v", m)
 	}
 	if _, err := r.admin.Envelopes.Get(ctx, broker.Key("alice", env.ExecutionID)); !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -276,7 +276,7 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	r.setQuotas(t, "alice", func(q *auth.Quotas) { q.QueuedBytes = 4 << 10 })
 	big := Echo{Text: strings.Repeat("x", 3<<10)}
 	_, err = alice.Submit(ctx, "t.echo", big)
-	if !errors.As(err, &cerr) || cerr.Code != envelope.CodeQuotaExceeded || cerr.Details["quota"] != broker.QuotaQueuedBytes ||
+	if !errors.As(err, &cerr) || cerr.Code != envelope.CodeQuotaExceeded || cerr.Details["quota"] != envelope.QuotaQueuedBytes ||
 		fmt.Sprint(cerr.Details["limit"]) != fmt.Sprint(4<<10) {
 		t.Fatalf("alice's submit over her bytes quota: %v", err)
 	}

@@ -302,13 +302,6 @@ func retireQueues(ctx context.Context, js jetstream.JetStream, n Names, want map
 	return nil
 }
 
-// The quotas a full queue is over, by the names of auth.Quotas and of a
-// QUOTA_EXCEEDED error's details.
-const (
-	QuotaQueuedRequests = "queuedRequests"
-	QuotaQueuedBytes    = "queuedBytes"
-)
-
 // ErrQueueFull marks a request its principal's queue refused at its
 // publication: the queue holds as many requests, or bytes, as it may. Nothing
 // was stored; the same request may be submitted again once the queue drains.
@@ -316,8 +309,8 @@ var ErrQueueFull = errors.New("capstan: queue full")
 
 // QueueFullError is a publication a full queue refused.
 type QueueFullError struct {
-	// Quota is what the queue holds as much of as it may: QuotaQueuedRequests
-	// or QuotaQueuedBytes.
+	// Quota is what the queue holds as much of as it may: envelope.QuotaQueuedRequests
+	// or envelope.QuotaQueuedBytes.
 	Quota string
 	// Err is the server's refusal.
 	Err error
@@ -326,7 +319,7 @@ type QueueFullError struct {
 // Error names the quota.
 func (e *QueueFullError) Error() string {
 	what := "requests"
-	if e.Quota == QuotaQueuedBytes {
+	if e.Quota == envelope.QuotaQueuedBytes {
 		what = "bytes"
 	}
 	return fmt.Sprintf("capstan: the queue holds as many %s as its principal may have waiting (quota %s): %v", what, e.Quota, e.Err)
@@ -352,9 +345,9 @@ func AsQueueFull(err error) *QueueFullError {
 	}
 	switch {
 	case strings.Contains(apiErr.Description, "maximum messages exceeded"):
-		return &QueueFullError{Quota: QuotaQueuedRequests, Err: err}
+		return &QueueFullError{Quota: envelope.QuotaQueuedRequests, Err: err}
 	case strings.Contains(apiErr.Description, "maximum bytes exceeded"):
-		return &QueueFullError{Quota: QuotaQueuedBytes, Err: err}
+		return &QueueFullError{Quota: envelope.QuotaQueuedBytes, Err: err}
 	}
 	return nil
 }
@@ -413,28 +406,29 @@ const QueueRetryAfter = time.Second
 
 // QuotaError is the refusal of a request its principal's full queue did not
 // take (DESIGN §12 "Quotas"): QUOTA_EXCEEDED, stage queue, exposed to the
-// model with the quota, its limit (-1: not known) and when to try again.
-// Nothing of it was stored or run.
+// model with the quota, its limit (-1: not known, left out) and when to try
+// again (envelope.QuotaExceeded). Nothing of it was stored or run.
 func (e *QueueFullError) QuotaError(limit int64) *envelope.CapabilityError {
-	what := "requests"
-	if e.Quota == QuotaQueuedBytes {
-		what = "bytes of requests"
+	what := "requests waiting to start"
+	if e.Quota == envelope.QuotaQueuedBytes {
+		what = "bytes of requests waiting to start"
 	}
-	msg := "Too many " + what + " of this caller are waiting to start"
-	details := map[string]any{"quota": e.Quota, "retryAfterMs": QueueRetryAfter.Milliseconds()}
+	var cerr *envelope.CapabilityError
 	if limit >= 0 {
-		msg += fmt.Sprintf(" (%s: %d)", e.Quota, limit)
-		details["limit"] = limit
+		cerr = envelope.QuotaExceeded(envelope.StageQueue, e.Quota, what, limit, QueueRetryAfter)
+	} else {
+		cerr = envelope.QuotaRefusal(fmt.Sprintf("Over the %s quota: too many %s. Try again in %s.", e.Quota, what, QueueRetryAfter),
+			map[string]any{"quota": e.Quota, "retryAfterMs": QueueRetryAfter.Milliseconds()})
+		cerr.Stage = envelope.StageQueue
 	}
-	msg += "; the call was not queued. Try again once some have run."
-	return &envelope.CapabilityError{Code: envelope.CodeQuotaExceeded, Stage: envelope.StageQueue, ExposeToModel: true,
-		Retryable: true, Message: msg, Details: details, Cause: e}
+	cerr.Cause = e
+	return cerr
 }
 
-// Limit is what q may hold of quota (QuotaQueuedRequests or
-// QuotaQueuedBytes); -1: no bound.
+// Limit is what q may hold of quota (envelope.QuotaQueuedRequests or
+// envelope.QuotaQueuedBytes); -1: no bound.
 func (u QueueUsage) Limit(quota string) int64 {
-	if quota == QuotaQueuedBytes {
+	if quota == envelope.QuotaQueuedBytes {
 		return u.MaxBytes
 	}
 	return u.MaxRequests

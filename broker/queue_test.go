@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -28,7 +29,7 @@ func TestQueue_FullRefusesAtPublicationAndDropsNothing(t *testing.T) {
 		}
 	}
 	full := broker.AsQueueFull(err)
-	if full == nil || full.Quota != broker.QuotaQueuedBytes {
+	if full == nil || full.Quota != envelope.QuotaQueuedBytes {
 		t.Fatalf("after %d requests: %v, want a full queue's refusal of its bytes", stored, err)
 	}
 	info, ierr := b.Exec.Info(ctx)
@@ -134,7 +135,7 @@ func TestProvisionQueues_OnePerPrincipalBoundedAndRetired(t *testing.T) {
 	// alice's queue holds two requests, and refuses the third.
 	for i := range 3 {
 		_, err := b.JS.Publish(ctx, b.Names.ExecSubject("alice", "demo.echo"), []byte("r"))
-		if full := broker.AsQueueFull(err); (i < 2) != (err == nil) || (i == 2 && (full == nil || full.Quota != broker.QuotaQueuedRequests)) {
+		if full := broker.AsQueueFull(err); (i < 2) != (err == nil) || (i == 2 && (full == nil || full.Quota != envelope.QuotaQueuedRequests)) {
 			t.Fatalf("alice's request %d: %v", i, err)
 		}
 	}

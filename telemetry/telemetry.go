@@ -152,7 +152,7 @@ func (t *Telemetry) countQuota(env *envelope.Envelope, err error) {
 	}
 	quota, _ := details["quota"].(string)
 	switch quota {
-	case "queuedRequests", "queuedBytes", "pendingApprovals", "controlPerSecond":
+	case envelope.QuotaQueuedRequests, envelope.QuotaQueuedBytes, envelope.QuotaPendingApprovals, envelope.QuotaControlPerSecond:
 	default:
 		quota = "other" // a label a caller cannot grow
 	}
@@ -165,6 +165,12 @@ func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 // Skipped counts a record of bucket a listing skipped because it does not
 // decode. Buckets are capstan's few: the label stays small.
 func (t *Telemetry) Skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }
+
+// QuotaExceeded counts a request refused because principal was over quota.
+// Principals are the deployment's grants, so the label stays bounded.
+func (t *Telemetry) QuotaExceeded(quota, principal string) {
+	t.m.quotaExceeded.WithLabelValues(quota, principal).Inc()
+}
 
 // Begin continues the request's trace with a span for its queue wait (on its
 // first delivery) and one for the worker's processing.

@@ -49,7 +49,7 @@ func TestDevWithAuth_OverItsQueueQuotaRefusedAtTheDoor(t *testing.T) {
 		t.Fatalf("call over the quota: exit %d %+v: %s", code, env, stderr)
 	}
 	if _, stderr, code := capstan(t, url, "submit", "demo.echo", alice, "--input", `{"over":true}`); code != exitFailed ||
-		!strings.Contains(stderr, "QUOTA_EXCEEDED") || !strings.Contains(stderr, "queuedRequests: 2") {
+		!strings.Contains(stderr, "QUOTA_EXCEEDED") || !strings.Contains(stderr, "at most 2 requests") {
 		t.Fatalf("submit over the quota: exit %d: %s", code, stderr)
 	}
 

@@ -610,6 +610,7 @@ func (r *Runner) refuseFull(msg jetstream.Msg, req *envelope.Request, principal 
 	}
 	cancel()
 	cerr := full.QuotaError(limit)
+	r.cfg.Observer.QuotaExceeded(full.Quota, principal)
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed, Error: cerr.Wire()}
 	if r.endWithoutRun(msg, r.bare(msg, req, principal), env, "quota: "+full.Quota) {
 		ackSync(msg)
