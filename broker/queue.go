@@ -387,22 +387,9 @@ func usageOf(principal string, info *jetstream.StreamInfo) QueueUsage {
 		MaxRequests: unlimited(info.Config.MaxMsgs), MaxBytes: unlimited(info.Config.MaxBytes)}
 }
 
-// Usage reads what q holds and may hold now.
-func (q Queue) Usage(ctx context.Context) (QueueUsage, error) {
-	info, err := q.Stream.Info(ctx)
-	if err != nil {
-		return QueueUsage{}, fmt.Errorf("capstan: read queue %s: %w", q.Name, err)
-	}
-	p := q.Principal
-	if p == "" {
-		p = Anonymous
-	}
-	return usageOf(p, info), nil
-}
-
-// QueueRetryAfter is the wait a refusal of a full queue suggests: a queue
+// queueRetryAfter is the wait a refusal of a full queue suggests: a queue
 // drains as workers start its requests, at a pace no one can promise.
-const QueueRetryAfter = time.Second
+const queueRetryAfter = time.Second
 
 // QuotaError is the refusal of a request its principal's full queue did not
 // take (DESIGN §12 "Quotas"): QUOTA_EXCEEDED, stage queue, exposed to the
@@ -415,10 +402,10 @@ func (e *QueueFullError) QuotaError(limit int64) *envelope.CapabilityError {
 	}
 	var cerr *envelope.CapabilityError
 	if limit >= 0 {
-		cerr = envelope.QuotaExceeded(envelope.StageQueue, e.Quota, what, limit, QueueRetryAfter)
+		cerr = envelope.QuotaExceeded(envelope.StageQueue, e.Quota, what, limit, queueRetryAfter)
 	} else {
-		cerr = envelope.QuotaRefusal(fmt.Sprintf("Over the %s quota: too many %s. Try again in %s.", e.Quota, what, QueueRetryAfter),
-			map[string]any{"quota": e.Quota, "retryAfterMs": QueueRetryAfter.Milliseconds()})
+		cerr = envelope.QuotaRefusal(fmt.Sprintf("Over the %s quota: too many %s. Try again in %s.", e.Quota, what, queueRetryAfter),
+			map[string]any{"quota": e.Quota, "retryAfterMs": queueRetryAfter.Milliseconds()})
 		cerr.Stage = envelope.StageQueue
 	}
 	cerr.Cause = e
