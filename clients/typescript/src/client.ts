@@ -367,7 +367,7 @@ function queueFull(err: unknown): "queuedRequests" | "queuedBytes" | undefined {
   return undefined;
 }
 
-/** The wait a full queue's refusal suggests (Go: broker.QueueRetryAfter). */
+/** The wait a full queue's refusal suggests, as Go's (broker.QueueFullError.QuotaError). */
 const queueRetryAfterMs = 1000;
 
 /** How long a refusal of a full queue waits for the workers to say its limit. */
