@@ -67,7 +67,7 @@ export async function aiTools(client: Client, options: ToolsOptions = {}): Promi
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
     if (name in tools) throw new CapstanError("INVALID_ARGUMENT", `capstan: two capabilities are both the tool ${name}`);
-    const { schema, wrapped } = objectSchema(d.inputSchema ?? {});
+    const { schema, wrapped } = objectSchema(jsonSafe(d.inputSchema ?? {}) as Record<string, unknown>);
     const description = d.requiresApproval === true ? `${d.description} Needs someone else's approval before it runs.`.trim() : d.description;
     tools[name] = {
       description,
@@ -220,6 +220,29 @@ function unavailable(err: unknown): unknown {
       ? `capstan is unavailable and did not confirm this call; it may run as execution ${id}. Call ${statusToolName} with this executionId later to learn whether it ran, before calling again.`
       : "capstan is unavailable; try again later.";
   return { error: { code: "INTERNAL_ERROR", message, retryable: true }, ...(id !== undefined ? { executionId: id } : {}) };
+}
+
+/** The keywords of a bound, which a bound no JSON number holds exactly leaves out. */
+const bounds = new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]);
+
+/**
+ * A schema as JSON.stringify writes it: a provider's SDK serializes tools'
+ * schemas so, and throws on a bigint. A server of capstan 0.1 bounded 64-bit
+ * integers by ±2^63, which msgpack decodes as bigint: such a bound, beyond
+ * what a JSON number holds exactly, is left out (the workers' input check
+ * still enforces it); any other bigint becomes a number where one holds it
+ * exactly, else its decimal text.
+ */
+function jsonSafe(v: unknown): unknown {
+  if (typeof v === "bigint") return Number.isSafeInteger(Number(v)) ? Number(v) : v.toString();
+  if (Array.isArray(v)) return v.map(jsonSafe);
+  if (v === null || typeof v !== "object" || v instanceof Date || v instanceof Uint8Array) return v;
+  const out: Record<string, unknown> = {};
+  for (const [k, e] of Object.entries(v)) {
+    if (typeof e === "bigint" && bounds.has(k) && !Number.isSafeInteger(Number(e))) continue;
+    out[k] = jsonSafe(e);
+  }
+  return out;
 }
 
 /**

@@ -13,6 +13,9 @@ import { Kvm } from "@nats-io/kv";
 import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
 import { encodeEnvelope, encodeProgress } from "../src/wire.js";
 import { aiTools } from "../src/ai.js";
+import { generateText, jsonSchema, type ToolSet } from "ai";
+import { createOpenAI } from "@ai-sdk/openai";
+import { createAnthropic } from "@ai-sdk/anthropic";
 import { main } from "../examples/scripted-agent.js";
 import { startDev, type Dev } from "./capstan.js";
 
@@ -372,7 +375,72 @@ describe("what a client must refuse", () => {
   });
 });
 
+/**
+ * A fetch that keeps each request's body and answers as the provider would
+ * with a short text: the AI SDK's own request building, with no network.
+ */
+function capturing(answer: unknown): { fetch: typeof fetch; bodies: string[] } {
+  const bodies: string[] = [];
+  const f = (_url: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    bodies.push(String(init?.body));
+    return Promise.resolve(new Response(JSON.stringify(answer), { status: 200, headers: { "content-type": "application/json" } }));
+  };
+  return { fetch: f as typeof fetch, bodies };
+}
+
+const openAIChatAnswer = {
+  id: "chatcmpl-1", object: "chat.completion", created: 0, model: "gpt-4o",
+  choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }],
+  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+};
+const anthropicAnswer = {
+  id: "msg_1", type: "message", role: "assistant", model: "claude-sonnet-4-5", content: [{ type: "text", text: "ok" }],
+  stop_reason: "end_turn", stop_sequence: null, usage: { input_tokens: 1, output_tokens: 1 },
+};
+
+/** Whether v holds a bigint anywhere: JSON.stringify throws on one. */
+function holdsBigint(v: unknown): boolean {
+  if (typeof v === "bigint") return true;
+  if (v === null || typeof v !== "object") return false;
+  return Object.values(v).some(holdsBigint);
+}
+
 describe("AI SDK tools", () => {
+  test("the tools go to model providers as the AI SDK builds their requests: valid JSON, every schema intact", async () => {
+    const discovery = await c.describe({ surface: "mcp" });
+    const int64 = discovery.capabilities.find((d) => d.id === "orders.refund")?.inputSchema as { properties: { amount: unknown } };
+    assert.deepEqual(int64.properties.amount, { type: "integer", format: "int64" }); // no bound beyond 2^53
+    for (const wrap of [undefined, jsonSchema] as const) {
+      const tools = await aiTools(c, { surface: "mcp", ...(wrap !== undefined ? { jsonSchema: (s: Record<string, unknown>) => wrap(s) } : {}) });
+      for (const [name, t] of Object.entries(tools)) {
+        const s = (t.inputSchema as { jsonSchema: unknown }).jsonSchema;
+        assert.ok(!holdsBigint(s), `${name}: a bigint in its schema`);
+      }
+      const openai = capturing(openAIChatAnswer);
+      const anthropic = capturing(anthropicAnswer);
+      for (const model of [
+        createOpenAI({ apiKey: "none", fetch: openai.fetch }).chat("gpt-4o"),
+        createAnthropic({ apiKey: "none", fetch: anthropic.fetch })("claude-sonnet-4-5"),
+      ]) {
+        const r = await generateText({ model, tools: tools as unknown as ToolSet, prompt: "Refund order o-1.", maxRetries: 0 });
+        assert.equal(r.text, "ok");
+      }
+      const sent = (t: { jsonSchema: unknown }): unknown => JSON.parse(JSON.stringify(t.jsonSchema));
+      assert.equal(openai.bodies.length, 1);
+      const ob = JSON.parse(openai.bodies[0] as string) as { tools: { function: { name: string; parameters: unknown } }[] };
+      assert.deepEqual(ob.tools.map((t) => t.function.name).sort(), Object.keys(tools).sort());
+      for (const t of ob.tools) {
+        assert.deepEqual(t.function.parameters, sent(tools[t.function.name]?.inputSchema as { jsonSchema: unknown }), t.function.name);
+      }
+      assert.equal(anthropic.bodies.length, 1);
+      const ab = JSON.parse(anthropic.bodies[0] as string) as { tools: { name: string; input_schema: unknown }[] };
+      assert.deepEqual(ab.tools.map((t) => t.name).sort(), Object.keys(tools).sort());
+      for (const t of ab.tools) {
+        assert.deepEqual(t.input_schema, sent(tools[t.name]?.inputSchema as { jsonSchema: unknown }), t.name);
+      }
+    }
+  });
+
   test("the capabilities become tools in the SDK's shape; execute is a governed call", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     assert.ok("demo_echo" in tools && "orders_refund" in tools && "capstan_resume" in tools && "capstan_status" in tools);
