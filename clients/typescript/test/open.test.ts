@@ -381,11 +381,11 @@ describe("what a client must refuse", () => {
  */
 function capturing(answer: unknown): { fetch: typeof fetch; bodies: string[] } {
   const bodies: string[] = [];
-  const f = (_url: string | URL | Request, init?: RequestInit): Promise<Response> => {
-    bodies.push(String(init?.body));
+  const f: typeof fetch = (_url, init) => {
+    bodies.push(typeof init?.body === "string" ? init.body : "");
     return Promise.resolve(new Response(JSON.stringify(answer), { status: 200, headers: { "content-type": "application/json" } }));
   };
-  return { fetch: f as typeof fetch, bodies };
+  return { fetch: f, bodies };
 }
 
 const openAIChatAnswer = {
