@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
@@ -362,7 +363,8 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 // envelope is no longer kept fails at once with an *ExpiredError
 // (errors.Is(err, ErrExpired)): see ExpiredError for when. An id of which
 // nothing is stored, as the workers tell (no request in its queue, no record,
-// no envelope), fails at once with ErrNoSuchExecution.
+// no envelope), fails at once with ErrNoSuchExecution; an id made less than
+// two seconds ago (its request may be on its way) once it is two seconds old.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
 	// An id that can never name an execution has no envelope to wait for.
 	if err := envelope.ValidExecutionID(executionID); err != nil {
@@ -384,14 +386,54 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 			c.w.Remove(executionID, ch)
 			return nil, xerr
 		}
+		if young := youngFor(executionID); young > 0 {
+			// Its request may be on its way: the workers are asked once
+			// the id is old enough, while the wait goes on.
+			return c.awaitAsking(ctx, executionID, ch, young)
+		}
 		if c.unknown(ctx, executionID) {
 			c.w.Remove(executionID, ch)
-			return nil, fmt.Errorf("%w: %s: neither its request, nor its record, nor its envelope is stored", ErrNoSuchExecution, executionID)
+			return nil, noSuchExecution(executionID)
 		}
 	}
 	// The waiter was registered before the read: an envelope stored since
 	// comes on the subscription.
 	return c.w.AwaitFresh(ctx, executionID, ch, c.w.Reconnects())
+}
+
+func noSuchExecution(id string) error {
+	return fmt.Errorf("%w: %s: neither its request, nor its record, nor its envelope is stored", ErrNoSuchExecution, id)
+}
+
+// youngFor is how long until an execution id is probeAfter old: 0 for an id
+// older, or one that does not say (not a UUIDv7); at most probeAfter (an id
+// made in this clock's future).
+func youngFor(id string) time.Duration {
+	made, ok := envelope.ExecutionIDTime(id)
+	if !ok {
+		return 0
+	}
+	return min(max(probeAfter-time.Since(made), 0), probeAfter)
+}
+
+// awaitAsking waits for the envelope of a young id, asking the workers after
+// wait whether anything of it is stored: a request that never arrives ends
+// the wait with ErrNoSuchExecution then, not at ctx's end.
+func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.Envelope, wait time.Duration) (*envelope.Envelope, error) {
+	errGone := noSuchExecution(id)
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := time.AfterFunc(wait, func() {
+		if c.unknown(actx, id) {
+			cancel(errGone)
+		}
+	})
+	defer t.Stop()
+	env, err := c.w.AwaitFresh(actx, id, ch, c.w.Reconnects())
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errGone) {
+		return nil, errGone
+	}
+	return env, err
 }
 
 // probeWait bounds how long Await asks the workers whether an execution
@@ -406,9 +448,6 @@ const probeAfter = 2 * time.Second
 // envelope (read in that order, which no claim racing the reads can hide it
 // from). Without an answer (no worker, an older one) it is not unknown.
 func (c *Client) unknown(ctx context.Context, executionID string) bool {
-	if made, ok := envelope.ExecutionIDTime(executionID); ok && time.Since(made) < probeAfter {
-		return false // just made: its request may be on its way (a submit awaited at once)
-	}
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	v, err := c.Execution(pctx, ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true})
@@ -684,7 +723,11 @@ func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.
 
 // Cancel asks the workers to cancel one of the client's executions (another
 // principal's, for an admin, with OwnedBy). Cancelling is terminal at any
-// point: before a claim, during an attempt, during a backoff.
+// point: before a claim, during an attempt, during a backoff. An execution
+// that ended is not changed: the reply says Finalized and its Status, for as
+// long as its envelope is kept. An id of which nothing is stored (no request
+// in its queue, no record, no envelope) fails with ErrNoSuchExecution, and
+// nothing is recorded.
 func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelOption) (*CancelReply, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
@@ -712,6 +755,20 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 	var r CancelReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("capstan: cancel %s: bad reply: %w", executionID, err)
+	}
+	if slices.Contains(r.Conditions, "unknown") {
+		owner := c.principal
+		for _, o := range opts {
+			var req CancelRequest
+			o(&req)
+			if req.Owner != "" {
+				owner = req.Owner
+			}
+		}
+		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
+			return nil, xerr
+		}
+		return nil, fmt.Errorf("%w: %s: nothing of it is stored; nothing was recorded", ErrNoSuchExecution, executionID)
 	}
 	if r.Error != "" {
 		return &r, fmt.Errorf("capstan: cancel %s: %s", executionID, r.Error)

@@ -375,7 +375,7 @@ func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
 	case r.Error != "":
 		fmt.Fprintf(w, "%s: the cancel was not recorded\n", r.ExecutionID)
 	case r.Finalized:
-		fmt.Fprintf(w, "%s has ended: %s\n", r.ExecutionID, st.status(string(r.Status)))
+		fmt.Fprintf(w, "%s already ended: %s; the cancel changed nothing\n", r.ExecutionID, st.status(string(r.Status)))
 	default:
 		fmt.Fprintf(w, "%s: cancel recorded (it was %s); 'capstan await %s' shows its end\n", r.ExecutionID,
 			st.status(string(r.State)), r.ExecutionID)

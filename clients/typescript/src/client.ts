@@ -115,6 +115,8 @@ export interface CancelReply {
   finalized?: boolean;
   status?: Status;
   error?: string;
+  /** Names a refusal: "unknown" when nothing of the execution is stored (cancel rejects with UNKNOWN_EXECUTION then). */
+  conditions?: string[];
 }
 
 export interface ExecutionOptions {
@@ -180,6 +182,8 @@ const requestMs = 10_000; // cancel, describe, approvals
 const executionRequestMs = 15_000; // an execution the workers read
 const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
+const probeAfterMs = 2000; // an id younger than this may name a request on its way
+const probeWaitMs = 2000; // how long await asks the workers whether an execution exists
 
 /** Connects to NATS as the credentials' principal and opens a client on the connection, which it owns. */
 export async function connect(options: ConnectOptions = {}): Promise<Client> {
@@ -845,7 +849,10 @@ export class Client {
   /**
    * Waits for an execution's envelope until signal ends the wait. An
    * execution whose envelope is no longer kept fails at once with an
-   * ExpiredError (code EXPIRED).
+   * ExpiredError (code EXPIRED); an id of which nothing is stored, as the
+   * workers tell (no request in its queue, no record, no envelope), with
+   * UNKNOWN_EXECUTION: at once, or, for an id made less than two seconds
+   * ago (its request may be on its way), once it is two seconds old.
    */
   async await(executionId: string, options: AwaitOptions = {}): Promise<Envelope> {
     this.checkOpen(executionId);
@@ -861,6 +868,7 @@ export class Client {
 
   private async awaitEnvelope(executionId: string, options: AwaitOptions): Promise<Envelope> {
     const w = this.w.add(executionId);
+    let probeInMs: number | undefined;
     try {
       const env = await this.loadEnvelope(this.principal, executionId, options.signal);
       if (env !== undefined) {
@@ -869,8 +877,15 @@ export class Client {
       }
       const xerr = await this.expired(this.principal, executionId, options.signal);
       if (xerr !== undefined) throw xerr;
+      // Nothing stored of it, as the workers tell: it fails at once. An id
+      // made a moment ago may name a request on its way: the workers are
+      // asked once it is old enough.
+      const made = wire.executionIdTime(executionId);
+      const young = made === undefined ? 0 : made.getTime() + probeAfterMs - Date.now();
+      if (young > 0) probeInMs = young;
+      else if (await this.unknown(executionId, options.signal)) throw unknownExecution(executionId);
     } catch (err) {
-      if (err instanceof CapstanError && (err.code === "EXPIRED" || err.code === "ABORTED" || err.code === "DECODE")) {
+      if (err instanceof CapstanError && ["EXPIRED", "ABORTED", "DECODE", "UNKNOWN_EXECUTION"].includes(err.code)) {
         this.w.remove(executionId, w.waiter);
         throw err;
       }
@@ -878,7 +893,35 @@ export class Client {
       // an envelope stored since, and its re-reads cover the read that failed.
       this.log.debug?.("envelope unreadable for now; waiting for it", { executionId, err: (err as Error).message });
     }
-    return this.w.wait(executionId, w, options.signal);
+    if (probeInMs === undefined) return this.w.wait(executionId, w, options.signal);
+    const gone = new AbortController();
+    const timer = setTimeout(() => {
+      void this.unknown(executionId, options.signal).then((unknown) => {
+        if (unknown) gone.abort(unknownExecution(executionId));
+      });
+    }, probeInMs);
+    try {
+      return await this.w.wait(executionId, w, options.signal === undefined ? gone.signal : AbortSignal.any([options.signal, gone.signal]));
+    } catch (err) {
+      if (gone.signal.aborted && options.signal?.aborted !== true) throw gone.signal.reason as CapstanError;
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * Whether the workers say that nothing of this principal's execution is
+   * stored: no request in its queue, no record, no envelope. Without an
+   * answer (no worker, an older one) it is not unknown.
+   */
+  private async unknown(executionId: string, signal?: AbortSignal): Promise<boolean> {
+    try {
+      const v = await this.execution(executionId, { probe: true, owner: this.principal, timeoutMs: probeWaitMs, ...(signal !== undefined ? { signal } : {}) });
+      return v.state === "unknown";
+    } catch {
+      return false;
+    }
   }
 
   /**
@@ -956,8 +999,11 @@ export class Client {
    * Asks the workers to cancel one of this principal's executions (an
    * admin's credentials may name another principal as owner). Cancelling is
    * terminal at any point: before a claim, during an attempt, during a
-   * backoff. A refusal the workers answer rejects with REFUSED, the reply
-   * attached as its cause.
+   * backoff. An execution that ended is not changed: the reply says
+   * finalized and its status. An id of which nothing is stored rejects with
+   * UNKNOWN_EXECUTION (EXPIRED for one older than the retention), and
+   * nothing is recorded. A refusal the workers answer rejects with REFUSED,
+   * the reply attached as its cause.
    */
   async cancel(executionId: string, options: { owner?: string; signal?: AbortSignal; timeoutMs?: number } = {}): Promise<CancelReply> {
     const bad = wire.invalidExecutionId(executionId);
@@ -969,6 +1015,11 @@ export class Client {
       r = JSON.parse(new TextDecoder().decode(m.data)) as CancelReply;
     } catch (err) {
       throw new CapstanError("DECODE", `capstan: cancel ${executionId}: bad reply: ${(err as Error).message}`, { cause: err, executionId });
+    }
+    if (r.conditions?.includes("unknown") === true) {
+      const xerr = await this.expired(options.owner ?? this.principal, executionId, options.signal);
+      if (xerr !== undefined) throw xerr;
+      throw new CapstanError("UNKNOWN_EXECUTION", `capstan: cancel ${executionId}: no such execution: nothing of it is stored; nothing was recorded`, { executionId, conditions: r.conditions });
     }
     if (r.error !== undefined && r.error !== "") {
       throw new CapstanError("REFUSED", `capstan: cancel ${executionId}: ${r.error}`, { cause: r, executionId });
@@ -1072,6 +1123,10 @@ export class Client {
     if (r.record === undefined) throw new CapstanError("DECODE", `capstan: decide ${approvalId}: a reply without the approval`);
     return r.record;
   }
+}
+
+function unknownExecution(executionId: string): CapstanError {
+  return new CapstanError("UNKNOWN_EXECUTION", `capstan: no such execution: ${executionId}: neither its request, nor its record, nor its envelope is stored`, { executionId });
 }
 
 function notFound(cause: string): CapabilityError {

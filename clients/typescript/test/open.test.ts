@@ -523,9 +523,23 @@ describe("expiry and start deadlines", () => {
     await assert.rejects(c.status(id), (e: CapstanError) => e.code === "EXPIRED");
   });
 
-  test("an id the client did not make says nothing of its age: awaiting it waits", async () => {
-    await assert.rejects(c.await("not-a-uuid", { signal: AbortSignal.timeout(300) }), (e: CapstanError) => e.code === "ABORTED");
-    await assert.rejects(c.status("not-a-uuid"), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+  test("an id nothing is stored of fails at once with UNKNOWN_EXECUTION, as the CLI's await does; a cancel of it records nothing", async () => {
+    const hex = (Date.now() - 60_000).toString(16).padStart(12, "0");
+    for (const id of ["not-a-uuid", `${hex.slice(0, 8)}-${hex.slice(8)}-7abc-8def-0123456789ab`]) { // a UUIDv7 of a minute ago
+      await assert.rejects(c.await(id, { signal: bound() }), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.status(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.cancel(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.status(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION"); // nothing recorded
+    }
+    // An id made a moment ago may name a request on its way: asked again once two seconds old.
+    await assert.rejects(c.await(newExecutionId(), { signal: bound() }), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+  });
+
+  test("a cancel of an execution that ended says so, with its outcome", async () => {
+    const env = await c.call("demo.echo", { n: 1 }, { signal: bound() });
+    const r = await c.cancel(env.executionId);
+    assert.equal(r.finalized, true);
+    assert.equal(r.status, "completed");
   });
 
   test("a request no worker starts by its start deadline ends NOT_STARTED", async () => {
