@@ -187,21 +187,21 @@ func generate(t *testing.T, r *rand.Rand, s map[string]any, defs map[string]any,
 }
 
 type everyNumber struct {
-	I    int           `json:"i"`
-	I8   int8          `json:"i8"`
-	I16  int16         `json:"i16"`
-	I32  int32         `json:"i32"`
-	I64  int64         `json:"i64"`
-	U    uint          `json:"u"`
-	U8   uint8         `json:"u8"`
-	U32  uint32        `json:"u32"`
-	U64  uint64        `json:"u64"`
-	UP   uintptr       `json:"up"`
-	F32  float32       `json:"f32"`
-	D    time.Duration `json:"d"`
-	Q    int64         `json:"q,string"`
-	P    *uint64       `json:"p"`
-	M    map[int64]int `json:"m"`
+	I   int           `json:"i"`
+	I8  int8          `json:"i8"`
+	I16 int16         `json:"i16"`
+	I32 int32         `json:"i32"`
+	I64 int64         `json:"i64"`
+	U   uint          `json:"u"`
+	U8  uint8         `json:"u8"`
+	U32 uint32        `json:"u32"`
+	U64 uint64        `json:"u64"`
+	UP  uintptr       `json:"up"`
+	F32 float32       `json:"f32"`
+	D   time.Duration `json:"d"`
+	Q   int64         `json:"q,string"`
+	P   *uint64       `json:"p"`
+	M   map[int64]int `json:"m"`
 }
 
 // A schema goes to model providers through JavaScript's JSON.stringify, which
