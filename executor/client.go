@@ -34,6 +34,11 @@ type ClientConfig struct {
 	// Observer is told of every request the client submits, for metrics and
 	// traces (see package telemetry). Default: nothing is observed.
 	Observer observe.Client
+	// Unserved is what a call does when no live worker serves its
+	// capability: UnservedQueue (the default) stores it and says so at once
+	// with an *UnservedError; UnservedRefuse stores nothing; UnservedWait
+	// waits for a worker.
+	Unserved Unserved
 	// StartWithin is how long a request may wait for a worker to start it
 	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin,
 	// and never more than MaxStartWithin of the envelope retention: a longer
@@ -125,7 +130,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if c.principal != broker.Anonymous {
 		// A principal may not create consumers (a push consumer's deliveries
 		// could be aimed at any subject): it reads catalog entries by key.
-		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
+		c.probe = &catalogProbe{kv: b.Catalog, live: map[string]time.Time{}}
 		return c, nil
 	}
 	c.cat, err = watchCatalog(c.ctx, b, 0, func(key string, err error) {
@@ -318,20 +323,39 @@ func toRaw(input any) (envelope.Raw, error) {
 }
 
 // message turns a request into its JetStream message. A capability the catalog
-// does not list goes to _unrouted, where a worker decides.
-func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
+// does not list goes to _unrouted, where a worker decides. unserved is set
+// when no live worker serves it (see place).
+func (c *Client) message(ctx context.Context, r *envelope.Request) (m *nats.Msg, unserved *UnservedError, err error) {
 	b, err := envelope.Marshal(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if c.listed(r.CapabilityID) {
+	p := c.place(ctx, r.CapabilityID)
+	if p.listed {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
-	m := nats.NewMsg(subject)
+	if u := p.unserved; u != nil {
+		u.ExecutionID = r.ExecutionID
+		if r.StartBy != nil {
+			u.StartBy = *r.StartBy
+		}
+	}
+	m = nats.NewMsg(subject)
 	m.Data = b
 	m.Header.Set(jetstream.MsgIDHeader, c.ids.Request(c.principal, r.ExecutionID))
-	return m, nil
+	return m, p.unserved, nil
+}
+
+// Serving returns an *UnservedError when no live worker serves the
+// capability, as a call would find before it publishes; nil when one does,
+// when workers answer for it (an unknown capability ends CAPABILITY_NOT_FOUND),
+// or when the catalog cannot be read.
+func (c *Client) Serving(ctx context.Context, capabilityID string) error {
+	if u := c.place(ctx, capabilityID).unserved; u != nil {
+		return u
+	}
+	return nil
 }
 
 // Submit publishes one execution request and returns its execution id once
@@ -346,7 +370,12 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 		return "", err
 	}
 	end := c.cfg.Observer.Call(ctx, r)
-	m, err := c.message(r)
+	m, unserved, err := c.message(ctx, r)
+	if err == nil && unserved != nil && c.cfg.Unserved == UnservedRefuse {
+		err = unserved
+		end(nil, err)
+		return "", err
+	}
 	if err == nil {
 		err = c.publish(ctx, m)
 	}
@@ -610,9 +639,13 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		}
 		progress.follow(r.ExecutionID)
 		ends[i] = c.cfg.Observer.Call(ctx, r)
-		m, err := c.message(r)
+		m, unserved, err := c.message(ctx, r)
 		if err != nil {
 			errs[i] = err
+			continue
+		}
+		if unserved != nil && c.cfg.Unserved != UnservedWait {
+			envs[i], errs[i] = c.unserved(ctx, m, unserved, ownID(rq.Options))
 			continue
 		}
 		if len(reqs) == 1 {
@@ -628,6 +661,25 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		}
 	}
 	return envs, errs
+}
+
+// unserved answers a call no live worker serves at once: stored (queued),
+// or, refused, not. A caller's own id may name an execution that ended
+// already: its envelope is the answer then.
+func (c *Client) unserved(ctx context.Context, m *nats.Msg, u *UnservedError, own bool) (*envelope.Envelope, error) {
+	if c.cfg.Unserved == UnservedRefuse {
+		return nil, u
+	}
+	if err := c.publish(ctx, m); err != nil {
+		return nil, fmt.Errorf("capstan: submit %s: %w", u.ExecutionID, err)
+	}
+	if !own {
+		if env, err := c.w.Load(ctx, u.ExecutionID); err == nil {
+			return env, nil
+		}
+	}
+	u.Queued = true
+	return nil, u
 }
 
 // ownID reports whether the client makes the request's id: no option sets

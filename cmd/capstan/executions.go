@@ -12,7 +12,6 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go"
 )
@@ -87,15 +86,10 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 			return nil, fmt.Errorf("--cursor %q: not one of this listing's", req.Cursor)
 		}
 	}
-	p, lerr := audit.List(ctx, b, q)
-	if lerr != nil {
-		return nil, lerr
+	if q.Limit <= 0 {
+		q.Limit = audit.DefaultLimit
 	}
-	out := &executor.ExecutionsPage{V: envelope.Version, Entries: p.Entries, Scanned: p.Scanned, Scope: executor.ScopeAll}
-	if p.Next > 0 {
-		out.Next = strconv.FormatUint(p.Next, 10)
-	}
-	return out, nil
+	return executor.ListWithQueued(ctx, b, q, req.Cursor == "", executor.ScopeAll, nil)
 }
 
 // nextCommand is the command line that shows the page after this one.

@@ -7,7 +7,7 @@ import { readFile } from "node:fs/promises";
 import { credsAuthenticator, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { connect as natsConnect, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { jetstream, type JetStreamClient, JetStreamApiError } from "@nats-io/jetstream";
-import { CapabilityError, CapstanError, ExpiredError } from "./errors.js";
+import { CapabilityError, CapstanError, ExpiredError, UnservedError } from "./errors.js";
 import { MsgIds } from "./msgid.js";
 import { anonymous, key, Names, validPrincipal } from "./names.js";
 import { formatTimestamp, timeMillis, timeText, timestampOfDate } from "./time.js";
@@ -45,8 +45,20 @@ export interface ClientOptions {
    * longer window is cut.
    */
   startWithinMs?: number;
+  /**
+   * What a call does when no live worker serves its capability: "queue"
+   * (the default: it is stored, and call rejects at once with an
+   * UnservedError naming its execution id), "refuse" (nothing is stored;
+   * call and submit reject with an UnservedError), or "wait" (it is waited
+   * for as any call). Told from the catalog, at no cost for a served
+   * capability.
+   */
+  ifUnserved?: IfUnserved;
   logger?: Logger;
 }
+
+/** What a call does when no live worker serves its capability (see ClientOptions.ifUnserved). */
+export type IfUnserved = "queue" | "refuse" | "wait";
 
 export interface ConnectOptions extends ClientOptions {
   /** One URL, several separated by commas, or a list. Default CAPSTAN_NATS_URL, else nats://127.0.0.1:4222. */
@@ -78,6 +90,8 @@ export interface CallOptions {
   startWithinMs?: number;
   /** A W3C traceparent. */
   traceparent?: string;
+  /** What this call does when no live worker serves its capability (default the client's). */
+  ifUnserved?: IfUnserved;
   /**
    * Stops waiting (and, for submit, publishing): the promise rejects with
    * CapstanError ABORTED whose cause is the signal's reason. The execution
@@ -626,28 +640,42 @@ export class Client {
   }
 
   /**
-   * Whether the catalog lists capabilityId (its entry is live, or its whole
-   * pool is down): a request for one it does not list goes to _unrouted,
-   * where a worker decides. One read per capability every 10 s.
+   * Where a request for capabilityId goes and whether a live worker serves
+   * it (Go: Client.place): listed when its catalog entry is live, or its
+   * whole pool is down (a request for one it does not list goes to
+   * _unrouted, where a worker decides); unserved when its pool is down, or
+   * no pool lists it and no worker answers at all. One read per capability
+   * every 10 s for a served one.
    */
-  private async isListed(capabilityId: string): Promise<boolean> {
+  private async placement(capabilityId: string): Promise<{ listed: boolean; unserved?: { pool?: string; lapsedAt?: string } }> {
     const seen = this.listed.get(capabilityId);
-    if (seen !== undefined && Date.now() - seen < catalogProbeMs) return true;
+    if (seen !== undefined && Date.now() - seen < catalogProbeMs) return { listed: true };
     try {
       const b = await this.directGet(this.names.catalogBucket, capabilityId);
-      if (b === undefined) return false;
+      if (b === undefined) return (await this.anyWorker()) ? { listed: false } : { listed: false, unserved: {} };
       const d = wire.decodeDescriptor(b);
       const now = Date.now();
       if (d.expiresAt !== undefined && timeMillis(d.expiresAt) <= now) {
         // Lapsed: listed only while its whole pool is down.
         const pb = await this.directGet(this.names.catalogBucket, `_pool.${d.pool}`);
         const pool = pb === undefined ? undefined : wire.decodeDescriptor(pb);
-        return pool?.expiresAt === undefined || timeMillis(pool.expiresAt) <= now;
+        if (pool?.expiresAt !== undefined && timeMillis(pool.expiresAt) > now) return { listed: false };
+        return { listed: true, unserved: { pool: d.pool, ...(pool?.expiresAt !== undefined ? { lapsedAt: new Date(timeMillis(pool.expiresAt)).toISOString() } : {}) } };
       }
       this.listed.set(capabilityId, now);
-      return true;
+      return { listed: true };
     } catch {
-      return false; // unknown: _unrouted, where a worker decides
+      return { listed: false }; // unknown: _unrouted, where a worker decides
+    }
+  }
+
+  /** Whether a worker of any pool answers: yes when it cannot be told. */
+  private async anyWorker(): Promise<boolean> {
+    try {
+      await this.execution(wire.newExecutionId(), { probe: true, owner: this.principal, timeoutMs: probeWaitMs });
+      return true;
+    } catch (err) {
+      return !(err instanceof CapstanError && err.code === "NO_WORKERS");
     }
   }
 
@@ -708,10 +736,12 @@ export class Client {
     }
   }
 
-  private async send(r: Request, signal?: AbortSignal): Promise<{ duplicate: boolean }> {
-    const subject = r.capabilityId !== "" && (await this.isListed(r.capabilityId))
-      ? this.names.exec(this.principal, r.capabilityId)
-      : this.names.unrouted(this.principal);
+  private async send(r: Request, signal?: AbortSignal, ifUnserved: IfUnserved = "wait"): Promise<{ duplicate: boolean; unserved?: UnservedError }> {
+    const place = r.capabilityId !== "" ? await this.placement(r.capabilityId) : { listed: false };
+    const subject = place.listed ? this.names.exec(this.principal, r.capabilityId) : this.names.unrouted(this.principal);
+    const unserved = (queued: boolean): UnservedError | undefined =>
+      place.unserved === undefined ? undefined : new UnservedError(r.capabilityId, { ...place.unserved, queued, executionId: r.executionId });
+    if (ifUnserved === "refuse" && place.unserved !== undefined) throw unserved(false) as UnservedError;
     let data: Uint8Array;
     try {
       data = wire.encodeRequest(r);
@@ -719,21 +749,29 @@ export class Client {
       throw new CapstanError("INVALID_ARGUMENT", `capstan: input does not encode: ${(err as Error).message}`, { cause: err, executionId: r.executionId });
     }
     // The exec stream's dedup id: the execution's key, tagged by the connection's key.
-    return this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
+    const ack = await this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
+    const u = unserved(true);
+    return u === undefined ? ack : { ...ack, unserved: u };
+  }
+
+  private ifUnserved(o: CallOptions): IfUnserved {
+    return o.ifUnserved ?? this.opts.ifUnserved ?? "queue";
   }
 
   /**
    * Publishes one execution request and returns its execution id once
    * JetStream stored it. Submitting the same id again within the dedup
    * window is a no-op. An id that can never name a capability is refused
-   * with a CAPABILITY_NOT_FOUND CapabilityError, unpublished.
+   * with a CAPABILITY_NOT_FOUND CapabilityError, unpublished; with
+   * ifUnserved "refuse", a capability no live worker serves with an
+   * UnservedError, unpublished.
    */
   async submit(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<string> {
     this.checkOpen();
     const r = this.newRequest(capabilityId, input, options);
     const bad = wire.invalidCapabilityId(capabilityId);
     if (bad !== undefined) throw notFound(bad);
-    await this.send(r, options.signal);
+    await this.send(r, options.signal, this.ifUnserved(options) === "refuse" ? "refuse" : "wait");
     return r.executionId;
   }
 
@@ -741,7 +779,9 @@ export class Client {
    * Submits and awaits. Rejects only for transport trouble; governed
    * outcomes (completed, failed, cancelled, approval-required) are in the
    * envelope. An id that can never name a capability is answered, never
-   * published, with a failed CAPABILITY_NOT_FOUND envelope.
+   * published, with a failed CAPABILITY_NOT_FOUND envelope. A capability no
+   * live worker serves rejects at once with an UnservedError (queued, by
+   * default; see ClientOptions.ifUnserved).
    */
   async call(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<Envelope> {
     this.checkOpen();
@@ -816,9 +856,19 @@ export class Client {
     const id = r.executionId;
     const reconnects = this.w.reconnects;
     const w = this.w.add(id);
-    let ack: { duplicate: boolean };
+    let ack: { duplicate: boolean; unserved?: UnservedError };
     try {
-      ack = await this.send(r, options.signal);
+      ack = await this.send(r, options.signal, r.approvalId !== undefined ? "wait" : this.ifUnserved(options));
+      if (ack.unserved !== undefined) {
+        // Stored, and no live worker serves it: said at once, unless a
+        // caller's own id names an execution that has ended already.
+        const env = ownId ? undefined : await this.loadEnvelope(this.principal, id, options.signal).catch(() => undefined);
+        if (env !== undefined) {
+          this.w.remove(id, w.waiter);
+          return env;
+        }
+        throw ack.unserved;
+      }
     } catch (err) {
       this.w.remove(id, w.waiter);
       throw err;

@@ -31,7 +31,7 @@ export {
   type Logger,
   type Surface,
 } from "./client.js";
-export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } from "./errors.js";
+export { CapabilityError, CapstanError, ExpiredError, UnservedError, type ClientErrorCode } from "./errors.js";
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
 export {
