@@ -324,30 +324,38 @@ func (c *Client) place(ctx context.Context, id string) placement {
 	if envelope.ValidCapabilityID(id) != nil {
 		return placement{}
 	}
-	var d, pool *Descriptor
-	var err error
 	if c.cat != nil {
-		d, pool = c.cat.entryAndPool(id)
-	} else {
-		if c.probe.fresh(id) {
-			return placement{listed: true}
+		d, pool := c.cat.entryAndPool(id)
+		if p := placeOf(id, d, pool, time.Now()); p.unserved == nil && d != nil {
+			return p
 		}
-		d, pool, err = c.probe.entryAndPool(ctx, id)
-		if err != nil {
-			return placement{} // unknown: _unrouted, where a worker decides
-		}
+		// The copy may lag what a worker has just written: the bucket
+		// tells, on this path alone.
+	} else if c.probe.fresh(id) {
+		return placement{listed: true}
 	}
-	now := time.Now()
+	d, pool, err := entryAndPool(ctx, c.b.Catalog, id)
+	if err != nil {
+		return placement{} // unknown: _unrouted, where a worker decides
+	}
+	p := placeOf(id, d, pool, time.Now())
+	switch {
+	case p.listed && p.unserved == nil && c.probe != nil:
+		c.probe.seen(id)
+	case d == nil && c.anyWorker(ctx):
+		p.unserved = nil // workers answer for it: CAPABILITY_NOT_FOUND
+	}
+	return p
+}
+
+// placeOf decides from id's catalog entry d and its pool's liveness entry
+// (nil when absent); an absent entry is unserved here, which the caller
+// takes back when any worker runs.
+func placeOf(id string, d, pool *Descriptor, now time.Time) placement {
 	switch {
 	case d == nil:
-		if c.anyWorker(ctx, now) {
-			return placement{}
-		}
 		return placement{unserved: &UnservedError{CapabilityID: id}}
 	case now.Before(d.ExpiresAt):
-		if c.probe != nil {
-			c.probe.seen(id)
-		}
 		return placement{listed: true}
 	case pool != nil && now.Before(pool.ExpiresAt):
 		return placement{} // a capability its pool no longer serves: CAPABILITY_NOT_FOUND
@@ -359,15 +367,13 @@ func (c *Client) place(ctx context.Context, id string) placement {
 	return placement{listed: true, unserved: u}
 }
 
-// anyWorker reports whether a worker of any pool runs: yes when it cannot be
-// told.
-func (c *Client) anyWorker(ctx context.Context, now time.Time) bool {
-	if c.cat != nil {
-		return c.cat.anyPoolLive(now)
-	}
+// anyWorker reports whether a worker of any pool runs, from a request only
+// workers answer (none subscribed: no responder, at once); yes when it
+// cannot be told.
+func (c *Client) anyWorker(ctx context.Context) bool {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
-	_, err := c.Execution(pctx, ExecutionRequest{ExecutionID: envelope.NewExecutionID(), Owner: c.principal, Probe: true})
+	_, err := RequestExecution(pctx, c.b.NC, c.b.Names, ExecutionRequest{ExecutionID: envelope.NewExecutionID(), Owner: c.principal, Probe: true})
 	return !errors.Is(err, ErrNoWorkers)
 }
 
@@ -387,23 +393,10 @@ func (c *catalog) entryAndPool(id string) (d, pool *Descriptor) {
 	return d, pool
 }
 
-// anyPoolLive reports whether the copy holds a live pool liveness entry.
-func (c *catalog) anyPoolLive(now time.Time) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	for k, d := range c.entries {
-		if strings.HasPrefix(k, "_pool.") && now.Before(d.ExpiresAt) {
-			return true
-		}
-	}
-	return false
-}
-
 // catalogProbe reads catalog entries one key at a time and remembers the
 // live ones it found for a while: one read per capability every
 // catalogProbeTTL.
 type catalogProbe struct {
-	kv   jetstream.KeyValue
 	mu   sync.Mutex
 	live map[string]time.Time
 }
@@ -424,15 +417,15 @@ func (p *catalogProbe) seen(id string) {
 	p.mu.Unlock()
 }
 
-// entryAndPool reads id's entry, and its pool's liveness entry when id's has
-// lapsed; err when the bucket did not answer.
-func (p *catalogProbe) entryAndPool(ctx context.Context, id string) (d, pool *Descriptor, err error) {
+// entryAndPool reads id's entry from the bucket, and its pool's liveness
+// entry when id's has lapsed; err when the bucket did not answer.
+func entryAndPool(ctx context.Context, kv jetstream.KeyValue, id string) (d, pool *Descriptor, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if d, err = loadEntry(ctx, p.kv, id); err != nil || d == nil || time.Now().Before(d.ExpiresAt) {
+	if d, err = loadEntry(ctx, kv, id); err != nil || d == nil || time.Now().Before(d.ExpiresAt) {
 		return d, nil, err
 	}
-	pool, err = loadEntry(ctx, p.kv, poolKey(d.Pool))
+	pool, err = loadEntry(ctx, kv, poolKey(d.Pool))
 	return d, pool, err
 }
 

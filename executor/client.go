@@ -130,7 +130,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if c.principal != broker.Anonymous {
 		// A principal may not create consumers (a push consumer's deliveries
 		// could be aimed at any subject): it reads catalog entries by key.
-		c.probe = &catalogProbe{kv: b.Catalog, live: map[string]time.Time{}}
+		c.probe = &catalogProbe{live: map[string]time.Time{}}
 		return c, nil
 	}
 	c.cat, err = watchCatalog(c.ctx, b, 0, func(key string, err error) {

@@ -11,7 +11,7 @@
 // next — never the approval itself, which only someone else can grant.
 
 import type { CallOptions, Client, DescribeOptions } from "./client.js";
-import { CapstanError } from "./errors.js";
+import { CapstanError, UnservedError } from "./errors.js";
 import { toJSONValue } from "./json.js";
 import { forModel, recoveredForModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
 
@@ -176,6 +176,15 @@ async function run(client: Client, options: ToolsOptions, call: (signal: AbortSi
       }
       // Only the wait ended: the execution goes on.
       return { status: "running", executionId: id, next: `Still running. Call ${statusToolName} with this executionId later to read its result.` };
+    }
+    if (err instanceof UnservedError) {
+      client.log.warn?.("a call of a capability no live worker serves", { err: err.message });
+      if (!err.queued) return { error: { code: "NOT_STARTED", message: "No worker is serving this tool now; nothing ran.", retryable: true } };
+      return {
+        status: "queued",
+        executionId: err.executionId,
+        next: `No worker is serving this tool now: the call is queued and runs once a worker starts. Call ${statusToolName} with this executionId later to read its result; do not call the tool again meanwhile.`,
+      };
     }
     return unavailable(err);
   }

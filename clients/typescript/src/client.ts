@@ -750,7 +750,7 @@ export class Client {
     }
     // The exec stream's dedup id: the execution's key, tagged by the connection's key.
     const ack = await this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
-    const u = unserved(true);
+    const u = ifUnserved === "queue" ? unserved(true) : undefined;
     return u === undefined ? ack : { ...ack, unserved: u };
   }
 

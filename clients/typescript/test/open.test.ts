@@ -10,8 +10,8 @@ import { headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
-import { encodeEnvelope, encodeProgress } from "../src/wire.js";
+import { CapabilityError, CapstanError, Client, connect, ExpiredError, UnservedError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
+import { encodeDescriptor, encodeEnvelope, encodeProgress } from "../src/wire.js";
 import { aiTools } from "../src/ai.js";
 import { generateText, jsonSchema, type ToolSet } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
@@ -404,6 +404,40 @@ function holdsBigint(v: unknown): boolean {
   if (v === null || typeof v !== "object") return false;
   return Object.values(v).some(holdsBigint);
 }
+
+describe("a capability no live worker serves", () => {
+  test("a call is told at once, queued or refused as the caller chose; the AI SDK tool tells the model it is queued", async () => {
+    // The catalog lists ghost.echo in pool "ghost", whose entries lapsed and
+    // whose workers are all gone (no live _pool.ghost): its pool is down.
+    const kv = await new Kvm(raw).open("CAPSTAN_CATALOG");
+    const lapsed = new Date(Date.now() - 60_000).toISOString();
+    await kv.put("ghost.echo", encodeDescriptor({ v: 1, id: "ghost.echo", pool: "ghost", description: "Echoes, when a worker runs.", sideEffect: "none", expose: ["direct", "mcp"], timeoutMs: 1000, expiresAt: lapsed }));
+    try {
+      const err = (await c.call("ghost.echo", { a: 1 }, { signal: bound() }).catch((e: unknown) => e)) as UnservedError;
+      assert.ok(err instanceof UnservedError, String(err));
+      assert.equal(err.code, "UNSERVED");
+      assert.equal(err.queued, true);
+      assert.equal(err.pool, "ghost");
+      assert.match(err.message, /start a worker of pool "ghost"/);
+      const id = err.executionId as string;
+      assert.equal((await c.execution(id, { probe: true })).state, "queued");
+      await c.cancel(id); // withdrawn: it ends cancelled when a worker sees it
+
+      const refused = (await c.call("ghost.echo", { a: 2 }, { signal: bound(), ifUnserved: "refuse" }).catch((e: unknown) => e)) as UnservedError;
+      assert.ok(refused instanceof UnservedError && !refused.queued, String(refused));
+      assert.equal((await c.execution(refused.executionId as string, { probe: true })).state, "unknown");
+      await assert.rejects(c.submit("ghost.echo", {}, { ifUnserved: "refuse" }), (e: CapstanError) => e.code === "UNSERVED");
+
+      const tools = await aiTools(c, { surface: "mcp" });
+      const r = (await tools.ghost_echo?.execute({ a: 3 })) as { status: string; executionId: string; next: string };
+      assert.equal(r.status, "queued");
+      assert.match(r.next, /queued/);
+      await c.cancel(r.executionId);
+    } finally {
+      await kv.delete("ghost.echo");
+    }
+  });
+});
 
 describe("AI SDK tools", () => {
   test("the tools go to model providers as the AI SDK builds their requests: valid JSON, every schema intact", async () => {
