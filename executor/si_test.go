@@ -470,7 +470,8 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
 		counted("si8.mcp-only", &calls, executor.Meta{Expose: executor.On(executor.SurfaceMCP)}),
 		counted("si8.hidden", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hide}}),
-		counted("si8.hidden-listing", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hideAtDiscovery}}))
+		counted("si8.hidden-listing", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hideAtDiscovery}}),
+		counted("si8.visible", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect)}))
 	c := newClient(t, e.Connect(t))
 
 	cases := []struct{ id, reason string }{
@@ -508,6 +509,28 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 	}
 	if calls.Load() != 0 {
 		t.Fatalf("%d handler calls", calls.Load())
+	}
+
+	// A slip of a name the caller may see is answered with it; near names
+	// it may not see never are, and each concealed id is answered as an
+	// unknown one of the same spelling.
+	for _, tc := range []struct{ id, near string }{
+		{"si8.visibel", "si8.visible"},
+		{"si8.hidden-listinx", ""}, // near si8.hidden-listing, hidden from this caller's discovery
+		{"si8.mcp-onyl", ""},       // near si8.mcp-only, not exposed on direct
+		{"si8.hidden", ""},         // hidden itself: as unknown
+		{"si8.mcp-only", ""},       // not exposed: as unknown
+		{"si8.zzzzzzzzzzz", ""},    // near nothing
+	} {
+		env, err := c.Call(ctxT(t), tc.id, anyIn{"q": 1})
+		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
+		want := "No such capability."
+		if tc.near != "" {
+			want = "No such capability. Did you mean " + tc.near + "?"
+		}
+		if env.Error.Message != want || (tc.near != "") != (env.Error.Details["didYouMean"] == tc.near) {
+			t.Fatalf("%s: %q %v, want %q", tc.id, env.Error.Message, env.Error.Details, want)
+		}
 	}
 }
 
