@@ -335,7 +335,7 @@ func TestExitCodes(t *testing.T) {
 		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
-		{"a call that outlives its wait", []string{"call", "demo.report", "--input", `{"pages":3,"pageMs":1000}`, "--wait", "500ms"}, exitNoEnvelope, "", false},
+		{"a call that outlives its wait", []string{"call", "demo.report", "--input", `{"pages":3,"pageMs":1000}`, "--wait", "500ms"}, exitNoEnvelope, "", true},
 		// The id is made as the subtest runs (freshID): its request may be
 		// on its way, so it is waited for until it is two seconds old,
 		// then asked for again, long before the wait's end.
