@@ -692,7 +692,14 @@ export class Client {
     };
     if (input !== undefined && input !== null) r.input = input;
     const actor = o.actor ?? this.opts.actor;
-    if (actor !== undefined) r.actor = actor;
+    if (actor === undefined || actor.kind === "" || actor.id === "") {
+      // The workers would refuse it (UNAUTHENTICATED) after a round trip.
+      throw new CapstanError(
+        "INVALID_ARGUMENT",
+        'capstan: a call needs an actor, who it runs for: connect({ actor: { kind: "user", id: "ada" } }), or the call\'s own actor option',
+      );
+    }
+    r.actor = actor;
     if (o.correlationId !== undefined) r.correlationId = o.correlationId;
     if (o.deadline !== undefined) r.deadline = timeText(o.deadline);
     if (o.traceparent !== undefined) r.traceparent = o.traceparent;

@@ -405,6 +405,20 @@ function holdsBigint(v: unknown): boolean {
   return Object.values(v).some(holdsBigint);
 }
 
+describe("a call without an actor", () => {
+  test("is refused at once, before anything is sent", async () => {
+    const bare = await connect({ servers: dev.url });
+    try {
+      await assert.rejects(bare.call("demo.echo", { a: 1 }), (e: CapstanError) => e.code === "INVALID_ARGUMENT" && /needs an actor/.test(e.message));
+      await assert.rejects(bare.submit("demo.echo", { a: 1 }), (e: CapstanError) => e.code === "INVALID_ARGUMENT");
+      const env = await bare.call("demo.echo", { a: 2 }, { actor: { kind: "user", id: "ada" }, signal: bound() });
+      assert.equal(env.status, "completed");
+    } finally {
+      await bare.close();
+    }
+  });
+});
+
 describe("a capability no live worker serves", () => {
   test("a call is told at once, queued or refused as the caller chose; the AI SDK tool tells the model it is queued", async () => {
     // The catalog lists ghost.echo in pool "ghost", whose entries lapsed and
