@@ -490,7 +490,8 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 	}
 	if want.code != "" {
 		if got.Error == nil || got.Error.Code != want.code {
-			t.Errorf("error %+v, want code %s", got.Error, want.code)
+			// What follows reads the error: stop here rather than panic on it.
+			t.Fatalf("error %+v, want code %s", got.Error, want.code)
 		}
 	}
 	if want.code == envelope.CodeOutcomeUnknown {
