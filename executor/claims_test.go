@@ -635,7 +635,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	if p.calls.Load() != 1 {
 		t.Fatalf("handler called %d times", p.calls.Load())
 	}
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 	if n := s.envelopeWrites(); n != 1 {
@@ -859,7 +859,7 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 
 	got := s.await(id)
 	s.settled(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
 		t.Fatalf("envelope %s %+v after %d attempts", got.Status, got.Error, got.Attempts)
 	}
 	if p.calls.Load() != 0 {

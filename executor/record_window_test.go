@@ -95,7 +95,7 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 
 	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
 	got := s.await(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 	s.drained()
