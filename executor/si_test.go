@@ -179,14 +179,16 @@ func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
 	t.Parallel()
 	e := testenv.Start(t)
 	var nowhere, mcpOnly atomic.Int64
+	// No exposure at all is a registry problem: nothing could ever call it.
+	_, err := executor.NewRegistry(counted("si1.nowhere", &nowhere, executor.Meta{}))
+	var re *executor.RegistryError
+	if !errors.As(err, &re) || len(re.Problems) != 1 || !strings.Contains(re.Problems[0], "si1.nowhere: exposed on no surface") {
+		t.Fatalf("a capability exposed on no surface: %v", err)
+	}
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
-		counted("si1.nowhere", &nowhere, executor.Meta{}), // no exposure at all
+		counted("si1.echo", new(atomic.Int64), executor.Meta{Expose: executor.On(executor.SurfaceDirect)}),
 		counted("si1.mcp-only", &mcpOnly, executor.Meta{Expose: executor.On(executor.SurfaceMCP)}))
 	nc := e.Connect(t)
-	for _, s := range []executor.Surface{executor.SurfaceDirect, executor.SurfaceMCP, executor.SurfaceHTTP, "cli"} {
-		env, err := surfaceClient(t, nc, s).Call(ctxT(t), "si1.nowhere", anyIn{})
-		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
-	}
 	for _, s := range []executor.Surface{executor.SurfaceDirect, executor.SurfaceHTTP} {
 		env, err := surfaceClient(t, nc, s).Call(ctxT(t), "si1.mcp-only", anyIn{})
 		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
