@@ -331,7 +331,7 @@ func (c *Client) message(ctx context.Context, r *envelope.Request) (m *nats.Msg,
 		return nil, nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	p := c.place(ctx, r.CapabilityID)
+	p := c.placeWithin(ctx, r.CapabilityID, unservedGrace)
 	if p.listed {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
@@ -352,10 +352,34 @@ func (c *Client) message(ctx context.Context, r *envelope.Request) (m *nats.Msg,
 // when workers answer for it (an unknown capability ends CAPABILITY_NOT_FOUND),
 // or when the catalog cannot be read.
 func (c *Client) Serving(ctx context.Context, capabilityID string) error {
-	if u := c.place(ctx, capabilityID).unserved; u != nil {
+	if u := c.placeWithin(ctx, capabilityID, unservedGrace).unserved; u != nil {
 		return u
 	}
 	return nil
+}
+
+// unservedGrace is how long a capability may look unserved before a call is
+// told so: a worker starting alongside the caller lists its capabilities
+// within it.
+const unservedGrace = time.Second
+
+// placeWithin is place, asked again every tenth of grace while the
+// capability looks unserved, until grace has passed or ctx ends.
+func (c *Client) placeWithin(ctx context.Context, id string, grace time.Duration) placement {
+	p := c.place(ctx, id)
+	if p.unserved == nil || c.cfg.Unserved == UnservedWait {
+		return p
+	}
+	deadline := time.Now().Add(grace)
+	for p.unserved != nil && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return p
+		case <-time.After(grace / 10):
+		}
+		p = c.place(ctx, id)
+	}
+	return p
 }
 
 // Submit publishes one execution request and returns its execution id once

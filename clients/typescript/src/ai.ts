@@ -21,14 +21,14 @@ export interface SchemaLike {
   readonly validate: undefined;
 }
 
-/** A tool as the AI SDK's tool() makes it. */
-export interface Tool {
+/** A tool as the AI SDK's tool() makes it; S is its input schema's type (the SDK's Schema, when its jsonSchema wraps them). */
+export interface Tool<S = SchemaLike> {
   description: string;
-  inputSchema: unknown;
+  inputSchema: S;
   execute(input: unknown, options?: { abortSignal?: AbortSignal; toolCallId?: string }): Promise<unknown>;
 }
 
-export interface ToolsOptions extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
+export interface ToolsOptions<S = SchemaLike> extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
   /** Options of every call (the actor, a correlation id, a start window). */
   call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
   /** How long a call is waited for before the model is told it is still running (default 5 min). */
@@ -36,7 +36,7 @@ export interface ToolsOptions extends Omit<DescribeOptions, "signal" | "timeoutM
   /** A tool's name (default: the capability id, dots as underscores, as model providers require). */
   name?: (d: Descriptor) => string;
   /** Wraps a JSON Schema for the SDK: pass `jsonSchema` from "ai" (default: an object of the same shape). */
-  jsonSchema?: (schema: Record<string, unknown>) => unknown;
+  jsonSchema?: (schema: Record<string, unknown>) => S;
   /** Adds capstan_resume and capstan_status, as the MCP bridge adds capstan.resume and capstan.status (default true). */
   controlTools?: boolean;
 }
@@ -59,11 +59,11 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
  * The capabilities the client's surface and actor may see (describe), as AI
  * SDK tools keyed by tool name.
  */
-export async function aiTools(client: Client, options: ToolsOptions = {}): Promise<Record<string, Tool>> {
+export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOptions<S> = {}): Promise<Record<string, Tool<S>>> {
   const discovery = await client.describe(options);
-  const wrap = options.jsonSchema ?? schemaLike;
+  const wrap = options.jsonSchema ?? (schemaLike as unknown as (schema: Record<string, unknown>) => S);
   const nameOf = options.name ?? ((d: Descriptor) => d.id.replace(/\./g, "_"));
-  const tools: Record<string, Tool> = {};
+  const tools: Record<string, Tool<S>> = {};
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
     if (name in tools) throw new CapstanError("INVALID_ARGUMENT", `capstan: two capabilities are both the tool ${name}`);
@@ -147,7 +147,7 @@ async function statusForTheModel(client: Client, id: string, signal?: AbortSigna
   return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
 }
 
-function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: string): CallOptions {
+function callOptions<S>(options: ToolsOptions<S>, signal: AbortSignal, toolCallId?: string): CallOptions {
   const o: CallOptions = { ...options.call, signal };
   if (o.correlationId === undefined && toolCallId !== undefined) o.correlationId = toolCallId;
   return o;
@@ -158,7 +158,7 @@ function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: st
  * thrown, as the SDK expects); a call that outlives callTimeoutMs goes on,
  * and the model is told how to read its result later.
  */
-async function run(client: Client, options: ToolsOptions, call: (signal: AbortSignal) => Promise<Envelope>, abort?: AbortSignal): Promise<unknown> {
+async function run<S>(client: Client, options: ToolsOptions<S>, call: (signal: AbortSignal) => Promise<Envelope>, abort?: AbortSignal): Promise<unknown> {
   const timeout = AbortSignal.timeout(options.callTimeoutMs ?? 300_000);
   const signal = abort === undefined ? timeout : AbortSignal.any([abort, timeout]);
   try {

@@ -196,6 +196,7 @@ const requestMs = 10_000; // cancel, describe, approvals
 const executionRequestMs = 15_000; // an execution the workers read
 const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
+const unservedGraceMs = 1000; // how long a capability may look unserved before a call is told so
 const probeAfterMs = 2000; // an id younger than this may name a request on its way
 const probeWaitMs = 2000; // how long await asks the workers whether an execution exists
 
@@ -744,7 +745,14 @@ export class Client {
   }
 
   private async send(r: Request, signal?: AbortSignal, ifUnserved: IfUnserved = "wait"): Promise<{ duplicate: boolean; unserved?: UnservedError }> {
-    const place = r.capabilityId !== "" ? await this.placement(r.capabilityId) : { listed: false };
+    let place: Awaited<ReturnType<Client["placement"]>> = r.capabilityId !== "" ? await this.placement(r.capabilityId) : { listed: false };
+    // A worker starting alongside the caller lists its capabilities within
+    // a second: a capability is told unserved only once it stayed so that long.
+    for (const deadline = Date.now() + unservedGraceMs; place.unserved !== undefined && ifUnserved !== "wait" && Date.now() < deadline; ) {
+      await sleep(unservedGraceMs / 10, signal);
+      if (signal?.aborted === true) throw aborted(signal, r.executionId);
+      place = await this.placement(r.capabilityId);
+    }
     const subject = place.listed ? this.names.exec(this.principal, r.capabilityId) : this.names.unrouted(this.principal);
     const unserved = (queued: boolean): UnservedError | undefined =>
       place.unserved === undefined ? undefined : new UnservedError(r.capabilityId, { ...place.unserved, queued, executionId: r.executionId });

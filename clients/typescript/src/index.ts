@@ -1,7 +1,7 @@
 // @capstan-dev/client: call capstan capabilities from TypeScript.
 //
 //   import { connect } from "@capstan-dev/client";
-//   const capstan = await connect({ creds: "secrets/alice.creds" });
+//   const capstan = await connect({ creds: "secrets/alice.creds", actor: { kind: "user", id: "alice" } });
 //   const env = await capstan.call("demo.echo", { hello: "world" });
 //   console.log(env.status, env.output);
 //
@@ -27,6 +27,7 @@ export {
   type DescribeOptions,
   type ExecutionOptions,
   type ExecutionStatus,
+  type IfUnserved,
   type ListApprovalsOptions,
   type Logger,
   type Surface,

@@ -493,7 +493,7 @@ describe("AI SDK tools", () => {
     const tools = await aiTools(c, { surface: "mcp" });
     assert.ok("demo_echo" in tools && "orders_refund" in tools && "capstan_resume" in tools && "capstan_status" in tools);
     // The SDK's isSchema: Symbol.for("vercel.ai.schema"), jsonSchema and validate.
-    const schema = tools.orders_refund?.inputSchema as Record<string | symbol, unknown>;
+    const schema = tools.orders_refund?.inputSchema as unknown as Record<string | symbol, unknown>;
     assert.equal(schema[Symbol.for("vercel.ai.schema")], true);
     assert.ok("validate" in schema);
     assert.deepEqual(Object.keys((schema.jsonSchema as { properties: object }).properties).sort(), ["amount", "orderId"]);
