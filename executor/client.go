@@ -847,6 +847,9 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 		return nil, fmt.Errorf("%w: %s: nothing of it is stored; nothing was recorded", ErrNoSuchExecution, executionID)
 	}
 	if r.Error != "" {
+		if slices.Contains(r.Conditions, "quota_exceeded") {
+			return &r, envelope.QuotaRefusal(r.Error, r.Details)
+		}
 		return &r, fmt.Errorf("capstan: cancel %s: %s", executionID, r.Error)
 	}
 	return &r, nil

@@ -50,8 +50,8 @@ func Example() {
 	ada := envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
 	env, err := c.Call(ctx, "greet.hello", Greeting{Name: "Ada"}, executor.As(ada))
 	check(err) // transport trouble only: governed failures are in env
-	if env.Status != envelope.StatusCompleted { // failed, cancelled or approval-required
-		check(fmt.Errorf("%s: %+v", env.Status, env.Error))
+	if env.Status != envelope.StatusCompleted {
+		check(fmt.Errorf("%s: %+v", env.Status, env.Error)) // failed, cancelled or approval-required
 	}
 	var out string
 	check(env.Output.Decode(&out))

@@ -57,7 +57,7 @@ func fencedBlocks(t *testing.T, page, lang string) [][]string {
 
 // goBlockHomes are the test files a page's Go blocks are taken from.
 var goBlockHomes = []string{
-	"executor/example_test.go",      // the README's first example
+	"executor/example_test.go",       // the README's first example
 	"telemetry/otlp/example_test.go", // operations.md: metrics and traces
 }
 
