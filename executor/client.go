@@ -361,7 +361,7 @@ func (c *Client) Serving(ctx context.Context, capabilityID string) error {
 // unservedGrace is how long a capability may look unserved before a call is
 // told so: a worker starting alongside the caller lists its capabilities
 // within it.
-const unservedGrace = time.Second
+const unservedGrace = 500 * time.Millisecond
 
 // placeWithin is place, asked again every tenth of grace while the
 // capability looks unserved, until grace has passed or ctx ends.

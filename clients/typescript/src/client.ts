@@ -212,7 +212,7 @@ const requestMs = 10_000; // cancel, describe, approvals
 const executionRequestMs = 15_000; // an execution the workers read
 const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
-const unservedGraceMs = 1000; // how long a capability may look unserved before a call is told so
+const unservedGraceMs = 500; // how long a capability may look unserved before a call is told so
 const probeAfterMs = 2000; // an id younger than this may name a request on its way
 const probeWaitMs = 2000; // how long await asks the workers whether an execution exists
 
