@@ -372,8 +372,9 @@ func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 // Queued returns the requests matching q (q.Principal's alone, when set)
 // that wait in the exec stream with no record yet: no worker has taken them,
 // so the index has no entry of them. It reads the stream from its oldest
-// request, at most probeMaxMsgs of them, and returns at most q.Limit, newest
-// first, with status audit.EntryQueued.
+// request, at most queuedScanMax of them (a listing stays quick whatever the
+// backlog: the oldest waiting are the ones shown), and returns at most
+// q.Limit, newest first, with status audit.EntryQueued.
 func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
 	subj := b.Names.ExecSubjects()
 	if q.Principal != "" {
@@ -385,7 +386,7 @@ func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry
 	}
 	var out []audit.Entry
 	seq := uint64(0)
-	for range probeMaxMsgs {
+	for range queuedScanMax {
 		m, err := nextMsg(ctx, b, subj, seq, nil)
 		if err != nil || m == nil {
 			return sortedNewestFirst(out), err
@@ -422,6 +423,9 @@ func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry
 	}
 	return sortedNewestFirst(out), nil
 }
+
+// queuedScanMax bounds the requests a listing reads in the exec stream.
+const queuedScanMax = 500
 
 func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
 	slices.SortFunc(entries, func(a, b audit.Entry) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
