@@ -470,18 +470,37 @@ func youngFor(id string) time.Duration {
 }
 
 // awaitAsking waits for the envelope of a young id, asking the workers after
-// wait whether anything of it is stored: a request that never arrives ends
-// the wait with ErrNoSuchExecution then, not at ctx's end.
+// wait whether anything of it is stored, and again every probeAfter while
+// they give no answer: a request that never arrives ends the wait with
+// ErrNoSuchExecution then, not at ctx's end. Once they say it exists, the
+// wait goes on as any other.
 func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.Envelope, wait time.Duration) (*envelope.Envelope, error) {
 	errGone := noSuchExecution(id)
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	t := time.AfterFunc(wait, func() {
-		if c.unknown(actx, id) {
-			cancel(errGone)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-actx.Done():
+				return
+			case <-t.C:
+			}
+			switch state, answered := c.probeState(actx, id); {
+			case answered && state == ExecUnknown:
+				cancel(errGone)
+				return
+			case answered && state != ExecUncertain:
+				return // it exists: its envelope is waited for
+			}
+			t.Reset(probeAfter)
 		}
-	})
-	defer t.Stop()
+	}()
 	env, err := c.w.AwaitFresh(actx, id, ch, c.w.Reconnects())
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errGone) {
 		return nil, errGone
@@ -501,10 +520,21 @@ const probeAfter = 2 * time.Second
 // envelope (read in that order, which no claim racing the reads can hide it
 // from). Without an answer (no worker, an older one) it is not unknown.
 func (c *Client) unknown(ctx context.Context, executionID string) bool {
+	state, answered := c.probeState(ctx, executionID)
+	return answered && state == ExecUnknown
+}
+
+// probeState asks the workers (or, on an open server with none, the client
+// itself) where the client's execution is; answered is false when nothing
+// answered within probeWait.
+func (c *Client) probeState(ctx context.Context, executionID string) (state string, answered bool) {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	v, err := c.Execution(pctx, ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true})
-	return err == nil && v.State == ExecUnknown
+	if err != nil {
+		return "", false
+	}
+	return v.State, true
 }
 
 // ErrExpired marks an execution whose envelope is no longer kept: it will

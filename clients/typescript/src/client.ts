@@ -975,18 +975,24 @@ export class Client {
       this.log.debug?.("envelope unreadable for now; waiting for it", { executionId, err: (err as Error).message });
     }
     if (probeInMs === undefined) return this.w.wait(executionId, w, options.signal);
+    // Asked once the id is old enough, and again while the workers give no
+    // answer; once they say it exists, the wait goes on as any other.
     const gone = new AbortController();
-    const timer = setTimeout(() => {
-      void this.unknown(executionId, options.signal).then((unknown) => {
-        if (unknown) gone.abort(unknownExecution(executionId));
+    let timer: NodeJS.Timeout | undefined;
+    const ask = (): void => {
+      void this.probeState(executionId, options.signal).then((state) => {
+        if (state === "unknown") gone.abort(unknownExecution(executionId));
+        else if ((state === undefined || state === "uncertain") && !gone.signal.aborted && options.signal?.aborted !== true) timer = setTimeout(ask, probeAfterMs);
       });
-    }, probeInMs);
+    };
+    timer = setTimeout(ask, probeInMs);
     try {
       return await this.w.wait(executionId, w, options.signal === undefined ? gone.signal : AbortSignal.any([options.signal, gone.signal]));
     } catch (err) {
       if (gone.signal.aborted && options.signal?.aborted !== true) throw gone.signal.reason as CapstanError;
       throw err;
     } finally {
+      gone.abort(); // stops asking
       clearTimeout(timer);
     }
   }
@@ -997,11 +1003,16 @@ export class Client {
    * answer (no worker, an older one) it is not unknown.
    */
   private async unknown(executionId: string, signal?: AbortSignal): Promise<boolean> {
+    return (await this.probeState(executionId, signal)) === "unknown";
+  }
+
+  /** Where the workers say this principal's execution is; undefined when they give no answer. */
+  private async probeState(executionId: string, signal?: AbortSignal): Promise<string | undefined> {
     try {
       const v = await this.execution(executionId, { probe: true, owner: this.principal, timeoutMs: probeWaitMs, ...(signal !== undefined ? { signal } : {}) });
-      return v.state === "unknown";
+      return v.state;
     } catch {
-      return false;
+      return undefined;
     }
   }
 
