@@ -36,6 +36,7 @@ export {
 export { CapabilityError, CapstanError, ExpiredError, UnservedError, type ClientErrorCode } from "./errors.js";
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
+export { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "./idempotency.js";
 export {
   cleanProgressMessage,
   executionIdTime,
