@@ -31,11 +31,8 @@ func runExecutions(args []string) int {
 	fs.Var(&until, "until", "only executions that last changed longer ago than this `duration`")
 	fs.IntVar(&q.Limit, "limit", 20, "how many executions a page shows (at most 500)")
 	cursor := fs.String("cursor", "", "where the page begins: the cursor the previous page printed")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if q.Status != "" && !contains(audit.EntryStatuses, q.Status) {
 		return usageError("--status %q: want one of %s", q.Status, strings.Join(audit.EntryStatuses, ", "))
@@ -50,16 +47,11 @@ func runExecutions(args []string) int {
 	if until > 0 {
 		q.Until = now.Add(-time.Duration(until))
 	}
-	if err := conn.need("list executions", names.ListExecutionsSubject, reissue); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("executions")
+	nc, ctx, done, err := conn.open("executions", "list executions", names.ListExecutionsSubject, reissue)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	page, err := listExecutions(ctx, nc, conn, executor.ExecutionsRequest{Query: q, Cursor: *cursor})
 	if err != nil {
 		return readError(err)

@@ -85,6 +85,19 @@ func (o *outputFlags) check() error {
 	return fmt.Errorf("-o %q: want text or json", o.format)
 }
 
+// parseOutput parses args as parseFlags does, then refuses an unknown
+// output format: how a command that prints with o reads its arguments.
+func parseOutput(fs *flag.FlagSet, args []string, want int, o *outputFlags) ([]string, int, bool) {
+	pos, code, ok := parseFlags(fs, args, want)
+	if !ok {
+		return nil, code, false
+	}
+	if err := o.check(); err != nil {
+		return nil, usageError("%v", err), false
+	}
+	return pos, exitOK, true
+}
+
 func (o *outputFlags) isJSON() bool { return o.json || o.format == "json" }
 
 // print writes v as JSON, or with human for a person.

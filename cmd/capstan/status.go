@@ -37,12 +37,9 @@ func (b byID) run(args []string) int {
 	if b.flags != nil {
 		b.flags(fs)
 	}
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {
@@ -110,16 +107,11 @@ func runStatus(args []string) int {
 // statusThroughWorkers prints what the workers show the principal of one
 // execution: an approver's view of the executions behind its approvals.
 func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
-	if err := conn.need("read executions", names.ExecutionSubject, reissue); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("status")
+	nc, ctx, done, err := conn.open("status", "read executions", names.ExecutionSubject, reissue)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	id, err := resolveExecution(ctx, nc, conn, arg)
 	if err != nil {
 		return usageError("%v", err)
