@@ -227,11 +227,7 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	case env != nil:
 		f.add(st, "Status", st.status(string(env.Status)))
 		if e := env.Error; e != nil {
-			line := string(e.Code) + ": " + e.Message
-			if e.Retryable {
-				line += st.dim(" (retryable)")
-			}
-			f.add(st, "Error", line)
+			f.add(st, "Error", errorLine(st, e))
 			if e.Stage != "" {
 				f.add(st, "Stage", e.Stage)
 			}
@@ -435,17 +431,23 @@ func recoveredLine(r *envelope.Recovered) string {
 	return fmt.Sprintf("%s, attempt %d", r.How, r.Attempt)
 }
 
+// errorLine is an envelope's error in one line: its code and message, and
+// whether another attempt may succeed.
+func errorLine(st style, e *envelope.Error) string {
+	line := string(e.Code) + ": " + e.Message
+	if e.Retryable {
+		line += st.dim(" (retryable)")
+	}
+	return line
+}
+
 func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	f := newFields(w)
 	f.add(st, "Execution", st.bold(env.ExecutionID))
 	f.add(st, "Capability", env.CapabilityID)
 	f.add(st, "Status", st.status(string(env.Status)))
 	if e := env.Error; e != nil {
-		line := string(e.Code) + ": " + e.Message
-		if e.Retryable {
-			line += st.dim(" (retryable)")
-		}
-		f.add(st, "Error", line)
+		f.add(st, "Error", errorLine(st, e))
 		f.add(st, "Stage", e.Stage)
 		for _, k := range slices.Sorted(maps.Keys(e.Details)) {
 			for i, line := range detailLines(e.Details[k]) {
