@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"sync"
 	"time"
 
@@ -126,25 +127,9 @@ func (g *Grants) bind() error {
 	if err != nil {
 		return fmt.Errorf("capstan: watch grants: %w", err)
 	}
-	ready := make(chan struct{})
-	go func() {
-		initial := true
-		for e := range w.Updates() {
-			if e == nil {
-				if initial {
-					initial = false
-					close(ready)
-				}
-				continue
-			}
-			g.apply(e)
-		}
-		if initial {
-			close(ready)
-		}
-	}()
+	loaded := kvwatch.Follow(w, func(e jetstream.KeyValueEntry, _ bool) { g.apply(e) })
 	select {
-	case <-ready:
+	case <-loaded:
 	case <-ctx.Done():
 		_ = w.Stop()
 		return fmt.Errorf("capstan: read grants: %w", ctx.Err())
