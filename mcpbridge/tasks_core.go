@@ -175,13 +175,8 @@ func coreTaskOf(t *Task) *CoreTask {
 
 // coreCreate submits a task-augmented call and answers its task at once.
 func (b *Bridge) coreCreate(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
-	b.live.start(b) // the task's first reports, before tasks/get asks
-	id := executionIDFor(actor)
-	answered := trackCall(ctx, b, id)
+	id, answered, err := b.submitTask(ctx, actor, capID, input)
 	defer answered()
-	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
-	cancel()
 	var ce *envelope.CapabilityError
 	switch {
 	case errors.As(err, &ce):
