@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
 
 // Index is a copy of what the approvals bucket holds, without the inputs,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"sort"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
