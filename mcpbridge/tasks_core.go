@@ -107,12 +107,8 @@ var coreCapabilities = map[string]any{
 
 // withCoreTasks adds capabilities.tasks to an initialize result.
 func withCoreTasks(res mcp.Result) (mcp.Result, error) {
-	b, err := json.Marshal(res)
+	m, err := jsonObject(res)
 	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, err
 	}
 	caps, _ := m["capabilities"].(map[string]any)
@@ -121,11 +117,7 @@ func withCoreTasks(res mcp.Result) (mcp.Result, error) {
 	}
 	caps["tasks"] = coreCapabilities
 	m["capabilities"] = caps
-	out, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	return &rawResult{raw: out}, nil
+	return rawResultOf(m)
 }
 
 // withTaskSupport marks each capability's tool of a tools/list result as one
@@ -135,12 +127,8 @@ func withTaskSupport(res mcp.Result) (mcp.Result, error) {
 	if !ok {
 		return res, nil
 	}
-	b, err := json.Marshal(lr)
+	m, err := jsonObject(lr)
 	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, err
 	}
 	tools, _ := m["tools"].([]any)
@@ -151,6 +139,25 @@ func withTaskSupport(res mcp.Result) (mcp.Result, error) {
 		}
 		tm["execution"] = map[string]any{"taskSupport": "optional"}
 	}
+	return rawResultOf(m)
+}
+
+// jsonObject is v as the JSON object it marshals to, for a result to be
+// given fields its type does not have.
+func jsonObject(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// rawResultOf is the result whose JSON is m's.
+func rawResultOf(m map[string]any) (mcp.Result, error) {
 	out, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
