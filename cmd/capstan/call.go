@@ -237,13 +237,9 @@ func runAwait(args []string) int {
 	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pf := addProgressFlags(fs)
-	pos, code, ok := parseOutput(fs, args, 1, o)
+	id, code, ok := parseExecutionID(fs, args, o)
 	if !ok {
 		return code
-	}
-	id := pos[0]
-	if err := envelope.ValidExecutionID(id); err != nil {
-		return usageError("%v", err)
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")

@@ -98,6 +98,19 @@ func parseOutput(fs *flag.FlagSet, args []string, want int, o *outputFlags) ([]s
 	return pos, exitOK, true
 }
 
+// parseExecutionID parses the args of a command whose one argument is an
+// execution id (or a prefix of one), as parseOutput does, and checks it.
+func parseExecutionID(fs *flag.FlagSet, args []string, o *outputFlags) (string, int, bool) {
+	pos, code, ok := parseOutput(fs, args, 1, o)
+	if !ok {
+		return "", code, false
+	}
+	if err := envelope.ValidExecutionID(pos[0]); err != nil {
+		return "", usageError("%v", err), false
+	}
+	return pos[0], exitOK, true
+}
+
 func (o *outputFlags) isJSON() bool { return o.json || o.format == "json" }
 
 // print writes v as JSON, or with human for a person.

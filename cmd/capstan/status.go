@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
@@ -37,13 +36,9 @@ func (b byID) run(args []string) int {
 	if b.flags != nil {
 		b.flags(fs)
 	}
-	pos, code, ok := parseOutput(fs, args, 1, o)
+	id, code, ok := parseExecutionID(fs, args, o)
 	if !ok {
 		return code
-	}
-	id := pos[0]
-	if err := envelope.ValidExecutionID(id); err != nil {
-		return usageError("%v", err)
 	}
 	if p := conn.principal(); b.viaWorkers != nil && !p.may(directGet(names.EnvelopesBucket())(p.name)) {
 		return b.viaWorkers(conn, o, id)
