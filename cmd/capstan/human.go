@@ -233,13 +233,7 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 			}
 		}
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
-		if r := env.Recovered; r != nil {
-			f.add(st, "Recovered", recoveredLine(r))
-		}
-		f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-		if line := finalizedLine(st, env); line != "" {
-			f.add(st, "Finalized", line)
-		}
+		addEnd(f, st, env)
 		if a := env.Approval; a != nil {
 			f.add(st, "Approval", a.ID+st.dim(" (expires "+ago(st.now, a.ExpiresAt)+")"))
 			f.add(st, "Reasons", strings.Join(a.Reasons, "; "))
@@ -431,6 +425,18 @@ func recoveredLine(r *envelope.Recovered) string {
 	return fmt.Sprintf("%s, attempt %d", r.How, r.Attempt)
 }
 
+// addEnd adds how an envelope's execution ended: recovered from what a lost
+// attempt left, how long it took, when and by whom it was finalized.
+func addEnd(f *fields, st style, env *envelope.Envelope) {
+	if r := env.Recovered; r != nil {
+		f.add(st, "Recovered", recoveredLine(r))
+	}
+	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
+	if line := finalizedLine(st, env); line != "" {
+		f.add(st, "Finalized", line)
+	}
+}
+
 // errorLine is an envelope's error in one line: its code and message, and
 // whether another attempt may succeed.
 func errorLine(st style, e *envelope.Error) string {
@@ -467,13 +473,7 @@ func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	if env.Attempts > 0 {
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
 	}
-	if r := env.Recovered; r != nil {
-		f.add(st, "Recovered", recoveredLine(r))
-	}
-	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-	if line := finalizedLine(st, env); line != "" {
-		f.add(st, "Finalized", line)
-	}
+	addEnd(f, st, env)
 	f.flush()
 	if len(env.Output) > 0 {
 		if out, err := env.Output.MarshalJSON(); err == nil {
