@@ -433,25 +433,15 @@ func (r *Runner) RestoreEnvelope(req *envelope.Request, principal string, rec *R
 }
 
 // EndTaken takes rec, at revision rev, another claim's whose lease ran out,
-// by compare-and-swap, as a takeover does, and ends it as a says (Cancel,
-// NotStarted or Fail); it reports whether the envelope was written. A lost
-// swap means someone else moved: nothing is written.
-func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal string, rec *Record, rev uint64, a Action) bool {
+// by compare-and-swap, as a takeover does, and ends it with cerr, reporting
+// attempts; it reports whether the envelope was written. A lost swap means
+// someone else moved: nothing is written.
+func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal string, rec *Record, rev uint64,
+	cerr *envelope.CapabilityError, attempts int) bool {
 	e := r.bare(nil, req, principal)
 	e.ctx, e.cancel = context.WithCancelCause(ctx)
 	defer e.cancel(nil)
 	e.hashInput()
-	var o *outcome
-	switch a.Do {
-	case Cancel:
-		o = cancelled(envelope.CodeCancelled, "The caller cancelled the execution.")
-	case NotStarted:
-		o = failed(NotStartedError())
-	case Fail:
-		o = afterRun(a.Err)
-	default:
-		return false
-	}
 	prev := rec.Worker
 	e.claim.hold(rec, rev)
 	if err := e.claim.update(func(taken *Record) {
@@ -465,9 +455,25 @@ func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal 
 	case prev == "":
 		// Left waiting for a limit: ended, not taken over from a worker.
 	default:
-		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": prev, "state": string(rec.State), "attempt": a.Attempts})
+		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": prev, "state": string(rec.State), "attempt": attempts})
 	}
-	return e.finalizeSwept(o, a.Attempts)
+	return e.finalizeSwept(unrun(cerr), attempts)
+}
+
+// unrun is the outcome of an execution ended with cerr by a worker that did
+// not run it: stopped for a cancel; otherwise a failure, after which its
+// effect may have happened only when its outcome is unknown.
+func unrun(cerr *envelope.CapabilityError) *outcome {
+	if cerr.Stage == envelope.StageCancelation {
+		return stopped(cerr)
+	}
+	return failure(cerr, cerr.Code == envelope.CodeOutcomeUnknown)
+}
+
+// CancelledError is the error of an execution its caller cancelled.
+func CancelledError() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true,
+		Message: "The caller cancelled the execution."}
 }
 
 // finalizeSwept is finalize without a delivery to acknowledge.

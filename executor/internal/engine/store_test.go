@@ -151,7 +151,7 @@ func TestEndTaken_SwapLost_NothingWritten(t *testing.T) {
 	}
 	_, rev, _ := r.store.load(key)
 	req := &envelope.Request{ExecutionID: id, CapabilityID: "email.send"}
-	if r.EndTaken(context.Background(), req, broker.Anonymous, stale, staleRev, Action{Do: NotStarted, TakeOver: true}) {
+	if r.EndTaken(context.Background(), req, broker.Anonymous, stale, staleRev, NotStartedError(), 0) {
 		t.Fatal("EndTaken reported an end over another worker's claim")
 	}
 	if env, err := r.store.envelope(key); env != nil || err != nil {

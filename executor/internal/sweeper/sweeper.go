@@ -268,7 +268,7 @@ func (s *Sweeper) sweep(ctx context.Context, reach []consumerReach, m *jetstream
 			s.remove(ctx, m.Sequence)
 		}
 	case End:
-		if s.eng.EndTaken(ctx, req, principal, rec, rev, a.End) {
+		if s.eng.EndTaken(ctx, req, principal, rec, rev, a.Err, a.Attempts) {
 			s.swept.Add(1)
 			s.remove(ctx, m.Sequence)
 			return true
