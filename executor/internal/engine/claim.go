@@ -90,6 +90,9 @@ func (c *claim) hold(rec *Record, rev uint64) {
 	c.mu.Unlock()
 }
 
+// drop forgets the record: a takeover's swap did not make it this claim's.
+func (c *claim) drop() { c.hold(nil, 0) }
+
 // held is the record this claim holds, nil before the claim is made.
 func (c *claim) held() *Record {
 	c.mu.Lock()

@@ -80,6 +80,21 @@ type Execution struct {
 	// retryReason is why the next attempt starts when it is not the retry
 	// rule (ReasonReconciledAbsent): audited, and counted on the record.
 	retryReason string
+	// answer is what the reconciler found of a lost attempt (Recover).
+	answer any
+
+	// next is the delivery's first action (arrive).
+	next Action
+	// unrouted: the delivery is of the _unrouted consumer.
+	unrouted bool
+	// begun: the execution is observed, has its context and lease keeper,
+	// and is in the runner's table of executions in flight (begin).
+	begun bool
+	// shared is the fair share the delivery holds a slot of, nil for none.
+	shared *fairShare
+	// unaudited: this delivery claimed the execution fresh and has not
+	// filed its capability.requested yet (audited).
+	unaudited bool
 }
 
 // bare is an execution of req, delivered by msg (nil: none) under
@@ -104,30 +119,32 @@ func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal s
 	return x
 }
 
-// newExecution is an execution of req, delivered by msg as d, of the
-// capability c (nil: none served here).
-func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition) *Execution {
-	principal, subjectCapability := broker.Anonymous, ""
-	if msg != nil {
-		if p, capID, ok := r.b.Names.ParseExecSubject(msg.Subject()); ok {
-			principal = p
-			if capID != broker.Unrouted {
-				subjectCapability = capID
-			}
-		}
+// begin makes the delivery an execution of this worker, of the capability
+// c (nil: none served here): observed, with its context and lease keeper,
+// in the runner's table of executions in flight. An execution of the same
+// key already in flight here keeps it: this one is finished, and begin
+// reports false.
+func (e *Execution) begin(c Definition) bool {
+	r, req := e.r, e.req
+	if _, capID, ok := r.b.Names.ParseExecSubject(e.msg.Subject()); ok && capID != broker.Unrouted {
+		e.subjectCapability = capID
 	}
-	x := r.execution(msg, req, principal, d)
-	x.cap, x.subjectCapability = c, subjectCapability
-	ctx, obs := r.cfg.Observer.Begin(r.base, r.observed(d, req, c != nil))
-	x.obs = obs
-	x.ctx, x.cancel = context.WithCancelCause(ctx)
+	e.cap, e.start = c, r.now()
+	ctx, obs := r.cfg.Observer.Begin(r.base, r.observed(e.delivery, req, c != nil))
+	e.obs = obs
+	e.ctx, e.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
-		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
+		e.ctx, e.stopDeadline = context.WithDeadlineCause(e.ctx, *req.Deadline, errDeadline)
 	}
-	l := &x.lease
-	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, r.cfg.Lease, r.cfg.DisableLeaseRenewal, r.now, msg
-	l.end, l.done, l.log, l.id, l.stop = x.cancel, x.done, r.log, req.ExecutionID, make(chan struct{})
-	return x
+	l := &e.lease
+	l.claim, l.length, l.disabled, l.now, l.msg = &e.claim, r.cfg.Lease, r.cfg.DisableLeaseRenewal, r.now, e.msg
+	l.end, l.done, l.log, l.id, l.stop = e.cancel, e.done, r.log, req.ExecutionID, make(chan struct{})
+	if !r.track(e) {
+		e.finish()
+		return false
+	}
+	e.begun = true
+	return true
 }
 
 // event is an audit event of the execution.
@@ -165,26 +182,27 @@ func (e *Execution) hashInput() {
 // envelope reads the execution's envelope: nil, nil when there is none.
 func (e *Execution) envelope() (*envelope.Envelope, error) { return e.r.store.envelope(e.key) }
 
-// run drives the pipeline of DESIGN §4 for a claimed execution: stages 4 to 9
-// and 12 to 13 are the capability's (Admit, Readmit, WorkUnit.Output), the
-// rest are here. fresh is set on a first claim (stage 2's event is emitted
-// once). fromAttempt > 0 resumes a takeover at stage 11 with that attempt,
-// after prevCode.
+// run drives the pipeline of DESIGN §4 for a claimed execution (Run,
+// Retry), and returns how it ends: stages 4 to 9 and 12 to 13 are the
+// capability's (Admit, Readmit, WorkUnit.Output), the rest are here.
+// fromAttempt > 0 resumes a takeover at stage 11 with that attempt, after
+// prevCode. An execution of a capability no pool serves ends
+// CAPABILITY_NOT_FOUND.
 //
-// An execution on the short path (claimAndRun) comes here unclaimed: stages
+// An execution on the short path (claimNew) comes here unclaimed: stages
 // 4 to 9 run before its record exists, and the start of attempt 1 creates it.
-func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
+func (e *Execution) run(fromAttempt int, prevCode envelope.Code) Action {
+	c := e.cap
+	if c == nil {
+		return e.notFound()
+	}
 	if e.claim.held() != nil {
 		e.lease.start()
 	}
-	c := e.cap
 	// 2: the request is audited before anything can refuse it.
-	if fresh {
-		e.emit(audit.EventRequested, nil)
-	}
+	e.audited()
 	if e.ctx.Err() != nil {
-		e.endByContext(0)
-		return
+		return e.endByContext(0)
 	}
 	// 3–9 ran before any attempt started; a takeover of a running execution
 	// only needs the input back, and the approval it consumed.
@@ -201,26 +219,22 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		}
 		switch {
 		case adm.Stopped:
-			e.endByContext(0)
-			return
+			return e.endByContext(0)
 		case adm.Refusal != nil:
 			attempts := 0
 			if fromAttempt > 0 {
 				attempts = e.claim.record().Attempt
 			}
-			e.finalize(failed(adm.Refusal), attempts)
-			return
+			return Action{Do: Finish, end: failed(adm.Refusal), Attempts: attempts}
 		case adm.Approval != nil:
-			e.awaitApproval(adm.Approval)
-			return
+			return Action{Do: AwaitApproval, need: adm.Approval}
 		}
 		e.unit, e.adm = adm.Unit, adm
 	}
 	if len(e.adm.Limits) > 0 {
-		if !e.takeLimits(e.adm, fromAttempt) {
-			return
+		if a, ok := e.takeLimits(e.adm, fromAttempt); !ok {
+			return a
 		}
-		defer e.releaseLimits()
 	}
 
 	// 10–11: controls and the attempts.
@@ -237,16 +251,14 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 	}
 	for {
 		if err := e.ctx.Err(); err != nil {
-			e.endByContext(attempt - 1)
-			return
+			return e.endByContext(attempt - 1)
 		}
 		if e.claim.held() == nil {
 			// The short path's claim: the record of attempt 1, create-only.
 			rec := e.newRecord(StateRunning)
 			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
 			if !e.create(rec) {
-				e.yieldClaim()
-				return
+				return e.yield()
 			}
 			e.lease.start()
 		} else {
@@ -266,8 +278,7 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			e.retryReason = ""
 			endStart(err)
 			if err != nil {
-				e.endByRecord(err, attempt-1)
-				return
+				return e.endByRecord(err, attempt-1)
 			}
 		}
 		started := e.event(audit.EventStarted, e.unit.Started(attempt))
@@ -277,13 +288,11 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			endAudit(err)
 			if err != nil {
 				if e.ctx.Err() != nil {
-					e.endByContext(attempt - 1)
-					return
+					return e.endByContext(attempt - 1)
 				}
-				e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
-					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
-					attempt-1)
-				return
+				return Action{Do: Finish, Attempts: attempt - 1, end: failed(&envelope.CapabilityError{
+					Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls, Retryable: true, ExposeToModel: true,
+					Message: "The audit trail is unavailable; the operation was not run.", Cause: err})}
 			}
 		} else {
 			e.trail.publish(started)
@@ -295,32 +304,26 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			// 12–13: the output's validation, redaction and encoding.
 			raw, oerr := e.unit.Output(out)
 			if oerr != nil {
-				e.finalize(failedAfterRun(oerr), attempt)
-				return
+				return Action{Do: Finish, end: failedAfterRun(oerr), Attempts: attempt}
 			}
-			e.finalize(completed(raw), attempt)
-			return
+			return Action{Do: Finish, end: completed(raw), Attempts: attempt}
 		}
 		switch cause := context.Cause(e.ctx); {
 		case errors.Is(cause, errLeaseLost):
 			e.r.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
-			return
+			return Action{}
 		case errors.Is(cause, errShutdown):
-			e.release()
-			return
+			return Action{Do: Release}
 		case receipt != nil && stoppedByRuntime(cerr):
 			// Stopped (its timeout, the caller's cancel) after it recorded
 			// that its effect happened: it completed (DESIGN §5).
-			e.recover(envelope.RecoveredByReceipt, attempt, receipt, nil)
-			return
+			return Action{Do: Recover, How: envelope.RecoveredByReceipt, Attempts: attempt}
 		case e.ctx.Err() != nil:
-			e.endByContext(attempt)
-			return
+			return e.endByContext(attempt)
 		}
 		if delay, ok := c.Retry(attempt, cerr); ok {
 			if err := e.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
-				e.endByRecord(err, attempt)
-				return
+				return e.endByRecord(err, attempt)
 			}
 			t := time.NewTimer(delay)
 			select {
@@ -328,22 +331,19 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 			case <-e.ctx.Done():
 				t.Stop()
 				if errors.Is(context.Cause(e.ctx), errShutdown) {
-					e.release()
-					return
+					return Action{Do: Release}
 				}
 				if errors.Is(context.Cause(e.ctx), errLeaseLost) {
-					return
+					return Action{}
 				}
-				e.endByContext(attempt)
-				return
+				return e.endByContext(attempt)
 			}
 			attempt++
 			e.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			e.obs.Retried(attempt, cerr.Code)
 			continue
 		}
-		e.finalize(afterRun(cerr), attempt)
-		return
+		return Action{Do: Fail, Err: cerr, AfterRun: true, Attempts: attempt}
 	}
 }
 
@@ -477,33 +477,27 @@ func afterRun(cerr *envelope.CapabilityError) *outcome {
 	return failedAfterRun(cerr)
 }
 
-// endByContext finalizes an execution whose whole context ended.
-func (e *Execution) endByContext(attempts int) {
+// endByContext is how an execution whose whole context ended ends: left to
+// the claim's new owner, given back on shutdown, otherwise cancelled.
+func (e *Execution) endByContext(attempts int) Action {
 	switch cause := context.Cause(e.ctx); {
 	case errors.Is(cause, errLeaseLost):
-		return
+		return Action{}
 	case errors.Is(cause, errShutdown):
-		e.release()
-		return
+		return Action{Do: Release}
 	}
-	e.finalize(cancelled(envelope.CodeCancelled, e.cancelledError().Message), attempts)
+	return Action{Do: Finish, Attempts: attempts, end: cancelled(envelope.CodeCancelled, e.cancelledError().Message)}
 }
 
-// endByRecord handles a failed record update.
-func (e *Execution) endByRecord(err error, attempts int) {
+// endByRecord is how an execution whose record update failed ends.
+func (e *Execution) endByRecord(err error, attempts int) Action {
 	if errors.Is(err, errCancelRequested) {
-		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
-		return
+		return Action{Do: Cancel, Attempts: attempts}
 	}
 	// Lost: another worker owns it. Unsettled: the store did not answer; the
 	// redelivery decides once the lease has run out.
 	e.r.log.Warn("execution record not updated: leaving the execution", "executionId", e.req.ExecutionID, "err", err)
-}
-
-// release gives the execution back on shutdown: the lease ends now and the
-// message is redelivered at once, so a live worker takes it over.
-func (e *Execution) release() {
-	e.releaseThen(false, func() { _ = e.msg.Nak() })
+	return Action{}
 }
 
 // releaseThen gives the execution back, its lease ended now, and then has
@@ -534,28 +528,31 @@ func (e *Execution) releaseThen(waiting bool, redeliver func()) {
 // (the short path runs stages 4 to 9 before its claim, and the approval is
 // a write), the approval's id reserved on the record, so that a takeover of
 // this execution finds the same approval instead of asking twice, the
-// approval stored, then the envelope approval-required.
-func (e *Execution) awaitApproval(need *ApprovalNeeded) {
+// approval stored, then the envelope approval-required. When another record
+// was in the way of the claim, the takeover table decides from it.
+func (e *Execution) awaitApproval(need *ApprovalNeeded) Action {
 	defer e.stage(observe.StageApproval)(nil)
-	if !e.claimBeforeWrite() {
-		return // another record was there, and decided
+	if e.claim.held() == nil {
+		if !e.create(e.newRecord(StateClaimed)) {
+			return e.yield()
+		}
+		e.trail.flush()
+		e.lease.start()
 	}
 	id := e.claim.record().ApprovalID
 	if id == "" {
 		id = envelope.NewExecutionID()
 		if err := e.claim.update(func(r *Record) { r.ApprovalID = id }); err != nil {
-			e.endByRecord(err, 0)
-			return
+			return e.endByRecord(err, 0)
 		}
 	}
 	ctx, cancel := StoreContext()
 	defer cancel()
 	ref, data, cerr := need.Store(ctx, id)
 	if cerr != nil {
-		e.finalize(failed(cerr), 0)
-		return
+		return e.finalize(failed(cerr), 0)
 	}
-	e.finalize(approvalRequired(ref, data), 0)
+	return e.finalize(approvalRequired(ref, data), 0)
 }
 
 // request is what the stages see of the execution.

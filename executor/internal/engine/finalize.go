@@ -71,7 +71,9 @@ func stopped(cerr *envelope.CapabilityError) *outcome {
 
 // finalize is stage 14: the terminal event, the one envelope (create-only:
 // a second finalization is refused by the server and audited), the record,
-// then the ack.
+// then the ack. It returns what follows: nothing, unless the record an
+// unclaimed execution's finalization creates finds another in its way
+// (then the takeover table decides from that one).
 //
 // Before anything, unless the lease this worker last wrote still has more
 // than half its length to run (no other worker may take over a live lease),
@@ -80,7 +82,8 @@ func stopped(cerr *envelope.CapabilityError) *outcome {
 // it discards its outcome (audited); the new owner finalizes. The create-only
 // envelope covers a worker stalled for longer than a lease between the CAS
 // and the write.
-func (e *Execution) finalize(o *outcome, attempts int) {
+func (e *Execution) finalize(o *outcome, attempts int) Action {
+	e.audited()
 	var err error
 	if e.claim.held() == nil {
 		// Refused before its claim (stages 4 to 9 of the short path): its
@@ -94,8 +97,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 			rec.Cause = o.cause.Error()
 		}
 		if !e.create(rec) {
-			e.yieldClaim()
-			return
+			return e.yield()
 		}
 	} else if o.cause != nil || renewBeforeEnvelope(e.claim.record().LeaseUntil, e.r.now(), e.r.cfg.Lease) {
 		// A failure's private cause is kept on the record for operators
@@ -115,7 +117,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 			"owner", owner, "status", o.env.Status)
 		e.emit(audit.EventEnvelopeConflict, map[string]any{"reason": "claim-lost", "owner": owner,
 			"discardedStatus": string(o.env.Status), "discardedAttempts": attempts})
-		return
+		return Action{}
 	}
 	now := e.r.now().UTC()
 	env := o.env
@@ -144,7 +146,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 	stored, ok := e.createEnvelope(env)
 	if !ok {
 		endStage(errors.New("envelope not written"))
-		return
+		return Action{}
 	}
 	if stored != nil {
 		// The envelope is the proof: the record is not rewritten after it
@@ -158,6 +160,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 	endStage(nil)
 	// A lost ack is a redelivery, which finds the envelope: no need to wait.
 	_ = e.msg.Ack()
+	return Action{}
 }
 
 // renewBeforeEnvelope reports whether a finalization renews the lease,
@@ -240,7 +243,8 @@ func notStartedEnvelope(req *envelope.Request) *envelope.Envelope {
 // It reports whether the envelope exists. A record older than the envelope
 // retention is not repaired: its envelope may have been written and expired
 // since.
-func (r *Runner) finalizeRecorded(e *Execution, rec *Record) bool {
+func (e *Execution) finalizeRecorded(rec *Record) bool {
+	r := e.r
 	if rec.State != StateFinalized {
 		return false
 	}
@@ -263,7 +267,7 @@ func (r *Runner) finalizeRecorded(e *Execution, rec *Record) bool {
 				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
 		}
 		r.finalized.Add(1)
-		r.observeFinalized(e, env)
+		e.observeFinalized(env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists)
 }
@@ -334,7 +338,8 @@ func NotFoundError() *envelope.CapabilityError {
 // finalized one of the same outcome without its envelope is this path's
 // own, interrupted before the envelope. Neither done nor a record: the store
 // did not answer.
-func (r *Runner) finalizeWithoutRun(e *Execution, env *envelope.Envelope, reason string) (done bool, found *Record, foundRev uint64) {
+func (e *Execution) finalizeWithoutRun(env *envelope.Envelope, reason string) (done bool, found *Record, foundRev uint64) {
+	r := e.r
 	id, capID := e.req.ExecutionID, e.req.CapabilityID
 	ctx, cancel := StoreContext()
 	defer cancel()
@@ -363,7 +368,7 @@ func (r *Runner) finalizeWithoutRun(e *Execution, env *envelope.Envelope, reason
 	_, err := r.b.Create(ctx, r.b.Envelopes, e.key, env, 0)
 	if err == nil {
 		r.finalized.Add(1)
-		r.observeFinalized(e, env)
+		e.observeFinalized(env)
 	}
 	return err == nil || errors.Is(err, broker.ErrExists), nil, 0
 }
@@ -373,7 +378,8 @@ func (r *Runner) finalizeWithoutRun(e *Execution, env *envelope.Envelope, reason
 // does of the others: through the delivery's observer when it has one,
 // otherwise as an execution of its own that ends with the envelope, so that
 // every envelope this worker creates is counted and logged once.
-func (r *Runner) observeFinalized(e *Execution, env *envelope.Envelope) {
+func (e *Execution) observeFinalized(env *envelope.Envelope) {
+	r := e.r
 	if e.obs != nil {
 		e.obs.Finalized(env)
 	} else {
@@ -420,7 +426,7 @@ func (r *Runner) EndUnrun(req *envelope.Request, principal string, cerr *envelop
 	e.hashInput()
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 		Error: cerr.Wire()}
-	done, _, _ := r.finalizeWithoutRun(e, env, "")
+	done, _, _ := e.finalizeWithoutRun(env, "")
 	return done
 }
 
@@ -429,7 +435,7 @@ func (r *Runner) EndUnrun(req *envelope.Request, principal string, cerr *envelop
 func (r *Runner) RestoreEnvelope(req *envelope.Request, principal string, rec *Record) bool {
 	e := r.bare(nil, req, principal)
 	e.hashInput()
-	return r.finalizeRecorded(e, rec)
+	return e.finalizeRecorded(rec)
 }
 
 // EndTaken takes rec, at revision rev, another claim's whose lease ran out,

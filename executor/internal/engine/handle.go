@@ -11,27 +11,128 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// decode reads a delivery's request and the principal its subject names (an
-// open server's requests are the anonymous principal's); a message that is
-// no request is terminated here.
-func (r *Runner) decode(msg jetstream.Msg) (*envelope.Request, string, bool) {
+// handle carries one delivery of the pool's consumer through the engine.
+func (r *Runner) handle(msg jetstream.Msg) { r.arrive(msg, false).pass() }
+
+// handleUnrouted carries one delivery of the _unrouted consumer (requests a
+// producer sent there because its catalog did not list the capability)
+// through the engine.
+func (r *Runner) handleUnrouted(msg jetstream.Msg) { r.arrive(msg, true).pass() }
+
+// arrive is an execution of a delivery, and what the delivery means before
+// anything of it is read (DESIGN §5): a request to refuse unrun (one that
+// does not decode, whose message id names another execution), a
+// redelivery of an execution this worker runs, or what the takeover table
+// says of a request whose record is not read yet (end it NOT_STARTED, or
+// claim it).
+func (r *Runner) arrive(msg jetstream.Msg, unrouted bool) *Execution {
+	principal := r.principalOf(msg)
 	req, err := envelope.DecodeRequest(msg.Data())
 	if err != nil {
-		r.undecodable(msg, err)
-		return nil, "", false
+		e := r.bare(msg, &envelope.Request{ExecutionID: broker.ExecutionOfMsgID(msgID(msg), principal),
+			CapabilityID: r.b.Names.CapabilityFromSubject(msg.Subject())}, principal)
+		e.next = e.refusal("The request could not be decoded.", "undecodable", "request does not decode: terminated",
+			"err", err)
+		return e
 	}
-	principal := r.principalOf(msg)
-	if id := msgID(msg); !broker.MsgIDNames(id, principal, req.ExecutionID) {
+	e := r.bare(msg, req, principal)
+	e.unrouted = unrouted
+	switch id := msgID(msg); {
+	case !broker.MsgIDNames(id, principal, req.ExecutionID):
 		// Message ids are scoped by principal (DESIGN §2): one that names
 		// another execution is a forgery or a broken client. Refused before
 		// anything of it runs; its own execution, if nothing else ends it,
 		// ends INPUT_INVALID.
-		r.refuseUnrun(msg, principal, req.ExecutionID, req.CapabilityID,
-			"The request's message id does not name its execution.", "misnamed",
+		e.next = e.refusal("The request's message id does not name its execution.", "misnamed",
 			"request's message id does not name its execution: refused", "msgId", id)
-		return nil, "", false
+	case !unrouted && r.local(e.key) != nil:
+		// A redelivery while this worker still runs the execution: the running
+		// delivery's ack settles the message.
+		e.next = Action{Do: Wait, Delay: r.cfg.Lease}
+	default:
+		e.next = Takeover(e.delivery.facts(r.windows(), r.now()))
 	}
-	return req, principal, true
+	return e
+}
+
+// refusal is the Refuse of a delivery that must never run, logged with
+// logMsg and logAttrs: its execution, if its id is one, ends INPUT_INVALID
+// with message, unless something else ended it; then the message is
+// terminated.
+func (e *Execution) refusal(message, reason, logMsg string, logAttrs ...any) Action {
+	e.r.log.Warn(logMsg, append([]any{"subject", e.msg.Subject(), "executionId", e.req.ExecutionID}, logAttrs...)...)
+	return Action{Do: Refuse, Reason: reason, term: logMsg, Err: &envelope.CapabilityError{Code: envelope.CodeInputInvalid,
+		Stage: envelope.StageInput, ExposeToModel: true, Message: message}}
+}
+
+// pass carries out the delivery's actions, each returning the one that
+// follows, until the delivery is settled; then it gives back what the
+// delivery held.
+func (e *Execution) pass() {
+	for a := e.next; a.Do != 0; {
+		a = e.apply(a)
+	}
+	e.releaseLimits()
+	if e.begun {
+		e.finish()
+		e.r.untrack(e)
+	}
+	if e.shared != nil {
+		e.shared.give(e.principal)
+	}
+}
+
+// apply carries out one action — a decision of the takeover table (DESIGN
+// §5), or of the engine's own steps — and returns the action that follows:
+// none once the delivery is settled. It is the one place where an action is
+// acted on.
+func (e *Execution) apply(a Action) Action {
+	if a.TakeOver {
+		return e.takeOver(a)
+	}
+	switch a.Do {
+	case Claim:
+		return e.enter()
+	case EndNotStarted:
+		return e.endNotStarted()
+	case Refuse:
+		return e.refuse(a)
+	case Duplicate:
+		return e.duplicate()
+	case RestoreEnvelope:
+		return e.restore()
+	case Conflict:
+		return e.conflict(a.Field)
+	case Wait:
+		return e.wait(a)
+	case Release:
+		return e.release()
+	case RefuseExpired:
+		return e.refuseExpired()
+	case Run:
+		return e.run(0, "")
+	case Retry:
+		e.retryReason = a.Reason
+		return e.run(a.Attempts, envelope.CodeWorkerLost)
+	case Recover:
+		return e.recover(a)
+	case Reconcile:
+		return e.reconcile(a.Attempts)
+	case AwaitApproval:
+		return e.awaitApproval(a.need)
+	case NotFound:
+		return e.notFound()
+	case NotStarted:
+		e.r.notStarted.Add(1)
+		return e.finalize(failed(NotStartedError()), 0)
+	case Cancel:
+		return e.finalize(stopped(CancelledError()), a.Attempts)
+	case Fail:
+		return e.finalize(afterRun(a.Err), a.Attempts)
+	case Finish:
+		return e.finalize(a.end, a.Attempts)
+	}
+	return Action{}
 }
 
 // principalOf is the principal a delivery's subject names (an open server's
@@ -52,48 +153,87 @@ func msgID(msg jetstream.Msg) string {
 	return ""
 }
 
-// handle decides what one delivery means (DESIGN §5) and acts on it.
-func (r *Runner) handle(msg jetstream.Msg) {
-	req, principal, ok := r.decode(msg)
-	if !ok {
-		return
+// enter is the Claim of a request no record was read for: it takes its
+// principal's fair share of the slots and its capability — during a rolling
+// deploy, a capability the catalog lists but this worker lacks is left for
+// a worker that serves it — and claims it (execute).
+func (e *Execution) enter() Action {
+	if e.unrouted {
+		return e.route()
 	}
-	if x := r.local(broker.Key(principal, req.ExecutionID)); x != nil {
-		// A redelivery while this worker still runs the execution: the running
-		// delivery's ack settles the message.
-		nak(msg, r.cfg.Lease)
-		return
-	}
-	d := delivered(msg, req)
-	if r.endedUnstarted(msg, principal, req, d) {
-		return
-	}
+	r := e.r
 	if share := r.share.Load(); share != nil {
-		if !share.take(principal, r.now()) {
+		if !share.take(e.principal, r.now()) {
 			// Over its principal's fair share while others wait: nothing of
 			// it was read or written; a later delivery runs it.
 			r.deferred.Add(1)
-			nak(msg, shareDelay())
-			return
+			return Action{Do: Wait, Delay: shareDelay()}
 		}
-		defer share.give(principal)
+		e.shared = share
 	}
-	c := r.cfg.Capabilities[req.CapabilityID]
-	missing := ""
+	c := r.cfg.Capabilities[e.req.CapabilityID]
 	if c == nil {
-		// During a rolling deploy a newer worker may serve it: wait while the
-		// catalog lists it.
-		switch listed, err := r.cfg.Listed(req.CapabilityID); {
+		switch listed, err := r.cfg.Listed(e.req.CapabilityID); {
 		case err != nil:
-			nak(msg, time.Second) // the store did not answer: decide again later
-			return
-		case listed && envelope.ValidCapabilityID(req.CapabilityID) == nil:
-			nak(msg, rolloutDelay(r.cfg.RolloutDelay, d.Deliveries))
-			return
+			return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
+		case listed && envelope.ValidCapabilityID(e.req.CapabilityID) == nil:
+			return Action{Do: Wait, Delay: rolloutDelay(r.cfg.RolloutDelay, e.delivery.Deliveries)}
 		}
-		missing = "unknown"
+		e.missing = "unknown"
 	}
-	r.execute(msg, req, d, c, missing)
+	return e.execute(c)
+}
+
+// route is the Claim of a delivery of _unrouted: a resume naming only its
+// approval is resolved first; a request the catalog lists after all is
+// forwarded to its pool, under a message id of its own; any other is
+// claimed here, to end CAPABILITY_NOT_FOUND.
+func (e *Execution) route() Action {
+	r, req := e.r, e.req
+	fwd := e.msg.Data()
+	if req.ApprovalID != "" && req.CapabilityID == "" && r.cfg.ResolveResume != nil {
+		// A resume naming only its approval: the approval says the rest.
+		ctx, cancel := StoreContext()
+		err := r.cfg.ResolveResume(ctx, e.principal, req)
+		cancel()
+		var cerr *envelope.CapabilityError
+		if err != nil && !errors.As(err, &cerr) {
+			r.log.Warn("resume not resolved; delivery left for later", "executionId", req.ExecutionID, "err", err)
+			return Action{Do: Wait, Delay: time.Second}
+		}
+		if cerr != nil {
+			reason := "resume-refused"
+			if cerr.Cause != nil {
+				reason += ": " + cerr.Cause.Error()
+			}
+			return Action{Do: Refuse, Err: cerr, Reason: reason}
+		}
+		if fwd, err = envelope.Marshal(req); err != nil {
+			return Action{Do: Wait, Delay: time.Second}
+		}
+	}
+	listed, err := r.cfg.Listed(req.CapabilityID)
+	if err != nil {
+		return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
+	}
+	if listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
+		// The producer's catalog was stale: forward under a distinct message id,
+		// since the original id is still in the dedup window. The principal
+		// stays the one the server authenticated.
+		ctx, cancel := StoreContext()
+		defer cancel()
+		if _, err := r.b.JS.Publish(ctx, r.b.Names.ExecSubject(e.principal, req.CapabilityID), fwd,
+			jetstream.WithMsgID(r.ids.Forward(e.principal, req.ExecutionID))); err != nil {
+			return Action{Do: Wait, Delay: time.Second}
+		}
+		ackSync(e.msg)
+		return Action{}
+	}
+	e.missing = "unknown"
+	if envelope.ValidCapabilityID(req.CapabilityID) != nil {
+		e.missing = "invalid-id"
+	}
+	return e.execute(nil)
 }
 
 // rolloutDelay is how long a delivery of a capability this worker lacks,
@@ -117,31 +257,26 @@ func delivered(msg jetstream.Msg, req *envelope.Request) Delivery {
 	return d
 }
 
-// execute runs one delivery as an execution of this worker. A nil
-// capability (missing says why) finalizes it CAPABILITY_NOT_FOUND, unless
-// its record says otherwise: even then the takeover table decides.
-func (r *Runner) execute(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition, missing string) {
+// execute begins the delivery as an execution of this worker, of the
+// capability c (nil: none served here; missing says why), and claims it.
+func (e *Execution) execute(c Definition) Action {
+	r := e.r
 	if r.base.Err() != nil {
 		// Shutting down: leave it to a live worker rather than claim it.
-		nak(msg, 0)
-		return
+		return Action{Do: Wait}
 	}
-	if !r.cfg.DisableLeaseRenewal && (d.Stored.IsZero() || r.now().Sub(d.Stored) >= r.cfg.Lease/10) {
+	if !r.cfg.DisableLeaseRenewal && (e.delivery.Stored.IsZero() || r.now().Sub(e.delivery.Stored) >= r.cfg.Lease/10) {
 		// The delivery may have waited in the pull buffer: restart its ack
 		// timer now, as the claim starts its lease. (A message stored less
 		// than a tenth of the lease ago cannot have waited longer: its ack
 		// timer has nearly all its length left, and the lease keeper's first
 		// InProgress comes well before it runs out.)
-		_ = msg.InProgress()
+		_ = e.msg.InProgress()
 	}
-	x := r.newExecution(msg, req, d, c)
-	x.missing = missing
-	if !r.start(msg, x) {
-		return
+	if !e.begin(c) {
+		return Action{Do: Wait, Delay: r.cfg.Lease}
 	}
-	defer r.untrack(x)
-	defer x.finish()
-	x.claimAndRun()
+	return e.claimNew()
 }
 
 // finish ends the execution's observation, lease and context: its delivery
@@ -154,8 +289,9 @@ func (e *Execution) finish() {
 	e.cancel(nil)
 }
 
-// claimAndRun claims the execution and runs it, or decides from the record
-// another delivery or worker left.
+// claimNew claims an execution no record was found for, and returns what
+// follows: running it, or what the takeover table says of the record found
+// in its way.
 //
 // The first delivery of a request whose id is recent takes the short path
 // (DESIGN §14): stages 4 to 9 run before anything is written, and the claim
@@ -165,13 +301,14 @@ func (e *Execution) finish() {
 // tells a duplicate. Every other delivery claims first, as `claimed`, and,
 // when no record was there, reads the envelope before running: a
 // redelivery, or an id older than the window, may belong to an execution
-// whose record is gone.
-func (e *Execution) claimAndRun() {
+// whose record is gone. The takeover table's rows of a missing record decide
+// (Facts.Claimed).
+func (e *Execution) claimNew() Action {
 	e.hashInput()
 	if e.shortPath() {
 		e.trail.hold()
-		e.run(true, 0, "")
-		return
+		e.unaudited = true
+		return Action{Do: Run}
 	}
 	rec := e.newRecord(StateClaimed)
 	if e.unproven = !e.delivery.facts(e.r.windows(), e.r.now()).AbsenceProves; e.unproven {
@@ -180,18 +317,19 @@ func (e *Execution) claimAndRun() {
 		rec.LastError = envelope.CodeWorkerLost
 	}
 	if !e.create(rec) {
-		e.yieldClaim()
-		return
+		return e.yield()
 	}
 	if r := e.claim.held(); r.Claim != e.claim.token || r.State != StateClaimed {
 		// Our own create, whose answer was lost, already moved on: not here.
-		e.yieldClaim()
-		return
+		return e.yield()
 	}
-	if !e.checkedFresh() {
-		return
+	e.unaudited = true
+	f := e.facts(nil, EnvelopeNotRead)
+	f.Claimed = true
+	if !f.FirstRecent {
+		f.Envelope = e.readEnvelope()
 	}
-	e.runClaimed()
+	return Takeover(f)
 }
 
 // shortPath reports whether this delivery may run stages 4 to 9 before its
@@ -201,64 +339,16 @@ func (e *Execution) shortPath() bool {
 	return e.cap != nil && e.req.ApprovalID == "" && e.delivery.facts(e.r.windows(), e.r.now()).FirstRecent
 }
 
-// yieldClaim ends a claim that did not happen: the record found decides
-// (DESIGN §5), or, when the store did not answer, a later delivery does.
-func (e *Execution) yieldClaim() {
+// yield ends a claim that did not happen: the record found decides (the
+// takeover table), or, when the store did not answer, a later delivery
+// does.
+func (e *Execution) yield() Action {
 	e.trail.drop()
-	if e.found != nil {
-		rec, rev := e.found, e.foundRev
-		e.found = nil
-		e.decide(rec, rev)
-		return
+	e.unaudited = false
+	if e.found == nil {
+		return Action{Do: Wait, Delay: time.Second}
 	}
-	nak(e.msg, time.Second)
-}
-
-// claimBeforeWrite claims an execution that runs stages 4 to 9 before its
-// claim (the short path), ahead of a write (the approval gate's), and
-// reports whether it may go on. When it may not, the record found has
-// decided (the takeover table) and the caller returns without finalizing.
-func (e *Execution) claimBeforeWrite() bool {
-	if e.claim.held() != nil {
-		return true
-	}
-	if !e.create(e.newRecord(StateClaimed)) {
-		e.yieldClaim()
-		return false
-	}
-	e.trail.flush()
-	e.lease.start()
-	return true
-}
-
-// checkedFresh decides an execution this delivery has just claimed with no
-// record before it (see claimAndRun), from the takeover table's rows of a
-// missing record: unless the delivery proves the execution new (a recent
-// id's first delivery), it reads the envelope first. It reports whether the
-// execution may run.
-func (e *Execution) checkedFresh() bool {
-	f := e.facts(nil, EnvelopeNotRead)
-	f.Claimed = true
-	if !f.FirstRecent {
-		f.Envelope = e.readEnvelope()
-	}
-	a := Takeover(f)
-	switch a.Do {
-	case Run:
-		return true
-	case Duplicate:
-		e.lease.halt()
-		e.r.duplicate(e.msg, e.principal, e.req, e.claim.held().Worker)
-	case Wait:
-		e.release()
-	case RefuseExpired:
-		made, _ := envelope.ExecutionIDTime(e.req.ExecutionID)
-		e.refuseExpired(made)
-	case Fail:
-		e.emit(audit.EventRequested, nil)
-		e.finalize(afterRun(a.Err), a.Attempts)
-	}
-	return false
+	return Takeover(e.facts(e.found, e.readEnvelope()))
 }
 
 // readEnvelope reads the execution's envelope for the takeover table.
@@ -299,51 +389,14 @@ func (e *Execution) facts(rec *Record, read EnvelopeRead) Facts {
 	return f
 }
 
-// refuseExpired ends a request whose id is older than envelopes are kept:
-// terminated, audited execution.expired_request, no envelope (its caller's
-// await answers EXPIRED).
-func (e *Execution) refuseExpired(made time.Time) {
-	e.lease.halt()
-	e.r.log.Warn("request older than the envelope retention: refused", "executionId", e.req.ExecutionID,
-		"idTime", made, "retention", e.r.envelopeRetention())
-	e.emit(audit.EventExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
-		"envelopeRetention": e.r.envelopeRetention().String()})
-	_ = e.msg.TermWithReason("request older than the envelope retention")
-}
-
-// runClaimed runs an execution this delivery has just claimed.
-func (e *Execution) runClaimed() {
-	if e.cap == nil {
-		e.notFound(true)
-		return
-	}
-	e.run(true, 0, "")
-}
-
-// decide handles a delivery whose execution already has a record: the
-// takeover table of DESIGN §5 (Takeover) decides, this carries it out.
-func (e *Execution) decide(rec *Record, rev uint64) {
-	a := Takeover(e.facts(rec, e.readEnvelope()))
-	if !a.TakeOver {
-		switch a.Do {
-		case Duplicate:
-			e.r.duplicate(e.msg, e.principal, e.req, rec.Worker)
-		case RestoreEnvelope:
-			if !e.r.finalizeRecorded(e, rec) {
-				// The next delivery tries again.
-				nak(e.msg, time.Second)
-				return
-			}
-			e.r.duplicate(e.msg, e.principal, e.req, rec.Worker)
-		case Conflict:
-			e.r.conflict(e.msg, e.principal, e.req, rec, a.Field)
-		case Wait:
-			nak(e.msg, a.Delay)
-		}
-		return
-	}
-	from := rec.Worker
-	prev := rec.State
+// takeOver takes the record found, another claim's whose lease ran out (or
+// a cancel's), by compare-and-swap, audits it, and returns the action that
+// follows once the swap holds it: a cancel recorded meanwhile ends it
+// (Action.AfterTakeover).
+func (e *Execution) takeOver(a Action) Action {
+	rec, rev := e.found, e.foundRev
+	e.found = nil
+	from, prev := rec.Worker, rec.State
 	e.claim.hold(rec, rev)
 	endClaim := e.stage(observe.StageClaim)
 	err := e.claim.update(func(r *Record) {
@@ -364,8 +417,8 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 	endClaim(err)
 	if err != nil && !errors.Is(err, errCancelRequested) {
 		// Someone else moved first; the next delivery decides again.
-		nak(e.msg, time.Second)
-		return
+		e.claim.drop()
+		return Action{Do: Wait, Delay: time.Second}
 	}
 	switch {
 	case prev == StatePending:
@@ -380,82 +433,111 @@ func (e *Execution) decide(rec *Record, rev uint64) {
 		e.obs.TakenOver(string(prev))
 		e.emit(audit.EventTakenOver, map[string]any{"fromWorker": from, "state": string(prev), "attempt": rec.Attempt})
 	}
-	switch a = a.AfterTakeover(e.claim.held()); a.Do {
-	case Cancel:
-		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
-	case Recover:
-		e.recoverTaken(a.Attempts)
-	case Reconcile:
-		e.reconcile(a.Attempts)
-	case Retry:
-		e.retryReason = a.Reason
-		e.run(false, a.Attempts, envelope.CodeWorkerLost)
-	case Fail:
-		e.finalize(afterRun(a.Err), a.Attempts)
-	case NotStarted:
-		e.r.notStarted.Add(1)
-		e.finalize(failed(NotStartedError()), 0)
-	case NotFound:
-		e.notFound(false)
-	case Run:
-		e.run(false, 0, "")
-	}
+	a = a.AfterTakeover(e.claim.held())
+	a.TakeOver = false
+	return a
 }
 
-// notFound finalizes an execution of a capability no pool serves.
-func (e *Execution) notFound(fresh bool) {
-	if fresh {
+// refuseExpired ends a request whose id is older than envelopes are kept:
+// terminated, audited execution.expired_request, no envelope (its caller's
+// await answers EXPIRED).
+func (e *Execution) refuseExpired() Action {
+	made, _ := envelope.ExecutionIDTime(e.req.ExecutionID)
+	e.lease.halt()
+	e.r.log.Warn("request older than the envelope retention: refused", "executionId", e.req.ExecutionID,
+		"idTime", made, "retention", e.r.envelopeRetention())
+	e.emit(audit.EventExpiredRequest, map[string]any{"idTime": made.UTC().Format(time.RFC3339Nano),
+		"envelopeRetention": e.r.envelopeRetention().String()})
+	_ = e.msg.TermWithReason("request older than the envelope retention")
+	return Action{}
+}
+
+// audited files stage 2's capability.requested of an execution this
+// delivery claimed fresh, once, before anything else of it: the request is
+// audited before anything can refuse it.
+func (e *Execution) audited() {
+	if e.unaudited {
+		e.unaudited = false
 		e.emit(audit.EventRequested, nil)
 	}
-	cerr := NotFoundError()
-	e.emit(audit.EventDenied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
-	e.finalize(failed(cerr), 0)
 }
 
-// duplicate acknowledges a delivery of an execution that is already finalized:
-// never a new attempt.
-func (r *Runner) duplicate(msg jetstream.Msg, principal string, req *envelope.Request, finalizedBy string) {
-	r.auditDuplicate(principal, req, map[string]any{"finalizedBy": finalizedBy})
-	ackSync(msg)
+// notFound ends an execution of a capability no pool serves:
+// CAPABILITY_NOT_FOUND, denied for the reason missing says.
+func (e *Execution) notFound() Action {
+	e.audited()
+	cerr := NotFoundError()
+	e.emit(audit.EventDenied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
+	return Action{Do: Finish, end: failed(cerr)}
+}
+
+// duplicate acknowledges a delivery of an execution that has ended: never
+// a new attempt. The record found, or this delivery's claim, names who
+// finalized it.
+func (e *Execution) duplicate() Action {
+	e.lease.halt()
+	by := e.found
+	if by == nil {
+		by = e.claim.held()
+	}
+	e.auditDuplicate(map[string]any{"finalizedBy": by.Worker})
+	ackSync(e.msg)
+	return Action{}
+}
+
+// restore writes the envelope the finalized record found stands for, then
+// acknowledges the delivery as a duplicate; the next delivery tries again
+// when it could not.
+func (e *Execution) restore() Action {
+	if !e.finalizeRecorded(e.found) {
+		return Action{Do: Wait, Delay: time.Second}
+	}
+	return e.duplicate()
 }
 
 // auditDuplicate audits a delivery that runs nothing (an execution already
 // finalized, a request its execution was not claimed for) with data:
 // execution.duplicate_delivery, never a second call.
-func (r *Runner) auditDuplicate(principal string, req *envelope.Request, data map[string]any) {
-	r.duplicates.Add(1)
-	r.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+func (e *Execution) auditDuplicate(data map[string]any) {
+	e.r.duplicates.Add(1)
+	req := e.req
+	e.r.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
+		Principal: e.principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
-// undecodable terminates a message that is not a request: it must not be
-// redelivered forever. With a usable execution id in its message id, it is
-// finalized as INPUT_INVALID so that its caller is not left waiting.
-func (r *Runner) undecodable(msg jetstream.Msg, derr error) {
-	principal := r.principalOf(msg)
-	r.refuseUnrun(msg, principal, broker.ExecutionOfMsgID(msgID(msg), principal),
-		r.b.Names.CapabilityFromSubject(msg.Subject()), "The request could not be decoded.", "undecodable",
-		"request does not decode: terminated", "err", derr)
+// conflict acks, without running it, a request whose execution's record was
+// claimed for another request under the same id (Record.Conflict names the
+// field that differs), and audits it as a duplicate delivery with the field
+// and the record's capability. Nothing of the execution changes: the request
+// the record names still decides it.
+func (e *Execution) conflict(field string) Action {
+	rec, req := e.found, e.req
+	e.r.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
+		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
+	e.auditDuplicate(map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
+	ackSync(e.msg)
+	return Action{}
 }
 
-// refuseUnrun ends a delivery that must never run (a message that is no
-// request, or whose message id names another execution), logging why with
-// logAttrs: when id is a usable execution id, its execution is finalized
-// INPUT_INVALID with message, unless something else ended it; the message is
-// terminated once that is so.
-func (r *Runner) refuseUnrun(msg jetstream.Msg, principal, id, capID, message, reason, logMsg string, logAttrs ...any) {
-	r.log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
-	if envelope.ValidExecutionID(id) == nil {
-		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
-			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
-				Message: message}}
-		e := r.bare(msg, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
-		if !r.endWithoutRun(msg, e, env, reason) {
-			return // its envelope is not written yet: not terminated
+// refuse ends a request that must never run (Refuse) with a.Err, without
+// running it (endWithoutRun), and settles the delivery once its envelope
+// exists: terminated, or acknowledged. An id that is no execution id ends
+// nothing: the message is terminated at once.
+func (e *Execution) refuse(a Action) Action {
+	if envelope.ValidExecutionID(e.req.ExecutionID) == nil {
+		env := &envelope.Envelope{ExecutionID: e.req.ExecutionID, CapabilityID: e.req.CapabilityID, Status: envelope.StatusFailed,
+			Error: &envelope.Error{Code: a.Err.Code, Stage: a.Err.Stage, ExposeToModel: a.Err.ExposeToModel, Message: a.Err.Message}}
+		if next, done := e.endWithoutRun(env, a.Reason); !done {
+			return next // its envelope is not written yet: not settled
 		}
 	}
-	_ = msg.TermWithReason(logMsg)
+	if a.term != "" {
+		_ = e.msg.TermWithReason(a.term)
+	} else {
+		ackSync(e.msg)
+	}
+	return Action{}
 }
 
 // endWithoutRun ends a delivery whose request is refused before it can run
@@ -465,35 +547,37 @@ func (r *Runner) refuseUnrun(msg jetstream.Msg, principal, id, capID, message, r
 // is written is never finalized (DESIGN §13). An envelope already there is a
 // duplicate delivery. A record found in the way decides as the takeover
 // table says (a cancel's pending record: CANCELLED; a finalized one: the
-// envelope it stands for), through a delivery of its own; any other record
-// is another delivery's claim, waited for with a delay.
-func (r *Runner) endWithoutRun(msg jetstream.Msg, e *Execution, env *envelope.Envelope, reason string) bool {
-	switch ended, err := r.endedBefore(e); {
+// envelope it stands for); any other record is another delivery's claim,
+// waited for with a delay.
+func (e *Execution) endWithoutRun(env *envelope.Envelope, reason string) (Action, bool) {
+	switch ended, err := e.endedBefore(); {
 	case ended:
-		return true
+		return Action{}, true
 	case err != nil:
-		nak(msg, time.Second)
-		return false
+		return Action{Do: Wait, Delay: time.Second}, false
 	}
-	done, rec, rev := r.finalizeWithoutRun(e, env, reason)
+	done, rec, rev := e.finalizeWithoutRun(env, reason)
 	switch {
 	case done:
-		return true
+		return Action{}, true
 	case rec != nil && (rec.State == StatePending || rec.State == StateFinalized):
-		// decide settles the delivery itself.
-		r.decideFound(msg, e.req, rec, rev)
+		// Decided as a delivery of an unknown capability that found it.
+		if !e.begin(nil) {
+			return Action{Do: Wait, Delay: e.r.cfg.Lease}, false
+		}
+		e.hashInput()
+		e.found, e.foundRev = rec, rev
+		return Takeover(e.facts(rec, e.readEnvelope())), false
 	case rec != nil:
-		nak(msg, max(rec.LeaseUntil.Sub(r.now()), time.Second))
-	default:
-		nak(msg, time.Second) // the store did not answer: decide again later
+		return Action{Do: Wait, Delay: max(rec.LeaseUntil.Sub(e.r.now()), time.Second)}, false
 	}
-	return false
+	return Action{Do: Wait, Delay: time.Second}, false // the store did not answer: decide again later
 }
 
-// endedBefore reports whether x's execution has its envelope already (one
+// endedBefore reports whether the execution has its envelope already (one
 // that does not decode counts: only a finalization writes there), and then
 // audits the delivery as a duplicate. An error: the store did not answer.
-func (r *Runner) endedBefore(e *Execution) (bool, error) {
+func (e *Execution) endedBefore() (bool, error) {
 	have, err := e.envelope()
 	if have == nil && !errors.Is(err, envelope.ErrDecode) {
 		return false, err
@@ -502,132 +586,51 @@ func (r *Runner) endedBefore(e *Execution) (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	r.auditDuplicate(e.principal, e.req, map[string]any{"finalizedBy": finalizedBy})
+	e.auditDuplicate(map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 
-// decideFound lets the takeover table decide a delivery of a request that
-// was not claimed from the record found in its place.
-func (r *Runner) decideFound(msg jetstream.Msg, req *envelope.Request, rec *Record, rev uint64) {
-	x := r.newExecution(msg, req, delivered(msg, req), nil)
-	if !r.start(msg, x) {
-		return
-	}
-	defer r.untrack(x)
-	defer x.finish()
-	x.hashInput()
-	x.decide(rec, rev)
-}
-
-// handleUnrouted serves the _unrouted consumer: requests a producer sent there
-// because its catalog did not list the capability.
-func (r *Runner) handleUnrouted(msg jetstream.Msg) {
-	req, principal, ok := r.decode(msg)
-	if !ok {
-		return
-	}
-	d := delivered(msg, req)
-	if r.endedUnstarted(msg, principal, req, d) {
-		return
-	}
-	fwd := msg.Data()
-	if req.ApprovalID != "" && req.CapabilityID == "" && r.cfg.ResolveResume != nil {
-		// A resume naming only its approval: the approval says the rest.
-		ctx, cancel := StoreContext()
-		err := r.cfg.ResolveResume(ctx, principal, req)
-		cancel()
-		var cerr *envelope.CapabilityError
-		if err != nil && !errors.As(err, &cerr) {
-			r.log.Warn("resume not resolved; delivery left for later", "executionId", req.ExecutionID, "err", err)
-			nak(msg, time.Second)
-			return
-		}
-		if cerr != nil {
-			x := r.bare(msg, req, principal)
-			env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
-				Error: &envelope.Error{Code: cerr.Code, Stage: cerr.Stage, ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
-			reason := "resume-refused"
-			if cerr.Cause != nil {
-				reason += ": " + cerr.Cause.Error()
-			}
-			if r.endWithoutRun(msg, x, env, reason) {
-				ackSync(msg)
-			}
-			return
-		}
-		if fwd, err = envelope.Marshal(req); err != nil {
-			nak(msg, time.Second)
-			return
-		}
-	}
-	listed, err := r.cfg.Listed(req.CapabilityID)
-	if err != nil {
-		nak(msg, time.Second) // the store did not answer: decide again later
-		return
-	}
-	if listed && envelope.ValidCapabilityID(req.CapabilityID) == nil {
-		// The producer's catalog was stale: forward under a distinct message id,
-		// since the original id is still in the dedup window. The principal
-		// stays the one the server authenticated.
-		ctx, cancel := StoreContext()
-		defer cancel()
-		if _, err := r.b.JS.Publish(ctx, r.b.Names.ExecSubject(principal, req.CapabilityID), fwd,
-			jetstream.WithMsgID(r.ids.Forward(principal, req.ExecutionID))); err != nil {
-			nak(msg, time.Second)
-			return
-		}
-		ackSync(msg)
-		return
-	}
-	missing := "unknown"
-	if envelope.ValidCapabilityID(req.CapabilityID) != nil {
-		missing = "invalid-id"
-	}
-	r.execute(msg, req, d, nil, missing)
-}
-
-// endedUnstarted ends a delivery whose request is past its start deadline
-// and has no record, and reports whether it did; a request with a record is
-// left to the takeover table. A delivery of a request that has ended already
-// is a duplicate. When finding no record would not prove that the request
-// never started (AbsenceProves: an attempt may have run under a record that
-// has expired since), it is not said to have never run: the claiming path
-// decides (checkedFresh).
-func (r *Runner) endedUnstarted(msg jetstream.Msg, principal string, req *envelope.Request, d Delivery) bool {
-	if Takeover(d.facts(r.windows(), r.now())).Do != EndNotStarted {
-		return false
-	}
-	x := r.bare(msg, req, principal)
-	switch ended, err := r.endedBefore(x); {
+// endNotStarted ends a delivery whose request is past its start deadline
+// and has no record (EndNotStarted): NOT_STARTED, its record finalized
+// first. A delivery of a request that has ended already is a duplicate. A
+// record found in the way is claimed as any other (Claim), and the takeover
+// table decides from it.
+func (e *Execution) endNotStarted() Action {
+	switch ended, err := e.endedBefore(); {
 	case ended:
-		ackSync(msg)
-		return true
+		ackSync(e.msg)
+		return Action{}
 	case err != nil:
-		nak(msg, time.Second) // the store did not answer: decide again later
-		return true
+		return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
 	}
-	x.hashInput()
-	done, found, _ := r.finalizeWithoutRun(x, notStartedEnvelope(req), "")
+	e.hashInput()
+	done, found, _ := e.finalizeWithoutRun(notStartedEnvelope(e.req), "")
 	switch {
 	case done:
-		r.notStarted.Add(1)
-		ackSync(msg)
+		e.r.notStarted.Add(1)
+		ackSync(e.msg)
+		return Action{}
 	case found != nil:
-		return false
-	default:
-		nak(msg, time.Second) // the store did not answer: decide again later
+		return Action{Do: Claim}
 	}
-	return true
+	return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
 }
 
-// conflict acks, without running it, a request whose execution's record was
-// claimed for another request under the same id (Record.Conflict names the
-// field that differs), and audits it as a duplicate delivery with the field
-// and the record's capability. Nothing of the execution changes: the request
-// the record names still decides it.
-func (r *Runner) conflict(msg jetstream.Msg, principal string, req *envelope.Request, rec *Record, field string) {
-	r.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
-		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	r.auditDuplicate(principal, req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
-	ackSync(msg)
+// wait leaves the delivery for a later one (Wait): after a.Delay, when it
+// holds no claim. A claim it holds is given back first, its lease ended
+// now: for a limit, its record names no worker meanwhile and the delivery
+// comes back after a.Delay; otherwise it comes back at once.
+func (e *Execution) wait(a Action) Action {
+	if e.claim.held() != nil && !a.limit {
+		return e.release()
+	}
+	e.releaseThen(a.limit, func() { nak(e.msg, a.Delay) })
+	return Action{}
+}
+
+// release gives the execution back (Release): the lease ends now and the
+// message is redelivered at once, so a live worker takes it over.
+func (e *Execution) release() Action {
+	e.releaseThen(false, func() { _ = e.msg.Nak() })
+	return Action{}
 }

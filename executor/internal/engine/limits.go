@@ -32,14 +32,13 @@ func (r *Runner) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict
 }
 
 // takeLimits takes the execution's limits and reports whether its attempts
-// may start. When they may not, it has carried out the capability's choice
-// at the limit: the delivery waits (a later delivery tries again, until the
-// start deadline), the execution ends RATE_LIMITED, or it asks for an
-// approval. A takeover (fromAttempt > 0) takes its slot again under its own
+// may start. When they may not, it returns the capability's choice at the
+// limit: the delivery waits (a later delivery tries again, until the start
+// deadline), the execution ends RATE_LIMITED, or it asks for an approval. A takeover (fromAttempt > 0) takes its slot again under its own
 // claim and nothing else: its rates and budgets were taken when it first
 // started; over the slots it waits, whatever the choice, since an attempt
 // may have run.
-func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
+func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	lims := adm.Limits
 	if fromAttempt > 0 {
 		// Readmit carries the concurrency limits alone; any other is
@@ -48,12 +47,11 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 			lims = slices.DeleteFunc(slices.Clone(lims), func(l limits.Limit) bool { return l.Kind != limits.Concurrency })
 		}
 		if len(lims) == 0 {
-			return true
+			return Action{}, true
 		}
 	}
 	if e.r.limits == nil {
-		e.waitForLimit(time.Second)
-		return false
+		return e.waitForLimit(time.Second), false
 	}
 	var approved map[string]int64 // nil unless an approval lets the execution past its budgets
 	if adm.Approved {
@@ -70,19 +68,17 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	taken, over, err := e.r.limits.Take(e.ctx, lims, h, approved)
 	if err != nil {
 		if e.ctx.Err() != nil {
-			e.endByContext(0)
-			return false
+			return e.endByContext(0), false
 		}
 		e.r.log.Warn("limits not taken: the delivery waits", "executionId", e.req.ExecutionID, "err", err)
-		e.waitForLimit(time.Second)
-		return false
+		return e.waitForLimit(time.Second), false
 	}
 	if over == nil {
 		e.taken = taken
 		if taken.Slot() {
 			e.obs.Slot(true)
 		}
-		return true
+		return Action{}, true
 	}
 	action := over.Limit.Action
 	if fromAttempt > 0 || (action == limits.Approve && adm.OverBudget == nil) {
@@ -105,27 +101,25 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	e.r.emit(e.event(audit.EventLimited, data))
 	switch action {
 	case limits.Refuse:
-		e.finalize(failed(RateLimitedError(*over)), 0)
+		return Action{Do: Finish, end: failed(RateLimitedError(*over))}, false
 	case limits.Approve:
-		e.awaitApproval(adm.OverBudget(over.Limit.String()))
-	default:
-		e.waitForLimit(limits.WaitFor(over.RetryAfter, e.delivery.Deliveries, rand.Float64()))
+		return Action{Do: AwaitApproval, need: adm.OverBudget(over.Limit.String())}, false
 	}
-	return false
+	return e.waitForLimit(limits.WaitFor(over.RetryAfter, e.delivery.Deliveries, rand.Float64())), false
 }
 
 // waitForLimit leaves the delivery for a later one, after delay, or at the
 // request's start deadline if that comes first (then it ends NOT_STARTED).
-// A claim this delivery holds is given up first.
-func (e *Execution) waitForLimit(delay time.Duration) {
+// A claim this delivery holds is given up first (Wait).
+func (e *Execution) waitForLimit(delay time.Duration) Action {
 	if sb := e.req.StartBy; sb != nil {
 		delay = min(delay, max(sb.Sub(e.r.now())+10*time.Millisecond, 0))
 	}
-	e.releaseThen(true, func() { nak(e.msg, delay) })
+	return Action{Do: Wait, Delay: delay, limit: true}
 }
 
-// releaseLimits gives back the slot the execution took, if any: its run has
-// ended (finalized, lost to another claim, or left for later).
+// releaseLimits gives back the slot the execution took, if any: its
+// delivery has ended (finalized, lost to another claim, or left for later).
 func (e *Execution) releaseLimits() {
 	if !e.taken.Slot() {
 		return

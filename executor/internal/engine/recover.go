@@ -93,35 +93,44 @@ func (e *Execution) closeReceipts(n int) envelope.Raw {
 	return receiptOf(&rec, n)
 }
 
-// recover finalizes attempt n completed from what it left: its receipt, or
-// out, what the reconciler found (how says which). Stages 12 and 13 apply to
-// it as to a handler's output: nothing that fails them leaves the worker.
-func (e *Execution) recover(how string, n int, receipt envelope.Raw, out any) {
-	var err error
-	if how == envelope.RecoveredByReceipt {
+// recover ends attempt a.Attempts completed from what it left (Recover):
+// its receipt, or what the reconciler found (a.How says which). Stages 12
+// and 13 apply to it as to a handler's output: nothing that fails them
+// leaves the worker.
+func (e *Execution) recover(a Action) Action {
+	n := a.Attempts
+	e.lease.start()
+	var receipt envelope.Raw
+	if a.How == envelope.RecoveredByReceipt {
+		rec := e.claim.record()
+		receipt = receiptOf(&rec, n)
+	}
+	if end, ok := e.admitted(n); !ok {
+		return end
+	}
+	out, err := e.answer, error(nil)
+	if a.How == envelope.RecoveredByReceipt {
 		out, err = e.fromReceipt(n, receipt)
 	}
 	if err != nil {
-		e.finalize(failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput,
-			ExposeToModel: true, Message: "The operation took effect, but its receipt could not be made its output; it was withheld.",
-			Cause: err}), n)
-		return
+		return Action{Do: Finish, Attempts: n, end: failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid,
+			Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation took effect, but its receipt could not be made its output; it was withheld.", Cause: err})}
 	}
 	raw, oerr := e.unit.Output(out)
 	if oerr != nil {
-		e.finalize(failedAfterRun(oerr), n)
-		return
+		return Action{Do: Finish, Attempts: n, end: failedAfterRun(oerr)}
 	}
 	o := completed(raw)
-	o.env.Recovered = &envelope.Recovered{How: how, Attempt: n}
-	o.data = map[string]any{"recovered": how, "recoveredAttempt": n}
-	if how == envelope.RecoveredByReceipt {
+	o.env.Recovered = &envelope.Recovered{How: a.How, Attempt: n}
+	o.data = map[string]any{"recovered": a.How, "recoveredAttempt": n}
+	if a.How == envelope.RecoveredByReceipt {
 		if h, err := envelope.InputHash(receipt); err == nil {
 			o.data["receiptHash"] = h
 		}
 	}
 	e.r.recovered.Add(1)
-	e.finalize(o, n)
+	return Action{Do: Finish, Attempts: n, end: o}
 }
 
 // fromReceipt is the capability's output for attempt n's receipt; a panic
@@ -151,10 +160,10 @@ const DefaultReconcileTimeout = 10 * time.Second
 
 // admitted readmits a taken-over execution for what comes after its lost
 // attempt (stage 5 again, the approval it consumed), and reports whether it
-// may go on; when it may not, it has ended as the admission says.
-func (e *Execution) admitted(n int) bool {
+// may go on; when it may not, it returns how it ends, as the admission says.
+func (e *Execution) admitted(n int) (Action, bool) {
 	if e.unit != nil {
-		return true
+		return Action{}, true
 	}
 	adm := e.cap.Readmit(e.ctx, e.request())
 	for _, ev := range adm.Events {
@@ -162,40 +171,27 @@ func (e *Execution) admitted(n int) bool {
 	}
 	switch {
 	case adm.Stopped:
-		e.endByContext(n)
-		return false
+		return e.endByContext(n), false
 	case adm.Refusal != nil:
-		e.finalize(failed(adm.Refusal), n)
-		return false
+		return Action{Do: Finish, Attempts: n, end: failed(adm.Refusal)}, false
 	case adm.Unit == nil:
 		// An approval asked for again: a takeover never asks twice.
-		e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageHandler,
-			Message: "The operation failed.", Cause: errors.New("readmission asked for an approval")}), n)
-		return false
+		return Action{Do: Finish, Attempts: n, end: failed(&envelope.CapabilityError{Code: envelope.CodeInternalError,
+			Stage: envelope.StageHandler, Message: "The operation failed.",
+			Cause: errors.New("readmission asked for an approval")})}, false
 	}
 	e.unit, e.adm = adm.Unit, adm
-	return true
-}
-
-// recoverTaken finalizes a taken-over attempt n from its receipt.
-func (e *Execution) recoverTaken(n int) {
-	e.lease.start()
-	rec := e.claim.record()
-	receipt := receiptOf(&rec, n)
-	if !e.admitted(n) {
-		return
-	}
-	e.recover(envelope.RecoveredByReceipt, n, receipt, nil)
+	return Action{}, true
 }
 
 // reconcile asks the capability's reconciler whether the lost attempt n took
-// effect, holding the record as reconciling{n} under this claim's lease (a
-// worker lost meanwhile is taken over like an attempt), then carries out
-// what the takeover table says of the answer.
-func (e *Execution) reconcile(n int) {
+// effect (Reconcile), holding the record as reconciling{n} under this
+// claim's lease (a worker lost meanwhile is taken over like an attempt),
+// and returns what the takeover table says of the answer.
+func (e *Execution) reconcile(n int) Action {
 	e.lease.start()
-	if !e.admitted(n) {
-		return
+	if end, ok := e.admitted(n); !ok {
+		return end
 	}
 	start := e.r.now()
 	res := e.ask(n)
@@ -209,34 +205,19 @@ func (e *Execution) reconcile(n int) {
 	switch cause := context.Cause(e.ctx); {
 	case errors.Is(cause, errLeaseLost):
 		e.r.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
-		return
+		return Action{}
 	case errors.Is(cause, errShutdown):
-		e.release()
-		return
+		return Action{Do: Release}
 	}
 	e.emit(audit.EventReconciled, data)
 	if e.ctx.Err() != nil && res.Verdict != Found {
-		e.endByContext(n)
-		return
+		return e.endByContext(n)
 	}
+	e.answer = res.Output
 	held := e.claim.record()
 	f := e.facts(&held, EnvelopeNotRead)
 	f.Claimed, f.Reconciled = true, res.Verdict
-	switch a := Takeover(f); a.Do {
-	case Recover:
-		e.recover(a.How, n, nil, res.Output)
-	case Retry:
-		e.retryReason = a.Reason
-		e.run(false, a.Attempts, envelope.CodeWorkerLost)
-	case Cancel:
-		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
-	case Fail:
-		e.finalize(afterRun(a.Err), a.Attempts)
-	default:
-		// Nothing else follows an answer: leave it to the next delivery.
-		e.r.log.Error("takeover table: no action after a reconciliation", "executionId", e.req.ExecutionID, "do", a.Do)
-		e.release()
-	}
+	return Takeover(f)
 }
 
 // ask calls the reconciler once under its timeout and the execution's

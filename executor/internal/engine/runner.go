@@ -292,18 +292,8 @@ func (r *Runner) inflightCount() int {
 	return len(r.inflight)
 }
 
-// start tracks x for its delivery msg. An execution of the same key already
-// in flight here keeps it: x is finished and msg NAKed until that one's
-// lease could end, and start reports false.
-func (r *Runner) start(msg jetstream.Msg, e *Execution) bool {
-	if r.track(e) {
-		return true
-	}
-	e.finish()
-	nak(msg, r.cfg.Lease)
-	return false
-}
-
+// track enters e in the table of executions in flight, unless an execution
+// of the same key is in flight here already.
 func (r *Runner) track(e *Execution) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
