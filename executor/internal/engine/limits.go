@@ -20,13 +20,13 @@ import (
 
 // holderAlive judges a slot's holder whose lease, as recorded in the slots,
 // has passed: by its execution's record, the truth of its lease.
-func (r *Runner) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict, error) {
-	rec, _, err := r.store.load(h.Key)
+func (w *worker) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict, error) {
+	rec, _, err := w.store.load(h.Key)
 	switch {
 	case err == nil:
-		return limits.HolderAlive(h, true, rec.Claim, rec.State == StateFinalized, rec.LeaseUntil, r.now()), nil
+		return limits.HolderAlive(h, true, rec.Claim, rec.State == StateFinalized, rec.LeaseUntil, w.now()), nil
 	case errors.Is(err, broker.ErrNotFound):
-		return limits.HolderAlive(h, false, "", false, time.Time{}, r.now()), nil
+		return limits.HolderAlive(h, false, "", false, time.Time{}, w.now()), nil
 	}
 	return limits.Verdict{}, err
 }
@@ -38,7 +38,8 @@ func (r *Runner) holderAlive(_ context.Context, h limits.Holder) (limits.Verdict
 // claim and nothing else: its rates and budgets were taken when it first
 // started; over the slots it waits, whatever the choice, since an attempt
 // may have run.
-func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
+func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
+	x := at.x
 	lims := adm.Limits
 	if fromAttempt > 0 {
 		// Readmit carries the concurrency limits alone; any other is
@@ -50,8 +51,8 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 			return Action{}, true
 		}
 	}
-	if e.r.limits == nil {
-		return e.waitForLimit(time.Second), false
+	if x.w.limits == nil {
+		return at.waitForLimit(time.Second), false
 	}
 	var approved map[string]int64 // nil unless an approval lets the execution past its budgets
 	if adm.Approved {
@@ -64,19 +65,19 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 			}
 		}
 	}
-	h := limits.Holder{Key: e.key, Claim: e.claim.token, Until: e.r.now().UTC().Add(e.r.cfg.Lease), Worker: e.r.cfg.ID}
-	taken, over, err := e.r.limits.Take(e.ctx, lims, h, approved)
+	h := limits.Holder{Key: x.key, Claim: x.claim.token, Until: x.w.now().UTC().Add(x.w.cfg.Lease), Worker: x.w.cfg.ID}
+	taken, over, err := x.w.limits.Take(x.ctx, lims, h, approved)
 	if err != nil {
-		if e.ctx.Err() != nil {
-			return e.endByContext(0), false
+		if x.ctx.Err() != nil {
+			return at.endByContext(0), false
 		}
-		e.r.log.Warn("limits not taken: the delivery waits", "executionId", e.req.ExecutionID, "err", err)
-		return e.waitForLimit(time.Second), false
+		x.w.log.Warn("limits not taken: the delivery waits", "executionId", x.req.ExecutionID, "err", err)
+		return at.waitForLimit(time.Second), false
 	}
 	if over == nil {
-		e.taken = taken
+		at.taken = taken
 		if taken.Slot() {
-			e.obs.Slot(true)
+			x.obs.Slot(true)
 		}
 		return Action{}, true
 	}
@@ -87,8 +88,8 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 			action = limits.Refuse
 		}
 	}
-	e.r.limited.Add(1)
-	e.obs.Limited(string(over.Limit.Kind), string(action))
+	x.w.stats.limited.Add(1)
+	x.obs.Limited(string(over.Limit.Kind), string(action))
 	data := map[string]any{"limit": over.Limit.String(), "kind": string(over.Limit.Kind), "per": string(over.Limit.Per),
 		"max": over.Limit.Max, "used": over.Used, "action": string(action)}
 	if over.Limit.Kind == limits.Budget {
@@ -98,37 +99,39 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
 	}
 	// Outside the held trail: a wait drops what it holds.
-	e.r.emit(e.event(audit.EventLimited, data))
+	x.w.emit(x.event(audit.EventLimited, data))
 	switch action {
 	case limits.Refuse:
 		return Action{Do: Finish, end: failed(RateLimitedError(*over))}, false
 	case limits.Approve:
 		return Action{Do: AwaitApproval, need: adm.OverBudget(over.Limit.String())}, false
 	}
-	return e.waitForLimit(limits.WaitFor(over.RetryAfter, e.delivery.Deliveries, rand.Float64())), false
+	return at.waitForLimit(limits.WaitFor(over.RetryAfter, x.meta.Deliveries, rand.Float64())), false
 }
 
 // waitForLimit leaves the delivery for a later one, after delay, or at the
 // request's start deadline if that comes first (then it ends NOT_STARTED).
 // A claim this delivery holds is given up first (Wait).
-func (e *Execution) waitForLimit(delay time.Duration) Action {
-	if sb := e.req.StartBy; sb != nil {
-		delay = min(delay, max(sb.Sub(e.r.now())+10*time.Millisecond, 0))
+func (at *attempts) waitForLimit(delay time.Duration) Action {
+	x := at.x
+	if sb := x.req.StartBy; sb != nil {
+		delay = min(delay, max(sb.Sub(x.w.now())+10*time.Millisecond, 0))
 	}
 	return Action{Do: Wait, Delay: delay, limit: true}
 }
 
 // releaseLimits gives back the slot the execution took, if any: its
 // delivery has ended (finalized, lost to another claim, or left for later).
-func (e *Execution) releaseLimits() {
-	if !e.taken.Slot() {
+func (at *attempts) releaseLimits() {
+	x := at.x
+	if !at.taken.Slot() {
 		return
 	}
 	ctx, cancel := StoreContext()
 	defer cancel()
-	e.r.limits.Release(ctx, e.taken)
-	e.taken = limits.Taken{}
-	e.obs.Slot(false)
+	x.w.limits.Release(ctx, at.taken)
+	at.taken = limits.Taken{}
+	x.obs.Slot(false)
 }
 
 // RateLimitedError is the refusal of a call over a limit whose choice is to

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -29,11 +30,27 @@ var ErrReceiptRefused = errors.New("capstan: receipt not recorded")
 // rides every later write of the record (the lease's renewals).
 const MaxReceipt = 8 << 10
 
+// receipts takes what the attempt running records of its effect
+// (Receipts): the port a handler's call.Receipt reaches the execution's
+// record through, under the attempt's claim. attempt is the attempt whose
+// handler may record a receipt (0: none), changed under mu, which a
+// receipt's write holds: an attempt's end waits for a receipt being written
+// (DESIGN §5). tried says the open attempt's handler wrote (or tried to
+// write) a receipt: without one, the attempt's end does not read the claim,
+// whose lock a lease renewal may hold.
+type receipts struct {
+	x       *execution
+	mu      sync.Mutex
+	attempt int
+	tried   bool
+}
+
 // RecordReceipt stores receipt as attempt n's evidence of its effect, by
 // compare-and-swap under the attempt's claim (Receipts). The receipt lock
 // orders it with the end of the attempt: once the attempt has ended, its
 // outcome is decided without the receipt, and the receipt is refused.
-func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
+func (rc *receipts) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
+	x := rc.x
 	if len(receipt) == 0 {
 		return fmt.Errorf("%w: the receipt is empty", ErrReceiptRefused)
 	}
@@ -44,19 +61,19 @@ func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
 	}
-	e.receiptMu.Lock()
-	defer e.receiptMu.Unlock()
-	if e.receiptOpen != n {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.attempt != n {
 		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
 	}
-	if e.claim.lapsed.Load() {
+	if x.claim.lapsed.Load() {
 		// The lease ran out unrenewed: another worker may own the execution.
 		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
 	}
-	e.receiptTried = true
-	_, end := e.obs.Stage(ctx, observe.StageReceipt)
-	err = e.claim.update(func(r *Record) {
-		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, e.r.now().UTC()
+	rc.tried = true
+	_, end := x.obs.Stage(ctx, observe.StageReceipt)
+	err = x.claim.update(func(r *Record) {
+		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, x.w.now().UTC()
 	})
 	if errors.Is(err, errCancelRequested) {
 		err = nil // written; the cancel came after the effect
@@ -68,28 +85,29 @@ func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 	case err != nil:
 		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
 	}
-	e.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
+	x.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
 	return nil
 }
 
-// openReceipts lets attempt n record receipts.
-func (e *Execution) openReceipts(n int) {
-	e.receiptMu.Lock()
-	e.receiptOpen, e.receiptTried = n, false
-	e.receiptMu.Unlock()
+// open lets attempt n record receipts.
+func (rc *receipts) open(n int) {
+	rc.mu.Lock()
+	rc.attempt, rc.tried = n, false
+	rc.mu.Unlock()
 }
 
-// closeReceipts ends attempt n's receipts and returns the one it recorded,
+// close ends attempt n's receipts and returns the one it recorded,
 // nil for none: from here the attempt's outcome is decided. An attempt
 // that wrote no receipt ends without reading the claim.
-func (e *Execution) closeReceipts(n int) envelope.Raw {
-	e.receiptMu.Lock()
-	defer e.receiptMu.Unlock()
-	e.receiptOpen = 0
-	if !e.receiptTried || e.claim.held() == nil {
+func (rc *receipts) close(n int) envelope.Raw {
+	x := rc.x
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.attempt = 0
+	if !rc.tried || x.claim.held() == nil {
 		return nil
 	}
-	rec := e.claim.record()
+	rec := x.claim.record()
 	return receiptOf(&rec, n)
 }
 
@@ -97,27 +115,28 @@ func (e *Execution) closeReceipts(n int) envelope.Raw {
 // its receipt, or what the reconciler found (a.How says which). Stages 12
 // and 13 apply to it as to a handler's output: nothing that fails them
 // leaves the worker.
-func (e *Execution) recover(a Action) Action {
+func (at *attempts) recover(a Action) Action {
+	x := at.x
 	n := a.Attempts
-	e.lease.start()
+	x.lease.start()
 	var receipt envelope.Raw
 	if a.How == envelope.RecoveredByReceipt {
-		rec := e.claim.record()
+		rec := x.claim.record()
 		receipt = receiptOf(&rec, n)
 	}
-	if end, ok := e.admitted(n); !ok {
+	if end, ok := at.admitted(n); !ok {
 		return end
 	}
-	out, err := e.answer, error(nil)
+	out, err := at.answer, error(nil)
 	if a.How == envelope.RecoveredByReceipt {
-		out, err = e.fromReceipt(n, receipt)
+		out, err = at.fromReceipt(n, receipt)
 	}
 	if err != nil {
 		return Action{Do: Finish, Attempts: n, end: failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid,
 			Stage: envelope.StageOutput, ExposeToModel: true,
 			Message: "The operation took effect, but its receipt could not be made its output; it was withheld.", Cause: err})}
 	}
-	raw, oerr := e.unit.Output(out)
+	raw, oerr := at.unit.Output(out)
 	if oerr != nil {
 		return Action{Do: Finish, Attempts: n, end: failedAfterRun(oerr)}
 	}
@@ -129,26 +148,28 @@ func (e *Execution) recover(a Action) Action {
 			o.data["receiptHash"] = h
 		}
 	}
-	e.r.recovered.Add(1)
+	x.w.stats.recovered.Add(1)
 	return Action{Do: Finish, Attempts: n, end: o}
 }
 
 // fromReceipt is the capability's output for attempt n's receipt; a panic
 // is an error.
-func (e *Execution) fromReceipt(n int, receipt envelope.Raw) (out any, err error) {
+func (at *attempts) fromReceipt(n int, receipt envelope.Raw) (out any, err error) {
+	x := at.x
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("FromReceipt panicked: %v", r)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(e.ctx, e.recoveryTimeout())
+	ctx, cancel := context.WithTimeout(x.ctx, at.recoveryTimeout())
 	defer cancel()
-	return e.unit.FromReceipt(ctx, n, receipt)
+	return at.unit.FromReceipt(ctx, n, receipt)
 }
 
 // recoveryTimeout bounds one reconciliation, or one receipt's conversion.
-func (e *Execution) recoveryTimeout() time.Duration {
-	if t := e.cap.Recovery().Timeout; t > 0 {
+func (at *attempts) recoveryTimeout() time.Duration {
+	x := at.x
+	if t := x.cap.Recovery().Timeout; t > 0 {
 		return t
 	}
 	return DefaultReconcileTimeout
@@ -161,17 +182,18 @@ const DefaultReconcileTimeout = 10 * time.Second
 // admitted readmits a taken-over execution for what comes after its lost
 // attempt (stage 5 again, the approval it consumed), and reports whether it
 // may go on; when it may not, it returns how it ends, as the admission says.
-func (e *Execution) admitted(n int) (Action, bool) {
-	if e.unit != nil {
+func (at *attempts) admitted(n int) (Action, bool) {
+	x := at.x
+	if at.unit != nil {
 		return Action{}, true
 	}
-	adm := e.cap.Readmit(e.ctx, e.request())
+	adm := x.cap.Readmit(x.ctx, x.request())
 	for _, ev := range adm.Events {
-		e.emit(ev.Type, ev.Data)
+		x.emit(ev.Type, ev.Data)
 	}
 	switch {
 	case adm.Stopped:
-		return e.endByContext(n), false
+		return at.endByContext(n), false
 	case adm.Refusal != nil:
 		return Action{Do: Finish, Attempts: n, end: failed(adm.Refusal)}, false
 	case adm.Unit == nil:
@@ -180,7 +202,7 @@ func (e *Execution) admitted(n int) (Action, bool) {
 			Stage: envelope.StageHandler, Message: "The operation failed.",
 			Cause: errors.New("readmission asked for an approval")})}, false
 	}
-	e.unit, e.adm = adm.Unit, adm
+	at.unit, at.adm = adm.Unit, adm
 	return Action{}, true
 }
 
@@ -188,44 +210,46 @@ func (e *Execution) admitted(n int) (Action, bool) {
 // effect (Reconcile), holding the record as reconciling{n} under this
 // claim's lease (a worker lost meanwhile is taken over like an attempt),
 // and returns what the takeover table says of the answer.
-func (e *Execution) reconcile(n int) Action {
-	e.lease.start()
-	if end, ok := e.admitted(n); !ok {
+func (at *attempts) reconcile(n int) Action {
+	x := at.x
+	x.lease.start()
+	if end, ok := at.admitted(n); !ok {
 		return end
 	}
-	start := e.r.now()
-	res := e.ask(n)
-	data := map[string]any{"attempt": n, "verdict": res.Verdict.String(), "provesAbsence": e.cap.Recovery().ProvesAbsence,
-		"durationMs": e.r.now().Sub(start).Milliseconds()}
+	start := x.w.now()
+	res := at.ask(n)
+	data := map[string]any{"attempt": n, "verdict": res.Verdict.String(), "provesAbsence": x.cap.Recovery().ProvesAbsence,
+		"durationMs": x.w.now().Sub(start).Milliseconds()}
 	if res.Err != nil {
 		data["reason"] = inconclusiveReason(res.Err)
-		e.r.log.Warn("reconciler could not tell", "executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID,
+		x.w.log.Warn("reconciler could not tell", "executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID,
 			"attempt", n, "err", res.Err)
 	}
-	switch cause := context.Cause(e.ctx); {
+	switch cause := context.Cause(x.ctx); {
 	case errors.Is(cause, errLeaseLost):
-		e.r.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
+		x.w.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
 		return Action{}
 	case errors.Is(cause, errShutdown):
 		return Action{Do: Release}
 	}
-	e.emit(audit.EventReconciled, data)
-	if e.ctx.Err() != nil && res.Verdict != Found {
-		return e.endByContext(n)
+	x.emit(audit.EventReconciled, data)
+	if x.ctx.Err() != nil && res.Verdict != Found {
+		return at.endByContext(n)
 	}
-	e.answer = res.Output
-	held := e.claim.record()
-	f := e.facts(&held, EnvelopeNotRead)
+	at.answer = res.Output
+	held := x.claim.record()
+	f := x.facts(&held, EnvelopeNotRead)
 	f.Claimed, f.Reconciled = true, res.Verdict
 	return Takeover(f)
 }
 
 // ask calls the reconciler once under its timeout and the execution's
 // context. A panic, an error, or the time running out are Inconclusive.
-func (e *Execution) ask(n int) Reconciliation {
-	ctx, cancel := context.WithTimeoutCause(e.ctx, e.recoveryTimeout(), errReconcileTimeout)
+func (at *attempts) ask(n int) Reconciliation {
+	x := at.x
+	ctx, cancel := context.WithTimeoutCause(x.ctx, at.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
-	ctx, end := e.obs.Stage(ctx, observe.StageReconcile)
+	ctx, end := x.obs.Stage(ctx, observe.StageReconcile)
 	ch := make(chan Reconciliation, 1)
 	go func() {
 		defer func() {
@@ -233,7 +257,7 @@ func (e *Execution) ask(n int) Reconciliation {
 				ch <- Reconciliation{Verdict: Inconclusive, Err: fmt.Errorf("%w: %v\n%s", errReconcilePanic, r, debug.Stack())}
 			}
 		}()
-		ch <- e.unit.Reconcile(ctx, n)
+		ch <- at.unit.Reconcile(ctx, n)
 	}()
 	var res Reconciliation
 	select {

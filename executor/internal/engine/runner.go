@@ -2,8 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -71,9 +69,23 @@ type Stats struct {
 	Recovered uint64
 }
 
-// Runner is the delivery machinery of one worker: it pulls deliveries, and
-// claims, runs and finalizes each.
+// Runner is the delivery machinery of one worker: its intake pulls
+// deliveries and carries each through the engine in a pass of its own
+// (delivery.go); the control requests (a cancel) and the sweeper's ends
+// come in here too.
 type Runner struct {
+	w  *worker
+	in intake
+	// serving is closed once Serve pulls from its consumers (Serving).
+	serving     chan struct{}
+	servingOnce sync.Once
+}
+
+// worker is what the deliveries of one worker share: its configuration,
+// clock and log, the store of records and envelopes, the trail, the limits,
+// the fair share, the table of executions in flight and the counters. Its
+// parts call no delivery back.
+type worker struct {
 	nc    *nats.Conn
 	b     *broker.Broker
 	audit *audit.Emitter
@@ -84,33 +96,19 @@ type Runner struct {
 	store *store
 	// limits holds the counters of capabilities' limits (DESIGN §17).
 	limits *limits.Store
-
 	// ids makes the message ids of the requests it forwards.
 	ids broker.MsgIDs
-
-	mu       sync.Mutex
-	inflight map[string]*Execution
 
 	// base outlives the Serve context: in-flight executions keep running
 	// through a graceful shutdown until the grace period ends.
 	base       context.Context
 	baseCancel context.CancelCauseFunc
 
-	handled, handlerCalls, finalized, conflicts atomic.Uint64
-	abandoned, takenOver, duplicates            atomic.Uint64
-	notStarted                                  atomic.Uint64
-	recovered                                   atomic.Uint64
-	// limited counts executions a limit held back (DESIGN §17).
-	limited atomic.Uint64
+	inflight inflight
+	stats    stats
 	// share is the fair share of the pool's slots between principals, set
-	// by Serve; deferred counts the deliveries it left for later.
-	share    atomic.Pointer[fairShare]
-	deferred atomic.Uint64
-
-	// serving is closed once Serve pulls from its consumers (Serving).
-	serving     chan struct{}
-	servingOnce sync.Once
-
+	// by Serve.
+	share atomic.Pointer[fairShare]
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
 	// a request for its id's age (a server may change it while workers run).
@@ -122,201 +120,95 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution),
-		serving: make(chan struct{})}
+	w := &worker{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: inflight{m: make(map[string]context.CancelCauseFunc)}}
 	if nc != nil { // a runner of no connection (benchmarks of the stages) forwards nothing
 		var err error
-		if r.ids, err = broker.NewMsgIDs(nc); err != nil {
+		if w.ids, err = broker.NewMsgIDs(nc); err != nil {
 			// The connection signed its own authentication; a key that
 			// cannot sign now leaves forwards' message ids without a tag.
 			log.Warn("message ids of forwarded requests carry no tag", "err", err)
 		}
 	}
-	r.base, r.baseCancel = context.WithCancelCause(context.Background())
-	return r
+	w.base, w.baseCancel = context.WithCancelCause(context.Background())
+	return &Runner{w: w, in: intake{log: log}, serving: make(chan struct{})}
 }
 
 // Provisioned gives the runner the resources its worker provisioned and the
 // worker's audit emitter, before it serves anything.
 func (r *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
-	r.b, r.audit = b, em
-	r.store = &store{b: b, nc: r.nc, log: r.log, lease: r.cfg.Lease, now: r.now, shutdown: r.base}
+	w := r.w
+	w.b, w.audit = b, em
+	w.store = &store{b: b, nc: w.nc, log: w.log, lease: w.cfg.Lease, now: w.now, shutdown: w.base}
 	if b.Limits != nil {
-		r.limits = limits.NewStore(b, r.holderAlive, r.now)
+		w.limits = limits.NewStore(b, w.holderAlive, w.now)
 	}
-	r.retention.Store(int64(b.Config.EnvelopeRetention))
+	w.retention.Store(int64(b.Config.EnvelopeRetention))
 }
-
-// envelopeRetention is how long envelopes are kept, as last read (0: for
-// ever).
-func (r *Runner) envelopeRetention() time.Duration { return time.Duration(r.retention.Load()) }
 
 // ReadEnvelopeRetention reads the envelope retention again where
 // provisioning records it, and returns it: a server started with another
 // retention changes it while workers run. When it cannot be read, the value
 // known is kept and returned.
 func (r *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
-	if kept, err := r.b.EnvelopeRetention(ctx); err == nil {
-		r.retention.Store(int64(kept))
-	}
-	return r.envelopeRetention()
-}
-
-// windows are the durations the rules read (DESIGN §13, §16). An id is
-// recent for the short path within the record window, or less when
-// envelopes are kept for less.
-func (r *Runner) windows() Windows {
-	w := Windows{Record: r.b.Config.RecordWindow, Recent: r.b.Config.RecordWindow, TTL: r.b.Config.RecordTTL}
-	if kept := r.envelopeRetention(); kept > 0 {
-		w.Recent = min(w.Recent, broker.MaxStartWithin(kept))
-	}
-	return w
-}
-
-// olderThanRetention reports whether an id made at made is older than any
-// envelope of it is kept (less the margin, broker.MaxStartWithin). It reads
-// the retention again before it says so: a refusal by a retention grown
-// since would end a request its caller still waits for without an envelope.
-func (r *Runner) olderThanRetention(made time.Time) bool {
-	old := func(kept time.Duration) bool { return kept > 0 && r.now().Sub(made) > broker.MaxStartWithin(kept) }
-	if !old(r.envelopeRetention()) {
-		return false
-	}
-	ctx, cancel := StoreContext()
-	defer cancel()
-	return old(r.ReadEnvelopeRetention(ctx))
+	return r.w.readEnvelopeRetention(ctx)
 }
 
 // Context ends when the worker shuts down (Stop).
-func (r *Runner) Context() context.Context { return r.base }
+func (r *Runner) Context() context.Context { return r.w.base }
 
 // Serving is closed once Serve pulls from the pool's consumer and the
 // unrouted one; never, if Serve is never called or fails to start pulling.
 func (r *Runner) Serving() <-chan struct{} { return r.serving }
 
 // Stop ends every execution still running: the worker shut down.
-func (r *Runner) Stop() { r.baseCancel(errShutdown) }
+func (r *Runner) Stop() { r.w.baseCancel(errShutdown) }
 
 // Stats returns the runner's counters.
-func (r *Runner) Stats() Stats {
-	return Stats{
-		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
-		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
-		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Recovered: r.recovered.Load(),
-		Limited: r.limited.Load(), Deferred: r.deferred.Load(),
-	}
-}
+func (r *Runner) Stats() Stats { return r.w.stats.snapshot() }
 
 // Serve pulls deliveries from the pool's consumer (up to concurrency at once)
 // and from the unrouted one, and handles each, until ctx ends. Then it stops
 // fetching, lets in-flight executions finish within grace, and abandons the
 // rest to a takeover.
 func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+	w := r.w
 	if Reserve(concurrency) > 0 {
 		// With nothing to keep back (one slot) a share never refuses:
 		// deliveries skip it.
-		r.share.Store(newFairShare(concurrency))
+		w.share.Store(newFairShare(concurrency))
 	}
-	var wg sync.WaitGroup
-	loops := []struct {
-		c        jetstream.Consumer
-		batch    int
-		unrouted bool
-	}{
-		{pool, concurrency, false},
-		{unrouted, 4, true},
-	}
-	iters := make([]jetstream.MessagesContext, 0, len(loops))
-	var loopsDone sync.WaitGroup
-	for _, l := range loops {
-		it, err := l.c.Messages(jetstream.PullMaxMessages(l.batch), jetstream.PullExpiry(5*time.Second))
-		if err != nil {
-			for _, it := range iters {
-				it.Stop()
-			}
-			return fmt.Errorf("capstan: pull from %s: %w", l.c.CachedInfo().Name, err)
+	counted := func(handle func(jetstream.Msg)) func(jetstream.Msg) {
+		return func(msg jetstream.Msg) {
+			w.stats.handled.Add(1)
+			handle(msg)
 		}
-		iters = append(iters, it)
-		loopsDone.Add(1)
-		go func(it jetstream.MessagesContext, unrouted bool, sem chan struct{}) {
-			defer loopsDone.Done()
-			for {
-				sem <- struct{}{}
-				msg, err := it.Next()
-				if err != nil {
-					<-sem
-					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-						return
-					}
-					r.log.Warn("pull failed", "err", err)
-					time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
-					continue
-				}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					r.handled.Add(1)
-					if unrouted {
-						r.handleUnrouted(msg)
-					} else {
-						r.handle(msg)
-					}
-				}()
-			}
-		}(it, l.unrouted, make(chan struct{}, l.batch))
+	}
+	if err := r.in.pull(pool, concurrency, counted(r.handle)); err != nil {
+		return err
+	}
+	if err := r.in.pull(unrouted, 4, counted(r.handleUnrouted)); err != nil {
+		r.in.stop()
+		return err
 	}
 	r.servingOnce.Do(func() { close(r.serving) })
 
 	<-ctx.Done()
-	r.log.Info("worker draining", "grace", grace)
-	// Drain: stop pulling, hand out what was already buffered.
-	for _, it := range iters {
-		it.Drain()
-	}
-	done := make(chan struct{})
-	go func() { loopsDone.Wait(); wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(grace):
-		r.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", r.inflightCount())
-		r.baseCancel(errShutdown)
-		<-done
-	}
-	r.baseCancel(errShutdown)
+	w.log.Info("worker draining", "grace", grace)
+	r.in.drain(grace, func() {
+		w.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", w.inflight.len())
+		w.baseCancel(errShutdown)
+	})
+	w.baseCancel(errShutdown)
 	return nil
 }
 
-func (r *Runner) inflightCount() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.inflight)
-}
+// handle carries one delivery of the pool's consumer through the engine.
+func (r *Runner) handle(msg jetstream.Msg) { arrive(r.w, msg, false).pass() }
 
-// track enters e in the table of executions in flight, unless an execution
-// of the same key is in flight here already.
-func (r *Runner) track(e *Execution) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, busy := r.inflight[e.key]; busy {
-		return false
-	}
-	r.inflight[e.key] = e
-	return true
-}
-
-func (r *Runner) untrack(e *Execution) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.inflight[e.key] == e {
-		delete(r.inflight, e.key)
-	}
-}
-
-func (r *Runner) local(key string) *Execution {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.inflight[key]
-}
+// handleUnrouted carries one delivery of the _unrouted consumer (requests a
+// producer sent there because its catalog did not list the capability)
+// through the engine.
+func (r *Runner) handleUnrouted(msg jetstream.Msg) { arrive(r.w, msg, true).pass() }
 
 // CancelLocal stops this worker's run of principal's execution at once, if
 // it has one and its record says the caller cancelled it. A notice alone
@@ -326,19 +218,143 @@ func (r *Runner) local(key string) *Execution {
 // which stored the cancel before the notice was sent.
 func (r *Runner) CancelLocal(principal, executionID string) {
 	key := broker.Key(principal, executionID)
-	x := r.local(key)
-	if x == nil {
+	cancel := r.w.inflight.get(key)
+	if cancel == nil {
 		return
 	}
-	ctx, cancel := StoreContext()
-	rec, _, err := broker.LoadFromLeader[Record](ctx, r.nc, r.b.Executions, key)
-	cancel()
+	ctx, done := StoreContext()
+	rec, _, err := broker.LoadFromLeader[Record](ctx, r.w.nc, r.w.b.Executions, key)
+	done()
 	if err != nil || !rec.CancelRequested || rec.ExecutionID != executionID {
 		// Not recorded (or not readable): the lease renewal reads the record
 		// again and stops the run if a cancel is recorded by then.
 		return
 	}
-	x.cancel(errCallerCancelled)
+	cancel(errCallerCancelled)
+}
+
+// envelopeRetention is how long envelopes are kept, as last read (0: for
+// ever).
+func (w *worker) envelopeRetention() time.Duration { return time.Duration(w.retention.Load()) }
+
+// readEnvelopeRetention reads the envelope retention again
+// (Runner.ReadEnvelopeRetention).
+func (w *worker) readEnvelopeRetention(ctx context.Context) time.Duration {
+	if kept, err := w.b.EnvelopeRetention(ctx); err == nil {
+		w.retention.Store(int64(kept))
+	}
+	return w.envelopeRetention()
+}
+
+// windows are the durations the rules read (DESIGN §13, §16). An id is
+// recent for the short path within the record window, or less when
+// envelopes are kept for less.
+func (w *worker) windows() Windows {
+	win := Windows{Record: w.b.Config.RecordWindow, Recent: w.b.Config.RecordWindow, TTL: w.b.Config.RecordTTL}
+	if kept := w.envelopeRetention(); kept > 0 {
+		win.Recent = min(win.Recent, broker.MaxStartWithin(kept))
+	}
+	return win
+}
+
+// olderThanRetention reports whether an id made at made is older than any
+// envelope of it is kept (less the margin, broker.MaxStartWithin). It reads
+// the retention again before it says so: a refusal by a retention grown
+// since would end a request its caller still waits for without an envelope.
+func (w *worker) olderThanRetention(made time.Time) bool {
+	old := func(kept time.Duration) bool { return kept > 0 && w.now().Sub(made) > broker.MaxStartWithin(kept) }
+	if !old(w.envelopeRetention()) {
+		return false
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	return old(w.readEnvelopeRetention(ctx))
+}
+
+// principalOf is the principal a delivery's subject names (an open server's
+// requests are the anonymous principal's).
+func (w *worker) principalOf(msg jetstream.Msg) string {
+	principal, _, _ := w.b.Names.ParseExecSubject(msg.Subject())
+	if principal == "" {
+		principal = broker.Anonymous
+	}
+	return principal
+}
+
+// observed is what the observer is told of a delivery d of req.
+func (w *worker) observed(d Delivery, req *envelope.Request, known bool) observe.Delivery {
+	return observe.Delivery{Request: req, Pool: w.cfg.Pool, Worker: w.cfg.ID, Known: known, Deliveries: d.Deliveries,
+		Stored: d.Stored}
+}
+
+// emit files ev, which belongs to no execution's trail, at once.
+func (w *worker) emit(ev *audit.Event) {
+	ev.Worker = w.cfg.ID
+	w.audit.Emit(ev)
+}
+
+// stats counts what a runner's deliveries did, each counter where it
+// happens.
+type stats struct {
+	handled, handlerCalls, finalized, conflicts  atomic.Uint64
+	abandoned, takenOver, duplicates, notStarted atomic.Uint64
+	recovered                                    atomic.Uint64
+	// limited counts executions a limit held back (DESIGN §17).
+	limited atomic.Uint64
+	// deferred counts the deliveries the fair share left for later.
+	deferred atomic.Uint64
+}
+
+// snapshot is the counters now.
+func (s *stats) snapshot() Stats {
+	return Stats{
+		Handled: s.handled.Load(), HandlerCalls: s.handlerCalls.Load(), Finalized: s.finalized.Load(),
+		Conflicts: s.conflicts.Load(), Abandoned: s.abandoned.Load(), TakenOver: s.takenOver.Load(),
+		Duplicates: s.duplicates.Load(), NotStarted: s.notStarted.Load(), Recovered: s.recovered.Load(),
+		Limited: s.limited.Load(), Deferred: s.deferred.Load(),
+	}
+}
+
+// inflight is the table of the executions this worker runs, by key, each
+// with the end of its context: a redelivery of one of them is left to it,
+// and a caller's cancel reaches it at once (Runner.CancelLocal).
+type inflight struct {
+	mu sync.Mutex
+	m  map[string]context.CancelCauseFunc
+}
+
+// add enters key, unless an execution of it is in flight here already.
+// Only a delivery whose add succeeded removes key.
+func (t *inflight) add(key string, cancel context.CancelCauseFunc) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, busy := t.m[key]; busy {
+		return false
+	}
+	t.m[key] = cancel
+	return true
+}
+
+// remove ends key's entry.
+func (t *inflight) remove(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.m, key)
+}
+
+// get is the end of the context of key's execution in flight here, nil for
+// none.
+func (t *inflight) get(key string) context.CancelCauseFunc {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[key]
+}
+
+// len is how many executions are in flight.
+func (t *inflight) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
 }
 
 // nak asks for a redelivery after delay; a bare NAK would burn deliveries.
@@ -357,9 +373,4 @@ func ackSync(msg jetstream.Msg) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// A lost ack only means a redelivery, which finds the envelope and acks.
-}
-
-func (r *Runner) emit(ev *audit.Event) {
-	ev.Worker = r.cfg.ID
-	r.audit.Emit(ev)
 }

@@ -14,15 +14,16 @@ import (
 // failed / NOT_STARTED. The record TTL bounds it too: the exec stream drops a
 // request at the record TTL (MaxAge), and a request is never claimed from
 // scratch within ttlMargin of it. (A record itself goes one record window
-// after its last write; a redelivery that finds none decides as
-// checkedFresh says.) The check is a comparison on the delivery; the sweeper
-// (sweep.go) ends the requests no worker is given.
+// after its last write; a redelivery that finds none decides as the rows of
+// a missing record say, once it holds its own claim: Facts.Claimed.) The
+// check is a comparison on the delivery; the sweeper (package sweeper) ends
+// the requests no worker is given.
 
 // The takeover table of DESIGN §5, as one pure function: what a delivery
 // does, given the record and the envelope it found, what it knows of its own
 // request, and the time. Every row of the table is one case below and one row
 // of TestTakeover (takeover_test.go); the engine only gathers the facts and
-// carries the action out.
+// carries the action out (delivery.apply).
 
 // EnvelopeRead is what a read of an execution's envelope found.
 type EnvelopeRead int
