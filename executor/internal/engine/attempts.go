@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -201,6 +205,190 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 		}
 		return Action{Do: Fail, Err: cerr, AfterRun: true, Attempts: attempt}
 	}
+}
+
+// takeLimits takes the execution's limits and reports whether its attempts
+// may start. When they may not, it returns the capability's choice at the
+// limit: the delivery waits (a later delivery tries again, until the start
+// deadline), the execution ends RATE_LIMITED, or it asks for an approval. A takeover (fromAttempt > 0) takes its slot again under its own
+// claim and nothing else: its rates and budgets were taken when it first
+// started; over the slots it waits, whatever the choice, since an attempt
+// may have run.
+func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
+	x := at.x
+	lims := adm.Limits
+	if fromAttempt > 0 {
+		// Readmit carries the concurrency limits alone; any other is
+		// dropped here all the same.
+		if slices.ContainsFunc(lims, func(l limits.Limit) bool { return l.Kind != limits.Concurrency }) {
+			lims = slices.DeleteFunc(slices.Clone(lims), func(l limits.Limit) bool { return l.Kind != limits.Concurrency })
+		}
+		if len(lims) == 0 {
+			return Action{}, true
+		}
+	}
+	if x.w.limits == nil {
+		return at.waitForLimit(time.Second), false
+	}
+	var approved map[string]int64 // nil unless an approval lets the execution past its budgets
+	if adm.Approved {
+		for _, l := range lims {
+			if l.Kind == limits.Budget && l.Action == limits.Approve {
+				if approved == nil {
+					approved = map[string]int64{}
+				}
+				approved[l.Key()] = math.MaxInt64 // the approval bound the input, and so the amount
+			}
+		}
+	}
+	h := limits.Holder{Key: x.key, Claim: x.claim.token, Until: x.w.now().UTC().Add(x.w.cfg.Lease), Worker: x.w.cfg.ID}
+	taken, over, err := x.w.limits.Take(x.ctx, lims, h, approved)
+	if err != nil {
+		if x.ctx.Err() != nil {
+			return at.endByContext(0), false
+		}
+		x.w.log.Warn("limits not taken: the delivery waits", "executionId", x.req.ExecutionID, "err", err)
+		return at.waitForLimit(time.Second), false
+	}
+	if over == nil {
+		at.taken = taken
+		if taken.Slot() {
+			x.obs.Slot(true)
+		}
+		return Action{}, true
+	}
+	action := over.Limit.Action
+	if fromAttempt > 0 || (action == limits.Approve && adm.OverBudget == nil) {
+		action = limits.Wait
+		if fromAttempt == 0 {
+			action = limits.Refuse
+		}
+	}
+	x.w.stats.limited.Add(1)
+	x.obs.Limited(string(over.Limit.Kind), string(action))
+	data := map[string]any{"limit": over.Limit.String(), "kind": string(over.Limit.Kind), "per": string(over.Limit.Per),
+		"max": over.Limit.Max, "used": over.Used, "action": string(action)}
+	if over.Limit.Kind == limits.Budget {
+		data["amount"] = over.Limit.Amount
+	}
+	if over.RetryAfter > 0 {
+		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
+	}
+	// Outside the held trail: a wait drops what it holds.
+	x.w.emit(x.event(audit.EventLimited, data))
+	switch action {
+	case limits.Refuse:
+		return Action{Do: Finish, end: failed(RateLimitedError(*over))}, false
+	case limits.Approve:
+		return Action{Do: AwaitApproval, need: adm.OverBudget(over.Limit.String())}, false
+	}
+	return at.waitForLimit(limits.WaitFor(over.RetryAfter, x.meta.Deliveries, rand.Float64())), false
+}
+
+// waitForLimit leaves the delivery for a later one, after delay, or at the
+// request's start deadline if that comes first (then it ends NOT_STARTED).
+// A claim this delivery holds is given up first (Wait).
+func (at *attempts) waitForLimit(delay time.Duration) Action {
+	x := at.x
+	if sb := x.req.StartBy; sb != nil {
+		delay = min(delay, max(sb.Sub(x.w.now())+10*time.Millisecond, 0))
+	}
+	return Action{Do: Wait, Delay: delay, limit: true}
+}
+
+// releaseLimits gives back the slot the execution took, if any: its
+// delivery has ended (finalized, lost to another claim, or left for later).
+func (at *attempts) releaseLimits() {
+	x := at.x
+	if !at.taken.Slot() {
+		return
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	x.w.limits.Release(ctx, at.taken)
+	at.taken = limits.Taken{}
+	x.obs.Slot(false)
+}
+
+// receipts takes what the attempt running records of its effect
+// (Receipts): the port a handler's call.Receipt reaches the execution's
+// record through, under the attempt's claim. attempt is the attempt whose
+// handler may record a receipt (0: none), changed under mu, which a
+// receipt's write holds: an attempt's end waits for a receipt being written
+// (DESIGN §5). tried says the open attempt's handler wrote (or tried to
+// write) a receipt: without one, the attempt's end does not read the claim,
+// whose lock a lease renewal may hold.
+type receipts struct {
+	x       *execution
+	mu      sync.Mutex
+	attempt int
+	tried   bool
+}
+
+// RecordReceipt stores receipt as attempt n's evidence of its effect, by
+// compare-and-swap under the attempt's claim (Receipts). The receipt lock
+// orders it with the end of the attempt: once the attempt has ended, its
+// outcome is decided without the receipt, and the receipt is refused.
+func (rc *receipts) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
+	x := rc.x
+	if len(receipt) == 0 {
+		return fmt.Errorf("%w: the receipt is empty", ErrReceiptRefused)
+	}
+	if len(receipt) > MaxReceipt {
+		return fmt.Errorf("%w: the receipt is %d bytes, more than %d", ErrReceiptRefused, len(receipt), MaxReceipt)
+	}
+	hash, err := envelope.InputHash(receipt)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.attempt != n {
+		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
+	}
+	if x.claim.lapsed.Load() {
+		// The lease ran out unrenewed: another worker may own the execution.
+		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
+	}
+	rc.tried = true
+	_, end := x.obs.Stage(ctx, observe.StageReceipt)
+	err = x.claim.update(func(r *Record) {
+		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, x.w.now().UTC()
+	})
+	if errors.Is(err, errCancelRequested) {
+		err = nil // written; the cancel came after the effect
+	}
+	end(err)
+	switch {
+	case errors.Is(err, errLost):
+		return fmt.Errorf("%w: the attempt's claim was lost", ErrReceiptRefused)
+	case err != nil:
+		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
+	}
+	x.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
+	return nil
+}
+
+// open lets attempt n record receipts.
+func (rc *receipts) open(n int) {
+	rc.mu.Lock()
+	rc.attempt, rc.tried = n, false
+	rc.mu.Unlock()
+}
+
+// close ends attempt n's receipts and returns the one it recorded,
+// nil for none: from here the attempt's outcome is decided. An attempt
+// that wrote no receipt ends without reading the claim.
+func (rc *receipts) close(n int) envelope.Raw {
+	x := rc.x
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.attempt = 0
+	if !rc.tried || x.claim.held() == nil {
+		return nil
+	}
+	rec := x.claim.record()
+	return receiptOf(&rec, n)
 }
 
 // stoppedByRuntime reports whether an attempt's failure is the runtime

@@ -19,9 +19,9 @@ import (
 type delivery struct {
 	w   *worker
 	msg jetstream.Msg
-	// x is the execution the delivery works on, run its attempts.
-	x   execution
-	run attempts
+	// x is the execution the delivery works on; attempts runs it.
+	x        execution
+	attempts attempts
 	// first is what the delivery means as it arrives (arrive).
 	first Action
 	// unrouted: a delivery of the _unrouted consumer.
@@ -39,7 +39,7 @@ type delivery struct {
 // read yet (end it NOT_STARTED, or claim it).
 func arrive(w *worker, msg jetstream.Msg, unrouted bool) *delivery {
 	d := &delivery{w: w, msg: msg, unrouted: unrouted}
-	d.run.x, d.run.receipts.x = &d.x, &d.x
+	d.attempts.x, d.attempts.receipts.x = &d.x, &d.x
 	principal := w.principalOf(msg)
 	req, err := envelope.DecodeRequest(msg.Data())
 	if err != nil {
@@ -76,7 +76,7 @@ func (d *delivery) pass() {
 	for a := d.first; a.Do != 0; {
 		a = d.apply(a)
 	}
-	d.run.releaseLimits()
+	d.attempts.releaseLimits()
 	if d.begun {
 		d.x.finish()
 		d.w.inflight.remove(d.x.key)
@@ -114,14 +114,14 @@ func (d *delivery) apply(a Action) Action {
 	case RefuseExpired:
 		return d.refuseExpired()
 	case Run:
-		return d.run.run(0, "")
+		return d.attempts.run(0, "")
 	case Retry:
-		d.run.retryReason = a.Reason
-		return d.run.run(a.Attempts, envelope.CodeWorkerLost)
+		d.attempts.retryReason = a.Reason
+		return d.attempts.run(a.Attempts, envelope.CodeWorkerLost)
 	case Recover:
-		return d.run.recover(a)
+		return d.attempts.recover(a)
 	case Reconcile:
-		return d.run.reconcile(a.Attempts)
+		return d.attempts.reconcile(a.Attempts)
 	case AwaitApproval:
 		return d.awaitApproval(a.need)
 	case NotFound:
@@ -583,10 +583,10 @@ func (d *delivery) awaitApproval(need *ApprovalNeeded) Action {
 	return d.finalize(approvalRequired(ref, data), 0)
 }
 
-// finalize is stage 14: the execution writes its end (execution.finalize),
-// then the delivery is acknowledged.
+// finalize is stage 14: the execution writes its end (execution.end), then
+// the delivery is acknowledged.
 func (d *delivery) finalize(o *outcome, attempts int) Action {
-	next, written := d.x.finalize(o, attempts)
+	next, written := d.x.end(o, attempts)
 	if written {
 		// A lost ack is a redelivery, which finds the envelope: no need to wait.
 		_ = d.msg.Ack()

@@ -21,9 +21,7 @@
 // up, through these files:
 //
 //   - runner.go: the Runner, the worker's face; its intake (intake.go)
-//     hands each delivery to Runner.handle. What the deliveries share — the
-//     store, the trail, the limits, the fair share, the table of executions
-//     in flight, the counters — is the worker there.
+//     hands each delivery to Runner.handle.
 //   - delivery.go: the pass. arrive decides what a delivery means before
 //     anything is read (a request to refuse, a redelivery of an execution in
 //     flight here, or the table's first word: claim it, or end it
@@ -43,6 +41,13 @@
 //     the retry rule, the output's checks (12, 13).
 //   - finalize.go: stage 14: the terminal audit event, the one create-only
 //     envelope; the delivery then acknowledges.
+//   - worker.go: what the deliveries of a worker share — its
+//     configuration, clock and log, the store, the trail's emitter, the
+//     table of executions in flight, the counters — and the settling of a
+//     message (nak, ackSync).
+//
+// Calls between these files go one way, down this list (runner.go on top,
+// worker.go at the bottom): no file calls back into one that called it.
 //
 // recover.go carries out the receipts and reconcilers of DESIGN §5: a
 // receipt is a field of the Record, written by the claim's compare-and-swap

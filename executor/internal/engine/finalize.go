@@ -68,7 +68,7 @@ func stopped(cerr *envelope.CapabilityError) *outcome {
 	}
 }
 
-// finalize is stage 14 but the ack: the terminal event, the one envelope
+// end is stage 14 but the ack (delivery.finalize): the terminal event, the one envelope
 // (create-only: a second finalization is refused by the server and
 // audited), the record. It reports whether the delivery may be
 // acknowledged (an envelope exists), and returns what follows: nothing,
@@ -82,7 +82,7 @@ func stopped(cerr *envelope.CapabilityError) *outcome {
 // it discards its outcome (audited); the new owner finalizes. The create-only
 // envelope covers a worker stalled for longer than a lease between the CAS
 // and the write.
-func (x *execution) finalize(o *outcome, attempts int) (Action, bool) {
+func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 	x.audited()
 	var err error
 	if x.claim.held() == nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -29,87 +28,6 @@ var ErrReceiptRefused = errors.New("capstan: receipt not recorded")
 // MaxReceipt is the largest receipt a handler may record, encoded: a receipt
 // rides every later write of the record (the lease's renewals).
 const MaxReceipt = 8 << 10
-
-// receipts takes what the attempt running records of its effect
-// (Receipts): the port a handler's call.Receipt reaches the execution's
-// record through, under the attempt's claim. attempt is the attempt whose
-// handler may record a receipt (0: none), changed under mu, which a
-// receipt's write holds: an attempt's end waits for a receipt being written
-// (DESIGN §5). tried says the open attempt's handler wrote (or tried to
-// write) a receipt: without one, the attempt's end does not read the claim,
-// whose lock a lease renewal may hold.
-type receipts struct {
-	x       *execution
-	mu      sync.Mutex
-	attempt int
-	tried   bool
-}
-
-// RecordReceipt stores receipt as attempt n's evidence of its effect, by
-// compare-and-swap under the attempt's claim (Receipts). The receipt lock
-// orders it with the end of the attempt: once the attempt has ended, its
-// outcome is decided without the receipt, and the receipt is refused.
-func (rc *receipts) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
-	x := rc.x
-	if len(receipt) == 0 {
-		return fmt.Errorf("%w: the receipt is empty", ErrReceiptRefused)
-	}
-	if len(receipt) > MaxReceipt {
-		return fmt.Errorf("%w: the receipt is %d bytes, more than %d", ErrReceiptRefused, len(receipt), MaxReceipt)
-	}
-	hash, err := envelope.InputHash(receipt)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
-	}
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	if rc.attempt != n {
-		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
-	}
-	if x.claim.lapsed.Load() {
-		// The lease ran out unrenewed: another worker may own the execution.
-		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
-	}
-	rc.tried = true
-	_, end := x.obs.Stage(ctx, observe.StageReceipt)
-	err = x.claim.update(func(r *Record) {
-		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, x.w.now().UTC()
-	})
-	if errors.Is(err, errCancelRequested) {
-		err = nil // written; the cancel came after the effect
-	}
-	end(err)
-	switch {
-	case errors.Is(err, errLost):
-		return fmt.Errorf("%w: the attempt's claim was lost", ErrReceiptRefused)
-	case err != nil:
-		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
-	}
-	x.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
-	return nil
-}
-
-// open lets attempt n record receipts.
-func (rc *receipts) open(n int) {
-	rc.mu.Lock()
-	rc.attempt, rc.tried = n, false
-	rc.mu.Unlock()
-}
-
-// close ends attempt n's receipts and returns the one it recorded,
-// nil for none: from here the attempt's outcome is decided. An attempt
-// that wrote no receipt ends without reading the claim.
-func (rc *receipts) close(n int) envelope.Raw {
-	x := rc.x
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	rc.attempt = 0
-	if !rc.tried || x.claim.held() == nil {
-		return nil
-	}
-	rec := x.claim.record()
-	return receiptOf(&rec, n)
-}
 
 // recover ends attempt a.Attempts completed from what it left (Recover):
 // its receipt, or what the reconciler found (a.How says which). Stages 12
