@@ -17,8 +17,11 @@
 // acted on: the table's, and the engine's own steps' (a run's end, an
 // approval to ask for, a refusal, a wait for a limit). The steps are
 // values out: the attempts, the receipts and the recovery return how they
-// end; none calls the delivery back. One delivery reads top-down, and back
-// up, through these files:
+// end; none calls the delivery back.
+//
+// One delivery reads top-down, and back up, through these files, in this
+// order; calls between them go one way, down the list — no file calls
+// back into one above it:
 //
 //   - runner.go: the Runner, the worker's face; its intake (intake.go)
 //     hands each delivery to Runner.handle.
@@ -27,38 +30,36 @@
 //     flight here, or the table's first word: claim it, or end it
 //     NOT_STARTED); pass applies actions until the delivery is settled. Each
 //     step of apply is a method of the delivery there.
+//   - recover.go: the receipts and reconcilers of DESIGN §5. A receipt is a
+//     field of the Record, written by the claim's compare-and-swap (a lost
+//     lease cannot write it), and a row of the takeover table ends a
+//     takeover that finds it (Recover); asking a capability what happened
+//     to an attempt that may have run is an action of the table
+//     (Reconcile), carried out under the claim and its lease as an attempt
+//     is, whose answer the table decides again (Facts.Reconciled).
+//   - attempts.go: the run (Run, Retry): the capability's admission
+//     (stages 4 to 9), its limits (limits.go), the attempts under the lease,
+//     the retry rule, the output's checks (12, 13), the attempt's receipts.
+//   - finalize.go: stage 14: the terminal audit event, the one create-only
+//     envelope; the delivery then acknowledges.
+//   - execution.go: the execution a delivery works on: its claim, lease
+//     keeper and trail, and the facts it gathers for the table.
 //   - takeover.go: the rules, pure functions of what a delivery found and
 //     the time: the takeover table (Takeover), what a missing record proves
 //     (AbsenceProves), the deadlines.
-//   - execution.go: the execution a delivery works on: its claim, lease
-//     keeper and trail, and the facts it gathers for the table.
 //   - claim.go: the claim on the execution's record, changed by
 //     compare-and-swap only, and the lease keeper, whose lost lease ends
-//     the handler's context. record.go: the record and the store it lives
-//     in, with the envelopes.
-//   - attempts.go: the run (Run, Retry): the capability's admission
-//     (stages 4 to 9), its limits (limits.go), the attempts under the lease,
-//     the retry rule, the output's checks (12, 13).
-//   - finalize.go: stage 14: the terminal audit event, the one create-only
-//     envelope; the delivery then acknowledges.
+//     the handler's context.
 //   - worker.go: what the deliveries of a worker share — its
 //     configuration, clock and log, the store, the trail's emitter, the
 //     table of executions in flight, the counters — and the settling of a
 //     message (nak, ackSync).
+//   - record.go: the record and the store it lives in, with the envelopes.
 //
-// Calls between these files go one way, down this list (runner.go on top,
-// worker.go at the bottom): no file calls back into one that called it.
-//
-// recover.go carries out the receipts and reconcilers of DESIGN §5: a
-// receipt is a field of the Record, written by the claim's compare-and-swap
-// (a lost lease cannot write it), and a row of the takeover table ends a
-// takeover that finds it (Recover); asking a capability what happened to an
-// attempt that may have run is an action of the table (Reconcile), carried
-// out under the claim and its lease as an attempt is, whose answer the table
-// decides again (Facts.Reconciled). cancel.go records a caller's cancel on
-// the record, which the table and the lease keeper read. The sweeper
-// (package sweeper) ends the requests no worker is given, through
-// Runner.EndUnrun, RestoreEnvelope and EndTaken (sweep.go).
+// cancel.go records a caller's cancel on the record, which the table and
+// the lease keeper read. The sweeper (package sweeper) ends the requests no
+// worker is given, through Runner.EndUnrun, RestoreEnvelope and EndTaken
+// (sweep.go).
 //
 // Where what comes next fits: a rule is a case of a pure table and a row of
 // its test; what the engine does about it is a step that returns an Action,
