@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -46,8 +47,8 @@ func arrive(w *worker, msg jetstream.Msg, unrouted bool) *delivery {
 		req = &envelope.Request{ExecutionID: broker.ExecutionOfMsgID(msgID(msg), principal),
 			CapabilityID: w.b.Names.CapabilityFromSubject(msg.Subject())}
 		w.prepare(&d.x, req, principal, delivered(msg, req))
-		d.first = d.refusal("The request could not be decoded.", "undecodable", "request does not decode: terminated",
-			"err", err)
+		d.first = refusal(w.log, msg, req.ExecutionID, "The request could not be decoded.", "undecodable",
+			"request does not decode: terminated", "err", err)
 		return d
 	}
 	w.prepare(&d.x, req, principal, delivered(msg, req))
@@ -57,7 +58,7 @@ func arrive(w *worker, msg jetstream.Msg, unrouted bool) *delivery {
 		// another execution is a forgery or a broken client. Refused before
 		// anything of it runs; its own execution, if nothing else ends it,
 		// ends INPUT_INVALID.
-		d.first = d.refusal("The request's message id does not name its execution.", "misnamed",
+		d.first = refusal(w.log, msg, req.ExecutionID, "The request's message id does not name its execution.", "misnamed",
 			"request's message id does not name its execution: refused", "msgId", id)
 	case !unrouted && w.inflight.get(d.x.key) != nil:
 		// A redelivery while this worker still runs the execution: the running
@@ -139,12 +140,12 @@ func (d *delivery) apply(a Action) Action {
 	return Action{}
 }
 
-// refusal is the Refuse of a delivery that must never run, logged with
-// logMsg and logAttrs: its execution, if its id is one, ends INPUT_INVALID
+// refusal is the Refuse of a delivery of msg that must never run, logged
+// with logMsg and logAttrs: its execution, if id is one, ends INPUT_INVALID
 // with message, unless something else ended it; then the message is
 // terminated.
-func (d *delivery) refusal(message, reason, logMsg string, logAttrs ...any) Action {
-	d.w.log.Warn(logMsg, append([]any{"subject", d.msg.Subject(), "executionId", d.x.req.ExecutionID}, logAttrs...)...)
+func refusal(log *slog.Logger, msg jetstream.Msg, id, message, reason, logMsg string, logAttrs ...any) Action {
+	log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
 	return Action{Do: Refuse, Reason: reason, term: logMsg, Err: &envelope.CapabilityError{Code: envelope.CodeInputInvalid,
 		Stage: envelope.StageInput, ExposeToModel: true, Message: message}}
 }
@@ -277,17 +278,10 @@ func (d *delivery) execute(c Definition) Action {
 		// InProgress comes well before it runs out.)
 		_ = d.msg.InProgress()
 	}
-	if !d.begin(c) {
+	if d.begun = x.begin(c, d.msg); !d.begun {
 		return Action{Do: Wait, Delay: w.cfg.Lease}
 	}
 	return d.claimNew()
-}
-
-// begin makes the delivery's execution one of this worker, in flight here
-// (execution.begin), and reports whether it is.
-func (d *delivery) begin(c Definition) bool {
-	d.begun = d.x.begin(c, d.msg)
-	return d.begun
 }
 
 // claimNew claims an execution no record was found for, and returns what
@@ -439,7 +433,7 @@ func (d *delivery) refuse(a Action) Action {
 			case rec != nil && (rec.State == StatePending || rec.State == StateFinalized):
 				// Decided as a delivery of an unknown capability that
 				// found it.
-				if !d.begin(nil) {
+				if d.begun = x.begin(nil, d.msg); !d.begun {
 					return Action{Do: Wait, Delay: d.w.cfg.Lease}
 				}
 				x.hashInput()
@@ -472,7 +466,7 @@ func (d *delivery) endedBefore() (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	d.auditDuplicate(map[string]any{"finalizedBy": finalizedBy})
+	d.w.duplicate(&d.x, map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 
@@ -485,7 +479,7 @@ func (d *delivery) duplicate() Action {
 	if by == nil {
 		by = d.x.claim.held()
 	}
-	d.auditDuplicate(map[string]any{"finalizedBy": by.Worker})
+	d.w.duplicate(&d.x, map[string]any{"finalizedBy": by.Worker})
 	ackSync(d.msg)
 	return Action{}
 }
@@ -509,20 +503,9 @@ func (d *delivery) conflict(field string) Action {
 	rec, req := d.x.found, d.x.req
 	d.w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
 		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	d.auditDuplicate(map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
+	d.w.duplicate(&d.x, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
 	ackSync(d.msg)
 	return Action{}
-}
-
-// auditDuplicate audits a delivery that runs nothing (an execution already
-// finalized, a request its execution was not claimed for) with data:
-// execution.duplicate_delivery, never a second call.
-func (d *delivery) auditDuplicate(data map[string]any) {
-	d.w.stats.duplicates.Add(1)
-	req := d.x.req
-	d.w.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		Principal: d.x.principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
 // refuseExpired ends a request whose id is older than envelopes are kept

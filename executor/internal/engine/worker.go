@@ -104,6 +104,17 @@ func (w *worker) observed(d Delivery, req *envelope.Request, known bool) observe
 		Stored: d.Stored}
 }
 
+// duplicate audits a delivery of x that runs nothing (an execution already
+// finalized, a request its execution was not claimed for) with data:
+// execution.duplicate_delivery, never a second call.
+func (w *worker) duplicate(x *execution, data map[string]any) {
+	w.stats.duplicates.Add(1)
+	req := x.req
+	w.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
+		Principal: x.principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		TraceID: audit.TraceID(req.Traceparent), Data: data})
+}
+
 // emit files ev, which belongs to no execution's trail, at once.
 func (w *worker) emit(ev *audit.Event) {
 	ev.Worker = w.cfg.ID
