@@ -274,6 +274,9 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	if over.RetryAfter > 0 {
 		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
 	}
+	if over.PrincipalUsed > 0 {
+		data["principalMax"], data["principalUsed"] = over.Limit.PrincipalMax, over.PrincipalUsed
+	}
 	// Outside the held trail: a wait drops what it holds.
 	x.w.emit(x.event(audit.EventLimited, data))
 	switch action {
@@ -428,7 +431,7 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	x.w.stats.handlerCalls.Add(1)
 	x.lease.progress.begin(n)
 	defer x.lease.progress.end()
-	a := Attempt{N: n, Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
+	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
 		Progress: &x.lease.progress, Receipts: &at.receipts}
 	go func() {
 		defer func() {

@@ -150,7 +150,22 @@ func (x *execution) stage(name string) func(error) {
 
 // request is what the stages see of the execution.
 func (x *execution) request() Request {
-	return Request{Request: x.req, Principal: x.principal, SubjectCapability: x.subjectCapability, Observer: x.obs}
+	r := Request{Request: x.req, Principal: x.principal, SubjectCapability: x.subjectCapability, Observer: x.obs}
+	if rec := x.claim.held(); rec != nil {
+		r.RecordCreated = rec.CreatedAt
+	}
+	return r
+}
+
+// idempotencyKey is the key the execution's attempts and reconciliations
+// are given: the derivation its record names, fixed when the record was
+// created (an execution begun by an earlier version keeps the id-alone key
+// its record implies), and this version's before any record exists.
+func (x *execution) idempotencyKey() string {
+	if rec := x.claim.held(); rec != nil {
+		return rec.IdempotencyKey(x.principal)
+	}
+	return envelope.IdempotencyKey(x.principal, x.req.ExecutionID)
 }
 
 // hashInput sets the input hash events carry in place of the input (SI-10).
@@ -166,7 +181,7 @@ func (x *execution) newRecord(st State) *Record {
 	rec := &Record{
 		V: envelope.Version, ExecutionID: x.req.ExecutionID,
 		State: st, Worker: x.w.cfg.ID, Claim: x.claim.token, LeaseUntil: now.Add(x.w.cfg.Lease),
-		CreatedAt: now, UpdatedAt: now,
+		CreatedAt: now, UpdatedAt: now, KeyVersion: envelope.IdempotencyKeyVersion,
 	}
 	claimedFor(rec, x.req, x.inputHash)
 	return rec

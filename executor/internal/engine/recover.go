@@ -168,6 +168,7 @@ func (at *attempts) ask(n int) Reconciliation {
 	ctx, cancel := context.WithTimeoutCause(x.ctx, at.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
 	ctx, end := x.obs.Stage(ctx, observe.StageReconcile)
+	key := x.idempotencyKey() // the lost attempt's: the record names it
 	ch := make(chan Reconciliation, 1)
 	go func() {
 		defer func() {
@@ -175,7 +176,7 @@ func (at *attempts) ask(n int) Reconciliation {
 				ch <- Reconciliation{Verdict: Inconclusive, Err: fmt.Errorf("%w: %v\n%s", errReconcilePanic, r, debug.Stack())}
 			}
 		}()
-		ch <- at.unit.Reconcile(ctx, n)
+		ch <- at.unit.Reconcile(ctx, n, key)
 	}()
 	var res Reconciliation
 	select {
