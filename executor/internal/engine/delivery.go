@@ -466,7 +466,7 @@ func (d *delivery) endedBefore() (bool, error) {
 	if have != nil {
 		finalizedBy = have.FinalizedBy
 	}
-	d.w.duplicate(&d.x, map[string]any{"finalizedBy": finalizedBy})
+	d.w.duplicate(d.x.principal, d.x.req, map[string]any{"finalizedBy": finalizedBy})
 	return true, nil
 }
 
@@ -479,7 +479,7 @@ func (d *delivery) duplicate() Action {
 	if by == nil {
 		by = d.x.claim.held()
 	}
-	d.w.duplicate(&d.x, map[string]any{"finalizedBy": by.Worker})
+	d.w.duplicate(d.x.principal, d.x.req, map[string]any{"finalizedBy": by.Worker})
 	ackSync(d.msg)
 	return Action{}
 }
@@ -503,7 +503,7 @@ func (d *delivery) conflict(field string) Action {
 	rec, req := d.x.found, d.x.req
 	d.w.log.Warn("a request differs from the one its execution was claimed for: acknowledged, not run",
 		"executionId", req.ExecutionID, "capabilityId", req.CapabilityID, "field", field)
-	d.w.duplicate(&d.x, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
+	d.w.duplicate(d.x.principal, d.x.req, map[string]any{"conflict": field, "claimedFor": rec.CapabilityID, "claimedBy": rec.Worker})
 	ackSync(d.msg)
 	return Action{}
 }

@@ -8,65 +8,10 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/limits"
-	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// Config is what the machinery needs of a worker's configuration, defaults
-// applied.
-type Config struct {
-	// ID names the worker in records, envelopes and audit.
-	ID string
-	// Lease is how long a claim holds without renewal.
-	Lease time.Duration
-	// RolloutDelay is the longest a request for a capability this worker
-	// lacks, but the catalog lists, waits before it is delivered again: the
-	// first redelivery comes sooner (rolloutDelay).
-	RolloutDelay time.Duration
-	// StrictAudit requires capability.started to be stored before a handler runs.
-	StrictAudit bool
-	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
-	DisableLeaseRenewal bool
-	// Capabilities are the capabilities this worker serves, by id.
-	Capabilities map[string]Definition
-	// Listed reports whether the catalog lists a capability (some pool
-	// serves it, or its pool is down) as the catalog bucket holds it now, not
-	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
-	// its answer. An error: the bucket did not answer.
-	Listed func(id string) (bool, error)
-	// ResolveResume fills a resume that names only its approval (a producer
-	// that may not read approvals sends those): capability, input, actor and
-	// surface come from the approval, which must be principal's. An error is
-	// the request's refusal when it is an *envelope.CapabilityError; any other
-	// error leaves the request for a later delivery.
-	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
-	// Pool names the worker's pool, for the observer.
-	Pool string
-	// Observer is told what happens to each delivery (never nil).
-	Observer observe.Worker
-	// Now is the engine's clock (default time.Now): every rule that reads
-	// the time reads it here.
-	Now func() time.Time
-}
-
-// Stats counts what a runner did.
-type Stats struct {
-	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
-	// NotStarted counts requests this worker ended NOT_STARTED.
-	NotStarted uint64
-	// Limited counts executions a limit held back: waited, refused or sent
-	// to an approval (DESIGN §17).
-	Limited uint64
-	// Deferred counts deliveries left for later because their principal
-	// held its fair share of the slots while others were active.
-	Deferred uint64
-	// Recovered counts executions this worker finalized completed from a
-	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
-	Recovered uint64
-}
 
 // Runner is the delivery machinery of one worker: its intake pulls
 // deliveries and carries each through the engine in a pass of its own

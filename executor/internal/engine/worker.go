@@ -16,6 +16,59 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// Config is what the machinery needs of a worker's configuration, defaults
+// applied.
+type Config struct {
+	// ID names the worker in records, envelopes and audit.
+	ID string
+	// Lease is how long a claim holds without renewal.
+	Lease time.Duration
+	// RolloutDelay is the longest a request for a capability this worker
+	// lacks, but the catalog lists, waits before it is delivered again: the
+	// first redelivery comes sooner (rolloutDelay).
+	RolloutDelay time.Duration
+	// StrictAudit requires capability.started to be stored before a handler runs.
+	StrictAudit bool
+	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
+	DisableLeaseRenewal bool
+	// Capabilities are the capabilities this worker serves, by id.
+	Capabilities map[string]Definition
+	// Listed reports whether the catalog lists a capability (some pool
+	// serves it, or its pool is down) as the catalog bucket holds it now, not
+	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
+	// its answer. An error: the bucket did not answer.
+	Listed func(id string) (bool, error)
+	// ResolveResume fills a resume that names only its approval (a producer
+	// that may not read approvals sends those): capability, input, actor and
+	// surface come from the approval, which must be principal's. An error is
+	// the request's refusal when it is an *envelope.CapabilityError; any other
+	// error leaves the request for a later delivery.
+	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
+	// Pool names the worker's pool, for the observer.
+	Pool string
+	// Observer is told what happens to each delivery (never nil).
+	Observer observe.Worker
+	// Now is the engine's clock (default time.Now): every rule that reads
+	// the time reads it here.
+	Now func() time.Time
+}
+
+// Stats counts what a runner did.
+type Stats struct {
+	Handled, HandlerCalls, Finalized, Conflicts, Abandoned, TakenOver, Duplicates uint64
+	// NotStarted counts requests this worker ended NOT_STARTED.
+	NotStarted uint64
+	// Limited counts executions a limit held back: waited, refused or sent
+	// to an approval (DESIGN §17).
+	Limited uint64
+	// Deferred counts deliveries left for later because their principal
+	// held its fair share of the slots while others were active.
+	Deferred uint64
+	// Recovered counts executions this worker finalized completed from a
+	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
+	Recovered uint64
+}
+
 // worker is what the deliveries of one worker share: its configuration,
 // clock and log, the store of records and envelopes, the trail, the limits,
 // the fair share, the table of executions in flight and the counters. Its
@@ -104,14 +157,13 @@ func (w *worker) observed(d Delivery, req *envelope.Request, known bool) observe
 		Stored: d.Stored}
 }
 
-// duplicate audits a delivery of x that runs nothing (an execution already
-// finalized, a request its execution was not claimed for) with data:
-// execution.duplicate_delivery, never a second call.
-func (w *worker) duplicate(x *execution, data map[string]any) {
+// duplicate audits a delivery of principal's req that runs nothing (an
+// execution already finalized, a request its execution was not claimed for)
+// with data: execution.duplicate_delivery, never a second call.
+func (w *worker) duplicate(principal string, req *envelope.Request, data map[string]any) {
 	w.stats.duplicates.Add(1)
-	req := x.req
 	w.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
-		Principal: x.principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
+		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
 		TraceID: audit.TraceID(req.Traceparent), Data: data})
 }
 
