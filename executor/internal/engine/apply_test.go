@@ -1,0 +1,100 @@
+package engine
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// One pass (package doc): an action is acted on in one place, the switch
+// of delivery.apply, which has a case for every action there is; no other
+// switch of the engine names an action. A new action that apply does not
+// carry out, or a second place that carries actions out, fails here.
+func TestApply_TheOneSwitchOverActionsCoversEveryAction(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	// The actions: the constants of type Do.
+	var actions []string
+	for _, f := range files {
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.CONST {
+				continue
+			}
+			typed := false
+			for _, s := range g.Specs {
+				v := s.(*ast.ValueSpec)
+				if id, ok := v.Type.(*ast.Ident); ok {
+					typed = id.Name == "Do"
+				}
+				if typed {
+					for _, n := range v.Names {
+						actions = append(actions, n.Name)
+					}
+				}
+			}
+		}
+	}
+	if len(actions) < len(doNames)-1 {
+		t.Fatalf("found %d actions %v, want the %d doNames names", len(actions), actions, len(doNames)-1)
+	}
+	// Every switch whose cases name an action.
+	type found struct {
+		where string
+		cases []string
+	}
+	var switches []found
+	for _, f := range files {
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				sw, ok := n.(*ast.SwitchStmt)
+				if !ok {
+					return true
+				}
+				var named []string
+				for _, c := range sw.Body.List {
+					for _, e := range c.(*ast.CaseClause).List {
+						if id, ok := e.(*ast.Ident); ok && slices.Contains(actions, id.Name) {
+							named = append(named, id.Name)
+						}
+					}
+				}
+				if len(named) > 0 {
+					switches = append(switches, found{fset.Position(sw.Pos()).String() + " in " + fn.Name.Name, named})
+				}
+				return true
+			})
+		}
+	}
+	if len(switches) != 1 || !strings.HasSuffix(switches[0].where, " in apply") {
+		t.Fatalf("switches over actions: %+v; want the one of delivery.apply", switches)
+	}
+	for _, a := range actions {
+		if !slices.Contains(switches[0].cases, a) {
+			t.Errorf("apply has no case for %s", a)
+		}
+	}
+}
