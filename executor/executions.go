@@ -332,15 +332,135 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 		}
 		q.Before = n
 	}
-	page, err := audit.List(ctx, w.b, q)
+	return ListWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
+}
+
+// ListWithQueued is a page of the index (audit.List of q, its running
+// entries passed through current when set), with, on a listing's first
+// page, the requests still waiting in their queue that match q first (see
+// Queued). What a worker answers; what an admin's command reads itself when
+// no worker answers.
+func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
+	current func(context.Context, []audit.Entry) []audit.Entry) (*ExecutionsPage, error) {
+	var queued []audit.Entry
+	if first && (q.Status == "" || q.Status == audit.EntryQueued) {
+		var err error
+		if queued, err = Queued(ctx, b, q); err != nil {
+			return nil, err
+		}
+	}
+	out := &ExecutionsPage{V: envelope.Version, Entries: queued, Scope: scope}
+	if q.Status == audit.EntryQueued {
+		return out, nil
+	}
+	q.Limit = max(q.Limit-len(queued), 1) // a page holds about Limit entries
+	page, err := audit.List(ctx, b, q)
 	if err != nil {
 		return nil, err
 	}
-	out := &ExecutionsPage{V: envelope.Version, Entries: w.current(ctx, page.Entries), Scanned: page.Scanned, Scope: v.scope}
+	entries := page.Entries
+	if current != nil {
+		entries = current(ctx, entries)
+	}
+	out.Entries, out.Scanned = append(out.Entries, entries...), page.Scanned
 	if page.Next > 0 {
 		out.Next = strconv.FormatUint(page.Next, 10)
 	}
 	return out, nil
+}
+
+// Queued returns the requests matching q (q.Principal's alone, when set)
+// that wait in their queues with no record yet: no worker has taken them,
+// so the index has no entry of them. It reads the queues (DESIGN §3) from
+// their oldest requests, at most queuedScanMax of them in all (a listing
+// stays quick whatever the backlog: the oldest waiting are the ones shown),
+// and returns at most q.Limit, newest first, with status audit.EntryQueued.
+func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
+	subj := b.Names.ExecSubjects()
+	if q.Principal != "" {
+		subj = b.Names.ExecSubject(q.Principal, ">")
+	}
+	streams, err := queueStreamsOf(ctx, b, q.Principal)
+	if err != nil {
+		return nil, err
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = audit.DefaultLimit
+	}
+	var out []audit.Entry
+	read := 0
+	for _, stream := range streams {
+		var err error
+		if out, err = queuedOf(ctx, b, q, stream, subj, limit, &read, out); err != nil || len(out) == limit || read == queuedScanMax {
+			return sortedNewestFirst(out), err
+		}
+	}
+	return sortedNewestFirst(out), nil
+}
+
+// queuedOf adds to out what Queued finds in one queue stream, counting the
+// requests it reads in read.
+func queuedOf(ctx context.Context, b *broker.Broker, q audit.Query, stream, subj string, limit int, read *int, out []audit.Entry) ([]audit.Entry, error) {
+	seq := uint64(0)
+	for ; *read < queuedScanMax; *read++ {
+		m, err := nextMsg(ctx, b, stream, subj, seq, nil)
+		if err != nil || m == nil {
+			return out, err
+		}
+		seq = m.Sequence + 1
+		p, _, ok := b.Names.ParseExecSubject(m.Subject)
+		if !ok {
+			continue
+		}
+		var r envelope.Request
+		if envelope.Unmarshal(m.Data, &r) != nil || r.ExecutionID == "" {
+			continue
+		}
+		e := audit.Entry{V: envelope.Version, ExecutionID: r.ExecutionID, Principal: p, CapabilityID: r.CapabilityID,
+			Actor: audit.ActorOf(r.Actor), Surface: r.Surface, ApprovalID: r.ApprovalID, Resumed: r.ApprovalID != "",
+			Status: audit.EntryQueued, RequestedAt: r.SubmittedAt, UpdatedAt: m.Time}
+		if !q.Match(&e) {
+			continue
+		}
+		// A taken request stays in the stream until its end: it has a
+		// record, and the index its entry.
+		if _, err := b.Executions.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		if _, err := b.Envelopes.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue // ended without a record: a copy of a request already answered
+		}
+		out = append(out, e)
+		if len(out) == limit {
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+// queueStreamsOf names the queue streams that may hold owner's requests:
+// its own and the shared exec stream (which holds the anonymous principal's,
+// and those stored before owner had a queue of its own); without an owner,
+// every queue.
+func queueStreamsOf(ctx context.Context, b *broker.Broker, owner string) ([]string, error) {
+	switch owner {
+	case "":
+		return b.QueueNames(ctx)
+	case broker.Anonymous:
+		return []string{b.Names.ExecStream()}, nil
+	}
+	return []string{b.Names.QueueStream(owner), b.Names.ExecStream()}, nil
+}
+
+// queuedScanMax bounds the requests a listing reads in the queues.
+const queuedScanMax = 500
+
+func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
+	slices.SortFunc(entries, func(a, b audit.Entry) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
+	return entries
 }
 
 // current drops the running entries of executions that have ended since:
@@ -667,22 +787,37 @@ const probeMaxMsgs = 2000
 // record (created before its envelope), then its envelope. owner "" (an
 // admin who named none) looks at every principal's requests.
 func (w *Worker) where(ctx context.Context, owner, id string) (state, principal string, err error) {
+	return where(ctx, w.b, owner, id)
+}
+
+// where is Worker.where on any broker whose credentials read the exec stream
+// and owner's keys: a worker's, or a client's of an open server when no
+// worker answers.
+func where(ctx context.Context, b *broker.Broker, owner, id string) (state, principal string, err error) {
 	p := owner
-	subj := w.b.Names.ExecSubjects()
+	subj := b.Names.ExecSubjects()
 	if owner != "" {
-		subj = w.b.Names.ExecSubject(owner, ">")
+		subj = b.Names.ExecSubject(owner, ">")
 	}
-	queued, qp, certain, err := w.queued(ctx, subj, id)
+	streams, err := queueStreamsOf(ctx, b, owner)
 	if err != nil {
 		return "", "", err
 	}
-	if queued {
-		return ExecQueued, qp, nil
+	certain := true
+	for _, stream := range streams {
+		queued, qp, sure, err := queuedIn(ctx, b, stream, subj, id)
+		if err != nil {
+			return "", "", err
+		}
+		if queued {
+			return ExecQueued, qp, nil
+		}
+		certain = certain && sure
 	}
 	if owner == "" {
 		// Without an owner the buckets cannot be read by key: whoever has
 		// a record or an envelope of the id.
-		if owners, err := broker.Owners(ctx, w.b, id); err == nil && len(owners) > 0 {
+		if owners, err := broker.Owners(ctx, b, id); err == nil && len(owners) > 0 {
 			return ExecInFlight, owners[0], nil
 		}
 		if !certain {
@@ -691,12 +826,12 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 		return ExecUnknown, "", nil
 	}
 	key := broker.Key(p, id)
-	if _, err := w.b.Executions.Get(ctx, key); err == nil {
+	if _, err := b.Executions.Get(ctx, key); err == nil {
 		return ExecInFlight, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
 	}
-	if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
+	if _, err := b.Envelopes.Get(ctx, key); err == nil {
 		return ExecEnded, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
@@ -707,11 +842,11 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 	return ExecUnknown, p, nil
 }
 
-// queued looks for the request of id among the exec stream's messages on
+// queued looks for the request of id among the messages of the queue stream on
 // subj: for a UUIDv7 id from the id's time less a minute (a request is never
 // stored before its id is made, less the clocks' skew), else from the
 // stream's start; certain is false when it stopped at probeMaxMsgs.
-func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
+func queuedIn(ctx context.Context, b *broker.Broker, stream, subj, id string) (found bool, principal string, certain bool, err error) {
 	var from *time.Time
 	if made, v7 := envelope.ExecutionIDTime(id); v7 {
 		t := made.Add(-time.Minute).UTC()
@@ -719,7 +854,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 	}
 	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := w.nextMsg(ctx, subj, seq, from)
+		m, err := nextMsg(ctx, b, stream, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
@@ -729,17 +864,17 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 		from, seq = nil, m.Sequence+1
 		// The message id names the execution: <principal>.<id>[.<tag>]
 		// (or, from earlier versions, the id alone).
-		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
+		if p, _, ok := b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
 			return true, p, true, nil
 		}
 	}
 	return false, "", false, nil
 }
 
-// nextMsg is the exec stream's first message on subj at or after seq (or
-// time from), or nil: a message get, which the exec stream answers without
+// nextMsg is the first message of the queue stream on subj at or after seq (or
+// time from), or nil: a message get, which a queue answers without
 // direct gets.
-func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+func nextMsg(ctx context.Context, b *broker.Broker, stream, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
 	req := struct {
 		Seq       uint64     `json:"seq,omitempty"`
 		NextFor   string     `json:"next_by_subj"`
@@ -749,7 +884,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	if err != nil {
 		return nil, err
 	}
-	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
@@ -758,6 +893,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 			Subject  string    `json:"subject"`
 			Sequence uint64    `json:"seq"`
 			Header   []byte    `json:"hdrs"`
+			Data     []byte    `json:"data"`
 			Time     time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
@@ -770,13 +906,14 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	}
 	switch {
 	case answer.Error != nil && answer.Error.Code == 404:
-		return nil, nil
+		return nil, nil // no such message, or no such stream (a principal without a queue of its own)
 	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", stream, answer.Error.Code, answer.Error.Description)
 	case answer.Message == nil:
 		return nil, nil
 	}
-	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time}
+	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time,
+		Data: answer.Message.Data}
 	if len(answer.Message.Header) > 0 {
 		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
 			m.Header = h
@@ -846,7 +983,20 @@ func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*Execut
 }
 
 // Execution asks the workers for one execution as the client's principal may
-// see it: record, envelope, trail and the approvals behind it.
+// see it: record, envelope, trail and the approvals behind it. A probe that
+// no worker answers is answered by the client itself where it may read the
+// exec stream (an open server), so that a request queued while no worker
+// runs is said to be queued, not unknown; elsewhere it fails with
+// ErrNoWorkers.
 func (c *Client) Execution(ctx context.Context, req ExecutionRequest) (*ExecutionView, error) {
-	return RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	v, err := RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	if !errors.Is(err, ErrNoWorkers) || !req.Probe || c.principal != broker.Anonymous {
+		return v, err
+	}
+	view := &ExecutionView{V: envelope.Version, ExecutionID: req.ExecutionID, Scope: ScopeAll}
+	var werr error
+	if view.State, view.Principal, werr = where(ctx, c.b, c.principal, req.ExecutionID); werr != nil {
+		return nil, err
+	}
+	return view, nil
 }

@@ -146,8 +146,12 @@ func (d *delivery) apply(a Action) Action {
 // terminated.
 func refusal(log *slog.Logger, msg jetstream.Msg, id, message, reason, logMsg string, logAttrs ...any) Action {
 	log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
-	return Action{Do: Refuse, Reason: reason, term: logMsg, Err: &envelope.CapabilityError{Code: envelope.CodeInputInvalid,
-		Stage: envelope.StageInput, ExposeToModel: true, Message: message}}
+	return Action{Do: Refuse, Reason: reason, term: logMsg, Err: inputInvalid(message)}
+}
+
+// inputInvalid is the error of a request refused as no request at all.
+func inputInvalid(message string) *envelope.CapabilityError {
+	return envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, message)
 }
 
 // msgID is a delivery's Nats-Msg-Id header.
@@ -220,7 +224,9 @@ func (d *delivery) route() Action {
 			if cerr.Cause != nil {
 				reason += ": " + cerr.Cause.Error()
 			}
-			return Action{Do: Refuse, Err: cerr, Reason: reason}
+			// The envelope says the refusal's code, stage and message.
+			return Action{Do: Refuse, Reason: reason, Err: &envelope.CapabilityError{Code: cerr.Code, Stage: cerr.Stage,
+				ExposeToModel: cerr.ExposeToModel, Message: cerr.Message}}
 		}
 		if fwd, err = envelope.Marshal(req); err != nil {
 			return Action{Do: Wait, Delay: time.Second}
@@ -238,6 +244,13 @@ func (d *delivery) route() Action {
 		defer cancel()
 		if _, err := w.b.JS.Publish(ctx, w.b.Names.ExecSubject(x.principal, req.CapabilityID), fwd,
 			jetstream.WithMsgID(w.ids.Forward(x.principal, req.ExecutionID))); err != nil {
+			if full := broker.AsQueueFull(err); full != nil {
+				// The principal's queue, which holds this request too, is
+				// full: the forward would wait on the principal's own
+				// backlog for ever. Refused now, as its publication would
+				// have been (DESIGN §12 "Quotas").
+				return d.refuseFull(full)
+			}
 			return Action{Do: Wait, Delay: time.Second}
 		}
 		ackSync(d.msg)
@@ -248,6 +261,21 @@ func (d *delivery) route() Action {
 		x.missing = "invalid-id"
 	}
 	return d.execute(nil)
+}
+
+// refuseFull is the Refuse of a request from the unrouted subject whose
+// forward its principal's full queue refused: QUOTA_EXCEEDED with the
+// queue's limit, nothing run, counted by the observer.
+func (d *delivery) refuseFull(full *broker.QueueFullError) Action {
+	w, principal := d.w, d.x.principal
+	limit := int64(-1)
+	ctx, cancel := StoreContext()
+	if u, err := w.b.QueueUsageOf(ctx, principal); err == nil {
+		limit = u.Limit(full.Quota)
+	}
+	cancel()
+	w.cfg.Observer.QuotaExceeded(full.Quota, principal)
+	return Action{Do: Refuse, Err: full.QuotaError(limit), Reason: "quota: " + full.Quota}
 }
 
 // rolloutDelay is how long a delivery of a capability this worker lacks,
@@ -426,7 +454,7 @@ func (d *delivery) refuse(a Action) Action {
 			return Action{Do: Wait, Delay: time.Second}
 		case !ended:
 			env := &envelope.Envelope{ExecutionID: x.req.ExecutionID, CapabilityID: x.req.CapabilityID, Status: envelope.StatusFailed,
-				Error: &envelope.Error{Code: a.Err.Code, Stage: a.Err.Stage, ExposeToModel: a.Err.ExposeToModel, Message: a.Err.Message}}
+				Error: a.Err.Wire()}
 			done, rec, rev := x.endUnrun(env, a.Reason)
 			switch {
 			case done:
@@ -528,7 +556,11 @@ func (d *delivery) refuseExpired() Action {
 func (d *delivery) notFound() Action {
 	x := &d.x
 	x.audited()
-	cerr := NotFoundError()
+	near := ""
+	if f := d.w.cfg.NearName; f != nil {
+		near = f(x.principal, x.req)
+	}
+	cerr := NotFoundNear(near)
 	x.emit(audit.EventDenied, map[string]any{"reason": x.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
 	return Action{Do: Finish, end: failed(cerr)}
 }

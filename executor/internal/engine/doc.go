@@ -24,7 +24,8 @@
 // back into one above it:
 //
 //   - runner.go: the Runner, the worker's face; its intake (intake.go)
-//     hands each delivery to Runner.handle.
+//     pulls every principal's queue, the queues taking turns for the slots
+//     (turns.go), and hands each delivery to Runner.handle.
 //   - delivery.go: the pass. arrive decides what a delivery means before
 //     anything is read (a request to refuse, a redelivery of an execution in
 //     flight here, or the table's first word: claim it, or end it
@@ -58,8 +59,8 @@
 //
 // cancel.go records a caller's cancel on the record, which the table and
 // the lease keeper read. The sweeper (package sweeper) ends the requests no
-// worker is given, through Runner.EndUnrun, RestoreEnvelope and EndTaken
-// (sweep.go).
+// worker is given, through Runner.EndUnrun, EndRefused, EndUndecodable,
+// RestoreEnvelope and EndTaken (sweep.go).
 //
 // Where what comes next fits: a rule is a case of a pure table and a row of
 // its test; what the engine does about it is a step that returns an Action,

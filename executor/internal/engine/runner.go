@@ -66,8 +66,8 @@ func (r *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
 // Context ends when the worker shuts down (Stop).
 func (r *Runner) Context() context.Context { return r.w.base }
 
-// Serving is closed once Serve pulls from the pool's consumer and the
-// unrouted one; never, if Serve is never called or fails to start pulling.
+// Serving is closed once Serve pulls from the first queues it was given;
+// never, if Serve is never called or fails to start pulling.
 func (r *Runner) Serving() <-chan struct{} { return r.serving }
 
 // Stop ends every execution still running: the worker shut down.
@@ -76,33 +76,46 @@ func (r *Runner) Stop() { r.w.baseCancel(errShutdown) }
 // Stats returns the runner's counters.
 func (r *Runner) Stats() Stats { return r.w.stats.snapshot() }
 
-// Serve pulls deliveries from the pool's consumer (up to concurrency at once)
-// and from the unrouted one, and handles each, until ctx ends. Then it stops
-// fetching, lets in-flight executions finish within grace, and abandons the
-// rest to a takeover.
-func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+// Queue is one queue a worker pulls from (DESIGN §3): its pool's consumer and
+// the consumer of its requests for capabilities no pool lists.
+type Queue struct {
+	// Name names it: its stream's name.
+	Name           string
+	Pool, Unrouted jetstream.Consumer
+}
+
+// Serve pulls deliveries from every queue given (those of first at once,
+// each sent on more as it comes) and handles each, until ctx ends: up to
+// concurrency of its pools' deliveries at once, the queues taking turns
+// (turns.go), and a few unrouted ones. Then it stops fetching, lets
+// in-flight executions finish within grace, and abandons the rest to a
+// takeover. A queue already pulled from is not pulled twice; one whose
+// consumer is deleted is let go (Pulling then reports false).
+func (r *Runner) Serve(ctx context.Context, first []Queue, more <-chan Queue, concurrency int, grace time.Duration) error {
 	w := r.w
 	if Reserve(concurrency) > 0 {
 		// With nothing to keep back (one slot) a share never refuses:
 		// deliveries skip it.
 		w.share.Store(newFairShare(concurrency))
 	}
-	counted := func(handle func(jetstream.Msg)) func(jetstream.Msg) {
-		return func(msg jetstream.Msg) {
-			w.stats.handled.Add(1)
-			handle(msg)
+	r.in.open(concurrency, r.handle)
+	for _, q := range first {
+		if err := r.in.pull(q); err != nil {
+			r.in.stop()
+			return err
 		}
 	}
-	if err := r.in.pull(pool, concurrency, counted(r.handle)); err != nil {
-		return err
-	}
-	if err := r.in.pull(unrouted, 4, counted(r.handleUnrouted)); err != nil {
-		r.in.stop()
-		return err
-	}
 	r.servingOnce.Do(func() { close(r.serving) })
-
-	<-ctx.Done()
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case q := <-more:
+			if err := r.in.pull(q); err != nil {
+				w.log.Warn("queue not pulled; tried again later", "queue", q.Name, "err", err)
+			}
+		}
+	}
 	w.log.Info("worker draining", "grace", grace)
 	r.in.drain(grace, func() {
 		w.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", w.inflight.len())
@@ -112,13 +125,16 @@ func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 	return nil
 }
 
-// handle carries one delivery of the pool's consumer through the engine.
-func (r *Runner) handle(msg jetstream.Msg) { arrive(r.w, msg, false).pass() }
+// Pulling reports whether Serve pulls from the queue named name.
+func (r *Runner) Pulling(name string) bool { return r.in.pulls(name) }
 
-// handleUnrouted carries one delivery of the _unrouted consumer (requests a
-// producer sent there because its catalog did not list the capability)
-// through the engine.
-func (r *Runner) handleUnrouted(msg jetstream.Msg) { arrive(r.w, msg, true).pass() }
+// handle carries one delivery through the engine: of a pool's consumer, or
+// of an unrouted one (requests a producer sent there because its catalog
+// did not list the capability).
+func (r *Runner) handle(msg jetstream.Msg, unrouted bool) {
+	r.w.stats.handled.Add(1)
+	arrive(r.w, msg, unrouted).pass()
+}
 
 // CancelLocal stops this worker's run of principal's execution at once, if
 // it has one and its record says the caller cancelled it. A notice alone
