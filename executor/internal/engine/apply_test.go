@@ -12,8 +12,9 @@ import (
 
 // One pass (package doc): an action is acted on in one place, the switch
 // of delivery.apply, which has a case for every action there is; no other
-// switch of the engine names an action. A new action that apply does not
-// carry out, or a second place that carries actions out, fails here.
+// switch of the engine names an action, and no package that uses the engine
+// acts on one. A new action that apply does not carry out, or a second place
+// that carries actions out, fails here.
 func TestApply_TheOneSwitchOverActionsCoversEveryAction(t *testing.T) {
 	t.Parallel()
 	fset := token.NewFileSet()
@@ -96,5 +97,46 @@ func TestApply_TheOneSwitchOverActionsCoversEveryAction(t *testing.T) {
 		if !slices.Contains(switches[0].cases, a) {
 			t.Errorf("apply has no case for %s", a)
 		}
+	}
+	// Nor does a package that uses the engine (the sweeper, the executor)
+	// act on an action of its own: no case and no comparison names one.
+	others, err := filepath.Glob("../sweeper/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	executor, err := filepath.Glob("../../*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := 0
+	for _, name := range append(others, executor...) {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read++
+		ast.Inspect(f, func(n ast.Node) bool {
+			var named []ast.Expr
+			switch n := n.(type) {
+			case *ast.CaseClause:
+				named = n.List
+			case *ast.BinaryExpr:
+				named = []ast.Expr{n.X, n.Y}
+			}
+			for _, e := range named {
+				if sel, ok := e.(*ast.SelectorExpr); ok && slices.Contains(actions, sel.Sel.Name) {
+					if pkg, ok := sel.X.(*ast.Ident); ok && pkg.Name == "engine" {
+						t.Errorf("%s acts on engine.%s", fset.Position(sel.Pos()), sel.Sel.Name)
+					}
+				}
+			}
+			return true
+		})
+	}
+	if read < 10 {
+		t.Fatalf("read %d files of the sweeper and the executor", read)
 	}
 }

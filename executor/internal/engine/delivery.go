@@ -46,12 +46,12 @@ func arrive(w *worker, msg jetstream.Msg, unrouted bool) *delivery {
 	if err != nil {
 		req = &envelope.Request{ExecutionID: broker.ExecutionOfMsgID(msgID(msg), principal),
 			CapabilityID: w.b.Names.CapabilityFromSubject(msg.Subject())}
-		w.prepare(&d.x, req, principal, delivered(msg, req))
+		d.x.prepare(w, req, principal, delivered(msg, req))
 		d.first = refusal(w.log, msg, req.ExecutionID, "The request could not be decoded.", "undecodable",
 			"request does not decode: terminated", "err", err)
 		return d
 	}
-	w.prepare(&d.x, req, principal, delivered(msg, req))
+	d.x.prepare(w, req, principal, delivered(msg, req))
 	switch id := msgID(msg); {
 	case !broker.MsgIDNames(id, principal, req.ExecutionID):
 		// Message ids are scoped by principal (DESIGN §2): one that names
@@ -147,11 +147,6 @@ func (d *delivery) apply(a Action) Action {
 func refusal(log *slog.Logger, msg jetstream.Msg, id, message, reason, logMsg string, logAttrs ...any) Action {
 	log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
 	return Action{Do: Refuse, Reason: reason, term: logMsg, Err: inputInvalid(message)}
-}
-
-// inputInvalid is the error of a request refused as no request at all.
-func inputInvalid(message string) *envelope.CapabilityError {
-	return envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, message)
 }
 
 // msgID is a delivery's Nats-Msg-Id header.

@@ -21,7 +21,8 @@
 //
 // One delivery reads top-down, and back up, through these files, in this
 // order; calls between them go one way, down the list — no file calls
-// back into one above it:
+// back into one above it (shape_test.go holds this, and that no type has
+// more than 25 methods):
 //
 //   - runner.go: the Runner, the worker's face; its intake (intake.go)
 //     pulls every principal's queue, the queues taking turns for the slots

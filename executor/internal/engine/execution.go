@@ -64,17 +64,18 @@ type execution struct {
 	foundRev uint64
 }
 
-// execution is an execution of req, delivered as d (zero: no delivery),
-// under principal, with its claim (not made yet) and its trail: what may
-// end it without running it. begin makes it one that may run.
-func (w *worker) execution(req *envelope.Request, principal string, d Delivery) *execution {
+// newExecution is an execution of req, delivered as d (zero: no delivery),
+// under principal, by worker w, with its claim (not made yet) and its
+// trail: what may end it without running it. begin makes it one that may
+// run.
+func newExecution(w *worker, req *envelope.Request, principal string, d Delivery) *execution {
 	x := &execution{}
-	w.prepare(x, req, principal, d)
+	x.prepare(w, req, principal, d)
 	return x
 }
 
-// prepare makes x an execution of req (worker.execution).
-func (w *worker) prepare(x *execution, req *envelope.Request, principal string, d Delivery) {
+// prepare makes x an execution of req (newExecution).
+func (x *execution) prepare(w *worker, req *envelope.Request, principal string, d Delivery) {
 	x.w, x.req, x.principal, x.key, x.meta = w, req, principal, broker.Key(principal, req.ExecutionID), d
 	x.start, x.done, x.stopDeadline = w.now(), make(chan struct{}), func() {}
 	x.trail.audit, x.trail.worker = w.audit, w.cfg.ID

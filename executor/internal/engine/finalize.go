@@ -344,6 +344,11 @@ func NotFoundError() *envelope.CapabilityError {
 		Message: "No such capability."}
 }
 
+// inputInvalid is the error of a request refused as no request at all.
+func inputInvalid(message string) *envelope.CapabilityError {
+	return envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, message)
+}
+
 // NotFoundNear is NotFoundError suggesting near, a capability the caller may
 // see whose id is near the one it named ("": none). Every path that answers
 // CAPABILITY_NOT_FOUND for a request suggests the same, computed from what

@@ -133,7 +133,8 @@ func (r *Runner) Pulling(name string) bool { return r.in.pulls(name) }
 // did not list the capability).
 func (r *Runner) handle(msg jetstream.Msg, unrouted bool) {
 	r.w.stats.handled.Add(1)
-	arrive(r.w, msg, unrouted).pass()
+	d := arrive(r.w, msg, unrouted)
+	d.pass()
 }
 
 // CancelLocal stops this worker's run of principal's execution at once, if

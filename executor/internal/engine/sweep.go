@@ -30,7 +30,7 @@ func (r *Runner) Envelope(principal, id string) EnvelopeRead {
 // envelope exists: a finalized record (create-only, so that no worker claims
 // it meanwhile), the trail, then the envelope (execution.endUnrun).
 func (r *Runner) EndUnrun(req *envelope.Request, principal string, cerr *envelope.CapabilityError) bool {
-	x := r.w.execution(req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
+	x := newExecution(r.w, req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
 	x.hashInput()
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 		Error: cerr.Wire()}
@@ -42,7 +42,7 @@ func (r *Runner) EndUnrun(req *envelope.Request, principal string, cerr *envelop
 // ran for reason (on the trail, as a worker's refusal): EndUnrun with a
 // reason.
 func (r *Runner) EndRefused(req *envelope.Request, principal string, cerr *envelope.CapabilityError, reason string) bool {
-	x := r.w.execution(req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
+	x := newExecution(r.w, req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
 	x.hashInput()
 	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
 		Error: cerr.Wire()}
@@ -69,7 +69,7 @@ func (r *Runner) EndUndecodable(principal, capID, msgID string, derr error) bool
 		return false
 	}
 	req := &envelope.Request{ExecutionID: id, CapabilityID: capID}
-	x := r.w.execution(req, principal, Delivery{ID: id})
+	x := newExecution(r.w, req, principal, Delivery{ID: id})
 	env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
 		Error: inputInvalid("The request could not be decoded.").Wire()}
 	done, found, _ := x.endUnrun(env, "undecodable")
@@ -79,7 +79,7 @@ func (r *Runner) EndUndecodable(principal, capID, msgID string, derr error) bool
 // RestoreEnvelope writes the envelope rec, a finalized record, stands for,
 // and reports whether it exists (execution.endRecorded).
 func (r *Runner) RestoreEnvelope(req *envelope.Request, principal string, rec *Record) bool {
-	x := r.w.execution(req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
+	x := newExecution(r.w, req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
 	x.hashInput()
 	return x.endRecorded(rec)
 }
@@ -90,7 +90,7 @@ func (r *Runner) RestoreEnvelope(req *envelope.Request, principal string, rec *R
 // someone else moved: nothing is written.
 func (r *Runner) EndTaken(ctx context.Context, req *envelope.Request, principal string, rec *Record, rev uint64,
 	cerr *envelope.CapabilityError, attempts int) bool {
-	x := r.w.execution(req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
+	x := newExecution(r.w, req, principal, Delivery{ID: req.ExecutionID, StartBy: req.StartBy})
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	defer x.cancel(nil)
 	x.hashInput()
