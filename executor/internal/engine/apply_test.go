@@ -17,22 +17,8 @@ import (
 // that carries actions out, fails here.
 func TestApply_TheOneSwitchOverActionsCoversEveryAction(t *testing.T) {
 	t.Parallel()
-	fset := token.NewFileSet()
-	names, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var files []*ast.File
-	for _, name := range names {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, name, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, f)
-	}
+	src := readEngine(t)
+	fset, files := src.fset, src.files
 	// The actions: the constants of type Do.
 	var actions []string
 	for _, f := range files {
