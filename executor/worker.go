@@ -328,6 +328,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			for _, s := range subs {
 				_ = s.Unsubscribe()
 			}
+			// Once the server has the unsubscriptions, no request is routed
+			// here to be dropped: the other workers answer it.
+			_ = w.nc.FlushTimeout(time.Second)
 			w.stopping.Store(true)
 			w.gate.Stop()    // what it took is answered
 			w.reading.Wait() // and what was refused meanwhile
