@@ -1,0 +1,540 @@
+package trail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"golang.org/x/mod/sumdb/note"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// What a Problem is.
+const (
+	// An event's content differs from the log's leaf at its place.
+	KindEdited = "edited"
+	// The log's leaf has no message at its place: the stream skips it, or
+	// ends before it.
+	KindMissing = "missing"
+	// The log's leaves are all there, in another order.
+	KindReordered = "reordered"
+	// The stream holds messages the log does not have, before leaves it
+	// has.
+	KindAppendedBefore = "appended before"
+	// Events were removed from the front of the stream sooner than its age
+	// limit removes them.
+	KindRemovedEarly = "removed early"
+	// A stored checkpoint whose signature does not verify with the keys.
+	KindForged = "forged checkpoint"
+	// A checkpoint (stored or kept) that the log's leaves do not hash to:
+	// the log was rewritten, or its stored hashes changed.
+	KindInconsistent = "inconsistent checkpoint"
+)
+
+// Problem is one thing Verify found wrong.
+type Problem struct {
+	Kind string `json:"kind"`
+	// Leaf is the first leaf concerned, Seq its stream sequence, Count how
+	// many leaves from it (0: none in particular).
+	Leaf  int64  `json:"leaf"`
+	Seq   uint64 `json:"seq,omitempty"`
+	Count int64  `json:"count,omitempty"`
+	// Execution is the execution the stream's message at Seq names, when
+	// there is one.
+	Execution string `json:"execution,omitempty"`
+	// Detail says it in a sentence.
+	Detail string `json:"detail"`
+}
+
+// Report is what Verify found.
+type Report struct {
+	Origin string `json:"origin"`
+	Stream string `json:"stream"`
+	// FirstSeq is the stream sequence of leaf 0.
+	FirstSeq uint64 `json:"firstSeq"`
+	// Size is the size of the latest valid stored checkpoint, Time its time.
+	Size int64     `json:"size"`
+	Time time.Time `json:"time"`
+	// Checkpoints counts the stored checkpoints, Verified those whose
+	// signature verified and whose root the log's leaves hash to.
+	Checkpoints int `json:"checkpoints"`
+	Verified    int `json:"verified"`
+	// Messages counts the messages read from the stream; Unchecked those
+	// past the latest checkpoint, not yet covered by one.
+	Messages  int64 `json:"messages"`
+	Unchecked int64 `json:"unchecked"`
+	// RemovedByRetention counts the leaves before the first the stream
+	// still holds, proved by the stored hashes alone; MaxAge is the
+	// stream's age limit.
+	RemovedByRetention int64         `json:"removedByRetention"`
+	MaxAge             time.Duration `json:"maxAge"`
+	// Kept is the size of the checkpoint the auditor kept (0: none given);
+	// KeptHolds reports that every event it covered is still there,
+	// unchanged and in order.
+	Kept      int64 `json:"kept,omitempty"`
+	KeptHolds bool  `json:"keptHolds,omitempty"`
+	// Problems, the first event that does not match first.
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// OK reports whether nothing was found wrong.
+func (r *Report) OK() bool { return len(r.Problems) == 0 }
+
+// VerifyOptions are Verify's optional inputs.
+type VerifyOptions struct {
+	// Kept is a signed checkpoint the auditor kept, with, when it came from
+	// an exported bundle, that bundle's tiles (which then name the first
+	// event that differs even from a log rewritten whole).
+	Kept      []byte
+	KeptTiles Source
+	// Now is the verifier's clock (default time.Now).
+	Now func() time.Time
+}
+
+// retentionSlack allows for the interval at which JetStream removes expired
+// messages and for clocks that differ between a cluster's nodes.
+const retentionSlack = 5 * time.Minute
+
+// window is how far past the first difference Verify looks to tell an edit
+// from a move.
+const window = 256
+
+// Verify checks the log src holds against the keys: every stored
+// checkpoint's signature; that the leaves recomputed from the events, and
+// the stored hashes of the events retention removed, hash to every
+// checkpoint's root (so each later checkpoint is consistent with each
+// earlier one); and, given a kept checkpoint, that everything it covered is
+// still there, unchanged and in order. It names the first event that does
+// not match and what kind of change it is. An error is returned only when
+// the log could not be read; what is wrong with it is in the report.
+func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOptions) (*Report, error) {
+	now := time.Now
+	if opts.Now != nil {
+		now = opts.Now
+	}
+	stream, err := src.Stream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Stream: stream.Name, MaxAge: stream.MaxAge}
+	signed, err := src.Checkpoints(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.Checkpoints = len(signed)
+	var cps []*Checkpoint
+	var latest *Checkpoint
+	for i, s := range signed {
+		cp, err := Open(s, keys)
+		if err != nil {
+			p := Problem{Kind: KindForged, Detail: fmt.Sprintf("stored checkpoint %d of %d does not verify with the keys: %v", i+1, len(signed), err)}
+			if u, uerr := OpenUnverified(s); uerr == nil {
+				p.Leaf = u.Size
+				p.Detail = fmt.Sprintf("stored checkpoint %d of %d (size %d) does not verify with the keys: %v", i+1, len(signed), u.Size, err)
+			}
+			r.Problems = append(r.Problems, p)
+			continue
+		}
+		if latest != nil && (cp.Origin != latest.Origin || cp.FirstSeq != latest.FirstSeq || cp.Stream != latest.Stream) {
+			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
+				Detail: fmt.Sprintf("stored checkpoint %d is of log %q (stream %s from %d), the one before of %q (stream %s from %d)",
+					i+1, cp.Origin, cp.Stream, cp.FirstSeq, latest.Origin, latest.Stream, latest.FirstSeq)})
+			continue
+		}
+		if latest != nil && cp.Size < latest.Size {
+			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
+				Detail: fmt.Sprintf("stored checkpoint %d (size %d) comes after one of size %d: the log went back", i+1, cp.Size, latest.Size)})
+		}
+		cps = append(cps, cp)
+		if latest == nil || cp.Size >= latest.Size {
+			latest = cp
+		}
+	}
+	var kept *Checkpoint
+	if opts.Kept != nil {
+		if kept, err = Open(opts.Kept, keys); err != nil {
+			return nil, fmt.Errorf("the kept checkpoint: %w", err)
+		}
+		r.Kept = kept.Size
+	}
+	if latest == nil && kept == nil {
+		if len(signed) == 0 {
+			return nil, ErrNoLog
+		}
+		return r, nil // every stored checkpoint is forged: nothing to check the events against
+	}
+	ref := latest
+	if ref == nil || kept != nil && kept.Size > ref.Size {
+		ref = kept
+	}
+	if latest != nil {
+		r.Origin, r.FirstSeq, r.Size, r.Time = latest.Origin, latest.FirstSeq, latest.Size, latest.Time
+	} else {
+		r.Origin, r.FirstSeq = kept.Origin, kept.FirstSeq
+	}
+	if kept != nil && (kept.Origin != r.Origin || kept.FirstSeq != r.FirstSeq || kept.Stream != stream.Name) {
+		r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: kept.Size,
+			Detail: fmt.Sprintf("the kept checkpoint is of log %q (stream %s from %d); the deployment's is %q (stream %s from %d): the log was started again",
+				kept.Origin, kept.Stream, kept.FirstSeq, r.Origin, stream.Name, r.FirstSeq)})
+	}
+	base := r.FirstSeq
+	if stream.Name != "" && ref.Stream != "" && stream.Name != ref.Stream {
+		return nil, fmt.Errorf("the log is of stream %s, the events read are of %s", ref.Stream, stream.Name)
+	}
+
+	v := &verifier{ctx: ctx, src: src, r: r, base: base, cps: cps, kept: kept, keptTiles: opts.KeptTiles}
+	// The sizes to check: every checkpoint's, the kept one's.
+	for _, cp := range cps {
+		v.addCheck(cp, false)
+	}
+	if kept != nil {
+		v.addCheck(kept, true)
+	}
+
+	// Where the stream begins: the leaves before it were removed.
+	retained := int64(0)
+	if stream.FirstSeq > base {
+		retained = int64(stream.FirstSeq - base)
+	}
+	// Pass 1: the stored hashes, from leaf 0 up to the largest checkpoint
+	// (and at least to where the stream begins), against every checkpoint.
+	if err := v.hashes(max(ref.Size, retained), retained); err != nil {
+		return nil, err
+	}
+	// Retention: what is gone from the front, and whether its age allowed it.
+	if retained > 0 {
+		v.retention(retained, stream, now())
+	}
+	// Pass 2: the events, from the first the stream holds.
+	if err := v.events(retained, ref.Size); err != nil {
+		return nil, err
+	}
+	if latest != nil && r.Messages > 0 {
+		r.Unchecked = max(0, v.evented-latest.Size)
+	}
+	r.Verified = v.verdicts(max(v.hashed, v.evented), v.diff)
+	if kept != nil {
+		r.KeptHolds = r.OK()
+	}
+	return r, nil
+}
+
+// check is one root to compare at a size.
+type check struct {
+	cp   *Checkpoint
+	kept bool
+	// hashes: the stored hashes hash to it; events: the tree recomputed
+	// from the events reached its size (and evOK: hashes to it).
+	hashes, events, evOK bool
+}
+
+// ok is the check's verdict: the events' when they reached its size, the
+// stored hashes' otherwise.
+func (c *check) ok() bool {
+	if c.events {
+		return c.evOK
+	}
+	return c.hashes
+}
+
+type verifier struct {
+	ctx       context.Context
+	src       Source
+	r         *Report
+	base      uint64
+	cps       []*Checkpoint
+	kept      *Checkpoint
+	keptTiles Source
+	checks    map[int64][]*check
+
+	at        *edge // the edge at the first retained leaf
+	trusted   int64 // leaves below it are the ones a trusted checkpoint signed
+	hashed    int64 // the leaves the stored hashes cover
+	evented   int64    // the leaves the events reached
+	diff      *Problem // the first leaf that differs
+
+	tiles  *tileReader // the deployment's, for the reference leaves
+	keptTR *tileReader
+}
+
+func (v *verifier) addCheck(cp *Checkpoint, kept bool) {
+	if v.checks == nil {
+		v.checks = map[int64][]*check{}
+	}
+	v.checks[cp.Size] = append(v.checks[cp.Size], &check{cp: cp, kept: kept})
+}
+
+// verdicts counts the stored checkpoints that hold, and reports those that
+// do not, below the first leaf that differs (which explains the others)
+// and within what was read.
+func (v *verifier) verdicts(covered int64, diff *Problem) int {
+	n := 0
+	sizes := make([]int64, 0, len(v.checks))
+	for size := range v.checks {
+		sizes = append(sizes, size)
+	}
+	slices.Sort(sizes)
+	for _, size := range sizes {
+		for _, c := range v.checks[size] {
+			switch {
+			case c.ok():
+				if !c.kept {
+					n++
+				}
+			case size > covered || diff != nil && size > diff.Leaf:
+			case c.kept:
+				v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: size,
+					Detail: fmt.Sprintf("the log does not hash to the kept checkpoint (size %d): it was rewritten since that checkpoint was signed", size)})
+			default:
+				v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: size,
+					Detail: fmt.Sprintf("the log does not hash to its stored checkpoint of size %d (signed for %s): a leaf before it differs from the one it signed, or the checkpoint belongs to another history",
+						size, c.cp.Time.UTC().Format(time.RFC3339))})
+			}
+		}
+	}
+	return n
+}
+
+// refTile is the level-0 tile holding leaf i in the reference: the kept
+// bundle's while the kept checkpoint covers i, the deployment's otherwise.
+func (v *verifier) refTile(i int64) ([]byte, error) {
+	n := i / tileWidth
+	if v.fromKept(i) {
+		if v.keptTR == nil {
+			v.keptTR = newTileReader(v.ctx, v.keptTiles)
+		}
+		return v.keptTR.read(0, n)
+	}
+	if v.tiles == nil {
+		v.tiles = newTileReader(v.ctx, v.src)
+	}
+	return v.tiles.read(0, n)
+}
+
+// fromKept reports whether the reference's leaf i comes from the kept
+// bundle.
+func (v *verifier) fromKept(i int64) bool {
+	return v.keptTiles != nil && v.kept != nil && i < v.kept.Size
+}
+
+// refLeaf is the reference's hash of leaf i, or false when none is stored.
+func (v *verifier) refLeaf(i int64) (tlog.Hash, bool) {
+	d, err := v.refTile(i)
+	k := int(i%tileWidth) * tlog.HashSize
+	if err != nil || len(d) < k+tlog.HashSize {
+		return tlog.Hash{}, false
+	}
+	var h tlog.Hash
+	copy(h[:], d[k:])
+	return h, true
+}
+
+// hashes runs the stored leaf hashes through a tree from leaf 0 to upTo,
+// comparing its root with every checkpoint on the way, and keeps the tree's
+// edge at retained for the events. The leaves below the largest size whose
+// checkpoint matched (the kept one's, when one was given) are trusted:
+// they name the first event that differs.
+func (v *verifier) hashes(upTo, retained int64) error {
+	e := &edge{}
+	if retained == 0 {
+		v.at = &edge{}
+	}
+	matchedKept, matched := false, int64(0)
+	for e.n < upTo {
+		d, err := v.refTile(e.n)
+		if errors.Is(err, ErrNoTile) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		kept := v.fromKept(e.n)
+		start := e.n
+		for k := int(e.n % tileWidth); k < len(d)/tlog.HashSize && e.n < upTo && v.fromKept(e.n) == kept; k++ {
+			var h tlog.Hash
+			copy(h[:], d[k*tlog.HashSize:])
+			e.append(h)
+			for _, c := range v.checks[e.n] {
+				if e.root() == c.cp.Root {
+					c.hashes, matched = true, e.n
+					matchedKept = matchedKept || c.kept
+				}
+			}
+			if e.n == retained {
+				v.at = cloneEdge(e)
+			}
+		}
+		if e.n == start || len(d) < tileWidth*tlog.HashSize && v.fromKept(e.n) == kept {
+			break // a partial tile: the last
+		}
+	}
+	// The leaves a signed root authenticates, and, given a kept
+	// checkpoint, only when they are the ones it signed.
+	if v.kept == nil || matchedKept {
+		v.trusted = matched
+	}
+	v.hashed = e.n
+	return nil
+}
+
+func cloneEdge(e *edge) *edge {
+	c := &edge{n: e.n, roots: slices.Clone(e.roots), rows: cloneRows(e.rows)}
+	return c
+}
+
+func cloneRows(rows [][]tlog.Hash) [][]tlog.Hash {
+	out := make([][]tlog.Hash, len(rows))
+	for i, r := range rows {
+		out[i] = slices.Clone(r)
+	}
+	return out
+}
+
+// retention judges the leaves before retained, which the stream no longer
+// holds: removed by its age limit, or sooner. Leaf retained-1 was stored
+// at or after the time of every checkpoint smaller than retained (their
+// time is their last leaf's, and the stream stores in order).
+func (v *verifier) retention(retained int64, stream StreamState, now time.Time) {
+	v.r.RemovedByRetention = retained
+	var after time.Time // the last removed leaf was stored at or after it
+	for _, cp := range v.cps {
+		if cp.Size < retained && cp.Size > 0 && cp.Time.After(after) {
+			after = cp.Time
+		}
+	}
+	seq := v.base + uint64(retained) - 1
+	switch {
+	case stream.MaxAge <= 0:
+		v.r.Problems = append(v.r.Problems, Problem{Kind: KindRemovedEarly, Leaf: 0, Seq: v.base, Count: retained,
+			Detail: fmt.Sprintf("the stream keeps events for ever, yet leaves 0 to %d (sequences %d to %d) are gone", retained-1, v.base, seq)})
+		v.r.RemovedByRetention = 0
+	case !after.IsZero() && after.After(now.Add(-stream.MaxAge+retentionSlack)):
+		v.r.Problems = append(v.r.Problems, Problem{Kind: KindRemovedEarly, Leaf: retained - 1, Seq: seq,
+			Detail: fmt.Sprintf("leaf %d (sequence %d) is gone, but it was stored after %s, within the stream's age limit of %v",
+				retained-1, seq, after.UTC().Format(time.RFC3339), stream.MaxAge)})
+		v.r.RemovedByRetention = 0
+	}
+	if v.at == nil {
+		v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: 0, Count: retained,
+			Detail: fmt.Sprintf("the stored hashes of the %d leaves retention removed are missing: the events left cannot be proved", retained)})
+	}
+}
+
+// events reads the stream from its first message and compares each leaf
+// with the trusted reference and each checkpoint's root with the tree.
+func (v *verifier) events(retained, refSize int64) error {
+	if v.at == nil {
+		return nil
+	}
+	e := v.at
+	var diff *Problem // the first leaf that differs, awaiting its window
+	var ms []tlog.Hash
+	var msgs []*Msg
+	defer func() { v.evented = e.n; v.diff = diff }()
+	err := v.src.Messages(v.ctx, v.base+uint64(retained), func(m *Msg) error {
+		v.r.Messages++
+		if m.Seq < v.base+uint64(e.n) {
+			return nil
+		}
+		for next := v.base + uint64(e.n); next < m.Seq; next++ {
+			if err := v.leaf(e, &diff, &ms, &msgs, &Msg{Seq: next}, tlog.RecordHash(GapLeaf(next))); err != nil {
+				return err
+			}
+		}
+		return v.leaf(e, &diff, &ms, &msgs, m, m.Leaf())
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return err
+	}
+	switch {
+	case diff != nil:
+		v.classify(diff, ms, msgs)
+		v.r.Problems = append([]Problem{*diff}, v.r.Problems...)
+	case e.n < refSize:
+		seq := v.base + uint64(e.n)
+		v.r.Problems = append([]Problem{{Kind: KindMissing, Leaf: e.n, Seq: seq, Count: refSize - e.n,
+			Detail: fmt.Sprintf("leaves %d to %d (sequences %d to %d) are not in the stream, which ends before them: truncated, or restored from an older copy",
+				e.n, refSize-1, seq, v.base+uint64(refSize)-1)}}, v.r.Problems...)
+	}
+	return nil
+}
+
+var errStop = errors.New("stop")
+
+// leaf adds one leaf of the stream (m, hash h) to the tree.
+func (v *verifier) leaf(e *edge, diff **Problem, ms *[]tlog.Hash, msgs *[]*Msg, m *Msg, h tlog.Hash) error {
+	i := e.n
+	if *diff != nil {
+		*ms, *msgs = append(*ms, h), append(*msgs, m)
+		if len(*ms) >= window {
+			return errStop
+		}
+		return nil
+	}
+	if i < v.trusted {
+		if want, ok := v.refLeaf(i); ok && want != h {
+			*diff = &Problem{Leaf: i, Seq: m.Seq, Execution: m.Execution()}
+			*ms, *msgs = append(*ms, h), append(*msgs, m)
+			return nil
+		}
+	}
+	e.append(h)
+	for _, c := range v.checks[e.n] {
+		c.events, c.evOK = true, e.root() == c.cp.Root
+	}
+	return nil
+}
+
+// classify says what kind of change the first differing leaf is, from the
+// stream's leaves ms (from the difference on) and the reference's.
+func (v *verifier) classify(p *Problem, ms []tlog.Hash, msgs []*Msg) {
+	i := p.Leaf
+	var ref []tlog.Hash
+	for k := int64(0); k < window && i+k < v.trusted; k++ {
+		h, ok := v.refLeaf(i + k)
+		if !ok {
+			break
+		}
+		ref = append(ref, h)
+	}
+	posM := slices.Index(ms, ref[0]) // where the log's leaf i is in the stream now
+	posL := -1                       // which of the log's leaves the stream's message at i is
+	if len(ms) > 0 {
+		posL = slices.Index(ref, ms[0])
+	}
+	gap := len(msgs) > 0 && msgs[0].Subject == ""
+	seqs := func(n int) string {
+		if n == 1 {
+			return fmt.Sprintf("sequence %d", v.base+uint64(i))
+		}
+		return fmt.Sprintf("sequences %d to %d", v.base+uint64(i), v.base+uint64(i)+uint64(n)-1)
+	}
+	at := fmt.Sprintf("leaf %d (sequence %d", i, p.Seq)
+	if p.Execution != "" && !gap {
+		at += ", execution " + p.Execution
+	}
+	at += ")"
+	switch {
+	case gap || posM < 0 && posL > 0:
+		p.Kind = KindMissing
+		n := max(posL, 1)
+		p.Count = int64(n)
+		p.Detail = fmt.Sprintf("%d leaf(s) from %s are not in the stream (%s)", n, at, seqs(n))
+		if gap {
+			p.Detail = fmt.Sprintf("%s is not in the stream: it has no message at %s", at, seqs(1))
+		}
+	case posM > 0 && posL < 0:
+		p.Kind = KindAppendedBefore
+		p.Count = int64(posM)
+		p.Detail = fmt.Sprintf("the stream holds %d message(s) the log does not have before %s, at %s", posM, at, seqs(posM))
+	case posM > 0 && posL > 0:
+		p.Kind = KindReordered
+		p.Detail = fmt.Sprintf("%s is now at sequence %d, and the message at its place is the log's leaf %d", at,
+			v.base+uint64(i)+uint64(posM), i+int64(posL))
+	default:
+		p.Kind = KindEdited
+		p.Detail = fmt.Sprintf("the stream's message at %s differs from the one the log holds there", at)
+	}
+}
