@@ -33,11 +33,11 @@ type bundleHeader struct {
 }
 
 type bundleLine struct {
-	Version    int       `json:"capstanAuditBundle,omitempty"`
-	Checkpoint string    `json:"checkpoint,omitempty"`
-	Tile       string    `json:"tile,omitempty"`
-	Hashes     []byte    `json:"hashes,omitempty"`
-	Msg        *Msg      `json:"msg,omitempty"`
+	Version    int    `json:"capstanAuditBundle,omitempty"`
+	Checkpoint string `json:"checkpoint,omitempty"`
+	Tile       string `json:"tile,omitempty"`
+	Hashes     []byte `json:"hashes,omitempty"`
+	Msg        *Msg   `json:"msg,omitempty"`
 }
 
 // Export writes src's log to w as a bundle. It returns how many messages

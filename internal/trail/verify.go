@@ -249,11 +249,11 @@ type verifier struct {
 	keptTiles Source
 	checks    map[int64][]*check
 
-	at        *edge // the edge at the first retained leaf
-	trusted   int64 // leaves below it are the ones a trusted checkpoint signed
-	hashed    int64 // the leaves the stored hashes cover
-	evented   int64    // the leaves the events reached
-	diff      *Problem // the first leaf that differs
+	at      *edge    // the edge at the first retained leaf
+	trusted int64    // leaves below it are the ones a trusted checkpoint signed
+	hashed  int64    // the leaves the stored hashes cover
+	evented int64    // the leaves the events reached
+	diff    *Problem // the first leaf that differs
 
 	tiles  *tileReader // the deployment's, for the reference leaves
 	keptTR *tileReader
