@@ -131,3 +131,5 @@ func mustOK(t *testing.T, r *Report) {
 		t.Fatalf("verify: %+v", r.Problems)
 	}
 }
+
+func (m *Msg) natsMsg() *nats.Msg { return &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data} }

@@ -433,16 +433,20 @@ func (v *verifier) events(retained, refSize int64) error {
 	var ms []tlog.Hash
 	var msgs []*Msg
 	defer func() { v.evented = e.n; v.diff = diff }()
-	err := v.src.Messages(v.ctx, v.base+uint64(retained), func(m *Msg) error {
+	next := v.base + uint64(retained) // the sequence of the next leaf
+	err := v.src.Messages(v.ctx, next, func(m *Msg) error {
 		v.r.Messages++
-		if m.Seq < v.base+uint64(e.n) {
+		if m.Seq < next {
 			return nil
 		}
-		for next := v.base + uint64(e.n); next < m.Seq; next++ {
+		// A sequence without a message is the gap's leaf: the log's too
+		// when the message was gone before the checkpointer read it.
+		for ; next < m.Seq; next++ {
 			if err := v.leaf(e, &diff, &ms, &msgs, &Msg{Seq: next}, tlog.RecordHash(GapLeaf(next))); err != nil {
 				return err
 			}
 		}
+		next++
 		return v.leaf(e, &diff, &ms, &msgs, m, m.Leaf())
 	})
 	if err != nil && !errors.Is(err, errStop) {
@@ -511,30 +515,36 @@ func (v *verifier) classify(p *Problem, ms []tlog.Hash, msgs []*Msg) {
 		}
 		return fmt.Sprintf("sequences %d to %d", v.base+uint64(i), v.base+uint64(i)+uint64(n)-1)
 	}
-	at := fmt.Sprintf("leaf %d (sequence %d", i, p.Seq)
-	if p.Execution != "" && !gap {
-		at += ", execution " + p.Execution
+	at := fmt.Sprintf("leaf %d (sequence %d)", i, p.Seq)
+	named := fmt.Sprintf("leaf %d (sequence %d, execution %s)", i, p.Seq, p.Execution)
+	if p.Execution == "" {
+		named = at
 	}
-	at += ")"
 	switch {
 	case gap || posM < 0 && posL > 0:
-		p.Kind = KindMissing
+		// The message now at i is another leaf's: the one missing is
+		// known by its place alone.
+		p.Kind, p.Execution = KindMissing, ""
 		n := max(posL, 1)
 		p.Count = int64(n)
-		p.Detail = fmt.Sprintf("%d leaf(s) from %s are not in the stream (%s)", n, at, seqs(n))
+		p.Detail = fmt.Sprintf("%s is not in the stream: the messages after it moved up one place", at)
+		if n > 1 {
+			p.Detail = fmt.Sprintf("leaves %d to %d (%s) are not in the stream: the messages after them moved up %d places", i, i+int64(n)-1, seqs(n), n)
+		}
 		if gap {
 			p.Detail = fmt.Sprintf("%s is not in the stream: it has no message at %s", at, seqs(1))
 		}
 	case posM > 0 && posL < 0:
 		p.Kind = KindAppendedBefore
 		p.Count = int64(posM)
-		p.Detail = fmt.Sprintf("the stream holds %d message(s) the log does not have before %s, at %s", posM, at, seqs(posM))
+		p.Detail = fmt.Sprintf("the stream holds %d message(s) the log does not have before %s, the first at sequence %d naming execution %s",
+			posM, at, p.Seq, p.Execution)
 	case posM > 0 && posL > 0:
 		p.Kind = KindReordered
-		p.Detail = fmt.Sprintf("%s is now at sequence %d, and the message at its place is the log's leaf %d", at,
-			v.base+uint64(i)+uint64(posM), i+int64(posL))
+		p.Detail = fmt.Sprintf("%s holds the log's leaf %d, and the log's leaf %d is now at sequence %d", named,
+			i+int64(posL), i, v.base+uint64(i)+uint64(posM))
 	default:
 		p.Kind = KindEdited
-		p.Detail = fmt.Sprintf("the stream's message at %s differs from the one the log holds there", at)
+		p.Detail = fmt.Sprintf("%s differs from the message the log holds there", named)
 	}
 }
