@@ -132,4 +132,6 @@ func mustOK(t *testing.T, r *Report) {
 	}
 }
 
-func (m *Msg) natsMsg() *nats.Msg { return &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data} }
+func (m *Msg) natsMsg() *nats.Msg {
+	return &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}
+}

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"time"
 
@@ -133,6 +135,8 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 	}
 	data["attempts"] = attempts
 	data["durationMs"] = env.DurationMs
+	sealed := seal(env, data)
+	defer sealed.Release()
 	e.emit(o.event, data)
 	if o.cause != nil {
 		e.r.log.Warn("execution failed", "executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID,
@@ -141,7 +145,7 @@ func (e *Execution) finalize(o *outcome, attempts int) {
 
 	e.trail.flush()
 	endStage := e.stage(observe.StageFinalize)
-	stored, ok := e.createEnvelope(env)
+	stored, ok := e.createEnvelope(env, sealed)
 	if !ok {
 		endStage(errors.New("envelope not written"))
 		return
@@ -178,13 +182,50 @@ func errorCode(env *envelope.Envelope) envelope.Code {
 	return env.Error.Code
 }
 
-// createEnvelope writes the envelope once. It reports whether the message may
-// be acknowledged (an envelope, ours or another's, exists) and returns the
+// EnvelopeHashKey is the data field of an execution's terminal event
+// (completed, failed, cancelled, approval_requested) that commits to its
+// envelope: the hex SHA-256 of the envelope's bytes as the envelopes bucket
+// stores them, so that the envelope is proved through the trail's log
+// (DESIGN §8, "The trail as a log").
+const EnvelopeHashKey = "envelopeHash"
+
+// sealed is an envelope encoded once: the bytes the envelopes bucket
+// stores, of which the terminal event holds the hash.
+type sealed struct {
+	enc envelope.Encoded
+	ok  bool
+}
+
+// seal encodes env once, for the envelopes bucket, and puts the hash of
+// those bytes in the terminal event's data. Release the encoding once the
+// envelope is written.
+func seal(env *envelope.Envelope, data map[string]any) sealed {
+	enc, err := envelope.Encode(env)
+	if err != nil {
+		// Not an envelope the bucket could store either: the create
+		// encodes it again and reports it.
+		return sealed{}
+	}
+	sum := sha256.Sum256(enc.Bytes())
+	data[EnvelopeHashKey] = hex.EncodeToString(sum[:])
+	return sealed{enc: enc, ok: true}
+}
+
+// Release hands the encoding's buffer back.
+func (s sealed) Release() {
+	if s.ok {
+		s.enc.Release()
+	}
+}
+
+// createEnvelope writes the envelope once, as sealed holds it (env encoded
+// again when it holds nothing). It reports whether the message may be
+// acknowledged (an envelope, ours or another's, exists) and returns the
 // stored envelope.
-func (e *Execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
+func (e *Execution) createEnvelope(env *envelope.Envelope, sealed sealed) (*envelope.Envelope, bool) {
 	start := e.r.now()
 	for try := 0; ; try++ {
-		err := e.r.store.createEnvelope(e.key, env)
+		err := e.r.store.createEnvelope(e.key, env, sealed)
 		if err == nil {
 			e.r.finalized.Add(1)
 			return env, true
@@ -251,16 +292,20 @@ func (r *Runner) finalizeRecorded(e *Execution, rec *Record) bool {
 	env.V, env.FinalizedBy, env.FinalizedAt = envelope.Version, r.cfg.ID, r.now().UTC()
 	ctx, cancel := StoreContext()
 	defer cancel()
-	_, err := broker.Create(ctx, r.b.Envelopes, e.key, env)
+	data := map[string]any{}
+	sealed := seal(env, data)
+	defer sealed.Release()
+	_, err := r.store.createEnvelopeIn(ctx, e.key, env, sealed)
 	if err == nil {
 		if env.Error != nil {
 			event := audit.EventFailed
 			if env.Status == envelope.StatusCancelled {
 				event = audit.EventCancelled
 			}
-			e.emit(event, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
-				"retryable": env.Error.Retryable, "attempts": rec.Attempt,
-				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
+			data["code"], data["stage"], data["retryable"], data["attempts"] = string(env.Error.Code), env.Error.Stage,
+				env.Error.Retryable, rec.Attempt
+			data["executedBeforeFailure"] = env.Error.Code == envelope.CodeOutcomeUnknown
+			e.emit(event, data)
 		}
 		r.finalized.Add(1)
 		r.observeFinalized(e, env)
@@ -349,18 +394,21 @@ func (r *Runner) finalizeWithoutRun(e *Execution, env *envelope.Envelope, reason
 			return false, rec, rev
 		}
 	}
+	env.V = envelope.Version
+	env.FinalizedBy = r.cfg.ID
+	env.FinalizedAt = r.now().UTC()
 	e.emit(audit.EventRequested, nil)
 	if reason != "" {
 		e.emit(audit.EventDenied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
 	}
 	// Only an attempt that may have run under an expired record ends here
 	// OUTCOME_UNKNOWN (the sweeper's).
-	e.emit(audit.EventFailed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
-		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
-	env.V = envelope.Version
-	env.FinalizedBy = r.cfg.ID
-	env.FinalizedAt = r.now().UTC()
-	_, err := r.b.Create(ctx, r.b.Envelopes, e.key, env, 0)
+	data := map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown}
+	sealed := seal(env, data)
+	defer sealed.Release()
+	e.emit(audit.EventFailed, data)
+	_, err := r.store.createEnvelopeIn(ctx, e.key, env, sealed)
 	if err == nil {
 		r.finalized.Add(1)
 		r.observeFinalized(e, env)
@@ -480,8 +528,10 @@ func (e *Execution) finalizeSwept(o *outcome, attempts int) bool {
 		data = map[string]any{}
 	}
 	data["attempts"] = attempts
+	sealed := seal(env, data)
+	defer sealed.Release()
 	e.emit(o.event, data)
-	stored, ok := e.createEnvelope(env)
+	stored, ok := e.createEnvelope(env, sealed)
 	if !ok {
 		return false
 	}

@@ -1,0 +1,151 @@
+package trail
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/testenv"
+	"github.com/nats-io/nats.go"
+)
+
+// writer stores audit messages until stopped, retrying through a node's
+// loss, and counts those stored.
+type writer struct {
+	stored atomic.Int64
+	stop   func()
+}
+
+func startWriter(t *testing.T, b *broker.Broker, tag string) *writer {
+	t.Helper()
+	w := &writer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ctx.Err() == nil; i++ {
+			key := fmt.Sprintf("_anon.%s-%06d", tag, i)
+			m := &nats.Msg{Subject: b.Names.AuditSubject(key), Header: nats.Header{broker.AuditExecutionHeader: {key}},
+				Data: []byte("event of " + key)}
+			for ctx.Err() == nil {
+				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := b.JS.PublishMsg(pctx, m)
+				pcancel()
+				if err == nil {
+					w.stored.Add(1)
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	var once sync.Once
+	w.stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(w.stop)
+	return w
+}
+
+// lastSeq is the audit stream's last sequence.
+func lastSeq(t *testing.T, b *broker.Broker) uint64 {
+	t.Helper()
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info, err := b.Audit.Info(ctx)
+		cancel()
+		if err == nil {
+			return info.State.LastSeq
+		}
+		if try == 20 {
+			t.Fatal(err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// Two checkpointers share a deployment: one holds the lease; when its
+// connection dies without releasing it, the other takes over after the
+// lease, and the log they signed together verifies, with the checkpoint
+// kept before the takeover.
+func TestCheckpointer_TakeoverAfterItsHolderDied(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t))
+	k := newKey(t, "test.example/takeover")
+	w := startWriter(t, b, "w")
+
+	// The first checkpointer, on a connection of its own that dies.
+	anc := env.Connect(t)
+	ab := provision(t, anc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := NewCheckpointer(ab, k.signer, k.vkey, k.known, Config{Interval: 100 * time.Millisecond, Lease: time.Second, Name: "first"})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = first.Run(ctx) }()
+	kept := waitCovered(t, b, publish(t, b, "x", 10))
+	if !first.Holding() {
+		t.Fatal("the only checkpointer does not hold the lease")
+	}
+	second := runCheckpointer(t, b, k, "second")
+	time.Sleep(300 * time.Millisecond)
+	if second.cp.Holding() {
+		t.Fatal("two checkpointers hold the lease")
+	}
+	anc.Close() // dies: no release
+	waitCovered(t, b, lastSeq(t, b)+1)
+	if !second.cp.Holding() {
+		t.Fatal("the second checkpointer did not take over")
+	}
+	cancel()
+	<-done
+	w.stop()
+	waitCovered(t, b, lastSeq(t, b))
+	r := verify(t, FromDeployment(b), k, VerifyOptions{Kept: kept})
+	mustOK(t, r)
+	if !r.KeptHolds || r.Messages != int64(lastSeq(t, b)) || r.Unchecked != 0 {
+		t.Fatalf("report %+v", r)
+	}
+}
+
+// A three-node cluster loses a node while events are written and two
+// checkpointers, on different nodes, share the duty: the log verifies, and
+// a checkpoint kept before the loss holds.
+func TestCheckpointer_ClusterLosesANode(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartCluster(t, 3)
+	conn := func(i int) *broker.Broker {
+		return provision(t, c.Nodes[i].Connect(t))
+	}
+	b0, b1, b2 := conn(0), conn(1), conn(2)
+	if b2.Replicas != 3 {
+		t.Fatalf("replicas %d, want 3", b2.Replicas)
+	}
+	k := newKey(t, "test.example/cluster")
+	cps := []*running{runCheckpointer(t, b0, k, "on-node-0"), runCheckpointer(t, b1, k, "on-node-1")}
+	w := startWriter(t, b2, "w")
+	kept := waitCovered(t, b2, publish(t, b2, "x", 50))
+	// The node of the checkpointer that holds the lease goes.
+	holder := 0
+	if cps[1].cp.Holding() {
+		holder = 1
+	}
+	c.StopNode(holder)
+	time.Sleep(2 * time.Second)
+	waitCovered(t, b2, lastSeq(t, b2)+20)
+	if !cps[1-holder].cp.Holding() {
+		t.Fatal("the checkpointer on a live node did not take over")
+	}
+	w.stop()
+	waitCovered(t, b2, lastSeq(t, b2))
+	r := verify(t, FromDeployment(b2), k, VerifyOptions{Kept: kept})
+	mustOK(t, r)
+	if !r.KeptHolds || r.Unchecked != 0 || r.Messages != int64(lastSeq(t, b2)) {
+		t.Fatalf("report %+v", r)
+	}
+	t.Logf("%d events, %d checkpoints", r.Messages, r.Checkpoints)
+}
