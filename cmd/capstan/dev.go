@@ -138,6 +138,11 @@ func runDev(args []string) int {
 		// With authentication, principals sign in with their credentials.
 		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
 	}
+	if keyPath != "" {
+		if keys, err := os.ReadFile(filepath.Join(filepath.Dir(keyPath), trail.PublicKeyFile)); err == nil {
+			consoleCfg.AuditKeys = string(keys)
+		}
+	}
 	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
 	if notifyCfg != nil && notifyCfg.ConsoleURL == "" {
 		notifyCfg.ConsoleURL = consoleURL // messages link to this console
