@@ -14,9 +14,9 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func runDev(args []string) int {
@@ -114,7 +114,7 @@ func runDev(args []string) int {
 		if tel != nil && wf.metrics != "" {
 			reg = tel.Registry()
 		}
-		c, err := startCheckpointer(e.b, keyPath, cf.interval, "capstan-dev", reg, log)
+		c, err := startCheckpointer(e.b, keyPath, cf.interval, 0, "capstan-dev", reg, log)
 		if err != nil {
 			stop()
 			<-done

@@ -21,10 +21,10 @@ import (
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // serverFlags configure the embedded server of dev and server.
@@ -358,7 +358,7 @@ func serverCheckpointer(ctx context.Context, e *embedded, cf *checkpointerFlags,
 		reg = tel.Registry()
 		log.Info("metrics served", "url", fmt.Sprintf("http://%s/metrics", addr))
 	}
-	c, err := startCheckpointer(e.b, keyPath, cf.interval, name, reg, log)
+	c, err := startCheckpointer(e.b, keyPath, cf.interval, 0, name, reg, log)
 	if err != nil {
 		return nil, "", fmt.Errorf("--audit-key: %w", err)
 	}

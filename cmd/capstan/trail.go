@@ -73,7 +73,7 @@ type checkpointer struct {
 
 // startCheckpointer runs a checkpointer with the key at keyPath on b until
 // stop, registering its metrics on reg when given.
-func startCheckpointer(b *broker.Broker, keyPath string, interval time.Duration, name string, reg prometheus.Registerer, log *slog.Logger) (*checkpointer, error) {
+func startCheckpointer(b *broker.Broker, keyPath string, interval, lease time.Duration, name string, reg prometheus.Registerer, log *slog.Logger) (*checkpointer, error) {
 	signer, vkey, err := trail.LoadSigner(keyPath)
 	if err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func startCheckpointer(b *broker.Broker, keyPath string, interval time.Duration,
 	if err != nil {
 		return nil, err
 	}
-	cfg := trail.Config{Interval: interval, Name: name, Log: log}
+	cfg := trail.Config{Interval: interval, Lease: lease, Name: name, Log: log}
 	if reg != nil {
 		m := newCheckpointMetrics(reg)
 		cfg.OnCheckpoint, cfg.OnError = m.checkpointed, m.failed
@@ -156,10 +156,11 @@ func serverAuditKey(f *checkpointerFlags, authDir string) (string, error) {
 }
 
 func runAuditCheckpointer(args []string) int {
-	fs := newFlags("audit checkpointer", "--key FILE [--every D] [--metrics HOST:PORT] [--name N]")
+	fs := newFlags("audit checkpointer", "--key FILE [--every D] [--lease D] [--metrics HOST:PORT] [--name N]")
 	conn := addConnFlags(fs)
 	key := fs.String("key", "", "the audit log's signing key `file` (its audit.pub beside it)")
 	every := fs.Duration("every", defaultCheckpointInterval, "how often checkpoints are signed while audit events arrive")
+	lease := fs.Duration("lease", 10*time.Second, "how long the checkpointing duty stays with a checkpointer that stopped renewing it (killed, cut off) before another takes over; at least 3 × --every")
 	metrics := fs.String("metrics", "", "serve Prometheus metrics on http://`HOST:PORT`/metrics")
 	name := fs.String("name", "", "this checkpointer's name in the lease and logs (default host-pid)")
 	wait := fs.Duration("wait", 0, "how long to wait for the servers, retrying (0: until stopped)")
@@ -218,7 +219,7 @@ func runAuditCheckpointer(args []string) int {
 		reg = tel.Registry()
 		log.Info("metrics served", "url", fmt.Sprintf("http://%s/metrics", addr))
 	}
-	c, err := startCheckpointer(b, *key, *every, *name, reg, log)
+	c, err := startCheckpointer(b, *key, *every, *lease, *name, reg, log)
 	if err != nil {
 		return fail(exitUsage, "audit checkpointer: %v", err)
 	}
