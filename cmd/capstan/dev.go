@@ -114,7 +114,7 @@ func runDev(args []string) int {
 		if tel != nil && wf.metrics != "" {
 			reg = tel.Registry()
 		}
-		c, err := startCheckpointer(e.b, keyPath, cf.interval, 0, "capstan-dev", reg, log)
+		c, err := startCheckpointer(e.b, keyPath, trail.Config{Interval: cf.interval, Name: "capstan-dev", Log: log}, reg)
 		if err != nil {
 			stop()
 			<-done

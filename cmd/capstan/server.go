@@ -20,6 +20,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -358,7 +359,7 @@ func serverCheckpointer(ctx context.Context, e *embedded, cf *checkpointerFlags,
 		reg = tel.Registry()
 		log.Info("metrics served", "url", fmt.Sprintf("http://%s/metrics", addr))
 	}
-	c, err := startCheckpointer(e.b, keyPath, cf.interval, 0, name, reg, log)
+	c, err := startCheckpointer(e.b, keyPath, trail.Config{Interval: cf.interval, Name: name, Log: log}, reg)
 	if err != nil {
 		return nil, "", fmt.Errorf("--audit-key: %w", err)
 	}

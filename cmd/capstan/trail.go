@@ -73,7 +73,7 @@ type checkpointer struct {
 
 // startCheckpointer runs a checkpointer with the key at keyPath on b until
 // stop, registering its metrics on reg when given.
-func startCheckpointer(b *broker.Broker, keyPath string, interval, lease time.Duration, name string, reg prometheus.Registerer, log *slog.Logger) (*checkpointer, error) {
+func startCheckpointer(b *broker.Broker, keyPath string, cfg trail.Config, reg prometheus.Registerer) (*checkpointer, error) {
 	signer, vkey, err := trail.LoadSigner(keyPath)
 	if err != nil {
 		return nil, err
@@ -82,11 +82,11 @@ func startCheckpointer(b *broker.Broker, keyPath string, interval, lease time.Du
 	if err != nil {
 		return nil, err
 	}
-	cfg := trail.Config{Interval: interval, Lease: lease, Name: name, Log: log}
 	if reg != nil {
 		m := newCheckpointMetrics(reg)
 		cfg.OnCheckpoint, cfg.OnError = m.checkpointed, m.failed
 	}
+	log := cfg.Log
 	ctx, cancel := context.WithCancel(context.Background())
 	cp := trail.NewCheckpointer(b, signer, vkey, known, cfg)
 	if reg != nil {
@@ -102,7 +102,7 @@ func startCheckpointer(b *broker.Broker, keyPath string, interval, lease time.Du
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = cp.Run(ctx) }()
-	log.Info("audit checkpointer started", "log", signer.Name(), "every", interval)
+	log.Info("audit checkpointer started", "log", signer.Name(), "every", cfg.Interval)
 	return &checkpointer{cp: cp, stop: func() { cancel(); wg.Wait() }}, nil
 }
 
@@ -219,7 +219,7 @@ func runAuditCheckpointer(args []string) int {
 		reg = tel.Registry()
 		log.Info("metrics served", "url", fmt.Sprintf("http://%s/metrics", addr))
 	}
-	c, err := startCheckpointer(b, *key, *every, *lease, *name, reg, log)
+	c, err := startCheckpointer(b, *key, trail.Config{Interval: *every, Lease: *lease, Name: *name, Log: log}, reg)
 	if err != nil {
 		return fail(exitUsage, "audit checkpointer: %v", err)
 	}

@@ -1,7 +1,9 @@
 package trail
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"io"
 	"slices"
 	"strconv"
 
@@ -36,9 +38,23 @@ func LeafData(subject string, h nats.Header, data []byte) []byte {
 	return append(b, data...)
 }
 
-// LeafHash is the RFC 6962 leaf hash of a message.
+// LeafHash is the RFC 6962 leaf hash of a message, tlog.RecordHash of its
+// LeafData, without copying the message.
 func LeafHash(subject string, h nats.Header, data []byte) tlog.Hash {
-	return tlog.RecordHash(LeafData(subject, h, data))
+	hdr := headerBlock(h)
+	var n [4]byte
+	d := sha256.New()
+	d.Write([]byte{0x00}) // RFC 6962's leaf prefix
+	binary.BigEndian.PutUint32(n[:], uint32(len(subject)))
+	d.Write(n[:])
+	io.WriteString(d, subject)
+	binary.BigEndian.PutUint32(n[:], uint32(len(hdr)))
+	d.Write(n[:])
+	d.Write(hdr)
+	d.Write(data)
+	var out tlog.Hash
+	d.Sum(out[:0])
+	return out
 }
 
 // GapLeaf is the leaf of a stream sequence that held no message when the
@@ -54,12 +70,24 @@ func headerBlock(h nats.Header) []byte {
 	if len(h) == 0 {
 		return nil
 	}
+	var b []byte
+	if len(h) == 1 {
+		// An audit message's one header, Capstan-Execution: no sort.
+		for k, vs := range h {
+			b = make([]byte, 0, 14+len(k)*len(vs)+64*len(vs))
+			b = append(b, "NATS/1.0\r\n"...)
+			for _, v := range vs {
+				b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)
+			}
+		}
+		return append(b, "\r\n"...)
+	}
 	names := make([]string, 0, len(h))
 	for k := range h {
 		names = append(names, k)
 	}
 	slices.Sort(names)
-	b := []byte("NATS/1.0\r\n")
+	b = []byte("NATS/1.0\r\n")
 	for _, k := range names {
 		for _, v := range h[k] {
 			b = append(b, k...)

@@ -22,7 +22,9 @@ type logKey struct {
 	known  note.Verifiers
 }
 
-func newKey(t *testing.T, origin string) *logKey {
+func newKey(t *testing.T, origin string) *logKey { return newKeyTB(t, origin) }
+
+func newKeyTB(t testing.TB, origin string) *logKey {
 	t.Helper()
 	dir := t.TempDir()
 	if _, err := Keygen(dir, origin); err != nil {
