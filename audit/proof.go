@@ -42,15 +42,19 @@ type TrailProof struct {
 // ProvedMessage is one stored audit message of a trail and the proof that
 // it is leaf Leaf of the checkpoint's tree.
 type ProvedMessage struct {
-	// Seq is the message's sequence in the audit stream; Leaf its index in
-	// the log (Seq less the checkpoint's first sequence).
-	Seq  uint64 `json:"seq"`
-	Leaf int64  `json:"leaf"`
-	// Subject, Header and Data are the message as stored: what its leaf
-	// hashes.
-	Subject string              `json:"subject"`
-	Header  map[string][]string `json:"header,omitempty"`
-	Data    []byte              `json:"data"`
+	// Seq is the message's sequence in the audit stream.
+	Seq uint64 `json:"seq"`
+	// Leaf is its index in the log: Seq less the checkpoint's first
+	// sequence.
+	Leaf int64 `json:"leaf"`
+	// Subject is the message's subject as stored; with Header and Data, what
+	// its leaf hashes.
+	Subject string `json:"subject"`
+	// Header holds the headers it was stored with (Capstan-Execution).
+	Header map[string][]string `json:"header,omitempty"`
+	// Data is the message's bytes as stored: one event, or several of one
+	// execution.
+	Data []byte `json:"data"`
 	// Proof is the inclusion proof: the sibling hashes from the leaf up,
 	// base64.
 	Proof []string `json:"proof"`
