@@ -79,8 +79,10 @@ type cpState struct {
 	base  uint64      // the stream sequence of leaf 0
 	e     *edge
 	last  time.Time // when the stream stored the last leaf
-	cons  jetstream.Consumer
+	read  *reader
 	tiles map[string]storedTile // tiles this checkpointer wrote or read, not yet full
+	// behind: the last read filled a batch, more is waiting.
+	behind bool
 }
 
 type storedTile struct {
@@ -182,10 +184,8 @@ func (c *Checkpointer) drop() {
 	if c.st == nil {
 		return
 	}
-	if c.st.cons != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = c.b.Audit.DeleteConsumer(ctx, c.st.cons.CachedInfo().Name)
-		cancel()
+	if c.st.read != nil {
+		c.st.read.close()
 	}
 	c.st = nil
 }
@@ -247,36 +247,41 @@ func (c *Checkpointer) step(ctx context.Context) error {
 		c.st = st
 	}
 	st := c.st
-	batch, err := st.cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(c.cfg.Interval))
+	// What the interval gathered, read at once: the server delivers a
+	// batch in a few writes, not a message at a time as a waiting pull
+	// would. A full batch means more is waiting: read on at once.
+	if !st.behind {
+		sleep(ctx, c.cfg.Interval)
+	}
+	msgs, err := st.read.fetch(ctx, c.cfg.Batch)
 	if err != nil {
 		return fmt.Errorf("read the audit stream: %w", err)
 	}
 	added, gaps := 0, 0
 	var oldest time.Time
-	for m := range batch.Messages() {
-		md, err := m.Metadata()
-		if err != nil {
-			return err
-		}
-		seq, next := md.Sequence.Stream, st.base+uint64(st.e.n)
+	for _, m := range msgs {
+		seq, next := m.Seq, st.base+uint64(st.e.n)
 		if seq < next {
 			continue // delivered again after the consumer was reset
+		}
+		if seq > next {
+			if err := c.confirmGap(ctx, next, seq); err != nil {
+				return err
+			}
 		}
 		for ; next < seq; next++ {
 			st.e.append(tlog.RecordHash(GapLeaf(next)))
 			added++
 			gaps++
 		}
-		st.e.append(LeafHash(m.Subject(), m.Headers(), m.Data()))
-		st.last = md.Timestamp
+		st.e.append(m.Leaf())
+		st.last = m.Time
 		if added == gaps {
-			oldest = md.Timestamp
+			oldest = m.Time
 		}
 		added++
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-		return fmt.Errorf("read the audit stream: %w", err)
-	}
+	st.behind = len(msgs) >= c.cfg.Batch
 	if added == 0 {
 		return nil
 	}
@@ -315,6 +320,29 @@ func (c *Checkpointer) step(ctx context.Context) error {
 			lag = c.cfg.Now().Sub(oldest)
 		}
 		c.cfg.OnCheckpoint(cp.Size, added, lag)
+	}
+	return nil
+}
+
+// confirmGap makes sure that the stream holds no message from sequence
+// from up to before to, before they become gap leaves: a delivery lost on
+// the way must be read again, never taken for a message that is not there.
+// Sequences before the stream's first are gone (retention); one after it is
+// asked for.
+func (c *Checkpointer) confirmGap(ctx context.Context, from, to uint64) error {
+	info, err := c.b.Audit.Info(ctx)
+	if err != nil {
+		return err
+	}
+	first := stateOf(info).FirstSeq
+	for seq := max(from, first); seq < to; seq++ {
+		_, err := getMsg(ctx, c.b.NC, c.b.Names.AuditStream(), seq)
+		if err == nil {
+			return fmt.Errorf("sequence %d was not delivered: reading again", seq)
+		}
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return err
+		}
 	}
 	return nil
 }
@@ -433,12 +461,7 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 			return nil, err
 		}
 	}
-	next := st.base + uint64(st.e.n)
-	st.cons, err = c.b.Audit.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next})
-	if err != nil {
-		return nil, err
-	}
+	st.read = newReader(c.b.Audit, st.base+uint64(st.e.n))
 	c.mu.Lock()
 	c.lastSize = st.e.n
 	c.mu.Unlock()

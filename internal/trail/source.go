@@ -115,8 +115,8 @@ func (d *deployment) Checkpoints(ctx context.Context) ([][]byte, error) {
 		return nil, err
 	}
 	var out [][]byte
-	err := readAll(ctx, d.b.JS, d.b.Names.CheckpointStream(), 1, func(m jetstream.Msg, _ *jetstream.MsgMetadata) error {
-		out = append(out, append([]byte(nil), m.Data()...))
+	err := readAll(ctx, d.b.JS, d.b.Names.CheckpointStream(), 1, func(m *Msg) error {
+		out = append(out, m.Data)
 		return nil
 	})
 	return out, err
@@ -140,14 +140,12 @@ func (d *deployment) Messages(ctx context.Context, from uint64, fn func(*Msg) er
 	if d.b.Audit == nil {
 		return ErrNoLog
 	}
-	return readAll(ctx, d.b.JS, d.b.Names.AuditStream(), from, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
-		return fn(&Msg{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), Time: md.Timestamp})
-	})
+	return readAll(ctx, d.b.JS, d.b.Names.AuditStream(), from, fn)
 }
 
 // readAll reads stream from sequence from up to its last message as of
-// now, in order, with an ordered consumer.
-func readAll(ctx context.Context, js jetstream.JetStream, stream string, from uint64, fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
+// now, in order.
+func readAll(ctx context.Context, js jetstream.JetStream, stream string, from uint64, fn func(*Msg) error) error {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		return err
@@ -156,44 +154,27 @@ func readAll(ctx context.Context, js jetstream.JetStream, stream string, from ui
 	if last < from || s.CachedInfo().State.Msgs == 0 {
 		return nil
 	}
-	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: max(from, 1)})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = s.DeleteConsumer(dctx, c.CachedInfo().Name)
-	}()
+	r := newReader(s, from)
+	defer r.close()
 	for {
-		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		msgs, err := r.fetch(ctx, 1000)
 		if err != nil {
 			return err
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
+		for _, m := range msgs {
+			if err := fn(m); err != nil {
 				return err
 			}
-			if err := fn(m, md); err != nil {
-				return err
-			}
-			if md.Sequence.Stream >= last || md.NumPending == 0 {
+			if m.Seq >= last {
 				return nil
 			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if got == 0 {
-			// Nothing more within the wait: the messages up to last are
-			// gone meanwhile (retention).
+		if len(msgs) == 0 && r.cons != nil {
+			// Nothing more: the messages up to last are gone meanwhile
+			// (retention).
 			return nil
 		}
 	}
