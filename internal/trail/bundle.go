@@ -53,14 +53,8 @@ func Export(ctx context.Context, src Source, w io.Writer, now time.Time) (int64,
 	if err := enc.Encode(bundleHeader{Version: bundleVersion, Stream: st, ExportedAt: now.UTC()}); err != nil {
 		return 0, err
 	}
-	cps, err := src.Checkpoints(ctx)
-	if err != nil {
+	if err := src.Checkpoints(ctx, func(c []byte) error { return enc.Encode(bundleLine{Checkpoint: string(c)}) }); err != nil {
 		return 0, err
-	}
-	for _, c := range cps {
-		if err := enc.Encode(bundleLine{Checkpoint: string(c)}); err != nil {
-			return 0, err
-		}
 	}
 	for level := 0; ; level++ {
 		n := int64(0)
@@ -95,32 +89,33 @@ func Export(ctx context.Context, src Source, w io.Writer, now time.Time) (int64,
 	return count, bw.Flush()
 }
 
-// bundle is a Source read from an exported bundle file.
+// bundle is a Source read from an exported bundle file, a line at a time:
+// a month's bundle holds millions of checkpoints and messages.
 type bundle struct {
 	path   string
 	stream StreamState
-	cps    [][]byte
-	tiles  map[[2]int64][]byte
-	// msgsAt is the offset of the first message line.
-	msgsAt int64
+	// cpsAt is the offset of the first checkpoint line, msgsAt of the
+	// first message line; tiles are where each tile's line is.
+	cpsAt, msgsAt int64
+	tiles         map[[2]int64][2]int64 // (level, n) → offset, length
 }
 
-// ReadBundle opens a bundle file as a Source. The checkpoints and tiles are
-// read at once; the messages as they are needed.
+// ReadBundle opens a bundle file as a Source: it reads it once through to
+// know where its parts are.
 func ReadBundle(path string) (Source, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	b := &bundle{path: path, tiles: map[[2]int64][]byte{}}
+	b := &bundle{path: path, tiles: map[[2]int64][2]int64{}, cpsAt: -1}
 	r := bufio.NewReaderSize(f, 1<<16)
 	var off int64
 	for first := true; ; first = false {
 		line, err := r.ReadBytes('\n')
 		if len(line) == 0 && err == io.EOF {
 			b.msgsAt = off
-			return b, nil
+			break
 		}
 		if err != nil && err != io.EOF {
 			return nil, err
@@ -134,60 +129,55 @@ func ReadBundle(path string) (Source, error) {
 			off += int64(len(line))
 			continue
 		}
-		var l bundleLine
+		var l struct {
+			Checkpoint *string          `json:"checkpoint"`
+			Tile       string           `json:"tile"`
+			Msg        *json.RawMessage `json:"msg"`
+		}
 		if err := json.Unmarshal(line, &l); err != nil {
 			return nil, fmt.Errorf("%s: line after offset %d: %w", path, off, err)
 		}
-		switch {
-		case l.Msg != nil:
+		if l.Msg != nil {
 			b.msgsAt = off
-			return b, nil
-		case l.Checkpoint != "":
-			b.cps = append(b.cps, []byte(l.Checkpoint))
+			break
+		}
+		switch {
+		case l.Checkpoint != nil:
+			if b.cpsAt < 0 {
+				b.cpsAt = off
+			}
 		case l.Tile != "":
 			t, err := tlog.ParseTilePath(l.Tile)
 			if err != nil || t.H != TileHeight {
 				return nil, fmt.Errorf("%s: tile %q: not a tile of height %d", path, l.Tile, TileHeight)
 			}
-			b.tiles[[2]int64{int64(t.L), t.N}] = l.Hashes
+			b.tiles[[2]int64{int64(t.L), t.N}] = [2]int64{off, int64(len(line))}
 		}
 		off += int64(len(line))
 	}
+	return b, nil
 }
 
 func (b *bundle) Stream(context.Context) (StreamState, error) { return b.stream, nil }
 
-func (b *bundle) Checkpoints(context.Context) ([][]byte, error) { return b.cps, nil }
-
-func (b *bundle) Tile(_ context.Context, level int, n int64) ([]byte, error) {
-	d, ok := b.tiles[[2]int64{int64(level), n}]
-	if !ok {
-		return nil, ErrNoTile
-	}
-	return d, nil
-}
-
-func (b *bundle) Messages(ctx context.Context, from uint64, fn func(*Msg) error) error {
+// lines calls fn with each line of the bundle from offset at on, until fn
+// returns false or an error.
+func (b *bundle) lines(ctx context.Context, at int64, fn func(line []byte) (bool, error)) error {
 	f, err := os.Open(b.path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if _, err := f.Seek(b.msgsAt, io.SeekStart); err != nil {
+	if _, err := f.Seek(at, io.SeekStart); err != nil {
 		return err
 	}
 	r := bufio.NewReaderSize(f, 1<<16)
 	for {
 		line, err := r.ReadBytes('\n')
 		if len(line) > 0 {
-			var l bundleLine
-			if jerr := json.Unmarshal(line, &l); jerr != nil {
-				return fmt.Errorf("%s: %w", b.path, jerr)
-			}
-			if l.Msg != nil && l.Msg.Seq >= from {
-				if err := fn(l.Msg); err != nil {
-					return err
-				}
+			more, ferr := fn(line)
+			if ferr != nil || !more {
+				return ferr
 			}
 		}
 		if err == io.EOF {
@@ -202,12 +192,60 @@ func (b *bundle) Messages(ctx context.Context, from uint64, fn func(*Msg) error)
 	}
 }
 
+func (b *bundle) Checkpoints(ctx context.Context, fn func([]byte) error) error {
+	if b.cpsAt < 0 {
+		return nil
+	}
+	return b.lines(ctx, b.cpsAt, func(line []byte) (bool, error) {
+		var l bundleLine
+		if err := json.Unmarshal(line, &l); err != nil {
+			return false, fmt.Errorf("%s: %w", b.path, err)
+		}
+		if l.Checkpoint == "" {
+			return false, nil // the tiles begin
+		}
+		return true, fn([]byte(l.Checkpoint))
+	})
+}
+
+func (b *bundle) Tile(_ context.Context, level int, n int64) ([]byte, error) {
+	at, ok := b.tiles[[2]int64{int64(level), n}]
+	if !ok {
+		return nil, ErrNoTile
+	}
+	f, err := os.Open(b.path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	line := make([]byte, at[1])
+	if _, err := f.ReadAt(line, at[0]); err != nil {
+		return nil, err
+	}
+	var l bundleLine
+	if err := json.Unmarshal(line, &l); err != nil {
+		return nil, fmt.Errorf("%s: %w", b.path, err)
+	}
+	return l.Hashes, nil
+}
+
+func (b *bundle) Messages(ctx context.Context, from uint64, fn func(*Msg) error) error {
+	return b.lines(ctx, b.msgsAt, func(line []byte) (bool, error) {
+		var l bundleLine
+		if err := json.Unmarshal(line, &l); err != nil {
+			return false, fmt.Errorf("%s: %w", b.path, err)
+		}
+		if l.Msg != nil && l.Msg.Seq >= from {
+			return true, fn(l.Msg)
+		}
+		return true, nil
+	})
+}
+
 // LastCheckpoint is the last checkpoint a Source stores (nil when none):
 // what an auditor keeps of a bundle.
 func LastCheckpoint(ctx context.Context, src Source) ([]byte, error) {
-	cps, err := src.Checkpoints(ctx)
-	if err != nil || len(cps) == 0 {
-		return nil, err
-	}
-	return cps[len(cps)-1], nil
+	var last []byte
+	err := src.Checkpoints(ctx, func(c []byte) error { last = c; return nil })
+	return last, err
 }

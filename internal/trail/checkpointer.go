@@ -70,6 +70,7 @@ type Checkpointer struct {
 	mu       sync.Mutex
 	holding  bool
 	lastSize int64
+	until    time.Time // the lease this checkpointer last wrote runs until
 }
 
 // cpState is what a checkpointer holding the lease knows of the log.
@@ -199,7 +200,9 @@ type lease struct {
 }
 
 // hold takes or renews the lease, and reports whether this checkpointer
-// holds it.
+// holds it. A renewal the bucket did not answer (a cluster electing a
+// leader) keeps a lease this checkpointer holds until it runs out: no other
+// may take it before.
 func (c *Checkpointer) hold(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -209,14 +212,29 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		_, err = broker.Create(ctx, c.b.Trail, leaseKey, mine)
-		return err == nil
 	case err != nil:
-		return false
+		return c.stillHeld(now)
 	case cur.Holder != c.token && now.Before(cur.Until):
+		c.until = time.Time{}
+		return false
+	default:
+		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, rev)
+	}
+	switch {
+	case err == nil:
+		c.until = mine.Until
+		return true
+	case errors.Is(err, broker.ErrExists) || errors.Is(err, broker.ErrRevisionMismatch) || broker.WrongLastSequence(err):
+		c.until = time.Time{} // another took it meanwhile
 		return false
 	}
-	_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, rev)
-	return err == nil
+	return c.stillHeld(now)
+}
+
+// stillHeld reports whether the lease this checkpointer last renewed runs
+// beyond now, less a margin for the clocks of the others.
+func (c *Checkpointer) stillHeld(now time.Time) bool {
+	return now.Add(c.cfg.Interval).Before(c.until)
 }
 
 // release ends the lease now if this checkpointer holds it, so that another

@@ -49,7 +49,8 @@ func TestRetention_RemovedEventsAreProvedByTheStoredHashes(t *testing.T) {
 	}
 	r := verify(t, FromDeployment(b), k, VerifyOptions{Kept: kept})
 	mustOK(t, r)
-	if r.RemovedByRetention != 300 || r.Messages != 100 || !r.KeptHolds {
+	// The age limit may go on removing the new ones while verify reads.
+	if r.RemovedByRetention < 300 || r.RemovedByRetention+r.Messages != 400 || !r.KeptHolds {
 		t.Fatalf("report %+v", r)
 	}
 	// And the events left are provable.

@@ -49,9 +49,9 @@ type StreamState struct {
 type Source interface {
 	// Stream describes the audit stream.
 	Stream(ctx context.Context) (StreamState, error)
-	// Checkpoints returns every stored signed checkpoint, in the order they
-	// were stored.
-	Checkpoints(ctx context.Context) ([][]byte, error)
+	// Checkpoints calls fn with every stored signed checkpoint, in the order
+	// they were stored, until fn returns an error.
+	Checkpoints(ctx context.Context, fn func(signed []byte) error) error
 	// Tile returns the stored hashes of tile (level, n), as many as stored
 	// (a tile grows to 256); ErrNoTile when none is.
 	Tile(ctx context.Context, level int, n int64) ([]byte, error)
@@ -110,16 +110,11 @@ func stateOf(info *jetstream.StreamInfo) StreamState {
 	return st
 }
 
-func (d *deployment) Checkpoints(ctx context.Context) ([][]byte, error) {
+func (d *deployment) Checkpoints(ctx context.Context, fn func([]byte) error) error {
 	if err := d.ready(); err != nil {
-		return nil, err
+		return err
 	}
-	var out [][]byte
-	err := readAll(ctx, d.b.JS, d.b.Names.CheckpointStream(), 1, func(m *Msg) error {
-		out = append(out, m.Data)
-		return nil
-	})
-	return out, err
+	return readAll(ctx, d.b.JS, d.b.Names.CheckpointStream(), 1, func(m *Msg) error { return fn(m.Data) })
 }
 
 func (d *deployment) Tile(ctx context.Context, level int, n int64) ([]byte, error) {

@@ -1,6 +1,7 @@
 package trail
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -119,38 +120,42 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 		return nil, err
 	}
 	r := &Report{Stream: stream.Name, MaxAge: stream.MaxAge}
-	signed, err := src.Checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r.Checkpoints = len(signed)
-	var cps []*Checkpoint
+	// Every stored checkpoint, streamed: its signature checked, a compact
+	// record of it kept (a month of one a second is millions).
+	var checks []check
 	var latest *Checkpoint
-	for i, s := range signed {
+	i := 0
+	err = src.Checkpoints(ctx, func(s []byte) error {
+		i++
+		r.Checkpoints++
 		cp, err := Open(s, keys)
 		if err != nil {
-			p := Problem{Kind: KindForged, Detail: fmt.Sprintf("stored checkpoint %d of %d does not verify with the keys: %v", i+1, len(signed), err)}
+			p := Problem{Kind: KindForged, Detail: fmt.Sprintf("stored checkpoint %d does not verify with the keys: %v", i, err)}
 			if u, uerr := OpenUnverified(s); uerr == nil {
 				p.Leaf = u.Size
-				p.Detail = fmt.Sprintf("stored checkpoint %d of %d (size %d) does not verify with the keys: %v", i+1, len(signed), u.Size, err)
+				p.Detail = fmt.Sprintf("stored checkpoint %d (size %d) does not verify with the keys: %v", i, u.Size, err)
 			}
 			r.Problems = append(r.Problems, p)
-			continue
+			return nil
 		}
 		if latest != nil && (cp.Origin != latest.Origin || cp.FirstSeq != latest.FirstSeq || cp.Stream != latest.Stream) {
 			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
 				Detail: fmt.Sprintf("stored checkpoint %d is of log %q (stream %s from %d), the one before of %q (stream %s from %d)",
-					i+1, cp.Origin, cp.Stream, cp.FirstSeq, latest.Origin, latest.Stream, latest.FirstSeq)})
-			continue
+					i, cp.Origin, cp.Stream, cp.FirstSeq, latest.Origin, latest.Stream, latest.FirstSeq)})
+			return nil
 		}
 		if latest != nil && cp.Size < latest.Size {
 			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
-				Detail: fmt.Sprintf("stored checkpoint %d (size %d) comes after one of size %d: the log went back", i+1, cp.Size, latest.Size)})
+				Detail: fmt.Sprintf("stored checkpoint %d (size %d) comes after one of size %d: the log went back", i, cp.Size, latest.Size)})
 		}
-		cps = append(cps, cp)
+		checks = append(checks, check{size: cp.Size, root: cp.Root, time: cp.Time})
 		if latest == nil || cp.Size >= latest.Size {
 			latest = cp
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	var kept *Checkpoint
 	if opts.Kept != nil {
@@ -160,7 +165,7 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 		r.Kept = kept.Size
 	}
 	if latest == nil && kept == nil {
-		if len(signed) == 0 {
+		if r.Checkpoints == 0 {
 			return nil, ErrNoLog
 		}
 		return r, nil // every stored checkpoint is forged: nothing to check the events against
@@ -184,14 +189,12 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 		return nil, fmt.Errorf("the log is of stream %s, the events read are of %s", ref.Stream, stream.Name)
 	}
 
-	v := &verifier{ctx: ctx, src: src, r: r, base: base, cps: cps, kept: kept, keptTiles: opts.KeptTiles}
-	// The sizes to check: every checkpoint's, the kept one's.
-	for _, cp := range cps {
-		v.addCheck(cp, false)
-	}
+	// The roots to check, by size: every checkpoint's, the kept one's.
 	if kept != nil {
-		v.addCheck(kept, true)
+		checks = append(checks, check{size: kept.Size, root: kept.Root, time: kept.Time, kept: true})
 	}
+	slices.SortStableFunc(checks, func(a, b check) int { return cmp.Compare(a.size, b.size) })
+	v := &verifier{ctx: ctx, src: src, r: r, base: base, checks: checks, kept: kept, keptTiles: opts.KeptTiles}
 
 	// Where the stream begins: the leaves before it were removed.
 	retained := int64(0)
@@ -221,9 +224,12 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 	return r, nil
 }
 
-// check is one root to compare at a size.
+// check is one root to compare at a size: a stored checkpoint's, or the
+// kept one's.
 type check struct {
-	cp   *Checkpoint
+	size int64
+	root tlog.Hash
+	time time.Time
 	kept bool
 	// hashes: the stored hashes hash to it; events: the tree recomputed
 	// from the events reached its size (and evOK: hashes to it).
@@ -244,26 +250,30 @@ type verifier struct {
 	src       Source
 	r         *Report
 	base      uint64
-	cps       []*Checkpoint
 	kept      *Checkpoint
 	keptTiles Source
-	checks    map[int64][]*check
+	checks    []check // by size
 
-	at      *edge    // the edge at the first retained leaf
-	trusted int64    // leaves below it are the ones a trusted checkpoint signed
-	hashed  int64    // the leaves the stored hashes cover
-	evented int64    // the leaves the events reached
-	diff    *Problem // the first leaf that differs
+	at       *edge    // the edge at the first retained leaf
+	trusted  int64    // leaves below it are the ones a trusted checkpoint signed
+	hashed   int64    // the leaves the stored hashes cover
+	evented  int64    // the leaves the events reached
+	diff     *Problem // the first leaf that differs
+	evCursor int      // the events' place in checks
 
 	tiles  *tileReader // the deployment's, for the reference leaves
 	keptTR *tileReader
 }
 
-func (v *verifier) addCheck(cp *Checkpoint, kept bool) {
-	if v.checks == nil {
-		v.checks = map[int64][]*check{}
+// due calls fn with each check of size n, advancing cursor past the
+// smaller ones.
+func (v *verifier) due(cursor *int, n int64, fn func(c *check)) {
+	for *cursor < len(v.checks) && v.checks[*cursor].size <= n {
+		if c := &v.checks[*cursor]; c.size == n {
+			fn(c)
+		}
+		*cursor++
 	}
-	v.checks[cp.Size] = append(v.checks[cp.Size], &check{cp: cp, kept: kept})
 }
 
 // verdicts counts the stored checkpoints that hold, and reports those that
@@ -271,27 +281,21 @@ func (v *verifier) addCheck(cp *Checkpoint, kept bool) {
 // and within what was read.
 func (v *verifier) verdicts(covered int64, diff *Problem) int {
 	n := 0
-	sizes := make([]int64, 0, len(v.checks))
-	for size := range v.checks {
-		sizes = append(sizes, size)
-	}
-	slices.Sort(sizes)
-	for _, size := range sizes {
-		for _, c := range v.checks[size] {
-			switch {
-			case c.ok():
-				if !c.kept {
-					n++
-				}
-			case size > covered || diff != nil && size > diff.Leaf:
-			case c.kept:
-				v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: size,
-					Detail: fmt.Sprintf("the log does not hash to the kept checkpoint (size %d): it was rewritten since that checkpoint was signed", size)})
-			default:
-				v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: size,
-					Detail: fmt.Sprintf("the log does not hash to its stored checkpoint of size %d (signed for %s): a leaf before it differs from the one it signed, or the checkpoint belongs to another history",
-						size, c.cp.Time.UTC().Format(time.RFC3339))})
+	for i := range v.checks {
+		c := &v.checks[i]
+		switch {
+		case c.ok():
+			if !c.kept {
+				n++
 			}
+		case c.size > covered || diff != nil && c.size > diff.Leaf:
+		case c.kept:
+			v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: c.size,
+				Detail: fmt.Sprintf("the log does not hash to the kept checkpoint (size %d): it was rewritten since that checkpoint was signed", c.size)})
+		default:
+			v.r.Problems = append(v.r.Problems, Problem{Kind: KindInconsistent, Leaf: c.size,
+				Detail: fmt.Sprintf("the log does not hash to its stored checkpoint of size %d (to %s): a leaf before it differs from the one it signed, or the checkpoint belongs to another history",
+					c.size, c.time.UTC().Format(time.RFC3339))})
 		}
 	}
 	return n
@@ -342,6 +346,16 @@ func (v *verifier) hashes(upTo, retained int64) error {
 		v.at = &edge{}
 	}
 	matchedKept, matched := false, int64(0)
+	cursor := 0
+	compare := func() {
+		v.due(&cursor, e.n, func(c *check) {
+			if e.root() == c.root {
+				c.hashes, matched = true, e.n
+				matchedKept = matchedKept || c.kept
+			}
+		})
+	}
+	compare()
 	for e.n < upTo {
 		d, err := v.refTile(e.n)
 		if errors.Is(err, ErrNoTile) {
@@ -356,12 +370,7 @@ func (v *verifier) hashes(upTo, retained int64) error {
 			var h tlog.Hash
 			copy(h[:], d[k*tlog.HashSize:])
 			e.append(h)
-			for _, c := range v.checks[e.n] {
-				if e.root() == c.cp.Root {
-					c.hashes, matched = true, e.n
-					matchedKept = matchedKept || c.kept
-				}
-			}
+			compare()
 			if e.n == retained {
 				v.at = cloneEdge(e)
 			}
@@ -399,9 +408,9 @@ func cloneRows(rows [][]tlog.Hash) [][]tlog.Hash {
 func (v *verifier) retention(retained int64, stream StreamState, now time.Time) {
 	v.r.RemovedByRetention = retained
 	var after time.Time // the last removed leaf was stored at or after it
-	for _, cp := range v.cps {
-		if cp.Size < retained && cp.Size > 0 && cp.Time.After(after) {
-			after = cp.Time
+	for _, c := range v.checks {
+		if !c.kept && c.size < retained && c.size > 0 && c.time.After(after) {
+			after = c.time
 		}
 	}
 	seq := v.base + uint64(retained) - 1
@@ -429,16 +438,39 @@ func (v *verifier) events(retained, refSize int64) error {
 		return nil
 	}
 	e := v.at
+	v.evCursor = 0
+	for v.evCursor < len(v.checks) && v.checks[v.evCursor].size < e.n {
+		v.evCursor++ // below where the events begin: the stored hashes' to check
+	}
+	v.due(&v.evCursor, e.n, func(c *check) { c.events, c.evOK = true, e.root() == c.root })
 	var diff *Problem // the first leaf that differs, awaiting its window
 	var ms []tlog.Hash
 	var msgs []*Msg
 	defer func() { v.evented = e.n; v.diff = diff }()
 	next := v.base + uint64(retained) // the sequence of the next leaf
+	seen := false
 	err := v.src.Messages(v.ctx, next, func(m *Msg) error {
 		v.r.Messages++
 		if m.Seq < next {
 			return nil
 		}
+		if !seen && m.Seq > next {
+			// The age limit went on removing the oldest while this read:
+			// they are proved by the stored hashes, as the others removed.
+			if st, err := v.src.Stream(v.ctx); err == nil && st.FirstSeq >= m.Seq {
+				for ; next < m.Seq; next++ {
+					h, ok := v.refLeaf(int64(next - v.base))
+					if !ok {
+						break
+					}
+					if err := v.leaf(e, &diff, &ms, &msgs, &Msg{Seq: next}, h); err != nil {
+						return err
+					}
+					v.r.RemovedByRetention++
+				}
+			}
+		}
+		seen = true
 		// A sequence without a message is the gap's leaf: the log's too
 		// when the message was gone before the checkpointer read it.
 		for ; next < m.Seq; next++ {
@@ -485,9 +517,7 @@ func (v *verifier) leaf(e *edge, diff **Problem, ms *[]tlog.Hash, msgs *[]*Msg, 
 		}
 	}
 	e.append(h)
-	for _, c := range v.checks[e.n] {
-		c.events, c.evOK = true, e.root() == c.cp.Root
-	}
+	v.due(&v.evCursor, e.n, func(c *check) { c.events, c.evOK = true, e.root() == c.root })
 	return nil
 }
 
