@@ -147,12 +147,12 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 	env, _, _, r := securedDecisions(t)
 	n := broker.NewNames("")
 	got, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("carol (finance) lists %v, %v", got, err)
+	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
+		t.Fatalf("carol (finance) lists %+v, %v", got, err)
 	}
 	got, err = approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{})
-	if err != nil || len(got) != 0 {
-		t.Fatalf("dave (ops) lists %v, %v", got, err)
+	if err != nil || len(got.Records) != 0 {
+		t.Fatalf("dave (ops) lists %+v, %v", got, err)
 	}
 	if _, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{ID: r.ID}); !errors.Is(err, approvals.ErrForbidden) {
 		t.Fatalf("dave shows a finance approval: %v", err)
@@ -167,12 +167,12 @@ func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
 	n := broker.NewNames("")
 	alice := env.ConnectAs(t, "alice")
 	got, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("alice lists %v, %v; want her own approval only", got, err)
+	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
+		t.Fatalf("alice lists %+v, %v; want her own approval only", got, err)
 	}
-	got, err = approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: r.ID})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("alice shows her own approval: %v, %v", got, err)
+	one, err := approvals.RequestOne(ctxT(t), alice, n, r.ID)
+	if err != nil || one.ID != r.ID {
+		t.Fatalf("alice shows her own approval: %+v, %v", one, err)
 	}
 	if _, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: other.ID}); !errors.Is(err, approvals.ErrForbidden) {
 		t.Fatalf("alice shows bob's approval: %v", err)

@@ -23,6 +23,8 @@ type Store struct {
 	now   func() time.Time
 	// skipped is told of each record a listing skipped (see OnSkipped).
 	skipped func(key string, err error)
+	// index, when set, is what PageAs lists from (see WithIndex).
+	index *Index
 }
 
 // OnSkipped has f told of every record a listing (List, ListAs, ExpireDue)

@@ -31,7 +31,11 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 }
 
 func (w *Worker) approvalStore() *approvals.Store {
-	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+	s := approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+	if w.approvalIndex != nil {
+		s.WithIndex(w.approvalIndex)
+	}
+	return s
 }
 
 // requestApproval is the decision of a call that needs an approval: the
@@ -74,11 +78,18 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 			reasons = append(append([]string(nil), reasons...), reason)
 		}
 	}
-	store, req, principal := a.w.approvalStore(), a.req, a.r.Principal
+	w, store, req, principal := a.w, a.w.approvalStore(), a.req, a.r.Principal
 	return engine.Admission{Events: a.events, Approval: &engine.ApprovalNeeded{
 		Store: func(ctx context.Context, id string) (*envelope.ApprovalRef, map[string]any, *envelope.CapabilityError) {
 			rec, err := store.Get(ctx, id)
 			if err != nil || rec.RequestedBy != req.ExecutionID {
+				// One more pending approval of the principal's: within
+				// its quota, or refused without being created.
+				release, refusal := w.reservePending(principal)
+				if refusal != nil {
+					return nil, nil, refusal
+				}
+				defer release()
 				now := time.Now().UTC()
 				rec = &approvals.Record{
 					ID: id, CapabilityID: req.CapabilityID, Surface: req.Surface, Actor: req.Actor,
@@ -90,6 +101,9 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 					return nil, nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 						Retryable: true, ExposeToModel: true, Cause: err,
 						Message: "The approval request could not be stored; try again."}
+				}
+				if w.approvalIndex != nil {
+					w.approvalIndex.Noted(rec)
 				}
 			}
 			ref := &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}

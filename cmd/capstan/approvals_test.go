@@ -145,7 +145,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 		}
 	}
 	stdout, _, _ := capstan(t, url, "approvals", "list", "--status", "expired", "--json")
-	if list := decode[[]printedApproval](t, stdout); len(list) != 1 || list[0].ID != expired {
+	if page := decode[struct{ Records []printedApproval }](t, stdout); len(page.Records) != 1 || page.Records[0].ID != expired {
 		t.Fatalf("expired: %s", stdout)
 	}
 	for _, args := range [][]string{

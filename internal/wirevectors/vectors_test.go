@@ -357,12 +357,25 @@ func goVectors() []struct {
 				ptr(approvalRecord(approvals.StatusRejected)), ptr(approvalRecord(approvals.StatusConsumed))}}},
 		{Vector{Name: "list-reply-empty", Kind: "listReply", About: "no approvals: the empty list is left out"},
 			&approvals.ListReply{V: 1, Records: []*approvals.Record{}}},
+		{Vector{Name: "list-request-page", Kind: "listRequest", About: "the next page of decided approvals, newest first"},
+			&approvals.ListRequest{V: 1, Limit: 20, Cursor: "eyJhIjoiYWxpY2UifQ", Decided: true, Newest: true}},
+		{Vector{Name: "list-reply-page", Kind: "listReply", About: "a page cut before the rest, one record sent without its input"},
+			&approvals.ListReply{V: 1, Records: []*approvals.Record{withoutInput(approvalRecord(approvals.StatusPending))},
+				Next: "eyJhIjoiYWxpY2UifQ", Trimmed: []string{approvalID}}},
+		{Vector{Name: "list-reply-quota", Kind: "listReply", About: "a listing refused by the principal's controlPerSecond quota"},
+			&approvals.ListReply{V: 1, Records: []*approvals.Record{}, Error: "Over the controlPerSecond quota: at most 50 control requests a second. Try again in 20ms.",
+				Conditions: []string{"quota_exceeded"}, Details: map[string]any{"quota": "controlPerSecond", "limit": int64(50), "retryAfterMs": int64(20)}}},
 		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution; input and display are canonical JSON carried as binary"},
 			ptr(approvalRecord(approvals.StatusConsumed))},
 	}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func withoutInput(r approvals.Record) *approvals.Record {
+	r.Input, r.Display = nil, nil
+	return &r
+}
 
 func mustRawFromJSON(s string) envelope.Raw {
 	r, err := envelope.RawFromJSON([]byte(s))

@@ -18,6 +18,7 @@ export {
   maxStartWithinMs,
   principalFromCreds,
   type Approvals,
+  type ApprovalsPage,
   type AwaitOptions,
   type CallOptions,
   type CancelReply,

@@ -66,6 +66,8 @@ export type ErrorCode =
   | "AUDIT_UNAVAILABLE"
   | "INTERNAL_ERROR"
   | "NOT_STARTED"
+  | "RATE_LIMITED"
+  | "QUOTA_EXCEEDED"
   // Codes are added, never repurposed: a newer worker may send one this
   // client does not list.
   | (string & {});
@@ -326,21 +328,39 @@ export interface DecideReply {
   error?: string;
   conditions?: string[];
   auditUnavailable?: boolean;
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
+/** Asks for a page of approvals, or one by id (Go: approvals.ListRequest). */
 export interface ListRequest {
   v: number;
   id?: string;
   status?: ApprovalStatus;
   capabilityId?: string;
   actor?: Actor;
+  /** The page's size: default 50, at most 500. */
+  limit?: number;
+  /** A page's next: where the next page begins. */
+  cursor?: string;
+  /** Only approvals no longer pending; not with status. */
+  decided?: boolean;
+  /** Each requester's approvals newest first. */
+  newest?: boolean;
 }
 
+/** One page of approvals: each requester's oldest first, the requesters taking turns. */
 export interface ListReply {
   v: number;
   records: Approval[];
   error?: string;
   conditions?: string[];
+  /** The cursor of the next page; absent when nothing more matches. */
+  next?: string;
+  /** Records sent without their input and display: alone, too large for a reply. */
+  trimmed?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 /** Asks the workers for one execution (capstan.executions.get.P; Go: executor.ExecutionRequest). */
@@ -374,9 +394,13 @@ export interface ExecutionView {
   approvals?: Approval[];
   /** Why the principal may see it: all, own, approvals. */
   scope?: string;
-  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid). */
+  /** What the view leaves out because the reply would exceed the payload: trail, approvals.input, output. */
+  omitted?: string[];
+  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid, quota_exceeded). */
   error?: string;
   conditions?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 // ---- schemas ----
@@ -617,6 +641,7 @@ export const decideReplySchema: Schema = [
   ["error", str],
   ["conditions", strs],
   ["auditUnavailable", bool],
+  ["details", anyv],
 ];
 
 export const listRequestSchema: Schema = [
@@ -625,6 +650,10 @@ export const listRequestSchema: Schema = [
   ["status", str],
   ["capabilityId", str],
   ["actor", actor],
+  ["limit", int],
+  ["cursor", str],
+  ["decided", bool],
+  ["newest", bool],
 ];
 
 export const listReplySchema: Schema = [
@@ -632,6 +661,9 @@ export const listReplySchema: Schema = [
   ["records", { t: "recs", s: approvalSchema, ptr: true }, []],
   ["error", str],
   ["conditions", strs],
+  ["next", str],
+  ["trimmed", strs],
+  ["details", anyv],
 ];
 
 export const executionRequestSchema: Schema = [
@@ -650,8 +682,10 @@ export const executionViewSchema: Schema = [
   ["envelope", { t: "rec", s: envelopeSchema, ptr: true }],
   ["approvals", { t: "recs", s: approvalSchema, ptr: true }],
   ["scope", str],
+  ["omitted", strs],
   ["error", str],
   ["conditions", strs],
+  ["details", anyv],
 ];
 
 // ---- the codec ----
@@ -1051,7 +1085,8 @@ export interface ModelError {
 /**
  * What a model may see of an envelope's error, as Go's Envelope.ForModel: the
  * code, message and retryability of an exposed error, the same opaque
- * INTERNAL_ERROR for any other; details only with INPUT_INVALID. Undefined
+ * INTERNAL_ERROR for any other; details only with INPUT_INVALID,
+ * RATE_LIMITED and QUOTA_EXCEEDED. Undefined
  * for an envelope without an error.
  */
 export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
@@ -1059,7 +1094,7 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   if (e === undefined) return undefined;
   if (!e.exposeToModel) return { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
-  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED") && e.details !== undefined) m.details = e.details;
+  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED" || e.code === "QUOTA_EXCEEDED") && e.details !== undefined) m.details = e.details;
   return m;
 }
 
