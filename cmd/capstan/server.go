@@ -347,7 +347,7 @@ func serverCheckpointer(ctx context.Context, e *embedded, cf *checkpointerFlags,
 		if metricsAddr != "" {
 			return nil, "", errors.New("--metrics: the server serves its audit checkpointer's metrics, and it has no --audit-key")
 		}
-		return func() {}, "audit log not signed here: no --audit-key", nil
+		return func() {}, "audit log not signed here: no --audit-key (make one with 'capstan audit keygen')", nil
 	}
 	var reg prometheus.Registerer
 	if metricsAddr != "" {
