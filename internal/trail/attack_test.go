@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -457,5 +458,27 @@ func TestCheckpointer_RefusesAStreamThatLostEvents(t *testing.T) {
 	}
 	if !bytes.Equal(signed, a.kept) {
 		t.Fatal("a checkpoint was signed over a stream that lost events")
+	}
+}
+
+// The checkpointer does not start a new log when the checkpoints were
+// removed and the tree is still there: it would sign another history under
+// the log's name.
+func TestCheckpointer_RefusesToStartAgainWithoutItsCheckpoints(t *testing.T) {
+	t.Parallel()
+	a := newAttacked(t)
+	a.cp.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.b.JS.DeleteStream(ctx, a.b.Names.CheckpointStream()); err != nil {
+		t.Fatal(err)
+	}
+	b := provision(t, a.nc)
+	cp := NewCheckpointer(b, a.key.signer, a.key.vkey, a.key.known, Config{Interval: 50 * time.Millisecond})
+	if err := cp.step(ctx); err == nil || !strings.Contains(err.Error(), "not starting another log") {
+		t.Fatalf("step without checkpoints: %v", err)
+	}
+	if _, err := Latest(ctx, b); !errors.Is(err, ErrNoLog) {
+		t.Fatalf("a checkpoint was signed: %v", err)
 	}
 }

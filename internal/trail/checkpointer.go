@@ -456,7 +456,14 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 	last, err := c.b.Checkpoints.GetLastMsgForSubject(ctx, c.b.Names.CheckpointSubject())
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		// A new log: it begins with what the stream holds now.
+		// A new log, unless the bucket holds a tree: then its checkpoints
+		// were removed, and a new log would sign another history under
+		// the same name.
+		if _, terr := c.b.Trail.Get(ctx, tileKey(0, 0)); terr == nil {
+			return nil, fmt.Errorf("the trail bucket holds a tree but the checkpoints stream %s holds no checkpoint: they were removed; not starting another log under the same name (run 'capstan audit verify')",
+				c.b.Names.CheckpointStream())
+		}
+		// It begins with what the stream holds now.
 		st.base = max(stream.FirstSeq, 1)
 		if st.base > 1 {
 			c.cfg.Log.Info("the audit log begins at the stream's first retained event", "seq", st.base)
