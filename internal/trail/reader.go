@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // reader reads a stream in order from a sequence, in batches of what is
@@ -23,6 +24,11 @@ type reader struct {
 	cseq uint64 // the consumer sequence of the last delivery
 }
 
+// ConsumerPrefix begins the name of the consumer a checkpointer or a
+// verifier reads the audit stream with: one per reader, gone a minute after
+// its last read.
+const ConsumerPrefix = "capstan-trail-"
+
 func newReader(s jetstream.Stream, from uint64) *reader { return &reader{s: s, next: max(from, 1)} }
 
 // fetch returns up to n messages from where it is, in order; none when
@@ -30,6 +36,7 @@ func newReader(s jetstream.Stream, from uint64) *reader { return &reader{s: s, n
 func (r *reader) fetch(ctx context.Context, n int) ([]*Msg, error) {
 	if r.cons == nil {
 		c, err := r.s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+			Name:          ConsumerPrefix + nuid.Next(),
 			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: r.next,
 			AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: time.Minute,
 			MemoryStorage: true, Replicas: 1,
