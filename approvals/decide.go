@@ -67,7 +67,9 @@ type Authorizer interface {
 // DecideAs records principal's decision: the approver is the identity the
 // Authorizer gives the principal; an approval requested under the same
 // principal, or by the same actor, is refused as self-approval, with no
-// reason that lifts it.
+// reason that lifts it. An approval principal neither requested nor may
+// decide is refused exactly as one that does not exist (ErrNotFound): a
+// refusal tells no one of another's approval, nor of its types.
 func (s *Store) DecideAs(ctx context.Context, principal string, req DecideRequest, authz Authorizer) (*Record, error) {
 	r, err := s.Get(ctx, req.ApprovalID)
 	if err != nil {
@@ -75,6 +77,9 @@ func (s *Store) DecideAs(ctx context.Context, principal string, req DecideReques
 	}
 	who, open, err := authz.Approver(principal, r.Types)
 	if err != nil {
+		if !requestedBy(r, principal) {
+			return nil, notFound(req.ApprovalID)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
 	v := Verdict{Approve: req.Approve, Approver: who, Comment: req.Comment}
@@ -283,10 +288,22 @@ func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, a
 		}
 	}
 	if req.ID != "" && len(out) == 0 {
-		return nil, fmt.Errorf("%w: principal %q neither requested nor may decide approvals of types %v", ErrForbidden, principal, all[0].Types)
+		// Neither requested nor decidable by principal: to it, no such
+		// approval, word for word.
+		return nil, notFound(req.ID)
 	}
 	return out, nil
 }
+
+// notFound is the refusal of an approval id that names nothing the asker
+// may see: the same, word for word, whether the approval does not exist or
+// is another's.
+func notFound(id string) error { return fmt.Errorf("%w: %s", ErrNotFound, id) }
+
+// NoSuchApproval is the error of an approval id that names nothing the
+// asker may see (ErrNotFound): the same, word for word, whether the approval
+// does not exist or is another principal's.
+func NoSuchApproval(id string) error { return notFound(id) }
 
 // shownTo is r as principal may receive it: when the capability redacts what
 // approvers see (a Display is stored), anyone but the principal that

@@ -204,6 +204,12 @@ export interface ExecutionRecord {
   reattempts?: number;
   /** The running attempt's last progress report, as of the lease's last renewal. */
   progress?: Progress;
+  /**
+   * The idempotency key's derivation every attempt of the execution is
+   * given (idempotencyKeyOf); none: an execution begun before key
+   * versions, which keeps the key of its id alone.
+   */
+  keyVersion?: number;
 }
 
 /** A capability as the catalog and describe show it. */
@@ -237,6 +243,8 @@ export interface LimitInfo {
   atLimit: "wait" | "refuse" | "approval" | (string & {});
   /** The limit in words, e.g. "10 per 1m per actor". */
   text: string;
+  /** The most of a concurrency limit's slots one principal may hold at once. */
+  principalMax?: number;
 }
 
 /** The catalog's _resources entry. */
@@ -308,6 +316,11 @@ export interface Approval {
   requestedBy: string;
   consumedBy?: string;
   consumedAt?: string;
+  /**
+   * The execution record under which it was consumed (its creation time):
+   * only a takeover holding that record may use the approval again.
+   */
+  consumedUnder?: string;
   principal?: string;
   correlationId?: string;
 }
@@ -532,6 +545,7 @@ export const recordSchema: Schema = [
   ["reconciliations", int],
   ["reattempts", int],
   ["progress", { t: "rec", s: progressSchemaFields(), ptr: true }],
+  ["keyVersion", int],
 ];
 
 const limitInfoSchema: Schema = [
@@ -542,6 +556,7 @@ const limitInfoSchema: Schema = [
   ["intervalMs", int],
   ["atLimit", str, ""],
   ["text", str, ""],
+  ["principalMax", int],
 ];
 
 export const descriptorSchema: Schema = [
@@ -622,6 +637,7 @@ export const approvalSchema: Schema = [
   ["requestedBy", str, ""],
   ["consumedBy", str],
   ["consumedAt", time],
+  ["consumedUnder", time],
   ["principal", str],
   ["correlationId", str],
 ];
