@@ -209,9 +209,18 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 	now := c.cfg.Now().UTC()
 	mine := &lease{V: envelope.Version, Holder: c.token, Name: c.cfg.Name, Until: now.Add(c.cfg.Lease)}
 	cur, rev, err := broker.Load[lease](ctx, c.b.Trail, leaseKey)
+	var junk *Msg
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		junk = c.unreadableLease(ctx)
+	}
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		_, err = broker.Create(ctx, c.b.Trail, leaseKey, mine)
+	case junk != nil:
+		// Bytes no checkpointer wrote (what a stream's republish or a push
+		// consumer can put there): nobody holds the lease.
+		c.cfg.Log.Warn("the checkpointing lease holds what no checkpointer wrote: taking it", "bytes", len(junk.Data))
+		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, junk.Seq)
 	case err != nil:
 		return c.stillHeld(now)
 	case cur.Holder != c.token && now.Before(cur.Until):
@@ -229,6 +238,23 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 		return false
 	}
 	return c.stillHeld(now)
+}
+
+// unreadableLease returns the stored lease when it holds bytes that are
+// not a lease, nil when it could not be read or is one. It reads the
+// message as stored: the headers a republish stored with it would take
+// the place of those a key-value read gets its revision from.
+func (c *Checkpointer) unreadableLease(ctx context.Context) *Msg {
+	m, err := getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(),
+		map[string]any{"last_by_subj": "$KV." + c.b.Names.TrailBucket() + "." + leaseKey})
+	if err != nil {
+		return nil
+	}
+	var l lease
+	if envelope.Unmarshal(m.Data, &l) == nil && l.Holder != "" {
+		return nil
+	}
+	return m
 }
 
 // stillHeld reports whether the lease this checkpointer last renewed runs
@@ -453,7 +479,16 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 	}
 	stream := stateOf(info)
 	st := &cpState{tiles: map[string]storedTile{}, e: &edge{}}
-	last, err := c.b.Checkpoints.GetLastMsgForSubject(ctx, c.b.Names.CheckpointSubject())
+	last, err := getLastOf(ctx, c.b.NC, c.b.Names.CheckpointStream(), c.b.Names.CheckpointSubject())
+	var head *jetstream.RawStreamMsg
+	if err == nil {
+		// The next checkpoint is filed after the last message, whatever it
+		// is; it extends the last one the log's keys signed.
+		st.cpSeq = last.Sequence
+		if head, err = c.lastSigned(ctx, last); err == nil && head == nil {
+			err = jetstream.ErrMsgNotFound
+		}
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		// A new log, unless the bucket holds a tree: then its checkpoints
@@ -471,14 +506,14 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 	case err != nil:
 		return nil, fmt.Errorf("read the last checkpoint: %w", err)
 	default:
-		cp, err := Open(last.Data, c.known)
+		cp, err := Open(head.Data, c.known)
 		if err != nil {
-			return nil, fmt.Errorf("the last stored checkpoint (sequence %d) does not verify with the log's keys: not extending it (run 'capstan audit verify'): %w", last.Sequence, err)
+			return nil, err
 		}
 		if cp.Origin != c.signer.Name() || cp.Stream != stream.Name {
 			return nil, fmt.Errorf("the last stored checkpoint is of log %q on stream %q, not %q on %q", cp.Origin, cp.Stream, c.signer.Name(), stream.Name)
 		}
-		st.cp, st.cpSeq, st.base, st.last = cp, last.Sequence, cp.FirstSeq, cp.Time
+		st.cp, st.base, st.last = cp, cp.FirstSeq, cp.Time
 		if st.e, err = edgeAt(cp.Size, tlog.TileHashReader(cp.Tree(), newTileReader(ctx, FromDeployment(c.b)))); err != nil {
 			return nil, fmt.Errorf("the stored tiles do not match the last checkpoint (size %d): %w", cp.Size, err)
 		}
@@ -491,6 +526,67 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 	c.lastSize = st.e.n
 	c.mu.Unlock()
 	return st, nil
+}
+
+// maxSkipped bounds how many messages of the checkpoints stream that the
+// log's keys did not sign load passes over, back from the last, to find the
+// last checkpoint that they did.
+const maxSkipped = 1000
+
+// lastSigned returns the last message of the checkpoints stream, at or
+// before last, that is a checkpoint the log's keys signed; nil when none
+// is. A message the keys did not sign was not filed by a checkpointer (a
+// worker's stream republishing there, or a push consumer delivering
+// there, can file one): it is passed over with a warning, and Verify
+// reports it as forged, so that it stops nobody.
+func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStreamMsg) (*jetstream.RawStreamMsg, error) {
+	for skipped := 0; ; skipped++ {
+		if _, err := Open(last.Data, c.known); err == nil {
+			if skipped > 0 {
+				c.cfg.Log.Warn("the checkpoints stream holds messages the log's keys did not sign: passed over ('capstan audit verify' names them)",
+					"count", skipped, "after", last.Sequence)
+			}
+			return last, nil
+		}
+		if skipped == maxSkipped {
+			return nil, fmt.Errorf("the last %d messages of the checkpoints stream do not verify with the log's keys: not extending the log (run 'capstan audit verify')", maxSkipped)
+		}
+		if last.Sequence <= 1 {
+			return nil, nil
+		}
+		prev, err := getMsgBefore(ctx, c.b.NC, c.b.Names.CheckpointStream(), last.Sequence)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		last = prev
+	}
+}
+
+// getLastOf returns the last message on subject of stream, with the
+// sequence the stream stored it at. (A direct get takes the sequence from
+// the headers, where a message a republish stored holds another's.)
+func getLastOf(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	m, err := getStored(ctx, nc, stream, map[string]any{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: m.Time}, nil
+}
+
+// getMsgBefore returns the message before sequence seq of the checkpoints
+// stream; ErrMsgNotFound when none is (the stream began there, or
+// retention removed what came before: it denies deletes). What a push
+// consumer delivered there is stored under the subject it was delivered
+// from: every message is taken, whatever its subject.
+func getMsgBefore(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	m, err := getMsg(ctx, nc, stream, seq-1)
+	if err != nil {
+		return nil, err
+	}
+	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: m.Time}, nil
 }
 
 // continues checks that the audit stream still holds the log's last leaf,
@@ -551,7 +647,13 @@ func (c *Checkpointer) publishKey(ctx context.Context) error {
 // getMsg reads the message at seq as it is stored, headers whole (a direct
 // get would add the stream's own).
 func getMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*Msg, error) {
-	req, _ := json.Marshal(map[string]uint64{"seq": seq})
+	return getStored(ctx, nc, stream, map[string]any{"seq": seq})
+}
+
+// getStored reads the message a message get request (by sequence, or the
+// last of a subject) names, as it is stored.
+func getStored(ctx context.Context, nc *nats.Conn, stream string, request map[string]any) (*Msg, error) {
+	req, _ := json.Marshal(request)
 	reply, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, err

@@ -51,12 +51,8 @@ func Prove(ctx context.Context, b *broker.Broker, seqs []uint64) ([]byte, []Incl
 	var signed []byte
 	var cp *Checkpoint
 	for {
-		last, err := cps.GetLastMsgForSubject(ctx, b.Names.CheckpointSubject())
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			err = ErrNoLog
-		}
+		signed, err = lastCheckpoint(ctx, b, cps)
 		if err == nil {
-			signed = last.Data
 			cp, err = OpenUnverified(signed)
 		}
 		if err == nil && cp.FirstSeq+uint64(cp.Size) > want {
@@ -124,14 +120,30 @@ func Latest(ctx context.Context, b *broker.Broker) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	last, err := cps.GetLastMsgForSubject(ctx, b.Names.CheckpointSubject())
+	return lastCheckpoint(ctx, b, cps)
+}
+
+// lastCheckpoint returns the last message of the checkpoints stream that
+// reads as a checkpoint, passing over what no checkpointer files (see
+// Checkpointer.lastSigned); its signature is the caller's to check.
+func lastCheckpoint(ctx context.Context, b *broker.Broker, cps jetstream.Stream) ([]byte, error) {
+	subject := b.Names.CheckpointSubject()
+	last, err := getLastOf(ctx, b.NC, cps.CachedInfo().Config.Name, subject)
+	for skipped := 0; err == nil; skipped++ {
+		switch _, perr := OpenUnverified(last.Data); {
+		case perr == nil:
+			return last.Data, nil
+		case skipped == maxSkipped:
+			return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", maxSkipped)
+		case last.Sequence <= 1:
+			return nil, ErrNoLog
+		}
+		last, err = getMsgBefore(ctx, b.NC, b.Names.CheckpointStream(), last.Sequence)
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNoLog
 	}
-	if err != nil {
-		return nil, err
-	}
-	return last.Data, nil
+	return nil, err
 }
 
 // StatedKeys returns the verifier keys the deployment's checkpointers
