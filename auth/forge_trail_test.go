@@ -4,15 +4,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/mod/sumdb/note"
 
 	capaudit "github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/trail"
 )
@@ -20,9 +25,11 @@ import (
 // TestForge_TrailIsTheCheckpointersAlone attacks the audit log's tree,
 // lease, stated keys and checkpoints with a worker's and a producer's real
 // credentials, on the embedded server and on the official nats-server with
-// the generated configuration: every write is refused, nothing of the trail
-// bucket or the checkpoints stream changes, and the log still verifies and
-// grows afterwards.
+// the generated configuration: every write is refused and nothing of the
+// trail bucket or the checkpoints stream changes. What a worker's own
+// stream or push consumer files there (the server does not hold them to
+// their creator's permissions) stops nothing: the log grows, proves, and
+// verifies but for those messages, each named as forged.
 func TestForge_TrailIsTheCheckpointersAlone(t *testing.T) {
 	t.Parallel()
 	for _, d := range []deployment{embedded, official} {
@@ -36,25 +43,7 @@ func TestForge_TrailIsTheCheckpointersAlone(t *testing.T) {
 func testTrailForges(t *testing.T, r *rig) {
 	ctx := testCtx(t)
 	n := r.setup.Names()
-	dir := t.TempDir()
-	if _, err := trail.Keygen(dir, "capstan/forge/test"); err != nil {
-		t.Fatal(err)
-	}
-	signer, vkey, err := trail.LoadSigner(filepath.Join(dir, trail.KeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	known, _, err := trail.LoadVerifiers(filepath.Join(dir, trail.PublicKeyFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The checkpointer runs with an admin's credentials, as capstan server
-	// runs it; it holds its lease through the attacks.
-	cpCtx, stopCP := context.WithCancel(context.Background())
-	cp := trail.NewCheckpointer(r.admin, signer, vkey, known, trail.Config{Interval: 100 * time.Millisecond, Name: "forge"})
-	done := make(chan struct{})
-	go func() { defer close(done); _ = cp.Run(cpCtx) }()
-	t.Cleanup(func() { stopCP(); <-done })
+	cp, dir, known := r.startCheckpointer(t)
 
 	alice, aliceNC, aliceV := r.client(t, "alice", executor.SurfaceDirect)
 	env, err := alice.Call(ctx, "t.echo", Echo{Text: "before"})
@@ -177,6 +166,103 @@ func testTrailForges(t *testing.T, r *rig) {
 	}
 	if err := proof.Verify(string(pub)); err != nil || len(proof.Messages) == 0 {
 		t.Fatalf("proof of alice's execution after the attacks: %v, %d messages", err, len(proof.Messages))
+	}
+}
+
+// startCheckpointer makes a signing key and runs the deployment's
+// checkpointer with an admin's credentials, as capstan server runs it,
+// until the test ends. It returns the key's directory and verifiers.
+func (r *rig) startCheckpointer(t *testing.T) (*trail.Checkpointer, string, note.Verifiers) {
+	t.Helper()
+	dir := t.TempDir()
+	if _, err := trail.Keygen(dir, "capstan/forge/test"); err != nil {
+		t.Fatal(err)
+	}
+	signer, vkey, err := trail.LoadSigner(filepath.Join(dir, trail.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known, _, err := trail.LoadVerifiers(filepath.Join(dir, trail.PublicKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	cp := trail.NewCheckpointer(r.admin, signer, vkey, known, trail.Config{Interval: 100 * time.Millisecond, Name: "forge"})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = cp.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return cp, dir, known
+}
+
+// TestTrail_TwoPrincipalsOneIDProveTheirOwn: alice and bob run executions
+// under the same id at once; each proof verifies and holds its own
+// principal's events only, the terminal one committing to its own
+// envelope, and a proof with the other's messages put in fails.
+func TestTrail_TwoPrincipalsOneIDProveTheirOwn(t *testing.T) {
+	t.Parallel()
+	r := newRigOn(t, embedded)
+	ctx := testCtx(t)
+	_, dir, _ := r.startCheckpointer(t)
+	pub, err := os.ReadFile(filepath.Join(dir, trail.PublicKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	principals := []string{"alice", "bob"}
+	errs := make(chan error, len(principals))
+	for _, p := range principals {
+		c, _, _ := r.client(t, p, executor.SurfaceDirect)
+		go func() {
+			env, err := c.Call(ctx, "t.echo", Echo{Text: "of " + p}, executor.WithID(id))
+			if err == nil && env.Status != envelope.StatusCompleted {
+				err = fmt.Errorf("%s: %+v", p, env)
+			}
+			errs <- err
+		}()
+	}
+	for range principals {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	proofs := map[string]*capaudit.TrailProof{}
+	for _, p := range principals {
+		r.trailOf(t, p, id, "capability.completed")
+		proof, err := capaudit.Prove(ctx, r.admin, p, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := proof.Verify(string(pub)); err != nil {
+			t.Fatalf("%s's proof: %v", p, err)
+		}
+		if proof.Envelope == nil {
+			t.Fatalf("%s's proof carries no envelope", p)
+		}
+		committed := false
+		for _, m := range proof.Messages {
+			for _, ev := range m.Events {
+				if ev.Key() != broker.Key(p, id) {
+					t.Fatalf("%s's proof holds an event of %s", p, ev.Key())
+				}
+				committed = committed || ev.Data["envelopeHash"] != nil
+			}
+		}
+		if !committed {
+			t.Fatalf("%s's proof: no event commits to the envelope", p)
+		}
+		proofs[p] = proof
+	}
+	// Each one's envelope, messages or all of them in the other's proof
+	// fail it.
+	mixed := *proofs["alice"]
+	mixed.Envelope = proofs["bob"].Envelope
+	if mixed.Verify(string(pub)) == nil {
+		t.Error("alice's proof verified with bob's envelope")
+	}
+	mixed = *proofs["alice"]
+	mixed.Messages = append(slices.Clone(mixed.Messages), proofs["bob"].Messages...)
+	if mixed.Verify(string(pub)) == nil {
+		t.Error("alice's proof verified with bob's messages added")
 	}
 }
 

@@ -1,6 +1,7 @@
 package trail
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -162,4 +163,85 @@ func TestCheckpointer_ClusterLosesANode(t *testing.T) {
 		t.Fatalf("report %+v", r)
 	}
 	t.Logf("%d events, %d checkpoints", r.Messages, r.Checkpoints)
+}
+
+// A checkpointer killed in the middle of an extension (the tiles of the
+// new leaves stored, all or some, the checkpoint that covers them not
+// signed) leaves a log the next one extends: it reads the tiles the last
+// checkpoint authenticates, finds those stored ahead of it to be its own,
+// and the log verifies with a checkpoint kept before the death.
+func TestCheckpointer_KilledBetweenItsTilesAndItsCheckpoint(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		keep func(tiles []tileData) []tileData
+	}{
+		{"every tile stored", func(tiles []tileData) []tileData { return tiles }},
+		{"the full tiles stored, not the last ones", func(tiles []tileData) []tileData {
+			var out []tileData
+			for _, td := range tiles {
+				if td.tile.W == tileWidth {
+					out = append(out, td)
+				}
+			}
+			return out
+		}},
+		{"the level-0 tiles stored only", func(tiles []tileData) []tileData {
+			var out []tileData
+			for _, td := range tiles {
+				if td.tile.L == 0 {
+					out = append(out, td)
+				}
+			}
+			return out
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			b := provision(t, env.Connect(t))
+			k := newKey(t, "test.example/killed")
+			first := runCheckpointer(t, b, k, "first")
+			kept := waitCovered(t, b, publish(t, b, "a", 200))
+			first.stop()
+
+			// The dying checkpointer's extension, as step makes it, over
+			// two tile boundaries, up to the tiles it stored.
+			last := publish(t, b, "b", 400)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			dying := NewCheckpointer(b, k.signer, k.vkey, k.known, Config{Name: "dying"})
+			st, err := dying.load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dying.st = st
+			for st.base+uint64(st.e.n) <= last {
+				msgs, err := st.read.fetch(ctx, 1000)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range msgs {
+					st.e.append(m.Leaf())
+				}
+			}
+			if err := dying.writeTiles(ctx, tc.keep(st.e.take())); err != nil {
+				t.Fatal(err)
+			}
+			dying.drop()
+			// Killed here: no checkpoint, and the lease it never took.
+			if signed, err := Latest(ctx, b); err != nil || !bytes.Equal(signed, kept) {
+				t.Fatalf("latest checkpoint changed: %v", err)
+			}
+
+			runCheckpointer(t, b, k, "next")
+			last = publish(t, b, "c", 50)
+			waitCovered(t, b, last)
+			r := verify(t, FromDeployment(b), k, VerifyOptions{Kept: kept})
+			mustOK(t, r)
+			if !r.KeptHolds || r.Size != 650 || r.Messages != 650 || r.Unchecked != 0 {
+				t.Fatalf("report %+v", r)
+			}
+		})
+	}
 }
