@@ -406,11 +406,12 @@ func runAuditExport(args []string) int {
 }
 
 func runAuditVerify(args []string) int {
-	fs := newFlags("audit verify", "[--bundle FILE] [--since FILE] [--key FILE] [-o json]")
+	fs := newFlags("audit verify", "[--bundle FILE] [--since FILE] [--keep FILE] [--key FILE] [-o json]")
 	r := addAuditReader(fs)
 	o := addOutputFlags(fs)
 	bundle := fs.String("bundle", "", "verify an exported bundle `file` (offline: needs --key) instead of the deployment")
 	since := fs.String("since", "", "a checkpoint `file` you kept ('capstan audit checkpoint'), or a bundle: prove that everything it covered is still there, unchanged, in order")
+	keep := fs.String("keep", "", "once the log verifies, write its latest checkpoint, which then extends --since, to `file` (a witness's next --since)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -468,7 +469,32 @@ func runAuditVerify(args []string) int {
 	if !rep.OK() {
 		return exitFailed
 	}
+	if *keep != "" && rep.Latest != nil {
+		if err := writeKept(*keep, rep.Latest); err != nil {
+			return fail(exitFailed, "audit verify: --keep: %v", err)
+		}
+	}
 	return exitOK
+}
+
+// writeKept replaces path with a verified checkpoint, whole or not at all.
+func writeKept(path string, signed []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".checkpoint-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(signed)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 func printVerify(w io.Writer, st style, r *trail.Report) {

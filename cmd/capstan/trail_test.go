@@ -75,6 +75,27 @@ func TestAuditLog_DevProveExportVerifyOffline(t *testing.T) {
 	if code != exitOK || !strings.Contains(out, "verified") {
 		t.Fatalf("audit verify of the deployment since the bundle: %d\n%s", code, out)
 	}
+	// A witness keeps the latest checkpoint once it proved it extends the
+	// one it kept: verify --since and --keep the same file.
+	before, err := os.ReadFile(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := capstan(t, url, "audit", "verify", "--key", pub, "--since", kept, "--keep", kept); code != exitOK {
+		t.Fatalf("audit verify --keep: %d\n%s%s", code, out, errOut)
+	}
+	after, err := os.ReadFile(kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCP, err := trail.OpenUnverified(before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCP, err := trail.OpenUnverified(after)
+	if err != nil || newCP.Size <= oldCP.Size {
+		t.Fatalf("kept after verify --keep: %v, size %d, before %d", err, newCP.Size, oldCP.Size)
+	}
 
 	// An auditor's copy whose execution's events say otherwise.
 	b, err := os.ReadFile(bundle)
@@ -100,9 +121,13 @@ func TestAuditLog_DevProveExportVerifyOffline(t *testing.T) {
 	if err := os.WriteFile(forged, append(bytes.Join(lines, []byte("\n")), '\n'), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, _, code = capstan(t, url, "audit", "verify", "--bundle", forged, "--key", pub)
+	notKept := filepath.Join(dir, "not-kept")
+	out, _, code = capstan(t, url, "audit", "verify", "--bundle", forged, "--key", pub, "--keep", notKept)
 	if code != exitFailed || !strings.Contains(out, "edited: leaf 0 (sequence 1, execution "+edited+")") {
 		t.Fatalf("audit verify of an edited bundle: %d\n%s", code, out)
+	}
+	if _, err := os.Stat(notKept); err == nil {
+		t.Fatal("verify --keep kept the checkpoint of a log that does not verify")
 	}
 	out, _, code = capstan(t, url, "audit", "verify", "--bundle", forged, "--key", pub, "-o", "json")
 	if r := decode[trail.Report](t, out); code != exitFailed || r.OK() || r.Problems[0].Kind != trail.KindEdited || r.Problems[0].Execution != edited {

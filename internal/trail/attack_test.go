@@ -482,3 +482,43 @@ func TestCheckpointer_RefusesToStartAgainWithoutItsCheckpoints(t *testing.T) {
 		t.Fatalf("a checkpoint was signed: %v", err)
 	}
 }
+
+// Bytes put in a tile (what a worker's stream republishing into the trail
+// bucket can do) are caught, a tile of the leaves' hashes or one above
+// them: verify names the changed tile, and the checkpointer extends
+// nothing over it.
+func TestAttack_TileOverwritten(t *testing.T) {
+	t.Parallel()
+	for _, tile := range [][2]int64{{0, 2}, {1, 0}} {
+		t.Run(tileKey(int(tile[0]), tile[1]), func(t *testing.T) {
+			t.Parallel()
+			a := newAttacked(t)
+			a.cp.stop()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			// Partial tiles at the right edge: those a checkpointer reads
+			// back and extends.
+			key := tileKey(int(tile[0]), tile[1])
+			e, err := a.b.Trail.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			junk := bytes.Repeat([]byte{0x5a}, len(e.Value()))
+			if _, err := a.b.Trail.Put(ctx, key, junk); err != nil {
+				t.Fatal(err)
+			}
+			if p := a.verifyKept(t); p.Kind != KindTile {
+				t.Fatalf("problem %+v, want a changed tile", p)
+			}
+			publish(t, a.b, "c", 10)
+			cp := NewCheckpointer(a.reopen(t), a.key.signer, a.key.vkey, a.key.known, Config{Interval: 50 * time.Millisecond})
+			if err := cp.step(ctx); err == nil {
+				t.Fatal("a checkpointer extended a log over an overwritten tile")
+			}
+			cp.drop()
+			if signed, err := Latest(ctx, a.b); err != nil || !bytes.Equal(signed, a.kept) {
+				t.Fatalf("a checkpoint was signed over an overwritten tile (%v)", err)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package trail
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -32,6 +33,10 @@ const (
 	// A checkpoint (stored or kept) that the log's leaves do not hash to:
 	// the log was rewritten, or its stored hashes changed.
 	KindInconsistent = "inconsistent checkpoint"
+	// A stored tile whose hashes are not the ones the events hash to:
+	// inclusion proofs read it, and the checkpointer extends nothing over
+	// it.
+	KindTile = "changed tile"
 )
 
 // Problem is one thing Verify found wrong.
@@ -78,6 +83,9 @@ type Report struct {
 	KeptHolds bool  `json:"keptHolds,omitempty"`
 	// Problems, the first event that does not match first.
 	Problems []Problem `json:"problems,omitempty"`
+	// Latest is the latest stored checkpoint, signed: when the report is
+	// OK, one that extends the kept checkpoint, for a witness to keep next.
+	Latest []byte `json:"-"`
 }
 
 // OK reports whether nothing was found wrong.
@@ -151,6 +159,7 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 		checks = append(checks, check{size: cp.Size, root: cp.Root, time: cp.Time})
 		if latest == nil || cp.Size >= latest.Size {
 			latest = cp
+			r.Latest = append(r.Latest[:0], s...)
 		}
 		return nil
 	})
@@ -218,6 +227,7 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 		r.Unchecked = max(0, v.evented-latest.Size)
 	}
 	r.Verified = v.verdicts(max(v.hashed, v.evented), v.diff)
+	v.leafTiles()
 	if kept != nil {
 		r.KeptHolds = r.OK()
 	}
@@ -263,6 +273,9 @@ type verifier struct {
 
 	tiles  *tileReader // the deployment's, for the reference leaves
 	keptTR *tileReader
+	// tileChanged is the first changed tile found, reported after the
+	// events' problems.
+	tileChanged *Problem
 }
 
 // due calls fn with each check of size n, advancing cursor past the
@@ -273,6 +286,23 @@ func (v *verifier) due(cursor *int, n int64, fn func(c *check)) {
 			fn(c)
 		}
 		*cursor++
+	}
+}
+
+// leafTiles reports a changed tile: one above the leaves' found while
+// hashing, or the leaves' own stored hashes when they do not hash to a
+// stored checkpoint that the events hash to (the tiles changed, not the
+// events).
+func (v *verifier) leafTiles() {
+	for i := range v.checks {
+		c := &v.checks[i]
+		if v.tileChanged == nil && !c.kept && c.events && c.evOK && !c.hashes && c.size <= v.hashed {
+			v.tileChanged = &Problem{Kind: KindTile, Leaf: c.size,
+				Detail: fmt.Sprintf("the stored hashes of the leaves do not hash to the checkpoint of size %d, which the events do: a tile of the leaves below it changed", c.size)}
+		}
+	}
+	if v.tileChanged != nil {
+		v.r.Problems = append(v.r.Problems, *v.tileChanged)
 	}
 }
 
@@ -375,9 +405,15 @@ func (v *verifier) hashes(upTo, retained int64) error {
 				v.at = cloneEdge(e)
 			}
 		}
+		if err := v.compareTiles(e.take(), false); err != nil {
+			return err
+		}
 		if e.n == start || len(d) < tileWidth*tlog.HashSize && v.fromKept(e.n) == kept {
 			break // a partial tile: the last
 		}
+	}
+	if err := v.compareTiles(e.take(), true); err != nil {
+		return err
 	}
 	// The leaves a signed root authenticates, and, given a kept
 	// checkpoint, only when they are the ones it signed.
@@ -385,6 +421,31 @@ func (v *verifier) hashes(upTo, retained int64) error {
 		v.trusted = matched
 	}
 	v.hashed = e.n
+	return nil
+}
+
+// compareTiles checks the stored tiles above the leaves' against those
+// the leaves' stored hashes make (full ones, and with partial the last of
+// each level too): a stored tile holds them, or more (a checkpointer
+// stored it ahead of its checkpoint). The first that does not is reported.
+// The leaves' own tiles are checked against the checkpoints' roots.
+func (v *verifier) compareTiles(tiles []tileData, partial bool) error {
+	for _, td := range tiles {
+		if td.tile.L == 0 || v.tileChanged != nil || v.keptTiles != nil || !partial && len(td.data) < tileWidth*tlog.HashSize {
+			continue
+		}
+		stored, err := v.src.Tile(v.ctx, td.tile.L, td.tile.N)
+		if errors.Is(err, ErrNoTile) {
+			continue // a bundle of an older version, or a store without it: proofs say so
+		}
+		if err != nil {
+			return err
+		}
+		if !bytes.HasPrefix(stored, td.data) {
+			v.tileChanged = &Problem{Kind: KindTile, Leaf: td.tile.N << (TileHeight * td.tile.L),
+				Detail: fmt.Sprintf("stored tile %s does not hold the hashes of the leaves below it", tileKey(td.tile.L, td.tile.N))}
+		}
+	}
 	return nil
 }
 
