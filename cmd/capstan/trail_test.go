@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +16,9 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // The audit log as a user of the command line meets it: dev signs it with a
@@ -350,4 +355,82 @@ func leaseName(ctx context.Context, b *broker.Broker) string {
 		return ""
 	}
 	return l.Name
+}
+
+// `capstan dev --metrics` reports the checkpointer: it holds the duty, the
+// checkpoints it signed, the size of the last, and the lag of the oldest
+// event each covered, within the seconds its interval bounds.
+func TestAuditLog_CheckpointerMetrics(t *testing.T) {
+	t.Parallel()
+	metricsPort := freePort(t)
+	_, url := startDev(t, "--metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort))
+	for range 3 {
+		if out, errOut, code := capstan(t, url, "call", "demo.echo", "--input", `{"hello":"lag"}`); code != exitOK {
+			t.Fatalf("call: %d\n%s%s", code, out, errOut)
+		}
+	}
+	nc := connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	b, err := broker.OpenAll(ctx, nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := b.Audit.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		fams := scrapeMetrics(t, metricsPort)
+		value := func(name string) float64 {
+			for _, m := range fams[name].GetMetric() {
+				switch {
+				case m.Gauge != nil:
+					return m.GetGauge().GetValue()
+				case m.Counter != nil:
+					return m.GetCounter().GetValue()
+				case m.Histogram != nil:
+					return float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+			return -1
+		}
+		if value("capstan_audit_checkpoint_size") >= float64(info.State.LastSeq) {
+			if value("capstan_audit_checkpointer_holding") != 1 || value("capstan_audit_checkpoints_total") < 1 ||
+				value("capstan_audit_checkpoint_lag_seconds") < 1 || value("capstan_audit_checkpoint_errors_total") != 0 {
+				t.Fatalf("checkpointer metrics: holding %v, signed %v, lags observed %v, errors %v", value("capstan_audit_checkpointer_holding"),
+					value("capstan_audit_checkpoints_total"), value("capstan_audit_checkpoint_lag_seconds"), value("capstan_audit_checkpoint_errors_total"))
+			}
+			h := fams["capstan_audit_checkpoint_lag_seconds"].GetMetric()[0].GetHistogram()
+			if h.GetSampleSum() <= 0 {
+				t.Fatalf("lag histogram %+v: no lag measured", h)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no checkpoint covered the %d audit messages: size %v", info.State.LastSeq, value("capstan_audit_checkpoint_size"))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// scrapeMetrics reads the metrics served on port.
+func scrapeMetrics(t *testing.T, port int) map[string]*dto.MetricFamily {
+	t.Helper()
+	res, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: %v %s", err, res.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("scrape does not parse: %v", err)
+	}
+	return fams
 }
