@@ -470,9 +470,6 @@ func (c *Checkpointer) writeTiles(ctx context.Context, tiles []tileData) error {
 // the tiles it authenticates, checks that the audit stream still holds the
 // log's last leaf, and opens a consumer on what comes after.
 func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
-	if err := c.publishKey(ctx); err != nil {
-		return nil, err
-	}
 	info, err := c.b.Audit.Info(ctx)
 	if err != nil {
 		return nil, err
@@ -494,7 +491,10 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 		// A new log, unless the bucket holds a tree: then its checkpoints
 		// were removed, and a new log would sign another history under
 		// the same name.
-		if _, terr := c.b.Trail.Get(ctx, tileKey(0, 0)); terr == nil {
+		if _, terr := c.b.Trail.Get(ctx, tileKey(0, 0)); terr == nil && last != nil {
+			return nil, fmt.Errorf("no checkpoint of the last ones stored verifies with the log's keys (%s): not extending the log; is the key file beside the public key file the log's? (run 'capstan audit verify')",
+				c.signer.Name())
+		} else if terr == nil {
 			return nil, fmt.Errorf("the trail bucket holds a tree but the checkpoints stream %s holds no checkpoint: they were removed; not starting another log under the same name (run 'capstan audit verify')",
 				c.b.Names.CheckpointStream())
 		}
@@ -520,6 +520,11 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 		if err := c.continues(ctx, st, stream); err != nil {
 			return nil, err
 		}
+	}
+	// Stated once the log is this key's to extend: a checkpointer given
+	// another key states nothing.
+	if err := c.publishKey(ctx); err != nil {
+		return nil, err
 	}
 	st.read = newReader(c.b.Audit, st.base+uint64(st.e.n))
 	c.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -243,5 +244,35 @@ func TestCheckpointer_KilledBetweenItsTilesAndItsCheckpoint(t *testing.T) {
 				t.Fatalf("report %+v", r)
 			}
 		})
+	}
+}
+
+// A checkpointer given a key the log was not signed with (another
+// deployment's, or a rotation whose public key file did not follow)
+// extends nothing and says why; nothing is signed, and the deployment does
+// not state its key.
+func TestCheckpointer_AnotherKeyExtendsNothing(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t))
+	k := newKey(t, "test.example/log")
+	first := runCheckpointer(t, b, k, "first")
+	kept := waitCovered(t, b, publish(t, b, "a", 20))
+	first.stop()
+	publish(t, b, "b", 5)
+	other := newKey(t, "test.example/log")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cp := NewCheckpointer(b, other.signer, other.vkey, other.known, Config{Interval: 50 * time.Millisecond})
+	err := cp.step(ctx)
+	if err == nil || !strings.Contains(err.Error(), "verifies with the log's keys") {
+		t.Fatalf("step with another key: %v", err)
+	}
+	cp.drop()
+	if signed, err := Latest(ctx, b); err != nil || !bytes.Equal(signed, kept) {
+		t.Fatalf("a checkpoint was signed with another key (%v)", err)
+	}
+	if stated, err := StatedKeys(ctx, b); err != nil || strings.Contains(stated, other.vkey) || !strings.Contains(stated, k.vkey) {
+		t.Fatalf("stated keys %q (%v): want the log's alone", stated, err)
 	}
 }
