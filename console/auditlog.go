@@ -37,7 +37,8 @@ const proofWait = 1500 * time.Millisecond
 // a session that reads the streams (an admin's, an open server's); nil for
 // others, and while the execution runs.
 func (c *Console) checkTrail(ctx context.Context, s *session, d *execData) *logCheck {
-	if s.reads == nil || s.reads.b == nil || !d.Ended || d.Summary == nil {
+	b := s.broker()
+	if b == nil || !d.Ended || d.Summary == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, proofWait)
@@ -46,13 +47,13 @@ func (c *Console) checkTrail(ctx context.Context, s *session, d *execData) *logC
 	keys := c.cfg.AuditKeys
 	if keys == "" {
 		var err error
-		if keys, err = trail.StatedKeys(ctx, s.reads.b); err != nil {
+		if keys, err = trail.StatedKeys(ctx, b); err != nil {
 			lc.State = "none"
 			return lc
 		}
 		lc.Stated = true
 	}
-	p, err := audit.Prove(ctx, s.reads.b, d.Summary.Principal, d.ID)
+	p, err := audit.Prove(ctx, b, d.Summary.Principal, d.ID)
 	switch {
 	case errors.Is(err, trail.ErrNoLog):
 		lc.State = "none"
