@@ -3,7 +3,6 @@ package trail
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -246,7 +246,7 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 // the place of those a key-value read gets its revision from.
 func (c *Checkpointer) unreadableLease(ctx context.Context) *Msg {
 	m, err := getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(),
-		map[string]any{"last_by_subj": "$KV." + c.b.Names.TrailBucket() + "." + leaseKey})
+		jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey})
 	if err != nil {
 		return nil
 	}
@@ -574,7 +574,7 @@ func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStream
 // sequence the stream stored it at. (A direct get takes the sequence from
 // the headers, where a message a republish stored holds another's.)
 func getLastOf(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	m, err := getStored(ctx, nc, stream, map[string]any{"last_by_subj": subject})
+	m, err := getStored(ctx, nc, stream, jsget.Request{LastFor: subject})
 	if err != nil {
 		return nil, err
 	}
@@ -652,44 +652,23 @@ func (c *Checkpointer) publishKey(ctx context.Context) error {
 // getMsg reads the message at seq as it is stored, headers whole (a direct
 // get would add the stream's own).
 func getMsg(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*Msg, error) {
-	return getStored(ctx, nc, stream, map[string]any{"seq": seq})
+	return getStored(ctx, nc, stream, jsget.Request{Seq: seq})
 }
 
 // getStored reads the message a message get request (by sequence, or the
-// last of a subject) names, as it is stored.
-func getStored(ctx context.Context, nc *nats.Conn, stream string, request map[string]any) (*Msg, error) {
-	req, _ := json.Marshal(request)
-	reply, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+// last of a subject) names, as it is stored; jetstream.ErrMsgNotFound when
+// the stream holds none.
+func getStored(ctx context.Context, nc *nats.Conn, stream string, req jsget.Request) (*Msg, error) {
+	m, err := jsget.Get(ctx, nc, stream, req)
+	if errors.Is(err, jsget.ErrNoMessage) {
+		return nil, jetstream.ErrMsgNotFound
+	}
 	if err != nil {
 		return nil, err
 	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Subject  string    `json:"subject"`
-			Sequence uint64    `json:"seq"`
-			Header   []byte    `json:"hdrs"`
-			Data     []byte    `json:"data"`
-			Time     time.Time `json:"time"`
-		} `json:"message"`
+	out := &Msg{Seq: m.Sequence, Subject: m.Subject, Data: m.Data, Time: m.Time}
+	if len(m.Header) > 0 {
+		out.Header = m.Header
 	}
-	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return nil, err
-	}
-	if resp.Error != nil {
-		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
-			return nil, jetstream.ErrMsgNotFound
-		}
-		return nil, resp.Error
-	}
-	if resp.Message == nil {
-		return nil, jetstream.ErrMsgNotFound
-	}
-	m := &Msg{Seq: resp.Message.Sequence, Subject: resp.Message.Subject, Data: resp.Message.Data, Time: resp.Message.Time}
-	if len(resp.Message.Header) > 0 {
-		if m.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	return out, nil
 }

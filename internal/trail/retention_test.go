@@ -44,8 +44,10 @@ func TestRetention_RemovedEventsAreProvedByTheStoredHashes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cp.Retained != 300 || cp.Size != 400 {
-		t.Fatalf("checkpoint %+v: want 400 leaves, retained from 300", cp)
+	// On a loaded machine the age limit may already take the first new
+	// ones before the checkpoint that covers the last.
+	if cp.Retained < 300 || cp.Retained >= 400 || cp.Size != 400 {
+		t.Fatalf("checkpoint %+v: want 400 leaves, retained from 300 on", cp)
 	}
 	// The events left are provable (read before the age limit takes them
 	// too).
