@@ -51,7 +51,7 @@ func Prove(ctx context.Context, b *broker.Broker, seqs []uint64) ([]byte, []Incl
 	var signed []byte
 	var cp *Checkpoint
 	for {
-		signed, err = lastCheckpoint(ctx, b, cps)
+		signed, err = lastCheckpoint(ctx, b)
 		if err == nil {
 			cp, err = OpenUnverified(signed)
 		}
@@ -116,19 +116,19 @@ func bind(ctx context.Context, b *broker.Broker) (jetstream.KeyValue, jetstream.
 
 // Latest returns the latest stored checkpoint of b's deployment, signed.
 func Latest(ctx context.Context, b *broker.Broker) ([]byte, error) {
-	_, cps, err := bind(ctx, b)
+	_, _, err := bind(ctx, b)
 	if err != nil {
 		return nil, err
 	}
-	return lastCheckpoint(ctx, b, cps)
+	return lastCheckpoint(ctx, b)
 }
 
 // lastCheckpoint returns the last message of the checkpoints stream that
 // reads as a checkpoint, passing over what no checkpointer files (see
 // Checkpointer.lastSigned); its signature is the caller's to check.
-func lastCheckpoint(ctx context.Context, b *broker.Broker, cps jetstream.Stream) ([]byte, error) {
+func lastCheckpoint(ctx context.Context, b *broker.Broker) ([]byte, error) {
 	subject := b.Names.CheckpointSubject()
-	last, err := getLastOf(ctx, b.NC, cps.CachedInfo().Config.Name, subject)
+	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), subject)
 	for skipped := 0; err == nil; skipped++ {
 		switch _, perr := OpenUnverified(last.Data); {
 		case perr == nil:
