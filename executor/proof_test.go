@@ -26,7 +26,7 @@ func TestProveTrail_TheEnvelopeIsProvedThroughTheTrail(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
-	fails := executor.Define("demo.fails", executor.Meta{Description: "Fails.", SideEffect: executor.SideEffectNone},
+	fails := executor.Define("demo.fails", executor.Meta{Description: "Fails.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone},
 		func(context.Context, executor.Call[echoIn]) (echoIn, error) { return echoIn{}, errors.New("no") })
 	startWorker(t, nc, executor.WorkerConfig{}, echoCap(nil), fails)
 	c := newClient(t, nc)
