@@ -212,7 +212,7 @@ func TestAuthInit_MakesTheAuditKeyTheServerSignsWith(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("audit key: %v, %v", err, fi)
 	}
-	if _, errOut, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice"); code != exitOK {
+	if _, errOut, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice", "--capabilities", "demo.*"); code != exitOK {
 		t.Fatalf("auth add: %s", errOut)
 	}
 	port := freePort(t)
