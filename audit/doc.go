@@ -35,4 +35,16 @@
 //	})
 //
 // The stream keeps events for broker.Config.AuditMaxAge (default 30 days).
+//
+// The trail is also a transparency log (DESIGN §8, "The trail as a log"):
+// where the deployment runs a checkpointer (capstan server with its audit
+// key), every stored message is a leaf of an RFC 6962 tree whose signed
+// checkpoints anyone can check. Prove returns an execution's trail with the
+// proof that each of its messages is in the latest checkpoint, and its
+// envelope, whose hash the terminal event commits to; Verify checks it with
+// the deployment's public key alone:
+//
+//	p, err := audit.Prove(ctx, b, principal, executionID)
+//	if err != nil { ... }
+//	err = p.Verify(publicKeys) // the deployment's audit.pub
 package audit

@@ -108,6 +108,11 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		grants := n.GrantsBucket()
 		deny := []string{
 			"$KV." + grants + ".>",
+			// The audit log's tree, lease and checkpoints are the
+			// checkpointer's, which runs with the operator's key and an
+			// admin's credentials: a worker may not stall or litter it.
+			"$KV." + n.TrailBucket() + ".>",
+			n.CheckpointSubject(),
 			js("STREAM.CREATE." + kvStream(grants)),
 			js("STREAM.UPDATE.>"),
 			js("STREAM.DELETE.>"),
@@ -118,7 +123,7 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 		// allow in NATS, so every other stream of capstan's is named.
 		for _, stream := range []string{n.AuditStream(), kvStream(grants), kvStream(n.ExecutionsBucket()),
 			kvStream(n.EnvelopesBucket()), kvStream(n.ApprovalsBucket()), kvStream(n.CatalogBucket()), kvStream(n.PoolsBucket()),
-			kvStream(n.LimitsBucket())} {
+			kvStream(n.LimitsBucket()), kvStream(n.TrailBucket()), n.CheckpointStream()} {
 			deny = append(deny, js("STREAM.MSG.DELETE."+stream))
 		}
 		return Permissions{

@@ -152,6 +152,18 @@ func (n Names) LegacyAuditSubject(executionID string) string {
 // AuditSubjects is the audit stream's subject space.
 func (n Names) AuditSubjects() string { return n.subject + ".audit.>" }
 
+// TrailBucket is the key-value bucket of the audit log's tree: the hashes
+// of its tiles and the checkpointer's lease (DESIGN §8, "The trail as a
+// log"). Only admins write it.
+func (n Names) TrailBucket() string { return n.prefix + "_TRAIL" }
+
+// CheckpointStream is the stream of the audit log's signed checkpoints, in
+// the order they were signed; CheckpointSubject is its one subject.
+func (n Names) CheckpointStream() string { return n.prefix + "_CHECKPOINTS" }
+
+// CheckpointSubject is where the checkpointer files each signed checkpoint.
+func (n Names) CheckpointSubject() string { return n.subject + ".checkpoint" }
+
 // IndexStream is the executions index (DESIGN §3, "Listing executions"): one
 // small entry per execution's request and end, on subjects that carry what a
 // listing filters by.

@@ -156,6 +156,11 @@ type Broker struct {
 	// Limits holds the counters of capabilities' limits (DESIGN §17):
 	// concurrency slots, rates and budgets, changed by compare-and-swap.
 	Limits jetstream.KeyValue
+	// Trail holds the audit log's tree (its tiles) and Checkpoints its
+	// signed checkpoints (DESIGN §8, "The trail as a log"); OpenAll leaves
+	// them nil on a store no process of this version provisioned.
+	Trail       jetstream.KeyValue
+	Checkpoints jetstream.Stream // see Trail
 }
 
 // Provision creates every stream and bucket of the design, or checks that the
@@ -252,6 +257,15 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 			return nil, err
 		}
 	}
+	b.Trail, err = ensureBucket(ctx, js, rc, jetstream.KeyValueConfig{
+		Bucket: n.TrailBucket(), History: 1, Storage: jetstream.FileStorage})
+	if err != nil {
+		return nil, err
+	}
+	b.Checkpoints, err = ensureStream(ctx, js, rc, checkpointsConfig(n, b.Config.AuditMaxAge), keepAuditMaxAge)
+	if err != nil {
+		return nil, err
+	}
 	// Records and limits' counters carry their own TTL (DESIGN §16, §17).
 	for _, bucket := range []string{n.ExecutionsBucket(), n.LimitsBucket()} {
 		if err := allowMsgTTL(ctx, js, "KV_"+bucket); err != nil {
@@ -278,6 +292,28 @@ func IndexConfig(n Names, maxAge time.Duration) jetstream.StreamConfig {
 		DenyPurge:         true,
 		AllowDirect:       true,
 		AllowBatchPublish: true,
+	}
+}
+
+// checkpointsConfig is the checkpoints' stream: removed by nobody, kept a
+// day longer than the audit events (auditMaxAge; 0 keeps both for ever),
+// so that the checkpoints around the oldest retained event still date
+// what retention removed.
+func checkpointsConfig(n Names, auditMaxAge time.Duration) jetstream.StreamConfig {
+	maxAge := time.Duration(0)
+	if auditMaxAge > 0 {
+		maxAge = auditMaxAge + 24*time.Hour
+	}
+	return jetstream.StreamConfig{
+		Name:        n.CheckpointStream(),
+		Subjects:    []string{n.CheckpointSubject()},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      maxAge,
+		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
 	}
 }
 
@@ -764,6 +800,13 @@ func OpenAll(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	// version provisioned yet has none, and no limit has been taken there.
 	if b.Limits, err = b.JS.KeyValue(ctx, n.LimitsBucket()); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("capstan: open bucket %s: %w", n.LimitsBucket(), err)
+	}
+	// So are the trail's tree and checkpoints.
+	if b.Trail, err = b.JS.KeyValue(ctx, n.TrailBucket()); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("capstan: open bucket %s: %w", n.TrailBucket(), err)
+	}
+	if b.Checkpoints, err = b.JS.Stream(ctx, n.CheckpointStream()); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("capstan: open stream %s: %w", n.CheckpointStream(), err)
 	}
 	return b, nil
 }

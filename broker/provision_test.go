@@ -385,8 +385,8 @@ func TestProvision_PrefixNamesEveryResource(t *testing.T) {
 			t.Errorf("stream %s outside the prefix", name)
 		}
 	}
-	if len(names) != 9 {
-		t.Errorf("streams %v, want the 9 TEAMA ones", names)
+	if len(names) != 11 {
+		t.Errorf("streams %v, want the 11 TEAMA ones", names)
 	}
 }
 

@@ -144,13 +144,14 @@ func replicasDiff(have, want int) string {
 
 // Streams names the JetStream stream behind every stream and bucket of the
 // design: the exec, audit and index streams, and the streams of the executions,
-// envelopes, approvals, catalog, pools and limits buckets.
+// envelopes, approvals, catalog, pools, limits and trail buckets, and the
+// checkpoints'.
 func (n Names) Streams() []string {
 	return []string{
 		n.ExecStream(), n.AuditStream(), n.IndexStream(),
 		"KV_" + n.ExecutionsBucket(), "KV_" + n.EnvelopesBucket(),
 		"KV_" + n.ApprovalsBucket(), "KV_" + n.CatalogBucket(), "KV_" + n.PoolsBucket(),
-		"KV_" + n.LimitsBucket(),
+		"KV_" + n.LimitsBucket(), "KV_" + n.TrailBucket(), n.CheckpointStream(),
 	}
 }
 

@@ -37,8 +37,8 @@ func streamReplicas(t *testing.T, ctx context.Context, js jetstream.JetStream, n
 
 func wantAll(t *testing.T, got map[string]int, want int) {
 	t.Helper()
-	if len(got) != 9 {
-		t.Fatalf("%d streams, want 9: %v", len(got), got)
+	if len(got) != 11 {
+		t.Fatalf("%d streams, want 11: %v", len(got), got)
 	}
 	for name, r := range got {
 		if r != want {
@@ -275,8 +275,8 @@ func TestReplicasOnAClusterOfThree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(changes) != 10 {
-			t.Fatalf("%d changes, want 9 streams and the extra one: %+v", len(changes), changes)
+		if len(changes) != 12 {
+			t.Fatalf("%d changes, want 11 streams and the extra one: %+v", len(changes), changes)
 		}
 		for _, ch := range changes {
 			if ch.From != 1 || ch.To != 3 {

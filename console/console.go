@@ -48,6 +48,11 @@ type Config struct {
 	// allowed: the IP address the request came in on and, when that is
 	// loopback, "localhost" and any loopback address.
 	AllowedHosts []string
+	// AuditKeys are the audit log's public keys (the deployment's audit.pub,
+	// one a line): an execution's page shows that its trail verifies
+	// against the latest signed checkpoint, for the sessions that read the
+	// streams. Empty: the keys the deployment states, and the page says so.
+	AuditKeys string
 	// SessionTTL is how long a session lasts without a request. Default 12 h.
 	SessionTTL time.Duration
 	// Logger receives the console's logs. Default: discarded.

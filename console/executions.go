@@ -255,6 +255,9 @@ type execData struct {
 	// Progress is the handler's last report, as of the lease's last
 	// renewal, while the execution runs (the page then follows it live).
 	Progress *envelope.Progress
+	// Log says whether the trail verifies against the audit log's latest
+	// checkpoint (nil: not shown to this session, or not ended).
+	Log *logCheck
 	// Unknown: nothing of it is stored, yet or any more.
 	Unknown bool
 	// Fingerprint changes whenever what the page shows does.
@@ -287,6 +290,9 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	if err != nil {
 		c.fail(w, r, s, readStatus(err), "Reading execution %s: %v", id, err)
 		return
+	}
+	if d.Log = c.checkTrail(ctx, s, d); d.Log != nil {
+		d.Fingerprint += "/log-" + d.Log.State
 	}
 	c.render(w, r, s, "execution", d)
 }

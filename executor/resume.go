@@ -60,6 +60,17 @@ func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, 
 	return audit.Read(ctx, c.b, c.principal, executionID)
 }
 
+// ProveTrail returns an execution's trail with the proof that it is in the
+// deployment's audit log, unchanged, against a signed checkpoint (and the
+// envelope its terminal event commits to): check it with Verify and the
+// deployment's public key. It waits, until ctx ends, for a checkpoint that
+// covers the trail's last event (the checkpointer signs about every
+// second). Like Trail, it needs a connection that may read the audit
+// stream.
+func (c *Client) ProveTrail(ctx context.Context, executionID string) (*audit.TrailProof, error) {
+	return audit.Prove(ctx, c.b, c.principal, executionID)
+}
+
 // FollowTrail calls fn with every event of an execution's trail as it is
 // filed, until ctx ends or fn returns an error (which it returns); opts say
 // where to start (default: new events only, audit.FromStart for all).

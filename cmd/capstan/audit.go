@@ -18,7 +18,12 @@ import (
 )
 
 func runAudit(args []string) int {
-	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]; [-o json]")
+	if len(args) > 0 {
+		if run, ok := auditLogCommands[args[0]]; ok {
+			return run(args[1:])
+		}
+	}
+	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]; [-o json]\n"+auditLogUsage)
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	follow := fs.Bool("follow", false, "keep printing events as they are stored, until interrupted")

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/trail"
 )
 
 // runAuth dispatches the credential commands.
@@ -70,21 +72,35 @@ func runAuthInit(args []string) int {
 	fs := newFlags("auth init", "DIR [--prefix P] [--resolver-dir D]")
 	prefix := fs.String("prefix", "", "prefix of capstan's resource names (default CAPSTAN)")
 	resolverDir := fs.String("resolver-dir", "", "`directory` where an official nats-server keeps the accounts pushed to it (default DIR/"+auth.ResolverDirName+"; each server needs its own)")
+	logName := fs.String("log-name", "", "the audit log's name, on every checkpoint and its signing key: unique, such as audit.example.com/payments (default capstan/<prefix>/<random>)")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
 		return code
 	}
+	if *logName != "" {
+		if err := trail.ValidOrigin(*logName); err != nil {
+			return usageError("--log-name: %v", err)
+		}
+	} else {
+		*logName = trail.DefaultOrigin(*prefix)
+	}
 	s, err := auth.Init(pos[0], *prefix)
 	if err != nil {
 		return fail(exitFailed, "auth init: %v", err)
+	}
+	// The audit log's signing key, which the server signs checkpoints with;
+	// its public key is what auditors verify with.
+	if _, err := trail.Keygen(pos[0], *logName); err != nil {
+		return fail(exitFailed, "auth init: audit signing key: %v", err)
 	}
 	if *resolverDir != "" {
 		if err := s.SetResolverDir(*resolverDir); err != nil {
 			return fail(exitFailed, "auth init: %v", err)
 		}
 	}
-	fmt.Printf("created %s: %s, %s, %s, %s\n", pos[0], auth.ServerConfigFile,
-		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal), s.PushCredsPath())
+	fmt.Printf("created %s: %s, %s, %s, %s, %s (public: %s)\n", pos[0], auth.ServerConfigFile,
+		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal), s.PushCredsPath(),
+		filepath.Join(pos[0], trail.KeyFile), trail.PublicKeyFile)
 	fmt.Printf("next:\n  capstan auth add %s NAME --role producer --actor user:NAME --capabilities 'demo.*'\n  capstan server --auth %s\n", pos[0], pos[0])
 	return exitOK
 }

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/auth"
@@ -17,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"
 )
 
@@ -27,10 +30,12 @@ func runBench(args []string) int {
 		cfg              bench.Config
 		embedded, asJSON bool
 		withAuth         bool
+		checkpoint       bool
 		rateFlag         string
 		timeout          time.Duration
 	)
 	fs.BoolVar(&embedded, "embedded", false, "start an embedded server in a temporary store (otherwise connect to --nats)")
+	fs.BoolVar(&checkpoint, "checkpoint", false, "with --embedded: an audit checkpointer signs the log every second, in this process, as 'capstan server' does with its key (what it costs)")
 	fs.BoolVar(&withAuth, "auth", false, "with --embedded: the server requires credentials, the client is a producer principal and the workers check its grants (what the checks cost)")
 	fs.IntVar(&cfg.N, "n", 10000, "executions to run")
 	fs.IntVar(&cfg.Concurrency, "concurrency", 256, "closed loop: calls in flight at once")
@@ -72,6 +77,8 @@ func runBench(args []string) int {
 		return usageError("--workers must not be negative and --worker-concurrency must be positive")
 	case cfg.Flood > 0 && !withAuth:
 		return usageError("--flood needs --embedded --auth: the flood comes from another principal")
+	case checkpoint && !embedded:
+		return usageError("--checkpoint needs --embedded (against a server of yours, run 'capstan audit checkpointer')")
 	case cfg.OtherBacklog > 0 && !withAuth:
 		return usageError("--other-backlog needs --embedded --auth: the backlog is another principal's")
 	case withAuth && !embedded:
@@ -100,6 +107,13 @@ func runBench(args []string) int {
 			return usageError("bench: %v", err)
 		}
 		defer stopServer()
+		if checkpoint {
+			stopLog, err := benchCheckpointer(srv)
+			if err != nil {
+				return usageError("bench: %v", err)
+			}
+			defer stopLog()
+		}
 		target = bench.Target{Server: srv.srv, Name: "embedded", Auth: withAuth, Connect: func(name string) (*nats.Conn, error) {
 			co := broker.ConnectOptions{URL: srv.url, Name: "capstan bench " + name}
 			if setup != nil {
@@ -258,4 +272,44 @@ func printBench(w io.Writer, r *bench.Result) {
 			r.FloorPerSec, r.FloorCPUPerExecutionUs, r.FloorServerMsgsPerExecution)
 		fmt.Fprintf(w, "  floor ratio   %.2f (floor / raw JetStream: the most capstan's write path could reach)\n", r.FloorRatio)
 	}
+}
+
+// benchCheckpointer runs an audit checkpointer on the bench's server with a
+// key of its own, as 'capstan server --audit-key' does; stop ends it and
+// tells on stderr how far behind the log it ran.
+func benchCheckpointer(srv *embedded) (func(), error) {
+	dir, err := os.MkdirTemp("", "capstan-bench-key-")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := trail.Keygen(dir, "capstan.bench/log"); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	var mu sync.Mutex
+	var checkpoints int
+	var lags []time.Duration
+	c, err := startCheckpointer(srv.b, filepath.Join(dir, trail.KeyFile), trail.Config{Interval: defaultCheckpointInterval,
+		Name: "bench", Log: newLogger(slog.LevelWarn),
+		OnCheckpoint: func(_ int64, _ int, lag time.Duration) {
+			mu.Lock()
+			checkpoints++
+			lags = append(lags, lag)
+			mu.Unlock()
+		}}, nil)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	return func() {
+		c.stop()
+		_ = os.RemoveAll(dir)
+		mu.Lock()
+		defer mu.Unlock()
+		slices.Sort(lags)
+		if n := len(lags); n > 0 {
+			fmt.Fprintf(os.Stderr, "audit log: %d checkpoints signed; lag of the oldest event each covered: p50 %.2fs, max %.2fs\n",
+				checkpoints, lags[n/2].Seconds(), lags[n-1].Seconds())
+		}
+	}, nil
 }

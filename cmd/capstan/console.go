@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -24,6 +25,7 @@ func runConsole(args []string) int {
 	httpsCert := fs.String("https-cert", "", "serve HTTPS with this certificate `file` (with --https-key)")
 	httpsKey := fs.String("https-key", "", "the HTTPS certificate's key `file`")
 	admins := fs.String("admins", "", "principals, as kind:id separated by commas, who may cancel any execution")
+	auditPub := fs.String("audit-key", "", "the audit log's public key `file` (audit.pub): an execution's page shows its trail verifies against the latest checkpoint with it (default: the key the deployment states)")
 	allowHosts := fs.String("allow-hosts", "", "more host names, separated by commas (*.example.com for any one label in front), under which browsers reach the console; requests naming any other host are refused (beside --listen's host, the HTTPS certificate's names, and on loopback localhost)")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -41,6 +43,13 @@ func runConsole(args []string) int {
 	cfg := console.Config{
 		Open: *open, Logger: newLogger(slog.LevelInfo),
 		NATS: broker.ConnectOptions{URL: conn.url, TLS: natsTLS, TLSCA: conn.tlsCA},
+	}
+	if *auditPub != "" {
+		keys, err := os.ReadFile(*auditPub)
+		if err != nil {
+			return usageError("--audit-key: %v", err)
+		}
+		cfg.AuditKeys = string(keys)
 	}
 	// The names browsers may reach the console by: --listen's, the
 	// certificate's and --allow-hosts.

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -10,9 +12,11 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func runDev(args []string) int {
@@ -23,6 +27,7 @@ func runDev(args []string) int {
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
 	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
 	mf := addMCPFlags(fs, "mcp-")
+	cf := addCheckpointerFlags(fs, "default: the --auth directory's audit.key, else a development key in the store")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
@@ -98,6 +103,28 @@ func runDev(args []string) int {
 		return fail(exitFailed, "dev: %v", err)
 	}
 
+	keyPath, err := devAuditKey(cf, sf.auth, opts.StoreDir)
+	if err != nil {
+		stop()
+		<-done
+		return fail(exitFailed, "dev: %v", err)
+	}
+	if keyPath != "" {
+		var reg prometheus.Registerer
+		if tel != nil && wf.metrics != "" {
+			reg = tel.Registry()
+		}
+		c, err := startCheckpointer(e.b, keyPath, trail.Config{Interval: cf.interval, Name: "capstan-dev", Log: log}, reg)
+		if err != nil {
+			stop()
+			<-done
+			return fail(exitFailed, "dev: --audit-key: %v", err)
+		}
+		defer c.stop()
+		fmt.Printf("audit log: signed with %s; verify with: capstan audit verify --key %s\n", keyPath,
+			filepath.Join(filepath.Dir(keyPath), trail.PublicKeyFile))
+	}
+
 	natsFlag := ""
 	if e.url != broker.DefaultURL {
 		natsFlag = " --nats " + e.url
@@ -110,6 +137,11 @@ func runDev(args []string) int {
 	if sf.setup != nil {
 		// With authentication, principals sign in with their credentials.
 		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
+	}
+	if keyPath != "" {
+		if keys, err := os.ReadFile(filepath.Join(filepath.Dir(keyPath), trail.PublicKeyFile)); err == nil {
+			consoleCfg.AuditKeys = string(keys)
+		}
 	}
 	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
 	// quit ends dev on an error once the workers and the console stopped.
@@ -177,4 +209,23 @@ func startDevMCP(nc *nats.Conn, addr string, mf *mcpFlags, log *slog.Logger) (*m
 	}
 	srv, err := startMCPHTTP(nc, addr, tokens, mf, log)
 	return srv, token, err
+}
+
+// devAuditKey is the key dev signs the audit log with: --audit-key's, the
+// --auth directory's, else a development key made once in the store (so
+// that a restarted dev keeps its log).
+func devAuditKey(cf *checkpointerFlags, authDir, store string) (string, error) {
+	p, err := serverAuditKey(cf, authDir)
+	if err != nil || p != "" || cf.key == "off" {
+		return p, err
+	}
+	dir := filepath.Join(store, "audit-key")
+	p = filepath.Join(dir, trail.KeyFile)
+	if _, err := os.Stat(p); err == nil {
+		return p, nil
+	}
+	if _, err := trail.Keygen(dir, trail.DefaultOrigin("capstan-dev")); err != nil {
+		return "", fmt.Errorf("development audit key: %w", err)
+	}
+	return p, nil
 }

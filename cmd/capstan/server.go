@@ -20,9 +20,12 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/capstan-dev/capstan/internal/trail"
+	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // serverFlags configure the embedded server of dev and server.
@@ -253,6 +256,8 @@ func runServer(args []string) int {
 	syncMode := fs.String("sync", "default", "always: fsync every write before acknowledging it; default: the server's interval")
 	replicas := fs.Int("replicas", 0, "replicas of the streams and buckets this server creates: 0 is auto (3 in a cluster of three or more, else 1); existing ones keep theirs, see 'capstan admin replicas'")
 	pprofAddr := fs.String("pprof", "", "serve the process's Go profiles (heap, CPU, goroutines) under /debug/pprof/ on this loopback `host:port`")
+	cf := addCheckpointerFlags(fs, "default: the --auth directory's audit.key, when it has one")
+	metricsAddr := fs.String("metrics", "", "serve the audit checkpointer's Prometheus metrics on http://`HOST:PORT`/metrics")
 	usage := fs.Usage
 	fs.Usage = func() { usage(); fmt.Fprint(fs.Output(), serverEnvironment) }
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -313,9 +318,56 @@ func runServer(args []string) int {
 	if sf.setup != nil {
 		mode = "authentication: " + sf.auth
 	}
-	fmt.Printf("capstan server listening on %s (store %s, %s)\n", e.url, opts.StoreDir, mode)
+	stopCheckpointer, signing, err := serverCheckpointer(ctx, e, cf, sf.auth, *metricsAddr, serverName(opts), log)
+	if err != nil {
+		e.stop()
+		return fail(exitUsage, "server: %v", err)
+	}
+	fmt.Printf("capstan server listening on %s (store %s, %s; %s)\n", e.url, opts.StoreDir, mode, signing)
 	<-ctx.Done()
 	log.Info("shutting down")
+	stopCheckpointer()
 	e.stop()
 	return exitOK
+}
+
+// serverName names a server's checkpointer: its cluster name, else its
+// address.
+func serverName(o natsserver.Options) string {
+	if o.Name != "" {
+		return o.Name
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// serverCheckpointer runs the audit log's checkpointer beside the server
+// when it has a signing key, with its metrics on metricsAddr when set. It
+// returns what stops it and a phrase for the ready line.
+func serverCheckpointer(ctx context.Context, e *embedded, cf *checkpointerFlags, authDir, metricsAddr, name string, log *slog.Logger) (func(), string, error) {
+	keyPath, err := serverAuditKey(cf, authDir)
+	if err != nil {
+		return nil, "", err
+	}
+	if keyPath == "" {
+		if metricsAddr != "" {
+			return nil, "", errors.New("--metrics: the server serves its audit checkpointer's metrics, and it has no --audit-key")
+		}
+		return func() {}, "audit log not signed here: no --audit-key (make one with 'capstan audit keygen')", nil
+	}
+	var reg prometheus.Registerer
+	if metricsAddr != "" {
+		tel := telemetry.New(telemetry.Options{})
+		addr, _, err := tel.Serve(ctx, metricsAddr)
+		if err != nil {
+			return nil, "", fmt.Errorf("--metrics: %w", err)
+		}
+		reg = tel.Registry()
+		log.Info("metrics served", "url", fmt.Sprintf("http://%s/metrics", addr))
+	}
+	c, err := startCheckpointer(e.b, keyPath, trail.Config{Interval: cf.interval, Name: name, Log: log}, reg)
+	if err != nil {
+		return nil, "", fmt.Errorf("--audit-key: %w", err)
+	}
+	return c.stop, "audit log signed with " + keyPath, nil
 }

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"time"
 
@@ -135,6 +137,8 @@ func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 	}
 	data["attempts"] = attempts
 	data["durationMs"] = env.DurationMs
+	sealed := seal(env, data)
+	defer sealed.Release()
 	x.emit(o.event, data)
 	if o.cause != nil {
 		x.w.log.Warn("execution failed", "executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID,
@@ -143,7 +147,7 @@ func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 
 	x.trail.flush()
 	endStage := x.stage(observe.StageFinalize)
-	stored, ok := x.createEnvelope(env)
+	stored, ok := x.createEnvelope(env, sealed)
 	if !ok {
 		endStage(errors.New("envelope not written"))
 		return Action{}, false
@@ -179,13 +183,50 @@ func errorCode(env *envelope.Envelope) envelope.Code {
 	return env.Error.Code
 }
 
-// createEnvelope writes the envelope once. It reports whether the message may
-// be acknowledged (an envelope, ours or another's, exists) and returns the
+// EnvelopeHashKey is the data field of an execution's terminal event
+// (completed, failed, cancelled, approval_requested) that commits to its
+// envelope: the hex SHA-256 of the envelope's bytes as the envelopes bucket
+// stores them, so that the envelope is proved through the trail's log
+// (DESIGN §8, "The trail as a log").
+const EnvelopeHashKey = "envelopeHash"
+
+// sealed is an envelope encoded once: the bytes the envelopes bucket
+// stores, of which the terminal event holds the hash.
+type sealed struct {
+	enc envelope.Encoded
+	ok  bool
+}
+
+// seal encodes env once, for the envelopes bucket, and puts the hash of
+// those bytes in the terminal event's data. Release the encoding once the
+// envelope is written.
+func seal(env *envelope.Envelope, data map[string]any) sealed {
+	enc, err := envelope.Encode(env)
+	if err != nil {
+		// Not an envelope the bucket could store either: the create
+		// encodes it again and reports it.
+		return sealed{}
+	}
+	sum := sha256.Sum256(enc.Bytes())
+	data[EnvelopeHashKey] = hex.EncodeToString(sum[:])
+	return sealed{enc: enc, ok: true}
+}
+
+// Release hands the encoding's buffer back.
+func (s sealed) Release() {
+	if s.ok {
+		s.enc.Release()
+	}
+}
+
+// createEnvelope writes the envelope once, as sealed holds it (env encoded
+// again when it holds nothing). It reports whether the message may be
+// acknowledged (an envelope, ours or another's, exists) and returns the
 // stored envelope.
-func (x *execution) createEnvelope(env *envelope.Envelope) (*envelope.Envelope, bool) {
+func (x *execution) createEnvelope(env *envelope.Envelope, sealed sealed) (*envelope.Envelope, bool) {
 	start := x.w.now()
 	for try := 0; ; try++ {
-		err := x.w.store.createEnvelope(x.key, env)
+		err := x.w.store.createEnvelope(x.key, env, sealed)
 		if err == nil {
 			x.w.stats.finalized.Add(1)
 			return env, true
@@ -269,16 +310,20 @@ func (x *execution) endRecorded(rec *Record) bool {
 	env.V, env.FinalizedBy, env.FinalizedAt = envelope.Version, w.cfg.ID, w.now().UTC()
 	ctx, cancel := StoreContext()
 	defer cancel()
-	_, err := broker.Create(ctx, w.b.Envelopes, x.key, env)
+	data := map[string]any{}
+	sealed := seal(env, data)
+	defer sealed.Release()
+	_, err := w.store.createEnvelopeIn(ctx, x.key, env, sealed)
 	if err == nil {
 		if env.Error != nil {
 			event := audit.EventFailed
 			if env.Status == envelope.StatusCancelled {
 				event = audit.EventCancelled
 			}
-			x.emit(event, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
-				"retryable": env.Error.Retryable, "attempts": rec.Attempt,
-				"executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
+			data["code"], data["stage"], data["retryable"], data["attempts"] = string(env.Error.Code), env.Error.Stage,
+				env.Error.Retryable, rec.Attempt
+			data["executedBeforeFailure"] = env.Error.Code == envelope.CodeOutcomeUnknown
+			x.emit(event, data)
 		}
 		w.stats.finalized.Add(1)
 		x.observeFinalized(env)
@@ -387,18 +432,21 @@ func (x *execution) endUnrun(env *envelope.Envelope, reason string) (done bool, 
 			return false, rec, rev
 		}
 	}
+	env.V = envelope.Version
+	env.FinalizedBy = w.cfg.ID
+	env.FinalizedAt = w.now().UTC()
 	x.emit(audit.EventRequested, nil)
 	if reason != "" {
 		x.emit(audit.EventDenied, map[string]any{"reason": reason, "publicCode": string(env.Error.Code), "stage": env.Error.Stage})
 	}
 	// Only an attempt that may have run under an expired record ends here
 	// OUTCOME_UNKNOWN (the sweeper's).
-	x.emit(audit.EventFailed, map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
-		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown})
-	env.V = envelope.Version
-	env.FinalizedBy = w.cfg.ID
-	env.FinalizedAt = w.now().UTC()
-	_, err := w.b.Create(ctx, w.b.Envelopes, x.key, env, 0)
+	data := map[string]any{"code": string(env.Error.Code), "stage": env.Error.Stage,
+		"retryable": false, "attempts": 0, "executedBeforeFailure": env.Error.Code == envelope.CodeOutcomeUnknown}
+	sealed := seal(env, data)
+	defer sealed.Release()
+	x.emit(audit.EventFailed, data)
+	_, err := w.store.createEnvelopeIn(ctx, x.key, env, sealed)
 	if err == nil {
 		w.stats.finalized.Add(1)
 		x.observeFinalized(env)
@@ -444,8 +492,10 @@ func (x *execution) endSwept(o *outcome, attempts int) bool {
 		data = map[string]any{}
 	}
 	data["attempts"] = attempts
+	sealed := seal(env, data)
+	defer sealed.Release()
 	x.emit(o.event, data)
-	stored, ok := x.createEnvelope(env)
+	stored, ok := x.createEnvelope(env, sealed)
 	if !ok {
 		return false
 	}

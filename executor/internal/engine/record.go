@@ -221,10 +221,19 @@ func (s *store) storedEnvelope(key string) (*envelope.Envelope, error) {
 	return nil, err
 }
 
-// createEnvelope writes env once, create-only.
-func (s *store) createEnvelope(key string, env *envelope.Envelope) error {
+// createEnvelope writes env once, create-only, as sealed holds it (see
+// seal; env encoded here when sealed holds nothing).
+func (s *store) createEnvelope(key string, env *envelope.Envelope, sealed sealed) error {
 	ctx, cancel := s.opCtx()
 	defer cancel()
-	_, err := s.b.Create(ctx, s.b.Envelopes, key, env, 0)
+	_, err := s.createEnvelopeIn(ctx, key, env, sealed)
 	return err
+}
+
+// createEnvelopeIn is createEnvelope within ctx.
+func (s *store) createEnvelopeIn(ctx context.Context, key string, env *envelope.Envelope, sealed sealed) (uint64, error) {
+	if !sealed.ok {
+		return s.b.Create(ctx, s.b.Envelopes, key, env, 0)
+	}
+	return s.b.Create(ctx, s.b.Envelopes, key, envelope.Raw(sealed.enc.Bytes()), 0)
 }

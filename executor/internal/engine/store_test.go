@@ -177,7 +177,7 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 	_, rev, _ := r.w.store.load(key)
 	env := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "email.send", Status: envelope.StatusCompleted,
 		Attempts: 1, FinalizedBy: "w1", FinalizedAt: time.Now().UTC()}
-	if err := r.w.store.createEnvelope(key, env); err != nil {
+	if err := r.w.store.createEnvelope(key, env, sealed{}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := r.RecordCancel(broker.Anonymous, id, true)

@@ -1,0 +1,165 @@
+package trail
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/mod/sumdb/tlog"
+)
+
+// Inclusion is one message with the proof that it is leaf Leaf of a
+// checkpoint's tree (RFC 6962's audit path, nearest sibling first).
+type Inclusion struct {
+	Msg    *Msg
+	Leaf   int64
+	Hashes tlog.RecordProof
+}
+
+// Check verifies the inclusion against cp, a checkpoint whose signature
+// was checked.
+func (in *Inclusion) Check(cp *Checkpoint) error {
+	if want := int64(in.Msg.Seq) - int64(cp.FirstSeq); want != in.Leaf {
+		return fmt.Errorf("sequence %d is leaf %d of the log, not %d", in.Msg.Seq, want, in.Leaf)
+	}
+	if err := tlog.CheckRecord(in.Hashes, cp.Size, cp.Root, in.Leaf, in.Msg.Leaf()); err != nil {
+		return fmt.Errorf("sequence %d (leaf %d) is not in the checkpoint of size %d: %w", in.Msg.Seq, in.Leaf, cp.Size, err)
+	}
+	return nil
+}
+
+// ErrNotCovered is returned while the latest checkpoint does not cover a
+// message yet (the checkpointer signs about every second).
+var ErrNotCovered = errors.New("not yet covered by a checkpoint")
+
+// Prove reads the messages at seqs and proves each in the latest
+// checkpoint, which it returns as stored (its signature is the caller's to
+// check). While the checkpoint does not cover them all it waits for a later
+// one until ctx ends, then fails with ErrNotCovered.
+func Prove(ctx context.Context, b *broker.Broker, seqs []uint64) ([]byte, []Inclusion, error) {
+	trail, cps, err := bind(ctx, b)
+	if err != nil {
+		return nil, nil, err
+	}
+	var want uint64
+	for _, s := range seqs {
+		want = max(want, s)
+	}
+	var signed []byte
+	var cp *Checkpoint
+	for {
+		signed, err = lastCheckpoint(ctx, b)
+		if err == nil {
+			cp, err = OpenUnverified(signed)
+		}
+		if err == nil && cp.FirstSeq+uint64(cp.Size) > want {
+			break
+		}
+		if err == nil {
+			err = fmt.Errorf("sequence %d: %w (the latest has %d leaves, up to sequence %d)", want, ErrNotCovered, cp.Size, cp.FirstSeq+uint64(cp.Size)-1)
+		}
+		if !errors.Is(err, ErrNotCovered) && !errors.Is(err, ErrNoLog) {
+			return nil, nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	hr := tlog.TileHashReader(cp.Tree(), newTileReader(ctx, &deployment{b: &broker.Broker{Trail: trail, Checkpoints: cps, Audit: b.Audit}}))
+	out := make([]Inclusion, 0, len(seqs))
+	for _, s := range seqs {
+		if s < cp.FirstSeq {
+			return nil, nil, fmt.Errorf("sequence %d is before the log began (sequence %d)", s, cp.FirstSeq)
+		}
+		m, err := getMsg(ctx, b.NC, b.Names.AuditStream(), s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read sequence %d: %w", s, err)
+		}
+		leaf := int64(s - cp.FirstSeq)
+		p, err := tlog.ProveRecord(cp.Size, leaf, hr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("prove sequence %d: the stored tiles do not match the latest checkpoint: %w", s, err)
+		}
+		out = append(out, Inclusion{Msg: m, Leaf: leaf, Hashes: p})
+	}
+	return signed, out, nil
+}
+
+// bind returns the trail bucket and the checkpoints stream of b, bound now
+// when b was opened without them.
+func bind(ctx context.Context, b *broker.Broker) (jetstream.KeyValue, jetstream.Stream, error) {
+	trail, cps := b.Trail, b.Checkpoints
+	var err error
+	if trail == nil {
+		if trail, err = b.JS.KeyValue(ctx, b.Names.TrailBucket()); err != nil {
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, nil, ErrNoLog
+			}
+			return nil, nil, err
+		}
+	}
+	if cps == nil {
+		if cps, err = b.JS.Stream(ctx, b.Names.CheckpointStream()); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, nil, ErrNoLog
+			}
+			return nil, nil, err
+		}
+	}
+	return trail, cps, nil
+}
+
+// Latest returns the latest stored checkpoint of b's deployment, signed.
+func Latest(ctx context.Context, b *broker.Broker) ([]byte, error) {
+	_, _, err := bind(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	return lastCheckpoint(ctx, b)
+}
+
+// lastCheckpoint returns the last message of the checkpoints stream that
+// reads as a checkpoint, passing over what no checkpointer files (see
+// Checkpointer.lastSigned); its signature is the caller's to check.
+func lastCheckpoint(ctx context.Context, b *broker.Broker) ([]byte, error) {
+	subject := b.Names.CheckpointSubject()
+	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), subject)
+	for skipped := 0; err == nil; skipped++ {
+		switch _, perr := OpenUnverified(last.Data); {
+		case perr == nil:
+			return last.Data, nil
+		case skipped == maxSkipped:
+			return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", maxSkipped)
+		case last.Sequence <= 1:
+			return nil, ErrNoLog
+		}
+		last, err = getMsgBefore(ctx, b.NC, b.Names.CheckpointStream(), last.Sequence)
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, ErrNoLog
+	}
+	return nil, err
+}
+
+// StatedKeys returns the verifier keys the deployment's checkpointers
+// published: for a reader given no key of its own, who then trusts the
+// deployment's word for which key is its.
+func StatedKeys(ctx context.Context, b *broker.Broker) (string, error) {
+	trail, _, err := bind(ctx, b)
+	if err != nil {
+		return "", err
+	}
+	e, err := trail.Get(ctx, keysKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", ErrNoLog
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(e.Value()), nil
+}
