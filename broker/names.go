@@ -290,6 +290,20 @@ func ValidPrincipal(p string) bool {
 // GrantsBucket keeps each principal's grants; only admins write it.
 func (n Names) GrantsBucket() string { return n.prefix + "_GRANTS" }
 
+// PausesBucket keeps the operators' pauses (DESIGN §18): only admins write
+// it, every worker watches it.
+func (n Names) PausesBucket() string { return n.prefix + "_PAUSES" }
+
+// PoliciesBucket keeps the deployment's Cedar policy sets, one key per
+// version, and which one is in force (DESIGN §18): only admins write it,
+// every worker watches it.
+func (n Names) PoliciesBucket() string { return n.prefix + "_POLICIES" }
+
+// PausesAppliedSubject is where an operator's command asks every worker to
+// confirm that it has applied the pauses up to a revision (and cancelled
+// what a pause asked it to); every worker answers, none in a queue group.
+func (n Names) PausesAppliedSubject() string { return n.subject + ".pauses.applied" }
+
 // SubjectPrefix is the lower-case prefix every subject starts with.
 func (n Names) SubjectPrefix() string { return n.subject }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -211,6 +212,14 @@ func (a *admission) admit() engine.Admission {
 		var cerr *envelope.CapabilityError
 		errors.As(err, &cerr)
 		return a.deny(strings.ToLower(string(cerr.Code))+": "+cerr.Cause.Error(), cerr, nil)
+	}
+	// An operator's pause that refuses (DESIGN §18): once the caller may
+	// know the capability, before its policies and approvals. One that
+	// holds is the engine's, before the attempt.
+	if p := a.w.pauseOf(a.r.Principal, a.req.CapabilityID, a.req.Actor); p != nil && p.Mode == pauses.Refuse {
+		a.w.pauseRefused.Add(1)
+		a.w.cfg.Observer.Paused(a.req.CapabilityID, "refused")
+		return a.deny("paused: "+p.Scope.String()+": "+p.Reason, p.Refusal(), nil)
 	}
 	// 7: invocation-phase policies. A resume runs from stage 9: these
 	// policies already asked for the approval it carries.

@@ -50,6 +50,11 @@ type Worker interface {
 	// Skipped is called for each record of bucket a listing skipped because
 	// it does not decode (the listing goes on without it).
 	Skipped(bucket string)
+	// Paused is called each time an operator's pause stops a call of
+	// capabilityID (DESIGN §18): action is "held" when its delivery is put
+	// back to wait in its queue (again at each of its deliveries while the
+	// pause lasts), "refused" when the call ends PAUSED.
+	Paused(capabilityID, action string)
 }
 
 // Execution is told what happens to one delivery a worker works on.
@@ -105,6 +110,9 @@ func (NopWorker) AuditFailed() {}
 
 // Skipped does nothing.
 func (NopWorker) Skipped(string) {}
+
+// Paused does nothing.
+func (NopWorker) Paused(string, string) {}
 
 // NopExecution observes nothing; embed it to implement only some methods.
 type NopExecution struct{}

@@ -21,6 +21,7 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
 	limited        *prometheus.CounterVec
+	paused         *prometheus.CounterVec
 	slots          *prometheus.GaugeVec
 	outcomeUnknown *prometheus.CounterVec
 	recovered      *prometheus.CounterVec
@@ -63,6 +64,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_limited_total",
 			Help: "Executions a limit of their capability held back, by the limit's kind and what they did (wait, refuse, approval).",
 		}, []string{"capability", "pool", "kind", "action"}),
+		paused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_paused_total",
+			Help: "Calls an operator's pause stopped, by what became of them: held (a delivery put back to wait in its queue, again at each delivery while the pause lasts) or refused (ended PAUSED).",
+		}, []string{"capability", "action"}),
 		slots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "capstan_limit_slots_held",
 			Help: "Concurrency slots this worker's executions hold; summed over the workers, a capability's occupancy.",
@@ -117,7 +122,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Buckets: durationBuckets,
 		}, []string{"capability", "status"}),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.paused, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
 	return m
 }

@@ -216,6 +216,9 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 		}
 		e.unit, e.adm = adm.Unit, adm
 	}
+	if !e.pauseGate(max(fromAttempt, 1), fromAttempt == 0) {
+		return // an operator's pause (DESIGN §18)
+	}
 	if len(e.adm.Limits) > 0 {
 		if !e.takeLimits(e.adm, fromAttempt) {
 			return
@@ -335,6 +338,9 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 					return
 				}
 				e.endByContext(attempt)
+				return
+			}
+			if !e.pauseGate(attempt+1, false) {
 				return
 			}
 			attempt++

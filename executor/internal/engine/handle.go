@@ -68,6 +68,9 @@ func (r *Runner) handle(msg jetstream.Msg) {
 	if r.endedUnstarted(msg, principal, req, d) {
 		return
 	}
+	if r.cfg.Capabilities[req.CapabilityID] != nil && r.heldAgain(msg, principal, req, d) {
+		return // still paused: nothing of it read beyond its record
+	}
 	if share := r.share.Load(); share != nil {
 		if !share.take(principal, r.now()) {
 			// Over its principal's fair share while others wait: nothing of

@@ -46,6 +46,11 @@ type Config struct {
 	// the request's refusal when it is an *envelope.CapabilityError; any other
 	// error leaves the request for a later delivery.
 	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
+	// Paused reports the operators' pause that stops principal's request
+	// now (DESIGN §18), nil when none does. It is asked before every
+	// attempt starts and, while it answers anything, of every delivery: it
+	// must answer from memory. Nil: nothing is ever paused.
+	Paused func(principal string, req *envelope.Request) *Pause
 	// Pool names the worker's pool, for the observer.
 	Pool string
 	// Observer is told what happens to each delivery (never nil).
@@ -69,6 +74,9 @@ type Stats struct {
 	// Recovered counts executions this worker finalized completed from a
 	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
 	Recovered uint64
+	// Held counts deliveries an operator's pause put back in their queue;
+	// PauseRefused the executions one ended PAUSED (DESIGN §18).
+	Held, PauseRefused uint64
 }
 
 // Runner is the delivery machinery of one worker: it pulls deliveries, and
@@ -106,6 +114,8 @@ type Runner struct {
 	// by Serve; deferred counts the deliveries it left for later.
 	share    atomic.Pointer[fairShare]
 	deferred atomic.Uint64
+	// held and pauseRefused count what operators' pauses stopped.
+	held, pauseRefused atomic.Uint64
 
 	// serving is closed once Serve pulls from its consumers (Serving).
 	serving     chan struct{}
@@ -203,7 +213,7 @@ func (r *Runner) Stats() Stats {
 		Handled: r.handled.Load(), HandlerCalls: r.handlerCalls.Load(), Finalized: r.finalized.Load(),
 		Conflicts: r.conflicts.Load(), Abandoned: r.abandoned.Load(), TakenOver: r.takenOver.Load(),
 		Duplicates: r.duplicates.Load(), NotStarted: r.notStarted.Load(), Recovered: r.recovered.Load(),
-		Limited: r.limited.Load(), Deferred: r.deferred.Load(),
+		Limited: r.limited.Load(), Deferred: r.deferred.Load(), Held: r.held.Load(), PauseRefused: r.pauseRefused.Load(),
 	}
 }
 

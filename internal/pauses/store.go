@@ -1,0 +1,293 @@
+package pauses
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// ErrNotPaused: the scope an unpause names has no pause.
+var ErrNotPaused = errors.New("capstan: not paused")
+
+// ErrChanged: another operator changed the scope's pause between the read
+// and the write; nothing was changed.
+var ErrChanged = errors.New("capstan: the pause changed meanwhile")
+
+// Bucket opens the pauses bucket; with create, a missing one is created
+// (an admin's right: workers only read it). Without create, a missing bucket
+// is jetstream.ErrBucketNotFound: nothing was ever paused.
+func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, n.PausesBucket())
+	if err == nil || !create || !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return kv, err
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.PausesBucket(), History: 1,
+		Storage: jetstream.FileStorage, Replicas: broker.DetectReplicas(ctx, js.Conn())})
+	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.KeyValue(ctx, n.PausesBucket())
+	}
+	return kv, err
+}
+
+// List returns every pause in the bucket, by scope.
+func List(ctx context.Context, kv jetstream.KeyValue) ([]*Pause, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Pause
+	for k := range keys.Keys() {
+		p, _, err := get(ctx, kv, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *Pause) int { return a.At.Compare(b.At) })
+	return out, nil
+}
+
+func get(ctx context.Context, kv jetstream.KeyValue, key string) (*Pause, uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	var p Pause
+	if err := json.Unmarshal(e.Value(), &p); err != nil {
+		return nil, e.Revision(), fmt.Errorf("capstan: pause %s does not decode: %w", key, err)
+	}
+	return &p, e.Revision(), nil
+}
+
+// Change is what Apply or Lift did.
+type Change struct {
+	// Pause is the pause now in force (Apply), or the one lifted (Lift).
+	Pause *Pause `json:"pause"`
+	// Replaced is the pause Apply replaced on the same scope, if any.
+	Replaced *Pause `json:"replaced,omitempty"`
+	// Revision is the bucket's revision of the change: a worker whose copy
+	// has it applies the change.
+	Revision uint64 `json:"revision"`
+	// AuditID is the trail's id of the change's event, under the
+	// principal who made it.
+	AuditID string `json:"auditId"`
+}
+
+// Apply puts p in force, replacing any pause of the same scope, as the admin
+// p.By: first its event on the trail (acknowledged), then the bucket, by
+// compare-and-swap on what was read. An error leaves the bucket unchanged;
+// when the trail had taken the event, an operator.not_applied event follows
+// it (best effort) so that the trail says so.
+func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Change, error) {
+	if p.V == 0 {
+		p.V = envelope.Version
+	}
+	if p.At.IsZero() {
+		p.At = time.Now().UTC()
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := Bucket(ctx, js, n, true)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: pauses bucket: %w", err)
+	}
+	key := p.Scope.Key()
+	prev, prevRev, err := get(ctx, kv, key)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && prevRev == 0 {
+		return nil, fmt.Errorf("capstan: read the pause of %s: %w", p.Scope, err)
+	}
+	p.AuditID = envelope.NewExecutionID()
+	data := map[string]any{"scope": p.Scope.String(), "key": key, "mode": string(p.Mode), "reason": p.Reason,
+		"cancelRunning": p.CancelRunning}
+	if prev != nil {
+		data["replaces"] = prev.AuditID
+	}
+	em := emitter(nc, n)
+	if err := em.EmitSync(ctx, event(audit.EventPaused, p.By, p.Operator, p.AuditID, p.Scope.Capability, data)); err != nil {
+		return nil, fmt.Errorf("capstan: not paused: the audit trail did not take the event: %w", err)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, err
+	}
+	var rev uint64
+	if prevRev == 0 {
+		rev, err = kv.Create(ctx, key, b)
+	} else {
+		rev, err = kv.Update(ctx, key, b, prevRev)
+	}
+	if err != nil {
+		return nil, notApplied(ctx, em, p.By, p.Operator, p.AuditID, p.Scope, err)
+	}
+	return &Change{Pause: p, Replaced: prev, Revision: rev, AuditID: p.AuditID}, nil
+}
+
+// Lift removes the pause of scope, as the admin by (operator at the
+// keyboard), for reason: its event on the trail first, then the bucket, by
+// compare-and-swap. ErrNotPaused when the scope has no pause.
+func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, operator, reason string) (*Change, error) {
+	if err := scope.Validate(); err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return nil, errors.New("a reason is required: it goes on the trail")
+	}
+	if len(reason) > MaxReason {
+		return nil, fmt.Errorf("reason: at most %d bytes", MaxReason)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := Bucket(ctx, js, n, false)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: %s (nothing was ever paused)", ErrNotPaused, scope)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan: pauses bucket: %w", err)
+	}
+	key := scope.Key()
+	prev, prevRev, err := get(ctx, kv, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil, fmt.Errorf("%w: %s", ErrNotPaused, scope)
+	case err != nil && prevRev == 0:
+		return nil, fmt.Errorf("capstan: read the pause of %s: %w", scope, err)
+	case prev == nil:
+		prev = &Pause{Scope: scope} // unreadable, still removable
+	}
+	id := envelope.NewExecutionID()
+	em := emitter(nc, n)
+	data := map[string]any{"scope": scope.String(), "key": key, "reason": reason, "pauseAuditId": prev.AuditID}
+	if !prev.At.IsZero() {
+		data["pausedForMs"] = time.Since(prev.At).Milliseconds()
+	}
+	if err := em.EmitSync(ctx, event(audit.EventUnpaused, by, operator, id, scope.Capability, data)); err != nil {
+		return nil, fmt.Errorf("capstan: not unpaused: the audit trail did not take the event: %w", err)
+	}
+	if err := kv.Delete(ctx, key, jetstream.LastRevision(prevRev)); err != nil {
+		return nil, notApplied(ctx, em, by, operator, id, scope, err)
+	}
+	// The delete's revision: the newest of the bucket, read back.
+	rev := prevRev + 1
+	if s, err := js.Stream(ctx, "KV_"+n.PausesBucket()); err == nil {
+		rev = max(rev, s.CachedInfo().State.LastSeq)
+	}
+	return &Change{Pause: prev, Revision: rev, AuditID: id}, nil
+}
+
+// notApplied files that the change recorded under id did not reach the
+// bucket, and returns the error to report.
+func notApplied(ctx context.Context, em *audit.Emitter, by, operator, id string, scope Scope, cause error) error {
+	_ = em.EmitSync(ctx, event(audit.EventNotApplied, by, operator, envelope.NewExecutionID(), scope.Capability,
+		map[string]any{"auditId": id, "scope": scope.String(), "error": cause.Error()}))
+	if errors.Is(cause, jetstream.ErrKeyExists) || strings.Contains(cause.Error(), "wrong last sequence") {
+		return fmt.Errorf("%w: another operator changed the pause of %s; nothing changed (run the command again)", ErrChanged, scope)
+	}
+	return fmt.Errorf("capstan: nothing changed: the pauses bucket refused the write: %w", cause)
+}
+
+// emitter writes an operator's events, acknowledged one by one.
+func emitter(nc *nats.Conn, n broker.Names) *audit.Emitter {
+	return audit.NewEmitter(&broker.Broker{NC: nc, Names: n}, audit.Options{})
+}
+
+// event is an operator's event of type typ, filed under id with the
+// principal by, its actor the person at the keyboard.
+func event(typ, by, operator, id, capabilityID string, data map[string]any) *audit.Event {
+	actor := audit.Actor{Kind: envelope.ActorUser, ID: operator}
+	if operator == "" {
+		actor = audit.Actor{Kind: envelope.ActorService, ID: by}
+	}
+	return &audit.Event{Type: typ, Principal: by, ExecutionID: id, CapabilityID: capabilityID, Actor: actor, Data: data}
+}
+
+// AppliedRequest asks every worker to confirm that its copy has the pauses
+// up to Revision, and, for the pause filed under AuditID, how many running
+// attempts it cancelled.
+type AppliedRequest struct {
+	V        int    `json:"v"`
+	Revision uint64 `json:"revision"`
+	AuditID  string `json:"auditId,omitempty"`
+}
+
+// AppliedReply is one worker's confirmation.
+type AppliedReply struct {
+	V int `json:"v"`
+	// Worker is the worker's id.
+	Worker string `json:"worker"`
+	// Revision is the newest revision its copy has applied; Applied says
+	// whether it reached the one asked for (within the worker's wait).
+	Revision uint64 `json:"revision"`
+	Applied  bool   `json:"applied"`
+	// Pauses is how many pauses its copy holds.
+	Pauses int `json:"pauses"`
+	// Cancelled is how many running attempts it cancelled for the pause
+	// asked about.
+	Cancelled int `json:"cancelled,omitempty"`
+}
+
+// Confirm asks every worker of the deployment to confirm revision rev (and
+// the cancellations of the pause filed under auditID), and gathers their
+// answers for at most wait, ending early once no answer has come for a
+// while after the first. No worker answering is no error: the change is in
+// the bucket, and every worker applies it as it starts.
+func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, rev uint64, auditID string, wait time.Duration) ([]AppliedReply, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	b, err := envelope.Marshal(&AppliedRequest{V: envelope.Version, Revision: rev, AuditID: auditID})
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest(n.PausesAppliedSubject(), inbox, b); err != nil {
+		return nil, err
+	}
+	const quiet = 750 * time.Millisecond
+	deadline := time.Now().Add(wait)
+	var out []AppliedReply
+	for {
+		left := time.Until(deadline)
+		if len(out) > 0 {
+			left = min(left, quiet)
+		}
+		if left <= 0 || ctx.Err() != nil {
+			break
+		}
+		m, err := sub.NextMsg(left)
+		if errors.Is(err, nats.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			return out, err
+		}
+		var r AppliedReply
+		if envelope.Unmarshal(m.Data, &r) == nil {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b AppliedReply) int { return strings.Compare(a.Worker, b.Worker) })
+	return out, nil
+}
