@@ -106,13 +106,23 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	if err != nil {
 		return nil, err
 	}
-	kv, err := Bucket(ctx, js, n, true)
-	if err != nil {
+	var kv jetstream.KeyValue
+	if err := retry(ctx, func(ctx context.Context) (err error) {
+		kv, err = Bucket(ctx, js, n, true)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("capstan: pauses bucket: %w", err)
 	}
 	key := p.Scope.Key()
-	prev, prevRev, err := get(ctx, kv, key)
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) && prevRev == 0 {
+	var prev *Pause
+	var prevRev uint64
+	if err := retry(ctx, func(ctx context.Context) (err error) {
+		prev, prevRev, err = get(ctx, kv, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || err != nil && prevRev > 0 {
+			return nil // none, or one that does not decode: replaced all the same
+		}
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("capstan: read the pause of %s: %w", p.Scope, err)
 	}
 	p.AuditID = envelope.NewExecutionID()
@@ -122,7 +132,8 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 		data["replaces"] = prev.AuditID
 	}
 	em := emitter(nc, n)
-	if err := em.EmitSync(ctx, event(audit.EventPaused, p.By, p.Operator, p.AuditID, p.Scope.Capability, data)); err != nil {
+	ev := event(audit.EventPaused, p.By, p.Operator, p.AuditID, p.Scope.Capability, data)
+	if err := retry(ctx, func(ctx context.Context) error { return em.EmitSync(ctx, ev) }); err != nil {
 		return nil, fmt.Errorf("capstan: not paused: the audit trail did not take the event: %w", err)
 	}
 	b, err := json.Marshal(p)
@@ -130,15 +141,47 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 		return nil, err
 	}
 	var rev uint64
-	if prevRev == 0 {
-		rev, err = kv.Create(ctx, key, b)
-	} else {
-		rev, err = kv.Update(ctx, key, b, prevRev)
-	}
+	tried := false
+	err = retry(ctx, func(ctx context.Context) (err error) {
+		if tried {
+			// The last try may have been stored unanswered: ours is there.
+			if have, r, gerr := get(ctx, kv, key); gerr == nil && have.AuditID == p.AuditID {
+				rev = r
+				return nil
+			}
+		}
+		tried = true
+		if prevRev == 0 {
+			rev, err = kv.Create(ctx, key, b)
+		} else {
+			rev, err = kv.Update(ctx, key, b, prevRev)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, notApplied(ctx, em, p.By, p.Operator, p.AuditID, p.Scope, err)
 	}
 	return &Change{Pause: p, Replaced: prev, Revision: rev, AuditID: p.AuditID}, nil
+}
+
+// retry runs step until it succeeds, fails otherwise than by no server
+// answering in time (a cluster electing a leader, a node lost), or ctx
+// ends; each try has its own bound. A step that may have taken effect
+// unanswered must check before it tries again.
+func retry(ctx context.Context, step func(ctx context.Context) error) error {
+	for try := 0; ; try++ {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := step(sctx)
+		cancel()
+		if err == nil || !broker.Unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
+		}
+	}
 }
 
 // Lift removes the pause of scope, as the admin by (operator at the
@@ -158,7 +201,11 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	if err != nil {
 		return nil, err
 	}
-	kv, err := Bucket(ctx, js, n, false)
+	var kv jetstream.KeyValue
+	err = retry(ctx, func(ctx context.Context) (err error) {
+		kv, err = Bucket(ctx, js, n, false)
+		return err
+	})
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("%w: %s (nothing was ever paused)", ErrNotPaused, scope)
 	}
@@ -166,7 +213,12 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 		return nil, fmt.Errorf("capstan: pauses bucket: %w", err)
 	}
 	key := scope.Key()
-	prev, prevRev, err := get(ctx, kv, key)
+	var prev *Pause
+	var prevRev uint64
+	err = retry(ctx, func(ctx context.Context) (err error) {
+		prev, prevRev, err = get(ctx, kv, key)
+		return err
+	})
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil, fmt.Errorf("%w: %s", ErrNotPaused, scope)
@@ -181,17 +233,33 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	if !prev.At.IsZero() {
 		data["pausedForMs"] = time.Since(prev.At).Milliseconds()
 	}
-	if err := em.EmitSync(ctx, event(audit.EventUnpaused, by, operator, id, scope.Capability, data)); err != nil {
+	ev := event(audit.EventUnpaused, by, operator, id, scope.Capability, data)
+	if err := retry(ctx, func(ctx context.Context) error { return em.EmitSync(ctx, ev) }); err != nil {
 		return nil, fmt.Errorf("capstan: not unpaused: the audit trail did not take the event: %w", err)
 	}
-	if err := kv.Delete(ctx, key, jetstream.LastRevision(prevRev)); err != nil {
+	tried := false
+	err = retry(ctx, func(ctx context.Context) error {
+		if tried {
+			// The last try may have been stored unanswered: the pause is gone.
+			if _, _, gerr := get(ctx, kv, key); errors.Is(gerr, jetstream.ErrKeyNotFound) {
+				return nil
+			}
+		}
+		tried = true
+		return kv.Delete(ctx, key, jetstream.LastRevision(prevRev))
+	})
+	if err != nil {
 		return nil, notApplied(ctx, em, by, operator, id, scope, err)
 	}
 	// The delete's revision: the newest of the bucket, read back.
 	rev := prevRev + 1
-	if s, err := js.Stream(ctx, "KV_"+n.PausesBucket()); err == nil {
-		rev = max(rev, s.CachedInfo().State.LastSeq)
-	}
+	_ = retry(ctx, func(ctx context.Context) error {
+		s, err := js.Stream(ctx, "KV_"+n.PausesBucket())
+		if err == nil {
+			rev = max(rev, s.CachedInfo().State.LastSeq)
+		}
+		return err
+	})
 	return &Change{Pause: prev, Revision: rev, AuditID: id}, nil
 }
 
