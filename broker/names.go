@@ -299,10 +299,11 @@ func (n Names) PausesBucket() string { return n.prefix + "_PAUSES" }
 // every worker watches it.
 func (n Names) PoliciesBucket() string { return n.prefix + "_POLICIES" }
 
-// PausesAppliedSubject is where an operator's command asks every worker to
-// confirm that it has applied the pauses up to a revision (and cancelled
-// what a pause asked it to); every worker answers, none in a queue group.
-func (n Names) PausesAppliedSubject() string { return n.subject + ".pauses.applied" }
+// AppliedSubject is where an operator's command asks every worker to
+// confirm that its copy of the pauses or policies bucket has a revision
+// (and that it cancelled what a pause asked it to); every worker answers,
+// none in a queue group.
+func (n Names) AppliedSubject() string { return n.subject + ".operators.applied" }
 
 // SubjectPrefix is the lower-case prefix every subject starts with.
 func (n Names) SubjectPrefix() string { return n.subject }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -96,7 +97,7 @@ func (c *Console) pause(w http.ResponseWriter, r *http.Request, s *session) {
 		s.setFlash("error", "Not paused: %v", err)
 		return
 	}
-	replies, _ := pauses.Confirm(ctx, s.nc, s.names, ch.Revision, ch.AuditID, 3*time.Second)
+	replies, _ := oplog.Confirm(ctx, s.nc, s.names, oplog.Pauses, ch.Revision, ch.AuditID, 3*time.Second)
 	what := "calls made meanwhile wait in their queue"
 	if p.Mode == pauses.Refuse {
 		what = "calls made meanwhile end PAUSED"
@@ -129,12 +130,12 @@ func (c *Console) unpause(w http.ResponseWriter, r *http.Request, s *session) {
 		s.setFlash("error", "Not unpaused: %v", err)
 		return
 	}
-	replies, _ := pauses.Confirm(ctx, s.nc, s.names, ch.Revision, "", 3*time.Second)
+	replies, _ := oplog.Confirm(ctx, s.nc, s.names, oplog.Pauses, ch.Revision, "", 3*time.Second)
 	s.setFlash("ok", "Unpaused %s: the calls it held run now; %s.", scope, applied(replies))
 }
 
 // applied says which workers confirmed a change.
-func applied(replies []pauses.AppliedReply) string {
+func applied(replies []oplog.AppliedReply) string {
 	n := 0
 	for _, r := range replies {
 		if r.Applied {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go"
 )
@@ -134,26 +135,41 @@ func (w *Worker) cancelled(ctx context.Context, auditID string) int {
 	}
 }
 
-// servePausesApplied answers an operator's command: once this worker's copy
-// has the revision asked for (or two seconds passed), with what it holds and
-// what it cancelled. It answers on an inbox only: the subject carries no
-// principal, and only the capstan account's users (admins, workers) reach
-// it.
-func (w *Worker) servePausesApplied(m *nats.Msg) {
+// serveApplied answers an operator's command: once this worker's copy of
+// the bucket asked about has the revision asked for (or two seconds
+// passed), with what it holds and what it cancelled. It answers on an inbox
+// only: the subject carries no principal, and only the capstan account's
+// users (admins, workers) reach it.
+func (w *Worker) serveApplied(m *nats.Msg) {
 	if !strings.HasPrefix(m.Reply, "_INBOX") {
 		return
 	}
-	var req pauses.AppliedRequest
+	var req oplog.AppliedRequest
 	if envelope.Unmarshal(m.Data, &req) != nil {
+		return
+	}
+	var copyOf *oplog.Follower
+	switch req.Bucket {
+	case oplog.Pauses:
+		copyOf = w.pauses.Follower
+	case oplog.Policies:
+		copyOf = w.policies.Follower
+	default:
 		return
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(w.run.Context(), 2*time.Second)
 		defer cancel()
-		applied := w.pauses.WaitRevision(ctx, req.Revision) == nil
-		reply := pauses.AppliedReply{V: envelope.Version, Worker: w.cfg.ID, Revision: w.pauses.Revision(), Applied: applied,
+		applied := copyOf.WaitRevision(ctx, req.Revision) == nil
+		reply := oplog.AppliedReply{V: envelope.Version, Worker: w.cfg.ID, Revision: copyOf.Revision(), Applied: applied,
 			Pauses: w.pauses.Set().Len()}
-		if applied && req.AuditID != "" {
+		if s := w.policies.Set(); s != nil {
+			reply.PolicyVersion = s.Version
+			if err := s.Err(); err != nil {
+				reply.PolicyError = err.Error()
+			}
+		}
+		if applied && req.Bucket == oplog.Pauses && req.AuditID != "" {
 			reply.Cancelled = w.cancelled(ctx, req.AuditID)
 		}
 		if b, err := envelope.Marshal(&reply); err == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go"
 )
@@ -40,7 +41,7 @@ func countedCap(id string, calls *atomic.Int64, gate chan struct{}) executor.Cap
 // pause puts a pause in force as an admin of an open server would, and
 // waits until every worker that answers has applied it; it returns the
 // workers' confirmations.
-func pause(t *testing.T, nc *nats.Conn, p pauses.Pause) (*pauses.Change, []pauses.AppliedReply) {
+func pause(t *testing.T, nc *nats.Conn, p pauses.Pause) (*pauses.Change, []oplog.AppliedReply) {
 	t.Helper()
 	if p.Mode == "" {
 		p.Mode = pauses.Hold
@@ -53,7 +54,7 @@ func pause(t *testing.T, nc *nats.Conn, p pauses.Pause) (*pauses.Change, []pause
 	if err != nil {
 		t.Fatal(err)
 	}
-	replies, err := pauses.Confirm(ctxT(t), nc, broker.NewNames(""), ch.Revision, ch.AuditID, 5*time.Second)
+	replies, err := oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Pauses, ch.Revision, ch.AuditID, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func unpause(t *testing.T, nc *nats.Conn, s pauses.Scope) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pauses.Confirm(ctxT(t), nc, broker.NewNames(""), ch.Revision, "", 5*time.Second); err != nil {
+	if _, err := oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Pauses, ch.Revision, "", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 }

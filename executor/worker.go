@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
 	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -172,6 +173,8 @@ type Worker struct {
 	// running attempts they cancelled.
 	pauses  *pauses.Watcher
 	cancels cancelPasses
+	// policies is the Cedar policy set in force (DESIGN §18), watched.
+	policies *policies.Watcher
 	// pauseRefused counts the calls a pause refused at admission.
 	pauseRefused atomic.Uint64
 	// reading counts the readings of executions being answered (executions.go).
@@ -295,6 +298,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.pauses.Stop()
+	if err := ready("read policies", func(context.Context) (err error) {
+		w.policies, err = policies.Watch(ctx, b.JS, b.Names, w.log)
+		return err
+	}); err != nil {
+		return startErr(ctx, err)
+	}
+	defer w.policies.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.emitter.Store(w.audit)

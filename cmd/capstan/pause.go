@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
@@ -87,7 +88,7 @@ type pauseAnswer struct {
 	// By is the principal that made the change.
 	By string `json:"by"`
 	// Workers are the workers that confirmed the change.
-	Workers []pauses.AppliedReply `json:"workers"`
+	Workers []oplog.AppliedReply `json:"workers"`
 	// Undo is the command that undoes it.
 	Undo string `json:"undo"`
 }
@@ -189,10 +190,10 @@ func confirm(ctx context.Context, nc *nats.Conn, ch *pauses.Change, by, undo str
 		auditID = ch.AuditID
 	}
 	stop := waiting("the workers' confirmations", confirmWait)
-	a.Workers, _ = pauses.Confirm(ctx, nc, names, ch.Revision, auditID, confirmWait)
+	a.Workers, _ = oplog.Confirm(ctx, nc, names, oplog.Pauses, ch.Revision, auditID, confirmWait)
 	stop()
 	if a.Workers == nil {
-		a.Workers = []pauses.AppliedReply{}
+		a.Workers = []oplog.AppliedReply{}
 	}
 	return a
 }

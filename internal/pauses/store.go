@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/oplog"
 )
 
 // ErrNotPaused: the scope an unpause names has no pause.
@@ -107,7 +108,7 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 		return nil, err
 	}
 	var kv jetstream.KeyValue
-	if err := retry(ctx, func(ctx context.Context) (err error) {
+	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		kv, err = Bucket(ctx, js, n, true)
 		return err
 	}); err != nil {
@@ -116,7 +117,7 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	key := p.Scope.Key()
 	var prev *Pause
 	var prevRev uint64
-	if err := retry(ctx, func(ctx context.Context) (err error) {
+	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		prev, prevRev, err = get(ctx, kv, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || err != nil && prevRev > 0 {
 			return nil // none, or one that does not decode: replaced all the same
@@ -131,9 +132,8 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	if prev != nil {
 		data["replaces"] = prev.AuditID
 	}
-	em := emitter(nc, n)
-	ev := event(audit.EventPaused, p.By, p.Operator, p.AuditID, p.Scope.Capability, data)
-	if err := retry(ctx, func(ctx context.Context) error { return em.EmitSync(ctx, ev) }); err != nil {
+	log := oplog.New(nc, n, p.By, p.Operator)
+	if err := log.Record(ctx, audit.EventPaused, p.AuditID, p.Scope.Capability, data); err != nil {
 		return nil, fmt.Errorf("capstan: not paused: the audit trail did not take the event: %w", err)
 	}
 	b, err := json.Marshal(p)
@@ -142,7 +142,7 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	}
 	var rev uint64
 	tried := false
-	err = retry(ctx, func(ctx context.Context) (err error) {
+	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		if tried {
 			// The last try may have been stored unanswered: ours is there.
 			if have, r, gerr := get(ctx, kv, key); gerr == nil && have.AuditID == p.AuditID {
@@ -159,29 +159,9 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 		return err
 	})
 	if err != nil {
-		return nil, notApplied(ctx, em, p.By, p.Operator, p.AuditID, p.Scope, err)
+		return nil, notApplied(ctx, log, p.AuditID, p.Scope, err)
 	}
 	return &Change{Pause: p, Replaced: prev, Revision: rev, AuditID: p.AuditID}, nil
-}
-
-// retry runs step until it succeeds, fails otherwise than by no server
-// answering in time (a cluster electing a leader, a node lost), or ctx
-// ends; each try has its own bound. A step that may have taken effect
-// unanswered must check before it tries again.
-func retry(ctx context.Context, step func(ctx context.Context) error) error {
-	for try := 0; ; try++ {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := step(sctx)
-		cancel()
-		if err == nil || !broker.Unreachable(err) || ctx.Err() != nil {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
-		}
-	}
 }
 
 // Lift removes the pause of scope, as the admin by (operator at the
@@ -202,7 +182,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 		return nil, err
 	}
 	var kv jetstream.KeyValue
-	err = retry(ctx, func(ctx context.Context) (err error) {
+	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		kv, err = Bucket(ctx, js, n, false)
 		return err
 	})
@@ -215,7 +195,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	key := scope.Key()
 	var prev *Pause
 	var prevRev uint64
-	err = retry(ctx, func(ctx context.Context) (err error) {
+	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		prev, prevRev, err = get(ctx, kv, key)
 		return err
 	})
@@ -228,17 +208,16 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 		prev = &Pause{Scope: scope} // unreadable, still removable
 	}
 	id := envelope.NewExecutionID()
-	em := emitter(nc, n)
+	log := oplog.New(nc, n, by, operator)
 	data := map[string]any{"scope": scope.String(), "key": key, "reason": reason, "pauseAuditId": prev.AuditID}
 	if !prev.At.IsZero() {
 		data["pausedForMs"] = time.Since(prev.At).Milliseconds()
 	}
-	ev := event(audit.EventUnpaused, by, operator, id, scope.Capability, data)
-	if err := retry(ctx, func(ctx context.Context) error { return em.EmitSync(ctx, ev) }); err != nil {
+	if err := log.Record(ctx, audit.EventUnpaused, id, scope.Capability, data); err != nil {
 		return nil, fmt.Errorf("capstan: not unpaused: the audit trail did not take the event: %w", err)
 	}
 	tried := false
-	err = retry(ctx, func(ctx context.Context) error {
+	err = oplog.Retry(ctx, func(ctx context.Context) error {
 		if tried {
 			// The last try may have been stored unanswered: the pause is gone.
 			if _, _, gerr := get(ctx, kv, key); errors.Is(gerr, jetstream.ErrKeyNotFound) {
@@ -249,11 +228,11 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 		return kv.Delete(ctx, key, jetstream.LastRevision(prevRev))
 	})
 	if err != nil {
-		return nil, notApplied(ctx, em, by, operator, id, scope, err)
+		return nil, notApplied(ctx, log, id, scope, err)
 	}
 	// The delete's revision: the newest of the bucket, read back.
 	rev := prevRev + 1
-	_ = retry(ctx, func(ctx context.Context) error {
+	_ = oplog.Retry(ctx, func(ctx context.Context) error {
 		s, err := js.Stream(ctx, "KV_"+n.PausesBucket())
 		if err == nil {
 			rev = max(rev, s.CachedInfo().State.LastSeq)
@@ -265,97 +244,10 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 
 // notApplied files that the change recorded under id did not reach the
 // bucket, and returns the error to report.
-func notApplied(ctx context.Context, em *audit.Emitter, by, operator, id string, scope Scope, cause error) error {
-	_ = em.EmitSync(ctx, event(audit.EventNotApplied, by, operator, envelope.NewExecutionID(), scope.Capability,
-		map[string]any{"auditId": id, "scope": scope.String(), "error": cause.Error()}))
+func notApplied(ctx context.Context, log *oplog.Log, id string, scope Scope, cause error) error {
+	log.NotApplied(ctx, id, scope.Capability, cause)
 	if errors.Is(cause, jetstream.ErrKeyExists) || strings.Contains(cause.Error(), "wrong last sequence") {
 		return fmt.Errorf("%w: another operator changed the pause of %s; nothing changed (run the command again)", ErrChanged, scope)
 	}
 	return fmt.Errorf("capstan: nothing changed: the pauses bucket refused the write: %w", cause)
-}
-
-// emitter writes an operator's events, acknowledged one by one.
-func emitter(nc *nats.Conn, n broker.Names) *audit.Emitter {
-	return audit.NewEmitter(&broker.Broker{NC: nc, Names: n}, audit.Options{})
-}
-
-// event is an operator's event of type typ, filed under id with the
-// principal by, its actor the person at the keyboard.
-func event(typ, by, operator, id, capabilityID string, data map[string]any) *audit.Event {
-	actor := audit.Actor{Kind: envelope.ActorUser, ID: operator}
-	if operator == "" {
-		actor = audit.Actor{Kind: envelope.ActorService, ID: by}
-	}
-	return &audit.Event{Type: typ, Principal: by, ExecutionID: id, CapabilityID: capabilityID, Actor: actor, Data: data}
-}
-
-// AppliedRequest asks every worker to confirm that its copy has the pauses
-// up to Revision, and, for the pause filed under AuditID, how many running
-// attempts it cancelled.
-type AppliedRequest struct {
-	V        int    `json:"v"`
-	Revision uint64 `json:"revision"`
-	AuditID  string `json:"auditId,omitempty"`
-}
-
-// AppliedReply is one worker's confirmation.
-type AppliedReply struct {
-	V int `json:"v"`
-	// Worker is the worker's id.
-	Worker string `json:"worker"`
-	// Revision is the newest revision its copy has applied; Applied says
-	// whether it reached the one asked for (within the worker's wait).
-	Revision uint64 `json:"revision"`
-	Applied  bool   `json:"applied"`
-	// Pauses is how many pauses its copy holds.
-	Pauses int `json:"pauses"`
-	// Cancelled is how many running attempts it cancelled for the pause
-	// asked about.
-	Cancelled int `json:"cancelled,omitempty"`
-}
-
-// Confirm asks every worker of the deployment to confirm revision rev (and
-// the cancellations of the pause filed under auditID), and gathers their
-// answers for at most wait, ending early once no answer has come for a
-// while after the first. No worker answering is no error: the change is in
-// the bucket, and every worker applies it as it starts.
-func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, rev uint64, auditID string, wait time.Duration) ([]AppliedReply, error) {
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	b, err := envelope.Marshal(&AppliedRequest{V: envelope.Version, Revision: rev, AuditID: auditID})
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.PublishRequest(n.PausesAppliedSubject(), inbox, b); err != nil {
-		return nil, err
-	}
-	const quiet = 750 * time.Millisecond
-	deadline := time.Now().Add(wait)
-	var out []AppliedReply
-	for {
-		left := time.Until(deadline)
-		if len(out) > 0 {
-			left = min(left, quiet)
-		}
-		if left <= 0 || ctx.Err() != nil {
-			break
-		}
-		m, err := sub.NextMsg(left)
-		if errors.Is(err, nats.ErrTimeout) {
-			break
-		}
-		if err != nil {
-			return out, err
-		}
-		var r AppliedReply
-		if envelope.Unmarshal(m.Data, &r) == nil {
-			out = append(out, r)
-		}
-	}
-	slices.SortFunc(out, func(a, b AppliedReply) int { return strings.Compare(a.Worker, b.Worker) })
-	return out, nil
 }
