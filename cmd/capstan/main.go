@@ -38,6 +38,7 @@ var commands = []command{
 	{"pause", "stop calls at once: of a capability, a principal, an actor, or everything (admins)", runPause},
 	{"unpause", "lift a pause: the calls it held run (admins)", runUnpause},
 	{"pauses", "list what is paused, since when, by whom and why", runPauses},
+	{"policy", "Cedar policies as data: apply, test against recorded calls, show, history, remove (admins)", runPolicy},
 	{"approvals", "list, show, approve and reject approvals", runApprovals},
 	{"resume", "run an approved call as a new execution and await it", runResume},
 	{"mcp", "serve the capabilities as MCP tools, over stdio or streamable HTTP", runMCP},
