@@ -57,10 +57,11 @@ type Outcome struct {
 	// today); With what the set tested decides.
 	Now  Decision `json:"now"`
 	With Decision `json:"with"`
-	// Changed: the two decide differently (allow, deny, or cannot decide).
+	// Changed: the two decide differently (allow, deny, or cannot decide),
+	// both knowing what they need.
 	Changed bool `json:"changed"`
 	// NeedsInput: a set could not decide without the call's input, which a
-	// recorded execution lacks.
+	// recorded execution lacks: whether its decision changes is unknown.
 	NeedsInput bool `json:"needsInput,omitempty"`
 	// Unexpected: the case expects another decision than With.
 	Unexpected bool `json:"unexpected,omitempty"`
@@ -107,8 +108,8 @@ func Compare(now, with *Set, cases []Case, catalog []Capability) []Outcome {
 		} else {
 			o.Now = Decision{Allow: true, Reason: "no Cedar policy in force"}
 		}
-		o.Changed = o.Now.Word() != o.With.Word()
 		o.NeedsInput = len(c.Input) == 0 && (o.Now.Failed || o.With.Failed)
+		o.Changed = !o.NeedsInput && o.Now.Word() != o.With.Word()
 		o.Unexpected = c.Expect != "" && c.Expect != o.With.Word()
 		out = append(out, o)
 	}

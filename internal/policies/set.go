@@ -167,9 +167,9 @@ type Decision struct {
 }
 
 // Decide evaluates the set for r. Every outcome but a permit is a denial: a
-// forbid that matched, no permit that did, or a policy that could not be
-// evaluated (an error, or a field of the input it reads that the call
-// lacks).
+// forbid that matched (whatever else could not be evaluated), a policy that
+// could not be evaluated (an error, or a field of the input it reads that
+// the call lacks: it fails closed), or no permit that matched.
 func (s *Set) Decide(r Request) (d Decision) {
 	d.Version = s.Version
 	if s.broken != nil {
@@ -182,6 +182,12 @@ func (s *Set) Decide(r Request) (d Decision) {
 	}()
 	ents, req := s.request(r)
 	decision, diag := cedar.Authorize(s.ps, ents, req)
+	if decision == cedar.Deny && len(diag.Reasons) > 0 {
+		// A forbid matched: denied, whatever else could not be evaluated.
+		d.Policy = s.reasons(diag.Reasons)
+		d.Reason = "forbidden by " + d.Policy
+		return d
+	}
 	if len(diag.Errors) > 0 {
 		names := make([]string, 0, len(diag.Errors))
 		msgs := make([]string, 0, len(diag.Errors))
@@ -199,12 +205,7 @@ func (s *Set) Decide(r Request) (d Decision) {
 		d.Allow, d.Reason = true, "permitted by "+s.reasons(diag.Reasons)
 		return d
 	}
-	if len(diag.Reasons) == 0 {
-		d.Reason = "no policy permits it"
-		return d
-	}
-	d.Policy = s.reasons(diag.Reasons)
-	d.Reason = "forbidden by " + d.Policy
+	d.Reason = "no policy permits it"
 	return d
 }
 

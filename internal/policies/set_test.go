@@ -214,3 +214,34 @@ func TestSchema_TypesTheInput(t *testing.T) {
 		t.Errorf("a map's field is typed:\n%s", sch)
 	}
 }
+
+// What policy test compares: a decision the trail lets both sets make
+// changes or not; one that needs the input a recorded execution lacks is
+// said to, not counted as a change; a case is held to what it expects.
+func TestCompare_ChangesNeedsInputAndExpectations(t *testing.T) {
+	t.Parallel()
+	now := compile(t, `permit (principal, action, resource);`)
+	with := compile(t, tenRules)
+	cases := []Case{
+		{ExecutionID: "e1", Principal: "beta", Actor: "user:alice", Capability: "email.send"},    // beta-no-mail: definite
+		{ExecutionID: "e2", Principal: "acme", Actor: "user:alice", Capability: "email.send"},    // reads the input
+		{ExecutionID: "e3", Principal: "acme", Actor: "user:alice", Capability: "orders.refund"}, // no rule of the input
+		{Name: "c1", Principal: "acme", Actor: "agent:bot", Capability: "orders.refund", Expect: "deny", // as expected
+			Input: json.RawMessage(`{"orderId":"o","amount":500}`)},
+		{Name: "c2", Principal: "acme", Actor: "user:alice", Capability: "email.send", Expect: "deny", // not as expected
+			Input: json.RawMessage(`{"to":"a@example.com","subject":"s"}`)},
+	}
+	out := Compare(now, with, cases, catalog)
+	want := []struct{ changed, needsInput, unexpected bool }{
+		{true, false, false}, {false, true, false}, {false, false, false}, {true, false, false}, {false, false, true},
+	}
+	for i, o := range out {
+		if o.Changed != want[i].changed || o.NeedsInput != want[i].needsInput || o.Unexpected != want[i].unexpected {
+			t.Errorf("case %d: changed=%v needsInput=%v unexpected=%v, want %+v (%+v)", i, o.Changed, o.NeedsInput, o.Unexpected, want[i], o)
+		}
+	}
+	// With no set in force, every call is allowed, as today.
+	if o := Compare(nil, with, cases[:1], catalog)[0]; o.Now.Word() != "allow" || !o.Changed {
+		t.Errorf("against no set: %+v", o)
+	}
+}
