@@ -51,6 +51,7 @@ func runBench(args []string) int {
 	fs.StringVar(&cfg.Trace, "trace", "", "write an execution trace of the capstan phase to `file` (go tool trace)")
 	fs.IntVar(&cfg.Flood, "flood", 0, "with --embedded --auth: another principal submits `N` held calls (demo.sleep) as the measured phase starts; the latencies show its fair share")
 	fs.IntVar(&cfg.FloodMs, "flood-ms", 900, "how long each flooding call holds its worker slot, in `ms`")
+	policyFile := fs.String("policy", "", "put this Cedar policy set `file` in force before the run (what deciding every call by it costs)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -60,6 +61,11 @@ func runBench(args []string) int {
 		return usageError("%v", err)
 	}
 	cfg.Rate = rate
+	if *policyFile != "" {
+		if cfg.Policies, err = os.ReadFile(*policyFile); err != nil {
+			return usageError("bench: %v", err)
+		}
+	}
 	switch {
 	case cfg.N <= 0:
 		return usageError("--n must be positive")
@@ -213,6 +219,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	}
 	if r.Flood > 0 {
 		audit += fmt.Sprintf("; another principal flooded %d held calls of %d ms", r.Flood, r.FloodMs)
+	}
+	if r.PolicyRules > 0 {
+		audit += fmt.Sprintf("; every call decided by a Cedar policy set of %d policies", r.PolicyRules)
 	}
 	fmt.Fprintf(w, "capstan bench: %d × %s, %d-byte payload, %s\n", r.N, r.Capability, r.PayloadBytes, mode)
 	fmt.Fprintf(w, "server %s; %d worker(s) × %d concurrency; audit %s; %d CPUs\n\n", r.Server, r.Workers, r.WorkerConcurrency, audit, r.CPUs)
