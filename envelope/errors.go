@@ -37,6 +37,10 @@ const (
 	// the pause refuses calls rather than hold them; the message carries the
 	// operator's reason. Retryable: the call runs once the pause is lifted.
 	CodePaused Code = "PAUSED"
+	// CodeQuotaExceeded: the calling principal is over one of its quotas
+	// (DESIGN §12 "Quotas"); details carry which quota, its limit and, when
+	// waiting helps, retryAfterMs. Refused before anything ran.
+	CodeQuotaExceeded Code = "QUOTA_EXCEEDED"
 	// CodeWorkerLost appears only as the previousErrorCode of a re-attempt after
 	// a takeover, never on an envelope.
 	CodeWorkerLost Code = "WORKER_LOST"
@@ -83,7 +87,7 @@ type CapabilityError struct {
 	ExposeToModel bool
 	// Details are structured facts of the failure, written to the
 	// envelope's error; nil for none. A model sees them only with
-	// INPUT_INVALID and RATE_LIMITED.
+	// INPUT_INVALID, RATE_LIMITED and QUOTA_EXCEEDED.
 	Details map[string]any
 	// Cause is the private cause: kept in logs and the execution's record
 	// for operators, never in the envelope or shown to a model.
