@@ -59,6 +59,7 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 	end(env1, nil)
 	tel.AuditFailed()
 	tel.Skipped("CAPSTAN_APPROVALS")
+	tel.Paused("t.echo", "held")
 
 	m := scrape(t, tel.Handler())
 	raw, err := os.ReadFile("grafana/capstan.json")

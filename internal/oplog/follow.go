@@ -8,14 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Follower keeps a worker's copy of a bucket operators write current: one
 // watcher of the bucket (or of one key), whose every change it hands to
 // apply before the change's revision counts as applied. Before the bucket
-// exists (no operator has written it yet) it looks for it every second, and
-// at once when Bind is called.
+// exists (no operator has written it yet) it binds when the server
+// announces the bucket's creation (a JetStream advisory: no message until
+// then), when Bind is called (an operator's confirmation asks), and, should
+// the announcement have been missed, every 30 s.
 type Follower struct {
 	ctx    context.Context
 	stop   context.CancelFunc
@@ -33,6 +36,10 @@ type Follower struct {
 	bindNow chan struct{}
 	done    chan struct{}
 }
+
+// lookAgain is how often a follower whose bucket does not exist looks for
+// it, in case the announcement of its creation was missed (a reconnect).
+var lookAgain = 30 * time.Second
 
 // Follow reads bucket (its key key, or every key for "") and follows it
 // until ctx ends or Stop, calling apply with each entry, on one goroutine,
@@ -113,11 +120,16 @@ func (f *Follower) Stop() {
 	<-f.done
 }
 
-// keepBound looks for the bucket until the follower watches it, every
-// second and whenever Bind asks.
+// keepBound looks for the bucket until the follower watches it: when the
+// server announces a stream's creation, whenever Bind asks, and every
+// lookAgain.
 func (f *Follower) keepBound() {
 	defer close(f.done)
-	tick := time.NewTicker(time.Second)
+	created := make(chan *nats.Msg, 1)
+	if sub, err := f.js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+f.bucket, created); err == nil {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	tick := time.NewTicker(lookAgain)
 	defer tick.Stop()
 	for {
 		select {
@@ -125,6 +137,7 @@ func (f *Follower) keepBound() {
 			return
 		case <-tick.C:
 		case <-f.bindNow:
+		case <-created:
 		}
 		f.mu.Lock()
 		bound := f.watch != nil
