@@ -110,3 +110,11 @@ func (w *Watcher) load(cur Current) (*Set, error) {
 	s.Version = v.Version
 	return s, nil
 }
+
+// Fixed is a copy that holds s for ever and follows no bucket: what a
+// worker's stages see, for benchmarks and tests without a server.
+func Fixed(s *Set) *Watcher {
+	w := &Watcher{}
+	w.set.Store(s)
+	return w
+}
