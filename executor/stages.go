@@ -296,7 +296,7 @@ func (a *admission) cedarGate() (end engine.Admission, refused bool) {
 	if d.Policy != "" {
 		rec.Policy = "cedar:" + d.Policy
 	}
-	cause := fmt.Errorf("Cedar policy set v%d: %s", d.Version, d.Reason)
+	cause := fmt.Errorf("policy set v%d (Cedar): %s", d.Version, d.Reason)
 	switch {
 	case d.Failed:
 		rec.Stance, rec.Failed, rec.Failure = StanceDeny, true, "error"
