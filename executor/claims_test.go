@@ -101,8 +101,19 @@ func newStore(t *testing.T, env *testenv.Env) *store {
 	return &store{t: t, nc: nc, b: testhooks.Broker(c), c: c}
 }
 
-// putRecord writes an execution record as a worker would have left it.
+// putRecord writes an execution record as a worker of this version would
+// have left it.
 func (s *store) putRecord(rec *execution.Record) uint64 {
+	s.t.Helper()
+	if rec.KeyVersion == 0 {
+		rec.KeyVersion = envelope.IdempotencyKeyVersion
+	}
+	return s.putRecordAsIs(rec)
+}
+
+// putRecordAsIs writes an execution record with the key version it names (0:
+// as a worker of a version before key versions left it).
+func (s *store) putRecordAsIs(rec *execution.Record) uint64 {
 	s.t.Helper()
 	rec.V = envelope.Version
 	if rec.CreatedAt.IsZero() {

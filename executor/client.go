@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
@@ -714,6 +715,9 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 		return nil, fmt.Errorf("capstan: cancel %s: bad reply: %w", executionID, err)
 	}
 	if r.Error != "" {
+		if slices.Contains(r.Conditions, "quota_exceeded") {
+			return &r, envelope.QuotaRefusal(r.Error, r.Details)
+		}
 		return &r, fmt.Errorf("capstan: cancel %s: %s", executionID, r.Error)
 	}
 	return &r, nil

@@ -114,6 +114,17 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		w.log.Error("describe reply does not encode", "err", err)
 		return
 	}
+	if bound := w.replyBound(w.b.Names.PrincipalOfSubject(m.Subject)); len(b) > bound {
+		// Never dropped for its size: the refusal says how to ask for less.
+		refusal := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: reply.ID, Surface: reply.Surface,
+			Capabilities: []Descriptor{}, Worker: w.cfg.ID}, Error: &envelope.Error{Code: envelope.CodeInputInvalid,
+			Stage: envelope.StageInput, ExposeToModel: true,
+			Message: fmt.Sprintf("The description of %d capabilities is %d bytes, over the %d a reply may hold: narrow its scope (a prefix or tags).",
+				len(reply.Capabilities), len(b), bound)}}
+		if b, err = envelope.Marshal(&refusal); err != nil {
+			return
+		}
+	}
 	_ = m.Respond(b)
 }
 
@@ -129,7 +140,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if cerr := checkActor(req.Actor); cerr != nil {
 		reply.Error = cerr.Wire()
 		ev.Data = map[string]any{"refused": string(cerr.Code), "count": 0}
-		w.emit(ev)
+		w.fileReadOnly(ev)
 		return reply
 	}
 	// The actor and surface: as a call of a capability the grant allows.
@@ -139,7 +150,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 		if errors.As(err, &cerr) && !errors.Is(err, auth.ErrCapabilityNotGranted) {
 			reply.Error = cerr.Wire()
 			ev.Data = map[string]any{"refused": string(cerr.Code), "reason": cerr.Cause.Error(), "count": 0}
-			w.emit(ev)
+			w.fileReadOnly(ev)
 			return reply
 		}
 	}
@@ -199,7 +210,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if len(withheld) > 0 {
 		ev.Data["withheld"] = withheld
 	}
-	w.emit(ev)
+	w.fileReadOnly(ev)
 	return reply
 }
 
@@ -245,7 +256,11 @@ func discoveryDigest(ids []string) string {
 // within scope. An empty surface is the client's own; an actor left zero is
 // the client's default actor. A malformed actor is refused with an
 // UNAUTHENTICATED *envelope.CapabilityError. Every description is audited as
-// capabilities.discovered under the returned Discovery's ID.
+// capabilities.discovered under the returned Discovery's ID, unless its
+// principal asked for the same description (or for 16 others) in the last
+// 10 s: it is then counted in one event at the interval's end (DESIGN §8).
+// Beyond its principal's controlPerSecond quota it is refused with a
+// QUOTA_EXCEEDED *envelope.CapabilityError.
 func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.Actor, scope Scope) (*Discovery, error) {
 	if surface == "" {
 		surface = c.cfg.Surface

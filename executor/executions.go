@@ -59,10 +59,13 @@ type ExecutionsPage struct {
 	// Scope says whose executions the principal sees: all, own, approvals.
 	Scope string `json:"scope,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
-	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
-	// into errors errors.Is recognizes.
+	// (forbidden, unknown, not_found, invalid, quota_exceeded)
+	// RequestExecution(s) turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Scopes of what a principal sees.
@@ -123,11 +126,18 @@ type ExecutionView struct {
 	Approvals []*approvals.Record `json:"approvals,omitempty"`
 	// Scope says why the principal may see it: all, own, approvals.
 	Scope string `json:"scope,omitempty"`
+	// Omitted names what the view leaves out because the reply would exceed
+	// the payload the principal may receive: "trail", "approvals.input"
+	// (the approvals' inputs and displays), "output" (the envelope's).
+	Omitted []string `json:"omitted,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
-	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
-	// into errors errors.Is recognizes.
+	// (forbidden, unknown, not_found, invalid, quota_exceeded)
+	// RequestExecution(s) turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Errors of a reading refused or failed on the workers' side; errors.Is
@@ -170,7 +180,10 @@ type readError struct {
 func (e *readError) Error() string   { return e.msg }
 func (e *readError) Unwrap() []error { return e.conds }
 
-func readErrorOf(msg string, conds []string) error {
+func readErrorOf(msg string, conds []string, details map[string]any) error {
+	if slices.Contains(conds, "quota_exceeded") {
+		return envelope.QuotaRefusal(msg, details)
+	}
 	e := &readError{msg: msg}
 	for _, n := range conds {
 		for _, c := range readConditions {
@@ -242,9 +255,43 @@ func (w *Worker) serveExecutions(m *nats.Msg) {
 			reply.Error, reply.Conditions = err.Error(), readConditionsOf(err)
 		} else {
 			reply = *page
+			cutPage(&reply, req.Cursor, w.replyBound(principal))
 		}
 	}
 	w.respond(m, &reply)
+}
+
+// cutPage ends a page early when its reply would exceed bound bytes, with
+// the cursor of the first entry left out: a reply is never dropped for its
+// size.
+func cutPage(page *ExecutionsPage, cursor string, bound int) {
+	size := func(v any) int {
+		b, err := envelope.Marshal(v)
+		if err != nil {
+			return 0
+		}
+		return len(b)
+	}
+	if bound <= 0 || size(page) <= bound {
+		return
+	}
+	used := size(&ExecutionsPage{V: page.V, Entries: []audit.Entry{}, Scanned: page.Scanned, Scope: page.Scope}) + 64
+	k := 0
+	for k < len(page.Entries) && used+size(&page.Entries[k]) <= bound {
+		used += size(&page.Entries[k])
+		k++
+	}
+	k = max(k, 1) // an entry is a few hundred bytes: one always fits
+	if k == len(page.Entries) {
+		return
+	}
+	if page.Scope == ScopeApprovals {
+		off, _ := strconv.Atoi(strings.TrimPrefix(cursor, "o"))
+		page.Next = "o" + strconv.Itoa(off+k)
+	} else {
+		page.Next = strconv.FormatUint(page.Entries[k-1].Seq, 10)
+	}
+	page.Entries = page.Entries[:k]
 }
 
 func (w *Worker) respond(m *nats.Msg, v any) {
@@ -253,7 +300,9 @@ func (w *Worker) respond(m *nats.Msg, v any) {
 		w.log.Error("reply does not encode", "subject", m.Subject, "err", err)
 		return
 	}
-	_ = m.Respond(b)
+	if err := m.Respond(b); err != nil {
+		w.log.Error("reply not sent", "subject", m.Subject, "bytes", len(b), "err", err)
+	}
 }
 
 // listExecutions is one page of what principal may see.
@@ -313,17 +362,18 @@ func (w *Worker) current(ctx context.Context, entries []audit.Entry) []audit.Ent
 
 // approvalsOf returns the approvals v may decide.
 func (w *Worker) approvalsOf(ctx context.Context, v viewer) ([]*approvals.Record, error) {
+	mayDecide := func(r *approvals.Record) bool {
+		_, _, err := w.grants.Approver(v.principal, r.Types)
+		return err == nil
+	}
+	if w.approvalIndex != nil {
+		return w.approvalIndex.Select(mayDecide), nil
+	}
 	all, err := approvals.NewStore(w.b, nil).List(ctx, approvals.Filter{})
 	if err != nil {
 		return nil, err
 	}
-	var out []*approvals.Record
-	for _, r := range all {
-		if _, _, err := w.grants.Approver(v.principal, r.Types); err == nil {
-			out = append(out, r)
-		}
-	}
-	return out, nil
+	return slices.DeleteFunc(all, func(r *approvals.Record) bool { return !mayDecide(r) }), nil
 }
 
 // listBehindApprovals lists, for an approver, the executions behind the
@@ -406,7 +456,50 @@ func (w *Worker) serveExecution(m *nats.Msg) {
 		}
 	}
 	reply.V = envelope.Version
-	w.respond(m, reply)
+	w.respond(m, fitView(reply, w.replyBound(principal)))
+}
+
+// fitView leaves out of a view, in this order, its trail, its approvals'
+// inputs and its envelope's output while its reply would exceed bound
+// bytes, naming each in Omitted; a view that still does not fit is a
+// refusal that says so. A reply is never dropped for its size.
+func fitView(view *ExecutionView, bound int) *ExecutionView {
+	fits := func() bool {
+		b, err := envelope.Marshal(view)
+		return err == nil && (bound <= 0 || len(b) <= bound)
+	}
+	if fits() {
+		return view
+	}
+	cuts := []struct {
+		name string
+		cut  func()
+	}{
+		{"trail", func() { view.Trail = nil }},
+		{"approvals.input", func() {
+			for i, r := range view.Approvals {
+				c := *r
+				c.Input, c.Display = nil, nil
+				view.Approvals[i] = &c
+			}
+		}},
+		{"output", func() {
+			if view.Envelope != nil {
+				e := *view.Envelope
+				e.Output = nil
+				view.Envelope = &e
+			}
+		}},
+	}
+	for _, c := range cuts {
+		c.cut()
+		view.Omitted = append(view.Omitted, c.name)
+		if fits() {
+			return view
+		}
+	}
+	return &ExecutionView{V: view.V, ExecutionID: view.ExecutionID, Conditions: []string{"invalid"},
+		Error: fmt.Sprintf("execution %s does not fit in a reply of %d bytes, even without its trail, inputs and output", view.ExecutionID, bound)}
 }
 
 // execution is one execution as principal may see it. Execution ids are
@@ -702,7 +795,7 @@ func RequestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req E
 		return nil, err
 	}
 	if page.Error != "" {
-		return nil, readErrorOf(page.Error, page.Conditions)
+		return nil, readErrorOf(page.Error, page.Conditions, page.Details)
 	}
 	return &page, nil
 }
@@ -717,7 +810,7 @@ func RequestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req Ex
 		return nil, err
 	}
 	if view.Error != "" {
-		return nil, readErrorOf(view.Error, view.Conditions)
+		return nil, readErrorOf(view.Error, view.Conditions, view.Details)
 	}
 	return &view, nil
 }

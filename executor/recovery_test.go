@@ -310,7 +310,7 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			id := envelope.NewExecutionID()
 			var pv provider
 			if tc.sent {
-				pv.send(envelope.IdempotencyKey(id))
+				pv.send(envelope.IdempotencyKey(broker.Anonymous, id))
 			}
 			var r *executor.Recovery[map[string]any, mailOut]
 			if tc.recovery != nil {
@@ -602,7 +602,7 @@ func TestReconcile_WorkerLostMidReconciliation_TakenOverAndAskedAgain(t *testing
 	var pv provider
 	pv.send("") // the provider holds another execution's message
 	id := envelope.NewExecutionID()
-	pv.send(envelope.IdempotencyKey(id))
+	pv.send(envelope.IdempotencyKey(broker.Anonymous, id))
 	asking := make(chan struct{})
 	var once sync.Once
 	r := &executor.Recovery[map[string]any, mailOut]{ProvesAbsence: true, Timeout: time.Hour,

@@ -290,8 +290,23 @@ func unconfirmed(id string) *mcp.CallToolResult {
 
 // refusal is the result of a call refused by the bridge itself.
 func refusal(code envelope.Code, msg string) *mcp.CallToolResult {
-	me := &envelope.ModelError{Code: code, Message: msg}
+	return modelError(&envelope.ModelError{Code: code, Message: msg})
+}
+
+func modelError(me *envelope.ModelError) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}}, StructuredContent: me}
+}
+
+// quotaRefusal is the tool result of a request the workers refused because
+// the bridge's principal is over a quota (QUOTA_EXCEEDED, with the quota, its
+// limit and retryAfterMs, for the model to wait on), or nil for any other
+// error.
+func quotaRefusal(err error) *mcp.CallToolResult {
+	var cerr *envelope.CapabilityError
+	if !errors.Is(err, envelope.ErrQuotaExceeded) || !errors.As(err, &cerr) {
+		return nil
+	}
+	return modelError(cerr.ForModel())
 }
 
 // StillRunning is the structured content of a call whose execution outlived

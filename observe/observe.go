@@ -55,6 +55,10 @@ type Worker interface {
 	// back to wait in its queue (again at each of its deliveries while the
 	// pause lasts), "refused" when the call ends PAUSED.
 	Paused(capabilityID, action string)
+	// QuotaExceeded is called for each request the worker refused because
+	// principal was over quota (auth.Quotas' field name, e.g.
+	// controlPerSecond).
+	QuotaExceeded(quota, principal string)
 }
 
 // Execution is told what happens to one delivery a worker works on.
@@ -113,6 +117,9 @@ func (NopWorker) Skipped(string) {}
 
 // Paused does nothing.
 func (NopWorker) Paused(string, string) {}
+
+// QuotaExceeded does nothing.
+func (NopWorker) QuotaExceeded(string, string) {}
 
 // NopExecution observes nothing; embed it to implement only some methods.
 type NopExecution struct{}

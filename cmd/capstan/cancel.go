@@ -30,7 +30,7 @@ func runCancel(args []string) int {
 			return fail(exitFailed, "%v", err)
 		}
 		if err != nil {
-			return usageError("%v", err)
+			return requestError(err)
 		}
 		return o.print(reply, human)
 	}}.run(args)

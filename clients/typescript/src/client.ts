@@ -13,7 +13,7 @@ import { anonymous, key, Names, validPrincipal } from "./names.js";
 import { formatTimestamp, timeMillis, timeText, timestampOfDate } from "./time.js";
 import { DecodeError } from "./msgpack.js";
 import * as wire from "./wire.js";
-import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, ExecutionRecord, Progress, Request, Scope, State, Status } from "./wire.js";
+import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, EnvelopeError, ExecutionRecord, Progress, Request, Scope, State, Status } from "./wire.js";
 
 /** The default NATS URL, when neither the options nor CAPSTAN_NATS_URL say. */
 export const defaultURL = "nats://127.0.0.1:4222";
@@ -115,6 +115,9 @@ export interface CancelReply {
   finalized?: boolean;
   status?: Status;
   error?: string;
+  /** A refusal's conditions (quota_exceeded) and facts (the quota, its limit, retryAfterMs). */
+  conditions?: string[];
+  details?: Record<string, unknown>;
 }
 
 export interface ExecutionOptions {
@@ -139,13 +142,28 @@ export interface DescribeOptions {
 }
 
 export interface ListApprovalsOptions {
-  /** One approval by id. */
-  id?: string;
   status?: ApprovalStatus;
   capabilityId?: string;
   actor?: Actor;
+  /** Only approvals no longer pending; not with status. */
+  decided?: boolean;
+  /** Each requester's approvals newest first (default oldest first). */
+  newest?: boolean;
+  /** The page's size: default 50, at most 500. */
+  limit?: number;
+  /** The previous page's next. */
+  cursor?: string;
   signal?: AbortSignal;
   timeoutMs?: number;
+}
+
+/** A page of approvals: each requester's in order, the requesters taking turns, so that none hides another's. */
+export interface ApprovalsPage {
+  records: Approval[];
+  /** Pass as cursor for the next page; undefined when nothing more matches. */
+  next?: string;
+  /** Approvals sent without their input and display: alone, too large for one reply. */
+  trimmed?: string[];
 }
 
 export interface DecideOptions {
@@ -161,8 +179,8 @@ export interface DecideOptions {
 
 /** The approvals a principal may see and decide, through requests the workers serve. */
 export interface Approvals {
-  /** The approvals this principal may decide (of its types), or requested itself. */
-  list(options?: Omit<ListApprovalsOptions, "id">): Promise<Approval[]>;
+  /** A page of the approvals this principal may decide (of its types), or requested itself. */
+  list(options?: ListApprovalsOptions): Promise<ApprovalsPage>;
   /** One approval by id. */
   get(approvalId: string, options?: Pick<ListApprovalsOptions, "signal" | "timeoutMs">): Promise<Approval>;
   /** Records this principal's decision; the approver is the principal, never a field. */
@@ -535,7 +553,7 @@ export class Client {
     this.approvals = {
       list: (o = {}) => this.listApprovals(o),
       get: async (approvalId, o = {}) => {
-        const [a] = await this.listApprovals({ ...o, id: approvalId });
+        const [a] = (await this.listApprovals({ ...o, id: approvalId })).records;
         if (a === undefined) throw new CapstanError("REFUSED", `capstan: approval ${approvalId}: not found`, { conditions: ["not_found"] });
         return a;
       },
@@ -946,6 +964,7 @@ export class Client {
     const v = decoded(() => wire.decodeExecutionView(m.data), executionId);
     if (v.error !== undefined) {
       const conditions = v.conditions ?? [];
+      if (conditions.includes("quota_exceeded")) throw refusal("", v.error, conditions, v.details);
       const code = conditions.includes("unknown") ? "UNKNOWN_EXECUTION" : "REFUSED";
       throw new CapstanError(code, `capstan: ${what}: ${v.error}`, { conditions, executionId });
     }
@@ -971,6 +990,7 @@ export class Client {
       throw new CapstanError("DECODE", `capstan: cancel ${executionId}: bad reply: ${(err as Error).message}`, { cause: err, executionId });
     }
     if (r.error !== undefined && r.error !== "") {
+      if (r.conditions?.includes("quota_exceeded") === true) throw refusal("", r.error, r.conditions, r.details);
       throw new CapstanError("REFUSED", `capstan: cancel ${executionId}: ${r.error}`, { cause: r, executionId });
     }
     return r;
@@ -1047,16 +1067,23 @@ export class Client {
     return r;
   }
 
-  private async listApprovals(o: ListApprovalsOptions): Promise<Approval[]> {
+  private async listApprovals(o: ListApprovalsOptions & { id?: string }): Promise<ApprovalsPage> {
     const req: wire.ListRequest = { v: wire.version };
     if (o.id !== undefined) req.id = o.id;
     if (o.status !== undefined) req.status = o.status;
     if (o.capabilityId !== undefined) req.capabilityId = o.capabilityId;
     if (o.actor !== undefined) req.actor = o.actor;
+    if (o.decided === true) req.decided = true;
+    if (o.newest === true) req.newest = true;
+    if (o.limit !== undefined) req.limit = o.limit;
+    if (o.cursor !== undefined) req.cursor = o.cursor;
     const m = await this.workerRequest("list approvals", this.names.listApprovals(this.principal), wire.encodeListRequest(req), o);
     const r = decoded(() => wire.decodeListReply(m.data));
-    if (r.error !== undefined) throw new CapstanError("REFUSED", `capstan: list approvals: ${r.error}`, { conditions: r.conditions ?? [] });
-    return r.records;
+    if (r.error !== undefined) throw refusal("list approvals", r.error, r.conditions, r.details);
+    const page: ApprovalsPage = { records: r.records };
+    if (r.next !== undefined) page.next = r.next;
+    if (r.trimmed !== undefined) page.trimmed = r.trimmed;
+    return page;
   }
 
   private async decide(approvalId: string, o: DecideOptions): Promise<Approval> {
@@ -1067,6 +1094,7 @@ export class Client {
     const m = await this.workerRequest(`decide ${approvalId}`, this.names.decide(this.principal), wire.encodeDecideRequest(req), o);
     const r = decoded(() => wire.decodeDecideReply(m.data));
     if (r.error !== undefined) {
+      if (r.conditions?.includes("quota_exceeded") === true) throw refusal("", r.error, r.conditions, r.details);
       throw new CapstanError("REFUSED", `capstan: decide ${approvalId}: ${r.error}`, { conditions: r.conditions ?? [], cause: r.record });
     }
     if (r.record === undefined) throw new CapstanError("DECODE", `capstan: decide ${approvalId}: a reply without the approval`);
@@ -1082,6 +1110,21 @@ function notFound(cause: string): CapabilityError {
 }
 
 /** A record decoded, or CapstanError DECODE. */
+/**
+ * A refusal the workers answered: a quota's is a CapabilityError
+ * QUOTA_EXCEEDED with its details (the quota, its limit, retryAfterMs),
+ * as Go's *envelope.CapabilityError; any other is REFUSED with its
+ * conditions.
+ */
+function refusal(what: string, message: string, conditions: string[] | undefined, details: Record<string, unknown> | undefined): Error {
+  if (conditions?.includes("quota_exceeded") === true) {
+    const e: EnvelopeError = { code: "QUOTA_EXCEEDED", message, retryable: details?.retryAfterMs !== undefined, exposeToModel: true };
+    if (details !== undefined) e.details = details;
+    return new CapabilityError(e);
+  }
+  return new CapstanError("REFUSED", `capstan: ${what}: ${message}`, { conditions: conditions ?? [] });
+}
+
 function decoded<T>(f: () => T, executionId?: string): T {
   try {
     return f();

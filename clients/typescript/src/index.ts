@@ -18,6 +18,7 @@ export {
   maxStartWithinMs,
   principalFromCreds,
   type Approvals,
+  type ApprovalsPage,
   type AwaitOptions,
   type CallOptions,
   type CancelReply,
@@ -34,6 +35,7 @@ export {
 export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } from "./errors.js";
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
+export { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "./idempotency.js";
 export {
   cleanProgressMessage,
   executionIdTime,

@@ -285,7 +285,7 @@ describe("approvals on an open server", () => {
     const approvalId = env.approval?.id as string;
     assert.deepEqual(env.approval?.types, ["finance"]);
 
-    const [pending] = await c.approvals.list({ status: "pending", capabilityId: "orders.refund" }).then((rs) => rs.filter((r) => r.id === approvalId));
+    const [pending] = await c.approvals.list({ status: "pending", capabilityId: "orders.refund" }).then((p) => p.records.filter((r) => r.id === approvalId));
     assert.deepEqual(pending?.input, { amount: 900, orderId: "o-1" });
 
     await assert.rejects(c.approvals.decide(approvalId, { approve: true, approver: { kind: "user", id: "ada" } }), (e: CapstanError) =>
