@@ -137,6 +137,12 @@ func runPause(args []string) int {
 	if err != nil {
 		return fail(exitFailed, "pause %s: %v", scope, err)
 	}
+	if scope.Capability != "" && !inCatalog(ctx, nc, scope.Capability) {
+		// A typo stops nothing: say so, loudly, rather than let a pause of
+		// nothing look like a stop.
+		fmt.Fprintf(os.Stderr, "capstan pause: warning: no worker serves %s (the catalog does not list it): this pause stops nothing until one does; check the id ('capstan describe' lists them)\n",
+			scope.Capability)
+	}
 	answer := confirm(ctx, nc, ch, p.By, "capstan unpause "+scope.Flags()+" --reason TEXT")
 	return o.print(answer, func(w io.Writer, st style) { writePaused(w, st, answer) })
 }
@@ -335,4 +341,19 @@ func writePauses(w io.Writer, st style, list []*pauses.Pause) {
 			"capstan unpause "+p.Scope.Flags()+" --reason TEXT")
 	}
 	t.flush()
+}
+
+// inCatalog reports whether the catalog lists capabilityID (true when the
+// catalog cannot be read: the warning is for a typo, not for a doubt).
+func inCatalog(ctx context.Context, nc *nats.Conn, capabilityID string) bool {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return true
+	}
+	kv, err := js.KeyValue(ctx, names.CatalogBucket())
+	if err != nil {
+		return true
+	}
+	_, err = kv.Get(ctx, capabilityID)
+	return !errors.Is(err, jetstream.ErrKeyNotFound)
 }
