@@ -1,14 +1,19 @@
 package executor
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/nats-io/nats.go"
 )
 
@@ -25,7 +30,9 @@ type CancelReply struct {
 	Status    envelope.Status `json:"status,omitempty"` // set with Finalized
 	// Error is the refusal, if the cancel was refused.
 	Error string `json:"error,omitempty"`
-	// Conditions name a refusal's kind: quota_exceeded.
+	// Conditions name a refusal's kind: quota_exceeded; unknown when
+	// nothing of the execution is stored (no request in its queue, no
+	// record, no envelope), and nothing was recorded.
 	Conditions []string `json:"conditions,omitempty"`
 	// Details are a refusal's facts: for quota_exceeded, the quota, its
 	// limit and retryAfterMs (envelope.QuotaExceeded).
@@ -137,12 +144,35 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		}
 		principal = req.Owner
 	}
-	c, err := w.run.RecordCancel(principal, id)
+	c, err := w.run.RecordCancel(principal, id, w.mayBeQueued(principal, id))
+	if errors.Is(err, engine.ErrNothingToCancel) {
+		reply.Error, reply.Conditions = fmt.Sprintf("%v: %s: nothing of it is stored, and nothing was recorded", ErrNoSuchExecution, id), []string{"unknown"}
+		return
+	}
 	if err != nil {
 		reply.Error = err.Error()
 		return
 	}
 	reply.State, reply.Finalized, reply.Status = c.State, c.Finalized, c.Status
+}
+
+// mayBeQueued tells a cancel whether principal's execution id may be waiting
+// in its queue, which it reads before the record (see
+// engine.Runner.RecordCancel): it has a record already (the common case, no
+// queue read), its request is in the queue, it was made less than
+// probeAfter ago (its request may be on its way), or the queue could not be
+// read to the end.
+func (w *Worker) mayBeQueued(principal, id string) bool {
+	if made, ok := envelope.ExecutionIDTime(id); ok && time.Since(made) < probeAfter {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	if _, err := w.b.Executions.Get(ctx, broker.Key(principal, id)); err == nil {
+		return true
+	}
+	queued, _, certain, err := w.queued(ctx, w.b.Names.ExecSubject(principal, ">"), id)
+	return err != nil || queued || !certain
 }
 
 func (w *Worker) respondJSON(m *nats.Msg, v any) {

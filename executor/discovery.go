@@ -297,3 +297,65 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 	}
 	return &r.Discovery, nil
 }
+
+// nearName is the capability principal may call on req's surface as req's
+// actor (its grant, the capability's exposure, the discovery policies: what
+// describe would show it) whose id is nearest req's, when one is near enough
+// to be a slip (an edit distance of at most a quarter of the id, and two at
+// least) and no other is as near; "" otherwise. Another pool's capability
+// is judged as describe judges it here: by the runtime's policies and its
+// catalog entry.
+func (w *Worker) nearName(principal string, req *envelope.Request) string {
+	id := req.CapabilityID
+	if id == "" || checkActor(req.Actor) != nil {
+		return ""
+	}
+	grant, granted := w.grants.Lookup(principal)
+	if !granted && !w.grants.Open() {
+		return ""
+	}
+	best, bestD, ties := "", max(2, len(id)/4)+1, 0
+	var found Descriptor
+	for _, d := range w.cat.all() {
+		// The id named itself is never a candidate: the answer for it is
+		// then the same whether it exists (concealed) or not.
+		if d.ID == id || granted && !grant.AllowsCapability(d.ID) || !Exposure(d.Expose).Has(Surface(req.Surface)) {
+			continue
+		}
+		switch dist := editDistance(id, d.ID); {
+		case dist < bestD:
+			best, bestD, ties, found = d.ID, dist, 0, d
+		case dist == bestD:
+			ties++
+		}
+	}
+	if best == "" || ties > 0 {
+		return ""
+	}
+	v := w.discoveryVerdict(found, &DescribeRequest{Surface: Surface(req.Surface), Actor: req.Actor})
+	if v.failed || v.stance == StanceDeny || v.stance == StanceHide {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

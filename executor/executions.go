@@ -332,15 +332,104 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 		}
 		q.Before = n
 	}
-	page, err := audit.List(ctx, w.b, q)
+	return ListWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
+}
+
+// ListWithQueued is a page of the index (audit.List of q, its running
+// entries passed through current when set), with, on a listing's first
+// page, the requests still waiting in their queue that match q first (see
+// Queued). What a worker answers; what an admin's command reads itself when
+// no worker answers.
+func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
+	current func(context.Context, []audit.Entry) []audit.Entry) (*ExecutionsPage, error) {
+	var queued []audit.Entry
+	if first && (q.Status == "" || q.Status == audit.EntryQueued) {
+		var err error
+		if queued, err = Queued(ctx, b, q); err != nil {
+			return nil, err
+		}
+	}
+	out := &ExecutionsPage{V: envelope.Version, Entries: queued, Scope: scope}
+	if q.Status == audit.EntryQueued {
+		return out, nil
+	}
+	q.Limit = max(q.Limit-len(queued), 1) // a page holds about Limit entries
+	page, err := audit.List(ctx, b, q)
 	if err != nil {
 		return nil, err
 	}
-	out := &ExecutionsPage{V: envelope.Version, Entries: w.current(ctx, page.Entries), Scanned: page.Scanned, Scope: v.scope}
+	entries := page.Entries
+	if current != nil {
+		entries = current(ctx, entries)
+	}
+	out.Entries, out.Scanned = append(out.Entries, entries...), page.Scanned
 	if page.Next > 0 {
 		out.Next = strconv.FormatUint(page.Next, 10)
 	}
 	return out, nil
+}
+
+// Queued returns the requests matching q (q.Principal's alone, when set)
+// that wait in the exec stream with no record yet: no worker has taken them,
+// so the index has no entry of them. It reads the stream from its oldest
+// request, at most queuedScanMax of them (a listing stays quick whatever the
+// backlog: the oldest waiting are the ones shown), and returns at most
+// q.Limit, newest first, with status audit.EntryQueued.
+func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
+	subj := b.Names.ExecSubjects()
+	if q.Principal != "" {
+		subj = b.Names.ExecSubject(q.Principal, ">")
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = audit.DefaultLimit
+	}
+	var out []audit.Entry
+	seq := uint64(0)
+	for range queuedScanMax {
+		m, err := nextMsg(ctx, b, subj, seq, nil)
+		if err != nil || m == nil {
+			return sortedNewestFirst(out), err
+		}
+		seq = m.Sequence + 1
+		p, _, ok := b.Names.ParseExecSubject(m.Subject)
+		if !ok {
+			continue
+		}
+		var r envelope.Request
+		if envelope.Unmarshal(m.Data, &r) != nil || r.ExecutionID == "" {
+			continue
+		}
+		e := audit.Entry{V: envelope.Version, ExecutionID: r.ExecutionID, Principal: p, CapabilityID: r.CapabilityID,
+			Actor: audit.ActorOf(r.Actor), Surface: r.Surface, ApprovalID: r.ApprovalID, Resumed: r.ApprovalID != "",
+			Status: audit.EntryQueued, RequestedAt: r.SubmittedAt, UpdatedAt: m.Time}
+		if !q.Match(&e) {
+			continue
+		}
+		// A taken request stays in the stream until its end: it has a
+		// record, and the index its entry.
+		if _, err := b.Executions.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		if _, err := b.Envelopes.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue // ended without a record: a copy of a request already answered
+		}
+		out = append(out, e)
+		if len(out) == limit {
+			break
+		}
+	}
+	return sortedNewestFirst(out), nil
+}
+
+// queuedScanMax bounds the requests a listing reads in the exec stream.
+const queuedScanMax = 500
+
+func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
+	slices.SortFunc(entries, func(a, b audit.Entry) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
+	return entries
 }
 
 // current drops the running entries of executions that have ended since:
@@ -667,12 +756,19 @@ const probeMaxMsgs = 2000
 // record (created before its envelope), then its envelope. owner "" (an
 // admin who named none) looks at every principal's requests.
 func (w *Worker) where(ctx context.Context, owner, id string) (state, principal string, err error) {
+	return where(ctx, w.b, owner, id)
+}
+
+// where is Worker.where on any broker whose credentials read the exec stream
+// and owner's keys: a worker's, or a client's of an open server when no
+// worker answers.
+func where(ctx context.Context, b *broker.Broker, owner, id string) (state, principal string, err error) {
 	p := owner
-	subj := w.b.Names.ExecSubjects()
+	subj := b.Names.ExecSubjects()
 	if owner != "" {
-		subj = w.b.Names.ExecSubject(owner, ">")
+		subj = b.Names.ExecSubject(owner, ">")
 	}
-	queued, qp, certain, err := w.queued(ctx, subj, id)
+	queued, qp, certain, err := queuedIn(ctx, b, subj, id)
 	if err != nil {
 		return "", "", err
 	}
@@ -682,7 +778,7 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 	if owner == "" {
 		// Without an owner the buckets cannot be read by key: whoever has
 		// a record or an envelope of the id.
-		if owners, err := broker.Owners(ctx, w.b, id); err == nil && len(owners) > 0 {
+		if owners, err := broker.Owners(ctx, b, id); err == nil && len(owners) > 0 {
 			return ExecInFlight, owners[0], nil
 		}
 		if !certain {
@@ -691,12 +787,12 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 		return ExecUnknown, "", nil
 	}
 	key := broker.Key(p, id)
-	if _, err := w.b.Executions.Get(ctx, key); err == nil {
+	if _, err := b.Executions.Get(ctx, key); err == nil {
 		return ExecInFlight, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
 	}
-	if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
+	if _, err := b.Envelopes.Get(ctx, key); err == nil {
 		return ExecEnded, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
@@ -712,6 +808,10 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 // stored before its id is made, less the clocks' skew), else from the
 // stream's start; certain is false when it stopped at probeMaxMsgs.
 func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
+	return queuedIn(ctx, w.b, subj, id)
+}
+
+func queuedIn(ctx context.Context, b *broker.Broker, subj, id string) (found bool, principal string, certain bool, err error) {
 	var from *time.Time
 	if made, v7 := envelope.ExecutionIDTime(id); v7 {
 		t := made.Add(-time.Minute).UTC()
@@ -719,7 +819,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 	}
 	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := w.nextMsg(ctx, subj, seq, from)
+		m, err := nextMsg(ctx, b, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
@@ -729,7 +829,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 		from, seq = nil, m.Sequence+1
 		// The message id names the execution: <principal>.<id>[.<tag>]
 		// (or, from earlier versions, the id alone).
-		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
+		if p, _, ok := b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
 			return true, p, true, nil
 		}
 	}
@@ -739,7 +839,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 // nextMsg is the exec stream's first message on subj at or after seq (or
 // time from), or nil: a message get, which the exec stream answers without
 // direct gets.
-func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+func nextMsg(ctx context.Context, b *broker.Broker, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
 	req := struct {
 		Seq       uint64     `json:"seq,omitempty"`
 		NextFor   string     `json:"next_by_subj"`
@@ -749,7 +849,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	if err != nil {
 		return nil, err
 	}
-	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+b.Names.ExecStream(), body)
 	if err != nil {
 		return nil, err
 	}
@@ -758,6 +858,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 			Subject  string    `json:"subject"`
 			Sequence uint64    `json:"seq"`
 			Header   []byte    `json:"hdrs"`
+			Data     []byte    `json:"data"`
 			Time     time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
@@ -772,11 +873,12 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	case answer.Error != nil && answer.Error.Code == 404:
 		return nil, nil
 	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
 	case answer.Message == nil:
 		return nil, nil
 	}
-	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time}
+	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time,
+		Data: answer.Message.Data}
 	if len(answer.Message.Header) > 0 {
 		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
 			m.Header = h
@@ -846,7 +948,20 @@ func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*Execut
 }
 
 // Execution asks the workers for one execution as the client's principal may
-// see it: record, envelope, trail and the approvals behind it.
+// see it: record, envelope, trail and the approvals behind it. A probe that
+// no worker answers is answered by the client itself where it may read the
+// exec stream (an open server), so that a request queued while no worker
+// runs is said to be queued, not unknown; elsewhere it fails with
+// ErrNoWorkers.
 func (c *Client) Execution(ctx context.Context, req ExecutionRequest) (*ExecutionView, error) {
-	return RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	v, err := RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	if !errors.Is(err, ErrNoWorkers) || !req.Probe || c.principal != broker.Anonymous {
+		return v, err
+	}
+	view := &ExecutionView{V: envelope.Version, ExecutionID: req.ExecutionID, Scope: ScopeAll}
+	var werr error
+	if view.State, view.Principal, werr = where(ctx, c.b, c.principal, req.ExecutionID); werr != nil {
+		return nil, err
+	}
+	return view, nil
 }

@@ -68,7 +68,7 @@ func TestLimits_RefusedAtRegistrationShownByDescribe(t *testing.T) {
 		Limits: []Limit{{Kind: LimitRate, Max: 5}}}, h)); err == nil || !strings.Contains(err.Error(), "under a second") {
 		t.Fatalf("a rate without its interval registered: %v", err)
 	}
-	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Limits: []Limit{
+	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Expose: On(SurfaceDirect), Limits: []Limit{
 		{Kind: LimitConcurrency, Max: 3, PrincipalMax: 2},
 		{Kind: LimitConcurrency, Per: LimitPerActor, Max: 1},
 		{Kind: LimitRate, Per: LimitPerActor, Max: 10, Interval: time.Minute, AtLimit: AtLimitRefuse},

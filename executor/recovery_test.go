@@ -382,7 +382,8 @@ func checkRecovered(t *testing.T, got *envelope.Envelope, tr []audit.Event, how,
 		return
 	}
 	if got.Recovered == nil || got.Recovered.How != how || got.Recovered.Attempt != got.Attempts {
-		t.Errorf("envelope recovered %+v, want %s of attempt %d", got.Recovered, how, got.Attempts)
+		// What follows reads got.Recovered: stop here rather than panic on it.
+		t.Fatalf("envelope recovered %+v, want %s of attempt %d", got.Recovered, how, got.Attempts)
 	}
 	if note := got.Recovered.ForModel(); !strings.Contains(note, "took effect") {
 		t.Errorf("model told %q", note)

@@ -157,7 +157,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 		r.CorrelationID = rec.CorrelationID
 	}
 	end := c.cfg.Observer.Call(ctx, r)
-	m, err := c.message(r)
+	m, _, err := c.message(ctx, r)
 	if err == nil {
 		err = c.publish(ctx, m)
 	}

@@ -363,7 +363,7 @@ func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records 
 // conceal refuses as if the capability did not exist (SI-8). The trail keeps
 // the true reason and stage; the caller sees what an unknown id gets.
 func (a *admission) conceal(reason, stage string, records []PolicyRecord) engine.Admission {
-	return a.refuse(reason, stage, engine.NotFoundError(), records)
+	return a.refuse(reason, stage, engine.NotFoundNear(a.w.nearName(a.r.Principal, a.req)), records)
 }
 
 func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {

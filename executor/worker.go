@@ -228,6 +228,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
 		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
+		NearName:      w.nearName,
 		ResolveResume: w.resolveResume,
 		Paused:        w.paused,
 		Pool:          cfg.Pool, Observer: cfg.Observer,

@@ -87,15 +87,10 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 			return nil, fmt.Errorf("--cursor %q: not one of this listing's", req.Cursor)
 		}
 	}
-	p, lerr := audit.List(ctx, b, q)
-	if lerr != nil {
-		return nil, lerr
+	if q.Limit <= 0 {
+		q.Limit = audit.DefaultLimit
 	}
-	out := &executor.ExecutionsPage{V: envelope.Version, Entries: p.Entries, Scanned: p.Scanned, Scope: executor.ScopeAll}
-	if p.Next > 0 {
-		out.Next = strconv.FormatUint(p.Next, 10)
-	}
-	return out, nil
+	return executor.ListWithQueued(ctx, b, q, req.Cursor == "", executor.ScopeAll, nil)
 }
 
 // nextCommand is the command line (capstan, then cmd's words, then args)

@@ -149,7 +149,7 @@ func (r *Runner) CancelRunning(match func(principal string, req *envelope.Reques
 		if !match(x.principal, x.req) {
 			continue
 		}
-		if _, err := r.RecordCancel(x.principal, x.req.ExecutionID); err != nil {
+		if _, err := r.RecordCancel(x.principal, x.req.ExecutionID, true); err != nil {
 			r.log.Warn("a paused execution's cancel was not recorded; its attempt goes on", "executionId", x.req.ExecutionID, "err", err)
 			continue
 		}
