@@ -12,11 +12,14 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/policies"
 )
 
 // PublishGrants writes every principal's grant to the grants bucket (creating
 // it when missing) and removes grants of principals the setup no longer has.
 // Only an admin's connection may: workers read the bucket, nobody else sees it.
+// It makes the operators' pauses and policies buckets too, when missing.
 // A new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
 	n := s.Names()
@@ -30,6 +33,16 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 		if kv, err = js.KeyValue(ctx, n.GrantsBucket()); err != nil {
 			return fmt.Errorf("capstan auth: grants bucket: %w", err)
 		}
+	}
+	// The operators' buckets (DESIGN §18), empty until an admin pauses or
+	// applies a policy set, are made here by an admin: a stream of a
+	// worker's own on their subjects would otherwise keep them from ever
+	// being made, and the emergency stop with them.
+	if _, err := pauses.Bucket(ctx, js, n, true); err != nil {
+		return fmt.Errorf("capstan auth: pauses bucket: %w", err)
+	}
+	if _, err := policies.Bucket(ctx, js, n, true); err != nil {
+		return fmt.Errorf("capstan auth: policies bucket: %w", err)
 	}
 	want := map[string]bool{}
 	for _, g := range s.Principals {
