@@ -12,8 +12,6 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/pauses"
-	"github.com/capstan-dev/capstan/internal/policies"
 )
 
 // PublishGrants writes every principal's grant to the grants bucket (creating
@@ -38,11 +36,10 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	// applies a policy set, are made here by an admin: a stream of a
 	// worker's own on their subjects would otherwise keep them from ever
 	// being made, and the emergency stop with them.
-	if _, err := pauses.Bucket(ctx, js, n, true); err != nil {
-		return fmt.Errorf("capstan auth: pauses bucket: %w", err)
-	}
-	if _, err := policies.Bucket(ctx, js, n, true); err != nil {
-		return fmt.Errorf("capstan auth: policies bucket: %w", err)
+	for _, b := range []string{n.PausesBucket(), n.PoliciesBucket()} {
+		if _, err := broker.OperatorBucket(ctx, js, b, true); err != nil {
+			return fmt.Errorf("capstan auth: bucket %s: %w", b, err)
+		}
 	}
 	want := map[string]bool{}
 	for _, g := range s.Principals {

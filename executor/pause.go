@@ -135,6 +135,26 @@ func (w *Worker) cancelled(ctx context.Context, auditID string) int {
 	}
 }
 
+// noneStarting waits until no attempt of this worker that the pauses now in
+// place stop is starting (past its gate, read before they changed, its
+// handler not begun), and reports whether none is. A pause that cancels
+// ends such attempts; one that holds lets them begin, as it lets the
+// running attempts go on; either way, once the worker confirms, it starts
+// nothing the pauses stop.
+func (w *Worker) noneStarting(ctx context.Context) bool {
+	paused := func(principal string, req *envelope.Request) bool {
+		return w.pauseOf(principal, req.CapabilityID, req.Actor) != nil
+	}
+	for w.run.Starting(paused) > 0 {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return true
+}
+
 // serveApplied answers an operator's command: once this worker's copy of
 // the bucket asked about has the revision asked for (or two seconds
 // passed), with what it holds and what it cancelled. It answers on an inbox
@@ -161,6 +181,9 @@ func (w *Worker) serveApplied(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(w.run.Context(), 2*time.Second)
 		defer cancel()
 		applied := copyOf.WaitRevision(ctx, req.Revision) == nil
+		if applied && req.Bucket == oplog.Pauses {
+			applied = w.noneStarting(ctx)
+		}
 		reply := oplog.AppliedReply{V: envelope.Version, Worker: w.cfg.ID, Revision: copyOf.Revision(), Applied: applied,
 			Pauses: w.pauses.Set().Len()}
 		if s := w.policies.Set(); s != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/nats-io/nats.go"
 )
 
@@ -331,5 +333,92 @@ func TestPause_RetryWaitsInPlace(t *testing.T) {
 	env, err := c.Await(ctxT(t), id)
 	if err != nil || env.Status != envelope.StatusCompleted || env.Attempts != 2 {
 		t.Fatalf("after the pause: %v %+v", err, env)
+	}
+}
+
+// An attempt that passed its pause gate before the pause, its handler not
+// begun yet (its record write slow, as when the executions bucket elects a
+// leader): --cancel-running cancels it, and it never runs; a pause that
+// holds is confirmed by the worker only once that attempt has begun, so
+// that nothing the pause stops starts after the confirmation.
+func TestPause_AnAttemptPastItsGateIsCancelledOrWaitedFor(t *testing.T) {
+	t.Parallel()
+	var sends atomic.Int64
+	reg, err := executor.NewRegistry(countedCap("t.send", &sends, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := make(chan string, 4)
+	release := make(chan struct{})
+	knobs := testhooks.WorkerKnobs{BeforeAttempt: func(id string, _ int) {
+		at <- id
+		<-release
+	}}
+	w := capstantest.Worker(t, reg, capstantest.WithConfig(testhooks.Worker(executor.WorkerConfig{}, knobs)))
+	var once sync.Once
+	releaseAll := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the worker stops, whatever failed
+	nc := w.Env.Connect(t)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+
+	// A pause that holds: while the attempt is held past its gate, the
+	// worker does not confirm; once it begins, the worker does.
+	id, err := c.Submit(ctxT(t), "t.send", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-at
+	ch, err := pauses.Apply(ctxT(t), nc, broker.NewNames(""), &pauses.Pause{Scope: pauses.Scope{Capability: "t.send"},
+		Mode: pauses.Hold, Reason: "held past the gate", By: broker.Anonymous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replies, err := oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Pauses, ch.Revision, "", 5*time.Second)
+	if err != nil || len(replies) != 1 || replies[0].Applied {
+		t.Fatalf("a worker whose attempt past the gate has not begun confirms the pause: %v %+v", err, replies)
+	}
+	release <- struct{}{}
+	if env, err := c.Await(ctxT(t), id); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("the attempt that passed its gate before the pause: %v %+v", err, env)
+	}
+	replies, err = oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Pauses, ch.Revision, "", 5*time.Second)
+	if err != nil || len(replies) != 1 || !replies[0].Applied {
+		t.Fatalf("once it began, the worker confirms: %v %+v", err, replies)
+	}
+	unpause(t, nc, pauses.Scope{Capability: "t.send"})
+
+	// --cancel-running: the attempt past its gate is cancelled, its
+	// handler never called.
+	id, err = c.Submit(ctxT(t), "t.send", map[string]int{"n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-at
+	ch, err = pauses.Apply(ctxT(t), nc, broker.NewNames(""), &pauses.Pause{Scope: pauses.Scope{Capability: "t.send"},
+		Mode: pauses.Hold, CancelRunning: true, Reason: "stop it now", By: broker.Anonymous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan []oplog.AppliedReply, 1)
+	go func() {
+		replies, _ := oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Pauses, ch.Revision, ch.AuditID, 5*time.Second)
+		done <- replies
+	}()
+	// The cancel is recorded and the attempt's context ended while it is
+	// held; let it go on to find it so.
+	waitUntil(t, "the cancel recorded", func() bool {
+		st, err := c.Status(ctxT(t), id)
+		return err == nil && st.Record != nil && st.Record.CancelRequested
+	})
+	releaseAll()
+	if replies := <-done; len(replies) != 1 || !replies[0].Applied || replies[0].Cancelled != 1 {
+		t.Fatalf("confirmations %+v, want one worker that applied the pause and cancelled one attempt", replies)
+	}
+	env, err := c.Await(ctxT(t), id)
+	if err != nil || env.Status != envelope.StatusCancelled {
+		t.Fatalf("the attempt past its gate when the pause cancelled: %v %+v", err, env)
+	}
+	if got := sends.Load(); got != 1 {
+		t.Fatalf("%d handler calls, want the first call's alone", got)
 	}
 }

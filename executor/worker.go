@@ -226,7 +226,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
+		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, BeforeAttempt: cfg.knobs.BeforeAttempt, Capabilities: served,
 		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		NearName:      w.nearName,
 		ResolveResume: w.resolveResume,

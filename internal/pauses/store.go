@@ -29,16 +29,7 @@ var ErrChanged = errors.New("capstan: the pause changed meanwhile")
 // (an admin's right: workers only read it). Without create, a missing bucket
 // is jetstream.ErrBucketNotFound: nothing was ever paused.
 func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, n.PausesBucket())
-	if err == nil || !create || !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return kv, err
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.PausesBucket(), History: 1,
-		Storage: jetstream.FileStorage, Replicas: broker.DetectReplicas(ctx, js.Conn())})
-	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.KeyValue(ctx, n.PausesBucket())
-	}
-	return kv, err
+	return broker.OperatorBucket(ctx, js, n.PausesBucket(), create)
 }
 
 // List returns every pause in the bucket, by scope.

@@ -77,16 +77,7 @@ type Current struct {
 // (an admin's right). Without create, a missing bucket is
 // jetstream.ErrBucketNotFound: no set was ever applied.
 func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, n.PoliciesBucket())
-	if err == nil || !create || !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return kv, err
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: n.PoliciesBucket(), History: 1,
-		Storage: jetstream.FileStorage, Replicas: broker.DetectReplicas(ctx, js.Conn())})
-	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.KeyValue(ctx, n.PoliciesBucket())
-	}
-	return kv, err
+	return broker.OperatorBucket(ctx, js, n.PoliciesBucket(), create)
 }
 
 // ReadCurrent returns what is in force (a zero Current when nothing ever

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -56,6 +57,12 @@ type Execution struct {
 	start     time.Time
 	inputHash string
 	done      chan struct{}
+
+	// starting is set from the moment an attempt passes its pause gate
+	// until its handler begins (the attempt's progress is open): an
+	// attempt a pause must cancel, or wait for, though no handler runs yet
+	// (DESIGN §18).
+	starting atomic.Bool
 
 	// adm is the admission that let the execution through: the limits it
 	// takes (DESIGN §17).
@@ -228,6 +235,9 @@ func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt
+	if hook := e.r.cfg.BeforeAttempt; hook != nil {
+		hook(e.req.ExecutionID, max(attempt, 1))
+	}
 	if attempt == 0 {
 		attempt = 1
 	} else {
@@ -388,6 +398,7 @@ func (e *Execution) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	ch := make(chan result, 1)
 	e.r.handlerCalls.Add(1)
 	e.lease.progress.begin(n)
+	e.starting.Store(false) // after begin: a reader sees one or the other
 	defer e.lease.progress.end()
 	a := Attempt{N: n, Key: e.idempotencyKey(), Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
 		Progress: &e.lease.progress, Receipts: e}

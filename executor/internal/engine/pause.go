@@ -56,7 +56,7 @@ func (r *Runner) paused(e *Execution) *Pause {
 // not a takeover). When the attempt may not, the execution has been ended
 // or put back as the pause says.
 func (e *Execution) pauseGate(n int, fresh bool) bool {
-	p := e.r.paused(e)
+	p := e.pausedNow()
 	if p == nil {
 		return true
 	}
@@ -79,7 +79,7 @@ func (e *Execution) pauseGate(n int, fresh bool) bool {
 			e.endByContext(n - 1)
 			return false
 		}
-		p = e.r.paused(e)
+		p = e.pausedNow()
 	}
 	if p == nil {
 		return true
@@ -88,6 +88,21 @@ func (e *Execution) pauseGate(n int, fresh bool) bool {
 	e.r.cfg.Observer.Paused(e.req.CapabilityID, "refused")
 	e.finalize(failed(p.Refusal), n-1)
 	return false
+}
+
+// pausedNow is the pause that stops e's next attempt, nil when none does, in
+// which case e is starting until its handler begins. starting is set before
+// the pauses are read, and a pause's set is in place before a worker looks
+// for what it must cancel or wait for (CancelRunning, Starting): of an
+// attempt that read the pauses before a change, the worker that made the
+// change sees it starting.
+func (e *Execution) pausedNow() *Pause {
+	e.starting.Store(true)
+	p := e.r.paused(e)
+	if p != nil {
+		e.starting.Store(false)
+	}
+	return p
 }
 
 // holdFor is how long a held delivery d waits: holdDelay, never past the
@@ -133,13 +148,13 @@ func (r *Runner) heldAgain(msg jetstream.Msg, principal string, req *envelope.Re
 
 // CancelRunning cancels, as a caller's cancel does (the cancel recorded on
 // the execution's record, then its run stopped), every execution of this
-// worker whose attempt is running and that match says is paused. It
-// returns how many it cancelled.
+// worker whose attempt is running, or starting past its pause gate, and
+// that match says is paused. It returns how many it cancelled.
 func (r *Runner) CancelRunning(match func(principal string, req *envelope.Request) bool) int {
 	r.mu.Lock()
 	running := make([]*Execution, 0, len(r.inflight))
 	for _, x := range r.inflight {
-		if x.lease.progress.open.Load() > 0 {
+		if x.starting.Load() || x.lease.progress.open.Load() > 0 {
 			running = append(running, x)
 		}
 	}
@@ -155,6 +170,22 @@ func (r *Runner) CancelRunning(match func(principal string, req *envelope.Reques
 		}
 		x.cancel(errCallerCancelled)
 		n++
+	}
+	return n
+}
+
+// Starting counts the executions of this worker that match says are paused
+// and whose attempt has passed its pause gate but not begun its handler: an
+// attempt the pauses in place now would not have let through, which starts
+// all the same. An operator's confirmation waits until none is left.
+func (r *Runner) Starting(match func(principal string, req *envelope.Request) bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, x := range r.inflight {
+		if x.starting.Load() && match(x.principal, x.req) {
+			n++
+		}
 	}
 	return n
 }

@@ -33,6 +33,11 @@ type Config struct {
 	StrictAudit bool
 	// DisableLeaseRenewal stops lease renewal and InProgress (tests of redelivery).
 	DisableLeaseRenewal bool
+	// BeforeAttempt, when set, is called once an execution's first attempt
+	// on this worker has passed its pause gate and its limits, before its
+	// record says it runs (tests of what a pause does to an attempt about
+	// to start).
+	BeforeAttempt func(executionID string, attempt int)
 	// Capabilities are the capabilities this worker serves, by id.
 	Capabilities map[string]Definition
 	// Listed reports whether the catalog lists a capability (some pool
