@@ -284,7 +284,7 @@ func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
 	defer cancel()
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
 		e.fail(len(evs))
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	e.sent.Add(uint64(len(evs)))
 	e.index(evs)

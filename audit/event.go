@@ -39,6 +39,23 @@ const (
 	// EventReconciled: the capability's reconciler answered whether a lost
 	// attempt took effect.
 	EventReconciled = "capability.reconciled"
+	// EventPaused: an admin paused calls (DESIGN §18); the event is filed
+	// under an id of its own, with the admin's principal: data says what,
+	// how (hold or refuse), why, and the revision of the bucket it follows.
+	EventPaused = "operator.paused"
+	// EventUnpaused: an admin lifted a pause; data says which, and why.
+	EventUnpaused = "operator.unpaused"
+	// EventPoliciesApplied: an admin put a Cedar policy set in force
+	// (DESIGN §18), or removed it (data.version 0); data names the version,
+	// its hash and why.
+	EventPoliciesApplied = "operator.policies_applied"
+	// EventNotApplied: an operator's change the trail recorded (a pause, a
+	// lift, a policy set) did not reach the bucket; data names the event
+	// and the error. Nothing changed.
+	EventNotApplied = "operator.not_applied"
+	// EventHeld: an operator's pause held the call back in its queue; data
+	// names the pause.
+	EventHeld = "capability.held"
 )
 
 // Actor is the acting party of an event: id and kind, never attributes.

@@ -31,8 +31,8 @@ type Permissions struct {
 // envelopes and progress, and reads only its own records and envelopes (by key, without
 // their buckets' stream information), the catalog and nothing else: no
 // key-value write, no stream or consumer administration, no audit event. An approver sends decisions to workers and reads approvals. A
-// worker may do what the runtime needs except touch grants or remove audit
-// events; an admin may do anything. A notifier pulls from the notify
+// worker may do what the runtime needs except write grants, pauses or policy
+// sets, or remove audit events; an admin may do anything. A notifier pulls from the notify
 // consumer and acknowledges what it pulled, and answers status requests:
 // it creates no consumer (a push consumer delivers wherever its creator
 // says) and writes no bucket or stream.
@@ -105,25 +105,30 @@ func PermissionsFor(g Grant, n broker.Names) Permissions {
 			Responses:      true,
 		}
 	case RoleWorker:
-		grants := n.GrantsBucket()
-		deny := []string{
-			"$KV." + grants + ".>",
-			// The audit log's tree, lease and checkpoints are the
-			// checkpointer's, which runs with the operator's key and an
-			// admin's credentials: a worker may not stall or litter it.
-			"$KV." + n.TrailBucket() + ".>",
-			n.CheckpointSubject(),
-			js("STREAM.CREATE." + kvStream(grants)),
-			js("STREAM.UPDATE.>"),
-			js("STREAM.DELETE.>"),
-			js("STREAM.PURGE.>"),
+		// The buckets only admins write (DESIGN §12): the grants, the
+		// operators' pauses and the policy sets. Workers read and watch
+		// them; a worker may neither write a key nor create the bucket
+		// (whose configuration could source it from elsewhere).
+		var deny []string
+		adminOnly := []string{n.GrantsBucket(), n.PausesBucket(), n.PoliciesBucket()}
+		for _, b := range adminOnly {
+			deny = append(deny, "$KV."+b+".>", js("STREAM.CREATE."+kvStream(b)))
 		}
+		// The audit log's tree, lease and checkpoints are the
+		// checkpointer's, which runs with the operator's key and an admin's
+		// credentials: a worker may not stall or litter it.
+		deny = append(deny, "$KV."+n.TrailBucket()+".>", n.CheckpointSubject())
+		deny = append(deny, js("STREAM.UPDATE.>"), js("STREAM.DELETE.>"), js("STREAM.PURGE.>"))
 		// A worker removes single messages from the exec stream only: the
 		// sweeper deletes the requests it ended NOT_STARTED. Deny wins over
 		// allow in NATS, so every other stream of capstan's is named.
-		for _, stream := range []string{n.AuditStream(), kvStream(grants), kvStream(n.ExecutionsBucket()),
+		streams := []string{n.AuditStream(), kvStream(n.ExecutionsBucket()),
 			kvStream(n.EnvelopesBucket()), kvStream(n.ApprovalsBucket()), kvStream(n.CatalogBucket()), kvStream(n.PoolsBucket()),
-			kvStream(n.LimitsBucket()), kvStream(n.TrailBucket()), n.CheckpointStream()} {
+			kvStream(n.LimitsBucket()), kvStream(n.TrailBucket()), n.CheckpointStream()}
+		for _, b := range adminOnly {
+			streams = append(streams, kvStream(b))
+		}
+		for _, stream := range streams {
 			deny = append(deny, js("STREAM.MSG.DELETE."+stream))
 		}
 		return Permissions{

@@ -19,7 +19,8 @@ import (
 // quotas (broker.ProvisionQueues: once the deployment is provisioned), then
 // writes every principal's grant to the grants bucket (creating it when
 // missing) and removes grants of principals the setup no longer has. Only an
-// admin's connection may: workers read the bucket, nobody else sees it. A
+// admin's connection may: workers read the bucket, nobody else sees it. It
+// makes the operators' pauses and policies buckets too, when missing. A
 // new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
 	n := s.Names()
@@ -35,6 +36,15 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	if err != nil {
 		if kv, err = js.KeyValue(ctx, n.GrantsBucket()); err != nil {
 			return fmt.Errorf("capstan auth: grants bucket: %w", err)
+		}
+	}
+	// The operators' buckets (DESIGN §18), empty until an admin pauses or
+	// applies a policy set, are made here by an admin: a stream of a
+	// worker's own on their subjects would otherwise keep them from ever
+	// being made, and the emergency stop with them.
+	for _, b := range []string{n.PausesBucket(), n.PoliciesBucket()} {
+		if _, err := broker.OperatorBucket(ctx, js, b, true); err != nil {
+			return fmt.Errorf("capstan auth: bucket %s: %w", b, err)
 		}
 	}
 	want := map[string]bool{}

@@ -338,6 +338,21 @@ func ValidPrincipal(p string) bool {
 // GrantsBucket keeps each principal's grants; only admins write it.
 func (n Names) GrantsBucket() string { return n.prefix + "_GRANTS" }
 
+// PausesBucket keeps the operators' pauses (DESIGN §18): only admins write
+// it, every worker watches it.
+func (n Names) PausesBucket() string { return n.prefix + "_PAUSES" }
+
+// PoliciesBucket keeps the deployment's Cedar policy sets, one key per
+// version, and which one is in force (DESIGN §18): only admins write it,
+// every worker watches it.
+func (n Names) PoliciesBucket() string { return n.prefix + "_POLICIES" }
+
+// AppliedSubject is where an operator's command asks every worker to
+// confirm that its copy of the pauses or policies bucket has a revision
+// (and that it cancelled what a pause asked it to); every worker answers,
+// none in a queue group.
+func (n Names) AppliedSubject() string { return n.subject + ".operators.applied" }
+
 // SubjectPrefix is the lower-case prefix every subject starts with.
 func (n Names) SubjectPrefix() string { return n.subject }
 

@@ -275,3 +275,21 @@ func describeGroup(info *jetstream.StreamInfo) string {
 	}
 	return fmt.Sprintf("replicas %d, leader %q, %d of %d followers current", info.Config.Replicas, ci.Leader, current, len(ci.Replicas))
 }
+
+// OperatorBucket opens one of the buckets of operators' controls that only
+// admins write (DESIGN §18: the pauses, the policy sets); with create, a
+// missing one is made: one value per key, on file, replicated as the
+// deployment is. Without create, a missing bucket is
+// jetstream.ErrBucketNotFound.
+func OperatorBucket(ctx context.Context, js jetstream.JetStream, bucket string, create bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err == nil || !create || !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return kv, err
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
+		Storage: jetstream.FileStorage, Replicas: DetectReplicas(ctx, js.Conn())})
+	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return js.KeyValue(ctx, bucket)
+	}
+	return kv, err
+}

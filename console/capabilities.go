@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/limits"
+	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -22,6 +23,8 @@ const workersWindow = 15 * time.Minute
 
 type capView struct {
 	executor.Descriptor
+	// Pauses are the operators' pauses that stop some of its calls.
+	Pauses  []*pauses.Pause
 	Workers []string
 	// Served: a live worker of its pool renewed its catalog entry within
 	// the catalog TTL (DESIGN §13), whether or not it was called lately.
@@ -52,6 +55,10 @@ type capsData struct {
 	Pools    []poolView
 	Unrouted *poolView
 	Window   time.Duration
+	// Pauses are the operators' pauses in force (DESIGN §18).
+	Pauses pausesView
+	// IDs are the catalog's capability ids, for the pause form.
+	IDs []string
 }
 
 func (c *Console) capabilities(w http.ResponseWriter, r *http.Request, s *session) {
@@ -65,6 +72,14 @@ func (c *Console) capabilities(w http.ResponseWriter, r *http.Request, s *sessio
 	if err != nil {
 		c.fail(w, r, s, http.StatusBadGateway, "reading the catalog: %v", err)
 		return
+	}
+	d.Pauses = readPauses(ctx, s)
+	for i := range d.Pools {
+		for j := range d.Pools[i].Caps {
+			cv := &d.Pools[i].Caps[j]
+			cv.Pauses = pausedFor(d.Pauses.List, cv.ID)
+			d.IDs = append(d.IDs, cv.ID)
+		}
 	}
 	c.render(w, r, s, "capabilities", d)
 }

@@ -114,6 +114,8 @@ func (c *Console) routes() {
 	c.mux.HandleFunc("GET /executions/{id}", c.signedIn(c.execution))
 	c.mux.HandleFunc("POST /executions/{id}/cancel", c.signedIn(c.cancel))
 	c.mux.HandleFunc("GET /capabilities", c.signedIn(c.capabilities))
+	c.mux.HandleFunc("POST /pauses", c.signedIn(c.pause))
+	c.mux.HandleFunc("POST /pauses/unpause", c.signedIn(c.unpause))
 	c.mux.HandleFunc("GET /live/approvals", c.signedIn(c.liveApprovals))
 	c.mux.HandleFunc("GET /live/executions", c.signedIn(c.liveExecutions))
 	c.mux.HandleFunc("GET /live/executions/{id}", c.signedIn(c.liveExecution))

@@ -33,6 +33,10 @@ const (
 	// CodeRateLimited: a limit of the capability refused the call before it
 	// started (DESIGN §17); details carry retryAfterMs and the limit.
 	CodeRateLimited Code = "RATE_LIMITED"
+	// CodePaused: an operator paused what the call does (DESIGN §18), and
+	// the pause refuses calls rather than hold them; the message carries the
+	// operator's reason. Retryable: the call runs once the pause is lifted.
+	CodePaused Code = "PAUSED"
 	// CodeQuotaExceeded: the calling principal is over one of its quotas
 	// (DESIGN §12 "Quotas"); details carry which quota, its limit and, when
 	// waiting helps, retryAfterMs. Refused before anything ran.

@@ -39,6 +39,10 @@ type Descriptor struct {
 	// Limits are the capability's limits (DESIGN §17), so that an agent
 	// sees them before it calls.
 	Limits []LimitInfo `json:"limits,omitempty"`
+	// Paused is set in a description when an operator paused the
+	// capability for the caller who asked (DESIGN §18); never in the
+	// catalog.
+	Paused *PauseInfo `json:"paused,omitempty"`
 	// ExpiresAt is when the entry lapses unless a live worker of the pool
 	// renews it (DESIGN §13): every worker renews its capabilities' entries
 	// and its pool's own every third of the catalog TTL.

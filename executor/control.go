@@ -74,6 +74,10 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
+	// Every worker confirms the operators' changes it applied (pause.go).
+	if err := add(w.nc.Subscribe(n.AppliedSubject(), w.serveApplied)); err != nil {
+		return nil, err
+	}
 	if err := add(w.nc.QueueSubscribe(n.DescribeSubjects(), n.WorkersQueue(), w.gated(w.serveDescribe, w.refuseDescribe))); err != nil {
 		return nil, err
 	}

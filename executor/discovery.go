@@ -224,6 +224,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 		case r.v.stance == StanceRequireApproval:
 			r.d.RequiresApproval = true
 		}
+		r.d.Paused = pauseInfo(w.pauseOf(principal, r.d.ID, req.Actor))
 		reply.Capabilities = append(reply.Capabilities, r.d)
 		ids = append(ids, r.d.ID)
 	}

@@ -236,6 +236,14 @@ func asInt(v any) int64 {
 		return int64(n)
 	case int32:
 		return int64(n)
+	case int8:
+		return int64(n)
+	case uint8:
+		return int64(n)
+	case int16:
+		return int64(n)
+	case uint16:
+		return int64(n)
 	case float64:
 		return int64(n)
 	}

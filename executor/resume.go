@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
 // approvalStore is a store over the approvals bucket whose decisions are
@@ -79,31 +80,49 @@ func (c *Client) FollowTrail(ctx context.Context, executionID string, fn func(au
 }
 
 // CatalogChanges signals on the returned channel each time workers change
-// the catalog (a capability served, withdrawn or expired), coalescing
-// changes the reader has not taken yet; the channel is closed when ctx ends
-// or the watch fails. Only a client of an open server may watch: a principal
-// may create no consumer, and gets an error.
+// the catalog (a capability served, withdrawn or expired) or an operator
+// pauses or unpauses calls (DESIGN §18): each time what Describe answers may
+// have changed. It coalesces changes the reader has not taken yet; the
+// channel is closed when ctx ends or the catalog's watch fails. Only a client
+// of an open server may watch: a principal may create no consumer, and gets
+// an error.
 func (c *Client) CatalogChanges(ctx context.Context) (<-chan struct{}, error) {
 	w, err := c.b.Catalog.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		return nil, err
 	}
+	ctx, stop := context.WithCancel(ctx)
+	pw, err := pauses.Watch(ctx, c.b.JS, c.b.Names, c.cfg.Logger, nil)
+	if err != nil {
+		stop()
+		_ = w.Stop()
+		return nil, err
+	}
 	ch := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 	go func() {
 		defer close(ch)
+		defer pw.Stop()
+		defer stop()
 		defer func() { _ = w.Stop() }()
+		changed := pw.Changed()
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-changed:
+				changed = pw.Changed()
+				signal()
 			case _, ok := <-w.Updates():
 				if !ok {
 					return
 				}
-				select {
-				case ch <- struct{}{}:
-				default:
-				}
+				signal()
 			}
 		}
 	}()

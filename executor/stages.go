@@ -14,6 +14,8 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -31,6 +33,8 @@ type capability struct {
 	w *Worker
 	// timeout is the attempt timeout its metadata sets.
 	timeout time.Duration
+	// cedar is what a Cedar policy sees of it (DESIGN §18).
+	cedar policies.Capability
 }
 
 // admission is one execution going through its capability's stages: what
@@ -46,10 +50,15 @@ type admission struct {
 	grant     *ApprovalGrant
 	decisions []PolicyRecord // every policy stance so far, for the trail
 	events    []engine.Event // what the stages filed for the trail so far
+	// policyVersion is the version of the Cedar policy set that decided
+	// the call (0: none in force).
+	policyVersion int
 }
 
 func newCapability(b *binding, w *Worker) *capability {
-	return &capability{b: b, w: w, timeout: b.meta.timeout()}
+	m := b.meta
+	return &capability{b: b, w: w, timeout: m.timeout(), cedar: policies.Capability{ID: b.id, SideEffect: string(m.SideEffect),
+		Risk: string(m.Risk), Idempotent: m.Idempotent, Tags: m.Tags, InputSchema: inputSchema(b)}}
 }
 
 func (c *capability) admission(ctx context.Context, r engine.Request) *admission {
@@ -120,6 +129,9 @@ func (a *admission) Started(attempt int) map[string]any {
 	data := map[string]any{"attempt": attempt, "approvalId": a.req.ApprovalID}
 	if len(a.decisions) > 0 {
 		data["policyDecisions"] = a.decisions
+	}
+	if a.policyVersion > 0 {
+		data["policyVersion"] = a.policyVersion
 	}
 	return data
 }
@@ -214,6 +226,14 @@ func (a *admission) admit() engine.Admission {
 		errors.As(err, &cerr)
 		return a.deny(strings.ToLower(string(cerr.Code))+": "+cerr.Cause.Error(), cerr, nil)
 	}
+	// An operator's pause that refuses (DESIGN §18): once the caller may
+	// know the capability, before its policies and approvals. One that
+	// holds is the engine's, before the attempt.
+	if p := a.w.pauseOf(a.r.Principal, a.req.CapabilityID, a.req.Actor); p != nil && p.Mode == pauses.Refuse {
+		a.w.pauseRefused.Add(1)
+		a.w.cfg.Observer.Paused(a.req.CapabilityID, "refused")
+		return a.deny("paused: "+p.Scope.String()+": "+p.Reason, p.Refusal(), nil)
+	}
 	// 7: invocation-phase policies. A resume runs from stage 9: these
 	// policies already asked for the approval it carries.
 	var v verdict
@@ -222,6 +242,12 @@ func (a *admission) admit() engine.Admission {
 		if end, refused := a.policyGate(v, envelope.StagePolicy); refused {
 			return end
 		}
+	}
+	// 7, as data: the deployment's Cedar policy set in force, after the Go
+	// policies; its deny is final. A resume is decided again: a set put in
+	// force since its approval was asked for applies to it.
+	if end, refused := a.cedarGate(); refused {
+		return end
 	}
 	// 8: approval gate.
 	if a.req.ApprovalID != "" || v.stance == StanceRequireApproval || (m.Approval != nil && m.Approval.Required) {
@@ -254,6 +280,37 @@ func (a *admission) admit() engine.Admission {
 		}
 	}
 	return adm
+}
+
+// cedarGate decides the call by the Cedar policy set in force (DESIGN
+// §18): nothing at all when none is. A denial names the policy on the
+// trail and in the private cause; the caller sees what a Go policy's denial
+// shows, never why. A policy that cannot be evaluated fails the call closed.
+func (a *admission) cedarGate() (end engine.Admission, refused bool) {
+	set := a.w.policies.Set()
+	if set == nil {
+		return engine.Admission{}, false
+	}
+	d := set.Decide(policies.Request{Principal: a.r.Principal, Actor: a.req.Actor, Capability: &a.cedar,
+		Surface: a.req.Surface, Input: a.input})
+	a.policyVersion = d.Version
+	rec := PolicyRecord{Policy: "cedar", Phase: PhaseInvocation, Stance: StanceAllow, Reason: d.Reason}
+	if d.Policy != "" {
+		rec.Policy = "cedar:" + d.Policy
+	}
+	cause := fmt.Errorf("policy set v%d (Cedar): %s", d.Version, d.Reason)
+	switch {
+	case d.Failed:
+		rec.Stance, rec.Failed, rec.Failure = StanceDeny, true, "error"
+		return a.deny("policy-failed", &envelope.CapabilityError{Code: envelope.CodePolicyFailed, Stage: envelope.StagePolicy,
+			ExposeToModel: true, Message: "A policy could not be evaluated; the call was refused.", Cause: cause}, append(a.decisions, rec)), true
+	case !d.Allow:
+		rec.Stance = StanceDeny
+		return a.deny("policy-denied", &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: envelope.StagePolicy,
+			ExposeToModel: true, Message: "A policy refused the call.", Cause: cause}, append(a.decisions, rec)), true
+	}
+	a.decisions = append(a.decisions, rec)
+	return engine.Admission{}, false
 }
 
 // policies evaluates the runtime's policies, then the capability's own, for
@@ -313,6 +370,9 @@ func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError,
 	data := map[string]any{"reason": reason, "publicCode": string(cerr.Code), "stage": stage}
 	if len(records) > 0 {
 		data["policyDecisions"] = records
+	}
+	if a.policyVersion > 0 {
+		data["policyVersion"] = a.policyVersion
 	}
 	a.file(audit.EventDenied, data)
 	return a.fail(cerr)

@@ -20,6 +20,8 @@ import (
 	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
+	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -142,6 +144,10 @@ type WorkerStats struct {
 	// Recovered counts executions finalized completed from a lost or
 	// stopped attempt's receipt, or its reconciler's finding (DESIGN §5).
 	Recovered uint64
+	// Held counts deliveries an operator's pause put back in their queue
+	// (each time, while it lasts); PauseRefused the calls one ended PAUSED
+	// (DESIGN §18).
+	Held, PauseRefused uint64
 }
 
 // Worker serves one pool: it pulls requests for its registry's capabilities
@@ -164,6 +170,14 @@ type Worker struct {
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
+	// pauses are the operators' pauses (DESIGN §18), watched; cancels the
+	// running attempts they cancelled.
+	pauses  *pauses.Watcher
+	cancels cancelPasses
+	// policies is the Cedar policy set in force (DESIGN §18), watched.
+	policies *policies.Watcher
+	// pauseRefused counts the calls a pause refused at admission.
+	pauseRefused atomic.Uint64
 	// reading counts the control requests taken and not yet answered.
 	reading sync.WaitGroup
 	// rates and gate are the control requests' quota and turns (quotas.go);
@@ -211,10 +225,11 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
+		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, BeforeAttempt: cfg.knobs.BeforeAttempt, Capabilities: served,
 		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		NearName:      w.nearName,
 		ResolveResume: w.resolveResume,
+		Paused:        w.paused,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
 	return w, nil
@@ -242,7 +257,8 @@ func (w *Worker) Stats() WorkerStats {
 	r := w.run.Stats()
 	s := WorkerStats{Handled: r.Handled, HandlerCalls: r.HandlerCalls, Finalized: r.Finalized, Conflicts: r.Conflicts,
 		Abandoned: r.Abandoned, TakenOver: r.TakenOver, Duplicates: r.Duplicates, NotStarted: r.NotStarted,
-		Recovered: r.Recovered, Limited: r.Limited, Deferred: r.Deferred}
+		Recovered: r.Recovered, Limited: r.Limited, Deferred: r.Deferred, Held: r.Held,
+		PauseRefused: r.PauseRefused + w.pauseRefused.Load()}
 	if sw := w.sweeper.Load(); sw != nil {
 		s.Swept = sw.Swept()
 	}
@@ -287,6 +303,22 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.grants.Stop()
+	// The operators' pauses, read before the first pull: a worker started
+	// while a pause is on honours it from its first delivery.
+	if err := ready("read pauses", func(context.Context) (err error) {
+		w.pauses, err = pauses.Watch(ctx, b.JS, b.Names, w.log, w.onPause)
+		return err
+	}); err != nil {
+		return startErr(ctx, err)
+	}
+	defer w.pauses.Stop()
+	if err := ready("read policies", func(context.Context) (err error) {
+		w.policies, err = policies.Watch(ctx, b.JS, b.Names, w.log)
+		return err
+	}); err != nil {
+		return startErr(ctx, err)
+	}
+	defer w.policies.Stop()
 	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.emitter.Store(w.audit)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
 	"github.com/capstan-dev/capstan/approvals"
@@ -1038,5 +1039,62 @@ func TestStatus_AQueuedCallIsQueuedNotUnknown(t *testing.T) {
 	}
 	if textOf(res) != `"ran queued"` {
 		t.Errorf("status once run = %s", textOf(res))
+	}
+}
+
+// An operator's pause reaches the hosts: the paused tool's description says
+// so, with list_changed, and says so no more once it is lifted.
+func TestListChanged_WhenAnOperatorPausesATool(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	ev := newEvents()
+	mem := f.connectMemory(t, alice, ev)
+	tool := mcpbridge.ToolName("email.send", mcpbridge.ToolNamesPortable)
+	desc := func() string {
+		r, err := mem.ListTools(testCtx(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tl := range r.Tools {
+			if tl.Name == tool {
+				return tl.Description
+			}
+		}
+		t.Fatalf("%s not listed", tool)
+		return ""
+	}
+	if d := desc(); strings.Contains(d, "PAUSED") {
+		t.Fatalf("listed paused before any pause: %s", d)
+	}
+	names := broker.NewNames("")
+	ch, err := pauses.Apply(testCtx(t), f.nc, names, &pauses.Pause{Scope: pauses.Scope{Capability: "email.send"},
+		Mode: pauses.Hold, Reason: "mail to the wrong list", By: broker.Anonymous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDescription(t, ev, desc, true)
+	if d := desc(); !strings.Contains(d, "mail to the wrong list") || !strings.Contains(d, "wait until it is lifted") {
+		t.Errorf("paused tool's description: %s", d)
+	}
+	if _, err := pauses.Lift(testCtx(t), f.nc, names, ch.Pause.Scope, broker.Anonymous, "", "fixed"); err != nil {
+		t.Fatal(err)
+	}
+	waitDescription(t, ev, desc, false)
+}
+
+// waitDescription waits for list_changed notifications until the paused
+// tool's description says PAUSED (or no more).
+func waitDescription(t *testing.T, ev *events, desc func() string, paused bool) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		select {
+		case <-ev.changed:
+			if strings.Contains(desc(), "PAUSED") == paused {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("no list_changed after which the tool is paused=%v: %s", paused, desc())
+		}
 	}
 }

@@ -93,6 +93,15 @@ func toolOf(d executor.Descriptor, names ToolNames) tool {
 		}
 		desc = strings.TrimSpace(desc + " Limits: " + strings.Join(texts, "; ") + ".")
 	}
+	if p := d.Paused; p != nil {
+		// An operator's pause (DESIGN §18): the model learns before it calls
+		// that the tool will not run now.
+		what := "calls wait until it is lifted"
+		if p.Refuse {
+			what = "calls fail at once with PAUSED"
+		}
+		desc = strings.TrimSpace("PAUSED by an operator (" + p.Reason + "): " + what + ". " + desc)
+	}
 	if name != d.ID {
 		// The model and the people reading its transcript see which
 		// capability the tool is.
@@ -111,6 +120,9 @@ func toolOf(d executor.Descriptor, names ToolNames) tool {
 	}
 	if len(d.Limits) > 0 {
 		t.Meta[metaKey+"capability"].(map[string]any)["limits"] = d.Limits
+	}
+	if d.Paused != nil {
+		t.Meta[metaKey+"capability"].(map[string]any)["paused"] = d.Paused
 	}
 	fp, _ := json.Marshal(t)
 	return tool{capID: d.ID, def: t, wrapped: wrapped, fingerprint: string(fp)}

@@ -50,6 +50,11 @@ type Worker interface {
 	// Skipped is called for each record of bucket a listing skipped because
 	// it does not decode (the listing goes on without it).
 	Skipped(bucket string)
+	// Paused is called each time an operator's pause stops a call of
+	// capabilityID (DESIGN §18): action is "held" when its delivery is put
+	// back to wait in its queue (again at each of its deliveries while the
+	// pause lasts), "refused" when the call ends PAUSED.
+	Paused(capabilityID, action string)
 	// QuotaExceeded is called for each request the worker refused because
 	// principal was over quota (auth.Quotas' field name, e.g.
 	// controlPerSecond).
@@ -109,6 +114,9 @@ func (NopWorker) AuditFailed() {}
 
 // Skipped does nothing.
 func (NopWorker) Skipped(string) {}
+
+// Paused does nothing.
+func (NopWorker) Paused(string, string) {}
 
 // QuotaExceeded does nothing.
 func (NopWorker) QuotaExceeded(string, string) {}

@@ -62,6 +62,7 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 		Status: envelope.StatusFailed, Error: &envelope.Error{Code: envelope.CodeQuotaExceeded, Details: map[string]any{"quota": "queuedRequests"}}}, nil)
 	tel.AuditFailed()
 	tel.Skipped("CAPSTAN_APPROVALS")
+	tel.Paused("t.echo", "held")
 
 	m := scrape(t, tel.Handler())
 	raw, err := os.ReadFile("grafana/capstan.json")

@@ -21,6 +21,7 @@ type metrics struct {
 	retries        *prometheus.CounterVec
 	takeovers      *prometheus.CounterVec
 	limited        *prometheus.CounterVec
+	paused         *prometheus.CounterVec
 	slots          *prometheus.GaugeVec
 	outcomeUnknown *prometheus.CounterVec
 	recovered      *prometheus.CounterVec
@@ -50,6 +51,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		retries:        counterVec("capstan_retries_total", "Attempts started after a failed one, by the previous attempt's error code (WORKER_LOST after a takeover).", "capability", "pool", "previous_code"),
 		takeovers:      counterVec("capstan_takeovers_total", "Executions taken over from a lost worker, by the state its record was in.", "capability", "pool", "from_state"),
 		limited:        counterVec("capstan_limited_total", "Executions a limit of their capability held back, by the limit's kind and what they did (wait, refuse, approval).", "capability", "pool", "kind", "action"),
+		paused:         counterVec("capstan_paused_total", "Calls an operator's pause stopped, by what became of them: held (a delivery put back to wait in its queue, again at each delivery while the pause lasts) or refused (ended PAUSED).", "capability", "action"),
 		slots:          gaugeVec("capstan_limit_slots_held", "Concurrency slots this worker's executions hold; summed over the workers, a capability's occupancy.", "capability", "pool"),
 		outcomeUnknown: counterVec("capstan_outcome_unknown_total", "Executions finalized OUTCOME_UNKNOWN: their worker was lost during an attempt that may not be repeated.", capPool...),
 		recovered:      counterVec("capstan_executions_recovered_total", "Executions finalized completed from what a lost or stopped attempt left, by how: its receipt, or its reconciler's finding.", "capability", "pool", "how"),
@@ -68,7 +70,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		clientQuota:    counterVec("capstan_client_quota_exceeded_total", "Requests of this client refused QUOTA_EXCEEDED, by the quota its principal was over.", "quota"),
 		clientDuration: durationVec("capstan_client_call_duration_seconds", "End to end, as the caller sees it: from submitting a request to receiving its envelope.", "capability", "status"),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped, m.quotaExceeded,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.paused, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped, m.quotaExceeded,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientQuota, m.clientDuration)
 	return m
 }

@@ -162,6 +162,11 @@ func (t *Telemetry) countQuota(env *envelope.Envelope, err error) {
 // AuditFailed counts an audit event JetStream did not store.
 func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 
+// Paused counts a call an operator's pause held or refused.
+func (t *Telemetry) Paused(capabilityID, action string) {
+	t.m.paused.WithLabelValues(t.caps.label(capabilityID), action).Inc()
+}
+
 // Skipped counts a record of bucket a listing skipped because it does not
 // decode. Buckets are capstan's few: the label stays small.
 func (t *Telemetry) Skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }

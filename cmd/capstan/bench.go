@@ -57,6 +57,7 @@ func runBench(args []string) int {
 	fs.IntVar(&cfg.Flood, "flood", 0, "with --embedded --auth: another principal submits `N` held calls (demo.sleep) as the measured phase starts; the latencies show its fair share")
 	fs.IntVar(&cfg.FloodMs, "flood-ms", 900, "how long each flooding call holds its worker slot, in `ms`")
 	fs.IntVar(&cfg.OtherBacklog, "other-backlog", 0, "with --embedded --auth: another principal queues `N` demo.echo calls just before the measured phase; the latencies show its fair share of the queue")
+	policyFile := fs.String("policy", "", "put this Cedar policy set `file` in force before the run (what deciding every call by it costs)")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -66,6 +67,11 @@ func runBench(args []string) int {
 		return usageError("%v", err)
 	}
 	cfg.Rate = rate
+	if *policyFile != "" {
+		if cfg.Policies, err = os.ReadFile(*policyFile); err != nil {
+			return usageError("bench: %v", err)
+		}
+	}
 	switch {
 	case cfg.N <= 0:
 		return usageError("--n must be positive")
@@ -237,6 +243,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	}
 	if r.Flood > 0 {
 		audit += fmt.Sprintf("; another principal flooded %d held calls of %d ms", r.Flood, r.FloodMs)
+	}
+	if r.PolicyRules > 0 {
+		audit += fmt.Sprintf("; every call decided by a Cedar policy set of %d policies", r.PolicyRules)
 	}
 	fmt.Fprintf(w, "capstan bench: %d × %s, %d-byte payload, %s\n", r.N, r.Capability, r.PayloadBytes, mode)
 	fmt.Fprintf(w, "server %s; %d worker(s) × %d concurrency; audit %s; %d CPUs\n\n", r.Server, r.Workers, r.WorkerConcurrency, audit, r.CPUs)

@@ -298,6 +298,15 @@ func writeDiscovery(w io.Writer, st style, d *executor.Discovery) {
 	t.flush()
 	fmt.Fprintf(w, "%s on surface %s; digest %s\n", plural(len(d.Capabilities), "capability", "capabilities"),
 		d.Surface, st.dim(d.Digest))
+	for _, c := range d.Capabilities {
+		if p := c.Paused; p != nil {
+			what := "its calls wait in their queue"
+			if p.Refuse {
+				what = "its calls end PAUSED"
+			}
+			fmt.Fprintf(w, "%s %s, since %s: %s (%s)\n", st.bold("Paused by an operator:"), c.ID, ago(st.now, p.Since), p.Reason, what)
+		}
+	}
 }
 
 func plural(n int, one, many string) string {

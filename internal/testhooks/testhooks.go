@@ -34,6 +34,10 @@ type WorkerKnobs struct {
 	// its coalescing of read-only audit events read (nil: the clock): a test
 	// that holds it still counts what a quota lets through without timing.
 	ControlClock func() time.Time
+	// BeforeAttempt is called once an execution's first attempt on the
+	// worker has passed its pause gate and its limits, before its record
+	// says it runs: a test holds an attempt there.
+	BeforeAttempt func(executionID string, attempt int)
 }
 
 // Set by package executor's init.

@@ -73,7 +73,12 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
     const name = nameOf(d);
     if (name in tools) throw new CapstanError("INVALID_ARGUMENT", `capstan: two capabilities are both the tool ${name}`);
     const { schema, wrapped } = objectSchema(jsonSafe(d.inputSchema ?? {}) as Record<string, unknown>);
-    const description = d.requiresApproval === true ? `${d.description} Needs someone else's approval before it runs.`.trim() : d.description;
+    let description = d.requiresApproval === true ? `${d.description} Needs someone else's approval before it runs.`.trim() : d.description;
+    if (d.paused !== undefined) {
+      // An operator's pause (docs/design.md §18): the model learns it before it calls.
+      const what = d.paused.refuse === true ? "calls fail at once with PAUSED" : "calls wait until it is lifted";
+      description = `PAUSED by an operator (${d.paused.reason}): ${what}. ${description}`.trim();
+    }
     tools[name] = {
       description,
       inputSchema: wrap(schema),

@@ -230,7 +230,19 @@ export interface Descriptor {
   inputSchema?: Record<string, unknown>;
   /** The capability's limits (docs/design.md §17). */
   limits?: LimitInfo[];
+  /** Set in a description when an operator paused the capability for the caller (docs/design.md §18). */
+  paused?: PauseInfo;
   expiresAt?: string;
+}
+
+/** An operator's pause of a capability, as describe tells its caller. */
+export interface PauseInfo {
+  /** Calls end PAUSED at once; otherwise they wait in their queue until it is lifted. */
+  refuse?: boolean;
+  /** The operator's reason. */
+  reason: string;
+  /** When it was paused. */
+  since?: string;
 }
 
 /** One limit a capability declares, as describe shows it. */
@@ -576,6 +588,12 @@ const limitInfoSchema: Schema = [
   ["principalMax", int],
 ];
 
+export const pauseInfoSchema: Schema = [
+  ["refuse", bool],
+  ["reason", str, ""],
+  ["since", time],
+];
+
 export const descriptorSchema: Schema = [
   ["v", int, 0],
   ["id", str, ""],
@@ -591,6 +609,7 @@ export const descriptorSchema: Schema = [
   ["requiresApproval", bool],
   ["inputSchema", anyv],
   ["limits", { t: "recs", s: limitInfoSchema, ptr: false }],
+  ["paused", { t: "rec", s: pauseInfoSchema, ptr: true }],
   ["expiresAt", time],
 ];
 

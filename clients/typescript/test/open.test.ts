@@ -4,7 +4,8 @@
 // test stops it (the test after it, of a queued call, starts another).
 
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
+import { execFile, type ChildProcess } from "node:child_process";
+import { promisify } from "node:util";
 import { after, before, describe, test } from "node:test";
 import { headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
@@ -372,6 +373,27 @@ describe("what a client must refuse", () => {
     await kv.put(`_anon.${id}`, encodeEnvelope(envelopeOf(id, 2)));
     await assert.rejects(c.status(id), (e: CapstanError) => e.code === "DECODE");
     await assert.rejects(c.await(id, { signal: bound() }), (e: CapstanError) => e.code === "DECODE");
+  });
+});
+
+describe("an operator's pause", () => {
+  test("describe and the AI SDK tools tell the model a paused capability will not run now", async () => {
+    const capstan = (...args: string[]) => promisify(execFile)(dev.bin, [...args, "--nats", dev.url]);
+    await capstan("pause", "demo.sleep", "--reason", "sleeping too much");
+    try {
+      const d = await c.describe({ surface: "mcp" });
+      const sleep = d.capabilities.find((x) => x.id === "demo.sleep");
+      assert.equal(sleep?.paused?.reason, "sleeping too much");
+      assert.notEqual(sleep?.paused?.refuse, true);
+      assert.equal(d.capabilities.find((x) => x.id === "demo.echo")?.paused, undefined);
+      const tools = await aiTools(c, { surface: "mcp" });
+      assert.match(tools.demo_sleep?.description ?? "", /^PAUSED by an operator \(sleeping too much\): calls wait until it is lifted\./);
+      assert.doesNotMatch(tools.demo_echo?.description ?? "", /PAUSED/);
+    } finally {
+      await capstan("unpause", "demo.sleep", "--reason", "done");
+    }
+    const d = await c.describe({ surface: "mcp" });
+    assert.equal(d.capabilities.find((x) => x.id === "demo.sleep")?.paused, undefined);
   });
 });
 

@@ -91,6 +91,9 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 		}
 		at.unit, at.adm = adm.Unit, adm
 	}
+	if a, ok := at.pauseGate(max(fromAttempt, 1), fromAttempt == 0); !ok {
+		return a // an operator's pause (DESIGN §18)
+	}
 	if len(at.adm.Limits) > 0 {
 		if a, ok := at.takeLimits(at.adm, fromAttempt); !ok {
 			return a
@@ -99,6 +102,9 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 
 	// 10–11: controls and the attempts.
 	attempt := fromAttempt
+	if hook := x.w.cfg.BeforeAttempt; hook != nil {
+		hook(x.req.ExecutionID, max(attempt, 1))
+	}
 	if attempt == 0 {
 		attempt = 1
 	} else {
@@ -198,6 +204,9 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 				}
 				return at.endByContext(attempt)
 			}
+			if a, ok := at.pauseGate(attempt+1, false); !ok {
+				return a
+			}
 			attempt++
 			x.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			x.obs.Retried(attempt, cerr.Code)
@@ -205,6 +214,61 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 		}
 		return Action{Do: Fail, Err: cerr, AfterRun: true, Attempts: attempt}
 	}
+}
+
+// pauseGate is the check before attempt n starts; it reports whether the
+// attempt may. fresh is an execution that has run no attempt (attempt 1,
+// not a takeover). When the attempt may not, the action ends the execution
+// or puts it back, as the pause says.
+func (at *attempts) pauseGate(n int, fresh bool) (Action, bool) {
+	x := at.x
+	p := at.pausedNow()
+	if p == nil {
+		return Action{}, true
+	}
+	if p.Refusal == nil && fresh {
+		x.w.stats.held.Add(1)
+		x.w.cfg.Observer.Paused(x.req.CapabilityID, "held")
+		if x.claim.held() != nil {
+			// Outside the held trail: the put-back drops what it holds.
+			x.w.emit(x.event(audit.EventHeld, p.Data))
+		}
+		// Given back as a limit's wait gives it back: its record names no
+		// worker meanwhile.
+		return Action{Do: Wait, Delay: x.w.holdFor(x.meta), limit: true}, false
+	}
+	// A retry or a takeover: an attempt may have run, so the execution keeps
+	// its claim and waits here.
+	for p != nil && p.Refusal == nil {
+		select {
+		case <-p.Changed:
+		case <-x.ctx.Done():
+			return at.endByContext(n - 1), false
+		}
+		p = at.pausedNow()
+	}
+	if p == nil {
+		return Action{}, true
+	}
+	x.w.stats.pauseRefused.Add(1)
+	x.w.cfg.Observer.Paused(x.req.CapabilityID, "refused")
+	return Action{Do: Finish, end: failed(p.Refusal), Attempts: n - 1}, false
+}
+
+// pausedNow is the pause that stops the next attempt, nil when none does,
+// in which case the execution is starting until its handler begins.
+// starting is set before the pauses are read, and a pause's set is in place
+// before a worker looks for what it must cancel or wait for
+// (CancelRunning, Starting): of an attempt that read the pauses before a
+// change, the worker that made the change sees it starting.
+func (at *attempts) pausedNow() *Pause {
+	x := at.x
+	x.flight.starting.Store(true)
+	p := x.w.paused(x.principal, x.req)
+	if p != nil {
+		x.flight.starting.Store(false)
+	}
+	return p
 }
 
 // takeLimits takes the execution's limits and reports whether its attempts
@@ -430,6 +494,9 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	ch := make(chan result, 1)
 	x.w.stats.handlerCalls.Add(1)
 	x.lease.progress.begin(n)
+	x.flight.calling.Store(true)
+	x.flight.starting.Store(false) // after calling: a reader sees one or the other
+	defer x.flight.calling.Store(false)
 	defer x.lease.progress.end()
 	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
 		Progress: &x.lease.progress, Receipts: &at.receipts}

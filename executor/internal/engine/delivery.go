@@ -175,6 +175,9 @@ func (d *delivery) enter() Action {
 		return d.route()
 	}
 	w, x := d.w, &d.x
+	if a, held := d.heldAgain(); held {
+		return a // still paused: nothing of it read beyond its record
+	}
 	if share := w.share.Load(); share != nil {
 		if !share.take(x.principal, w.now()) {
 			// Over its principal's fair share while others wait: nothing of

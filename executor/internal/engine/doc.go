@@ -40,7 +40,8 @@
 //     (Reconcile), carried out under the claim and its lease as an attempt
 //     is, whose answer the table decides again (Facts.Reconciled).
 //   - attempts.go: the run (Run, Retry): the capability's admission
-//     (stages 4 to 9), its limits (limits.go), the attempts under the lease,
+//     (stages 4 to 9), the operators' pauses (pause.go, DESIGN §18), its
+//     limits (limits.go), the attempts under the lease,
 //     the retry rule, the output's checks (12, 13), the attempt's receipts.
 //   - finalize.go: stage 14: the terminal audit event, the one create-only
 //     envelope; the delivery then acknowledges.

@@ -58,6 +58,10 @@ type execution struct {
 	inputHash string
 	done      chan struct{}
 
+	// flight is its entry in the worker's table of executions in flight
+	// (begin), where an operator's pause finds it.
+	flight flight
+
 	// found is the record a create of this delivery found in its place:
 	// another claim's, or a cancel's. The takeover table decides from it.
 	found    *Record
@@ -103,7 +107,8 @@ func (x *execution) begin(c Definition, msg jetstream.Msg) bool {
 	l := &x.lease
 	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, w.cfg.Lease, w.cfg.DisableLeaseRenewal, w.now, msg
 	l.end, l.done, l.log, l.id = x.cancel, x.done, w.log, req.ExecutionID
-	if !w.inflight.add(x.key, x.cancel) {
+	x.flight.cancel, x.flight.principal, x.flight.req = x.cancel, x.principal, req
+	if !w.inflight.add(x.key, &x.flight) {
 		x.finish()
 		return false
 	}

@@ -233,3 +233,25 @@ func TestRolloutDelay_DoublesFromATenthOfASecondToItsMost(t *testing.T) {
 		}
 	}
 }
+
+func TestHoldDelay_GrowsToFiveSecondsWithJitter(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		deliveries int
+		jitter     float64
+		want       time.Duration
+	}{
+		{0, 0, 500 * time.Millisecond},
+		{1, 0, 500 * time.Millisecond},
+		{2, 0, time.Second},
+		{4, 0, 4 * time.Second},
+		{5, 0, 5 * time.Second},
+		{500, 0, 5 * time.Second},
+		{1, 1, 625 * time.Millisecond},
+		{500, 1, 6250 * time.Millisecond},
+	} {
+		if got := holdDelay(tt.deliveries, tt.jitter); got != tt.want {
+			t.Errorf("holdDelay(%d, %v) = %v, want %v", tt.deliveries, tt.jitter, got, tt.want)
+		}
+	}
+}

@@ -30,7 +30,7 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	w := &worker{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: inflight{m: make(map[string]context.CancelCauseFunc)}}
+	w := &worker{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: inflight{m: make(map[string]*flight)}}
 	if nc != nil { // a runner of no connection (benchmarks of the stages) forwards nothing
 		var err error
 		if w.ids, err = broker.NewMsgIDs(nc); err != nil {

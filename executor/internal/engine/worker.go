@@ -49,6 +49,16 @@ type Config struct {
 	// the request's refusal when it is an *envelope.CapabilityError; any other
 	// error leaves the request for a later delivery.
 	ResolveResume func(ctx context.Context, principal string, req *envelope.Request) error
+	// Paused reports the operators' pause that stops principal's request
+	// now (DESIGN §18), nil when none does. It is asked before every
+	// attempt starts and, while it answers anything, of every delivery: it
+	// must answer from memory. Nil: nothing is ever paused.
+	Paused func(principal string, req *envelope.Request) *Pause
+	// BeforeAttempt, when set, is called once an execution's first attempt
+	// on this worker has passed its pause gate and its limits, before its
+	// record says it runs (tests of what a pause does to an attempt about
+	// to start).
+	BeforeAttempt func(executionID string, attempt int)
 	// Pool names the worker's pool, for the observer.
 	Pool string
 	// Observer is told what happens to each delivery (never nil).
@@ -72,6 +82,9 @@ type Stats struct {
 	// Recovered counts executions this worker finalized completed from a
 	// lost attempt's receipt or its reconciler's finding (DESIGN §5).
 	Recovered uint64
+	// Held counts deliveries an operator's pause put back in their queue;
+	// PauseRefused the executions one ended PAUSED (DESIGN §18).
+	Held, PauseRefused uint64
 }
 
 // worker is what the deliveries of one worker share: its configuration,
@@ -188,6 +201,8 @@ type stats struct {
 	limited atomic.Uint64
 	// deferred counts the deliveries the fair share left for later.
 	deferred atomic.Uint64
+	// held and pauseRefused count what operators' pauses stopped.
+	held, pauseRefused atomic.Uint64
 }
 
 // snapshot is the counters now.
@@ -196,27 +211,39 @@ func (s *stats) snapshot() Stats {
 		Handled: s.handled.Load(), HandlerCalls: s.handlerCalls.Load(), Finalized: s.finalized.Load(),
 		Conflicts: s.conflicts.Load(), Abandoned: s.abandoned.Load(), TakenOver: s.takenOver.Load(),
 		Duplicates: s.duplicates.Load(), NotStarted: s.notStarted.Load(), Recovered: s.recovered.Load(),
-		Limited: s.limited.Load(), Deferred: s.deferred.Load(),
+		Limited: s.limited.Load(), Deferred: s.deferred.Load(), Held: s.held.Load(), PauseRefused: s.pauseRefused.Load(),
 	}
 }
 
 // inflight is the table of the executions this worker runs, by key, each
 // with the end of its context: a redelivery of one of them is left to it,
-// and a caller's cancel reaches it at once (Runner.CancelLocal).
+// and a caller's cancel reaches it at once (Runner.CancelLocal), an
+// operator's pause too (Runner.CancelRunning).
 type inflight struct {
 	mu sync.Mutex
-	m  map[string]context.CancelCauseFunc
+	m  map[string]*flight
 }
 
-// add enters key, unless an execution of it is in flight here already.
-// Only a delivery whose add succeeded removes key.
-func (t *inflight) add(key string, cancel context.CancelCauseFunc) bool {
+// flight is one execution in flight: whose and which, the end of its
+// context, and where its attempt is.
+type flight struct {
+	cancel    context.CancelCauseFunc
+	principal string
+	req       *envelope.Request
+	// starting: its attempt passed its pause gate and its handler has not
+	// begun; calling: its handler runs (DESIGN §18).
+	starting, calling atomic.Bool
+}
+
+// add enters f under key, unless an execution of it is in flight here
+// already. Only a delivery whose add succeeded removes key.
+func (t *inflight) add(key string, f *flight) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, busy := t.m[key]; busy {
 		return false
 	}
-	t.m[key] = cancel
+	t.m[key] = f
 	return true
 }
 
@@ -232,7 +259,23 @@ func (t *inflight) remove(key string) {
 func (t *inflight) get(key string) context.CancelCauseFunc {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.m[key]
+	if f := t.m[key]; f != nil {
+		return f.cancel
+	}
+	return nil
+}
+
+// each is every execution in flight now for which keep is true.
+func (t *inflight) each(keep func(*flight) bool) []*flight {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var fs []*flight
+	for _, f := range t.m {
+		if keep(f) {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // len is how many executions are in flight.

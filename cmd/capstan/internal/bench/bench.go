@@ -9,10 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/oplog"
+	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/internal/procstat"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Target is the server a run measures.
@@ -62,6 +66,10 @@ type Config struct {
 	// one principal's backlog stands in front of another's (DESIGN §17).
 	Flood   int
 	FloodMs int
+	// Policies, when set, is a Cedar policy set (DESIGN §18) put in force
+	// once the workers serve, before the warm-up: what deciding every call
+	// by it costs.
+	Policies []byte
 	// OtherBacklog, with credentials, has another producer principal queue
 	// this many demo.echo calls while the workers are stopped; they start
 	// again with the measured phase, whose latencies then show whether one
@@ -126,6 +134,9 @@ type Result struct {
 	// principal and the workers checked its grants.
 	Auth bool `json:"auth"`
 	CPUs int  `json:"cpus"`
+	// PolicyRules is how many Cedar policies decided every call (0: none
+	// in force).
+	PolicyRules int `json:"policyRules,omitempty"`
 
 	Completed        int     `json:"completed"`
 	NotCompleted     int     `json:"notCompleted"`
@@ -235,6 +246,11 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		stopWorkers, err := r.startWorkers(ctx)
 		if err != nil {
 			return nil, err
+		}
+		if len(cfg.Policies) > 0 {
+			if res.PolicyRules, err = applyPolicies(ctx, r.adminJS, cfg.Policies); err != nil {
+				return nil, &SetupError{err}
+			}
 		}
 		warm := Config{N: min(cfg.N, 500), Concurrency: min(cfg.Concurrency, 64), Capability: cfg.Capability, Notes: cfg.Notes}
 		if _, err := closedLoop(ctx, r.client, &warm, input, nil); err != nil {
@@ -353,4 +369,33 @@ func comparison(ctx context.Context, r *rig, cfg *Config, name string, payload i
 	msgs = float64(r.serverMsgs()-msgs0) / n
 	bar.done()
 	return res, cpuUs, msgs, err
+}
+
+// applyPolicies puts the Cedar set text in force, validated against the
+// catalog the workers wrote, and waits until every worker evaluates it.
+func applyPolicies(ctx context.Context, js jetstream.JetStream, text []byte) (int, error) {
+	n := broker.NewNames("")
+	kv, err := js.KeyValue(ctx, n.CatalogBucket())
+	if err != nil {
+		return 0, err
+	}
+	catalog, err := policies.Catalog(ctx, kv)
+	if err != nil {
+		return 0, err
+	}
+	ch, err := policies.Apply(ctx, js.Conn(), n, policies.Applying{File: "bench.cedar", Text: text, Catalog: catalog,
+		By: broker.PrincipalOf(js.Conn(), n), Operator: "capstan-bench", Reason: "capstan bench --policy"})
+	if err != nil {
+		return 0, err
+	}
+	replies, err := oplog.Confirm(ctx, js.Conn(), n, oplog.Policies, ch.Revision, "", 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range replies {
+		if r.PolicyVersion != ch.Current.Version {
+			return 0, fmt.Errorf("worker %s evaluates policy set v%d, not v%d", r.Worker, r.PolicyVersion, ch.Current.Version)
+		}
+	}
+	return ch.Version.Rules, nil
 }

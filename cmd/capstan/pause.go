@@ -1,0 +1,359 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/oplog"
+	"github.com/capstan-dev/capstan/internal/pauses"
+)
+
+// The operators' emergency stop (DESIGN §18): pause, unpause, pauses. Only
+// an admin may write the pauses bucket; the server refuses anyone else, and
+// the command says so before it sends anything.
+
+// scopeFlags are what a pause or an unpause names.
+type scopeFlags struct {
+	principal, actor, reason string
+	all                      bool
+}
+
+func addScopeFlags(fs *flag.FlagSet, verb string) *scopeFlags {
+	s := &scopeFlags{}
+	fs.StringVar(&s.principal, "principal", "", verb+" the calls of this `principal` (with a capability: of it alone)")
+	fs.StringVar(&s.actor, "actor", "", verb+" the calls made as this actor, `kind:id` (user:alice, agent:refund-bot)")
+	fs.BoolVar(&s.all, "all", false, verb+" every call of the deployment")
+	fs.StringVar(&s.reason, "reason", "", "why, in words: on the trail (required)")
+	return s
+}
+
+// scope is what the positional capability and the flags name; exactly one
+// of a scope and --all.
+func (s *scopeFlags) scope(pos []string) (pauses.Scope, error) {
+	sc := pauses.Scope{Principal: s.principal, Actor: s.actor}
+	if len(pos) > 1 {
+		return sc, fmt.Errorf("want one capability, got %d: %s", len(pos), strings.Join(pos, " "))
+	}
+	if len(pos) == 1 {
+		sc.Capability = pos[0]
+	}
+	switch {
+	case s.all && !sc.Everything():
+		return sc, errors.New("--all is everything: name no capability, principal or actor with it")
+	case !s.all && sc.Everything():
+		return sc, errors.New("say what: a capability, --principal, --actor, or --all for every call")
+	}
+	if strings.TrimSpace(s.reason) == "" {
+		return sc, errors.New("say why: --reason TEXT (it goes on the trail, and to every caller a pause refuses)")
+	}
+	return sc, sc.Validate()
+}
+
+// operator is the person at the keyboard, as the shell names them.
+func operator() string {
+	if u := os.Getenv("USER"); u != "" {
+		return u
+	}
+	return os.Getenv("USERNAME")
+}
+
+// principalName is who the credentials name (the anonymous principal of an
+// open server without them).
+func principalName(conn *connFlags) string {
+	if p := conn.principal(); p.known() {
+		return p.name
+	}
+	return broker.Anonymous
+}
+
+// needAdmin refuses, before anything is sent, credentials that may not
+// write the pauses bucket.
+func needAdmin(conn *connFlags, right, bucket string) error {
+	return conn.need(right, func(string) string { return "$KV." + bucket + ".all" }, "only an admin may")
+}
+
+// pauseAnswer is what pause and unpause print with -o json.
+type pauseAnswer struct {
+	*pauses.Change
+	// By is the principal that made the change.
+	By string `json:"by"`
+	// Workers are the workers that confirmed the change.
+	Workers []oplog.AppliedReply `json:"workers"`
+	// Undo is the command that undoes it.
+	Undo string `json:"undo"`
+}
+
+// cancels reports whether the change is a pause that cancels what runs.
+func (a *pauseAnswer) cancels() bool { return a.Pause.CancelRunning && a.Pause.AuditID == a.AuditID }
+
+// confirmWait is how long pause and unpause wait for the workers'
+// confirmations.
+const confirmWait = 3 * time.Second
+
+func runPause(args []string) int {
+	fs := newFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")
+	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
+	sf := addScopeFlags(fs, "pause")
+	refuse := fs.Bool("refuse", false, "end the calls made meanwhile at once, PAUSED with the reason (default: hold them in their queue until unpaused)")
+	cancelRunning := fs.Bool("cancel-running", false, "also cancel the attempts running now, as their callers' cancels do")
+	pos, code, ok := parseFlags(fs, args, -1)
+	if !ok {
+		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
+	scope, err := sf.scope(pos)
+	if err != nil {
+		return usageError("pause: %v", err)
+	}
+	if err := needAdmin(conn, "pause calls", names.PausesBucket()); err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := conn.connect("pause")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
+	defer cancel()
+	p := &pauses.Pause{Scope: scope, Mode: pauses.Hold, Reason: sf.reason, By: principalName(conn), Operator: operator(),
+		CancelRunning: *cancelRunning}
+	if *refuse {
+		p.Mode = pauses.Refuse
+	}
+	ch, err := pauses.Apply(ctx, nc, names, p)
+	if err != nil {
+		return fail(exitFailed, "pause %s: %v", scope, err)
+	}
+	if scope.Capability != "" && !inCatalog(ctx, nc, scope.Capability) {
+		// A typo stops nothing: say so, loudly, rather than let a pause of
+		// nothing look like a stop.
+		fmt.Fprintf(os.Stderr, "capstan pause: warning: no worker serves %s (the catalog does not list it): this pause stops nothing until one does; check the id ('capstan describe' lists them)\n",
+			scope.Capability)
+	}
+	answer := confirm(ctx, nc, ch, p.By, "capstan unpause "+scope.Flags()+" --reason TEXT")
+	return o.print(answer, func(w io.Writer, st style) { writePaused(w, st, answer) })
+}
+
+func runUnpause(args []string) int {
+	fs := newFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
+	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
+	sf := addScopeFlags(fs, "unpause")
+	pos, code, ok := parseFlags(fs, args, -1)
+	if !ok {
+		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
+	scope, err := sf.scope(pos)
+	if err != nil {
+		return usageError("unpause: %v", err)
+	}
+	if err := needAdmin(conn, "unpause calls", names.PausesBucket()); err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := conn.connect("unpause")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
+	defer cancel()
+	ch, err := pauses.Lift(ctx, nc, names, scope, principalName(conn), operator(), sf.reason)
+	if errors.Is(err, pauses.ErrNotPaused) {
+		return fail(exitFailed, "unpause: nothing is paused for %s; 'capstan pauses' lists what is", scope)
+	}
+	if err != nil {
+		return fail(exitFailed, "unpause %s: %v", scope, err)
+	}
+	redo := "capstan pause " + scope.Flags() + " --reason TEXT"
+	if ch.Pause.Mode == pauses.Refuse {
+		redo += " --refuse"
+	}
+	answer := confirm(ctx, nc, ch, principalName(conn), redo)
+	return o.print(answer, func(w io.Writer, st style) { writeUnpaused(w, st, answer) })
+}
+
+// confirm gathers the workers' confirmations of a change.
+func confirm(ctx context.Context, nc *nats.Conn, ch *pauses.Change, by, undo string) *pauseAnswer {
+	a := &pauseAnswer{Change: ch, By: by, Undo: undo}
+	auditID := ""
+	if a.cancels() {
+		auditID = ch.AuditID
+	}
+	stop := waiting("the workers' confirmations", confirmWait)
+	a.Workers, _ = oplog.Confirm(ctx, nc, names, oplog.Pauses, ch.Revision, auditID, confirmWait)
+	stop()
+	if a.Workers == nil {
+		a.Workers = []oplog.AppliedReply{}
+	}
+	return a
+}
+
+// workersLine says which workers applied the change.
+func workersLine(w io.Writer, a *pauseAnswer) {
+	var ok, late []string
+	cancelled := 0
+	for _, r := range a.Workers {
+		if r.Applied {
+			ok = append(ok, r.Worker)
+		} else {
+			late = append(late, r.Worker)
+		}
+		cancelled += r.Cancelled
+	}
+	switch {
+	case len(a.Workers) == 0:
+		fmt.Fprintf(w, "  No worker answered within %v: the change is in the bucket, and every worker applies it as it (re)connects or starts.\n", confirmWait)
+	default:
+		fmt.Fprintf(w, "  Applied by %s: %s.\n", plural(len(ok), "worker", "workers"), strings.Join(ok, ", "))
+	}
+	if len(late) > 0 {
+		fmt.Fprintf(w, "  Not yet applied by %s (%s): it applies it as soon as its copy catches up.\n", strings.Join(late, ", "),
+			plural(len(late), "worker", "workers"))
+	}
+	if a.cancels() {
+		fmt.Fprintf(w, "  Cancelled %s, as their callers' cancels would.\n", plural(cancelled, "running attempt", "running attempts"))
+	}
+}
+
+func writePaused(w io.Writer, st style, a *pauseAnswer) {
+	p := a.Pause
+	fmt.Fprintf(w, "%s %s.\n", st.bold("Paused:"), describeScope(p.Scope))
+	if p.Mode == pauses.Refuse {
+		fmt.Fprintln(w, "  Calls made meanwhile end at once, failed PAUSED, with the reason (the model sees it).")
+	} else {
+		fmt.Fprintln(w, "  Calls made meanwhile wait in their queue (keeping their start deadline) and run once it is unpaused.")
+	}
+	if !p.CancelRunning {
+		fmt.Fprintln(w, "  Attempts already running go on (--cancel-running would have cancelled them).")
+	}
+	fmt.Fprintf(w, "  Reason: %s\n", p.Reason)
+	fmt.Fprintf(w, "  By %s, %s; on the trail: capstan audit %s --owner %s\n", who(p.By, p.Operator), p.At.Format(time.RFC3339), a.AuditID, p.By)
+	if r := a.Replaced; r != nil {
+		fmt.Fprintf(w, "  It replaces the pause of %s (%s, since %s: %s).\n", r.Scope, r.Mode, r.At.Format(time.RFC3339), r.Reason)
+	}
+	workersLine(w, a)
+	fmt.Fprintf(w, "%s %s\n", st.bold("Undo:"), a.Undo)
+}
+
+func writeUnpaused(w io.Writer, st style, a *pauseAnswer) {
+	p := a.Pause
+	fmt.Fprintf(w, "%s %s.\n", st.bold("Unpaused:"), describeScope(p.Scope))
+	if !p.At.IsZero() {
+		fmt.Fprintf(w, "  It was paused (%s) for %s by %s: %s\n", p.Mode, short(time.Since(p.At)), who(p.By, p.Operator), p.Reason)
+	}
+	if p.Mode != pauses.Refuse {
+		fmt.Fprintln(w, "  The calls it held run now, each within a few seconds, unless their start deadline passed.")
+	}
+	fmt.Fprintf(w, "  On the trail: capstan audit %s --owner %s\n", a.AuditID, a.By)
+	workersLine(w, a)
+	fmt.Fprintf(w, "%s %s\n", st.bold("Pause again:"), a.Undo)
+}
+
+// describeScope says a scope in full for a person.
+func describeScope(s pauses.Scope) string {
+	if s.Everything() {
+		return "every call of the deployment (every capability, principal and actor)"
+	}
+	out := s.Capability
+	if out == "" {
+		out = "every capability"
+	}
+	if s.Principal != "" {
+		out += ", called by principal " + s.Principal
+	} else {
+		out += ", whoever calls it"
+	}
+	if s.Actor != "" {
+		out += ", as actor " + s.Actor
+	}
+	return out
+}
+
+func who(by, operator string) string {
+	if operator == "" || operator == by {
+		return by
+	}
+	return by + " (" + operator + ")"
+}
+
+// runPauses lists the pauses in force.
+func runPauses(args []string) int {
+	fs := newFlags("pauses", "[-o json]")
+	conn := addConnFlags(fs)
+	o := addOutputFlags(fs)
+	if _, code, ok := parseFlags(fs, args, 0); !ok {
+		return code
+	}
+	if err := o.check(); err != nil {
+		return usageError("%v", err)
+	}
+	nc, err := conn.connect("pauses")
+	if err != nil {
+		return usageError("%v", err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return usageError("%v", err)
+	}
+	var list []*pauses.Pause
+	kv, err := pauses.Bucket(ctx, js, names, false)
+	if err == nil {
+		list, err = pauses.List(ctx, kv)
+	} else if errors.Is(err, jetstream.ErrBucketNotFound) {
+		err = nil
+	}
+	if err != nil {
+		return fail(exitFailed, "read the pauses: %v (an admin's command)", err)
+	}
+	if list == nil {
+		list = []*pauses.Pause{}
+	}
+	return o.print(list, func(w io.Writer, st style) { writePauses(w, st, list) })
+}
+
+func writePauses(w io.Writer, st style, list []*pauses.Pause) {
+	if len(list) == 0 {
+		fmt.Fprintln(w, "Nothing is paused.")
+		return
+	}
+	t := newTable(w, st, "PAUSED", "MODE", "SINCE", "BY", "REASON", "UNDO")
+	for _, p := range list {
+		t.row(p.Scope.String(), string(p.Mode), ago(st.now, p.At), who(p.By, p.Operator), clip(p.Reason, 60),
+			"capstan unpause "+p.Scope.Flags()+" --reason TEXT")
+	}
+	t.flush()
+}
+
+// inCatalog reports whether the catalog lists capabilityID (true when the
+// catalog cannot be read: the warning is for a typo, not for a doubt).
+func inCatalog(ctx context.Context, nc *nats.Conn, capabilityID string) bool {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return true
+	}
+	kv, err := js.KeyValue(ctx, names.CatalogBucket())
+	if err != nil {
+		return true
+	}
+	_, err = kv.Get(ctx, capabilityID)
+	return !errors.Is(err, jetstream.ErrKeyNotFound)
+}

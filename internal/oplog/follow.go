@@ -1,0 +1,216 @@
+package oplog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Follower keeps a worker's copy of a bucket operators write current: one
+// watcher of the bucket (or of one key), whose every change it hands to
+// apply before the change's revision counts as applied. Before the bucket
+// exists (no operator has written it yet) it binds when the server
+// announces the bucket's creation (a JetStream advisory: no message until
+// then), when Bind is called (an operator's confirmation asks), and, should
+// the announcement have been missed, every 30 s.
+type Follower struct {
+	ctx    context.Context
+	stop   context.CancelFunc
+	js     jetstream.JetStream
+	bucket string
+	key    string // "" for every key
+	log    *slog.Logger
+	apply  func(jetstream.KeyValueEntry)
+
+	mu      sync.Mutex
+	rev     uint64        // the newest revision applied
+	changed chan struct{} // closed at the next change
+	watch   jetstream.KeyWatcher
+	bindMu  sync.Mutex // one bind at a time
+	bindNow chan struct{}
+	done    chan struct{}
+}
+
+// lookAgain is how often a follower whose bucket does not exist looks for
+// it, in case the announcement of its creation was missed (a reconnect).
+var lookAgain = 30 * time.Second
+
+// Follow reads bucket (its key key, or every key for "") and follows it
+// until ctx ends or Stop, calling apply with each entry, on one goroutine,
+// in order. A bucket that does not exist yet is not an error.
+func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log *slog.Logger, apply func(jetstream.KeyValueEntry)) (*Follower, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, stop := context.WithCancel(ctx)
+	f := &Follower{ctx: ctx, stop: stop, js: js, bucket: bucket, key: key, log: log, apply: apply,
+		changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
+	switch err := f.bind(); {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+	case err != nil:
+		stop()
+		return nil, err
+	}
+	go f.keepBound()
+	return f, nil
+}
+
+// Changed is closed at the next change applied.
+func (f *Follower) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changed
+}
+
+// Revision is the bucket's newest revision applied (0: none).
+func (f *Follower) Revision() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rev
+}
+
+// WaitRevision waits until the copy has applied revision rev of the bucket,
+// or ctx ends. A follower not watching the bucket yet looks for it at once.
+func (f *Follower) WaitRevision(ctx context.Context, rev uint64) error {
+	f.Bind()
+	for {
+		f.mu.Lock()
+		have, changed := f.rev, f.changed
+		f.mu.Unlock()
+		if have >= rev {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("capstan: %s applied up to revision %d, not %d: %w", f.bucket, have, rev, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+			f.Bind()
+		}
+	}
+}
+
+// Bind asks the follower to look for the bucket now, if it does not watch
+// it yet.
+func (f *Follower) Bind() {
+	select {
+	case f.bindNow <- struct{}{}:
+	default:
+	}
+}
+
+// Stop ends the follower.
+func (f *Follower) Stop() {
+	if f == nil {
+		return
+	}
+	f.stop()
+	f.mu.Lock()
+	kw := f.watch
+	f.mu.Unlock()
+	if kw != nil {
+		_ = kw.Stop()
+	}
+	<-f.done
+}
+
+// keepBound looks for the bucket until the follower watches it: when the
+// server announces a stream's creation, whenever Bind asks, and every
+// lookAgain.
+func (f *Follower) keepBound() {
+	defer close(f.done)
+	created := make(chan *nats.Msg, 1)
+	if sub, err := f.js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+f.bucket, created); err == nil {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+	tick := time.NewTicker(lookAgain)
+	defer tick.Stop()
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case <-tick.C:
+		case <-f.bindNow:
+		case <-created:
+		}
+		f.mu.Lock()
+		bound := f.watch != nil
+		f.mu.Unlock()
+		if bound {
+			continue
+		}
+		if err := f.bind(); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) && f.ctx.Err() == nil {
+			f.log.Warn("bucket not followed yet; trying again", "bucket", f.bucket, "err", err)
+		}
+	}
+}
+
+// bind opens the bucket and starts the watcher, returning once what it
+// holds now is applied.
+func (f *Follower) bind() error {
+	f.bindMu.Lock()
+	defer f.bindMu.Unlock()
+	ctx, cancel := context.WithTimeout(f.ctx, 10*time.Second)
+	defer cancel()
+	kv, err := f.js.KeyValue(ctx, f.bucket)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return err
+		}
+		return fmt.Errorf("capstan: bucket %s: %w", f.bucket, err)
+	}
+	var kw jetstream.KeyWatcher
+	if f.key == "" {
+		kw, err = kv.WatchAll(f.ctx)
+	} else {
+		kw, err = kv.Watch(f.ctx, f.key)
+	}
+	if err != nil {
+		return fmt.Errorf("capstan: watch bucket %s: %w", f.bucket, err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		initial := true
+		for e := range kw.Updates() {
+			if e == nil {
+				if initial {
+					initial = false
+					close(ready)
+				}
+				continue
+			}
+			f.apply(e)
+			f.mu.Lock()
+			f.rev = max(f.rev, e.Revision())
+			close(f.changed)
+			f.changed = make(chan struct{})
+			f.mu.Unlock()
+		}
+		if initial {
+			close(ready)
+		}
+		// The watcher ended (stopped, or its bucket went): look for the
+		// bucket again, keeping what was applied meanwhile.
+		f.mu.Lock()
+		if f.watch == kw {
+			f.watch = nil
+		}
+		f.mu.Unlock()
+	}()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		_ = kw.Stop()
+		return fmt.Errorf("capstan: read bucket %s: %w", f.bucket, ctx.Err())
+	}
+	f.mu.Lock()
+	f.watch = kw
+	f.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,159 @@
+// Package oplog is how an operator's change to the deployment is made
+// (DESIGN §18): a pause, a lift, a policy set put in force. The change's
+// event goes on the audit trail first, acknowledged; then the bucket is
+// written, by compare-and-swap; and when the write fails after the trail
+// took the event, an operator.not_applied event says so. Each step is tried
+// again while no server answers in time (a cluster electing a leader after
+// a node was lost), so that a command run in the middle of an incident does
+// what it says or, having changed nothing, says that.
+package oplog
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// Retry runs step until it succeeds, fails otherwise than by no server
+// answering in time, or ctx ends; each try has its own bound. A step that
+// may have taken effect unanswered must check, before it tries again,
+// whether it did.
+func Retry(ctx context.Context, step func(ctx context.Context) error) error {
+	for try := 0; ; try++ {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := step(sctx)
+		cancel()
+		if err == nil || !broker.Unreachable(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
+		}
+	}
+}
+
+// Log files an operator's events: under the principal By, with the person
+// at its keyboard (Operator) as the actor.
+type Log struct {
+	em           *audit.Emitter
+	by, operator string
+}
+
+// New returns the log of by's changes, made on nc.
+func New(nc *nats.Conn, n broker.Names, by, operator string) *Log {
+	return &Log{em: audit.NewEmitter(&broker.Broker{NC: nc, Names: n}, audit.Options{}), by: by, operator: operator}
+}
+
+// Record files an event of type typ under id (of capabilityID, if the
+// change is of one capability) and waits until the trail has it.
+func (l *Log) Record(ctx context.Context, typ, id, capabilityID string, data map[string]any) error {
+	ev := &audit.Event{Type: typ, Principal: l.by, ExecutionID: id, CapabilityID: capabilityID, Actor: l.actor(), Data: data}
+	return Retry(ctx, func(ctx context.Context) error { return l.em.EmitSync(ctx, ev) })
+}
+
+// NotApplied files, as well as it can, that the change recorded under id
+// did not reach its bucket, with the error.
+func (l *Log) NotApplied(ctx context.Context, id, capabilityID string, cause error) {
+	_ = l.em.EmitSync(ctx, &audit.Event{Type: audit.EventNotApplied, Principal: l.by, ExecutionID: envelope.NewExecutionID(),
+		CapabilityID: capabilityID, Actor: l.actor(), Data: map[string]any{"auditId": id, "error": cause.Error()}})
+}
+
+func (l *Log) actor() audit.Actor {
+	if l.operator == "" {
+		return audit.Actor{Kind: envelope.ActorService, ID: l.by}
+	}
+	return audit.Actor{Kind: envelope.ActorUser, ID: l.operator}
+}
+
+// Buckets an operator's command asks the workers about.
+const (
+	Pauses   = "pauses"
+	Policies = "policies"
+)
+
+// AppliedRequest asks every worker to confirm that its copy of Bucket
+// (Pauses or Policies) has applied Revision, and, for the pause filed under
+// AuditID, how many running attempts it cancelled.
+type AppliedRequest struct {
+	V        int    `json:"v"`
+	Bucket   string `json:"bucket"`
+	Revision uint64 `json:"revision"`
+	AuditID  string `json:"auditId,omitempty"`
+}
+
+// AppliedReply is one worker's confirmation.
+type AppliedReply struct {
+	V int `json:"v"`
+	// Worker is the worker's id.
+	Worker string `json:"worker"`
+	// Revision is the newest revision of the bucket its copy has applied;
+	// Applied says whether it reached the one asked for, within the
+	// worker's wait.
+	Revision uint64 `json:"revision"`
+	Applied  bool   `json:"applied"`
+	// Pauses is how many pauses its copy holds; Cancelled how many running
+	// attempts it cancelled for the pause asked about.
+	Pauses    int `json:"pauses"`
+	Cancelled int `json:"cancelled,omitempty"`
+	// PolicyVersion is the Cedar policy set it evaluates (0: none), and
+	// PolicyError why that version is broken, if it is.
+	PolicyVersion int    `json:"policyVersion"`
+	PolicyError   string `json:"policyError,omitempty"`
+}
+
+// Confirm asks every worker of the deployment to confirm that it applied
+// revision rev of bucket (and the cancellations of the pause filed under
+// auditID), and gathers their answers for at most wait, ending early once
+// no answer has come for a while after the first. No worker answering is no
+// error: the change is in the bucket, and every worker applies it as it
+// starts.
+func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, bucket string, rev uint64, auditID string, wait time.Duration) ([]AppliedReply, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	b, err := envelope.Marshal(&AppliedRequest{V: envelope.Version, Bucket: bucket, Revision: rev, AuditID: auditID})
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest(n.AppliedSubject(), inbox, b); err != nil {
+		return nil, err
+	}
+	const quiet = 750 * time.Millisecond
+	deadline := time.Now().Add(wait)
+	var out []AppliedReply
+	for {
+		left := time.Until(deadline)
+		if len(out) > 0 {
+			left = min(left, quiet)
+		}
+		if left <= 0 || ctx.Err() != nil {
+			break
+		}
+		m, err := sub.NextMsg(left)
+		if errors.Is(err, nats.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			return out, err
+		}
+		var r AppliedReply
+		if envelope.Unmarshal(m.Data, &r) == nil {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b AppliedReply) int { return strings.Compare(a.Worker, b.Worker) })
+	return out, nil
+}
