@@ -1,11 +1,13 @@
 package audit
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The executions index (DESIGN §3, "Listing executions"): a projection of
@@ -60,6 +62,56 @@ type Entry struct {
 	// Seq is the index stream's sequence of the entry, set by List; it is
 	// the cursor of a listing. Not part of the record.
 	Seq uint64 `json:"seq,omitempty"`
+	// part is the entry's place in its message, oldest first: a message of
+	// the index holds the entries that ended close together on one subject
+	// (indexgroups.go).
+	part int
+}
+
+// EncodeMsgpack writes the entry without reflection, in the bytes the
+// reflective encoder writes: one is written per execution.
+func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
+	var f envelope.Fields
+	f.Int("v", int64(e.V))
+	f.String("executionId", e.ExecutionID)
+	f.String("principal", e.Principal)
+	f.String("capabilityId", e.CapabilityID)
+	f.Actor("actor", e.Actor.ID, e.Actor.Kind, nil)
+	f.String("surface", e.Surface)
+	f.String("status", e.Status)
+	f.String("code", e.Code)
+	f.Int("attempts", int64(e.Attempts))
+	f.Int("durationMs", e.DurationMs)
+	f.String("approvalId", e.ApprovalID)
+	f.Bool("resumed", e.Resumed)
+	f.Time("requestedAt", e.RequestedAt)
+	f.Time("updatedAt", e.UpdatedAt)
+	f.Int("seq", int64(e.Seq))
+	return f.Encode(enc)
+}
+
+// DecodeEntries reads a message of the index: one entry, or several
+// (entries of executions that ended close together, oldest first) as an
+// array of entries, as the trail stores several events.
+func DecodeEntries(b []byte) ([]Entry, error) {
+	if !isArray(b) {
+		var e Entry
+		if err := envelope.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("capstan: index entry: %w", err)
+		}
+		return []Entry{e}, nil
+	}
+	var es []Entry
+	if err := envelope.Unmarshal(b, &es); err != nil {
+		return nil, fmt.Errorf("capstan: index entries: %w", err)
+	}
+	if len(es) == 0 {
+		return nil, fmt.Errorf("capstan: index entries: %w: an empty array", envelope.ErrDecode)
+	}
+	for i := range es {
+		es[i].part = i
+	}
+	return es, nil
 }
 
 // Ended reports whether the entry is an execution's end.

@@ -160,7 +160,13 @@ func fnv1a32(s string) uint32 {
 // are bounded by principals × statuses × 64 × capabilities, never one per
 // execution (DESIGN §16).
 func (n Names) IndexSubject(principal, status, actorID, capabilityID string) string {
-	return n.subject + ".index." + principal + "." + status + "." + IndexActorShard(actorID) + "." + capabilityID
+	return n.IndexSubjectOfShard(principal, status, IndexActorShard(actorID), capabilityID)
+}
+
+// IndexSubjectOfShard is IndexSubject with the actor's shard
+// (IndexActorShard) in place of the actor.
+func (n Names) IndexSubjectOfShard(principal, status, actorShard, capabilityID string) string {
+	return n.subject + ".index." + principal + "." + status + "." + actorShard + "." + capabilityID
 }
 
 // IndexFilter is the subject filter of a listing: principal, status and

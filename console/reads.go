@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/capstan-dev/capstan/execution"
 
@@ -38,20 +37,16 @@ func (r *execReader) list(ctx context.Context, req executor.ExecutionsRequest) (
 	}
 	q := req.Query
 	if req.Cursor != "" {
-		n, perr := strconv.ParseUint(req.Cursor, 10, 64)
-		if perr != nil {
-			return nil, fmt.Errorf("cursor %q: not one of this listing's", req.Cursor)
+		if err := q.SetCursor(req.Cursor); err != nil {
+			return nil, err
 		}
-		q.Before = n
 	}
 	p, lerr := audit.List(ctx, r.b, q)
 	if lerr != nil {
 		return nil, lerr
 	}
 	out := &executor.ExecutionsPage{V: envelope.Version, Entries: p.Entries, Scanned: p.Scanned, Scope: executor.ScopeAll}
-	if p.Next > 0 {
-		out.Next = strconv.FormatUint(p.Next, 10)
-	}
+	out.Next = p.Cursor()
 	return out, nil
 }
 

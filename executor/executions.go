@@ -277,20 +277,16 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 		q.Principal = principal
 	}
 	if req.Cursor != "" {
-		n, err := strconv.ParseUint(req.Cursor, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("cursor %q: not one of this listing's", req.Cursor)
+		if err := q.SetCursor(req.Cursor); err != nil {
+			return nil, err
 		}
-		q.Before = n
 	}
 	page, err := audit.List(ctx, w.b, q)
 	if err != nil {
 		return nil, err
 	}
 	out := &ExecutionsPage{V: envelope.Version, Entries: w.current(ctx, page.Entries), Scanned: page.Scanned, Scope: v.scope}
-	if page.Next > 0 {
-		out.Next = strconv.FormatUint(page.Next, 10)
-	}
+	out.Next = page.Cursor()
 	return out, nil
 }
 

@@ -83,8 +83,8 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 	}
 	q := req.Query
 	if req.Cursor != "" {
-		if q.Before, oerr = strconv.ParseUint(req.Cursor, 10, 64); oerr != nil {
-			return nil, fmt.Errorf("--cursor %q: not one of this listing's", req.Cursor)
+		if oerr = q.SetCursor(req.Cursor); oerr != nil {
+			return nil, fmt.Errorf("--%w", oerr)
 		}
 	}
 	p, lerr := audit.List(ctx, b, q)
@@ -92,9 +92,7 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 		return nil, lerr
 	}
 	out := &executor.ExecutionsPage{V: envelope.Version, Entries: p.Entries, Scanned: p.Scanned, Scope: executor.ScopeAll}
-	if p.Next > 0 {
-		out.Next = strconv.FormatUint(p.Next, 10)
-	}
+	out.Next = p.Cursor()
 	return out, nil
 }
 
