@@ -328,6 +328,13 @@ func (r *Runner) local(key string) *Execution {
 	return r.inflight[key]
 }
 
+// localBytes is local of a key held in bytes (broker.Key's).
+func (r *Runner) localBytes(key []byte) *Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inflight[string(key)]
+}
+
 // CancelLocal stops this worker's run of principal's execution at once, if
 // it has one and its record says the caller cancelled it. A notice alone
 // proves nothing: the server also publishes on a notice's subject when a
