@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -84,6 +85,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	_ = sub.SetPendingLimits(-1, -1)
 
 	input := envelope.MustRaw(noopIn{Data: string(wl.payload)})
+	cpu := meterCPU()
 	err = produce(ctx, wl, envelope.NewExecutionID, func(ctx context.Context, id string) error {
 		t.start(id)
 		_, err := c.Submit(ctx, "bench.noop", input, executor.WithID(id))
@@ -95,7 +97,9 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
-	return t.result("capstan", "NATS JetStream (embedded, file store), audit on"), nil
+	r := t.result("capstan", "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
+	r.CPUPerTaskUs = cpu.perTask(wl.n)
+	return r, nil
 }
 
 // waitCatalog waits until the worker has published its capability, so that
