@@ -393,6 +393,8 @@ func (s *Setup) add(k *keys, g Grant) error {
 		}
 		l := limits.OrDefault()
 		g.Limits = &l
+		q := g.Quotas.OrDefault()
+		g.Quotas = &q
 		if err := s.signPrincipalAccount(k, akp, &g); err != nil {
 			return err
 		}
@@ -406,6 +408,50 @@ func (s *Setup) add(k *keys, g Grant) error {
 	s.Principals = append(s.Principals, g)
 	slices.SortFunc(s.Principals, func(a, b Grant) int { return strings.Compare(a.Principal, b.Principal) })
 	return nil
+}
+
+// Set changes a producer's or approver's account limits and quotas: a nil
+// argument leaves that part as it is. New limits re-sign its account (its
+// credentials stay valid); a running server learns them, and workers the
+// quotas, with Push.
+func (s *Setup) Set(principal string, limits *Limits, quotas *Quotas) error {
+	if err := s.Current(); err != nil {
+		return err
+	}
+	i := slices.IndexFunc(s.Principals, func(g Grant) bool { return g.Principal == principal })
+	if i < 0 {
+		return fmt.Errorf("capstan auth: no principal %q", principal)
+	}
+	g := s.Principals[i]
+	if !HasOwnAccount(g.Role) {
+		return fmt.Errorf("capstan auth: principal %q is a %s, in the capstan account: it has no limits or quotas of its own", principal, g.Role)
+	}
+	if limits != nil {
+		l := *limits
+		g.Limits = &l
+	}
+	if quotas != nil {
+		q := *quotas
+		g.Quotas = &q
+	}
+	if err := g.Validate(); err != nil {
+		return fmt.Errorf("capstan auth: principal %q: %w", principal, err)
+	}
+	if limits != nil {
+		k, err := s.loadKeys()
+		if err != nil {
+			return err
+		}
+		akp, err := s.principalAccountKey(principal, false)
+		if err != nil {
+			return err
+		}
+		if err := s.signPrincipalAccount(k, akp, &g); err != nil {
+			return err
+		}
+	}
+	s.Principals[i] = g
+	return s.save()
 }
 
 // principalAccountKey reads DIR/NAME.account.nk, or creates it when create

@@ -83,6 +83,9 @@ type Grant struct {
 	AccountJWT string `json:"accountJwt,omitempty"`
 	// Limits of the principal's own account (nil at Add: DefaultLimits).
 	Limits *Limits `json:"limits,omitempty"`
+	// Quotas of a producer or approver (nil: DefaultQuotas), which workers
+	// enforce (DESIGN §12 "Quotas").
+	Quotas *Quotas `json:"quotas,omitempty"`
 }
 
 // Errors of Grant checks, wrapped with the missing right.
@@ -132,6 +135,13 @@ func (g Grant) Validate() error {
 		if !HasOwnAccount(g.Role) {
 			errs = append(errs, fmt.Errorf("limits: a %s lives in the capstan account, which has none of its own", g.Role))
 		} else if err := g.Limits.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if g.Quotas != nil {
+		if !HasOwnAccount(g.Role) {
+			errs = append(errs, fmt.Errorf("quotas: a %s is trusted with the capstan account and has none", g.Role))
+		} else if err := g.Quotas.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -33,6 +33,10 @@ const (
 	// CodeRateLimited: a limit of the capability refused the call before it
 	// started (DESIGN §17); details carry retryAfterMs and the limit.
 	CodeRateLimited Code = "RATE_LIMITED"
+	// CodeQuotaExceeded: the calling principal is over one of its quotas
+	// (DESIGN §12 "Quotas"); details carry which quota, its limit and, when
+	// waiting helps, retryAfterMs. Refused before anything ran.
+	CodeQuotaExceeded Code = "QUOTA_EXCEEDED"
 	// CodeWorkerLost appears only as the previousErrorCode of a re-attempt after
 	// a takeover, never on an envelope.
 	CodeWorkerLost Code = "WORKER_LOST"
@@ -79,7 +83,7 @@ type CapabilityError struct {
 	ExposeToModel bool
 	// Details are structured facts of the failure, written to the
 	// envelope's error; nil for none. A model sees them only with
-	// INPUT_INVALID and RATE_LIMITED.
+	// INPUT_INVALID, RATE_LIMITED and QUOTA_EXCEEDED.
 	Details map[string]any
 	// Cause is the private cause: kept in logs and the execution's record
 	// for operators, never in the envelope or shown to a model.

@@ -118,6 +118,7 @@ type Error struct {
 	ExposeToModel bool `json:"exposeToModel"`
 	// Details are structured facts of the failure: for INPUT_INVALID
 	// {"issues": [{"message", "path"}]}, for RATE_LIMITED {"limit",
+	// "retryAfterMs"}, for QUOTA_EXCEEDED {"quota", "limit",
 	// "retryAfterMs"}, for other codes what the handler declared; nil for
 	// none.
 	Details map[string]any `json:"details,omitempty"`
@@ -235,13 +236,13 @@ type ModelError struct {
 	Code      Code           `json:"code"`              // the error's code, or CodeInternalError when it is not exposed
 	Message   string         `json:"message"`           // the public message, or a generic one when it is not exposed
 	Retryable bool           `json:"retryable"`         // the same call may succeed if made again
-	Details   map[string]any `json:"details,omitempty"` // only for INPUT_INVALID and RATE_LIMITED; nil otherwise
+	Details   map[string]any `json:"details,omitempty"` // only for INPUT_INVALID, RATE_LIMITED and QUOTA_EXCEEDED; nil otherwise
 }
 
 // ForModel returns what a model may see of the envelope's error: the code,
 // message and retryability when the error is exposed, a generic internal error
-// otherwise. Details travel only with INPUT_INVALID (the issues) and
-// RATE_LIMITED (retryAfterMs and the limit). It is nil for an envelope without
+// otherwise. Details travel only with INPUT_INVALID (the issues),
+// RATE_LIMITED (retryAfterMs and the limit) and QUOTA_EXCEEDED (the quota). It is nil for an envelope without
 // an error.
 func (e *Envelope) ForModel() *ModelError {
 	if e == nil || e.Error == nil {
@@ -256,7 +257,7 @@ func (e *Error) ForModel() *ModelError {
 		return &ModelError{Code: CodeInternalError, Message: "The operation failed.", Retryable: false}
 	}
 	m := &ModelError{Code: e.Code, Message: e.Message, Retryable: e.Retryable}
-	if e.Code == CodeInputInvalid || e.Code == CodeRateLimited {
+	if e.Code == CodeInputInvalid || e.Code == CodeRateLimited || e.Code == CodeQuotaExceeded {
 		m.Details = e.Details
 	}
 	return m

@@ -17,11 +17,12 @@ import (
 
 // runAuth dispatches the credential commands.
 func runAuth(args []string) int {
-	usage := "usage: capstan auth init|add|remove|list|push|migrate DIR ...\n\n" +
+	usage := "usage: capstan auth init|add|set|remove|list|push|migrate DIR ...\n\n" +
 		"  init DIR [--prefix P] [--resolver-dir D]  operator, accounts, admin and worker principals, DIR/nats-server.conf\n" +
 		"  add DIR NAME --role R ...                 a principal and DIR/NAME.creds (producer: --actor; approver: --types)\n" +
+		"  set DIR NAME [--max-*] [--quota-*]        change a producer's or approver's limits and quotas (then push)\n" +
 		"  remove DIR NAME                           revoke a principal (then push: it is disconnected at once)\n" +
-		"  list DIR                                  every principal, its grants and limits\n" +
+		"  list DIR                                  every principal, its grants, limits and quotas\n" +
 		"  push DIR                                  bring a running server or cluster to the setup: accounts, resources, grants\n" +
 		"  migrate DIR                               move a one-account setup to accounts per principal (new credentials!)\n"
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
@@ -37,6 +38,8 @@ func runAuth(args []string) int {
 		return runAuthInit(args[1:])
 	case "add":
 		return runAuthAdd(args[1:])
+	case "set":
+		return runAuthSet(args[1:])
 	case "remove":
 		return runAuthRemove(args[1:])
 	case "list":
@@ -90,6 +93,34 @@ func (l *limitFlags) limits() *auth.Limits {
 	return &auth.Limits{Connections: l.connections, Subscriptions: l.subscriptions, Payload: int64(l.payload)}
 }
 
+// quotaFlags are a principal's quotas (DESIGN §12 "Quotas").
+type quotaFlags struct {
+	queued, pendingApprovals, controlRate int64
+	queuedBytes                           byteSize
+}
+
+func addQuotaFlags(fs *flag.FlagSet) *quotaFlags {
+	d := auth.DefaultQuotas
+	q := &quotaFlags{queuedBytes: byteSize(d.QueuedBytes)}
+	fs.Int64Var(&q.queued, "quota-queued", d.QueuedRequests, "requests the principal may have waiting in the queue at once (-1: no quota)")
+	fs.Var(&q.queuedBytes, "quota-queued-bytes", "`size` its waiting requests may hold at once, such as 64MiB (-1: no quota)")
+	fs.Int64Var(&q.pendingApprovals, "quota-pending-approvals", d.PendingApprovals, "approvals the principal may have pending at once (-1: no quota)")
+	fs.Int64Var(&q.controlRate, "quota-control-rate", d.ControlPerSecond, "control requests (listings, describes, cancels, probes) per second (-1: no quota)")
+	return q
+}
+
+func (q *quotaFlags) quotas() *auth.Quotas {
+	return &auth.Quotas{QueuedRequests: q.queued, QueuedBytes: int64(q.queuedBytes),
+		PendingApprovals: q.pendingApprovals, ControlPerSecond: q.controlRate}
+}
+
+// flagsSet reports whether a flag whose name starts with prefix was given.
+func flagsSet(fs *flag.FlagSet, prefix string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || strings.HasPrefix(f.Name, prefix) })
+	return set
+}
+
 // byteSize is a flag of bytes: 262144, 256KiB, 1MiB, 1MB, or -1.
 type byteSize int64
 
@@ -128,7 +159,7 @@ func (b *byteSize) Set(s string) error {
 }
 
 func runAuthAdd(args []string) int {
-	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P] [--max-connections N] [--max-subscriptions N] [--max-payload SIZE]")
+	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P] [--max-connections N] [--max-subscriptions N] [--max-payload SIZE] [--quota-queued N] [--quota-queued-bytes SIZE] [--quota-pending-approvals N] [--quota-control-rate N]")
 	role := fs.String("role", "", "producer, approver, worker, admin or notifier")
 	actors := fs.String("actor", "", "actors the principal may act as, comma-separated: kind:id, or kind:* for a gateway that authenticates its users")
 	surfaces := fs.String("surfaces", "", "surfaces a producer may call from, comma-separated (default all)")
@@ -136,6 +167,7 @@ func runAuthAdd(args []string) int {
 	types := fs.String("types", "", "approval types an approver may decide, comma-separated, or *")
 	pool := fs.String("pool", "", "pool of a worker")
 	lf := addLimitFlags(fs)
+	qf := addQuotaFlags(fs)
 	pos, code, ok := parseFlags(fs, args, 2)
 	if !ok {
 		return code
@@ -150,9 +182,9 @@ func runAuthAdd(args []string) int {
 		g.Capabilities = list(*caps)
 	}
 	if auth.HasOwnAccount(g.Role) {
-		g.Limits = lf.limits()
-	} else if limitSet(fs) {
-		return usageError("auth add: --max-* limit a producer's or approver's own account; a %s lives in the capstan account", g.Role)
+		g.Limits, g.Quotas = lf.limits(), qf.quotas()
+	} else if flagsSet(fs, "max-") || flagsSet(fs, "quota-") {
+		return usageError("auth add: --max-* and --quota-* bound a producer or approver; a %s lives in the capstan account", g.Role)
 	}
 	if err := s.Add(g); err != nil {
 		return fail(exitUsage, "auth add: %v", err)
@@ -162,11 +194,66 @@ func runAuthAdd(args []string) int {
 	return exitOK
 }
 
-// limitSet reports whether a --max-* flag was given.
-func limitSet(fs *flag.FlagSet) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || strings.HasPrefix(f.Name, "max-") })
-	return set
+func runAuthSet(args []string) int {
+	fs := newFlags("auth set", "DIR NAME [--max-connections N] [--max-subscriptions N] [--max-payload SIZE] [--quota-queued N] [--quota-queued-bytes SIZE] [--quota-pending-approvals N] [--quota-control-rate N]")
+	lf := addLimitFlags(fs)
+	qf := addQuotaFlags(fs)
+	pos, code, ok := parseFlags(fs, args, 2)
+	if !ok {
+		return code
+	}
+	if !flagsSet(fs, "max-") && !flagsSet(fs, "quota-") {
+		return usageError("auth set: name what to change: --max-* (the account's limits) or --quota-* (its quotas)")
+	}
+	s, err := auth.Load(pos[0])
+	if err != nil {
+		return fail(exitUsage, "auth set: %v", err)
+	}
+	g, found := s.Grant(pos[1])
+	if !found {
+		return fail(exitUsage, "auth set: no principal %q in %s", pos[1], pos[0])
+	}
+	// Only what was given changes: the flags left out keep the principal's
+	// current values, not the defaults.
+	var limits *auth.Limits
+	if flagsSet(fs, "max-") {
+		l := g.Limits.OrDefault()
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "max-connections":
+				l.Connections = lf.connections
+			case "max-subscriptions":
+				l.Subscriptions = lf.subscriptions
+			case "max-payload":
+				l.Payload = int64(lf.payload)
+			}
+		})
+		limits = &l
+	}
+	var quotas *auth.Quotas
+	if flagsSet(fs, "quota-") {
+		q := g.Quotas.OrDefault()
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "quota-queued":
+				q.QueuedRequests = qf.queued
+			case "quota-queued-bytes":
+				q.QueuedBytes = int64(qf.queuedBytes)
+			case "quota-pending-approvals":
+				q.PendingApprovals = qf.pendingApprovals
+			case "quota-control-rate":
+				q.ControlPerSecond = qf.controlRate
+			}
+		})
+		quotas = &q
+	}
+	if err := s.Set(pos[1], limits, quotas); err != nil {
+		return fail(exitUsage, "auth set: %v", err)
+	}
+	g, _ = s.Grant(pos[1])
+	fmt.Printf("%s: limits %s; quotas %s\n", g.Principal, limitsText(g.Limits), quotasText(g.Quotas))
+	fmt.Printf("servers and workers apply them once you run: capstan auth push %s\n", pos[0])
+	return exitOK
 }
 
 func runAuthRemove(args []string) int {
@@ -201,21 +288,34 @@ func runAuthList(args []string) int {
 		fmt.Fprintf(os.Stderr, "capstan: %v\n", err)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRINCIPAL\tROLE\tACTORS\tSURFACES\tCAPABILITIES\tTYPES\tACCOUNT\tLIMITS\tCREDS")
+	fmt.Fprintln(tw, "PRINCIPAL\tROLE\tACTORS\tSURFACES\tCAPABILITIES\tTYPES\tACCOUNT\tLIMITS\tQUOTAS\tCREDS")
 	for _, g := range s.Principals {
-		account, limits := "capstan", "-"
+		account, limits, quotas := "capstan", "-", "-"
 		if g.Account != "" {
 			account = "own"
+			limits, quotas = limitsText(g.Limits), quotasText(g.Quotas)
 		}
-		if g.Limits != nil {
-			p := byteSize(g.Limits.Payload)
-			limits = fmt.Sprintf("conns=%s,subs=%s,payload=%s", limit(g.Limits.Connections), limit(g.Limits.Subscriptions), p.String())
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Principal, g.Role, dash(g.Actors), dash(g.Surfaces),
-			dash(g.Capabilities), dash(g.Types), account, limits, s.CredsPath(g.Principal))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Principal, g.Role, dash(g.Actors), dash(g.Surfaces),
+			dash(g.Capabilities), dash(g.Types), account, limits, quotas, s.CredsPath(g.Principal))
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// limitsText is an account's limits (the defaults for nil) in one word.
+func limitsText(l *auth.Limits) string {
+	v := l.OrDefault()
+	p := byteSize(v.Payload)
+	return fmt.Sprintf("conns=%s,subs=%s,payload=%s", limit(v.Connections), limit(v.Subscriptions), p.String())
+}
+
+// quotasText is a principal's quotas (the defaults for nil, which a setup
+// made before quotas holds) in one word.
+func quotasText(q *auth.Quotas) string {
+	v := q.OrDefault()
+	b := byteSize(v.QueuedBytes)
+	return fmt.Sprintf("queued=%s,queued-bytes=%s,pending-approvals=%s,control=%s/s",
+		limit(v.QueuedRequests), b.String(), limit(v.PendingApprovals), limit(v.ControlPerSecond))
 }
 
 func limit(v int64) string {

@@ -345,3 +345,60 @@ func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
 		}
 	}
 }
+
+// Quotas are set at auth add, changed by auth set (only what is named,
+// the rest kept), shown by auth list, and refused where they mean nothing.
+// Limits changed by auth set re-sign the account, keeping the credentials.
+func TestAuthSet_QuotasAndLimits(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "secrets")
+	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
+		t.Fatalf("init: %s", stderr)
+	}
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice",
+		"--capabilities", "*", "--quota-queued", "500"); code != exitOK {
+		t.Fatalf("add: %s", stderr)
+	}
+	stdout, _, _ := capstan(t, "", "auth", "list", dir)
+	if !strings.Contains(stdout, "queued=500,queued-bytes=64MiB,pending-approvals=200,control=50/s") {
+		t.Fatalf("list after add:\n%s", stdout)
+	}
+	before, _ := auth.Load(dir)
+	g0, _ := before.Grant("alice")
+	stdout, stderr, code := capstan(t, "", "auth", "set", dir, "alice", "--quota-pending-approvals", "7", "--max-connections", "5")
+	if code != exitOK || !strings.Contains(stdout, "pending-approvals=7") || !strings.Contains(stdout, "conns=5") {
+		t.Fatalf("set: exit %d: %s %s", code, stdout, stderr)
+	}
+	s, err := auth.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := s.Grant("alice")
+	want := auth.Quotas{QueuedRequests: 500, QueuedBytes: 64 << 20, PendingApprovals: 7, ControlPerSecond: 50}
+	if g.Quotas == nil || *g.Quotas != want {
+		t.Fatalf("alice's quotas: %+v, want %+v", g.Quotas, want)
+	}
+	ac, err := jwt.DecodeAccountClaims(g.AccountJWT)
+	if err != nil || ac.Limits.Conn != 5 || ac.Limits.Subs != auth.DefaultLimits.Subscriptions || ac.Subject != g0.Account {
+		t.Fatalf("alice's account after set: %v %+v (subject %s, was %s)", err, ac.Limits, ac.Subject, g0.Account)
+	}
+	if g.PublicKey != g0.PublicKey {
+		t.Fatalf("auth set issued a new user: %s, was %s", g.PublicKey, g0.PublicKey)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"alice"}, "name what to change"},
+		{[]string{"nobody", "--quota-queued", "3"}, "no principal"},
+		{[]string{"worker", "--quota-queued", "3"}, "capstan account"},
+		{[]string{"alice", "--quota-queued", "0"}, "queuedRequests"},
+	} {
+		if _, stderr, code := capstan(t, "", append([]string{"auth", "set", dir}, tc.args...)...); code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Fatalf("set %v: exit %d: %s", tc.args, code, stderr)
+		}
+	}
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "w2", "--role", "worker", "--quota-queued", "3"); code != exitUsage || !strings.Contains(stderr, "capstan account") {
+		t.Fatalf("add a worker with a quota: exit %d: %s", code, stderr)
+	}
+}

@@ -66,6 +66,8 @@ export type ErrorCode =
   | "AUDIT_UNAVAILABLE"
   | "INTERNAL_ERROR"
   | "NOT_STARTED"
+  | "RATE_LIMITED"
+  | "QUOTA_EXCEEDED"
   // Codes are added, never repurposed: a newer worker may send one this
   // client does not list.
   | (string & {});
@@ -1051,7 +1053,8 @@ export interface ModelError {
 /**
  * What a model may see of an envelope's error, as Go's Envelope.ForModel: the
  * code, message and retryability of an exposed error, the same opaque
- * INTERNAL_ERROR for any other; details only with INPUT_INVALID. Undefined
+ * INTERNAL_ERROR for any other; details only with INPUT_INVALID,
+ * RATE_LIMITED and QUOTA_EXCEEDED. Undefined
  * for an envelope without an error.
  */
 export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
@@ -1059,7 +1062,7 @@ export function forModel(env: Pick<Envelope, "error">): ModelError | undefined {
   if (e === undefined) return undefined;
   if (!e.exposeToModel) return { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
   const m: ModelError = { code: e.code, message: e.message, retryable: e.retryable };
-  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED") && e.details !== undefined) m.details = e.details;
+  if ((e.code === "INPUT_INVALID" || e.code === "RATE_LIMITED" || e.code === "QUOTA_EXCEEDED") && e.details !== undefined) m.details = e.details;
   return m;
 }
 

@@ -1,0 +1,160 @@
+// Command apicount counts the exported names of capstan's public packages —
+// types, functions, constants, variables and the exported methods of exported
+// types, as go doc -all lists them — prints the count per package, and fails
+// when the total is over the budget: a surface a team can hold in its head.
+//
+// Usage: go run ./scripts/apicount [-budget N]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// publicDirs are what a user imports: every package outside cmd/, examples/,
+// scripts/, the benchmarks module and internal/.
+func publicDirs(root string) ([]string, error) {
+	var dirs []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if rel == "." {
+			dirs = append(dirs, path)
+			return nil
+		}
+		switch first, _, _ := strings.Cut(filepath.ToSlash(rel), "/"); {
+		case first == "cmd", first == "examples", first == "scripts", first == "benchmarks", first == "clients",
+			d.Name() == "internal", d.Name() == "testdata", strings.HasPrefix(d.Name(), "."), d.Name() == "node_modules":
+			return filepath.SkipDir
+		}
+		dirs = append(dirs, path)
+		return nil
+	})
+	return dirs, err
+}
+
+// count returns the exported names of the package in dir (0 for a
+// directory without Go files).
+func count(dir string) (string, int, error) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, 0)
+	if err != nil {
+		return "", 0, err
+	}
+	for name, p := range pkgs {
+		if name == "main" {
+			return "", 0, nil
+		}
+		exportedType := map[string]bool{}
+		for _, f := range p.Files {
+			for _, d := range f.Decls {
+				if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+					for _, s := range g.Specs {
+						if ts := s.(*ast.TypeSpec); ts.Name.IsExported() {
+							exportedType[ts.Name.Name] = true
+						}
+					}
+				}
+			}
+		}
+		n := 0
+		for _, f := range p.Files {
+			for _, d := range f.Decls {
+				switch d := d.(type) {
+				case *ast.FuncDecl:
+					if !d.Name.IsExported() {
+						continue
+					}
+					if d.Recv == nil || exportedType[receiverType(d.Recv.List[0].Type)] {
+						n++
+					}
+				case *ast.GenDecl:
+					for _, s := range d.Specs {
+						switch s := s.(type) {
+						case *ast.TypeSpec:
+							if s.Name.IsExported() {
+								n++
+							}
+						case *ast.ValueSpec:
+							for _, id := range s.Names {
+								if id.IsExported() {
+									n++
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		return name, n, nil
+	}
+	return "", 0, nil
+}
+
+func receiverType(e ast.Expr) string {
+	for {
+		switch t := e.(type) {
+		case *ast.StarExpr:
+			e = t.X
+		case *ast.IndexExpr:
+			e = t.X
+		case *ast.IndexListExpr:
+			e = t.X
+		case *ast.Ident:
+			return t.Name
+		default:
+			return ""
+		}
+	}
+}
+
+func main() {
+	budget := flag.Int("budget", 0, "fail when the public packages export more names than this (0: only print)")
+	flag.Parse()
+	dirs, err := publicDirs(".")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apicount:", err)
+		os.Exit(2)
+	}
+	type row struct {
+		dir string
+		n   int
+	}
+	var rows []row
+	total := 0
+	for _, d := range dirs {
+		name, n, err := count(d)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "apicount:", err)
+			os.Exit(2)
+		}
+		if name == "" {
+			continue
+		}
+		rows = append(rows, row{d, n})
+		total += n
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].dir < rows[j].dir
+	})
+	for _, r := range rows {
+		fmt.Printf("%5d  %s\n", r.n, filepath.ToSlash(r.dir))
+	}
+	fmt.Printf("%5d  exported names in all\n", total)
+	if *budget > 0 && total > *budget {
+		fmt.Fprintf(os.Stderr, "apicount: %d exported names, over the budget of %d: move what only capstan's own packages need under internal/\n", total, *budget)
+		os.Exit(1)
+	}
+}
