@@ -152,6 +152,7 @@ func (e *Emitter) index(evs []*Event) {
 // sendIndex publishes a message of the index: its entries are counted and
 // logged when it fails.
 func (e *Emitter) sendIndex(g *indexGroup) {
+	defer g.release()
 	m := &nats.Msg{Subject: g.subject, Data: g.payload()}
 	var err error
 	switch batch := e.indexBatcher(); {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -195,26 +194,6 @@ func EntryOf(evs []*Event) *Entry {
 		e.Principal = broker.Anonymous
 	}
 	return e
-}
-
-// indexMessage is the stored form of e: its subject carries the principal,
-// the status, the actor's shard and the capability, so that a listing's
-// filters are the server's subject filters. A capability id that is no
-// subject token (a request refused for it) is filed under "_invalid".
-func indexMessage(n broker.Names, e *Entry) (*nats.Msg, envelope.Encoded, error) {
-	capID := e.CapabilityID
-	if envelope.ValidCapabilityID(capID) != nil {
-		capID = "_invalid"
-	}
-	principal := e.Principal
-	if !broker.ValidPrincipal(principal) {
-		principal = broker.Anonymous
-	}
-	enc, err := envelope.Encode(e)
-	if err != nil {
-		return nil, enc, err
-	}
-	return &nats.Msg{Subject: n.IndexSubject(principal, e.Status, e.Actor.ID, capID), Data: enc.Bytes()}, enc, nil
 }
 
 func str(v any) string {

@@ -42,25 +42,57 @@ func waits(status string) bool {
 // oldest first.
 type indexGroup struct {
 	subject string
-	data    []byte // the entries' encodings, one after the other
+	buf     *[]byte // room for the array's header, then the entries' encodings
 	n       int
 	key     string // the first entry's execution (broker.Key), for the log
 }
 
+// headerRoom is what a group's buffer keeps in front of its entries for the
+// array's header (at most indexGroupEntries: three bytes).
+const headerRoom = 3
+
+// groupBufs keep the groups' buffers between messages: a publish copies the
+// data it sends.
+var groupBufs = sync.Pool{New: func() any {
+	b := make([]byte, headerRoom, 16<<10)
+	return &b
+}}
+
+func newGroup(subject, key string) *indexGroup {
+	b := groupBufs.Get().(*[]byte)
+	*b = (*b)[:headerRoom]
+	return &indexGroup{subject: subject, key: key, buf: b}
+}
+
+// entries is how many bytes the entries take.
+func (g *indexGroup) size() int { return len(*g.buf) - headerRoom }
+
+func (g *indexGroup) join(entry []byte) {
+	*g.buf = append(*g.buf, entry...)
+	g.n++
+}
+
 // payload is the message's data: the entry alone, or the entries as an
-// array (DecodeEntries).
+// array (DecodeEntries). It is g's buffer: valid until release.
 func (g *indexGroup) payload() []byte {
-	if g.n == 1 {
-		return g.data
-	}
-	var h []byte
+	b := *g.buf
 	switch {
+	case g.n == 1:
+		return b[headerRoom:]
 	case g.n < 16:
-		h = []byte{0x90 | byte(g.n)}
-	default: // at most indexGroupEntries
-		h = []byte{0xdc, byte(g.n >> 8), byte(g.n)}
+		b[headerRoom-1] = 0x90 | byte(g.n)
+		return b[headerRoom-1:]
 	}
-	return append(h, g.data...)
+	b[0], b[1], b[2] = 0xdc, byte(g.n>>8), byte(g.n)
+	return b
+}
+
+// release hands g's buffer back, once its message is sent.
+func (g *indexGroup) release() {
+	if cap(*g.buf) <= 2*indexGroupBytes {
+		groupBufs.Put(g.buf)
+	}
+	g.buf = nil
 }
 
 // groupKey names a subject of the index by the tokens it is made of, so that
@@ -68,7 +100,8 @@ func (g *indexGroup) payload() []byte {
 type groupKey struct{ principal, status, shard, capability string }
 
 // indexGroups holds the open groups until they are full or indexLinger has
-// passed since the first entry of any of them; send publishes one.
+// passed since the first entry of any of them; send publishes one, and
+// releases it.
 type indexGroups struct {
 	names  broker.Names
 	send   func(*indexGroup)
@@ -120,7 +153,9 @@ func (gs *indexGroups) add(e *Entry) error {
 	defer enc.Release()
 	k := subjectTokens(e)
 	if !waits(e.Status) {
-		gs.send(&indexGroup{subject: gs.subject(k), data: enc.Bytes(), n: 1, key: broker.Key(e.Principal, e.ExecutionID)})
+		g := newGroup(gs.subject(k), broker.Key(e.Principal, e.ExecutionID))
+		g.join(enc.Bytes())
+		gs.send(g)
 		return nil
 	}
 	gs.mu.Lock()
@@ -155,13 +190,12 @@ func (gs *indexGroups) add(e *Entry) error {
 func (gs *indexGroups) join(k groupKey, principal, executionID string, data []byte) *indexGroup {
 	g := gs.open[k]
 	if g == nil {
-		g = &indexGroup{subject: gs.subject(k), key: broker.Key(principal, executionID)}
+		g = newGroup(gs.subject(k), broker.Key(principal, executionID))
 		gs.open[k] = g
 		gs.order = append(gs.order, k)
 	}
-	g.data = append(g.data, data...)
-	g.n++
-	if g.n < indexGroupEntries && len(g.data) < indexGroupBytes {
+	g.join(data)
+	if g.n < indexGroupEntries && g.size() < indexGroupBytes {
 		return nil
 	}
 	delete(gs.open, k)

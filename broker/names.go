@@ -134,9 +134,17 @@ const IndexActorShards = 64
 // IndexActorShards. The id alone, not its kind, so that a filter by id finds
 // it under any kind.
 func IndexActorShard(actorID string) string {
-	s := fnv1a32(actorID) % IndexActorShards
-	return string([]byte{hexDigits[s>>4], hexDigits[s&0xf]})
+	return indexActorShards[fnv1a32(actorID)%IndexActorShards]
 }
+
+// indexActorShards are the shards' tokens, made once: a shard is taken for
+// every execution's index entry.
+var indexActorShards = func() (t [IndexActorShards]string) {
+	for s := range t {
+		t[s] = string([]byte{hexDigits[s>>4], hexDigits[s&0xf]})
+	}
+	return t
+}()
 
 const hexDigits = "0123456789abcdef"
 
