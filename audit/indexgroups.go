@@ -18,7 +18,9 @@ import (
 // message instead: an end waits at most indexLinger for others of its
 // subject, and a message holds at most indexGroupEntries of them (or
 // indexGroupBytes). Under load that is one message per hundreds of
-// executions; at a trickle, one per execution, as before.
+// executions; at a trickle, one per execution, as before. A quarter of a second
+// is as late as a listing shows an execution, and what a killed worker
+// takes with it.
 //
 // A listing shows an execution by its newest entry, so an execution's
 // entries must be stored in the order they happened. An end and a running
@@ -28,7 +30,7 @@ import (
 // entry goes at once: another worker may end the execution it resumes as
 // soon as a person decides.
 const (
-	indexLinger       = 100 * time.Millisecond
+	indexLinger       = 250 * time.Millisecond
 	indexGroupEntries = 256
 	indexGroupBytes   = 64 << 10
 )
