@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
@@ -93,28 +92,12 @@ func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
 // (entries of executions that ended close together, oldest first) as an
 // array of entries, as the trail stores several events.
 func DecodeEntries(b []byte) ([]Entry, error) {
-	if !isArray(b) {
-		var e Entry
-		if err := envelope.Unmarshal(b, &e); err != nil {
-			return nil, fmt.Errorf("capstan: index entry: %w", err)
-		}
-		return []Entry{e}, nil
-	}
-	var es []Entry
-	if err := envelope.Unmarshal(b, &es); err != nil {
-		return nil, fmt.Errorf("capstan: index entries: %w", err)
-	}
-	if len(es) == 0 {
-		return nil, fmt.Errorf("capstan: index entries: %w: an empty array", envelope.ErrDecode)
-	}
+	es, err := decodeOneOrMany[Entry](b, "index entry", "index entries")
 	for i := range es {
 		es[i].part = i
 	}
-	return es, nil
+	return es, err
 }
-
-// Ended reports whether the entry is an execution's end.
-func (e *Entry) Ended() bool { return e.Status != EntryRunning }
 
 // EntryOf returns the index entry of one audit message's events (all of one
 // execution, in order), or nil when they neither begin nor end it: an

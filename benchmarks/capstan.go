@@ -24,17 +24,11 @@ type noopIn struct {
 // runCapstan runs the workload on an embedded JetStream server (file store)
 // with one worker, audit on.
 func runCapstan(ctx context.Context, wl workload) (*result, error) {
-	dir, err := os.MkdirTemp("", "capstan-peers-")
+	url, stop, err := startServer("capstan-peers-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	url := natsserver.ClientURL(srv)
+	defer stop()
 	connect := func() (*nats.Conn, error) { return broker.Connect(broker.ConnectOptions{URL: url}) }
 
 	wnc, err := connect()
@@ -100,6 +94,26 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	r := t.result("capstan", "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
 	r.CPUPerTaskUs = cpu.perTask(wl.n)
 	return r, nil
+}
+
+// startServer starts an embedded JetStream server on a file store in a
+// temporary directory (its name begins with dirPrefix) and returns its URL
+// and what stops it and removes the directory.
+func startServer(dirPrefix string) (url string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return natsserver.ClientURL(srv), func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // waitCatalog waits until the worker has published its capability, so that

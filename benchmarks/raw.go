@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"os"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -19,17 +17,11 @@ import (
 // execution rests on, without anything of capstan: a task is done when its
 // worker has acknowledged it.
 func runRaw(ctx context.Context, wl workload) (*result, error) {
-	dir, err := os.MkdirTemp("", "raw-jetstream-")
+	url, stop, err := startServer("raw-jetstream-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	url := natsserver.ClientURL(srv)
+	defer stop()
 
 	pnc, err := nats.Connect(url)
 	if err != nil {
