@@ -27,8 +27,8 @@ import (
 // entry wait: the end of an execution whose running entry still waits
 // replaces it (this emitter wrote both; another worker writes the end only
 // after taking the execution over, a lease later). An approval-required
-// entry goes at once: another worker may end the execution it resumes as
-// soon as a person decides.
+// entry goes at once, after everything that waits: another worker may end
+// the execution it resumes as soon as a person decides.
 const (
 	indexLinger       = 250 * time.Millisecond
 	indexGroupEntries = 256
@@ -109,6 +109,11 @@ type indexGroups struct {
 	send   func(*indexGroup)
 	linger time.Duration // indexLinger; tests change it
 
+	// sending is held while a message is sent: an entry that must come
+	// after a running entry that waited goes after its flush, and a flush
+	// returns after the one the timer began.
+	sending sync.Mutex
+
 	mu    sync.Mutex
 	open  map[groupKey]*indexGroup
 	order []groupKey // the open groups by their first entry: they go in this order
@@ -155,6 +160,14 @@ func (gs *indexGroups) add(e *Entry) error {
 	defer enc.Release()
 	k := subjectTokens(e)
 	if !waits(e.Status) {
+		// After everything that waits, which is older, but the execution's
+		// own running entry, which it replaces.
+		gs.sending.Lock()
+		defer gs.sending.Unlock()
+		gs.mu.Lock()
+		gs.replaced(e)
+		gs.mu.Unlock()
+		gs.flushSending()
 		g := newGroup(gs.subject(k), broker.Key(e.Principal, e.ExecutionID))
 		g.join(enc.Bytes())
 		gs.send(g)
@@ -166,9 +179,7 @@ func (gs *indexGroups) add(e *Entry) error {
 		gs.running[broker.Key(e.Principal, e.ExecutionID)] = waiting{k: k, principal: e.Principal, executionID: e.ExecutionID,
 			data: bytes.Clone(enc.Bytes())}
 	} else {
-		if len(gs.running) > 0 {
-			delete(gs.running, broker.Key(e.Principal, e.ExecutionID)) // its end replaces it
-		}
+		gs.replaced(e)
 		full = gs.join(k, e.Principal, e.ExecutionID, enc.Bytes())
 	}
 	if !gs.armed && (len(gs.open) > 0 || len(gs.running) > 0) {
@@ -181,9 +192,19 @@ func (gs *indexGroups) add(e *Entry) error {
 	}
 	gs.mu.Unlock()
 	if full != nil {
+		gs.sending.Lock()
 		gs.send(full)
+		gs.sending.Unlock()
 	}
 	return nil
+}
+
+// replaced forgets the running entry of e's execution that still waits:
+// e, later, replaces it. Called with mu held.
+func (gs *indexGroups) replaced(e *Entry) {
+	if len(gs.running) > 0 {
+		delete(gs.running, broker.Key(e.Principal, e.ExecutionID))
+	}
 }
 
 // join adds an entry's encoding to the open group of its subject, and
@@ -210,7 +231,15 @@ func (gs *indexGroups) subject(k groupKey) string {
 }
 
 // flush publishes every open group, the waiting running entries with them.
+// It returns once they are sent, and once what another flush was sending is.
 func (gs *indexGroups) flush() {
+	gs.sending.Lock()
+	defer gs.sending.Unlock()
+	gs.flushSending()
+}
+
+// flushSending is flush with sending held.
+func (gs *indexGroups) flushSending() {
 	gs.mu.Lock()
 	if len(gs.open) == 0 && len(gs.running) == 0 {
 		gs.armed = false
