@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +50,9 @@ type DecideReply struct {
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// AuditUnavailable: the decision stands but its audit event is not stored.
 	AuditUnavailable bool `json:"auditUnavailable,omitempty"`
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Authorizer says who an approver principal is and whether it may decide an
@@ -65,7 +67,9 @@ type Authorizer interface {
 // DecideAs records principal's decision: the approver is the identity the
 // Authorizer gives the principal; an approval requested under the same
 // principal, or by the same actor, is refused as self-approval, with no
-// reason that lifts it.
+// reason that lifts it. An approval principal neither requested nor may
+// decide is refused exactly as one that does not exist (ErrNotFound): a
+// refusal tells no one of another's approval, nor of its types.
 func (s *Store) DecideAs(ctx context.Context, principal string, req DecideRequest, authz Authorizer) (*Record, error) {
 	r, err := s.Get(ctx, req.ApprovalID)
 	if err != nil {
@@ -73,6 +77,9 @@ func (s *Store) DecideAs(ctx context.Context, principal string, req DecideReques
 	}
 	who, open, err := authz.Approver(principal, r.Types)
 	if err != nil {
+		if !requestedBy(r, principal) {
+			return nil, notFound(req.ApprovalID)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
 	v := Verdict{Approve: req.Approve, Approver: who, Comment: req.Comment}
@@ -88,9 +95,14 @@ func (s *Store) DecideAs(ctx context.Context, principal string, req DecideReques
 // group, until the subscription is drained or closed. ServeList answers the
 // listings.
 func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
-	prefix := strings.TrimSuffix(n.DecideSubjects(), "*")
-	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
-		principal := strings.TrimPrefix(m.Subject, prefix)
+	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), s.DecideHandler(n, authz))
+}
+
+// DecideHandler answers one decision sent to n.DecideSubjects(): what Serve
+// subscribes, for a worker that schedules the requests it serves itself.
+func (s *Store) DecideHandler(n broker.Names, authz Authorizer) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		principal := n.PrincipalOfSubject(m.Subject)
 		if !n.ReplyAllowed(principal, m.Reply) {
 			return // an answer aimed at someone else's subject: not served
 		}
@@ -113,7 +125,7 @@ func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Su
 		if err == nil {
 			_ = m.Respond(b)
 		}
-	})
+	}
 }
 
 // RequestDecision sends req to the workers as principal (the connection's,
@@ -138,7 +150,7 @@ func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req Dec
 	if reply.Error == "" {
 		return reply.Record, nil
 	}
-	return reply.Record, &remoteError{msg: reply.Error, conds: errorsOf(reply.Conditions)}
+	return reply.Record, refusal(reply.Error, reply.Conditions, reply.Details)
 }
 
 // decideTimeout bounds one decision in a worker.
@@ -153,7 +165,7 @@ var conditionNames = []struct {
 	{"cancelled", ErrCancelled}, {"expired", ErrExpired}, {"consumed", ErrConsumed},
 	{"already_decided", ErrAlreadyDecided}, {"self_approval", ErrSelfApproval},
 	{"input_mismatch", ErrInputMismatch}, {"invalid", ErrInvalid}, {"forbidden", ErrForbidden},
-	{"audit_unavailable", audit.ErrUnavailable},
+	{"audit_unavailable", audit.ErrUnavailable}, {"quota_exceeded", envelope.ErrQuotaExceeded},
 }
 
 func conditionsOf(err error) []string {
@@ -178,6 +190,16 @@ func errorsOf(names []string) []error {
 	return out
 }
 
+// refusal is the error of a refusal a worker answered: a quota's is the
+// *envelope.CapabilityError it was made from, any other matches the
+// conditions it named.
+func refusal(msg string, conds []string, details map[string]any) error {
+	if slices.Contains(conds, "quota_exceeded") {
+		return envelope.QuotaRefusal(msg, details)
+	}
+	return &remoteError{msg: msg, conds: errorsOf(conds)}
+}
+
 // remoteError is a refusal answered by a worker, matching the conditions it named.
 type remoteError struct {
 	msg   string
@@ -187,10 +209,13 @@ type remoteError struct {
 func (e *remoteError) Error() string   { return e.msg }
 func (e *remoteError) Unwrap() []error { return e.conds }
 
-// ListRequest asks the workers for approvals, as Filter selects them, or for
-// the one named by ID. An approver receives the approvals of types it may
-// decide, and any principal the approvals it requested itself (a producer
-// follows its own calls' approvals so); on an open server, every one.
+// ListRequest asks the workers for a page of approvals, as Filter selects
+// them, or for the one named by ID. An approver receives the approvals of
+// types it may decide, and any principal the approvals it requested itself (a
+// producer follows its own calls' approvals so); on an open server, every
+// one. A page holds each requesting principal's approvals oldest first
+// (Newest: newest first), the principals taking turns, one approval each, so
+// that no principal's approvals hide another's (DESIGN §7).
 type ListRequest struct {
 	// V is the body's schema version.
 	V int `json:"v"`
@@ -202,19 +227,38 @@ type ListRequest struct {
 	CapabilityID string `json:"capabilityId,omitempty"`
 	// Actor keeps the approvals one requester asked for.
 	Actor envelope.Actor `json:"actor,omitzero"`
+	// Limit is the page's size: default DefaultPageSize, at most MaxPageSize.
+	Limit int `json:"limit,omitempty"`
+	// Cursor is a page's Next: where the next page begins.
+	Cursor string `json:"cursor,omitempty"`
+	// Decided keeps the approvals no longer pending as of now (approved,
+	// rejected, cancelled, expired, consumed); not with Status.
+	Decided bool `json:"decided,omitempty"`
+	// Newest lists each requester's approvals newest first.
+	Newest bool `json:"newest,omitempty"`
 }
 
-// ListReply is the workers' answer to a ListRequest.
+// ListReply is the workers' answer to a ListRequest: one page.
 type ListReply struct {
 	// V is the body's schema version.
 	V int `json:"v"`
-	// Records are the approvals listed.
+	// Records are the page's approvals, in the listing's order.
 	Records []*Record `json:"records"`
 	// Error and Conditions carry a refusal: the message, and the names of
 	// the sentinel errors (not_found, expired, consumed, …) that
 	// RequestDecision and RequestList turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
+	// Next is the cursor of the next page; "" when nothing more matches. A
+	// page holds fewer records than asked when more would not fit in one
+	// reply (the payload the principal may receive).
+	Next string `json:"next,omitempty"`
+	// Trimmed names the records sent without their input and display: alone,
+	// they would not fit in a reply. InputHash still names the input.
+	Trimmed []string `json:"trimmed,omitempty"`
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // ListAs returns the approvals principal may see: those of types it may
@@ -244,10 +288,22 @@ func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, a
 		}
 	}
 	if req.ID != "" && len(out) == 0 {
-		return nil, fmt.Errorf("%w: principal %q neither requested nor may decide approvals of types %v", ErrForbidden, principal, all[0].Types)
+		// Neither requested nor decidable by principal: to it, no such
+		// approval, word for word.
+		return nil, notFound(req.ID)
 	}
 	return out, nil
 }
+
+// notFound is the refusal of an approval id that names nothing the asker
+// may see: the same, word for word, whether the approval does not exist or
+// is another's.
+func notFound(id string) error { return fmt.Errorf("%w: %s", ErrNotFound, id) }
+
+// NoSuchApproval is the error of an approval id that names nothing the
+// asker may see (ErrNotFound): the same, word for word, whether the approval
+// does not exist or is another principal's.
+func NoSuchApproval(id string) error { return notFound(id) }
 
 // shownTo is r as principal may receive it: when the capability redacts what
 // approvers see (a Display is stored), anyone but the principal that
@@ -274,36 +330,54 @@ func requestedBy(r *Record, principal string) bool {
 }
 
 // ServeList answers listings sent to n.ListApprovalsSubjects() in the
-// workers' queue group.
+// workers' queue group, each reply within the connection's max payload.
 func (s *Store) ServeList(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
-	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(), func(m *nats.Msg) {
-		if !n.ReplyAllowed(n.PrincipalOfSubject(m.Subject), m.Reply) {
+	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(),
+		s.ListHandler(n, authz, func(string) int { return int(nc.MaxPayload()) }))
+}
+
+// ListHandler answers one listing sent to n.ListApprovalsSubjects() (see
+// PageAs): what ServeList subscribes, for a worker that schedules the
+// requests it serves itself. maxBytes says how large a reply principal may
+// be sent.
+func (s *Store) ListHandler(n broker.Names, authz Authorizer, maxBytes func(principal string) int) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		principal := n.PrincipalOfSubject(m.Subject)
+		if !n.ReplyAllowed(principal, m.Reply) {
 			return // an answer aimed at someone else's subject: not served
 		}
-		reply := ListReply{V: envelope.Version, Records: []*Record{}}
+		reply := &ListReply{V: envelope.Version, Records: []*Record{}}
 		var req ListRequest
 		if err := envelope.Unmarshal(m.Data, &req); err != nil {
 			reply.Error, reply.Conditions = "the listing does not decode: "+err.Error(), []string{"invalid"}
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			recs, err := s.ListAs(ctx, n.PrincipalOfSubject(m.Subject), req, authz)
+			page, err := s.PageAs(ctx, principal, req, authz, maxBytes(principal))
 			cancel()
 			if err != nil {
 				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
 			} else {
-				reply.Records = recs
+				reply = page
 			}
 		}
-		if b, err := envelope.Marshal(&reply); err == nil {
-			_ = m.Respond(b)
+		b, err := envelope.Marshal(reply)
+		if err != nil {
+			return
 		}
-	})
+		if bound := maxBytes(principal); bound > 0 && len(b) > bound {
+			// Never dropped for its size: the refusal says why.
+			b, _ = envelope.Marshal(&ListReply{V: envelope.Version, Records: []*Record{}, Conditions: []string{"invalid"},
+				Error: fmt.Sprintf("the page is %d bytes, over the %d a reply may hold", len(b), bound)})
+		}
+		_ = m.Respond(b)
+	}
 }
 
-// RequestList asks the workers for the approvals the connection's principal
-// may see (see ListAs). A refusal matches the store's conditions with
-// errors.Is (ErrNotFound, ErrForbidden).
-func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListRequest) ([]*Record, error) {
+// RequestList asks the workers for a page of the approvals the connection's
+// principal may see (see PageAs): Next is the cursor of the next one. A
+// refusal matches the store's conditions with errors.Is (ErrNotFound,
+// ErrForbidden, envelope.ErrQuotaExceeded).
+func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListRequest) (*ListReply, error) {
 	req.V = envelope.Version
 	b, err := envelope.Marshal(&req)
 	if err != nil {
@@ -318,7 +392,26 @@ func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListReq
 		return nil, fmt.Errorf("capstan: list approvals: reply: %w", err)
 	}
 	if reply.Error != "" {
-		return nil, &remoteError{msg: reply.Error, conds: errorsOf(reply.Conditions)}
+		return nil, refusal(reply.Error, reply.Conditions, reply.Details)
 	}
-	return reply.Records, nil
+	if reply.Records == nil {
+		reply.Records = []*Record{}
+	}
+	return &reply, nil
+}
+
+// RequestOne returns the approval id names, among those the connection's
+// principal may see: one request, answered with the record or a refusal
+// (ErrNotFound, ErrForbidden).
+func RequestOne(ctx context.Context, nc *nats.Conn, n broker.Names, id string) (*Record, error) {
+	page, err := RequestList(ctx, nc, n, ListRequest{ID: id})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range page.Records {
+		if r.ID == id {
+			return r, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 }

@@ -2,6 +2,7 @@ package approvals_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/capstan-dev/capstan/approvals"
@@ -99,15 +100,39 @@ func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
 	}
 }
 
-func TestDecide_ApproverOfOtherTypesIsForbidden(t *testing.T) {
+// An approver of other types is refused a decision exactly as if the
+// approval did not exist: the refusal tells it neither that the approval
+// exists nor its types.
+func TestDecide_ApproverOfOtherTypesIsToldNoSuchApproval(t *testing.T) {
 	t.Parallel()
 	env, s, _, r := securedDecisions(t)
-	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "dave"), broker.NewNames(""),
-		approvals.DecideRequest{ApprovalID: r.ID, Approve: true})
-	if !errors.Is(err, approvals.ErrForbidden) {
-		t.Fatalf("err %v, want ErrForbidden", err)
+	dave := env.ConnectAs(t, "dave")
+	decide := func(id string) error {
+		_, err := approvals.RequestDecision(ctxT(t), dave, broker.NewNames(""), approvals.DecideRequest{ApprovalID: id, Approve: true})
+		return err
 	}
+	assertLikeNoSuchApproval(t, decide, r.ID, r.Types)
 	assertPending(t, s, r.ID)
+}
+
+// assertLikeNoSuchApproval checks that ask refuses id exactly as it
+// refuses an id no approval has — the same conditions, the same words but
+// the id — and that nothing of the approval (its types) shows.
+func assertLikeNoSuchApproval(t *testing.T, ask func(id string) error, id string, types []string) {
+	t.Helper()
+	none := envelope.NewExecutionID()
+	got, want := ask(id), ask(none)
+	if !errors.Is(got, approvals.ErrNotFound) || errors.Is(got, approvals.ErrForbidden) || !errors.Is(want, approvals.ErrNotFound) {
+		t.Fatalf("refused %v, an id of nothing %v: want both ErrNotFound alone", got, want)
+	}
+	if g, w := strings.ReplaceAll(got.Error(), id, "ID"), strings.ReplaceAll(want.Error(), none, "ID"); g != w {
+		t.Errorf("refusal %q differs from no such approval's %q", g, w)
+	}
+	for _, typ := range types {
+		if strings.Contains(got.Error(), typ) {
+			t.Errorf("refusal %q names the approval's type %s", got, typ)
+		}
+	}
 }
 
 func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
@@ -147,16 +172,18 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 	env, _, _, r := securedDecisions(t)
 	n := broker.NewNames("")
 	got, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("carol (finance) lists %v, %v", got, err)
+	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
+		t.Fatalf("carol (finance) lists %+v, %v", got, err)
 	}
 	got, err = approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{})
-	if err != nil || len(got) != 0 {
-		t.Fatalf("dave (ops) lists %v, %v", got, err)
+	if err != nil || len(got.Records) != 0 {
+		t.Fatalf("dave (ops) lists %+v, %v", got, err)
 	}
-	if _, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{ID: r.ID}); !errors.Is(err, approvals.ErrForbidden) {
-		t.Fatalf("dave shows a finance approval: %v", err)
-	}
+	dave := env.ConnectAs(t, "dave")
+	assertLikeNoSuchApproval(t, func(id string) error {
+		_, err := approvals.RequestList(ctxT(t), dave, n, approvals.ListRequest{ID: id})
+		return err
+	}, r.ID, r.Types)
 }
 
 func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
@@ -167,16 +194,17 @@ func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
 	n := broker.NewNames("")
 	alice := env.ConnectAs(t, "alice")
 	got, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("alice lists %v, %v; want her own approval only", got, err)
+	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
+		t.Fatalf("alice lists %+v, %v; want her own approval only", got, err)
 	}
-	got, err = approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: r.ID})
-	if err != nil || len(got) != 1 || got[0].ID != r.ID {
-		t.Fatalf("alice shows her own approval: %v, %v", got, err)
+	one, err := approvals.RequestOne(ctxT(t), alice, n, r.ID)
+	if err != nil || one.ID != r.ID {
+		t.Fatalf("alice shows her own approval: %+v, %v", one, err)
 	}
-	if _, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: other.ID}); !errors.Is(err, approvals.ErrForbidden) {
-		t.Fatalf("alice shows bob's approval: %v", err)
-	}
+	assertLikeNoSuchApproval(t, func(id string) error {
+		_, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: id})
+		return err
+	}, other.ID, other.Types)
 	assertPending(t, s, other.ID)
 	assertPending(t, s, r.ID)
 }

@@ -23,7 +23,14 @@
 //	}
 //	err = store.Create(ctx, rec) // pending, expiring in 15 minutes
 //	_, err = store.Decide(ctx, rec.ID, approvals.Verdict{Approve: true, Approver: bob})
-//	_, err = store.Consume(ctx, rec.ID, resumeExecutionID) // once; ErrConsumed for any other execution
+//	_, err = store.Consume(ctx, rec.ID, resumeExecutionID, record.CreatedAt) // once, for ever
+//
+// An approval authorizes one execution for as long as it exists, and its own
+// record is the proof of use: consumed, it names the execution and the
+// execution record under which it was consumed, and it is usable again only by
+// a delivery holding that same record (a takeover of the execution while it
+// is in flight), never by another execution nor by the same id sent again
+// after that record expired (ErrConsumed).
 //
 // Errors are sentinels (ErrConsumed, ErrSelfApproval, ...); Code gives the
 // error code an envelope carries for each.

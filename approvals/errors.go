@@ -2,6 +2,8 @@ package approvals
 
 import (
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 )
@@ -61,15 +63,21 @@ func Code(err error) envelope.Code {
 }
 
 // statusError is the condition of a record that cannot be used, or nil for
-// an approved one. A record consumed by executionID counts as usable: a
-// retry or a takeover of the execution it authorized.
-func statusError(s Status, r *Record, executionID string) error {
+// an approved one. A record consumed by executionID under the execution
+// record created at under counts as usable: a takeover or redelivery of the
+// execution it authorized, still in flight. Consumed under another record
+// (the first one's expired) it is spent, as for any other execution.
+func statusError(s Status, r *Record, executionID string, under time.Time) error {
 	switch s {
 	case StatusApproved:
 		return nil
 	case StatusConsumed:
-		if executionID != "" && r.ConsumedBy == executionID {
+		if r.consumedUnder(executionID, under) {
 			return nil
+		}
+		if executionID != "" && r.ConsumedBy == executionID {
+			return fmt.Errorf("%w: by this execution, under a record created %s (this one: %s)", ErrConsumed,
+				r.ConsumedUnder.Format(time.RFC3339Nano), under.Format(time.RFC3339Nano))
 		}
 		return ErrConsumed
 	case StatusPending:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
@@ -60,19 +61,26 @@ func ExampleStore() {
 	}
 	fmt.Println(decided.Status, "by", decided.Decision.Approver)
 
-	resume := envelope.NewExecutionID()
-	used, err := store.Consume(ctx, rec.ID, resume)
+	// A worker consumes it for the execution it runs, under that
+	// execution's record (its creation time names it).
+	resume, record := envelope.NewExecutionID(), time.Now()
+	used, err := store.Consume(ctx, rec.ID, resume, record)
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println(used.Status, used.ConsumedBy == resume)
 
-	_, err = store.Consume(ctx, rec.ID, envelope.NewExecutionID())
+	_, err = store.Consume(ctx, rec.ID, envelope.NewExecutionID(), time.Now())
 	fmt.Println(errors.Is(err, approvals.ErrConsumed), approvals.Code(err))
+	// The same execution id again, under a record made after the first
+	// one's expired: the approval was spent.
+	_, err = store.Consume(ctx, rec.ID, resume, time.Now())
+	fmt.Println(errors.Is(err, approvals.ErrConsumed))
 	// Output:
 	// pending {"amount":900,"orderId":"o1"}
 	// APPROVAL_SELF_APPROVAL
 	// approved by user:bob
 	// consumed true
 	// true APPROVAL_CONSUMED
+	// true
 }

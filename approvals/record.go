@@ -100,6 +100,13 @@ type Record struct {
 	ConsumedBy string `json:"consumedBy,omitempty"`
 	// ConsumedAt is when that execution consumed it.
 	ConsumedAt time.Time `json:"consumedAt,omitzero"`
+	// ConsumedUnder names the execution record under which it was consumed:
+	// that record's creation time (execution.Record.CreatedAt). Only a
+	// delivery holding that same record — a takeover or redelivery of the
+	// execution still in flight — may use the approval again; once the
+	// record is gone, nothing runs under the approval again, whatever id it
+	// names (DESIGN §7). Zero in a record consumed before it existed.
+	ConsumedUnder time.Time `json:"consumedUnder,omitzero"`
 	// Principal is the authenticated principal that requested the call: an
 	// approver under the same principal is its requester.
 	Principal string `json:"principal,omitempty"`
@@ -159,9 +166,19 @@ func checkApprover(a envelope.Actor) error {
 	return fmt.Errorf("%w: the approver must be a user, service or agent with an id, not %q", ErrInvalid, a.String())
 }
 
-// Usable reports why the approval cannot authorize executionID at t, or nil
-// when it can: approved and unexpired, or already consumed by executionID (a
-// retry or a takeover of the execution it authorized).
-func (r *Record) Usable(executionID string, t time.Time) error {
-	return statusError(r.StatusAt(t), r, executionID)
+// Usable reports why the approval cannot authorize executionID, whose
+// execution record was created at under, at t, or nil when it can: approved
+// and unexpired, or already consumed by executionID under that same record
+// (a takeover or redelivery of the execution it authorized, still in flight).
+// Consumed under another record, or under none known (a zero under), it is
+// spent (ErrConsumed): the approval's record is the proof of use.
+func (r *Record) Usable(executionID string, under, t time.Time) error {
+	return statusError(r.StatusAt(t), r, executionID, under)
+}
+
+// consumedUnder reports whether r was consumed by executionID under the
+// execution record created at under.
+func (r *Record) consumedUnder(executionID string, under time.Time) bool {
+	return r.Status == StatusConsumed && executionID != "" && r.ConsumedBy == executionID &&
+		!under.IsZero() && r.ConsumedUnder.Equal(under)
 }

@@ -23,6 +23,8 @@ type Store struct {
 	now   func() time.Time
 	// skipped is told of each record a listing skipped (see OnSkipped).
 	skipped func(key string, err error)
+	// index, when set, is what PageAs lists from (see WithIndex).
+	index *Index
 }
 
 // OnSkipped has f told of every record a listing (List, ListAs, ExpireDue)
@@ -122,7 +124,7 @@ func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
 	}
 	r, rev, err := broker.Load[Record](ctx, s.kv, id)
 	if errors.Is(err, broker.ErrNotFound) {
-		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return nil, 0, notFound(id)
 	}
 	return r, rev, err
 }
@@ -222,7 +224,7 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 			return next, ErrExpired
 		}
 		if r.Status != StatusPending {
-			if err := statusError(r.Status, r, ""); err != nil {
+			if err := statusError(r.Status, r, "", time.Time{}); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrAlreadyDecided, err)
 			}
 			return nil, fmt.Errorf("%w: it is %s", ErrAlreadyDecided, r.Status)
@@ -250,30 +252,38 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 	return rec, s.emitDecision(ctx, rec, event, v.Approver, data)
 }
 
-// Consume marks an approved approval as used by executionID, with one CAS
-// from approved. Consuming again for the same execution succeeds (a retry or a
-// takeover of the execution it authorized); for any other execution it fails
-// ErrConsumed. An approval past its expiry fails ErrExpired; one whose stored
-// input no longer hashes to InputHash fails ErrInputMismatch.
-func (s *Store) Consume(ctx context.Context, id, executionID string) (*Record, error) {
+// Consume marks an approved approval as used by executionID, whose
+// execution record was created at under (execution.Record.CreatedAt), with
+// one CAS from approved. An approval authorizes one execution for as long as
+// it exists, and its own record is the proof of use (DESIGN §7): consuming
+// again succeeds only for the same execution under the same execution record
+// (a takeover or redelivery of it while it is in flight, its record alive);
+// for any other execution, or for the same id under a record made since its
+// first one expired, it fails ErrConsumed. An approval past its expiry fails
+// ErrExpired; one whose stored input no longer hashes to InputHash fails
+// ErrInputMismatch.
+func (s *Store) Consume(ctx context.Context, id, executionID string, under time.Time) (*Record, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("%w: execution id: %v", ErrInvalid, err)
 	}
+	if under.IsZero() {
+		return nil, fmt.Errorf("%w: consumed under no execution record", ErrInvalid)
+	}
 	return s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
-		if r.Status == StatusConsumed && r.ConsumedBy == executionID {
-			return nil, r.CheckInput()
+		if r.consumedUnder(executionID, under) {
+			return nil, r.CheckInput() // our execution's, or our own write whose answer was lost
 		}
 		if next := expire(r, now); next != nil {
 			return next, ErrExpired
 		}
-		if err := statusError(r.Status, r, executionID); err != nil {
+		if err := statusError(r.Status, r, executionID, under); err != nil {
 			return nil, err
 		}
 		if err := r.CheckInput(); err != nil {
 			return nil, err
 		}
 		next := *r
-		next.Status, next.ConsumedBy, next.ConsumedAt = StatusConsumed, executionID, now
+		next.Status, next.ConsumedBy, next.ConsumedAt, next.ConsumedUnder = StatusConsumed, executionID, now, under.UTC()
 		return &next, nil
 	})
 }
@@ -294,7 +304,7 @@ func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason
 			return next, ErrExpired
 		}
 		if r.Status != StatusPending && r.Status != StatusApproved {
-			return nil, statusError(r.Status, r, "")
+			return nil, statusError(r.Status, r, "", time.Time{})
 		}
 		if mine == nil {
 			mine = &Decision{Status: StatusCancelled, Approver: by, Comment: reason, DecidedAt: now}

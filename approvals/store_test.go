@@ -232,7 +232,7 @@ func TestDecide_OnlyFromPending(t *testing.T) {
 	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.StatusApproved || got.Decision.Approver.String() != bob.String() {
 		t.Fatalf("record %+v", got)
 	}
-	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); err != nil {
+	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	_, err = s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: carol})
@@ -335,7 +335,7 @@ func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				_, errs[i] = stores[i%len(stores)].Consume(context.Background(), r.ID, ids[i])
+				_, errs[i] = stores[i%len(stores)].Consume(context.Background(), r.ID, ids[i], time.Now())
 			}()
 		}
 		close(start)
@@ -358,9 +358,11 @@ func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 	}
 }
 
-// A retry or takeover of the execution that consumed an approval finds it
-// still covered; any other execution does not.
-func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
+// A takeover or redelivery of the execution that consumed an approval,
+// holding the same execution record, finds it still covered; any other
+// execution does not, and nor does the same id under a record made since
+// (DESIGN §7: the approval's record is the proof of use).
+func TestConsume_SameExecutionUnderTheSameRecordOnly(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
@@ -368,25 +370,44 @@ func TestConsume_SameExecutionAgainSucceeds(t *testing.T) {
 	approve(t, s, r.ID)
 	exec := envelope.NewExecutionID()
 	ctx := ctxT(t)
-	first, err := s.Consume(ctx, r.ID, exec)
+	record := time.Now().UTC().Add(-time.Second)
+	first, err := s.Consume(ctx, r.ID, exec, record)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := s.Consume(ctx, r.ID, exec)
+	if !first.ConsumedUnder.Equal(record) {
+		t.Fatalf("consumed under %v, want the record of %v", first.ConsumedUnder, record)
+	}
+	again, err := s.Consume(ctx, r.ID, exec, record)
 	if err != nil {
-		t.Fatalf("consume again by the same execution: %v", err)
+		t.Fatalf("consume again by the same execution under its record: %v", err)
 	}
 	if !again.ConsumedAt.Equal(first.ConsumedAt) || again.ConsumedBy != exec {
 		t.Fatalf("the second consume changed the record: %+v", again)
 	}
-	if _, err := s.Consume(ctx, r.ID, envelope.NewExecutionID()); !errors.Is(err, approvals.ErrConsumed) {
-		t.Fatalf("another execution: %v", err)
+	for name, try := range map[string]struct {
+		id     string
+		record time.Time
+	}{
+		"another execution":                   {envelope.NewExecutionID(), record},
+		"the same id under a later record":    {exec, record.Add(time.Minute)},
+		"the same id under an earlier record": {exec, record.Add(-time.Nanosecond)},
+	} {
+		if _, err := s.Consume(ctx, r.ID, try.id, try.record); !errors.Is(err, approvals.ErrConsumed) {
+			t.Errorf("%s: %v, want ErrConsumed", name, err)
+		}
+	}
+	if _, err := s.Consume(ctx, r.ID, exec, time.Time{}); !errors.Is(err, approvals.ErrInvalid) {
+		t.Errorf("consumed under no record: %v, want ErrInvalid", err)
+	}
+	if got, _ := s.Get(ctx, r.ID); got.ConsumedBy != exec || !got.ConsumedUnder.Equal(record) || !got.ConsumedAt.Equal(first.ConsumedAt) {
+		t.Errorf("the refusals changed the record: %+v", got)
 	}
 }
 
 // An approval authorizes one execution: once consumed, it stays usable by that
-// execution alone (its retries and takeovers), never by another execution or
-// by a check that names none.
+// execution's record alone (its takeovers), never by another execution, by
+// a check that names none, or by the same id under another record.
 func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
@@ -394,21 +415,28 @@ func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
 	r := pending(t, s, 900)
 	approve(t, s, r.ID)
 	exec := envelope.NewExecutionID()
-	consumed, err := s.Consume(ctxT(t), r.ID, exec)
+	record := time.Now()
+	consumed, err := s.Consume(ctxT(t), r.ID, exec, record)
 	if err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if err := consumed.Usable(exec, now); err != nil {
+	if err := consumed.Usable(exec, record, now); err != nil {
 		t.Errorf("the execution that consumed it: %v, want usable", err)
 	}
-	if err := consumed.Usable(envelope.NewExecutionID(), now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := consumed.Usable(envelope.NewExecutionID(), record, now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("another execution: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable("", now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := consumed.Usable("", record, now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("no execution: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable(exec, consumed.ExpiresAt.Add(time.Hour)); err != nil {
+	if err := consumed.Usable(exec, record.Add(time.Hour), now); !errors.Is(err, approvals.ErrConsumed) {
+		t.Errorf("the same id under another record: %v, want ErrConsumed", err)
+	}
+	if err := consumed.Usable(exec, time.Time{}, now); !errors.Is(err, approvals.ErrConsumed) {
+		t.Errorf("the same id under no record: %v, want ErrConsumed", err)
+	}
+	if err := consumed.Usable(exec, record, consumed.ExpiresAt.Add(time.Hour)); err != nil {
 		t.Errorf("the execution that consumed it, past the expiry: %v, want usable (a consumed approval does not expire)", err)
 	}
 }
@@ -450,7 +478,7 @@ func TestConsume_RefusedUnlessApproved(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			r := pending(t, s, 900)
 			c.setup(r)
-			_, err := s.Consume(ctx, r.ID, envelope.NewExecutionID())
+			_, err := s.Consume(ctx, r.ID, envelope.NewExecutionID(), time.Now())
 			if code := approvals.Code(err); code != c.want {
 				t.Fatalf("err %v (code %s), want %s", err, code, c.want)
 			}

@@ -16,6 +16,9 @@ import (
 // Statuses of an index entry. An entry says what an execution was when it
 // was written; a later entry of the same execution supersedes it.
 const (
+	// EntryQueued is no entry of the index: a listing shows a request still
+	// waiting in its queue, that no worker has taken, with this status.
+	EntryQueued           = "queued"
 	EntryRunning          = "running"
 	EntryApprovalRequired = "approval-required"
 	EntryCompleted        = "completed"
@@ -25,7 +28,7 @@ const (
 
 // EntryStatuses are the statuses an entry may have, in the order a listing
 // offers them.
-var EntryStatuses = []string{EntryRunning, EntryApprovalRequired, EntryCompleted, EntryFailed, EntryCancelled}
+var EntryStatuses = []string{EntryQueued, EntryRunning, EntryApprovalRequired, EntryCompleted, EntryFailed, EntryCancelled}
 
 // Entry is one execution as the index tells it: what a listing shows. It
 // holds no input and no output (SI-10), as the trail does not.
@@ -65,6 +68,9 @@ type Entry struct {
 	// (indexgroups.go).
 	part int
 }
+
+// Ended reports whether the entry is an execution's end.
+func (e *Entry) Ended() bool { return e.Status != EntryRunning && e.Status != EntryQueued }
 
 // EncodeMsgpack writes the entry without reflection, in the bytes the
 // reflective encoder writes: one is written per execution.

@@ -504,14 +504,14 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 		t.Fatalf("carol's inbox: %v", err)
 	}
 	var ids []string
-	for _, rec := range listed {
+	for _, rec := range listed.Records {
 		ids = append(ids, rec.ID)
 	}
 	if !slices.Contains(ids, sc.bobApproval) || !slices.Contains(ids, sc.aliceApproval) {
 		t.Fatalf("carol's inbox lists %v, want %s and %s", ids, sc.bobApproval, sc.aliceApproval)
 	}
-	if mine, err := approvals.RequestList(ctx, sc.aliceNC, r.setup.Names(), approvals.ListRequest{}); err != nil || len(mine) == 0 {
-		t.Fatalf("alice's own approvals: %v %d", err, len(mine))
+	if mine, err := approvals.RequestList(ctx, sc.aliceNC, r.setup.Names(), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
+		t.Fatalf("alice's own approvals: %v %+v", err, mine)
 	}
 	if _, err := approvals.RequestDecision(ctx, carol, r.setup.Names(), approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
 		t.Fatalf("carol deciding bob's approval: %v", err)
@@ -576,8 +576,8 @@ func testEachAttack(t *testing.T, r *rig) {
 			target: func(sc *scene) string { return "$KV." + n.ApprovalsBucket() + "." + sc.aliceApproval },
 			then: func(t *testing.T, ctx context.Context, sc *scene) {
 				listed, err := approvals.RequestList(ctx, r.connect(t, "carol"), n, approvals.ListRequest{})
-				if err != nil || len(listed) < 2 {
-					t.Fatalf("carol's inbox: %v, %d approvals", err, len(listed))
+				if err != nil || len(listed.Records) < 2 {
+					t.Fatalf("carol's inbox: %v, %+v", err, listed)
 				}
 			},
 		},

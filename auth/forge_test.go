@@ -21,6 +21,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -53,6 +54,8 @@ type rig struct {
 	// reported is closed to let t.report's handlers return.
 	reported     chan struct{}
 	reportedOnce sync.Once
+	// knobs are the worker's test options.
+	knobs testhooks.WorkerKnobs
 }
 
 // deployment says what a rig runs on.
@@ -87,7 +90,11 @@ func newRig(t *testing.T, onCluster bool) *rig {
 
 // newRigOn starts a secured deployment on d with the rig's principals,
 // provisions it, publishes the grants and starts the worker.
-func newRigOn(t *testing.T, d deployment) *rig {
+func newRigOn(t *testing.T, d deployment) *rig { return newRigWith(t, d, nil) }
+
+// newRigWith is newRigOn with prepare run on the rig (its setup, its
+// worker's knobs) before anything starts.
+func newRigWith(t *testing.T, d deployment, prepare func(*rig)) *rig {
 	t.Helper()
 	r := &rig{}
 	var setup *auth.Setup
@@ -105,6 +112,9 @@ func newRigOn(t *testing.T, d deployment) *rig {
 		}
 	}
 	r.setup = setup
+	if prepare != nil {
+		prepare(r)
+	}
 	var adminNC *nats.Conn
 	switch d {
 	case cluster:
@@ -206,8 +216,8 @@ func (r *rig) startStoppableWorker(t *testing.T) (stop func()) {
 	// before and after an attack: no catalog renewal, no lease renewal of
 	// a held execution, no sweep.
 	return capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
-		capstantest.WithConfig(executor.WorkerConfig{Pool: "forge",
-			CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second})).Stop
+		capstantest.WithConfig(testhooks.Worker(executor.WorkerConfig{Pool: "forge",
+			CatalogTTL: time.Hour, Lease: 10 * time.Minute, SweepInterval: -1, Grace: time.Second}, r.knobs))).Stop
 }
 
 // client returns principal's client and a collector of the server's refusals.

@@ -68,9 +68,25 @@ type inboxData struct {
 	Others  int
 	Decided []approvalView
 	Now     time.Time
+	// Cursor is where this page of pending approvals begins ("" the first);
+	// Next where the next one does ("" none).
+	Cursor, Next string
 }
 
-const recentDecisions = 20
+// recentDecisions is how many decided approvals the inbox shows, and
+// inboxPage how many pending ones a page of it holds.
+const (
+	recentDecisions = 20
+	inboxPage       = 50
+)
+
+// The first pages the inbox shows: pending approvals, the requesters
+// taking turns (one principal's many never hide another's), and the latest
+// decided.
+var (
+	pendingFirst = approvals.ListRequest{Status: approvals.StatusPending, Limit: inboxPage}
+	decidedFirst = approvals.ListRequest{Decided: true, Newest: true, Limit: recentDecisions}
+)
 
 func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
 	if s.approvals == nil {
@@ -79,14 +95,21 @@ func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	all, err := s.approvals.List(ctx, approvals.Filter{})
+	pendingReq := pendingFirst
+	pendingReq.Cursor = r.URL.Query().Get("cursor")
+	pending, err := s.approvals.Page(ctx, pendingReq)
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadGateway, "reading approvals: %v", err)
+		return
+	}
+	decided, err := s.approvals.Page(ctx, decidedFirst)
 	if err != nil {
 		c.fail(w, r, s, http.StatusBadGateway, "reading approvals: %v", err)
 		return
 	}
 	now := time.Now()
-	d := inboxData{Now: now}
-	for _, rec := range all {
+	d := inboxData{Now: now, Cursor: pendingReq.Cursor, Next: pending.Next}
+	for _, rec := range append(pending.Records, decided.Records...) {
 		v := viewApproval(rec, s, now)
 		switch {
 		case v.Now == approvals.StatusPending && v.MayDecide:
@@ -94,7 +117,9 @@ func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
 		case v.Now == approvals.StatusPending:
 			d.Others++
 		case v.MayDecide || v.Mine:
-			d.Decided = append(d.Decided, v)
+			if !slices.ContainsFunc(d.Decided, func(o approvalView) bool { return o.ID == v.ID }) {
+				d.Decided = append(d.Decided, v)
+			}
 		}
 	}
 	slices.SortFunc(d.Decided, func(a, b approvalView) int { return decidedAt(b).Compare(decidedAt(a)) })

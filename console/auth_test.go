@@ -110,7 +110,14 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 		t.Fatalf("carol's sign-in ended at %s:\n%s", path, body)
 	}
 	_, _, body := carol.post("/approvals/"+env1.Approval.ID+"/decide", url.Values{"decision": {"approve"}, "next": {"/approvals"}})
-	contains(t, "carol's decision", body, "FORBIDDEN", "finance")
+	// An approval of types carol may not decide does not exist for her: the
+	// refusal is an id of nothing's, and names neither its types nor alice.
+	contains(t, "carol's decision", body, "No such approval")
+	for _, secret := range []string{"finance", "user:alice"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("carol's refusal names %s:\n%s", secret, body)
+		}
+	}
 
 	bob := newWeb(t, r.base)
 	_, path, body := bob.post("/signin", url.Values{"creds": {credsOf(t, setup, "bob")}, "next": {"/approvals"}})

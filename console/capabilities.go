@@ -23,6 +23,9 @@ const workersWindow = 15 * time.Minute
 type capView struct {
 	executor.Descriptor
 	Workers []string
+	// Served: a live worker of its pool renewed its catalog entry within
+	// the catalog TTL (DESIGN §13), whether or not it was called lately.
+	Served bool
 	// Usage is each of the capability's counters against its limit, now
 	// (DESIGN §17); none when the console may not read them.
 	Usage []limits.Usage
@@ -102,7 +105,7 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 			p = &poolView{Name: d.Pool, Consumer: b.Names.PoolConsumer(d.Pool)}
 			pools[d.Pool] = p
 		}
-		cv := capView{Descriptor: d, Usage: usage[id]}
+		cv := capView{Descriptor: d, Usage: usage[id], Served: time.Now().Before(d.ExpiresAt)}
 		for wk := range served[id] {
 			cv.Workers = append(cv.Workers, wk)
 		}

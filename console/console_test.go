@@ -185,6 +185,13 @@ func TestCapabilities_CatalogPerPoolWithWorkersAndQueueDepth(t *testing.T) {
 	_, _, body := w.get("/capabilities")
 	contains(t, "capabilities page", body, `id="pool-default"`, "Pool default", `id="cap-orders.refund"`, `id="cap-demo.echo"`,
 		"queued", "in flight", r.worker.ID())
+	// demo.echo, served and never called, is said to be served.
+	i := strings.Index(body, `id="cap-demo.echo"`)
+	row := body[i : i+strings.Index(body[i:], "</tr>")]
+	contains(t, "demo.echo's row", row, "served, not called lately")
+	if strings.Contains(row, "none lately") || strings.Contains(row, "no live worker") {
+		t.Fatalf("a served capability's row: %s", row)
+	}
 }
 
 // In open mode sign-in names an actor that may decide: a user, service or

@@ -13,6 +13,8 @@ type homeData struct {
 	Pending, Executions, Failed, Capabilities, Pools int
 	// More: the last hour holds more executions than homeCount.
 	More bool
+	// MorePending: more approvals are pending than a listing's page holds.
+	MorePending bool
 }
 
 // homeCount is as many executions as the start page counts.
@@ -25,12 +27,14 @@ func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
 	var d homeData
 	now := time.Now()
 	if s.approvals != nil { // producers may not read approvals
-		if list, err := s.approvals.List(ctx, approvals.Filter{Status: approvals.StatusPending}); err == nil {
-			for _, rec := range list {
+		page, err := s.approvals.Page(ctx, approvals.ListRequest{Status: approvals.StatusPending, Limit: approvals.MaxPageSize})
+		if err == nil {
+			for _, rec := range page.Records {
 				if s.p.MayDecide(rec) {
 					d.Pending++
 				}
 			}
+			d.MorePending = page.Next != ""
 		}
 	}
 	if s.reads != nil {

@@ -38,5 +38,5 @@ func TestCapabilities_LimitsAndTheirUsage(t *testing.T) {
 	w := signInOpen(t, r.base, "user:ops", "")
 	_, _, body := w.get("/capabilities")
 	contains(t, "capabilities page", body, `id="cap-t.limited"`, "at most 2 running at once (wait)",
-		"5 per 1m per actor (refuse)", "5 per 1m per actor for user:alice: 1 of 5", "at most 2 running at once: 0 of 2")
+		"5 per 1m per actor (refuse)", "5 per 1m per actor for _anon/user:alice: 1 of 5", "at most 2 running at once: 0 of 2")
 }

@@ -139,7 +139,7 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 				log.Warn("approval does not decode: skipped", "bucket", names.ApprovalsBucket(), "key", key, "err", err)
 			})
 			if c.approvalsKV, c.approvalsErr = js.KeyValue(ctx, names.ApprovalsBucket()); c.approvalsErr == nil {
-				c.approvals = store
+				c.approvals = bucketApprovals{store}
 			}
 		}
 	case may != nil && may(names.ListApprovalsSubject(principal)) && may(names.DecideSubject(principal)):

@@ -31,13 +31,16 @@ const (
 	CallsStream  = "CAPSTAN_DEMO_CALLS"
 	CallsSubject = "capstan.demo.calls"
 	// ExecutionIDHeader carries the execution id on every outbox and calls
-	// message.
+	// message, PrincipalHeader its principal: execution ids are unique per
+	// principal.
 	ExecutionIDHeader = "Capstan-Execution-Id"
+	PrincipalHeader   = "Capstan-Principal"
 	// AttemptHeader carries the attempt number on every calls and outbox
 	// message.
 	AttemptHeader = "Capstan-Attempt"
 	// IdempotencyKeyHeader carries the idempotency key on every outbox
-	// message.
+	// message: the principal's and the execution id's together, so that
+	// two principals' executions of one id send two emails.
 	IdempotencyKeyHeader = "Capstan-Idempotency-Key"
 	// RefundApprovalAbove is the amount above which a refund needs approval.
 	RefundApprovalAbove = 500
@@ -296,8 +299,9 @@ func recorded[In, Out any](js jetstream.JetStream, h executor.Handler[In, Out]) 
 	return func(ctx context.Context, c executor.Call[In]) (Out, error) {
 		m := nats.NewMsg(CallsSubject + "." + c.CapabilityID)
 		m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+		m.Header.Set(PrincipalHeader, c.Principal)
 		m.Header.Set(AttemptHeader, strconv.Itoa(c.Attempt))
-		if _, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%d-%s", c.ExecutionID, c.Attempt, rand.Text())); err != nil {
+		if _, err := sendOnce(ctx, js, m, fmt.Sprintf("%s-%s-%d-%s", c.Principal, c.ExecutionID, c.Attempt, rand.Text())); err != nil {
 			var zero Out
 			return zero, fmt.Errorf("calls stream: %w", err)
 		}
@@ -308,6 +312,7 @@ func recorded[In, Out any](js jetstream.JetStream, h executor.Handler[In, Out]) 
 // HandlerCall is one message of the calls stream: one call of a handler.
 type HandlerCall struct {
 	CapabilityID string // the capability whose handler was called
+	Principal    string // the principal of the execution
 	ExecutionID  string // the execution the call was an attempt of
 	Attempt      int    // the attempt's number, from 1
 }
@@ -339,6 +344,7 @@ func ReadCalls(ctx context.Context, js jetstream.JetStream) ([]HandlerCall, erro
 			attempt, _ := strconv.Atoi(m.Headers().Get(AttemptHeader))
 			calls = append(calls, HandlerCall{
 				CapabilityID: strings.TrimPrefix(m.Subject(), CallsSubject+"."),
+				Principal:    m.Headers().Get(PrincipalHeader),
 				ExecutionID:  m.Headers().Get(ExecutionIDHeader),
 				Attempt:      attempt,
 			})
@@ -388,6 +394,7 @@ func sendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput]
 func send(ctx context.Context, js jetstream.JetStream, c executor.Call[EmailInput]) (EmailOutput, error) {
 	m := nats.NewMsg(OutboxSubject + "." + c.IdempotencyKey)
 	m.Header.Set(ExecutionIDHeader, c.ExecutionID)
+	m.Header.Set(PrincipalHeader, c.Principal)
 	m.Header.Set(IdempotencyKeyHeader, c.IdempotencyKey)
 	m.Header.Set(AttemptHeader, strconv.Itoa(c.Attempt))
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
@@ -558,8 +565,10 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Expose:      everywhere, SideEffect: executor.SideEffectNone, Risk: executor.RiskLow, Tags: []string{"demo"},
 			Timeout: 10 * time.Minute,
 			// A report is heavy work: at most four render at once across the
-			// deployment; more wait their turn (`capstan limits` shows it).
-			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4}},
+			// deployment, at most three of one principal's, so that another's
+			// report finds a slot whatever one principal sends; more wait
+			// their turn (`capstan limits` shows it).
+			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4, PrincipalMax: 3}},
 		}, report),
 
 		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),

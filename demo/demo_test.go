@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -56,7 +57,7 @@ func TestDemo_SecondCallOfOneExecution_ShowsInTheCallsStreamOneEmail(t *testing.
 	var outs []EmailOutput
 	for attempt := 1; attempt <= 2; attempt++ {
 		call := executor.Call[EmailInput]{Input: EmailInput{To: "ada@example.com", Subject: "twice"},
-			ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), CapabilityID: "email.send", Attempt: attempt}
+			ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(broker.Anonymous, id), CapabilityID: "email.send", Attempt: attempt}
 		out, err := send(ctx, call)
 		if err != nil {
 			t.Fatal(err)
@@ -73,7 +74,7 @@ func TestDemo_SecondCallOfOneExecution_ShowsInTheCallsStreamOneEmail(t *testing.
 	if len(calls) != 2 || calls[0].ExecutionID != id || calls[1].Attempt != 2 {
 		t.Fatalf("calls stream %+v, want both calls", calls)
 	}
-	sent, found, err := sentEmail(ctx, js, envelope.IdempotencyKey(id))
+	sent, found, err := sentEmail(ctx, js, envelope.IdempotencyKey(broker.Anonymous, id))
 	if err != nil || !found || sent.Header.Get(AttemptHeader) != "1" || sent.Header.Get(ExecutionIDHeader) != id {
 		t.Fatalf("outbox email %+v, found %v, err %v: want attempt 1's", sent, found, err)
 	}
@@ -91,7 +92,7 @@ func TestDemo_EmailReconciler(t *testing.T) {
 		t.Fatal("email.send's reconciler does not prove absence")
 	}
 	id := envelope.NewExecutionID()
-	q := executor.Reconciliation[EmailInput]{ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), Attempt: 1}
+	q := executor.Reconciliation[EmailInput]{ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(broker.Anonymous, id), Attempt: 1}
 	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectAbsent {
 		t.Fatalf("before the email: %+v, %v; want absent", got, err)
 	}
@@ -117,7 +118,7 @@ func TestDemo_RefundReconciler(t *testing.T) {
 	r := refundRecovery(js)
 	id := envelope.NewExecutionID()
 	in := RefundInput{OrderID: "o-1", Amount: 40}
-	q := executor.Reconciliation[RefundInput]{Input: in, ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(id), Attempt: 1}
+	q := executor.Reconciliation[RefundInput]{Input: in, ExecutionID: id, IdempotencyKey: envelope.IdempotencyKey(broker.Anonymous, id), Attempt: 1}
 	if got, err := r.Reconcile(ctx, q); err != nil || got.Effect != executor.EffectAbsent {
 		t.Fatalf("before the refund: %+v, %v; want absent", got, err)
 	}
@@ -230,8 +231,8 @@ func TestDemo_WorkerCallsRecordedPerAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []HandlerCall{
-		{CapabilityID: "demo.flaky", ExecutionID: flaky.ExecutionID, Attempt: 1},
-		{CapabilityID: "demo.flaky", ExecutionID: flaky.ExecutionID, Attempt: 2},
+		{CapabilityID: "demo.flaky", Principal: broker.Anonymous, ExecutionID: flaky.ExecutionID, Attempt: 1},
+		{CapabilityID: "demo.flaky", Principal: broker.Anonymous, ExecutionID: flaky.ExecutionID, Attempt: 2},
 	}
 	if len(calls) != len(want) || calls[0] != want[0] || calls[1] != want[1] {
 		t.Fatalf("calls %+v, want %+v", calls, want)

@@ -18,7 +18,9 @@
 // records a receipt as soon as its email is in the outbox, and both reconcile
 // by the execution's idempotency key, where their effect lives — the outbox
 // holds at most one email per key (OutboxSubject.<key>, create-only), the
-// refunds bucket one refund per key.
+// refunds bucket one refund per key. The key is the principal's and the
+// execution id's together: two principals calling with the same execution id
+// send two emails and record two refunds.
 //
 // Serving the catalog from a worker of your own:
 //

@@ -101,6 +101,12 @@ func (e *CapabilityError) Error() string {
 // Unwrap returns the private cause.
 func (e *CapabilityError) Unwrap() error { return e.Cause }
 
+// Is reports whether the error is the condition target names: a
+// QUOTA_EXCEEDED error is ErrQuotaExceeded.
+func (e *CapabilityError) Is(target error) bool {
+	return target == ErrQuotaExceeded && e.Code == CodeQuotaExceeded
+}
+
 // Wire returns the error's wire form (without the private cause).
 func (e *CapabilityError) Wire() *Error {
 	return &Error{

@@ -86,10 +86,47 @@ func ExecutionIDTime(id string) (t time.Time, ok bool) {
 	return time.UnixMilli(ms).UTC(), true
 }
 
-// IdempotencyKey derives the handler's idempotency key from the execution id
-// alone: stable across retries, redeliveries and takeovers of one execution,
-// distinct across executions.
-func IdempotencyKey(executionID string) string {
-	sum := sha256.Sum256([]byte("capstan/idempotency/v1/" + executionID))
+// IdempotencyKeyVersion is the idempotency key's derivation a new
+// execution's record names: 2, the principal's and the execution id's
+// together (IdempotencyKey). Version 1 — and 0, a record that names none —
+// is the execution id's alone (IdempotencyKeyFromID), the key of executions
+// begun before v0.2. An execution's key is fixed when its record is created
+// and kept for its whole life (DESIGN §6): every attempt, takeover and
+// reconciliation of it uses the derivation its record names.
+const IdempotencyKeyVersion = 2
+
+// IdempotencyKey derives the idempotency key of principal's execution
+// executionID (version 2): stable across retries, redeliveries and
+// takeovers of one execution, distinct across executions and across
+// principals. It is the hex of the first 16 bytes of
+// SHA-256("capstan/idempotency/v2/" + principal + "." + executionID): the
+// execution's key (P.ID, DESIGN §2) under its own prefix. On a server without
+// authentication the principal is "_anon".
+func IdempotencyKey(principal, executionID string) string {
+	return derivedKey("capstan/idempotency/v2/" + principal + "." + executionID)
+}
+
+// IdempotencyKeyOf is the key the derivation version gives principal's
+// execution executionID: 1 (and 0, what a record written before versions
+// were recorded names) the id alone, any other the principal's and the id's
+// together.
+func IdempotencyKeyOf(version int, principal, executionID string) string {
+	if version <= 1 {
+		return IdempotencyKeyFromID(executionID)
+	}
+	return IdempotencyKey(principal, executionID)
+}
+
+// IdempotencyKeyFromID is the key of an execution begun before v0.2
+// (version 1): the hex of the first 16 bytes of
+// SHA-256("capstan/idempotency/v1/" + executionID), the same for every
+// principal. Such an execution keeps it until it ends; use it to look up
+// effects stored under it.
+func IdempotencyKeyFromID(executionID string) string {
+	return derivedKey("capstan/idempotency/v1/" + executionID)
+}
+
+func derivedKey(text string) string {
+	sum := sha256.Sum256([]byte(text))
 	return hex.EncodeToString(sum[:16])
 }

@@ -124,26 +124,48 @@ func TestNewExecutionID_IsUUIDv7InCreationOrder(t *testing.T) {
 
 func TestIdempotencyKey_StablePerExecutionDistinctAcross(t *testing.T) {
 	id := NewExecutionID()
-	if first, again := IdempotencyKey(id), IdempotencyKey(id); first != again {
-		t.Error("IdempotencyKey differs for one execution id")
+	if first, again := IdempotencyKey("alice", id), IdempotencyKey("alice", id); first != again {
+		t.Error("IdempotencyKey differs for one execution")
 	}
 	seen := map[string]string{}
-	for _, id := range []string{"a", "b", "A", "e1", "e1-", testExecutionID, NewExecutionID(), NewExecutionID()} {
-		k := IdempotencyKey(id)
-		if prev, ok := seen[k]; ok {
-			t.Errorf("IdempotencyKey(%q) == IdempotencyKey(%q)", id, prev)
+	for _, principal := range []string{"alice", "bob", "_anon", "a"} {
+		for _, id := range []string{"a", "b", "A", "e1", "e1-", "alice", testExecutionID, NewExecutionID(), NewExecutionID()} {
+			k := IdempotencyKey(principal, id)
+			if prev, ok := seen[k]; ok {
+				t.Errorf("IdempotencyKey(%q, %q) == the key of %s", principal, id, prev)
+			}
+			seen[k] = principal + "." + id
+			if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(k) {
+				t.Errorf("IdempotencyKey(%q, %q) = %q, want 32 hex digits", principal, id, k)
+			}
 		}
-		seen[k] = id
-		if !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(k) {
-			t.Errorf("IdempotencyKey(%q) = %q, want 32 hex digits", id, k)
-		}
+	}
+	// The same id under two principals is two executions: two keys, and
+	// neither is the key the id alone gave before.
+	if IdempotencyKey("alice", "refund-42") == IdempotencyKey("bob", "refund-42") {
+		t.Error("two principals' executions of one id share a key")
+	}
+	if IdempotencyKey("alice", "refund-42") == IdempotencyKeyFromID("refund-42") {
+		t.Error("the principal's key is the id-alone key")
 	}
 }
 
-// Handlers hand the key to external systems, which remember it: the derivation
-// must never change between releases.
+// Handlers hand the key to external systems, which remember it: each
+// derivation must never change between releases, and an execution keeps the
+// one its record names.
 func TestIdempotencyKey_DerivationIsPinned(t *testing.T) {
-	if got, want := IdempotencyKey(testExecutionID), "58febe7b500713b45da9f28a97b0dbb2"; got != want {
-		t.Errorf("IdempotencyKey(%q) = %s, want %s", testExecutionID, got, want)
+	if got, want := IdempotencyKeyFromID(testExecutionID), "58febe7b500713b45da9f28a97b0dbb2"; got != want {
+		t.Errorf("IdempotencyKeyFromID(%q) = %s, want %s", testExecutionID, got, want)
+	}
+	for _, v := range []int{0, 1} {
+		if got := IdempotencyKeyOf(v, "alice", testExecutionID); got != IdempotencyKeyFromID(testExecutionID) {
+			t.Errorf("IdempotencyKeyOf(%d) = %s, want the id-alone key", v, got)
+		}
+	}
+	if got, want := IdempotencyKey("alice", testExecutionID), "b5948430f8a23b4aac726bc2f8645d1c"; got != want {
+		t.Errorf("IdempotencyKey(alice, %q) = %s, want %s", testExecutionID, got, want)
+	}
+	if got := IdempotencyKeyOf(IdempotencyKeyVersion, "alice", testExecutionID); got != IdempotencyKey("alice", testExecutionID) {
+		t.Errorf("IdempotencyKeyOf(2) = %s", got)
 	}
 }

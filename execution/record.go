@@ -99,6 +99,19 @@ type Record struct {
 	// as of the last lease renewal (DESIGN §5, "Progress"): written with
 	// the renewal, never on its own; cleared when an attempt starts.
 	Progress *envelope.Progress `json:"progress,omitempty"`
+
+	// KeyVersion is the derivation of the idempotency key every attempt
+	// and reconciliation of the execution is given (envelope.IdempotencyKeyOf),
+	// fixed when the record is created: a record written before it existed
+	// (0) is of an execution begun by an earlier version, which keeps the
+	// key of the id alone until it ends (DESIGN §6).
+	KeyVersion int `json:"keyVersion,omitempty"`
+}
+
+// IdempotencyKey is the key the execution's attempts are given, principal
+// being its owner: the derivation the record names.
+func (r *Record) IdempotencyKey(principal string) string {
+	return envelope.IdempotencyKeyOf(r.KeyVersion, principal, r.ExecutionID)
 }
 
 // InFlight reports whether the record is of an execution that may still
@@ -154,5 +167,6 @@ func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.Int("reconciliations", int64(r.Reconciliations))
 	f.Int("reattempts", int64(r.Reattempts))
 	f.Value("progress", r.Progress, r.Progress == nil)
+	f.Int("keyVersion", int64(r.KeyVersion))
 	return f.Encode(enc)
 }

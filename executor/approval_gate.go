@@ -31,7 +31,11 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 }
 
 func (w *Worker) approvalStore() *approvals.Store {
-	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+	s := approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+	if w.approvalIndex != nil {
+		s.WithIndex(w.approvalIndex)
+	}
+	return s
 }
 
 // requestApproval is the decision of a call that needs an approval: the
@@ -74,11 +78,18 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 			reasons = append(append([]string(nil), reasons...), reason)
 		}
 	}
-	store, req, principal := a.w.approvalStore(), a.req, a.r.Principal
+	w, store, req, principal := a.w, a.w.approvalStore(), a.req, a.r.Principal
 	return engine.Admission{Events: a.events, Approval: &engine.ApprovalNeeded{
 		Store: func(ctx context.Context, id string) (*envelope.ApprovalRef, map[string]any, *envelope.CapabilityError) {
 			rec, err := store.Get(ctx, id)
 			if err != nil || rec.RequestedBy != req.ExecutionID {
+				// One more pending approval of the principal's: within
+				// its quota, or refused without being created.
+				release, refusal := w.reservePending(principal)
+				if refusal != nil {
+					return nil, nil, refusal
+				}
+				defer release()
 				now := time.Now().UTC()
 				rec = &approvals.Record{
 					ID: id, CapabilityID: req.CapabilityID, Surface: req.Surface, Actor: req.Actor,
@@ -90,6 +101,9 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 					return nil, nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 						Retryable: true, ExposeToModel: true, Cause: err,
 						Message: "The approval request could not be stored; try again."}
+				}
+				if w.approvalIndex != nil {
+					w.approvalIndex.Noted(rec)
 				}
 			}
 			ref := &envelope.ApprovalRef{ID: rec.ID, Reasons: rec.Reasons, Types: rec.Types, ExpiresAt: rec.ExpiresAt}
@@ -129,9 +143,12 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	case err != nil:
 		return a.approvalStoreFailed(err), true
 	case ownerOf(rec) != a.r.Principal:
-		// Only the principal that asked for it may use it; to others it does not exist.
-		return refuse("approval-other-principal", envelope.CodeForbidden, "No such approval.",
-			fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), a.r.Principal))
+		// Only the principal that asked for it may use it; to others it does
+		// not exist — on the envelope, the trail and the record they may
+		// read, word for word. The worker's log says whose it is.
+		a.w.log.Warn("a resume names another principal's approval: refused as no such approval", "executionId",
+			a.req.ExecutionID, "principal", a.r.Principal, "approvalId", id, "requestedBy", ownerOf(rec))
+		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", approvals.NoSuchApproval(id))
 	case rec.CapabilityID != a.req.CapabilityID:
 		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
 	case rec.Actor.Kind != a.req.Actor.Kind || rec.Actor.ID != a.req.Actor.ID:
@@ -139,7 +156,10 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	case rec.Surface != "" && rec.Surface != a.req.Surface:
 		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
 	}
-	if err := rec.Usable(a.req.ExecutionID, time.Now().UTC()); err != nil {
+	if err := rec.Usable(a.req.ExecutionID, a.r.RecordCreated, time.Now().UTC()); err != nil {
+		if used := a.usedBefore(rec); used != nil {
+			return refuse("approval-used-before", envelope.CodeApprovalConsumed, usedBeforeMessage, used)
+		}
 		// A governed outcome, not a fault: nothing for the logs.
 		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), nil)
 	}
@@ -160,8 +180,11 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 		return a.deny("approval-input-invalid", inputInvalid(err), nil), true
 	}
 	wasApproved := rec.Status == approvals.StatusApproved
-	rec, err = store.Consume(ctx, id, a.req.ExecutionID)
+	rec, err = store.Consume(ctx, id, a.req.ExecutionID, a.r.RecordCreated)
 	if err != nil {
+		if used := a.usedBefore(rec); used != nil {
+			return refuse("approval-used-before", envelope.CodeApprovalConsumed, usedBeforeMessage, used)
+		}
 		if code := approvals.Code(err); code != "" {
 			var cause error
 			if code == envelope.CodeApprovalInputMismatch {
@@ -178,6 +201,27 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 			"approver": rec.Decision.Approver.String()})
 	}
 	return engine.Admission{}, false
+}
+
+// usedBeforeMessage is what the model is told of a request that names an
+// approval its own execution id consumed under an earlier record: the
+// request was sent again after that run's record and envelope expired.
+const usedBeforeMessage = "The approval was already used by an earlier run of this execution, which may have " +
+	"taken effect; an approval authorizes one run. A new call needs a new approval."
+
+// usedBefore is why rec, consumed by this very execution id, does not
+// authorize this delivery (nil when it does, or was not consumed by it): it
+// was consumed under another execution record — the request is a copy sent
+// again after the first run's record expired, never a takeover of it, which
+// holds the same record (DESIGN §7).
+func (a *admission) usedBefore(rec *approvals.Record) error {
+	if rec == nil || rec.Status != approvals.StatusConsumed || rec.ConsumedBy != a.req.ExecutionID ||
+		rec.ConsumedUnder.Equal(a.r.RecordCreated) && !a.r.RecordCreated.IsZero() {
+		return nil
+	}
+	return fmt.Errorf("approval %s consumed by this execution at %s under a record created %s; this delivery's was created %s",
+		rec.ID, rec.ConsumedAt.Format(time.RFC3339Nano), rec.ConsumedUnder.Format(time.RFC3339Nano),
+		a.r.RecordCreated.Format(time.RFC3339Nano))
 }
 
 func (a *admission) approvalStoreFailed(err error) engine.Admission {
@@ -270,6 +314,9 @@ func (a *admission) restoreGrant() *envelope.CapabilityError {
 		return fail(envelope.CodeInternalError, "The approval could not be read; try again.", err)
 	case rec.Status != approvals.StatusConsumed || rec.ConsumedBy != a.req.ExecutionID:
 		return fail(envelope.CodeApprovalConsumed, "The approval does not cover this execution.", nil)
+	case !rec.ConsumedUnder.IsZero() && !rec.ConsumedUnder.Equal(a.r.RecordCreated):
+		// Consumed under another record of this id: this one never consumed it.
+		return fail(envelope.CodeApprovalConsumed, usedBeforeMessage, a.usedBefore(rec))
 	}
 	if err := rec.CheckInput(); err != nil {
 		return fail(envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
@@ -294,17 +341,20 @@ func ownerOf(r *approvals.Record) string {
 // engine.Config.ResolveResume): the approval must be principal's.
 func (w *Worker) resolveResume(ctx context.Context, principal string, req *envelope.Request) error {
 	rec, err := w.approvalStore().Get(ctx, req.ApprovalID)
-	notFound := func(cause error) error {
+	notFound := func() error {
 		return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageApproval, ExposeToModel: true,
-			Message: "No such approval.", Cause: cause}
+			Message: "No such approval.", Cause: approvals.NoSuchApproval(req.ApprovalID)}
 	}
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
-		return notFound(err)
+		return notFound()
 	case err != nil:
 		return err
 	case ownerOf(rec) != principal:
-		return notFound(fmt.Errorf("approval requested by principal %q, resumed by %q", ownerOf(rec), principal))
+		// To another principal its approval does not exist (see useApproval).
+		w.log.Warn("a resume names another principal's approval: refused as no such approval", "executionId",
+			req.ExecutionID, "principal", principal, "approvalId", req.ApprovalID, "requestedBy", ownerOf(rec))
+		return notFound()
 	}
 	raw, err := rec.Raw()
 	if err != nil {

@@ -401,7 +401,7 @@ func TestResume_OnlyTheApprovedCallAsTheRequester(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Status != envelope.StatusFailed || got.Error.Code != tc.want {
+		if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != tc.want {
 			t.Fatalf("%s: %s %+v, want %s", name, got.Status, got.Error, tc.want)
 		}
 	}
@@ -808,7 +808,7 @@ func TestSI5_ResumeRace_ExactlyOneExecutionRunsTheApproval(t *testing.T) {
 				t.Fatalf("round %d: executions %s and %s both completed", round, completed, e.ExecutionID)
 			case e.Status == envelope.StatusCompleted:
 				completed = e.ExecutionID
-			case e.Status != envelope.StatusFailed || e.Error.Code != envelope.CodeApprovalConsumed:
+			case e.Status != envelope.StatusFailed || e.Error == nil || e.Error.Code != envelope.CodeApprovalConsumed:
 				t.Fatalf("round %d: %s %+v", round, e.Status, e.Error)
 			}
 		}

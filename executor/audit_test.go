@@ -241,7 +241,7 @@ func TestAudit_DenialsRecordTheTrueReason(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			got := call(t, c, tc.capID, tc.input, tc.opts...)
-			if got.Status != envelope.StatusFailed || got.Error.Code != tc.publicCode {
+			if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != tc.publicCode {
 				t.Fatalf("status %s, error %+v; want failed %s", got.Status, got.Error, tc.publicCode)
 			}
 			trail := trailOf(t, testhooks.Broker(c), got.ExecutionID)
@@ -453,7 +453,7 @@ func TestStrictAudit_UnavailableTrailFailsTheExecutionBeforeTheHandler(t *testin
 	}
 	fillAudit(t, testhooks.Broker(c))
 	got := call(t, c, "demo.echo", echoIn{Hello: "b"})
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeAuditUnavailable || got.Error.Stage != envelope.StageControls {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeAuditUnavailable || got.Error.Stage != envelope.StageControls {
 		t.Fatalf("status %s, error %+v; want failed AUDIT_UNAVAILABLE at controls", got.Status, got.Error)
 	}
 	if got.Attempts != 0 || calls.Load() != 1 {

@@ -64,7 +64,7 @@ func TestUndecodableRequest_TerminatedAndFinalizedInputInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeInputInvalid {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeInputInvalid {
 		t.Fatalf("got %s %+v, want failed INPUT_INVALID", got.Status, got.Error)
 	}
 	waitEmpty(t, c)
@@ -93,7 +93,7 @@ func TestUnknownCapability_EndsCapabilityNotFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeCapabilityNotFound {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
 		t.Fatalf("got %s %+v", got.Status, got.Error)
 	}
 	if got.FinalizedBy == "" {
@@ -118,7 +118,7 @@ func TestInvalidCapabilityID_RefusedBeforeItReachesASubject(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", id, err)
 		}
-		if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeCapabilityNotFound {
+		if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
 			t.Fatalf("%q: got %s %+v", id, got.Status, got.Error)
 		}
 		_, err = c.Submit(ctx, id, nil)

@@ -406,3 +406,77 @@ func TestCancel_DuringPolicyEvaluationIsCancelled(t *testing.T) {
 		t.Errorf("%d handler calls", n)
 	}
 }
+
+// A cancel of an id nothing is stored of (no request in its queue, no record,
+// no envelope) says there is no such execution and records nothing: a status
+// or an await of it afterwards still answers at once that it does not exist,
+// and a request later submitted under that id runs. A UUIDv7 made a moment
+// ago is another matter: its request may be on its way, so the cancel is
+// recorded for it.
+func TestCancel_OfNothing_NoSuchExecution_RecordsNothing(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p"}, echoCap(&calls))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	old := uuidV7At(time.Now().Add(-time.Minute))
+	for _, id := range []string{"not-an-execution", old} {
+		reply, err := c.Cancel(ctx, id)
+		if !errors.Is(err, executor.ErrNoSuchExecution) {
+			t.Fatalf("cancel %s: %+v, %v; want ErrNoSuchExecution", id, reply, err)
+		}
+		if _, err := c.Status(ctx, id); !errors.Is(err, executor.ErrUnknownExecution) {
+			t.Fatalf("status of %s after the cancel: %v; want unknown (nothing recorded)", id, err)
+		}
+		if _, err := c.Await(ctx, id); !errors.Is(err, executor.ErrNoSuchExecution) {
+			t.Fatalf("await of %s after the cancel: %v", id, err)
+		}
+	}
+	got, err := c.Call(ctx, "demo.echo", echoIn{Hello: "again"}, executor.As(alice), executor.WithID(old))
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("a call under the id the cancel named: %v %+v", err, got)
+	}
+
+	fresh := envelope.NewExecutionID()
+	reply, err := c.Cancel(ctx, fresh)
+	if err != nil || reply.State != execution.StatePending {
+		t.Fatalf("cancel of an id just made: %+v, %v; want recorded as pending", reply, err)
+	}
+}
+
+// Await of an id made a moment ago waits for its request (it may be on its
+// way), and asks the workers again once the id is two seconds old: a request
+// that never arrives ends the wait with ErrNoSuchExecution then, long before
+// the caller's own deadline.
+func TestAwait_YoungIDThatNeverArrives_AskedAgainOnceOldEnough(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p"}, echoCap(nil))
+	c := newClient(t, env.Connect(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := envelope.NewExecutionID()
+	if _, err := c.Await(ctx, id); !errors.Is(err, executor.ErrNoSuchExecution) {
+		t.Fatalf("await of a young id never submitted: %v, want ErrNoSuchExecution", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the await waited for its whole deadline")
+	}
+	// A young id whose request comes meanwhile is awaited to its end.
+	id = envelope.NewExecutionID()
+	done := make(chan error, 1)
+	go func() {
+		got, err := c.Await(ctx, id)
+		if err == nil && got.Status != envelope.StatusCompleted {
+			err = errors.New(string(got.Status))
+		}
+		done <- err
+	}()
+	if _, err := c.Submit(ctx, "demo.echo", echoIn{Hello: "late"}, executor.As(alice), executor.WithID(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("await of a young id submitted meanwhile: %v", err)
+	}
+}

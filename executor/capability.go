@@ -23,8 +23,16 @@ type Call[In any] struct {
 	ExecutionID string
 	// CapabilityID names the capability called.
 	CapabilityID string
-	// IdempotencyKey is derived from ExecutionID alone: pass it to the service
-	// where the effect lives so that a repeated attempt changes nothing.
+	// Principal is who sent the request, as the server authenticated it
+	// ("_anon" on a server without authentication): execution ids are
+	// unique per principal, so an effect is the principal's and the id's
+	// together.
+	Principal string
+	// IdempotencyKey is derived from Principal and ExecutionID together
+	// (envelope.IdempotencyKey): pass it to the service where the effect
+	// lives so that a repeated attempt changes nothing. Two principals'
+	// executions of one id have two keys. An execution begun by a version
+	// before v0.2 keeps the key of its id alone until it ends.
 	IdempotencyKey string
 	// Attempt counts from 1; takeovers after a lost worker count too.
 	Attempt int
@@ -111,6 +119,7 @@ type Capability interface {
 type callInfo struct {
 	executionID    string
 	capabilityID   string
+	principal      string
 	idempotencyKey string
 	attempt        int
 	actor          envelope.Actor
@@ -190,6 +199,7 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out], opts ...Optio
 				Input:          *(in.(*In)),
 				ExecutionID:    ci.executionID,
 				CapabilityID:   ci.capabilityID,
+				Principal:      ci.principal,
 				IdempotencyKey: ci.idempotencyKey,
 				Attempt:        ci.attempt,
 				Actor:          ci.actor,

@@ -300,48 +300,133 @@ func sortDescriptors(d []Descriptor) {
 	sort.Slice(d, func(i, j int) bool { return d[i].ID < d[j].ID })
 }
 
-// listed reports whether the catalog lists id (some pool serves it, or its
-// pool is down; see catalog.listed): a request for one it does not list goes
-// to _unrouted.
-func (c *Client) listed(id string) bool {
-	if c.cat != nil {
-		return c.cat.listed(id)
+// placement is where a request for a capability goes, and whether a live
+// worker serves it, as the client tells from the catalog.
+type placement struct {
+	// listed: the catalog lists the capability (some pool serves it, or its
+	// pool is down; see catalog.listed), and its requests go to its pool;
+	// else to _unrouted, where a worker decides.
+	listed bool
+	// unserved is set when no live worker serves it: its pool is down, or
+	// no pool lists it and no worker runs at all. Nil when a worker serves
+	// it, or answers for it (an _unrouted request ends
+	// CAPABILITY_NOT_FOUND), or the catalog could not be read.
+	unserved *UnservedError
+}
+
+// place reads the catalog for capability id: the watched copy of an
+// anonymous client, or the bucket by key for a principal's, whose live
+// entries are remembered for catalogProbeTTL (the common case costs no round
+// trip). Only a capability with no entry at all asks further, whether any
+// worker runs: the anonymous client from its copy (a live pool), a
+// principal's by a probe the workers answer (no responder: none runs).
+func (c *Client) place(ctx context.Context, id string) placement {
+	if envelope.ValidCapabilityID(id) != nil {
+		return placement{}
 	}
-	return c.probe.listed(id)
+	if c.cat != nil {
+		d, pool := c.cat.entryAndPool(id)
+		if p := placeOf(id, d, pool, time.Now()); p.unserved == nil && d != nil {
+			return p
+		}
+		// The copy may lag what a worker has just written: the bucket
+		// tells, on this path alone.
+	} else if c.probe.fresh(id) {
+		return placement{listed: true}
+	}
+	d, pool, err := entryAndPool(ctx, c.b.Catalog, id)
+	if err != nil {
+		return placement{} // unknown: _unrouted, where a worker decides
+	}
+	p := placeOf(id, d, pool, time.Now())
+	switch {
+	case p.listed && p.unserved == nil && c.probe != nil:
+		c.probe.seen(id)
+	case d == nil && c.anyWorker(ctx):
+		p.unserved = nil // workers answer for it: CAPABILITY_NOT_FOUND
+	}
+	return p
+}
+
+// placeOf decides from id's catalog entry d and its pool's liveness entry
+// (nil when absent); an absent entry is unserved here, which the caller
+// takes back when any worker runs.
+func placeOf(id string, d, pool *Descriptor, now time.Time) placement {
+	switch {
+	case d == nil:
+		return placement{unserved: &UnservedError{CapabilityID: id}}
+	case now.Before(d.ExpiresAt):
+		return placement{listed: true}
+	case pool != nil && now.Before(pool.ExpiresAt):
+		return placement{} // a capability its pool no longer serves: CAPABILITY_NOT_FOUND
+	}
+	u := &UnservedError{CapabilityID: id, Pool: d.Pool}
+	if pool != nil {
+		u.LapsedAt = pool.ExpiresAt
+	}
+	return placement{listed: true, unserved: u}
+}
+
+// anyWorker reports whether a worker of any pool runs, from a request only
+// workers answer (none subscribed: no responder, at once); yes when it
+// cannot be told.
+func (c *Client) anyWorker(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, probeWait)
+	defer cancel()
+	_, err := RequestExecution(pctx, c.b.NC, c.b.Names, ExecutionRequest{ExecutionID: envelope.NewExecutionID(), Owner: c.principal, Probe: true})
+	return !errors.Is(err, ErrNoWorkers)
+}
+
+// entryAndPool returns id's entry and its pool's liveness entry from the
+// watched copy (nil for one it lacks).
+func (c *catalog) entryAndPool(id string) (d, pool *Descriptor) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e, ok := c.entries[id]
+	if !ok {
+		return nil, nil
+	}
+	d = &e
+	if p, ok := c.entries[poolKey(e.Pool)]; ok {
+		pool = &p
+	}
+	return d, pool
 }
 
 // catalogProbe reads catalog entries one key at a time and remembers the
-// ones it found for a while: one read per capability every catalogProbeTTL.
+// live ones it found for a while: one read per capability every
+// catalogProbeTTL.
 type catalogProbe struct {
-	kv   jetstream.KeyValue
 	mu   sync.Mutex
-	seen map[string]time.Time
+	live map[string]time.Time
 }
 
 const catalogProbeTTL = 10 * time.Second
 
-func (p *catalogProbe) listed(id string) bool {
+// fresh reports whether id's entry was found live less than catalogProbeTTL ago.
+func (p *catalogProbe) fresh(id string) bool {
 	p.mu.Lock()
-	at, ok := p.seen[id]
+	defer p.mu.Unlock()
+	at, ok := p.live[id]
+	return ok && time.Since(at) < catalogProbeTTL
+}
+
+func (p *catalogProbe) seen(id string) {
+	p.mu.Lock()
+	p.live[id] = time.Now()
 	p.mu.Unlock()
-	if ok && time.Since(at) < catalogProbeTTL {
-		return true
-	}
-	if envelope.ValidCapabilityID(id) != nil {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+}
+
+// entryAndPool reads id's entry from the bucket, and its pool's liveness
+// entry when id's has lapsed; err when the bucket did not answer.
+func entryAndPool(ctx context.Context, kv jetstream.KeyValue, id string) (d, pool *Descriptor, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	listed, live, err := storeListed(ctx, p.kv, id)
-	if err != nil || !listed {
-		return false // absent, or unknown: _unrouted, where a worker decides
+	if d, err = loadEntry(ctx, kv, id); err != nil || d == nil || time.Now().Before(d.ExpiresAt) {
+		return d, nil, err
 	}
-	if live {
-		p.mu.Lock()
-		p.seen[id] = time.Now()
-		p.mu.Unlock()
-	}
-	return true
+	pool, err = loadEntry(ctx, kv, poolKey(d.Pool))
+	return d, pool, err
 }
 
 // storeListed reads from the catalog bucket itself whether it lists id, by

@@ -101,8 +101,19 @@ func newStore(t *testing.T, env *testenv.Env) *store {
 	return &store{t: t, nc: nc, b: testhooks.Broker(c), c: c}
 }
 
-// putRecord writes an execution record as a worker would have left it.
+// putRecord writes an execution record as a worker of this version would
+// have left it.
 func (s *store) putRecord(rec *execution.Record) uint64 {
+	s.t.Helper()
+	if rec.KeyVersion == 0 {
+		rec.KeyVersion = envelope.IdempotencyKeyVersion
+	}
+	return s.putRecordAsIs(rec)
+}
+
+// putRecordAsIs writes an execution record with the key version it names (0:
+// as a worker of a version before key versions left it).
+func (s *store) putRecordAsIs(rec *execution.Record) uint64 {
 	s.t.Helper()
 	rec.V = envelope.Version
 	if rec.CreatedAt.IsZero() {
@@ -490,7 +501,8 @@ func checkTakeover(t *testing.T, want takeover, got *envelope.Envelope, tr []aud
 	}
 	if want.code != "" {
 		if got.Error == nil || got.Error.Code != want.code {
-			t.Errorf("error %+v, want code %s", got.Error, want.code)
+			// What follows reads the error: stop here rather than panic on it.
+			t.Fatalf("error %+v, want code %s", got.Error, want.code)
 		}
 	}
 	if want.code == envelope.CodeOutcomeUnknown {
@@ -634,7 +646,7 @@ func TestRedeliveryWhileRunning_OtherWorker_NoSecondAttempt(t *testing.T) {
 	if p.calls.Load() != 1 {
 		t.Fatalf("handler called %d times", p.calls.Load())
 	}
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 	if n := s.envelopeWrites(); n != 1 {
@@ -858,7 +870,7 @@ func TestUnservedCapability_StartedByLostWorker_OutcomeUnknown(t *testing.T) {
 
 	got := s.await(id)
 	s.settled(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
 		t.Fatalf("envelope %s %+v after %d attempts", got.Status, got.Error, got.Attempts)
 	}
 	if p.calls.Load() != 0 {

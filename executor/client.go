@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
@@ -33,6 +34,11 @@ type ClientConfig struct {
 	// Observer is told of every request the client submits, for metrics and
 	// traces (see package telemetry). Default: nothing is observed.
 	Observer observe.Client
+	// Unserved is what a call does when no live worker serves its
+	// capability: UnservedQueue (the default) stores it and says so at once
+	// with an *UnservedError; UnservedRefuse stores nothing; UnservedWait
+	// waits for a worker.
+	Unserved Unserved
 	// StartWithin is how long a request may wait for a worker to start it
 	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin,
 	// and never more than MaxStartWithin of the envelope retention: a longer
@@ -124,7 +130,7 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	if c.principal != broker.Anonymous {
 		// A principal may not create consumers (a push consumer's deliveries
 		// could be aimed at any subject): it reads catalog entries by key.
-		c.probe = &catalogProbe{kv: b.Catalog, seen: map[string]time.Time{}}
+		c.probe = &catalogProbe{live: map[string]time.Time{}}
 		return c, nil
 	}
 	c.cat, err = watchCatalog(c.ctx, b, 0, func(key string, err error) {
@@ -317,20 +323,63 @@ func toRaw(input any) (envelope.Raw, error) {
 }
 
 // message turns a request into its JetStream message. A capability the catalog
-// does not list goes to _unrouted, where a worker decides.
-func (c *Client) message(r *envelope.Request) (*nats.Msg, error) {
+// does not list goes to _unrouted, where a worker decides. unserved is set
+// when no live worker serves it (see place).
+func (c *Client) message(ctx context.Context, r *envelope.Request) (m *nats.Msg, unserved *UnservedError, err error) {
 	b, err := envelope.Marshal(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	subject := c.b.Names.UnroutedSubject(c.principal)
-	if c.listed(r.CapabilityID) {
+	p := c.placeWithin(ctx, r.CapabilityID, unservedGrace)
+	if p.listed {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
 	}
-	m := nats.NewMsg(subject)
+	if u := p.unserved; u != nil {
+		u.ExecutionID = r.ExecutionID
+		if r.StartBy != nil {
+			u.StartBy = *r.StartBy
+		}
+	}
+	m = nats.NewMsg(subject)
 	m.Data = b
 	m.Header.Set(jetstream.MsgIDHeader, c.ids.Request(c.principal, r.ExecutionID))
-	return m, nil
+	return m, p.unserved, nil
+}
+
+// Serving returns an *UnservedError when no live worker serves the
+// capability, as a call would find before it publishes; nil when one does,
+// when workers answer for it (an unknown capability ends CAPABILITY_NOT_FOUND),
+// or when the catalog cannot be read.
+func (c *Client) Serving(ctx context.Context, capabilityID string) error {
+	if u := c.placeWithin(ctx, capabilityID, unservedGrace).unserved; u != nil {
+		return u
+	}
+	return nil
+}
+
+// unservedGrace is how long a capability may look unserved before a call is
+// told so: a worker starting alongside the caller lists its capabilities
+// within it.
+const unservedGrace = 500 * time.Millisecond
+
+// placeWithin is place, asked again every tenth of grace while the
+// capability looks unserved, until grace has passed or ctx ends.
+func (c *Client) placeWithin(ctx context.Context, id string, grace time.Duration) placement {
+	p := c.place(ctx, id)
+	if p.unserved == nil || c.cfg.Unserved == UnservedWait {
+		return p
+	}
+	deadline := time.Now().Add(grace)
+	for p.unserved != nil && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return p
+		case <-time.After(grace / 10):
+		}
+		p = c.place(ctx, id)
+	}
+	return p
 }
 
 // Submit publishes one execution request and returns its execution id once
@@ -345,7 +394,12 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 		return "", err
 	}
 	end := c.cfg.Observer.Call(ctx, r)
-	m, err := c.message(r)
+	m, unserved, err := c.message(ctx, r)
+	if err == nil && unserved != nil && c.cfg.Unserved == UnservedRefuse {
+		err = unserved
+		end(nil, err)
+		return "", err
+	}
 	if err == nil {
 		err = c.publish(ctx, m)
 	}
@@ -362,7 +416,8 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 // envelope is no longer kept fails at once with an *ExpiredError
 // (errors.Is(err, ErrExpired)): see ExpiredError for when. An id of which
 // nothing is stored, as the workers tell (no request in its queue, no record,
-// no envelope), fails at once with ErrNoSuchExecution.
+// no envelope), fails at once with ErrNoSuchExecution; an id made less than
+// two seconds ago (its request may be on its way) once it is two seconds old.
 func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envelope, error) {
 	// An id that can never name an execution has no envelope to wait for.
 	if err := envelope.ValidExecutionID(executionID); err != nil {
@@ -384,14 +439,73 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 			c.w.Remove(executionID, ch)
 			return nil, xerr
 		}
+		if young := youngFor(executionID); young > 0 {
+			// Its request may be on its way: the workers are asked once
+			// the id is old enough, while the wait goes on.
+			return c.awaitAsking(ctx, executionID, ch, young)
+		}
 		if c.unknown(ctx, executionID) {
 			c.w.Remove(executionID, ch)
-			return nil, fmt.Errorf("%w: %s: neither its request, nor its record, nor its envelope is stored", ErrNoSuchExecution, executionID)
+			return nil, noSuchExecution(executionID)
 		}
 	}
 	// The waiter was registered before the read: an envelope stored since
 	// comes on the subscription.
 	return c.w.AwaitFresh(ctx, executionID, ch, c.w.Reconnects())
+}
+
+func noSuchExecution(id string) error {
+	return fmt.Errorf("%w: %s: neither its request, nor its record, nor its envelope is stored", ErrNoSuchExecution, id)
+}
+
+// youngFor is how long until an execution id is probeAfter old: 0 for an id
+// older, or one that does not say (not a UUIDv7); at most probeAfter (an id
+// made in this clock's future).
+func youngFor(id string) time.Duration {
+	made, ok := envelope.ExecutionIDTime(id)
+	if !ok {
+		return 0
+	}
+	return min(max(probeAfter-time.Since(made), 0), probeAfter)
+}
+
+// awaitAsking waits for the envelope of a young id, asking the workers after
+// wait whether anything of it is stored, and again every probeAfter while
+// they give no answer: a request that never arrives ends the wait with
+// ErrNoSuchExecution then, not at ctx's end. Once they say it exists, the
+// wait goes on as any other.
+func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.Envelope, wait time.Duration) (*envelope.Envelope, error) {
+	errGone := noSuchExecution(id)
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-actx.Done():
+				return
+			case <-t.C:
+			}
+			switch state, answered := c.probeState(actx, id); {
+			case answered && state == ExecUnknown:
+				cancel(errGone)
+				return
+			case answered && state != ExecUncertain:
+				return // it exists: its envelope is waited for
+			}
+			t.Reset(probeAfter)
+		}
+	}()
+	env, err := c.w.AwaitFresh(actx, id, ch, c.w.Reconnects())
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errGone) {
+		return nil, errGone
+	}
+	return env, err
 }
 
 // probeWait bounds how long Await asks the workers whether an execution
@@ -406,13 +520,21 @@ const probeAfter = 2 * time.Second
 // envelope (read in that order, which no claim racing the reads can hide it
 // from). Without an answer (no worker, an older one) it is not unknown.
 func (c *Client) unknown(ctx context.Context, executionID string) bool {
-	if made, ok := envelope.ExecutionIDTime(executionID); ok && time.Since(made) < probeAfter {
-		return false // just made: its request may be on its way (a submit awaited at once)
-	}
+	state, answered := c.probeState(ctx, executionID)
+	return answered && state == ExecUnknown
+}
+
+// probeState asks the workers (or, on an open server with none, the client
+// itself) where the client's execution is; answered is false when nothing
+// answered within probeWait.
+func (c *Client) probeState(ctx context.Context, executionID string) (state string, answered bool) {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	v, err := c.Execution(pctx, ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true})
-	return err == nil && v.State == ExecUnknown
+	if err != nil {
+		return "", false
+	}
+	return v.State, true
 }
 
 // ErrExpired marks an execution whose envelope is no longer kept: it will
@@ -571,9 +693,13 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		}
 		progress.follow(r.ExecutionID)
 		ends[i] = c.cfg.Observer.Call(ctx, r)
-		m, err := c.message(r)
+		m, unserved, err := c.message(ctx, r)
 		if err != nil {
 			errs[i] = err
+			continue
+		}
+		if unserved != nil && c.cfg.Unserved != UnservedWait {
+			envs[i], errs[i] = c.unserved(ctx, m, unserved, ownID(rq.Options))
 			continue
 		}
 		if len(reqs) == 1 {
@@ -589,6 +715,25 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		}
 	}
 	return envs, errs
+}
+
+// unserved answers a call no live worker serves at once: stored (queued),
+// or, refused, not. A caller's own id may name an execution that ended
+// already: its envelope is the answer then.
+func (c *Client) unserved(ctx context.Context, m *nats.Msg, u *UnservedError, own bool) (*envelope.Envelope, error) {
+	if c.cfg.Unserved == UnservedRefuse {
+		return nil, u
+	}
+	if err := c.publish(ctx, m); err != nil {
+		return nil, fmt.Errorf("capstan: submit %s: %w", u.ExecutionID, err)
+	}
+	if !own {
+		if env, err := c.w.Load(ctx, u.ExecutionID); err == nil {
+			return env, nil
+		}
+	}
+	u.Queued = true
+	return nil, u
 }
 
 // ownID reports whether the client makes the request's id: no option sets
@@ -684,7 +829,11 @@ func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.
 
 // Cancel asks the workers to cancel one of the client's executions (another
 // principal's, for an admin, with OwnedBy). Cancelling is terminal at any
-// point: before a claim, during an attempt, during a backoff.
+// point: before a claim, during an attempt, during a backoff. An execution
+// that ended is not changed: the reply says Finalized and its Status, for as
+// long as its envelope is kept. An id of which nothing is stored (no request
+// in its queue, no record, no envelope) fails with ErrNoSuchExecution, and
+// nothing is recorded.
 func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelOption) (*CancelReply, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
@@ -713,7 +862,24 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("capstan: cancel %s: bad reply: %w", executionID, err)
 	}
+	if slices.Contains(r.Conditions, "unknown") {
+		owner := c.principal
+		for _, o := range opts {
+			var req CancelRequest
+			o(&req)
+			if req.Owner != "" {
+				owner = req.Owner
+			}
+		}
+		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
+			return nil, xerr
+		}
+		return nil, fmt.Errorf("%w: %s: nothing of it is stored; nothing was recorded", ErrNoSuchExecution, executionID)
+	}
 	if r.Error != "" {
+		if slices.Contains(r.Conditions, "quota_exceeded") {
+			return &r, envelope.QuotaRefusal(r.Error, r.Details)
+		}
 		return &r, fmt.Errorf("capstan: cancel %s: %s", executionID, r.Error)
 	}
 	return &r, nil

@@ -437,7 +437,9 @@ func benchDeployment(b *testing.B, connect func() *nats.Conn, cluster bool) {
 		go func() { done <- w.Run(wctx) }()
 		b.Cleanup(func() { cancel(); <-done })
 	}
-	client, err := executor.NewClient(connect(), executor.ClientConfig{Actor: alice})
+	// The calls wait for a worker through the node losses: a pool whose
+	// liveness entry lapsed while its bucket had no leader is not down.
+	client, err := executor.NewClient(connect(), executor.ClientConfig{Actor: alice, Unserved: executor.UnservedWait})
 	if err != nil {
 		b.Fatal(err)
 	}

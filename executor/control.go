@@ -1,14 +1,19 @@
 package executor
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/nats-io/nats.go"
 )
 
@@ -25,9 +30,18 @@ type CancelReply struct {
 	Status    envelope.Status `json:"status,omitempty"` // set with Finalized
 	// Error is the refusal, if the cancel was refused.
 	Error string `json:"error,omitempty"`
+	// Conditions name a refusal's kind: quota_exceeded; unknown when
+	// nothing of the execution is stored (no request in its queue, no
+	// record, no envelope), and nothing was recorded.
+	Conditions []string `json:"conditions,omitempty"`
+	// Details are a refusal's facts: for quota_exceeded, the quota, its
+	// limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
-// serveControl subscribes to the core NATS requests workers serve.
+// serveControl subscribes to the core NATS requests workers serve. Each
+// request passes its principal's controlPerSecond quota, then waits for its
+// turn on the control gate (quotas.go).
 func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	n := w.b.Names
 	var subs []*nats.Subscription
@@ -42,7 +56,7 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 		return nil
 	}
 	// One worker of the group records the cancel on the execution record ...
-	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.recordCancel)); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.CancelSubjects(), n.WorkersQueue(), w.gated(w.recordCancel, w.refuseCancel))); err != nil {
 		return nil, err
 	}
 	// ... and every worker stops its own run of it at once, if it has one, on
@@ -60,22 +74,24 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	if err := add(w.nc.Subscribe(n.CancelNoticeSubjects(), stopLocal)); err != nil {
 		return nil, err
 	}
-	if err := add(w.nc.QueueSubscribe(n.DescribeSubjects(), n.WorkersQueue(), w.serveDescribe)); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.DescribeSubjects(), n.WorkersQueue(), w.gated(w.serveDescribe, w.refuseDescribe))); err != nil {
 		return nil, err
 	}
 	// Decisions and listings: the approver is the principal of the subject.
 	store := w.approvalStore()
-	if err := add(store.Serve(w.nc, n, w.grants)); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(),
+		w.gated(store.DecideHandler(n, w.grants), w.refuseDecision))); err != nil {
 		return nil, err
 	}
-	if err := add(store.ServeList(w.nc, n, w.grants)); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(),
+		w.gated(store.ListHandler(n, w.grants, w.replyBound), w.refuseApprovals))); err != nil {
 		return nil, err
 	}
 	// Executions, read on a principal's behalf (executions.go).
-	if err := add(w.nc.QueueSubscribe(n.ListExecutionsSubjects(), n.WorkersQueue(), w.concurrently(w.serveExecutions))); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.ListExecutionsSubjects(), n.WorkersQueue(), w.gated(w.serveExecutions, w.refuseExecutions))); err != nil {
 		return nil, err
 	}
-	if err := add(w.nc.QueueSubscribe(n.ExecutionSubjects(), n.WorkersQueue(), w.concurrently(w.serveExecution))); err != nil {
+	if err := add(w.nc.QueueSubscribe(n.ExecutionSubjects(), n.WorkersQueue(), w.gated(w.serveExecution, w.refuseExecution))); err != nil {
 		return nil, err
 	}
 	return subs, nil
@@ -107,8 +123,7 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		if reply.Error == "" && !reply.Finalized {
 			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(principal, id), nil)
 		}
-		b, _ := json.Marshal(reply)
-		_ = m.Respond(b)
+		w.respondJSON(m, reply)
 	}()
 	if err := envelope.ValidExecutionID(id); err != nil || principal == "" {
 		reply.Error = "invalid cancel subject"
@@ -125,7 +140,11 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 		}
 		principal = req.Owner
 	}
-	c, err := w.run.RecordCancel(principal, id)
+	c, err := w.run.RecordCancel(principal, id, w.mayBeQueued(principal, id))
+	if errors.Is(err, engine.ErrNothingToCancel) {
+		reply.Error, reply.Conditions = fmt.Sprintf("%v: %s: nothing of it is stored, and nothing was recorded", ErrNoSuchExecution, id), []string{"unknown"}
+		return
+	}
 	if err != nil {
 		reply.Error = err.Error()
 		return
@@ -133,25 +152,30 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	reply.State, reply.Finalized, reply.Status = c.State, c.Finalized, c.Status
 }
 
-// concurrentReadings bounds the readings of executions one worker answers at
-// once; one more waits on its subscription, which holds the rest back.
-const concurrentReadings = 8
-
-// concurrently answers each request on a goroutine of its own while fewer
-// than concurrentReadings are being answered (a listing that reads deep in
-// the index does not hold the others up), and on the subscription's own
-// otherwise.
-func (w *Worker) concurrently(h nats.MsgHandler) nats.MsgHandler {
-	return func(m *nats.Msg) {
-		select {
-		case w.readers <- struct{}{}:
-			w.reading.Add(1)
-			go func() {
-				defer func() { <-w.readers; w.reading.Done() }()
-				h(m)
-			}()
-		default:
-			h(m)
-		}
+// mayBeQueued tells a cancel whether principal's execution id may be waiting
+// in its queue, which it reads before the record (see
+// engine.Runner.RecordCancel): it has a record already (the common case, no
+// queue read), its request is in the queue, it was made less than
+// probeAfter ago (its request may be on its way), or the queue could not be
+// read to the end.
+func (w *Worker) mayBeQueued(principal, id string) bool {
+	if made, ok := envelope.ExecutionIDTime(id); ok && time.Since(made) < probeAfter {
+		return true
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	defer cancel()
+	if _, err := w.b.Executions.Get(ctx, broker.Key(principal, id)); err == nil {
+		return true
+	}
+	queued, _, certain, err := w.queued(ctx, w.b.Names.ExecSubject(principal, ">"), id)
+	return err != nil || queued || !certain
+}
+
+func (w *Worker) respondJSON(m *nats.Msg, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		w.log.Error("reply does not encode", "subject", m.Subject, "err", err)
+		return
+	}
+	_ = m.Respond(b)
 }

@@ -114,6 +114,17 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		w.log.Error("describe reply does not encode", "err", err)
 		return
 	}
+	if bound := w.replyBound(w.b.Names.PrincipalOfSubject(m.Subject)); len(b) > bound {
+		// Never dropped for its size: the refusal says how to ask for less.
+		refusal := DescribeReply{Discovery: Discovery{V: envelope.Version, ID: reply.ID, Surface: reply.Surface,
+			Capabilities: []Descriptor{}, Worker: w.cfg.ID}, Error: &envelope.Error{Code: envelope.CodeInputInvalid,
+			Stage: envelope.StageInput, ExposeToModel: true,
+			Message: fmt.Sprintf("The description of %d capabilities is %d bytes, over the %d a reply may hold: narrow its scope (a prefix or tags).",
+				len(reply.Capabilities), len(b), bound)}}
+		if b, err = envelope.Marshal(&refusal); err != nil {
+			return
+		}
+	}
 	_ = m.Respond(b)
 }
 
@@ -129,7 +140,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if cerr := checkActor(req.Actor); cerr != nil {
 		reply.Error = cerr.Wire()
 		ev.Data = map[string]any{"refused": string(cerr.Code), "count": 0}
-		w.emit(ev)
+		w.fileReadOnly(ev)
 		return reply
 	}
 	// The actor and surface: as a call of a capability the grant allows.
@@ -139,7 +150,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 		if errors.As(err, &cerr) && !errors.Is(err, auth.ErrCapabilityNotGranted) {
 			reply.Error = cerr.Wire()
 			ev.Data = map[string]any{"refused": string(cerr.Code), "reason": cerr.Cause.Error(), "count": 0}
-			w.emit(ev)
+			w.fileReadOnly(ev)
 			return reply
 		}
 	}
@@ -198,7 +209,7 @@ func (w *Worker) describe(principal string, req *DescribeRequest) DescribeReply 
 	if len(withheld) > 0 {
 		ev.Data["withheld"] = withheld
 	}
-	w.emit(ev)
+	w.fileReadOnly(ev)
 	return reply
 }
 
@@ -244,7 +255,11 @@ func discoveryDigest(ids []string) string {
 // within scope. An empty surface is the client's own; an actor left zero is
 // the client's default actor. A malformed actor is refused with an
 // UNAUTHENTICATED *envelope.CapabilityError. Every description is audited as
-// capabilities.discovered under the returned Discovery's ID.
+// capabilities.discovered under the returned Discovery's ID, unless its
+// principal asked for the same description (or for 16 others) in the last
+// 10 s: it is then counted in one event at the interval's end (DESIGN §8).
+// Beyond its principal's controlPerSecond quota it is refused with a
+// QUOTA_EXCEEDED *envelope.CapabilityError.
 func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.Actor, scope Scope) (*Discovery, error) {
 	if surface == "" {
 		surface = c.cfg.Surface
@@ -280,4 +295,66 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 		r.Capabilities = []Descriptor{}
 	}
 	return &r.Discovery, nil
+}
+
+// nearName is the capability principal may call on req's surface as req's
+// actor (its grant, the capability's exposure, the discovery policies: what
+// describe would show it) whose id is nearest req's, when one is near enough
+// to be a slip (an edit distance of at most a quarter of the id, and two at
+// least) and no other is as near; "" otherwise. Another pool's capability
+// is judged as describe judges it here: by the runtime's policies and its
+// catalog entry.
+func (w *Worker) nearName(principal string, req *envelope.Request) string {
+	id := req.CapabilityID
+	if id == "" || checkActor(req.Actor) != nil {
+		return ""
+	}
+	grant, granted := w.grants.Lookup(principal)
+	if !granted && !w.grants.Open() {
+		return ""
+	}
+	best, bestD, ties := "", max(2, len(id)/4)+1, 0
+	var found Descriptor
+	for _, d := range w.cat.all() {
+		// The id named itself is never a candidate: the answer for it is
+		// then the same whether it exists (concealed) or not.
+		if d.ID == id || granted && !grant.AllowsCapability(d.ID) || !Exposure(d.Expose).Has(Surface(req.Surface)) {
+			continue
+		}
+		switch dist := editDistance(id, d.ID); {
+		case dist < bestD:
+			best, bestD, ties, found = d.ID, dist, 0, d
+		case dist == bestD:
+			ties++
+		}
+	}
+	if best == "" || ties > 0 {
+		return ""
+	}
+	v := w.discoveryVerdict(found, &DescribeRequest{Surface: Surface(req.Surface), Actor: req.Actor})
+	if v.failed || v.stance == StanceDeny || v.stance == StanceHide {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

@@ -56,9 +56,9 @@ func ExampleClient_Resume() {
 	approvalID := env.Approval.ID
 
 	carol := connect("carol")
-	pending, err := approvals.RequestList(ctx, carol, broker.NewNames(""), approvals.ListRequest{ID: approvalID})
+	pending, err := approvals.RequestOne(ctx, carol, broker.NewNames(""), approvalID)
 	check(err)
-	fmt.Println(pending[0].Status, "for", pending[0].Actor, string(pending[0].Input))
+	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
 	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),
 		approvals.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
 	check(err)

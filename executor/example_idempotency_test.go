@@ -17,8 +17,9 @@ type RefundOrder struct {
 
 // A write may be retried only when it is idempotent: its handler makes a
 // repeated attempt harmless by recording the effect under Call.IdempotencyKey,
-// which is derived from the execution id alone, so every attempt, redelivery
-// and takeover of one execution carries the same key.
+// which is derived from the principal and the execution id together, so every
+// attempt, redelivery and takeover of one execution carries the same key, and
+// two principals' executions of one id carry two.
 //
 // Here the effect lives in a KV bucket, and the first attempt records the
 // refund but fails before it can answer, as a payment service that times out

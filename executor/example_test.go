@@ -50,9 +50,12 @@ func Example() {
 	ada := envelope.Actor{Kind: envelope.ActorUser, ID: "ada"}
 	env, err := c.Call(ctx, "greet.hello", Greeting{Name: "Ada"}, executor.As(ada))
 	check(err) // transport trouble only: governed failures are in env
+	if env.Status != envelope.StatusCompleted {
+		check(fmt.Errorf("%s: %+v", env.Status, env.Error)) // failed, cancelled or approval-required
+	}
 	var out string
 	check(env.Output.Decode(&out))
-	fmt.Println(env.Status, env.Attempts, out)
+	fmt.Println(env.Status, env.Attempts, out) // completed 1 Hello, Ada!
 
 	check(c.Close())
 	stop()

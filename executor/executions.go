@@ -59,10 +59,13 @@ type ExecutionsPage struct {
 	// Scope says whose executions the principal sees: all, own, approvals.
 	Scope string `json:"scope,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
-	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
-	// into errors errors.Is recognizes.
+	// (forbidden, unknown, not_found, invalid, quota_exceeded)
+	// RequestExecution(s) turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Scopes of what a principal sees.
@@ -123,11 +126,18 @@ type ExecutionView struct {
 	Approvals []*approvals.Record `json:"approvals,omitempty"`
 	// Scope says why the principal may see it: all, own, approvals.
 	Scope string `json:"scope,omitempty"`
+	// Omitted names what the view leaves out because the reply would exceed
+	// the payload the principal may receive: "trail", "approvals.input"
+	// (the approvals' inputs and displays), "output" (the envelope's).
+	Omitted []string `json:"omitted,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
-	// (forbidden, unknown, not_found, invalid) RequestExecution(s) turns back
-	// into errors errors.Is recognizes.
+	// (forbidden, unknown, not_found, invalid, quota_exceeded)
+	// RequestExecution(s) turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
+	// Details are a refusal's structured facts: for quota_exceeded, the
+	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
+	Details map[string]any `json:"details,omitempty"`
 }
 
 // Errors of a reading refused or failed on the workers' side; errors.Is
@@ -170,7 +180,10 @@ type readError struct {
 func (e *readError) Error() string   { return e.msg }
 func (e *readError) Unwrap() []error { return e.conds }
 
-func readErrorOf(msg string, conds []string) error {
+func readErrorOf(msg string, conds []string, details map[string]any) error {
+	if slices.Contains(conds, "quota_exceeded") {
+		return envelope.QuotaRefusal(msg, details)
+	}
 	e := &readError{msg: msg}
 	for _, n := range conds {
 		for _, c := range readConditions {
@@ -242,9 +255,43 @@ func (w *Worker) serveExecutions(m *nats.Msg) {
 			reply.Error, reply.Conditions = err.Error(), readConditionsOf(err)
 		} else {
 			reply = *page
+			cutPage(&reply, req.Cursor, w.replyBound(principal))
 		}
 	}
 	w.respond(m, &reply)
+}
+
+// cutPage ends a page early when its reply would exceed bound bytes, with
+// the cursor of the first entry left out: a reply is never dropped for its
+// size.
+func cutPage(page *ExecutionsPage, cursor string, bound int) {
+	size := func(v any) int {
+		b, err := envelope.Marshal(v)
+		if err != nil {
+			return 0
+		}
+		return len(b)
+	}
+	if bound <= 0 || size(page) <= bound {
+		return
+	}
+	used := size(&ExecutionsPage{V: page.V, Entries: []audit.Entry{}, Scanned: page.Scanned, Scope: page.Scope}) + 64
+	k := 0
+	for k < len(page.Entries) && used+size(&page.Entries[k]) <= bound {
+		used += size(&page.Entries[k])
+		k++
+	}
+	k = max(k, 1) // an entry is a few hundred bytes: one always fits
+	if k == len(page.Entries) {
+		return
+	}
+	if page.Scope == ScopeApprovals {
+		off, _ := strconv.Atoi(strings.TrimPrefix(cursor, "o"))
+		page.Next = "o" + strconv.Itoa(off+k)
+	} else {
+		page.Next = strconv.FormatUint(page.Entries[k-1].Seq, 10)
+	}
+	page.Entries = page.Entries[:k]
 }
 
 func (w *Worker) respond(m *nats.Msg, v any) {
@@ -253,7 +300,9 @@ func (w *Worker) respond(m *nats.Msg, v any) {
 		w.log.Error("reply does not encode", "subject", m.Subject, "err", err)
 		return
 	}
-	_ = m.Respond(b)
+	if err := m.Respond(b); err != nil {
+		w.log.Error("reply not sent", "subject", m.Subject, "bytes", len(b), "err", err)
+	}
 }
 
 // listExecutions is one page of what principal may see.
@@ -281,13 +330,102 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 			return nil, err
 		}
 	}
-	page, err := audit.List(ctx, w.b, q)
+	return ListWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
+}
+
+// ListWithQueued is a page of the index (audit.List of q, its running
+// entries passed through current when set), with, on a listing's first
+// page, the requests still waiting in their queue that match q first (see
+// Queued). What a worker answers; what an admin's command reads itself when
+// no worker answers.
+func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
+	current func(context.Context, []audit.Entry) []audit.Entry) (*ExecutionsPage, error) {
+	var queued []audit.Entry
+	if first && (q.Status == "" || q.Status == audit.EntryQueued) {
+		var err error
+		if queued, err = Queued(ctx, b, q); err != nil {
+			return nil, err
+		}
+	}
+	out := &ExecutionsPage{V: envelope.Version, Entries: queued, Scope: scope}
+	if q.Status == audit.EntryQueued {
+		return out, nil
+	}
+	q.Limit = max(q.Limit-len(queued), 1) // a page holds about Limit entries
+	page, err := audit.List(ctx, b, q)
 	if err != nil {
 		return nil, err
 	}
-	out := &ExecutionsPage{V: envelope.Version, Entries: w.current(ctx, page.Entries), Scanned: page.Scanned, Scope: v.scope}
+	entries := page.Entries
+	if current != nil {
+		entries = current(ctx, entries)
+	}
+	out.Entries, out.Scanned = append(out.Entries, entries...), page.Scanned
 	out.Next = page.Cursor()
 	return out, nil
+}
+
+// Queued returns the requests matching q (q.Principal's alone, when set)
+// that wait in the exec stream with no record yet: no worker has taken them,
+// so the index has no entry of them. It reads the stream from its oldest
+// request, at most queuedScanMax of them (a listing stays quick whatever the
+// backlog: the oldest waiting are the ones shown), and returns at most
+// q.Limit, newest first, with status audit.EntryQueued.
+func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
+	subj := b.Names.ExecSubjects()
+	if q.Principal != "" {
+		subj = b.Names.ExecSubject(q.Principal, ">")
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = audit.DefaultLimit
+	}
+	var out []audit.Entry
+	seq := uint64(0)
+	for range queuedScanMax {
+		m, err := nextMsg(ctx, b, subj, seq, nil)
+		if err != nil || m == nil {
+			return sortedNewestFirst(out), err
+		}
+		seq = m.Sequence + 1
+		p, _, ok := b.Names.ParseExecSubject(m.Subject)
+		if !ok {
+			continue
+		}
+		var r envelope.Request
+		if envelope.Unmarshal(m.Data, &r) != nil || r.ExecutionID == "" {
+			continue
+		}
+		e := audit.Entry{V: envelope.Version, ExecutionID: r.ExecutionID, Principal: p, CapabilityID: r.CapabilityID,
+			Actor: audit.ActorOf(r.Actor), Surface: r.Surface, ApprovalID: r.ApprovalID, Resumed: r.ApprovalID != "",
+			Status: audit.EntryQueued, RequestedAt: r.SubmittedAt, UpdatedAt: m.Time}
+		if !q.Match(&e) {
+			continue
+		}
+		// A taken request stays in the stream until its end: it has a
+		// record, and the index its entry.
+		if _, err := b.Executions.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, err
+		}
+		if _, err := b.Envelopes.Get(ctx, broker.Key(p, r.ExecutionID)); err == nil {
+			continue // ended without a record: a copy of a request already answered
+		}
+		out = append(out, e)
+		if len(out) == limit {
+			break
+		}
+	}
+	return sortedNewestFirst(out), nil
+}
+
+// queuedScanMax bounds the requests a listing reads in the exec stream.
+const queuedScanMax = 500
+
+func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
+	slices.SortFunc(entries, func(a, b audit.Entry) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
+	return entries
 }
 
 // current drops the running entries of executions that have ended since:
@@ -309,17 +447,18 @@ func (w *Worker) current(ctx context.Context, entries []audit.Entry) []audit.Ent
 
 // approvalsOf returns the approvals v may decide.
 func (w *Worker) approvalsOf(ctx context.Context, v viewer) ([]*approvals.Record, error) {
+	mayDecide := func(r *approvals.Record) bool {
+		_, _, err := w.grants.Approver(v.principal, r.Types)
+		return err == nil
+	}
+	if w.approvalIndex != nil {
+		return w.approvalIndex.Select(mayDecide), nil
+	}
 	all, err := approvals.NewStore(w.b, nil).List(ctx, approvals.Filter{})
 	if err != nil {
 		return nil, err
 	}
-	var out []*approvals.Record
-	for _, r := range all {
-		if _, _, err := w.grants.Approver(v.principal, r.Types); err == nil {
-			out = append(out, r)
-		}
-	}
-	return out, nil
+	return slices.DeleteFunc(all, func(r *approvals.Record) bool { return !mayDecide(r) }), nil
 }
 
 // listBehindApprovals lists, for an approver, the executions behind the
@@ -402,7 +541,50 @@ func (w *Worker) serveExecution(m *nats.Msg) {
 		}
 	}
 	reply.V = envelope.Version
-	w.respond(m, reply)
+	w.respond(m, fitView(reply, w.replyBound(principal)))
+}
+
+// fitView leaves out of a view, in this order, its trail, its approvals'
+// inputs and its envelope's output while its reply would exceed bound
+// bytes, naming each in Omitted; a view that still does not fit is a
+// refusal that says so. A reply is never dropped for its size.
+func fitView(view *ExecutionView, bound int) *ExecutionView {
+	fits := func() bool {
+		b, err := envelope.Marshal(view)
+		return err == nil && (bound <= 0 || len(b) <= bound)
+	}
+	if fits() {
+		return view
+	}
+	cuts := []struct {
+		name string
+		cut  func()
+	}{
+		{"trail", func() { view.Trail = nil }},
+		{"approvals.input", func() {
+			for i, r := range view.Approvals {
+				c := *r
+				c.Input, c.Display = nil, nil
+				view.Approvals[i] = &c
+			}
+		}},
+		{"output", func() {
+			if view.Envelope != nil {
+				e := *view.Envelope
+				e.Output = nil
+				view.Envelope = &e
+			}
+		}},
+	}
+	for _, c := range cuts {
+		c.cut()
+		view.Omitted = append(view.Omitted, c.name)
+		if fits() {
+			return view
+		}
+	}
+	return &ExecutionView{V: view.V, ExecutionID: view.ExecutionID, Conditions: []string{"invalid"},
+		Error: fmt.Sprintf("execution %s does not fit in a reply of %d bytes, even without its trail, inputs and output", view.ExecutionID, bound)}
 }
 
 // execution is one execution as principal may see it. Execution ids are
@@ -570,12 +752,19 @@ const probeMaxMsgs = 2000
 // record (created before its envelope), then its envelope. owner "" (an
 // admin who named none) looks at every principal's requests.
 func (w *Worker) where(ctx context.Context, owner, id string) (state, principal string, err error) {
+	return where(ctx, w.b, owner, id)
+}
+
+// where is Worker.where on any broker whose credentials read the exec stream
+// and owner's keys: a worker's, or a client's of an open server when no
+// worker answers.
+func where(ctx context.Context, b *broker.Broker, owner, id string) (state, principal string, err error) {
 	p := owner
-	subj := w.b.Names.ExecSubjects()
+	subj := b.Names.ExecSubjects()
 	if owner != "" {
-		subj = w.b.Names.ExecSubject(owner, ">")
+		subj = b.Names.ExecSubject(owner, ">")
 	}
-	queued, qp, certain, err := w.queued(ctx, subj, id)
+	queued, qp, certain, err := queuedIn(ctx, b, subj, id)
 	if err != nil {
 		return "", "", err
 	}
@@ -585,7 +774,7 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 	if owner == "" {
 		// Without an owner the buckets cannot be read by key: whoever has
 		// a record or an envelope of the id.
-		if owners, err := broker.Owners(ctx, w.b, id); err == nil && len(owners) > 0 {
+		if owners, err := broker.Owners(ctx, b, id); err == nil && len(owners) > 0 {
 			return ExecInFlight, owners[0], nil
 		}
 		if !certain {
@@ -594,12 +783,12 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 		return ExecUnknown, "", nil
 	}
 	key := broker.Key(p, id)
-	if _, err := w.b.Executions.Get(ctx, key); err == nil {
+	if _, err := b.Executions.Get(ctx, key); err == nil {
 		return ExecInFlight, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
 	}
-	if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
+	if _, err := b.Envelopes.Get(ctx, key); err == nil {
 		return ExecEnded, p, nil
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", "", err
@@ -615,6 +804,10 @@ func (w *Worker) where(ctx context.Context, owner, id string) (state, principal 
 // stored before its id is made, less the clocks' skew), else from the
 // stream's start; certain is false when it stopped at probeMaxMsgs.
 func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
+	return queuedIn(ctx, w.b, subj, id)
+}
+
+func queuedIn(ctx context.Context, b *broker.Broker, subj, id string) (found bool, principal string, certain bool, err error) {
 	var from *time.Time
 	if made, v7 := envelope.ExecutionIDTime(id); v7 {
 		t := made.Add(-time.Minute).UTC()
@@ -622,7 +815,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 	}
 	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := w.nextMsg(ctx, subj, seq, from)
+		m, err := nextMsg(ctx, b, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
@@ -632,7 +825,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 		from, seq = nil, m.Sequence+1
 		// The message id names the execution: <principal>.<id>[.<tag>]
 		// (or, from earlier versions, the id alone).
-		if p, _, ok := w.b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
+		if p, _, ok := b.Names.ParseExecSubject(m.Subject); ok && broker.ExecutionOfMsgID(m.Header.Get(nats.MsgIdHdr), p) == id {
 			return true, p, true, nil
 		}
 	}
@@ -642,7 +835,7 @@ func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, princ
 // nextMsg is the exec stream's first message on subj at or after seq (or
 // time from), or nil: a message get, which the exec stream answers without
 // direct gets.
-func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+func nextMsg(ctx context.Context, b *broker.Broker, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
 	req := struct {
 		Seq       uint64     `json:"seq,omitempty"`
 		NextFor   string     `json:"next_by_subj"`
@@ -652,7 +845,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	if err != nil {
 		return nil, err
 	}
-	resp, err := w.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+w.b.Names.ExecStream(), body)
+	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+b.Names.ExecStream(), body)
 	if err != nil {
 		return nil, err
 	}
@@ -661,6 +854,7 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 			Subject  string    `json:"subject"`
 			Sequence uint64    `json:"seq"`
 			Header   []byte    `json:"hdrs"`
+			Data     []byte    `json:"data"`
 			Time     time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
@@ -675,11 +869,12 @@ func (w *Worker) nextMsg(ctx context.Context, subj string, seq uint64, from *tim
 	case answer.Error != nil && answer.Error.Code == 404:
 		return nil, nil
 	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", w.b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
 	case answer.Message == nil:
 		return nil, nil
 	}
-	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time}
+	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time,
+		Data: answer.Message.Data}
 	if len(answer.Message.Header) > 0 {
 		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
 			m.Header = h
@@ -698,7 +893,7 @@ func RequestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req E
 		return nil, err
 	}
 	if page.Error != "" {
-		return nil, readErrorOf(page.Error, page.Conditions)
+		return nil, readErrorOf(page.Error, page.Conditions, page.Details)
 	}
 	return &page, nil
 }
@@ -713,7 +908,7 @@ func RequestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req Ex
 		return nil, err
 	}
 	if view.Error != "" {
-		return nil, readErrorOf(view.Error, view.Conditions)
+		return nil, readErrorOf(view.Error, view.Conditions, view.Details)
 	}
 	return &view, nil
 }
@@ -749,7 +944,20 @@ func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*Execut
 }
 
 // Execution asks the workers for one execution as the client's principal may
-// see it: record, envelope, trail and the approvals behind it.
+// see it: record, envelope, trail and the approvals behind it. A probe that
+// no worker answers is answered by the client itself where it may read the
+// exec stream (an open server), so that a request queued while no worker
+// runs is said to be queued, not unknown; elsewhere it fails with
+// ErrNoWorkers.
 func (c *Client) Execution(ctx context.Context, req ExecutionRequest) (*ExecutionView, error) {
-	return RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	v, err := RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	if !errors.Is(err, ErrNoWorkers) || !req.Probe || c.principal != broker.Anonymous {
+		return v, err
+	}
+	view := &ExecutionView{V: envelope.Version, ExecutionID: req.ExecutionID, Scope: ScopeAll}
+	var werr error
+	if view.State, view.Principal, werr = where(ctx, c.b, c.principal, req.ExecutionID); werr != nil {
+		return nil, err
+	}
+	return view, nil
 }

@@ -160,7 +160,7 @@ func TestLeaseLost_HandlerContextEnds(t *testing.T) {
 		// The redelivery finds attempt 1 started and its lease gone: the
 		// non-idempotent attempt is never repeated.
 		got := s.await(id)
-		if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+		if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 			t.Fatalf("envelope %s %+v, want OUTCOME_UNKNOWN", got.Status, got.Error)
 		}
 		if n := p.calls.Load(); n != 1 {
@@ -395,7 +395,7 @@ func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 	lostConn.Close() // the worker is lost mid-attempt; its pool is down
 
 	got := s.await(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown || got.Attempts != 1 {
 		t.Fatalf("envelope %s after %d attempts, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Attempts, got.Error)
 	}
 	s.drained()
@@ -452,7 +452,7 @@ func TestCatalog_CapabilityNoLiveWorkerServes_Lapses(t *testing.T) {
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
 	got := s.await(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeCapabilityNotFound {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound {
 		t.Fatalf("envelope %s %+v, want CAPABILITY_NOT_FOUND", got.Status, got.Error)
 	}
 	s.settled(id)

@@ -66,7 +66,8 @@ const (
 // running at once, a rate, or a budget.
 //
 //	Limits: []executor.Limit{
-//		{Kind: executor.LimitConcurrency, Max: 4},
+//		{Kind: executor.LimitConcurrency, Max: 4, PrincipalMax: 3},
+//		{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 1},
 //		{Kind: executor.LimitRate, Per: executor.LimitPerActor, Max: 10, Interval: time.Minute, AtLimit: executor.AtLimitRefuse},
 //		{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, Interval: 24 * time.Hour,
 //			Amount: func(in any) (int64, error) { return in.(*Refund).Amount, nil }, AtLimit: executor.AtLimitApproval},
@@ -75,11 +76,19 @@ type Limit struct {
 	// Kind is LimitConcurrency, LimitRate or LimitBudget; required.
 	Kind LimitKind
 	// Per is whose usage is counted: the capability's (zero value), each
-	// actor's or each principal's. A concurrency limit is the capability's.
+	// principal's, or each actor's. An actor is counted within its
+	// principal: two principals' actors of one name (two gateways'
+	// user:123) have two counters.
 	Per LimitPer
 	// Max is the slots, the executions per Interval, or the budget's sum
 	// over Interval.
 	Max int64
+	// PrincipalMax, on a concurrency limit of the capability's own (Per
+	// unset), is the most of its Max slots one principal may hold at once:
+	// the rest stay for the others, so that one principal's backlog of long
+	// calls never holds every slot (Max 4, PrincipalMax 3: whatever one
+	// principal sends, another's call finds a slot). 0: no share but Max.
+	PrincipalMax int64
 	// Interval is a rate's interval or a budget's window.
 	Interval time.Duration
 	// Name names a budget's number ("amount", "recipients"): describe,
@@ -104,6 +113,9 @@ type LimitInfo struct {
 	// Text says it in words: "at most 4 running at once", "10 per 1m per
 	// actor", "amount 2000 per 24h per actor".
 	Text string `json:"text"`
+	// PrincipalMax is Limit.PrincipalMax: the most slots one principal
+	// holds of a concurrency limit.
+	PrincipalMax int64 `json:"principalMax,omitempty"`
 }
 
 func (l Limit) per() LimitPer {
@@ -123,8 +135,8 @@ func (l Limit) atLimit() AtLimit {
 // info is how describe shows l.
 func (l Limit) info(capability string) LimitInfo {
 	li := LimitInfo{Kind: l.Kind, Name: l.Name, Max: l.Max, IntervalMs: l.Interval.Milliseconds(), AtLimit: l.atLimit(),
-		Text: l.rule(capability, "").String()}
-	if l.Kind != LimitConcurrency {
+		Text: l.rule(capability, "").String(), PrincipalMax: l.PrincipalMax}
+	if l.Kind != LimitConcurrency || l.per() != LimitPerCapability {
 		li.Per = l.per()
 	}
 	return li
@@ -133,12 +145,8 @@ func (l Limit) info(capability string) LimitInfo {
 // rule is l as the limits' rules take it, for one execution: who is whose
 // counter ("" for the capability's own).
 func (l Limit) rule(capability, who string) limits.Limit {
-	r := limits.Limit{Kind: limits.Kind(l.Kind), Capability: capability, Per: limits.Per(l.per()), Who: who, Name: l.Name,
-		Max: l.Max, Interval: l.Interval, Action: limits.Action(l.atLimit())}
-	if l.Kind == LimitConcurrency {
-		r.Per = limits.PerCapability
-	}
-	return r
+	return limits.Limit{Kind: limits.Kind(l.Kind), Capability: capability, Per: limits.Per(l.per()), Who: who, Name: l.Name,
+		Max: l.Max, Interval: l.Interval, PrincipalMax: l.PrincipalMax, Action: limits.Action(l.atLimit())}
 }
 
 func limitInfos(ls []Limit, capability string) []LimitInfo {
@@ -160,11 +168,14 @@ func validateLimits(ls []Limit) []string {
 		at := fmt.Sprintf("limit #%d (%s)", i, l.Kind)
 		switch l.Kind {
 		case LimitConcurrency:
-			if l.Per != "" && l.Per != LimitPerCapability {
-				p = append(p, at+": a concurrency limit counts the capability's attempts, not per "+string(l.Per))
-			}
 			if l.Interval != 0 || l.Amount != nil || l.Name != "" {
 				p = append(p, at+": a concurrency limit has no interval, name or amount")
+			}
+			if l.PrincipalMax != 0 && l.per() != LimitPerCapability {
+				p = append(p, at+": principalMax shares the capability's slots between principals; a limit per "+string(l.Per)+" is each one's already")
+			}
+			if l.PrincipalMax < 0 || l.PrincipalMax > l.Max {
+				p = append(p, fmt.Sprintf("%s: principalMax %d is not between 1 and max %d", at, l.PrincipalMax, l.Max))
 			}
 		case LimitRate:
 			if l.Amount != nil || l.Name != "" {
@@ -180,6 +191,9 @@ func validateLimits(ls []Limit) []string {
 		default:
 			p = append(p, fmt.Sprintf("limit #%d: kind %q is not one of concurrency, rate, budget", i, l.Kind))
 			continue
+		}
+		if l.Kind != LimitConcurrency && l.PrincipalMax != 0 {
+			p = append(p, at+": only a concurrency limit has a principalMax")
 		}
 		switch l.per() {
 		case LimitPerCapability, LimitPerActor, LimitPerPrincipal:
@@ -202,9 +216,6 @@ func validateLimits(ls []Limit) []string {
 			p = append(p, fmt.Sprintf("%s: atLimit %q is not one of wait, refuse, approval", at, l.AtLimit))
 		}
 		key := string(l.Kind) + "/" + string(l.per()) + "/" + l.Name
-		if l.Kind == LimitConcurrency {
-			key = string(l.Kind)
-		}
 		if seen[key] {
 			p = append(p, at+": declared twice")
 		}
@@ -223,7 +234,8 @@ func plainName(s string) bool {
 }
 
 // limits are the capability's limits as they apply to this execution: the
-// actor's and principal's counters, a budget's amount taken from the input.
+// actor's and principal's counters (an actor's within its principal), a
+// budget's amount taken from the input.
 // An amount that cannot be taken refuses the call (INPUT_INVALID). A
 // takeover takes its slot again and nothing else (its rates and budgets were
 // taken when it first started): it gets the concurrency limits alone, and
@@ -241,9 +253,7 @@ func (a *admission) limits(takeover bool) ([]limits.Limit, *envelope.CapabilityE
 		who := ""
 		switch l.per() {
 		case LimitPerActor:
-			if l.Kind != LimitConcurrency {
-				who = string(a.req.Actor.Kind) + ":" + a.req.Actor.ID
-			}
+			who = limits.ActorWho(a.r.Principal, string(a.req.Actor.Kind)+":"+a.req.Actor.ID)
 		case LimitPerPrincipal:
 			who = a.r.Principal
 		}

@@ -181,7 +181,7 @@ func TestLimits_KilledWorkersSlotIsFreedByItsLease(t *testing.T) {
 		t.Fatalf("a call after the kill: %v %+v", err, next)
 	}
 	got, err := c.Await(ctxT(t), held)
-	if err != nil || got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+	if err != nil || got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("the killed call: %v %+v", err, got)
 	}
 	if n := slotStarts(t, js, held); n != 1 {

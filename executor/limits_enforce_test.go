@@ -96,7 +96,7 @@ func TestLimits_RateRefusesWithRetryAfter(t *testing.T) {
 		}
 	}
 	env, err := ann.Call(t.Context(), "t.rate", map[string]int{"n": 3})
-	if err != nil || env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodeRateLimited {
+	if err != nil || env.Status != envelope.StatusFailed || env.Error == nil || env.Error.Code != envelope.CodeRateLimited {
 		t.Fatalf("third call: %v %+v", err, env)
 	}
 	m := env.ForModel()
@@ -147,7 +147,7 @@ func TestLimits_WaitEndsAtTheStartDeadline(t *testing.T) {
 	}
 	env, err := c.Call(t.Context(), "t.wait", struct{}{}, executor.StartWithin(time.Second))
 	close(release)
-	if err != nil || env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodeNotStarted {
+	if err != nil || env.Status != envelope.StatusFailed || env.Error == nil || env.Error.Code != envelope.CodeNotStarted {
 		t.Fatalf("the waiting call: %v %+v", err, env)
 	}
 	if env := <-first; env == nil || env.Status != envelope.StatusCompleted {

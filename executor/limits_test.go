@@ -27,7 +27,13 @@ func TestValidateLimits(t *testing.T) {
 			{Kind: LimitRate, Per: LimitPerPrincipal, Max: 50, Interval: time.Minute}}, ""},
 		{"unknown kind", []Limit{{Kind: "speed", Max: 1}}, `kind "speed"`},
 		{"zero max", []Limit{{Kind: LimitConcurrency}}, "max 0 is not positive"},
-		{"concurrency per actor", []Limit{{Kind: LimitConcurrency, Per: LimitPerActor, Max: 1}}, "not per actor"},
+		{"concurrency per actor", []Limit{{Kind: LimitConcurrency, Per: LimitPerActor, Max: 1}}, ""},
+		{"concurrency per principal beside the capability's, shared", []Limit{{Kind: LimitConcurrency, Max: 4, PrincipalMax: 3},
+			{Kind: LimitConcurrency, Per: LimitPerPrincipal, Max: 2}, {Kind: LimitConcurrency, Per: LimitPerActor, Max: 1}}, ""},
+		{"a share over max", []Limit{{Kind: LimitConcurrency, Max: 4, PrincipalMax: 5}}, "principalMax 5 is not between 1 and max 4"},
+		{"a share of a principal's own slots", []Limit{{Kind: LimitConcurrency, Per: LimitPerPrincipal, Max: 4, PrincipalMax: 2}},
+			"a limit per principal is each one's already"},
+		{"a share of a rate", []Limit{{Kind: LimitRate, Max: 5, Interval: time.Minute, PrincipalMax: 2}}, "only a concurrency limit has a principalMax"},
 		{"rate without interval", []Limit{{Kind: LimitRate, Max: 5}}, "under a second"},
 		{"rate per unknown", []Limit{{Kind: LimitRate, Per: "team", Max: 5, Interval: time.Minute}}, `per "team"`},
 		{"budget without amount", []Limit{{Kind: LimitBudget, Name: "amount", Max: 5, Interval: time.Hour}}, "needs an Amount"},
@@ -36,6 +42,8 @@ func TestValidateLimits(t *testing.T) {
 		{"approval at a rate", []Limit{{Kind: LimitRate, Max: 5, Interval: time.Minute, AtLimit: AtLimitApproval}}, "only a budget"},
 		{"unknown choice", []Limit{{Kind: LimitConcurrency, Max: 5, AtLimit: "shrug"}}, `atLimit "shrug"`},
 		{"two concurrency limits", []Limit{{Kind: LimitConcurrency, Max: 5}, {Kind: LimitConcurrency, Max: 2}}, "declared twice"},
+		{"two concurrency limits per actor", []Limit{{Kind: LimitConcurrency, Per: LimitPerActor, Max: 5},
+			{Kind: LimitConcurrency, Per: LimitPerActor, Max: 2}}, "declared twice"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,8 +68,9 @@ func TestLimits_RefusedAtRegistrationShownByDescribe(t *testing.T) {
 		Limits: []Limit{{Kind: LimitRate, Max: 5}}}, h)); err == nil || !strings.Contains(err.Error(), "under a second") {
 		t.Fatalf("a rate without its interval registered: %v", err)
 	}
-	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Limits: []Limit{
-		{Kind: LimitConcurrency, Max: 3},
+	r, err := NewRegistry(Define("t.good", Meta{Description: "x", SideEffect: SideEffectRead, Expose: On(SurfaceDirect), Limits: []Limit{
+		{Kind: LimitConcurrency, Max: 3, PrincipalMax: 2},
+		{Kind: LimitConcurrency, Per: LimitPerActor, Max: 1},
 		{Kind: LimitRate, Per: LimitPerActor, Max: 10, Interval: time.Minute, AtLimit: AtLimitRefuse},
 	}}, h))
 	if err != nil {
@@ -72,7 +81,8 @@ func TestLimits_RefusedAtRegistrationShownByDescribe(t *testing.T) {
 	for _, l := range d.Limits {
 		texts = append(texts, string(l.Kind)+"/"+string(l.Per)+"/"+string(l.AtLimit)+": "+l.Text)
 	}
-	want := "concurrency//wait: at most 3 running at once; rate/actor/refuse: 10 per 1m per actor"
+	want := "concurrency//wait: at most 3 running at once, 2 per principal; concurrency/actor/wait: at most 1 running at once per actor; " +
+		"rate/actor/refuse: 10 per 1m per actor"
 	if got := strings.Join(texts, "; "); got != want {
 		t.Errorf("describe shows %q, want %q", got, want)
 	}

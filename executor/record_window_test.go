@@ -95,7 +95,7 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 
 	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
 	got := s.await(id)
-	if got.Status != envelope.StatusFailed || got.Error.Code != envelope.CodeOutcomeUnknown {
+	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
 	}
 	s.drained()
@@ -278,4 +278,32 @@ func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARene
 		})
 		return refused
 	})
+}
+
+// A cancel of an execution that ended says so, with its outcome, for as long
+// as its envelope is kept, not only while its record is (DESIGN §16: the
+// envelope outlives the record); it records nothing.
+func TestRecordWindow_CancelAfterTheRecordWent_SaysItEnded(t *testing.T) {
+	t.Parallel()
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second}, sendCap(&p))
+	id := envelope.NewExecutionID()
+	s.publish("test.send", id)
+	if first := s.await(id); first.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v", first)
+	}
+	s.waitRecordGone(id)
+	reply, err := s.c.Cancel(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reply.Finalized || reply.Status != envelope.StatusCompleted {
+		t.Fatalf("cancel reply %+v, want finalized completed", reply)
+	}
+	if _, err := s.b.Executions.Get(ctxT(t), broker.Key(broker.Anonymous, id)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the cancel wrote a record: %v", err)
+	}
 }

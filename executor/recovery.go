@@ -121,8 +121,10 @@ type Reconciliation[In any] struct {
 	Input        In
 	ExecutionID  string // the execution whose attempt was lost, as Call.ExecutionID
 	CapabilityID string // the capability called
-	// IdempotencyKey is the key the lost attempt used: where the effect
-	// lives, look it up by this.
+	Principal    string // who sent the request, as Call.Principal
+	// IdempotencyKey is the key the lost attempt used (as Call.IdempotencyKey:
+	// the derivation the execution's record names): where the effect lives,
+	// look it up by this.
 	IdempotencyKey string
 	// Attempt is the lost attempt.
 	Attempt int
@@ -188,7 +190,7 @@ func WithRecovery[In, Out any](r Recovery[In, Out]) Option[In, Out] {
 		if f := r.Reconcile; f != nil {
 			b.reconcile = func(ctx context.Context, ci callInfo, in any) engine.Reconciliation {
 				got, err := f(ctx, Reconciliation[In]{Input: *(in.(*In)), ExecutionID: ci.executionID,
-					CapabilityID: ci.capabilityID, IdempotencyKey: ci.idempotencyKey, Attempt: ci.attempt, Actor: ci.actor,
+					CapabilityID: ci.capabilityID, Principal: ci.principal, IdempotencyKey: ci.idempotencyKey, Attempt: ci.attempt, Actor: ci.actor,
 					Logger: ci.logger})
 				switch {
 				case err != nil:
@@ -222,10 +224,10 @@ func (a *admission) FromReceipt(ctx context.Context, n int, receipt envelope.Raw
 	return a.b.fromReceipt(ctx, n, receipt)
 }
 
-// Reconcile asks the capability's reconciler about attempt n.
-func (a *admission) Reconcile(ctx context.Context, n int) engine.Reconciliation {
+// Reconcile asks the capability's reconciler about attempt n, given key.
+func (a *admission) Reconcile(ctx context.Context, n int, key string) engine.Reconciliation {
 	if a.b.reconcile == nil {
 		return engine.Reconciliation{Verdict: engine.Inconclusive, Err: errNoReconciler}
 	}
-	return a.b.reconcile(ctx, a.callInfo(n, nil), a.input)
+	return a.b.reconcile(ctx, a.callInfo(n, key, nil), a.input)
 }

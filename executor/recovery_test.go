@@ -310,7 +310,7 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			id := envelope.NewExecutionID()
 			var pv provider
 			if tc.sent {
-				pv.send(envelope.IdempotencyKey(id))
+				pv.send(envelope.IdempotencyKey(broker.Anonymous, id))
 			}
 			var r *executor.Recovery[map[string]any, mailOut]
 			if tc.recovery != nil {
@@ -382,7 +382,8 @@ func checkRecovered(t *testing.T, got *envelope.Envelope, tr []audit.Event, how,
 		return
 	}
 	if got.Recovered == nil || got.Recovered.How != how || got.Recovered.Attempt != got.Attempts {
-		t.Errorf("envelope recovered %+v, want %s of attempt %d", got.Recovered, how, got.Attempts)
+		// What follows reads got.Recovered: stop here rather than panic on it.
+		t.Fatalf("envelope recovered %+v, want %s of attempt %d", got.Recovered, how, got.Attempts)
 	}
 	if note := got.Recovered.ForModel(); !strings.Contains(note, "took effect") {
 		t.Errorf("model told %q", note)
@@ -602,7 +603,7 @@ func TestReconcile_WorkerLostMidReconciliation_TakenOverAndAskedAgain(t *testing
 	var pv provider
 	pv.send("") // the provider holds another execution's message
 	id := envelope.NewExecutionID()
-	pv.send(envelope.IdempotencyKey(id))
+	pv.send(envelope.IdempotencyKey(broker.Anonymous, id))
 	asking := make(chan struct{})
 	var once sync.Once
 	r := &executor.Recovery[map[string]any, mailOut]{ProvesAbsence: true, Timeout: time.Hour,

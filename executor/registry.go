@@ -87,6 +87,11 @@ func validate(b *binding) []string {
 	default:
 		p = append(p, fmt.Sprintf("risk %q is not one of low, medium, high, critical", m.Risk))
 	}
+	if len(m.Expose) == 0 {
+		// Deny by default (SI-1): such a capability is served and every
+		// call of it ends CAPABILITY_NOT_FOUND.
+		p = append(p, "exposed on no surface, so no call can reach it: set Expose, e.g. executor.On(executor.SurfaceDirect, executor.SurfaceMCP)")
+	}
 	for _, s := range m.Expose {
 		if s == "" || strings.ContainsAny(string(s), " .*>") {
 			p = append(p, fmt.Sprintf("exposure surface %q is not a plain name", s))

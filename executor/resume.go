@@ -29,10 +29,11 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*approvals.Re
 	return c.approvalStore().Get(ctx, approvalID)
 }
 
-// ListApprovals asks the workers for the approvals req selects: they show a
-// principal the approvals it requested itself, and an open server's
-// clients every one.
-func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) ([]*approvals.Record, error) {
+// ListApprovals asks the workers for a page of the approvals req selects:
+// they show a principal the approvals it requested itself (an approver those
+// of its types too), and an open server's clients every one. The page's Next
+// is req.Cursor of the next one.
+func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) (*approvals.ListReply, error) {
 	return approvals.RequestList(ctx, c.b.NC, c.b.Names, req)
 }
 
@@ -137,7 +138,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 		r.CorrelationID = rec.CorrelationID
 	}
 	end := c.cfg.Observer.Call(ctx, r)
-	m, err := c.message(r)
+	m, _, err := c.message(ctx, r)
 	if err == nil {
 		err = c.publish(ctx, m)
 	}

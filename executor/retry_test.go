@@ -436,7 +436,7 @@ func TestIdempotencyKey_StableAcrossAttemptsDistinctAcrossExecutions(t *testing.
 			t.Fatalf("execution %s: %d attempts seen", id, len(ks))
 		}
 		for i, k := range ks {
-			if k == "" || k != envelope.IdempotencyKey(id) {
+			if k == "" || k != envelope.IdempotencyKey(broker.Anonymous, id) {
 				t.Errorf("execution %s attempt %d: key %q, want the key of its execution id", id, i+1, k)
 			}
 		}

@@ -179,14 +179,16 @@ func TestSI1_ExposureDenyByDefaultPerSurface(t *testing.T) {
 	t.Parallel()
 	e := testenv.Start(t)
 	var nowhere, mcpOnly atomic.Int64
+	// No exposure at all is a registry problem: nothing could ever call it.
+	_, err := executor.NewRegistry(counted("si1.nowhere", &nowhere, executor.Meta{}))
+	var re *executor.RegistryError
+	if !errors.As(err, &re) || len(re.Problems) != 1 || !strings.Contains(re.Problems[0], "si1.nowhere: exposed on no surface") {
+		t.Fatalf("a capability exposed on no surface: %v", err)
+	}
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
-		counted("si1.nowhere", &nowhere, executor.Meta{}), // no exposure at all
+		counted("si1.echo", new(atomic.Int64), executor.Meta{Expose: executor.On(executor.SurfaceDirect)}),
 		counted("si1.mcp-only", &mcpOnly, executor.Meta{Expose: executor.On(executor.SurfaceMCP)}))
 	nc := e.Connect(t)
-	for _, s := range []executor.Surface{executor.SurfaceDirect, executor.SurfaceMCP, executor.SurfaceHTTP, "cli"} {
-		env, err := surfaceClient(t, nc, s).Call(ctxT(t), "si1.nowhere", anyIn{})
-		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
-	}
 	for _, s := range []executor.Surface{executor.SurfaceDirect, executor.SurfaceHTTP} {
 		env, err := surfaceClient(t, nc, s).Call(ctxT(t), "si1.mcp-only", anyIn{})
 		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
@@ -470,7 +472,8 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 	startAll(t, e.Connect(t), executor.WorkerConfig{},
 		counted("si8.mcp-only", &calls, executor.Meta{Expose: executor.On(executor.SurfaceMCP)}),
 		counted("si8.hidden", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hide}}),
-		counted("si8.hidden-listing", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hideAtDiscovery}}))
+		counted("si8.hidden-listing", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect), Policies: []executor.Policy{hideAtDiscovery}}),
+		counted("si8.visible", &calls, executor.Meta{Expose: executor.On(executor.SurfaceDirect)}))
 	c := newClient(t, e.Connect(t))
 
 	cases := []struct{ id, reason string }{
@@ -508,6 +511,28 @@ func TestSI8_NotFoundNotExposedHiddenIndistinguishable(t *testing.T) {
 	}
 	if calls.Load() != 0 {
 		t.Fatalf("%d handler calls", calls.Load())
+	}
+
+	// A slip of a name the caller may see is answered with it; near names
+	// it may not see never are, and each concealed id is answered as an
+	// unknown one of the same spelling.
+	for _, tc := range []struct{ id, near string }{
+		{"si8.visibel", "si8.visible"},
+		{"si8.hidden-listinx", ""}, // near si8.hidden-listing, hidden from this caller's discovery
+		{"si8.mcp-onyl", ""},       // near si8.mcp-only, not exposed on direct
+		{"si8.hidden", ""},         // hidden itself: as unknown
+		{"si8.mcp-only", ""},       // not exposed: as unknown
+		{"si8.zzzzzzzzzzz", ""},    // near nothing
+	} {
+		env, err := c.Call(ctxT(t), tc.id, anyIn{"q": 1})
+		mustFail(t, env, err, envelope.CodeCapabilityNotFound)
+		want := "No such capability."
+		if tc.near != "" {
+			want = "No such capability. Did you mean " + tc.near + "?"
+		}
+		if env.Error.Message != want || (tc.near != "") != (env.Error.Details["didYouMean"] == tc.near) {
+			t.Fatalf("%s: %q %v, want %q", tc.id, env.Error.Message, env.Error.Details, want)
+		}
 	}
 }
 

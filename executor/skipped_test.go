@@ -66,7 +66,7 @@ func TestWorker_ListingsSkipARecordThatDoesNotDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	list, err := approvals.RequestList(ctx, nc, b.Names, approvals.ListRequest{})
-	if err != nil || len(list) != 1 || list[0].ID != good.ID {
+	if err != nil || len(list.Records) != 1 || list.Records[0].ID != good.ID {
 		t.Fatalf("the workers' listing: %v %+v", err, list)
 	}
 	if n := seen.of(b.Names.ApprovalsBucket()); n != 1 {

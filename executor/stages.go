@@ -126,20 +126,22 @@ func (a *admission) Started(attempt int) map[string]any {
 
 // Work is stage 11's call of the handler, with the validated input.
 func (a *admission) Work(ctx context.Context, at engine.Attempt) (any, error) {
-	ci := a.callInfo(at.N, at.Logger)
+	ci := a.callInfo(at.N, at.Key, at.Logger)
 	ci.receipts = at.Receipts
 	ci.progress = at.Progress
 	return a.b.invoke(ctx, ci, a.input)
 }
 
-// callInfo is what a handler (or a reconciler) is told of attempt n.
-func (a *admission) callInfo(n int, logger *slog.Logger) callInfo {
+// callInfo is what a handler (or a reconciler) is told of attempt n, given
+// the idempotency key key (the engine's: the derivation the execution's
+// record names).
+func (a *admission) callInfo(n int, key string, logger *slog.Logger) callInfo {
 	if logger == nil {
 		logger = a.w.log.With("executionId", a.req.ExecutionID, "capabilityId", a.req.CapabilityID, "attempt", n)
 	}
 	return callInfo{
-		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID,
-		idempotencyKey: envelope.IdempotencyKey(a.req.ExecutionID), attempt: n,
+		executionID: a.req.ExecutionID, capabilityID: a.req.CapabilityID, principal: a.r.Principal,
+		idempotencyKey: key, attempt: n,
 		actor: a.req.Actor, surface: Surface(a.req.Surface), correlationID: a.req.CorrelationID,
 		approval: a.grant, logger: logger,
 	}
@@ -304,7 +306,7 @@ func (a *admission) deny(reason string, cerr *envelope.CapabilityError, records 
 // conceal refuses as if the capability did not exist (SI-8). The trail keeps
 // the true reason and stage; the caller sees what an unknown id gets.
 func (a *admission) conceal(reason, stage string, records []PolicyRecord) engine.Admission {
-	return a.refuse(reason, stage, engine.NotFoundError(), records)
+	return a.refuse(reason, stage, engine.NotFoundNear(a.w.nearName(a.r.Principal, a.req)), records)
 }
 
 func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError, records []PolicyRecord) engine.Admission {

@@ -12,10 +12,12 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
 	"github.com/capstan-dev/capstan/observe"
@@ -163,9 +165,21 @@ type Worker struct {
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
 	grants *auth.Grants
-	// reading counts the readings of executions being answered (executions.go).
+	// reading counts the control requests taken and not yet answered.
 	reading sync.WaitGroup
-	readers chan struct{}
+	// rates and gate are the control requests' quota and turns (quotas.go);
+	// stopping is set once the worker stops taking them.
+	rates    control.Rates
+	gate     *control.Gate
+	stopping atomic.Bool
+	// refusals spaces the log lines of refusals by quotas.
+	refusalsMu sync.Mutex
+	refusals   map[string]refusalLog
+	// readOnly coalesces the audit events of read-only requests.
+	readOnly readOnlyEvents
+	// approvalIndex is the worker's copy of the approvals bucket: pending
+	// approvals counted, listings paged.
+	approvalIndex *approvals.Index
 }
 
 // skipped is told of a record of bucket that a listing skipped because it
@@ -190,7 +204,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		return nil, fmt.Errorf("capstan: pool name %q: letters, digits, - and _ only", cfg.Pool)
 	}
 	w := &Worker{nc: nc, reg: reg, cfg: cfg, log: cfg.Logger.With("worker", cfg.ID, "pool", cfg.Pool),
-		caps: make(map[string]*capability, len(reg.ids)), readers: make(chan struct{}, concurrentReadings)}
+		caps: make(map[string]*capability, len(reg.ids)), refusals: map[string]refusalLog{}}
 	served := make(map[string]engine.Definition, len(reg.ids))
 	for _, id := range reg.ids {
 		c := newCapability(reg.get(id), w)
@@ -200,6 +214,7 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
 		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, Capabilities: served,
 		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
+		NearName:      w.nearName,
 		ResolveResume: w.resolveResume,
 		Pool:          cfg.Pool, Observer: cfg.Observer,
 	})
@@ -299,16 +314,36 @@ func (w *Worker) Run(ctx context.Context) error {
 	}); err != nil {
 		return startErr(ctx, err)
 	}
+	if err := ready("read approvals", func(context.Context) (err error) {
+		w.approvalIndex, err = approvals.WatchIndex(ctx, b.Approvals, w.skipped(b.Names.ApprovalsBucket()))
+		return err
+	}); err != nil {
+		return startErr(ctx, err)
+	}
+	defer w.approvalIndex.Stop()
+	w.gate = control.NewGate(controlSlots, controlShare)
 	subs, err := w.serveControl()
 	if err != nil {
+		w.gate.Stop()
 		return err
 	}
-	defer func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe()
-		}
-		w.reading.Wait() // readings answered on goroutines of their own
-	}()
+	coalesceCtx, stopCoalescing := context.WithCancel(context.Background())
+	coalesced := make(chan struct{})
+	go func() { defer close(coalesced); w.coalesce(coalesceCtx) }()
+	var stopControl sync.Once
+	stopServing := func() {
+		stopControl.Do(func() {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+			w.stopping.Store(true)
+			w.gate.Stop()    // what it took is answered
+			w.reading.Wait() // and what was refused meanwhile
+			stopCoalescing() // the last summaries filed
+			<-coalesced
+		})
+	}
+	defer stopServing()
 	// Listed last: once the catalog names a capability, its consumer exists
 	// and cancel and describe are served.
 	if err := ready("publish catalog", w.publishCatalog); err != nil {
@@ -332,6 +367,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.run.Serve(ctx, pool, unrouted, w.cfg.Concurrency, w.cfg.Grace); err != nil {
 		return err
 	}
+	stopServing()
 	flushCtx, cancelFlush := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancelFlush()
 	_ = w.audit.Flush(flushCtx)

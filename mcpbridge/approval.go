@@ -139,16 +139,16 @@ func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool
 func (b *Bridge) approval(ctx context.Context, id string) (*approvals.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
-	recs, err := b.c.ListApprovals(ctx, approvals.ListRequest{ID: id})
+	page, err := b.c.ListApprovals(ctx, approvals.ListRequest{ID: id})
 	switch {
 	case errors.Is(err, approvals.ErrForbidden) || errors.Is(err, approvals.ErrNotFound):
 		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
 	case err != nil:
 		return nil, err
-	case len(recs) != 1 || recs[0].ID != id:
+	case len(page.Records) != 1 || page.Records[0].ID != id:
 		return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
 	}
-	return recs[0], nil
+	return page.Records[0], nil
 }
 
 // resume answers capstan.resume.
@@ -171,6 +171,8 @@ func (b *Bridge) resumeApproval(ctx context.Context, actor envelope.Actor, appro
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):
 		return refusal(envelope.CodeForbidden, "No such approval."), nil
+	case quotaRefusal(err) != nil:
+		return quotaRefusal(err), nil
 	case err != nil:
 		return nil, err
 	}
@@ -254,6 +256,9 @@ func (b *Bridge) status(ctx context.Context, actor envelope.Actor, req *mcp.Call
 		res.Content = []mcp.Content{&mcp.TextContent{Text: "Execution " + in.ExecutionID + " is queued: no worker has taken it yet; call " +
 			StatusTool + " again later."}}
 		return res, nil
+	}
+	if r := quotaRefusal(err); r != nil {
+		return r, nil
 	}
 	if err != nil {
 		return nil, err

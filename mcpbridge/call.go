@@ -34,8 +34,17 @@ func (b *Bridge) callTool(ctx context.Context, v *view, capID string, req *mcp.C
 		return b.resumeApproval(ctx, v.actor, approvalID, newProgress(req), true)
 	}
 	return b.run(ctx, v.actor, newProgress(req), key, func(ctx context.Context, id string) error {
-		_, err := b.c.Submit(ctx, capID, input, b.assert(v.actor), executor.WithID(id))
-		return err
+		if _, err := b.c.Submit(ctx, capID, input, b.assert(v.actor), executor.WithID(id)); err != nil {
+			return err
+		}
+		// Stored; no live worker serves it: the caller hears so at once
+		// (the catalog says it, at no cost for a served capability).
+		var u *executor.UnservedError
+		if errors.As(b.c.Serving(ctx, capID), &u) {
+			u.ExecutionID, u.Queued = id, true
+			return u
+		}
+		return nil
 	})
 }
 
@@ -88,6 +97,11 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 	var ce *envelope.CapabilityError
 	if errors.As(err, &ce) {
 		return resultOf(refused(id, ce)), nil
+	}
+	var u *executor.UnservedError
+	if errors.As(err, &u) {
+		b.log.Warn("MCP call of a capability no live worker serves", "executionId", id, "err", err)
+		return unserved(u), nil
 	}
 	if err != nil && explicitlyCancelled(ctx) && b.ctx.Err() == nil {
 		// Cancelled while the request was being stored: it may have been.
@@ -290,16 +304,48 @@ func unconfirmed(id string) *mcp.CallToolResult {
 
 // refusal is the result of a call refused by the bridge itself.
 func refusal(code envelope.Code, msg string) *mcp.CallToolResult {
-	me := &envelope.ModelError{Code: code, Message: msg}
+	return modelError(&envelope.ModelError{Code: code, Message: msg})
+}
+
+func modelError(me *envelope.ModelError) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: errorText(me)}}, StructuredContent: me}
+}
+
+// quotaRefusal is the tool result of a request the workers refused because
+// the bridge's principal is over a quota (QUOTA_EXCEEDED, with the quota, its
+// limit and retryAfterMs, for the model to wait on), or nil for any other
+// error.
+func quotaRefusal(err error) *mcp.CallToolResult {
+	var cerr *envelope.CapabilityError
+	if !errors.Is(err, envelope.ErrQuotaExceeded) || !errors.As(err, &cerr) {
+		return nil
+	}
+	return modelError(cerr.ForModel())
 }
 
 // StillRunning is the structured content of a call whose execution outlived
 // Config.CallTimeout.
 type StillRunning struct {
-	Status      string `json:"status"`      // "running"
+	Status      string `json:"status"`      // "running", or "queued" when no live worker serves the capability
 	ExecutionID string `json:"executionId"` // the execution, to read later with the status tool
 	Next        string `json:"next"`        // what to do next, in words a model follows
+}
+
+// unserved answers a call no live worker serves: queued (it runs once a
+// worker starts, before its start deadline) or not submitted, and what the
+// operator is to start.
+func unserved(u *executor.UnservedError) *mcp.CallToolResult {
+	if !u.Queued {
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "No worker is serving this tool now; nothing ran. " + u.Error()}},
+			StructuredContent: &envelope.ModelError{Code: envelope.CodeNotStarted, Message: "No worker is serving this tool now; nothing ran.", Retryable: true}}
+	}
+	next := fmt.Sprintf("It runs once a worker starts. Call %s with this executionId later to read its result; do not call the tool again meanwhile.", StatusTool)
+	return &mcp.CallToolResult{
+		Meta: mcp.Meta{metaKey + "executionId": u.ExecutionID, metaKey + "status": "queued"},
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("No worker is serving this tool now: the call is queued as execution %s. %s (%v)",
+			u.ExecutionID, next, u)}},
+		StructuredContent: StillRunning{Status: "queued", ExecutionID: u.ExecutionID, Next: next},
+	}
 }
 
 func stillRunning(id string, waited time.Duration) *mcp.CallToolResult {

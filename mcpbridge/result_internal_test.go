@@ -1,8 +1,11 @@
 package mcpbridge
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -41,5 +44,25 @@ func TestResultOf_RecoveredOutcomeToldToTheModel(t *testing.T) {
 			!strings.Contains(texts[1], "Do not call it again") || how != c.recovered.How):
 			t.Errorf("%s: texts %q, meta recovered %q: want the model told how (%q)", c.name, texts, how, c.want)
 		}
+	}
+}
+
+// A request the workers refused for the bridge principal's quota reaches
+// the model as QUOTA_EXCEEDED with the figures to wait on, as a tool error;
+// any other error is not taken for one.
+func TestQuotaRefusal_TheModelSeesTheQuota(t *testing.T) {
+	t.Parallel()
+	res := quotaRefusal(fmt.Errorf("capstan: list approvals: %w",
+		envelope.QuotaExceeded("", envelope.QuotaControlPerSecond, "control requests a second", 50, 20*time.Millisecond)))
+	if res == nil || !res.IsError {
+		t.Fatalf("result %+v", res)
+	}
+	me, ok := res.StructuredContent.(*envelope.ModelError)
+	if !ok || me.Code != envelope.CodeQuotaExceeded || !me.Retryable || me.Details["quota"] != envelope.QuotaControlPerSecond ||
+		me.Details["limit"] != int64(50) || me.Details["retryAfterMs"] != int64(20) {
+		t.Fatalf("the model sees %+v", res.StructuredContent)
+	}
+	if quotaRefusal(errors.New("capstan: no worker")) != nil || quotaRefusal(nil) != nil {
+		t.Fatal("another error taken for a quota's refusal")
 	}
 }

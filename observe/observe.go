@@ -50,6 +50,10 @@ type Worker interface {
 	// Skipped is called for each record of bucket a listing skipped because
 	// it does not decode (the listing goes on without it).
 	Skipped(bucket string)
+	// QuotaExceeded is called for each request the worker refused because
+	// principal was over quota (auth.Quotas' field name, e.g.
+	// controlPerSecond).
+	QuotaExceeded(quota, principal string)
 }
 
 // Execution is told what happens to one delivery a worker works on.
@@ -105,6 +109,9 @@ func (NopWorker) AuditFailed() {}
 
 // Skipped does nothing.
 func (NopWorker) Skipped(string) {}
+
+// QuotaExceeded does nothing.
+func (NopWorker) QuotaExceeded(string, string) {}
 
 // NopExecution observes nothing; embed it to implement only some methods.
 type NopExecution struct{}

@@ -26,6 +26,7 @@ type metrics struct {
 	recovered      *prometheus.CounterVec
 	auditFailures  prometheus.Counter
 	skipped        *prometheus.CounterVec
+	quotaExceeded  *prometheus.CounterVec
 	handler        *prometheus.HistogramVec
 	execution      *prometheus.HistogramVec
 	queueWait      *prometheus.HistogramVec
@@ -83,6 +84,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_records_skipped_total",
 			Help: "Records a listing skipped because they do not decode, by bucket (each is logged with its key).",
 		}, []string{"bucket"}),
+		quotaExceeded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_quota_exceeded_total",
+			Help: "Requests refused QUOTA_EXCEEDED because their principal was over a quota, by quota and principal.",
+		}, []string{"quota", "principal"}),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_handler_duration_seconds",
 			Help:    "Duration of one handler attempt.",
@@ -117,7 +122,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Buckets: durationBuckets,
 		}, []string{"capability", "status"}),
 	}
-	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped,
+	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped, m.quotaExceeded,
 		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
 	return m
 }

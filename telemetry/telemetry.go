@@ -142,6 +142,12 @@ func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
 // decode. Buckets are capstan's few: the label stays small.
 func (t *Telemetry) Skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }
 
+// QuotaExceeded counts a request refused because principal was over quota.
+// Principals are the deployment's grants, so the label stays bounded.
+func (t *Telemetry) QuotaExceeded(quota, principal string) {
+	t.m.quotaExceeded.WithLabelValues(quota, principal).Inc()
+}
+
 // Begin continues the request's trace with a span for its queue wait (on its
 // first delivery) and one for the worker's processing.
 func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {

@@ -19,7 +19,7 @@ import (
 
 // approvalsCommands are the subcommands of `capstan approvals`.
 var approvalsCommands = []command{
-	{"list", "list approvals, oldest first", runApprovalsList},
+	{"list", "list approvals, a page at a time (each requester oldest first, in turns)", runApprovalsList},
 	{"show", "print one approval", runApprovalsShow},
 	{"approve", "approve a pending approval (and resume it with --resume)", runApprovalsApprove},
 	{"reject", "reject a pending approval", runApprovalsReject},
@@ -61,31 +61,49 @@ func approvalView(r *approvals.Record) *approvals.Record {
 	return &v
 }
 
+// approvalsPage is a page of approvals as `approvals list -o json` prints it.
+type approvalsPage struct {
+	Records []*approvals.Record `json:"records"`
+	// Next is the --cursor of the next page; "" when nothing more matches.
+	Next string `json:"next,omitempty"`
+	// Trimmed names the records sent without their input: alone, too large
+	// for a reply.
+	Trimmed []string `json:"trimmed,omitempty"`
+}
+
 func runApprovalsList(args []string) int {
-	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [-o json]")
+	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [--newest] [--limit N] [--cursor C] [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
-	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed")
+	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed; or decided (any but pending)")
 	capID := fs.String("capability", "", "only approvals of this capability")
 	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
+	newest := fs.Bool("newest", false, "each requester's newest approvals first (default: oldest first)")
+	limit := fs.Int("limit", approvals.DefaultPageSize, fmt.Sprintf("how many approvals a page shows (at most %d)", approvals.MaxPageSize))
+	cursor := fs.String("cursor", "", "where the page begins: the cursor the previous page printed")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
 	if err := o.check(); err != nil {
 		return usageError("%v", err)
 	}
-	f := approvals.Filter{Status: approvals.Status(*status), CapabilityID: *capID}
-	switch f.Status {
+	req := approvals.ListRequest{Status: approvals.Status(*status), CapabilityID: *capID, Newest: *newest, Limit: *limit, Cursor: *cursor}
+	switch req.Status {
 	case "", approvals.StatusPending, approvals.StatusApproved, approvals.StatusRejected, approvals.StatusExpired, approvals.StatusCancelled, approvals.StatusConsumed:
+	case "decided":
+		req.Status, req.Decided = "", true
 	default:
-		return usageError("--status %q: want pending, approved, rejected, expired, cancelled or consumed", *status)
+		return usageError("--status %q: want pending, approved, rejected, expired, cancelled, consumed or decided", *status)
+	}
+	if *limit <= 0 || *limit > approvals.MaxPageSize {
+		return usageError("--limit %d: want 1 to %d", *limit, approvals.MaxPageSize)
 	}
 	if *actor != "" {
 		a, err := parseKindID("--actor", *actor)
 		if err != nil {
 			return usageError("%v", err)
 		}
-		f.Actor = a
+		req.Actor = a
 	}
 	if err := conn.need("list approvals", names.ListApprovalsSubject, ""); err != nil {
 		return usageError("%v", err)
@@ -97,16 +115,23 @@ func runApprovalsList(args []string) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	list, err := approvals.RequestList(ctx, nc, broker.NewNames(""),
-		approvals.ListRequest{Status: f.Status, CapabilityID: f.CapabilityID, Actor: f.Actor})
+	page, err := approvals.RequestList(ctx, nc, broker.NewNames(""), req)
 	if err != nil {
-		return usageError("%v", err)
+		return requestError(err)
 	}
-	views := make([]*approvals.Record, 0, len(list))
-	for _, r := range list {
-		views = append(views, approvalView(r))
+	out := approvalsPage{Records: make([]*approvals.Record, 0, len(page.Records)), Next: page.Next, Trimmed: page.Trimmed}
+	for _, r := range page.Records {
+		out.Records = append(out.Records, approvalView(r))
 	}
-	return o.print(views, func(w io.Writer, st style) { writeApprovalList(w, st, views) })
+	return o.print(out, func(w io.Writer, st style) {
+		writeApprovalList(w, st, out.Records)
+		if len(out.Trimmed) > 0 {
+			fmt.Fprintf(w, "%s\n", st.dim("Shown without their input (too large for one reply): "+strings.Join(out.Trimmed, ", ")))
+		}
+		if out.Next != "" {
+			fmt.Fprintf(w, "%s\n", st.dim("More: "+nextCommand([]string{"approvals", "list"}, args, out.Next)))
+		}
+	})
 }
 
 func runApprovalsShow(args []string) int {
@@ -134,17 +159,14 @@ func runApprovalsShow(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	rs, err := approvals.RequestList(ctx, nc, broker.NewNames(""), approvals.ListRequest{ID: id})
+	rec, err := approvals.RequestOne(ctx, nc, broker.NewNames(""), id)
 	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}
 	if err != nil {
-		return usageError("%v", err)
+		return requestError(err)
 	}
-	if len(rs) == 0 {
-		return fail(exitFailed, "%v", approvals.ErrNotFound)
-	}
-	return printApproval(o, approvalView(rs[0]))
+	return printApproval(o, approvalView(rec))
 }
 
 // printApproval prints one approval as o says.
@@ -257,7 +279,7 @@ func decisionError(err error) int {
 	if code := approvals.Code(err); code != "" {
 		return fail(exitFailed, "%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
 	}
-	return usageError("%v", err)
+	return requestError(err)
 }
 
 func runResume(args []string) int {

@@ -145,7 +145,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 		}
 	}
 	stdout, _, _ := capstan(t, url, "approvals", "list", "--status", "expired", "--json")
-	if list := decode[[]printedApproval](t, stdout); len(list) != 1 || list[0].ID != expired {
+	if page := decode[struct{ Records []printedApproval }](t, stdout); len(page.Records) != 1 || page.Records[0].ID != expired {
 		t.Fatalf("expired: %s", stdout)
 	}
 	for _, args := range [][]string{
@@ -248,7 +248,7 @@ func TestCLI_ResumeRaceAcrossWorkerProcesses(t *testing.T) {
 			case env.Status == envelope.StatusCompleted:
 				completed++
 				// The demo refund is keyed by the execution's idempotency key.
-				if _, err := refunds.Get(ctx, envelope.IdempotencyKey(env.ExecutionID)); err != nil {
+				if _, err := refunds.Get(ctx, envelope.IdempotencyKey(broker.Anonymous, env.ExecutionID)); err != nil {
 					t.Fatalf("round %d: no refund recorded by %s: %v", round, env.ExecutionID, err)
 				}
 			case env.Error == nil || env.Error.Code != envelope.CodeApprovalConsumed:

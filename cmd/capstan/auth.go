@@ -71,7 +71,7 @@ func runAuthInit(args []string) int {
 	}
 	fmt.Printf("created %s: %s, %s, %s, %s\n", pos[0], auth.ServerConfigFile,
 		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal), s.PushCredsPath())
-	fmt.Printf("next:\n  capstan auth add %s NAME --role producer --actor user:NAME\n  capstan server --auth %s\n", pos[0], pos[0])
+	fmt.Printf("next:\n  capstan auth add %s NAME --role producer --actor user:NAME --capabilities 'demo.*'\n  capstan server --auth %s\n", pos[0], pos[0])
 	return exitOK
 }
 
@@ -159,11 +159,11 @@ func (b *byteSize) Set(s string) error {
 }
 
 func runAuthAdd(args []string) int {
-	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*] [--types T,T] [--pool P] [--max-connections N] [--max-subscriptions N] [--max-payload SIZE] [--quota-queued N] [--quota-queued-bytes SIZE] [--quota-pending-approvals N] [--quota-control-rate N]")
+	fs := newFlags("auth add", "DIR NAME --role producer|approver|worker|admin|notifier [--actor KIND:ID] [--surfaces S,S] [--capabilities ID,PREFIX.*|'*'] [--types T,T] [--pool P] [--max-connections N] [--max-subscriptions N] [--max-payload SIZE] [--quota-queued N] [--quota-queued-bytes SIZE] [--quota-pending-approvals N] [--quota-control-rate N]")
 	role := fs.String("role", "", "producer, approver, worker, admin or notifier")
 	actors := fs.String("actor", "", "actors the principal may act as, comma-separated: kind:id, or kind:* for a gateway that authenticates its users")
 	surfaces := fs.String("surfaces", "", "surfaces a producer may call from, comma-separated (default all)")
-	caps := fs.String("capabilities", "*", "capabilities a producer may call, comma-separated: ids, prefixes like orders.*, or *")
+	caps := fs.String("capabilities", "", "capabilities a producer may call, comma-separated: ids, prefixes like orders.*, or '*' for every one; required for a producer, none granted by default")
 	types := fs.String("types", "", "approval types an approver may decide, comma-separated, or *")
 	pool := fs.String("pool", "", "pool of a worker")
 	lf := addLimitFlags(fs)
@@ -180,11 +180,21 @@ func runAuthAdd(args []string) int {
 		Surfaces: list(*surfaces), Types: list(*types), Pool: *pool}
 	if g.Role == auth.RoleProducer {
 		g.Capabilities = list(*caps)
+	} else if *caps != "" {
+		return usageError("auth add: --capabilities is a producer's; a %s calls no capability", g.Role)
 	}
 	if auth.HasOwnAccount(g.Role) {
 		g.Limits, g.Quotas = lf.limits(), qf.quotas()
 	} else if flagsSet(fs, "max-") || flagsSet(fs, "quota-") {
 		return usageError("auth add: --max-* and --quota-* bound a producer or approver; a %s lives in the capstan account", g.Role)
+	}
+	if g.Role == auth.RoleProducer && len(g.Capabilities) == 0 {
+		if err := g.Validate(); err != nil {
+			return fail(exitUsage, "auth add: %v", err) // what else is wrong comes first
+		}
+		// No capability is granted by default: a forgotten flag must not
+		// hand a producer the whole catalog.
+		return usageError("auth add: a producer needs --capabilities: the capabilities %s may call (ids, prefixes like orders.*, or '*' for every one); none is granted by default, and nothing was added", pos[1])
 	}
 	if err := s.Add(g); err != nil {
 		return fail(exitUsage, "auth add: %v", err)

@@ -28,7 +28,7 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"alice", "--role", "producer", "--actor", "user:alice", "--surfaces", "direct", "--capabilities", "demo.*,orders.refund"},
-		{"gateway", "--role", "producer", "--actor", "user:*"},
+		{"gateway", "--role", "producer", "--actor", "user:*", "--capabilities", "*"},
 		{"carol", "--role", "approver", "--actor", "user:carol", "--types", "finance"},
 	} {
 		if _, stderr, code := capstan(t, "", append([]string{"auth", "add", dir}, args...)...); code != exitOK {
@@ -41,6 +41,11 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 	}{
 		{[]string{"mallory", "--role", "root"}, "role"},
 		{[]string{"mallory", "--role", "producer"}, "--actor"},
+		// No capability is granted by default: the flag is required, and
+		// says why.
+		{[]string{"mallory", "--role", "producer", "--actor", "user:mallory"}, "a producer needs --capabilities"},
+		{[]string{"mallory", "--role", "producer", "--actor", "user:mallory", "--capabilities", ""}, "none is granted by default"},
+		{[]string{"mallory", "--role", "approver", "--types", "finance", "--capabilities", "*"}, "--capabilities is a producer's"},
 		{[]string{"mallory", "--role", "approver"}, "--types"},
 		{[]string{"Mallory!", "--role", "admin"}, "principal"},
 		{[]string{"alice", "--role", "admin"}, "already exists"},
@@ -49,7 +54,7 @@ func TestAuth_InitAddListWriteCredentialsAndGrants(t *testing.T) {
 			t.Fatalf("add %v: exit %d, stderr %q, want exit 2 naming %q", tc.args, code, stderr, tc.want)
 		}
 	}
-	if _, stderr, code := capstan(t, "", "auth", "add", dir, "temp", "--role", "producer", "--actor", "user:temp"); code != exitOK {
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "temp", "--role", "producer", "--actor", "user:temp", "--capabilities", "demo.echo"); code != exitOK {
 		t.Fatalf("add temp: exit %d: %s", code, stderr)
 	}
 	if _, stderr, code := capstan(t, "", "auth", "remove", dir, "temp"); code != exitOK {
@@ -188,7 +193,7 @@ func TestAuthMigrate_OneAccountSetupThenServes(t *testing.T) {
 	testenv.LegacySetup(t, dir, auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"demo.*"}})
 	for _, args := range [][]string{
 		{"server", "--auth", dir, "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
-		{"auth", "add", dir, "bob", "--role", "producer", "--actor", "user:bob"},
+		{"auth", "add", dir, "bob", "--role", "producer", "--actor", "user:bob", "--capabilities", "*"},
 		{"auth", "push", dir},
 	} {
 		if _, stderr, code := capstan(t, "", args...); code == exitOK || !strings.Contains(stderr, "capstan auth migrate "+dir) {
@@ -221,7 +226,7 @@ func TestAuthAdd_Limits(t *testing.T) {
 	if _, stderr, code := capstan(t, "", "auth", "init", dir); code != exitOK {
 		t.Fatalf("init: %s", stderr)
 	}
-	if _, stderr, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice",
+	if _, stderr, code := capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice", "--capabilities", "*",
 		"--max-connections", "3", "--max-subscriptions", "40", "--max-payload", "64KiB"); code != exitOK {
 		t.Fatalf("add: %s", stderr)
 	}
@@ -232,7 +237,7 @@ func TestAuthAdd_Limits(t *testing.T) {
 		{[]string{"w2", "--role", "worker", "--max-connections", "3"}, "capstan account"},
 		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-payload", "lots"}, "size"},
 		{[]string{"x", "--role", "producer", "--actor", "user:x", "--max-connections", "0"}, "connections"},
-		{[]string{"push", "--role", "producer", "--actor", "user:x"}, "setup's own"},
+		{[]string{"push", "--role", "producer", "--actor", "user:x", "--capabilities", "*"}, "setup's own"},
 	} {
 		if _, stderr, code := capstan(t, "", append([]string{"auth", "add", dir}, tc.args...)...); code != exitUsage || !strings.Contains(stderr, tc.want) {
 			t.Fatalf("add %v: exit %d: %s", tc.args, code, stderr)
@@ -273,7 +278,7 @@ func TestCredentials_ReadableByOthersAreRefused(t *testing.T) {
 	if err := os.Chmod(seed, 0o640); err != nil {
 		t.Fatal(err)
 	}
-	_, stderr, code = capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice")
+	_, stderr, code = capstan(t, "", "auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice", "--capabilities", "*")
 	if code != exitUsage || !strings.Contains(stderr, "chmod 600 "+seed) {
 		t.Fatalf("a loose seed: exit %d: %s", code, stderr)
 	}
@@ -294,7 +299,7 @@ func TestAuthPush_LivePrincipalsOnAClusterOfProcesses(t *testing.T) {
 	}
 	_, urls := startServerCluster(t, "--auth", dir)
 	startDaemon(t, "", []string{"CAPSTAN_NATS_URL=" + urls}, "worker", "--creds", filepath.Join(dir, "worker.creds"))
-	if _, stderr, code := capstan(t, urls, "auth", "add", dir, "erin", "--role", "producer", "--actor", "user:erin"); code != exitOK {
+	if _, stderr, code := capstan(t, urls, "auth", "add", dir, "erin", "--role", "producer", "--actor", "user:erin", "--capabilities", "*"); code != exitOK {
 		t.Fatalf("add: %s", stderr)
 	}
 	creds := filepath.Join(dir, "erin.creds")

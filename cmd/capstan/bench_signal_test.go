@@ -87,10 +87,12 @@ func TestCLI_WaitingCommandsStopOnSIGTERMAfterTheServerWasKilled(t *testing.T) {
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	server := startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
 	env := []string{"CAPSTAN_NATS_URL=" + url}
-	// No worker serves: the call and the await wait for an envelope.
+	// No worker serves: the call (told to wait for one) and the await of its
+	// queued request wait for an envelope.
+	id := envelope.NewExecutionID()
 	waiting := map[string]*daemon{
-		"call":   spawn(t, env, "call", "demo.echo", "--wait", "1h"),
-		"await":  spawn(t, env, "await", envelope.NewExecutionID(), "--wait", "1h"), // young: waited for, never expired
+		"call":   spawn(t, env, "call", "demo.echo", "--id", id, "--if-unserved", "wait", "--wait", "1h"),
+		"await":  spawn(t, env, "await", id, "--wait", "1h"),
 		"follow": spawn(t, env, "audit", "--follow"),
 	}
 	// The call is waiting once its request is stored, audit --follow once its

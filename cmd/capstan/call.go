@@ -23,6 +23,7 @@ const submitTimeout = 10 * time.Second
 type requestFlags struct {
 	input, actor, surface, id string
 	startWithin               time.Duration
+	ifUnserved                string
 }
 
 func addRequestFlags(fs *flag.FlagSet) *requestFlags {
@@ -32,6 +33,7 @@ func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
 	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
 	fs.DurationVar(&r.startWithin, "start-within", executor.DefaultStartWithin, "how long the request may wait for a worker to start it; past it, it ends NOT_STARTED")
+	fs.StringVar(&r.ifUnserved, "if-unserved", "queue", "when no live worker serves the capability: queue (say so at once, exit 7, the request stays queued), refuse (submit nothing, exit 7), or wait")
 	return r
 }
 
@@ -90,9 +92,13 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 	if r.startWithin <= 0 {
 		return request{}, errors.New("--start-within must be positive")
 	}
+	unserved, err := executor.ParseUnserved(r.ifUnserved)
+	if err != nil {
+		return request{}, fmt.Errorf("--if-unserved %v", err)
+	}
 	return request{
 		client: executor.ClientConfig{Surface: executor.Surface(r.surface), Actor: envelope.Actor{Kind: kind, ID: id},
-			StartWithin: r.startWithin},
+			StartWithin: r.startWithin, Unserved: unserved},
 		input: in,
 		id:    execID,
 	}, nil
@@ -127,7 +133,7 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--wait D] [--follow] [-o json]")
+	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [--wait D] [--follow] [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
@@ -164,6 +170,9 @@ func runCall(args []string) int {
 	env, err := c.Call(show.context(ctx), capID, req.input, executor.WithID(req.id))
 	stopWaiting()
 	if err != nil {
+		if errors.Is(err, executor.ErrUnserved) {
+			return unservedError(err)
+		}
 		return awaitError(err, req.id, *wait)
 	}
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
@@ -173,7 +182,7 @@ func runCall(args []string) int {
 }
 
 func runSubmit(args []string) int {
-	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [-o json]")
+	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
@@ -204,8 +213,19 @@ func runSubmit(args []string) int {
 	if errors.As(err, &ce) {
 		return fail(exitFailed, "%v", err)
 	}
+	if errors.Is(err, executor.ErrUnserved) {
+		return unservedError(err)
+	}
 	if err != nil {
 		return usageError("%v", err)
+	}
+	if req.client.Unserved == executor.UnservedQueue {
+		// Stored: it waits for a worker, and the person is told there is none.
+		var u *executor.UnservedError
+		if errors.As(c.Serving(ctx, pos[0]), &u) {
+			u.ExecutionID, u.Queued = id, true
+			fmt.Fprintf(os.Stderr, "capstan: warning: %v\n", u)
+		}
 	}
 	// For a person, the id alone on stdout (what a script captures too) and
 	// what to do with it on a terminal's stderr.
@@ -260,6 +280,16 @@ func runAwait(args []string) int {
 		return awaitError(err, id, *wait)
 	}
 	return printEnvelope(o, env)
+}
+
+// unservedError reports a call no live worker serves: what to start, and
+// what became of the request (queued: 'capstan await ID' waits for it).
+func unservedError(err error) int {
+	var u *executor.UnservedError
+	if errors.As(err, &u) && u.Queued {
+		return fail(exitUnserved, "%v; 'capstan await %s' waits for it, 'capstan cancel %s' withdraws it", err, u.ExecutionID, u.ExecutionID)
+	}
+	return fail(exitUnserved, "%v", err)
 }
 
 // expiredError reports an execution whose envelope is no longer kept.

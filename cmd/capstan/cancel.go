@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"io"
 
@@ -23,6 +24,12 @@ func runCancel(args []string) int {
 			opts = append(opts, executor.OwnedBy(owner))
 		}
 		reply, err := c.Cancel(ctx, id, opts...)
+		switch {
+		case errors.Is(err, executor.ErrExpired):
+			return expiredError(err, id)
+		case errors.Is(err, executor.ErrNoSuchExecution):
+			return fail(exitUnknown, "%v", err)
+		}
 		human := func(w io.Writer, st style) { writeCancelReply(w, st, reply) }
 		if reply != nil && err != nil {
 			// A worker answered but could not record the cancel.
@@ -30,7 +37,7 @@ func runCancel(args []string) int {
 			return fail(exitFailed, "%v", err)
 		}
 		if err != nil {
-			return usageError("%v", err)
+			return requestError(err)
 		}
 		return o.print(reply, human)
 	}}.run(args)

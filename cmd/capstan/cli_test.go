@@ -335,10 +335,11 @@ func TestExitCodes(t *testing.T) {
 		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
-		// The id is made as the subtest runs (freshID): an id made longer
-		// ago than a moment is probed, and nothing stored of it is an
-		// unknown execution.
-		{"await without envelope runs out of time", []string{"await", freshID, "--wait", "1s"}, exitNoEnvelope, "", false},
+		{"a call that outlives its wait", []string{"call", "demo.report", "--input", `{"pages":3,"pageMs":1000}`, "--wait", "500ms"}, exitNoEnvelope, "", true},
+		// The id is made as the subtest runs (freshID): its request may be
+		// on its way, so it is waited for until it is two seconds old,
+		// then asked for again, long before the wait's end.
+		{"await of a young id that never arrives says so once it is old enough", []string{"await", freshID, "--wait", "1h"}, exitUnknown, "", false},
 		// An id nothing is stored for, made long enough ago not to be on
 		// its way: answered at once.
 		{"await of an unknown id says so at once", []string{"await", idMadeAgo(t, time.Minute), "--wait", "1h"}, exitUnknown, "", false},

@@ -259,10 +259,22 @@ func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEm
 		t.Errorf("no node named %q", name)
 		return nodes[0]
 	}
+	// How far the run has got, every 5 s, until the calls have returned: it
+	// is joined before the test goes on, so it never logs after the test.
+	stopProgress, progressDone := make(chan struct{}), make(chan struct{})
 	go func() {
-		for ctx.Err() == nil && done.Load() < n {
-			time.Sleep(5 * time.Second)
-			t.Logf("%s: %d/%d done", time.Now().Format("15:04:05"), done.Load(), n)
+		defer close(progressDone)
+		tick := time.NewTicker(5 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				t.Logf("%s: %d/%d done", time.Now().Format("15:04:05"), done.Load(), n)
+			}
 		}
 	}()
 	chaosDone := make(chan struct{})
@@ -296,6 +308,8 @@ func TestClusterProcesses_ServersKilledOneAfterAnother_OneEnvelopeAndAtMostOneEm
 	}()
 	wg.Wait()
 	<-chaosDone
+	close(stopProgress)
+	<-progressDone
 	if ctx.Err() != nil {
 		diagnose(t, js, urls, workers, ids, errs)
 		t.Fatalf("the run did not finish: %d of %d calls returned", done.Load(), n)

@@ -65,7 +65,7 @@ func runExecutions(args []string) int {
 		return readError(err)
 	}
 	return o.print(page, func(w io.Writer, st style) {
-		writeExecutionList(w, st, page, nextCommand(args, page.Next))
+		writeExecutionList(w, st, page, nextCommand([]string{"executions"}, args, page.Next))
 	})
 }
 
@@ -87,17 +87,15 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 			return nil, fmt.Errorf("--%w", oerr)
 		}
 	}
-	p, lerr := audit.List(ctx, b, q)
-	if lerr != nil {
-		return nil, lerr
+	if q.Limit <= 0 {
+		q.Limit = audit.DefaultLimit
 	}
-	out := &executor.ExecutionsPage{V: envelope.Version, Entries: p.Entries, Scanned: p.Scanned, Scope: executor.ScopeAll}
-	out.Next = p.Cursor()
-	return out, nil
+	return executor.ListWithQueued(ctx, b, q, req.Cursor == "", executor.ScopeAll, nil)
 }
 
-// nextCommand is the command line that shows the page after this one.
-func nextCommand(args []string, next string) string {
+// nextCommand is the command line (capstan, then cmd's words, then args)
+// that shows the page after this one.
+func nextCommand(cmd, args []string, next string) string {
 	if next == "" {
 		return ""
 	}
@@ -113,7 +111,8 @@ func nextCommand(args []string, next string) string {
 		}
 		kept = append(kept, shellQuote(a))
 	}
-	return strings.Join(append([]string{"capstan", "executions"}, append(kept, "--cursor", next)...), " ")
+	words := append(append([]string{"capstan"}, cmd...), kept...)
+	return strings.Join(append(words, "--cursor", next), " ")
 }
 
 func shellQuote(s string) string {
@@ -141,6 +140,16 @@ func readError(err error) int {
 		return fail(exitUnknown, "%v", err)
 	case errors.Is(err, executor.ErrNoWorkers):
 		return fail(exitUsage, "%v: no worker answers listings and readings (start one with 'capstan worker', or 'capstan dev')", err)
+	}
+	return requestError(err)
+}
+
+// requestError reports a request the workers refused or could not answer:
+// a quota's refusal fails (exit 1), naming the quota and when to try again;
+// anything else is a usage or connection error.
+func requestError(err error) int {
+	if errors.Is(err, envelope.ErrQuotaExceeded) {
+		return fail(exitFailed, "%v", err)
 	}
 	return usageError("%v", err)
 }
@@ -236,15 +245,22 @@ func resolveApproval(ctx context.Context, nc *nats.Conn, arg string) (string, er
 	if _, _, ok := prefixTimes(arg); !ok {
 		return arg, nil
 	}
-	list, err := approvals.RequestList(ctx, nc, names, approvals.ListRequest{})
-	if err != nil {
-		return arg, nil
-	}
+	// The pages of what the principal may see, until a second match.
 	var found []*approvals.Record
-	for _, r := range list {
-		if strings.HasPrefix(r.ID, arg) {
-			found = append(found, r)
+	for req := (approvals.ListRequest{Limit: approvals.MaxPageSize}); len(found) < 2; {
+		page, err := approvals.RequestList(ctx, nc, names, req)
+		if err != nil {
+			return arg, nil
 		}
+		for _, r := range page.Records {
+			if strings.HasPrefix(r.ID, arg) {
+				found = append(found, r)
+			}
+		}
+		if page.Next == "" {
+			break
+		}
+		req.Cursor = page.Next
 	}
 	switch len(found) {
 	case 0:

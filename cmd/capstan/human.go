@@ -241,7 +241,9 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 			f.add(st, "Recovered", recoveredLine(r))
 		}
 		f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-		f.add(st, "Finalized", stamp(st, env.FinalizedAt)+" by "+env.FinalizedBy)
+		if line := finalizedLine(st, env); line != "" {
+			f.add(st, "Finalized", line)
+		}
 		if a := env.Approval; a != nil {
 			f.add(st, "Approval", a.ID+st.dim(" (expires "+ago(st.now, a.ExpiresAt)+")"))
 			f.add(st, "Reasons", strings.Join(a.Reasons, "; "))
@@ -354,6 +356,43 @@ func pad(s string, n int) string {
 	return s + strings.Repeat(" ", n-len(s))
 }
 
+// finalizedLine says when an envelope was written and by which worker: ""
+// when it says neither (one refused before it was published); the time alone
+// when it names no worker.
+func finalizedLine(st style, env *envelope.Envelope) string {
+	if env.FinalizedAt.IsZero() {
+		return ""
+	}
+	line := stamp(st, env.FinalizedAt)
+	if env.FinalizedBy != "" {
+		line += " by " + env.FinalizedBy
+	}
+	return line
+}
+
+// detailLines writes an error detail's value: a list one item a line (an
+// input issue as "path: message"), so that none is cut; anything else as
+// dataValue does.
+func detailLines(v any) []string {
+	items, ok := v.([]any)
+	if !ok || len(items) == 0 {
+		return []string{dataValue(v)}
+	}
+	lines := make([]string, 0, len(items))
+	for _, it := range items {
+		if m, ok := it.(map[string]any); ok {
+			if msg, ok := m["message"].(string); ok {
+				if path, ok := m["path"].(string); ok {
+					lines = append(lines, path+": "+msg)
+					continue
+				}
+			}
+		}
+		lines = append(lines, dataValue(it))
+	}
+	return lines
+}
+
 // dataValue writes an event's data value compactly: strings as they are
 // (quoted when they hold spaces), anything else as JSON.
 func dataValue(v any) string {
@@ -375,7 +414,7 @@ func writeCancelReply(w io.Writer, st style, r *executor.CancelReply) {
 	case r.Error != "":
 		fmt.Fprintf(w, "%s: the cancel was not recorded\n", r.ExecutionID)
 	case r.Finalized:
-		fmt.Fprintf(w, "%s has ended: %s\n", r.ExecutionID, st.status(string(r.Status)))
+		fmt.Fprintf(w, "%s already ended: %s; the cancel changed nothing\n", r.ExecutionID, st.status(string(r.Status)))
 	default:
 		fmt.Fprintf(w, "%s: cancel recorded (it was %s); 'capstan await %s' shows its end\n", r.ExecutionID,
 			st.status(string(r.State)), r.ExecutionID)
@@ -409,7 +448,13 @@ func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 		f.add(st, "Error", line)
 		f.add(st, "Stage", e.Stage)
 		for _, k := range slices.Sorted(maps.Keys(e.Details)) {
-			f.add(st, "  "+k, dataValue(e.Details[k]))
+			for i, line := range detailLines(e.Details[k]) {
+				key := "  " + k
+				if i > 0 {
+					key = ""
+				}
+				f.add(st, key, line)
+			}
 		}
 	}
 	if a := env.Approval; a != nil {
@@ -424,8 +469,8 @@ func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 		f.add(st, "Recovered", recoveredLine(r))
 	}
 	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-	if !env.FinalizedAt.IsZero() {
-		f.add(st, "Finalized", stamp(st, env.FinalizedAt)+" by "+env.FinalizedBy)
+	if line := finalizedLine(st, env); line != "" {
+		f.add(st, "Finalized", line)
 	}
 	f.flush()
 	if len(env.Output) > 0 {

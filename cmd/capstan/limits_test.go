@@ -60,14 +60,14 @@ func TestLimits_ShowsUsageAgainstEachLimit(t *testing.T) {
 		!strings.HasSuffix(slot.Holders[0].Key, id) || slot.Holders[0].Worker != w.Worker.ID() {
 		t.Errorf("the slots: %+v", slot)
 	}
-	if rate.Kind != "rate" || rate.Who != "user:ann" || rate.Used != 1 || rate.Max != 10 || rate.Limit != "10 per 1h per actor" {
+	if rate.Kind != "rate" || rate.Who != "_anon/user:ann" || rate.Used != 1 || rate.Max != 10 || rate.Limit != "10 per 1h per actor" {
 		t.Errorf("the rate: %+v", rate)
 	}
 	if env, err := c.Await(t.Context(), id); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("%v %+v", err, env)
 	}
 	human, _, _ := capstan(t, w.Env.URL, "limits", "--capability", "t.")
-	if !strings.Contains(human, "at most 3 running at once") || !strings.Contains(human, "user:ann") {
+	if !strings.Contains(human, "at most 3 running at once") || !strings.Contains(human, "_anon/user:ann") {
 		t.Errorf("for a person:\n%s", human)
 	}
 }

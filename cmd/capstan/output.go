@@ -22,6 +22,7 @@ const (
 	exitNoEnvelope = 4 // no envelope within --wait
 	exitExpired    = 5 // the envelope is no longer kept
 	exitUnknown    = 6 // no such execution: nothing of it is stored
+	exitUnserved   = 7 // no live worker serves the capability
 )
 
 // printJSON writes v to stdout as indented JSON.

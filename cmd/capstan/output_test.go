@@ -192,6 +192,21 @@ func TestGolden_HumanOutput(t *testing.T) {
 				_ = auditLine(b, st, &ev, true)
 			}
 		})
+		// An envelope refused before it was published names no worker; an
+		// input's issues show one a line, none cut.
+		render("envelope", func(b *bytes.Buffer) {
+			writeEnvelope(b, st, &envelope.Envelope{V: envelope.Version, ExecutionID: "0197d2a0-0000-7000-8000-0000000000d1",
+				CapabilityID: "orders.*", Status: envelope.StatusFailed, FinalizedAt: goldenNow.Add(-time.Second),
+				Error: &envelope.Error{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve, ExposeToModel: true, Message: "No such capability."}})
+			b.WriteString("\n")
+			writeEnvelope(b, st, &envelope.Envelope{V: envelope.Version, ExecutionID: "0197d2a0-0000-7000-8000-0000000000d2",
+				CapabilityID: "orders.refund", Status: envelope.StatusFailed, FinalizedAt: goldenNow.Add(-time.Minute), FinalizedBy: "w-1",
+				Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true, Message: "The input is invalid.",
+					Details: map[string]any{"issues": []any{
+						map[string]any{"path": "orderId", "message": "expected a string, got an integer"},
+						map[string]any{"path": "amount", "message": "expected an integer from -9223372036854775808 to 9223372036854775807, got a string"},
+					}}}})
+		})
 		render("cancel", func(b *bytes.Buffer) {
 			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: execution.StateRunning})
 			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", Finalized: true,

@@ -88,10 +88,15 @@ func runStatus(args []string) int {
 		if errors.Is(err, executor.ErrUnknownExecution) {
 			// Nothing in the buckets: queued, or no such execution.
 			v, perr := c.Execution(ctx, executor.ExecutionRequest{ExecutionID: id, Owner: owner, Probe: true})
-			if perr == nil && v.State == executor.ExecQueued {
+			switch {
+			case perr == nil && v.State == executor.ExecQueued:
 				return o.print(v, func(w io.Writer, st style) {
 					fmt.Fprintf(w, "%s is %s: no worker has taken it yet\n", id, st.status("queued"))
 				})
+			case errors.Is(perr, executor.ErrNoWorkers):
+				return fail(exitUsage, "%s: neither a record nor an envelope is stored, and no worker answers to tell whether its request is queued: start one ('capstan worker', or 'capstan dev')", id)
+			case perr == nil && v.State == executor.ExecUncertain:
+				return fail(exitUsage, "%s: neither a record nor an envelope is stored, and the workers cannot tell whether its request is queued (a long backlog)", id)
 			}
 			return fail(exitUnknown, "%v: %s", executor.ErrNoSuchExecution, id)
 		}

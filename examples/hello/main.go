@@ -85,8 +85,8 @@ func run(ctx context.Context, opts broker.ConnectOptions, out io.Writer) error {
 	if err != nil {
 		return err // transport trouble only: governed failures are in env
 	}
-	if env.Error != nil {
-		return fmt.Errorf("%s: %s: %s", env.Status, env.Error.Code, env.Error.Message)
+	if env.Status != envelope.StatusCompleted { // failed, cancelled or approval-required: no output to decode
+		return fmt.Errorf("%s: %+v", env.Status, env.Error)
 	}
 	var greeting string
 	if err := env.Output.Decode(&greeting); err != nil {

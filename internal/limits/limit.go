@@ -52,8 +52,9 @@ type Limit struct {
 	Kind       Kind
 	Capability string
 	Per        Per
-	// Who is whose counter: the actor (kind:id) or the principal; empty for
-	// a capability's own.
+	// Who is whose counter: the principal, or the actor as ActorWho makes
+	// it (its principal's and its kind:id together); empty for a
+	// capability's own.
 	Who string
 	// Name names a budget's number ("amount", "recipients").
 	Name string
@@ -61,6 +62,10 @@ type Limit struct {
 	// over Interval.
 	Max      int64
 	Interval time.Duration
+	// PrincipalMax, on a concurrency limit of the capability's own, bounds
+	// the slots one principal may hold at once: the others always find
+	// Max − PrincipalMax of them out of its reach. 0: no bound but Max.
+	PrincipalMax int64
 	// Amount is what this execution adds to a budget.
 	Amount int64
 	Action Action
@@ -72,7 +77,10 @@ type Limit struct {
 func (l Limit) Key() string {
 	switch l.Kind {
 	case Concurrency:
-		return SlotsKey(l.Capability)
+		if l.Per == PerCapability || l.Per == "" {
+			return SlotsKey(l.Capability)
+		}
+		return "s." + string(l.Per)[:1] + "." + whoToken(l.Who) + "." + l.Capability
 	case Rate:
 		return "r." + string(l.Per)[:1] + "." + whoToken(l.Who) + "." + l.Capability
 	default:
@@ -80,8 +88,15 @@ func (l Limit) Key() string {
 	}
 }
 
-// SlotsKey is the key of capability's concurrency slots.
+// SlotsKey is the key of capability's concurrency slots (its own, not a
+// principal's or an actor's).
 func SlotsKey(capability string) string { return "c." + capability }
+
+// ActorWho is whose counter an actor's is: its principal's and its own
+// (kind:id) together, "alice/user:123", so that two principals' actors of
+// one name (two gateways' user:123) count apart. A principal is one subject
+// token and holds no "/".
+func ActorWho(principal, actor string) string { return principal + "/" + actor }
 
 // whoToken is a subject token standing for who: "_" for nobody, else the
 // first 16 bytes of its SHA-256, in hex.
@@ -99,7 +114,11 @@ func whoToken(who string) string {
 func (l Limit) String() string {
 	switch l.Kind {
 	case Concurrency:
-		return fmt.Sprintf("at most %d running at once", l.Max)
+		s := fmt.Sprintf("at most %d running at once%s", l.Max, perText(l.Per))
+		if l.PrincipalMax > 0 {
+			s += fmt.Sprintf(", %d per principal", l.PrincipalMax)
+		}
+		return s
 	case Rate:
 		return fmt.Sprintf("%d per %s%s", l.Max, Interval(l.Interval), perText(l.Per))
 	default:

@@ -3,6 +3,7 @@ package limits
 import (
 	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,25 +22,42 @@ type Holder struct {
 }
 
 // TakeSlot decides whether me may hold one of limit slots held by holders at
-// now. ok: next is the holders to write (me among them; a claim already
+// now, when one principal may hold at most share of them (0: no bound but
+// limit). ok: next is the holders to write (me among them; a claim already
 // holding one keeps it). Not ok: stale lists the holders whose lease, as
-// recorded, has passed: they may be gone, and their records say (Verdicts);
-// none stale means the slots are full of live holders.
-func TakeSlot(holders []Holder, limit int64, me Holder, now time.Time) (next []Holder, ok bool, stale []Holder) {
+// recorded, has passed and whose going would let me in — any holder when
+// the slots are full, one of me's principal when its share is held: they may
+// be gone, and their records say (Verdicts); none stale means live holders
+// fill what me needs. mine counts the slots me's principal holds.
+func TakeSlot(holders []Holder, limit, share int64, me Holder, now time.Time) (next []Holder, ok bool, stale []Holder, mine int64) {
 	if i := slices.IndexFunc(holders, func(h Holder) bool { return h.Claim == me.Claim }); i >= 0 {
 		next = slices.Clone(holders)
 		next[i].Until = maxTime(next[i].Until, me.Until)
-		return next, true, nil
+		return next, true, nil, 0
 	}
-	if int64(len(holders)) < limit {
-		return append(slices.Clone(holders), me), true, nil
+	principal := me.Principal()
+	for _, h := range holders {
+		if h.Principal() == principal {
+			mine++
+		}
+	}
+	overShare := share > 0 && mine >= share
+	if int64(len(holders)) < limit && !overShare {
+		return append(slices.Clone(holders), me), true, nil, mine
 	}
 	for _, h := range holders {
-		if !now.Before(h.Until) {
+		if !now.Before(h.Until) && (!overShare || h.Principal() == principal) {
 			stale = append(stale, h)
 		}
 	}
-	return nil, false, stale
+	return nil, false, stale, mine
+}
+
+// Principal is whose execution holds the slot: the first token of its key
+// (broker.Key, <principal>.<executionId>).
+func (h Holder) Principal() string {
+	p, _, _ := strings.Cut(h.Key, ".")
+	return p
 }
 
 // Verdict is what an execution's record says of a stale holder: Gone, or

@@ -47,7 +47,7 @@ func TestTakeSlot(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			next, ok, stale := TakeSlot(tt.holders, tt.limit, tt.me, t0)
+			next, ok, stale, _ := TakeSlot(tt.holders, tt.limit, 0, tt.me, t0)
 			if ok != tt.ok {
 				t.Fatalf("ok = %v, want %v", ok, tt.ok)
 			}
@@ -61,9 +61,56 @@ func TestTakeSlot(t *testing.T) {
 	}
 }
 
+// A principal's share of a capability's slots (Limit.PrincipalMax): it
+// holds at most share of them, the others always find the rest; a stale
+// holder is checked only when its going would let the bidder in.
+func TestTakeSlot_PrincipalShare(t *testing.T) {
+	t.Parallel()
+	of := func(principal, claim string, until time.Duration) Holder {
+		return Holder{Key: principal + "." + claim, Claim: claim, Until: t0.Add(until)}
+	}
+	alice3 := []Holder{of("alice", "a1", time.Minute), of("alice", "a2", time.Minute), of("alice", "a3", time.Minute)}
+	for _, tt := range []struct {
+		name      string
+		holders   []Holder
+		limit     int64
+		share     int64
+		me        Holder
+		ok        bool
+		wantStale []string
+		wantMine  int64
+	}{
+		{"alice at her share of 3 of 4: refused though a slot is free", alice3, 4, 3, of("alice", "a4", time.Minute), false, nil, 3},
+		{"bob finds the slot alice cannot take", alice3, 4, 3, of("bob", "b1", time.Minute), true, nil, 0},
+		{"no share: alice takes the last slot", alice3, 4, 0, of("alice", "a4", time.Minute), true, nil, 3},
+		{"at her share, only her own stale holders are checked",
+			append(slices.Clone(alice3[:2]), of("alice", "a3", -time.Second), of("bob", "b1", -time.Second)), 5, 3,
+			of("alice", "a4", time.Minute), false, []string{"a3"}, 3},
+		{"full but under her share: anyone's stale holder is checked",
+			[]Holder{of("alice", "a1", time.Minute), of("bob", "b1", -time.Second), of("carol", "c1", time.Minute)}, 3, 2,
+			of("alice", "a2", time.Minute), false, []string{"b1"}, 1},
+		{"a claim already holding keeps its slot, even over the share",
+			alice3, 4, 2, of("alice", "a2", time.Minute), true, nil, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			next, ok, stale, mine := TakeSlot(tt.holders, tt.limit, tt.share, tt.me, t0)
+			if ok != tt.ok || mine != tt.wantMine {
+				t.Fatalf("ok = %v, mine = %d; want %v, %d", ok, mine, tt.ok, tt.wantMine)
+			}
+			if ok && !slices.ContainsFunc(next, func(h Holder) bool { return h.Claim == tt.me.Claim }) {
+				t.Errorf("holders written %v lack the bidder", claims(next))
+			}
+			if !slices.Equal(claims(stale), tt.wantStale) {
+				t.Errorf("stale = %v, want %v", claims(stale), tt.wantStale)
+			}
+		})
+	}
+}
+
 func TestTakeSlot_KeptClaimGetsTheLaterLease(t *testing.T) {
 	t.Parallel()
-	next, ok, _ := TakeSlot([]Holder{holder("a", time.Second)}, 1, holder("a", time.Minute), t0)
+	next, ok, _, _ := TakeSlot([]Holder{holder("a", time.Second)}, 1, 0, holder("a", time.Minute), t0)
 	if !ok || !next[0].Until.Equal(t0.Add(time.Minute)) {
 		t.Fatalf("got %v %v, want the holder's lease moved to a minute", ok, next)
 	}
@@ -110,10 +157,10 @@ func TestVerdicts_DropTheGoneAndRenewTheAlive(t *testing.T) {
 		t.Errorf("alive holder's lease = %v, want its record's", next[0].Until)
 	}
 	// Then the bid decides again, without anything stale.
-	if _, ok, stale := TakeSlot(next, 2, holder("me", time.Minute), t0); ok || len(stale) != 0 {
+	if _, ok, stale, _ := TakeSlot(next, 2, 0, holder("me", time.Minute), t0); ok || len(stale) != 0 {
 		t.Errorf("two live holders of two slots: ok=%v stale=%v", ok, stale)
 	}
-	if _, ok, _ := TakeSlot(next, 3, holder("me", time.Minute), t0); !ok {
+	if _, ok, _, _ := TakeSlot(next, 3, 0, holder("me", time.Minute), t0); !ok {
 		t.Error("a slot freed by a gone holder was not taken")
 	}
 }
@@ -419,6 +466,14 @@ func TestLimit_KeysAndWords(t *testing.T) {
 		{Kind: Rate, Capability: "email.send", Per: PerPrincipal, Who: "user:ann", Max: 5, Interval: time.Minute},
 		{Kind: Rate, Capability: "email.send", Per: PerCapability, Max: 5, Interval: time.Minute},
 		{Kind: Budget, Capability: "orders.refund", Per: PerPrincipal, Who: "user:ann", Name: "amount", Max: 2000, Interval: time.Hour},
+		// Slots per principal and per actor, and an actor of one name under
+		// two principals (two gateways' user:123): counters of their own.
+		{Kind: Concurrency, Capability: "orders.refund", Per: PerPrincipal, Who: "alice", Max: 2},
+		{Kind: Concurrency, Capability: "orders.refund", Per: PerPrincipal, Who: "bob", Max: 2},
+		{Kind: Concurrency, Capability: "orders.refund", Per: PerActor, Who: ActorWho("alice", "user:123"), Max: 1},
+		{Kind: Concurrency, Capability: "orders.refund", Per: PerActor, Who: ActorWho("bob", "user:123"), Max: 1},
+		{Kind: Rate, Capability: "email.send", Per: PerActor, Who: ActorWho("alice", "user:123"), Max: 5, Interval: time.Minute},
+		{Kind: Rate, Capability: "email.send", Per: PerActor, Who: ActorWho("bob", "user:123"), Max: 5, Interval: time.Minute},
 	} {
 		k := l.Key()
 		if keys[k] {
@@ -430,6 +485,8 @@ func TestLimit_KeysAndWords(t *testing.T) {
 		refund: "amount 2000 per 24h per actor",
 		mail:   "5 per 1m per actor",
 		slots:  "at most 2 running at once",
+		{Kind: Concurrency, Capability: "x", Max: 4, PrincipalMax: 3}:                                   "at most 4 running at once, 3 per principal",
+		{Kind: Concurrency, Capability: "x", Per: PerActor, Who: "alice/user:1", Max: 1}:                "at most 1 running at once per actor",
 		{Kind: Rate, Capability: "x", Per: PerCapability, Max: 10, Interval: time.Second}:               "10 per 1s",
 		{Kind: Rate, Capability: "x", Per: PerPrincipal, Max: 10, Interval: 90 * time.Minute}:           "10 per 1h30m per principal",
 		{Kind: Budget, Capability: "x", Per: PerPrincipal, Name: "n", Max: 1, Interval: 36 * time.Hour}: "n 1 per 36h per principal",

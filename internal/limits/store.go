@@ -26,6 +26,8 @@ type Counter struct {
 	Name       string `json:"name,omitempty"`
 	Max        int64  `json:"max"`
 	IntervalMs int64  `json:"intervalMs,omitempty"`
+	// PrincipalMax bounds the slots one principal holds (Limit.PrincipalMax).
+	PrincipalMax int64 `json:"principalMax,omitempty"`
 	// Holders hold a concurrency limit's slots.
 	Holders []Holder `json:"holders,omitempty"`
 	// TAT is a rate's theoretical arrival time (TakeRate).
@@ -38,7 +40,7 @@ type Counter struct {
 // Limit is the limit the counter was last taken for.
 func (c *Counter) Limit() Limit {
 	return Limit{Kind: c.Kind, Capability: c.Capability, Per: c.Per, Who: c.Who, Name: c.Name, Max: c.Max,
-		Interval: time.Duration(c.IntervalMs) * time.Millisecond}
+		Interval: time.Duration(c.IntervalMs) * time.Millisecond, PrincipalMax: c.PrincipalMax}
 }
 
 // Used is the counter's usage at now: slots held, executions of the last
@@ -65,7 +67,7 @@ func newCounter(l Limit) *Counter {
 
 // define records l's bound, the one this taking applies.
 func (c *Counter) define(l Limit) {
-	c.Max, c.IntervalMs = l.Max, l.Interval.Milliseconds()
+	c.Max, c.IntervalMs, c.PrincipalMax = l.Max, l.Interval.Milliseconds(), l.PrincipalMax
 }
 
 // Over is the limit an execution found at its maximum.
@@ -76,6 +78,9 @@ type Over struct {
 	// RetryAfter is how long until the limit would let it through, when the
 	// limit knows (a rate, a budget; 0: unknown, or never).
 	RetryAfter time.Duration
+	// PrincipalUsed is set when the execution's principal holds its share
+	// of a concurrency limit (Limit.PrincipalMax): the slots it holds.
+	PrincipalUsed int64
 }
 
 // AliveFunc reads a stale holder's execution record and judges it
@@ -129,7 +134,7 @@ const maxTries = 50
 // back.
 type Taken struct {
 	holder  Holder
-	slot    string      // the slots key, "" when none was taken
+	slots   []string    // the slots keys taken
 	rates   []takenRate // rates taken (each refunded by Undo)
 	budgets []string    // budget keys charged under holder.Key
 }
@@ -141,7 +146,7 @@ type takenRate struct {
 }
 
 // Slot reports whether a concurrency slot was taken.
-func (t Taken) Slot() bool { return t.slot != "" }
+func (t Taken) Slot() bool { return len(t.slots) > 0 }
 
 // Take takes, for the execution holder names, every limit of lims, in the
 // order rates, concurrency, budgets — or none: at the first limit at its
@@ -166,7 +171,7 @@ func (s *Store) Take(ctx context.Context, lims []Limit, h Holder, approved map[s
 		case Concurrency:
 			over, err = s.takeSlot(ctx, l, key, h)
 			if err == nil && over == nil {
-				t.slot = key
+				t.slots = append(t.slots, key)
 			}
 		case Budget:
 			var seen *int64
@@ -221,17 +226,16 @@ func (s *Store) Undo(ctx context.Context, t Taken) {
 	}
 }
 
-// Release gives back the slot t holds, if any: its execution's attempts
+// Release gives back the slots t holds, if any: its execution's attempts
 // have ended.
 func (s *Store) Release(ctx context.Context, t Taken) {
-	if t.slot == "" {
-		return
+	for _, key := range t.slots {
+		_, _ = s.change(ctx, key, nil, func(c *Counter) bool {
+			var held bool
+			c.Holders, held = ReleaseSlot(c.Holders, t.holder.Claim)
+			return held
+		})
 	}
-	_, _ = s.change(ctx, t.slot, nil, func(c *Counter) bool {
-		var held bool
-		c.Holders, held = ReleaseSlot(c.Holders, t.holder.Claim)
-		return held
-	})
 }
 
 // takeRate takes one execution of a rate.
@@ -266,7 +270,7 @@ func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*O
 			judged := Verdicts(c.Holders, verdicts)
 			changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
 			c.Holders = judged
-			next, ok, st := TakeSlot(c.Holders, l.Max, h, s.now())
+			next, ok, st, mine := TakeSlot(c.Holders, l.Max, l.PrincipalMax, h, s.now())
 			if ok {
 				c.Holders = next
 				return true
@@ -277,6 +281,9 @@ func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*O
 				}
 			}
 			over = &Over{Limit: l, Used: int64(len(c.Holders))}
+			if l.PrincipalMax > 0 && mine >= l.PrincipalMax {
+				over.PrincipalUsed = mine
+			}
 			// What the records said is written, so that others need not ask.
 			return changed
 		})
@@ -451,7 +458,10 @@ func (s *Store) forget(key string) {
 
 // counterTTL is how long a write of c keeps it unless rewritten: a rate
 // until its time has passed and an interval more, a budget a window and a
-// granule; slots for ever (one key per capability).
+// granule; a capability's slots for ever (one key per capability), a
+// principal's or an actor's for ever while held and a minute once empty,
+// so that idle callers leave the bucket (a holder's lease is judged by its
+// record, not by time: held slots never expire).
 func counterTTL(c *Counter, now time.Time) time.Duration {
 	interval := c.Limit().Interval
 	switch c.Kind {
@@ -460,5 +470,12 @@ func counterTTL(c *Counter, now time.Time) time.Duration {
 	case Budget:
 		return interval + GranuleOf(interval) + 2*time.Second
 	}
+	if c.Per != PerCapability && c.Per != "" && len(c.Holders) == 0 {
+		return EmptySlotsTTL
+	}
 	return 0
 }
+
+// EmptySlotsTTL is how long a principal's or an actor's slots stay in the
+// bucket once no one holds them.
+const EmptySlotsTTL = time.Minute

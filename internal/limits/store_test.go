@@ -78,6 +78,94 @@ func TestStore_RacingWorkersNeverHoldMoreSlotsThanTheLimit(t *testing.T) {
 	}
 }
 
+// An execution takes every concurrency limit it is under, all or none: the
+// capability's slots (with a share per principal) and its principal's own.
+// A principal at its share is refused with its count while another's call
+// takes a slot; releasing gives every slot back, and a principal's slots,
+// once empty, carry a TTL so that idle callers leave the bucket.
+func TestStore_SlotsPerPrincipalAndShare(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	s := NewStore(b, alwaysAlive, nil)
+	ctx := context.Background()
+	capWide := Limit{Kind: Concurrency, Capability: "t.report", Per: PerCapability, Max: 4, PrincipalMax: 3, Action: Wait}
+	perPrincipal := func(p string) Limit {
+		return Limit{Kind: Concurrency, Capability: "t.report", Per: PerPrincipal, Who: p, Max: 2, Action: Wait}
+	}
+	take := func(p, id string) (Taken, *Over) {
+		t.Helper()
+		h := Holder{Key: p + "." + id, Claim: id, Until: time.Now().Add(time.Minute)}
+		taken, over, err := s.Take(ctx, []Limit{capWide, perPrincipal(p)}, h, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return taken, over
+	}
+	a1, over := take("alice", "a1")
+	if over != nil {
+		t.Fatalf("alice's first: %+v", over)
+	}
+	if _, over := take("alice", "a2"); over != nil {
+		t.Fatalf("alice's second: %+v", over)
+	}
+	// Her own limit of 2 refuses the third, and gives back the
+	// capability's slot it had taken first.
+	if _, over := take("alice", "a3"); over == nil || over.Limit.Per != PerPrincipal || over.Used != 2 {
+		t.Fatalf("alice's third: %+v, want her own limit of 2", over)
+	}
+	if c, _ := s.Read(ctx, capWide.Key()); len(c.Holders) != 2 {
+		t.Fatalf("the capability's slots hold %d after a refusal, want 2", len(c.Holders))
+	}
+	if _, over := take("bob", "b1"); over != nil {
+		t.Fatalf("bob: %+v", over)
+	}
+	s.Release(ctx, a1)
+	if c, _ := s.Read(ctx, capWide.Key()); len(c.Holders) != 2 {
+		t.Fatalf("the capability's slots hold %d after alice's release, want 2", len(c.Holders))
+	}
+	if c, _ := s.Read(ctx, perPrincipal("alice").Key()); len(c.Holders) != 1 {
+		t.Fatalf("alice's slots hold %d after her release, want 1", len(c.Holders))
+	}
+
+	// The share alone: carol may hold 3 of the 4 slots; dave finds the 4th.
+	share := Limit{Kind: Concurrency, Capability: "t.shared", Max: 4, PrincipalMax: 3, Action: Wait}
+	for i := range 3 {
+		h := Holder{Key: fmt.Sprintf("carol.c%d", i), Claim: fmt.Sprintf("c%d", i), Until: time.Now().Add(time.Minute)}
+		if _, over, err := s.Take(ctx, []Limit{share}, h, nil); over != nil || err != nil {
+			t.Fatalf("carol's %d: %+v %v", i, over, err)
+		}
+	}
+	h := Holder{Key: "carol.c3", Claim: "c3", Until: time.Now().Add(time.Minute)}
+	if _, over, _ := s.Take(ctx, []Limit{share}, h, nil); over == nil || over.PrincipalUsed != 3 || over.Used != 3 {
+		t.Fatalf("carol's fourth: %+v, want her share of 3 held", over)
+	}
+	dave, over, err := s.Take(ctx, []Limit{share}, Holder{Key: "dave.d1", Claim: "d1", Until: time.Now().Add(time.Minute)}, nil)
+	if over != nil || err != nil {
+		t.Fatalf("dave: %+v %v", over, err)
+	}
+
+	// Empty, a principal's slots carry a TTL; the capability's never do.
+	s.Release(ctx, dave)
+	bobs := perPrincipal("bob").Key()
+	_, _ = s.change(ctx, bobs, nil, func(c *Counter) bool { c.Holders = nil; return true }) // bob's call ended
+	if ttl := msgTTL(t, b, bobs); ttl != EmptySlotsTTL.String() {
+		t.Errorf("bob's empty slots carry TTL %q, want %s", ttl, EmptySlotsTTL)
+	}
+	if ttl := msgTTL(t, b, share.Key()); ttl != "" {
+		t.Errorf("the capability's slots carry TTL %q, want none", ttl)
+	}
+}
+
+// msgTTL is the Nats-TTL header of key's last write.
+func msgTTL(t *testing.T, b *broker.Broker, key string) string {
+	t.Helper()
+	m, err := b.JS.Conn().Request("$JS.API.DIRECT.GET.KV_"+b.Names.LimitsBucket()+".$KV."+b.Names.LimitsBucket()+"."+key, nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Header.Get("Nats-TTL")
+}
+
 // A holder whose lease has passed as recorded is asked about, not dropped:
 // alive, it keeps its slot (with its record's lease); gone, it frees it.
 func TestStore_StaleHolderIsJudgedByItsRecord(t *testing.T) {

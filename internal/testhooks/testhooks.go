@@ -30,6 +30,10 @@ type WorkerKnobs struct {
 	// stops) before its copy of the catalog has it: for tests of a worker
 	// whose copy lags the bucket.
 	CatalogLag time.Duration
+	// ControlClock is the time the worker's quotas of control requests and
+	// its coalescing of read-only audit events read (nil: the clock): a test
+	// that holds it still counts what a quota lets through without timing.
+	ControlClock func() time.Time
 }
 
 // Set by package executor's init.

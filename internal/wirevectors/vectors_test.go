@@ -165,7 +165,10 @@ func descriptor(id string, approval bool) executor.Descriptor {
 		SideEffect: "write", Risk: "high", Tags: []string{"money", "orders"}, Expose: []executor.Surface{"direct", "mcp"},
 		Idempotent: true, TimeoutMs: 10000, RetryMaxAttempts: 2, RequiresApproval: approval, InputSchema: refundSchema(),
 		Limits: []executor.LimitInfo{
-			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once"},
+			{Kind: executor.LimitConcurrency, Max: 4, AtLimit: executor.AtLimitWait, Text: "at most 4 running at once, 3 per principal",
+				PrincipalMax: 3},
+			{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 1, AtLimit: executor.AtLimitWait,
+				Text: "at most 1 running at once per actor"},
 			{Kind: executor.LimitBudget, Per: executor.LimitPerActor, Name: "amount", Max: 2000, IntervalMs: 86400000,
 				AtLimit: executor.AtLimitApproval, Text: "amount 2000 per 24h per actor"},
 		},
@@ -186,7 +189,7 @@ func approvalRecord(status approvals.Status) approvals.Record {
 	case approvals.StatusConsumed:
 		r.Decision = &approvals.Decision{Status: approvals.StatusApproved, Approver: envelope.Actor{ID: "carol", Kind: "user"},
 			DecidedAt: t8.Add(time.Minute)}
-		r.ConsumedBy, r.ConsumedAt = execID2, t8.Add(2*time.Minute)
+		r.ConsumedBy, r.ConsumedAt, r.ConsumedUnder = execID2, t8.Add(2*time.Minute), t8.Add(90*time.Second)
 		r.Display = json.RawMessage(`{"orderId":"o-42"}`)
 	}
 	return r
@@ -224,7 +227,8 @@ func goVectors() []struct {
 		LastError: "TIMEOUT", CancelRequested: true, CancelRequestedAt: t8.Add(time.Second), ApprovalID: approvalID,
 		Actor: "user:alice", Surface: "mcp", InputHash: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
 		Status: "", Cause: "deadline exceeded", CreatedAt: t4, UpdatedAt: t8,
-		Progress: &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8}}
+		Progress:   &envelope.Progress{V: 1, ExecutionID: execID, Attempt: 2, Done: 37, Total: 120, Message: "page 37 of 120", At: t8},
+		KeyVersion: envelope.IdempotencyKeyVersion}
 	finalized := execution.Record{V: 1, ExecutionID: execID, CapabilityID: "demo.echo", State: execution.StateFinalized,
 		Attempt: 1, Actor: "user:alice", Surface: "direct", Status: envelope.StatusCompleted, CreatedAt: t8, UpdatedAt: t8}
 	pending := execution.Record{V: 1, ExecutionID: execID, State: execution.StatePending, CancelRequested: true,
@@ -357,12 +361,25 @@ func goVectors() []struct {
 				ptr(approvalRecord(approvals.StatusRejected)), ptr(approvalRecord(approvals.StatusConsumed))}}},
 		{Vector{Name: "list-reply-empty", Kind: "listReply", About: "no approvals: the empty list is left out"},
 			&approvals.ListReply{V: 1, Records: []*approvals.Record{}}},
-		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution; input and display are canonical JSON carried as binary"},
+		{Vector{Name: "list-request-page", Kind: "listRequest", About: "the next page of decided approvals, newest first"},
+			&approvals.ListRequest{V: 1, Limit: 20, Cursor: "eyJhIjoiYWxpY2UifQ", Decided: true, Newest: true}},
+		{Vector{Name: "list-reply-page", Kind: "listReply", About: "a page cut before the rest, one record sent without its input"},
+			&approvals.ListReply{V: 1, Records: []*approvals.Record{withoutInput(approvalRecord(approvals.StatusPending))},
+				Next: "eyJhIjoiYWxpY2UifQ", Trimmed: []string{approvalID}}},
+		{Vector{Name: "list-reply-quota", Kind: "listReply", About: "a listing refused by the principal's controlPerSecond quota"},
+			&approvals.ListReply{V: 1, Records: []*approvals.Record{}, Error: "Over the controlPerSecond quota: at most 50 control requests a second. Try again in 20ms.",
+				Conditions: []string{"quota_exceeded"}, Details: map[string]any{"quota": "controlPerSecond", "limit": int64(50), "retryAfterMs": int64(20)}}},
+		{Vector{Name: "approval-consumed", Kind: "approval", About: "an approval record used by one execution, under the execution record created at consumedUnder; input and display are canonical JSON carried as binary"},
 			ptr(approvalRecord(approvals.StatusConsumed))},
 	}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func withoutInput(r approvals.Record) *approvals.Record {
+	r.Input, r.Display = nil, nil
+	return &r
+}
 
 func mustRawFromJSON(s string) envelope.Raw {
 	r, err := envelope.RawFromJSON([]byte(s))
@@ -566,6 +583,47 @@ func TestVectors_MsgIDs(t *testing.T) {
 	}
 	if have := readFile(t, path); !bytes.Equal(have, b) {
 		t.Errorf("%s is not what broker.MsgIDs makes today:\nhave %s\nnow  %s", path, have, b)
+	}
+}
+
+// KeyVector is an execution's idempotency key (envelope.IdempotencyKey):
+// what a handler is given, and what the system where its effect lives
+// stores. A client in another language (a service that looks effects up)
+// must derive the same.
+type KeyVector struct {
+	Principal   string `json:"principal"`
+	ExecutionID string `json:"executionId"`
+	// Key is this version's key, the principal's and the id's together
+	// (key version 2).
+	Key string `json:"key"`
+	// KeyV1 is the key an execution begun before key versions used: the
+	// id's alone, the same for every principal (key version 1, or none).
+	KeyV1 string `json:"keyV1"`
+}
+
+// TestVectors_IdempotencyKeys checks testdata/go/idempotency-keys.json
+// against envelope.IdempotencyKeyOf (-update writes it).
+func TestVectors_IdempotencyKeys(t *testing.T) {
+	var want []KeyVector
+	for _, c := range []struct{ principal, id string }{{"alice", execID}, {"bob", execID}, {"alice", "refund-42"},
+		{"bob", "refund-42"}, {"_anon", execID}} {
+		want = append(want, KeyVector{Principal: c.principal, ExecutionID: c.id,
+			Key:   envelope.IdempotencyKeyOf(envelope.IdempotencyKeyVersion, c.principal, c.id),
+			KeyV1: envelope.IdempotencyKeyOf(1, c.principal, c.id)})
+	}
+	b, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, '\n')
+	path := filepath.Join("testdata", "go", "idempotency-keys.json")
+	if *update {
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if have := readFile(t, path); !bytes.Equal(have, b) {
+		t.Errorf("%s is not what envelope.IdempotencyKeyOf makes today:\nhave %s\nnow  %s", path, have, b)
 	}
 }
 

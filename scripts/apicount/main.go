@@ -43,64 +43,67 @@ func publicDirs(root string) ([]string, error) {
 	return dirs, err
 }
 
-// count returns the exported names of the package in dir (0 for a
-// directory without Go files).
+// count returns the package name and exported names of the package in dir
+// ("" for a directory without a library package).
 func count(dir string) (string, int, error) {
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
-		return !strings.HasSuffix(fi.Name(), "_test.go")
-	}, 0)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return "", 0, err
 	}
-	for name, p := range pkgs {
-		if name == "main" {
-			return "", 0, nil
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
 		}
-		exportedType := map[string]bool{}
-		for _, f := range p.Files {
-			for _, d := range f.Decls {
-				if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
-					for _, s := range g.Specs {
-						if ts := s.(*ast.TypeSpec); ts.Name.IsExported() {
-							exportedType[ts.Name.Name] = true
-						}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return "", 0, err
+		}
+		files = append(files, f)
+	}
+	if len(files) == 0 || files[0].Name.Name == "main" {
+		return "", 0, nil
+	}
+	exportedType := map[string]bool{}
+	for _, f := range files {
+		for _, d := range f.Decls {
+			if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+				for _, s := range g.Specs {
+					if ts := s.(*ast.TypeSpec); ts.Name.IsExported() {
+						exportedType[ts.Name.Name] = true
 					}
 				}
 			}
 		}
-		n := 0
-		for _, f := range p.Files {
-			for _, d := range f.Decls {
-				switch d := d.(type) {
-				case *ast.FuncDecl:
-					if !d.Name.IsExported() {
-						continue
-					}
-					if d.Recv == nil || exportedType[receiverType(d.Recv.List[0].Type)] {
-						n++
-					}
-				case *ast.GenDecl:
-					for _, s := range d.Specs {
-						switch s := s.(type) {
-						case *ast.TypeSpec:
-							if s.Name.IsExported() {
+	}
+	n := 0
+	for _, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Name.IsExported() && (d.Recv == nil || exportedType[receiverType(d.Recv.List[0].Type)]) {
+					n++
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						if s.Name.IsExported() {
+							n++
+						}
+					case *ast.ValueSpec:
+						for _, id := range s.Names {
+							if id.IsExported() {
 								n++
 							}
-						case *ast.ValueSpec:
-							for _, id := range s.Names {
-								if id.IsExported() {
-									n++
-								}
-							}
 						}
 					}
 				}
 			}
 		}
-		return name, n, nil
 	}
-	return "", 0, nil
+	return files[0].Name.Name, n, nil
 }
 
 func receiverType(e ast.Expr) string {

@@ -11,7 +11,7 @@
 // next — never the approval itself, which only someone else can grant.
 
 import type { CallOptions, Client, DescribeOptions } from "./client.js";
-import { CapstanError } from "./errors.js";
+import { CapstanError, UnservedError } from "./errors.js";
 import { toJSONValue } from "./json.js";
 import { forModel, recoveredForModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
 
@@ -21,14 +21,14 @@ export interface SchemaLike {
   readonly validate: undefined;
 }
 
-/** A tool as the AI SDK's tool() makes it. */
-export interface Tool {
+/** A tool as the AI SDK's tool() makes it; S is its input schema's type (the SDK's Schema, when its jsonSchema wraps them). */
+export interface Tool<S = SchemaLike> {
   description: string;
-  inputSchema: unknown;
+  inputSchema: S;
   execute(input: unknown, options?: { abortSignal?: AbortSignal; toolCallId?: string }): Promise<unknown>;
 }
 
-export interface ToolsOptions extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
+export interface ToolsOptions<S = SchemaLike> extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
   /** Options of every call (the actor, a correlation id, a start window). */
   call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
   /** How long a call is waited for before the model is told it is still running (default 5 min). */
@@ -36,7 +36,7 @@ export interface ToolsOptions extends Omit<DescribeOptions, "signal" | "timeoutM
   /** A tool's name (default: the capability id, dots as underscores, as model providers require). */
   name?: (d: Descriptor) => string;
   /** Wraps a JSON Schema for the SDK: pass `jsonSchema` from "ai" (default: an object of the same shape). */
-  jsonSchema?: (schema: Record<string, unknown>) => unknown;
+  jsonSchema?: (schema: Record<string, unknown>) => S;
   /** Adds capstan_resume and capstan_status, as the MCP bridge adds capstan.resume and capstan.status (default true). */
   controlTools?: boolean;
 }
@@ -59,15 +59,15 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
  * The capabilities the client's surface and actor may see (describe), as AI
  * SDK tools keyed by tool name.
  */
-export async function aiTools(client: Client, options: ToolsOptions = {}): Promise<Record<string, Tool>> {
+export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOptions<S> = {}): Promise<Record<string, Tool<S>>> {
   const discovery = await client.describe(options);
-  const wrap = options.jsonSchema ?? schemaLike;
+  const wrap = options.jsonSchema ?? (schemaLike as unknown as (schema: Record<string, unknown>) => S);
   const nameOf = options.name ?? ((d: Descriptor) => d.id.replace(/\./g, "_"));
-  const tools: Record<string, Tool> = {};
+  const tools: Record<string, Tool<S>> = {};
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
     if (name in tools) throw new CapstanError("INVALID_ARGUMENT", `capstan: two capabilities are both the tool ${name}`);
-    const { schema, wrapped } = objectSchema(d.inputSchema ?? {});
+    const { schema, wrapped } = objectSchema(jsonSafe(d.inputSchema ?? {}) as Record<string, unknown>);
     const description = d.requiresApproval === true ? `${d.description} Needs someone else's approval before it runs.`.trim() : d.description;
     tools[name] = {
       description,
@@ -147,7 +147,7 @@ async function statusForTheModel(client: Client, id: string, signal?: AbortSigna
   return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
 }
 
-function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: string): CallOptions {
+function callOptions<S>(options: ToolsOptions<S>, signal: AbortSignal, toolCallId?: string): CallOptions {
   const o: CallOptions = { ...options.call, signal };
   if (o.correlationId === undefined && toolCallId !== undefined) o.correlationId = toolCallId;
   return o;
@@ -158,7 +158,7 @@ function callOptions(options: ToolsOptions, signal: AbortSignal, toolCallId?: st
  * thrown, as the SDK expects); a call that outlives callTimeoutMs goes on,
  * and the model is told how to read its result later.
  */
-async function run(client: Client, options: ToolsOptions, call: (signal: AbortSignal) => Promise<Envelope>, abort?: AbortSignal): Promise<unknown> {
+async function run<S>(client: Client, options: ToolsOptions<S>, call: (signal: AbortSignal) => Promise<Envelope>, abort?: AbortSignal): Promise<unknown> {
   const timeout = AbortSignal.timeout(options.callTimeoutMs ?? 300_000);
   const signal = abort === undefined ? timeout : AbortSignal.any([abort, timeout]);
   try {
@@ -176,6 +176,15 @@ async function run(client: Client, options: ToolsOptions, call: (signal: AbortSi
       }
       // Only the wait ended: the execution goes on.
       return { status: "running", executionId: id, next: `Still running. Call ${statusToolName} with this executionId later to read its result.` };
+    }
+    if (err instanceof UnservedError) {
+      client.log.warn?.("a call of a capability no live worker serves", { err: err.message });
+      if (!err.queued) return { error: { code: "NOT_STARTED", message: "No worker is serving this tool now; nothing ran.", retryable: true } };
+      return {
+        status: "queued",
+        executionId: err.executionId,
+        next: `No worker is serving this tool now: the call is queued and runs once a worker starts. Call ${statusToolName} with this executionId later to read its result; do not call the tool again meanwhile.`,
+      };
     }
     return unavailable(err);
   }
@@ -220,6 +229,29 @@ function unavailable(err: unknown): unknown {
       ? `capstan is unavailable and did not confirm this call; it may run as execution ${id}. Call ${statusToolName} with this executionId later to learn whether it ran, before calling again.`
       : "capstan is unavailable; try again later.";
   return { error: { code: "INTERNAL_ERROR", message, retryable: true }, ...(id !== undefined ? { executionId: id } : {}) };
+}
+
+/** The keywords of a bound, which a bound no JSON number holds exactly leaves out. */
+const bounds = new Set(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]);
+
+/**
+ * A schema as JSON.stringify writes it: a provider's SDK serializes tools'
+ * schemas so, and throws on a bigint. A server of capstan 0.1 bounded 64-bit
+ * integers by ±2^63, which msgpack decodes as bigint: such a bound, beyond
+ * what a JSON number holds exactly, is left out (the workers' input check
+ * still enforces it); any other bigint becomes a number where one holds it
+ * exactly, else its decimal text.
+ */
+function jsonSafe(v: unknown): unknown {
+  if (typeof v === "bigint") return Number.isSafeInteger(Number(v)) ? Number(v) : v.toString();
+  if (Array.isArray(v)) return v.map(jsonSafe);
+  if (v === null || typeof v !== "object" || v instanceof Date || v instanceof Uint8Array) return v;
+  const out: Record<string, unknown> = {};
+  for (const [k, e] of Object.entries(v)) {
+    if (typeof e === "bigint" && bounds.has(k) && !Number.isSafeInteger(Number(e))) continue;
+    out[k] = jsonSafe(e);
+  }
+  return out;
 }
 
 /**

@@ -7,13 +7,13 @@ import { readFile } from "node:fs/promises";
 import { credsAuthenticator, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { connect as natsConnect, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { jetstream, type JetStreamClient, JetStreamApiError } from "@nats-io/jetstream";
-import { CapabilityError, CapstanError, ExpiredError } from "./errors.js";
+import { CapabilityError, CapstanError, ExpiredError, UnservedError } from "./errors.js";
 import { MsgIds } from "./msgid.js";
 import { anonymous, key, Names, validPrincipal } from "./names.js";
 import { formatTimestamp, timeMillis, timeText, timestampOfDate } from "./time.js";
 import { DecodeError } from "./msgpack.js";
 import * as wire from "./wire.js";
-import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, ExecutionRecord, Progress, Request, Scope, State, Status } from "./wire.js";
+import type { Actor, Approval, ApprovalStatus, Descriptor, Discovery, Envelope, EnvelopeError, ExecutionRecord, Progress, Request, Scope, State, Status } from "./wire.js";
 
 /** The default NATS URL, when neither the options nor CAPSTAN_NATS_URL say. */
 export const defaultURL = "nats://127.0.0.1:4222";
@@ -45,8 +45,20 @@ export interface ClientOptions {
    * longer window is cut.
    */
   startWithinMs?: number;
+  /**
+   * What a call does when no live worker serves its capability: "queue"
+   * (the default: it is stored, and call rejects at once with an
+   * UnservedError naming its execution id), "refuse" (nothing is stored;
+   * call and submit reject with an UnservedError), or "wait" (it is waited
+   * for as any call). Told from the catalog, at no cost for a served
+   * capability.
+   */
+  ifUnserved?: IfUnserved;
   logger?: Logger;
 }
+
+/** What a call does when no live worker serves its capability (see ClientOptions.ifUnserved). */
+export type IfUnserved = "queue" | "refuse" | "wait";
 
 export interface ConnectOptions extends ClientOptions {
   /** One URL, several separated by commas, or a list. Default CAPSTAN_NATS_URL, else nats://127.0.0.1:4222. */
@@ -78,6 +90,8 @@ export interface CallOptions {
   startWithinMs?: number;
   /** A W3C traceparent. */
   traceparent?: string;
+  /** What this call does when no live worker serves its capability (default the client's). */
+  ifUnserved?: IfUnserved;
   /**
    * Stops waiting (and, for submit, publishing): the promise rejects with
    * CapstanError ABORTED whose cause is the signal's reason. The execution
@@ -115,6 +129,9 @@ export interface CancelReply {
   finalized?: boolean;
   status?: Status;
   error?: string;
+  /** A refusal's conditions (quota_exceeded; "unknown" when nothing of the execution is stored, and cancel rejects with UNKNOWN_EXECUTION) and facts (the quota, its limit, retryAfterMs). */
+  conditions?: string[];
+  details?: Record<string, unknown>;
 }
 
 export interface ExecutionOptions {
@@ -139,13 +156,28 @@ export interface DescribeOptions {
 }
 
 export interface ListApprovalsOptions {
-  /** One approval by id. */
-  id?: string;
   status?: ApprovalStatus;
   capabilityId?: string;
   actor?: Actor;
+  /** Only approvals no longer pending; not with status. */
+  decided?: boolean;
+  /** Each requester's approvals newest first (default oldest first). */
+  newest?: boolean;
+  /** The page's size: default 50, at most 500. */
+  limit?: number;
+  /** The previous page's next. */
+  cursor?: string;
   signal?: AbortSignal;
   timeoutMs?: number;
+}
+
+/** A page of approvals: each requester's in order, the requesters taking turns, so that none hides another's. */
+export interface ApprovalsPage {
+  records: Approval[];
+  /** Pass as cursor for the next page; undefined when nothing more matches. */
+  next?: string;
+  /** Approvals sent without their input and display: alone, too large for one reply. */
+  trimmed?: string[];
 }
 
 export interface DecideOptions {
@@ -161,8 +193,8 @@ export interface DecideOptions {
 
 /** The approvals a principal may see and decide, through requests the workers serve. */
 export interface Approvals {
-  /** The approvals this principal may decide (of its types), or requested itself. */
-  list(options?: Omit<ListApprovalsOptions, "id">): Promise<Approval[]>;
+  /** A page of the approvals this principal may decide (of its types), or requested itself. */
+  list(options?: ListApprovalsOptions): Promise<ApprovalsPage>;
   /** One approval by id. */
   get(approvalId: string, options?: Pick<ListApprovalsOptions, "signal" | "timeoutMs">): Promise<Approval>;
   /** Records this principal's decision; the approver is the principal, never a field. */
@@ -180,6 +212,9 @@ const requestMs = 10_000; // cancel, describe, approvals
 const executionRequestMs = 15_000; // an execution the workers read
 const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
+const unservedGraceMs = 500; // how long a capability may look unserved before a call is told so
+const probeAfterMs = 2000; // an id younger than this may name a request on its way
+const probeWaitMs = 2000; // how long await asks the workers whether an execution exists
 
 /** Connects to NATS as the credentials' principal and opens a client on the connection, which it owns. */
 export async function connect(options: ConnectOptions = {}): Promise<Client> {
@@ -535,7 +570,7 @@ export class Client {
     this.approvals = {
       list: (o = {}) => this.listApprovals(o),
       get: async (approvalId, o = {}) => {
-        const [a] = await this.listApprovals({ ...o, id: approvalId });
+        const [a] = (await this.listApprovals({ ...o, id: approvalId })).records;
         if (a === undefined) throw new CapstanError("REFUSED", `capstan: approval ${approvalId}: not found`, { conditions: ["not_found"] });
         return a;
       },
@@ -622,28 +657,42 @@ export class Client {
   }
 
   /**
-   * Whether the catalog lists capabilityId (its entry is live, or its whole
-   * pool is down): a request for one it does not list goes to _unrouted,
-   * where a worker decides. One read per capability every 10 s.
+   * Where a request for capabilityId goes and whether a live worker serves
+   * it (Go: Client.place): listed when its catalog entry is live, or its
+   * whole pool is down (a request for one it does not list goes to
+   * _unrouted, where a worker decides); unserved when its pool is down, or
+   * no pool lists it and no worker answers at all. One read per capability
+   * every 10 s for a served one.
    */
-  private async isListed(capabilityId: string): Promise<boolean> {
+  private async placement(capabilityId: string): Promise<{ listed: boolean; unserved?: { pool?: string; lapsedAt?: string } }> {
     const seen = this.listed.get(capabilityId);
-    if (seen !== undefined && Date.now() - seen < catalogProbeMs) return true;
+    if (seen !== undefined && Date.now() - seen < catalogProbeMs) return { listed: true };
     try {
       const b = await this.directGet(this.names.catalogBucket, capabilityId);
-      if (b === undefined) return false;
+      if (b === undefined) return (await this.anyWorker()) ? { listed: false } : { listed: false, unserved: {} };
       const d = wire.decodeDescriptor(b);
       const now = Date.now();
       if (d.expiresAt !== undefined && timeMillis(d.expiresAt) <= now) {
         // Lapsed: listed only while its whole pool is down.
         const pb = await this.directGet(this.names.catalogBucket, `_pool.${d.pool}`);
         const pool = pb === undefined ? undefined : wire.decodeDescriptor(pb);
-        return pool?.expiresAt === undefined || timeMillis(pool.expiresAt) <= now;
+        if (pool?.expiresAt !== undefined && timeMillis(pool.expiresAt) > now) return { listed: false };
+        return { listed: true, unserved: { pool: d.pool, ...(pool?.expiresAt !== undefined ? { lapsedAt: new Date(timeMillis(pool.expiresAt)).toISOString() } : {}) } };
       }
       this.listed.set(capabilityId, now);
-      return true;
+      return { listed: true };
     } catch {
-      return false; // unknown: _unrouted, where a worker decides
+      return { listed: false }; // unknown: _unrouted, where a worker decides
+    }
+  }
+
+  /** Whether a worker of any pool answers: yes when it cannot be told. */
+  private async anyWorker(): Promise<boolean> {
+    try {
+      await this.execution(wire.newExecutionId(), { probe: true, owner: this.principal, timeoutMs: probeWaitMs });
+      return true;
+    } catch (err) {
+      return !(err instanceof CapstanError && err.code === "NO_WORKERS");
     }
   }
 
@@ -660,7 +709,14 @@ export class Client {
     };
     if (input !== undefined && input !== null) r.input = input;
     const actor = o.actor ?? this.opts.actor;
-    if (actor !== undefined) r.actor = actor;
+    if (actor === undefined || actor.kind === "" || actor.id === "") {
+      // The workers would refuse it (UNAUTHENTICATED) after a round trip.
+      throw new CapstanError(
+        "INVALID_ARGUMENT",
+        'capstan: a call needs an actor, who it runs for: connect({ actor: { kind: "user", id: "ada" } }), or the call\'s own actor option',
+      );
+    }
+    r.actor = actor;
     if (o.correlationId !== undefined) r.correlationId = o.correlationId;
     if (o.deadline !== undefined) r.deadline = timeText(o.deadline);
     if (o.traceparent !== undefined) r.traceparent = o.traceparent;
@@ -704,10 +760,19 @@ export class Client {
     }
   }
 
-  private async send(r: Request, signal?: AbortSignal): Promise<{ duplicate: boolean }> {
-    const subject = r.capabilityId !== "" && (await this.isListed(r.capabilityId))
-      ? this.names.exec(this.principal, r.capabilityId)
-      : this.names.unrouted(this.principal);
+  private async send(r: Request, signal?: AbortSignal, ifUnserved: IfUnserved = "wait"): Promise<{ duplicate: boolean; unserved?: UnservedError }> {
+    let place: Awaited<ReturnType<Client["placement"]>> = r.capabilityId !== "" ? await this.placement(r.capabilityId) : { listed: false };
+    // A worker starting alongside the caller lists its capabilities within
+    // a second: a capability is told unserved only once it stayed so that long.
+    for (const deadline = Date.now() + unservedGraceMs; place.unserved !== undefined && ifUnserved !== "wait" && Date.now() < deadline; ) {
+      await sleep(unservedGraceMs / 10, signal);
+      if (signal?.aborted === true) throw aborted(signal, r.executionId);
+      place = await this.placement(r.capabilityId);
+    }
+    const subject = place.listed ? this.names.exec(this.principal, r.capabilityId) : this.names.unrouted(this.principal);
+    const unserved = (queued: boolean): UnservedError | undefined =>
+      place.unserved === undefined ? undefined : new UnservedError(r.capabilityId, { ...place.unserved, queued, executionId: r.executionId });
+    if (ifUnserved === "refuse" && place.unserved !== undefined) throw unserved(false) as UnservedError;
     let data: Uint8Array;
     try {
       data = wire.encodeRequest(r);
@@ -715,21 +780,29 @@ export class Client {
       throw new CapstanError("INVALID_ARGUMENT", `capstan: input does not encode: ${(err as Error).message}`, { cause: err, executionId: r.executionId });
     }
     // The exec stream's dedup id: the execution's key, tagged by the connection's key.
-    return this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
+    const ack = await this.publish(subject, data, this.msgIds.request(this.principal, r.executionId), r.executionId, signal);
+    const u = ifUnserved === "queue" ? unserved(true) : undefined;
+    return u === undefined ? ack : { ...ack, unserved: u };
+  }
+
+  private ifUnserved(o: CallOptions): IfUnserved {
+    return o.ifUnserved ?? this.opts.ifUnserved ?? "queue";
   }
 
   /**
    * Publishes one execution request and returns its execution id once
    * JetStream stored it. Submitting the same id again within the dedup
    * window is a no-op. An id that can never name a capability is refused
-   * with a CAPABILITY_NOT_FOUND CapabilityError, unpublished.
+   * with a CAPABILITY_NOT_FOUND CapabilityError, unpublished; with
+   * ifUnserved "refuse", a capability no live worker serves with an
+   * UnservedError, unpublished.
    */
   async submit(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<string> {
     this.checkOpen();
     const r = this.newRequest(capabilityId, input, options);
     const bad = wire.invalidCapabilityId(capabilityId);
     if (bad !== undefined) throw notFound(bad);
-    await this.send(r, options.signal);
+    await this.send(r, options.signal, this.ifUnserved(options) === "refuse" ? "refuse" : "wait");
     return r.executionId;
   }
 
@@ -737,7 +810,9 @@ export class Client {
    * Submits and awaits. Rejects only for transport trouble; governed
    * outcomes (completed, failed, cancelled, approval-required) are in the
    * envelope. An id that can never name a capability is answered, never
-   * published, with a failed CAPABILITY_NOT_FOUND envelope.
+   * published, with a failed CAPABILITY_NOT_FOUND envelope. A capability no
+   * live worker serves rejects at once with an UnservedError (queued, by
+   * default; see ClientOptions.ifUnserved).
    */
   async call(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<Envelope> {
     this.checkOpen();
@@ -812,9 +887,19 @@ export class Client {
     const id = r.executionId;
     const reconnects = this.w.reconnects;
     const w = this.w.add(id);
-    let ack: { duplicate: boolean };
+    let ack: { duplicate: boolean; unserved?: UnservedError };
     try {
-      ack = await this.send(r, options.signal);
+      ack = await this.send(r, options.signal, r.approvalId !== undefined ? "wait" : this.ifUnserved(options));
+      if (ack.unserved !== undefined) {
+        // Stored, and no live worker serves it: said at once, unless a
+        // caller's own id names an execution that has ended already.
+        const env = ownId ? undefined : await this.loadEnvelope(this.principal, id, options.signal).catch(() => undefined);
+        if (env !== undefined) {
+          this.w.remove(id, w.waiter);
+          return env;
+        }
+        throw ack.unserved;
+      }
     } catch (err) {
       this.w.remove(id, w.waiter);
       throw err;
@@ -845,7 +930,10 @@ export class Client {
   /**
    * Waits for an execution's envelope until signal ends the wait. An
    * execution whose envelope is no longer kept fails at once with an
-   * ExpiredError (code EXPIRED).
+   * ExpiredError (code EXPIRED); an id of which nothing is stored, as the
+   * workers tell (no request in its queue, no record, no envelope), with
+   * UNKNOWN_EXECUTION: at once, or, for an id made less than two seconds
+   * ago (its request may be on its way), once it is two seconds old.
    */
   async await(executionId: string, options: AwaitOptions = {}): Promise<Envelope> {
     this.checkOpen(executionId);
@@ -861,6 +949,7 @@ export class Client {
 
   private async awaitEnvelope(executionId: string, options: AwaitOptions): Promise<Envelope> {
     const w = this.w.add(executionId);
+    let probeInMs: number | undefined;
     try {
       const env = await this.loadEnvelope(this.principal, executionId, options.signal);
       if (env !== undefined) {
@@ -869,8 +958,15 @@ export class Client {
       }
       const xerr = await this.expired(this.principal, executionId, options.signal);
       if (xerr !== undefined) throw xerr;
+      // Nothing stored of it, as the workers tell: it fails at once. An id
+      // made a moment ago may name a request on its way: the workers are
+      // asked once it is old enough.
+      const made = wire.executionIdTime(executionId);
+      const young = made === undefined ? 0 : made.getTime() + probeAfterMs - Date.now();
+      if (young > 0) probeInMs = young;
+      else if (await this.unknown(executionId, options.signal)) throw unknownExecution(executionId);
     } catch (err) {
-      if (err instanceof CapstanError && (err.code === "EXPIRED" || err.code === "ABORTED" || err.code === "DECODE")) {
+      if (err instanceof CapstanError && ["EXPIRED", "ABORTED", "DECODE", "UNKNOWN_EXECUTION"].includes(err.code)) {
         this.w.remove(executionId, w.waiter);
         throw err;
       }
@@ -878,7 +974,46 @@ export class Client {
       // an envelope stored since, and its re-reads cover the read that failed.
       this.log.debug?.("envelope unreadable for now; waiting for it", { executionId, err: (err as Error).message });
     }
-    return this.w.wait(executionId, w, options.signal);
+    if (probeInMs === undefined) return this.w.wait(executionId, w, options.signal);
+    // Asked once the id is old enough, and again while the workers give no
+    // answer; once they say it exists, the wait goes on as any other.
+    const gone = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const ask = (): void => {
+      void this.probeState(executionId, options.signal).then((state) => {
+        if (state === "unknown") gone.abort(unknownExecution(executionId));
+        else if ((state === undefined || state === "uncertain") && !gone.signal.aborted && options.signal?.aborted !== true) timer = setTimeout(ask, probeAfterMs);
+      });
+    };
+    timer = setTimeout(ask, probeInMs);
+    try {
+      return await this.w.wait(executionId, w, options.signal === undefined ? gone.signal : AbortSignal.any([options.signal, gone.signal]));
+    } catch (err) {
+      if (gone.signal.aborted && options.signal?.aborted !== true) throw gone.signal.reason as CapstanError;
+      throw err;
+    } finally {
+      gone.abort(); // stops asking
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * Whether the workers say that nothing of this principal's execution is
+   * stored: no request in its queue, no record, no envelope. Without an
+   * answer (no worker, an older one) it is not unknown.
+   */
+  private async unknown(executionId: string, signal?: AbortSignal): Promise<boolean> {
+    return (await this.probeState(executionId, signal)) === "unknown";
+  }
+
+  /** Where the workers say this principal's execution is; undefined when they give no answer. */
+  private async probeState(executionId: string, signal?: AbortSignal): Promise<string | undefined> {
+    try {
+      const v = await this.execution(executionId, { probe: true, owner: this.principal, timeoutMs: probeWaitMs, ...(signal !== undefined ? { signal } : {}) });
+      return v.state;
+    } catch {
+      return undefined;
+    }
   }
 
   /**
@@ -946,6 +1081,7 @@ export class Client {
     const v = decoded(() => wire.decodeExecutionView(m.data), executionId);
     if (v.error !== undefined) {
       const conditions = v.conditions ?? [];
+      if (conditions.includes("quota_exceeded")) throw refusal("", v.error, conditions, v.details);
       const code = conditions.includes("unknown") ? "UNKNOWN_EXECUTION" : "REFUSED";
       throw new CapstanError(code, `capstan: ${what}: ${v.error}`, { conditions, executionId });
     }
@@ -956,8 +1092,11 @@ export class Client {
    * Asks the workers to cancel one of this principal's executions (an
    * admin's credentials may name another principal as owner). Cancelling is
    * terminal at any point: before a claim, during an attempt, during a
-   * backoff. A refusal the workers answer rejects with REFUSED, the reply
-   * attached as its cause.
+   * backoff. An execution that ended is not changed: the reply says
+   * finalized and its status. An id of which nothing is stored rejects with
+   * UNKNOWN_EXECUTION (EXPIRED for one older than the retention), and
+   * nothing is recorded. A refusal the workers answer rejects with REFUSED,
+   * the reply attached as its cause.
    */
   async cancel(executionId: string, options: { owner?: string; signal?: AbortSignal; timeoutMs?: number } = {}): Promise<CancelReply> {
     const bad = wire.invalidExecutionId(executionId);
@@ -970,7 +1109,13 @@ export class Client {
     } catch (err) {
       throw new CapstanError("DECODE", `capstan: cancel ${executionId}: bad reply: ${(err as Error).message}`, { cause: err, executionId });
     }
+    if (r.conditions?.includes("unknown") === true) {
+      const xerr = await this.expired(options.owner ?? this.principal, executionId, options.signal);
+      if (xerr !== undefined) throw xerr;
+      throw new CapstanError("UNKNOWN_EXECUTION", `capstan: cancel ${executionId}: no such execution: nothing of it is stored; nothing was recorded`, { executionId, conditions: r.conditions });
+    }
     if (r.error !== undefined && r.error !== "") {
+      if (r.conditions?.includes("quota_exceeded") === true) throw refusal("", r.error, r.conditions, r.details);
       throw new CapstanError("REFUSED", `capstan: cancel ${executionId}: ${r.error}`, { cause: r, executionId });
     }
     return r;
@@ -1047,16 +1192,23 @@ export class Client {
     return r;
   }
 
-  private async listApprovals(o: ListApprovalsOptions): Promise<Approval[]> {
+  private async listApprovals(o: ListApprovalsOptions & { id?: string }): Promise<ApprovalsPage> {
     const req: wire.ListRequest = { v: wire.version };
     if (o.id !== undefined) req.id = o.id;
     if (o.status !== undefined) req.status = o.status;
     if (o.capabilityId !== undefined) req.capabilityId = o.capabilityId;
     if (o.actor !== undefined) req.actor = o.actor;
+    if (o.decided === true) req.decided = true;
+    if (o.newest === true) req.newest = true;
+    if (o.limit !== undefined) req.limit = o.limit;
+    if (o.cursor !== undefined) req.cursor = o.cursor;
     const m = await this.workerRequest("list approvals", this.names.listApprovals(this.principal), wire.encodeListRequest(req), o);
     const r = decoded(() => wire.decodeListReply(m.data));
-    if (r.error !== undefined) throw new CapstanError("REFUSED", `capstan: list approvals: ${r.error}`, { conditions: r.conditions ?? [] });
-    return r.records;
+    if (r.error !== undefined) throw refusal("list approvals", r.error, r.conditions, r.details);
+    const page: ApprovalsPage = { records: r.records };
+    if (r.next !== undefined) page.next = r.next;
+    if (r.trimmed !== undefined) page.trimmed = r.trimmed;
+    return page;
   }
 
   private async decide(approvalId: string, o: DecideOptions): Promise<Approval> {
@@ -1067,11 +1219,16 @@ export class Client {
     const m = await this.workerRequest(`decide ${approvalId}`, this.names.decide(this.principal), wire.encodeDecideRequest(req), o);
     const r = decoded(() => wire.decodeDecideReply(m.data));
     if (r.error !== undefined) {
+      if (r.conditions?.includes("quota_exceeded") === true) throw refusal("", r.error, r.conditions, r.details);
       throw new CapstanError("REFUSED", `capstan: decide ${approvalId}: ${r.error}`, { conditions: r.conditions ?? [], cause: r.record });
     }
     if (r.record === undefined) throw new CapstanError("DECODE", `capstan: decide ${approvalId}: a reply without the approval`);
     return r.record;
   }
+}
+
+function unknownExecution(executionId: string): CapstanError {
+  return new CapstanError("UNKNOWN_EXECUTION", `capstan: no such execution: ${executionId}: neither its request, nor its record, nor its envelope is stored`, { executionId });
 }
 
 function notFound(cause: string): CapabilityError {
@@ -1082,6 +1239,21 @@ function notFound(cause: string): CapabilityError {
 }
 
 /** A record decoded, or CapstanError DECODE. */
+/**
+ * A refusal the workers answered: a quota's is a CapabilityError
+ * QUOTA_EXCEEDED with its details (the quota, its limit, retryAfterMs),
+ * as Go's *envelope.CapabilityError; any other is REFUSED with its
+ * conditions.
+ */
+function refusal(what: string, message: string, conditions: string[] | undefined, details: Record<string, unknown> | undefined): Error {
+  if (conditions?.includes("quota_exceeded") === true) {
+    const e: EnvelopeError = { code: "QUOTA_EXCEEDED", message, retryable: details?.retryAfterMs !== undefined, exposeToModel: true };
+    if (details !== undefined) e.details = details;
+    return new CapabilityError(e);
+  }
+  return new CapstanError("REFUSED", `capstan: ${what}: ${message}`, { conditions: conditions ?? [] });
+}
+
 function decoded<T>(f: () => T, executionId?: string): T {
   try {
     return f();

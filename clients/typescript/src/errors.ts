@@ -28,6 +28,8 @@ import { forModel } from "./wire.js";
  *   sent.
  * - `REFUSED`: the workers refused a cancel, a decision or a listing; for
  *   approvals, `conditions` names why with the wire's condition names.
+ * - `UNSERVED`: no live worker serves the capability called (Go:
+ *   executor.ErrUnserved); see UnservedError.
  */
 export type ClientErrorCode =
   | "DECODE"
@@ -38,7 +40,8 @@ export type ClientErrorCode =
   | "EXPIRED"
   | "UNKNOWN_EXECUTION"
   | "INVALID_ARGUMENT"
-  | "REFUSED";
+  | "REFUSED"
+  | "UNSERVED";
 
 export interface CapstanErrorOptions extends ErrorOptions {
   executionId?: string;
@@ -98,6 +101,38 @@ export class ExpiredError extends CapstanError {
   /** No record is left either: the execution is unknown as well (Go: errors.Is(err, ErrUnknownExecution)). */
   get unknown(): boolean {
     return this.state === undefined;
+  }
+}
+
+/**
+ * A call to a capability no live worker serves, told at once instead of
+ * after a wait for a worker that is not there (Go: *executor.UnservedError):
+ * its pool is down (no worker renewed the pool's catalog entry within the
+ * catalog TTL), or no pool lists it and no worker runs at all. With
+ * ifUnserved "queue" (the default) the request is stored and waits for a
+ * worker until its start deadline: executionId names it (await it, or cancel
+ * it); with "refuse" nothing was stored.
+ */
+export class UnservedError extends CapstanError {
+  override name = "UnservedError";
+  readonly capabilityId: string;
+  /** The pool the catalog lists it in; undefined when none does (and no worker runs). */
+  readonly pool: string | undefined;
+  /** The request is stored and waits for a worker. */
+  readonly queued: boolean;
+
+  constructor(capabilityId: string, o: { pool?: string | undefined; lapsedAt?: string | undefined; queued: boolean; executionId: string }) {
+    let msg =
+      o.pool === undefined
+        ? `capstan: no worker serves ${capabilityId}, and no worker is running: start one whose registry has it (capstan dev or capstan worker serve the demo catalog)`
+        : `capstan: no live worker serves ${capabilityId}: its pool "${o.pool}" has none${o.lapsedAt !== undefined ? ` (its liveness lapsed at ${o.lapsedAt})` : ""}: start a worker of pool "${o.pool}" (capstan worker --pool ${o.pool} serves the demo catalog)`;
+    msg += o.queued
+      ? `; the request is queued as execution ${o.executionId} until its start deadline, when it ends NOT_STARTED unless a worker starts it`
+      : "; nothing was submitted";
+    super("UNSERVED", msg, { executionId: o.executionId });
+    this.capabilityId = capabilityId;
+    this.pool = o.pool;
+    this.queued = o.queued;
   }
 }
 

@@ -1,7 +1,7 @@
 // @capstan-dev/client: call capstan capabilities from TypeScript.
 //
 //   import { connect } from "@capstan-dev/client";
-//   const capstan = await connect({ creds: "secrets/alice.creds" });
+//   const capstan = await connect({ creds: "secrets/alice.creds", actor: { kind: "user", id: "alice" } });
 //   const env = await capstan.call("demo.echo", { hello: "world" });
 //   console.log(env.status, env.output);
 //
@@ -18,6 +18,7 @@ export {
   maxStartWithinMs,
   principalFromCreds,
   type Approvals,
+  type ApprovalsPage,
   type AwaitOptions,
   type CallOptions,
   type CancelReply,
@@ -27,13 +28,15 @@ export {
   type DescribeOptions,
   type ExecutionOptions,
   type ExecutionStatus,
+  type IfUnserved,
   type ListApprovalsOptions,
   type Logger,
   type Surface,
 } from "./client.js";
-export { CapabilityError, CapstanError, ExpiredError, type ClientErrorCode } from "./errors.js";
+export { CapabilityError, CapstanError, ExpiredError, UnservedError, type ClientErrorCode } from "./errors.js";
 export { stringifyJSON, toJSONValue } from "./json.js";
 export { anonymous } from "./names.js";
+export { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "./idempotency.js";
 export {
   cleanProgressMessage,
   executionIdTime,

@@ -204,6 +204,12 @@ export interface ExecutionRecord {
   reattempts?: number;
   /** The running attempt's last progress report, as of the lease's last renewal. */
   progress?: Progress;
+  /**
+   * The idempotency key's derivation every attempt of the execution is
+   * given (idempotencyKeyOf); none: an execution begun before key
+   * versions, which keeps the key of its id alone.
+   */
+  keyVersion?: number;
 }
 
 /** A capability as the catalog and describe show it. */
@@ -237,6 +243,8 @@ export interface LimitInfo {
   atLimit: "wait" | "refuse" | "approval" | (string & {});
   /** The limit in words, e.g. "10 per 1m per actor". */
   text: string;
+  /** The most of a concurrency limit's slots one principal may hold at once. */
+  principalMax?: number;
 }
 
 /** The catalog's _resources entry. */
@@ -308,6 +316,11 @@ export interface Approval {
   requestedBy: string;
   consumedBy?: string;
   consumedAt?: string;
+  /**
+   * The execution record under which it was consumed (its creation time):
+   * only a takeover holding that record may use the approval again.
+   */
+  consumedUnder?: string;
   principal?: string;
   correlationId?: string;
 }
@@ -328,21 +341,39 @@ export interface DecideReply {
   error?: string;
   conditions?: string[];
   auditUnavailable?: boolean;
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
+/** Asks for a page of approvals, or one by id (Go: approvals.ListRequest). */
 export interface ListRequest {
   v: number;
   id?: string;
   status?: ApprovalStatus;
   capabilityId?: string;
   actor?: Actor;
+  /** The page's size: default 50, at most 500. */
+  limit?: number;
+  /** A page's next: where the next page begins. */
+  cursor?: string;
+  /** Only approvals no longer pending; not with status. */
+  decided?: boolean;
+  /** Each requester's approvals newest first. */
+  newest?: boolean;
 }
 
+/** One page of approvals: each requester's oldest first, the requesters taking turns. */
 export interface ListReply {
   v: number;
   records: Approval[];
   error?: string;
   conditions?: string[];
+  /** The cursor of the next page; absent when nothing more matches. */
+  next?: string;
+  /** Records sent without their input and display: alone, too large for a reply. */
+  trimmed?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 /** Asks the workers for one execution (capstan.executions.get.P; Go: executor.ExecutionRequest). */
@@ -376,9 +407,13 @@ export interface ExecutionView {
   approvals?: Approval[];
   /** Why the principal may see it: all, own, approvals. */
   scope?: string;
-  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid). */
+  /** What the view leaves out because the reply would exceed the payload: trail, approvals.input, output. */
+  omitted?: string[];
+  /** A refusal, and its conditions (forbidden, unknown, not_found, invalid, quota_exceeded). */
   error?: string;
   conditions?: string[];
+  /** A refusal's facts: for quota_exceeded, the quota, its limit and retryAfterMs. */
+  details?: Record<string, unknown>;
 }
 
 // ---- schemas ----
@@ -510,6 +545,7 @@ export const recordSchema: Schema = [
   ["reconciliations", int],
   ["reattempts", int],
   ["progress", { t: "rec", s: progressSchemaFields(), ptr: true }],
+  ["keyVersion", int],
 ];
 
 const limitInfoSchema: Schema = [
@@ -520,6 +556,7 @@ const limitInfoSchema: Schema = [
   ["intervalMs", int],
   ["atLimit", str, ""],
   ["text", str, ""],
+  ["principalMax", int],
 ];
 
 export const descriptorSchema: Schema = [
@@ -600,6 +637,7 @@ export const approvalSchema: Schema = [
   ["requestedBy", str, ""],
   ["consumedBy", str],
   ["consumedAt", time],
+  ["consumedUnder", time],
   ["principal", str],
   ["correlationId", str],
 ];
@@ -619,6 +657,7 @@ export const decideReplySchema: Schema = [
   ["error", str],
   ["conditions", strs],
   ["auditUnavailable", bool],
+  ["details", anyv],
 ];
 
 export const listRequestSchema: Schema = [
@@ -627,6 +666,10 @@ export const listRequestSchema: Schema = [
   ["status", str],
   ["capabilityId", str],
   ["actor", actor],
+  ["limit", int],
+  ["cursor", str],
+  ["decided", bool],
+  ["newest", bool],
 ];
 
 export const listReplySchema: Schema = [
@@ -634,6 +677,9 @@ export const listReplySchema: Schema = [
   ["records", { t: "recs", s: approvalSchema, ptr: true }, []],
   ["error", str],
   ["conditions", strs],
+  ["next", str],
+  ["trimmed", strs],
+  ["details", anyv],
 ];
 
 export const executionRequestSchema: Schema = [
@@ -652,8 +698,10 @@ export const executionViewSchema: Schema = [
   ["envelope", { t: "rec", s: envelopeSchema, ptr: true }],
   ["approvals", { t: "recs", s: approvalSchema, ptr: true }],
   ["scope", str],
+  ["omitted", strs],
   ["error", str],
   ["conditions", strs],
+  ["details", anyv],
 ];
 
 // ---- the codec ----

@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { credsAuthenticator, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
-import { CapstanError, connect, forModel, newExecutionId, principalFromCreds, type Client } from "../src/index.js";
+import { CapabilityError, CapstanError, connect, forModel, newExecutionId, principalFromCreds, type Client } from "../src/index.js";
 import { Names } from "../src/names.js";
 import { MsgIds } from "../src/msgid.js";
 import { encodeRequest } from "../src/wire.js";
@@ -117,7 +117,7 @@ describe("approvals with authentication", () => {
 
     // The producer follows its own approvals; it decides none.
     const mine = await alice.approvals.list({ status: "pending" });
-    assert.ok(mine.some((a) => a.id === approvalId));
+    assert.ok(mine.records.some((a) => a.id === approvalId));
     await assert.rejects(alice.approvals.decide(approvalId, { approve: true }), (e: CapstanError) =>
       e.code === "TRANSPORT" && /Permissions Violation for Publish to "capstan.approvals.decide.alice"/.test(e.message),
     );
@@ -127,7 +127,7 @@ describe("approvals with authentication", () => {
     assert.equal(early.error?.code, "APPROVAL_PENDING");
 
     const seen = await carol.approvals.list({ status: "pending", capabilityId: "orders.refund" });
-    const pending = seen.find((a) => a.id === approvalId);
+    const pending = seen.records.find((a) => a.id === approvalId);
     assert.deepEqual(pending?.input, { amount: 900, orderId: "o-9" });
     const decided = await carol.approvals.decide(approvalId, { approve: true, comment: "checked" });
     assert.equal(decided.status, "approved");
@@ -211,5 +211,44 @@ describe("replies aimed at a principal's envelope subject", () => {
     const env = await wait;
     assert.equal(env.executionId, id);
     assert.equal(env.capabilityId, "email.send");
+  });
+});
+
+describe("pages and quotas", () => {
+  test("an approver's inbox is paged: each page's next is where the next one begins", async () => {
+    const asked: string[] = [];
+    for (const order of ["p-1", "p-2", "p-3"]) {
+      const env = await alice.call("orders.refund", { orderId: order, amount: 900 }, { signal: bound() });
+      assert.equal(env.status, "approval-required");
+      asked.push(env.approval?.id as string);
+    }
+    const seen: string[] = [];
+    let cursor: string | undefined;
+    for (let pages = 0; ; pages++) {
+      assert.ok(pages < 100, "the listing never ends");
+      const page = await carol.approvals.list({ status: "pending", limit: 1, ...(cursor === undefined ? {} : { cursor }) });
+      assert.ok(page.records.length <= 1);
+      seen.push(...page.records.map((r) => r.id));
+      if (page.next === undefined) break;
+      cursor = page.next;
+    }
+    for (const id of asked) assert.equal(seen.filter((s) => s === id).length, 1, `approval ${id} listed once`);
+  });
+
+  test("alice's flood of listings is refused beyond her quota with QUOTA_EXCEEDED and its figures; bob is served", async () => {
+    const results = await Promise.allSettled(Array.from({ length: 600 }, () => alice.approvals.list({ limit: 1 })));
+    const refused = results.filter((r) => r.status === "rejected");
+    assert.ok(refused.length > 0, "600 listings at once, none refused");
+    for (const r of refused) {
+      const e = r.reason as CapabilityError;
+      assert.ok(e instanceof CapabilityError, String(e));
+      assert.equal(e.code, "QUOTA_EXCEEDED");
+      assert.equal(e.details?.quota, "controlPerSecond");
+      assert.equal(e.details?.limit, 50);
+      assert.ok(typeof e.details?.retryAfterMs === "number" && e.retryable);
+      assert.equal(e.forModel().code, "QUOTA_EXCEEDED");
+    }
+    const bobs = await bob.approvals.list();
+    assert.ok(Array.isArray(bobs.records));
   });
 });

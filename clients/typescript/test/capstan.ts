@@ -4,7 +4,7 @@
 // SIGTERM when the tests end.
 
 import { execFile, spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -129,4 +129,12 @@ async function start(dir: string, o: DevOptions): Promise<Dev> {
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/** The fenced blocks of a page whose info string is lang. */
+export function fenced(page: string, lang: string): string[] {
+  const out: string[] = [];
+  const re = new RegExp("^```" + lang + "\\n([\\s\\S]*?)^```$", "gm");
+  for (const m of readFileSync(page, "utf8").matchAll(re)) out.push(m[1] ?? "");
+  return out;
 }

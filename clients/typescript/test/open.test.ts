@@ -10,9 +10,12 @@ import { headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
-import { CapabilityError, CapstanError, Client, connect, ExpiredError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
-import { encodeEnvelope, encodeProgress } from "../src/wire.js";
+import { CapabilityError, CapstanError, Client, connect, ExpiredError, UnservedError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
+import { encodeDescriptor, encodeEnvelope, encodeProgress } from "../src/wire.js";
 import { aiTools } from "../src/ai.js";
+import { generateText, jsonSchema, type ToolSet } from "ai";
+import { createOpenAI } from "@ai-sdk/openai";
+import { createAnthropic } from "@ai-sdk/anthropic";
 import { main } from "../examples/scripted-agent.js";
 import { startDev, type Dev } from "./capstan.js";
 
@@ -284,7 +287,7 @@ describe("approvals on an open server", () => {
     const approvalId = env.approval?.id as string;
     assert.deepEqual(env.approval?.types, ["finance"]);
 
-    const [pending] = await c.approvals.list({ status: "pending", capabilityId: "orders.refund" }).then((rs) => rs.filter((r) => r.id === approvalId));
+    const [pending] = await c.approvals.list({ status: "pending", capabilityId: "orders.refund" }).then((p) => p.records.filter((r) => r.id === approvalId));
     assert.deepEqual(pending?.input, { amount: 900, orderId: "o-1" });
 
     await assert.rejects(c.approvals.decide(approvalId, { approve: true, approver: { kind: "user", id: "ada" } }), (e: CapstanError) =>
@@ -372,12 +375,125 @@ describe("what a client must refuse", () => {
   });
 });
 
+/**
+ * A fetch that keeps each request's body and answers as the provider would
+ * with a short text: the AI SDK's own request building, with no network.
+ */
+function capturing(answer: unknown): { fetch: typeof fetch; bodies: string[] } {
+  const bodies: string[] = [];
+  const f: typeof fetch = (_url, init) => {
+    bodies.push(typeof init?.body === "string" ? init.body : "");
+    return Promise.resolve(new Response(JSON.stringify(answer), { status: 200, headers: { "content-type": "application/json" } }));
+  };
+  return { fetch: f, bodies };
+}
+
+const openAIChatAnswer = {
+  id: "chatcmpl-1", object: "chat.completion", created: 0, model: "gpt-4o",
+  choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }],
+  usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 },
+};
+const anthropicAnswer = {
+  id: "msg_1", type: "message", role: "assistant", model: "claude-sonnet-4-5", content: [{ type: "text", text: "ok" }],
+  stop_reason: "end_turn", stop_sequence: null, usage: { input_tokens: 1, output_tokens: 1 },
+};
+
+/** Whether v holds a bigint anywhere: JSON.stringify throws on one. */
+function holdsBigint(v: unknown): boolean {
+  if (typeof v === "bigint") return true;
+  if (v === null || typeof v !== "object") return false;
+  return Object.values(v).some(holdsBigint);
+}
+
+describe("a call without an actor", () => {
+  test("is refused at once, before anything is sent", async () => {
+    const bare = await connect({ servers: dev.url });
+    try {
+      await assert.rejects(bare.call("demo.echo", { a: 1 }), (e: CapstanError) => e.code === "INVALID_ARGUMENT" && /needs an actor/.test(e.message));
+      await assert.rejects(bare.submit("demo.echo", { a: 1 }), (e: CapstanError) => e.code === "INVALID_ARGUMENT");
+      const env = await bare.call("demo.echo", { a: 2 }, { actor: { kind: "user", id: "ada" }, signal: bound() });
+      assert.equal(env.status, "completed");
+    } finally {
+      await bare.close();
+    }
+  });
+});
+
+describe("a capability no live worker serves", () => {
+  test("a call is told at once, queued or refused as the caller chose; the AI SDK tool tells the model it is queued", async () => {
+    // The catalog lists ghost.echo in pool "ghost", whose entries lapsed and
+    // whose workers are all gone (no live _pool.ghost): its pool is down.
+    const kv = await new Kvm(raw).open("CAPSTAN_CATALOG");
+    const lapsed = new Date(Date.now() - 60_000).toISOString();
+    await kv.put("ghost.echo", encodeDescriptor({ v: 1, id: "ghost.echo", pool: "ghost", description: "Echoes, when a worker runs.", sideEffect: "none", expose: ["direct", "mcp"], timeoutMs: 1000, expiresAt: lapsed }));
+    try {
+      const err = (await c.call("ghost.echo", { a: 1 }, { signal: bound() }).catch((e: unknown) => e)) as UnservedError;
+      assert.ok(err instanceof UnservedError, String(err));
+      assert.equal(err.code, "UNSERVED");
+      assert.equal(err.queued, true);
+      assert.equal(err.pool, "ghost");
+      assert.match(err.message, /start a worker of pool "ghost"/);
+      const id = err.executionId as string;
+      assert.equal((await c.execution(id, { probe: true })).state, "queued");
+      await c.cancel(id); // withdrawn: it ends cancelled when a worker sees it
+
+      const refused = (await c.call("ghost.echo", { a: 2 }, { signal: bound(), ifUnserved: "refuse" }).catch((e: unknown) => e)) as UnservedError;
+      assert.ok(refused instanceof UnservedError && !refused.queued, String(refused));
+      assert.equal((await c.execution(refused.executionId as string, { probe: true })).state, "unknown");
+      await assert.rejects(c.submit("ghost.echo", {}, { ifUnserved: "refuse" }), (e: CapstanError) => e.code === "UNSERVED");
+
+      const tools = await aiTools(c, { surface: "mcp" });
+      const r = (await tools.ghost_echo?.execute({ a: 3 })) as { status: string; executionId: string; next: string };
+      assert.equal(r.status, "queued");
+      assert.match(r.next, /queued/);
+      await c.cancel(r.executionId);
+    } finally {
+      await kv.delete("ghost.echo");
+    }
+  });
+});
+
 describe("AI SDK tools", () => {
+  test("the tools go to model providers as the AI SDK builds their requests: valid JSON, every schema intact", async () => {
+    const discovery = await c.describe({ surface: "mcp" });
+    const int64 = discovery.capabilities.find((d) => d.id === "orders.refund")?.inputSchema as { properties: { amount: unknown } };
+    assert.deepEqual(int64.properties.amount, { type: "integer", format: "int64" }); // no bound beyond 2^53
+    for (const wrap of [undefined, jsonSchema] as const) {
+      const tools = await aiTools(c, { surface: "mcp", ...(wrap !== undefined ? { jsonSchema: (s: Record<string, unknown>) => wrap(s) } : {}) });
+      for (const [name, t] of Object.entries(tools)) {
+        const s = (t.inputSchema as { jsonSchema: unknown }).jsonSchema;
+        assert.ok(!holdsBigint(s), `${name}: a bigint in its schema`);
+      }
+      const openai = capturing(openAIChatAnswer);
+      const anthropic = capturing(anthropicAnswer);
+      for (const model of [
+        createOpenAI({ apiKey: "none", fetch: openai.fetch }).chat("gpt-4o"),
+        createAnthropic({ apiKey: "none", fetch: anthropic.fetch })("claude-sonnet-4-5"),
+      ]) {
+        const r = await generateText({ model, tools: tools as unknown as ToolSet, prompt: "Refund order o-1.", maxRetries: 0 });
+        assert.equal(r.text, "ok");
+      }
+      const sent = (t: { jsonSchema: unknown }): unknown => JSON.parse(JSON.stringify(t.jsonSchema));
+      assert.equal(openai.bodies.length, 1);
+      const ob = JSON.parse(openai.bodies[0] as string) as { tools: { function: { name: string; parameters: unknown } }[] };
+      assert.deepEqual(ob.tools.map((t) => t.function.name).sort(), Object.keys(tools).sort());
+      for (const t of ob.tools) {
+        assert.deepEqual(t.function.parameters, sent(tools[t.function.name]?.inputSchema as { jsonSchema: unknown }), t.function.name);
+      }
+      assert.equal(anthropic.bodies.length, 1);
+      const ab = JSON.parse(anthropic.bodies[0] as string) as { tools: { name: string; input_schema: unknown }[] };
+      assert.deepEqual(ab.tools.map((t) => t.name).sort(), Object.keys(tools).sort());
+      for (const t of ab.tools) {
+        assert.deepEqual(t.input_schema, sent(tools[t.name]?.inputSchema as { jsonSchema: unknown }), t.name);
+      }
+    }
+  });
+
   test("the capabilities become tools in the SDK's shape; execute is a governed call", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     assert.ok("demo_echo" in tools && "orders_refund" in tools && "capstan_resume" in tools && "capstan_status" in tools);
     // The SDK's isSchema: Symbol.for("vercel.ai.schema"), jsonSchema and validate.
-    const schema = tools.orders_refund?.inputSchema as Record<string | symbol, unknown>;
+    const schema = tools.orders_refund?.inputSchema as unknown as Record<string | symbol, unknown>;
     assert.equal(schema[Symbol.for("vercel.ai.schema")], true);
     assert.ok("validate" in schema);
     assert.deepEqual(Object.keys((schema.jsonSchema as { properties: object }).properties).sort(), ["amount", "orderId"]);
@@ -455,9 +571,23 @@ describe("expiry and start deadlines", () => {
     await assert.rejects(c.status(id), (e: CapstanError) => e.code === "EXPIRED");
   });
 
-  test("an id the client did not make says nothing of its age: awaiting it waits", async () => {
-    await assert.rejects(c.await("not-a-uuid", { signal: AbortSignal.timeout(300) }), (e: CapstanError) => e.code === "ABORTED");
-    await assert.rejects(c.status("not-a-uuid"), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+  test("an id nothing is stored of fails at once with UNKNOWN_EXECUTION, as the CLI's await does; a cancel of it records nothing", async () => {
+    const hex = (Date.now() - 60_000).toString(16).padStart(12, "0");
+    for (const id of ["not-a-uuid", `${hex.slice(0, 8)}-${hex.slice(8)}-7abc-8def-0123456789ab`]) { // a UUIDv7 of a minute ago
+      await assert.rejects(c.await(id, { signal: bound() }), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.status(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.cancel(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+      await assert.rejects(c.status(id), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION"); // nothing recorded
+    }
+    // An id made a moment ago may name a request on its way: asked again once two seconds old.
+    await assert.rejects(c.await(newExecutionId(), { signal: bound() }), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION");
+  });
+
+  test("a cancel of an execution that ended says so, with its outcome", async () => {
+    const env = await c.call("demo.echo", { n: 1 }, { signal: bound() });
+    const r = await c.cancel(env.executionId);
+    assert.equal(r.finalized, true);
+    assert.equal(r.status, "completed");
   });
 
   test("a request no worker starts by its start deadline ends NOT_STARTED", async () => {

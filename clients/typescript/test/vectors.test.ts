@@ -16,6 +16,7 @@ import { fromSeed } from "@nats-io/nkeys";
 import { nkeyAuthenticator } from "@nats-io/nats-core";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { MsgIds, msgIdKeyText } from "../src/msgid.js";
+import { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "../src/idempotency.js";
 
 interface Vector {
   name: string;
@@ -286,5 +287,25 @@ describe("request message ids", () => {
       const open = { options: { authenticator: () => ({}) } } as unknown as NatsConnection;
       assert.equal(MsgIds.fromConnection(open).request(v.principal, v.executionId), v.unsigned);
     }
+  });
+});
+
+describe("idempotency keys", () => {
+  const vectors = parseJSON(readFileSync(join(vectorsDir, "go", "idempotency-keys.json"), "utf8")) as {
+    principal: string;
+    executionId: string;
+    key: string;
+    keyV1: string;
+  }[];
+  test("the client derives Go's keys: the principal's and the id's together, and the id-alone key of earlier executions", () => {
+    assert.ok(vectors.length > 0);
+    for (const v of vectors) {
+      assert.equal(idempotencyKey(v.principal, v.executionId), v.key);
+      assert.equal(idempotencyKeyOf(2, v.principal, v.executionId), v.key);
+      assert.equal(idempotencyKeyFromId(v.executionId), v.keyV1);
+      for (const old of [0, 1]) assert.equal(idempotencyKeyOf(old, v.principal, v.executionId), v.keyV1);
+    }
+    const [a, b] = [idempotencyKey("alice", "refund-42"), idempotencyKey("bob", "refund-42")];
+    assert.notEqual(a, b, "two principals' executions of one id share a key");
   });
 });

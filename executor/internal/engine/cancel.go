@@ -21,12 +21,33 @@ type CancelRecorded struct {
 // errCancelNotRecorded: the store did not let the cancel be recorded.
 var errCancelNotRecorded = errors.New("the cancel could not be recorded; try again")
 
+// ErrNothingToCancel: nothing of the execution is stored — no request in its
+// queue, no record, no envelope — so a cancel has nothing to record on.
+var ErrNothingToCancel = errors.New("no such execution")
+
 // RecordCancel sets cancel-requested on an execution's record, creating a
 // pending record when no worker has claimed the execution yet, so that it is
 // cancelled whenever a worker sees it (decide). The worker running it sees
 // the request at its next lease renewal, or at once through CancelLocal.
-func (r *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
+//
+// Without a record, an execution whose envelope is stored has ended (an
+// envelope outlives its record): the cancel changes nothing and says how it
+// ended. Otherwise the pending record is created only when mayBeQueued: the
+// caller looked for the request in its queue before this reads the record
+// (a claim creates the record before it takes the request off the queue, so
+// a request claimed meanwhile has a record by now), found it there, or could
+// not tell. Else nothing is recorded: ErrNothingToCancel.
+func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRecorded, error) {
 	key := broker.Key(principal, id)
+	loadEnvelope := func() *envelope.Envelope {
+		ctx, cancel := StoreContext()
+		defer cancel()
+		env, _, err := broker.Load[envelope.Envelope](ctx, r.b.Envelopes, key)
+		if err != nil {
+			return nil
+		}
+		return env
+	}
 	for try := 0; try < 20; try++ {
 		ctx, cancel := StoreContext()
 		rec, rev, err := broker.Load[Record](ctx, r.b.Executions, key)
@@ -34,6 +55,12 @@ func (r *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
 		now := r.now().UTC()
 		switch {
 		case errors.Is(err, broker.ErrNotFound):
+			if env := loadEnvelope(); env != nil {
+				return CancelRecorded{State: StateFinalized, Finalized: true, Status: env.Status}, nil
+			}
+			if !mayBeQueued {
+				return CancelRecorded{}, ErrNothingToCancel
+			}
 			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
 				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
 			ctx, cancel := StoreContext()
@@ -45,15 +72,7 @@ func (r *Runner) RecordCancel(principal, id string) (CancelRecorded, error) {
 		case err != nil:
 			time.Sleep(broker.Backoff(try))
 		default:
-			found := cancelFound(rec, func() *envelope.Envelope {
-				ctx, cancel := StoreContext()
-				defer cancel()
-				env, _, err := broker.Load[envelope.Envelope](ctx, r.b.Envelopes, key)
-				if err != nil {
-					return nil
-				}
-				return env
-			})
+			found := cancelFound(rec, loadEnvelope)
 			if found != nil {
 				return *found, nil
 			}

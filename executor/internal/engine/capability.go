@@ -69,6 +69,11 @@ type Request struct {
 	// SubjectCapability is the capability id of that subject ("" when it
 	// came through _unrouted): a body naming another is refused.
 	SubjectCapability string
+	// RecordCreated is when the execution record this delivery holds was
+	// created (zero before the claim: the short path). It names the record:
+	// an approval consumed under it may be used again by a delivery holding
+	// the same record, never under one made since (DESIGN §7).
+	RecordCreated time.Time
 	// Observer is told of the stages that wait on I/O (Stage, with the
 	// execution's context and an observe.Stage* name); nil: none.
 	Observer observe.Execution
@@ -138,10 +143,11 @@ type WorkUnit interface {
 	// stages 12 and 13 (the receipt itself, or what the capability makes of
 	// it).
 	FromReceipt(ctx context.Context, n int, receipt envelope.Raw) (any, error)
-	// Reconcile asks the capability's reconciler whether attempt n took
-	// effect, under ctx (the reconciliation's timeout, the execution's
-	// cancel). Only called when Recovery().Reconciles.
-	Reconcile(ctx context.Context, n int) Reconciliation
+	// Reconcile asks the capability's reconciler whether attempt n, which
+	// was given the idempotency key key, took effect, under ctx (the
+	// reconciliation's timeout, the execution's cancel). Only called when
+	// Recovery().Reconciles.
+	Reconcile(ctx context.Context, n int, key string) Reconciliation
 }
 
 // Verdict is a reconciler's answer, as the takeover table reads it.
@@ -184,7 +190,10 @@ type Reconciliation struct {
 // Attempt is one call of a handler.
 type Attempt struct {
 	// N counts from 1; takeovers after a lost worker count too.
-	N      int
+	N int
+	// Key is the execution's idempotency key: the derivation its record
+	// names, the same for every attempt (DESIGN §6).
+	Key    string
 	Logger *slog.Logger
 	// Progress takes what the handler reports of its progress while the
 	// attempt runs (DESIGN §5, "Progress"): never blocking, never failing.

@@ -191,7 +191,7 @@ func (e *Execution) newRecord(st State) *Record {
 	rec := &Record{
 		V: envelope.Version, ExecutionID: e.req.ExecutionID,
 		State: st, Worker: e.r.cfg.ID, Claim: e.claim.token, LeaseUntil: now.Add(e.r.cfg.Lease),
-		CreatedAt: now, UpdatedAt: now,
+		CreatedAt: now, UpdatedAt: now, KeyVersion: envelope.IdempotencyKeyVersion,
 	}
 	claimedFor(rec, e.req, e.inputHash)
 	return rec

@@ -383,7 +383,7 @@ func (e *Execution) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	e.r.handlerCalls.Add(1)
 	e.lease.progress.begin(n)
 	defer e.lease.progress.end()
-	a := Attempt{N: n, Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
+	a := Attempt{N: n, Key: e.idempotencyKey(), Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
 		Progress: &e.lease.progress, Receipts: e}
 	go func() {
 		defer func() {
@@ -558,9 +558,24 @@ func (e *Execution) awaitApproval(need *ApprovalNeeded) {
 	e.finalize(approvalRequired(ref, data), 0)
 }
 
+// idempotencyKey is the key the execution's attempts and reconciliations
+// are given: the derivation its record names, fixed when the record was
+// created (an execution begun by an earlier version keeps the id-alone key
+// its record implies), and this version's before any record exists.
+func (e *Execution) idempotencyKey() string {
+	if rec := e.claim.held(); rec != nil {
+		return rec.IdempotencyKey(e.principal)
+	}
+	return envelope.IdempotencyKey(e.principal, e.req.ExecutionID)
+}
+
 // request is what the stages see of the execution.
 func (e *Execution) request() Request {
-	return Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
+	r := Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
+	if rec := e.claim.held(); rec != nil {
+		r.RecordCreated = rec.CreatedAt
+	}
+	return r
 }
 
 // trail files an execution's audit events (DESIGN §8). While it holds them,

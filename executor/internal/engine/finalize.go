@@ -326,6 +326,20 @@ func NotFoundError() *envelope.CapabilityError {
 		Message: "No such capability."}
 }
 
+// NotFoundNear is NotFoundError suggesting near, a capability the caller may
+// see whose id is near the one it named ("": none). Every path that answers
+// CAPABILITY_NOT_FOUND for a request suggests the same, computed from what
+// the caller may see alone, so the answer stays the same whether the id
+// named exists hidden or not at all (SI-8).
+func NotFoundNear(near string) *envelope.CapabilityError {
+	cerr := NotFoundError()
+	if near != "" {
+		cerr.Message = "No such capability. Did you mean " + near + "?"
+		cerr.Details = map[string]any{"didYouMean": near}
+	}
+	return cerr
+}
+
 // finalizeWithoutRun writes a finalized record, its trail (requested, denied
 // for reason unless it is empty, failed), then the envelope, for a request
 // refused before it could run (one that does not decode, one past its start

@@ -408,7 +408,11 @@ func (e *Execution) notFound(fresh bool) {
 	if fresh {
 		e.emit(audit.EventRequested, nil)
 	}
-	cerr := NotFoundError()
+	near := ""
+	if f := e.r.cfg.NearName; f != nil {
+		near = f(e.principal, e.req)
+	}
+	cerr := NotFoundNear(near)
 	e.emit(audit.EventDenied, map[string]any{"reason": e.missing, "publicCode": string(cerr.Code), "stage": cerr.Stage})
 	e.finalize(failed(cerr), 0)
 }

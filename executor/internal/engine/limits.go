@@ -101,6 +101,9 @@ func (e *Execution) takeLimits(adm Admission, fromAttempt int) bool {
 	if over.RetryAfter > 0 {
 		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
 	}
+	if over.PrincipalUsed > 0 {
+		data["principalMax"], data["principalUsed"] = over.Limit.PrincipalMax, over.PrincipalUsed
+	}
 	// Outside the held trail: a wait drops what it holds.
 	e.r.emit(e.event(audit.EventLimited, data))
 	switch action {

@@ -245,6 +245,7 @@ func (e *Execution) ask(n int) Reconciliation {
 	ctx, cancel := context.WithTimeoutCause(e.ctx, e.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
 	ctx, end := e.obs.Stage(ctx, observe.StageReconcile)
+	key := e.idempotencyKey() // the lost attempt's: the record names it
 	ch := make(chan Reconciliation, 1)
 	go func() {
 		defer func() {
@@ -252,7 +253,7 @@ func (e *Execution) ask(n int) Reconciliation {
 				ch <- Reconciliation{Verdict: Inconclusive, Err: fmt.Errorf("%w: %v\n%s", errReconcilePanic, r, debug.Stack())}
 			}
 		}()
-		ch <- e.unit.Reconcile(ctx, n)
+		ch <- e.unit.Reconcile(ctx, n, key)
 	}()
 	var res Reconciliation
 	select {

@@ -40,6 +40,11 @@ type Config struct {
 	// as a copy that may lag it: a request is ended CAPABILITY_NOT_FOUND on
 	// its answer. An error: the bucket did not answer.
 	Listed func(id string) (bool, error)
+	// NearName is the capability the caller may see (the principal's grant,
+	// the request's surface and actor) whose id is nearest the one a
+	// request named, when one is near enough to be what was meant; "" when
+	// none is (or nil). A CAPABILITY_NOT_FOUND suggests it.
+	NearName func(principal string, req *envelope.Request) string
 	// ResolveResume fills a resume that names only its approval (a producer
 	// that may not read approvals sends those): capability, input, actor and
 	// surface come from the approval, which must be principal's. An error is

@@ -111,7 +111,7 @@ func TestClaim_UpdateReadsACancelRecordedMeanwhile(t *testing.T) {
 	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
 		t.Fatal("create")
 	}
-	if c, err := r.RecordCancel(broker.Anonymous, id); err != nil || c.Finalized || c.State != StateRunning {
+	if c, err := r.RecordCancel(broker.Anonymous, id, true); err != nil || c.Finalized || c.State != StateRunning {
 		t.Fatalf("cancel: %+v, %v", c, err)
 	}
 	until := time.Now().UTC().Add(2 * time.Minute)
@@ -180,7 +180,7 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 	if err := r.store.createEnvelope(key, env); err != nil {
 		t.Fatal(err)
 	}
-	got, err := r.RecordCancel(broker.Anonymous, id)
+	got, err := r.RecordCancel(broker.Anonymous, id, true)
 	if err != nil || !got.Finalized || got.Status != envelope.StatusCompleted {
 		t.Fatalf("cancel after the envelope: %+v, %v; want finalized, completed", got, err)
 	}
@@ -236,7 +236,7 @@ func TestClaim_LapsedLease_WritesNothingMore(t *testing.T) {
 		t.Fatal("create")
 	}
 	// A cancel moves the revision, not the claim; then the lease lapses.
-	if _, err := r.RecordCancel(broker.Anonymous, id); err != nil {
+	if _, err := r.RecordCancel(broker.Anonymous, id, true); err != nil {
 		t.Fatal(err)
 	}
 	_, rev, _ := r.store.load(key)

@@ -14,7 +14,11 @@ import (
 //   - required lists the fields without omitempty (or omitzero) that are not
 //     pointers, and the check refuses an object without one of them
 //     ("missing required field" at its path);
-//   - integers are integers, bounded by their width;
+//   - integers are integers, bounded by their width where the bounds are
+//     exact as JSON numbers everywhere (up to 32 bits); a 64-bit integer
+//     says its range with format int64 or uint64 instead, as OpenAPI does,
+//     since ±2^63 is no number a JavaScript program (a model provider's SDK
+//     serializing the schema) holds or writes exactly;
 //   - a pointer field may be null;
 //   - slices and arrays are arrays of their items, maps objects of their
 //     values (keys of integer maps are integers in strings);
@@ -67,10 +71,8 @@ func (g *schemaGen) schema(s *shape) map[string]any {
 	switch s.kind {
 	case shapeBool:
 		return map[string]any{"type": "boolean"}
-	case shapeInt:
-		return map[string]any{"type": "integer", "minimum": -int64(1) << (s.bits - 1), "maximum": int64(uint64(1)<<(s.bits-1) - 1)}
-	case shapeUint:
-		return map[string]any{"type": "integer", "minimum": 0, "maximum": uint64(math.MaxUint64) >> (64 - s.bits)}
+	case shapeInt, shapeUint:
+		return integerSchema(s)
 	case shapeFloat:
 		if s.bits == 32 {
 			return map[string]any{"type": "number", "minimum": -math.MaxFloat32, "maximum": math.MaxFloat32}
@@ -100,6 +102,26 @@ func (g *schemaGen) schema(s *shape) map[string]any {
 		return g.object(s)
 	}
 	return map[string]any{}
+}
+
+// maxExactBits is the widest integer whose bounds every JSON reader holds
+// exactly: a float64 holds every integer up to 2^53.
+const maxExactBits = 53
+
+// integerSchema is an integer shape's schema: bounded by its width, or, for
+// 64 bits, named by its format (the input check refuses what the format
+// does not hold, as it refuses what is beyond a narrower type's bounds).
+func integerSchema(s *shape) map[string]any {
+	if s.kind == shapeUint {
+		if s.bits > maxExactBits {
+			return map[string]any{"type": "integer", "minimum": 0, "format": "uint64"}
+		}
+		return map[string]any{"type": "integer", "minimum": 0, "maximum": uint64(math.MaxUint64) >> (64 - s.bits)}
+	}
+	if s.bits > maxExactBits {
+		return map[string]any{"type": "integer", "format": "int64"}
+	}
+	return map[string]any{"type": "integer", "minimum": -int64(1) << (s.bits - 1), "maximum": int64(uint64(1)<<(s.bits-1) - 1)}
 }
 
 func (g *schemaGen) object(s *shape) map[string]any {

@@ -2,10 +2,12 @@ package inputcheck
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 )
@@ -55,14 +57,14 @@ func TestInputSchema_DerivedFromTheGoType(t *testing.T) {
 	props := s["properties"].(map[string]any)
 	want := map[string]string{
 		"orderId": `{"type":"string"}`,
-		"amount":  `{"maximum":9223372036854775807,"minimum":-9223372036854775808,"type":"integer"}`,
+		"amount":  `{"format":"int64","type":"integer"}`,
 		"small":   `{"maximum":127,"minimum":-128,"type":"integer"}`,
 		"count":   `{"maximum":65535,"minimum":0,"type":"integer"}`,
 		"ratio":   `{"type":"number"}`,
 		"ok":      `{"type":"boolean"}`,
 		"lines": `{"items":{"additionalProperties":false,"properties":{"qty":{"maximum":2147483647,"minimum":-2147483648,"type":"integer"},` +
 			`"sku":{"type":"string"}},"required":["sku","qty"],"type":"object"},"type":"array"}`,
-		"labels": `{"additionalProperties":{"maximum":9223372036854775807,"minimum":-9223372036854775808,"type":"integer"},"type":"object"}`,
+		"labels": `{"additionalProperties":{"format":"int64","type":"integer"},"type":"object"}`,
 		"ship":   `{"additionalProperties":false,"properties":{"city":{"type":"string"}},"required":["city"],"type":["object","null"]}`,
 		"blob":   `{"contentEncoding":"base64","type":"string"}`,
 		"any":    `{}`,
@@ -182,4 +184,71 @@ func generate(t *testing.T, r *rand.Rand, s map[string]any, defs map[string]any,
 		return r.IntN(2) == 0
 	}
 	return map[string]any{"anything": []any{1, "x"}}
+}
+
+type everyNumber struct {
+	I   int           `json:"i"`
+	I8  int8          `json:"i8"`
+	I16 int16         `json:"i16"`
+	I32 int32         `json:"i32"`
+	I64 int64         `json:"i64"`
+	U   uint          `json:"u"`
+	U8  uint8         `json:"u8"`
+	U32 uint32        `json:"u32"`
+	U64 uint64        `json:"u64"`
+	UP  uintptr       `json:"up"`
+	F32 float32       `json:"f32"`
+	D   time.Duration `json:"d"`
+	Q   int64         `json:"q,string"`
+	P   *uint64       `json:"p"`
+	M   map[int64]int `json:"m"`
+}
+
+// A schema goes to model providers through JavaScript's JSON.stringify, which
+// has no integer beyond 2^53 (and throws on the BigInt a msgpack reader makes
+// of one): every integer a schema holds is one a float64 holds exactly, and
+// 64-bit integers say their range with a format instead of bounds.
+func TestInputSchema_NumbersAreExactInJSON(t *testing.T) {
+	s := jsonSchema(shapeOf(reflect.TypeFor[everyNumber]()))
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				walk(path+"/"+k, e)
+			}
+		case []any:
+			for i, e := range x {
+				walk(fmt.Sprintf("%s/%d", path, i), e)
+			}
+		case string, bool, nil, []string:
+		case float64, float32:
+		default:
+			rv := reflect.ValueOf(v)
+			var big bool
+			switch rv.Kind() {
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+				big = rv.Int() > 1<<53 || rv.Int() < -(1<<53)
+			case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+				big = rv.Uint() > 1<<53
+			default:
+				t.Errorf("%s: a %T in a schema", path, v)
+			}
+			if big {
+				t.Errorf("%s: %v is beyond 2^53: no JSON reader in JavaScript holds it", path, v)
+			}
+		}
+	}
+	walk("", s)
+	props := s["properties"].(map[string]any)
+	for name, want := range map[string]string{
+		"i64": `{"format":"int64","type":"integer"}`,
+		"u64": `{"format":"uint64","minimum":0,"type":"integer"}`,
+		"i32": `{"maximum":2147483647,"minimum":-2147483648,"type":"integer"}`,
+		"u32": `{"maximum":4294967295,"minimum":0,"type":"integer"}`,
+	} {
+		if got := schemaJSON(t, props[name]); got != want {
+			t.Errorf("%s: %s, want %s", name, got, want)
+		}
+	}
 }

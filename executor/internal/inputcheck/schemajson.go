@@ -1,7 +1,6 @@
 package inputcheck
 
 import (
-	"math"
 	"net/netip"
 	"reflect"
 
@@ -19,7 +18,7 @@ func durationSchema() map[string]any {
 		"description": `A duration: a string like "1h30m", "90s" or "250ms" (units ns, us, ms, s, m, h), or an integer of nanoseconds.`,
 		"anyOf": []any{
 			map[string]any{"type": "string", "pattern": durationPattern},
-			map[string]any{"type": "integer", "minimum": int64(math.MinInt64), "maximum": int64(math.MaxInt64)},
+			map[string]any{"type": "integer", "format": "int64"},
 		},
 	}
 }
