@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -200,5 +201,89 @@ func TestIndex_CursorsRoundTripAndBadOnesAreRefused(t *testing.T) {
 		if err := q.SetCursor(c); err == nil {
 			t.Fatalf("cursor %q taken as %d.%d", c, q.Before, q.BeforeEntry)
 		}
+	}
+}
+
+// emitApprovalRequested emits the message of an execution that asks for an
+// approval: its entry goes at once.
+func emitApprovalRequested(e *audit.Emitter, id string) {
+	e.EmitAll(&audit.Event{Type: audit.EventApprovalRequested, ExecutionID: id, CapabilityID: "orders.refund", Principal: "app",
+		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"approvalId": "ap-" + id}})
+}
+
+// An approval-required entry goes at once, yet a listing shows the
+// execution as waiting for its approval, never as running: the running
+// entry that waited is replaced, and one a flush was sending is stored
+// first. With a linger of a millisecond the timer's flushes take running
+// entries while approvals come.
+func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+
+	e := newEmitter(t, b, audit.Options{})
+	audit.SetIndexLinger(e, time.Hour)
+	emitExecution(e, "exec-held", "app", "orders.refund", "alice", "") // running, waits
+	emitApprovalRequested(e, "exec-held")
+	flush(t, e)
+	if got := indexMsgs(t, b); got != 1 {
+		t.Fatalf("the index holds %d messages, want 1: the approval-required entry, which replaced the running one", got)
+	}
+	page, err := audit.List(testCtx(t), b, audit.Query{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Entries) != 1 || page.Entries[0].Status != audit.EntryApprovalRequired || page.Entries[0].ApprovalID != "ap-exec-held" {
+		t.Fatalf("listed %+v, want exec-held approval-required", page.Entries)
+	}
+
+	// A flush takes the running entry and is slow to send it: the
+	// approval-required entry waits for it, and is stored after.
+	e2 := newEmitter(t, b, audit.Options{})
+	audit.SetIndexLinger(e2, time.Hour)
+	var mu sync.Mutex
+	var order []string
+	taken, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) }) // a failure leaves nothing waiting
+	audit.WrapIndexSend(e2, func(subject string, send func()) {
+		if strings.Contains(subject, ".running.") {
+			close(taken)
+			<-release
+		}
+		mu.Lock()
+		order = append(order, subject)
+		mu.Unlock()
+		send()
+	})
+	emitExecution(e2, "exec-slow", "app", "orders.refund", "alice", "")
+	flushed := make(chan error, 1)
+	go func() { flushed <- e2.Flush(testCtx(t)) }()
+	<-taken
+	approved := make(chan struct{})
+	go func() { emitApprovalRequested(e2, "exec-slow"); close(approved) }()
+	select {
+	case <-approved:
+		t.Fatal("the approval-required entry went while the running entry a flush took was not sent")
+	case <-time.After(50 * time.Millisecond):
+	}
+	once.Do(func() { close(release) })
+	<-approved
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	flush(t, e2)
+	if len(order) != 2 || !strings.Contains(order[0], ".running.") || !strings.Contains(order[1], ".approval-required.") {
+		t.Fatalf("sent %v, want the running entry, then the approval-required one", order)
+	}
+	page, err = audit.List(testCtx(t), b, audit.Query{IDPrefix: "exec-slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Entries) != 1 || page.Entries[0].Status != audit.EntryApprovalRequired {
+		t.Fatalf("listed %+v, want exec-slow approval-required", page.Entries)
+	}
+	if n := e.IndexFailed() + e2.IndexFailed(); n != 0 {
+		t.Fatalf("%d entries failed", n)
 	}
 }
