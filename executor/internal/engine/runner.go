@@ -245,6 +245,25 @@ func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 		loopsDone.Add(1)
 		go func(it jetstream.MessagesContext, unrouted bool, sem chan struct{}) {
 			defer loopsDone.Done()
+			// The deliveries are handled by as many goroutines as may run
+			// at once, kept between deliveries: a goroutine of its own
+			// for each grew its stack anew, copying it, at every delivery.
+			work := make(chan jetstream.Msg)
+			defer close(work)
+			for range cap(sem) {
+				go func() {
+					for msg := range work {
+						r.handled.Add(1)
+						if unrouted {
+							r.handleUnrouted(msg)
+						} else {
+							r.handle(msg)
+						}
+						<-sem
+						wg.Done()
+					}
+				}()
+			}
 			for {
 				sem <- struct{}{}
 				msg, err := it.Next()
@@ -258,15 +277,7 @@ func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 					continue
 				}
 				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					r.handled.Add(1)
-					if unrouted {
-						r.handleUnrouted(msg)
-					} else {
-						r.handle(msg)
-					}
-				}()
+				work <- msg
 			}
 		}(it, l.unrouted, make(chan struct{}, l.batch))
 	}
