@@ -32,8 +32,8 @@ import (
 // that still waits, and after it if it is being sent.
 const (
 	indexLinger       = 250 * time.Millisecond
-	indexGroupEntries = 256
-	indexGroupBytes   = 64 << 10
+	indexGroupEntries = 1024
+	indexGroupBytes   = 256 << 10
 )
 
 // waits reports whether an entry of status may wait for others.

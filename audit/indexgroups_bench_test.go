@@ -10,7 +10,7 @@ import (
 
 // BenchmarkIndexEntry is what the index costs a quick execution on its
 // worker: the entry made from its one trail message, encoded, and filed in
-// its subject's group (the group's message, sent once per 256 entries or
+// its subject's group (the group's message, sent once per 1,024 entries or
 // 250 ms, is not sent here).
 func BenchmarkIndexEntry(b *testing.B) {
 	gs := newIndexGroups(broker.NewNames(""), func(g *indexGroup) { g.release() })
