@@ -28,8 +28,8 @@ import (
 // replaces it (this emitter wrote both; another worker writes the end only
 // after taking the execution over, a lease later). An approval-required
 // entry goes at once (another worker may end the execution it resumes as
-// soon as a person decides), in place of its execution's running entry if
-// that still waits, and after it if it is being sent.
+// soon as a person decides), after everything that waits, which happened
+// before it, but its execution's running entry, which it replaces.
 const (
 	indexLinger       = 250 * time.Millisecond
 	indexGroupEntries = 1024
@@ -111,8 +111,8 @@ type indexGroups struct {
 	linger time.Duration // indexLinger; tests change it
 
 	// sending is held while messages are sent: an entry that goes at once
-	// goes after the running entry of its execution that a flush took, and
-	// a flush returns after what the timer's flush took is sent.
+	// goes after what a flush took, and a flush returns after what the
+	// timer's flush took is sent.
 	sending sync.Mutex
 
 	mu    sync.Mutex
@@ -161,13 +161,15 @@ func (gs *indexGroups) add(e *Entry) error {
 	defer enc.Release()
 	k := subjectTokens(e)
 	if !waits(e.Status) {
-		// In place of the execution's running entry if that still waits;
-		// after it if a flush took it, which holds sending until it is sent.
+		// After everything that waits, which happened before it, but the
+		// execution's own running entry, which it replaces; after what a
+		// flush took, which holds sending until it is sent.
 		gs.sending.Lock()
 		defer gs.sending.Unlock()
 		gs.mu.Lock()
 		gs.replaced(e)
 		gs.mu.Unlock()
+		gs.flushSending()
 		g := newGroup(gs.subject(k), broker.Key(e.Principal, e.ExecutionID))
 		g.join(enc.Bytes())
 		gs.send(g)
@@ -235,6 +237,11 @@ func (gs *indexGroups) subject(k groupKey) string {
 func (gs *indexGroups) flush() {
 	gs.sending.Lock()
 	defer gs.sending.Unlock()
+	gs.flushSending()
+}
+
+// flushSending is flush with sending held.
+func (gs *indexGroups) flushSending() {
 	gs.mu.Lock()
 	if len(gs.open) == 0 && len(gs.running) == 0 {
 		gs.armed = false

@@ -211,11 +211,11 @@ func emitApprovalRequested(e *audit.Emitter, id string) {
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"approvalId": "ap-" + id}})
 }
 
-// An approval-required entry goes at once, yet a listing shows the
-// execution as waiting for its approval, never as running: the running
+// An approval-required entry goes at once, after the entries that waited
+// (a listing shows what changed before it after it), yet a listing shows
+// its execution as waiting for its approval, never as running: the running
 // entry that waited is replaced, and one a flush was sending is stored
-// first. With a linger of a millisecond the timer's flushes take running
-// entries while approvals come.
+// first.
 func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
@@ -223,18 +223,20 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 
 	e := newEmitter(t, b, audit.Options{})
 	audit.SetIndexLinger(e, time.Hour)
-	emitExecution(e, "exec-held", "app", "orders.refund", "alice", "") // running, waits
+	emitExecution(e, "exec-before", "app", "demo.echo", "alice", audit.EventCompleted) // waits
+	emitExecution(e, "exec-held", "app", "orders.refund", "alice", "")                 // running, waits
 	emitApprovalRequested(e, "exec-held")
-	flush(t, e)
-	if got := indexMsgs(t, b); got != 1 {
-		t.Fatalf("the index holds %d messages, want 1: the approval-required entry, which replaced the running one", got)
+	flush(t, e) // waits for the acknowledgements: nothing waits any more
+	if got := indexMsgs(t, b); got != 2 {
+		t.Fatalf("the index holds %d messages, want 2: the end that waited, then the approval-required entry, which replaced the running one", got)
 	}
 	page, err := audit.List(testCtx(t), b, audit.Query{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(page.Entries) != 1 || page.Entries[0].Status != audit.EntryApprovalRequired || page.Entries[0].ApprovalID != "ap-exec-held" {
-		t.Fatalf("listed %+v, want exec-held approval-required", page.Entries)
+	if got := ids(page); !slices.Equal(got, []string{"exec-held", "exec-before"}) || page.Entries[0].Status != audit.EntryApprovalRequired ||
+		page.Entries[0].ApprovalID != "ap-exec-held" {
+		t.Fatalf("listed %+v, want exec-held approval-required, then exec-before", page.Entries)
 	}
 
 	// A flush takes the running entry and is slow to send it: the
