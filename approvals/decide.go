@@ -135,17 +135,9 @@ func (s *Store) DecideHandler(n broker.Names, authz Authorizer) nats.MsgHandler 
 // missing returns the record and an error matching audit.ErrUnavailable.
 func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req DecideRequest) (*Record, error) {
 	req.V = envelope.Version
-	b, err := envelope.Marshal(&req)
-	if err != nil {
-		return nil, err
-	}
-	m, err := nc.RequestWithContext(ctx, n.DecideSubject(broker.PrincipalOf(nc, n)), b)
-	if err != nil {
-		return nil, fmt.Errorf("capstan: decide %s: %w", req.ApprovalID, err)
-	}
 	var reply DecideReply
-	if err := envelope.Unmarshal(m.Data, &reply); err != nil {
-		return nil, fmt.Errorf("capstan: decide %s: reply: %w", req.ApprovalID, err)
+	if err := request(ctx, nc, n.DecideSubject(broker.PrincipalOf(nc, n)), "decide "+req.ApprovalID, &req, &reply); err != nil {
+		return nil, err
 	}
 	if reply.Error == "" {
 		return reply.Record, nil
@@ -379,17 +371,9 @@ func (s *Store) ListHandler(n broker.Names, authz Authorizer, maxBytes func(prin
 // ErrForbidden, envelope.ErrQuotaExceeded).
 func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListRequest) (*ListReply, error) {
 	req.V = envelope.Version
-	b, err := envelope.Marshal(&req)
-	if err != nil {
-		return nil, err
-	}
-	m, err := nc.RequestWithContext(ctx, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), b)
-	if err != nil {
-		return nil, fmt.Errorf("capstan: list approvals: %w", err)
-	}
 	var reply ListReply
-	if err := envelope.Unmarshal(m.Data, &reply); err != nil {
-		return nil, fmt.Errorf("capstan: list approvals: reply: %w", err)
+	if err := request(ctx, nc, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), "list approvals", &req, &reply); err != nil {
+		return nil, err
 	}
 	if reply.Error != "" {
 		return nil, refusal(reply.Error, reply.Conditions, reply.Details)
@@ -398,6 +382,23 @@ func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListReq
 		reply.Records = []*Record{}
 	}
 	return &reply, nil
+}
+
+// request sends req to subject and decodes the workers' answer into reply;
+// what names the request in errors.
+func request(ctx context.Context, nc *nats.Conn, subject, what string, req, reply any) error {
+	b, err := envelope.Marshal(req)
+	if err != nil {
+		return err
+	}
+	m, err := nc.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		return fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	if err := envelope.Unmarshal(m.Data, reply); err != nil {
+		return fmt.Errorf("capstan: %s: reply: %w", what, err)
+	}
+	return nil
 }
 
 // RequestOne returns the approval id names, among those the connection's

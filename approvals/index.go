@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
 
 // Index is a copy of what the approvals bucket holds, without the inputs,
@@ -60,26 +61,10 @@ func WatchIndex(ctx context.Context, kv jetstream.KeyValue, skipped func(key str
 		return nil, fmt.Errorf("capstan: watch approvals: %w", err)
 	}
 	x.watch = w
-	ready := make(chan struct{})
-	go func() {
-		initial := true
-		for e := range w.Updates() {
-			if e == nil {
-				if initial {
-					initial = false
-					x.saw(atStart)
-					close(ready)
-				}
-				continue
-			}
-			x.apply(e)
-		}
-		if initial {
-			close(ready)
-		}
-	}()
+	loaded := kvwatch.Follow(w, func(e jetstream.KeyValueEntry, _ bool) { x.apply(e) })
 	select {
-	case <-ready:
+	case <-loaded:
+		x.saw(atStart)
 		return x, nil
 	case <-ctx.Done():
 		_ = w.Stop()

@@ -37,15 +37,7 @@ func (l *Limits) OrDefault() Limits {
 
 // Validate refuses limits no server can keep: each positive or -1 (none).
 func (l Limits) Validate() error {
-	var errs []error
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{{"connections", l.Connections}, {"subscriptions", l.Subscriptions}, {"payload", l.Payload}} {
-		if f.v == 0 || f.v < -1 {
-			errs = append(errs, fmt.Errorf("limit %s %d: want a positive number, or -1 for none", f.name, f.v))
-		}
-	}
+	errs := positiveOrNone("limit", []named{{"connections", l.Connections}, {"subscriptions", l.Subscriptions}, {"payload", l.Payload}})
 	if l.Payload > 64<<20 {
 		errs = append(errs, fmt.Errorf("limit payload %d: at most 64 MiB", l.Payload))
 	}

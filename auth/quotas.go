@@ -38,15 +38,24 @@ func (q *Quotas) OrDefault() Quotas {
 
 // Validate refuses a quota of 0 or below -1: each is positive, or -1 (none).
 func (q Quotas) Validate() error {
+	return errors.Join(positiveOrNone("quota", []named{{"queuedRequests", q.QueuedRequests}, {"queuedBytes", q.QueuedBytes},
+		{"pendingApprovals", q.PendingApprovals}, {"controlPerSecond", q.ControlPerSecond}})...)
+}
+
+// named is a limit's or a quota's name and value.
+type named struct {
+	name string
+	v    int64
+}
+
+// positiveOrNone refuses each value of 0 or below -1: a limit or a quota
+// (kind) is positive, or -1 for none.
+func positiveOrNone(kind string, values []named) []error {
 	var errs []error
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{{"queuedRequests", q.QueuedRequests}, {"queuedBytes", q.QueuedBytes},
-		{"pendingApprovals", q.PendingApprovals}, {"controlPerSecond", q.ControlPerSecond}} {
+	for _, f := range values {
 		if f.v == 0 || f.v < -1 {
-			errs = append(errs, fmt.Errorf("quota %s %d: want a positive number, or -1 for none", f.name, f.v))
+			errs = append(errs, fmt.Errorf("%s %s %d: want a positive number, or -1 for none", kind, f.name, f.v))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
 
 // PublishGrants gives every producer and admin its queue, bounded by its
@@ -126,25 +127,9 @@ func (g *Grants) bind() error {
 	if err != nil {
 		return fmt.Errorf("capstan: watch grants: %w", err)
 	}
-	ready := make(chan struct{})
-	go func() {
-		initial := true
-		for e := range w.Updates() {
-			if e == nil {
-				if initial {
-					initial = false
-					close(ready)
-				}
-				continue
-			}
-			g.apply(e)
-		}
-		if initial {
-			close(ready)
-		}
-	}()
+	loaded := kvwatch.Follow(w, func(e jetstream.KeyValueEntry, _ bool) { g.apply(e) })
 	select {
-	case <-ready:
+	case <-loaded:
 	case <-ctx.Done():
 		_ = w.Stop()
 		return fmt.Errorf("capstan: read grants: %w", ctx.Err())

@@ -89,8 +89,7 @@ var (
 )
 
 func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
-	if s.approvals == nil {
-		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+	if !c.mayReadApprovals(w, r, s) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -129,6 +128,16 @@ func (c *Console) inbox(w http.ResponseWriter, r *http.Request, s *session) {
 	c.render(w, r, s, "approvals", d)
 }
 
+// mayReadApprovals answers Forbidden, and false, when the session's
+// principal may not read approvals.
+func (c *Console) mayReadApprovals(w http.ResponseWriter, r *http.Request, s *session) bool {
+	if s.approvals == nil {
+		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+		return false
+	}
+	return true
+}
+
 func decidedAt(v approvalView) time.Time {
 	if v.Decision != nil {
 		return v.Decision.DecidedAt
@@ -140,8 +149,7 @@ func decidedAt(v approvalView) time.Time {
 }
 
 func (c *Console) approval(w http.ResponseWriter, r *http.Request, s *session) {
-	if s.approvals == nil {
-		c.fail(w, r, s, http.StatusForbidden, "Your principal (%s) may not read approvals: %v", s.p.Name, s.approvalsErr)
+	if !c.mayReadApprovals(w, r, s) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -63,29 +64,13 @@ func scanAudit(ctx context.Context, b *broker.Broker, since time.Time, fn func(e
 
 // intOf reads a number of an event's data, whatever width msgpack gave it.
 func intOf(v any) int {
-	switch n := v.(type) {
-	case int:
-		return n
-	case int8:
-		return int(n)
-	case int16:
-		return int(n)
-	case int32:
-		return int(n)
-	case int64:
-		return int(n)
-	case uint8:
-		return int(n)
-	case uint16:
-		return int(n)
-	case uint32:
-		return int(n)
-	case uint64:
-		return int(n)
-	case float64:
-		return int(n)
-	case float32:
-		return int(n)
+	switch n := reflect.ValueOf(v); {
+	case n.CanInt():
+		return int(n.Int())
+	case n.CanUint():
+		return int(n.Uint())
+	case n.CanFloat():
+		return int(n.Float())
 	}
 	return 0
 }

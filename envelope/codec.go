@@ -44,15 +44,7 @@ type encoder struct {
 // that a record's bytes follow from its value alone: decoded and encoded
 // again, in Go or by a client in another language, it is the same bytes
 // (docs/wire.md).
-var encoders = sync.Pool{New: func() any {
-	e := &encoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	e.enc.SetCustomStructTag("json")
-	e.enc.SetOmitEmpty(true)
-	e.enc.UseCompactInts(true)
-	e.enc.SetSortMapKeys(true)
-	return e
-}}
+var encoders = sync.Pool{New: func() any { return newEncoder(true) }}
 
 // valueEncoders write the values records carry (NewRaw: inputs, outputs). A
 // field is left out only when its tag says omitempty, as encoding/json does:
@@ -60,14 +52,19 @@ var encoders = sync.Pool{New: func() any {
 // empty, and a value must not lose it, nor a zero its handler meant to send.
 // A map's keys are sorted, as in records: a value's bytes follow from the
 // value (a JSON input, decoded into a map, keeps no order to follow).
-var valueEncoders = sync.Pool{New: func() any {
+var valueEncoders = sync.Pool{New: func() any { return newEncoder(false) }}
+
+// newEncoder is an encoder of fields named by their json tags, with compact
+// integers and sorted map keys; omitEmpty leaves every empty field out.
+func newEncoder(omitEmpty bool) *encoder {
 	e := &encoder{}
 	e.enc = msgpack.NewEncoder(&e.buf)
 	e.enc.SetCustomStructTag("json")
+	e.enc.SetOmitEmpty(omitEmpty)
 	e.enc.UseCompactInts(true)
 	e.enc.SetSortMapKeys(true)
 	return e
-}}
+}
 
 type decoder struct {
 	r   bytes.Reader

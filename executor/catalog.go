@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -194,43 +195,29 @@ func watchCatalog(ctx context.Context, b *broker.Broker, lag time.Duration, skip
 		return nil, fmt.Errorf("capstan: watch catalog: %w", err)
 	}
 	c := &catalog{entries: map[string]Descriptor{}, w: w, kv: b.Catalog}
-	ready := make(chan struct{})
-	go func() {
-		initial := true
-		for e := range w.Updates() {
-			if e == nil {
-				if initial {
-					initial = false
-					close(ready)
-				}
-				continue
+	loaded := kvwatch.Follow(w, func(e jetstream.KeyValueEntry, initial bool) {
+		if lag > 0 && !initial {
+			select {
+			case <-time.After(lag):
+			case <-ctx.Done():
 			}
-			if lag > 0 && !initial {
-				select {
-				case <-time.After(lag):
-				case <-ctx.Done():
-				}
-			}
-			c.mu.Lock()
-			if e.Operation() == jetstream.KeyValuePut {
-				var d Descriptor
-				if err := envelope.Unmarshal(e.Value(), &d); err == nil {
-					c.entries[e.Key()] = d
-				} else {
-					delete(c.entries, e.Key()) // an entry that does not decode lists nothing
-					skipped(e.Key(), err)
-				}
+		}
+		c.mu.Lock()
+		if e.Operation() == jetstream.KeyValuePut {
+			var d Descriptor
+			if err := envelope.Unmarshal(e.Value(), &d); err == nil {
+				c.entries[e.Key()] = d
 			} else {
-				delete(c.entries, e.Key())
+				delete(c.entries, e.Key()) // an entry that does not decode lists nothing
+				skipped(e.Key(), err)
 			}
-			c.mu.Unlock()
+		} else {
+			delete(c.entries, e.Key())
 		}
-		if initial {
-			close(ready)
-		}
-	}()
+		c.mu.Unlock()
+	})
 	select {
-	case <-ready:
+	case <-loaded:
 		return c, nil
 	case <-time.After(30 * time.Second):
 		_ = w.Stop()

@@ -815,24 +815,16 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 	if !broker.ValidPrincipal(owner) {
 		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
 	}
-	var s ExecutionStatus
 	key := broker.Key(owner, executionID)
-	rec, _, err := broker.Load[execution.Record](ctx, c.b.Executions, key)
-	if err == nil {
-		err = envelope.CheckVersion(rec.V)
-	}
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+	rec, err := loadReadable(ctx, c.b.Executions, key, func(r *execution.Record) int { return r.V })
+	if err != nil {
 		return nil, err
 	}
-	s.Record = rec
-	env, _, err := broker.Load[envelope.Envelope](ctx, c.b.Envelopes, key)
-	if err == nil {
-		err = envelope.CheckVersion(env.V)
-	}
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+	env, err := loadReadable(ctx, c.b.Envelopes, key, func(e *envelope.Envelope) int { return e.V })
+	if err != nil {
 		return nil, err
 	}
-	s.Envelope = env
+	s := ExecutionStatus{Record: rec, Envelope: env}
 	if rec != nil && env != nil && rec.State != execution.StateFinalized {
 		// The envelope is the proof of the end: a worker does not rewrite
 		// the record after it (DESIGN §14). Show the record as it stands
@@ -848,6 +840,19 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 		return nil, fmt.Errorf("%w: %s", ErrUnknownExecution, executionID)
 	}
 	return &s, nil
+}
+
+// loadReadable loads key's value, nil when there is none, and refuses one
+// of a version this build cannot read.
+func loadReadable[T any](ctx context.Context, kv jetstream.KeyValue, key string, version func(*T) int) (*T, error) {
+	v, _, err := broker.Load[T](ctx, kv, key)
+	if err == nil {
+		err = envelope.CheckVersion(version(v))
+	}
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
+	}
+	return v, nil
 }
 
 // ErrNoWorkers: no worker answered a request only workers serve.

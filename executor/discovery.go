@@ -293,29 +293,9 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 	if actor.Kind == "" && actor.ID == "" && len(actor.Attrs) == 0 {
 		actor = c.cfg.Actor
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
-	b, err := envelope.Marshal(&DescribeRequest{V: envelope.Version, Surface: surface, Actor: actor, Scope: scope})
+	r, err := c.describe(ctx, "describe", DescribeRequest{Surface: surface, Actor: actor, Scope: scope})
 	if err != nil {
-		return nil, fmt.Errorf("capstan: describe: %w", err)
-	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: describe", ErrNoWorkers)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("capstan: describe: %w", err)
-	}
-	var r DescribeReply
-	if err := envelope.Unmarshal(m.Data, &r); err != nil {
-		return nil, fmt.Errorf("capstan: describe: bad reply: %w", err)
-	}
-	if e := r.Error; e != nil {
-		return nil, &envelope.CapabilityError{Code: e.Code, Message: e.Message, Stage: e.Stage, Retryable: e.Retryable,
-			ExposeToModel: e.ExposeToModel, Details: e.Details}
+		return nil, err
 	}
 	if r.Capabilities == nil {
 		r.Capabilities = []Descriptor{}
@@ -327,35 +307,46 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 // queue and may have waiting (DESIGN §12 "Quotas"): the figures its queue's
 // stream holds now, the limits the server enforces at every submit.
 func (c *Client) Queue(ctx context.Context) (*broker.QueueUsage, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
-	b, err := envelope.Marshal(&DescribeRequest{V: envelope.Version, Queue: true})
+	r, err := c.describe(ctx, "queue", DescribeRequest{Queue: true})
 	if err != nil {
-		return nil, fmt.Errorf("capstan: queue: %w", err)
-	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: queue", ErrNoWorkers)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("capstan: queue: %w", err)
-	}
-	var r DescribeReply
-	if err := envelope.Unmarshal(m.Data, &r); err != nil {
-		return nil, fmt.Errorf("capstan: queue: bad reply: %w", err)
-	}
-	if e := r.Error; e != nil {
-		return nil, &envelope.CapabilityError{Code: e.Code, Message: e.Message, Stage: e.Stage, Retryable: e.Retryable,
-			ExposeToModel: e.ExposeToModel, Details: e.Details}
+		return nil, err
 	}
 	if r.Queue == nil {
 		// A worker of an earlier version answered with the catalog.
 		return nil, fmt.Errorf("capstan: queue: the worker that answered (%s) does not tell queues", r.Worker)
 	}
 	return r.Queue, nil
+}
+
+// describe sends req to the workers' describe subject (within 10 s unless
+// ctx is bounded) and returns their reply; what names the request in errors.
+func (c *Client) describe(ctx context.Context, what string, req DescribeRequest) (*DescribeReply, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	req.V = envelope.Version
+	b, err := envelope.Marshal(&req)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("%w: %s", ErrNoWorkers, what)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	var r DescribeReply
+	if err := envelope.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("capstan: %s: bad reply: %w", what, err)
+	}
+	if e := r.Error; e != nil {
+		return nil, &envelope.CapabilityError{Code: e.Code, Message: e.Message, Stage: e.Stage, Retryable: e.Retryable,
+			ExposeToModel: e.ExposeToModel, Details: e.Details}
+	}
+	return &r, nil
 }
 
 // nearName is the capability principal may call on req's surface as req's

@@ -338,16 +338,23 @@ func taskNotFound() error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: Task not found"}
 }
 
+// submitTask submits a task's call under a new id, the call tracked until
+// answered is called: how both forms of tasks begin.
+func (b *Bridge) submitTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (id string, answered func(), err error) {
+	b.live.start(b) // the task's first reports, before tasks/get asks
+	id = executionIDFor(actor)
+	answered = trackCall(ctx, b, id)
+	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
+	defer cancel()
+	_, err = b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
+	return id, answered, err
+}
+
 // createTask submits the call and answers with its task once the request is
 // stored: from then on tasks/get resolves.
 func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
-	b.live.start(b) // the task's first reports, before tasks/get asks
-	id := executionIDFor(actor)
-	answered := trackCall(ctx, b, id)
+	id, answered, err := b.submitTask(ctx, actor, capID, input)
 	defer answered()
-	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
-	cancel()
 	var ce *envelope.CapabilityError
 	if errors.As(err, &ce) {
 		return resultOf(refused(id, ce)), nil

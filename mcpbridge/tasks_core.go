@@ -107,12 +107,8 @@ var coreCapabilities = map[string]any{
 
 // withCoreTasks adds capabilities.tasks to an initialize result.
 func withCoreTasks(res mcp.Result) (mcp.Result, error) {
-	b, err := json.Marshal(res)
+	m, err := jsonObject(res)
 	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, err
 	}
 	caps, _ := m["capabilities"].(map[string]any)
@@ -121,11 +117,7 @@ func withCoreTasks(res mcp.Result) (mcp.Result, error) {
 	}
 	caps["tasks"] = coreCapabilities
 	m["capabilities"] = caps
-	out, err := json.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	return &rawResult{raw: out}, nil
+	return rawResultOf(m)
 }
 
 // withTaskSupport marks each capability's tool of a tools/list result as one
@@ -135,12 +127,8 @@ func withTaskSupport(res mcp.Result) (mcp.Result, error) {
 	if !ok {
 		return res, nil
 	}
-	b, err := json.Marshal(lr)
+	m, err := jsonObject(lr)
 	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, err
 	}
 	tools, _ := m["tools"].([]any)
@@ -151,6 +139,25 @@ func withTaskSupport(res mcp.Result) (mcp.Result, error) {
 		}
 		tm["execution"] = map[string]any{"taskSupport": "optional"}
 	}
+	return rawResultOf(m)
+}
+
+// jsonObject is v as the JSON object it marshals to, for a result to be
+// given fields its type does not have.
+func jsonObject(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// rawResultOf is the result whose JSON is m's.
+func rawResultOf(m map[string]any) (mcp.Result, error) {
 	out, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
@@ -175,13 +182,8 @@ func coreTaskOf(t *Task) *CoreTask {
 
 // coreCreate submits a task-augmented call and answers its task at once.
 func (b *Bridge) coreCreate(ctx context.Context, actor envelope.Actor, capID string, input envelope.Raw) (mcp.Result, error) {
-	b.live.start(b) // the task's first reports, before tasks/get asks
-	id := executionIDFor(actor)
-	answered := trackCall(ctx, b, id)
+	id, answered, err := b.submitTask(ctx, actor, capID, input)
 	defer answered()
-	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	_, err := b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
-	cancel()
 	var ce *envelope.CapabilityError
 	switch {
 	case errors.As(err, &ce):

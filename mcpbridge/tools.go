@@ -323,14 +323,19 @@ func (v *view) byName(name string) (tool, bool) {
 	return t, ok
 }
 
+// idInput is the input schema of a control tool: one required string, an id.
+func idInput(name, description string) map[string]any {
+	return map[string]any{"type": "object", "required": []string{name},
+		"properties": map[string]any{name: map[string]any{"type": "string", "description": description}}}
+}
+
 func resumeToolDef() *mcp.Tool {
 	f := false
 	return &mcp.Tool{
 		Name: ResumeTool,
 		Description: "Runs a call that needed an approval, once someone else approved it. " +
 			"Give the approvalId from the approval-required result. It runs at most once, whoever asks.",
-		InputSchema: map[string]any{"type": "object", "required": []string{"approvalId"},
-			"properties": map[string]any{"approvalId": map[string]any{"type": "string", "description": "The approval id."}}},
+		InputSchema: idInput("approvalId", "The approval id."),
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &f, OpenWorldHint: &f},
 	}
 }
@@ -341,8 +346,7 @@ func statusToolDef() *mcp.Tool {
 		Name: StatusTool,
 		Description: "Reads the result of an execution you started, by its executionId: the result if it ended, " +
 			"else its state. Use it after a call that was still running or a lost connection.",
-		InputSchema: map[string]any{"type": "object", "required": []string{"executionId"},
-			"properties": map[string]any{"executionId": map[string]any{"type": "string", "description": "The execution id."}}},
+		InputSchema: idInput("executionId", "The execution id."),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &f},
 	}
 }

@@ -29,23 +29,20 @@ func (t *Telemetry) Watch(b *broker.Broker, cacheFor time.Duration) {
 }
 
 var (
-	pendingDesc = prometheus.NewDesc("capstan_pool_pending_requests",
-		"Requests stored in the pool's queue and not yet delivered to a worker.", []string{"pool"}, nil)
-	unackedDesc = prometheus.NewDesc("capstan_pool_unacknowledged_requests",
-		"Requests delivered to the pool's workers and not yet acknowledged (running or buffered).", []string{"pool"}, nil)
-	oldestDesc = prometheus.NewDesc("capstan_pool_oldest_request_age_seconds",
-		"Age of the oldest request of the pool not yet acknowledged (0 when there is none).", []string{"pool"}, nil)
-	approvalsDesc = prometheus.NewDesc("capstan_approvals_pending",
-		"Approvals waiting for a decision, by capability.", []string{"capability"}, nil)
-	queueRequestsDesc = prometheus.NewDesc("capstan_queue_requests",
-		"Requests in the principal's queue, not yet ended (its queuedRequests quota counts them).", []string{"principal"}, nil)
-	queueBytesDesc = prometheus.NewDesc("capstan_queue_bytes",
-		"Bytes of the requests in the principal's queue (its queuedBytes quota counts them).", []string{"principal"}, nil)
-	queueMaxRequestsDesc = prometheus.NewDesc("capstan_queue_max_requests",
-		"Requests the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", []string{"principal"}, nil)
-	queueMaxBytesDesc = prometheus.NewDesc("capstan_queue_max_bytes",
-		"Bytes the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", []string{"principal"}, nil)
+	pendingDesc          = desc("capstan_pool_pending_requests", "Requests stored in the pool's queue and not yet delivered to a worker.", "pool")
+	unackedDesc          = desc("capstan_pool_unacknowledged_requests", "Requests delivered to the pool's workers and not yet acknowledged (running or buffered).", "pool")
+	oldestDesc           = desc("capstan_pool_oldest_request_age_seconds", "Age of the oldest request of the pool not yet acknowledged (0 when there is none).", "pool")
+	approvalsDesc        = desc("capstan_approvals_pending", "Approvals waiting for a decision, by capability.", "capability")
+	queueRequestsDesc    = desc("capstan_queue_requests", "Requests in the principal's queue, not yet ended (its queuedRequests quota counts them).", "principal")
+	queueBytesDesc       = desc("capstan_queue_bytes", "Bytes of the requests in the principal's queue (its queuedBytes quota counts them).", "principal")
+	queueMaxRequestsDesc = desc("capstan_queue_max_requests", "Requests the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", "principal")
+	queueMaxBytesDesc    = desc("capstan_queue_max_bytes", "Bytes the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", "principal")
 )
+
+// desc describes one of the collector's metrics, by one label.
+func desc(name, help, label string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{label}, nil)
+}
 
 type brokerCollector struct {
 	b         *broker.Broker

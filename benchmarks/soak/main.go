@@ -228,15 +228,22 @@ func run(cfg config) error {
 			procs[i].stop()
 		}
 	}()
+	// launch starts one of the processes, stopped at the end in reverse.
+	launch := func(name string, env []string, args ...string) (*proc, error) {
+		p, err := start(cfg, name, env, args...)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
 	serverArgs := []string{"server", "--store", store, "--listen", "127.0.0.1:0", "--pprof", "127.0.0.1:0", "--sync", cfg.sync}
 	if cfg.envelopeRetention > 0 {
 		serverArgs = append(serverArgs, "--envelope-retention", cfg.envelopeRetention.String())
 	}
-	server, err := start(cfg, "server", nil, serverArgs...)
+	server, err := launch("server", nil, serverArgs...)
 	if err != nil {
 		return err
 	}
-	procs = append(procs, server)
 	url, err := server.waitFor(listeningRe, time.Minute)
 	if err != nil {
 		return err
@@ -250,11 +257,10 @@ func run(cfg config) error {
 	if cfg.recordWindow > 0 {
 		workerArgs = append(workerArgs, "--record-window", cfg.recordWindow.String())
 	}
-	worker, err := start(cfg, "worker", env, workerArgs...)
+	worker, err := launch("worker", env, workerArgs...)
 	if err != nil {
 		return err
 	}
-	procs = append(procs, worker)
 	if _, err := worker.waitFor(workerRe, time.Minute); err != nil {
 		return err
 	}
@@ -273,12 +279,11 @@ func run(cfg config) error {
 		cfg.n, cfg.rate, cfg.sync, cfg.envelopes(), cfg.records(), cfg.interval, url)
 	fmt.Printf("soak: machine load average %s\n", loadavg())
 	started := time.Now()
-	bench, err := start(cfg, "bench", env, "bench", "--workers", "0", "--rate", fmt.Sprintf("%d/s", cfg.rate),
+	bench, err := launch("bench", env, "bench", "--workers", "0", "--rate", fmt.Sprintf("%d/s", cfg.rate),
 		"--n", strconv.Itoa(cfg.n), "--no-baseline", "--json", "--timeout", "24h")
 	if err != nil {
 		return err
 	}
-	procs = append(procs, bench)
 
 	s := &sampler{cfg: cfg, js: js, store: store, pprofURL: pprofURL, start: started,
 		pids: map[string]int{"server": server.cmd.Process.Pid, "worker": worker.cmd.Process.Pid, "client": bench.cmd.Process.Pid}}

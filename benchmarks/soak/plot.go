@@ -69,9 +69,7 @@ func plotSamples(rows []row, streams []string, cfg config, path string) error {
 		}
 		k++
 		if !same {
-			if err := addLine(idx, rows, k, strings.TrimPrefix(stream, "KV_")+" subjects", func(r row) float64 {
-				return float64(r.streams[stream].NumSubjects) / 1000
-			}); err != nil {
+			if err := addSubjects(idx, rows, k, stream); err != nil {
 				return err
 			}
 			k++
@@ -88,9 +86,7 @@ func plotSamples(rows []row, streams []string, cfg config, path string) error {
 		if peak < 100 { // the catalog, the pools: a handful of keys
 			continue
 		}
-		if err := addLine(idx, rows, k, strings.TrimPrefix(name, "KV_")+" subjects", func(r row) float64 {
-			return float64(r.streams[name].NumSubjects) / 1000
-		}); err != nil {
+		if err := addSubjects(idx, rows, k, name); err != nil {
 			return err
 		}
 		k++
@@ -184,6 +180,13 @@ func newPanel(title, unit string) *plot.Plot {
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	p.Add(plotter.NewGrid())
 	return p
+}
+
+// addSubjects draws the number of subjects a stream holds, in thousands.
+func addSubjects(p *plot.Plot, rows []row, k int, stream string) error {
+	return addLine(p, rows, k, strings.TrimPrefix(stream, "KV_")+" subjects", func(r row) float64 {
+		return float64(r.streams[stream].NumSubjects) / 1000
+	})
 }
 
 func addLine(p *plot.Plot, rows []row, k int, name string, y func(row) float64) error {

@@ -81,11 +81,8 @@ func runApprovalsList(args []string) int {
 	newest := fs.Bool("newest", false, "each requester's newest approvals first (default: oldest first)")
 	limit := fs.Int("limit", approvals.DefaultPageSize, fmt.Sprintf("how many approvals a page shows (at most %d)", approvals.MaxPageSize))
 	cursor := fs.String("cursor", "", "where the page begins: the cursor the previous page printed")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	req := approvals.ListRequest{Status: approvals.Status(*status), CapabilityID: *capID, Newest: *newest, Limit: *limit, Cursor: *cursor}
 	switch req.Status {
@@ -105,16 +102,11 @@ func runApprovalsList(args []string) int {
 		}
 		req.Actor = a
 	}
-	if err := conn.need("list approvals", names.ListApprovalsSubject, ""); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("approvals")
+	nc, ctx, done, err := conn.open("approvals", "list approvals", names.ListApprovalsSubject, "")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	page, err := approvals.RequestList(ctx, nc, broker.NewNames(""), req)
 	if err != nil {
 		return requestError(err)
@@ -138,23 +130,15 @@ func runApprovalsShow(args []string) int {
 	fs := newFlags("approvals show", "ID [-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
 	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
-	}
-	if err := conn.need("read approvals", names.ListApprovalsSubject, ""); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("approvals")
+	nc, ctx, done, err := conn.open("approvals", "read approvals", names.ListApprovalsSubject, "")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	id, err := resolveApproval(ctx, nc, pos[0])
 	if err != nil {
 		return usageError("%v", err)
@@ -199,12 +183,9 @@ func decideCommand(verb string, args []string) int {
 		resume = fs.Bool("resume", false, "on an open server only: resume the approved call at once and print its envelope")
 		wait = fs.Duration("wait", 30*time.Second, "with --resume, how long to wait for the envelope")
 	}
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	req := approvals.DecideRequest{ApprovalID: pos[0], Approve: verb == "approve", Comment: *comment}
 	if conn.creds != "" {
@@ -231,16 +212,11 @@ func decideCommand(verb string, args []string) int {
 	if wait != nil && *wait <= 0 {
 		return usageError("--wait must be positive")
 	}
-	if err := conn.need("decide approvals", names.DecideSubject, "only approvers decide"); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("approvals")
+	nc, ctx, done, err := conn.open("approvals", "decide approvals", names.DecideSubject, "only approvers decide")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	if req.ApprovalID, err = resolveApproval(ctx, nc, req.ApprovalID); err != nil {
 		return usageError("%v", err)
 	}
@@ -287,12 +263,9 @@ func runResume(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")

@@ -29,12 +29,9 @@ func runAudit(args []string) int {
 	fs.StringVar(&f.Principal, "owner", "", "the `principal` whose execution it is, or whose events to follow (executions are scoped by principal; default with an ID: the one principal that has an execution of that id, else the caller's own)")
 	var since longDuration
 	fs.Var(&since, "since", "with --follow and no ID: begin with the events of the last `duration` (e.g. 10m, 2d) instead of new ones")
-	pos, code, ok := parseFlags(fs, args, -1)
+	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if len(pos) > 1 {
 		return usageError("audit: want one execution id, got %d arguments", len(pos))

@@ -52,6 +52,20 @@ func runAuth(args []string) int {
 	return usageError("unknown auth command %q; run 'capstan auth --help'", args[0])
 }
 
+// parseSetup parses args as parseFlags does and loads the setup directory
+// the first of them names.
+func parseSetup(fs *flag.FlagSet, args []string, want int) (*auth.Setup, []string, int, bool) {
+	pos, code, ok := parseFlags(fs, args, want)
+	if !ok {
+		return nil, nil, code, false
+	}
+	s, err := auth.Load(pos[0])
+	if err != nil {
+		return nil, nil, fail(exitUsage, "%s: %v", fs.Name(), err), false
+	}
+	return s, pos, exitOK, true
+}
+
 func runAuthInit(args []string) int {
 	fs := newFlags("auth init", "DIR [--prefix P] [--resolver-dir D]")
 	prefix := fs.String("prefix", "", "prefix of capstan's resource names (default CAPSTAN)")
@@ -171,13 +185,9 @@ func runAuthAdd(args []string) int {
 	pool := fs.String("pool", "", "pool of a worker")
 	lf := addLimitFlags(fs)
 	qf := addQuotaFlags(fs)
-	pos, code, ok := parseFlags(fs, args, 2)
+	s, pos, code, ok := parseSetup(fs, args, 2)
 	if !ok {
 		return code
-	}
-	s, err := auth.Load(pos[0])
-	if err != nil {
-		return fail(exitUsage, "auth add: %v", err)
 	}
 	g := auth.Grant{Principal: pos[1], Role: auth.Role(*role), Actors: list(*actors),
 		Surfaces: list(*surfaces), Types: list(*types), Pool: *pool}
@@ -271,13 +281,9 @@ func runAuthSet(args []string) int {
 
 func runAuthRemove(args []string) int {
 	fs := newFlags("auth remove", "DIR NAME")
-	pos, code, ok := parseFlags(fs, args, 2)
+	s, pos, code, ok := parseSetup(fs, args, 2)
 	if !ok {
 		return code
-	}
-	s, err := auth.Load(pos[0])
-	if err != nil {
-		return fail(exitUsage, "auth remove: %v", err)
 	}
 	if err := s.Remove(pos[1]); err != nil {
 		return fail(exitUsage, "auth remove: %v", err)
@@ -289,13 +295,9 @@ func runAuthRemove(args []string) int {
 
 func runAuthList(args []string) int {
 	fs := newFlags("auth list", "DIR")
-	pos, code, ok := parseFlags(fs, args, 1)
+	s, _, code, ok := parseSetup(fs, args, 1)
 	if !ok {
 		return code
-	}
-	s, err := auth.Load(pos[0])
-	if err != nil {
-		return fail(exitUsage, "auth list: %v", err)
 	}
 	if err := s.Current(); err != nil {
 		fmt.Fprintf(os.Stderr, "capstan: %v\n", err)
@@ -342,13 +344,9 @@ func runAuthPush(args []string) int {
 	fs := newFlags("auth push", "DIR [--nats URL] [--creds DIR/admin.creds] [--push-creds DIR/push.creds]")
 	conn := addConnFlags(fs)
 	pushCreds := fs.String("push-creds", "", "credentials `file` of the system account's push user (default DIR/push.creds)")
-	pos, code, ok := parseFlags(fs, args, 1)
+	s, _, code, ok := parseSetup(fs, args, 1)
 	if !ok {
 		return code
-	}
-	s, err := auth.Load(pos[0])
-	if err != nil {
-		return fail(exitUsage, "auth push: %v", err)
 	}
 	if err := s.Current(); err != nil {
 		return fail(exitUsage, "auth push: %v", err)

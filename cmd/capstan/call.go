@@ -139,12 +139,9 @@ func runCall(args []string) int {
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pf := addProgressFlags(fs)
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	capID := pos[0]
 	req, err := rf.parse(conn)
@@ -186,12 +183,9 @@ func runSubmit(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	rf := addRequestFlags(fs)
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	req, err := rf.parse(conn)
 	if err != nil {
@@ -243,16 +237,9 @@ func runAwait(args []string) int {
 	o := addOutputFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pf := addProgressFlags(fs)
-	pos, code, ok := parseFlags(fs, args, 1)
+	id, code, ok := parseExecutionID(fs, args, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
-	}
-	id := pos[0]
-	if err := envelope.ValidExecutionID(id); err != nil {
-		return usageError("%v", err)
 	}
 	if *wait <= 0 {
 		return usageError("--wait must be positive")

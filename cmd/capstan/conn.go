@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -77,6 +78,19 @@ func (c *connFlags) connect(name string) (*nats.Conn, error) {
 		os.Exit(fail(exitUsage, "the server refused what %s may not do: %v", who, err))
 	})
 	return nc, nil
+}
+
+// open checks that the principal may do right (see need), connects, and
+// gives the request a context of submitTimeout; done closes both.
+func (c *connFlags) open(name, right string, subject func(principal string) string, hint string) (nc *nats.Conn, ctx context.Context, done func(), err error) {
+	if err := c.need(right, subject, hint); err != nil {
+		return nil, nil, nil, err
+	}
+	if nc, err = c.connect(name); err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	return nc, ctx, func() { cancel(); nc.Close() }, nil
 }
 
 // connectServing opens the connection of a command that serves (mcp,

@@ -112,17 +112,21 @@ func runDev(args []string) int {
 		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
 	}
 	consoleURL, consoleDone := startDevConsole(ctx, *consoleAddr, consoleCfg, log)
-	if notifyCfg != nil && notifyCfg.ConsoleURL == "" {
-		notifyCfg.ConsoleURL = consoleURL // messages link to this console
-	}
-	stopNotifier, err := startNotifier(ctx, wnc, notifyCfg, tel, log)
-	if err != nil {
+	// quit ends dev on an error once the workers and the console stopped.
+	quit := func(format string, err error) int {
 		stop()
 		<-done
 		if consoleDone != nil {
 			<-consoleDone
 		}
-		return fail(exitFailed, "dev: --notify: %v", err)
+		return fail(exitFailed, format, err)
+	}
+	if notifyCfg != nil && notifyCfg.ConsoleURL == "" {
+		notifyCfg.ConsoleURL = consoleURL // messages link to this console
+	}
+	stopNotifier, err := startNotifier(ctx, wnc, notifyCfg, tel, log)
+	if err != nil {
+		return quit("dev: --notify: %v", err)
 	}
 	defer stopNotifier()
 	fmt.Printf("capstan dev listening on %s (store %s), serving %s\n", e.url, opts.StoreDir, strings.Join(ids, ", "))
@@ -133,12 +137,7 @@ func runDev(args []string) int {
 	if *mcpAddr != "" {
 		srv, token, err := startDevMCP(e.nc, *mcpAddr, mf, log)
 		if err != nil {
-			stop()
-			<-done
-			if consoleDone != nil {
-				<-consoleDone
-			}
-			return fail(exitFailed, "dev: mcp: %v", err)
+			return quit("dev: mcp: %v", err)
 		}
 		defer func() { _ = srv.stop() }()
 		fmt.Printf("MCP (streamable HTTP) on %s\n", srv.url)

@@ -31,11 +31,8 @@ func runExecutions(args []string) int {
 	fs.Var(&until, "until", "only executions that last changed longer ago than this `duration`")
 	fs.IntVar(&q.Limit, "limit", 20, "how many executions a page shows (at most 500)")
 	cursor := fs.String("cursor", "", "where the page begins: the cursor the previous page printed")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if q.Status != "" && !contains(audit.EntryStatuses, q.Status) {
 		return usageError("--status %q: want one of %s", q.Status, strings.Join(audit.EntryStatuses, ", "))
@@ -50,16 +47,11 @@ func runExecutions(args []string) int {
 	if until > 0 {
 		q.Until = now.Add(-time.Duration(until))
 	}
-	if err := conn.need("list executions", names.ListExecutionsSubject, reissue); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("executions")
+	nc, ctx, done, err := conn.open("executions", "list executions", names.ListExecutionsSubject, reissue)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	page, err := listExecutions(ctx, nc, conn, executor.ExecutionsRequest{Query: q, Cursor: *cursor})
 	if err != nil {
 		return readError(err)
@@ -217,17 +209,28 @@ func resolveExecution(ctx context.Context, nc *nats.Conn, conn *connFlags, arg s
 			found = append(found, e)
 		}
 	}
+	return onePrefixed(arg, "executions", found, func(e audit.Entry) (string, string) {
+		return e.ExecutionID, fmt.Sprintf("%s  %s  %s  %s", e.ExecutionID, e.CapabilityID, e.Status, e.UpdatedAt.UTC().Format(time.RFC3339))
+	})
+}
+
+// onePrefixed is the id of the one of found, arg as it is when found is
+// empty, and an error listing found when arg begins several (what they
+// are); describe gives each one's id and its line in the list.
+func onePrefixed[T any](arg, what string, found []T, describe func(T) (id, line string)) (string, error) {
 	switch len(found) {
 	case 0:
 		return arg, nil
 	case 1:
-		return found[0].ExecutionID, nil
+		id, _ := describe(found[0])
+		return id, nil
 	}
 	var b strings.Builder
-	for _, e := range found {
-		fmt.Fprintf(&b, "\n  %s  %s  %s  %s", e.ExecutionID, e.CapabilityID, e.Status, e.UpdatedAt.UTC().Format(time.RFC3339))
+	for _, f := range found {
+		_, line := describe(f)
+		b.WriteString("\n  " + line)
 	}
-	return "", fmt.Errorf("%w: %q begins %d executions:%s", executor.ErrAmbiguousID, arg, len(found), b.String())
+	return "", fmt.Errorf("%w: %q begins %d %s:%s", executor.ErrAmbiguousID, arg, len(found), what, b.String())
 }
 
 func containsEntry(list []audit.Entry, id string) bool {
@@ -262,17 +265,9 @@ func resolveApproval(ctx context.Context, nc *nats.Conn, arg string) (string, er
 		}
 		req.Cursor = page.Next
 	}
-	switch len(found) {
-	case 0:
-		return arg, nil
-	case 1:
-		return found[0].ID, nil
-	}
-	var b strings.Builder
-	for _, r := range found {
-		fmt.Fprintf(&b, "\n  %s  %s  %s", r.ID, r.CapabilityID, r.StatusAt(time.Now()))
-	}
-	return "", fmt.Errorf("%w: %q begins %d approvals:%s", executor.ErrAmbiguousID, arg, len(found), b.String())
+	return onePrefixed(arg, "approvals", found, func(r *approvals.Record) (string, string) {
+		return r.ID, fmt.Sprintf("%s  %s  %s", r.ID, r.CapabilityID, r.StatusAt(time.Now()))
+	})
 }
 
 func writeExecutionList(w io.Writer, st style, page *executor.ExecutionsPage, next string) {

@@ -227,23 +227,13 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	case env != nil:
 		f.add(st, "Status", st.status(string(env.Status)))
 		if e := env.Error; e != nil {
-			line := string(e.Code) + ": " + e.Message
-			if e.Retryable {
-				line += st.dim(" (retryable)")
-			}
-			f.add(st, "Error", line)
+			f.add(st, "Error", errorLine(st, e))
 			if e.Stage != "" {
 				f.add(st, "Stage", e.Stage)
 			}
 		}
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
-		if r := env.Recovered; r != nil {
-			f.add(st, "Recovered", recoveredLine(r))
-		}
-		f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-		if line := finalizedLine(st, env); line != "" {
-			f.add(st, "Finalized", line)
-		}
+		addEnd(f, st, env)
 		if a := env.Approval; a != nil {
 			f.add(st, "Approval", a.ID+st.dim(" (expires "+ago(st.now, a.ExpiresAt)+")"))
 			f.add(st, "Reasons", strings.Join(a.Reasons, "; "))
@@ -435,17 +425,35 @@ func recoveredLine(r *envelope.Recovered) string {
 	return fmt.Sprintf("%s, attempt %d", r.How, r.Attempt)
 }
 
+// addEnd adds how an envelope's execution ended: recovered from what a lost
+// attempt left, how long it took, when and by whom it was finalized.
+func addEnd(f *fields, st style, env *envelope.Envelope) {
+	if r := env.Recovered; r != nil {
+		f.add(st, "Recovered", recoveredLine(r))
+	}
+	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
+	if line := finalizedLine(st, env); line != "" {
+		f.add(st, "Finalized", line)
+	}
+}
+
+// errorLine is an envelope's error in one line: its code and message, and
+// whether another attempt may succeed.
+func errorLine(st style, e *envelope.Error) string {
+	line := string(e.Code) + ": " + e.Message
+	if e.Retryable {
+		line += st.dim(" (retryable)")
+	}
+	return line
+}
+
 func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	f := newFields(w)
 	f.add(st, "Execution", st.bold(env.ExecutionID))
 	f.add(st, "Capability", env.CapabilityID)
 	f.add(st, "Status", st.status(string(env.Status)))
 	if e := env.Error; e != nil {
-		line := string(e.Code) + ": " + e.Message
-		if e.Retryable {
-			line += st.dim(" (retryable)")
-		}
-		f.add(st, "Error", line)
+		f.add(st, "Error", errorLine(st, e))
 		f.add(st, "Stage", e.Stage)
 		for _, k := range slices.Sorted(maps.Keys(e.Details)) {
 			for i, line := range detailLines(e.Details[k]) {
@@ -465,13 +473,7 @@ func writeEnvelope(w io.Writer, st style, env *envelope.Envelope) {
 	if env.Attempts > 0 {
 		f.add(st, "Attempts", strconv.Itoa(env.Attempts))
 	}
-	if r := env.Recovered; r != nil {
-		f.add(st, "Recovered", recoveredLine(r))
-	}
-	f.add(st, "Duration", (time.Duration(env.DurationMs) * time.Millisecond).String())
-	if line := finalizedLine(st, env); line != "" {
-		f.add(st, "Finalized", line)
-	}
+	addEnd(f, st, env)
 	f.flush()
 	if len(env.Output) > 0 {
 		if out, err := env.Output.MarshalJSON(); err == nil {

@@ -20,11 +20,8 @@ func runLimits(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	prefix := fs.String("capability", "", "show only the capabilities whose id starts with `prefix`")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	nc, err := conn.connect("limits")
 	if err != nil {

@@ -85,6 +85,32 @@ func (o *outputFlags) check() error {
 	return fmt.Errorf("-o %q: want text or json", o.format)
 }
 
+// parseOutput parses args as parseFlags does, then refuses an unknown
+// output format: how a command that prints with o reads its arguments.
+func parseOutput(fs *flag.FlagSet, args []string, want int, o *outputFlags) ([]string, int, bool) {
+	pos, code, ok := parseFlags(fs, args, want)
+	if !ok {
+		return nil, code, false
+	}
+	if err := o.check(); err != nil {
+		return nil, usageError("%v", err), false
+	}
+	return pos, exitOK, true
+}
+
+// parseExecutionID parses the args of a command whose one argument is an
+// execution id (or a prefix of one), as parseOutput does, and checks it.
+func parseExecutionID(fs *flag.FlagSet, args []string, o *outputFlags) (string, int, bool) {
+	pos, code, ok := parseOutput(fs, args, 1, o)
+	if !ok {
+		return "", code, false
+	}
+	if err := envelope.ValidExecutionID(pos[0]); err != nil {
+		return "", usageError("%v", err), false
+	}
+	return pos[0], exitOK, true
+}
+
 func (o *outputFlags) isJSON() bool { return o.json || o.format == "json" }
 
 // print writes v as JSON, or with human for a person.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
@@ -37,16 +36,9 @@ func (b byID) run(args []string) int {
 	if b.flags != nil {
 		b.flags(fs)
 	}
-	pos, code, ok := parseFlags(fs, args, 1)
+	id, code, ok := parseExecutionID(fs, args, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
-	}
-	id := pos[0]
-	if err := envelope.ValidExecutionID(id); err != nil {
-		return usageError("%v", err)
 	}
 	if p := conn.principal(); b.viaWorkers != nil && !p.may(directGet(names.EnvelopesBucket())(p.name)) {
 		return b.viaWorkers(conn, o, id)
@@ -110,16 +102,11 @@ func runStatus(args []string) int {
 // statusThroughWorkers prints what the workers show the principal of one
 // execution: an approver's view of the executions behind its approvals.
 func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
-	if err := conn.need("read executions", names.ExecutionSubject, reissue); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("status")
+	nc, ctx, done, err := conn.open("status", "read executions", names.ExecutionSubject, reissue)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
+	defer done()
 	id, err := resolveExecution(ctx, nc, conn, arg)
 	if err != nil {
 		return usageError("%v", err)

@@ -51,6 +51,11 @@ function text(v: unknown): string {
   return typeof v === "string" ? v : "";
 }
 
+/** The input schema of a control tool: one required string, an id. */
+function idInput(name: string, description: string): Record<string, unknown> {
+  return { type: "object", required: [name], properties: { [name]: { type: "string", description } } };
+}
+
 function schemaLike(schema: Record<string, unknown>): SchemaLike {
   return { [schemaSymbol]: true, _type: undefined, jsonSchema: schema, validate: undefined } as unknown as SchemaLike;
 }
@@ -82,7 +87,7 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
     tools[resumeToolName] = {
       description:
         "Runs a call that needed an approval, once someone else approved it. Give the approvalId from the approval-required result. It runs at most once, whoever asks.",
-      inputSchema: wrap({ type: "object", required: ["approvalId"], properties: { approvalId: { type: "string", description: "The approval id." } } }),
+      inputSchema: wrap(idInput("approvalId", "The approval id.")),
       execute: async (input, o) => {
         const approvalId = text((input as { approvalId?: unknown } | undefined)?.approvalId);
         return run(client, options, (signal) => client.resume(approvalId, callOptions(options, signal, o?.toolCallId)), o?.abortSignal);
@@ -91,7 +96,7 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
     tools[statusToolName] = {
       description:
         "Reads the result of an execution you started, by its executionId: the result if it ended, else its state. Use it after a call that was still running.",
-      inputSchema: wrap({ type: "object", required: ["executionId"], properties: { executionId: { type: "string", description: "The execution id." } } }),
+      inputSchema: wrap(idInput("executionId", "The execution id.")),
       execute: async (input, o) => {
         const id = text((input as { executionId?: unknown } | undefined)?.executionId);
         try {

@@ -11,6 +11,28 @@ export function parseJSON(text: string): unknown {
   const ws = (): void => {
     while (i < text.length && (text[i] === " " || text[i] === "\t" || text[i] === "\n" || text[i] === "\r")) i++;
   };
+  // items reads an object's or an array's comma-separated items, each with
+  // item, and the close that ends them.
+  const items = (close: string, item: () => void): void => {
+    ws();
+    if (text[i] === close) {
+      i++;
+      return;
+    }
+    for (;;) {
+      item();
+      ws();
+      if (text[i] === ",") {
+        i++;
+        continue;
+      }
+      if (text[i] === close) {
+        i++;
+        return;
+      }
+      fail(`want ',' or '${close}'`);
+    }
+  };
   const value = (depth: number): unknown => {
     if (depth > 10000) fail("nesting too deep");
     ws();
@@ -18,12 +40,7 @@ export function parseJSON(text: string): unknown {
     if (c === "{") {
       i++;
       const o: Record<string, unknown> = {};
-      ws();
-      if (text[i] === "}") {
-        i++;
-        return o;
-      }
-      for (;;) {
+      items("}", () => {
         ws();
         if (text[i] !== '"') fail("want a key");
         const k = str();
@@ -32,39 +49,14 @@ export function parseJSON(text: string): unknown {
         i++;
         const v = value(depth + 1);
         Object.defineProperty(o, k, { value: v, enumerable: true, writable: true, configurable: true });
-        ws();
-        if (text[i] === ",") {
-          i++;
-          continue;
-        }
-        if (text[i] === "}") {
-          i++;
-          return o;
-        }
-        fail("want ',' or '}'");
-      }
+      });
+      return o;
     }
     if (c === "[") {
       i++;
       const a: unknown[] = [];
-      ws();
-      if (text[i] === "]") {
-        i++;
-        return a;
-      }
-      for (;;) {
-        a.push(value(depth + 1));
-        ws();
-        if (text[i] === ",") {
-          i++;
-          continue;
-        }
-        if (text[i] === "]") {
-          i++;
-          return a;
-        }
-        fail("want ',' or ']'");
-      }
+      items("]", () => a.push(value(depth + 1)));
+      return a;
     }
     if (c === '"') return str();
     if (text.startsWith("true", i)) {

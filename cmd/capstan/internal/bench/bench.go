@@ -317,12 +317,8 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	res.PeakRSSMB = float64(procstat.PeakRSS()) / (1 << 20)
 
 	if !cfg.NoBaseline {
-		bar := newProgress(cfg.Progress, cfg.N, "baseline")
-		cpu0, msgs0 := procstat.CPU(), r.serverMsgs()
-		base, err := rawBaseline(ctx, r, &cfg, len(input), bar)
-		res.BaselineCPUPerMsgUs = float64((procstat.CPU() - cpu0).Microseconds()) / n
-		res.BaselineServerMsgsPerMsg = float64(r.serverMsgs()-msgs0) / n
-		bar.done()
+		base, cpuUs, msgs, err := comparison(ctx, r, &cfg, "baseline", len(input), rawBaseline)
+		res.BaselineCPUPerMsgUs, res.BaselineServerMsgsPerMsg = cpuUs, msgs
 		if err != nil {
 			return nil, fmt.Errorf("raw baseline: %w", err)
 		}
@@ -331,12 +327,8 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		res.Ratio = res.ExecutionsPerSec / res.BaselinePerSec
 	}
 	if cfg.Floor {
-		bar := newProgress(cfg.Progress, cfg.N, "floor")
-		cpu0, msgs0 := procstat.CPU(), r.serverMsgs()
-		floor, err := floorLoop(ctx, r, &cfg, len(input), bar)
-		res.FloorCPUPerExecutionUs = float64((procstat.CPU() - cpu0).Microseconds()) / n
-		res.FloorServerMsgsPerExecution = float64(r.serverMsgs()-msgs0) / n
-		bar.done()
+		floor, cpuUs, msgs, err := comparison(ctx, r, &cfg, "floor", len(input), floorLoop)
+		res.FloorCPUPerExecutionUs, res.FloorServerMsgsPerExecution = cpuUs, msgs
 		if err != nil {
 			return nil, fmt.Errorf("floor: %w", err)
 		}
@@ -346,4 +338,19 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// comparison runs one of the loops on JetStream alone (the raw baseline, the
+// floor) with its progress bar named name, and gives with its result the
+// CPU time (µs) and server messages it cost per call.
+func comparison(ctx context.Context, r *rig, cfg *Config, name string, payload int,
+	loop func(context.Context, *rig, *Config, int, *progress) (*loopResult, error)) (res *loopResult, cpuUs, msgs float64, err error) {
+	n := float64(cfg.N)
+	bar := newProgress(cfg.Progress, cfg.N, name)
+	cpu0, msgs0 := procstat.CPU(), r.serverMsgs()
+	res, err = loop(ctx, r, cfg, payload, bar)
+	cpuUs = float64((procstat.CPU() - cpu0).Microseconds()) / n
+	msgs = float64(r.serverMsgs()-msgs0) / n
+	bar.done()
+	return res, cpuUs, msgs, err
 }

@@ -17,17 +17,10 @@ const FloodPrincipal = "flood"
 // without awaiting them: they hold worker slots while the measured
 // principal's calls run.
 func flood(ctx context.Context, t Target, n, ms int) error {
-	nc, err := t.Connect(FloodPrincipal)
+	c, err := floodClient(t)
 	if err != nil {
 		return err
 	}
-	c, err := executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-flood"}})
-	if err != nil {
-		nc.Close()
-		return err
-	}
-	// The calls outlive the submission: the connection stays open until the
-	// process ends, so that their envelopes find their way.
 	for range n {
 		if _, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: ms}); err != nil {
 			return err
@@ -36,17 +29,28 @@ func flood(ctx context.Context, t Target, n, ms int) error {
 	return nil
 }
 
-// queueBacklog queues n demo.echo calls as FloodPrincipal, as fast as it
-// can, without awaiting them: a backlog in that principal's queue when the
-// measured phase starts.
-func queueBacklog(ctx context.Context, t Target, n int) error {
+// floodClient is FloodPrincipal's client. Its connection stays open until
+// the process ends: the calls outlive their submission, and their envelopes
+// find their way.
+func floodClient(t Target) (*executor.Client, error) {
 	nc, err := t.Connect(FloodPrincipal)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c, err := executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-flood"}})
 	if err != nil {
 		nc.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// queueBacklog queues n demo.echo calls as FloodPrincipal, as fast as it
+// can, without awaiting them: a backlog in that principal's queue when the
+// measured phase starts.
+func queueBacklog(ctx context.Context, t Target, n int) error {
+	c, err := floodClient(t)
+	if err != nil {
 		return err
 	}
 	const submitters = 16
