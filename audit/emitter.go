@@ -65,9 +65,11 @@ type Emitter struct {
 	batchOnce sync.Once
 	batch     atomic.Pointer[batcher]
 	// The executions index (index.go): an entry for each message that
-	// begins or ends an execution, in a fast batch of its own. indexed is
-	// false when the broker has no index stream (a client's emitter).
+	// begins or ends an execution, in a fast batch of its own, ends coalesced
+	// (indexgroups.go). indexed is false when the broker has no index stream
+	// (a client's emitter).
 	indexed      bool
+	groups       *indexGroups
 	indexOnce    sync.Once
 	indexBatch   atomic.Pointer[batcher]
 	indexFailed  atomic.Uint64
@@ -103,6 +105,7 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 	e.batchable = !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish
 	e.indexed = !opts.Disabled && b.Index != nil
 	e.indexBatches = e.indexed && !opts.Unacknowledged && b.Index.CachedInfo().Config.AllowBatchPublish
+	e.groups = newIndexGroups(b.Names, e.sendIndex)
 	return e
 }
 
@@ -129,8 +132,9 @@ func (e *Emitter) IndexFailed() uint64 { return e.indexFailed.Load() }
 
 // index files the index entry of evs, a message of the trail, if they begin
 // or end an execution: asynchronously, whatever the trail's mode, since a
-// listing is no evidence. Called after the trail's message was handed over,
-// so that an entry never names an execution whose trail was refused first.
+// listing is no evidence; an end may wait a moment for others
+// (indexgroups.go). Called after the trail's message was handed over, so
+// that an entry never names an execution whose trail was refused first.
 func (e *Emitter) index(evs []*Event) {
 	if !e.indexed {
 		return
@@ -139,25 +143,33 @@ func (e *Emitter) index(evs []*Event) {
 	if entry == nil {
 		return
 	}
-	m, enc, err := indexMessage(e.names, entry)
-	if err == nil {
-		switch batch := e.indexBatcher(); {
-		case e.opts.Unacknowledged:
-			err = e.nc.PublishMsg(m)
-		case batch != nil:
-			err = batch.publish(m, 1, broker.Key(entry.Principal, entry.ExecutionID))
-		default:
-			err = errBatchOff
-		}
-		if errors.Is(err, errBatchOff) {
-			m.Data = bytes.Clone(m.Data)
-			_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
-		}
-		enc.Release()
-	}
-	if err != nil {
+	if err := e.groups.add(entry); err != nil {
 		e.indexFailed.Add(1)
 		e.opts.Logger.Warn("index entry not published", "executionId", entry.ExecutionID, "status", entry.Status, "err", err)
+	}
+}
+
+// sendIndex publishes a message of the index: its entries are counted and
+// logged when it fails.
+func (e *Emitter) sendIndex(g *indexGroup) {
+	defer g.release()
+	m := &nats.Msg{Subject: g.subject, Data: g.payload()}
+	var err error
+	switch batch := e.indexBatcher(); {
+	case e.opts.Unacknowledged:
+		err = e.nc.PublishMsg(m)
+	case batch != nil:
+		err = batch.publish(m, g.n, g.key)
+	default:
+		err = errBatchOff
+	}
+	if errors.Is(err, errBatchOff) {
+		m.Data = bytes.Clone(m.Data)
+		_, err = e.js.PublishMsgAsync(m, jetstream.WithRetryAttempts(0), jetstream.WithStallWait(e.opts.AckTimeout))
+	}
+	if err != nil {
+		e.indexFailed.Add(uint64(g.n))
+		e.opts.Logger.Warn("index entries not published", "entries", g.n, "first", g.key, "subject", g.subject, "err", err)
 	}
 }
 
@@ -197,11 +209,11 @@ func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 // execution's shard: a single event as itself, several as an array of events
 // (see Decode). The message's data is enc's: release enc once it is written.
 func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err error) {
-	key := evs[0].Key()
+	first := evs[0]
 	now := time.Time{}
 	for _, ev := range evs {
-		if k := ev.Key(); k != key {
-			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, key, k)
+		if ev.ExecutionID != first.ExecutionID || ev.principal() != first.principal() {
+			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, first.Key(), ev.Key())
 		}
 		ev.V = envelope.Version
 		if ev.Timestamp.IsZero() {
@@ -219,6 +231,7 @@ func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err 
 	if err != nil {
 		return nil, enc, err
 	}
+	key := first.Key()
 	return &nats.Msg{
 		Subject: e.names.AuditSubject(key),
 		Header:  nats.Header{broker.AuditExecutionHeader: []string{key}},
@@ -291,12 +304,16 @@ func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
 	return nil
 }
 
-// Flush waits until every asynchronous event has been acknowledged or ctx
-// ends. With Options.Unacknowledged it waits until the server has read every
-// event published so far, which it stores, in order, right after.
+// Flush publishes the index entries that wait for others and waits until
+// every asynchronous event has been acknowledged or ctx ends. With
+// Options.Unacknowledged it waits until the server has read every event
+// published so far, which it stores, in order, right after.
 func (e *Emitter) Flush(ctx context.Context) error {
 	if e == nil || e.opts.Disabled {
 		return nil
+	}
+	if e.indexed {
+		e.groups.flush() // the ends waiting for others go now
 	}
 	if e.opts.Unacknowledged {
 		fctx := ctx

@@ -138,24 +138,32 @@ func (ev *Event) principal() string {
 // see Emitter.EmitAll) or of one (a msgpack map, as Emit and every version
 // before EmitAll store it).
 func Decode(b []byte) ([]Event, error) {
-	if !isArray(b) {
-		ev := new(Event)
-		if err := envelope.Unmarshal(b, ev); err != nil {
-			return nil, fmt.Errorf("capstan: audit event: %w", err)
-		}
-		return []Event{*ev}, nil
-	}
-	var evs []Event
-	if err := envelope.Unmarshal(b, &evs); err != nil {
-		return nil, fmt.Errorf("capstan: audit events: %w", err)
-	}
-	if len(evs) == 0 {
-		return nil, fmt.Errorf("capstan: audit events: %w: an empty array", envelope.ErrDecode)
-	}
+	evs, err := decodeOneOrMany[Event](b, "audit event", "audit events")
 	for i := range evs {
 		evs[i].Index = i
 	}
-	return evs, nil
+	return evs, err
+}
+
+// decodeOneOrMany reads a stored message of records of type T: one (a
+// msgpack map) or several (a non-empty array of them); what names the
+// record in an error, whats several.
+func decodeOneOrMany[T any](b []byte, what, whats string) ([]T, error) {
+	if !isArray(b) {
+		var one T
+		if err := envelope.Unmarshal(b, &one); err != nil {
+			return nil, fmt.Errorf("capstan: %s: %w", what, err)
+		}
+		return []T{one}, nil
+	}
+	var many []T
+	if err := envelope.Unmarshal(b, &many); err != nil {
+		return nil, fmt.Errorf("capstan: %s: %w", whats, err)
+	}
+	if len(many) == 0 {
+		return nil, fmt.Errorf("capstan: %s: %w: an empty array", whats, envelope.ErrDecode)
+	}
+	return many, nil
 }
 
 // isArray reports whether b starts with a msgpack array.

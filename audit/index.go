@@ -5,7 +5,7 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The executions index (DESIGN §3, "Listing executions"): a projection of
@@ -63,10 +63,47 @@ type Entry struct {
 	// Seq is the index stream's sequence of the entry, set by List; it is
 	// the cursor of a listing. Not part of the record.
 	Seq uint64 `json:"seq,omitempty"`
+	// part is the entry's place in its message, oldest first: a message of
+	// the index holds the entries that ended close together on one subject
+	// (indexgroups.go).
+	part int
 }
 
 // Ended reports whether the entry is an execution's end.
 func (e *Entry) Ended() bool { return e.Status != EntryRunning && e.Status != EntryQueued }
+
+// EncodeMsgpack writes the entry without reflection, in the bytes the
+// reflective encoder writes: one is written per execution.
+func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
+	var f envelope.Fields
+	f.Int("v", int64(e.V))
+	f.String("executionId", e.ExecutionID)
+	f.String("principal", e.Principal)
+	f.String("capabilityId", e.CapabilityID)
+	f.Actor("actor", e.Actor.ID, e.Actor.Kind, nil)
+	f.String("surface", e.Surface)
+	f.String("status", e.Status)
+	f.String("code", e.Code)
+	f.Int("attempts", int64(e.Attempts))
+	f.Int("durationMs", e.DurationMs)
+	f.String("approvalId", e.ApprovalID)
+	f.Bool("resumed", e.Resumed)
+	f.Time("requestedAt", e.RequestedAt)
+	f.Time("updatedAt", e.UpdatedAt)
+	f.Int("seq", int64(e.Seq))
+	return f.Encode(enc)
+}
+
+// DecodeEntries reads a message of the index: one entry, or several
+// (entries of executions that ended close together, oldest first) as an
+// array of entries, as the trail stores several events.
+func DecodeEntries(b []byte) ([]Entry, error) {
+	es, err := decodeOneOrMany[Entry](b, "index entry", "index entries")
+	for i := range es {
+		es[i].part = i
+	}
+	return es, err
+}
 
 // EntryOf returns the index entry of one audit message's events (all of one
 // execution, in order), or nil when they neither begin nor end it: an
@@ -146,26 +183,6 @@ func EntryOf(evs []*Event) *Entry {
 		e.Principal = broker.Anonymous
 	}
 	return e
-}
-
-// indexMessage is the stored form of e: its subject carries the principal,
-// the status, the actor's shard and the capability, so that a listing's
-// filters are the server's subject filters. A capability id that is no
-// subject token (a request refused for it) is filed under "_invalid".
-func indexMessage(n broker.Names, e *Entry) (*nats.Msg, envelope.Encoded, error) {
-	capID := e.CapabilityID
-	if envelope.ValidCapabilityID(capID) != nil {
-		capID = "_invalid"
-	}
-	principal := e.Principal
-	if !broker.ValidPrincipal(principal) {
-		principal = broker.Anonymous
-	}
-	enc, err := envelope.Encode(e)
-	if err != nil {
-		return nil, enc, err
-	}
-	return &nats.Msg{Subject: n.IndexSubject(principal, e.Status, e.Actor.ID, capID), Data: enc.Bytes()}, enc, nil
 }
 
 func str(v any) string {

@@ -101,13 +101,17 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	e := newEmitter(t, b, audit.Options{})
 	// 300 executions: every 50th fails, of capability orders.refund, for
 	// bob under principal gw; the rest complete, demo.echo, alice under app.
+	// Each is flushed on its own, as executions further apart than the
+	// index's linger are: the index holds them in the order they ended
+	// (TestIndex_EndsCloseTogetherAreOneMessage lists ends that share one).
 	for i := range 300 {
 		id := fmt.Sprintf("exec-%03d", i)
 		if i%50 == 7 {
 			emitExecution(e, id, "gw", "orders.refund", "bob", audit.EventFailed)
-			continue
+		} else {
+			emitExecution(e, id, "app", "demo.echo", "alice", audit.EventCompleted)
 		}
-		emitExecution(e, id, "app", "demo.echo", "alice", audit.EventCompleted)
+		flush(t, e)
 	}
 	// A long one: its start, then (later) its end.
 	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", "")

@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
 
@@ -30,8 +30,11 @@ type Query struct {
 	// Limit is the page's size: default DefaultLimit, at most MaxLimit.
 	Limit int `json:"limit,omitempty"`
 	// Before is the cursor: entries stored before this index sequence (a
-	// Page's Next); 0 from the newest.
-	Before uint64 `json:"before,omitempty"`
+	// Page's Next); 0 from the newest. With BeforeEntry, also the first
+	// BeforeEntry entries of the message at Before: a message may hold
+	// several (DecodeEntries), and a page may end inside one.
+	Before      uint64 `json:"before,omitempty"`
+	BeforeEntry int    `json:"beforeEntry,omitempty"` // see Before
 }
 
 // Page limits.
@@ -45,6 +48,9 @@ const (
 	maxScanned = 200_000
 )
 
+// untilSlack is how far past Query.Until a listing reads the index.
+const untilSlack = time.Second
+
 // denseAfter is how many matches of a window are read one by one before the
 // rest are read in batches.
 const denseAfter = 16
@@ -55,11 +61,42 @@ type Page struct {
 	// Limit; an execution appears once in a page, by the newest of its
 	// entries that match.
 	Entries []Entry `json:"entries"`
-	// Next is the cursor of the next, older page (Query.Before); 0 when
-	// nothing older matches.
-	Next uint64 `json:"next,omitempty"`
+	// Next is the cursor of the next, older page (Query.Before, with
+	// NextEntry as Query.BeforeEntry); 0 when nothing older matches.
+	Next      uint64 `json:"next,omitempty"`
+	NextEntry int    `json:"nextEntry,omitempty"` // see Next
 	// Scanned is how many entries were read to make the page.
 	Scanned int `json:"scanned"`
+}
+
+// Cursor is Next as one string, "" when nothing older matches: the index
+// sequence, and ".<entry>" when the page ended inside a message. SetCursor
+// reads it back.
+func (p *Page) Cursor() string {
+	switch {
+	case p.Next == 0:
+		return ""
+	case p.NextEntry > 0:
+		return strconv.FormatUint(p.Next, 10) + "." + strconv.Itoa(p.NextEntry)
+	}
+	return strconv.FormatUint(p.Next, 10)
+}
+
+// SetCursor sets q's Before and BeforeEntry from a page's Cursor.
+func (q *Query) SetCursor(c string) error {
+	seq, entry, found := strings.Cut(c, ".")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return fmt.Errorf("cursor %q: not one of this listing's", c)
+	}
+	k := 0
+	if found {
+		if k, err = strconv.Atoi(entry); err != nil || k <= 0 {
+			return fmt.Errorf("cursor %q: not one of this listing's", c)
+		}
+	}
+	q.Before, q.BeforeEntry = n, k
+	return nil
 }
 
 // Filter returns the subject filter that expresses what of q the index's
@@ -146,22 +183,25 @@ func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream strin
 	r := newStreamReader(nc, stream)
 	defer r.close()
 
-	// The bounds, in sequences: [lo, hi).
+	// The bounds: from sequence lo up to, not including, hi.
 	first, last, err := r.bounds(ctx)
 	if err != nil || last == 0 {
 		return &Page{Entries: []Entry{}}, err
 	}
-	lo, hi := first, last+1
-	if q.Before > 0 {
-		hi = min(hi, q.Before)
+	lo, hi := first, position{seq: last + 1}
+	if q.Before > 0 && (position{q.Before, q.BeforeEntry}).before(hi) {
+		hi = position{q.Before, q.BeforeEntry}
 	}
 	if !q.Until.IsZero() {
-		s, found, err := r.seqAt(ctx, q.Until)
+		// An entry is stored up to indexLinger after its time (and a
+		// worker's clock may run ahead of the server's): the bound reads a
+		// little past Until, and Match keeps what came before it.
+		s, found, err := r.seqAt(ctx, q.Until.Add(untilSlack))
 		if err != nil {
 			return nil, err
 		}
-		if found {
-			hi = min(hi, s)
+		if found && s < hi.seq {
+			hi = position{seq: s}
 		}
 	}
 	if !q.Since.IsZero() {
@@ -178,10 +218,10 @@ func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream strin
 	page := &Page{Entries: []Entry{}}
 	seen := map[string]bool{}
 	window := uint64(2 * q.Limit)
-	for hi > lo && len(page.Entries) < q.Limit {
+	for hi.after(lo) && len(page.Entries) < q.Limit {
 		from := lo
-		if hi-lo > window {
-			from = hi - window
+		if hi.seq-lo > window {
+			from = hi.seq - window
 		}
 		need := q.Limit - len(page.Entries)
 		got, scanned, trimmed, err := r.window(ctx, filter, from, hi, need, q)
@@ -192,7 +232,7 @@ func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream strin
 		// got is oldest first: take from its end.
 		for i := len(got) - 1; i >= 0 && len(page.Entries) < q.Limit; i-- {
 			e := got[i]
-			page.Next = e.Seq
+			page.Next, page.NextEntry = e.Seq, e.part
 			if seen[e.ExecutionID] {
 				continue
 			}
@@ -205,21 +245,39 @@ func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream strin
 		if trimmed && len(got) > 0 {
 			// More matched than was kept (an execution's entries repeated
 			// within it): read the rest of this window again.
-			hi = got[0].Seq
-			page.Next = hi
+			hi = position{got[0].Seq, got[0].part}
+			page.Next, page.NextEntry = hi.seq, hi.entry
 			continue
 		}
-		hi = from
-		page.Next = hi
+		hi = position{seq: from}
+		page.Next, page.NextEntry = hi.seq, 0
 		if page.Scanned >= maxScanned {
 			break
 		}
 		window *= 4
 	}
-	if hi <= lo && len(page.Entries) < q.Limit {
-		page.Next = 0 // read to the start: nothing older
+	if !hi.after(lo) && len(page.Entries) < q.Limit {
+		page.Next, page.NextEntry = 0, 0 // read to the start: nothing older
 	}
 	return page, nil
+}
+
+// position is where an entry is in the index: its message's sequence, and
+// its place in the message (oldest first). As a bound, position{seq, 0} is
+// the start of message seq.
+type position struct {
+	seq   uint64
+	entry int
+}
+
+// before reports whether p comes before o.
+func (p position) before(o position) bool {
+	return p.seq < o.seq || p.seq == o.seq && p.entry < o.entry
+}
+
+// after reports whether anything from sequence lo comes before p.
+func (p position) after(lo uint64) bool {
+	return p.seq > lo || p.seq == lo && p.entry > 0
 }
 
 // bounds returns the stream's first and last sequence (0, 0 when empty).
@@ -267,10 +325,10 @@ func (r *reader) seqAt(ctx context.Context, t time.Time) (uint64, bool, error) {
 	return msgs[0].seq, true, nil
 }
 
-// window reads the entries of [from, hi) that match filter and q, oldest
-// first, keeping the newest need of them (trimmed: more matched), and how
-// many it read.
-func (r *reader) window(ctx context.Context, filter string, from, hi uint64, need int, q Query) (keep []Entry, scanned int, trimmed bool, err error) {
+// window reads the entries from sequence from up to, not including, hi that
+// match filter and q, oldest first, keeping the newest need of them
+// (trimmed: more matched), and how many it read.
+func (r *reader) window(ctx context.Context, filter string, from uint64, hi position, need int, q Query) (keep []Entry, scanned int, trimmed bool, err error) {
 	seq := from
 	defer func() {
 		if len(keep) > need {
@@ -282,7 +340,7 @@ func (r *reader) window(ctx context.Context, filter string, from, hi uint64, nee
 	// walks every block after it: a window is read one match at a time, each
 	// get walking only to its match, until it proves dense.
 	singles := 0
-	for seq < hi {
+	for hi.after(seq) {
 		batch := singles >= denseAfter
 		msgs, more, err := r.get(ctx, getRequest{Seq: seq, NextFor: filter}, batch)
 		if !batch {
@@ -292,20 +350,26 @@ func (r *reader) window(ctx context.Context, filter string, from, hi uint64, nee
 			return nil, scanned, false, fmt.Errorf("capstan: read stream %s: %w", r.stream, err)
 		}
 		for _, m := range msgs {
-			if m.seq >= hi {
+			if !(position{seq: m.seq}).before(hi) {
 				return keep, scanned, trimmed, nil
 			}
 			seq = m.seq + 1
-			scanned++
-			var e Entry
-			if err := envelope.Unmarshal(m.data, &e); err != nil {
+			entries, err := DecodeEntries(m.data)
+			if err != nil {
+				scanned++
 				continue // not an entry this version reads
 			}
-			e.Seq = m.seq
-			if !q.Match(&e) {
-				continue
+			for _, e := range entries {
+				e.Seq = m.seq
+				if !(position{e.Seq, e.part}).before(hi) {
+					break
+				}
+				scanned++
+				if !q.Match(&e) {
+					continue
+				}
+				keep = append(keep, e)
 			}
-			keep = append(keep, e)
 			if len(keep) > 4*need {
 				keep, trimmed = append(keep[:0], keep[len(keep)-need:]...), true
 			}

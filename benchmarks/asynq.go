@@ -11,7 +11,7 @@ import (
 
 // runAsynq runs the workload on asynq with one server of the same
 // concurrency, on an emptied Redis database.
-func runAsynq(ctx context.Context, wl workload, addr string) (*result, error) {
+func runAsynq(ctx context.Context, wl workload, addr string, pid int) (*result, error) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
@@ -34,6 +34,7 @@ func runAsynq(ctx context.Context, wl workload, addr string) (*result, error) {
 	client := asynq.NewClient(opt)
 	defer client.Close()
 
+	cpu := meterCPU(pid)
 	err := produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
 		t.start(id)
 		_, err := client.EnqueueContext(ctx, asynq.NewTask("noop", wl.payload), asynq.TaskID(id))
@@ -45,7 +46,9 @@ func runAsynq(ctx context.Context, wl workload, addr string) (*result, error) {
 	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
-	return t.result("asynq v0.26.0", "Redis "+redisVersion(ctx, rdb)), nil
+	r := t.result("asynq v0.26.0", "Redis "+redisVersion(ctx, rdb)+", append-only file")
+	r.CPUPerTaskUs = cpu.perTask(wl.n)
+	return r, nil
 }
 
 func redisVersion(ctx context.Context, rdb *redis.Client) string {

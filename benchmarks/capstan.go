@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/natsserver"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -23,17 +24,11 @@ type noopIn struct {
 // runCapstan runs the workload on an embedded JetStream server (file store)
 // with one worker, audit on.
 func runCapstan(ctx context.Context, wl workload) (*result, error) {
-	dir, err := os.MkdirTemp("", "capstan-peers-")
+	url, stop, err := startServer("capstan-peers-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
-	if err != nil {
-		return nil, err
-	}
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	url := natsserver.ClientURL(srv)
+	defer stop()
 	connect := func() (*nats.Conn, error) { return broker.Connect(broker.ConnectOptions{URL: url}) }
 
 	wnc, err := connect()
@@ -84,6 +79,7 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	_ = sub.SetPendingLimits(-1, -1)
 
 	input := envelope.MustRaw(noopIn{Data: string(wl.payload)})
+	cpu := meterCPU()
 	err = produce(ctx, wl, envelope.NewExecutionID, func(ctx context.Context, id string) error {
 		t.start(id)
 		_, err := c.Submit(ctx, "bench.noop", input, executor.WithID(id))
@@ -95,7 +91,29 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
-	return t.result("capstan", "NATS JetStream (embedded, file store), audit on"), nil
+	r := t.result("capstan", "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
+	r.CPUPerTaskUs = cpu.perTask(wl.n)
+	return r, nil
+}
+
+// startServer starts an embedded JetStream server on a file store in a
+// temporary directory (its name begins with dirPrefix) and returns its URL
+// and what stops it and removes the directory.
+func startServer(dirPrefix string) (url string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", dirPrefix)
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return natsserver.ClientURL(srv), func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		os.RemoveAll(dir)
+	}, nil
 }
 
 // waitCatalog waits until the worker has published its capability, so that

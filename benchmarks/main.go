@@ -1,12 +1,19 @@
-// Command benchmarks runs one workload on capstan, asynq (Redis) and River
-// (PostgreSQL) and prints a table: enqueue N no-op tasks from C producers
-// while a pool of C workers works them, and wait until all are done.
+// Command benchmarks runs one workload on capstan, JetStream alone, asynq
+// (Redis) and River (PostgreSQL) and prints a table: enqueue N no-op tasks
+// from C producers while a pool of C workers works them, and wait until all
+// are done.
 //
 // A task's latency runs from the start of its enqueue to when it is done:
 // for capstan, when its envelope (stored, create-only) reaches a
 // subscriber; for River, when the client reports the job completed (the
 // completion is stored); for asynq, when the handler returns (asynq marks the
-// task done right after, in the same goroutine).
+// task done right after, in the same goroutine); for JetStream alone, when
+// the worker acknowledges the message.
+//
+// CPU per task is the CPU time of this process (producers, workers, and for
+// capstan and JetStream the embedded server) and of the system's own server
+// processes (Redis; PostgreSQL's postmaster and backends), from the first
+// enqueue to the last task done, divided by the tasks.
 //
 // run.sh starts Redis and PostgreSQL on loopback and runs this program.
 package main
@@ -36,6 +43,10 @@ type result struct {
 	PerSec     float64 `json:"perSec"`
 	P50Ms      float64 `json:"p50Ms"`
 	P99Ms      float64 `json:"p99Ms"`
+	// CPUPerTaskUs is the CPU time of the benchmark's process (producers,
+	// workers, an embedded server) and of the system's own server processes
+	// while the tasks ran, per task.
+	CPUPerTaskUs float64 `json:"cpuPerTaskUs"`
 }
 
 // workload is what every system runs.
@@ -49,7 +60,10 @@ func main() {
 	concurrency := flag.Int("concurrency", 64, "producers, and workers working at once")
 	payload := flag.Int("payload", 64, "task payload in bytes")
 	redisAddr := flag.String("redis", "", "Redis host:port for asynq (empty: skip asynq)")
+	redisPID := flag.Int("redis-pid", 0, "the Redis server's pid, whose CPU time counts for asynq")
 	pgURL := flag.String("pg", "", "PostgreSQL URL for River (empty: skip River)")
+	pgPID := flag.Int("pg-pid", 0, "the PostgreSQL postmaster's pid, whose CPU time (and its backends') counts for River")
+	raw := flag.Bool("raw", true, "run JetStream alone as a work queue too")
 	rounds := flag.Int("rounds", 2, "run every system this many times, in turn, and keep each one's best round")
 	asJSON := flag.Bool("json", false, "print the results as JSON lines")
 	flag.Parse()
@@ -63,16 +77,19 @@ func main() {
 		run  func(context.Context, workload) (*result, error)
 	}
 	systems := []system{{"capstan", runCapstan}}
+	if *raw {
+		systems = append(systems, system{"raw JetStream", runRaw})
+	}
 	if *redisAddr != "" {
 		systems = append(systems, system{"asynq", func(ctx context.Context, wl workload) (*result, error) {
-			return runAsynq(ctx, wl, *redisAddr)
+			return runAsynq(ctx, wl, *redisAddr, *redisPID)
 		}})
 	}
 	if *pgURL != "" {
 		systems = append(systems, system{"river", func(ctx context.Context, wl workload) (*result, error) {
-			return runRiver(ctx, wl, *pgURL, 0)
+			return runRiver(ctx, wl, *pgURL, *pgPID, 0)
 		}}, system{"river, fetch cooldown 5ms", func(ctx context.Context, wl workload) (*result, error) {
-			return runRiver(ctx, wl, *pgURL, 5*time.Millisecond)
+			return runRiver(ctx, wl, *pgURL, *pgPID, 5*time.Millisecond)
 		}})
 	}
 	// Rounds take the systems in turn, so that a burst of other load on the
@@ -86,7 +103,8 @@ func main() {
 				fmt.Fprintf(os.Stderr, "%s: %v\n", s.name, err)
 				os.Exit(1)
 			}
-			fmt.Fprintf(os.Stderr, "  %.0f tasks/s, p50 %.1f ms, p99 %.1f ms\n", r.PerSec, r.P50Ms, r.P99Ms)
+			fmt.Fprintf(os.Stderr, "  %.0f tasks/s, p50 %.1f ms, p99 %.1f ms, %.0f µs of CPU per task\n", r.PerSec, r.P50Ms, r.P99Ms, r.CPUPerTaskUs)
+			settle()
 			if results[i] == nil || r.PerSec > results[i].PerSec {
 				results[i] = r
 			}
@@ -105,11 +123,12 @@ func main() {
 func printTable(w io.Writer, rs []*result, wl workload, rounds int) {
 	fmt.Fprintf(w, "%d no-op tasks, %d producers, %d workers, %d-byte payload; best of %d rounds\n\n",
 		wl.n, wl.concurrency, wl.concurrency, len(wl.payload), rounds)
-	fmt.Fprintf(w, "| system | backend | tasks/s | p50 ms | p99 ms | capstan ÷ system |\n")
-	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| system | backend | tasks/s | p50 ms | p99 ms | CPU per task | capstan ÷ system |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|\n")
 	base := rs[0].PerSec
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f | %.1f | %.2f× |\n", r.System, r.Backend, r.PerSec, r.P50Ms, r.P99Ms, base/r.PerSec)
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f | %.1f | %.0f µs | %.2f× |\n", r.System, r.Backend, r.PerSec, r.P50Ms, r.P99Ms,
+			r.CPUPerTaskUs, base/r.PerSec)
 	}
 }
 

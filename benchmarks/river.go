@@ -31,7 +31,7 @@ func (noopWorker) Work(context.Context, *river.Job[noopArgs]) error { return nil
 // MaxWorkers jobs per fetch and waits FetchCooldown (default 100 ms) between
 // fetches, which caps it near concurrency / cooldown; cooldown 0 keeps the
 // default.
-func runRiver(ctx context.Context, wl workload, url string, cooldown time.Duration) (*result, error) {
+func runRiver(ctx context.Context, wl workload, url string, pid int, cooldown time.Duration) (*result, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, err
@@ -75,6 +75,7 @@ func runRiver(ctx context.Context, wl workload, url string, cooldown time.Durati
 	}
 	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
 
+	cpu := meterCPU(pid)
 	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
 		t.start(id)
 		_, err := client.Insert(ctx, noopArgs{ID: id, Data: string(wl.payload)}, nil)
@@ -86,11 +87,14 @@ func runRiver(ctx context.Context, wl workload, url string, cooldown time.Durati
 	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
+	perTask := cpu.perTask(wl.n)
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
 	name := "River v0.51.2"
 	if cooldown > 0 {
 		name += fmt.Sprintf(", FetchCooldown %v", cooldown)
 	}
-	return t.result(name, "PostgreSQL "+version), nil
+	r := t.result(name, "PostgreSQL "+version+", synchronous_commit off")
+	r.CPUPerTaskUs = perTask
+	return r, nil
 }

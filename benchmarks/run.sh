@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs one workload on capstan, asynq (Redis) and River (PostgreSQL) on this
-# machine and prints a table: N no-op tasks enqueued by C producers and worked
-# by C workers, throughput and latency, and how many times capstan's
-# throughput each system's is.
+# Runs one workload on capstan, JetStream alone (a work queue), asynq (Redis)
+# and River (PostgreSQL) on this machine and prints one table: N no-op tasks
+# enqueued by C producers and worked by C workers; throughput, latency, CPU
+# time per task (the benchmark's process and the system's own server
+# processes), and how many times capstan's throughput each system's is.
 #
 # Installs redis-server and postgresql from Debian's packages when missing,
 # starts each on loopback on a free port with a temporary directory, and stops
@@ -74,9 +75,11 @@ for _ in $(seq 100); do
 	sleep 0.05
 done
 
-echo "machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+cpu_model=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+echo "machine: $(nproc) CPUs (${cpu_model:-unknown}), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 cd "$here"
 go run . -n "$N" -concurrency "$C" -payload "$PAYLOAD" -rounds "$ROUNDS" \
-	-redis "127.0.0.1:$redis_port" \
-	-pg "postgres://$pg_user@127.0.0.1:$pg_port/bench?sslmode=disable"
-echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+	-redis "127.0.0.1:$redis_port" -redis-pid "$redis_pid" \
+	-pg "postgres://$pg_user@127.0.0.1:$pg_port/bench?sslmode=disable" -pg-pid "$(head -n 1 "$work/pg/postmaster.pid")"
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

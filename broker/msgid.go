@@ -95,8 +95,12 @@ func MsgIDNames(msgID, principal, executionID string) bool {
 	if msgID == executionID || msgID == executionID+"-fwd" {
 		return true
 	}
-	rest, ok := strings.CutPrefix(msgID, Key(principal, executionID))
-	if !ok {
+	// msgID begins with Key(principal, executionID), compared in place.
+	rest, ok := strings.CutPrefix(msgID, principal)
+	if !ok || len(rest) == 0 || rest[0] != '.' {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest[1:], executionID); !ok {
 		return false
 	}
 	if rest == "" {

@@ -182,9 +182,17 @@ const IndexActorShards = 64
 // IndexActorShards. The id alone, not its kind, so that a filter by id finds
 // it under any kind.
 func IndexActorShard(actorID string) string {
-	s := fnv1a32(actorID) % IndexActorShards
-	return string([]byte{hexDigits[s>>4], hexDigits[s&0xf]})
+	return indexActorShards[fnv1a32(actorID)%IndexActorShards]
 }
+
+// indexActorShards are the shards' tokens, made once: a shard is taken for
+// every execution's index entry.
+var indexActorShards = func() (t [IndexActorShards]string) {
+	for s := range t {
+		t[s] = string([]byte{hexDigits[s>>4], hexDigits[s&0xf]})
+	}
+	return t
+}()
 
 const hexDigits = "0123456789abcdef"
 
@@ -208,7 +216,13 @@ func fnv1a32(s string) uint32 {
 // are bounded by principals × statuses × 64 × capabilities, never one per
 // execution (DESIGN §16).
 func (n Names) IndexSubject(principal, status, actorID, capabilityID string) string {
-	return n.subject + ".index." + principal + "." + status + "." + IndexActorShard(actorID) + "." + capabilityID
+	return n.IndexSubjectOfShard(principal, status, IndexActorShard(actorID), capabilityID)
+}
+
+// IndexSubjectOfShard is IndexSubject with the actor's shard
+// (IndexActorShard) in place of the actor.
+func (n Names) IndexSubjectOfShard(principal, status, actorShard, capabilityID string) string {
+	return n.subject + ".index." + principal + "." + status + "." + actorShard + "." + capabilityID
 }
 
 // IndexFilter is the subject filter of a listing: principal, status and

@@ -316,8 +316,7 @@ func (c *Client) place(ctx context.Context, id string) placement {
 		return placement{}
 	}
 	if c.cat != nil {
-		d, pool := c.cat.entryAndPool(id)
-		if p := placeOf(id, d, pool, time.Now()); p.unserved == nil && d != nil {
+		if p, found := c.cat.place(id, time.Now()); p.unserved == nil && found {
 			return p
 		}
 		// The copy may lag what a worker has just written: the bucket
@@ -368,20 +367,21 @@ func (c *Client) anyWorker(ctx context.Context) bool {
 	return !errors.Is(err, ErrNoWorkers)
 }
 
-// entryAndPool returns id's entry and its pool's liveness entry from the
-// watched copy (nil for one it lacks).
-func (c *catalog) entryAndPool(id string) (d, pool *Descriptor) {
+// place is placeOf id's entry and its pool's liveness entry in the watched
+// copy, and whether the copy has id's entry. It copies no entry to the heap:
+// a client places every call.
+func (c *catalog) place(id string, now time.Time) (p placement, found bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	e, ok := c.entries[id]
 	if !ok {
-		return nil, nil
+		return placeOf(id, nil, nil, now), false
 	}
-	d = &e
-	if p, ok := c.entries[poolKey(e.Pool)]; ok {
-		pool = &p
+	var pool *Descriptor
+	if pe, ok := c.entries[poolKey(e.Pool)]; ok {
+		pool = &pe
 	}
-	return d, pool
+	return placeOf(id, &e, pool, now), true
 }
 
 // catalogProbe reads catalog entries one key at a time and remembers the

@@ -326,11 +326,9 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 		q.Principal = principal
 	}
 	if req.Cursor != "" {
-		n, err := strconv.ParseUint(req.Cursor, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("cursor %q: not one of this listing's", req.Cursor)
+		if err := q.SetCursor(req.Cursor); err != nil {
+			return nil, err
 		}
-		q.Before = n
 	}
 	return ListWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
 }
@@ -363,9 +361,7 @@ func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 		entries = current(ctx, entries)
 	}
 	out.Entries, out.Scanned = append(out.Entries, entries...), page.Scanned
-	if page.Next > 0 {
-		out.Next = strconv.FormatUint(page.Next, 10)
-	}
+	out.Next = page.Cursor()
 	return out, nil
 }
 

@@ -246,7 +246,7 @@ func worker(nc *nats.Conn) (*executor.Worker, func(), error) {
 func measure(ctx context.Context, b *broker.Broker, nc *nats.Conn, name string, q audit.Query, reads int) error {
 	var direct, viaWorker, second []time.Duration
 	var got, scanned int
-	var next uint64
+	var next string
 	for range reads {
 		t := time.Now()
 		p, err := audit.List(ctx, b, q)
@@ -254,15 +254,17 @@ func measure(ctx context.Context, b *broker.Broker, nc *nats.Conn, name string, 
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		direct = append(direct, time.Since(t))
-		got, scanned, next = len(p.Entries), p.Scanned, p.Next
+		got, scanned, next = len(p.Entries), p.Scanned, p.Cursor()
 		t = time.Now()
 		if _, err := executor.RequestExecutions(ctx, nc, b.Names, executor.ExecutionsRequest{Query: q}); err != nil {
 			return fmt.Errorf("%s via the worker: %w", name, err)
 		}
 		viaWorker = append(viaWorker, time.Since(t))
-		if next > 0 {
+		if next != "" {
 			q2 := q
-			q2.Before = next
+			if err := q2.SetCursor(next); err != nil {
+				return fmt.Errorf("%s, second page: %w", name, err)
+			}
 			t = time.Now()
 			if _, err := audit.List(ctx, b, q2); err != nil {
 				return fmt.Errorf("%s, second page: %w", name, err)

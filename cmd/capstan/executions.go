@@ -75,8 +75,8 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 	}
 	q := req.Query
 	if req.Cursor != "" {
-		if q.Before, oerr = strconv.ParseUint(req.Cursor, 10, 64); oerr != nil {
-			return nil, fmt.Errorf("--cursor %q: not one of this listing's", req.Cursor)
+		if oerr = q.SetCursor(req.Cursor); oerr != nil {
+			return nil, fmt.Errorf("--%w", oerr)
 		}
 	}
 	if q.Limit <= 0 {
