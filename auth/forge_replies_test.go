@@ -43,9 +43,16 @@ type world struct {
 type streamState struct{ Msgs, Bytes, FirstSeq, LastSeq uint64 }
 
 // streamNames are every stream of capstan's, the buckets' included.
-func (r *rig) streamNames() []string {
+func (r *rig) streamNames(t *testing.T) []string {
+	t.Helper()
 	n := r.setup.Names()
-	out := []string{n.ExecStream(), n.AuditStream()}
+	out := []string{n.AuditStream()}
+	// Every principal's queue, and the shared exec stream.
+	queues, err := r.admin.QueueNames(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, queues...)
 	for _, b := range r.bucketNames() {
 		out = append(out, "KV_"+b)
 	}
@@ -62,7 +69,7 @@ func (r *rig) world(t *testing.T) world {
 	t.Helper()
 	ctx := testCtx(t)
 	w := world{streams: map[string]streamState{}, keys: map[string]uint64{}}
-	for _, name := range r.streamNames() {
+	for _, name := range r.streamNames(t) {
 		s, err := r.admin.JS.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
@@ -410,17 +417,18 @@ func testAnswersStayInTheAccount(t *testing.T, r *rig) {
 	if landed := r.aim(t, sc, reqs, targets); len(landed) > 0 {
 		t.Errorf("answers reached the capstan account: %v", landed)
 	}
-	// The exec stream stored alice's own requests, which the workers
+	// Her queue stored alice's own requests, which the workers
 	// terminated; describes are audited as alice's discoveries. Nothing
 	// else changed.
-	exec := before.streams[n.ExecStream()]
-	r.waitExecDrained(t, exec.Msgs)
+	queue := n.QueueStream("alice")
+	exec := before.streams[queue]
+	r.waitExecDrained(t, queue, exec.Msgs)
 	after := r.world(t)
-	if got := after.streams[n.ExecStream()]; got.LastSeq != exec.LastSeq+uint64(stored) || got.Msgs != exec.Msgs {
-		t.Errorf("exec stream: before %+v, after %+v, want alice's %d requests stored and terminated", exec, got, stored)
+	if got := after.streams[queue]; got.LastSeq != exec.LastSeq+uint64(stored) || got.Msgs != exec.Msgs {
+		t.Errorf("alice's queue: before %+v, after %+v, want alice's %d requests stored and terminated", exec, got, stored)
 	}
 	for name, st := range before.streams {
-		if name != n.AuditStream() && name != n.ExecStream() && after.streams[name] != st {
+		if name != n.AuditStream() && name != queue && after.streams[name] != st {
 			t.Errorf("stream %s changed: before %+v, after %+v", name, st, after.streams[name])
 		}
 	}
@@ -431,22 +439,23 @@ func testAnswersStayInTheAccount(t *testing.T, r *rig) {
 	r.victimsWorkOn(t, ctx, sc)
 }
 
-// waitExecDrained waits until the exec stream holds msgs messages again:
+// waitExecDrained waits until the queue stream holds msgs messages again:
 // the workers terminated what was stored since.
-func (r *rig) waitExecDrained(t *testing.T, msgs uint64) {
+func (r *rig) waitExecDrained(t *testing.T, stream string, msgs uint64) {
 	t.Helper()
 	ctx := testCtx(t)
 	for {
-		info, err := r.admin.Exec.Info(ctx)
+		s, err := r.admin.JS.Stream(ctx, stream)
 		if err != nil {
 			t.Fatal(err)
 		}
+		info := s.CachedInfo()
 		if info.State.Msgs == msgs {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the exec stream holds %d messages, want %d", info.State.Msgs, msgs)
+			t.Fatalf("stream %s holds %d messages, want %d", stream, info.State.Msgs, msgs)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -653,11 +662,11 @@ func testEachAttack(t *testing.T, r *rig) {
 // assertOnlyOwnChanges fails unless everything that changed since before is
 // principal's own: its keys in the records and envelopes buckets, its events
 // on the trail; nothing in approvals, grants, catalog or pools, nothing
-// queued in the exec stream.
+// left in its queue.
 func (r *rig) assertOnlyOwnChanges(t *testing.T, before world, principal string) {
 	t.Helper()
 	n := r.setup.Names()
-	r.waitExecDrained(t, before.streams[n.ExecStream()].Msgs)
+	r.waitExecDrained(t, n.QueueStream(principal), before.streams[n.QueueStream(principal)].Msgs)
 	after := r.world(t)
 	own := func(k string) bool {
 		bucket, key, _ := strings.Cut(k, "/")

@@ -278,11 +278,11 @@ func (r *rig) acked(t *testing.T, principal string, ids ...string) {
 	}
 }
 
-// queued lists the execution ids of principal's requests the exec stream
-// still holds.
+// queued lists the execution ids of principal's requests its queue still
+// holds.
 func (r *rig) queued(ctx context.Context, principal string) ([]string, error) {
 	n := r.setup.Names()
-	s, err := r.admin.JS.Stream(ctx, n.ExecStream())
+	s, err := r.admin.JS.Stream(ctx, n.QueueStream(principal))
 	if err != nil {
 		return nil, err
 	}

@@ -152,9 +152,9 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err := b.Audit.Purge(ctx); err == nil {
 		t.Fatal("audit stream purged")
 	}
-	info, err := b.Exec.Info(ctx)
-	if err != nil || info.State.Msgs != 1 {
-		t.Fatalf("exec stream: %v, %+v", err, info)
+	queue, err := b.JS.Stream(ctx, n.QueueStream("alice"))
+	if err != nil || queue.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("alice's queue: %v", err)
 	}
 
 	// A worker and a producer through the official server: a call runs, a

@@ -159,12 +159,12 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 		}
 		v.wait(t, ctx, subject)
 	}
-	info, err := b.Exec.Info(ctx)
+	queue, err := b.JS.Stream(ctx, n.QueueStream("alice"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 1 {
-		t.Fatalf("exec stream holds %d requests, want alice's one", info.State.Msgs)
+	if info := queue.CachedInfo(); info.State.Msgs != 1 {
+		t.Fatalf("alice's queue holds %d requests, want her one", info.State.Msgs)
 	}
 }
 

@@ -14,12 +14,17 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 )
 
-// PublishGrants writes every principal's grant to the grants bucket (creating
-// it when missing) and removes grants of principals the setup no longer has.
-// Only an admin's connection may: workers read the bucket, nobody else sees it.
-// A new bucket gets replicas copies (0: broker.DetectReplicas' choice).
+// PublishGrants gives every producer and admin its queue, bounded by its
+// quotas (broker.ProvisionQueues: once the deployment is provisioned), then
+// writes every principal's grant to the grants bucket (creating it when
+// missing) and removes grants of principals the setup no longer has. Only an
+// admin's connection may: workers read the bucket, nobody else sees it. A
+// new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
 	n := s.Names()
+	if err := broker.ProvisionQueues(ctx, js, n, Queues(s.Principals)); err != nil {
+		return fmt.Errorf("capstan auth: %w", err)
+	}
 	if replicas <= 0 {
 		replicas = broker.DetectReplicas(ctx, js.Conn())
 	}
@@ -57,6 +62,23 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	return nil
 }
 
+// Queues are the queues grants call for (DESIGN §3): one for each producer
+// and admin (who submit requests), bounded by its quotas; approvers,
+// workers and notifiers submit none.
+func Queues(grants []Grant) map[string]broker.QueueLimits {
+	out := map[string]broker.QueueLimits{}
+	for _, g := range grants {
+		switch g.Role {
+		case RoleProducer:
+			q := g.Quotas.OrDefault()
+			out[g.Principal] = broker.QueueLimits{Requests: q.QueuedRequests, Bytes: q.QueuedBytes}
+		case RoleAdmin:
+			out[g.Principal] = broker.QueueLimits{Requests: -1, Bytes: -1}
+		}
+	}
+	return out
+}
+
 // Grants is a worker's view of the grants bucket, kept current by one watcher.
 // Without a grants bucket the server runs open: every request comes from the
 // anonymous principal, and CheckRequest lets it through. A bucket created
@@ -72,11 +94,14 @@ type Grants struct {
 	m        map[string]Grant
 	watch    jetstream.KeyWatcher
 	lastBind time.Time
+	// changed is signalled (without blocking) at every grant written or
+	// removed after the first reading.
+	changed chan struct{}
 }
 
 // WatchGrants reads the grants bucket and follows its changes until ctx ends.
 func WatchGrants(ctx context.Context, js jetstream.JetStream, n broker.Names) (*Grants, error) {
-	g := &Grants{ctx: ctx, js: js, names: n, m: map[string]Grant{}}
+	g := &Grants{ctx: ctx, js: js, names: n, m: map[string]Grant{}, changed: make(chan struct{}, 1)}
 	if err := g.bind(); errors.Is(err, jetstream.ErrBucketNotFound) {
 		g.open = true
 	} else if err != nil {
@@ -145,6 +170,12 @@ func (g *Grants) rebind() {
 func (g *Grants) apply(e jetstream.KeyValueEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	defer func() {
+		select {
+		case g.changed <- struct{}{}:
+		default:
+		}
+	}()
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(g.m, e.Key())
 		return
@@ -155,6 +186,16 @@ func (g *Grants) apply(e jetstream.KeyValueEntry) {
 		return
 	}
 	g.m[e.Key()] = gr
+}
+
+// Changed receives a value after grants changed (one for any number of
+// changes since it was last received): a worker looks for new principals'
+// queues then. Never for a nil Grants.
+func (g *Grants) Changed() <-chan struct{} {
+	if g == nil {
+		return nil
+	}
+	return g.changed
 }
 
 // Stop ends the watcher.

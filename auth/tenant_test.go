@@ -154,6 +154,9 @@ func (r *tenantRig) ownedBy(t *testing.T, principal string) owned {
 				continue
 			}
 			e, err := bucket.Get(ctx, k)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				continue // expired between the listing and the read
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,8 +20,34 @@ func NewNames(prefix string) Names {
 // Reserved capability-subject token for requests no pool serves.
 const Unrouted = "_unrouted"
 
-// ExecStream is the stream of execution requests.
+// ExecStream is the deployment's shared exec stream: the anonymous
+// principal's queue, and every principal's on a deployment without queues of
+// their own (DESIGN §3).
 func (n Names) ExecStream() string { return n.prefix + "_EXEC" }
+
+// QueueStream is principal's queue: the exec stream of its requests alone
+// (DESIGN §3), ExecStream for the anonymous principal.
+func (n Names) QueueStream(principal string) string {
+	if principal == Anonymous {
+		return n.ExecStream()
+	}
+	return n.prefix + "_EXEC_" + principal
+}
+
+// QueueSubjects is the subject space of principal's queue.
+func (n Names) QueueSubjects(principal string) string {
+	return n.subject + ".exec." + principal + ".>"
+}
+
+// PrincipalOfQueue returns the principal whose queue stream is named stream
+// (see QueueStream), or "" when stream is the shared one or none of capstan's.
+func (n Names) PrincipalOfQueue(stream string) string {
+	p, ok := strings.CutPrefix(stream, n.prefix+"_EXEC_")
+	if !ok || p == Anonymous || !ValidPrincipal(p) {
+		return ""
+	}
+	return p
+}
 
 // AuditStream is the stream of audit events.
 func (n Names) AuditStream() string { return n.prefix + "_AUDIT" }
@@ -55,10 +81,20 @@ func (n Names) ExecSubject(principal, capabilityID string) string {
 	return n.subject + ".exec." + principal + "." + capabilityID
 }
 
-// ExecFilter matches every principal's requests for capabilityID: a pool
-// consumer's filter.
+// ExecFilter matches every principal's requests for capabilityID: the filter
+// of a pool's consumer of the shared exec stream.
 func (n Names) ExecFilter(capabilityID string) string {
 	return n.subject + ".exec.*." + capabilityID
+}
+
+// QueueFilter matches principal's requests for capabilityID: the filter of a
+// pool's consumer of principal's queue; ExecFilter for "" (the shared
+// stream, whose consumers take every principal's requests it holds).
+func (n Names) QueueFilter(principal, capabilityID string) string {
+	if principal == "" {
+		return n.ExecFilter(capabilityID)
+	}
+	return n.subject + ".exec." + principal + "." + capabilityID
 }
 
 // ExecSubjects is the exec stream's subject space.

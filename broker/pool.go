@@ -28,11 +28,17 @@ type PoolConfig struct {
 	AckWait time.Duration
 }
 
-// EnsurePool creates or widens the pool's durable pull consumer. It never
-// narrows a filter: a worker that starts with a new capability adds its subject,
-// and older workers' subjects stay. A capability another pool's consumer
-// already filters on fails with ErrConfigConflict.
+// EnsurePool creates or widens the pool's durable pull consumer of the
+// shared exec stream (EnsurePoolOn its Queue).
 func (b *Broker) EnsurePool(ctx context.Context, pc PoolConfig) (jetstream.Consumer, error) {
+	return b.EnsurePoolOn(ctx, b.SharedQueue(), pc)
+}
+
+// EnsurePoolOn creates or widens the pool's durable pull consumer of queue q.
+// It never narrows a filter: a worker that starts with a new capability adds
+// its subject, and older workers' subjects stay. A capability another pool's
+// consumer of q already filters on fails with ErrConfigConflict.
+func (b *Broker) EnsurePoolOn(ctx context.Context, q Queue, pc PoolConfig) (jetstream.Consumer, error) {
 	name := b.Names.PoolConsumer(pc.Pool)
 	// No filter at all, or a wildcard, would make the consumer take requests
 	// of every capability in its subject space.
@@ -44,14 +50,31 @@ func (b *Broker) EnsurePool(ctx context.Context, pc PoolConfig) (jetstream.Consu
 		if err := envelope.ValidCapabilityID(id); err != nil {
 			return nil, fmt.Errorf("capstan: pool %q: %w", pc.Pool, err)
 		}
-		want = append(want, b.Names.ExecFilter(id))
+		want = append(want, b.Names.QueueFilter(q.Principal, id))
 	}
-	return b.ensureConsumer(ctx, name, want, pc.MaxAckPending, pc.AckWait)
+	return b.ensureConsumer(ctx, q, name, want, pc.MaxAckPending, pc.AckWait)
 }
 
-// EnsureUnrouted creates the consumer of requests for unknown capabilities.
+// EnsureUnrouted creates the shared exec stream's consumer of requests for
+// unknown capabilities (EnsureUnroutedOn its Queue).
 func (b *Broker) EnsureUnrouted(ctx context.Context, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	return b.ensureConsumer(ctx, b.Names.UnroutedConsumer(), []string{b.Names.UnroutedFilter()}, maxAckPending, ackWait)
+	return b.EnsureUnroutedOn(ctx, b.SharedQueue(), maxAckPending, ackWait)
+}
+
+// EnsureUnroutedOn creates queue q's consumer of requests for unknown
+// capabilities.
+func (b *Broker) EnsureUnroutedOn(ctx context.Context, q Queue, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
+	return b.ensureConsumer(ctx, q, b.Names.UnroutedConsumer(), []string{b.Names.QueueFilter(q.Principal, Unrouted)}, maxAckPending, ackWait)
+}
+
+// poolsKey is the key of q's consumer name in the pools bucket: the name
+// alone for the shared exec stream's (as earlier versions kept it), else
+// prefixed by the queue's stream.
+func poolsKey(q Queue, consumer string) string {
+	if q.Principal == "" {
+		return consumer
+	}
+	return q.Name + "." + consumer
 }
 
 // consumerRecord is what every worker of a pool has asked of its consumer, kept
@@ -80,8 +103,8 @@ const (
 	consumerRoundTimeout = 3 * time.Second
 )
 
-func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []string, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
-	r := consumerRequest{name: name, own: sortedCopy(subjects), maxAckPending: maxAckPending, ackWait: ackWait}
+func (b *Broker) ensureConsumer(ctx context.Context, q Queue, name string, subjects []string, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
+	r := consumerRequest{q: q, name: name, key: poolsKey(q, name), own: sortedCopy(subjects), maxAckPending: maxAckPending, ackWait: ackWait}
 	if r.ackWait <= 0 {
 		r.ackWait = 30 * time.Second
 	}
@@ -120,14 +143,16 @@ func (b *Broker) ensureConsumer(ctx context.Context, name string, subjects []str
 	}
 	if lastErr == nil {
 		return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): not settled after %d rounds",
-			name, b.Names.ExecStream(), r.own, maxConsumerRounds)
+			name, q.Name, r.own, maxConsumerRounds)
 	}
-	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, b.Names.ExecStream(), r.own, lastErr)
+	return nil, fmt.Errorf("capstan: consumer %s on %s (filters %v): %w", name, q.Name, r.own, lastErr)
 }
 
 // consumerRequest is what one caller of ensureConsumer asks for.
 type consumerRequest struct {
+	q             Queue
 	name          string
+	key           string   // in the pools bucket
 	own           []string // sorted
 	maxAckPending int
 	ackWait       time.Duration
@@ -142,14 +167,14 @@ type consumerRequest struct {
 func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetstream.Consumer, done bool, err error) {
 	// The record is read before the consumer: a consumer read afterwards that
 	// holds all of it holds every subject recorded so far.
-	rec, rev, err := Load[consumerRecord](ctx, b.Pools, r.name)
+	rec, rev, err := Load[consumerRecord](ctx, b.Pools, r.key)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, false, err
 	}
-	c, err = b.Exec.Consumer(ctx, r.name)
+	c, err = r.q.Stream.Consumer(ctx, r.name)
 	switch {
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		_, err = b.Exec.CreateConsumer(ctx, consumerConfig(r.name, r.own, r.maxAckPending, r.ackWait))
+		_, err = r.q.Stream.CreateConsumer(ctx, consumerConfig(r.name, r.own, r.maxAckPending, r.ackWait))
 		if cerr := overlapConflict(r.name, r.own, err); cerr != nil {
 			return nil, true, cerr
 		}
@@ -160,13 +185,13 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 		return nil, false, err // the next round records it
 	case errors.Is(err, jetstream.ErrNotPullConsumer):
 		return nil, true, fmt.Errorf("%w: consumer %s on %s: DeliverSubject is set, capstan needs a pull consumer",
-			ErrConfigConflict, r.name, b.Names.ExecStream())
+			ErrConfigConflict, r.name, r.q.Name)
 	case err != nil:
 		return nil, false, err
 	}
 	info := c.CachedInfo()
 	if diff := consumerDiff(info.Config); diff != "" {
-		return nil, true, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, r.name, b.Names.ExecStream(), diff)
+		return nil, true, fmt.Errorf("%w: consumer %s on %s: %s", ErrConfigConflict, r.name, r.q.Name, diff)
 	}
 
 	have := sortedCopy(Filters(info.Config))
@@ -190,7 +215,7 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 		// A replica may have answered with an older record. Rewriting it at the
 		// revision read proves that revision was still the latest after the
 		// consumer was read, so the consumer held all of it.
-		_, err := Update(ctx, b.Pools, r.name, rec, rev)
+		_, err := Update(ctx, b.Pools, r.key, rec, rev)
 		if errors.Is(err, ErrRevisionMismatch) {
 			return nil, false, nil
 		}
@@ -200,7 +225,7 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 		if r.ackWaitSet {
 			wait = info.Config.AckWait
 		}
-		_, err := b.Exec.UpdateConsumer(ctx, consumerConfig(r.name, want.Subjects, want.MaxAckPending, wait))
+		_, err := r.q.Stream.UpdateConsumer(ctx, consumerConfig(r.name, want.Subjects, want.MaxAckPending, wait))
 		if cerr := overlapConflict(r.name, want.Subjects, err); cerr != nil {
 			return nil, true, cerr
 		}
@@ -216,9 +241,9 @@ func (b *Broker) consumerRound(ctx context.Context, r *consumerRequest) (c jetst
 		}
 	}
 	if rec == nil {
-		_, err = Create(ctx, b.Pools, r.name, &want)
+		_, err = Create(ctx, b.Pools, r.key, &want)
 	} else {
-		_, err = Update(ctx, b.Pools, r.name, &want, rev)
+		_, err = Update(ctx, b.Pools, r.key, &want, rev)
 	}
 	if errors.Is(err, ErrExists) || errors.Is(err, ErrRevisionMismatch) {
 		return nil, false, nil

@@ -31,6 +31,9 @@ const (
 	// DefaultRecordWindow is how long an execution record is kept after its
 	// last write (DESIGN §16).
 	DefaultRecordWindow = 15 * time.Minute
+	// DefaultQueueMaxBytes is the most bytes one principal's queue holds
+	// unless Config.QueueMaxBytes says otherwise.
+	DefaultQueueMaxBytes = 1 << 30
 )
 
 // Config says how to provision. Zero values are the defaults.
@@ -71,6 +74,13 @@ type Config struct {
 	EnvelopeRetention time.Duration
 	// Logger receives what provisioning changes. Default slog.Default().
 	Logger *slog.Logger
+	// QueueMaxBytes bounds the bytes one principal's queue of requests may
+	// hold (DESIGN §3, §12 "Quotas"): the shared exec stream's MaxBytes,
+	// which every principal's queue takes as its bound (a queuedBytes quota,
+	// lower, bounds its own). 0: a new stream gets DefaultQueueMaxBytes and
+	// an existing one keeps its own; -1: no bound. A full queue refuses
+	// the request at its publication, never drops one stored.
+	QueueMaxBytes int64
 	// RecordWindow is how long an execution record outlives its last write
 	// (default 15 min): every write of a worker carries it as the message's
 	// TTL, so a finished execution's record goes RecordWindow after its last
@@ -168,19 +178,7 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	rc := &replicaChoice{nc: nc, explicit: cfg.Replicas, clusterSize: cfg.ClusterSize}
 	js = resending{js}
 
-	b.Exec, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
-		Name:       n.ExecStream(),
-		Subjects:   []string{n.ExecSubjects()},
-		Retention:  jetstream.WorkQueuePolicy,
-		Storage:    jetstream.FileStorage,
-		Duplicates: cfg.DedupWindow,
-		Discard:    jetstream.DiscardOld,
-		// A request older than the record TTL could find its execution's
-		// record expired and run again from scratch: JetStream drops it
-		// first, and the sweeper ends it before (DESIGN §13).
-		MaxAge: cfg.RecordTTL,
-	}, false)
-	if err != nil {
+	if b.Exec, err = ensureExec(ctx, js, rc, n, cfg); err != nil {
 		return nil, err
 	}
 	b.Replicas = b.Exec.CachedInfo().Config.Replicas
@@ -451,6 +449,14 @@ func allowMsgTTL(ctx context.Context, js jetstream.JetStream, stream string) err
 // answer it until the stream's group has elected a leader, while a create is
 // answered by the cluster's meta leader.
 func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig, keepMaxAge bool) (jetstream.Stream, error) {
+	return ensureStreamAs(ctx, js, rc, want, keepMaxAge, nil)
+}
+
+// ensureStreamAs is ensureStream, with adjust (if not nil) given the
+// existing stream's configuration to take what capstan accepts of it into
+// want before the two are compared.
+func ensureStreamAs(ctx context.Context, js jetstream.JetStream, rc *replicaChoice, want jetstream.StreamConfig, keepMaxAge bool,
+	adjust func(have jetstream.StreamConfig, want *jetstream.StreamConfig)) (jetstream.Stream, error) {
 	want.Replicas = rc.forNew(ctx)
 	s, cerr := js.CreateStream(ctx, want)
 	if cerr == nil {
@@ -470,6 +476,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	want.Replicas = rc.against(have.Replicas)
 	if keepMaxAge {
 		want.MaxAge = have.MaxAge
+	}
+	if adjust != nil {
+		adjust(have, &want)
 	}
 	if have.MaxAge == 0 && want.MaxAge > 0 && streamDiff(withMaxAge(have, want.MaxAge), want) == "" {
 		// A stream from an earlier version, which kept requests for ever:

@@ -133,7 +133,8 @@ func TestProvision_CreatesTheDesignedResources(t *testing.T) {
 	exec := b.Exec.CachedInfo().Config
 	if exec.Name != "CAPSTAN_EXEC" || !reflect.DeepEqual(exec.Subjects, []string{"capstan.exec.>"}) ||
 		exec.Retention != jetstream.WorkQueuePolicy || exec.Storage != jetstream.FileStorage ||
-		exec.Duplicates < 2*time.Minute || exec.Replicas != 1 {
+		exec.Duplicates < 2*time.Minute || exec.Replicas != 1 ||
+		exec.Discard != jetstream.DiscardNew || exec.MaxBytes != broker.DefaultQueueMaxBytes {
 		t.Errorf("exec stream: %+v", exec)
 	}
 	audit := b.Audit.CachedInfo().Config
@@ -223,7 +224,8 @@ func bucket(cfg jetstream.KeyValueConfig) func(context.Context, jetstream.JetStr
 	}
 }
 
-// capstanExec is CAPSTAN_EXEC as Provision makes it by default, for cases to alter.
+// capstanExec is CAPSTAN_EXEC as earlier versions made it (unbounded), for
+// cases to alter.
 func capstanExec(alter func(*jetstream.StreamConfig)) jetstream.StreamConfig {
 	c := jetstream.StreamConfig{
 		Name:       "CAPSTAN_EXEC",
@@ -274,8 +276,8 @@ func TestProvision_ConflictingStreamNamesField(t *testing.T) {
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.Storage = jetstream.MemoryStorage }))},
 		{"exec with a max age", "CAPSTAN_EXEC", "MaxAge",
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxAge = time.Hour }))},
-		{"exec discarding new", "CAPSTAN_EXEC", "Discard",
-			stream(capstanExec(func(c *jetstream.StreamConfig) { c.Discard = jetstream.DiscardNew }))},
+		// Capped while discarding the oldest: a full stream would drop
+		// stored requests without a word.
 		{"exec capped at 100 requests", "CAPSTAN_EXEC", "MaxMsgs",
 			stream(capstanExec(func(c *jetstream.StreamConfig) { c.MaxMsgs = 100 }))},
 		{"exec capped in bytes", "CAPSTAN_EXEC", "MaxBytes",

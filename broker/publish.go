@@ -33,7 +33,8 @@ type Ack struct {
 // acknowledgement, as jetstream's PublishMsg does with its defaults (no
 // responders is tried again twice, 250 ms apart). Three are written per
 // execution: the common answer ({"stream": …, "seq": N}) is read without a
-// JSON decoder. A refusal is a *jetstream.APIError, as from PublishMsg.
+// JSON decoder. A refusal is a *jetstream.APIError, as from PublishMsg; a
+// full queue's is also a *QueueFullError (ErrQueueFull).
 func PublishAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (Ack, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -90,7 +91,11 @@ func readPubAck(b []byte) (Ack, error) {
 		return Ack{}, jetstream.ErrInvalidJSAck
 	}
 	if r.Error != nil {
-		return Ack{}, fmt.Errorf("nats: %w", r.Error)
+		err := fmt.Errorf("nats: %w", r.Error)
+		if qf := AsQueueFull(err); qf != nil {
+			return Ack{}, qf
+		}
+		return Ack{}, err
 	}
 	if r.Stream == "" {
 		return Ack{}, jetstream.ErrInvalidJSAck

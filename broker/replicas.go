@@ -163,7 +163,7 @@ type ReplicaChange struct {
 }
 
 // SetReplicas changes the replica count of every stream and bucket of the
-// design, and of the extra streams named (those that do not exist are
+// design (the principals' queues included), and of the extra streams named (those that do not exist are
 // skipped), to n. It is the one way replicas change on an existing
 // deployment: provisioning never changes them. Missing resources are
 // provisioned first. It returns once every stream has a leader and, when
@@ -180,6 +180,16 @@ func SetReplicas(ctx context.Context, nc *nats.Conn, cfg Config, n int, extraStr
 		return nil, err
 	}
 	names := append(b.Names.Streams(), extraStreams...)
+	// The principals' queues follow the deployment's replicas too.
+	queues, err := b.QueueNames(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range queues {
+		if q != b.Names.ExecStream() {
+			names = append(names, q)
+		}
+	}
 	changes := make([]ReplicaChange, 0, len(names))
 	for i, name := range names {
 		s, err := b.JS.Stream(ctx, name)

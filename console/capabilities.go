@@ -113,6 +113,10 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 		p.Caps = append(p.Caps, cv)
 	}
 	out := &capsData{Window: workersWindow}
+	var backlogs []broker.Backlog
+	if b.Exec != nil {
+		backlogs, _ = b.Backlogs(ctx) // unread: every pool's queue is Missing
+	}
 	for _, p := range pools {
 		ws := map[string]bool{}
 		for _, cv := range p.Caps {
@@ -125,32 +129,31 @@ func readCapabilities(ctx context.Context, b *broker.Broker) (*capsData, error) 
 		}
 		slices.SortFunc(p.Workers, func(a, b workerView) int { return strings.Compare(a.ID, b.ID) })
 		slices.SortFunc(p.Caps, func(a, b capView) int { return strings.Compare(a.ID, b.ID) })
-		queueDepth(ctx, b, p)
+		queueDepth(backlogs, p)
 		out.Pools = append(out.Pools, *p)
 	}
 	slices.SortFunc(out.Pools, func(a, b poolView) int { return strings.Compare(a.Name, b.Name) })
 	u := &poolView{Name: broker.Unrouted, Consumer: b.Names.UnroutedConsumer()}
-	queueDepth(ctx, b, u)
+	queueDepth(backlogs, u)
 	out.Unrouted = u
 	return out, nil
 }
 
-func queueDepth(ctx context.Context, b *broker.Broker, p *poolView) {
-	if b.Exec == nil {
-		p.Missing = true
-		return
+// queueDepth fills p's queue from backlogs, which sum every queue's
+// consumer of each pool (DESIGN §3); Missing when they were not read or do
+// not name the pool.
+func queueDepth(backlogs []broker.Backlog, p *poolView) {
+	name := p.Name
+	if p.Consumer == broker.Unrouted {
+		name = broker.Unrouted
 	}
-	cons, err := b.Exec.Consumer(ctx, p.Consumer)
-	if err != nil {
-		p.Missing = true
-		return
+	for _, bl := range backlogs {
+		if bl.Pool == name {
+			p.Pending, p.InFlight, p.Redelivered, p.Waiting = bl.Pending, uint64(bl.AckPending), uint64(bl.Redelivered), uint64(bl.Waiting)
+			return
+		}
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		p.Missing = true
-		return
-	}
-	p.Pending, p.InFlight, p.Redelivered, p.Waiting = info.NumPending, uint64(info.NumAckPending), uint64(info.NumRedelivered), uint64(info.NumWaiting)
+	p.Missing = true
 }
 
 // readCatalog returns the catalog's descriptors.

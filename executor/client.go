@@ -403,11 +403,31 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	if err == nil {
 		err = c.publish(ctx, m)
 	}
+	if full := broker.AsQueueFull(err); full != nil {
+		err = c.quotaError(ctx, full)
+	}
 	end(nil, err)
 	if err != nil {
 		return "", fmt.Errorf("capstan: submit %s: %w", r.ExecutionID, err)
 	}
 	return r.ExecutionID, nil
+}
+
+// quotaLookup bounds how long a refusal of a full queue waits for the
+// workers to say the queue's limit.
+const quotaLookup = 2 * time.Second
+
+// quotaError is the QUOTA_EXCEEDED refusal of a request its principal's full
+// queue did not take (DESIGN §12 "Quotas"), with the queue's limit as the
+// workers read it (absent when none answered in time).
+func (c *Client) quotaError(ctx context.Context, full *broker.QueueFullError) *envelope.CapabilityError {
+	limit := int64(-1)
+	qctx, cancel := context.WithTimeout(ctx, quotaLookup)
+	defer cancel()
+	if u, err := c.Queue(qctx); err == nil {
+		limit = u.Limit(full.Quota)
+	}
+	return full.QuotaError(limit)
 }
 
 // Await waits for an execution's envelope until ctx ends, handing its
@@ -642,7 +662,9 @@ func (c *Client) publish(ctx context.Context, m *nats.Msg) error {
 // outcomes (completed, failed, cancelled, approval-required) are in the
 // envelope. Under a context of WithProgress, the execution's progress goes
 // to its callback while the call waits. An id that can never name a capability is refused here, as a
-// failed CAPABILITY_NOT_FOUND envelope that was never published.
+// failed CAPABILITY_NOT_FOUND envelope that was never published; a request
+// the principal's full queue refused, as a failed QUOTA_EXCEEDED envelope
+// that was never stored (DESIGN §12 "Quotas").
 func (c *Client) Call(ctx context.Context, capabilityID string, input any, opts ...CallOption) (*envelope.Envelope, error) {
 	envs, errs := c.CallMany(ctx, []Request{{CapabilityID: capabilityID, Input: input, Options: opts}})
 	return envs[0], errs[0]
@@ -709,9 +731,19 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 		calls[i] = c.w.Send(r.ExecutionID, m, ownID(rq.Options))
 	}
 	c.w.Settle(ctx, calls)
+	var quota *envelope.CapabilityError // the first refusal's, for the others
 	for i, call := range calls {
-		if call != nil {
-			envs[i], errs[i] = c.w.Wait(ctx, call, reconnects)
+		if call == nil {
+			continue
+		}
+		envs[i], errs[i] = c.w.Wait(ctx, call, reconnects)
+		if full := broker.AsQueueFull(errs[i]); full != nil {
+			// Refused at the door: an envelope that was never stored, as
+			// for a capability id that can never be one.
+			if quota == nil || quota.Details["quota"] != full.Quota {
+				quota = c.quotaError(ctx, full)
+			}
+			envs[i], errs[i] = refused(reqs[i].CapabilityID, &envelope.Request{ExecutionID: call.ID()}, quota), nil
 		}
 	}
 	return envs, errs

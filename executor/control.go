@@ -167,8 +167,17 @@ func (w *Worker) mayBeQueued(principal, id string) bool {
 	if _, err := w.b.Executions.Get(ctx, broker.Key(principal, id)); err == nil {
 		return true
 	}
-	queued, _, certain, err := w.queued(ctx, w.b.Names.ExecSubject(principal, ">"), id)
-	return err != nil || queued || !certain
+	streams, err := queueStreamsOf(ctx, w.b, principal)
+	if err != nil {
+		return true
+	}
+	for _, stream := range streams {
+		queued, _, certain, err := queuedIn(ctx, w.b, stream, w.b.Names.ExecSubject(principal, ">"), id)
+		if err != nil || queued || !certain {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *Worker) respondJSON(m *nats.Msg, v any) {

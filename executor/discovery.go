@@ -13,6 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
 )
@@ -63,6 +64,9 @@ type DescribeRequest struct {
 	Actor   envelope.Actor `json:"actor"` // Client.Describe sends its own actor for a zero one
 	// Scope narrows the listing.
 	Scope Scope `json:"scope"`
+	// Queue asks for the principal's queue instead of the catalog: what it
+	// holds and may hold (Discovery.Queue), nothing else, nothing audited.
+	Queue bool `json:"queue,omitempty"`
 }
 
 // Discovery is what a surface and actor may see of the catalog.
@@ -81,6 +85,9 @@ type Discovery struct {
 	Digest string `json:"digest"`
 	// Worker is the worker that answered.
 	Worker string `json:"worker,omitempty"`
+	// Queue is the principal's queue, for a request that asked for it
+	// (DescribeRequest.Queue), which lists no capabilities.
+	Queue *broker.QueueUsage `json:"queue,omitempty"`
 }
 
 // DescribeReply is the msgpack body of a capstan.describe answer: the
@@ -106,6 +113,8 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		reply.V = envelope.Version
 		reply.Error = &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
 			Message: "The describe request does not decode."}
+	} else if req.Queue {
+		reply = w.describeQueue(w.b.Names.PrincipalOfSubject(m.Subject))
 	} else {
 		reply = w.describe(w.b.Names.PrincipalOfSubject(m.Subject), &req)
 	}
@@ -126,6 +135,23 @@ func (w *Worker) serveDescribe(m *nats.Msg) {
 		}
 	}
 	_ = m.Respond(b)
+}
+
+// describeQueue answers what principal's queue holds and may hold (DESIGN
+// §12 "Quotas"): its own stream's figures, read from the server.
+func (w *Worker) describeQueue(principal string) DescribeReply {
+	reply := DescribeReply{Discovery: Discovery{V: envelope.Version, Worker: w.cfg.ID}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u, err := w.b.QueueUsageOf(ctx, principal)
+	if err != nil {
+		w.log.Warn("queue not read", "principal", principal, "err", err)
+		reply.Error = &envelope.Error{Code: envelope.CodeInternalError, Stage: envelope.StageQueue,
+			Message: "The queue could not be read."}
+		return reply
+	}
+	reply.Queue = &u
+	return reply
 }
 
 // describe filters the catalog for one principal, surface, actor and scope,
@@ -295,6 +321,41 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 		r.Capabilities = []Descriptor{}
 	}
 	return &r.Discovery, nil
+}
+
+// Queue asks the workers what the client's principal has waiting in its
+// queue and may have waiting (DESIGN §12 "Quotas"): the figures its queue's
+// stream holds now, the limits the server enforces at every submit.
+func (c *Client) Queue(ctx context.Context) (*broker.QueueUsage, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	b, err := envelope.Marshal(&DescribeRequest{V: envelope.Version, Queue: true})
+	if err != nil {
+		return nil, fmt.Errorf("capstan: queue: %w", err)
+	}
+	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("%w: queue", ErrNoWorkers)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan: queue: %w", err)
+	}
+	var r DescribeReply
+	if err := envelope.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("capstan: queue: bad reply: %w", err)
+	}
+	if e := r.Error; e != nil {
+		return nil, &envelope.CapabilityError{Code: e.Code, Message: e.Message, Stage: e.Stage, Retryable: e.Retryable,
+			ExposeToModel: e.ExposeToModel, Details: e.Details}
+	}
+	if r.Queue == nil {
+		// A worker of an earlier version answered with the catalog.
+		return nil, fmt.Errorf("capstan: queue: the worker that answered (%s) does not tell queues", r.Worker)
+	}
+	return r.Queue, nil
 }
 
 // nearName is the capability principal may call on req's surface as req's

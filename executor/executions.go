@@ -370,26 +370,43 @@ func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 }
 
 // Queued returns the requests matching q (q.Principal's alone, when set)
-// that wait in the exec stream with no record yet: no worker has taken them,
-// so the index has no entry of them. It reads the stream from its oldest
-// request, at most queuedScanMax of them (a listing stays quick whatever the
-// backlog: the oldest waiting are the ones shown), and returns at most
-// q.Limit, newest first, with status audit.EntryQueued.
+// that wait in their queues with no record yet: no worker has taken them,
+// so the index has no entry of them. It reads the queues (DESIGN §3) from
+// their oldest requests, at most queuedScanMax of them in all (a listing
+// stays quick whatever the backlog: the oldest waiting are the ones shown),
+// and returns at most q.Limit, newest first, with status audit.EntryQueued.
 func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
 	subj := b.Names.ExecSubjects()
 	if q.Principal != "" {
 		subj = b.Names.ExecSubject(q.Principal, ">")
+	}
+	streams, err := queueStreamsOf(ctx, b, q.Principal)
+	if err != nil {
+		return nil, err
 	}
 	limit := q.Limit
 	if limit <= 0 {
 		limit = audit.DefaultLimit
 	}
 	var out []audit.Entry
-	seq := uint64(0)
-	for range queuedScanMax {
-		m, err := nextMsg(ctx, b, subj, seq, nil)
-		if err != nil || m == nil {
+	read := 0
+	for _, stream := range streams {
+		var err error
+		if out, err = queuedOf(ctx, b, q, stream, subj, limit, &read, out); err != nil || len(out) == limit || read == queuedScanMax {
 			return sortedNewestFirst(out), err
+		}
+	}
+	return sortedNewestFirst(out), nil
+}
+
+// queuedOf adds to out what Queued finds in one queue stream, counting the
+// requests it reads in read.
+func queuedOf(ctx context.Context, b *broker.Broker, q audit.Query, stream, subj string, limit int, read *int, out []audit.Entry) ([]audit.Entry, error) {
+	seq := uint64(0)
+	for ; *read < queuedScanMax; *read++ {
+		m, err := nextMsg(ctx, b, stream, subj, seq, nil)
+		if err != nil || m == nil {
+			return out, err
 		}
 		seq = m.Sequence + 1
 		p, _, ok := b.Names.ParseExecSubject(m.Subject)
@@ -418,13 +435,27 @@ func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry
 		}
 		out = append(out, e)
 		if len(out) == limit {
-			break
+			return out, nil
 		}
 	}
-	return sortedNewestFirst(out), nil
+	return out, nil
 }
 
-// queuedScanMax bounds the requests a listing reads in the exec stream.
+// queueStreamsOf names the queue streams that may hold owner's requests:
+// its own and the shared exec stream (which holds the anonymous principal's,
+// and those stored before owner had a queue of its own); without an owner,
+// every queue.
+func queueStreamsOf(ctx context.Context, b *broker.Broker, owner string) ([]string, error) {
+	switch owner {
+	case "":
+		return b.QueueNames(ctx)
+	case broker.Anonymous:
+		return []string{b.Names.ExecStream()}, nil
+	}
+	return []string{b.Names.QueueStream(owner), b.Names.ExecStream()}, nil
+}
+
+// queuedScanMax bounds the requests a listing reads in the queues.
 const queuedScanMax = 500
 
 func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
@@ -768,12 +799,20 @@ func where(ctx context.Context, b *broker.Broker, owner, id string) (state, prin
 	if owner != "" {
 		subj = b.Names.ExecSubject(owner, ">")
 	}
-	queued, qp, certain, err := queuedIn(ctx, b, subj, id)
+	streams, err := queueStreamsOf(ctx, b, owner)
 	if err != nil {
 		return "", "", err
 	}
-	if queued {
-		return ExecQueued, qp, nil
+	certain := true
+	for _, stream := range streams {
+		queued, qp, sure, err := queuedIn(ctx, b, stream, subj, id)
+		if err != nil {
+			return "", "", err
+		}
+		if queued {
+			return ExecQueued, qp, nil
+		}
+		certain = certain && sure
 	}
 	if owner == "" {
 		// Without an owner the buckets cannot be read by key: whoever has
@@ -803,15 +842,11 @@ func where(ctx context.Context, b *broker.Broker, owner, id string) (state, prin
 	return ExecUnknown, p, nil
 }
 
-// queued looks for the request of id among the exec stream's messages on
+// queued looks for the request of id among the messages of the queue stream on
 // subj: for a UUIDv7 id from the id's time less a minute (a request is never
 // stored before its id is made, less the clocks' skew), else from the
 // stream's start; certain is false when it stopped at probeMaxMsgs.
-func (w *Worker) queued(ctx context.Context, subj, id string) (found bool, principal string, certain bool, err error) {
-	return queuedIn(ctx, w.b, subj, id)
-}
-
-func queuedIn(ctx context.Context, b *broker.Broker, subj, id string) (found bool, principal string, certain bool, err error) {
+func queuedIn(ctx context.Context, b *broker.Broker, stream, subj, id string) (found bool, principal string, certain bool, err error) {
 	var from *time.Time
 	if made, v7 := envelope.ExecutionIDTime(id); v7 {
 		t := made.Add(-time.Minute).UTC()
@@ -819,7 +854,7 @@ func queuedIn(ctx context.Context, b *broker.Broker, subj, id string) (found boo
 	}
 	seq := uint64(0)
 	for range probeMaxMsgs {
-		m, err := nextMsg(ctx, b, subj, seq, from)
+		m, err := nextMsg(ctx, b, stream, subj, seq, from)
 		if err != nil {
 			return false, "", false, err
 		}
@@ -836,10 +871,10 @@ func queuedIn(ctx context.Context, b *broker.Broker, subj, id string) (found boo
 	return false, "", false, nil
 }
 
-// nextMsg is the exec stream's first message on subj at or after seq (or
-// time from), or nil: a message get, which the exec stream answers without
+// nextMsg is the first message of the queue stream on subj at or after seq (or
+// time from), or nil: a message get, which a queue answers without
 // direct gets.
-func nextMsg(ctx context.Context, b *broker.Broker, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
+func nextMsg(ctx context.Context, b *broker.Broker, stream, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
 	req := struct {
 		Seq       uint64     `json:"seq,omitempty"`
 		NextFor   string     `json:"next_by_subj"`
@@ -849,7 +884,7 @@ func nextMsg(ctx context.Context, b *broker.Broker, subj string, seq uint64, fro
 	if err != nil {
 		return nil, err
 	}
-	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+b.Names.ExecStream(), body)
+	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
 		return nil, err
 	}
@@ -871,9 +906,9 @@ func nextMsg(ctx context.Context, b *broker.Broker, subj string, seq uint64, fro
 	}
 	switch {
 	case answer.Error != nil && answer.Error.Code == 404:
-		return nil, nil
+		return nil, nil // no such message, or no such stream (a principal without a queue of its own)
 	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", b.Names.ExecStream(), answer.Error.Code, answer.Error.Description)
+		return nil, fmt.Errorf("capstan: stream %s: %d %s", stream, answer.Error.Code, answer.Error.Description)
 	case answer.Message == nil:
 		return nil, nil
 	}

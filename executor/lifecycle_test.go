@@ -278,10 +278,13 @@ func checkNotStarted(t *testing.T, got *envelope.Envelope) {
 	}
 }
 
-// A request that no worker will ever take ends NOT_STARTED at its start
-// deadline, whatever the reason: its pool is down, or its subject is routed
-// to no consumer at all. The sweeper, running in a worker of another pool,
-// ends it; a worker of its pool that comes back later never runs it.
+// A request no worker takes ends without running, whatever the reason. One
+// whose pool is down (its capability still listed) ends NOT_STARTED at its
+// start deadline; one whose subject is routed to no consumer at all, of a
+// capability nobody lists, ends CAPABILITY_NOT_FOUND at the first sweep,
+// as a worker would end it (nothing parks, DESIGN §13). The sweeper, running
+// in a worker of another pool, ends both; a worker of the pool that comes
+// back later never runs them.
 func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
@@ -299,13 +302,17 @@ func TestStartDeadline_RequestsNobodyTakes_EndNotStarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startBy := time.Now().UTC().Add(300 * time.Millisecond)
+	startBy := time.Now().UTC().Add(time.Hour)
 	nowhere := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "test.nowhere", StartBy: &startBy}
 	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "test.nowhere"), nowhere)
 
 	for _, id := range []string{downID, nowhere.ExecutionID} {
 		got := s.await(id)
-		checkNotStarted(t, got)
+		if id == downID {
+			checkNotStarted(t, got)
+		} else if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeCapabilityNotFound || got.Attempts != 0 {
+			t.Fatalf("a request routed nowhere, its deadline an hour away: %+v", got)
+		}
 		tr := s.settled(id)
 		if n := count(tr, audit.EventFailed); n != 1 || count(tr, audit.EventStarted) != 0 {
 			t.Errorf("%s: trail %v", id, typesOf(tr))

@@ -23,7 +23,6 @@ import (
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -302,16 +301,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.cat.stop()
-	ackWait := w.cfg.Lease
-	var pool, unrouted jetstream.Consumer
+	var queues []engine.Queue
 	if err := ready("create consumers", func(c context.Context) (err error) {
-		pool, err = b.EnsurePool(c, broker.PoolConfig{
-			Pool: w.cfg.Pool, Capabilities: w.reg.ids, MaxAckPending: poolMaxAckPending(w.cfg.Concurrency), AckWait: ackWait,
-		})
-		if err != nil {
-			return err
-		}
-		unrouted, err = b.EnsureUnrouted(c, 1000, ackWait)
+		queues, err = w.openQueues(c)
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
@@ -338,6 +330,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			for _, s := range subs {
 				_ = s.Unsubscribe()
 			}
+			// Once the server has the unsubscriptions, no request is routed
+			// here to be dropped: the other workers answer it.
+			_ = w.nc.FlushTimeout(time.Second)
 			w.stopping.Store(true)
 			w.gate.Stop()    // what it took is answered
 			w.reading.Wait() // and what was refused meanwhile
@@ -359,14 +354,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer func() { stopRenew(); <-renewed }()
 	if every := sweepInterval(w.cfg.SweepInterval, b.Config.RecordTTL); every > 0 {
 		sweepCtx, stopSweep := context.WithCancel(ctx)
-		sw := sweeper.New(b, w.run, sweeper.Config{Worker: w.cfg.ID, Log: w.log})
+		sw := sweeper.New(b, w.run, sweeper.Config{Worker: w.cfg.ID, Log: w.log, Listed: w.cat.listedNow})
 		w.sweeper.Store(sw)
 		swept := make(chan struct{})
 		go func() { defer close(swept); sw.Run(sweepCtx, every) }()
 		defer func() { stopSweep(); <-swept }()
 	}
 
-	if err := w.run.Serve(ctx, pool, unrouted, w.cfg.Concurrency, w.cfg.Grace); err != nil {
+	more := make(chan engine.Queue)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); w.watchQueues(watchCtx, more) }()
+	defer func() { stopWatch(); <-watched }()
+	if err := w.run.Serve(ctx, queues, more, w.cfg.Concurrency, w.cfg.Grace); err != nil {
 		return err
 	}
 	stopServing()

@@ -13,7 +13,9 @@ import (
 
 // Watch adds the metrics read from the broker on a scrape: each pool's queue
 // (requests pending delivery, delivered but unacknowledged, age of the
-// oldest) and the approvals pending per capability. What was read is kept for
+// oldest, over every principal's queue), each principal's queue (requests
+// and bytes held, and the limits its quotas set) and the approvals pending
+// per capability. What was read is kept for
 // cacheFor (default 5 s) so that frequent scrapes, or many workers scraped at
 // once, do not each list the approvals bucket. The values are the broker's,
 // not the process's: every process that watches reports the same ones, so a
@@ -35,6 +37,14 @@ var (
 		"Age of the oldest request of the pool not yet acknowledged (0 when there is none).", []string{"pool"}, nil)
 	approvalsDesc = prometheus.NewDesc("capstan_approvals_pending",
 		"Approvals waiting for a decision, by capability.", []string{"capability"}, nil)
+	queueRequestsDesc = prometheus.NewDesc("capstan_queue_requests",
+		"Requests in the principal's queue, not yet ended (its queuedRequests quota counts them).", []string{"principal"}, nil)
+	queueBytesDesc = prometheus.NewDesc("capstan_queue_bytes",
+		"Bytes of the requests in the principal's queue (its queuedBytes quota counts them).", []string{"principal"}, nil)
+	queueMaxRequestsDesc = prometheus.NewDesc("capstan_queue_max_requests",
+		"Requests the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", []string{"principal"}, nil)
+	queueMaxBytesDesc = prometheus.NewDesc("capstan_queue_max_bytes",
+		"Bytes the principal's queue may hold; a submit beyond is refused QUOTA_EXCEEDED (-1: no bound).", []string{"principal"}, nil)
 )
 
 type brokerCollector struct {
@@ -46,6 +56,7 @@ type brokerCollector struct {
 	mu       sync.Mutex
 	read     time.Time
 	backlogs []broker.Backlog
+	queues   []broker.QueueUsage
 	pending  map[string]int
 	errs     []error
 }
@@ -55,6 +66,10 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- unackedDesc
 	ch <- oldestDesc
 	ch <- approvalsDesc
+	ch <- queueRequestsDesc
+	ch <- queueBytesDesc
+	ch <- queueMaxRequestsDesc
+	ch <- queueMaxBytesDesc
 }
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -73,6 +88,12 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 			age = max(now.Sub(bl.Oldest), 0).Seconds()
 		}
 		ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age, bl.Pool)
+	}
+	for _, q := range c.queues {
+		ch <- prometheus.MustNewConstMetric(queueRequestsDesc, prometheus.GaugeValue, float64(q.Requests), q.Principal)
+		ch <- prometheus.MustNewConstMetric(queueBytesDesc, prometheus.GaugeValue, float64(q.Bytes), q.Principal)
+		ch <- prometheus.MustNewConstMetric(queueMaxRequestsDesc, prometheus.GaugeValue, float64(q.MaxRequests), q.Principal)
+		ch <- prometheus.MustNewConstMetric(queueMaxBytesDesc, prometheus.GaugeValue, float64(q.MaxBytes), q.Principal)
 	}
 	for capID, n := range c.pending {
 		ch <- prometheus.MustNewConstMetric(approvalsDesc, prometheus.GaugeValue, float64(n), capID)
@@ -93,6 +114,11 @@ func (c *brokerCollector) refresh() {
 		c.errs = append(c.errs, err)
 	}
 	c.backlogs = bl
+	qs, err := c.b.QueueUsages(ctx)
+	if err != nil {
+		c.errs = append(c.errs, err)
+	}
+	c.queues = qs
 	list, err := c.approvals.List(ctx, approvals.Filter{Status: approvals.StatusPending})
 	if err != nil {
 		c.errs = append(c.errs, err)

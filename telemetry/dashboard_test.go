@@ -57,6 +57,9 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 	x.Finalized(env1)
 	x.End()
 	end(env1, nil)
+	refused := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}
+	tel.Call(context.Background(), refused)(&envelope.Envelope{ExecutionID: refused.ExecutionID, CapabilityID: "t.echo",
+		Status: envelope.StatusFailed, Error: &envelope.Error{Code: envelope.CodeQuotaExceeded, Details: map[string]any{"quota": "queuedRequests"}}}, nil)
 	tel.AuditFailed()
 	tel.Skipped("CAPSTAN_APPROVALS")
 

@@ -34,6 +34,7 @@ type metrics struct {
 	inFlight       *prometheus.GaugeVec
 
 	clientCalls    *prometheus.CounterVec
+	clientQuota    *prometheus.CounterVec
 	clientDuration *prometheus.HistogramVec
 }
 
@@ -116,6 +117,10 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Name: "capstan_client_requests_total",
 			Help: "Requests this client submitted, by capability and outcome: the envelope's status, submitted (not awaited) or error (transport).",
 		}, []string{"capability", "outcome"}),
+		clientQuota: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capstan_client_quota_exceeded_total",
+			Help: "Requests of this client refused QUOTA_EXCEEDED, by the quota its principal was over.",
+		}, []string{"quota"}),
 		clientDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "capstan_client_call_duration_seconds",
 			Help:    "End to end, as the caller sees it: from submitting a request to receiving its envelope.",
@@ -123,7 +128,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}, []string{"capability", "status"}),
 	}
 	r.MustRegister(m.finalized, m.attempts, m.retries, m.takeovers, m.limited, m.slots, m.outcomeUnknown, m.recovered, m.auditFailures, m.skipped, m.quotaExceeded,
-		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientDuration)
+		m.handler, m.execution, m.queueWait, m.stage, m.inFlight, m.clientCalls, m.clientQuota, m.clientDuration)
 	return m
 }
 

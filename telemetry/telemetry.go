@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -116,6 +117,7 @@ func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envel
 	start := time.Now()
 	return func(env *envelope.Envelope, err error) {
 		defer span.End()
+		t.countQuota(env, err)
 		switch {
 		case err != nil:
 			t.m.clientCalls.WithLabelValues(capLabel, "error").Inc()
@@ -133,6 +135,28 @@ func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envel
 			}
 		}
 	}
+}
+
+// countQuota counts a refusal over a quota: an envelope, or a submit's
+// error, saying QUOTA_EXCEEDED.
+func (t *Telemetry) countQuota(env *envelope.Envelope, err error) {
+	var details map[string]any
+	var cerr *envelope.CapabilityError
+	switch {
+	case errors.As(err, &cerr) && cerr.Code == envelope.CodeQuotaExceeded:
+		details = cerr.Details
+	case env != nil && env.Error != nil && env.Error.Code == envelope.CodeQuotaExceeded:
+		details = env.Error.Details
+	default:
+		return
+	}
+	quota, _ := details["quota"].(string)
+	switch quota {
+	case envelope.QuotaQueuedRequests, envelope.QuotaQueuedBytes, envelope.QuotaPendingApprovals, envelope.QuotaControlPerSecond:
+	default:
+		quota = "other" // a label a caller cannot grow
+	}
+	t.m.clientQuota.WithLabelValues(quota).Inc()
 }
 
 // AuditFailed counts an audit event JetStream did not store.

@@ -121,7 +121,7 @@ func flagsSet(fs *flag.FlagSet, prefix string) bool {
 	return set
 }
 
-// byteSize is a flag of bytes: 262144, 256KiB, 1MiB, 1MB, or -1.
+// byteSize is a flag of bytes: 262144, 256KiB, 1MiB, 1GiB, 1MB, or -1.
 type byteSize int64
 
 func (b *byteSize) String() string {
@@ -130,6 +130,8 @@ func (b *byteSize) String() string {
 	}
 	v := int64(*b)
 	switch {
+	case v > 0 && v%(1<<30) == 0:
+		return strconv.FormatInt(v>>30, 10) + "GiB"
 	case v > 0 && v%(1<<20) == 0:
 		return strconv.FormatInt(v>>20, 10) + "MiB"
 	case v > 0 && v%(1<<10) == 0:
@@ -142,7 +144,8 @@ func (b *byteSize) Set(s string) error {
 	units := []struct {
 		suffix string
 		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"KB", 1000}, {"MB", 1000 * 1000}, {"K", 1 << 10}, {"M", 1 << 20}, {"B", 1}}
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
+		{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}
 	mult := int64(1)
 	for _, u := range units {
 		if n, ok := strings.CutSuffix(s, u.suffix); ok {

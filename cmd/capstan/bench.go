@@ -21,7 +21,7 @@ import (
 )
 
 func runBench(args []string) int {
-	fs := newFlags("bench", "[--embedded [--auth] | --nats URL] [--n N] [--concurrency C] [--rate R/s] [--batch B] [--capability ID] [--payload BYTES] [--workers W] [--json]")
+	fs := newFlags("bench", "[--embedded [--auth] | --nats URL] [--n N] [--concurrency C] [--rate R/s] [--batch B] [--capability ID] [--payload BYTES] [--workers W] [--flood N | --other-backlog N] [--json]")
 	conn := addConnFlags(fs)
 	var (
 		cfg              bench.Config
@@ -51,6 +51,7 @@ func runBench(args []string) int {
 	fs.StringVar(&cfg.Trace, "trace", "", "write an execution trace of the capstan phase to `file` (go tool trace)")
 	fs.IntVar(&cfg.Flood, "flood", 0, "with --embedded --auth: another principal submits `N` held calls (demo.sleep) as the measured phase starts; the latencies show its fair share")
 	fs.IntVar(&cfg.FloodMs, "flood-ms", 900, "how long each flooding call holds its worker slot, in `ms`")
+	fs.IntVar(&cfg.OtherBacklog, "other-backlog", 0, "with --embedded --auth: another principal queues `N` demo.echo calls just before the measured phase; the latencies show its fair share of the queue")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "give up after this long")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
@@ -71,6 +72,8 @@ func runBench(args []string) int {
 		return usageError("--workers must not be negative and --worker-concurrency must be positive")
 	case cfg.Flood > 0 && !withAuth:
 		return usageError("--flood needs --embedded --auth: the flood comes from another principal")
+	case cfg.OtherBacklog > 0 && !withAuth:
+		return usageError("--other-backlog needs --embedded --auth: the backlog is another principal's")
 	case withAuth && !embedded:
 		return usageError("--auth needs --embedded (against a server of yours, give --creds)")
 	case embedded && conn.url != "":
@@ -156,8 +159,12 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 			err = setup.Add(auth.Grant{Principal: benchPrincipal, Role: auth.RoleProducer,
 				Actors: []string{envelope.ActorService + ":capstan-bench"}, Capabilities: []string{"*"}, Limits: &limits})
 			if err == nil {
+				// No queue quota: --other-backlog may queue more than a
+				// principal may by default.
+				quotas := auth.DefaultQuotas
+				quotas.QueuedRequests, quotas.QueuedBytes = -1, -1
 				err = setup.Add(auth.Grant{Principal: bench.FloodPrincipal, Role: auth.RoleProducer,
-					Actors: []string{envelope.ActorService + ":capstan-flood"}, Capabilities: []string{"*"}, Limits: &limits})
+					Actors: []string{envelope.ActorService + ":capstan-flood"}, Capabilities: []string{"*"}, Limits: &limits, Quotas: &quotas})
 			}
 		}
 		if err != nil {
@@ -211,6 +218,9 @@ func printBench(w io.Writer, r *bench.Result) {
 	if r.Auth {
 		audit += "; authentication on"
 	}
+	if r.OtherBacklog > 0 {
+		audit += fmt.Sprintf("; another principal queued %d calls in %.1f s first", r.OtherBacklog, r.OtherBacklogSec)
+	}
 	if r.Flood > 0 {
 		audit += fmt.Sprintf("; another principal flooded %d held calls of %d ms", r.Flood, r.FloodMs)
 	}
@@ -221,6 +231,7 @@ func printBench(w io.Writer, r *bench.Result) {
 	fmt.Fprintf(w, "  cost          %.0f allocations, %.1f KB allocated, %.1f server messages per execution\n",
 		r.AllocsPerExecution, r.BytesPerExecution/1024, r.ServerMsgsPerExecution)
 	fmt.Fprintf(w, "  latency       p50 %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   (submit → envelope)\n", r.P50Ms, r.P90Ms, r.P99Ms, r.MaxMs)
+	fmt.Fprintf(w, "  waited        p50 %.2f ms   p99 %.2f ms   max %.2f ms   (before a worker took it)\n", r.WaitP50Ms, r.WaitP99Ms, r.WaitMaxMs)
 	if len(r.DecilesPerSec) > 0 {
 		parts := make([]string, len(r.DecilesPerSec))
 		for i, d := range r.DecilesPerSec {

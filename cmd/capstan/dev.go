@@ -16,7 +16,7 @@ import (
 )
 
 func runDev(args []string) int {
-	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--notify FILE] [--audit-max-age D] [--envelope-retention D] [worker flags]")
+	fs := newFlags("dev", "[--store DIR] [--listen HOST:PORT] [--auth DIR] [--console HOST:PORT] [--mcp HOST:PORT] [--notify FILE] [--audit-max-age D] [--envelope-retention D] [--queue-max-bytes SIZE] [worker flags]")
 	sf := addServerFlags(fs, "capstan-dev")
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all; demo.echo among them)")

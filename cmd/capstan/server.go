@@ -31,9 +31,11 @@ type serverFlags struct {
 	auditMaxAge   longDuration
 	// envelopeRetention is the envelopes bucket's TTL.
 	envelopeRetention longDuration
-	auth              string
-	insecure          bool
-	setup             *auth.Setup
+	// queueMaxBytes bounds each principal's queue (DESIGN §3).
+	queueMaxBytes byteSize
+	auth          string
+	insecure      bool
+	setup         *auth.Setup
 	// wait bounds how long the start waits for the cluster (0: no bound).
 	wait time.Duration
 }
@@ -49,6 +51,9 @@ func addServerFlags(fs *flag.FlagSet, defaultStore string) *serverFlags {
 	f.envelopeRetention = longDuration(broker.DefaultEnvelopeRetention)
 	fs.Var(&f.envelopeRetention, "envelope-retention", "how long envelopes are kept, a `duration` like 25h or 2d (an existing bucket keeping another is changed); "+
 		"requests get at most this less an hour to start, and an older execution whose envelope is gone is EXPIRED")
+	f.queueMaxBytes = broker.DefaultQueueMaxBytes
+	fs.Var(&f.queueMaxBytes, "queue-max-bytes", "the most bytes one principal's queue of requests holds, a `size` like 1GiB (-1: no bound); "+
+		"a principal's queued-bytes quota, lower, bounds its own; a full queue refuses the next request QUOTA_EXCEEDED")
 	return f
 }
 
@@ -65,7 +70,8 @@ func (f *serverFlags) check() error {
 
 // brokerConfig is how the embedded server's resources are provisioned.
 func (f *serverFlags) brokerConfig() broker.Config {
-	c := broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge), EnvelopeRetention: time.Duration(f.envelopeRetention)}
+	c := broker.Config{AuditMaxAge: time.Duration(f.auditMaxAge), EnvelopeRetention: time.Duration(f.envelopeRetention),
+		QueueMaxBytes: int64(f.queueMaxBytes)}
 	if f.setup != nil {
 		c.Prefix = f.setup.Prefix
 	}
@@ -239,7 +245,7 @@ func serverGC() {
 }
 
 func runServer(args []string) int {
-	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--auth DIR | --insecure] [--audit-max-age D] [--envelope-retention D] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N] [--pprof HOST:PORT]")
+	fs := newFlags("server", "[--store DIR] [--listen HOST:PORT] [--auth DIR | --insecure] [--audit-max-age D] [--envelope-retention D] [--queue-max-bytes SIZE] [--name N] [--cluster HOST:PORT] [--routes URL,URL] [--sync always|default] [--replicas N] [--pprof HOST:PORT]")
 	sf := addServerFlags(fs, "capstan-server")
 	name := fs.String("name", "", "server name, unique in a cluster and stable across restarts (default host-port)")
 	cluster := fs.String("cluster", "", "route listen address `host:port` for a cluster (port 0: any free port)")

@@ -354,10 +354,41 @@ function isTimeout(err: unknown): boolean {
  * "duplicate message id is in process" (10158). Go: await.transient.
  */
 function transient(err: unknown): boolean {
+  if (queueFull(err) !== undefined) return false; // the principal's own backlog: publishing again does not drain it
   if (err instanceof JetStreamApiError) return err.status === 503 || err.code === 10158;
   if (err instanceof Error && err.name === "JetStreamNotEnabled") return true; // how the library reports no responders
   return isTimeout(err) || isNoResponders(err);
 }
+
+/** A failed envelope for a request refused before it was stored. */
+function refusedEnvelope(r: Request, e: CapabilityError): Envelope {
+  const error: wire.EnvelopeError = { code: e.code, message: e.message, retryable: e.retryable, exposeToModel: e.exposeToModel };
+  if (e.details !== undefined) error.details = e.details;
+  if (e.stage !== undefined) error.stage = e.stage;
+  return { v: wire.version, executionId: r.executionId, capabilityId: r.capabilityId, status: "failed", error, attempts: 0, durationMs: 0,
+    finalizedAt: formatTimestamp(timestampOfDate(new Date())) };
+}
+
+/**
+ * The quota a full queue's refusal of a publication names (docs/design.md
+ * §12 "Quotas"): JetStream's "maximum messages exceeded" or "maximum bytes
+ * exceeded" of a stream that refuses new messages once full. Go:
+ * broker.AsQueueFull.
+ */
+function queueFull(err: unknown): "queuedRequests" | "queuedBytes" | undefined {
+  for (let e: unknown = err; e instanceof Error; e = e.cause) {
+    if (!(e instanceof JetStreamApiError) || e.code !== 10077) continue;
+    if (e.message.includes("maximum messages exceeded")) return "queuedRequests";
+    if (e.message.includes("maximum bytes exceeded")) return "queuedBytes";
+  }
+  return undefined;
+}
+
+/** The wait a full queue's refusal suggests, as Go's (broker.QueueFullError.QuotaError). */
+const queueRetryAfterMs = 1000;
+
+/** How long a refusal of a full queue waits for the workers to say its limit. */
+const quotaLookupMs = 2000;
 
 const closedMessage = "capstan: client closed while awaiting the envelope; the execution may still run";
 
@@ -751,6 +782,8 @@ export class Client {
         return { duplicate: ack.duplicate };
       } catch (err) {
         if (err instanceof CapstanError) throw err;
+        const quota = queueFull(err);
+        if (quota !== undefined) throw await this.quotaError(quota, err);
         if (!transient(err)) {
           throw new CapstanError("TRANSPORT", `capstan: submit ${executionId}: ${(err as Error).message}`, { cause: err, executionId });
         }
@@ -758,6 +791,46 @@ export class Client {
         await sleep(backoff(attempt), signal);
       }
     }
+  }
+
+  /**
+   * The QUOTA_EXCEEDED refusal of a request its principal's full queue did
+   * not take, with the queue's limit as the workers read it (absent when
+   * none answered in time). Go: Client.quotaError.
+   */
+  private async quotaError(quota: "queuedRequests" | "queuedBytes", cause: unknown): Promise<CapabilityError> {
+    let limit: number | undefined;
+    try {
+      const u = await this.queue({ timeoutMs: quotaLookupMs });
+      limit = quota === "queuedBytes" ? u.maxBytes : u.maxRequests;
+    } catch {
+      // No worker said: the refusal names the quota alone.
+    }
+    // Go's envelope.QuotaExceeded, word for word.
+    const what = quota === "queuedBytes" ? "bytes of requests waiting to start" : "requests waiting to start";
+    const details: Record<string, unknown> = { quota, retryAfterMs: queueRetryAfterMs };
+    let message = `Over the ${quota} quota: too many ${what}. Try again in 1s.`;
+    if (limit !== undefined && limit >= 0) {
+      message = `Over the ${quota} quota: at most ${limit} ${what}. Try again in 1s.`;
+      details.limit = limit;
+    }
+    return new CapabilityError({ code: "QUOTA_EXCEEDED", message, retryable: true, exposeToModel: true, details, stage: "queue" }, { cause });
+  }
+
+  /**
+   * What this principal has waiting in its queue and may have waiting
+   * (docs/design.md §12 "Quotas"), as a worker reads it from the server:
+   * the limits every submit is held to. Go: Client.Queue.
+   */
+  async queue(options: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<wire.QueueUsage> {
+    const req: wire.DescribeRequest = { v: wire.version, queue: true };
+    const m = await this.workerRequest("queue", this.names.describe(this.principal), wire.encodeDescribeRequest(req), options);
+    const r = decoded(() => wire.decodeDescribeReply(m.data));
+    if (r.error !== undefined) throw new CapabilityError(r.error);
+    if (r.queue === undefined) {
+      throw new CapstanError("TRANSPORT", `capstan: queue: the worker that answered (${r.worker ?? "?"}) does not tell queues`);
+    }
+    return r.queue;
   }
 
   private async send(r: Request, signal?: AbortSignal, ifUnserved: IfUnserved = "wait"): Promise<{ duplicate: boolean; unserved?: UnservedError }> {
@@ -795,7 +868,9 @@ export class Client {
    * window is a no-op. An id that can never name a capability is refused
    * with a CAPABILITY_NOT_FOUND CapabilityError, unpublished; with
    * ifUnserved "refuse", a capability no live worker serves with an
-   * UnservedError, unpublished.
+   * UnservedError, unpublished; a request its principal's full queue
+   * refuses, with a QUOTA_EXCEEDED CapabilityError naming the quota and its
+   * limit (docs/design.md §12 "Quotas").
    */
   async submit(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<string> {
     this.checkOpen();
@@ -810,9 +885,10 @@ export class Client {
    * Submits and awaits. Rejects only for transport trouble; governed
    * outcomes (completed, failed, cancelled, approval-required) are in the
    * envelope. An id that can never name a capability is answered, never
-   * published, with a failed CAPABILITY_NOT_FOUND envelope. A capability no
-   * live worker serves rejects at once with an UnservedError (queued, by
-   * default; see ClientOptions.ifUnserved).
+   * published, with a failed CAPABILITY_NOT_FOUND envelope, and a request
+   * its principal's full queue refuses, never stored, with a failed
+   * QUOTA_EXCEEDED one. A capability no live worker serves rejects at once
+   * with an UnservedError (queued, by default; see ClientOptions.ifUnserved).
    */
   async call(capabilityId: string, input?: unknown, options: CallOptions = {}): Promise<Envelope> {
     this.checkOpen();
@@ -902,6 +978,11 @@ export class Client {
       }
     } catch (err) {
       this.w.remove(id, w.waiter);
+      if (err instanceof CapabilityError && err.code === "QUOTA_EXCEEDED") {
+        // Refused at the door: an envelope that was never stored, as for a
+        // capability id that can never be one.
+        return refusedEnvelope(r, err);
+      }
       throw err;
     }
     try {

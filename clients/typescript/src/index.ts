@@ -60,6 +60,7 @@ export {
   type ExecutionView,
   type ModelError,
   type Progress,
+  type QueueUsage,
   type Recovered,
   type Scope,
   type State,

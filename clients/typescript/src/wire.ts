@@ -263,6 +263,21 @@ export interface DescribeRequest {
   surface?: string;
   actor?: Actor;
   scope?: Scope;
+  /** Ask for the principal's queue instead of the catalog (Discovery.queue), nothing audited. */
+  queue?: boolean;
+}
+
+/** What a principal's queue holds and may hold (docs/design.md §3, §12 "Quotas"). Go: broker.QueueUsage. */
+export interface QueueUsage {
+  principal: string;
+  /** The queue's stream. */
+  stream: string;
+  /** Requests it holds, not yet ended, and their bytes. */
+  requests: number;
+  bytes: number;
+  /** What it may hold: a submit beyond is refused QUOTA_EXCEEDED; -1: no bound. */
+  maxRequests: number;
+  maxBytes: number;
 }
 
 /** What a surface and an actor may see of the catalog. */
@@ -276,6 +291,8 @@ export interface Discovery {
   /** Hex SHA-256 of the listed ids, sorted, one per line. */
   digest: string;
   worker?: string;
+  /** The principal's queue, for a request that asked for it (no capabilities then). */
+  queue?: QueueUsage;
 }
 
 export interface DescribeReply extends Discovery {
@@ -597,6 +614,16 @@ export const describeRequestSchema: Schema = [
       ptr: false,
     },
   ],
+  ["queue", bool],
+];
+
+const queueUsageSchema: Schema = [
+  ["principal", str, ""],
+  ["stream", str, ""],
+  ["requests", int, 0],
+  ["bytes", int, 0],
+  ["maxRequests", int, 0],
+  ["maxBytes", int, 0],
 ];
 
 export const describeReplySchema: Schema = [
@@ -606,6 +633,7 @@ export const describeReplySchema: Schema = [
   ["capabilities", { t: "recs", s: descriptorSchema, ptr: false }, []],
   ["digest", str, ""],
   ["worker", str],
+  ["queue", { t: "rec", s: queueUsageSchema, ptr: true }],
   ["error", { t: "rec", s: errorSchema, ptr: true }],
 ];
 

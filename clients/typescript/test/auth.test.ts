@@ -109,6 +109,49 @@ describe("principals", () => {
   });
 });
 
+describe("quotas", () => {
+  // As an operator changes them: capstan auth set, then auth push to the
+  // running deployment; no worker restarts.
+  const setQueued = async (n: number): Promise<void> => {
+    if (dev.secrets === undefined) throw new Error("no secrets");
+    await run(dev.bin, ["auth", "set", dev.secrets, "alice", "--quota-queued", String(n)]);
+    await run(dev.bin, ["auth", "push", dev.secrets, "--nats", dev.url]);
+  };
+
+  test("over its queue quota a producer is refused QUOTA_EXCEEDED at the door, naming the quota and its limit; another is served", async () => {
+    await setQueued(2);
+    try {
+      // Two held calls wait in alice's queue (running, not yet ended).
+      const held = [
+        await alice.submit("email.send", { to: "q1@example.com", subject: "held", holdMs: 3000 }),
+        await alice.submit("email.send", { to: "q2@example.com", subject: "held", holdMs: 3000 }),
+      ];
+      const q = await alice.queue({ signal: bound() });
+      assert.equal(q.principal, "alice");
+      assert.equal(q.maxRequests, 2);
+      assert.equal(q.requests, 2);
+
+      const err = (await alice.submit("demo.echo", { over: true }).catch((e: unknown) => e)) as CapabilityError;
+      assert.ok(err instanceof CapabilityError, String(err));
+      assert.equal(err.code, "QUOTA_EXCEEDED");
+      assert.equal(err.retryable, true);
+      assert.deepEqual(err.details, { quota: "queuedRequests", limit: 2, retryAfterMs: 1000 });
+
+      const env = await alice.call("demo.echo", { over: true }, { signal: bound() });
+      assert.equal(env.status, "failed");
+      assert.deepEqual(forModel(env), { code: "QUOTA_EXCEEDED", message: env.error?.message, retryable: true,
+        details: { quota: "queuedRequests", limit: 2, retryAfterMs: 1000 } });
+      await assert.rejects(alice.status(env.executionId), (e: CapstanError) => e.code === "UNKNOWN_EXECUTION"); // never stored
+
+      const mine = await bob.call("demo.echo", { who: "bob" }, { signal: bound() });
+      assert.equal(mine.status, "completed");
+      for (const id of held) assert.equal((await alice.await(id, { signal: bound() })).status, "completed");
+    } finally {
+      await setQueued(10_000);
+    }
+  });
+});
+
 describe("approvals with authentication", () => {
   test("alice asks, carol approves, alice resumes once", async () => {
     const env = await alice.call("orders.refund", { orderId: "o-9", amount: 900 }, { signal: bound() });

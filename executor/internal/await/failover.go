@@ -62,6 +62,11 @@ func transient(err error) bool {
 		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrInvalidContext):
 		return false
 	}
+	if broker.AsQueueFull(err) != nil {
+		// A full queue answers 503 too; it is the principal's own backlog,
+		// which publishing again does not drain.
+		return false
+	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code == 503 || apiErr.ErrorCode == errDuplicateInProcess

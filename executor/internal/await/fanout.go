@@ -25,6 +25,9 @@ type Call struct {
 	settled bool
 }
 
+// ID is the call's execution id.
+func (p *Call) ID() string { return p.id }
+
 // Send registers a waiter of the execution id and publishes its request m
 // without waiting for the acknowledgement (Settle waits). fresh says that the
 // client made the id: a caller's id may be one whose envelope already exists.

@@ -438,6 +438,41 @@ func (r *Runner) EndUnrun(req *envelope.Request, principal string, cerr *envelop
 	return done
 }
 
+// EndRefused ends req, which has no record, with cerr, refused before it
+// ran for reason (on the trail, as a worker's refusal): EndUnrun with a
+// reason.
+func (r *Runner) EndRefused(req *envelope.Request, principal string, cerr *envelope.CapabilityError, reason string) bool {
+	e := r.bare(nil, req, principal)
+	e.hashInput()
+	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed,
+		Error: cerr.Wire()}
+	done, _, _ := r.finalizeWithoutRun(e, env, reason)
+	return done
+}
+
+// EndUndecodable ends a stored message of principal's that is no request
+// (the sweeper's; a worker given one terminates it, undecodable): when its
+// message id names one of principal's executions, that execution ends
+// INPUT_INVALID, as a worker ends it, unless something ended it first. It
+// reports whether the message may go: ended, naming no execution, or
+// naming one that another request decides. False: the store did not answer.
+func (r *Runner) EndUndecodable(principal, capID, msgID string, derr error) bool {
+	id := broker.ExecutionOfMsgID(msgID, principal)
+	r.log.Warn("stored message does not decode: ended and removed", "principal", principal, "executionId", id, "err", derr)
+	if envelope.ValidExecutionID(id) != nil {
+		return true
+	}
+	switch r.Envelope(principal, id) {
+	case EnvelopePresent, EnvelopeUndecodable:
+		return true
+	case EnvelopeUnknown:
+		return false
+	}
+	e := r.bare(nil, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
+	done, found, _ := r.finalizeWithoutRun(e, inputInvalid(id, capID, "The request could not be decoded."), "undecodable")
+	return done || found != nil
+}
+
 // RestoreEnvelope writes the envelope rec, a finalized record, stands for,
 // and reports whether it exists (finalizeRecorded).
 func (r *Runner) RestoreEnvelope(req *envelope.Request, principal string, rec *Record) bool {

@@ -451,15 +451,20 @@ func (r *Runner) undecodable(msg jetstream.Msg, derr error) {
 func (r *Runner) refuseUnrun(msg jetstream.Msg, principal, id, capID, message, reason, logMsg string, logAttrs ...any) {
 	r.log.Warn(logMsg, append([]any{"subject", msg.Subject(), "executionId", id}, logAttrs...)...)
 	if envelope.ValidExecutionID(id) == nil {
-		env := &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
-			Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
-				Message: message}}
+		env := inputInvalid(id, capID, message)
 		e := r.bare(msg, &envelope.Request{ExecutionID: id, CapabilityID: capID}, principal)
 		if !r.endWithoutRun(msg, e, env, reason) {
 			return // its envelope is not written yet: not terminated
 		}
 	}
 	_ = msg.TermWithReason(logMsg)
+}
+
+// inputInvalid is the envelope of a request refused as no request at all.
+func inputInvalid(id, capID, message string) *envelope.Envelope {
+	return &envelope.Envelope{ExecutionID: id, CapabilityID: capID, Status: envelope.StatusFailed,
+		Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
+			Message: message}}
 }
 
 // endWithoutRun ends a delivery whose request is refused before it can run
@@ -577,6 +582,14 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 		defer cancel()
 		if _, err := r.b.JS.Publish(ctx, r.b.Names.ExecSubject(principal, req.CapabilityID), fwd,
 			jetstream.WithMsgID(r.ids.Forward(principal, req.ExecutionID))); err != nil {
+			if full := broker.AsQueueFull(err); full != nil {
+				// The principal's queue, which holds this request too, is
+				// full: the forward would wait on the principal's own
+				// backlog for ever. Refused now, as its publication
+				// would have been.
+				r.refuseFull(msg, req, principal, full)
+				return
+			}
 			nak(msg, time.Second)
 			return
 		}
@@ -588,6 +601,24 @@ func (r *Runner) handleUnrouted(msg jetstream.Msg) {
 		missing = "invalid-id"
 	}
 	r.execute(msg, req, d, nil, missing)
+}
+
+// refuseFull ends a request from the unrouted subject whose forward its
+// principal's full queue refused: QUOTA_EXCEEDED with the queue's limit,
+// nothing run (DESIGN §12 "Quotas").
+func (r *Runner) refuseFull(msg jetstream.Msg, req *envelope.Request, principal string, full *broker.QueueFullError) {
+	limit := int64(-1)
+	ctx, cancel := StoreContext()
+	if u, err := r.b.QueueUsageOf(ctx, principal); err == nil {
+		limit = u.Limit(full.Quota)
+	}
+	cancel()
+	cerr := full.QuotaError(limit)
+	r.cfg.Observer.QuotaExceeded(full.Quota, principal)
+	env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, Status: envelope.StatusFailed, Error: cerr.Wire()}
+	if r.endWithoutRun(msg, r.bare(msg, req, principal), env, "quota: "+full.Quota) {
+		ackSync(msg)
+	}
 }
 
 // endedUnstarted ends a delivery whose request is past its start deadline

@@ -95,6 +95,8 @@ type Runner struct {
 
 	mu       sync.Mutex
 	inflight map[string]*Execution
+	// pulling names the queues Serve pulls from.
+	pulling map[string]bool
 
 	// base outlives the Serve context: in-flight executions keep running
 	// through a graceful shutdown until the grace period ends.
@@ -128,7 +130,7 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 		cfg.Now = time.Now
 	}
 	r := &Runner{nc: nc, cfg: cfg, log: log, now: cfg.Now, inflight: make(map[string]*Execution),
-		serving: make(chan struct{})}
+		pulling: map[string]bool{}, serving: make(chan struct{})}
 	if nc != nil { // a runner of no connection (benchmarks of the stages) forwards nothing
 		var err error
 		if r.ids, err = broker.NewMsgIDs(nc); err != nil {
@@ -195,8 +197,8 @@ func (r *Runner) olderThanRetention(made time.Time) bool {
 // Context ends when the worker shuts down (Stop).
 func (r *Runner) Context() context.Context { return r.base }
 
-// Serving is closed once Serve pulls from the pool's consumer and the
-// unrouted one; never, if Serve is never called or fails to start pulling.
+// Serving is closed once Serve pulls from the first queues it was given;
+// never, if Serve is never called or fails to start pulling.
 func (r *Runner) Serving() <-chan struct{} { return r.serving }
 
 // Stop ends every execution still running: the worker shut down.
@@ -212,74 +214,54 @@ func (r *Runner) Stats() Stats {
 	}
 }
 
-// Serve pulls deliveries from the pool's consumer (up to concurrency at once)
-// and from the unrouted one, and handles each, until ctx ends. Then it stops
-// fetching, lets in-flight executions finish within grace, and abandons the
-// rest to a takeover.
-func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, concurrency int, grace time.Duration) error {
+// Queue is one queue a worker pulls from (DESIGN §3): its pool's consumer and
+// the consumer of its requests for capabilities no pool lists.
+type Queue struct {
+	// Name names it: its stream's name.
+	Name           string
+	Pool, Unrouted jetstream.Consumer
+}
+
+// unroutedSlots is how many deliveries of the unrouted consumers a worker
+// handles at once, over every queue.
+const unroutedSlots = 4
+
+// Serve pulls deliveries from every queue given (those of first at once,
+// each sent on more as it comes) and handles each, until ctx ends: up to
+// concurrency of its pools' deliveries at once, the queues taking turns
+// (turns.go), and a few unrouted ones. Then it stops fetching, lets
+// in-flight executions finish within grace, and abandons the rest to a
+// takeover. A queue already pulled from is not pulled twice; one whose
+// consumer is deleted is let go (Pulling then reports false).
+func (r *Runner) Serve(ctx context.Context, first []Queue, more <-chan Queue, concurrency int, grace time.Duration) error {
 	if Reserve(concurrency) > 0 {
 		// With nothing to keep back (one slot) a share never refuses:
 		// deliveries skip it.
 		r.share.Store(newFairShare(concurrency))
 	}
-	var wg sync.WaitGroup
-	loops := []struct {
-		c        jetstream.Consumer
-		batch    int
-		unrouted bool
-	}{
-		{pool, concurrency, false},
-		{unrouted, 4, true},
-	}
-	iters := make([]jetstream.MessagesContext, 0, len(loops))
-	var loopsDone sync.WaitGroup
-	for _, l := range loops {
-		it, err := l.c.Messages(jetstream.PullMaxMessages(l.batch), jetstream.PullExpiry(5*time.Second))
-		if err != nil {
-			for _, it := range iters {
-				it.Stop()
-			}
-			return fmt.Errorf("capstan: pull from %s: %w", l.c.CachedInfo().Name, err)
+	p := &pulls{r: r, poolTurns: newTurns(concurrency), unroutedTurns: newTurns(unroutedSlots), batch: concurrency}
+	for _, q := range first {
+		if err := p.start(q); err != nil {
+			p.stop()
+			return err
 		}
-		iters = append(iters, it)
-		loopsDone.Add(1)
-		go func(it jetstream.MessagesContext, unrouted bool, sem chan struct{}) {
-			defer loopsDone.Done()
-			for {
-				sem <- struct{}{}
-				msg, err := it.Next()
-				if err != nil {
-					<-sem
-					if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-						return
-					}
-					r.log.Warn("pull failed", "err", err)
-					time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
-					continue
-				}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					r.handled.Add(1)
-					if unrouted {
-						r.handleUnrouted(msg)
-					} else {
-						r.handle(msg)
-					}
-				}()
-			}
-		}(it, l.unrouted, make(chan struct{}, l.batch))
 	}
 	r.servingOnce.Do(func() { close(r.serving) })
-
-	<-ctx.Done()
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case q := <-more:
+			if err := p.start(q); err != nil {
+				r.log.Warn("queue not pulled; tried again later", "queue", q.Name, "err", err)
+			}
+		}
+	}
 	r.log.Info("worker draining", "grace", grace)
 	// Drain: stop pulling, hand out what was already buffered.
-	for _, it := range iters {
-		it.Drain()
-	}
+	p.drain()
 	done := make(chan struct{})
-	go func() { loopsDone.Wait(); wg.Wait(); close(done) }()
+	go func() { p.loops.Wait(); p.handlers.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(grace):
@@ -289,6 +271,122 @@ func (r *Runner) Serve(ctx context.Context, pool, unrouted jetstream.Consumer, c
 	}
 	r.baseCancel(errShutdown)
 	return nil
+}
+
+// Pulling reports whether Serve pulls from the queue named name.
+func (r *Runner) Pulling(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pulling[name]
+}
+
+// pulls are the pull loops of one Serve.
+type pulls struct {
+	r                        *Runner
+	poolTurns, unroutedTurns *turns
+	batch                    int
+	loops, handlers          sync.WaitGroup
+
+	mu    sync.Mutex
+	iters []jetstream.MessagesContext
+}
+
+// start pulls from q, unless it is pulled from already.
+func (p *pulls) start(q Queue) error {
+	r := p.r
+	r.mu.Lock()
+	if r.pulling[q.Name] {
+		r.mu.Unlock()
+		return nil
+	}
+	r.pulling[q.Name] = true
+	r.mu.Unlock()
+	pool, err := q.Pool.Messages(jetstream.PullMaxMessages(p.batch), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		r.forget(q.Name)
+		return fmt.Errorf("capstan: pull from %s of %s: %w", q.Pool.CachedInfo().Name, q.Name, err)
+	}
+	unrouted, err := q.Unrouted.Messages(jetstream.PullMaxMessages(unroutedSlots), jetstream.PullExpiry(5*time.Second))
+	if err != nil {
+		pool.Stop()
+		r.forget(q.Name)
+		return fmt.Errorf("capstan: pull from %s of %s: %w", q.Unrouted.CachedInfo().Name, q.Name, err)
+	}
+	p.mu.Lock()
+	p.iters = append(p.iters, pool, unrouted)
+	p.mu.Unlock()
+	p.loops.Add(2)
+	go func() {
+		defer p.loops.Done()
+		if p.pull(q.Name, pool, p.poolTurns, r.handle) {
+			// Its pool's consumer is gone: the queue is pulled again once
+			// found again.
+			unrouted.Stop()
+		}
+		r.forget(q.Name)
+	}()
+	go func() {
+		defer p.loops.Done()
+		p.pull(q.Name, unrouted, p.unroutedTurns, r.handleUnrouted)
+	}()
+	return nil
+}
+
+// pull hands each delivery of it to handle once the loop's turn for a slot
+// comes, until it is closed or its consumer deleted (then deleted is true).
+func (p *pulls) pull(queue string, it jetstream.MessagesContext, slots *turns, handle func(jetstream.Msg)) (deleted bool) {
+	r := p.r
+	wake := make(chan struct{}, 1)
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return false
+			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) {
+				r.log.Warn("consumer deleted: its queue is let go", "queue", queue, "err", err)
+				it.Stop()
+				return true
+			}
+			r.log.Warn("pull failed", "queue", queue, "err", err)
+			time.Sleep(100 * time.Millisecond) // a consumer electing a leader fails fast
+			continue
+		}
+		// Holding one delivery, the loop waits for its turn: the other
+		// queues' loops that wait already go first.
+		slots.take(wake)
+		p.handlers.Add(1)
+		go func() {
+			defer func() { slots.give(); p.handlers.Done() }()
+			r.handled.Add(1)
+			handle(msg)
+		}()
+	}
+}
+
+// drain stops every loop's pulling; what was buffered is still handed out.
+func (p *pulls) drain() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, it := range p.iters {
+		it.Drain()
+	}
+}
+
+// stop ends every loop at once (a start that failed).
+func (p *pulls) stop() {
+	p.mu.Lock()
+	for _, it := range p.iters {
+		it.Stop()
+	}
+	p.mu.Unlock()
+	p.loops.Wait()
+}
+
+func (r *Runner) forget(queue string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pulling, queue)
 }
 
 func (r *Runner) inflightCount() int {

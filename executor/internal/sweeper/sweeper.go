@@ -3,6 +3,7 @@ package sweeper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -38,6 +40,11 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the sweeper's clock (default time.Now).
 	Now func() time.Time
+	// Listed reports whether the catalog lists a capability now (as
+	// engine.Config.Listed): a request on a subject no consumer covers,
+	// of a capability it does not list, is ended at once. Nil: none is
+	// ended so.
+	Listed func(id string) (bool, error)
 }
 
 // Sweeper ends the requests no worker started by their deadline, for one
@@ -120,18 +127,35 @@ func (s *Sweeper) release(token string) {
 	_, _ = broker.Update(ctx, s.b.Pools, sweeperKey, cur, rev)
 }
 
-// Pass walks the exec stream once and ends every request past its deadline
-// that no live lease holds; it returns how many it ended.
+// Pass walks every queue once (DESIGN §13) and ends every request past its
+// deadline that no live lease holds, every request no worker will ever be
+// given (on a subject no consumer covers, of a capability the catalog does
+// not list) and every message that is no request; it returns how many it
+// ended.
 func (s *Sweeper) Pass(ctx context.Context) (int, error) {
-	info, err := s.b.Exec.Info(ctx)
+	queues, err := s.b.Queues(ctx)
 	if err != nil {
 		return 0, err
 	}
+	ended, errs := 0, []error(nil)
+	for _, q := range queues {
+		n, err := s.passQueue(ctx, q)
+		ended += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("queue %s: %w", q.Name, err))
+		}
+	}
+	return ended, errors.Join(errs...)
+}
+
+// passQueue walks one queue.
+func (s *Sweeper) passQueue(ctx context.Context, q broker.Queue) (int, error) {
+	info := q.Stream.CachedInfo()
 	first, last := info.State.FirstSeq, info.State.LastSeq
 	if info.State.Msgs == 0 || last < first {
 		return 0, nil
 	}
-	reach, err := s.consumerReach(ctx)
+	reach, err := s.consumerReach(ctx, q)
 	if err != nil {
 		return 0, err
 	}
@@ -150,7 +174,7 @@ func (s *Sweeper) Pass(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := s.walk(ctx, reach, from, to)
+			n, err := s.walk(ctx, q, reach, from, to)
 			ended.Add(int64(n))
 			errs[i] = err
 		}()
@@ -159,13 +183,13 @@ func (s *Sweeper) Pass(ctx context.Context) (int, error) {
 	return int(ended.Load()), errors.Join(errs...)
 }
 
-// walk reads the stream's requests stored from sequence from to to.
-func (s *Sweeper) walk(ctx context.Context, reach []consumerReach, from, to uint64) (int, error) {
+// walk reads the queue's requests stored from sequence from to to.
+func (s *Sweeper) walk(ctx context.Context, q broker.Queue, reach []consumerReach, from, to uint64) (int, error) {
 	ended := 0
 	subjects := s.b.Names.ExecSubjects()
 	for seq := from; seq <= to; {
 		getCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		m, err := s.b.Exec.GetMsg(getCtx, seq, jetstream.WithGetMsgSubject(subjects))
+		m, err := q.Stream.GetMsg(getCtx, seq, jetstream.WithGetMsgSubject(subjects))
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return ended, nil
@@ -177,7 +201,7 @@ func (s *Sweeper) walk(ctx context.Context, reach []consumerReach, from, to uint
 			return ended, nil
 		}
 		seq = m.Sequence + 1
-		if s.sweep(ctx, reach, m) {
+		if s.sweep(ctx, q, reach, m) {
 			ended++
 		}
 	}
@@ -192,13 +216,13 @@ type consumerReach struct {
 	delivered uint64
 }
 
-// consumerReach reads the exec stream's consumers, before a pass: a request
+// consumerReach reads the queue's consumers, before a pass: a request
 // delivered after it is claimed by the worker it went to, whose create-only
 // record and the sweeper's are one write against the other.
-func (s *Sweeper) consumerReach(ctx context.Context) ([]consumerReach, error) {
+func (s *Sweeper) consumerReach(ctx context.Context, q broker.Queue) ([]consumerReach, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list := s.b.Exec.ListConsumers(ctx)
+	list := q.Stream.ListConsumers(ctx)
 	var reach []consumerReach
 	for info := range list.Info() {
 		filters := broker.Filters(info.Config)
@@ -208,6 +232,19 @@ func (s *Sweeper) consumerReach(ctx context.Context) ([]consumerReach, error) {
 		reach = append(reach, consumerReach{filters: filters, delivered: info.Delivered.Stream})
 	}
 	return reach, list.Err()
+}
+
+// covered reports whether a consumer's filter takes subject: some worker is
+// given what is stored there.
+func covered(reach []consumerReach, subject string) bool {
+	for _, c := range reach {
+		for _, f := range c.filters {
+			if broker.SubjectMatches(subject, f) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // everDelivered reports whether a consumer has delivered the request stored
@@ -228,20 +265,31 @@ func everDelivered(reach []consumerReach, subject string, seq uint64) bool {
 
 // sweep ends one stored request if the table says so; it reports whether it
 // ended it.
-func (s *Sweeper) sweep(ctx context.Context, reach []consumerReach, m *jetstream.RawStreamMsg) bool {
+func (s *Sweeper) sweep(ctx context.Context, q broker.Queue, reach []consumerReach, m *jetstream.RawStreamMsg) bool {
+	principal, capID, ok := s.b.Names.ParseExecSubject(m.Subject)
+	if !ok {
+		principal = broker.Anonymous
+	}
 	req, err := envelope.DecodeRequest(m.Data)
 	if err != nil {
-		return false // a pool's worker terminates it; else JetStream drops it at the TTL
+		// No request, and never one: ended (INPUT_INVALID, when its message
+		// id names an execution) and removed, whoever would be given it.
+		if s.eng.EndUndecodable(principal, capID, m.Header.Get(nats.MsgIdHdr), err) {
+			s.remove(ctx, q, m.Sequence)
+			return true
+		}
+		return false
+	}
+	if s.unserved(reach, m, capID) {
+		if ended, decided := s.endUnserved(ctx, q, m, req, principal, capID); decided {
+			return ended
+		}
 	}
 	now := s.cfg.Now()
 	f := Facts{StartDeadline: engine.StartDeadline(m.Time, req.StartBy, s.b.Config.RecordTTL),
 		TTLDeadline: engine.TTLDeadline(m.Time, s.b.Config.RecordTTL), Now: now}
 	if !Due(f) {
 		return false
-	}
-	principal, _, ok := s.b.Names.ParseExecSubject(m.Subject)
-	if !ok {
-		principal = broker.Anonymous
 	}
 	rec, rev, err := s.eng.Record(principal, req.ExecutionID)
 	switch {
@@ -256,34 +304,83 @@ func (s *Sweeper) sweep(ctx context.Context, reach []consumerReach, m *jetstream
 	}
 	switch a := Decide(f); a.Do {
 	case Remove:
-		s.remove(ctx, m.Sequence)
+		s.remove(ctx, q, m.Sequence)
 	case EndUnrun:
 		if s.eng.EndUnrun(req, principal, a.Err) {
 			s.swept.Add(1)
-			s.remove(ctx, m.Sequence)
+			s.remove(ctx, q, m.Sequence)
 			return true
 		}
 	case Restore:
 		if s.eng.RestoreEnvelope(req, principal, rec) {
-			s.remove(ctx, m.Sequence)
+			s.remove(ctx, q, m.Sequence)
 		}
 	case End:
 		if s.eng.EndTaken(ctx, req, principal, rec, rev, a.End) {
 			s.swept.Add(1)
-			s.remove(ctx, m.Sequence)
+			s.remove(ctx, q, m.Sequence)
 			return true
 		}
 	}
 	return false
 }
 
-// remove removes a request the sweeper ended from the stream. Workers'
-// credentials may not allow it: then a pool's worker that receives it finds
-// the envelope and acknowledges it, or JetStream drops it at the record TTL.
-func (s *Sweeper) remove(ctx context.Context, seq uint64) {
+// unserved reports whether no worker will ever be given m: a request on a
+// subject no consumer of its queue covers, never delivered, of a capability
+// the catalog does not list now (nor does any pool that is down: a listed
+// capability's requests wait for their pool until their start deadline).
+// Requests sent to the unrouted subject wait for its consumer.
+func (s *Sweeper) unserved(reach []consumerReach, m *jetstream.RawStreamMsg, capID string) bool {
+	if s.cfg.Listed == nil || capID == broker.Unrouted || covered(reach, m.Subject) || everDelivered(reach, m.Subject, m.Sequence) {
+		return false
+	}
+	if envelope.ValidCapabilityID(capID) != nil {
+		return true // no capability is named so: nothing will ever list it
+	}
+	listed, err := s.cfg.Listed(capID)
+	return err == nil && !listed
+}
+
+// endUnserved ends a request no worker will be given: CAPABILITY_NOT_FOUND,
+// as a worker would end it, unless something ended it already. decided is
+// false when its execution has a record, which the table decides from.
+func (s *Sweeper) endUnserved(ctx context.Context, q broker.Queue, m *jetstream.RawStreamMsg, req *envelope.Request,
+	principal, capID string) (ended, decided bool) {
+	_, _, err := s.eng.Record(principal, req.ExecutionID)
+	switch {
+	case err == nil:
+		return false, false
+	case !errors.Is(err, broker.ErrNotFound):
+		return false, true // the store did not answer: the next pass
+	}
+	switch s.eng.Envelope(principal, req.ExecutionID) {
+	case engine.EnvelopePresent, engine.EnvelopeUndecodable:
+		s.remove(ctx, q, m.Sequence)
+		return false, true
+	case engine.EnvelopeAbsent:
+	default:
+		return false, true
+	}
+	// The subject's capability is the one no worker serves: the body's
+	// may name another, which no worker would take from it either.
+	unserved := *req
+	unserved.CapabilityID = capID
+	if !s.eng.EndRefused(&unserved, principal, engine.NotFoundError(), "unserved") {
+		return false, true
+	}
+	s.swept.Add(1)
+	s.remove(ctx, q, m.Sequence)
+	return true, true
+}
+
+// remove removes a request the sweeper ended from its queue. Credentials
+// that may not delete stream messages leave it: then a pool's worker that
+// receives it finds the envelope and acknowledges it, or JetStream drops it
+// at the record TTL.
+func (s *Sweeper) remove(ctx context.Context, q broker.Queue, seq uint64) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := s.b.Exec.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		s.cfg.Log.Debug("swept request left in the stream", "seq", seq, "err", err)
+	if err := q.Stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		s.cfg.Log.Debug("swept request left in the stream", "stream", q.Name, "seq", seq, "err", err)
 	}
 }

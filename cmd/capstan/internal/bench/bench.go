@@ -7,6 +7,7 @@ import (
 	"io"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/procstat"
@@ -61,6 +62,12 @@ type Config struct {
 	// one principal's backlog stands in front of another's (DESIGN §17).
 	Flood   int
 	FloodMs int
+	// OtherBacklog, with credentials, has another producer principal queue
+	// this many demo.echo calls while the workers are stopped; they start
+	// again with the measured phase, whose latencies then show whether one
+	// principal's backlog in the queue stands in front of another's calls
+	// (DESIGN §3).
+	OtherBacklog int
 	// Progress, if set, receives a one-line progress bar redrawn in place;
 	// give it a terminal only.
 	Progress io.Writer
@@ -87,6 +94,8 @@ func (c *Config) validate() error {
 		return errors.New("no capability")
 	case c.Flood < 0 || (c.Flood > 0 && c.FloodMs <= 0):
 		return errors.New("a flood needs a positive number of calls and their length")
+	case c.OtherBacklog < 0 || (c.OtherBacklog > 0 && c.Backlog):
+		return errors.New("another principal's backlog must not be negative, and excludes a backlog of one's own")
 	}
 	return nil
 }
@@ -96,8 +105,13 @@ type Result struct {
 	Mode string `json:"mode"` // closed, open, batch or backlog
 	// Flood is the held calls another principal submitted as the measured
 	// phase started, each FloodMs long.
-	Flood             int     `json:"flood,omitempty"`
-	FloodMs           int     `json:"floodMs,omitempty"`
+	Flood   int `json:"flood,omitempty"`
+	FloodMs int `json:"floodMs,omitempty"`
+	// OtherBacklog is the demo.echo calls another principal queued just
+	// before the measured phase, and OtherBacklogSec how long queueing
+	// them took.
+	OtherBacklog      int     `json:"otherBacklog,omitempty"`
+	OtherBacklogSec   float64 `json:"otherBacklogSec,omitempty"`
 	Server            string  `json:"server"`
 	Capability        string  `json:"capability"`
 	N                 int     `json:"n"`
@@ -122,6 +136,13 @@ type Result struct {
 	P90Ms            float64 `json:"p90Ms"`
 	P99Ms            float64 `json:"p99Ms"`
 	MaxMs            float64 `json:"maxMs"`
+	// WaitP50Ms, WaitP99Ms and WaitMaxMs are how long calls waited before a
+	// worker took them: each latency less its envelope's durationMs (from
+	// the worker taking the delivery to the end), which leaves the queue,
+	// the wait for a slot, the publication and the envelope's way back.
+	WaitP50Ms float64 `json:"waitP50Ms"`
+	WaitP99Ms float64 `json:"waitP99Ms"`
+	WaitMaxMs float64 `json:"waitMaxMs"`
 	// CPUPerExecutionUs is this process's CPU time (user and system) per
 	// execution: with an embedded server it counts the server, the workers
 	// and the client, and it depends far less on other load than throughput
@@ -208,7 +229,8 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	input := envelope.MustRaw(map[string]any{"data": strings.Repeat("x", cfg.PayloadBytes)})
 
 	// Warm up (connections, pull requests, the catalog, the allocator). A
-	// backlog run then stops the workers and queues before starting them again.
+	// backlog run then stops the workers and queues before starting them
+	// again; so does a run with another principal's backlog.
 	if cfg.Workers > 0 {
 		stopWorkers, err := r.startWorkers(ctx)
 		if err != nil {
@@ -218,7 +240,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 		if _, err := closedLoop(ctx, r.client, &warm, input, nil); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
-		if cfg.Backlog {
+		if cfg.Backlog || cfg.OtherBacklog > 0 {
 			stopWorkers()
 		}
 	}
@@ -237,6 +259,23 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("flood: %w", err)
 		}
 		res.Flood, res.FloodMs = cfg.Flood, cfg.FloodMs
+	}
+	if cfg.OtherBacklog > 0 {
+		if !t.Auth {
+			return nil, &SetupError{errors.New("another principal's backlog needs credentials: another principal queues it")}
+		}
+		// Queued while no worker runs: the whole backlog stands in the
+		// queue when the workers start, with the measured phase.
+		start := time.Now()
+		if err := queueBacklog(ctx, t, cfg.OtherBacklog); err != nil {
+			return nil, fmt.Errorf("another principal's backlog: %w", err)
+		}
+		res.OtherBacklog, res.OtherBacklogSec = cfg.OtherBacklog, time.Since(start).Seconds()
+		if cfg.Workers > 0 {
+			if _, err := r.startWorkers(ctx); err != nil {
+				return nil, err
+			}
+		}
 	}
 	bar := newProgress(cfg.Progress, cfg.N, "capstan")
 	cpu0, mem0, msgs0 := procstat.CPU(), memStats(), r.serverMsgs()
@@ -269,6 +308,7 @@ func Run(ctx context.Context, t Target, cfg Config) (*Result, error) {
 	res.ElapsedSec = run.elapsed.Seconds()
 	res.ExecutionsPerSec = float64(run.completed+run.notCompleted) / run.elapsed.Seconds()
 	res.P50Ms, res.P90Ms, res.P99Ms, res.MaxMs = percentiles(run.latencies)
+	res.WaitP50Ms, _, res.WaitP99Ms, res.WaitMaxMs = percentiles(run.waits)
 	res.DecilesPerSec = deciles(run.arrivals)
 	res.CPUPerExecutionUs = float64(cpu.Microseconds()) / n
 	res.AllocsPerExecution = float64(mem1.Mallocs-mem0.Mallocs) / n

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"sync"
 
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
@@ -29,6 +30,40 @@ func flood(ctx context.Context, t Target, n, ms int) error {
 	// process ends, so that their envelopes find their way.
 	for range n {
 		if _, err := c.Submit(ctx, "demo.sleep", demo.SleepInput{Ms: ms}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// queueBacklog queues n demo.echo calls as FloodPrincipal, as fast as it
+// can, without awaiting them: a backlog in that principal's queue when the
+// measured phase starts.
+func queueBacklog(ctx context.Context, t Target, n int) error {
+	nc, err := t.Connect(FloodPrincipal)
+	if err != nil {
+		return err
+	}
+	c, err := executor.NewClient(nc, executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorService, ID: "capstan-flood"}})
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	const submitters = 16
+	var wg sync.WaitGroup
+	errs := make([]error, submitters)
+	for g := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n && errs[g] == nil; i += submitters {
+				_, errs[g] = c.Submit(ctx, "demo.echo", map[string]any{"i": i})
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
 			return err
 		}
 	}

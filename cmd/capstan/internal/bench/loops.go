@@ -16,7 +16,11 @@ import (
 
 // loopResult is what one phase measured.
 type loopResult struct {
-	latencies                       []time.Duration
+	latencies []time.Duration
+	// waits are the latencies less each envelope's durationMs: how long a
+	// call waited before a worker took it (in the queue, for a slot), with
+	// its publication and the envelope's way back.
+	waits                           []time.Duration
 	arrivals                        []time.Time // when each envelope arrived, in order
 	elapsed                         time.Duration
 	completed, notCompleted, errors int
@@ -53,6 +57,7 @@ func (t *tally) add(lat time.Duration, env *envelope.Envelope, err error) {
 		}
 	}
 	t.res.latencies = append(t.res.latencies, lat)
+	t.res.waits = append(t.res.waits, max(lat-time.Duration(env.DurationMs)*time.Millisecond, 0))
 	t.res.arrivals = append(t.res.arrivals, now)
 }
 
