@@ -1,30 +1,20 @@
 package audit
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/textproto"
 	"strconv"
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/nats-io/nats.go"
 )
 
 // getRequest is JetStream's message get request (direct or not).
-type getRequest struct {
-	Seq       uint64     `json:"seq,omitempty"`
-	NextFor   string     `json:"next_by_subj,omitempty"`
-	StartTime *time.Time `json:"start_time,omitempty"`
-	// Batch and MaxBytes: direct gets only.
-	Batch    int `json:"batch,omitempty"`
-	MaxBytes int `json:"max_bytes,omitempty"`
-}
+type getRequest = jsget.Request
 
 // stored is one message of the stream as a get returns it.
 type stored struct {
@@ -73,9 +63,6 @@ func (r *reader) close() {
 	}
 }
 
-// errNoDirect marks a stream that does not answer direct gets.
-var errNoDirect = errors.New("the stream does not allow direct gets")
-
 // get returns the next messages for req, and whether more may follow them:
 // with batch, up to a batch of them, else one.
 //
@@ -90,7 +77,7 @@ func (r *reader) get(ctx context.Context, req getRequest, batch bool) ([]stored,
 	}
 	if r.direct {
 		msgs, more, err := r.getDirect(ctx, req)
-		if !errors.Is(err, errNoDirect) {
+		if !errors.Is(err, jsget.ErrNoDirect) {
 			return msgs, more, err
 		}
 		r.direct = false
@@ -117,7 +104,7 @@ func (r *reader) getDirect(ctx context.Context, req getRequest) ([]stored, bool,
 	if err != nil {
 		return nil, false, err
 	}
-	if err := r.nc.PublishRequest("$JS.API.DIRECT.GET."+r.stream, r.inbox, body); err != nil {
+	if err := r.nc.PublishRequest(jsget.DirectSubject(r.stream, ""), r.inbox, body); err != nil {
 		return nil, false, err
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
@@ -126,32 +113,22 @@ func (r *reader) getDirect(ctx context.Context, req getRequest) ([]stored, bool,
 	for {
 		m, err := r.sub.NextMsgWithContext(ctx)
 		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, false, errNoDirect
+			return nil, false, jsget.ErrNoDirect
 		}
 		if err != nil {
 			return nil, false, fmt.Errorf("direct get: %w", err)
 		}
-		switch status := m.Header.Get("Status"); status {
-		case "":
-		case "204": // end of the batch
+		got, err := jsget.Direct(m)
+		switch {
+		case errors.Is(err, jsget.ErrBatchEnd):
 			pending, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 			return msgs, pending > 0, nil
-		case "404": // nothing (more) on the subject
+		case errors.Is(err, jsget.ErrNoMessage): // nothing (more) on the subject
 			return msgs, false, nil
-		case "503":
-			return nil, false, errNoDirect
-		default:
-			return nil, false, fmt.Errorf("direct get: status %s %s", status, m.Header.Get("Description"))
+		case err != nil:
+			return nil, false, err
 		}
-		seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-		if err != nil {
-			return nil, false, fmt.Errorf("direct get: sequence %q: %w", m.Header.Get("Nats-Sequence"), err)
-		}
-		ts, err := time.Parse(time.RFC3339Nano, m.Header.Get("Nats-Time-Stamp"))
-		if err != nil {
-			return nil, false, fmt.Errorf("direct get: time %q: %w", m.Header.Get("Nats-Time-Stamp"), err)
-		}
-		msgs = append(msgs, stored{seq: seq, time: ts, header: m.Header, data: m.Data})
+		msgs = append(msgs, stored{seq: got.Sequence, time: got.Time, header: got.Header, data: got.Data})
 		if req.Batch == 0 {
 			return msgs, true, nil
 		}
@@ -162,46 +139,16 @@ func (r *reader) getDirect(ctx context.Context, req getRequest) ([]stored, bool,
 // sequence or time on its subject, or nil when there is none.
 func (r *reader) getOne(ctx context.Context, req getRequest) (*stored, error) {
 	req.Batch, req.MaxBytes = 0, 0
-	body, err := json.Marshal(req)
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	m, err := jsget.Get(ctx, r.nc, r.stream, req)
+	if jsget.Absent(err) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	resp, err := r.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+r.stream, body)
-	if err != nil {
-		return nil, fmt.Errorf("message get: %w", err)
-	}
-	var answer struct {
-		Message *struct {
-			Sequence uint64    `json:"seq"`
-			Header   []byte    `json:"hdrs"`
-			Data     []byte    `json:"data"`
-			Time     time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(resp.Data, &answer); err != nil {
-		return nil, fmt.Errorf("message get: %w", err)
-	}
-	switch {
-	case answer.Error != nil && answer.Error.Code == 404:
-		return nil, nil
-	case answer.Error != nil:
-		return nil, fmt.Errorf("message get: %d %s", answer.Error.Code, answer.Error.Description)
-	case answer.Message == nil:
-		return nil, errors.New("message get: an answer without a message")
-	}
-	m := &stored{seq: answer.Message.Sequence, time: answer.Message.Time, data: answer.Message.Data}
-	if len(answer.Message.Header) > 0 {
-		if m.header, err = decodeHeader(answer.Message.Header); err != nil {
-			return nil, fmt.Errorf("message get: sequence %d: %w", m.seq, err)
-		}
-	}
-	return m, nil
+	return &stored{seq: m.Sequence, time: m.Time, header: m.Header, data: m.Data}, nil
 }
 
 func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -209,18 +156,4 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, getTimeout)
-}
-
-// decodeHeader reads the headers of a stored message ("NATS/1.0" and MIME
-// lines).
-func decodeHeader(b []byte) (nats.Header, error) {
-	line, rest, ok := bytes.Cut(b, []byte("\r\n"))
-	if !ok || !bytes.HasPrefix(line, []byte("NATS/1.0")) {
-		return nil, errors.New("a header without NATS/1.0")
-	}
-	h, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(rest))).ReadMIMEHeader()
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, err
-	}
-	return nats.Header(h), nil
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -51,28 +51,18 @@ func (b *byKey) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, e
 		ctx, cancel = context.WithTimeout(ctx, directGetTimeout)
 		defer cancel()
 	}
-	m, err := b.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+b.bucket+".$KV."+b.bucket+"."+key, nil)
+	answer, err := b.nc.RequestWithContext(ctx, jsget.DirectSubject("KV_"+b.bucket, "$KV."+b.bucket+"."+key), nil)
 	if err != nil {
 		return nil, err
 	}
-	if len(m.Data) == 0 {
-		switch m.Header.Get("Status") {
-		case "":
-		case "404":
-			return nil, jetstream.ErrKeyNotFound
-		default:
-			return nil, fmt.Errorf("capstan: %s/%s: %s %s", b.bucket, key, m.Header.Get("Status"), m.Header.Get("Description"))
-		}
+	m, err := jsget.Direct(answer)
+	if errors.Is(err, jsget.ErrNoMessage) {
+		return nil, jetstream.ErrKeyNotFound
 	}
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: %s/%s: direct get answer without its sequence: %w", b.bucket, key, err)
+		return nil, fmt.Errorf("capstan: %s/%s: %w", b.bucket, key, err)
 	}
-	created, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
-	if err != nil {
-		return nil, fmt.Errorf("capstan: %s/%s: direct get answer without its time: %w", b.bucket, key, err)
-	}
-	e := &entry{bucket: b.bucket, key: key, value: m.Data, revision: seq, created: created, op: jetstream.KeyValuePut}
+	e := &entry{bucket: b.bucket, key: key, value: m.Data, revision: m.Sequence, created: m.Time, op: jetstream.KeyValuePut}
 	switch m.Header.Get(kvOperationHeader) {
 	case "DEL":
 		e.op = jetstream.KeyValueDelete

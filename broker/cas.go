@@ -2,12 +2,12 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -173,52 +173,18 @@ func lastFromLeader(ctx context.Context, nc *nats.Conn, bucket, key string) (uin
 	return m.Sequence, op == "DEL" || op == "PURGE", m.Data, nil
 }
 
-// jsNoMessageFound: the stream holds no message of the subject asked for.
-const jsNoMessageFound = 10037
-
 // LastFromLeader reads the last message of subject in stream from the
 // stream's leader (a message get, never a direct get, which any replica may
 // answer, one still catching up among them): where absent must mean absent.
-// ErrNotFound when the stream holds no message of subject.
+// ErrNotFound when the stream holds no message of subject; a missing stream
+// is no proof, and an error.
 func LastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	m, err := jsget.Get(ctx, nc, stream, jsget.Request{LastFor: subject})
+	if errors.Is(err, jsget.ErrNoMessage) {
+		return nil, ErrNotFound
+	}
 	if err != nil {
-		return nil, err
-	}
-	var resp struct {
-		Message *struct {
-			Subject string    `json:"subject"`
-			Seq     uint64    `json:"seq"`
-			Hdrs    []byte    `json:"hdrs"`
-			Data    []byte    `json:"data"`
-			Time    time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			Code    int    `json:"code"`
-			ErrCode int    `json:"err_code"`
-			Desc    string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
 		return nil, fmt.Errorf("capstan: %s %s: %w", stream, subject, err)
 	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
-		return nil, ErrNotFound // the stream says so; a missing stream is no proof
-	case resp.Error != nil:
-		return nil, fmt.Errorf("capstan: %s %s: %s (%d)", stream, subject, resp.Error.Desc, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, fmt.Errorf("capstan: %s %s: empty answer", stream, subject)
-	}
-	msg := &jetstream.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Seq, Data: resp.Message.Data,
-		Time: resp.Message.Time, Header: nats.Header{}}
-	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return nil, fmt.Errorf("capstan: %s %s: %w", stream, subject, err)
-		}
-		msg.Header = h
-	}
-	return msg, nil
+	return m, nil
 }

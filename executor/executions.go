@@ -2,7 +2,6 @@ package executor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/jsget"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
@@ -875,51 +875,11 @@ func queuedIn(ctx context.Context, b *broker.Broker, stream, subj, id string) (f
 // time from), or nil: a message get, which a queue answers without
 // direct gets.
 func nextMsg(ctx context.Context, b *broker.Broker, stream, subj string, seq uint64, from *time.Time) (*jetstream.RawStreamMsg, error) {
-	req := struct {
-		Seq       uint64     `json:"seq,omitempty"`
-		NextFor   string     `json:"next_by_subj"`
-		StartTime *time.Time `json:"start_time,omitempty"`
-	}{Seq: seq, NextFor: subj, StartTime: from}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := b.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
-	if err != nil {
-		return nil, err
-	}
-	var answer struct {
-		Message *struct {
-			Subject  string    `json:"subject"`
-			Sequence uint64    `json:"seq"`
-			Header   []byte    `json:"hdrs"`
-			Data     []byte    `json:"data"`
-			Time     time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(resp.Data, &answer); err != nil {
-		return nil, err
-	}
-	switch {
-	case answer.Error != nil && answer.Error.Code == 404:
+	m, err := jsget.Get(ctx, b.NC, stream, jsget.Request{Seq: seq, NextFor: subj, StartTime: from})
+	if jsget.Absent(err) {
 		return nil, nil // no such message, or no such stream (a principal without a queue of its own)
-	case answer.Error != nil:
-		return nil, fmt.Errorf("capstan: stream %s: %d %s", stream, answer.Error.Code, answer.Error.Description)
-	case answer.Message == nil:
-		return nil, nil
 	}
-	m := &jetstream.RawStreamMsg{Subject: answer.Message.Subject, Sequence: answer.Message.Sequence, Time: answer.Message.Time,
-		Data: answer.Message.Data}
-	if len(answer.Message.Header) > 0 {
-		if h, err := nats.DecodeHeadersMsg(answer.Message.Header); err == nil {
-			m.Header = h
-		}
-	}
-	return m, nil
+	return m, err
 }
 
 // RequestExecutions asks the workers for a page of the executions the
