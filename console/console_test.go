@@ -246,3 +246,23 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	_, _, body = w.post("/approvals/"+short.ID+"/decide", url.Values{"decision": {"approve"}, "next": {"/approvals"}})
 	contains(t, "a late decision", body, "APPROVAL_EXPIRED: this approval expired before it was decided.")
 }
+
+// The console reads executions through the workers alone, as the CLI does:
+// with no worker serving, its pages say so (503) instead of showing a
+// reading of its own.
+func TestExecutions_NoWorkerServingIsSaid(t *testing.T) {
+	t.Parallel()
+	r := startRig(t, "", console.Config{Open: true})
+	env := r.call(t, "demo.echo", map[string]any{"message": "hi"}, alice)
+	w := signInOpen(t, r.base, "user:alice", "")
+	w.waitPage("/executions", env.ExecutionID)
+	r.stopWorker()
+	status, _, body := w.get("/executions")
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("executions without a worker: %d, want 503\n%s", status, body)
+	}
+	contains(t, "executions without a worker", body, "no worker is serving")
+	if status, _, body := w.get("/executions/" + env.ExecutionID); status != http.StatusServiceUnavailable {
+		t.Fatalf("an execution without a worker: %d, want 503\n%s", status, body)
+	}
+}

@@ -208,6 +208,8 @@ func readStatus(err error) int {
 		return http.StatusForbidden
 	case errors.Is(err, executor.ErrNoSuchExecution):
 		return http.StatusNotFound
+	case errors.Is(err, executor.ErrNoWorkers):
+		return http.StatusServiceUnavailable
 	}
 	return http.StatusBadGateway
 }

@@ -27,6 +27,8 @@ type rig struct {
 	base   string // the console
 	client *executor.Client
 	worker *executor.Worker
+	// stopWorker stops the worker, before the test ends.
+	stopWorker func()
 }
 
 var (
@@ -86,7 +88,7 @@ func startRig(t testing.TB, url string, cfg console.Config, opts ...nats.Option)
 		}
 		_ = c.Close()
 	})
-	return &rig{url: url, base: "http://" + l.Addr().String(), client: c, worker: w.Worker}
+	return &rig{url: url, base: "http://" + l.Addr().String(), client: c, worker: w.Worker, stopWorker: w.Stop}
 }
 
 // testCtx ends a little before the test's own deadline.

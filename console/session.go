@@ -152,7 +152,7 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	// Executions: every role reads them through the workers, who keep to
 	// what it may see (admins everything, producers their own, approvers
 	// those behind their approvals); admins and open servers may also read
-	// the streams, for live updates and when no worker answers.
+	// the streams, for live updates.
 	if may == nil || may(names.ListExecutionsSubject(principal)) && may(names.ExecutionSubject(principal)) {
 		c.reads = &execReader{nc: nc, names: names, principal: principal}
 	} else {
@@ -171,9 +171,6 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	if info(names.AuditStream()) && info("KV_"+names.ExecutionsBucket()) {
 		if b, err := broker.OpenAll(ctx, nc, bcfg); err == nil {
 			c.b = b
-			if c.reads != nil {
-				c.reads.b = b
-			}
 		}
 	}
 	if c.approvals == nil && c.reads == nil {
