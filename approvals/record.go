@@ -24,22 +24,6 @@ const (
 	StatusConsumed  Status = "consumed"
 )
 
-// The names the statuses had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use StatusPending.
-	Pending = StatusPending
-	// Deprecated: use StatusApproved.
-	Approved = StatusApproved
-	// Deprecated: use StatusRejected.
-	Rejected = StatusRejected
-	// Deprecated: use StatusExpired.
-	Expired = StatusExpired
-	// Deprecated: use StatusCancelled.
-	Cancelled = StatusCancelled
-	// Deprecated: use StatusConsumed.
-	Consumed = StatusConsumed
-)
-
 // DefaultTTL is how long an approval stays decidable and, once approved,
 // consumable, unless the capability says otherwise.
 const DefaultTTL = 15 * time.Minute

@@ -41,49 +41,6 @@ const (
 	EventReconciled = "capability.reconciled"
 )
 
-// The names the event types had in v0.1.0, kept for importers; they go
-// before v1.
-const (
-	// Deprecated: use EventRequested.
-	Requested = EventRequested
-	// Deprecated: use EventDenied.
-	Denied = EventDenied
-	// Deprecated: use EventLimited.
-	Limited = EventLimited
-	// Deprecated: use EventApprovalRequested.
-	ApprovalRequested = EventApprovalRequested
-	// Deprecated: use EventApproved.
-	Approved = EventApproved
-	// Deprecated: use EventRejected.
-	Rejected = EventRejected
-	// Deprecated: use EventStarted.
-	Started = EventStarted
-	// Deprecated: use EventRetried.
-	Retried = EventRetried
-	// Deprecated: use EventCompleted.
-	Completed = EventCompleted
-	// Deprecated: use EventFailed.
-	Failed = EventFailed
-	// Deprecated: use EventCancelled.
-	Cancelled = EventCancelled
-	// Deprecated: use EventDiscovered.
-	Discovered = EventDiscovered
-	// Deprecated: use EventDuplicateDelivery.
-	DuplicateDelivery = EventDuplicateDelivery
-	// Deprecated: use EventExpiredRequest.
-	ExpiredRequest = EventExpiredRequest
-	// Deprecated: use EventTakenOver.
-	TakenOver = EventTakenOver
-	// Deprecated: use EventEnvelopeConflict.
-	EnvelopeConflict = EventEnvelopeConflict
-	// Deprecated: use EventApprovalConsumed.
-	ApprovalConsumed = EventApprovalConsumed
-	// Deprecated: use EventReceiptRecorded.
-	ReceiptRecorded = EventReceiptRecorded
-	// Deprecated: use EventReconciled.
-	Reconciled = EventReconciled
-)
-
 // Actor is the acting party of an event: id and kind, never attributes.
 type Actor struct {
 	ID   string `json:"id"`   // the actor's id (envelope.Actor.ID)

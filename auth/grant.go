@@ -30,20 +30,6 @@ const (
 	RoleNotifier Role = "notifier"
 )
 
-// The names the roles had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use RoleProducer.
-	Producer = RoleProducer
-	// Deprecated: use RoleApprover.
-	Approver = RoleApprover
-	// Deprecated: use RoleWorker.
-	Worker = RoleWorker
-	// Deprecated: use RoleAdmin.
-	Admin = RoleAdmin
-	// Deprecated: use RoleNotifier.
-	Notifier = RoleNotifier
-)
-
 // Roles lists every role.
 var Roles = []Role{RoleProducer, RoleApprover, RoleWorker, RoleAdmin, RoleNotifier}
 

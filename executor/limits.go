@@ -34,17 +34,6 @@ const (
 	LimitPerPrincipal  LimitPer = "principal"
 )
 
-// The names the LimitPer values had in v0.1.0, kept for importers; they go
-// before v1.
-const (
-	// Deprecated: use LimitPerCapability.
-	PerCapability = LimitPerCapability
-	// Deprecated: use LimitPerActor.
-	PerActor = LimitPerActor
-	// Deprecated: use LimitPerPrincipal.
-	PerPrincipal = LimitPerPrincipal
-)
-
 // AtLimit is what an execution over a limit does: the capability's choice.
 type AtLimit string
 

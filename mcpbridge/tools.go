@@ -36,14 +36,6 @@ const (
 	ToolNamesCapabilityIDs ToolNames = "ids"
 )
 
-// The names the ToolNames values had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use ToolNamesPortable.
-	PortableNames = ToolNamesPortable
-	// Deprecated: use ToolNamesCapabilityIDs.
-	CapabilityIDs = ToolNamesCapabilityIDs
-)
-
 // ErrToolNameCollision: two capabilities would be listed under one tool name.
 var ErrToolNameCollision = errors.New("capstan: two capabilities have one MCP tool name")
 

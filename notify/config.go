@@ -33,16 +33,6 @@ const (
 	KindEmail Kind = "email"
 )
 
-// The names the kinds had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use KindWebhook.
-	Webhook = KindWebhook
-	// Deprecated: use KindSlack.
-	Slack = KindSlack
-	// Deprecated: use KindEmail.
-	Email = KindEmail
-)
-
 // TLSMode says how an email channel protects its SMTP connection.
 type TLSMode string
 
@@ -57,16 +47,6 @@ const (
 	// beyond loopback: only where the network itself is trusted. AUTH is
 	// still never sent in clear beyond loopback.
 	TLSModeOptional TLSMode = "optional"
-)
-
-// The names the TLS modes had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use TLSModeStartTLS.
-	STARTTLS = TLSModeStartTLS
-	// Deprecated: use TLSModeImplicit.
-	ImplicitTLS = TLSModeImplicit
-	// Deprecated: use TLSModeOptional.
-	OptionalTLS = TLSModeOptional
 )
 
 // Secret is a value that must never be printed: a webhook's signing key, a

@@ -18,20 +18,6 @@ const (
 	EventExpired   Event = "expired"
 )
 
-// The names the events had in v0.1.0, kept for importers; they go before v1.
-const (
-	// Deprecated: use EventRequested.
-	Requested = EventRequested
-	// Deprecated: use EventApproved.
-	Approved = EventApproved
-	// Deprecated: use EventRejected.
-	Rejected = EventRejected
-	// Deprecated: use EventCancelled.
-	Cancelled = EventCancelled
-	// Deprecated: use EventExpired.
-	Expired = EventExpired
-)
-
 // Key is the idempotency key of an approval's event, "<approvalId>.<event>":
 // every delivery of one notification carries the same key, whichever
 // notifier sends it and however often.
