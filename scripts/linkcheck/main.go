@@ -6,8 +6,8 @@
 //
 // It fails too when a "§n" of the design — in a Go comment ("DESIGN §5") or
 // in docs/design.md itself — names no section "## n." of docs/design.md, or
-// when a Go comment names a part of a section ("§12 "Quotas"") that the
-// section does not have.
+// when a Go comment names a part of a section (§12 "Quotas", §3 *Queues*)
+// that the section does not have.
 //
 //	go run ./scripts/linkcheck
 package main
@@ -30,7 +30,7 @@ var (
 	inlineRE  = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
 	sectionRE = regexp.MustCompile(`^## (\d+)\. `)
 	refRE     = regexp.MustCompile(`§(\d+)`)
-	partRE    = regexp.MustCompile(`§(\d+),? "([^"]+)"`)
+	partRE    = regexp.MustCompile(`§(\d+),? (?:"([^"]+)"|\*([^*]+)\*)`)
 )
 
 func main() {
@@ -188,8 +188,9 @@ func designRefs(design string) (int, error) {
 			return
 		}
 		for _, m := range partRE.FindAllStringSubmatch(l, -1) {
-			if text, ok := sections[m[1]]; ok && !strings.Contains(text, strings.ToLower(m[2])) {
-				fmt.Printf("%s:%d: §%s %q: that section of %s does not say it\n", file, n, m[1], m[2], design)
+			part := m[2] + m[3]
+			if text, ok := sections[m[1]]; ok && !strings.Contains(text, strings.ToLower(part)) {
+				fmt.Printf("%s:%d: §%s %q: that section of %s does not say it\n", file, n, m[1], part, design)
 				broken++
 			}
 		}
