@@ -42,7 +42,7 @@ func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRec
 	loadEnvelope := func() *envelope.Envelope {
 		ctx, cancel := StoreContext()
 		defer cancel()
-		env, _, err := broker.Load[envelope.Envelope](ctx, r.b.Envelopes, key)
+		env, _, err := broker.Load[envelope.Envelope](ctx, r.w.b.Envelopes, key)
 		if err != nil {
 			return nil
 		}
@@ -50,9 +50,9 @@ func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRec
 	}
 	for try := 0; try < 20; try++ {
 		ctx, cancel := StoreContext()
-		rec, rev, err := broker.Load[Record](ctx, r.b.Executions, key)
+		rec, rev, err := broker.Load[Record](ctx, r.w.b.Executions, key)
 		cancel()
-		now := r.now().UTC()
+		now := r.w.now().UTC()
 		switch {
 		case errors.Is(err, broker.ErrNotFound):
 			if env := loadEnvelope(); env != nil {
@@ -64,7 +64,7 @@ func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRec
 			pending := &Record{V: envelope.Version, ExecutionID: id, State: StatePending, CancelRequested: true,
 				CancelRequestedAt: now, CreatedAt: now, UpdatedAt: now}
 			ctx, cancel := StoreContext()
-			_, err = broker.Create(ctx, r.b.Executions, key, pending)
+			_, err = broker.Create(ctx, r.w.b.Executions, key, pending)
 			cancel()
 			if err == nil {
 				return CancelRecorded{State: StatePending}, nil
@@ -79,7 +79,7 @@ func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRec
 			next := *rec
 			next.CancelRequested, next.CancelRequestedAt, next.UpdatedAt = true, now, now
 			ctx, cancel = StoreContext()
-			_, err = broker.UpdateTTL(ctx, r.b.JS, r.b.Executions, key, &next, rev, r.store.ttl(&next))
+			_, err = broker.UpdateTTL(ctx, r.w.b.JS, r.w.b.Executions, key, &next, rev, r.w.store.ttl(&next))
 			cancel()
 			if err == nil {
 				return CancelRecorded{State: rec.State}, nil

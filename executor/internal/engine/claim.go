@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -89,6 +88,9 @@ func (c *claim) hold(rec *Record, rev uint64) {
 	c.rec, c.rev = rec, rev
 	c.mu.Unlock()
 }
+
+// drop forgets the record: a takeover's swap did not make it this claim's.
+func (c *claim) drop() { c.hold(nil, 0) }
 
 // held is the record this claim holds, nil before the claim is made.
 func (c *claim) held() *Record {
@@ -183,27 +185,6 @@ func unlessExists(err error) error {
 		return nil
 	}
 	return err
-}
-
-// newRecord is this delivery's first record of the execution, in state st.
-func (e *Execution) newRecord(st State) *Record {
-	now := e.r.now().UTC()
-	rec := &Record{
-		V: envelope.Version, ExecutionID: e.req.ExecutionID,
-		State: st, Worker: e.r.cfg.ID, Claim: e.claim.token, LeaseUntil: now.Add(e.r.cfg.Lease),
-		CreatedAt: now, UpdatedAt: now, KeyVersion: envelope.IdempotencyKeyVersion,
-	}
-	claimedFor(rec, e.req, e.inputHash)
-	return rec
-}
-
-// create writes the execution's first record, create-only (claim.create).
-// It reports false when a record was there (x.found) or the store did not
-// answer (x.found nil); yieldClaim acts on either.
-func (e *Execution) create(rec *Record) bool {
-	var ok bool
-	e.found, e.foundRev, ok = e.claim.create(rec, e)
-	return ok
 }
 
 // leaseKeeper keeps an execution's lease (DESIGN §5) while its worker runs

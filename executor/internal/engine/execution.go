@@ -3,24 +3,24 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Execution is one delivery of one request being worked on by this worker.
-type Execution struct {
-	r   *Runner
-	msg jetstream.Msg
+// execution is one execution as a delivery works on it: who asked for
+// what, and what the engine holds for it — its claim on the record, the
+// lease keeper, the trail, the observer's view, the context its attempts
+// run under. The delivery's pass, its attempts and its receipts share it;
+// it calls none of them. It writes its own end (finalize.go).
+type execution struct {
+	w   *worker
 	req *envelope.Request
 	// principal is the token of the subject the server accepted the request
 	// on: who sent it, whatever the body says. key is the execution's key in
@@ -29,16 +29,17 @@ type Execution struct {
 	// subjectCapability is the capability id of the subject, "" for _unrouted.
 	subjectCapability string
 	cap               Definition // nil when no pool serves the capability
-	obs               observe.Execution
 	// missing says why cap is nil: "unknown", "invalid-id".
 	missing string
-	// delivery is what the message's metadata says of this delivery.
-	delivery Delivery
+	// meta is what the message's metadata says of this delivery.
+	meta Delivery
 	// unproven: this delivery found no record, and that did not prove that
 	// no attempt had started (AbsenceProves).
 	unproven bool
-	// unit runs the attempts, once stages 4 to 9 let the execution through.
-	unit WorkUnit
+	// unaudited: this delivery claimed the execution fresh and has not
+	// filed its capability.requested yet (audited).
+	unaudited bool
+	obs       observe.Execution
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost
 	// claim, the worker's shutdown. Each attempt adds its own timeout.
@@ -57,525 +58,208 @@ type Execution struct {
 	inputHash string
 	done      chan struct{}
 
-	// adm is the admission that let the execution through: the limits it
-	// takes (DESIGN §17).
-	adm Admission
-	// taken is what the execution took of its limits.
-	taken limits.Taken
-
 	// found is the record a create of this delivery found in its place:
 	// another claim's, or a cancel's. The takeover table decides from it.
 	found    *Record
 	foundRev uint64
-
-	// receiptOpen is the attempt whose handler may record a receipt (0:
-	// none), changed under receiptMu, which a receipt's write holds: an
-	// attempt's end waits for a receipt being written (DESIGN §5).
-	// receiptTried says the open attempt's handler wrote (or tried to
-	// write) a receipt: without one, the attempt's end does not read the
-	// claim, whose lock a lease renewal may hold.
-	receiptMu    sync.Mutex
-	receiptOpen  int
-	receiptTried bool
-	// retryReason is why the next attempt starts when it is not the retry
-	// rule (ReasonReconciledAbsent): audited, and counted on the record.
-	retryReason string
 }
 
-// bare is an execution of req, delivered by msg (nil: none) under
-// principal, that may only end without running: its record, trail and
-// envelope, no lease.
-func (r *Runner) bare(msg jetstream.Msg, req *envelope.Request, principal string) *Execution {
-	d := Delivery{ID: req.ExecutionID, StartBy: req.StartBy}
-	if msg != nil {
-		d = delivered(msg, req)
-	}
-	return r.execution(msg, req, principal, d)
-}
-
-// execution is an execution of req, delivered by msg (nil: none) as d,
-// under principal, with its claim (not made yet) and its trail.
-func (r *Runner) execution(msg jetstream.Msg, req *envelope.Request, principal string, d Delivery) *Execution {
-	x := &Execution{r: r, msg: msg, req: req, principal: principal, key: broker.Key(principal, req.ExecutionID),
-		delivery: d, start: r.now(), done: make(chan struct{}), stopDeadline: func() {}}
-	x.trail.audit, x.trail.worker = r.audit, r.cfg.ID
-	x.claim.s, x.claim.key, x.claim.token = r.store, x.key, uuid.NewString()
-	x.lease.progress.x = x
+// newExecution is an execution of req, delivered as d (zero: no delivery),
+// under principal, by worker w, with its claim (not made yet) and its
+// trail: what may end it without running it. begin makes it one that may
+// run.
+func newExecution(w *worker, req *envelope.Request, principal string, d Delivery) *execution {
+	x := &execution{}
+	x.prepare(w, req, principal, d)
 	return x
 }
 
-// newExecution is an execution of req, delivered by msg as d, of the
-// capability c (nil: none served here).
-func (r *Runner) newExecution(msg jetstream.Msg, req *envelope.Request, d Delivery, c Definition) *Execution {
-	principal, subjectCapability := broker.Anonymous, ""
-	if msg != nil {
-		if p, capID, ok := r.b.Names.ParseExecSubject(msg.Subject()); ok {
-			principal = p
-			if capID != broker.Unrouted {
-				subjectCapability = capID
-			}
-		}
+// prepare makes x an execution of req (newExecution).
+func (x *execution) prepare(w *worker, req *envelope.Request, principal string, d Delivery) {
+	x.w, x.req, x.principal, x.key, x.meta = w, req, principal, broker.Key(principal, req.ExecutionID), d
+	x.start, x.done, x.stopDeadline = w.now(), make(chan struct{}), func() {}
+	x.trail.audit, x.trail.worker = w.audit, w.cfg.ID
+	x.claim.s, x.claim.key, x.claim.token = w.store, x.key, uuid.NewString()
+	x.lease.progress.x, x.lease.stop = x, make(chan struct{})
+}
+
+// begin makes the execution one of this worker, delivered by msg, of the
+// capability c (nil: none served here): observed, with its context and
+// lease keeper, in the table of executions in flight. An execution of the
+// same key already in flight here keeps it: this one is finished, and
+// begin reports false.
+func (x *execution) begin(c Definition, msg jetstream.Msg) bool {
+	w, req := x.w, x.req
+	if _, capID, ok := w.b.Names.ParseExecSubject(msg.Subject()); ok && capID != broker.Unrouted {
+		x.subjectCapability = capID
 	}
-	x := r.execution(msg, req, principal, d)
-	x.cap, x.subjectCapability = c, subjectCapability
-	ctx, obs := r.cfg.Observer.Begin(r.base, r.observed(d, req, c != nil))
+	x.cap, x.start = c, w.now()
+	ctx, obs := w.cfg.Observer.Begin(w.base, w.observed(x.meta, req, c != nil))
 	x.obs = obs
 	x.ctx, x.cancel = context.WithCancelCause(ctx)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
 	l := &x.lease
-	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, r.cfg.Lease, r.cfg.DisableLeaseRenewal, r.now, msg
-	l.end, l.done, l.log, l.id, l.stop = x.cancel, x.done, r.log, req.ExecutionID, make(chan struct{})
-	return x
+	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, w.cfg.Lease, w.cfg.DisableLeaseRenewal, w.now, msg
+	l.end, l.done, l.log, l.id = x.cancel, x.done, w.log, req.ExecutionID
+	if !w.inflight.add(x.key, x.cancel) {
+		x.finish()
+		return false
+	}
+	return true
+}
+
+// finish ends the execution's observation, lease and context: its delivery
+// is done with, whatever became of it.
+func (x *execution) finish() {
+	x.obs.End()
+	close(x.done)
+	x.lease.disarm()
+	x.stopDeadline()
+	x.cancel(nil)
 }
 
 // event is an audit event of the execution.
-func (e *Execution) event(typ string, data map[string]any) *audit.Event {
+func (x *execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
-		Type: typ, Surface: e.req.Surface, Actor: audit.ActorOf(e.req.Actor), Principal: e.principal, ExecutionID: e.req.ExecutionID,
-		CapabilityID: e.req.CapabilityID, CorrelationID: e.req.CorrelationID, InputHash: e.inputHash, Data: data,
-		TraceID: audit.TraceID(e.req.Traceparent),
+		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), Principal: x.principal, ExecutionID: x.req.ExecutionID,
+		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
+		TraceID: audit.TraceID(x.req.Traceparent),
 	}
 }
 
-// observed is what the observer is told of a delivery d of req.
-func (r *Runner) observed(d Delivery, req *envelope.Request, known bool) observe.Delivery {
-	return observe.Delivery{Request: req, Pool: r.cfg.Pool, Worker: r.cfg.ID, Known: known, Deliveries: d.Deliveries,
-		Stored: d.Stored}
+// emit files an audit event of the execution.
+func (x *execution) emit(typ string, data map[string]any) { x.trail.publish(x.event(typ, data)) }
+
+// audited files stage 2's capability.requested of an execution this
+// delivery claimed fresh, once, before anything else of it: the request is
+// audited before anything can refuse it.
+func (x *execution) audited() {
+	if x.unaudited {
+		x.unaudited = false
+		x.emit(audit.EventRequested, nil)
+	}
 }
 
 // stage tells the observer that a stage doing I/O starts (observe.Stage*);
 // the returned func ends it.
-func (e *Execution) stage(name string) func(error) {
-	_, end := e.obs.Stage(e.ctx, name)
+func (x *execution) stage(name string) func(error) {
+	_, end := x.obs.Stage(x.ctx, name)
 	return end
 }
 
-// emit files an audit event of the execution.
-func (e *Execution) emit(typ string, data map[string]any) { e.trail.publish(e.event(typ, data)) }
-
-// hashInput sets the input hash events carry in place of the input (SI-10).
-func (e *Execution) hashInput() {
-	if h, err := envelope.InputHash(e.req.Input); err == nil {
-		e.inputHash = h
+// request is what the stages see of the execution.
+func (x *execution) request() Request {
+	r := Request{Request: x.req, Principal: x.principal, SubjectCapability: x.subjectCapability, Observer: x.obs}
+	if rec := x.claim.held(); rec != nil {
+		r.RecordCreated = rec.CreatedAt
 	}
-}
-
-// envelope reads the execution's envelope: nil, nil when there is none.
-func (e *Execution) envelope() (*envelope.Envelope, error) { return e.r.store.envelope(e.key) }
-
-// run drives the pipeline of DESIGN §4 for a claimed execution: stages 4 to 9
-// and 12 to 13 are the capability's (Admit, Readmit, WorkUnit.Output), the
-// rest are here. fresh is set on a first claim (stage 2's event is emitted
-// once). fromAttempt > 0 resumes a takeover at stage 11 with that attempt,
-// after prevCode.
-//
-// An execution on the short path (claimAndRun) comes here unclaimed: stages
-// 4 to 9 run before its record exists, and the start of attempt 1 creates it.
-func (e *Execution) run(fresh bool, fromAttempt int, prevCode envelope.Code) {
-	if e.claim.held() != nil {
-		e.lease.start()
-	}
-	c := e.cap
-	// 2: the request is audited before anything can refuse it.
-	if fresh {
-		e.emit(audit.EventRequested, nil)
-	}
-	if e.ctx.Err() != nil {
-		e.endByContext(0)
-		return
-	}
-	// 3–9 ran before any attempt started; a takeover of a running execution
-	// only needs the input back, and the approval it consumed.
-	// (A reconciliation readmitted it already.)
-	if e.unit == nil {
-		var adm Admission
-		if fromAttempt == 0 {
-			adm = c.Admit(e.ctx, e.request())
-		} else {
-			adm = c.Readmit(e.ctx, e.request())
-		}
-		for _, ev := range adm.Events {
-			e.emit(ev.Type, ev.Data)
-		}
-		switch {
-		case adm.Stopped:
-			e.endByContext(0)
-			return
-		case adm.Refusal != nil:
-			attempts := 0
-			if fromAttempt > 0 {
-				attempts = e.claim.record().Attempt
-			}
-			e.finalize(failed(adm.Refusal), attempts)
-			return
-		case adm.Approval != nil:
-			e.awaitApproval(adm.Approval)
-			return
-		}
-		e.unit, e.adm = adm.Unit, adm
-	}
-	if len(e.adm.Limits) > 0 {
-		if !e.takeLimits(e.adm, fromAttempt) {
-			return
-		}
-		defer e.releaseLimits()
-	}
-
-	// 10–11: controls and the attempts.
-	attempt := fromAttempt
-	if attempt == 0 {
-		attempt = 1
-	} else {
-		data := map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)}
-		if e.retryReason != "" {
-			data["reason"] = e.retryReason
-		}
-		e.emit(audit.EventRetried, data)
-		e.obs.Retried(attempt, prevCode)
-	}
-	for {
-		if err := e.ctx.Err(); err != nil {
-			e.endByContext(attempt - 1)
-			return
-		}
-		if e.claim.held() == nil {
-			// The short path's claim: the record of attempt 1, create-only.
-			rec := e.newRecord(StateRunning)
-			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
-			if !e.create(rec) {
-				e.yieldClaim()
-				return
-			}
-			e.lease.start()
-		} else {
-			endStart := e.stage(observe.StageStart)
-			reattempt := e.retryReason == ReasonReconciledAbsent
-			err := e.claim.update(func(r *Record) {
-				now := e.r.now().UTC()
-				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
-				r.LeaseUntil = now.Add(e.r.cfg.Lease) // a full lease for the attempt that starts
-				// What a lost attempt before it left is its own.
-				r.Receipt, r.ReceiptAttempt, r.ReceiptAt, r.Reconciliations = nil, 0, time.Time{}, 0
-				if reattempt {
-					r.Reattempts++
-				}
-				r.Progress = nil // the last attempt's
-			})
-			e.retryReason = ""
-			endStart(err)
-			if err != nil {
-				e.endByRecord(err, attempt-1)
-				return
-			}
-		}
-		started := e.event(audit.EventStarted, e.unit.Started(attempt))
-		if e.r.cfg.StrictAudit {
-			endAudit := e.stage(observe.StageAudit)
-			err := e.trail.flushSync(e.ctx, started)
-			endAudit(err)
-			if err != nil {
-				if e.ctx.Err() != nil {
-					e.endByContext(attempt - 1)
-					return
-				}
-				e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls,
-					Retryable: true, ExposeToModel: true, Message: "The audit trail is unavailable; the operation was not run.", Cause: err}),
-					attempt-1)
-				return
-			}
-		} else {
-			e.trail.publish(started)
-			e.trail.flushSoon()
-		}
-
-		out, cerr, receipt := e.attempt(attempt, c.Timeout())
-		if cerr == nil {
-			// 12–13: the output's validation, redaction and encoding.
-			raw, oerr := e.unit.Output(out)
-			if oerr != nil {
-				e.finalize(failedAfterRun(oerr), attempt)
-				return
-			}
-			e.finalize(completed(raw), attempt)
-			return
-		}
-		switch cause := context.Cause(e.ctx); {
-		case errors.Is(cause, errLeaseLost):
-			e.r.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
-			return
-		case errors.Is(cause, errShutdown):
-			e.release()
-			return
-		case receipt != nil && stoppedByRuntime(cerr):
-			// Stopped (its timeout, the caller's cancel) after it recorded
-			// that its effect happened: it completed (DESIGN §5).
-			e.recover(envelope.RecoveredByReceipt, attempt, receipt, nil)
-			return
-		case e.ctx.Err() != nil:
-			e.endByContext(attempt)
-			return
-		}
-		if delay, ok := c.Retry(attempt, cerr); ok {
-			if err := e.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
-				e.endByRecord(err, attempt)
-				return
-			}
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-e.ctx.Done():
-				t.Stop()
-				if errors.Is(context.Cause(e.ctx), errShutdown) {
-					e.release()
-					return
-				}
-				if errors.Is(context.Cause(e.ctx), errLeaseLost) {
-					return
-				}
-				e.endByContext(attempt)
-				return
-			}
-			attempt++
-			e.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
-			e.obs.Retried(attempt, cerr.Code)
-			continue
-		}
-		e.finalize(afterRun(cerr), attempt)
-		return
-	}
-}
-
-// stoppedByRuntime reports whether an attempt's failure is the runtime
-// stopping it (its timeout, the caller's cancel or deadline) rather than
-// the handler's own answer.
-func stoppedByRuntime(cerr *envelope.CapabilityError) bool {
-	return cerr.Stage == envelope.StageTimeout || cerr.Stage == envelope.StageCancelation
-}
-
-// attempt calls the handler once under the attempt's timeout. After a timeout
-// or a cancel it neither waits for nor uses the handler's output. It returns
-// the receipt the attempt recorded, if any, once no more may be.
-func (e *Execution) attempt(n int, timeout time.Duration) (_ any, _ *envelope.CapabilityError, receipt envelope.Raw) {
-	e.openReceipts(n)
-	out, cerr := e.call(n, timeout)
-	return out, cerr, e.closeReceipts(n)
-}
-
-// call is attempt's call of the handler.
-func (e *Execution) call(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
-	ctx, cancel := context.WithTimeoutCause(e.ctx, timeout, errAttemptTimeout)
-	defer cancel()
-	ctx, end := e.obs.Attempt(ctx, n)
-	defer func() {
-		var code envelope.Code
-		if cerr != nil {
-			code = cerr.Code
-		}
-		end(code)
-	}()
-	type result struct {
-		out any
-		err error
-	}
-	ch := make(chan result, 1)
-	e.r.handlerCalls.Add(1)
-	e.lease.progress.begin(n)
-	defer e.lease.progress.end()
-	a := Attempt{N: n, Key: e.idempotencyKey(), Logger: e.r.log.With("executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID, "attempt", n),
-		Progress: &e.lease.progress, Receipts: e}
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
-			}
-		}()
-		out, err := e.unit.Work(ctx, a)
-		ch <- result{out, err}
-	}()
-	var res result
-	select {
-	case res = <-ch:
-	case <-ctx.Done():
-		select {
-		case res = <-ch: // it returned as well: its result was there first
-		default:
-			e.r.abandoned.Add(1)
-			return nil, e.contextError(ctx)
-		}
-	}
-	if res.err != nil {
-		// A handler that returns because its context ended reports the context's
-		// reason, not its own wording of it.
-		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
-			return nil, e.contextError(ctx)
-		}
-		return nil, handlerError(res.err)
-	}
-	return res.out, nil
-}
-
-// runtimeCodes are asserted by the runtime alone, never by a handler.
-var runtimeCodes = map[envelope.Code]bool{
-	envelope.CodeTimeout:        true,
-	envelope.CodeCancelled:      true,
-	envelope.CodeOutcomeUnknown: true,
-	envelope.CodeWorkerLost:     true,
-}
-
-// handlerError classifies what a handler returned. A declared error (a
-// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
-// handler stage; anything else is EXECUTION_FAILED, not retryable and not
-// exposed. Either way the result wraps the handler's own error, so a RetryOn
-// function and the logs can inspect it with errors.Is and errors.As.
-func handlerError(err error) *envelope.CapabilityError {
-	var ce *envelope.CapabilityError
-	if !errors.As(err, &ce) {
-		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
-			Message: "The operation failed.", Cause: err}
-	}
-	c := *ce // never change the handler's value: it may be a shared sentinel
-	c.Stage, c.Cause = envelope.StageHandler, err
-	if c.Code == "" || runtimeCodes[c.Code] {
-		c.Code = envelope.CodeExecutionFailed
-	}
-	if c.Message == "" {
-		c.Message = "The operation failed."
-	}
-	return &c
-}
-
-func (e *Execution) contextError(attemptCtx context.Context) *envelope.CapabilityError {
-	if e.ctx.Err() != nil {
-		return e.cancelledError()
-	}
-	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
-		return e.timeoutError()
-	}
-	return e.cancelledError()
-}
-
-func (e *Execution) timeoutError() *envelope.CapabilityError { return timeoutError(e.cap.Timeout()) }
-
-func (e *Execution) cancelledError() *envelope.CapabilityError {
-	msg := "The caller cancelled the execution."
-	if errors.Is(context.Cause(e.ctx), errDeadline) {
-		msg = "The request's deadline passed."
-	}
-	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
-}
-
-// afterRun is the outcome of a last attempt that failed. A timeout is the
-// runtime stopping the handler, as a cancel is: status cancelled, code
-// TIMEOUT (still retryable for the caller), event capability.cancelled. A
-// failure the handler reported is status failed, event capability.failed.
-func afterRun(cerr *envelope.CapabilityError) *outcome {
-	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
-		return stopped(cerr)
-	}
-	return failedAfterRun(cerr)
-}
-
-// endByContext finalizes an execution whose whole context ended.
-func (e *Execution) endByContext(attempts int) {
-	switch cause := context.Cause(e.ctx); {
-	case errors.Is(cause, errLeaseLost):
-		return
-	case errors.Is(cause, errShutdown):
-		e.release()
-		return
-	}
-	e.finalize(cancelled(envelope.CodeCancelled, e.cancelledError().Message), attempts)
-}
-
-// endByRecord handles a failed record update.
-func (e *Execution) endByRecord(err error, attempts int) {
-	if errors.Is(err, errCancelRequested) {
-		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), attempts)
-		return
-	}
-	// Lost: another worker owns it. Unsettled: the store did not answer; the
-	// redelivery decides once the lease has run out.
-	e.r.log.Warn("execution record not updated: leaving the execution", "executionId", e.req.ExecutionID, "err", err)
-}
-
-// release gives the execution back on shutdown: the lease ends now and the
-// message is redelivered at once, so a live worker takes it over.
-func (e *Execution) release() {
-	e.releaseThen(false, func() { _ = e.msg.Nak() })
-}
-
-// releaseThen gives the execution back, its lease ended now, and then has
-// the delivery redelivered as redeliver says; nothing claimed yet, the held
-// trail is dropped first. A claim another worker took keeps its delivery.
-// Waiting (for a limit), the record names no worker any more: the delivery
-// that comes back resumes it rather than taking it over from a worker that
-// was not lost.
-func (e *Execution) releaseThen(waiting bool, redeliver func()) {
-	if e.claim.held() == nil {
-		e.trail.drop()
-		redeliver()
-		return
-	}
-	e.lease.halt()
-	if err := e.claim.update(func(r *Record) {
-		r.LeaseUntil = e.r.now().UTC()
-		if waiting {
-			r.Worker = ""
-		}
-	}); errors.Is(err, errLost) {
-		return // another worker owns it, and its delivery
-	}
-	redeliver()
-}
-
-// awaitApproval ends a call that needs an approval (stage 8): claimed first
-// (the short path runs stages 4 to 9 before its claim, and the approval is
-// a write), the approval's id reserved on the record, so that a takeover of
-// this execution finds the same approval instead of asking twice, the
-// approval stored, then the envelope approval-required.
-func (e *Execution) awaitApproval(need *ApprovalNeeded) {
-	defer e.stage(observe.StageApproval)(nil)
-	if !e.claimBeforeWrite() {
-		return // another record was there, and decided
-	}
-	id := e.claim.record().ApprovalID
-	if id == "" {
-		id = envelope.NewExecutionID()
-		if err := e.claim.update(func(r *Record) { r.ApprovalID = id }); err != nil {
-			e.endByRecord(err, 0)
-			return
-		}
-	}
-	ctx, cancel := StoreContext()
-	defer cancel()
-	ref, data, cerr := need.Store(ctx, id)
-	if cerr != nil {
-		e.finalize(failed(cerr), 0)
-		return
-	}
-	e.finalize(approvalRequired(ref, data), 0)
+	return r
 }
 
 // idempotencyKey is the key the execution's attempts and reconciliations
 // are given: the derivation its record names, fixed when the record was
 // created (an execution begun by an earlier version keeps the id-alone key
 // its record implies), and this version's before any record exists.
-func (e *Execution) idempotencyKey() string {
-	if rec := e.claim.held(); rec != nil {
-		return rec.IdempotencyKey(e.principal)
+func (x *execution) idempotencyKey() string {
+	if rec := x.claim.held(); rec != nil {
+		return rec.IdempotencyKey(x.principal)
 	}
-	return envelope.IdempotencyKey(e.principal, e.req.ExecutionID)
+	return envelope.IdempotencyKey(x.principal, x.req.ExecutionID)
 }
 
-// request is what the stages see of the execution.
-func (e *Execution) request() Request {
-	r := Request{Request: e.req, Principal: e.principal, SubjectCapability: e.subjectCapability, Observer: e.obs}
-	if rec := e.claim.held(); rec != nil {
-		r.RecordCreated = rec.CreatedAt
+// hashInput sets the input hash events carry in place of the input (SI-10).
+func (x *execution) hashInput() {
+	if h, err := envelope.InputHash(x.req.Input); err == nil {
+		x.inputHash = h
 	}
-	return r
+}
+
+// newRecord is this delivery's first record of the execution, in state st.
+func (x *execution) newRecord(st State) *Record {
+	now := x.w.now().UTC()
+	rec := &Record{
+		V: envelope.Version, ExecutionID: x.req.ExecutionID,
+		State: st, Worker: x.w.cfg.ID, Claim: x.claim.token, LeaseUntil: now.Add(x.w.cfg.Lease),
+		CreatedAt: now, UpdatedAt: now, KeyVersion: envelope.IdempotencyKeyVersion,
+	}
+	claimedFor(rec, x.req, x.inputHash)
+	return rec
+}
+
+// create writes the execution's first record, create-only (claim.create).
+// It reports false when a record was there (x.found) or the store did not
+// answer (x.found nil): yield says what follows.
+func (x *execution) create(rec *Record) bool {
+	var ok bool
+	x.found, x.foundRev, ok = x.claim.create(rec, x)
+	return ok
+}
+
+// yield ends a claim that did not happen: the record found decides (the
+// takeover table), or, when the store did not answer, a later delivery
+// does.
+func (x *execution) yield() Action {
+	x.trail.drop()
+	x.unaudited = false
+	if x.found == nil {
+		return Action{Do: Wait, Delay: time.Second}
+	}
+	return Takeover(x.facts(x.found, x.readEnvelope()))
+}
+
+// lostWorker is the error of an attempt lost with its worker, as the retry
+// rule is asked about it.
+var lostWorker = &envelope.CapabilityError{Code: envelope.CodeWorkerLost, Stage: envelope.StageHandler, Retryable: true,
+	Message: "The worker running the attempt was lost."}
+
+// facts gathers what the takeover table decides from: the record found (nil:
+// none), the envelope read, and this delivery's request and metadata.
+func (x *execution) facts(rec *Record, read EnvelopeRead) Facts {
+	f := x.meta.facts(x.w.windows(), x.w.now())
+	f.Record, f.Envelope, f.Known, f.AbsenceProves = rec, read, x.cap != nil, !x.unproven
+	if rec != nil {
+		f.Conflict = conflict(rec, x.req, x.inputHash)
+	}
+	if c := x.cap; c != nil {
+		f.Timeout = c.Timeout()
+		f.Retry = func(n int) bool { _, ok := c.Retry(n, lostWorker); return ok }
+		f.Recovery = c.Recovery()
+	}
+	f.IDExpired = func() bool {
+		made, ok := envelope.ExecutionIDTime(x.req.ExecutionID)
+		return ok && x.w.olderThanRetention(made)
+	}
+	return f
+}
+
+// envelope reads the execution's envelope: nil, nil when there is none.
+func (x *execution) envelope() (*envelope.Envelope, error) { return x.w.store.envelope(x.key) }
+
+// readEnvelope reads the execution's envelope for the takeover table.
+func (x *execution) readEnvelope() EnvelopeRead {
+	env, err := x.envelope()
+	read := classifyEnvelope(env, err)
+	switch read {
+	case EnvelopeUndecodable:
+		x.w.log.Error("stored envelope does not decode", "executionId", x.req.ExecutionID, "err", err)
+	case EnvelopeUnknown:
+		x.w.log.Warn("read envelope", "executionId", x.req.ExecutionID, "err", err)
+	}
+	return read
+}
+
+// endByRecord is how an execution whose record update failed ends: the
+// caller's cancel, recorded meanwhile; otherwise the execution is left.
+func (x *execution) endByRecord(err error, attempts int) Action {
+	if errors.Is(err, errCancelRequested) {
+		return Action{Do: Cancel, Attempts: attempts}
+	}
+	// Lost: another worker owns it. Unsettled: the store did not answer; the
+	// redelivery decides once the lease has run out.
+	x.w.log.Warn("execution record not updated: leaving the execution", "executionId", x.req.ExecutionID, "err", err)
+	return Action{}
 }
 
 // trail files an execution's audit events (DESIGN §8). While it holds them,

@@ -64,7 +64,7 @@ func (c *coalescer) fired(now time.Time) {
 // handler still running after its timeout or its lost lease, whatever
 // attempt runs now), they are dropped.
 type Reporter struct {
-	x    *Execution // whose reports: its runner's connection and names, its principal and id
+	x    *execution // whose reports: its runner's connection and names, its principal and id
 	open atomic.Int64
 	s    atomic.Pointer[reporting] // made at the first report
 }
@@ -108,10 +108,10 @@ func (r *Reporter) newReporting() *reporting {
 	s := &reporting{now: time.Now, co: coalescer{every: ProgressEvery}}
 	if x := r.x; x != nil {
 		s.id = x.req.ExecutionID
-		if x.r != nil {
-			s.nc, s.now = x.r.nc, x.r.now
-			if x.r.b != nil {
-				s.subject = x.r.b.Names.ProgressSubject(x.principal, s.id)
+		if x.w != nil {
+			s.nc, s.now = x.w.nc, x.w.now
+			if x.w.b != nil {
+				s.subject = x.w.b.Names.ProgressSubject(x.principal, s.id)
 			}
 		}
 	}

@@ -122,7 +122,7 @@ func TestCoalescer_RuleHoldsForAnyReports(t *testing.T) {
 // reporterOf is the reporter of an execution of id whose runner has no
 // connection and the clock now.
 func reporterOf(id string, now func() time.Time) *Reporter {
-	x := &Execution{r: &Runner{now: now}, req: &envelope.Request{ExecutionID: id}}
+	x := &execution{w: &worker{now: now}, req: &envelope.Request{ExecutionID: id}}
 	x.lease.progress.x = x
 	return &x.lease.progress
 }

@@ -8,27 +8,27 @@ import (
 
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/execution"
+	execrec "github.com/capstan-dev/capstan/execution"
 	"github.com/nats-io/nats.go"
 )
 
 // Record and State are the public execution record (package execution),
 // named here for brevity.
 type (
-	Record = execution.Record
-	State  = execution.State
+	Record = execrec.Record
+	State  = execrec.State
 )
 
 // Record states.
 const (
-	StatePending   = execution.StatePending
-	StateClaimed   = execution.StateClaimed
-	StateRunning   = execution.StateRunning
-	StateBackoff   = execution.StateBackoff
-	StateFinalized = execution.StateFinalized
+	StatePending   = execrec.StatePending
+	StateClaimed   = execrec.StateClaimed
+	StateRunning   = execrec.StateRunning
+	StateBackoff   = execrec.StateBackoff
+	StateFinalized = execrec.StateFinalized
 	// StateReconciling: a takeover asks the capability's reconciler whether
 	// the lost attempt took effect (DESIGN §5, receipts and reconcilers).
-	StateReconciling = execution.StateReconciling
+	StateReconciling = execrec.StateReconciling
 )
 
 // receiptOf returns the receipt attempt n recorded in r, nil when it

@@ -70,10 +70,10 @@ func TestRecordConflict_InputWithoutJSONFormStillCompared(t *testing.T) {
 		Memo []byte `json:"memo"`
 	}
 	alice := envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}
-	request := func(data []byte) *Execution {
+	request := func(data []byte) *execution {
 		req := &envelope.Request{ExecutionID: "e1", CapabilityID: "vault.transfer", Actor: alice, Surface: "direct",
 			Input: envelope.MustRaw(transfer{To: "acct-1", Memo: data})}
-		x := &Execution{req: req}
+		x := &execution{req: req}
 		x.hashInput()
 		return x
 	}

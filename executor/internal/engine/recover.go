@@ -29,117 +29,65 @@ var ErrReceiptRefused = errors.New("capstan: receipt not recorded")
 // rides every later write of the record (the lease's renewals).
 const MaxReceipt = 8 << 10
 
-// RecordReceipt stores receipt as attempt n's evidence of its effect, by
-// compare-and-swap under the attempt's claim (Receipts). The receipt lock
-// orders it with the end of the attempt: once the attempt has ended, its
-// outcome is decided without the receipt, and the receipt is refused.
-func (e *Execution) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
-	if len(receipt) == 0 {
-		return fmt.Errorf("%w: the receipt is empty", ErrReceiptRefused)
+// recover ends attempt a.Attempts completed from what it left (Recover):
+// its receipt, or what the reconciler found (a.How says which). Stages 12
+// and 13 apply to it as to a handler's output: nothing that fails them
+// leaves the worker.
+func (at *attempts) recover(a Action) Action {
+	x := at.x
+	n := a.Attempts
+	x.lease.start()
+	var receipt envelope.Raw
+	if a.How == envelope.RecoveredByReceipt {
+		rec := x.claim.record()
+		receipt = receiptOf(&rec, n)
 	}
-	if len(receipt) > MaxReceipt {
-		return fmt.Errorf("%w: the receipt is %d bytes, more than %d", ErrReceiptRefused, len(receipt), MaxReceipt)
+	if end, ok := at.admitted(n); !ok {
+		return end
 	}
-	hash, err := envelope.InputHash(receipt)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
-	}
-	e.receiptMu.Lock()
-	defer e.receiptMu.Unlock()
-	if e.receiptOpen != n {
-		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
-	}
-	if e.claim.lapsed.Load() {
-		// The lease ran out unrenewed: another worker may own the execution.
-		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
-	}
-	e.receiptTried = true
-	_, end := e.obs.Stage(ctx, observe.StageReceipt)
-	err = e.claim.update(func(r *Record) {
-		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, e.r.now().UTC()
-	})
-	if errors.Is(err, errCancelRequested) {
-		err = nil // written; the cancel came after the effect
-	}
-	end(err)
-	switch {
-	case errors.Is(err, errLost):
-		return fmt.Errorf("%w: the attempt's claim was lost", ErrReceiptRefused)
-	case err != nil:
-		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
-	}
-	e.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
-	return nil
-}
-
-// openReceipts lets attempt n record receipts.
-func (e *Execution) openReceipts(n int) {
-	e.receiptMu.Lock()
-	e.receiptOpen, e.receiptTried = n, false
-	e.receiptMu.Unlock()
-}
-
-// closeReceipts ends attempt n's receipts and returns the one it recorded,
-// nil for none: from here the attempt's outcome is decided. An attempt
-// that wrote no receipt ends without reading the claim.
-func (e *Execution) closeReceipts(n int) envelope.Raw {
-	e.receiptMu.Lock()
-	defer e.receiptMu.Unlock()
-	e.receiptOpen = 0
-	if !e.receiptTried || e.claim.held() == nil {
-		return nil
-	}
-	rec := e.claim.record()
-	return receiptOf(&rec, n)
-}
-
-// recover finalizes attempt n completed from what it left: its receipt, or
-// out, what the reconciler found (how says which). Stages 12 and 13 apply to
-// it as to a handler's output: nothing that fails them leaves the worker.
-func (e *Execution) recover(how string, n int, receipt envelope.Raw, out any) {
-	var err error
-	if how == envelope.RecoveredByReceipt {
-		out, err = e.fromReceipt(n, receipt)
+	out, err := at.answer, error(nil)
+	if a.How == envelope.RecoveredByReceipt {
+		out, err = at.fromReceipt(n, receipt)
 	}
 	if err != nil {
-		e.finalize(failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid, Stage: envelope.StageOutput,
-			ExposeToModel: true, Message: "The operation took effect, but its receipt could not be made its output; it was withheld.",
-			Cause: err}), n)
-		return
+		return Action{Do: Finish, Attempts: n, end: failedAfterRun(&envelope.CapabilityError{Code: envelope.CodeOutputInvalid,
+			Stage: envelope.StageOutput, ExposeToModel: true,
+			Message: "The operation took effect, but its receipt could not be made its output; it was withheld.", Cause: err})}
 	}
-	raw, oerr := e.unit.Output(out)
+	raw, oerr := at.unit.Output(out)
 	if oerr != nil {
-		e.finalize(failedAfterRun(oerr), n)
-		return
+		return Action{Do: Finish, Attempts: n, end: failedAfterRun(oerr)}
 	}
 	o := completed(raw)
-	o.env.Recovered = &envelope.Recovered{How: how, Attempt: n}
-	o.data = map[string]any{"recovered": how, "recoveredAttempt": n}
-	if how == envelope.RecoveredByReceipt {
+	o.env.Recovered = &envelope.Recovered{How: a.How, Attempt: n}
+	o.data = map[string]any{"recovered": a.How, "recoveredAttempt": n}
+	if a.How == envelope.RecoveredByReceipt {
 		if h, err := envelope.InputHash(receipt); err == nil {
 			o.data["receiptHash"] = h
 		}
 	}
-	e.r.recovered.Add(1)
-	e.finalize(o, n)
+	x.w.stats.recovered.Add(1)
+	return Action{Do: Finish, Attempts: n, end: o}
 }
 
 // fromReceipt is the capability's output for attempt n's receipt; a panic
 // is an error.
-func (e *Execution) fromReceipt(n int, receipt envelope.Raw) (out any, err error) {
+func (at *attempts) fromReceipt(n int, receipt envelope.Raw) (out any, err error) {
+	x := at.x
 	defer func() {
 		if r := recover(); r != nil {
 			out, err = nil, fmt.Errorf("FromReceipt panicked: %v", r)
 		}
 	}()
-	ctx, cancel := context.WithTimeout(e.ctx, e.recoveryTimeout())
+	ctx, cancel := context.WithTimeout(x.ctx, at.recoveryTimeout())
 	defer cancel()
-	return e.unit.FromReceipt(ctx, n, receipt)
+	return at.unit.FromReceipt(ctx, n, receipt)
 }
 
 // recoveryTimeout bounds one reconciliation, or one receipt's conversion.
-func (e *Execution) recoveryTimeout() time.Duration {
-	if t := e.cap.Recovery().Timeout; t > 0 {
+func (at *attempts) recoveryTimeout() time.Duration {
+	x := at.x
+	if t := x.cap.Recovery().Timeout; t > 0 {
 		return t
 	}
 	return DefaultReconcileTimeout
@@ -151,101 +99,76 @@ const DefaultReconcileTimeout = 10 * time.Second
 
 // admitted readmits a taken-over execution for what comes after its lost
 // attempt (stage 5 again, the approval it consumed), and reports whether it
-// may go on; when it may not, it has ended as the admission says.
-func (e *Execution) admitted(n int) bool {
-	if e.unit != nil {
-		return true
+// may go on; when it may not, it returns how it ends, as the admission says.
+func (at *attempts) admitted(n int) (Action, bool) {
+	x := at.x
+	if at.unit != nil {
+		return Action{}, true
 	}
-	adm := e.cap.Readmit(e.ctx, e.request())
+	adm := x.cap.Readmit(x.ctx, x.request())
 	for _, ev := range adm.Events {
-		e.emit(ev.Type, ev.Data)
+		x.emit(ev.Type, ev.Data)
 	}
 	switch {
 	case adm.Stopped:
-		e.endByContext(n)
-		return false
+		return at.endByContext(n), false
 	case adm.Refusal != nil:
-		e.finalize(failed(adm.Refusal), n)
-		return false
+		return Action{Do: Finish, Attempts: n, end: failed(adm.Refusal)}, false
 	case adm.Unit == nil:
 		// An approval asked for again: a takeover never asks twice.
-		e.finalize(failed(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageHandler,
-			Message: "The operation failed.", Cause: errors.New("readmission asked for an approval")}), n)
-		return false
+		return Action{Do: Finish, Attempts: n, end: failed(&envelope.CapabilityError{Code: envelope.CodeInternalError,
+			Stage: envelope.StageHandler, Message: "The operation failed.",
+			Cause: errors.New("readmission asked for an approval")})}, false
 	}
-	e.unit, e.adm = adm.Unit, adm
-	return true
-}
-
-// recoverTaken finalizes a taken-over attempt n from its receipt.
-func (e *Execution) recoverTaken(n int) {
-	e.lease.start()
-	rec := e.claim.record()
-	receipt := receiptOf(&rec, n)
-	if !e.admitted(n) {
-		return
-	}
-	e.recover(envelope.RecoveredByReceipt, n, receipt, nil)
+	at.unit, at.adm = adm.Unit, adm
+	return Action{}, true
 }
 
 // reconcile asks the capability's reconciler whether the lost attempt n took
-// effect, holding the record as reconciling{n} under this claim's lease (a
-// worker lost meanwhile is taken over like an attempt), then carries out
-// what the takeover table says of the answer.
-func (e *Execution) reconcile(n int) {
-	e.lease.start()
-	if !e.admitted(n) {
-		return
+// effect (Reconcile), holding the record as reconciling{n} under this
+// claim's lease (a worker lost meanwhile is taken over like an attempt),
+// and returns what the takeover table says of the answer.
+func (at *attempts) reconcile(n int) Action {
+	x := at.x
+	x.lease.start()
+	if end, ok := at.admitted(n); !ok {
+		return end
 	}
-	start := e.r.now()
-	res := e.ask(n)
-	data := map[string]any{"attempt": n, "verdict": res.Verdict.String(), "provesAbsence": e.cap.Recovery().ProvesAbsence,
-		"durationMs": e.r.now().Sub(start).Milliseconds()}
+	start := x.w.now()
+	res := at.ask(n)
+	data := map[string]any{"attempt": n, "verdict": res.Verdict.String(), "provesAbsence": x.cap.Recovery().ProvesAbsence,
+		"durationMs": x.w.now().Sub(start).Milliseconds()}
 	if res.Err != nil {
 		data["reason"] = inconclusiveReason(res.Err)
-		e.r.log.Warn("reconciler could not tell", "executionId", e.req.ExecutionID, "capabilityId", e.req.CapabilityID,
+		x.w.log.Warn("reconciler could not tell", "executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID,
 			"attempt", n, "err", res.Err)
 	}
-	switch cause := context.Cause(e.ctx); {
+	switch cause := context.Cause(x.ctx); {
 	case errors.Is(cause, errLeaseLost):
-		e.r.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", e.req.ExecutionID)
-		return
+		x.w.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
+		return Action{}
 	case errors.Is(cause, errShutdown):
-		e.release()
-		return
+		return Action{Do: Release}
 	}
-	e.emit(audit.EventReconciled, data)
-	if e.ctx.Err() != nil && res.Verdict != Found {
-		e.endByContext(n)
-		return
+	x.emit(audit.EventReconciled, data)
+	if x.ctx.Err() != nil && res.Verdict != Found {
+		return at.endByContext(n)
 	}
-	held := e.claim.record()
-	f := e.facts(&held, EnvelopeNotRead)
+	at.answer = res.Output
+	held := x.claim.record()
+	f := x.facts(&held, EnvelopeNotRead)
 	f.Claimed, f.Reconciled = true, res.Verdict
-	switch a := Takeover(f); a.Do {
-	case Recover:
-		e.recover(a.How, n, nil, res.Output)
-	case Retry:
-		e.retryReason = a.Reason
-		e.run(false, a.Attempts, envelope.CodeWorkerLost)
-	case Cancel:
-		e.finalize(cancelled(envelope.CodeCancelled, "The caller cancelled the execution."), a.Attempts)
-	case Fail:
-		e.finalize(afterRun(a.Err), a.Attempts)
-	default:
-		// Nothing else follows an answer: leave it to the next delivery.
-		e.r.log.Error("takeover table: no action after a reconciliation", "executionId", e.req.ExecutionID, "do", a.Do)
-		e.release()
-	}
+	return Takeover(f)
 }
 
 // ask calls the reconciler once under its timeout and the execution's
 // context. A panic, an error, or the time running out are Inconclusive.
-func (e *Execution) ask(n int) Reconciliation {
-	ctx, cancel := context.WithTimeoutCause(e.ctx, e.recoveryTimeout(), errReconcileTimeout)
+func (at *attempts) ask(n int) Reconciliation {
+	x := at.x
+	ctx, cancel := context.WithTimeoutCause(x.ctx, at.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
-	ctx, end := e.obs.Stage(ctx, observe.StageReconcile)
-	key := e.idempotencyKey() // the lost attempt's: the record names it
+	ctx, end := x.obs.Stage(ctx, observe.StageReconcile)
+	key := x.idempotencyKey() // the lost attempt's: the record names it
 	ch := make(chan Reconciliation, 1)
 	go func() {
 		defer func() {
@@ -253,7 +176,7 @@ func (e *Execution) ask(n int) Reconciliation {
 				ch <- Reconciliation{Verdict: Inconclusive, Err: fmt.Errorf("%w: %v\n%s", errReconcilePanic, r, debug.Stack())}
 			}
 		}()
-		ch <- e.unit.Reconcile(ctx, n, key)
+		ch <- at.unit.Reconcile(ctx, n, key)
 	}()
 	var res Reconciliation
 	select {

@@ -40,7 +40,7 @@ func testRunner(t *testing.T) *Runner {
 
 // newClaim is a claim of key on r's store with a token of its own.
 func (r *Runner) newClaim(key string) *claim {
-	return &claim{s: r.store, key: key, token: uuid.NewString()}
+	return &claim{s: r.w.store, key: key, token: uuid.NewString()}
 }
 
 func claimRecord(id, worker, token string, st State, leaseUntil time.Time) *Record {
@@ -84,7 +84,7 @@ func TestClaim_UpdateAfterAnotherClaimTookIt_LostNotApplied(t *testing.T) {
 	}
 	// Another worker takes it over, its lease having run out.
 	other := r.newClaim(key)
-	cur, rev, err := r.store.load(key)
+	cur, rev, err := r.w.store.load(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestClaim_UpdateAfterAnotherClaimTookIt_LostNotApplied(t *testing.T) {
 	if !errors.Is(err, errLost) {
 		t.Fatalf("update after a takeover: %v, want errLost", err)
 	}
-	got, _, err := r.store.load(key)
+	got, _, err := r.w.store.load(key)
 	if err != nil || got.Claim != other.token || got.Attempt != 0 {
 		t.Fatalf("record %+v (%v): want the other claim's, unchanged", got, err)
 	}
@@ -119,7 +119,7 @@ func TestClaim_UpdateReadsACancelRecordedMeanwhile(t *testing.T) {
 	if !errors.Is(err, errCancelRequested) {
 		t.Fatalf("renewal after a cancel: %v, want errCancelRequested", err)
 	}
-	got, _, _ := r.store.load(key)
+	got, _, _ := r.w.store.load(key)
 	if !got.CancelRequested || !got.LeaseUntil.Equal(until) || got.Claim != mine.token {
 		t.Fatalf("record %+v: want the cancel kept and the renewal applied", got)
 	}
@@ -137,7 +137,7 @@ func TestEndTaken_SwapLost_NothingWritten(t *testing.T) {
 	if _, _, ok := dead.create(claimRecord(id, "w-dead", dead.token, StateClaimed, time.Now().Add(-time.Second)), noStage{}); !ok {
 		t.Fatal("create")
 	}
-	stale, staleRev, err := r.store.load(key)
+	stale, staleRev, err := r.w.store.load(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,15 +149,15 @@ func TestEndTaken_SwapLost_NothingWritten(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	_, rev, _ := r.store.load(key)
+	_, rev, _ := r.w.store.load(key)
 	req := &envelope.Request{ExecutionID: id, CapabilityID: "email.send"}
-	if r.EndTaken(context.Background(), req, broker.Anonymous, stale, staleRev, Action{Do: NotStarted, TakeOver: true}) {
+	if r.EndTaken(context.Background(), req, broker.Anonymous, stale, staleRev, NotStartedError(), 0) {
 		t.Fatal("EndTaken reported an end over another worker's claim")
 	}
-	if env, err := r.store.envelope(key); env != nil || err != nil {
+	if env, err := r.w.store.envelope(key); env != nil || err != nil {
 		t.Fatalf("envelope %+v (%v) written over a claim the sweeper lost", env, err)
 	}
-	if got, gotRev, _ := r.store.load(key); gotRev != rev || got.Claim != worker.token {
+	if got, gotRev, _ := r.w.store.load(key); gotRev != rev || got.Claim != worker.token {
 		t.Fatalf("record %+v at %d, want the worker's at %d", got, gotRev, rev)
 	}
 }
@@ -174,17 +174,17 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 	if _, _, ok := c.create(claimRecord(id, "w1", c.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
 		t.Fatal("create")
 	}
-	_, rev, _ := r.store.load(key)
+	_, rev, _ := r.w.store.load(key)
 	env := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: "email.send", Status: envelope.StatusCompleted,
 		Attempts: 1, FinalizedBy: "w1", FinalizedAt: time.Now().UTC()}
-	if err := r.store.createEnvelope(key, env); err != nil {
+	if err := r.w.store.createEnvelope(key, env); err != nil {
 		t.Fatal(err)
 	}
 	got, err := r.RecordCancel(broker.Anonymous, id, true)
 	if err != nil || !got.Finalized || got.Status != envelope.StatusCompleted {
 		t.Fatalf("cancel after the envelope: %+v, %v; want finalized, completed", got, err)
 	}
-	if rec, gotRev, _ := r.store.load(key); gotRev != rev || rec.CancelRequested {
+	if rec, gotRev, _ := r.w.store.load(key); gotRev != rev || rec.CancelRequested {
 		t.Fatalf("record %+v at %d: a cancel was recorded on an ended execution (was %d)", rec, gotRev, rev)
 	}
 }
@@ -203,7 +203,7 @@ func TestLeaseKeeper_RenewalFindingAnotherClaim_EndsTheExecutionAtOnce(t *testin
 		t.Fatal("create")
 	}
 	other := r.newClaim(key)
-	cur, rev, _ := r.store.load(key)
+	cur, rev, _ := r.w.store.load(key)
 	other.hold(cur, rev)
 	if err := other.update(func(rec *Record) { rec.Worker, rec.Claim = "w2", other.token }); err != nil {
 		t.Fatal(err)
@@ -239,12 +239,12 @@ func TestClaim_LapsedLease_WritesNothingMore(t *testing.T) {
 	if _, err := r.RecordCancel(broker.Anonymous, id, true); err != nil {
 		t.Fatal(err)
 	}
-	_, rev, _ := r.store.load(key)
+	_, rev, _ := r.w.store.load(key)
 	mine.lapsed.Store(true)
 	if err := mine.update(func(rec *Record) { rec.LeaseUntil = time.Now().UTC().Add(time.Hour) }); !errors.Is(err, errLost) {
 		t.Fatalf("a renewal after the lease lapsed: %v, want errLost", err)
 	}
-	if _, got, _ := r.store.load(key); got != rev {
+	if _, got, _ := r.w.store.load(key); got != rev {
 		t.Fatalf("record at revision %d, want %d: a lapsed claim wrote", got, rev)
 	}
 }

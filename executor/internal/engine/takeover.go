@@ -14,15 +14,16 @@ import (
 // failed / NOT_STARTED. The record TTL bounds it too: the exec stream drops a
 // request at the record TTL (MaxAge), and a request is never claimed from
 // scratch within ttlMargin of it. (A record itself goes one record window
-// after its last write; a redelivery that finds none decides as
-// checkedFresh says.) The check is a comparison on the delivery; the sweeper
-// (sweep.go) ends the requests no worker is given.
+// after its last write; a redelivery that finds none decides as the rows of
+// a missing record say, once it holds its own claim: Facts.Claimed.) The
+// check is a comparison on the delivery; the sweeper (package sweeper) ends
+// the requests no worker is given.
 
 // The takeover table of DESIGN §5, as one pure function: what a delivery
 // does, given the record and the envelope it found, what it knows of its own
 // request, and the time. Every row of the table is one case below and one row
 // of TestTakeover (takeover_test.go); the engine only gathers the facts and
-// carries the action out.
+// carries the action out (delivery.apply).
 
 // EnvelopeRead is what a read of an execution's envelope found.
 type EnvelopeRead int
@@ -192,10 +193,30 @@ const (
 	// capability's reconciler whether the attempt took effect; its answer
 	// decides again (Facts.Reconciled).
 	Reconcile
+
+	// The engine's own steps, which no row of the table returns: what a
+	// delivery's steps decide on the way (the stages, the limits, the
+	// attempts), carried out in the same place as the table's actions.
+
+	// Finish: finalize with the outcome a step reached (an attempt's output
+	// or failure, a refusal of the stages or a limit, a cancel seen).
+	Finish
+	// AwaitApproval: the stages, or a budget, need an approval: claim,
+	// reserve its id on the record, store it, finalize approval-required.
+	AwaitApproval
+	// Release: give the execution back at once (the worker shuts down): its
+	// lease ends now and the delivery comes back at once.
+	Release
+	// Refuse: end a request that must never run (one that does not decode,
+	// whose message id names another execution, a resume refused before it
+	// is resolved) with Err, unrun, and settle the delivery once its
+	// envelope exists.
+	Refuse
 )
 
 var doNames = [...]string{"", "claim", "end-not-started", "duplicate", "restore-envelope", "conflict", "wait",
-	"refuse-expired", "run", "retry", "cancel", "not-found", "not-started", "fail", "recover", "reconcile"}
+	"refuse-expired", "run", "retry", "cancel", "not-found", "not-started", "fail", "recover", "reconcile",
+	"finish", "await-approval", "release", "refuse"}
 
 // String names the action, for logs and test failures.
 func (d Do) String() string {
@@ -226,8 +247,15 @@ type Action struct {
 	// envelope.RecoveredByReconciler).
 	How string
 	// Reason is why Retry runs another attempt when the retry rule is not
-	// what allows it (ReasonReconciledAbsent).
+	// what allows it (ReasonReconciledAbsent), and Refuse's reason on the
+	// trail.
 	Reason string
+
+	// What the engine's own steps carry.
+	end   *outcome        // Finish's
+	need  *ApprovalNeeded // AwaitApproval's
+	limit bool            // Wait's: for a limit (the record names no worker meanwhile)
+	term  string          // Refuse's: the delivery is terminated with this reason ("": acknowledged)
 }
 
 // ReasonReconciledAbsent is the reason of an attempt started because the

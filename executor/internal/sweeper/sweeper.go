@@ -316,7 +316,7 @@ func (s *Sweeper) sweep(ctx context.Context, q broker.Queue, reach []consumerRea
 			s.remove(ctx, q, m.Sequence)
 		}
 	case End:
-		if s.eng.EndTaken(ctx, req, principal, rec, rev, a.End) {
+		if s.eng.EndTaken(ctx, req, principal, rec, rev, a.Err, a.Attempts) {
 			s.swept.Add(1)
 			s.remove(ctx, q, m.Sequence)
 			return true

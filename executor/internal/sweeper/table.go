@@ -44,16 +44,18 @@ const (
 	EndUnrun
 	// Restore writes the envelope a finalized record stands for.
 	Restore
-	// End takes the record over by compare-and-swap and ends it as End says
-	// (engine.Runner.EndTaken).
+	// End takes the record over by compare-and-swap and ends it with Err,
+	// reporting Attempts (engine.Runner.EndTaken).
 	End
 )
 
 // Action is one decision of the sweeper's table.
 type Action struct {
-	Do  Do
-	Err *envelope.CapabilityError // EndUnrun's
-	End engine.Action             // End's
+	Do Do
+	// Err is what EndUnrun and End end the request with.
+	Err *envelope.CapabilityError
+	// Attempts is what End reports: the attempts the record counts.
+	Attempts int
 }
 
 // Due reports whether the request is past its start deadline: before it,
@@ -88,22 +90,15 @@ func Decide(f Facts) Action {
 	case rec.Leased(f.Now):
 		return Action{Do: Leave}
 	case rec.CancelRequested:
-		return end(rec, engine.Action{Do: engine.Cancel})
+		return Action{Do: End, Err: engine.CancelledError(), Attempts: rec.Attempt}
 	case rec.State == engine.StateClaimed && rec.LastError == envelope.CodeWorkerLost:
 		// Claimed where no record proved that no attempt had run.
-		return end(rec, engine.Action{Do: engine.Fail, AfterRun: true, Err: engine.ExpiredRecordError()})
+		return Action{Do: End, Err: engine.ExpiredRecordError(), Attempts: rec.Attempt}
 	case rec.State == engine.StatePending || rec.State == engine.StateClaimed:
-		return end(rec, engine.Action{Do: engine.NotStarted})
+		return Action{Do: End, Err: engine.NotStartedError(), Attempts: rec.Attempt}
 	case f.Now.After(f.TTLDeadline):
 		// Started, and its worker lost: nothing may try it again.
-		return end(rec, engine.Action{Do: engine.Fail, AfterRun: true, Err: engine.LostWorkerError()})
+		return Action{Do: End, Err: engine.LostWorkerError(), Attempts: rec.Attempt}
 	}
 	return Action{Do: Leave} // a pool's worker takes it over
-}
-
-// end takes rec over and ends it as a says, reporting the attempts rec
-// counts.
-func end(rec *engine.Record, a engine.Action) Action {
-	a.TakeOver, a.Attempts = true, rec.Attempt
-	return Action{Do: End, End: a}
 }

@@ -58,10 +58,10 @@ func TestDecide(t *testing.T) {
 			Action{Do: EndUnrun, Err: engine.ExpiredRecordError()}},
 		{"an expired claim: taken, NOT_STARTED",
 			Facts{StartDeadline: due, TTLDeadline: beforeTTL, Record: record(engine.StateClaimed, nil)},
-			end(record(engine.StateClaimed, nil), engine.Action{Do: engine.NotStarted})},
+			Action{Do: End, Err: engine.NotStartedError()}},
 		{"an expired claim marked WORKER_LOST: taken, OUTCOME_UNKNOWN",
 			Facts{StartDeadline: due, Record: record(engine.StateClaimed, func(r *engine.Record) { r.LastError = envelope.CodeWorkerLost })},
-			end(record(engine.StateClaimed, nil), engine.Action{Do: engine.Fail, AfterRun: true, Err: engine.ExpiredRecordError()})},
+			Action{Do: End, Err: engine.ExpiredRecordError()}},
 		{"a live claim: left to its worker",
 			Facts{StartDeadline: due, TTLDeadline: pastTTL, Record: record(engine.StateClaimed, live)},
 			Action{Do: Leave}},
@@ -76,16 +76,16 @@ func TestDecide(t *testing.T) {
 			Action{Do: Restore}},
 		{"a cancel's pending record: taken, CANCELLED",
 			Facts{StartDeadline: due, Record: &engine.Record{ExecutionID: "e1", State: engine.StatePending, CancelRequested: true}},
-			end(&engine.Record{}, engine.Action{Do: engine.Cancel})},
+			Action{Do: End, Err: engine.CancelledError()}},
 		{"a cancel on an expired running attempt: taken, CANCELLED with its attempts",
 			Facts{StartDeadline: due, TTLDeadline: beforeTTL, Record: record(engine.StateRunning, func(r *engine.Record) { r.Attempt = 2; r.CancelRequested = true })},
-			end(&engine.Record{Attempt: 2}, engine.Action{Do: engine.Cancel})},
+			Action{Do: End, Err: engine.CancelledError(), Attempts: 2}},
 		{"an expired running attempt past the TTL deadline: taken, OUTCOME_UNKNOWN",
 			Facts{StartDeadline: due, TTLDeadline: pastTTL, Record: record(engine.StateRunning, func(r *engine.Record) { r.Attempt = 1 })},
-			end(&engine.Record{Attempt: 1}, engine.Action{Do: engine.Fail, AfterRun: true, Err: engine.LostWorkerError()})},
+			Action{Do: End, Err: engine.LostWorkerError(), Attempts: 1}},
 		{"an expired backoff past the TTL deadline: taken, OUTCOME_UNKNOWN",
 			Facts{StartDeadline: due, TTLDeadline: pastTTL, Record: record(engine.StateBackoff, func(r *engine.Record) { r.Attempt = 1 })},
-			end(&engine.Record{Attempt: 1}, engine.Action{Do: engine.Fail, AfterRun: true, Err: engine.LostWorkerError()})},
+			Action{Do: End, Err: engine.LostWorkerError(), Attempts: 1}},
 		{"an expired running attempt before the TTL deadline: left to its pool's takeover",
 			Facts{StartDeadline: due, TTLDeadline: beforeTTL, Record: record(engine.StateRunning, func(r *engine.Record) { r.Attempt = 1 })},
 			Action{Do: Leave}},
@@ -104,11 +104,7 @@ func TestDecide(t *testing.T) {
 }
 
 func same(a, b Action) bool {
-	if a.Do != b.Do || !sameErr(a.Err, b.Err) {
-		return false
-	}
-	x, y := a.End, b.End
-	return x.Do == y.Do && x.TakeOver == y.TakeOver && x.Attempts == y.Attempts && x.AfterRun == y.AfterRun && sameErr(x.Err, y.Err)
+	return a.Do == b.Do && a.Attempts == b.Attempts && sameErr(a.Err, b.Err)
 }
 
 func sameErr(a, b *envelope.CapabilityError) bool {

@@ -1,0 +1,541 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/limits"
+	"github.com/capstan-dev/capstan/observe"
+)
+
+// attempts runs an admitted execution (DESIGN §4, §6): the capability's
+// admission, its limits, the attempts under the lease, the retry rule, the
+// output's checks; and, for an attempt lost with its worker, its recovery
+// (recover.go). It writes records through the execution's claim and files
+// its trail, and returns how the run ends, as an Action: the delivery
+// carries it out (delivery.apply).
+type attempts struct {
+	x *execution
+	// unit runs the attempts, once stages 4 to 9 let the execution through.
+	unit WorkUnit
+	// adm is the admission that let the execution through: the limits it
+	// takes (DESIGN §17).
+	adm Admission
+	// taken is what the execution took of its limits.
+	taken limits.Taken
+	// retryReason is why the next attempt starts when it is not the retry
+	// rule (ReasonReconciledAbsent): audited, and counted on the record.
+	retryReason string
+	// answer is what the reconciler found of a lost attempt (Recover).
+	answer any
+	// receipts takes what the attempt running records of its effect.
+	receipts receipts
+}
+
+// run drives the pipeline of DESIGN §4 for a claimed execution (Run,
+// Retry), and returns how it ends: stages 4 to 9 and 12 to 13 are the
+// capability's (Admit, Readmit, WorkUnit.Output), the rest are here.
+// fromAttempt > 0 resumes a takeover at stage 11 with that attempt, after
+// prevCode. An execution of a capability no pool serves ends
+// CAPABILITY_NOT_FOUND.
+//
+// An execution on the short path (claimNew) comes here unclaimed: stages
+// 4 to 9 run before its record exists, and the start of attempt 1 creates it.
+func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
+	x := at.x
+	c := x.cap
+	if c == nil {
+		return Action{Do: NotFound}
+	}
+	if x.claim.held() != nil {
+		x.lease.start()
+	}
+	// 2: the request is audited before anything can refuse it.
+	x.audited()
+	if x.ctx.Err() != nil {
+		return at.endByContext(0)
+	}
+	// 3–9 ran before any attempt started; a takeover of a running execution
+	// only needs the input back, and the approval it consumed.
+	// (A reconciliation readmitted it already.)
+	if at.unit == nil {
+		var adm Admission
+		if fromAttempt == 0 {
+			adm = c.Admit(x.ctx, x.request())
+		} else {
+			adm = c.Readmit(x.ctx, x.request())
+		}
+		for _, ev := range adm.Events {
+			x.emit(ev.Type, ev.Data)
+		}
+		switch {
+		case adm.Stopped:
+			return at.endByContext(0)
+		case adm.Refusal != nil:
+			n := 0
+			if fromAttempt > 0 {
+				n = x.claim.record().Attempt
+			}
+			return Action{Do: Finish, end: failed(adm.Refusal), Attempts: n}
+		case adm.Approval != nil:
+			return Action{Do: AwaitApproval, need: adm.Approval}
+		}
+		at.unit, at.adm = adm.Unit, adm
+	}
+	if len(at.adm.Limits) > 0 {
+		if a, ok := at.takeLimits(at.adm, fromAttempt); !ok {
+			return a
+		}
+	}
+
+	// 10–11: controls and the attempts.
+	attempt := fromAttempt
+	if attempt == 0 {
+		attempt = 1
+	} else {
+		data := map[string]any{"attempt": attempt, "previousErrorCode": string(prevCode)}
+		if at.retryReason != "" {
+			data["reason"] = at.retryReason
+		}
+		x.emit(audit.EventRetried, data)
+		x.obs.Retried(attempt, prevCode)
+	}
+	for {
+		if err := x.ctx.Err(); err != nil {
+			return at.endByContext(attempt - 1)
+		}
+		if x.claim.held() == nil {
+			// The short path's claim: the record of attempt 1, create-only.
+			rec := x.newRecord(StateRunning)
+			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
+			if !x.create(rec) {
+				return x.yield()
+			}
+			x.lease.start()
+		} else {
+			endStart := x.stage(observe.StageStart)
+			reattempt := at.retryReason == ReasonReconciledAbsent
+			err := x.claim.update(func(r *Record) {
+				now := x.w.now().UTC()
+				r.State, r.Attempt, r.StartedAt, r.LastError = StateRunning, attempt, now, ""
+				r.LeaseUntil = now.Add(x.w.cfg.Lease) // a full lease for the attempt that starts
+				// What a lost attempt before it left is its own.
+				r.Receipt, r.ReceiptAttempt, r.ReceiptAt, r.Reconciliations = nil, 0, time.Time{}, 0
+				if reattempt {
+					r.Reattempts++
+				}
+				r.Progress = nil // the last attempt's
+			})
+			at.retryReason = ""
+			endStart(err)
+			if err != nil {
+				return x.endByRecord(err, attempt-1)
+			}
+		}
+		started := x.event(audit.EventStarted, at.unit.Started(attempt))
+		if x.w.cfg.StrictAudit {
+			endAudit := x.stage(observe.StageAudit)
+			err := x.trail.flushSync(x.ctx, started)
+			endAudit(err)
+			if err != nil {
+				if x.ctx.Err() != nil {
+					return at.endByContext(attempt - 1)
+				}
+				return Action{Do: Finish, Attempts: attempt - 1, end: failed(&envelope.CapabilityError{
+					Code: envelope.CodeAuditUnavailable, Stage: envelope.StageControls, Retryable: true, ExposeToModel: true,
+					Message: "The audit trail is unavailable; the operation was not run.", Cause: err})}
+			}
+		} else {
+			x.trail.publish(started)
+			x.trail.flushSoon()
+		}
+
+		out, cerr, receipt := at.attempt(attempt, c.Timeout())
+		if cerr == nil {
+			// 12–13: the output's validation, redaction and encoding.
+			raw, oerr := at.unit.Output(out)
+			if oerr != nil {
+				return Action{Do: Finish, end: failedAfterRun(oerr), Attempts: attempt}
+			}
+			return Action{Do: Finish, end: completed(raw), Attempts: attempt}
+		}
+		switch cause := context.Cause(x.ctx); {
+		case errors.Is(cause, errLeaseLost):
+			x.w.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
+			return Action{}
+		case errors.Is(cause, errShutdown):
+			return Action{Do: Release}
+		case receipt != nil && stoppedByRuntime(cerr):
+			// Stopped (its timeout, the caller's cancel) after it recorded
+			// that its effect happened: it completed (DESIGN §5).
+			return Action{Do: Recover, How: envelope.RecoveredByReceipt, Attempts: attempt}
+		case x.ctx.Err() != nil:
+			return at.endByContext(attempt)
+		}
+		if delay, ok := c.Retry(attempt, cerr); ok {
+			if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
+				return x.endByRecord(err, attempt)
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-x.ctx.Done():
+				t.Stop()
+				if errors.Is(context.Cause(x.ctx), errShutdown) {
+					return Action{Do: Release}
+				}
+				if errors.Is(context.Cause(x.ctx), errLeaseLost) {
+					return Action{}
+				}
+				return at.endByContext(attempt)
+			}
+			attempt++
+			x.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
+			x.obs.Retried(attempt, cerr.Code)
+			continue
+		}
+		return Action{Do: Fail, Err: cerr, AfterRun: true, Attempts: attempt}
+	}
+}
+
+// takeLimits takes the execution's limits and reports whether its attempts
+// may start. When they may not, it returns the capability's choice at the
+// limit: the delivery waits (a later delivery tries again, until the start
+// deadline), the execution ends RATE_LIMITED, or it asks for an approval. A takeover (fromAttempt > 0) takes its slot again under its own
+// claim and nothing else: its rates and budgets were taken when it first
+// started; over the slots it waits, whatever the choice, since an attempt
+// may have run.
+func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
+	x := at.x
+	lims := adm.Limits
+	if fromAttempt > 0 {
+		// Readmit carries the concurrency limits alone; any other is
+		// dropped here all the same.
+		if slices.ContainsFunc(lims, func(l limits.Limit) bool { return l.Kind != limits.Concurrency }) {
+			lims = slices.DeleteFunc(slices.Clone(lims), func(l limits.Limit) bool { return l.Kind != limits.Concurrency })
+		}
+		if len(lims) == 0 {
+			return Action{}, true
+		}
+	}
+	if x.w.limits == nil {
+		return at.waitForLimit(time.Second), false
+	}
+	var approved map[string]int64 // nil unless an approval lets the execution past its budgets
+	if adm.Approved {
+		for _, l := range lims {
+			if l.Kind == limits.Budget && l.Action == limits.Approve {
+				if approved == nil {
+					approved = map[string]int64{}
+				}
+				approved[l.Key()] = math.MaxInt64 // the approval bound the input, and so the amount
+			}
+		}
+	}
+	h := limits.Holder{Key: x.key, Claim: x.claim.token, Until: x.w.now().UTC().Add(x.w.cfg.Lease), Worker: x.w.cfg.ID}
+	taken, over, err := x.w.limits.Take(x.ctx, lims, h, approved)
+	if err != nil {
+		if x.ctx.Err() != nil {
+			return at.endByContext(0), false
+		}
+		x.w.log.Warn("limits not taken: the delivery waits", "executionId", x.req.ExecutionID, "err", err)
+		return at.waitForLimit(time.Second), false
+	}
+	if over == nil {
+		at.taken = taken
+		if taken.Slot() {
+			x.obs.Slot(true)
+		}
+		return Action{}, true
+	}
+	action := over.Limit.Action
+	if fromAttempt > 0 || (action == limits.Approve && adm.OverBudget == nil) {
+		action = limits.Wait
+		if fromAttempt == 0 {
+			action = limits.Refuse
+		}
+	}
+	x.w.stats.limited.Add(1)
+	x.obs.Limited(string(over.Limit.Kind), string(action))
+	data := map[string]any{"limit": over.Limit.String(), "kind": string(over.Limit.Kind), "per": string(over.Limit.Per),
+		"max": over.Limit.Max, "used": over.Used, "action": string(action)}
+	if over.Limit.Kind == limits.Budget {
+		data["amount"] = over.Limit.Amount
+	}
+	if over.RetryAfter > 0 {
+		data["retryAfterMs"] = over.RetryAfter.Milliseconds()
+	}
+	if over.PrincipalUsed > 0 {
+		data["principalMax"], data["principalUsed"] = over.Limit.PrincipalMax, over.PrincipalUsed
+	}
+	// Outside the held trail: a wait drops what it holds.
+	x.w.emit(x.event(audit.EventLimited, data))
+	switch action {
+	case limits.Refuse:
+		return Action{Do: Finish, end: failed(RateLimitedError(*over))}, false
+	case limits.Approve:
+		return Action{Do: AwaitApproval, need: adm.OverBudget(over.Limit.String())}, false
+	}
+	return at.waitForLimit(limits.WaitFor(over.RetryAfter, x.meta.Deliveries, rand.Float64())), false
+}
+
+// waitForLimit leaves the delivery for a later one, after delay, or at the
+// request's start deadline if that comes first (then it ends NOT_STARTED).
+// A claim this delivery holds is given up first (Wait).
+func (at *attempts) waitForLimit(delay time.Duration) Action {
+	x := at.x
+	if sb := x.req.StartBy; sb != nil {
+		delay = min(delay, max(sb.Sub(x.w.now())+10*time.Millisecond, 0))
+	}
+	return Action{Do: Wait, Delay: delay, limit: true}
+}
+
+// releaseLimits gives back the slot the execution took, if any: its
+// delivery has ended (finalized, lost to another claim, or left for later).
+func (at *attempts) releaseLimits() {
+	x := at.x
+	if !at.taken.Slot() {
+		return
+	}
+	ctx, cancel := StoreContext()
+	defer cancel()
+	x.w.limits.Release(ctx, at.taken)
+	at.taken = limits.Taken{}
+	x.obs.Slot(false)
+}
+
+// receipts takes what the attempt running records of its effect
+// (Receipts): the port a handler's call.Receipt reaches the execution's
+// record through, under the attempt's claim. attempt is the attempt whose
+// handler may record a receipt (0: none), changed under mu, which a
+// receipt's write holds: an attempt's end waits for a receipt being written
+// (DESIGN §5). tried says the open attempt's handler wrote (or tried to
+// write) a receipt: without one, the attempt's end does not read the claim,
+// whose lock a lease renewal may hold.
+type receipts struct {
+	x       *execution
+	mu      sync.Mutex
+	attempt int
+	tried   bool
+}
+
+// RecordReceipt stores receipt as attempt n's evidence of its effect, by
+// compare-and-swap under the attempt's claim (Receipts). The receipt lock
+// orders it with the end of the attempt: once the attempt has ended, its
+// outcome is decided without the receipt, and the receipt is refused.
+func (rc *receipts) RecordReceipt(ctx context.Context, n int, receipt envelope.Raw) error {
+	x := rc.x
+	if len(receipt) == 0 {
+		return fmt.Errorf("%w: the receipt is empty", ErrReceiptRefused)
+	}
+	if len(receipt) > MaxReceipt {
+		return fmt.Errorf("%w: the receipt is %d bytes, more than %d", ErrReceiptRefused, len(receipt), MaxReceipt)
+	}
+	hash, err := envelope.InputHash(receipt)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.attempt != n {
+		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
+	}
+	if x.claim.lapsed.Load() {
+		// The lease ran out unrenewed: another worker may own the execution.
+		return fmt.Errorf("%w: the attempt's lease was lost", ErrReceiptRefused)
+	}
+	rc.tried = true
+	_, end := x.obs.Stage(ctx, observe.StageReceipt)
+	err = x.claim.update(func(r *Record) {
+		r.Receipt, r.ReceiptAttempt, r.ReceiptAt = receipt, n, x.w.now().UTC()
+	})
+	if errors.Is(err, errCancelRequested) {
+		err = nil // written; the cancel came after the effect
+	}
+	end(err)
+	switch {
+	case errors.Is(err, errLost):
+		return fmt.Errorf("%w: the attempt's claim was lost", ErrReceiptRefused)
+	case err != nil:
+		return fmt.Errorf("%w: %v", ErrReceiptRefused, err)
+	}
+	x.emit(audit.EventReceiptRecorded, map[string]any{"attempt": n, "receiptHash": hash, "bytes": len(receipt)})
+	return nil
+}
+
+// open lets attempt n record receipts.
+func (rc *receipts) open(n int) {
+	rc.mu.Lock()
+	rc.attempt, rc.tried = n, false
+	rc.mu.Unlock()
+}
+
+// close ends attempt n's receipts and returns the one it recorded,
+// nil for none: from here the attempt's outcome is decided. An attempt
+// that wrote no receipt ends without reading the claim.
+func (rc *receipts) close(n int) envelope.Raw {
+	x := rc.x
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.attempt = 0
+	if !rc.tried || x.claim.held() == nil {
+		return nil
+	}
+	rec := x.claim.record()
+	return receiptOf(&rec, n)
+}
+
+// stoppedByRuntime reports whether an attempt's failure is the runtime
+// stopping it (its timeout, the caller's cancel or deadline) rather than
+// the handler's own answer.
+func stoppedByRuntime(cerr *envelope.CapabilityError) bool {
+	return cerr.Stage == envelope.StageTimeout || cerr.Stage == envelope.StageCancelation
+}
+
+// attempt calls the handler once under the attempt's timeout. After a timeout
+// or a cancel it neither waits for nor uses the handler's output. It returns
+// the receipt the attempt recorded, if any, once no more may be.
+func (at *attempts) attempt(n int, timeout time.Duration) (_ any, _ *envelope.CapabilityError, receipt envelope.Raw) {
+	at.receipts.open(n)
+	out, cerr := at.call(n, timeout)
+	return out, cerr, at.receipts.close(n)
+}
+
+// call is attempt's call of the handler.
+func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.CapabilityError) {
+	x := at.x
+	ctx, cancel := context.WithTimeoutCause(x.ctx, timeout, errAttemptTimeout)
+	defer cancel()
+	ctx, end := x.obs.Attempt(ctx, n)
+	defer func() {
+		var code envelope.Code
+		if cerr != nil {
+			code = cerr.Code
+		}
+		end(code)
+	}()
+	type result struct {
+		out any
+		err error
+	}
+	ch := make(chan result, 1)
+	x.w.stats.handlerCalls.Add(1)
+	x.lease.progress.begin(n)
+	defer x.lease.progress.end()
+	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
+		Progress: &x.lease.progress, Receipts: &at.receipts}
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
+			}
+		}()
+		out, err := at.unit.Work(ctx, a)
+		ch <- result{out, err}
+	}()
+	var res result
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		select {
+		case res = <-ch: // it returned as well: its result was there first
+		default:
+			x.w.stats.abandoned.Add(1)
+			return nil, at.contextError(ctx)
+		}
+	}
+	if res.err != nil {
+		// A handler that returns because its context ended reports the context's
+		// reason, not its own wording of it.
+		if ctx.Err() != nil && (errors.Is(res.err, ctx.Err()) || errors.Is(res.err, context.Cause(ctx))) {
+			return nil, at.contextError(ctx)
+		}
+		return nil, handlerError(res.err)
+	}
+	return res.out, nil
+}
+
+// runtimeCodes are asserted by the runtime alone, never by a handler.
+var runtimeCodes = map[envelope.Code]bool{
+	envelope.CodeTimeout:        true,
+	envelope.CodeCancelled:      true,
+	envelope.CodeOutcomeUnknown: true,
+	envelope.CodeWorkerLost:     true,
+}
+
+// handlerError classifies what a handler returned. A declared error (a
+// *envelope.CapabilityError anywhere in the chain) speaks for itself at the
+// handler stage; anything else is EXECUTION_FAILED, not retryable and not
+// exposed. Either way the result wraps the handler's own error, so a RetryOn
+// function and the logs can inspect it with errors.Is and errors.As.
+func handlerError(err error) *envelope.CapabilityError {
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) {
+		return &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Stage: envelope.StageHandler,
+			Message: "The operation failed.", Cause: err}
+	}
+	c := *ce // never change the handler's value: it may be a shared sentinel
+	c.Stage, c.Cause = envelope.StageHandler, err
+	if c.Code == "" || runtimeCodes[c.Code] {
+		c.Code = envelope.CodeExecutionFailed
+	}
+	if c.Message == "" {
+		c.Message = "The operation failed."
+	}
+	return &c
+}
+
+func (at *attempts) contextError(attemptCtx context.Context) *envelope.CapabilityError {
+	x := at.x
+	if x.ctx.Err() != nil {
+		return at.cancelledError()
+	}
+	if errors.Is(context.Cause(attemptCtx), errAttemptTimeout) {
+		return at.timeoutError()
+	}
+	return at.cancelledError()
+}
+
+func (at *attempts) timeoutError() *envelope.CapabilityError { return timeoutError(at.x.cap.Timeout()) }
+
+func (at *attempts) cancelledError() *envelope.CapabilityError {
+	x := at.x
+	msg := "The caller cancelled the execution."
+	if errors.Is(context.Cause(x.ctx), errDeadline) {
+		msg = "The request's deadline passed."
+	}
+	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
+}
+
+// afterRun is the outcome of a last attempt that failed. A timeout is the
+// runtime stopping the handler, as a cancel is: status cancelled, code
+// TIMEOUT (still retryable for the caller), event capability.cancelled. A
+// failure the handler reported is status failed, event capability.failed.
+func afterRun(cerr *envelope.CapabilityError) *outcome {
+	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
+		return stopped(cerr)
+	}
+	return failedAfterRun(cerr)
+}
+
+// endByContext is how an execution whose whole context ended ends: left to
+// the claim's new owner, given back on shutdown, otherwise cancelled.
+func (at *attempts) endByContext(n int) Action {
+	x := at.x
+	switch cause := context.Cause(x.ctx); {
+	case errors.Is(cause, errLeaseLost):
+		return Action{}
+	case errors.Is(cause, errShutdown):
+		return Action{Do: Release}
+	}
+	return Action{Do: Finish, Attempts: n, end: cancelled(envelope.CodeCancelled, at.cancelledError().Message)}
+}
