@@ -31,6 +31,10 @@ const (
 // up from the others), updates the account at once and disconnects the
 // users it revokes. It returns how many servers took every account; an
 // account a server refused fails the push, naming it.
+//
+// Pushing to the full resolver, rather than rewriting a memory resolver's
+// configuration, spares every node a reload per principal added (and
+// nats-server 2.15.2's ReloadOptions races with direct gets in flight).
 func PushAccounts(ctx context.Context, nc *nats.Conn, s *Setup) (int, error) {
 	if err := s.Current(); err != nil {
 		return 0, err

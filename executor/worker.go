@@ -249,7 +249,9 @@ func (w *Worker) ID() string { return w.cfg.ID }
 //
 // A program that starts a worker and calls it at once waits here first. If
 // Run returns before it serves (an error, or its context ended), Ready is
-// never closed: wait for Run's result as well.
+// never closed: wait for Run's result as well. (A grace period for
+// capabilities not yet listed would spare programs the wait, but delay the
+// answer a call of a tool that does not exist needs at once.)
 func (w *Worker) Ready() <-chan struct{} { return w.run.Serving() }
 
 // Stats returns the worker's counters.

@@ -4,12 +4,18 @@
 // punctuation dropped, spaces as hyphens). Links inside fenced code blocks
 // and links with a scheme (https:, mailto:) are not checked.
 //
+// It fails too when a "§n" of the design — in a Go comment ("DESIGN §5") or
+// in docs/design.md itself — names no section "## n." of docs/design.md, or
+// when a Go comment names a part of a section (§12 "Quotas", §3 *Queues*)
+// that the section does not have.
+//
 //	go run ./scripts/linkcheck
 package main
 
 import (
 	"bufio"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,6 +28,9 @@ var (
 	headingRE = regexp.MustCompile(`^#{1,6} (.*)$`)
 	schemeRE  = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
 	inlineRE  = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)
+	sectionRE = regexp.MustCompile(`^## (\d+)\. `)
+	refRE     = regexp.MustCompile(`§(\d+)`)
+	partRE    = regexp.MustCompile(`§(\d+),? (?:"([^"]+)"|\*([^*]+)\*)`)
 )
 
 func main() {
@@ -66,6 +75,11 @@ func main() {
 			}
 		}
 	}
+	b, err := designRefs("docs/design.md")
+	if err != nil {
+		fail(err)
+	}
+	broken += b
 	if broken > 0 {
 		fmt.Fprintf(os.Stderr, "linkcheck: %d broken links\n", broken)
 		os.Exit(1)
@@ -140,4 +154,68 @@ func eachLine(page string, fn func(n int, l string)) error {
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "linkcheck:", err)
 	os.Exit(2)
+}
+
+// designRefs prints and counts the references into the design that do not
+// resolve: every §n of the design itself and of the repository's Go files
+// (where § always means the design), and every quoted part of a section
+// that a Go file names after its §n.
+func designRefs(design string) (int, error) {
+	sections := map[string]string{}
+	current := ""
+	err := eachLine(design, func(_ int, l string) {
+		if m := sectionRE.FindStringSubmatch(l); m != nil {
+			current = m[1]
+		} else if strings.HasPrefix(l, "## ") {
+			current = ""
+		}
+		if current != "" {
+			sections[current] += strings.ToLower(l) + "\n"
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	broken := 0
+	check := func(file string, n int, l string) {
+		for _, m := range refRE.FindAllStringSubmatch(l, -1) {
+			if _, ok := sections[m[1]]; !ok {
+				fmt.Printf("%s:%d: §%s: %s has no such section\n", file, n, m[1], design)
+				broken++
+			}
+		}
+		if !strings.HasSuffix(file, ".go") {
+			return
+		}
+		for _, m := range partRE.FindAllStringSubmatch(l, -1) {
+			part := m[2] + m[3]
+			if text, ok := sections[m[1]]; ok && !strings.Contains(text, strings.ToLower(part)) {
+				fmt.Printf("%s:%d: §%s %q: that section of %s does not say it\n", file, n, m[1], part, design)
+				broken++
+			}
+		}
+	}
+	if err := eachLine(design, func(n int, l string) { check(design, n, l) }); err != nil {
+		return 0, err
+	}
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == "node_modules" || (strings.HasPrefix(d.Name(), ".") && path != ".")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, l := range strings.Split(string(data), "\n") {
+			check(path, i+1, l)
+		}
+		return nil
+	})
+	return broken, err
 }
