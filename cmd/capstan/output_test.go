@@ -316,6 +316,10 @@ func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 			names = append(names, "admin replicas")
 		case "auth":
 			names = append(names, "auth init", "auth add", "auth list", "auth push")
+		case "policy":
+			for _, sub := range []string{"apply", "test", "show", "history", "remove", "schema"} {
+				names = append(names, "policy "+sub)
+			}
 		default:
 			names = append(names, c.name)
 		}

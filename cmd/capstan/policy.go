@@ -37,11 +37,12 @@ const policyUsage = `usage: capstan policy <command> [flags]
 `
 
 func runPolicy(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, policyUsage)
-		if len(args) == 0 {
-			return exitUsage
-		}
+		return exitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+		fmt.Fprint(os.Stdout, policyUsage) // asked for: help goes to stdout, as every command's does
 		return exitOK
 	}
 	switch args[0] {
