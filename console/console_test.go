@@ -141,6 +141,10 @@ func TestExecutions_FilteredListAndARetryOnTheTimeline(t *testing.T) {
 	}
 	w := signInOpen(t, r.base, "user:ops", "")
 	row := func(id string) string { return `id="e-` + id + `"` }
+	// The index lists an execution up to 250 ms after it ended (DESIGN §3).
+	for _, id := range []string{echo.ExecutionID, flaky.ExecutionID, bad.ExecutionID} {
+		w.waitPage("/executions", row(id))
+	}
 	for _, c := range []struct {
 		query    string
 		want     []string
