@@ -119,6 +119,18 @@ func testFloods(t *testing.T, r *rig) {
 	r.settled(t, "bob", asked.ExecutionID)
 	r.settled(t, "bob", echo.ExecutionID)
 	r.acked(t, "bob")
+	// The index lists an execution up to 250 ms after it ended (DESIGN §3).
+	for {
+		page, err := bob.Executions(ctx, executor.ExecutionsRequest{})
+		if err == nil && slices.ContainsFunc(page.Entries, func(e audit.Entry) bool { return e.ExecutionID == echo.ExecutionID }) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("bob's echo never listed: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	bobBefore := r.bobsState(t, asked.Approval.ID)
 	auditBefore := auditMsgs(t, r)
 

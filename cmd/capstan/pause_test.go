@@ -80,7 +80,7 @@ func pauseFlood(t *testing.T, url string, duringPause func(context.Context, jets
 	defer client.Close()
 	ids := make([]string, n)
 	for i := range ids {
-		if ids[i], err = client.Submit(ctx, "email.send", demo.EmailInput{To: fmt.Sprintf("u%d@example.com", i), Subject: "flood", HoldMs: 500}); err != nil {
+		if ids[i], err = client.Submit(ctx, "email.send", demo.EmailInput{To: fmt.Sprintf("u%d@example.com", i), Subject: "flood", HoldMs: 1000}); err != nil {
 			t.Fatal(err)
 		}
 	}
