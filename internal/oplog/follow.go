@@ -51,13 +51,28 @@ func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log
 	ctx, stop := context.WithCancel(ctx)
 	f := &Follower{ctx: ctx, stop: stop, js: js, bucket: bucket, key: key, log: log, apply: apply,
 		changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
+	// Listening for the bucket's creation before the first look, and the
+	// server knowing it: a bucket created in between is announced here.
+	created := make(chan *nats.Msg, 1)
+	sub, err := js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+bucket, created)
+	if err == nil {
+		err = js.Conn().FlushWithContext(ctx)
+	}
+	if err != nil {
+		stop()
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
+		return nil, err
+	}
 	switch err := f.bind(); {
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 	case err != nil:
 		stop()
+		_ = sub.Unsubscribe()
 		return nil, err
 	}
-	go f.keepBound()
+	go f.keepBound(sub, created)
 	return f, nil
 }
 
@@ -121,14 +136,11 @@ func (f *Follower) Stop() {
 }
 
 // keepBound looks for the bucket until the follower watches it: when the
-// server announces a stream's creation, whenever Bind asks, and every
-// lookAgain.
-func (f *Follower) keepBound() {
+// server announces its stream's creation (on sub, to created), whenever
+// Bind asks, and every lookAgain.
+func (f *Follower) keepBound(sub *nats.Subscription, created <-chan *nats.Msg) {
 	defer close(f.done)
-	created := make(chan *nats.Msg, 1)
-	if sub, err := f.js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+f.bucket, created); err == nil {
-		defer func() { _ = sub.Unsubscribe() }()
-	}
+	defer func() { _ = sub.Unsubscribe() }()
 	tick := time.NewTicker(lookAgain)
 	defer tick.Stop()
 	for {
