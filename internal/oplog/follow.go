@@ -56,7 +56,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log
 	created := make(chan *nats.Msg, 1)
 	sub, err := js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+bucket, created)
 	if err == nil {
-		err = js.Conn().FlushWithContext(ctx)
+		err = js.Conn().FlushTimeout(10 * time.Second)
 	}
 	if err != nil {
 		stop()
