@@ -15,10 +15,12 @@ import (
 const unroutedSlots = 4
 
 // intake pulls deliveries from every queue it is given, one loop per
-// consumer, and hands each to its handler on a goroutine of its own once
-// the loop's turn for a slot comes (turns.go): the pools' deliveries share
-// the worker's concurrency, the unrouted ones a few slots of their own. On
-// shutdown it drains.
+// consumer, and hands each to a handler once the loop's turn for a slot
+// comes (turns.go): the pools' deliveries share the worker's concurrency,
+// the unrouted ones a few slots of their own. A handler is a goroutine that
+// takes the next delivery once it is done with one: no more of them than
+// slots, each keeping the stack a delivery grew, where a goroutine of its
+// own per delivery grew one afresh every time. On shutdown it drains.
 type intake struct {
 	log *slog.Logger
 	// handle carries one delivery through the engine; unrouted says it
@@ -26,8 +28,12 @@ type intake struct {
 	handle                   func(msg jetstream.Msg, unrouted bool)
 	poolTurns, unroutedTurns *turns
 	batch                    int
-	// loops counts the pull loops, handling the handlers running.
+	// loops counts the pull loops, handling the deliveries being handled.
 	loops, handling sync.WaitGroup
+	// work hands a delivery to a handler waiting for one; closed once the
+	// loops are done, which ends the handlers.
+	work      chan handOff
+	closeWork sync.Once
 
 	mu sync.Mutex
 	// queues names the queues pulled from.
@@ -38,7 +44,7 @@ type intake struct {
 // open readies the intake: concurrency pool deliveries at once, each
 // handed to handle.
 func (in *intake) open(concurrency int, handle func(msg jetstream.Msg, unrouted bool)) {
-	in.handle, in.batch = handle, concurrency
+	in.handle, in.batch, in.work = handle, concurrency, make(chan handOff)
 	in.poolTurns, in.unroutedTurns = newTurns(concurrency), newTurns(unroutedSlots)
 	in.mu.Lock()
 	in.queues = map[string]bool{}
@@ -116,12 +122,34 @@ func (in *intake) loop(queue string, it jetstream.MessagesContext, slots *turns,
 		// queues' loops that wait already go first.
 		slots.take(wake)
 		in.handling.Add(1)
-		go func() {
-			defer func() { slots.give(); in.handling.Done() }()
-			in.handle(msg, unrouted)
-		}()
+		d := handOff{msg: msg, unrouted: unrouted, slots: slots}
+		select {
+		case in.work <- d: // a handler was waiting
+		default:
+			go in.handler(d)
+		}
 	}
 }
+
+// handOff is a delivery handed to a handler, with the slots it holds one
+// of.
+type handOff struct {
+	msg      jetstream.Msg
+	unrouted bool
+	slots    *turns
+}
+
+// handler handles d, then every delivery handed to it, until the work ends.
+func (in *intake) handler(d handOff) {
+	for ok := true; ok; d, ok = <-in.work {
+		in.handle(d.msg, d.unrouted)
+		d.slots.give()
+		in.handling.Done()
+	}
+}
+
+// endWork ends the handlers waiting for a delivery, once no loop hands one.
+func (in *intake) endWork() { in.closeWork.Do(func() { close(in.work) }) }
 
 // forget ends the record that queue is pulled from.
 func (in *intake) forget(queue string) {
@@ -138,6 +166,7 @@ func (in *intake) stop() {
 	}
 	in.mu.Unlock()
 	in.loops.Wait()
+	in.endWork()
 }
 
 // drain stops pulling, hands out what was already buffered, and waits for
@@ -150,7 +179,7 @@ func (in *intake) drain(grace time.Duration, abandon func()) {
 	}
 	in.mu.Unlock()
 	done := make(chan struct{})
-	go func() { in.loops.Wait(); in.handling.Wait(); close(done) }()
+	go func() { in.loops.Wait(); in.endWork(); in.handling.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(grace):
