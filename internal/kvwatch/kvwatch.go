@@ -10,6 +10,12 @@ import "github.com/nats-io/nats.go/jetstream"
 // values the bucket held when the watch began; the channel Follow returns
 // closes once those are applied (or w stopped before them).
 func Follow(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, initial bool)) <-chan struct{} {
+	return FollowThen(w, apply, nil)
+}
+
+// FollowThen is Follow, calling ended (when set) once w has stopped and
+// every update is applied.
+func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, initial bool), ended func()) <-chan struct{} {
 	loaded := make(chan struct{})
 	go func() {
 		initial := true
@@ -25,6 +31,9 @@ func Follow(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, initia
 		}
 		if initial {
 			close(loaded)
+		}
+		if ended != nil {
+			ended()
 		}
 	}()
 	return loaded

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -186,27 +187,14 @@ func (f *Follower) bind() error {
 	if err != nil {
 		return fmt.Errorf("capstan: watch bucket %s: %w", f.bucket, err)
 	}
-	ready := make(chan struct{})
-	go func() {
-		initial := true
-		for e := range kw.Updates() {
-			if e == nil {
-				if initial {
-					initial = false
-					close(ready)
-				}
-				continue
-			}
-			f.apply(e)
-			f.mu.Lock()
-			f.rev = max(f.rev, e.Revision())
-			close(f.changed)
-			f.changed = make(chan struct{})
-			f.mu.Unlock()
-		}
-		if initial {
-			close(ready)
-		}
+	ready := kvwatch.FollowThen(kw, func(e jetstream.KeyValueEntry, _ bool) {
+		f.apply(e)
+		f.mu.Lock()
+		f.rev = max(f.rev, e.Revision())
+		close(f.changed)
+		f.changed = make(chan struct{})
+		f.mu.Unlock()
+	}, func() {
 		// The watcher ended (stopped, or its bucket went): look for the
 		// bucket again, keeping what was applied meanwhile.
 		f.mu.Lock()
@@ -214,7 +202,7 @@ func (f *Follower) bind() error {
 			f.watch = nil
 		}
 		f.mu.Unlock()
-	}()
+	})
 	select {
 	case <-ready:
 	case <-ctx.Done():

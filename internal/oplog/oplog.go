@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
@@ -40,6 +41,39 @@ func Retry(ctx context.Context, step func(ctx context.Context) error) error {
 		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
 		}
 	}
+}
+
+// Write writes a bucket's key by compare-and-swap, as Retry tries it:
+// create when prevRev is 0, else update from prevRev; before a try after
+// the first, stored says whether the last one was stored unanswered (and
+// its revision), so that it is not written twice. It returns the write's
+// revision.
+func Write(ctx context.Context, kv jetstream.KeyValue, key string, value []byte, prevRev uint64,
+	stored func(ctx context.Context) (uint64, bool)) (uint64, error) {
+	var rev uint64
+	tried := false
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		if tried {
+			if r, ok := stored(ctx); ok {
+				rev = r
+				return nil
+			}
+		}
+		tried = true
+		if prevRev == 0 {
+			rev, err = kv.Create(ctx, key, value)
+		} else {
+			rev, err = kv.Update(ctx, key, value, prevRev)
+		}
+		return err
+	})
+	return rev, err
+}
+
+// Changed reports whether a write's err says another change came first: the
+// key was created, or changed since the revision the write was made from.
+func Changed(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || err != nil && strings.Contains(err.Error(), "wrong last sequence")
 }
 
 // Log files an operator's events: under the principal By, with the person

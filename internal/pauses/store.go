@@ -131,23 +131,10 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	if err != nil {
 		return nil, err
 	}
-	var rev uint64
-	tried := false
-	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		if tried {
-			// The last try may have been stored unanswered: ours is there.
-			if have, r, gerr := get(ctx, kv, key); gerr == nil && have.AuditID == p.AuditID {
-				rev = r
-				return nil
-			}
-		}
-		tried = true
-		if prevRev == 0 {
-			rev, err = kv.Create(ctx, key, b)
-		} else {
-			rev, err = kv.Update(ctx, key, b, prevRev)
-		}
-		return err
+	rev, err := oplog.Write(ctx, kv, key, b, prevRev, func(ctx context.Context) (uint64, bool) {
+		// The last try may have been stored unanswered: ours is there.
+		have, r, err := get(ctx, kv, key)
+		return r, err == nil && have.AuditID == p.AuditID
 	})
 	if err != nil {
 		return nil, notApplied(ctx, log, p.AuditID, p.Scope, err)
@@ -237,7 +224,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 // bucket, and returns the error to report.
 func notApplied(ctx context.Context, log *oplog.Log, id string, scope Scope, cause error) error {
 	log.NotApplied(ctx, id, scope.Capability, cause)
-	if errors.Is(cause, jetstream.ErrKeyExists) || strings.Contains(cause.Error(), "wrong last sequence") {
+	if oplog.Changed(cause) {
 		return fmt.Errorf("%w: another operator changed the pause of %s; nothing changed (run the command again)", ErrChanged, scope)
 	}
 	return fmt.Errorf("capstan: nothing changed: the pauses bucket refused the write: %w", cause)

@@ -238,7 +238,7 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 	}
 	notApplied := func(cause error) error {
 		log.NotApplied(ctx, cur.AuditID, "", cause)
-		if errors.Is(cause, jetstream.ErrKeyExists) || strings.Contains(cause.Error(), "wrong last sequence") {
+		if oplog.Changed(cause) {
 			return fmt.Errorf("%w: another operator changed the policies; nothing changed (run the command again)", ErrChanged)
 		}
 		return fmt.Errorf("capstan: nothing changed: the policies bucket refused the write: %w", cause)
@@ -248,16 +248,9 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 		if err != nil {
 			return nil, err
 		}
-		tried := false
-		if err := oplog.Retry(ctx, func(ctx context.Context) error {
-			if tried {
-				if have, err := ReadVersion(ctx, kv, v.Version); err == nil && have.AuditID == v.AuditID {
-					return nil
-				}
-			}
-			tried = true
-			_, err := kv.Create(ctx, versionKey(v.Version), b)
-			return err
+		if _, err := oplog.Write(ctx, kv, versionKey(v.Version), b, 0, func(ctx context.Context) (uint64, bool) {
+			have, err := ReadVersion(ctx, kv, v.Version)
+			return 0, err == nil && have.AuditID == v.AuditID
 		}); err != nil {
 			return nil, notApplied(err)
 		}
@@ -266,23 +259,11 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 	if err != nil {
 		return nil, err
 	}
-	var rev uint64
-	tried := false
-	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		if tried {
-			if have, r, err := ReadCurrent(ctx, kv); err == nil && have.AuditID == cur.AuditID {
-				rev = r
-				return nil
-			}
-		}
-		tried = true
-		if prevRev == 0 {
-			rev, err = kv.Create(ctx, currentKey, b)
-		} else {
-			rev, err = kv.Update(ctx, currentKey, b, prevRev)
-		}
-		return err
-	}); err != nil {
+	rev, err := oplog.Write(ctx, kv, currentKey, b, prevRev, func(ctx context.Context) (uint64, bool) {
+		have, r, err := ReadCurrent(ctx, kv)
+		return r, err == nil && have.AuditID == cur.AuditID
+	})
+	if err != nil {
 		return nil, notApplied(err)
 	}
 	return &Change{Current: cur, Previous: prev, Version: v, Revision: rev, AuditID: cur.AuditID}, nil
