@@ -12,3 +12,6 @@ func WrapIndexSend(e *Emitter, wrap func(subject string, send func())) {
 	send := e.groups.send
 	e.groups.send = func(g *indexGroup) { wrap(g.subject, func() { send(g) }) }
 }
+
+// DecodeEntries reads a message of the index (decodeEntries).
+func DecodeEntries(b []byte) ([]Entry, error) { return decodeEntries(b) }

@@ -94,10 +94,10 @@ func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
 	return f.Encode(enc)
 }
 
-// DecodeEntries reads a message of the index: one entry, or several
+// decodeEntries reads a message of the index: one entry, or several
 // (entries of executions that ended close together, oldest first) as an
 // array of entries, as the trail stores several events.
-func DecodeEntries(b []byte) ([]Entry, error) {
+func decodeEntries(b []byte) ([]Entry, error) {
 	es, err := decodeOneOrMany[Entry](b, "index entry", "index entries")
 	for i := range es {
 		es[i].part = i

@@ -76,7 +76,7 @@ func (g *indexGroup) join(entry []byte) {
 }
 
 // payload is the message's data: the entry alone, or the entries as an
-// array (DecodeEntries). It is g's buffer: valid until release.
+// array (decodeEntries). It is g's buffer: valid until release.
 func (g *indexGroup) payload() []byte {
 	b := *g.buf
 	switch {

@@ -32,7 +32,7 @@ type Query struct {
 	// Before is the cursor: entries stored before this index sequence (a
 	// Page's Next); 0 from the newest. With BeforeEntry, also the first
 	// BeforeEntry entries of the message at Before: a message may hold
-	// several (DecodeEntries), and a page may end inside one.
+	// several (decodeEntries), and a page may end inside one.
 	Before      uint64 `json:"before,omitempty"`
 	BeforeEntry int    `json:"beforeEntry,omitempty"` // see Before
 }
@@ -354,7 +354,7 @@ func (r *reader) window(ctx context.Context, filter string, from uint64, hi posi
 				return keep, scanned, trimmed, nil
 			}
 			seq = m.seq + 1
-			entries, err := DecodeEntries(m.data)
+			entries, err := decodeEntries(m.data)
 			if err != nil {
 				scanned++
 				continue // not an entry this version reads

@@ -24,7 +24,7 @@ import (
 // new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
 	n := s.Names()
-	if err := broker.ProvisionQueues(ctx, js, n, Queues(s.Principals)); err != nil {
+	if err := broker.ProvisionQueues(ctx, js, n, queuesOf(s.Principals)); err != nil {
 		return fmt.Errorf("capstan auth: %w", err)
 	}
 	if replicas <= 0 {
@@ -73,10 +73,10 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	return nil
 }
 
-// Queues are the queues grants call for (DESIGN §3): one for each producer
+// queuesOf are the queues grants call for (DESIGN §3): one for each producer
 // and admin (who submit requests), bounded by its quotas; approvers,
 // workers and notifiers submit none.
-func Queues(grants []Grant) map[string]broker.QueueLimits {
+func queuesOf(grants []Grant) map[string]broker.QueueLimits {
 	out := map[string]broker.QueueLimits{}
 	for _, g := range grants {
 		switch g.Role {

@@ -336,14 +336,14 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 // ListWithQueued is a page of the index (audit.List of q, its running
 // entries passed through current when set), with, on a listing's first
 // page, the requests still waiting in their queue that match q first (see
-// Queued). What a worker answers; what an admin's command reads itself when
+// queuedEntries). What a worker answers; what an admin's command reads itself when
 // no worker answers.
 func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
 	current func(context.Context, []audit.Entry) []audit.Entry) (*ExecutionsPage, error) {
 	var queued []audit.Entry
 	if first && (q.Status == "" || q.Status == audit.EntryQueued) {
 		var err error
-		if queued, err = Queued(ctx, b, q); err != nil {
+		if queued, err = queuedEntries(ctx, b, q); err != nil {
 			return nil, err
 		}
 	}
@@ -365,13 +365,13 @@ func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 	return out, nil
 }
 
-// Queued returns the requests matching q (q.Principal's alone, when set)
+// queuedEntries returns the requests matching q (q.Principal's alone, when set)
 // that wait in their queues with no record yet: no worker has taken them,
 // so the index has no entry of them. It reads the queues (DESIGN §3) from
 // their oldest requests, at most queuedScanMax of them in all (a listing
 // stays quick whatever the backlog: the oldest waiting are the ones shown),
 // and returns at most q.Limit, newest first, with status audit.EntryQueued.
-func Queued(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
+func queuedEntries(ctx context.Context, b *broker.Broker, q audit.Query) ([]audit.Entry, error) {
 	subj := b.Names.ExecSubjects()
 	if q.Principal != "" {
 		subj = b.Names.ExecSubject(q.Principal, ">")
