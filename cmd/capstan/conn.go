@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -231,6 +232,17 @@ func explainConnect(url string, err error) error {
 			err, broker.RedactURL(url))
 	}
 	return err
+}
+
+// connectWait connects a process that serves (worker, notifier,
+// checkpointer), waiting up to wait for a server to answer; when ctx ends
+// first (the process was stopped), the error is ctx's.
+func (c *connFlags) connectWait(ctx context.Context, name string, wait time.Duration, log *slog.Logger) (*nats.Conn, error) {
+	o, err := c.options(name)
+	if err != nil {
+		return nil, err
+	}
+	return broker.ConnectWait(ctx, o, wait, log)
 }
 
 func (c *connFlags) options(name string) (broker.ConnectOptions, error) {

@@ -36,11 +36,8 @@ func runNotify(args []string) int {
 	statusWait := fs.Duration("status-wait", time.Second, "how long --status gathers answers")
 	initOnly := fs.Bool("init", false, "create the notify consumer of each channel of --config (with an admin's credentials), then exit")
 	check := fs.Bool("check", false, "read and check the configuration, print its channels (never their secrets), then exit")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, out); !ok {
 		return code
-	}
-	if err := out.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if *config == "" {
 		*config = os.Getenv(notifyConfigEnv)
@@ -65,11 +62,7 @@ func runNotify(args []string) int {
 	log := newLogger(slog.LevelInfo)
 	ctx, stop := signalContext()
 	defer stop()
-	o, err := conn.options("notify")
-	if err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := broker.ConnectWait(ctx, o, *wait, log)
+	nc, err := conn.connectWait(ctx, "notify", *wait, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return exitOK

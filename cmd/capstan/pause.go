@@ -107,12 +107,9 @@ func runPause(args []string) int {
 	sf := addScopeFlags(fs, "pause")
 	refuse := fs.Bool("refuse", false, "end the calls made meanwhile at once, PAUSED with the reason (default: hold them in their queue until unpaused)")
 	cancelRunning := fs.Bool("cancel-running", false, "also cancel the attempts running now, as their callers' cancels do")
-	pos, code, ok := parseFlags(fs, args, -1)
+	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	scope, err := sf.scope(pos)
 	if err != nil {
@@ -152,12 +149,9 @@ func runUnpause(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	sf := addScopeFlags(fs, "unpause")
-	pos, code, ok := parseFlags(fs, args, -1)
+	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	scope, err := sf.scope(pos)
 	if err != nil {
@@ -297,11 +291,8 @@ func runPauses(args []string) int {
 	fs := newFlags("pauses", "[-o json]")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	nc, err := conn.connect("pauses")
 	if err != nil {

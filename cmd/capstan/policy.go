@@ -139,12 +139,9 @@ func runPolicyApply(args []string) int {
 	o := addOutputFlags(fs)
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
 	version := fs.Int("version", 0, "put this earlier `version` in force again, instead of a file")
-	pos, code, ok := parseFlags(fs, args, -1)
+	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if (len(pos) == 1) == (*version > 0) || len(pos) > 1 {
 		return usageError("policy apply: name one FILE, or --version N")
@@ -213,11 +210,8 @@ func runPolicyRemove(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	if *reason == "" {
 		return usageError("policy remove: say why: --reason TEXT (it goes on the trail)")
@@ -299,12 +293,9 @@ func runPolicyTest(args []string) int {
 	since := fs.Duration("since", 24*time.Hour, "decide again the executions recorded in this last `duration`")
 	limit := fs.Int("limit", 1000, "at most this many recorded executions, newest first (0: none)")
 	all := fs.Bool("all", false, "list every decision, not only those that change")
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	text, err := os.ReadFile(pos[0])
 	if err != nil {
@@ -463,11 +454,8 @@ func runPolicyShow(args []string) int {
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
 	version := fs.Int("version", 0, "show this `version` (default: the one in force)")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	p, code := openPolicies(conn, "policy", false)
 	if p == nil {
@@ -510,11 +498,8 @@ func runPolicyHistory(args []string) int {
 	fs := newFlags("policy history", "")
 	conn := addConnFlags(fs)
 	o := addOutputFlags(fs)
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	p, code := openPolicies(conn, "policy", false)
 	if p == nil {

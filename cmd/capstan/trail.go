@@ -412,11 +412,8 @@ func runAuditVerify(args []string) int {
 	bundle := fs.String("bundle", "", "verify an exported bundle `file` (offline: needs --key) instead of the deployment")
 	since := fs.String("since", "", "a checkpoint `file` you kept ('capstan audit checkpoint'), or a bundle: prove that everything it covered is still there, unchanged, in order")
 	keep := fs.String("keep", "", "once the log verifies, write its latest checkpoint, which then extends --since, to `file` (a witness's next --since)")
-	if _, code, ok := parseFlags(fs, args, 0); !ok {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	ctx, stop := signalContext()
 	defer stop()
@@ -533,12 +530,9 @@ func runAuditProve(args []string) int {
 	o := addOutputFlags(fs)
 	owner := fs.String("owner", "", "the `principal` whose execution it is (default: the one principal that has an execution of that id)")
 	wait := fs.Duration("wait", 10*time.Second, "how long to wait for a checkpoint that covers the trail's last event")
-	pos, code, ok := parseFlags(fs, args, 1)
+	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
-	}
-	if err := o.check(); err != nil {
-		return usageError("%v", err)
 	}
 	id := pos[0]
 	if err := envelope.ValidExecutionID(id); err != nil {

@@ -109,11 +109,7 @@ func runWorker(args []string) int {
 	ctx, stop := signalContext()
 	defer stop()
 	start := time.Now()
-	o, err := conn.options("worker")
-	if err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := broker.ConnectWait(ctx, o, wf.wait, log)
+	nc, err := conn.connectWait(ctx, "worker", wf.wait, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return exitOK
