@@ -471,7 +471,7 @@ func runApprovalWorker(t *testing.T, env *testenv.Env, name string, cfg executor
 		t.Fatal(err)
 	}
 	cfg.ID = name
-	w := capstantest.Worker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg))
+	w := trackedWorker(t, reg, capstantest.WithConn(nc), capstantest.WithConfig(cfg))
 	waitProcessesServing(t, env.Server, name)
 	return func() {
 		w.Stop()

@@ -437,7 +437,7 @@ func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, c
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg, capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
+	w := trackedWorker(t, reg, capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
 	return c, w.Worker
 }
 

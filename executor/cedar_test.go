@@ -79,8 +79,8 @@ func TestCedar_LiveChangeOnARunningPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
-	capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+	w := trackedWorker(t, reg)
+	trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	competitor := mailIn{To: "ceo@competitor.example", Subject: "hi"}
@@ -154,7 +154,7 @@ func TestCedar_BrokenSetRefusedTheOldOneStays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	if _, err := applyPolicies(t, nc, c, noCompetitors); err != nil {
@@ -200,7 +200,7 @@ func TestCedar_GoPoliciesRunFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	ann := w.Client(t, executor.ClientConfig{Actor: alice})
 	if _, err := applyPolicies(t, nc, ann, `permit (principal, action, resource);

@@ -141,3 +141,12 @@ func ctxT(t testing.TB) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// trackedWorker is capstantest.Worker for a test that flushes its workers'
+// audit events (flushAudit).
+func trackedWorker(t testing.TB, reg *executor.Registry, opts ...capstantest.Option) *capstantest.Running {
+	t.Helper()
+	w := capstantest.Worker(t, reg, opts...)
+	trackWorker(t, w.Worker)
+	return w
+}

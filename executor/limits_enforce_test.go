@@ -52,9 +52,9 @@ func TestLimits_ConcurrencyHoldsAcrossWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	for range 2 {
-		capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+		trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	reqs := make([]executor.Request, 24)
@@ -88,7 +88,7 @@ func TestLimits_RateRefusesWithRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	ann := w.Client(t, executor.ClientConfig{Actor: alice})
 	for i := range 2 {
 		if env, err := ann.Call(t.Context(), "t.rate", map[string]int{"n": i}); err != nil || env.Status != envelope.StatusCompleted {
@@ -135,7 +135,7 @@ func TestLimits_WaitEndsAtTheStartDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	first := make(chan *envelope.Envelope, 1)
 	go func() {
@@ -189,8 +189,8 @@ func TestLimits_RacingCallsNeverPassABudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
-	capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+	w := trackedWorker(t, reg)
+	trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	var wg sync.WaitGroup
 	var done, refused atomic.Int64
@@ -267,7 +267,7 @@ func TestLimits_BudgetOverItsMaximumAsksForAnApproval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	if env, err := c.Call(t.Context(), "t.pay", map[string]int{"n": 600}); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("within the budget: %v %+v", err, env)
@@ -320,9 +320,9 @@ func TestLimits_RateWaitsAcrossWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	for range 2 {
-		capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+		trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	reqs := make([]executor.Request, 100)
@@ -380,7 +380,7 @@ func TestLimits_AWaitIsNotATakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

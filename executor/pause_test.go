@@ -89,8 +89,8 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
-	w2 := capstantest.Worker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+	w := trackedWorker(t, reg)
+	w2 := trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 
@@ -163,7 +163,7 @@ func TestPause_RefuseEndsPausedWithTheReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Actor: "user:alice"}, Mode: pauses.Refuse, Reason: "refund loop under investigation"})
 	ann := w.Client(t, executor.ClientConfig{Actor: alice})
@@ -203,7 +203,7 @@ func TestPause_WorkerStartedWhilePausedHonoursIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := capstantest.Worker(t, reg)
+	first := trackedWorker(t, reg)
 	nc := first.Env.Connect(t)
 	c := first.Client(t, executor.ClientConfig{Actor: alice})
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{}, Reason: "stop everything"})
@@ -212,7 +212,7 @@ func TestPause_WorkerStartedWhilePausedHonoursIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg, capstantest.WithConn(first.Env.Connect(t)))
+	w := trackedWorker(t, reg, capstantest.WithConn(first.Env.Connect(t)))
 	waitUntil(t, "the call put back twice", func() bool { return w.Stats().Held >= 2 })
 	if got := sends.Load(); got != 0 {
 		t.Fatalf("%d handler calls while everything is paused", got)
@@ -234,7 +234,7 @@ func TestPause_CancelRunningAndCancelOfAHeldCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	running, err := c.Submit(ctxT(t), "t.send", map[string]int{"n": 1})
@@ -275,7 +275,7 @@ func TestPause_HeldCallEndsAtItsStartDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Capability: "t.send"}})
@@ -309,7 +309,7 @@ func TestPause_RetryWaitsInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := capstantest.Worker(t, reg)
+	w := trackedWorker(t, reg)
 	nc := w.Env.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	id, err := c.Submit(ctxT(t), "t.flaky", struct{}{})
@@ -354,7 +354,7 @@ func TestPause_AnAttemptPastItsGateIsCancelledOrWaitedFor(t *testing.T) {
 		at <- id
 		<-release
 	}}
-	w := capstantest.Worker(t, reg, capstantest.WithConfig(testhooks.Worker(executor.WorkerConfig{}, knobs)))
+	w := trackedWorker(t, reg, capstantest.WithConfig(testhooks.Worker(executor.WorkerConfig{}, knobs)))
 	var once sync.Once
 	releaseAll := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(releaseAll) // before the worker stops, whatever failed

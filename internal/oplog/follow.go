@@ -144,21 +144,37 @@ func (f *Follower) keepBound(sub *nats.Subscription, created <-chan *nats.Msg) {
 	defer func() { _ = sub.Unsubscribe() }()
 	tick := time.NewTicker(lookAgain)
 	defer tick.Stop()
+	// The server announces a stream a moment before its account lists it:
+	// after an announcement, a look that finds nothing is tried again soon.
+	var soon <-chan time.Time
+	wait := time.Duration(0)
 	for {
+		announced := false
 		select {
 		case <-f.ctx.Done():
 			return
 		case <-tick.C:
 		case <-f.bindNow:
 		case <-created:
+			announced, wait = true, 10*time.Millisecond
+		case <-soon:
+			announced, wait = true, min(2*wait, time.Second)
 		}
+		soon = nil
 		f.mu.Lock()
 		bound := f.watch != nil
 		f.mu.Unlock()
 		if bound {
 			continue
 		}
-		if err := f.bind(); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) && f.ctx.Err() == nil {
+		err := f.bind()
+		if err == nil {
+			continue
+		}
+		if announced && wait < time.Second {
+			soon = time.After(wait)
+		}
+		if !errors.Is(err, jetstream.ErrBucketNotFound) && f.ctx.Err() == nil {
 			f.log.Warn("bucket not followed yet; trying again", "bucket", f.bucket, "err", err)
 		}
 	}
