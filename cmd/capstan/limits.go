@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/limits"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runLimits prints every limit's usage now (DESIGN §17): the slots held and
@@ -23,21 +20,13 @@ func runLimits(args []string) int {
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	nc, err := conn.connect("limits")
+	js, ctx, done, err := conn.openJS("limits", submitTimeout)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return usageError("%v", err)
-	}
-	kv, err := js.KeyValue(ctx, names.LimitsBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = nil, nil // no worker of this version has run: no limit was taken
-	}
+	defer done()
+	// No bucket: no worker of this version has run, no limit was taken.
+	kv, err := unlessAbsent(js.KeyValue(ctx, names.LimitsBucket()))
 	if err != nil {
 		return fail(exitFailed, "read the limits: %v", err)
 	}

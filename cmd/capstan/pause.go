@@ -118,13 +118,12 @@ func runPause(args []string) int {
 	if err := needAdmin(conn, "pause calls", names.PausesBucket()); err != nil {
 		return usageError("%v", err)
 	}
-	nc, err := conn.connect("pause")
+	js, ctx, done, err := conn.openJS("pause", submitTimeout+confirmWait)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
+	defer done()
+	nc := js.Conn()
 	p := &pauses.Pause{Scope: scope, Mode: pauses.Hold, Reason: sf.reason, By: principalName(conn), Operator: operator(),
 		CancelRunning: *cancelRunning}
 	if *refuse {
@@ -134,7 +133,7 @@ func runPause(args []string) int {
 	if err != nil {
 		return fail(exitFailed, "pause %s: %v", scope, err)
 	}
-	if scope.Capability != "" && !inCatalog(ctx, nc, scope.Capability) {
+	if scope.Capability != "" && !inCatalog(ctx, js, scope.Capability) {
 		// A typo stops nothing: say so, loudly, rather than let a pause of
 		// nothing look like a stop.
 		fmt.Fprintf(os.Stderr, "capstan pause: warning: no worker serves %s (the catalog does not list it): this pause stops nothing until one does; check the id ('capstan describe' lists them)\n",
@@ -160,13 +159,12 @@ func runUnpause(args []string) int {
 	if err := needAdmin(conn, "unpause calls", names.PausesBucket()); err != nil {
 		return usageError("%v", err)
 	}
-	nc, err := conn.connect("unpause")
+	js, ctx, done, err := conn.openJS("unpause", submitTimeout+confirmWait)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
+	defer done()
+	nc := js.Conn()
 	ch, err := pauses.Lift(ctx, nc, names, scope, principalName(conn), operator(), sf.reason)
 	if errors.Is(err, pauses.ErrNotPaused) {
 		return fail(exitFailed, "unpause: nothing is paused for %s; 'capstan pauses' lists what is", scope)
@@ -294,23 +292,15 @@ func runPauses(args []string) int {
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	nc, err := conn.connect("pauses")
+	js, ctx, done, err := conn.openJS("pauses", submitTimeout)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return usageError("%v", err)
-	}
+	defer done()
 	var list []*pauses.Pause
-	kv, err := pauses.Bucket(ctx, js, names, false)
-	if err == nil {
+	kv, err := unlessAbsent(pauses.Bucket(ctx, js, names, false))
+	if err == nil && kv != nil {
 		list, err = pauses.List(ctx, kv)
-	} else if errors.Is(err, jetstream.ErrBucketNotFound) {
-		err = nil
 	}
 	if err != nil {
 		return fail(exitFailed, "read the pauses: %v (an admin's command)", err)
@@ -336,11 +326,7 @@ func writePauses(w io.Writer, st style, list []*pauses.Pause) {
 
 // inCatalog reports whether the catalog lists capabilityID (true when the
 // catalog cannot be read: the warning is for a typo, not for a doubt).
-func inCatalog(ctx context.Context, nc *nats.Conn, capabilityID string) bool {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return true
-	}
+func inCatalog(ctx context.Context, js jetstream.JetStream, capabilityID string) bool {
 	kv, err := js.KeyValue(ctx, names.CatalogBucket())
 	if err != nil {
 		return true
