@@ -195,24 +195,13 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	if auditMaxBytes == 0 {
 		auditMaxBytes = -1
 	}
-	b.Audit, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
-		Name:      n.AuditStream(),
-		Subjects:  []string{n.AuditSubjects()},
-		Retention: jetstream.LimitsPolicy,
-		Storage:   jetstream.FileStorage,
-		MaxAge:    cfg.AuditMaxAge,
-		MaxBytes:  auditMaxBytes,
-		Discard:   discard,
-		// The trail is evidence: no process, whatever its rights, removes an event.
-		DenyDelete: true,
-		DenyPurge:  true,
-		// One execution's trail is read with batched direct gets, without a
-		// consumer (audit.Read).
-		AllowDirect: true,
-		// Workers publish events as one long fast batch, which the stream
-		// acknowledges every few hundred messages instead of each one.
-		AllowBatchPublish: true,
-	}, keepAuditMaxAge)
+	auditStream := trailStream(n.AuditStream(), n.AuditSubjects(), cfg.AuditMaxAge)
+	auditStream.MaxBytes = auditMaxBytes
+	auditStream.Discard = discard
+	// Workers publish events as one long fast batch, which the stream
+	// acknowledges every few hundred messages instead of each one.
+	auditStream.AllowBatchPublish = true
+	b.Audit, err = ensureStream(ctx, js, rc, auditStream, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
 	}
@@ -278,21 +267,30 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	return b, nil
 }
 
+// trailStream is the configuration of a stream of the trail (the audit
+// events, their index, the checkpoints): the trail is evidence, so no
+// process, whatever its rights, removes a message; what one execution left
+// is read with batched direct gets, without a consumer (audit.Read).
+func trailStream(name, subjects string, maxAge time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        name,
+		Subjects:    []string{subjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      maxAge,
+		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
+	}
+}
+
 // IndexConfig is the executions index's stream: kept as long as the trail it
 // indexes, removed by nobody, read with direct gets, written in fast batches.
 func IndexConfig(n Names, maxAge time.Duration) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:              n.IndexStream(),
-		Subjects:          []string{n.IndexSubjects()},
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		MaxAge:            maxAge,
-		Discard:           jetstream.DiscardOld,
-		DenyDelete:        true,
-		DenyPurge:         true,
-		AllowDirect:       true,
-		AllowBatchPublish: true,
-	}
+	c := trailStream(n.IndexStream(), n.IndexSubjects(), maxAge)
+	c.AllowBatchPublish = true
+	return c
 }
 
 // checkpointsConfig is the checkpoints' stream: removed by nobody, kept a
@@ -304,17 +302,7 @@ func checkpointsConfig(n Names, auditMaxAge time.Duration) jetstream.StreamConfi
 	if auditMaxAge > 0 {
 		maxAge = auditMaxAge + 24*time.Hour
 	}
-	return jetstream.StreamConfig{
-		Name:        n.CheckpointStream(),
-		Subjects:    []string{n.CheckpointSubject()},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      maxAge,
-		Discard:     jetstream.DiscardOld,
-		DenyDelete:  true,
-		DenyPurge:   true,
-		AllowDirect: true,
-	}
+	return trailStream(n.CheckpointStream(), n.CheckpointSubject(), maxAge)
 }
 
 // ResourcesKey is the catalog key under which provisioning records what

@@ -46,6 +46,19 @@ func runPolicy(args []string) int {
 	})
 }
 
+// changePolicies checks that a change of the policies says why and that an
+// admin makes it, then connects it, with time for the workers'
+// confirmations.
+func changePolicies(conn *connFlags, command, reason string) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
+	if reason == "" {
+		return nil, nil, nil, fmt.Errorf("policy %s: say why: --reason TEXT (it goes on the trail)", command)
+	}
+	if err := needAdmin(conn, "change the policies", names.PoliciesBucket()); err != nil {
+		return nil, nil, nil, err
+	}
+	return conn.openJS("policy", submitTimeout+confirmWait)
+}
+
 // policyCatalog reads every capability the catalog lists.
 func policyCatalog(ctx context.Context, js jetstream.JetStream) ([]policies.Capability, error) {
 	kv, err := js.KeyValue(ctx, names.CatalogBucket())
@@ -103,13 +116,7 @@ func runPolicyApply(args []string) int {
 	if (len(pos) == 1) == (*version > 0) || len(pos) > 1 {
 		return usageError("policy apply: name one FILE, or --version N")
 	}
-	if *reason == "" {
-		return usageError("policy apply: say why: --reason TEXT (it goes on the trail)")
-	}
-	if err := needAdmin(conn, "change the policies", names.PoliciesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	js, ctx, done, err := conn.openJS("policy", submitTimeout+confirmWait)
+	js, ctx, done, err := changePolicies(conn, "apply", *reason)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -171,13 +178,7 @@ func runPolicyRemove(args []string) int {
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	if *reason == "" {
-		return usageError("policy remove: say why: --reason TEXT (it goes on the trail)")
-	}
-	if err := needAdmin(conn, "change the policies", names.PoliciesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	js, ctx, done, err := conn.openJS("policy", submitTimeout+confirmWait)
+	js, ctx, done, err := changePolicies(conn, "remove", *reason)
 	if err != nil {
 		return usageError("%v", err)
 	}
