@@ -11,6 +11,7 @@ package oplog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -41,6 +42,21 @@ func Retry(ctx context.Context, step func(ctx context.Context) error) error {
 		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
 		}
 	}
+}
+
+// OpenBucket opens the operators' bucket name (broker.OperatorBucket) as
+// Retry tries it; with create, a missing one is created (an admin's right).
+func OpenBucket(ctx context.Context, nc *nats.Conn, name string, create bool) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var kv jetstream.KeyValue
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		kv, err = broker.OperatorBucket(ctx, js, name, create)
+		return err
+	})
+	return kv, err
 }
 
 // Write writes a bucket's key by compare-and-swap, as Retry tries it:
@@ -96,10 +112,16 @@ func (l *Log) Record(ctx context.Context, typ, id, capabilityID string, data map
 }
 
 // NotApplied files, as well as it can, that the change recorded under id
-// did not reach its bucket, with the error.
-func (l *Log) NotApplied(ctx context.Context, id, capabilityID string, cause error) {
+// did not reach bucket, with the error, and returns the error to report:
+// changed when another operator's change came first (Changed), else the
+// bucket's refusal.
+func (l *Log) NotApplied(ctx context.Context, id, capabilityID, bucket string, cause, changed error) error {
 	_ = l.em.EmitSync(ctx, &audit.Event{Type: audit.EventNotApplied, Principal: l.by, ExecutionID: envelope.NewExecutionID(),
 		CapabilityID: capabilityID, Actor: l.actor(), Data: map[string]any{"auditId": id, "error": cause.Error()}})
+	if Changed(cause) {
+		return changed
+	}
+	return fmt.Errorf("capstan: nothing changed: the %s bucket refused the write: %w", bucket, cause)
 }
 
 func (l *Log) actor() audit.Actor {
