@@ -13,9 +13,7 @@ import (
 // by whom, the executions of a rate's last interval, a budget's sum over
 // its window.
 func runLimits(args []string) int {
-	fs := newFlags("limits", "[--capability PREFIX] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("limits", "[--capability PREFIX] [-o json]")
 	prefix := fs.String("capability", "", "show only the capabilities whose id starts with `prefix`")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code

@@ -135,6 +135,13 @@ func newFlags(name, usage string) *flag.FlagSet {
 	return fs
 }
 
+// newConnFlags returns the flag set of a command that connects and prints:
+// with the connection flags and the output flags.
+func newConnFlags(name, usage string) (*flag.FlagSet, *connFlags, *outputFlags) {
+	fs := newFlags(name, usage)
+	return fs, addConnFlags(fs), addOutputFlags(fs)
+}
+
 // printUsage writes the command's synopsis and flags to w.
 func printUsage(fs *flag.FlagSet, w io.Writer) {
 	fs.SetOutput(w)

@@ -101,9 +101,7 @@ func (a *pauseAnswer) cancels() bool { return a.Pause.CancelRunning && a.Pause.A
 const confirmWait = 3 * time.Second
 
 func runPause(args []string) int {
-	fs := newFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")
 	sf := addScopeFlags(fs, "pause")
 	refuse := fs.Bool("refuse", false, "end the calls made meanwhile at once, PAUSED with the reason (default: hold them in their queue until unpaused)")
 	cancelRunning := fs.Bool("cancel-running", false, "also cancel the attempts running now, as their callers' cancels do")
@@ -144,9 +142,7 @@ func runPause(args []string) int {
 }
 
 func runUnpause(args []string) int {
-	fs := newFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
 	sf := addScopeFlags(fs, "unpause")
 	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
@@ -286,9 +282,7 @@ func who(by, operator string) string {
 
 // runPauses lists the pauses in force.
 func runPauses(args []string) int {
-	fs := newFlags("pauses", "[-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("pauses", "[-o json]")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}

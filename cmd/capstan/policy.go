@@ -104,9 +104,7 @@ type policyAnswer struct {
 }
 
 func runPolicyApply(args []string) int {
-	fs := newFlags("policy apply", "FILE --reason TEXT | --version N --reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy apply", "FILE --reason TEXT | --version N --reason TEXT")
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
 	version := fs.Int("version", 0, "put this earlier `version` in force again, instead of a file")
 	pos, code, ok := parseOutput(fs, args, -1, o)
@@ -171,9 +169,7 @@ func runPolicyApply(args []string) int {
 }
 
 func runPolicyRemove(args []string) int {
-	fs := newFlags("policy remove", "--reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy remove", "--reason TEXT")
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
@@ -246,9 +242,7 @@ type policyTest struct {
 }
 
 func runPolicyTest(args []string) int {
-	fs := newFlags("policy test", "FILE [--cases FILE] [--since D] [--limit N]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy test", "FILE [--cases FILE] [--since D] [--limit N]")
 	casesFile := fs.String("cases", "", "a JSON `file` of cases to decide: [{name, principal, actor, capability, surface, input, expect}]")
 	since := fs.Duration("since", 24*time.Hour, "decide again the executions recorded in this last `duration`")
 	limit := fs.Int("limit", 1000, "at most this many recorded executions, newest first (0: none)")
@@ -408,9 +402,7 @@ func writePolicyTest(w io.Writer, st style, r *policyTest, since time.Duration, 
 }
 
 func runPolicyShow(args []string) int {
-	fs := newFlags("policy show", "[--version N]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy show", "[--version N]")
 	version := fs.Int("version", 0, "show this `version` (default: the one in force)")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
@@ -451,9 +443,7 @@ func runPolicyShow(args []string) int {
 }
 
 func runPolicyHistory(args []string) int {
-	fs := newFlags("policy history", "")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy history", "")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
