@@ -82,6 +82,15 @@ func needAdmin(conn *connFlags, right, bucket string) error {
 	return conn.need(right, func(string) string { return "$KV." + bucket + ".all" }, "only an admin may")
 }
 
+// changePauses checks that an admin makes a change of the pauses, then
+// connects it, with time for the workers' confirmations.
+func changePauses(conn *connFlags, command string) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
+	if err := needAdmin(conn, command+" calls", names.PausesBucket()); err != nil {
+		return nil, nil, nil, err
+	}
+	return conn.openJS(command, submitTimeout+confirmWait)
+}
+
 // pauseAnswer is what pause and unpause print with -o json.
 type pauseAnswer struct {
 	*pauses.Change
@@ -113,10 +122,7 @@ func runPause(args []string) int {
 	if err != nil {
 		return usageError("pause: %v", err)
 	}
-	if err := needAdmin(conn, "pause calls", names.PausesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	js, ctx, done, err := conn.openJS("pause", submitTimeout+confirmWait)
+	js, ctx, done, err := changePauses(conn, "pause")
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -152,10 +158,7 @@ func runUnpause(args []string) int {
 	if err != nil {
 		return usageError("unpause: %v", err)
 	}
-	if err := needAdmin(conn, "unpause calls", names.PausesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	js, ctx, done, err := conn.openJS("unpause", submitTimeout+confirmWait)
+	js, ctx, done, err := changePauses(conn, "unpause")
 	if err != nil {
 		return usageError("%v", err)
 	}
