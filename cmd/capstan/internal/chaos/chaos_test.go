@@ -537,16 +537,9 @@ func TestChaos_WorkersKilled_EmailSentAtMostOnce(t *testing.T) {
 	}
 	c := r.client("email.send")
 
-	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
-	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
+	ids, k := killWhileSubmitting(t, r, c, n, d, func(i int) (string, any) {
 		return "email.send", demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "chaos", HoldMs: spread(i, 300)}
 	})
-	k := <-kills
-	if len(refused) > 0 {
-		t.Fatalf("%d submissions refused with the server up", len(refused))
-	}
-	awaitAll(t, testhooks.Broker(c), ids)
 
 	tl := inspect(t, testhooks.Broker(c), ids)
 	checkOneEnvelopeEach(t, tl, ids)
@@ -578,16 +571,9 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	}
 	c := r.client("demo.sleep")
 
-	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
-	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
+	ids, k := killWhileSubmitting(t, r, c, n, d, func(i int) (string, any) {
 		return "demo.sleep", demo.SleepInput{Ms: spread(i, 300)}
 	})
-	k := <-kills
-	if len(refused) > 0 {
-		t.Fatalf("%d submissions refused with the server up", len(refused))
-	}
-	awaitAll(t, testhooks.Broker(c), ids)
 
 	tl := inspect(t, testhooks.Broker(c), ids)
 	checkOneEnvelopeEach(t, tl, ids)
@@ -608,6 +594,24 @@ func TestChaos_WorkersKilled_ReadsTakenOverAndRetried(t *testing.T) {
 	}
 	t.Logf("demo.sleep: executions=%d kills=%d (%d hit an attempt in flight) over %v; %s; completed after a WORKER_LOST retry=%d",
 		len(ids), k, hits, d, tl, retriedCompleted)
+}
+
+// killWhileSubmitting submits n calls (what input(i) says) spread over 4/5
+// of d while r kills workers for d, aimed at moments with handlers in
+// flight, and waits until every call has its envelope; it returns the
+// calls' ids and how many kills there were. A submission refused fails the
+// test: the server stays up.
+func killWhileSubmitting(t *testing.T, r *rig, c *executor.Client, n int, d time.Duration, input func(i int) (string, any)) ([]string, int) {
+	t.Helper()
+	kills := make(chan int, 1)
+	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
+	ids, refused := submitSpread(t, c, n, d*4/5, input)
+	k := <-kills
+	if len(refused) > 0 {
+		t.Fatalf("%d submissions refused with the server up", len(refused))
+	}
+	awaitAll(t, testhooks.Broker(c), ids)
+	return ids, k
 }
 
 // inFlight is the number of handler calls without an envelope yet: attempts

@@ -56,16 +56,9 @@ func TestChaos_WorkersKilled_UnclaimedReadsRunAgain(t *testing.T) {
 	}
 	c := r.client("chaos.read")
 
-	kills := make(chan int, 1)
-	go func() { kills <- r.chaos(d, aimAtInFlight(testhooks.Broker(c))) }()
-	ids, refused := submitSpread(t, c, n, d*4/5, func(i int) (string, any) {
+	ids, k := killWhileSubmitting(t, r, c, n, d, func(i int) (string, any) {
 		return "chaos.read", demo.SleepInput{Ms: 50 + spread(i, 300)}
 	})
-	k := <-kills
-	if len(refused) > 0 {
-		t.Fatalf("%d submissions refused with the server up", len(refused))
-	}
-	awaitAll(t, testhooks.Broker(c), ids)
 
 	tl := inspect(t, testhooks.Broker(c), ids)
 	checkOneEnvelopeEach(t, tl, ids)
