@@ -6,12 +6,14 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/natsserver"
-	"github.com/nats-io/nats.go"
 )
 
 type Payout struct {
@@ -56,7 +58,7 @@ func ExampleClient_Resume() {
 	approvalID := env.Approval.ID
 
 	carol := connect("carol")
-	pending, err := approvals.RequestOne(ctx, carol, broker.NewNames(""), approvalID)
+	pending, err := approvalsrpc.One(ctx, carol, broker.NewNames(""), approvalID)
 	check(err)
 	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
 	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),

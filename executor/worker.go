@@ -10,9 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/capstan-dev/capstan/approvals"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
@@ -23,8 +26,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -192,7 +193,7 @@ type Worker struct {
 	readOnly readOnlyEvents
 	// approvalIndex is the worker's copy of the approvals bucket: pending
 	// approvals counted, listings paged.
-	approvalIndex *approvals.Index
+	approvalIndex *approvalsrpc.Index
 }
 
 // skipped is told of a record of bucket that a listing skipped because it
@@ -341,7 +342,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	if err := ready("read approvals", func(context.Context) (err error) {
-		w.approvalIndex, err = approvals.WatchIndex(ctx, b.Approvals, w.skipped(b.Names.ApprovalsBucket()))
+		w.approvalIndex, err = approvalsrpc.WatchIndex(ctx, b.Approvals, w.skipped(b.Names.ApprovalsBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)

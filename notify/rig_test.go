@@ -302,7 +302,7 @@ func (r *rig) idleAll(t *testing.T, waiting map[string]int, ns ...*Notifier) {
 	js := r.env.JetStream(t)
 	eventually(t, fmt.Sprintf("the notifiers idle with %v approvals waiting for their expiry", waiting), func() bool {
 		for _, c := range ns[0].chans {
-			q, err := QueueOf(context.Background(), js, r.names, c.Name)
+			q, err := channelQueue(context.Background(), js, r.names, c.Name)
 			if err != nil || q.Waiting != 0 || q.InFlight != waiting[c.Name] {
 				return false
 			}

@@ -162,8 +162,8 @@ func Queues(ctx context.Context, js jetstream.JetStream, n broker.Names) ([]Queu
 	return out, nil
 }
 
-// QueueOf reads one channel's notify consumer.
-func QueueOf(ctx context.Context, js jetstream.JetStream, n broker.Names, channel string) (Queue, error) {
+// channelQueue reads one channel's notify consumer.
+func channelQueue(ctx context.Context, js jetstream.JetStream, n broker.Names, channel string) (Queue, error) {
 	c, err := js.Consumer(ctx, "KV_"+n.ApprovalsBucket(), n.NotifyConsumer(channel))
 	if err != nil {
 		return Queue{}, fmt.Errorf("capstan: notify: consumer %s: %w", n.NotifyConsumer(channel), err)

@@ -9,12 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/nats-io/nats.go"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -107,7 +109,7 @@ func runApprovalsList(args []string) int {
 		return usageError("%v", err)
 	}
 	defer done()
-	page, err := approvals.RequestList(ctx, nc, broker.NewNames(""), req)
+	page, err := approvalsrpc.List(ctx, nc, broker.NewNames(""), req)
 	if err != nil {
 		return requestError(err)
 	}
@@ -143,7 +145,7 @@ func runApprovalsShow(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	rec, err := approvals.RequestOne(ctx, nc, broker.NewNames(""), id)
+	rec, err := approvalsrpc.One(ctx, nc, broker.NewNames(""), id)
 	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}

@@ -9,12 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/nats-io/nats.go"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 func runExecutions(args []string) int {
@@ -251,7 +253,7 @@ func resolveApproval(ctx context.Context, nc *nats.Conn, arg string) (string, er
 	// The pages of what the principal may see, until a second match.
 	var found []*approvals.Record
 	for req := (approvals.ListRequest{Limit: approvals.MaxPageSize}); len(found) < 2; {
-		page, err := approvals.RequestList(ctx, nc, names, req)
+		page, err := approvalsrpc.List(ctx, nc, names, req)
 		if err != nil {
 			return arg, nil
 		}
