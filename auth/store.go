@@ -254,9 +254,9 @@ func (g *Grants) CheckRequest(principal string, actor envelope.Actor, surface, c
 		right string
 		err   error
 	}{
-		{"this actor", gr.CheckActor(actor)},
-		{"this surface", gr.CheckSurface(surface)},
-		{"this capability", gr.CheckCapability(capabilityID)},
+		{"this actor", gr.checkActor(actor)},
+		{"this surface", gr.checkSurface(surface)},
+		{"this capability", gr.checkCapability(capabilityID)},
 	} {
 		if check.err != nil {
 			return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageActor,
@@ -272,7 +272,7 @@ func unauthenticated(cause error) error {
 }
 
 // Approver returns the identity principal's decisions carry, if it may decide
-// approvals of types (see Grant.CheckTypes). On an open server the decision
+// approvals of types (see Grant.checkTypes). On an open server the decision
 // names its own approver.
 func (g *Grants) Approver(principal string, types []string) (envelope.Actor, bool, error) {
 	if principal == broker.Anonymous && g.Open() {
@@ -282,8 +282,8 @@ func (g *Grants) Approver(principal string, types []string) (envelope.Actor, boo
 	if !ok {
 		return envelope.Actor{}, false, fmt.Errorf("principal %q has no grant", principal)
 	}
-	if err := gr.CheckTypes(types); err != nil {
+	if err := gr.checkTypes(types); err != nil {
 		return envelope.Actor{}, false, err
 	}
-	return gr.Identity(), false, nil
+	return gr.identity(), false, nil
 }
