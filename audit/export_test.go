@@ -15,3 +15,6 @@ func WrapIndexSend(e *Emitter, wrap func(subject string, send func())) {
 
 // DecodeEntries reads a message of the index (decodeEntries).
 func DecodeEntries(b []byte) ([]Entry, error) { return decodeEntries(b) }
+
+// EntryOf is the index entry of one audit message's events (entryOf).
+func EntryOf(evs []*Event) *Entry { return entryOf(evs) }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // Files of a setup directory. Seeds and credentials are written 0600.
@@ -512,7 +513,7 @@ func (s *Setup) writeUser(signer nkeys.KeyPair, g Grant) (string, error) {
 	useed, _ := ukp.Seed()
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = g.Principal
-	uc.Tags.Add(roleTag + string(g.Role))
+	uc.Tags.Add(credfile.RoleTag + string(g.Role))
 	uc.Permissions = PermissionsFor(g, s.Names()).jwt()
 	ujwt, err := uc.Encode(signer)
 	if err != nil {

@@ -212,3 +212,6 @@ func (g Grant) identity() envelope.Actor {
 	}
 	return envelope.Actor{Kind: envelope.ActorService, ID: g.Principal}
 }
+
+// ErrNotPermitted: the credentials do not allow what was asked.
+var ErrNotPermitted = errors.New("capstan: not permitted")

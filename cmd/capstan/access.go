@@ -5,6 +5,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // What the command's credentials let it do, read from the credentials
@@ -17,7 +18,7 @@ import (
 // capstan principal (the server decides).
 type principal struct {
 	name, role string
-	cred       *auth.Credentials
+	cred       *credfile.Credentials
 }
 
 func (c *connFlags) principal() principal {
@@ -25,7 +26,7 @@ func (c *connFlags) principal() principal {
 	if !cr.Known() {
 		return principal{}
 	}
-	p := principal{name: cr.Principal, role: string(cr.Role), cred: cr}
+	p := principal{name: cr.Principal, role: cr.Role, cred: cr}
 	if p.role == "" {
 		p.role = "principal"
 	}
