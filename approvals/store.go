@@ -8,11 +8,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Store keeps approvals in the approvals bucket. Every change is one

@@ -1,6 +1,8 @@
 package audit
 
-import "time"
+import (
+	"time"
+)
 
 // SetIndexLinger changes how long e's index entries wait for others; call it
 // before e emits.

@@ -9,14 +9,13 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/nats-io/nats.go"
 )
 
 // CancelReply answers a cancel request.

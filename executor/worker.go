@@ -10,11 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/testhooks"
-
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
@@ -23,9 +19,12 @@ import (
 	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/internal/trail"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // printedEvent is an audit event as the CLI prints it.

@@ -18,13 +18,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // printedEnvelope is the envelope as the CLI prints it.

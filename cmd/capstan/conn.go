@@ -15,11 +15,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/credfile"
+	"github.com/nats-io/nats.go"
 )
 
 // connFlags are the connection flags of every networked command.

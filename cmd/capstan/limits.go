@@ -8,9 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/internal/limits"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runLimits prints every limit's usage now (DESIGN §17): the slots held and

@@ -10,13 +10,12 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/observe"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // workerFlags configure the demo worker of dev and worker.
