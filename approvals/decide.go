@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -71,9 +70,6 @@ func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req Dec
 	}
 	return reply.Record, refusal(reply.Error, reply.Conditions, reply.Details)
 }
-
-// decideTimeout bounds one decision in a worker.
-const decideTimeout = 10 * time.Second
 
 // conditionNames name the store's conditions on the wire.
 var conditionNames = []struct {
