@@ -10,8 +10,9 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 )
 
 // securedDecisions starts a server with authentication, a worker connection
@@ -45,7 +46,7 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants, err := auth.WatchGrants(ctxT(t), b.JS, b.Names)
+	grants, err := grantwatch.Watch(ctxT(t), b.JS, b.Names)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -215,3 +215,34 @@ func (g Grant) identity() envelope.Actor {
 
 // ErrNotPermitted: the credentials do not allow what was asked.
 var ErrNotPermitted = errors.New("capstan: not permitted")
+
+// CheckCall decides stage 6 for a call g's principal makes as actor from
+// surface: nil, or a CapabilityError FORBIDDEN whose cause names the missing
+// right (the actor, the surface or the capability). Actor well-formedness is
+// checked before.
+func (g Grant) CheckCall(actor envelope.Actor, surface, capabilityID string) error {
+	for _, check := range []struct {
+		right string
+		err   error
+	}{
+		{"this actor", g.checkActor(actor)},
+		{"this surface", g.checkSurface(surface)},
+		{"this capability", g.checkCapability(capabilityID)},
+	} {
+		if check.err != nil {
+			return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageActor,
+				Message: "Not allowed: the caller has no grant for " + check.right + ".", ExposeToModel: true, Cause: check.err}
+		}
+	}
+	return nil
+}
+
+// ApproverFor returns the identity g's decisions carry, if g may decide an
+// approval of types: every type must be granted (an approval without types
+// needs "*"); an admin decides any.
+func (g Grant) ApproverFor(types []string) (envelope.Actor, error) {
+	if err := g.checkTypes(types); err != nil {
+		return envelope.Actor{}, err
+	}
+	return g.identity(), nil
+}
