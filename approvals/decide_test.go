@@ -10,9 +10,9 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/testenv"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // securedDecisions starts a server with authentication, a worker connection

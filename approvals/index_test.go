@@ -7,8 +7,8 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/testenv"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 // pendingOfPrincipal creates a pending approval requested under principal,

@@ -18,8 +18,8 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/testenv"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
+	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -12,8 +12,8 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
-	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // approvalGate is stage 8. It returns the execution's end and stop when the

@@ -10,9 +10,9 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 // skips counts what a worker's listings skipped, per bucket.

@@ -18,11 +18,11 @@ import (
 	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
-	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 )

@@ -16,9 +16,9 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/notifystatus"
 	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/internal/notifystatus"
 )
 
 // notifyConfigEnv names the notifier's configuration file when --config

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
-	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/internal/notifystatus"
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // hookDelivery is one POST the test's receiver got.
