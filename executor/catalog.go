@@ -30,6 +30,10 @@ type Descriptor struct {
 	TimeoutMs        int64      `json:"timeoutMs"`                  // the per-attempt timeout in milliseconds, the default applied
 	RetryMaxAttempts int        `json:"retryMaxAttempts,omitempty"` // retries after the first attempt (Retry.MaxAttempts); 0 for none
 	RequiresApproval bool       `json:"requiresApproval,omitempty"` // every call waits for an approval (ApprovalRule.Required)
+	// Unclaimed: a read that runs without a claim (Meta.Idempotent): a run
+	// lost with its worker runs again rather than ending OUTCOME_UNKNOWN,
+	// and status says queued until its envelope is written.
+	Unclaimed bool `json:"unclaimed,omitempty"`
 	// ApprovalPolicies name the capability's policies that may require an
 	// approval for some inputs (Policy.MayRequireApproval).
 	ApprovalPolicies []string `json:"approvalPolicies,omitempty"`
@@ -63,6 +67,7 @@ func describe(b *binding, pool string) Descriptor {
 		Risk: m.Risk, Tags: m.Tags, Expose: m.Expose, Idempotent: m.Idempotent,
 		TimeoutMs: m.timeout().Milliseconds(), RetryMaxAttempts: m.maxAttempts(),
 		RequiresApproval: m.Approval != nil && m.Approval.Required,
+		Unclaimed:        b.unclaimed(),
 		ApprovalPolicies: approvalPolicies(m.Policies),
 		InputSchema:      inputSchema(b),
 		Limits:           limitInfos(m.Limits, b.id),

@@ -108,6 +108,10 @@ type Meta struct {
 	Retry *Retry
 	// Idempotent is a reviewable claim that repeating the call with identical
 	// input is safe because the handler deduplicates with Call.IdempotencyKey.
+	// A read (side effect none or read) declared Idempotent, with no
+	// approval, limit or recovery, runs without a claim: faster, and a run
+	// lost with its worker runs again (docs/guarantees.md, "Reads without
+	// claims").
 	Idempotent bool
 	// Approval, when Required, makes every call wait for someone else's
 	// approval before it runs.
@@ -125,6 +129,21 @@ type Meta struct {
 	// input. It receives the validated input (a pointer to the input type).
 	// The approval still binds the whole validated input by its hash (SI-4).
 	RedactApprovalInput func(in any) any
+}
+
+// unclaimed reports whether calls of a capability with this metadata run
+// without a claim (see Idempotent): a read (side effect none or read) declared Idempotent,
+// which asks for no approval and takes no limit, and declares no recovery.
+// No execution record is written for such a call, only its envelope, so:
+// a run lost with its worker runs again on the next delivery rather than
+// ending OUTCOME_UNKNOWN; two deliveries may run at once, the first
+// envelope written standing; `capstan status` says queued until the
+// envelope is written; and a receipt is refused. The timeout, the caller's
+// cancel, the trail and one envelope per execution hold as for any call
+// (docs/guarantees.md, "Reads without claims").
+func (m Meta) unclaimed() bool {
+	read := m.SideEffect == SideEffectNone || m.SideEffect == SideEffectRead
+	return read && m.Idempotent && (m.Approval == nil || !m.Approval.Required) && len(m.Limits) == 0
 }
 
 // redact applies a redaction function, if any, failing closed on a panic.

@@ -90,6 +90,14 @@ func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admis
 // Timeout bounds one attempt.
 func (c *capability) Timeout() time.Duration { return c.timeout }
 
+// Unclaimed reports whether the capability's runs need no claim (DESIGN
+// §14, "Reads without claims").
+func (c *capability) Unclaimed() bool { return c.b.unclaimed() }
+
+// unclaimed: a read declared Idempotent (Meta.unclaimed) that declares no
+// recovery either, whose runs need no claim.
+func (b *binding) unclaimed() bool { return b.meta.unclaimed() && b.recovery == (engine.Recovery{}) }
+
 // Retry is the retry rule: attempt n, failed with err, is followed by
 // another only when the SI-11 rule allows it (RetryEligible) and attempts
 // are left, after the backoff.

@@ -298,6 +298,15 @@ func writeDiscovery(w io.Writer, st style, d *executor.Discovery) {
 	t.flush()
 	fmt.Fprintf(w, "%s on surface %s; digest %s\n", plural(len(d.Capabilities), "capability", "capabilities"),
 		d.Surface, st.dim(d.Digest))
+	var unclaimed []string
+	for _, c := range d.Capabilities {
+		if c.Unclaimed {
+			unclaimed = append(unclaimed, c.ID)
+		}
+	}
+	if len(unclaimed) > 0 {
+		fmt.Fprintf(w, "%s %s (a run lost with its worker runs again)\n", st.bold("Reads without claims:"), strings.Join(unclaimed, ", "))
+	}
 	for _, c := range d.Capabilities {
 		if p := c.Paused; p != nil {
 			what := "its calls wait in their queue"

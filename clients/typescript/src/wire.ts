@@ -226,6 +226,8 @@ export interface Descriptor {
   timeoutMs: number;
   retryMaxAttempts?: number;
   requiresApproval?: boolean;
+  /** A read that runs without a claim: a run lost with its worker runs again (docs/guarantees.md). */
+  unclaimed?: boolean;
   /** The JSON Schema of the capability's input. */
   inputSchema?: Record<string, unknown>;
   /** The capability's limits (docs/design.md §17). */
@@ -607,6 +609,7 @@ export const descriptorSchema: Schema = [
   ["timeoutMs", int, 0],
   ["retryMaxAttempts", int],
   ["requiresApproval", bool],
+  ["unclaimed", bool],
   ["inputSchema", anyv],
   ["limits", { t: "recs", s: limitInfoSchema, ptr: false }],
   ["paused", { t: "rec", s: pauseInfoSchema, ptr: true }],

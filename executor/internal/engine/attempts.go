@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
@@ -119,7 +120,11 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 		if err := x.ctx.Err(); err != nil {
 			return at.endByContext(attempt - 1)
 		}
-		if x.claim.held() == nil {
+		switch {
+		case x.unclaimed:
+			// A read without a claim: its delivery's ack timer alone is kept.
+			x.lease.start()
+		case x.claim.held() == nil:
 			// The short path's claim: the record of attempt 1, create-only.
 			rec := x.newRecord(StateRunning)
 			rec.Attempt, rec.StartedAt = attempt, rec.CreatedAt
@@ -127,7 +132,7 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 				return x.yield()
 			}
 			x.lease.start()
-		} else {
+		default:
 			endStart := x.stage(observe.StageStart)
 			reattempt := at.retryReason == ReasonReconciledAbsent
 			err := x.claim.update(func(r *Record) {
@@ -147,7 +152,18 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 				return x.endByRecord(err, attempt-1)
 			}
 		}
-		started := x.event(audit.EventStarted, at.unit.Started(attempt))
+		data := at.unit.Started(attempt)
+		if n := x.meta.Deliveries; x.unclaimed && n > 1 {
+			// A read's run again after its worker was lost (or the request
+			// put back): the trail tells the runtime's re-run, under the
+			// same execution, from a new call of the tool.
+			data = maps.Clone(data)
+			if data == nil {
+				data = map[string]any{}
+			}
+			data["delivery"] = n
+		}
+		started := x.event(audit.EventStarted, data)
 		if x.w.cfg.StrictAudit {
 			endAudit := x.stage(observe.StageAudit)
 			err := x.trail.flushSync(x.ctx, started)
@@ -188,8 +204,10 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			return at.endByContext(attempt)
 		}
 		if delay, ok := c.Retry(attempt, cerr); ok {
-			if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
-				return x.endByRecord(err, attempt)
+			if !x.unclaimed {
+				if err := x.claim.update(func(r *Record) { r.State, r.LastError = StateBackoff, cerr.Code }); err != nil {
+					return x.endByRecord(err, attempt)
+				}
 			}
 			t := time.NewTimer(delay)
 			select {
@@ -412,6 +430,9 @@ func (rc *receipts) RecordReceipt(ctx context.Context, n int, receipt envelope.R
 	defer rc.mu.Unlock()
 	if rc.attempt != n {
 		return fmt.Errorf("%w: attempt %d has ended", ErrReceiptRefused, n)
+	}
+	if x.unclaimed {
+		return fmt.Errorf("%w: a read without a claim keeps no receipt", ErrReceiptRefused)
 	}
 	if x.claim.lapsed.Load() {
 		// The lease ran out unrenewed: another worker may own the execution.

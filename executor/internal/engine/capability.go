@@ -40,6 +40,10 @@ type Definition interface {
 	// Recovery is what the capability declares for an attempt whose
 	// outcome was lost: its reconciler, if any (DESIGN §5).
 	Recovery() Recovery
+	// Unclaimed: a read whose runs need no claim (DESIGN §4, "Reads without
+	// claims"): no record is written for it, and a run lost with its worker
+	// runs again; the envelope's create-only write alone decides its end.
+	Unclaimed() bool
 }
 
 // Recovery is what a capability declares for an attempt whose outcome was

@@ -198,7 +198,10 @@ type leaseKeeper struct {
 	claim    *claim
 	length   time.Duration
 	disabled bool // no renewal, no end (tests of redelivery)
-	now      func() time.Time
+	// unclaimed: a read without a claim (DESIGN §14): only the delivery's
+	// ack timer is renewed, and nothing ends the execution for a lease.
+	unclaimed bool
+	now       func() time.Time
 	// msg is the delivery, whose ack timer each renewal restarts
 	// (InProgress).
 	msg jetstream.Msg
@@ -239,7 +242,9 @@ func (l *leaseKeeper) start() {
 		if l.disabled {
 			return
 		}
-		l.claim.watch(l.wrote)
+		if !l.unclaimed {
+			l.claim.watch(l.wrote)
+		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.renewing.Add(1)
@@ -320,6 +325,9 @@ func (l *leaseKeeper) keep() {
 func (l *leaseKeeper) renew() bool {
 	if l.msg != nil {
 		_ = l.msg.InProgress()
+	}
+	if l.unclaimed {
+		return true
 	}
 	p := l.progress.lastReport()
 	err := l.claim.update(func(r *Record) {

@@ -328,6 +328,9 @@ func (d *delivery) claimNew() Action {
 	x := &d.x
 	x.hashInput()
 	facts := x.meta.facts(d.w.windows(), d.w.now())
+	if x.cap != nil && x.req.ApprovalID == "" && x.cap.Unclaimed() {
+		return d.runUnclaimed(facts)
+	}
 	if x.cap != nil && x.req.ApprovalID == "" && facts.FirstRecent {
 		// The short path: the request's first delivery, not a resume, of a
 		// capability served here, with an id made within the record window.
@@ -355,6 +358,45 @@ func (d *delivery) claimNew() Action {
 		f.Envelope = x.readEnvelope()
 	}
 	return Takeover(f)
+}
+
+// runUnclaimed begins a read that needs no claim (Definition.Unclaimed,
+// DESIGN §14 "Reads without claims"): nothing is written before its
+// envelope. A delivery that may not be the request's first (a
+// redelivery, an id older than the record window), or whose execution a
+// cancel notice named while it waited, reads the record first: one found —
+// a caller's cancel of the queued request, a claim of a worker that did not
+// know the capability for a read — decides as the takeover table says;
+// then the envelope: one there is a duplicate. A first delivery reads
+// nothing: a cancel recorded while the request waited, which its worker did
+// not hear of (it started after the cancel), does not stop it. A run lost
+// with its worker runs again at the redelivery.
+func (d *delivery) runUnclaimed(f Facts) Action {
+	x := &d.x
+	if !f.FirstRecent || d.w.inflight.wasNoticed(x.key) {
+		rec, rev, err := x.w.store.load(x.key)
+		switch {
+		case err == nil:
+			x.found, x.foundRev = rec, rev
+			return Takeover(x.facts(rec, x.readEnvelope()))
+		case !errors.Is(err, broker.ErrNotFound):
+			return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
+		}
+	}
+	if !f.FirstRecent {
+		switch ended, err := d.endedBefore(); {
+		case ended:
+			ackSync(d.msg)
+			return Action{}
+		case err != nil:
+			return Action{Do: Wait, Delay: time.Second}
+		}
+	}
+	// Its first events wait for its end, as the short path's do: a put-back
+	// (an operator's pause) files nothing.
+	x.trail.hold()
+	x.unclaimed, x.unaudited, x.lease.unclaimed = true, true, true
+	return Action{Do: Run}
 }
 
 // takeOver takes the record found, another claim's whose lease ran out (or
@@ -574,6 +616,9 @@ func (d *delivery) awaitApproval(need *ApprovalNeeded) Action {
 	x := &d.x
 	defer x.stage(observe.StageApproval)(nil)
 	if x.claim.held() == nil {
+		// A read asked to wait for an approval (a policy's) is claimed
+		// from here on, as any other call.
+		x.unclaimed, x.lease.unclaimed = false, false
 		if !x.create(x.newRecord(StateClaimed)) {
 			return x.yield()
 		}

@@ -39,6 +39,9 @@ type execution struct {
 	// unaudited: this delivery claimed the execution fresh and has not
 	// filed its capability.requested yet (audited).
 	unaudited bool
+	// unclaimed: a read run without a claim (delivery.runUnclaimed): no
+	// record is written for it.
+	unclaimed bool
 	obs       observe.Execution
 
 	// ctx spans the whole execution: the caller's cancel and deadline, a lost

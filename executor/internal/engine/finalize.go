@@ -87,7 +87,10 @@ func stopped(cerr *envelope.CapabilityError) *outcome {
 func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 	x.audited()
 	var err error
-	if x.claim.held() == nil {
+	switch {
+	case x.unclaimed:
+		// A read without a claim: its envelope alone (DESIGN §14).
+	case x.claim.held() == nil:
 		// Refused before its claim (stages 4 to 9 of the short path): its
 		// record, finalized, comes first, so that a later delivery finds it.
 		rec := x.newRecord(StateFinalized)
@@ -101,7 +104,7 @@ func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 		if !x.create(rec) {
 			return x.yield(), false
 		}
-	} else if o.cause != nil || renewBeforeEnvelope(x.claim.record().LeaseUntil, x.w.now(), x.w.cfg.Lease) {
+	case o.cause != nil || renewBeforeEnvelope(x.claim.record().LeaseUntil, x.w.now(), x.w.cfg.Lease):
 		// A failure's private cause is kept on the record for operators
 		// (capstan status), written with the lease's renewal: the record is
 		// not written after the envelope.

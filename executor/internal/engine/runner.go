@@ -145,6 +145,9 @@ func (r *Runner) handle(msg jetstream.Msg, unrouted bool) {
 // which stored the cancel before the notice was sent.
 func (r *Runner) CancelLocal(principal, executionID string) {
 	key := broker.Key(principal, executionID)
+	if !r.w.inflight.notice(key, r.w.now()) {
+		return // kept, for a read without a claim that arrives later
+	}
 	cancel := r.w.inflight.get(key)
 	if cancel == nil {
 		return

@@ -222,6 +222,50 @@ func (s *stats) snapshot() Stats {
 type inflight struct {
 	mu sync.Mutex
 	m  map[string]*flight
+	// noticed are the keys of executions a cancel notice named while none
+	// of them was in flight here, with when: a read without a claim looks
+	// here, not at the record, before it runs (delivery.runUnclaimed).
+	noticed map[string]time.Time
+}
+
+// keepNotices bounds how many cancel notices a worker keeps for executions
+// not in flight; past it, those older than noticeAge go, then all.
+const (
+	keepNotices = 4096
+	noticeAge   = time.Minute
+)
+
+// notice keeps a cancel notice of key, unless its execution is in flight
+// here (then the notice is acted on at once) and reports which.
+func (t *inflight) notice(key string, now time.Time) (inFlight bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[key] != nil {
+		return true
+	}
+	if len(t.noticed) >= keepNotices {
+		for k, at := range t.noticed {
+			if now.Sub(at) > noticeAge {
+				delete(t.noticed, k)
+			}
+		}
+		if len(t.noticed) >= keepNotices {
+			clear(t.noticed)
+		}
+	}
+	if t.noticed == nil {
+		t.noticed = map[string]time.Time{}
+	}
+	t.noticed[key] = now
+	return false
+}
+
+// wasNoticed reports whether a cancel notice named key.
+func (t *inflight) wasNoticed(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.noticed[key]
+	return ok
 }
 
 // flight is one execution in flight: whose and which, the end of its

@@ -112,7 +112,7 @@ func (r *rig) runWorkers(ctx context.Context, t Target, cfg *Config, js jetstrea
 			return nil, err
 		}
 		r.conns = append(r.conns, wnc)
-		reg, err := executor.NewRegistry(demo.Catalog(js)...)
+		reg, err := executor.NewRegistry(append(demo.Catalog(js), readCapability())...)
 		if err == nil {
 			served = reg.IDs()
 			var w *executor.Worker
@@ -174,4 +174,16 @@ func (r *rig) serverMsgs() int64 {
 		return 0
 	}
 	return v.InMsgs + v.OutMsgs
+}
+
+// readCapability is demo.echo as a read declared Idempotent, which runs
+// without a claim (DESIGN §14, "Reads without claims"): --capability
+// bench.read measures that path.
+func readCapability() executor.Capability {
+	return executor.Define("bench.read", executor.Meta{
+		Description: "Returns its input unchanged, as a read that runs without a claim.",
+		Expose:      executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead, Idempotent: true,
+	}, func(ctx context.Context, c executor.Call[map[string]any]) (map[string]any, error) {
+		return c.Input, nil
+	})
 }
