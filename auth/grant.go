@@ -213,9 +213,6 @@ func (g Grant) identity() envelope.Actor {
 	return envelope.Actor{Kind: envelope.ActorService, ID: g.Principal}
 }
 
-// ErrNotPermitted: the credentials do not allow what was asked.
-var ErrNotPermitted = errors.New("capstan: not permitted")
-
 // CheckCall decides stage 6 for a call g's principal makes as actor from
 // surface: nil, or a CapabilityError FORBIDDEN whose cause names the missing
 // right (the actor, the surface or the capability). Actor well-formedness is

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 
-	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
 )
@@ -56,7 +55,7 @@ func (c *connFlags) need(right string, subject func(principal string) string, hi
 	if hint != "" {
 		msg += "; " + hint
 	}
-	return fmt.Errorf("%w: %s", auth.ErrNotPermitted, msg)
+	return fmt.Errorf("%w: %s", credfile.ErrNotPermitted, msg)
 }
 
 // names are the default deployment's names, as every command uses them.

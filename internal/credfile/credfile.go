@@ -5,6 +5,7 @@
 package credfile
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
@@ -89,3 +90,6 @@ func MayPublish(c *jwt.UserClaims, subject string) bool {
 // RoleTag prefixes the tag that names a principal's role in its
 // credentials (package auth signs it in).
 const RoleTag = "capstan-role:"
+
+// ErrNotPermitted: the credentials do not allow what was asked.
+var ErrNotPermitted = errors.New("capstan: not permitted")
