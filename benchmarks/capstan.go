@@ -22,8 +22,10 @@ type noopIn struct {
 }
 
 // runCapstan runs the workload on an embedded JetStream server (file store)
-// with one worker, audit on.
-func runCapstan(ctx context.Context, wl workload) (*result, error) {
+// with one worker, audit on. With read, the no-op is a read declared
+// Idempotent, which runs without a claim (design §14, "Reads without
+// claims").
+func runCapstan(ctx context.Context, wl workload, read bool) (*result, error) {
 	url, stop, err := startServer("capstan-peers-")
 	if err != nil {
 		return nil, err
@@ -36,9 +38,11 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 		return nil, err
 	}
 	defer wnc.Close()
-	reg, err := executor.NewRegistry(executor.Define("bench.noop", executor.Meta{
-		Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone,
-	}, func(ctx context.Context, c executor.Call[noopIn]) (struct{}, error) { return struct{}{}, nil }))
+	meta := executor.Meta{Description: "Does nothing.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectNone}
+	if read {
+		meta.SideEffect, meta.Idempotent = executor.SideEffectRead, true
+	}
+	reg, err := executor.NewRegistry(executor.Define("bench.noop", meta, func(ctx context.Context, c executor.Call[noopIn]) (struct{}, error) { return struct{}{}, nil }))
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +95,11 @@ func runCapstan(ctx context.Context, wl workload) (*result, error) {
 	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
-	r := t.result("capstan", "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
+	system := "capstan"
+	if read {
+		system = "capstan, a read without claims"
+	}
+	r := t.result(system, "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
 	r.CPUPerTaskUs = cpu.perTask(wl.n)
 	return r, nil
 }

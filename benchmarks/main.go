@@ -76,7 +76,10 @@ func main() {
 		name string
 		run  func(context.Context, workload) (*result, error)
 	}
-	systems := []system{{"capstan", runCapstan}}
+	systems := []system{
+		{"capstan", func(ctx context.Context, wl workload) (*result, error) { return runCapstan(ctx, wl, false) }},
+		{"capstan, a read without claims", func(ctx context.Context, wl workload) (*result, error) { return runCapstan(ctx, wl, true) }},
+	}
 	if *raw {
 		systems = append(systems, system{"raw JetStream", runRaw})
 	}

@@ -195,24 +195,13 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	if auditMaxBytes == 0 {
 		auditMaxBytes = -1
 	}
-	b.Audit, err = ensureStream(ctx, js, rc, jetstream.StreamConfig{
-		Name:      n.AuditStream(),
-		Subjects:  []string{n.AuditSubjects()},
-		Retention: jetstream.LimitsPolicy,
-		Storage:   jetstream.FileStorage,
-		MaxAge:    cfg.AuditMaxAge,
-		MaxBytes:  auditMaxBytes,
-		Discard:   discard,
-		// The trail is evidence: no process, whatever its rights, removes an event.
-		DenyDelete: true,
-		DenyPurge:  true,
-		// One execution's trail is read with batched direct gets, without a
-		// consumer (audit.Read).
-		AllowDirect: true,
-		// Workers publish events as one long fast batch, which the stream
-		// acknowledges every few hundred messages instead of each one.
-		AllowBatchPublish: true,
-	}, keepAuditMaxAge)
+	auditStream := trailStream(n.AuditStream(), n.AuditSubjects(), cfg.AuditMaxAge)
+	auditStream.MaxBytes = auditMaxBytes
+	auditStream.Discard = discard
+	// Workers publish events as one long fast batch, which the stream
+	// acknowledges every few hundred messages instead of each one.
+	auditStream.AllowBatchPublish = true
+	b.Audit, err = ensureStream(ctx, js, rc, auditStream, keepAuditMaxAge)
 	if err != nil {
 		return nil, err
 	}
@@ -278,21 +267,30 @@ func Provision(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) 
 	return b, nil
 }
 
+// trailStream is the configuration of a stream of the trail (the audit
+// events, their index, the checkpoints): the trail is evidence, so no
+// process, whatever its rights, removes a message; what one execution left
+// is read with batched direct gets, without a consumer (audit.Read).
+func trailStream(name, subjects string, maxAge time.Duration) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        name,
+		Subjects:    []string{subjects},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		MaxAge:      maxAge,
+		Discard:     jetstream.DiscardOld,
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
+	}
+}
+
 // IndexConfig is the executions index's stream: kept as long as the trail it
 // indexes, removed by nobody, read with direct gets, written in fast batches.
 func IndexConfig(n Names, maxAge time.Duration) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:              n.IndexStream(),
-		Subjects:          []string{n.IndexSubjects()},
-		Retention:         jetstream.LimitsPolicy,
-		Storage:           jetstream.FileStorage,
-		MaxAge:            maxAge,
-		Discard:           jetstream.DiscardOld,
-		DenyDelete:        true,
-		DenyPurge:         true,
-		AllowDirect:       true,
-		AllowBatchPublish: true,
-	}
+	c := trailStream(n.IndexStream(), n.IndexSubjects(), maxAge)
+	c.AllowBatchPublish = true
+	return c
 }
 
 // checkpointsConfig is the checkpoints' stream: removed by nobody, kept a
@@ -304,17 +302,7 @@ func checkpointsConfig(n Names, auditMaxAge time.Duration) jetstream.StreamConfi
 	if auditMaxAge > 0 {
 		maxAge = auditMaxAge + 24*time.Hour
 	}
-	return jetstream.StreamConfig{
-		Name:        n.CheckpointStream(),
-		Subjects:    []string{n.CheckpointSubject()},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		MaxAge:      maxAge,
-		Discard:     jetstream.DiscardOld,
-		DenyDelete:  true,
-		DenyPurge:   true,
-		AllowDirect: true,
-	}
+	return trailStream(n.CheckpointStream(), n.CheckpointSubject(), maxAge)
 }
 
 // ResourcesKey is the catalog key under which provisioning records what
@@ -645,23 +633,16 @@ func readRefused(ctx context.Context, js jetstream.JetStream, name string, exist
 
 // bucketDiff names every field of a bucket's stream capstan relies on that differs.
 func bucketDiff(have jetstream.StreamConfig, want jetstream.KeyValueConfig) string {
-	var diffs []string
-	if have.MaxMsgsPerSubject != int64(want.History) {
-		diffs = append(diffs, fmt.Sprintf("History is %d, capstan needs %d", have.MaxMsgsPerSubject, want.History))
-	}
-	if have.MaxAge != want.TTL {
-		diffs = append(diffs, fmt.Sprintf("TTL is %v, capstan needs %v", have.MaxAge, want.TTL))
-	}
-	if have.Storage != want.Storage {
-		diffs = append(diffs, fmt.Sprintf("Storage is %v, capstan needs %v", have.Storage, want.Storage))
-	}
+	d := differs(nil, "History", have.MaxMsgsPerSubject, int64(want.History))
+	d = differs(d, "TTL", have.MaxAge, want.TTL)
+	d = differs(d, "Storage", have.Storage, want.Storage)
 	if have.Replicas != want.Replicas {
-		diffs = append(diffs, replicasDiff(have.Replicas, want.Replicas))
+		d = append(d, replicasDiff(have.Replicas, want.Replicas))
 	}
 	if !reflect.DeepEqual(have.RePublish, want.RePublish) {
-		diffs = append(diffs, fmt.Sprintf("RePublish is %+v, capstan needs %+v", have.RePublish, want.RePublish))
+		d = append(d, fmt.Sprintf("RePublish is %+v, capstan needs %+v", have.RePublish, want.RePublish))
 	}
-	return strings.Join(diffs, "; ")
+	return strings.Join(d, "; ")
 }
 
 // streamDiff names every field capstan relies on that differs.
@@ -670,38 +651,29 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 	if !slices.Equal(have.Subjects, want.Subjects) {
 		d = append(d, fmt.Sprintf("Subjects are %v, capstan needs %v", have.Subjects, want.Subjects))
 	}
-	if have.Retention != want.Retention {
-		d = append(d, fmt.Sprintf("Retention is %v, capstan needs %v", have.Retention, want.Retention))
-	}
-	if have.Storage != want.Storage {
-		d = append(d, fmt.Sprintf("Storage is %v, capstan needs %v", have.Storage, want.Storage))
-	}
+	d = differs(d, "Retention", have.Retention, want.Retention)
+	d = differs(d, "Storage", have.Storage, want.Storage)
 	if have.Replicas != want.Replicas {
 		d = append(d, replicasDiff(have.Replicas, want.Replicas))
 	}
-	if want.Duplicates != 0 && have.Duplicates != want.Duplicates {
-		d = append(d, fmt.Sprintf("Duplicates is %v, capstan needs %v", have.Duplicates, want.Duplicates))
+	if want.Duplicates != 0 {
+		d = differs(d, "Duplicates", have.Duplicates, want.Duplicates)
 	}
-	if have.MaxAge != want.MaxAge {
-		d = append(d, fmt.Sprintf("MaxAge is %v, capstan needs %v", have.MaxAge, want.MaxAge))
-	}
+	d = differs(d, "MaxAge", have.MaxAge, want.MaxAge)
 	// A cap capstan did not ask for drops requests or events without a trace.
-	for _, limit := range []struct {
-		field      string
-		have, want int64
-	}{
-		{"MaxMsgs", have.MaxMsgs, want.MaxMsgs},
-		{"MaxBytes", have.MaxBytes, want.MaxBytes},
-		{"MaxMsgsPerSubject", have.MaxMsgsPerSubject, want.MaxMsgsPerSubject},
-	} {
-		if h, w := unlimited(limit.have), unlimited(limit.want); h != w {
-			d = append(d, fmt.Sprintf("%s is %d, capstan needs %d", limit.field, h, w))
-		}
-	}
-	if have.Discard != want.Discard {
-		d = append(d, fmt.Sprintf("Discard is %v, capstan needs %v", have.Discard, want.Discard))
-	}
+	d = differs(d, "MaxMsgs", unlimited(have.MaxMsgs), unlimited(want.MaxMsgs))
+	d = differs(d, "MaxBytes", unlimited(have.MaxBytes), unlimited(want.MaxBytes))
+	d = differs(d, "MaxMsgsPerSubject", unlimited(have.MaxMsgsPerSubject), unlimited(want.MaxMsgsPerSubject))
+	d = differs(d, "Discard", have.Discard, want.Discard)
 	return strings.Join(d, "; ")
+}
+
+// differs adds "field is have, capstan needs want" to d when they differ.
+func differs[T comparable](d []string, field string, have, want T) []string {
+	if have != want {
+		d = append(d, fmt.Sprintf("%s is %v, capstan needs %v", field, have, want))
+	}
+	return d
 }
 
 // unlimited folds the ways a stream says "no limit" (0 or any negative) into -1.

@@ -335,30 +335,28 @@ func (v *view) byName(name string) (tool, bool) {
 	return t, ok
 }
 
-// idInput is the input schema of a control tool: one required string, an id.
-func idInput(name, description string) map[string]any {
-	return map[string]any{"type": "object", "required": []string{name},
-		"properties": map[string]any{name: map[string]any{"type": "string", "description": description}}}
-}
-
 func resumeToolDef() *mcp.Tool {
 	f := false
-	return &mcp.Tool{
-		Name: ResumeTool,
-		Description: "Runs a call that needed an approval, once someone else approved it. " +
-			"Give the approvalId from the approval-required result. It runs at most once, whoever asks.",
-		InputSchema: idInput("approvalId", "The approval id."),
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: &f, OpenWorldHint: &f},
-	}
+	return controlTool(ResumeTool, "Runs a call that needed an approval, once someone else approved it. "+
+		"Give the approvalId from the approval-required result. It runs at most once, whoever asks.",
+		"approvalId", "The approval id.", &mcp.ToolAnnotations{DestructiveHint: &f, OpenWorldHint: &f})
 }
 
 func statusToolDef() *mcp.Tool {
 	f := false
+	return controlTool(StatusTool, "Reads the result of an execution you started, by its executionId: the result if it ended, "+
+		"else its state. Use it after a call that was still running or a lost connection.",
+		"executionId", "The execution id.", &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &f})
+}
+
+// controlTool is one of the bridge's own tools: its input is one required
+// string, an id.
+func controlTool(name, description, id, idDescription string, annotations *mcp.ToolAnnotations) *mcp.Tool {
 	return &mcp.Tool{
-		Name: StatusTool,
-		Description: "Reads the result of an execution you started, by its executionId: the result if it ended, " +
-			"else its state. Use it after a call that was still running or a lost connection.",
-		InputSchema: idInput("executionId", "The execution id."),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: &f},
+		Name:        name,
+		Description: description,
+		InputSchema: map[string]any{"type": "object", "required": []string{id},
+			"properties": map[string]any{id: map[string]any{"type": "string", "description": idDescription}}},
+		Annotations: annotations,
 	}
 }

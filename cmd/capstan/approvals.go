@@ -73,9 +73,7 @@ type approvalsPage struct {
 }
 
 func runApprovalsList(args []string) int {
-	fs := newFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [--newest] [--limit N] [--cursor C] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("approvals list", "[--status S] [--capability CAP] [--actor kind:id] [--newest] [--limit N] [--cursor C] [-o json]")
 	status := fs.String("status", "", "only approvals with this status as of now: pending, approved, rejected, expired, cancelled, consumed; or decided (any but pending)")
 	capID := fs.String("capability", "", "only approvals of this capability")
 	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
@@ -128,9 +126,7 @@ func runApprovalsList(args []string) int {
 }
 
 func runApprovalsShow(args []string) int {
-	fs := newFlags("approvals show", "ID [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("approvals show", "ID [-o json]")
 	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
@@ -171,9 +167,7 @@ func decideCommand(verb string, args []string) int {
 	if verb == "approve" {
 		usage += " [--self-approval REASON] [--resume [--wait D]]"
 	}
-	fs := newFlags("approvals "+verb, usage)
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("approvals "+verb, usage)
 	approver := fs.String("approver", "", "on an open server only: who decides, as kind:id (not the requester); with --creds the approver is the principal")
 	comment := fs.String("comment", "", "a comment kept with the decision and shown to the handler")
 	var self *string
@@ -260,9 +254,7 @@ func decisionError(err error) int {
 }
 
 func runResume(args []string) int {
-	fs := newFlags("resume", "APPROVAL_ID [--wait D] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("resume", "APPROVAL_ID [--wait D] [-o json]")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {

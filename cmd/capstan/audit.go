@@ -23,9 +23,7 @@ func runAudit(args []string) int {
 			return run(args[1:])
 		}
 	}
-	fs := newFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]; [-o json]\n"+auditLogUsage)
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("audit", "ID [--follow] | --follow [--capability C] [--type T] [--actor A] [--since D]; [-o json]\n"+auditLogUsage)
 	follow := fs.Bool("follow", false, "keep printing events as they are stored, until interrupted")
 	var f audit.Filter
 	fs.StringVar(&f.CapabilityID, "capability", "", "only events of this capability `id`")

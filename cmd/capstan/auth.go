@@ -27,31 +27,15 @@ func runAuth(args []string) int {
 		"  list DIR                                  every principal, its grants, limits and quotas\n" +
 		"  push DIR                                  bring a running server or cluster to the setup: accounts, resources, grants\n" +
 		"  migrate DIR                               move a one-account setup to accounts per principal (new credentials!)\n"
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		if len(args) == 0 {
-			fmt.Fprint(os.Stderr, usage)
-			return exitUsage
-		}
-		fmt.Fprint(os.Stdout, usage) // asked for: help goes to stdout, as every command's does
-		return exitOK
-	}
-	switch args[0] {
-	case "init":
-		return runAuthInit(args[1:])
-	case "add":
-		return runAuthAdd(args[1:])
-	case "set":
-		return runAuthSet(args[1:])
-	case "remove":
-		return runAuthRemove(args[1:])
-	case "list":
-		return runAuthList(args[1:])
-	case "push":
-		return runAuthPush(args[1:])
-	case "migrate":
-		return runAuthMigrate(args[1:])
-	}
-	return usageError("unknown auth command %q; run 'capstan auth --help'", args[0])
+	return runGroup("auth", usage, args, map[string]func([]string) int{
+		"init":    runAuthInit,
+		"add":     runAuthAdd,
+		"set":     runAuthSet,
+		"remove":  runAuthRemove,
+		"list":    runAuthList,
+		"push":    runAuthPush,
+		"migrate": runAuthMigrate,
+	})
 }
 
 // parseSetup parses args as parseFlags does and loads the setup directory

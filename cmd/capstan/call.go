@@ -133,9 +133,7 @@ func readInput(s string) (envelope.Raw, error) {
 }
 
 func runCall(args []string) int {
-	fs := newFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [--wait D] [--follow] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("call", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [--wait D] [--follow] [-o json]")
 	rf := addRequestFlags(fs)
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pf := addProgressFlags(fs)
@@ -179,9 +177,7 @@ func runCall(args []string) int {
 }
 
 func runSubmit(args []string) int {
-	fs := newFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("submit", "CAP [--input JSON|@file|-] [--actor kind:id] [--surface S] [--id ID] [--start-within D] [--if-unserved queue|refuse|wait] [-o json]")
 	rf := addRequestFlags(fs)
 	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
@@ -232,9 +228,7 @@ func runSubmit(args []string) int {
 }
 
 func runAwait(args []string) int {
-	fs := newFlags("await", "ID [--wait D] [--follow] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("await", "ID [--wait D] [--follow] [-o json]")
 	wait := fs.Duration("wait", 30*time.Second, "how long to wait for the envelope")
 	pf := addProgressFlags(fs)
 	id, code, ok := parseExecutionID(fs, args, o)

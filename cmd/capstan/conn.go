@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // connFlags are the connection flags of every networked command.
@@ -92,6 +93,32 @@ func (c *connFlags) open(name, right string, subject func(principal string) stri
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	return nc, ctx, func() { cancel(); nc.Close() }, nil
+}
+
+// openJS connects a command that reads or writes capstan's buckets itself
+// (pause, policy, limits) and gives it a context of timeout; done closes
+// both.
+func (c *connFlags) openJS(name string, timeout time.Duration) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
+	nc, err := c.connect(name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		nc.Close()
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return js, ctx, func() { cancel(); nc.Close() }, nil
+}
+
+// unlessAbsent reads a bucket that is created on first use (the pauses and
+// the policies by an admin's first change, the limits by a worker) as none,
+// nil, until then.
+func unlessAbsent(kv jetstream.KeyValue, err error) (jetstream.KeyValue, error) {
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	return kv, err
 }
 
 // connectServing opens the connection of a command that serves (mcp,

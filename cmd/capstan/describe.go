@@ -12,9 +12,7 @@ import (
 )
 
 func runDescribe(args []string) int {
-	fs := newFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]... [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]... [-o json]")
 	surface := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe")
 	actorFlag := fs.String("actor", "", "who is asking, as kind:id (or anonymous; default user:<principal> with --creds, else user:$USER)")
 	var scope executor.Scope

@@ -19,9 +19,7 @@ import (
 )
 
 func runExecutions(args []string) int {
-	fs := newFlags("executions", "[--capability C] [--status S] [--actor A] [--principal P] [--since D] [--until D] [--limit N] [--cursor C] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("executions", "[--capability C] [--status S] [--actor A] [--principal P] [--since D] [--until D] [--limit N] [--cursor C] [-o json]")
 	var q audit.Query
 	fs.StringVar(&q.CapabilityID, "capability", "", "only this capability `id`, or the ids a prefix ending in * begins (orders.*)")
 	fs.StringVar(&q.Status, "status", "", "only executions in this `status`: "+strings.Join(audit.EntryStatuses, ", "))

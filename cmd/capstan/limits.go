@@ -1,43 +1,30 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/limits"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runLimits prints every limit's usage now (DESIGN §17): the slots held and
 // by whom, the executions of a rate's last interval, a budget's sum over
 // its window.
 func runLimits(args []string) int {
-	fs := newFlags("limits", "[--capability PREFIX] [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("limits", "[--capability PREFIX] [-o json]")
 	prefix := fs.String("capability", "", "show only the capabilities whose id starts with `prefix`")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	nc, err := conn.connect("limits")
+	js, ctx, done, err := conn.openJS("limits", submitTimeout)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return usageError("%v", err)
-	}
-	kv, err := js.KeyValue(ctx, names.LimitsBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = nil, nil // no worker of this version has run: no limit was taken
-	}
+	defer done()
+	// No bucket: no worker of this version has run, no limit was taken.
+	kv, err := unlessAbsent(js.KeyValue(ctx, names.LimitsBucket()))
 	if err != nil {
 		return fail(exitFailed, "read the limits: %v", err)
 	}

@@ -80,6 +80,24 @@ func run(args []string) int {
 	return c.run(rest)
 }
 
+// runGroup runs the command of group (auth, policy) that args name:
+// usage goes to stderr when none is named, to stdout when asked for.
+func runGroup(group, usage string, args []string, commands map[string]func([]string) int) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "-help":
+		fmt.Fprint(os.Stdout, usage) // asked for: help goes to stdout, as every command's does
+		return exitOK
+	}
+	if run, ok := commands[args[0]]; ok {
+		return run(args[1:])
+	}
+	return usageError("unknown %s command %q; run 'capstan %s --help'", group, args[0], group)
+}
+
 // aliases are other names of commands.
 var aliases = map[string]string{"list": "executions"}
 
@@ -115,6 +133,13 @@ func newFlags(name, usage string) *flag.FlagSet {
 	}
 	fs.SetOutput(io.Discard)
 	return fs
+}
+
+// newConnFlags returns the flag set of a command that connects and prints:
+// with the connection flags and the output flags.
+func newConnFlags(name, usage string) (*flag.FlagSet, *connFlags, *outputFlags) {
+	fs := newFlags(name, usage)
+	return fs, addConnFlags(fs), addOutputFlags(fs)
 }
 
 // printUsage writes the command's synopsis and flags to w.

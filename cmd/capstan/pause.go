@@ -82,6 +82,15 @@ func needAdmin(conn *connFlags, right, bucket string) error {
 	return conn.need(right, func(string) string { return "$KV." + bucket + ".all" }, "only an admin may")
 }
 
+// changePauses checks that an admin makes a change of the pauses, then
+// connects it, with time for the workers' confirmations.
+func changePauses(conn *connFlags, command string) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
+	if err := needAdmin(conn, command+" calls", names.PausesBucket()); err != nil {
+		return nil, nil, nil, err
+	}
+	return conn.openJS(command, submitTimeout+confirmWait)
+}
+
 // pauseAnswer is what pause and unpause print with -o json.
 type pauseAnswer struct {
 	*pauses.Change
@@ -101,9 +110,7 @@ func (a *pauseAnswer) cancels() bool { return a.Pause.CancelRunning && a.Pause.A
 const confirmWait = 3 * time.Second
 
 func runPause(args []string) int {
-	fs := newFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")
 	sf := addScopeFlags(fs, "pause")
 	refuse := fs.Bool("refuse", false, "end the calls made meanwhile at once, PAUSED with the reason (default: hold them in their queue until unpaused)")
 	cancelRunning := fs.Bool("cancel-running", false, "also cancel the attempts running now, as their callers' cancels do")
@@ -115,16 +122,12 @@ func runPause(args []string) int {
 	if err != nil {
 		return usageError("pause: %v", err)
 	}
-	if err := needAdmin(conn, "pause calls", names.PausesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("pause")
+	js, ctx, done, err := changePauses(conn, "pause")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
+	defer done()
+	nc := js.Conn()
 	p := &pauses.Pause{Scope: scope, Mode: pauses.Hold, Reason: sf.reason, By: principalName(conn), Operator: operator(),
 		CancelRunning: *cancelRunning}
 	if *refuse {
@@ -134,7 +137,7 @@ func runPause(args []string) int {
 	if err != nil {
 		return fail(exitFailed, "pause %s: %v", scope, err)
 	}
-	if scope.Capability != "" && !inCatalog(ctx, nc, scope.Capability) {
+	if scope.Capability != "" && !inCatalog(ctx, js, scope.Capability) {
 		// A typo stops nothing: say so, loudly, rather than let a pause of
 		// nothing look like a stop.
 		fmt.Fprintf(os.Stderr, "capstan pause: warning: no worker serves %s (the catalog does not list it): this pause stops nothing until one does; check the id ('capstan describe' lists them)\n",
@@ -145,9 +148,7 @@ func runPause(args []string) int {
 }
 
 func runUnpause(args []string) int {
-	fs := newFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
 	sf := addScopeFlags(fs, "unpause")
 	pos, code, ok := parseOutput(fs, args, -1, o)
 	if !ok {
@@ -157,16 +158,12 @@ func runUnpause(args []string) int {
 	if err != nil {
 		return usageError("unpause: %v", err)
 	}
-	if err := needAdmin(conn, "unpause calls", names.PausesBucket()); err != nil {
-		return usageError("%v", err)
-	}
-	nc, err := conn.connect("unpause")
+	js, ctx, done, err := changePauses(conn, "unpause")
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
+	defer done()
+	nc := js.Conn()
 	ch, err := pauses.Lift(ctx, nc, names, scope, principalName(conn), operator(), sf.reason)
 	if errors.Is(err, pauses.ErrNotPaused) {
 		return fail(exitFailed, "unpause: nothing is paused for %s; 'capstan pauses' lists what is", scope)
@@ -288,29 +285,19 @@ func who(by, operator string) string {
 
 // runPauses lists the pauses in force.
 func runPauses(args []string) int {
-	fs := newFlags("pauses", "[-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("pauses", "[-o json]")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	nc, err := conn.connect("pauses")
+	js, ctx, done, err := conn.openJS("pauses", submitTimeout)
 	if err != nil {
 		return usageError("%v", err)
 	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return usageError("%v", err)
-	}
+	defer done()
 	var list []*pauses.Pause
-	kv, err := pauses.Bucket(ctx, js, names, false)
-	if err == nil {
+	kv, err := unlessAbsent(pauses.Bucket(ctx, js, names, false))
+	if err == nil && kv != nil {
 		list, err = pauses.List(ctx, kv)
-	} else if errors.Is(err, jetstream.ErrBucketNotFound) {
-		err = nil
 	}
 	if err != nil {
 		return fail(exitFailed, "read the pauses: %v (an admin's command)", err)
@@ -336,11 +323,7 @@ func writePauses(w io.Writer, st style, list []*pauses.Pause) {
 
 // inCatalog reports whether the catalog lists capabilityID (true when the
 // catalog cannot be read: the warning is for a typo, not for a doubt).
-func inCatalog(ctx context.Context, nc *nats.Conn, capabilityID string) bool {
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return true
-	}
+func inCatalog(ctx context.Context, js jetstream.JetStream, capabilityID string) bool {
 	kv, err := js.KeyValue(ctx, names.CatalogBucket())
 	if err != nil {
 		return true

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -37,76 +36,47 @@ const policyUsage = `usage: capstan policy <command> [flags]
 `
 
 func runPolicy(args []string) int {
-	if len(args) == 0 {
-		fmt.Fprint(os.Stderr, policyUsage)
-		return exitUsage
-	}
-	if args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
-		fmt.Fprint(os.Stdout, policyUsage) // asked for: help goes to stdout, as every command's does
-		return exitOK
-	}
-	switch args[0] {
-	case "apply":
-		return runPolicyApply(args[1:])
-	case "test":
-		return runPolicyTest(args[1:])
-	case "show":
-		return runPolicyShow(args[1:])
-	case "history":
-		return runPolicyHistory(args[1:])
-	case "remove":
-		return runPolicyRemove(args[1:])
-	case "schema":
-		return runPolicySchema(args[1:])
-	}
-	return usageError("unknown policy command %q; run 'capstan policy --help'", args[0])
+	return runGroup("policy", policyUsage, args, map[string]func([]string) int{
+		"apply":   runPolicyApply,
+		"test":    runPolicyTest,
+		"show":    runPolicyShow,
+		"history": runPolicyHistory,
+		"remove":  runPolicyRemove,
+		"schema":  runPolicySchema,
+	})
 }
 
-// policyConn is an admin's connection to the policies and the catalog.
-type policyConn struct {
-	nc *nats.Conn
-	js jetstream.JetStream
+// changePolicies checks that a change of the policies says why and that an
+// admin makes it, then connects it, with time for the workers'
+// confirmations.
+func changePolicies(conn *connFlags, command, reason string) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
+	if reason == "" {
+		return nil, nil, nil, fmt.Errorf("policy %s: say why: --reason TEXT (it goes on the trail)", command)
+	}
+	if err := needAdmin(conn, "change the policies", names.PoliciesBucket()); err != nil {
+		return nil, nil, nil, err
+	}
+	return conn.openJS("policy", submitTimeout+confirmWait)
 }
 
-func openPolicies(conn *connFlags, name string, writes bool) (*policyConn, int) {
-	if writes {
-		if err := needAdmin(conn, "change the policies", names.PoliciesBucket()); err != nil {
-			return nil, usageError("%v", err)
-		}
-	}
-	nc, err := conn.connect(name)
-	if err != nil {
-		return nil, usageError("%v", err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, usageError("%v", err)
-	}
-	return &policyConn{nc: nc, js: js}, exitOK
-}
-
-// catalog reads every capability the catalog lists.
-func (p *policyConn) catalog(ctx context.Context) ([]policies.Capability, error) {
-	kv, err := p.js.KeyValue(ctx, names.CatalogBucket())
+// policyCatalog reads every capability the catalog lists.
+func policyCatalog(ctx context.Context, js jetstream.JetStream) ([]policies.Capability, error) {
+	kv, err := js.KeyValue(ctx, names.CatalogBucket())
 	if err != nil {
 		return nil, fmt.Errorf("read the catalog: %w (no worker has started yet?)", err)
 	}
 	return policies.Catalog(ctx, kv)
 }
 
-// bucket opens the policies bucket; nil, nil when no set was ever applied.
-func (p *policyConn) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	kv, err := policies.Bucket(ctx, p.js, names, false)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	}
-	return kv, err
+// policiesBucket opens the policies bucket; nil, nil when no set was ever
+// applied.
+func policiesBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+	return unlessAbsent(policies.Bucket(ctx, js, names, false))
 }
 
-// inForce compiles the set in force: nil when none is.
-func (p *policyConn) inForce(ctx context.Context) (*policies.Set, *policies.Current, error) {
-	kv, err := p.bucket(ctx)
+// policyInForce compiles the set in force: nil when none is.
+func policyInForce(ctx context.Context, js jetstream.JetStream) (*policies.Set, *policies.Current, error) {
+	kv, err := policiesBucket(ctx, js)
 	if err != nil || kv == nil {
 		return nil, &policies.Current{}, err
 	}
@@ -134,9 +104,7 @@ type policyAnswer struct {
 }
 
 func runPolicyApply(args []string) int {
-	fs := newFlags("policy apply", "FILE --reason TEXT | --version N --reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy apply", "FILE --reason TEXT | --version N --reason TEXT")
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
 	version := fs.Int("version", 0, "put this earlier `version` in force again, instead of a file")
 	pos, code, ok := parseOutput(fs, args, -1, o)
@@ -146,20 +114,15 @@ func runPolicyApply(args []string) int {
 	if (len(pos) == 1) == (*version > 0) || len(pos) > 1 {
 		return usageError("policy apply: name one FILE, or --version N")
 	}
-	if *reason == "" {
-		return usageError("policy apply: say why: --reason TEXT (it goes on the trail)")
+	js, ctx, done, err := changePolicies(conn, "apply", *reason)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	p, code := openPolicies(conn, "policy", true)
-	if p == nil {
-		return code
-	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
+	defer done()
 	var file string
 	var text []byte
 	if *version > 0 {
-		kv, err := p.bucket(ctx)
+		kv, err := policiesBucket(ctx, js)
 		if err != nil || kv == nil {
 			return fail(exitFailed, "policy apply: no version %d: %v", *version, err)
 		}
@@ -176,11 +139,11 @@ func runPolicyApply(args []string) int {
 		}
 		file = filepath.Base(file)
 	}
-	catalog, err := p.catalog(ctx)
+	catalog, err := policyCatalog(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy apply: %v", err)
 	}
-	ch, err := policies.Apply(ctx, p.nc, names, policies.Applying{File: file, Text: text, Catalog: catalog,
+	ch, err := policies.Apply(ctx, js.Conn(), names, policies.Applying{File: file, Text: text, Catalog: catalog,
 		By: principalName(conn), Operator: operator(), Reason: *reason})
 	if err != nil {
 		return fail(exitFailed, "policy apply: refused, nothing changed: %v", err)
@@ -189,7 +152,7 @@ func runPolicyApply(args []string) int {
 	if ch.Previous.Version > 0 {
 		undo = fmt.Sprintf("capstan policy apply --version %d --reason TEXT", ch.Previous.Version)
 	}
-	a := confirmPolicies(ctx, p.nc, ch, undo)
+	a := confirmPolicies(ctx, js.Conn(), ch, undo)
 	return o.print(a, func(w io.Writer, st style) {
 		v := ch.Version
 		fmt.Fprintf(w, "%s v%d, %s from %s (sha256 %s), valid against the catalog's %s.\n", st.bold("Policy set in force:"), v.Version,
@@ -206,29 +169,22 @@ func runPolicyApply(args []string) int {
 }
 
 func runPolicyRemove(args []string) int {
-	fs := newFlags("policy remove", "--reason TEXT")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy remove", "--reason TEXT")
 	reason := fs.String("reason", "", "why, in words: on the trail (required)")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	if *reason == "" {
-		return usageError("policy remove: say why: --reason TEXT (it goes on the trail)")
+	js, ctx, done, err := changePolicies(conn, "remove", *reason)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	p, code := openPolicies(conn, "policy", true)
-	if p == nil {
-		return code
-	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout+confirmWait)
-	defer cancel()
-	ch, err := policies.Remove(ctx, p.nc, names, principalName(conn), operator(), *reason)
+	defer done()
+	ch, err := policies.Remove(ctx, js.Conn(), names, principalName(conn), operator(), *reason)
 	if err != nil {
 		return fail(exitFailed, "policy remove: %v", err)
 	}
 	undo := fmt.Sprintf("capstan policy apply --version %d --reason TEXT", ch.Previous.Version)
-	a := confirmPolicies(ctx, p.nc, ch, undo)
+	a := confirmPolicies(ctx, js.Conn(), ch, undo)
 	return o.print(a, func(w io.Writer, st style) {
 		fmt.Fprintf(w, "%s v%d is out of force: calls are decided by the Go policies alone, as with no Cedar policy.\n",
 			st.bold("Policy set removed:"), ch.Previous.Version)
@@ -286,9 +242,7 @@ type policyTest struct {
 }
 
 func runPolicyTest(args []string) int {
-	fs := newFlags("policy test", "FILE [--cases FILE] [--since D] [--limit N]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy test", "FILE [--cases FILE] [--since D] [--limit N]")
 	casesFile := fs.String("cases", "", "a JSON `file` of cases to decide: [{name, principal, actor, capability, surface, input, expect}]")
 	since := fs.Duration("since", 24*time.Hour, "decide again the executions recorded in this last `duration`")
 	limit := fs.Int("limit", 1000, "at most this many recorded executions, newest first (0: none)")
@@ -311,30 +265,28 @@ func runPolicyTest(args []string) int {
 			return usageError("policy test: %s: %v", *casesFile, err)
 		}
 	}
-	p, code := openPolicies(conn, "policy", false)
-	if p == nil {
-		return code
+	js, ctx, done, err := conn.openJS("policy", 2*submitTimeout)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*submitTimeout)
-	defer cancel()
+	defer done()
 	file := filepath.Base(pos[0])
 	set, err := policies.Compile(file, text)
 	if err != nil {
 		return fail(exitFailed, "policy test: %v", err)
 	}
-	catalog, err := p.catalog(ctx)
+	catalog, err := policyCatalog(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy test: %v", err)
 	}
 	if err := set.Validate(catalog); err != nil {
 		return fail(exitFailed, "policy test: %s does not validate against the catalog's schemas; apply would refuse it:\n%v", file, err)
 	}
-	now, cur, err := p.inForce(ctx)
+	now, cur, err := policyInForce(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy test: read the set in force: %v", err)
 	}
-	recorded, err := recordedCases(ctx, p.nc, *since, *limit)
+	recorded, err := recordedCases(ctx, js.Conn(), *since, *limit)
 	if err != nil {
 		return fail(exitFailed, "policy test: read the recorded executions: %v", err)
 	}
@@ -450,21 +402,17 @@ func writePolicyTest(w io.Writer, st style, r *policyTest, since time.Duration, 
 }
 
 func runPolicyShow(args []string) int {
-	fs := newFlags("policy show", "[--version N]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy show", "[--version N]")
 	version := fs.Int("version", 0, "show this `version` (default: the one in force)")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	p, code := openPolicies(conn, "policy", false)
-	if p == nil {
-		return code
+	js, ctx, done, err := conn.openJS("policy", submitTimeout)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	kv, err := p.bucket(ctx)
+	defer done()
+	kv, err := policiesBucket(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy show: %v", err)
 	}
@@ -495,20 +443,16 @@ func runPolicyShow(args []string) int {
 }
 
 func runPolicyHistory(args []string) int {
-	fs := newFlags("policy history", "")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags("policy history", "")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	p, code := openPolicies(conn, "policy", false)
-	if p == nil {
-		return code
+	js, ctx, done, err := conn.openJS("policy", submitTimeout)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	kv, err := p.bucket(ctx)
+	defer done()
+	kv, err := policiesBucket(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy history: %v", err)
 	}
@@ -551,14 +495,12 @@ func runPolicySchema(args []string) int {
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
-	p, code := openPolicies(conn, "policy", false)
-	if p == nil {
-		return code
+	js, ctx, done, err := conn.openJS("policy", submitTimeout)
+	if err != nil {
+		return usageError("%v", err)
 	}
-	defer p.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
-	defer cancel()
-	catalog, err := p.catalog(ctx)
+	defer done()
+	catalog, err := policyCatalog(ctx, js)
 	if err != nil {
 		return fail(exitFailed, "policy schema: %v", err)
 	}

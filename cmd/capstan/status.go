@@ -30,9 +30,7 @@ type byID struct {
 // run parses the command's flags, checks the id, opens a client, resolves
 // the id and acts.
 func (b byID) run(args []string) int {
-	fs := newFlags(b.name, "ID [-o json]")
-	conn := addConnFlags(fs)
-	o := addOutputFlags(fs)
+	fs, conn, o := newConnFlags(b.name, "ID [-o json]")
 	if b.flags != nil {
 		b.flags(fs)
 	}

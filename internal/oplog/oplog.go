@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 )
@@ -41,6 +40,21 @@ func Retry(ctx context.Context, step func(ctx context.Context) error) error {
 		case <-time.After(min(250*time.Millisecond<<min(try, 3), 2*time.Second)):
 		}
 	}
+}
+
+// OpenBucket opens the operators' bucket name (broker.OperatorBucket) as
+// Retry tries it; with create, a missing one is created (an admin's right).
+func OpenBucket(ctx context.Context, nc *nats.Conn, name string, create bool) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	var kv jetstream.KeyValue
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		kv, err = broker.OperatorBucket(ctx, js, name, create)
+		return err
+	})
+	return kv, err
 }
 
 // Write writes a bucket's key by compare-and-swap, as Retry tries it:
@@ -74,39 +88,6 @@ func Write(ctx context.Context, kv jetstream.KeyValue, key string, value []byte,
 // key was created, or changed since the revision the write was made from.
 func Changed(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || err != nil && strings.Contains(err.Error(), "wrong last sequence")
-}
-
-// Log files an operator's events: under the principal By, with the person
-// at its keyboard (Operator) as the actor.
-type Log struct {
-	em           *audit.Emitter
-	by, operator string
-}
-
-// New returns the log of by's changes, made on nc.
-func New(nc *nats.Conn, n broker.Names, by, operator string) *Log {
-	return &Log{em: audit.NewEmitter(&broker.Broker{NC: nc, Names: n}, audit.Options{}), by: by, operator: operator}
-}
-
-// Record files an event of type typ under id (of capabilityID, if the
-// change is of one capability) and waits until the trail has it.
-func (l *Log) Record(ctx context.Context, typ, id, capabilityID string, data map[string]any) error {
-	ev := &audit.Event{Type: typ, Principal: l.by, ExecutionID: id, CapabilityID: capabilityID, Actor: l.actor(), Data: data}
-	return Retry(ctx, func(ctx context.Context) error { return l.em.EmitSync(ctx, ev) })
-}
-
-// NotApplied files, as well as it can, that the change recorded under id
-// did not reach its bucket, with the error.
-func (l *Log) NotApplied(ctx context.Context, id, capabilityID string, cause error) {
-	_ = l.em.EmitSync(ctx, &audit.Event{Type: audit.EventNotApplied, Principal: l.by, ExecutionID: envelope.NewExecutionID(),
-		CapabilityID: capabilityID, Actor: l.actor(), Data: map[string]any{"auditId": id, "error": cause.Error()}})
-}
-
-func (l *Log) actor() audit.Actor {
-	if l.operator == "" {
-		return audit.Actor{Kind: envelope.ActorService, ID: l.by}
-	}
-	return audit.Actor{Kind: envelope.ActorUser, ID: l.operator}
 }
 
 // Buckets an operator's command asks the workers about.

@@ -94,15 +94,8 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	kv, err := oplog.OpenBucket(ctx, nc, n.PausesBucket(), true)
 	if err != nil {
-		return nil, err
-	}
-	var kv jetstream.KeyValue
-	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		kv, err = Bucket(ctx, js, n, true)
-		return err
-	}); err != nil {
 		return nil, fmt.Errorf("capstan: pauses bucket: %w", err)
 	}
 	key := p.Scope.Key()
@@ -155,15 +148,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	if len(reason) > MaxReason {
 		return nil, fmt.Errorf("reason: at most %d bytes", MaxReason)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	var kv jetstream.KeyValue
-	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		kv, err = Bucket(ctx, js, n, false)
-		return err
-	})
+	kv, err := oplog.OpenBucket(ctx, nc, n.PausesBucket(), false)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("%w: %s (nothing was ever paused)", ErrNotPaused, scope)
 	}
@@ -211,6 +196,10 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	// The delete's revision: the newest of the bucket, read back.
 	rev := prevRev + 1
 	_ = oplog.Retry(ctx, func(ctx context.Context) error {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
 		s, err := js.Stream(ctx, "KV_"+n.PausesBucket())
 		if err == nil {
 			rev = max(rev, s.CachedInfo().State.LastSeq)
@@ -223,9 +212,6 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 // notApplied files that the change recorded under id did not reach the
 // bucket, and returns the error to report.
 func notApplied(ctx context.Context, log *oplog.Log, id string, scope Scope, cause error) error {
-	log.NotApplied(ctx, id, scope.Capability, cause)
-	if oplog.Changed(cause) {
-		return fmt.Errorf("%w: another operator changed the pause of %s; nothing changed (run the command again)", ErrChanged, scope)
-	}
-	return fmt.Errorf("capstan: nothing changed: the pauses bucket refused the write: %w", cause)
+	return log.NotApplied(ctx, id, scope.Capability, "pauses", cause,
+		fmt.Errorf("%w: another operator changed the pause of %s; nothing changed (run the command again)", ErrChanged, scope))
 }

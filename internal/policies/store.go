@@ -208,15 +208,8 @@ func Remove(ctx context.Context, nc *nats.Conn, n broker.Names, by, operator, re
 
 // open opens the bucket and reads what is in force.
 func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (jetstream.KeyValue, *Current, uint64, error) {
-	js, err := jetstream.New(nc)
+	kv, err := oplog.OpenBucket(ctx, nc, n.PoliciesBucket(), create)
 	if err != nil {
-		return nil, nil, 0, err
-	}
-	var kv jetstream.KeyValue
-	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		kv, err = Bucket(ctx, js, n, create)
-		return err
-	}); err != nil {
 		return nil, nil, 0, err
 	}
 	var cur *Current
@@ -237,11 +230,8 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 		return nil, fmt.Errorf("capstan: nothing changed: the audit trail did not take the event: %w", err)
 	}
 	notApplied := func(cause error) error {
-		log.NotApplied(ctx, cur.AuditID, "", cause)
-		if oplog.Changed(cause) {
-			return fmt.Errorf("%w: another operator changed the policies; nothing changed (run the command again)", ErrChanged)
-		}
-		return fmt.Errorf("capstan: nothing changed: the policies bucket refused the write: %w", cause)
+		return log.NotApplied(ctx, cur.AuditID, "", "policies", cause,
+			fmt.Errorf("%w: another operator changed the policies; nothing changed (run the command again)", ErrChanged))
 	}
 	if v != nil {
 		b, err := json.Marshal(v)

@@ -87,11 +87,7 @@ func writeKey(dir, origin string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	_, err = f.WriteString(vkey + "\n")
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeLine(f, vkey); err != nil {
 		return "", err
 	}
 	tmp, err := os.CreateTemp(dir, ".audit.key-*")
@@ -103,17 +99,22 @@ func writeKey(dir, origin string) (string, error) {
 		tmp.Close()
 		return "", err
 	}
-	_, err = tmp.WriteString(skey + "\n")
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeLine(tmp, skey); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, KeyFile)); err != nil {
 		return "", err
 	}
 	return vkey, nil
+}
+
+// writeLine writes line and a newline to f and closes it: the first error.
+func writeLine(f *os.File, line string) error {
+	_, err := f.WriteString(line + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // LoadSigner reads a signing key file. It refuses a file others may read,

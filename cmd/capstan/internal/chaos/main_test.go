@@ -40,6 +40,9 @@ const (
 	// envEmail, set to "lying", makes a worker of the test binary serve an
 	// email.send whose reconciler lies (lying_test.go).
 	envEmail = "CAPSTAN_CHAOS_EMAIL"
+	// envReads, set to "unclaimed", makes a worker of the test binary also
+	// serve chaos.read, a read without claims (unclaimed_test.go).
+	envReads = "CAPSTAN_CHAOS_READS"
 	// envBin names the capstan binary to run; "self" runs the test binary in
 	// the roles above. Unset, TestMain builds one.
 	envBin = "CAPSTAN_CHAOS_BIN"
@@ -148,6 +151,9 @@ func work() int {
 				caps[i] = lyingEmailSend(js)
 			}
 		}
+	}
+	if os.Getenv(envReads) == "unclaimed" {
+		caps = append(caps, unclaimedRead(js))
 	}
 	if ids := os.Getenv(envCapabilities); ids != "" {
 		var some []executor.Capability
