@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -45,7 +44,7 @@ type DecideReply struct {
 	Record *Record `json:"record,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names of
 	// the sentinel errors (not_found, expired, consumed, …) that
-	// RequestDecision and RequestList turn back into errors errors.Is knows.
+	// RequestDecision and ListReply.Err turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// AuditUnavailable: the decision stands but its audit event is not stored.
@@ -53,79 +52,6 @@ type DecideReply struct {
 	// Details are a refusal's structured facts: for quota_exceeded, the
 	// quota, its limit and retryAfterMs (envelope.QuotaExceeded).
 	Details map[string]any `json:"details,omitempty"`
-}
-
-// Authorizer says who an approver principal is and whether it may decide an
-// approval of some types. open reports a server without principals, where a
-// request names its approver.
-type Authorizer interface {
-	// Approver returns the actor principal decides as, if it may decide an
-	// approval of these types.
-	Approver(principal string, types []string) (approver envelope.Actor, open bool, err error)
-}
-
-// DecideAs records principal's decision: the approver is the identity the
-// Authorizer gives the principal; an approval requested under the same
-// principal, or by the same actor, is refused as self-approval, with no
-// reason that lifts it. An approval principal neither requested nor may
-// decide is refused exactly as one that does not exist (ErrNotFound): a
-// refusal tells no one of another's approval, nor of its types.
-func (s *Store) DecideAs(ctx context.Context, principal string, req DecideRequest, authz Authorizer) (*Record, error) {
-	r, err := s.Get(ctx, req.ApprovalID)
-	if err != nil {
-		return nil, err
-	}
-	who, open, err := authz.Approver(principal, r.Types)
-	if err != nil {
-		if !requestedBy(r, principal) {
-			return nil, notFound(req.ApprovalID)
-		}
-		return nil, fmt.Errorf("%w: %w", ErrForbidden, err)
-	}
-	v := Verdict{Approve: req.Approve, Approver: who, Comment: req.Comment}
-	if open {
-		v.Approver, v.SelfApproval = req.Approver, req.SelfApproval
-	} else if r.Principal == principal {
-		return nil, fmt.Errorf("%w: principal %q requested it", ErrSelfApproval, principal)
-	}
-	return s.Decide(ctx, req.ApprovalID, v)
-}
-
-// Serve answers decisions sent to n.DecideSubjects() in the workers' queue
-// group, until the subscription is drained or closed. ServeList answers the
-// listings.
-func (s *Store) Serve(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
-	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), s.DecideHandler(n, authz))
-}
-
-// DecideHandler answers one decision sent to n.DecideSubjects(): what Serve
-// subscribes, for a worker that schedules the requests it serves itself.
-func (s *Store) DecideHandler(n broker.Names, authz Authorizer) nats.MsgHandler {
-	return func(m *nats.Msg) {
-		principal := n.PrincipalOfSubject(m.Subject)
-		if !n.ReplyAllowed(principal, m.Reply) {
-			return // an answer aimed at someone else's subject: not served
-		}
-		var reply DecideReply
-		reply.V = envelope.Version
-		var req DecideRequest
-		if err := envelope.Unmarshal(m.Data, &req); err != nil {
-			reply.Error, reply.Conditions = "the decision does not decode: "+err.Error(), []string{"invalid"}
-		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			rec, err := s.DecideAs(ctx, principal, req, authz)
-			cancel()
-			reply.Record = shownTo(rec, principal)
-			if err != nil {
-				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
-				reply.AuditUnavailable = rec != nil && slices.Contains(reply.Conditions, "audit_unavailable")
-			}
-		}
-		b, err := envelope.Marshal(&reply)
-		if err == nil {
-			_ = m.Respond(b)
-		}
-	}
 }
 
 // RequestDecision sends req to the workers as principal (the connection's,
@@ -145,9 +71,6 @@ func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req Dec
 	return reply.Record, refusal(reply.Error, reply.Conditions, reply.Details)
 }
 
-// decideTimeout bounds one decision in a worker.
-const decideTimeout = 10 * time.Second
-
 // conditionNames name the store's conditions on the wire.
 var conditionNames = []struct {
 	name string
@@ -160,7 +83,10 @@ var conditionNames = []struct {
 	{"audit_unavailable", audit.ErrUnavailable}, {"quota_exceeded", envelope.ErrQuotaExceeded},
 }
 
-func conditionsOf(err error) []string {
+// Conditions are the names of the store's conditions err matches, as a
+// refusal carries them on the wire (DecideReply.Conditions,
+// ListReply.Conditions): not_found, expired, consumed, ...
+func Conditions(err error) []string {
 	var out []string
 	for _, c := range conditionNames {
 		if errors.Is(err, c.err) {
@@ -230,6 +156,14 @@ type ListRequest struct {
 	Newest bool `json:"newest,omitempty"`
 }
 
+// Page sizes of an approvals listing.
+const (
+	// DefaultPageSize is a page's size when the request names none.
+	DefaultPageSize = 50
+	// MaxPageSize is the largest page a request may ask for.
+	MaxPageSize = 500
+)
+
 // ListReply is the workers' answer to a ListRequest: one page.
 type ListReply struct {
 	// V is the body's schema version.
@@ -238,7 +172,7 @@ type ListReply struct {
 	Records []*Record `json:"records"`
 	// Error and Conditions carry a refusal: the message, and the names of
 	// the sentinel errors (not_found, expired, consumed, …) that
-	// RequestDecision and RequestList turn back into errors errors.Is knows.
+	// RequestDecision and ListReply.Err turn back into errors errors.Is knows.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// Next is the cursor of the next page; "" when nothing more matches. A
@@ -253,136 +187,21 @@ type ListReply struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
-// ListAs returns the approvals principal may see: those of types it may
-// decide (see Authorizer), and those requested under principal itself.
-func (s *Store) ListAs(ctx context.Context, principal string, req ListRequest, authz Authorizer) ([]*Record, error) {
-	var all []*Record
-	if req.ID != "" {
-		r, err := s.Get(ctx, req.ID)
-		if err != nil {
-			return nil, err
-		}
-		all = []*Record{r}
-	} else {
-		var err error
-		if all, err = s.List(ctx, Filter{Status: req.Status, CapabilityID: req.CapabilityID, Actor: req.Actor}); err != nil {
-			return nil, err
-		}
+// Err is the refusal r carries, nil when it carries a page: an error that
+// errors.Is matches against the store's conditions (ErrNotFound,
+// ErrForbidden, ...), or the *envelope.CapabilityError of a quota
+// (envelope.ErrQuotaExceeded).
+func (r *ListReply) Err() error {
+	if r.Error == "" {
+		return nil
 	}
-	out := make([]*Record, 0, len(all))
-	for _, r := range all {
-		if requestedBy(r, principal) {
-			out = append(out, r)
-			continue
-		}
-		if _, _, err := authz.Approver(principal, r.Types); err == nil {
-			out = append(out, shownTo(r, principal))
-		}
-	}
-	if req.ID != "" && len(out) == 0 {
-		// Neither requested nor decidable by principal: to it, no such
-		// approval, word for word.
-		return nil, notFound(req.ID)
-	}
-	return out, nil
+	return refusal(r.Error, r.Conditions, r.Details)
 }
 
 // notFound is the refusal of an approval id that names nothing the asker
 // may see: the same, word for word, whether the approval does not exist or
 // is another's.
 func notFound(id string) error { return fmt.Errorf("%w: %s", ErrNotFound, id) }
-
-// NoSuchApproval is the error of an approval id that names nothing the
-// asker may see (ErrNotFound): the same, word for word, whether the approval
-// does not exist or is another principal's.
-func NoSuchApproval(id string) error { return notFound(id) }
-
-// shownTo is r as principal may receive it: when the capability redacts what
-// approvers see (a Display is stored), anyone but the principal that
-// requested it receives the display and the input's hash, not the input. The
-// approval still binds the whole input, which the workers read from the
-// store. On an open server, where every client reads the approvals bucket,
-// the record is sent whole.
-func shownTo(r *Record, principal string) *Record {
-	if r == nil || len(r.Display) == 0 || principal == "" || principal == broker.Anonymous || requestedBy(r, principal) {
-		return r
-	}
-	v := *r
-	v.Input = nil
-	return &v
-}
-
-// ShownTo is r as principal may receive it (see shownTo): what any reader on
-// a principal's behalf hands it, an execution's view among them.
-func ShownTo(r *Record, principal string) *Record { return shownTo(r, principal) }
-
-// requestedBy reports whether an authenticated principal requested r.
-func requestedBy(r *Record, principal string) bool {
-	return principal != "" && principal != broker.Anonymous && r.Principal == principal
-}
-
-// ServeList answers listings sent to n.ListApprovalsSubjects() in the
-// workers' queue group, each reply within the connection's max payload.
-func (s *Store) ServeList(nc *nats.Conn, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
-	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(),
-		s.ListHandler(n, authz, func(string) int { return int(nc.MaxPayload()) }))
-}
-
-// ListHandler answers one listing sent to n.ListApprovalsSubjects() (see
-// PageAs): what ServeList subscribes, for a worker that schedules the
-// requests it serves itself. maxBytes says how large a reply principal may
-// be sent.
-func (s *Store) ListHandler(n broker.Names, authz Authorizer, maxBytes func(principal string) int) nats.MsgHandler {
-	return func(m *nats.Msg) {
-		principal := n.PrincipalOfSubject(m.Subject)
-		if !n.ReplyAllowed(principal, m.Reply) {
-			return // an answer aimed at someone else's subject: not served
-		}
-		reply := &ListReply{V: envelope.Version, Records: []*Record{}}
-		var req ListRequest
-		if err := envelope.Unmarshal(m.Data, &req); err != nil {
-			reply.Error, reply.Conditions = "the listing does not decode: "+err.Error(), []string{"invalid"}
-		} else {
-			ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
-			page, err := s.PageAs(ctx, principal, req, authz, maxBytes(principal))
-			cancel()
-			if err != nil {
-				reply.Error, reply.Conditions = err.Error(), conditionsOf(err)
-			} else {
-				reply = page
-			}
-		}
-		b, err := envelope.Marshal(reply)
-		if err != nil {
-			return
-		}
-		if bound := maxBytes(principal); bound > 0 && len(b) > bound {
-			// Never dropped for its size: the refusal says why.
-			b, _ = envelope.Marshal(&ListReply{V: envelope.Version, Records: []*Record{}, Conditions: []string{"invalid"},
-				Error: fmt.Sprintf("the page is %d bytes, over the %d a reply may hold", len(b), bound)})
-		}
-		_ = m.Respond(b)
-	}
-}
-
-// RequestList asks the workers for a page of the approvals the connection's
-// principal may see (see PageAs): Next is the cursor of the next one. A
-// refusal matches the store's conditions with errors.Is (ErrNotFound,
-// ErrForbidden, envelope.ErrQuotaExceeded).
-func RequestList(ctx context.Context, nc *nats.Conn, n broker.Names, req ListRequest) (*ListReply, error) {
-	req.V = envelope.Version
-	var reply ListReply
-	if err := request(ctx, nc, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), "list approvals", &req, &reply); err != nil {
-		return nil, err
-	}
-	if reply.Error != "" {
-		return nil, refusal(reply.Error, reply.Conditions, reply.Details)
-	}
-	if reply.Records == nil {
-		reply.Records = []*Record{}
-	}
-	return &reply, nil
-}
 
 // request sends req to subject and decodes the workers' answer into reply;
 // what names the request in errors.
@@ -399,20 +218,4 @@ func request(ctx context.Context, nc *nats.Conn, subject, what string, req, repl
 		return fmt.Errorf("capstan: %s: reply: %w", what, err)
 	}
 	return nil
-}
-
-// RequestOne returns the approval id names, among those the connection's
-// principal may see: one request, answered with the record or a refusal
-// (ErrNotFound, ErrForbidden).
-func RequestOne(ctx context.Context, nc *nats.Conn, n broker.Names, id string) (*Record, error) {
-	page, err := RequestList(ctx, nc, n, ListRequest{ID: id})
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range page.Records {
-		if r.ID == id {
-			return r, nil
-		}
-	}
-	return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -44,18 +46,18 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants, err := auth.WatchGrants(ctxT(t), b.JS, b.Names)
+	grants, err := grantwatch.Watch(ctxT(t), b.JS, b.Names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(grants.Stop)
 	s := approvals.NewStore(b, audit.NewEmitter(b, audit.Options{}))
-	sub, err := s.Serve(wnc, b.Names, grants)
+	sub, err := approvalsrpc.Serve(wnc, s, b.Names, grants)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	list, err := s.ServeList(wnc, b.Names, grants)
+	list, err := approvalsrpc.ServeList(wnc, s, nil, b.Names, grants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,17 +173,17 @@ func TestList_AnApproverSeesTheApprovalsOfItsTypesOnly(t *testing.T) {
 	t.Parallel()
 	env, _, _, r := securedDecisions(t)
 	n := broker.NewNames("")
-	got, err := approvals.RequestList(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
+	got, err := approvalsrpc.List(ctxT(t), env.ConnectAs(t, "carol"), n, approvals.ListRequest{})
 	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
 		t.Fatalf("carol (finance) lists %+v, %v", got, err)
 	}
-	got, err = approvals.RequestList(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{})
+	got, err = approvalsrpc.List(ctxT(t), env.ConnectAs(t, "dave"), n, approvals.ListRequest{})
 	if err != nil || len(got.Records) != 0 {
 		t.Fatalf("dave (ops) lists %+v, %v", got, err)
 	}
 	dave := env.ConnectAs(t, "dave")
 	assertLikeNoSuchApproval(t, func(id string) error {
-		_, err := approvals.RequestList(ctxT(t), dave, n, approvals.ListRequest{ID: id})
+		_, err := approvalsrpc.List(ctxT(t), dave, n, approvals.ListRequest{ID: id})
 		return err
 	}, r.ID, r.Types)
 }
@@ -193,16 +195,16 @@ func TestList_AProducerSeesOnlyTheApprovalsItRequested(t *testing.T) {
 	other := pendingOf(t, s, "bob")
 	n := broker.NewNames("")
 	alice := env.ConnectAs(t, "alice")
-	got, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{})
+	got, err := approvalsrpc.List(ctxT(t), alice, n, approvals.ListRequest{})
 	if err != nil || len(got.Records) != 1 || got.Records[0].ID != r.ID {
 		t.Fatalf("alice lists %+v, %v; want her own approval only", got, err)
 	}
-	one, err := approvals.RequestOne(ctxT(t), alice, n, r.ID)
+	one, err := approvalsrpc.One(ctxT(t), alice, n, r.ID)
 	if err != nil || one.ID != r.ID {
 		t.Fatalf("alice shows her own approval: %+v, %v", one, err)
 	}
 	assertLikeNoSuchApproval(t, func(id string) error {
-		_, err := approvals.RequestList(ctxT(t), alice, n, approvals.ListRequest{ID: id})
+		_, err := approvalsrpc.List(ctxT(t), alice, n, approvals.ListRequest{ID: id})
 		return err
 	}, other.ID, other.Types)
 	assertPending(t, s, other.ID)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -29,7 +30,7 @@ func pendingOfPrincipal(t *testing.T, s *approvals.Store, principal string, ttl 
 
 // waitPending waits until the index counts want pending approvals of
 // principal at at: the watcher brings what another process wrote.
-func waitPending(t *testing.T, x *approvals.Index, principal string, at time.Time, want int) {
+func waitPending(t *testing.T, x *approvalsrpc.Index, principal string, at time.Time, want int) {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
@@ -54,7 +55,7 @@ func TestIndex_CountsAPrincipalsPendingApprovals(t *testing.T) {
 	env := testenv.Start(t)
 	s, b := storeOn(t, env.Connect(t))
 	early := pendingOfPrincipal(t, s, "alice", time.Hour)
-	x, err := approvals.WatchIndex(ctxT(t), b.Approvals, nil)
+	x, err := approvalsrpc.WatchIndex(ctxT(t), b.Approvals, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestIndex_CountsAPrincipalsPendingApprovals(t *testing.T) {
 	waitPending(t, x, "bob", now, 1)
 
 	// At a quota of 3 she is refused, told to come back when the first expires.
-	if _, wait, err := x.Reserve("alice", 3, now); !errors.Is(err, approvals.ErrOverQuota) || wait != 5*time.Minute {
+	if _, wait, err := x.Reserve("alice", 3, now); !errors.Is(err, approvalsrpc.ErrOverQuota) || wait != 5*time.Minute {
 		t.Fatalf("alice at her quota: wait %v, %v", wait, err)
 	}
 	// Once the short one expired, she has room for one, held by a reservation.
@@ -78,12 +79,12 @@ func TestIndex_CountsAPrincipalsPendingApprovals(t *testing.T) {
 	if err != nil {
 		t.Fatalf("alice under her quota: %v", err)
 	}
-	if _, _, err := x.Reserve("alice", 3, later); !errors.Is(err, approvals.ErrOverQuota) {
+	if _, _, err := x.Reserve("alice", 3, later); !errors.Is(err, approvalsrpc.ErrOverQuota) {
 		t.Fatalf("a reservation under way did not count: %v", err)
 	}
 	release()
 	release() // once is enough
-	if _, _, err := x.Reserve("bob", 1, later); !errors.Is(err, approvals.ErrOverQuota) {
+	if _, _, err := x.Reserve("bob", 1, later); !errors.Is(err, approvalsrpc.ErrOverQuota) {
 		t.Fatalf("bob at his quota of 1: %v", err)
 	}
 	// A decision frees one.

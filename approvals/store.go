@@ -23,11 +23,9 @@ type Store struct {
 	now   func() time.Time
 	// skipped is told of each record a listing skipped (see OnSkipped).
 	skipped func(key string, err error)
-	// index, when set, is what PageAs lists from (see WithIndex).
-	index *Index
 }
 
-// OnSkipped has f told of every record a listing (List, ListAs, ExpireDue)
+// OnSkipped has f told of every record a listing (List, ExpireDue)
 // skips because it does not decode, with its key and the decoding error: one
 // bad record is that approval's problem alone, never the listing's. The
 // workers log and count them; it returns s.

@@ -139,7 +139,7 @@ func (e *Emitter) index(evs []*Event) {
 	if !e.indexed {
 		return
 	}
-	entry := EntryOf(evs)
+	entry := entryOf(evs)
 	if entry == nil {
 		return
 	}

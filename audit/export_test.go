@@ -1,6 +1,8 @@
 package audit
 
-import "time"
+import (
+	"time"
+)
 
 // SetIndexLinger changes how long e's index entries wait for others; call it
 // before e emits.
@@ -15,3 +17,6 @@ func WrapIndexSend(e *Emitter, wrap func(subject string, send func())) {
 
 // DecodeEntries reads a message of the index (decodeEntries).
 func DecodeEntries(b []byte) ([]Entry, error) { return decodeEntries(b) }
+
+// EntryOf is the index entry of one audit message's events (entryOf).
+func EntryOf(evs []*Event) *Entry { return entryOf(evs) }

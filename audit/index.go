@@ -105,14 +105,14 @@ func decodeEntries(b []byte) ([]Entry, error) {
 	return es, err
 }
 
-// EntryOf returns the index entry of one audit message's events (all of one
+// entryOf returns the index entry of one audit message's events (all of one
 // execution, in order), or nil when they neither begin nor end it: an
 // execution's end (completed, failed, cancelled, or approval-required) makes
 // an entry with its outcome; its requested event, without an end in the same
 // message, one that says it runs. A quick execution's events are one message,
 // hence one entry; a long one has two, the later superseding. A retry's or a
 // takeover's events make none.
-func EntryOf(evs []*Event) *Entry {
+func entryOf(evs []*Event) *Entry {
 	var e *Entry
 	begins := false
 	for _, ev := range evs {

@@ -31,7 +31,7 @@ func BenchmarkIndexEntry(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		entry := EntryOf(msgs[i%len(msgs)])
+		entry := entryOf(msgs[i%len(msgs)])
 		if err := gs.add(entry); err != nil {
 			b.Fatal(err)
 		}

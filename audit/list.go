@@ -99,9 +99,9 @@ func (q *Query) SetCursor(c string) error {
 	return nil
 }
 
-// Filter returns the subject filter that expresses what of q the index's
+// subjectFilter returns the subject filter that expresses what of q the index's
 // subjects carry.
-func (q Query) Filter(n broker.Names) string {
+func (q Query) subjectFilter(n broker.Names) string {
 	capID := q.CapabilityID
 	if p, ok := strings.CutSuffix(capID, "*"); ok {
 		capID = ""
@@ -214,7 +214,7 @@ func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream strin
 		}
 		lo = max(lo, s)
 	}
-	filter := q.Filter(n)
+	filter := q.subjectFilter(n)
 	page := &Page{Entries: []Entry{}}
 	seen := map[string]bool{}
 	window := uint64(2 * q.Limit)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // Files of a setup directory. Seeds and credentials are written 0600.
@@ -39,10 +40,10 @@ const (
 	PushUser = "push"
 )
 
-// SetupVersion is the layout Init writes: an account per producer and
+// setupVersion is the layout Init writes: an account per producer and
 // approver (DESIGN §12 "Accounts per principal"). Version 1, every principal
 // a user of the capstan account, is moved by Migrate.
-const SetupVersion = 2
+const setupVersion = 2
 
 // ErrExists is returned by Init over an existing setup and by Add for a
 // principal that exists.
@@ -56,7 +57,7 @@ var ErrNeedsMigration = errors.New("capstan auth: setup of an earlier layout")
 // account and its push user; the capstan account, which holds every stream
 // and bucket and whose users are the admins and workers; and an account of
 // its own for every producer and approver, which imports from the capstan
-// account only its own subjects (see Crossings). The server trusts the
+// account only its own subjects (see crossings). The server trusts the
 // operator and learns a principal's account when it is pushed (Push), with
 // no restart.
 type Setup struct {
@@ -125,14 +126,14 @@ func (s *Setup) Grant(principal string) (Grant, bool) {
 // Current returns nil for a setup of the current layout, and otherwise an
 // error wrapping ErrNeedsMigration that says what to run.
 func (s *Setup) Current() error {
-	if s.V == SetupVersion {
+	if s.V == setupVersion {
 		return nil
 	}
-	if s.V < SetupVersion {
+	if s.V < setupVersion {
 		return fmt.Errorf("%w (v%d, every principal in one account): run 'capstan auth migrate %s' first, "+
 			"which gives producers and approvers accounts of their own and new credentials", ErrNeedsMigration, s.V, s.Dir)
 	}
-	return fmt.Errorf("capstan auth: %s holds a setup of layout v%d, newer than this capstan knows (v%d)", s.Dir, s.V, SetupVersion)
+	return fmt.Errorf("capstan auth: %s holds a setup of layout v%d, newer than this capstan knows (v%d)", s.Dir, s.V, setupVersion)
 }
 
 // Init creates a setup in dir (created if missing, 0700): the operator, the
@@ -149,7 +150,7 @@ func Init(dir, prefix string) (*Setup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("capstan auth: %w", err)
 	}
-	s := &Setup{Dir: dir, V: SetupVersion, Prefix: broker.NewNames(prefix).SubjectPrefix(),
+	s := &Setup{Dir: dir, V: setupVersion, Prefix: broker.NewNames(prefix).SubjectPrefix(),
 		ResolverDir: filepath.Join(abs, ResolverDirName)}
 	okp, err := nkeys.CreateOperator()
 	if err != nil {
@@ -276,7 +277,7 @@ func (s *Setup) signSystemAccount(k *keys) error {
 }
 
 // signCapstanAccount signs the capstan account: JetStream without limits,
-// the exports of Crossings, and edit's changes to the claims as they are
+// the exports of crossings, and edit's changes to the claims as they are
 // (revocations), or from scratch when the setup has none yet.
 func (s *Setup) signCapstanAccount(k *keys, edit func(*jwt.AccountClaims)) error {
 	ac := jwt.NewAccountClaims(s.Account)
@@ -353,7 +354,7 @@ func Load(dir string) (*Setup, error) {
 }
 
 // Add creates a principal. A producer or approver gets an account of its
-// own, importing only its own subjects (see Crossings), with g.Limits
+// own, importing only its own subjects (see crossings), with g.Limits
 // (DefaultLimits when nil), its key kept as DIR/NAME.account.nk; an admin or
 // worker is a user of the capstan account. Either way DIR/NAME.creds holds
 // its user, with the permissions of its grant. A running server learns the
@@ -512,7 +513,7 @@ func (s *Setup) writeUser(signer nkeys.KeyPair, g Grant) (string, error) {
 	useed, _ := ukp.Seed()
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = g.Principal
-	uc.Tags.Add(roleTag + string(g.Role))
+	uc.Tags.Add(credfile.RoleTag + string(g.Role))
 	uc.Permissions = PermissionsFor(g, s.Names()).jwt()
 	ujwt, err := uc.Encode(signer)
 	if err != nil {

@@ -36,7 +36,7 @@
 // push user, and the capstan account that holds every stream and bucket and
 // whose users are the admins and workers; Add gives each producer and approver
 // an account of its own that imports from the capstan account only its own
-// subjects (Crossings, the one table of them), so that whatever answer it
+// subjects (crossings, the one table of them), so that whatever answer it
 // provokes stays in its account. The server trusts the operator and learns a
 // principal's account when PushAccounts sends it, with no restart; its grant
 // reaches workers through the grants bucket (PublishGrants), which only admins

@@ -9,13 +9,13 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 )
 
-// Crossing is one subject pattern that crosses from the capstan account
+// subjectCrossing is one subject pattern that crosses from the capstan account
 // (streams, buckets, workers) into a principal's own account: an export of
 // the capstan account and the import of it each role gets. It is the one
 // table of the layout (DESIGN §12 "Accounts per principal"): adding a
 // request the workers serve, or a subject the server sends principals, is
-// one line of Crossings.
-type Crossing struct {
+// one line of crossings.
+type subjectCrossing struct {
 	// Subject returns the pattern for principal p; for "*" it is the
 	// export's pattern, which must hold p as exactly that one token.
 	Subject func(n broker.Names, p string) string
@@ -32,17 +32,17 @@ type Crossing struct {
 	Roles []Role
 }
 
-// ResponseThreshold bounds how long the server keeps the route back to a
+// responseThreshold bounds how long the server keeps the route back to a
 // principal's account for one request the capstan account received but has
 // not answered yet. Every responder of a crossing answers at once (JetStream)
 // or within its own bounded time (workers answer within 10 to 15 s); the
 // threshold only bounds the state a principal's requests leave in the
 // capstan account if a responder never answers.
-const ResponseThreshold = 30 * time.Second
+const responseThreshold = 30 * time.Second
 
-// Crossings is every subject that crosses between the capstan account and a
+// crossings is every subject that crosses between the capstan account and a
 // principal's account, with the roles that import it.
-var Crossings = []Crossing{
+var crossings = []subjectCrossing{
 	// A request; its answer is the exec stream's acknowledgement. Always the
 	// wildcard: the grant's capabilities stay in the user's permissions, and
 	// an answer aimed at a wildcard import never re-enters the capstan
@@ -81,12 +81,12 @@ func HasOwnAccount(r Role) bool { return r == RoleProducer || r == RoleApprover 
 // exports are the capstan account's exports: one per crossing.
 func exports(n broker.Names) jwt.Exports {
 	var out jwt.Exports
-	for _, c := range Crossings {
+	for _, c := range crossings {
 		e := &jwt.Export{Subject: jwt.Subject(c.Subject(n, "*")), TokenReq: !c.Public}
 		if c.Stream {
 			e.Type = jwt.Stream
 		} else {
-			e.Type, e.ResponseType, e.ResponseThreshold = jwt.Service, jwt.ResponseTypeSingleton, ResponseThreshold
+			e.Type, e.ResponseType, e.ResponseThreshold = jwt.Service, jwt.ResponseTypeSingleton, responseThreshold
 		}
 		out = append(out, e)
 	}
@@ -98,7 +98,7 @@ func exports(n broker.Names) jwt.Exports {
 // private ones with an activation token signed by the capstan account.
 func importsFor(n broker.Names, role Role, p, account, capstanAccount string, sign func(*jwt.ActivationClaims) (string, error)) (jwt.Imports, error) {
 	var out jwt.Imports
-	for _, c := range Crossings {
+	for _, c := range crossings {
 		if !slices.Contains(c.Roles, role) {
 			continue
 		}

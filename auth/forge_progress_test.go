@@ -18,7 +18,7 @@ import (
 // "Progress", §12): with her own credentials alice may not subscribe to
 // bob's progress or publish anyone's; and in the accounts layout even a user
 // of alice's account allowed every subject receives only what the one line
-// of auth.Crossings imports into it, her own progress, never bob's.
+// of auth's crossings imports into it, her own progress, never bob's.
 func TestForge_ProgressReachesItsPrincipalAlone(t *testing.T) {
 	t.Parallel()
 	r := newRigOn(t, embedded)

@@ -30,6 +30,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 // world is everything of capstan's an attack must not change: every
@@ -508,7 +509,7 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 		t.Fatalf("bob's running execution after his cancel: %v %+v", err, env)
 	}
 	carol := r.connect(t, "carol")
-	listed, err := approvals.RequestList(ctx, carol, r.setup.Names(), approvals.ListRequest{})
+	listed, err := approvalsrpc.List(ctx, carol, r.setup.Names(), approvals.ListRequest{})
 	if err != nil {
 		t.Fatalf("carol's inbox: %v", err)
 	}
@@ -519,7 +520,7 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 	if !slices.Contains(ids, sc.bobApproval) || !slices.Contains(ids, sc.aliceApproval) {
 		t.Fatalf("carol's inbox lists %v, want %s and %s", ids, sc.bobApproval, sc.aliceApproval)
 	}
-	if mine, err := approvals.RequestList(ctx, sc.aliceNC, r.setup.Names(), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
+	if mine, err := approvalsrpc.List(ctx, sc.aliceNC, r.setup.Names(), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
 		t.Fatalf("alice's own approvals: %v %+v", err, mine)
 	}
 	if _, err := approvals.RequestDecision(ctx, carol, r.setup.Names(), approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
@@ -584,7 +585,7 @@ func testEachAttack(t *testing.T, r *rig) {
 			req:    func(*scene) request { return empty404(n.EnvelopesBucket()) },
 			target: func(sc *scene) string { return "$KV." + n.ApprovalsBucket() + "." + sc.aliceApproval },
 			then: func(t *testing.T, ctx context.Context, sc *scene) {
-				listed, err := approvals.RequestList(ctx, r.connect(t, "carol"), n, approvals.ListRequest{})
+				listed, err := approvalsrpc.List(ctx, r.connect(t, "carol"), n, approvals.ListRequest{})
 				if err != nil || len(listed.Records) < 2 {
 					t.Fatalf("carol's inbox: %v, %+v", err, listed)
 				}

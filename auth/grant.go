@@ -30,8 +30,8 @@ const (
 	RoleNotifier Role = "notifier"
 )
 
-// Roles lists every role.
-var Roles = []Role{RoleProducer, RoleApprover, RoleWorker, RoleAdmin, RoleNotifier}
+// allRoles lists every role.
+var allRoles = []Role{RoleProducer, RoleApprover, RoleWorker, RoleAdmin, RoleNotifier}
 
 // Grant is what one principal may do. Workers check a producer's actor,
 // surface and capability against it before anything runs, and an approver's
@@ -76,11 +76,11 @@ type Grant struct {
 
 // Errors of Grant checks, wrapped with the missing right.
 var (
-	ErrActorNotGranted      = errors.New("actor not granted")
-	ErrSurfaceNotGranted    = errors.New("surface not granted")
+	errActorNotGranted      = errors.New("actor not granted")
+	errSurfaceNotGranted    = errors.New("surface not granted")
 	ErrCapabilityNotGranted = errors.New("capability not granted")
-	ErrTypeNotGranted       = errors.New("approval type not granted")
-	ErrWrongRole            = errors.New("role does not allow it")
+	errTypeNotGranted       = errors.New("approval type not granted")
+	errWrongRole            = errors.New("role does not allow it")
 )
 
 // Validate reports every problem of g at once.
@@ -89,7 +89,7 @@ func (g Grant) Validate() error {
 	if !broker.ValidPrincipal(g.Principal) || g.Principal == broker.Anonymous {
 		errs = append(errs, fmt.Errorf("principal %q: want [a-z][a-z0-9_-]*, at most 64 bytes", g.Principal))
 	}
-	if !slices.Contains(Roles, g.Role) {
+	if !slices.Contains(allRoles, g.Role) {
 		errs = append(errs, fmt.Errorf("role %q: want one of producer, approver, worker, admin, notifier", g.Role))
 	}
 	for _, a := range g.Actors {
@@ -120,25 +120,25 @@ func (g Grant) Validate() error {
 	if g.Limits != nil {
 		if !HasOwnAccount(g.Role) {
 			errs = append(errs, fmt.Errorf("limits: a %s lives in the capstan account, which has none of its own", g.Role))
-		} else if err := g.Limits.Validate(); err != nil {
+		} else if err := g.Limits.validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if g.Quotas != nil {
 		if !HasOwnAccount(g.Role) {
 			errs = append(errs, fmt.Errorf("quotas: a %s is trusted with the capstan account and has none", g.Role))
-		} else if err := g.Quotas.Validate(); err != nil {
+		} else if err := g.Quotas.validate(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// CheckActor returns nil when the principal may act as a, else an error naming
+// checkActor returns nil when the principal may act as a, else an error naming
 // the missing right.
-func (g Grant) CheckActor(a envelope.Actor) error {
+func (g Grant) checkActor(a envelope.Actor) error {
 	if g.Role != RoleProducer {
-		return fmt.Errorf("%w: principal %q is a %s, not a producer", ErrWrongRole, g.Principal, g.Role)
+		return fmt.Errorf("%w: principal %q is a %s, not a producer", errWrongRole, g.Principal, g.Role)
 	}
 	for _, p := range g.Actors {
 		kind, id, _ := strings.Cut(p, ":")
@@ -146,21 +146,21 @@ func (g Grant) CheckActor(a envelope.Actor) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: principal %q may not act as %s:%s (granted %s)", ErrActorNotGranted,
+	return fmt.Errorf("%w: principal %q may not act as %s:%s (granted %s)", errActorNotGranted,
 		g.Principal, a.Kind, a.ID, strings.Join(g.Actors, ","))
 }
 
-// CheckSurface returns nil when the principal may call from surface.
-func (g Grant) CheckSurface(surface string) error {
+// checkSurface returns nil when the principal may call from surface.
+func (g Grant) checkSurface(surface string) error {
 	if len(g.Surfaces) == 0 || slices.Contains(g.Surfaces, surface) {
 		return nil
 	}
-	return fmt.Errorf("%w: principal %q may not call from surface %q (granted %s)", ErrSurfaceNotGranted,
+	return fmt.Errorf("%w: principal %q may not call from surface %q (granted %s)", errSurfaceNotGranted,
 		g.Principal, surface, strings.Join(g.Surfaces, ","))
 }
 
-// CheckCapability returns nil when the principal may call capabilityID.
-func (g Grant) CheckCapability(capabilityID string) error {
+// checkCapability returns nil when the principal may call capabilityID.
+func (g Grant) checkCapability(capabilityID string) error {
 	if g.AllowsCapability(capabilityID) {
 		return nil
 	}
@@ -180,30 +180,30 @@ func (g Grant) AllowsCapability(capabilityID string) bool {
 	return false
 }
 
-// CheckTypes returns nil when an approver may decide an approval of types:
+// checkTypes returns nil when an approver may decide an approval of types:
 // every type must be granted (an approval without types needs "*").
-func (g Grant) CheckTypes(types []string) error {
+func (g Grant) checkTypes(types []string) error {
 	if g.Role != RoleApprover && g.Role != RoleAdmin {
-		return fmt.Errorf("%w: principal %q is a %s, not an approver", ErrWrongRole, g.Principal, g.Role)
+		return fmt.Errorf("%w: principal %q is a %s, not an approver", errWrongRole, g.Principal, g.Role)
 	}
 	if g.Role == RoleAdmin || slices.Contains(g.Types, "*") {
 		return nil
 	}
 	if len(types) == 0 {
-		return fmt.Errorf("%w: principal %q may decide approvals of types %s, this one has none", ErrTypeNotGranted,
+		return fmt.Errorf("%w: principal %q may decide approvals of types %s, this one has none", errTypeNotGranted,
 			g.Principal, strings.Join(g.Types, ","))
 	}
 	for _, t := range types {
 		if !slices.Contains(g.Types, t) {
-			return fmt.Errorf("%w: principal %q may not decide approvals of type %q", ErrTypeNotGranted, g.Principal, t)
+			return fmt.Errorf("%w: principal %q may not decide approvals of type %q", errTypeNotGranted, g.Principal, t)
 		}
 	}
 	return nil
 }
 
-// Identity is the actor an approver's decisions carry: its first granted
+// identity is the actor an approver's decisions carry: its first granted
 // actor, else service:<principal>.
-func (g Grant) Identity() envelope.Actor {
+func (g Grant) identity() envelope.Actor {
 	if len(g.Actors) > 0 {
 		kind, id, _ := strings.Cut(g.Actors[0], ":")
 		if id != "*" {
@@ -211,4 +211,35 @@ func (g Grant) Identity() envelope.Actor {
 		}
 	}
 	return envelope.Actor{Kind: envelope.ActorService, ID: g.Principal}
+}
+
+// CheckCall decides stage 6 for a call g's principal makes as actor from
+// surface: nil, or a CapabilityError FORBIDDEN whose cause names the missing
+// right (the actor, the surface or the capability). Actor well-formedness is
+// checked before.
+func (g Grant) CheckCall(actor envelope.Actor, surface, capabilityID string) error {
+	for _, check := range []struct {
+		right string
+		err   error
+	}{
+		{"this actor", g.checkActor(actor)},
+		{"this surface", g.checkSurface(surface)},
+		{"this capability", g.checkCapability(capabilityID)},
+	} {
+		if check.err != nil {
+			return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageActor,
+				Message: "Not allowed: the caller has no grant for " + check.right + ".", ExposeToModel: true, Cause: check.err}
+		}
+	}
+	return nil
+}
+
+// ApproverFor returns the identity g's decisions carry, if g may decide an
+// approval of types: every type must be granted (an approval without types
+// needs "*"); an admin decides any.
+func (g Grant) ApproverFor(types []string) (envelope.Actor, error) {
+	if err := g.checkTypes(types); err != nil {
+		return envelope.Actor{}, err
+	}
+	return g.identity(), nil
 }

@@ -35,8 +35,8 @@ func (l *Limits) OrDefault() Limits {
 	return *l
 }
 
-// Validate refuses limits no server can keep: each positive or -1 (none).
-func (l Limits) Validate() error {
+// validate refuses limits no server can keep: each positive or -1 (none).
+func (l Limits) validate() error {
 	errs := positiveOrNone("limit", []named{{"connections", l.Connections}, {"subscriptions", l.Subscriptions}, {"payload", l.Payload}})
 	if l.Payload > 64<<20 {
 		errs = append(errs, fmt.Errorf("limit payload %d: at most 64 MiB", l.Payload))

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nkeys"
 )
 
-// BackupDirName is where Migrate keeps what it rewrites: the setup's state,
+// backupDirName is where Migrate keeps what it rewrites: the setup's state,
 // the server's configuration and the credentials it replaces, as they were.
-const BackupDirName = "backup-v1"
+const backupDirName = "backup-v1"
 
 // MigrateReport says what Migrate did.
 type MigrateReport struct {
@@ -53,18 +53,18 @@ func Migrate(dir string, limits *Limits) (*MigrateReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.V == SetupVersion {
+	if s.V == setupVersion {
 		return &MigrateReport{Current: true}, nil
 	}
 	if s.V != 1 {
 		return nil, s.Current()
 	}
 	if limits != nil {
-		if err := limits.Validate(); err != nil {
+		if err := limits.validate(); err != nil {
 			return nil, fmt.Errorf("capstan auth migrate: %w", err)
 		}
 	}
-	rep := &MigrateReport{Backup: filepath.Join(dir, BackupDirName)}
+	rep := &MigrateReport{Backup: filepath.Join(dir, backupDirName)}
 	if err := s.backupV1(rep.Backup); err != nil {
 		return nil, err
 	}
@@ -127,7 +127,7 @@ func Migrate(dir string, limits *Limits) (*MigrateReport, error) {
 		return nil, err
 	}
 	s.ResolverDir = filepath.Join(abs, ResolverDirName)
-	s.V = SetupVersion
+	s.V = setupVersion
 	if err := s.writeServerConfig(); err != nil {
 		return nil, err
 	}

@@ -36,8 +36,8 @@ func (q *Quotas) OrDefault() Quotas {
 	return *q
 }
 
-// Validate refuses a quota of 0 or below -1: each is positive, or -1 (none).
-func (q Quotas) Validate() error {
+// validate refuses a quota of 0 or below -1: each is positive, or -1 (none).
+func (q Quotas) validate() error {
 	return errors.Join(positiveOrNone("quota", []named{{"queuedRequests", q.QueuedRequests}, {"queuedBytes", q.QueuedBytes},
 		{"pendingApprovals", q.PendingApprovals}, {"controlPerSecond", q.ControlPerSecond}})...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -268,7 +269,7 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants, err := auth.WatchGrants(ctx, wjs, setup.Names())
+	grants, err := grantwatch.Watch(ctx, wjs, setup.Names())
 	if err != nil {
 		t.Fatal(err)
 	}

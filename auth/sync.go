@@ -8,7 +8,7 @@ import (
 )
 
 // Sync re-signs the accounts whose exports or imports differ from what this
-// version's Crossings say: the capstan account's exports, and each producer's
+// version's crossings say: the capstan account's exports, and each producer's
 // and approver's imports (with new activation tokens), keeping revocations
 // and limits. A version of capstan that adds a request the workers serve, or
 // a subject sent to principals, thus reaches existing principals at the next

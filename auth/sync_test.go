@@ -17,7 +17,7 @@ import (
 
 // An account signed by an earlier version, whose table of crossings lacked
 // one (here: describe), gets it from Sync and the next push, with no
-// restart: adding a request the workers serve is one line of Crossings.
+// restart: adding a request the workers serve is one line of crossings.
 func TestSync_AccountsOfAnEarlierVersionGetNewCrossingsByAPush(t *testing.T) {
 	t.Parallel()
 	r := newRigOn(t, embedded)

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/nats-io/nats.go"
 )
 
@@ -29,11 +30,11 @@ type workerApprovals struct {
 }
 
 func (w workerApprovals) Page(ctx context.Context, req approvals.ListRequest) (*approvals.ListReply, error) {
-	return approvals.RequestList(ctx, w.nc, w.names, req)
+	return approvalsrpc.List(ctx, w.nc, w.names, req)
 }
 
 func (w workerApprovals) Get(ctx context.Context, id string) (*approvals.Record, error) {
-	return approvals.RequestOne(ctx, w.nc, w.names, id)
+	return approvalsrpc.One(ctx, w.nc, w.names, id)
 }
 
 // bucketApprovals reads the approvals bucket itself: every approval, paged
@@ -41,7 +42,7 @@ func (w workerApprovals) Get(ctx context.Context, id string) (*approvals.Record,
 type bucketApprovals struct{ s *approvals.Store }
 
 func (b bucketApprovals) Page(ctx context.Context, req approvals.ListRequest) (*approvals.ListReply, error) {
-	return b.s.PageAs(ctx, "", req, everyApproval{}, 0)
+	return approvalsrpc.PageAs(ctx, b.s, nil, "", req, everyApproval{}, 0)
 }
 
 func (b bucketApprovals) Get(ctx context.Context, id string) (*approvals.Record, error) {

@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -368,8 +368,8 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 			return nil, "", "", nil, fmt.Errorf("%w: neither a credentials file nor a user token: %v", errSignIn, err)
 		}
 		name = claims.Name
-		may = func(subject string) bool { return auth.MayPublish(claims, subject) }
-		role = string(auth.RoleOf(claims))
+		may = func(subject string) bool { return credfile.MayPublish(claims, subject) }
+		role = credfile.RoleOf(claims)
 		if !broker.ValidPrincipal(name) || name == broker.Anonymous {
 			return nil, "", "", nil, fmt.Errorf("%w: the credentials name no capstan principal (%q)", errSignIn, name)
 		}

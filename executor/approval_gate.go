@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -31,11 +32,7 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 }
 
 func (w *Worker) approvalStore() *approvals.Store {
-	s := approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
-	if w.approvalIndex != nil {
-		s.WithIndex(w.approvalIndex)
-	}
-	return s
+	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
 }
 
 // requestApproval is the decision of a call that needs an approval: the
@@ -148,7 +145,7 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 		// read, word for word. The worker's log says whose it is.
 		a.w.log.Warn("a resume names another principal's approval: refused as no such approval", "executionId",
 			a.req.ExecutionID, "principal", a.r.Principal, "approvalId", id, "requestedBy", ownerOf(rec))
-		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", approvals.NoSuchApproval(id))
+		return refuse("approval-not-found", envelope.CodeForbidden, "No such approval.", approvalsrpc.NotFound(id))
 	case rec.CapabilityID != a.req.CapabilityID:
 		return refuse("approval-other-capability", envelope.CodeForbidden, "The approval is for another capability.", nil)
 	case rec.Actor.Kind != a.req.Actor.Kind || rec.Actor.ID != a.req.Actor.ID:
@@ -343,7 +340,7 @@ func (w *Worker) resolveResume(ctx context.Context, principal string, req *envel
 	rec, err := w.approvalStore().Get(ctx, req.ApprovalID)
 	notFound := func() error {
 		return &envelope.CapabilityError{Code: envelope.CodeForbidden, Stage: envelope.StageApproval, ExposeToModel: true,
-			Message: "No such approval.", Cause: approvals.NoSuchApproval(req.ApprovalID)}
+			Message: "No such approval.", Cause: approvalsrpc.NotFound(req.ApprovalID)}
 	}
 	switch {
 	case errors.Is(err, approvals.ErrNotFound):

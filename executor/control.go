@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/nats-io/nats.go"
 )
 
@@ -84,11 +85,11 @@ func (w *Worker) serveControl() ([]*nats.Subscription, error) {
 	// Decisions and listings: the approver is the principal of the subject.
 	store := w.approvalStore()
 	if err := add(w.nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(),
-		w.gated(store.DecideHandler(n, w.grants), w.refuseDecision))); err != nil {
+		w.gated(approvalsrpc.DecideHandler(store, n, w.grants), w.refuseDecision))); err != nil {
 		return nil, err
 	}
 	if err := add(w.nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(),
-		w.gated(store.ListHandler(n, w.grants, w.replyBound), w.refuseApprovals))); err != nil {
+		w.gated(approvalsrpc.ListHandler(store, w.approvalIndex, n, w.grants, w.replyBound), w.refuseApprovals))); err != nil {
 		return nil, err
 	}
 	// Executions, read on a principal's behalf (executions.go).

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )
@@ -56,7 +57,7 @@ func ExampleClient_Resume() {
 	approvalID := env.Approval.ID
 
 	carol := connect("carol")
-	pending, err := approvals.RequestOne(ctx, carol, broker.NewNames(""), approvalID)
+	pending, err := approvalsrpc.One(ctx, carol, broker.NewNames(""), approvalID)
 	check(err)
 	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
 	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),

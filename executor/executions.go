@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -717,7 +718,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 			}
 			behind = true
 		}
-		view.Approvals = append(view.Approvals, approvals.ShownTo(r, v.principal))
+		view.Approvals = append(view.Approvals, approvalsrpc.ShownTo(r, v.principal))
 	}
 	if v.scope == ScopeApprovals && !behind {
 		return nil, fmt.Errorf("%w: an approver (%s) reads only the executions behind approvals it may decide", ErrNotAllowed, v.principal)

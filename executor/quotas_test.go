@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
@@ -158,7 +159,7 @@ func TestControlQuota_RefusedAtTheDoorEveryRequestKind(t *testing.T) {
 			return err
 		}},
 		{"approvals list", func(_ *executor.Client, nc *nats.Conn) error {
-			_, err := approvals.RequestList(ctx, nc, n, approvals.ListRequest{})
+			_, err := approvalsrpc.List(ctx, nc, n, approvals.ListRequest{})
 			return err
 		}},
 	}
@@ -189,7 +190,7 @@ func TestControlQuota_RefusedAtTheDoorEveryRequestKind(t *testing.T) {
 	// A decision is a control request too (carol is an approver).
 	carol := r.conns["carol"]
 	for range 50 {
-		_, _ = approvals.RequestList(ctx, carol, n, approvals.ListRequest{})
+		_, _ = approvalsrpc.List(ctx, carol, n, approvals.ListRequest{})
 	}
 	_, err := approvals.RequestDecision(ctx, carol, n, approvals.DecideRequest{ApprovalID: envelope.NewExecutionID(), Approve: true})
 	assertQuotaRefusal(t, "decision", err, envelope.QuotaControlPerSecond, auth.DefaultQuotas.ControlPerSecond)

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
@@ -35,7 +36,7 @@ func (c *Client) Approval(ctx context.Context, approvalID string) (*approvals.Re
 // of its types too), and an open server's clients every one. The page's Next
 // is req.Cursor of the next one.
 func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) (*approvals.ListReply, error) {
-	return approvals.RequestList(ctx, c.b.NC, c.b.Names, req)
+	return approvalsrpc.List(ctx, c.b.NC, c.b.Names, req)
 }
 
 // Decide approves or rejects a pending approval as v.Approver, writing the

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -65,7 +66,7 @@ func TestWorker_ListingsSkipARecordThatDoesNotDecode(t *testing.T) {
 	if _, err := b.Approvals.Put(ctx, bad, nil); err != nil { // a header-only answer's empty value
 		t.Fatal(err)
 	}
-	list, err := approvals.RequestList(ctx, nc, b.Names, approvals.ListRequest{})
+	list, err := approvalsrpc.List(ctx, nc, b.Names, approvals.ListRequest{})
 	if err != nil || len(list.Records) != 1 || list.Records[0].ID != good.ID {
 		t.Fatalf("the workers' listing: %v %+v", err, list)
 	}

@@ -12,14 +12,14 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
@@ -169,7 +169,7 @@ type Worker struct {
 	sweeper atomic.Pointer[sweeper.Sweeper]
 	caps    map[string]*capability
 	// grants say what each principal may do (stage 6, decisions, cancels).
-	grants *auth.Grants
+	grants *grantwatch.Grants
 	// pauses are the operators' pauses (DESIGN §18), watched; cancels the
 	// running attempts they cancelled.
 	pauses  *pauses.Watcher
@@ -192,7 +192,7 @@ type Worker struct {
 	readOnly readOnlyEvents
 	// approvalIndex is the worker's copy of the approvals bucket: pending
 	// approvals counted, listings paged.
-	approvalIndex *approvals.Index
+	approvalIndex *approvalsrpc.Index
 }
 
 // skipped is told of a record of bucket that a listing skipped because it
@@ -299,7 +299,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.b = b
 	if err := ready("read grants", func(c context.Context) (err error) {
-		w.grants, err = auth.WatchGrants(ctx, b.JS, b.Names)
+		w.grants, err = grantwatch.Watch(ctx, b.JS, b.Names)
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
@@ -341,7 +341,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	if err := ready("read approvals", func(context.Context) (err error) {
-		w.approvalIndex, err = approvals.WatchIndex(ctx, b.Approvals, w.skipped(b.Names.ApprovalsBucket()))
+		w.approvalIndex, err = approvalsrpc.WatchIndex(ctx, b.Approvals, w.skipped(b.Names.ApprovalsBucket()))
 		return err
 	}); err != nil {
 		return startErr(ctx, err)

@@ -51,13 +51,13 @@ const (
 
 // Secret is a value that must never be printed: a webhook's signing key, a
 // URL that carries a token, an SMTP password. It prints, logs and marshals
-// as "[redacted]"; Reveal returns it.
+// as "[redacted]"; reveal returns it.
 type Secret string
 
 const redacted = "[redacted]"
 
-// Reveal returns the secret itself, for the one place that uses it.
-func (s Secret) Reveal() string { return string(s) }
+// reveal returns the secret itself, for the one place that uses it.
+func (s Secret) reveal() string { return string(s) }
 
 // String hides the secret from fmt's %s and %v.
 func (s Secret) String() string { return redacted }
@@ -114,21 +114,21 @@ type Retry struct {
 
 // Defaults of Retry: 12 attempts over about 37 minutes.
 const (
-	DefaultAttempts = 12
-	DefaultInitial  = 2 * time.Second
-	DefaultMax      = 10 * time.Minute
-	DefaultTimeout  = 10 * time.Second
+	defaultAttempts = 12
+	defaultInitial  = 2 * time.Second
+	defaultMax      = 10 * time.Minute
+	defaultTimeout  = 10 * time.Second
 )
 
 func (r Retry) withDefaults() Retry {
 	if r.Attempts <= 0 {
-		r.Attempts = DefaultAttempts
+		r.Attempts = defaultAttempts
 	}
 	if r.Initial <= 0 {
-		r.Initial = DefaultInitial
+		r.Initial = defaultInitial
 	}
 	if r.Max <= 0 {
-		r.Max = DefaultMax
+		r.Max = defaultMax
 	}
 	r.Max = max(r.Max, r.Initial)
 	return r
@@ -256,11 +256,6 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Parse reads a JSON configuration; getenv resolves the fields ending in
-// "Env". Unknown fields are refused (a misspelt one would otherwise be
-// silently ignored).
-func Parse(b []byte, getenv func(string) string) (Config, error) { return parse(b, getenv, "") }
-
 // parse reads a configuration from source (a file's path, or "").
 func parse(b []byte, getenv func(string) string, source string) (Config, error) {
 	invalid := func(err error) error {
@@ -347,9 +342,9 @@ func jsonError(err error) string {
 	return "the file is not a configuration: " + strings.TrimPrefix(err.Error(), "json: ")
 }
 
-// Validate reports every problem of cfg at once, naming fields and never
+// check reports every problem of cfg at once, naming fields and never
 // quoting a secret.
-func (cfg Config) Validate() error {
+func (cfg Config) check() error {
 	if err := cfg.validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -397,10 +392,10 @@ func (c Channel) validate() error {
 	}
 	switch c.Kind {
 	case KindWebhook, KindSlack:
-		if err := checkURL(c.URL.Reveal(), c.AllowHTTP); err != nil {
+		if err := checkURL(c.URL.reveal(), c.AllowHTTP); err != nil {
 			errs = append(errs, err)
 		}
-		if c.Kind == KindWebhook && len(c.Secret.Reveal()) < 16 {
+		if c.Kind == KindWebhook && len(c.Secret.reveal()) < 16 {
 			errs = append(errs, errors.New("secret: a webhook is signed with a key of at least 16 bytes (secret or secretEnv)"))
 		}
 		if c.Kind == KindSlack && c.Secret != "" {
@@ -507,7 +502,7 @@ func (c Channel) Where() string {
 	case KindEmail:
 		return c.SMTP.Host
 	default:
-		if u, err := url.Parse(c.URL.Reveal()); err == nil {
+		if u, err := url.Parse(c.URL.reveal()); err == nil {
 			return u.Hostname()
 		}
 		return ""

@@ -146,7 +146,7 @@ type plainAuth struct {
 }
 
 func (a plainAuth) Start(*smtp.ServerInfo) (string, []byte, error) {
-	return "PLAIN", []byte("\x00" + a.user + "\x00" + a.pass.Reveal()), nil
+	return "PLAIN", []byte("\x00" + a.user + "\x00" + a.pass.reveal()), nil
 }
 
 func (a plainAuth) Next(_ []byte, more bool) ([]byte, error) {

@@ -48,8 +48,8 @@ func retryAfterOf(err error) time.Duration {
 	return 0
 }
 
-// UserAgent is the User-Agent of every HTTP delivery.
-const UserAgent = "capstan-notify/1"
+// userAgent is the User-Agent of every HTTP delivery.
+const userAgent = "capstan-notify/1"
 
 // httpSender posts to a webhook or a Slack incoming webhook.
 type httpSender struct {
@@ -78,16 +78,16 @@ func (s *httpSender) send(ctx context.Context, n *notification) error {
 	if err != nil {
 		return permanent("encode the message: %v", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.ch.URL.Reveal(), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.ch.URL.reveal(), bytes.NewReader(body))
 	if err != nil {
 		return permanent("the channel's url does not make a request")
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", UserAgent)
+	req.Header.Set("User-Agent", userAgent)
 	req.Header.Set(IdempotencyHeader, n.key)
 	req.Header.Set("Capstan-Event", "approval."+string(n.event))
 	if s.ch.Kind == KindWebhook {
-		req.Header.Set(SignatureHeader, Sign([]byte(s.ch.Secret.Reveal()), body, s.now()))
+		req.Header.Set(SignatureHeader, Sign([]byte(s.ch.Secret.reveal()), body, s.now()))
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

@@ -22,14 +22,14 @@ import (
 
 // Settings of the notify consumers.
 const (
-	// AckWait is how long a change may go without word from the notifier
+	// consumerAckWait is how long a change may go without word from the notifier
 	// that took it (a notifier working on one says so every third of the
 	// consumer's AckWait) before the server hands it to another: how long a
 	// killed notifier's notifications wait.
-	AckWait = 30 * time.Second
-	// DefaultConcurrency is how many approvals one notifier works on at once
+	consumerAckWait = 30 * time.Second
+	// defaultConcurrency is how many approvals one notifier works on at once
 	// for one channel.
-	DefaultConcurrency = 64
+	defaultConcurrency = 64
 	// fetchWait is how long one pull waits for an approval to change.
 	fetchWait = 5 * time.Second
 	// recentFailures is how many failures Stats keeps.
@@ -80,15 +80,15 @@ type channel struct {
 
 // New returns a notifier of cfg's channels on nc. Nothing is read until Run.
 func New(nc *nats.Conn, cfg Config) (*Notifier, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.check(); err != nil {
 		return nil, err
 	}
 	cfg.Retry = cfg.Retry.withDefaults()
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
+		cfg.Timeout = defaultTimeout
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = DefaultConcurrency
+		cfg.Concurrency = defaultConcurrency
 	}
 	if cfg.ID == "" {
 		host, _ := os.Hostname()
@@ -129,12 +129,12 @@ func New(nc *nats.Conn, cfg Config) (*Notifier, error) {
 // secrets, its URL and the URL's path and query, as they are and escaped.
 func secretForms(c Channel) []string {
 	var out []string
-	for _, s := range []string{c.URL.Reveal(), c.Secret.Reveal(), c.SMTP.Password.Reveal()} {
+	for _, s := range []string{c.URL.reveal(), c.Secret.reveal(), c.SMTP.Password.reveal()} {
 		if s != "" {
 			out = append(out, s)
 		}
 	}
-	if u, err := url.Parse(c.URL.Reveal()); err == nil {
+	if u, err := url.Parse(c.URL.reveal()); err == nil {
 		for _, s := range []string{u.EscapedPath(), u.Path, u.RawQuery} {
 			if len(s) > 1 {
 				out = append(out, s)
@@ -152,7 +152,7 @@ func consumerConfig(n broker.Names, channel string) jetstream.ConsumerConfig {
 		Durable:       n.NotifyConsumer(channel),
 		Description:   "capstan notifications of approvals to channel " + channel + " (capstan notify)",
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       AckWait,
+		AckWait:       consumerAckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: -1, // a pending approval waits for its expiry in flight: never a cap
 		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
@@ -378,7 +378,7 @@ func (n *Notifier) ack(m jetstream.Msg) {
 // message is being worked on, until stop.
 func keepAlive(m jetstream.Msg, ackWait time.Duration) (stop func()) {
 	if ackWait <= 0 {
-		ackWait = AckWait
+		ackWait = consumerAckWait
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup

@@ -39,9 +39,9 @@ type Payload struct {
 	Approval Approval `json:"approval"`
 }
 
-// MaxInput is the largest input a webhook payload carries; a larger one is
+// maxInput is the largest input a webhook payload carries; a larger one is
 // left out and its size given in inputOmittedBytes.
-const MaxInput = 64 << 10
+const maxInput = 64 << 10
 
 // Approval is an approval as a notification shows it. Input is what an
 // approver is shown: the capability's redacted display when it declares one
@@ -77,7 +77,7 @@ type Approval struct {
 	// InputHash is the SHA-256 of the whole input the approval binds.
 	InputHash string `json:"inputHash"`
 	// Input is what an approver is shown of it (canonical JSON), left out
-	// beyond MaxInput; InputRedacted says it is the capability's display,
+	// beyond maxInput; InputRedacted says it is the capability's display,
 	// InputOmittedBytes how large what was left out is.
 	Input             json.RawMessage `json:"input,omitempty"`
 	InputRedacted     bool            `json:"inputRedacted,omitempty"`     // Input is the capability's display, not the input
@@ -138,7 +138,7 @@ func (n *notification) payload() Payload {
 		RequestedBy: r.RequestedBy, CorrelationID: r.CorrelationID, InputHash: r.InputHash,
 		InputRedacted: n.redacted,
 	}
-	if len(n.shown) <= MaxInput {
+	if len(n.shown) <= maxInput {
 		a.Input = n.shown
 	} else {
 		a.InputOmittedBytes = len(n.shown)

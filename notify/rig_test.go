@@ -302,8 +302,12 @@ func (r *rig) idleAll(t *testing.T, waiting map[string]int, ns ...*Notifier) {
 	js := r.env.JetStream(t)
 	eventually(t, fmt.Sprintf("the notifiers idle with %v approvals waiting for their expiry", waiting), func() bool {
 		for _, c := range ns[0].chans {
-			q, err := QueueOf(context.Background(), js, r.names, c.Name)
-			if err != nil || q.Waiting != 0 || q.InFlight != waiting[c.Name] {
+			cons, err := js.Consumer(context.Background(), "KV_"+r.names.ApprovalsBucket(), r.names.NotifyConsumer(c.Name))
+			if err != nil {
+				return false
+			}
+			q := cons.CachedInfo()
+			if q.NumPending != 0 || q.NumAckPending != waiting[c.Name] {
 				return false
 			}
 			var handled uint64
@@ -314,7 +318,7 @@ func (r *rig) idleAll(t *testing.T, waiting map[string]int, ns ...*Notifier) {
 					}
 				}
 			}
-			if handled != q.Delivered {
+			if handled != q.Delivered.Consumer {
 				return false
 			}
 		}

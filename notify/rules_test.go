@@ -159,7 +159,7 @@ func TestParse(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := Parse([]byte(c.json), getenv)
+			_, err := parse([]byte(c.json), getenv, "")
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -179,13 +179,13 @@ func TestParse(t *testing.T) {
 // none of them.
 func TestSecrets_NeverPrinted(t *testing.T) {
 	t.Parallel()
-	cfg, err := Parse([]byte(`{"channels":[
+	cfg, err := parse([]byte(`{"channels":[
 		{"name":"hook","kind":"webhook","types":["*"],"url":"https://h.example.com/tokenpath","secret":"signing-key-0123456789"},
-		{"name":"mail","kind":"email","types":["*"],"smtp":{"host":"smtp.example.com","username":"u","password":"mail-password-xyz"},"from":"a@example.com","to":["b@example.com"]}]}`), os.Getenv)
+		{"name":"mail","kind":"email","types":["*"],"smtp":{"host":"smtp.example.com","username":"u","password":"mail-password-xyz"},"from":"a@example.com","to":["b@example.com"]}]}`), os.Getenv, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Channels[0].Secret.Reveal() != "signing-key-0123456789" || cfg.Channels[1].SMTP.Password.Reveal() != "mail-password-xyz" {
+	if cfg.Channels[0].Secret.reveal() != "signing-key-0123456789" || cfg.Channels[1].SMTP.Password.reveal() != "mail-password-xyz" {
 		t.Fatal("secrets not read")
 	}
 	var logged logBuffer

@@ -3,8 +3,8 @@ package main
 import (
 	"fmt"
 
-	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // What the command's credentials let it do, read from the credentials
@@ -17,7 +17,7 @@ import (
 // capstan principal (the server decides).
 type principal struct {
 	name, role string
-	cred       *auth.Credentials
+	cred       *credfile.Credentials
 }
 
 func (c *connFlags) principal() principal {
@@ -25,7 +25,7 @@ func (c *connFlags) principal() principal {
 	if !cr.Known() {
 		return principal{}
 	}
-	p := principal{name: cr.Principal, role: string(cr.Role), cred: cr}
+	p := principal{name: cr.Principal, role: cr.Role, cred: cr}
 	if p.role == "" {
 		p.role = "principal"
 	}
@@ -55,7 +55,7 @@ func (c *connFlags) need(right string, subject func(principal string) string, hi
 	if hint != "" {
 		msg += "; " + hint
 	}
-	return fmt.Errorf("%w: %s", auth.ErrNotPermitted, msg)
+	return fmt.Errorf("%w: %s", credfile.ErrNotPermitted, msg)
 }
 
 // names are the default deployment's names, as every command uses them.

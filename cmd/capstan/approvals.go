@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/nats-io/nats.go"
 )
 
@@ -105,7 +106,7 @@ func runApprovalsList(args []string) int {
 		return usageError("%v", err)
 	}
 	defer done()
-	page, err := approvals.RequestList(ctx, nc, broker.NewNames(""), req)
+	page, err := approvalsrpc.List(ctx, nc, broker.NewNames(""), req)
 	if err != nil {
 		return requestError(err)
 	}
@@ -139,7 +140,7 @@ func runApprovalsShow(args []string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	rec, err := approvals.RequestOne(ctx, nc, broker.NewNames(""), id)
+	rec, err := approvalsrpc.One(ctx, nc, broker.NewNames(""), id)
 	if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrForbidden) {
 		return fail(exitFailed, "%v", err)
 	}

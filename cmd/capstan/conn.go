@@ -15,9 +15,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -28,7 +28,7 @@ type connFlags struct {
 
 	// The --creds file as read, once (see credentials).
 	credsRead bool
-	cred      *auth.Credentials
+	cred      *credfile.Credentials
 	credErr   error
 }
 
@@ -37,10 +37,10 @@ type connFlags struct {
 // names, the default actor) takes this value. nil without --creds; a file
 // that cannot be read, or that others may read, is the error the connection
 // reports.
-func (c *connFlags) credentials() (*auth.Credentials, error) {
+func (c *connFlags) credentials() (*credfile.Credentials, error) {
 	if !c.credsRead && c.creds != "" {
 		c.credsRead = true
-		c.cred, c.credErr = auth.ReadCredentials(c.creds)
+		c.cred, c.credErr = credfile.Read(c.creds)
 	}
 	return c.cred, c.credErr
 }

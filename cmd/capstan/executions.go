@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/nats-io/nats.go"
 )
 
@@ -249,7 +250,7 @@ func resolveApproval(ctx context.Context, nc *nats.Conn, arg string) (string, er
 	// The pages of what the principal may see, until a second match.
 	var found []*approvals.Record
 	for req := (approvals.ListRequest{Limit: approvals.MaxPageSize}); len(found) < 2; {
-		page, err := approvals.RequestList(ctx, nc, names, req)
+		page, err := approvalsrpc.List(ctx, nc, names, req)
 		if err != nil {
 			return arg, nil
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/notifystatus"
 	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/telemetry"
 )
@@ -74,7 +75,7 @@ func runNotify(args []string) int {
 	// A notifier's own credentials may not create the consumer; anyone
 	// else's (an admin's, a worker's, none on an open server) may.
 	cr, _ := conn.credentials()
-	cfg.Provision = !cr.Known() || cr.Role != auth.RoleNotifier
+	cfg.Provision = !cr.Known() || cr.Role != string(auth.RoleNotifier)
 	n, err := notify.New(nc, cfg)
 	if err != nil {
 		return usageError("%v", err)
@@ -178,7 +179,7 @@ func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 			return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
 		}
 	}
-	queues, err := notify.Queues(ctx, js, names)
+	queues, err := notifystatus.Queues(ctx, js, names)
 	if err != nil {
 		return fail(exitFailed, "notify --init: %v", err)
 	}
@@ -195,9 +196,9 @@ func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 
 // notifyReport is what --status prints.
 type notifyReport struct {
-	Notifiers []notify.Stats `json:"notifiers"`
-	Queues    []notify.Queue `json:"queues"`
-	QueuesErr string         `json:"queuesError,omitempty"`
+	Notifiers []notify.Stats       `json:"notifiers"`
+	Queues    []notifystatus.Queue `json:"queues"`
+	QueuesErr string               `json:"queuesError,omitempty"`
 }
 
 func notifyStatus(conn *connFlags, out *outputFlags, names broker.Names, wait time.Duration) int {
@@ -208,13 +209,13 @@ func notifyStatus(conn *connFlags, out *outputFlags, names broker.Names, wait ti
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), wait+10*time.Second)
 	defer cancel()
-	stats, err := notify.RequestStatus(ctx, nc, names, wait)
+	stats, err := notifystatus.Request(ctx, nc, names, wait)
 	if err != nil {
 		return fail(exitFailed, "notify --status: %v", err)
 	}
-	r := notifyReport{Notifiers: stats, Queues: []notify.Queue{}}
+	r := notifyReport{Notifiers: stats, Queues: []notifystatus.Queue{}}
 	if js, err := jetstream.New(nc); err == nil {
-		if q, err := notify.Queues(ctx, js, names); err == nil {
+		if q, err := notifystatus.Queues(ctx, js, names); err == nil {
 			r.Queues = q
 		} else {
 			r.QueuesErr = err.Error()

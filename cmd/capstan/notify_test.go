@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/notifystatus"
 	"github.com/capstan-dev/capstan/notify"
 )
 
@@ -193,8 +194,8 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	// Done when the queue is: nothing waiting, nothing in flight.
 	deadline := time.Now().Add(guard)
 	type statusReport struct {
-		Notifiers []notify.Stats `json:"notifiers"`
-		Queues    []notify.Queue `json:"queues"`
+		Notifiers []notify.Stats       `json:"notifiers"`
+		Queues    []notifystatus.Queue `json:"queues"`
 	}
 	var report statusReport
 	var statusOut string

@@ -1,4 +1,4 @@
-package approvals
+package approvalsrpc
 
 import (
 	"cmp"
@@ -12,15 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
-)
-
-// Page sizes of an approvals listing.
-const (
-	// DefaultPageSize is a page's size when the request names none.
-	DefaultPageSize = 50
-	// MaxPageSize is the largest page a request may ask for.
-	MaxPageSize = 500
 )
 
 // The order of a listing (DESIGN §7 "Listing approvals"): each requesting
@@ -69,7 +62,7 @@ func decodeCursor(s string, newest bool) (cursor, error) {
 		}
 	}
 	if err != nil {
-		return cursor{}, fmt.Errorf("%w: cursor %q is not one of this listing's: %v", ErrInvalid, s, err)
+		return cursor{}, fmt.Errorf("%w: cursor %q is not one of this listing's: %v", approvals.ErrInvalid, s, err)
 	}
 	if c.At == nil {
 		c.At = map[string]string{}
@@ -77,7 +70,7 @@ func decodeCursor(s string, newest bool) (cursor, error) {
 	return c, nil
 }
 
-func posOf(r *Record) string {
+func posOf(r *approvals.Record) string {
 	return strconv.FormatInt(r.RequestedAt.UnixNano(), 10) + "." + r.ID
 }
 
@@ -91,7 +84,7 @@ func splitPos(pos string) (time.Time, string, error) {
 }
 
 // older orders records by when they were requested, then by id.
-func older(a, b *Record) int {
+func older(a, b *approvals.Record) int {
 	if c := a.RequestedAt.Compare(b.RequestedAt); c != 0 {
 		return c
 	}
@@ -101,24 +94,24 @@ func older(a, b *Record) int {
 // turns hands out a listing's records in its order.
 type turns struct {
 	c      cursor
-	names  []string             // the requesting principals, sorted
-	queues map[string][]*Record // each one's records still to list, in order
-	next   int                  // index in names of the next turn
+	names  []string                       // the requesting principals, sorted
+	queues map[string][]*approvals.Record // each one's records still to list, in order
+	next   int                            // index in names of the next turn
 	// last undoes the last take.
 	last struct {
 		principal, pos, after string
 		next                  int
-		r                     *Record
+		r                     *approvals.Record
 	}
 }
 
 // newTurns arranges recs (any order) for a listing that goes on from c.
-func newTurns(recs []*Record, c cursor) *turns {
-	t := &turns{c: c, queues: map[string][]*Record{}}
+func newTurns(recs []*approvals.Record, c cursor) *turns {
+	t := &turns{c: c, queues: map[string][]*approvals.Record{}}
 	for _, r := range recs {
 		if pos, ok := c.At[r.Principal]; ok {
 			at, id, _ := splitPos(pos)
-			d := older(r, &Record{RequestedAt: at, ID: id})
+			d := older(r, &approvals.Record{RequestedAt: at, ID: id})
 			if (!c.Newest && d <= 0) || (c.Newest && d >= 0) {
 				continue // listed on an earlier page
 			}
@@ -144,7 +137,7 @@ func newTurns(recs []*Record, c cursor) *turns {
 }
 
 // take returns the next record in the listing's order, or nil.
-func (t *turns) take() *Record {
+func (t *turns) take() *approvals.Record {
 	for range t.names {
 		p := t.names[t.next]
 		prev := t.next
@@ -165,7 +158,7 @@ func (t *turns) take() *Record {
 // untake puts back the record the last take returned.
 func (t *turns) untake() {
 	p := t.last.principal
-	t.queues[p] = append([]*Record{t.last.r}, t.queues[p]...)
+	t.queues[p] = append([]*approvals.Record{t.last.r}, t.queues[p]...)
 	if t.last.pos == "" {
 		delete(t.c.At, p)
 	} else {
@@ -184,48 +177,41 @@ func (t *turns) more() bool {
 	return false
 }
 
-// WithIndex has s list from x (and read from the bucket only the records a
-// page shows) instead of reading every record of the bucket; it returns s.
-func (s *Store) WithIndex(x *Index) *Store {
-	s.index = x
-	return s
-}
-
 // PageAs returns one page of the approvals principal may see (those of
 // types it may decide, see Authorizer, and those requested under principal
-// itself), as req selects them, in the listing's order (see ListRequest),
+// itself), as req selects them, in the listing's order (see approvals.ListRequest),
 // and within maxBytes once encoded (0: no bound): a page that would be
 // larger ends early, with the cursor of the rest; a record too large alone
-// is sent without its input and display (ListReply.Trimmed). req.ID asks
+// is sent without its input and display (approvals.ListReply.Trimmed). req.ID asks
 // for one approval.
-func (s *Store) PageAs(ctx context.Context, principal string, req ListRequest, authz Authorizer, maxBytes int) (*ListReply, error) {
-	reply := &ListReply{V: envelope.Version, Records: []*Record{}}
+func PageAs(ctx context.Context, s *approvals.Store, x *Index, principal string, req approvals.ListRequest, authz Authorizer, maxBytes int) (*approvals.ListReply, error) {
+	reply := &approvals.ListReply{V: envelope.Version, Records: []*approvals.Record{}}
 	if req.ID != "" {
-		recs, err := s.ListAs(ctx, principal, ListRequest{ID: req.ID}, authz)
+		recs, err := ListAs(ctx, s, principal, approvals.ListRequest{ID: req.ID}, authz)
 		if err != nil {
 			return nil, err
 		}
 		t := newTurns(recs, cursor{At: map[string]string{}})
-		return reply, fill(reply, t, 1, maxBytes, func(r *Record) (*Record, bool, error) { return r, true, nil })
+		return reply, fill(reply, t, 1, maxBytes, func(r *approvals.Record) (*approvals.Record, bool, error) { return r, true, nil })
 	}
 	if req.Decided && req.Status != "" {
-		return nil, fmt.Errorf("%w: a listing asks for decided approvals or for a status, not both", ErrInvalid)
+		return nil, fmt.Errorf("%w: a listing asks for decided approvals or for a status, not both", approvals.ErrInvalid)
 	}
 	limit := req.Limit
 	if limit <= 0 {
-		limit = DefaultPageSize
+		limit = approvals.DefaultPageSize
 	}
-	limit = min(limit, MaxPageSize)
+	limit = min(limit, approvals.MaxPageSize)
 	c, err := decodeCursor(req.Cursor, req.Newest)
 	if err != nil {
 		return nil, err
 	}
-	now := s.now()
-	matches := func(r *Record) bool {
+	now := time.Now().UTC()
+	matches := func(r *approvals.Record) bool {
 		st := r.StatusAt(now)
-		if req.Status != "" && st != req.Status || req.Decided && st == StatusPending ||
+		if req.Status != "" && st != req.Status || req.Decided && st == approvals.StatusPending ||
 			req.CapabilityID != "" && r.CapabilityID != req.CapabilityID ||
-			req.Actor.Kind+req.Actor.ID != "" && !sameActor(req.Actor, r.Actor) {
+			req.Actor.Kind+req.Actor.ID != "" && !(req.Actor.Kind == r.Actor.Kind && req.Actor.ID == r.Actor.ID) {
 			return false
 		}
 		if requestedBy(r, principal) {
@@ -234,19 +220,19 @@ func (s *Store) PageAs(ctx context.Context, principal string, req ListRequest, a
 		_, _, err := authz.Approver(principal, r.Types)
 		return err == nil
 	}
-	var recs []*Record
-	load := func(r *Record) (*Record, bool, error) { return shownTo(r, principal), true, nil }
-	if s.index != nil {
+	var recs []*approvals.Record
+	load := func(r *approvals.Record) (*approvals.Record, bool, error) { return shownTo(r, principal), true, nil }
+	if x != nil {
 		// What was written before the listing is in it, whoever wrote it;
 		// an index that cannot tell lists what it has.
 		sctx, cancel := context.WithTimeout(ctx, syncWait)
-		_ = s.index.Sync(sctx)
+		_ = x.Sync(sctx)
 		cancel()
-		recs = s.index.Select(matches)
-		load = func(r *Record) (*Record, bool, error) {
+		recs = x.Select(matches)
+		load = func(r *approvals.Record) (*approvals.Record, bool, error) {
 			full, err := s.Get(ctx, r.ID)
 			switch {
-			case errors.Is(err, ErrNotFound), errors.Is(err, envelope.ErrDecode):
+			case errors.Is(err, approvals.ErrNotFound), errors.Is(err, envelope.ErrDecode):
 				return nil, false, nil // gone since, or not a record: not listed
 			case err != nil:
 				return nil, false, err
@@ -257,7 +243,7 @@ func (s *Store) PageAs(ctx context.Context, principal string, req ListRequest, a
 			return shownTo(full, principal), true, nil
 		}
 	} else {
-		all, err := s.List(ctx, Filter{})
+		all, err := s.List(ctx, approvals.Filter{})
 		if err != nil {
 			return nil, err
 		}
@@ -280,7 +266,7 @@ const replySlack = 128
 // fill puts in reply the records t hands out, at most limit, loaded by load
 // (false: no longer listed), while the encoded reply stays within maxBytes
 // (0: no bound), and the cursor of what is left.
-func fill(reply *ListReply, t *turns, limit, maxBytes int, load func(*Record) (*Record, bool, error)) error {
+func fill(reply *approvals.ListReply, t *turns, limit, maxBytes int, load func(*approvals.Record) (*approvals.Record, bool, error)) error {
 	used := replySlack
 	for len(reply.Records) < limit {
 		r := t.take()
@@ -319,7 +305,7 @@ func fill(reply *ListReply, t *turns, limit, maxBytes int, load func(*Record) (*
 	return nil
 }
 
-func encodedLen(r *Record) (int, error) {
+func encodedLen(r *approvals.Record) (int, error) {
 	b, err := envelope.Marshal(r)
 	return len(b), err
 }

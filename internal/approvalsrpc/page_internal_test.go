@@ -1,4 +1,4 @@
-package approvals
+package approvalsrpc
 
 import (
 	"errors"
@@ -8,17 +8,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // recs makes n pending approvals of principal, one a millisecond from at.
-func recs(principal string, n int, at time.Time) []*Record {
-	var out []*Record
+func recs(principal string, n int, at time.Time) []*approvals.Record {
+	var out []*approvals.Record
 	for i := range n {
-		out = append(out, &Record{V: 1, ID: fmt.Sprintf("%s-%04d", principal, i), Principal: principal, CapabilityID: "orders.refund",
-			Actor: envelope.Actor{Kind: "user", ID: principal}, Input: []byte(`{"amount":501}`), Status: StatusPending,
+		out = append(out, &approvals.Record{V: 1, ID: fmt.Sprintf("%s-%04d", principal, i), Principal: principal, CapabilityID: "orders.refund",
+			Actor: envelope.Actor{Kind: "user", ID: principal}, Input: []byte(`{"amount":501}`), Status: approvals.StatusPending,
 			RequestedAt: at.Add(time.Duration(i) * time.Millisecond), ExpiresAt: at.Add(time.Hour), RequestedBy: "e-" + principal})
 	}
 	return out
@@ -26,7 +27,7 @@ func recs(principal string, n int, at time.Time) []*Record {
 
 // pages lists all of recs with limit and maxBytes, page by page, as the
 // workers would; drop removes records between pages (decided since).
-func pages(t *testing.T, all []*Record, limit, maxBytes int, newest bool, between func(page int, all []*Record) []*Record) [][]string {
+func pages(t *testing.T, all []*approvals.Record, limit, maxBytes int, newest bool, between func(page int, all []*approvals.Record) []*approvals.Record) [][]string {
 	t.Helper()
 	var out [][]string
 	cur := ""
@@ -38,8 +39,8 @@ func pages(t *testing.T, all []*Record, limit, maxBytes int, newest bool, betwee
 		if err != nil {
 			t.Fatal(err)
 		}
-		reply := &ListReply{V: 1, Records: []*Record{}}
-		if err := fill(reply, newTurns(all, c), limit, maxBytes, func(r *Record) (*Record, bool, error) { return r, true, nil }); err != nil {
+		reply := &approvals.ListReply{V: 1, Records: []*approvals.Record{}}
+		if err := fill(reply, newTurns(all, c), limit, maxBytes, func(r *approvals.Record) (*approvals.Record, bool, error) { return r, true, nil }); err != nil {
 			t.Fatal(err)
 		}
 		var ids []string
@@ -87,16 +88,16 @@ func TestPage_NewestFirst(t *testing.T) {
 		t.Fatalf("first page %v, want %v", got[0], want)
 	}
 	assertEachOnce(t, got, all)
-	if _, err := decodeCursor(pagesCursor(t, all, false), true); !errors.Is(err, ErrInvalid) {
+	if _, err := decodeCursor(pagesCursor(t, all, false), true); !errors.Is(err, approvals.ErrInvalid) {
 		t.Fatalf("an oldest-first cursor read newest first: %v", err)
 	}
 }
 
-func pagesCursor(t *testing.T, all []*Record, newest bool) string {
+func pagesCursor(t *testing.T, all []*approvals.Record, newest bool) string {
 	t.Helper()
 	c, _ := decodeCursor("", newest)
-	reply := &ListReply{}
-	if err := fill(reply, newTurns(all, c), 1, 0, func(r *Record) (*Record, bool, error) { return r, true, nil }); err != nil {
+	reply := &approvals.ListReply{}
+	if err := fill(reply, newTurns(all, c), 1, 0, func(r *approvals.Record) (*approvals.Record, bool, error) { return r, true, nil }); err != nil {
 		t.Fatal(err)
 	}
 	return reply.Next
@@ -108,13 +109,13 @@ func pagesCursor(t *testing.T, all []*Record, newest bool) string {
 func TestPage_CursorIsAPosition(t *testing.T) {
 	t.Parallel()
 	all := append(recs("alice", 40, t0), recs("bob", 40, t0)...)
-	got := pages(t, all, 7, 0, false, func(page int, all []*Record) []*Record {
+	got := pages(t, all, 7, 0, false, func(page int, all []*approvals.Record) []*approvals.Record {
 		// The oldest of each, listed already, are decided; and a newer one
 		// of bob's arrives.
-		out := slices.DeleteFunc(slices.Clone(all), func(r *Record) bool {
+		out := slices.DeleteFunc(slices.Clone(all), func(r *approvals.Record) bool {
 			return r.ID == fmt.Sprintf("alice-%04d", page) || r.ID == fmt.Sprintf("bob-%04d", page)
 		})
-		return append(out, &Record{ID: fmt.Sprintf("bob-new-%02d", page), Principal: "bob", RequestedAt: t0.Add(time.Hour + time.Duration(page))})
+		return append(out, &approvals.Record{ID: fmt.Sprintf("bob-new-%02d", page), Principal: "bob", RequestedAt: t0.Add(time.Hour + time.Duration(page))})
 	})
 	seen := map[string]int{}
 	for _, p := range got {
@@ -161,8 +162,8 @@ func TestPage_CutToTheBytes(t *testing.T) {
 	huge := recs("bob", 2, t0)
 	huge[0].Input = []byte(`{"note":"` + strings.Repeat("y", 10_000) + `"}`)
 	c, _ := decodeCursor("", false)
-	reply := &ListReply{Records: []*Record{}}
-	if err := fill(reply, newTurns(huge, c), 50, 2000, func(r *Record) (*Record, bool, error) { return r, true, nil }); err != nil {
+	reply := &approvals.ListReply{Records: []*approvals.Record{}}
+	if err := fill(reply, newTurns(huge, c), 50, 2000, func(r *approvals.Record) (*approvals.Record, bool, error) { return r, true, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if len(reply.Records) != 2 || reply.Records[0].Input != nil || reply.Records[1].Input == nil || fmt.Sprint(reply.Trimmed) != "[bob-0000]" {
@@ -177,13 +178,13 @@ func TestPage_CutToTheBytes(t *testing.T) {
 func TestPage_ACursorNotOfTheListingIsRefused(t *testing.T) {
 	t.Parallel()
 	for _, c := range []string{"o12", "!!", "eyJwIjp7ImFsaWNlIjoieCJ9fQ"} {
-		if _, err := decodeCursor(c, false); !errors.Is(err, ErrInvalid) {
-			t.Errorf("cursor %q: %v, want ErrInvalid", c, err)
+		if _, err := decodeCursor(c, false); !errors.Is(err, approvals.ErrInvalid) {
+			t.Errorf("cursor %q: %v, want approvals.ErrInvalid", c, err)
 		}
 	}
 }
 
-func assertEachOnce(t *testing.T, got [][]string, all []*Record) {
+func assertEachOnce(t *testing.T, got [][]string, all []*approvals.Record) {
 	t.Helper()
 	seen := map[string]int{}
 	for _, p := range got {

@@ -1,4 +1,4 @@
-package approvals
+package approvalsrpc
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
@@ -22,9 +23,9 @@ import (
 type Index struct {
 	mu       sync.RWMutex
 	recs     map[string]indexed
-	pendings map[string]map[string]*Record // principal → its records written pending
-	reserved map[string]int                // principal → creations under way in this process
-	ttl      time.Duration                 // the bucket's: a record older is gone without a word
+	pendings map[string]map[string]*approvals.Record // principal → its records written pending
+	reserved map[string]int                          // principal → creations under way in this process
+	ttl      time.Duration                           // the bucket's: a record older is gone without a word
 	kv       jetstream.KeyValue
 	watch    jetstream.KeyWatcher
 	skipped  func(key string, err error)
@@ -35,7 +36,7 @@ type Index struct {
 }
 
 type indexed struct {
-	r       *Record // Input and Display left out
+	r       *approvals.Record // Input and Display left out
 	written time.Time
 }
 
@@ -43,7 +44,7 @@ type indexed struct {
 // ends or Stop; it returns once what the bucket holds is read. A record that
 // does not decode is left out and reported to skipped (nil: not reported).
 func WatchIndex(ctx context.Context, kv jetstream.KeyValue, skipped func(key string, err error)) (*Index, error) {
-	x := &Index{recs: map[string]indexed{}, pendings: map[string]map[string]*Record{}, reserved: map[string]int{},
+	x := &Index{recs: map[string]indexed{}, pendings: map[string]map[string]*approvals.Record{}, reserved: map[string]int{},
 		kv: kv, skipped: skipped, changed: make(chan struct{})}
 	st, err := kv.Status(ctx)
 	if err != nil {
@@ -87,7 +88,7 @@ func (x *Index) apply(e jetstream.KeyValueEntry) {
 		x.mu.Unlock()
 		return
 	}
-	var r Record
+	var r approvals.Record
 	if err := envelope.Unmarshal(e.Value(), &r); err != nil || r.ID != e.Key() {
 		if err == nil {
 			err = fmt.Errorf("%w: the record names approval %q", envelope.ErrDecode, r.ID)
@@ -143,11 +144,11 @@ func (x *Index) Sync(ctx context.Context) error {
 
 // Noted puts r, which this process has just created, in the index before
 // the watcher brings it; what the watcher brings replaces it.
-func (x *Index) Noted(r *Record) { x.note(r, time.Now(), false) }
+func (x *Index) Noted(r *approvals.Record) { x.note(r, time.Now(), false) }
 
 // note indexes r; a record the index holds already is replaced only by what
 // the watcher brings (in the bucket's order), never by what Noted says.
-func (x *Index) note(r *Record, written time.Time, watched bool) {
+func (x *Index) note(r *approvals.Record, written time.Time, watched bool) {
 	s := *r
 	s.Input, s.Display = nil, nil
 	x.mu.Lock()
@@ -157,9 +158,9 @@ func (x *Index) note(r *Record, written time.Time, watched bool) {
 	}
 	x.remove(s.ID)
 	x.recs[s.ID] = indexed{r: &s, written: written}
-	if s.Status == StatusPending {
+	if s.Status == approvals.StatusPending {
 		if x.pendings[s.Principal] == nil {
-			x.pendings[s.Principal] = map[string]*Record{}
+			x.pendings[s.Principal] = map[string]*approvals.Record{}
 		}
 		x.pendings[s.Principal][s.ID] = &s
 	}
@@ -172,7 +173,7 @@ func (x *Index) remove(id string) {
 	}
 }
 
-func (x *Index) forgetPending(r *Record) {
+func (x *Index) forgetPending(r *approvals.Record) {
 	if set := x.pendings[r.Principal]; set != nil {
 		delete(set, r.ID)
 		if len(set) == 0 {
@@ -183,12 +184,12 @@ func (x *Index) forgetPending(r *Record) {
 
 // Select returns the records keep accepts, as the index holds them: without
 // their inputs, and with the status they were written with (see
-// Record.StatusAt).
-func (x *Index) Select(keep func(r *Record) bool) []*Record {
+// approvals.Record.StatusAt).
+func (x *Index) Select(keep func(r *approvals.Record) bool) []*approvals.Record {
 	now := time.Now()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var out []*Record
+	var out []*approvals.Record
 	for _, e := range x.recs {
 		if x.live(e, now) && keep(e.r) {
 			out = append(out, e.r)
@@ -216,7 +217,7 @@ func (x *Index) Pending(principal string, now time.Time) (n int, firstExpiry tim
 // has pending, whatever the others have.
 func (x *Index) pending(principal string, now time.Time) (n int, firstExpiry time.Time) {
 	for _, r := range x.pendings[principal] {
-		if r.StatusAt(now) != StatusPending {
+		if r.StatusAt(now) != approvals.StatusPending {
 			x.forgetPending(r)
 			continue
 		}

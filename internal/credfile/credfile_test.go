@@ -1,4 +1,4 @@
-package auth_test
+package credfile_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -22,7 +23,7 @@ import (
 // after the read, the connection still authenticates as the principal and
 // takes its inbox prefix; without the value read, the same connection
 // fails for want of the file.
-func TestReadCredentials_ConnectionUsesTheValueRead(t *testing.T) {
+func TestRead_ConnectionUsesTheValueRead(t *testing.T) {
 	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
@@ -40,12 +41,12 @@ func TestReadCredentials_ConnectionUsesTheValueRead(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cr, err := auth.ReadCredentials(path)
+	cr, err := credfile.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := setup.Names()
-	if !cr.Known() || cr.Principal != "alice" || cr.Role != auth.RoleProducer {
+	if !cr.Known() || cr.Principal != "alice" || cr.Role != string(auth.RoleProducer) {
 		t.Fatalf("read %q, role %q, known %v; want alice, producer", cr.Principal, cr.Role, cr.Known())
 	}
 	if !cr.MayPublish(n.ExecSubject("alice", "demo.echo")) || cr.MayPublish(n.DecideSubject("alice")) {
@@ -76,7 +77,7 @@ func TestReadCredentials_ConnectionUsesTheValueRead(t *testing.T) {
 
 // What is not a capstan principal's credentials is no error of reading: the
 // server decides. A file others may read, or none, is.
-func TestReadCredentials_BadFiles(t *testing.T) {
+func TestRead_BadFiles(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, content string, mode os.FileMode) string {
@@ -103,7 +104,7 @@ func TestReadCredentials_BadFiles(t *testing.T) {
 		if errors.Is(tc.is, broker.ErrReadableByOthers) && runtime.GOOS == "windows" {
 			continue
 		}
-		cr, err := auth.ReadCredentials(tc.path)
+		cr, err := credfile.Read(tc.path)
 		if tc.is != nil {
 			if !errors.Is(err, tc.is) {
 				t.Errorf("%s: %v, want %v", tc.name, err, tc.is)
@@ -119,7 +120,7 @@ func TestReadCredentials_BadFiles(t *testing.T) {
 // A reconnect reads the file again, as nats.UserCredentials does: credentials
 // rewritten in place are the ones a connection presents once the server
 // comes back.
-func TestReadCredentials_ReconnectReadsTheFileAgain(t *testing.T) {
+func TestRead_ReconnectReadsTheFileAgain(t *testing.T) {
 	t.Parallel()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
@@ -132,7 +133,7 @@ func TestReadCredentials_ReconnectReadsTheFileAgain(t *testing.T) {
 	}
 	env := testenv.Start(t, testenv.Auth(setup))
 	userKey := func(principal string) string {
-		cr, err := auth.ReadCredentials(setup.CredsPath(principal))
+		cr, err := credfile.Read(setup.CredsPath(principal))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,7 +166,7 @@ func TestReadCredentials_ReconnectReadsTheFileAgain(t *testing.T) {
 		}
 	}
 	copyCreds("alice")
-	cr, err := auth.ReadCredentials(path)
+	cr, err := credfile.Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package auth
+// Package credfile reads a principal's credentials file once, for the
+// commands and the console: the connection's credentials, and the role and
+// publish permissions signed into the user JWT, which let a command refuse at
+// once, naming the role, what the server would refuse silently.
+package credfile
 
 import (
 	"errors"
@@ -10,7 +14,7 @@ import (
 )
 
 // Credentials are a principal's credentials file read once
-// (ReadCredentials): what a connection needs (broker.Credentials: the path,
+// (Read): what a connection needs (broker.Credentials: the path,
 // the principal, the authentication) and, from the user JWT's claims, the
 // role and the permissions signed into it, which let a command refuse at
 // once, naming the role, what the server would refuse silently.
@@ -19,16 +23,16 @@ type Credentials struct {
 	*broker.Credentials
 	// Role is the role signed into the credentials' tags, "" for credentials
 	// capstan did not make.
-	Role Role
+	Role string
 
 	claims *jwt.UserClaims // nil unless the JWT decodes and names a principal
 }
 
-// ReadCredentials reads a credentials file once, as broker.ReadCredentials
+// Read reads a credentials file once, as broker.ReadCredentials
 // does, and decodes its user JWT's claims. Claims that do not decode, or name
 // no capstan principal, are not an error: Known is then false, and the
 // server decides.
-func ReadCredentials(path string) (*Credentials, error) {
+func Read(path string) (*Credentials, error) {
 	bc, err := broker.ReadCredentials(path)
 	if err != nil {
 		return nil, err
@@ -55,11 +59,11 @@ func (c *Credentials) MayPublish(subject string) bool {
 
 // RoleOf returns the role signed into a user JWT's tags, or "" for a user
 // capstan did not make.
-func RoleOf(uc *jwt.UserClaims) Role {
-	var role Role
+func RoleOf(uc *jwt.UserClaims) string {
+	var role string
 	for _, tag := range uc.Tags {
-		if r, ok := strings.CutPrefix(tag, roleTag); ok {
-			role = Role(r)
+		if r, ok := strings.CutPrefix(tag, RoleTag); ok {
+			role = r
 		}
 	}
 	return role
@@ -83,8 +87,9 @@ func MayPublish(c *jwt.UserClaims, subject string) bool {
 	return ok
 }
 
+// RoleTag prefixes the tag that names a principal's role in its
+// credentials (package auth signs it in).
+const RoleTag = "capstan-role:"
+
 // ErrNotPermitted: the credentials do not allow what was asked.
 var ErrNotPermitted = errors.New("capstan: not permitted")
-
-// roleTag prefixes the tag that names a principal's role in its credentials.
-const roleTag = "capstan-role:"
