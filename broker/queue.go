@@ -335,6 +335,9 @@ const errStoreFailed = 10077
 // AsQueueFull returns err as a *QueueFullError when it is a queue's refusal
 // of a full queue, else nil.
 func AsQueueFull(err error) *QueueFullError {
+	if err == nil {
+		return nil // before the target below, which escapes: every call's path
+	}
 	var qf *QueueFullError
 	if errors.As(err, &qf) {
 		return qf
