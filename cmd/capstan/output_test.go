@@ -117,6 +117,8 @@ func sampleDiscovery() *executor.Discovery {
 			{ID: "demo.echo", Pool: "default", Description: "Returns its input.", SideEffect: executor.SideEffectNone},
 			{ID: "demo.flaky", Pool: "default", Description: "Fails retryably while its attempt number is at most failTimes.",
 				SideEffect: executor.SideEffectRead, RetryMaxAttempts: 2},
+			{ID: "orders.lookup", Pool: "payments", Description: "Reads an order.", SideEffect: executor.SideEffectRead,
+				Idempotent: true, Unclaimed: true},
 			{ID: "orders.refund", Pool: "payments", Description: "Refunds an order; above 500 a finance approval is required before the refund is recorded.",
 				SideEffect: executor.SideEffectWrite, Risk: executor.RiskHigh, Idempotent: true, RetryMaxAttempts: 1, RequiresApproval: true},
 		}}
