@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
@@ -157,10 +156,6 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			// A read's run again after its worker was lost (or the request
 			// put back): the trail tells the runtime's re-run, under the
 			// same execution, from a new call of the tool.
-			data = maps.Clone(data)
-			if data == nil {
-				data = map[string]any{}
-			}
 			data["delivery"] = n
 		}
 		started := x.event(audit.EventStarted, data)

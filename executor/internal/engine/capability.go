@@ -134,7 +134,8 @@ type ApprovalNeeded struct {
 // WorkUnit is an admitted execution: what its attempts run, as River's
 // WorkUnit is a job's work. Values in, values out.
 type WorkUnit interface {
-	// Started is the data of attempt n's capability.started event.
+	// Started is the data of attempt n's capability.started event: a map
+	// of its own, which the engine may add to.
 	Started(n int) map[string]any
 	// Work calls the handler once, for attempt a, under ctx (the attempt's
 	// timeout, the execution's cancel).

@@ -145,12 +145,9 @@ func (r *Runner) handle(msg jetstream.Msg, unrouted bool) {
 // which stored the cancel before the notice was sent.
 func (r *Runner) CancelLocal(principal, executionID string) {
 	key := broker.Key(principal, executionID)
-	if !r.w.inflight.notice(key, r.w.now()) {
-		return // kept, for a read without a claim that arrives later
-	}
-	cancel := r.w.inflight.get(key)
+	cancel := r.w.inflight.notice(key, r.w.now())
 	if cancel == nil {
-		return
+		return // kept, for a read without a claim that arrives later
 	}
 	ctx, done := StoreContext()
 	rec, _, err := broker.LoadFromLeader[Record](ctx, r.w.nc, r.w.b.Executions, key)

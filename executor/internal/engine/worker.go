@@ -235,13 +235,14 @@ const (
 	noticeAge   = time.Minute
 )
 
-// notice keeps a cancel notice of key, unless its execution is in flight
-// here (then the notice is acted on at once) and reports which.
-func (t *inflight) notice(key string, now time.Time) (inFlight bool) {
+// notice takes a cancel notice of key: the end of the context of its
+// execution in flight here, to be acted on at once; or, with none in
+// flight, nil, and the notice is kept (wasNoticed).
+func (t *inflight) notice(key string, now time.Time) context.CancelCauseFunc {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.m[key] != nil {
-		return true
+	if f, ok := t.m[key]; ok {
+		return f.cancel
 	}
 	if len(t.noticed) >= keepNotices {
 		for k, at := range t.noticed {
@@ -257,7 +258,7 @@ func (t *inflight) notice(key string, now time.Time) (inFlight bool) {
 		t.noticed = map[string]time.Time{}
 	}
 	t.noticed[key] = now
-	return false
+	return nil
 }
 
 // wasNoticed reports whether a cancel notice named key.
