@@ -54,12 +54,15 @@ type DecideReply struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
-// RequestDecision sends req to the workers as principal (the connection's,
-// see broker.PrincipalOf) and returns the decided record. A refusal is an
+// RequestDecision sends req to the workers of the deployment of the given
+// prefix (default "CAPSTAN") as the connection's principal, the approver, and
+// returns the decided record: how an approver's program decides (a
+// Client's Decide does the same for its principal). A refusal is an
 // error that errors.Is matches against the store's conditions (ErrSelfApproval,
 // ErrForbidden, ErrAlreadyDecided...). A decision whose audit event is
 // missing returns the record and an error matching audit.ErrUnavailable.
-func RequestDecision(ctx context.Context, nc *nats.Conn, n broker.Names, req DecideRequest) (*Record, error) {
+func RequestDecision(ctx context.Context, nc *nats.Conn, prefix string, req DecideRequest) (*Record, error) {
+	n := broker.NewNames(prefix)
 	req.V = envelope.Version
 	var reply DecideReply
 	if err := request(ctx, nc, n.DecideSubject(broker.PrincipalOf(nc, n)), "decide "+req.ApprovalID, &req, &reply); err != nil {

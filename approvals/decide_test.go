@@ -88,7 +88,7 @@ func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
 	env, s, _, r := securedDecisions(t)
 	carol := env.ConnectAs(t, "carol")
 	// The request names someone else: the record names carol's identity.
-	got, err := approvals.RequestDecision(ctxT(t), carol, broker.NewNames(""), approvals.DecideRequest{
+	got, err := approvals.RequestDecision(ctxT(t), carol, "", approvals.DecideRequest{
 		ApprovalID: r.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "ceo"}, SelfApproval: "urgent"})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestDecide_ApproverOfOtherTypesIsToldNoSuchApproval(t *testing.T) {
 	env, s, _, r := securedDecisions(t)
 	dave := env.ConnectAs(t, "dave")
 	decide := func(id string) error {
-		_, err := approvals.RequestDecision(ctxT(t), dave, broker.NewNames(""), approvals.DecideRequest{ApprovalID: id, Approve: true})
+		_, err := approvals.RequestDecision(ctxT(t), dave, "", approvals.DecideRequest{ApprovalID: id, Approve: true})
 		return err
 	}
 	assertLikeNoSuchApproval(t, decide, r.ID, r.Types)
@@ -142,14 +142,14 @@ func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
 	// An approver principal whose identity is the requester's actor.
 	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.RoleApprover,
 		Actors: []string{"user:alice"}, Types: []string{"*"}})
-	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "alice-approver"), broker.NewNames(""),
+	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "alice-approver"), "",
 		approvals.DecideRequest{ApprovalID: r.ID, Approve: true, SelfApproval: "I insist"})
 	if !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Fatalf("err %v, want ErrSelfApproval", err)
 	}
 	// The admin may decide any type, but not what it requested itself.
 	mine := pendingOf(t, s, auth.AdminPrincipal)
-	_, err = approvals.RequestDecision(ctxT(t), env.Connect(t), broker.NewNames(""),
+	_, err = approvals.RequestDecision(ctxT(t), env.Connect(t), "",
 		approvals.DecideRequest{ApprovalID: mine.ID, Approve: true})
 	if !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Fatalf("admin on its own request: err %v, want ErrSelfApproval", err)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
@@ -28,7 +27,7 @@ func ExampleRead() {
 	check(err)
 	defer srv.WaitForShutdown()
 	defer srv.Shutdown()
-	nc, err := broker.Connect(broker.ConnectOptions{URL: natsserver.ClientURL(srv)})
+	nc, err := executor.Connect(executor.ConnectOptions{URL: natsserver.ClientURL(srv)})
 	check(err)
 	defer nc.Close()
 

@@ -99,8 +99,8 @@ type RemovedAccount struct {
 	RemovedAt time.Time `json:"removedAt"`
 }
 
-// Names returns the resource names of the setup.
-func (s *Setup) Names() broker.Names { return broker.NewNames(s.Prefix) }
+// names returns the resource names of the setup.
+func (s *Setup) names() broker.Names { return broker.NewNames(s.Prefix) }
 
 // CredsPath returns where principal's credentials are.
 func (s *Setup) CredsPath(principal string) string {
@@ -297,7 +297,7 @@ func (s *Setup) signCapstanAccount(k *keys, edit func(*jwt.AccountClaims)) error
 	for _, e := range ac.Exports {
 		revoked[string(e.Subject)] = e.Revocations
 	}
-	ac.Exports = exports(s.Names())
+	ac.Exports = exports(s.names())
 	for _, e := range ac.Exports {
 		e.Revocations = revoked[string(e.Subject)]
 	}
@@ -323,7 +323,7 @@ func (s *Setup) writePushCreds(k *keys) error {
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = PushUser
 	uc.Permissions.Pub.Allow.Add(claimsUpdateSubject)
-	uc.Permissions.Sub.Allow.Add(s.Names().InboxPrefix(PushUser) + ".>")
+	uc.Permissions.Sub.Allow.Add(s.names().InboxPrefix(PushUser) + ".>")
 	ujwt, err := uc.Encode(k.system)
 	if err != nil {
 		return fmt.Errorf("capstan auth: sign push user: %w", err)
@@ -487,7 +487,7 @@ func (s *Setup) signPrincipalAccount(k *keys, akp nkeys.KeyPair, g *Grant) error
 		ac.Revocations = old.Revocations
 	}
 	ac.Name = g.Principal
-	imports, err := importsFor(s.Names(), g.Role, g.Principal, pub, s.Account, func(c *jwt.ActivationClaims) (string, error) {
+	imports, err := importsFor(s.names(), g.Role, g.Principal, pub, s.Account, func(c *jwt.ActivationClaims) (string, error) {
 		return c.Encode(k.account)
 	})
 	if err != nil {
@@ -514,7 +514,7 @@ func (s *Setup) writeUser(signer nkeys.KeyPair, g Grant) (string, error) {
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = g.Principal
 	uc.Tags.Add(credfile.RoleTag + string(g.Role))
-	uc.Permissions = PermissionsFor(g, s.Names()).jwt()
+	uc.Permissions = s.Permissions(g).jwt()
 	ujwt, err := uc.Encode(signer)
 	if err != nil {
 		return "", fmt.Errorf("capstan auth: sign principal %q: %w", g.Principal, err)

@@ -52,7 +52,7 @@
 //	// or: capstan server --auth secrets
 //	_, err = auth.PushAccounts(ctx, pushConn, setup)  // a connection of secrets/push.creds
 //	err = auth.PublishGrants(ctx, adminJetStream, setup, 0)
-//	nc, err := broker.Connect(broker.ConnectOptions{Creds: setup.CredsPath("agent")})
+//	nc, err := executor.Connect(executor.ConnectOptions{Creds: setup.CredsPath("agent")})
 //
 // The capstan auth command does the same from a shell (capstan auth push).
 package auth

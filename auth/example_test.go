@@ -9,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
@@ -41,7 +42,7 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The principals' accounts, pushed to the running server.
-	push, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.PushCredsPath()})
+	push, err := executor.Connect(executor.ConnectOptions{URL: url, Creds: setup.PushCredsPath()})
 	if err != nil {
 		panic(err)
 	}
@@ -49,7 +50,7 @@ func Example() {
 	if _, err := auth.PushAccounts(ctx, push, setup); err != nil {
 		panic(err)
 	}
-	admin, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(auth.AdminPrincipal)})
+	admin, err := executor.Connect(executor.ConnectOptions{URL: url, Creds: setup.CredsPath(auth.AdminPrincipal)})
 	if err != nil {
 		panic(err)
 	}
@@ -73,12 +74,12 @@ func Example() {
 	fmt.Println(granted)
 
 	// The gateway connects with its own credentials, in its own account.
-	gw, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath("gateway")})
+	gw, err := executor.Connect(executor.ConnectOptions{URL: url, Creds: setup.CredsPath("gateway")})
 	if err != nil {
 		panic(err)
 	}
 	defer gw.Close()
-	fmt.Println(broker.PrincipalOf(gw, setup.Names()))
+	fmt.Println(broker.PrincipalOf(gw, broker.NewNames(setup.Prefix)))
 	// Output:
 	// <nil>
 	// FORBIDDEN

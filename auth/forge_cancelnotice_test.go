@@ -16,7 +16,7 @@ func TestForge_CancelNoticeAimedAtAnotherPrincipalsExecutionStopsNothing(t *test
 	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	sc := r.newScene(t)
 	get := request{name: "own envelope", subject: directGetOf(n.EnvelopesBucket(), broker.Key("alice", sc.aliceDone))}
 	before := r.world(t)

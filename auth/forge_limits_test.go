@@ -9,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // A producer with real credentials can neither read nor change the limits'
@@ -21,7 +22,7 @@ func TestForge_ProducerCannotReadOrChangeLimitCounters(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	bucket, stream := n.LimitsBucket(), "KV_"+n.LimitsBucket()
 	secret := "user:bob-the-only-one"
 	counter, err := envelope.Marshal(map[string]any{"v": envelope.Version, "kind": "rate", "capability": "t.echo",

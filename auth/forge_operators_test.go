@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 )
@@ -33,7 +34,7 @@ func TestPermissionsOnOfficialServer_OnlyAdminsWritePausesAndPolicies(t *testing
 func testOnlyAdminsWriteOperatorBuckets(t *testing.T, r *rig) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 
 	// Before any admin wrote them, the worker's streams of its own that

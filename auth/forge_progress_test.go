@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // A handler's progress reaches its execution's principal alone (DESIGN §5
@@ -23,7 +24,7 @@ func TestForge_ProgressReachesItsPrincipalAlone(t *testing.T) {
 	t.Parallel()
 	r := newRigOn(t, embedded)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
 

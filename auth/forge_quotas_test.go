@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Quotas under attack (DESIGN §12 "Quotas"), with the principals' real
@@ -102,7 +103,7 @@ func testFloods(t *testing.T, r *rig) {
 	// thousand requests, and a loaded machine takes minutes for them.
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
 	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
 	carolNC := r.connect(t, "carol")
@@ -292,7 +293,7 @@ func testFloods(t *testing.T, r *rig) {
 	if after := r.bobsState(t, asked.Approval.ID); fmt.Sprint(after) != fmt.Sprint(bobBefore) {
 		t.Fatalf("bob's state changed:\n%v\nwas\n%v", after, bobBefore)
 	}
-	if _, err := approvals.RequestDecision(ctx, carolNC, n, approvals.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvals.RequestDecision(ctx, carolNC, n.Prefix(), approvals.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
 		t.Fatalf("carol deciding bob's approval: %v", err)
 	}
 	if env, err := bob.Resume(ctx, asked.Approval.ID); err != nil || env.Status != envelope.StatusCompleted {

@@ -28,7 +28,7 @@ func TestForge_ReceiptInTheRecordIsRefused(t *testing.T) {
 	r := newRig(t, false)
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	forge := func(id string, before world) {
 		t.Helper()
 		rec, err := envelope.Marshal(&execution.Record{V: envelope.Version, ExecutionID: id, CapabilityID: "t.send",

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 type Payout struct {
@@ -49,7 +50,7 @@ func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
 		t.Fatalf("%v %+v", err, env)
 	}
 	carol := r.connect(t, "carol")
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 
 	// The listing, as the approver's own connection receives it.
 	req, _ := envelope.Marshal(&approvals.ListRequest{V: envelope.Version, ID: env.Approval.ID})

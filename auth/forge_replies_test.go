@@ -46,7 +46,7 @@ type streamState struct{ Msgs, Bytes, FirstSeq, LastSeq uint64 }
 // streamNames are every stream of capstan's, the buckets' included.
 func (r *rig) streamNames(t *testing.T) []string {
 	t.Helper()
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	out := []string{n.AuditStream()}
 	// Every principal's queue, and the shared exec stream.
 	queues, err := r.admin.QueueNames(testCtx(t))
@@ -61,7 +61,7 @@ func (r *rig) streamNames(t *testing.T) []string {
 }
 
 func (r *rig) bucketNames() []string {
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	return []string{n.ExecutionsBucket(), n.EnvelopesBucket(), n.ApprovalsBucket(), n.GrantsBucket(), n.CatalogBucket(), n.PoolsBucket(),
 		n.LimitsBucket()}
 }
@@ -195,7 +195,7 @@ func directGetOf(bucket, key string) string {
 // full), of keys of hers that do not exist (answered with an empty 404), and
 // the listing and describing the workers answer.
 func (r *rig) requests(sc *scene) []request {
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	describe, _ := envelope.Marshal(&executor.DescribeRequest{V: 1, Surface: executor.SurfaceDirect,
 		Actor: envelope.Actor{Kind: envelope.ActorUser, ID: "alice"}})
 	list, _ := envelope.Marshal(&approvals.ListRequest{V: 1})
@@ -221,7 +221,7 @@ func (r *rig) requests(sc *scene) []request {
 // targets are subjects of the capstan account alice must never get the
 // server to publish to, by name.
 func (r *rig) targets(sc *scene) map[string]string {
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	kv := func(bucket, key string) string { return "$KV." + bucket + "." + key }
 	return map[string]string{
 		"bob's envelope":                   kv(n.EnvelopesBucket(), broker.Key("bob", sc.bobDone)),
@@ -405,7 +405,7 @@ func TestForgeOnCluster_AnswersAimedAtCapstanStayInThePrincipalsAccount(t *testi
 func testAnswersStayInTheAccount(t *testing.T, r *rig) {
 	sc := r.newScene(t)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	targets := slices.Collect(maps.Values(r.targets(sc)))
 	reqs := r.requests(sc)
 	stored := 0
@@ -509,7 +509,7 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 		t.Fatalf("bob's running execution after his cancel: %v %+v", err, env)
 	}
 	carol := r.connect(t, "carol")
-	listed, err := approvalsrpc.List(ctx, carol, r.setup.Names(), approvals.ListRequest{})
+	listed, err := approvalsrpc.List(ctx, carol, broker.NewNames(r.setup.Prefix), approvals.ListRequest{})
 	if err != nil {
 		t.Fatalf("carol's inbox: %v", err)
 	}
@@ -520,10 +520,10 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 	if !slices.Contains(ids, sc.bobApproval) || !slices.Contains(ids, sc.aliceApproval) {
 		t.Fatalf("carol's inbox lists %v, want %s and %s", ids, sc.bobApproval, sc.aliceApproval)
 	}
-	if mine, err := approvalsrpc.List(ctx, sc.aliceNC, r.setup.Names(), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
+	if mine, err := approvalsrpc.List(ctx, sc.aliceNC, broker.NewNames(r.setup.Prefix), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
 		t.Fatalf("alice's own approvals: %v %+v", err, mine)
 	}
-	if _, err := approvals.RequestDecision(ctx, carol, r.setup.Names(), approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
+	if _, err := approvals.RequestDecision(ctx, carol, r.setup.Prefix, approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
 		t.Fatalf("carol deciding bob's approval: %v", err)
 	}
 	if env, err := sc.bob.Resume(ctx, sc.bobApproval); err != nil || env.Status != envelope.StatusCompleted {
@@ -556,7 +556,7 @@ func TestForgeOnCluster_EachAttackChangesNothing(t *testing.T) {
 }
 
 func testEachAttack(t *testing.T, r *rig) {
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	empty404 := func(bucket string) request {
 		return request{name: "empty 404", subject: directGetOf(bucket, broker.Key("alice", envelope.NewExecutionID()))}
 	}
@@ -596,7 +596,7 @@ func testEachAttack(t *testing.T, r *rig) {
 			req:    func(*scene) request { return empty404(n.ExecutionsBucket()) },
 			target: func(sc *scene) string { return "$KV." + n.ApprovalsBucket() + "." + sc.bobApproval },
 			then: func(t *testing.T, ctx context.Context, sc *scene) {
-				if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n, approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
+				if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n.Prefix(), approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
 					t.Fatalf("carol deciding bob's approval: %v", err)
 				}
 				if env, err := sc.bob.Resume(ctx, sc.bobApproval); err != nil || env.Status != envelope.StatusCompleted {
@@ -666,7 +666,7 @@ func testEachAttack(t *testing.T, r *rig) {
 // left in its queue.
 func (r *rig) assertOnlyOwnChanges(t *testing.T, before world, principal string) {
 	t.Helper()
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	r.waitExecDrained(t, n.QueueStream(principal), before.streams[n.QueueStream(principal)].Msgs)
 	after := r.world(t)
 	own := func(k string) bool {
@@ -766,7 +766,7 @@ func (r *rig) assertTrailOf(t *testing.T, principal, id string) {
 // end; his real envelope is written, with no conflict.
 func testForgedResult(t *testing.T, r *rig) {
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	sc := r.newScene(t)
 	forged := &envelope.Request{V: envelope.Version, ExecutionID: sc.bobRun, CapabilityID: "t.echo",
 		Input: envelope.MustRaw(Echo{Text: "FORGED BY ALICE"}), Actor: envelope.Actor{Kind: "user", ID: "alice"},
@@ -843,7 +843,7 @@ func TestForgeControl_OneAccountLayoutLetsAnswersLand(t *testing.T) {
 			t.Errorf("control: no answer stored in %s", name)
 		}
 	}
-	if after.streams[r.setup.Names().AuditStream()].LastSeq == before.streams[r.setup.Names().AuditStream()].LastSeq {
+	if after.streams[broker.NewNames(r.setup.Prefix).AuditStream()].LastSeq == before.streams[broker.NewNames(r.setup.Prefix).AuditStream()].LastSeq {
 		t.Error("control: no answer stored in the audit stream")
 	}
 	t.Logf("control: %d requests x %d targets landed", len(reqs), len(targets))
@@ -860,7 +860,7 @@ func TestForge_AnswersAimedAtThePrincipalsOwnImports(t *testing.T) {
 	t.Parallel()
 	r := newRigOn(t, embedded)
 	sc := r.newScene(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	own := []string{n.ExecSubject("alice", "t.echo"), n.CancelSubject("alice", sc.aliceDone),
 		n.DescribeSubject("alice"), n.ListApprovalsSubject("alice"), n.ListExecutionsSubject("alice"), n.ExecutionSubject("alice")}
 	var reqs []request
@@ -895,7 +895,7 @@ func TestForge_APrincipalsAccountReachesOnlyItsImports(t *testing.T) {
 	r := newRigOn(t, embedded)
 	sc := r.newScene(t)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	wide := r.wideUserIn(t, "alice")
 	for _, subject := range []string{
 		directGetOf(n.EnvelopesBucket(), broker.Key("bob", sc.bobDone)),

@@ -19,7 +19,7 @@ func TestForge_StreamInfoDoesNotListAnotherPrincipalsExecutions(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, false)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
 	_, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bobs, err := bob.Call(ctx, "t.echo", Echo{Text: "bob's"})

@@ -281,7 +281,7 @@ func (r *rig) acked(t *testing.T, principal string, ids ...string) {
 // queued lists the execution ids of principal's requests its queue still
 // holds.
 func (r *rig) queued(ctx context.Context, principal string) ([]string, error) {
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	s, err := r.admin.JS.Stream(ctx, n.QueueStream(principal))
 	if err != nil {
 		return nil, err
@@ -477,17 +477,17 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 	// to carry it (alice may not publish on any decide subject).
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_, err = approvals.RequestDecision(short, aliceNC, r.setup.Names(), approvals.DecideRequest{
+	_, err = approvals.RequestDecision(short, aliceNC, r.setup.Prefix, approvals.DecideRequest{
 		ApprovalID: env.Approval.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
 	if err == nil {
 		t.Fatal("alice's decision was answered")
 	}
-	v.wait(t, ctx, r.setup.Names().DecideSubject("alice"))
+	v.wait(t, ctx, broker.NewNames(r.setup.Prefix).DecideSubject("alice"))
 	for _, p := range []string{"carol", auth.WorkerPrincipal} {
-		if err := aliceNC.Publish(r.setup.Names().DecideSubject(p), []byte{}); err != nil {
+		if err := aliceNC.Publish(broker.NewNames(r.setup.Prefix).DecideSubject(p), []byte{}); err != nil {
 			t.Fatal(err)
 		}
-		v.wait(t, ctx, r.setup.Names().DecideSubject(p))
+		v.wait(t, ctx, broker.NewNames(r.setup.Prefix).DecideSubject(p))
 	}
 	// 2. Deciding through the store writes the bucket directly: refused.
 	_, err = alice.Decide(short, env.Approval.ID, approvals.Verdict{Approve: true,
@@ -499,7 +499,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 	minted := map[string]any{"v": 1, "id": envelope.NewExecutionID(), "capabilityId": "t.refund", "status": "approved"}
 	b, _ := envelope.Marshal(minted)
 	for _, key := range []string{minted["id"].(string), env.Approval.ID} {
-		subject := "$KV." + r.setup.Names().ApprovalsBucket() + "." + key
+		subject := "$KV." + broker.NewNames(r.setup.Prefix).ApprovalsBucket() + "." + key
 		if err := aliceNC.Publish(subject, b); err != nil {
 			t.Fatal(err)
 		}
@@ -526,7 +526,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if err != nil || env.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("%v %+v", err, env)
 	}
-	rec, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), r.setup.Names(),
+	rec, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), r.setup.Prefix,
 		approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true})
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +548,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	reset := *consumed
 	reset.Status, reset.ConsumedBy = approvals.StatusApproved, ""
 	b, _ := envelope.Marshal(&reset)
-	subject := "$KV." + r.setup.Names().ApprovalsBucket() + "." + env.Approval.ID
+	subject := "$KV." + broker.NewNames(r.setup.Prefix).ApprovalsBucket() + "." + env.Approval.ID
 	if err := aliceNC.Publish(subject, b); err != nil {
 		t.Fatal(err)
 	}
@@ -578,7 +578,7 @@ func TestForge_EnvelopeCreatedBeforeTheWorkerIsRefused(t *testing.T) {
 func testEnvelopeForges(t *testing.T, r *rig) {
 	ctx := testCtx(t)
 	alice, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	id := envelope.NewExecutionID()
 	forged, _ := envelope.Marshal(&envelope.Envelope{V: 1, ExecutionID: id, CapabilityID: "t.echo",
 		Status: envelope.StatusCompleted, Output: envelope.MustRaw(Echo{Text: "forged"})})
@@ -621,7 +621,7 @@ func TestForge_AuditEventsAndPurgeAreRefused(t *testing.T) {
 	r.trail(t, env.ExecutionID, "capability.completed")
 	r.settled(t, "alice", env.ExecutionID)
 	before := r.snapshot(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	fake, _ := envelope.Marshal(map[string]any{"type": "capability.completed", "executionId": env.ExecutionID})
 	for _, subject := range []string{
 		n.AuditSubject(env.ExecutionID),
@@ -654,7 +654,7 @@ func TestForge_DeletingRecordAndEnvelopeThenResubmittingRunsNothingTwice(t *test
 	r.trail(t, id, "capability.completed")
 	r.settled(t, "alice", id)
 	before := r.snapshot(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	for _, bucket := range []string{n.ExecutionsBucket(), n.EnvelopesBucket()} {
 		subject := "$KV." + bucket + "." + broker.Key("alice", id)
 		if err := aliceNC.PublishMsg(&nats.Msg{Subject: subject, Header: nats.Header{"KV-Operation": []string{"PURGE"}}}); err != nil {
@@ -689,7 +689,7 @@ func TestForge_CancellingAnotherPrincipalsExecutionIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.trail(t, id, "capability.started")
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	// On bob's cancel subject: the server refuses; on alice's own, for bob's id:
 	// no execution of alice has that id.
 	if err := aliceNC.Publish(n.CancelSubject("bob", id), nil); err != nil {
@@ -752,7 +752,7 @@ func TestForge_BodyCapabilityDiffersFromSubjectIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, r.setup.Names().ExecSubject("dana", "t.echo"), b, jetstream.WithMsgID(id)); err != nil {
+	if _, err := js.Publish(ctx, broker.NewNames(r.setup.Prefix).ExecSubject("dana", "t.echo"), b, jetstream.WithMsgID(id)); err != nil {
 		t.Fatal(err)
 	}
 	env, err := dana.Await(ctx, id)
@@ -797,7 +797,7 @@ func TestForge_ProducerReceivesAndReadsOnlyItsOwnResults(t *testing.T) {
 	ctx := testCtx(t)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
 	_, aliceNC, v := r.client(t, "alice", executor.SurfaceDirect)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	if _, err := aliceNC.SubscribeSync(n.EnvelopeSubjects()); err != nil {
 		t.Fatal(err)
 	}
@@ -845,7 +845,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 		r.trail(t, env.ExecutionID, "capability.approval_requested")
 		r.settled(t, "alice", env.ExecutionID)
 		before := r.snapshot(t)
-		n := r.setup.Names()
+		n := broker.NewNames(r.setup.Prefix)
 		subject := "$KV." + n.ApprovalsBucket() + "." + env.Approval.ID
 		if err := aliceNC.Publish(subject, []byte("approved")); err != nil {
 			t.Fatal(err)
@@ -857,7 +857,7 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 		v.wait(t, ctx, n.DecideSubject("alice"))
 		r.assertUnchanged(t, before)
 		// carol decides; alice resumes once.
-		if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n,
+		if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n.Prefix(),
 			approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true}); err != nil {
 			t.Fatal(err)
 		}
@@ -893,7 +893,7 @@ func TestForge_RepliesAimedAtAnotherPrincipalAreNotResults(t *testing.T) {
 		got <- result{env, err}
 	}()
 	r.trail(t, id, "capability.started")
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	bobs := n.EnvelopeSubjectsOf("bob")[:len(n.EnvelopeSubjectsOf("bob"))-1] + id
 	get := "$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + "." + broker.Key("alice", mine.ExecutionID)
 	if err := aliceNC.PublishRequest(get, bobs, nil); err != nil {

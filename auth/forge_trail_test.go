@@ -42,7 +42,7 @@ func TestForge_TrailIsTheCheckpointersAlone(t *testing.T) {
 
 func testTrailForges(t *testing.T, r *rig) {
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	cp, dir, known := r.startCheckpointer(t)
 
 	alice, aliceNC, aliceV := r.client(t, "alice", executor.SurfaceDirect)
@@ -305,7 +305,7 @@ type trailWorldState struct {
 func (r *rig) trailWorld(t *testing.T) trailWorldState {
 	t.Helper()
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	w := trailWorldState{keys: map[string]string{}}
 	lister, err := r.admin.Trail.ListKeys(ctx)
 	if err != nil {

@@ -42,7 +42,7 @@ func TestLimits_APrincipalExhaustsOnlyItsOwn(t *testing.T) {
 	var errs errorLog
 	dial := func() (*nats.Conn, error) {
 		return nats.Connect(e.URL, nats.UserCredentials(setup.CredsPath("alice")), nats.NoReconnect(),
-			nats.CustomInboxPrefix(setup.Names().InboxPrefix("alice")), nats.ErrorHandler(errs.handler))
+			nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix("alice")), nats.ErrorHandler(errs.handler))
 	}
 	first, err := dial()
 	if err != nil {
@@ -62,7 +62,7 @@ func TestLimits_APrincipalExhaustsOnlyItsOwn(t *testing.T) {
 	}
 	// Subscriptions beyond the limit are refused.
 	for i := range 12 {
-		if _, err := first.SubscribeSync(setup.Names().InboxPrefix("alice") + ".s" + string(rune('a'+i))); err != nil {
+		if _, err := first.SubscribeSync(broker.NewNames(setup.Prefix).InboxPrefix("alice") + ".s" + string(rune('a'+i))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -73,7 +73,7 @@ func TestLimits_APrincipalExhaustsOnlyItsOwn(t *testing.T) {
 	// A message beyond her payload limit closes her connection, not bob's.
 	// (The client knows the limit from the server and refuses at once.)
 	big := bytes.Repeat([]byte("x"), 8<<10)
-	if err := second.Publish(setup.Names().ExecSubject("alice", "t.echo"), big); !errors.Is(err, nats.ErrMaxPayload) {
+	if err := second.Publish(broker.NewNames(setup.Prefix).ExecSubject("alice", "t.echo"), big); !errors.Is(err, nats.ErrMaxPayload) {
 		_ = second.Flush()
 		errs.wait(t, ctx, "payload")
 	}

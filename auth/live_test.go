@@ -8,6 +8,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Principals come and go on a running deployment by a push, with no
@@ -39,7 +40,7 @@ func testLivePrincipals(t *testing.T, r *rig) {
 	creds := r.setup.CredsPath("erin")
 	dial := func(url string, opts ...nats.Option) (*nats.Conn, error) {
 		return nats.Connect(url, append([]nats.Option{nats.UserCredentials(creds),
-			nats.CustomInboxPrefix(r.setup.Names().InboxPrefix("erin")), nats.NoReconnect()}, opts...)...)
+			nats.CustomInboxPrefix(broker.NewNames(r.setup.Prefix).InboxPrefix("erin")), nats.NoReconnect()}, opts...)...)
 	}
 	for _, url := range r.nodes {
 		if nc, err := dial(url); err == nil {

@@ -68,7 +68,7 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 	_ = alice.Close()
 	// The work queue holds the queued request alone once the worker's
 	// acknowledgements of the others are applied.
-	r.waitExecDrained(t, v1.Names().QueueStream("alice"), 1)
+	r.waitExecDrained(t, broker.NewNames(v1.Prefix).QueueStream("alice"), 1)
 	// A limit's counter, as a worker leaves one (the rig's capabilities
 	// declare none): the migration keeps the limits bucket too.
 	counter, err := envelope.Marshal(map[string]any{"v": envelope.Version, "kind": "concurrency", "capability": "t.echo", "max": 4})
@@ -80,7 +80,7 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 	}
 	before := r.world(t)
 	for _, s := range r.streamNames(t) {
-		if strings.HasPrefix(s, v1.Names().ExecStream()) && s != v1.Names().QueueStream("alice") {
+		if strings.HasPrefix(s, broker.NewNames(v1.Prefix).ExecStream()) && s != broker.NewNames(v1.Prefix).QueueStream("alice") {
 			continue // the shared exec stream and the others' queues: alice's request is in hers
 		}
 		if before.streams[s].Msgs == 0 {
@@ -156,7 +156,7 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 	if env, err := alice.Await(ctx, queued); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("the request queued across the migration: %v %+v", err, env)
 	}
-	if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), v2.Names(), approvals.DecideRequest{ApprovalID: waiting.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), v2.Prefix, approvals.DecideRequest{ApprovalID: waiting.Approval.ID, Approve: true}); err != nil {
 		t.Fatalf("carol, migrated, deciding the approval from before: %v", err)
 	}
 	if env, err := alice.Resume(ctx, waiting.Approval.ID); err != nil || env.Status != envelope.StatusCompleted {

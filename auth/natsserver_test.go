@@ -134,7 +134,7 @@ func TestServerConfig_OfficialNatsServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := setup.Names()
+	n := broker.NewNames(setup.Prefix)
 	if _, err := js.Publish(ctx, n.ExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
 		t.Fatalf("alice's own request refused: %v", err)
 	}
@@ -188,7 +188,7 @@ func connectWhenUp(t *testing.T, ctx context.Context, url string, setup *auth.Se
 	t.Helper()
 	all := append([]nats.Option{
 		nats.UserCredentials(setup.CredsPath(principal)),
-		nats.CustomInboxPrefix(setup.Names().InboxPrefix(principal)),
+		nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(principal)),
 		nats.Timeout(time.Second),
 	}, opts...)
 	for {

@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 )
@@ -55,7 +56,7 @@ func testPausedPrincipalHoldsItsOwnQueue(t *testing.T, r *rig) {
 	w := capstantest.Worker(t, reg, capstantest.WithConn(r.connect(t, auth.WorkerPrincipal)),
 		capstantest.WithConfig(executor.WorkerConfig{Pool: "paused", Concurrency: concurrency, SweepInterval: -1, CatalogTTL: time.Hour, Grace: time.Second}))
 
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	ch, err := pauses.Apply(ctx, r.admin.NC, n, &pauses.Pause{Scope: pauses.Scope{Principal: scope}, Mode: pauses.Hold,
 		Reason: "alice's agent loops", By: auth.AdminPrincipal})
 	if err != nil {

@@ -23,7 +23,8 @@ type Permissions struct {
 	Responses bool
 }
 
-// PermissionsFor returns what the server lets g's principal do, under names.
+// Permissions returns what the server lets g's principal do, under the
+// setup's names.
 //
 // A producer publishes only under its own principal token (requests within its
 // capability grants, cancels, describes, listings of the approvals it
@@ -36,7 +37,8 @@ type Permissions struct {
 // consumer and acknowledges what it pulled, and answers status requests:
 // it creates no consumer (a push consumer delivers wherever its creator
 // says) and writes no bucket or stream.
-func PermissionsFor(g Grant, n broker.Names) Permissions {
+func (s *Setup) Permissions(g Grant) Permissions {
+	n := s.names()
 	p := g.Principal
 	js := func(s string) string { return "$JS.API." + s }
 	kvStream := func(bucket string) string { return "KV_" + bucket }

@@ -128,7 +128,7 @@ func testBacklogDelaysOnlyItsPrincipal(t *testing.T, r *rig) {
 // queueDepth reads how many requests principal's queue holds, as an admin.
 func (r *rig) queueDepth(t *testing.T, principal string) uint64 {
 	t.Helper()
-	s, err := r.admin.JS.Stream(testCtx(t), r.setup.Names().QueueStream(principal))
+	s, err := r.admin.JS.Stream(testCtx(t), broker.NewNames(r.setup.Prefix).QueueStream(principal))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func (r *rig) bobCalls(t *testing.T, bob *executor.Client, input Echo) {
 // envelopes.
 func (r *rig) bobsWorld(t *testing.T) world {
 	t.Helper()
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	all := r.world(t)
 	w := world{streams: map[string]streamState{n.QueueStream("bob"): all.streams[n.QueueStream("bob")]}, keys: map[string]uint64{}}
 	for k, rev := range all.keys {
@@ -194,7 +194,7 @@ func TestQueue_OverItsQuotaAPrincipalIsRefusedAtTheDoor(t *testing.T) {
 
 func testRefusedAtTheDoor(t *testing.T, r *rig) {
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	r.setQuotas(t, "alice", func(q *auth.Quotas) { q.QueuedRequests = 3 })
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
@@ -289,7 +289,7 @@ func testRefusedAtTheDoor(t *testing.T, r *rig) {
 // refused leaves it as it was.
 func (r *rig) queueLength(t *testing.T, principal string) streamState {
 	t.Helper()
-	s, err := r.admin.JS.Stream(testCtx(t), r.setup.Names().QueueStream(principal))
+	s, err := r.admin.JS.Stream(testCtx(t), broker.NewNames(r.setup.Prefix).QueueStream(principal))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestQueue_NothingParks(t *testing.T) {
 
 func testNothingParks(t *testing.T, r *rig) {
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	alice, aliceNC, _ := r.client(t, "alice", executor.SurfaceDirect)
 	bob, _, _ := r.client(t, "bob", executor.SurfaceDirect)
 	r.bobCalls(t, bob, Echo{Text: "bob's, before"})
@@ -442,7 +442,7 @@ func TestQueue_UpgradeOfAStoredDeploymentKeepsItsRequests(t *testing.T) {
 	}
 	env := testenv.Start(t, testenv.Auth(setup))
 	ctx := testCtx(t)
-	n := setup.Names()
+	n := broker.NewNames(setup.Prefix)
 	adminNC := env.Connect(t)
 	js, err := jetstream.New(adminNC)
 	if err != nil {

@@ -129,7 +129,7 @@ func TestPermissions_ProducerPublishesOnlyUnderItsOwnToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := setup.Names()
+	n := broker.NewNames(setup.Prefix)
 	if _, err := js.Publish(ctx, n.ExecSubject("alice", "demo.echo"), []byte("x")); err != nil {
 		t.Fatalf("alice's own request refused: %v", err)
 	}
@@ -174,7 +174,7 @@ func TestPermissions_ProducerReceivesOnlyItsOwnEnvelopes(t *testing.T) {
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	n := setup.Names()
+	n := broker.NewNames(setup.Prefix)
 	v := newViolations()
 	alice := env.ConnectAs(t, "alice", v.handler())
 	if _, err := alice.SubscribeSync(n.EnvelopeSubjects()); err != nil {
@@ -224,7 +224,7 @@ func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
 	env, setup, b := secured(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if _, err := b.JS.Publish(ctx, setup.Names().AuditSubject("0198"), []byte("e")); err != nil {
+	if _, err := b.JS.Publish(ctx, broker.NewNames(setup.Prefix).AuditSubject("0198"), []byte("e")); err != nil {
 		t.Fatal(err)
 	}
 	// Even the admin, who may call the API, cannot remove an event.
@@ -241,7 +241,7 @@ func TestPermissions_AuditStreamRefusesDeleteAndPurge(t *testing.T) {
 	}
 	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
 	defer cancelShort()
-	if err := wjs.DeleteStream(short, setup.Names().AuditStream()); err == nil {
+	if err := wjs.DeleteStream(short, broker.NewNames(setup.Prefix).AuditStream()); err == nil {
 		t.Fatal("a worker deleted the audit stream")
 	}
 	info, err := b.Audit.Info(ctx)
@@ -269,7 +269,7 @@ func TestGrants_PublishedAfterTheWorkerStartedAreFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	grants, err := grantwatch.Watch(ctx, wjs, setup.Names())
+	grants, err := grantwatch.Watch(ctx, wjs, broker.NewNames(setup.Prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +334,7 @@ func TestRemove_DisconnectsAtOnceAndRevokesTheGrant(t *testing.T) {
 	if err := auth.PublishGrants(ctx, b.JS, setup, 1); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := b.JS.KeyValue(ctx, setup.Names().GrantsBucket())
+	kv, err := b.JS.KeyValue(ctx, broker.NewNames(setup.Prefix).GrantsBucket())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // makes the operators' pauses and policies buckets too, when missing. A
 // new bucket gets replicas copies (0: broker.DetectReplicas' choice).
 func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replicas int) error {
-	n := s.Names()
+	n := s.names()
 	if err := broker.ProvisionQueues(ctx, js, n, queuesOf(s.Principals)); err != nil {
 		return fmt.Errorf("capstan auth: %w", err)
 	}

@@ -27,7 +27,7 @@ func (s *Setup) Sync() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("capstan auth: capstan account: %w", err)
 	}
-	if !sameExports(ac.Exports, exports(s.Names())) {
+	if !sameExports(ac.Exports, exports(s.names())) {
 		if err := s.signCapstanAccount(k, nil); err != nil {
 			return false, err
 		}
@@ -42,7 +42,7 @@ func (s *Setup) Sync() (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("capstan auth: account of %q: %w", g.Principal, err)
 		}
-		want, err := importsFor(s.Names(), g.Role, g.Principal, g.Account, s.Account, func(*jwt.ActivationClaims) (string, error) { return "to sign", nil })
+		want, err := importsFor(s.names(), g.Role, g.Principal, g.Account, s.Account, func(*jwt.ActivationClaims) (string, error) { return "to sign", nil })
 		if err != nil {
 			return false, err
 		}

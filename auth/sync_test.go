@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // An account signed by an earlier version, whose table of crossings lacked
@@ -22,7 +23,7 @@ func TestSync_AccountsOfAnEarlierVersionGetNewCrossingsByAPush(t *testing.T) {
 	t.Parallel()
 	r := newRigOn(t, embedded)
 	ctx := testCtx(t)
-	n := r.setup.Names()
+	n := broker.NewNames(r.setup.Prefix)
 	// alice's account as a version without describe signed it.
 	g, _ := r.setup.Grant("alice")
 	ac, err := jwt.DecodeAccountClaims(g.AccountJWT)

@@ -117,7 +117,7 @@ func newTenantRig(t *testing.T, d deployment, cfg broker.Config) *tenantRig {
 		t.Fatal(err)
 	}
 	capstantest.Worker(t, reg, capstantest.WithConn(workerNC),
-		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Broker: cfg, Lease: 2 * time.Second}))
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Deployment: executor.Deployment(cfg), Lease: 2 * time.Second}))
 	return r
 }
 
@@ -312,7 +312,7 @@ func TestTenant_ConsumedApprovalNeverRunsAgain(t *testing.T) {
 			t.Fatalf("alice's refund: %v %+v", err, need)
 		}
 		approvalID := need.Approval.ID
-		if _, err := approvals.RequestDecision(ctx, carol, r.setup.Names(), approvals.DecideRequest{ApprovalID: approvalID, Approve: true}); err != nil {
+		if _, err := approvals.RequestDecision(ctx, carol, r.setup.Prefix, approvals.DecideRequest{ApprovalID: approvalID, Approve: true}); err != nil {
 			t.Fatal(err)
 		}
 		const id = "refund-42"
@@ -361,7 +361,7 @@ func TestTenant_ConsumedApprovalNeverRunsAgain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			m := nats.NewMsg(r.setup.Names().ExecSubject("alice", "orders.refund"))
+			m := nats.NewMsg(broker.NewNames(r.setup.Prefix).ExecSubject("alice", "orders.refund"))
 			m.Data = data
 			m.Header.Set(jetstream.MsgIDHeader, msgID)
 			if _, err := js.PublishMsg(ctx, m); err != nil {
@@ -567,8 +567,8 @@ func TestTenant_RefusalsDoNotRevealAnotherPrincipalsApproval(t *testing.T) {
 		}
 		same("bob's showing", errTheirs.Error(), errNone.Error())
 		// Deciding it, as an approver of other types.
-		_, errTheirs = approvals.RequestDecision(ctx, dave, r.setup.Names(), approvals.DecideRequest{ApprovalID: theirs, Approve: true})
-		_, errNone = approvals.RequestDecision(ctx, dave, r.setup.Names(), approvals.DecideRequest{ApprovalID: none, Approve: true})
+		_, errTheirs = approvals.RequestDecision(ctx, dave, r.setup.Prefix, approvals.DecideRequest{ApprovalID: theirs, Approve: true})
+		_, errNone = approvals.RequestDecision(ctx, dave, r.setup.Prefix, approvals.DecideRequest{ApprovalID: none, Approve: true})
 		if errTheirs == nil || !errors.Is(errTheirs, approvals.ErrNotFound) {
 			t.Fatalf("dave decides alice's finance approval: %v", errTheirs)
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -108,15 +107,15 @@ func (r *Running) Stop() { r.stop() }
 
 // Client opens a client with cfg, closed when the test ends: on a connection
 // of its own to the worker's server, or on the worker's connection with
-// WithConn. A zero cfg.Broker is the worker's.
+// WithConn. A zero cfg.Deployment is the worker's.
 func (r *Running) Client(t testing.TB, cfg executor.ClientConfig) *executor.Client {
 	t.Helper()
 	nc := r.Conn
 	if r.Env != nil {
 		nc = r.Env.Connect(t)
 	}
-	if cfg.Broker == (broker.Config{}) {
-		cfg.Broker = r.cfg.Broker
+	if cfg.Deployment == (executor.Deployment{}) {
+		cfg.Deployment = r.cfg.Deployment
 	}
 	c, err := executor.NewClient(nc, cfg)
 	if err != nil {

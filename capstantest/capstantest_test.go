@@ -78,7 +78,7 @@ func TestWorker_ReturnsOnceEveryCapabilityIsListed(t *testing.T) {
 func TestWorker_WithConnAndConfig(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
-	cfg := executor.WorkerConfig{Pool: "greeters", Broker: broker.Config{Prefix: "OTHER"}}
+	cfg := executor.WorkerConfig{Pool: "greeters", Deployment: executor.Deployment{Prefix: "OTHER"}}
 	w := capstantest.Worker(t, registry(t, echo("t.echo")), capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
 	if w.Env != nil {
 		t.Fatal("Worker started a server of its own beside the test's")

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
@@ -16,8 +19,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // secured is a server with capstan's authentication: alice produces, bob
@@ -69,7 +70,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	env, setup := secured(t)
 	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
 	r := startRig(t, env.URL, console.Config{},
-		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.WorkerPrincipal)))
+		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(auth.WorkerPrincipal)))
 	alice, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +132,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := approvals.Open(testCtx(t), js, setup.Names())
+	store, err := approvals.Open(testCtx(t), js, broker.NewNames(setup.Prefix))
 	if err != nil {
 		t.Fatal(err)
 	}

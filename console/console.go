@@ -14,8 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/executor"
 )
 
 //go:embed assets
@@ -32,9 +33,9 @@ type Config struct {
 	Conn *nats.Conn
 	// NATS says where a signed-in principal's own connection goes (URL, TLS).
 	// Its Creds field is ignored: credentials come from the sign-in form.
-	NATS broker.ConnectOptions
-	// Broker says how resources are named.
-	Broker broker.Config
+	NATS executor.ConnectOptions
+	// Deployment says how resources are named.
+	Deployment executor.Deployment
 	// Admins are principals (as kind:id) who may cancel any execution; an
 	// execution's owner may always cancel it. In open mode the sign-in form
 	// may also claim it.

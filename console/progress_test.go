@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/nats-io/nats.go"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // progressEvent is a progress event's data, as the page's script reads it.
@@ -143,7 +145,7 @@ func TestExecutionPage_ProgressReachesItsPrincipalAlone(t *testing.T) {
 	env, setup := secured(t)
 	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
 	r := startRig(t, env.URL, console.Config{},
-		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.WorkerPrincipal)))
+		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(auth.WorkerPrincipal)))
 	alice, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{})
 	if err != nil {
 		t.Fatal(err)

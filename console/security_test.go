@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/nats-io/nats.go"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // A web page of another site whose name its DNS turns to the console's
@@ -184,7 +186,7 @@ func TestCancel_ByAnApproverIsRefusedNotACrash(t *testing.T) {
 	env, setup := secured(t)
 	workerCreds := setup.CredsPath(auth.WorkerPrincipal)
 	r := startRig(t, env.URL, console.Config{},
-		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.WorkerPrincipal)))
+		nats.UserCredentials(workerCreds), nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(auth.WorkerPrincipal)))
 	bob := newWeb(t, r.base)
 	if _, path, body := bob.post("/signin", url.Values{"creds": {credsOf(t, setup, "bob")}, "next": {"/approvals"}}); path != "/approvals" {
 		t.Fatalf("bob's sign-in ended at %s:\n%s", path, body)

@@ -17,15 +17,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 )
 
 // This file is the console's one seam with identity: how a principal signs
@@ -118,14 +119,14 @@ type conn struct {
 // may says whether the credentials let the principal publish to a subject
 // (nil: unknown, try): what they forbid is not even asked, since a refused
 // request is answered only by its timeout.
-func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subject string) bool, log *slog.Logger) (*conn, error) {
+func openConn(nc *nats.Conn, dep executor.Deployment, principal string, may func(subject string) bool, log *slog.Logger) (*conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	names := broker.NewNames(bcfg.Prefix)
+	names := broker.NewNames(dep.Prefix)
 	c := &conn{nc: nc, names: names}
 	info := func(stream string) bool { return may == nil || may("$JS.API.STREAM.INFO."+stream) }
 	// Admins and open servers read the approvals bucket; an approver asks
@@ -162,14 +163,14 @@ func openConn(nc *nats.Conn, bcfg broker.Config, principal string, may func(subj
 	// subjects; from an account of their own, they read the catalog by key
 	// only) and admins.
 	if may == nil || may(names.UnroutedSubject(principal)) {
-		if cl, err := executor.NewClient(nc, executor.ClientConfig{Broker: bcfg}); err == nil {
+		if cl, err := executor.NewClient(nc, executor.ClientConfig{Deployment: dep}); err == nil {
 			c.client = cl
 		} else if c.reads == nil {
 			c.clientErr = err
 		}
 	}
 	if info(names.AuditStream()) && info("KV_"+names.ExecutionsBucket()) {
-		if b, err := broker.OpenAll(ctx, nc, bcfg); err == nil {
+		if b, err := broker.OpenAll(ctx, nc, broker.Config(dep)); err == nil {
 			c.b = b
 		}
 	}
@@ -203,7 +204,7 @@ func (s *session) decide(ctx context.Context, approvalID string, approve bool, c
 	if s.p.open {
 		req.Approver = s.p.Actor
 	}
-	return approvals.RequestDecision(ctx, s.nc, s.names, req)
+	return approvals.RequestDecision(ctx, s.nc, s.names.Prefix(), req)
 }
 
 func (s *session) resume(ctx context.Context, approvalID string) (string, error) {
@@ -321,7 +322,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 		if err != nil {
 			return nil, err
 		}
-		nc, err := nats.Connect(ss.cfg.NATS.ResolveURL(), opts...)
+		nc, err := nats.Connect(broker.ConnectOptions{URL: ss.cfg.NATS.URL}.ResolveURL(), opts...)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -330,7 +331,7 @@ func (ss *sessions) open(cr credentials) (*session, error) {
 			nc.Close()
 			return nil, fmt.Errorf("%w: the NATS server does not authenticate its clients; on loopback, run the console open (--open)", errSignIn)
 		}
-		if c, err = openConn(nc, ss.cfg.Broker, name, may, ss.cfg.Logger); err != nil {
+		if c, err = openConn(nc, ss.cfg.Deployment, name, may, ss.cfg.Logger); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("%w: %v", errSignIn, err)
 		}
@@ -396,7 +397,7 @@ func (ss *sessions) connectOptions(cr credentials) (opts []nats.Option, name, ro
 	}
 	// Replies come under the principal's inbox prefix, the only one the
 	// server lets it receive on.
-	opts = append(opts, nats.CustomInboxPrefix(broker.NewNames(ss.cfg.Broker.Prefix).InboxPrefix(name)))
+	opts = append(opts, nats.CustomInboxPrefix(broker.NewNames(ss.cfg.Deployment.Prefix).InboxPrefix(name)))
 	return append(opts, nats.Name("capstan console "+name)), name, role, may, nil
 }
 
@@ -404,7 +405,7 @@ func (ss *sessions) sharedConn() (*conn, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.shared == nil {
-		c, err := openConn(ss.cfg.Conn, ss.cfg.Broker, broker.Anonymous, nil, ss.cfg.Logger)
+		c, err := openConn(ss.cfg.Conn, ss.cfg.Deployment, broker.Anonymous, nil, ss.cfg.Logger)
 		if err != nil {
 			return nil, err
 		}

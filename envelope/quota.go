@@ -44,3 +44,20 @@ func QuotaRefusal(message string, details map[string]any) *CapabilityError {
 	_, wait := details["retryAfterMs"]
 	return &CapabilityError{Code: CodeQuotaExceeded, Message: message, Retryable: wait, ExposeToModel: true, Details: details}
 }
+
+// QueueUsage is what one principal's queue holds and may hold.
+type QueueUsage struct {
+	// Principal is whose queue it is.
+	Principal string `json:"principal"`
+	// Stream is the queue's stream (the shared exec stream for a principal
+	// without a queue of its own).
+	Stream string `json:"stream"`
+	// Requests is how many requests it holds: not yet ended.
+	Requests uint64 `json:"requests"`
+	// Bytes is how many bytes they hold.
+	Bytes uint64 `json:"bytes"`
+	// MaxRequests is how many requests it may hold; -1: no bound.
+	MaxRequests int64 `json:"maxRequests"`
+	// MaxBytes is how many bytes it may hold; -1: no bound.
+	MaxBytes int64 `json:"maxBytes"`
+}

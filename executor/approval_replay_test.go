@@ -38,7 +38,7 @@ func TestApproval_ConsumedNeverRunsAgainAfterItsWindowsExpire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startWorker(t, nc, executor.WorkerConfig{Broker: cfg, Lease: time.Second}, demo.Catalog(js)...)
+	startWorker(t, nc, executor.WorkerConfig{Deployment: executor.Deployment(cfg), Lease: time.Second}, demo.Catalog(js)...)
 	input := map[string]any{"orderId": "o1", "amount": 900}
 	_, rec := requireApproval(t, s.c, "orders.refund", input, executor.As(alice))
 	decide(t, s.c, rec.ID, true)

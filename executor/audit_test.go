@@ -424,11 +424,11 @@ var fullAudit = broker.Config{AuditMaxBytes: 64 << 10, AuditDiscardNew: true}
 // new events once full.
 func startFullAudit(t *testing.T, env *testenv.Env, cfg executor.WorkerConfig, caps ...executor.Capability) (*executor.Client, *executor.Worker) {
 	t.Helper()
-	cfg.Broker = fullAudit
+	cfg.Deployment = executor.Deployment(fullAudit)
 	if _, err := broker.Provision(ctxT(t), env.Connect(t), fullAudit); err != nil {
 		t.Fatal(err)
 	}
-	c, err := executor.NewClient(env.Connect(t), executor.ClientConfig{Actor: alice, Broker: fullAudit})
+	c, err := executor.NewClient(env.Connect(t), executor.ClientConfig{Actor: alice, Deployment: executor.Deployment(fullAudit)})
 	if err != nil {
 		t.Fatal(err)
 	}

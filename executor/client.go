@@ -26,9 +26,9 @@ type ClientConfig struct {
 	Surface Surface
 	// Actor is the default actor of calls that name none.
 	Actor envelope.Actor
-	// Broker says how resources are named. A client never provisions: a
+	// Deployment says how resources are named. A client never provisions: a
 	// server, an admin or a worker creates the resources first.
-	Broker broker.Config
+	Deployment Deployment
 	// Logger receives the client's logs. Default: discarded.
 	Logger *slog.Logger
 	// Observer is told of every request the client submits, for metrics and
@@ -50,7 +50,7 @@ type ClientConfig struct {
 const DefaultStartWithin = 24 * time.Hour
 
 // MaxStartWithin is the longest start window a client gives a request when
-// envelopes are kept retention (broker.Config.EnvelopeRetention): the
+// envelopes are kept retention (Deployment.EnvelopeRetention): the
 // retention less a margin of an hour (a tenth of it, under ten hours), so
 // that every envelope outlives its request's start deadline by at least the
 // margin. With the default 25 h retention, it is the default 24 h.
@@ -105,14 +105,14 @@ func NewClient(nc *nats.Conn, cfg ClientConfig) (*Client, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	principal := broker.PrincipalOf(nc, broker.NewNames(cfg.Broker.Prefix))
+	principal := broker.PrincipalOf(nc, broker.NewNames(cfg.Deployment.Prefix))
 	// A principal reads its own envelopes and records and the catalog; on an
 	// open server everything is readable, approvals and the trail included.
 	open := broker.Open
 	if principal == broker.Anonymous {
 		open = broker.OpenAll
 	}
-	b, err := openResources(ctx, nc, cfg.Broker, open)
+	b, err := openResources(ctx, nc, cfg.Deployment.config(), open)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +425,7 @@ func (c *Client) quotaError(ctx context.Context, full *broker.QueueFullError) *e
 	qctx, cancel := context.WithTimeout(ctx, quotaLookup)
 	defer cancel()
 	if u, err := c.Queue(qctx); err == nil {
-		limit = u.Limit(full.Quota)
+		limit = broker.QueueLimit(*u, full.Quota)
 	}
 	return full.QuotaError(limit)
 }
@@ -564,7 +564,7 @@ var ErrExpired = errors.New("capstan: execution expired")
 // ExpiredError is an execution whose envelope expired. It is decided only for
 // an id that is a UUIDv7 (what the client makes by default), whose time says
 // how old the execution is: an id made longer ago than the envelopes bucket
-// keeps envelopes (read from the bucket, broker.Config.EnvelopeRetention),
+// keeps envelopes (read from the bucket, Deployment.EnvelopeRetention),
 // with no envelope and no record of an execution in flight, is expired. Its
 // envelope, made after its id, was kept at least that long and is gone; no
 // request is started later than its start window, which the client keeps

@@ -10,12 +10,13 @@ import (
 
 	"github.com/capstan-dev/capstan/execution"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats.go"
 )
 
 // CancelReply answers a cancel request.

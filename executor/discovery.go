@@ -11,11 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats.go"
 )
 
 // Discovery tells a surface and an actor which capabilities they may see:
@@ -87,7 +87,7 @@ type Discovery struct {
 	Worker string `json:"worker,omitempty"`
 	// Queue is the principal's queue, for a request that asked for it
 	// (DescribeRequest.Queue), which lists no capabilities.
-	Queue *broker.QueueUsage `json:"queue,omitempty"`
+	Queue *envelope.QueueUsage `json:"queue,omitempty"`
 }
 
 // DescribeReply is the msgpack body of a capstan.describe answer: the
@@ -307,7 +307,7 @@ func (c *Client) Describe(ctx context.Context, surface Surface, actor envelope.A
 // Queue asks the workers what the client's principal has waiting in its
 // queue and may have waiting (DESIGN §12 "Quotas"): the figures its queue's
 // stream holds now, the limits the server enforces at every submit.
-func (c *Client) Queue(ctx context.Context) (*broker.QueueUsage, error) {
+func (c *Client) Queue(ctx context.Context) (*envelope.QueueUsage, error) {
 	r, err := c.describe(ctx, "queue", DescribeRequest{Queue: true})
 	if err != nil {
 		return nil, err

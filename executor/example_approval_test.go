@@ -6,13 +6,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
-	"github.com/nats-io/nats.go"
 )
 
 type Payout struct {
@@ -56,11 +56,9 @@ func ExampleClient_Resume() {
 	fmt.Println(env.Status, env.Approval.Reasons)
 	approvalID := env.Approval.ID
 
-	carol := connect("carol")
-	pending, err := approvalsrpc.One(ctx, carol, broker.NewNames(""), approvalID)
-	check(err)
-	fmt.Println(pending.Status, "for", pending.Actor, string(pending.Input))
-	decided, err := approvals.RequestDecision(ctx, carol, broker.NewNames(""),
+	// carol, an approver, decides from her own connection: the workers
+	// check that she may, and record her as the approver.
+	decided, err := approvals.RequestDecision(ctx, connect("carol"), "",
 		approvals.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
 	check(err)
 	fmt.Println(decided.Status, "by", decided.Decision.Approver)
@@ -76,7 +74,6 @@ func ExampleClient_Resume() {
 	fmt.Println(env.Status, env.Error.Code)
 	// Output:
 	// approval-required [payouts need a second pair of eyes]
-	// pending for user:alice {"amount":900,"vendor":"acme"}
 	// approved by user:carol
 	// completed: paid 900 to acme, approved by user:carol
 	// failed APPROVAL_CONSUMED
@@ -100,7 +97,7 @@ func exampleSecured(grants ...auth.Grant) (connect func(principal string) *nats.
 	url := natsserver.ClientURL(s)
 	var conns []*nats.Conn
 	connect = func(principal string) *nats.Conn {
-		nc, err := broker.Connect(broker.ConnectOptions{URL: url, Creds: setup.CredsPath(principal)})
+		nc, err := executor.Connect(executor.ConnectOptions{URL: url, Creds: setup.CredsPath(principal)})
 		check(err)
 		conns = append(conns, nc)
 		return nc

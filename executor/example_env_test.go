@@ -5,11 +5,12 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
-	"github.com/nats-io/nats.go"
 )
 
 // What the examples share: a real JetStream server of their own, a worker
@@ -39,7 +40,7 @@ func exampleServer() (url string, stop func()) {
 // closes the connection and stops the server.
 func exampleConn() (nc *nats.Conn, cleanup func()) {
 	url, stopServer := exampleServer()
-	nc, err := broker.Connect(broker.ConnectOptions{URL: url})
+	nc, err := executor.Connect(executor.ConnectOptions{URL: url})
 	if err != nil {
 		stopServer()
 		panic(err)
@@ -68,7 +69,7 @@ func exampleWorker(nc *nats.Conn, cfg executor.WorkerConfig, caps ...executor.Ca
 
 	wait, cancelWait := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelWait()
-	b, err := broker.Provision(wait, nc, cfg.Broker)
+	b, err := broker.Provision(wait, nc, broker.Config(cfg.Deployment))
 	check(err)
 	for _, c := range caps {
 		for {

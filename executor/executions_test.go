@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
@@ -14,8 +17,6 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 )
 
 // readers is a secured deployment for the reading rules: alice and gw
@@ -163,7 +164,7 @@ func TestReading_EachRoleSeesWhatItNeedsAndNoMore(t *testing.T) {
 	}
 
 	// Once approved and resumed, the approver reads the resume and its outcome too.
-	if _, err := approvals.RequestDecision(ctxT(t), r.conns["bob"], r.admin.Names,
+	if _, err := approvals.RequestDecision(ctxT(t), r.conns["bob"], r.admin.Names.Prefix(),
 		approvals.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
 		t.Fatal(err)
 	}

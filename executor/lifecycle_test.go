@@ -214,7 +214,7 @@ func newStoreWith(t *testing.T, env *testenv.Env, cfg broker.Config, cc executor
 	if _, err := broker.Provision(ctxT(t), nc, cfg); err != nil {
 		t.Fatal(err)
 	}
-	cc.Broker, cc.Actor = cfg, alice
+	cc.Deployment, cc.Actor = executor.Deployment(cfg), alice
 	c, err := executor.NewClient(nc, cc)
 	if err != nil {
 		t.Fatal(err)
@@ -390,9 +390,9 @@ func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 	var p probe
 	started, _ := holdUntilDone(&p)
 	lostConn := env.Connect(t)
-	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1},
+	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1},
 		sendCap(&p))
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Broker: cfg, SweepInterval: 50 * time.Millisecond},
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Deployment: executor.Deployment(cfg), SweepInterval: 50 * time.Millisecond},
 		echoCap(nil))
 	id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1})
 	if err != nil {
@@ -420,7 +420,7 @@ func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 		}
 	}
 	// The pool comes back: nothing runs the request again.
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 	if got, err := s.c.Call(ctxT(t), "test.send", map[string]any{"n": 2}); err != nil || got.Status != envelope.StatusCompleted {
 		t.Fatalf("a new request: %v %+v", err, got)
 	}
@@ -776,7 +776,7 @@ func TestTTLDeadline_LostAttemptNotRetriedPastIt_OutcomeUnknown(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second, SweepInterval: -1}, lookupCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg), Lease: time.Second, SweepInterval: -1}, lookupCap(&p))
 	for _, stream := range []string{s.b.Names.ExecStream(), "KV_" + s.b.Names.ExecutionsBucket()} {
 		st, err := s.b.JS.Stream(ctxT(t), stream)
 		if err != nil {

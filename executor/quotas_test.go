@@ -192,7 +192,7 @@ func TestControlQuota_RefusedAtTheDoorEveryRequestKind(t *testing.T) {
 	for range 50 {
 		_, _ = approvalsrpc.List(ctx, carol, n, approvals.ListRequest{})
 	}
-	_, err := approvals.RequestDecision(ctx, carol, n, approvals.DecideRequest{ApprovalID: envelope.NewExecutionID(), Approve: true})
+	_, err := approvals.RequestDecision(ctx, carol, n.Prefix(), approvals.DecideRequest{ApprovalID: envelope.NewExecutionID(), Approve: true})
 	assertQuotaRefusal(t, "decision", err, envelope.QuotaControlPerSecond, auth.DefaultQuotas.ControlPerSecond)
 
 	// A second later, alice has her quota again.
@@ -255,7 +255,7 @@ func TestPendingApprovalsQuota_RefusedWithoutCreatingOne(t *testing.T) {
 		t.Fatalf("bob's refund: %+v", env)
 	}
 	// A decision frees one of alice's.
-	if _, err := approvals.RequestDecision(ctx, r.conns["carol"], r.admin.Names,
+	if _, err := approvals.RequestDecision(ctx, r.conns["carol"], r.admin.Names.Prefix(),
 		approvals.DecideRequest{ApprovalID: asked[0], Approve: false}); err != nil {
 		t.Fatal(err)
 	}

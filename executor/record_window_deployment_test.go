@@ -22,7 +22,7 @@ func TestRecordWindow_WorkersWithAnotherWindowRefuseToStart(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	var calls atomic.Int64
-	_, stopFirst := runWorker(t, env.Connect(t), executor.WorkerConfig{ID: "first", Broker: broker.Config{RecordWindow: 2 * time.Second}},
+	_, stopFirst := runWorker(t, env.Connect(t), executor.WorkerConfig{ID: "first", Deployment: executor.Deployment{RecordWindow: 2 * time.Second}},
 		echoCap(&calls))
 	c := newClient(t, env.Connect(t))
 	call := func() {
@@ -39,7 +39,7 @@ func TestRecordWindow_WorkersWithAnotherWindowRefuseToStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	other, err := executor.NewWorker(env.Connect(t), reg, executor.WorkerConfig{ID: "other",
-		Broker: broker.Config{RecordWindow: 5 * time.Second}})
+		Deployment: executor.Deployment{RecordWindow: 5 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

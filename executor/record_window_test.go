@@ -47,7 +47,7 @@ func TestRecordWindow_RecordGoes_ResubmitRunsNothingTwice(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second}, sendCap(&p))
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg), Lease: time.Second}, sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
 	first := s.await(id)
@@ -84,7 +84,7 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 	var p probe
 	started, _ := holdUntilDone(&p)
 	lostConn := env.Connect(t)
-	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 	id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestRecordWindow_RedeliveryAfterTheRecordExpired_OutcomeUnknownNoSecondAtte
 	lostConn.Close() // the worker is lost mid-attempt; its pool is down
 	s.waitRecordGone(id)
 
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 	got := s.await(id)
 	if got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
 		t.Fatalf("envelope %s, error %+v; want OUTCOME_UNKNOWN", got.Status, got.Error)
@@ -113,7 +113,7 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: broker.Config{}}, sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment{}}, sendCap(&p))
 	id := uuidV7At(time.Now().Add(-time.Minute))
 	s.publish("test.send", id)
 	waitUntil(t, "execution.expired_request on the trail", func() bool {
@@ -143,7 +143,7 @@ func TestRecordWindow_CancelOfALostExecution_RecordStillGoes(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	s.runWorker(env.Connect(t), executor.WorkerConfig{Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	s.runWorker(env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.send", State: execution.StateRunning, Attempt: 1,
 		Worker: deadWorker, Claim: "dead-claim", LeaseUntil: pastLease(), StartedAt: pastLease()})
@@ -194,7 +194,7 @@ func TestRecordWindow_ShorterThanTheLease_RecordOutlivesItsLiveLease(t *testing.
 			}
 		}
 	}}
-	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 6 * time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 6 * time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 	s.publish("test.send", id)
 	got := s.await(id)
 	if missing.Load() {
@@ -289,7 +289,7 @@ func TestRecordWindow_CancelAfterTheRecordWent_SaysItEnded(t *testing.T) {
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var p probe
-	startWorker(t, env.Connect(t), executor.WorkerConfig{Broker: cfg, Lease: time.Second}, sendCap(&p))
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg), Lease: time.Second}, sendCap(&p))
 	id := envelope.NewExecutionID()
 	s.publish("test.send", id)
 	if first := s.await(id); first.Status != envelope.StatusCompleted {

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
@@ -23,11 +24,14 @@ func (c *Client) approvalStore() *approvals.Store {
 	})
 }
 
-// Approval reads an approval from the approvals bucket. A client whose
-// connection may not read the bucket (a producer's, under access control)
-// gets approvals.ErrNoBucket: it lists its own approvals with
-// ListApprovals.
+// Approval returns an approval. A principal's client (under access
+// control) asks the workers, who show it the approvals it requested and,
+// to an approver, those of its types (approvals.ErrNotFound for any other);
+// an open server's client reads the approvals bucket.
 func (c *Client) Approval(ctx context.Context, approvalID string) (*approvals.Record, error) {
+	if c.principal != broker.Anonymous {
+		return approvalsrpc.One(ctx, c.b.NC, c.b.Names, approvalID)
+	}
 	return c.approvalStore().Get(ctx, approvalID)
 }
 
@@ -39,12 +43,18 @@ func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) (
 	return approvalsrpc.List(ctx, c.b.NC, c.b.Names, req)
 }
 
-// Decide approves or rejects a pending approval as v.Approver, writing the
-// approvals bucket and the decision's audit event itself: for a client whose
-// connection may write approvals (an open server's). Under access control an
-// approver's decision goes through the workers instead
-// (approvals.RequestDecision, capstan approve), which check who decides.
+// Decide approves or rejects a pending approval. A principal's client
+// (under access control) sends the decision to the workers, who check that
+// the principal may decide it and record it with the principal's actor (an
+// approver's; v.Approver is not read). An open server's client decides as
+// v.Approver, writing the approvals bucket and the decision's audit event
+// itself. A refusal matches the store's conditions with errors.Is
+// (approvals.ErrForbidden, approvals.ErrSelfApproval, ...).
 func (c *Client) Decide(ctx context.Context, approvalID string, v approvals.Verdict) (*approvals.Record, error) {
+	if c.principal != broker.Anonymous {
+		return approvals.RequestDecision(ctx, c.b.NC, c.b.Config.Prefix, approvals.DecideRequest{ApprovalID: approvalID,
+			Approve: v.Approve, Comment: v.Comment, SelfApproval: v.SelfApproval})
+	}
 	return c.approvalStore().Decide(ctx, approvalID, v)
 }
 

@@ -49,7 +49,7 @@ func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	// A short lease: the record, not rewritten after the envelope, stops
 	// saying the execution may be in flight when it runs out.
-	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p", Broker: cfg, Lease: time.Second}, echoCap(nil))
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p", Deployment: executor.Deployment(cfg), Lease: time.Second}, echoCap(nil))
 
 	got, err := s.c.Call(ctxT(t), "demo.echo", map[string]any{"hello": "hi"})
 	if err != nil || got.Status != envelope.StatusCompleted {

@@ -34,7 +34,7 @@ func TestStartDeadline_StartedAttemptWhoseRecordWent_NeverNotStarted(t *testing.
 			var p probe
 			started, _ := holdUntilDone(&p)
 			lostConn := env.Connect(t)
-			s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+			s.runWorker(lostConn, executor.WorkerConfig{Pool: "p", Lease: time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 			// The start window is the record window: once the record has gone,
 			// the start deadline has passed too.
 			id, err := s.c.Submit(ctxT(t), "test.send", map[string]any{"n": 1}, executor.StartWithin(cfg.RecordWindow))
@@ -47,10 +47,10 @@ func TestStartDeadline_StartedAttemptWhoseRecordWent_NeverNotStarted(t *testing.
 
 			if by == "delivery" {
 				// The pool comes back and receives the request again.
-				s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Broker: cfg, SweepInterval: -1}, sendCap(&p))
+				s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "p", Lease: time.Second, Deployment: executor.Deployment(cfg), SweepInterval: -1}, sendCap(&p))
 			} else {
 				// The pool stays down; a worker of another pool sweeps.
-				s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Broker: cfg, SweepInterval: 50 * time.Millisecond}, echoCap(nil))
+				s.runWorker(env.Connect(t), executor.WorkerConfig{Pool: "other", Deployment: executor.Deployment(cfg), SweepInterval: 50 * time.Millisecond}, echoCap(nil))
 			}
 			got := s.await(id)
 			if n := p.calls.Load(); n != 1 {
@@ -184,7 +184,7 @@ func TestRecordWindow_CopyAfterTheRecordExpired_NoSecondAttempt(t *testing.T) {
 			<-ctx.Done() // bounded: the worker's shutdown ends it
 		}
 	}
-	wcfg := executor.WorkerConfig{Pool: "p", Lease: time.Second, Grace: 50 * time.Millisecond, Broker: cfg, SweepInterval: -1}
+	wcfg := executor.WorkerConfig{Pool: "p", Lease: time.Second, Grace: 50 * time.Millisecond, Deployment: executor.Deployment(cfg), SweepInterval: -1}
 	lostConn := env.Connect(t)
 	s.runWorker(lostConn, wcfg, sendCap(&p))
 	id := envelope.NewExecutionID()

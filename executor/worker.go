@@ -12,6 +12,9 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/control"
@@ -23,8 +26,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 )
 
 // WorkerConfig configures a Worker. Zero values are the defaults.
@@ -43,8 +44,8 @@ type WorkerConfig struct {
 	ID string
 	// Logger receives the worker's logs. Default: discarded.
 	Logger *slog.Logger
-	// Broker says how resources are named and provisioned.
-	Broker broker.Config
+	// Deployment says how resources are named and provisioned.
+	Deployment Deployment
 	// StrictAudit requires capability.started to be stored before a handler
 	// runs; otherwise the execution fails AUDIT_UNAVAILABLE.
 	StrictAudit bool
@@ -285,7 +286,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	var b *broker.Broker
 	if err := ready("provision", func(c context.Context) (err error) {
-		b, err = broker.Provision(c, w.nc, w.cfg.Broker)
+		b, err = broker.Provision(c, w.nc, w.cfg.Deployment.config())
 		return err
 	}); err != nil {
 		return startErr(ctx, err)
@@ -293,7 +294,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// One record window per deployment (DESIGN §16): a worker set to
 	// another refuses to start, one set to none adopts the deployment's.
 	if err := ready("agree on the record window", func(c context.Context) error {
-		return b.AgreeRecordWindow(c, w.cfg.Broker.RecordWindow > 0)
+		return b.AgreeRecordWindow(c, w.cfg.Deployment.RecordWindow > 0)
 	}); err != nil {
 		return startErr(ctx, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/capstantest"
@@ -17,7 +19,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 const malloryToken = "mallory-token-0123456789"
@@ -173,7 +174,7 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	if err != nil || !stolen.IsError {
 		t.Fatalf("bob resumed alice's approval: %v %s", err, textOf(stolen))
 	}
-	rec, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), admin.Names,
+	rec, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), admin.Names.Prefix(),
 		approvals.DecideRequest{ApprovalID: approvalID, Approve: true})
 	if err != nil || rec.Status != approvals.StatusApproved || rec.Decision.Approver.String() != "user:carol" {
 		t.Fatalf("carol's decision: %+v, %v", rec, err)

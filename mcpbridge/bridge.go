@@ -47,8 +47,8 @@ type Config struct {
 	// ToolNames says how capabilities are named as tools: ToolNamesPortable (the
 	// default), which every host takes, or ToolNamesCapabilityIDs.
 	ToolNames ToolNames
-	// Broker says how capstan's resources are named (default: capstan's).
-	Broker broker.Config
+	// Deployment says how capstan's resources are named (default: capstan's).
+	Deployment executor.Deployment
 	// Logger receives the bridge's logs. Default: discarded.
 	Logger *slog.Logger
 }
@@ -105,7 +105,7 @@ type Bridge struct {
 func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 	refreshSet := cfg.Refresh > 0
 	cfg.defaults()
-	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceMCP, Broker: cfg.Broker, Logger: cfg.Logger})
+	c, err := executor.NewClient(nc, executor.ClientConfig{Surface: executor.SurfaceMCP, Deployment: cfg.Deployment, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

@@ -6,11 +6,11 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
-	"github.com/nats-io/nats.go"
 )
 
 // exampleConn starts an embedded JetStream server in a temporary directory
@@ -21,7 +21,7 @@ func exampleConn() (nc *nats.Conn, cleanup func()) {
 	check(err)
 	s, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
 	check(err)
-	nc, err = broker.Connect(broker.ConnectOptions{URL: natsserver.ClientURL(s)})
+	nc, err = executor.Connect(executor.ConnectOptions{URL: natsserver.ClientURL(s)})
 	check(err)
 	return nc, func() {
 		nc.Close()

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // An approval nobody decides is followed up at its expiry, once, though no
@@ -168,10 +166,10 @@ func TestMissingConsumer_SaysHowToCreateIt(t *testing.T) {
 	if err == nil || !errors.Is(err, ErrNoConsumer) {
 		t.Fatalf("Run: %v, want ErrNoConsumer", err)
 	}
-	if err := Provision(ctx, r.env.JetStream(t), broker.NewNames(""), "hook"); err != nil {
+	if err := Provision(ctx, r.env.JetStream(t), Config{Channels: []Channel{{Name: "hook"}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := Provision(ctx, r.env.JetStream(t), broker.NewNames(""), "hook"); err != nil {
+	if err := Provision(ctx, r.env.JetStream(t), Config{Channels: []Channel{{Name: "hook"}}}); err != nil {
 		t.Fatalf("a second Provision: %v", err)
 	}
 }

@@ -109,8 +109,7 @@ func Example() {
 	fmt.Println(env.Status)
 	fmt.Println(<-got)
 
-	_, err = approvals.RequestDecision(ctx, connect(), broker.NewNames(""), approvals.DecideRequest{
-		ApprovalID: env.Approval.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "carol"}})
+	_, err = client.Decide(ctx, env.Approval.ID, approvals.Verdict{Approve: true, Approver: envelope.Actor{Kind: "user", ID: "carol"}})
 	check(err)
 	fmt.Println(<-got)
 	// Output:

@@ -160,12 +160,14 @@ func consumerConfig(n broker.Names, channel string) jetstream.ConsumerConfig {
 	}
 }
 
-// Provision creates the notify consumer of each channel on the approvals
-// bucket's stream, or checks the existing ones; it needs the right to create
-// consumers (an admin's or a worker's credentials). It is idempotent.
-func Provision(ctx context.Context, js jetstream.JetStream, n broker.Names, channels ...string) error {
-	for _, ch := range channels {
-		if _, err := provision(ctx, js, n, ch); err != nil {
+// Provision creates the notify consumer of each of cfg's channels on the
+// approvals bucket's stream, or checks the existing ones; it needs the right
+// to create consumers (an admin's or a worker's credentials). It is
+// idempotent.
+func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	n := broker.NewNames(cfg.Prefix)
+	for _, ch := range cfg.Channels {
+		if _, err := provision(ctx, js, n, ch.Name); err != nil {
 			return err
 		}
 	}

@@ -157,7 +157,7 @@ func (r *rig) decide(t *testing.T, id string, approve bool, comment string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	defer cancel()
-	if _, err := approvals.RequestDecision(ctx, r.nc, r.names, approvals.DecideRequest{
+	if _, err := approvals.RequestDecision(ctx, r.nc, r.names.Prefix(), approvals.DecideRequest{
 		ApprovalID: id, Approve: approve, Comment: comment, Approver: carol}); err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	startWorker(t, env.ConnectAs(t, auth.WorkerPrincipal), refund())
-	if err := Provision(ctx, b.JS, b.Names, "hook"); err != nil {
+	if err := Provision(ctx, b.JS, Config{Channels: []Channel{{Name: "hook"}}}); err != nil {
 		t.Fatal(err)
 	}
 	client, err := executor.NewClient(env.ConnectAs(t, "alice"), executor.ClientConfig{Actor: alice})

@@ -8,7 +8,6 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/observe"
 )
@@ -59,7 +58,7 @@ func Example() {
 	})
 	reg, err := executor.NewRegistry(hello)
 	check(err)
-	nc, err := broker.Connect(broker.ConnectOptions{URL: url})
+	nc, err := executor.Connect(executor.ConnectOptions{URL: url})
 	check(err)
 	obs := &outcomes{}
 	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "greeters", Observer: obs})

@@ -91,13 +91,12 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 )
 
 func main() {
-	nc, err := broker.Connect(broker.ConnectOptions{Name: "client"})
+	nc, err := executor.Connect(executor.ConnectOptions{Name: "client"})
 	if err != nil {
 		panic(err)
 	}

@@ -5,13 +5,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
-// Watch adds the metrics read from the broker on a scrape: each pool's queue
+// Watch adds the metrics read from the deployment of the given prefix
+// (default "CAPSTAN") over nc on a scrape: each pool's queue
 // (requests pending delivery, delivered but unacknowledged, age of the
 // oldest, over every principal's queue), each principal's queue (requests
 // and bytes held, and the limits its quotas set) and the approvals pending
@@ -20,12 +22,14 @@ import (
 // once, do not each list the approvals bucket. The values are the broker's,
 // not the process's: every process that watches reports the same ones, so a
 // query combines them with max, never sum (as the dashboard does), or one
-// process per deployment watches.
-func (t *Telemetry) Watch(b *broker.Broker, cacheFor time.Duration) {
+// process per deployment watches. nc must be allowed to read every stream
+// and bucket (a worker's or an admin's); until they exist, a scrape reports
+// the error.
+func (t *Telemetry) Watch(nc *nats.Conn, prefix string, cacheFor time.Duration) {
 	if cacheFor <= 0 {
 		cacheFor = 5 * time.Second
 	}
-	t.reg.MustRegister(&brokerCollector{b: b, approvals: approvals.NewStore(b, nil).OnSkipped(func(string, error) { t.Skipped(b.Names.ApprovalsBucket()) }), cacheFor: cacheFor, caps: &t.caps})
+	t.reg.MustRegister(&brokerCollector{t: t, nc: nc, prefix: prefix, cacheFor: cacheFor, caps: &t.caps})
 }
 
 var (
@@ -45,6 +49,10 @@ func desc(name, help, label string) *prometheus.Desc {
 }
 
 type brokerCollector struct {
+	t      *Telemetry
+	nc     *nats.Conn
+	prefix string
+	// b and approvals are opened at the first scrape that finds them.
 	b         *broker.Broker
 	approvals *approvals.Store
 	cacheFor  time.Duration
@@ -106,6 +114,15 @@ func (c *brokerCollector) refresh() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c.errs = c.errs[:0]
+	if c.b == nil {
+		b, err := broker.OpenAll(ctx, c.nc, broker.Config{Prefix: c.prefix})
+		if err != nil {
+			c.errs = append(c.errs, err)
+			return
+		}
+		c.b = b
+		c.approvals = approvals.NewStore(b, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
+	}
 	bl, err := c.b.Backlogs(ctx)
 	if err != nil {
 		c.errs = append(c.errs, err)

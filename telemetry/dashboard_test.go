@@ -40,7 +40,7 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 		t.Fatal(err)
 	}
 	tel := telemetry.New(telemetry.Options{})
-	tel.Watch(b, time.Nanosecond)
+	tel.Watch(b.NC, b.Config.Prefix, time.Nanosecond)
 
 	// Each event a worker and a client report, once.
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}

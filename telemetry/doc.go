@@ -3,11 +3,11 @@
 //
 // A [Telemetry] is an observe.Worker and an observe.Client. Set it on the
 // workers and clients of a process, serve its [Telemetry.Handler] on
-// /metrics, and, in one process per deployment, [Telemetry.Watch] the broker
+// /metrics, and, in one process per deployment, [Telemetry.Watch] the deployment
 // for the queues and the pending approvals:
 //
 //	tel := telemetry.New(telemetry.Options{TracerProvider: tp}) // tp: yours, or nil for metrics only
-//	tel.Watch(b, 0)
+//	tel.Watch(nc, "", 0)
 //	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
 //	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel})
 //	http.Handle("/metrics", tel.Handler())

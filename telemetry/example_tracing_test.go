@@ -10,7 +10,6 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 )
 
@@ -36,7 +35,7 @@ func Example_tracing() {
 	})
 	reg, err := executor.NewRegistry(hello)
 	check(err)
-	nc, err := broker.Connect(broker.ConnectOptions{URL: url})
+	nc, err := executor.Connect(executor.ConnectOptions{URL: url})
 	check(err)
 	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "greeters", Observer: tel})
 	check(err)

@@ -33,7 +33,7 @@ func TestMetrics_ScrapeCountsAKnownWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tel.Watch(b, time.Nanosecond)
+	tel.Watch(b.NC, b.Config.Prefix, time.Nanosecond)
 
 	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[:4]...)
 	c := newClient(t, nc, executor.ClientConfig{Observer: tel})

@@ -35,7 +35,7 @@ func TestQueues_PerPrincipalDepthBoundAndRefusals(t *testing.T) {
 		t.Fatalf("alice's third request: %v, want a full queue's refusal", err)
 	}
 	tel := telemetry.New(telemetry.Options{})
-	tel.Watch(b, time.Nanosecond)
+	tel.Watch(b.NC, b.Config.Prefix, time.Nanosecond)
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}
 	tel.Call(context.Background(), req)(nil, full.QuotaError(2))
 

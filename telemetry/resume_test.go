@@ -62,7 +62,7 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 	if err != nil || asked.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("call: %v %+v", err, asked)
 	}
-	if _, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), setup.Names(),
+	if _, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), setup.Prefix,
 		approvals.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
 		t.Fatal(err)
 	}

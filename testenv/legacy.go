@@ -72,7 +72,7 @@ func LegacySetup(t testing.TB, dir string, grants ...auth.Grant) *auth.Setup {
 		uc := jwt.NewUserClaims(upub)
 		uc.Name = g.Principal
 		uc.Tags.Add("capstan-role:" + string(g.Role))
-		p := auth.PermissionsFor(g, s.Names())
+		p := s.Permissions(g)
 		uc.Permissions.Pub.Allow.Add(p.PublishAllow...)
 		uc.Permissions.Pub.Deny.Add(p.PublishDeny...)
 		uc.Permissions.Sub.Allow.Add(p.SubscribeAllow...)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
@@ -107,7 +108,7 @@ func principalCreds(t testing.TB, o natsserver.Options, principal string) []nats
 	}
 	return []nats.Option{
 		nats.UserCredentials(setup.CredsPath(principal)),
-		nats.CustomInboxPrefix(setup.Names().InboxPrefix(principal)),
+		nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(principal)),
 	}
 }
 
@@ -130,7 +131,7 @@ func pushAccounts(t testing.TB, url string, o natsserver.Options) {
 	}
 	nc := connect(t, url, []nats.Option{
 		nats.UserCredentials(setup.PushCredsPath()),
-		nats.CustomInboxPrefix(setup.Names().InboxPrefix(auth.PushUser)),
+		nats.CustomInboxPrefix(broker.NewNames(setup.Prefix).InboxPrefix(auth.PushUser)),
 	})
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

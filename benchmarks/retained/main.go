@@ -101,7 +101,7 @@ func run(n, rounds, concurrency int, recordWindow, settle time.Duration) error {
 	if err != nil {
 		return err
 	}
-	w, err := executor.NewWorker(wnc, reg, executor.WorkerConfig{Concurrency: concurrency, Broker: cfg, Grace: 5 * time.Second})
+	w, err := executor.NewWorker(wnc, reg, executor.WorkerConfig{Concurrency: concurrency, Deployment: executor.Deployment(cfg), Grace: 5 * time.Second})
 	if err != nil {
 		return err
 	}

@@ -9,13 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats.go"
 )
 
 // approvalsCommands are the subcommands of `capstan approvals`.
@@ -215,7 +216,7 @@ func decideCommand(verb string, args []string) int {
 	if req.ApprovalID, err = resolveApproval(ctx, nc, req.ApprovalID); err != nil {
 		return usageError("%v", err)
 	}
-	r, err := approvals.RequestDecision(ctx, nc, broker.NewNames(""), req)
+	r, err := approvals.RequestDecision(ctx, nc, "", req)
 	switch {
 	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
 		// The decision stands; only its audit event is missing.

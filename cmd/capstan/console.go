@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/capstan-dev/capstan/console"
-	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/executor"
 )
 
 // defaultConsole is where `capstan dev` serves its console.
@@ -42,7 +42,7 @@ func runConsole(args []string) int {
 	}
 	cfg := console.Config{
 		Open: *open, Logger: newLogger(slog.LevelInfo),
-		NATS: broker.ConnectOptions{URL: conn.url, TLS: natsTLS, TLSCA: conn.tlsCA},
+		NATS: executor.ConnectOptions{URL: conn.url, TLS: natsTLS, TLSCA: conn.tlsCA},
 	}
 	if *auditPub != "" {
 		keys, err := os.ReadFile(*auditPub)

@@ -8,15 +8,17 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/console"
-	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/trail"
-	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/trail"
+	"github.com/capstan-dev/capstan/mcpbridge"
 )
 
 func runDev(args []string) int {
@@ -136,7 +138,7 @@ func runDev(args []string) int {
 	consoleCfg := console.Config{Open: true, Conn: e.nc, Logger: log}
 	if sf.setup != nil {
 		// With authentication, principals sign in with their credentials.
-		consoleCfg = console.Config{NATS: broker.ConnectOptions{URL: e.url}, Broker: broker.Config{Prefix: sf.setup.Prefix}, Logger: log}
+		consoleCfg = console.Config{NATS: executor.ConnectOptions{URL: e.url}, Deployment: executor.Deployment{Prefix: sf.setup.Prefix}, Logger: log}
 	}
 	if keyPath != "" {
 		if keys, err := os.ReadFile(filepath.Join(filepath.Dir(keyPath), trail.PublicKeyFile)); err == nil {

@@ -55,7 +55,7 @@ func runNotify(args []string) int {
 		return usageError("%v", err)
 	}
 	if *initOnly {
-		return notifyInit(conn, names, cfg)
+		return notifyInit(conn, broker.NewNames(cfg.Prefix), cfg)
 	}
 	if *check {
 		return out.print(cfg.Channels, func(w io.Writer, st style) { writeChannels(w, st, cfg) })
@@ -172,12 +172,12 @@ func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if err := notify.Provision(ctx, js, cfg); err != nil {
+		return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
+	}
 	configured := map[string]bool{}
 	for _, c := range cfg.Channels {
 		configured[c.Name] = true
-		if err := notify.Provision(ctx, js, names, c.Name); err != nil {
-			return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
-		}
 	}
 	queues, err := notifystatus.Queues(ctx, js, names)
 	if err != nil {

@@ -34,7 +34,7 @@ func startTelemetry(ctx context.Context, service, metricsAddr string, b *broker.
 	}
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 	if metricsAddr != "" {
-		tel.Watch(b, 0)
+		tel.Watch(b.NC, b.Config.Prefix, 0)
 		addr, _, err := tel.Serve(ctx, metricsAddr)
 		if err != nil {
 			stop()

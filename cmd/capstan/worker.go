@@ -85,7 +85,7 @@ func newDemoWorker(nc *nats.Conn, js jetstream.JetStream, f *workerFlags, log *s
 	}
 	w, err := executor.NewWorker(nc, reg, testhooks.Worker(executor.WorkerConfig{
 		Pool: f.pool, Concurrency: f.concurrency, Lease: f.lease, Grace: f.grace,
-		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Broker: broker.Config{Replicas: f.replicas, RecordWindow: f.recordWindow},
+		StrictAudit: f.strictAudit, ID: f.id, Logger: log, Deployment: executor.Deployment{Replicas: f.replicas, RecordWindow: f.recordWindow},
 		Observer:    f.observer,
 		StartupWait: f.wait, SweepInterval: f.sweepEvery,
 	}, testhooks.WorkerKnobs{AuditUnacknowledged: f.auditUnacked}))

@@ -24,7 +24,6 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 type Greeting struct {
@@ -34,13 +33,13 @@ type Greeting struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, broker.ConnectOptions{Name: "hello"}, os.Stdout); err != nil {
+	if err := run(ctx, executor.ConnectOptions{Name: "hello"}, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "hello:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, opts broker.ConnectOptions, out io.Writer) error {
+func run(ctx context.Context, opts executor.ConnectOptions, out io.Writer) error {
 	hello := executor.Define("greet.hello", executor.Meta{
 		Description: "Greets someone by name.",
 		Expose:      executor.On(executor.SurfaceDirect),
@@ -52,7 +51,7 @@ func run(ctx context.Context, opts broker.ConnectOptions, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	nc, err := broker.Connect(opts)
+	nc, err := executor.Connect(opts)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -24,7 +23,7 @@ func TestHello_OneCallCompletes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a safety net
 	defer cancel()
 	var out strings.Builder
-	if err := run(ctx, broker.ConnectOptions{URL: env.URL}, &out); err != nil {
+	if err := run(ctx, executor.ConnectOptions{URL: env.URL}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := out.String(), "completed 1 Hello, Ada!\n"; got != want {
@@ -53,7 +52,7 @@ func TestHello_AgainstARunningDeployment(t *testing.T) {
 	for range 3 { // each run starts a new worker of greet.hello, and calls at once
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a safety net
 		var out strings.Builder
-		err := run(ctx, broker.ConnectOptions{URL: env.URL}, &out)
+		err := run(ctx, executor.ConnectOptions{URL: env.URL}, &out)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,9 @@ type Names struct {
 	subject string // capstan
 }
 
+// Prefix returns the prefix the names are under ("CAPSTAN" by default).
+func (n Names) Prefix() string { return n.prefix }
+
 // NewNames returns the names under prefix (default "CAPSTAN"); subjects use the
 // prefix in lower case.
 func NewNames(prefix string) Names {

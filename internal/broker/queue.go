@@ -356,21 +356,7 @@ func AsQueueFull(err error) *QueueFullError {
 }
 
 // QueueUsage is what one principal's queue holds and may hold.
-type QueueUsage struct {
-	// Principal is whose queue it is.
-	Principal string `json:"principal"`
-	// Stream is the queue's stream (the shared exec stream for a principal
-	// without a queue of its own).
-	Stream string `json:"stream"`
-	// Requests is how many requests it holds: not yet ended.
-	Requests uint64 `json:"requests"`
-	// Bytes is how many bytes they hold.
-	Bytes uint64 `json:"bytes"`
-	// MaxRequests is how many requests it may hold; -1: no bound.
-	MaxRequests int64 `json:"maxRequests"`
-	// MaxBytes is how many bytes it may hold; -1: no bound.
-	MaxBytes int64 `json:"maxBytes"`
-}
+type QueueUsage = envelope.QueueUsage
 
 // QueueUsageOf reads principal's queue: its own, or the shared exec stream
 // when it has none.
@@ -415,9 +401,9 @@ func (e *QueueFullError) QuotaError(limit int64) *envelope.CapabilityError {
 	return cerr
 }
 
-// Limit is what q may hold of quota (envelope.QuotaQueuedRequests or
+// QueueLimit is what u may hold of quota (envelope.QuotaQueuedRequests or
 // envelope.QuotaQueuedBytes); -1: no bound.
-func (u QueueUsage) Limit(quota string) int64 {
+func QueueLimit(u QueueUsage, quota string) int64 {
 	if quota == envelope.QuotaQueuedBytes {
 		return u.MaxBytes
 	}

@@ -45,7 +45,7 @@ func TestRead_ConnectionUsesTheValueRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := setup.Names()
+	n := broker.NewNames(setup.Prefix)
 	if !cr.Known() || cr.Principal != "alice" || cr.Role != string(auth.RoleProducer) {
 		t.Fatalf("read %q, role %q, known %v; want alice, producer", cr.Principal, cr.Role, cr.Known())
 	}

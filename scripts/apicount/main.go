@@ -2,6 +2,9 @@
 // types, functions, constants, variables and the exported methods of exported
 // types, as go doc -all lists them — prints the count per package, and fails
 // when the total is over the budget: a surface a team can hold in its head.
+// It also fails when an exported declaration of a public package names a type
+// or value of an internal package: Go allows it, but a user cannot name such a
+// type, so the public API would show what no user can write.
 //
 // Usage: go run ./scripts/apicount [-budget N]
 package main
@@ -44,11 +47,12 @@ func publicDirs(root string) ([]string, error) {
 }
 
 // count returns the package name and exported names of the package in dir
-// ("" for a directory without a library package).
-func count(dir string) (string, int, error) {
+// ("" for a directory without a library package), and the exported
+// declarations that name an internal package.
+func count(dir string) (string, int, []string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return "", 0, err
+		return "", 0, nil, err
 	}
 	fset := token.NewFileSet()
 	var files []*ast.File
@@ -58,12 +62,12 @@ func count(dir string) (string, int, error) {
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
 		if err != nil {
-			return "", 0, err
+			return "", 0, nil, err
 		}
 		files = append(files, f)
 	}
 	if len(files) == 0 || files[0].Name.Name == "main" {
-		return "", 0, nil
+		return "", 0, nil, nil
 	}
 	exportedType := map[string]bool{}
 	for _, f := range files {
@@ -78,12 +82,20 @@ func count(dir string) (string, int, error) {
 		}
 	}
 	n := 0
+	var leaks []string
 	for _, f := range files {
+		internal := internalImports(f)
+		leak := func(name string, nodes ...ast.Node) {
+			if path := namesInternal(internal, nodes...); path != "" {
+				leaks = append(leaks, fmt.Sprintf("%s: %s names %s", fset.Position(f.Package).Filename, name, path))
+			}
+		}
 		for _, d := range f.Decls {
 			switch d := d.(type) {
 			case *ast.FuncDecl:
 				if d.Name.IsExported() && (d.Recv == nil || exportedType[receiverType(d.Recv.List[0].Type)]) {
 					n++
+					leak(d.Name.Name, d.Type)
 				}
 			case *ast.GenDecl:
 				for _, s := range d.Specs {
@@ -91,11 +103,13 @@ func count(dir string) (string, int, error) {
 					case *ast.TypeSpec:
 						if s.Name.IsExported() {
 							n++
+							leak(s.Name.Name, exportedParts(s)...)
 						}
 					case *ast.ValueSpec:
 						for _, id := range s.Names {
 							if id.IsExported() {
 								n++
+								leak(id.Name, s.Type)
 							}
 						}
 					}
@@ -103,7 +117,71 @@ func count(dir string) (string, int, error) {
 			}
 		}
 	}
-	return files[0].Name.Name, n, nil
+	return files[0].Name.Name, n, leaks, nil
+}
+
+// internalImports maps the names a file imports internal packages under to
+// their paths.
+func internalImports(f *ast.File) map[string]string {
+	m := map[string]string{}
+	for _, imp := range f.Imports {
+		path := strings.Trim(imp.Path.Value, `"`)
+		if !strings.Contains("/"+path+"/", "/internal/") {
+			continue
+		}
+		name := path[strings.LastIndex(path, "/")+1:]
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		m[name] = path
+	}
+	return m
+}
+
+// exportedParts are the parts of a type declaration its users see: the
+// exported fields of a struct, the exported methods and embedded types of an
+// interface, the whole of any other type.
+func exportedParts(s *ast.TypeSpec) []ast.Node {
+	var fields *ast.FieldList
+	switch t := s.Type.(type) {
+	case *ast.StructType:
+		fields = t.Fields
+	case *ast.InterfaceType:
+		fields = t.Methods
+	default:
+		return []ast.Node{s.TypeParams, s.Type}
+	}
+	parts := []ast.Node{s.TypeParams}
+	for _, fld := range fields.List {
+		exported := len(fld.Names) == 0 // embedded
+		for _, id := range fld.Names {
+			exported = exported || id.IsExported()
+		}
+		if exported {
+			parts = append(parts, fld.Type)
+		}
+	}
+	return parts
+}
+
+// namesInternal returns the path of the first internal package the nodes
+// name, or "".
+func namesInternal(internal map[string]string, nodes ...ast.Node) string {
+	found := ""
+	for _, n := range nodes {
+		if n == nil || n == (*ast.FieldList)(nil) || found != "" {
+			continue
+		}
+		ast.Inspect(n, func(n ast.Node) bool {
+			if sel, ok := n.(*ast.SelectorExpr); ok && found == "" {
+				if id, ok := sel.X.(*ast.Ident); ok && internal[id.Name] != "" {
+					found = internal[id.Name]
+				}
+			}
+			return found == ""
+		})
+	}
+	return found
 }
 
 func receiverType(e ast.Expr) string {
@@ -136,9 +214,10 @@ func main() {
 		n   int
 	}
 	var rows []row
+	var leaks []string
 	total := 0
 	for _, d := range dirs {
-		name, n, err := count(d)
+		name, n, l, err := count(d)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "apicount:", err)
 			os.Exit(2)
@@ -147,6 +226,7 @@ func main() {
 			continue
 		}
 		rows = append(rows, row{d, n})
+		leaks = append(leaks, l...)
 		total += n
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -156,6 +236,13 @@ func main() {
 		fmt.Printf("%5d  %s\n", r.n, filepath.ToSlash(r.dir))
 	}
 	fmt.Printf("%5d  exported names in all\n", total)
+	if len(leaks) > 0 {
+		fmt.Fprintln(os.Stderr, "apicount: exported declarations name internal packages, whose types a user cannot write:")
+		for _, l := range leaks {
+			fmt.Fprintln(os.Stderr, "\t"+l)
+		}
+		os.Exit(1)
+	}
 	if *budget > 0 && total > *budget {
 		fmt.Fprintf(os.Stderr, "apicount: %d exported names, over the budget of %d: move what only capstan's own packages need under internal/\n", total, *budget)
 		os.Exit(1)

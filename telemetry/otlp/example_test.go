@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/telemetry/otlp"
 )
@@ -21,16 +20,14 @@ func Example_workerMetricsAndTraces() {
 			log.Fatal(err)
 		}
 	}
-	nc, err := broker.Connect(broker.ConnectOptions{URL: "nats://127.0.0.1:4222"})
-	check(err)
-	b, err := broker.Open(ctx, nc, broker.Config{})
+	nc, err := executor.Connect(executor.ConnectOptions{URL: "nats://127.0.0.1:4222"})
 	check(err)
 	reg, err := executor.NewRegistry() // the payments capabilities
 	check(err)
 
 	tp, shutdown, err := otlp.TracingFromEnv(ctx, "payments-worker") // package telemetry/otlp; nil unless OTEL_* ask for OTLP
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})      // any TracerProvider, or none: metrics only
-	tel.Watch(b, 0)                                                  // queues and pending approvals, read on a scrape (one process per deployment)
+	tel.Watch(nc, "", 0)                                             // queues and pending approvals, read on a scrape (one process per deployment)
 	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
 	http.Handle("/metrics", tel.Handler())
 

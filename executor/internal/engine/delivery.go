@@ -269,7 +269,7 @@ func (d *delivery) refuseFull(full *broker.QueueFullError) Action {
 	limit := int64(-1)
 	ctx, cancel := StoreContext()
 	if u, err := w.b.QueueUsageOf(ctx, principal); err == nil {
-		limit = u.Limit(full.Quota)
+		limit = broker.QueueLimit(u, full.Quota)
 	}
 	cancel()
 	w.cfg.Observer.QuotaExceeded(full.Quota, principal)
