@@ -13,9 +13,9 @@ import (
 
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/console"
-	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 )

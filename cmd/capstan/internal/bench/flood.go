@@ -4,9 +4,9 @@ import (
 	"context"
 	"sync"
 
-	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
 )
 
 // FloodPrincipal is the producer principal a flood comes from (Target.Connect

@@ -11,8 +11,8 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

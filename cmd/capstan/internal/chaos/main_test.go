@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )
