@@ -3,9 +3,12 @@ package console
 import (
 	"context"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats.go"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 // execReader reads executions as the signed-in principal may see them, the
@@ -22,11 +25,13 @@ type execReader struct {
 
 // list is one page of executions.
 func (r *execReader) list(ctx context.Context, req executor.ExecutionsRequest) (*executor.ExecutionsPage, error) {
-	return executor.RequestExecutions(ctx, r.nc, r.names, req)
+	req.V = envelope.Version
+	return execrpc.Ask[executor.ExecutionsPage](ctx, r.nc, r.names, r.names.ListExecutionsSubject, &req, "list executions")
 }
 
 // get is one execution: its record, envelope, trail and the approvals
 // behind it. owner names whose it is, for an admin; "" lets its trail say.
 func (r *execReader) get(ctx context.Context, id, owner string) (*executor.ExecutionView, error) {
-	return executor.RequestExecution(ctx, r.nc, r.names, executor.ExecutionRequest{ExecutionID: id, Owner: owner})
+	return execrpc.Ask[executor.ExecutionView](ctx, r.nc, r.names, r.names.ExecutionSubject,
+		&executor.ExecutionRequest{V: envelope.Version, ExecutionID: id, Owner: owner}, "read execution "+id)
 }

@@ -16,6 +16,9 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
@@ -23,8 +26,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go"
 )
 
 // startDemo runs a worker serving the demo catalog, plus extra capabilities.

@@ -9,11 +9,12 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
 )
 
 // waitEmpty waits until the exec stream holds no message: every request was

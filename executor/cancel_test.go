@@ -10,13 +10,14 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
 )
 
 // runWorker is startWorker with a stop the test may call before it ends; it

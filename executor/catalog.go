@@ -9,11 +9,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/kvwatch"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Descriptor is a capability as the catalog and discovery show it.
@@ -368,7 +370,7 @@ func placeOf(id string, d, pool *Descriptor, now time.Time) placement {
 func (c *Client) anyWorker(ctx context.Context) bool {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
-	_, err := RequestExecution(pctx, c.b.NC, c.b.Names, ExecutionRequest{ExecutionID: envelope.NewExecutionID(), Owner: c.principal, Probe: true})
+	_, err := execrpc.Ask[ExecutionView](pctx, c.b.NC, c.b.Names, c.b.Names.ExecutionSubject, &ExecutionRequest{V: envelope.Version, ExecutionID: envelope.NewExecutionID(), Owner: c.principal, Probe: true}, "probe the workers")
 	return !errors.Is(err, ErrNoWorkers)
 }
 

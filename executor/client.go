@@ -12,12 +12,14 @@ import (
 
 	"github.com/capstan-dev/capstan/execution"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/await"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ClientConfig configures a Client. Zero values are the defaults.
@@ -856,7 +858,7 @@ func loadReadable[T any](ctx context.Context, kv jetstream.KeyValue, key string,
 }
 
 // ErrNoWorkers: no worker answered a request only workers serve.
-var ErrNoWorkers = errors.New("capstan: no worker is serving")
+var ErrNoWorkers = execrpc.ErrNoWorkers
 
 // CancelOption changes a cancel request.
 type CancelOption func(*CancelRequest)

@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/capstan-dev/capstan/executor"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/executor"
 )
 
 type RefundOrder struct {

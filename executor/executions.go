@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/jsget"
 
 	"github.com/nats-io/nats.go"
@@ -62,7 +63,7 @@ type ExecutionsPage struct {
 	Scope string `json:"scope,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
 	// (forbidden, unknown, not_found, invalid, quota_exceeded)
-	// RequestExecution(s) turns back into errors errors.Is recognizes.
+	// Err turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// Details are a refusal's structured facts: for quota_exceeded, the
@@ -134,7 +135,7 @@ type ExecutionView struct {
 	Omitted []string `json:"omitted,omitempty"`
 	// Error and Conditions carry a refusal: the message, and the names
 	// (forbidden, unknown, not_found, invalid, quota_exceeded)
-	// RequestExecution(s) turns back into errors errors.Is recognizes.
+	// Err turns back into errors errors.Is recognizes.
 	Error      string   `json:"error,omitempty"`
 	Conditions []string `json:"conditions,omitempty"` // set with Error; see above
 	// Details are a refusal's structured facts: for quota_exceeded, the
@@ -332,15 +333,15 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 			return nil, err
 		}
 	}
-	return ListWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
+	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
 }
 
-// ListWithQueued is a page of the index (audit.List of q, its running
+// listWithQueued is a page of the index (audit.List of q, its running
 // entries passed through current when set), with, on a listing's first
 // page, the requests still waiting in their queue that match q first (see
 // queuedEntries). What a worker answers; what an admin's command reads itself when
-// no worker answers.
-func ListWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
+// no worker answers (execrpc.ListWithQueued).
+func listWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first bool, scope string,
 	current func(context.Context, []audit.Entry) []audit.Entry) (*ExecutionsPage, error) {
 	var queued []audit.Entry
 	if first && (q.Status == "" || q.Status == audit.EntryQueued) {
@@ -880,64 +881,30 @@ func nextMsg(ctx context.Context, b *broker.Broker, stream, subj string, seq uin
 	return m, err
 }
 
-// RequestExecutions asks the workers for a page of the executions the
-// connection's principal may see (see the Scope* constants). A refusal
-// matches ErrNotAllowed with errors.Is; no worker answering, ErrNoWorkers.
-func RequestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req ExecutionsRequest) (*ExecutionsPage, error) {
-	req.V = envelope.Version
-	var page ExecutionsPage
-	if err := request(ctx, nc, n.ListExecutionsSubject(broker.PrincipalOf(nc, n)), &req, &page, "list executions"); err != nil {
-		return nil, err
-	}
-	if page.Error != "" {
-		return nil, readErrorOf(page.Error, page.Conditions, page.Details)
-	}
-	return &page, nil
-}
-
-// RequestExecution asks the workers for one execution as the connection's
-// principal may see it. Nothing stored of it matches ErrNoSuchExecution; a
-// refusal ErrNotAllowed.
-func RequestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req ExecutionRequest) (*ExecutionView, error) {
-	req.V = envelope.Version
-	var view ExecutionView
-	if err := request(ctx, nc, n.ExecutionSubject(broker.PrincipalOf(nc, n)), &req, &view, "read execution "+req.ExecutionID); err != nil {
-		return nil, err
-	}
-	if view.Error != "" {
-		return nil, readErrorOf(view.Error, view.Conditions, view.Details)
-	}
-	return &view, nil
-}
-
-// request sends req to subject, which workers serve, and decodes the answer.
-func request(ctx context.Context, nc *nats.Conn, subject string, req, reply any, what string) error {
-	b, err := envelope.Marshal(req)
-	if err != nil {
-		return err
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, readTimeout)
-		defer cancel()
-	}
-	m, err := nc.RequestWithContext(ctx, subject, b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("%w: %s", ErrNoWorkers, what)
-	}
-	if err != nil {
-		return fmt.Errorf("capstan: %s: %w", what, err)
-	}
-	if err := envelope.Unmarshal(m.Data, reply); err != nil {
-		return fmt.Errorf("capstan: %s: reply: %w", what, err)
-	}
-	return nil
-}
-
 // Executions asks the workers for a page of the executions the client's
 // principal may see.
 func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*ExecutionsPage, error) {
-	return RequestExecutions(ctx, c.b.NC, c.b.Names, req)
+	req.V = envelope.Version
+	return execrpc.Ask[ExecutionsPage](ctx, c.b.NC, c.b.Names, c.b.Names.ListExecutionsSubject, &req, "list executions")
+}
+
+// Err returns the refusal the page carries, as an error that errors.Is
+// matches against ErrNotAllowed and the others of its conditions, or nil.
+func (p *ExecutionsPage) Err() error {
+	if p.Error == "" {
+		return nil
+	}
+	return readErrorOf(p.Error, p.Conditions, p.Details)
+}
+
+// Err returns the refusal the view carries, as an error that errors.Is
+// matches against ErrNoSuchExecution, ErrNotAllowed and the others of its
+// conditions, or nil.
+func (v *ExecutionView) Err() error {
+	if v.Error == "" {
+		return nil
+	}
+	return readErrorOf(v.Error, v.Conditions, v.Details)
 }
 
 // Execution asks the workers for one execution as the client's principal may
@@ -947,7 +914,8 @@ func (c *Client) Executions(ctx context.Context, req ExecutionsRequest) (*Execut
 // runs is said to be queued, not unknown; elsewhere it fails with
 // ErrNoWorkers.
 func (c *Client) Execution(ctx context.Context, req ExecutionRequest) (*ExecutionView, error) {
-	v, err := RequestExecution(ctx, c.b.NC, c.b.Names, req)
+	req.V = envelope.Version
+	v, err := execrpc.Ask[ExecutionView](ctx, c.b.NC, c.b.Names, c.b.Names.ExecutionSubject, &req, "read execution "+req.ExecutionID)
 	if !errors.Is(err, ErrNoWorkers) || !req.Probe || c.principal != broker.Anonymous {
 		return v, err
 	}

@@ -1,6 +1,7 @@
 package executor_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -77,7 +79,7 @@ func (r *readers) client(t *testing.T, p string, actor envelope.Actor) *executor
 
 func (r *readers) list(t *testing.T, p string, req executor.ExecutionsRequest) ([]string, error) {
 	t.Helper()
-	page, err := executor.RequestExecutions(ctxT(t), r.conns[p], r.admin.Names, req)
+	page, err := requestExecutions(ctxT(t), r.conns[p], r.admin.Names, req)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +92,7 @@ func (r *readers) list(t *testing.T, p string, req executor.ExecutionsRequest) (
 
 func (r *readers) get(t *testing.T, p, id string) (*executor.ExecutionView, error) {
 	t.Helper()
-	return executor.RequestExecution(ctxT(t), r.conns[p], r.admin.Names, executor.ExecutionRequest{ExecutionID: id})
+	return requestExecution(ctxT(t), r.conns[p], r.admin.Names, executor.ExecutionRequest{ExecutionID: id})
 }
 
 // Each role reads what it needs and nothing more, enforced by the workers
@@ -133,7 +135,7 @@ func TestReading_EachRoleSeesWhatItNeedsAndNoMore(t *testing.T) {
 	if _, err := r.get(t, "alice", other.ExecutionID); !errors.Is(err, executor.ErrNoSuchExecution) {
 		t.Fatalf("alice reading gw's execution: %v, want ErrNoSuchExecution (it is not hers)", err)
 	}
-	if _, err := executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names,
+	if _, err := requestExecution(ctxT(t), r.conns["alice"], r.admin.Names,
 		executor.ExecutionRequest{ExecutionID: other.ExecutionID, Owner: "gw"}); !errors.Is(err, executor.ErrNotAllowed) {
 		t.Fatalf("alice naming gw as the owner: %v, want ErrNotAllowed", err)
 	}
@@ -212,7 +214,7 @@ func TestProbe_UnknownIsToldApartFromQueued(t *testing.T) {
 	t.Parallel()
 	r := newReaders(t)
 	id := envelope.NewExecutionID()
-	v, err := executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
+	v, err := requestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
 	if err != nil || v.State != executor.ExecUnknown {
 		t.Fatalf("probe of a new id: %v %+v, want unknown", err, v)
 	}
@@ -226,7 +228,7 @@ func TestProbe_UnknownIsToldApartFromQueued(t *testing.T) {
 	if _, err := r.admin.JS.PublishMsg(ctxT(t), msg); err != nil {
 		t.Fatal(err)
 	}
-	v, err = executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
+	v, err = requestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
 	if err != nil || v.State != executor.ExecQueued {
 		t.Fatalf("probe of a queued id: %v %+v, want queued", err, v)
 	}
@@ -245,13 +247,27 @@ func TestProbe_UnknownIsToldApartFromQueued(t *testing.T) {
 	if _, err := r.admin.JS.PublishMsg(ctxT(t), msg); err != nil {
 		t.Fatal(err)
 	}
-	v, err = executor.RequestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: old, Probe: true})
+	v, err = requestExecution(ctxT(t), r.conns["alice"], r.admin.Names, executor.ExecutionRequest{ExecutionID: old, Probe: true})
 	if err != nil || v.State != executor.ExecQueued {
 		t.Fatalf("probe of a queued id made ten minutes before: %v %+v, want queued", err, v)
 	}
 	// gw does not see alice's queued request.
-	v, err = executor.RequestExecution(ctxT(t), r.conns["gw"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
+	v, err = requestExecution(ctxT(t), r.conns["gw"], r.admin.Names, executor.ExecutionRequest{ExecutionID: id, Probe: true})
 	if err != nil || v.State != executor.ExecUnknown {
 		t.Fatalf("gw's probe of alice's id: %v %+v, want unknown", err, v)
 	}
+}
+
+// requestExecutions asks the workers for a page as the connection's
+// principal, as a Client's Executions does.
+func requestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionsRequest) (*executor.ExecutionsPage, error) {
+	req.V = envelope.Version
+	return execrpc.Ask[executor.ExecutionsPage](ctx, nc, n, n.ListExecutionsSubject, &req, "list executions")
+}
+
+// requestExecution asks the workers for one execution as the connection's
+// principal, as a Client's Execution does.
+func requestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionRequest) (*executor.ExecutionView, error) {
+	req.V = envelope.Version
+	return execrpc.Ask[executor.ExecutionView](ctx, nc, n, n.ExecutionSubject, &req, "read execution "+req.ExecutionID)
 }

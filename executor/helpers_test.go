@@ -9,11 +9,12 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats.go"
 )
 
 type echoIn struct {

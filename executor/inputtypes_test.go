@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/google/uuid"
 )
 
 // degrees decodes itself from JSON: a number, or a string like "21.5C".

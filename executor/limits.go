@@ -2,9 +2,10 @@ package executor
 
 import (
 	"fmt"
-	"github.com/capstan-dev/capstan/envelope"
 	"strings"
 	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
 
 	"github.com/capstan-dev/capstan/internal/limits"
 )

@@ -1,8 +1,9 @@
 package executor_test
 
 import (
-	"github.com/capstan-dev/capstan/testenv"
 	"testing"
+
+	"github.com/capstan-dev/capstan/testenv"
 
 	"go.uber.org/goleak"
 )

@@ -6,11 +6,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
-	"github.com/nats-io/nats.go"
 )
 
 // Operators' pauses (DESIGN §18): the worker watches the pauses bucket,

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
@@ -17,7 +19,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/testhooks"
-	"github.com/nats-io/nats.go"
 )
 
 // countedCap is a capability whose handler counts its calls and, while gate is

@@ -7,8 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // Progress is what a handler reported of an execution's progress

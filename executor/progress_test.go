@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
 )
 
 // steppedReport reports step n of steps, then waits for the test to let it

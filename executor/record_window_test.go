@@ -10,12 +10,13 @@ import (
 
 	"github.com/capstan-dev/capstan/execution"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // waitRecordGone waits until id's record has been removed by its TTL.

@@ -6,11 +6,12 @@ import (
 
 	"github.com/capstan-dev/capstan/execution"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
 )
 
 // A request that does not decode, whose execution another delivery holds

@@ -62,7 +62,7 @@ func MutualTLS(t testing.TB) (Option, TLSFiles) {
 
 // ClientTLS is a client's TLS configuration with the certificate and key of
 // f: what a program that connects to a MutualTLS server puts in
-// broker.ConnectOptions.TLS.
+// executor.ConnectOptions.TLS.
 func (f TLSFiles) ClientTLS(t testing.TB) *tls.Config {
 	t.Helper()
 	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)

@@ -4,7 +4,7 @@
 // fills the store with N executions as workers write them (each execution's
 // trail and index entry through audit.Emitter, its envelope in the envelopes
 // bucket), then times pages of the listing, newest first, straight from the
-// index (audit.List) and through a worker (executor.RequestExecutions, what
+// index (audit.List) and through a worker (executor.Client.Executions, what
 // the CLI and the console ask), each read several times.
 //
 // The executions are spread as a deployment's might be: 10 principals, 1,000
@@ -25,13 +25,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 func main() {
@@ -226,7 +228,7 @@ func worker(nc *nats.Conn) (*executor.Worker, func(), error) {
 	// Ready once it answers a listing.
 	for start := time.Now(); ; {
 		rctx, c := context.WithTimeout(context.Background(), time.Second)
-		_, err := executor.RequestExecutions(rctx, nc, broker.NewNames(""), executor.ExecutionsRequest{Query: audit.Query{Limit: 1}})
+		_, err := requestExecutions(rctx, nc, broker.NewNames(""), executor.ExecutionsRequest{Query: audit.Query{Limit: 1}})
 		c()
 		if err == nil {
 			break
@@ -256,7 +258,7 @@ func measure(ctx context.Context, b *broker.Broker, nc *nats.Conn, name string, 
 		direct = append(direct, time.Since(t))
 		got, scanned, next = len(p.Entries), p.Scanned, p.Cursor()
 		t = time.Now()
-		if _, err := executor.RequestExecutions(ctx, nc, b.Names, executor.ExecutionsRequest{Query: q}); err != nil {
+		if _, err := requestExecutions(ctx, nc, b.Names, executor.ExecutionsRequest{Query: q}); err != nil {
 			return fmt.Errorf("%s via the worker: %w", name, err)
 		}
 		viaWorker = append(viaWorker, time.Since(t))
@@ -294,4 +296,18 @@ func round(d time.Duration) time.Duration {
 		return d.Round(10 * time.Microsecond)
 	}
 	return d.Round(time.Microsecond)
+}
+
+// requestExecutions asks the workers for a page as the connection's
+// principal, as a Client's Executions does.
+func requestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionsRequest) (*executor.ExecutionsPage, error) {
+	req.V = envelope.Version
+	return execrpc.Ask[executor.ExecutionsPage](ctx, nc, n, n.ListExecutionsSubject, &req, "list executions")
+}
+
+// requestExecution asks the workers for one execution as the connection's
+// principal, as a Client's Execution does.
+func requestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionRequest) (*executor.ExecutionView, error) {
+	req.V = envelope.Version
+	return execrpc.Ask[executor.ExecutionView](ctx, nc, n, n.ExecutionSubject, &req, "read execution "+req.ExecutionID)
 }

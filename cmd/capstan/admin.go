@@ -9,10 +9,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/demo"
 )
 
 // runAdmin dispatches the deployment operations.

@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 func runAudit(args []string) int {
@@ -113,8 +114,8 @@ func runAudit(args []string) int {
 			trail, err = audit.Read(rctx, b, f.Principal, f.ExecutionID)
 		} else {
 			var v *executor.ExecutionView
-			if v, err = executor.RequestExecution(rctx, nc, names, executor.ExecutionRequest{ExecutionID: f.ExecutionID,
-				Owner: f.Principal}); err == nil {
+			if v, err = execrpc.Ask[executor.ExecutionView](rctx, nc, names, names.ExecutionSubject, &executor.ExecutionRequest{
+				V: envelope.Version, ExecutionID: f.ExecutionID, Owner: f.Principal}, "read execution "+f.ExecutionID); err == nil {
 				trail, f.Principal = v.Trail, v.Principal
 			}
 		}

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/trail"
 )
 
 // printedEvent is an audit event as the CLI prints it.

@@ -14,13 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/internal/trail"
-	"github.com/nats-io/nats.go"
 )
 
 func runBench(args []string) int {

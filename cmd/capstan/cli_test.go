@@ -18,12 +18,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // printedEnvelope is the envelope as the CLI prints it.

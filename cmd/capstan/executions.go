@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 func runExecutions(args []string) int {
@@ -65,7 +66,8 @@ func runExecutions(args []string) int {
 // connection that may read the index itself (an admin's, an open server's)
 // reads it.
 func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req executor.ExecutionsRequest) (*executor.ExecutionsPage, error) {
-	page, err := executor.RequestExecutions(ctx, nc, names, req)
+	req.V = envelope.Version
+	page, err := execrpc.Ask[executor.ExecutionsPage](ctx, nc, names, names.ListExecutionsSubject, &req, "list executions")
 	if !errors.Is(err, executor.ErrNoWorkers) || !conn.principal().may(streamInfo(names.IndexStream())("")) {
 		return page, err
 	}
@@ -82,7 +84,11 @@ func listExecutions(ctx context.Context, nc *nats.Conn, conn *connFlags, req exe
 	if q.Limit <= 0 {
 		q.Limit = audit.DefaultLimit
 	}
-	return executor.ListWithQueued(ctx, b, q, req.Cursor == "", executor.ScopeAll, nil)
+	entries, scanned, next, err := execrpc.ListWithQueued(ctx, b, q, req.Cursor == "")
+	if err != nil {
+		return nil, err
+	}
+	return &executor.ExecutionsPage{V: envelope.Version, Entries: entries, Next: next, Scanned: scanned, Scope: executor.ScopeAll}, nil
 }
 
 // nextCommand is the command line (capstan, then cmd's words, then args)

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 // byID is a command whose one argument is an execution id (or a unique
@@ -109,7 +111,8 @@ func statusThroughWorkers(conn *connFlags, o *outputFlags, arg string) int {
 	if err != nil {
 		return usageError("%v", err)
 	}
-	v, err := executor.RequestExecution(ctx, nc, names, executor.ExecutionRequest{ExecutionID: id})
+	v, err := execrpc.Ask[executor.ExecutionView](ctx, nc, names, names.ExecutionSubject,
+		&executor.ExecutionRequest{V: envelope.Version, ExecutionID: id}, "read execution "+id)
 	if err != nil {
 		return readError(err)
 	}

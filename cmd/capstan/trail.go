@@ -14,13 +14,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/mod/sumdb/note"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/mod/sumdb/note"
 )
 
 // The audit log's commands (DESIGN §8, "The trail as a log"): 'capstan

@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/trail"
 )
 
 // The audit log as a user of the command line meets it: dev signs it with a
