@@ -35,7 +35,7 @@ func ExampleStore() {
 	if err != nil {
 		panic(err)
 	}
-	store := approvals.NewStore(b, audit.NewEmitter(b, audit.Options{}))
+	store := approvals.NewStore(b.Approvals, audit.NewEmitter(b, audit.Options{}))
 
 	alice := envelope.Actor{Kind: "user", ID: "alice"}
 	bob := envelope.Actor{Kind: "user", ID: "bob"}

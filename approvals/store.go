@@ -34,22 +34,24 @@ func (s *Store) OnSkipped(f func(key string, err error)) *Store {
 	return s
 }
 
-// NewStore returns a store over b's approvals bucket. Decisions are audited on
-// em, with the approver as the acting actor; em may be nil for a store that
-// only reads, creates and consumes.
-func NewStore(b *broker.Broker, em *audit.Emitter) *Store {
-	return &Store{kv: b.Approvals, audit: em, now: func() time.Time { return time.Now().UTC() }}
+// NewStore returns a store over the approvals bucket kv (nil: a store whose
+// every operation fails with ErrNoBucket). Decisions are audited on em, with
+// the approver as the acting actor; em may be nil for a store that only
+// reads, creates and consumes.
+func NewStore(kv jetstream.KeyValue, em *audit.Emitter) *Store {
+	return &Store{kv: kv, audit: em, now: func() time.Time { return time.Now().UTC() }}
 }
 
 // ErrNoBucket: the store was made over a broker whose approvals bucket is not
 // open (a producer's client, which may not read approvals).
 var ErrNoBucket = errors.New("capstan: the approvals bucket is not open on this connection")
 
-// Open returns a store over the existing approvals bucket, without
-// provisioning anything: for approvers, who may read approvals but not
-// create buckets. Decisions go through RequestDecision.
-func Open(ctx context.Context, js jetstream.JetStream, n broker.Names) (*Store, error) {
-	kv, err := js.KeyValue(ctx, n.ApprovalsBucket())
+// Open returns a store over the existing approvals bucket of the deployment
+// of the given prefix (default "CAPSTAN"), without provisioning anything: for
+// approvers, who may read approvals but not create buckets. Decisions go
+// through RequestDecision.
+func Open(ctx context.Context, js jetstream.JetStream, prefix string) (*Store, error) {
+	kv, err := js.KeyValue(ctx, broker.NewNames(prefix).ApprovalsBucket())
 	if err != nil {
 		return nil, fmt.Errorf("capstan: open approvals: %w", err)
 	}

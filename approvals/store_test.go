@@ -36,7 +36,7 @@ func storeOn(t *testing.T, nc *nats.Conn) (*approvals.Store, *broker.Broker) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return approvals.NewStore(b, audit.NewEmitter(b, audit.Options{})), b
+	return approvals.NewStore(b.Approvals, audit.NewEmitter(b, audit.Options{})), b
 }
 
 // pending creates a pending approval for alice's refund of amount.

@@ -506,7 +506,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		v.wait(t, ctx, subject)
 	}
 	r.assertUnchanged(t, before)
-	rec, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	rec, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil || rec.Status != approvals.StatusPending {
 		t.Fatalf("approval %+v, %v", rec, err)
 	}
@@ -541,7 +541,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	r.trail(t, done.ExecutionID, "capability.completed")
 	r.settled(t, "alice", done.ExecutionID)
 	before := r.snapshot(t)
-	consumed, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	consumed, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,7 +564,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if n := r.refunds.Load(); n != 1 {
 		t.Fatalf("refund ran %d times", n)
 	}
-	after, err := approvals.NewStore(r.admin, nil).Get(ctx, env.Approval.ID)
+	after, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil || after.Status != approvals.StatusConsumed || after.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval %+v, %v", after, err)
 	}

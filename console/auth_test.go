@@ -132,7 +132,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := approvals.Open(testCtx(t), js, broker.NewNames(setup.Prefix))
+	store, err := approvals.Open(testCtx(t), js, setup.Prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

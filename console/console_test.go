@@ -243,7 +243,7 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	}
 	short := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Actor: alice, Types: []string{"finance"},
 		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID(), ExpiresAt: time.Now().Add(time.Second)}
-	if err := approvals.NewStore(testhooks.Broker(r.client), nil).Create(testCtx(t), short); err != nil {
+	if err := approvals.NewStore(testhooks.Broker(r.client).Approvals, nil).Create(testCtx(t), short); err != nil {
 		t.Fatal(err)
 	}
 	w.waitPage("/approvals", `id="a-`+short.ID+`" data-v="expired`)

@@ -30,7 +30,7 @@ func pendingOf(t *testing.T, url, principal string, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := approvals.NewStore(b, nil)
+	store := approvals.NewStore(b.Approvals, nil)
 	var ids []string
 	for i := range n {
 		input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": fmt.Sprintf("o-%s-%d", principal, i), "amount": 900 + i}))

@@ -134,7 +134,7 @@ func openConn(nc *nats.Conn, dep executor.Deployment, principal string, may func
 	switch {
 	case info("KV_" + names.ApprovalsBucket()):
 		var store *approvals.Store
-		if store, c.approvalsErr = approvals.Open(ctx, js, names); c.approvalsErr == nil {
+		if store, c.approvalsErr = approvals.Open(ctx, js, names.Prefix()); c.approvalsErr == nil {
 			// One approval that does not decode hides only itself.
 			store.OnSkipped(func(key string, err error) {
 				log.Warn("approval does not decode: skipped", "bucket", names.ApprovalsBucket(), "key", key, "err", err)

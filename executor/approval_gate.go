@@ -32,7 +32,7 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 }
 
 func (w *Worker) approvalStore() *approvals.Store {
-	return approvals.NewStore(w.b, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+	return approvals.NewStore(w.b.Approvals, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
 }
 
 // requestApproval is the decision of a call that needs an approval: the

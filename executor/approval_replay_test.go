@@ -153,7 +153,7 @@ func TestApproval_TakeoverUnderTheSameRecordStillRuns(t *testing.T) {
 	created := time.Now().UTC().Add(-time.Minute)
 	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "orders.refund", ApprovalID: rec.ID, State: execution.StateClaimed,
 		Worker: deadWorker, Claim: "c-lost", LeaseUntil: pastLease(), CreatedAt: created})
-	if _, err := approvals.NewStore(s.b, nil).Consume(ctxT(t), rec.ID, id, created); err != nil {
+	if _, err := approvals.NewStore(s.b.Approvals, nil).Consume(ctxT(t), rec.ID, id, created); err != nil {
 		t.Fatal(err)
 	}
 	req := &envelope.Request{ExecutionID: id, CapabilityID: "orders.refund", ApprovalID: rec.ID,

@@ -506,7 +506,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeApprovalUnserializableInput)
-	if list, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
+	if list, _ := approvals.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
 		t.Fatalf("%d approvals stored", len(list))
 	}
 }
@@ -891,7 +891,7 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 				}
 			}
 			a, _ := c.Approval(ctxT(t), rec.ID)
-			all, _ := approvals.NewStore(testhooks.Broker(c), nil).List(ctxT(t), approvals.Filter{})
+			all, _ := approvals.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvals.Filter{})
 			if a.Status != approvals.StatusConsumed || a.ConsumedBy != execID || len(all) != 1 {
 				t.Fatalf("approval %+v; %d approvals in the bucket", a, len(all))
 			}

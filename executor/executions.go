@@ -488,7 +488,7 @@ func (w *Worker) approvalsOf(ctx context.Context, v viewer) ([]*approvals.Record
 	if w.approvalIndex != nil {
 		return w.approvalIndex.Select(mayDecide), nil
 	}
-	all, err := approvals.NewStore(w.b, nil).List(ctx, approvals.Filter{})
+	all, err := approvals.NewStore(w.b.Approvals, nil).List(ctx, approvals.Filter{})
 	if err != nil {
 		return nil, err
 	}
@@ -707,7 +707,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	}
 	// The approvals behind it: asked for (its trail and envelope say which)
 	// or consumed by it, by its owner.
-	store := approvals.NewStore(w.b, nil)
+	store := approvals.NewStore(w.b.Approvals, nil)
 	behind := false
 	for _, aid := range approvalIDs(view) {
 		r, err := store.Get(ctx, aid)

@@ -246,7 +246,7 @@ func TestPendingApprovalsQuota_RefusedWithoutCreatingOne(t *testing.T) {
 	if got := r.seen.of(envelope.QuotaPendingApprovals, "alice"); got != 3 {
 		t.Fatalf("the metric counted %d, want 3", got)
 	}
-	all, err := approvals.NewStore(r.admin, nil).List(ctx, approvals.Filter{})
+	all, err := approvals.NewStore(r.admin.Approvals, nil).List(ctx, approvals.Filter{})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("the bucket holds %d approvals (%v), want alice's 3", len(all), err)
 	}

@@ -19,7 +19,7 @@ import (
 // approvalStore is a store over the approvals bucket whose decisions are
 // audited with the approver as the acting actor.
 func (c *Client) approvalStore() *approvals.Store {
-	return approvals.NewStore(c.b, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
+	return approvals.NewStore(c.b.Approvals, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
 		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
 	})
 }
@@ -157,7 +157,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 	if c.b.Approvals == nil {
 		return c.submitResumeByID(ctx, approvalID, opts)
 	}
-	rec, err := approvals.NewStore(c.b, nil).Get(ctx, approvalID)
+	rec, err := approvals.NewStore(c.b.Approvals, nil).Get(ctx, approvalID)
 	if err != nil {
 		return "", err
 	}

@@ -52,7 +52,7 @@ func TestWorker_ListingsSkipARecordThatDoesNotDecode(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	startWorker(t, nc, executor.WorkerConfig{Observer: seen, Logger: log}, echoCap(nil))
 
-	store := approvals.NewStore(b, nil)
+	store := approvals.NewStore(b.Approvals, nil)
 	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
 	if err != nil {
 		t.Fatal(err)

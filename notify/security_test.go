@@ -156,7 +156,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	}
 
 	// Nothing changed.
-	store := approvals.NewStore(b, nil)
+	store := approvals.NewStore(b.Approvals, nil)
 	if rec, err := store.Get(ctx, id); err != nil || rec.Status != approvals.StatusPending || rec.Decision != nil {
 		t.Errorf("the approval after the attacks: %+v, %v", rec, err)
 	}

@@ -121,7 +121,7 @@ func (c *brokerCollector) refresh() {
 			return
 		}
 		c.b = b
-		c.approvals = approvals.NewStore(b, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
+		c.approvals = approvals.NewStore(b.Approvals, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
 	}
 	bl, err := c.b.Backlogs(ctx)
 	if err != nil {

@@ -35,7 +35,7 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := approvals.NewStore(b, nil).Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "t.echo",
+	if err := approvals.NewStore(b.Approvals, nil).Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "t.echo",
 		Actor: alice, Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID()}); err != nil {
 		t.Fatal(err)
 	}

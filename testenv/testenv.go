@@ -30,17 +30,20 @@ type Env struct {
 }
 
 // Option changes how a server is started.
-type Option func(*natsserver.Options)
+type Option func(*options)
+
+// options are the embedded server's.
+type options = natsserver.Options
 
 // SyncAlways makes JetStream fsync every write before acknowledging it.
-func SyncAlways() Option { return func(o *natsserver.Options) { o.SyncAlways = true } }
+func SyncAlways() Option { return func(o *options) { o.SyncAlways = true } }
 
 // Auth starts the server with setup's configuration: every client then needs
 // credentials. Connect connects as the setup's admin, ConnectAs as any of its
 // principals. The server keeps accounts in its store directory, and the
 // setup's accounts are pushed to it once it is up (see PushAccounts).
 func Auth(setup *auth.Setup) Option {
-	return func(o *natsserver.Options) {
+	return func(o *options) {
 		o.ConfigFile = setup.ServerConfigPath()
 		o.ResolverDir = filepath.Join(o.StoreDir, auth.ResolverDirName)
 	}

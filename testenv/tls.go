@@ -14,8 +14,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
 // TLSFiles are the PEM files of a client of a server started with
@@ -57,7 +55,7 @@ func MutualTLS(t testing.TB) (Option, TLSFiles) {
 		Certificates: []tls.Certificate{{Certificate: [][]byte{server.Raw}, PrivateKey: serverKey, Leaf: server}},
 		ClientAuth:   tls.RequireAndVerifyClientCert, ClientCAs: roots, MinVersion: tls.VersionTLS12,
 	}
-	return func(o *natsserver.Options) { o.TLS = cfg }, files
+	return func(o *options) { o.TLS = cfg }, files
 }
 
 // ClientTLS is a client's TLS configuration with the certificate and key of
