@@ -51,7 +51,7 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 		t.Fatal(err)
 	}
 	t.Cleanup(grants.Stop)
-	s := approvals.NewStore(b.Approvals, audit.NewEmitter(b, audit.Options{}))
+	s := approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 	sub, err := approvalsrpc.Serve(wnc, s, b.Names, grants)
 	if err != nil {
 		t.Fatal(err)

@@ -35,7 +35,7 @@ func ExampleStore() {
 	if err != nil {
 		panic(err)
 	}
-	store := approvals.NewStore(b.Approvals, audit.NewEmitter(b, audit.Options{}))
+	store := approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 
 	alice := envelope.Actor{Kind: "user", ID: "alice"}
 	bob := envelope.Actor{Kind: "user", ID: "bob"}

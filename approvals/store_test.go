@@ -36,7 +36,7 @@ func storeOn(t *testing.T, nc *nats.Conn) (*approvals.Store, *broker.Broker) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return approvals.NewStore(b.Approvals, audit.NewEmitter(b, audit.Options{})), b
+	return approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
 }
 
 // pending creates a pending approval for alice's refund of amount.
@@ -579,7 +579,7 @@ func TestDecide_AuditedWithApproverAsActor(t *testing.T) {
 // before it returns.
 func trail(t *testing.T, b *broker.Broker, executionID string) []audit.Event {
 	t.Helper()
-	evs, err := audit.Read(ctxT(t), b, broker.Anonymous, executionID)
+	evs, err := audit.Read(ctxT(t), b.NC, b.Names.Prefix(), broker.Anonymous, executionID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,11 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
@@ -41,7 +42,8 @@ func provision(t *testing.T, nc *nats.Conn, cfg broker.Config) *broker.Broker {
 
 func newEmitter(t *testing.T, b *broker.Broker, opts audit.Options) *audit.Emitter {
 	t.Helper()
-	e := audit.NewEmitter(b, opts)
+	opts.Prefix, opts.Audit, opts.Index = b.Names.Prefix(), b.Audit, b.Index
+	e := audit.NewEmitter(b.NC, opts)
 	t.Cleanup(func() { _ = e.Flush(context.Background()) })
 	return e
 }
@@ -79,7 +81,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 	flush(t, e)
 
 	for _, id := range []string{"exec-a", "exec-b"} {
-		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +103,7 @@ func TestRead_UnknownExecutionIsNotFound(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
+	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("err %v, want broker.ErrNotFound", err)
 	}
 }
@@ -114,7 +116,7 @@ func TestRead_RefusesIDsThatAreNotOneSubjectToken(t *testing.T) {
 	e.Emit(event(audit.EventRequested, "x"))
 	flush(t, e)
 	for _, id := range []string{"*", ">", "x.>", "", "a b"} {
-		if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err == nil || errors.Is(err, broker.ErrNotFound) {
+		if trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id); err == nil || errors.Is(err, broker.ErrNotFound) {
 			t.Fatalf("id %q: trail %v, err %v; want a refusal", id, trail, err)
 		}
 	}
@@ -135,7 +137,7 @@ func collect(t *testing.T, b *broker.Broker, f audit.Filter, n int, opts ...audi
 	t.Helper()
 	var got []audit.Event
 	stop := errors.New("enough")
-	err := audit.Follow(testCtx(t), b, f, func(ev audit.Event) error {
+	err := audit.Follow(testCtx(t), b.NC, b.Names.Prefix(), f, func(ev audit.Event) error {
 		got = append(got, ev)
 		if len(got) == n {
 			return stop
@@ -214,7 +216,7 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 	got := make(chan audit.Event, 10)
 	done := make(chan error, 1)
 	go func() {
-		done <- audit.Follow(ctx, b, audit.Filter{}, func(ev audit.Event) error { got <- ev; return nil })
+		done <- audit.Follow(ctx, b.NC, b.Names.Prefix(), audit.Filter{}, func(ev audit.Event) error { got <- ev; return nil })
 	}()
 	// The follower has started once its consumer exists.
 	for auditConsumers(t, b) == 0 {
@@ -269,11 +271,11 @@ func TestFollow_UndecodableEventIsAnErrorNamingItsSequence(t *testing.T) {
 	if _, err := b.JS.Publish(testCtx(t), b.Names.AuditSubject("garbage"), []byte{0xc1}); err != nil {
 		t.Fatal(err)
 	}
-	err := audit.Follow(testCtx(t), b, audit.Filter{}, func(audit.Event) error { return nil }, audit.FromStart())
+	err := audit.Follow(testCtx(t), b.NC, b.Names.Prefix(), audit.Filter{}, func(audit.Event) error { return nil }, audit.FromStart())
 	if err == nil || !strings.Contains(err.Error(), "sequence 1") {
 		t.Fatalf("err %v, want a decode error naming sequence 1", err)
 	}
-	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "garbage"); err == nil || !strings.Contains(err.Error(), "sequence 1") {
+	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "garbage"); err == nil || !strings.Contains(err.Error(), "sequence 1") {
 		t.Fatalf("read: err %v, want a decode error naming sequence 1", err)
 	}
 }

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats-server/v2/server"
 )
 
 // serverMsgs is how many messages the server has taken in and sent out.
@@ -28,7 +29,7 @@ func storedEvents(t *testing.T, b *broker.Broker, ids []string) int {
 	t.Helper()
 	n := 0
 	for _, id := range ids {
-		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id)
 		if errors.Is(err, broker.ErrNotFound) {
 			continue
 		}
@@ -238,7 +239,7 @@ func TestNewEmitter_EmittersTakenPerUseLeaveNoSubscriptionBehind(t *testing.T) {
 	before := b.NC.NumSubscriptions()
 	const uses = 20
 	for i := range uses {
-		e := audit.NewEmitter(b, audit.Options{})
+		e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
 		if err := e.EmitSync(testCtx(t), event(audit.EventApproved, fmt.Sprintf("exec-%d", i))); err != nil {
 			t.Fatal(err)
 		}

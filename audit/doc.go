@@ -16,35 +16,36 @@
 // (executor.WorkerConfig.StrictAudit) capability.started must be stored before
 // the handler runs, or the execution fails AUDIT_UNAVAILABLE.
 //
-// Reading needs nothing but the stream: Read returns one execution's trail
-// with direct gets of its shard from the time in its UUIDv7 id, without a
-// consumer; Follow tails the live stream with filters. Asynchronous events
+// Reading needs nothing but the stream: Read (a Client's Trail) returns one
+// execution's trail with direct gets of its shard from the time in its UUIDv7
+// id, without a consumer; Follow (a Client's FollowTrail) tails the live
+// stream with filters. Asynchronous events
 // may still be on their way when the envelope arrives, so a trail read at that
 // moment can lack its last events; a worker stores all of its events before
 // Run returns.
 //
-//	b, err := broker.Provision(ctx, nc, broker.Config{})
+//	trail, err := client.Trail(ctx, executionID) // oldest first; or audit.Read(ctx, nc, "", principal, executionID)
 //	if err != nil { ... }
-//	trail, err := audit.Read(ctx, b, executionID) // oldest first
 //	for _, ev := range trail {
 //		fmt.Println(ev.Timestamp, ev.Type, ev.Data)
 //	}
-//	err = audit.Follow(ctx, b, audit.Filter{Type: audit.EventDenied}, func(ev audit.Event) error {
+//	err = audit.Follow(ctx, nc, "", audit.Filter{Type: audit.EventDenied}, func(ev audit.Event) error {
 //		fmt.Println(ev.ExecutionID, ev.CapabilityID, ev.Data["reason"])
 //		return nil
 //	})
 //
-// The stream keeps events for broker.Config.AuditMaxAge (default 30 days).
+// The stream keeps events for executor.Deployment.AuditMaxAge (default 30
+// days).
 //
 // The trail is also a transparency log (DESIGN §8, "The trail as a log"):
 // where the deployment runs a checkpointer (capstan server with its audit
 // key), every stored message is a leaf of an RFC 6962 tree whose signed
-// checkpoints anyone can check. Prove returns an execution's trail with the
-// proof that each of its messages is in the latest checkpoint, and its
+// checkpoints anyone can check. A Client's ProveTrail returns an execution's
+// trail with the proof that each of its messages is in the latest checkpoint, and its
 // envelope, whose hash the terminal event commits to; Verify checks it with
 // the deployment's public key alone:
 //
-//	p, err := audit.Prove(ctx, b, principal, executionID)
+//	p, err := client.ProveTrail(ctx, executionID)
 //	if err != nil { ... }
 //	err = p.Verify(publicKeys) // the deployment's audit.pub
 package audit

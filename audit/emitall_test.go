@@ -27,7 +27,7 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 	}
 	flush(t, e)
 	want := []string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted, audit.EventDuplicateDelivery}
-	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-a")
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "exec-a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
 	if e.Failed() != 4 || e.Sent() != 0 {
 		t.Fatalf("failed %d, sent %d; want 4 and 0", e.Failed(), e.Sent())
 	}
-	if _, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-a"); !errors.Is(err, broker.ErrNotFound) {
+	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "exec-a"); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("read: %v, want nothing stored", err)
 	}
 }
@@ -104,7 +104,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 	flush(t, e)
 	// The acknowledged event was stored after every unacknowledged one of
 	// the same connection: the trail is whole.
-	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, "exec-u")
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "exec-u")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestEmit_UnacknowledgedFailureOnAClosedConnectionIsCounted(t *testing.T) {
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b := provision(t, nc, broker.Config{})
-	e := audit.NewEmitter(b, audit.Options{Unacknowledged: true})
+	e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Unacknowledged: true})
 	nc.Close()
 	e.EmitAll(event(audit.EventStarted, "exec-c"), event(audit.EventCompleted, "exec-c"))
 	if e.Failed() != 2 || e.Sent() != 0 {
@@ -160,7 +160,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 	}
 	legacy(audit.EventRequested)
 	legacy(audit.EventStarted)
-	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.EventRequested, audit.EventStarted}) {
+	if trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.EventRequested, audit.EventStarted}) {
 		t.Fatalf("legacy trail %v, %v", types(trail), err)
 	}
 	e := newEmitter(t, b, audit.Options{})
@@ -168,7 +168,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted}
-	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id)
 	if err != nil || fmt.Sprint(types(trail)) != fmt.Sprint(want) {
 		t.Fatalf("trail across the upgrade %v, %v; want %v", types(trail), err, want)
 	}

@@ -10,10 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // ErrUnavailable marks an event JetStream did not acknowledge when it had to.
@@ -21,6 +22,15 @@ var ErrUnavailable = errors.New("capstan: audit unavailable")
 
 // Options configure an Emitter. Zero values are the defaults.
 type Options struct {
+	// Prefix of the deployment's names (default "CAPSTAN").
+	Prefix string
+	// Audit is the audit stream, as bound where the emitter is made: when it
+	// allows batches, asynchronous events go in batches. Nil: one by one.
+	Audit jetstream.Stream
+	// Index is the executions index stream: every message that begins or
+	// ends an execution gets its entry there. Nil: no entries (a client's
+	// emitter).
+	Index jetstream.Stream
 	// Disabled turns the trail off (benchmarks only; nothing is published).
 	Disabled bool
 	// Logger receives emission errors of asynchronous events.
@@ -80,16 +90,17 @@ type Emitter struct {
 // one call is given events of more than one execution.
 var ErrMixedExecutions = errors.New("capstan: audit events of different executions in one message")
 
-// NewEmitter returns an emitter publishing on b's audit stream.
-func NewEmitter(b *broker.Broker, opts Options) *Emitter {
+// NewEmitter returns an emitter publishing on the audit stream over nc.
+func NewEmitter(nc *nats.Conn, opts Options) *Emitter {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.AckTimeout <= 0 {
 		opts.AckTimeout = 5 * time.Second
 	}
-	e := &Emitter{nc: b.NC, names: b.Names, opts: opts}
-	js, err := jetstream.New(b.NC,
+	n := broker.NewNames(opts.Prefix)
+	e := &Emitter{nc: nc, names: n, opts: opts}
+	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(16384),
 		jetstream.WithPublishAsyncTimeout(opts.AckTimeout),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, m *nats.Msg, err error) {
@@ -102,10 +113,10 @@ func NewEmitter(b *broker.Broker, opts Options) *Emitter {
 		panic(err)
 	}
 	e.js = js
-	e.batchable = !opts.Disabled && !opts.Unacknowledged && b.Audit != nil && b.Audit.CachedInfo().Config.AllowBatchPublish
-	e.indexed = !opts.Disabled && b.Index != nil
-	e.indexBatches = e.indexed && !opts.Unacknowledged && b.Index.CachedInfo().Config.AllowBatchPublish
-	e.groups = newIndexGroups(b.Names, e.sendIndex)
+	e.batchable = !opts.Disabled && !opts.Unacknowledged && opts.Audit != nil && opts.Audit.CachedInfo().Config.AllowBatchPublish
+	e.indexed = !opts.Disabled && opts.Index != nil
+	e.indexBatches = e.indexed && !opts.Unacknowledged && opts.Index.CachedInfo().Config.AllowBatchPublish
+	e.groups = newIndexGroups(n, e.sendIndex)
 	return e
 }
 

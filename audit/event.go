@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Event types of DESIGN §8.

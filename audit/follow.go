@@ -6,10 +6,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Filter selects events; an empty field matches every event.
@@ -118,8 +119,9 @@ func After(ev Event) FollowOption {
 // earlier versions kept the execution's events on.
 //
 // Follow reads through one ephemeral ordered consumer and deletes it on return.
-func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) error, opts ...FollowOption) error {
-	subjects := []string{b.Names.AuditSubjects()}
+func Follow(ctx context.Context, nc *nats.Conn, prefix string, f Filter, fn func(Event) error, opts ...FollowOption) error {
+	n := broker.NewNames(prefix)
+	subjects := []string{n.AuditSubjects()}
 	if f.ExecutionID != "" {
 		if err := envelope.ValidExecutionID(f.ExecutionID); err != nil {
 			return fmt.Errorf("capstan: %w", err)
@@ -127,7 +129,7 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		if f.Principal != "" && !broker.ValidPrincipal(f.Principal) {
 			return fmt.Errorf("capstan: %q is not a principal", f.Principal)
 		}
-		subjects = trailSubjects(b.Names, f.principal(), f.ExecutionID)
+		subjects = trailSubjects(n, f.principal(), f.ExecutionID)
 	}
 	from := followFrom{cfg: jetstream.OrderedConsumerConfig{FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverNewPolicy}}
 	for _, o := range opts {
@@ -140,14 +142,18 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		}
 	}
 	subject := subjects[0]
-	cons, err := b.Audit.OrderedConsumer(ctx, from.cfg)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.OrderedConsumer(ctx, n.AuditStream(), from.cfg)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return fmt.Errorf("capstan: follow %s: %w", subject, err)
 	}
-	defer deleteConsumer(b, cons)
+	defer deleteConsumer(nc, js, n.AuditStream(), cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("capstan: follow %s: %w", subject, err)
@@ -170,7 +176,7 @@ func Follow(ctx context.Context, b *broker.Broker, f Filter, fn func(Event) erro
 		}
 		evs, err := Decode(m.Data())
 		if err != nil {
-			return fmt.Errorf("%w (stream %s, sequence %d)", err, b.Names.AuditStream(), seq)
+			return fmt.Errorf("%w (stream %s, sequence %d)", err, n.AuditStream(), seq)
 		}
 		for i := range evs {
 			ev := &evs[i]
@@ -218,13 +224,13 @@ func ofExecution(h nats.Header, key, id string) bool {
 // deleteConsumer removes the ordered consumer now rather than when the server
 // notices it is inactive. Its name changes when it is reset after a gap, so
 // the current one is asked for at the end.
-func deleteConsumer(b *broker.Broker, cons jetstream.Consumer) {
+func deleteConsumer(nc *nats.Conn, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
 	info := cons.CachedInfo()
-	if info == nil || !b.NC.IsConnected() {
+	if info == nil || !nc.IsConnected() {
 		return // a server out of reach would hold the caller up to the timeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// On failure the server still removes it after its inactivity threshold.
-	_ = b.Audit.DeleteConsumer(ctx, info.Name)
+	_ = js.DeleteConsumer(ctx, stream, info.Name)
 }

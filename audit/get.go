@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/jsget"
-	"github.com/nats-io/nats.go"
 )
 
 // getRequest is JetStream's message get request (direct or not).
@@ -48,8 +49,8 @@ type reader struct {
 	sub    *nats.Subscription
 }
 
-func newReader(b *broker.Broker, principal, executionID string) *reader {
-	return &reader{nc: b.NC, stream: b.Names.AuditStream(), key: broker.Key(principal, executionID), id: executionID, direct: true}
+func newReader(nc *nats.Conn, n broker.Names, principal, executionID string) *reader {
+	return &reader{nc: nc, stream: n.AuditStream(), key: broker.Key(principal, executionID), id: executionID, direct: true}
 }
 
 // newStreamReader reads any stream of capstan's (the executions index).

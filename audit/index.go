@@ -3,9 +3,10 @@ package audit
 import (
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // The executions index (DESIGN §3, "Listing executions"): a projection of

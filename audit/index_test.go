@@ -117,7 +117,7 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", "")
 	flush(t, e)
 
-	page, err := audit.List(testCtx(t), b, audit.Query{Limit: 5})
+	page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Limit: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	if page.Entries[0].Status != audit.EntryRunning {
 		t.Fatalf("exec-long is %s, want running", page.Entries[0].Status)
 	}
-	next, err := audit.List(testCtx(t), b, audit.Query{Limit: 3, Before: page.Next})
+	next, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Limit: 3, Before: page.Next})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 		{"id prefix", audit.Query{IDPrefix: "exec-00"}, "[exec-009 exec-008 exec-007 exec-006 exec-005 exec-004 exec-003 exec-002 exec-001 exec-000]"},
 		{"nothing", audit.Query{CapabilityID: "nobody.calls"}, "[]"},
 	} {
-		got, err := audit.List(testCtx(t), b, tc.q)
+		got, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), tc.q)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -164,7 +164,7 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 	// The long one ends: its newest entry wins, once.
 	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", audit.EventCompleted)
 	flush(t, e)
-	page, err = audit.List(testCtx(t), b, audit.Query{Limit: 3})
+	page, err = audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Limit: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,10 +172,10 @@ func TestList_NewestFirstFilteredAndPaged(t *testing.T) {
 		t.Fatalf("after its end: %s (%s), want %s, completed", got, page.Entries[0].Status, want)
 	}
 	// Time bounds: nothing before the first entry, everything after it.
-	if got, err := audit.List(testCtx(t), b, audit.Query{Until: time.Now().Add(-time.Hour)}); err != nil || len(got.Entries) != 0 {
+	if got, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Until: time.Now().Add(-time.Hour)}); err != nil || len(got.Entries) != 0 {
 		t.Fatalf("until an hour ago: %v %v, want nothing", got, err)
 	}
-	if got, err := audit.List(testCtx(t), b, audit.Query{Since: time.Now().Add(-time.Hour), Limit: 500}); err != nil || len(got.Entries) != 301 || got.Next != 0 {
+	if got, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Since: time.Now().Add(-time.Hour), Limit: 500}); err != nil || len(got.Entries) != 301 || got.Next != 0 {
 		t.Fatalf("since an hour ago: %d entries, next %d, %v; want 301 and no next", len(got.Entries), got.Next, err)
 	}
 }

@@ -9,11 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // indexMsgs is how many messages the index stream holds.
@@ -31,7 +32,7 @@ func indexMsgs(t *testing.T, b *broker.Broker) uint64 {
 func listAll(t *testing.T, b *broker.Broker, q audit.Query) (ids, cursors []string) {
 	t.Helper()
 	for {
-		page, err := audit.List(testCtx(t), b, q)
+		page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), q)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +114,7 @@ func TestIndex_EndsCloseTogetherAreOneMessage(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	page, err := audit.List(testCtx(t), b, audit.Query{Limit: 2})
+	page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +231,7 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 	if got := indexMsgs(t, b); got != 2 {
 		t.Fatalf("the index holds %d messages, want 2: the end that waited, then the approval-required entry, which replaced the running one", got)
 	}
-	page, err := audit.List(testCtx(t), b, audit.Query{})
+	page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +279,7 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 	if len(order) != 2 || !strings.Contains(order[0], ".running.") || !strings.Contains(order[1], ".approval-required.") {
 		t.Fatalf("sent %v, want the running entry, then the approval-required one", order)
 	}
-	page, err = audit.List(testCtx(t), b, audit.Query{IDPrefix: "exec-slow"})
+	page, err = audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{IDPrefix: "exec-slow"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,8 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Query selects index entries for List. Zero fields select everything.
@@ -167,12 +168,9 @@ func splitActor(a string) (kind, id string) {
 // the stream (or q.Since) begins, or maxScanned entries were read. The first
 // page of a dense filter is one window; a rare one reads as many windows as
 // it takes to find it, each answered from the server's indexes.
-func List(ctx context.Context, b *broker.Broker, q Query) (*Page, error) {
-	if b.Index == nil {
-		return nil, fmt.Errorf("%w: the executions index (stream %s) does not exist: a worker of this version creates it",
-			broker.ErrNotFound, b.Names.IndexStream())
-	}
-	return listStream(ctx, b.NC, b.Names, b.Names.IndexStream(), q)
+func List(ctx context.Context, nc *nats.Conn, prefix string, q Query) (*Page, error) {
+	n := broker.NewNames(prefix)
+	return listStream(ctx, nc, n, n.IndexStream(), q)
 }
 
 func listStream(ctx context.Context, nc *nats.Conn, n broker.Names, stream string, q Query) (*Page, error) {

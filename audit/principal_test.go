@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/nats-io/nats.go"
 )
 
 // as is event, filed by principal.
@@ -43,7 +44,7 @@ func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPart
 		"alice": "[alice:capability.requested alice:capability.failed]",
 		"bob":   "[bob:capability.requested bob:capability.started bob:capability.completed]",
 	} {
-		trail, err := audit.Read(testCtx(t), b, principal, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), principal, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPart
 			t.Errorf("Follow as %s: %s, want %s", principal, got, want)
 		}
 	}
-	if _, err := audit.Read(testCtx(t), b, "carol", id); err == nil {
+	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), "carol", id); err == nil {
 		t.Error("carol has a trail under an id only alice and bob used")
 	}
 }
@@ -80,7 +81,7 @@ func TestRead_StoresBeforePrincipalScopedIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	trail, err := audit.Read(testCtx(t), b, "alice", id)
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), "alice", id)
 	if err != nil {
 		t.Fatal(err)
 	}

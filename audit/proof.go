@@ -2,19 +2,16 @@ package audit
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/trail"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/mod/sumdb/tlog"
+
+	"github.com/capstan-dev/capstan/internal/trail"
 )
 
 // envelopeHashKey is the field of an execution's terminal event that holds
@@ -60,54 +57,6 @@ type ProvedMessage struct {
 	Proof []string `json:"proof"`
 	// Events are the message's events, decoded from Data.
 	Events []Event `json:"events"`
-}
-
-// Prove reads principal's execution executionID's trail and proves each of
-// its messages in the deployment's latest checkpoint, with the envelope
-// while it is kept. The checkpointer signs about every second: while the
-// latest checkpoint does not cover the trail's last message yet, Prove
-// waits for one that does, until ctx ends. It needs a connection that may
-// read the audit stream and the trail's bucket (an admin's, a worker's, an
-// open server's).
-func Prove(ctx context.Context, b *broker.Broker, principal, executionID string) (*TrailProof, error) {
-	events, err := Read(ctx, b, principal, executionID)
-	if err != nil {
-		return nil, err
-	}
-	var seqs []uint64
-	for _, ev := range events {
-		if !slices.Contains(seqs, ev.Seq) {
-			seqs = append(seqs, ev.Seq)
-		}
-	}
-	signed, incs, err := trail.Prove(ctx, b, seqs)
-	if err != nil {
-		return nil, fmt.Errorf("capstan: prove the trail: %w", err)
-	}
-	p := &TrailProof{Checkpoint: string(signed)}
-	for _, in := range incs {
-		pm := ProvedMessage{Seq: in.Msg.Seq, Leaf: in.Leaf, Subject: in.Msg.Subject, Header: in.Msg.Header, Data: in.Msg.Data}
-		for _, h := range in.Hashes {
-			pm.Proof = append(pm.Proof, base64.StdEncoding.EncodeToString(h[:]))
-		}
-		if pm.Events, err = Decode(in.Msg.Data); err != nil {
-			return nil, err
-		}
-		for i := range pm.Events {
-			pm.Events[i].Seq = in.Msg.Seq
-		}
-		p.Messages = append(p.Messages, pm)
-	}
-	if b.Envelopes != nil {
-		e, err := b.Envelopes.Get(ctx, broker.Key(principal, executionID))
-		switch {
-		case err == nil:
-			p.Envelope = e.Value()
-		case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
-			return nil, err
-		}
-	}
-	return p, nil
 }
 
 // Verify checks the proof against publicKeys, the deployment's verifier

@@ -7,9 +7,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/google/uuid"
 )
 
 const (
@@ -75,23 +77,24 @@ func idTime(executionID string) (time.Time, bool) {
 // Read uses direct gets (batched for a recent trail), or message gets on a
 // stream that does not allow direct gets: it creates no consumer and leaves
 // nothing behind.
-func Read(ctx context.Context, b *broker.Broker, principal, executionID string) ([]Event, error) {
+func Read(ctx context.Context, nc *nats.Conn, prefix, principal, executionID string) ([]Event, error) {
+	n := broker.NewNames(prefix)
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
 	if !broker.ValidPrincipal(principal) {
 		return nil, fmt.Errorf("capstan: %q is not a principal", principal)
 	}
-	r := newReader(b, principal, executionID)
+	r := newReader(nc, n, principal, executionID)
 	defer r.close()
-	shard := b.Names.AuditSubject(r.key)
+	shard := n.AuditSubject(r.key)
 	trail, err := r.read(ctx, shard)
 	if err != nil {
 		return nil, err
 	}
 	if len(trail) == 0 {
 		// Earlier versions sharded by the execution id alone.
-		if old := b.Names.AuditSubject(executionID); old != shard {
+		if old := n.AuditSubject(executionID); old != shard {
 			if trail, err = r.read(ctx, old); err != nil {
 				return nil, err
 			}
@@ -99,7 +102,7 @@ func Read(ctx context.Context, b *broker.Broker, principal, executionID string) 
 	}
 	if !begins(trail) {
 		// The subject's own index finds its few messages: one batch.
-		old, err := r.scan(ctx, b.Names.LegacyAuditSubject(executionID), time.Time{}, time.Time{}, false, true)
+		old, err := r.scan(ctx, n.LegacyAuditSubject(executionID), time.Time{}, time.Time{}, false, true)
 		if err != nil {
 			return nil, err
 		}

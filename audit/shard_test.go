@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/google/uuid"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // sameShard returns n new UUIDv7 ids, all on one audit shard.
@@ -78,7 +79,7 @@ func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
 	}
 	want := fmt.Sprint([]string{audit.EventRequested, audit.EventStarted, audit.EventRetried, audit.EventStarted, audit.EventCompleted})
 	for _, id := range []string{ids[0], ids[57], ids[119]} {
-		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +117,7 @@ func TestRead_MessagesWithoutTheHeaderAreMatchedByTheirEvents(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, ids[0])
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, ids[0])
 	if err != nil || len(trail) != 1 || trail[0].ExecutionID != ids[0] || trail[0].Seq != 2 {
 		t.Fatalf("trail %+v, %v; want the one event at sequence 2", trail, err)
 	}
@@ -144,11 +145,11 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 		}
 	}
 	flush(t, e)
-	if trail, err := audit.Read(testCtx(t), b, broker.Anonymous, tooFar); !errors.Is(err, broker.ErrNotFound) {
+	if trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, tooFar); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("an id three hours ahead: %v, %v; want not found", types(trail), err)
 	}
 	for _, id := range ids {
-		trail, err := audit.Read(testCtx(t), b, broker.Anonymous, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id)
 		if err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
@@ -180,7 +181,7 @@ func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
 		}
 	}
 	flush(t, e)
-	trail, err := audit.Read(testCtx(t), b, broker.Anonymous, ids[1])
+	trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, ids[1])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -748,7 +748,7 @@ func testTrailPollution(t *testing.T, r *rig) {
 // principal's.
 func (r *rig) assertTrailOf(t *testing.T, principal, id string) {
 	t.Helper()
-	trail, err := audit.Read(testCtx(t), r.admin, principal, id)
+	trail, err := audit.Read(testCtx(t), r.admin.NC, r.admin.Names.Prefix(), principal, id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -322,12 +322,12 @@ func readTrail(ctx context.Context, b *broker.Broker, id string) ([]audit.Event,
 	if len(owners) != 1 {
 		return nil, fmt.Errorf("%w: execution %s has owners %v", broker.ErrNotFound, id, owners)
 	}
-	return audit.Read(ctx, b, owners[0], id)
+	return audit.Read(ctx, b.NC, b.Names.Prefix(), owners[0], id)
 }
 
 // hasTerminalEvent reports whether id's trail holds the event that ends it.
 func hasTerminalEvent(ctx context.Context, b *broker.Broker, principal, id string) bool {
-	trail, err := audit.Read(ctx, b, principal, id)
+	trail, err := audit.Read(ctx, b.NC, b.Names.Prefix(), principal, id)
 	if err != nil {
 		return false
 	}
@@ -386,7 +386,7 @@ func (r *rig) events(t *testing.T, executionID string) []string {
 func (r *rig) eventsOf(t *testing.T, principal, executionID string) []string {
 	t.Helper()
 	return eventTypes(t, func(ctx context.Context) ([]audit.Event, error) {
-		return audit.Read(ctx, r.admin, principal, executionID)
+		return audit.Read(ctx, r.admin.NC, r.admin.Names.Prefix(), principal, executionID)
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 )
@@ -156,7 +157,7 @@ func testTrailForges(t *testing.T, r *rig) {
 		t.Errorf("verify after the attacks: %+v", rep)
 	}
 	t.Logf("checkpoints stream: %d signed, %d filed by the attacks", rep.Verified, len(rep.Problems))
-	proof, err := capaudit.Prove(ctx, r.admin, "alice", env.ExecutionID)
+	proof, err := auditproof.Prove(ctx, r.admin, "alice", env.ExecutionID)
 	if err != nil {
 		t.Fatalf("prove alice's execution after the attacks: %v", err)
 	}
@@ -228,7 +229,7 @@ func TestTrail_TwoPrincipalsOneIDProveTheirOwn(t *testing.T) {
 	proofs := map[string]*capaudit.TrailProof{}
 	for _, p := range principals {
 		r.trailOf(t, p, id, "capability.completed")
-		proof, err := capaudit.Prove(ctx, r.admin, p, id)
+		proof, err := auditproof.Prove(ctx, r.admin, p, id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -72,7 +72,7 @@ func TestIDs_ScopedByPrincipal_NoSquattingNoTrailPollution(t *testing.T) {
 	}
 	r.settled(t, "bob", id)
 
-	trail, err := audit.Read(testCtx(t), r.admin, "bob", id)
+	trail, err := audit.Read(testCtx(t), r.admin.NC, r.admin.Names.Prefix(), "bob", id)
 	if err != nil {
 		t.Fatal(err)
 	}

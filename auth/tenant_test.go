@@ -179,7 +179,7 @@ func (r *tenantRig) ownedBy(t *testing.T, principal string) owned {
 	}
 	slices.Sort(ids)
 	for _, id := range slices.Compact(ids) {
-		trail, err := audit.Read(ctx, r.admin, principal, id)
+		trail, err := audit.Read(ctx, r.admin.NC, r.admin.Names.Prefix(), principal, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,7 +411,7 @@ func (r *tenantRig) durableOf(t *testing.T, principal string, ids ...string) own
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		trail, err := audit.Read(ctx, r.admin, principal, id)
+		trail, err := audit.Read(ctx, r.admin.NC, r.admin.Names.Prefix(), principal, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -471,7 +471,7 @@ func TestTenant_LimitsOneCallerCannotFill(t *testing.T) {
 		waitFor(t, "alice's reports hold her share of the slots", func() bool { return slotsOf("alice") == 3 })
 		waitFor(t, "alice's other reports wait at her share", func() bool {
 			for _, id := range held {
-				ev, err := audit.Read(ctx, r.admin, "alice", id)
+				ev, err := audit.Read(ctx, r.admin.NC, r.admin.Names.Prefix(), "alice", id)
 				if err == nil && slices.ContainsFunc(ev, func(e audit.Event) bool {
 					return e.Type == audit.EventLimited && e.Data["principalMax"] != nil
 				}) {
@@ -632,7 +632,7 @@ func waitTrailEvent(t *testing.T, b *broker.Broker, principal, id, typ string) a
 	t.Helper()
 	var found audit.Event
 	waitFor(t, "a "+typ+" event on "+id+"'s trail", func() bool {
-		trail, err := audit.Read(testCtx(t), b, principal, id)
+		trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), principal, id)
 		if err != nil {
 			return false
 		}

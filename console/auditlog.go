@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/trail"
 )
 
@@ -53,7 +53,7 @@ func (c *Console) checkTrail(ctx context.Context, s *session, d *execData) *logC
 		}
 		lc.Stated = true
 	}
-	p, err := audit.Prove(ctx, b, d.Summary.Principal, d.ID)
+	p, err := auditproof.Prove(ctx, b, d.Summary.Principal, d.ID)
 	switch {
 	case errors.Is(err, trail.ErrNoLog):
 		lc.State = "none"

@@ -151,7 +151,7 @@ func newFeeds(approvalsKV jetstream.KeyValue, reader approvalsReader, b *broker.
 			}
 			from := info.State.LastSeq + 1
 			return func(ctx context.Context, emit func(any)) error {
-				return audit.Follow(ctx, b, audit.Filter{}, func(ev audit.Event) error {
+				return audit.Follow(ctx, b.NC, b.Names.Prefix(), audit.Filter{}, func(ev audit.Event) error {
 					emit(ev)
 					return nil
 				}, audit.FromSeq(from))

@@ -283,7 +283,7 @@ func (c *Console) liveExecution(w http.ResponseWriter, r *http.Request, s *sessi
 	defer unsub()
 	// What was stored between the page's render and the subscription.
 	after, _ := strconv.ParseUint(r.URL.Query().Get("after"), 10, 64)
-	if trail, err := audit.Read(ctx, b, owner, id); err == nil && trail[len(trail)-1].Seq > after {
+	if trail, err := audit.Read(ctx, b.NC, b.Names.Prefix(), owner, id); err == nil && trail[len(trail)-1].Seq > after {
 		notify(changed)
 	}
 	// The page may show the last event but not yet the envelope it announced.

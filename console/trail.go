@@ -35,7 +35,7 @@ func scanAudit(ctx context.Context, b *broker.Broker, since time.Time, fn func(e
 	if last > maxScan && st.FirstSeq < last-maxScan {
 		// Find where the window starts; skip to the newest maxScan if it holds more.
 		first := uint64(0)
-		ferr := audit.Follow(ctx, b, audit.Filter{}, func(ev audit.Event) error {
+		ferr := audit.Follow(ctx, b.NC, b.Names.Prefix(), audit.Filter{}, func(ev audit.Event) error {
 			first = ev.Seq
 			return errScanned
 		}, audit.Since(since))
@@ -46,7 +46,7 @@ func scanAudit(ctx context.Context, b *broker.Broker, since time.Time, fn func(e
 			from = audit.FromSeq(last - maxScan + 1)
 		}
 	}
-	err = audit.Follow(ctx, b, audit.Filter{}, func(ev audit.Event) error {
+	err = audit.Follow(ctx, b.NC, b.Names.Prefix(), audit.Filter{}, func(ev audit.Event) error {
 		fn(&ev)
 		if ev.Seq >= last {
 			return errScanned

@@ -624,7 +624,7 @@ func approvalTrail(t *testing.T, b *broker.Broker, executionID string, n int) []
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		trail, err := audit.Read(ctx, b, broker.Anonymous, executionID)
+		trail, err := audit.Read(ctx, b.NC, b.Names.Prefix(), broker.Anonymous, executionID)
 		if err != nil && !errors.Is(err, broker.ErrNotFound) {
 			t.Fatal(err)
 		}

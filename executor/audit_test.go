@@ -55,7 +55,7 @@ func trailOf(t *testing.T, b *broker.Broker, id string) []audit.Event {
 	t.Helper()
 	ctx := ctxT(t)
 	for {
-		trail, err := audit.Read(ctx, b, broker.Anonymous, id)
+		trail, err := audit.Read(ctx, b.NC, b.Names.Prefix(), broker.Anonymous, id)
 		if err == nil && isTerminal(trail[len(trail)-1].Type) {
 			return trail
 		}
@@ -606,7 +606,7 @@ func TestAudit_PipelineOrderUnderLoad(t *testing.T) {
 	got := map[string][]string{}
 	terminals := 0
 	done := errors.New("all terminal events read")
-	err := audit.Follow(ctx, testhooks.Broker(c), audit.Filter{}, func(ev audit.Event) error {
+	err := audit.Follow(ctx, testhooks.Broker(c).NC, testhooks.Broker(c).Names.Prefix(), audit.Filter{}, func(ev audit.Event) error {
 		got[ev.ExecutionID] = append(got[ev.ExecutionID], ev.Type)
 		if isTerminal(ev.Type) {
 			terminals++
@@ -666,7 +666,7 @@ func TestAudit_RunningExecutionShowsStartedWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "capability.started on the trail of a running execution", func() bool {
-		trail, _ := audit.Read(ctxT(t), testhooks.Broker(c), broker.Anonymous, id)
+		trail, _ := audit.Read(ctxT(t), testhooks.Broker(c).NC, testhooks.Broker(c).Names.Prefix(), broker.Anonymous, id)
 		return len(trail) == 2 && trail[1].Type == audit.EventStarted
 	})
 	close(release)

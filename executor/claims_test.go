@@ -188,7 +188,7 @@ func (s *store) trail(id string) []audit.Event {
 	s.t.Helper()
 	// Message gets by subject: no consumer per read, however often a test
 	// polls.
-	tr, err := audit.Read(ctxT(s.t), s.b, broker.Anonymous, id)
+	tr, err := audit.Read(ctxT(s.t), s.b.NC, s.b.Names.Prefix(), broker.Anonymous, id)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		s.t.Fatal(err)
 	}

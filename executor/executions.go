@@ -355,7 +355,11 @@ func listWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 		return out, nil
 	}
 	q.Limit = max(q.Limit-len(queued), 1) // a page holds about Limit entries
-	page, err := audit.List(ctx, b, q)
+	if b.Index == nil {
+		return nil, fmt.Errorf("%w: the executions index (stream %s) does not exist: a worker of this version creates it",
+			broker.ErrNotFound, b.Names.IndexStream())
+	}
+	page, err := audit.List(ctx, b.NC, b.Names.Prefix(), q)
 	if err != nil {
 		return nil, err
 	}
@@ -689,7 +693,7 @@ func (w *Worker) execution(ctx context.Context, principal string, req ExecutionR
 // executionOf is owner's execution id as v may see it.
 func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*ExecutionView, error) {
 	view := &ExecutionView{ExecutionID: id, Principal: owner, Scope: v.scope}
-	trail, err := audit.Read(ctx, w.b, owner, id)
+	trail, err := audit.Read(ctx, w.b.NC, w.b.Names.Prefix(), owner, id)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}

@@ -184,7 +184,7 @@ func TestReading_EachRoleSeesWhatItNeedsAndNoMore(t *testing.T) {
 	}
 
 	// Admins: everything, every principal's.
-	page, err := audit.List(ctxT(t), r.admin, audit.Query{})
+	page, err := audit.List(ctxT(t), r.admin.NC, r.admin.Names.Prefix(), audit.Query{})
 	if err != nil || len(page.Entries) != 4 {
 		t.Fatalf("the index holds %d entries (%v), want 4", len(page.Entries), err)
 	}

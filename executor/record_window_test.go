@@ -118,7 +118,7 @@ func TestExpiredRequest_IDOlderThanTheEnvelopeRetention_RefusedNeverRun(t *testi
 	id := uuidV7At(time.Now().Add(-time.Minute))
 	s.publish("test.send", id)
 	waitUntil(t, "execution.expired_request on the trail", func() bool {
-		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
+		trail, _ := audit.Read(ctxT(t), s.b.NC, s.b.Names.Prefix(), broker.Anonymous, id)
 		return len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 	})
 	s.drained()
@@ -236,7 +236,7 @@ func TestExpiredRequest_RetentionGrownAfterTheWorkerStarted_RequestRuns(t *testi
 		if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 			return true
 		}
-		trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
+		trail, _ := audit.Read(ctxT(t), s.b.NC, s.b.Names.Prefix(), broker.Anonymous, id)
 		refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 		return refused
 	})
@@ -273,7 +273,7 @@ func TestExpiredRequest_RetentionShrunkAfterTheWorkerStarted_FollowedWithinARene
 			if _, _, err := broker.Load[envelope.Envelope](ctxT(t), s.b.Envelopes, broker.Key(broker.Anonymous, id)); err == nil {
 				return true
 			}
-			trail, _ := audit.Read(ctxT(t), s.b, broker.Anonymous, id)
+			trail, _ := audit.Read(ctxT(t), s.b.NC, s.b.Names.Prefix(), broker.Anonymous, id)
 			refused = len(trail) > 0 && trail[len(trail)-1].Type == audit.EventExpiredRequest
 			return refused
 		})

@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/pauses"
 )
@@ -19,7 +20,7 @@ import (
 // approvalStore is a store over the approvals bucket whose decisions are
 // audited with the approver as the acting actor.
 func (c *Client) approvalStore() *approvals.Store {
-	return approvals.NewStore(c.b.Approvals, audit.NewEmitter(c.b, audit.Options{Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
+	return approvals.NewStore(c.b.Approvals, audit.NewEmitter(c.b.NC, audit.Options{Prefix: c.b.Names.Prefix(), Audit: c.b.Audit, Index: c.b.Index, Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
 		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
 	})
 }
@@ -69,7 +70,7 @@ func (c *Client) WithdrawApproval(ctx context.Context, approvalID string, by env
 // Trail reads an execution's audit trail, in order, as the client's
 // principal may: its own executions' trails, or every one on an open server.
 func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, error) {
-	return audit.Read(ctx, c.b, c.principal, executionID)
+	return audit.Read(ctx, c.b.NC, c.b.Names.Prefix(), c.principal, executionID)
 }
 
 // ProveTrail returns an execution's trail with the proof that it is in the
@@ -80,14 +81,14 @@ func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, 
 // second). Like Trail, it needs a connection that may read the audit
 // stream.
 func (c *Client) ProveTrail(ctx context.Context, executionID string) (*audit.TrailProof, error) {
-	return audit.Prove(ctx, c.b, c.principal, executionID)
+	return auditproof.Prove(ctx, c.b, c.principal, executionID)
 }
 
 // FollowTrail calls fn with every event of an execution's trail as it is
 // filed, until ctx ends or fn returns an error (which it returns); opts say
 // where to start (default: new events only, audit.FromStart for all).
 func (c *Client) FollowTrail(ctx context.Context, executionID string, fn func(audit.Event) error, opts ...audit.FollowOption) error {
-	return audit.Follow(ctx, c.b, audit.Filter{Principal: c.principal, ExecutionID: executionID}, fn, opts...)
+	return audit.Follow(ctx, c.b.NC, c.b.Names.Prefix(), audit.Filter{Principal: c.principal, ExecutionID: executionID}, fn, opts...)
 }
 
 // CatalogChanges signals on the returned channel each time workers change

@@ -322,7 +322,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.policies.Stop()
-	w.audit = audit.NewEmitter(b, audit.Options{Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
+	w.audit = audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.emitter.Store(w.audit)
 	w.run.Provisioned(b, w.audit)

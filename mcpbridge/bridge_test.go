@@ -567,7 +567,7 @@ func TestCancelled_NotificationCancelsTheExecution(t *testing.T) {
 		if err != nil {
 			st, serr := c.Status(testCtx(t), id)
 			j, _ := json.Marshal(st)
-			tr, _ := audit.Read(testCtx(t), testhooks.Broker(c), broker.Anonymous, id)
+			tr, _ := audit.Read(testCtx(t), testhooks.Broker(c).NC, testhooks.Broker(c).Names.Prefix(), broker.Anonymous, id)
 			t.Fatalf("%v: status %s %v; trail %+v", err, j, serr, tr)
 		}
 		if env.Status != envelope.StatusCancelled || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
@@ -770,7 +770,7 @@ func TestHTTP_TokenChoosesTheActor(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, _ := res.Meta["capstan/executionId"].(string)
-	trail, err := audit.Read(testCtx(t), f.bridgeBroker(t), broker.Anonymous, id)
+	trail, err := audit.Read(testCtx(t), f.bridgeBroker(t).NC, f.bridgeBroker(t).Names.Prefix(), broker.Anonymous, id)
 	if err != nil {
 		t.Fatal(err)
 	}

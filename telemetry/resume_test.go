@@ -79,7 +79,7 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 	for _, s := range spans.GetSpans() {
 		calls[s.SpanContext.TraceID().String()] = true
 	}
-	trail, err := audit.Read(ctx, admin, "alice", done.ExecutionID)
+	trail, err := audit.Read(ctx, admin.NC, admin.Names.Prefix(), "alice", done.ExecutionID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ var capabilities = []string{"demo.echo", "orders.refund", "orders.lookup", "emai
 // fill writes n executions as workers write them: one audit message of
 // each execution's events (which files its index entry), and its envelope.
 func fill(ctx context.Context, b *broker.Broker, n int) error {
-	em := audit.NewEmitter(b, audit.Options{AckTimeout: time.Minute})
+	em := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, AckTimeout: time.Minute})
 	js, err := jetstream.New(b.NC, jetstream.WithPublishAsyncMaxPending(8192))
 	if err != nil {
 		return err
@@ -251,7 +251,7 @@ func measure(ctx context.Context, b *broker.Broker, nc *nats.Conn, name string, 
 	var next string
 	for range reads {
 		t := time.Now()
-		p, err := audit.List(ctx, b, q)
+		p, err := audit.List(ctx, b.NC, b.Names.Prefix(), q)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -268,7 +268,7 @@ func measure(ctx context.Context, b *broker.Broker, nc *nats.Conn, name string, 
 				return fmt.Errorf("%s, second page: %w", name, err)
 			}
 			t = time.Now()
-			if _, err := audit.List(ctx, b, q2); err != nil {
+			if _, err := audit.List(ctx, b.NC, b.Names.Prefix(), q2); err != nil {
 				return fmt.Errorf("%s, second page: %w", name, err)
 			}
 			second = append(second, time.Since(t))

@@ -28,7 +28,7 @@ func measureAudit(layout string, n, rate int) error {
 	if err != nil {
 		return err
 	}
-	e := audit.NewEmitter(b, audit.Options{})
+	e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
 	// The ids are made before the heap is measured: they are this process's,
 	// not the server's.
 	ids := make([]string, n)
@@ -98,7 +98,7 @@ func measureAudit(layout string, n, rate int) error {
 	for i := 0; i < 50; i++ {
 		id := ids[(i*n)/50]
 		start := time.Now()
-		trail, err := audit.Read(ctx, b, broker.Anonymous, id) // events without a principal are the anonymous one's
+		trail, err := audit.Read(ctx, b.NC, b.Names.Prefix(), broker.Anonymous, id) // events without a principal are the anonymous one's
 		took = append(took, time.Since(start))
 		if err != nil {
 			return err

@@ -111,7 +111,7 @@ func runAudit(args []string) int {
 		defer cancel()
 		var trail []audit.Event
 		if direct {
-			trail, err = audit.Read(rctx, b, f.Principal, f.ExecutionID)
+			trail, err = audit.Read(rctx, b.NC, b.Names.Prefix(), f.Principal, f.ExecutionID)
 		} else {
 			var v *executor.ExecutionView
 			if v, err = execrpc.Ask[executor.ExecutionView](rctx, nc, names, names.ExecutionSubject, &executor.ExecutionRequest{
@@ -146,7 +146,7 @@ func runAudit(args []string) int {
 	case since > 0:
 		from = append(from, audit.Since(time.Now().Add(-time.Duration(since))))
 	}
-	if err := audit.Follow(ctx, b, f, write, from...); err != nil {
+	if err := audit.Follow(ctx, b.NC, b.Names.Prefix(), f, write, from...); err != nil {
 		return fail(exitFailed, "audit: %v", err)
 	}
 	return exitOK

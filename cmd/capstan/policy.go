@@ -323,7 +323,7 @@ func recordedCases(ctx context.Context, nc *nats.Conn, since time.Duration, limi
 	var out []policies.Case
 	q := audit.Query{Since: time.Now().Add(-since), Limit: audit.MaxLimit}
 	for len(out) < limit {
-		page, err := audit.List(ctx, b, q)
+		page, err := audit.List(ctx, b.NC, b.Names.Prefix(), q)
 		if err != nil {
 			return nil, err
 		}

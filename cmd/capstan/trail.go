@@ -19,6 +19,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/telemetry"
@@ -557,7 +558,7 @@ func runAuditProve(args []string) int {
 	if err != nil {
 		return usageError("audit prove: %v", err)
 	}
-	p, err := audit.Prove(ctx, b, *owner, id)
+	p, err := auditproof.Prove(ctx, b, *owner, id)
 	if errors.Is(err, broker.ErrNotFound) {
 		return fail(exitUnknown, "audit prove: %v", err)
 	}

@@ -20,7 +20,7 @@ type Log struct {
 
 // New returns the log of by's changes, made on nc.
 func New(nc *nats.Conn, n broker.Names, by, operator string) *Log {
-	return &Log{em: audit.NewEmitter(&broker.Broker{NC: nc, Names: n}, audit.Options{}), by: by, operator: operator}
+	return &Log{em: audit.NewEmitter(nc, audit.Options{Prefix: n.Prefix()}), by: by, operator: operator}
 }
 
 // Record files an event of type typ under id (of capabilityID, if the

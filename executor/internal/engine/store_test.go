@@ -33,7 +33,7 @@ func testRunner(t *testing.T) *Runner {
 		t.Fatal(err)
 	}
 	r := NewRunner(nc, slog.New(slog.DiscardHandler), Config{ID: "w-test", Lease: 30 * time.Second})
-	r.Provisioned(b, audit.NewEmitter(b, audit.Options{Logger: slog.New(slog.DiscardHandler)}))
+	r.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(r.Stop)
 	return r
 }

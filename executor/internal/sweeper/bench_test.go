@@ -29,7 +29,7 @@ func sweepRig(b *testing.B, queued int, startBy time.Time) *Sweeper {
 		b.Fatal(err)
 	}
 	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second})
-	em := audit.NewEmitter(br, audit.Options{Logger: slog.New(slog.DiscardHandler)})
+	em := audit.NewEmitter(br.NC, audit.Options{Prefix: br.Names.Prefix(), Audit: br.Audit, Index: br.Index, Logger: slog.New(slog.DiscardHandler)})
 	eng.Provisioned(br, em)
 	b.Cleanup(eng.Stop)
 	w := New(br, eng, Config{Worker: "sweeper"})
