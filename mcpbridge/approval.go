@@ -12,11 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // memoryBound bounds the bridge's in-memory maps; the oldest entries go

@@ -15,6 +15,10 @@ import (
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
@@ -24,9 +28,6 @@ import (
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 var (

@@ -8,9 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
 )
 
 // submitTimeout bounds publishing one request.
@@ -234,19 +236,6 @@ func errorText(me *envelope.ModelError) string {
 	return s
 }
 
-// ApprovalRequired is the structured content of a call that waits for an
-// approval.
-type ApprovalRequired struct {
-	Status       string    `json:"status"`            // "approval-required"
-	ExecutionID  string    `json:"executionId"`       // the execution that asked; nothing of it ran
-	CapabilityID string    `json:"capabilityId"`      // the tool's capability
-	ApprovalID   string    `json:"approvalId"`        // what an approver decides, and the resume tool takes
-	Reasons      []string  `json:"reasons,omitempty"` // why an approval is needed
-	Types        []string  `json:"types,omitempty"`   // the approver types that may decide it; empty for any
-	ExpiresAt    time.Time `json:"expiresAt"`         // when the approval expires undecided
-	Next         string    `json:"next"`              // what to do next, in words a model follows
-}
-
 func approvalResult(env *envelope.Envelope, meta mcp.Meta) *mcp.CallToolResult {
 	a := env.Approval
 	if a == nil {
@@ -255,7 +244,7 @@ func approvalResult(env *envelope.Envelope, meta mcp.Meta) *mcp.CallToolResult {
 	next := fmt.Sprintf("Nothing ran. Ask a person allowed to approve (%s) to approve %s, for example with "+
 		"'capstan approvals approve %s'; then make the same call again, or call %s with this approvalId. "+
 		"You cannot approve it yourself.", typesText(a.Types), a.ID, a.ID, ResumeTool)
-	ar := ApprovalRequired{Status: string(envelope.StatusApprovalRequired), ExecutionID: env.ExecutionID,
+	ar := mcptasks.ApprovalRequired{Status: string(envelope.StatusApprovalRequired), ExecutionID: env.ExecutionID,
 		CapabilityID: env.CapabilityID, ApprovalID: a.ID, Reasons: a.Reasons, Types: a.Types, ExpiresAt: a.ExpiresAt, Next: next}
 	text := fmt.Sprintf("Approval required before %s runs (approval %s, expires %s).", env.CapabilityID, a.ID,
 		a.ExpiresAt.Format(time.RFC3339))
@@ -323,14 +312,6 @@ func quotaRefusal(err error) *mcp.CallToolResult {
 	return modelError(cerr.ForModel())
 }
 
-// StillRunning is the structured content of a call whose execution outlived
-// Config.CallTimeout.
-type StillRunning struct {
-	Status      string `json:"status"`      // "running", or "queued" when no live worker serves the capability
-	ExecutionID string `json:"executionId"` // the execution, to read later with the status tool
-	Next        string `json:"next"`        // what to do next, in words a model follows
-}
-
 // unserved answers a call no live worker serves: queued (it runs once a
 // worker starts, before its start deadline) or not submitted, and what the
 // operator is to start.
@@ -344,7 +325,7 @@ func unserved(u *executor.UnservedError) *mcp.CallToolResult {
 		Meta: mcp.Meta{metaKey + "executionId": u.ExecutionID, metaKey + "status": "queued"},
 		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("No worker is serving this tool now: the call is queued as execution %s. %s (%v)",
 			u.ExecutionID, next, u)}},
-		StructuredContent: StillRunning{Status: "queued", ExecutionID: u.ExecutionID, Next: next},
+		StructuredContent: mcptasks.StillRunning{Status: "queued", ExecutionID: u.ExecutionID, Next: next},
 	}
 }
 
@@ -353,6 +334,6 @@ func stillRunning(id string, waited time.Duration) *mcp.CallToolResult {
 	return &mcp.CallToolResult{
 		Meta:              mcp.Meta{metaKey + "executionId": id, metaKey + "status": "running"},
 		Content:           []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("Still running after %v (execution %s). %s", waited, id, next)}},
-		StructuredContent: StillRunning{Status: "running", ExecutionID: id, Next: next},
+		StructuredContent: mcptasks.StillRunning{Status: "running", ExecutionID: id, Next: next},
 	}
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 type Greeting struct {

@@ -17,9 +17,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // Tokens maps bearer tokens to the actors they authenticate. It keeps only

@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // rpcReply is one JSON-RPC response as a client reads it.

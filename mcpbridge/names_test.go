@@ -7,9 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // hostNames is what the Anthropic and OpenAI tool APIs take as a tool's name.

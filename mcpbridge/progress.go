@@ -10,10 +10,11 @@ import (
 
 	"github.com/capstan-dev/capstan/execution"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // progress sends a call's progress notifications, when the client asked for

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
+	"github.com/capstan-dev/capstan/mcpbridge"
 )
 
 // What a handler reports of its work reaches an MCP client as progress
@@ -63,13 +65,13 @@ func TestTasks_StatusMessageShowsTheHandlersProgress(t *testing.T) {
 		id := createTask(t, cs, "test.progress", map[string]any{"note": "x"})
 		ctx := testCtx(t)
 		for task := getTask(t, cs, id); !strings.Contains(task.StatusMessage, want); task = getTask(t, cs, id) {
-			if task.Status != mcpbridge.TaskWorking || ctx.Err() != nil {
+			if task.Status != mcptasks.TaskWorking || ctx.Err() != nil {
 				t.Fatalf("task %+v", task)
 			}
 			time.Sleep(20 * time.Millisecond) // a client's poll interval
 		}
 		f.gate <- struct{}{}
-		if task := pollTask(t, cs, id, mcpbridge.TaskCompleted); task.Result == nil || task.Result.IsError {
+		if task := pollTask(t, cs, id, mcptasks.TaskCompleted); task.Result == nil || task.Result.IsError {
 			t.Fatalf("task %+v", task)
 		}
 	})
@@ -79,7 +81,7 @@ func TestTasks_StatusMessageShowsTheHandlersProgress(t *testing.T) {
 		s := &rawSession{t: t, url: srv.URL, token: aliceToken}
 		t.Cleanup(s.close)
 		var init map[string]any
-		s.ok("initialize", map[string]any{"protocolVersion": mcpbridge.CoreTasksVersion, "capabilities": map[string]any{},
+		s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
 			"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
 		s.notify("notifications/initialized")
 		var r struct {

@@ -2,18 +2,19 @@ package mcpbridge
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // The Tasks extension (io.modelcontextprotocol/tasks, protocol 2026-07-28):
@@ -22,9 +23,6 @@ import (
 // tasks/cancel read and steer it. A task is nothing but capstan's durable
 // state — the execution's record and envelope, the approval — so it survives
 // the bridge's restart, and any bridge of a deployment answers for it.
-
-// TasksExtension is the Tasks extension's identifier.
-const TasksExtension = "io.modelcontextprotocol/tasks"
 
 const (
 	relatedTaskMeta = "io.modelcontextprotocol/related-task"
@@ -36,91 +34,11 @@ const (
 	maxResumeHops = 4
 )
 
-// Task statuses.
-const (
-	TaskWorking       = "working"
-	TaskInputRequired = "input_required"
-	TaskCompleted     = "completed"
-	TaskFailed        = "failed"
-	TaskCancelled     = "cancelled"
-)
-
-// Task is the extension's task shape: CreateTaskResult (resultType "task")
-// and the result of tasks/get (resultType "complete").
-type Task struct {
-	mcp.ResultBase
-	// ResultType is "task" when a tools/call is answered with the task,
-	// "complete" in the answer of tasks/get.
-	ResultType string `json:"resultType"`
-	// TaskID is the task's id: the id of the execution the call made.
-	TaskID string `json:"taskId"`
-	// Status is TaskWorking, TaskInputRequired (an approval is pending),
-	// TaskCompleted (also when the tool's result is an error) or
-	// TaskCancelled.
-	Status string `json:"status"`
-	// StatusMessage says where the execution is, in words: "queued", its
-	// attempt and latest progress report, the approval it waits for, or
-	// how it ended.
-	StatusMessage string `json:"statusMessage,omitempty"`
-	// CreatedAt is when the execution's record was created (RFC 3339); the
-	// time of the answer while no worker has claimed it.
-	CreatedAt string `json:"createdAt"`
-	// LastUpdatedAt is when the execution last changed (RFC 3339): its
-	// record's last write, its envelope, or its approval's request.
-	LastUpdatedAt string `json:"lastUpdatedAt"`
-	// TTLMs is how long the task's result is kept, in milliseconds: the
-	// envelope retention the bridge's client read.
-	TTLMs *int64 `json:"ttlMs"`
-	// PollIntervalMs is how often a client should ask tasks/get, in
-	// milliseconds (1000).
-	PollIntervalMs int64 `json:"pollIntervalMs,omitempty"`
-	// InputRequests, while an approval is pending, holds one form
-	// elicitation under "approval-<id>" with nothing to fill in: someone
-	// else decides; the requester may only decline it to withdraw the call.
-	InputRequests map[string]any `json:"inputRequests,omitempty"`
-	// Result is the tool's result once the execution ended (completed,
-	// failed or cancelled), as tools/call would have answered it.
-	Result *mcp.CallToolResult `json:"result,omitempty"`
-	// Error is the extension's field for a task that failed as a protocol
-	// error; the bridge leaves it nil and puts every outcome in Result.
-	Error *jsonrpc.Error `json:"error,omitempty"`
-}
-
-// MarshalJSON writes the task with its result in the tool result's standard
-// shape (resultType "complete"), as the extension's completed task carries it.
-func (t Task) MarshalJSON() ([]byte, error) {
-	type plain Task
-	p := struct {
-		plain
-		Result any `json:"result,omitempty"`
-	}{plain: plain(t)}
-	if t.Result != nil {
-		p.Result = completeResult{t.Result}
-	}
-	return json.Marshal(p)
-}
-
-// TaskParams are the parameters of tasks/get, tasks/update and tasks/cancel.
-type TaskParams struct {
-	mcp.ParamsBase
-	TaskID string `json:"taskId"` // the task asked about
-	// InputResponses answer a task's InputRequests (tasks/update), under
-	// their keys: {"action": "decline"} (or "cancel") to an approval's
-	// request withdraws the call; anything else is ignored.
-	InputResponses map[string]any `json:"inputResponses,omitempty"`
-}
-
-// Ack is the empty acknowledgement of tasks/update and tasks/cancel.
-type Ack struct {
-	mcp.ResultBase
-	ResultType string `json:"resultType"` // always "complete"
-}
-
 // serverCapabilities are what every actor's server declares: tools whose
 // list changes, and the Tasks extension.
 func serverCapabilities() *mcp.ServerCapabilities {
 	c := &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}
-	c.AddExtension(TasksExtension, map[string]any{})
+	c.AddExtension(mcptasks.TasksExtension, map[string]any{})
 	return c
 }
 
@@ -134,7 +52,7 @@ func (b *Bridge) routeTasks(v *view) {
 			case "initialize":
 				// A 2025-11-25 client learns of the core tasks here.
 				res, err := next(ctx, method, req)
-				if ip, ok := req.GetParams().(*mcp.InitializeParams); err == nil && ok && ip.ProtocolVersion == CoreTasksVersion {
+				if ip, ok := req.GetParams().(*mcp.InitializeParams); err == nil && ok && ip.ProtocolVersion == mcptasks.CoreTasksVersion {
 					return withCoreTasks(res)
 				}
 				return res, err
@@ -182,12 +100,12 @@ func (b *Bridge) routeTasks(v *view) {
 				// A result in place of the task: the polymorphic result's
 				// other shape says so (the SDK marks only the results of
 				// its own tool handlers).
-				return completeResult{r}, err
+				return mcptasks.CompleteResult{CallToolResult: r}, err
 			}
 			return res, err
 		}
 	})
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (mcp.Result, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.TaskParams) (mcp.Result, error) {
 		if core(ss, p) {
 			c, _, err := b.coreGet(ctx, v.actor, p.TaskID)
 			if err != nil {
@@ -206,9 +124,9 @@ func (b *Bridge) routeTasks(v *view) {
 		return t, nil
 	}))
 	// The core tasks' own methods (2025-11-25).
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/result", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*mcp.CallToolResult, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/result", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.TaskParams) (*mcp.CallToolResult, error) {
 		if !core(ss, p) {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/result is a method of protocol " + CoreTasksVersion}
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/result is a method of protocol " + mcptasks.CoreTasksVersion}
 		}
 		res, err := b.coreResult(ctx, v.actor, p.TaskID)
 		if err != nil {
@@ -216,9 +134,9 @@ func (b *Bridge) routeTasks(v *view) {
 		}
 		return res, nil
 	}))
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/list", func(ctx context.Context, ss *mcp.ServerSession, p *ListTasksParams) (*ListTasksResult, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/list", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.ListTasksParams) (*mcptasks.ListTasksResult, error) {
 		if !coreSession(ss) {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/list is a method of protocol " + CoreTasksVersion}
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: "tasks/list is a method of protocol " + mcptasks.CoreTasksVersion}
 		}
 		cursor := ""
 		if p != nil {
@@ -230,16 +148,16 @@ func (b *Bridge) routeTasks(v *view) {
 		}
 		return res, nil
 	}))
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (*Ack, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/update", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.TaskParams) (*mcptasks.Ack, error) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
 		if err := b.updateTask(ctx, v.actor, p); err != nil {
 			return nil, b.protocolError(ctx, "tasks/update", err)
 		}
-		return &Ack{ResultType: "complete"}, nil
+		return &mcptasks.Ack{ResultType: "complete"}, nil
 	}))
-	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *TaskParams) (mcp.Result, error) {
+	must(mcp.AddReceivingCustomMethod(v.server, "tasks/cancel", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.TaskParams) (mcp.Result, error) {
 		if core(ss, p) {
 			c, err := b.coreCancel(ctx, v.actor, p.TaskID)
 			if err != nil {
@@ -253,25 +171,8 @@ func (b *Bridge) routeTasks(v *view) {
 		if err := b.cancelTask(ctx, v.actor, p.TaskID); err != nil {
 			return nil, b.protocolError(ctx, "tasks/cancel", err)
 		}
-		return &Ack{ResultType: "complete"}, nil
+		return &mcptasks.Ack{ResultType: "complete"}, nil
 	}))
-}
-
-// completeResult is a tool result marked resultType "complete", the standard
-// shape of a call the Tasks extension could have answered with a task.
-type completeResult struct{ *mcp.CallToolResult }
-
-func (r completeResult) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(r.CallToolResult)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	m["resultType"] = json.RawMessage(`"complete"`)
-	return json.Marshal(m)
 }
 
 // protocolError is what a client of a protocol method is told of err: a
@@ -295,7 +196,7 @@ func must(err error) {
 
 // core reports whether a tasks/* request is one of the core tasks: from a
 // 2025-11-25 session that did not declare the extension.
-func core(ss *mcp.ServerSession, p *TaskParams) bool {
+func core(ss *mcp.ServerSession, p *mcptasks.TaskParams) bool {
 	if p == nil || !coreSession(ss) {
 		return false
 	}
@@ -307,20 +208,20 @@ func extensionIn(c *mcp.ClientCapabilities) bool {
 	if c == nil {
 		return false
 	}
-	_, ok := c.Extensions[TasksExtension]
+	_, ok := c.Extensions[mcptasks.TasksExtension]
 	return ok
 }
 
 // checkDeclared refuses a tasks/* request without params, and one from a
 // client that did not declare the extension, on the request or at
 // initialization.
-func checkDeclared(ss *mcp.ServerSession, p *TaskParams) error {
+func checkDeclared(ss *mcp.ServerSession, p *mcptasks.TaskParams) error {
 	if p == nil { // params absent or null: no task to name
 		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Invalid params: taskId is required"}
 	}
 	if caps, ok := p.Meta[mcp.MetaKeyClientCapabilities].(map[string]any); ok {
 		if ext, ok := caps["extensions"].(map[string]any); ok {
-			if _, ok := ext[TasksExtension]; ok {
+			if _, ok := ext[mcptasks.TasksExtension]; ok {
 				return nil
 			}
 		}
@@ -331,11 +232,11 @@ func checkDeclared(ss *mcp.ServerSession, p *TaskParams) error {
 		}
 	}
 	return &jsonrpc.Error{Code: codeMissingCapability, Message: "Missing required client capability",
-		Data: []byte(`{"requiredCapabilities":{"extensions":{"` + TasksExtension + `":{}}}}`)}
+		Data: []byte(`{"requiredCapabilities":{"extensions":{"` + mcptasks.TasksExtension + `":{}}}}`)}
 }
 
 func taskNotFound() error {
-	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: Task not found"}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: mcptasks.Task not found"}
 }
 
 // submitTask submits a task's call under a new id, the call tracked until
@@ -370,7 +271,7 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	now := time.Now().UTC()
 	t := b.task(id, now, now)
 	t.ResultType = "task"
-	t.Status, t.StatusMessage = TaskWorking, "queued"
+	t.Status, t.StatusMessage = mcptasks.TaskWorking, "queued"
 	if b.cfg.TaskAfter < 0 {
 		return t, nil
 	}
@@ -385,7 +286,7 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	case err != nil:
 		return t, nil // still running: the task it is
 	case env.Status == envelope.StatusApprovalRequired && env.Approval != nil:
-		t.Status, t.StatusMessage = TaskInputRequired, "waiting for approval "+env.Approval.ID
+		t.Status, t.StatusMessage = mcptasks.TaskInputRequired, "waiting for approval "+env.Approval.ID
 		t.LastUpdatedAt = env.FinalizedAt.Format(time.RFC3339Nano)
 		return t, nil
 	default:
@@ -393,12 +294,12 @@ func (b *Bridge) createTask(ctx context.Context, actor envelope.Actor, capID str
 	}
 }
 
-func (b *Bridge) task(id string, created, updated time.Time) *Task {
+func (b *Bridge) task(id string, created, updated time.Time) *mcptasks.Task {
 	// A task's result is its envelope: kept as long as the envelopes
 	// bucket keeps it, which the client read when it opened.
 	ttl := b.c.EnvelopeRetention()
 	ms := ttl.Milliseconds()
-	return &Task{
+	return &mcptasks.Task{
 		ResultBase: mcp.ResultBase{Meta: mcp.Meta{relatedTaskMeta: map[string]any{"taskId": id}}},
 		TaskID:     id, CreatedAt: created.Format(time.RFC3339Nano), LastUpdatedAt: updated.Format(time.RFC3339Nano),
 		TTLMs: &ms, PollIntervalMs: pollIntervalMs,
@@ -409,7 +310,7 @@ func (b *Bridge) task(id string, created, updated time.Time) *Task {
 // to the execution that consumed it. An approved approval nobody resumed yet
 // is resumed here, under an id derived from the approval, so that however
 // many bridges poll, one execution runs (and the approval authorizes one).
-func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID string) (*Task, error) {
+func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.Task, error) {
 	if envelope.ValidExecutionID(taskID) != nil || !b.owns(ctx, actor, taskID) {
 		return nil, taskNotFound()
 	}
@@ -422,7 +323,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		case errors.Is(err, executor.ErrUnknownExecution):
 			// Stored, not yet claimed by a worker.
 			t := b.task(taskID, orNow(created), time.Now().UTC())
-			t.Status, t.StatusMessage = TaskWorking, "queued"
+			t.Status, t.StatusMessage = mcptasks.TaskWorking, "queued"
 			return t, nil
 		case err != nil:
 			return nil, err
@@ -433,17 +334,17 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		env := st.Envelope
 		if env == nil {
 			t := b.task(taskID, orNow(created), updatedAt(st))
-			t.Status, t.StatusMessage = TaskWorking, b.runningText(id, st.Record)
+			t.Status, t.StatusMessage = mcptasks.TaskWorking, b.runningText(id, st.Record)
 			return t, nil
 		}
 		t := b.task(taskID, orNow(created), env.FinalizedAt)
 		switch env.Status {
 		case envelope.StatusCompleted, envelope.StatusFailed:
-			t.Status, t.Result = TaskCompleted, resultOf(env)
+			t.Status, t.Result = mcptasks.TaskCompleted, resultOf(env)
 			t.StatusMessage = string(env.Status)
 			return t, nil
 		case envelope.StatusCancelled:
-			t.Status, t.Result = TaskCancelled, resultOf(env)
+			t.Status, t.Result = mcptasks.TaskCancelled, resultOf(env)
 			if me := env.ForModel(); me != nil {
 				t.StatusMessage = me.Message
 			}
@@ -451,7 +352,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		}
 		// approval-required
 		if env.Approval == nil || hop >= maxResumeHops {
-			t.Status, t.Result = TaskCompleted, resultOf(env)
+			t.Status, t.Result = mcptasks.TaskCompleted, resultOf(env)
 			return t, nil
 		}
 		rec, err := b.approval(ctx, env.Approval.ID)
@@ -460,7 +361,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		}
 		switch rec.StatusAt(time.Now()) {
 		case approvals.StatusPending:
-			t.Status = TaskInputRequired
+			t.Status = mcptasks.TaskInputRequired
 			t.StatusMessage = "waiting for approval " + rec.ID
 			t.InputRequests = approvalInputRequest(rec)
 			t.LastUpdatedAt = rec.RequestedAt.Format(time.RFC3339Nano)
@@ -473,20 +374,20 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 			if err != nil {
 				return nil, err
 			}
-			t.Status, t.StatusMessage = TaskWorking, "approved by "+decider(rec)+"; running"
+			t.Status, t.StatusMessage = mcptasks.TaskWorking, "approved by "+decider(rec)+"; running"
 			return t, nil
 		case approvals.StatusConsumed:
 			id = rec.ConsumedBy
 			continue
 		case approvals.StatusCancelled:
-			t.Status, t.StatusMessage = TaskCancelled, "the approval request was withdrawn; nothing ran"
+			t.Status, t.StatusMessage = mcptasks.TaskCancelled, "the approval request was withdrawn; nothing ran"
 			return t, nil
 		default:
 			code := envelope.CodeApprovalRejected
 			if rec.StatusAt(time.Now()) == approvals.StatusExpired {
 				code = envelope.CodeApprovalExpired
 			}
-			t.Status = TaskCompleted
+			t.Status = mcptasks.TaskCompleted
 			t.Result = refusal(code, "The approval was "+string(rec.StatusAt(time.Now()))+"; nothing ran.")
 			return t, nil
 		}
@@ -557,7 +458,7 @@ func approvalInputRequest(rec *approvals.Record) map[string]any {
 
 // updateTask takes the answer to an approval's input request: decline or
 // cancel withdraws the approval request; accept changes nothing.
-func (b *Bridge) updateTask(ctx context.Context, actor envelope.Actor, p *TaskParams) error {
+func (b *Bridge) updateTask(ctx context.Context, actor envelope.Actor, p *mcptasks.TaskParams) error {
 	if envelope.ValidExecutionID(p.TaskID) != nil || !b.owns(ctx, actor, p.TaskID) {
 		return taskNotFound()
 	}

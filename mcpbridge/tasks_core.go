@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
 )
 
 // The core tasks of protocol 2025-11-25, which the clients people run today
@@ -32,9 +34,6 @@ import (
 // (TasksTransport) or the HTTP handler, and the answers that carry what the
 // SDK cannot say are written here.
 
-// CoreTasksVersion is the protocol version whose sessions get the core tasks.
-const CoreTasksVersion = "2025-11-25"
-
 // coreTaskMeta is where a tools/call's "task" parameter travels through the
 // SDK: moved into _meta as it comes in.
 const coreTaskMeta = "capstan/task"
@@ -42,41 +41,6 @@ const coreTaskMeta = "capstan/task"
 // Core task statuses beyond the extension's: failed (a tool result with
 // isError, per 2025-11-25).
 const taskFailed = "failed"
-
-// CoreTask is a 2025-11-25 task: the result of tasks/get and tasks/cancel,
-// and the "task" of CreateTaskResult and of tasks/list.
-type CoreTask struct {
-	mcp.ResultBase
-	TaskID string `json:"taskId"` // the id of the execution the call made
-	// Status is as Task's, except that a tool result that is an error is
-	// "failed", and a pending approval, which someone else decides, is
-	// TaskWorking.
-	Status        string `json:"status"`
-	StatusMessage string `json:"statusMessage,omitempty"` // as Task.StatusMessage
-	CreatedAt     string `json:"createdAt"`               // as Task.CreatedAt (RFC 3339)
-	LastUpdatedAt string `json:"lastUpdatedAt"`           // as Task.LastUpdatedAt (RFC 3339)
-	TTL           *int64 `json:"ttl"`                     // as Task.TTLMs, in milliseconds
-	PollInterval  int64  `json:"pollInterval,omitempty"`  // as Task.PollIntervalMs, in milliseconds
-}
-
-// CreateTaskResult answers a task-augmented tools/call.
-type CreateTaskResult struct {
-	mcp.ResultBase
-	Task *CoreTask `json:"task"` // the call's new task, working ("queued")
-}
-
-// ListTasksParams are the parameters of tasks/list.
-type ListTasksParams struct {
-	mcp.ParamsBase
-	Cursor string `json:"cursor,omitempty"` // a previous answer's NextCursor; empty for the newest tasks
-}
-
-// ListTasksResult answers tasks/list.
-type ListTasksResult struct {
-	mcp.ResultBase
-	Tasks      []*CoreTask `json:"tasks"`                // the actor's tasks made through the bridge, newest first
-	NextCursor string      `json:"nextCursor,omitempty"` // where the next, older page starts; empty at the end
-}
 
 // rawResult is a result the SDK has no type for, written as it is.
 type rawResult struct {
@@ -92,11 +56,11 @@ func coreSession(ss *mcp.ServerSession) bool {
 		return false
 	}
 	ip := ss.InitializeParams()
-	return ip != nil && ip.ProtocolVersion == CoreTasksVersion
+	return ip != nil && ip.ProtocolVersion == mcptasks.CoreTasksVersion
 }
 
 func terminal(status string) bool {
-	return status == TaskCompleted || status == taskFailed || status == TaskCancelled
+	return status == mcptasks.TaskCompleted || status == taskFailed || status == mcptasks.TaskCancelled
 }
 
 // coreCapabilities are the tasks capabilities of 2025-11-25.
@@ -168,13 +132,13 @@ func rawResultOf(m map[string]any) (mcp.Result, error) {
 // coreTaskOf is the 2025-11-25 view of the task: the extension's, with a
 // tool result that isError failed, and an approval someone else must decide
 // working (the requester has nothing to give: tasks/result would only wait).
-func coreTaskOf(t *Task) *CoreTask {
-	c := &CoreTask{TaskID: t.TaskID, Status: t.Status, StatusMessage: t.StatusMessage, CreatedAt: t.CreatedAt,
+func coreTaskOf(t *mcptasks.Task) *mcptasks.CoreTask {
+	c := &mcptasks.CoreTask{TaskID: t.TaskID, Status: t.Status, StatusMessage: t.StatusMessage, CreatedAt: t.CreatedAt,
 		LastUpdatedAt: t.LastUpdatedAt, TTL: t.TTLMs, PollInterval: t.PollIntervalMs}
 	switch {
-	case t.Status == TaskInputRequired:
-		c.Status = TaskWorking
-	case t.Status == TaskCompleted && t.Result != nil && t.Result.IsError:
+	case t.Status == mcptasks.TaskInputRequired:
+		c.Status = mcptasks.TaskWorking
+	case t.Status == mcptasks.TaskCompleted && t.Result != nil && t.Result.IsError:
 		c.Status = taskFailed
 	}
 	return c
@@ -199,16 +163,16 @@ func (b *Bridge) coreCreate(ctx context.Context, actor envelope.Actor, capID str
 	}
 	now := time.Now().UTC()
 	t := b.task(id, now, now)
-	t.Status, t.StatusMessage = TaskWorking, "queued"
+	t.Status, t.StatusMessage = mcptasks.TaskWorking, "queued"
 	c := coreTaskOf(t)
-	return &CreateTaskResult{ResultBase: mcp.ResultBase{Meta: mcp.Meta{relatedTaskMeta: map[string]any{"taskId": id},
+	return &mcptasks.CreateTaskResult{ResultBase: mcp.ResultBase{Meta: mcp.Meta{relatedTaskMeta: map[string]any{"taskId": id},
 		// What a host may hand the model at once while the task runs.
 		"io.modelcontextprotocol/model-immediate-response": "Started as task " + id + "; its result follows when it ends."}},
 		Task: c}, nil
 }
 
 // coreGet is tasks/get of the core tasks.
-func (b *Bridge) coreGet(ctx context.Context, actor envelope.Actor, taskID string) (*CoreTask, *Task, error) {
+func (b *Bridge) coreGet(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.CoreTask, *mcptasks.Task, error) {
 	t, err := b.getTask(ctx, actor, taskID)
 	if err != nil {
 		return nil, nil, err
@@ -253,13 +217,13 @@ const coreCancelWait = 5 * time.Second
 // answered as it stands once it ended, or the wait ran out. A handler that
 // returned before the cancel reached its worker ends completed: the task
 // says so rather than claim a cancel that did not happen.
-func (b *Bridge) coreCancel(ctx context.Context, actor envelope.Actor, taskID string) (*CoreTask, error) {
+func (b *Bridge) coreCancel(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.CoreTask, error) {
 	c, _, err := b.coreGet(ctx, actor, taskID)
 	if err != nil {
 		return nil, err
 	}
 	if terminal(c.Status) {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Task " + taskID + " has already ended: " + c.Status}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "mcptasks.Task " + taskID + " has already ended: " + c.Status}
 	}
 	if err := b.cancelTask(ctx, actor, taskID); err != nil {
 		return nil, err
@@ -283,7 +247,7 @@ const coreListPage = 50
 
 // coreList is tasks/list: the actor's tasks, newest first, from the
 // executions the workers list for the bridge's principal.
-func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor string) (*ListTasksResult, error) {
+func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor string) (*mcptasks.ListTasksResult, error) {
 	page, err := b.c.Executions(ctx, executor.ExecutionsRequest{Cursor: cursor,
 		Query: audit.Query{Actor: actor.Kind + ":" + actor.ID, Limit: coreListPage}})
 	if err != nil {
@@ -292,29 +256,29 @@ func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor stri
 		}
 		return nil, err
 	}
-	out := &ListTasksResult{Tasks: []*CoreTask{}, NextCursor: page.Next}
+	out := &mcptasks.ListTasksResult{Tasks: []*mcptasks.CoreTask{}, NextCursor: page.Next}
 	ttl := b.task("", time.Time{}, time.Time{}).TTLMs
 	for _, e := range page.Entries {
 		// The bridge's tasks: ids it made for this actor.
 		if e.Surface != string(executor.SurfaceMCP) || !tagged(e.ExecutionID) || !b.owns(ctx, actor, e.ExecutionID) {
 			continue
 		}
-		c := &CoreTask{TaskID: e.ExecutionID, CreatedAt: orNow(e.RequestedAt).Format(time.RFC3339Nano),
+		c := &mcptasks.CoreTask{TaskID: e.ExecutionID, CreatedAt: orNow(e.RequestedAt).Format(time.RFC3339Nano),
 			LastUpdatedAt: e.UpdatedAt.Format(time.RFC3339Nano), TTL: ttl, PollInterval: pollIntervalMs}
 		switch e.Status {
 		case audit.EntryRunning:
-			c.Status, c.StatusMessage = TaskWorking, "running"
+			c.Status, c.StatusMessage = mcptasks.TaskWorking, "running"
 			if p := b.live.of(e.ExecutionID, 0, nil); p != nil {
 				c.StatusMessage += ": " + reportText(p)
 			}
 		case audit.EntryApprovalRequired:
-			c.Status, c.StatusMessage = TaskWorking, "waiting for approval "+e.ApprovalID
+			c.Status, c.StatusMessage = mcptasks.TaskWorking, "waiting for approval "+e.ApprovalID
 		case audit.EntryCompleted:
-			c.Status = TaskCompleted
+			c.Status = mcptasks.TaskCompleted
 		case audit.EntryFailed:
 			c.Status, c.StatusMessage = taskFailed, e.Code
 		case audit.EntryCancelled:
-			c.Status, c.StatusMessage = TaskCancelled, e.Code
+			c.Status, c.StatusMessage = mcptasks.TaskCancelled, e.Code
 		default:
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
 	"github.com/capstan-dev/capstan/mcpbridge"
 )
 
@@ -39,7 +40,7 @@ func (s *rawSession) call(method string, params any) (json.RawMessage, *rpcError
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	if s.session != "" {
 		req.Header.Set("Mcp-Session-Id", s.session)
-		req.Header.Set("Mcp-Protocol-Version", mcpbridge.CoreTasksVersion)
+		req.Header.Set("Mcp-Protocol-Version", mcptasks.CoreTasksVersion)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -93,7 +94,7 @@ func (s *rawSession) notify(method string) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Mcp-Session-Id", s.session)
-	req.Header.Set("Mcp-Protocol-Version", mcpbridge.CoreTasksVersion)
+	req.Header.Set("Mcp-Protocol-Version", mcptasks.CoreTasksVersion)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
@@ -168,9 +169,9 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 			} `json:"tasks"`
 		} `json:"capabilities"`
 	}
-	s.ok("initialize", map[string]any{"protocolVersion": mcpbridge.CoreTasksVersion, "capabilities": map[string]any{},
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
 		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
-	if init.ProtocolVersion != mcpbridge.CoreTasksVersion || init.Capabilities.Tasks.Requests.Tools.Call == nil ||
+	if init.ProtocolVersion != mcptasks.CoreTasksVersion || init.Capabilities.Tasks.Requests.Tools.Call == nil ||
 		init.Capabilities.Tasks.List == nil || init.Capabilities.Tasks.Cancel == nil {
 		t.Fatalf("initialize answered %+v: no tasks capability", init)
 	}
@@ -285,7 +286,7 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 	}
 	bobS := &rawSession{t: t, url: srv.URL, token: bobToken}
 	t.Cleanup(bobS.close)
-	bobS.ok("initialize", map[string]any{"protocolVersion": mcpbridge.CoreTasksVersion, "capabilities": map[string]any{},
+	bobS.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
 		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
 	bobS.notify("notifications/initialized")
 	for _, id := range []string{echo.TaskID, "nope"} {

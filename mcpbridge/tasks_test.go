@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // connectTasks connects a client that declares the Tasks extension.
@@ -28,15 +30,15 @@ func (f *fixture) connectTasks(t *testing.T, b *mcpbridge.Bridge, actor envelope
 	}
 	t.Cleanup(func() { _ = ss.Close() })
 	caps := &mcp.ClientCapabilities{}
-	caps.AddExtension(mcpbridge.TasksExtension, map[string]any{})
+	caps.AddExtension(mcptasks.TasksExtension, map[string]any{})
 	client := mcp.NewClient(&mcp.Implementation{Name: "tasks", Version: "v0"}, &mcp.ClientOptions{Capabilities: caps})
 	for _, m := range []string{"tasks/get"} {
-		if err := mcp.AddSendingCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](client, m); err != nil {
+		if err := mcp.AddSendingCustomMethod[*mcptasks.TaskParams, *mcptasks.Task](client, m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, m := range []string{"tasks/cancel", "tasks/update"} {
-		if err := mcp.AddSendingCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Ack](client, m); err != nil {
+		if err := mcp.AddSendingCustomMethod[*mcptasks.TaskParams, *mcptasks.Ack](client, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -63,9 +65,9 @@ func createTask(t *testing.T, cs *mcp.ClientSession, name string, args map[strin
 	return id
 }
 
-func getTask(t *testing.T, cs *mcp.ClientSession, id string) *mcpbridge.Task {
+func getTask(t *testing.T, cs *mcp.ClientSession, id string) *mcptasks.Task {
 	t.Helper()
-	task, err := mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](testCtx(t), cs, "tasks/get", &mcpbridge.TaskParams{TaskID: id})
+	task, err := mcp.CallCustomMethod[*mcptasks.TaskParams, *mcptasks.Task](testCtx(t), cs, "tasks/get", &mcptasks.TaskParams{TaskID: id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +78,7 @@ func getTask(t *testing.T, cs *mcp.ClientSession, id string) *mcpbridge.Task {
 }
 
 // pollTask polls until the task's status is one of want.
-func pollTask(t *testing.T, cs *mcp.ClientSession, id string, want ...string) *mcpbridge.Task {
+func pollTask(t *testing.T, cs *mcp.ClientSession, id string, want ...string) *mcptasks.Task {
 	t.Helper()
 	ctx := testCtx(t)
 	for {
@@ -99,7 +101,7 @@ func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "demo.echo", map[string]any{"n": 1})
-	task := pollTask(t, cs, id, mcpbridge.TaskCompleted)
+	task := pollTask(t, cs, id, mcptasks.TaskCompleted)
 	if task.Result == nil || task.Result.IsError {
 		t.Fatalf("completed task result = %+v", task.Result)
 	}
@@ -109,8 +111,8 @@ func TestTasks_CallAnswersATaskThatCompletes(t *testing.T) {
 	}
 	// Another actor cannot read it.
 	other := f.connectTasks(t, f.bridge, bob)
-	if _, err := mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](testCtx(t), other, "tasks/get",
-		&mcpbridge.TaskParams{TaskID: id}); err == nil || !strings.Contains(err.Error(), "not found") {
+	if _, err := mcp.CallCustomMethod[*mcptasks.TaskParams, *mcptasks.Task](testCtx(t), other, "tasks/get",
+		&mcptasks.TaskParams{TaskID: id}); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Errorf("bob read alice's task: %v", err)
 	}
 }
@@ -120,7 +122,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-task", "amount": 800})
-	task := pollTask(t, cs, id, mcpbridge.TaskInputRequired)
+	task := pollTask(t, cs, id, mcptasks.TaskInputRequired)
 	if len(task.InputRequests) != 1 {
 		t.Fatalf("input_required without one input request: %+v", task)
 	}
@@ -139,7 +141,7 @@ func TestTasks_ApprovalIsInputRequired_ThenRunsOnce_AcrossABridgeRestart(t *test
 	}
 	defer restarted.Close()
 	cs2 := f.connectTasks(t, restarted, alice)
-	done := pollTask(t, cs2, id, mcpbridge.TaskCompleted)
+	done := pollTask(t, cs2, id, mcptasks.TaskCompleted)
 	if done.Result == nil || done.Result.IsError {
 		t.Fatalf("result = %+v", done.Result)
 	}
@@ -165,12 +167,12 @@ func TestTasks_CancelCancelsTheExecution(t *testing.T) {
 	case <-testCtx(t).Done():
 		t.Fatal("test.block never started")
 	}
-	if _, err := mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Ack](testCtx(t), cs, "tasks/cancel",
-		&mcpbridge.TaskParams{TaskID: id}); err != nil {
+	if _, err := mcp.CallCustomMethod[*mcptasks.TaskParams, *mcptasks.Ack](testCtx(t), cs, "tasks/cancel",
+		&mcptasks.TaskParams{TaskID: id}); err != nil {
 		t.Fatal(err)
 	}
-	task := pollTask(t, cs, id, mcpbridge.TaskCancelled, mcpbridge.TaskCompleted)
-	if task.Status != mcpbridge.TaskCancelled {
+	task := pollTask(t, cs, id, mcptasks.TaskCancelled, mcptasks.TaskCompleted)
+	if task.Status != mcptasks.TaskCancelled {
 		t.Errorf("task = %s %+v", task.Status, task.Result)
 	}
 }
@@ -193,16 +195,16 @@ func TestTasks_DeclineWithdrawsTheApprovalRequest(t *testing.T) {
 	f := start(t, mcpbridge.Config{TaskAfter: -1})
 	cs := f.connectTasks(t, f.bridge, alice)
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-decline", "amount": 800})
-	task := pollTask(t, cs, id, mcpbridge.TaskInputRequired)
+	task := pollTask(t, cs, id, mcptasks.TaskInputRequired)
 	responses := map[string]any{}
 	for key := range task.InputRequests {
 		responses[key] = map[string]any{"action": "decline"}
 	}
-	if _, err := mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Ack](testCtx(t), cs, "tasks/update",
-		&mcpbridge.TaskParams{TaskID: id, InputResponses: responses}); err != nil {
+	if _, err := mcp.CallCustomMethod[*mcptasks.TaskParams, *mcptasks.Ack](testCtx(t), cs, "tasks/update",
+		&mcptasks.TaskParams{TaskID: id, InputResponses: responses}); err != nil {
 		t.Fatal(err)
 	}
-	pollTask(t, cs, id, mcpbridge.TaskCancelled)
+	pollTask(t, cs, id, mcptasks.TaskCancelled)
 }
 
 func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
@@ -220,7 +222,7 @@ func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
 	}
 	defer ss.Close()
 	client := mcp.NewClient(&mcp.Implementation{Name: "plain", Version: "v0"}, nil)
-	if err := mcp.AddSendingCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](client, "tasks/get"); err != nil {
+	if err := mcp.AddSendingCustomMethod[*mcptasks.TaskParams, *mcptasks.Task](client, "tasks/get"); err != nil {
 		t.Fatal(err)
 	}
 	cs, err := client.Connect(ctx, ct, nil)
@@ -228,7 +230,7 @@ func TestTasks_MethodsRefuseAClientWithoutTheExtension(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	_, err = mcp.CallCustomMethod[*mcpbridge.TaskParams, *mcpbridge.Task](ctx, cs, "tasks/get", &mcpbridge.TaskParams{TaskID: "x"})
+	_, err = mcp.CallCustomMethod[*mcptasks.TaskParams, *mcptasks.Task](ctx, cs, "tasks/get", &mcptasks.TaskParams{TaskID: "x"})
 	if err == nil || !strings.Contains(err.Error(), "Missing required client capability") {
 		t.Errorf("tasks/get without the extension = %v", err)
 	}
@@ -246,7 +248,7 @@ func TestTasks_AQuickCallAnswersItsResult_AnApprovalATask(t *testing.T) {
 		t.Errorf("a quick call answered %+v", res)
 	}
 	id := createTask(t, cs, "orders.refund", map[string]any{"orderId": "o-quick", "amount": 600})
-	if task := getTask(t, cs, id); task.Status != mcpbridge.TaskInputRequired {
+	if task := getTask(t, cs, id); task.Status != mcptasks.TaskInputRequired {
 		t.Errorf("task = %s", task.Status)
 	}
 }

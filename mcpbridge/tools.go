@@ -10,9 +10,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // metaKey prefixes the keys capstan sets in MCP _meta objects.
