@@ -304,10 +304,3 @@ func requestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req e
 	req.V = envelope.Version
 	return execrpc.Ask[executor.ExecutionsPage](ctx, nc, n, n.ListExecutionsSubject, &req, "list executions")
 }
-
-// requestExecution asks the workers for one execution as the connection's
-// principal, as a Client's Execution does.
-func requestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionRequest) (*executor.ExecutionView, error) {
-	req.V = envelope.Version
-	return execrpc.Ask[executor.ExecutionView](ctx, nc, n, n.ExecutionSubject, &req, "read execution "+req.ExecutionID)
-}
