@@ -14,7 +14,8 @@
 //
 // The smallest useful program decides and consumes one approval:
 //
-//	store := approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
+//	kv, err := js.KeyValue(ctx, "CAPSTAN_APPROVALS") // the bucket workers provision
+//	store := approvals.NewStore(kv, audit.NewEmitter(nc, audit.Options{}))
 //	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
 //	if err != nil { ... } // ErrUnserializableInput: NaN, byte strings, ...
 //	rec := &approvals.Record{
