@@ -48,8 +48,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 
 // Deployment is what the processes of one deployment share: the prefix of
 // its names and how its streams and buckets are kept. A worker provisions
-// them from it; a client only reads them. Zero values are the defaults, and
-// an unset field keeps what the deployment already has.
+// them from it; a client only reads them. Zero values are the defaults.
 type Deployment struct {
 	// Prefix of every name (default "CAPSTAN"; subjects use it in lower case).
 	Prefix string
