@@ -20,7 +20,7 @@ import (
 // none), not delivered, its context open.
 func testExecution(t *testing.T, r *Runner, c Definition) *execution {
 	t.Helper()
-	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: testOp, Input: envelope.Raw(`{}`)}
+	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: testOp, Input: mustRaw(map[string]any{"n": 1})}
 	x := newExecution(r.w, req, broker.Anonymous, Delivery{ID: req.ExecutionID})
 	x.cap, x.obs = c, observe.NopExecution{}
 	x.ctx, x.cancel = context.WithCancelCause(context.Background())

@@ -47,7 +47,7 @@ func TestFinalize_LostClaim_OutcomeDiscarded(t *testing.T) {
 	x := testExecution(t, r, nil)
 	claimed(t, x, time.Now().Add(time.Second)) // a 30 s lease, nearly out
 	takenOver(t, r, x)
-	if _, written := x.end(completed(envelope.Raw(`"done"`)), 1); written {
+	if _, written := x.end(completed(mustRaw("done")), 1); written {
 		t.Fatal("a worker that lost its claim reports its envelope written")
 	}
 	if env, err := r.w.store.envelope(x.key); env != nil || err != nil {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -75,7 +74,7 @@ func (u testUnit) Work(ctx context.Context, a Attempt) (any, error) {
 	return u.c.work(ctx, a)
 }
 func (u testUnit) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
-	b, err := json.Marshal(out)
+	b, err := envelope.NewRaw(out)
 	if err != nil {
 		return nil, envelope.Fail(envelope.CodeInternalError, envelope.StageOutput, err.Error())
 	}
@@ -126,8 +125,9 @@ func newRig(t *testing.T, c *testCap, cfg func(*Config)) *rig {
 
 // request is a new request for the rig's capability.
 func (g *rig) request() *envelope.Request {
-	return &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: testOp, Input: envelope.Raw(`{}`),
-		Surface: "direct", Actor: envelope.Actor{ID: "u1", Kind: "user"}}
+	return &envelope.Request{V: envelope.Version, ExecutionID: envelope.NewExecutionID(), CapabilityID: testOp, Input: mustRaw(map[string]any{"n": 1}),
+		SubmittedAt: time.Now().UTC(),
+		Surface:     "direct", Actor: envelope.Actor{ID: "u1", Kind: "user"}}
 }
 
 // key is req's key in the buckets.
@@ -259,4 +259,12 @@ func count(types []string, typ string) int {
 		}
 	}
 	return n
+}
+
+func mustRaw(v any) envelope.Raw {
+	r, err := envelope.NewRaw(v)
+	if err != nil {
+		panic(err)
+	}
+	return r
 }
