@@ -99,12 +99,18 @@ type rig struct {
 // newRig starts a rig serving c; cfg, when given, changes the runner's
 // configuration before it starts.
 func newRig(t *testing.T, c *testCap, cfg func(*Config)) *rig {
+	return newRigOn(t, broker.Config{}, c, cfg)
+}
+
+// newRigOn is newRig on resources provisioned as bcfg says.
+func newRigOn(t *testing.T, bcfg broker.Config, c *testCap, cfg func(*Config)) *rig {
 	t.Helper()
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.Provision(ctx, nc, broker.Config{Logger: slog.New(slog.DiscardHandler)})
+	bcfg.Logger = slog.New(slog.DiscardHandler)
+	b, err := broker.Provision(ctx, nc, bcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,4 +273,43 @@ func mustRaw(v any) envelope.Raw {
 		panic(err)
 	}
 	return r
+}
+
+// stageHook is an observer that calls on with the name of every stage an
+// execution starts: a test's hook into the moment before a write.
+type stageHook struct {
+	observe.NopWorker
+	on func(name string)
+}
+
+func (h stageHook) Begin(ctx context.Context, _ observe.Delivery) (context.Context, observe.Execution) {
+	return ctx, stageHookExecution{on: h.on}
+}
+
+type stageHookExecution struct {
+	observe.NopExecution
+	on func(name string)
+}
+
+func (h stageHookExecution) Stage(ctx context.Context, name string) (context.Context, func(error)) {
+	h.on(name)
+	return ctx, func(error) {}
+}
+
+// takeOverAs has another worker, named worker, take req's record over by
+// compare-and-swap, its lease a minute long; it returns its claim token.
+func (g *rig) takeOverAs(req *envelope.Request, worker string) string {
+	g.t.Helper()
+	c := g.r.newClaim(g.key(req))
+	cur, rev, err := g.r.w.store.load(g.key(req))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	c.hold(cur, rev)
+	if err := c.update(func(r *Record) {
+		r.Worker, r.Claim, r.LeaseUntil = worker, c.token, time.Now().UTC().Add(time.Minute)
+	}); err != nil {
+		g.t.Fatal(err)
+	}
+	return c.token
 }
