@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // The lease keeper's rules on a real store (DESIGN §5): a lease that runs
