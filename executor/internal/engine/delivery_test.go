@@ -42,11 +42,7 @@ func TestClaim_EnvelopeThereRecordGone_Duplicate(t *testing.T) {
 	t.Parallel()
 	g := newRig(t, &testCap{}, nil)
 	req := g.request()
-	first := &envelope.Envelope{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: testOp,
-		Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: "w-other", FinalizedAt: time.Now().UTC()}
-	if err := g.r.w.store.createEnvelope(g.key(req), first, sealed{}); err != nil {
-		t.Fatal(err)
-	}
+	otherWorkersEnvelope(t, g.r.w, req.ExecutionID)
 	g.publish(req)
 	g.handle(g.redelivered())
 	if n := g.c.calls.Load(); n != 0 {
@@ -81,11 +77,7 @@ func TestStartDeadline_EndedRequestDeliveredAgain_Duplicate(t *testing.T) {
 	req := g.request()
 	past := time.Now().Add(-time.Second)
 	req.StartBy = &past
-	first := &envelope.Envelope{V: envelope.Version, ExecutionID: req.ExecutionID, CapabilityID: testOp,
-		Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: "w-other", FinalizedAt: time.Now().UTC()}
-	if err := g.r.w.store.createEnvelope(g.key(req), first, sealed{}); err != nil {
-		t.Fatal(err)
-	}
+	otherWorkersEnvelope(t, g.r.w, req.ExecutionID)
 	g.publish(req)
 	g.handle(g.next())
 	if rec := g.record(req); rec != nil {

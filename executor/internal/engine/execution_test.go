@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -30,19 +29,7 @@ func testExecution(t *testing.T, r *Runner, c Definition) *execution {
 
 // trailOf is the types of x's events on the trail, once sent.
 func trailOf(t *testing.T, r *Runner, x *execution) []string {
-	t.Helper()
-	if err := r.w.audit.Flush(ctxT(t)); err != nil {
-		t.Fatal(err)
-	}
-	evs, err := audit.Read(ctxT(t), r.w.b, broker.Anonymous, x.req.ExecutionID)
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
-		t.Fatal(err)
-	}
-	types := make([]string, len(evs))
-	for i, ev := range evs {
-		types[i] = ev.Type
-	}
-	return types
+	return trailTypes(t, r, x.req.ExecutionID)
 }
 
 // A claim that found another record files nothing of what it held: the

@@ -83,11 +83,7 @@ func TestFinalize_SecondFinalizationKeepsTheFirstAndIsAudited(t *testing.T) {
 	r := testRunner(t)
 	x := testExecution(t, r, nil)
 	claimed(t, x, time.Now().Add(30*time.Second))
-	first := &envelope.Envelope{V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: testOp,
-		Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: "w-other", FinalizedAt: time.Now().UTC()}
-	if err := r.w.store.createEnvelope(x.key, first, sealed{}); err != nil {
-		t.Fatal(err)
-	}
+	otherWorkersEnvelope(t, r.w, x.req.ExecutionID)
 	if _, written := x.end(failedAfterRun(handlerError(errors.New("boom"))), 2); !written {
 		t.Fatal("a delivery whose execution has its envelope is left unacknowledged")
 	}
@@ -108,11 +104,7 @@ func TestEndRecorded_NeverWritesOverAnEnvelope(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
 	x := testExecution(t, r, nil)
-	first := &envelope.Envelope{V: envelope.Version, ExecutionID: x.req.ExecutionID, CapabilityID: testOp,
-		Status: envelope.StatusCompleted, Attempts: 1, FinalizedBy: "w-other", FinalizedAt: time.Now().UTC()}
-	if err := r.w.store.createEnvelope(x.key, first, sealed{}); err != nil {
-		t.Fatal(err)
-	}
+	otherWorkersEnvelope(t, r.w, x.req.ExecutionID)
 	rec := r.w.finalizedRecord(x.req.ExecutionID, testOp, envelope.StatusFailed, envelope.CodeNotStarted)
 	if !x.endRecorded(rec) {
 		t.Fatal("an envelope exists: the delivery may be acknowledged")

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -46,13 +45,8 @@ func TestLease_RunningOutUnrenewed_EndsTheExecution(t *testing.T) {
 func TestLease_RenewalMovesTheLease(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
 	before := time.Now().Add(time.Minute)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, before), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	_, key, mine := r.runningClaim(t, before)
 	l, ctx := keeper(mine, time.Hour)
 	if !l.renew() || ctx.Err() != nil {
 		t.Fatalf("a renewal of this worker's claim stopped it (%v)", context.Cause(ctx))
@@ -66,12 +60,7 @@ func TestLease_RenewalMovesTheLease(t *testing.T) {
 func TestLease_RenewalFindingACancel_EndsTheExecutionAsCancelled(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	id, _, mine := r.runningClaim(t, time.Now().Add(time.Minute))
 	if _, err := r.RecordCancel(broker.Anonymous, id, true); err != nil {
 		t.Fatal(err)
 	}

@@ -209,21 +209,7 @@ func (g *rig) envelope(req *envelope.Request) *envelope.Envelope {
 
 // trail is the types of req's audit events, once the worker's emitter has
 // sent what it has.
-func (g *rig) trail(req *envelope.Request) []string {
-	g.t.Helper()
-	if err := g.r.w.audit.Flush(ctxT(g.t)); err != nil {
-		g.t.Fatal(err)
-	}
-	evs, err := audit.Read(ctxT(g.t), g.b, broker.Anonymous, req.ExecutionID)
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
-		g.t.Fatal(err)
-	}
-	types := make([]string, len(evs))
-	for i, ev := range evs {
-		types[i] = ev.Type
-	}
-	return types
-}
+func (g *rig) trail(req *envelope.Request) []string { return trailTypes(g.t, g.r, req.ExecutionID) }
 
 // pending is how many deliveries of the rig's queue are neither
 // acknowledged nor terminated.
@@ -233,7 +219,7 @@ func (g *rig) pending() int {
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	return info.NumAckPending + int(info.NumPending) + info.NumRedelivered
+	return info.NumAckPending + int(info.NumPending)
 }
 
 // othersClaim writes a record of req claimed by another worker, in state
@@ -312,4 +298,33 @@ func (g *rig) takeOverAs(req *envelope.Request, worker string) string {
 		g.t.Fatal(err)
 	}
 	return c.token
+}
+
+// otherWorkersEnvelope writes the envelope of a completed execution id that
+// another worker finalized.
+func otherWorkersEnvelope(t *testing.T, w *worker, id string) {
+	t.Helper()
+	env := &envelope.Envelope{V: envelope.Version, ExecutionID: id, CapabilityID: testOp, Status: envelope.StatusCompleted,
+		Attempts: 1, FinalizedBy: "w-other", FinalizedAt: time.Now().UTC()}
+	if err := w.store.createEnvelope(broker.Key(broker.Anonymous, id), env, sealed{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// trailTypes is the types of an execution's audit events, once r's emitter
+// has sent what it has.
+func trailTypes(t *testing.T, r *Runner, executionID string) []string {
+	t.Helper()
+	if err := r.w.audit.Flush(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := audit.Read(ctxT(t), r.w.b, broker.Anonymous, executionID)
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		t.Fatal(err)
+	}
+	types := make([]string, len(evs))
+	for i, ev := range evs {
+		types[i] = ev.Type
+	}
+	return types
 }
