@@ -90,7 +90,9 @@ func TestStartDeadline_EndedRequestDeliveredAgain_Duplicate(t *testing.T) {
 
 // A refused request (its message id names another execution) whose
 // execution a cancel's pending record is in the way of ends as the
-// takeover table says of that record: CANCELLED.
+// takeover table says of that record: CANCELLED. Its delivery is settled
+// only once that envelope exists: a request that left its queue without
+// one would never be finalized.
 func TestRefusal_CancelsPendingRecordInTheWay_EndsCancelled(t *testing.T) {
 	t.Parallel()
 	g := newRig(t, &testCap{}, nil)
