@@ -120,7 +120,7 @@ func newRigOn(t *testing.T, bcfg broker.Config, c *testCap, cfg func(*Config)) *
 		cfg(&conf)
 	}
 	r := NewRunner(nc, slog.New(slog.DiscardHandler), conf)
-	r.Provisioned(b, audit.NewEmitter(b, audit.Options{Logger: slog.New(slog.DiscardHandler)}))
+	r.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(r.Stop)
 	cons, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "test", Capabilities: []string{testOp}, AckWait: time.Minute})
 	if err != nil {
@@ -318,7 +318,7 @@ func trailTypes(t *testing.T, r *Runner, executionID string) []string {
 	if err := r.w.audit.Flush(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	evs, err := audit.Read(ctxT(t), r.w.b, broker.Anonymous, executionID)
+	evs, err := audit.Read(ctxT(t), r.w.b.NC, r.w.b.Names.Prefix(), broker.Anonymous, executionID)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestSweep_DeliveredRequestWithoutRecord_NeverNotStarted(t *testing.T) {
 	}
 	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second,
 		Observer: observe.NopWorker{}})
-	eng.Provisioned(b, audit.NewEmitter(b, audit.Options{Logger: slog.New(slog.DiscardHandler)}))
+	eng.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(eng.Stop)
 	cons, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "p", Capabilities: []string{"test.op"}, AckWait: time.Minute})
 	if err != nil {
