@@ -1,0 +1,79 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/envelope"
+)
+
+// The lease keeper arms the lease's end when its renewals start; a lease
+// written to run out before then is armed at once: the execution ends when
+// it runs out, though no renewal has started.
+func TestLeaseKeeper_LeaseEndingBeforeTheRenewalsStart_EndsTheExecution(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	mine := r.newClaim(broker.Key(broker.Anonymous, id))
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(200*time.Millisecond)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	defer end(nil)
+	done := make(chan struct{})
+	// Renewals would start in 20 minutes.
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		done: done, stop: make(chan struct{})}
+	l.start()
+	defer func() { close(done); l.halt() }()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the execution's context did not end when its lease ran out")
+	}
+	if !errors.Is(context.Cause(ctx), errLeaseLost) {
+		t.Fatalf("the execution's context: %v, want ended with errLeaseLost", context.Cause(ctx))
+	}
+	if !mine.lapsed.Load() {
+		t.Fatal("the claim whose lease ran out may still write")
+	}
+}
+
+// An execution that ends before its renewals start leaves no timer armed:
+// the lease's end is not armed while the lease outlasts the renewals' start,
+// and disarming stops the renewals.
+func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	mine := r.newClaim(broker.Key(broker.Anonymous, id))
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	defer end(nil)
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		done: make(chan struct{}), stop: make(chan struct{})}
+	l.start()
+	// A write of the claim (a state's change) moves the lease, not the timers.
+	if err := mine.update(func(rec *Record) { rec.State = StateRunning }); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	expiry, starter := l.expiry, l.starter
+	l.mu.Unlock()
+	if expiry != nil || starter == nil {
+		t.Fatalf("expiry armed %v, renewals' start armed %v: want the renewals' start alone", expiry != nil, starter != nil)
+	}
+	l.halt()
+	if starter.Stop() {
+		t.Fatal("the renewals' start is still armed after halt")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the execution's context ended: %v", context.Cause(ctx))
+	}
+}
