@@ -692,10 +692,25 @@ type Request struct {
 // results are in the order of reqs; errs[i] is set only for transport trouble
 // of reqs[i].
 func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Envelope, []error) {
-	envs := make([]*envelope.Envelope, len(reqs))
-	errs := make([]error, len(reqs))
-	calls := make([]*await.Call, len(reqs))
-	ends := make([]func(*envelope.Envelope, error), len(reqs))
+	var envs []*envelope.Envelope
+	var errs []error
+	var calls []*await.Call
+	var ends []func(*envelope.Envelope, error)
+	if len(reqs) == 1 {
+		// A call on its own (Call): its results in one allocation.
+		one := new(struct {
+			envs  [1]*envelope.Envelope
+			errs  [1]error
+			calls [1]*await.Call
+			ends  [1]func(*envelope.Envelope, error)
+		})
+		envs, errs, calls, ends = one.envs[:], one.errs[:], one.calls[:], one.ends[:]
+	} else {
+		envs = make([]*envelope.Envelope, len(reqs))
+		errs = make([]error, len(reqs))
+		calls = make([]*await.Call, len(reqs))
+		ends = make([]func(*envelope.Envelope, error), len(reqs))
+	}
 	defer func() {
 		for i, end := range ends {
 			if end != nil {
