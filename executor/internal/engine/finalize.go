@@ -216,15 +216,6 @@ func seal(env *envelope.Envelope, data map[string]any) sealed {
 	return sealed{enc: enc, ok: true}
 }
 
-// value is what a create of env writes: the bytes sealed, or env itself
-// when sealed holds none.
-func (s sealed) value(env *envelope.Envelope) any {
-	if !s.ok {
-		return env
-	}
-	return envelope.Raw(s.enc.Bytes())
-}
-
 // Release hands the encoding's buffer back.
 func (s sealed) Release() {
 	if s.ok {

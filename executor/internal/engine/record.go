@@ -225,11 +225,20 @@ func (s *store) storedEnvelope(key string) (*envelope.Envelope, error) {
 // seal; env encoded here when sealed holds nothing).
 // It is bounded as opCtx bounds an operation, by the connection's timer.
 func (s *store) createEnvelope(key string, env *envelope.Envelope, sealed sealed) error {
-	_, err := s.b.CreateWithin(opTimeout(s.lease), s.b.Envelopes, key, sealed.value(env), 0)
+	_, err := s.b.CreateWithin(opTimeout(s.lease), s.b.Envelopes, key, sealedOr(sealed, env), 0)
 	return err
 }
 
 // createEnvelopeIn is createEnvelope within ctx.
 func (s *store) createEnvelopeIn(ctx context.Context, key string, env *envelope.Envelope, sealed sealed) (uint64, error) {
-	return s.b.Create(ctx, s.b.Envelopes, key, sealed.value(env), 0)
+	return s.b.Create(ctx, s.b.Envelopes, key, sealedOr(sealed, env), 0)
+}
+
+// sealedOr is what a create of env writes: the bytes sealed holds, or env
+// itself when it holds none.
+func sealedOr(s sealed, env *envelope.Envelope) any {
+	if !s.ok {
+		return env
+	}
+	return envelope.Raw(s.enc.Bytes())
 }
