@@ -264,11 +264,12 @@ func (l *leaseKeeper) start() {
 }
 
 // renewals starts the renewals: the lease's end is armed first, if it was
-// not.
+// not, unless the keeper was disarmed meanwhile (the execution ended as
+// the renewals' start fired).
 func (l *leaseKeeper) renewals() {
 	defer l.renewing.Done()
 	l.mu.Lock()
-	if l.expiry == nil && !l.until.IsZero() { // zero: a read without a claim
+	if l.starter != nil && l.expiry == nil && !l.until.IsZero() { // zero: a read without a claim
 		l.armExpiry()
 	}
 	l.mu.Unlock()
