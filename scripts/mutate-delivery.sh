@@ -2,10 +2,12 @@
 # Mutation run of the engine (executor/internal/engine: claim, lease, the
 # takeover table, attempts, finalization; executor/internal/sweeper), of the
 # retry rule (executor/stages.go, SI-11) and of the deployment's one record
-# window (broker). Each mutant names the tests that should catch it: the
-# pure tables' tests of its package first (milliseconds), then the executor
-# package's black-box tests, too slow to run whole per mutant. A
-# measurement, not a CI gate.
+# window (broker). Each mutant names the tests that should catch it: first
+# a unit test of its own file's package named after the rule it breaks
+# (seconds), then the executor package's black-box tests, too slow to run
+# whole per mutant. A mutant that changes no behaviour says so: what it
+# breaks begins "equivalent: " and says why (scripts/mutants checks both).
+# A measurement, not a CI gate.
 #
 #   scripts/mutate-delivery.sh                  # every mutant in scripts/mutants-delivery.tsv
 #   scripts/mutate-delivery.sh D03 R01          # some, by id
@@ -30,7 +32,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tar --exclude=.git -cf - . | tar -xf - -C "$work"
 
-killed=0 lived=0 broken=0
+killed=0 lived=0 equivalent=0 broken=0
 survivors=()
 while IFS=$'\t' read -r id file tests old new what; do
 	[[ -z $id || $id == \#* ]] && continue
@@ -73,6 +75,9 @@ PY
 	if grep -q '\[build failed\]\|\[setup failed\]' "$work/.out"; then
 		verdict=UNBUILT
 		broken=$((broken + 1))
+	elif [[ $rc -eq 0 && $what == equivalent:* ]]; then
+		verdict=EQUIVALENT
+		equivalent=$((equivalent + 1))
 	elif [[ $rc -eq 0 ]]; then
 		verdict=LIVED
 		lived=$((lived + 1))
@@ -87,7 +92,7 @@ PY
 	printf '%s\t%s\t%ss\t%s\n' "$id" "$verdict" $((SECONDS - start)) "$what"
 done <"$list"
 total=$((killed + lived))
-printf '\nkilled %d, lived %d, not built %d' "$killed" "$lived" "$broken"
+printf '\nkilled %d, lived %d, equivalent (lived) %d, not built %d' "$killed" "$lived" "$equivalent" "$broken"
 [[ $total -gt 0 ]] && printf ', score %d%%' $((100 * killed / total))
 printf '\n'
 [[ ${#survivors[@]} -gt 0 ]] && printf 'lived: %s\n' "${survivors[*]}"

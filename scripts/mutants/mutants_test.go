@@ -1,7 +1,8 @@
 // Package mutants holds the check of the engine's mutant list
 // (scripts/mutants-delivery.tsv, run by scripts/mutate-delivery.sh): a
-// mutant that no longer applies to the code, or that names tests which no
-// longer exist, fails here rather than being reported stale by a run no one
+// mutant that no longer applies to the code, that names tests which no
+// longer exist, or whose first test is not a unit test of its own file's
+// package, fails here rather than being reported stale by a run no one
 // reads.
 package mutants
 
@@ -90,6 +91,38 @@ func TestMutants_ApplyToTheCode(t *testing.T) {
 	}
 }
 
+// equivalent marks a mutant that changes no behaviour: what it breaks
+// begins so, and says why nothing breaks.
+const equivalent = "equivalent: "
+
+// Every mutant that is not equivalent names a test of its own file's
+// package first: the unit test named after the rule it breaks, which kills
+// it without the executor's black-box tests (the run tries it first). An
+// equivalent one says why it is.
+func TestMutants_NameAUnitTestOfTheirOwnPackageFirst(t *testing.T) {
+	for _, m := range readList(t) {
+		if why, ok := strings.CutPrefix(m.why, equivalent); ok {
+			if len(strings.TrimSpace(why)) < 20 {
+				t.Errorf("%s: marked equivalent without saying why", m.id)
+			}
+			continue
+		}
+		first, _, _ := strings.Cut(m.tests, ";")
+		if dir, own := runDir(first), filepath.Dir(m.file); dir != own {
+			t.Errorf("%s (%s): its first tests are %s's, want a unit test of %s, named after its rule", m.id, m.why, dir, own)
+		}
+	}
+}
+
+// runDir is the package directory of one run of a mutant's tests
+// ("./path/:pattern"; the executor's without a path).
+func runDir(run string) string {
+	if p, _, ok := strings.Cut(run, ":"); ok {
+		return strings.Trim(p, "./")
+	}
+	return "executor"
+}
+
 var testFunc = regexp.MustCompile(`(?m)^func (Test\w+)\(`)
 
 // Every alternative of a mutant's test patterns names at least one test of
@@ -119,9 +152,9 @@ func TestMutants_NameTestsThatExist(t *testing.T) {
 	}
 	for _, m := range readList(t) {
 		for run := range strings.SplitSeq(m.tests, ";") {
-			dir, pattern := "executor", run
-			if p, rest, ok := strings.Cut(run, ":"); ok {
-				dir, pattern = strings.Trim(p, "./"), rest
+			dir, pattern := runDir(run), run
+			if _, rest, ok := strings.Cut(run, ":"); ok {
+				pattern = rest
 			}
 			names := testsOf(dir)
 			if len(names) == 0 {

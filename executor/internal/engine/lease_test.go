@@ -7,73 +7,66 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
-// The lease keeper arms the lease's end when its renewals start; a lease
-// written to run out before then is armed at once: the execution ends when
-// it runs out, though no renewal has started.
-func TestLeaseKeeper_LeaseEndingBeforeTheRenewalsStart_EndsTheExecution(t *testing.T) {
-	t.Parallel()
-	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	mine := r.newClaim(broker.Key(broker.Anonymous, id))
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(200*time.Millisecond)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+// The lease keeper's rules on a real store (DESIGN §5): a lease that runs
+// out unrenewed ends the execution before another worker may take it over;
+// a renewal moves the lease; a renewal that finds a cancel recorded ends
+// the execution as the caller's cancel.
+
+// keeper is a lease keeper of c whose renewals start only when the test
+// renews, and the end of the execution's context.
+func keeper(c *claim, length time.Duration) (*leaseKeeper, context.Context) {
 	ctx, end := context.WithCancelCause(context.Background())
-	defer end(nil)
-	done := make(chan struct{})
-	// Renewals would start in 20 minutes.
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
-		done: done, stop: make(chan struct{})}
+	return &leaseKeeper{claim: c, length: length, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		stop: make(chan struct{}), done: make(chan struct{})}, ctx
+}
+
+func TestLease_RunningOutUnrenewed_EndsTheExecution(t *testing.T) {
+	t.Parallel()
+	c := &claim{key: "k", token: "t"}
+	c.hold(&Record{Claim: "t", LeaseUntil: time.Now().Add(50 * time.Millisecond)}, 1)
+	// An hour's lease: its first renewal is twenty minutes away; the record
+	// held says the lease ends sooner, and that is when the execution ends.
+	l, ctx := keeper(c, time.Hour)
 	l.start()
-	defer func() { close(done); l.halt() }()
+	defer l.halt()
 	select {
 	case <-ctx.Done():
-	case <-time.After(time.Minute):
-		t.Fatal("the execution's context did not end when its lease ran out")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the execution goes on after its lease ran out unrenewed")
 	}
-	if !errors.Is(context.Cause(ctx), errLeaseLost) {
-		t.Fatalf("the execution's context: %v, want ended with errLeaseLost", context.Cause(ctx))
-	}
-	if !mine.lapsed.Load() {
-		t.Fatal("the claim whose lease ran out may still write")
+	if !errors.Is(context.Cause(ctx), errLeaseLost) || !c.lapsed.Load() {
+		t.Fatalf("ended with %v (lapsed %v), want errLeaseLost and the claim lapsed", context.Cause(ctx), c.lapsed.Load())
 	}
 }
 
-// An execution that ends before its renewals start leaves no timer armed:
-// the lease's end is not armed while the lease outlasts the renewals' start,
-// and disarming stops the renewals.
-func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
+func TestLease_RenewalMovesTheLease(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	mine := r.newClaim(broker.Key(broker.Anonymous, id))
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
-		t.Fatal("create")
+	before := time.Now().Add(time.Minute)
+	_, key, mine := r.runningClaim(t, before)
+	l, ctx := keeper(mine, time.Hour)
+	if !l.renew() || ctx.Err() != nil {
+		t.Fatalf("a renewal of this worker's claim stopped it (%v)", context.Cause(ctx))
 	}
-	ctx, end := context.WithCancelCause(context.Background())
-	defer end(nil)
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
-		done: make(chan struct{}), stop: make(chan struct{})}
-	l.start()
-	// A write of the claim (a state's change) moves the lease, not the timers.
-	if err := mine.update(func(rec *Record) { rec.State = StateRunning }); err != nil {
+	got, _, err := r.w.store.load(key)
+	if err != nil || !got.LeaseUntil.After(before.Add(30*time.Minute)) {
+		t.Fatalf("record %+v (%v): the lease was not renewed for its length", got, err)
+	}
+}
+
+func TestLease_RenewalFindingACancel_EndsTheExecutionAsCancelled(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id, _, mine := r.runningClaim(t, time.Now().Add(time.Minute))
+	if _, err := r.RecordCancel(broker.Anonymous, id, true); err != nil {
 		t.Fatal(err)
 	}
-	l.mu.Lock()
-	expiry, starter := l.expiry, l.starter
-	l.mu.Unlock()
-	if expiry != nil || starter == nil {
-		t.Fatalf("expiry armed %v, renewals' start armed %v: want the renewals' start alone", expiry != nil, starter != nil)
-	}
-	l.halt()
-	if starter.Stop() {
-		t.Fatal("the renewals' start is still armed after halt")
-	}
-	if ctx.Err() != nil {
-		t.Fatalf("the execution's context ended: %v", context.Cause(ctx))
+	l, ctx := keeper(mine, time.Hour)
+	l.renew()
+	if !errors.Is(context.Cause(ctx), errCallerCancelled) {
+		t.Fatalf("the execution's context: %v, want ended by the caller's cancel", context.Cause(ctx))
 	}
 }

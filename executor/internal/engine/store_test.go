@@ -49,6 +49,19 @@ func claimRecord(id, worker, token string, st State, leaseUntil time.Time) *Reco
 		Claim: token, LeaseUntil: leaseUntil, CreatedAt: now, UpdatedAt: now}
 }
 
+// runningClaim is a new execution's record, running under a claim of
+// worker w1 on r's store, its lease until leaseUntil: its id, key and claim.
+func (r *Runner) runningClaim(t *testing.T, leaseUntil time.Time) (string, string, *claim) {
+	t.Helper()
+	id := envelope.NewExecutionID()
+	key := broker.Key(broker.Anonymous, id)
+	mine := r.newClaim(key)
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, leaseUntil), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	return id, key, mine
+}
+
 // noStage observes nothing.
 type noStage struct{}
 
@@ -76,12 +89,7 @@ func TestClaim_CreateFindsAnotherClaimsRecord(t *testing.T) {
 func TestClaim_UpdateAfterAnotherClaimTookIt_LostNotApplied(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Second)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	_, key, mine := r.runningClaim(t, time.Now().Add(time.Second))
 	// Another worker takes it over, its lease having run out.
 	other := r.newClaim(key)
 	cur, rev, err := r.w.store.load(key)
@@ -105,12 +113,7 @@ func TestClaim_UpdateAfterAnotherClaimTookIt_LostNotApplied(t *testing.T) {
 func TestClaim_UpdateReadsACancelRecordedMeanwhile(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Minute)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	id, key, mine := r.runningClaim(t, time.Now().Add(time.Minute))
 	if c, err := r.RecordCancel(broker.Anonymous, id, true); err != nil || c.Finalized || c.State != StateRunning {
 		t.Fatalf("cancel: %+v, %v", c, err)
 	}
@@ -196,12 +199,7 @@ func TestRecordCancel_EnvelopeThere_NothingRecorded(t *testing.T) {
 func TestLeaseKeeper_RenewalFindingAnotherClaim_EndsTheExecutionAtOnce(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	_, key, mine := r.runningClaim(t, time.Now().Add(time.Hour))
 	other := r.newClaim(key)
 	cur, rev, _ := r.w.store.load(key)
 	other.hold(cur, rev)
@@ -229,12 +227,7 @@ func TestLeaseKeeper_RenewalFindingAnotherClaim_EndsTheExecutionAtOnce(t *testin
 func TestClaim_LapsedLease_WritesNothingMore(t *testing.T) {
 	t.Parallel()
 	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	key := broker.Key(broker.Anonymous, id)
-	mine := r.newClaim(key)
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Second)), noStage{}); !ok {
-		t.Fatal("create")
-	}
+	id, key, mine := r.runningClaim(t, time.Now().Add(time.Second))
 	// A cancel moves the revision, not the claim; then the lease lapses.
 	if _, err := r.RecordCancel(broker.Anonymous, id, true); err != nil {
 		t.Fatal(err)
