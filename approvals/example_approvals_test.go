@@ -9,8 +9,8 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/vmihailenco/msgpack/v5"
 )
 

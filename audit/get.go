@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/nats-io/nats.go"
 )

@@ -3,8 +3,8 @@ package audit
 import (
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/vmihailenco/msgpack/v5"
 )
 

@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // The executions index's entries, coalesced (DESIGN §3, "Listing

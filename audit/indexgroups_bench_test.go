@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // BenchmarkIndexEntry is what the index costs a quick execution on its

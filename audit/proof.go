@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/mod/sumdb/tlog"

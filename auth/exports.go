@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // subjectCrossing is one subject pattern that crosses from the capstan account

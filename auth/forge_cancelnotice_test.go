@@ -3,8 +3,8 @@ package auth_test
 import (
 	"testing"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Workers stop their run of an execution on the cancel notice the worker that

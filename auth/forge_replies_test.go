@@ -27,10 +27,10 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // world is everything of capstan's an attack must not change: every

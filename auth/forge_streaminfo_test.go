@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // A producer reads its own records and envelopes only: not even the keys of

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Role says what a principal may do.

@@ -7,9 +7,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // publishAs publishes a request as nc's principal (on its own exec subject,

@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Permissions are the subjects a principal may publish and subscribe to. The

@@ -7,8 +7,8 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // A producer may not ask for the stream information of the envelopes and

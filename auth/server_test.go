@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/testenv"
 )

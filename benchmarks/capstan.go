@@ -9,9 +9,9 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"

@@ -9,10 +9,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 )
 

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"
 )

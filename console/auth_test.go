@@ -11,10 +11,10 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

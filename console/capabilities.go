@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go/jetstream"

@@ -11,8 +11,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )

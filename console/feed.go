@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/nats-io/nats.go/jetstream"

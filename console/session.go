@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"

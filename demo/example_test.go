@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 

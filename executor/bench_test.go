@@ -9,9 +9,9 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/internal/procstat"
 	"github.com/capstan-dev/capstan/testenv"

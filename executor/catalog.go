@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/inputcheck"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/nats-io/nats.go/jetstream"
 )

@@ -11,10 +11,10 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 )
 

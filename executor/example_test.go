@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 type Greeting struct {

@@ -1,7 +1,7 @@
 package executor
 
 import (
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 )
 

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	auditlog "github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"

@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // queueScan is how often a worker looks for queues it does not pull from

@@ -14,10 +14,10 @@ import (
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 

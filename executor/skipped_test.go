@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
 )

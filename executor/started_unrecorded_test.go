@@ -9,9 +9,9 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

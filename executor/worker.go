@@ -13,12 +13,12 @@ import (
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/control"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/executor/internal/sweeper"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/modelcontextprotocol/go-sdk/mcp"

@@ -9,10 +9,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
 )

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // An approval nobody decides is followed up at its expiry, once, though no

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Settings of the notify consumers.

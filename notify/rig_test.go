@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 

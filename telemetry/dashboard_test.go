@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/testenv"

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/testenv"
 )

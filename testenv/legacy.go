@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // LegacySetup writes, in dir, a setup of the one-account layout (v1) that

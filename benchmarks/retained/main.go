@@ -36,10 +36,10 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/benchmarks/internal/heapsplit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

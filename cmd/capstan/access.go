@@ -3,7 +3,7 @@ package main
 import (
 	"fmt"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
 )
 

@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )

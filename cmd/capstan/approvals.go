@@ -11,10 +11,10 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 )
 

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"

@@ -18,10 +18,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 )

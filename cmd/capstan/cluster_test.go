@@ -20,10 +20,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // spawn runs capstan args until the test ends without waiting for it.

@@ -9,8 +9,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // defaultConsole is where `capstan dev` serves its console.

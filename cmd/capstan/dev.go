@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/nats-io/nats.go"

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // envelopesTTL reads the envelopes bucket's TTL on the server at url.

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/demo"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/telemetry"

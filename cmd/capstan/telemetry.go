@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/telemetry/otlp"
 )

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/prometheus/client_golang/prometheus"

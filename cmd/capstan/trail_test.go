@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
 	"github.com/nats-io/nats.go"
 	dto "github.com/prometheus/client_model/go"

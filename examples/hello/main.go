@@ -22,9 +22,9 @@ import (
 	"os"
 	"os/signal"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 type Greeting struct {

@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 

@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // List asks the workers for a page of the approvals the connection's

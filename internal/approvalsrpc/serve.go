@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // decideTimeout bounds one decision or listing in a worker.

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Credentials are a principal's credentials file read once

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/testenv"
 )

@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
 

@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Log files an operator's events: under the principal By, with the person

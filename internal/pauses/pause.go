@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Scope is what a pause stops: the calls of a capability, of a principal, of

@@ -8,7 +8,7 @@ package testhooks
 import (
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // WorkerKnobs are the worker options no production worker sets.

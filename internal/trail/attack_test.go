@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/auth"
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/minio/highwayhash"
 	"github.com/nats-io/nats.go"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/procstat"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"

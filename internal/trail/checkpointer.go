@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/jsget"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"

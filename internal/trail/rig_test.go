@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/mod/sumdb/note"
 )

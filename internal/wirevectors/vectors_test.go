@@ -17,9 +17,9 @@ import (
 	"github.com/capstan-dev/capstan/execution"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )

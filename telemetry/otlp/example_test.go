@@ -5,8 +5,8 @@ import (
 	"log"
 	"net/http"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/telemetry/otlp"
 )

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // CancelRecorded is what recording a cancel found.

@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
 	execrec "github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 )
 

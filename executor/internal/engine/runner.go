@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

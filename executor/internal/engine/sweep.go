@@ -5,8 +5,8 @@ import (
 	"errors"
 
 	"github.com/capstan-dev/capstan/audit"
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Ending an execution no delivery carries: what the sweeper (package

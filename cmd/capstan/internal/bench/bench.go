@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/internal/procstat"

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
 )

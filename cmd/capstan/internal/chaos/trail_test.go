@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // The audit log that nobody touched verifies across SIGKILLs: of the

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
 

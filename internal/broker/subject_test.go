@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 func TestSubjectMatches_NATSRules(t *testing.T) {

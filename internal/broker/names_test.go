@@ -5,8 +5,8 @@ import (
 	"hash/fnv"
 	"testing"
 
-	"github.com/capstan-dev/capstan/broker"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 func TestNames_EveryNameDerivesFromThePrefix(t *testing.T) {

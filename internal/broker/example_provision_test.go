@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/capstan-dev/capstan/broker"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
