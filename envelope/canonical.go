@@ -8,8 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -32,6 +33,31 @@ func CanonicalJSON(r Raw) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// canonicalBufs keep the buffers InputHash writes an input's canonical JSON
+// into, once per execution, between executions.
+var canonicalBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// inputHashOfJSON is the hex SHA-256 of r's canonical JSON, written into a
+// pooled buffer; an error when r has no canonical JSON form.
+func inputHashOfJSON(r Raw) (string, error) {
+	v, err := r.Value()
+	if err != nil {
+		return "", err
+	}
+	buf := canonicalBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 64<<10 {
+			canonicalBufs.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if err := writeCanonical(buf, v); err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(buf.Bytes())
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // InputHash is the hex SHA-256 of the raw value's canonical JSON. A value
 // without a canonical JSON form (binary data, NaN, invalid UTF-8, keys that
 // are not strings: a Go client's msgpack may hold them) hashes as its msgpack
@@ -41,16 +67,16 @@ func CanonicalJSON(r Raw) ([]byte, error) {
 // input must never go without one. Only bytes that are not well-formed msgpack
 // fail.
 func InputHash(r Raw) (string, error) {
-	c, err := CanonicalJSON(r)
-	if err != nil {
-		// Not canonical, or not decodable as a plain value (an extension
-		// type the msgpack library does not know): the bytes, if well formed.
-		if werr := checkWellFormed(r); werr != nil {
-			return "", fmt.Errorf("%w: %v", ErrDecode, werr)
-		}
-		c = append([]byte("msgpack:"), r...)
+	h, err := inputHashOfJSON(r)
+	if err == nil {
+		return h, nil
 	}
-	sum := sha256.Sum256(c)
+	// Not canonical, or not decodable as a plain value (an extension type
+	// the msgpack library does not know): the bytes, if well formed.
+	if werr := checkWellFormed(r); werr != nil {
+		return "", fmt.Errorf("%w: %v", ErrDecode, werr)
+	}
+	sum := sha256.Sum256(append([]byte("msgpack:"), r...))
 	return hex.EncodeToString(sum[:]), nil
 }
 
@@ -59,17 +85,32 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 	case nil:
 		buf.WriteString("null")
 	case bool:
-		buf.WriteString(strconv.FormatBool(t))
+		buf.Write(strconv.AppendBool(buf.AvailableBuffer(), t))
 	case string:
 		if !utf8.ValidString(t) {
 			return fmt.Errorf("%w: invalid UTF-8 in a string", ErrNotCanonical)
 		}
-		b, _ := json.Marshal(t)
-		buf.Write(b)
-	case int8, int16, int32, int64, int:
-		fmt.Fprintf(buf, "%d", t)
-	case uint8, uint16, uint32, uint64, uint:
-		fmt.Fprintf(buf, "%d", t)
+		buf.Write(appendJSONString(buf.AvailableBuffer(), t))
+	case int8:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
+	case int16:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
+	case int32:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
+	case int64:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), t, 10))
+	case int:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
+	case uint8:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
+	case uint16:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
+	case uint32:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
+	case uint64:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), t, 10))
+	case uint:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
 	case float32:
 		return writeFloat(buf, float64(t))
 	case float64:
@@ -92,21 +133,21 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 		}
 		buf.WriteByte(']')
 	case map[string]any:
-		keys := make([]string, 0, len(t))
+		var room [8]string // an input's few keys sort on the stack
+		keys := room[:0]
 		for k := range t {
 			if !utf8.ValidString(k) {
 				return fmt.Errorf("%w: invalid UTF-8 in a key", ErrNotCanonical)
 			}
 			keys = append(keys, k)
 		}
-		sort.Strings(keys)
+		slices.Sort(keys)
 		buf.WriteByte('{')
 		for i, k := range keys {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			kb, _ := json.Marshal(k)
-			buf.Write(kb)
+			buf.Write(appendJSONString(buf.AvailableBuffer(), k))
 			buf.WriteByte(':')
 			if err := writeCanonical(buf, t[k]); err != nil {
 				return err
@@ -139,9 +180,65 @@ func writeFloat(buf *bytes.Buffer, f float64) error {
 		if f == 0 {
 			f = 0 // not "-0"
 		}
-		buf.WriteString(strconv.FormatFloat(f, 'f', 0, 64))
+		buf.Write(strconv.AppendFloat(buf.AvailableBuffer(), f, 'f', 0, 64))
 		return nil
 	}
-	buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+	buf.Write(strconv.AppendFloat(buf.AvailableBuffer(), f, 'g', -1, 64))
 	return nil
+}
+
+// appendJSONString appends s as encoding/json writes a string (json.Marshal,
+// HTML characters escaped): the bytes an input's canonical JSON, and so its
+// hash, have always been made of. s is valid UTF-8 (checked before).
+func appendJSONString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		b := s[i]
+		if b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '\\', '"':
+				dst = append(dst, '\\', b)
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		if c == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if c == '\u2028' || c == '\u2029' { // as encoding/json: not for JSONP
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
 }

@@ -119,6 +119,15 @@ func (f *Fields) Value(key string, v any, empty bool) {
 }
 
 func (f *Fields) value(v any) {
+	if m, ok := v.(map[string]any); ok && m != nil && len(m) <= maxSortedInPlace {
+		f.sortedMap(m)
+		return
+	}
+	f.reflective(v)
+}
+
+// reflective writes v with the reflective encoder.
+func (f *Fields) reflective(v any) {
 	e := encoders.Get().(*encoder)
 	defer encoders.Put(e)
 	e.buf.Reset()
@@ -126,6 +135,52 @@ func (f *Fields) value(v any) {
 		f.err = err
 	}
 	f.b = append(f.b, e.buf.Bytes()...)
+}
+
+// maxSortedInPlace is the most keys of a map sortedMap sorts on the stack.
+const maxSortedInPlace = 16
+
+// sortedMap writes m as the reflective encoder does, its keys sorted by
+// their bytes (an audit event's data on every execution): the header, then
+// each key and its value, a value of the common kinds written in place and
+// any other by the reflective encoder, which is what it writes for each
+// value of a map.
+func (f *Fields) sortedMap(m map[string]any) {
+	var arr [maxSortedInPlace]string
+	keys := arr[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	for i := 1; i < len(keys); i++ { // insertion sort: a few keys
+		for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
+			keys[j], keys[j-1] = keys[j-1], keys[j]
+		}
+	}
+	f.b = append(f.b, 0x80|byte(len(keys))) // a fixmap: at most 15 keys
+	if len(keys) > 15 {
+		f.b = append(f.b[:len(f.b)-1], 0xde, byte(len(keys)>>8), byte(len(keys)))
+	}
+	for _, k := range keys {
+		f.b = appendString(f.b, k)
+		switch v := m[k].(type) {
+		case nil:
+			f.b = append(f.b, 0xc0)
+		case string:
+			f.b = appendString(f.b, v)
+		case bool:
+			if v {
+				f.b = append(f.b, 0xc3)
+			} else {
+				f.b = append(f.b, 0xc2)
+			}
+		case int:
+			f.b = appendInt(f.b, int64(v))
+		case int64:
+			f.b = appendInt(f.b, v)
+		default:
+			f.reflective(v)
+		}
+	}
 }
 
 // Encode writes the map.

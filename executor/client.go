@@ -268,43 +268,51 @@ func WithApproval(id string) CallOption { return func(r *envelope.Request) { r.A
 // WithTraceparent carries a W3C trace context.
 func WithTraceparent(tp string) CallOption { return func(r *envelope.Request) { r.Traceparent = tp } }
 
-// newRequest builds and checks a request.
-func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (*envelope.Request, error) {
+// newRequest builds and checks a request; own reports that the client made
+// its id (no option set one): a caller's id may be one whose envelope
+// already exists.
+func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (_ *envelope.Request, own bool, _ error) {
 	raw, err := toRaw(input)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	r := &envelope.Request{
+	// The request and its default start deadline are one allocation.
+	rs := &struct {
+		r       envelope.Request
+		startBy time.Time
+	}{r: envelope.Request{
 		V: envelope.Version, CapabilityID: capabilityID, Input: raw, Actor: c.cfg.Actor,
 		Surface: string(c.cfg.Surface), SubmittedAt: time.Now().UTC(),
-	}
-	c.defaultStartBy(r)
+	}}
+	r := &rs.r
+	rs.startBy = c.defaultStartBy(r.SubmittedAt)
+	r.StartBy = &rs.startBy
 	for _, o := range opts {
 		o(r)
 	}
 	c.capStartBy(r)
 	r.Surface = string(c.cfg.Surface) // the client fixes the surface, never the caller's payload
-	if r.ExecutionID == "" {
+	if own = r.ExecutionID == ""; own {
 		r.ExecutionID = envelope.NewExecutionID()
 	}
 	if err := envelope.ValidExecutionID(r.ExecutionID); err != nil {
-		return nil, fmt.Errorf("capstan: %w", err)
+		return nil, false, fmt.Errorf("capstan: %w", err)
 	}
 	if err := envelope.ValidCapabilityID(capabilityID); err != nil {
-		return r, &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve,
+		return r, own, &envelope.CapabilityError{Code: envelope.CodeCapabilityNotFound, Stage: envelope.StageResolve,
 			ExposeToModel: true, Message: "No such capability.", Cause: fmt.Errorf("%w: %v", ErrInvalidCapability, err)}
 	}
-	return r, nil
+	return r, own, nil
 }
 
-// defaultStartBy sets the client's start deadline; StartWithin overrides it.
-func (c *Client) defaultStartBy(r *envelope.Request) {
+// defaultStartBy is the client's start deadline of a request submitted at
+// submitted; StartWithin overrides it.
+func (c *Client) defaultStartBy(submitted time.Time) time.Time {
 	d := c.cfg.StartWithin
 	if d <= 0 {
 		d = DefaultStartWithin
 	}
-	t := r.SubmittedAt.Add(d).UTC()
-	r.StartBy = &t
+	return submitted.Add(d).UTC()
 }
 
 func toRaw(input any) (envelope.Raw, error) {
@@ -332,10 +340,12 @@ func (c *Client) message(ctx context.Context, r *envelope.Request) (m *nats.Msg,
 	if err != nil {
 		return nil, nil, err
 	}
-	subject := c.b.Names.UnroutedSubject(c.principal)
+	var subject string
 	p := c.placeWithin(ctx, r.CapabilityID, unservedGrace)
 	if p.listed {
 		subject = c.b.Names.ExecSubject(c.principal, r.CapabilityID)
+	} else {
+		subject = c.b.Names.UnroutedSubject(c.principal)
 	}
 	if u := p.unserved; u != nil {
 		u.ExecutionID = r.ExecutionID
@@ -391,7 +401,7 @@ func (c *Client) Submit(ctx context.Context, capabilityID string, input any, opt
 	if err := c.closed(); err != nil {
 		return "", err
 	}
-	r, err := c.newRequest(capabilityID, input, opts)
+	r, _, err := c.newRequest(capabilityID, input, opts)
 	if err != nil {
 		return "", err
 	}
@@ -684,10 +694,25 @@ type Request struct {
 // results are in the order of reqs; errs[i] is set only for transport trouble
 // of reqs[i].
 func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Envelope, []error) {
-	envs := make([]*envelope.Envelope, len(reqs))
-	errs := make([]error, len(reqs))
-	calls := make([]*await.Call, len(reqs))
-	ends := make([]func(*envelope.Envelope, error), len(reqs))
+	var envs []*envelope.Envelope
+	var errs []error
+	var calls []*await.Call
+	var ends []func(*envelope.Envelope, error)
+	if len(reqs) == 1 {
+		// A call on its own (Call): its results in one allocation.
+		one := new(struct {
+			envs  [1]*envelope.Envelope
+			errs  [1]error
+			calls [1]*await.Call
+			ends  [1]func(*envelope.Envelope, error)
+		})
+		envs, errs, calls, ends = one.envs[:], one.errs[:], one.calls[:], one.ends[:]
+	} else {
+		envs = make([]*envelope.Envelope, len(reqs))
+		errs = make([]error, len(reqs))
+		calls = make([]*await.Call, len(reqs))
+		ends = make([]func(*envelope.Envelope, error), len(reqs))
+	}
 	defer func() {
 		for i, end := range ends {
 			if end != nil {
@@ -705,7 +730,7 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 	progress := c.progressFor(ctx, len(reqs)) // nil unless WithProgress asked
 	defer progress.stop()
 	for i, rq := range reqs {
-		r, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
+		r, own, err := c.newRequest(rq.CapabilityID, rq.Input, rq.Options)
 		if err != nil {
 			var ce *envelope.CapabilityError
 			if errors.As(err, &ce) {
@@ -723,14 +748,14 @@ func (c *Client) CallMany(ctx context.Context, reqs []Request) ([]*envelope.Enve
 			continue
 		}
 		if unserved != nil && c.cfg.Unserved != UnservedWait {
-			envs[i], errs[i] = c.unserved(ctx, m, unserved, ownID(rq.Options))
+			envs[i], errs[i] = c.unserved(ctx, m, unserved, own)
 			continue
 		}
 		if len(reqs) == 1 {
-			calls[i] = c.w.SendSync(ctx, r.ExecutionID, m, ownID(rq.Options))
+			calls[i] = c.w.SendSync(ctx, r.ExecutionID, m, own)
 			continue
 		}
-		calls[i] = c.w.Send(r.ExecutionID, m, ownID(rq.Options))
+		calls[i] = c.w.Send(r.ExecutionID, m, own)
 	}
 	c.w.Settle(ctx, calls)
 	var quota *envelope.CapabilityError // the first refusal's, for the others

@@ -168,7 +168,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 		// input to submit. Any other change is caught by the worker's re-hash.
 		return "", fmt.Errorf("capstan: resume %s: %w: the stored input does not parse: %v", approvalID, approvals.ErrInputMismatch, err)
 	}
-	r, err := c.newRequest(rec.CapabilityID, raw, opts)
+	r, _, err := c.newRequest(rec.CapabilityID, raw, opts)
 	if err != nil {
 		return "", err
 	}
@@ -230,7 +230,8 @@ func (c *Client) submitResumeByID(ctx context.Context, approvalID string, opts [
 		return "", fmt.Errorf("capstan: approval id: %w", err)
 	}
 	r := &envelope.Request{V: envelope.Version, ApprovalID: approvalID, SubmittedAt: time.Now().UTC()}
-	c.defaultStartBy(r)
+	startBy := c.defaultStartBy(r.SubmittedAt)
+	r.StartBy = &startBy
 	for _, o := range opts {
 		o(r)
 	}

@@ -10,7 +10,9 @@
 // envelopes added is the memory one retained execution costs.
 //
 // It also times what a caller does with an old execution: Client.Await and
-// Client.Status of the first round's first execution, once every round ran.
+// Client.Status of the first round's first execution, once every round ran,
+// and a get by JetStream alone of the second round's first envelope: each
+// first read finds its block no longer in the server's memory.
 //
 //	go run ./retained -n 100000 -rounds 3
 //	go run ./retained -n 50000 -rounds 2 -settle 0   # without waiting for the block state to expire
@@ -128,7 +130,7 @@ func run(n, rounds, concurrency int, recordWindow, settle time.Duration) error {
 	fmt.Printf("%d rounds of %d demo.echo executions, %d in flight; record window %v; %d CPUs, load average %s\n",
 		rounds, n, concurrency, recordWindow, runtime.NumCPU(), loadavg())
 	input := envelope.MustRaw(map[string]any{"data": strings.Repeat("x", 64)})
-	var first string
+	var firsts []string
 	var prev *sample
 	for round := 1; round <= rounds; round++ {
 		start := time.Now()
@@ -136,9 +138,7 @@ func run(n, rounds, concurrency int, recordWindow, settle time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
-		if first == "" {
-			first = id
-		}
+		firsts = append(firsts, id)
 		fmt.Printf("\nround %d: %d executions in %.1f s; load average %s\n", round, n, time.Since(start).Seconds(), loadavg())
 		time.Sleep(recordWindow + 5*time.Second) // the records go, the trail's batches are committed
 		s, err := measure(ctx, b.JS, "records gone")
@@ -157,7 +157,13 @@ func run(n, rounds, concurrency int, recordWindow, settle time.Duration) error {
 		}
 		prev = s
 	}
-	return timeOld(ctx, c, first)
+	if err := timeOld(ctx, c, firsts[0]); err != nil {
+		return err
+	}
+	if len(firsts) < 2 {
+		return nil
+	}
+	return timeRaw(ctx, b.JS, b.Names.EnvelopesBucket(), broker.Key("_anon", firsts[1]))
 }
 
 // runRound runs n executions with concurrency in flight and returns the
@@ -282,6 +288,30 @@ func (s *sample) print(prev *sample) {
 		fmt.Printf(", %s %.0f B", strings.Fields(name)[0], float64(s.partBytes[i]-prev.partBytes[i])/d)
 	}
 	fmt.Println()
+}
+
+// timeRaw times what JetStream alone does for the same question: a get of
+// one key of the envelopes bucket, the second round's first, whose block the
+// server no longer holds in memory either (cold); then 20 more.
+func timeRaw(ctx context.Context, js jetstream.JetStream, bucket, key string) error {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return err
+	}
+	var gets []time.Duration
+	for range 21 {
+		t := time.Now()
+		if _, err := kv.Get(ctx, key); err != nil {
+			return fmt.Errorf("get %s: %w", key, err)
+		}
+		gets = append(gets, time.Since(t))
+	}
+	cold := gets[0]
+	gets = gets[1:]
+	slices.Sort(gets)
+	fmt.Printf("JetStream alone, a get of the second round's first envelope: %.2f ms cold, then median %.2f ms, slowest %.2f ms (20)\n",
+		ms(cold), ms(gets[10]), ms(gets[19]))
+	return nil
 }
 
 // timeOld times Client.Await and Client.Status of id, an execution of the

@@ -74,6 +74,22 @@ func policiesBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyV
 	return unlessAbsent(policies.Bucket(ctx, js, names, false))
 }
 
+// openPolicies connects for a command that reads the policies bucket: kv is
+// nil when no set was ever applied; done is nil when the command ends with
+// code.
+func openPolicies(conn *connFlags, command string) (context.Context, jetstream.KeyValue, func(), int) {
+	js, ctx, done, err := conn.openJS("policy", submitTimeout)
+	if err != nil {
+		return nil, nil, nil, usageError("%v", err)
+	}
+	kv, err := policiesBucket(ctx, js)
+	if err != nil {
+		done()
+		return nil, nil, nil, fail(exitFailed, "%s: %v", command, err)
+	}
+	return ctx, kv, done, exitOK
+}
+
 // policyInForce compiles the set in force: nil when none is.
 func policyInForce(ctx context.Context, js jetstream.JetStream) (*policies.Set, *policies.Current, error) {
 	kv, err := policiesBucket(ctx, js)
@@ -407,15 +423,11 @@ func runPolicyShow(args []string) int {
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	js, ctx, done, err := conn.openJS("policy", submitTimeout)
-	if err != nil {
-		return usageError("%v", err)
+	ctx, kv, done, code := openPolicies(conn, "policy show")
+	if done == nil {
+		return code
 	}
 	defer done()
-	kv, err := policiesBucket(ctx, js)
-	if err != nil {
-		return fail(exitFailed, "policy show: %v", err)
-	}
 	n := *version
 	if n == 0 && kv != nil {
 		cur, _, err := policies.ReadCurrent(ctx, kv)
@@ -447,18 +459,15 @@ func runPolicyHistory(args []string) int {
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
 	}
-	js, ctx, done, err := conn.openJS("policy", submitTimeout)
-	if err != nil {
-		return usageError("%v", err)
+	ctx, kv, done, code := openPolicies(conn, "policy history")
+	if done == nil {
+		return code
 	}
 	defer done()
-	kv, err := policiesBucket(ctx, js)
-	if err != nil {
-		return fail(exitFailed, "policy history: %v", err)
-	}
 	var list []*policies.Version
 	cur := &policies.Current{}
 	if kv != nil {
+		var err error
 		if list, err = policies.History(ctx, kv); err == nil {
 			cur, _, err = policies.ReadCurrent(ctx, kv)
 		}

@@ -92,7 +92,7 @@ func (m MsgIDs) Forward(principal, executionID string) string {
 // versions named the execution id alone (and a forward the id and "-fwd");
 // they are accepted as such.
 func MsgIDNames(msgID, principal, executionID string) bool {
-	if msgID == executionID || msgID == executionID+"-fwd" {
+	if rest, ok := strings.CutPrefix(msgID, executionID); ok && (rest == "" || rest == "-fwd") {
 		return true
 	}
 	// msgID begins with Key(principal, executionID), compared in place.

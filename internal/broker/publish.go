@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -36,19 +37,67 @@ type Ack struct {
 // JSON decoder. A refusal is a *jetstream.APIError, as from PublishMsg; a
 // full queue's is also a *QueueFullError (ErrQueueFull).
 func PublishAck(ctx context.Context, nc *nats.Conn, m *nats.Msg) (Ack, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
+	return publishAck(bound{ctx: ctx}, nc, m)
+}
+
+// bound is how long a publish may wait for its acknowledgement: until ctx
+// ends, or, ctx nil, until deadline alone, which the connection's own
+// pooled timer keeps (no context made and ended for each write).
+type bound struct {
+	ctx      context.Context
+	deadline time.Time
+}
+
+// within is a bound of timeout from now.
+func within(timeout time.Duration) bound { return bound{deadline: time.Now().Add(timeout)} }
+
+// request sends m and waits for its answer within the bound.
+func (w bound) request(nc *nats.Conn, m *nats.Msg) (*nats.Msg, error) {
+	if w.ctx != nil {
+		return nc.RequestMsgWithContext(w.ctx, m)
 	}
-	resp, err := nc.RequestMsgWithContext(ctx, m)
+	left := time.Until(w.deadline)
+	if left <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	return nc.RequestMsg(m, left)
+}
+
+// pause waits d, or less when the bound ends first.
+func (w bound) pause(d time.Duration) {
+	if w.ctx != nil {
+		select {
+		case <-w.ctx.Done():
+		case <-time.After(d):
+		}
+		return
+	}
+	time.Sleep(max(min(d, time.Until(w.deadline)), 0))
+}
+
+// context is the bound as a context, for a rare read on the way.
+func (w bound) context() (context.Context, context.CancelFunc) {
+	if w.ctx != nil {
+		return w.ctx, func() {}
+	}
+	return context.WithDeadline(context.Background(), w.deadline)
+}
+
+// publishAck is PublishAck within w: a context without a deadline is given
+// one of 5 s.
+func publishAck(w bound, nc *nats.Conn, m *nats.Msg) (Ack, error) {
+	if w.ctx != nil {
+		if _, ok := w.ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			w.ctx, cancel = context.WithTimeout(w.ctx, 5*time.Second)
+			defer cancel()
+		}
+	}
+	resp, err := w.request(nc, m)
 	for try := 0; errors.Is(err, nats.ErrNoResponders) && try < 2; try++ {
 		// A stream electing a leader answers no one for a moment.
-		select {
-		case <-ctx.Done():
-		case <-time.After(250 * time.Millisecond):
-		}
-		resp, err = nc.RequestMsgWithContext(ctx, m)
+		w.pause(250 * time.Millisecond)
+		resp, err = w.request(nc, m)
 	}
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Ack{}, jetstream.ErrNoStreamResponse
@@ -107,13 +156,13 @@ func readPubAck(b []byte) (Ack, error) {
 // publish that expects no earlier message on the key's subject. When the
 // key has one (a value, or the marker a delete left), it is kv.Create that
 // decides, which writes over a delete marker.
-func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string, b []byte, ttl time.Duration) (uint64, error) {
+func create(w bound, nc *nats.Conn, kv jetstream.KeyValue, key string, b []byte, ttl time.Duration) (uint64, error) {
 	h := nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}
 	if ttl > 0 {
-		h[jetstream.MsgTTLHeader] = []string{ttl.String()}
+		h[jetstream.MsgTTLHeader] = []string{ttlText(ttl)}
 	}
 	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b}
-	ack, err := PublishAck(ctx, nc, m)
+	ack, err := publishAck(w, nc, m)
 	if err == nil || !WrongLastSequence(err) {
 		return ack.Seq, err
 	}
@@ -122,6 +171,8 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 	// leader: a replica's direct get (as jetstream's KeyValue.Create reads)
 	// may still answer with the value the marker replaced, and the create be
 	// refused for a key that has none.
+	ctx, cancel := w.context()
+	defer cancel()
 	seq, deleted, _, lerr := lastFromLeader(ctx, nc, kv.Bucket(), key)
 	switch {
 	case errors.Is(lerr, ErrNotFound):
@@ -132,7 +183,7 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 		return 0, err // a value: the key exists
 	}
 	h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(seq, 10)}
-	ack, err = PublishAck(ctx, nc, m)
+	ack, err = publishAck(w, nc, m)
 	return ack.Seq, err
 }
 
@@ -140,11 +191,41 @@ func create(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key strin
 // in one publish when the key is new: the writes of every execution (its
 // claim, its envelope) take this way.
 func (b *Broker) Create(ctx context.Context, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
+	return b.create(bound{ctx: ctx}, kv, key, v, ttl)
+}
+
+// CreateWithin is Create bounded by timeout alone, for a write no caller
+// cancels (a worker's claim and envelope): the wait for its acknowledgement
+// is timed by the connection, with no context made for it.
+func (b *Broker) CreateWithin(timeout time.Duration, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
+	return b.create(within(timeout), kv, key, v, ttl)
+}
+
+func (b *Broker) create(w bound, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
 	enc, err := envelope.Encode(v)
 	if err != nil {
 		return 0, err
 	}
 	defer enc.Release() // a publish has copied the bytes when it returns
-	rev, err := create(ctx, b.NC, kv, key, enc.Bytes(), ttl)
+	rev, err := create(w, b.NC, kv, key, enc.Bytes(), ttl)
 	return rev, createErr(err)
+}
+
+// lastTTL is the last TTL written as text: the records of a deployment
+// carry one (the record window) nearly always.
+var lastTTL atomic.Pointer[ttlAsText]
+
+type ttlAsText struct {
+	ttl  time.Duration
+	text string
+}
+
+// ttlText is ttl.String(), made once for the TTL most writes carry.
+func ttlText(ttl time.Duration) string {
+	if last := lastTTL.Load(); last != nil && last.ttl == ttl {
+		return last.text
+	}
+	t := &ttlAsText{ttl: ttl, text: ttl.String()}
+	lastTTL.Store(t)
+	return t.text
 }

@@ -19,14 +19,38 @@ import (
 // TTL rides the message.
 func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
 	t.Parallel()
+	t.Run("Create", func(t *testing.T) {
+		t.Parallel()
+		testCreateOnly(t, func(b *broker.Broker) createFunc {
+			return func(kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
+				return b.Create(testCtx(t), kv, key, v, ttl)
+			}
+		})
+	})
+	// CreateWithin is the same write, bounded by a timeout alone.
+	t.Run("CreateWithin", func(t *testing.T) {
+		t.Parallel()
+		testCreateOnly(t, func(b *broker.Broker) createFunc {
+			return func(kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
+				return b.CreateWithin(5*time.Second, kv, key, v, ttl)
+			}
+		})
+	})
+}
+
+// createFunc is Broker.Create or Broker.CreateWithin.
+type createFunc func(kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error)
+
+func testCreateOnly(t *testing.T, with func(*broker.Broker) createFunc) {
 	onEveryStore(t, func(t *testing.T, b *broker.Broker) {
 		ctx := testCtx(t)
 		kv := b.Executions
-		rev, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 1}, time.Hour)
+		create := with(b)
+		rev, err := create(kv, "k", &counter{V: 1, N: 1}, time.Hour)
 		if err != nil || rev == 0 {
 			t.Fatalf("first create: rev %d, %v", rev, err)
 		}
-		if _, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 2}, time.Hour); !errors.Is(err, broker.ErrExists) {
+		if _, err := create(kv, "k", &counter{V: 1, N: 2}, time.Hour); !errors.Is(err, broker.ErrExists) {
 			t.Fatalf("second create: %v, want ErrExists", err)
 		}
 		if v, got, err := broker.Load[counter](ctx, kv, "k"); err != nil || v.N != 1 || got != rev {
@@ -46,7 +70,7 @@ func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
 		if err := kv.Delete(ctx, "k"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.Create(ctx, kv, "k", &counter{V: 1, N: 3}, 0); err != nil {
+		if _, err := create(kv, "k", &counter{V: 1, N: 3}, 0); err != nil {
 			t.Fatalf("create over a delete marker: %v", err)
 		}
 		if v, _, err := broker.Load[counter](ctx, kv, "k"); err != nil || v.N != 3 {
@@ -54,6 +78,36 @@ func TestBrokerCreate_CreateOnlyOverValuesAndDeleteMarkers(t *testing.T) {
 		}
 	})
 }
+
+// CreateWithin's timeout bounds the wait for an acknowledgement that never
+// comes (a stream's leader lost with the reply): it ends unanswered, not
+// waiting on.
+func TestBrokerCreateWithin_UnansweredEndsAtItsTimeout(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	listener := env.Connect(t)
+	sub, err := listener.SubscribeSync("$KV.silent.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := listener.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.CreateWithin(200*time.Millisecond, silentKV{b.Executions}, "k", &counter{V: 1}, 0)
+	if !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("create nobody answers: %v, want nats.ErrTimeout", err)
+	}
+	if m, err := sub.NextMsg(5 * time.Second); err != nil || m.Header.Get(jetstream.ExpectedLastSubjSeqHeader) != "0" {
+		t.Fatalf("the create's message: %v, %v", m, err)
+	}
+}
+
+// silentKV is a bucket whose subjects no stream stores.
+type silentKV struct{ jetstream.KeyValue }
+
+func (silentKV) Bucket() string { return "silent" }
 
 // PublishAck answers like jetstream's PublishMsg: the stream sequence, a
 // duplicate message id, a refusal as a *jetstream.APIError, and no stream as

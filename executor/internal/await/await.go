@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +72,7 @@ func (c *Waiters) onEnvelope(m *nats.Msg) {
 	// Only the server's republish of this very key: the server also sends
 	// replies to any subject a requester names, and a direct get of another
 	// key, answered here, would otherwise pass for this one's envelope.
-	if m.Header.Get(jetstream.SubjectHeader) != "$KV."+c.b.Names.EnvelopesBucket()+"."+key {
+	if !isKVSubject(m.Header.Get(jetstream.SubjectHeader), c.b.Names.EnvelopesBucket(), key) {
 		return
 	}
 	c.noteSequence(m)
@@ -92,6 +93,19 @@ func (c *Waiters) onEnvelope(m *nats.Msg) {
 		return
 	}
 	c.deliver(id, env)
+}
+
+// isKVSubject reports whether subject is $KV.<bucket>.<key>, the subject
+// of key's messages in bucket, compared in place.
+func isKVSubject(subject, bucket, key string) bool {
+	rest, ok := strings.CutPrefix(subject, "$KV.")
+	if !ok {
+		return false
+	}
+	if rest, ok = strings.CutPrefix(rest, bucket); !ok || len(rest) == 0 || rest[0] != '.' {
+		return false
+	}
+	return rest[1:] == key
 }
 
 // deliver hands env to every waiter of id, once.

@@ -61,12 +61,18 @@ func (c *Waiters) SendSync(ctx context.Context, id string, m *nats.Msg, fresh bo
 // published again under its id (Publish); a call whose request could not be
 // stored stops waiting and keeps its error for Wait.
 func (c *Waiters) Settle(ctx context.Context, calls []*Call) {
-	ackWaitOver := make(chan struct{})
-	ackWait := time.AfterFunc(AsyncAckWait, func() { close(ackWaitOver) })
-	defer ackWait.Stop()
+	// The wait for acknowledgements is armed at the first call not settled
+	// yet: a call on its own (SendSync) was settled as it was sent.
+	var ackWaitOver chan struct{}
 	for _, p := range calls {
 		if p == nil || p.settled {
 			continue
+		}
+		if ackWaitOver == nil {
+			over := make(chan struct{})
+			ackWait := time.AfterFunc(AsyncAckWait, func() { close(over) })
+			defer ackWait.Stop()
+			ackWaitOver = over
 		}
 		var err error
 		if p.ack == nil {

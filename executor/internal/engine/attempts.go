@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
@@ -514,8 +515,7 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	x.flight.starting.Store(false) // after calling: a reader sees one or the other
 	defer x.flight.calling.Store(false)
 	defer x.lease.progress.end()
-	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n),
-		Progress: &x.lease.progress, Receipts: &at.receipts}
+	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.attemptLogger(n), Progress: &x.lease.progress, Receipts: &at.receipts}
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
@@ -545,6 +545,15 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 		return nil, handlerError(res.err)
 	}
 	return res.out, nil
+}
+
+// attemptLogger is the worker's logger with the attempt's execution,
+// capability and number; the worker's own when it discards everything.
+func (x *execution) attemptLogger(n int) *slog.Logger {
+	if x.w.log.Handler() == slog.DiscardHandler {
+		return x.w.log
+	}
+	return x.w.log.With("executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID, "attempt", n)
 }
 
 // runtimeCodes are asserted by the runtime alone, never by a handler.

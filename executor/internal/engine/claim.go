@@ -27,9 +27,9 @@ type claim struct {
 	// or a renewal found another claim: another worker may own the record
 	// by now.
 	lapsed atomic.Bool
-	// wrote is told the lease of every record written, nil until the lease
-	// keeper arms the lease's end.
-	wrote func(leaseUntil time.Time)
+	// watcher is told the lease of every record written, nil until the
+	// lease keeper arms the lease's end.
+	watcher leaseWatcher
 
 	mu  sync.Mutex // the lease keeper and the attempt loop both swap
 	rec *Record
@@ -99,13 +99,18 @@ func (c *claim) held() *Record {
 	return c.rec
 }
 
-// watch calls wrote with the lease of the record held now, then with that
-// of every record this claim writes.
-func (c *claim) watch(wrote func(leaseUntil time.Time)) {
+// leaseWatcher is told the lease of the records a claim writes.
+type leaseWatcher interface {
+	wrote(leaseUntil time.Time)
+}
+
+// watch tells w the lease of the record held now, then that of every record
+// this claim writes.
+func (c *claim) watch(w leaseWatcher) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	wrote(c.rec.LeaseUntil)
-	c.wrote = wrote
+	w.wrote(c.rec.LeaseUntil)
+	c.watcher = w
 }
 
 // record is a copy of the record as this claim last saw it; the lease keeper
@@ -143,8 +148,8 @@ func (c *claim) update(change func(r *Record)) error {
 		rev, err := c.s.swap(c.key, &next, c.rev)
 		if err == nil {
 			c.rec, c.rev = &next, rev
-			if c.wrote != nil {
-				c.wrote(next.LeaseUntil)
+			if c.watcher != nil {
+				c.watcher.wrote(next.LeaseUntil)
 			}
 			if next.CancelRequested {
 				return errCancelRequested
@@ -216,9 +221,14 @@ type leaseKeeper struct {
 	// "Progress"): no write of its own.
 	progress Reporter
 
-	mu      sync.Mutex
-	expiry  *time.Timer // fires when the lease last written runs out
-	starter *time.Timer // starts the renewals
+	mu sync.Mutex
+	// until is the lease last written; expiry fires when it runs out,
+	// armed once it could run out before the renewals start (most
+	// executions end before either).
+	until   time.Time
+	expiry  *time.Timer
+	starter *time.Timer // starts the renewals, at startAt
+	startAt time.Time
 
 	renewing  sync.WaitGroup
 	stop      chan struct{}
@@ -242,32 +252,54 @@ func (l *leaseKeeper) start() {
 		if l.disabled {
 			return
 		}
-		if !l.unclaimed {
-			l.claim.watch(l.wrote)
-		}
 		l.mu.Lock()
-		defer l.mu.Unlock()
+		l.startAt = l.now().Add(l.length / 3)
 		l.renewing.Add(1)
-		l.starter = time.AfterFunc(l.length/3, func() {
-			defer l.renewing.Done()
-			l.keep()
-		})
+		l.starter = time.AfterFunc(l.length/3, l.renewals)
+		l.mu.Unlock()
+		if !l.unclaimed {
+			l.claim.watch(l)
+		}
 	})
 }
 
-// wrote moves the lease's end to until, the lease the claim last wrote
-// (armed at the first call). The claim calls it under its lock.
+// renewals starts the renewals: the lease's end is armed first, if it was
+// not, unless the keeper was disarmed meanwhile (the execution ended as
+// the renewals' start fired).
+func (l *leaseKeeper) renewals() {
+	defer l.renewing.Done()
+	l.mu.Lock()
+	if l.starter != nil && l.expiry == nil && !l.until.IsZero() { // zero: a read without a claim
+		l.armExpiry()
+	}
+	l.mu.Unlock()
+	l.keep()
+}
+
+// wrote moves the lease's end to until, the lease the claim last wrote. The
+// claim calls it under its lock. Its timer is armed only when the lease
+// could run out before the renewals start, which arm it otherwise.
 func (l *leaseKeeper) wrote(until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.expiry != nil {
+	l.until = until
+	switch {
+	case l.expiry != nil:
 		l.expiry.Reset(until.Sub(l.now()))
-		return
+	case until.Before(l.startAt) || l.starter == nil:
+		l.armExpiry()
 	}
-	l.expiry = time.AfterFunc(until.Sub(l.now()), func() {
-		l.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", l.id)
-		l.lose()
-	})
+}
+
+// armExpiry arms the lease's end at until; under l.mu.
+func (l *leaseKeeper) armExpiry() {
+	l.expiry = time.AfterFunc(l.until.Sub(l.now()), l.ranOut)
+}
+
+// ranOut ends the execution whose lease ran out unrenewed.
+func (l *leaseKeeper) ranOut() {
+	l.log.Warn("lease ran out unrenewed: the handler's context ends", "executionId", l.id)
+	l.lose()
 }
 
 // halt ends the renewals and waits until none is in flight: a release's

@@ -285,6 +285,9 @@ type trail struct {
 	held    []*audit.Event
 	holding bool
 	timer   *time.Timer
+	// room holds a quick execution's events (requested, started, its
+	// end) while they are held, without a slice grown for them.
+	room [3]*audit.Event
 }
 
 // holdEvents is how long an attempt's first events wait for its end, to be
@@ -308,6 +311,9 @@ func (t *trail) publish(ev *audit.Event) {
 func (t *trail) hold() {
 	t.mu.Lock()
 	t.holding = true
+	if t.held == nil {
+		t.held = t.room[:0]
+	}
 	t.mu.Unlock()
 }
 

@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/capstan-dev/capstan/audit"
@@ -160,8 +162,7 @@ func (x *execution) end(o *outcome, attempts int) (Action, bool) {
 		// (DESIGN §14).
 		if ours := stored.FinalizedBy == env.FinalizedBy && stored.FinalizedAt.Equal(env.FinalizedAt); ours {
 			x.obs.Finalized(stored)
-			x.w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
-				"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)
+			x.w.logFinalized(env)
 		}
 	}
 	endStage(nil)
@@ -470,6 +471,15 @@ func (x *execution) observeFinalized(env *envelope.Envelope) {
 		_, obs := w.cfg.Observer.Begin(w.base, w.observed(x.meta, x.req, w.cfg.Capabilities[x.req.CapabilityID] != nil))
 		obs.Finalized(env)
 		obs.End()
+	}
+	w.logFinalized(env)
+}
+
+// logFinalized logs an execution's end, at Info: its fields are not even
+// made into a record's attributes when the logger leaves Info out.
+func (w *worker) logFinalized(env *envelope.Envelope) {
+	if !w.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
 	}
 	w.log.Info("execution finalized", "executionId", env.ExecutionID, "capabilityId", env.CapabilityID,
 		"status", env.Status, "code", errorCode(env), "attempts", env.Attempts, "durationMs", env.DurationMs)

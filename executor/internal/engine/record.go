@@ -160,11 +160,11 @@ func recordTTL(rec *Record, window time.Duration, now time.Time) time.Duration {
 	return ttl
 }
 
-// create writes an execution's first record, create-only.
+// create writes an execution's first record, create-only, bounded as
+// opCtx bounds an operation (by the connection's timer: no context is made
+// for it).
 func (s *store) create(key string, rec *Record) (uint64, error) {
-	ctx, cancel := s.opCtx()
-	defer cancel()
-	return s.b.Create(ctx, s.b.Executions, key, rec, s.ttl(rec))
+	return s.b.CreateWithin(opTimeout(s.lease), s.b.Executions, key, rec, s.ttl(rec))
 }
 
 // swap writes rec over the revision rev, or fails.
@@ -223,17 +223,22 @@ func (s *store) storedEnvelope(key string) (*envelope.Envelope, error) {
 
 // createEnvelope writes env once, create-only, as sealed holds it (see
 // seal; env encoded here when sealed holds nothing).
+// It is bounded as opCtx bounds an operation, by the connection's timer.
 func (s *store) createEnvelope(key string, env *envelope.Envelope, sealed sealed) error {
-	ctx, cancel := s.opCtx()
-	defer cancel()
-	_, err := s.createEnvelopeIn(ctx, key, env, sealed)
+	_, err := s.b.CreateWithin(opTimeout(s.lease), s.b.Envelopes, key, sealedOr(sealed, env), 0)
 	return err
 }
 
 // createEnvelopeIn is createEnvelope within ctx.
 func (s *store) createEnvelopeIn(ctx context.Context, key string, env *envelope.Envelope, sealed sealed) (uint64, error) {
-	if !sealed.ok {
-		return s.b.Create(ctx, s.b.Envelopes, key, env, 0)
+	return s.b.Create(ctx, s.b.Envelopes, key, sealedOr(sealed, env), 0)
+}
+
+// sealedOr is what a create of env writes: the bytes sealed holds, or env
+// itself when it holds none.
+func sealedOr(s sealed, env *envelope.Envelope) any {
+	if !s.ok {
+		return env
 	}
-	return s.b.Create(ctx, s.b.Envelopes, key, envelope.Raw(sealed.enc.Bytes()), 0)
+	return envelope.Raw(s.enc.Bytes())
 }

@@ -1,0 +1,222 @@
+package envelope
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// appendJSONString must write what json.Marshal writes for a string: an
+// input's canonical JSON, and so its hash, is made of those bytes.
+func TestAppendJSONString_WritesWhatJSONMarshalWrites(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(43, 2))
+	special := []string{"", "plain", `"quoted"`, `back\slash`, "<script>&</script>", "\x00\x01\x1f\x7f",
+		"\b\f\n\r\t", "é€😀", "\u2028\u2029", "a\u2028b", "\xff\xfe", "ok\xc3", strings.Repeat("x", 300)}
+	alphabet := []rune{'a', 'Z', '0', ' ', '"', '\\', '<', '>', '&', '\n', '\t', 0, 0x1f, 0x7f, 'é', '€', '😀', 0x2028, 0x2029, 0xfffd}
+	for i := range 20000 {
+		var s string
+		if i < len(special) {
+			s = special[i]
+		} else {
+			var b strings.Builder
+			for range rng.IntN(24) {
+				if rng.IntN(30) == 0 {
+					b.WriteByte(byte(0x80 + rng.IntN(0x80))) // a stray byte: invalid UTF-8
+					continue
+				}
+				b.WriteRune(alphabet[rng.IntN(len(alphabet))])
+			}
+			s = b.String()
+		}
+		want, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendJSONString(nil, s); !bytes.Equal(got, want) {
+			t.Fatalf("%q:\n got %s\nwant %s", s, got, want)
+		}
+	}
+}
+
+// writeCanonical and InputHash write and hash what they did when strings were
+// written by json.Marshal and integers by fmt: referenceCanonical is that
+// writer, kept here to compare with.
+func TestCanonicalJSON_SameBytesAsTheReferenceWriter(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(43, 3))
+	str := func() string {
+		var b strings.Builder
+		for range rng.IntN(12) {
+			b.WriteRune([]rune{'a', 'b', 'Z', '"', '\\', '<', '&', '\n', 0x01, 'é', '😀', 0x2028}[rng.IntN(12)])
+		}
+		return b.String()
+	}
+	var value func(depth int) any
+	value = func(depth int) any {
+		switch rng.IntN(13) {
+		case 0:
+			return nil
+		case 1:
+			return rng.IntN(2) == 0
+		case 2, 3:
+			return str()
+		case 4:
+			return []int64{0, 1, -1, math.MaxInt64, math.MinInt64, 1 << 40}[rng.IntN(6)]
+		case 5:
+			return []uint64{0, 255, math.MaxUint64}[rng.IntN(3)]
+		case 6:
+			return int8(rng.Int32())
+		case 7:
+			return uint16(rng.Int32())
+		case 8:
+			return []float64{0, math.Copysign(0, -1), 2, 0.1, 1e21, 1e15, -3.5e-7, 123456789.125}[rng.IntN(8)]
+		case 9:
+			return time.Unix(rng.Int64N(1<<35), rng.Int64N(1e9))
+		case 10:
+			if depth > 3 {
+				return "leaf"
+			}
+			l := make([]any, rng.IntN(4))
+			for i := range l {
+				l[i] = value(depth + 1)
+			}
+			return l
+		}
+		if depth > 3 {
+			return map[string]any{}
+		}
+		m := map[string]any{}
+		for range rng.IntN(12) { // some beyond the keys sorted on the stack
+			m[str()] = value(depth + 1)
+		}
+		return m
+	}
+	for i := range 5000 {
+		v := value(0)
+		raw, err := NewRaw(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := raw.Value() // the generic values an input decodes to
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want bytes.Buffer
+		wantErr := referenceCanonical(&want, g)
+		got, gotErr := CanonicalJSON(raw)
+		if (gotErr != nil) != (wantErr != nil) {
+			t.Fatalf("value %d %#v: error %v, reference %v", i, g, gotErr, wantErr)
+		}
+		if gotErr != nil {
+			continue
+		}
+		if !bytes.Equal(got, want.Bytes()) {
+			t.Fatalf("value %d %#v:\n got %s\nwant %s", i, g, got, want.Bytes())
+		}
+		sum := sha256.Sum256(want.Bytes())
+		if h, err := InputHash(raw); err != nil || h != hex.EncodeToString(sum[:]) {
+			t.Fatalf("value %d: hash %s (%v), want %x", i, h, err, sum)
+		}
+	}
+}
+
+// referenceCanonical is the canonical writer as it was: strings and keys by
+// json.Marshal, integers by fmt.
+func referenceCanonical(buf *bytes.Buffer, v any) error {
+	switch t := v.(type) {
+	case nil:
+		buf.WriteString("null")
+	case bool:
+		buf.WriteString(strconv.FormatBool(t))
+	case string:
+		if !utf8.ValidString(t) {
+			return ErrNotCanonical
+		}
+		b, _ := json.Marshal(t)
+		buf.Write(b)
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64, uint:
+		fmt.Fprintf(buf, "%d", t)
+	case float32:
+		return referenceFloat(buf, float64(t))
+	case float64:
+		return referenceFloat(buf, t)
+	case time.Time:
+		b, err := json.Marshal(t.UTC())
+		if err != nil {
+			return err
+		}
+		buf.Write(b)
+	case []any:
+		buf.WriteByte('[')
+		for i, x := range t {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			if err := referenceCanonical(buf, x); err != nil {
+				return err
+			}
+		}
+		buf.WriteByte(']')
+	case map[string]any:
+		keys := make([]string, 0, len(t))
+		for k := range t {
+			if !utf8.ValidString(k) {
+				return ErrNotCanonical
+			}
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		buf.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			kb, _ := json.Marshal(k)
+			buf.Write(kb)
+			buf.WriteByte(':')
+			if err := referenceCanonical(buf, t[k]); err != nil {
+				return err
+			}
+		}
+		buf.WriteByte('}')
+	case map[any]any:
+		m := make(map[string]any, len(t))
+		for k, x := range t {
+			s, ok := k.(string)
+			if !ok {
+				return ErrNotCanonical
+			}
+			m[s] = x
+		}
+		return referenceCanonical(buf, m)
+	default:
+		return ErrNotCanonical
+	}
+	return nil
+}
+
+func referenceFloat(buf *bytes.Buffer, f float64) error {
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return ErrNotCanonical
+	}
+	if f == math.Trunc(f) && math.Abs(f) < 1e21 {
+		if f == 0 {
+			f = 0
+		}
+		buf.WriteString(strconv.FormatFloat(f, 'f', 0, 64))
+		return nil
+	}
+	buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+	return nil
+}

@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/broker"
+)
+
+// An execution that ends before its renewals start leaves no timer armed:
+// the lease's end is not armed while the lease outlasts the renewals' start,
+// and disarming stops the renewals.
+func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	mine := r.newClaim(broker.Key(broker.Anonymous, id))
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	defer end(nil)
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		done: make(chan struct{}), stop: make(chan struct{})}
+	l.start()
+	// A write of the claim (a state's change) moves the lease, not the timers.
+	if err := mine.update(func(rec *Record) { rec.State = StateRunning }); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	expiry, starter := l.expiry, l.starter
+	l.mu.Unlock()
+	if expiry != nil || starter == nil {
+		t.Fatalf("expiry armed %v, renewals' start armed %v: want the renewals' start alone", expiry != nil, starter != nil)
+	}
+	l.halt()
+	if starter.Stop() {
+		t.Fatal("the renewals' start is still armed after halt")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the execution's context ended: %v", context.Cause(ctx))
+	}
+}
