@@ -8,7 +8,8 @@
 // subscriber; for River, when the client reports the job completed (the
 // completion is stored); for asynq, when the handler returns (asynq marks the
 // task done right after, in the same goroutine); for JetStream alone, when
-// the worker acknowledges the message.
+// the worker acknowledges the message, or, doing a capstan execution's
+// server work (floor.go), when its result reaches a subscriber.
 //
 // CPU per task is the CPU time of this process (producers, workers, and for
 // capstan and JetStream the embedded server) and of the system's own server
@@ -64,6 +65,7 @@ func main() {
 	pgURL := flag.String("pg", "", "PostgreSQL URL for River (empty: skip River)")
 	pgPID := flag.Int("pg-pid", 0, "the PostgreSQL postmaster's pid, whose CPU time (and its backends') counts for River")
 	raw := flag.Bool("raw", true, "run JetStream alone as a work queue too")
+	floor := flag.Bool("floor", true, "run JetStream alone doing the server work of a capstan execution too (a write's, and a read's without claims)")
 	rounds := flag.Int("rounds", 2, "run every system this many times, in turn, and keep each one's best round")
 	asJSON := flag.Bool("json", false, "print the results as JSON lines")
 	flag.Parse()
@@ -82,6 +84,11 @@ func main() {
 	}
 	if *raw {
 		systems = append(systems, system{"raw JetStream", runRaw})
+	}
+	if *floor {
+		systems = append(systems,
+			system{"JetStream alone, a capstan execution's server work", func(ctx context.Context, wl workload) (*result, error) { return runFloor(ctx, wl, false) }},
+			system{"JetStream alone, a read without claims' server work", func(ctx context.Context, wl workload) (*result, error) { return runFloor(ctx, wl, true) }})
 	}
 	if *redisAddr != "" {
 		systems = append(systems, system{"asynq", func(ctx context.Context, wl workload) (*result, error) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs one workload on capstan (its no-op, and the same as a read without
-# claims), JetStream alone (a work queue), asynq (Redis)
+# claims), JetStream alone (a work queue, and the server work of a capstan
+# execution, a write's and a read's), asynq (Redis)
 # and River (PostgreSQL) on this machine and prints one table: N no-op tasks
 # enqueued by C producers and worked by C workers; throughput, latency, CPU
 # time per task (the benchmark's process and the system's own server

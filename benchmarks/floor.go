@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// runFloor runs the workload on JetStream alone doing the server's part of
+// one capstan execution and nothing of capstan's own: the producers'
+// acknowledged publishes to a work queue; wl.concurrency workers, each
+// taking a delivery, writing its record create-only (not for a read, which
+// runs without a claim), writing its result create-only, republished to the
+// producers' subscriber, publishing one unacknowledged trail message and
+// acknowledging the delivery. A task is done when its result reaches the
+// subscriber, as a capstan task is when its envelope does. Its throughput
+// is what capstan could reach on this machine if its own work (decoding,
+// checks, encoding, the trail's batching) cost nothing.
+func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
+	url, stop, err := startServer("floor-jetstream-")
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	pnc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	defer pnc.Close()
+	wnc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	defer wnc.Close()
+	pjs, err := jetstream.New(pnc)
+	if err != nil {
+		return nil, err
+	}
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "REQ", Subjects: []string{"floor.req"}, Retention: jetstream.WorkQueuePolicy},
+		{Name: "REC", Subjects: []string{"floor.rec.>"}},
+		{Name: "RES", Subjects: []string{"floor.res.>"},
+			RePublish: &jetstream.RePublish{Source: "floor.res.>", Destination: "floor.done.>"}},
+		{Name: "TRAIL", Subjects: []string{"floor.trail.>"}},
+	} {
+		sc.Storage = jetstream.FileStorage
+		if _, err := pjs.CreateStream(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	req, err := pjs.Stream(ctx, "REQ")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := req.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
+		return nil, err
+	}
+	wjs, err := jetstream.New(wnc)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := wjs.Consumer(ctx, "REQ", "workers")
+	if err != nil {
+		return nil, err
+	}
+
+	t := newTracker(wl.n)
+	sub, err := pnc.Subscribe("floor.done.>", func(m *nats.Msg) {
+		t.finish(strings.TrimPrefix(m.Subject, "floor.done."))
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+
+	// The workers: wl.concurrency of them, each working one delivery at a
+	// time.
+	var workErr atomic.Value
+	createOnly := func(subject string, data []byte) error {
+		_, err := wjs.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: data,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}})
+		return err
+	}
+	const idLen = 36 // a task's id leads its payload
+	deliveries, quit := make(chan jetstream.Msg, wl.concurrency), make(chan struct{})
+	var workers sync.WaitGroup
+	for range wl.concurrency {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				var m jetstream.Msg
+				select {
+				case m = <-deliveries:
+				case <-quit:
+					return
+				}
+				d := m.Data()
+				id := string(d[:idLen])
+				var err error
+				if !read {
+					err = createOnly("floor.rec."+id, d)
+				}
+				if err == nil {
+					err = createOnly("floor.res."+id, d)
+				}
+				if err == nil {
+					err = wnc.Publish("floor.trail."+id, d)
+				}
+				if err != nil {
+					workErr.CompareAndSwap(nil, err)
+				}
+				_ = m.Ack()
+			}
+		}()
+	}
+	defer func() { close(quit); workers.Wait() }()
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case deliveries <- m:
+		case <-quit:
+		}
+	}, jetstream.PullMaxMessages(2*wl.concurrency))
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Stop()
+
+	cpu := meterCPU()
+	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
+		t.start(id)
+		_, err := pjs.Publish(ctx, "floor.req", append([]byte(id), wl.payload...))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := t.wait(ctx); err != nil {
+		return nil, err
+	}
+	if err, _ := workErr.Load().(error); err != nil {
+		return nil, err
+	}
+	system := "JetStream alone, a capstan execution's server work"
+	if read {
+		system = "JetStream alone, a read without claims' server work"
+	}
+	r := t.result(system, "NATS JetStream "+server.VERSION+" (embedded, file store)")
+	r.CPUPerTaskUs = cpu.perTask(wl.n)
+	return r, nil
+}
