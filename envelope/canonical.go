@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -91,26 +92,10 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 			return fmt.Errorf("%w: invalid UTF-8 in a string", ErrNotCanonical)
 		}
 		buf.Write(appendJSONString(buf.AvailableBuffer(), t))
-	case int8:
-		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
-	case int16:
-		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
-	case int32:
-		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
-	case int64:
-		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), t, 10))
-	case int:
-		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), int64(t), 10))
-	case uint8:
-		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
-	case uint16:
-		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
-	case uint32:
-		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
-	case uint64:
-		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), t, 10))
-	case uint:
-		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), uint64(t), 10))
+	case int8, int16, int32, int64, int:
+		buf.Write(strconv.AppendInt(buf.AvailableBuffer(), reflect.ValueOf(t).Int(), 10))
+	case uint8, uint16, uint32, uint64, uint:
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), reflect.ValueOf(t).Uint(), 10))
 	case float32:
 		return writeFloat(buf, float64(t))
 	case float64:
