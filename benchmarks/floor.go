@@ -23,25 +23,12 @@ import (
 // is what capstan could reach on this machine if its own work (decoding,
 // checks, encoding, the trail's batching) cost nothing.
 func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
-	url, stop, err := startServer("floor-jetstream-")
+	js, stop, err := startJetStream("floor-jetstream-")
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	pnc, err := nats.Connect(url)
-	if err != nil {
-		return nil, err
-	}
-	defer pnc.Close()
-	wnc, err := nats.Connect(url)
-	if err != nil {
-		return nil, err
-	}
-	defer wnc.Close()
-	pjs, err := jetstream.New(pnc)
-	if err != nil {
-		return nil, err
-	}
+	pnc, pjs, wnc, wjs := js.pnc, js.pjs, js.wnc, js.wjs
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: "REQ", Subjects: []string{"floor.req"}, Retention: jetstream.WorkQueuePolicy},
 		{Name: "REC", Subjects: []string{"floor.rec.>"}},
@@ -60,10 +47,6 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 	}
 	if _, err := req.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
 		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
-		return nil, err
-	}
-	wjs, err := jetstream.New(wnc)
-	if err != nil {
 		return nil, err
 	}
 	cons, err := wjs.Consumer(ctx, "REQ", "workers")

@@ -17,26 +17,12 @@ import (
 // execution rests on, without anything of capstan: a task is done when its
 // worker has acknowledged it.
 func runRaw(ctx context.Context, wl workload) (*result, error) {
-	url, stop, err := startServer("raw-jetstream-")
+	js, stop, err := startJetStream("raw-jetstream-")
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-
-	pnc, err := nats.Connect(url)
-	if err != nil {
-		return nil, err
-	}
-	defer pnc.Close()
-	wnc, err := nats.Connect(url)
-	if err != nil {
-		return nil, err
-	}
-	defer wnc.Close()
-	pjs, err := jetstream.New(pnc)
-	if err != nil {
-		return nil, err
-	}
+	pjs := js.pjs
 	stream, err := pjs.CreateStream(ctx, jetstream.StreamConfig{Name: "TASKS", Subjects: []string{"tasks.>"},
 		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
 	if err != nil {
@@ -46,11 +32,7 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
 		return nil, err
 	}
-	wjs, err := jetstream.New(wnc)
-	if err != nil {
-		return nil, err
-	}
-	cons, err := wjs.Consumer(ctx, "TASKS", "workers")
+	cons, err := js.wjs.Consumer(ctx, "TASKS", "workers")
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +65,46 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 	r := t.result("JetStream work queue", "NATS JetStream "+server.VERSION+" (embedded, file store)")
 	r.CPUPerTaskUs = cpu.perTask(wl.n)
 	return r, nil
+}
+
+// jetStream is an embedded server's connections for the producers and the
+// workers, each with its JetStream context.
+type jetStream struct {
+	pjs, wjs jetstream.JetStream
+	pnc, wnc *nats.Conn
+}
+
+// startJetStream starts an embedded JetStream server (its store in a
+// temporary directory whose name begins with dirPrefix) and connects the
+// producers and the workers; stop closes both and stops the server.
+func startJetStream(dirPrefix string) (*jetStream, func(), error) {
+	url, stopServer, err := startServer(dirPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	js := &jetStream{}
+	stop := func() {
+		for _, nc := range []*nats.Conn{js.pnc, js.wnc} {
+			if nc != nil {
+				nc.Close()
+			}
+		}
+		stopServer()
+	}
+	if js.pnc, err = nats.Connect(url); err == nil {
+		js.wnc, err = nats.Connect(url)
+	}
+	if err == nil {
+		js.pjs, err = jetstream.New(js.pnc)
+	}
+	if err == nil {
+		js.wjs, err = jetstream.New(js.wnc)
+	}
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return js, stop, nil
 }
 
 // settle lets what a system left running (acknowledgements, timers) end
