@@ -6,7 +6,7 @@
 // or value of an internal package: Go allows it, but a user cannot name such a
 // type, so the public API would show what no user can write.
 //
-// Usage: go run ./scripts/apicount [-budget N]
+// Usage: go run ./scripts/apicount [-budget N] [-list]
 package main
 
 import (
@@ -49,10 +49,10 @@ func publicDirs(root string) ([]string, error) {
 // count returns the package name and exported names of the package in dir
 // ("" for a directory without a library package), and the exported
 // declarations that name an internal package.
-func count(dir string) (string, int, []string, error) {
+func count(dir string) (string, []string, []string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return "", 0, nil, err
+		return "", nil, nil, err
 	}
 	fset := token.NewFileSet()
 	var files []*ast.File
@@ -62,12 +62,12 @@ func count(dir string) (string, int, []string, error) {
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
 		if err != nil {
-			return "", 0, nil, err
+			return "", nil, nil, err
 		}
 		files = append(files, f)
 	}
 	if len(files) == 0 || files[0].Name.Name == "main" {
-		return "", 0, nil, nil
+		return "", nil, nil, nil
 	}
 	exportedType := map[string]bool{}
 	for _, f := range files {
@@ -81,7 +81,7 @@ func count(dir string) (string, int, []string, error) {
 			}
 		}
 	}
-	n := 0
+	var names []string
 	var leaks []string
 	for _, f := range files {
 		internal := internalImports(f)
@@ -94,7 +94,11 @@ func count(dir string) (string, int, []string, error) {
 			switch d := d.(type) {
 			case *ast.FuncDecl:
 				if d.Name.IsExported() && (d.Recv == nil || exportedType[receiverType(d.Recv.List[0].Type)]) {
-					n++
+					name := d.Name.Name
+					if d.Recv != nil {
+						name = receiverType(d.Recv.List[0].Type) + "." + name
+					}
+					names = append(names, name)
 					leak(d.Name.Name, d.Type)
 				}
 			case *ast.GenDecl:
@@ -102,13 +106,13 @@ func count(dir string) (string, int, []string, error) {
 					switch s := s.(type) {
 					case *ast.TypeSpec:
 						if s.Name.IsExported() {
-							n++
+							names = append(names, s.Name.Name)
 							leak(s.Name.Name, exportedParts(s)...)
 						}
 					case *ast.ValueSpec:
 						for _, id := range s.Names {
 							if id.IsExported() {
-								n++
+								names = append(names, id.Name)
 								leak(id.Name, s.Type)
 							}
 						}
@@ -117,7 +121,7 @@ func count(dir string) (string, int, []string, error) {
 			}
 		}
 	}
-	return files[0].Name.Name, n, leaks, nil
+	return files[0].Name.Name, names, leaks, nil
 }
 
 // internalImports maps the names a file imports internal packages under to
@@ -203,6 +207,7 @@ func receiverType(e ast.Expr) string {
 
 func main() {
 	budget := flag.Int("budget", 0, "fail when the public packages export more names than this (0: only print)")
+	list := flag.Bool("list", false, "print every name under its package's count")
 	flag.Parse()
 	dirs, err := publicDirs(".")
 	if err != nil {
@@ -210,14 +215,15 @@ func main() {
 		os.Exit(2)
 	}
 	type row struct {
-		dir string
-		n   int
+		dir   string
+		n     int
+		names []string
 	}
 	var rows []row
 	var leaks []string
 	total := 0
 	for _, d := range dirs {
-		name, n, l, err := count(d)
+		name, names, l, err := count(d)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "apicount:", err)
 			os.Exit(2)
@@ -225,15 +231,21 @@ func main() {
 		if name == "" {
 			continue
 		}
-		rows = append(rows, row{d, n})
+		rows = append(rows, row{d, len(names), names})
 		leaks = append(leaks, l...)
-		total += n
+		total += len(names)
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		return rows[i].n > rows[j].n || rows[i].n == rows[j].n && rows[i].dir < rows[j].dir
 	})
 	for _, r := range rows {
 		fmt.Printf("%5d  %s\n", r.n, filepath.ToSlash(r.dir))
+		if *list {
+			sort.Strings(r.names)
+			for _, n := range r.names {
+				fmt.Printf("       %s\n", n)
+			}
+		}
 	}
 	fmt.Printf("%5d  exported names in all\n", total)
 	if len(leaks) > 0 {
