@@ -1,15 +1,10 @@
 package approvals
 
-import (
-	"errors"
-	"fmt"
-	"time"
+import "errors"
 
-	"github.com/capstan-dev/capstan/envelope"
-)
-
-// Sentinel conditions of the store. Compare with errors.Is; Code maps them to
-// the error codes of DESIGN §7.
+// The conditions an approval's operations fail with: compare with
+// errors.Is. An execution refused for one ends with its error code
+// (APPROVAL_CONSUMED, ...; DESIGN §7).
 var (
 	// ErrNotFound: no approval has the id (never created, or past the bucket's TTL).
 	ErrNotFound = errors.New("capstan: no such approval")
@@ -33,61 +28,10 @@ var (
 	ErrUnserializableInput = errors.New("capstan: input cannot be serialized canonically")
 	// ErrInvalid: a malformed record or approver.
 	ErrInvalid = errors.New("capstan: invalid approval")
+	// ErrForbidden: the principal may not decide this approval (not an
+	// approver, or not of its types).
+	ErrForbidden = errors.New("capstan: not allowed to decide this approval")
+	// ErrNoBucket: the approvals bucket is not open on the connection (a
+	// producer's client, which may not write approvals).
+	ErrNoBucket = errors.New("capstan: the approvals bucket is not open on this connection")
 )
-
-// Code is the error code of a store error, or "" when err is none of the
-// approval conditions.
-func Code(err error) envelope.Code {
-	for _, m := range []struct {
-		err  error
-		code envelope.Code
-	}{
-		{ErrSelfApproval, envelope.CodeApprovalSelfApproval},
-		{ErrInputMismatch, envelope.CodeApprovalInputMismatch},
-		{ErrUnserializableInput, envelope.CodeApprovalUnserializableInput},
-		{ErrConsumed, envelope.CodeApprovalConsumed},
-		{ErrExpired, envelope.CodeApprovalExpired},
-		{ErrRejected, envelope.CodeApprovalRejected},
-		{ErrCancelled, envelope.CodeApprovalRejected},
-		{ErrPending, envelope.CodeApprovalPending},
-		{ErrForbidden, envelope.CodeForbidden},
-		{ErrAlreadyDecided, envelope.CodeForbidden},
-		{ErrNotFound, envelope.CodeForbidden},
-		{ErrInvalid, envelope.CodeForbidden},
-	} {
-		if errors.Is(err, m.err) {
-			return m.code
-		}
-	}
-	return ""
-}
-
-// statusError is the condition of a record that cannot be used, or nil for
-// an approved one. A record consumed by executionID under the execution
-// record created at under counts as usable: a takeover or redelivery of the
-// execution it authorized, still in flight. Consumed under another record
-// (the first one's expired) it is spent, as for any other execution.
-func statusError(s Status, r *Record, executionID string, under time.Time) error {
-	switch s {
-	case StatusApproved:
-		return nil
-	case StatusConsumed:
-		if r.consumedUnder(executionID, under) {
-			return nil
-		}
-		if executionID != "" && r.ConsumedBy == executionID {
-			return fmt.Errorf("%w: by this execution, under a record created %s (this one: %s)", ErrConsumed,
-				r.ConsumedUnder.Format(time.RFC3339Nano), under.Format(time.RFC3339Nano))
-		}
-		return ErrConsumed
-	case StatusPending:
-		return ErrPending
-	case StatusRejected:
-		return ErrRejected
-	case StatusCancelled:
-		return ErrCancelled
-	case StatusExpired:
-		return ErrExpired
-	}
-	return ErrInvalid
-}

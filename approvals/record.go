@@ -24,10 +24,6 @@ const (
 	StatusConsumed  Status = "consumed"
 )
 
-// DefaultTTL is how long an approval stays decidable and, once approved,
-// consumable, unless the capability says otherwise.
-const DefaultTTL = 15 * time.Minute
-
 // Decision is what an approver (or a canceller) decided.
 type Decision struct {
 	// Status is what the decision made of the approval: approved, rejected
@@ -72,7 +68,7 @@ type Record struct {
 	// RequestedAt is when the call asked; ExpiresAt when the approval
 	// stops being decidable or, once approved, consumable.
 	RequestedAt time.Time `json:"requestedAt"`
-	ExpiresAt   time.Time `json:"expiresAt"` // RequestedAt plus the capability's TTL (DefaultTTL unless set)
+	ExpiresAt   time.Time `json:"expiresAt"` // RequestedAt plus the capability's TTL (15 minutes unless set)
 	// Status is where the approval stands as last written (see StatusAt).
 	Status Status `json:"status"`
 	// Decision is the approver's (or canceller's), once decided.
@@ -126,43 +122,16 @@ func (r *Record) CheckInput() error {
 	return nil
 }
 
-// Canonical returns an input's canonical JSON (sorted keys, no insignificant
-// whitespace, UTF-8) and its hex SHA-256. An input without a canonical form
-// (NaN, infinities, byte strings, invalid UTF-8) fails ErrUnserializableInput.
-func Canonical(input envelope.Raw) (json.RawMessage, string, error) {
-	c, err := envelope.CanonicalJSON(input)
-	if err != nil {
-		return nil, "", fmt.Errorf("%w: %v", ErrUnserializableInput, err)
-	}
-	sum := sha256.Sum256(c)
-	return c, hex.EncodeToString(sum[:]), nil
-}
-
-func sameActor(a, b envelope.Actor) bool { return a.Kind == b.Kind && a.ID == b.ID }
-
-func checkApprover(a envelope.Actor) error {
-	switch a.Kind {
-	case envelope.ActorUser, envelope.ActorService, envelope.ActorAgent:
-		if a.ID != "" {
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: the approver must be a user, service or agent with an id, not %q", ErrInvalid, a.String())
-}
-
-// Usable reports why the approval cannot authorize executionID, whose
-// execution record was created at under, at t, or nil when it can: approved
-// and unexpired, or already consumed by executionID under that same record
-// (a takeover or redelivery of the execution it authorized, still in flight).
-// Consumed under another record, or under none known (a zero under), it is
-// spent (ErrConsumed): the approval's record is the proof of use.
-func (r *Record) Usable(executionID string, under, t time.Time) error {
-	return statusError(r.StatusAt(t), r, executionID, under)
-}
-
-// consumedUnder reports whether r was consumed by executionID under the
-// execution record created at under.
-func (r *Record) consumedUnder(executionID string, under time.Time) bool {
-	return r.Status == StatusConsumed && executionID != "" && r.ConsumedBy == executionID &&
-		!under.IsZero() && r.ConsumedUnder.Equal(under)
+// Verdict is one approver's decision on a pending approval
+// (executor.Client.Decide).
+type Verdict struct {
+	// Approve approves; false rejects.
+	Approve bool
+	// Approver is who decides: never the requester, unless SelfApproval.
+	Approver envelope.Actor
+	// Comment is the approver's, kept on the record and the trail.
+	Comment string
+	// SelfApproval lets the requester decide their own call; it is the reason
+	// why, and it is kept on the record and in the trail. Empty refuses it.
+	SelfApproval string
 }

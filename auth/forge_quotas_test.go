@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -255,7 +256,7 @@ func testFloods(t *testing.T, r *rig) {
 		if pages > 100 {
 			t.Fatal("carol's listing never ends")
 		}
-		body, err := envelope.Marshal(&approvals.ListRequest{V: envelope.Version, Status: approvals.StatusPending, Limit: approvals.MaxPageSize, Cursor: cur})
+		body, err := envelope.Marshal(&approvals.ListRequest{V: envelope.Version, Status: approvals.StatusPending, Limit: approvalsrpc.MaxPageSize, Cursor: cur})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -293,7 +294,7 @@ func testFloods(t *testing.T, r *rig) {
 	if after := r.bobsState(t, asked.Approval.ID); fmt.Sprint(after) != fmt.Sprint(bobBefore) {
 		t.Fatalf("bob's state changed:\n%v\nwas\n%v", after, bobBefore)
 	}
-	if _, err := approvals.RequestDecision(ctx, carolNC, n.Prefix(), approvals.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvalsrpc.Decide(ctx, carolNC, n, approvalsrpc.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
 		t.Fatalf("carol deciding bob's approval: %v", err)
 	}
 	if env, err := bob.Resume(ctx, asked.Approval.ID); err != nil || env.Status != envelope.StatusCompleted {

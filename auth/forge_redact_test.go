@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -69,12 +70,12 @@ func TestForge_ApproverReceivesOnlyTheRedactedInput(t *testing.T) {
 		t.Errorf("the listing sent to approver carol holds the whole input: %s", list.Records[0].Input)
 	}
 	// The decision's answer.
-	dec, _ := envelope.Marshal(&approvals.DecideRequest{V: envelope.Version, ApprovalID: env.Approval.ID, Approve: false})
+	dec, _ := envelope.Marshal(&approvalsrpc.DecideRequest{V: envelope.Version, ApprovalID: env.Approval.ID, Approve: false})
 	m, err = carol.RequestWithContext(ctx, n.DecideSubject("carol"), dec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var decided approvals.DecideReply
+	var decided approvalsrpc.DecideReply
 	if err := envelope.Unmarshal(m.Data, &decided); err != nil || decided.Error != "" {
 		t.Fatalf("decision %+v, %v", decided, err)
 	}

@@ -523,7 +523,7 @@ func (r *rig) victimsWorkOn(t *testing.T, ctx context.Context, sc *scene) {
 	if mine, err := approvalsrpc.List(ctx, sc.aliceNC, broker.NewNames(r.setup.Prefix), approvals.ListRequest{}); err != nil || len(mine.Records) == 0 {
 		t.Fatalf("alice's own approvals: %v %+v", err, mine)
 	}
-	if _, err := approvals.RequestDecision(ctx, carol, r.setup.Prefix, approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
+	if _, err := approvalsrpc.Decide(ctx, carol, broker.NewNames(r.setup.Prefix), approvalsrpc.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
 		t.Fatalf("carol deciding bob's approval: %v", err)
 	}
 	if env, err := sc.bob.Resume(ctx, sc.bobApproval); err != nil || env.Status != envelope.StatusCompleted {
@@ -596,7 +596,7 @@ func testEachAttack(t *testing.T, r *rig) {
 			req:    func(*scene) request { return empty404(n.ExecutionsBucket()) },
 			target: func(sc *scene) string { return "$KV." + n.ApprovalsBucket() + "." + sc.bobApproval },
 			then: func(t *testing.T, ctx context.Context, sc *scene) {
-				if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n.Prefix(), approvals.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
+				if _, err := approvalsrpc.Decide(ctx, r.connect(t, "carol"), n, approvalsrpc.DecideRequest{ApprovalID: sc.bobApproval, Approve: true}); err != nil {
 					t.Fatalf("carol deciding bob's approval: %v", err)
 				}
 				if env, err := sc.bob.Resume(ctx, sc.bobApproval); err != nil || env.Status != envelope.StatusCompleted {

@@ -20,6 +20,8 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/testenv"
@@ -477,7 +479,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 	// to carry it (alice may not publish on any decide subject).
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_, err = approvals.RequestDecision(short, aliceNC, r.setup.Prefix, approvals.DecideRequest{
+	_, err = approvalsrpc.Decide(short, aliceNC, broker.NewNames(r.setup.Prefix), approvalsrpc.DecideRequest{
 		ApprovalID: env.Approval.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "anyone"}})
 	if err == nil {
 		t.Fatal("alice's decision was answered")
@@ -506,7 +508,7 @@ func TestForge_ProducerCannotDecideApprovals(t *testing.T) {
 		v.wait(t, ctx, subject)
 	}
 	r.assertUnchanged(t, before)
-	rec, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
+	rec, err := approvalstore.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil || rec.Status != approvals.StatusPending {
 		t.Fatalf("approval %+v, %v", rec, err)
 	}
@@ -526,8 +528,8 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if err != nil || env.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("%v %+v", err, env)
 	}
-	rec, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), r.setup.Prefix,
-		approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true})
+	rec, err := approvalsrpc.Decide(ctx, r.connect(t, "carol"), broker.NewNames(r.setup.Prefix),
+		approvalsrpc.DecideRequest{ApprovalID: env.Approval.ID, Approve: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +543,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	r.trail(t, done.ExecutionID, "capability.completed")
 	r.settled(t, "alice", done.ExecutionID)
 	before := r.snapshot(t)
-	consumed, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
+	consumed, err := approvalstore.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -564,7 +566,7 @@ func TestForge_ConsumedApprovalCannotBeReset(t *testing.T) {
 	if n := r.refunds.Load(); n != 1 {
 		t.Fatalf("refund ran %d times", n)
 	}
-	after, err := approvals.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
+	after, err := approvalstore.NewStore(r.admin.Approvals, nil).Get(ctx, env.Approval.ID)
 	if err != nil || after.Status != approvals.StatusConsumed || after.ConsumedBy != done.ExecutionID {
 		t.Fatalf("approval %+v, %v", after, err)
 	}
@@ -857,8 +859,8 @@ func TestForgeOnCluster_ApprovalsAndEnvelopes(t *testing.T) {
 		v.wait(t, ctx, n.DecideSubject("alice"))
 		r.assertUnchanged(t, before)
 		// carol decides; alice resumes once.
-		if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), n.Prefix(),
-			approvals.DecideRequest{ApprovalID: env.Approval.ID, Approve: true}); err != nil {
+		if _, err := approvalsrpc.Decide(ctx, r.connect(t, "carol"), n,
+			approvalsrpc.DecideRequest{ApprovalID: env.Approval.ID, Approve: true}); err != nil {
 			t.Fatal(err)
 		}
 		done, err := alice.Resume(ctx, env.Approval.ID)

@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -156,7 +156,7 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 	if env, err := alice.Await(ctx, queued); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("the request queued across the migration: %v %+v", err, env)
 	}
-	if _, err := approvals.RequestDecision(ctx, r.connect(t, "carol"), v2.Prefix, approvals.DecideRequest{ApprovalID: waiting.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvalsrpc.Decide(ctx, r.connect(t, "carol"), broker.NewNames(v2.Prefix), approvalsrpc.DecideRequest{ApprovalID: waiting.Approval.ID, Approve: true}); err != nil {
 		t.Fatalf("carol, migrated, deciding the approval from before: %v", err)
 	}
 	if env, err := alice.Resume(ctx, waiting.Approval.ID); err != nil || env.Status != envelope.StatusCompleted {

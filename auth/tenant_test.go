@@ -20,6 +20,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/limits"
@@ -312,7 +313,7 @@ func TestTenant_ConsumedApprovalNeverRunsAgain(t *testing.T) {
 			t.Fatalf("alice's refund: %v %+v", err, need)
 		}
 		approvalID := need.Approval.ID
-		if _, err := approvals.RequestDecision(ctx, carol, r.setup.Prefix, approvals.DecideRequest{ApprovalID: approvalID, Approve: true}); err != nil {
+		if _, err := approvalsrpc.Decide(ctx, carol, broker.NewNames(r.setup.Prefix), approvalsrpc.DecideRequest{ApprovalID: approvalID, Approve: true}); err != nil {
 			t.Fatal(err)
 		}
 		const id = "refund-42"
@@ -567,8 +568,8 @@ func TestTenant_RefusalsDoNotRevealAnotherPrincipalsApproval(t *testing.T) {
 		}
 		same("bob's showing", errTheirs.Error(), errNone.Error())
 		// Deciding it, as an approver of other types.
-		_, errTheirs = approvals.RequestDecision(ctx, dave, r.setup.Prefix, approvals.DecideRequest{ApprovalID: theirs, Approve: true})
-		_, errNone = approvals.RequestDecision(ctx, dave, r.setup.Prefix, approvals.DecideRequest{ApprovalID: none, Approve: true})
+		_, errTheirs = approvalsrpc.Decide(ctx, dave, broker.NewNames(r.setup.Prefix), approvalsrpc.DecideRequest{ApprovalID: theirs, Approve: true})
+		_, errNone = approvalsrpc.Decide(ctx, dave, broker.NewNames(r.setup.Prefix), approvalsrpc.DecideRequest{ApprovalID: none, Approve: true})
 		if errTheirs == nil || !errors.Is(errTheirs, approvals.ErrNotFound) {
 			t.Fatalf("dave decides alice's finance approval: %v", errTheirs)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 )
 
 // approvalView is an approval as the console shows it.
@@ -201,7 +202,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 
 // decisionRefusal says why a decision was refused, with its code.
 func decisionRefusal(err error, rec *approvals.Record, s *session) string {
-	code := approvals.Code(err)
+	code := approvalstore.Code(err)
 	switch {
 	case errors.Is(err, approvals.ErrSelfApproval):
 		return fmt.Sprintf("%s: you (%s) requested this call; someone else must decide it.", code, s.p.Name)

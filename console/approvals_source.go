@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -40,7 +41,7 @@ func (w workerApprovals) Get(ctx context.Context, id string) (*approvals.Record,
 
 // bucketApprovals reads the approvals bucket itself: every approval, paged
 // as the workers page them.
-type bucketApprovals struct{ s *approvals.Store }
+type bucketApprovals struct{ s *approvalstore.Store }
 
 func (b bucketApprovals) Page(ctx context.Context, req approvals.ListRequest) (*approvals.ListReply, error) {
 	return approvalsrpc.PageAs(ctx, b.s, nil, "", req, everyApproval{}, 0)

@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -132,7 +132,7 @@ func TestSignIn_ApproverDecidesAsItsPrincipal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := approvals.Open(testCtx(t), js, setup.Prefix)
+	store, err := approvalstore.Open(testCtx(t), js, setup.Prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

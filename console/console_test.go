@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/demo"
 )
 
@@ -237,13 +238,13 @@ func TestDecide_RejectWithACommentAndExpiredRefused(t *testing.T) {
 	}
 
 	// An approval that expires in a moment.
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o-2", "amount": 700}))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"orderId": "o-2", "amount": 700}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	short := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund", Actor: alice, Types: []string{"finance"},
 		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID(), ExpiresAt: time.Now().Add(time.Second)}
-	if err := approvals.NewStore(testhooks.Broker(r.client).Approvals, nil).Create(testCtx(t), short); err != nil {
+	if err := approvalstore.NewStore(testhooks.Broker(r.client).Approvals, nil).Create(testCtx(t), short); err != nil {
 		t.Fatal(err)
 	}
 	w.waitPage("/approvals", `id="a-`+short.ID+`" data-v="expired`)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 type homeData struct {
@@ -27,7 +28,7 @@ func (c *Console) home(w http.ResponseWriter, r *http.Request, s *session) {
 	var d homeData
 	now := time.Now()
 	if s.approvals != nil { // producers may not read approvals
-		page, err := s.approvals.Page(ctx, approvals.ListRequest{Status: approvals.StatusPending, Limit: approvals.MaxPageSize})
+		page, err := s.approvals.Page(ctx, approvals.ListRequest{Status: approvals.StatusPending, Limit: approvalsrpc.MaxPageSize})
 		if err == nil {
 			for _, rec := range page.Records {
 				if s.p.MayDecide(rec) {

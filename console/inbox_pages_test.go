@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/console"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -30,10 +31,10 @@ func pendingOf(t *testing.T, url, principal string, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := approvals.NewStore(b.Approvals, nil)
+	store := approvalstore.NewStore(b.Approvals, nil)
 	var ids []string
 	for i := range n {
-		input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": fmt.Sprintf("o-%s-%d", principal, i), "amount": 900 + i}))
+		input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"orderId": fmt.Sprintf("o-%s-%d", principal, i), "amount": 900 + i}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,6 +25,8 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
 )
@@ -133,8 +135,8 @@ func openConn(nc *nats.Conn, dep executor.Deployment, principal string, may func
 	// the workers, who keep to its types; producers get no inbox.
 	switch {
 	case info("KV_" + names.ApprovalsBucket()):
-		var store *approvals.Store
-		if store, c.approvalsErr = approvals.Open(ctx, js, names.Prefix()); c.approvalsErr == nil {
+		var store *approvalstore.Store
+		if store, c.approvalsErr = approvalstore.Open(ctx, js, names.Prefix()); c.approvalsErr == nil {
 			// One approval that does not decode hides only itself.
 			store.OnSkipped(func(key string, err error) {
 				log.Warn("approval does not decode: skipped", "bucket", names.ApprovalsBucket(), "key", key, "err", err)
@@ -200,11 +202,11 @@ type flash struct {
 // take the approver from the principal the server authenticated (in open
 // mode, from the name given at sign-in) and check its grant.
 func (s *session) decide(ctx context.Context, approvalID string, approve bool, comment string) (*approvals.Record, error) {
-	req := approvals.DecideRequest{ApprovalID: approvalID, Approve: approve, Comment: comment}
+	req := approvalsrpc.DecideRequest{ApprovalID: approvalID, Approve: approve, Comment: comment}
 	if s.p.open {
 		req.Approver = s.p.Actor
 	}
-	return approvals.RequestDecision(ctx, s.nc, s.names.Prefix(), req)
+	return approvalsrpc.Decide(ctx, s.nc, s.names, req)
 }
 
 func (s *session) resume(ctx context.Context, approvalID string) (string, error) {

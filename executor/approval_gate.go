@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 )
@@ -31,8 +32,8 @@ func (a *admission) approvalGate(v verdict) (end engine.Admission, stop bool) {
 	return a.requestApproval(v), true
 }
 
-func (w *Worker) approvalStore() *approvals.Store {
-	return approvals.NewStore(w.b.Approvals, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
+func (w *Worker) approvalStore() *approvalstore.Store {
+	return approvalstore.NewStore(w.b.Approvals, w.audit).OnSkipped(w.skipped(w.b.Names.ApprovalsBucket()))
 }
 
 // requestApproval is the decision of a call that needs an approval: the
@@ -61,7 +62,7 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 			return unserializable(err)
 		}
 	}
-	ttl := approvals.DefaultTTL
+	ttl := approvalstore.DefaultTTL
 	reasons := v.reasons
 	if ap := m.Approval; ap != nil {
 		if ap.TTL > 0 {
@@ -153,12 +154,12 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 	case rec.Surface != "" && rec.Surface != a.req.Surface:
 		return refuse("approval-other-surface", envelope.CodeForbidden, "A resume runs on the surface the approval was asked from.", nil)
 	}
-	if err := rec.Usable(a.req.ExecutionID, a.r.RecordCreated, time.Now().UTC()); err != nil {
+	if err := approvalstore.Usable(rec, a.req.ExecutionID, a.r.RecordCreated, time.Now().UTC()); err != nil {
 		if used := a.usedBefore(rec); used != nil {
 			return refuse("approval-used-before", envelope.CodeApprovalConsumed, usedBeforeMessage, used)
 		}
 		// A governed outcome, not a fault: nothing for the logs.
-		return refuse(unusableReason(err), approvals.Code(err), unusableMessage(err), nil)
+		return refuse(unusableReason(err), approvalstore.Code(err), unusableMessage(err), nil)
 	}
 	if err := rec.CheckInput(); err != nil {
 		return refuse("approval-input-mismatch", envelope.CodeApprovalInputMismatch, "The stored input is not the approved input.", err)
@@ -182,7 +183,7 @@ func (a *admission) useApproval() (end engine.Admission, stop bool) {
 		if used := a.usedBefore(rec); used != nil {
 			return refuse("approval-used-before", envelope.CodeApprovalConsumed, usedBeforeMessage, used)
 		}
-		if code := approvals.Code(err); code != "" {
+		if code := approvalstore.Code(err); code != "" {
 			var cause error
 			if code == envelope.CodeApprovalInputMismatch {
 				cause = err // changed in the bucket: worth a look
@@ -248,7 +249,7 @@ func unusableReason(err error) string {
 }
 
 func unusableMessage(err error) string {
-	switch approvals.Code(err) {
+	switch approvalstore.Code(err) {
 	case envelope.CodeApprovalPending:
 		return "The approval has not been decided yet."
 	case envelope.CodeApprovalRejected:
@@ -280,7 +281,7 @@ func canonicalInput(in any) (json.RawMessage, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
 	}
-	return approvals.Canonical(raw)
+	return approvalstore.Canonical(raw)
 }
 
 func grantOf(r *approvals.Record) *ApprovalGrant {

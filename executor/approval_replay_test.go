@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
@@ -153,7 +154,7 @@ func TestApproval_TakeoverUnderTheSameRecordStillRuns(t *testing.T) {
 	created := time.Now().UTC().Add(-time.Minute)
 	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "orders.refund", ApprovalID: rec.ID, State: execution.StateClaimed,
 		Worker: deadWorker, Claim: "c-lost", LeaseUntil: pastLease(), CreatedAt: created})
-	if _, err := approvals.NewStore(s.b.Approvals, nil).Consume(ctxT(t), rec.ID, id, created); err != nil {
+	if _, err := approvalstore.NewStore(s.b.Approvals, nil).Consume(ctxT(t), rec.ID, id, created); err != nil {
 		t.Fatal(err)
 	}
 	req := &envelope.Request{ExecutionID: id, CapabilityID: "orders.refund", ApprovalID: rec.ID,

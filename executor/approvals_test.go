@@ -26,6 +26,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/testenv"
@@ -207,7 +208,7 @@ func TestApproval_RefundAbove500_ApproveResumeOnce(t *testing.T) {
 	}
 	if rec.Status != approvals.StatusPending || rec.RequestedBy != first.ExecutionID || rec.Actor.String() != "user:alice" ||
 		string(rec.Input) != `{"amount":900,"orderId":"o1"}` || rec.SideEffect != "write" || rec.Risk != "high" ||
-		!rec.ExpiresAt.Equal(first.Approval.ExpiresAt) || rec.ExpiresAt.Sub(rec.RequestedAt) != approvals.DefaultTTL {
+		!rec.ExpiresAt.Equal(first.Approval.ExpiresAt) || rec.ExpiresAt.Sub(rec.RequestedAt) != approvalstore.DefaultTTL {
 		t.Fatalf("approval %+v", rec)
 	}
 	if below, err := c.Call(ctx, "orders.refund", map[string]any{"orderId": "o2", "amount": 500}, executor.As(alice)); err != nil ||
@@ -256,7 +257,7 @@ func TestApproval_RequesterApprovingOwnCall_SelfApproval(t *testing.T) {
 	_, rec := requireApproval(t, c, "vault.transfer", vaultInput{Account: "a1", Amount: 10}, executor.As(alice))
 
 	_, err := c.Decide(ctxT(t), rec.ID, approvals.Verdict{Approve: true, Approver: alice})
-	if !errors.Is(err, approvals.ErrSelfApproval) || approvals.Code(err) != envelope.CodeApprovalSelfApproval {
+	if !errors.Is(err, approvals.ErrSelfApproval) || approvalstore.Code(err) != envelope.CodeApprovalSelfApproval {
 		t.Fatalf("self-approval: %v", err)
 	}
 	resumed, err := c.Resume(ctxT(t), rec.ID)
@@ -506,7 +507,7 @@ func TestApprovalRequired_StaticRuleAndUnserializableInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFailWith(t, got, envelope.CodeApprovalUnserializableInput)
-	if list, _ := approvals.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvals.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
+	if list, _ := approvalstore.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvalstore.Filter{CapabilityID: "fx.rebalance"}); len(list) != 1 {
 		t.Fatalf("%d approvals stored", len(list))
 	}
 }
@@ -891,7 +892,7 @@ func TestResume_WorkerKilledMidHandler_TakeoverNeedsNoNewApproval(t *testing.T) 
 				}
 			}
 			a, _ := c.Approval(ctxT(t), rec.ID)
-			all, _ := approvals.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvals.Filter{})
+			all, _ := approvalstore.NewStore(testhooks.Broker(c).Approvals, nil).List(ctxT(t), approvalstore.Filter{})
 			if a.Status != approvals.StatusConsumed || a.ConsumedBy != execID || len(all) != 1 {
 				t.Fatalf("approval %+v; %d approvals in the bucket", a, len(all))
 			}

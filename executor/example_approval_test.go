@@ -56,10 +56,12 @@ func ExampleClient_Resume() {
 	fmt.Println(env.Status, env.Approval.Reasons)
 	approvalID := env.Approval.ID
 
-	// carol, an approver, decides from her own connection: the workers
-	// check that she may, and record her as the approver.
-	decided, err := approvals.RequestDecision(ctx, connect("carol"), "",
-		approvals.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
+	// carol, an approver, decides from her own client: the workers check
+	// that she may, and record her as the approver.
+	carol, err := executor.NewClient(connect("carol"), executor.ClientConfig{})
+	check(err)
+	defer carol.Close()
+	decided, err := carol.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Comment: "invoice checked"})
 	check(err)
 	fmt.Println(decided.Status, "by", decided.Decision.Approver)
 

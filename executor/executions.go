@@ -21,6 +21,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -492,7 +493,7 @@ func (w *Worker) approvalsOf(ctx context.Context, v viewer) ([]*approvals.Record
 	if w.approvalIndex != nil {
 		return w.approvalIndex.Select(mayDecide), nil
 	}
-	all, err := approvals.NewStore(w.b.Approvals, nil).List(ctx, approvals.Filter{})
+	all, err := approvalstore.NewStore(w.b.Approvals, nil).List(ctx, approvalstore.Filter{})
 	if err != nil {
 		return nil, err
 	}
@@ -711,7 +712,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	}
 	// The approvals behind it: asked for (its trail and envelope say which)
 	// or consumed by it, by its owner.
-	store := approvals.NewStore(w.b.Approvals, nil)
+	store := approvalstore.NewStore(w.b.Approvals, nil)
 	behind := false
 	for _, aid := range approvalIDs(view) {
 		r, err := store.Get(ctx, aid)

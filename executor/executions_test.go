@@ -10,11 +10,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/execrpc"
@@ -166,8 +166,8 @@ func TestReading_EachRoleSeesWhatItNeedsAndNoMore(t *testing.T) {
 	}
 
 	// Once approved and resumed, the approver reads the resume and its outcome too.
-	if _, err := approvals.RequestDecision(ctxT(t), r.conns["bob"], r.admin.Names.Prefix(),
-		approvals.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvalsrpc.Decide(ctxT(t), r.conns["bob"], r.admin.Names,
+		approvalsrpc.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
 		t.Fatal(err)
 	}
 	done, err := alice.Resume(ctxT(t), refund.Approval.ID)

@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 )
 
 // Quotas per principal (DESIGN §12 "Quotas"): what this worker refuses of a
@@ -145,7 +146,7 @@ func (w *Worker) refuseCancel(m *nats.Msg, cerr *envelope.CapabilityError) {
 }
 
 func (w *Worker) refuseDecision(m *nats.Msg, cerr *envelope.CapabilityError) {
-	w.respond(m, &approvals.DecideReply{V: envelope.Version, Error: cerr.Message, Conditions: refusalConditions(cerr), Details: cerr.Details})
+	w.respond(m, &approvalsrpc.DecideReply{V: envelope.Version, Error: cerr.Message, Conditions: refusalConditions(cerr), Details: cerr.Details})
 }
 
 func (w *Worker) refuseApprovals(m *nats.Msg, cerr *envelope.CapabilityError) {

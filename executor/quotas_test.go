@@ -16,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/testhooks"
@@ -192,7 +193,7 @@ func TestControlQuota_RefusedAtTheDoorEveryRequestKind(t *testing.T) {
 	for range 50 {
 		_, _ = approvalsrpc.List(ctx, carol, n, approvals.ListRequest{})
 	}
-	_, err := approvals.RequestDecision(ctx, carol, n.Prefix(), approvals.DecideRequest{ApprovalID: envelope.NewExecutionID(), Approve: true})
+	_, err := approvalsrpc.Decide(ctx, carol, n, approvalsrpc.DecideRequest{ApprovalID: envelope.NewExecutionID(), Approve: true})
 	assertQuotaRefusal(t, "decision", err, envelope.QuotaControlPerSecond, auth.DefaultQuotas.ControlPerSecond)
 
 	// A second later, alice has her quota again.
@@ -246,7 +247,7 @@ func TestPendingApprovalsQuota_RefusedWithoutCreatingOne(t *testing.T) {
 	if got := r.seen.of(envelope.QuotaPendingApprovals, "alice"); got != 3 {
 		t.Fatalf("the metric counted %d, want 3", got)
 	}
-	all, err := approvals.NewStore(r.admin.Approvals, nil).List(ctx, approvals.Filter{})
+	all, err := approvalstore.NewStore(r.admin.Approvals, nil).List(ctx, approvalstore.Filter{})
 	if err != nil || len(all) != 3 {
 		t.Fatalf("the bucket holds %d approvals (%v), want alice's 3", len(all), err)
 	}
@@ -255,8 +256,8 @@ func TestPendingApprovalsQuota_RefusedWithoutCreatingOne(t *testing.T) {
 		t.Fatalf("bob's refund: %+v", env)
 	}
 	// A decision frees one of alice's.
-	if _, err := approvals.RequestDecision(ctx, r.conns["carol"], r.admin.Names.Prefix(),
-		approvals.DecideRequest{ApprovalID: asked[0], Approve: false}); err != nil {
+	if _, err := approvalsrpc.Decide(ctx, r.conns["carol"], r.admin.Names,
+		approvalsrpc.DecideRequest{ApprovalID: asked[0], Approve: false}); err != nil {
 		t.Fatal(err)
 	}
 	if env := refund(alice, "a-after"); env.Status != envelope.StatusApprovalRequired {

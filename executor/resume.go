@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/pauses"
@@ -19,8 +20,8 @@ import (
 
 // approvalStore is a store over the approvals bucket whose decisions are
 // audited with the approver as the acting actor.
-func (c *Client) approvalStore() *approvals.Store {
-	return approvals.NewStore(c.b.Approvals, audit.NewEmitter(c.b.NC, audit.Options{Prefix: c.b.Names.Prefix(), Audit: c.b.Audit, Index: c.b.Index, Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
+func (c *Client) approvalStore() *approvalstore.Store {
+	return approvalstore.NewStore(c.b.Approvals, audit.NewEmitter(c.b.NC, audit.Options{Prefix: c.b.Names.Prefix(), Audit: c.b.Audit, Index: c.b.Index, Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
 		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
 	})
 }
@@ -53,7 +54,7 @@ func (c *Client) ListApprovals(ctx context.Context, req approvals.ListRequest) (
 // (approvals.ErrForbidden, approvals.ErrSelfApproval, ...).
 func (c *Client) Decide(ctx context.Context, approvalID string, v approvals.Verdict) (*approvals.Record, error) {
 	if c.principal != broker.Anonymous {
-		return approvals.RequestDecision(ctx, c.b.NC, c.b.Config.Prefix, approvals.DecideRequest{ApprovalID: approvalID,
+		return approvalsrpc.Decide(ctx, c.b.NC, c.b.Names, approvalsrpc.DecideRequest{ApprovalID: approvalID,
 			Approve: v.Approve, Comment: v.Comment, SelfApproval: v.SelfApproval})
 	}
 	return c.approvalStore().Decide(ctx, approvalID, v)
@@ -158,7 +159,7 @@ func (c *Client) SubmitResume(ctx context.Context, approvalID string, opts ...Ca
 	if c.b.Approvals == nil {
 		return c.submitResumeByID(ctx, approvalID, opts)
 	}
-	rec, err := approvals.NewStore(c.b.Approvals, nil).Get(ctx, approvalID)
+	rec, err := approvalstore.NewStore(c.b.Approvals, nil).Get(ctx, approvalID)
 	if err != nil {
 		return "", err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
@@ -52,8 +53,8 @@ func TestWorker_ListingsSkipARecordThatDoesNotDecode(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	startWorker(t, nc, executor.WorkerConfig{Observer: seen, Logger: log}, echoCap(nil))
 
-	store := approvals.NewStore(b.Approvals, nil)
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
+	store := approvalstore.NewStore(b.Approvals, nil)
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
 	if err != nil {
 		t.Fatal(err)
 	}

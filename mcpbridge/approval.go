@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 )
 
 // memoryBound bounds the bridge's in-memory maps; the oldest entries go
@@ -76,7 +77,7 @@ func (l *lru) del(k string) {
 type pendingApprovals struct{ lru }
 
 func pendingKey(actor envelope.Actor, capID string, input envelope.Raw) string {
-	_, hash, err := approvals.Canonical(input)
+	_, hash, err := approvalstore.Canonical(input)
 	if err != nil {
 		return ""
 	}

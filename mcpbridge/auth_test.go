@@ -16,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/mcpbridge"
 	"github.com/capstan-dev/capstan/testenv"
@@ -174,8 +175,8 @@ func TestSecured_BridgeIsADelegatingProducer(t *testing.T) {
 	if err != nil || !stolen.IsError {
 		t.Fatalf("bob resumed alice's approval: %v %s", err, textOf(stolen))
 	}
-	rec, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), admin.Names.Prefix(),
-		approvals.DecideRequest{ApprovalID: approvalID, Approve: true})
+	rec, err := approvalsrpc.Decide(ctx, env.ConnectAs(t, "carol"), admin.Names,
+		approvalsrpc.DecideRequest{ApprovalID: approvalID, Approve: true})
 	if err != nil || rec.Status != approvals.StatusApproved || rec.Decision.Approver.String() != "user:carol" {
 		t.Fatalf("carol's decision: %+v, %v", rec, err)
 	}

@@ -15,10 +15,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -157,7 +157,7 @@ func (r *rig) decide(t *testing.T, id string, approve bool, comment string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), guard)
 	defer cancel()
-	if _, err := approvals.RequestDecision(ctx, r.nc, r.names.Prefix(), approvals.DecideRequest{
+	if _, err := approvalsrpc.Decide(ctx, r.nc, r.names, approvalsrpc.DecideRequest{
 		ApprovalID: id, Approve: approve, Comment: comment, Approver: carol}); err != nil {
 		t.Fatal(err)
 	}

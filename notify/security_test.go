@@ -18,6 +18,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -156,7 +157,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	}
 
 	// Nothing changed.
-	store := approvals.NewStore(b.Approvals, nil)
+	store := approvalstore.NewStore(b.Approvals, nil)
 	if rec, err := store.Get(ctx, id); err != nil || rec.Status != approvals.StatusPending || rec.Decision != nil {
 		t.Errorf("the approval after the attacks: %+v, %v", rec, err)
 	}

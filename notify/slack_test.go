@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 )
 
 // slackMessageBody is the part of an incoming webhook's body the tests read.
@@ -182,7 +183,7 @@ func TestSlackMessage_LargeInputWithinSlacksLimits(t *testing.T) {
 	for i := range 30 {
 		in[fmt.Sprintf("field%02d", i)] = strings.Repeat("x\n", 3000)
 	}
-	input, hash, err := approvals.Canonical(envelope.MustRaw(in))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(in))
 	if err != nil {
 		t.Fatal(err)
 	}

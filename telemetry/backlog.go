@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -54,7 +55,7 @@ type brokerCollector struct {
 	prefix string
 	// b and approvals are opened at the first scrape that finds them.
 	b         *broker.Broker
-	approvals *approvals.Store
+	approvals *approvalstore.Store
 	cacheFor  time.Duration
 	caps      *capabilities
 
@@ -121,7 +122,7 @@ func (c *brokerCollector) refresh() {
 			return
 		}
 		c.b = b
-		c.approvals = approvals.NewStore(b.Approvals, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
+		c.approvals = approvalstore.NewStore(b.Approvals, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
 	}
 	bl, err := c.b.Backlogs(ctx)
 	if err != nil {
@@ -133,7 +134,7 @@ func (c *brokerCollector) refresh() {
 		c.errs = append(c.errs, err)
 	}
 	c.queues = qs
-	list, err := c.approvals.List(ctx, approvals.Filter{Status: approvals.StatusPending})
+	list, err := c.approvals.List(ctx, approvalstore.Filter{Status: approvals.StatusPending})
 	if err != nil {
 		c.errs = append(c.errs, err)
 	}

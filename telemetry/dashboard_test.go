@@ -11,6 +11,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/telemetry"
@@ -31,11 +32,11 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 	if _, err := b.EnsurePool(ctxT(t), broker.PoolConfig{Pool: "obs", Capabilities: []string{"t.echo"}}); err != nil {
 		t.Fatal(err)
 	}
-	input, hash, err := approvals.Canonical(envelope.Raw(nil))
+	input, hash, err := approvalstore.Canonical(envelope.Raw(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := approvals.NewStore(b.Approvals, nil).Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "t.echo",
+	if err := approvalstore.NewStore(b.Approvals, nil).Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "t.echo",
 		Actor: alice, Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID()}); err != nil {
 		t.Fatal(err)
 	}

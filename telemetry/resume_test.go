@@ -8,11 +8,11 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/telemetry"
 	"github.com/capstan-dev/capstan/testenv"
@@ -62,8 +62,8 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 	if err != nil || asked.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("call: %v %+v", err, asked)
 	}
-	if _, err := approvals.RequestDecision(ctx, env.ConnectAs(t, "carol"), setup.Prefix,
-		approvals.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
+	if _, err := approvalsrpc.Decide(ctx, env.ConnectAs(t, "carol"), broker.NewNames(setup.Prefix),
+		approvalsrpc.DecideRequest{ApprovalID: asked.Approval.ID, Approve: true}); err != nil {
 		t.Fatal(err)
 	}
 	done, err := alice.Resume(ctx, asked.Approval.ID)

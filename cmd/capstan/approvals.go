@@ -16,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -79,7 +80,7 @@ func runApprovalsList(args []string) int {
 	capID := fs.String("capability", "", "only approvals of this capability")
 	actor := fs.String("actor", "", "only approvals requested by this actor, as kind:id")
 	newest := fs.Bool("newest", false, "each requester's newest approvals first (default: oldest first)")
-	limit := fs.Int("limit", approvals.DefaultPageSize, fmt.Sprintf("how many approvals a page shows (at most %d)", approvals.MaxPageSize))
+	limit := fs.Int("limit", approvalsrpc.DefaultPageSize, fmt.Sprintf("how many approvals a page shows (at most %d)", approvalsrpc.MaxPageSize))
 	cursor := fs.String("cursor", "", "where the page begins: the cursor the previous page printed")
 	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
 		return code
@@ -92,8 +93,8 @@ func runApprovalsList(args []string) int {
 	default:
 		return usageError("--status %q: want pending, approved, rejected, expired, cancelled, consumed or decided", *status)
 	}
-	if *limit <= 0 || *limit > approvals.MaxPageSize {
-		return usageError("--limit %d: want 1 to %d", *limit, approvals.MaxPageSize)
+	if *limit <= 0 || *limit > approvalsrpc.MaxPageSize {
+		return usageError("--limit %d: want 1 to %d", *limit, approvalsrpc.MaxPageSize)
 	}
 	if *actor != "" {
 		a, err := parseKindID("--actor", *actor)
@@ -183,7 +184,7 @@ func decideCommand(verb string, args []string) int {
 	if !ok {
 		return code
 	}
-	req := approvals.DecideRequest{ApprovalID: pos[0], Approve: verb == "approve", Comment: *comment}
+	req := approvalsrpc.DecideRequest{ApprovalID: pos[0], Approve: verb == "approve", Comment: *comment}
 	if conn.creds != "" {
 		if *approver != "" || (self != nil && *self != "") {
 			return usageError("approvals %s: with --creds the approver is the principal the server authenticated; "+
@@ -216,7 +217,7 @@ func decideCommand(verb string, args []string) int {
 	if req.ApprovalID, err = resolveApproval(ctx, nc, req.ApprovalID); err != nil {
 		return usageError("%v", err)
 	}
-	r, err := approvals.RequestDecision(ctx, nc, "", req)
+	r, err := approvalsrpc.Decide(ctx, nc, names, req)
 	switch {
 	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
 		// The decision stands; only its audit event is missing.
@@ -248,7 +249,7 @@ func decisionError(err error) int {
 	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return fail(exitUsage, "no answer to the decision: not an approver (the server refuses decisions from other principals), or no worker running")
 	}
-	if code := approvals.Code(err); code != "" {
+	if code := approvalstore.Code(err); code != "" {
 		return fail(exitFailed, "%s: %v", code, strings.TrimPrefix(err.Error(), "capstan: "))
 	}
 	return requestError(err)

@@ -256,7 +256,7 @@ func resolveApproval(ctx context.Context, nc *nats.Conn, arg string) (string, er
 	}
 	// The pages of what the principal may see, until a second match.
 	var found []*approvals.Record
-	for req := (approvals.ListRequest{Limit: approvals.MaxPageSize}); len(found) < 2; {
+	for req := (approvals.ListRequest{Limit: approvalsrpc.MaxPageSize}); len(found) < 2; {
 		page, err := approvalsrpc.List(ctx, nc, names, req)
 		if err != nil {
 			return arg, nil

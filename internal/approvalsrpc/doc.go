@@ -1,10 +1,12 @@
-// Package approvalsrpc is the workers' side of the approvals requests and
-// the listing asked of them: a worker answers decisions (DecideHandler) and
-// listings (ListHandler) on a principal's behalf, paging from its Index, a
-// copy of the approvals bucket kept current by one watcher; List and One
-// ask the workers for a page or one approval over a raw connection (what
-// executor.Client.ListApprovals does for an application).
+// Package approvalsrpc is the approvals requests the workers answer, both
+// sides: a worker answers decisions (DecideHandler) and listings
+// (ListHandler) on a principal's behalf, paging from its Index, a copy of
+// the approvals bucket kept current by one watcher; Decide, List and One
+// send them over a raw connection (what executor.Client.Decide and
+// ListApprovals, capstan approve and the console do). DecideRequest and
+// DecideReply are a decision's bodies on the wire; a listing's are
+// approvals.ListRequest and ListReply.
 //
-// The records, the requests and replies on the wire and the store's rules
-// are package approvals'.
+// The records and their conditions are package approvals'; the store and
+// its rules, package approvalstore's.
 package approvalsrpc

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 )
 
 // The order of a listing (DESIGN §7 "Listing approvals"): each requesting
@@ -184,7 +185,7 @@ func (t *turns) more() bool {
 // larger ends early, with the cursor of the rest; a record too large alone
 // is sent without its input and display (approvals.ListReply.Trimmed). req.ID asks
 // for one approval.
-func PageAs(ctx context.Context, s *approvals.Store, x *Index, principal string, req approvals.ListRequest, authz Authorizer, maxBytes int) (*approvals.ListReply, error) {
+func PageAs(ctx context.Context, s *approvalstore.Store, x *Index, principal string, req approvals.ListRequest, authz Authorizer, maxBytes int) (*approvals.ListReply, error) {
 	reply := &approvals.ListReply{V: envelope.Version, Records: []*approvals.Record{}}
 	if req.ID != "" {
 		recs, err := ListAs(ctx, s, principal, approvals.ListRequest{ID: req.ID}, authz)
@@ -199,9 +200,9 @@ func PageAs(ctx context.Context, s *approvals.Store, x *Index, principal string,
 	}
 	limit := req.Limit
 	if limit <= 0 {
-		limit = approvals.DefaultPageSize
+		limit = DefaultPageSize
 	}
-	limit = min(limit, approvals.MaxPageSize)
+	limit = min(limit, MaxPageSize)
 	c, err := decodeCursor(req.Cursor, req.Newest)
 	if err != nil {
 		return nil, err
@@ -243,7 +244,7 @@ func PageAs(ctx context.Context, s *approvals.Store, x *Index, principal string,
 			return shownTo(full, principal), true, nil
 		}
 	} else {
-		all, err := s.List(ctx, approvals.Filter{})
+		all, err := s.List(ctx, approvalstore.Filter{})
 		if err != nil {
 			return nil, err
 		}

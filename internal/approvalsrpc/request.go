@@ -13,23 +13,15 @@ import (
 
 // List asks the workers for a page of the approvals the connection's
 // principal may see (see PageAs): Next is the cursor of the next one. A
-// refusal matches the store's conditions with errors.Is (approvals.ErrNotFound,
-// approvals.ErrForbidden, envelope.ErrQuotaExceeded).
+// refusal matches the approvals' conditions with errors.Is
+// (approvals.ErrNotFound, approvals.ErrForbidden, envelope.ErrQuotaExceeded).
 func List(ctx context.Context, nc *nats.Conn, n broker.Names, req approvals.ListRequest) (*approvals.ListReply, error) {
 	req.V = envelope.Version
-	b, err := envelope.Marshal(&req)
-	if err != nil {
+	var reply approvals.ListReply
+	if err := request(ctx, nc, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), "list approvals", &req, &reply); err != nil {
 		return nil, err
 	}
-	m, err := nc.RequestWithContext(ctx, n.ListApprovalsSubject(broker.PrincipalOf(nc, n)), b)
-	if err != nil {
-		return nil, fmt.Errorf("capstan: list approvals: %w", err)
-	}
-	var reply approvals.ListReply
-	if err := envelope.Unmarshal(m.Data, &reply); err != nil {
-		return nil, fmt.Errorf("capstan: list approvals: reply: %w", err)
-	}
-	if err := reply.Err(); err != nil {
+	if err := ListErr(&reply); err != nil {
 		return nil, err
 	}
 	if reply.Records == nil {
@@ -52,4 +44,40 @@ func One(ctx context.Context, nc *nats.Conn, n broker.Names, id string) (*approv
 		}
 	}
 	return nil, fmt.Errorf("%w: %s", approvals.ErrNotFound, id)
+}
+
+// Decide sends req to the workers of the deployment n names as the
+// connection's principal, the approver, and returns the decided record: how
+// executor.Client.Decide, capstan approve and the console decide. A refusal
+// is an error that errors.Is matches against the approvals' conditions
+// (approvals.ErrSelfApproval, approvals.ErrForbidden,
+// approvals.ErrAlreadyDecided...). A decision whose audit event is missing
+// returns the record and an error matching audit.ErrUnavailable.
+func Decide(ctx context.Context, nc *nats.Conn, n broker.Names, req DecideRequest) (*approvals.Record, error) {
+	req.V = envelope.Version
+	var reply DecideReply
+	if err := request(ctx, nc, n.DecideSubject(broker.PrincipalOf(nc, n)), "decide "+req.ApprovalID, &req, &reply); err != nil {
+		return nil, err
+	}
+	if reply.Error == "" {
+		return reply.Record, nil
+	}
+	return reply.Record, refusal(reply.Error, reply.Conditions, reply.Details)
+}
+
+// request sends req to subject and decodes the workers' answer into reply;
+// what names the request in errors.
+func request(ctx context.Context, nc *nats.Conn, subject, what string, req, reply any) error {
+	b, err := envelope.Marshal(req)
+	if err != nil {
+		return err
+	}
+	m, err := nc.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		return fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	if err := envelope.Unmarshal(m.Data, reply); err != nil {
+		return fmt.Errorf("capstan: %s: reply: %w", what, err)
+	}
+	return nil
 }

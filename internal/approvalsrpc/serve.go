@@ -10,6 +10,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -31,7 +32,7 @@ type Authorizer interface {
 // reason that lifts it. An approval principal neither requested nor may
 // decide is refused exactly as one that does not exist (approvals.ErrNotFound): a
 // refusal tells no one of another's approval, nor of its types.
-func DecideAs(ctx context.Context, s *approvals.Store, principal string, req approvals.DecideRequest, authz Authorizer) (*approvals.Record, error) {
+func DecideAs(ctx context.Context, s *approvalstore.Store, principal string, req DecideRequest, authz Authorizer) (*approvals.Record, error) {
 	r, err := s.Get(ctx, req.ApprovalID)
 	if err != nil {
 		return nil, err
@@ -55,21 +56,21 @@ func DecideAs(ctx context.Context, s *approvals.Store, principal string, req app
 // Serve answers decisions sent to n.DecideSubjects() in the workers' queue
 // group, until the subscription is drained or closed. ServeList answers the
 // listings.
-func Serve(nc *nats.Conn, s *approvals.Store, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
+func Serve(nc *nats.Conn, s *approvalstore.Store, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
 	return nc.QueueSubscribe(n.DecideSubjects(), n.WorkersQueue(), DecideHandler(s, n, authz))
 }
 
 // DecideHandler answers one decision sent to n.DecideSubjects(): what Serve
 // subscribes, for a worker that schedules the requests it serves itself.
-func DecideHandler(s *approvals.Store, n broker.Names, authz Authorizer) nats.MsgHandler {
+func DecideHandler(s *approvalstore.Store, n broker.Names, authz Authorizer) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		principal := n.PrincipalOfSubject(m.Subject)
 		if !n.ReplyAllowed(principal, m.Reply) {
 			return // an answer aimed at someone else's subject: not served
 		}
-		var reply approvals.DecideReply
+		var reply DecideReply
 		reply.V = envelope.Version
-		var req approvals.DecideRequest
+		var req DecideRequest
 		if err := envelope.Unmarshal(m.Data, &req); err != nil {
 			reply.Error, reply.Conditions = "the decision does not decode: "+err.Error(), []string{"invalid"}
 		} else {
@@ -78,7 +79,7 @@ func DecideHandler(s *approvals.Store, n broker.Names, authz Authorizer) nats.Ms
 			cancel()
 			reply.Record = shownTo(rec, principal)
 			if err != nil {
-				reply.Error, reply.Conditions = err.Error(), approvals.Conditions(err)
+				reply.Error, reply.Conditions = err.Error(), Conditions(err)
 				reply.AuditUnavailable = rec != nil && slices.Contains(reply.Conditions, "audit_unavailable")
 			}
 		}
@@ -91,7 +92,7 @@ func DecideHandler(s *approvals.Store, n broker.Names, authz Authorizer) nats.Ms
 
 // ListAs returns the approvals principal may see: those of types it may
 // decide (see Authorizer), and those requested under principal itself.
-func ListAs(ctx context.Context, s *approvals.Store, principal string, req approvals.ListRequest, authz Authorizer) ([]*approvals.Record, error) {
+func ListAs(ctx context.Context, s *approvalstore.Store, principal string, req approvals.ListRequest, authz Authorizer) ([]*approvals.Record, error) {
 	var all []*approvals.Record
 	if req.ID != "" {
 		r, err := s.Get(ctx, req.ID)
@@ -101,7 +102,7 @@ func ListAs(ctx context.Context, s *approvals.Store, principal string, req appro
 		all = []*approvals.Record{r}
 	} else {
 		var err error
-		if all, err = s.List(ctx, approvals.Filter{Status: req.Status, CapabilityID: req.CapabilityID, Actor: req.Actor}); err != nil {
+		if all, err = s.List(ctx, approvalstore.Filter{Status: req.Status, CapabilityID: req.CapabilityID, Actor: req.Actor}); err != nil {
 			return nil, err
 		}
 	}
@@ -154,7 +155,7 @@ func requestedBy(r *approvals.Record, principal string) bool {
 
 // ServeList answers listings sent to n.ListApprovalsSubjects() in the
 // workers' queue group, each reply within the connection's max payload.
-func ServeList(nc *nats.Conn, s *approvals.Store, x *Index, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
+func ServeList(nc *nats.Conn, s *approvalstore.Store, x *Index, n broker.Names, authz Authorizer) (*nats.Subscription, error) {
 	return nc.QueueSubscribe(n.ListApprovalsSubjects(), n.WorkersQueue(),
 		ListHandler(s, x, n, authz, func(string) int { return int(nc.MaxPayload()) }))
 }
@@ -163,7 +164,7 @@ func ServeList(nc *nats.Conn, s *approvals.Store, x *Index, n broker.Names, auth
 // PageAs): what ServeList subscribes, for a worker that schedules the
 // requests it serves itself. maxBytes says how large a reply principal may
 // be sent.
-func ListHandler(s *approvals.Store, x *Index, n broker.Names, authz Authorizer, maxBytes func(principal string) int) nats.MsgHandler {
+func ListHandler(s *approvalstore.Store, x *Index, n broker.Names, authz Authorizer, maxBytes func(principal string) int) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		principal := n.PrincipalOfSubject(m.Subject)
 		if !n.ReplyAllowed(principal, m.Reply) {
@@ -178,7 +179,7 @@ func ListHandler(s *approvals.Store, x *Index, n broker.Names, authz Authorizer,
 			page, err := PageAs(ctx, s, x, principal, req, authz, maxBytes(principal))
 			cancel()
 			if err != nil {
-				reply.Error, reply.Conditions = err.Error(), approvals.Conditions(err)
+				reply.Error, reply.Conditions = err.Error(), Conditions(err)
 			} else {
 				reply = page
 			}

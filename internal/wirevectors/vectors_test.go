@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -59,8 +60,8 @@ var decoders = map[string]func([]byte) (any, error){
 	"resources":       decodeVersioned[resources],
 	"describeRequest": decodeVersioned[executor.DescribeRequest],
 	"describeReply":   decodeVersioned[executor.DescribeReply],
-	"decideRequest":   decodeVersioned[approvals.DecideRequest],
-	"decideReply":     decodeVersioned[approvals.DecideReply],
+	"decideRequest":   decodeVersioned[approvalsrpc.DecideRequest],
+	"decideReply":     decodeVersioned[approvalsrpc.DecideReply],
 	"listRequest":     decodeVersioned[approvals.ListRequest],
 	"listReply":       decodeVersioned[approvals.ListReply],
 	"approval":        decodeVersioned[approvals.Record],
@@ -348,14 +349,14 @@ func goVectors() []struct {
 					Stage: envelope.StageActor}}},
 
 		{Vector{Name: "decide-request", Kind: "decideRequest", About: "an approver's decision"},
-			&approvals.DecideRequest{V: 1, ApprovalID: approvalID, Approve: true, Comment: "vérifié ✓"}},
+			&approvalsrpc.DecideRequest{V: 1, ApprovalID: approvalID, Approve: true, Comment: "vérifié ✓"}},
 		{Vector{Name: "decide-request-open", Kind: "decideRequest", About: "a rejection on an open server, which names its approver"},
-			&approvals.DecideRequest{V: 1, ApprovalID: approvalID, Approver: envelope.Actor{ID: "bob", Kind: "user"},
+			&approvalsrpc.DecideRequest{V: 1, ApprovalID: approvalID, Approver: envelope.Actor{ID: "bob", Kind: "user"},
 				SelfApproval: "on call"}},
 		{Vector{Name: "decide-reply", Kind: "decideReply", About: "the decided approval"},
-			&approvals.DecideReply{V: 1, Record: ptr(approvalRecord(approvals.StatusApproved))}},
+			&approvalsrpc.DecideReply{V: 1, Record: ptr(approvalRecord(approvals.StatusApproved))}},
 		{Vector{Name: "decide-reply-refused", Kind: "decideReply", About: "a refused decision: its message and the conditions that name it"},
-			&approvals.DecideReply{V: 1, Error: `capstan: self-approval is not allowed: principal "alice" requested it`,
+			&approvalsrpc.DecideReply{V: 1, Error: `capstan: self-approval is not allowed: principal "alice" requested it`,
 				Conditions: []string{"self_approval"}}},
 		{Vector{Name: "list-request", Kind: "listRequest", About: "a listing of pending approvals"},
 			&approvals.ListRequest{V: 1, Status: approvals.StatusPending}},

@@ -1,4 +1,4 @@
-package approvals
+package approvalstore
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
@@ -35,21 +36,17 @@ func (s *Store) OnSkipped(f func(key string, err error)) *Store {
 }
 
 // NewStore returns a store over the approvals bucket kv (nil: a store whose
-// every operation fails with ErrNoBucket). Decisions are audited on em, with
-// the approver as the acting actor; em may be nil for a store that only
-// reads, creates and consumes.
+// every operation fails with approvals.ErrNoBucket). Decisions are audited
+// on em, with the approver as the acting actor; em may be nil for a store
+// that only reads, creates and consumes.
 func NewStore(kv jetstream.KeyValue, em *audit.Emitter) *Store {
 	return &Store{kv: kv, audit: em, now: func() time.Time { return time.Now().UTC() }}
 }
 
-// ErrNoBucket: the store was made over a broker whose approvals bucket is not
-// open (a producer's client, which may not read approvals).
-var ErrNoBucket = errors.New("capstan: the approvals bucket is not open on this connection")
-
 // Open returns a store over the existing approvals bucket of the deployment
 // of the given prefix (default "CAPSTAN"), without provisioning anything: for
 // approvers, who may read approvals but not create buckets. Decisions go
-// through RequestDecision.
+// through approvalsrpc.Decide.
 func Open(ctx context.Context, js jetstream.JetStream, prefix string) (*Store, error) {
 	kv, err := js.KeyValue(ctx, broker.NewNames(prefix).ApprovalsBucket())
 	if err != nil {
@@ -65,24 +62,24 @@ const maxTries = 30
 // Create stores a new pending approval. It fills V, Status, RequestedAt
 // (if zero) and ExpiresAt (if zero: RequestedAt + DefaultTTL). The input must
 // be canonical JSON hashing to InputHash (see Canonical).
-func (s *Store) Create(ctx context.Context, r *Record) error {
+func (s *Store) Create(ctx context.Context, r *approvals.Record) error {
 	if err := envelope.ValidExecutionID(r.ID); err != nil {
-		return fmt.Errorf("%w: id: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: id: %v", approvals.ErrInvalid, err)
 	}
 	if err := envelope.ValidExecutionID(r.RequestedBy); err != nil {
-		return fmt.Errorf("%w: requestedBy: %v", ErrInvalid, err)
+		return fmt.Errorf("%w: requestedBy: %v", approvals.ErrInvalid, err)
 	}
 	if r.CapabilityID == "" || r.Actor.Kind == "" {
-		return fmt.Errorf("%w: an approval needs a capability and an actor", ErrInvalid)
+		return fmt.Errorf("%w: an approval needs a capability and an actor", approvals.ErrInvalid)
 	}
 	if err := r.CheckInput(); err != nil {
 		return err
 	}
 	if s.kv == nil {
-		return ErrNoBucket
+		return approvals.ErrNoBucket
 	}
 	r.V = envelope.Version
-	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = StatusPending, nil, "", time.Time{}
+	r.Status, r.Decision, r.ConsumedBy, r.ConsumedAt = approvals.StatusPending, nil, "", time.Time{}
 	if r.RequestedAt.IsZero() {
 		r.RequestedAt = s.now()
 	}
@@ -110,19 +107,19 @@ func (s *Store) Create(ctx context.Context, r *Record) error {
 }
 
 // Get reads one approval.
-func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
+func (s *Store) Get(ctx context.Context, id string) (*approvals.Record, error) {
 	r, _, err := s.load(ctx, id)
 	return r, err
 }
 
-func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
+func (s *Store) load(ctx context.Context, id string) (*approvals.Record, uint64, error) {
 	if s.kv == nil {
-		return nil, 0, ErrNoBucket
+		return nil, 0, approvals.ErrNoBucket
 	}
 	if envelope.ValidExecutionID(id) != nil {
-		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+		return nil, 0, fmt.Errorf("%w: %q", approvals.ErrNotFound, id)
 	}
-	r, rev, err := broker.Load[Record](ctx, s.kv, id)
+	r, rev, err := broker.Load[approvals.Record](ctx, s.kv, id)
 	if errors.Is(err, broker.ErrNotFound) {
 		return nil, 0, notFound(id)
 	}
@@ -132,7 +129,7 @@ func (s *Store) load(ctx context.Context, id string) (*Record, uint64, error) {
 // Filter selects approvals; zero fields match everything.
 type Filter struct {
 	// Status as of now: an approval past its expiry lists as expired.
-	Status Status
+	Status approvals.Status
 	// CapabilityID keeps the approvals of one capability.
 	CapabilityID string
 	// Actor is the requester (kind and id).
@@ -142,9 +139,9 @@ type Filter struct {
 // List returns the approvals that match f, oldest first. A record that does
 // not decode is skipped (and reported, see OnSkipped), never the listing's
 // failure.
-func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
+func (s *Store) List(ctx context.Context, f Filter) ([]*approvals.Record, error) {
 	if s.kv == nil {
-		return nil, ErrNoBucket
+		return nil, approvals.ErrNoBucket
 	}
 	keys, err := s.kv.ListKeys(ctx)
 	if err != nil {
@@ -155,10 +152,10 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 		ids = append(ids, id)
 	}
 	now := s.now()
-	var out []*Record
+	var out []*approvals.Record
 	for _, id := range ids {
 		r, _, err := s.load(ctx, id)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, approvals.ErrNotFound) {
 			continue // removed since it was listed
 		}
 		if errors.Is(err, envelope.ErrDecode) {
@@ -178,7 +175,7 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 		}
 		out = append(out, r)
 	}
-	slices.SortFunc(out, func(a, b *Record) int {
+	slices.SortFunc(out, func(a, b *approvals.Record) int {
 		if c := a.RequestedAt.Compare(b.RequestedAt); c != 0 {
 			return c
 		}
@@ -187,53 +184,41 @@ func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
 	return out, nil
 }
 
-// Verdict is one approver's decision on a pending approval.
-type Verdict struct {
-	// Approve approves; false rejects.
-	Approve bool
-	// Approver is who decides: never the requester, unless SelfApproval.
-	Approver envelope.Actor
-	// Comment is the approver's, kept on the record and the trail.
-	Comment string
-	// SelfApproval lets the requester decide their own call; it is the reason
-	// why, and it is kept on the record and in the trail. Empty refuses it.
-	SelfApproval string
-}
-
 // Decide approves or rejects a pending, unexpired approval, with one CAS from
 // pending. The requester may not decide their own call without a
-// SelfApproval reason (ErrSelfApproval). A decision on an approval that is no
-// longer pending fails ErrAlreadyDecided, joined with the condition that
-// decided it (ErrConsumed, ErrRejected...). The decision event is stored in the
+// SelfApproval reason (approvals.ErrSelfApproval). A decision on an approval
+// that is no longer pending fails approvals.ErrAlreadyDecided, joined with
+// the condition that decided it (approvals.ErrConsumed,
+// approvals.ErrRejected...). The decision event is stored in the
 // requesting execution's trail before Decide returns; should that fail, the
 // decision stands and the error wraps audit.ErrUnavailable with the record.
-func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, error) {
+func (s *Store) Decide(ctx context.Context, id string, v approvals.Verdict) (*approvals.Record, error) {
 	if err := checkApprover(v.Approver); err != nil {
 		return nil, err
 	}
-	status, event := StatusRejected, audit.EventRejected
+	status, event := approvals.StatusRejected, audit.EventRejected
 	if v.Approve {
-		status, event = StatusApproved, audit.EventApproved
+		status, event = approvals.StatusApproved, audit.EventApproved
 	}
-	var mine *Decision
-	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
+	var mine *approvals.Decision
+	rec, err := s.update(ctx, id, func(r *approvals.Record, now time.Time) (*approvals.Record, error) {
 		if mine != nil && r.Decision != nil && r.Decision.DecidedAt.Equal(mine.DecidedAt) && sameActor(r.Decision.Approver, v.Approver) {
 			return nil, nil // our own write, whose answer was lost
 		}
 		if next := expire(r, now); next != nil {
-			return next, ErrExpired
+			return next, approvals.ErrExpired
 		}
-		if r.Status != StatusPending {
+		if r.Status != approvals.StatusPending {
 			if err := statusError(r.Status, r, "", time.Time{}); err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrAlreadyDecided, err)
+				return nil, fmt.Errorf("%w: %w", approvals.ErrAlreadyDecided, err)
 			}
-			return nil, fmt.Errorf("%w: it is %s", ErrAlreadyDecided, r.Status)
+			return nil, fmt.Errorf("%w: it is %s", approvals.ErrAlreadyDecided, r.Status)
 		}
 		if sameActor(v.Approver, r.Actor) && strings.TrimSpace(v.SelfApproval) == "" {
-			return nil, ErrSelfApproval
+			return nil, approvals.ErrSelfApproval
 		}
 		if mine == nil {
-			mine = &Decision{Status: status, Approver: v.Approver, Comment: v.Comment, DecidedAt: now, SelfApproval: v.SelfApproval}
+			mine = &approvals.Decision{Status: status, Approver: v.Approver, Comment: v.Comment, DecidedAt: now, SelfApproval: v.SelfApproval}
 		}
 		next := *r
 		next.Status, next.Decision = status, mine
@@ -259,22 +244,22 @@ func (s *Store) Decide(ctx context.Context, id string, v Verdict) (*Record, erro
 // again succeeds only for the same execution under the same execution record
 // (a takeover or redelivery of it while it is in flight, its record alive);
 // for any other execution, or for the same id under a record made since its
-// first one expired, it fails ErrConsumed. An approval past its expiry fails
-// ErrExpired; one whose stored input no longer hashes to InputHash fails
-// ErrInputMismatch.
-func (s *Store) Consume(ctx context.Context, id, executionID string, under time.Time) (*Record, error) {
+// first one expired, it fails approvals.ErrConsumed. An approval past its
+// expiry fails approvals.ErrExpired; one whose stored input no longer hashes
+// to InputHash fails approvals.ErrInputMismatch.
+func (s *Store) Consume(ctx context.Context, id, executionID string, under time.Time) (*approvals.Record, error) {
 	if err := envelope.ValidExecutionID(executionID); err != nil {
-		return nil, fmt.Errorf("%w: execution id: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: execution id: %v", approvals.ErrInvalid, err)
 	}
 	if under.IsZero() {
-		return nil, fmt.Errorf("%w: consumed under no execution record", ErrInvalid)
+		return nil, fmt.Errorf("%w: consumed under no execution record", approvals.ErrInvalid)
 	}
-	return s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
-		if r.consumedUnder(executionID, under) {
+	return s.update(ctx, id, func(r *approvals.Record, now time.Time) (*approvals.Record, error) {
+		if consumedUnder(r, executionID, under) {
 			return nil, r.CheckInput() // our execution's, or our own write whose answer was lost
 		}
 		if next := expire(r, now); next != nil {
-			return next, ErrExpired
+			return next, approvals.ErrExpired
 		}
 		if err := statusError(r.Status, r, executionID, under); err != nil {
 			return nil, err
@@ -283,7 +268,7 @@ func (s *Store) Consume(ctx context.Context, id, executionID string, under time.
 			return nil, err
 		}
 		next := *r
-		next.Status, next.ConsumedBy, next.ConsumedAt, next.ConsumedUnder = StatusConsumed, executionID, now, under.UTC()
+		next.Status, next.ConsumedBy, next.ConsumedAt, next.ConsumedUnder = approvals.StatusConsumed, executionID, now, under.UTC()
 		return &next, nil
 	})
 }
@@ -291,32 +276,32 @@ func (s *Store) Consume(ctx context.Context, id, executionID string, under time.
 // Cancel withdraws a pending or approved approval before it is used; the
 // canceller is recorded as the decision's actor and the trail shows a
 // rejection with status cancelled.
-func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason string) (*Record, error) {
+func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason string) (*approvals.Record, error) {
 	if by.Kind == "" {
-		return nil, fmt.Errorf("%w: a cancel needs an actor", ErrInvalid)
+		return nil, fmt.Errorf("%w: a cancel needs an actor", approvals.ErrInvalid)
 	}
-	var mine *Decision
-	rec, err := s.update(ctx, id, func(r *Record, now time.Time) (*Record, error) {
+	var mine *approvals.Decision
+	rec, err := s.update(ctx, id, func(r *approvals.Record, now time.Time) (*approvals.Record, error) {
 		if mine != nil && r.Decision != nil && r.Decision.DecidedAt.Equal(mine.DecidedAt) && sameActor(r.Decision.Approver, by) {
 			return nil, nil // our own write, whose answer was lost
 		}
 		if next := expire(r, now); next != nil {
-			return next, ErrExpired
+			return next, approvals.ErrExpired
 		}
-		if r.Status != StatusPending && r.Status != StatusApproved {
+		if r.Status != approvals.StatusPending && r.Status != approvals.StatusApproved {
 			return nil, statusError(r.Status, r, "", time.Time{})
 		}
 		if mine == nil {
-			mine = &Decision{Status: StatusCancelled, Approver: by, Comment: reason, DecidedAt: now}
+			mine = &approvals.Decision{Status: approvals.StatusCancelled, Approver: by, Comment: reason, DecidedAt: now}
 		}
 		next := *r
-		next.Status, next.Decision = StatusCancelled, mine
+		next.Status, next.Decision = approvals.StatusCancelled, mine
 		return &next, nil
 	})
 	if err != nil {
 		return rec, err
 	}
-	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String(), "status": string(StatusCancelled)}
+	data := map[string]any{"approvalId": rec.ID, "requester": rec.Actor.String(), "status": string(approvals.StatusCancelled)}
 	if reason != "" {
 		data["comment"] = reason
 	}
@@ -327,16 +312,16 @@ func (s *Store) Cancel(ctx context.Context, id string, by envelope.Actor, reason
 // expired and returns how many it changed. Expiry holds without it (every
 // decision and consumption checks the time); it keeps listings honest.
 func (s *Store) ExpireDue(ctx context.Context) (int, error) {
-	all, err := s.List(ctx, Filter{Status: StatusExpired})
+	all, err := s.List(ctx, Filter{Status: approvals.StatusExpired})
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, r := range all {
-		if r.Status == StatusExpired {
+		if r.Status == approvals.StatusExpired {
 			continue
 		}
-		_, err := s.update(ctx, r.ID, func(r *Record, now time.Time) (*Record, error) {
+		_, err := s.update(ctx, r.ID, func(r *approvals.Record, now time.Time) (*approvals.Record, error) {
 			if next := expire(r, now); next != nil {
 				return next, nil
 			}
@@ -345,7 +330,7 @@ func (s *Store) ExpireDue(ctx context.Context) (int, error) {
 		switch {
 		case err == nil:
 			n++
-		case errors.Is(err, errNotChanged), errors.Is(err, ErrNotFound):
+		case errors.Is(err, errNotChanged), errors.Is(err, approvals.ErrNotFound):
 		default:
 			return n, err
 		}
@@ -357,12 +342,12 @@ var errNotChanged = errors.New("not changed")
 
 // expire returns the expired version of a pending or approved record whose
 // expiry has passed, or nil.
-func expire(r *Record, now time.Time) *Record {
-	if (r.Status != StatusPending && r.Status != StatusApproved) || r.StatusAt(now) != StatusExpired {
+func expire(r *approvals.Record, now time.Time) *approvals.Record {
+	if (r.Status != approvals.StatusPending && r.Status != approvals.StatusApproved) || r.StatusAt(now) != approvals.StatusExpired {
 		return nil
 	}
 	next := *r
-	next.Status = StatusExpired
+	next.Status = approvals.StatusExpired
 	return &next
 }
 
@@ -370,11 +355,11 @@ func expire(r *Record, now time.Time) *Record {
 // returns the record to write (nil: write nothing) and the error the
 // operation ends with. Any failed write, a lost CAS or an error that may hide
 // a write that happened, re-reads and asks step again (DESIGN §5).
-func (s *Store) update(ctx context.Context, id string, step func(r *Record, now time.Time) (*Record, error)) (*Record, error) {
+func (s *Store) update(ctx context.Context, id string, step func(r *approvals.Record, now time.Time) (*approvals.Record, error)) (*approvals.Record, error) {
 	for try := 0; ; try++ {
 		r, rev, err := s.load(ctx, id)
 		if err != nil {
-			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNoBucket) || errors.Is(err, envelope.ErrDecode) || try >= maxTries || ctx.Err() != nil {
+			if errors.Is(err, approvals.ErrNotFound) || errors.Is(err, approvals.ErrNoBucket) || errors.Is(err, envelope.ErrDecode) || try >= maxTries || ctx.Err() != nil {
 				return nil, err
 			}
 			pause(try)
@@ -401,7 +386,7 @@ func pause(try int) {
 	time.Sleep(min(d, 500*time.Millisecond))
 }
 
-func (s *Store) emitDecision(ctx context.Context, r *Record, typ string, by envelope.Actor, data map[string]any) error {
+func (s *Store) emitDecision(ctx context.Context, r *approvals.Record, typ string, by envelope.Actor, data map[string]any) error {
 	if s.audit == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package approvals_test
+package approvalsrpc_test
 
 import (
 	"errors"
@@ -8,14 +8,15 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
 // pendingOfPrincipal creates a pending approval requested under principal,
 // expiring after ttl.
-func pendingOfPrincipal(t *testing.T, s *approvals.Store, principal string, ttl time.Duration) *approvals.Record {
+func pendingOfPrincipal(t *testing.T, s *approvalstore.Store, principal string, ttl time.Duration) *approvals.Record {
 	t.Helper()
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 501}))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"amount": 501}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package approvals_test
+package approvalsrpc_test
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/testenv"
@@ -18,7 +19,7 @@ import (
 // securedDecisions starts a server with authentication, a worker connection
 // serving decisions with the grants, and returns a pending approval that
 // principal alice requested as user:alice, of type finance.
-func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approvals.Store, *broker.Broker, *approvals.Record) {
+func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approvalstore.Store, *broker.Broker, *approvals.Record) {
 	t.Helper()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
@@ -51,7 +52,7 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 		t.Fatal(err)
 	}
 	t.Cleanup(grants.Stop)
-	s := approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
+	s := approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 	sub, err := approvalsrpc.Serve(wnc, s, b.Names, grants)
 	if err != nil {
 		t.Fatal(err)
@@ -66,9 +67,9 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 	return env, s, b, r
 }
 
-func pendingOf(t *testing.T, s *approvals.Store, principal string) *approvals.Record {
+func pendingOf(t *testing.T, s *approvalstore.Store, principal string) *approvals.Record {
 	t.Helper()
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestDecide_ApproverIsThePrincipalNeverTheRequest(t *testing.T) {
 	env, s, _, r := securedDecisions(t)
 	carol := env.ConnectAs(t, "carol")
 	// The request names someone else: the record names carol's identity.
-	got, err := approvals.RequestDecision(ctxT(t), carol, "", approvals.DecideRequest{
+	got, err := approvalsrpc.Decide(ctxT(t), carol, broker.NewNames(""), approvalsrpc.DecideRequest{
 		ApprovalID: r.ID, Approve: true, Approver: envelope.Actor{Kind: "user", ID: "ceo"}, SelfApproval: "urgent"})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func TestDecide_ApproverOfOtherTypesIsToldNoSuchApproval(t *testing.T) {
 	env, s, _, r := securedDecisions(t)
 	dave := env.ConnectAs(t, "dave")
 	decide := func(id string) error {
-		_, err := approvals.RequestDecision(ctxT(t), dave, "", approvals.DecideRequest{ApprovalID: id, Approve: true})
+		_, err := approvalsrpc.Decide(ctxT(t), dave, broker.NewNames(""), approvalsrpc.DecideRequest{ApprovalID: id, Approve: true})
 		return err
 	}
 	assertLikeNoSuchApproval(t, decide, r.ID, r.Types)
@@ -142,15 +143,15 @@ func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
 	// An approver principal whose identity is the requester's actor.
 	env, s, _, r := securedDecisions(t, auth.Grant{Principal: "alice-approver", Role: auth.RoleApprover,
 		Actors: []string{"user:alice"}, Types: []string{"*"}})
-	_, err := approvals.RequestDecision(ctxT(t), env.ConnectAs(t, "alice-approver"), "",
-		approvals.DecideRequest{ApprovalID: r.ID, Approve: true, SelfApproval: "I insist"})
+	_, err := approvalsrpc.Decide(ctxT(t), env.ConnectAs(t, "alice-approver"), broker.NewNames(""),
+		approvalsrpc.DecideRequest{ApprovalID: r.ID, Approve: true, SelfApproval: "I insist"})
 	if !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Fatalf("err %v, want ErrSelfApproval", err)
 	}
 	// The admin may decide any type, but not what it requested itself.
 	mine := pendingOf(t, s, auth.AdminPrincipal)
-	_, err = approvals.RequestDecision(ctxT(t), env.Connect(t), "",
-		approvals.DecideRequest{ApprovalID: mine.ID, Approve: true})
+	_, err = approvalsrpc.Decide(ctxT(t), env.Connect(t), broker.NewNames(""),
+		approvalsrpc.DecideRequest{ApprovalID: mine.ID, Approve: true})
 	if !errors.Is(err, approvals.ErrSelfApproval) {
 		t.Fatalf("admin on its own request: err %v, want ErrSelfApproval", err)
 	}
@@ -158,7 +159,7 @@ func TestDecide_SelfApprovalJudgedOnAuthenticatedIdentity(t *testing.T) {
 	assertPending(t, s, mine.ID)
 }
 
-func assertPending(t *testing.T, s *approvals.Store, id string) {
+func assertPending(t *testing.T, s *approvalstore.Store, id string) {
 	t.Helper()
 	got, err := s.Get(ctxT(t), id)
 	if err != nil {

@@ -1,4 +1,4 @@
-package approvals_test
+package approvalstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
@@ -30,19 +31,19 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // storeOn provisions the resources on nc and returns a store auditing on them.
-func storeOn(t *testing.T, nc *nats.Conn) (*approvals.Store, *broker.Broker) {
+func storeOn(t *testing.T, nc *nats.Conn) (*approvalstore.Store, *broker.Broker) {
 	t.Helper()
 	b, err := broker.Provision(ctxT(t), nc, broker.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
+	return approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
 }
 
 // pending creates a pending approval for alice's refund of amount.
-func pending(t *testing.T, s *approvals.Store, amount int) *approvals.Record {
+func pending(t *testing.T, s *approvalstore.Store, amount int) *approvals.Record {
 	t.Helper()
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": amount}))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": amount}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func pending(t *testing.T, s *approvals.Store, amount int) *approvals.Record {
 	return r
 }
 
-func approve(t *testing.T, s *approvals.Store, id string) {
+func approve(t *testing.T, s *approvalstore.Store, id string) {
 	t.Helper()
 	if _, err := s.Decide(ctxT(t), id, approvals.Verdict{Approve: true, Approver: bob}); err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestCanonical_SortedKeysNoWhitespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, hash, err := approvals.Canonical(raw)
+	got, hash, err := approvalstore.Canonical(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +107,11 @@ func TestCanonical_UnserializableInputRefused(t *testing.T) {
 		"bad UTF8": map[string]any{"name": "\xff"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, _, err := approvals.Canonical(envelope.MustRaw(v))
+			_, _, err := approvalstore.Canonical(envelope.MustRaw(v))
 			if !errors.Is(err, approvals.ErrUnserializableInput) {
 				t.Fatalf("err %v, want ErrUnserializableInput", err)
 			}
-			if c := approvals.Code(err); c != envelope.CodeApprovalUnserializableInput {
+			if c := approvalstore.Code(err); c != envelope.CodeApprovalUnserializableInput {
 				t.Fatalf("code %s", c)
 			}
 		})
@@ -133,8 +134,8 @@ func TestCreate_RecordRoundTripsAsPending(t *testing.T) {
 	if string(got.Input) != `{"amount":900,"orderId":"o1"}` || got.InputHash != r.InputHash {
 		t.Fatalf("input %s hash %s", got.Input, got.InputHash)
 	}
-	if ttl := got.ExpiresAt.Sub(got.RequestedAt); ttl != approvals.DefaultTTL {
-		t.Fatalf("expires %v after the request, want %v", ttl, approvals.DefaultTTL)
+	if ttl := got.ExpiresAt.Sub(got.RequestedAt); ttl != approvalstore.DefaultTTL {
+		t.Fatalf("expires %v after the request, want %v", ttl, approvalstore.DefaultTTL)
 	}
 	if got.Actor.String() != alice.String() || got.RequestedBy != r.RequestedBy || len(got.Reasons) != 1 || got.Types[0] != "finance" {
 		t.Fatalf("record %+v", got)
@@ -184,8 +185,8 @@ func TestCreate_InputNotMatchingItsHashRefused(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	s, _ := storeOn(t, env.Connect(t))
-	input, _, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
-	_, other, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"amount": 1}))
+	input, _, _ := approvalstore.Canonical(envelope.MustRaw(map[string]any{"amount": 900}))
+	_, other, _ := approvalstore.Canonical(envelope.MustRaw(map[string]any{"amount": 1}))
 	err := s.Create(ctxT(t), &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "orders.refund",
 		Actor: alice, Input: input, InputHash: other, RequestedBy: envelope.NewExecutionID()})
 	if !errors.Is(err, approvals.ErrInputMismatch) {
@@ -201,7 +202,7 @@ func TestDecide_RequesterCannotApproveOwnCall(t *testing.T) {
 	ctx := ctxT(t)
 
 	_, err := s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: alice})
-	if !errors.Is(err, approvals.ErrSelfApproval) || approvals.Code(err) != envelope.CodeApprovalSelfApproval {
+	if !errors.Is(err, approvals.ErrSelfApproval) || approvalstore.Code(err) != envelope.CodeApprovalSelfApproval {
 		t.Fatalf("err %v, want ErrSelfApproval", err)
 	}
 	if got, _ := s.Get(ctx, r.ID); got.Status != approvals.StatusPending {
@@ -236,8 +237,8 @@ func TestDecide_OnlyFromPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.Decide(ctx, r.ID, approvals.Verdict{Approve: true, Approver: carol})
-	if !errors.Is(err, approvals.ErrAlreadyDecided) || approvals.Code(err) != envelope.CodeApprovalConsumed {
-		t.Fatalf("approve after consume: %v (code %s)", err, approvals.Code(err))
+	if !errors.Is(err, approvals.ErrAlreadyDecided) || approvalstore.Code(err) != envelope.CodeApprovalConsumed {
+		t.Fatalf("approve after consume: %v (code %s)", err, approvalstore.Code(err))
 	}
 
 	rejected := pending(t, s, 900)
@@ -245,7 +246,7 @@ func TestDecide_OnlyFromPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.Decide(ctx, rejected.ID, approvals.Verdict{Approve: true, Approver: carol})
-	if approvals.Code(err) != envelope.CodeApprovalRejected {
+	if approvalstore.Code(err) != envelope.CodeApprovalRejected {
 		t.Fatalf("approve after reject: %v", err)
 	}
 }
@@ -270,7 +271,7 @@ func TestDecide_PastExpiryRefusedAndMarkedExpired(t *testing.T) {
 	rewrite(t, b, r.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
 
 	got, err := s.Decide(ctxT(t), r.ID, approvals.Verdict{Approve: true, Approver: bob})
-	if !errors.Is(err, approvals.ErrExpired) || approvals.Code(err) != envelope.CodeApprovalExpired {
+	if !errors.Is(err, approvals.ErrExpired) || approvalstore.Code(err) != envelope.CodeApprovalExpired {
 		t.Fatalf("err %v, want ErrExpired", err)
 	}
 	if got.Status != approvals.StatusExpired || got.Decision != nil {
@@ -318,7 +319,7 @@ func TestDecide_ConcurrentDecisionsOneWins(t *testing.T) {
 func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
-	stores := make([]*approvals.Store, 5)
+	stores := make([]*approvalstore.Store, 5)
 	for i := range stores {
 		stores[i], _ = storeOn(t, env.Connect(t))
 	}
@@ -347,7 +348,7 @@ func TestConsume_ExactlyOnceAcrossConnections(t *testing.T) {
 				t.Fatalf("round %d: %s and %s both consumed", round, winner, ids[i])
 			case err == nil:
 				winner = ids[i]
-			case !errors.Is(err, approvals.ErrConsumed) || approvals.Code(err) != envelope.CodeApprovalConsumed:
+			case !errors.Is(err, approvals.ErrConsumed) || approvalstore.Code(err) != envelope.CodeApprovalConsumed:
 				t.Fatalf("round %d: %v", round, err)
 			}
 		}
@@ -421,22 +422,22 @@ func TestUsable_ConsumedApprovalCoversOnlyItsExecution(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if err := consumed.Usable(exec, record, now); err != nil {
+	if err := approvalstore.Usable(consumed, exec, record, now); err != nil {
 		t.Errorf("the execution that consumed it: %v, want usable", err)
 	}
-	if err := consumed.Usable(envelope.NewExecutionID(), record, now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := approvalstore.Usable(consumed, envelope.NewExecutionID(), record, now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("another execution: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable("", record, now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := approvalstore.Usable(consumed, "", record, now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("no execution: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable(exec, record.Add(time.Hour), now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := approvalstore.Usable(consumed, exec, record.Add(time.Hour), now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("the same id under another record: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable(exec, time.Time{}, now); !errors.Is(err, approvals.ErrConsumed) {
+	if err := approvalstore.Usable(consumed, exec, time.Time{}, now); !errors.Is(err, approvals.ErrConsumed) {
 		t.Errorf("the same id under no record: %v, want ErrConsumed", err)
 	}
-	if err := consumed.Usable(exec, record, consumed.ExpiresAt.Add(time.Hour)); err != nil {
+	if err := approvalstore.Usable(consumed, exec, record, consumed.ExpiresAt.Add(time.Hour)); err != nil {
 		t.Errorf("the execution that consumed it, past the expiry: %v, want usable (a consumed approval does not expire)", err)
 	}
 }
@@ -479,7 +480,7 @@ func TestConsume_RefusedUnlessApproved(t *testing.T) {
 			r := pending(t, s, 900)
 			c.setup(r)
 			_, err := s.Consume(ctx, r.ID, envelope.NewExecutionID(), time.Now())
-			if code := approvals.Code(err); code != c.want {
+			if code := approvalstore.Code(err); code != c.want {
 				t.Fatalf("err %v (code %s), want %s", err, code, c.want)
 			}
 			if got, _ := s.Get(ctx, r.ID); got.Status == approvals.StatusConsumed {
@@ -499,14 +500,14 @@ func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
 	approve(t, s, a.ID)
 	x := pending(t, s, 902)
 	rewrite(t, b, x.ID, func(r *approvals.Record) { r.ExpiresAt = time.Now().Add(-time.Second) })
-	input, hash, _ := approvals.Canonical(envelope.MustRaw(map[string]any{"to": "x@example.com"}))
+	input, hash, _ := approvalstore.Canonical(envelope.MustRaw(map[string]any{"to": "x@example.com"}))
 	other := &approvals.Record{ID: envelope.NewExecutionID(), CapabilityID: "email.send", Actor: carol,
 		Input: input, InputHash: hash, RequestedBy: envelope.NewExecutionID()}
 	if err := s.Create(ctx, other); err != nil {
 		t.Fatal(err)
 	}
 
-	ids := func(f approvals.Filter) []string {
+	ids := func(f approvalstore.Filter) []string {
 		rs, err := s.List(ctx, f)
 		if err != nil {
 			t.Fatal(err)
@@ -518,16 +519,16 @@ func TestList_FiltersByStatusCapabilityAndActor(t *testing.T) {
 		return out
 	}
 	for name, c := range map[string]struct {
-		f    approvals.Filter
+		f    approvalstore.Filter
 		want []string
 	}{
-		"all":                      {approvals.Filter{}, []string{p.ID, a.ID, x.ID, other.ID}},
-		"pending":                  {approvals.Filter{Status: approvals.StatusPending}, []string{p.ID, other.ID}},
-		"approved":                 {approvals.Filter{Status: approvals.StatusApproved}, []string{a.ID}},
-		"expired (not yet marked)": {approvals.Filter{Status: approvals.StatusExpired}, []string{x.ID}},
-		"capability":               {approvals.Filter{CapabilityID: "email.send"}, []string{other.ID}},
-		"actor":                    {approvals.Filter{Actor: alice}, []string{p.ID, a.ID, x.ID}},
-		"actor and status":         {approvals.Filter{Actor: carol, Status: approvals.StatusApproved}, nil},
+		"all":                      {approvalstore.Filter{}, []string{p.ID, a.ID, x.ID, other.ID}},
+		"pending":                  {approvalstore.Filter{Status: approvals.StatusPending}, []string{p.ID, other.ID}},
+		"approved":                 {approvalstore.Filter{Status: approvals.StatusApproved}, []string{a.ID}},
+		"expired (not yet marked)": {approvalstore.Filter{Status: approvals.StatusExpired}, []string{x.ID}},
+		"capability":               {approvalstore.Filter{CapabilityID: "email.send"}, []string{other.ID}},
+		"actor":                    {approvalstore.Filter{Actor: alice}, []string{p.ID, a.ID, x.ID}},
+		"actor and status":         {approvalstore.Filter{Actor: carol, Status: approvals.StatusApproved}, nil},
 	} {
 		if got := ids(c.f); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: %v, want %v", name, got, c.want)
@@ -611,7 +612,7 @@ func TestList_SkipsARecordThatDoesNotDecode(t *testing.T) {
 	if _, err := b.Approvals.Put(ctx, garbage, []byte{0xc1, 0xc1}); err != nil {
 		t.Fatal(err)
 	}
-	list, err := s.List(ctx, approvals.Filter{})
+	list, err := s.List(ctx, approvalstore.Filter{})
 	if err != nil || len(list) != 1 || list[0].ID != good.ID {
 		t.Fatalf("list: %v %+v", err, list)
 	}

@@ -1,4 +1,4 @@
-package approvals_test
+package approvalstore_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
@@ -35,11 +36,11 @@ func ExampleStore() {
 	if err != nil {
 		panic(err)
 	}
-	store := approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
+	store := approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 
 	alice := envelope.Actor{Kind: "user", ID: "alice"}
 	bob := envelope.Actor{Kind: "user", ID: "bob"}
-	input, hash, err := approvals.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
+	input, hash, err := approvalstore.Canonical(envelope.MustRaw(map[string]any{"orderId": "o1", "amount": 900}))
 	if err != nil {
 		panic(err)
 	}
@@ -53,7 +54,7 @@ func ExampleStore() {
 	fmt.Println(rec.Status, string(rec.Input))
 
 	_, err = store.Decide(ctx, rec.ID, approvals.Verdict{Approve: true, Approver: alice})
-	fmt.Println(approvals.Code(err))
+	fmt.Println(approvalstore.Code(err))
 
 	decided, err := store.Decide(ctx, rec.ID, approvals.Verdict{Approve: true, Approver: bob, Comment: "checked the order"})
 	if err != nil {
@@ -71,7 +72,7 @@ func ExampleStore() {
 	fmt.Println(used.Status, used.ConsumedBy == resume)
 
 	_, err = store.Consume(ctx, rec.ID, envelope.NewExecutionID(), time.Now())
-	fmt.Println(errors.Is(err, approvals.ErrConsumed), approvals.Code(err))
+	fmt.Println(errors.Is(err, approvals.ErrConsumed), approvalstore.Code(err))
 	// The same execution id again, under a record made after the first
 	// one's expired: the approval was spent.
 	_, err = store.Consume(ctx, rec.ID, resume, time.Now())

@@ -1,4 +1,4 @@
-package approvals_test
+package approvalstore_test
 
 import (
 	"testing"
