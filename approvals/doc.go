@@ -27,5 +27,5 @@
 //
 // Errors are sentinels (ErrConsumed, ErrSelfApproval, ...) that errors.Is
 // matches on what the Client's approval methods return; an execution
-// refused for one ends with the matching APPROVAL_* code.
+// refused for one ends with the matching code (APPROVAL_CONSUMED, ...).
 package approvals

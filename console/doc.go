@@ -29,8 +29,9 @@
 // connection, opened with the principal's credentials (a .creds file or a
 // bearer user token), so the server's permissions apply to the console as
 // they do to the CLI; nothing is readable before sign-in. Decisions are
-// requests the workers serve (approvals.RequestDecision): the approver is
-// the principal the server authenticated, and its grant's types apply.
+// requests the workers serve (capstan.approvals.decide of the principal, as
+// capstan approve sends them): the approver is the principal the server
+// authenticated, and its grant's types apply.
 // Executions are read through the workers too (capstan.executions.list and
 // .get of the principal), who answer each role with what it may see: an
 // admin everything, a producer its own executions, their trails and

@@ -3,8 +3,8 @@
 # invariants their tests catch. A measurement, not a CI gate: it takes tens of
 # minutes and its score is read, not enforced.
 #
-#   scripts/mutation.sh                  # approvals and envelope
-#   scripts/mutation.sh approvals        # one package
+#   scripts/mutation.sh                  # internal/approvalstore and envelope
+#   scripts/mutation.sh envelope         # one package
 #   WORKERS=2 scripts/mutation.sh        # mutants tested at once (default 1)
 #
 # Each package's mutants are run against that package's own tests (gremlins
@@ -25,7 +25,7 @@ OUT=${OUT:-$(mktemp -d)}
 WORKERS=${WORKERS:-1}
 pkgs=("$@")
 if [[ ${#pkgs[@]} -eq 0 ]]; then
-	pkgs=(approvals envelope)
+	pkgs=(internal/approvalstore envelope)
 fi
 
 for p in "${pkgs[@]}"; do
