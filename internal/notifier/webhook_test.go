@@ -2,10 +2,13 @@ package notifier
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/notify"
@@ -170,6 +173,52 @@ func TestWebhook_FailingReceiver_GivenUpCountedWithoutSecrets(t *testing.T) {
 	if !strings.Contains(logs.String(), "given up") {
 		t.Errorf("no log line says the notification was given up:\n%s", logs.String())
 	}
+	reg := prometheus.NewRegistry()
+	if err := n.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register(reg); err == nil {
+		t.Error("a notifier's metrics registered twice on one registry")
+	}
+	got := scrape(t, reg)
+	for name, want := range map[string]float64{
+		`capstan_notifications_sent_total{channel="hook",kind="webhook"}`:   0,
+		`capstan_notifications_failed_total{channel="hook",kind="webhook"}`: 1,
+		`capstan_notification_retries_total{channel="hook",kind="webhook"}`: 2,
+		`capstan_notifications_in_flight`:                                   0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (scraped: %t), want %v", name, v, ok, want)
+		}
+	}
+}
+
+// scrape gathers reg into "name{label="value",…}" → value.
+func scrape(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			name := mf.GetName()
+			if len(labels) > 0 {
+				name += "{" + strings.Join(labels, ",") + "}"
+			}
+			v := m.GetCounter().GetValue()
+			if m.GetGauge() != nil {
+				v = m.GetGauge().GetValue()
+			}
+			out[name] = v
+		}
+	}
+	return out
 }
 
 // A 4xx answer (a revoked hook) is not retried.
