@@ -69,9 +69,9 @@
 //
 // # Configuration
 //
-// A JSON file, refused when anyone but its owner may read it; every secret
-// may instead come from an environment variable named by the field of the
-// same name ending in "Env":
+// capstan notify --config FILE reads a JSON file, refused when anyone but its
+// owner may read it; every secret may instead come from an environment
+// variable named by the field of the same name ending in "Env":
 //
 //	{
 //	  "consoleUrl": "https://capstan.example.com",
