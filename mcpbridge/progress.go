@@ -263,7 +263,7 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 	for {
 		st, err := b.c.Status(ctx, executionID)
 		switch {
-		case errors.Is(err, executor.ErrUnknownExecution):
+		case errors.Is(err, executor.ErrNoSuchExecution):
 			p.send(ctx, "queued (execution "+executionID+")")
 		case err != nil:
 		case st.Envelope != nil:
