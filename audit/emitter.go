@@ -15,6 +15,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // ErrUnavailable marks an event JetStream did not acknowledge when it had to.
@@ -219,7 +220,7 @@ func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 // message encodes evs, all of one execution, as one message on the
 // execution's shard: a single event as itself, several as an array of events
 // (see Decode). The message's data is enc's: release enc once it is written.
-func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err error) {
+func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc msgenc.Encoded, err error) {
 	first := evs[0]
 	now := time.Time{}
 	for _, ev := range evs {
@@ -235,9 +236,9 @@ func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err 
 		}
 	}
 	if len(evs) == 1 {
-		enc, err = envelope.Encode(evs[0])
+		enc, err = msgenc.Encode(evs[0])
 	} else {
-		enc, err = envelope.Encode(evs)
+		enc, err = msgenc.Encode(evs)
 	}
 	if err != nil {
 		return nil, enc, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // Event types of DESIGN §8.
@@ -191,7 +192,7 @@ func eventCount(b []byte) int {
 // EncodeMsgpack writes the event without reflection: several are written per
 // execution.
 func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
+	var f msgenc.Fields
 	f.Int("v", int64(e.V))
 	f.String("type", e.Type)
 	f.Time("timestamp", e.Timestamp)

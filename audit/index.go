@@ -7,6 +7,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // The executions index (DESIGN §3, "Listing executions"): a projection of
@@ -76,7 +77,7 @@ func (e *Entry) Ended() bool { return e.Status != EntryRunning && e.Status != En
 // EncodeMsgpack writes the entry without reflection, in the bytes the
 // reflective encoder writes: one is written per execution.
 func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
+	var f msgenc.Fields
 	f.Int("v", int64(e.V))
 	f.String("executionId", e.ExecutionID)
 	f.String("principal", e.Principal)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // The executions index's entries, coalesced (DESIGN §3, "Listing
@@ -154,7 +155,7 @@ func subjectTokens(e *Entry) groupKey {
 // add files e: at once when it does not wait, else into its subject's open
 // group, which goes when full.
 func (gs *indexGroups) add(e *Entry) error {
-	enc, err := envelope.Encode(e)
+	enc, err := msgenc.Encode(e)
 	if err != nil {
 		return err
 	}
