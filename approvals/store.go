@@ -19,10 +19,16 @@ import (
 // and CLI that shares the bucket agrees on who decided and who consumed.
 type Store struct {
 	kv    jetstream.KeyValue
-	audit *audit.Emitter
+	audit auditor
 	now   func() time.Time
 	// skipped is told of each record a listing skipped (see OnSkipped).
 	skipped func(key string, err error)
+}
+
+// auditor stores a decision's audit event before the decision is reported:
+// the workers' emitter.
+type auditor interface {
+	EmitSync(ctx context.Context, ev *audit.Event) error
 }
 
 // OnSkipped has f told of every record a listing (List, ExpireDue)
@@ -38,7 +44,7 @@ func (s *Store) OnSkipped(f func(key string, err error)) *Store {
 // every operation fails with ErrNoBucket). Decisions are audited on em, with
 // the approver as the acting actor; em may be nil for a store that only
 // reads, creates and consumes.
-func NewStore(kv jetstream.KeyValue, em *audit.Emitter) *Store {
+func NewStore(kv jetstream.KeyValue, em auditor) *Store {
 	return &Store{kv: kv, audit: em, now: func() time.Time { return time.Now().UTC() }}
 }
 

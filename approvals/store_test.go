@@ -12,6 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
@@ -36,7 +37,7 @@ func storeOn(t *testing.T, nc *nats.Conn) (*approvals.Store, *broker.Broker) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return approvals.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
+	return approvals.NewStore(b.Approvals, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
 }
 
 // pending creates a pending approval for alice's refund of amount.

@@ -396,7 +396,7 @@ func NotFoundError() *envelope.CapabilityError {
 
 // inputInvalid is the error of a request refused as no request at all.
 func inputInvalid(message string) *envelope.CapabilityError {
-	return envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, message)
+	return &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, Message: message, ExposeToModel: true}
 }
 
 // NotFoundNear is NotFoundError suggesting near, a capability the caller may
