@@ -44,8 +44,7 @@ type Running struct {
 	*executor.Worker
 	// Conn is the worker's connection.
 	Conn *nats.Conn
-	// Env is the server Worker started for it; nil with WithConn.
-	Env *testenv.Env
+	env  *testenv.Env // the server Worker started for it; nil with WithConn
 
 	cfg    executor.WorkerConfig
 	stop   func()
@@ -67,8 +66,8 @@ func Worker(t testing.TB, reg *executor.Registry, opts ...Option) *Running {
 	}
 	r := &Running{Conn: o.conn, cfg: o.cfg}
 	if r.Conn == nil {
-		r.Env = testenv.Start(t)
-		r.Conn = r.Env.Connect(t)
+		r.env = testenv.Start(t)
+		r.Conn = r.env.Connect(t)
 	}
 	w, err := executor.NewWorker(r.Conn, reg, o.cfg)
 	if err != nil {
@@ -105,15 +104,24 @@ func Worker(t testing.TB, reg *executor.Registry, opts ...Option) *Running {
 // worker stopped on fails the test when it ends.
 func (r *Running) Stop() { r.stop() }
 
+// Connect opens a connection to the worker's server, closed when the test
+// ends: for a second worker on it (WithConn), or a client of the test's
+// own. With WithConn there is no server of Worker's: Connect returns the
+// worker's connection, which the test keeps.
+func (r *Running) Connect(t testing.TB) *nats.Conn {
+	t.Helper()
+	if r.env == nil {
+		return r.Conn
+	}
+	return r.env.Connect(t)
+}
+
 // Client opens a client with cfg, closed when the test ends: on a connection
 // of its own to the worker's server, or on the worker's connection with
 // WithConn. A zero cfg.Deployment is the worker's.
 func (r *Running) Client(t testing.TB, cfg executor.ClientConfig) *executor.Client {
 	t.Helper()
-	nc := r.Conn
-	if r.Env != nil {
-		nc = r.Env.Connect(t)
-	}
+	nc := r.Connect(t)
 	if cfg.Deployment == (executor.Deployment{}) {
 		cfg.Deployment = r.cfg.Deployment
 	}

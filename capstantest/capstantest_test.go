@@ -56,8 +56,8 @@ func TestWorker_ReturnsOnceEveryCapabilityIsListed(t *testing.T) {
 	t.Parallel()
 	ids := []string{"t.one", "t.two", "t.three"}
 	w := capstantest.Worker(t, registry(t, echo(ids[0]), echo(ids[1]), echo(ids[2])))
-	if w.Env == nil {
-		t.Fatal("Worker started no server of its own")
+	if second := w.Connect(t); second == w.Conn || second.ConnectedUrl() != w.Conn.ConnectedUrl() {
+		t.Fatal("Worker started no server of its own, or Connect reaches another")
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: ada})
 	for _, id := range ids {
@@ -80,7 +80,7 @@ func TestWorker_WithConnAndConfig(t *testing.T) {
 	env := testenv.Start(t)
 	cfg := executor.WorkerConfig{Pool: "greeters", Deployment: executor.Deployment{Prefix: "OTHER"}}
 	w := capstantest.Worker(t, registry(t, echo("t.echo")), capstantest.WithConn(env.Connect(t)), capstantest.WithConfig(cfg))
-	if w.Env != nil {
+	if w.Connect(t) != w.Conn || w.Conn.ConnectedUrl() != env.Connect(t).ConnectedUrl() {
 		t.Fatal("Worker started a server of its own beside the test's")
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: ada})

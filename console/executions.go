@@ -277,7 +277,7 @@ func (c *Console) execution(w http.ResponseWriter, r *http.Request, s *session) 
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	d, err := loadExecution(ctx, s, id, s.owner(r))
-	if errors.Is(err, executor.ErrNoSuchExecution) || errors.Is(err, executor.ErrUnknownExecution) {
+	if errors.Is(err, executor.ErrNoSuchExecution) {
 		// Not yet, or no longer: a request just submitted has nothing stored
 		// until a worker takes it, so the page waits for it, live.
 		status := http.StatusNotFound

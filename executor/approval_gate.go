@@ -52,7 +52,7 @@ func (a *admission) requestApproval(v verdict) engine.Admission {
 	}
 	var display []byte
 	if m.RedactApprovalInput != nil {
-		shown, err := m.ApprovalDisplay(a.input)
+		shown, err := m.approvalDisplay(a.input)
 		if err != nil {
 			return a.fail(&envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageApproval,
 				Message: "The operation failed.", Cause: err})

@@ -31,7 +31,7 @@ func BenchmarkLimits_RateOverAMinute(b *testing.B) {
 	}
 	w := capstantest.Worker(b, reg)
 	for range 2 {
-		capstantest.Worker(b, reg, capstantest.WithConn(w.Env.Connect(b)))
+		capstantest.Worker(b, reg, capstantest.WithConn(w.Connect(b)))
 	}
 	c := w.Client(b, executor.ClientConfig{Actor: alice})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -46,7 +46,7 @@ func waitState(t *testing.T, c *executor.Client, id string, state execution.Stat
 		if err == nil && s.Record != nil && s.Record.State == state {
 			return
 		}
-		if err != nil && !errors.Is(err, executor.ErrUnknownExecution) {
+		if err != nil && !errors.Is(err, executor.ErrNoSuchExecution) {
 			t.Fatal(err)
 		}
 		select {
@@ -427,7 +427,7 @@ func TestCancel_OfNothing_NoSuchExecution_RecordsNothing(t *testing.T) {
 		if !errors.Is(err, executor.ErrNoSuchExecution) {
 			t.Fatalf("cancel %s: %+v, %v; want ErrNoSuchExecution", id, reply, err)
 		}
-		if _, err := c.Status(ctx, id); !errors.Is(err, executor.ErrUnknownExecution) {
+		if _, err := c.Status(ctx, id); !errors.Is(err, executor.ErrNoSuchExecution) {
 			t.Fatalf("status of %s after the cancel: %v; want unknown (nothing recorded)", id, err)
 		}
 		if _, err := c.Await(ctx, id); !errors.Is(err, executor.ErrNoSuchExecution) {

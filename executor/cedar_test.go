@@ -80,8 +80,8 @@ func TestCedar_LiveChangeOnARunningPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
-	nc := w.Env.Connect(t)
+	trackedWorker(t, reg, capstantest.WithConn(w.Connect(t)))
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	competitor := mailIn{To: "ceo@competitor.example", Subject: "hi"}
 	if env, err := c.Call(ctxT(t), "t.mail", competitor); err != nil || env.Status != envelope.StatusCompleted {
@@ -155,7 +155,7 @@ func TestCedar_BrokenSetRefusedTheOldOneStays(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	if _, err := applyPolicies(t, nc, c, noCompetitors); err != nil {
 		t.Fatal(err)
@@ -201,7 +201,7 @@ func TestCedar_GoPoliciesRunFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	ann := w.Client(t, executor.ClientConfig{Actor: alice})
 	if _, err := applyPolicies(t, nc, ann, `permit (principal, action, resource);
 @id("cedar-no-alice") forbid (principal == User::"alice", action, resource);`); err != nil {

@@ -581,7 +581,7 @@ var ErrExpired = errors.New("capstan: execution expired")
 // envelope, made after its id, was kept at least that long and is gone; no
 // request is started later than its start window, which the client keeps
 // below the retention. Another id says nothing of its age: awaiting it waits.
-// errors.Is(err, ErrExpired) holds, and errors.Is(err, ErrUnknownExecution)
+// errors.Is(err, ErrExpired) holds, and errors.Is(err, ErrNoSuchExecution)
 // too when no record of it is left either.
 type ExpiredError struct {
 	// ExecutionID is the execution's.
@@ -615,11 +615,11 @@ func (e *ExpiredError) Error() string {
 	return msg
 }
 
-// Unwrap makes the error ErrExpired, and ErrUnknownExecution when no record
+// Unwrap makes the error ErrExpired, and ErrNoSuchExecution when no record
 // is left.
 func (e *ExpiredError) Unwrap() []error {
 	if e.State == "" {
-		return []error{ErrExpired, ErrUnknownExecution}
+		return []error{ErrExpired, ErrNoSuchExecution}
 	}
 	return []error{ErrExpired}
 }
@@ -825,9 +825,6 @@ type ExecutionStatus struct {
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
 
-// ErrUnknownExecution: neither a record nor an envelope exists for the id.
-var ErrUnknownExecution = errors.New("capstan: no such execution")
-
 // Status reads the execution record and the envelope.
 func (c *Client) Status(ctx context.Context, executionID string) (*ExecutionStatus, error) {
 	return c.StatusOf(ctx, c.principal, executionID)
@@ -864,7 +861,7 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
 			return nil, xerr
 		}
-		return nil, fmt.Errorf("%w: %s", ErrUnknownExecution, executionID)
+		return nil, fmt.Errorf("%w: %s", ErrNoSuchExecution, executionID)
 	}
 	return &s, nil
 }

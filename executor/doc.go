@@ -53,7 +53,8 @@
 // once. Client.Status reads where an execution is, Client.Trail its audit
 // trail. Each of these has a runnable example.
 //
-// Under the hood a request is a message on capstan.exec.<capabilityId>; the
+// Under the hood a request is a message on
+// capstan.exec.<principal>.<capabilityId>, in its principal's queue; the
 // worker claims it by creating the execution's record in a key-value bucket,
 // moves the record through claimed, running{n}, backoff{n} and finalized with
 // compare-and-swap, renews its lease while the handler runs, and creates the

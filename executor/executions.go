@@ -148,7 +148,8 @@ type ExecutionView struct {
 var (
 	// ErrNotAllowed: the principal's role does not let it see this.
 	ErrNotAllowed = errors.New("capstan: not allowed to read this execution")
-	// ErrNoSuchExecution: nothing of the execution is stored, neither its
+	// ErrNoSuchExecution: nothing of the execution is stored: for Status,
+	// neither its record nor its envelope; for the others, neither its
 	// request nor its record nor its envelope: it never existed, or is long
 	// gone (see ErrExpired for one whose envelope expired).
 	ErrNoSuchExecution = errors.New("capstan: no such execution")
@@ -160,7 +161,7 @@ var readConditions = []struct {
 	name string
 	err  error
 }{
-	{"forbidden", ErrNotAllowed}, {"unknown", ErrNoSuchExecution}, {"unknown", ErrUnknownExecution},
+	{"forbidden", ErrNotAllowed}, {"unknown", ErrNoSuchExecution},
 	{"not_found", broker.ErrNotFound},
 }
 

@@ -54,7 +54,7 @@ func TestLimits_ConcurrencyHoldsAcrossWorkers(t *testing.T) {
 	}
 	w := trackedWorker(t, reg)
 	for range 2 {
-		trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+		trackedWorker(t, reg, capstantest.WithConn(w.Connect(t)))
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	reqs := make([]executor.Request, 24)
@@ -190,7 +190,7 @@ func TestLimits_RacingCallsNeverPassABudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+	trackedWorker(t, reg, capstantest.WithConn(w.Connect(t)))
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	var wg sync.WaitGroup
 	var done, refused atomic.Int64
@@ -322,7 +322,7 @@ func TestLimits_RateWaitsAcrossWorkers(t *testing.T) {
 	}
 	w := trackedWorker(t, reg)
 	for range 2 {
-		trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
+		trackedWorker(t, reg, capstantest.WithConn(w.Connect(t)))
 	}
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	reqs := make([]executor.Request, 100)

@@ -159,9 +159,9 @@ func redact(f func(any) any, v any) (out any, err error) {
 	return f(v), nil
 }
 
-// ApprovalDisplay is what an approver is shown of a validated input: the
+// approvalDisplay is what an approver is shown of a validated input: the
 // input itself, or what Meta.RedactApprovalInput keeps of it.
-func (m Meta) ApprovalDisplay(in any) (any, error) { return redact(m.RedactApprovalInput, in) }
+func (m Meta) approvalDisplay(in any) (any, error) { return redact(m.RedactApprovalInput, in) }
 
 // DefaultTimeout is a capability's per-attempt timeout unless it says otherwise.
 const DefaultTimeout = 30 * time.Second

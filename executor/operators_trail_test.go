@@ -32,7 +32,7 @@ func TestOperators_ChangesOnTheTrailWithWhoAndWhy_PausedCallsCounted(t *testing.
 	}
 	tel := telemetry.New(telemetry.Options{})
 	w := trackedWorker(t, reg, capstantest.WithConfig(executor.WorkerConfig{Observer: tel}))
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	n := broker.NewNames("")
 

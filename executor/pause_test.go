@@ -91,8 +91,8 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	w2 := trackedWorker(t, reg, capstantest.WithConn(w.Env.Connect(t)))
-	nc := w.Env.Connect(t)
+	w2 := trackedWorker(t, reg, capstantest.WithConn(w.Connect(t)))
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 
 	_, replies := pause(t, nc, pauses.Pause{Scope: pauses.Scope{Capability: "t.send"}, Reason: "mail to the wrong list"})
@@ -165,7 +165,7 @@ func TestPause_RefuseEndsPausedWithTheReason(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Actor: "user:alice"}, Mode: pauses.Refuse, Reason: "refund loop under investigation"})
 	ann := w.Client(t, executor.ClientConfig{Actor: alice})
 	env, err := ann.Call(ctxT(t), "t.send", map[string]int{"n": 1})
@@ -205,7 +205,7 @@ func TestPause_WorkerStartedWhilePausedHonoursIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := trackedWorker(t, reg)
-	nc := first.Env.Connect(t)
+	nc := first.Connect(t)
 	c := first.Client(t, executor.ClientConfig{Actor: alice})
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{}, Reason: "stop everything"})
 	first.Stop()
@@ -213,7 +213,7 @@ func TestPause_WorkerStartedWhilePausedHonoursIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := trackedWorker(t, reg, capstantest.WithConn(first.Env.Connect(t)))
+	w := trackedWorker(t, reg, capstantest.WithConn(first.Connect(t)))
 	waitUntil(t, "the call put back twice", func() bool { return w.Stats().Held >= 2 })
 	if got := sends.Load(); got != 0 {
 		t.Fatalf("%d handler calls while everything is paused", got)
@@ -236,7 +236,7 @@ func TestPause_CancelRunningAndCancelOfAHeldCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	running, err := c.Submit(ctxT(t), "t.send", map[string]int{"n": 1})
 	if err != nil {
@@ -277,7 +277,7 @@ func TestPause_HeldCallEndsAtItsStartDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Capability: "t.send"}})
 	env, err := c.Call(ctxT(t), "t.send", map[string]int{"n": 1}, executor.StartWithin(3*time.Second))
@@ -311,7 +311,7 @@ func TestPause_RetryWaitsInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := trackedWorker(t, reg)
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	id, err := c.Submit(ctxT(t), "t.flaky", struct{}{})
 	if err != nil {
@@ -359,7 +359,7 @@ func TestPause_AnAttemptPastItsGateIsCancelledOrWaitedFor(t *testing.T) {
 	var once sync.Once
 	releaseAll := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(releaseAll) // before the worker stops, whatever failed
-	nc := w.Env.Connect(t)
+	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 
 	// A pause that holds: while the attempt is held past its gate, the

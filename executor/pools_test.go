@@ -89,7 +89,7 @@ func TestPools_RequestsOfAPoolWithoutWorkersWaitAndNeverGoToAnotherPool(t *testi
 	// Everything else is done, and no email was touched: no record, no
 	// envelope, every request still in the comms pool's consumer.
 	for _, id := range emailIDs {
-		if st, err := c.Status(ctx, id); !errors.Is(err, executor.ErrUnknownExecution) {
+		if st, err := c.Status(ctx, id); !errors.Is(err, executor.ErrNoSuchExecution) {
 			t.Fatalf("email %s was touched with its pool down: %+v, err %v", id, st, err)
 		}
 	}

@@ -62,7 +62,7 @@ func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T
 	// last said (running: nothing writes it after the envelope).
 	_, err = s.c.Await(ctxT(t), id)
 	var xerr *executor.ExpiredError
-	if !errors.As(err, &xerr) || !errors.Is(err, executor.ErrExpired) || errors.Is(err, executor.ErrUnknownExecution) {
+	if !errors.As(err, &xerr) || !errors.Is(err, executor.ErrExpired) || errors.Is(err, executor.ErrNoSuchExecution) {
 		t.Fatalf("await of an expired execution with its record: %v, want an ExpiredError that is not unknown", err)
 	}
 	made, _ := envelope.ExecutionIDTime(id)
@@ -78,11 +78,11 @@ func TestEnvelopeRetention_AwaitOfAnExpiredExecution_AnswersExpired(t *testing.T
 		t.Fatal(err)
 	}
 	_, err = s.c.Await(ctxT(t), id)
-	if !errors.As(err, &xerr) || !errors.Is(err, executor.ErrExpired) || !errors.Is(err, executor.ErrUnknownExecution) || xerr.State != "" {
-		t.Fatalf("await of an expired execution without a record: %v, want ExpiredError and ErrUnknownExecution", err)
+	if !errors.As(err, &xerr) || !errors.Is(err, executor.ErrExpired) || !errors.Is(err, executor.ErrNoSuchExecution) || xerr.State != "" {
+		t.Fatalf("await of an expired execution without a record: %v, want ExpiredError and ErrNoSuchExecution", err)
 	}
-	if _, err := s.c.Status(ctxT(t), id); !errors.Is(err, executor.ErrExpired) || !errors.Is(err, executor.ErrUnknownExecution) {
-		t.Fatalf("status of an expired execution: %v, want ErrExpired and ErrUnknownExecution", err)
+	if _, err := s.c.Status(ctxT(t), id); !errors.Is(err, executor.ErrExpired) || !errors.Is(err, executor.ErrNoSuchExecution) {
+		t.Fatalf("status of an expired execution: %v, want ErrExpired and ErrNoSuchExecution", err)
 	}
 }
 
@@ -132,7 +132,7 @@ func TestEnvelopeRetention_OnlyOldUUIDv7WithoutEnvelopeOrRunningRecordIsExpired(
 	}
 	// Neither an unknown young id nor an unknown custom id is said to be expired.
 	for _, id := range []string{envelope.NewExecutionID(), "custom-id-2"} {
-		if _, err := s.c.Status(ctxT(t), id); !errors.Is(err, executor.ErrUnknownExecution) || errors.Is(err, executor.ErrExpired) {
+		if _, err := s.c.Status(ctxT(t), id); !errors.Is(err, executor.ErrNoSuchExecution) || errors.Is(err, executor.ErrExpired) {
 			t.Fatalf("status of %s: %v, want unknown, not expired", id, err)
 		}
 	}

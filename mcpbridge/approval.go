@@ -250,7 +250,7 @@ func (b *Bridge) status(ctx context.Context, actor envelope.Actor, req *mcp.Call
 		return refusal(envelope.CodeCapabilityNotFound, "No such execution."), nil
 	}
 	st, err := b.c.Status(ctx, in.ExecutionID)
-	if errors.Is(err, executor.ErrUnknownExecution) {
+	if errors.Is(err, executor.ErrNoSuchExecution) {
 		// The actor's own (owns said so), stored, and no worker has taken it
 		// yet: it is queued. (One whose result is no longer kept is ErrExpired.)
 		res := stillRunning(in.ExecutionID, 0)

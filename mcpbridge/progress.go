@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -54,7 +55,16 @@ type progressScale struct {
 	// after it (published before the envelope, delivered after the trail's
 	// last step) is not sent.
 	ended bool
+	// worked is the latest attempt the handler reported from (0: none): a
+	// step that precedes its work (queued; started, attempt n), arriving
+	// after it, is not sent. The trail and the reports travel apart, and
+	// "queued" after "1 of 10" would read backwards.
+	worked int
 }
+
+// stale reports whether a step that precedes attempt n's work comes after
+// a report of that attempt or a later one (n 0: a step no report makes stale).
+func (s *progressScale) stale(n int) bool { return n > 0 && n <= s.worked }
 
 // stepValue is how far one of the runtime's steps moves the value.
 const stepValue = 1.0 / 1024
@@ -77,10 +87,11 @@ func (s *progressScale) step(final bool) (value, total float64) {
 
 // report is the value and total of a report of the handler's; ok is false
 // once the call's end was sent: nothing more is.
-func (s *progressScale) report(done, total float64) (value, tot float64, ok bool) {
+func (s *progressScale) report(done, total float64, attempt int) (value, tot float64, ok bool) {
 	if s.ended {
 		return 0, 0, false
 	}
+	s.worked = max(s.worked, attempt, 1)
 	v := max(done, s.last+stepValue)
 	if room := total - stepValue; total > 0 && v > room && room > s.last {
 		// The handler says it is done (or past its total) before the call
@@ -96,13 +107,18 @@ func (s *progressScale) report(done, total float64) (value, tot float64, ok bool
 }
 
 // send notifies one step, once.
-func (p *progress) send(ctx context.Context, msg string) {
+func (p *progress) send(ctx context.Context, msg string) { p.sendBefore(ctx, msg, 0) }
+
+// sendBefore notifies, once, a step that precedes attempt n's work (queued:
+// 1; started, attempt n: n; 0 for any other), unless the handler's report of
+// that attempt or a later one was sent already.
+func (p *progress) sendBefore(ctx context.Context, msg string, n int) {
 	if p == nil || p.token == nil || p.session == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.said[msg] {
+	if p.said[msg] || p.scale.stale(n) {
 		return
 	}
 	if p.said == nil {
@@ -120,7 +136,7 @@ func (p *progress) sendReport(ctx context.Context, r executor.Progress) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	v, total, ok := p.scale.report(r.Done, r.Total)
+	v, total, ok := p.scale.report(r.Done, r.Total, r.Attempt)
 	if !ok {
 		return
 	}
@@ -184,7 +200,7 @@ func (p *progress) follow(ctx context.Context, b *Bridge, executionID string) (s
 		}
 		err := b.c.FollowTrail(ctx, executionID, func(ev audit.Event) error {
 			if msg := stepOf(ev); msg != "" {
-				p.send(ctx, msg)
+				p.sendBefore(ctx, msg, precedes(ev))
 			}
 			if lastStep(ev) {
 				once.Do(func() { close(last) })
@@ -252,6 +268,19 @@ func stepOf(ev audit.Event) string {
 	return ""
 }
 
+// precedes is the attempt whose work the event's step comes before: 1 for
+// the request, n for attempt n's start, 0 for any other event.
+func precedes(ev audit.Event) int {
+	switch ev.Type {
+	case audit.EventRequested:
+		return 1
+	case audit.EventStarted:
+		n, _ := strconv.Atoi(fmt.Sprint(ev.Data["attempt"]))
+		return n
+	}
+	return 0
+}
+
 // pollEvery is how often progress reads an execution's record when it
 // cannot follow the audit trail.
 const pollEvery = 250 * time.Millisecond
@@ -263,8 +292,8 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 	for {
 		st, err := b.c.Status(ctx, executionID)
 		switch {
-		case errors.Is(err, executor.ErrUnknownExecution):
-			p.send(ctx, "queued (execution "+executionID+")")
+		case errors.Is(err, executor.ErrNoSuchExecution):
+			p.sendBefore(ctx, "queued (execution "+executionID+")", 1)
 		case err != nil:
 		case st.Envelope != nil:
 			if st.Envelope.Status == envelope.StatusApprovalRequired && st.Envelope.Approval != nil {
@@ -275,7 +304,7 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 			ended()
 			return
 		default:
-			p.send(ctx, "queued (execution "+executionID+")")
+			p.sendBefore(ctx, "queued (execution "+executionID+")", 1)
 			if st.Record != nil && st.Record.State != execution.StatePending && st.Record.State != execution.StateClaimed {
 				p.send(ctx, stateText(st.Record))
 			}

@@ -50,6 +50,15 @@ func TestProgress_TheHandlersReportsAreNotifications(t *testing.T) {
 		if !sawTotal {
 			t.Errorf("no notification had a total: %v %v", ev.values, ev.progress)
 		}
+		// The steps before the work never follow a report of it.
+		reported := false
+		for _, msg := range ev.progress {
+			before := strings.HasPrefix(msg, "queued") || strings.HasPrefix(msg, "started, attempt 1")
+			if reported && before {
+				t.Errorf("%q after the handler's report: %q", msg, ev.progress)
+			}
+			reported = reported || strings.Contains(msg, " of 4 (")
+		}
 	})
 }
 

@@ -66,7 +66,7 @@ func TestProgressScale(t *testing.T) {
 				v, tot = sc.step(o.final)
 			} else {
 				var ok bool
-				v, tot, ok = sc.report(o.done, o.total)
+				v, tot, ok = sc.report(o.done, o.total, 1)
 				if ok == o.dropped {
 					t.Errorf("%s, op %d: sent %v, want %v", c.name, i, ok, !o.dropped)
 				}
@@ -85,6 +85,34 @@ func TestProgressScale(t *testing.T) {
 			}
 			last = v
 		}
+	}
+}
+
+// The trail's steps and the handler's reports travel apart: a step that
+// precedes work the handler already reported from (queued; started, attempt
+// n) is not sent after it, and a later attempt's start still is.
+func TestProgressScale_StepsBeforeReportedWorkAreStale(t *testing.T) {
+	t.Parallel()
+	var sc progressScale
+	if sc.stale(1) || sc.stale(0) {
+		t.Fatal("a step is stale before any report")
+	}
+	if _, _, ok := sc.report(0, 10, 0); !ok {
+		t.Fatal("the first report was not sent")
+	}
+	for _, c := range []struct {
+		precedes int
+		want     bool
+	}{{1, true}, {0, false}, {2, false}} {
+		if got := sc.stale(c.precedes); got != c.want {
+			t.Errorf("after attempt 1's report, a step before attempt %d: stale %v, want %v", c.precedes, got, c.want)
+		}
+	}
+	if _, _, ok := sc.report(0, 10, 2); !ok {
+		t.Fatal("the retry's report was not sent")
+	}
+	if !sc.stale(2) || sc.stale(3) {
+		t.Errorf("after attempt 2's report: stale(2) %v, stale(3) %v; want true, false", sc.stale(2), sc.stale(3))
 	}
 }
 

@@ -320,7 +320,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 	for hop := 0; ; hop++ {
 		st, err := b.c.Status(ctx, id)
 		switch {
-		case errors.Is(err, executor.ErrUnknownExecution):
+		case errors.Is(err, executor.ErrNoSuchExecution):
 			// Stored, not yet claimed by a worker.
 			t := b.task(taskID, orNow(created), time.Now().UTC())
 			t.Status, t.StatusMessage = mcptasks.TaskWorking, "queued"

@@ -41,7 +41,7 @@ func TestLimits_ShowsUsageAgainstEachLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-started
-	stdout, stderr, code := capstan(t, w.Env.URL, "limits", "-o", "json")
+	stdout, stderr, code := capstan(t, w.Conn.ConnectedUrl(), "limits", "-o", "json")
 	close(release)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
@@ -66,7 +66,7 @@ func TestLimits_ShowsUsageAgainstEachLimit(t *testing.T) {
 	if env, err := c.Await(t.Context(), id); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("%v %+v", err, env)
 	}
-	human, _, _ := capstan(t, w.Env.URL, "limits", "--capability", "t.")
+	human, _, _ := capstan(t, w.Conn.ConnectedUrl(), "limits", "--capability", "t.")
 	if !strings.Contains(human, "at most 3 running at once") || !strings.Contains(human, "_anon/user:ann") {
 		t.Errorf("for a person:\n%s", human)
 	}

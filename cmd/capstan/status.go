@@ -77,7 +77,7 @@ func runStatus(args []string) int {
 		if errors.Is(err, executor.ErrExpired) {
 			return expiredError(err, id)
 		}
-		if errors.Is(err, executor.ErrUnknownExecution) {
+		if errors.Is(err, executor.ErrNoSuchExecution) {
 			// Nothing in the buckets: queued, or no such execution.
 			v, perr := c.Execution(ctx, executor.ExecutionRequest{ExecutionID: id, Owner: owner, Probe: true})
 			switch {

@@ -23,7 +23,7 @@ import { forModel } from "./wire.js";
  * - `EXPIRED`: the execution's envelope is no longer kept (Go:
  *   executor.ErrExpired); see ExpiredError.
  * - `UNKNOWN_EXECUTION`: neither a record nor an envelope exists for the id
- *   (Go: executor.ErrUnknownExecution).
+ *   (Go: executor.ErrNoSuchExecution).
  * - `INVALID_ARGUMENT`: an id or option that can never be valid; nothing was
  *   sent.
  * - `REFUSED`: the workers refused a cancel, a decision or a listing; for
@@ -98,7 +98,7 @@ export class ExpiredError extends CapstanError {
     this.errorCode = record?.state === "finalized" ? record.lastError : undefined;
   }
 
-  /** No record is left either: the execution is unknown as well (Go: errors.Is(err, ErrUnknownExecution)). */
+  /** No record is left either: the execution is unknown as well (Go: errors.Is(err, ErrNoSuchExecution)). */
   get unknown(): boolean {
     return this.state === undefined;
   }
