@@ -65,7 +65,7 @@ type Entry struct {
 	Seq uint64 `json:"seq,omitempty"`
 	// part is the entry's place in its message, oldest first: a message of
 	// the index holds the entries that ended close together on one subject
-	// (indexgroups.go).
+	// (the emitter's grouping, internal/auditemit).
 	part int
 }
 
