@@ -1,44 +1,45 @@
-// Package notify tells approvers where they are that an approval waits for
-// them, and follows up when it is decided or expires: a signed JSON webhook,
-// a Slack-compatible incoming webhook, or an email over SMTP, chosen per
-// approval type.
+// Package notify is the receiving end of capstan's notifications. capstan
+// notify (or capstan worker --notify) tells approvers where they are that an
+// approval waits for them, and follows up when it is decided or expires: a
+// signed JSON webhook, a Slack-compatible incoming webhook, or an email over
+// SMTP, chosen per approval type. A webhook's receiver written in Go checks
+// each delivery with Verify and decodes its body as a Payload:
+//
+//	err := notify.Verify(secret, r.Header.Get(notify.SignatureHeader), body, time.Now(), 0)
+//	var p notify.Payload
+//	err = json.Unmarshal(body, &p)
+//	if p.Event == notify.EventRequested { … } // p.IdempotencyKey: drop one already processed
 //
 // A notifier reads what the approvals bucket already holds, through a
-// durable JetStream consumer per channel on the bucket's stream
-// (broker.Names.NotifyConsumer) that every notifier of a deployment shares:
-// each change of an approval goes, for each channel, to one notifier, which
-// acknowledges it once the channel has it. A channel whose receiver is down
-// holds back no other. Nothing is added to a worker's path: an approval costs
-// what it cost before.
-//
-//	cfg, err := notify.LoadFile("notify.json") // refused unless chmod 600
-//	cfg.Provision = true                        // create the consumers (a worker's or an admin's right)
-//	n, err := notify.New(nc, cfg)
-//	err = n.Run(ctx)                            // until ctx ends
+// durable JetStream consumer per channel (notify-<channel>) that every
+// notifier of a deployment shares: each change of an approval goes, for each
+// channel, to one notifier, which acknowledges it once the channel has it. A
+// channel whose receiver is down holds back no other. Nothing is added to a
+// worker's path: an approval costs what it cost before.
 //
 // # What is sent, and when
 //
-// Each stored revision of an approval calls for one event (due): a pending
-// approval is "requested", and comes back at its expiry to be "expired" if
-// nobody decided it; "approved", "rejected" and "cancelled" follow a
-// decision. A consumed approval adds nothing. What was decided or expired
+// Each stored revision of an approval calls for one Event: a pending
+// approval is "approval.requested", and comes back at its expiry to be
+// "approval.expired" if nobody decided it; "approval.approved",
+// "approval.rejected" and "approval.cancelled" follow a decision. A consumed approval adds nothing. What was decided or expired
 // before the channel's consumer was created is not notified; an approval
 // still pending then is. An approval that changed twice while no notifier ran is
 // notified once, at its latest state.
 //
 // Delivery is at least once. Every notification carries the idempotency key
-// "<approvalId>.<event>" (the Capstan-Idempotency-Key header, the payload's
+// "<approvalId>.<event>", "a1.requested" for instance (the Capstan-Idempotency-Key header, the payload's
 // idempotencyKey, the email's Message-ID, the Slack message's footer): a
 // notifier stopped or killed mid-delivery leaves the change unacknowledged,
 // and the next notifier sends it again, on that channel, with the same key.
 // Order is not promised: while a request's delivery is retried, its decision
 // may arrive first (Payload.OccurredAt orders them).
 //
-// A failed delivery is retried with exponential backoff (Retry: 12 attempts
-// from 2 s, doubling, at most 10 min apart: about 37 minutes), honouring a
-// receiver's Retry-After; a 4xx answer (but 408 and 429), a redirect or an
-// SMTP 5xx is not retried. A notification given up is counted (Stats,
-// capstan notify --status, the capstan_notifications_failed_total metric)
+// A failed delivery is retried with exponential backoff (by default 12
+// attempts from 2 s, doubling, at most 10 min apart: about 37 minutes),
+// honouring a receiver's Retry-After; a 4xx answer (but 408 and 429), a
+// redirect or an SMTP 5xx is not retried. A notification given up is counted
+// (capstan notify --status, the capstan_notifications_failed_total metric)
 // and logged. Secrets never appear in a log line, an error or a status:
 // errors name a URL's host only, and any text that would contain a secret
 // has it replaced by "[redacted]".
@@ -68,9 +69,9 @@
 //
 // # Configuration
 //
-// A JSON file, refused when anyone but its owner may read it; every secret
-// may instead come from an environment variable named by the field of the
-// same name ending in "Env":
+// capstan notify --config FILE reads a JSON file, refused when anyone but its
+// owner may read it; every secret may instead come from an environment
+// variable named by the field of the same name ending in "Env":
 //
 //	{
 //	  "consoleUrl": "https://capstan.example.com",

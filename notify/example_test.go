@@ -1,125 +1,84 @@
 package notify_test
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/notify"
 )
 
-type Refund struct {
-	OrderID string `json:"orderId"`
-	Amount  int    `json:"amount"`
-}
-
-// A refund above 500 waits for a finance approval. A notifier posts the
-// request to the finance team's webhook, signed, and follows up with the
-// decision; the receiver checks each signature and keeps the idempotency
-// key.
+// A receiver of the finance team's webhook channel: it checks each
+// delivery's signature, drops a key it has already processed, and acts on
+// the event. The deliveries here are made with Sign, as capstan notify signs
+// them.
 func Example() {
-	ctx := context.Background()
-	dir, _ := os.MkdirTemp("", "capstan-example-")
-	defer os.RemoveAll(dir)
-	srv, err := natsserver.Start(natsserver.Options{StoreDir: dir, Port: -1})
-	check(err)
-	defer srv.Shutdown()
-	var conns []*nats.Conn
-	defer func() {
-		for _, nc := range conns {
-			nc.Close()
+	secret := []byte("whsec-finance-0123456789")
+	seen := map[string]bool{}
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err != nil {
+			http.Error(w, "unreadable body", http.StatusBadRequest)
+			return
 		}
-	}()
-	connect := func() *nats.Conn {
-		nc, err := nats.Connect(natsserver.ClientURL(srv))
-		check(err)
-		conns = append(conns, nc)
-		return nc
-	}
-
-	_, err = broker.Provision(ctx, connect(), broker.Config{}) // as capstan server does
-	check(err)
-
-	// The finance team's receiver.
-	secret := "whsec-finance-0123456789"
-	got := make(chan string, 10)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if err := notify.Verify([]byte(secret), r.Header.Get(notify.SignatureHeader), body, time.Now(), 0); err != nil {
-			http.Error(w, "bad signature", http.StatusUnauthorized)
+		if err := notify.Verify(secret, r.Header.Get(notify.SignatureHeader), body, time.Now(), 0); err != nil {
+			http.Error(w, "bad signature", http.StatusUnauthorized) // 4xx: not retried
 			return
 		}
 		var p notify.Payload
-		_ = json.Unmarshal(body, &p)
-		got <- fmt.Sprintf("%s %s for %s, key %t", p.Event, p.Approval.CapabilityID, p.Approval.Actor, p.IdempotencyKey == r.Header.Get(notify.IdempotencyHeader))
+		if err := json.Unmarshal(body, &p); err != nil || p.V != notify.PayloadVersion {
+			http.Error(w, "unknown payload", http.StatusBadRequest)
+			return
+		}
+		if seen[p.IdempotencyKey] {
+			return // delivered again: answered, not redone
+		}
+		seen[p.IdempotencyKey] = true
+		switch p.Event {
+		case notify.EventRequested:
+			fmt.Printf("%s asks to run %s: %s\n", p.Approval.Actor, p.Approval.CapabilityID, p.URL)
+		case notify.EventApproved, notify.EventRejected, notify.EventCancelled:
+			fmt.Printf("%s %s by %s\n", p.Approval.CapabilityID, p.Approval.Decision.Status, p.Approval.Decision.Approver)
+		case notify.EventExpired:
+			fmt.Printf("%s expired\n", p.Approval.CapabilityID)
+		}
 	}))
-	defer hook.Close()
+	defer receiver.Close()
 
-	// A worker serving a refund that needs a finance approval above 500.
-	refund := executor.Define("orders.refund", executor.Meta{
-		Description: "Refunds an order.", Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite,
-		Policies: []executor.Policy{{Name: "finance-above-500", Evaluate: func(ctx context.Context, r executor.PolicyRequest) (executor.Decision, error) {
-			if r.Input.(*Refund).Amount > 500 {
-				return executor.Decision{Stance: executor.StanceRequireApproval, ApprovalTypes: []string{"finance"}, Reason: "above 500"}, nil
-			}
-			return executor.Decision{Stance: executor.StanceAllow}, nil
-		}}},
-	}, func(ctx context.Context, c executor.Call[Refund]) (string, error) { return "refunded", nil })
-	reg, err := executor.NewRegistry(refund)
-	check(err)
-	w, err := executor.NewWorker(connect(), reg, executor.WorkerConfig{Logger: slog.New(slog.DiscardHandler)})
-	check(err)
-	wctx, stopWorker := context.WithCancel(ctx)
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- w.Run(wctx) }()
-	defer func() { stopWorker(); <-workerDone }()
-
-	// The notifier: one webhook channel for the finance approvals.
-	n, err := notify.New(connect(), notify.Config{
-		ConsoleURL: "https://capstan.example.com",
-		Channels: []notify.Channel{{Name: "finance-hook", Kind: notify.KindWebhook, Types: []string{"finance"},
-			URL: notify.Secret(hook.URL), Secret: notify.Secret(secret)}},
-		Provision: true, // this connection may create the channel's consumer
-		Logger:    slog.New(slog.DiscardHandler),
-	})
-	check(err)
-	nctx, stopNotifier := context.WithCancel(ctx)
-	notifierDone := make(chan error, 1)
-	go func() { notifierDone <- n.Run(nctx) }()
-	defer func() { stopNotifier(); <-notifierDone }()
-
-	client, err := executor.NewClient(connect(), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "alice"}})
-	check(err)
-	defer client.Close()
-	env, err := client.Call(ctx, "orders.refund", Refund{OrderID: "o1", Amount: 900})
-	check(err)
-	fmt.Println(env.Status)
-	fmt.Println(<-got)
-
-	_, err = client.Decide(ctx, env.Approval.ID, approvals.Verdict{Approve: true, Approver: envelope.Actor{Kind: "user", ID: "carol"}})
-	check(err)
-	fmt.Println(<-got)
-	// Output:
-	// approval-required
-	// approval.requested orders.refund for user:alice, key true
-	// approval.approved orders.refund for user:alice, key true
-}
-
-func check(err error) {
-	if err != nil {
-		panic(err)
+	deliver := func(p notify.Payload, key []byte) int {
+		body, _ := json.Marshal(p)
+		req, _ := http.NewRequest(http.MethodPost, receiver.URL, bytes.NewReader(body))
+		req.Header.Set(notify.SignatureHeader, notify.Sign(key, body, time.Now()))
+		req.Header.Set(notify.IdempotencyHeader, p.IdempotencyKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
+	requested := notify.Payload{V: notify.PayloadVersion, IdempotencyKey: "a1.requested", Event: notify.EventRequested,
+		URL: "https://capstan.example.com/approvals/a1", Approval: notify.Approval{ID: "a1", CapabilityID: "orders.refund",
+			Actor: envelope.Actor{Kind: "user", ID: "alice"}, Status: approvals.StatusPending}}
+	approved := requested
+	approved.IdempotencyKey, approved.Event, approved.Approval.Status = "a1.approved", notify.EventApproved, approvals.StatusApproved
+	approved.Approval.Decision = &notify.Decision{Status: approvals.StatusApproved, Approver: envelope.Actor{Kind: "user", ID: "carol"}}
+
+	fmt.Println(deliver(requested, secret))
+	fmt.Println(deliver(requested, secret)) // at least once: the same key again
+	fmt.Println(deliver(approved, []byte("someone else's secret")))
+	fmt.Println(deliver(approved, secret))
+	// Output:
+	// user:alice asks to run orders.refund: https://capstan.example.com/approvals/a1
+	// 200
+	// 200
+	// 401
+	// orders.refund approved by user:carol
+	// 200
 }

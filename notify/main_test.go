@@ -4,13 +4,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
-
-	"github.com/capstan-dev/capstan/testenv"
 )
 
-// Every notifier, receiver, worker and connection must be gone when the
-// tests end.
-func TestMain(m *testing.M) {
-	testenv.RaiseParallel()
-	goleak.VerifyTestMain(m)
-}
+// Every receiver and connection must be gone when the tests end.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

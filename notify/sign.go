@@ -20,9 +20,10 @@ const (
 	IdempotencyHeader = "Capstan-Idempotency-Key"
 )
 
-// DefaultTolerance is how far a signature's timestamp may be from a
-// receiver's clock (Verify): a captured delivery replayed later is refused.
-const DefaultTolerance = 5 * time.Minute
+// defaultTolerance is how far a signature's timestamp may be from a
+// receiver's clock when Verify is given no tolerance: a captured delivery
+// replayed later is refused.
+const defaultTolerance = 5 * time.Minute
 
 // Sign returns the Capstan-Signature value of body sent at t under secret:
 // "t=<unix>,v1=<hex hmac-sha256(secret, "<unix>.<body>")>". Each attempt of
@@ -49,12 +50,12 @@ var (
 
 // Verify checks a Capstan-Signature header against the body received, for a
 // receiver written in Go: the timestamp must be within tolerance of now
-// (DefaultTolerance when 0) and one v1 value must be the HMAC of "<t>.<body>"
+// (five minutes when 0) and one v1 value must be the HMAC of "<t>.<body>"
 // under secret (compared in constant time). After it, a receiver drops a
 // payload whose idempotency key it has already processed.
 func Verify(secret []byte, header string, body []byte, now time.Time, tolerance time.Duration) error {
 	if tolerance <= 0 {
-		tolerance = DefaultTolerance
+		tolerance = defaultTolerance
 	}
 	var ts string
 	var sigs [][]byte

@@ -39,8 +39,9 @@
 // broker on a scrape (Watch): capstan_pool_pending_requests,
 // capstan_pool_unacknowledged_requests and
 // capstan_pool_oldest_request_age_seconds per pool, and
-// capstan_approvals_pending per capability. A notifier's counts, read on a
-// scrape (WatchNotifier): capstan_notifications_sent_total,
+// capstan_approvals_pending per capability. A notifier's counts (capstan
+// notify --metrics, or a worker's --notify), read on a scrape from the same
+// Registry: capstan_notifications_sent_total,
 // capstan_notifications_failed_total and capstan_notification_retries_total
 // per channel and kind, and capstan_notifications_in_flight.
 //

@@ -16,8 +16,8 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/notifier"
 	"github.com/capstan-dev/capstan/internal/notifystatus"
-	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/telemetry"
 )
 
@@ -50,7 +50,7 @@ func runNotify(args []string) int {
 	if *config == "" {
 		return usageError("notify: --config FILE (or $%s) names the channels", notifyConfigEnv)
 	}
-	cfg, err := notify.LoadFile(*config)
+	cfg, err := notifier.LoadFile(*config)
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -76,13 +76,15 @@ func runNotify(args []string) int {
 	// else's (an admin's, a worker's, none on an open server) may.
 	cr, _ := conn.credentials()
 	cfg.Provision = !cr.Known() || cr.Role != string(auth.RoleNotifier)
-	n, err := notify.New(nc, cfg)
+	n, err := notifier.New(nc, cfg)
 	if err != nil {
 		return usageError("%v", err)
 	}
 	if *metrics != "" {
 		tel := telemetry.New(telemetry.Options{})
-		tel.WatchNotifier(n)
+		if err := n.Register(tel.Registry()); err != nil {
+			return usageError("--metrics: %v", err)
+		}
 		addr, _, err := tel.Serve(ctx, *metrics)
 		if err != nil {
 			return usageError("--metrics: %v", err)
@@ -99,14 +101,14 @@ func runNotify(args []string) int {
 // worker runs beside itself). While the servers or capstan's resources are
 // not there yet, it waits up to wait (0: until ctx ends). It returns why it
 // could not run.
-func runNotifier(ctx context.Context, n *notify.Notifier, wait time.Duration, log *slog.Logger) error {
+func runNotifier(ctx context.Context, n *notifier.Notifier, wait time.Duration, log *slog.Logger) error {
 	start := time.Now()
 	for {
 		err := n.Run(ctx)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		if !errors.Is(err, notify.ErrNotProvisioned) && !broker.Unreachable(err) || wait > 0 && time.Since(start) > wait {
+		if !errors.Is(err, notifier.ErrNotProvisioned) && !broker.Unreachable(err) || wait > 0 && time.Since(start) > wait {
 			return err
 		}
 		log.Warn("waiting for capstan's resources; retrying", "err", err)
@@ -120,11 +122,11 @@ func runNotifier(ctx context.Context, n *notify.Notifier, wait time.Duration, lo
 
 // loadNotify reads a worker's --notify configuration: its notifier creates
 // the consumer with the worker's rights.
-func loadNotify(path string) (*notify.Config, error) {
+func loadNotify(path string) (*notifier.Config, error) {
 	if path == "" {
 		return nil, nil
 	}
-	cfg, err := notify.LoadFile(path)
+	cfg, err := notifier.LoadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--notify: %w", err)
 	}
@@ -135,17 +137,19 @@ func loadNotify(path string) (*notify.Config, error) {
 // startNotifier runs a notifier of cfg beside a worker on its connection,
 // its counts on the worker's metrics, until ctx ends or stop is called;
 // stop returns once it has stopped.
-func startNotifier(ctx context.Context, nc *nats.Conn, cfg *notify.Config, tel *telemetry.Telemetry, log *slog.Logger) (stop func(), err error) {
+func startNotifier(ctx context.Context, nc *nats.Conn, cfg *notifier.Config, tel *telemetry.Telemetry, log *slog.Logger) (stop func(), err error) {
 	if cfg == nil {
 		return func() {}, nil
 	}
 	cfg.Logger = log
-	n, err := notify.New(nc, *cfg)
+	n, err := notifier.New(nc, *cfg)
 	if err != nil {
 		return nil, err
 	}
 	if tel != nil {
-		tel.WatchNotifier(n)
+		if err := n.Register(tel.Registry()); err != nil {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -160,7 +164,7 @@ func startNotifier(ctx context.Context, nc *nats.Conn, cfg *notify.Config, tel *
 
 // notifyInit creates the channels' notify consumers, which a notifier's own
 // credentials may not.
-func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
+func notifyInit(conn *connFlags, names broker.Names, cfg notifier.Config) int {
 	nc, err := conn.connect("notify --init")
 	if err != nil {
 		return usageError("%v", err)
@@ -172,7 +176,7 @@ func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := notify.Provision(ctx, js, cfg); err != nil {
+	if err := notifier.Provision(ctx, js, cfg); err != nil {
 		return fail(exitFailed, "notify --init: %v (it needs an admin's credentials)", err)
 	}
 	configured := map[string]bool{}
@@ -196,7 +200,7 @@ func notifyInit(conn *connFlags, names broker.Names, cfg notify.Config) int {
 
 // notifyReport is what --status prints.
 type notifyReport struct {
-	Notifiers []notify.Stats       `json:"notifiers"`
+	Notifiers []notifier.Stats     `json:"notifiers"`
 	Queues    []notifystatus.Queue `json:"queues"`
 	QueuesErr string               `json:"queuesError,omitempty"`
 }
@@ -277,7 +281,7 @@ func writeNotifyStatus(w io.Writer, st style, r notifyReport) {
 	fmt.Fprintln(w, st.dim("in flight: being delivered, or a pending approval waiting for its expiry"))
 }
 
-func writeChannels(w io.Writer, st style, cfg notify.Config) {
+func writeChannels(w io.Writer, st style, cfg notifier.Config) {
 	t := newTable(w, st, "CHANNEL", "KIND", "TYPES", "WHERE")
 	for _, c := range cfg.Channels {
 		t.row(c.Name, string(c.Kind), strings.Join(c.Types, ","), c.Where())

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/notifier"
 	"github.com/capstan-dev/capstan/internal/notifystatus"
 	"github.com/capstan-dev/capstan/notify"
 )
@@ -173,7 +174,7 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	id := decode[struct {
 		Approval struct{ ID string } `json:"approval"`
 	}](t, stdout).Approval.ID
-	requested := notify.Key(id, notify.EventRequested)
+	requested := notifier.Key(id, notify.EventRequested)
 	hook.waitFor(t, requested, 1)
 	if err := first.cmd.Process.Kill(); err != nil { // mid-delivery: the receiver holds the request
 		t.Fatal(err)
@@ -188,13 +189,13 @@ func TestNotify_KilledMidDelivery_RestartedSendsItAgainWithTheSameKey(t *testing
 	if _, stderr, code := capstanEnv(t, env, "approvals", "approve", id, creds("carol"), "--comment", "ok"); code != exitOK {
 		t.Fatalf("approve: exit %d: %s", code, stderr)
 	}
-	approved := notify.Key(id, notify.EventApproved)
+	approved := notifier.Key(id, notify.EventApproved)
 	hook.waitFor(t, approved, 1)
 
 	// Done when the queue is: nothing waiting, nothing in flight.
 	deadline := time.Now().Add(guard)
 	type statusReport struct {
-		Notifiers []notify.Stats       `json:"notifiers"`
+		Notifiers []notifier.Stats     `json:"notifiers"`
 		Queues    []notifystatus.Queue `json:"queues"`
 	}
 	var report statusReport
@@ -287,7 +288,7 @@ func TestDev_Notify_RunsBesideTheWorker(t *testing.T) {
 		"--console", "127.0.0.1:0", "--grace", "5s", "--notify", config)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	id := refundNeedingApproval(t, url)
-	hook.waitFor(t, notify.Key(id, notify.EventRequested), 1)
+	hook.waitFor(t, notifier.Key(id, notify.EventRequested), 1)
 	p := hook.deliveries()[0].payload
 	console := regexp.MustCompile(`console: (http://\S+)`).FindStringSubmatch(d.out.String())
 	if console == nil || p.URL != console[1]+"/approvals/"+id || hook.deliveries()[0].verified != nil {

@@ -15,12 +15,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/notify"
+	"github.com/capstan-dev/capstan/internal/notifier"
 )
 
 // Request asks every running notifier of the deployment for its
-// notify.Stats, and gathers the answers that arrive within wait.
-func Request(ctx context.Context, nc *nats.Conn, n broker.Names, wait time.Duration) ([]notify.Stats, error) {
+// notifier.Stats, and gathers the answers that arrive within wait.
+func Request(ctx context.Context, nc *nats.Conn, n broker.Names, wait time.Duration) ([]notifier.Stats, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -32,18 +32,18 @@ func Request(ctx context.Context, nc *nats.Conn, n broker.Names, wait time.Durat
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	var out []notify.Stats
+	var out []notifier.Stats
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			break
 		}
-		var s notify.Stats
+		var s notifier.Stats
 		if json.Unmarshal(m.Data, &s) == nil {
 			out = append(out, s)
 		}
 	}
-	slices.SortFunc(out, func(a, b notify.Stats) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b notifier.Stats) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

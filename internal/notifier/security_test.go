@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -78,7 +79,7 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	runNotifier(t, &rig{env: env, names: b.Names}, n)
-	hook.waitKey(t, Key(id, EventRequested))
+	hook.waitKey(t, Key(id, notify.EventRequested))
 
 	var mu sync.Mutex
 	var violations []string
@@ -185,9 +186,9 @@ func TestNotifierCredentials_ReadTheConsumerOnly(t *testing.T) {
 	if _, err := store.Decide(ctx, id, approvals.Verdict{Approve: true, Approver: carol}); err != nil {
 		t.Fatal(err)
 	}
-	hook.waitKey(t, Key(id, EventApproved))
-	var p Payload
-	_ = json.Unmarshal(hook.waitKey(t, Key(id, EventApproved)).body, &p)
+	hook.waitKey(t, Key(id, notify.EventApproved))
+	var p notify.Payload
+	_ = json.Unmarshal(hook.waitKey(t, Key(id, notify.EventApproved)).body, &p)
 	if p.Approval.Status != approvals.StatusApproved {
 		t.Fatalf("payload %+v", p)
 	}

@@ -1,13 +1,17 @@
-package notify
+package notifier
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/notify"
 )
 
 const hookSecret = "whsec-0123456789abcdef-test"
@@ -31,12 +35,12 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 
 	approved := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
 	rejected := r.request(t, "orders.refund", RefundIn{OrderID: "o2", Amount: 700})
-	d := hook.waitKey(t, Key(approved, EventRequested))
-	hook.waitKey(t, Key(rejected, EventRequested))
+	d := hook.waitKey(t, Key(approved, notify.EventRequested))
+	hook.waitKey(t, Key(rejected, notify.EventRequested))
 	r.decide(t, approved, true, "invoice checked")
 	r.decide(t, rejected, false, "not ours")
-	hook.waitKey(t, Key(approved, EventApproved))
-	hook.waitKey(t, Key(rejected, EventRejected))
+	hook.waitKey(t, Key(approved, notify.EventApproved))
+	hook.waitKey(t, Key(rejected, notify.EventRejected))
 	r.idle(t, n, 0)
 
 	for _, got := range hook.deliveries() {
@@ -44,11 +48,11 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 			t.Errorf("%s: signature %q: %v", got.key, got.signature, got.verified)
 		}
 		p := decodePayload(t, got.body)
-		if p.IdempotencyKey != got.key || p.Event != got.event || p.Event != "approval."+strings.SplitN(got.key, ".", 2)[1] {
+		if p.IdempotencyKey != got.key || string(p.Event) != got.event || string(p.Event) != "approval."+strings.SplitN(got.key, ".", 2)[1] {
 			t.Errorf("header key %q event %q, body key %q event %q", got.key, got.event, p.IdempotencyKey, p.Event)
 		}
 	}
-	want := map[string]int{Key(approved, EventRequested): 1, Key(rejected, EventRequested): 1, Key(approved, EventApproved): 1, Key(rejected, EventRejected): 1}
+	want := map[string]int{Key(approved, notify.EventRequested): 1, Key(rejected, notify.EventRequested): 1, Key(approved, notify.EventApproved): 1, Key(rejected, notify.EventRejected): 1}
 	if got := hook.keys(); !equalCounts(got, want) {
 		t.Fatalf("deliveries by key %v, want %v", got, want)
 	}
@@ -56,7 +60,7 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 	p := decodePayload(t, d.body)
 	a := p.Approval
 	if a.ID != approved || a.CapabilityID != "orders.refund" || a.Actor.String() != alice.String() || a.Status != approvals.StatusPending ||
-		strings.Join(a.Types, ",") != "finance" || a.InputRedacted || p.V != PayloadVersion {
+		strings.Join(a.Types, ",") != "finance" || a.InputRedacted || p.V != notify.PayloadVersion {
 		t.Errorf("requested payload: %+v", p)
 	}
 	if string(a.Input) != `{"amount":900,"orderId":"o1"}` {
@@ -65,9 +69,9 @@ func TestWebhook_EachEventSignedOnceWithItsIdempotencyKey(t *testing.T) {
 	if p.URL != "https://console.example.com/approvals/"+approved {
 		t.Errorf("url %q", p.URL)
 	}
-	var decided Payload
+	var decided notify.Payload
 	for _, got := range hook.deliveries() {
-		if got.key == Key(approved, EventApproved) {
+		if got.key == Key(approved, notify.EventApproved) {
 			decided = decodePayload(t, got.body)
 		}
 	}
@@ -91,11 +95,11 @@ func TestWebhook_OnlyTheChannelsTypes(t *testing.T) {
 
 	refundID := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
 	chargeID := r.request(t, "cards.charge", ChargeIn{Card: cardNumber, Amount: 20})
-	every.waitKey(t, Key(refundID, EventRequested))
-	every.waitKey(t, Key(chargeID, EventRequested))
-	finance.waitKey(t, Key(refundID, EventRequested))
+	every.waitKey(t, Key(refundID, notify.EventRequested))
+	every.waitKey(t, Key(chargeID, notify.EventRequested))
+	finance.waitKey(t, Key(refundID, notify.EventRequested))
 	r.idleAll(t, map[string]int{"hook": 1, "every": 2}, n)
-	if got := finance.keys(); !equalCounts(got, map[string]int{Key(refundID, EventRequested): 1}) {
+	if got := finance.keys(); !equalCounts(got, map[string]int{Key(refundID, notify.EventRequested): 1}) {
 		t.Fatalf("the finance channel got %v", got)
 	}
 }
@@ -123,9 +127,9 @@ func TestWebhook_ReceiverDownThenUp_DeliveredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	hook := serveReceiver(t, l, hookSecret)
-	hook.waitKey(t, Key(id, EventRequested))
+	hook.waitKey(t, Key(id, notify.EventRequested))
 	r.idle(t, n, 1)
-	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, EventRequested): 1}) {
+	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, notify.EventRequested): 1}) {
 		t.Fatalf("deliveries %v, want one", got)
 	}
 	st := n.Stats().Channels[0]
@@ -159,7 +163,7 @@ func TestWebhook_FailingReceiver_GivenUpCountedWithoutSecrets(t *testing.T) {
 		t.Fatalf("%d attempts, want 3", len(hook.deliveries()))
 	}
 	f := st.Failures
-	if len(f) != 1 || f[0].Key != Key(id, EventRequested) || f[0].Attempts != 3 || !strings.Contains(f[0].Error, "503") {
+	if len(f) != 1 || f[0].Key != Key(id, notify.EventRequested) || f[0].Attempts != 3 || !strings.Contains(f[0].Error, "503") {
 		t.Fatalf("failures %+v", f)
 	}
 	status, _ := json.Marshal(st)
@@ -169,6 +173,52 @@ func TestWebhook_FailingReceiver_GivenUpCountedWithoutSecrets(t *testing.T) {
 	if !strings.Contains(logs.String(), "given up") {
 		t.Errorf("no log line says the notification was given up:\n%s", logs.String())
 	}
+	reg := prometheus.NewRegistry()
+	if err := n.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Register(reg); err == nil {
+		t.Error("a notifier's metrics registered twice on one registry")
+	}
+	got := scrape(t, reg)
+	for name, want := range map[string]float64{
+		`capstan_notifications_sent_total{channel="hook",kind="webhook"}`:   0,
+		`capstan_notifications_failed_total{channel="hook",kind="webhook"}`: 1,
+		`capstan_notification_retries_total{channel="hook",kind="webhook"}`: 2,
+		`capstan_notifications_in_flight`:                                   0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (scraped: %t), want %v", name, v, ok, want)
+		}
+	}
+}
+
+// scrape gathers reg into "name{label="value",…}" → value.
+func scrape(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			name := mf.GetName()
+			if len(labels) > 0 {
+				name += "{" + strings.Join(labels, ",") + "}"
+			}
+			v := m.GetCounter().GetValue()
+			if m.GetGauge() != nil {
+				v = m.GetGauge().GetValue()
+			}
+			out[name] = v
+		}
+	}
+	return out
 }
 
 // A 4xx answer (a revoked hook) is not retried.

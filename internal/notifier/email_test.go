@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 const smtpPassword = "smtp-pass-Zq9-secret"
@@ -45,9 +47,9 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 	n, _ := r.run(t, emailConfig(smtp, "127.0.0.1", TLSModeStartTLS))
 
 	id := r.request(t, "orders.refund", RefundIn{OrderID: "o-17", Amount: 900})
-	eventually(t, "the request's email", func() bool { return len(smtp.byKey(t, Key(id, EventRequested))) == 1 })
+	eventually(t, "the request's email", func() bool { return len(smtp.byKey(t, Key(id, notify.EventRequested))) == 1 })
 	r.decide(t, id, true, "invoice checked")
-	eventually(t, "the decision's email", func() bool { return len(smtp.byKey(t, Key(id, EventApproved))) == 1 })
+	eventually(t, "the decision's email", func() bool { return len(smtp.byKey(t, Key(id, notify.EventApproved))) == 1 })
 	r.idle(t, n, 0)
 
 	msgs := smtp.received()
@@ -65,12 +67,12 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 			t.Errorf("AUTH sent in clear: %q", c.line)
 		}
 	}
-	req := smtp.byKey(t, Key(id, EventRequested))[0]
+	req := smtp.byKey(t, Key(id, notify.EventRequested))[0]
 	subject, _ := new(mime.WordDecoder).DecodeHeader(req.Header.Get("Subject"))
 	if subject != "[capstan] Approval requested: orders.refund for user:alice" {
 		t.Errorf("subject %q", subject)
 	}
-	if got := req.Header.Get("Message-ID"); got != "<"+Key(id, EventRequested)+"@example.com>" {
+	if got := req.Header.Get("Message-ID"); got != "<"+Key(id, notify.EventRequested)+"@example.com>" {
 		t.Errorf("Message-ID %q", got)
 	}
 	body := bodyOf(t, req)
@@ -80,8 +82,8 @@ func TestEmail_STARTTLSAuthPlain_RequestThenThreadedDecision(t *testing.T) {
 			t.Errorf("the request's body lacks %q:\n%s", want, body)
 		}
 	}
-	dec := smtp.byKey(t, Key(id, EventApproved))[0]
-	if got := dec.Header.Get("In-Reply-To"); got != "<"+Key(id, EventRequested)+"@example.com>" {
+	dec := smtp.byKey(t, Key(id, notify.EventApproved))[0]
+	if got := dec.Header.Get("In-Reply-To"); got != "<"+Key(id, notify.EventRequested)+"@example.com>" {
 		t.Errorf("In-Reply-To %q", got)
 	}
 	if body := bodyOf(t, dec); !strings.Contains(body, "Approved by user:carol") || !strings.Contains(body, "invoice checked") {
@@ -138,7 +140,7 @@ func TestEmail_OnLoopbackWithoutSTARTTLS_Sent(t *testing.T) {
 	cfg.Channels[0].SMTP.TLSConfig = nil
 	n, _ := r.run(t, cfg)
 	id := r.request(t, "orders.refund", RefundIn{OrderID: "o1", Amount: 900})
-	eventually(t, "the email", func() bool { return len(smtp.byKey(t, Key(id, EventRequested))) == 1 })
+	eventually(t, "the email", func() bool { return len(smtp.byKey(t, Key(id, notify.EventRequested))) == 1 })
 	r.idle(t, n, 1)
 	if m := smtp.received(); len(m) != 1 || m[0].tls {
 		t.Fatalf("messages %+v", m)

@@ -1,19 +1,17 @@
-package telemetry
+package notifier
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/capstan-dev/capstan/notify"
 )
 
-// WatchNotifier adds a notifier's counts, read on a scrape:
-// capstan_notifications_sent_total, capstan_notifications_failed_total
-// (given up: retries exhausted, or refused for good) and
-// capstan_notification_retries_total per channel and kind, and
-// capstan_notifications_in_flight. The counts are the process's own: sum them
-// across notifiers.
-func (t *Telemetry) WatchNotifier(n *notify.Notifier) {
-	t.reg.MustRegister(&notifierCollector{stats: n.Stats})
+// Register adds the notifier's counts to reg (a telemetry.Telemetry's
+// Registry), read on a scrape: capstan_notifications_sent_total,
+// capstan_notifications_failed_total (given up: retries exhausted, or
+// refused for good) and capstan_notification_retries_total per channel and
+// kind, and capstan_notifications_in_flight. The counts are the process's
+// own: sum them across notifiers. It fails when reg already has a notifier's.
+func (n *Notifier) Register(reg prometheus.Registerer) error {
+	return reg.Register(&collector{stats: n.Stats})
 }
 
 var (
@@ -27,16 +25,17 @@ var (
 		"Approvals whose notifications this notifier is delivering (retries included).", nil, nil)
 )
 
-type notifierCollector struct{ stats func() notify.Stats }
+// collector reads a notifier's Stats on a scrape.
+type collector struct{ stats func() Stats }
 
-func (c *notifierCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- notifySentDesc
 	ch <- notifyFailedDesc
 	ch <- notifyRetriesDesc
 	ch <- notifyInFlightDesc
 }
 
-func (c *notifierCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
 	for _, cs := range s.Channels {
 		ch <- prometheus.MustNewConstMetric(notifySentDesc, prometheus.CounterValue, float64(cs.Sent), cs.Name, string(cs.Kind))

@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // The rule of what a revision calls for, at a time, given when notifications
@@ -32,19 +33,19 @@ func TestDue(t *testing.T) {
 		name  string
 		r     *approvals.Record
 		now   time.Time
-		event Event
+		event notify.Event
 		again time.Time
 	}{
-		{"pending before its expiry: requested, again at the expiry", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(time.Minute), EventRequested, t0.Add(15*time.Minute + expiryMargin)},
-		{"pending requested before notifications began: still requested", rec(approvals.StatusPending, since.Add(-10*time.Minute), time.Time{}), since.Add(time.Minute), EventRequested, since.Add(5*time.Minute + expiryMargin)},
-		{"pending past its expiry: expired", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(16 * time.Minute), EventExpired, time.Time{}},
+		{"pending before its expiry: requested, again at the expiry", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(time.Minute), notify.EventRequested, t0.Add(15*time.Minute + expiryMargin)},
+		{"pending requested before notifications began: still requested", rec(approvals.StatusPending, since.Add(-10*time.Minute), time.Time{}), since.Add(time.Minute), notify.EventRequested, since.Add(5*time.Minute + expiryMargin)},
+		{"pending past its expiry: expired", rec(approvals.StatusPending, t0, time.Time{}), t0.Add(16 * time.Minute), notify.EventExpired, time.Time{}},
 		{"pending that expired before notifications began: nothing", rec(approvals.StatusPending, since.Add(-time.Hour), time.Time{}), t0, "", time.Time{}},
-		{"approved", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventApproved, time.Time{}},
-		{"approved after its expiry passed: still approved (an approval, not an expiry)", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(time.Hour), EventApproved, time.Time{}},
-		{"rejected", rec(approvals.StatusRejected, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventRejected, time.Time{}},
-		{"cancelled", rec(approvals.StatusCancelled, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), EventCancelled, time.Time{}},
+		{"approved", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), notify.EventApproved, time.Time{}},
+		{"approved after its expiry passed: still approved (an approval, not an expiry)", rec(approvals.StatusApproved, t0, t0.Add(time.Minute)), t0.Add(time.Hour), notify.EventApproved, time.Time{}},
+		{"rejected", rec(approvals.StatusRejected, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), notify.EventRejected, time.Time{}},
+		{"cancelled", rec(approvals.StatusCancelled, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), notify.EventCancelled, time.Time{}},
 		{"decided before notifications began: nothing", rec(approvals.StatusRejected, since.Add(-time.Hour), since.Add(-time.Minute)), t0, "", time.Time{}},
-		{"written expired", rec(approvals.StatusExpired, t0, time.Time{}), t0.Add(20 * time.Minute), EventExpired, time.Time{}},
+		{"written expired", rec(approvals.StatusExpired, t0, time.Time{}), t0.Add(20 * time.Minute), notify.EventExpired, time.Time{}},
 		{"consumed: nothing", rec(approvals.StatusConsumed, t0, t0.Add(time.Minute)), t0.Add(2 * time.Minute), "", time.Time{}},
 		{"a decision without its decision: nothing", rec(approvals.StatusApproved, t0, time.Time{}), t0, "", time.Time{}},
 	} {
@@ -76,52 +77,17 @@ func TestRetryBackoff_DoublesUpToMax(t *testing.T) {
 	}
 }
 
-func TestVerify(t *testing.T) {
+// The key names the event without the payload's "approval." prefix: the
+// wire's "<approvalId>.<event>".
+func TestKey_ApprovalIDDotEvent(t *testing.T) {
 	t.Parallel()
-	secret := []byte("0123456789abcdef")
-	body := []byte(`{"idempotencyKey":"a.requested"}`)
-	now := time.Unix(1_800_000_000, 0)
-	good := Sign(secret, body, now)
-	for _, c := range []struct {
-		name   string
-		header string
-		body   []byte
-		secret []byte
-		at     time.Time
-		want   error
-	}{
-		{"as signed", good, body, secret, now, nil},
-		{"within the tolerance", good, body, secret, now.Add(4 * time.Minute), nil},
-		{"replayed later", good, body, secret, now.Add(6 * time.Minute), ErrSignatureTooOld},
-		{"from the future", good, body, secret, now.Add(-6 * time.Minute), ErrSignatureTooOld},
-		{"another body", good, []byte(`{"idempotencyKey":"b.requested"}`), secret, now, ErrSignatureMismatch},
-		{"another secret", good, body, []byte("fedcba9876543210"), now, ErrSignatureMismatch},
-		{"timestamp changed", strings.Replace(good, "t=1800000000", "t=1800000001", 1), body, secret, now, ErrSignatureMismatch},
-		{"a rotated key beside the old one", good + ",v1=" + strings.Repeat("00", 32), body, secret, now, nil},
-		{"no v1", "t=1800000000", body, secret, now, ErrSignatureMalformed},
-		{"not hex", "t=1800000000,v1=zz", body, secret, now, ErrSignatureMalformed},
-		{"empty", "", body, secret, now, ErrSignatureMalformed},
+	for e, want := range map[notify.Event]string{
+		notify.EventRequested: "a1.requested", notify.EventApproved: "a1.approved", notify.EventRejected: "a1.rejected",
+		notify.EventCancelled: "a1.cancelled", notify.EventExpired: "a1.expired",
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			if err := Verify(c.secret, c.header, c.body, c.at, 0); !errors.Is(err, c.want) {
-				t.Fatalf("Verify = %v, want %v", err, c.want)
-			}
-		})
-	}
-}
-
-// The signature is the documented one: hex HMAC-SHA256 of "<t>.<body>".
-func TestSign_DocumentedScheme(t *testing.T) {
-	t.Parallel()
-	got := Sign([]byte("key"), []byte("body"), time.Unix(1700000000, 0))
-	// printf '1700000000.body' | openssl dgst -sha256 -hmac key
-	want := "t=1700000000,v1=47b6ce0fca59474308e2921c247cb2493dce6b8101d90ac05bd0c6a37d0e046e"
-	if got != want {
-		t.Fatalf("Sign = %q, want %q", got, want)
-	}
-	if err := Verify([]byte("key"), got, []byte("body"), time.Unix(1700000000, 0), 0); err != nil {
-		t.Fatal(err)
+		if got := Key("a1", e); got != want {
+			t.Errorf("Key(a1, %s) = %q, want %q", e, got, want)
+		}
 	}
 }
 

@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // An approval nobody decides is followed up at its expiry, once, though no
@@ -18,10 +20,10 @@ func TestExpiry_UndecidedApprovalFollowedUpOnce(t *testing.T) {
 	n, _ := r.run(t, hookConfig(hook.url, "*"))
 
 	id := r.request(t, "ops.restart", struct{}{})
-	hook.waitKey(t, Key(id, EventRequested))
-	d := hook.waitKey(t, Key(id, EventExpired))
+	hook.waitKey(t, Key(id, notify.EventRequested))
+	d := hook.waitKey(t, Key(id, notify.EventExpired))
 	r.idle(t, n, 0)
-	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, EventRequested): 1, Key(id, EventExpired): 1}) {
+	if got := hook.keys(); !equalCounts(got, map[string]int{Key(id, notify.EventRequested): 1, Key(id, notify.EventExpired): 1}) {
 		t.Fatalf("deliveries %v", got)
 	}
 	p := decodePayload(t, d.body)
@@ -39,15 +41,15 @@ func TestExpiry_DecidedApprovalNotExpired(t *testing.T) {
 	n, _ := r.run(t, hookConfig(hook.url, "*"))
 
 	decided := r.request(t, "ops.restart", struct{}{})
-	hook.waitKey(t, Key(decided, EventRequested))
+	hook.waitKey(t, Key(decided, notify.EventRequested))
 	r.decide(t, decided, true, "")
-	hook.waitKey(t, Key(decided, EventApproved))
+	hook.waitKey(t, Key(decided, notify.EventApproved))
 	// A second approval expiring after the first proves the first's expiry
 	// passed while the notifier ran.
 	later := r.request(t, "ops.restart", struct{}{})
-	hook.waitKey(t, Key(later, EventExpired))
+	hook.waitKey(t, Key(later, notify.EventExpired))
 	r.idle(t, n, 0)
-	want := map[string]int{Key(decided, EventRequested): 1, Key(decided, EventApproved): 1, Key(later, EventRequested): 1, Key(later, EventExpired): 1}
+	want := map[string]int{Key(decided, notify.EventRequested): 1, Key(decided, notify.EventApproved): 1, Key(later, notify.EventRequested): 1, Key(later, notify.EventExpired): 1}
 	if got := hook.keys(); !equalCounts(got, want) {
 		t.Fatalf("deliveries %v, want %v", got, want)
 	}
@@ -64,9 +66,9 @@ func TestConsumerCreated_PendingNotifiedDecidedBeforeNot(t *testing.T) {
 
 	hook := newReceiver(t, hookSecret)
 	n, _ := r.run(t, hookConfig(hook.url, "finance"))
-	hook.waitKey(t, Key(pending, EventRequested))
+	hook.waitKey(t, Key(pending, notify.EventRequested))
 	r.idle(t, n, 1)
-	if got := hook.keys(); !equalCounts(got, map[string]int{Key(pending, EventRequested): 1}) {
+	if got := hook.keys(); !equalCounts(got, map[string]int{Key(pending, notify.EventRequested): 1}) {
 		t.Fatalf("deliveries %v", got)
 	}
 }
@@ -97,8 +99,8 @@ func TestSeveralNotifiers_EachNotificationSentOnce(t *testing.T) {
 	wg.Wait()
 	want := map[string]int{}
 	for _, id := range ids {
-		want[Key(id, EventRequested)] = 1
-		hook.waitKey(t, Key(id, EventRequested))
+		want[Key(id, notify.EventRequested)] = 1
+		hook.waitKey(t, Key(id, notify.EventRequested))
 	}
 	r.idleAll(t, map[string]int{"hook": approvalsN}, ns...)
 	if got := hook.keys(); !equalCounts(got, want) {
@@ -144,7 +146,7 @@ func TestStoppedMidRetry_NextNotifierSendsIt(t *testing.T) {
 	eventually(t, "the second notifier's delivery", func() bool { return second.Stats().Channels[0].Sent == 1 })
 	r.idleAll(t, map[string]int{"hook": 1}, first, second)
 	ds := hook.deliveries()
-	if len(ds) != 2 || ds[0].key != Key(id, EventRequested) || ds[1].key != ds[0].key {
+	if len(ds) != 2 || ds[0].key != Key(id, notify.EventRequested) || ds[1].key != ds[0].key {
 		t.Fatalf("deliveries %+v", ds)
 	}
 }

@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // smtpServer is a small SMTP server on loopback, speaking enough of RFC 5321
@@ -240,7 +242,7 @@ func (s *smtpServer) byKey(t *testing.T, key string) []*mail.Message {
 		if err != nil {
 			t.Fatalf("a message the server accepted does not parse: %v\n%s", err, m.data)
 		}
-		if pm.Header.Get(IdempotencyHeader) == key {
+		if pm.Header.Get(notify.IdempotencyHeader) == key {
 			out = append(out, pm)
 		}
 	}

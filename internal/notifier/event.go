@@ -1,27 +1,24 @@
-package notify
+package notifier
 
 import (
+	"strings"
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
+	"github.com/capstan-dev/capstan/notify"
 )
 
-// Event is what happened to an approval.
-type Event string
+// Key is the idempotency key of an approval's event, "<approvalId>.<event>"
+// ("a1.requested" for notify.EventRequested): every delivery of one
+// notification carries the same key, whichever notifier sends it and however
+// often.
+func Key(approvalID string, e notify.Event) string {
+	return approvalID + "." + strings.TrimPrefix(string(e), eventPrefix)
+}
 
-// Events a notifier sends.
-const (
-	EventRequested Event = "requested"
-	EventApproved  Event = "approved"
-	EventRejected  Event = "rejected"
-	EventCancelled Event = "cancelled"
-	EventExpired   Event = "expired"
-)
-
-// Key is the idempotency key of an approval's event, "<approvalId>.<event>":
-// every delivery of one notification carries the same key, whichever
-// notifier sends it and however often.
-func Key(approvalID string, e Event) string { return approvalID + "." + string(e) }
+// eventPrefix begins every notify.Event; what follows it names the event in
+// its key.
+const eventPrefix = "approval."
 
 // expiryMargin is how long after an approval's expiry its pending revision
 // comes back to be notified as expired: past the expiry, whatever the
@@ -31,7 +28,7 @@ const expiryMargin = time.Second
 // plan is what one revision of an approval calls for.
 type plan struct {
 	// event to send; empty: nothing.
-	event Event
+	event notify.Event
 	// at is when the event happened.
 	at time.Time
 	// again, when not zero, is when the same revision must be looked at
@@ -53,21 +50,21 @@ func due(r *approvals.Record, since, now time.Time) plan {
 	switch r.Status {
 	case approvals.StatusPending:
 		if now.Before(r.ExpiresAt) {
-			return plan{event: EventRequested, at: r.RequestedAt, again: r.ExpiresAt.Add(expiryMargin)}
+			return plan{event: notify.EventRequested, at: r.RequestedAt, again: r.ExpiresAt.Add(expiryMargin)}
 		}
-		return after(since, EventExpired, r.ExpiresAt)
+		return after(since, notify.EventExpired, r.ExpiresAt)
 	case approvals.StatusExpired:
-		return after(since, EventExpired, r.ExpiresAt)
+		return after(since, notify.EventExpired, r.ExpiresAt)
 	case approvals.StatusApproved, approvals.StatusRejected, approvals.StatusCancelled:
 		if r.Decision == nil {
 			return plan{}
 		}
-		return after(since, Event(r.Status), r.Decision.DecidedAt)
+		return after(since, notify.Event(eventPrefix+string(r.Status)), r.Decision.DecidedAt)
 	}
 	return plan{}
 }
 
-func after(since time.Time, e Event, at time.Time) plan {
+func after(since time.Time, e notify.Event, at time.Time) plan {
 	if at.Before(since) {
 		return plan{}
 	}

@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // slackMessageBody is the part of an incoming webhook's body the tests read.
@@ -126,9 +127,9 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 	n, _ := r.run(t, slackConfig(slack.url))
 
 	id := r.request(t, "cards.charge", ChargeIn{Card: cardNumber, Amount: 4200, Note: "<!channel> see <https://evil.example|here>"})
-	slack.waitKey(t, Key(id, EventRequested))
+	slack.waitKey(t, Key(id, notify.EventRequested))
 	r.decide(t, id, false, "not this card")
-	slack.waitKey(t, Key(id, EventRejected))
+	slack.waitKey(t, Key(id, notify.EventRejected))
 	r.idle(t, n, 0)
 	mu.Lock()
 	if len(invalid) > 0 {
@@ -155,7 +156,7 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 		}
 	}
 	var req slackMessageBody
-	_ = json.Unmarshal(slack.waitKey(t, Key(id, EventRequested)).body, &req)
+	_ = json.Unmarshal(slack.waitKey(t, Key(id, notify.EventRequested)).body, &req)
 	all := req.texts()
 	for _, want := range []string{"Approval requested: cards.charge", "user:alice", "a card is charged", "•••• 1111",
 		"4200", "input redacted by the capability", "<https://console.example.com/approvals/" + id + "|"} {
@@ -167,7 +168,7 @@ func TestSlack_ShowsTheRedactedDisplayNeverTheInput(t *testing.T) {
 		t.Errorf("text %q", req.Text)
 	}
 	var rm slackMessageBody
-	_ = json.Unmarshal(slack.waitKey(t, Key(id, EventRejected)).body, &rm)
+	_ = json.Unmarshal(slack.waitKey(t, Key(id, notify.EventRejected)).body, &rm)
 	rej := rm.texts()
 	if !strings.Contains(rej, "Rejected by user:carol") || !strings.Contains(rej, "not this card") {
 		t.Errorf("the rejection's message:\n%s", rej)
@@ -192,7 +193,7 @@ func TestSlackMessage_LargeInputWithinSlacksLimits(t *testing.T) {
 		Input: input, InputHash: hash, Reasons: []string{strings.Repeat("why ", 1000)}, Types: []string{"finance"},
 		Status: approvals.StatusRejected, RequestedAt: now, ExpiresAt: now.Add(time.Hour),
 		Decision: &approvals.Decision{Status: approvals.StatusRejected, Approver: carol, Comment: strings.Repeat("c", 5000), DecidedAt: now}}
-	for _, p := range []plan{{event: EventRequested, at: now}, {event: EventRejected, at: now}, {event: EventExpired, at: now}} {
+	for _, p := range []plan{{event: notify.EventRequested, at: now}, {event: notify.EventRejected, at: now}, {event: notify.EventExpired, at: now}} {
 		n := newNotification(rec, p, "https://console.example.com")
 		body, err := json.Marshal(slackMessage(n))
 		if err != nil {

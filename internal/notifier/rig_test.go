@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/notify"
 	"github.com/capstan-dev/capstan/testenv"
 )
 
@@ -234,10 +235,10 @@ func serveReceiver(t *testing.T, l net.Listener, secret string) *receiver {
 
 func (rc *receiver) serve(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
-	d := delivery{key: req.Header.Get(IdempotencyHeader), signature: req.Header.Get(SignatureHeader),
+	d := delivery{key: req.Header.Get(notify.IdempotencyHeader), signature: req.Header.Get(notify.SignatureHeader),
 		event: req.Header.Get("Capstan-Event"), body: body}
 	if len(rc.secret) > 0 {
-		d.verified = Verify(rc.secret, d.signature, body, time.Now(), 0)
+		d.verified = notify.Verify(rc.secret, d.signature, body, time.Now(), 0)
 	}
 	rc.mu.Lock()
 	rc.got = append(rc.got, d)
@@ -326,9 +327,9 @@ func (r *rig) idleAll(t *testing.T, waiting map[string]int, ns ...*Notifier) {
 	})
 }
 
-func decodePayload(t *testing.T, b []byte) Payload {
+func decodePayload(t *testing.T, b []byte) notify.Payload {
 	t.Helper()
-	var p Payload
+	var p notify.Payload
 	if err := json.Unmarshal(b, &p); err != nil {
 		t.Fatalf("payload: %v\n%s", err, b)
 	}

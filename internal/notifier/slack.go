@@ -1,9 +1,11 @@
-package notify
+package notifier
 
 import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // slackMessage is the body posted to a Slack-compatible incoming webhook:
@@ -28,9 +30,9 @@ func slackMessage(n *notification) map[string]any {
 		facts = append(facts, plain("Risk\n"+strings.TrimSpace(r.Risk+" "+r.SideEffect)))
 	}
 	switch n.event {
-	case EventRequested:
+	case notify.EventRequested:
 		facts = append(facts, plain("Expires\n"+r.ExpiresAt.UTC().Format(time.DateTime)+" UTC"))
-	case EventApproved, EventRejected, EventCancelled:
+	case notify.EventApproved, notify.EventRejected, notify.EventCancelled:
 		if c := r.Decision.Comment; c != "" {
 			facts = append(facts, plain("Comment\n"+cut(c, summaryValue*2)))
 		}

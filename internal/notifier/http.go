@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // sender delivers one notification to one channel, once: the notifier
@@ -84,10 +86,10 @@ func (s *httpSender) send(ctx context.Context, n *notification) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", userAgent)
-	req.Header.Set(IdempotencyHeader, n.key)
-	req.Header.Set("Capstan-Event", "approval."+string(n.event))
+	req.Header.Set(notify.IdempotencyHeader, n.key)
+	req.Header.Set("Capstan-Event", string(n.event))
 	if s.ch.Kind == KindWebhook {
-		req.Header.Set(SignatureHeader, Sign([]byte(s.ch.Secret.reveal()), body, s.now()))
+		req.Header.Set(notify.SignatureHeader, notify.Sign([]byte(s.ch.Secret.reveal()), body, s.now()))
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

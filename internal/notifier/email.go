@@ -1,4 +1,4 @@
-package notify
+package notifier
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/capstan-dev/capstan/notify"
 )
 
 // emailSender sends one message per notification over SMTP: STARTTLS when
@@ -182,11 +184,11 @@ func emailMessage(n *notification, ch Channel, now time.Time) []byte {
 	header("Subject", mime.QEncoding.Encode("utf-8", cut(subject, 200)))
 	header("Date", now.Format(time.RFC1123Z))
 	header("Message-ID", msgID(n.key))
-	if n.event != EventRequested {
-		header("In-Reply-To", msgID(Key(r.ID, EventRequested)))
-		header("References", msgID(Key(r.ID, EventRequested)))
+	if n.event != notify.EventRequested {
+		header("In-Reply-To", msgID(Key(r.ID, notify.EventRequested)))
+		header("References", msgID(Key(r.ID, notify.EventRequested)))
 	}
-	header(IdempotencyHeader, n.key)
+	header(notify.IdempotencyHeader, n.key)
 	header("Auto-Submitted", "auto-generated")
 	header("MIME-Version", "1.0")
 	header("Content-Type", "text/plain; charset=utf-8")
@@ -214,7 +216,7 @@ func emailBody(n *notification) string {
 	}
 	line("Requested at:  %s UTC", r.RequestedAt.UTC().Format(time.DateTime))
 	switch n.event {
-	case EventRequested, EventExpired:
+	case notify.EventRequested, notify.EventExpired:
 		line("Expires at:    %s UTC", r.ExpiresAt.UTC().Format(time.DateTime))
 	default:
 		d := r.Decision
@@ -240,7 +242,7 @@ func emailBody(n *notification) string {
 	if n.url != "" {
 		line("Open it in the console: %s", n.url)
 	}
-	if n.event == EventRequested {
+	if n.event == notify.EventRequested {
 		line("Or from a shell: capstan approvals show %s", r.ID)
 	}
 	line("")
