@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -40,10 +39,10 @@ func provision(t *testing.T, nc *nats.Conn, cfg broker.Config) *broker.Broker {
 	return b
 }
 
-func newEmitter(t *testing.T, b *broker.Broker, opts audit.Options) *audit.Emitter {
+func newEmitter(t *testing.T, b *broker.Broker, opts auditemit.Options) *auditemit.Emitter {
 	t.Helper()
 	opts.Prefix, opts.Audit, opts.Index = b.Names.Prefix(), b.Audit, b.Index
-	e := audit.NewEmitter(b.NC, opts)
+	e := auditemit.New(b.NC, opts)
 	t.Cleanup(func() { _ = e.Flush(context.Background()) })
 	return e
 }
@@ -53,7 +52,7 @@ func event(typ, executionID string) *audit.Event {
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Worker: "w1"}
 }
 
-func flush(t *testing.T, e *audit.Emitter) {
+func flush(t *testing.T, e *auditemit.Emitter) {
 	t.Helper()
 	if err := e.Flush(testCtx(t)); err != nil {
 		t.Fatal(err)
@@ -72,7 +71,7 @@ func TestRead_OneExecutionsTrailOldestFirst(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	// Two executions interleaved on the stream: each trail holds only its own.
 	for _, typ := range []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted} {
 		e.Emit(event(typ, "exec-a"))
@@ -112,7 +111,7 @@ func TestRead_RefusesIDsThatAreNotOneSubjectToken(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	e.Emit(event(audit.EventRequested, "x"))
 	flush(t, e)
 	for _, id := range []string{"*", ">", "x.>", "", "a b"} {
@@ -154,7 +153,7 @@ func TestFollow_FiltersOnExecutionCapabilityActorAndType(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	for i := 0; i < 3; i++ {
 		for _, typ := range []string{audit.EventRequested, audit.EventStarted, audit.EventCompleted} {
 			ev := event(typ, fmt.Sprintf("exec-%d", i))
@@ -207,7 +206,7 @@ func TestFollow_StartsWithNewEventsByDefault(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	e.Emit(event(audit.EventRequested, "old"))
 	flush(t, e)
 
@@ -244,7 +243,7 @@ func TestFollow_ResumesFromASequenceOrATime(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	for i := 0; i < 5; i++ {
 		e.Emit(event(audit.EventRequested, fmt.Sprintf("exec-%d", i)))
 	}
@@ -280,120 +279,6 @@ func TestFollow_UndecodableEventIsAnErrorNamingItsSequence(t *testing.T) {
 	}
 }
 
-// fillAudit publishes filler on the audit stream until it refuses even the
-// smallest write.
-func fillAudit(t *testing.T, b *broker.Broker) {
-	t.Helper()
-	for _, size := range []int{256, 16, 0} {
-		for i := 0; ; i++ {
-			if i > 10000 {
-				t.Fatal("the audit stream never refused a write")
-			}
-			if _, err := b.JS.Publish(testCtx(t), b.Names.AuditSubject("f"), make([]byte, size)); err != nil {
-				break
-			}
-		}
-	}
-}
-
-// recorder is a slog handler keeping every record.
-type recorder struct {
-	mu      sync.Mutex
-	records []slog.Record
-}
-
-func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.records = append(r.records, rec.Clone())
-	return nil
-}
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *recorder) WithGroup(string) slog.Handler      { return r }
-
-func (r *recorder) warnings() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, rec := range r.records {
-		if rec.Level >= slog.LevelWarn {
-			n++
-		}
-	}
-	return n
-}
-
-func TestEmitSync_FailsUnavailableWhenTheStreamRefuses(t *testing.T) {
-	t.Parallel()
-	env := testenv.Start(t)
-	b := provision(t, env.Connect(t), broker.Config{AuditMaxBytes: 16 << 10, AuditDiscardNew: true})
-	e := newEmitter(t, b, audit.Options{})
-	if err := e.EmitSync(testCtx(t), event(audit.EventStarted, "before")); err != nil {
-		t.Fatalf("with room: %v", err)
-	}
-	fillAudit(t, b)
-	err := e.EmitSync(testCtx(t), event(audit.EventStarted, "after"))
-	if !errors.Is(err, audit.ErrUnavailable) {
-		t.Fatalf("err %v, want audit.ErrUnavailable", err)
-	}
-	if e.Failed() != 1 {
-		t.Fatalf("failed %d, want 1", e.Failed())
-	}
-}
-
-func TestEmit_RefusedEventIsCountedAndLogged(t *testing.T) {
-	t.Parallel()
-	env := testenv.Start(t)
-	b := provision(t, env.Connect(t), broker.Config{AuditMaxBytes: 16 << 10, AuditDiscardNew: true})
-	log := &recorder{}
-	e := newEmitter(t, b, audit.Options{Logger: slog.New(log)})
-	fillAudit(t, b)
-	e.Emit(event(audit.EventRequested, "refused"))
-	flush(t, e)
-	if e.Failed() != 1 || log.warnings() != 1 {
-		t.Fatalf("failed %d, warnings %d; want 1 and 1", e.Failed(), log.warnings())
-	}
-}
-
-// Events of each execution stay in emission order on the stream, whatever
-// the other executions emitting at once do.
-func TestEmit_EachExecutionsEventsKeepTheirOrder(t *testing.T) {
-	t.Parallel()
-	env := testenv.Start(t)
-	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
-	const executions, perExecution = 200, 20
-	var wg sync.WaitGroup
-	for i := 0; i < executions; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; n < perExecution; n++ {
-				ev := event(audit.EventRetried, fmt.Sprintf("exec-%d", i))
-				ev.Data = map[string]any{"attempt": n}
-				e.Emit(ev)
-			}
-		}()
-	}
-	wg.Wait()
-	flush(t, e)
-	if e.Failed() != 0 {
-		t.Fatalf("%d events failed", e.Failed())
-	}
-	next := map[string]int64{}
-	for _, ev := range collect(t, b, audit.Filter{}, executions*perExecution, audit.FromStart()) {
-		n := asInt(ev.Data["attempt"])
-		if n != next[ev.ExecutionID] {
-			t.Fatalf("%s: event %d arrived when %d was due", ev.ExecutionID, n, next[ev.ExecutionID])
-		}
-		next[ev.ExecutionID]++
-	}
-	if len(next) != executions {
-		t.Fatalf("%d executions on the stream, want %d", len(next), executions)
-	}
-}
-
 func TestProvision_AuditRetentionDefaultsTo30DaysAndIsKeptOnceSet(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
@@ -426,27 +311,4 @@ func TestProvision_AuditRetentionDefaultsTo30DaysAndIsKeptOnceSet(t *testing.T) 
 	if !errors.Is(err, broker.ErrConfigConflict) {
 		t.Fatalf("err %v, want broker.ErrConfigConflict", err)
 	}
-}
-
-// asInt reads an integer of an event's data, whatever width msgpack chose.
-func asInt(v any) int64 {
-	switch n := v.(type) {
-	case int8:
-		return int64(n)
-	case int16:
-		return int64(n)
-	case int32:
-		return int64(n)
-	case int64:
-		return n
-	case uint8:
-		return int64(n)
-	case uint16:
-		return int64(n)
-	case uint32:
-		return int64(n)
-	case uint64:
-		return int64(n)
-	}
-	return -1
 }

@@ -5,16 +5,18 @@
 // execution id mod 1,024), with the execution's id in the Capstan-Execution-Id
 // header of each message, so that the server's index does not grow with the
 // history. A message holds one event, or several events of one execution
-// (Emitter.EmitAll), stored whole or not at all; Decode reads both.
+// (a worker writes a quick execution's events as one), stored whole or not at
+// all; Decode reads both.
 //
 // A runtime retry and a model calling the tool again look different here: a
 // retry is a capability.retried event inside one execution id; a re-invocation
 // is a new execution id with its own capability.requested.
 //
 // Workers emit asynchronously by default: an event JetStream refuses is logged
-// and counted (Emitter.Failed), and the execution goes on. With strict mode
-// (executor.WorkerConfig.StrictAudit) capability.started must be stored before
-// the handler runs, or the execution fails AUDIT_UNAVAILABLE.
+// and counted (capstan_audit_publish_failures_total), and the execution goes
+// on. With strict mode (executor.WorkerConfig.StrictAudit) capability.started
+// must be stored before the handler runs, or the execution fails
+// AUDIT_UNAVAILABLE.
 //
 // Reading needs nothing but the stream: Read (a Client's Trail) returns one
 // execution's trail with direct gets of its shard from the time in its UUIDv7

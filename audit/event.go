@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // Event types of DESIGN §8.
@@ -58,6 +60,12 @@ const (
 	// names the pause.
 	EventHeld = "capability.held"
 )
+
+// ErrUnavailable marks an audit event JetStream did not store when it had
+// to: with strict mode (executor.WorkerConfig.StrictAudit) an execution
+// then fails AUDIT_UNAVAILABLE; an approval's decision that stands
+// without its event wraps it. Compare with errors.Is.
+var ErrUnavailable = errors.New("capstan: audit unavailable")
 
 // Actor is the acting party of an event: id and kind, never attributes.
 type Actor struct {
@@ -113,7 +121,7 @@ type Event struct {
 
 	// Seq is the stream sequence of the message the event was stored in, set
 	// by Read and Follow. Several events of one execution can share a message
-	// (Emitter.EmitAll); Index is the event's place in it, from 0. Neither is
+	// (see Decode); Index is the event's place in it, from 0. Neither is
 	// part of the record.
 	Seq   uint64 `json:"-"`
 	Index int    `json:"-"` // the event's place in its message, from 0
@@ -135,9 +143,10 @@ func (ev *Event) principal() string {
 }
 
 // Decode returns the events of one stored audit message, in the order they
-// were emitted, with Index set: a message of several events (a msgpack array,
-// see Emitter.EmitAll) or of one (a msgpack map, as Emit and every version
-// before EmitAll store it).
+// were emitted, with Index set: a message of several events of one execution
+// (a msgpack array, as a worker stores a quick execution's events) or of one
+// (a msgpack map, as a single event is stored, and every event by earlier
+// versions).
 func Decode(b []byte) ([]Event, error) {
 	evs, err := decodeOneOrMany[Event](b, "audit event", "audit events")
 	for i := range evs {
@@ -172,26 +181,10 @@ func isArray(b []byte) bool {
 	return len(b) > 0 && (b[0]&0xf0 == 0x90 || b[0] == 0xdc || b[0] == 0xdd)
 }
 
-// eventCount is how many events a stored message holds, read from its
-// array's header without decoding it.
-func eventCount(b []byte) int {
-	switch {
-	case len(b) == 0:
-		return 1
-	case b[0]&0xf0 == 0x90:
-		return max(int(b[0]&0x0f), 1)
-	case b[0] == 0xdc && len(b) >= 3:
-		return max(int(b[1])<<8|int(b[2]), 1)
-	case b[0] == 0xdd && len(b) >= 5:
-		return max(int(b[1])<<24|int(b[2])<<16|int(b[3])<<8|int(b[4]), 1)
-	}
-	return 1
-}
-
 // EncodeMsgpack writes the event without reflection: several are written per
 // execution.
 func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
+	var f msgenc.Fields
 	f.Int("v", int64(e.V))
 	f.String("type", e.Type)
 	f.Time("timestamp", e.Timestamp)
@@ -206,22 +199,4 @@ func (e Event) EncodeMsgpack(enc *msgpack.Encoder) error {
 	f.String("traceId", e.TraceID)
 	f.Value("data", e.Data, len(e.Data) == 0)
 	return f.Encode(enc)
-}
-
-// TraceID returns the trace id of a W3C traceparent
-// ("00-<trace id>-<span id>-<flags>"), or "" when tp is not one.
-func TraceID(tp string) string {
-	if len(tp) < 55 || tp[2] != '-' || tp[35] != '-' {
-		return ""
-	}
-	id := tp[3:35]
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return ""
-		}
-	}
-	if id == "00000000000000000000000000000000" {
-		return ""
-	}
-	return id
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // BenchmarkEncodeExecutionEvents encodes the message a quick execution's
@@ -23,7 +24,7 @@ func BenchmarkEncodeExecutionEvents(b *testing.B) {
 	evs := []*Event{&requested, &started, &completed}
 	b.ReportAllocs()
 	for b.Loop() {
-		enc, err := envelope.Encode(evs)
+		enc, err := msgenc.Encode(evs)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -99,7 +99,7 @@ func FromSeq(seq uint64) FollowOption {
 }
 
 // After resumes exactly after ev, an event Follow or Read returned: with the
-// events stored after it in ev's own message (Emitter.EmitAll), then the
+// events stored after it in ev's own message (see Decode), then the
 // messages after that one.
 func After(ev Event) FollowOption {
 	return func(f *followFrom) {

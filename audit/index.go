@@ -5,8 +5,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // The executions index (DESIGN §3, "Listing executions"): a projection of
@@ -66,7 +65,7 @@ type Entry struct {
 	Seq uint64 `json:"seq,omitempty"`
 	// part is the entry's place in its message, oldest first: a message of
 	// the index holds the entries that ended close together on one subject
-	// (indexgroups.go).
+	// (the emitter's grouping, internal/auditemit).
 	part int
 }
 
@@ -76,7 +75,7 @@ func (e *Entry) Ended() bool { return e.Status != EntryRunning && e.Status != En
 // EncodeMsgpack writes the entry without reflection, in the bytes the
 // reflective encoder writes: one is written per execution.
 func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
+	var f msgenc.Fields
 	f.Int("v", int64(e.V))
 	f.String("executionId", e.ExecutionID)
 	f.String("principal", e.Principal)
@@ -104,119 +103,4 @@ func decodeEntries(b []byte) ([]Entry, error) {
 		es[i].part = i
 	}
 	return es, err
-}
-
-// entryOf returns the index entry of one audit message's events (all of one
-// execution, in order), or nil when they neither begin nor end it: an
-// execution's end (completed, failed, cancelled, or approval-required) makes
-// an entry with its outcome; its requested event, without an end in the same
-// message, one that says it runs. A quick execution's events are one message,
-// hence one entry; a long one has two, the later superseding. A retry's or a
-// takeover's events make none.
-func entryOf(evs []*Event) *Entry {
-	var e *Entry
-	begins := false
-	for _, ev := range evs {
-		if ev == nil || ev.ExecutionID == "" {
-			continue
-		}
-		if e == nil {
-			e = &Entry{V: envelope.Version, ExecutionID: ev.ExecutionID}
-		}
-		if e.CapabilityID == "" {
-			e.CapabilityID = ev.CapabilityID
-		}
-		if e.Actor == (Actor{}) {
-			e.Actor = ev.Actor
-		}
-		if e.Principal == "" {
-			e.Principal = ev.Principal
-		}
-		if e.Surface == "" {
-			e.Surface = ev.Surface
-		}
-		e.UpdatedAt = ev.Timestamp
-		switch ev.Type {
-		case EventRequested:
-			begins = true
-			e.RequestedAt = ev.Timestamp
-			e.Actor, e.Principal, e.Surface = ev.Actor, ev.Principal, ev.Surface
-		case EventStarted:
-			if id, _ := ev.Data["approvalId"].(string); id != "" {
-				e.ApprovalID, e.Resumed = id, true
-			}
-		case EventApprovalConsumed:
-			if id, _ := ev.Data["approvalId"].(string); id != "" {
-				e.ApprovalID, e.Resumed = id, true
-			}
-		case EventCompleted:
-			e.Status, e.Code = EntryCompleted, ""
-		case EventFailed:
-			e.Status, e.Code = EntryFailed, str(ev.Data["code"])
-		case EventCancelled:
-			e.Status, e.Code = EntryCancelled, str(ev.Data["code"])
-		case EventApprovalRequested:
-			e.Status = EntryApprovalRequired
-			if id, _ := ev.Data["approvalId"].(string); id != "" {
-				e.ApprovalID = id
-			}
-		}
-		if n, ok := number(ev.Data["attempts"]); ok {
-			e.Attempts = max(e.Attempts, int(n))
-		}
-		if n, ok := number(ev.Data["attempt"]); ok && ev.Type == EventStarted {
-			e.Attempts = max(e.Attempts, int(n))
-		}
-		if n, ok := number(ev.Data["durationMs"]); ok {
-			e.DurationMs = n
-		}
-	}
-	if e == nil {
-		return nil
-	}
-	if e.Status == "" {
-		if !begins {
-			return nil
-		}
-		e.Status = EntryRunning
-	}
-	if e.Principal == "" {
-		e.Principal = broker.Anonymous
-	}
-	return e
-}
-
-func str(v any) string {
-	s, _ := v.(string)
-	return s
-}
-
-// number reads an integer of an event's data, whatever width msgpack or the
-// emitter gave it.
-func number(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int:
-		return int64(n), true
-	case int8:
-		return int64(n), true
-	case int16:
-		return int64(n), true
-	case int32:
-		return int64(n), true
-	case int64:
-		return n, true
-	case uint8:
-		return int64(n), true
-	case uint16:
-		return int64(n), true
-	case uint32:
-		return int64(n), true
-	case uint64:
-		return int64(n), true
-	case float64:
-		return int64(n), true
-	case float32:
-		return int64(n), true
-	}
-	return 0, false
 }

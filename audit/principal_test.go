@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -33,7 +34,7 @@ func TestTrail_ScopedByPrincipal_AnotherPrincipalsEventsUnderTheSameIDAreNotPart
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	id := envelope.NewExecutionID()
 	e.Emit(as("bob", audit.EventRequested, id))
 	e.EmitAll(as("alice", audit.EventRequested, id), as("alice", audit.EventFailed, id))

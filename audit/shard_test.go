@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -44,7 +45,7 @@ func idAt(t *testing.T, at time.Time) string {
 
 // lifecycle is one execution's events as a worker emits them, the middle ones
 // in one message.
-func lifecycle(e *audit.Emitter, id string, step int) {
+func lifecycle(e *auditemit.Emitter, id string, step int) {
 	switch step {
 	case 0:
 		e.Emit(event(audit.EventRequested, id))
@@ -62,7 +63,7 @@ func TestRead_OneTrailAmongManyExecutionsOnTheSameShard(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	ids := sameShard(t, 120)
 	for step := 0; step < 3; step++ {
 		for _, id := range ids {
@@ -132,7 +133,7 @@ func TestRead_IDsMadeByAClockAheadOrBehind(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	ids := []string{
 		idAt(t, time.Now().Add(30*time.Second)), // read from a minute earlier
 		idAt(t, time.Now().Add(30*time.Minute)), // read from an hour earlier
@@ -173,7 +174,7 @@ func TestRead_WithoutDirectGetsUsesMessageGets(t *testing.T) {
 	if _, err := b.JS.UpdateStream(testCtx(t), cfg); err != nil {
 		t.Fatal(err)
 	}
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	ids := sameShard(t, 3)
 	for step := 0; step < 3; step++ {
 		for _, id := range ids {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/msgenc"
 	"github.com/capstan-dev/capstan/internal/msgpackhead"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -33,39 +34,6 @@ func CheckVersion(v int) error {
 	return nil
 }
 
-type encoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
-}
-
-// encoders write records. Besides leaving every empty field out, they write
-// the keys of a map inside a record (an actor's attrs, an error's details, a
-// descriptor's input schema, an audit event's data) sorted by their bytes, so
-// that a record's bytes follow from its value alone: decoded and encoded
-// again, in Go or by a client in another language, it is the same bytes
-// (docs/wire.md).
-var encoders = sync.Pool{New: func() any { return newEncoder(true) }}
-
-// valueEncoders write the values records carry (NewRaw: inputs, outputs). A
-// field is left out only when its tag says omitempty, as encoding/json does:
-// the msgpack library counts a struct without exported fields (netip.Addr) as
-// empty, and a value must not lose it, nor a zero its handler meant to send.
-// A map's keys are sorted, as in records: a value's bytes follow from the
-// value (a JSON input, decoded into a map, keeps no order to follow).
-var valueEncoders = sync.Pool{New: func() any { return newEncoder(false) }}
-
-// newEncoder is an encoder of fields named by their json tags, with compact
-// integers and sorted map keys; omitEmpty leaves every empty field out.
-func newEncoder(omitEmpty bool) *encoder {
-	e := &encoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	e.enc.SetCustomStructTag("json")
-	e.enc.SetOmitEmpty(omitEmpty)
-	e.enc.UseCompactInts(true)
-	e.enc.SetSortMapKeys(true)
-	return e
-}
-
 type decoder struct {
 	r   bytes.Reader
 	dec *msgpack.Decoder
@@ -76,43 +44,13 @@ var decoders = sync.Pool{New: func() any {
 	return d
 }}
 
-// Marshal encodes v as msgpack with the json tag names as field names.
-func Marshal(v any) ([]byte, error) {
-	return marshal(&encoders, v)
-}
-
-// Encoded is a record encoded as Marshal does, left in a pooled buffer: for a
-// write that copies the bytes before it returns, as a NATS publish does.
-// Bytes is valid until Release, which hands the buffer back.
-type Encoded struct{ e *encoder }
-
-// Encode is Marshal into a pooled buffer. Call Release when the bytes have
-// been written.
-func Encode(v any) (Encoded, error) {
-	e := encoders.Get().(*encoder)
-	e.buf.Reset()
-	if err := e.enc.Encode(v); err != nil {
-		encoders.Put(e)
-		return Encoded{}, err
-	}
-	return Encoded{e}, nil
-}
-
-// Bytes returns the encoding; it is overwritten after Release.
-func (x Encoded) Bytes() []byte { return x.e.buf.Bytes() }
-
-// Release hands the buffer back to the pool.
-func (x Encoded) Release() { encoders.Put(x.e) }
-
-func marshal(pool *sync.Pool, v any) ([]byte, error) {
-	e := pool.Get().(*encoder)
-	defer pool.Put(e)
-	e.buf.Reset()
-	if err := e.enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.Clone(e.buf.Bytes()), nil
-}
+// Marshal encodes v as msgpack with the json tag names as field names. Every
+// empty field is left out, and the keys of a map inside a record (an actor's
+// attrs, an error's details, an audit event's data) are sorted by their
+// bytes, so that a record's bytes follow from its value alone: decoded and
+// encoded again, in Go or by a client in another language, it is the same
+// bytes (docs/wire.md).
+func Marshal(v any) ([]byte, error) { return msgenc.Marshal(v) }
 
 // Unmarshal decodes msgpack into v. Unknown fields are ignored; malformed bytes,
 // lengths beyond the end of b and nesting deeper than 10000 are an error
@@ -300,9 +238,11 @@ func mapKey(k any) (any, error) {
 type Raw []byte
 
 // NewRaw encodes v as a Raw value. Struct fields are left out only when
-// their json tag says omitempty.
+// their json tag says omitempty, as encoding/json does (the msgpack library
+// would count a struct without exported fields, a netip.Addr, as empty); a
+// map's keys are sorted, as in records.
 func NewRaw(v any) (Raw, error) {
-	b, err := marshal(&valueEncoders, v)
+	b, err := msgenc.MarshalValue(v)
 	return Raw(b), err
 }
 

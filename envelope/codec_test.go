@@ -814,24 +814,3 @@ func TestDecodeRequest_ResumeNamingOnlyItsApproval(t *testing.T) {
 		t.Fatalf("got %+v, %v", got, err)
 	}
 }
-
-func TestEncode_BytesAsMarshalsUntilReleased(t *testing.T) {
-	env, req := fullEnvelope(), fullRequest()
-	for name, v := range map[string]any{"envelope": &env, "request": &req} {
-		t.Run(name, func(t *testing.T) {
-			want := mustMarshal(t, v)
-			enc, err := Encode(v)
-			if err != nil {
-				t.Fatalf("Encode: %v", err)
-			}
-			got := bytes.Clone(enc.Bytes())
-			enc.Release()
-			if !bytes.Equal(got, want) {
-				t.Errorf("Encode wrote other bytes than Marshal\n got: %x\nwant: %x", got, want)
-			}
-		})
-	}
-	if _, err := Encode(make(chan int)); err == nil {
-		t.Error("Encode of a channel: no error")
-	}
-}

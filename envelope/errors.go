@@ -126,8 +126,3 @@ func (e *CapabilityError) Wire() *Error {
 // ForModel is what a model may see of the error (see Error.ForModel): never
 // the cause, and the message only when the error is exposed.
 func (e *CapabilityError) ForModel() *ModelError { return e.Wire().ForModel() }
-
-// Fail builds a CapabilityError exposed to the model with its message.
-func Fail(code Code, stage, message string) *CapabilityError {
-	return &CapabilityError{Code: code, Stage: stage, Message: message, ExposeToModel: true}
-}

@@ -25,8 +25,8 @@ func ExampleEnvelope_ForModel() {
 	}
 	show(env.ForModel())
 
-	invalid := envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, "amount must be positive")
-	invalid.Details = map[string]any{"field": "amount"}
+	invalid := &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput,
+		Message: "amount must be positive", ExposeToModel: true, Details: map[string]any{"field": "amount"}}
 	env.Error = invalid.Wire()
 	show(env.ForModel())
 

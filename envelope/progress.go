@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // Progress is what a handler reported of an attempt's work so far: how much
@@ -160,7 +162,7 @@ func (p *Progress) String() string {
 // EncodeMsgpack writes the progress without reflection, as the reflective
 // encoder does.
 func (p Progress) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f Fields
+	var f msgenc.Fields
 	f.Int("v", int64(p.V))
 	f.String("executionId", p.ExecutionID)
 	f.Int("attempt", int64(p.Attempt))

@@ -132,12 +132,8 @@ func TestCapabilityError_WireDropsCause(t *testing.T) {
 	}
 }
 
-func TestFail_IsExposedWithItsMessage(t *testing.T) {
-	ce := Fail(CodeInputInvalid, StageInput, "amount must be positive")
-	want := &CapabilityError{Code: CodeInputInvalid, Stage: StageInput, Message: "amount must be positive", ExposeToModel: true}
-	if !reflect.DeepEqual(ce, want) {
-		t.Errorf("Fail() = %+v, want %+v", ce, want)
-	}
+func TestExposedError_ModelSeesItsMessage(t *testing.T) {
+	ce := &CapabilityError{Code: CodeInputInvalid, Stage: StageInput, Message: "amount must be positive", ExposeToModel: true}
 	if m := ce.Wire().ForModel(); m.Code != CodeInputInvalid || m.Message != "amount must be positive" {
 		t.Errorf("model sees %+v", m)
 	}

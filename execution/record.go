@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -140,7 +141,7 @@ func (r *Record) Leased(now time.Time) bool {
 // declaration order (TestRecordEncoder_WritesTheReflectiveEncodersBytes
 // fails until it is).
 func (r Record) EncodeMsgpack(enc *msgpack.Encoder) error {
-	var f envelope.Fields
+	var f msgenc.Fields
 	f.Int("v", int64(r.V))
 	f.String("executionId", r.ExecutionID)
 	f.String("capabilityId", r.CapabilityID)

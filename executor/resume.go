@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/pauses"
@@ -21,7 +22,7 @@ import (
 // approvalStore is a store over the approvals bucket whose decisions are
 // audited with the approver as the acting actor.
 func (c *Client) approvalStore() *approvalstore.Store {
-	return approvalstore.NewStore(c.b.Approvals, audit.NewEmitter(c.b.NC, audit.Options{Prefix: c.b.Names.Prefix(), Audit: c.b.Audit, Index: c.b.Index, Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
+	return approvalstore.NewStore(c.b.Approvals, auditemit.New(c.b.NC, auditemit.Options{Prefix: c.b.Names.Prefix(), Audit: c.b.Audit, Index: c.b.Index, Logger: c.cfg.Logger})).OnSkipped(func(key string, err error) {
 		c.cfg.Logger.Warn("approval does not decode: skipped", "bucket", c.b.Names.ApprovalsBucket(), "key", key, "err", err)
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 
 	"github.com/google/uuid"
@@ -161,9 +162,9 @@ type Worker struct {
 	cfg   WorkerConfig
 	log   *slog.Logger
 	b     *broker.Broker
-	audit *audit.Emitter
+	audit *auditemit.Emitter
 	// emitter is audit for Stats, which may run before Run set it.
-	emitter atomic.Pointer[audit.Emitter]
+	emitter atomic.Pointer[auditemit.Emitter]
 	cat     *catalog
 	run     *engine.Runner
 	// sweeper is set while Run sweeps (DESIGN §13).
@@ -322,7 +323,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	defer w.policies.Stop()
-	w.audit = audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
+	w.audit = auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Disabled: w.cfg.knobs.DisableAudit, Logger: w.log, Unacknowledged: w.cfg.knobs.AuditUnacknowledged,
 		OnFailure: w.cfg.Observer.AuditFailed})
 	w.emitter.Store(w.audit)
 	w.run.Provisioned(b, w.audit)

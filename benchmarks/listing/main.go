@@ -2,7 +2,7 @@
 // "Listing executions") on a store that holds many of them: it starts an
 // embedded JetStream server on loopback, provisions capstan's resources,
 // fills the store with N executions as workers write them (each execution's
-// trail and index entry through audit.Emitter, its envelope in the envelopes
+// trail and index entry through auditemit.Emitter, its envelope in the envelopes
 // bucket), then times pages of the listing, newest first, straight from the
 // index (audit.List) and through a worker (executor.Client.Executions, what
 // the CLI and the console ask), each read several times.
@@ -32,6 +32,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/execrpc"
 )
@@ -137,7 +138,7 @@ var capabilities = []string{"demo.echo", "orders.refund", "orders.lookup", "emai
 // fill writes n executions as workers write them: one audit message of
 // each execution's events (which files its index entry), and its envelope.
 func fill(ctx context.Context, b *broker.Broker, n int) error {
-	em := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, AckTimeout: time.Minute})
+	em := auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, AckTimeout: time.Minute})
 	js, err := jetstream.New(b.NC, jetstream.WithPublishAsyncMaxPending(8192))
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go"
 )
@@ -28,7 +29,7 @@ func measureAudit(layout string, n, rate int) error {
 	if err != nil {
 		return err
 	}
-	e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
+	e := auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
 	// The ids are made before the heap is measured: they are this process's,
 	// not the server's.
 	ids := make([]string, n)

@@ -20,9 +20,9 @@
 //   - audit-per-id: each event a message on capstan.audit.<executionId>, as
 //     versions before the shards stored them;
 //   - audit-sharded: each event a message on the execution's shard
-//     (audit.Emitter.Emit), as workers emit today;
+//     (auditemit.Emitter.Emit), as workers emit today;
 //   - audit-one-message: the three in one message on the shard
-//     (audit.Emitter.EmitAll);
+//     (auditemit.Emitter.EmitAll);
 //
 // and the time audit.Read takes for one trail among them all.
 //

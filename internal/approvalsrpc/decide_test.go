@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/testenv"
@@ -52,7 +52,7 @@ func securedDecisions(t *testing.T, extra ...auth.Grant) (*testenv.Env, *approva
 		t.Fatal(err)
 	}
 	t.Cleanup(grants.Stop)
-	s := approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
+	s := approvalstore.NewStore(b.Approvals, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 	sub, err := approvalsrpc.Serve(wnc, s, b.Names, grants)
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/nats-io/nats.go"
@@ -36,7 +36,7 @@ func ExampleStore() {
 	if err != nil {
 		panic(err)
 	}
-	store := approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
+	store := approvalstore.NewStore(b.Approvals, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index}))
 
 	alice := envelope.Actor{Kind: "user", ID: "alice"}
 	bob := envelope.Actor{Kind: "user", ID: "bob"}

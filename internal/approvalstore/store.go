@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,7 +21,7 @@ import (
 // and CLI that shares the bucket agrees on who decided and who consumed.
 type Store struct {
 	kv    jetstream.KeyValue
-	audit *audit.Emitter
+	audit *auditemit.Emitter
 	now   func() time.Time
 	// skipped is told of each record a listing skipped (see OnSkipped).
 	skipped func(key string, err error)
@@ -39,7 +40,7 @@ func (s *Store) OnSkipped(f func(key string, err error)) *Store {
 // every operation fails with approvals.ErrNoBucket). Decisions are audited
 // on em, with the approver as the acting actor; em may be nil for a store
 // that only reads, creates and consumes.
-func NewStore(kv jetstream.KeyValue, em *audit.Emitter) *Store {
+func NewStore(kv jetstream.KeyValue, em *auditemit.Emitter) *Store {
 	return &Store{kv: kv, audit: em, now: func() time.Time { return time.Now().UTC() }}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
@@ -37,7 +38,7 @@ func storeOn(t *testing.T, nc *nats.Conn) (*approvalstore.Store, *broker.Broker)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return approvalstore.NewStore(b.Approvals, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
+	return approvalstore.NewStore(b.Approvals, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})), b
 }
 
 // pending creates a pending approval for alice's refund of amount.

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -202,7 +202,7 @@ func (b *Broker) CreateWithin(timeout time.Duration, kv jetstream.KeyValue, key 
 }
 
 func (b *Broker) create(w bound, kv jetstream.KeyValue, key string, v any, ttl time.Duration) (uint64, error) {
-	enc, err := envelope.Encode(v)
+	enc, err := msgenc.Encode(v)
 	if err != nil {
 		return 0, err
 	}

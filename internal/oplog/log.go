@@ -8,19 +8,20 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Log files an operator's events: under the principal By, with the person
 // at its keyboard (Operator) as the actor.
 type Log struct {
-	em           *audit.Emitter
+	em           *auditemit.Emitter
 	by, operator string
 }
 
 // New returns the log of by's changes, made on nc.
 func New(nc *nats.Conn, n broker.Names, by, operator string) *Log {
-	return &Log{em: audit.NewEmitter(nc, audit.Options{Prefix: n.Prefix()}), by: by, operator: operator}
+	return &Log{em: auditemit.New(nc, auditemit.Options{Prefix: n.Prefix()}), by: by, operator: operator}
 }
 
 // Record files an event of type typ under id (of capabilityID, if the

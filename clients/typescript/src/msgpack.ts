@@ -1,5 +1,5 @@
 // The msgpack layer under the records of docs/wire.md. Records are written
-// field by field as Go's envelope.Fields writes them (writer below, driven by
+// field by field as Go's msgenc.Fields writes them (writer below, driven by
 // the schemas of wire.ts); the values records carry (an input, an output, an
 // error's details) are written by encodeValue, which makes the choices Go's
 // codec makes, and read by @msgpack/msgpack.

@@ -466,7 +466,7 @@ type Field = readonly [name: string, kind: Kind, absent?: unknown];
 type Schema = readonly Field[];
 
 const int = { t: "int" } as const;
-/** A float64, written as the 9 bytes of one whatever its value, as Go's envelope.Fields.Float. */
+/** A float64, written as the 9 bytes of one whatever its value, as Go's msgenc.Fields.Float. */
 const float = { t: "float" } as const;
 const str = { t: "str" } as const;
 const bool = { t: "bool" } as const;

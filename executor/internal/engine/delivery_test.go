@@ -211,7 +211,7 @@ func TestAdmission_StagesEventsFiled(t *testing.T) {
 	t.Parallel()
 	g := newRig(t, &testCap{admit: func(context.Context, Request) Admission {
 		return Admission{Events: []Event{{Type: audit.EventDenied, Data: map[string]any{"reason": "policy: no"}}},
-			Refusal: envelope.Fail(envelope.CodePolicyDenied, envelope.StagePolicy, "No.")}
+			Refusal: &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: envelope.StagePolicy, Message: "No.", ExposeToModel: true}}
 	}}, nil)
 	req := g.request()
 	g.publish(req)

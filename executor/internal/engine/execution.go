@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/google/uuid"
@@ -133,7 +134,7 @@ func (x *execution) event(typ string, data map[string]any) *audit.Event {
 	return &audit.Event{
 		Type: typ, Surface: x.req.Surface, Actor: audit.ActorOf(x.req.Actor), Principal: x.principal, ExecutionID: x.req.ExecutionID,
 		CapabilityID: x.req.CapabilityID, CorrelationID: x.req.CorrelationID, InputHash: x.inputHash, Data: data,
-		TraceID: audit.TraceID(x.req.Traceparent),
+		TraceID: auditemit.TraceID(x.req.Traceparent),
 	}
 }
 
@@ -278,7 +279,7 @@ func (x *execution) endByRecord(err error, attempts int) Action {
 // Events reach the emitter under the trail's lock, so that they reach the
 // stream in the order they were filed, whoever flushes.
 type trail struct {
-	audit  *audit.Emitter
+	audit  *auditemit.Emitter
 	worker string
 
 	mu      sync.Mutex

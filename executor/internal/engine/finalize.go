@@ -11,6 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 	"github.com/capstan-dev/capstan/observe"
 )
 
@@ -197,7 +198,7 @@ const EnvelopeHashKey = "envelopeHash"
 // sealed is an envelope encoded once: the bytes the envelopes bucket
 // stores, of which the terminal event holds the hash.
 type sealed struct {
-	enc envelope.Encoded
+	enc msgenc.Encoded
 	ok  bool
 }
 
@@ -205,7 +206,7 @@ type sealed struct {
 // those bytes in the terminal event's data. Release the encoding once the
 // envelope is written.
 func seal(env *envelope.Envelope, data map[string]any) sealed {
-	enc, err := envelope.Encode(env)
+	enc, err := msgenc.Encode(env)
 	if err != nil {
 		// Not an envelope the bucket could store either: the create
 		// encodes it again and reports it.
@@ -395,7 +396,7 @@ func NotFoundError() *envelope.CapabilityError {
 
 // inputInvalid is the error of a request refused as no request at all.
 func inputInvalid(message string) *envelope.CapabilityError {
-	return envelope.Fail(envelope.CodeInputInvalid, envelope.StageInput, message)
+	return &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, Message: message, ExposeToModel: true}
 }
 
 // NotFoundNear is NotFoundError suggesting near, a capability the caller may

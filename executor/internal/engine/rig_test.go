@@ -10,6 +10,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
@@ -76,7 +77,7 @@ func (u testUnit) Work(ctx context.Context, a Attempt) (any, error) {
 func (u testUnit) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
 	b, err := envelope.NewRaw(out)
 	if err != nil {
-		return nil, envelope.Fail(envelope.CodeInternalError, envelope.StageOutput, err.Error())
+		return nil, &envelope.CapabilityError{Code: envelope.CodeInternalError, Stage: envelope.StageOutput, Message: err.Error(), ExposeToModel: true}
 	}
 	return b, nil
 }
@@ -120,7 +121,7 @@ func newRigOn(t *testing.T, bcfg broker.Config, c *testCap, cfg func(*Config)) *
 		cfg(&conf)
 	}
 	r := NewRunner(nc, slog.New(slog.DiscardHandler), conf)
-	r.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
+	r.Provisioned(b, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(r.Stop)
 	cons, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "test", Capabilities: []string{testOp}, AckWait: time.Minute})
 	if err != nil {

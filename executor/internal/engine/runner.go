@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/nats-io/nats.go"
@@ -45,7 +45,7 @@ func NewRunner(nc *nats.Conn, log *slog.Logger, cfg Config) *Runner {
 
 // Provisioned gives the runner the resources its worker provisioned and the
 // worker's audit emitter, before it serves anything.
-func (r *Runner) Provisioned(b *broker.Broker, em *audit.Emitter) {
+func (r *Runner) Provisioned(b *broker.Broker, em *auditemit.Emitter) {
 	w := r.w
 	w.b, w.audit = b, em
 	w.store = &store{b: b, nc: w.nc, log: w.log, lease: w.cfg.Lease, now: w.now, shutdown: w.base}

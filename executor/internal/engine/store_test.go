@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/google/uuid"
@@ -33,7 +33,7 @@ func testRunner(t *testing.T) *Runner {
 		t.Fatal(err)
 	}
 	r := NewRunner(nc, slog.New(slog.DiscardHandler), Config{ID: "w-test", Lease: 30 * time.Second})
-	r.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
+	r.Provisioned(b, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(r.Stop)
 	return r
 }

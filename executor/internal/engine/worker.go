@@ -9,6 +9,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/limits"
 	"github.com/capstan-dev/capstan/observe"
@@ -94,7 +95,7 @@ type Stats struct {
 type worker struct {
 	nc    *nats.Conn
 	b     *broker.Broker
-	audit *audit.Emitter
+	audit *auditemit.Emitter
 	cfg   Config
 	log   *slog.Logger
 	now   func() time.Time
@@ -182,7 +183,7 @@ func (w *worker) duplicate(principal string, req *envelope.Request, data map[str
 	w.stats.duplicates.Add(1)
 	w.emit(&audit.Event{Type: audit.EventDuplicateDelivery, Surface: req.Surface, Actor: audit.ActorOf(req.Actor),
 		Principal: principal, ExecutionID: req.ExecutionID, CapabilityID: req.CapabilityID, CorrelationID: req.CorrelationID,
-		TraceID: audit.TraceID(req.Traceparent), Data: data})
+		TraceID: auditemit.TraceID(req.Traceparent), Data: data})
 }
 
 // emit files ev, which belongs to no execution's trail, at once.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 	"github.com/nats-io/nats.go"
@@ -29,7 +29,7 @@ func sweepRig(b *testing.B, queued int, startBy time.Time) *Sweeper {
 		b.Fatal(err)
 	}
 	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second})
-	em := audit.NewEmitter(br.NC, audit.Options{Prefix: br.Names.Prefix(), Audit: br.Audit, Index: br.Index, Logger: slog.New(slog.DiscardHandler)})
+	em := auditemit.New(br.NC, auditemit.Options{Prefix: br.Names.Prefix(), Audit: br.Audit, Index: br.Index, Logger: slog.New(slog.DiscardHandler)})
 	eng.Provisioned(br, em)
 	b.Cleanup(eng.Stop)
 	w := New(br, eng, Config{Worker: "sweeper"})

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor/internal/engine"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/testenv"
@@ -32,7 +32,7 @@ func TestSweep_DeliveredRequestWithoutRecord_NeverNotStarted(t *testing.T) {
 	}
 	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second,
 		Observer: observe.NopWorker{}})
-	eng.Provisioned(b, audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
+	eng.Provisioned(b, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
 	t.Cleanup(eng.Stop)
 	cons, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "p", Capabilities: []string{"test.op"}, AckWait: time.Minute})
 	if err != nil {

@@ -1,4 +1,4 @@
-package audit_test
+package auditemit_test
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -19,7 +20,7 @@ func TestEmitAll_OneMessageKeepsTheEventsOrder(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	e.Emit(event(audit.EventRequested, "exec-a"))
 	e.EmitAll(event(audit.EventStarted, "exec-a"), event(audit.EventRetried, "exec-a"), event(audit.EventStarted, "exec-a"))
 	if err := e.EmitAllSync(testCtx(t), event(audit.EventCompleted, "exec-a"), event(audit.EventDuplicateDelivery, "exec-a")); err != nil {
@@ -66,9 +67,9 @@ func TestEmitAll_RefusesEventsOfSeveralExecutions(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	err := e.EmitAllSync(testCtx(t), event(audit.EventStarted, "exec-a"), event(audit.EventStarted, "exec-b"))
-	if !errors.Is(err, audit.ErrUnavailable) || !errors.Is(err, audit.ErrMixedExecutions) {
+	if !errors.Is(err, audit.ErrUnavailable) || !errors.Is(err, auditemit.ErrMixedExecutions) {
 		t.Fatalf("err %v, want ErrUnavailable and ErrMixedExecutions", err)
 	}
 	e.EmitAll(event(audit.EventStarted, "exec-a"), event(audit.EventStarted, "exec-b"))
@@ -87,7 +88,7 @@ func TestEmit_UnacknowledgedEventsAreStoredInOrder(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{Unacknowledged: true})
+	e := newEmitter(t, b, auditemit.Options{Unacknowledged: true})
 	const n = 50
 	for i := 0; i < n; i++ {
 		ev := event(audit.EventRetried, "exec-u")
@@ -128,7 +129,7 @@ func TestEmit_UnacknowledgedFailureOnAClosedConnectionIsCounted(t *testing.T) {
 	env := testenv.Start(t)
 	nc := env.Connect(t)
 	b := provision(t, nc, broker.Config{})
-	e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Unacknowledged: true})
+	e := auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Unacknowledged: true})
 	nc.Close()
 	e.EmitAll(event(audit.EventStarted, "exec-c"), event(audit.EventCompleted, "exec-c"))
 	if e.Failed() != 2 || e.Sent() != 0 {
@@ -163,7 +164,7 @@ func TestRead_LegacySingleEventMessagesOnTheExecutionsOwnSubject(t *testing.T) {
 	if trail, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, id); err != nil || fmt.Sprint(types(trail)) != fmt.Sprint([]string{audit.EventRequested, audit.EventStarted}) {
 		t.Fatalf("legacy trail %v, %v", types(trail), err)
 	}
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	if err := e.EmitSync(testCtx(t), event(audit.EventCompleted, id)); err != nil {
 		t.Fatal(err)
 	}

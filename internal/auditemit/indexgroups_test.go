@@ -1,7 +1,6 @@
-package audit_test
+package auditemit_test
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,10 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -59,8 +57,8 @@ func TestIndex_EndsCloseTogetherAreOneMessage(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
-	audit.SetIndexLinger(e, time.Hour) // only flushes send: the messages are counted
+	e := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e, time.Hour) // only flushes send: the messages are counted
 
 	emitExecution(e, "exec-long", "app", "demo.sleep", "alice", "") // running
 	for i := range 40 {
@@ -104,8 +102,8 @@ func TestIndex_EndsCloseTogetherAreOneMessage(t *testing.T) {
 	}
 
 	// Without a flush, an end goes once the linger has passed.
-	e2 := newEmitter(t, b, audit.Options{})
-	audit.SetIndexLinger(e2, 10*time.Millisecond)
+	e2 := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e2, 10*time.Millisecond)
 	emitExecution(e2, "exec-long", "app", "demo.sleep", "alice", audit.EventCompleted)
 	for ctx := testCtx(t); indexMsgs(t, b) < 5; {
 		select {
@@ -136,31 +134,8 @@ func TestIndex_OneEntryMessagesAsBefore(t *testing.T) {
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "mcp", Status: audit.EntryFailed, Code: "TIMEOUT",
 		Attempts: 3, DurationMs: 1500, ApprovalID: "ap-1", Resumed: true, RequestedAt: at, UpdatedAt: at.Add(time.Second)}
 	// plainEntry has Entry's fields without its encoder: the reflective
-	// encoder writes it.
+	// encoder writes it, as entries were written before they were grouped.
 	type plainEntry audit.Entry
-	for _, e := range []audit.Entry{full, {V: 1, ExecutionID: "x-2", Status: audit.EntryCompleted, UpdatedAt: at}} {
-		own, err := envelope.Marshal(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var buf bytes.Buffer
-		enc := msgpack.NewEncoder(&buf)
-		enc.SetCustomStructTag("json")
-		enc.SetOmitEmpty(true)
-		enc.UseCompactInts(true)
-		enc.SetSortMapKeys(true)
-		if err := enc.Encode(plainEntry(e)); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(own, buf.Bytes()) {
-			t.Fatalf("entry %s: own encoding\n%x\nreflective\n%x", e.ExecutionID, own, buf.Bytes())
-		}
-		back, err := audit.DecodeEntries(own)
-		if err != nil || len(back) != 1 || back[0].ExecutionID != e.ExecutionID || !back[0].UpdatedAt.Equal(e.UpdatedAt) {
-			t.Fatalf("decoded %+v %v", back, err)
-		}
-	}
-
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	old, err := envelope.Marshal(plainEntry(full))
@@ -171,7 +146,7 @@ func TestIndex_OneEntryMessagesAsBefore(t *testing.T) {
 	if _, err := js.Publish(testCtx(t), b.Names.IndexSubject("app", audit.EntryFailed, "alice", "demo.echo"), old); err != nil {
 		t.Fatal(err)
 	}
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	for i := range 3 {
 		emitExecution(e, fmt.Sprintf("new-%d", i), "app", "demo.echo", "alice", audit.EventCompleted)
 	}
@@ -207,7 +182,7 @@ func TestIndex_CursorsRoundTripAndBadOnesAreRefused(t *testing.T) {
 
 // emitApprovalRequested emits the message of an execution that asks for an
 // approval: its entry goes at once.
-func emitApprovalRequested(e *audit.Emitter, id string) {
+func emitApprovalRequested(e *auditemit.Emitter, id string) {
 	e.EmitAll(&audit.Event{Type: audit.EventApprovalRequested, ExecutionID: id, CapabilityID: "orders.refund", Principal: "app",
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"approvalId": "ap-" + id}})
 }
@@ -222,8 +197,8 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 
-	e := newEmitter(t, b, audit.Options{})
-	audit.SetIndexLinger(e, time.Hour)
+	e := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e, time.Hour)
 	emitExecution(e, "exec-before", "app", "demo.echo", "alice", audit.EventCompleted) // waits
 	emitExecution(e, "exec-held", "app", "orders.refund", "alice", "")                 // running, waits
 	emitApprovalRequested(e, "exec-held")
@@ -242,14 +217,14 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 
 	// A flush takes the running entry and is slow to send it: the
 	// approval-required entry waits for it, and is stored after.
-	e2 := newEmitter(t, b, audit.Options{})
-	audit.SetIndexLinger(e2, time.Hour)
+	e2 := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e2, time.Hour)
 	var mu sync.Mutex
 	var order []string
 	taken, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	defer once.Do(func() { close(release) }) // a failure leaves nothing waiting
-	audit.WrapIndexSend(e2, func(subject string, send func()) {
+	auditemit.WrapIndexSend(e2, func(subject string, send func()) {
 		if strings.Contains(subject, ".running.") {
 			close(taken)
 			<-release

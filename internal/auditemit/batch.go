@@ -1,4 +1,4 @@
-package audit
+package auditemit
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package audit_test
+package auditemit_test
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/testenv"
 )
@@ -51,7 +52,7 @@ func TestEmit_BatchedEventsAreOneMessageEachAndAllConfirmed(t *testing.T) {
 	if !b.Audit.CachedInfo().Config.AllowBatchPublish {
 		t.Fatal("the audit stream does not take batches")
 	}
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	const executions, each = 200, 5
 	var ids []string
 	before := serverMsgs(t, env)
@@ -85,7 +86,7 @@ func TestEmit_StreamStopsTakingBatches_LaterEventsAcknowledgedOneByOne(t *testin
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	log := &recorder{}
-	e := newEmitter(t, b, audit.Options{Logger: slog.New(log)})
+	e := newEmitter(t, b, auditemit.Options{Logger: slog.New(log)})
 	e.Emit(event(audit.EventRequested, "exec-1"))
 	flush(t, e)
 	cfg := b.Audit.CachedInfo().Config
@@ -117,7 +118,7 @@ func TestEmit_BatchForgottenByARestart_NoEventUnaccounted(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	for range 5 {
 		e.Emit(event(audit.EventStarted, "exec-before"))
 	}
@@ -147,7 +148,7 @@ func TestEmit_EventsEmittedWhileTheServerIsDown_StoredAfterItsRestart(t *testing
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	e := newEmitter(t, b, audit.Options{})
+	e := newEmitter(t, b, auditemit.Options{})
 	for range 5 {
 		e.Emit(event(audit.EventStarted, "exec-before")) // a batch left open by the outage
 	}
@@ -206,7 +207,7 @@ func TestEmit_ReplicatedBatchCommittedBeforeItsTailIsStored_NoneCountedFailed(t 
 		t.Fatalf("audit stream has %d replicas, want 3", got)
 	}
 	log := &recorder{}
-	e := newEmitter(t, b, audit.Options{Logger: slog.New(log), AckTimeout: 2 * time.Second})
+	e := newEmitter(t, b, auditemit.Options{Logger: slog.New(log), AckTimeout: 2 * time.Second})
 	const rounds, each = 5, 3
 	var ids []string
 	for r := range rounds {
@@ -239,7 +240,7 @@ func TestNewEmitter_EmittersTakenPerUseLeaveNoSubscriptionBehind(t *testing.T) {
 	before := b.NC.NumSubscriptions()
 	const uses = 20
 	for i := range uses {
-		e := audit.NewEmitter(b.NC, audit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
+		e := auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index})
 		if err := e.EmitSync(testCtx(t), event(audit.EventApproved, fmt.Sprintf("exec-%d", i))); err != nil {
 			t.Fatal(err)
 		}

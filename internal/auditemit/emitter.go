@@ -1,4 +1,4 @@
-package audit
+package auditemit
 
 import (
 	"bytes"
@@ -13,12 +13,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
-
-// ErrUnavailable marks an event JetStream did not acknowledge when it had to.
-var ErrUnavailable = errors.New("capstan: audit unavailable")
 
 // Options configure an Emitter. Zero values are the defaults.
 type Options struct {
@@ -90,8 +89,8 @@ type Emitter struct {
 // one call is given events of more than one execution.
 var ErrMixedExecutions = errors.New("capstan: audit events of different executions in one message")
 
-// NewEmitter returns an emitter publishing on the audit stream over nc.
-func NewEmitter(nc *nats.Conn, opts Options) *Emitter {
+// New returns an emitter publishing on the audit stream over nc.
+func New(nc *nats.Conn, opts Options) *Emitter {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -146,7 +145,7 @@ func (e *Emitter) IndexFailed() uint64 { return e.indexFailed.Load() }
 // listing is no evidence; an end may wait a moment for others
 // (indexgroups.go). Called after the trail's message was handed over, so
 // that an entry never names an execution whose trail was refused first.
-func (e *Emitter) index(evs []*Event) {
+func (e *Emitter) index(evs []*audit.Event) {
 	if !e.indexed {
 		return
 	}
@@ -218,12 +217,12 @@ func (e *Emitter) Sent() uint64 { return e.sent.Load() }
 
 // message encodes evs, all of one execution, as one message on the
 // execution's shard: a single event as itself, several as an array of events
-// (see Decode). The message's data is enc's: release enc once it is written.
-func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err error) {
+// (see audit.Decode). The message's data is enc's: release enc once it is written.
+func (e *Emitter) message(evs []*audit.Event) (m *nats.Msg, enc msgenc.Encoded, err error) {
 	first := evs[0]
 	now := time.Time{}
 	for _, ev := range evs {
-		if ev.ExecutionID != first.ExecutionID || ev.principal() != first.principal() {
+		if ev.ExecutionID != first.ExecutionID || principal(ev) != principal(first) {
 			return nil, enc, fmt.Errorf("%w: %q and %q", ErrMixedExecutions, first.Key(), ev.Key())
 		}
 		ev.V = envelope.Version
@@ -235,9 +234,9 @@ func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err 
 		}
 	}
 	if len(evs) == 1 {
-		enc, err = envelope.Encode(evs[0])
+		enc, err = msgenc.Encode(evs[0])
 	} else {
-		enc, err = envelope.Encode(evs)
+		enc, err = msgenc.Encode(evs)
 	}
 	if err != nil {
 		return nil, enc, err
@@ -250,14 +249,23 @@ func (e *Emitter) message(evs []*Event) (m *nats.Msg, enc envelope.Encoded, err 
 	}, enc, nil
 }
 
+// principal is ev's principal, the anonymous one when it names none, as
+// audit.Event.Key reads it.
+func principal(ev *audit.Event) string {
+	if ev.Principal == "" {
+		return broker.Anonymous
+	}
+	return ev.Principal
+}
+
 // Emit publishes ev without waiting for JetStream's acknowledgement. A failure
 // is logged and counted; it never fails the execution.
-func (e *Emitter) Emit(ev *Event) { e.EmitAll(ev) }
+func (e *Emitter) Emit(ev *audit.Event) { e.EmitAll(ev) }
 
 // EmitAll publishes evs, events of one execution, in order, as one message,
 // without waiting for JetStream's acknowledgement. A failure is logged and
 // counted (once per event); it never fails the execution.
-func (e *Emitter) EmitAll(evs ...*Event) {
+func (e *Emitter) EmitAll(evs ...*audit.Event) {
 	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return
 	}
@@ -289,26 +297,26 @@ func (e *Emitter) EmitAll(evs ...*Event) {
 
 // EmitSync publishes ev and waits until JetStream has stored it. Earlier
 // asynchronous events of the same connection are stored before it.
-func (e *Emitter) EmitSync(ctx context.Context, ev *Event) error { return e.EmitAllSync(ctx, ev) }
+func (e *Emitter) EmitSync(ctx context.Context, ev *audit.Event) error { return e.EmitAllSync(ctx, ev) }
 
 // EmitAllSync publishes evs, events of one execution, in order, as one
 // message, and waits until JetStream has stored it: all of them, or none.
 // Earlier asynchronous events of the same connection are stored before them.
-func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*Event) error {
+func (e *Emitter) EmitAllSync(ctx context.Context, evs ...*audit.Event) error {
 	if e == nil || e.opts.Disabled || len(evs) == 0 {
 		return nil
 	}
 	m, enc, err := e.message(evs)
 	if err != nil {
 		e.fail(len(evs))
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", audit.ErrUnavailable, err)
 	}
 	defer enc.Release()
 	ctx, cancel := context.WithTimeout(ctx, e.opts.AckTimeout)
 	defer cancel()
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
 		e.fail(len(evs))
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", audit.ErrUnavailable, err)
 	}
 	e.sent.Add(uint64(len(evs)))
 	e.index(evs)

@@ -1,7 +1,9 @@
-package audit
+package auditemit
 
 import (
 	"time"
+
+	"github.com/capstan-dev/capstan/audit"
 )
 
 // SetIndexLinger changes how long e's index entries wait for others; call it
@@ -15,8 +17,5 @@ func WrapIndexSend(e *Emitter, wrap func(subject string, send func())) {
 	e.groups.send = func(g *indexGroup) { wrap(g.subject, func() { send(g) }) }
 }
 
-// DecodeEntries reads a message of the index (decodeEntries).
-func DecodeEntries(b []byte) ([]Entry, error) { return decodeEntries(b) }
-
 // EntryOf is the index entry of one audit message's events (entryOf).
-func EntryOf(evs []*Event) *Entry { return entryOf(evs) }
+func EntryOf(evs []*audit.Event) *audit.Entry { return entryOf(evs) }

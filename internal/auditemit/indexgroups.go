@@ -1,4 +1,4 @@
-package audit
+package auditemit
 
 import (
 	"bytes"
@@ -6,8 +6,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/msgenc"
 )
 
 // The executions index's entries, coalesced (DESIGN §3, "Listing
@@ -38,7 +40,7 @@ const (
 
 // waits reports whether an entry of status may wait for others.
 func waits(status string) bool {
-	return status != EntryApprovalRequired
+	return status != audit.EntryApprovalRequired
 }
 
 // indexGroup is one message of the index being made: entries of one subject,
@@ -76,7 +78,7 @@ func (g *indexGroup) join(entry []byte) {
 }
 
 // payload is the message's data: the entry alone, or the entries as an
-// array (decodeEntries). It is g's buffer: valid until release.
+// array (audit.List reads both). It is g's buffer: valid until release.
 func (g *indexGroup) payload() []byte {
 	b := *g.buf
 	switch {
@@ -140,7 +142,7 @@ func newIndexGroups(names broker.Names, send func(*indexGroup)) *indexGroups {
 // subjectTokens are the tokens of e's subject: a principal or a capability
 // id that is no subject token (a request refused for it) is filed under the
 // anonymous principal, or "_invalid".
-func subjectTokens(e *Entry) groupKey {
+func subjectTokens(e *audit.Entry) groupKey {
 	k := groupKey{principal: e.Principal, status: e.Status, shard: broker.IndexActorShard(e.Actor.ID), capability: e.CapabilityID}
 	if envelope.ValidCapabilityID(k.capability) != nil {
 		k.capability = "_invalid"
@@ -153,8 +155,8 @@ func subjectTokens(e *Entry) groupKey {
 
 // add files e: at once when it does not wait, else into its subject's open
 // group, which goes when full.
-func (gs *indexGroups) add(e *Entry) error {
-	enc, err := envelope.Encode(e)
+func (gs *indexGroups) add(e *audit.Entry) error {
+	enc, err := msgenc.Encode(e)
 	if err != nil {
 		return err
 	}
@@ -177,7 +179,7 @@ func (gs *indexGroups) add(e *Entry) error {
 	}
 	gs.mu.Lock()
 	var full *indexGroup
-	if e.Status == EntryRunning {
+	if e.Status == audit.EntryRunning {
 		gs.running[broker.Key(e.Principal, e.ExecutionID)] = waiting{k: k, principal: e.Principal, executionID: e.ExecutionID,
 			data: bytes.Clone(enc.Bytes())}
 	} else {
@@ -203,7 +205,7 @@ func (gs *indexGroups) add(e *Entry) error {
 
 // replaced forgets the running entry of e's execution that still waits:
 // e, later, replaces it. Called with mu held.
-func (gs *indexGroups) replaced(e *Entry) {
+func (gs *indexGroups) replaced(e *audit.Entry) {
 	if len(gs.running) > 0 {
 		delete(gs.running, broker.Key(e.Principal, e.ExecutionID))
 	}

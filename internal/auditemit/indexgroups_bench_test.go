@@ -1,10 +1,11 @@
-package audit
+package auditemit
 
 import (
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
@@ -16,15 +17,15 @@ func BenchmarkIndexEntry(b *testing.B) {
 	gs := newIndexGroups(broker.NewNames(""), func(g *indexGroup) { g.release() })
 	gs.linger = time.Hour
 	now := time.Now()
-	evs := func(id string) []*Event {
-		mk := func(typ string, data map[string]any) *Event {
-			return &Event{Type: typ, ExecutionID: id, CapabilityID: "demo.echo", Principal: "_anon",
-				Actor: Actor{ID: "capstan-bench", Kind: "service"}, Surface: "direct", Timestamp: now, Data: data}
+	evs := func(id string) []*audit.Event {
+		mk := func(typ string, data map[string]any) *audit.Event {
+			return &audit.Event{Type: typ, ExecutionID: id, CapabilityID: "demo.echo", Principal: "_anon",
+				Actor: audit.Actor{ID: "capstan-bench", Kind: "service"}, Surface: "direct", Timestamp: now, Data: data}
 		}
-		return []*Event{mk(EventRequested, nil), mk(EventStarted, map[string]any{"attempt": 1}),
-			mk(EventCompleted, map[string]any{"attempts": 1, "durationMs": int64(2)})}
+		return []*audit.Event{mk(audit.EventRequested, nil), mk(audit.EventStarted, map[string]any{"attempt": 1}),
+			mk(audit.EventCompleted, map[string]any{"attempts": 1, "durationMs": int64(2)})}
 	}
-	msgs := make([][]*Event, 1024)
+	msgs := make([][]*audit.Event, 1024)
 	for i := range msgs {
 		msgs[i] = evs("01a24a7f-1180-7455-b0cb-" + strconv.Itoa(100000000000+i))
 	}
