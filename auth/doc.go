@@ -21,8 +21,9 @@
 //     executions, lists (through the workers) only the approvals its own
 //     requests asked for. It writes no key-value bucket and no audit event.
 //   - approver: lists and decides the approvals of the types it holds,
-//     through requests the workers serve; they record decisions with the
-//     approver's authenticated identity.
+//     through requests the workers serve (executor.Client.ListApprovals and
+//     Decide); they record decisions with the approver's authenticated
+//     identity. It reads catalog entries by key and no bucket else.
 //   - worker: serves pools; the only role that writes records, envelopes,
 //     approvals, the catalog and the audit trail. It cannot touch grants,
 //     delete streams or remove audit events.

@@ -61,7 +61,7 @@ var crossings = []subjectCrossing{
 	{Subject: func(n broker.Names, p string) string { return directGet(n.EnvelopesBucket(), p+".>") }, Roles: []Role{RoleProducer}},
 	{Subject: func(n broker.Names, p string) string { return directGet(n.ExecutionsBucket(), p+".>") }, Roles: []Role{RoleProducer}},
 	// Catalog entries by key, everyone's.
-	{Subject: func(n broker.Names, _ string) string { return directGet(n.CatalogBucket(), ">") }, Public: true, Roles: []Role{RoleProducer}},
+	{Subject: func(n broker.Names, _ string) string { return directGet(n.CatalogBucket(), ">") }, Public: true, Roles: []Role{RoleProducer, RoleApprover}},
 	// Its envelopes' notifications, the envelopes bucket's republish.
 	{Subject: func(n broker.Names, p string) string { return n.EnvelopeSubjectsOf(p) }, Stream: true, Roles: []Role{RoleProducer}},
 	// Its executions' progress, as workers publish it.

@@ -83,10 +83,15 @@ func (s *Setup) Permissions(g Grant) Permissions {
 		}
 	case RoleApprover:
 		// Approvals are listed and decided through the workers, which keep to
-		// the approver's types: an approver reads no bucket itself.
-		// So are the executions behind them, with their trails and outcomes.
+		// the approver's types: an approver reads no bucket itself but the
+		// catalog, by key, as a producer does, which a Client reads when it
+		// opens. So are the executions behind them, with their trails and
+		// outcomes. Its envelopes' subjects, which a Client subscribes to,
+		// carry nothing: no envelope is an approver's.
 		return Permissions{PublishAllow: []string{n.DecideSubject(p), n.ListApprovalsSubject(p),
-			n.ListExecutionsSubject(p), n.ExecutionSubject(p)}, SubscribeAllow: []string{inbox}}
+			n.ListExecutionsSubject(p), n.ExecutionSubject(p),
+			js("DIRECT.GET." + kvStream(n.CatalogBucket()) + ".$KV." + n.CatalogBucket() + ".>")},
+			SubscribeAllow: []string{inbox, n.EnvelopeSubjectsOf(p)}}
 	case RoleNotifier:
 		// The approvals stream's consumers: a channel's is notify-<channel>,
 		// one subject token, which no wildcard can narrow to the prefix.

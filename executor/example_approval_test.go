@@ -8,9 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
@@ -59,8 +59,10 @@ func ExampleClient_Resume() {
 	// carol, an approver, decides from her own connection, as capstan
 	// approve does: the workers check that she may, and record her as the
 	// approver.
-	decided, err := approvalsrpc.Decide(ctx, connect("carol"), broker.NewNames(""),
-		approvalsrpc.DecideRequest{ApprovalID: approvalID, Approve: true, Comment: "invoice checked"})
+	carol, err := executor.NewClient(connect("carol"), executor.ClientConfig{})
+	check(err)
+	defer carol.Close()
+	decided, err := carol.Decide(ctx, approvalID, approvals.Verdict{Approve: true, Comment: "invoice checked"})
 	check(err)
 	fmt.Println(decided.Status, "by", decided.Decision.Approver)
 

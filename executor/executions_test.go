@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 
+	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
@@ -270,4 +271,41 @@ func requestExecutions(ctx context.Context, nc *nats.Conn, n broker.Names, req e
 func requestExecution(ctx context.Context, nc *nats.Conn, n broker.Names, req executor.ExecutionRequest) (*executor.ExecutionView, error) {
 	req.V = envelope.Version
 	return execrpc.Ask[executor.ExecutionView](ctx, nc, n, n.ExecutionSubject, &req, "read execution "+req.ExecutionID)
+}
+
+// An approver's program opens a Client on its own credentials, as a
+// producer's does, and lists and decides through it what its types allow:
+// bob (finance) sees and approves the refund, recorded as himself; carol
+// (security) sees nothing, and her decision is answered as of an approval
+// that does not exist, which changes nothing.
+func TestApproverClient_ListsAndDecidesItsTypesOnly(t *testing.T) {
+	t.Parallel()
+	r := newReaders(t)
+	alice := r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
+	refund, err := alice.Call(ctxT(t), "orders.refund", map[string]any{"orderId": "o-9", "amount": 900})
+	if err != nil || refund.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("refund: %v %+v", err, refund)
+	}
+	approvalID := refund.Approval.ID
+	bob := r.client(t, "bob", envelope.Actor{})
+	carol := r.client(t, "carol", envelope.Actor{})
+
+	if page, err := carol.ListApprovals(ctxT(t), approvals.ListRequest{}); err != nil || len(page.Records) != 0 {
+		t.Fatalf("carol lists %+v (%v), want nothing of finance", page, err)
+	}
+	if _, err := carol.Decide(ctxT(t), approvalID, approvals.Verdict{Approve: true}); !errors.Is(err, approvals.ErrNotFound) {
+		t.Fatalf("carol deciding a finance approval: %v, want ErrNotFound", err)
+	}
+	page, err := bob.ListApprovals(ctxT(t), approvals.ListRequest{})
+	if err != nil || len(page.Records) != 1 || page.Records[0].ID != approvalID || page.Records[0].Status != approvals.StatusPending {
+		t.Fatalf("bob lists %+v (%v), want the pending refund", page, err)
+	}
+	rec, err := bob.Decide(ctxT(t), approvalID, approvals.Verdict{Approve: true, Comment: "checked",
+		Approver: envelope.Actor{Kind: "user", ID: "alice"}})
+	if err != nil || rec.Status != approvals.StatusApproved || rec.Decision == nil || rec.Decision.Approver.ID != "bob" {
+		t.Fatalf("bob's decision: %+v (%v), want approved by bob whatever the verdict names", rec, err)
+	}
+	if env, err := alice.Resume(ctxT(t), approvalID); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("resume: %v %+v", err, env)
+	}
 }
