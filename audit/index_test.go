@@ -8,7 +8,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // emitExecution files one execution's trail as a worker does for a quick

@@ -23,8 +23,8 @@ import (
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // Every test here attacks with a producer's real credentials against a real

@@ -24,7 +24,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/limits"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // A principal is a tenant (design §2, §6, §7, §17): one principal cannot take

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // serveWait bounds how long Worker waits for the worker to serve.
@@ -148,4 +148,13 @@ func (r *Running) waitServing() error {
 	case <-time.After(serveWait):
 		return fmt.Errorf("the worker does not serve after %s", serveWait)
 	}
+}
+
+// Server starts a JetStream server for the test, embedded in its process,
+// on loopback with a store in the test's temporary directory, and returns
+// its URL; it is shut down when the test ends. For a test of a program that
+// connects by URL, or of several workers on one server (WithConn).
+func Server(t testing.TB) string {
+	t.Helper()
+	return testenv.Start(t).URL
 }

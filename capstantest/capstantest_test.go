@@ -5,15 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/internal/testhooks"
-
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 )
 
 // Every worker, client and server a test started is gone when the tests end.
@@ -129,4 +129,26 @@ func TestStop_ReturnsOnceTheWorkerIsGone(t *testing.T) {
 		t.Fatal("Stop returned while the execution it held still had its context")
 	}
 	w.Stop()
+}
+
+// Server gives each call a server of its own, with JetStream, reachable at
+// the URL it returns.
+func TestServer_OwnJetStreamServerPerCall(t *testing.T) {
+	t.Parallel()
+	a, b := capstantest.Server(t), capstantest.Server(t)
+	if a == b {
+		t.Fatalf("two servers share the URL %s", a)
+	}
+	nc, err := executor.Connect(executor.ConnectOptions{URL: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.AccountInfo(context.Background()); err != nil {
+		t.Fatalf("no JetStream at %s: %v", a, err)
+	}
 }

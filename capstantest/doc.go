@@ -1,6 +1,6 @@
 // Package capstantest gives a test a running capstan worker in one line: a
-// worker serving the test's registry on a fresh embedded JetStream server
-// (testenv), started, serving, and stopped when the test ends, with clients to
+// worker serving the test's registry on a fresh embedded JetStream server,
+// started, serving, and stopped when the test ends, with clients to
 // call it. Each test owns its server, so tests that use it run in parallel.
 //
 //	func TestGreet(t *testing.T) {
@@ -23,7 +23,9 @@
 // its configuration (its pool, lease, logger, broker prefix); WithConn runs it
 // over a connection the test made, to a server of its own (a cluster, a
 // server with authentication, where the worker connects as the worker
-// principal).
+// principal). Server starts a server alone, for a test of a program that
+// connects by URL; Running.Connect connects to the worker's server, for a
+// second worker on it.
 //
 // It is a package for tests: it imports testing and links the embedded
 // server. Programs import executor.

@@ -17,7 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // An approval authorizes one execution for as long as the approval exists

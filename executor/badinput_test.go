@@ -14,7 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // waitEmpty waits until the exec stream holds no message: every request was

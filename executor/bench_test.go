@@ -14,7 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/policies"
 	"github.com/capstan-dev/capstan/internal/procstat"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 type benchIn struct {

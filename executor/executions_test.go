@@ -19,7 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/execrpc"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // readers is a secured deployment for the reading rules: alice and gw

@@ -15,7 +15,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // degrees decodes itself from JSON: a number, or a string like "21.5C".

@@ -11,8 +11,8 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // flood is a handler that reports as fast as it can, from four goroutines,

@@ -15,8 +15,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	auditlog "github.com/capstan-dev/capstan/internal/trail"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // An execution's trail is proved in the deployment's signed audit log, and

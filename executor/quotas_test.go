@@ -19,9 +19,9 @@ import (
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // refusals counts a worker's refusals by quota and principal, as its

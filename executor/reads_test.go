@@ -11,8 +11,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // Reads without claims (DESIGN §14): a read declared Idempotent runs with

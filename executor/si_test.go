@@ -50,7 +50,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // trailEvent is one stored audit event and its bytes.

@@ -12,8 +12,8 @@ import (
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/observe"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // skips counts what a worker's listings skipped, per bucket.

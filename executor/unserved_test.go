@@ -9,7 +9,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 func clientUnserved(t *testing.T, env *testenv.Env, u executor.Unserved) *executor.Client {

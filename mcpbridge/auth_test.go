@@ -18,8 +18,8 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 const malloryToken = "mallory-token-0123456789"

@@ -26,8 +26,8 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 var (

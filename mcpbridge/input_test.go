@@ -17,8 +17,8 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // rpcReply is one JSON-RPC response as a client reads it.

@@ -3,7 +3,7 @@ package mcpbridge_test
 import (
 	"testing"
 
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 
 	"go.uber.org/goleak"
 )

@@ -13,8 +13,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/mcpbridge"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // A model whose gateway is over its queue quota (DESIGN §12 "Quotas") is

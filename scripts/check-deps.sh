@@ -3,7 +3,7 @@
 # library packages stays the NATS client, msgpack, uuid and what the package
 # itself is about (Prometheus for telemetry, the MCP SDK for mcpbridge). The
 # server, gRPC, the OpenTelemetry exporters and a browser belong to the
-# binaries: cmd/capstan, testenv and capstantest (an embedded server, for
+# binaries: cmd/capstan, capstantest (an embedded server, for
 # tests, by design) and telemetry/otlp (the OTLP wiring a program chooses to
 # import).
 #
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 module=$(go list -m)
-excluded="^$module/(cmd/|internal/|scripts/|testenv\$|capstantest\$|telemetry/otlp\$)"
+excluded="^$module/(cmd/|internal/|scripts/|capstantest\$|telemetry/otlp\$)"
 forbidden='^(github\.com/nats-io/nats-server/|google\.golang\.org/grpc(/|$)|go\.opentelemetry\.io/otel/exporters/|github\.com/chromedp/)'
 
 mapfile -t libraries < <(go list ./... | grep -Ev "$excluded")

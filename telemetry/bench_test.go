@@ -13,9 +13,9 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // observers of the benchmarks: none, metrics with tracing off (no provider

@@ -8,8 +8,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // Limits in the scrape (DESIGN §17): each execution a limit held back, by

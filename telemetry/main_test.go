@@ -1,7 +1,7 @@
 package telemetry_test
 
 import (
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"testing"
 
 	"go.uber.org/goleak"

@@ -17,8 +17,8 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // A known workload through a real worker on embedded JetStream: the scrape

@@ -7,8 +7,8 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // Each principal's queue is on a scrape, held and bound (DESIGN §12

@@ -12,9 +12,9 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/observe"
 	"github.com/capstan-dev/capstan/telemetry"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // One call yields one connected trace: the client's span is its only root,

@@ -11,7 +11,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // A NATS URL may carry a user and password or a token: a connection error

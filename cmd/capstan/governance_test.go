@@ -15,7 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 func TestGovernance_DescribeAndInputErrorsThroughTheCLI(t *testing.T) {

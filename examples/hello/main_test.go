@@ -10,7 +10,6 @@ import (
 
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 func TestMain(m *testing.M) {
@@ -19,11 +18,11 @@ func TestMain(m *testing.M) {
 
 // The program's one round trip, against a real embedded JetStream.
 func TestHello_OneCallCompletes(t *testing.T) {
-	env := testenv.Start(t)
+	url := capstantest.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a safety net
 	defer cancel()
 	var out strings.Builder
-	if err := run(ctx, executor.ConnectOptions{URL: env.URL}, &out); err != nil {
+	if err := run(ctx, executor.ConnectOptions{URL: url}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := out.String(), "completed 1 Hello, Ada!\n"; got != want {
@@ -36,7 +35,7 @@ func TestHello_OneCallCompletes(t *testing.T) {
 // its own worker: it calls once that worker is ready, and the other worker,
 // which does not serve greet.hello, leaves the call to it.
 func TestHello_AgainstARunningDeployment(t *testing.T) {
-	env := testenv.Start(t)
+	url := capstantest.Server(t)
 	echo := executor.Define("demo.echo", executor.Meta{
 		Description: "Returns its input.",
 		Expose:      executor.On(executor.SurfaceDirect),
@@ -48,11 +47,16 @@ func TestHello_AgainstARunningDeployment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	demo := capstantest.Worker(t, reg, capstantest.WithConn(env.Connect(t)))
+	nc, err := executor.Connect(executor.ConnectOptions{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	demo := capstantest.Worker(t, reg, capstantest.WithConn(nc))
 	for range 3 { // each run starts a new worker of greet.hello, and calls at once
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a safety net
 		var out strings.Builder
-		err := run(ctx, executor.ConnectOptions{URL: env.URL}, &out)
+		err := run(ctx, executor.ConnectOptions{URL: url}, &out)
 		cancel()
 		if err != nil {
 			t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // Every store, connection and server a test started is gone when the tests

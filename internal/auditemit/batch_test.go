@@ -12,7 +12,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // serverMsgs is how many messages the server has taken in and sent out.

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // Each pool's backlog counts what its filter matches, and its oldest request

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // Open binds the envelopes and executions buckets for reading by key, without

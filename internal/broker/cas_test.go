@@ -13,7 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 type counter struct {

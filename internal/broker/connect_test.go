@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/nats-io/nats.go/jetstream"
 )
 

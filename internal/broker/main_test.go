@@ -9,7 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 func TestMain(m *testing.M) {

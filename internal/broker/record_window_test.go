@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // A deployment has one record window (DESIGN §16): its first worker records

@@ -16,7 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/credfile"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // Credentials read once are all a connection needs: with the file gone

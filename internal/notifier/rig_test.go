@@ -20,8 +20,8 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/notify"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // guard bounds how long a test waits for an effect before it fails.

@@ -20,8 +20,8 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/notify"
-	"github.com/capstan-dev/capstan/testenv"
 )
 
 // A notifier's credentials read the notify consumers and nothing else: with

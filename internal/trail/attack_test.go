@@ -17,7 +17,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/minio/highwayhash"
 	"github.com/nats-io/nats.go"
 )

@@ -8,7 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/procstat"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/nats-io/nats.go"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // A log that nobody touched verifies, across tile boundaries, and a

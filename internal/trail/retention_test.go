@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // The stream's age limit removes the oldest events: the log is not broken.

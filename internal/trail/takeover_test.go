@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/nats-io/nats.go"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
-	"github.com/capstan-dev/capstan/testenv"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // parallelGiven says whether go test was given -parallel, which RaiseParallel
