@@ -115,8 +115,9 @@ func TestSeveralNotifiers_EachNotificationSentOnce(t *testing.T) {
 	}
 }
 
-// A notifier stopped while a delivery waits for its retry hands it back at
-// once; the next notifier sends it, with the same idempotency key.
+// A notifier stopped while a delivery waits for its retry hands it back,
+// past its own last pull; the next notifier sends it, with the same
+// idempotency key, and nothing is left delivered to the stopped one.
 func TestStoppedMidRetry_NextNotifierSendsIt(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, refund())

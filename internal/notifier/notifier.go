@@ -346,8 +346,11 @@ func (n *Notifier) handle(ctx context.Context, c *channel, m jetstream.Msg, sinc
 	done := n.deliver(ctx, c, note)
 	stop()
 	if !done {
-		// Stopping: another notifier sends it, at once.
-		_ = m.Nak()
+		// Stopping: another notifier sends it, once this one's last pull
+		// has expired. Handed back at once, the server could give it to
+		// that pull, which nobody reads any more, and nobody would send it
+		// before the consumer's AckWait.
+		_ = m.NakWithDelay(fetchWait)
 		return
 	}
 	if !p.again.IsZero() {
