@@ -80,7 +80,8 @@ func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, 
 // envelope its terminal event commits to): check it with Verify and the
 // deployment's public key. It waits, until ctx ends, for a checkpoint that
 // covers the trail's last event (the checkpointer signs about every
-// second). Like Trail, it needs a connection that may read the audit
+// second), and, right after a call, for the terminal event the worker files
+// just after the envelope. Like Trail, it needs a connection that may read the audit
 // stream.
 func (c *Client) ProveTrail(ctx context.Context, executionID string) (*audit.TrailProof, error) {
 	return auditproof.Prove(ctx, c.b, c.principal, executionID)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -23,9 +24,21 @@ import (
 // latest checkpoint does not cover the trail's last message yet, Prove
 // waits for one that does, until ctx ends. It needs a connection that may
 // read the audit stream and the trail's bucket (an admin's, a worker's, an
-// open server's).
+// open server's). Of an execution that ended, the worker files the
+// terminal event just after the envelope: Prove waits for it too, at most
+// terminalWait, and then proves what is filed.
 func Prove(ctx context.Context, b *broker.Broker, principal, executionID string) (*audit.TrailProof, error) {
-	events, err := audit.Read(ctx, b.NC, b.Names.Prefix(), principal, executionID)
+	var stored []byte
+	if b.Envelopes != nil {
+		e, err := b.Envelopes.Get(ctx, broker.Key(principal, executionID))
+		switch {
+		case err == nil:
+			stored = e.Value()
+		case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
+			return nil, err
+		}
+	}
+	events, err := readTrail(ctx, b, principal, executionID, stored != nil)
 	if err != nil {
 		return nil, err
 	}
@@ -53,14 +66,37 @@ func Prove(ctx context.Context, b *broker.Broker, principal, executionID string)
 		}
 		p.Messages = append(p.Messages, pm)
 	}
-	if b.Envelopes != nil {
-		e, err := b.Envelopes.Get(ctx, broker.Key(principal, executionID))
-		switch {
-		case err == nil:
-			p.Envelope = e.Value()
-		case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
-			return nil, err
+	p.Envelope = stored
+	return p, nil
+}
+
+// terminalWait bounds how long Prove waits for an ended execution's
+// terminal event: the worker files it within milliseconds of the envelope;
+// one whose trail could not be written (the audit stream full or out of
+// reach) never files it.
+const terminalWait = 10 * time.Second
+
+// readTrail reads the trail; of an execution that ended, once it holds the
+// terminal event, or terminalWait passed.
+func readTrail(ctx context.Context, b *broker.Broker, principal, executionID string, ended bool) ([]audit.Event, error) {
+	wait, cancel := context.WithTimeout(ctx, terminalWait)
+	defer cancel()
+	for try := 0; ; try++ {
+		events, err := audit.Read(ctx, b.NC, b.Names.Prefix(), principal, executionID)
+		if !ended || (err == nil && slices.ContainsFunc(events, terminal)) || (err != nil && !errors.Is(err, broker.ErrNotFound)) {
+			return events, err
+		}
+		select {
+		case <-wait.Done():
+			return events, err
+		case <-time.After(broker.Backoff(try)):
 		}
 	}
-	return p, nil
+}
+
+// terminal reports whether ev ends its execution's trail, committing to the
+// envelope (executor's engine.EnvelopeHashKey).
+func terminal(ev audit.Event) bool {
+	_, ok := ev.Data["envelopeHash"]
+	return ok
 }
