@@ -102,8 +102,8 @@ func TestRead_UnknownExecutionIsNotFound(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
-	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "never-ran"); !errors.Is(err, broker.ErrNotFound) {
-		t.Fatalf("err %v, want broker.ErrNotFound", err)
+	if _, err := audit.Read(testCtx(t), b.NC, b.Names.Prefix(), broker.Anonymous, "never-ran"); !errors.Is(err, audit.ErrNoEvents) || !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("err %v, want audit.ErrNoEvents", err)
 	}
 }
 

@@ -49,9 +49,13 @@ func idTime(executionID string) (time.Time, bool) {
 	return time.UnixMilli(ms), true
 }
 
+// ErrNoEvents is the error of a trail that holds no event: an execution
+// unknown, long gone, or another principal's. Compare with errors.Is.
+var ErrNoEvents = fmt.Errorf("%w: no audit events", broker.ErrNotFound)
+
 // Read returns the trail of principal's execution executionID, oldest first,
 // in the order its events were emitted. An execution with no event fails with
-// an error wrapping broker.ErrNotFound. Executions are scoped by principal:
+// an error wrapping ErrNoEvents. Executions are scoped by principal:
 // another principal's events under the same id are not part of the trail.
 //
 // The events are on the execution's shard (broker.AuditShard of its key)
@@ -109,7 +113,7 @@ func Read(ctx context.Context, nc *nats.Conn, prefix, principal, executionID str
 		trail = merge(old, trail)
 	}
 	if len(trail) == 0 {
-		return nil, fmt.Errorf("%w: no audit events for execution %s", broker.ErrNotFound, executionID)
+		return nil, fmt.Errorf("%w for execution %s", ErrNoEvents, executionID)
 	}
 	return trail, nil
 }

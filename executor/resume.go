@@ -71,6 +71,7 @@ func (c *Client) WithdrawApproval(ctx context.Context, approvalID string, by env
 
 // Trail reads an execution's audit trail, in order, as the client's
 // principal may: its own executions' trails, or every one on an open server.
+// A trail with no event fails with audit.ErrNoEvents.
 func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, error) {
 	return audit.Read(ctx, c.b.NC, c.b.Names.Prefix(), c.principal, executionID)
 }
