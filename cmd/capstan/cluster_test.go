@@ -410,15 +410,6 @@ func indexOf(nodes []*serverNode, n *serverNode) int {
 	return -1
 }
 
-func mustStream(t *testing.T, ctx context.Context, js jetstream.JetStream, name string) jetstream.Stream {
-	t.Helper()
-	s, err := js.Stream(ctx, name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	return s
-}
-
 // envelopesStored checks that the envelopes stream holds exactly n
 // envelopes, one write each. Right after a node restart, the leader that
 // answers may not have applied every committed write to its store yet: its
