@@ -9,10 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capstan-dev/capstan/execution"
-	"github.com/capstan-dev/capstan/internal/execrpc"
-	"github.com/capstan-dev/capstan/internal/jsget"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -20,9 +16,13 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
+	"github.com/capstan-dev/capstan/internal/jsget"
+	"github.com/capstan-dev/capstan/internal/wireerr"
 )
 
 // Reading executions on a principal's behalf (DESIGN §12, "Who reads
@@ -158,46 +158,10 @@ var (
 	ErrAmbiguousID = errors.New("capstan: ambiguous execution id")
 )
 
-var readConditions = []struct {
-	name string
-	err  error
-}{
-	{"forbidden", ErrNotAllowed}, {"unknown", ErrNoSuchExecution},
-	{"not_found", broker.ErrNotFound},
-}
-
-func readConditionsOf(err error) []string {
-	var out []string
-	for _, c := range readConditions {
-		if errors.Is(err, c.err) && !slices.Contains(out, c.name) {
-			out = append(out, c.name)
-		}
-	}
-	return out
-}
-
-// readError is a refusal the workers answered.
-type readError struct {
-	msg   string
-	conds []error
-}
-
-func (e *readError) Error() string   { return e.msg }
-func (e *readError) Unwrap() []error { return e.conds }
-
-func readErrorOf(msg string, conds []string, details map[string]any) error {
-	if slices.Contains(conds, "quota_exceeded") {
-		return envelope.QuotaRefusal(msg, details)
-	}
-	e := &readError{msg: msg}
-	for _, n := range conds {
-		for _, c := range readConditions {
-			if c.name == n {
-				e.conds = append(e.conds, c.err)
-			}
-		}
-	}
-	return e
+// readConditions name the conditions of a reading refused on the wire.
+var readConditions = wireerr.Table{
+	{Name: "forbidden", Err: ErrNotAllowed}, {Name: "unknown", Err: ErrNoSuchExecution},
+	{Name: "not_found", Err: broker.ErrNotFound},
 }
 
 // readTimeout bounds one reading in a worker.
@@ -257,7 +221,7 @@ func (w *Worker) serveExecutions(m *nats.Msg) {
 		page, err := w.listExecutions(ctx, principal, req)
 		cancel()
 		if err != nil {
-			reply.Error, reply.Conditions = err.Error(), readConditionsOf(err)
+			reply.Error, reply.Conditions = err.Error(), readConditions.Names(err)
 		} else {
 			reply = *page
 			cutPage(&reply, req.Cursor, w.replyBound(principal))
@@ -577,7 +541,7 @@ func (w *Worker) serveExecution(m *nats.Msg) {
 		reply, err = w.execution(ctx, principal, req)
 		cancel()
 		if err != nil {
-			reply = &ExecutionView{ExecutionID: req.ExecutionID, Error: err.Error(), Conditions: readConditionsOf(err)}
+			reply = &ExecutionView{ExecutionID: req.ExecutionID, Error: err.Error(), Conditions: readConditions.Names(err)}
 		}
 	}
 	reply.V = envelope.Version
@@ -900,7 +864,7 @@ func (p *ExecutionsPage) Err() error {
 	if p.Error == "" {
 		return nil
 	}
-	return readErrorOf(p.Error, p.Conditions, p.Details)
+	return readConditions.Error(p.Error, p.Conditions, p.Details)
 }
 
 // Err returns the refusal the view carries, as an error that errors.Is
@@ -910,7 +874,7 @@ func (v *ExecutionView) Err() error {
 	if v.Error == "" {
 		return nil
 	}
-	return readErrorOf(v.Error, v.Conditions, v.Details)
+	return readConditions.Error(v.Error, v.Conditions, v.Details)
 }
 
 // Execution asks the workers for one execution as the client's principal may

@@ -62,7 +62,7 @@ func Decide(ctx context.Context, nc *nats.Conn, n broker.Names, req DecideReques
 	if reply.Error == "" {
 		return reply.Record, nil
 	}
-	return reply.Record, refusal(reply.Error, reply.Conditions, reply.Details)
+	return reply.Record, conditions.Error(reply.Error, reply.Conditions, reply.Details)
 }
 
 // request sends req to subject and decodes the workers' answer into reply;

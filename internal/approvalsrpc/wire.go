@@ -1,12 +1,10 @@
 package approvalsrpc
 
 import (
-	"errors"
-	"slices"
-
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/wireerr"
 )
 
 // DecideRequest asks the workers to record a decision. The approver is the
@@ -54,42 +52,21 @@ const (
 	MaxPageSize = 500
 )
 
-// conditionNames name the approvals' conditions on the wire.
-var conditionNames = []struct {
-	name string
-	err  error
-}{
-	{"not_found", approvals.ErrNotFound}, {"pending", approvals.ErrPending}, {"rejected", approvals.ErrRejected},
-	{"cancelled", approvals.ErrCancelled}, {"expired", approvals.ErrExpired}, {"consumed", approvals.ErrConsumed},
-	{"already_decided", approvals.ErrAlreadyDecided}, {"self_approval", approvals.ErrSelfApproval},
-	{"input_mismatch", approvals.ErrInputMismatch}, {"invalid", approvals.ErrInvalid}, {"forbidden", approvals.ErrForbidden},
-	{"audit_unavailable", audit.ErrUnavailable}, {"quota_exceeded", envelope.ErrQuotaExceeded},
+// conditions name the approvals' conditions on the wire.
+var conditions = wireerr.Table{
+	{Name: "not_found", Err: approvals.ErrNotFound}, {Name: "pending", Err: approvals.ErrPending},
+	{Name: "rejected", Err: approvals.ErrRejected}, {Name: "cancelled", Err: approvals.ErrCancelled},
+	{Name: "expired", Err: approvals.ErrExpired}, {Name: "consumed", Err: approvals.ErrConsumed},
+	{Name: "already_decided", Err: approvals.ErrAlreadyDecided}, {Name: "self_approval", Err: approvals.ErrSelfApproval},
+	{Name: "input_mismatch", Err: approvals.ErrInputMismatch}, {Name: "invalid", Err: approvals.ErrInvalid},
+	{Name: "forbidden", Err: approvals.ErrForbidden}, {Name: "audit_unavailable", Err: audit.ErrUnavailable},
+	{Name: "quota_exceeded", Err: envelope.ErrQuotaExceeded},
 }
 
 // Conditions are the names of the approvals' conditions err matches, as a
 // refusal carries them on the wire (DecideReply.Conditions,
 // approvals.ListReply.Conditions): not_found, expired, consumed, ...
-func Conditions(err error) []string {
-	var out []string
-	for _, c := range conditionNames {
-		if errors.Is(err, c.err) {
-			out = append(out, c.name)
-		}
-	}
-	return out
-}
-
-func errorsOf(names []string) []error {
-	var out []error
-	for _, n := range names {
-		for _, c := range conditionNames {
-			if c.name == n {
-				out = append(out, c.err)
-			}
-		}
-	}
-	return out
-}
+func Conditions(err error) []string { return conditions.Names(err) }
 
 // ListErr is the refusal r carries, nil when it carries a page: an error
 // that errors.Is matches against the approvals' conditions
@@ -99,24 +76,5 @@ func ListErr(r *approvals.ListReply) error {
 	if r.Error == "" {
 		return nil
 	}
-	return refusal(r.Error, r.Conditions, r.Details)
+	return conditions.Error(r.Error, r.Conditions, r.Details)
 }
-
-// refusal is the error of a refusal a worker answered: a quota's is the
-// *envelope.CapabilityError it was made from, any other matches the
-// conditions it named.
-func refusal(msg string, conds []string, details map[string]any) error {
-	if slices.Contains(conds, "quota_exceeded") {
-		return envelope.QuotaRefusal(msg, details)
-	}
-	return &remoteError{msg: msg, conds: errorsOf(conds)}
-}
-
-// remoteError is a refusal answered by a worker, matching the conditions it named.
-type remoteError struct {
-	msg   string
-	conds []error
-}
-
-func (e *remoteError) Error() string   { return e.msg }
-func (e *remoteError) Unwrap() []error { return e.conds }
