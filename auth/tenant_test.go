@@ -660,3 +660,80 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// An approver's own Client (it reads catalog entries by key, and subscribes
+// to its own envelope subjects) reaches nothing of a producer's: dave reads
+// none of bob's envelopes, receives none of them, submits nothing, and her
+// flood of decisions of approvals she may not decide changes nothing of
+// bob's, whose calls and listings keep answering.
+func TestTenant_ApproverClientReachesNothingOfAProducers(t *testing.T) {
+	t.Parallel()
+	onBothServers(t, broker.Config{}, func(t *testing.T, r *tenantRig) {
+		ctx := testCtx(t)
+		bob, _ := r.client(t, "bob")
+		echo, err := bob.Call(ctx, "demo.echo", map[string]any{"secret": "of bob"})
+		if err != nil || echo.Status != envelope.StatusCompleted {
+			t.Fatalf("bob's echo: %v %+v", err, echo)
+		}
+		refund, err := bob.Call(ctx, "orders.refund", demo.RefundInput{OrderID: "o-7", Amount: 900})
+		if err != nil || refund.Status != envelope.StatusApprovalRequired {
+			t.Fatalf("bob's refund: %v %+v", err, refund)
+		}
+		daveNC := r.connect(t, "dave")
+		dave, err := executor.NewClient(daveNC, executor.ClientConfig{})
+		if err != nil {
+			t.Fatalf("dave's client: %v", err)
+		}
+		defer dave.Close()
+		n := broker.NewNames(r.setup.Prefix)
+		// Bob's envelope by key, as a producer reads its own.
+		get := "$JS.API.DIRECT.GET.KV_" + n.EnvelopesBucket() + ".$KV." + n.EnvelopesBucket() + "." + broker.Key("bob", echo.ExecutionID)
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if m, err := daveNC.RequestWithContext(short, get, nil); err == nil && len(m.Data) > 0 && m.Header.Get("Status") == "" {
+			t.Errorf("dave read bob's envelope: %q", m.Data)
+		}
+		cancel()
+		// Bob's envelopes as they are stored.
+		sub, err := daveNC.SubscribeSync(n.EnvelopeSubjectsOf("bob"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := daveNC.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		keepsAnswering(t, bob, "bob")
+		if m, err := sub.NextMsg(500 * time.Millisecond); err == nil {
+			t.Errorf("dave received bob's envelope on %s", m.Subject)
+		}
+		before := r.ownedBy(t, "bob")
+		// A call of her own, and bob's status.
+		short, cancel = context.WithTimeout(ctx, 3*time.Second)
+		if env, err := dave.Call(short, "demo.echo", map[string]any{"from": "dave"}); err == nil && env.Status == envelope.StatusCompleted {
+			t.Errorf("dave's call ran: %+v", env)
+		}
+		cancel()
+		short, cancel = context.WithTimeout(ctx, 3*time.Second)
+		if st, err := dave.StatusOf(short, "bob", echo.ExecutionID); err == nil && st.Envelope != nil {
+			t.Errorf("dave read bob's status: %+v", st.Envelope)
+		}
+		cancel()
+		// A flood of decisions of bob's finance approval and of ids that do not exist.
+		flood := testCtx(t)
+		for i := range 40 {
+			id := refund.Approval.ID
+			if i%2 == 1 {
+				id = envelope.NewExecutionID()
+			}
+			if _, err := dave.Decide(flood, id, approvals.Verdict{Approve: true}); err == nil {
+				t.Fatalf("dave decided %s", id)
+			}
+		}
+
+		r.assertOwnedUnchanged(t, "bob", before)
+		keepsAnswering(t, bob, "bob")
+		page, err := bob.ListApprovals(testCtx(t), approvals.ListRequest{})
+		if err != nil || len(page.Records) != 1 || page.Records[0].Status != approvals.StatusPending {
+			t.Fatalf("bob's listing after the attack: %+v (%v)", page, err)
+		}
+	})
+}
