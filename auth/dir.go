@@ -18,13 +18,9 @@ import (
 	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
-// Files of a setup directory. Seeds and credentials are written 0600.
+// Files of a setup directory beside credfile's. Seeds and credentials are
+// written 0600.
 const (
-	StateFile        = "capstan-auth.json" // principals and grants, public keys and JWTs
-	ServerConfigFile = "nats-server.conf"  // an official nats-server's configuration
-	// ResolverDirName is where, by default, an official nats-server keeps
-	// the account JWTs pushed to it: a directory beside the configuration.
-	ResolverDirName  = "jwt"
 	operatorSeedFile = "operator.nk"
 	accountSeedFile  = "account.nk" // the capstan account's
 	systemSeedFile   = "sys.nk"
@@ -111,7 +107,7 @@ func (s *Setup) CredsPath(principal string) string {
 func (s *Setup) PushCredsPath() string { return s.CredsPath(PushUser) }
 
 // ServerConfigPath returns the nats-server configuration's path.
-func (s *Setup) ServerConfigPath() string { return filepath.Join(s.Dir, ServerConfigFile) }
+func (s *Setup) ServerConfigPath() string { return filepath.Join(s.Dir, credfile.ServerConfigFile) }
 
 // Grant returns principal's grant.
 func (s *Setup) Grant(principal string) (Grant, bool) {
@@ -140,7 +136,7 @@ func (s *Setup) Current() error {
 // system account and its push user, the capstan account, the admin and
 // worker principals, their credentials and nats-server.conf.
 func Init(dir, prefix string) (*Setup, error) {
-	if _, err := os.Stat(filepath.Join(dir, StateFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, credfile.StateFile)); err == nil {
 		return nil, fmt.Errorf("%w: %s holds a setup", ErrExists, dir)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -151,7 +147,7 @@ func Init(dir, prefix string) (*Setup, error) {
 		return nil, fmt.Errorf("capstan auth: %w", err)
 	}
 	s := &Setup{Dir: dir, V: setupVersion, Prefix: broker.NewNames(prefix).SubjectPrefix(),
-		ResolverDir: filepath.Join(abs, ResolverDirName)}
+		ResolverDir: filepath.Join(abs, credfile.ResolverDirName)}
 	okp, err := nkeys.CreateOperator()
 	if err != nil {
 		return nil, err
@@ -338,7 +334,7 @@ func (s *Setup) writePushCreds(k *keys) error {
 // Load reads the setup in dir. A setup of an earlier layout loads (Current
 // says so); only Migrate changes it.
 func Load(dir string) (*Setup, error) {
-	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	b, err := os.ReadFile(filepath.Join(dir, credfile.StateFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("capstan auth: %s holds no setup (run capstan auth init %s)", dir, dir)
 	}
@@ -347,7 +343,7 @@ func Load(dir string) (*Setup, error) {
 	}
 	s := &Setup{}
 	if err := json.Unmarshal(b, s); err != nil {
-		return nil, fmt.Errorf("capstan auth: %s: %w", StateFile, err)
+		return nil, fmt.Errorf("capstan auth: %s: %w", credfile.StateFile, err)
 	}
 	s.Dir = dir
 	return s, nil
@@ -531,7 +527,7 @@ func (s *Setup) save() error {
 	if err != nil {
 		return err
 	}
-	return writeSecret(filepath.Join(s.Dir, StateFile), append(b, '\n'))
+	return writeSecret(filepath.Join(s.Dir, credfile.StateFile), append(b, '\n'))
 }
 
 // claimsUpdateSubject is where a user of the system account sends an

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // backupDirName is where Migrate keeps what it rewrites: the setup's state,
@@ -126,7 +128,7 @@ func Migrate(dir string, limits *Limits) (*MigrateReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.ResolverDir = filepath.Join(abs, ResolverDirName)
+	s.ResolverDir = filepath.Join(abs, credfile.ResolverDirName)
 	s.V = setupVersion
 	if err := s.writeServerConfig(); err != nil {
 		return nil, err
@@ -158,21 +160,21 @@ func (s *Setup) reissuedUser(akp nkeys.KeyPair, g Grant) (string, error) {
 // migration completed the backup already: the state file, copied last, marks
 // a complete one, which is never overwritten.
 func (s *Setup) backupV1(backup string) error {
-	if _, err := os.Stat(filepath.Join(backup, StateFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(backup, credfile.StateFile)); err == nil {
 		return nil
 	}
 	if err := os.MkdirAll(backup, 0o700); err != nil {
 		return fmt.Errorf("capstan auth migrate: backup: %w", err)
 	}
-	files := []string{ServerConfigFile}
+	files := []string{credfile.ServerConfigFile}
 	for _, g := range s.Principals {
 		if HasOwnAccount(g.Role) {
 			files = append(files, g.Principal+".creds")
 		}
 	}
-	for _, f := range append(files, StateFile) {
+	for _, f := range append(files, credfile.StateFile) {
 		b, err := os.ReadFile(filepath.Join(s.Dir, f))
-		if errors.Is(err, fs.ErrNotExist) && f != StateFile {
+		if errors.Is(err, fs.ErrNotExist) && f != credfile.StateFile {
 			continue // a principal whose credentials were handed out and deleted
 		}
 		if err != nil {

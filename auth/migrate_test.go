@@ -17,6 +17,7 @@ import (
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalsrpc"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
@@ -105,11 +106,11 @@ func TestMigrate_KeepsEveryStreamBucketAndMessage(t *testing.T) {
 		t.Fatalf("backup state: %v %+v", err, s)
 	}
 	// Run again: nothing to do, nothing changed.
-	state := readCreds(t, filepath.Join(dir, auth.StateFile))
+	state := readCreds(t, filepath.Join(dir, credfile.StateFile))
 	if again, err := auth.Migrate(dir, nil); err != nil || !again.Current {
 		t.Fatalf("second migration: %v %+v", err, again)
 	}
-	if !bytes.Equal(state, readCreds(t, filepath.Join(dir, auth.StateFile))) {
+	if !bytes.Equal(state, readCreds(t, filepath.Join(dir, credfile.StateFile))) {
 		t.Fatal("a second migration rewrote the setup")
 	}
 	if !bytes.Equal(oldWorker, readCreds(t, v1.CredsPath(auth.WorkerPrincipal))) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // ErrNoResolver: no server took an account push. The server does not run
@@ -127,7 +129,7 @@ func pushAccount(ctx context.Context, nc *nats.Conn, accountJWT string, known ma
 		if m.Header.Get("Status") == "503" {
 			return nil, fmt.Errorf("%w: nobody listens on %s — is the server running this setup's %s? "+
 				"(a server still on a one-account configuration must restart on the one 'capstan auth migrate' wrote)",
-				ErrNoResolver, claimsUpdateSubject, ServerConfigFile)
+				ErrNoResolver, claimsUpdateSubject, credfile.ServerConfigFile)
 		}
 		var a claimUpdateAnswer
 		if err := json.Unmarshal(m.Data, &a); err != nil {

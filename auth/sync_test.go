@@ -14,6 +14,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // An account signed by an earlier version, whose table of crossings lacked
@@ -49,7 +50,7 @@ func TestSync_AccountsOfAnEarlierVersionGetNewCrossingsByAPush(t *testing.T) {
 		}
 	}
 	b, _ := json.Marshal(r.setup)
-	if err := os.WriteFile(filepath.Join(r.setup.Dir, auth.StateFile), b, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(r.setup.Dir, credfile.StateFile), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r.push(t)

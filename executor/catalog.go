@@ -59,8 +59,8 @@ type Descriptor struct {
 // start with "_".
 func poolKey(pool string) string { return "_pool." + pool }
 
-// DefaultCatalogTTL is how long a catalog entry lasts without renewal.
-const DefaultCatalogTTL = 30 * time.Second
+// defaultCatalogTTL is how long a catalog entry lasts without renewal.
+const defaultCatalogTTL = 30 * time.Second
 
 func describe(b *binding, pool string) Descriptor {
 	m := b.meta

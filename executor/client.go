@@ -43,20 +43,17 @@ type ClientConfig struct {
 	Unserved Unserved
 	// StartWithin is how long a request may wait for a worker to start it
 	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin,
-	// and never more than MaxStartWithin of the envelope retention: a longer
-	// window, here or in a call's StartWithin option, is cut to it.
+	// and never more than the envelope retention (Deployment.EnvelopeRetention)
+	// less a margin of an hour (a tenth of it, under ten hours), so that every
+	// envelope outlives its request's start deadline: a longer window, here or
+	// in a call's StartWithin option, is cut to it (with the default 25 h
+	// retention, to the default 24 h).
 	StartWithin time.Duration
 }
 
 // DefaultStartWithin is how long a request waits to be started by default.
 const DefaultStartWithin = 24 * time.Hour
 
-// MaxStartWithin is the longest start window a client gives a request when
-// envelopes are kept retention (Deployment.EnvelopeRetention): the
-// retention less a margin of an hour (a tenth of it, under ten hours), so
-// that every envelope outlives its request's start deadline by at least the
-// margin. With the default 25 h retention, it is the default 24 h.
-func MaxStartWithin(retention time.Duration) time.Duration { return broker.MaxStartWithin(retention) }
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
@@ -172,7 +169,7 @@ func (c *Client) readRetention(ctx context.Context) {
 		return
 	}
 	c.b.Config.EnvelopeRetention = retention
-	c.maxStart = MaxStartWithin(retention)
+	c.maxStart = broker.MaxStartWithin(retention)
 	if want := cmp.Or(c.cfg.StartWithin, DefaultStartWithin); want > c.maxStart {
 		c.cfg.Logger.Info("start window cut below the envelope retention", "startWithin", want,
 			"envelopeRetention", retention, "cutTo", c.maxStart)
@@ -257,7 +254,7 @@ func WithDeadline(t time.Time) CallOption {
 
 // StartWithin sets how long this request may wait for a worker to start it
 // (default the client's StartWithin); past it, it ends NOT_STARTED. It is cut
-// to MaxStartWithin of the envelope retention.
+// as the client's is (ClientConfig.StartWithin).
 func StartWithin(d time.Duration) CallOption {
 	return func(r *envelope.Request) { t := r.SubmittedAt.Add(d).UTC(); r.StartBy = &t }
 }

@@ -80,7 +80,7 @@ type Deployment struct {
 	// EnvelopeRetention is how long an envelope is kept. Unset, a new bucket
 	// keeps envelopes 25 h and an existing one keeps what it was given; set,
 	// an existing bucket with another retention is updated to it (logged).
-	// Clients cap a request's start window below it (MaxStartWithin).
+	// Clients cap a request's start window below it (ClientConfig.StartWithin).
 	EnvelopeRetention time.Duration
 	// Logger receives what provisioning changes. Default slog.Default().
 	Logger *slog.Logger

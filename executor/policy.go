@@ -129,8 +129,8 @@ type verdict struct {
 	records       []PolicyRecord
 }
 
-// DefaultPolicyTimeout bounds one policy's evaluation.
-const DefaultPolicyTimeout = time.Second
+// defaultPolicyTimeout bounds one policy's evaluation.
+const defaultPolicyTimeout = time.Second
 
 // evaluatePolicies runs every policy of the runtime, then of the capability,
 // that applies to the phase: all of them, with no short-circuit, so that the

@@ -178,7 +178,7 @@ func WithRecovery[In, Out any](r Recovery[In, Out]) Option[In, Out] {
 		}
 		max := r.MaxReattempts
 		if max == 0 {
-			max = DefaultMaxReattempts
+			max = defaultMaxReattempts
 		}
 		b.recovery = engine.Recovery{Reconciles: r.Reconcile != nil, ProvesAbsence: r.ProvesAbsence && r.Reconcile != nil,
 			MaxReattempts: max, Timeout: r.Timeout}
@@ -206,9 +206,9 @@ func WithRecovery[In, Out any](r Recovery[In, Out]) Option[In, Out] {
 	}
 }
 
-// DefaultMaxReattempts is how many attempts a reconciler's proofs of
+// defaultMaxReattempts is how many attempts a reconciler's proofs of
 // absence may start for one execution unless Recovery.MaxReattempts says.
-const DefaultMaxReattempts = 2
+const defaultMaxReattempts = 2
 
 // errNoReconciler is what a reconciliation of a capability without one
 // answers (the engine never asks: Recovery().Reconciles is false).

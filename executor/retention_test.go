@@ -162,12 +162,12 @@ func (s *store) requestStartBy() (submitted, startBy time.Time) {
 // the retention the bucket keeps; shorter ones are kept.
 func TestEnvelopeRetention_StartWithinIsCutBelowIt(t *testing.T) {
 	t.Parallel()
-	if got := executor.MaxStartWithin(broker.DefaultEnvelopeRetention); got != executor.DefaultStartWithin {
+	if got := broker.MaxStartWithin(broker.DefaultEnvelopeRetention); got != executor.DefaultStartWithin {
 		t.Fatalf("MaxStartWithin(default retention) = %v, want the default start window %v", got, executor.DefaultStartWithin)
 	}
 	const retention = 2 * time.Hour
 	env := testenv.Start(t)
-	maxStart := executor.MaxStartWithin(retention)
+	maxStart := broker.MaxStartWithin(retention)
 	if maxStart != retention-12*time.Minute {
 		t.Fatalf("MaxStartWithin(%v) = %v, want the retention less a tenth", retention, maxStart)
 	}

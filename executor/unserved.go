@@ -42,16 +42,6 @@ func (u Unserved) String() string {
 	return fmt.Sprintf("Unserved(%d)", int(u))
 }
 
-// ParseUnserved reads "queue", "refuse" or "wait".
-func ParseUnserved(s string) (Unserved, error) {
-	for _, u := range []Unserved{UnservedQueue, UnservedRefuse, UnservedWait} {
-		if s == u.String() {
-			return u, nil
-		}
-	}
-	return 0, fmt.Errorf("%q: want queue, refuse or wait", s)
-}
-
 // ErrUnserved marks an *UnservedError.
 var ErrUnserved = errors.New("capstan: no live worker serves the capability")
 

@@ -63,7 +63,7 @@ type WorkerConfig struct {
 	// package telemetry). Default: nothing is observed.
 	Observer observe.Worker
 	// CatalogTTL is how long the worker's catalog entries last unless renewed;
-	// it renews them every third of it. Default DefaultCatalogTTL.
+	// it renews them every third of it. Default 30 s.
 	CatalogTTL time.Duration
 	// StartupWait bounds how long Run waits for the cluster to be reachable
 	// and ready (provisioning, consumers, catalog), retrying with a log line.
@@ -104,10 +104,10 @@ func (c WorkerConfig) withDefaults() WorkerConfig {
 		c.RolloutDelay = 5 * time.Second
 	}
 	if c.CatalogTTL <= 0 {
-		c.CatalogTTL = DefaultCatalogTTL
+		c.CatalogTTL = defaultCatalogTTL
 	}
 	if c.PolicyTimeout <= 0 {
-		c.PolicyTimeout = DefaultPolicyTimeout
+		c.PolicyTimeout = defaultPolicyTimeout
 	}
 	if c.Observer == nil {
 		c.Observer = observe.NopWorker{}

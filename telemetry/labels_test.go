@@ -36,7 +36,7 @@ func TestMetrics_LabelsBounded(t *testing.T) {
 	deliver("no.such", false)
 
 	m := scrape(t, tel.Handler())
-	want := map[string]float64{"a.one": 1, "a.two": 1, telemetry.OtherCapability: 2, telemetry.UnknownCapability: 1}
+	want := map[string]float64{"a.one": 1, "a.two": 1, "_other": 2, "_unknown": 1}
 	for capID, n := range want {
 		got, ok := value(m, "capstan_executions_finalized_total", "capability="+capID, "pool=p", "status=completed", "code=")
 		if !ok || got != n {

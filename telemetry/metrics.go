@@ -10,8 +10,8 @@ import (
 // Label values that stand for many: a capability no worker serves, and any
 // capability past MaxCapabilities distinct ones.
 const (
-	UnknownCapability = "_unknown"
-	OtherCapability   = "_other"
+	unknownCapability = "_unknown"
+	otherCapability   = "_other"
 )
 
 // metrics are the collectors of one Telemetry.
@@ -90,7 +90,7 @@ func durationVec(name, help string, labels ...string) *prometheus.HistogramVec {
 }
 
 // capabilities bounds the capability label: past max distinct ids, any new
-// one is OtherCapability, so that a caller inventing ids cannot grow a
+// one is otherCapability, so that a caller inventing ids cannot grow a
 // scrape without end.
 type capabilities struct {
 	max  int
@@ -103,7 +103,7 @@ func (c *capabilities) label(id string) string {
 		return id
 	}
 	if c.n.Load() >= int64(c.max) {
-		return OtherCapability
+		return otherCapability
 	}
 	if _, loaded := c.seen.LoadOrStore(id, struct{}{}); !loaded {
 		c.n.Add(1)

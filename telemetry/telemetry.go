@@ -92,7 +92,7 @@ func (t *Telemetry) parent(ctx context.Context, traceparent string) context.Cont
 // the request.
 func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
 	// A resume naming only its approval: the worker reads the capability.
-	capLabel := UnknownCapability
+	capLabel := unknownCapability
 	if req.CapabilityID != "" {
 		capLabel = t.caps.label(req.CapabilityID)
 	}
@@ -186,7 +186,7 @@ func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Cont
 	if submitted.IsZero() {
 		submitted = req.SubmittedAt
 	}
-	x := &execution{t: t, pool: d.Pool, capLabel: UnknownCapability, start: time.Now(), submitted: submitted}
+	x := &execution{t: t, pool: d.Pool, capLabel: unknownCapability, start: time.Now(), submitted: submitted}
 	if d.Known {
 		x.capLabel = t.caps.label(req.CapabilityID)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/internal/trail"
 )
 
@@ -55,7 +56,7 @@ func parseSetup(fs *flag.FlagSet, args []string, want int) (*auth.Setup, []strin
 func runAuthInit(args []string) int {
 	fs := newFlags("auth init", "DIR [--prefix P] [--resolver-dir D]")
 	prefix := fs.String("prefix", "", "prefix of capstan's resource names (default CAPSTAN)")
-	resolverDir := fs.String("resolver-dir", "", "`directory` where an official nats-server keeps the accounts pushed to it (default DIR/"+auth.ResolverDirName+"; each server needs its own)")
+	resolverDir := fs.String("resolver-dir", "", "`directory` where an official nats-server keeps the accounts pushed to it (default DIR/"+credfile.ResolverDirName+"; each server needs its own)")
 	logName := fs.String("log-name", "", "the audit log's name, on every checkpoint and its signing key: unique, such as audit.example.com/payments (default capstan/<prefix>/<random>)")
 	pos, code, ok := parseFlags(fs, args, 1)
 	if !ok {
@@ -82,7 +83,7 @@ func runAuthInit(args []string) int {
 			return fail(exitFailed, "auth init: %v", err)
 		}
 	}
-	fmt.Printf("created %s: %s, %s, %s, %s, %s (public: %s)\n", pos[0], auth.ServerConfigFile,
+	fmt.Printf("created %s: %s, %s, %s, %s, %s (public: %s)\n", pos[0], credfile.ServerConfigFile,
 		s.CredsPath(auth.AdminPrincipal), s.CredsPath(auth.WorkerPrincipal), s.PushCredsPath(),
 		filepath.Join(pos[0], trail.KeyFile), trail.PublicKeyFile)
 	fmt.Printf("next:\n  capstan auth add %s NAME --role producer --actor user:NAME --capabilities 'demo.*'\n  capstan server --auth %s\n", pos[0], pos[0])

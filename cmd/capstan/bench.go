@@ -20,6 +20,7 @@ import (
 	"github.com/capstan-dev/capstan/cmd/capstan/internal/bench"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/internal/trail"
 )
@@ -193,7 +194,7 @@ func benchServer(ctx context.Context, withAuth bool) (*embedded, *auth.Setup, fu
 			return nil, nil, nil, err
 		}
 		opts.ConfigFile = setup.ServerConfigPath()
-		opts.ResolverDir = filepath.Join(opts.StoreDir, auth.ResolverDirName)
+		opts.ResolverDir = filepath.Join(opts.StoreDir, credfile.ResolverDirName)
 	}
 	e, err := startEmbedded(ctx, opts, broker.Config{}, setup, 0, newLogger(slog.LevelWarn))
 	if err != nil {

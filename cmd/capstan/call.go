@@ -37,6 +37,16 @@ func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	return r
 }
 
+// parseUnserved reads --if-unserved: "queue", "refuse" or "wait".
+func parseUnserved(s string) (executor.Unserved, error) {
+	for _, u := range []executor.Unserved{executor.UnservedQueue, executor.UnservedRefuse, executor.UnservedWait} {
+		if s == u.String() {
+			return u, nil
+		}
+	}
+	return 0, fmt.Errorf("%q: want queue, refuse or wait", s)
+}
+
 // execSubject is where a principal's requests for capID go; an id that can
 // never name a capability is refused before it reaches a subject.
 func execSubject(capID string) func(string) string {
@@ -92,7 +102,7 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 	if r.startWithin <= 0 {
 		return request{}, errors.New("--start-within must be positive")
 	}
-	unserved, err := executor.ParseUnserved(r.ifUnserved)
+	unserved, err := parseUnserved(r.ifUnserved)
 	if err != nil {
 		return request{}, fmt.Errorf("--if-unserved %v", err)
 	}

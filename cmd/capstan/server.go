@@ -23,6 +23,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 	"github.com/capstan-dev/capstan/internal/trail"
@@ -103,7 +104,7 @@ func (f *serverFlags) options() (natsserver.Options, error) {
 		o.ConfigFile = f.setup.ServerConfigPath()
 		// Each store keeps the accounts pushed to its server: the nodes of a
 		// cluster on one machine share a configuration, not a directory.
-		o.ResolverDir = filepath.Join(f.store, auth.ResolverDirName)
+		o.ResolverDir = filepath.Join(f.store, credfile.ResolverDirName)
 		return o, nil
 	}
 	if !loopback(host) && !f.insecure {

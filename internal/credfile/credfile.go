@@ -13,6 +13,16 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
+// Files of a setup directory (auth.Init) that the commands and the test
+// servers name too.
+const (
+	StateFile        = "capstan-auth.json" // principals and grants, public keys and JWTs
+	ServerConfigFile = "nats-server.conf"  // an official nats-server's configuration
+	// ResolverDirName is where, by default, an official nats-server keeps
+	// the account JWTs pushed to it: a directory beside the configuration.
+	ResolverDirName = "jwt"
+)
+
 // Credentials are a principal's credentials file read once
 // (Read): what a connection needs (broker.Credentials: the path,
 // the principal, the authentication) and, from the user JWT's claims, the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 )
 
 // LegacySetup writes, in dir, a setup of the one-account layout (v1) that
@@ -87,7 +88,7 @@ func LegacySetup(t testing.TB, dir string, grants ...auth.Grant) *auth.Setup {
 	}
 	b, err := json.MarshalIndent(s, "", "  ")
 	fail(err)
-	fail(os.WriteFile(filepath.Join(dir, auth.StateFile), append(b, '\n'), 0o600))
+	fail(os.WriteFile(filepath.Join(dir, credfile.StateFile), append(b, '\n'), 0o600))
 	conf := fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: %q\n  %s: %q\n}\n",
 		s.OperatorJWT, s.SystemAccount, s.SystemAccount, s.SystemJWT, s.Account, s.AccountJWT)
 	fail(os.WriteFile(s.ServerConfigPath(), []byte(conf), 0o644))

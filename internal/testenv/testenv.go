@@ -14,6 +14,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/credfile"
 	"github.com/capstan-dev/capstan/internal/natsserver"
 )
 
@@ -45,7 +46,7 @@ func SyncAlways() Option { return func(o *options) { o.SyncAlways = true } }
 func Auth(setup *auth.Setup) Option {
 	return func(o *options) {
 		o.ConfigFile = setup.ServerConfigPath()
-		o.ResolverDir = filepath.Join(o.StoreDir, auth.ResolverDirName)
+		o.ResolverDir = filepath.Join(o.StoreDir, credfile.ResolverDirName)
 	}
 }
 
