@@ -54,7 +54,6 @@ type ClientConfig struct {
 // DefaultStartWithin is how long a request waits to be started by default.
 const DefaultStartWithin = 24 * time.Hour
 
-
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
 // rides out a failover of the servers (executor/internal/await).
