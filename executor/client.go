@@ -42,7 +42,7 @@ type ClientConfig struct {
 	// waits for a worker.
 	Unserved Unserved
 	// StartWithin is how long a request may wait for a worker to start it
-	// before it ends NOT_STARTED (DESIGN §13). Default DefaultStartWithin,
+	// before it ends NOT_STARTED (DESIGN §13). Default 24 h,
 	// and never more than the envelope retention (Deployment.EnvelopeRetention)
 	// less a margin of an hour (a tenth of it, under ten hours), so that every
 	// envelope outlives its request's start deadline: a longer window, here or
@@ -51,8 +51,8 @@ type ClientConfig struct {
 	StartWithin time.Duration
 }
 
-// DefaultStartWithin is how long a request waits to be started by default.
-const DefaultStartWithin = 24 * time.Hour
+// defaultStartWithin is how long a request waits to be started by default.
+const defaultStartWithin = 24 * time.Hour
 
 // Client submits execution requests and awaits their envelopes. It holds one
 // subscription for every await, never a JetStream consumer per call; it
@@ -169,7 +169,7 @@ func (c *Client) readRetention(ctx context.Context) {
 	}
 	c.b.Config.EnvelopeRetention = retention
 	c.maxStart = broker.MaxStartWithin(retention)
-	if want := cmp.Or(c.cfg.StartWithin, DefaultStartWithin); want > c.maxStart {
+	if want := cmp.Or(c.cfg.StartWithin, defaultStartWithin); want > c.maxStart {
 		c.cfg.Logger.Info("start window cut below the envelope retention", "startWithin", want,
 			"envelopeRetention", retention, "cutTo", c.maxStart)
 	}
@@ -306,7 +306,7 @@ func (c *Client) newRequest(capabilityID string, input any, opts []CallOption) (
 func (c *Client) defaultStartBy(submitted time.Time) time.Time {
 	d := c.cfg.StartWithin
 	if d <= 0 {
-		d = DefaultStartWithin
+		d = defaultStartWithin
 	}
 	return submitted.Add(d).UTC()
 }

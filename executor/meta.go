@@ -163,17 +163,17 @@ func redact(f func(any) any, v any) (out any, err error) {
 // input itself, or what Meta.RedactApprovalInput keeps of it.
 func (m Meta) approvalDisplay(in any) (any, error) { return redact(m.RedactApprovalInput, in) }
 
-// DefaultTimeout is a capability's per-attempt timeout unless it says otherwise.
-const DefaultTimeout = 30 * time.Second
+// defaultTimeout is a capability's per-attempt timeout unless it says otherwise.
+const defaultTimeout = 30 * time.Second
 
-// DefaultBackoff is the first retry's delay unless Retry says otherwise.
-const DefaultBackoff = 250 * time.Millisecond
+// defaultBackoff is the first retry's delay unless Retry says otherwise.
+const defaultBackoff = 250 * time.Millisecond
 
 func (m Meta) timeout() time.Duration {
 	if m.Timeout > 0 {
 		return m.Timeout
 	}
-	return DefaultTimeout
+	return defaultTimeout
 }
 
 func (m Meta) maxAttempts() int {
@@ -184,7 +184,7 @@ func (m Meta) maxAttempts() int {
 }
 
 func (m Meta) backoff(attempt int) time.Duration {
-	base := DefaultBackoff
+	base := defaultBackoff
 	if m.Retry != nil && m.Retry.Backoff > 0 {
 		base = m.Retry.Backoff
 	}

@@ -162,8 +162,8 @@ func (s *store) requestStartBy() (submitted, startBy time.Time) {
 // the retention the bucket keeps; shorter ones are kept.
 func TestEnvelopeRetention_StartWithinIsCutBelowIt(t *testing.T) {
 	t.Parallel()
-	if got := broker.MaxStartWithin(broker.DefaultEnvelopeRetention); got != executor.DefaultStartWithin {
-		t.Fatalf("MaxStartWithin(default retention) = %v, want the default start window %v", got, executor.DefaultStartWithin)
+	if got := broker.MaxStartWithin(broker.DefaultEnvelopeRetention); got != 24*time.Hour {
+		t.Fatalf("MaxStartWithin(default retention) = %v, want the default start window, 24h", got)
 	}
 	const retention = 2 * time.Hour
 	env := testenv.Start(t)

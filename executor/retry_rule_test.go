@@ -40,7 +40,7 @@ func TestSI11_RetryRuleWithItsAttemptBound(t *testing.T) {
 		{"destructive, not idempotent", Meta{SideEffect: SideEffectDestructive, Retry: retry(5)}, 1, lost, false, 0},
 		{"external, idempotent", Meta{SideEffect: SideEffectExternal, Idempotent: true, Retry: retry(5)}, 2, lost, true, 20 * time.Millisecond},
 		{"RetryOn vetoes", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return false }}}, 1, timeout, false, 0},
-		{"RetryOn allows", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return true }}}, 1, timeout, true, DefaultBackoff},
+		{"RetryOn allows", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { return true }}}, 1, timeout, true, defaultBackoff},
 		{"RetryOn panics: vetoed", Meta{SideEffect: SideEffectRead, Retry: &Retry{MaxAttempts: 2, RetryOn: func(error) bool { panic("no") }}}, 1, timeout, false, 0},
 	} {
 		w := &Worker{log: slog.New(slog.DiscardHandler)}

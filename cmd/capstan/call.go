@@ -32,7 +32,7 @@ func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	fs.StringVar(&r.actor, "actor", "", "who the call runs for, as kind:id (default user:<principal> with --creds, else user:$USER)")
 	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
 	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
-	fs.DurationVar(&r.startWithin, "start-within", executor.DefaultStartWithin, "how long the request may wait for a worker to start it; past it, it ends NOT_STARTED")
+	fs.DurationVar(&r.startWithin, "start-within", 0, "how long the request may wait for a worker to start it (default 24h, less when envelopes are kept less than 25h); past it, it ends NOT_STARTED")
 	fs.StringVar(&r.ifUnserved, "if-unserved", "queue", "when no live worker serves the capability: queue (say so at once, exit 7, the request stays queued), refuse (submit nothing, exit 7), or wait")
 	return r
 }
@@ -99,7 +99,7 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 	if err := envelope.ValidExecutionID(execID); err != nil {
 		return request{}, fmt.Errorf("--id: %v", err)
 	}
-	if r.startWithin <= 0 {
+	if r.startWithin < 0 {
 		return request{}, errors.New("--start-within must be positive")
 	}
 	unserved, err := parseUnserved(r.ifUnserved)
