@@ -10,6 +10,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/canonjson"
 )
 
 // DefaultTTL is how long an approval stays decidable and, once approved,
@@ -21,7 +22,11 @@ const DefaultTTL = 15 * time.Minute
 // (NaN, infinities, byte strings, invalid UTF-8) fails
 // approvals.ErrUnserializableInput.
 func Canonical(input envelope.Raw) (json.RawMessage, string, error) {
-	c, err := envelope.CanonicalJSON(input)
+	v, err := input.Value()
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
+	}
+	c, err := canonjson.Marshal(v)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %v", approvals.ErrUnserializableInput, err)
 	}
