@@ -31,7 +31,7 @@ func TestOperators_ChangesOnTheTrailWithWhoAndWhy_PausedCallsCounted(t *testing.
 		t.Fatal(err)
 	}
 	tel := telemetry.New(telemetry.Options{})
-	w := trackedWorker(t, reg, capstantest.WithConfig(executor.WorkerConfig{Observer: tel}))
+	w := trackedWorker(t, reg, capstantest.WithConfig(executor.WorkerConfig{Observer: tel.Worker()}))
 	nc := w.Connect(t)
 	c := w.Client(t, executor.ClientConfig{Actor: alice})
 	n := broker.NewNames("")

@@ -122,7 +122,7 @@ func (c *brokerCollector) refresh() {
 			return
 		}
 		c.b = b
-		c.approvals = approvalstore.NewStore(b.Approvals, nil).OnSkipped(func(string, error) { c.t.Skipped(b.Names.ApprovalsBucket()) })
+		c.approvals = approvalstore.NewStore(b.Approvals, nil).OnSkipped(func(string, error) { c.t.skipped(b.Names.ApprovalsBucket()) })
 	}
 	bl, err := c.b.Backlogs(ctx)
 	if err != nil {

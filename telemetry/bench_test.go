@@ -21,25 +21,21 @@ import (
 // observers of the benchmarks: none, metrics with tracing off (no provider
 // set: what a process gets when no OTEL_* variable asks for an exporter),
 // and metrics with every span recorded.
-func observers(b *testing.B) map[string]interface {
-	observe.Worker
-	observe.Client
-} {
+func observers(b *testing.B) map[string]both {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
 	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return map[string]interface {
-		observe.Worker
-		observe.Client
-	}{
-		"none":        nop{},
-		"tracing-off": telemetry.New(telemetry.Options{}),
-		"tracing-on":  telemetry.New(telemetry.Options{TracerProvider: tp}),
+	off, on := telemetry.New(telemetry.Options{}), telemetry.New(telemetry.Options{TracerProvider: tp})
+	return map[string]both{
+		"none":        {observe.NopWorker{}, observe.NopClient{}},
+		"tracing-off": {off.Worker(), off.Client()},
+		"tracing-on":  {on.Worker(), on.Client()},
 	}
 }
 
-type nop struct {
-	observe.NopWorker
-	observe.NopClient
+// both observes a worker and a client.
+type both struct {
+	observe.Worker
+	observe.Client
 }
 
 // What one execution costs its observer: the client's call, and the worker's

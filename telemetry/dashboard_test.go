@@ -45,8 +45,8 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 
 	// Each event a worker and a client report, once.
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}
-	end := tel.Call(context.Background(), req)
-	ctx, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "obs", Worker: "w", Deliveries: 1, Known: true})
+	end := tel.Client().Call(context.Background(), req)
+	ctx, x := tel.Worker().Begin(context.Background(), observe.Delivery{Request: req, Pool: "obs", Worker: "w", Deliveries: 1, Known: true})
 	_, endStage := x.Stage(ctx, observe.StageClaim)
 	endStage(nil)
 	_, endAttempt := x.Attempt(ctx, 1)
@@ -59,11 +59,11 @@ func TestDashboard_QueriesOnlyMetricsTelemetryExposes(t *testing.T) {
 	x.End()
 	end(env1, nil)
 	refused := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}
-	tel.Call(context.Background(), refused)(&envelope.Envelope{ExecutionID: refused.ExecutionID, CapabilityID: "t.echo",
+	tel.Client().Call(context.Background(), refused)(&envelope.Envelope{ExecutionID: refused.ExecutionID, CapabilityID: "t.echo",
 		Status: envelope.StatusFailed, Error: &envelope.Error{Code: envelope.CodeQuotaExceeded, Details: map[string]any{"quota": "queuedRequests"}}}, nil)
-	tel.AuditFailed()
-	tel.Skipped("CAPSTAN_APPROVALS")
-	tel.Paused("t.echo", "held")
+	tel.Worker().AuditFailed()
+	tel.Worker().Skipped("CAPSTAN_APPROVALS")
+	tel.Worker().Paused("t.echo", "held")
 
 	m := scrape(t, tel.Handler())
 	raw, err := os.ReadFile("grafana/capstan.json")

@@ -8,8 +8,8 @@
 //
 //	tel := telemetry.New(telemetry.Options{TracerProvider: tp}) // tp: yours, or nil for metrics only
 //	tel.Watch(nc, "", 0)
-//	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
-//	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel})
+//	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel.Worker()})
+//	c, err := executor.NewClient(nc, executor.ClientConfig{Observer: tel.Client()})
 //	http.Handle("/metrics", tel.Handler())
 //
 // As OpenTelemetry asks of a library, the package takes a

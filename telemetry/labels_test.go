@@ -22,8 +22,8 @@ func TestMetrics_LabelsBounded(t *testing.T) {
 		req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: capID, SubmittedAt: time.Now(),
 			Actor: envelope.Actor{Kind: "user", ID: "actor-" + capID}}
 		ids = append(ids, req.ExecutionID, req.Actor.ID)
-		end := tel.Call(context.Background(), req)
-		_, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1, Known: known})
+		end := tel.Client().Call(context.Background(), req)
+		_, x := tel.Worker().Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1, Known: known})
 		env := &envelope.Envelope{ExecutionID: req.ExecutionID, CapabilityID: capID, Status: envelope.StatusCompleted}
 		x.Finalized(env)
 		x.End()

@@ -29,7 +29,7 @@ func TestMetrics_LimitedAndSlotsHeld(t *testing.T) {
 			{Kind: executor.LimitConcurrency, Max: 4},
 			{Kind: executor.LimitRate, Max: 1, Interval: time.Hour, AtLimit: executor.AtLimitRefuse},
 		}}, func(ctx context.Context, call executor.Call[struct{}]) (string, error) { return "ok", nil })
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, once)
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker()}, once)
 	c := newClient(t, nc, executor.ClientConfig{})
 	for i, want := range []envelope.Status{envelope.StatusCompleted, envelope.StatusFailed} {
 		if env, err := c.Call(ctx, "t.once", struct{}{}); err != nil || env.Status != want {

@@ -35,8 +35,8 @@ func TestMetrics_ScrapeCountsAKnownWorkload(t *testing.T) {
 	}
 	tel.Watch(b.NC, b.Config.Prefix, time.Nanosecond)
 
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[:4]...)
-	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker()}, capabilities(nil)[:4]...)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel.Client()})
 	want := map[string]envelope.Status{}
 	call := func(capID string, input any, status envelope.Status) {
 		t.Helper()
@@ -129,15 +129,15 @@ func TestMetrics_TakeoverAndOutcomeUnknownCounted(t *testing.T) {
 
 	lease := 2 * time.Second
 	leaving := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "leaving", Lease: lease,
-		Grace: 50 * time.Millisecond, Observer: tel}, hold)
-	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+		Grace: 50 * time.Millisecond, Observer: tel.Worker()}, hold)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel.Client()})
 	id, err := c.Submit(ctx, "t.hold", echoIn{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-holding
 	leaving() // gives the lease back: the execution is left running{1}
-	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel}, hold)
+	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel.Worker()}, hold)
 	e, err := c.Await(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func TestMetrics_EnvelopesOfRequestsRefusedBeforeAClaimCounted(t *testing.T) {
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
 	var logs syncBuffer
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel,
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
 	b := testhooks.Broker(c)
@@ -280,7 +280,7 @@ func TestMetrics_QueueWaitFromTheServersClockNotTheClients(t *testing.T) {
 	nc := env.Connect(t)
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker()}, capabilities(nil)[0])
 	c := newClient(t, nc, executor.ClientConfig{})
 	b := testhooks.Broker(c)
 
@@ -342,15 +342,15 @@ func TestMetrics_RecoveredCountedByHow(t *testing.T) {
 
 	lease := 2 * time.Second
 	leaving := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "leaving", Lease: lease,
-		Grace: 50 * time.Millisecond, Observer: tel}, send)
-	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+		Grace: 50 * time.Millisecond, Observer: tel.Worker()}, send)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel.Client()})
 	id, err := c.Submit(ctx, "t.send", echoIn{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-holding
 	leaving() // gives the lease back: the execution is left running{1}, its receipt recorded
-	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel}, send)
+	staying := runWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "obs", ID: "staying", Lease: lease, Observer: tel.Worker()}, send)
 	e, err := c.Await(ctx, id)
 	if err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ func TestQueues_PerPrincipalDepthBoundAndRefusals(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{})
 	tel.Watch(b.NC, b.Config.Prefix, time.Nanosecond)
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.echo", SubmittedAt: time.Now()}
-	tel.Call(context.Background(), req)(nil, full.QuotaError(2))
+	tel.Client().Call(context.Background(), req)(nil, full.QuotaError(2))
 
 	m := scrape(t, tel.Handler())
 	for _, want := range []struct {

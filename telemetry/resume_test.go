@@ -57,7 +57,7 @@ func TestTracing_ResumeByApprovalIDIsObserved(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
-	alice := newClientOn(t, env.ConnectAs(t, "alice"), executor.ClientConfig{Observer: tel})
+	alice := newClientOn(t, env.ConnectAs(t, "alice"), executor.ClientConfig{Observer: tel.Client()})
 	asked, err := alice.Call(ctx, "t.refund", echoIn{Hello: "refund"})
 	if err != nil || asked.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("call: %v %+v", err, asked)

@@ -36,9 +36,9 @@ type Options struct {
 }
 
 // Telemetry turns what workers and clients report into Prometheus metrics and
-// OpenTelemetry spans. It is an observe.Worker and an observe.Client: set it
-// as executor.WorkerConfig.Observer and executor.ClientConfig.Observer. One
-// Telemetry may serve every worker and client of a process.
+// OpenTelemetry spans: set its Worker as executor.WorkerConfig.Observer and
+// its Client as executor.ClientConfig.Observer. One Telemetry may serve every
+// worker and client of a process.
 type Telemetry struct {
 	reg    *prometheus.Registry
 	m      *metrics
@@ -47,9 +47,17 @@ type Telemetry struct {
 	caps   capabilities
 }
 
-var (
-	_ observe.Worker = (*Telemetry)(nil)
-	_ observe.Client = (*Telemetry)(nil)
+// Worker is what a worker reports to (executor.WorkerConfig.Observer).
+func (t *Telemetry) Worker() observe.Worker { return workerObserver{t} }
+
+// Client is what a client reports to (executor.ClientConfig.Observer).
+func (t *Telemetry) Client() observe.Client { return clientObserver{t} }
+
+// workerObserver and clientObserver turn a worker's and a client's reports
+// into t's metrics and spans.
+type (
+	workerObserver struct{ t *Telemetry }
+	clientObserver struct{ t *Telemetry }
 )
 
 // New registers capstan's metrics with opts.Registry (or a registry of its
@@ -90,7 +98,8 @@ func (t *Telemetry) parent(ctx context.Context, traceparent string) context.Cont
 
 // Call starts the client's span of one request and puts its trace context in
 // the request.
-func (t *Telemetry) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
+func (o clientObserver) Call(ctx context.Context, req *envelope.Request) func(*envelope.Envelope, error) {
+	t := o.t
 	// A resume naming only its approval: the worker reads the capability.
 	capLabel := unknownCapability
 	if req.CapabilityID != "" {
@@ -160,26 +169,31 @@ func (t *Telemetry) countQuota(env *envelope.Envelope, err error) {
 }
 
 // AuditFailed counts an audit event JetStream did not store.
-func (t *Telemetry) AuditFailed() { t.m.auditFailures.Inc() }
+func (o workerObserver) AuditFailed() { o.t.m.auditFailures.Inc() }
 
 // Paused counts a call an operator's pause held or refused.
-func (t *Telemetry) Paused(capabilityID, action string) {
+func (o workerObserver) Paused(capabilityID, action string) {
+	t := o.t
 	t.m.paused.WithLabelValues(t.caps.label(capabilityID), action).Inc()
 }
 
 // Skipped counts a record of bucket a listing skipped because it does not
 // decode. Buckets are capstan's few: the label stays small.
-func (t *Telemetry) Skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }
+func (o workerObserver) Skipped(bucket string) { o.t.skipped(bucket) }
+
+func (t *Telemetry) skipped(bucket string) { t.m.skipped.WithLabelValues(bucket).Inc() }
 
 // QuotaExceeded counts a request refused because principal was over quota.
 // Principals are the deployment's grants, so the label stays bounded.
-func (t *Telemetry) QuotaExceeded(quota, principal string) {
+func (o workerObserver) QuotaExceeded(quota, principal string) {
+	t := o.t
 	t.m.quotaExceeded.WithLabelValues(quota, principal).Inc()
 }
 
 // Begin continues the request's trace with a span for its queue wait (on its
 // first delivery) and one for the worker's processing.
-func (t *Telemetry) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {
+func (o workerObserver) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {
+	t := o.t
 	req := d.Request
 	// The server's clock, when known: the request's own time is the client's.
 	submitted := d.Stored

@@ -41,8 +41,8 @@ func TestTracing_OneCallIsOneConnectedTraceFromClientToHandler(t *testing.T) {
 			span.End()
 			return c.Input, nil
 		})
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, traced)
-	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker()}, traced)
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel.Client()})
 	e, err := c.Call(ctx, "t.traced", echoIn{Hello: "x"})
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
@@ -114,8 +114,8 @@ func TestTracing_OffKeepsTheCallersTraceparent(t *testing.T) {
 	nc := env.Connect(t)
 	ctx := ctxT(t)
 	tel := telemetry.New(telemetry.Options{})
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel}, capabilities(nil)[0])
-	c := newClient(t, nc, executor.ClientConfig{Observer: tel})
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: tel.Worker()}, capabilities(nil)[0])
+	c := newClient(t, nc, executor.ClientConfig{Observer: tel.Client()})
 	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	e, err := c.Call(ctx, "t.echo", echoIn{}, executor.WithTraceparent(tp))
 	if err != nil || e.Status != envelope.StatusCompleted {
@@ -151,9 +151,9 @@ func TestTracing_UnsampledCallPropagatesItsDecision(t *testing.T) {
 	workerTP := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans)) // parent-based: samples roots
 	defer func() { _ = workerTP.Shutdown(context.Background()) }()
 
-	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: telemetry.New(telemetry.Options{TracerProvider: workerTP})},
+	stop := runWorker(t, nc, executor.WorkerConfig{Pool: "obs", Observer: telemetry.New(telemetry.Options{TracerProvider: workerTP}).Worker()},
 		capabilities(nil)[0])
-	c := newClient(t, nc, executor.ClientConfig{Observer: telemetry.New(telemetry.Options{TracerProvider: clientTP})})
+	c := newClient(t, nc, executor.ClientConfig{Observer: telemetry.New(telemetry.Options{TracerProvider: clientTP}).Client()})
 	e, err := c.Call(ctx, "t.echo", echoIn{})
 	if err != nil || e.Status != envelope.StatusCompleted {
 		t.Fatalf("call: %v %+v", err, e)
@@ -187,7 +187,7 @@ func TestTracing_UnknownCapabilityNamesNoSpan(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 	const invented = "made.up.by-the-client.12345"
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: invented}
-	ctx, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
+	ctx, x := tel.Worker().Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
 	_, end := x.Stage(ctx, observe.StageClaim)
 	end(nil)
 	x.End()
@@ -222,7 +222,7 @@ func TestTracing_UnknownCapabilityIDBoundedOnTheSpan(t *testing.T) {
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})
 	huge := "a\xff" + strings.Repeat("x", 1<<20)
 	req := &envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: huge}
-	_, x := tel.Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
+	_, x := tel.Worker().Begin(context.Background(), observe.Delivery{Request: req, Pool: "p", Worker: "w", Deliveries: 1})
 	x.End()
 	got := spans.GetSpans()
 	if len(got) == 0 {

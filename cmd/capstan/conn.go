@@ -309,7 +309,7 @@ func (c *connFlags) client(name string, cfg executor.ClientConfig) (cl *executor
 	}
 	tel, stopTelemetry := clientTelemetry(name)
 	if tel != nil {
-		cfg.Observer = tel
+		cfg.Observer = tel.Client()
 	}
 	cl, err = executor.NewClient(nc, cfg)
 	if err != nil {

@@ -86,7 +86,7 @@ func runDev(args []string) int {
 	}
 	defer stopTelemetry()
 	if tel != nil {
-		wf.observer = tel
+		wf.observer = tel.Worker()
 	}
 	w, ids, err := newDemoWorker(wnc, wjs, wf, log)
 	if err != nil {

@@ -156,7 +156,7 @@ func runWorker(args []string) int {
 	}
 	defer stopTelemetry()
 	if tel != nil {
-		wf.observer = tel
+		wf.observer = tel.Worker()
 	}
 	w, _, err := newDemoWorker(nc, js, wf, log)
 	if err != nil {

@@ -28,7 +28,7 @@ func Example_workerMetricsAndTraces() {
 	tp, shutdown, err := otlp.TracingFromEnv(ctx, "payments-worker") // package telemetry/otlp; nil unless OTEL_* ask for OTLP
 	tel := telemetry.New(telemetry.Options{TracerProvider: tp})      // any TracerProvider, or none: metrics only
 	tel.Watch(nc, "", 0)                                             // queues and pending approvals, read on a scrape (one process per deployment)
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel})
+	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{Pool: "payments", Observer: tel.Worker()})
 	http.Handle("/metrics", tel.Handler())
 
 	check(err)
