@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -22,23 +21,12 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 		return nil, err
 	}
 	defer stop()
-	pjs := js.pjs
-	stream, err := pjs.CreateStream(ctx, jetstream.StreamConfig{Name: "TASKS", Subjects: []string{"tasks.>"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
-		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
-		return nil, err
-	}
-	cons, err := js.wjs.Consumer(ctx, "TASKS", "workers")
+	cons, err := js.workQueue(ctx, wl, jetstream.StreamConfig{Name: "TASKS", Subjects: []string{"tasks.>"}})
 	if err != nil {
 		return nil, err
 	}
 
 	t := newTracker(wl.n)
-	const idLen = 36 // a task's id leads its payload
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		_ = m.Ack()
 		if d := m.Data(); len(d) >= idLen {
@@ -50,21 +38,24 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 	}
 	defer cc.Stop()
 
-	cpu := meterCPU()
-	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
-		t.start(id)
-		_, err := pjs.Publish(ctx, "tasks.noop", append([]byte(id), wl.payload...))
-		return err
-	})
+	cpu, err := t.measure(ctx, wl, uuid.NewString, js.publishTask("tasks.noop", wl))
 	if err != nil {
 		return nil, err
 	}
-	if err := t.wait(ctx); err != nil {
-		return nil, err
+	return t.result("JetStream work queue", embeddedJetStream, cpu), nil
+}
+
+// idLen is the length of a task's id, which leads its message's data on
+// JetStream alone.
+const idLen = 36
+
+// publishTask is the producers' enqueue on JetStream alone: an
+// acknowledged publish to subject of the task's id and wl's payload.
+func (js *jetStream) publishTask(subject string, wl workload) func(ctx context.Context, id string) error {
+	return func(ctx context.Context, id string) error {
+		_, err := js.pjs.Publish(ctx, subject, append([]byte(id), wl.payload...))
+		return err
 	}
-	r := t.result("JetStream work queue", "NATS JetStream "+server.VERSION+" (embedded, file store)")
-	r.CPUPerTaskUs = cpu.perTask(wl.n)
-	return r, nil
 }
 
 // jetStream is an embedded server's connections for the producers and the
@@ -72,6 +63,28 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 type jetStream struct {
 	pjs, wjs jetstream.JetStream
 	pnc, wnc *nats.Conn
+}
+
+// workQueue creates streams on the file store, the first a work queue, and
+// the workers' consumer of it, which they pull from with as many
+// acknowledgements pending as every run on JetStream alone allows.
+func (js *jetStream) workQueue(ctx context.Context, wl workload, streams ...jetstream.StreamConfig) (jetstream.Consumer, error) {
+	streams[0].Retention = jetstream.WorkQueuePolicy
+	for _, sc := range streams {
+		sc.Storage = jetstream.FileStorage
+		if _, err := js.pjs.CreateStream(ctx, sc); err != nil {
+			return nil, err
+		}
+	}
+	queue, err := js.pjs.Stream(ctx, streams[0].Name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := queue.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
+		return nil, err
+	}
+	return js.wjs.Consumer(ctx, streams[0].Name, "workers")
 }
 
 // startJetStream starts an embedded JetStream server (its store in a
