@@ -69,8 +69,10 @@ type jetStream struct {
 // the workers' consumer of it, which they pull from with as many
 // acknowledgements pending as every run on JetStream alone allows.
 func (js *jetStream) workQueue(ctx context.Context, wl workload, streams ...jetstream.StreamConfig) (jetstream.Consumer, error) {
-	streams[0].Retention = jetstream.WorkQueuePolicy
-	for _, sc := range streams {
+	for i, sc := range streams {
+		if i == 0 {
+			sc.Retention = jetstream.WorkQueuePolicy
+		}
 		sc.Storage = jetstream.FileStorage
 		if _, err := js.pjs.CreateStream(ctx, sc); err != nil {
 			return nil, err
