@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -28,16 +27,6 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 	}
 	defer stop()
 	pnc, wnc, wjs := js.pnc, js.wnc, js.wjs
-	cons, err := js.workQueue(ctx, wl,
-		jetstream.StreamConfig{Name: "REQ", Subjects: []string{"floor.req"}},
-		jetstream.StreamConfig{Name: "REC", Subjects: []string{"floor.rec.>"}},
-		jetstream.StreamConfig{Name: "RES", Subjects: []string{"floor.res.>"},
-			RePublish: &jetstream.RePublish{Source: "floor.res.>", Destination: "floor.done.>"}},
-		jetstream.StreamConfig{Name: "TRAIL", Subjects: []string{"floor.trail.>"}})
-	if err != nil {
-		return nil, err
-	}
-
 	t := newTracker(wl.n)
 	sub, err := pnc.Subscribe("floor.done.>", func(m *nats.Msg) {
 		t.finish(strings.TrimPrefix(m.Subject, "floor.done."))
@@ -89,18 +78,19 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 		}()
 	}
 	defer func() { close(quit); workers.Wait() }()
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	streams := []jetstream.StreamConfig{
+		{Name: "REQ", Subjects: []string{"floor.req"}},
+		{Name: "REC", Subjects: []string{"floor.rec.>"}},
+		{Name: "RES", Subjects: []string{"floor.res.>"},
+			RePublish: &jetstream.RePublish{Source: "floor.res.>", Destination: "floor.done.>"}},
+		{Name: "TRAIL", Subjects: []string{"floor.trail.>"}},
+	}
+	cpu, err := js.measure(ctx, wl, t, streams, "floor.req", func(m jetstream.Msg) {
 		select {
 		case deliveries <- m:
 		case <-quit:
 		}
-	}, jetstream.PullMaxMessages(2*wl.concurrency))
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Stop()
-
-	cpu, err := t.measure(ctx, wl, uuid.NewString, js.publishTask("floor.req", wl))
+	})
 	if err != nil {
 		return nil, err
 	}

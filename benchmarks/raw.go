@@ -21,24 +21,14 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 		return nil, err
 	}
 	defer stop()
-	cons, err := js.workQueue(ctx, wl, jetstream.StreamConfig{Name: "TASKS", Subjects: []string{"tasks.>"}})
-	if err != nil {
-		return nil, err
-	}
-
 	t := newTracker(wl.n)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	tasks := []jetstream.StreamConfig{{Name: "TASKS", Subjects: []string{"tasks.>"}}}
+	cpu, err := js.measure(ctx, wl, t, tasks, "tasks.noop", func(m jetstream.Msg) {
 		_ = m.Ack()
 		if d := m.Data(); len(d) >= idLen {
 			t.finish(string(d[:idLen]))
 		}
-	}, jetstream.PullMaxMessages(2*wl.concurrency))
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Stop()
-
-	cpu, err := t.measure(ctx, wl, uuid.NewString, js.publishTask("tasks.noop", wl))
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -49,15 +39,6 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 // JetStream alone.
 const idLen = 36
 
-// publishTask is the producers' enqueue on JetStream alone: an
-// acknowledged publish to subject of the task's id and wl's payload.
-func (js *jetStream) publishTask(subject string, wl workload) func(ctx context.Context, id string) error {
-	return func(ctx context.Context, id string) error {
-		_, err := js.pjs.Publish(ctx, subject, append([]byte(id), wl.payload...))
-		return err
-	}
-}
-
 // jetStream is an embedded server's connections for the producers and the
 // workers, each with its JetStream context.
 type jetStream struct {
@@ -65,28 +46,41 @@ type jetStream struct {
 	pnc, wnc *nats.Conn
 }
 
-// workQueue creates streams on the file store, the first a work queue, and
-// the workers' consumer of it, which they pull from with as many
-// acknowledgements pending as every run on JetStream alone allows.
-func (js *jetStream) workQueue(ctx context.Context, wl workload, streams ...jetstream.StreamConfig) (jetstream.Consumer, error) {
+// measure runs the workload on JetStream alone (see tracker.measure): it
+// creates streams on the file store, the first a work queue, hands its
+// deliveries to handle from the workers' pull consumer, and publishes each
+// task to subject, acknowledged, as its id and wl's payload.
+func (js *jetStream) measure(ctx context.Context, wl workload, t *tracker, streams []jetstream.StreamConfig, subject string, handle jetstream.MessageHandler) (float64, error) {
 	for i, sc := range streams {
 		if i == 0 {
 			sc.Retention = jetstream.WorkQueuePolicy
 		}
 		sc.Storage = jetstream.FileStorage
 		if _, err := js.pjs.CreateStream(ctx, sc); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 	queue, err := js.pjs.Stream(ctx, streams[0].Name)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if _, err := queue.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
 		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
-		return nil, err
+		return 0, err
 	}
-	return js.wjs.Consumer(ctx, streams[0].Name, "workers")
+	cons, err := js.wjs.Consumer(ctx, streams[0].Name, "workers")
+	if err != nil {
+		return 0, err
+	}
+	cc, err := cons.Consume(handle, jetstream.PullMaxMessages(2*wl.concurrency))
+	if err != nil {
+		return 0, err
+	}
+	defer cc.Stop()
+	return t.measure(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
+		_, err := js.pjs.Publish(ctx, subject, append([]byte(id), wl.payload...))
+		return err
+	})
 }
 
 // startJetStream starts an embedded JetStream server (its store in a
