@@ -34,21 +34,14 @@ func runAsynq(ctx context.Context, wl workload, addr string, pid int) (*result, 
 	client := asynq.NewClient(opt)
 	defer client.Close()
 
-	cpu := meterCPU(pid)
-	err := produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
-		t.start(id)
+	cpu, err := t.measure(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
 		_, err := client.EnqueueContext(ctx, asynq.NewTask("noop", wl.payload), asynq.TaskID(id))
 		return err
-	})
+	}, pid)
 	if err != nil {
 		return nil, err
 	}
-	if err := t.wait(ctx); err != nil {
-		return nil, err
-	}
-	r := t.result("asynq v0.26.0", "Redis "+redisVersion(ctx, rdb)+", append-only file")
-	r.CPUPerTaskUs = cpu.perTask(wl.n)
-	return r, nil
+	return t.result("asynq v0.26.0", "Redis "+redisVersion(ctx, rdb)+", append-only file", cpu), nil
 }
 
 func redisVersion(ctx context.Context, rdb *redis.Client) string {

@@ -83,26 +83,23 @@ func runCapstan(ctx context.Context, wl workload, read bool) (*result, error) {
 	_ = sub.SetPendingLimits(-1, -1)
 
 	input := envelope.MustRaw(noopIn{Data: string(wl.payload)})
-	cpu := meterCPU()
-	err = produce(ctx, wl, envelope.NewExecutionID, func(ctx context.Context, id string) error {
-		t.start(id)
+	cpu, err := t.measure(ctx, wl, envelope.NewExecutionID, func(ctx context.Context, id string) error {
 		_, err := c.Submit(ctx, "bench.noop", input, executor.WithID(id))
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := t.wait(ctx); err != nil {
-		return nil, err
-	}
 	system := "capstan"
 	if read {
 		system = "capstan, a read without claims"
 	}
-	r := t.result(system, "NATS JetStream "+server.VERSION+" (embedded, file store), audit on")
-	r.CPUPerTaskUs = cpu.perTask(wl.n)
-	return r, nil
+	return t.result(system, embeddedJetStream+", audit on", cpu), nil
 }
+
+// embeddedJetStream is the backend of the runs on a server startServer
+// started.
+var embeddedJetStream = "NATS JetStream " + server.VERSION + " (embedded, file store)"
 
 // startServer starts an embedded JetStream server on a file store in a
 // temporary directory (its name begins with dirPrefix) and returns its URL

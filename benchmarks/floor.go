@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -28,32 +26,7 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 		return nil, err
 	}
 	defer stop()
-	pnc, pjs, wnc, wjs := js.pnc, js.pjs, js.wnc, js.wjs
-	for _, sc := range []jetstream.StreamConfig{
-		{Name: "REQ", Subjects: []string{"floor.req"}, Retention: jetstream.WorkQueuePolicy},
-		{Name: "REC", Subjects: []string{"floor.rec.>"}},
-		{Name: "RES", Subjects: []string{"floor.res.>"},
-			RePublish: &jetstream.RePublish{Source: "floor.res.>", Destination: "floor.done.>"}},
-		{Name: "TRAIL", Subjects: []string{"floor.trail.>"}},
-	} {
-		sc.Storage = jetstream.FileStorage
-		if _, err := pjs.CreateStream(ctx, sc); err != nil {
-			return nil, err
-		}
-	}
-	req, err := pjs.Stream(ctx, "REQ")
-	if err != nil {
-		return nil, err
-	}
-	if _, err := req.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
-		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
-		return nil, err
-	}
-	cons, err := wjs.Consumer(ctx, "REQ", "workers")
-	if err != nil {
-		return nil, err
-	}
-
+	pnc, wnc, wjs := js.pnc, js.wnc, js.wjs
 	t := newTracker(wl.n)
 	sub, err := pnc.Subscribe("floor.done.>", func(m *nats.Msg) {
 		t.finish(strings.TrimPrefix(m.Subject, "floor.done."))
@@ -72,7 +45,6 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}})
 		return err
 	}
-	const idLen = 36 // a task's id leads its payload
 	deliveries, quit := make(chan jetstream.Msg, wl.concurrency), make(chan struct{})
 	var workers sync.WaitGroup
 	for range wl.concurrency {
@@ -106,27 +78,20 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 		}()
 	}
 	defer func() { close(quit); workers.Wait() }()
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	streams := []jetstream.StreamConfig{
+		{Name: "REQ", Subjects: []string{"floor.req"}},
+		{Name: "REC", Subjects: []string{"floor.rec.>"}},
+		{Name: "RES", Subjects: []string{"floor.res.>"},
+			RePublish: &jetstream.RePublish{Source: "floor.res.>", Destination: "floor.done.>"}},
+		{Name: "TRAIL", Subjects: []string{"floor.trail.>"}},
+	}
+	cpu, err := js.measure(ctx, wl, t, streams, "floor.req", func(m jetstream.Msg) {
 		select {
 		case deliveries <- m:
 		case <-quit:
 		}
-	}, jetstream.PullMaxMessages(2*wl.concurrency))
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Stop()
-
-	cpu := meterCPU()
-	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
-		t.start(id)
-		_, err := pjs.Publish(ctx, "floor.req", append([]byte(id), wl.payload...))
-		return err
 	})
 	if err != nil {
-		return nil, err
-	}
-	if err := t.wait(ctx); err != nil {
 		return nil, err
 	}
 	if err, _ := workErr.Load().(error); err != nil {
@@ -136,7 +101,5 @@ func runFloor(ctx context.Context, wl workload, read bool) (*result, error) {
 	if read {
 		system = "JetStream alone, a read without claims' server work"
 	}
-	r := t.result(system, "NATS JetStream "+server.VERSION+" (embedded, file store)")
-	r.CPUPerTaskUs = cpu.perTask(wl.n)
-	return r, nil
+	return t.result(system, embeddedJetStream, cpu), nil
 }

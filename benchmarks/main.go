@@ -194,7 +194,9 @@ func (t *tracker) wait(ctx context.Context) error {
 	}
 }
 
-func (t *tracker) result(system, backend string) *result {
+// result is what t measured of system on backend, with cpuPerTaskUs (see
+// measure).
+func (t *tracker) result(system, backend string, cpuPerTaskUs float64) *result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	lat := slices.Clone(t.lat)
@@ -208,7 +210,26 @@ func (t *tracker) result(system, backend string) *result {
 	}
 	elapsed := t.last.Sub(t.first)
 	return &result{System: system, Backend: backend, N: int(t.n), Done: len(lat), ElapsedSec: elapsed.Seconds(),
-		PerSec: float64(len(lat)) / elapsed.Seconds(), P50Ms: at(0.50), P99Ms: at(0.99)}
+		PerSec: float64(len(lat)) / elapsed.Seconds(), P50Ms: at(0.50), P99Ms: at(0.99), CPUPerTaskUs: cpuPerTaskUs}
+}
+
+// measure enqueues the workload's tasks through enqueue, each started on t,
+// waits until all are done and returns the CPU time per task spent
+// meanwhile by this process and the processes pids (see meterCPU), in
+// microseconds.
+func (t *tracker) measure(ctx context.Context, wl workload, newID func() string, enqueue func(ctx context.Context, id string) error, pids ...int) (float64, error) {
+	cpu := meterCPU(pids...)
+	err := produce(ctx, wl, newID, func(ctx context.Context, id string) error {
+		t.start(id)
+		return enqueue(ctx, id)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := t.wait(ctx); err != nil {
+		return 0, err
+	}
+	return cpu.perTask(wl.n), nil
 }
 
 // produce runs enqueue from wl.concurrency goroutines, n times in all, each

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -22,56 +21,66 @@ func runRaw(ctx context.Context, wl workload) (*result, error) {
 		return nil, err
 	}
 	defer stop()
-	pjs := js.pjs
-	stream, err := pjs.CreateStream(ctx, jetstream.StreamConfig{Name: "TASKS", Subjects: []string{"tasks.>"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
-		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
-		return nil, err
-	}
-	cons, err := js.wjs.Consumer(ctx, "TASKS", "workers")
-	if err != nil {
-		return nil, err
-	}
-
 	t := newTracker(wl.n)
-	const idLen = 36 // a task's id leads its payload
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	tasks := []jetstream.StreamConfig{{Name: "TASKS", Subjects: []string{"tasks.>"}}}
+	cpu, err := js.measure(ctx, wl, t, tasks, "tasks.noop", func(m jetstream.Msg) {
 		_ = m.Ack()
 		if d := m.Data(); len(d) >= idLen {
 			t.finish(string(d[:idLen]))
 		}
-	}, jetstream.PullMaxMessages(2*wl.concurrency))
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Stop()
-
-	cpu := meterCPU()
-	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
-		t.start(id)
-		_, err := pjs.Publish(ctx, "tasks.noop", append([]byte(id), wl.payload...))
-		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := t.wait(ctx); err != nil {
-		return nil, err
-	}
-	r := t.result("JetStream work queue", "NATS JetStream "+server.VERSION+" (embedded, file store)")
-	r.CPUPerTaskUs = cpu.perTask(wl.n)
-	return r, nil
+	return t.result("JetStream work queue", embeddedJetStream, cpu), nil
 }
+
+// idLen is the length of a task's id, which leads its message's data on
+// JetStream alone.
+const idLen = 36
 
 // jetStream is an embedded server's connections for the producers and the
 // workers, each with its JetStream context.
 type jetStream struct {
 	pjs, wjs jetstream.JetStream
 	pnc, wnc *nats.Conn
+}
+
+// measure runs the workload on JetStream alone (see tracker.measure): it
+// creates streams on the file store, the first a work queue, hands its
+// deliveries to handle from the workers' pull consumer, and publishes each
+// task to subject, acknowledged, as its id and wl's payload.
+func (js *jetStream) measure(ctx context.Context, wl workload, t *tracker, streams []jetstream.StreamConfig, subject string, handle jetstream.MessageHandler) (float64, error) {
+	for i, sc := range streams {
+		if i == 0 {
+			sc.Retention = jetstream.WorkQueuePolicy
+		}
+		sc.Storage = jetstream.FileStorage
+		if _, err := js.pjs.CreateStream(ctx, sc); err != nil {
+			return 0, err
+		}
+	}
+	queue, err := js.pjs.Stream(ctx, streams[0].Name)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := queue.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "workers",
+		AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 10 * wl.concurrency}); err != nil {
+		return 0, err
+	}
+	cons, err := js.wjs.Consumer(ctx, streams[0].Name, "workers")
+	if err != nil {
+		return 0, err
+	}
+	cc, err := cons.Consume(handle, jetstream.PullMaxMessages(2*wl.concurrency))
+	if err != nil {
+		return 0, err
+	}
+	defer cc.Stop()
+	return t.measure(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
+		_, err := js.pjs.Publish(ctx, subject, append([]byte(id), wl.payload...))
+		return err
+	})
 }
 
 // startJetStream starts an embedded JetStream server (its store in a

@@ -75,26 +75,18 @@ func runRiver(ctx context.Context, wl workload, url string, pid int, cooldown ti
 	}
 	defer func() { _ = client.Stop(context.WithoutCancel(ctx)) }()
 
-	cpu := meterCPU(pid)
-	err = produce(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
-		t.start(id)
+	cpu, err := t.measure(ctx, wl, uuid.NewString, func(ctx context.Context, id string) error {
 		_, err := client.Insert(ctx, noopArgs{ID: id, Data: string(wl.payload)}, nil)
 		return err
-	})
+	}, pid)
 	if err != nil {
 		return nil, err
 	}
-	if err := t.wait(ctx); err != nil {
-		return nil, err
-	}
-	perTask := cpu.perTask(wl.n)
 	var version string
 	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&version)
 	name := "River v0.51.2"
 	if cooldown > 0 {
 		name += fmt.Sprintf(", FetchCooldown %v", cooldown)
 	}
-	r := t.result(name, "PostgreSQL "+version+", synchronous_commit off")
-	r.CPUPerTaskUs = perTask
-	return r, nil
+	return t.result(name, "PostgreSQL "+version+", synchronous_commit off", cpu), nil
 }

@@ -112,6 +112,21 @@ func (c *connFlags) openJS(name string, timeout time.Duration) (js jetstream.Jet
 	return js, ctx, func() { cancel(); nc.Close() }, nil
 }
 
+// readBuckets parses the args of a command that reads capstan's buckets
+// itself and takes no argument, as parseOutput does, then connects it as
+// openJS does, for submitTimeout; done is nil when the command ends with
+// code.
+func (c *connFlags) readBuckets(name string, fs *flag.FlagSet, args []string, o *outputFlags) (js jetstream.JetStream, ctx context.Context, done func(), code int) {
+	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
+		return nil, nil, nil, code
+	}
+	js, ctx, done, err := c.openJS(name, submitTimeout)
+	if err != nil {
+		return nil, nil, nil, usageError("%v", err)
+	}
+	return js, ctx, done, exitOK
+}
+
 // unlessAbsent reads a bucket that is created on first use (the pauses and
 // the policies by an admin's first change, the limits by a worker) as none,
 // nil, until then.

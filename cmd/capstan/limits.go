@@ -15,12 +15,9 @@ import (
 func runLimits(args []string) int {
 	fs, conn, o := newConnFlags("limits", "[--capability PREFIX] [-o json]")
 	prefix := fs.String("capability", "", "show only the capabilities whose id starts with `prefix`")
-	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
+	js, ctx, done, code := conn.readBuckets("limits", fs, args, o)
+	if done == nil {
 		return code
-	}
-	js, ctx, done, err := conn.openJS("limits", submitTimeout)
-	if err != nil {
-		return usageError("%v", err)
 	}
 	defer done()
 	// No bucket: no worker of this version has run, no limit was taken.

@@ -82,13 +82,38 @@ func needAdmin(conn *connFlags, right, bucket string) error {
 	return conn.need(right, func(string) string { return "$KV." + bucket + ".all" }, "only an admin may")
 }
 
-// changePauses checks that an admin makes a change of the pauses, then
-// connects it, with time for the workers' confirmations.
-func changePauses(conn *connFlags, command string) (js jetstream.JetStream, ctx context.Context, done func(), err error) {
-	if err := needAdmin(conn, command+" calls", names.PausesBucket()); err != nil {
-		return nil, nil, nil, err
+// scopeChange is a pause or an unpause about to be made: the scope its
+// arguments name, and an admin's connection, with time for the workers'
+// confirmations; done closes it.
+type scopeChange struct {
+	scope pauses.Scope
+	js    jetstream.JetStream
+	nc    *nats.Conn
+	ctx   context.Context
+	done  func()
+}
+
+// open parses the arguments of a pause or an unpause (the command fs
+// names), checks that an admin makes the change, then connects it; without
+// ok the command ends with code.
+func (s *scopeFlags) open(fs *flag.FlagSet, args []string, conn *connFlags, o *outputFlags) (c scopeChange, code int, ok bool) {
+	command := fs.Name()
+	pos, code, ok := parseOutput(fs, args, -1, o)
+	if !ok {
+		return c, code, false
 	}
-	return conn.openJS(command, submitTimeout+confirmWait)
+	var err error
+	if c.scope, err = s.scope(pos); err != nil {
+		return c, usageError("%s: %v", command, err), false
+	}
+	if err := needAdmin(conn, command+" calls", names.PausesBucket()); err != nil {
+		return c, usageError("%v", err), false
+	}
+	if c.js, c.ctx, c.done, err = conn.openJS(command, submitTimeout+confirmWait); err != nil {
+		return c, usageError("%v", err), false
+	}
+	c.nc = c.js.Conn()
+	return c, exitOK, true
 }
 
 // pauseAnswer is what pause and unpause print with -o json.
@@ -114,80 +139,62 @@ func runPause(args []string) int {
 	sf := addScopeFlags(fs, "pause")
 	refuse := fs.Bool("refuse", false, "end the calls made meanwhile at once, PAUSED with the reason (default: hold them in their queue until unpaused)")
 	cancelRunning := fs.Bool("cancel-running", false, "also cancel the attempts running now, as their callers' cancels do")
-	pos, code, ok := parseOutput(fs, args, -1, o)
+	c, code, ok := sf.open(fs, args, conn, o)
 	if !ok {
 		return code
 	}
-	scope, err := sf.scope(pos)
-	if err != nil {
-		return usageError("pause: %v", err)
-	}
-	js, ctx, done, err := changePauses(conn, "pause")
-	if err != nil {
-		return usageError("%v", err)
-	}
-	defer done()
-	nc := js.Conn()
-	p := &pauses.Pause{Scope: scope, Mode: pauses.Hold, Reason: sf.reason, By: principalName(conn), Operator: operator(),
+	defer c.done()
+	p := &pauses.Pause{Scope: c.scope, Mode: pauses.Hold, Reason: sf.reason, By: principalName(conn), Operator: operator(),
 		CancelRunning: *cancelRunning}
 	if *refuse {
 		p.Mode = pauses.Refuse
 	}
-	ch, err := pauses.Apply(ctx, nc, names, p)
+	ch, err := pauses.Apply(c.ctx, c.nc, names, p)
 	if err != nil {
-		return fail(exitFailed, "pause %s: %v", scope, err)
+		return fail(exitFailed, "pause %s: %v", c.scope, err)
 	}
-	if scope.Capability != "" && !inCatalog(ctx, js, scope.Capability) {
+	if c.scope.Capability != "" && !inCatalog(c.ctx, c.js, c.scope.Capability) {
 		// A typo stops nothing: say so, loudly, rather than let a pause of
 		// nothing look like a stop.
 		fmt.Fprintf(os.Stderr, "capstan pause: warning: no worker serves %s (the catalog does not list it): this pause stops nothing until one does; check the id ('capstan describe' lists them)\n",
-			scope.Capability)
+			c.scope.Capability)
 	}
-	answer := confirm(ctx, nc, ch, p.By, "capstan unpause "+scope.Flags()+" --reason TEXT")
+	answer := c.confirm(ch, p.By, "capstan unpause "+c.scope.Flags()+" --reason TEXT")
 	return o.print(answer, func(w io.Writer, st style) { writePaused(w, st, answer) })
 }
 
 func runUnpause(args []string) int {
 	fs, conn, o := newConnFlags("unpause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT")
 	sf := addScopeFlags(fs, "unpause")
-	pos, code, ok := parseOutput(fs, args, -1, o)
+	c, code, ok := sf.open(fs, args, conn, o)
 	if !ok {
 		return code
 	}
-	scope, err := sf.scope(pos)
-	if err != nil {
-		return usageError("unpause: %v", err)
-	}
-	js, ctx, done, err := changePauses(conn, "unpause")
-	if err != nil {
-		return usageError("%v", err)
-	}
-	defer done()
-	nc := js.Conn()
-	ch, err := pauses.Lift(ctx, nc, names, scope, principalName(conn), operator(), sf.reason)
+	defer c.done()
+	ch, err := pauses.Lift(c.ctx, c.nc, names, c.scope, principalName(conn), operator(), sf.reason)
 	if errors.Is(err, pauses.ErrNotPaused) {
-		return fail(exitFailed, "unpause: nothing is paused for %s; 'capstan pauses' lists what is", scope)
+		return fail(exitFailed, "unpause: nothing is paused for %s; 'capstan pauses' lists what is", c.scope)
 	}
 	if err != nil {
-		return fail(exitFailed, "unpause %s: %v", scope, err)
+		return fail(exitFailed, "unpause %s: %v", c.scope, err)
 	}
-	redo := "capstan pause " + scope.Flags() + " --reason TEXT"
+	redo := "capstan pause " + c.scope.Flags() + " --reason TEXT"
 	if ch.Pause.Mode == pauses.Refuse {
 		redo += " --refuse"
 	}
-	answer := confirm(ctx, nc, ch, principalName(conn), redo)
+	answer := c.confirm(ch, principalName(conn), redo)
 	return o.print(answer, func(w io.Writer, st style) { writeUnpaused(w, st, answer) })
 }
 
-// confirm gathers the workers' confirmations of a change.
-func confirm(ctx context.Context, nc *nats.Conn, ch *pauses.Change, by, undo string) *pauseAnswer {
+// confirm gathers the workers' confirmations of the change made, ch.
+func (c scopeChange) confirm(ch *pauses.Change, by, undo string) *pauseAnswer {
 	a := &pauseAnswer{Change: ch, By: by, Undo: undo}
 	auditID := ""
 	if a.cancels() {
 		auditID = ch.AuditID
 	}
 	stop := waiting("the workers' confirmations", confirmWait)
-	a.Workers, _ = oplog.Confirm(ctx, nc, names, oplog.Pauses, ch.Revision, auditID, confirmWait)
+	a.Workers, _ = oplog.Confirm(c.ctx, c.nc, names, oplog.Pauses, ch.Revision, auditID, confirmWait)
 	stop()
 	if a.Workers == nil {
 		a.Workers = []oplog.AppliedReply{}
@@ -286,12 +293,9 @@ func who(by, operator string) string {
 // runPauses lists the pauses in force.
 func runPauses(args []string) int {
 	fs, conn, o := newConnFlags("pauses", "[-o json]")
-	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
+	js, ctx, done, code := conn.readBuckets("pauses", fs, args, o)
+	if done == nil {
 		return code
-	}
-	js, ctx, done, err := conn.openJS("pauses", submitTimeout)
-	if err != nil {
-		return usageError("%v", err)
 	}
 	defer done()
 	var list []*pauses.Pause

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -74,18 +75,18 @@ func policiesBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyV
 	return unlessAbsent(policies.Bucket(ctx, js, names, false))
 }
 
-// openPolicies connects for a command that reads the policies bucket: kv is
-// nil when no set was ever applied; done is nil when the command ends with
-// code.
-func openPolicies(conn *connFlags, command string) (context.Context, jetstream.KeyValue, func(), int) {
-	js, ctx, done, err := conn.openJS("policy", submitTimeout)
-	if err != nil {
-		return nil, nil, nil, usageError("%v", err)
+// openPolicies parses the args of a command that reads the policies bucket
+// (see readBuckets) and opens the bucket: kv is nil when no set was ever
+// applied; done is nil when the command ends with code.
+func openPolicies(conn *connFlags, fs *flag.FlagSet, args []string, o *outputFlags) (context.Context, jetstream.KeyValue, func(), int) {
+	js, ctx, done, code := conn.readBuckets("policy", fs, args, o)
+	if done == nil {
+		return nil, nil, nil, code
 	}
 	kv, err := policiesBucket(ctx, js)
 	if err != nil {
 		done()
-		return nil, nil, nil, fail(exitFailed, "%s: %v", command, err)
+		return nil, nil, nil, fail(exitFailed, "%s: %v", fs.Name(), err)
 	}
 	return ctx, kv, done, exitOK
 }
@@ -420,10 +421,7 @@ func writePolicyTest(w io.Writer, st style, r *policyTest, since time.Duration, 
 func runPolicyShow(args []string) int {
 	fs, conn, o := newConnFlags("policy show", "[--version N]")
 	version := fs.Int("version", 0, "show this `version` (default: the one in force)")
-	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
-		return code
-	}
-	ctx, kv, done, code := openPolicies(conn, "policy show")
+	ctx, kv, done, code := openPolicies(conn, fs, args, o)
 	if done == nil {
 		return code
 	}
@@ -456,10 +454,7 @@ func runPolicyShow(args []string) int {
 
 func runPolicyHistory(args []string) int {
 	fs, conn, o := newConnFlags("policy history", "")
-	if _, code, ok := parseOutput(fs, args, 0, o); !ok {
-		return code
-	}
-	ctx, kv, done, code := openPolicies(conn, "policy history")
+	ctx, kv, done, code := openPolicies(conn, fs, args, o)
 	if done == nil {
 		return code
 	}

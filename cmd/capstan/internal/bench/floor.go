@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,37 +24,6 @@ func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progr
 	js := r.adminJS
 	nc := js.Conn()
 	prefix := strings.ToLower(r.b.Names.ExecStream()) + "_bench_floor"
-	streams := []jetstream.StreamConfig{
-		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REQ", Subjects: []string{prefix + ".req"}, Retention: jetstream.WorkQueuePolicy},
-		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REC", Subjects: []string{prefix + ".rec.>"}},
-		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_RES", Subjects: []string{prefix + ".res.>"},
-			RePublish: &jetstream.RePublish{Source: prefix + ".res.>", Destination: prefix + ".done.>"}},
-		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_TRAIL", Subjects: []string{prefix + ".trail.>"}},
-	}
-	for _, sc := range streams {
-		sc.Storage = jetstream.FileStorage
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return nil, err
-		}
-	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, sc := range streams {
-			_ = js.DeleteStream(dctx, sc.Name)
-		}
-	}()
-	req, err := js.Stream(ctx, streams[0].Name)
-	if err != nil {
-		return nil, err
-	}
-	cons, err := req.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable: "floor", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: max(4*cfg.Concurrency, 1000),
-	})
-	if err != nil {
-		return nil, err
-	}
-
 	loop := newStampedLoop(cfg, bar)
 	results, err := nc.Subscribe(prefix+".done.>", func(m *nats.Msg) { loop.arrived(m.Data) })
 	if err != nil {
@@ -69,7 +37,14 @@ func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progr
 			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}})
 		return err
 	}
-	consumeCtx, err := cons.Consume(func(m jetstream.Msg) {
+	streams := []jetstream.StreamConfig{
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REQ", Subjects: []string{prefix + ".req"}},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_REC", Subjects: []string{prefix + ".rec.>"}},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_RES", Subjects: []string{prefix + ".res.>"},
+			RePublish: &jetstream.RePublish{Source: prefix + ".res.>", Destination: prefix + ".done.>"}},
+		{Name: r.b.Names.ExecStream() + "_BENCH_FLOOR_TRAIL", Subjects: []string{prefix + ".trail.>"}},
+	}
+	stop, err := workQueue(ctx, js, cfg, "floor", streams, func(m jetstream.Msg) {
 		go func() {
 			d := m.Data()
 			id := strconv.FormatUint(binary.BigEndian.Uint64(d[12:20]), 10)
@@ -85,11 +60,11 @@ func floorLoop(ctx context.Context, r *rig, cfg *Config, payload int, bar *progr
 			}
 			_ = m.Ack()
 		}()
-	}, jetstream.PullMaxMessages(max(cfg.Workers, 1)*max(cfg.WorkerConcurrency, 1)))
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer consumeCtx.Stop()
+	defer stop()
 
 	var seq atomic.Uint64
 	res, err := loop.run(ctx, func(slot int) error {
