@@ -118,7 +118,7 @@ func testOnlyAdminsWriteOperatorBuckets(t *testing.T, r *rig) {
 		t.Fatalf("the worker's watch: %v", err)
 	}
 	defer w.Stop()
-	if err := w.WaitRevision(ctx, ch.Revision); err != nil || w.Set().Len() != 1 {
-		t.Fatalf("the worker's copy: %v, %d pauses", err, w.Set().Len())
+	if err := w.WaitRevision(ctx, ch.Revision); err != nil || w.Load().Len() != 1 {
+		t.Fatalf("the worker's copy: %v, %d pauses", err, w.Load().Len())
 	}
 }

@@ -908,15 +908,13 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 		}
 		body, _ = json.Marshal(req)
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.CancelSubject(c.principal, executionID), body)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: cancel %s", ErrNoWorkers, executionID)
-	}
+	data, err := execrpc.Request(ctx, c.b.NC, c.b.Names.CancelSubject(c.principal, executionID), body, 10*time.Second,
+		"cancel "+executionID)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: cancel %s: %w", executionID, err)
+		return nil, err
 	}
 	var r CancelReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
+	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("capstan: cancel %s: bad reply: %w", executionID, err)
 	}
 	if slices.Contains(r.Conditions, "unknown") {

@@ -16,6 +16,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 // Discovery tells a surface and an actor which capabilities they may see:
@@ -322,25 +323,17 @@ func (c *Client) Queue(ctx context.Context) (*envelope.QueueUsage, error) {
 // describe sends req to the workers' describe subject (within 10 s unless
 // ctx is bounded) and returns their reply; what names the request in errors.
 func (c *Client) describe(ctx context.Context, what string, req DescribeRequest) (*DescribeReply, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-	}
 	req.V = envelope.Version
 	b, err := envelope.Marshal(&req)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: %s: %w", what, err)
 	}
-	m, err := c.b.NC.RequestWithContext(ctx, c.b.Names.DescribeSubject(c.principal), b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: %s", ErrNoWorkers, what)
-	}
+	data, err := execrpc.Request(ctx, c.b.NC, c.b.Names.DescribeSubject(c.principal), b, 10*time.Second, what)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: %s: %w", what, err)
+		return nil, err
 	}
 	var r DescribeReply
-	if err := envelope.Unmarshal(m.Data, &r); err != nil {
+	if err := envelope.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("capstan: %s: bad reply: %w", what, err)
 	}
 	if e := r.Error; e != nil {

@@ -38,12 +38,12 @@ type PauseInfo struct {
 // pauseOf is the operators' pause that stops a call of capabilityID by
 // principal as actor, nil when none does.
 func (w *Worker) pauseOf(principal, capabilityID string, actor envelope.Actor) *pauses.Pause {
-	return w.pauses.Set().Match(principal, capabilityID, actor)
+	return w.pauses.Load().Match(principal, capabilityID, actor)
 }
 
 // paused answers the engine (engine.Config.Paused).
 func (w *Worker) paused(principal string, req *envelope.Request) *engine.Pause {
-	if w.pauses.Set() == nil {
+	if w.pauses.Load() == nil {
 		return nil // no pause: the common case, one load
 	}
 	changed := w.pauses.Changed() // taken first, so that no change is missed
@@ -186,8 +186,8 @@ func (w *Worker) serveApplied(m *nats.Msg) {
 			applied = w.noneStarting(ctx)
 		}
 		reply := oplog.AppliedReply{V: envelope.Version, Worker: w.cfg.ID, Revision: copyOf.Revision(), Applied: applied,
-			Pauses: w.pauses.Set().Len()}
-		if s := w.policies.Set(); s != nil {
+			Pauses: w.pauses.Load().Len()}
+		if s := w.policies.Load(); s != nil {
 			reply.PolicyVersion = s.Version
 			if err := s.Err(); err != nil {
 				reply.PolicyError = err.Error()

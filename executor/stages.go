@@ -295,7 +295,7 @@ func (a *admission) admit() engine.Admission {
 // trail and in the private cause; the caller sees what a Go policy's denial
 // shows, never why. A policy that cannot be evaluated fails the call closed.
 func (a *admission) cedarGate() (end engine.Admission, refused bool) {
-	set := a.w.policies.Set()
+	set := a.w.policies.Load()
 	if set == nil {
 		return engine.Admission{}, false
 	}

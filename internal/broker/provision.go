@@ -488,13 +488,9 @@ func ensureStreamAs(ctx context.Context, js jetstream.JetStream, rc *replicaChoi
 	}
 	// It exists with another configuration, or the server refuses this one
 	// (a single server refuses R3 even for a stream that exists as R1).
-	exists := errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse)
-	s, err := readRefused(ctx, js, want.Name, exists)
+	s, err := readRefused(ctx, js, want.Name, "stream "+want.Name, want.Replicas, cerr)
 	if err != nil {
-		if exists {
-			return nil, fmt.Errorf("capstan: read stream %s: %w", want.Name, err)
-		}
-		return nil, fmt.Errorf("capstan: create stream %s (replicas %d): %w", want.Name, want.Replicas, cerr)
+		return nil, err
 	}
 	have := s.CachedInfo().Config
 	want.Replicas = rc.against(have.Replicas)
@@ -606,13 +602,9 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	if cerr == nil {
 		return kv, nil
 	}
-	exists := errors.Is(cerr, jetstream.ErrBucketExists) || errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse)
-	s, err := readRefused(ctx, js, "KV_"+want.Bucket, exists)
+	s, err := readRefused(ctx, js, "KV_"+want.Bucket, "bucket "+want.Bucket, want.Replicas, cerr)
 	if err != nil {
-		if exists {
-			return nil, fmt.Errorf("capstan: read bucket %s: %w", want.Bucket, err)
-		}
-		return nil, fmt.Errorf("capstan: create bucket %s (replicas %d): %w", want.Bucket, want.Replicas, cerr)
+		return nil, err
 	}
 	have := s.CachedInfo().Config
 	want.Replicas = rc.against(have.Replicas)
@@ -622,13 +614,23 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, rc *replicaChoice
 	return js.KeyValue(ctx, want.Bucket)
 }
 
-// readRefused reads the stream a create refused: one the create said exists
-// is waited for until it answers (existingStream), any other is read once.
-func readRefused(ctx context.Context, js jetstream.JetStream, name string, exists bool) (jetstream.Stream, error) {
-	if exists {
-		return existingStream(ctx, js, name)
+// readRefused reads the stream a create of what (its replicas, with the
+// server's error cerr) refused: one the create said exists as
+// existingStream reads it, any other as the server has it. Unread, the
+// error is the read's for one that exists, else the create's.
+func readRefused(ctx context.Context, js jetstream.JetStream, name, what string, replicas int, cerr error) (jetstream.Stream, error) {
+	if errors.Is(cerr, jetstream.ErrStreamNameAlreadyInUse) || errors.Is(cerr, jetstream.ErrBucketExists) {
+		s, err := existingStream(ctx, js, name)
+		if err != nil {
+			return nil, fmt.Errorf("capstan: read %s: %w", what, err)
+		}
+		return s, nil
 	}
-	return js.Stream(ctx, name)
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("capstan: create %s (replicas %d): %w", what, replicas, cerr)
+	}
+	return s, nil
 }
 
 // bucketDiff names every field of a bucket's stream capstan relies on that differs.

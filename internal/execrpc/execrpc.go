@@ -7,7 +7,8 @@
 //
 // When no worker answers and the connection may read the index itself (an
 // open server's, an admin's), the capstan command lists it as a worker does,
-// through ListWithQueued, which package executor sets.
+// through ListWithQueued, which package executor sets. Request is how
+// every request workers serve is sent: a Client's describe and cancel too.
 package execrpc
 
 import (
@@ -45,26 +46,37 @@ func Ask[R any, P Answer[R]](ctx context.Context, nc *nats.Conn, n broker.Names,
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, Timeout)
-		defer cancel()
-	}
-	m, err := nc.RequestWithContext(ctx, subject(broker.PrincipalOf(nc, n)), b)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return nil, fmt.Errorf("%w: %s", ErrNoWorkers, what)
-	}
+	data, err := Request(ctx, nc, subject(broker.PrincipalOf(nc, n)), b, Timeout, what)
 	if err != nil {
-		return nil, fmt.Errorf("capstan: %s: %w", what, err)
+		return nil, err
 	}
 	reply := new(R)
-	if err := envelope.Unmarshal(m.Data, reply); err != nil {
+	if err := envelope.Unmarshal(data, reply); err != nil {
 		return nil, fmt.Errorf("capstan: %s: reply: %w", what, err)
 	}
 	if err := P(reply).Err(); err != nil {
 		return nil, err
 	}
 	return reply, nil
+}
+
+// Request sends body on subject, which workers serve, within bound unless
+// ctx has a deadline, and returns the answer's data. what names the request
+// in errors; no worker answering is ErrNoWorkers.
+func Request(ctx context.Context, nc *nats.Conn, subject string, body []byte, bound time.Duration, what string) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
+	}
+	m, err := nc.RequestWithContext(ctx, subject, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return nil, fmt.Errorf("%w: %s", ErrNoWorkers, what)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("capstan: %s: %w", what, err)
+	}
+	return m.Data, nil
 }
 
 // ListWithQueued is a page of the index (audit.List of q), with, on a

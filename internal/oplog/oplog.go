@@ -10,7 +10,9 @@ package oplog
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +57,21 @@ func OpenBucket(ctx context.Context, nc *nats.Conn, name string, create bool) (j
 		return err
 	})
 	return kv, err
+}
+
+// Read returns the JSON value a bucket holds under key, and its revision.
+// A value that does not decode is an error that names it what, with the
+// revision still: a revision of 0 with an error says the key was not read.
+func Read[T any](ctx context.Context, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	var v T
+	if err := json.Unmarshal(e.Value(), &v); err != nil {
+		return nil, e.Revision(), fmt.Errorf("capstan: %s does not decode: %w", what, err)
+	}
+	return &v, e.Revision(), nil
 }
 
 // Write writes a bucket's key by compare-and-swap, as Retry tries it:

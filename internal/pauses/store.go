@@ -54,15 +54,7 @@ func List(ctx context.Context, kv jetstream.KeyValue) ([]*Pause, error) {
 }
 
 func get(ctx context.Context, kv jetstream.KeyValue, key string) (*Pause, uint64, error) {
-	e, err := kv.Get(ctx, key)
-	if err != nil {
-		return nil, 0, err
-	}
-	var p Pause
-	if err := json.Unmarshal(e.Value(), &p); err != nil {
-		return nil, e.Revision(), fmt.Errorf("capstan: pause %s does not decode: %w", key, err)
-	}
-	return &p, e.Revision(), nil
+	return oplog.Read[Pause](ctx, kv, key, "pause "+key)
 }
 
 // Change is what Apply or Lift did.

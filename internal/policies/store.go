@@ -83,31 +83,21 @@ func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create 
 // ReadCurrent returns what is in force (a zero Current when nothing ever
 // was) and its revision (0: no current key).
 func ReadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Current, uint64, error) {
-	e, err := kv.Get(ctx, currentKey)
+	c, rev, err := oplog.Read[Current](ctx, kv, currentKey, currentKey+" of the policies bucket")
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return &Current{}, 0, nil
 	}
-	if err != nil {
-		return nil, 0, err
-	}
-	var c Current
-	if err := json.Unmarshal(e.Value(), &c); err != nil {
-		return nil, e.Revision(), fmt.Errorf("capstan: %s of the policies bucket does not decode: %w", currentKey, err)
-	}
-	return &c, e.Revision(), nil
+	return c, rev, err
 }
 
 // ReadVersion returns version n.
 func ReadVersion(ctx context.Context, kv jetstream.KeyValue, n int) (*Version, error) {
-	e, err := kv.Get(ctx, versionKey(n))
-	if err != nil {
-		return nil, fmt.Errorf("capstan: policy set v%d: %w", n, err)
+	what := fmt.Sprintf("policy set v%d", n)
+	v, rev, err := oplog.Read[Version](ctx, kv, versionKey(n), what)
+	if err != nil && rev == 0 {
+		return nil, fmt.Errorf("capstan: %s: %w", what, err)
 	}
-	var v Version
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return nil, fmt.Errorf("capstan: policy set v%d does not decode: %w", n, err)
-	}
-	return &v, nil
+	return v, err
 }
 
 // History returns every version the bucket holds, oldest first.

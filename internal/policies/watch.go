@@ -15,15 +15,9 @@ import (
 )
 
 // Watcher is a worker's copy of the policy set in force, kept current by one
-// watcher of the bucket's current key (oplog.Follower).
-type Watcher struct {
-	*oplog.Follower
-	ctx   context.Context
-	js    jetstream.JetStream
-	names broker.Names
-	log   *slog.Logger
-	set   atomic.Pointer[Set]
-}
+// watcher of the bucket's current key (oplog.Follower). Load is the set in
+// force: nil when none is.
+type Watcher = oplog.Copy[Set]
 
 // Watch reads which set is in force, loads it, and follows the changes until
 // ctx ends. A version that cannot be loaded or compiled is in force all the
@@ -32,66 +26,54 @@ func Watch(ctx context.Context, js jetstream.JetStream, n broker.Names, log *slo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Watcher{ctx: ctx, js: js, names: n, log: log}
-	f, err := oplog.Follow(ctx, js, n.PoliciesBucket(), currentKey, log, w.apply)
-	if err != nil {
-		return nil, err
-	}
-	w.Follower = f
-	return w, nil
+	l := &loader{ctx: ctx, js: js, names: n, log: log}
+	return oplog.FollowCopy(ctx, js, n.PoliciesBucket(), currentKey, log, l.apply)
 }
 
-// Set is the set in force: nil when none is.
-func (w *Watcher) Set() *Set {
-	if w == nil {
-		return nil
-	}
-	return w.set.Load()
-}
-
-// Stop ends the watcher.
-func (w *Watcher) Stop() {
-	if w != nil {
-		w.Follower.Stop()
-	}
+// loader loads the versions the current key names.
+type loader struct {
+	ctx   context.Context
+	js    jetstream.JetStream
+	names broker.Names
+	log   *slog.Logger
 }
 
 // apply loads the version the current key names.
-func (w *Watcher) apply(e jetstream.KeyValueEntry) {
+func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
-		w.set.Store(nil)
+		set.Store(nil)
 		return
 	}
 	var cur Current
 	if err := json.Unmarshal(e.Value(), &cur); err != nil {
-		w.log.Error("the policies in force do not decode: every call fails closed", "err", err)
-		w.set.Store(Broken(0, err))
+		l.log.Error("the policies in force do not decode: every call fails closed", "err", err)
+		set.Store(Broken(0, err))
 		return
 	}
 	if cur.Version == 0 {
-		if w.set.Swap(nil) != nil {
-			w.log.Warn("policy set removed: calls are decided without Cedar policies", "by", cur.By, "reason", cur.Reason)
+		if set.Swap(nil) != nil {
+			l.log.Warn("policy set removed: calls are decided without Cedar policies", "by", cur.By, "reason", cur.Reason)
 		}
 		return
 	}
-	s, err := w.load(cur)
+	s, err := l.load(cur)
 	if err != nil {
-		w.log.Error("policy set not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
+		l.log.Error("policy set not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
 		s = Broken(cur.Version, err)
 	} else {
-		w.log.Info("policy set in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256, "by", cur.By)
+		l.log.Info("policy set in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256, "by", cur.By)
 	}
-	w.set.Store(s)
+	set.Store(s)
 }
 
 // load reads and compiles version cur.Version, checking it is the text cur
 // names.
-func (w *Watcher) load(cur Current) (*Set, error) {
+func (l *loader) load(cur Current) (*Set, error) {
 	var v *Version
-	ctx, cancel := context.WithTimeout(w.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
 	defer cancel()
 	if err := oplog.Retry(ctx, func(ctx context.Context) error {
-		kv, err := w.js.KeyValue(ctx, w.names.PoliciesBucket())
+		kv, err := l.js.KeyValue(ctx, l.names.PoliciesBucket())
 		if err != nil {
 			return err
 		}
@@ -113,8 +95,4 @@ func (w *Watcher) load(cur Current) (*Set, error) {
 
 // Fixed is a copy that holds s for ever and follows no bucket: what a
 // worker's stages see, for benchmarks and tests without a server.
-func Fixed(s *Set) *Watcher {
-	w := &Watcher{}
-	w.set.Store(s)
-	return w
-}
+func Fixed(s *Set) *Watcher { return oplog.Fixed(s) }

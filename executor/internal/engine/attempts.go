@@ -186,12 +186,10 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			}
 			return Action{Do: Finish, end: completed(raw), Attempts: attempt}
 		}
-		switch cause := context.Cause(x.ctx); {
-		case errors.Is(cause, errLeaseLost):
-			x.w.log.Warn("claim lost during the attempt: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
-			return Action{}
-		case errors.Is(cause, errShutdown):
-			return Action{Do: Release}
+		if a, ok := x.interrupted("the attempt"); ok {
+			return a
+		}
+		switch {
 		case receipt != nil && stoppedByRuntime(cerr):
 			// Stopped (its timeout, the caller's cancel) after it recorded
 			// that its effect happened: it completed (DESIGN §5).
@@ -210,12 +208,6 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			case <-t.C:
 			case <-x.ctx.Done():
 				t.Stop()
-				if errors.Is(context.Cause(x.ctx), errShutdown) {
-					return Action{Do: Release}
-				}
-				if errors.Is(context.Cause(x.ctx), errLeaseLost) {
-					return Action{}
-				}
 				return at.endByContext(attempt)
 			}
 			if a, ok := at.pauseGate(attempt+1, false); !ok {
@@ -622,12 +614,25 @@ func afterRun(cerr *envelope.CapabilityError) *outcome {
 // endByContext is how an execution whose whole context ended ends: left to
 // the claim's new owner, given back on shutdown, otherwise cancelled.
 func (at *attempts) endByContext(n int) Action {
-	x := at.x
-	switch cause := context.Cause(x.ctx); {
-	case errors.Is(cause, errLeaseLost):
-		return Action{}
-	case errors.Is(cause, errShutdown):
-		return Action{Do: Release}
+	if a, ok := at.x.interrupted(""); ok {
+		return a
 	}
 	return Action{Do: Finish, Attempts: n, end: cancelled(envelope.CodeCancelled, at.cancelledError().Message)}
+}
+
+// interrupted is the action for an execution whose context the claim's loss
+// ended (none: it is left to the claim's new owner) or the worker's
+// shutdown (Release), and whether one of them did. during, when set, is
+// what the loss interrupted, for the log.
+func (x *execution) interrupted(during string) (Action, bool) {
+	switch cause := context.Cause(x.ctx); {
+	case errors.Is(cause, errLeaseLost):
+		if during != "" {
+			x.w.log.Warn("claim lost: leaving the execution to its new owner", "during", during, "executionId", x.req.ExecutionID)
+		}
+		return Action{}, true
+	case errors.Is(cause, errShutdown):
+		return Action{Do: Release}, true
+	}
+	return Action{}, false
 }

@@ -143,12 +143,8 @@ func (at *attempts) reconcile(n int) Action {
 		x.w.log.Warn("reconciler could not tell", "executionId", x.req.ExecutionID, "capabilityId", x.req.CapabilityID,
 			"attempt", n, "err", res.Err)
 	}
-	switch cause := context.Cause(x.ctx); {
-	case errors.Is(cause, errLeaseLost):
-		x.w.log.Warn("claim lost during reconciliation: leaving the execution to its new owner", "executionId", x.req.ExecutionID)
-		return Action{}
-	case errors.Is(cause, errShutdown):
-		return Action{Do: Release}
+	if a, ok := x.interrupted("reconciliation"); ok {
+		return a
 	}
 	x.emit(audit.EventReconciled, data)
 	if x.ctx.Err() != nil && res.Verdict != Found {

@@ -591,11 +591,8 @@ func (w *inputWalk) rest(h head, depth int) {
 	case classString, classBinary, classExt:
 		w.take(h.n)
 	case classArray, classMap:
-		n := h.n
-		if h.class == classMap {
-			n *= 2
-		}
-		if !w.fits(n, depth) {
+		n, ok := w.items(h, depth)
+		if !ok {
 			return
 		}
 		for range n {
@@ -611,6 +608,16 @@ func (w *inputWalk) skip(depth int) {
 	if h, ok := w.head(); ok {
 		w.rest(h, depth)
 	}
+}
+
+// items is how many values follow a container's header (an array's items,
+// a map's keys and values), if fits lets them.
+func (w *inputWalk) items(h head, depth int) (uint64, bool) {
+	n := h.n
+	if h.class == classMap {
+		n *= 2
+	}
+	return n, w.fits(n, depth)
 }
 
 // fits refuses a container that claims more items than bytes remain, or that

@@ -310,11 +310,7 @@ func (w *inputWalk) jsonValue(h head, depth int) {
 		w.issue("expected a JSON value, got " + h.class.String())
 		w.take(h.n)
 	case classArray, classMap:
-		n := h.n
-		if h.class == classMap {
-			n *= 2
-		}
-		if !w.fits(n, depth) {
+		if _, ok := w.items(h, depth); !ok {
 			return
 		}
 		open, end := "[", "]"
