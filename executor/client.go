@@ -459,12 +459,9 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 	defer progress.stop()
 	progress.follow(executionID)
 	ch := c.w.Add(executionID)
-	env, err := c.w.Load(ctx, executionID)
-	if errors.Is(err, broker.ErrNotFound) && c.b.Replicas > 1 {
-		// Stored before the waiter, its envelope comes on no subscription:
-		// a replica behind must not make it wait for ever.
-		env, err = c.loadEnvelope(ctx, c.principal, executionID)
-	}
+	// Stored before the waiter, its envelope comes on no subscription: a
+	// replica behind must not make it wait for ever.
+	env, err := c.loadEnvelope(ctx, c.principal, executionID)
 	if err == nil || errors.Is(err, envelope.ErrDecode) {
 		// One stored that does not decode will never be another: envelopes
 		// are written once.
@@ -903,7 +900,9 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 		return nil, err
 	}
 	if rec == nil && env == nil && c.b.Replicas == 0 && c.b.ReadsMayLag() {
-		rec, env = c.askedOf(ctx, owner, executionID)
+		if rec, env, err = c.askedOf(ctx, owner, executionID); err != nil {
+			return nil, err
+		}
 	}
 	s := ExecutionStatus{Record: rec, Envelope: env}
 	if rec != nil && env != nil && rec.State != execution.StateFinalized {
@@ -926,23 +925,32 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 // askedOf is what the workers hold of owner's execution id, for a client
 // whose reads found nothing of it: a principal's connection reads through
 // whichever replica answers and may not ask a stream's leader (DESIGN §12),
-// while the workers do. Nothing when they hold nothing or none answers.
-func (c *Client) askedOf(ctx context.Context, owner, executionID string) (*execution.Record, *envelope.Envelope) {
-	actx, cancel := context.WithTimeout(ctx, probeWait)
-	defer cancel()
-	v, err := c.Execution(actx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
-	if err != nil || v.Record != nil && envelope.CheckVersion(v.Record.V) != nil {
-		return nil, nil
+// while the workers do. Nothing when they hold nothing, or when no worker
+// runs (no one can tell better than the client's replica); an error when
+// they did not answer.
+func (c *Client) askedOf(ctx context.Context, owner, executionID string) (*execution.Record, *envelope.Envelope, error) {
+	v, err := c.Execution(ctx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
+	switch {
+	case errors.Is(err, ErrNoSuchExecution), errors.Is(err, ErrNoWorkers):
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("capstan: %s is on no replica this client reads, and the workers did not say whether it exists: %w", executionID, err)
+	case v.Record != nil && envelope.CheckVersion(v.Record.V) != nil:
+		return nil, nil, envelope.CheckVersion(v.Record.V)
+	case v.Envelope != nil && envelope.CheckVersion(v.Envelope.V) != nil:
+		return nil, nil, envelope.CheckVersion(v.Envelope.V)
 	}
 	env := v.Envelope
 	if env != nil && len(v.Omitted) > 0 {
 		// Cut to fit the reply: the whole is read again, once the replica
 		// that answers holds it.
-		if whole, err := c.loadEnded(actx, owner, executionID); err == nil {
+		ectx, cancel := context.WithTimeout(ctx, probeWait)
+		defer cancel()
+		if whole, err := c.loadEnded(ectx, owner, executionID); err == nil {
 			env = whole
 		}
 	}
-	return v.Record, env
+	return v.Record, env, nil
 }
 
 // loadReadable loads key's value, nil when there is none, and refuses one
