@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"time"
 
@@ -930,6 +931,20 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 // they did not answer.
 func (c *Client) askedOf(ctx context.Context, owner, executionID string) (*execution.Record, *envelope.Envelope, error) {
 	v, err := c.Execution(ctx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
+	for try := 0; try < maxQuotaWaits; try++ {
+		// A principal reading fast meets its control quota here first:
+		// the workers say when to ask again.
+		wait, ok := quotaWait(err)
+		if !ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("capstan: status of %s: %w", executionID, err)
+		case <-time.After(wait):
+		}
+		v, err = c.Execution(ctx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
+	}
 	switch {
 	case errors.Is(err, ErrNoSuchExecution), errors.Is(err, ErrNoWorkers):
 		return nil, nil, nil
@@ -951,6 +966,29 @@ func (c *Client) askedOf(ctx context.Context, owner, executionID string) (*execu
 		}
 	}
 	return v.Record, env, nil
+}
+
+// maxQuotaWaits bounds how often askedOf waits out its principal's control
+// quota.
+const maxQuotaWaits = 20
+
+// quotaWait is how long a quota's refusal says to wait before asking again;
+// ok is false for any other error, and a refusal that says no wait helps.
+func quotaWait(err error) (wait time.Duration, ok bool) {
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) || ce.Code != envelope.CodeQuotaExceeded {
+		return 0, false
+	}
+	// A number of any width: the reply's decoding chooses it.
+	switch ms := reflect.ValueOf(ce.Details["retryAfterMs"]); {
+	case ms.CanInt():
+		return time.Duration(ms.Int()) * time.Millisecond, true
+	case ms.CanUint():
+		return time.Duration(ms.Uint()) * time.Millisecond, true
+	case ms.CanFloat():
+		return time.Duration(ms.Float() * float64(time.Millisecond)), true
+	}
+	return 0, false
 }
 
 // loadReadable loads key's value, nil when there is none, and refuses one
