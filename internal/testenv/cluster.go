@@ -161,10 +161,21 @@ func (c *Cluster) StaleCopy(t testing.TB, stream, subject string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
-	m, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: stream + "_STALE", Storage: jetstream.MemoryStorage, Replicas: 1,
-		Mirror: &jetstream.StreamSource{Name: stream, FilterSubject: subject}, MirrorDirect: true})
-	if err != nil {
-		t.Fatalf("testenv: stale copy of %s: %v", stream, err)
+	cfg := jetstream.StreamConfig{Name: stream + "_STALE", Storage: jetstream.MemoryStorage, Replicas: 1,
+		Mirror: &jetstream.StreamSource{Name: stream, FilterSubject: subject}, MirrorDirect: true}
+	var m jetstream.Stream
+	for {
+		// A cluster can drop the answer to a create: asked again, the same
+		// configuration is no conflict.
+		tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err = js.CreateOrUpdateStream(tctx, cfg)
+		tcancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: stale copy of %s: %v", stream, err)
+		}
 	}
 	// The mirror answers direct gets once it has copied a message.
 	for {
