@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"time"
 
@@ -455,7 +456,9 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 	defer progress.stop()
 	progress.follow(executionID)
 	ch := c.w.Add(executionID)
-	env, err := c.w.Load(ctx, executionID)
+	// Stored before the waiter, its envelope comes on no subscription: a
+	// replica behind must not make it wait for ever.
+	env, err := c.loadEnvelope(ctx, c.principal, executionID)
 	if err == nil || errors.Is(err, envelope.ErrDecode) {
 		// One stored that does not decode will never be another: envelopes
 		// are written once.
@@ -472,14 +475,51 @@ func (c *Client) Await(ctx context.Context, executionID string) (*envelope.Envel
 			// the id is old enough, while the wait goes on.
 			return c.awaitAsking(ctx, executionID, ch, young)
 		}
-		if c.unknown(ctx, executionID) {
+		switch state, answered := c.probeState(ctx, executionID); {
+		case answered && state == ExecUnknown:
 			c.w.Remove(executionID, ch)
 			return nil, noSuchExecution(executionID)
+		case answered && state == ExecEnded:
+			// The workers read its envelope where this client's replica
+			// did not.
+			c.w.Remove(executionID, ch)
+			return c.loadEnded(ctx, c.principal, executionID)
 		}
 	}
 	// The waiter was registered before the read: an envelope stored since
 	// comes on the subscription.
 	return c.w.AwaitFresh(ctx, executionID, ch, c.w.Reconnects())
+}
+
+// loadEnvelope reads owner's envelope of executionID as Await and Status
+// do, an absence confirmed where the reads may lag (broker.LoadCurrent).
+func (c *Client) loadEnvelope(ctx context.Context, owner, executionID string) (*envelope.Envelope, error) {
+	lctx, cancel := context.WithTimeout(ctx, await.PublishTry)
+	defer cancel()
+	env, _, err := broker.LoadCurrent[envelope.Envelope](lctx, c.b, c.b.Envelopes, broker.Key(owner, executionID))
+	if err == nil {
+		err = envelope.CheckVersion(env.V)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// loadEnded reads the envelope of an execution the workers say ended, again
+// while the replica that answers has not applied it, until ctx ends.
+func (c *Client) loadEnded(ctx context.Context, owner, executionID string) (*envelope.Envelope, error) {
+	for try := 0; ; try++ {
+		env, err := c.loadEnvelope(ctx, owner, executionID)
+		if !errors.Is(err, broker.ErrNotFound) {
+			return env, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("capstan: the envelope of %s, which the workers read, is on no replica this client reads: %w", executionID, ctx.Err())
+		case <-time.After(broker.Backoff(try)):
+		}
+	}
 }
 
 func noSuchExecution(id string) error {
@@ -504,6 +544,7 @@ func youngFor(id string) time.Duration {
 // wait goes on as any other.
 func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.Envelope, wait time.Duration) (*envelope.Envelope, error) {
 	errGone := noSuchExecution(id)
+	errEnded := errors.New("ended: its envelope is read")
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := make(chan struct{})
@@ -523,6 +564,9 @@ func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.E
 			case answered && state == ExecUnknown:
 				cancel(errGone)
 				return
+			case answered && state == ExecEnded:
+				cancel(errEnded) // stored before the waiter, or where this client's replica has not applied it
+				return
 			case answered && state != ExecUncertain:
 				return // it exists: its envelope is waited for
 			}
@@ -530,8 +574,13 @@ func (c *Client) awaitAsking(ctx context.Context, id string, ch chan *envelope.E
 		}
 	}()
 	env, err := c.w.AwaitFresh(actx, id, ch, c.w.Reconnects())
-	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errGone) {
-		return nil, errGone
+	if err != nil && ctx.Err() == nil {
+		switch cause := context.Cause(actx); {
+		case errors.Is(cause, errGone):
+			return nil, errGone
+		case errors.Is(cause, errEnded):
+			return c.loadEnded(ctx, c.principal, id)
+		}
 	}
 	return env, err
 }
@@ -543,22 +592,25 @@ const probeWait = 2 * time.Second
 // probeAfter: an id younger than this is not probed.
 const probeAfter = 2 * time.Second
 
-// unknown reports whether the workers say that nothing of the client's
-// execution id is stored: no request waiting in its queue, no record, no
-// envelope (read in that order, which no claim racing the reads can hide it
-// from). Without an answer (no worker, an older one) it is not unknown.
-func (c *Client) unknown(ctx context.Context, executionID string) bool {
-	state, answered := c.probeState(ctx, executionID)
-	return answered && state == ExecUnknown
-}
-
 // probeState asks the workers (or, on an open server with none, the client
-// itself) where the client's execution is; answered is false when nothing
-// answered within probeWait.
+// itself) where the client's execution is: ExecUnknown when nothing of it is
+// stored (no request waiting in its queue, no record, no envelope, read in
+// that order, which no claim racing the reads can hide it from); answered is
+// false when nothing answered within probeWait (no worker, an older one).
+// A client whose reads may lag and that asks no leader (a principal's, on
+// a cluster: DESIGN §12) asks for the execution itself rather than where it
+// is, which says ExecEnded whenever the workers read its envelope.
 func (c *Client) probeState(ctx context.Context, executionID string) (state string, answered bool) {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
-	v, err := c.Execution(pctx, ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true})
+	req := ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true}
+	if c.b.Replicas == 0 && c.b.ReadsMayLag() {
+		req.Probe = false
+	}
+	v, err := c.Execution(pctx, req)
+	if errors.Is(err, ErrNoSuchExecution) && !req.Probe {
+		return ExecUnknown, true
+	}
 	if err != nil {
 		return "", false
 	}
@@ -641,7 +693,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 	}
 	rctx, cancel := context.WithTimeout(ctx, await.PublishTry)
 	defer cancel()
-	rec, _, err := broker.Load[execution.Record](rctx, c.b.Executions, broker.Key(owner, executionID))
+	rec, _, err := broker.LoadCurrent[execution.Record](rctx, c.b, c.b.Executions, broker.Key(owner, executionID))
 	switch {
 	case errors.Is(err, broker.ErrNotFound):
 		return &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention}
@@ -650,7 +702,7 @@ func (c *Client) expired(ctx context.Context, owner, executionID string) *Expire
 	}
 	// Ended, or abandoned: its envelope, if it had one, is gone, unless it
 	// was stored since the first read.
-	if _, err := c.w.Load(rctx, executionID); !errors.Is(err, broker.ErrNotFound) {
+	if _, err := c.loadEnvelope(rctx, owner, executionID); !errors.Is(err, broker.ErrNotFound) {
 		return nil
 	}
 	xerr := &ExpiredError{ExecutionID: executionID, MadeAt: made, Retention: retention, State: rec.State}
@@ -836,13 +888,18 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 		return nil, fmt.Errorf("capstan: owner %q is not a principal", owner)
 	}
 	key := broker.Key(owner, executionID)
-	rec, err := loadReadable(ctx, c.b.Executions, key, func(r *execution.Record) int { return r.V })
+	rec, err := loadReadable(ctx, c.b, c.b.Executions, key, func(r *execution.Record) int { return r.V })
 	if err != nil {
 		return nil, err
 	}
-	env, err := loadReadable(ctx, c.b.Envelopes, key, func(e *envelope.Envelope) int { return e.V })
+	env, err := loadReadable(ctx, c.b, c.b.Envelopes, key, func(e *envelope.Envelope) int { return e.V })
 	if err != nil {
 		return nil, err
+	}
+	if rec == nil && env == nil && c.b.Replicas == 0 && c.b.ReadsMayLag() {
+		if rec, env, err = c.askedOf(ctx, owner, executionID); err != nil {
+			return nil, err
+		}
 	}
 	s := ExecutionStatus{Record: rec, Envelope: env}
 	if rec != nil && env != nil && rec.State != execution.StateFinalized {
@@ -862,10 +919,78 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 	return &s, nil
 }
 
+// askedOf is what the workers hold of owner's execution id, for a client
+// whose reads found nothing of it: a principal's connection reads through
+// whichever replica answers and may not ask a stream's leader (DESIGN §12),
+// while the workers do. Nothing when they hold nothing, or when no worker
+// runs (no one can tell better than the client's replica); an error when
+// they did not answer.
+func (c *Client) askedOf(ctx context.Context, owner, executionID string) (*execution.Record, *envelope.Envelope, error) {
+	v, err := c.Execution(ctx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
+	for try := 0; try < maxQuotaWaits; try++ {
+		// A principal reading fast meets its control quota here first:
+		// the workers say when to ask again.
+		wait, ok := quotaWait(err)
+		if !ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("capstan: status of %s: %w", executionID, err)
+		case <-time.After(wait):
+		}
+		v, err = c.Execution(ctx, ExecutionRequest{ExecutionID: executionID, Owner: owner})
+	}
+	switch {
+	case errors.Is(err, ErrNoSuchExecution), errors.Is(err, ErrNoWorkers):
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, fmt.Errorf("capstan: %s is on no replica this client reads, and the workers did not say whether it exists: %w", executionID, err)
+	case v.Record != nil && envelope.CheckVersion(v.Record.V) != nil:
+		return nil, nil, envelope.CheckVersion(v.Record.V)
+	case v.Envelope != nil && envelope.CheckVersion(v.Envelope.V) != nil:
+		return nil, nil, envelope.CheckVersion(v.Envelope.V)
+	}
+	env := v.Envelope
+	if env != nil && len(v.Omitted) > 0 {
+		// Cut to fit the reply: the whole is read again, once the replica
+		// that answers holds it.
+		ectx, cancel := context.WithTimeout(ctx, probeWait)
+		defer cancel()
+		if whole, err := c.loadEnded(ectx, owner, executionID); err == nil {
+			env = whole
+		}
+	}
+	return v.Record, env, nil
+}
+
+// maxQuotaWaits bounds how often askedOf waits out its principal's control
+// quota.
+const maxQuotaWaits = 20
+
+// quotaWait is how long a quota's refusal says to wait before asking again;
+// ok is false for any other error, and a refusal that says no wait helps.
+func quotaWait(err error) (wait time.Duration, ok bool) {
+	var ce *envelope.CapabilityError
+	if !errors.As(err, &ce) || ce.Code != envelope.CodeQuotaExceeded {
+		return 0, false
+	}
+	// A number of any width: the reply's decoding chooses it.
+	switch ms := reflect.ValueOf(ce.Details["retryAfterMs"]); {
+	case ms.CanInt():
+		return time.Duration(ms.Int()) * time.Millisecond, true
+	case ms.CanUint():
+		return time.Duration(ms.Uint()) * time.Millisecond, true
+	case ms.CanFloat():
+		return time.Duration(ms.Float() * float64(time.Millisecond)), true
+	}
+	return 0, false
+}
+
 // loadReadable loads key's value, nil when there is none, and refuses one
 // of a version this build cannot read.
-func loadReadable[T any](ctx context.Context, kv jetstream.KeyValue, key string, version func(*T) int) (*T, error) {
-	v, _, err := broker.Load[T](ctx, kv, key)
+func loadReadable[T any](ctx context.Context, b *broker.Broker, kv jetstream.KeyValue, key string, version func(*T) int) (*T, error) {
+	v, _, err := broker.LoadCurrent[T](ctx, b, kv, key)
 	if err == nil {
 		err = envelope.CheckVersion(version(v))
 	}

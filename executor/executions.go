@@ -665,12 +665,12 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	}
 	view.Trail = trail
 	key := broker.Key(owner, id)
-	if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil {
+	if rec, _, err := broker.LoadCurrent[execution.Record](ctx, w.b, w.b.Executions, key); err == nil {
 		view.Record = rec
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
-	if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key); err == nil {
+	if env, _, err := broker.LoadCurrent[envelope.Envelope](ctx, w.b, w.b.Envelopes, key); err == nil {
 		view.Envelope = env
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
@@ -794,16 +794,18 @@ func where(ctx context.Context, b *broker.Broker, owner, id string) (state, prin
 		}
 		return ExecUnknown, "", nil
 	}
+	// An absence the leader confirms: a replica behind would call a record
+	// or an envelope that exists absent, and the id unknown.
 	key := broker.Key(p, id)
-	if _, err := b.Executions.Get(ctx, key); err == nil {
+	if ok, err := broker.Present(ctx, b, b.Executions, key); err != nil {
+		return "", "", err
+	} else if ok {
 		return ExecInFlight, p, nil
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return "", "", err
 	}
-	if _, err := b.Envelopes.Get(ctx, key); err == nil {
-		return ExecEnded, p, nil
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if ok, err := broker.Present(ctx, b, b.Envelopes, key); err != nil {
 		return "", "", err
+	} else if ok {
+		return ExecEnded, p, nil
 	}
 	if !certain {
 		return ExecUncertain, p, nil

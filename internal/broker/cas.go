@@ -148,6 +148,11 @@ func WrongLastSequence(err error) bool {
 // lead to different decisions, confirm an absence here.
 func LoadFromLeader[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string) (*T, uint64, error) {
 	seq, deleted, data, err := lastFromLeader(ctx, nc, kv.Bucket(), key)
+	return decodeLast[T](kv, key, seq, deleted, data, err)
+}
+
+// decodeLast is the value of a leader's answer (lastFromLeader).
+func decodeLast[T any](kv jetstream.KeyValue, key string, seq uint64, deleted bool, data []byte, err error) (*T, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
@@ -187,4 +192,81 @@ func LastFromLeader(ctx context.Context, nc *nats.Conn, stream, subject string) 
 		return nil, fmt.Errorf("capstan: %s %s: %w", stream, subject, err)
 	}
 	return m, nil
+}
+
+// leaderReadsWithin bounds the reads from the leader of a context without a
+// deadline: an election takes a few seconds.
+const leaderReadsWithin = 10 * time.Second
+
+// ReadsMayLag reports whether a direct get of b's buckets may be answered
+// by a replica behind its stream's leader: they are replicated, or, for a
+// broker of Open's, which knows no replica count, its connection's server
+// is one of a cluster (a single server holds one replica of each).
+func (b *Broker) ReadsMayLag() bool {
+	if b.Replicas > 0 {
+		return b.Replicas > 1
+	}
+	return b.NC.ConnectedClusterName() != ""
+}
+
+// LoadCurrent reads like Load, where "not found" is a verdict. A direct
+// get, which Load sends, is answered by any replica of a replicated bucket,
+// and one that has not applied the last writes yet (after a restart or a
+// failover, or merely behind) calls a key that exists absent. So an absence
+// read from a bucket of b.Replicas > 1 is asked again of the stream's
+// leader, through an election if one is under way; a value found costs
+// nothing more, nor does anything on one replica. A broker of Open's knows
+// no replica count (b.Replicas is 0) and asks no leader: a principal's
+// connection sends only direct gets (DESIGN §12); where ReadsMayLag, its
+// callers confirm an absence with the workers.
+func LoadCurrent[T any](ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (*T, uint64, error) {
+	v, rev, err := Load[T](ctx, kv, key)
+	if b.Replicas <= 1 || !errors.Is(err, ErrNotFound) {
+		return v, rev, err
+	}
+	seq, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	return decodeLast[T](kv, key, seq, deleted, data, err)
+}
+
+// Present reports whether key holds a value, an absence confirmed as
+// LoadCurrent confirms it.
+func Present(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (bool, error) {
+	_, err := kv.Get(ctx, key)
+	switch {
+	case err == nil:
+		return true, nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
+		return false, err
+	case b.Replicas <= 1:
+		return false, nil
+	}
+	_, deleted, _, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	return err == nil && !deleted, err
+}
+
+// leaderLast is lastFromLeader asked again while the stream elects its
+// leader (JetStream answers that the cluster is not available) or none
+// answers in time, within ctx, or leaderReadsWithin when it has no deadline.
+func leaderLast(ctx context.Context, nc *nats.Conn, bucket, key string) (uint64, bool, []byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, leaderReadsWithin)
+		defer cancel()
+	}
+	for try := 0; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, directGetTimeout/2)
+		seq, deleted, data, err := lastFromLeader(tctx, nc, bucket, key)
+		cancel()
+		if err == nil || errors.Is(err, ErrNotFound) {
+			return seq, deleted, data, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false, nil, fmt.Errorf("capstan: %s/%s: found on no replica, and the leader did not answer: %w", bucket, key, err)
+		case <-time.After(Backoff(try)):
+		}
+	}
 }

@@ -144,3 +144,52 @@ func (c *Cluster) waitReady(t testing.TB) {
 		}
 	}
 }
+
+// StaleCopy makes the cluster's direct gets of stream answered, on one node,
+// by a replica left behind as well as by the stream's own: a mirror that
+// takes part in the stream's direct gets (MirrorDirect) holding only the
+// message of subject, which the stream must hold, and nothing written
+// since. A server hands a direct get to one of its own responders first,
+// so a client of that node, whose index it returns, is answered "no such
+// message" about every other subject about half the time, as by a replica
+// that has not applied the last writes.
+func (c *Cluster) StaleCopy(t testing.TB, stream, subject string) int {
+	t.Helper()
+	js, err := jetstream.New(c.Connect(t))
+	if err != nil {
+		t.Fatalf("testenv: jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	cfg := jetstream.StreamConfig{Name: stream + "_STALE", Storage: jetstream.MemoryStorage, Replicas: 1,
+		Mirror: &jetstream.StreamSource{Name: stream, FilterSubject: subject}, MirrorDirect: true}
+	var m jetstream.Stream
+	for {
+		// A cluster can drop the answer to a create: asked again, the same
+		// configuration is no conflict.
+		tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err = js.CreateOrUpdateStream(tctx, cfg)
+		tcancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: stale copy of %s: %v", stream, err)
+		}
+	}
+	// The mirror answers direct gets once it has copied a message.
+	for {
+		info, err := m.Info(ctx)
+		if err == nil && info.State.Msgs > 0 {
+			for i, node := range c.Nodes {
+				if node.Server.Name() == info.Cluster.Leader {
+					return i
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: stale copy of %s never copied %s: %v", stream, subject, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -39,10 +39,12 @@ var ErrNothingToCancel = errors.New("no such execution")
 // not tell. Else nothing is recorded: ErrNothingToCancel.
 func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRecorded, error) {
 	key := broker.Key(principal, id)
+	// Absences the leader confirms (broker.LoadCurrent): nothing to cancel
+	// is a verdict, and a replica behind would make one of a record.
 	loadEnvelope := func() *envelope.Envelope {
 		ctx, cancel := StoreContext()
 		defer cancel()
-		env, _, err := broker.Load[envelope.Envelope](ctx, r.w.b.Envelopes, key)
+		env, _, err := broker.LoadCurrent[envelope.Envelope](ctx, r.w.b, r.w.b.Envelopes, key)
 		if err != nil {
 			return nil
 		}
@@ -50,7 +52,7 @@ func (r *Runner) RecordCancel(principal, id string, mayBeQueued bool) (CancelRec
 	}
 	for try := 0; try < 20; try++ {
 		ctx, cancel := StoreContext()
-		rec, rev, err := broker.Load[Record](ctx, r.w.b.Executions, key)
+		rec, rev, err := broker.LoadCurrent[Record](ctx, r.w.b, r.w.b.Executions, key)
 		cancel()
 		now := r.w.now().UTC()
 		switch {

@@ -1,0 +1,128 @@
+package broker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
+)
+
+type counted struct {
+	N int `json:"n"`
+}
+
+// sent is how many messages nc sent while f ran: a read's round trips.
+func sent(nc *nats.Conn, f func()) uint64 {
+	before := nc.Stats().OutMsgs
+	f()
+	return nc.Stats().OutMsgs - before
+}
+
+// A replica behind the leader answers direct gets of keys it has not
+// applied "not found" (here a copy left behind, answering about half of the
+// reads of its node). LoadCurrent and Present find every key written,
+// asking the leader only when a direct get found nothing; Load alone calls
+// some absent.
+func TestLoadCurrent_AReplicaBehindNeverCallsAWrittenKeyAbsent(t *testing.T) {
+	t.Parallel()
+	ctx := replicasCtx(t)
+	c := testenv.StartCluster(t, 3)
+	cfg := broker.Config{Prefix: "BEHIND", Replicas: 3}
+	writer, err := broker.Provision(ctx, c.Connect(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket := writer.Names.ExecutionsBucket()
+	if _, err := broker.Create(ctx, writer.Executions, "first", &counted{N: -1}); err != nil {
+		t.Fatal(err)
+	}
+	node := c.StaleCopy(t, "KV_"+bucket, "$KV."+bucket+".first")
+	nc := c.Nodes[node].Connect(t)
+	reader, err := broker.OpenAll(ctx, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reader.Replicas != 3 || !reader.ReadsMayLag() {
+		t.Fatalf("Replicas %d, ReadsMayLag %v; want 3, true", reader.Replicas, reader.ReadsMayLag())
+	}
+	// A principal's broker knows no replica count: a cluster may lag.
+	if open, err := broker.Open(ctx, nc, cfg); err != nil || open.Replicas != 0 || !open.ReadsMayLag() {
+		t.Fatalf("Open on a cluster: %v; want Replicas 0 and ReadsMayLag", err)
+	}
+	const n = 200
+	absent := 0
+	for i := range n {
+		key := fmt.Sprintf("k%d", i)
+		if _, err := broker.Create(ctx, writer.Executions, key, &counted{N: i}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := broker.Load[counted](ctx, reader.Executions, key); errors.Is(err, broker.ErrNotFound) {
+			absent++
+		}
+		var got *counted
+		msgs := sent(nc, func() { got, _, err = broker.LoadCurrent[counted](ctx, reader, reader.Executions, key) })
+		if err != nil || got.N != i {
+			t.Fatalf("LoadCurrent(%s) = %+v, %v; want n %d", key, got, err, i)
+		}
+		if msgs > 2 {
+			t.Fatalf("LoadCurrent(%s) sent %d requests, want 1, or 2 when a replica behind answered", key, msgs)
+		}
+		if ok, err := broker.Present(ctx, reader, reader.Executions, key); !ok || err != nil {
+			t.Fatalf("Present(%s) = %v, %v; want true", key, ok, err)
+		}
+	}
+	if absent == 0 {
+		t.Fatal("Load found every key: no read was answered by the replica behind, and the test proves nothing")
+	}
+	t.Logf("a direct get called %d of %d written keys absent", absent, n)
+	// A key never written is absent for the leader too.
+	if msgs := sent(nc, func() { _, _, err = broker.LoadCurrent[counted](ctx, reader, reader.Executions, "never") }); !errors.Is(err, broker.ErrNotFound) || msgs != 2 {
+		t.Fatalf("a key never written: %v after %d requests; want ErrNotFound after 2", err, msgs)
+	}
+	if ok, err := broker.Present(ctx, reader, reader.Executions, "never"); ok || err != nil {
+		t.Fatalf("Present(never) = %v, %v; want false", ok, err)
+	}
+	// Deleted is absent.
+	if err := writer.Executions.Delete(ctx, "k0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := broker.LoadCurrent[counted](ctx, reader, reader.Executions, "k0"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("a deleted key: %v, want ErrNotFound", err)
+	}
+}
+
+// On one replica an absence is the direct get's: one request, found or not.
+func TestLoadCurrent_OneReplicaCostsOneRequest(t *testing.T) {
+	t.Parallel()
+	ctx := replicasCtx(t)
+	env := testenv.Start(t)
+	nc := env.Connect(t)
+	b, err := broker.Provision(ctx, nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.ReadsMayLag() {
+		t.Fatal("ReadsMayLag on a single server")
+	}
+	if _, err := broker.Create(ctx, b.Executions, "k", &counted{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"k", "never"} {
+		if msgs := sent(nc, func() { _, _, _ = broker.LoadCurrent[counted](ctx, b, b.Executions, key) }); msgs != 1 {
+			t.Errorf("LoadCurrent(%s) sent %d requests, want 1", key, msgs)
+		}
+	}
+	// A broker of Open's knows no replica count: a single server says one.
+	open, err := broker.Open(context.Background(), env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if open.Replicas != 0 || open.ReadsMayLag() {
+		t.Fatalf("Open on a single server: Replicas %d, ReadsMayLag %v; want 0, false", open.Replicas, open.ReadsMayLag())
+	}
+}
