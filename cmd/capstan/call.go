@@ -100,7 +100,7 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 		return request{}, fmt.Errorf("--id: %v", err)
 	}
 	if r.startWithin < 0 {
-		return request{}, errors.New("--start-within must be positive")
+		return request{}, errors.New("--start-within must not be negative (0: the default)")
 	}
 	unserved, err := parseUnserved(r.ifUnserved)
 	if err != nil {
