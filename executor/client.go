@@ -1020,17 +1020,12 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 	if err := envelope.ValidExecutionID(executionID); err != nil {
 		return nil, fmt.Errorf("capstan: %w", err)
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
+	var req CancelRequest
+	for _, o := range opts {
+		o(&req)
 	}
 	var body []byte
 	if len(opts) > 0 {
-		var req CancelRequest
-		for _, o := range opts {
-			o(&req)
-		}
 		body, _ = json.Marshal(req)
 	}
 	data, err := execrpc.Request(ctx, c.b.NC, c.b.Names.CancelSubject(c.principal, executionID), body, 10*time.Second,
@@ -1043,15 +1038,7 @@ func (c *Client) Cancel(ctx context.Context, executionID string, opts ...CancelO
 		return nil, fmt.Errorf("capstan: cancel %s: bad reply: %w", executionID, err)
 	}
 	if slices.Contains(r.Conditions, "unknown") {
-		owner := c.principal
-		for _, o := range opts {
-			var req CancelRequest
-			o(&req)
-			if req.Owner != "" {
-				owner = req.Owner
-			}
-		}
-		if xerr := c.expired(ctx, owner, executionID); xerr != nil {
+		if xerr := c.expired(ctx, cmp.Or(req.Owner, c.principal), executionID); xerr != nil {
 			return nil, xerr
 		}
 		return nil, fmt.Errorf("%w: %s: nothing of it is stored; nothing was recorded", ErrNoSuchExecution, executionID)
