@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +151,84 @@ func replicaBehind(t *testing.T, secured bool) {
 		if err != nil || st.Record == nil && st.Envelope == nil {
 			t.Fatalf("status of %s, ended: %+v, %v", id, st, err)
 		}
+	}
+}
+
+// A producer's Status of another principal's execution on a cluster, where
+// its reads find nothing and it asks the workers, reveals nothing of it,
+// however often alice asks; bob's own Status, Await and listing answer as
+// before, and his execution runs once.
+func TestTenant_StatusOfAnotherPrincipalsExecutionOnAClusterRevealsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"alice", "bob"} {
+		if err := setup.Add(auth.Grant{Principal: p, Role: auth.RoleProducer, Actors: []string{"user:" + p}, Capabilities: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := testenv.StartCluster(t, 3, testenv.Auth(setup))
+	admin, err := broker.Provision(ctx, c.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var runs atomic.Int64
+	hold := executor.Define("test.hold", executor.Meta{Description: "Holds until the test lets it end.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite},
+		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+			runs.Add(1)
+			select {
+			case <-release:
+				return "done", nil
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		})
+	startWorker(t, c.ConnectAs(t, auth.WorkerPrincipal), executor.WorkerConfig{Lease: 30 * time.Second}, hold)
+	client := func(p string) *executor.Client {
+		cl, err := executor.NewClient(c.Nodes[1].ConnectAs(t, p), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: p}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cl.Close() })
+		return cl
+	}
+	alice, bob := client("alice"), client("bob")
+	id, err := bob.Submit(ctx, "test.hold", struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "bob's record", func() bool {
+		_, _, err := broker.LoadFromLeader[struct{}](ctx, admin.NC, admin.Executions, broker.Key("bob", id))
+		return err == nil
+	})
+	for i := range 10 {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := alice.StatusOf(rctx, "bob", id)
+		cancel()
+		if err == nil || st != nil {
+			t.Fatalf("alice's status %d of bob's execution: %+v, %v; want a refusal and nothing of it", i, st, err)
+		}
+	}
+	ctx = ctxT(t) // alice's reads wait out their timeouts: a fresh bound for bob's
+	if st, err := bob.Status(ctx, id); err != nil || st.Record == nil {
+		t.Fatalf("bob's status after alice's: %+v, %v; want his record", st, err)
+	}
+	if page, err := bob.Executions(ctx, executor.ExecutionsRequest{}); err != nil || len(page.Entries) == 0 {
+		t.Fatalf("bob's listing after alice's: %+v, %v; want his execution", page, err)
+	}
+	close(release)
+	if env, err := bob.Await(ctx, id); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's await: %+v, %v", env, err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("bob's execution ran %d times, want once", n)
 	}
 }
