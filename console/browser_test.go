@@ -3,6 +3,7 @@ package console_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/chromedp/cdproto"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
@@ -105,11 +107,19 @@ func text(t *testing.T, tab context.Context, sel string) string {
 	t.Helper()
 	ctx, cancel := context.WithDeadline(tab, deadlineOf(t))
 	defer cancel()
-	s, err := chromedp.Run(ctx, chromedp.Text(sel))
-	if err != nil {
+	for {
+		s, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err == nil {
+			return s
+		}
+		// A live page patches itself: the node found may be replaced
+		// before its text is read. The selector finds its successor.
+		var gone *cdproto.Error
+		if errors.As(err, &gone) && strings.Contains(gone.Message, "No node with given id") && ctx.Err() == nil {
+			continue
+		}
 		t.Fatalf("text of %s: %v", sel, err)
 	}
-	return s
 }
 
 // deadlineOf bounds one browser step: the test's deadline, or two minutes,
