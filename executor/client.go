@@ -873,7 +873,12 @@ type ExecutionStatus struct {
 	Envelope *envelope.Envelope `json:"envelope,omitempty"`
 }
 
-// Status reads the execution record and the envelope.
+// Status reads the execution record and the envelope. An execution no
+// worker has taken yet has neither, and is ErrNoSuchExecution as an id never
+// submitted is. On a cluster a producer reads through whichever replica
+// answers; when that finds nothing, Status asks the workers (a control
+// request, counted against the principal's quota), so that a replica behind
+// never makes an accepted execution unknown.
 func (c *Client) Status(ctx context.Context, executionID string) (*ExecutionStatus, error) {
 	return c.StatusOf(ctx, c.principal, executionID)
 }
@@ -896,7 +901,7 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil && env == nil && c.b.Replicas == 0 && c.b.ReadsMayLag() {
+	if rec == nil && env == nil && c.b.Replicas == 0 && c.b.ReadsMayLag() && !execrpc.AbsenceTakenAsQueued(ctx) {
 		if rec, env, err = c.askedOf(ctx, owner, executionID); err != nil {
 			return nil, err
 		}

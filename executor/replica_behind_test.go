@@ -13,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
@@ -128,8 +129,26 @@ func replicaBehind(t *testing.T, secured bool) {
 		t.Fatal("no direct get was answered by the replica behind: the test proves nothing")
 	}
 	t.Logf("a direct get called %d of %d records absent", missed, 8*(n-1))
-	if _, err := reader.Status(ctx, envelope.NewExecutionID()); !errors.Is(err, executor.ErrNoSuchExecution) {
-		t.Fatalf("status of an id never submitted: %v, want ErrNoSuchExecution", err)
+	for _, queued := range []bool{false, true} {
+		// The record's direct get and the envelope's, then the leader's
+		// reads of each on an open server, the workers asked by a producer;
+		// unless the caller takes absence for queued (the MCP bridge's
+		// polls): then a producer asks no worker, and spends none of its
+		// principal's control quota.
+		sctx, reads := ctx, 4
+		switch {
+		case secured && queued:
+			sctx, reads = execrpc.TakeAbsenceAsQueued(ctx), 2
+		case secured:
+			reads = 3
+		}
+		before := nc.Stats().OutMsgs
+		if _, err := reader.Status(sctx, envelope.NewExecutionID()); !errors.Is(err, executor.ErrNoSuchExecution) {
+			t.Fatalf("status of an id never submitted (absence taken as queued: %v): %v, want ErrNoSuchExecution", queued, err)
+		}
+		if sent := nc.Stats().OutMsgs - before; sent != uint64(reads) {
+			t.Errorf("status of an id never submitted (absence taken as queued: %v) sent %d messages, want %d", queued, sent, reads)
+		}
 	}
 	close(release)
 	for _, id := range ids {

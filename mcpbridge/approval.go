@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/approvalstore"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 )
 
 // memoryBound bounds the bridge's in-memory maps; the oldest entries go
@@ -250,7 +251,7 @@ func (b *Bridge) status(ctx context.Context, actor envelope.Actor, req *mcp.Call
 	if !b.owns(ctx, actor, in.ExecutionID) {
 		return refusal(envelope.CodeCapabilityNotFound, "No such execution."), nil
 	}
-	st, err := b.c.Status(ctx, in.ExecutionID)
+	st, err := b.c.Status(execrpc.TakeAbsenceAsQueued(ctx), in.ExecutionID)
 	if errors.Is(err, executor.ErrNoSuchExecution) {
 		// The actor's own (owns said so), stored, and no worker has taken it
 		// yet: it is queued. (One whose result is no longer kept is ErrExpired.)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -290,7 +291,7 @@ func (p *progress) poll(ctx context.Context, b *Bridge, executionID string, ende
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
-		st, err := b.c.Status(ctx, executionID)
+		st, err := b.c.Status(execrpc.TakeAbsenceAsQueued(ctx), executionID)
 		switch {
 		case errors.Is(err, executor.ErrNoSuchExecution):
 			p.sendBefore(ctx, "queued (execution "+executionID+")", 1)

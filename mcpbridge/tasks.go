@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capstan-dev/capstan/execution"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/mcptasks"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -318,7 +319,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 	id := taskID
 	created := time.Time{}
 	for hop := 0; ; hop++ {
-		st, err := b.c.Status(ctx, id)
+		st, err := b.c.Status(execrpc.TakeAbsenceAsQueued(ctx), id)
 		switch {
 		case errors.Is(err, executor.ErrNoSuchExecution):
 			// Stored, not yet claimed by a worker.
@@ -515,7 +516,7 @@ func (b *Bridge) cancelTask(ctx context.Context, actor envelope.Actor, taskID st
 	}
 	id := taskID
 	for hop := 0; hop < maxResumeHops; hop++ {
-		st, err := b.c.Status(ctx, id)
+		st, err := b.c.Status(execrpc.TakeAbsenceAsQueued(ctx), id)
 		if err != nil || st.Envelope == nil {
 			// Queued or running (or not yet visible): cancel the execution.
 			if _, err := b.c.Cancel(ctx, id); err != nil && !errors.Is(err, executor.ErrNoWorkers) {

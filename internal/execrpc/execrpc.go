@@ -84,3 +84,21 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, body []byte, bo
 // match q first: what a worker answers a listing with, for an admin's command
 // to read itself when no worker answers. Set by package executor's init.
 var ListWithQueued func(ctx context.Context, b *broker.Broker, q audit.Query, first bool) (entries []audit.Entry, scanned int, next string, err error)
+
+type absenceKey struct{}
+
+// TakeAbsenceAsQueued marks ctx for reads of an execution by a caller that
+// takes one found on no replica for one no worker has taken yet, as the MCP
+// bridge's polls do. On a cluster, a producer's Status then does not ask
+// the workers whether an execution its replica does not hold exists: each
+// such question is a control request, counted against the principal's
+// quota, and a poller of queued executions would spend it all.
+func TakeAbsenceAsQueued(ctx context.Context) context.Context {
+	return context.WithValue(ctx, absenceKey{}, true)
+}
+
+// AbsenceTakenAsQueued reports whether ctx is marked by TakeAbsenceAsQueued.
+func AbsenceTakenAsQueued(ctx context.Context) bool {
+	v, _ := ctx.Value(absenceKey{}).(bool)
+	return v
+}
