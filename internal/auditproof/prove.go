@@ -11,8 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/trail"
@@ -30,11 +28,10 @@ import (
 func Prove(ctx context.Context, b *broker.Broker, principal, executionID string) (*audit.TrailProof, error) {
 	var stored []byte
 	if b.Envelopes != nil {
-		e, err := b.Envelopes.Get(ctx, broker.Key(principal, executionID))
-		switch {
-		case err == nil:
-			stored = e.Value()
-		case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
+		// Read where absence decides: a replica behind would leave the
+		// proof without its envelope, and the terminal event unwaited for.
+		var err error
+		if stored, err = broker.GetCurrent(ctx, b, b.Envelopes, broker.Key(principal, executionID)); err != nil && !errors.Is(err, broker.ErrNotFound) {
 			return nil, err
 		}
 	}

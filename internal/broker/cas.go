@@ -228,23 +228,32 @@ func LoadCurrent[T any](ctx context.Context, b *Broker, kv jetstream.KeyValue, k
 	return decodeLast[T](kv, key, seq, deleted, data, err)
 }
 
-// Present reports whether key holds a value, an absence confirmed as
-// LoadCurrent confirms it.
-func Present(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (bool, error) {
-	_, err := kv.Get(ctx, key)
+// GetCurrent is key's stored value as it is, undecoded, an absence
+// (ErrNotFound) confirmed as LoadCurrent confirms it.
+func GetCurrent(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) ([]byte, error) {
+	e, err := kv.Get(ctx, key)
 	switch {
 	case err == nil:
-		return true, nil
+		return e.Value(), nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
-		return false, err
+		return nil, err
 	case b.Replicas <= 1:
-		return false, nil
+		return nil, ErrNotFound
 	}
-	_, deleted, _, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	_, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	if err == nil && deleted {
+		return nil, ErrNotFound
+	}
+	return data, err
+}
+
+// Present reports whether key holds a value, as GetCurrent finds it.
+func Present(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (bool, error) {
+	_, err := GetCurrent(ctx, b, kv, key)
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}
-	return err == nil && !deleted, err
+	return err == nil, err
 }
 
 // leaderLast is lastFromLeader asked again while the stream elects its

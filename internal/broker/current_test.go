@@ -26,9 +26,9 @@ func sent(nc *nats.Conn, f func()) uint64 {
 
 // A replica behind the leader answers direct gets of keys it has not
 // applied "not found" (here a copy left behind, answering about half of the
-// reads of its node). LoadCurrent and Present find every key written,
-// asking the leader only when a direct get found nothing; Load alone calls
-// some absent.
+// reads of its node). LoadCurrent, GetCurrent and Present find every key
+// written, asking the leader only when a direct get found nothing; Load
+// alone calls some absent.
 func TestLoadCurrent_AReplicaBehindNeverCallsAWrittenKeyAbsent(t *testing.T) {
 	t.Parallel()
 	ctx := replicasCtx(t)
@@ -75,6 +75,9 @@ func TestLoadCurrent_AReplicaBehindNeverCallsAWrittenKeyAbsent(t *testing.T) {
 		}
 		if ok, err := broker.Present(ctx, reader, reader.Executions, key); !ok || err != nil {
 			t.Fatalf("Present(%s) = %v, %v; want true", key, ok, err)
+		}
+		if data, err := broker.GetCurrent(ctx, reader, reader.Executions, key); err != nil || len(data) == 0 {
+			t.Fatalf("GetCurrent(%s) = %d bytes, %v; want the stored value", key, len(data), err)
 		}
 	}
 	if absent == 0 {
