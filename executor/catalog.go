@@ -310,6 +310,8 @@ type placement struct {
 	// it, or answers for it (an _unrouted request ends
 	// CAPABILITY_NOT_FOUND), or the catalog could not be read.
 	unserved *UnservedError
+	// unread: the catalog could not be read, and nothing is known.
+	unread bool
 }
 
 // place reads the catalog for capability id: the watched copy of an
@@ -333,7 +335,7 @@ func (c *Client) place(ctx context.Context, id string) placement {
 	}
 	d, pool, err := entryAndPool(ctx, c.b.Catalog, id)
 	if err != nil {
-		return placement{} // unknown: _unrouted, where a worker decides
+		return placement{unread: true} // unknown: _unrouted, where a worker decides
 	}
 	p := placeOf(id, d, pool, time.Now())
 	switch {

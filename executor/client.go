@@ -386,7 +386,11 @@ func (c *Client) placeWithin(ctx context.Context, id string, grace time.Duration
 			return p
 		case <-time.After(grace / 10):
 		}
-		p = c.place(ctx, id)
+		// A read that fails tells nothing: the capability stays unserved
+		// until a read finds a worker for it.
+		if next := c.place(ctx, id); !next.unread {
+			p = next
+		}
 	}
 	return p
 }

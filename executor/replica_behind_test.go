@@ -1,8 +1,12 @@
 package executor_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,4 +254,83 @@ func TestTenant_StatusOfAnotherPrincipalsExecutionOnAClusterRevealsNothing(t *te
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("bob's execution ran %d times, want once", n)
 	}
+}
+
+// TestHelperProcess_ReplicaBehind is a helper process, not a test of its
+// own: the TypeScript client's tests (clients/typescript/test/cluster.test.ts)
+// run the compiled test binary with CAPSTAN_HELPER_PROCESS=replica-behind, as
+// a cluster where one node's direct gets are answered by a replica behind.
+// It prints a JSON line naming that node's URL and executions that are
+// running, whose records the replica behind lacks; once a line comes on
+// its standard input, it lets them end and prints another, of the same
+// executions ended, whose envelopes a replica behind lacks; it stops when
+// its standard input closes, or after five minutes.
+func TestHelperProcess_ReplicaBehind(t *testing.T) {
+	if os.Getenv("CAPSTAN_HELPER_PROCESS") != "replica-behind" {
+		t.Skip("a helper process of the TypeScript client's tests")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := testenv.StartCluster(t, 3)
+	admin, err := broker.Provision(ctx, c.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	hold := executor.Define("test.hold", executor.Meta{Description: "Holds until the test lets it end.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite},
+		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+			select {
+			case <-release:
+				return "done", nil
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		})
+	startWorker(t, c.Connect(t), executor.WorkerConfig{Concurrency: 32, Lease: 5 * time.Minute}, hold)
+	submitter, err := executor.NewClient(c.Nodes[0].Connect(t), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "ada"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer submitter.Close()
+	ids := make([]string, 8)
+	for i := range ids {
+		if ids[i], err = submitter.Submit(ctx, "test.hold", struct{}{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		for {
+			if _, _, err := broker.LoadFromLeader[struct{}](ctx, admin.NC, admin.Executions, broker.Key(broker.Anonymous, id)); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the record of %s: never", id)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	say := func(phase, bucket string) {
+		node := c.StaleCopy(t, "KV_"+bucket, "$KV."+bucket+"."+broker.Key(broker.Anonymous, ids[0]))
+		line, _ := json.Marshal(map[string]any{"phase": phase, "url": c.URLs[node], "ids": ids[1:]})
+		fmt.Println(string(line))
+	}
+	in := bufio.NewScanner(os.Stdin)
+	say("running", admin.Names.ExecutionsBucket())
+	if !in.Scan() {
+		return
+	}
+	close(release)
+	for _, id := range ids {
+		if env, err := submitter.Await(ctx, id); err != nil || env.Status != envelope.StatusCompleted {
+			t.Fatalf("await %s: %+v, %v", id, env, err)
+		}
+	}
+	say("ended", admin.Names.EnvelopesBucket())
+	go func() {
+		for in.Scan() {
+		}
+		cancel()
+	}()
+	<-ctx.Done()
 }

@@ -214,6 +214,7 @@ const catalogProbeMs = 10_000;
 const sweepAfterMs = 30_000;
 const unservedGraceMs = 500; // how long a capability may look unserved before a call is told so
 const probeAfterMs = 2000; // an id younger than this may name a request on its way
+const maxQuotaWaits = 20; // how often status waits out its principal's control quota
 const probeWaitMs = 2000; // how long await asks the workers whether an execution exists
 
 /** Connects to NATS as the credentials' principal and opens a client on the connection, which it owns. */
@@ -695,7 +696,7 @@ export class Client {
    * no pool lists it and no worker answers at all. One read per capability
    * every 10 s for a served one.
    */
-  private async placement(capabilityId: string): Promise<{ listed: boolean; unserved?: { pool?: string; lapsedAt?: string } }> {
+  private async placement(capabilityId: string): Promise<{ listed: boolean; unserved?: { pool?: string; lapsedAt?: string }; unread?: boolean }> {
     const seen = this.listed.get(capabilityId);
     if (seen !== undefined && Date.now() - seen < catalogProbeMs) return { listed: true };
     try {
@@ -713,7 +714,7 @@ export class Client {
       this.listed.set(capabilityId, now);
       return { listed: true };
     } catch {
-      return { listed: false }; // unknown: _unrouted, where a worker decides
+      return { listed: false, unread: true }; // unknown: _unrouted, where a worker decides
     }
   }
 
@@ -840,7 +841,10 @@ export class Client {
     for (const deadline = Date.now() + unservedGraceMs; place.unserved !== undefined && ifUnserved !== "wait" && Date.now() < deadline; ) {
       await sleep(unservedGraceMs / 10, signal);
       if (signal?.aborted === true) throw aborted(signal, r.executionId);
-      place = await this.placement(r.capabilityId);
+      // A read that fails tells nothing: the capability stays unserved
+      // until a read finds a worker for it.
+      const next = await this.placement(r.capabilityId);
+      if (next.unread !== true) place = next;
     }
     const subject = place.listed ? this.names.exec(this.principal, r.capabilityId) : this.names.unrouted(this.principal);
     const unserved = (queued: boolean): UnservedError | undefined =>
@@ -1031,6 +1035,7 @@ export class Client {
   private async awaitEnvelope(executionId: string, options: AwaitOptions): Promise<Envelope> {
     const w = this.w.add(executionId);
     let probeInMs: number | undefined;
+    let ended = false; // the workers read its envelope where this client's replica did not
     try {
       const env = await this.loadEnvelope(this.principal, executionId, options.signal);
       if (env !== undefined) {
@@ -1045,7 +1050,11 @@ export class Client {
       const made = wire.executionIdTime(executionId);
       const young = made === undefined ? 0 : made.getTime() + probeAfterMs - Date.now();
       if (young > 0) probeInMs = young;
-      else if (await this.unknown(executionId, options.signal)) throw unknownExecution(executionId);
+      else {
+        const state = await this.probeState(executionId, options.signal);
+        if (state === "unknown") throw unknownExecution(executionId);
+        ended = state === "ended";
+      }
     } catch (err) {
       if (err instanceof CapstanError && ["EXPIRED", "ABORTED", "DECODE", "UNKNOWN_EXECUTION"].includes(err.code)) {
         this.w.remove(executionId, w.waiter);
@@ -1055,14 +1064,20 @@ export class Client {
       // an envelope stored since, and its re-reads cover the read that failed.
       this.log.debug?.("envelope unreadable for now; waiting for it", { executionId, err: (err as Error).message });
     }
+    if (ended) {
+      this.w.remove(executionId, w.waiter);
+      return this.loadEnded(executionId, options.signal);
+    }
     if (probeInMs === undefined) return this.w.wait(executionId, w, options.signal);
     // Asked once the id is old enough, and again while the workers give no
     // answer; once they say it exists, the wait goes on as any other.
     const gone = new AbortController();
+    const endedNow = new Error("ended: its envelope is read");
     let timer: NodeJS.Timeout | undefined;
     const ask = (): void => {
       void this.probeState(executionId, options.signal).then((state) => {
         if (state === "unknown") gone.abort(unknownExecution(executionId));
+        else if (state === "ended") gone.abort(endedNow); // stored before the waiter, or where this client's replica has not applied it
         else if ((state === undefined || state === "uncertain") && !gone.signal.aborted && options.signal?.aborted !== true) timer = setTimeout(ask, probeAfterMs);
       });
     };
@@ -1070,7 +1085,10 @@ export class Client {
     try {
       return await this.w.wait(executionId, w, options.signal === undefined ? gone.signal : AbortSignal.any([options.signal, gone.signal]));
     } catch (err) {
-      if (gone.signal.aborted && options.signal?.aborted !== true) throw gone.signal.reason as CapstanError;
+      if (gone.signal.aborted && options.signal?.aborted !== true) {
+        if (gone.signal.reason === endedNow) return await this.loadEnded(executionId, options.signal);
+        throw gone.signal.reason as CapstanError;
+      }
       throw err;
     } finally {
       gone.abort(); // stops asking
@@ -1078,21 +1096,17 @@ export class Client {
     }
   }
 
-  /**
-   * Whether the workers say that nothing of this principal's execution is
-   * stored: no request in its queue, no record, no envelope. Without an
-   * answer (no worker, an older one) it is not unknown.
-   */
-  private async unknown(executionId: string, signal?: AbortSignal): Promise<boolean> {
-    return (await this.probeState(executionId, signal)) === "unknown";
-  }
-
   /** Where the workers say this principal's execution is; undefined when they give no answer. */
   private async probeState(executionId: string, signal?: AbortSignal): Promise<string | undefined> {
+    // Where reads may lag, the execution itself is asked for rather than
+    // where it is: its state says "ended" whenever the workers read its
+    // envelope (Go: Client.probeState).
+    const probe = !this.readsMayLag();
     try {
-      const v = await this.execution(executionId, { probe: true, owner: this.principal, timeoutMs: probeWaitMs, ...(signal !== undefined ? { signal } : {}) });
+      const v = await this.execution(executionId, { probe, owner: this.principal, timeoutMs: probeWaitMs, ...(signal !== undefined ? { signal } : {}) });
       return v.state;
-    } catch {
+    } catch (err) {
+      if (!probe && err instanceof CapstanError && err.code === "UNKNOWN_EXECUTION") return "unknown";
       return undefined;
     }
   }
@@ -1121,10 +1135,21 @@ export class Client {
     this.checkOpen(executionId);
     const bad = wire.invalidExecutionId(executionId);
     if (bad !== undefined) throw new CapstanError("INVALID_ARGUMENT", `capstan: ${bad}`);
-    const [record, envelope] = await Promise.all([
+    let [record, envelope] = await Promise.all([
       this.loadRecord(this.principal, executionId, options.signal),
       this.loadEnvelope(this.principal, executionId, options.signal),
     ]);
+    if (record === undefined && envelope === undefined && this.readsMayLag()) {
+      const v = await this.askedOf(executionId, options.signal);
+      record = v?.record;
+      envelope = v?.envelope;
+      if (envelope !== undefined && (v?.omitted?.length ?? 0) > 0) {
+        // Cut to fit the reply: the whole is read again, once the replica
+        // that answers holds it.
+        const bound = AbortSignal.timeout(probeWaitMs);
+        envelope = (await this.loadEnded(executionId, options.signal === undefined ? bound : AbortSignal.any([options.signal, bound])).catch(() => undefined)) ?? envelope;
+      }
+    }
     const s: ExecutionStatus = {};
     if (record !== undefined) s.record = record;
     if (envelope !== undefined) s.envelope = envelope;
@@ -1139,6 +1164,51 @@ export class Client {
       throw new CapstanError("UNKNOWN_EXECUTION", `capstan: no such execution: ${executionId}`, { executionId });
     }
     return s;
+  }
+
+  /**
+   * Whether a read of the buckets may be answered by a replica behind its
+   * stream's leader, which calls what it has not applied absent: on a
+   * cluster. This client sends only direct gets, as a principal may (Go:
+   * Broker.ReadsMayLag); where absence decides, it asks the workers.
+   */
+  private readsMayLag(): boolean {
+    return (this.nc.info?.cluster ?? "") !== "";
+  }
+
+  /**
+   * What the workers hold of this principal's execution, for a status whose
+   * reads found nothing where reads may lag (Go: Client.askedOf): undefined
+   * when they hold nothing, or no worker runs. A quota's refusal is waited
+   * out, at most maxQuotaWaits times; no answer rejects, rather than calling
+   * the execution unknown.
+   */
+  private async askedOf(executionId: string, signal?: AbortSignal): Promise<wire.ExecutionView | undefined> {
+    for (let waits = 0; ; waits++) {
+      try {
+        return await this.execution(executionId, { owner: this.principal, ...(signal !== undefined ? { signal } : {}) });
+      } catch (err) {
+        if (err instanceof CapstanError && (err.code === "UNKNOWN_EXECUTION" || err.code === "NO_WORKERS")) return undefined;
+        const retryAfterMs = err instanceof CapabilityError && err.code === "QUOTA_EXCEEDED" ? err.details?.retryAfterMs : undefined;
+        if (typeof retryAfterMs !== "number" || waits >= maxQuotaWaits || signal?.aborted === true) {
+          throw new CapstanError("TRANSPORT", `capstan: ${executionId} is on no replica this client reads, and the workers did not say whether it exists: ${(err as Error).message}`, { cause: err, executionId });
+        }
+        await sleep(retryAfterMs, signal);
+      }
+    }
+  }
+
+  /**
+   * The envelope of an execution the workers say ended, read again while
+   * the replica that answers has not applied it, until signal aborts.
+   */
+  private async loadEnded(executionId: string, signal?: AbortSignal): Promise<Envelope> {
+    for (let tries = 0; ; tries++) {
+      const env = await this.loadEnvelope(this.principal, executionId, signal);
+      if (env !== undefined) return env;
+      if (signal?.aborted === true) throw aborted(signal, executionId);
+      await sleep(Math.min(50 * 2 ** tries, 1000), signal);
+    }
   }
 
   /**
