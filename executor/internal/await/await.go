@@ -36,6 +36,9 @@ type Waiters struct {
 	lastSeq   atomic.Uint64 // of the last republished envelope seen
 	gap       chan struct{}
 	watchDone chan struct{}
+	// tick is closed, and replaced, every second by the watch (failover.go):
+	// the waits look at the reconnects then, with no timer of their own.
+	tick atomic.Pointer[chan struct{}]
 }
 
 // New opens the subscription to principal's envelopes in b and watches for
@@ -44,6 +47,8 @@ func New(b *broker.Broker, principal string, log *slog.Logger) (*Waiters, error)
 	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string][]chan *envelope.Envelope{},
 		since: map[string]time.Time{}, gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
 	c.ctx, c.stop = context.WithCancel(context.Background())
+	tick := make(chan struct{})
+	c.tick.Store(&tick)
 	var err error
 	c.sub, err = b.NC.Subscribe(b.Names.EnvelopeSubjectsOf(principal), c.onEnvelope)
 	if err != nil {
@@ -188,8 +193,6 @@ func (c *Waiters) Load(ctx context.Context, id string) (*envelope.Envelope, erro
 // connection reconnected since reconnects was read and the republished
 // envelope was lost with it.
 func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.Envelope, reconnects uint64) (*envelope.Envelope, error) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	for {
 		select {
 		case env := <-ch:
@@ -200,7 +203,7 @@ func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.E
 		case <-c.ctx.Done(): // closed: nothing will deliver it
 			c.Remove(id, ch)
 			return nil, ErrClosed
-		case <-t.C:
+		case <-*c.tick.Load():
 			if now := c.Reconnects(); now != reconnects {
 				reconnects = now
 				if env, err := c.Load(ctx, id); err == nil {

@@ -95,6 +95,8 @@ func (c *Waiters) watchMissed() {
 		case <-c.gap:
 			c.recheck(0)
 		case now := <-t.C:
+			next := make(chan struct{})
+			close(*c.tick.Swap(&next))
 			if r := c.b.NC.Stats().Reconnects; r != reconnects {
 				reconnects = r
 				c.recheck(0)
