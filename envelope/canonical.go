@@ -3,7 +3,6 @@ package envelope
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"sync"
 
@@ -32,7 +31,7 @@ func inputHashOfJSON(r Raw) (string, error) {
 		return "", err
 	}
 	sum := sha256.Sum256(buf.Bytes())
-	return hex.EncodeToString(sum[:]), nil
+	return hexString(sum[:]), nil
 }
 
 // InputHash is the hex SHA-256 of the raw value's canonical JSON. A value
@@ -54,5 +53,5 @@ func InputHash(r Raw) (string, error) {
 		return "", fmt.Errorf("%w: %v", ErrDecode, werr)
 	}
 	sum := sha256.Sum256(append([]byte("msgpack:"), r...))
-	return hex.EncodeToString(sum[:]), nil
+	return hexString(sum[:]), nil
 }

@@ -213,7 +213,10 @@ func seal(env *envelope.Envelope, data map[string]any) sealed {
 		return sealed{}
 	}
 	sum := sha256.Sum256(enc.Bytes())
-	data[EnvelopeHashKey] = hex.EncodeToString(sum[:])
+	var hexSum [2 * sha256.Size]byte
+	hex.Encode(hexSum[:], sum[:])
+	data[EnvelopeHashKey] = string(hexSum[:]) // the one allocation of the hash's text
+
 	return sealed{enc: enc, ok: true}
 }
 
