@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,8 +29,7 @@ type Waiters struct {
 	principal string
 
 	mu      sync.Mutex
-	waiters map[string][]chan *envelope.Envelope
-	since   map[string]time.Time // when the first waiter of an id came
+	waiters map[string]waiting
 	ctx     context.Context
 	stop    context.CancelFunc
 
@@ -44,8 +44,8 @@ type Waiters struct {
 // New opens the subscription to principal's envelopes in b and watches for
 // missed ones until Close.
 func New(b *broker.Broker, principal string, log *slog.Logger) (*Waiters, error) {
-	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string][]chan *envelope.Envelope{},
-		since: map[string]time.Time{}, gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
+	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string]waiting{},
+		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	tick := make(chan struct{})
 	c.tick.Store(&tick)
@@ -113,15 +113,26 @@ func isKVSubject(subject, bucket, key string) bool {
 	return rest[1:] == key
 }
 
+// waiting is who waits for an execution's envelope: nearly always one
+// call (first), held in the map itself, with no slice made for it.
+type waiting struct {
+	since time.Time // when the first waiter came
+	first chan *envelope.Envelope
+	more  []chan *envelope.Envelope
+}
+
 // deliver hands env to every waiter of id, once.
 func (c *Waiters) deliver(id string, env *envelope.Envelope) {
 	c.mu.Lock()
-	ws := c.waiters[id]
+	w, ok := c.waiters[id]
 	delete(c.waiters, id)
-	delete(c.since, id)
 	c.mu.Unlock()
-	for _, w := range ws {
-		w <- env
+	if !ok {
+		return
+	}
+	w.first <- env
+	for _, ch := range w.more {
+		ch <- env
 	}
 }
 
@@ -130,10 +141,12 @@ func (c *Waiters) deliver(id string, env *envelope.Envelope) {
 func (c *Waiters) Add(id string) chan *envelope.Envelope {
 	ch := make(chan *envelope.Envelope, 1)
 	c.mu.Lock()
-	if _, ok := c.since[id]; !ok {
-		c.since[id] = time.Now()
+	if w, ok := c.waiters[id]; ok {
+		w.more = append(w.more, ch)
+		c.waiters[id] = w
+	} else {
+		c.waiters[id] = waiting{since: time.Now(), first: ch}
 	}
-	c.waiters[id] = append(c.waiters[id], ch)
 	c.mu.Unlock()
 	return ch
 }
@@ -142,19 +155,20 @@ func (c *Waiters) Add(id string) chan *envelope.Envelope {
 func (c *Waiters) Remove(id string, ch chan *envelope.Envelope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ws := c.waiters[id]
-	for i, w := range ws {
-		if w == ch {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
+	w, ok := c.waiters[id]
+	if !ok {
+		return
+	}
+	if w.first == ch {
+		if len(w.more) == 0 {
+			delete(c.waiters, id)
+			return
 		}
+		w.first, w.more = w.more[0], w.more[1:]
+	} else if i := slices.Index(w.more, ch); i >= 0 {
+		w.more = slices.Delete(w.more, i, i+1)
 	}
-	if len(ws) == 0 {
-		delete(c.waiters, id)
-		delete(c.since, id)
-	} else {
-		c.waiters[id] = ws
-	}
+	c.waiters[id] = w
 }
 
 // Await waits on ch, a waiter of id, until the envelope comes or ctx ends.

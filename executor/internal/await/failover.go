@@ -135,8 +135,8 @@ func (c *Waiters) recheck(minAge time.Duration) {
 	now := time.Now()
 	c.mu.Lock()
 	var ids []string
-	for id, since := range c.since {
-		if now.Sub(since) >= minAge {
+	for id, w := range c.waiters {
+		if now.Sub(w.since) >= minAge {
 			ids = append(ids, id)
 		}
 	}
