@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -285,7 +286,11 @@ type trail struct {
 	mu      sync.Mutex
 	held    []*audit.Event
 	holding bool
-	timer   *time.Timer
+	// soon: flushSoon queued the trail's flush (heldTrails); gen counts its
+	// ends of holding, so that a flush queued for one holding does nothing
+	// to another.
+	soon bool
+	gen  uint64
 	// room holds a quick execution's events (requested, started, its
 	// end) while they are held, without a slice grown for them.
 	room [3]*audit.Event
@@ -323,13 +328,25 @@ func (t *trail) hold() {
 func (t *trail) flush() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.flushLocked()
+}
+
+func (t *trail) flushLocked() {
 	evs := t.held
 	t.held, t.holding = nil, false
-	if t.timer != nil {
-		t.timer.Stop()
-	}
+	t.gen++
 	if len(evs) > 0 {
 		t.audit.EmitAll(evs...)
+	}
+}
+
+// flushHeld is flush, of the holding gen, queued by flushSoon: nothing once
+// that holding ended.
+func (t *trail) flushHeld(gen uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.holding && t.gen == gen {
+		t.flushLocked()
 	}
 }
 
@@ -341,9 +358,7 @@ func (t *trail) flushSync(ctx context.Context, ev *audit.Event) error {
 	defer t.mu.Unlock()
 	evs := append(t.held, ev)
 	t.held, t.holding = nil, false
-	if t.timer != nil {
-		t.timer.Stop()
-	}
+	t.gen++
 	return t.audit.EmitAllSync(ctx, evs...)
 }
 
@@ -351,6 +366,7 @@ func (t *trail) flushSync(ctx context.Context, ev *audit.Event) error {
 func (t *trail) drop() {
 	t.mu.Lock()
 	t.held, t.holding = nil, false
+	t.gen++
 	t.mu.Unlock()
 }
 
@@ -359,7 +375,74 @@ func (t *trail) drop() {
 func (t *trail) flushSoon() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.holding && t.timer == nil {
-		t.timer = time.AfterFunc(holdEvents, t.flush)
+	if t.holding && !t.soon {
+		t.soon = true
+		heldTrails.add(t, t.gen)
+	}
+}
+
+// heldTrails flushes the trails flushSoon queued, each holdEvents after: one
+// timer for every execution's (their delay is the same, so they fall due
+// in the order they come), none armed for each.
+var heldTrails trailFlushes
+
+type trailFlushes struct {
+	mu    sync.Mutex
+	queue []queuedFlush // due in order, from head
+	head  int
+	timer *time.Timer // armed while the queue holds any
+	armed bool
+}
+
+type queuedFlush struct {
+	t   *trail
+	gen uint64
+	due time.Time
+}
+
+// add queues the flush of t's holding gen.
+func (f *trailFlushes) add(t *trail, gen uint64) {
+	due := time.Now().Add(holdEvents)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.head > 0 && f.head == len(f.queue) {
+		f.queue, f.head = f.queue[:0], 0
+	}
+	f.queue = append(f.queue, queuedFlush{t: t, gen: gen, due: due})
+	if f.armed {
+		return
+	}
+	f.armed = true
+	if f.timer == nil {
+		f.timer = time.AfterFunc(holdEvents, f.fire)
+	} else {
+		f.timer.Reset(holdEvents)
+	}
+}
+
+// fire flushes the trails due, and arms the timer for the next.
+func (f *trailFlushes) fire() {
+	now := time.Now()
+	f.mu.Lock()
+	end := f.head
+	for end < len(f.queue) && !f.queue[end].due.After(now) {
+		end++
+	}
+	due := slices.Clone(f.queue[f.head:end])
+	clear(f.queue[f.head:end]) // the trails are not kept past their flush
+	f.head = end
+	if f.head > 1024 && f.head > len(f.queue)/2 {
+		n := copy(f.queue, f.queue[f.head:])
+		clear(f.queue[n:])
+		f.queue, f.head = f.queue[:n], 0
+	}
+	if f.head < len(f.queue) {
+		f.timer.Reset(f.queue[f.head].due.Sub(now))
+	} else {
+		f.armed = false
+	}
+	f.mu.Unlock()
+	for _, q := range due {
+		q.t.flushHeld(q.gen)
 	}
 }
