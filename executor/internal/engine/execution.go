@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
@@ -377,72 +376,16 @@ func (t *trail) flushSoon() {
 	defer t.mu.Unlock()
 	if t.holding && !t.soon {
 		t.soon = true
-		heldTrails.add(t, t.gen)
+		heldTrails.add(heldTrail{t, t.gen})
 	}
 }
 
 // heldTrails flushes the trails flushSoon queued, each holdEvents after: one
-// timer for every execution's (their delay is the same, so they fall due
-// in the order they come), none armed for each.
-var heldTrails trailFlushes
+// timer for every execution's, none armed for each.
+var heldTrails = dueQueue[heldTrail]{delay: holdEvents, fire: func(h heldTrail) { h.t.flushHeld(h.gen) }}
 
-type trailFlushes struct {
-	mu    sync.Mutex
-	queue []queuedFlush // due in order, from head
-	head  int
-	timer *time.Timer // armed while the queue holds any
-	armed bool
-}
-
-type queuedFlush struct {
+// heldTrail is a trail's holding gen, whose flush is queued.
+type heldTrail struct {
 	t   *trail
 	gen uint64
-	due time.Time
-}
-
-// add queues the flush of t's holding gen.
-func (f *trailFlushes) add(t *trail, gen uint64) {
-	due := time.Now().Add(holdEvents)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.head > 0 && f.head == len(f.queue) {
-		f.queue, f.head = f.queue[:0], 0
-	}
-	f.queue = append(f.queue, queuedFlush{t: t, gen: gen, due: due})
-	if f.armed {
-		return
-	}
-	f.armed = true
-	if f.timer == nil {
-		f.timer = time.AfterFunc(holdEvents, f.fire)
-	} else {
-		f.timer.Reset(holdEvents)
-	}
-}
-
-// fire flushes the trails due, and arms the timer for the next.
-func (f *trailFlushes) fire() {
-	now := time.Now()
-	f.mu.Lock()
-	end := f.head
-	for end < len(f.queue) && !f.queue[end].due.After(now) {
-		end++
-	}
-	due := slices.Clone(f.queue[f.head:end])
-	clear(f.queue[f.head:end]) // the trails are not kept past their flush
-	f.head = end
-	if f.head > 1024 && f.head > len(f.queue)/2 {
-		n := copy(f.queue, f.queue[f.head:])
-		clear(f.queue[n:])
-		f.queue, f.head = f.queue[:n], 0
-	}
-	if f.head < len(f.queue) {
-		f.timer.Reset(f.queue[f.head].due.Sub(now))
-	} else {
-		f.armed = false
-	}
-	f.mu.Unlock()
-	for _, q := range due {
-		q.t.flushHeld(q.gen)
-	}
 }
