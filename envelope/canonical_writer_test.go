@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/capstan-dev/capstan/internal/canonjson"
 )
 
 // writeCanonical and InputHash write and hash what they did when strings were
@@ -186,4 +188,72 @@ func referenceFloat(buf *bytes.Buffer, f float64) error {
 	}
 	buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
 	return nil
+}
+
+// An input of plain JSON types is written from its bytes directly, and
+// writes what the decoded value writes; one the direct writer does not
+// take (a time, a byte string, a repeated key, nesting past its depth) is
+// decoded first, and hashes as it always did.
+func TestCanonicalJSON_ReadInPlaceAsDecoded(t *testing.T) {
+	t.Parallel()
+	for _, j := range []string{`null`, `true`, `-0`, `0`, `-1`, `18446744073709551615`, `-9223372036854775808`, `1.5`,
+		`"a\u2028<é>"`, `[]`, `{}`, `[1,[2,[3]],{"b":1,"a":[null,false]}]`, `{"z":1,"a":{"y":2,"b":3},"é":"x","":0}`} {
+		raw := mustRawFromJSON(t, j)
+		var direct bytes.Buffer
+		if !writeCanonical(&direct, raw) {
+			t.Fatalf("%s: the direct writer refused a plain value", j)
+		}
+		assertCanonicalAsDecoded(t, raw, direct.Bytes())
+	}
+	float32Raw := MustRaw(float32(0.1))
+	var direct bytes.Buffer
+	if !writeCanonical(&direct, float32Raw) {
+		t.Fatal("the direct writer refused a float32")
+	}
+	assertCanonicalAsDecoded(t, float32Raw, direct.Bytes())
+	nested := Raw(append(bytes.Repeat([]byte{0x91}, canonicalDepth+1), 0x01))
+	twice := Raw([]byte{0x82, 0xa1, 'k', 0x01, 0xa1, 'k', 0x02})
+	for _, raw := range []Raw{MustRaw(time.Unix(1, 2)), MustRaw([]byte("bin")), MustRaw(math.Inf(1)), nested, twice,
+		MustRaw(map[int]any{1: "x"}), {0xa2, 0xff, 0xfe}, {0x92, 0x01}, {0x01, 0x01}} {
+		direct.Reset()
+		if writeCanonical(&direct, raw) {
+			t.Fatalf("% x: the direct writer took what it leaves to the decoder", []byte(raw))
+		}
+	}
+	if h1, h2 := mustHash(t, twice), mustHash(t, mustRawFromJSON(t, `{"k":2}`)); h1 != h2 {
+		t.Fatalf("a repeated key hashes as its last value does not: %s, %s", h1, h2)
+	}
+}
+
+// assertCanonicalAsDecoded fails unless direct is what raw's decoded value
+// writes as canonical JSON.
+func assertCanonicalAsDecoded(t testing.TB, raw Raw, direct []byte) {
+	t.Helper()
+	v, err := raw.Value()
+	if err != nil {
+		t.Fatalf("% x: the direct writer took what does not decode: %v", []byte(raw), err)
+	}
+	var want bytes.Buffer
+	if err := canonjson.Write(&want, v); err != nil {
+		t.Fatalf("% x: the direct writer took what has no canonical form: %v", []byte(raw), err)
+	}
+	if !bytes.Equal(direct, want.Bytes()) {
+		t.Fatalf("% x:\n direct %s\ndecoded %s", []byte(raw), direct, want.Bytes())
+	}
+}
+
+// FuzzCanonicalInPlace: whatever the direct writer takes, it writes as the
+// decoded value writes; it never panics.
+func FuzzCanonicalInPlace(f *testing.F) {
+	for _, j := range []string{`{"message":"hello","n":[1,2.5,-3,null,true]}`, `[[[[{"a":"é"}]]]]`, `"\u0000<>&"`} {
+		f.Add([]byte(mustRawFromJSON(f, j)))
+	}
+	f.Add([]byte{0x82, 0xa1, 'k', 0x01, 0xa1, 'k', 0x02})
+	f.Add([]byte{0xca, 0x7f, 0xc0, 0x00, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var direct bytes.Buffer
+		if writeCanonical(&direct, b) {
+			assertCanonicalAsDecoded(t, b, direct.Bytes())
+		}
+	})
 }

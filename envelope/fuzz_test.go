@@ -158,3 +158,35 @@ func FuzzDecodeRequestFast(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeEnvelopeFast: whatever the direct reader of envelopes accepts,
+// the reflective decoder decodes to the same envelope; the reader never
+// panics.
+func FuzzDecodeEnvelopeFast(f *testing.F) {
+	done := fullEnvelope()
+	done.Status, done.Error, done.Approval = StatusCompleted, nil, nil
+	failed := fullEnvelope()
+	failed.Approval, failed.Error.Details = nil, nil
+	fuzzSeeds(f,
+		&done,
+		&failed,
+		fullEnvelope(),
+		&Envelope{V: Version, ExecutionID: "e1", Status: StatusCompleted},
+		map[string]any{"v": 1, "executionId": "e1", "error": nil, "approval": nil, "recovered": nil, "extra": []any{1, "x"}},
+		map[string]any{"v": 1, "error": map[string]any{"code": "X", "retryable": 1, "details": nil, "stage": nil, "other": true}},
+		map[string]any{"v": -3, "durationMs": 1 << 40, "output": nil, "finalizedAt": time.Time{}, "status": 7},
+	)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, ok := decodeEnvelopeFast(b)
+		if !ok {
+			return
+		}
+		var slow Envelope
+		if err := Unmarshal(b, &slow); err != nil {
+			t.Fatalf("the direct reader accepts what the decoder refuses: %v\nenvelope: %+v", err, fast)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("the two decoders disagree\ndirect:     %+v\nreflective: %+v", fast, slow)
+		}
+	})
+}

@@ -103,7 +103,7 @@ const IdempotencyKeyVersion = 2
 // execution's key (P.ID, DESIGN §2) under its own prefix. On a server without
 // authentication the principal is "_anon".
 func IdempotencyKey(principal, executionID string) string {
-	return derivedKey("capstan/idempotency/v2/" + principal + "." + executionID)
+	return derivedKey("capstan/idempotency/v2/", principal, ".", executionID)
 }
 
 // IdempotencyKeyOf is the key the derivation version gives principal's
@@ -123,10 +123,24 @@ func IdempotencyKeyOf(version int, principal, executionID string) string {
 // principal. Such an execution keeps it until it ends; use it to look up
 // effects stored under it.
 func IdempotencyKeyFromID(executionID string) string {
-	return derivedKey("capstan/idempotency/v1/" + executionID)
+	return derivedKey("capstan/idempotency/v1/", executionID)
 }
 
-func derivedKey(text string) string {
-	sum := sha256.Sum256([]byte(text))
-	return hex.EncodeToString(sum[:16])
+// derivedKey is the hex of the first 16 bytes of the SHA-256 of parts
+// joined, written on the stack: the key is the one allocation.
+func derivedKey(parts ...string) string {
+	var buf [160]byte
+	text := buf[:0]
+	for _, p := range parts {
+		text = append(text, p...)
+	}
+	sum := sha256.Sum256(text)
+	return hexString(sum[:16])
+}
+
+// hexString is hex.EncodeToString of a digest of at most 32 bytes, encoded
+// on the stack: the string is the one allocation.
+func hexString(sum []byte) string {
+	var buf [64]byte
+	return string(buf[:hex.Encode(buf[:], sum)])
 }

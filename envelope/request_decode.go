@@ -214,3 +214,131 @@ func readTimePtr(b []byte, off int) (*time.Time, int, bool) {
 	}
 	return &t, next, true
 }
+
+// decodeEnvelopeFast decodes an envelope in the form workers write it for
+// a call that completes or fails (no approval, no recovery, an error without
+// details) by reading the bytes directly: every client decodes one per call. Anything else returns ok
+// false and is left to the reflective decoder, as decodeRequestFast does.
+func decodeEnvelopeFast(b []byte) (e Envelope, ok bool) {
+	h, off, err := msgpackhead.Read(b, 0)
+	if err != nil || h.Class != msgpackhead.Map {
+		return e, false
+	}
+	var seen uint16
+	for range h.N {
+		var key []byte
+		if key, off, ok = readStr(b, off); !ok {
+			return e, false
+		}
+		bit := uint16(0)
+		switch string(key) {
+		case "v":
+			bit = 1 << 0
+			e.V, off, ok = readInt(b, off)
+		case "executionId":
+			bit = 1 << 1
+			e.ExecutionID, off, ok = readString(b, off)
+		case "capabilityId":
+			bit = 1 << 2
+			e.CapabilityID, off, ok = readString(b, off)
+		case "status":
+			bit = 1 << 3
+			var s string
+			s, off, ok = readString(b, off)
+			e.Status = Status(s)
+		case "output":
+			bit = 1 << 4
+			e.Output, off, ok = readRaw(b, off)
+		case "attempts":
+			bit = 1 << 5
+			e.Attempts, off, ok = readInt(b, off)
+		case "durationMs":
+			bit = 1 << 6
+			var n int
+			n, off, ok = readInt(b, off)
+			e.DurationMs = int64(n)
+		case "finalizedBy":
+			bit = 1 << 7
+			e.FinalizedBy, off, ok = readString(b, off)
+		case "finalizedAt":
+			bit = 1 << 8
+			e.FinalizedAt, off, ok = readTime(b, off)
+		case "error":
+			bit = 1 << 9
+			e.Error, off, ok = readError(b, off)
+		case "approval", "recovered":
+			// Left to the reflective decoder unless nil, which leaves the
+			// pointer nil as it does.
+			bit = 1 << 10
+			ok = off < len(b) && b[off] == 0xc0
+			off++
+		default:
+			off, ok = skipValue(b, off)
+		}
+		if !ok || (bit != 1<<10 && seen&bit != 0) {
+			return e, false
+		}
+		seen |= bit
+	}
+	return e, off == len(b)
+}
+
+// readError reads an envelope's error, nil or one without details.
+func readError(b []byte, off int) (*Error, int, bool) {
+	h, next, err := msgpackhead.Read(b, off)
+	if err == nil && h.Class == msgpackhead.Nil {
+		return nil, next, true
+	}
+	if err != nil || h.Class != msgpackhead.Map {
+		return nil, off, false
+	}
+	e := &Error{}
+	var seen uint8
+	ok := true
+	for range h.N {
+		var key []byte
+		if key, next, ok = readStr(b, next); !ok {
+			return nil, off, false
+		}
+		bit := uint8(0)
+		switch string(key) {
+		case "code":
+			bit = 1 << 0
+			var s string
+			s, next, ok = readString(b, next)
+			e.Code = Code(s)
+		case "message":
+			bit = 1 << 1
+			e.Message, next, ok = readString(b, next)
+		case "retryable":
+			bit = 1 << 2
+			e.Retryable, next, ok = readBool(b, next)
+		case "exposeToModel":
+			bit = 1 << 3
+			e.ExposeToModel, next, ok = readBool(b, next)
+		case "stage":
+			bit = 1 << 4
+			e.Stage, next, ok = readString(b, next)
+		case "details":
+			// Left to the reflective decoder unless nil.
+			bit = 1 << 5
+			ok = next < len(b) && b[next] == 0xc0
+			next++
+		default:
+			next, ok = skipValue(b, next)
+		}
+		if !ok || seen&bit != 0 {
+			return nil, off, false
+		}
+		seen |= bit
+	}
+	return e, next, true
+}
+
+func readBool(b []byte, off int) (bool, int, bool) {
+	h, next, err := msgpackhead.Read(b, off)
+	if err != nil || h.Class != msgpackhead.Bool {
+		return false, off, false
+	}
+	return h.True, next, true
+}

@@ -221,9 +221,12 @@ func (r *Recovered) ForModel() string {
 
 // DecodeEnvelope decodes an envelope record.
 func DecodeEnvelope(b []byte) (*Envelope, error) {
-	var e Envelope
-	if err := Unmarshal(b, &e); err != nil {
-		return nil, err
+	e, ok := decodeEnvelopeFast(b)
+	if !ok {
+		e = Envelope{}
+		if err := Unmarshal(b, &e); err != nil {
+			return nil, err
+		}
 	}
 	if e.V != Version {
 		return nil, fmt.Errorf("%w: schema version %d, want %d", ErrDecode, e.V, Version)

@@ -171,6 +171,7 @@ func (d *definition[In, Out]) String() string    { return "capability " + d.b.id
 func Define[In, Out any](id string, meta Meta, h Handler[In, Out], opts ...Option[In, Out]) Capability {
 	d := &definition[In, Out]{}
 	inShape := inputcheck.ShapeOf(reflect.TypeFor[In]())
+	outValidates := mayValidate[Out]()
 	d.b = binding{
 		id:      id,
 		meta:    meta,
@@ -188,8 +189,11 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out], opts ...Optio
 			return in, nil
 		},
 		checkOutput: func(out any) (any, error) {
-			o, _ := out.(Out)
-			return o, callValidate(validatorOf(&o))
+			if !outValidates {
+				o, _ := out.(Out)
+				return o, nil
+			}
+			return validateOutput[Out](out)
 		},
 		invoke: func(ctx context.Context, ci callInfo, in any) (any, error) {
 			if h == nil {
@@ -227,6 +231,20 @@ func Define[In, Out any](id string, meta Meta, h Handler[In, Out], opts ...Optio
 		}
 	}
 	return d
+}
+
+// mayValidate reports whether a T may have a Validate method (validatorOf):
+// T's or *T's own, or, T an interface, its dynamic value's.
+func mayValidate[T any]() bool {
+	t, v := reflect.TypeFor[T](), reflect.TypeFor[Validator]()
+	return t.Kind() == reflect.Interface || t.Implements(v) || reflect.PointerTo(t).Implements(v)
+}
+
+// validateOutput runs the output's Validate method and returns the output it
+// validated (a pointer receiver may normalize it).
+func validateOutput[Out any](out any) (any, error) {
+	o, _ := out.(Out)
+	return o, callValidate(validatorOf(&o))
 }
 
 // validatorOf finds the Validate method of *p: on T's value or pointer

@@ -191,7 +191,8 @@ func (c *Client) capStartBy(r *envelope.Request) {
 		return
 	}
 	if latest := r.SubmittedAt.Add(c.maxStart).UTC(); r.StartBy.After(latest) {
-		r.StartBy = &latest
+		cut := latest // on the heap only when it cuts
+		r.StartBy = &cut
 	}
 }
 

@@ -476,7 +476,10 @@ func Key(principal, executionID string) string { return principal + "." + execut
 // subject (capstan.exec.<principal>.<capabilityId>); ok is false for a
 // subject outside that layout.
 func (n Names) ParseExecSubject(subject string) (principal, capabilityID string, ok bool) {
-	rest, found := strings.CutPrefix(subject, n.subject+".exec.")
+	rest, found := strings.CutPrefix(subject, n.subject) // in place: no prefix made for each delivery
+	if found {
+		rest, found = strings.CutPrefix(rest, ".exec.")
+	}
 	if !found {
 		return "", "", false
 	}

@@ -157,11 +157,7 @@ func readPubAck(b []byte) (Ack, error) {
 // key has one (a value, or the marker a delete left), it is kv.Create that
 // decides, which writes over a delete marker.
 func create(w bound, nc *nats.Conn, kv jetstream.KeyValue, key string, b []byte, ttl time.Duration) (uint64, error) {
-	h := nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}
-	if ttl > 0 {
-		h[jetstream.MsgTTLHeader] = []string{ttlText(ttl)}
-	}
-	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: h, Data: b}
+	m := &nats.Msg{Subject: "$KV." + kv.Bucket() + "." + key, Header: createHeader(ttl), Data: b}
 	ack, err := publishAck(w, nc, m)
 	if err == nil || !WrongLastSequence(err) {
 		return ack.Seq, err
@@ -182,7 +178,11 @@ func create(w bound, nc *nats.Conn, kv jetstream.KeyValue, key string, b []byte,
 	case !deleted:
 		return 0, err // a value: the key exists
 	}
-	h[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(seq, 10)}
+	h := nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(seq, 10)}}
+	if ttl > 0 {
+		h[jetstream.MsgTTLHeader] = m.Header[jetstream.MsgTTLHeader]
+	}
+	m.Header = h // the one createHeader gave is shared: never written
 	ack, err = publishAck(w, nc, m)
 	return ack.Seq, err
 }
@@ -211,21 +211,33 @@ func (b *Broker) create(w bound, kv jetstream.KeyValue, key string, v any, ttl t
 	return rev, createErr(err)
 }
 
-// lastTTL is the last TTL written as text: the records of a deployment
-// carry one (the record window) nearly always.
-var lastTTL atomic.Pointer[ttlAsText]
+// newKeyHeader is the header of a create without a TTL: it expects no
+// message on the key's subject. Shared by every such create, it is only
+// read (a publish writes a message's header out, and changes nothing).
+var newKeyHeader = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{"0"}}
 
-type ttlAsText struct {
-	ttl  time.Duration
-	text string
+// lastTTL is the header of a create with the last TTL written: the records
+// of a deployment carry one (the record window) nearly always.
+var lastTTL atomic.Pointer[ttlHeader]
+
+type ttlHeader struct {
+	ttl    time.Duration
+	header nats.Header // read only, as newKeyHeader
 }
 
-// ttlText is ttl.String(), made once for the TTL most writes carry.
-func ttlText(ttl time.Duration) string {
-	if last := lastTTL.Load(); last != nil && last.ttl == ttl {
-		return last.text
+// createHeader is the header of a create with ttl (none: 0), made once for
+// the TTL most writes carry. It is shared: never written.
+func createHeader(ttl time.Duration) nats.Header {
+	if ttl <= 0 {
+		return newKeyHeader
 	}
-	t := &ttlAsText{ttl: ttl, text: ttl.String()}
+	if last := lastTTL.Load(); last != nil && last.ttl == ttl {
+		return last.header
+	}
+	t := &ttlHeader{ttl: ttl, header: nats.Header{
+		jetstream.ExpectedLastSubjSeqHeader: []string{"0"},
+		jetstream.MsgTTLHeader:              []string{ttl.String()},
+	}}
 	lastTTL.Store(t)
-	return t.text
+	return t.header
 }

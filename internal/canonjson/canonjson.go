@@ -105,6 +105,14 @@ func Write(buf *bytes.Buffer, v any) error {
 	return nil
 }
 
+// WriteFloat writes f as Write writes a float64: an error for NaN and the
+// infinities.
+func WriteFloat(buf *bytes.Buffer, f float64) error { return writeFloat(buf, f) }
+
+// AppendString appends s, valid UTF-8, as Write writes a string (as
+// encoding/json does): for the bytes of a msgpack string read in place.
+func AppendString(dst, s []byte) []byte { return appendJSONString(dst, s) }
+
 func writeFloat(buf *bytes.Buffer, f float64) error {
 	if math.IsNaN(f) || math.IsInf(f, 0) {
 		return fmt.Errorf("%w: %v", ErrNotCanonical, f)
@@ -125,7 +133,7 @@ func writeFloat(buf *bytes.Buffer, f float64) error {
 // appendJSONString appends s as encoding/json writes a string (json.Marshal,
 // HTML characters escaped): the bytes an input's canonical JSON, and so its
 // hash, have always been made of. s is valid UTF-8 (checked before).
-func appendJSONString(dst []byte, s string) []byte {
+func appendJSONString[S string | []byte](dst []byte, s S) []byte {
 	const hexDigits = "0123456789abcdef"
 	dst = append(dst, '"')
 	start := 0
@@ -157,7 +165,7 @@ func appendJSONString(dst []byte, s string) []byte {
 			start = i
 			continue
 		}
-		c, size := utf8.DecodeRuneInString(s[i:])
+		c, size := decodeRune(s[i:])
 		if c == utf8.RuneError && size == 1 {
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, `\ufffd`...)
@@ -176,4 +184,11 @@ func appendJSONString(dst []byte, s string) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// decodeRune is utf8.DecodeRune of a string or of bytes, read from a copy
+// of its first bytes on the stack.
+func decodeRune[S string | []byte](s S) (rune, int) {
+	var first [utf8.UTFMax]byte
+	return utf8.DecodeRune(first[:copy(first[:], s)])
 }

@@ -8,8 +8,9 @@ import (
 	"testing"
 )
 
-// appendJSONString must write what json.Marshal writes for a string: an
-// input's canonical JSON, and so its hash, is made of those bytes.
+// appendJSONString must write what json.Marshal writes for a string, and
+// the same of the string's bytes: an input's canonical JSON, and so its
+// hash, is made of those bytes.
 func TestAppendJSONString_WritesWhatJSONMarshalWrites(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(43, 2))
@@ -37,6 +38,9 @@ func TestAppendJSONString_WritesWhatJSONMarshalWrites(t *testing.T) {
 		}
 		if got := appendJSONString(nil, s); !bytes.Equal(got, want) {
 			t.Fatalf("%q:\n got %s\nwant %s", s, got, want)
+		}
+		if got := AppendString(nil, []byte(s)); !bytes.Equal(got, want) {
+			t.Fatalf("%q as bytes:\n got %s\nwant %s", s, got, want)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,22 +29,26 @@ type Waiters struct {
 	principal string
 
 	mu      sync.Mutex
-	waiters map[string][]chan *envelope.Envelope
-	since   map[string]time.Time // when the first waiter of an id came
+	waiters map[string]waiting
 	ctx     context.Context
 	stop    context.CancelFunc
 
 	lastSeq   atomic.Uint64 // of the last republished envelope seen
 	gap       chan struct{}
 	watchDone chan struct{}
+	// tick is closed, and replaced, every second by the watch (failover.go):
+	// the waits look at the reconnects then, with no timer of their own.
+	tick atomic.Pointer[chan struct{}]
 }
 
 // New opens the subscription to principal's envelopes in b and watches for
 // missed ones until Close.
 func New(b *broker.Broker, principal string, log *slog.Logger) (*Waiters, error) {
-	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string][]chan *envelope.Envelope{},
-		since: map[string]time.Time{}, gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
+	c := &Waiters{b: b, log: log, principal: principal, waiters: map[string]waiting{},
+		gap: make(chan struct{}, 1), watchDone: make(chan struct{})}
 	c.ctx, c.stop = context.WithCancel(context.Background())
+	tick := make(chan struct{})
+	c.tick.Store(&tick)
 	var err error
 	c.sub, err = b.NC.Subscribe(b.Names.EnvelopeSubjectsOf(principal), c.onEnvelope)
 	if err != nil {
@@ -108,15 +113,26 @@ func isKVSubject(subject, bucket, key string) bool {
 	return rest[1:] == key
 }
 
+// waiting is who waits for an execution's envelope: nearly always one
+// call (first), held in the map itself, with no slice made for it.
+type waiting struct {
+	since time.Time // when the first waiter came
+	first chan *envelope.Envelope
+	more  []chan *envelope.Envelope
+}
+
 // deliver hands env to every waiter of id, once.
 func (c *Waiters) deliver(id string, env *envelope.Envelope) {
 	c.mu.Lock()
-	ws := c.waiters[id]
+	w, ok := c.waiters[id]
 	delete(c.waiters, id)
-	delete(c.since, id)
 	c.mu.Unlock()
-	for _, w := range ws {
-		w <- env
+	if !ok {
+		return
+	}
+	w.first <- env
+	for _, ch := range w.more {
+		ch <- env
 	}
 }
 
@@ -125,10 +141,12 @@ func (c *Waiters) deliver(id string, env *envelope.Envelope) {
 func (c *Waiters) Add(id string) chan *envelope.Envelope {
 	ch := make(chan *envelope.Envelope, 1)
 	c.mu.Lock()
-	if _, ok := c.since[id]; !ok {
-		c.since[id] = time.Now()
+	if w, ok := c.waiters[id]; ok {
+		w.more = append(w.more, ch)
+		c.waiters[id] = w
+	} else {
+		c.waiters[id] = waiting{since: time.Now(), first: ch}
 	}
-	c.waiters[id] = append(c.waiters[id], ch)
 	c.mu.Unlock()
 	return ch
 }
@@ -137,19 +155,20 @@ func (c *Waiters) Add(id string) chan *envelope.Envelope {
 func (c *Waiters) Remove(id string, ch chan *envelope.Envelope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ws := c.waiters[id]
-	for i, w := range ws {
-		if w == ch {
-			ws = append(ws[:i], ws[i+1:]...)
-			break
+	w, ok := c.waiters[id]
+	if !ok {
+		return
+	}
+	if w.first == ch {
+		if len(w.more) == 0 {
+			delete(c.waiters, id)
+			return
 		}
+		w.first, w.more = w.more[0], w.more[1:]
+	} else if i := slices.Index(w.more, ch); i >= 0 {
+		w.more = slices.Delete(w.more, i, i+1)
 	}
-	if len(ws) == 0 {
-		delete(c.waiters, id)
-		delete(c.since, id)
-	} else {
-		c.waiters[id] = ws
-	}
+	c.waiters[id] = w
 }
 
 // Await waits on ch, a waiter of id, until the envelope comes or ctx ends.
@@ -188,8 +207,6 @@ func (c *Waiters) Load(ctx context.Context, id string) (*envelope.Envelope, erro
 // connection reconnected since reconnects was read and the republished
 // envelope was lost with it.
 func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.Envelope, reconnects uint64) (*envelope.Envelope, error) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
 	for {
 		select {
 		case env := <-ch:
@@ -200,7 +217,7 @@ func (c *Waiters) AwaitFresh(ctx context.Context, id string, ch chan *envelope.E
 		case <-c.ctx.Done(): // closed: nothing will deliver it
 			c.Remove(id, ch)
 			return nil, ErrClosed
-		case <-t.C:
+		case <-*c.tick.Load():
 			if now := c.Reconnects(); now != reconnects {
 				reconnects = now
 				if env, err := c.Load(ctx, id); err == nil {

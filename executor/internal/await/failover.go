@@ -95,6 +95,8 @@ func (c *Waiters) watchMissed() {
 		case <-c.gap:
 			c.recheck(0)
 		case now := <-t.C:
+			next := make(chan struct{})
+			close(*c.tick.Swap(&next))
 			if r := c.b.NC.Stats().Reconnects; r != reconnects {
 				reconnects = r
 				c.recheck(0)
@@ -133,8 +135,8 @@ func (c *Waiters) recheck(minAge time.Duration) {
 	now := time.Now()
 	c.mu.Lock()
 	var ids []string
-	for id, since := range c.since {
-		if now.Sub(since) >= minAge {
+	for id, w := range c.waiters {
+		if now.Sub(w.since) >= minAge {
 			ids = append(ids, id)
 		}
 	}

@@ -285,7 +285,11 @@ type trail struct {
 	mu      sync.Mutex
 	held    []*audit.Event
 	holding bool
-	timer   *time.Timer
+	// soon: flushSoon queued the trail's flush (heldTrails); gen counts its
+	// ends of holding, so that a flush queued for one holding does nothing
+	// to another.
+	soon bool
+	gen  uint64
 	// room holds a quick execution's events (requested, started, its
 	// end) while they are held, without a slice grown for them.
 	room [3]*audit.Event
@@ -323,13 +327,25 @@ func (t *trail) hold() {
 func (t *trail) flush() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.flushLocked()
+}
+
+func (t *trail) flushLocked() {
 	evs := t.held
 	t.held, t.holding = nil, false
-	if t.timer != nil {
-		t.timer.Stop()
-	}
+	t.gen++
 	if len(evs) > 0 {
 		t.audit.EmitAll(evs...)
+	}
+}
+
+// flushHeld is flush, of the holding gen, queued by flushSoon: nothing once
+// that holding ended.
+func (t *trail) flushHeld(gen uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.holding && t.gen == gen {
+		t.flushLocked()
 	}
 }
 
@@ -341,9 +357,7 @@ func (t *trail) flushSync(ctx context.Context, ev *audit.Event) error {
 	defer t.mu.Unlock()
 	evs := append(t.held, ev)
 	t.held, t.holding = nil, false
-	if t.timer != nil {
-		t.timer.Stop()
-	}
+	t.gen++
 	return t.audit.EmitAllSync(ctx, evs...)
 }
 
@@ -351,6 +365,7 @@ func (t *trail) flushSync(ctx context.Context, ev *audit.Event) error {
 func (t *trail) drop() {
 	t.mu.Lock()
 	t.held, t.holding = nil, false
+	t.gen++
 	t.mu.Unlock()
 }
 
@@ -359,7 +374,18 @@ func (t *trail) drop() {
 func (t *trail) flushSoon() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.holding && t.timer == nil {
-		t.timer = time.AfterFunc(holdEvents, t.flush)
+	if t.holding && !t.soon {
+		t.soon = true
+		heldTrails.add(heldTrail{t, t.gen})
 	}
+}
+
+// heldTrails flushes the trails flushSoon queued, each holdEvents after: one
+// timer for every execution's, none armed for each.
+var heldTrails = dueQueue[heldTrail]{delay: holdEvents, fire: func(h heldTrail) { h.t.flushHeld(h.gen) }}
+
+// heldTrail is a trail's holding gen, whose flush is queued.
+type heldTrail struct {
+	t   *trail
+	gen uint64
 }

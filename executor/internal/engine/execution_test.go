@@ -82,6 +82,36 @@ func TestTrail_HeldEventsFiledWhileALongAttemptRuns(t *testing.T) {
 	}
 }
 
+// A flush queued for one holding (flushSoon) does nothing to the trail once
+// that holding has ended: events held since are kept for their own end.
+func TestTrail_QueuedFlushOfAnEndedHoldingDoesNothing(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	x := testExecution(t, r, nil)
+	x.trail.hold()
+	x.emit(audit.EventStarted, nil)
+	queued := x.trail.gen
+	x.trail.flushSoon()
+	x.trail.flush() // the execution ended first
+	x.trail.hold()
+	x.emit(audit.EventCompleted, nil)
+	x.trail.flushHeld(queued)
+	x.trail.mu.Lock()
+	held, holding := len(x.trail.held), x.trail.holding
+	x.trail.mu.Unlock()
+	if held != 1 || !holding {
+		t.Fatalf("after a stale queued flush: %d events held, holding %v; want the later event still held", held, holding)
+	}
+	x.trail.flushHeld(x.trail.gen)
+	deadline := time.Now().Add(20 * time.Second)
+	for got := trailOf(t, r, x); count(got, audit.EventCompleted) == 0 || count(got, audit.EventStarted) != 1; got = trailOf(t, r, x) {
+		if time.Now().After(deadline) {
+			t.Fatalf("trail %v: want one capability.started, then the completion flushed by its own holding", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // An attempt's timeout is its own, counted from its start: an attempt that
 // starts long after its execution began has its whole timeout.
 func TestAttempt_TimeoutCountsFromTheAttemptsStart(t *testing.T) {

@@ -21,10 +21,15 @@ type outcome struct {
 	event string
 	data  map[string]any
 	cause error // private, for the logs
+	// completion holds a completed call's envelope (env), made with the
+	// outcome: one allocation.
+	completion envelope.Envelope
 }
 
 func completed(out envelope.Raw) *outcome {
-	return &outcome{env: &envelope.Envelope{Status: envelope.StatusCompleted, Output: out}, event: audit.EventCompleted}
+	o := &outcome{event: audit.EventCompleted, completion: envelope.Envelope{Status: envelope.StatusCompleted, Output: out}}
+	o.env = &o.completion
+	return o
 }
 
 func failed(cerr *envelope.CapabilityError) *outcome {
@@ -213,7 +218,10 @@ func seal(env *envelope.Envelope, data map[string]any) sealed {
 		return sealed{}
 	}
 	sum := sha256.Sum256(enc.Bytes())
-	data[EnvelopeHashKey] = hex.EncodeToString(sum[:])
+	var hexSum [2 * sha256.Size]byte
+	hex.Encode(hexSum[:], sum[:])
+	data[EnvelopeHashKey] = string(hexSum[:]) // the one allocation of the hash's text
+
 	return sealed{enc: enc, ok: true}
 }
 

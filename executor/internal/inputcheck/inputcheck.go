@@ -340,9 +340,20 @@ func decodeInput[In any](raw envelope.Raw, s *shape) (*In, error) {
 		return in, nil
 	}
 	byMsgpack := decodesByMsgpack(s)
-	issues, j := walk(raw, s, !byMsgpack)
+	object, isObject := any(in).(*map[string]any)
+	isObject = isObject && !byMsgpack
+	issues, j := walk(raw, s, !byMsgpack && !isObject)
 	if len(issues) > 0 {
 		return nil, &InputError{Issues: issues}
+	}
+	if isObject {
+		// Any object: built from the bytes, as encoding/json reads it from
+		// the walk's JSON (plain.go); written as JSON when it cannot be.
+		if m, ok := plainObject(raw); ok {
+			*object = m
+			return in, nil
+		}
+		_, j = walk(raw, s, true)
 	}
 	var err error
 	if byMsgpack {
