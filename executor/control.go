@@ -127,6 +127,10 @@ func (w *Worker) recordCancel(m *nats.Msg) {
 	reply := CancelReply{ExecutionID: id}
 	defer func() {
 		if reply.Error == "" && !reply.Finalized {
+			// This worker hears of it before the caller does: a read it
+			// holds queued, which reads the record only when noticed, obeys
+			// the cancel however late its own notice comes back.
+			w.run.CancelLocal(principal, id)
 			_ = w.nc.Publish(w.b.Names.CancelNoticeSubject(principal, id), nil)
 		}
 		w.respondJSON(m, reply)
