@@ -16,63 +16,75 @@ import (
 // repeated key, bytes after the map) returns ok false and is left to the
 // reflective decoder, so that both decode every request alike.
 func decodeRequestFast(b []byte) (r Request, ok bool) {
-	h, off, err := msgpackhead.Read(b, 0)
-	if err != nil || h.Class != msgpackhead.Map {
-		return r, false
-	}
-	var seen uint16
-	for range h.N {
-		var key []byte
-		if key, off, ok = readStr(b, off); !ok {
-			return r, false
-		}
-		bit := uint16(0)
+	end, ok := readFields(b, 0, func(key []byte, off int) (next int, bit uint16, ok bool) {
 		switch string(key) {
 		case "v":
 			bit = 1 << 0
-			r.V, off, ok = readInt(b, off)
+			r.V, next, ok = readInt(b, off)
 		case "executionId":
 			bit = 1 << 1
-			r.ExecutionID, off, ok = readString(b, off)
+			r.ExecutionID, next, ok = readString(b, off)
 		case "capabilityId":
 			bit = 1 << 2
-			r.CapabilityID, off, ok = readString(b, off)
+			r.CapabilityID, next, ok = readString(b, off)
 		case "input":
 			bit = 1 << 3
-			r.Input, off, ok = readRaw(b, off)
+			r.Input, next, ok = readRaw(b, off)
 		case "actor":
 			bit = 1 << 4
-			r.Actor, off, ok = readActor(b, off)
+			r.Actor, next, ok = readActor(b, off)
 		case "surface":
 			bit = 1 << 5
-			r.Surface, off, ok = readString(b, off)
+			r.Surface, next, ok = readString(b, off)
 		case "correlationId":
 			bit = 1 << 6
-			r.CorrelationID, off, ok = readString(b, off)
+			r.CorrelationID, next, ok = readString(b, off)
 		case "submittedAt":
 			bit = 1 << 7
-			r.SubmittedAt, off, ok = readTime(b, off)
+			r.SubmittedAt, next, ok = readTime(b, off)
 		case "deadline":
 			bit = 1 << 8
-			r.Deadline, off, ok = readTimePtr(b, off)
+			r.Deadline, next, ok = readTimePtr(b, off)
 		case "startBy":
 			bit = 1 << 9
-			r.StartBy, off, ok = readTimePtr(b, off)
+			r.StartBy, next, ok = readTimePtr(b, off)
 		case "approvalId":
 			bit = 1 << 10
-			r.ApprovalID, off, ok = readString(b, off)
+			r.ApprovalID, next, ok = readString(b, off)
 		case "traceparent":
 			bit = 1 << 11
-			r.Traceparent, off, ok = readString(b, off)
+			r.Traceparent, next, ok = readString(b, off)
 		default:
-			off, ok = skipValue(b, off)
+			next, ok = skipValue(b, off)
 		}
-		if !ok || seen&bit != 0 {
-			return r, false
+		return next, bit, ok
+	})
+	return r, ok && end == len(b)
+}
+
+// readFields reads the msgpack map at off, handing each member's key and
+// the offset of its value to field, which reads the value and returns the
+// offset after it and the field's bit (0 for a key it skips, or one that
+// may repeat). A member field cannot read, a key that is not a string, or
+// a bit seen twice is not ok.
+func readFields(b []byte, off int, field func(key []byte, off int) (next int, bit uint16, ok bool)) (int, bool) {
+	h, next, err := msgpackhead.Read(b, off)
+	if err != nil || h.Class != msgpackhead.Map {
+		return off, false
+	}
+	var seen uint16
+	for range h.N {
+		key, at, ok := readStr(b, next)
+		if !ok {
+			return off, false
+		}
+		var bit uint16
+		if next, bit, ok = field(key, at); !ok || seen&bit != 0 {
+			return off, false
 		}
 		seen |= bit
 	}
-	return r, off == len(b)
+	return next, true
 }
 
 // readStr returns the bytes of the string at off.
@@ -123,36 +135,23 @@ func skipValue(b []byte, off int) (int, bool) {
 }
 
 func readActor(b []byte, off int) (a Actor, next int, ok bool) {
-	h, next, err := msgpackhead.Read(b, off)
-	if err != nil || h.Class != msgpackhead.Map {
-		return a, off, false
-	}
-	var seen uint8
-	for range h.N {
-		var key []byte
-		if key, next, ok = readStr(b, next); !ok {
-			return a, off, false
-		}
-		bit := uint8(0)
+	next, ok = readFields(b, off, func(key []byte, off int) (next int, bit uint16, ok bool) {
 		switch string(key) {
 		case "id":
-			bit = 1
-			a.ID, next, ok = readString(b, next)
+			bit = 1 << 0
+			a.ID, next, ok = readString(b, off)
 		case "kind":
-			bit = 2
-			a.Kind, next, ok = readString(b, next)
+			bit = 1 << 1
+			a.Kind, next, ok = readString(b, off)
 		case "attrs":
-			bit = 4
-			a.Attrs, next, ok = readAttrs(b, next)
+			bit = 1 << 2
+			a.Attrs, next, ok = readAttrs(b, off)
 		default:
-			next, ok = skipValue(b, next)
+			next, ok = skipValue(b, off)
 		}
-		if !ok || seen&bit != 0 {
-			return a, off, false
-		}
-		seen |= bit
-	}
-	return a, next, true
+		return next, bit, ok
+	})
+	return a, next, ok
 }
 
 func readAttrs(b []byte, off int) (map[string]string, int, bool) {
@@ -220,119 +219,97 @@ func readTimePtr(b []byte, off int) (*time.Time, int, bool) {
 // details) by reading the bytes directly: every client decodes one per call. Anything else returns ok
 // false and is left to the reflective decoder, as decodeRequestFast does.
 func decodeEnvelopeFast(b []byte) (e Envelope, ok bool) {
-	h, off, err := msgpackhead.Read(b, 0)
-	if err != nil || h.Class != msgpackhead.Map {
-		return e, false
-	}
-	var seen uint16
-	for range h.N {
-		var key []byte
-		if key, off, ok = readStr(b, off); !ok {
-			return e, false
-		}
-		bit := uint16(0)
+	end, ok := readFields(b, 0, func(key []byte, off int) (next int, bit uint16, ok bool) {
 		switch string(key) {
 		case "v":
 			bit = 1 << 0
-			e.V, off, ok = readInt(b, off)
+			e.V, next, ok = readInt(b, off)
 		case "executionId":
 			bit = 1 << 1
-			e.ExecutionID, off, ok = readString(b, off)
+			e.ExecutionID, next, ok = readString(b, off)
 		case "capabilityId":
 			bit = 1 << 2
-			e.CapabilityID, off, ok = readString(b, off)
+			e.CapabilityID, next, ok = readString(b, off)
 		case "status":
 			bit = 1 << 3
 			var s string
-			s, off, ok = readString(b, off)
+			s, next, ok = readString(b, off)
 			e.Status = Status(s)
 		case "output":
 			bit = 1 << 4
-			e.Output, off, ok = readRaw(b, off)
+			e.Output, next, ok = readRaw(b, off)
 		case "attempts":
 			bit = 1 << 5
-			e.Attempts, off, ok = readInt(b, off)
+			e.Attempts, next, ok = readInt(b, off)
 		case "durationMs":
 			bit = 1 << 6
 			var n int
-			n, off, ok = readInt(b, off)
+			n, next, ok = readInt(b, off)
 			e.DurationMs = int64(n)
 		case "finalizedBy":
 			bit = 1 << 7
-			e.FinalizedBy, off, ok = readString(b, off)
+			e.FinalizedBy, next, ok = readString(b, off)
 		case "finalizedAt":
 			bit = 1 << 8
-			e.FinalizedAt, off, ok = readTime(b, off)
+			e.FinalizedAt, next, ok = readTime(b, off)
 		case "error":
 			bit = 1 << 9
-			e.Error, off, ok = readError(b, off)
+			e.Error, next, ok = readError(b, off)
 		case "approval", "recovered":
 			// Left to the reflective decoder unless nil, which leaves the
-			// pointer nil as it does.
-			bit = 1 << 10
-			ok = off < len(b) && b[off] == 0xc0
-			off++
+			// pointer nil as it does (and may repeat).
+			next, ok = readNil(b, off)
 		default:
-			off, ok = skipValue(b, off)
+			next, ok = skipValue(b, off)
 		}
-		if !ok || (bit != 1<<10 && seen&bit != 0) {
-			return e, false
-		}
-		seen |= bit
-	}
-	return e, off == len(b)
+		return next, bit, ok
+	})
+	return e, ok && end == len(b)
 }
 
 // readError reads an envelope's error, nil or one without details.
 func readError(b []byte, off int) (*Error, int, bool) {
-	h, next, err := msgpackhead.Read(b, off)
-	if err == nil && h.Class == msgpackhead.Nil {
+	if next, ok := readNil(b, off); ok {
 		return nil, next, true
 	}
-	if err != nil || h.Class != msgpackhead.Map {
-		return nil, off, false
-	}
 	e := &Error{}
-	var seen uint8
-	ok := true
-	for range h.N {
-		var key []byte
-		if key, next, ok = readStr(b, next); !ok {
-			return nil, off, false
-		}
-		bit := uint8(0)
+	next, ok := readFields(b, off, func(key []byte, off int) (next int, bit uint16, ok bool) {
 		switch string(key) {
 		case "code":
 			bit = 1 << 0
 			var s string
-			s, next, ok = readString(b, next)
+			s, next, ok = readString(b, off)
 			e.Code = Code(s)
 		case "message":
 			bit = 1 << 1
-			e.Message, next, ok = readString(b, next)
+			e.Message, next, ok = readString(b, off)
 		case "retryable":
 			bit = 1 << 2
-			e.Retryable, next, ok = readBool(b, next)
+			e.Retryable, next, ok = readBool(b, off)
 		case "exposeToModel":
 			bit = 1 << 3
-			e.ExposeToModel, next, ok = readBool(b, next)
+			e.ExposeToModel, next, ok = readBool(b, off)
 		case "stage":
 			bit = 1 << 4
-			e.Stage, next, ok = readString(b, next)
+			e.Stage, next, ok = readString(b, off)
 		case "details":
 			// Left to the reflective decoder unless nil.
 			bit = 1 << 5
-			ok = next < len(b) && b[next] == 0xc0
-			next++
+			next, ok = readNil(b, off)
 		default:
-			next, ok = skipValue(b, next)
+			next, ok = skipValue(b, off)
 		}
-		if !ok || seen&bit != 0 {
-			return nil, off, false
-		}
-		seen |= bit
+		return next, bit, ok
+	})
+	if !ok {
+		return nil, off, false
 	}
 	return e, next, true
+}
+
+// readNil reads a msgpack nil at off.
+func readNil(b []byte, off int) (int, bool) {
+	return off + 1, off < len(b) && b[off] == 0xc0
 }
 
 func readBool(b []byte, off int) (bool, int, bool) {

@@ -68,16 +68,7 @@ func replicaBehind(t *testing.T, secured bool) {
 		wc = c.ConnectAs(t, auth.WorkerPrincipal)
 	}
 	release := make(chan struct{})
-	hold := executor.Define("test.hold", executor.Meta{Description: "Holds until the test lets it end.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite},
-		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
-			select {
-			case <-release:
-				return "done", nil
-			case <-ctx.Done():
-				return "", ctx.Err()
-			}
-		})
+	hold := holdUntil(release)
 	startWorker(t, wc, executor.WorkerConfig{Concurrency: 32, Lease: 30 * time.Second}, hold)
 	connect := func(node int) *nats.Conn {
 		if secured {
@@ -277,16 +268,7 @@ func TestHelperProcess_ReplicaBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	hold := executor.Define("test.hold", executor.Meta{Description: "Holds until the test lets it end.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite},
-		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
-			select {
-			case <-release:
-				return "done", nil
-			case <-ctx.Done():
-				return "", ctx.Err()
-			}
-		})
+	hold := holdUntil(release)
 	startWorker(t, c.Connect(t), executor.WorkerConfig{Concurrency: 32, Lease: 5 * time.Minute}, hold)
 	submitter, err := executor.NewClient(c.Nodes[0].Connect(t), executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "ada"}})
 	if err != nil {
@@ -333,4 +315,18 @@ func TestHelperProcess_ReplicaBehind(t *testing.T) {
 		cancel()
 	}()
 	<-ctx.Done()
+}
+
+// holdUntil is test.hold, a write whose runs end when release closes.
+func holdUntil(release <-chan struct{}) executor.Capability {
+	return executor.Define("test.hold", executor.Meta{Description: "Holds until the test lets it end.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite},
+		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+			select {
+			case <-release:
+				return "done", nil
+			case <-ctx.Done():
+				return "", ctx.Err()
+			}
+		})
 }
