@@ -74,15 +74,9 @@ type Request struct {
 // DecodeRequest decodes and checks an execution request. It never panics; every
 // failure wraps ErrDecode.
 func DecodeRequest(b []byte) (*Request, error) {
-	r, ok := decodeRequestFast(b)
-	if !ok {
-		r = Request{}
-		if err := Unmarshal(b, &r); err != nil {
-			return nil, err
-		}
-	}
-	if r.V != Version {
-		return nil, fmt.Errorf("%w: schema version %d, want %d", ErrDecode, r.V, Version)
+	r, err := decodeVersioned(b, decodeRequestFast, func(r *Request) int { return r.V })
+	if err != nil {
+		return nil, err
 	}
 	if err := ValidExecutionID(r.ExecutionID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrDecode, err)
@@ -91,7 +85,25 @@ func DecodeRequest(b []byte) (*Request, error) {
 		// A resume may name only its approval: the workers read the rest.
 		return nil, fmt.Errorf("%w: capabilityId is empty", ErrDecode)
 	}
-	return &r, nil
+	return r, nil
+}
+
+// decodeVersioned decodes b as fast reads it, or with the reflective decoder
+// what fast does not take, and refuses a schema version (version's) this
+// build does not read.
+func decodeVersioned[T any](b []byte, fast func([]byte) (T, bool), version func(*T) int) (*T, error) {
+	v, ok := fast(b)
+	if !ok {
+		var zero T
+		v = zero
+		if err := Unmarshal(b, &v); err != nil {
+			return nil, err
+		}
+	}
+	if n := version(&v); n != Version {
+		return nil, fmt.Errorf("%w: schema version %d, want %d", ErrDecode, n, Version)
+	}
+	return &v, nil
 }
 
 // Status is an envelope's outcome.
@@ -221,17 +233,7 @@ func (r *Recovered) ForModel() string {
 
 // DecodeEnvelope decodes an envelope record.
 func DecodeEnvelope(b []byte) (*Envelope, error) {
-	e, ok := decodeEnvelopeFast(b)
-	if !ok {
-		e = Envelope{}
-		if err := Unmarshal(b, &e); err != nil {
-			return nil, err
-		}
-	}
-	if e.V != Version {
-		return nil, fmt.Errorf("%w: schema version %d, want %d", ErrDecode, e.V, Version)
-	}
-	return &e, nil
+	return decodeVersioned(b, decodeEnvelopeFast, func(e *Envelope) int { return e.V })
 }
 
 // ModelError is the only shape of a failure a model may see.
