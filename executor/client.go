@@ -597,6 +597,13 @@ const probeWait = 2 * time.Second
 // probeAfter: an id younger than this is not probed.
 const probeAfter = 2 * time.Second
 
+// absenceNeedsWorkers reports whether what this client's reads find absent
+// may yet exist, and only the workers can tell: its reads may lag, and it
+// asks no leader (a principal's, on a cluster: DESIGN §12).
+func (c *Client) absenceNeedsWorkers() bool {
+	return c.b.Replicas == 0 && c.b.ReadsMayLag()
+}
+
 // probeState asks the workers (or, on an open server with none, the client
 // itself) where the client's execution is: ExecUnknown when nothing of it is
 // stored (no request waiting in its queue, no record, no envelope, read in
@@ -608,10 +615,7 @@ const probeAfter = 2 * time.Second
 func (c *Client) probeState(ctx context.Context, executionID string) (state string, answered bool) {
 	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
-	req := ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: true}
-	if c.b.Replicas == 0 && c.b.ReadsMayLag() {
-		req.Probe = false
-	}
+	req := ExecutionRequest{ExecutionID: executionID, Owner: c.principal, Probe: !c.absenceNeedsWorkers()}
 	v, err := c.Execution(pctx, req)
 	if errors.Is(err, ErrNoSuchExecution) && !req.Probe {
 		return ExecUnknown, true
@@ -906,7 +910,7 @@ func (c *Client) StatusOf(ctx context.Context, owner, executionID string) (*Exec
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil && env == nil && c.b.Replicas == 0 && c.b.ReadsMayLag() && !execrpc.AbsenceTakenAsQueued(ctx) {
+	if rec == nil && env == nil && c.absenceNeedsWorkers() && !execrpc.AbsenceTakenAsQueued(ctx) {
 		if rec, env, err = c.askedOf(ctx, owner, executionID); err != nil {
 			return nil, err
 		}

@@ -282,15 +282,10 @@ func TestHelperProcess_ReplicaBehind(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		for {
-			if _, _, err := broker.LoadFromLeader[struct{}](ctx, admin.NC, admin.Executions, broker.Key(broker.Anonymous, id)); err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("the record of %s: never", id)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitUntil(t, "the record of "+id, func() bool {
+			_, _, err := broker.LoadFromLeader[struct{}](ctx, admin.NC, admin.Executions, broker.Key(broker.Anonymous, id))
+			return err == nil
+		})
 	}
 	say := func(phase, bucket string) {
 		node := c.StaleCopy(t, "KV_"+bucket, "$KV."+bucket+"."+broker.Key(broker.Anonymous, ids[0]))

@@ -31,7 +31,7 @@ func Prove(ctx context.Context, b *broker.Broker, principal, executionID string)
 		// Read where absence decides: a replica behind would leave the
 		// proof without its envelope, and the terminal event unwaited for.
 		var err error
-		if stored, err = broker.GetCurrent(ctx, b, b.Envelopes, broker.Key(principal, executionID)); err != nil && !errors.Is(err, broker.ErrNotFound) {
+		if stored, _, err = broker.GetCurrent(ctx, b, b.Envelopes, broker.Key(principal, executionID)); err != nil && !errors.Is(err, broker.ErrNotFound) {
 			return nil, err
 		}
 	}

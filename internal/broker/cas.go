@@ -42,11 +42,16 @@ func Load[T any](ctx context.Context, kv jetstream.KeyValue, key string) (*T, ui
 		}
 		return nil, 0, err
 	}
+	return decodeValue[T](kv, key, e.Value(), e.Revision())
+}
+
+// decodeValue is key's value data, stored at revision rev.
+func decodeValue[T any](kv jetstream.KeyValue, key string, data []byte, rev uint64) (*T, uint64, error) {
 	v := new(T)
-	if err := envelope.Unmarshal(e.Value(), v); err != nil {
+	if err := envelope.Unmarshal(data, v); err != nil {
 		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", kv.Bucket(), key, err)
 	}
-	return v, e.Revision(), nil
+	return v, rev, nil
 }
 
 // Create writes v under key only if the key holds nothing; ErrExists otherwise.
@@ -159,11 +164,7 @@ func decodeLast[T any](kv jetstream.KeyValue, key string, seq uint64, deleted bo
 	if deleted {
 		return nil, 0, ErrNotFound
 	}
-	v := new(T)
-	if err := envelope.Unmarshal(data, v); err != nil {
-		return nil, 0, fmt.Errorf("capstan: %s/%s: %w", kv.Bucket(), key, err)
-	}
-	return v, seq, nil
+	return decodeValue[T](kv, key, data, seq)
 }
 
 // lastFromLeader reads key's last message from its bucket's stream leader:
@@ -220,36 +221,37 @@ func (b *Broker) ReadsMayLag() bool {
 // connection sends only direct gets (DESIGN §12); where ReadsMayLag, its
 // callers confirm an absence with the workers.
 func LoadCurrent[T any](ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (*T, uint64, error) {
-	v, rev, err := Load[T](ctx, kv, key)
-	if b.Replicas <= 1 || !errors.Is(err, ErrNotFound) {
-		return v, rev, err
+	data, rev, err := GetCurrent(ctx, b, kv, key)
+	if err != nil {
+		return nil, 0, err
 	}
-	seq, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
-	return decodeLast[T](kv, key, seq, deleted, data, err)
+	return decodeValue[T](kv, key, data, rev)
 }
 
-// GetCurrent is key's stored value as it is, undecoded, an absence
-// (ErrNotFound) confirmed as LoadCurrent confirms it.
-func GetCurrent(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) ([]byte, error) {
+// GetCurrent is LoadCurrent's read, its value undecoded, and its revision.
+func GetCurrent(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
 	e, err := kv.Get(ctx, key)
 	switch {
 	case err == nil:
-		return e.Value(), nil
+		return e.Value(), e.Revision(), nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
-		return nil, err
+		return nil, 0, err
 	case b.Replicas <= 1:
-		return nil, ErrNotFound
+		return nil, 0, ErrNotFound
 	}
-	_, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
-	if err == nil && deleted {
-		return nil, ErrNotFound
+	seq, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case deleted:
+		return nil, 0, ErrNotFound
 	}
-	return data, err
+	return data, seq, nil
 }
 
 // Present reports whether key holds a value, as GetCurrent finds it.
 func Present(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) (bool, error) {
-	_, err := GetCurrent(ctx, b, kv, key)
+	_, _, err := GetCurrent(ctx, b, kv, key)
 	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}

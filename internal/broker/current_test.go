@@ -76,7 +76,7 @@ func TestLoadCurrent_AReplicaBehindNeverCallsAWrittenKeyAbsent(t *testing.T) {
 		if ok, err := broker.Present(ctx, reader, reader.Executions, key); !ok || err != nil {
 			t.Fatalf("Present(%s) = %v, %v; want true", key, ok, err)
 		}
-		if data, err := broker.GetCurrent(ctx, reader, reader.Executions, key); err != nil || len(data) == 0 {
+		if data, _, err := broker.GetCurrent(ctx, reader, reader.Executions, key); err != nil || len(data) == 0 {
 			t.Fatalf("GetCurrent(%s) = %d bytes, %v; want the stored value", key, len(data), err)
 		}
 	}
