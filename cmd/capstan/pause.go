@@ -301,7 +301,7 @@ func runPauses(args []string) int {
 	var list []*pauses.Pause
 	kv, err := unlessAbsent(pauses.Bucket(ctx, js, names, false))
 	if err == nil && kv != nil {
-		list, err = pauses.List(ctx, kv)
+		list, err = pauses.List(ctx, js.Conn(), kv)
 	}
 	if err != nil {
 		return fail(exitFailed, "read the pauses: %v (an admin's command)", err)

@@ -82,8 +82,8 @@ func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create 
 
 // ReadCurrent returns what is in force (a zero Current when nothing ever
 // was) and its revision (0: no current key).
-func ReadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Current, uint64, error) {
-	c, rev, err := oplog.Read[Current](ctx, kv, currentKey, currentKey+" of the policies bucket")
+func ReadCurrent(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) (*Current, uint64, error) {
+	c, rev, err := oplog.Read[Current](ctx, nc, kv, currentKey, currentKey+" of the policies bucket")
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return &Current{}, 0, nil
 	}
@@ -91,9 +91,9 @@ func ReadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Current, uint64, 
 }
 
 // ReadVersion returns version n.
-func ReadVersion(ctx context.Context, kv jetstream.KeyValue, n int) (*Version, error) {
+func ReadVersion(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, n int) (*Version, error) {
 	what := fmt.Sprintf("policy set v%d", n)
-	v, rev, err := oplog.Read[Version](ctx, kv, versionKey(n), what)
+	v, rev, err := oplog.Read[Version](ctx, nc, kv, versionKey(n), what)
 	if err != nil && rev == 0 {
 		return nil, fmt.Errorf("capstan: %s: %w", what, err)
 	}
@@ -101,7 +101,7 @@ func ReadVersion(ctx context.Context, kv jetstream.KeyValue, n int) (*Version, e
 }
 
 // History returns every version the bucket holds, oldest first.
-func History(ctx context.Context, kv jetstream.KeyValue) ([]*Version, error) {
+func History(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Version, error) {
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func History(ctx context.Context, kv jetstream.KeyValue) ([]*Version, error) {
 		if !strings.HasPrefix(k, "v.") || err != nil {
 			continue
 		}
-		v, err := ReadVersion(ctx, kv, n)
+		v, err := ReadVersion(ctx, nc, kv, n)
 		if err != nil {
 			return nil, err
 		}
@@ -205,7 +205,7 @@ func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (jets
 	var cur *Current
 	var rev uint64
 	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		cur, rev, err = ReadCurrent(ctx, kv)
+		cur, rev, err = ReadCurrent(ctx, nc, kv)
 		return err
 	})
 	return kv, cur, rev, err
@@ -229,7 +229,7 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 			return nil, err
 		}
 		if _, err := oplog.Write(ctx, kv, versionKey(v.Version), b, 0, func(ctx context.Context) (uint64, bool) {
-			have, err := ReadVersion(ctx, kv, v.Version)
+			have, err := ReadVersion(ctx, nc, kv, v.Version)
 			return 0, err == nil && have.AuditID == v.AuditID
 		}); err != nil {
 			return nil, notApplied(err)
@@ -240,7 +240,7 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 		return nil, err
 	}
 	rev, err := oplog.Write(ctx, kv, currentKey, b, prevRev, func(ctx context.Context) (uint64, bool) {
-		have, r, err := ReadCurrent(ctx, kv)
+		have, r, err := ReadCurrent(ctx, nc, kv)
 		return r, err == nil && have.AuditID == cur.AuditID
 	})
 	if err != nil {

@@ -77,7 +77,7 @@ func (l *loader) load(cur Current) (*Set, error) {
 		if err != nil {
 			return err
 		}
-		v, err = ReadVersion(ctx, kv, cur.Version)
+		v, err = ReadVersion(ctx, l.js.Conn(), kv, cur.Version)
 		return err
 	}); err != nil {
 		return nil, err
