@@ -102,16 +102,12 @@ func ReadVersion(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, n in
 
 // History returns every version the bucket holds, oldest first.
 func History(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Version, error) {
-	keys, err := kv.ListKeys(ctx)
+	ns, err := versions(ctx, kv)
 	if err != nil {
 		return nil, err
 	}
 	var out []*Version
-	for k := range keys.Keys() {
-		n, err := strconv.Atoi(strings.TrimPrefix(k, "v."))
-		if !strings.HasPrefix(k, "v.") || err != nil {
-			continue
-		}
+	for _, n := range ns {
 		v, err := ReadVersion(ctx, nc, kv, n)
 		if err != nil {
 			return nil, err
@@ -119,6 +115,22 @@ func History(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Vers
 		out = append(out, v)
 	}
 	slices.SortFunc(out, func(a, b *Version) int { return a.Version - b.Version })
+	return out, nil
+}
+
+// versions lists the numbers of the versions the bucket holds.
+func versions(ctx context.Context, kv jetstream.KeyValue) ([]int, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = keys.Stop() }()
+	var out []int
+	for k := range keys.Keys() {
+		if n, err := strconv.Atoi(strings.TrimPrefix(k, "v.")); strings.HasPrefix(k, "v.") && err == nil {
+			out = append(out, n)
+		}
+	}
 	return out, nil
 }
 
@@ -167,7 +179,20 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, a Applying) (*Cha
 	if err != nil {
 		return nil, err
 	}
-	v := &Version{V: envelope.Version, Version: prev.Latest + 1, Text: string(a.Text), SHA256: set.SHA256, Rules: set.Rules(),
+	// The newest version is what is in force says, unless an apply stopped
+	// between its two writes left a newer one, never in force, which would
+	// refuse every apply after it: its number is skipped.
+	latest := prev.Latest
+	if err := oplog.Retry(ctx, func(ctx context.Context) error {
+		ns, err := versions(ctx, kv)
+		for _, n := range ns {
+			latest = max(latest, n)
+		}
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("capstan: list the policy versions: %w", err)
+	}
+	v := &Version{V: envelope.Version, Version: latest + 1, Text: string(a.Text), SHA256: set.SHA256, Rules: set.Rules(),
 		Policies: set.Names(), File: a.File, By: a.By, Operator: a.Operator, At: time.Now().UTC(), Reason: a.Reason,
 		AuditID: envelope.NewExecutionID()}
 	cur := &Current{V: envelope.Version, Version: v.Version, Latest: v.Version, SHA256: v.SHA256, By: a.By,

@@ -1,0 +1,71 @@
+package policies
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
+)
+
+// An apply stopped between its two writes (the command killed, its
+// connection lost, its time out) leaves a version written that was never
+// put in force. The next apply is not refused for it, again and again, as
+// if another operator had applied meanwhile: it takes the next number, and
+// a worker puts it in force.
+func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(reason string) (*Change, error) {
+		return Apply(ctx, b.NC, b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: reason})
+	}
+	if _, err := apply("first"); err != nil {
+		t.Fatal(err)
+	}
+	// What the stopped apply wrote: v.2, and nothing else.
+	kv, err := Bucket(ctx, b.JS, b.Names, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := json.Marshal(&Version{V: 1, Version: 2, Text: tenRules, By: "admin", Reason: "stopped", AuditID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, versionKey(2), orphan); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Watch(ctx, js, b.Names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i, reason := range []string{"second", "third"} {
+		ch, err := apply(reason)
+		if err != nil {
+			t.Fatalf("apply %s after a stopped one: %v", reason, err)
+		}
+		if want := 3 + i; ch.Version.Version != want || ch.Current.Version != want || ch.Current.Latest != want {
+			t.Fatalf("apply %s: v%d in force (latest v%d), want v%d", reason, ch.Current.Version, ch.Current.Latest, want)
+		}
+		if err := w.WaitRevision(ctx, ch.Revision); err != nil {
+			t.Fatal(err)
+		}
+		if s := w.Load(); s == nil || s.Err() != nil || s.Version != ch.Version.Version {
+			t.Fatalf("apply %s: the worker's copy is not v%d", reason, ch.Version.Version)
+		}
+	}
+}
