@@ -175,22 +175,13 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, a Applying) (*Cha
 	if err := set.Validate(a.Catalog); err != nil {
 		return nil, fmt.Errorf("%s does not validate against the catalog's schemas (capstan policy schema prints them):\n%w", a.File, err)
 	}
-	kv, prev, prevRev, err := open(ctx, nc, n, true)
+	kv, prev, prevRev, _, err := open(ctx, nc, n, true)
 	if err != nil {
 		return nil, err
 	}
-	// The newest version is what is in force says, unless an apply stopped
-	// between its two writes left a newer one, never in force, which would
-	// refuse every apply after it: its number is skipped.
-	latest := prev.Latest
-	if err := oplog.Retry(ctx, func(ctx context.Context) error {
-		ns, err := versions(ctx, kv)
-		for _, n := range ns {
-			latest = max(latest, n)
-		}
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("capstan: list the policy versions: %w", err)
+	latest, err := newest(ctx, kv, prev)
+	if err != nil {
+		return nil, err
 	}
 	v := &Version{V: envelope.Version, Version: latest + 1, Text: string(a.Text), SHA256: set.SHA256, Rules: set.Rules(),
 		Policies: set.Names(), File: a.File, By: a.By, Operator: a.Operator, At: time.Now().UTC(), Reason: a.Reason,
@@ -208,32 +199,56 @@ func Remove(ctx context.Context, nc *nats.Conn, n broker.Names, by, operator, re
 	if strings.TrimSpace(reason) == "" {
 		return nil, errors.New("a reason is required: it goes on the trail")
 	}
-	kv, prev, prevRev, err := open(ctx, nc, n, false)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || err == nil && prev.Version == 0 {
+	kv, prev, prevRev, spoiled, err := open(ctx, nc, n, false)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || err == nil && prev.Version == 0 && !spoiled {
 		return nil, errors.New("no policy set is in force")
 	}
 	if err != nil {
 		return nil, err
 	}
-	cur := &Current{V: envelope.Version, Latest: prev.Latest, By: by, Operator: operator, At: time.Now().UTC(), Reason: reason,
+	latest, err := newest(ctx, kv, prev)
+	if err != nil {
+		return nil, err
+	}
+	cur := &Current{V: envelope.Version, Latest: latest, By: by, Operator: operator, At: time.Now().UTC(), Reason: reason,
 		AuditID: envelope.NewExecutionID()}
 	data := map[string]any{"version": 0, "previousVersion": prev.Version, "reason": reason}
 	return change(ctx, nc, n, kv, prev, prevRev, cur, nil, data)
 }
 
-// open opens the bucket and reads what is in force.
-func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (jetstream.KeyValue, *Current, uint64, error) {
-	kv, err := oplog.OpenBucket(ctx, nc, n.PoliciesBucket(), create)
-	if err != nil {
-		return nil, nil, 0, err
+// open opens the bucket and reads what is in force. A current key that
+// does not decode (spoiled: written by hand, or in another shape) reads as
+// nothing in force, with its revision, so that an apply or a removal
+// replaces it: every worker fails every call closed until one does.
+func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (kv jetstream.KeyValue, cur *Current, rev uint64, spoiled bool, err error) {
+	if kv, err = oplog.OpenBucket(ctx, nc, n.PoliciesBucket(), create); err != nil {
+		return nil, nil, 0, false, err
 	}
-	var cur *Current
-	var rev uint64
 	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
 		cur, rev, err = ReadCurrent(ctx, nc, kv)
 		return err
 	})
-	return kv, cur, rev, err
+	if err != nil && rev > 0 {
+		return kv, &Current{}, rev, true, nil
+	}
+	return kv, cur, rev, false, err
+}
+
+// newest is the newest version the bucket holds: what is in force says it,
+// unless an apply stopped between its two writes left a newer one, never in
+// force, whose number the next apply must skip (or be refused for ever).
+func newest(ctx context.Context, kv jetstream.KeyValue, cur *Current) (int, error) {
+	latest := cur.Latest
+	if err := oplog.Retry(ctx, func(ctx context.Context) error {
+		ns, err := versions(ctx, kv)
+		for _, n := range ns {
+			latest = max(latest, n)
+		}
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("capstan: list the policy versions: %w", err)
+	}
+	return latest, nil
 }
 
 // change files the change on the trail, writes the version (if any), and

@@ -69,3 +69,75 @@ func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
 		}
 	}
 }
+
+// A current key that does not decode (written by hand, or by a release
+// that wrote another shape) fails every call closed on every worker, and
+// says so; the operator's commands are how it is put right: a removal and
+// an apply each replace it, and the workers follow.
+func TestApplyAndRemove_ReplaceACurrentKeyThatDoesNotDecode(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := Apply(ctx, b.NC, b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := Bucket(ctx, b.JS, b.Names, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Watch(ctx, js, b.Names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	rev := ch.Revision
+	spoil := func() {
+		t.Helper()
+		r, err := kv.Update(ctx, currentKey, []byte(`{"version":"seven"`), rev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.WaitRevision(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if s := w.Load(); s == nil || s.Err() == nil {
+			t.Fatal("a current key that does not decode: the worker's copy is not broken")
+		}
+	}
+	spoil()
+	removed, err := Remove(ctx, b.NC, b.Names, "admin", "", "put it right")
+	if err != nil {
+		t.Fatalf("remove over a current key that does not decode: %v", err)
+	}
+	if err := w.WaitRevision(ctx, removed.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if s := w.Load(); s != nil {
+		t.Fatalf("removed: the worker's copy holds v%d (%v)", s.Version, s.Err())
+	}
+	rev = removed.Revision
+	spoil()
+	applied, err := Apply(ctx, b.NC, b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: "again"})
+	if err != nil {
+		t.Fatalf("apply over a current key that does not decode: %v", err)
+	}
+	if applied.Version.Version != 2 {
+		t.Fatalf("applied v%d, want v2 after v1", applied.Version.Version)
+	}
+	if err := w.WaitRevision(ctx, applied.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if s := w.Load(); s == nil || s.Err() != nil || s.Version != 2 {
+		t.Fatal("applied: the worker's copy is not v2")
+	}
+}
