@@ -32,24 +32,39 @@ func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create 
 	return broker.OperatorBucket(ctx, js, n.PausesBucket(), create)
 }
 
-// List returns every pause in the bucket, by scope.
+// ErrIgnored: the bucket holds records that are no pause a worker honours
+// (written by hand, or in another shape); List names them.
+var ErrIgnored = errors.New("capstan: the pauses bucket holds records every worker ignores")
+
+// List returns every pause in the bucket that the workers honour, by scope,
+// and, wrapping ErrIgnored, what is wrong with each record they ignore.
 func List(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Pause, error) {
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []*Pause
+	var ignored []error
 	for k := range keys.Keys() {
-		p, _, err := get(ctx, nc, kv, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		p, rev, err := get(ctx, nc, kv, k)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
 			continue
+		case err != nil && rev == 0:
+			return nil, err
+		case err == nil:
+			err = honoured(k, p)
 		}
 		if err != nil {
-			return nil, err
+			ignored = append(ignored, err)
+			continue
 		}
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b *Pause) int { return a.At.Compare(b.At) })
+	if len(ignored) > 0 {
+		return out, fmt.Errorf("%w: %w", ErrIgnored, errors.Join(ignored...))
+	}
 	return out, nil
 }
 

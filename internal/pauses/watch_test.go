@@ -2,6 +2,7 @@ package pauses
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +68,66 @@ func TestWatch_ABucketDeletedLeavesNothingPausedAndItsSuccessorApplies(t *testin
 	put("b.new")
 	if w.Load().Len() != 1 || w.Load().Match("acme", "a.one", bob) != nil {
 		t.Fatalf("the copy holds %d pauses, a.one's among them: %v", w.Load().Len(), w.Load().Match("acme", "a.one", bob) != nil)
+	}
+}
+
+// A record of the pauses bucket that is no pause a worker honours (it does
+// not decode, does not validate, or sits under another scope's key: written
+// by hand, or in another shape) is listed as what it is: the operator's
+// listing names it, apart from the pauses in force, rather than fail whole
+// or show as a pause what every worker ignores.
+func TestList_SaysWhatTheWorkersIgnore(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, nc := b.Names, b.NC
+	ch, err := Apply(ctx, nc, n, &Pause{Scope: Scope{Capability: "a.one"}, Mode: Hold, Reason: "r", By: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := Bucket(ctx, b.JS, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := Scope{Capability: "a.stop"}
+	bad := map[string]string{
+		stop.Key():                           `{"v":1,"scope":{"capability":"a.stop"},"mode":"stop","reason":"r","by":"admin"}`,
+		Scope{Capability: "a.garbled"}.Key(): `{"v":1,"scope":`,
+		"all":                                `{"v":1,"scope":{"capability":"a.elsewhere"},"mode":"hold","reason":"r","by":"admin"}`,
+	}
+	var rev uint64
+	for k, v := range bad {
+		if rev, err = kv.Put(ctx, k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Watch(ctx, js, n, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if err := w.WaitRevision(ctx, max(rev, ch.Revision)); err != nil {
+		t.Fatal(err)
+	}
+	if w.Load().Len() != 1 {
+		t.Fatalf("the worker honours %d pauses, want a.one's alone", w.Load().Len())
+	}
+	list, err := List(ctx, nc, kv)
+	if len(list) != 1 || list[0].Scope.Capability != "a.one" {
+		t.Fatalf("listed %d pauses, want a.one's alone: %v", len(list), err)
+	}
+	for k := range bad {
+		if err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("the listing's error does not name %s: %v", k, err)
+		}
 	}
 }
