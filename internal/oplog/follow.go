@@ -64,25 +64,29 @@ func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log
 	// look, and the server knowing it: a bucket created in between is
 	// announced here.
 	events := make(chan *nats.Msg, 4)
-	sub, err := js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.*.KV_"+bucket, events)
+	var subs []*nats.Subscription
+	var err error
+	for _, what := range []string{streamCreated, streamDeleted} {
+		var sub *nats.Subscription
+		if sub, err = js.Conn().ChanSubscribe(what+"KV_"+bucket, events); err != nil {
+			break
+		}
+		subs = append(subs, sub)
+	}
 	if err == nil {
 		err = js.Conn().FlushTimeout(10 * time.Second)
 	}
+	if err == nil {
+		if err = f.bind(); errors.Is(err, jetstream.ErrBucketNotFound) {
+			err = nil
+		}
+	}
 	if err != nil {
 		stop()
-		if sub != nil {
-			_ = sub.Unsubscribe()
-		}
+		unsubscribe(subs)
 		return nil, err
 	}
-	switch err := f.bind(); {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-	case err != nil:
-		stop()
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	go f.keepBound(sub, events)
+	go f.keepBound(subs, events)
 	return f, nil
 }
 
@@ -145,13 +149,26 @@ func (f *Follower) Stop() {
 	<-f.done
 }
 
+// The server's announcements of a stream created and deleted, its name
+// after.
+const (
+	streamCreated = "$JS.EVENT.ADVISORY.STREAM.CREATED."
+	streamDeleted = "$JS.EVENT.ADVISORY.STREAM.DELETED."
+)
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, sub := range subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
 // keepBound looks for the bucket until the follower watches it: when the
-// server announces its stream's creation (on sub, to events), whenever
+// server announces its stream's creation (on subs, to events), whenever
 // Bind asks, and every lookAgain; when the server announces the stream's
 // deletion, the copy drops what it held (gone).
-func (f *Follower) keepBound(sub *nats.Subscription, events <-chan *nats.Msg) {
+func (f *Follower) keepBound(subs []*nats.Subscription, events <-chan *nats.Msg) {
 	defer close(f.done)
-	defer func() { _ = sub.Unsubscribe() }()
+	defer unsubscribe(subs)
 	tick := time.NewTicker(lookAgain)
 	defer tick.Stop()
 	// The server announces a stream a moment before its account lists it:
@@ -167,9 +184,9 @@ func (f *Follower) keepBound(sub *nats.Subscription, events <-chan *nats.Msg) {
 		case <-f.bindNow:
 		case m := <-events:
 			switch {
-			case strings.HasPrefix(m.Subject, "$JS.EVENT.ADVISORY.STREAM.CREATED."):
+			case strings.HasPrefix(m.Subject, streamCreated):
 				announced, wait = true, 10*time.Millisecond
-			case strings.HasPrefix(m.Subject, "$JS.EVENT.ADVISORY.STREAM.DELETED."):
+			case strings.HasPrefix(m.Subject, streamDeleted):
 				f.gone()
 			}
 		case <-soon:
