@@ -288,7 +288,11 @@ func (f *Follower) gone() {
 	f.mu.Unlock()
 	if kw != nil {
 		_ = kw.Stop()
-		<-ended
+		select {
+		case <-ended:
+		case <-f.ctx.Done():
+			return // stopping: nothing more is applied
+		}
 	}
 	f.mu.Lock()
 	keys := slices.Sorted(maps.Keys(f.keys))
