@@ -141,3 +141,60 @@ func TestApplyAndRemove_ReplaceACurrentKeyThatDoesNotDecode(t *testing.T) {
 		t.Fatal("applied: the worker's copy is not v2")
 	}
 }
+
+// A version that could not be read when it was put in force (here: named
+// in force, by hand, before it was written; as well a server that did not
+// answer for longer than the worker waits) fails calls closed while it
+// cannot be read, not until the next change: the worker reads it again,
+// and puts it in force once it can.
+func TestWatch_AVersionUnreadWhenPutInForceLoadsOnceItReads(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := Bucket(ctx, b.JS, b.Names, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := Compile("p.cedar", []byte(tenRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := json.Marshal(&Current{V: 1, Version: 1, Latest: 1, SHA256: set.SHA256, By: "admin", Reason: "r", AuditID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, currentKey, cur); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(env.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := Watch(ctx, js, b.Names, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	if s := w.Load(); s == nil || s.Err() == nil {
+		t.Fatal("v1 in force and not written: the worker's copy is not broken")
+	}
+	v1, err := json.Marshal(&Version{V: 1, Version: 1, Text: tenRules, SHA256: set.SHA256, By: "admin", Reason: "r", AuditID: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, versionKey(1), v1); err != nil {
+		t.Fatal(err)
+	}
+	for s := w.Load(); s == nil || s.Err() != nil || s.Version != 1; s = w.Load() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("v1 written: the worker's copy never loads it")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
