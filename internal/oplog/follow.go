@@ -25,7 +25,9 @@ import (
 // the announcement have been missed, every 30 s. A bucket deleted (an
 // admin's nats kv rm) is announced too: the copy then drops what it held of
 // it, as a worker starting then finds nothing, and follows the bucket made
-// again from its first revision.
+// again from its first revision. A bucket purged whole (nats stream purge,
+// which no watcher sees) is found at the next of those looks: the copy
+// drops what it held and reads the bucket again.
 type Follower struct {
 	ctx    context.Context
 	stop   context.CancelFunc
@@ -36,9 +38,9 @@ type Follower struct {
 	apply  func(jetstream.KeyValueEntry)
 
 	mu      sync.Mutex
-	rev     uint64              // the newest revision applied
-	keys    map[string]struct{} // the keys whose last change applied is a put
-	changed chan struct{}       // closed at the next change
+	rev     uint64            // the newest revision applied
+	keys    map[string]uint64 // the keys whose last change applied is a put, and its revision
+	changed chan struct{}     // closed at the next change
 	watch   jetstream.KeyWatcher
 	ended   chan struct{} // closed once watch has applied its last entry
 	bindMu  sync.Mutex    // one bind at a time
@@ -59,7 +61,7 @@ func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log
 	}
 	ctx, stop := context.WithCancel(ctx)
 	f := &Follower{ctx: ctx, stop: stop, js: js, bucket: bucket, key: key, log: log, apply: apply,
-		keys: map[string]struct{}{}, changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
+		keys: map[string]uint64{}, changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
 	// Listening for the bucket's creation (and deletion) before the first
 	// look, and the server knowing it: a bucket created in between is
 	// announced here.
@@ -181,6 +183,9 @@ func (f *Follower) keepBound(subs []*nats.Subscription, events <-chan *nats.Msg)
 		case <-f.ctx.Done():
 			return
 		case <-tick.C:
+			if f.purged() {
+				f.gone()
+			}
 		case <-f.bindNow:
 		case m := <-events:
 			switch {
@@ -240,7 +245,7 @@ func (f *Follower) bind() error {
 		f.apply(e)
 		f.mu.Lock()
 		if e.Operation() == jetstream.KeyValuePut {
-			f.keys[e.Key()] = struct{}{}
+			f.keys[e.Key()] = e.Revision()
 		} else {
 			delete(f.keys, e.Key())
 		}
@@ -269,16 +274,38 @@ func (f *Follower) bind() error {
 	return nil
 }
 
+// purged reports whether the bucket followed lost a message the copy
+// holds: a key's last message comes before the stream's first, which no
+// delete marker announced (a purge of the stream).
+func (f *Follower) purged() bool {
+	f.mu.Lock()
+	oldest := uint64(0)
+	for _, rev := range f.keys {
+		if oldest == 0 || rev < oldest {
+			oldest = rev
+		}
+	}
+	bound := f.watch != nil
+	f.mu.Unlock()
+	if !bound || oldest == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 10*time.Second)
+	defer cancel()
+	st, err := f.js.Stream(ctx, "KV_"+f.bucket)
+	return err == nil && st.CachedInfo().State.FirstSeq > oldest
+}
+
 // changedLocked tells those waiting on Changed; f.mu is held.
 func (f *Follower) changedLocked() {
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
 
-// gone drops what the copy holds of a bucket the server deleted: its
-// watcher stopped, every key it holds applied as deleted, its revision
+// gone drops what the copy holds of a bucket the server deleted or purged:
+// its watcher stopped, every key it holds applied as deleted, its revision
 // back to 0 (a bucket made again counts from 1, and no revision of it is
-// applied before the follower binds it).
+// applied before the follower binds it again).
 func (f *Follower) gone() {
 	f.bindMu.Lock()
 	defer f.bindMu.Unlock()
@@ -306,7 +333,7 @@ func (f *Follower) gone() {
 	f.changedLocked()
 	f.mu.Unlock()
 	if len(keys) > 0 {
-		f.log.Warn("bucket deleted: what it held is dropped", "bucket", f.bucket, "keys", len(keys))
+		f.log.Warn("bucket deleted or purged: what it held is dropped", "bucket", f.bucket, "keys", len(keys))
 	}
 }
 
