@@ -46,7 +46,7 @@ func readPauses(ctx context.Context, s *session) pausesView {
 		v.Err = err.Error()
 		return v
 	}
-	if v.List, err = pauses.List(ctx, kv); err != nil {
+	if v.List, err = pauses.List(ctx, s.nc, kv); err != nil {
 		v.Err = err.Error()
 	}
 	return v

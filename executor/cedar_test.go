@@ -173,7 +173,7 @@ func TestCedar_BrokenSetRefusedTheOldOneStays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, _, err := policies.ReadCurrent(ctxT(t), kv)
+	cur, _, err := policies.ReadCurrent(ctxT(t), testhooks.Broker(c).NC, kv)
 	if err != nil || cur.Version != 1 || cur.Latest != 1 {
 		t.Fatalf("in force: %+v %v, want v1 alone", cur, err)
 	}

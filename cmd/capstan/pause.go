@@ -301,9 +301,12 @@ func runPauses(args []string) int {
 	var list []*pauses.Pause
 	kv, err := unlessAbsent(pauses.Bucket(ctx, js, names, false))
 	if err == nil && kv != nil {
-		list, err = pauses.List(ctx, kv)
+		list, err = pauses.List(ctx, js.Conn(), kv)
 	}
-	if err != nil {
+	if errors.Is(err, pauses.ErrIgnored) {
+		// Said, and the pauses in force listed all the same.
+		fmt.Fprintf(os.Stderr, "capstan pauses: warning: %v\n", err)
+	} else if err != nil {
 		return fail(exitFailed, "read the pauses: %v (an admin's command)", err)
 	}
 	if list == nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +11,10 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
+	"github.com/capstan-dev/capstan/internal/pauses"
+	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // The emergency stop, with real processes: a flood of email.send on three
@@ -181,5 +185,38 @@ func pauseFlood(t *testing.T, url string, duringPause func(context.Context, jets
 		if k != 1 {
 			t.Errorf("execution %s sent %d emails", id, k)
 		}
+	}
+}
+
+// `capstan pauses` over a bucket that holds a record no worker honours
+// (written by hand: here one that does not decode) lists the pauses in
+// force all the same, and warns, naming the record, rather than fail whole
+// in the middle of an incident.
+func TestPauses_ListsWhatIsInForceAndNamesWhatWorkersIgnore(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), guard)
+	defer cancel()
+	if _, err := broker.Provision(ctx, connect(t, env.URL), broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := capstan(t, env.URL, "pause", "email.send", "--reason", "mail loop", "-o", "json"); code != exitOK {
+		t.Fatalf("pause: exit %d: %s", code, stderr)
+	}
+	kv, err := env.JetStream(t).KeyValue(ctx, names.PausesBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled := pauses.Scope{Capability: "email.garbled"}.Key()
+	if _, err := kv.Put(ctx, garbled, []byte(`{"v":1,"scope":`)); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := capstan(t, env.URL, "pauses", "-o", "json")
+	list := decode[[]pauses.Pause](t, stdout)
+	if code != exitOK || len(list) != 1 || list[0].Scope.Capability != "email.send" {
+		t.Fatalf("exit %d, listed %+v: %s", code, list, stderr)
+	}
+	if !strings.Contains(stderr, "warning") || !strings.Contains(stderr, garbled) {
+		t.Fatalf("the listing does not name the record every worker ignores: %s", stderr)
 	}
 }

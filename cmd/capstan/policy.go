@@ -78,17 +78,17 @@ func policiesBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyV
 // openPolicies parses the args of a command that reads the policies bucket
 // (see readBuckets) and opens the bucket: kv is nil when no set was ever
 // applied; done is nil when the command ends with code.
-func openPolicies(conn *connFlags, fs *flag.FlagSet, args []string, o *outputFlags) (context.Context, jetstream.KeyValue, func(), int) {
+func openPolicies(conn *connFlags, fs *flag.FlagSet, args []string, o *outputFlags) (context.Context, *nats.Conn, jetstream.KeyValue, func(), int) {
 	js, ctx, done, code := conn.readBuckets("policy", fs, args, o)
 	if done == nil {
-		return nil, nil, nil, code
+		return nil, nil, nil, nil, code
 	}
 	kv, err := policiesBucket(ctx, js)
 	if err != nil {
 		done()
-		return nil, nil, nil, fail(exitFailed, "%s: %v", fs.Name(), err)
+		return nil, nil, nil, nil, fail(exitFailed, "%s: %v", fs.Name(), err)
 	}
-	return ctx, kv, done, exitOK
+	return ctx, js.Conn(), kv, done, exitOK
 }
 
 // policyInForce compiles the set in force: nil when none is.
@@ -97,11 +97,11 @@ func policyInForce(ctx context.Context, js jetstream.JetStream) (*policies.Set, 
 	if err != nil || kv == nil {
 		return nil, &policies.Current{}, err
 	}
-	cur, _, err := policies.ReadCurrent(ctx, kv)
+	cur, _, err := policies.ReadCurrent(ctx, js.Conn(), kv)
 	if err != nil || cur.Version == 0 {
 		return nil, cur, err
 	}
-	v, err := policies.ReadVersion(ctx, kv, cur.Version)
+	v, err := policies.ReadVersion(ctx, js.Conn(), kv, cur.Version)
 	if err != nil {
 		return nil, cur, err
 	}
@@ -143,7 +143,7 @@ func runPolicyApply(args []string) int {
 		if err != nil || kv == nil {
 			return fail(exitFailed, "policy apply: no version %d: %v", *version, err)
 		}
-		v, err := policies.ReadVersion(ctx, kv, *version)
+		v, err := policies.ReadVersion(ctx, js.Conn(), kv, *version)
 		if err != nil {
 			return fail(exitFailed, "policy apply: %v", err)
 		}
@@ -421,14 +421,14 @@ func writePolicyTest(w io.Writer, st style, r *policyTest, since time.Duration, 
 func runPolicyShow(args []string) int {
 	fs, conn, o := newConnFlags("policy show", "[--version N]")
 	version := fs.Int("version", 0, "show this `version` (default: the one in force)")
-	ctx, kv, done, code := openPolicies(conn, fs, args, o)
+	ctx, nc, kv, done, code := openPolicies(conn, fs, args, o)
 	if done == nil {
 		return code
 	}
 	defer done()
 	n := *version
 	if n == 0 && kv != nil {
-		cur, _, err := policies.ReadCurrent(ctx, kv)
+		cur, _, err := policies.ReadCurrent(ctx, nc, kv)
 		if err != nil {
 			return fail(exitFailed, "policy show: %v", err)
 		}
@@ -441,7 +441,7 @@ func runPolicyShow(args []string) int {
 		fmt.Println("No Cedar policy set is in force: calls are decided by the Go policies alone.")
 		return exitOK
 	}
-	v, err := policies.ReadVersion(ctx, kv, n)
+	v, err := policies.ReadVersion(ctx, nc, kv, n)
 	if err != nil {
 		return fail(exitFailed, "policy show: %v", err)
 	}
@@ -454,7 +454,7 @@ func runPolicyShow(args []string) int {
 
 func runPolicyHistory(args []string) int {
 	fs, conn, o := newConnFlags("policy history", "")
-	ctx, kv, done, code := openPolicies(conn, fs, args, o)
+	ctx, nc, kv, done, code := openPolicies(conn, fs, args, o)
 	if done == nil {
 		return code
 	}
@@ -463,8 +463,8 @@ func runPolicyHistory(args []string) int {
 	cur := &policies.Current{}
 	if kv != nil {
 		var err error
-		if list, err = policies.History(ctx, kv); err == nil {
-			cur, _, err = policies.ReadCurrent(ctx, kv)
+		if list, err = policies.History(ctx, nc, kv); err == nil {
+			cur, _, err = policies.ReadCurrent(ctx, nc, kv)
 		}
 		if err != nil {
 			return fail(exitFailed, "policy history: %v", err)

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +22,12 @@ import (
 // exists (no operator has written it yet) it binds when the server
 // announces the bucket's creation (a JetStream advisory: no message until
 // then), when Bind is called (an operator's confirmation asks), and, should
-// the announcement have been missed, every 30 s.
+// the announcement have been missed, every 30 s. A bucket deleted (an
+// admin's nats kv rm) is announced too: the copy then drops what it held of
+// it, as a worker starting then finds nothing, and follows the bucket made
+// again from its first revision. A bucket purged whole (nats stream purge,
+// which no watcher sees) is found at the next of those looks: the copy
+// drops what it held and reads the bucket again.
 type Follower struct {
 	ctx    context.Context
 	stop   context.CancelFunc
@@ -30,10 +38,12 @@ type Follower struct {
 	apply  func(jetstream.KeyValueEntry)
 
 	mu      sync.Mutex
-	rev     uint64        // the newest revision applied
-	changed chan struct{} // closed at the next change
+	rev     uint64            // the newest revision applied
+	keys    map[string]uint64 // the keys whose last change applied is a put, and its revision
+	changed chan struct{}     // closed at the next change
 	watch   jetstream.KeyWatcher
-	bindMu  sync.Mutex // one bind at a time
+	ended   chan struct{} // closed once watch has applied its last entry
+	bindMu  sync.Mutex    // one bind at a time
 	bindNow chan struct{}
 	done    chan struct{}
 }
@@ -51,29 +61,34 @@ func Follow(ctx context.Context, js jetstream.JetStream, bucket, key string, log
 	}
 	ctx, stop := context.WithCancel(ctx)
 	f := &Follower{ctx: ctx, stop: stop, js: js, bucket: bucket, key: key, log: log, apply: apply,
-		changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
-	// Listening for the bucket's creation before the first look, and the
-	// server knowing it: a bucket created in between is announced here.
-	created := make(chan *nats.Msg, 1)
-	sub, err := js.Conn().ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.CREATED.KV_"+bucket, created)
+		keys: map[string]uint64{}, changed: make(chan struct{}), bindNow: make(chan struct{}, 1), done: make(chan struct{})}
+	// Listening for the bucket's creation (and deletion) before the first
+	// look, and the server knowing it: a bucket created in between is
+	// announced here.
+	events := make(chan *nats.Msg, 4)
+	var subs []*nats.Subscription
+	var err error
+	for _, what := range []string{streamCreated, streamDeleted} {
+		var sub *nats.Subscription
+		if sub, err = js.Conn().ChanSubscribe(what+"KV_"+bucket, events); err != nil {
+			break
+		}
+		subs = append(subs, sub)
+	}
 	if err == nil {
 		err = js.Conn().FlushTimeout(10 * time.Second)
 	}
+	if err == nil {
+		if err = f.bind(); errors.Is(err, jetstream.ErrBucketNotFound) {
+			err = nil
+		}
+	}
 	if err != nil {
 		stop()
-		if sub != nil {
-			_ = sub.Unsubscribe()
-		}
+		unsubscribe(subs)
 		return nil, err
 	}
-	switch err := f.bind(); {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-	case err != nil:
-		stop()
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	go f.keepBound(sub, created)
+	go f.keepBound(subs, events)
 	return f, nil
 }
 
@@ -136,12 +151,26 @@ func (f *Follower) Stop() {
 	<-f.done
 }
 
+// The server's announcements of a stream created and deleted, its name
+// after.
+const (
+	streamCreated = "$JS.EVENT.ADVISORY.STREAM.CREATED."
+	streamDeleted = "$JS.EVENT.ADVISORY.STREAM.DELETED."
+)
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, sub := range subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
 // keepBound looks for the bucket until the follower watches it: when the
-// server announces its stream's creation (on sub, to created), whenever
-// Bind asks, and every lookAgain.
-func (f *Follower) keepBound(sub *nats.Subscription, created <-chan *nats.Msg) {
+// server announces its stream's creation (on subs, to events), whenever
+// Bind asks, and every lookAgain; when the server announces the stream's
+// deletion, the copy drops what it held (gone).
+func (f *Follower) keepBound(subs []*nats.Subscription, events <-chan *nats.Msg) {
 	defer close(f.done)
-	defer func() { _ = sub.Unsubscribe() }()
+	defer unsubscribe(subs)
 	tick := time.NewTicker(lookAgain)
 	defer tick.Stop()
 	// The server announces a stream a moment before its account lists it:
@@ -154,9 +183,17 @@ func (f *Follower) keepBound(sub *nats.Subscription, created <-chan *nats.Msg) {
 		case <-f.ctx.Done():
 			return
 		case <-tick.C:
+			if f.purged() {
+				f.gone()
+			}
 		case <-f.bindNow:
-		case <-created:
-			announced, wait = true, 10*time.Millisecond
+		case m := <-events:
+			switch {
+			case strings.HasPrefix(m.Subject, streamCreated):
+				announced, wait = true, 10*time.Millisecond
+			case strings.HasPrefix(m.Subject, streamDeleted):
+				f.gone()
+			}
 		case <-soon:
 			announced, wait = true, min(2*wait, time.Second)
 		}
@@ -203,21 +240,27 @@ func (f *Follower) bind() error {
 	if err != nil {
 		return fmt.Errorf("capstan: watch bucket %s: %w", f.bucket, err)
 	}
+	ended := make(chan struct{})
 	ready := kvwatch.FollowThen(kw, func(e jetstream.KeyValueEntry, _ bool) {
 		f.apply(e)
 		f.mu.Lock()
+		if e.Operation() == jetstream.KeyValuePut {
+			f.keys[e.Key()] = e.Revision()
+		} else {
+			delete(f.keys, e.Key())
+		}
 		f.rev = max(f.rev, e.Revision())
-		close(f.changed)
-		f.changed = make(chan struct{})
+		f.changedLocked()
 		f.mu.Unlock()
 	}, func() {
-		// The watcher ended (stopped, or its bucket went): look for the
-		// bucket again, keeping what was applied meanwhile.
+		// The watcher ended (stopped): look for the bucket again, keeping
+		// what was applied meanwhile.
 		f.mu.Lock()
 		if f.watch == kw {
 			f.watch = nil
 		}
 		f.mu.Unlock()
+		close(ended)
 	})
 	select {
 	case <-ready:
@@ -226,7 +269,81 @@ func (f *Follower) bind() error {
 		return fmt.Errorf("capstan: read bucket %s: %w", f.bucket, ctx.Err())
 	}
 	f.mu.Lock()
-	f.watch = kw
+	f.watch, f.ended = kw, ended
 	f.mu.Unlock()
 	return nil
 }
+
+// purged reports whether the bucket followed lost a message the copy
+// holds: a key's last message comes before the stream's first, which no
+// delete marker announced (a purge of the stream).
+func (f *Follower) purged() bool {
+	f.mu.Lock()
+	oldest := uint64(0)
+	for _, rev := range f.keys {
+		if oldest == 0 || rev < oldest {
+			oldest = rev
+		}
+	}
+	bound := f.watch != nil
+	f.mu.Unlock()
+	if !bound || oldest == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(f.ctx, 10*time.Second)
+	defer cancel()
+	st, err := f.js.Stream(ctx, "KV_"+f.bucket)
+	return err == nil && st.CachedInfo().State.FirstSeq > oldest
+}
+
+// changedLocked tells those waiting on Changed; f.mu is held.
+func (f *Follower) changedLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// gone drops what the copy holds of a bucket the server deleted or purged:
+// its watcher stopped, every key it holds applied as deleted, its revision
+// back to 0 (a bucket made again counts from 1, and no revision of it is
+// applied before the follower binds it again).
+func (f *Follower) gone() {
+	f.bindMu.Lock()
+	defer f.bindMu.Unlock()
+	f.mu.Lock()
+	kw, ended := f.watch, f.ended
+	f.watch = nil
+	f.mu.Unlock()
+	if kw != nil {
+		_ = kw.Stop()
+		select {
+		case <-ended:
+		case <-f.ctx.Done():
+			return // stopping: nothing more is applied
+		}
+	}
+	f.mu.Lock()
+	keys := slices.Sorted(maps.Keys(f.keys))
+	clear(f.keys)
+	f.mu.Unlock()
+	for _, k := range keys {
+		f.apply(goneEntry{bucket: f.bucket, key: k})
+	}
+	f.mu.Lock()
+	f.rev = 0
+	f.changedLocked()
+	f.mu.Unlock()
+	if len(keys) > 0 {
+		f.log.Warn("bucket deleted or purged: what it held is dropped", "bucket", f.bucket, "keys", len(keys))
+	}
+}
+
+// goneEntry is a key of a deleted bucket, applied as deleted.
+type goneEntry struct{ bucket, key string }
+
+func (e goneEntry) Bucket() string                  { return e.bucket }
+func (e goneEntry) Key() string                     { return e.key }
+func (e goneEntry) Value() []byte                   { return nil }
+func (e goneEntry) Revision() uint64                { return 0 }
+func (e goneEntry) Created() time.Time              { return time.Time{} }
+func (e goneEntry) Delta() uint64                   { return 0 }
+func (e goneEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValueDelete }

@@ -62,16 +62,34 @@ func OpenBucket(ctx context.Context, nc *nats.Conn, name string, create bool) (j
 // Read returns the JSON value a bucket holds under key, and its revision.
 // A value that does not decode is an error that names it what, with the
 // revision still: a revision of 0 with an error says the key was not read.
-func Read[T any](ctx context.Context, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
+// An absence a direct get answers (any replica of a cluster may, one behind
+// the stream's leader among them) is asked again of the leader, on nc: what
+// an operator's change is made from and what a worker loads is never a
+// replica's lag (jetstream.ErrKeyNotFound only when the leader says so).
+func Read[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
+	var data []byte
+	var rev uint64
 	e, err := kv.Get(ctx, key)
-	if err != nil {
+	switch {
+	case err == nil:
+		data, rev = e.Value(), e.Revision()
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil, 0, err
+	default:
+		m, err := broker.LastFromLeader(ctx, nc, "KV_"+kv.Bucket(), "$KV."+kv.Bucket()+"."+key)
+		if errors.Is(err, broker.ErrNotFound) || err == nil && m.Header.Get("KV-Operation") != "" {
+			return nil, 0, jetstream.ErrKeyNotFound
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		data, rev = m.Data, m.Sequence
 	}
 	var v T
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return nil, e.Revision(), fmt.Errorf("capstan: %s does not decode: %w", what, err)
+	if err := json.Unmarshal(data, &v); err != nil {
+		return nil, rev, fmt.Errorf("capstan: %s does not decode: %w", what, err)
 	}
-	return &v, e.Revision(), nil
+	return &v, rev, nil
 }
 
 // Write writes a bucket's key by compare-and-swap, as Retry tries it:

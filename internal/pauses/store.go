@@ -32,29 +32,44 @@ func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create 
 	return broker.OperatorBucket(ctx, js, n.PausesBucket(), create)
 }
 
-// List returns every pause in the bucket, by scope.
-func List(ctx context.Context, kv jetstream.KeyValue) ([]*Pause, error) {
+// ErrIgnored: the bucket holds records that are no pause a worker honours
+// (written by hand, or in another shape); List names them.
+var ErrIgnored = errors.New("capstan: the pauses bucket holds records every worker ignores")
+
+// List returns every pause in the bucket that the workers honour, by scope,
+// and, wrapping ErrIgnored, what is wrong with each record they ignore.
+func List(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Pause, error) {
 	keys, err := kv.ListKeys(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []*Pause
+	var ignored []error
 	for k := range keys.Keys() {
-		p, _, err := get(ctx, kv, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
+		p, rev, err := get(ctx, nc, kv, k)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
 			continue
+		case err != nil && rev == 0:
+			return nil, err
+		case err == nil:
+			err = honoured(k, p)
 		}
 		if err != nil {
-			return nil, err
+			ignored = append(ignored, err)
+			continue
 		}
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b *Pause) int { return a.At.Compare(b.At) })
+	if len(ignored) > 0 {
+		return out, fmt.Errorf("%w: %w", ErrIgnored, errors.Join(ignored...))
+	}
 	return out, nil
 }
 
-func get(ctx context.Context, kv jetstream.KeyValue, key string) (*Pause, uint64, error) {
-	return oplog.Read[Pause](ctx, kv, key, "pause "+key)
+func get(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string) (*Pause, uint64, error) {
+	return oplog.Read[Pause](ctx, nc, kv, key, "pause "+key)
 }
 
 // Change is what Apply or Lift did.
@@ -94,7 +109,7 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	var prev *Pause
 	var prevRev uint64
 	if err := oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		prev, prevRev, err = get(ctx, kv, key)
+		prev, prevRev, err = get(ctx, nc, kv, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || err != nil && prevRev > 0 {
 			return nil // none, or one that does not decode: replaced all the same
 		}
@@ -118,7 +133,7 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, p *Pause) (*Chang
 	}
 	rev, err := oplog.Write(ctx, kv, key, b, prevRev, func(ctx context.Context) (uint64, bool) {
 		// The last try may have been stored unanswered: ours is there.
-		have, r, err := get(ctx, kv, key)
+		have, r, err := get(ctx, nc, kv, key)
 		return r, err == nil && have.AuditID == p.AuditID
 	})
 	if err != nil {
@@ -151,7 +166,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	var prev *Pause
 	var prevRev uint64
 	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		prev, prevRev, err = get(ctx, kv, key)
+		prev, prevRev, err = get(ctx, nc, kv, key)
 		return err
 	})
 	switch {
@@ -175,7 +190,7 @@ func Lift(ctx context.Context, nc *nats.Conn, n broker.Names, scope Scope, by, o
 	err = oplog.Retry(ctx, func(ctx context.Context) error {
 		if tried {
 			// The last try may have been stored unanswered: the pause is gone.
-			if _, _, gerr := get(ctx, kv, key); errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			if _, _, gerr := get(ctx, nc, kv, key); errors.Is(gerr, jetstream.ErrKeyNotFound) {
 				return nil
 			}
 		}

@@ -3,6 +3,7 @@ package pauses
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,29 @@ func Watch(ctx context.Context, js jetstream.JetStream, n broker.Names, log *slo
 	return oplog.FollowCopy(ctx, js, n.PausesBucket(), "", log, b.apply)
 }
 
+// decode reads the pause stored under key, as every worker honours it: an
+// error when it does not decode, does not validate, or is not of the key's
+// scope.
+func decode(key string, value []byte) (*Pause, error) {
+	var p Pause
+	if err := json.Unmarshal(value, &p); err != nil {
+		return nil, fmt.Errorf("pause %s does not decode: %w", key, err)
+	}
+	return &p, honoured(key, &p)
+}
+
+// honoured says why the pause p, read under key, is not one a worker
+// honours; nil when it is.
+func honoured(key string, p *Pause) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("pause %s: %w", key, err)
+	}
+	if k := p.Scope.Key(); k != key {
+		return fmt.Errorf("pause %s is of %s, whose key is %s", key, p.Scope, k)
+	}
+	return nil
+}
+
 // bucket is what the watcher has read of the bucket, by key.
 type bucket struct {
 	log   *slog.Logger
@@ -48,15 +72,14 @@ func (b *bucket) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 	var put *Pause
 	b.mu.Lock()
 	if e.Operation() == jetstream.KeyValuePut {
-		var p Pause
-		if err := json.Unmarshal(e.Value(), &p); err != nil || p.Scope.Key() != e.Key() || p.Validate() != nil {
+		if p, err := decode(e.Key(), e.Value()); err != nil {
 			// Only admins write the bucket; a pause that does not read is
-			// logged loudly and dropped.
-			b.log.Error("pause does not decode: ignored", "key", e.Key(), "err", err)
+			// logged loudly and dropped (capstan pauses names it too).
+			b.log.Error("pause not honoured: ignored", "key", e.Key(), "err", err)
 			delete(b.pauses, e.Key())
 		} else {
-			b.pauses[e.Key()] = &p
-			put = &p
+			b.pauses[e.Key()] = p
+			put = p
 		}
 	} else {
 		delete(b.pauses, e.Key())

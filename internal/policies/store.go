@@ -82,8 +82,8 @@ func Bucket(ctx context.Context, js jetstream.JetStream, n broker.Names, create 
 
 // ReadCurrent returns what is in force (a zero Current when nothing ever
 // was) and its revision (0: no current key).
-func ReadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Current, uint64, error) {
-	c, rev, err := oplog.Read[Current](ctx, kv, currentKey, currentKey+" of the policies bucket")
+func ReadCurrent(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) (*Current, uint64, error) {
+	c, rev, err := oplog.Read[Current](ctx, nc, kv, currentKey, currentKey+" of the policies bucket")
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return &Current{}, 0, nil
 	}
@@ -91,9 +91,9 @@ func ReadCurrent(ctx context.Context, kv jetstream.KeyValue) (*Current, uint64, 
 }
 
 // ReadVersion returns version n.
-func ReadVersion(ctx context.Context, kv jetstream.KeyValue, n int) (*Version, error) {
+func ReadVersion(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, n int) (*Version, error) {
 	what := fmt.Sprintf("policy set v%d", n)
-	v, rev, err := oplog.Read[Version](ctx, kv, versionKey(n), what)
+	v, rev, err := oplog.Read[Version](ctx, nc, kv, versionKey(n), what)
 	if err != nil && rev == 0 {
 		return nil, fmt.Errorf("capstan: %s: %w", what, err)
 	}
@@ -101,24 +101,36 @@ func ReadVersion(ctx context.Context, kv jetstream.KeyValue, n int) (*Version, e
 }
 
 // History returns every version the bucket holds, oldest first.
-func History(ctx context.Context, kv jetstream.KeyValue) ([]*Version, error) {
-	keys, err := kv.ListKeys(ctx)
+func History(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Version, error) {
+	ns, err := versions(ctx, kv)
 	if err != nil {
 		return nil, err
 	}
 	var out []*Version
-	for k := range keys.Keys() {
-		n, err := strconv.Atoi(strings.TrimPrefix(k, "v."))
-		if !strings.HasPrefix(k, "v.") || err != nil {
-			continue
-		}
-		v, err := ReadVersion(ctx, kv, n)
+	for _, n := range ns {
+		v, err := ReadVersion(ctx, nc, kv, n)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, v)
 	}
 	slices.SortFunc(out, func(a, b *Version) int { return a.Version - b.Version })
+	return out, nil
+}
+
+// versions lists the numbers of the versions the bucket holds.
+func versions(ctx context.Context, kv jetstream.KeyValue) ([]int, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = keys.Stop() }()
+	var out []int
+	for k := range keys.Keys() {
+		if n, err := strconv.Atoi(strings.TrimPrefix(k, "v.")); strings.HasPrefix(k, "v.") && err == nil {
+			out = append(out, n)
+		}
+	}
 	return out, nil
 }
 
@@ -163,11 +175,15 @@ func Apply(ctx context.Context, nc *nats.Conn, n broker.Names, a Applying) (*Cha
 	if err := set.Validate(a.Catalog); err != nil {
 		return nil, fmt.Errorf("%s does not validate against the catalog's schemas (capstan policy schema prints them):\n%w", a.File, err)
 	}
-	kv, prev, prevRev, err := open(ctx, nc, n, true)
+	kv, prev, prevRev, _, err := open(ctx, nc, n, true)
 	if err != nil {
 		return nil, err
 	}
-	v := &Version{V: envelope.Version, Version: prev.Latest + 1, Text: string(a.Text), SHA256: set.SHA256, Rules: set.Rules(),
+	latest, err := newest(ctx, kv, prev)
+	if err != nil {
+		return nil, err
+	}
+	v := &Version{V: envelope.Version, Version: latest + 1, Text: string(a.Text), SHA256: set.SHA256, Rules: set.Rules(),
 		Policies: set.Names(), File: a.File, By: a.By, Operator: a.Operator, At: time.Now().UTC(), Reason: a.Reason,
 		AuditID: envelope.NewExecutionID()}
 	cur := &Current{V: envelope.Version, Version: v.Version, Latest: v.Version, SHA256: v.SHA256, By: a.By,
@@ -183,32 +199,56 @@ func Remove(ctx context.Context, nc *nats.Conn, n broker.Names, by, operator, re
 	if strings.TrimSpace(reason) == "" {
 		return nil, errors.New("a reason is required: it goes on the trail")
 	}
-	kv, prev, prevRev, err := open(ctx, nc, n, false)
-	if errors.Is(err, jetstream.ErrBucketNotFound) || err == nil && prev.Version == 0 {
+	kv, prev, prevRev, spoiled, err := open(ctx, nc, n, false)
+	if errors.Is(err, jetstream.ErrBucketNotFound) || err == nil && prev.Version == 0 && !spoiled {
 		return nil, errors.New("no policy set is in force")
 	}
 	if err != nil {
 		return nil, err
 	}
-	cur := &Current{V: envelope.Version, Latest: prev.Latest, By: by, Operator: operator, At: time.Now().UTC(), Reason: reason,
+	latest, err := newest(ctx, kv, prev)
+	if err != nil {
+		return nil, err
+	}
+	cur := &Current{V: envelope.Version, Latest: latest, By: by, Operator: operator, At: time.Now().UTC(), Reason: reason,
 		AuditID: envelope.NewExecutionID()}
 	data := map[string]any{"version": 0, "previousVersion": prev.Version, "reason": reason}
 	return change(ctx, nc, n, kv, prev, prevRev, cur, nil, data)
 }
 
-// open opens the bucket and reads what is in force.
-func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (jetstream.KeyValue, *Current, uint64, error) {
-	kv, err := oplog.OpenBucket(ctx, nc, n.PoliciesBucket(), create)
-	if err != nil {
-		return nil, nil, 0, err
+// open opens the bucket and reads what is in force. A current key that
+// does not decode (spoiled: written by hand, or in another shape) reads as
+// nothing in force, with its revision, so that an apply or a removal
+// replaces it: every worker fails every call closed until one does.
+func open(ctx context.Context, nc *nats.Conn, n broker.Names, create bool) (kv jetstream.KeyValue, cur *Current, rev uint64, spoiled bool, err error) {
+	if kv, err = oplog.OpenBucket(ctx, nc, n.PoliciesBucket(), create); err != nil {
+		return nil, nil, 0, false, err
 	}
-	var cur *Current
-	var rev uint64
 	err = oplog.Retry(ctx, func(ctx context.Context) (err error) {
-		cur, rev, err = ReadCurrent(ctx, kv)
+		cur, rev, err = ReadCurrent(ctx, nc, kv)
 		return err
 	})
-	return kv, cur, rev, err
+	if err != nil && rev > 0 {
+		return kv, &Current{}, rev, true, nil
+	}
+	return kv, cur, rev, false, err
+}
+
+// newest is the newest version the bucket holds: what is in force says it,
+// unless an apply stopped between its two writes left a newer one, never in
+// force, whose number the next apply must skip (or be refused for ever).
+func newest(ctx context.Context, kv jetstream.KeyValue, cur *Current) (int, error) {
+	latest := cur.Latest
+	if err := oplog.Retry(ctx, func(ctx context.Context) error {
+		ns, err := versions(ctx, kv)
+		for _, n := range ns {
+			latest = max(latest, n)
+		}
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("capstan: list the policy versions: %w", err)
+	}
+	return latest, nil
 }
 
 // change files the change on the trail, writes the version (if any), and
@@ -229,7 +269,7 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 			return nil, err
 		}
 		if _, err := oplog.Write(ctx, kv, versionKey(v.Version), b, 0, func(ctx context.Context) (uint64, bool) {
-			have, err := ReadVersion(ctx, kv, v.Version)
+			have, err := ReadVersion(ctx, nc, kv, v.Version)
 			return 0, err == nil && have.AuditID == v.AuditID
 		}); err != nil {
 			return nil, notApplied(err)
@@ -240,7 +280,7 @@ func change(ctx context.Context, nc *nats.Conn, n broker.Names, kv jetstream.Key
 		return nil, err
 	}
 	rev, err := oplog.Write(ctx, kv, currentKey, b, prevRev, func(ctx context.Context) (uint64, bool) {
-		have, r, err := ReadCurrent(ctx, kv)
+		have, r, err := ReadCurrent(ctx, nc, kv)
 		return r, err == nil && have.AuditID == cur.AuditID
 	})
 	if err != nil {

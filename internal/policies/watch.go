@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,9 @@ type Watcher = oplog.Copy[Set]
 
 // Watch reads which set is in force, loads it, and follows the changes until
 // ctx ends. A version that cannot be loaded or compiled is in force all the
-// same, broken: every call it decides fails closed.
+// same, broken: every call it decides fails closed. One that could not be
+// read is read again, from 1 s apart to 30 s, until it is put in force or
+// another change comes.
 func Watch(ctx context.Context, js jetstream.JetStream, n broker.Names, log *slog.Logger) (*Watcher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -36,10 +39,17 @@ type loader struct {
 	js    jetstream.JetStream
 	names broker.Names
 	log   *slog.Logger
+
+	mu     sync.Mutex
+	change int // the changes of the current key applied: a read again stores nothing once another came
 }
 
 // apply loads the version the current key names.
 func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
+	l.mu.Lock()
+	l.change++
+	change := l.change
+	l.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {
 		set.Store(nil)
 		return
@@ -56,7 +66,12 @@ func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 		}
 		return
 	}
-	s, err := l.load(cur)
+	v, err := l.read(cur, 30*time.Second)
+	unread := err != nil
+	var s *Set
+	if !unread {
+		s, err = compileVersion(cur, v)
+	}
 	if err != nil {
 		l.log.Error("policy set not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
 		s = Broken(cur.Version, err)
@@ -64,24 +79,61 @@ func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 		l.log.Info("policy set in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256, "by", cur.By)
 	}
 	set.Store(s)
+	if unread {
+		go l.readAgain(set, cur, change)
+	}
 }
 
-// load reads and compiles version cur.Version, checking it is the text cur
-// names.
-func (l *loader) load(cur Current) (*Set, error) {
+// readAgain reads version cur.Version again until it is read, then puts
+// it in force, unless another change of the current key than the change-th
+// came meanwhile.
+func (l *loader) readAgain(set *atomic.Pointer[Set], cur Current, change int) {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		v, err := l.read(cur, wait)
+		l.mu.Lock()
+		if l.change != change {
+			l.mu.Unlock()
+			return
+		}
+		if err == nil {
+			s, err := compileVersion(cur, v)
+			if err != nil {
+				s = Broken(cur.Version, err)
+				l.log.Error("policy set read at last, and not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
+			} else {
+				l.log.Info("policy set read at last: in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256)
+			}
+			set.Store(s)
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+}
+
+// read reads version cur.Version, trying for at most within.
+func (l *loader) read(cur Current, within time.Duration) (*Version, error) {
 	var v *Version
-	ctx, cancel := context.WithTimeout(l.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(l.ctx, within)
 	defer cancel()
-	if err := oplog.Retry(ctx, func(ctx context.Context) error {
+	err := oplog.Retry(ctx, func(ctx context.Context) error {
 		kv, err := l.js.KeyValue(ctx, l.names.PoliciesBucket())
 		if err != nil {
 			return err
 		}
-		v, err = ReadVersion(ctx, kv, cur.Version)
+		v, err = ReadVersion(ctx, l.js.Conn(), kv, cur.Version)
 		return err
-	}); err != nil {
-		return nil, err
-	}
+	})
+	return v, err
+}
+
+// compileVersion compiles version v, checking it is the text cur names.
+func compileVersion(cur Current, v *Version) (*Set, error) {
 	s, err := Compile(fmt.Sprintf("v%d", v.Version), []byte(v.Text))
 	if err != nil {
 		return nil, err
