@@ -230,16 +230,26 @@ func LoadCurrent[T any](ctx context.Context, b *Broker, kv jetstream.KeyValue, k
 
 // GetCurrent is LoadCurrent's read, its value undecoded, and its revision.
 func GetCurrent(ctx context.Context, b *Broker, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
+	return getCurrent(ctx, b.NC, b.Replicas > 1, kv, key)
+}
+
+// GetConfirmed is GetCurrent where the replica count is not known: every
+// absence a direct get answers is asked again of the stream's leader, on nc.
+func GetConfirmed(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
+	return getCurrent(ctx, nc, true, kv, key)
+}
+
+func getCurrent(ctx context.Context, nc *nats.Conn, replicated bool, kv jetstream.KeyValue, key string) ([]byte, uint64, error) {
 	e, err := kv.Get(ctx, key)
 	switch {
 	case err == nil:
 		return e.Value(), e.Revision(), nil
 	case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
 		return nil, 0, err
-	case b.Replicas <= 1:
+	case !replicated:
 		return nil, 0, ErrNotFound
 	}
-	seq, deleted, data, err := leaderLast(ctx, b.NC, kv.Bucket(), key)
+	seq, deleted, data, err := leaderLast(ctx, nc, kv.Bucket(), key)
 	switch {
 	case err != nil:
 		return nil, 0, err

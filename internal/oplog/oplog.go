@@ -67,23 +67,12 @@ func OpenBucket(ctx context.Context, nc *nats.Conn, name string, create bool) (j
 // an operator's change is made from and what a worker loads is never a
 // replica's lag (jetstream.ErrKeyNotFound only when the leader says so).
 func Read[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key, what string) (*T, uint64, error) {
-	var data []byte
-	var rev uint64
-	e, err := kv.Get(ctx, key)
-	switch {
-	case err == nil:
-		data, rev = e.Value(), e.Revision()
-	case !errors.Is(err, jetstream.ErrKeyNotFound):
+	data, rev, err := broker.GetConfirmed(ctx, nc, kv, key)
+	if errors.Is(err, broker.ErrNotFound) {
+		return nil, 0, jetstream.ErrKeyNotFound
+	}
+	if err != nil {
 		return nil, 0, err
-	default:
-		m, err := broker.LastFromLeader(ctx, nc, "KV_"+kv.Bucket(), "$KV."+kv.Bucket()+"."+key)
-		if errors.Is(err, broker.ErrNotFound) || err == nil && m.Header.Get("KV-Operation") != "" {
-			return nil, 0, jetstream.ErrKeyNotFound
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		data, rev = m.Data, m.Sequence
 	}
 	var v T
 	if err := json.Unmarshal(data, &v); err != nil {
