@@ -400,22 +400,68 @@ func later(a, b time.Time) time.Time {
 
 // store signs cp and files it after the checkpoint at prev (0: none), by
 // compare-and-swap: a checkpointer that lost the lease without knowing it
-// cannot file a checkpoint beside another's.
+// cannot file a checkpoint beside another's. What was filed after prev
+// that extends nothing (a worker's stream republishing there, or a push
+// consumer delivering there, files anything, an old checkpoint of the log
+// too) is passed over, and cp filed after it; a checkpoint the keys signed
+// that covers more than the last one this checkpointer stored is
+// another's: errConflict.
 func (c *Checkpointer) store(ctx context.Context, cp *Checkpoint, prev uint64) (uint64, error) {
 	signed, err := cp.Sign(c.signer)
 	if err != nil {
 		return 0, err
 	}
-	m := &nats.Msg{Subject: c.b.Names.CheckpointSubject(), Data: signed,
-		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(prev, 10)}}}
-	ack, err := broker.PublishAck(ctx, c.b.NC, m)
-	if broker.WrongLastSequence(err) {
+	for try := 0; ; try++ {
+		m := &nats.Msg{Subject: c.b.Names.CheckpointSubject(), Data: signed,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(prev, 10)}}}
+		ack, err := broker.PublishAck(ctx, c.b.NC, m)
+		switch {
+		case err == nil:
+			return ack.Seq, nil
+		case !broker.WrongLastSequence(err):
+			return 0, fmt.Errorf("store checkpoint %d: %w", cp.Size, err)
+		case try == 10:
+			return 0, errConflict
+		}
+		if prev, err = c.filedOver(ctx, prev); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// filedOver returns the last sequence of the checkpoints stream when
+// nothing filed there after prev extends the last checkpoint this
+// checkpointer stored; errConflict when a checkpoint the keys signed does
+// (or there is too much to read: the log is loaded again).
+func (c *Checkpointer) filedOver(ctx context.Context, prev uint64) (uint64, error) {
+	last, err := getLastOf(ctx, c.b.NC, c.b.Names.CheckpointStream(), c.b.Names.CheckpointSubject())
+	if err != nil {
+		return 0, err
+	}
+	if last.Sequence <= prev || last.Sequence-prev > maxSkipped {
 		return 0, errConflict
 	}
-	if err != nil {
-		return 0, fmt.Errorf("store checkpoint %d: %w", cp.Size, err)
+	var size int64
+	if c.st != nil && c.st.cp != nil {
+		size = c.st.cp.Size
 	}
-	return ack.Seq, nil
+	passed := 0
+	for seq := prev + 1; seq <= last.Sequence; seq++ {
+		m, err := getMsg(ctx, c.b.NC, c.b.Names.CheckpointStream(), seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if other, err := Open(m.Data, c.known); err == nil && (other.Size > size || c.st == nil || c.st.cp == nil) {
+			return 0, errConflict
+		}
+		passed++
+	}
+	c.cfg.Log.Warn("the checkpoints stream holds messages that extend nothing: filing the checkpoint after them ('capstan audit verify' names those the keys did not sign)",
+		"count", passed, "after", prev)
+	return last.Sequence, nil
 }
 
 // writeTiles stores tiles in the trail bucket. A tile only grows: one
@@ -522,9 +568,11 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 		}
 	}
 	// Stated once the log is this key's to extend: a checkpointer given
-	// another key states nothing.
-	if err := c.publishKey(ctx); err != nil {
-		return nil, err
+	// another key states nothing. A statement the bucket refuses stops
+	// nothing: it is for readers given no key of their own, and what a
+	// worker's stream republishes there can stand in its way.
+	if err := c.publishKey(ctx); err != nil && ctx.Err() == nil {
+		c.cfg.Log.Warn("the deployment does not state this checkpointer's public key; readers need their own copy (--key)", "err", err)
 	}
 	st.read = newReader(c.b.Audit, st.base+uint64(st.e.n))
 	c.mu.Lock()

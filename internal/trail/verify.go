@@ -152,10 +152,9 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 					i, cp.Origin, cp.Stream, cp.FirstSeq, latest.Origin, latest.Stream, latest.FirstSeq)})
 			return nil
 		}
-		if latest != nil && cp.Size < latest.Size {
-			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
-				Detail: fmt.Sprintf("stored checkpoint %d (size %d) comes after one of size %d: the log went back", i, cp.Size, latest.Size)})
-		}
+		// One smaller than the one before is checked as any other: an
+		// earlier checkpoint filed again (what a worker's stream can
+		// republish there) states nothing new.
 		checks = append(checks, check{size: cp.Size, root: cp.Root, time: cp.Time})
 		if latest == nil || cp.Size >= latest.Size {
 			latest = cp
