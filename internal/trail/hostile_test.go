@@ -55,3 +55,40 @@ func TestAttack_RemovedBeforeTheCheckpointerReadIt(t *testing.T) {
 		t.Fatalf("problem %+v: want it said that the message went before it was logged", p)
 	}
 }
+
+// A tile of the leaves' hashes removed or cut short (the trail bucket is
+// an admin's to write) leaves the events' tree matching every checkpoint,
+// yet no inclusion proof of the leaves it held can be made, and retention
+// would leave them unproved: verify names the tile.
+func TestAttack_TileCutShort(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		tile  int64
+		bytes int
+	}{
+		{"the first emptied", 0, 0},
+		{"a full one cut inside a hash", 1, tileWidth*32 - 1},
+		{"the last cut to one hash", 2, 33},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			a := newAttacked(t)
+			a.cp.stop()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			key := tileKey(0, tc.tile)
+			e, err := a.b.Trail.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.b.Trail.Put(ctx, key, e.Value()[:tc.bytes]); err != nil {
+				t.Fatal(err)
+			}
+			p := a.verifyKept(t)
+			if p.Kind != KindTile || !strings.Contains(p.Detail, key) {
+				t.Fatalf("problem %+v, want tile %s named", p, key)
+			}
+		})
+	}
+}

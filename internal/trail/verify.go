@@ -299,9 +299,17 @@ func (v *verifier) due(cursor *int, n int64, fn func(c *check)) {
 func (v *verifier) leafTiles() {
 	for i := range v.checks {
 		c := &v.checks[i]
-		if v.tileChanged == nil && !c.kept && c.events && c.evOK && !c.hashes && c.size <= v.hashed {
+		switch {
+		case v.tileChanged != nil || c.kept || !c.events || !c.evOK || c.hashes:
+		case c.size <= v.hashed:
 			v.tileChanged = &Problem{Kind: KindTile, Leaf: c.size,
 				Detail: fmt.Sprintf("the stored hashes of the leaves do not hash to the checkpoint of size %d, which the events do: a tile of the leaves below it changed", c.size)}
+		default:
+			// The tiles end inside the log: proofs of the leaves from
+			// there fail, and retention would leave them unproved.
+			v.tileChanged = &Problem{Kind: KindTile, Leaf: v.hashed,
+				Detail: fmt.Sprintf("the stored hashes end at leaf %d, inside the checkpoint of size %d, which the events hash to: tile %s was removed or cut",
+					v.hashed, c.size, tileKey(0, v.hashed/tileWidth))}
 		}
 	}
 	if v.tileChanged != nil {
