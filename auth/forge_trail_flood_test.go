@@ -172,3 +172,112 @@ func waitCheckpointerCovers(t *testing.T, ctx context.Context, r *rig, cp *trail
 		}
 	}
 }
+
+// TestForge_WorkerBurstInTheCheckpointsThenARestart: a worker's stream
+// files thousands of checkpoints signed with another key at once, and the
+// checkpointer is restarted (an upgrade, a node's loss) before it signed
+// again: it finds the last checkpoint the log's keys signed behind them
+// and goes on, and a proof is made past them.
+func TestForge_WorkerBurstInTheCheckpointsThenARestart(t *testing.T) {
+	t.Parallel()
+	r := newRigOn(t, embedded)
+	ctx := testCtx(t)
+	n := broker.NewNames(r.setup.Prefix)
+	dir := t.TempDir()
+	if _, err := trail.Keygen(dir, "capstan/forge/burst"); err != nil {
+		t.Fatal(err)
+	}
+	first, stopFirst := runCheckpointerIn(t, r, dir, "first")
+	alice, _, _ := r.client(t, "alice", executor.SurfaceDirect)
+	env, err := alice.Call(ctx, "t.echo", Echo{Text: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, env.ExecutionID, "capability.completed")
+	covered := waitCheckpointerCovers(t, ctx, r, first, 0)
+	stopFirst()
+
+	worker := r.connect(t, auth.WorkerPrincipal)
+	wjs, err := jetstream.New(worker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	skey, _, err := note.GenerateKey(rand.Reader, "capstan/forge/burst")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := note.NewSigner(skey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wjs.CreateStream(ctx, jetstream.StreamConfig{Name: "FORGE_BURST", Subjects: []string{"forge.burst"},
+		Storage: jetstream.MemoryStorage, MaxMsgs: 10, RePublish: &jetstream.RePublish{Source: "forge.burst", Destination: n.CheckpointSubject()}}); err != nil {
+		t.Fatal(err)
+	}
+	const burst = 3000
+	for i := range burst {
+		cp := trail.Checkpoint{Origin: "capstan/forge/burst", Size: int64(1000 + i), Stream: n.AuditStream(), FirstSeq: 1}
+		signed, err := cp.Sign(signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wjs.Publish(ctx, "forge.burst", signed); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cps, err := r.admin.JS.Stream(ctx, n.CheckpointStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := cps.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs >= burst {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	next, _ := runCheckpointerIn(t, r, dir, "next")
+	env, err = alice.Call(ctx, "t.echo", Echo{Text: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.trail(t, env.ExecutionID, "capability.completed")
+	waitCheckpointerCovers(t, ctx, r, next, covered)
+	pub, err := os.ReadFile(filepath.Join(dir, trail.PublicKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proof, err := auditproof.Prove(ctx, r.admin, "alice", env.ExecutionID, string(pub))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proof.Verify(string(pub)); err != nil {
+		t.Fatalf("alice's proof after the burst: %v", err)
+	}
+}
+
+// runCheckpointerIn runs a checkpointer with the key in dir, with an
+// admin's credentials, until stop or the test's end.
+func runCheckpointerIn(t *testing.T, r *rig, dir, name string) (*trail.Checkpointer, func()) {
+	t.Helper()
+	signer, vkey, err := trail.LoadSigner(filepath.Join(dir, trail.KeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known, _, err := trail.LoadVerifiers(filepath.Join(dir, trail.PublicKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cp := trail.NewCheckpointer(r.admin, signer, vkey, known, trail.Config{Interval: 100 * time.Millisecond, Name: name})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = cp.Run(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return cp, stop
+}

@@ -446,18 +446,18 @@ func (c *Checkpointer) filedOver(ctx context.Context, prev uint64) (uint64, erro
 		size = c.st.cp.Size
 	}
 	passed := 0
-	for seq := prev + 1; seq <= last.Sequence; seq++ {
-		m, err := getMsg(ctx, c.b.NC, c.b.Names.CheckpointStream(), seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue
-		}
-		if err != nil {
-			return 0, err
+	err = readAll(ctx, c.b.JS, c.b.Names.CheckpointStream(), prev+1, func(m *Msg) error {
+		if m.Seq > last.Sequence {
+			return errStop
 		}
 		if other, err := Open(m.Data, c.known); err == nil && (other.Size > size || c.st == nil || c.st.cp == nil) {
-			return 0, errConflict
+			return errConflict
 		}
 		passed++
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return 0, err
 	}
 	c.cfg.Log.Warn("the checkpoints stream holds messages that extend nothing: filing the checkpoint after them ('capstan audit verify' names those the keys did not sign)",
 		"count", passed, "after", prev)
@@ -582,9 +582,14 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 }
 
 // maxSkipped bounds how many messages of the checkpoints stream that the
-// log's keys did not sign load passes over, back from the last, to find the
-// last checkpoint that they did.
-const maxSkipped = 1000
+// log's keys did not sign are read past, back from the last, to find the
+// last checkpoint that they did: what a worker's stream can file there in
+// the time between two checkpoints, read a window at a time.
+const maxSkipped = 100_000
+
+// scanWindow is the most messages of the checkpoints stream scanBack reads
+// forward at once: 16 first, then four times as many each time.
+const scanWindow = 1024
 
 // lastSigned returns the last message of the checkpoints stream, at or
 // before last, that is a checkpoint the log's keys signed; nil when none
@@ -593,29 +598,75 @@ const maxSkipped = 1000
 // there, can file one): it is passed over with a warning, and Verify
 // reports it as forged, so that it stops nobody.
 func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStreamMsg) (*jetstream.RawStreamMsg, error) {
-	for skipped := 0; ; skipped++ {
-		if _, err := Open(last.Data, c.known); err == nil {
-			if skipped > 0 {
-				c.cfg.Log.Warn("the checkpoints stream holds messages the log's keys did not sign: passed over ('capstan audit verify' names them)",
-					"count", skipped, "after", last.Sequence)
-			}
-			return last, nil
-		}
-		if skipped == maxSkipped {
-			return nil, fmt.Errorf("the last %d messages of the checkpoints stream do not verify with the log's keys: not extending the log (run 'capstan audit verify')", maxSkipped)
-		}
-		if last.Sequence <= 1 {
-			return nil, nil
-		}
-		prev, err := getMsgBefore(ctx, c.b.NC, c.b.Names.CheckpointStream(), last.Sequence)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		last = prev
+	if _, err := Open(last.Data, c.known); err == nil {
+		return last, nil
 	}
+	var head *jetstream.RawStreamMsg
+	skipped, err := scanBack(ctx, c.b, last.Sequence, c.known, func(seq uint64, data []byte, _ *Checkpoint, signed bool) bool {
+		if signed {
+			head = &jetstream.RawStreamMsg{Subject: c.b.Names.CheckpointSubject(), Sequence: seq, Data: data}
+		}
+		return !signed
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case head == nil && skipped >= maxSkipped:
+		return nil, fmt.Errorf("the last %d messages of the checkpoints stream do not verify with the log's keys: not extending the log (run 'capstan audit verify')", skipped)
+	case head != nil && head.Sequence < last.Sequence:
+		c.cfg.Log.Warn("the checkpoints stream holds messages the log's keys did not sign: passed over ('capstan audit verify' names them)",
+			"count", last.Sequence-head.Sequence, "after", head.Sequence)
+	}
+	return head, nil
+}
+
+// scanBack calls visit with each message of the checkpoints stream that
+// reads as a checkpoint, from sequence last back, with whether keys
+// verify it (nil keys: none), until visit returns false, the stream's
+// first message, or maxSkipped messages read; it returns how many it read.
+// Each window is read forward, with a consumer: a flood of what extends
+// nothing is passed over at the speed of a stream read.
+func scanBack(ctx context.Context, b *broker.Broker, last uint64, keys note.Verifiers, visit func(seq uint64, data []byte, cp *Checkpoint, signed bool) bool) (int, error) {
+	type entry struct {
+		seq    uint64
+		data   []byte
+		cp     *Checkpoint
+		signed bool
+	}
+	read, width := 0, uint64(16)
+	for end := last; end > 0 && read < maxSkipped; width = min(4*width, scanWindow) {
+		start := uint64(1)
+		if end > width {
+			start = end - width + 1
+		}
+		var window []entry
+		err := readAll(ctx, b.JS, b.Names.CheckpointStream(), start, func(m *Msg) error {
+			if m.Seq > end {
+				return errStop
+			}
+			read++
+			if cp, err := OpenUnverified(m.Data); err == nil {
+				e := entry{seq: m.Seq, data: m.Data, cp: cp}
+				if keys != nil {
+					if _, err := Open(m.Data, keys); err == nil {
+						e.signed = true
+					}
+				}
+				window = append(window, e)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStop) {
+			return read, err
+		}
+		for i := len(window) - 1; i >= 0; i-- {
+			if e := window[i]; !visit(e.seq, e.data, e.cp, e.signed) {
+				return read, nil
+			}
+		}
+		end = start - 1
+	}
+	return read, nil
 }
 
 // getLastOf returns the last message on subject of stream, with the
@@ -623,19 +674,6 @@ func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStream
 // the headers, where a message a republish stored holds another's.)
 func getLastOf(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	m, err := getStored(ctx, nc, stream, jsget.Request{LastFor: subject})
-	if err != nil {
-		return nil, err
-	}
-	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: m.Time}, nil
-}
-
-// getMsgBefore returns the message before sequence seq of the checkpoints
-// stream; ErrMsgNotFound when none is (the stream began there, or
-// retention removed what came before: it denies deletes). What a push
-// consumer delivered there is stored under the subject it was delivered
-// from: every message is taken, whatever its subject.
-func getMsgBefore(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
-	m, err := getMsg(ctx, nc, stream, seq-1)
 	if err != nil {
 		return nil, err
 	}

@@ -135,45 +135,40 @@ func Latest(ctx context.Context, b *broker.Broker, keys note.Verifiers) ([]byte,
 // those read. When keys are nil, or verify none of those read, it is the
 // last that reads as a checkpoint.
 func lastCheckpoint(ctx context.Context, b *broker.Broker, keys note.Verifiers, want uint64) ([]byte, error) {
-	var signed, parsed []byte // the largest read that keys verify, the last that reads as one
-	var size int64
-	found := func() ([]byte, error) {
-		switch {
-		case signed != nil:
-			return signed, nil
-		case parsed != nil:
-			return parsed, nil
-		}
+	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), b.Names.CheckpointSubject())
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNoLog
 	}
-	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), b.Names.CheckpointSubject())
-	for skipped := 0; err == nil; skipped++ {
-		if cp, perr := OpenUnverified(last.Data); perr == nil {
-			if parsed == nil {
-				parsed = last.Data
-				if keys == nil {
-					return parsed, nil
-				}
-			}
-			if _, verr := Open(last.Data, keys); verr == nil && (signed == nil || cp.Size > size) {
-				signed, size = last.Data, cp.Size
-				if cp.FirstSeq+uint64(cp.Size) > want {
-					return signed, nil
-				}
-			}
-		}
-		switch {
-		case skipped == maxSkipped && parsed == nil:
-			return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", maxSkipped)
-		case skipped == maxSkipped || last.Sequence <= 1:
-			return found()
-		}
-		last, err = getMsgBefore(ctx, b.NC, b.Names.CheckpointStream(), last.Sequence)
+	if err != nil {
+		return nil, err
 	}
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return found()
+	if cp, err := OpenUnverified(last.Data); err == nil && (keys == nil || cp.FirstSeq+uint64(cp.Size) > want) {
+		if _, err := Open(last.Data, keys); keys == nil || err == nil {
+			return last.Data, nil
+		}
 	}
-	return nil, err
+	var signed, parsed []byte // the largest read that keys verify, the last that reads as one
+	var size int64
+	read, err := scanBack(ctx, b, last.Sequence, keys, func(_ uint64, data []byte, cp *Checkpoint, ok bool) bool {
+		if parsed == nil {
+			parsed = data
+		}
+		if ok && (signed == nil || cp.Size > size) {
+			signed, size = data, cp.Size
+		}
+		return keys != nil && (signed == nil || cp.FirstSeq+uint64(size) <= want)
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case signed != nil:
+		return signed, nil
+	case parsed != nil:
+		return parsed, nil
+	case read >= maxSkipped:
+		return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", read)
+	}
+	return nil, ErrNoLog
 }
 
 // StatedKeys returns the verifier keys the deployment's checkpointers
