@@ -14,6 +14,7 @@ import (
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/auditproof"
 	"github.com/capstan-dev/capstan/internal/broker"
@@ -24,19 +25,28 @@ import (
 // credentials create a stream that republishes onto the log's subjects,
 // which the server stores without holding it to the worker's permissions,
 // and file there, for as long as the attack lasts: checkpoints signed with
-// another key, older checkpoints of the log replayed, and bytes where the
-// deployment states its public key. The checkpointer goes on covering every
-// event, a producer's trail proves, and verify names each forgery and
-// nothing else.
+// another key, older checkpoints of the log replayed, bytes where the
+// deployment states its public key, a lease held for a century. The
+// checkpointer goes on covering every event (past a forged lease, once its
+// holder signed nothing for a lease while events wait), a producer's trail
+// proves, and verify names each forgery and nothing else.
 func TestForge_WorkerStreamsFilingIntoTheLogStopNothing(t *testing.T) {
 	t.Parallel()
-	for _, target := range []string{"checkpoints", "stated keys"} {
+	for _, target := range []string{"checkpoints", "stated keys", "lease"} {
 		t.Run(target, func(t *testing.T) {
 			t.Parallel()
 			r := newRigOn(t, embedded)
 			ctx := testCtx(t)
 			n := broker.NewNames(r.setup.Prefix)
-			cpr, dir, known := r.startCheckpointer(t)
+			dir := t.TempDir()
+			if _, err := trail.Keygen(dir, "capstan/forge/flood"); err != nil {
+				t.Fatal(err)
+			}
+			known, _, err := trail.LoadVerifiers(filepath.Join(dir, trail.PublicKeyFile))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpr, _ := runCheckpointerIn(t, r, dir, "flooded")
 			pub, err := os.ReadFile(filepath.Join(dir, trail.PublicKeyFile))
 			if err != nil {
 				t.Fatal(err)
@@ -84,8 +94,20 @@ func TestForge_WorkerStreamsFilingIntoTheLogStopNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			dest, files := n.CheckpointSubject(), [][]byte{forgedNote, replay.Data, []byte("junk")}
-			if target == "stated keys" {
+			switch target {
+			case "stated keys":
 				dest, files = "$KV."+n.TrailBucket()+".keys", [][]byte{[]byte(vkey + "\n")}
+			case "lease":
+				// A lease as a checkpointer writes it, held for ever.
+				held, err := envelope.Marshal(struct {
+					V      int       `json:"v"`
+					Holder string    `json:"holder"`
+					Until  time.Time `json:"until"`
+				}{envelope.Version, "forger", time.Now().AddDate(100, 0, 0)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				dest, files = "$KV."+n.TrailBucket()+".lease", [][]byte{held}
 			}
 			if _, err := wjs.CreateStream(ctx, jetstream.StreamConfig{Name: "FORGE_FLOOD", Subjects: []string{"forge.flood"},
 				Storage: jetstream.MemoryStorage, MaxMsgs: 10, RePublish: &jetstream.RePublish{Source: "forge.flood", Destination: dest}}); err != nil {
@@ -261,7 +283,8 @@ func TestForge_WorkerBurstInTheCheckpointsThenARestart(t *testing.T) {
 }
 
 // runCheckpointerIn runs a checkpointer with the key in dir, with an
-// admin's credentials, until stop or the test's end.
+// admin's credentials and a lease of a second, until stop or the test's
+// end.
 func runCheckpointerIn(t *testing.T, r *rig, dir, name string) (*trail.Checkpointer, func()) {
 	t.Helper()
 	signer, vkey, err := trail.LoadSigner(filepath.Join(dir, trail.KeyFile))
@@ -273,7 +296,7 @@ func runCheckpointerIn(t *testing.T, r *rig, dir, name string) (*trail.Checkpoin
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cp := trail.NewCheckpointer(r.admin, signer, vkey, known, trail.Config{Interval: 100 * time.Millisecond, Name: name})
+	cp := trail.NewCheckpointer(r.admin, signer, vkey, known, trail.Config{Interval: 100 * time.Millisecond, Lease: time.Second, Name: name})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = cp.Run(ctx) }()
 	var once sync.Once

@@ -71,6 +71,12 @@ type Checkpointer struct {
 	holding  bool
 	lastSize int64
 	until    time.Time // the lease this checkpointer last wrote runs until
+	// idle is the size of the last checkpoint the keys signed while
+	// another holds the lease, and since when it is that size.
+	idle struct {
+		size  int64
+		since time.Time
+	}
 }
 
 // cpState is what a checkpointer holding the lease knows of the log.
@@ -223,9 +229,17 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, junk.Seq)
 	case err != nil:
 		return c.stillHeld(now)
-	case cur.Holder != c.token && now.Before(cur.Until):
+	case cur.Holder != c.token && now.Before(cur.Until) && !c.holderIdle(ctx, now):
 		c.until = time.Time{}
 		return false
+	case cur.Holder != c.token && now.Before(cur.Until):
+		// Updated after the message as stored: a republish stores
+		// headers that take the place of those the revision is read from.
+		c.cfg.Log.Warn("the checkpointing lease's holder signed nothing for a lease while events wait: taking it", "holder", cur.Name, "since", c.idle.since)
+		var m *Msg
+		if m, err = getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(), jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey}); err == nil {
+			_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, m.Seq)
+		}
 	default:
 		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, rev)
 	}
@@ -238,6 +252,36 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 		return false
 	}
 	return c.stillHeld(now)
+}
+
+// holderIdle reports whether the log's last signed checkpoint stayed the
+// same for a lease while the audit stream holds events after it: the
+// lease's holder does not checkpoint. It is stuck, or no checkpointer wrote
+// the lease (a worker's stream republishing there can write one that
+// reads as any).
+func (c *Checkpointer) holderIdle(ctx context.Context, now time.Time) bool {
+	var size int64
+	next := uint64(1) // the stream sequence of the next leaf
+	last, err := getLastOf(ctx, c.b.NC, c.b.Names.CheckpointStream(), c.b.Names.CheckpointSubject())
+	if err == nil {
+		var head *jetstream.RawStreamMsg
+		if head, err = c.lastSigned(ctx, last); err == nil && head != nil {
+			cp, _ := Open(head.Data, c.known)
+			size, next = cp.Size, cp.FirstSeq+uint64(cp.Size)
+		}
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false
+	}
+	if c.idle.since.IsZero() || size != c.idle.size {
+		c.idle.size, c.idle.since = size, now
+		return false
+	}
+	if now.Sub(c.idle.since) < c.cfg.Lease {
+		return false
+	}
+	info, err := c.b.Audit.Info(ctx)
+	return err == nil && stateOf(info).LastSeq >= next
 }
 
 // unreadableLease returns the stored lease when it holds bytes that are
