@@ -667,7 +667,7 @@ func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStream
 // scanBack calls visit with each message of the checkpoints stream that
 // reads as a checkpoint, from sequence last back, with whether keys
 // verify it (nil keys: none), until visit returns false, the stream's
-// first message, or maxSkipped messages read; it returns how many it read.
+// first message, or maxSkipped sequences read; it returns how many it read.
 // Each window is read forward, with a consumer: a flood of what extends
 // nothing is passed over at the speed of a stream read.
 func scanBack(ctx context.Context, b *broker.Broker, last uint64, keys note.Verifiers, visit func(seq uint64, data []byte, cp *Checkpoint, signed bool) bool) (int, error) {
@@ -677,18 +677,23 @@ func scanBack(ctx context.Context, b *broker.Broker, last uint64, keys note.Veri
 		cp     *Checkpoint
 		signed bool
 	}
+	s, err := b.JS.Stream(ctx, b.Names.CheckpointStream())
+	if err != nil {
+		return 0, err
+	}
+	first := max(s.CachedInfo().State.FirstSeq, 1) // retention removed what came before
 	read, width := 0, uint64(16)
-	for end := last; end > 0 && read < maxSkipped; width = min(4*width, scanWindow) {
-		start := uint64(1)
-		if end > width {
+	for end := last; end >= first && read < maxSkipped; width = min(4*width, scanWindow) {
+		start := first
+		if end-first >= width {
 			start = end - width + 1
 		}
+		read += int(end - start + 1)
 		var window []entry
 		err := readAll(ctx, b.JS, b.Names.CheckpointStream(), start, func(m *Msg) error {
 			if m.Seq > end {
 				return errStop
 			}
-			read++
 			if cp, err := OpenUnverified(m.Data); err == nil {
 				e := entry{seq: m.Seq, data: m.Data, cp: cp}
 				if keys != nil {
@@ -707,6 +712,9 @@ func scanBack(ctx context.Context, b *broker.Broker, last uint64, keys note.Veri
 			if e := window[i]; !visit(e.seq, e.data, e.cp, e.signed) {
 				return read, nil
 			}
+		}
+		if start == first {
+			break
 		}
 		end = start - 1
 	}
