@@ -245,7 +245,7 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 	}
 	switch {
 	case err == nil:
-		c.until = mine.Until
+		c.until, c.idle.since = mine.Until, time.Time{}
 		return true
 	case errors.Is(err, broker.ErrExists) || errors.Is(err, broker.ErrRevisionMismatch) || broker.WrongLastSequence(err):
 		c.until = time.Time{} // another took it meanwhile
