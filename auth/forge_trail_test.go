@@ -157,7 +157,7 @@ func testTrailForges(t *testing.T, r *rig) {
 		t.Errorf("verify after the attacks: %+v", rep)
 	}
 	t.Logf("checkpoints stream: %d signed, %d filed by the attacks", rep.Verified, len(rep.Problems))
-	proof, err := auditproof.Prove(ctx, r.admin, "alice", env.ExecutionID)
+	proof, err := auditproof.Prove(ctx, r.admin, "alice", env.ExecutionID, "")
 	if err != nil {
 		t.Fatalf("prove alice's execution after the attacks: %v", err)
 	}
@@ -229,7 +229,7 @@ func TestTrail_TwoPrincipalsOneIDProveTheirOwn(t *testing.T) {
 	proofs := map[string]*capaudit.TrailProof{}
 	for _, p := range principals {
 		r.trailOf(t, p, id, "capability.completed")
-		proof, err := auditproof.Prove(ctx, r.admin, p, id)
+		proof, err := auditproof.Prove(ctx, r.admin, p, id, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -276,7 +276,7 @@ func waitLogCovers(t *testing.T, ctx context.Context, r *rig, after int64) int64
 		if err != nil {
 			t.Fatal(err)
 		}
-		signed, err := trail.Latest(ctx, r.admin)
+		signed, err := trail.Latest(ctx, r.admin, nil)
 		if err == nil {
 			cp, err := trail.OpenUnverified(signed)
 			if err != nil {

@@ -53,7 +53,7 @@ func (c *Console) checkTrail(ctx context.Context, s *session, d *execData) *logC
 		}
 		lc.Stated = true
 	}
-	p, err := auditproof.Prove(ctx, b, d.Summary.Principal, d.ID)
+	p, err := auditproof.Prove(ctx, b, d.Summary.Principal, d.ID, keys)
 	switch {
 	case errors.Is(err, trail.ErrNoLog):
 		lc.State = "none"

@@ -85,7 +85,7 @@ func (c *Client) Trail(ctx context.Context, executionID string) ([]audit.Event, 
 // just after the envelope. Like Trail, it needs a connection that may read the audit
 // stream.
 func (c *Client) ProveTrail(ctx context.Context, executionID string) (*audit.TrailProof, error) {
-	return auditproof.Prove(ctx, c.b, c.principal, executionID)
+	return auditproof.Prove(ctx, c.b, c.principal, executionID, "")
 }
 
 // FollowTrail calls fn with every event of an execution's trail as it is

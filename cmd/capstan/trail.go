@@ -357,13 +357,13 @@ func runAuditCheckpoint(args []string) int {
 		return usageError("audit checkpoint: %v", err)
 	}
 	defer closeFn()
-	signed, err := trail.Latest(ctx, b)
-	if err != nil {
-		return fail(exitFailed, "audit checkpoint: %v", err)
-	}
 	_, keys, from, err := r.keys(ctx, b)
 	if err != nil {
 		return usageError("audit checkpoint: %v", err)
+	}
+	signed, err := trail.Latest(ctx, b, keys)
+	if err != nil {
+		return fail(exitFailed, "audit checkpoint: %v", err)
 	}
 	cp, err := trail.Open(signed, keys)
 	if err != nil {
@@ -558,7 +558,7 @@ func runAuditProve(args []string) int {
 	if err != nil {
 		return usageError("audit prove: %v", err)
 	}
-	p, err := auditproof.Prove(ctx, b, *owner, id)
+	p, err := auditproof.Prove(ctx, b, *owner, id, text)
 	if errors.Is(err, broker.ErrNotFound) {
 		return fail(exitUnknown, "audit prove: %v", err)
 	}

@@ -67,7 +67,15 @@ func TestAuditLog_DevProveExportVerifyOffline(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		capstan(t, url, "call", "demo.echo", "--input", `{"hello":"again"}`)
+		out, _, _ = capstan(t, url, "call", "demo.echo", "--input", `{"hello":"again"}`, "-o", "json")
+	}
+	// Proved once a checkpoint covers the last call: the one --keep keeps
+	// below is larger than the kept one.
+	id = decode[struct {
+		ExecutionID string `json:"executionId"`
+	}](t, out).ExecutionID
+	if out, errOut, code := capstan(t, url, "audit", "prove", id, "--key", pub); code != exitOK {
+		t.Fatalf("audit prove of the last call: %d\n%s%s", code, out, errOut)
 	}
 	bundle := filepath.Join(dir, "bundle")
 	if _, errOut, code := capstan(t, url, "audit", "export", "--out", bundle); code != exitOK {

@@ -24,8 +24,12 @@ import (
 // read the audit stream and the trail's bucket (an admin's, a worker's, an
 // open server's). Of an execution that ended, the worker files the
 // terminal event just after the envelope: Prove waits for it too, at most
-// terminalWait, and then proves what is filed.
-func Prove(ctx context.Context, b *broker.Broker, principal, executionID string) (*audit.TrailProof, error) {
+// terminalWait, and then proves what is filed. The proof is against the
+// latest checkpoint publicKeys verify (audit.pub's text; "": the keys the
+// deployment states; when they verify none, the latest stored), so that
+// what a worker's stream can file in the checkpoints stream stands in no
+// proof's way.
+func Prove(ctx context.Context, b *broker.Broker, principal, executionID, publicKeys string) (*audit.TrailProof, error) {
 	var stored []byte
 	if b.Envelopes != nil {
 		// Read where absence decides: a replica behind would leave the
@@ -45,7 +49,14 @@ func Prove(ctx context.Context, b *broker.Broker, principal, executionID string)
 			seqs = append(seqs, ev.Seq)
 		}
 	}
-	signed, incs, err := trail.Prove(ctx, b, seqs)
+	if publicKeys == "" {
+		publicKeys, _ = trail.StatedKeys(ctx, b)
+	}
+	keys, _, err := trail.ParseVerifiers(publicKeys)
+	if err != nil {
+		keys = nil // none to choose with: the latest stored
+	}
+	signed, incs, err := trail.Prove(ctx, b, seqs, keys)
 	if err != nil {
 		return nil, fmt.Errorf("capstan: prove the trail: %w", err)
 	}

@@ -452,7 +452,7 @@ func TestCheckpointer_RefusesAStreamThatLostEvents(t *testing.T) {
 		t.Fatalf("step over a stream that lost events: %v", err)
 	}
 	cp.drop()
-	signed, err := Latest(ctx, a.b)
+	signed, err := Latest(ctx, a.b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +478,7 @@ func TestCheckpointer_RefusesToStartAgainWithoutItsCheckpoints(t *testing.T) {
 	if err := cp.step(ctx); err == nil || !strings.Contains(err.Error(), "not starting another log") {
 		t.Fatalf("step without checkpoints: %v", err)
 	}
-	if _, err := Latest(ctx, b); !errors.Is(err, ErrNoLog) {
+	if _, err := Latest(ctx, b, nil); !errors.Is(err, ErrNoLog) {
 		t.Fatalf("a checkpoint was signed: %v", err)
 	}
 }
@@ -516,7 +516,7 @@ func TestAttack_TileOverwritten(t *testing.T) {
 				t.Fatal("a checkpointer extended a log over an overwritten tile")
 			}
 			cp.drop()
-			if signed, err := Latest(ctx, a.b); err != nil || !bytes.Equal(signed, a.kept) {
+			if signed, err := Latest(ctx, a.b, nil); err != nil || !bytes.Equal(signed, a.kept) {
 				t.Fatalf("a checkpoint was signed over an overwritten tile (%v)", err)
 			}
 		})

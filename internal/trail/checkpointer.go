@@ -71,6 +71,12 @@ type Checkpointer struct {
 	holding  bool
 	lastSize int64
 	until    time.Time // the lease this checkpointer last wrote runs until
+	// idle is the size of the last checkpoint the keys signed while
+	// another holds the lease, and since when it is that size.
+	idle struct {
+		size  int64
+		since time.Time
+	}
 }
 
 // cpState is what a checkpointer holding the lease knows of the log.
@@ -223,21 +229,59 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, junk.Seq)
 	case err != nil:
 		return c.stillHeld(now)
-	case cur.Holder != c.token && now.Before(cur.Until):
+	case cur.Holder != c.token && now.Before(cur.Until) && !c.holderIdle(ctx, now):
 		c.until = time.Time{}
 		return false
+	case cur.Holder != c.token && now.Before(cur.Until):
+		// Updated after the message as stored: a republish stores
+		// headers that take the place of those the revision is read from.
+		c.cfg.Log.Warn("the checkpointing lease's holder signed nothing for a lease while events wait: taking it", "holder", cur.Name, "since", c.idle.since)
+		var m *Msg
+		if m, err = getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(), jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey}); err == nil {
+			_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, m.Seq)
+		}
 	default:
 		_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, rev)
 	}
 	switch {
 	case err == nil:
-		c.until = mine.Until
+		c.until, c.idle.since = mine.Until, time.Time{}
 		return true
 	case errors.Is(err, broker.ErrExists) || errors.Is(err, broker.ErrRevisionMismatch) || broker.WrongLastSequence(err):
 		c.until = time.Time{} // another took it meanwhile
 		return false
 	}
 	return c.stillHeld(now)
+}
+
+// holderIdle reports whether the log's last signed checkpoint stayed the
+// same for a lease while the audit stream holds events after it: the
+// lease's holder does not checkpoint. It is stuck, or no checkpointer wrote
+// the lease (a worker's stream republishing there can write one that
+// reads as any).
+func (c *Checkpointer) holderIdle(ctx context.Context, now time.Time) bool {
+	var size int64
+	next := uint64(1) // the stream sequence of the next leaf
+	last, err := getLastOf(ctx, c.b.NC, c.b.Names.CheckpointStream(), c.b.Names.CheckpointSubject())
+	if err == nil {
+		var head *jetstream.RawStreamMsg
+		if head, err = c.lastSigned(ctx, last); err == nil && head != nil {
+			cp, _ := Open(head.Data, c.known)
+			size, next = cp.Size, cp.FirstSeq+uint64(cp.Size)
+		}
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false
+	}
+	if c.idle.since.IsZero() || size != c.idle.size {
+		c.idle.size, c.idle.since = size, now
+		return false
+	}
+	if now.Sub(c.idle.since) < c.cfg.Lease {
+		return false
+	}
+	info, err := c.b.Audit.Info(ctx)
+	return err == nil && stateOf(info).LastSeq >= next
 }
 
 // unreadableLease returns the stored lease when it holds bytes that are
@@ -400,22 +444,68 @@ func later(a, b time.Time) time.Time {
 
 // store signs cp and files it after the checkpoint at prev (0: none), by
 // compare-and-swap: a checkpointer that lost the lease without knowing it
-// cannot file a checkpoint beside another's.
+// cannot file a checkpoint beside another's. What was filed after prev
+// that extends nothing (a worker's stream republishing there, or a push
+// consumer delivering there, files anything, an old checkpoint of the log
+// too) is passed over, and cp filed after it; a checkpoint the keys signed
+// that covers more than the last one this checkpointer stored is
+// another's: errConflict.
 func (c *Checkpointer) store(ctx context.Context, cp *Checkpoint, prev uint64) (uint64, error) {
 	signed, err := cp.Sign(c.signer)
 	if err != nil {
 		return 0, err
 	}
-	m := &nats.Msg{Subject: c.b.Names.CheckpointSubject(), Data: signed,
-		Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(prev, 10)}}}
-	ack, err := broker.PublishAck(ctx, c.b.NC, m)
-	if broker.WrongLastSequence(err) {
+	for try := 0; ; try++ {
+		m := &nats.Msg{Subject: c.b.Names.CheckpointSubject(), Data: signed,
+			Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(prev, 10)}}}
+		ack, err := broker.PublishAck(ctx, c.b.NC, m)
+		switch {
+		case err == nil:
+			return ack.Seq, nil
+		case !broker.WrongLastSequence(err):
+			return 0, fmt.Errorf("store checkpoint %d: %w", cp.Size, err)
+		case try == 10:
+			return 0, errConflict
+		}
+		if prev, err = c.filedOver(ctx, prev); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// filedOver returns the last sequence of the checkpoints stream when
+// nothing filed there after prev extends the last checkpoint this
+// checkpointer stored; errConflict when a checkpoint the keys signed does
+// (or there is too much to read: the log is loaded again).
+func (c *Checkpointer) filedOver(ctx context.Context, prev uint64) (uint64, error) {
+	last, err := getLastOf(ctx, c.b.NC, c.b.Names.CheckpointStream(), c.b.Names.CheckpointSubject())
+	if err != nil {
+		return 0, err
+	}
+	if last.Sequence <= prev || last.Sequence-prev > maxSkipped {
 		return 0, errConflict
 	}
-	if err != nil {
-		return 0, fmt.Errorf("store checkpoint %d: %w", cp.Size, err)
+	var size int64
+	if c.st != nil && c.st.cp != nil {
+		size = c.st.cp.Size
 	}
-	return ack.Seq, nil
+	passed := 0
+	err = readAll(ctx, c.b.JS, c.b.Names.CheckpointStream(), prev+1, func(m *Msg) error {
+		if m.Seq > last.Sequence {
+			return errStop
+		}
+		if other, err := Open(m.Data, c.known); err == nil && (other.Size > size || c.st == nil || c.st.cp == nil) {
+			return errConflict
+		}
+		passed++
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return 0, err
+	}
+	c.cfg.Log.Warn("the checkpoints stream holds messages that extend nothing: filing the checkpoint after them ('capstan audit verify' names those the keys did not sign)",
+		"count", passed, "after", prev)
+	return last.Sequence, nil
 }
 
 // writeTiles stores tiles in the trail bucket. A tile only grows: one
@@ -522,9 +612,11 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 		}
 	}
 	// Stated once the log is this key's to extend: a checkpointer given
-	// another key states nothing.
-	if err := c.publishKey(ctx); err != nil {
-		return nil, err
+	// another key states nothing. A statement the bucket refuses stops
+	// nothing: it is for readers given no key of their own, and what a
+	// worker's stream republishes there can stand in its way.
+	if err := c.publishKey(ctx); err != nil && ctx.Err() == nil {
+		c.cfg.Log.Warn("the deployment does not state this checkpointer's public key; readers need their own copy (--key)", "err", err)
 	}
 	st.read = newReader(c.b.Audit, st.base+uint64(st.e.n))
 	c.mu.Lock()
@@ -534,9 +626,14 @@ func (c *Checkpointer) load(ctx context.Context) (*cpState, error) {
 }
 
 // maxSkipped bounds how many messages of the checkpoints stream that the
-// log's keys did not sign load passes over, back from the last, to find the
-// last checkpoint that they did.
-const maxSkipped = 1000
+// log's keys did not sign are read past, back from the last, to find the
+// last checkpoint that they did: what a worker's stream can file there in
+// the time between two checkpoints, read a window at a time.
+const maxSkipped = 100_000
+
+// scanWindow is the most messages of the checkpoints stream scanBack reads
+// forward at once: 16 first, then four times as many each time.
+const scanWindow = 1024
 
 // lastSigned returns the last message of the checkpoints stream, at or
 // before last, that is a checkpoint the log's keys signed; nil when none
@@ -545,29 +642,83 @@ const maxSkipped = 1000
 // there, can file one): it is passed over with a warning, and Verify
 // reports it as forged, so that it stops nobody.
 func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStreamMsg) (*jetstream.RawStreamMsg, error) {
-	for skipped := 0; ; skipped++ {
-		if _, err := Open(last.Data, c.known); err == nil {
-			if skipped > 0 {
-				c.cfg.Log.Warn("the checkpoints stream holds messages the log's keys did not sign: passed over ('capstan audit verify' names them)",
-					"count", skipped, "after", last.Sequence)
-			}
-			return last, nil
-		}
-		if skipped == maxSkipped {
-			return nil, fmt.Errorf("the last %d messages of the checkpoints stream do not verify with the log's keys: not extending the log (run 'capstan audit verify')", maxSkipped)
-		}
-		if last.Sequence <= 1 {
-			return nil, nil
-		}
-		prev, err := getMsgBefore(ctx, c.b.NC, c.b.Names.CheckpointStream(), last.Sequence)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		last = prev
+	if _, err := Open(last.Data, c.known); err == nil {
+		return last, nil
 	}
+	var head *jetstream.RawStreamMsg
+	skipped, err := scanBack(ctx, c.b, last.Sequence, c.known, func(seq uint64, data []byte, _ *Checkpoint, signed bool) bool {
+		if signed {
+			head = &jetstream.RawStreamMsg{Subject: c.b.Names.CheckpointSubject(), Sequence: seq, Data: data}
+		}
+		return !signed
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case head == nil && skipped >= maxSkipped:
+		return nil, fmt.Errorf("the last %d messages of the checkpoints stream do not verify with the log's keys: not extending the log (run 'capstan audit verify')", skipped)
+	case head != nil && head.Sequence < last.Sequence:
+		c.cfg.Log.Warn("the checkpoints stream holds messages the log's keys did not sign: passed over ('capstan audit verify' names them)",
+			"count", last.Sequence-head.Sequence, "after", head.Sequence)
+	}
+	return head, nil
+}
+
+// scanBack calls visit with each message of the checkpoints stream that
+// reads as a checkpoint, from sequence last back, with whether keys
+// verify it (nil keys: none), until visit returns false, the stream's
+// first message, or maxSkipped sequences read; it returns how many it read.
+// Each window is read forward, with a consumer: a flood of what extends
+// nothing is passed over at the speed of a stream read.
+func scanBack(ctx context.Context, b *broker.Broker, last uint64, keys note.Verifiers, visit func(seq uint64, data []byte, cp *Checkpoint, signed bool) bool) (int, error) {
+	type entry struct {
+		seq    uint64
+		data   []byte
+		cp     *Checkpoint
+		signed bool
+	}
+	s, err := b.JS.Stream(ctx, b.Names.CheckpointStream())
+	if err != nil {
+		return 0, err
+	}
+	first := max(s.CachedInfo().State.FirstSeq, 1) // retention removed what came before
+	read, width := 0, uint64(16)
+	for end := last; end >= first && read < maxSkipped; width = min(4*width, scanWindow) {
+		start := first
+		if end-first >= width {
+			start = end - width + 1
+		}
+		read += int(end - start + 1)
+		var window []entry
+		err := readAll(ctx, b.JS, b.Names.CheckpointStream(), start, func(m *Msg) error {
+			if m.Seq > end {
+				return errStop
+			}
+			if cp, err := OpenUnverified(m.Data); err == nil {
+				e := entry{seq: m.Seq, data: m.Data, cp: cp}
+				if keys != nil {
+					if _, err := Open(m.Data, keys); err == nil {
+						e.signed = true
+					}
+				}
+				window = append(window, e)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, errStop) {
+			return read, err
+		}
+		for i := len(window) - 1; i >= 0; i-- {
+			if e := window[i]; !visit(e.seq, e.data, e.cp, e.signed) {
+				return read, nil
+			}
+		}
+		if start == first {
+			break
+		}
+		end = start - 1
+	}
+	return read, nil
 }
 
 // getLastOf returns the last message on subject of stream, with the
@@ -575,19 +726,6 @@ func (c *Checkpointer) lastSigned(ctx context.Context, last *jetstream.RawStream
 // the headers, where a message a republish stored holds another's.)
 func getLastOf(ctx context.Context, nc *nats.Conn, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	m, err := getStored(ctx, nc, stream, jsget.Request{LastFor: subject})
-	if err != nil {
-		return nil, err
-	}
-	return &jetstream.RawStreamMsg{Subject: m.Subject, Sequence: m.Seq, Data: m.Data, Time: m.Time}, nil
-}
-
-// getMsgBefore returns the message before sequence seq of the checkpoints
-// stream; ErrMsgNotFound when none is (the stream began there, or
-// retention removed what came before: it denies deletes). What a push
-// consumer delivered there is stored under the subject it was delivered
-// from: every message is taken, whatever its subject.
-func getMsgBefore(ctx context.Context, nc *nats.Conn, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
-	m, err := getMsg(ctx, nc, stream, seq-1)
 	if err != nil {
 		return nil, err
 	}

@@ -31,7 +31,7 @@ func TestCheckpointer_UntouchedLogVerifiesAndProves(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	signed, incs, err := Prove(ctx, b, []uint64{1, 256, 257, 699, 700})
+	signed, incs, err := Prove(ctx, b, []uint64{1, 256, 257, 699, 700}, k.known)
 	if err != nil {
 		t.Fatal(err)
 	}

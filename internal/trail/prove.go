@@ -8,6 +8,7 @@ import (
 
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/mod/sumdb/note"
 	"golang.org/x/mod/sumdb/tlog"
 )
 
@@ -36,10 +37,13 @@ func (in *Inclusion) Check(cp *Checkpoint) error {
 var ErrNotCovered = errors.New("not yet covered by a checkpoint")
 
 // Prove reads the messages at seqs and proves each in the latest
-// checkpoint, which it returns as stored (its signature is the caller's to
-// check). While the checkpoint does not cover them all it waits for a later
-// one until ctx ends, then fails with ErrNotCovered.
-func Prove(ctx context.Context, b *broker.Broker, seqs []uint64) ([]byte, []Inclusion, error) {
+// checkpoint that keys verify (nil, or when they verify none: that reads as
+// one), which it returns as stored: a checkpoint nobody signed, or an older
+// one filed again, that a worker's stream can file after it stands in no
+// proof's way. While no
+// checkpoint covers them all it waits for a later one until ctx ends, then
+// fails with ErrNotCovered.
+func Prove(ctx context.Context, b *broker.Broker, seqs []uint64, keys note.Verifiers) ([]byte, []Inclusion, error) {
 	trail, cps, err := bind(ctx, b)
 	if err != nil {
 		return nil, nil, err
@@ -51,7 +55,7 @@ func Prove(ctx context.Context, b *broker.Broker, seqs []uint64) ([]byte, []Incl
 	var signed []byte
 	var cp *Checkpoint
 	for {
-		signed, err = lastCheckpoint(ctx, b)
+		signed, err = lastCheckpoint(ctx, b, keys, want)
 		if err == nil {
 			cp, err = OpenUnverified(signed)
 		}
@@ -114,36 +118,57 @@ func bind(ctx context.Context, b *broker.Broker) (jetstream.KeyValue, jetstream.
 	return trail, cps, nil
 }
 
-// Latest returns the latest stored checkpoint of b's deployment, signed.
-func Latest(ctx context.Context, b *broker.Broker) ([]byte, error) {
+// Latest returns the latest stored checkpoint of b's deployment that keys
+// verify (nil, or when they verify none: that reads as one), signed.
+func Latest(ctx context.Context, b *broker.Broker, keys note.Verifiers) ([]byte, error) {
 	_, _, err := bind(ctx, b)
 	if err != nil {
 		return nil, err
 	}
-	return lastCheckpoint(ctx, b)
+	return lastCheckpoint(ctx, b, keys, 0)
 }
 
 // lastCheckpoint returns the last message of the checkpoints stream that
-// reads as a checkpoint, passing over what no checkpointer files (see
-// Checkpointer.lastSigned); its signature is the caller's to check.
-func lastCheckpoint(ctx context.Context, b *broker.Broker) ([]byte, error) {
-	subject := b.Names.CheckpointSubject()
-	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), subject)
-	for skipped := 0; err == nil; skipped++ {
-		switch _, perr := OpenUnverified(last.Data); {
-		case perr == nil:
-			return last.Data, nil
-		case skipped == maxSkipped:
-			return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", maxSkipped)
-		case last.Sequence <= 1:
-			return nil, ErrNoLog
-		}
-		last, err = getMsgBefore(ctx, b.NC, b.Names.CheckpointStream(), last.Sequence)
-	}
+// keys verify as a checkpoint, passing over what no checkpointer files (see
+// Checkpointer.lastSigned); past the first, for one that covers sequence
+// want when it does not (an older checkpoint filed again): the largest of
+// those read. When keys are nil, or verify none of those read, it is the
+// last that reads as a checkpoint.
+func lastCheckpoint(ctx context.Context, b *broker.Broker, keys note.Verifiers, want uint64) ([]byte, error) {
+	last, err := getLastOf(ctx, b.NC, b.Names.CheckpointStream(), b.Names.CheckpointSubject())
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, ErrNoLog
 	}
-	return nil, err
+	if err != nil {
+		return nil, err
+	}
+	if cp, err := OpenUnverified(last.Data); err == nil && (keys == nil || cp.FirstSeq+uint64(cp.Size) > want) {
+		if _, err := Open(last.Data, keys); keys == nil || err == nil {
+			return last.Data, nil
+		}
+	}
+	var signed, parsed []byte // the largest read that keys verify, the last that reads as one
+	var size int64
+	read, err := scanBack(ctx, b, last.Sequence, keys, func(_ uint64, data []byte, cp *Checkpoint, ok bool) bool {
+		if parsed == nil {
+			parsed = data
+		}
+		if ok && (signed == nil || cp.Size > size) {
+			signed, size = data, cp.Size
+		}
+		return keys != nil && (signed == nil || cp.FirstSeq+uint64(size) <= want)
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case signed != nil:
+		return signed, nil
+	case parsed != nil:
+		return parsed, nil
+	case read >= maxSkipped:
+		return nil, fmt.Errorf("the last %d messages of the checkpoints stream are no checkpoints (run 'capstan audit verify')", read)
+	}
+	return nil, ErrNoLog
 }
 
 // StatedKeys returns the verifier keys the deployment's checkpointers

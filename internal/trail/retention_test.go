@@ -51,7 +51,7 @@ func TestRetention_RemovedEventsAreProvedByTheStoredHashes(t *testing.T) {
 	}
 	// The events left are provable (read before the age limit takes them
 	// too).
-	_, incs, err := Prove(ctx, b, []uint64{last})
+	_, incs, err := Prove(ctx, b, []uint64{last}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -98,7 +98,7 @@ func waitCovered(t *testing.T, b *broker.Broker, seq uint64) []byte {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		signed, err := Latest(ctx, b)
+		signed, err := Latest(ctx, b, nil)
 		cancel()
 		if err == nil {
 			cp, err := OpenUnverified(signed)

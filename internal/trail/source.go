@@ -168,9 +168,17 @@ func readAll(ctx context.Context, js jetstream.JetStream, stream string, from ui
 			return err
 		}
 		if len(msgs) == 0 && r.cons != nil {
-			// Nothing more: the messages up to last are gone meanwhile
-			// (retention).
-			return nil
+			// Nothing delivered: the end when the consumer has nothing
+			// more to deliver (the messages up to last gone meanwhile, to
+			// retention); otherwise the server was slow to answer (a pull
+			// that times out delivers nothing too), and it is asked again.
+			info, err := r.cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.NumPending == 0 {
+				return nil
+			}
 		}
 	}
 }

@@ -231,7 +231,7 @@ func TestCheckpointer_KilledBetweenItsTilesAndItsCheckpoint(t *testing.T) {
 			}
 			dying.drop()
 			// Killed here: no checkpoint, and the lease it never took.
-			if signed, err := Latest(ctx, b); err != nil || !bytes.Equal(signed, kept) {
+			if signed, err := Latest(ctx, b, nil); err != nil || !bytes.Equal(signed, kept) {
 				t.Fatalf("latest checkpoint changed: %v", err)
 			}
 
@@ -269,7 +269,7 @@ func TestCheckpointer_AnotherKeyExtendsNothing(t *testing.T) {
 		t.Fatalf("step with another key: %v", err)
 	}
 	cp.drop()
-	if signed, err := Latest(ctx, b); err != nil || !bytes.Equal(signed, kept) {
+	if signed, err := Latest(ctx, b, nil); err != nil || !bytes.Equal(signed, kept) {
 		t.Fatalf("a checkpoint was signed with another key (%v)", err)
 	}
 	if stated, err := StatedKeys(ctx, b); err != nil || strings.Contains(stated, other.vkey) || !strings.Contains(stated, k.vkey) {

@@ -152,10 +152,9 @@ func Verify(ctx context.Context, src Source, keys note.Verifiers, opts VerifyOpt
 					i, cp.Origin, cp.Stream, cp.FirstSeq, latest.Origin, latest.Stream, latest.FirstSeq)})
 			return nil
 		}
-		if latest != nil && cp.Size < latest.Size {
-			r.Problems = append(r.Problems, Problem{Kind: KindInconsistent, Leaf: cp.Size,
-				Detail: fmt.Sprintf("stored checkpoint %d (size %d) comes after one of size %d: the log went back", i, cp.Size, latest.Size)})
-		}
+		// One smaller than the one before is checked as any other: an
+		// earlier checkpoint filed again (what a worker's stream can
+		// republish there) states nothing new.
 		checks = append(checks, check{size: cp.Size, root: cp.Root, time: cp.Time})
 		if latest == nil || cp.Size >= latest.Size {
 			latest = cp
@@ -276,6 +275,10 @@ type verifier struct {
 	// tileChanged is the first changed tile found, reported after the
 	// events' problems.
 	tileChanged *Problem
+	// holes is the first run of sequences without a message after the
+	// stream's first, holeCount how many there are.
+	holes     *Problem
+	holeCount int64
 }
 
 // due calls fn with each check of size n, advancing cursor past the
@@ -296,9 +299,17 @@ func (v *verifier) due(cursor *int, n int64, fn func(c *check)) {
 func (v *verifier) leafTiles() {
 	for i := range v.checks {
 		c := &v.checks[i]
-		if v.tileChanged == nil && !c.kept && c.events && c.evOK && !c.hashes && c.size <= v.hashed {
+		switch {
+		case v.tileChanged != nil || c.kept || !c.events || !c.evOK || c.hashes:
+		case c.size <= v.hashed:
 			v.tileChanged = &Problem{Kind: KindTile, Leaf: c.size,
 				Detail: fmt.Sprintf("the stored hashes of the leaves do not hash to the checkpoint of size %d, which the events do: a tile of the leaves below it changed", c.size)}
+		default:
+			// The tiles end inside the log: proofs of the leaves from
+			// there fail, and retention would leave them unproved.
+			v.tileChanged = &Problem{Kind: KindTile, Leaf: v.hashed,
+				Detail: fmt.Sprintf("the stored hashes end at leaf %d, inside the checkpoint of size %d, which the events hash to: tile %s was removed or cut",
+					v.hashed, c.size, tileKey(0, v.hashed/tileWidth))}
 		}
 	}
 	if v.tileChanged != nil {
@@ -533,10 +544,15 @@ func (v *verifier) events(retained, refSize int64) error {
 		}
 		seen = true
 		// A sequence without a message is the gap's leaf: the log's too
-		// when the message was gone before the checkpointer read it.
+		// when the message was gone before the checkpointer read it. The
+		// stream denies deletes and retention removes from the front
+		// only: a hole after its first message was made by hand.
 		for ; next < m.Seq; next++ {
 			if err := v.leaf(e, &diff, &ms, &msgs, &Msg{Seq: next}, tlog.RecordHash(GapLeaf(next))); err != nil {
 				return err
+			}
+			if diff == nil {
+				v.hole(next)
 			}
 		}
 		next++
@@ -544,6 +560,12 @@ func (v *verifier) events(retained, refSize int64) error {
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return err
+	}
+	if v.holes != nil && (diff == nil || v.holes.Leaf < diff.Leaf) {
+		p := *v.holes
+		p.Detail = fmt.Sprintf("leaf %d (sequence %d) has no message in the stream, nor in the log: it was removed before the checkpointer read it, from a stream that denies deletes (%d such sequence(s) in all)",
+			p.Leaf, p.Seq, v.holeCount)
+		v.r.Problems = append([]Problem{p}, v.r.Problems...)
 	}
 	switch {
 	case diff != nil:
@@ -559,6 +581,19 @@ func (v *verifier) events(retained, refSize int64) error {
 }
 
 var errStop = errors.New("stop")
+
+// hole notes that the stream has no message at seq, where the log holds a
+// gap's leaf too: the first of them is reported as missing, with the run
+// of sequences it begins.
+func (v *verifier) hole(seq uint64) {
+	v.holeCount++
+	switch {
+	case v.holes == nil:
+		v.holes = &Problem{Kind: KindMissing, Leaf: int64(seq - v.base), Seq: seq, Count: 1}
+	case v.holes.Seq+uint64(v.holes.Count) == seq:
+		v.holes.Count++
+	}
+}
 
 // leaf adds one leaf of the stream (m, hash h) to the tree.
 func (v *verifier) leaf(e *edge, diff **Problem, ms *[]tlog.Hash, msgs *[]*Msg, m *Msg, h tlog.Hash) error {
