@@ -151,11 +151,35 @@ func readAll(ctx context.Context, js jetstream.JetStream, stream string, from ui
 	}
 	r := newReader(s, from)
 	defer r.close()
-	for {
+	for try := 0; ; {
 		msgs, err := r.fetch(ctx, 1000)
-		if err != nil {
-			return err
+		if err == nil && len(msgs) == 0 && r.cons != nil {
+			// Nothing delivered: the end when the consumer has nothing
+			// more to deliver (the messages up to last gone meanwhile, to
+			// retention); otherwise the server was slow to answer (a pull
+			// that times out delivers nothing too), and it is asked again.
+			var info *jetstream.ConsumerInfo
+			if info, err = r.cons.Info(ctx); err == nil && info.NumPending == 0 {
+				return nil
+			}
 		}
+		if err != nil {
+			if !broker.Unreachable(err) && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return err
+			}
+			// The reading consumer's server gone, or its stream electing a
+			// leader (a cluster that lost a node): read again, from the
+			// first message not handed out, once it answers.
+			r.close()
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("capstan: read %s: %w", stream, err)
+			case <-time.After(broker.Backoff(try)):
+			}
+			try++
+			continue
+		}
+		try = 0
 		for _, m := range msgs {
 			if err := fn(m); err != nil {
 				return err
@@ -166,19 +190,6 @@ func readAll(ctx context.Context, js jetstream.JetStream, stream string, from ui
 		}
 		if err := ctx.Err(); err != nil {
 			return err
-		}
-		if len(msgs) == 0 && r.cons != nil {
-			// Nothing delivered: the end when the consumer has nothing
-			// more to deliver (the messages up to last gone meanwhile, to
-			// retention); otherwise the server was slow to answer (a pull
-			// that times out delivers nothing too), and it is asked again.
-			info, err := r.cons.Info(ctx)
-			if err != nil {
-				return err
-			}
-			if info.NumPending == 0 {
-				return nil
-			}
 		}
 	}
 }
