@@ -68,10 +68,12 @@ func (a *attacked) verifyKept(t *testing.T) Problem {
 	return r.Problems[0]
 }
 
-// reopen binds the resources again, as a verifier started now does.
+// reopen binds the resources again, as a verifier started now does: once
+// the server restarted on an edited store has recovered its streams, which
+// takes longer than half a minute on a loaded machine.
 func (a *attacked) reopen(t *testing.T) *broker.Broker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for {
 		b, err := broker.OpenAll(ctx, a.nc, broker.Config{})
