@@ -237,7 +237,7 @@ func checkDeclared(ss *mcp.ServerSession, p *mcptasks.TaskParams) error {
 }
 
 func taskNotFound() error {
-	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: mcptasks.Task not found"}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: Task not found"}
 }
 
 // submitTask submits a task's call under a new id, the call tracked until

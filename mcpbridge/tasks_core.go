@@ -223,7 +223,7 @@ func (b *Bridge) coreCancel(ctx context.Context, actor envelope.Actor, taskID st
 		return nil, err
 	}
 	if terminal(c.Status) {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "mcptasks.Task " + taskID + " has already ended: " + c.Status}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Task " + taskID + " has already ended: " + c.Status}
 	}
 	if err := b.cancelTask(ctx, actor, taskID); err != nil {
 		return nil, err

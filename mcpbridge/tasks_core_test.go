@@ -306,3 +306,37 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 		t.Errorf("%s as a task: %+v, want -32601", mcpbridge.StatusTool, e)
 	}
 }
+
+// What a client is told when a task cannot be read or cancelled names the
+// task, never a Go type of the bridge's: the spec's "Task not found" for an
+// id that is not the caller's, and the state of a task that ended.
+func TestCoreTasks_RefusalsNameNoInternals(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	s := &rawSession{t: t, url: srv.URL, token: aliceToken}
+	t.Cleanup(s.close)
+	var init map[string]any
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
+	s.notify("notifications/initialized")
+	var r struct {
+		Task coreTask `json:"task"`
+	}
+	s.ok("tools/call", map[string]any{"name": "demo_echo", "arguments": map[string]any{"a": 1}, "task": map[string]any{}}, &r)
+	s.waitStatus(r.Task.TaskID, "completed")
+
+	_, notFound := s.call("tasks/get", map[string]any{"taskId": "0190a0a0-0000-7000-8000-000000000000"})
+	_, ended := s.call("tasks/cancel", map[string]any{"taskId": r.Task.TaskID})
+	for what, e := range map[string]*rpcError{"an unknown task": notFound, "cancelling an ended task": ended} {
+		if e == nil || e.Code != -32602 {
+			t.Fatalf("%s: %+v, want -32602", what, e)
+		}
+		if strings.Contains(e.Message, "mcptasks") || !strings.Contains(e.Message, "Task ") {
+			t.Errorf("%s answers %q: a Go package's name, or no task", what, e.Message)
+		}
+	}
+	if !strings.Contains(ended.Message, r.Task.TaskID) || !strings.HasSuffix(ended.Message, "completed") {
+		t.Errorf("cancelling an ended task answers %q: want its id and its state", ended.Message)
+	}
+}
