@@ -249,7 +249,7 @@ func (b *Bridge) submitTask(ctx context.Context, actor envelope.Actor, capID str
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
 	_, err = b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
-	return id, answered, err
+	return id, answered, b.tooLarge(err)
 }
 
 // createTask submits the call and answers with its task once the request is
