@@ -205,6 +205,11 @@ async function run<S>(client: Client, options: ToolsOptions<S>, call: (signal: A
       // Only the wait ended: the execution goes on.
       return { status: "running", executionId: id, next: `Still running. Call ${statusToolName} with this executionId later to read its result.` };
     }
+    if (err instanceof CapstanError && err.code === "INVALID_ARGUMENT") {
+      // Refused before anything was sent (an input too large for one
+      // message): nothing ran, and no execution is there to read.
+      return { error: { code: "INPUT_INVALID", message: err.message.replace(/^capstan: /, ""), retryable: false } };
+    }
     if (err instanceof UnservedError) {
       client.log.warn?.("a call of a capability no live worker serves", { err: err.message });
       if (!err.queued) return { error: { code: "NOT_STARTED", message: "No worker is serving this tool now; nothing ran.", retryable: true } };
