@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/mcptasks"
 	"github.com/capstan-dev/capstan/mcpbridge"
 )
@@ -338,5 +340,54 @@ func TestCoreTasks_RefusalsNameNoInternals(t *testing.T) {
 	}
 	if !strings.Contains(ended.Message, r.Task.TaskID) || !strings.HasSuffix(ended.Message, "completed") {
 		t.Errorf("cancelling an ended task answers %q: want its id and its state", ended.Message)
+	}
+}
+
+// A task whose approval someone granted, cancelled before anything resumed
+// it, does not run: the cancel is the caller's last word on the call.
+func TestCoreTasks_CancelAfterTheApprovalBeforeItRuns_NothingRuns(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	s := &rawSession{t: t, url: srv.URL, token: aliceToken}
+	t.Cleanup(s.close)
+	var init map[string]any
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
+	s.notify("notifications/initialized")
+	var r struct {
+		Task coreTask `json:"task"`
+	}
+	s.ok("tools/call", map[string]any{"name": "orders_refund", "arguments": map[string]any{"orderId": "o-cancelled", "amount": 900},
+		"task": map[string]any{}}, &r)
+	waiting := s.waitStatus(r.Task.TaskID, "working")
+	for !strings.Contains(waiting.StatusMessage, "approval") {
+		time.Sleep(50 * time.Millisecond)
+		waiting = s.waitStatus(r.Task.TaskID, "working")
+	}
+	approvalID := strings.Fields(strings.TrimPrefix(waiting.StatusMessage, "waiting for approval "))[0]
+	if _, err := f.client.Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true,
+		Approver: envelope.Actor{Kind: envelope.ActorUser, ID: "carol"}}); err != nil {
+		t.Fatal(err)
+	}
+	var cancelled coreTask
+	s.ok("tasks/cancel", map[string]any{"taskId": r.Task.TaskID}, &cancelled)
+	// Nothing resumed the approval: no execution was ever asked for under
+	// the id a poll resumes it with.
+	if st, err := f.client.Status(testCtx(t), approvalID+"-resume"); !errors.Is(err, executor.ErrNoSuchExecution) {
+		t.Errorf("tasks/cancel resumed the approved call: %+v %v", st, err)
+	}
+	if rec, err := f.client.Approval(testCtx(t), approvalID); err != nil || rec.Status != approvals.StatusCancelled {
+		t.Errorf("the approval after tasks/cancel: %+v %v, want it withdrawn", rec, err)
+	}
+	end := s.waitStatus(r.Task.TaskID, "cancelled", "completed", "failed")
+	var res struct {
+		IsError           bool           `json:"isError"`
+		StructuredContent map[string]any `json:"structuredContent"`
+	}
+	s.ok("tasks/result", map[string]any{"taskId": r.Task.TaskID}, &res)
+	if end.Status != "cancelled" || res.StructuredContent["orderId"] == "o-cancelled" {
+		t.Fatalf("cancelled after its approval, before it ran: the task ended %s (%s), result %v; tasks/cancel answered %+v",
+			end.Status, end.StatusMessage, res.StructuredContent, cancelled)
 	}
 }
