@@ -214,10 +214,10 @@ const coreCancelWait = 5 * time.Second
 
 // coreCancel is tasks/cancel: refused for a task that has ended; otherwise
 // the execution is cancelled (a pending or approved approval withdrawn:
-// tasks/cancel never resumes one) and the task
-// answered as it stands once it ended, or the wait ran out. A handler that
-// returned before the cancel reached its worker ends completed: the task
-// says so rather than claim a cancel that did not happen.
+// tasks/cancel never resumes one) and the task answered as it stands once
+// it ended, or the wait ran out. A handler that returned before the cancel
+// reached its worker ends completed: the task says so rather than claim a
+// cancel that did not happen.
 func (b *Bridge) coreCancel(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.CoreTask, error) {
 	c, _, err := b.coreGet(ctx, actor, taskID, false)
 	if err != nil {
