@@ -84,6 +84,7 @@ func (c *Config) defaults() {
 // that actor.
 type Bridge struct {
 	c   *executor.Client
+	nc  *nats.Conn
 	cfg Config
 	log *slog.Logger
 
@@ -110,7 +111,7 @@ func New(nc *nats.Conn, cfg Config) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bridge{c: c, cfg: cfg, log: cfg.Logger, views: map[string]*view{},
+	b := &Bridge{c: c, nc: nc, cfg: cfg, log: cfg.Logger, views: map[string]*view{},
 		done: make(chan struct{})}
 	b.pending.init()
 	b.ctx, b.stop = context.WithCancel(context.Background())

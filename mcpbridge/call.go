@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go"
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
@@ -94,7 +95,7 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 	defer stopFollowing()
 
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
-	err := submit(sctx, id)
+	err := b.tooLarge(submit(sctx, id))
 	cancel()
 	var ce *envelope.CapabilityError
 	if errors.As(err, &ce) {
@@ -145,6 +146,19 @@ func (b *Bridge) run(ctx context.Context, actor envelope.Actor, p *progress, key
 		}
 	}
 	return resultOf(env), nil
+}
+
+// tooLarge turns the refusal of a request larger than the server takes in
+// one message into INPUT_INVALID with the limit: such a request was never
+// sent, so nothing can run, and the model must not be told that it may run
+// (unconfirmed) and sent to read an execution that stays queued forever.
+// Any other error is returned as it is.
+func (b *Bridge) tooLarge(err error) error {
+	if !errors.Is(err, nats.ErrMaxPayload) {
+		return err
+	}
+	return &envelope.CapabilityError{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true,
+		Message: fmt.Sprintf("The input is too large: capstan takes requests of at most %d bytes. Nothing ran.", b.nc.MaxPayload())}
 }
 
 // explicitlyCancelled tells a client's notifications/cancelled (the request's

@@ -17,6 +17,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/mcptasks"
 	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/mcpbridge"
 )
@@ -456,5 +457,41 @@ func TestHTTPStateless_RequestEndedAfterBeginClose_ExecutionGoesOn(t *testing.T)
 	}
 	if env.Status != envelope.StatusCompleted {
 		t.Errorf("the execution of a call whose request the closing server ended is %s, want completed", env.Status)
+	}
+}
+
+// A call whose input is larger than the server takes in one message could
+// not have been stored: the model is told so (not retryable as it is, and
+// nothing ran), not that capstan is unavailable and the call may run under
+// an execution id that capstan_status would then show queued forever.
+func TestToolsCall_InputTooLargeToPublish_NothingRanNoExecutionID(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	cs := f.connectMemory(t, alice, newEvents())
+	ctx := testCtx(t)
+	big := strings.Repeat("x", int(f.nc.MaxPayload())+1)
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "demo_echo", Arguments: map[string]any{"data": big}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := structured(t, res)
+	if !res.IsError || me["code"] != string(envelope.CodeInputInvalid) || me["retryable"] == true {
+		t.Fatalf("an input larger than a message answers %v: %s", me, textOf(res))
+	}
+	if id, _ := res.Meta["capstan/executionId"].(string); strings.Contains(textOf(res), mcpbridge.StatusTool) || id != "" && res.Meta["capstan/status"] == "unknown" {
+		t.Errorf("the model is sent to read an execution that cannot exist: %s %v", textOf(res), res.Meta)
+	}
+
+	// As a 2025-11-25 task: invalid params, not "the call may or may not
+	// have been taken".
+	s := &rawSession{t: t, url: f.serveHTTP(t).URL, token: aliceToken}
+	t.Cleanup(s.close)
+	var init map[string]any
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
+	s.notify("notifications/initialized")
+	_, e := s.call("tools/call", map[string]any{"name": "demo_echo", "arguments": map[string]any{"data": big}, "task": map[string]any{}})
+	if e == nil || e.Code != -32602 || !strings.Contains(e.Message, "too large") {
+		t.Errorf("an input larger than a message, as a task: %+v, want -32602 saying it is too large", e)
 	}
 }

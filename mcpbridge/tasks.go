@@ -108,7 +108,7 @@ func (b *Bridge) routeTasks(v *view) {
 	})
 	must(mcp.AddReceivingCustomMethod(v.server, "tasks/get", func(ctx context.Context, ss *mcp.ServerSession, p *mcptasks.TaskParams) (mcp.Result, error) {
 		if core(ss, p) {
-			c, _, err := b.coreGet(ctx, v.actor, p.TaskID)
+			c, _, err := b.coreGet(ctx, v.actor, p.TaskID, true)
 			if err != nil {
 				return nil, b.protocolError(ctx, "tasks/get", err)
 			}
@@ -117,7 +117,7 @@ func (b *Bridge) routeTasks(v *view) {
 		if err := checkDeclared(ss, p); err != nil {
 			return nil, err
 		}
-		t, err := b.getTask(ctx, v.actor, p.TaskID)
+		t, err := b.getTask(ctx, v.actor, p.TaskID, true)
 		if err != nil {
 			return nil, b.protocolError(ctx, "tasks/get", err)
 		}
@@ -237,7 +237,7 @@ func checkDeclared(ss *mcp.ServerSession, p *mcptasks.TaskParams) error {
 }
 
 func taskNotFound() error {
-	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: mcptasks.Task not found"}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Failed to retrieve task: Task not found"}
 }
 
 // submitTask submits a task's call under a new id, the call tracked until
@@ -249,7 +249,7 @@ func (b *Bridge) submitTask(ctx context.Context, actor envelope.Actor, capID str
 	sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
 	_, err = b.c.Submit(sctx, capID, input, b.assert(actor), executor.WithID(id))
-	return id, answered, err
+	return id, answered, b.tooLarge(err)
 }
 
 // createTask submits the call and answers with its task once the request is
@@ -309,9 +309,11 @@ func (b *Bridge) task(id string, created, updated time.Time) *mcptasks.Task {
 
 // getTask reads the task's state from the execution, following an approval
 // to the execution that consumed it. An approved approval nobody resumed yet
-// is resumed here, under an id derived from the approval, so that however
-// many bridges poll, one execution runs (and the approval authorizes one).
-func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.Task, error) {
+// is resumed here when resume is set, under an id derived from the approval,
+// so that however many bridges poll, one execution runs (and the approval
+// authorizes one). tasks/cancel reads without resume: a cancel never starts
+// the call it cancels.
+func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID string, resume bool) (*mcptasks.Task, error) {
 	if envelope.ValidExecutionID(taskID) != nil || !b.owns(ctx, actor, taskID) {
 		return nil, taskNotFound()
 	}
@@ -368,6 +370,10 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 			t.LastUpdatedAt = rec.RequestedAt.Format(time.RFC3339Nano)
 			return t, nil
 		case approvals.StatusApproved:
+			if !resume {
+				t.Status, t.StatusMessage = mcptasks.TaskWorking, "approved by "+decider(rec)+"; not resumed yet"
+				return t, nil
+			}
 			rid := rec.ID + "-resume"
 			sctx, cancel := context.WithTimeout(ctx, submitTimeout)
 			_, err := b.c.SubmitResume(sctx, rec.ID, executor.WithID(rid))
@@ -535,7 +541,10 @@ func (b *Bridge) cancelTask(ctx context.Context, actor envelope.Actor, taskID st
 			id = rec.ConsumedBy
 			continue
 		}
-		return b.withdraw(ctx, actor, rec.ID)
+		if err := b.withdraw(ctx, actor, rec.ID); !errors.Is(err, approvals.ErrConsumed) {
+			return err
+		}
+		// Resumed meanwhile: cancel the execution that consumed it.
 	}
 	return nil
 }

@@ -171,9 +171,9 @@ func (b *Bridge) coreCreate(ctx context.Context, actor envelope.Actor, capID str
 		Task: c}, nil
 }
 
-// coreGet is tasks/get of the core tasks.
-func (b *Bridge) coreGet(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.CoreTask, *mcptasks.Task, error) {
-	t, err := b.getTask(ctx, actor, taskID)
+// coreGet is tasks/get of the core tasks (resume: see getTask).
+func (b *Bridge) coreGet(ctx context.Context, actor envelope.Actor, taskID string, resume bool) (*mcptasks.CoreTask, *mcptasks.Task, error) {
+	t, err := b.getTask(ctx, actor, taskID, resume)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,7 +184,7 @@ func (b *Bridge) coreGet(ctx context.Context, actor envelope.Actor, taskID strin
 // what the tools/call would have.
 func (b *Bridge) coreResult(ctx context.Context, actor envelope.Actor, taskID string) (*mcp.CallToolResult, error) {
 	for {
-		c, t, err := b.coreGet(ctx, actor, taskID)
+		c, t, err := b.coreGet(ctx, actor, taskID, true)
 		if err != nil {
 			return nil, err
 		}
@@ -213,24 +213,25 @@ func (b *Bridge) coreResult(ctx context.Context, actor envelope.Actor, taskID st
 const coreCancelWait = 5 * time.Second
 
 // coreCancel is tasks/cancel: refused for a task that has ended; otherwise
-// the execution is cancelled (a pending approval withdrawn) and the task
-// answered as it stands once it ended, or the wait ran out. A handler that
-// returned before the cancel reached its worker ends completed: the task
-// says so rather than claim a cancel that did not happen.
+// the execution is cancelled (a pending or approved approval withdrawn:
+// tasks/cancel never resumes one) and the task answered as it stands once
+// it ended, or the wait ran out. A handler that returned before the cancel
+// reached its worker ends completed: the task says so rather than claim a
+// cancel that did not happen.
 func (b *Bridge) coreCancel(ctx context.Context, actor envelope.Actor, taskID string) (*mcptasks.CoreTask, error) {
-	c, _, err := b.coreGet(ctx, actor, taskID)
+	c, _, err := b.coreGet(ctx, actor, taskID, false)
 	if err != nil {
 		return nil, err
 	}
 	if terminal(c.Status) {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "mcptasks.Task " + taskID + " has already ended: " + c.Status}
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Task " + taskID + " has already ended: " + c.Status}
 	}
 	if err := b.cancelTask(ctx, actor, taskID); err != nil {
 		return nil, err
 	}
 	deadline := time.Now().Add(coreCancelWait)
 	for {
-		c, _, err = b.coreGet(ctx, actor, taskID)
+		c, _, err = b.coreGet(ctx, actor, taskID, false)
 		if err != nil || terminal(c.Status) || time.Now().After(deadline) {
 			return c, err
 		}

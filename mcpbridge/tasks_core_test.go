@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/mcptasks"
 	"github.com/capstan-dev/capstan/mcpbridge"
 )
@@ -304,5 +306,88 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 	if _, e := s.call("tools/call", map[string]any{"name": mcpbridge.StatusTool, "arguments": map[string]any{"executionId": echo.TaskID},
 		"task": map[string]any{}}); e == nil || e.Code != -32601 {
 		t.Errorf("%s as a task: %+v, want -32601", mcpbridge.StatusTool, e)
+	}
+}
+
+// What a client is told when a task cannot be read or cancelled names the
+// task, never a Go type of the bridge's: the spec's "Task not found" for an
+// id that is not the caller's, and the state of a task that ended.
+func TestCoreTasks_RefusalsNameNoInternals(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	s := &rawSession{t: t, url: srv.URL, token: aliceToken}
+	t.Cleanup(s.close)
+	var init map[string]any
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
+	s.notify("notifications/initialized")
+	var r struct {
+		Task coreTask `json:"task"`
+	}
+	s.ok("tools/call", map[string]any{"name": "demo_echo", "arguments": map[string]any{"a": 1}, "task": map[string]any{}}, &r)
+	s.waitStatus(r.Task.TaskID, "completed")
+
+	_, notFound := s.call("tasks/get", map[string]any{"taskId": "0190a0a0-0000-7000-8000-000000000000"})
+	_, ended := s.call("tasks/cancel", map[string]any{"taskId": r.Task.TaskID})
+	for what, e := range map[string]*rpcError{"an unknown task": notFound, "cancelling an ended task": ended} {
+		if e == nil || e.Code != -32602 {
+			t.Fatalf("%s: %+v, want -32602", what, e)
+		}
+		if strings.Contains(e.Message, "mcptasks") || !strings.Contains(e.Message, "Task ") {
+			t.Errorf("%s answers %q: a Go package's name, or no task", what, e.Message)
+		}
+	}
+	if !strings.Contains(ended.Message, r.Task.TaskID) || !strings.HasSuffix(ended.Message, "completed") {
+		t.Errorf("cancelling an ended task answers %q: want its id and its state", ended.Message)
+	}
+}
+
+// A task whose approval someone granted, cancelled before anything resumed
+// it, does not run: the cancel is the caller's last word on the call.
+func TestCoreTasks_CancelAfterTheApprovalBeforeItRuns_NothingRuns(t *testing.T) {
+	t.Parallel()
+	f := start(t, mcpbridge.Config{})
+	srv := f.serveHTTP(t)
+	s := &rawSession{t: t, url: srv.URL, token: aliceToken}
+	t.Cleanup(s.close)
+	var init map[string]any
+	s.ok("initialize", map[string]any{"protocolVersion": mcptasks.CoreTasksVersion, "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}}, &init)
+	s.notify("notifications/initialized")
+	var r struct {
+		Task coreTask `json:"task"`
+	}
+	s.ok("tools/call", map[string]any{"name": "orders_refund", "arguments": map[string]any{"orderId": "o-cancelled", "amount": 900},
+		"task": map[string]any{}}, &r)
+	waiting := s.waitStatus(r.Task.TaskID, "working")
+	for !strings.Contains(waiting.StatusMessage, "approval") {
+		time.Sleep(50 * time.Millisecond)
+		waiting = s.waitStatus(r.Task.TaskID, "working")
+	}
+	approvalID := strings.Fields(strings.TrimPrefix(waiting.StatusMessage, "waiting for approval "))[0]
+	if _, err := f.client.Decide(testCtx(t), approvalID, approvals.Verdict{Approve: true,
+		Approver: envelope.Actor{Kind: envelope.ActorUser, ID: "carol"}}); err != nil {
+		t.Fatal(err)
+	}
+	var cancelled coreTask
+	s.ok("tasks/cancel", map[string]any{"taskId": r.Task.TaskID}, &cancelled)
+	// Nothing resumed the approval: no execution was ever asked for under
+	// the id a poll resumes it with.
+	if st, err := f.client.Status(testCtx(t), approvalID+"-resume"); !errors.Is(err, executor.ErrNoSuchExecution) {
+		t.Errorf("tasks/cancel resumed the approved call: %+v %v", st, err)
+	}
+	if rec, err := f.client.Approval(testCtx(t), approvalID); err != nil || rec.Status != approvals.StatusCancelled {
+		t.Errorf("the approval after tasks/cancel: %+v %v, want it withdrawn", rec, err)
+	}
+	end := s.waitStatus(r.Task.TaskID, "cancelled", "completed", "failed")
+	var res struct {
+		IsError           bool           `json:"isError"`
+		StructuredContent map[string]any `json:"structuredContent"`
+	}
+	s.ok("tasks/result", map[string]any{"taskId": r.Task.TaskID}, &res)
+	if end.Status != "cancelled" || res.StructuredContent["orderId"] == "o-cancelled" {
+		t.Fatalf("cancelled after its approval, before it ran: the task ended %s (%s), result %v; tasks/cancel answered %+v",
+			end.Status, end.StatusMessage, res.StructuredContent, cancelled)
 	}
 }

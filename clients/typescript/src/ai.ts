@@ -33,7 +33,7 @@ export interface ToolsOptions<S = SchemaLike> extends Omit<DescribeOptions, "sig
   call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
   /** How long a call is waited for before the model is told it is still running (default 5 min). */
   callTimeoutMs?: number;
-  /** A tool's name (default: the capability id, dots as underscores, as model providers require). */
+  /** A tool's name (default: toolName(d.id), the MCP bridge's name for it, which model providers take). */
   name?: (d: Descriptor) => string;
   /** Wraps a JSON Schema for the SDK: pass `jsonSchema` from "ai" (default: an object of the same shape). */
   jsonSchema?: (schema: Record<string, unknown>) => S;
@@ -45,6 +45,24 @@ export const resumeToolName = "capstan_resume";
 export const statusToolName = "capstan_status";
 
 const schemaSymbol = Symbol.for("vercel.ai.schema");
+
+/** The longest tool name the model providers' APIs take. */
+const maxToolName = 64;
+
+/**
+ * The tool name of a capability id, the MCP bridge's (mcpbridge.ToolName):
+ * one that model providers take, ^[a-zA-Z0-9_-]{1,64}$. Dots (and any other
+ * character) become underscores; an id longer than 64 bytes (ids have up to
+ * 128) keeps its first 55 and its FNV-1a hash, so that two ids stay two
+ * names.
+ */
+export function toolName(capabilityId: string): string {
+  const name = Array.from(capabilityId, (c) => (/^[a-zA-Z0-9_-]$/.test(c) ? c : "_")).join("");
+  if (name.length <= maxToolName) return name;
+  let h = 0x811c9dc5;
+  for (const b of new TextEncoder().encode(capabilityId)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  return `${name.slice(0, maxToolName - 9)}_${h.toString(16).padStart(8, "0")}`;
+}
 
 /** A model's argument as text ("" when it is not text). */
 function text(v: unknown): string {
@@ -67,7 +85,7 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
 export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOptions<S> = {}): Promise<Record<string, Tool<S>>> {
   const discovery = await client.describe(options);
   const wrap = options.jsonSchema ?? (schemaLike as unknown as (schema: Record<string, unknown>) => S);
-  const nameOf = options.name ?? ((d: Descriptor) => d.id.replace(/\./g, "_"));
+  const nameOf = options.name ?? ((d: Descriptor) => toolName(d.id));
   const tools: Record<string, Tool<S>> = {};
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
@@ -186,6 +204,11 @@ async function run<S>(client: Client, options: ToolsOptions<S>, call: (signal: A
       }
       // Only the wait ended: the execution goes on.
       return { status: "running", executionId: id, next: `Still running. Call ${statusToolName} with this executionId later to read its result.` };
+    }
+    if (err instanceof CapstanError && err.code === "INVALID_ARGUMENT") {
+      // Refused before anything was sent (an input too large for one
+      // message): nothing ran, and no execution is there to read.
+      return { error: { code: "INPUT_INVALID", message: err.message.replace(/^capstan: /, ""), retryable: false } };
     }
     if (err instanceof UnservedError) {
       client.log.warn?.("a call of a capability no live worker serves", { err: err.message });

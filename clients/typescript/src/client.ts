@@ -785,6 +785,15 @@ export class Client {
         if (err instanceof CapstanError) throw err;
         const quota = queueFull(err);
         if (quota !== undefined) throw await this.quotaError(quota, err);
+        if (err instanceof Error && err.name === "InvalidArgumentError" && err.message.includes("max_payload")) {
+          // The connection refused to send it: nothing can run, so no
+          // execution id to read (Go: the MCP bridge's INPUT_INVALID).
+          throw new CapstanError(
+            "INVALID_ARGUMENT",
+            `capstan: the input is too large: capstan takes requests of at most ${this.nc.info?.max_payload ?? "?"} bytes; nothing was sent`,
+            { cause: err },
+          );
+        }
         if (!transient(err)) {
           throw new CapstanError("TRANSPORT", `capstan: submit ${executionId}: ${(err as Error).message}`, { cause: err, executionId });
         }

@@ -24,8 +24,9 @@ import { forModel } from "./wire.js";
  *   executor.ErrExpired); see ExpiredError.
  * - `UNKNOWN_EXECUTION`: neither a record nor an envelope exists for the id
  *   (Go: executor.ErrNoSuchExecution).
- * - `INVALID_ARGUMENT`: an id or option that can never be valid; nothing was
- *   sent.
+ * - `INVALID_ARGUMENT`: an id, option or input that can never be valid (an
+ *   input larger than the server takes in one message among them); nothing
+ *   was sent.
  * - `REFUSED`: the workers refused a cancel, a decision or a listing; for
  *   approvals, `conditions` names why with the wire's condition names.
  * - `UNSERVED`: no live worker serves the capability called (Go:

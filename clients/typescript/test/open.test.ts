@@ -536,6 +536,15 @@ describe("AI SDK tools", () => {
     assert.equal(early.error.code, "APPROVAL_PENDING");
   });
 
+  test("an input larger than the server takes in one message: the model is told nothing ran, not that it may run", async () => {
+    const tools = await aiTools(c, { surface: "mcp" });
+    const r = (await tools.demo_echo?.execute({ data: "x".repeat(2 << 20) })) as { executionId?: string; error?: { code: string; message: string; retryable: boolean } };
+    assert.equal(r.executionId, undefined, `the model is sent to read an execution that cannot exist: ${JSON.stringify(r.error)}`);
+    assert.equal(r.error?.code, "INPUT_INVALID");
+    assert.equal(r.error.retryable, false);
+    assert.match(r.error.message, /too large/);
+  });
+
   test("a call that outlives the tool's wait goes on, and the model is told how to read it", async () => {
     const tools = await aiTools(c, { surface: "mcp", callTimeoutMs: 50 });
     const r = (await tools.demo_sleep?.execute({ ms: 500 })) as { status: string; executionId: string };
