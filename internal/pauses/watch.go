@@ -8,9 +8,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/oplog"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Watcher is a worker's copy of the pauses bucket, kept current by one
