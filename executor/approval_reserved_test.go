@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
@@ -78,5 +79,50 @@ func TestApproval_CallLostWhileAskingEndsNamingItsOneApproval(t *testing.T) {
 				t.Fatalf("handler called %d times (%v), want none", len(calls), err)
 			}
 		})
+	}
+}
+
+// The other side of that rule: a resume's record, claimed, its approval
+// consumed, its worker lost before the attempt started. A request under its
+// id that resumes nothing (the same call, as it was first sent) takes it over
+// from the top, where the call asks for an approval again: it never runs on
+// the strength of the resume's approval, which stays the resume's.
+func TestApproval_PlainRequestUnderAResumesClaimDoesNotRunOnItsApproval(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, demo.Catalog(js)...)
+	in := map[string]any{"orderId": "o1", "amount": 900}
+	_, rec := requireApproval(t, s.c, "orders.refund", in, executor.As(alice))
+	decide(t, s.c, rec.ID, true)
+	input := envelope.MustRaw(in)
+	hash, err := envelope.InputHash(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	created := time.Now().UTC().Add(-time.Minute)
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "orders.refund", ApprovalID: rec.ID,
+		State: execution.StateClaimed, Worker: deadWorker, Claim: "c-lost", LeaseUntil: pastLease(), CreatedAt: created,
+		Actor: alice.String(), Surface: string(executor.SurfaceDirect), InputHash: hash})
+	if _, err := approvalstore.NewStore(s.b.Approvals, nil).Consume(ctxT(t), rec.ID, id, created); err != nil {
+		t.Fatal(err)
+	}
+	s.publishRequest(s.b.Names.ExecSubject(broker.Anonymous, "orders.refund"),
+		&envelope.Request{ExecutionID: id, CapabilityID: "orders.refund", Input: input})
+	got := s.await(id)
+	if got.Status == envelope.StatusCompleted || got.Attempts != 0 {
+		t.Fatalf("envelope %s, %d attempts (error %+v): ran without its approval", got.Status, got.Attempts, got.Error)
+	}
+	if calls, err := demo.ReadCalls(ctxT(t), js); err != nil || len(calls) != 0 {
+		t.Fatalf("handler called %d times (%v), want none", len(calls), err)
+	}
+	after, err := s.c.Approval(ctxT(t), rec.ID)
+	if err != nil || after.Status != approvals.StatusConsumed || after.ConsumedBy != id {
+		t.Fatalf("approval after: %v %+v", err, after)
 	}
 }
