@@ -63,7 +63,9 @@ type Record struct {
 	CancelRequested bool `json:"cancelRequested,omitempty"`
 	// CancelRequestedAt is when the cancel arrived.
 	CancelRequestedAt time.Time `json:"cancelRequestedAt,omitzero"`
-	// ApprovalID is the approval the execution resumes, if any.
+	// ApprovalID is the approval the execution resumes, if any; while it is
+	// claimed, it may instead be the approval it asked for, its id reserved
+	// before the approval is stored, so that a takeover asks no second one.
 	ApprovalID string `json:"approvalId,omitempty"`
 	// Actor (kind:id), Surface and InputHash, with CapabilityID and
 	// ApprovalID, name the request the record was claimed for: only that

@@ -59,6 +59,14 @@ func lostReceipt(r *Record) envelope.Raw {
 // policies and approval. A record that names no capability (a cancel's
 // pending record, before any claim) holds no request yet, and a record
 // written before a field existed is not compared on it.
+//
+// A claimed record's approval id is also the one its call reserved when it
+// asked for an approval (awaitApproval), before storing it and ending
+// approval-required: a request that resumes nothing is still the one such a
+// record was claimed for, and its redelivery takes the execution over, from
+// the top, and finds the same approval. Past the claim (an attempt started),
+// the approval id is only ever the one the execution resumes, and a request
+// resuming nothing is another one.
 func conflict(r *Record, req *envelope.Request, inputHash string) string {
 	if r.CapabilityID == "" {
 		return ""
@@ -66,7 +74,7 @@ func conflict(r *Record, req *envelope.Request, inputHash string) string {
 	switch {
 	case r.CapabilityID != req.CapabilityID:
 		return "capabilityId"
-	case r.ApprovalID != req.ApprovalID:
+	case r.ApprovalID != req.ApprovalID && (req.ApprovalID != "" || r.State != StateClaimed):
 		return "approvalId"
 	case r.Actor != "" && r.Actor != actorKey(req.Actor):
 		return "actor"

@@ -34,6 +34,13 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 		change(&r)
 		return &r
 	}
+	// A call that asked for an approval, its worker lost after reserving the
+	// approval's id: claimed, never running.
+	asking := &envelope.Request{ExecutionID: claimed.ExecutionID, CapabilityID: "vault.transfer", Actor: alice, Surface: "direct"}
+	var reserving Record
+	reserving.State = StateClaimed
+	claimedFor(&reserving, asking, "h1")
+	reserving.ApprovalID = "ap-reserved"
 	for _, c := range []struct {
 		name      string
 		rec       *Record
@@ -51,6 +58,9 @@ func TestRecordConflict_OnlyTheClaimedRequestMatches(t *testing.T) {
 		{"an earlier version's record", &oldRec, other(func(r *envelope.Request) { r.Actor.ID = "bob" }), "h2", ""},
 		{"an earlier version's record, another capability", &oldRec, other(func(r *envelope.Request) { r.CapabilityID = "gate.pay" }), "h1", "capabilityId"},
 		{"an earlier version's record, no approval", &oldRec, other(func(r *envelope.Request) { r.ApprovalID = "" }), "h1", "approvalId"},
+		{"the asking call, its approval reserved", &reserving, asking, "h1", ""},
+		{"the asking call's id, resuming another approval", &reserving, claimed, "h1", "approvalId"},
+		{"the asking call's id, another input", &reserving, asking, "h2", "inputHash"},
 	} {
 		if got := conflict(c.rec, c.req, c.inputHash); got != c.want {
 			t.Errorf("%s: conflict %q, want %q", c.name, got, c.want)
