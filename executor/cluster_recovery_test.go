@@ -3,12 +3,14 @@ package executor_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
@@ -88,6 +90,24 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 			Input:   demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "hello", HoldMs: 800 + i%400},
 			Options: []executor.CallOption{executor.WithID(ids[i])}}
 	}
+	// When the worker serving email.send alone last recorded a receipt: a
+	// cut right after one strands an execution the staying worker completes
+	// from it (a handler holds at least 800 ms after its send).
+	var receipted atomic.Int64
+	kw, err := b.Executions.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kw.Stop()
+	go func() {
+		for e := range kw.Updates() {
+			var r execution.Record
+			if e != nil && e.Operation() == jetstream.KeyValuePut && envelope.Unmarshal(e.Value(), &r) == nil &&
+				r.Worker == "cut" && len(r.Receipt) > 0 {
+				receipted.Store(time.Now().UnixNano())
+			}
+		}
+	}()
 	type result struct {
 		envs []*envelope.Envelope
 		errs []error
@@ -115,6 +135,13 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 		case <-readCtx.Done():
 			t.Fatal("no emails sent")
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	for since := time.Now().UnixNano(); receipted.Load() < since; {
+		select {
+		case <-readCtx.Done():
+			t.Fatal("the worker to cut recorded no receipt")
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	node := leaderOf(ctx, t, c, "KV_"+b.Names.ExecutionsBucket())
