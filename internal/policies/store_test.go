@@ -19,13 +19,8 @@ import (
 // a worker puts it in force.
 func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newStoreRig(t)
+	ctx, b := r.ctx, r.b
 	apply := func(reason string) (*Change, error) {
 		return Apply(ctx, b.NC, b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: reason})
 	}
@@ -33,10 +28,7 @@ func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What the stopped apply wrote: v.2, and nothing else.
-	kv, err := Bucket(ctx, b.JS, b.Names, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := r.bucket(false)
 	orphan, err := json.Marshal(&Version{V: 1, Version: 2, Text: tenRules, By: "admin", Reason: "stopped", AuditID: "x"})
 	if err != nil {
 		t.Fatal(err)
@@ -44,15 +36,7 @@ func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
 	if _, err := kv.Create(ctx, versionKey(2), orphan); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(env.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := Watch(ctx, js, b.Names, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := r.watch()
 	for i, reason := range []string{"second", "third"} {
 		ch, err := apply(reason)
 		if err != nil {
@@ -76,30 +60,14 @@ func TestApply_AfterAnApplyStoppedBetweenItsWrites(t *testing.T) {
 // an apply each replace it, and the workers follow.
 func TestApplyAndRemove_ReplaceACurrentKeyThatDoesNotDecode(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newStoreRig(t)
+	ctx, b := r.ctx, r.b
 	ch, err := Apply(ctx, b.NC, b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: "first"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := Bucket(ctx, b.JS, b.Names, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(env.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := Watch(ctx, js, b.Names, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	kv := r.bucket(false)
+	w := r.watch()
 	rev := ch.Revision
 	spoil := func() {
 		t.Helper()
@@ -149,17 +117,9 @@ func TestApplyAndRemove_ReplaceACurrentKeyThatDoesNotDecode(t *testing.T) {
 // and puts it in force once it can.
 func TestWatch_AVersionUnreadWhenPutInForceLoadsOnceItReads(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := Bucket(ctx, b.JS, b.Names, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newStoreRig(t)
+	ctx := r.ctx
+	kv := r.bucket(true)
 	set, err := Compile("p.cedar", []byte(tenRules))
 	if err != nil {
 		t.Fatal(err)
@@ -171,15 +131,7 @@ func TestWatch_AVersionUnreadWhenPutInForceLoadsOnceItReads(t *testing.T) {
 	if _, err := kv.Create(ctx, currentKey, cur); err != nil {
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(env.Connect(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := Watch(ctx, js, b.Names, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	w := r.watch()
 	if s := w.Load(); s == nil || s.Err() == nil {
 		t.Fatal("v1 in force and not written: the worker's copy is not broken")
 	}
@@ -197,4 +149,51 @@ func TestWatch_AVersionUnreadWhenPutInForceLoadsOnceItReads(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// storeRig is a deployment on one server for the store's tests: the
+// test's context and the broker provisioned, and what a test opens.
+type storeRig struct {
+	t   *testing.T
+	ctx context.Context
+	env *testenv.Env
+	b   *broker.Broker
+}
+
+func newStoreRig(t *testing.T) *storeRig {
+	t.Helper()
+	env := testenv.Start(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	b, err := broker.Provision(ctx, env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &storeRig{t: t, ctx: ctx, env: env, b: b}
+}
+
+// bucket opens the policies bucket (with create, makes it).
+func (r *storeRig) bucket(create bool) jetstream.KeyValue {
+	r.t.Helper()
+	kv, err := Bucket(r.ctx, r.b.JS, r.b.Names, create)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return kv
+}
+
+// watch starts a worker's copy, on a connection of its own, stopped when
+// the test ends.
+func (r *storeRig) watch() *Watcher {
+	r.t.Helper()
+	js, err := jetstream.New(r.env.Connect(r.t))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	w, err := Watch(r.ctx, js, r.b.Names, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(w.Stop)
+	return w
 }
