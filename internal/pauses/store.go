@@ -46,15 +46,14 @@ func List(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Pause, 
 	var out []*Pause
 	var ignored []error
 	for k := range keys.Keys() {
-		p, rev, err := get(ctx, nc, kv, k)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+		data, _, err := broker.GetConfirmed(ctx, nc, kv, k)
+		if errors.Is(err, broker.ErrNotFound) {
 			continue
-		case err != nil && rev == 0:
-			return nil, err
-		case err == nil:
-			err = honoured(k, p)
 		}
+		if err != nil {
+			return nil, err
+		}
+		p, err := decode(k, data)
 		if err != nil {
 			ignored = append(ignored, err)
 			continue

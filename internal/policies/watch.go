@@ -67,21 +67,26 @@ func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 		return
 	}
 	v, err := l.read(cur, 30*time.Second)
-	unread := err != nil
+	install(set, cur, v, err, l.log)
+	if err != nil {
+		go l.readAgain(set, cur, change)
+	}
+}
+
+// install puts version v of cur in force, compiled, or broken when it was
+// not read (err) or does not compile: every call then fails closed.
+func install(set *atomic.Pointer[Set], cur Current, v *Version, err error, log *slog.Logger) {
 	var s *Set
-	if !unread {
+	if err == nil {
 		s, err = compileVersion(cur, v)
 	}
 	if err != nil {
-		l.log.Error("policy set not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
+		log.Error("policy set not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
 		s = Broken(cur.Version, err)
 	} else {
-		l.log.Info("policy set in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256, "by", cur.By)
+		log.Info("policy set in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256, "by", cur.By)
 	}
 	set.Store(s)
-	if unread {
-		go l.readAgain(set, cur, change)
-	}
 }
 
 // readAgain reads version cur.Version again until it is read, then puts
@@ -101,14 +106,7 @@ func (l *loader) readAgain(set *atomic.Pointer[Set], cur Current, change int) {
 			return
 		}
 		if err == nil {
-			s, err := compileVersion(cur, v)
-			if err != nil {
-				s = Broken(cur.Version, err)
-				l.log.Error("policy set read at last, and not loaded: every call fails closed until one is", "version", cur.Version, "err", err)
-			} else {
-				l.log.Info("policy set read at last: in force", "version", cur.Version, "rules", s.Rules(), "sha256", s.SHA256)
-			}
-			set.Store(s)
+			install(set, cur, v, nil, l.log)
 			l.mu.Unlock()
 			return
 		}

@@ -237,7 +237,7 @@ func (c *Checkpointer) hold(ctx context.Context) bool {
 		// headers that take the place of those the revision is read from.
 		c.cfg.Log.Warn("the checkpointing lease's holder signed nothing for a lease while events wait: taking it", "holder", cur.Name, "since", c.idle.since)
 		var m *Msg
-		if m, err = getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(), jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey}); err == nil {
+		if m, err = c.storedLease(ctx); err == nil {
 			_, err = broker.Update(ctx, c.b.Trail, leaseKey, mine, m.Seq)
 		}
 	default:
@@ -289,8 +289,7 @@ func (c *Checkpointer) holderIdle(ctx context.Context, now time.Time) bool {
 // message as stored: the headers a republish stored with it would take
 // the place of those a key-value read gets its revision from.
 func (c *Checkpointer) unreadableLease(ctx context.Context) *Msg {
-	m, err := getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(),
-		jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey})
+	m, err := c.storedLease(ctx)
 	if err != nil {
 		return nil
 	}
@@ -299,6 +298,13 @@ func (c *Checkpointer) unreadableLease(ctx context.Context) *Msg {
 		return nil
 	}
 	return m
+}
+
+// storedLease reads the lease's message as stored, with the sequence a
+// compare-and-swap on it names.
+func (c *Checkpointer) storedLease(ctx context.Context) (*Msg, error) {
+	return getStored(ctx, c.b.NC, "KV_"+c.b.Names.TrailBucket(),
+		jsget.Request{LastFor: "$KV." + c.b.Names.TrailBucket() + "." + leaseKey})
 }
 
 // stillHeld reports whether the lease this checkpointer last renewed runs
