@@ -15,9 +15,11 @@ import (
 
 // Two approvers of the same types, on their own connections, decide one
 // approval at once through the workers, one approving and one rejecting,
-// while the requester's withdrawal races them: exactly one of the three
-// holds, the record names its actor, and the requesting execution's trail
-// holds exactly one decision, that one.
+// while the requester's withdrawal races them: exactly one decision holds,
+// the record names its actor, and the requesting execution's trail holds
+// that one. A withdrawal may also follow the approval it raced (an
+// approved approval is withdrawn until it is used): then the record is
+// the withdrawal, and the trail holds the approval, then the withdrawal.
 func TestDecide_ApproveRejectAndWithdrawRacingOneOutcomeOneEvent(t *testing.T) {
 	t.Parallel()
 	env, s, b, _ := securedDecisions(t, auth.Grant{Principal: "erin", Role: auth.RoleApprover,
@@ -44,9 +46,11 @@ func TestDecide_ApproveRejectAndWithdrawRacingOneOutcomeOneEvent(t *testing.T) {
 		wg.Wait()
 		who := []envelope.Actor{{Kind: "user", ID: "carol"}, {Kind: "user", ID: "erin"}, alice}
 		status := []approvals.Status{approvals.StatusApproved, approvals.StatusRejected, approvals.StatusCancelled}
-		won := -1
+		won, approvedFirst := -1, false
 		for i, err := range errs {
 			switch {
+			case err == nil && won == 0 && i == 2:
+				won, approvedFirst = 2, true
 			case err == nil && won >= 0:
 				t.Fatalf("round %d: %s and %s both held", round, who[won], who[i])
 			case err == nil:
@@ -66,6 +70,12 @@ func TestDecide_ApproveRejectAndWithdrawRacingOneOutcomeOneEvent(t *testing.T) {
 		evs, err := audit.Read(ctxT(t), b.NC, b.Names.Prefix(), "alice", r.RequestedBy)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if approvedFirst {
+			if len(evs) != 2 || evs[0].Actor != audit.ActorOf(who[0]) || evs[0].Data["approvalId"] != r.ID {
+				t.Fatalf("round %d: approved, then withdrawn; the trail holds %d events: %+v", round, len(evs), evs)
+			}
+			evs = evs[1:]
 		}
 		if len(evs) != 1 || evs[0].Actor != audit.ActorOf(who[won]) || evs[0].Data["approvalId"] != r.ID {
 			t.Fatalf("round %d: %s won; the trail holds %d events: %+v", round, who[won], len(evs), evs)
