@@ -414,14 +414,7 @@ func TestLimits_AWaitIsNotATakeover(t *testing.T) {
 			t.Fatalf("%s: %v %+v", id, err, env)
 		}
 	}
-	trail, err := c.Trail(ctx, second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var types []string
-	for _, ev := range trail {
-		types = append(types, ev.Type)
-	}
+	types := typesOf(trail(t, c, second))
 	for _, want := range []string{audit.EventRequested, audit.EventLimited, audit.EventStarted, audit.EventCompleted} {
 		if !slices.Contains(types, want) {
 			t.Errorf("trail %v has no %s", types, want)

@@ -208,9 +208,10 @@ type lease struct {
 // hold takes or renews the lease, and reports whether this checkpointer
 // holds it. A renewal the bucket did not answer (a cluster electing a
 // leader) keeps a lease this checkpointer holds until it runs out: no other
-// may take it before.
+// may take it before. A write begun finishes although ctx ends, so that
+// the release that follows reads it.
 func (c *Checkpointer) hold(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	now := c.cfg.Now().UTC()
 	mine := &lease{V: envelope.Version, Holder: c.token, Name: c.cfg.Name, Until: now.Add(c.cfg.Lease)}

@@ -3,7 +3,9 @@ package trail
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -274,5 +276,36 @@ func TestCheckpointer_AnotherKeyExtendsNothing(t *testing.T) {
 	}
 	if stated, err := StatedKeys(ctx, b); err != nil || strings.Contains(stated, other.vkey) || !strings.Contains(stated, k.vkey) {
 		t.Fatalf("stated keys %q (%v): want the log's alone", stated, err)
+	}
+}
+
+// A checkpointer stopped while it takes the lease leaves the lease free:
+// the write in flight lands before the release reads it, so another
+// checkpointer takes the duty at once, not a lease later.
+func TestCheckpointer_StoppedWhileTakingTheLease_LeavesItFree(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t))
+	k := newKey(t, "capstan.test/stopped")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := range 300 {
+		cp := NewCheckpointer(b, k.signer, k.vkey, k.known, Config{Interval: time.Hour, Name: "stopped"})
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = cp.Run(runCtx) }()
+		time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond)
+		stop()
+		<-done
+		cur, _, err := broker.Load[lease](ctx, b.Trail, leaseKey)
+		if errors.Is(err, broker.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if left := time.Until(cur.Until); left > 0 {
+			t.Fatalf("round %d: the stopped checkpointer still holds the lease for %v", round, left.Round(time.Second))
+		}
 	}
 }

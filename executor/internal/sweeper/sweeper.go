@@ -77,7 +77,7 @@ func (s *Sweeper) Run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	defer s.release(token)
-	for {
+	for ctx.Err() == nil {
 		if s.hold(ctx, token, 3*every) {
 			if n, err := s.Pass(ctx); err != nil && ctx.Err() == nil {
 				s.cfg.Log.Warn("sweep failed", "err", err)
@@ -87,16 +87,17 @@ func (s *Sweeper) Run(ctx context.Context, every time.Duration) {
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-t.C:
 		}
 	}
 }
 
 // hold takes or renews the sweeping lease for token, and reports whether
-// this sweeper holds it.
+// this sweeper holds it. A write begun finishes although ctx ends, so that
+// the release that follows reads it: one cut short by the client could
+// still land after the release, and hold the duty for three intervals.
 func (s *Sweeper) hold(ctx context.Context, token string, d time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	now := s.cfg.Now().UTC()
 	mine := &lease{V: envelope.Version, Holder: token, Worker: s.cfg.Worker, Until: now.Add(d)}
