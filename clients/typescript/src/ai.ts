@@ -13,7 +13,8 @@
 import type { CallOptions, Client, DescribeOptions } from "./client.js";
 import { CapstanError, UnservedError } from "./errors.js";
 import { toJSONValue } from "./json.js";
-import { forModel, recoveredForModel, type Descriptor, type Envelope, type ModelError } from "./wire.js";
+import { executionIdFor, namesActor } from "./owner.js";
+import { forModel, invalidExecutionId, recoveredForModel, type Actor, type Descriptor, type Envelope, type ModelError } from "./wire.js";
 
 /** The schema shape the AI SDK's jsonSchema() returns (Symbol.for("vercel.ai.schema")). */
 export interface SchemaLike {
@@ -29,7 +30,7 @@ export interface Tool<S = SchemaLike> {
 }
 
 export interface ToolsOptions<S = SchemaLike> extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
-  /** Options of every call (the actor, a correlation id, a start window). */
+  /** Options of every call (the actor, a correlation id, a start window); its actor, else the client's, is the one the tools serve. */
   call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
   /** How long a call is waited for before the model is told it is still running (default 5 min). */
   callTimeoutMs?: number;
@@ -81,11 +82,25 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
 /**
  * The capabilities the client's surface and actor may see (describe), as AI
  * SDK tools keyed by tool name.
+ *
+ * The tools serve one actor, options.call.actor, else the client's: their
+ * calls run as it, and capstan_status answers only the executions it
+ * started, as the MCP bridge's capstan.status does. Each execution the tools
+ * start has an id that names the actor (a UUIDv7 and a tag hashed from it
+ * and the actor, the bridge's), and capstan_status reads no other: an
+ * execution of another actor of the same principal is answered NOT_FOUND,
+ * as one that does not exist, and nothing of it is read. Give each actor
+ * its own tools.
+ *
+ * Without any actor, the capabilities' tools refuse every call (a call
+ * needs one), and capstan_status reads any execution of the principal by its
+ * id, as Client.status does: the principal is then the only boundary.
  */
 export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOptions<S> = {}): Promise<Record<string, Tool<S>>> {
   const discovery = await client.describe(options);
   const wrap = options.jsonSchema ?? (schemaLike as unknown as (schema: Record<string, unknown>) => S);
   const nameOf = options.name ?? ((d: Descriptor) => toolName(d.id));
+  const actor = options.call?.actor ?? client.actor;
   const tools: Record<string, Tool<S>> = {};
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
@@ -102,7 +117,7 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
       inputSchema: wrap(schema),
       execute: async (input, o) => {
         const args = wrapped ? (input as { input?: unknown } | undefined)?.input : input;
-        return run(client, options, (signal) => client.call(d.id, args ?? {}, callOptions(options, signal, o?.toolCallId)), o?.abortSignal);
+        return run(client, options, (signal) => client.call(d.id, args ?? {}, callOptions(options, actor, signal, o?.toolCallId)), o?.abortSignal);
       },
     };
   }
@@ -113,7 +128,7 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
       inputSchema: wrap(idInput("approvalId", "The approval id.")),
       execute: async (input, o) => {
         const approvalId = text((input as { approvalId?: unknown } | undefined)?.approvalId);
-        return run(client, options, (signal) => client.resume(approvalId, callOptions(options, signal, o?.toolCallId)), o?.abortSignal);
+        return run(client, options, (signal) => client.resume(approvalId, callOptions(options, actor, signal, o?.toolCallId)), o?.abortSignal);
       },
     };
     tools[statusToolName] = {
@@ -122,11 +137,16 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
       inputSchema: wrap(idInput("executionId", "The execution id.")),
       execute: async (input, o) => {
         const id = text((input as { executionId?: unknown } | undefined)?.executionId);
+        // An id without a tag (one these tools made before they tagged ids,
+        // or made elsewhere) names no actor: the bridge judges such an id by
+        // its audit trail, which this client does not read (nor may a
+        // producer), so it is answered as another actor's would be.
+        if (invalidExecutionId(id) !== undefined || (actor !== undefined && !namesActor(actor, id))) return notFound();
         try {
           return await statusForTheModel(client, id, o?.abortSignal);
         } catch (err) {
           if (err instanceof CapstanError && (err.code === "UNKNOWN_EXECUTION" || err.code === "EXPIRED" || err.code === "INVALID_ARGUMENT")) {
-            return { error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false } };
+            return notFound();
           }
           return unavailable(err);
         }
@@ -134,6 +154,11 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
     };
   }
   return tools;
+}
+
+/** What capstan_status tells a model of an execution it does not answer for: no such execution, whether one exists or not. */
+function notFound(): unknown {
+  return { error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false } };
 }
 
 /**
@@ -175,8 +200,10 @@ async function statusForTheModel(client: Client, id: string, signal?: AbortSigna
   return { status: "running", executionId: id, state: s.record?.state, next: `Call ${statusToolName} again later.` };
 }
 
-function callOptions<S>(options: ToolsOptions<S>, signal: AbortSignal, toolCallId?: string): CallOptions {
+/** A tool's call: with an actor, under an id that names it, which capstan_status then answers for. */
+function callOptions<S>(options: ToolsOptions<S>, actor: Actor | undefined, signal: AbortSignal, toolCallId?: string): CallOptions {
   const o: CallOptions = { ...options.call, signal };
+  if (actor !== undefined) o.id = executionIdFor(actor);
   if (o.correlationId === undefined && toolCallId !== undefined) o.correlationId = toolCallId;
   return o;
 }

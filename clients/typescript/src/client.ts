@@ -631,6 +631,11 @@ export class Client {
     }
   }
 
+  /** The actor of calls that name none (ClientOptions.actor). */
+  get actor(): Actor | undefined {
+    return this.opts.actor;
+  }
+
   /** The longest start window a request gets (0: not capped). */
   get maxStartWithinMs(): number {
     return this.retentionMs > 0 ? maxStartWithinMs(this.retentionMs) : 0;

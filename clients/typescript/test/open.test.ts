@@ -14,6 +14,7 @@ import { Kvm } from "@nats-io/kv";
 import { CapabilityError, CapstanError, Client, connect, ExpiredError, UnservedError, forModel, maxStartWithinMs, newExecutionId, progressText, type Envelope, type Progress } from "../src/index.js";
 import { encodeDescriptor, encodeEnvelope, encodeProgress } from "../src/wire.js";
 import { aiTools } from "../src/ai.js";
+import { actorTag, executionIdFor } from "../src/owner.js";
 import { generateText, jsonSchema, type ToolSet } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createAnthropic } from "@ai-sdk/anthropic";
@@ -560,6 +561,72 @@ describe("AI SDK tools", () => {
     }
   });
 
+  test("capstan_status answers one actor only its own executions: another actor of the principal gets NOT_FOUND, as for none", async () => {
+    const ada = { kind: "user", id: "ada" };
+    const bob = { kind: "user", id: "bob" };
+    const adas = await aiTools(c, { surface: "mcp", callTimeoutMs: 50 }); // the client's actor
+    const cb = await connect({ servers: dev.url, actor: bob });
+    try {
+      const bobs = [await aiTools(cb, { surface: "mcp" }), await aiTools(c, { surface: "mcp", call: { actor: bob } })];
+      const statusOf = async (tools: Record<string, { execute: (i: unknown) => Promise<unknown> }>, executionId: string): Promise<unknown> => {
+        const t = tools.capstan_status;
+        assert.ok(t !== undefined);
+        return t.execute({ executionId });
+      };
+      const none = { error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false } };
+
+      // Ada's call, still running when her tool returns, then completed.
+      const slept = (await adas.demo_sleep?.execute({ ms: 300 })) as { status: string; executionId: string };
+      assert.equal(slept.status, "running");
+      const id = slept.executionId;
+      const u = id.slice(0, 36);
+      assert.equal(id, `${u}-${actorTag(ada, u)}`, "the tools' id names their actor as the MCP bridge's ids do");
+      for (;;) {
+        const s = (await statusOf(adas, id)) as { status?: string };
+        if (s.status !== "running") {
+          assert.deepEqual(s, { sleptMs: 300 });
+          break;
+        }
+        await new Promise((res) => setTimeout(res, 50));
+      }
+      // An approval-required one: its approval is ada's to tell of.
+      const asked = (await adas.orders_refund?.execute({ orderId: "o-owner", amount: 950 })) as { status: string; executionId: string; approvalId: string };
+      assert.equal(asked.status, "approval-required");
+      assert.equal(((await statusOf(adas, asked.executionId)) as { approvalId?: string }).approvalId, asked.approvalId);
+      // Ada's own, started with an id that names no actor, outside the tools.
+      const untagged = await c.submit("demo.echo", { secret: "untagged" });
+      assert.equal((await c.await(untagged, { signal: bound() })).status, "completed");
+
+      for (const b of bobs) {
+        // An id of bob's that was never used: what "none" looks like to him.
+        assert.deepEqual(await statusOf(b, executionIdFor(bob)), none);
+        for (const hostile of [
+          id, // ada's
+          asked.executionId, // ada's, waiting for an approval
+          `${u}-${actorTag(bob, u)}`, // ada's uuid under bob's tag: another id, never used
+          `${u}-${actorTag(ada, u).slice(0, 31)}`, // a tag of the wrong length
+          `${id}0`,
+          `${u}-${actorTag(ada, u).toUpperCase()}`,
+          u, // no tag
+          untagged,
+          "../../x",
+          "",
+          "x".repeat(300),
+        ]) {
+          const r = await statusOf(b, hostile);
+          assert.deepEqual(r, none, `bob's capstan_status of ${hostile}: ${JSON.stringify(r)}`);
+        }
+      }
+      // Ada's tools answer only ids they tag for her: not her untagged one, nor a forged tag.
+      for (const hostile of [untagged, u, `${u}-${actorTag(ada, u).slice(0, 31)}`, `${u}-${actorTag(ada, u).toUpperCase()}`]) {
+        assert.deepEqual(await statusOf(adas, hostile), none, hostile);
+      }
+      assert.deepEqual(await statusOf(adas, id), { sleptMs: 300 });
+    } finally {
+      await cb.close();
+    }
+  });
+
   test("the model's abort cancels the execution", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     const ac = new AbortController();
@@ -636,7 +703,7 @@ describe("expiry and start deadlines", () => {
 
   test("a call no worker has taken yet is queued, not unknown: the status tool says so, then reads its result", async () => {
     // The mail pool has no worker since the test above: email.send waits in its stream.
-    const id = await c.submit("email.send", { to: "ada@example.com", subject: "queued" });
+    const id = await c.submit("email.send", { to: "ada@example.com", subject: "queued" }, { id: executionIdFor({ kind: "user", id: "ada" }) });
     const tools = await aiTools(c, { surface: "mcp" });
     const status = tools.capstan_status;
     assert.ok(status !== undefined);
@@ -651,7 +718,7 @@ describe("expiry and start deadlines", () => {
     const v = await c.execution(id, { probe: true });
     assert.deepEqual([v.executionId, v.state, v.principal], [id, "queued", "_anon"]);
     // An id nothing is stored of is not found, by the tool and by the workers.
-    const none = newExecutionId();
+    const none = executionIdFor({ kind: "user", id: "ada" });
     assert.deepEqual(await status.execute({ executionId: none }), {
       error: { code: "NOT_FOUND", message: "No such execution, or its result is no longer kept.", retryable: false },
     });

@@ -11,12 +11,13 @@ import { describe, test } from "node:test";
 import { parseJSON, stringifyJSON } from "../src/json.js";
 import { decodeValue, DecodeError, encodeValue } from "../src/msgpack.js";
 import * as wire from "../src/wire.js";
-import { vectorsDir } from "./capstan.js";
+import { repoRoot, vectorsDir } from "./capstan.js";
 import { fromSeed } from "@nats-io/nkeys";
 import { nkeyAuthenticator } from "@nats-io/nats-core";
 import type { NatsConnection } from "@nats-io/nats-core";
 import { MsgIds, msgIdKeyText } from "../src/msgid.js";
 import { idempotencyKey, idempotencyKeyFromId, idempotencyKeyOf } from "../src/idempotency.js";
+import { actorTag, executionIdFor, namesActor } from "../src/owner.js";
 
 interface Vector {
   name: string;
@@ -307,5 +308,33 @@ describe("idempotency keys", () => {
     }
     const [a, b] = [idempotencyKey("alice", "refund-42"), idempotencyKey("bob", "refund-42")];
     assert.notEqual(a, b, "two principals' executions of one id share a key");
+  });
+});
+
+describe("actor tags", () => {
+  // Written by the MCP bridge's tests (mcpbridge: TestActorTag_Vectors) from its actorTag.
+  const vectors = parseJSON(readFileSync(join(repoRoot, "mcpbridge", "testdata", "actor-tags.json"), "utf8")) as {
+    uuid: string;
+    actor: wire.Actor;
+    tag: string;
+    executionId: string;
+  }[];
+
+  test("the AI SDK tools tag an execution id for its actor as the MCP bridge does", () => {
+    assert.ok(vectors.length > 0);
+    for (const v of vectors) {
+      assert.equal(actorTag(v.actor, v.uuid), v.tag, JSON.stringify(v.actor));
+      assert.ok(namesActor(v.actor, v.executionId));
+      assert.equal(namesActor({ kind: v.actor.kind ?? "", id: `${v.actor.id ?? ""}x` }, v.executionId), false);
+    }
+    const ada = { kind: "user", id: "ada" };
+    const id = executionIdFor(ada);
+    assert.match(id, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}-[0-9a-f]{32}$/);
+    assert.equal(wire.invalidExecutionId(id), undefined);
+    assert.ok(namesActor(ada, id));
+    assert.equal(namesActor({ kind: "user", id: "bob" }, id), false);
+    for (const forged of [id.slice(0, 36), id.slice(0, -1), `${id}0`, id.toUpperCase(), `${id.slice(0, 36)}_${id.slice(37)}`]) {
+      assert.equal(namesActor(ada, forged), false, forged);
+    }
   });
 });
