@@ -89,12 +89,15 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
  * start has an id that names the actor (a UUIDv7 and a tag hashed from it
  * and the actor, the bridge's), and capstan_status reads no other: an
  * execution of another actor of the same principal is answered NOT_FOUND,
- * as one that does not exist, and nothing of it is read. Give each actor
- * its own tools.
+ * as one that does not exist, and nothing of it is read. capstan_resume
+ * likewise runs only the actor's own approvals: another actor's is "No such
+ * approval.", as an unknown one, and nothing runs. Give each actor its own
+ * tools.
  *
  * Without any actor, the capabilities' tools refuse every call (a call
- * needs one), and capstan_status reads any execution of the principal by its
- * id, as Client.status does: the principal is then the only boundary.
+ * needs one), capstan_status reads any execution of the principal by its
+ * id, as Client.status does, and capstan_resume runs any of its approvals:
+ * the principal is then the only boundary.
  */
 export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOptions<S> = {}): Promise<Record<string, Tool<S>>> {
   const discovery = await client.describe(options);
@@ -128,6 +131,19 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
       inputSchema: wrap(idInput("approvalId", "The approval id.")),
       execute: async (input, o) => {
         const approvalId = text((input as { approvalId?: unknown } | undefined)?.approvalId);
+        if (actor !== undefined && invalidExecutionId(approvalId) === undefined) {
+          // The workers would run another actor's approval (of the same
+          // principal) as that actor, and show this one its result.
+          let asked: Actor | undefined;
+          try {
+            asked = (await client.approvals.get(approvalId, { signal: o?.abortSignal })).actor;
+          } catch (err) {
+            if (err instanceof CapstanError && err.code === "ABORTED") throw err;
+            const unknown = err instanceof CapstanError && err.code === "REFUSED" && (err.conditions.includes("not_found") || err.conditions.includes("forbidden"));
+            if (!unknown) return unavailable(err);
+          }
+          if (asked === undefined || asked.kind !== actor.kind || asked.id !== actor.id) return noSuchApproval();
+        }
         return run(client, options, (signal) => client.resume(approvalId, callOptions(options, actor, signal, o?.toolCallId)), o?.abortSignal);
       },
     };
@@ -154,6 +170,11 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
     };
   }
   return tools;
+}
+
+/** What capstan_resume tells a model of an approval it does not run: as the workers answer an unknown one, and nothing ran. */
+function noSuchApproval(): unknown {
+  return { status: "failed", error: { code: "FORBIDDEN", message: "No such approval.", retryable: false } };
 }
 
 /** What capstan_status tells a model of an execution it does not answer for: no such execution, whether one exists or not. */

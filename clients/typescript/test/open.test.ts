@@ -627,6 +627,22 @@ describe("AI SDK tools", () => {
     }
   });
 
+  test("capstan_resume runs one actor only its own approvals: another actor of the principal is told no such approval, and nothing runs", async () => {
+    const bob = { kind: "user", id: "bob" };
+    const adas = await aiTools(c, { surface: "mcp" });
+    const bobs = await aiTools(c, { surface: "mcp", call: { actor: bob } });
+    const asked = (await adas.orders_refund?.execute({ orderId: "o-resume", amount: 920 })) as { status: string; approvalId: string };
+    assert.equal(asked.status, "approval-required");
+    await c.approvals.decide(asked.approvalId, { approve: true, approver: { kind: "user", id: "carol" } });
+
+    const none = { status: "failed", error: { code: "FORBIDDEN", message: "No such approval.", retryable: false } };
+    const stolen = await bobs.capstan_resume?.execute({ approvalId: asked.approvalId });
+    assert.equal((await c.approvals.get(asked.approvalId)).status, "approved", `bob's resume used ada's approval: ${JSON.stringify(stolen)}`);
+    assert.deepEqual(stolen, none);
+    assert.deepEqual(await bobs.capstan_resume?.execute({ approvalId: newExecutionId() }), none);
+    assert.deepEqual(await adas.capstan_resume?.execute({ approvalId: asked.approvalId }), { orderId: "o-resume", amount: 920, repeated: false });
+  });
+
   test("the model's abort cancels the execution", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     const ac = new AbortController();
