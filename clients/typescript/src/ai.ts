@@ -30,7 +30,7 @@ export interface Tool<S = SchemaLike> {
 }
 
 export interface ToolsOptions<S = SchemaLike> extends Omit<DescribeOptions, "signal" | "timeoutMs"> {
-  /** Options of every call (the actor, a correlation id, a start window); its actor, else the client's, is the one the tools serve. */
+  /** Options of every call (the actor, a correlation id, a start window); its actor, else options.actor, else the client's, is the one the tools serve. */
   call?: Omit<CallOptions, "signal" | "id" | "cancelOnAbort">;
   /** How long a call is waited for before the model is told it is still running (default 5 min). */
   callTimeoutMs?: number;
@@ -83,8 +83,8 @@ function schemaLike(schema: Record<string, unknown>): SchemaLike {
  * The capabilities the client's surface and actor may see (describe), as AI
  * SDK tools keyed by tool name.
  *
- * The tools serve one actor, options.call.actor, else the client's: their
- * calls run as it, and capstan_status answers only the executions it
+ * The tools serve one actor, options.call.actor, else options.actor (the
+ * one whose tools are listed), else the client's: their calls run as it, and capstan_status answers only the executions it
  * started, as the MCP bridge's capstan.status does. Each execution the tools
  * start has an id that names the actor (a UUIDv7 and a tag hashed from it
  * and the actor, the bridge's), and capstan_status reads no other: an
@@ -103,7 +103,7 @@ export async function aiTools<S = SchemaLike>(client: Client, options: ToolsOpti
   const discovery = await client.describe(options);
   const wrap = options.jsonSchema ?? (schemaLike as unknown as (schema: Record<string, unknown>) => S);
   const nameOf = options.name ?? ((d: Descriptor) => toolName(d.id));
-  const actor = options.call?.actor ?? client.actor;
+  const actor = options.call?.actor ?? options.actor ?? client.actor;
   const tools: Record<string, Tool<S>> = {};
   for (const d of discovery.capabilities) {
     const name = nameOf(d);
@@ -224,7 +224,10 @@ async function statusForTheModel(client: Client, id: string, signal?: AbortSigna
 /** A tool's call: with an actor, under an id that names it, which capstan_status then answers for. */
 function callOptions<S>(options: ToolsOptions<S>, actor: Actor | undefined, signal: AbortSignal, toolCallId?: string): CallOptions {
   const o: CallOptions = { ...options.call, signal };
-  if (actor !== undefined) o.id = executionIdFor(actor);
+  if (actor !== undefined) {
+    o.actor = actor;
+    o.id = executionIdFor(actor);
+  }
   if (o.correlationId === undefined && toolCallId !== undefined) o.correlationId = toolCallId;
   return o;
 }

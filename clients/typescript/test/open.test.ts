@@ -643,6 +643,17 @@ describe("AI SDK tools", () => {
     assert.deepEqual(await adas.capstan_resume?.execute({ approvalId: asked.approvalId }), { orderId: "o-resume", amount: 920, repeated: false });
   });
 
+  test("tools listed for an actor call as that actor", async () => {
+    const bob = { kind: "user", id: "bob" };
+    const bobs = await aiTools(c, { surface: "mcp", actor: bob }); // the client's actor is ada
+    const asked = (await bobs.orders_refund?.execute({ orderId: "o-listed", amount: 930 })) as { status: string; executionId: string; approvalId: string };
+    assert.equal(asked.status, "approval-required");
+    assert.deepEqual((await c.approvals.get(asked.approvalId)).actor, bob);
+    const u = asked.executionId.slice(0, 36);
+    assert.equal(asked.executionId, `${u}-${actorTag(bob, u)}`);
+    assert.equal(((await bobs.capstan_status?.execute({ executionId: asked.executionId })) as { approvalId?: string }).approvalId, asked.approvalId);
+  });
+
   test("the model's abort cancels the execution", async () => {
     const tools = await aiTools(c, { surface: "mcp" });
     const ac = new AbortController();
