@@ -105,55 +105,81 @@ func TestLimits_TheSlotComesBackOnEveryWayOut(t *testing.T) {
 	}
 }
 
-// A call waiting for the slot is ended by its caller's cancel: CANCELLED,
-// never run, its trail saying it waited; the holder is untouched.
-func TestLimits_ACancelEndsAWaitingCall(t *testing.T) {
+// A call waiting for the slot is ended by its caller's cancel (CANCELLED)
+// or by its start deadline (NOT_STARTED): never run, its trail saying it
+// waited; the holder is untouched.
+func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	run := &running{}
-	startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
-	c := newClient(t, env.Connect(t))
-	ctx := ctxT(t)
-	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name   string
+		cancel bool
+		want   envelope.Code
+	}{
+		{"cancelled", true, envelope.CodeCancelled},
+		{"start deadline", false, envelope.CodeNotStarted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			js := env.JetStream(t)
+			run := &running{}
+			startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
+			c := newClient(t, env.Connect(t))
+			ctx := ctxT(t)
+			held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+			within := time.Hour
+			if !tc.cancel {
+				within = 3 * time.Second
+			}
+			waiting, err := c.Submit(ctx, "t.ways", waysIn{}, executor.StartWithin(within))
+			if err != nil {
+				t.Fatal(err)
+			}
+			limited := errors.New("limited")
+			if err := c.FollowTrail(ctx, waiting, func(ev audit.Event) error {
+				if ev.Type == audit.EventLimited {
+					return limited
+				}
+				return nil
+			}); !errors.Is(err, limited) {
+				t.Fatalf("following the waiting call: %v", err)
+			}
+			if tc.cancel {
+				if _, err := c.Cancel(ctx, waiting); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := c.Await(ctx, waiting)
+			if err != nil || got.Error == nil || got.Error.Code != tc.want {
+				t.Fatalf("the waiting call: %v %+v, want %s", err, got, tc.want)
+			}
+			ends := 0
+			var types []string
+			for _, ev := range trail(t, c, waiting) {
+				types = append(types, ev.Type)
+				if ev.Type == audit.EventFailed || ev.Type == audit.EventCancelled || ev.Type == audit.EventCompleted {
+					ends++
+				}
+			}
+			if !slices.Contains(types, audit.EventLimited) || slices.Contains(types, audit.EventStarted) || ends != 1 {
+				t.Errorf("the waiting call's trail %v: want limited, never started, one end", types)
+			}
+			if n := run.calls.Load(); n != 1 {
+				t.Errorf("%d handler calls, want the held one alone", n)
+			}
+			if n := waysHolders(t, js); n != 1 {
+				t.Errorf("%d holders, want the held call's", n)
+			}
+			if _, err := c.Cancel(ctx, held); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the held call's slot given back", func() bool { return waysHolders(t, js) == 0 })
+		})
 	}
-	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
-	waiting, err := c.Submit(ctx, "t.ways", waysIn{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	limited := errors.New("limited")
-	if err := c.FollowTrail(ctx, waiting, func(ev audit.Event) error {
-		if ev.Type == audit.EventLimited {
-			return limited
-		}
-		return nil
-	}); !errors.Is(err, limited) {
-		t.Fatalf("following the waiting call: %v", err)
-	}
-	if _, err := c.Cancel(ctx, waiting); err != nil {
-		t.Fatal(err)
-	}
-	got, err := c.Await(ctx, waiting)
-	if err != nil || got.Error == nil || got.Error.Code != envelope.CodeCancelled {
-		t.Fatalf("the waiting call after its cancel: %v %+v", err, got)
-	}
-	types := typesOf(trail(t, c, waiting))
-	if !slices.Contains(types, audit.EventLimited) || slices.Contains(types, audit.EventStarted) {
-		t.Errorf("the waiting call's trail %v: want limited, never started", types)
-	}
-	if n := run.calls.Load(); n != 1 {
-		t.Errorf("%d handler calls, want the held one alone", n)
-	}
-	if n := waysHolders(t, js); n != 1 {
-		t.Errorf("%d holders, want the held call's", n)
-	}
-	if _, err := c.Cancel(ctx, held); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the held call's slot given back", func() bool { return waysHolders(t, js) == 0 })
 }
 
 // A handler that ignores its context past its timeout still runs: the
@@ -211,4 +237,36 @@ func TestLimits_AnAbandonedHandlerKeepsItsSlot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A worker whose connection is cut while its handler holds the only slot
+// (a handler that lasts until its context ends): the slot comes back
+// within the lease, to a call another worker runs, and the cut handler has
+// stopped by then: no moment sees two.
+func TestLimits_ACutWorkersSlotComesBackWithinItsLease(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	run := &running{}
+	cut := env.Connect(t)
+	startWorker(t, cut, executor.WorkerConfig{Lease: 2 * time.Second}, waysCapability(run, time.Hour))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+	cut.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second}, waysCapability(run, time.Hour))
+	if env, err := c.Call(ctx, "t.ways", waysIn{}, executor.StartWithin(time.Minute)); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("a call after the cut: %v %+v", err, env)
+	}
+	if got, err := c.Await(ctx, held); err != nil || got.Status != envelope.StatusFailed {
+		t.Fatalf("the cut call: %v %+v", err, got)
+	}
+	if most := run.most.Load(); most > 1 {
+		t.Errorf("%d handlers ran at once, limit 1", most)
+	}
+	waitUntil(t, "every slot given back", func() bool { return waysHolders(t, js) == 0 })
 }
