@@ -172,3 +172,83 @@ func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 		t.Fatalf("bob's t.all once alice's ended: %v %+v", err, env)
 	}
 }
+
+// Alice, alone at first, sends more long calls than a worker has slots;
+// then bob calls. Bob's call starts and completes while every one of
+// alice's still runs or waits: a worker serving several principals' queues
+// keeps its reserve of slots (an eighth, at least one) from any one of
+// them, even before another has sent anything.
+func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range tenantGrants {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := testenv.Start(t, testenv.Auth(setup))
+	ctx := testCtx(t)
+	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	var running, most atomic.Int64
+	long := executor.Define("t.long", executor.Meta{Description: "Holds until cancelled.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectWrite, Timeout: 10 * time.Minute},
+		func(ctx context.Context, c executor.Call[HoldInput]) (string, error) {
+			if !c.Input.Hold {
+				return "ran", nil
+			}
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-ctx.Done()
+			return "", ctx.Err()
+		})
+	reg, err := executor.NewRegistry(long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slots = 4
+	capstantest.Worker(t, reg, capstantest.WithConn(e.ConnectAs(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Lease: 2 * time.Second, Concurrency: slots}))
+	client := func(principal string) *executor.Client {
+		c, err := executor.NewClient(e.ConnectAs(t, principal), executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorUser, ID: principal}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	alice, bob := client("alice"), client("bob")
+	var alices []string
+	for range 2 * slots {
+		id, err := alice.Submit(ctx, "t.long", HoldInput{Hold: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alices = append(alices, id)
+	}
+	t.Cleanup(func() {
+		for _, id := range alices {
+			_, _ = alice.Cancel(context.Background(), id)
+		}
+	})
+	waitFor(t, "alice's calls take what she may of the worker", func() bool { return running.Load() >= slots-1 })
+	if env, err := bob.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's call beside alice's long ones: %v %+v", err, env)
+	}
+	if n := running.Load(); n != slots-1 {
+		t.Errorf("%d of alice's calls run after bob's, want her %d still running", n, slots-1)
+	}
+	if m := most.Load(); m > slots-1 {
+		t.Errorf("alice held %d of %d slots at once, want all but the reserve", m, slots)
+	}
+}
