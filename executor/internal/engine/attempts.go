@@ -379,7 +379,8 @@ func (at *attempts) waitForLimit(delay time.Duration) Action {
 // releaseLimits gives back the slot the execution took, if any: its
 // delivery has ended (finalized, lost to another claim, or left for later).
 // A handler abandoned still running keeps it until it returns, or the worker
-// stops (the slot is then judged by its lease).
+// stops; past the lease the slot was taken with, a taker that finds the
+// slots full judges it by the execution's final record, and frees it.
 func (at *attempts) releaseLimits() {
 	x := at.x
 	if !at.taken.Slot() {
