@@ -25,7 +25,7 @@ func (w *Worker) openQueue(ctx context.Context, q broker.Queue) (engine.Queue, e
 	if err != nil {
 		return engine.Queue{}, err
 	}
-	return engine.Queue{Name: q.Name, Pool: pool, Unrouted: unrouted}, nil
+	return engine.Queue{Name: q.Name, Principal: q.Principal, Pool: pool, Unrouted: unrouted}, nil
 }
 
 // openQueues makes the consumers of every queue there is now: the shared

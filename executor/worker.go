@@ -139,7 +139,8 @@ type WorkerStats struct {
 	// to an approval; DESIGN §17).
 	Limited uint64
 	// Deferred counts deliveries left for later because their principal
-	// held its fair share of this worker's slots while others were active.
+	// held its fair share of this worker's slots while others were active
+	// or had a queue here.
 	Deferred uint64
 	// AuditFailed counts audit events JetStream did not store.
 	AuditFailed uint64

@@ -264,6 +264,58 @@ func TestTakeRate_NeverMoreThanTheRateAndItsBurst(t *testing.T) {
 	}
 }
 
+// Two workers whose clocks are d apart share a rate: the one ahead reads
+// the other's time as past, so in any span L the rate admits at most
+// n·min(d, interval)/interval more than n·L/interval + n — at most one burst
+// more, however far apart the clocks (DESIGN §17). Random arrivals on either
+// worker, in runs with idle gaps, over ten simulated minutes, every span
+// checked.
+func TestTakeRate_ClocksApartAdmitAtMostTheirSkewsShareMore(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	interval := time.Second
+	for _, d := range []time.Duration{0, interval / 4, interval / 2, interval, 5 * interval, time.Hour} {
+		rng := rand.New(rand.NewPCG(3, uint64(d)))
+		var tat time.Time
+		var admitted []time.Time // in real time
+		var extra int
+		ahead := false
+		for now := t0; now.Before(t0.Add(10 * time.Minute)); {
+			// Runs of arrivals on one worker, with idle gaps between some.
+			now = now.Add(time.Duration(rng.ExpFloat64() * float64(20*time.Millisecond)))
+			if rng.IntN(50) == 0 {
+				now = now.Add(time.Duration(rng.Float64() * float64(3*interval)))
+			}
+			if rng.IntN(20) == 0 {
+				ahead = !ahead
+			}
+			clock := now
+			if ahead {
+				clock = now.Add(d)
+			}
+			if next, ok, _ := TakeRate(tat, n, interval, clock); ok {
+				tat = next
+				admitted = append(admitted, now)
+			}
+		}
+		skew := int((n*min(d, interval) + interval - 1) / interval)
+		for _, span := range []time.Duration{time.Second, 10 * time.Second, time.Minute} {
+			bound := int(n*span/interval) + n + skew
+			j := 0
+			for i := range admitted {
+				for admitted[i].Sub(admitted[j]) >= span {
+					j++
+				}
+				if got := i - j + 1; got > bound {
+					t.Fatalf("clocks %v apart: %d admitted within %v, bound %d", d, got, span, bound)
+				}
+				extra = max(extra, i-j+1-int(n*span/interval)-n)
+			}
+		}
+		t.Logf("clocks %v apart: at most %d more than the rate and its burst (allowed %d)", d, extra, skew)
+	}
+}
+
 func TestRefundRate_UndoesOneTake(t *testing.T) {
 	t.Parallel()
 	tat := t0.Add(500 * time.Millisecond)
@@ -358,6 +410,29 @@ func TestChargeBudget_RetryAfterIsWhenItFits(t *testing.T) {
 	}
 	if _, d2 := ChargeBudget(w, 2000, 700, day, "x", nil, time.Hour, t0.Add(d.RetryAfter)); !d2.OK {
 		t.Error("does not fit at retryAfter")
+	}
+}
+
+// A worker whose clock is d ahead of the one that charged a budget reads
+// its window d shorter, never more (DESIGN §17): the whole budget charged
+// at t0 is spent again by it from t0 + window − d (to a granule), and by
+// neither worker a granule sooner.
+func TestChargeBudget_AClockAheadReadsTheWindowShorterByItsSkew(t *testing.T) {
+	t.Parallel()
+	day := 24 * time.Hour
+	g := GranuleOf(day)
+	for _, d := range []time.Duration{0, time.Minute, time.Hour} {
+		w, c := ChargeBudget(Window{}, 2000, 2000, day, "spent", nil, time.Hour, t0)
+		if !c.OK {
+			t.Fatalf("the first charge: %+v", c)
+		}
+		at := t0.Add(day - d) // real time; the worker ahead reads at + d
+		if _, c := ChargeBudget(w, 2000, 1, day, "early", nil, time.Hour, at.Add(-g).Add(d)); c.OK {
+			t.Errorf("clock %v ahead: charged a granule before the window less the skew ended", d)
+		}
+		if _, c := ChargeBudget(w, 2000, 1, day, "late", nil, time.Hour, at.Add(g).Add(d)); !c.OK {
+			t.Errorf("clock %v ahead: not charged a granule after the window less the skew: %+v", d, c)
+		}
 	}
 }
 

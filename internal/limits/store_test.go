@@ -289,3 +289,45 @@ func TestStore_TakeIsAllOrNothing(t *testing.T) {
 		t.Fatalf("third of a rate of 2: over=%+v", over)
 	}
 }
+
+// Twenty workers' stores race one rate's key, five takes each, at one
+// instant (a clock they share, stopped): exactly the burst is admitted;
+// one emission interval later, exactly one more.
+func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	var nanos atomic.Int64
+	nanos.Store(time.Now().UnixNano())
+	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
+	l := Limit{Kind: Rate, Capability: "t.rate", Per: PerCapability, Max: 5, Interval: time.Minute, Action: Refuse}
+	race := func() int64 {
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s := NewStore(b, alwaysAlive, clock)
+				for j := range 5 {
+					_, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d-%d", i, j)}, nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if over == nil {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return admitted.Load()
+	}
+	if n := race(); n != l.Max {
+		t.Errorf("%d admitted at one instant, want the burst of %d", n, l.Max)
+	}
+	nanos.Add(int64(l.Interval) / l.Max)
+	if n := race(); n != 1 {
+		t.Errorf("%d admitted one emission interval later, want 1", n)
+	}
+}

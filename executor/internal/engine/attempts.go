@@ -40,6 +40,10 @@ type attempts struct {
 	answer any
 	// receipts takes what the attempt running records of its effect.
 	receipts receipts
+	// abandoned is closed when the handler of an attempt that ended
+	// without it (its timeout, a cancel it ignored) returns: until then it
+	// runs, and keeps the execution's slot (DESIGN §17). nil: none runs.
+	abandoned chan struct{}
 }
 
 // run drives the pipeline of DESIGN §4 for a claimed execution (Run,
@@ -210,6 +214,9 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 				t.Stop()
 				return at.endByContext(attempt)
 			}
+			if !at.abandonedReturned() {
+				return at.endByContext(attempt)
+			}
 			if a, ok := at.pauseGate(attempt+1, false); !ok {
 				return a
 			}
@@ -371,16 +378,49 @@ func (at *attempts) waitForLimit(delay time.Duration) Action {
 
 // releaseLimits gives back the slot the execution took, if any: its
 // delivery has ended (finalized, lost to another claim, or left for later).
+// A handler abandoned still running keeps it until it returns, or the worker
+// stops; past the lease the slot was taken with, a taker that finds the
+// slots full judges it by the execution's final record, and frees it.
 func (at *attempts) releaseLimits() {
 	x := at.x
 	if !at.taken.Slot() {
 		return
 	}
-	ctx, cancel := StoreContext()
-	defer cancel()
-	x.w.limits.Release(ctx, at.taken)
-	at.taken = limits.Taken{}
-	x.obs.Slot(false)
+	taken, returned := at.taken, at.abandoned
+	at.taken, at.abandoned = limits.Taken{}, nil
+	release := func() {
+		ctx, cancel := StoreContext()
+		defer cancel()
+		x.w.limits.Release(ctx, taken)
+		x.obs.Slot(false)
+	}
+	if returned == nil {
+		release()
+		return
+	}
+	go func() {
+		select {
+		case <-returned:
+			release()
+		case <-x.w.base.Done():
+		}
+	}()
+}
+
+// abandonedReturned waits, before an execution holding a slot starts another
+// attempt, for the handler of the last one to return if it was abandoned:
+// one slot runs one handler. False: the execution's context ended first.
+func (at *attempts) abandonedReturned() bool {
+	if at.abandoned == nil || !at.taken.Slot() {
+		return true
+	}
+	select {
+	case <-at.abandoned:
+		at.abandoned = nil
+		return true
+	case <-at.x.ctx.Done():
+		return false
+	}
 }
 
 // receipts takes what the attempt running records of its effect
@@ -501,6 +541,7 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 		err error
 	}
 	ch := make(chan result, 1)
+	returned := make(chan struct{})
 	x.w.stats.handlerCalls.Add(1)
 	x.lease.progress.begin(n)
 	x.flight.calling.Store(true)
@@ -509,6 +550,7 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 	defer x.lease.progress.end()
 	a := Attempt{N: n, Key: x.idempotencyKey(), Logger: x.attemptLogger(n), Progress: &x.lease.progress, Receipts: &at.receipts}
 	go func() {
+		defer close(returned)
 		defer func() {
 			if r := recover(); r != nil {
 				ch <- result{err: fmt.Errorf("handler panicked: %v\n%s", r, debug.Stack())}
@@ -525,6 +567,7 @@ func (at *attempts) call(n int, timeout time.Duration) (_ any, cerr *envelope.Ca
 		case res = <-ch: // it returned as well: its result was there first
 		default:
 			x.w.stats.abandoned.Add(1)
+			at.abandoned = returned
 			return nil, at.contextError(ctx)
 		}
 	}

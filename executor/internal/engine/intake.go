@@ -36,8 +36,9 @@ type intake struct {
 	closeWork sync.Once
 
 	mu sync.Mutex
-	// queues names the queues pulled from.
-	queues map[string]bool
+	// queues names the queues pulled from, and whose each is ("" for the
+	// shared exec stream).
+	queues map[string]string
 	iters  []jetstream.MessagesContext
 }
 
@@ -47,7 +48,7 @@ func (in *intake) open(concurrency int, handle func(msg jetstream.Msg, unrouted 
 	in.handle, in.batch, in.work = handle, concurrency, make(chan handOff)
 	in.poolTurns, in.unroutedTurns = newTurns(concurrency), newTurns(unroutedSlots)
 	in.mu.Lock()
-	in.queues = map[string]bool{}
+	in.queues = map[string]string{}
 	in.mu.Unlock()
 }
 
@@ -55,17 +56,31 @@ func (in *intake) open(concurrency int, handle func(msg jetstream.Msg, unrouted 
 func (in *intake) pulls(name string) bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.queues[name]
+	_, ok := in.queues[name]
+	return ok
+}
+
+// servesOther reports whether a queue of a principal other than p is
+// pulled from: one that may send at any moment (fairShare).
+func (in *intake) servesOther(p string) bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	for _, q := range in.queues {
+		if q != "" && q != p {
+			return true
+		}
+	}
+	return false
 }
 
 // pull starts pulling from q, unless it is pulled from already.
 func (in *intake) pull(q Queue) error {
 	in.mu.Lock()
-	if in.queues[q.Name] {
+	if _, ok := in.queues[q.Name]; ok {
 		in.mu.Unlock()
 		return nil
 	}
-	in.queues[q.Name] = true
+	in.queues[q.Name] = q.Principal
 	in.mu.Unlock()
 	pool, err := q.Pool.Messages(jetstream.PullMaxMessages(in.batch), jetstream.PullExpiry(5*time.Second))
 	if err != nil {

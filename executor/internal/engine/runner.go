@@ -80,7 +80,9 @@ func (r *Runner) Stats() Stats { return r.w.stats.snapshot() }
 // the consumer of its requests for capabilities no pool lists.
 type Queue struct {
 	// Name names it: its stream's name.
-	Name           string
+	Name string
+	// Principal is whose queue it is; "" for the shared exec stream.
+	Principal      string
 	Pool, Unrouted jetstream.Consumer
 }
 
@@ -96,7 +98,7 @@ func (r *Runner) Serve(ctx context.Context, first []Queue, more <-chan Queue, co
 	if Reserve(concurrency) > 0 {
 		// With nothing to keep back (one slot) a share never refuses:
 		// deliveries skip it.
-		w.share.Store(newFairShare(concurrency))
+		w.share.Store(newFairShare(concurrency, r.in.servesOther))
 	}
 	r.in.open(concurrency, r.handle)
 	for _, q := range first {

@@ -6,13 +6,15 @@ import (
 	"time"
 )
 
-// Fair share between principals (DESIGN §17): while another principal has
-// sent this worker a request lately, one principal may hold at most all but
-// a reserve of the worker's slots, so that a principal's backlog of long
-// calls never stands in front of every other principal's calls. A delivery
+// Fair share between principals (DESIGN §17): while this worker pulls
+// another principal's queue, or another principal has sent it a request
+// lately, one principal may hold at most all but a reserve of the worker's
+// slots, so that a principal's backlog of long calls never stands in front
+// of every other principal's calls — even of one that has sent nothing yet,
+// since a slot taken by a long call is not given back for it. A delivery
 // over its principal's share is left for later at once, before anything of
-// it is read or written. A worker that sees one principal alone lets it use
-// every slot.
+// it is read or written. A worker that serves one principal alone lets it
+// use every slot.
 
 // shareWindow is how long a principal counts as active after its last
 // delivery.
@@ -34,10 +36,13 @@ type fairShare struct {
 	max  int // a principal's share while others are active; 0: no share
 	held map[string]int
 	seen map[string]time.Time
+	// otherQueue reports whether the worker pulls the queue of a principal
+	// other than p (nil: none).
+	otherQueue func(p string) bool
 }
 
-func newFairShare(slots int) *fairShare {
-	f := &fairShare{held: map[string]int{}, seen: map[string]time.Time{}}
+func newFairShare(slots int, otherQueue func(p string) bool) *fairShare {
+	f := &fairShare{held: map[string]int{}, seen: map[string]time.Time{}, otherQueue: otherQueue}
 	if r := Reserve(slots); r > 0 {
 		f.max = slots - r
 	}
@@ -45,12 +50,13 @@ func newFairShare(slots int) *fairShare {
 }
 
 // take counts a delivery of p at now, unless p holds its share while
-// another principal is active: then it reports false and counts nothing.
+// another principal is active or has a queue here: then it reports false
+// and counts nothing.
 func (f *fairShare) take(p string, now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seen[p] = now
-	if f.max > 0 && f.held[p] >= f.max && f.othersActive(p, now) {
+	if f.max > 0 && f.held[p] >= f.max && (f.othersActive(p, now) || f.otherQueue != nil && f.otherQueue(p)) {
 		return false
 	}
 	f.held[p]++

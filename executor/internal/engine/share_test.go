@@ -20,7 +20,7 @@ func TestReserve(t *testing.T) {
 func TestFairShare(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_000_000, 0)
-	f := newFairShare(8) // a share of 7
+	f := newFairShare(8, nil) // a share of 7
 	for i := range 8 {
 		if !f.take("a", now) {
 			t.Fatalf("a alone: delivery %d refused", i)
@@ -48,11 +48,48 @@ func TestFairShare(t *testing.T) {
 	if f.max != 7 || f.held["a"] != 7 || f.held["b"] != 1 {
 		t.Errorf("held %v, max %d", f.held, f.max)
 	}
-	one := newFairShare(1)
+	one := newFairShare(1, nil)
 	one.take("b", now)
 	for i := range 2 {
 		if !one.take("a", now) {
 			t.Errorf("a worker of one slot reserves none: a's delivery %d refused", i)
 		}
+	}
+}
+
+// A principal alone on a worker that also pulls another principal's queue
+// holds its share all the same: a long call once started keeps its slot, so
+// the reserve must be there before the other principal sends anything.
+func TestFairShare_AnotherPrincipalsQueueKeepsTheReserve(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	queues := map[string]bool{"": true, "a": true}
+	f := newFairShare(4, func(p string) bool {
+		for q := range queues {
+			if q != "" && q != p {
+				return true
+			}
+		}
+		return false
+	})
+	for i := range 4 {
+		if !f.take("a", now) {
+			t.Fatalf("a, the only principal with a queue: delivery %d refused", i)
+		}
+	}
+	for range 4 {
+		f.give("a")
+	}
+	queues["b"] = true
+	for i := range 3 {
+		if !f.take("a", now) {
+			t.Fatalf("a within its share: delivery %d refused", i)
+		}
+	}
+	if f.take("a", now) {
+		t.Fatal("a took the reserve while b has a queue here, though b has sent nothing")
+	}
+	if !f.take("b", now) {
+		t.Fatal("b's first delivery refused")
 	}
 }

@@ -78,7 +78,8 @@ type Stats struct {
 	// to an approval (DESIGN §17).
 	Limited uint64
 	// Deferred counts deliveries left for later because their principal
-	// held its fair share of the slots while others were active.
+	// held its fair share of the slots while others were active or had a
+	// queue here.
 	Deferred uint64
 	// Recovered counts executions this worker finalized completed from a
 	// lost attempt's receipt or its reconciler's finding (DESIGN §5).

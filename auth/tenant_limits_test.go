@@ -1,0 +1,254 @@
+package auth_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/capstantest"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/testenv"
+)
+
+// HoldInput is t.mine's and t.all's input: hold until cancelled, or return.
+type HoldInput struct {
+	Hold bool `json:"hold,omitempty"`
+}
+
+// Alice fills her own limits of t.mine (one running per principal, one per
+// actor), calling as bob's user: her other calls wait, and bob's calls of
+// t.mine, as that same user, start and complete while they do. Her forged
+// request on bob's subject is refused by the server. t.all's limit, the
+// capability's own, is the exception the design states: alice's call holds
+// it, so bob's waits until hers ends.
+func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range tenantGrants {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := testenv.Start(t, testenv.Auth(setup))
+	ctx := testCtx(t)
+	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	var started atomic.Int64
+	hold := func(ctx context.Context, c executor.Call[HoldInput]) (string, error) {
+		started.Add(1)
+		if c.Input.Hold {
+			<-ctx.Done()
+			return "", ctx.Err()
+		}
+		return "ran", nil
+	}
+	meta := func(ls ...executor.Limit) executor.Meta {
+		return executor.Meta{Description: "Holds until cancelled.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectWrite, Timeout: 10 * time.Minute, Limits: ls}
+	}
+	reg, err := executor.NewRegistry(
+		executor.Define("t.mine", meta(
+			executor.Limit{Kind: executor.LimitConcurrency, Per: executor.LimitPerPrincipal, Max: 1},
+			executor.Limit{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 1}), hold),
+		executor.Define("t.all", meta(executor.Limit{Kind: executor.LimitConcurrency, Max: 1}), hold))
+	if err != nil {
+		t.Fatal(err)
+	}
+	capstantest.Worker(t, reg, capstantest.WithConn(e.ConnectAs(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Lease: 2 * time.Second, Concurrency: 8}))
+	client := func(principal string) *executor.Client {
+		c, err := executor.NewClient(e.ConnectAs(t, principal), executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorUser, ID: "bob"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	alice, bob := client("alice"), client("bob")
+	trailTypes := func(principal, id string) []string {
+		ev, err := audit.Read(ctx, admin.NC, admin.Names.Prefix(), principal, id)
+		if err != nil {
+			return nil
+		}
+		var types []string
+		for _, x := range ev {
+			types = append(types, x.Type)
+		}
+		return types
+	}
+
+	var alices []string
+	for range 3 {
+		id, err := alice.Submit(ctx, "t.mine", HoldInput{Hold: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alices = append(alices, id)
+	}
+	t.Cleanup(func() {
+		for _, id := range alices {
+			_, _ = alice.Cancel(context.Background(), id)
+		}
+	})
+	waitFor(t, "one of alice's calls runs, the others wait at her limit", func() bool {
+		running, waiting := 0, 0
+		for _, id := range alices {
+			types := trailTypes("alice", id)
+			switch {
+			case slices.Contains(types, audit.EventStarted):
+				running++
+			case slices.Contains(types, audit.EventLimited):
+				waiting++
+			}
+		}
+		return running == 1 && waiting == 2
+	})
+	for range 3 {
+		if env, err := bob.Call(ctx, "t.mine", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
+			t.Fatalf("bob's call beside alice's: %v %+v", err, env)
+		}
+	}
+	running := 0
+	for _, id := range alices {
+		if slices.Contains(trailTypes("alice", id), audit.EventStarted) {
+			running++
+		}
+	}
+	if running != 1 {
+		t.Errorf("%d of alice's calls started, want 1: bob's calls took nothing of hers", running)
+	}
+
+	// A request forged on bob's subject never reaches his queue.
+	req, err := envelope.Marshal(envelope.Request{ExecutionID: envelope.NewExecutionID(), CapabilityID: "t.mine",
+		Input: envelope.Raw(`{"hold":true}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(e.ConnectAs(t, "alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err = js.Publish(pctx, admin.Names.ExecSubject("bob", "t.mine"), req)
+	cancel()
+	if err == nil {
+		t.Fatal("alice published a request on bob's subject")
+	}
+
+	// The capability's own limit is shared: alice's call holds it, bob's waits.
+	held, err := alice.Submit(ctx, "t.all", HoldInput{Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alices = append(alices, held)
+	waitFor(t, "alice's t.all runs", func() bool { return slices.Contains(trailTypes("alice", held), audit.EventStarted) })
+	waiting, err := bob.Submit(ctx, "t.all", HoldInput{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "bob's t.all waits at the capability's limit", func() bool {
+		return slices.Contains(trailTypes("bob", waiting), audit.EventLimited)
+	})
+	if _, err := alice.Cancel(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := bob.Await(ctx, waiting); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's t.all once alice's ended: %v %+v", err, env)
+	}
+}
+
+// Alice, alone at first, sends more long calls than a worker has slots;
+// then bob calls. Bob's call starts and completes while every one of
+// alice's still runs or waits: a worker serving several principals' queues
+// keeps its reserve of slots (an eighth, at least one) from any one of
+// them, even before another has sent anything.
+func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) {
+	t.Parallel()
+	setup, err := auth.Init(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range tenantGrants {
+		if err := setup.Add(g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := testenv.Start(t, testenv.Auth(setup))
+	ctx := testCtx(t)
+	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	var running, most atomic.Int64
+	long := executor.Define("t.long", executor.Meta{Description: "Holds until cancelled.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectWrite, Timeout: 10 * time.Minute},
+		func(ctx context.Context, c executor.Call[HoldInput]) (string, error) {
+			if !c.Input.Hold {
+				return "ran", nil
+			}
+			n := running.Add(1)
+			defer running.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-ctx.Done()
+			return "", ctx.Err()
+		})
+	reg, err := executor.NewRegistry(long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const slots = 4
+	capstantest.Worker(t, reg, capstantest.WithConn(e.ConnectAs(t, auth.WorkerPrincipal)),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Lease: 2 * time.Second, Concurrency: slots}))
+	client := func(principal string) *executor.Client {
+		c, err := executor.NewClient(e.ConnectAs(t, principal), executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorUser, ID: principal}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	alice, bob := client("alice"), client("bob")
+	var alices []string
+	for range 2 * slots {
+		id, err := alice.Submit(ctx, "t.long", HoldInput{Hold: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alices = append(alices, id)
+	}
+	t.Cleanup(func() {
+		for _, id := range alices {
+			_, _ = alice.Cancel(context.Background(), id)
+		}
+	})
+	waitFor(t, "alice's calls take what she may of the worker", func() bool { return running.Load() >= slots-1 })
+	if env, err := bob.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's call beside alice's long ones: %v %+v", err, env)
+	}
+	if n := running.Load(); n != slots-1 {
+		t.Errorf("%d of alice's calls run after bob's, want her %d still running", n, slots-1)
+	}
+	if m := most.Load(); m > slots-1 {
+		t.Errorf("alice held %d of %d slots at once, want all but the reserve", m, slots)
+	}
+}

@@ -1,0 +1,272 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/audit"
+	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/testenv"
+)
+
+type waysIn struct {
+	Way string `json:"way,omitempty"` // "", "panic", "timeout", "hold"
+}
+
+// waysCapability may run once at a time; each way out of its handler is
+// one input: a panic, a per-attempt timeout, a hold until cancelled.
+func waysCapability(run *running, timeout time.Duration) executor.Capability {
+	return executor.Define("t.ways", executor.Meta{Description: "Leaves its handler every way.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Timeout: timeout,
+		Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
+		func(ctx context.Context, call executor.Call[waysIn]) (string, error) {
+			run.enter()
+			defer run.leave()
+			switch call.Input.Way {
+			case "panic":
+				panic("the handler panics")
+			case "timeout", "hold":
+				<-ctx.Done()
+				return "", ctx.Err()
+			}
+			return "ran", nil
+		})
+}
+
+// waysHolders reads how many executions hold t.ways's slot.
+func waysHolders(t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	kv, err := js.KeyValue(ctxT(t), "CAPSTAN_LIMITS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctxT(t), "c.t.ways")
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		Holders []struct{} `json:"holders"`
+	}
+	if err := envelope.Unmarshal(e.Value(), &c); err != nil {
+		t.Fatal(err)
+	}
+	return len(c.Holders)
+}
+
+// The only slot comes back on every way out of a handler: a panic, the
+// per-attempt timeout, the caller's cancel while it runs. After each, the
+// bucket holds no holder and the next call runs.
+func TestLimits_TheSlotComesBackOnEveryWayOut(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	run := &running{}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, 300*time.Millisecond))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	next := func(after string) {
+		t.Helper()
+		waitUntil(t, "the slot given back after "+after, func() bool { return waysHolders(t, js) == 0 })
+		if env, err := c.Call(ctx, "t.ways", waysIn{}, executor.StartWithin(30*time.Second)); err != nil || env.Status != envelope.StatusCompleted {
+			t.Fatalf("the call after %s: %v %+v", after, err, env)
+		}
+	}
+	if env, err := c.Call(ctx, "t.ways", waysIn{Way: "panic"}); err != nil || env.Error == nil || env.Error.Code != envelope.CodeExecutionFailed {
+		t.Fatalf("the panicking call: %v %+v", err, env)
+	}
+	next("a panic")
+	if env, err := c.Call(ctx, "t.ways", waysIn{Way: "timeout"}); err != nil || env.Error == nil || env.Error.Code != envelope.CodeTimeout {
+		t.Fatalf("the call past its timeout: %v %+v", err, env)
+	}
+	next("a timeout")
+	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+	if _, err := c.Cancel(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := c.Await(ctx, held); err != nil || env.Error == nil || env.Error.Code != envelope.CodeCancelled {
+		t.Fatalf("the cancelled call: %v %+v", err, env)
+	}
+	next("a cancel")
+	if most := run.most.Load(); most > 1 {
+		t.Errorf("%d handlers ran at once, limit 1", most)
+	}
+}
+
+// A call waiting for the slot is ended by its caller's cancel (CANCELLED)
+// or by its start deadline (NOT_STARTED): never run, its trail saying it
+// waited; the holder is untouched.
+func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		cancel bool
+		want   envelope.Code
+	}{
+		{"cancelled", true, envelope.CodeCancelled},
+		{"start deadline", false, envelope.CodeNotStarted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			js := env.JetStream(t)
+			run := &running{}
+			startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
+			c := newClient(t, env.Connect(t))
+			ctx := ctxT(t)
+			held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+			within := time.Hour
+			if !tc.cancel {
+				within = 3 * time.Second
+			}
+			waiting, err := c.Submit(ctx, "t.ways", waysIn{}, executor.StartWithin(within))
+			if err != nil {
+				t.Fatal(err)
+			}
+			limited := errors.New("limited")
+			if err := c.FollowTrail(ctx, waiting, func(ev audit.Event) error {
+				if ev.Type == audit.EventLimited {
+					return limited
+				}
+				return nil
+			}); !errors.Is(err, limited) {
+				t.Fatalf("following the waiting call: %v", err)
+			}
+			if tc.cancel {
+				if _, err := c.Cancel(ctx, waiting); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := c.Await(ctx, waiting)
+			if err != nil || got.Error == nil || got.Error.Code != tc.want {
+				t.Fatalf("the waiting call: %v %+v, want %s", err, got, tc.want)
+			}
+			ends := 0
+			var types []string
+			for _, ev := range trail(t, c, waiting) {
+				types = append(types, ev.Type)
+				if ev.Type == audit.EventFailed || ev.Type == audit.EventCancelled || ev.Type == audit.EventCompleted {
+					ends++
+				}
+			}
+			if !slices.Contains(types, audit.EventLimited) || slices.Contains(types, audit.EventStarted) || ends != 1 {
+				t.Errorf("the waiting call's trail %v: want limited, never started, one end", types)
+			}
+			if n := run.calls.Load(); n != 1 {
+				t.Errorf("%d handler calls, want the held one alone", n)
+			}
+			if n := waysHolders(t, js); n != 1 {
+				t.Errorf("%d holders, want the held call's", n)
+			}
+			if _, err := c.Cancel(ctx, held); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "the held call's slot given back", func() bool { return waysHolders(t, js) == 0 })
+		})
+	}
+}
+
+// A handler that ignores its context past its timeout still runs: the
+// slot it holds is given neither to another call nor to a retry of its own
+// execution until it returns.
+func TestLimits_AnAbandonedHandlerKeepsItsSlot(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		calls int
+		retry *executor.Retry
+	}{
+		{"three calls", 3, nil},
+		{"one call retried", 1, &executor.Retry{MaxAttempts: 3, Backoff: time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			run := &running{}
+			deaf := executor.Define("t.deaf", executor.Meta{Description: "Ignores its context.",
+				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectRead, Timeout: 100 * time.Millisecond,
+				Retry: tc.retry, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
+				func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+					run.enter()
+					defer run.leave()
+					time.Sleep(500 * time.Millisecond)
+					return "late", nil
+				})
+			startWorker(t, env.Connect(t), executor.WorkerConfig{}, deaf)
+			c := newClient(t, env.Connect(t))
+			ctx := ctxT(t)
+			var ids []string
+			for range tc.calls {
+				id, err := c.Submit(ctx, "t.deaf", struct{}{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			for _, id := range ids {
+				if env, err := c.Await(ctx, id); err != nil || env.Error == nil || env.Error.Code != envelope.CodeTimeout {
+					t.Fatalf("%s: %v %+v", id, err, env)
+				}
+			}
+			waitUntil(t, "every handler returned", func() bool { return run.now.Load() == 0 })
+			if most := run.most.Load(); most > 1 {
+				t.Errorf("%d handlers ran at once, limit 1", most)
+			}
+			want := int64(tc.calls)
+			if tc.retry != nil {
+				want *= int64(1 + tc.retry.MaxAttempts)
+			}
+			if n := run.calls.Load(); n != want {
+				t.Errorf("%d handler calls, want %d", n, want)
+			}
+		})
+	}
+}
+
+// A worker whose connection is cut while its handler holds the only slot
+// (a handler that lasts until its context ends): the slot comes back
+// within the lease, to a call another worker runs, and the cut handler has
+// stopped by then: no moment sees two.
+func TestLimits_ACutWorkersSlotComesBackWithinItsLease(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	run := &running{}
+	cut := env.Connect(t)
+	startWorker(t, cut, executor.WorkerConfig{Lease: 2 * time.Second}, waysCapability(run, time.Hour))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+	cut.Close()
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second}, waysCapability(run, time.Hour))
+	if env, err := c.Call(ctx, "t.ways", waysIn{}, executor.StartWithin(time.Minute)); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("a call after the cut: %v %+v", err, env)
+	}
+	if got, err := c.Await(ctx, held); err != nil || got.Status != envelope.StatusFailed {
+		t.Fatalf("the cut call: %v %+v", err, got)
+	}
+	if most := run.most.Load(); most > 1 {
+		t.Errorf("%d handlers ran at once, limit 1", most)
+	}
+	waitUntil(t, "every slot given back", func() bool { return waysHolders(t, js) == 0 })
+}
