@@ -234,3 +234,42 @@ func TestReads_TimeoutAndNoReceipt(t *testing.T) {
 		t.Errorf("receipt of a read: %v, want refused", err)
 	}
 }
+
+// A read's request sent again under its id after it ended, within the
+// record window (a producer's retry past the duplicate window: the same
+// message id, stored anew later than its id was made), finds the envelope
+// and runs nothing, as a write's does by its record: the first delivery of
+// a later publication reads the envelope before it runs.
+func TestReads_SentAgainAfterItEnded_RunsNothing(t *testing.T) {
+	t.Parallel()
+	cfg := broker.Config{RecordWindow: 8 * time.Second} // a skew of 2 s
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg)},
+		executor.Define("test.read", executor.Meta{Description: "Reads.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectRead, Idempotent: true},
+			func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+				p.called(ctx, c.Attempt)
+				return probeOut{Attempt: c.Attempt}, nil
+			}))
+	id := envelope.NewExecutionID()
+	s.publish("test.read", id)
+	first := s.await(id)
+	if first.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v", first)
+	}
+	made, _ := envelope.ExecutionIDTime(id)
+	waitUntil(t, "past the skew of the id's time", func() bool { return time.Since(made) > 3*time.Second })
+
+	// Under a message id the duplicate window does not know, as it would
+	// not know the first once it passed.
+	s.publishCopy("test.read", id, broker.Key(broker.Anonymous, id)+".again")
+	s.drained()
+	if n, dups := p.calls.Load(), w.Stats().Duplicates; n != 1 || dups != 1 {
+		t.Fatalf("handler called %d times, %d duplicates: want 1 and 1", n, dups)
+	}
+	if got := s.await(id); got.FinalizedAt != first.FinalizedAt || got.FinalizedBy != first.FinalizedBy {
+		t.Fatalf("envelope rewritten: %+v", got)
+	}
+}
