@@ -273,3 +273,35 @@ func TestReads_SentAgainAfterItEnded_RunsNothing(t *testing.T) {
 		t.Fatalf("envelope rewritten: %+v", got)
 	}
 }
+
+// A read whose worker shuts down while its handler runs is given back and
+// runs again on another worker; the trail keeps the run the shutdown
+// interrupted: two capability.started, one per handler call, however soon
+// after its start the shutdown came.
+func TestReads_WorkerShutDownMidRun_TrailKeepsBothRuns(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	var stoppedCalls, calls atomic.Int64
+	started, never := make(chan struct{}, 1), make(chan struct{})
+	stopping := runWorkerOn(t, env.Connect(t), executor.WorkerConfig{Grace: time.Millisecond},
+		gatedRead("t.read", &stoppedCalls, started, never))
+	c := newClient(t, env.Connect(t))
+	id, err := c.Submit(ctxT(t), "t.read", echoIn{Hello: "again"}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopping.Stop()
+	released := make(chan struct{})
+	close(released)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, gatedRead("t.read", &calls, make(chan struct{}, 1), released))
+	got, err := c.Await(ctxT(t), id)
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v %v, want completed", got, err)
+	}
+	flushAudit(t)
+	evs := trail(t, c, id)
+	if n := len(ofType(evs, audit.EventStarted)); n != 2 || stoppedCalls.Load() != 1 || calls.Load() != 1 {
+		t.Errorf("%d capability.started for handler calls %d and %d: %v", n, stoppedCalls.Load(), calls.Load(), typesOf(evs))
+	}
+}
