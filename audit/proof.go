@@ -63,8 +63,8 @@ type ProvedMessage struct {
 // keys one a line (its audit.pub): the checkpoint's signature, each
 // message's inclusion in the checkpoint's tree at its place, that its events
 // are the ones it holds, all of one execution, and, when the proof carries
-// the envelope and an event commits to one, that its hash is the one
-// committed to.
+// the envelope and an event commits to one, that its hash is one committed
+// to.
 func (p *TrailProof) Verify(publicKeys string) error {
 	keys, _, err := trail.ParseVerifiers(publicKeys)
 	if err != nil {
@@ -77,7 +77,10 @@ func (p *TrailProof) Verify(publicKeys string) error {
 	if len(p.Messages) == 0 {
 		return errors.New("capstan: the proof holds no message")
 	}
-	key, committed := "", ""
+	// Two runs of one execution (a read run again while it still ran, a
+	// worker stalled past its lease) each file a terminal event; the
+	// envelope that stands is the one of them whose create came first.
+	key, committed := "", map[string]bool{}
 	for _, m := range p.Messages {
 		in := trail.Inclusion{Msg: &trail.Msg{Seq: m.Seq, Subject: m.Subject, Header: m.Header, Data: m.Data}, Leaf: m.Leaf}
 		for _, s := range m.Proof {
@@ -110,13 +113,13 @@ func (p *TrailProof) Verify(publicKeys string) error {
 				return fmt.Errorf("capstan: sequence %d: event %d is not the one the message holds", m.Seq, i)
 			}
 			if h, ok := evs[i].Data[envelopeHashKey].(string); ok {
-				committed = h
+				committed[h] = true
 			}
 		}
 	}
-	if p.Envelope != nil && committed != "" {
+	if p.Envelope != nil && len(committed) > 0 {
 		sum := sha256.Sum256(p.Envelope)
-		if hex.EncodeToString(sum[:]) != committed {
+		if !committed[hex.EncodeToString(sum[:])] {
 			return errors.New("capstan: the envelope is not the one the trail commits to")
 		}
 	}

@@ -1025,7 +1025,9 @@ func OwnedBy(principal string) CancelOption { return func(r *CancelRequest) { r.
 
 // Cancel asks the workers to cancel one of the client's executions (another
 // principal's, for an admin, with OwnedBy). Cancelling is terminal at any
-// point: before a claim, during an attempt, during a backoff. An execution
+// point: before a claim, during an attempt, during a backoff (a read without
+// a claim still queued is stopped only by a worker that heard of the cancel:
+// see Meta.Idempotent). An execution
 // that ended is not changed: the reply says Finalized and its Status, for as
 // long as its envelope is kept. An id of which nothing is stored (no request
 // in its queue, no record, no envelope) fails with ErrNoSuchExecution, and

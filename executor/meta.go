@@ -138,9 +138,11 @@ type Meta struct {
 // a run lost with its worker runs again on the next delivery rather than
 // ending OUTCOME_UNKNOWN; two deliveries may run at once, the first
 // envelope written standing; `capstan status` says queued until the
-// envelope is written; and a receipt is refused. The timeout, the caller's
-// cancel, the trail and one envelope per execution hold as for any call
-// (docs/guarantees.md, "Reads without claims").
+// envelope is written; a receipt is refused; and a cancel recorded while the
+// call waits in its queue stops it only when the worker that takes it heard
+// of the cancel (it was running then). The timeout, the caller's cancel of
+// a running call, the trail and one envelope per execution hold as for any
+// call (docs/guarantees.md, "Reads without claims").
 func (m Meta) unclaimed() bool {
 	read := m.SideEffect == SideEffectNone || m.SideEffect == SideEffectRead
 	return read && m.Idempotent && (m.Approval == nil || !m.Approval.Required) && len(m.Limits) == 0

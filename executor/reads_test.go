@@ -234,3 +234,74 @@ func TestReads_TimeoutAndNoReceipt(t *testing.T) {
 		t.Errorf("receipt of a read: %v, want refused", err)
 	}
 }
+
+// A read's request sent again under its id after it ended, within the
+// record window (a producer's retry past the duplicate window: the same
+// message id, stored anew later than its id was made), finds the envelope
+// and runs nothing, as a write's does by its record: the first delivery of
+// a later publication reads the envelope before it runs.
+func TestReads_SentAgainAfterItEnded_RunsNothing(t *testing.T) {
+	t.Parallel()
+	cfg := broker.Config{RecordWindow: 8 * time.Second} // a skew of 2 s
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var p probe
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg)},
+		executor.Define("test.read", executor.Meta{Description: "Reads.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectRead, Idempotent: true},
+			func(ctx context.Context, c executor.Call[map[string]any]) (probeOut, error) {
+				p.called(ctx, c.Attempt)
+				return probeOut{Attempt: c.Attempt}, nil
+			}))
+	id := envelope.NewExecutionID()
+	s.publish("test.read", id)
+	first := s.await(id)
+	if first.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v", first)
+	}
+	made, _ := envelope.ExecutionIDTime(id)
+	waitUntil(t, "past the skew of the id's time", func() bool { return time.Since(made) > 3*time.Second })
+
+	// Under a message id the duplicate window does not know, as it would
+	// not know the first once it passed.
+	s.publishCopy("test.read", id, broker.Key(broker.Anonymous, id)+".again")
+	s.drained()
+	if n, dups := p.calls.Load(), w.Stats().Duplicates; n != 1 || dups != 1 {
+		t.Fatalf("handler called %d times, %d duplicates: want 1 and 1", n, dups)
+	}
+	if got := s.await(id); got.FinalizedAt != first.FinalizedAt || got.FinalizedBy != first.FinalizedBy {
+		t.Fatalf("envelope rewritten: %+v", got)
+	}
+}
+
+// A read whose worker shuts down while its handler runs is given back and
+// runs again on another worker; the trail keeps the run the shutdown
+// interrupted: two capability.started, one per handler call, however soon
+// after its start the shutdown came.
+func TestReads_WorkerShutDownMidRun_TrailKeepsBothRuns(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	var stoppedCalls, calls atomic.Int64
+	started, never := make(chan struct{}, 1), make(chan struct{})
+	stopping := runWorkerOn(t, env.Connect(t), executor.WorkerConfig{Grace: time.Millisecond},
+		gatedRead("t.read", &stoppedCalls, started, never))
+	c := newClient(t, env.Connect(t))
+	id, err := c.Submit(ctxT(t), "t.read", echoIn{Hello: "again"}, executor.As(alice))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	stopping.Stop()
+	released := make(chan struct{})
+	close(released)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, gatedRead("t.read", &calls, make(chan struct{}, 1), released))
+	got, err := c.Await(ctxT(t), id)
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("envelope %+v %v, want completed", got, err)
+	}
+	flushAudit(t)
+	evs := trail(t, c, id)
+	if n := len(ofType(evs, audit.EventStarted)); n != 2 || stoppedCalls.Load() != 1 || calls.Load() != 1 {
+		t.Errorf("%d capability.started for handler calls %d and %d: %v", n, stoppedCalls.Load(), calls.Load(), typesOf(evs))
+	}
+}

@@ -18,7 +18,8 @@ const (
 	// UnservedQueue (the default): the request is stored and waits for a
 	// worker until its start deadline, as any request does; Call returns at
 	// once with an *UnservedError that names its execution id (Queued),
-	// which Await waits on and Cancel withdraws. Submit stores it and
+	// which Await waits on and Cancel withdraws (but a read without a
+	// claim: see Meta.Idempotent). Submit stores it and
 	// returns its id.
 	UnservedQueue Unserved = iota
 	// UnservedRefuse: nothing is stored; Call and Submit return an

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -588,12 +590,17 @@ func printProof(w io.Writer, st style, p *audit.TrailProof, id, owner, from stri
 	if cp != nil {
 		fmt.Fprintf(w, "checkpoint of %s: %d leaves, to %s, checked with %s key\n", cp.Origin, cp.Size, cp.Time.UTC().Format(time.RFC3339), from)
 	}
-	committed := ""
+	committed, stored := "", ""
+	if p.Envelope != nil {
+		sum := sha256.Sum256(p.Envelope)
+		stored = hex.EncodeToString(sum[:])
+	}
 	for _, m := range p.Messages {
 		types := make([]string, 0, len(m.Events))
 		for _, ev := range m.Events {
 			types = append(types, strings.TrimPrefix(ev.Type, "capability."))
-			if h, ok := ev.Data["envelopeHash"].(string); ok {
+			if h, ok := ev.Data["envelopeHash"].(string); ok && (committed == "" || h == stored) {
+				// Of two runs' terminal events, the envelope's.
 				committed = h
 			}
 		}

@@ -190,7 +190,7 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			}
 			return Action{Do: Finish, end: completed(raw), Attempts: attempt}
 		}
-		if a, ok := x.interrupted("the attempt"); ok {
+		if a, ok := at.interrupted(attempt, "the attempt"); ok {
 			return a
 		}
 		switch {
@@ -657,10 +657,22 @@ func afterRun(cerr *envelope.CapabilityError) *outcome {
 // endByContext is how an execution whose whole context ended ends: left to
 // the claim's new owner, given back on shutdown, otherwise cancelled.
 func (at *attempts) endByContext(n int) Action {
-	if a, ok := at.x.interrupted(""); ok {
+	if a, ok := at.interrupted(n, ""); ok {
 		return a
 	}
 	return Action{Do: Finish, Attempts: n, end: cancelled(envelope.CodeCancelled, at.cancelledError().Message)}
+}
+
+// interrupted is x.interrupted for an execution that ran n attempts. A read
+// without a claim given back at its worker's shutdown after its handler ran
+// files the events it held, so that the trail keeps the run its redelivery
+// repeats; given back before any attempt, it files nothing.
+func (at *attempts) interrupted(n int, during string) (Action, bool) {
+	a, ok := at.x.interrupted(during)
+	if ok && n > 0 && at.x.unclaimed {
+		at.x.trail.flush()
+	}
+	return a, ok
 }
 
 // interrupted is the action for an execution whose context the claim's loss

@@ -363,17 +363,19 @@ func (d *delivery) claimNew() Action {
 // runUnclaimed begins a read that needs no claim (Definition.Unclaimed,
 // DESIGN §14 "Reads without claims"): nothing is written before its
 // envelope. A delivery that may not be the request's first (a
-// redelivery, an id older than the record window), or whose execution a
-// cancel notice named while it waited, reads the record first: one found —
-// a caller's cancel of the queued request, a claim of a worker that did not
-// know the capability for a read — decides as the takeover table says;
-// then the envelope: one there is a duplicate. A first delivery reads
-// nothing: a cancel recorded while the request waited, which its worker did
-// not hear of (it started after the cancel), does not stop it. A run lost
-// with its worker runs again at the redelivery.
+// redelivery, an id older than the record window, a later publication of
+// the id: without a record, only the envelope tells that it ended), or
+// whose execution a cancel notice named while it waited, reads the record
+// first: one found — a caller's cancel of the queued request, a claim of a
+// worker that did not know the capability for a read — decides as the
+// takeover table says; then the envelope: one there is a duplicate. A first
+// delivery reads nothing: a cancel recorded while the request waited, which
+// its worker did not hear of (it started after the cancel), does not stop
+// it. A run lost with its worker runs again at the redelivery.
 func (d *delivery) runUnclaimed(f Facts) Action {
 	x := &d.x
-	if !f.FirstRecent || d.w.inflight.wasNoticed(x.key) {
+	first := f.FirstRecent && !laterPublication(x.req.ExecutionID, x.meta.Stored, d.w.windows().Record)
+	if !first || d.w.inflight.wasNoticed(x.key) {
 		rec, rev, err := x.w.store.load(x.key)
 		switch {
 		case err == nil:
@@ -383,7 +385,7 @@ func (d *delivery) runUnclaimed(f Facts) Action {
 			return Action{Do: Wait, Delay: time.Second} // the store did not answer: decide again later
 		}
 	}
-	if !f.FirstRecent {
+	if !first {
 		switch ended, err := d.endedBefore(); {
 		case ended:
 			ackSync(d.msg)

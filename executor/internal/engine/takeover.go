@@ -546,9 +546,17 @@ func AbsenceProves(id string, stored time.Time, firstDelivery bool, now time.Tim
 	if recentID(id, now, window) {
 		return true
 	}
-	skew := idSkew(window)
-	if made, ok := envelope.ExecutionIDTime(id); ok && stored.After(made.Add(skew)) {
+	if laterPublication(id, stored, window) {
 		return false
 	}
-	return firstDelivery || now.Sub(stored) < window-skew
+	return firstDelivery || now.Sub(stored) < window-idSkew(window)
+}
+
+// laterPublication reports whether a message stored at stored is not the
+// first publication of id: stored later than the skew after the id's time
+// (a producer's retry past the duplicate window, a forward from _unrouted).
+// An id that is no UUIDv7 is taken for a first publication.
+func laterPublication(id string, stored time.Time, window time.Duration) bool {
+	made, ok := envelope.ExecutionIDTime(id)
+	return ok && stored.After(made.Add(idSkew(window)))
 }
