@@ -14,8 +14,6 @@ import (
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
-	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // HoldInput is t.mine's and t.all's input: hold until cancelled, or return.
@@ -31,24 +29,8 @@ type HoldInput struct {
 // it, so bob's waits until hers ends.
 func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 	t.Parallel()
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range tenantGrants {
-		if err := setup.Add(g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e := testenv.Start(t, testenv.Auth(setup))
+	e, admin := securedTenants(t)
 	ctx := testCtx(t)
-	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
-		t.Fatal(err)
-	}
 	var started atomic.Int64
 	hold := func(ctx context.Context, c executor.Call[HoldInput]) (string, error) {
 		started.Add(1)
@@ -180,24 +162,8 @@ func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 // them, even before another has sent anything.
 func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) {
 	t.Parallel()
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range tenantGrants {
-		if err := setup.Add(g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e := testenv.Start(t, testenv.Auth(setup))
+	e, _ := securedTenants(t)
 	ctx := testCtx(t)
-	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
-		t.Fatal(err)
-	}
 	var running, most atomic.Int64
 	long := executor.Define("t.long", executor.Meta{Description: "Holds until cancelled.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Timeout: 10 * time.Minute},

@@ -60,7 +60,8 @@ type SpendInput struct {
 	HoldMs int   `json:"holdMs,omitempty"`
 }
 
-func newTenantRig(t *testing.T, d deployment, cfg broker.Config) *tenantRig {
+// tenantSetup makes the credentials of tenantGrants in a test's directory.
+func tenantSetup(t *testing.T) *auth.Setup {
 	t.Helper()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
@@ -71,6 +72,30 @@ func newTenantRig(t *testing.T, d deployment, cfg broker.Config) *tenantRig {
 			t.Fatal(err)
 		}
 	}
+	return setup
+}
+
+// securedTenants starts an embedded server that requires tenantGrants'
+// credentials, provisioned, its grants published; it returns the server
+// and the admin's broker.
+func securedTenants(t *testing.T) (*testenv.Env, *broker.Broker) {
+	t.Helper()
+	setup := tenantSetup(t)
+	e := testenv.Start(t, testenv.Auth(setup))
+	ctx := testCtx(t)
+	admin, err := broker.Provision(ctx, e.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.PublishGrants(ctx, admin.JS, setup, 0); err != nil {
+		t.Fatal(err)
+	}
+	return e, admin
+}
+
+func newTenantRig(t *testing.T, d deployment, cfg broker.Config) *tenantRig {
+	t.Helper()
+	setup := tenantSetup(t)
 	r := &tenantRig{setup: setup}
 	var adminNC *nats.Conn
 	switch d {
@@ -85,6 +110,7 @@ func newTenantRig(t *testing.T, d deployment, cfg broker.Config) *tenantRig {
 		adminNC = e.Connect(t)
 	}
 	ctx := testCtx(t)
+	var err error
 	if r.admin, err = broker.Provision(ctx, adminNC, cfg); err != nil {
 		t.Fatal(err)
 	}

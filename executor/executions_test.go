@@ -31,18 +31,16 @@ type readers struct {
 	conns map[string]*nats.Conn
 }
 
-func newReaders(t *testing.T) *readers {
+// secured starts an embedded server that requires the credentials of
+// grants, provisioned, its grants published; it returns the server and the
+// admin's broker.
+func secured(t *testing.T, grants ...auth.Grant) (*testenv.Env, *broker.Broker) {
 	t.Helper()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
-		{Principal: "gw", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
-		{Principal: "bob", Role: auth.RoleApprover, Actors: []string{"user:bob"}, Types: []string{"finance"}},
-		{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"security"}},
-	} {
+	for _, g := range grants {
 		if err := setup.Add(g); err != nil {
 			t.Fatal(err)
 		}
@@ -55,6 +53,16 @@ func newReaders(t *testing.T) *readers {
 	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 0); err != nil {
 		t.Fatal(err)
 	}
+	return env, admin
+}
+
+func newReaders(t *testing.T) *readers {
+	t.Helper()
+	env, admin := secured(t,
+		auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+		auth.Grant{Principal: "gw", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
+		auth.Grant{Principal: "bob", Role: auth.RoleApprover, Actors: []string{"user:bob"}, Types: []string{"finance"}},
+		auth.Grant{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"security"}})
 	wc := env.ConnectAs(t, auth.WorkerPrincipal)
 	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
 	if err != nil {

@@ -569,22 +569,8 @@ func TestCatalog_WorkersCopyLagsTheBucket_RequestWaitsForTheNewerWorker(t *testi
 // CAPABILITY_NOT_FOUND.
 func TestStartDeadline_WithAuthentication(t *testing.T) {
 	t.Parallel()
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := setup.Add(auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"},
-		Capabilities: []string{"*"}}); err != nil {
-		t.Fatal(err)
-	}
-	env := testenv.Start(t, testenv.Auth(setup))
-	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 0); err != nil {
-		t.Fatal(err)
-	}
+	env, admin := secured(t, auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"},
+		Capabilities: []string{"*"}})
 	s := &store{t: t, nc: env.Connect(t), b: admin}
 	var p probe
 	const ttl = 600 * time.Millisecond

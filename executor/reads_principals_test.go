@@ -15,7 +15,6 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
 // Reads without claims of two principals on one secured server: alice's
@@ -27,26 +26,9 @@ import (
 // completed, once.
 func TestReads_TwoPrincipals_AFloodNeitherStarvesNorRevealsTheOther(t *testing.T) {
 	t.Parallel()
-	setup, err := auth.Init(t.TempDir(), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range []auth.Grant{
-		{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
-		{Principal: "bob", Role: auth.RoleProducer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}},
-	} {
-		if err := setup.Add(g); err != nil {
-			t.Fatal(err)
-		}
-	}
-	env := testenv.Start(t, testenv.Auth(setup))
-	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := auth.PublishGrants(ctxT(t), admin.JS, setup, 0); err != nil {
-		t.Fatal(err)
-	}
+	env, admin := secured(t,
+		auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
+		auth.Grant{Principal: "bob", Role: auth.RoleProducer, Actors: []string{"user:bob"}, Capabilities: []string{"*"}})
 	var aliceCalls, bobCalls atomic.Int64
 	release := make(chan struct{})
 	startWorker(t, env.ConnectAs(t, auth.WorkerPrincipal), executor.WorkerConfig{Concurrency: 8},
@@ -106,6 +88,7 @@ func TestReads_TwoPrincipals_AFloodNeitherStarvesNorRevealsTheOther(t *testing.T
 	aimed.Reply = admin.Names.CancelNoticeSubject("alice", ids[1])
 	aimedID := envelope.NewExecutionID()
 	aimed.Header.Set(jetstream.MsgIDHeader, broker.Key("bob", aimedID))
+	var err error
 	aimed.Data, err = envelope.Marshal(&envelope.Request{V: envelope.Version, ExecutionID: aimedID, CapabilityID: "t.read",
 		Input: envelope.MustRaw(echoIn{Hello: "aimed"}), Actor: envelope.Actor{Kind: "user", ID: "bob"},
 		Surface: string(executor.SurfaceDirect), SubmittedAt: time.Now().UTC()})
