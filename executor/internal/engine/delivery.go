@@ -183,7 +183,7 @@ func (d *delivery) enter() Action {
 			// Over its principal's fair share while others wait: nothing of
 			// it was read or written; a later delivery runs it.
 			w.stats.deferred.Add(1)
-			return Action{Do: Wait, Delay: shareDelay()}
+			return Action{Do: Wait, Delay: shareDelay(x.meta.Deliveries)}
 		}
 		d.shared = share
 	}

@@ -88,8 +88,12 @@ func (f *fairShare) othersActive(p string, now time.Time) bool {
 }
 
 // shareDelay is how long a delivery over its principal's share waits
-// before it is delivered again: 100 to 300 ms, so that deliveries left
-// together do not come back together.
-func shareDelay() time.Duration {
-	return 100*time.Millisecond + rand.N(200*time.Millisecond)
+// before it is delivered again, at its nth delivery: 100 to 300 ms at the
+// first, doubling up to 1.6 to 4.8 s, spread so that deliveries left
+// together do not come back together. A request left for later once comes
+// back soon; a principal's backlog held back behind its long calls comes
+// back every few seconds, not several times a second each.
+func shareDelay(n int) time.Duration {
+	base := 100 * time.Millisecond << min(max(n-1, 0), 4)
+	return base + rand.N(2*base)
 }

@@ -93,3 +93,27 @@ func TestFairShare_AnotherPrincipalsQueueKeepsTheReserve(t *testing.T) {
 		t.Fatal("b's first delivery refused")
 	}
 }
+
+// A delivery left for later comes back within 100–300 ms the first time,
+// and later ones back off, doubling to 1.6–4.8 s: a backlog held behind a
+// principal's long calls is not sent round several times a second.
+func TestShareDelay_BacksOffWithEachDelivery(t *testing.T) {
+	for _, tt := range []struct {
+		n        int
+		min, max time.Duration
+	}{
+		{0, 100 * time.Millisecond, 300 * time.Millisecond},
+		{1, 100 * time.Millisecond, 300 * time.Millisecond},
+		{2, 200 * time.Millisecond, 600 * time.Millisecond},
+		{3, 400 * time.Millisecond, 1200 * time.Millisecond},
+		{5, 1600 * time.Millisecond, 4800 * time.Millisecond},
+		{6, 1600 * time.Millisecond, 4800 * time.Millisecond},
+		{1000, 1600 * time.Millisecond, 4800 * time.Millisecond},
+	} {
+		for range 200 {
+			if d := shareDelay(tt.n); d < tt.min || d >= tt.max {
+				t.Fatalf("delivery %d: left for %v, want [%v, %v)", tt.n, d, tt.min, tt.max)
+			}
+		}
+	}
+}
