@@ -2,16 +2,12 @@ package sweeper
 
 import (
 	"context"
-	"log/slog"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
-	"github.com/capstan-dev/capstan/executor/internal/engine"
-	"github.com/capstan-dev/capstan/internal/auditemit"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -20,18 +16,7 @@ import (
 // requests that no consumer takes.
 func sweepRig(b *testing.B, queued int, startBy time.Time) *Sweeper {
 	b.Helper()
-	env := testenv.Start(b)
-	nc := env.Connect(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	br, err := broker.Provision(ctx, nc, broker.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second})
-	em := auditemit.New(br.NC, auditemit.Options{Prefix: br.Names.Prefix(), Audit: br.Audit, Index: br.Index, Logger: slog.New(slog.DiscardHandler)})
-	eng.Provisioned(br, em)
-	b.Cleanup(eng.Stop)
+	br, eng := rig(b)
 	w := New(br, eng, Config{Worker: "sweeper"})
 	subject := br.Names.ExecSubject(broker.Anonymous, "bench.nowhere")
 	var futures []jetstream.PubAckFuture

@@ -3,15 +3,11 @@ package sweeper
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/capstan-dev/capstan/executor/internal/engine"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/testenv"
-	"github.com/capstan-dev/capstan/observe"
 )
 
 // A worker stopped while its sweeper takes the sweeping lease leaves the
@@ -19,17 +15,9 @@ import (
 // the next worker sweeps at its next pass, not three intervals later.
 func TestRun_StoppedWhileTakingTheLease_LeavesItFree(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	nc := env.Connect(t)
+	b, eng := rig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	b, err := broker.Provision(ctx, nc, broker.Config{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second,
-		Observer: observe.NopWorker{}})
-	t.Cleanup(eng.Stop)
 	for round := range 300 {
 		s := New(b, eng, Config{Worker: "stopped"})
 		runCtx, stop := context.WithCancel(ctx)

@@ -22,18 +22,9 @@ import (
 // it never ran.
 func TestSweep_DeliveredRequestWithoutRecord_NeverNotStarted(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	nc := env.Connect(t)
+	b, eng := rig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := broker.Provision(ctx, nc, broker.Config{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second,
-		Observer: observe.NopWorker{}})
-	eng.Provisioned(b, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
-	t.Cleanup(eng.Stop)
 	cons, err := b.EnsurePool(ctx, broker.PoolConfig{Pool: "p", Capabilities: []string{"test.op"}, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -89,4 +80,23 @@ func envelopeOf(t *testing.T, b *broker.Broker, id string) *envelope.Envelope {
 		return nil
 	}
 	return env
+}
+
+// rig provisions a deployment on a new embedded server and returns it with
+// the engine of a worker on it, which sweepers end requests through.
+func rig(tb testing.TB) (*broker.Broker, *engine.Runner) {
+	tb.Helper()
+	env := testenv.Start(tb)
+	nc := env.Connect(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := broker.Provision(ctx, nc, broker.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	eng := engine.NewRunner(nc, slog.New(slog.DiscardHandler), engine.Config{ID: "sweeper", Lease: 30 * time.Second,
+		Observer: observe.NopWorker{}})
+	eng.Provisioned(b, auditemit.New(b.NC, auditemit.Options{Prefix: b.Names.Prefix(), Audit: b.Audit, Index: b.Index, Logger: slog.New(slog.DiscardHandler)}))
+	tb.Cleanup(eng.Stop)
+	return b, eng
 }
