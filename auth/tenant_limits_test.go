@@ -75,19 +75,7 @@ func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 		return types
 	}
 
-	var alices []string
-	for range 3 {
-		id, err := alice.Submit(ctx, "t.mine", HoldInput{Hold: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		alices = append(alices, id)
-	}
-	t.Cleanup(func() {
-		for _, id := range alices {
-			_, _ = alice.Cancel(context.Background(), id)
-		}
-	})
+	alices := holding(t, ctx, alice, "t.mine", 3)
 	waitFor(t, "one of alice's calls runs, the others wait at her limit", func() bool {
 		running, waiting := 0, 0
 		for _, id := range alices {
@@ -134,11 +122,7 @@ func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 	}
 
 	// The capability's own limit is shared: alice's call holds it, bob's waits.
-	held, err := alice.Submit(ctx, "t.all", HoldInput{Hold: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	alices = append(alices, held)
+	held := holding(t, ctx, alice, "t.all", 1)[0]
 	waitFor(t, "alice's t.all runs", func() bool { return slices.Contains(trailTypes("alice", held), audit.EventStarted) })
 	waiting, err := bob.Submit(ctx, "t.all", HoldInput{})
 	if err != nil {
@@ -194,19 +178,7 @@ func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) 
 		return c
 	}
 	alice, bob := client("alice"), client("bob")
-	var alices []string
-	for range 2 * slots {
-		id, err := alice.Submit(ctx, "t.long", HoldInput{Hold: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		alices = append(alices, id)
-	}
-	t.Cleanup(func() {
-		for _, id := range alices {
-			_, _ = alice.Cancel(context.Background(), id)
-		}
-	})
+	holding(t, ctx, alice, "t.long", 2*slots)
 	waitFor(t, "alice's calls take what she may of the worker", func() bool { return running.Load() >= slots-1 })
 	if env, err := bob.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("bob's call beside alice's long ones: %v %+v", err, env)
@@ -217,4 +189,24 @@ func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) 
 	if m := most.Load(); m > slots-1 {
 		t.Errorf("alice held %d of %d slots at once, want all but the reserve", m, slots)
 	}
+}
+
+// holding submits n calls of capability that hold until cancelled, which
+// the test's end cancels, and returns their ids.
+func holding(t *testing.T, ctx context.Context, c *executor.Client, capability string, n int) []string {
+	t.Helper()
+	var ids []string
+	t.Cleanup(func() {
+		for _, id := range ids {
+			_, _ = c.Cancel(context.Background(), id)
+		}
+	})
+	for range n {
+		id, err := c.Submit(ctx, capability, HoldInput{Hold: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	return ids
 }
