@@ -284,8 +284,7 @@ func (d *delivery) refuseFull(full *broker.QueueFullError) Action {
 // keeps a fleet of older workers from passing a request around while no new
 // one is there to take it.
 func rolloutDelay(most time.Duration, deliveries int) time.Duration {
-	dl := 100 * time.Millisecond << min(max(deliveries-1, 0), 16)
-	return min(dl, most)
+	return min(doubled(100*time.Millisecond, deliveries, 16), most)
 }
 
 // execute begins the delivery as an execution of this worker, of the

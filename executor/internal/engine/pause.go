@@ -36,7 +36,7 @@ type Pause struct {
 // without limit, MaxDeliver -1), so none is burnt; the longest wait bounds
 // how soon the held calls run once the pause is lifted.
 func holdDelay(deliveries int, jitter float64) time.Duration {
-	d := min(500*time.Millisecond<<min(max(deliveries-1, 0), 4), 5*time.Second)
+	d := min(doubled(500*time.Millisecond, deliveries, 4), 5*time.Second)
 	return d + time.Duration(float64(d)*jitter/4)
 }
 

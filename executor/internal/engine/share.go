@@ -94,6 +94,13 @@ func (f *fairShare) othersActive(p string, now time.Time) bool {
 // back soon; a principal's backlog held back behind its long calls comes
 // back every few seconds, not several times a second each.
 func shareDelay(n int) time.Duration {
-	base := 100 * time.Millisecond << min(max(n-1, 0), 4)
+	base := doubled(100*time.Millisecond, n, 4)
 	return base + rand.N(2*base)
+}
+
+// doubled is how long the nth delivery of a message left for later waits
+// before the jitter and cap of its rule: first at the first (or none yet),
+// doubling with each delivery after it, at most times times.
+func doubled(first time.Duration, n, times int) time.Duration {
+	return first << min(max(n-1, 0), times)
 }
