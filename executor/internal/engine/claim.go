@@ -230,6 +230,7 @@ type leaseKeeper struct {
 	starter *time.Timer // starts the renewals, at startAt
 	startAt time.Time
 
+	halted    bool // by halt: the keeper keeps nothing more
 	renewing  sync.WaitGroup
 	stop      chan struct{}
 	stopOnce  sync.Once
@@ -278,12 +279,15 @@ func (l *leaseKeeper) renewals() {
 
 // wrote moves the lease's end to until, the lease the claim last wrote. The
 // claim calls it under its lock. Its timer is armed only when the lease
-// could run out before the renewals start, which arm it otherwise.
+// could run out before the renewals start, which arm it otherwise. After
+// halt nothing is armed: the lease the claim writes then is a give-back's,
+// ended on purpose (DESIGN §5), not one that ran out.
 func (l *leaseKeeper) wrote(until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.until = until
 	switch {
+	case l.halted:
 	case l.expiry != nil:
 		l.expiry.Reset(until.Sub(l.now()))
 	case until.Before(l.startAt) || l.starter == nil:
@@ -306,6 +310,9 @@ func (l *leaseKeeper) ranOut() {
 // lease must not be renewed behind it.
 func (l *leaseKeeper) halt() {
 	l.stopOnce.Do(func() { close(l.stop) })
+	l.mu.Lock()
+	l.halted = true
+	l.mu.Unlock()
 	l.disarm()
 	l.renewing.Wait()
 }

@@ -44,3 +44,34 @@ func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
 		t.Fatalf("the execution's context ended: %v", context.Cause(ctx))
 	}
 }
+
+// A claim given back (an operator's pause, a limit's wait) writes a lease
+// that ends now, after its keeper halted: that is no lease running out, and
+// nothing ends the execution as lost.
+func TestLeaseKeeper_GiveBackAfterHalt_IsNoLeaseRunningOut(t *testing.T) {
+	t.Parallel()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	mine := r.newClaim(broker.Key(broker.Anonymous, id))
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateClaimed, time.Now().Add(time.Hour)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	defer end(nil)
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		done: make(chan struct{}), stop: make(chan struct{})}
+	l.start()
+	l.halt()
+	if err := mine.update(func(rec *Record) { rec.LeaseUntil, rec.Worker = time.Now().UTC(), "" }); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	expiry := l.expiry
+	l.mu.Unlock()
+	if expiry != nil {
+		t.Fatal("the lease's end was armed by a give-back after halt")
+	}
+	if ctx.Err() != nil || mine.lapsed.Load() {
+		t.Fatalf("the execution's context: %v, lapsed %v: want neither", context.Cause(ctx), mine.lapsed.Load())
+	}
+}
