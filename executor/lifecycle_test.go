@@ -378,10 +378,12 @@ func TestStartDeadline_DeliveredLate_EndsOnDelivery(t *testing.T) {
 // its worker is lost, and its pool stays down beyond the record TTL: the
 // sweeper ends it OUTCOME_UNKNOWN before the TTL, JetStream keeps no copy to
 // deliver, and when the pool comes back, after the record has expired, the
-// attempt is never run again from scratch.
+// attempt is never run again from scratch. The sweeper has the last tenth
+// of the TTL (ttlMargin) to do it, from the deadline to the stream's drop:
+// 1.2 s here, several passes even on a loaded machine (4 s left 400 ms).
 func TestRecordTTL_RequestNeverOutlivesItsRecord(t *testing.T) {
 	t.Parallel()
-	const ttl = 4 * time.Second
+	const ttl = 12 * time.Second
 	cfg := broker.Config{RecordTTL: ttl}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
