@@ -150,7 +150,14 @@ func pauseFlood(t *testing.T, url string, duringPause func(context.Context, jets
 		queued++
 		st, err := client.Status(ctx, id)
 		if err != nil {
-			t.Fatalf("status of held call %s: %v", id, err)
+			// What the workers say of it, and the client's connection, for
+			// the reader of the failure.
+			v, verr := client.Execution(ctx, executor.ExecutionRequest{ExecutionID: id})
+			state := ""
+			if v != nil {
+				state = v.State
+			}
+			t.Fatalf("status of held call %s: %v (workers: %q, %v; connection %v)", id, err, state, verr, nc.Status())
 		}
 		if st.Envelope != nil {
 			t.Fatalf("held call %s ended while paused: %+v", id, st.Envelope)

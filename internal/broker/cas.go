@@ -201,13 +201,18 @@ const leaderReadsWithin = 10 * time.Second
 
 // ReadsMayLag reports whether a direct get of b's buckets may be answered
 // by a replica behind its stream's leader: they are replicated, or, for a
-// broker of Open's, which knows no replica count, its connection's server
-// is one of a cluster (a single server holds one replica of each).
+// broker of Open's, which knows no replica count, its connection has been
+// connected to a server of a cluster (a single server holds one replica of
+// each). Once seen, a cluster stays one: a connection that is reconnecting,
+// after its server was lost, names none at that moment.
 func (b *Broker) ReadsMayLag() bool {
 	if b.Replicas > 0 {
 		return b.Replicas > 1
 	}
-	return b.NC.ConnectedClusterName() != ""
+	if b.NC.ConnectedClusterName() != "" {
+		b.clustered.Store(true)
+	}
+	return b.clustered.Load()
 }
 
 // LoadCurrent reads like Load, where "not found" is a verdict. A direct

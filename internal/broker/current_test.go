@@ -141,3 +141,35 @@ func TestLoadCurrent_OneReplicaCostsOneRequest(t *testing.T) {
 		t.Fatalf("Open on a single server: Replicas %d, ReadsMayLag %v; want 0, false", open.Replicas, open.ReadsMayLag())
 	}
 }
+
+// A client's broker (Open's) on a cluster keeps confirming absences while
+// its connection is reconnecting after its server was lost: at that moment
+// the connection names no cluster, and a direct get's "not found", answered
+// once it is back by whichever replica, would otherwise be taken as final.
+func TestReadsMayLag_StaysWhileTheConnectionReconnects(t *testing.T) {
+	t.Parallel()
+	ctx := replicasCtx(t)
+	c := testenv.StartCluster(t, 3)
+	if _, err := broker.Provision(ctx, c.Connect(t), broker.Config{Prefix: "RECONNECT", Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// On node 0 alone, and slow to come back: it stays reconnecting.
+	nc := c.Nodes[0].Connect(t, nats.IgnoreDiscoveredServers(), nats.ReconnectWait(time.Minute))
+	open, err := broker.Open(ctx, nc, broker.Config{Prefix: "RECONNECT"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !open.ReadsMayLag() {
+		t.Fatal("Open on a cluster: ReadsMayLag false")
+	}
+	c.StopNode(0)
+	for nc.Status() == nats.CONNECTED {
+		if ctx.Err() != nil {
+			t.Fatal("the connection never noticed its server was lost")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !open.ReadsMayLag() {
+		t.Fatalf("connection %v: ReadsMayLag false; a replica's absence would be taken as final", nc.Status())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -137,6 +138,8 @@ type Broker struct {
 	Config Config // the Config given, defaults applied; Provision fills in the retentions the server holds
 	// Replicas is the exec stream's replica count, as found or created.
 	Replicas int
+	// clustered is set once NC was seen connected to a cluster (ReadsMayLag).
+	clustered atomic.Bool
 
 	// Exec is the stream of execution requests; Audit the audit trail's.
 	Exec  jetstream.Stream
@@ -705,6 +708,7 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Broker, error) {
 	}
 	n := NewNames(cfg.Prefix)
 	b := &Broker{NC: nc, JS: js, Names: n, Config: cfg}
+	b.ReadsMayLag() // remembers the cluster the connection is in now
 	b.Catalog = bindByKey(nc, n.CatalogBucket())
 	// The entry provisioning writes last tells that the catalog exists: a
 	// direct get of a stream that does not exist finds no responder.
