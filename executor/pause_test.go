@@ -127,6 +127,24 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 			t.Fatalf("held call %s ended while paused: %+v", id, st.Envelope)
 		}
 	}
+	// The listing says they wait in their queue, not that they run.
+	flushAudit(t)
+	listed := func(status string) func() bool {
+		return func() bool {
+			page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: audit.Query{CapabilityID: "t.send", Limit: 2 * n}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen := 0
+			for _, e := range page.Entries {
+				if e.Status == status {
+					seen++
+				}
+			}
+			return seen == n && len(page.Entries) == n
+		}
+	}
+	waitUntil(t, "every held call listed queued", listed(audit.EntryQueued))
 
 	unpause(t, nc, pauses.Scope{Capability: "t.send"})
 	for i, id := range ids {
@@ -138,6 +156,8 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 	if got := sends.Load(); got != n {
 		t.Fatalf("%d handler calls for %d held calls, want one each", got, n)
 	}
+	flushAudit(t)
+	waitUntil(t, "every held call listed completed", listed(audit.EntryCompleted))
 	// The trail says the call was held, once recorded, and then started.
 	flushAudit(t)
 	evs, err := c.Trail(ctxT(t), ids[0])

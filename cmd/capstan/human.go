@@ -211,6 +211,12 @@ func riskWord(r string) string {
 	return "risk " + r
 }
 
+// heldBack reports whether rec is claimed and given back to its queue (an
+// operator's pause, a limit's wait): it names no worker.
+func heldBack(rec *execution.Record) bool {
+	return rec != nil && rec.State == execution.StateClaimed && rec.Worker == ""
+}
+
 func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	f := newFields(w)
 	rec, env := s.Record, s.Envelope
@@ -243,6 +249,10 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 				f.add(st, "Output", clip(string(out), 200))
 			}
 		}
+	case heldBack(rec):
+		// Given back to its queue by a pause or a limit: no worker holds
+		// it, and its lease is the give-back's, not a lost worker's.
+		f.add(st, "Status", st.status("queued")+st.dim(" (given back: a pause or a limit holds it)"))
 	case rec != nil:
 		state := string(rec.State)
 		if rec.Attempt > 0 {
@@ -260,7 +270,7 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	}
 	if rec != nil {
 		f.add(st, "Worker", rec.Worker)
-		if env == nil {
+		if env == nil && !heldBack(rec) {
 			f.add(st, "Lease until", stamp(st, rec.LeaseUntil))
 			f.add(st, "Attempt start", stamp(st, rec.StartedAt))
 		}

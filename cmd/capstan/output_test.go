@@ -95,6 +95,10 @@ func sampleStatuses() map[string]*executor.ExecutionStatus {
 				CreatedAt: at(-5 * time.Second), Progress: &envelope.Progress{V: 1, ExecutionID: id, Attempt: 1, Done: 37, Total: 120,
 					Message: "page 37\x1b[2J rendered", At: at(-2 * time.Second)}},
 		},
+		"held": {
+			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateClaimed,
+				LeaseUntil: at(-4 * time.Second), CreatedAt: at(-9 * time.Second)},
+		},
 		"recovered": {
 			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
 				Worker: "host-1-ab12", CreatedAt: at(-3 * time.Minute)},
@@ -176,7 +180,7 @@ func TestGolden_HumanOutput(t *testing.T) {
 		})
 		render("status", func(b *bytes.Buffer) {
 			all := sampleStatuses()
-			for i, name := range []string{"completed", "failed", "running", "approval-required", "recovered"} {
+			for i, name := range []string{"completed", "failed", "running", "approval-required", "recovered", "held"} {
 				if i > 0 {
 					b.WriteString("\n")
 				}

@@ -9,10 +9,13 @@ import (
 // entryOf returns the index entry of one audit message's events (all of one
 // execution, in order), or nil when they neither begin nor end it: an
 // execution's end (completed, failed, cancelled, or approval-required) makes
-// an entry with its outcome; its requested event, without an end in the same
-// message, one that says it runs. A quick execution's events are one message,
-// hence one entry; a long one has two, the later superseding. A retry's or a
-// takeover's events make none.
+// an entry with its outcome; its requested event or an attempt's start,
+// without an end in the same message, one that says it runs; an operator's
+// pause holding it, one that says it is queued (given back to its queue
+// until the pause ends), until its start after the pause says it runs
+// again. A quick execution's events are one message, hence one entry; a
+// long one has two, the later superseding. A retry's wait, a duplicate
+// delivery and an approval's decision make none.
 func entryOf(evs []*audit.Event) *audit.Entry {
 	var e *audit.Entry
 	begins := false
@@ -42,6 +45,7 @@ func entryOf(evs []*audit.Event) *audit.Entry {
 			e.RequestedAt = ev.Timestamp
 			e.Actor, e.Principal, e.Surface = ev.Actor, ev.Principal, ev.Surface
 		case audit.EventStarted:
+			begins = true
 			if id, _ := ev.Data["approvalId"].(string); id != "" {
 				e.ApprovalID, e.Resumed = id, true
 			}
@@ -49,6 +53,8 @@ func entryOf(evs []*audit.Event) *audit.Entry {
 			if id, _ := ev.Data["approvalId"].(string); id != "" {
 				e.ApprovalID, e.Resumed = id, true
 			}
+		case audit.EventHeld:
+			e.Status = audit.EntryQueued
 		case audit.EventCompleted:
 			e.Status, e.Code = audit.EntryCompleted, ""
 		case audit.EventFailed:
