@@ -272,6 +272,9 @@ func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor stri
 			if p := b.live.of(e.ExecutionID, 0, nil); p != nil {
 				c.StatusMessage += ": " + reportText(p)
 			}
+		case audit.EntryQueued:
+			// Waiting in its queue: not taken yet, or held by a pause.
+			c.Status, c.StatusMessage = mcptasks.TaskWorking, "queued"
 		case audit.EntryApprovalRequired:
 			c.Status, c.StatusMessage = mcptasks.TaskWorking, "waiting for approval "+e.ApprovalID
 		case audit.EntryCompleted:
