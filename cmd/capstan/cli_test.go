@@ -71,6 +71,8 @@ func TestDev_ReadyLineOnceTheDemoWorkerServes(t *testing.T) {
 	}{
 		{nil, "serving demo.echo, demo.flaky, demo.report, demo.sleep, email.send, orders.refund\n"},
 		{[]string{"--capabilities", "demo.echo"}, "serving demo.echo\n"},
+		// "off" turns the MCP bridge off as it does the console.
+		{[]string{"--capabilities", "demo.echo", "--mcp", "off"}, "serving demo.echo\n"},
 	} {
 		port := freePort(t)
 		dev := startDaemon(t, "capstan call demo.echo", nil, append([]string{"dev", "--store", store,

@@ -27,7 +27,7 @@ func runDev(args []string) int {
 	wf := addWorkerFlags(fs)
 	fs.StringVar(&wf.capabilities, "capabilities", "", "serve only these demo capabilities, comma-separated (default: all; demo.echo among them)")
 	consoleAddr := fs.String("console", defaultConsole, "the web console's address, on loopback (\"off\": no console)")
-	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port`")
+	mcpAddr := fs.String("mcp", "", "also serve the catalog as MCP tools over streamable HTTP on `host:port` (unset or \"off\": not served)")
 	mf := addMCPFlags(fs, "mcp-")
 	cf := addCheckpointerFlags(fs, "default: the --auth directory's audit.key, else a development key in the store")
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
@@ -49,6 +49,9 @@ func runDev(args []string) int {
 	opts, err := sf.options()
 	if err != nil {
 		return usageError("%v", err)
+	}
+	if *mcpAddr == "off" {
+		*mcpAddr = "" // as --console off reads
 	}
 	if *mcpAddr != "" {
 		if err := mf.checkListen("--mcp", *mcpAddr, sf.insecure); err != nil {
