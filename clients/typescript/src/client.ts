@@ -579,6 +579,8 @@ export class Client {
   private readonly opts: ClientOptions;
   private readonly ownsConnection: boolean;
   private closing = false;
+  /** Set once the connection was seen on a cluster (readsMayLag). */
+  private clustered = false;
   private readonly listed = new Map<string, number>();
   /** The envelope retention in ms, read at open (0: unreadable, start windows not capped). */
   retentionMs = 0;
@@ -1184,10 +1186,12 @@ export class Client {
    * Whether a read of the buckets may be answered by a replica behind its
    * stream's leader, which calls what it has not applied absent: on a
    * cluster. This client sends only direct gets, as a principal may (Go:
-   * Broker.ReadsMayLag); where absence decides, it asks the workers.
+   * Broker.ReadsMayLag); where absence decides, it asks the workers. Once
+   * seen, a cluster stays one: a connection between servers names none.
    */
   private readsMayLag(): boolean {
-    return (this.nc.info?.cluster ?? "") !== "";
+    if ((this.nc.info?.cluster ?? "") !== "") this.clustered = true;
+    return this.clustered;
   }
 
   /**
