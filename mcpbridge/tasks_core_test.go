@@ -13,7 +13,10 @@ import (
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/mcptasks"
+	"github.com/capstan-dev/capstan/internal/oplog"
+	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/mcpbridge"
 )
 
@@ -302,6 +305,38 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 			t.Errorf("bob's tasks/list shows alice's task %s", tk.TaskID)
 		}
 	}
+	// Held by an operator's pause: listed working, queued, until it runs.
+	names := broker.NewNames("")
+	ch, err := pauses.Apply(testCtx(t), f.nc, names, &pauses.Pause{Scope: pauses.Scope{Capability: "email.send"},
+		Mode: pauses.Hold, Reason: "mail to the wrong list", By: broker.Anonymous})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replies, err := oplog.Confirm(testCtx(t), f.nc, names, oplog.Pauses, ch.Revision, "", 5*time.Second); err != nil || len(replies) == 0 || !replies[0].Applied {
+		t.Fatalf("the worker did not confirm the pause: %v %+v", err, replies)
+	}
+	held := create("email_send", map[string]any{"to": "ops@example.com", "subject": "held"})
+	heldCtx := testCtx(t)
+	for listedAs := ""; listedAs != "queued"; {
+		s.ok("tasks/list", map[string]any{}, &tasks)
+		for _, tk := range tasks.Tasks {
+			if tk.TaskID == held.TaskID {
+				if tk.Status != "working" {
+					t.Fatalf("a held task listed %s (%s)", tk.Status, tk.StatusMessage)
+				}
+				listedAs = tk.StatusMessage
+			}
+		}
+		if heldCtx.Err() != nil {
+			t.Fatalf("a held task never listed queued (last %q)", listedAs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := pauses.Lift(testCtx(t), f.nc, names, ch.Pause.Scope, broker.Anonymous, "", "fixed"); err != nil {
+		t.Fatal(err)
+	}
+	s.waitStatus(held.TaskID, "completed")
+
 	// A tool the bridge answers at once is not a task.
 	if _, e := s.call("tools/call", map[string]any{"name": mcpbridge.StatusTool, "arguments": map[string]any{"executionId": echo.TaskID},
 		"task": map[string]any{}}); e == nil || e.Code != -32601 {
