@@ -16,8 +16,9 @@ import (
 // Statuses of an index entry. An entry says what an execution was when it
 // was written; a later entry of the same execution supersedes it.
 const (
-	// EntryQueued is no entry of the index: a listing shows a request still
-	// waiting in its queue, that no worker has taken, with this status.
+	// EntryQueued: waiting in its queue. A listing shows a request no
+	// worker has taken with it (no entry of the index), and the index has
+	// it for an execution an operator's pause gave back.
 	EntryQueued           = "queued"
 	EntryRunning          = "running"
 	EntryApprovalRequired = "approval-required"

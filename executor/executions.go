@@ -316,10 +316,9 @@ func listWithQueued(ctx context.Context, b *broker.Broker, q audit.Query, first 
 			return nil, err
 		}
 	}
+	// The index holds too the queued an operator's pause gave back (with a
+	// record, which the queues' scan passes over).
 	out := &ExecutionsPage{V: envelope.Version, Entries: queued, Scope: scope}
-	if q.Status == audit.EntryQueued {
-		return out, nil
-	}
 	q.Limit = max(q.Limit-len(queued), 1) // a page holds about Limit entries
 	if b.Index == nil {
 		return nil, fmt.Errorf("%w: the executions index (stream %s) does not exist: a worker of this version creates it",
@@ -432,16 +431,23 @@ func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
 	return entries
 }
 
-// current drops the running entries of executions that have ended since:
-// their end is a later entry of the index, which a listing shows where it
-// stands (or, for an execution that ended after the listing began, the next
-// listing does).
+// current drops the running and queued entries of executions that have
+// ended since, and the queued ones of executions a worker has taken again
+// since a pause gave them back: a later entry of the index says so, which a
+// listing shows where it stands (or, for an execution that moved after the
+// listing began, the next listing does).
 func (w *Worker) current(ctx context.Context, entries []audit.Entry) []audit.Entry {
 	out := entries[:0]
 	for _, e := range entries {
-		if e.Status == audit.EntryRunning {
-			if _, err := w.b.Envelopes.Get(ctx, broker.Key(e.Principal, e.ExecutionID)); err == nil {
+		if e.Status == audit.EntryRunning || e.Status == audit.EntryQueued {
+			key := broker.Key(e.Principal, e.ExecutionID)
+			if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
 				continue
+			}
+			if e.Status == audit.EntryQueued {
+				if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil && rec.Worker != "" {
+					continue
+				}
 			}
 		}
 		out = append(out, e)

@@ -129,22 +129,28 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 	}
 	// The listing says they wait in their queue, not that they run.
 	flushAudit(t)
-	listed := func(status string) func() bool {
+	// filtered: the listing asks for status alone.
+	listed := func(status string, filtered bool) func() bool {
 		return func() bool {
-			page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: audit.Query{CapabilityID: "t.send", Limit: 2 * n}})
+			q := audit.Query{CapabilityID: "t.send", Limit: 2 * n}
+			if filtered {
+				q.Status = status
+			}
+			page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: q})
 			if err != nil {
 				t.Fatal(err)
 			}
-			seen := 0
+			seen := map[string]bool{}
 			for _, e := range page.Entries {
 				if e.Status == status {
-					seen++
+					seen[e.ExecutionID] = true
 				}
 			}
-			return seen == n && len(page.Entries) == n
+			return len(seen) == n && len(page.Entries) == n
 		}
 	}
-	waitUntil(t, "every held call listed queued", listed(audit.EntryQueued))
+	waitUntil(t, "every held call listed queued", listed(audit.EntryQueued, false))
+	waitUntil(t, "every held call listed by --status queued", listed(audit.EntryQueued, true))
 
 	unpause(t, nc, pauses.Scope{Capability: "t.send"})
 	for i, id := range ids {
@@ -157,7 +163,13 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 		t.Fatalf("%d handler calls for %d held calls, want one each", got, n)
 	}
 	flushAudit(t)
-	waitUntil(t, "every held call listed completed", listed(audit.EntryCompleted))
+	waitUntil(t, "every held call listed completed", listed(audit.EntryCompleted, false))
+	for _, status := range []string{audit.EntryQueued, audit.EntryRunning} {
+		page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: audit.Query{CapabilityID: "t.send", Status: status}})
+		if err != nil || len(page.Entries) != 0 {
+			t.Fatalf("--status %s lists %d calls that have ended (%v): %+v", status, len(page.Entries), err, page.Entries)
+		}
+	}
 	// The trail says the call was held, once recorded, and then started.
 	flushAudit(t)
 	evs, err := c.Trail(ctxT(t), ids[0])

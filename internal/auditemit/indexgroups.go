@@ -31,7 +31,9 @@ import (
 // after taking the execution over, a lease later). An approval-required
 // entry goes at once (another worker may end the execution it resumes as
 // soon as a person decides), after everything that waits, which happened
-// before it, but its execution's running entry, which it replaces.
+// before it, but its execution's running entry, which it replaces; so does
+// a queued one (a pause's hold: the execution is given back, and any worker
+// may take it and end it at its next delivery).
 const (
 	indexLinger       = 250 * time.Millisecond
 	indexGroupEntries = 1024
@@ -40,7 +42,7 @@ const (
 
 // waits reports whether an entry of status may wait for others.
 func waits(status string) bool {
-	return status != audit.EntryApprovalRequired
+	return status != audit.EntryApprovalRequired && status != audit.EntryQueued
 }
 
 // indexGroup is one message of the index being made: entries of one subject,

@@ -265,3 +265,40 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 		t.Fatalf("%d entries failed", n)
 	}
 }
+
+// A pause's hold (a queued entry) goes at once, after the entries that
+// waited: an end that waited in another group is stored before it, and the
+// execution's own end after it, so that a listing shows the end, never a
+// queued call that has ended (the execution given back, any worker may end
+// it at its next delivery).
+func TestIndex_QueuedGoesAtOnce_ItsEndIsStoredAfter(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	e := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e, time.Hour)
+	hold := func(id string) *audit.Event {
+		return &audit.Event{Type: audit.EventHeld, ExecutionID: id, CapabilityID: "email.send", Principal: "app",
+			Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}}
+	}
+	emitExecution(e, "exec-other", "app", "email.send", "alice", audit.EventFailed) // an end that waits in its group
+	emitExecution(e, "exec-held", "app", "email.send", "alice", "")                // running, waits
+	e.EmitAll(hold("exec-held"))
+	e.EmitAll(&audit.Event{Type: audit.EventFailed, ExecutionID: "exec-held", CapabilityID: "email.send", Principal: "app",
+		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"code": "NOT_STARTED"}})
+	flush(t, e)
+	page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{IDPrefix: "exec-held"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Entries) != 1 || page.Entries[0].Status != audit.EntryFailed {
+		t.Fatalf("listed %+v, want exec-held failed", page.Entries)
+	}
+	queued, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Status: audit.EntryQueued})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(queued.Entries) != 1 || queued.Entries[0].ExecutionID != "exec-held" {
+		t.Fatalf("queued entries %+v, want exec-held's hold, stored", queued.Entries)
+	}
+}
