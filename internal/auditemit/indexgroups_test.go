@@ -282,7 +282,7 @@ func TestIndex_QueuedGoesAtOnce_ItsEndIsStoredAfter(t *testing.T) {
 			Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}}
 	}
 	emitExecution(e, "exec-other", "app", "email.send", "alice", audit.EventFailed) // an end that waits in its group
-	emitExecution(e, "exec-held", "app", "email.send", "alice", "")                // running, waits
+	emitExecution(e, "exec-held", "app", "email.send", "alice", "")                 // running, waits
 	e.EmitAll(hold("exec-held"))
 	e.EmitAll(&audit.Event{Type: audit.EventFailed, ExecutionID: "exec-held", CapabilityID: "email.send", Principal: "app",
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"code": "NOT_STARTED"}})
