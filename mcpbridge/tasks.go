@@ -325,7 +325,7 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		switch {
 		case errors.Is(err, executor.ErrNoSuchExecution):
 			// Stored, not yet claimed by a worker.
-			t := b.task(taskID, orNow(created), time.Now().UTC())
+			t := b.task(taskID, createdOf(taskID, created), time.Now().UTC())
 			t.Status, t.StatusMessage = mcptasks.TaskWorking, "queued"
 			return t, nil
 		case err != nil:
@@ -336,11 +336,11 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 		}
 		env := st.Envelope
 		if env == nil {
-			t := b.task(taskID, orNow(created), updatedAt(st))
+			t := b.task(taskID, createdOf(taskID, created), updatedAt(st))
 			t.Status, t.StatusMessage = mcptasks.TaskWorking, b.runningText(id, st.Record)
 			return t, nil
 		}
-		t := b.task(taskID, orNow(created), env.FinalizedAt)
+		t := b.task(taskID, createdOf(taskID, created), env.FinalizedAt)
 		switch env.Status {
 		case envelope.StatusCompleted, envelope.StatusFailed:
 			t.Status, t.Result = mcptasks.TaskCompleted, resultOf(env)
@@ -401,11 +401,21 @@ func (b *Bridge) getTask(ctx context.Context, actor envelope.Actor, taskID strin
 	}
 }
 
-func orNow(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Now().UTC()
+// createdOf is when task id was created: when its id was made, which every
+// answer about it reads alike, whatever it holds of the task (its request
+// waiting in its queue, a record made at a later delivery, a listing's
+// entry without the request's time); else t, else now.
+func createdOf(id string, t time.Time) time.Time {
+	if tagged(id) {
+		id = id[:uuidLen] // the UUIDv7 the actor's tag follows
 	}
-	return t
+	if made, ok := envelope.ExecutionIDTime(id); ok {
+		return made.UTC()
+	}
+	if !t.IsZero() {
+		return t
+	}
+	return time.Now().UTC()
 }
 
 func updatedAt(st *executor.ExecutionStatus) time.Time {

@@ -264,7 +264,7 @@ func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor stri
 		if e.Surface != string(executor.SurfaceMCP) || !tagged(e.ExecutionID) || !b.owns(ctx, actor, e.ExecutionID) {
 			continue
 		}
-		c := &mcptasks.CoreTask{TaskID: e.ExecutionID, CreatedAt: orNow(e.RequestedAt).Format(time.RFC3339Nano),
+		c := &mcptasks.CoreTask{TaskID: e.ExecutionID, CreatedAt: createdOf(e.ExecutionID, e.RequestedAt).Format(time.RFC3339Nano),
 			LastUpdatedAt: e.UpdatedAt.Format(time.RFC3339Nano), TTL: ttl, PollInterval: pollIntervalMs}
 		switch e.Status {
 		case audit.EntryRunning:

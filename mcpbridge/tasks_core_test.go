@@ -317,7 +317,8 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 	}
 	held := create("email_send", map[string]any{"to": "ops@example.com", "subject": "held"})
 	heldCtx := testCtx(t)
-	for listedAs := ""; listedAs != "queued"; {
+	created := map[string]bool{} // its createdAt, as every answer gives it
+	for listedAs := ""; listedAs != "queued" || len(created) == 0; {
 		s.ok("tasks/list", map[string]any{}, &tasks)
 		for _, tk := range tasks.Tasks {
 			if tk.TaskID == held.TaskID {
@@ -325,12 +326,26 @@ func TestCoreTasks_The20251125Lane(t *testing.T) {
 					t.Fatalf("a held task listed %s (%s)", tk.Status, tk.StatusMessage)
 				}
 				listedAs = tk.StatusMessage
+				if listedAs == "queued" {
+					created[tk.CreatedAt] = true
+				}
 			}
 		}
 		if heldCtx.Err() != nil {
 			t.Fatalf("a held task never listed queued (last %q)", listedAs)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond) // a clock that moves on between the reads
+	s.ok("tasks/list", map[string]any{}, &tasks)
+	for _, tk := range tasks.Tasks {
+		if tk.TaskID == held.TaskID {
+			created[tk.CreatedAt] = true
+		}
+	}
+	created[s.waitStatus(held.TaskID, "working").CreatedAt] = true
+	if len(created) != 1 {
+		t.Errorf("a held task's createdAt moves from read to read: %v", created)
 	}
 	if _, err := pauses.Lift(testCtx(t), f.nc, names, ch.Pause.Scope, broker.Anonymous, "", "fixed"); err != nil {
 		t.Fatal(err)
