@@ -252,7 +252,11 @@ func writeStatus(w io.Writer, st style, s *executor.ExecutionStatus) {
 	case heldBack(rec):
 		// Given back to its queue by a pause or a limit: no worker holds
 		// it, and its lease is the give-back's, not a lost worker's.
-		f.add(st, "Status", st.status("queued")+st.dim(" (given back: a pause or a limit holds it)"))
+		note := " (given back: a pause or a limit holds it)"
+		if rec.CancelRequested {
+			note += ", cancel requested"
+		}
+		f.add(st, "Status", st.status("queued")+st.dim(note))
 	case rec != nil:
 		state := string(rec.State)
 		if rec.Attempt > 0 {

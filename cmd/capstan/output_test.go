@@ -97,7 +97,7 @@ func sampleStatuses() map[string]*executor.ExecutionStatus {
 		},
 		"held": {
 			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateClaimed,
-				LeaseUntil: at(-4 * time.Second), CreatedAt: at(-9 * time.Second)},
+				LeaseUntil: at(-4 * time.Second), CreatedAt: at(-9 * time.Second), CancelRequested: true},
 		},
 		"recovered": {
 			Record: &execution.Record{ExecutionID: id, CapabilityID: "email.send", State: execution.StateRunning, Attempt: 1,
