@@ -619,6 +619,7 @@ export class Client {
    */
   static async open(nc: NatsConnection, options: ClientOptions & { ownsConnection?: boolean } = {}): Promise<Client> {
     const c = new Client(nc, options);
+    c.readsMayLag(); // remembers the cluster the connection is in now
     await c.readRetention();
     return c;
   }
