@@ -60,6 +60,8 @@ func (e *execSummary) apply(ev *audit.Event) {
 		e.Status, e.Code = "failed", strOf(ev.Data["publicCode"])
 	case audit.EventApprovalRequested:
 		e.Status, e.ApprovalID = "approval-required", strOf(ev.Data["approvalId"])
+	case audit.EventHeld:
+		e.Status = "queued" // an operator's pause gave it back to its queue
 	case audit.EventStarted:
 		e.Status, e.Attempts = "running", max(e.Attempts, intOf(ev.Data["attempt"]))
 		if id := strOf(ev.Data["approvalId"]); id != "" {

@@ -110,3 +110,23 @@ func TestTimeline_RecoveredOutcomesSayHow(t *testing.T) {
 		}
 	}
 }
+
+// A call an operator's pause gave back reads queued on its page, as the
+// executions list says, until it starts.
+func TestSummary_HeldByAPauseIsQueuedUntilItStarts(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ada := audit.Actor{Kind: "user", ID: "ada"}
+	trail := []audit.Event{
+		{Type: audit.EventRequested, Timestamp: t0, Actor: ada, ExecutionID: "x", CapabilityID: "email.send"},
+		{Type: audit.EventHeld, Timestamp: t0.Add(time.Millisecond), Actor: ada, Data: map[string]any{"mode": "hold"}},
+		{Type: audit.EventStarted, Timestamp: t0.Add(time.Minute), Actor: ada, Data: map[string]any{"attempt": 1}},
+	}
+	var sum execSummary
+	for i, want := range []string{"requested", "queued", "running"} {
+		sum.apply(&trail[i])
+		if sum.Status != want {
+			t.Fatalf("after %s: %q, want %q", trail[i].Type, sum.Status, want)
+		}
+	}
+}

@@ -299,7 +299,7 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 			return nil, err
 		}
 	}
-	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, w.current)
+	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, current(w.b))
 }
 
 // listWithQueued is a page of the index (audit.List of q, its running
@@ -431,28 +431,38 @@ func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
 	return entries
 }
 
-// current drops the running and queued entries of executions that have
-// ended since, and the queued ones of executions a worker has taken again
-// since a pause gave them back: a later entry of the index says so, which a
-// listing shows where it stands (or, for an execution that moved after the
-// listing began, the next listing does).
-func (w *Worker) current(ctx context.Context, entries []audit.Entry) []audit.Entry {
-	out := entries[:0]
-	for _, e := range entries {
-		if e.Status == audit.EntryRunning || e.Status == audit.EntryQueued {
+// current drops the running entries of executions that have ended since: a
+// later entry of the index says so, which a listing shows where it stands
+// (or, for an execution that ended after the listing began, the next
+// listing does). It keeps a queued entry (an operator's pause gave the
+// execution back) only while the execution is still given back: it has a
+// record that names no worker, and no envelope (a read that fails keeps
+// it). A held execution's record is kept while it is held; once it ran, or
+// ended and its record and envelope went, a listing that asks for queued
+// ones alone finds no later entry to say so.
+func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entry {
+	return func(ctx context.Context, entries []audit.Entry) []audit.Entry {
+		out := entries[:0]
+		for _, e := range entries {
 			key := broker.Key(e.Principal, e.ExecutionID)
-			if _, err := w.b.Envelopes.Get(ctx, key); err == nil {
-				continue
-			}
-			if e.Status == audit.EntryQueued {
-				if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil && rec.Worker != "" {
+			switch e.Status {
+			case audit.EntryRunning:
+				if _, err := b.Envelopes.Get(ctx, key); err == nil {
+					continue
+				}
+			case audit.EntryQueued:
+				if _, err := b.Envelopes.Get(ctx, key); err == nil {
+					continue
+				}
+				rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
+				if errors.Is(err, broker.ErrNotFound) || err == nil && rec.Worker != "" {
 					continue
 				}
 			}
+			out = append(out, e)
 		}
-		out = append(out, e)
+		return out
 	}
-	return out
 }
 
 // approvalsOf returns the approvals v may decide.

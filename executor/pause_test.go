@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/testhooks"
@@ -164,12 +166,37 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 	}
 	flushAudit(t)
 	waitUntil(t, "every held call listed completed", listed(audit.EntryCompleted, false))
-	for _, status := range []string{audit.EntryQueued, audit.EntryRunning} {
-		page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: audit.Query{CapabilityID: "t.send", Status: status}})
-		if err != nil || len(page.Entries) != 0 {
-			t.Fatalf("--status %s lists %d calls that have ended (%v): %+v", status, len(page.Entries), err, page.Entries)
+	// Asked for queued or running ones alone, a listing shows none of them:
+	// from the workers, from an admin's own reading (no worker answers), and
+	// once their envelopes and records have gone (the index keeps its
+	// entries longer).
+	admin, err := broker.OpenAll(ctxT(t), nc, broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := func(when string) {
+		t.Helper()
+		for _, status := range []string{audit.EntryQueued, audit.EntryRunning} {
+			q := audit.Query{CapabilityID: "t.send", Status: status, Limit: 2 * n}
+			page, err := c.Executions(ctxT(t), executor.ExecutionsRequest{Query: q})
+			if err != nil || len(page.Entries) != 0 {
+				t.Fatalf("%s: --status %s lists %d calls that have ended (%v): %+v", when, status, len(page.Entries), err, page.Entries)
+			}
+			own, _, _, err := execrpc.ListWithQueued(ctxT(t), admin, q, true)
+			if err != nil || len(own) != 0 {
+				t.Fatalf("%s: an admin's own listing of %s ones lists %d calls that have ended (%v)", when, status, len(own), err)
+			}
 		}
 	}
+	none("ended")
+	for _, id := range ids {
+		for _, kv := range []jetstream.KeyValue{admin.Envelopes, admin.Executions} {
+			if err := kv.Purge(ctxT(t), broker.Key(broker.Anonymous, id)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	none("their envelopes and records gone")
 	// The trail says the call was held, once recorded, and then started.
 	flushAudit(t)
 	evs, err := c.Trail(ctxT(t), ids[0])

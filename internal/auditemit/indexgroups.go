@@ -33,7 +33,8 @@ import (
 // soon as a person decides), after everything that waits, which happened
 // before it, but its execution's running entry, which it replaces; so does
 // a queued one (a pause's hold: the execution is given back, and any worker
-// may take it and end it at its next delivery).
+// may take it and end it at its next delivery), after that running entry
+// alone.
 const (
 	indexLinger       = 250 * time.Millisecond
 	indexGroupEntries = 1024
@@ -167,13 +168,18 @@ func (gs *indexGroups) add(e *audit.Entry) error {
 	if !waits(e.Status) {
 		// After everything that waits, which happened before it, but the
 		// execution's own running entry, which it replaces; after what a
-		// flush took, which holds sending until it is sent.
+		// flush took, which holds sending until it is sent. A queued entry
+		// goes after its own execution's alone (nothing of it waits but
+		// its running entry: an execution held has not ended), so that a
+		// pause leaves the others' grouping as it is.
 		gs.sending.Lock()
 		defer gs.sending.Unlock()
 		gs.mu.Lock()
 		gs.replaced(e)
 		gs.mu.Unlock()
-		gs.flushSending()
+		if e.Status != audit.EntryQueued {
+			gs.flushSending()
+		}
 		g := newGroup(gs.subject(k), broker.Key(e.Principal, e.ExecutionID))
 		g.join(enc.Bytes())
 		gs.send(g)

@@ -302,3 +302,41 @@ func TestIndex_QueuedGoesAtOnce_ItsEndIsStoredAfter(t *testing.T) {
 		t.Fatalf("queued entries %+v, want exec-held's hold, stored", queued.Entries)
 	}
 }
+
+// A pause's hold goes at once, and alone: the ends of other executions
+// waiting in their groups keep waiting, so that a pause of one principal's
+// calls does not break up everyone's grouping.
+func TestIndex_QueuedLeavesTheOthersGroupsWaiting(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	b := provision(t, env.Connect(t), broker.Config{})
+	e := newEmitter(t, b, auditemit.Options{})
+	auditemit.SetIndexLinger(e, time.Hour)
+	for i := range 10 {
+		emitExecution(e, fmt.Sprintf("exec-bob-%d", i), "bob", "demo.echo", "bob", audit.EventCompleted)
+		e.EmitAll(&audit.Event{Type: audit.EventHeld, ExecutionID: fmt.Sprintf("exec-alice-%d", i), CapabilityID: "email.send",
+			Principal: "alice", Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}})
+	}
+	list := func(principal string) []audit.Entry {
+		page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Principal: principal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return page.Entries
+	}
+	// One connection keeps its order: once the last hold is stored, so is
+	// whatever was sent before it.
+	for ctx := testCtx(t); len(list("alice")) < 10; time.Sleep(10 * time.Millisecond) {
+		if ctx.Err() != nil {
+			t.Fatal("the holds were not stored at once")
+		}
+	}
+	if got := list("bob"); len(got) != 0 {
+		t.Fatalf("%d of bob's ends were sent with alice's holds, want them all waiting for their group", len(got))
+	}
+	before := indexMsgs(t, b)
+	flush(t, e)
+	if got := indexMsgs(t, b); before != 10 || got != 11 || len(list("bob")) != 10 {
+		t.Fatalf("the index held %d messages, then %d after the flush; want the 10 holds, then one group of bob's 10 ends", before, got)
+	}
+}
