@@ -266,24 +266,20 @@ func TestIndex_ApprovalRequiredComesAfterTheRunningEntry(t *testing.T) {
 	}
 }
 
-// A pause's hold (a queued entry) goes at once, after the entries that
-// waited: an end that waited in another group is stored before it, and the
-// execution's own end after it, so that a listing shows the end, never a
-// queued call that has ended (the execution given back, any worker may end
-// it at its next delivery).
+// A pause's hold (a queued entry) goes at once, though an end of another
+// execution waits in its group: the execution's own end, which comes after
+// it, is stored after it, so that a listing shows the end, never a queued
+// call that has ended (the execution given back, any worker may end it at
+// its next delivery).
 func TestIndex_QueuedGoesAtOnce_ItsEndIsStoredAfter(t *testing.T) {
 	t.Parallel()
 	env := testenv.Start(t)
 	b := provision(t, env.Connect(t), broker.Config{})
 	e := newEmitter(t, b, auditemit.Options{})
 	auditemit.SetIndexLinger(e, time.Hour)
-	hold := func(id string) *audit.Event {
-		return &audit.Event{Type: audit.EventHeld, ExecutionID: id, CapabilityID: "email.send", Principal: "app",
-			Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}}
-	}
 	emitExecution(e, "exec-other", "app", "email.send", "alice", audit.EventFailed) // an end that waits in its group
 	emitExecution(e, "exec-held", "app", "email.send", "alice", "")                 // running, waits
-	e.EmitAll(hold("exec-held"))
+	emitHeld(e, "exec-held", "app")
 	e.EmitAll(&audit.Event{Type: audit.EventFailed, ExecutionID: "exec-held", CapabilityID: "email.send", Principal: "app",
 		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"code": "NOT_STARTED"}})
 	flush(t, e)
@@ -314,8 +310,7 @@ func TestIndex_QueuedLeavesTheOthersGroupsWaiting(t *testing.T) {
 	auditemit.SetIndexLinger(e, time.Hour)
 	for i := range 10 {
 		emitExecution(e, fmt.Sprintf("exec-bob-%d", i), "bob", "demo.echo", "bob", audit.EventCompleted)
-		e.EmitAll(&audit.Event{Type: audit.EventHeld, ExecutionID: fmt.Sprintf("exec-alice-%d", i), CapabilityID: "email.send",
-			Principal: "alice", Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}})
+		emitHeld(e, fmt.Sprintf("exec-alice-%d", i), "alice")
 	}
 	list := func(principal string) []audit.Entry {
 		page, err := audit.List(testCtx(t), b.NC, b.Names.Prefix(), audit.Query{Principal: principal})
@@ -339,4 +334,11 @@ func TestIndex_QueuedLeavesTheOthersGroupsWaiting(t *testing.T) {
 	if got := indexMsgs(t, b); before != 10 || got != 11 || len(list("bob")) != 10 {
 		t.Fatalf("the index held %d messages, then %d after the flush; want the 10 holds, then one group of bob's 10 ends", before, got)
 	}
+}
+
+// emitHeld emits the hold of principal's execution id of email.send by an
+// operator's pause.
+func emitHeld(e *auditemit.Emitter, id, principal string) {
+	e.EmitAll(&audit.Event{Type: audit.EventHeld, ExecutionID: id, CapabilityID: "email.send", Principal: principal,
+		Actor: audit.Actor{ID: "alice", Kind: "user"}, Surface: "direct", Data: map[string]any{"mode": "hold"}})
 }

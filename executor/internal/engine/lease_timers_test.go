@@ -10,22 +10,30 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 )
 
+// startedKeeper is a claim of a new record in state, with an hour's lease,
+// and its lease keeper started, and the execution's context.
+func startedKeeper(t *testing.T, state State) (*claim, *leaseKeeper, context.Context) {
+	t.Helper()
+	r := testRunner(t)
+	id := envelope.NewExecutionID()
+	mine := r.newClaim(broker.Key(broker.Anonymous, id))
+	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, state, time.Now().Add(time.Hour)), noStage{}); !ok {
+		t.Fatal("create")
+	}
+	ctx, end := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { end(nil) })
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+		done: make(chan struct{}), stop: make(chan struct{})}
+	l.start()
+	return mine, l, ctx
+}
+
 // An execution that ends before its renewals start leaves no timer armed:
 // the lease's end is not armed while the lease outlasts the renewals' start,
 // and disarming stops the renewals.
 func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
 	t.Parallel()
-	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	mine := r.newClaim(broker.Key(broker.Anonymous, id))
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateRunning, time.Now().Add(time.Hour)), noStage{}); !ok {
-		t.Fatal("create")
-	}
-	ctx, end := context.WithCancelCause(context.Background())
-	defer end(nil)
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
-		done: make(chan struct{}), stop: make(chan struct{})}
-	l.start()
+	mine, l, ctx := startedKeeper(t, StateRunning)
 	// A write of the claim (a state's change) moves the lease, not the timers.
 	if err := mine.update(func(rec *Record) { rec.State = StateRunning }); err != nil {
 		t.Fatal(err)
@@ -50,17 +58,7 @@ func TestLeaseKeeper_QuickExecution_ArmsOneTimerAndLeavesNone(t *testing.T) {
 // nothing ends the execution as lost.
 func TestLeaseKeeper_GiveBackAfterHalt_IsNoLeaseRunningOut(t *testing.T) {
 	t.Parallel()
-	r := testRunner(t)
-	id := envelope.NewExecutionID()
-	mine := r.newClaim(broker.Key(broker.Anonymous, id))
-	if _, _, ok := mine.create(claimRecord(id, "w1", mine.token, StateClaimed, time.Now().Add(time.Hour)), noStage{}); !ok {
-		t.Fatal("create")
-	}
-	ctx, end := context.WithCancelCause(context.Background())
-	defer end(nil)
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
-		done: make(chan struct{}), stop: make(chan struct{})}
-	l.start()
+	mine, l, ctx := startedKeeper(t, StateClaimed)
 	l.halt()
 	if err := mine.update(func(rec *Record) { rec.LeaseUntil, rec.Worker = time.Now().UTC(), "" }); err != nil {
 		t.Fatal(err)
