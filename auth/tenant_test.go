@@ -607,16 +607,24 @@ func TestTenant_RefusalsDoNotRevealAnotherPrincipalsApproval(t *testing.T) {
 			if err != nil {
 				t.Fatalf("bob's resume: %v", err)
 			}
-			view, err := bob.Execution(ctx, executor.ExecutionRequest{ExecutionID: env.ExecutionID})
-			if err != nil {
-				t.Fatalf("bob reads his resume: %v", err)
-			}
+			// The worker files the trail after the envelope: read until the
+			// denial is there.
+			var view *executor.ExecutionView
 			var denied audit.Event
-			for _, ev := range view.Trail {
-				if ev.Type == audit.EventDenied {
-					denied = ev
+			waitFor(t, "the denial on the trail of bob's resume", func() bool {
+				v, err := bob.Execution(ctx, executor.ExecutionRequest{ExecutionID: env.ExecutionID})
+				if err != nil {
+					return false // a quota's refusal: asked again
 				}
-			}
+				view = v
+				for _, ev := range view.Trail {
+					if ev.Type == audit.EventDenied {
+						denied = ev
+						return true
+					}
+				}
+				return false
+			})
 			return env, denied, view.Record
 		}
 		envT, evT, recT := resumed(theirs)
