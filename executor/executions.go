@@ -302,8 +302,8 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, current(w.b))
 }
 
-// listWithQueued is a page of the index (audit.List of q, its running
-// entries passed through current when set), with, on a listing's first
+// listWithQueued is a page of the index (audit.List of q, its entries
+// passed through current when set), with, on a listing's first
 // page, the requests still waiting in their queue that match q first (see
 // queuedEntries). What a worker answers; what an admin's command reads itself when
 // no worker answers (execrpc.ListWithQueued).

@@ -119,7 +119,7 @@ func actorTag(actor envelope.Actor, u string) string {
 // (from a bridge older than them) is judged on its audit trail, where the
 // bridge's principal may read it: its requester is the actor.
 func (b *Bridge) owns(ctx context.Context, actor envelope.Actor, id string) bool {
-	if len(id) == uuidLen+1+tagLen && id[uuidLen] == '-' {
+	if tagged(id) {
 		u, tag := id[:uuidLen], id[uuidLen+1:]
 		return subtle.ConstantTimeCompare([]byte(tag), []byte(actorTag(actor, u))) == 1
 	}

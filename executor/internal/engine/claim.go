@@ -230,7 +230,6 @@ type leaseKeeper struct {
 	starter *time.Timer // starts the renewals, at startAt
 	startAt time.Time
 
-	halted    bool // by halt: the keeper keeps nothing more
 	renewing  sync.WaitGroup
 	stop      chan struct{}
 	stopOnce  sync.Once
@@ -287,7 +286,7 @@ func (l *leaseKeeper) wrote(until time.Time) {
 	defer l.mu.Unlock()
 	l.until = until
 	switch {
-	case l.halted:
+	case l.halted():
 	case l.expiry != nil:
 		l.expiry.Reset(until.Sub(l.now()))
 	case until.Before(l.startAt) || l.starter == nil:
@@ -310,11 +309,18 @@ func (l *leaseKeeper) ranOut() {
 // lease must not be renewed behind it.
 func (l *leaseKeeper) halt() {
 	l.stopOnce.Do(func() { close(l.stop) })
-	l.mu.Lock()
-	l.halted = true
-	l.mu.Unlock()
 	l.disarm()
 	l.renewing.Wait()
+}
+
+// halted reports whether halt was called: the keeper keeps nothing more.
+func (l *leaseKeeper) halted() bool {
+	select {
+	case <-l.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // disarm stops the lease's end and renewals not started yet: the execution
