@@ -434,21 +434,36 @@ func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
 // current drops the running entries of executions that have ended since: a
 // later entry of the index says so, which a listing shows where it stands
 // (or, for an execution that ended after the listing began, the next
-// listing does). It keeps a queued entry (an operator's pause gave the
-// execution back) only while the execution is still given back: it has a
-// record that names no worker, and no envelope (a read that fails keeps
-// it). A held execution's record is kept while it is held; once it ran, or
-// ended and its record and envelope went, a listing that asks for queued
-// ones alone finds no later entry to say so.
+// listing does); asked for running ones alone, their envelope says so, and
+// once that expired, outlived does. It keeps a queued entry (an operator's
+// pause gave the execution back) only while the execution is still given
+// back: it has a record that names no worker, and no envelope (a read that
+// fails keeps it). A held execution's record is kept while it is held; once
+// it ran, or ended and its record and envelope went, a listing that asks for
+// queued ones alone finds no later entry to say so.
 func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entry {
 	return func(ctx context.Context, entries []audit.Entry) []audit.Entry {
 		out := entries[:0]
+		var retention time.Duration // read once an entry needs it
+		readRetention := false
 		for _, e := range entries {
 			key := broker.Key(e.Principal, e.ExecutionID)
 			switch e.Status {
 			case audit.EntryRunning:
-				if _, err := b.Envelopes.Get(ctx, key); err == nil {
+				_, err := b.Envelopes.Get(ctx, key)
+				if err == nil {
 					continue
+				}
+				if errors.Is(err, jetstream.ErrKeyNotFound) {
+					if !readRetention {
+						// As the deployment recorded it: a broker that did
+						// not provision holds the default (0: unread).
+						retention, _ = b.EnvelopeRetention(ctx)
+						readRetention = true
+					}
+					if outlived(ctx, b, key, e.UpdatedAt, retention) {
+						continue
+					}
 				}
 			case audit.EntryQueued:
 				if _, err := b.Envelopes.Get(ctx, key); err == nil {
@@ -463,6 +478,19 @@ func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entr
 		}
 		return out
 	}
+}
+
+// outlived reports whether an execution whose running entry was made at
+// since, and that has no envelope, has ended and its envelope expired since:
+// the entry is older than the envelopes' retention, and no worker renews a
+// lease on its record (one running longer than the retention does; a read
+// without claims has no record, and one running that long is not listed).
+func outlived(ctx context.Context, b *broker.Broker, key string, since time.Time, retention time.Duration) bool {
+	if retention <= 0 || time.Since(since) <= retention {
+		return false
+	}
+	rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
+	return errors.Is(err, broker.ErrNotFound) || err == nil && !rec.LeaseUntil.After(time.Now())
 }
 
 // approvalsOf returns the approvals v may decide.
@@ -532,10 +560,19 @@ func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, re
 	if resume {
 		e.RequestedAt, e.UpdatedAt, e.Status = r.ConsumedAt, r.ConsumedAt, audit.EntryRunning
 	}
-	if env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, broker.Key(r.Principal, id)); err == nil {
+	key := broker.Key(r.Principal, id)
+	env, _, err := broker.Load[envelope.Envelope](ctx, w.b.Envelopes, key)
+	switch {
+	case err == nil:
 		e.Status, e.Attempts, e.DurationMs, e.UpdatedAt = string(env.Status), env.Attempts, env.DurationMs, env.FinalizedAt
 		if env.Error != nil {
 			e.Code = string(env.Error.Code)
+		}
+	case resume:
+		// A resume given back (a pause or a limit holds it) waits in its
+		// queue: its record names no worker.
+		if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil && rec.Worker == "" {
+			e.Status = audit.EntryQueued
 		}
 	}
 	return e

@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/demo"
 	"github.com/capstan-dev/capstan/internal/execrpc"
+	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
@@ -102,6 +103,51 @@ func (r *readers) list(t *testing.T, p string, req executor.ExecutionsRequest) (
 func (r *readers) get(t *testing.T, p, id string) (*executor.ExecutionView, error) {
 	t.Helper()
 	return requestExecution(ctxT(t), r.conns[p], r.admin.Names, executor.ExecutionRequest{ExecutionID: id})
+}
+
+// An approver's listing shows a resume that a pause holds as queued, as the
+// other listings do, not as running; once the pause ends, as it ended.
+func TestReading_AnApproverSeesAHeldResumeQueued(t *testing.T) {
+	t.Parallel()
+	r := newReaders(t)
+	alice := r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
+	refund, err := alice.Call(ctxT(t), "orders.refund", map[string]any{"orderId": "o-1", "amount": 900})
+	if err != nil || refund.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("refund: %v %+v", err, refund)
+	}
+	if _, err := approvalsrpc.Decide(ctxT(t), r.conns["bob"], r.admin.Names,
+		approvalsrpc.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
+		t.Fatal(err)
+	}
+	admin := r.env.Connect(t)
+	pause(t, admin, pauses.Pause{Scope: pauses.Scope{Capability: "orders.refund"}})
+	id, err := alice.SubmitResume(ctxT(t), refund.Approval.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	statusOf := func() string {
+		page, err := requestExecutions(ctxT(t), r.conns["bob"], r.admin.Names, executor.ExecutionsRequest{})
+		if errors.Is(err, envelope.ErrQuotaExceeded) {
+			return "" // polled faster than bob's control quota: again
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page.Entries {
+			if e.ExecutionID == id {
+				return e.Status
+			}
+		}
+		return ""
+	}
+	waitUntil(t, "the held resume listed queued for its approver", func() bool { return statusOf() == audit.EntryQueued })
+	unpause(t, admin, pauses.Scope{Capability: "orders.refund"})
+	if done, err := alice.Await(ctxT(t), id); err != nil || done.Status != envelope.StatusCompleted {
+		t.Fatalf("the resume after the pause: %v %+v", err, done)
+	}
+	if got := statusOf(); got != string(envelope.StatusCompleted) {
+		t.Fatalf("the ended resume is listed %q for its approver, want %q", got, envelope.StatusCompleted)
+	}
 }
 
 // Each role reads what it needs and nothing more, enforced by the workers

@@ -197,7 +197,8 @@ func TestPause_HeldCallsWaitThenRunOnceEach(t *testing.T) {
 		}
 	}
 	// (A running entry, whose execution may have no record, is judged by
-	// its envelope alone: once that went, it stays.)
+	// its envelope, and once that went, stays for the envelopes' retention:
+	// TestEnvelopeRetention_AnEndedCallIsNotListedRunningOnceItsEnvelopeExpired.)
 	none("their envelopes and records gone", audit.EntryQueued)
 	// The trail says the call was held, once recorded, and then started.
 	flushAudit(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,9 +13,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
@@ -193,5 +196,78 @@ func TestEnvelopeRetention_StartWithinIsCutBelowIt(t *testing.T) {
 				t.Fatalf("start window %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A call listed running that ended is not listed running once its envelope
+// expired (the index keeps its entries longer than the envelopes): asked for
+// running ones alone, through the workers and through an admin's own
+// reading. A call still running past the retention stays listed.
+func TestEnvelopeRetention_AnEndedCallIsNotListedRunningOnceItsEnvelopeExpired(t *testing.T) {
+	t.Parallel()
+	const retention = 3 * time.Second
+	cfg := broker.Config{EnvelopeRetention: retention}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var sends, holds atomic.Int64
+	done, hold := make(chan struct{}), make(chan struct{})
+	// A short lease: the ended call's record, not rewritten after its
+	// envelope, stops saying a worker holds it (the record outlives the
+	// envelope here, as it never does at the defaults).
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p", Deployment: executor.Deployment(cfg), Lease: time.Second},
+		countedCap("t.send", &sends, done), countedCap("t.hold", &holds, hold))
+	t.Cleanup(func() { close(hold) }) // before the worker stops
+	ended, err := s.c.Submit(ctxT(t), "t.send", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := s.c.Submit(ctxT(t), "t.hold", map[string]int{"n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := broker.OpenAll(ctxT(t), env.Connect(t), broker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := audit.Query{Status: audit.EntryRunning, Limit: 10}
+	listed := func() (byWorkers, own map[string]bool) {
+		page, err := s.c.Executions(ctxT(t), executor.ExecutionsRequest{Query: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries, _, _, err := execrpc.ListWithQueued(ctxT(t), admin, q, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byWorkers, own = map[string]bool{}, map[string]bool{}
+		for _, e := range page.Entries {
+			byWorkers[e.ExecutionID] = true
+		}
+		for _, e := range entries {
+			own[e.ExecutionID] = true
+		}
+		return byWorkers, own
+	}
+	waitUntil(t, "both calls listed running", func() bool {
+		flushAudit(t)
+		w, o := listed()
+		return w[ended] && w[running] && o[ended] && o[running]
+	})
+	close(done)
+	if got, err := s.c.Await(ctxT(t), ended); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("await: %v %+v", err, got)
+	}
+	s.waitEnvelopeGone(ended)
+	w, o := listed()
+	if w[ended] || o[ended] {
+		t.Errorf("a call ended %v ago is listed running once its envelope expired: by the workers %v, in an admin's own listing %v",
+			retention, w[ended], o[ended])
+	}
+	if !w[running] || !o[running] {
+		t.Errorf("a call running longer than the envelopes' retention is not listed running: by the workers %v, in an admin's own listing %v",
+			w[running], o[running])
+	}
+	if sends.Load() != 1 || holds.Load() != 1 {
+		t.Errorf("handler calls: %d and %d, want one each", sends.Load(), holds.Load())
 	}
 }
