@@ -157,8 +157,8 @@ func (w *Worker) noneStarting(ctx context.Context) bool {
 }
 
 // serveApplied answers an operator's command: once this worker's copy of
-// the bucket asked about has the revision asked for (or two seconds
-// passed), with what it holds and what it cancelled. It answers on an inbox
+// the bucket asked about has the revision asked for (or
+// oplog.AnswerWithin passed), with what it holds and what it cancelled. It answers on an inbox
 // only: the subject carries no principal, and only the capstan account's
 // users (admins, workers) reach it.
 func (w *Worker) serveApplied(m *nats.Msg) {
@@ -179,7 +179,7 @@ func (w *Worker) serveApplied(m *nats.Msg) {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(w.run.Context(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(w.run.Context(), oplog.AnswerWithin)
 		defer cancel()
 		applied := copyOf.WaitRevision(ctx, req.Revision) == nil
 		if applied && req.Bucket == oplog.Pauses {

@@ -150,12 +150,22 @@ type AppliedReply struct {
 	PolicyError   string `json:"policyError,omitempty"`
 }
 
+// AnswerWithin bounds a worker's answer to an AppliedRequest: it answers
+// once its copy has the revision asked for, and, not applied yet, once
+// AnswerWithin has passed.
+const AnswerWithin = 2 * time.Second
+
+// answerSlack is the time an answer may take on its way, on top of
+// AnswerWithin: a request and its answer through a cluster's routes.
+const answerSlack = 500 * time.Millisecond
+
 // Confirm asks every worker of the deployment to confirm that it applied
 // revision rev of bucket (and the cancellations of the pause filed under
-// auditID), and gathers their answers for at most wait, ending early once
-// no answer has come for a while after the first. No worker answering is no
-// error: the change is in the bucket, and every worker applies it as it
-// starts.
+// auditID), and gathers their answers for at most wait, and no longer than
+// every worker takes to answer (AnswerWithin and its way back): a worker
+// slow to apply the change is listed as not having applied it, never left
+// out. No worker answering is no error: the change is in the bucket, and
+// every worker applies it as it starts.
 func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, bucket string, rev uint64, auditID string, wait time.Duration) ([]AppliedReply, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -170,14 +180,10 @@ func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, bucket string, 
 	if err := nc.PublishRequest(n.AppliedSubject(), inbox, b); err != nil {
 		return nil, err
 	}
-	const quiet = 750 * time.Millisecond
-	deadline := time.Now().Add(wait)
+	deadline := time.Now().Add(min(wait, AnswerWithin+answerSlack))
 	var out []AppliedReply
 	for {
 		left := time.Until(deadline)
-		if len(out) > 0 {
-			left = min(left, quiet)
-		}
 		if left <= 0 || ctx.Err() != nil {
 			break
 		}
