@@ -299,7 +299,7 @@ func (w *Worker) listExecutions(ctx context.Context, principal string, req Execu
 			return nil, err
 		}
 	}
-	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, current(w.b))
+	return listWithQueued(ctx, w.b, q, req.Cursor == "", v.scope, current(w.b, w.envelopeRetention))
 }
 
 // listWithQueued is a page of the index (audit.List of q, its entries
@@ -435,17 +435,17 @@ func sortedNewestFirst(entries []audit.Entry) []audit.Entry {
 // later entry of the index says so, which a listing shows where it stands
 // (or, for an execution that ended after the listing began, the next
 // listing does); asked for running ones alone, their envelope says so, and
-// once that expired, outlived does. It keeps a queued entry (an operator's
-// pause gave the execution back) only while the execution is still given
-// back: it has a record that names no worker, and no envelope (a read that
-// fails keeps it). A held execution's record is kept while it is held; once
-// it ran, or ended and its record and envelope went, a listing that asks for
-// queued ones alone finds no later entry to say so.
-func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entry {
+// once that expired (retention), their record does. It keeps a queued
+// entry (an operator's pause gave the execution back) only while the
+// execution is still given back: it has a record that names no worker, and
+// no envelope (a read that fails keeps it). A held execution's record is
+// kept while it is held; once it ran, or ended and its record and envelope
+// went, a listing that asks for queued ones alone finds no later entry to
+// say so.
+func current(b *broker.Broker, retention func(context.Context) time.Duration) func(context.Context, []audit.Entry) []audit.Entry {
 	return func(ctx context.Context, entries []audit.Entry) []audit.Entry {
 		out := entries[:0]
-		var retention time.Duration // read once an entry needs it
-		readRetention := false
+		kept, read := time.Duration(0), false
 		for _, e := range entries {
 			key := broker.Key(e.Principal, e.ExecutionID)
 			switch e.Status {
@@ -454,14 +454,17 @@ func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entr
 				if err == nil {
 					continue
 				}
-				if errors.Is(err, jetstream.ErrKeyNotFound) {
-					if !readRetention {
-						// As the deployment recorded it: a broker that did
-						// not provision holds the default (0: unread).
-						retention, _ = b.EnvelopeRetention(ctx)
-						readRetention = true
-					}
-					if outlived(ctx, b, key, e.UpdatedAt, retention) {
+				if !errors.Is(err, jetstream.ErrKeyNotFound) {
+					break
+				}
+				if !read {
+					kept, read = retention(ctx), true
+				}
+				// Older than the envelopes' retention, it may have ended
+				// with an envelope expired since: its record says.
+				if olderThan(e.UpdatedAt, kept) {
+					rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
+					if notRenewed(rec, err) {
 						continue
 					}
 				}
@@ -480,16 +483,19 @@ func current(b *broker.Broker) func(context.Context, []audit.Entry) []audit.Entr
 	}
 }
 
-// outlived reports whether an execution whose running entry was made at
-// since, and that has no envelope, has ended and its envelope expired since:
-// the entry is older than the envelopes' retention, and no worker renews a
-// lease on its record (one running longer than the retention does; a read
-// without claims has no record, and one running that long is not listed).
-func outlived(ctx context.Context, b *broker.Broker, key string, since time.Time, retention time.Duration) bool {
-	if retention <= 0 || time.Since(since) <= retention {
-		return false
-	}
-	rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
+// olderThan reports whether since is longer ago than retention (never, for
+// a retention of 0: unknown, or for ever).
+func olderThan(since time.Time, retention time.Duration) bool {
+	return retention > 0 && time.Since(since) > retention
+}
+
+// notRenewed reports whether an execution's record, as its read returned
+// rec and err, is gone or held by no worker's lease: of an execution with
+// no envelope that started longer ago than the envelopes' retention, that
+// it ended and its envelope expired since (one running that long keeps its
+// lease renewed; a read without claims has no record, and one running that
+// long is taken as ended).
+func notRenewed(rec *execution.Record, err error) bool {
 	return errors.Is(err, broker.ErrNotFound) || err == nil && !rec.LeaseUntil.After(time.Now())
 }
 
@@ -521,10 +527,13 @@ func (w *Worker) listBehindApprovals(ctx context.Context, v viewer, q audit.Quer
 	}
 	var entries []audit.Entry
 	for _, r := range recs {
-		asked := w.entryOf(ctx, r, r.RequestedBy, false)
+		asked, _ := w.entryOf(ctx, r, r.RequestedBy, false)
 		entries = append(entries, asked)
-		if r.ConsumedBy != "" {
-			entries = append(entries, w.entryOf(ctx, r, r.ConsumedBy, true))
+		if r.ConsumedBy == "" {
+			continue
+		}
+		if resumed, ok := w.entryOf(ctx, r, r.ConsumedBy, true); ok {
+			entries = append(entries, resumed)
 		}
 	}
 	entries = slices.DeleteFunc(entries, func(e audit.Entry) bool { return !q.Match(&e) })
@@ -552,9 +561,12 @@ func (w *Worker) listBehindApprovals(ctx context.Context, v viewer, q audit.Quer
 }
 
 // entryOf is an execution behind approval r as an index entry, from its
-// envelope when it has one.
-func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, resume bool) audit.Entry {
-	e := audit.Entry{V: envelope.Version, ExecutionID: id, Principal: r.Principal, CapabilityID: r.CapabilityID,
+// envelope when it has one. A resume with none waits in its queue when its
+// record names no worker (a pause or a limit gave it back); one that ended
+// and whose envelope expired since (notRenewed) has no entry (ok is false):
+// its outcome is gone, and the approval says it was consumed.
+func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, resume bool) (e audit.Entry, ok bool) {
+	e = audit.Entry{V: envelope.Version, ExecutionID: id, Principal: r.Principal, CapabilityID: r.CapabilityID,
 		Actor: audit.ActorOf(r.Actor), Surface: r.Surface, ApprovalID: r.ID, Resumed: resume,
 		RequestedAt: r.RequestedAt, UpdatedAt: r.RequestedAt, Status: audit.EntryApprovalRequired}
 	if resume {
@@ -568,15 +580,21 @@ func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, re
 		if env.Error != nil {
 			e.Code = string(env.Error.Code)
 		}
-	case resume:
-		// A resume given back (a pause or a limit holds it) waits in its
-		// queue: its record names no worker.
-		if rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key); err == nil && rec.Worker == "" {
+	case resume && errors.Is(err, broker.ErrNotFound):
+		rec, _, err := broker.Load[execution.Record](ctx, w.b.Executions, key)
+		if olderThan(r.ConsumedAt, w.envelopeRetention(ctx)) && notRenewed(rec, err) {
+			return e, false
+		}
+		if err == nil && rec.Worker == "" {
 			e.Status = audit.EntryQueued
 		}
 	}
-	return e
+	return e, true
 }
+
+// envelopeRetention is how long envelopes are kept, as this worker last
+// read it (0: for ever).
+func (w *Worker) envelopeRetention(context.Context) time.Duration { return w.run.EnvelopeRetention() }
 
 // serveExecution answers requests for one execution.
 func (w *Worker) serveExecution(m *nats.Msg) {

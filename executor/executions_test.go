@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/approvals"
 	"github.com/capstan-dev/capstan/audit"
@@ -37,6 +38,12 @@ type readers struct {
 // admin's broker.
 func secured(t *testing.T, grants ...auth.Grant) (*testenv.Env, *broker.Broker) {
 	t.Helper()
+	return securedWith(t, broker.Config{}, grants...)
+}
+
+// securedWith is secured with the deployment provisioned as cfg says.
+func securedWith(t *testing.T, cfg broker.Config, grants ...auth.Grant) (*testenv.Env, *broker.Broker) {
+	t.Helper()
 	setup, err := auth.Init(t.TempDir(), "")
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +54,7 @@ func secured(t *testing.T, grants ...auth.Grant) (*testenv.Env, *broker.Broker) 
 		}
 	}
 	env := testenv.Start(t, testenv.Auth(setup))
-	admin, err := broker.Provision(ctxT(t), env.Connect(t), broker.Config{})
+	admin, err := broker.Provision(ctxT(t), env.Connect(t), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,17 +66,23 @@ func secured(t *testing.T, grants ...auth.Grant) (*testenv.Env, *broker.Broker) 
 
 func newReaders(t *testing.T) *readers {
 	t.Helper()
-	env, admin := secured(t,
+	return newReadersWith(t, executor.WorkerConfig{})
+}
+
+// newReadersWith is newReaders with its worker (and the deployment it
+// provisions) as wc says.
+func newReadersWith(t *testing.T, wc executor.WorkerConfig) *readers {
+	t.Helper()
+	env, admin := securedWith(t, broker.Config(wc.Deployment),
 		auth.Grant{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:alice"}, Capabilities: []string{"*"}},
 		auth.Grant{Principal: "gw", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
 		auth.Grant{Principal: "bob", Role: auth.RoleApprover, Actors: []string{"user:bob"}, Types: []string{"finance"}},
 		auth.Grant{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"security"}})
-	wc := env.ConnectAs(t, auth.WorkerPrincipal)
 	js, err := demo.Provision(ctxT(t), env.Connect(t), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	startWorker(t, wc, executor.WorkerConfig{}, demo.Catalog(js)...)
+	startWorker(t, env.ConnectAs(t, auth.WorkerPrincipal), wc, demo.Catalog(js)...)
 	r := &readers{env: env, admin: admin, conns: map[string]*nats.Conn{}}
 	for _, p := range []string{"alice", "gw", "bob", "carol"} {
 		r.conns[p] = env.ConnectAs(t, p)
@@ -147,6 +160,60 @@ func TestReading_AnApproverSeesAHeldResumeQueued(t *testing.T) {
 	}
 	if got := statusOf(); got != string(envelope.StatusCompleted) {
 		t.Fatalf("the ended resume is listed %q for its approver, want %q", got, envelope.StatusCompleted)
+	}
+}
+
+// Once a resume's envelope expired (and its record went), its approver's
+// listing no longer shows it running: the approval (kept longer) says it
+// was consumed, and nothing says how it ended any more.
+func TestReading_AnApproverNoLongerSeesAResumeWhoseEnvelopeExpired(t *testing.T) {
+	t.Parallel()
+	const retention = 6 * time.Second
+	r := newReadersWith(t, executor.WorkerConfig{Deployment: executor.Deployment{EnvelopeRetention: retention}, Lease: retention / 2})
+	alice := r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
+	refund, err := alice.Call(ctxT(t), "orders.refund", map[string]any{"orderId": "o-1", "amount": 900})
+	if err != nil || refund.Status != envelope.StatusApprovalRequired {
+		t.Fatalf("refund: %v %+v", err, refund)
+	}
+	if _, err := approvalsrpc.Decide(ctxT(t), r.conns["bob"], r.admin.Names,
+		approvalsrpc.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
+		t.Fatal(err)
+	}
+	done, err := alice.Resume(ctxT(t), refund.Approval.ID)
+	if err != nil || done.Status != envelope.StatusCompleted {
+		t.Fatalf("resume: %v %+v", err, done)
+	}
+	listed := func(q audit.Query) map[string]string {
+		for {
+			page, err := requestExecutions(ctxT(t), r.conns["bob"], r.admin.Names, executor.ExecutionsRequest{Query: q})
+			if errors.Is(err, envelope.ErrQuotaExceeded) {
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, e := range page.Entries {
+				got[e.ExecutionID] = e.Status
+			}
+			return got
+		}
+	}
+	if got := listed(audit.Query{})[done.ExecutionID]; got != string(envelope.StatusCompleted) {
+		t.Fatalf("the resume is listed %q for its approver, want %q", got, envelope.StatusCompleted)
+	}
+	waitUntil(t, "the resume's envelope expires", func() bool {
+		_, err := r.admin.Envelopes.Get(ctxT(t), broker.Key("alice", done.ExecutionID))
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	})
+	for _, q := range []audit.Query{{}, {Status: audit.EntryRunning}} {
+		if st, ok := listed(q)[done.ExecutionID]; ok {
+			t.Errorf("listing (status %q): the resume whose envelope expired is listed %q", q.Status, st)
+		}
+	}
+	if _, ok := listed(audit.Query{})[refund.ExecutionID]; !ok {
+		t.Errorf("the execution that asked for the approval is no longer listed")
 	}
 }
 

@@ -205,16 +205,17 @@ func TestEnvelopeRetention_StartWithinIsCutBelowIt(t *testing.T) {
 // reading. A call still running past the retention stays listed.
 func TestEnvelopeRetention_AnEndedCallIsNotListedRunningOnceItsEnvelopeExpired(t *testing.T) {
 	t.Parallel()
-	const retention = 3 * time.Second
+	const retention = 6 * time.Second
 	cfg := broker.Config{EnvelopeRetention: retention}
 	env := testenv.Start(t)
 	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
 	var sends, holds atomic.Int64
 	done, hold := make(chan struct{}), make(chan struct{})
-	// A short lease: the ended call's record, not rewritten after its
-	// envelope, stops saying a worker holds it (the record outlives the
-	// envelope here, as it never does at the defaults).
-	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p", Deployment: executor.Deployment(cfg), Lease: time.Second},
+	// A lease shorter than the retention: the ended call's record, not
+	// rewritten after its envelope, stops saying a worker holds it (the
+	// record outlives the envelope here, as it never does at the
+	// defaults), while the running call's is renewed.
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "p", Deployment: executor.Deployment(cfg), Lease: retention / 2},
 		countedCap("t.send", &sends, done), countedCap("t.hold", &holds, hold))
 	t.Cleanup(func() { close(hold) }) // before the worker stops
 	ended, err := s.c.Submit(ctxT(t), "t.send", map[string]int{"n": 1})

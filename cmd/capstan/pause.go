@@ -131,8 +131,8 @@ type pauseAnswer struct {
 func (a *pauseAnswer) cancels() bool { return a.Pause.CancelRunning && a.Pause.AuditID == a.AuditID }
 
 // confirmWait is how long pause and unpause wait for the workers'
-// confirmations.
-const confirmWait = 3 * time.Second
+// confirmations: as long as every worker takes to answer.
+const confirmWait = oplog.ConfirmWithin
 
 func runPause(args []string) int {
 	fs, conn, o := newConnFlags("pause", "[CAPABILITY] [--principal P] [--actor KIND:ID] [--all] --reason TEXT [--refuse] [--cancel-running]")

@@ -155,17 +155,18 @@ type AppliedReply struct {
 // AnswerWithin has passed.
 const AnswerWithin = 2 * time.Second
 
-// answerSlack is the time an answer may take on its way, on top of
-// AnswerWithin: a request and its answer through a cluster's routes.
-const answerSlack = 500 * time.Millisecond
+// ConfirmWithin is how long Confirm gathers answers at most: AnswerWithin,
+// and the way of a request and its answer through a cluster's routes.
+const ConfirmWithin = AnswerWithin + 500*time.Millisecond
 
 // Confirm asks every worker of the deployment to confirm that it applied
 // revision rev of bucket (and the cancellations of the pause filed under
-// auditID), and gathers their answers for at most wait, and no longer than
-// every worker takes to answer (AnswerWithin and its way back): a worker
-// slow to apply the change is listed as not having applied it, never left
-// out. No worker answering is no error: the change is in the bucket, and
-// every worker applies it as it starts.
+// auditID), and gathers their answers for wait, or ConfirmWithin when that
+// is shorter: as long as every worker takes to answer, so that a worker slow
+// to apply the change is listed as not having applied it, never left out
+// (the workers are not counted anywhere, so no answer says they all have).
+// No worker answering is no error: the change is in the bucket, and every
+// worker applies it as it starts.
 func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, bucket string, rev uint64, auditID string, wait time.Duration) ([]AppliedReply, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -180,7 +181,7 @@ func Confirm(ctx context.Context, nc *nats.Conn, n broker.Names, bucket string, 
 	if err := nc.PublishRequest(n.AppliedSubject(), inbox, b); err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(min(wait, AnswerWithin+answerSlack))
+	deadline := time.Now().Add(min(wait, ConfirmWithin))
 	var out []AppliedReply
 	for {
 		left := time.Until(deadline)

@@ -63,6 +63,10 @@ func (r *Runner) ReadEnvelopeRetention(ctx context.Context) time.Duration {
 	return r.w.readEnvelopeRetention(ctx)
 }
 
+// EnvelopeRetention is how long envelopes are kept, as last read (0: for
+// ever).
+func (r *Runner) EnvelopeRetention() time.Duration { return r.w.envelopeRetention() }
+
 // Context ends when the worker shuts down (Stop).
 func (r *Runner) Context() context.Context { return r.w.base }
 
