@@ -118,12 +118,11 @@ func (r *readers) get(t *testing.T, p, id string) (*executor.ExecutionView, erro
 	return requestExecution(ctxT(t), r.conns[p], r.admin.Names, executor.ExecutionRequest{ExecutionID: id})
 }
 
-// An approver's listing shows a resume that a pause holds as queued, as the
-// other listings do, not as running; once the pause ends, as it ended.
-func TestReading_AnApproverSeesAHeldResumeQueued(t *testing.T) {
-	t.Parallel()
-	r := newReaders(t)
-	alice := r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
+// approvedRefund has alice ask for a refund that needs finance's approval,
+// and bob approve it.
+func (r *readers) approvedRefund(t *testing.T) (alice *executor.Client, refund *envelope.Envelope) {
+	t.Helper()
+	alice = r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
 	refund, err := alice.Call(ctxT(t), "orders.refund", map[string]any{"orderId": "o-1", "amount": 900})
 	if err != nil || refund.Status != envelope.StatusApprovalRequired {
 		t.Fatalf("refund: %v %+v", err, refund)
@@ -132,33 +131,50 @@ func TestReading_AnApproverSeesAHeldResumeQueued(t *testing.T) {
 		approvalsrpc.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
 		t.Fatal(err)
 	}
+	return alice, refund
+}
+
+// statuses is p's listing for q: each execution's status by its id. A
+// listing refused for p's control quota (a test polling) is asked again.
+func (r *readers) statuses(t *testing.T, p string, q audit.Query) map[string]string {
+	t.Helper()
+	for {
+		page, err := requestExecutions(ctxT(t), r.conns[p], r.admin.Names, executor.ExecutionsRequest{Query: q})
+		if errors.Is(err, envelope.ErrQuotaExceeded) {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, e := range page.Entries {
+			got[e.ExecutionID] = e.Status
+		}
+		return got
+	}
+}
+
+// An approver's listing shows a resume that a pause holds as queued, as the
+// other listings do, not as running; once the pause ends, as it ended.
+func TestReading_AnApproverSeesAHeldResumeQueued(t *testing.T) {
+	t.Parallel()
+	r := newReaders(t)
+	alice, refund := r.approvedRefund(t)
 	admin := r.env.Connect(t)
 	pause(t, admin, pauses.Pause{Scope: pauses.Scope{Capability: "orders.refund"}})
 	id, err := alice.SubmitResume(ctxT(t), refund.Approval.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	statusOf := func() string {
-		page, err := requestExecutions(ctxT(t), r.conns["bob"], r.admin.Names, executor.ExecutionsRequest{})
-		if errors.Is(err, envelope.ErrQuotaExceeded) {
-			return "" // polled faster than bob's control quota: again
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range page.Entries {
-			if e.ExecutionID == id {
-				return e.Status
-			}
-		}
-		return ""
-	}
-	waitUntil(t, "the held resume listed queued for its approver", func() bool { return statusOf() == audit.EntryQueued })
+	waitUntil(t, "the held resume listed queued for its approver", func() bool {
+		return r.statuses(t, "bob", audit.Query{})[id] == audit.EntryQueued
+	})
 	unpause(t, admin, pauses.Scope{Capability: "orders.refund"})
 	if done, err := alice.Await(ctxT(t), id); err != nil || done.Status != envelope.StatusCompleted {
 		t.Fatalf("the resume after the pause: %v %+v", err, done)
 	}
-	if got := statusOf(); got != string(envelope.StatusCompleted) {
+	if got := r.statuses(t, "bob", audit.Query{})[id]; got != string(envelope.StatusCompleted) {
 		t.Fatalf("the ended resume is listed %q for its approver, want %q", got, envelope.StatusCompleted)
 	}
 }
@@ -170,37 +186,12 @@ func TestReading_AnApproverNoLongerSeesAResumeWhoseEnvelopeExpired(t *testing.T)
 	t.Parallel()
 	const retention = 6 * time.Second
 	r := newReadersWith(t, executor.WorkerConfig{Deployment: executor.Deployment{EnvelopeRetention: retention}, Lease: retention / 2})
-	alice := r.client(t, "alice", envelope.Actor{Kind: "user", ID: "alice"})
-	refund, err := alice.Call(ctxT(t), "orders.refund", map[string]any{"orderId": "o-1", "amount": 900})
-	if err != nil || refund.Status != envelope.StatusApprovalRequired {
-		t.Fatalf("refund: %v %+v", err, refund)
-	}
-	if _, err := approvalsrpc.Decide(ctxT(t), r.conns["bob"], r.admin.Names,
-		approvalsrpc.DecideRequest{ApprovalID: refund.Approval.ID, Approve: true}); err != nil {
-		t.Fatal(err)
-	}
+	alice, refund := r.approvedRefund(t)
 	done, err := alice.Resume(ctxT(t), refund.Approval.ID)
 	if err != nil || done.Status != envelope.StatusCompleted {
 		t.Fatalf("resume: %v %+v", err, done)
 	}
-	listed := func(q audit.Query) map[string]string {
-		for {
-			page, err := requestExecutions(ctxT(t), r.conns["bob"], r.admin.Names, executor.ExecutionsRequest{Query: q})
-			if errors.Is(err, envelope.ErrQuotaExceeded) {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := map[string]string{}
-			for _, e := range page.Entries {
-				got[e.ExecutionID] = e.Status
-			}
-			return got
-		}
-	}
-	if got := listed(audit.Query{})[done.ExecutionID]; got != string(envelope.StatusCompleted) {
+	if got := r.statuses(t, "bob", audit.Query{})[done.ExecutionID]; got != string(envelope.StatusCompleted) {
 		t.Fatalf("the resume is listed %q for its approver, want %q", got, envelope.StatusCompleted)
 	}
 	waitUntil(t, "the resume's envelope expires", func() bool {
@@ -208,11 +199,11 @@ func TestReading_AnApproverNoLongerSeesAResumeWhoseEnvelopeExpired(t *testing.T)
 		return errors.Is(err, jetstream.ErrKeyNotFound)
 	})
 	for _, q := range []audit.Query{{}, {Status: audit.EntryRunning}} {
-		if st, ok := listed(q)[done.ExecutionID]; ok {
+		if st, ok := r.statuses(t, "bob", q)[done.ExecutionID]; ok {
 			t.Errorf("listing (status %q): the resume whose envelope expired is listed %q", q.Status, st)
 		}
 	}
-	if _, ok := listed(audit.Query{})[refund.ExecutionID]; !ok {
+	if _, ok := r.statuses(t, "bob", audit.Query{})[refund.ExecutionID]; !ok {
 		t.Errorf("the execution that asked for the approval is no longer listed")
 	}
 }
