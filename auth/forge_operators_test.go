@@ -2,6 +2,8 @@ package auth_test
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/auth"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/internal/pauses"
 	"github.com/capstan-dev/capstan/internal/policies"
 )
@@ -120,5 +123,150 @@ func testOnlyAdminsWriteOperatorBuckets(t *testing.T, r *rig) {
 	defer w.Stop()
 	if err := w.WaitRevision(ctx, ch.Revision); err != nil || w.Load().Len() != 1 {
 		t.Fatalf("the worker's copy: %v, %d pauses", err, w.Load().Len())
+	}
+}
+
+// A worker may create streams, and a stream's RePublish is stored by the
+// server past its creator's permissions: with the real worker credentials,
+// a stream republishing into the buckets only admins write does write them
+// (a pause lifted, a policy set removed, a principal granted). No worker
+// honours such a change: a running one keeps what the admin wrote, and one
+// starting then grants nothing the admin did not, and fails every call
+// closed under a policy set it cannot trust.
+func TestPermissions_AWorkersRepublishingStreamChangesNoOperatorBucket(t *testing.T) {
+	t.Parallel()
+	testRepublishingChangesNoOperatorBucket(t, newRigOn(t, embedded))
+}
+
+func TestPermissionsOnOfficialServer_AWorkersRepublishingStreamChangesNoOperatorBucket(t *testing.T) {
+	t.Parallel()
+	testRepublishingChangesNoOperatorBucket(t, newRigOn(t, official))
+}
+
+func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	n := broker.NewNames(r.setup.Prefix)
+	admin := r.admin.NC
+	ch, err := pauses.Apply(ctx, admin, n, &pauses.Pause{Scope: pauses.Scope{Capability: "email.send"}, Mode: pauses.Hold,
+		Reason: "mail loop", By: "admin"})
+	if err != nil {
+		t.Fatalf("the admin's pause: %v", err)
+	}
+	applied, err := policies.Apply(ctx, admin, n, policies.Applying{File: "allow.cedar",
+		Text: []byte("permit (principal, action, resource);"), By: "admin", Reason: "testing"})
+	if err != nil {
+		t.Fatalf("the admin's policies: %v", err)
+	}
+
+	wnc := r.connect(t, auth.WorkerPrincipal)
+	wjs, err := jetstream.New(wnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchers := func() (*pauses.Watcher, *policies.Watcher, *grantwatch.Grants) {
+		p, err := pauses.Watch(ctx, wjs, n, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		c, err := policies.Watch(ctx, wjs, n, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Stop)
+		g, err := grantwatch.Watch(ctx, wjs, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Stop)
+		return p, c, g
+	}
+	running, runningPolicies, runningGrants := watchers()
+	if err := running.WaitRevision(ctx, ch.Revision); err != nil || running.Load().Len() != 1 {
+		t.Fatalf("the worker's pauses: %v, %d", err, running.Load().Len())
+	}
+	if err := runningPolicies.WaitRevision(ctx, applied.Revision); err != nil || runningPolicies.Load() == nil ||
+		runningPolicies.Load().Version != applied.Current.Version {
+		t.Fatalf("the worker's policies: %v %+v", err, runningPolicies.Load())
+	}
+
+	// The worker's stream republishes evil.<bucket>.<key> as $KV.<bucket>.<key>.
+	if _, err := wjs.CreateStream(ctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"},
+		RePublish: &jetstream.RePublish{Source: "evil.>", Destination: "$KV.>"}}); err != nil {
+		t.Fatalf("the worker's stream: %v", err)
+	}
+	mallory, err := json.Marshal(auth.Grant{Principal: "mallory", Role: auth.RoleAdmin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := []*nats.Msg{
+		{Subject: "evil." + n.PausesBucket() + "." + ch.Pause.Scope.Key(), Header: nats.Header{"KV-Operation": {"DEL"}}},
+		{Subject: "evil." + n.PoliciesBucket() + ".current", Data: []byte(`{"v":1,"version":0,"by":"admin"}`)},
+		{Subject: "evil." + n.GrantsBucket() + ".mallory", Data: mallory},
+	}
+	lastSeq := func(bucket string) uint64 {
+		s, err := r.admin.JS.Stream(ctx, "KV_"+bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().State.LastSeq
+	}
+	for _, m := range forged {
+		bucket := strings.Split(m.Subject, ".")[1]
+		was := lastSeq(bucket)
+		if _, err := wjs.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the republished "+m.Subject+" stored in "+bucket, func() bool { return lastSeq(bucket) > was })
+	}
+	// What the server stored reached the watchers: a probe written by the
+	// admin after the forged ones is applied once they are.
+	probe, err := pauses.Apply(ctx, admin, n, &pauses.Pause{Scope: pauses.Scope{Capability: "probe"}, Mode: pauses.Hold,
+		Reason: "probe", By: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := running.WaitRevision(ctx, probe.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if got := running.Load(); got.Len() != 2 {
+		t.Errorf("a running worker holds %d pauses, want the admin's two: the forged delete lifted one", got.Len())
+	}
+	if err := runningPolicies.WaitRevision(ctx, lastSeq(n.PoliciesBucket())); err != nil {
+		t.Fatal(err)
+	}
+	if s := runningPolicies.Load(); s == nil || s.Version != applied.Current.Version || s.Err() != nil {
+		t.Errorf("a running worker's policies: %+v, want v%d in force", s, applied.Current.Version)
+	}
+	grants, err := r.admin.JS.KeyValue(ctx, n.GrantsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	zed, err := json.Marshal(auth.Grant{Principal: "zed", Role: auth.RoleProducer, Actors: []string{"user:zed"}, Capabilities: []string{"demo.echo"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := grants.Put(ctx, "zed", zed); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the running worker's grants read past the forged one (the admin's grant of zed)", func() bool {
+		_, ok := runningGrants.Lookup("zed")
+		return ok
+	})
+	if g, ok := runningGrants.Lookup("mallory"); ok {
+		t.Errorf("a running worker grants mallory %+v", g)
+	}
+
+	// A worker starting now.
+	_, startingPolicies, startingGrants := watchers()
+	if s := startingPolicies.Load(); s == nil || s.Err() == nil {
+		t.Errorf("a starting worker's policies: %+v, want a broken set (every call fails closed)", s)
+	}
+	if g, ok := startingGrants.Lookup("mallory"); ok {
+		t.Errorf("a starting worker grants mallory %+v", g)
+	}
+	if _, ok := startingGrants.Lookup("alice"); !ok {
+		t.Errorf("a starting worker lost alice's grant")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -92,6 +93,11 @@ func (g *Grants) rebind() {
 }
 
 func (g *Grants) apply(e jetstream.KeyValueEntry) {
+	// Not an admin's: the grant held stands (none grants nothing).
+	if from, _ := kvwatch.Forged(g.ctx, g.js.Conn(), g.names.GrantsBucket(), e); from != "" {
+		slog.Error("grant change not honoured: another stream republished it into the bucket", "principal", e.Key(), "stream", from)
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	defer func() {

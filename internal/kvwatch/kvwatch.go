@@ -3,7 +3,16 @@
 // each must know when what the bucket held at the start is in.
 package kvwatch
 
-import "github.com/nats-io/nats.go/jetstream"
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/capstan-dev/capstan/internal/jsget"
+)
 
 // Follow hands every update of w to apply, in order, in a goroutine of its
 // own until w stops. initial tells apply whether the entry is one of the
@@ -37,4 +46,31 @@ func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, in
 		}
 	}()
 	return loaded
+}
+
+// Republished names the stream whose RePublish stored revision rev of
+// bucket; "" when a client put it (or the revision is gone: a later one
+// follows). The server adds Nats-Stream to every message it republishes,
+// and no put carries it. The buckets only admins write take no such
+// message: a principal that may create streams (a worker) could otherwise
+// write them through a stream's RePublish, past the permissions that keep
+// it off the buckets' subjects.
+func Republished(ctx context.Context, nc *nats.Conn, bucket string, rev uint64) (string, error) {
+	m, err := jsget.Get(ctx, nc, "KV_"+bucket, jsget.Request{Seq: rev})
+	if errors.Is(err, jsget.ErrNoMessage) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return m.Header.Get(jetstream.StreamHeader), nil
+}
+
+// Forged is Republished for entry e of bucket, read within 5 s: the stream
+// that wrote it, or "" for an entry a client put. A read that fails says
+// "" (what the entry is cannot be told) and returns its error.
+func Forged(ctx context.Context, nc *nats.Conn, bucket string, e jetstream.KeyValueEntry) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return Republished(ctx, nc, bucket, e.Revision())
 }

@@ -8,9 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/capstan-dev/capstan/internal/oplog"
 )
 
@@ -30,7 +32,7 @@ func Watch(ctx context.Context, js jetstream.JetStream, n broker.Names, log *slo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &bucket{log: log, onPut: onPut, pauses: map[string]*Pause{}}
+	b := &bucket{ctx: ctx, nc: js.Conn(), name: n.PausesBucket(), log: log, onPut: onPut, pauses: map[string]*Pause{}}
 	return oplog.FollowCopy(ctx, js, n.PausesBucket(), "", log, b.apply)
 }
 
@@ -59,6 +61,9 @@ func honoured(key string, p *Pause) error {
 
 // bucket is what the watcher has read of the bucket, by key.
 type bucket struct {
+	ctx   context.Context
+	nc    *nats.Conn
+	name  string
 	log   *slog.Logger
 	onPut func(*Pause)
 
@@ -70,6 +75,13 @@ type bucket struct {
 // which point no attempt it stops starts; then what the pause asks of what
 // runs already (onPut).
 func (b *bucket) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
+	if from, err := kvwatch.Forged(b.ctx, b.nc, b.name, e); from != "" {
+		// Not an admin's: what the copy held of the key stands.
+		b.log.Error("pause change not honoured: another stream republished it into the bucket", "key", e.Key(), "stream", from)
+		return
+	} else if err != nil {
+		b.log.Warn("pause change applied unchecked: its stored message could not be read", "key", e.Key(), "err", err)
+	}
 	var put *Pause
 	b.mu.Lock()
 	if e.Operation() == jetstream.KeyValuePut {

@@ -197,3 +197,29 @@ func (r *storeRig) watch() *Watcher {
 	r.t.Cleanup(w.Stop)
 	return w
 }
+
+// A current key written by a newer version (another schema version, a
+// field this one does not know) may mean what this version cannot honour:
+// every call fails closed, not the set it names as this version reads it.
+func TestWatch_ACurrentKeyOfANewerVersionFailsClosed(t *testing.T) {
+	t.Parallel()
+	r := newStoreRig(t)
+	ch, err := Apply(r.ctx, r.b.NC, r.b.Names, Applying{File: "p.cedar", Text: []byte(tenRules), Catalog: catalog, By: "admin", Reason: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := *ch.Current
+	newer.V = 99
+	b, err := json.Marshal(&newer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := r.bucket(false)
+	if _, err := kv.Put(r.ctx, currentKey, b); err != nil {
+		t.Fatal(err)
+	}
+	w := r.watch()
+	if s := w.Load(); s == nil || s.Err() == nil {
+		t.Fatalf("a current key of schema version 99: the worker's copy is %+v, not broken", s)
+	}
+}

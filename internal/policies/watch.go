@@ -11,7 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/capstan-dev/capstan/internal/oplog"
 )
 
@@ -46,6 +48,17 @@ type loader struct {
 
 // apply loads the version the current key names.
 func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
+	if from, err := kvwatch.Forged(l.ctx, l.js.Conn(), l.names.PoliciesBucket(), e); from != "" {
+		// Not an admin's: the set in force stands, and with none, every
+		// call fails closed.
+		l.log.Error("policy change not honoured: another stream republished it into the bucket", "stream", from)
+		if set.Load() == nil {
+			set.Store(Broken(0, fmt.Errorf("the policies in force were written by stream %s, not by an admin", from)))
+		}
+		return
+	} else if err != nil {
+		l.log.Warn("policy change applied unchecked: its stored message could not be read", "err", err)
+	}
 	l.mu.Lock()
 	l.change++
 	change := l.change
@@ -55,7 +68,12 @@ func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 		return
 	}
 	var cur Current
-	if err := json.Unmarshal(e.Value(), &cur); err != nil {
+	err := json.Unmarshal(e.Value(), &cur)
+	if err == nil {
+		// Written by another version, it may mean what this one cannot read.
+		err = envelope.CheckVersion(cur.V)
+	}
+	if err != nil {
 		l.log.Error("the policies in force do not decode: every call fails closed", "err", err)
 		set.Store(Broken(0, err))
 		return
