@@ -126,13 +126,16 @@ func testOnlyAdminsWriteOperatorBuckets(t *testing.T, r *rig) {
 	}
 }
 
-// A worker may create streams, and a stream's RePublish is stored by the
-// server past its creator's permissions: with the real worker credentials,
-// a stream republishing into the buckets only admins write does write them
-// (a pause lifted, a policy set removed, a principal granted). No worker
-// honours such a change: a running one keeps what the admin wrote, and one
-// starting then grants nothing the admin did not, and fails every call
-// closed under a policy set it cannot trust.
+// A worker may create streams and send requests in the buckets' account,
+// and what the server stores for it there is not held to its permissions:
+// with the real worker credentials, a stream republishing into the
+// buckets only admins write (with an empty Nats-Stream header of its own,
+// too), and a server's answer sent to a reply subject of theirs, do write
+// them (a pause lifted, a policy set removed, a principal granted). No
+// worker honours such a change: a running one keeps what the admin wrote,
+// and one starting then grants nothing the admin did not, and fails every
+// call closed under a policy set it cannot trust. (What this does not stop
+// is in docs/security.md: a worker is trusted with JetStream.)
 func TestPermissions_AWorkersRepublishingStreamChangesNoOperatorBucket(t *testing.T) {
 	t.Parallel()
 	testRepublishingChangesNoOperatorBucket(t, newRigOn(t, embedded))
@@ -204,6 +207,8 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 		{Subject: "evil." + n.PausesBucket() + "." + ch.Pause.Scope.Key(), Header: nats.Header{"KV-Operation": {"DEL"}}},
 		{Subject: "evil." + n.PoliciesBucket() + ".current", Data: []byte(`{"v":1,"version":0,"by":"admin"}`)},
 		{Subject: "evil." + n.GrantsBucket() + ".mallory", Data: mallory},
+		// An empty Nats-Stream of its own comes before the server's.
+		{Subject: "evil." + n.GrantsBucket() + ".mallory", Data: mallory, Header: nats.Header{"Nats-Stream": {""}}},
 	}
 	lastSeq := func(bucket string) uint64 {
 		s, err := r.admin.JS.Stream(ctx, "KV_"+bucket)
@@ -220,6 +225,13 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 		}
 		waitFor(t, "the republished "+m.Subject+" stored in "+bucket, func() bool { return lastSeq(bucket) > was })
 	}
+	// A server's answer sent to a reply subject of the bucket is stored
+	// there too: bytes that are no pause, which lift none.
+	was := lastSeq(n.PausesBucket())
+	if err := wnc.PublishRequest("$JS.API.INFO", "$KV."+n.PausesBucket()+"."+ch.Pause.Scope.Key(), nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the answer stored in "+n.PausesBucket(), func() bool { return lastSeq(n.PausesBucket()) > was })
 	// What the server stored reached the watchers: a probe written by the
 	// admin after the forged ones is applied once they are.
 	probe, err := pauses.Apply(ctx, admin, n, &pauses.Pause{Scope: pauses.Scope{Capability: "probe"}, Mode: pauses.Hold,

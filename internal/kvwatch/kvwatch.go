@@ -6,6 +6,7 @@ package kvwatch
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,13 +49,14 @@ func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, in
 	return loaded
 }
 
-// Republished names the stream whose RePublish stored revision rev of
-// bucket; "" when a client put it (or the revision is gone: a later one
-// follows). The server adds Nats-Stream to every message it republishes,
-// and no put carries it. The buckets only admins write take no such
-// message: a principal that may create streams (a worker) could otherwise
-// write them through a stream's RePublish, past the permissions that keep
-// it off the buckets' subjects.
+// Republished names the streams (in brackets) whose RePublish or direct get
+// stored revision rev of bucket; "" when a client put it (or the revision
+// is gone: a later one follows). The server adds Nats-Stream to every
+// message it republishes or answers a direct get with, and no put carries
+// it. The buckets only admins write take no such message: a principal that
+// may create streams or send requests in their account (a worker) could
+// otherwise write them so, past the permissions that keep it off the
+// buckets' subjects.
 func Republished(ctx context.Context, nc *nats.Conn, bucket string, rev uint64) (string, error) {
 	m, err := jsget.Get(ctx, nc, "KV_"+bucket, jsget.Request{Seq: rev})
 	if errors.Is(err, jsget.ErrNoMessage) {
@@ -63,7 +65,13 @@ func Republished(ctx context.Context, nc *nats.Conn, bucket string, rev uint64) 
 	if err != nil {
 		return "", err
 	}
-	return m.Header.Get(jetstream.StreamHeader), nil
+	// The header at all, whatever its first value: the server adds its own
+	// after those of the message it republishes, which may hold an empty one.
+	from := m.Header.Values(jetstream.StreamHeader)
+	if len(from) == 0 {
+		return "", nil
+	}
+	return "[" + strings.Join(from, ",") + "]", nil
 }
 
 // Forged is Republished for entry e of bucket, read within 5 s: the stream

@@ -87,9 +87,11 @@ func (b *bucket) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 	if e.Operation() == jetstream.KeyValuePut {
 		if p, err := decode(e.Key(), e.Value()); err != nil {
 			// Only admins write the bucket; a pause that does not read is
-			// logged loudly and dropped (capstan pauses names it too).
-			b.log.Error("pause not honoured: ignored", "key", e.Key(), "err", err)
-			delete(b.pauses, e.Key())
+			// logged loudly and not honoured (capstan pauses names it
+			// too). Written over a pause, it lifts nothing: bytes a worker
+			// can have the server store there (an answer sent to a reply
+			// subject of the bucket's) are no unpause.
+			b.log.Error("pause not honoured: ignored", "key", e.Key(), "err", err, "held", b.pauses[e.Key()] != nil)
 		} else {
 			b.pauses[e.Key()] = p
 			put = p

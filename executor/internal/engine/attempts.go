@@ -398,7 +398,9 @@ func (at *attempts) releaseLimits() {
 		release()
 		return
 	}
+	x.w.releasing.Add(1)
 	go func() {
+		defer x.w.releasing.Done()
 		select {
 		case <-returned:
 			release()

@@ -128,6 +128,7 @@ func (r *Runner) Serve(ctx context.Context, first []Queue, more <-chan Queue, co
 		w.baseCancel(errShutdown)
 	})
 	w.baseCancel(errShutdown)
+	w.releasing.Wait() // a slot being given back as the worker stops
 	return nil
 }
 
