@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/capstan-dev/capstan/auth"
+	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/grantwatch"
 	"github.com/capstan-dev/capstan/internal/pauses"
@@ -131,7 +132,8 @@ func testOnlyAdminsWriteOperatorBuckets(t *testing.T, r *rig) {
 // with the real worker credentials, a stream republishing into the
 // buckets only admins write (with an empty Nats-Stream header of its own,
 // too), and a server's answer sent to a reply subject of theirs, do write
-// them (a pause lifted, a policy set removed, a principal granted). No
+// them (a pause lifted, a policy set removed, a principal granted), and a
+// republished rollup would purge them: the buckets refuse it. No
 // worker honours such a change: a running one keeps what the admin wrote,
 // and one starting then grants nothing the admin did not, and fails every
 // call closed under a policy set it cannot trust. (What this does not stop
@@ -155,6 +157,11 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 		Reason: "mail loop", By: "admin"})
 	if err != nil {
 		t.Fatalf("the admin's pause: %v", err)
+	}
+	sms, err := pauses.Apply(ctx, admin, n, &pauses.Pause{Scope: pauses.Scope{Capability: "sms.send"}, Mode: pauses.Hold,
+		Reason: "sms loop", By: "admin"})
+	if err != nil {
+		t.Fatalf("the admin's second pause: %v", err)
 	}
 	applied, err := policies.Apply(ctx, admin, n, policies.Applying{File: "allow.cedar",
 		Text: []byte("permit (principal, action, resource);"), By: "admin", Reason: "testing"})
@@ -186,7 +193,7 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 		return p, c, g
 	}
 	running, runningPolicies, runningGrants := watchers()
-	if err := running.WaitRevision(ctx, ch.Revision); err != nil || running.Load().Len() != 1 {
+	if err := running.WaitRevision(ctx, sms.Revision); err != nil || running.Load().Len() != 2 {
 		t.Fatalf("the worker's pauses: %v, %d", err, running.Load().Len())
 	}
 	if err := runningPolicies.WaitRevision(ctx, applied.Revision); err != nil || runningPolicies.Load() == nil ||
@@ -195,7 +202,7 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 	}
 
 	// The worker's stream republishes evil.<bucket>.<key> as $KV.<bucket>.<key>.
-	if _, err := wjs.CreateStream(ctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"},
+	if _, err := wjs.CreateStream(ctx, jetstream.StreamConfig{Name: "EVIL", Subjects: []string{"evil.>"}, AllowRollup: true,
 		RePublish: &jetstream.RePublish{Source: "evil.>", Destination: "$KV.>"}}); err != nil {
 		t.Fatalf("the worker's stream: %v", err)
 	}
@@ -225,6 +232,12 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 		}
 		waitFor(t, "the republished "+m.Subject+" stored in "+bucket, func() bool { return lastSeq(bucket) > was })
 	}
+	// A republished rollup would purge every other key of the bucket as it
+	// is stored: the bucket refuses it.
+	if _, err := wjs.PublishMsg(ctx, &nats.Msg{Subject: "evil." + n.PausesBucket() + ".x", Data: []byte("{}"),
+		Header: nats.Header{"Nats-Rollup": {"all"}}}); err != nil {
+		t.Fatal(err)
+	}
 	// A server's answer sent to a reply subject of the bucket is stored
 	// there too: bytes that are no pause, which lift none.
 	was := lastSeq(n.PausesBucket())
@@ -242,8 +255,8 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 	if err := running.WaitRevision(ctx, probe.Revision); err != nil {
 		t.Fatal(err)
 	}
-	if got := running.Load(); got.Len() != 2 {
-		t.Errorf("a running worker holds %d pauses, want the admin's two: the forged delete lifted one", got.Len())
+	if got := running.Load(); got.Len() != 3 {
+		t.Errorf("a running worker holds %d pauses, want the admin's three: a forged change lifted one", got.Len())
 	}
 	if err := runningPolicies.WaitRevision(ctx, lastSeq(n.PoliciesBucket())); err != nil {
 		t.Fatal(err)
@@ -271,7 +284,10 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 	}
 
 	// A worker starting now.
-	_, startingPolicies, startingGrants := watchers()
+	startingPauses, startingPolicies, startingGrants := watchers()
+	if startingPauses.Load().Match("alice", "sms.send", envelope.Actor{Kind: "user", ID: "alice"}) == nil {
+		t.Errorf("a starting worker does not hold the admin's pause of sms.send: the rollup purged it")
+	}
 	if s := startingPolicies.Load(); s == nil || s.Err() == nil {
 		t.Errorf("a starting worker's policies: %+v, want a broken set (every call fails closed)", s)
 	}

@@ -33,6 +33,9 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 			return fmt.Errorf("capstan auth: grants bucket: %w", err)
 		}
 	}
+	if err := broker.ForbidRollups(ctx, js, n.GrantsBucket()); err != nil {
+		return fmt.Errorf("capstan auth: grants bucket: refuse rollups: %w", err)
+	}
 	// The operators' buckets (DESIGN §18), empty until an admin pauses or
 	// applies a policy set, are made here by an admin: a stream of a
 	// worker's own on their subjects would otherwise keep them from ever
@@ -40,6 +43,9 @@ func PublishGrants(ctx context.Context, js jetstream.JetStream, s *Setup, replic
 	for _, b := range []string{n.PausesBucket(), n.PoliciesBucket()} {
 		if _, err := broker.OperatorBucket(ctx, js, b, true); err != nil {
 			return fmt.Errorf("capstan auth: bucket %s: %w", b, err)
+		}
+		if err := broker.ForbidRollups(ctx, js, b); err != nil {
+			return fmt.Errorf("capstan auth: bucket %s: refuse rollups: %w", b, err)
 		}
 	}
 	want := map[string]bool{}

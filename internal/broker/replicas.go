@@ -276,20 +276,44 @@ func describeGroup(info *jetstream.StreamInfo) string {
 	return fmt.Sprintf("replicas %d, leader %q, %d of %d followers current", info.Config.Replicas, ci.Leader, current, len(ci.Replicas))
 }
 
+// ForbidRollups makes bucket's stream refuse a rollup: a message that
+// would purge the bucket's other keys (or its own history) as it is
+// stored. Only admins write the buckets this is for, and they never purge
+// them; a worker could otherwise have a stream of its own republish one
+// into them (see kvwatch.Republished).
+func ForbidRollups(ctx context.Context, js jetstream.JetStream, bucket string) error {
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return err
+	}
+	cfg := s.CachedInfo().Config
+	if !cfg.AllowRollup {
+		return nil
+	}
+	cfg.AllowRollup = false
+	_, err = js.UpdateStream(ctx, cfg)
+	return err
+}
+
 // OperatorBucket opens one of the buckets of operators' controls that only
 // admins write (DESIGN §18: the pauses, the policy sets); with create, a
 // missing one is made: one value per key, on file, replicated as the
-// deployment is. Without create, a missing bucket is
-// jetstream.ErrBucketNotFound.
+// deployment is, refusing rollups (ForbidRollups). Without create, a
+// missing bucket is jetstream.ErrBucketNotFound.
 func OperatorBucket(ctx context.Context, js jetstream.JetStream, bucket string, create bool) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, bucket)
-	if err == nil || !create || !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return kv, err
+	if create && errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
+			Storage: jetstream.FileStorage, Replicas: DetectReplicas(ctx, js.Conn())})
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			kv, err = js.KeyValue(ctx, bucket)
+		}
 	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1,
-		Storage: jetstream.FileStorage, Replicas: DetectReplicas(ctx, js.Conn())})
-	if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return js.KeyValue(ctx, bucket)
+	if err == nil && create {
+		// An admin's change to come: the bucket refuses rollups from then
+		// on (and one made by an earlier version too). Hardening, not the
+		// change: a refusal here stops no pause (capstan auth push says it).
+		_ = ForbidRollups(ctx, js, bucket)
 	}
 	return kv, err
 }
