@@ -3,6 +3,7 @@ package auth_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -296,5 +297,52 @@ func testRepublishingChangesNoOperatorBucket(t *testing.T, r *rig) {
 	}
 	if _, ok := startingGrants.Lookup("alice"); !ok {
 		t.Errorf("a starting worker lost alice's grant")
+	}
+
+	// An admin's listing names what no worker honours; the admin's commands
+	// replace it (a compare-and-swap from the revision it was stored at,
+	// which its own headers hide from a key-value read).
+	fax := pauses.Pause{V: 1, Scope: pauses.Scope{Capability: "fax.send"}, Mode: pauses.Hold, Reason: "forged", By: "admin",
+		At: time.Now().UTC()}
+	faxed, err := json.Marshal(&fax)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was = lastSeq(n.PausesBucket())
+	if _, err := wjs.PublishMsg(ctx, &nats.Msg{Subject: "evil." + n.PausesBucket() + "." + fax.Scope.Key(), Data: faxed}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the republished pause of fax.send stored", func() bool { return lastSeq(n.PausesBucket()) > was })
+	pkv, err := pauses.Bucket(ctx, r.admin.JS, n, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed, err := pauses.List(ctx, admin, pkv)
+	if !errors.Is(err, pauses.ErrIgnored) || !strings.Contains(err.Error(), fax.Scope.Key()) || !strings.Contains(err.Error(), "EVIL") {
+		t.Errorf("the admin's listing of pauses: %v, want the forged fax.send named as ignored", err)
+	}
+	for _, p := range listed {
+		if p.Scope.Capability == "fax.send" {
+			t.Errorf("the admin's listing shows the forged pause of fax.send as in force")
+		}
+	}
+	again, err := pauses.Apply(ctx, admin, n, &pauses.Pause{Scope: pauses.Scope{Capability: "email.send"}, Mode: pauses.Hold,
+		Reason: "mail loop, again", By: "admin"})
+	if err != nil {
+		t.Fatalf("the admin pausing email.send again, over the forged removal: %v", err)
+	}
+	reapplied, err := policies.Apply(ctx, admin, n, policies.Applying{File: "allow.cedar",
+		Text: []byte("permit (principal, action, resource);"), By: "admin", Reason: "again"})
+	if err != nil {
+		t.Fatalf("the admin applying policies again, over the forged removal: %v", err)
+	}
+	later, laterPolicies, _ := watchers()
+	if err := later.WaitRevision(ctx, again.Revision); err != nil ||
+		later.Load().Match("alice", "email.send", envelope.Actor{Kind: "user", ID: "alice"}) == nil {
+		t.Errorf("a worker starting after the admin paused again does not hold email.send: %v", err)
+	}
+	if err := laterPolicies.WaitRevision(ctx, reapplied.Revision); err != nil || laterPolicies.Load() == nil ||
+		laterPolicies.Load().Err() != nil || laterPolicies.Load().Version != reapplied.Current.Version {
+		t.Errorf("a worker starting after the admin applied again: %v %+v, want v%d in force", err, laterPolicies.Load(), reapplied.Current.Version)
 	}
 }

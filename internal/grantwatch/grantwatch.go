@@ -95,7 +95,7 @@ func (g *Grants) rebind() {
 func (g *Grants) apply(e jetstream.KeyValueEntry) {
 	// Not an admin's: the grant held stands (none grants nothing).
 	if from, err := kvwatch.Forged(g.ctx, g.js.Conn(), g.names.GrantsBucket(), e); from != "" {
-		slog.Error("grant change not honoured: another stream republished it into the bucket", "principal", e.Key(), "stream", from)
+		slog.Error("grant change not honoured: no admin put it", "principal", e.Key(), "stored by", from)
 		return
 	} else if err != nil {
 		slog.Warn("grant change applied unchecked: its stored message could not be read", "principal", e.Key(), "err", err)

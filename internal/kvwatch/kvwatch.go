@@ -50,28 +50,58 @@ func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, in
 }
 
 // Republished names the streams (in brackets) whose RePublish or direct get
-// stored revision rev of bucket; "" when a client put it (or the revision
-// is gone: a later one follows). The server adds Nats-Stream to every
+// stored revision rev of bucket; Superseded when the revision is gone (a
+// later one follows); "" when a client put it. The server adds Nats-Stream to every
 // message it republishes or answers a direct get with, and no put carries
 // it. The buckets only admins write take no such message: a principal that
 // may create streams or send requests in their account (a worker) could
 // otherwise write them so, past the permissions that keep it off the
 // buckets' subjects.
 func Republished(ctx context.Context, nc *nats.Conn, bucket string, rev uint64) (string, error) {
-	m, err := jsget.Get(ctx, nc, "KV_"+bucket, jsget.Request{Seq: rev})
+	return republished(ctx, nc, bucket, jsget.Request{Seq: rev})
+}
+
+// Superseded is what Republished says of a revision no longer stored.
+const Superseded = "(superseded)"
+
+// LastRepublished is Republished of key's last message, with that
+// message's sequence: a key-value read may not say its revision rightly,
+// since a republished message's headers stand where that read takes it
+// from.
+func LastRepublished(ctx context.Context, nc *nats.Conn, bucket, key string) (from string, seq uint64, err error) {
+	m, err := jsget.Get(ctx, nc, "KV_"+bucket, jsget.Request{LastFor: "$KV." + bucket + "." + key})
 	if errors.Is(err, jsget.ErrNoMessage) {
-		return "", nil
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, err
+	}
+	return streamsOf(m), m.Sequence, nil
+}
+
+func republished(ctx context.Context, nc *nats.Conn, bucket string, req jsget.Request) (string, error) {
+	m, err := jsget.Get(ctx, nc, "KV_"+bucket, req)
+	if errors.Is(err, jsget.ErrNoMessage) {
+		// Gone: a later change of the key took its place, and is read in
+		// turn. What it was cannot be told, so it is not honoured.
+		return Superseded, nil
 	}
 	if err != nil {
 		return "", err
 	}
+	return streamsOf(m), nil
+}
+
+// streamsOf names the streams a stored message's Nats-Stream headers name,
+// in brackets; "" when it has none.
+func streamsOf(m *jetstream.RawStreamMsg) string {
 	// The header at all, whatever its first value: the server adds its own
 	// after those of the message it republishes, which may hold an empty one.
 	from := m.Header.Values(jetstream.StreamHeader)
 	if len(from) == 0 {
-		return "", nil
+		return ""
 	}
-	return "[" + strings.Join(from, ",") + "]", nil
+	return "[" + strings.Join(from, ",") + "]"
 }
 
 // Forged is Republished for entry e of bucket, read within 5 s: the stream

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 )
 
 // Retry runs step until it succeeds, fails otherwise than by no server
@@ -73,6 +74,13 @@ func Read[T any](ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue, key,
 	}
 	if err != nil {
 		return nil, 0, err
+	}
+	// Stored by another stream's republish (what a worker can do), it is
+	// no operator's: an error, with the revision a change replaces it from
+	// (the headers it was stored with stand where the read above takes its
+	// revision from).
+	if from, seq, err := kvwatch.LastRepublished(ctx, nc, kv.Bucket(), key); err == nil && from != "" {
+		return nil, seq, fmt.Errorf("capstan: %s was stored by stream %s's republish, not by an admin: no worker honours it", what, from)
 	}
 	var v T
 	if err := json.Unmarshal(data, &v); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/capstan-dev/capstan/internal/oplog"
 )
 
@@ -52,6 +53,10 @@ func List(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Pause, 
 		}
 		if err != nil {
 			return nil, err
+		}
+		if from, _, _ := kvwatch.LastRepublished(ctx, nc, kv.Bucket(), k); from != "" {
+			ignored = append(ignored, fmt.Errorf("pause %s was stored by stream %s's republish, not by an admin", k, from))
+			continue
 		}
 		p, err := decode(k, data)
 		if err != nil {

@@ -77,7 +77,7 @@ type bucket struct {
 func (b *bucket) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 	if from, err := kvwatch.Forged(b.ctx, b.nc, b.name, e); from != "" {
 		// Not an admin's: what the copy held of the key stands.
-		b.log.Error("pause change not honoured: another stream republished it into the bucket", "key", e.Key(), "stream", from)
+		b.log.Error("pause change not honoured: no admin put it", "key", e.Key(), "stored by", from)
 		return
 	} else if err != nil {
 		b.log.Warn("pause change applied unchecked: its stored message could not be read", "key", e.Key(), "err", err)

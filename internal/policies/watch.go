@@ -51,9 +51,9 @@ func (l *loader) apply(set *atomic.Pointer[Set], e jetstream.KeyValueEntry) {
 	if from, err := kvwatch.Forged(l.ctx, l.js.Conn(), l.names.PoliciesBucket(), e); from != "" {
 		// Not an admin's: the set in force stands, and with none, every
 		// call fails closed.
-		l.log.Error("policy change not honoured: another stream republished it into the bucket", "stream", from)
+		l.log.Error("policy change not honoured: no admin put it", "stored by", from)
 		if set.Load() == nil {
-			set.Store(Broken(0, fmt.Errorf("the policies in force were written by stream %s, not by an admin", from)))
+			set.Store(Broken(0, fmt.Errorf("the policies in force were stored by %s, not put by an admin", from)))
 		}
 		return
 	} else if err != nil {
