@@ -447,16 +447,21 @@ func current(b *broker.Broker, retention func(context.Context) time.Duration) fu
 		out := entries[:0]
 		kept, read := time.Duration(0), false
 		for _, e := range entries {
+			if e.Status != audit.EntryRunning && e.Status != audit.EntryQueued {
+				out = append(out, e)
+				continue
+			}
 			key := broker.Key(e.Principal, e.ExecutionID)
-			switch e.Status {
-			case audit.EntryRunning:
-				_, err := b.Envelopes.Get(ctx, key)
-				if err == nil {
+			_, err := b.Envelopes.Get(ctx, key)
+			switch {
+			case err == nil:
+				continue // ended
+			case e.Status == audit.EntryQueued:
+				rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
+				if errors.Is(err, broker.ErrNotFound) || err == nil && !givenBack(rec) {
 					continue
 				}
-				if !errors.Is(err, jetstream.ErrKeyNotFound) {
-					break
-				}
+			case errors.Is(err, jetstream.ErrKeyNotFound):
 				if !read {
 					kept, read = retention(ctx), true
 				}
@@ -468,20 +473,17 @@ func current(b *broker.Broker, retention func(context.Context) time.Duration) fu
 						continue
 					}
 				}
-			case audit.EntryQueued:
-				if _, err := b.Envelopes.Get(ctx, key); err == nil {
-					continue
-				}
-				rec, _, err := broker.Load[execution.Record](ctx, b.Executions, key)
-				if errors.Is(err, broker.ErrNotFound) || err == nil && rec.Worker != "" {
-					continue
-				}
 			}
 			out = append(out, e)
 		}
 		return out
 	}
 }
+
+// givenBack reports whether an execution's record says it waits in its
+// queue: the worker that held it gave it back (a pause or a limit's wait),
+// and it names none.
+func givenBack(rec *execution.Record) bool { return rec.Worker == "" }
 
 // olderThan reports whether since is longer ago than retention (never, for
 // a retention of 0: unknown, or for ever).
@@ -585,7 +587,7 @@ func (w *Worker) entryOf(ctx context.Context, r *approvals.Record, id string, re
 		if olderThan(r.ConsumedAt, w.envelopeRetention(ctx)) && notRenewed(rec, err) {
 			return e, false
 		}
-		if err == nil && rec.Worker == "" {
+		if err == nil && givenBack(rec) {
 			e.Status = audit.EntryQueued
 		}
 	}

@@ -298,8 +298,9 @@ func ForbidRollups(ctx context.Context, js jetstream.JetStream, bucket string) e
 // OperatorBucket opens one of the buckets of operators' controls that only
 // admins write (DESIGN §18: the pauses, the policy sets); with create, a
 // missing one is made: one value per key, on file, replicated as the
-// deployment is, refusing rollups (ForbidRollups). Without create, a
-// missing bucket is jetstream.ErrBucketNotFound.
+// deployment is (auth.PublishGrants, which makes them, has them refuse
+// rollups: ForbidRollups). Without create, a missing bucket is
+// jetstream.ErrBucketNotFound.
 func OperatorBucket(ctx context.Context, js jetstream.JetStream, bucket string, create bool) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if create && errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -308,12 +309,6 @@ func OperatorBucket(ctx context.Context, js jetstream.JetStream, bucket string, 
 		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			kv, err = js.KeyValue(ctx, bucket)
 		}
-	}
-	if err == nil && create {
-		// An admin's change to come: the bucket refuses rollups from then
-		// on (and one made by an earlier version too). Hardening, not the
-		// change: a refusal here stops no pause (capstan auth push says it).
-		_ = ForbidRollups(ctx, js, bucket)
 	}
 	return kv, err
 }

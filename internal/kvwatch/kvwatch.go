@@ -49,52 +49,56 @@ func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, in
 	return loaded
 }
 
-// Republished names the streams (in brackets) whose RePublish or direct get
-// stored revision rev of bucket; Superseded when the revision is gone (a
-// later one follows); "" when a client put it. The server adds Nats-Stream to every
-// message it republishes or answers a direct get with, and no put carries
-// it. The buckets only admins write take no such message: a principal that
-// may create streams or send requests in their account (a worker) could
-// otherwise write them so, past the permissions that keep it off the
-// buckets' subjects.
-func Republished(ctx context.Context, nc *nats.Conn, bucket string, rev uint64) (string, error) {
-	return republished(ctx, nc, bucket, jsget.Request{Seq: rev})
+// Forged names the streams (in brackets) whose RePublish or direct get
+// stored entry e of bucket, read within 5 s; superseded when its revision is
+// gone (a later change of the key took its place, and is read in turn: what
+// it was cannot be told, so it is not honoured); "" when a client put it.
+// The server adds Nats-Stream to every message it republishes or answers a
+// direct get with, and no put carries it. The buckets only admins write take
+// no such message: a principal that may create streams or send requests in
+// their account (a worker) could otherwise write them so, past the
+// permissions that keep it off the buckets' subjects. A read that fails
+// says "" and returns its error.
+func Forged(ctx context.Context, nc *nats.Conn, bucket string, e jetstream.KeyValueEntry) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	m, err := stored(ctx, nc, bucket, jsget.Request{Seq: e.Revision()})
+	switch {
+	case err != nil:
+		return "", err
+	case m == nil:
+		return superseded, nil
+	}
+	return storedBy(m), nil
 }
 
-// Superseded is what Republished says of a revision no longer stored.
-const Superseded = "(superseded)"
+// superseded is what Forged says of a revision no longer stored.
+const superseded = "(superseded)"
 
-// LastRepublished is Republished of key's last message, with that
-// message's sequence: a key-value read may not say its revision rightly,
-// since a republished message's headers stand where that read takes it
-// from.
+// LastRepublished is Forged of key's last message, with that message's
+// sequence: a key-value read may not say its revision rightly, since a
+// republished message's headers stand where that read takes it from.
 func LastRepublished(ctx context.Context, nc *nats.Conn, bucket, key string) (from string, seq uint64, err error) {
-	m, err := jsget.Get(ctx, nc, "KV_"+bucket, jsget.Request{LastFor: "$KV." + bucket + "." + key})
-	if errors.Is(err, jsget.ErrNoMessage) {
-		return "", 0, nil
-	}
-	if err != nil {
+	m, err := stored(ctx, nc, bucket, jsget.Request{LastFor: "$KV." + bucket + "." + key})
+	if m == nil || err != nil {
 		return "", 0, err
 	}
-	return streamsOf(m), m.Sequence, nil
+	return storedBy(m), m.Sequence, nil
 }
 
-func republished(ctx context.Context, nc *nats.Conn, bucket string, req jsget.Request) (string, error) {
+// stored reads bucket's message req names, as the stream stores it; nil
+// when there is none.
+func stored(ctx context.Context, nc *nats.Conn, bucket string, req jsget.Request) (*jetstream.RawStreamMsg, error) {
 	m, err := jsget.Get(ctx, nc, "KV_"+bucket, req)
 	if errors.Is(err, jsget.ErrNoMessage) {
-		// Gone: a later change of the key took its place, and is read in
-		// turn. What it was cannot be told, so it is not honoured.
-		return Superseded, nil
+		return nil, nil
 	}
-	if err != nil {
-		return "", err
-	}
-	return streamsOf(m), nil
+	return m, err
 }
 
-// streamsOf names the streams a stored message's Nats-Stream headers name,
+// storedBy names the streams a stored message's Nats-Stream headers name,
 // in brackets; "" when it has none.
-func streamsOf(m *jetstream.RawStreamMsg) string {
+func storedBy(m *jetstream.RawStreamMsg) string {
 	// The header at all, whatever its first value: the server adds its own
 	// after those of the message it republishes, which may hold an empty one.
 	from := m.Header.Values(jetstream.StreamHeader)
@@ -102,13 +106,4 @@ func streamsOf(m *jetstream.RawStreamMsg) string {
 		return ""
 	}
 	return "[" + strings.Join(from, ",") + "]"
-}
-
-// Forged is Republished for entry e of bucket, read within 5 s: the stream
-// that wrote it, or "" for an entry a client put. A read that fails says
-// "" (what the entry is cannot be told) and returns its error.
-func Forged(ctx context.Context, nc *nats.Conn, bucket string, e jetstream.KeyValueEntry) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	return Republished(ctx, nc, bucket, e.Revision())
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
-	"github.com/capstan-dev/capstan/internal/kvwatch"
 	"github.com/capstan-dev/capstan/internal/oplog"
 )
 
@@ -47,21 +46,20 @@ func List(ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) ([]*Pause, 
 	var out []*Pause
 	var ignored []error
 	for k := range keys.Keys() {
-		data, _, err := broker.GetConfirmed(ctx, nc, kv, k)
-		if errors.Is(err, broker.ErrNotFound) {
+		// What a worker reads of it (get): one that does not decode, or
+		// that another stream stored, with its revision still.
+		p, rev, err := get(ctx, nc, kv, k)
+		if err == nil {
+			err = honoured(k, p)
+		}
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
 			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if from, _, _ := kvwatch.LastRepublished(ctx, nc, kv.Bucket(), k); from != "" {
-			ignored = append(ignored, fmt.Errorf("pause %s was stored by stream %s's republish, not by an admin", k, from))
-			continue
-		}
-		p, err := decode(k, data)
-		if err != nil {
+		case err != nil && (rev > 0 || p != nil):
 			ignored = append(ignored, err)
 			continue
+		case err != nil:
+			return nil, err
 		}
 		out = append(out, p)
 	}
