@@ -51,8 +51,10 @@ func FollowThen(w jetstream.KeyWatcher, apply func(e jetstream.KeyValueEntry, in
 
 // Forged names the streams (in brackets) whose RePublish or direct get
 // stored entry e of bucket, read within 5 s; superseded when its revision is
-// gone (a later change of the key took its place, and is read in turn: what
-// it was cannot be told, so it is not honoured); "" when a client put it.
+// gone because a later change of the key took its place (read in turn: what
+// the gone one was cannot be told, so it is not honoured); "" when a client
+// put it, or when what it was cannot be told otherwise (on a cluster a get
+// can find no newest revision: a worker must not stay on an older change).
 // The server adds Nats-Stream to every message it republishes or answers a
 // direct get with, and no put carries it. The buckets only admins write take
 // no such message: a principal that may create streams or send requests in
@@ -63,16 +65,24 @@ func Forged(ctx context.Context, nc *nats.Conn, bucket string, e jetstream.KeyVa
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	m, err := stored(ctx, nc, bucket, jsget.Request{Seq: e.Revision()})
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", err
-	case m == nil:
-		return superseded, nil
+	}
+	if m == nil {
+		if m, err = stored(ctx, nc, bucket, jsget.Request{LastFor: "$KV." + bucket + "." + e.Key()}); m == nil || err != nil {
+			return "", err
+		}
+		switch {
+		case m.Sequence > e.Revision():
+			return superseded, nil
+		case m.Sequence < e.Revision():
+			return "", nil
+		}
 	}
 	return storedBy(m), nil
 }
 
-// superseded is what Forged says of a revision no longer stored.
+// superseded is what Forged says of a revision a later one took the place of.
 const superseded = "(superseded)"
 
 // LastRepublished is Forged of key's last message, with that message's
