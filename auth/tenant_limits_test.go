@@ -146,9 +146,55 @@ func TestTenant_APrincipalsLimitsHoldItsOwnCallsAlone(t *testing.T) {
 // them, even before another has sent anything.
 func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) {
 	t.Parallel()
-	e, _ := securedTenants(t)
+	const slots = 4
+	client, running, most := longCallsWorker(t, slots)
+	alice, bob := client("alice"), client("bob")
 	ctx := testCtx(t)
-	var running, most atomic.Int64
+	holding(t, ctx, alice, "t.long", 2*slots)
+	waitFor(t, "alice's calls take what she may of the worker", func() bool { return running.Load() >= slots-1 })
+	if env, err := bob.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("bob's call beside alice's long ones: %v %+v", err, env)
+	}
+	if n := running.Load(); n != slots-1 {
+		t.Errorf("%d of alice's calls run after bob's, want her %d still running", n, slots-1)
+	}
+	if m := most.Load(); m > slots-1 {
+		t.Errorf("alice held %d of %d slots at once, want all but the reserve", m, slots)
+	}
+}
+
+// Two principals' long calls together leave the reserve too: once all but
+// the reserve are in hand, a principal already holding a slot waits, and
+// each principal holding none takes one slot of it. Bob fills all he may,
+// erin takes one slot of the reserve and no more, and alice's call starts.
+func TestTenant_TwoPrincipalsLongCallsLeaveAThirdASlot(t *testing.T) {
+	t.Parallel()
+	const slots = 16 // a reserve of two
+	client, running, most := longCallsWorker(t, slots)
+	alice, bob, erin := client("alice"), client("bob"), client("erin")
+	ctx := testCtx(t)
+	holding(t, ctx, bob, "t.long", 2*slots)
+	waitFor(t, "bob's calls take all but the reserve", func() bool { return running.Load() >= slots-2 })
+	holding(t, ctx, erin, "t.long", 2*slots)
+	waitFor(t, "erin's first call takes a slot of the reserve", func() bool { return running.Load() >= slots-1 })
+	if env, err := alice.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
+		t.Fatalf("alice's call beside bob's and erin's long ones: %v %+v", err, env)
+	}
+	if n := running.Load(); n != slots-1 {
+		t.Errorf("%d of bob's and erin's calls run after alice's, want %d", n, slots-1)
+	}
+	if m := most.Load(); m > slots-1 {
+		t.Errorf("bob and erin held %d of %d slots at once, want all but the reserve's second slot", m, slots)
+	}
+}
+
+// longCallsWorker starts a secured deployment and a worker of slots
+// serving t.long, which holds until cancelled unless its input says not
+// to; it returns a client maker and the calls holding now and at most.
+func longCallsWorker(t *testing.T, slots int) (client func(principal string) *executor.Client, running, most *atomic.Int64) {
+	t.Helper()
+	e, _ := securedTenants(t)
+	running, most = new(atomic.Int64), new(atomic.Int64)
 	long := executor.Define("t.long", executor.Meta{Description: "Holds until cancelled.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Timeout: 10 * time.Minute},
 		func(ctx context.Context, c executor.Call[HoldInput]) (string, error) {
@@ -166,10 +212,9 @@ func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	const slots = 4
 	capstantest.Worker(t, reg, capstantest.WithConn(e.ConnectAs(t, auth.WorkerPrincipal)),
 		capstantest.WithConfig(executor.WorkerConfig{Pool: "tenant", Lease: 2 * time.Second, Concurrency: slots}))
-	client := func(principal string) *executor.Client {
+	client = func(principal string) *executor.Client {
 		c, err := executor.NewClient(e.ConnectAs(t, principal), executor.ClientConfig{Actor: envelope.Actor{Kind: envelope.ActorUser, ID: principal}})
 		if err != nil {
 			t.Fatal(err)
@@ -177,18 +222,7 @@ func TestTenant_LongCallsOfOnePrincipalLeaveTheReserveToTheOthers(t *testing.T) 
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	alice, bob := client("alice"), client("bob")
-	holding(t, ctx, alice, "t.long", 2*slots)
-	waitFor(t, "alice's calls take what she may of the worker", func() bool { return running.Load() >= slots-1 })
-	if env, err := bob.Call(ctx, "t.long", HoldInput{}); err != nil || env.Status != envelope.StatusCompleted {
-		t.Fatalf("bob's call beside alice's long ones: %v %+v", err, env)
-	}
-	if n := running.Load(); n != slots-1 {
-		t.Errorf("%d of alice's calls run after bob's, want her %d still running", n, slots-1)
-	}
-	if m := most.Load(); m > slots-1 {
-		t.Errorf("alice held %d of %d slots at once, want all but the reserve", m, slots)
-	}
+	return client, running, most
 }
 
 // holding submits n calls of capability that hold until cancelled, which

@@ -29,8 +29,8 @@ import (
 
 // A principal is a tenant (design §2, §6, §7, §17): one principal cannot take
 // another's effect, replay an approval, learn of another's approval, or fill
-// a limit the others need. Each attack runs with real credentials — alice and
-// bob, producers whose grants let them act as any user (two gateways), carol
+// a limit the others need. Each attack runs with real credentials — alice,
+// bob and erin, producers whose grants let them act as any user (gateways), carol
 // an approver of finance, dave of legal — against the demo catalog, on the
 // embedded server and on the official nats-server with the generated
 // configuration, and checks that nothing of the victim's changed and that
@@ -39,6 +39,7 @@ import (
 var tenantGrants = []auth.Grant{
 	{Principal: "alice", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
 	{Principal: "bob", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
+	{Principal: "erin", Role: auth.RoleProducer, Actors: []string{"user:*"}, Capabilities: []string{"*"}},
 	{Principal: "carol", Role: auth.RoleApprover, Actors: []string{"user:carol"}, Types: []string{"finance"}},
 	{Principal: "dave", Role: auth.RoleApprover, Actors: []string{"user:dave"}, Types: []string{"legal"}},
 }

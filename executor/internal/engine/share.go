@@ -8,21 +8,22 @@ import (
 
 // Fair share between principals (DESIGN §17): while this worker pulls
 // another principal's queue, or another principal has sent it a request
-// lately, one principal may hold at most all but a reserve of the worker's
-// slots, so that a principal's backlog of long calls never stands in front
-// of every other principal's calls — even of one that has sent nothing yet,
-// since a slot taken by a long call is not given back for it. A delivery
-// over its principal's share is left for later at once, before anything of
-// it is read or written. A worker that serves one principal alone lets it
-// use every slot.
+// lately, the principals already holding a slot may together hold at most
+// all but a reserve of the worker's slots, and the reserve goes one slot at
+// a time to principals holding none. So neither one principal's backlog of
+// long calls nor two principals' together stand in front of every other
+// principal's calls — even of one that has sent nothing yet, since a slot
+// taken by a long call is not given back for it. A delivery over the share
+// is left for later at once, before anything of it is read or written. A
+// worker that serves one principal alone lets it use every slot.
 
 // shareWindow is how long a principal counts as active after its last
 // delivery.
 const shareWindow = 10 * time.Second
 
-// Reserve is the slots of a worker of concurrency slots that one principal
-// may not hold while others are active: an eighth, at least one. A worker
-// of one slot reserves none.
+// Reserve is the slots of a worker of concurrency slots kept, while several
+// principals are active, for principals holding none: an eighth, at least
+// one. A worker of one slot reserves none.
 func Reserve(slots int) int {
 	if slots <= 1 {
 		return 0
@@ -32,10 +33,11 @@ func Reserve(slots int) int {
 
 // fairShare counts each principal's deliveries in hand.
 type fairShare struct {
-	mu   sync.Mutex
-	max  int // a principal's share while others are active; 0: no share
-	held map[string]int
-	seen map[string]time.Time
+	mu    sync.Mutex
+	max   int // the slots outside the reserve; 0: no share
+	total int // deliveries in hand, of every principal
+	held  map[string]int
+	seen  map[string]time.Time
 	// otherQueue reports whether the worker pulls the queue of a principal
 	// other than p (nil: none).
 	otherQueue func(p string) bool
@@ -49,17 +51,18 @@ func newFairShare(slots int, otherQueue func(p string) bool) *fairShare {
 	return f
 }
 
-// take counts a delivery of p at now, unless p holds its share while
-// another principal is active or has a queue here: then it reports false
-// and counts nothing.
+// take counts a delivery of p at now, unless p already holds a slot, only
+// the reserve is left, and another principal is active or has a queue
+// here: then it reports false and counts nothing.
 func (f *fairShare) take(p string, now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seen[p] = now
-	if f.max > 0 && f.held[p] >= f.max && (f.othersActive(p, now) || f.otherQueue != nil && f.otherQueue(p)) {
+	if f.max > 0 && f.held[p] > 0 && f.total >= f.max && (f.othersActive(p, now) || f.otherQueue != nil && f.otherQueue(p)) {
 		return false
 	}
 	f.held[p]++
+	f.total++
 	return true
 }
 
@@ -67,6 +70,7 @@ func (f *fairShare) take(p string, now time.Time) bool {
 func (f *fairShare) give(p string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.total--
 	if f.held[p]--; f.held[p] <= 0 {
 		delete(f.held, p)
 	}

@@ -57,6 +57,47 @@ func TestFairShare(t *testing.T) {
 	}
 }
 
+// Two principals each within its share cannot hold every slot together:
+// once all but the reserve are in hand, only a principal holding none
+// starts another, one slot at a time, and the two wait for their own calls.
+func TestFairShare_TheReserveIsForPrincipalsHoldingNone(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	f := newFairShare(16, nil) // a reserve of 2
+	for i := range 14 {
+		p := []string{"bob", "mallory"}[i%2]
+		if !f.take(p, now) {
+			t.Fatalf("%s's delivery %d, outside the reserve, refused", p, i)
+		}
+	}
+	for _, p := range []string{"bob", "mallory"} {
+		if f.take(p, now) {
+			t.Fatalf("%s, holding slots already, took the reserve", p)
+		}
+	}
+	if !f.take("alice", now) {
+		t.Fatal("alice, holding none, refused a slot of the reserve")
+	}
+	if f.take("alice", now) {
+		t.Fatal("alice took a second slot of the reserve")
+	}
+	if !f.take("carol", now) {
+		t.Fatal("carol, holding none, refused the last slot of the reserve")
+	}
+	f.give("bob")
+	if f.take("alice", now) {
+		t.Fatal("alice took bob's freed slot while only the reserve's share is free")
+	}
+	f.give("alice")
+	f.give("carol")
+	if !f.take("bob", now) {
+		t.Fatal("bob refused a slot outside the reserve")
+	}
+	if f.total != 14 {
+		t.Errorf("%d deliveries in hand, want 14 (held %v)", f.total, f.held)
+	}
+}
+
 // A principal alone on a worker that also pulls another principal's queue
 // holds its share all the same: a long call once started keeps its slot, so
 // the reserve must be there before the other principal sends anything.
