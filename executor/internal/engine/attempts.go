@@ -354,8 +354,10 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	if over.PrincipalUsed > 0 {
 		data["principalMax"], data["principalUsed"] = over.Limit.PrincipalMax, over.PrincipalUsed
 	}
-	// Outside the held trail: a wait drops what it holds.
-	x.w.emit(x.event(audit.EventLimited, data))
+	if action != limits.Wait || x.w.waits.first(x.key, x.w.now()) {
+		// Outside the held trail: a wait drops what it holds.
+		x.w.emit(x.event(audit.EventLimited, data))
+	}
 	switch action {
 	case limits.Refuse:
 		return Action{Do: Finish, end: failed(RateLimitedError(*over))}, false

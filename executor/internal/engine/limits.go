@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/capstan-dev/capstan/envelope"
@@ -13,6 +14,49 @@ import (
 // Limits (DESIGN §17): an admitted execution takes the limits its
 // admission lists before its first attempt, and gives its slot back when its
 // run ends. An execution of a capability without limits never comes here.
+
+// waitsFiled remembers the executions whose wait at a limit this worker put
+// on the trail lately. A waiting request comes back every few seconds until
+// its start deadline (a day by default); its trail says capability.limited
+// once every refileWait, not at each return, so that a principal's queue of
+// waiting requests does not fill the shared audit stream.
+type waitsFiled struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+const (
+	// refileWait is how often one execution's wait goes on the trail again.
+	refileWait = 5 * time.Minute
+	// mostWaitsFiled bounds what a worker remembers: past it (every entry
+	// recent), each wait is filed as it comes.
+	mostWaitsFiled = 100_000
+)
+
+// first reports whether the wait of key at now is not on the trail from
+// this worker within refileWait, and remembers it filed at now.
+func (f *waitsFiled) first(key string, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if at, ok := f.at[key]; ok && now.Sub(at) < refileWait {
+		return false
+	}
+	if f.at == nil {
+		f.at = map[string]time.Time{}
+	}
+	if len(f.at) >= mostWaitsFiled {
+		for k, at := range f.at {
+			if now.Sub(at) >= refileWait {
+				delete(f.at, k)
+			}
+		}
+		if len(f.at) >= mostWaitsFiled {
+			return true
+		}
+	}
+	f.at[key] = now
+	return true
+}
 
 // holderAlive judges a slot's holder whose lease, as recorded in the slots,
 // has passed: by its execution's record, the truth of its lease.

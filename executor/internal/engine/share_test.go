@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"testing"
 	"time"
 )
@@ -156,5 +157,32 @@ func TestShareDelay_BacksOffWithEachDelivery(t *testing.T) {
 				t.Fatalf("delivery %d: left for %v, want [%v, %v)", tt.n, d, tt.min, tt.max)
 			}
 		}
+	}
+}
+
+// A wait at a limit goes on the trail once every refileWait, however often
+// its request comes back; past what a worker remembers, each is filed.
+func TestWaitsFiled_OncePerExecutionAndWindow(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	var f waitsFiled
+	if !f.first("a", now) || f.first("a", now.Add(time.Second)) || f.first("a", now.Add(refileWait-time.Second)) {
+		t.Fatal("a's wait: filed at first, and again within the window")
+	}
+	if !f.first("b", now) {
+		t.Fatal("b's wait not filed beside a's")
+	}
+	if !f.first("a", now.Add(refileWait)) {
+		t.Fatal("a's wait not filed again after the window")
+	}
+	for i := len(f.at); i < mostWaitsFiled; i++ {
+		f.at[strconv.Itoa(i)] = now
+	}
+	later := now.Add(time.Minute)
+	if !f.first("c", later) || !f.first("c", later) {
+		t.Fatal("c's wait not filed each time with every entry recent")
+	}
+	if !f.first("d", now.Add(refileWait+time.Second)) || len(f.at) >= mostWaitsFiled {
+		t.Fatalf("expired entries kept: %d remembered", len(f.at))
 	}
 }

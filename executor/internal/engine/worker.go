@@ -120,6 +120,8 @@ type worker struct {
 	// share is the fair share of the pool's slots between principals, set
 	// by Serve.
 	share atomic.Pointer[fairShare]
+	// waits are the waits at a limit put on the trail lately.
+	waits waitsFiled
 	// retention is the envelope retention (nanoseconds) as last read: at
 	// the start, then by ReadEnvelopeRetention and before every refusal of
 	// a request for its id's age (a server may change it while workers run).
