@@ -12,6 +12,7 @@ import (
 
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/trailhint"
 )
 
 const (
@@ -74,7 +75,8 @@ var ErrNoEvents = fmt.Errorf("%w: no audit events", broker.ErrNotFound)
 // before, then the hour before, and, when it found some of the trail but not
 // its beginning, the shard from the stream's start. An id with no event from
 // an hour before its time is not found. An id that is not a UUIDv7 reads its
-// shard from the start. Stores of earlier versions are read too: the shard of
+// shard from the start, unless its reader knows when it was under way (the
+// workers do, from its record or envelope), and then from that time. Stores of earlier versions are read too: the shard of
 // the id alone when the key's shard has none of the trail, and the subject
 // per execution whenever the trail does not begin on the shards.
 //
@@ -122,6 +124,11 @@ func Read(ctx context.Context, nc *nats.Conn, prefix, principal, executionID str
 // earlier while the trail's beginning is missing (see Read).
 func (r *reader) read(ctx context.Context, shard string) ([]Event, error) {
 	made, v7 := idTime(r.id)
+	if !v7 {
+		// An id the caller chose: from when its reader knows it was under
+		// way, as from a UUIDv7's time.
+		made, v7 = trailhint.Time(ctx)
+	}
 	from := made.Add(-clockSlack)
 	if !v7 {
 		from = time.Time{}

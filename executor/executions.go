@@ -22,6 +22,7 @@ import (
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/execrpc"
 	"github.com/capstan-dev/capstan/internal/jsget"
+	"github.com/capstan-dev/capstan/internal/trailhint"
 	"github.com/capstan-dev/capstan/internal/wireerr"
 )
 
@@ -732,11 +733,6 @@ func (w *Worker) execution(ctx context.Context, principal string, req ExecutionR
 // executionOf is owner's execution id as v may see it.
 func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*ExecutionView, error) {
 	view := &ExecutionView{ExecutionID: id, Principal: owner, Scope: v.scope}
-	trail, err := audit.Read(ctx, w.b.NC, w.b.Names.Prefix(), owner, id)
-	if err != nil && !errors.Is(err, broker.ErrNotFound) {
-		return nil, err
-	}
-	view.Trail = trail
 	key := broker.Key(owner, id)
 	if rec, _, err := broker.LoadCurrent[execution.Record](ctx, w.b, w.b.Executions, key); err == nil {
 		view.Record = rec
@@ -748,6 +744,11 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 	} else if !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
+	trail, err := w.trailOf(ctx, view)
+	if err != nil {
+		return nil, err
+	}
+	view.Trail = trail
 	// The approvals behind it: asked for (its trail and envelope say which)
 	// or consumed by it, by its owner.
 	store := approvalstore.NewStore(w.b.Approvals, nil)
@@ -793,6 +794,36 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 		view.Record = &r
 	}
 	return view, nil
+}
+
+// trailOf reads the audit trail of view's execution. An id made as a
+// UUIDv7 says when to read its shard from; for one its caller chose, the
+// record or envelope says when it was under way, and an id with neither has
+// no trail read: the reading would walk its whole shard, one message get
+// for each message of other executions since the stream began, which a
+// principal could ask for fifty times a second.
+func (w *Worker) trailOf(ctx context.Context, view *ExecutionView) ([]audit.Event, error) {
+	if _, ok := envelope.ExecutionIDTime(view.ExecutionID); !ok {
+		var under time.Time
+		if r := view.Record; r != nil {
+			under = r.CreatedAt // claimed
+		}
+		if e := view.Envelope; e != nil {
+			took := e.FinalizedAt.Add(-time.Duration(e.DurationMs) * time.Millisecond)
+			if under.IsZero() || took.Before(under) {
+				under = took
+			}
+		}
+		if under.IsZero() {
+			return nil, nil
+		}
+		ctx = trailhint.WithTime(ctx, under)
+	}
+	trail, err := audit.Read(ctx, w.b.NC, w.b.Names.Prefix(), view.Principal, view.ExecutionID)
+	if err != nil && !errors.Is(err, broker.ErrNotFound) {
+		return nil, err
+	}
+	return trail, nil
 }
 
 // approvalIDs are the approvals an execution's trail, record and envelope name.
