@@ -92,6 +92,10 @@ func (d *delivery) pass() {
 // none once the delivery is settled. It is the one place where an action is
 // acted on.
 func (d *delivery) apply(a Action) Action {
+	if a.TakeOver && d.w.draining.Load() {
+		// Shutting down: a live worker takes it over.
+		return Action{Do: Wait}
+	}
 	if a.TakeOver {
 		return d.takeOver(a)
 	}
@@ -291,8 +295,10 @@ func rolloutDelay(most time.Duration, deliveries int) time.Duration {
 // capability c (nil: none served here; missing says why), and claims it.
 func (d *delivery) execute(c Definition) Action {
 	w, x := d.w, &d.x
-	if w.base.Err() != nil {
-		// Shutting down: leave it to a live worker rather than claim it.
+	if w.base.Err() != nil || w.draining.Load() {
+		// Shutting down: leave it to a live worker rather than claim it;
+		// begun while draining, it could outlast the grace and be
+		// abandoned mid-attempt.
 		return Action{Do: Wait}
 	}
 	if !w.cfg.DisableLeaseRenewal && (x.meta.Stored.IsZero() || w.now().Sub(x.meta.Stored) >= w.cfg.Lease/10) {

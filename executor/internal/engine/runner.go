@@ -122,6 +122,7 @@ func (r *Runner) Serve(ctx context.Context, first []Queue, more <-chan Queue, co
 			}
 		}
 	}
+	w.draining.Store(true)
 	w.log.Info("worker draining", "grace", grace)
 	r.in.drain(grace, func() {
 		w.log.Warn("grace period over: abandoning in-flight executions to a takeover", "inflight", w.inflight.len())

@@ -111,6 +111,9 @@ type worker struct {
 	// through a graceful shutdown until the grace period ends.
 	base       context.Context
 	baseCancel context.CancelCauseFunc
+	// draining is set once Serve stops pulling: a delivery it still hands
+	// out begins nothing new and is left to a live worker.
+	draining atomic.Bool
 	// releasing counts the slots to give back once an abandoned handler
 	// returns (releaseLimits): Serve returns once they are.
 	releasing sync.WaitGroup
