@@ -271,6 +271,50 @@ func TestDemoFlaky_ThreeFailuresFailAfterThreeAttempts(t *testing.T) {
 	}
 }
 
+// A write that is not idempotent and outlives its timeout may have taken
+// effect before it was stopped: its envelope tells the caller, and the
+// model, not to simply call again (not retryable, and why), where an
+// idempotent write's says another call is safe.
+func TestTimeout_AWriteThatMayHaveTakenEffectIsNotRetryable(t *testing.T) {
+	t.Parallel()
+	charged := make(chan struct{}, 2)
+	charge := func(id string, idempotent bool) executor.Capability {
+		return executor.Define(id, executor.Meta{Description: "Charges, then hangs.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectExternal, Idempotent: idempotent, Timeout: 200 * time.Millisecond},
+			func(ctx context.Context, _ executor.Call[struct{}]) (none, error) {
+				charged <- struct{}{} // the effect, then a hang past the timeout
+				<-ctx.Done()
+				return none{}, ctx.Err()
+			})
+	}
+	reg, err := executor.NewRegistry(charge("t.charge", false), charge("t.charge-idempotent", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := trackedWorker(t, reg)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	for _, tc := range []struct {
+		id        string
+		retryable bool
+	}{{"t.charge", false}, {"t.charge-idempotent", true}} {
+		got, err := c.Call(ctxT(t), tc.id, struct{}{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-charged
+		if got.Status != envelope.StatusCancelled || got.Error == nil || got.Error.Code != envelope.CodeTimeout || got.Attempts != 1 {
+			t.Fatalf("%s: status %s, attempts %d, error %+v", tc.id, got.Status, got.Attempts, got.Error)
+		}
+		fm := got.ForModel()
+		if got.Error.Retryable != tc.retryable || fm.Retryable != tc.retryable {
+			t.Errorf("%s: retryable %v, for the model %v; want %v", tc.id, got.Error.Retryable, fm.Retryable, tc.retryable)
+		}
+		if warned := strings.Contains(fm.Message, "may have taken effect"); warned == tc.retryable {
+			t.Errorf("%s: the model reads %q", tc.id, fm.Message)
+		}
+	}
+}
+
 // TestDemoSleep_TimesOutOnBothAttempts: the timeout arms per attempt, a
 // timeout is retried for a read, and a last timeout ends the execution as
 // status cancelled with code TIMEOUT.

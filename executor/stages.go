@@ -90,6 +90,10 @@ func (c *capability) Readmit(ctx context.Context, r engine.Request) engine.Admis
 // Timeout bounds one attempt.
 func (c *capability) Timeout() time.Duration { return c.timeout }
 
+// Rerunnable reports whether running the capability twice is harmless: no
+// write, or an idempotent one.
+func (c *capability) Rerunnable() bool { return !c.b.meta.SideEffect.writeLike() || c.b.meta.Idempotent }
+
 // Unclaimed reports whether the capability's runs need no claim (DESIGN
 // §14, "Reads without claims").
 func (c *capability) Unclaimed() bool { return c.b.unclaimed() }
@@ -114,7 +118,7 @@ func (c *capability) RetryEligible(err *envelope.CapabilityError) bool {
 	if m.maxAttempts() <= 0 || !err.Retryable {
 		return false
 	}
-	if m.SideEffect.writeLike() && !m.Idempotent {
+	if !c.Rerunnable() {
 		return false
 	}
 	return m.Retry.RetryOn == nil || c.retryOn(err)

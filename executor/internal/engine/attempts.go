@@ -636,7 +636,17 @@ func (at *attempts) contextError(attemptCtx context.Context) *envelope.Capabilit
 	return at.cancelledError()
 }
 
-func (at *attempts) timeoutError() *envelope.CapabilityError { return timeoutError(at.x.cap.Timeout()) }
+// timeoutError is the error of an attempt the runtime stopped at its
+// timeout. Of work that must not run twice, it is not retryable: the
+// handler ran, and may have taken effect before it was stopped.
+func (at *attempts) timeoutError() *envelope.CapabilityError {
+	e := timeoutError(at.x.cap.Timeout())
+	if !at.x.cap.Rerunnable() {
+		e.Retryable = false
+		e.Message += " It may have taken effect: check before calling it again."
+	}
+	return e
+}
 
 func (at *attempts) cancelledError() *envelope.CapabilityError {
 	x := at.x
@@ -649,7 +659,8 @@ func (at *attempts) cancelledError() *envelope.CapabilityError {
 
 // afterRun is the outcome of a last attempt that failed. A timeout is the
 // runtime stopping the handler, as a cancel is: status cancelled, code
-// TIMEOUT (still retryable for the caller), event capability.cancelled. A
+// TIMEOUT (retryable for the caller when the work may run twice), event
+// capability.cancelled. A
 // failure the handler reported is status failed, event capability.failed.
 func afterRun(cerr *envelope.CapabilityError) *outcome {
 	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {

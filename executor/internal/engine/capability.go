@@ -40,6 +40,10 @@ type Definition interface {
 	// Recovery is what the capability declares for an attempt whose
 	// outcome was lost: its reconciler, if any (DESIGN §5).
 	Recovery() Recovery
+	// Rerunnable: running it twice is harmless (a read, or a write declared
+	// idempotent). A timed-out attempt of other work may have taken effect,
+	// and its envelope tells the caller not to simply call again.
+	Rerunnable() bool
 	// Unclaimed: a read whose runs need no claim (DESIGN §4, "Reads without
 	// claims"): no record is written for it, and a run lost with its worker
 	// runs again; the envelope's create-only write alone decides its end.

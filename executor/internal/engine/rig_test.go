@@ -62,6 +62,7 @@ func (c *testCap) Retry(n int, err *envelope.CapabilityError) (time.Duration, bo
 }
 func (c *testCap) Recovery() Recovery { return Recovery{} }
 func (c *testCap) Unclaimed() bool    { return c.unclaimed }
+func (c *testCap) Rerunnable() bool   { return true }
 
 // testUnit runs its capability's handler.
 type testUnit struct{ c *testCap }
