@@ -92,7 +92,9 @@ func (c *capability) Timeout() time.Duration { return c.timeout }
 
 // Rerunnable reports whether running the capability twice is harmless: no
 // write, or an idempotent one.
-func (c *capability) Rerunnable() bool { return !c.b.meta.SideEffect.writeLike() || c.b.meta.Idempotent }
+func (c *capability) Rerunnable() bool {
+	return !c.b.meta.SideEffect.writeLike() || c.b.meta.Idempotent
+}
 
 // Unclaimed reports whether the capability's runs need no claim (DESIGN
 // §14, "Reads without claims").
