@@ -145,7 +145,7 @@ func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 					return limited
 				}
 				return nil
-			}); !errors.Is(err, limited) {
+			}, audit.FromStart()); !errors.Is(err, limited) {
 				t.Fatalf("following the waiting call: %v", err)
 			}
 			if tc.cancel {

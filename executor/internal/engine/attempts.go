@@ -354,7 +354,12 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	if over.PrincipalUsed > 0 {
 		data["principalMax"], data["principalUsed"] = over.Limit.PrincipalMax, over.PrincipalUsed
 	}
-	if action != limits.Wait || x.w.waits.first(x.key, x.w.now()) {
+	// Filed once per limit (and its principal's share of it) it waits at.
+	waitKey := x.key + " " + over.Limit.String()
+	if over.PrincipalUsed > 0 {
+		waitKey += " principal"
+	}
+	if action != limits.Wait || x.w.waits.first(waitKey, x.w.now()) {
 		// Outside the held trail: a wait drops what it holds.
 		x.w.emit(x.event(audit.EventLimited, data))
 	}
