@@ -153,11 +153,12 @@ func signalContext() (context.Context, context.CancelFunc) {
 // embedded is a running embedded server with capstan's and the demo's
 // resources provisioned, and a connection to it.
 type embedded struct {
-	srv *server.Server
-	nc  *nats.Conn
-	b   *broker.Broker
-	js  jetstream.JetStream
-	url string
+	srv    *server.Server
+	unlock func() // releases the store once the server is down
+	nc     *nats.Conn
+	b      *broker.Broker
+	js     jetstream.JetStream
+	url    string
 }
 
 // startEmbedded starts the server and provisions the resources, retrying
@@ -169,14 +170,16 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		bcfg.Logger = log // what provisioning changes, the envelope retention
 	}
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
-	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	s, err := natsserver.Start(opts)
+	unlock, err := natsserver.LockStore(opts.StoreDir)
 	if err != nil {
 		return nil, err
 	}
-	e := &embedded{srv: s, url: natsserver.ClientURL(s)}
+	s, err := natsserver.Start(opts)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	e := &embedded{srv: s, url: natsserver.ClientURL(s), unlock: unlock}
 	co := broker.ConnectOptions{URL: e.url, Name: "capstan server", Prefix: bcfg.Prefix}
 	if setup != nil {
 		co.Creds = setup.CredsPath(auth.AdminPrincipal)
@@ -227,6 +230,7 @@ func (e *embedded) stop() {
 	}
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+	e.unlock()
 }
 
 // serverEnvironment is what the server's help says of the Go runtime's

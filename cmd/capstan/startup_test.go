@@ -50,3 +50,31 @@ func TestCall_StartWithin_PoolDown_NotStarted(t *testing.T) {
 		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }
+
+// A second dev or server on a store another one serves is refused before its
+// server reads the store: two servers on one JetStream store lose each
+// other's messages. Once the first stops, the store is free again.
+func TestDev_StoreInUse_SecondRefusedFirstUnharmed(t *testing.T) {
+	t.Parallel()
+	store := t.TempDir()
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	first := startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", store,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "off", "--grace", "5s")
+	for _, second := range [][]string{{"dev", "--console", "off"}, {"server"}} {
+		args := append(second, "--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		stdout, stderr, code := capstan(t, url, args...)
+		if code == exitOK || !strings.Contains(stderr, "in use by another process") || !strings.Contains(stderr, "--store") {
+			t.Fatalf("capstan %s: exit %d\n%s\n%s", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"still":"here"}`)
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) {
+		t.Fatalf("call on the first: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code := first.stop(t); code != exitOK {
+		t.Fatalf("first dev exit %d", code)
+	}
+	startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", store,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--console", "off", "--grace", "5s")
+}
