@@ -224,7 +224,7 @@ func runSubmit(args []string) int {
 		var u *executor.UnservedError
 		if errors.As(c.Serving(ctx, pos[0]), &u) {
 			u.ExecutionID, u.Queued = id, true
-			fmt.Fprintf(os.Stderr, "capstan: warning: %v\n", u)
+			fmt.Fprintf(os.Stderr, "capstan: warning: %s\n", strings.TrimPrefix(u.Error(), "capstan: "))
 		}
 	}
 	// For a person, the id alone on stdout (what a script captures too) and

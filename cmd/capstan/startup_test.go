@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A worker started before its server (a compose file or a rollout starting
@@ -77,4 +78,40 @@ func TestDev_StoreInUse_SecondRefusedFirstUnharmed(t *testing.T) {
 	}
 	startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", store,
 		"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--console", "off", "--grace", "5s")
+}
+
+// A capability whose only pool is down: `call --if-unserved refuse` submits
+// nothing and exits 7 naming the pool to start; `submit` queues it and warns
+// once, in the CLI's own voice.
+func TestSubmit_PoolDown_WarnsWhatToStart(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	env := []string{"CAPSTAN_NATS_URL=" + url}
+	startDaemon(t, "worker started", env, "worker", "--capabilities", "demo.echo")
+	comms := startDaemon(t, "worker started", env, "worker", "--pool", "comms", "--capabilities", "email.send")
+	comms.kill(t)
+	input := `{"to":"a@example.com","subject":"hi"}`
+	deadline := time.Now().Add(guard)
+	for {
+		// The pool is down once its liveness lapses.
+		_, stderr, code := capstan(t, url, "call", "email.send", "--input", input, "--if-unserved", "refuse", "--wait", "2s")
+		if code == exitUnserved {
+			if !strings.Contains(stderr, `capstan worker --pool comms`) {
+				t.Fatalf("exit 7 without what to start:\n%s", stderr)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call: exit %d, never %d\n%s", code, exitUnserved, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, url, "submit", "email.send", "--input", input)
+	if code != exitOK || strings.TrimSpace(stdout) == "" {
+		t.Fatalf("submit: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if !strings.HasPrefix(stderr, "capstan: warning: no live worker serves email.send") || strings.Count(stderr, "capstan:") != 1 {
+		t.Fatalf("submit's warning:\n%s", stderr)
+	}
 }
