@@ -168,7 +168,7 @@ func runCall(args []string) int {
 	}
 	defer closeClient()
 
-	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	ctx, interrupted, cancel := waitContext(*wait)
 	defer cancel()
 	show := newProgressShow(o, pf)
 	stopWaiting := waitingFor("the envelope of "+req.id, *wait, show)
@@ -178,7 +178,7 @@ func runCall(args []string) int {
 		if errors.Is(err, executor.ErrUnserved) {
 			return unservedError(err)
 		}
-		return awaitError(err, req.id, *wait)
+		return awaitError(err, req.id, *wait, interrupted())
 	}
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
 		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
@@ -258,7 +258,7 @@ func runAwait(args []string) int {
 	}
 	defer closeClient()
 
-	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	ctx, interrupted, cancel := waitContext(*wait)
 	defer cancel()
 	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
@@ -268,7 +268,7 @@ func runAwait(args []string) int {
 	env, err := c.Await(show.context(ctx), id)
 	stopWaiting()
 	if err != nil {
-		return awaitError(err, id, *wait)
+		return awaitError(err, id, *wait, interrupted())
 	}
 	return printEnvelope(o, env)
 }
@@ -288,8 +288,20 @@ func expiredError(err error, id string) int {
 	return fail(exitExpired, "%v: it will never be answered; its audit trail may still hold it: 'capstan audit %s'", err, id)
 }
 
-// awaitError reports a call or await that ended without an envelope.
-func awaitError(err error, id string, wait time.Duration) int {
+// waitContext ends after wait, or at SIGINT or SIGTERM (a second one ends
+// the process), which interrupted then tells.
+func waitContext(wait time.Duration) (ctx context.Context, interrupted func() bool, cancel context.CancelFunc) {
+	sig, stop := signalContext()
+	ctx, cancelWait := context.WithTimeout(sig, wait)
+	return ctx, func() bool { return sig.Err() != nil }, func() { cancelWait(); stop() }
+}
+
+// awaitError reports a call or await that ended without an envelope; one
+// the person interrupted is told the execution goes on, and how to find it.
+func awaitError(err error, id string, wait time.Duration, interrupted bool) int {
+	if interrupted {
+		return fail(exitInterrupted, "interrupted: stopped waiting; execution %s goes on unless it was never submitted: 'capstan await %s' waits again, 'capstan cancel %s' stops it", id, id, id)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fail(exitNoEnvelope, "no envelope for %s within %v; 'capstan await %s' waits again", id, wait, id)
 	}

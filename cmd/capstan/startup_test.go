@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +114,34 @@ func TestSubmit_PoolDown_WarnsWhatToStart(t *testing.T) {
 	}
 	if !strings.HasPrefix(stderr, "capstan: warning: no live worker serves email.send") || strings.Count(stderr, "capstan:") != 1 {
 		t.Fatalf("submit's warning:\n%s", stderr)
+	}
+}
+
+// Ctrl-C during `capstan call` stops the waiting, not the execution, and
+// says so with the id to await or cancel (exit 130); the call then ends as it
+// would have.
+func TestCall_Interrupted_SaysTheExecutionGoesOn(t *testing.T) {
+	t.Parallel()
+	_, url := startDev(t)
+	id := "01a25160-0000-7000-8000-00000000c7c1"
+	call := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "call", "demo.report", "--id", id,
+		"--input", `{"pages":30,"pageMs":100}`, "--follow")
+	call.waitOutput(t, "progress ")
+	if err := call.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-call.exited:
+	case <-time.After(guard):
+		t.Fatal("call did not exit after SIGINT")
+	}
+	out := call.out.String()
+	if code := call.cmd.ProcessState.ExitCode(); code != exitInterrupted ||
+		!strings.Contains(out, "capstan await "+id) || !strings.Contains(out, "goes on") {
+		t.Fatalf("interrupted call: exit %d\n%s", code, out)
+	}
+	stdout, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1m")
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) {
+		t.Fatalf("await after the interrupt: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }
