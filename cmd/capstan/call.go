@@ -11,9 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
 // submitTimeout bounds publishing one request.
@@ -178,6 +182,12 @@ func runCall(args []string) int {
 		if errors.Is(err, executor.ErrUnserved) {
 			return unservedError(err)
 		}
+		if errors.Is(err, context.DeadlineExceeded) && !interrupted() {
+			if p := heldBy(c.Conn(), principalName(conn), capID, req.client.Actor); p != nil {
+				return fail(exitNoEnvelope, "no envelope for %s within %v: %s is paused (by %s %s ago: %q); the call waits in its queue until 'capstan unpause %s --reason TEXT' (an admin's) lifts the pause; 'capstan await %s' waits again",
+					req.id, *wait, p.Scope, p.By, time.Since(p.At).Round(time.Second), p.Reason, p.Scope.Flags(), req.id)
+			}
+		}
 		return awaitError(err, req.id, *wait, interrupted())
 	}
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
@@ -286,6 +296,24 @@ func unservedError(err error) int {
 // expiredError reports an execution whose envelope is no longer kept.
 func expiredError(err error, id string) int {
 	return fail(exitExpired, "%v: it will never be answered; its audit trail may still hold it: 'capstan audit %s'", err, id)
+}
+
+// heldBy returns the pause that holds a call of capabilityID, when the
+// caller may read the pauses: a call that got no envelope in time because an
+// operator paused it is told why. Nil when none does, or it cannot tell.
+func heldBy(nc *nats.Conn, principal, capabilityID string, actor envelope.Actor) *pauses.Pause {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil
+	}
+	kv, err := pauses.Bucket(ctx, js, names, false)
+	if err != nil {
+		return nil
+	}
+	list, _ := pauses.List(ctx, nc, kv) // the pauses honoured, whatever else the bucket holds
+	return pauses.NewSet(list).Match(principal, capabilityID, actor)
 }
 
 // waitContext ends after wait, or at SIGINT or SIGTERM (a second one ends

@@ -145,3 +145,19 @@ func TestCall_Interrupted_SaysTheExecutionGoesOn(t *testing.T) {
 		t.Fatalf("await after the interrupt: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }
+
+// A call a pause holds gets no envelope within --wait; it is told the pause
+// is why (what, by whom, the reason) and what lifts it, not "no envelope"
+// alone.
+func TestCall_HeldByAPause_SaysSoAndHowToLiftIt(t *testing.T) {
+	t.Parallel()
+	_, url := startDev(t)
+	if _, stderr, code := capstan(t, url, "pause", "demo.echo", "--reason", "maintenance window"); code != exitOK {
+		t.Fatalf("pause: exit %d\n%s", code, stderr)
+	}
+	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{}`, "--wait", "2s")
+	if code != exitNoEnvelope || !strings.Contains(stderr, "demo.echo is paused") ||
+		!strings.Contains(stderr, "maintenance window") || !strings.Contains(stderr, "capstan unpause demo.echo") {
+		t.Fatalf("held call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
