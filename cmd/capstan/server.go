@@ -174,6 +174,10 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 	if err != nil {
 		return nil, err
 	}
+	if err := portFree(opts.Host, opts.Port); err != nil {
+		unlock()
+		return nil, err
+	}
 	s, err := natsserver.Start(opts)
 	if err != nil {
 		unlock()
@@ -222,6 +226,26 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// portFree refuses a client port another process listens on, saying what to
+// do, before the server starts (whose own error is the bind's alone).
+func portFree(host string, port int) error {
+	if port <= 0 {
+		return nil // any free port
+	}
+	if host == "" {
+		host = "127.0.0.1" // as the server's own default
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s is in use by another process (another 'capstan dev' or 'capstan server', or a NATS server?): stop it, point your clients at it, or listen elsewhere with --listen (e.g. --listen 127.0.0.1:0, any free port)", addr)
+	}
+	if err != nil {
+		return nil // the server says what is wrong with it
+	}
+	return l.Close()
 }
 
 func (e *embedded) stop() {

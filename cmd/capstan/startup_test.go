@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -159,5 +160,21 @@ func TestCall_HeldByAPause_SaysSoAndHowToLiftIt(t *testing.T) {
 	if code != exitNoEnvelope || !strings.Contains(stderr, "demo.echo is paused") ||
 		!strings.Contains(stderr, "maintenance window") || !strings.Contains(stderr, "capstan unpause demo.echo") {
 		t.Fatalf("held call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// A dev whose --listen port another process holds says so and how to listen
+// elsewhere, not the bind error alone.
+func TestDev_PortInUse_SaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr := l.Addr().String()
+	stdout, stderr, code := capstan(t, "nats://"+addr, "dev", "--store", t.TempDir(), "--listen", addr, "--console", "off")
+	if code == exitOK || !strings.Contains(stderr, addr+" is in use by another process") || !strings.Contains(stderr, "--listen 127.0.0.1:0") {
+		t.Fatalf("dev on a port in use: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }
