@@ -285,7 +285,7 @@ func runResume(args []string) int {
 // resumeAndAwait opens the resume's execution, as the approval's requester,
 // and prints its envelope.
 func resumeAndAwait(c *executor.Client, o *outputFlags, approvalID string, wait time.Duration) int {
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	ctx, interrupted, cancel := waitContext(wait)
 	defer cancel()
 	id, err := c.SubmitResume(ctx, approvalID)
 	switch {
@@ -301,7 +301,7 @@ func resumeAndAwait(c *executor.Client, o *outputFlags, approvalID string, wait 
 	env, err := c.Await(show.context(ctx), id)
 	stopWaiting()
 	if err != nil {
-		return awaitError(err, id, wait)
+		return awaitError(err, id, wait, interrupted())
 	}
 	return printEnvelope(o, env)
 }

@@ -11,9 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
+	"github.com/capstan-dev/capstan/internal/pauses"
 )
 
 // submitTimeout bounds publishing one request.
@@ -168,7 +172,7 @@ func runCall(args []string) int {
 	}
 	defer closeClient()
 
-	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	ctx, interrupted, cancel := waitContext(*wait)
 	defer cancel()
 	show := newProgressShow(o, pf)
 	stopWaiting := waitingFor("the envelope of "+req.id, *wait, show)
@@ -178,7 +182,13 @@ func runCall(args []string) int {
 		if errors.Is(err, executor.ErrUnserved) {
 			return unservedError(err)
 		}
-		return awaitError(err, req.id, *wait)
+		if errors.Is(err, context.DeadlineExceeded) && !interrupted() {
+			if p := heldBy(c.Conn(), principalName(conn), capID, req.client.Actor); p != nil {
+				return fail(exitNoEnvelope, "no envelope for %s within %v: %s is paused (by %s %s ago: %q); the call waits in its queue until 'capstan unpause %s --reason TEXT' (an admin's) lifts the pause; 'capstan await %s' waits again",
+					req.id, *wait, p.Scope, p.By, time.Since(p.At).Round(time.Second), p.Reason, p.Scope.Flags(), req.id)
+			}
+		}
+		return awaitError(err, req.id, *wait, interrupted())
 	}
 	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
 		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
@@ -224,7 +234,7 @@ func runSubmit(args []string) int {
 		var u *executor.UnservedError
 		if errors.As(c.Serving(ctx, pos[0]), &u) {
 			u.ExecutionID, u.Queued = id, true
-			fmt.Fprintf(os.Stderr, "capstan: warning: %v\n", u)
+			fmt.Fprintf(os.Stderr, "capstan: warning: %s\n", strings.TrimPrefix(u.Error(), "capstan: "))
 		}
 	}
 	// For a person, the id alone on stdout (what a script captures too) and
@@ -258,7 +268,7 @@ func runAwait(args []string) int {
 	}
 	defer closeClient()
 
-	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	ctx, interrupted, cancel := waitContext(*wait)
 	defer cancel()
 	if id, err = resolveExecution(ctx, c.Conn(), conn, id); err != nil {
 		return usageError("%v", err)
@@ -268,7 +278,7 @@ func runAwait(args []string) int {
 	env, err := c.Await(show.context(ctx), id)
 	stopWaiting()
 	if err != nil {
-		return awaitError(err, id, *wait)
+		return awaitError(err, id, *wait, interrupted())
 	}
 	return printEnvelope(o, env)
 }
@@ -288,8 +298,38 @@ func expiredError(err error, id string) int {
 	return fail(exitExpired, "%v: it will never be answered; its audit trail may still hold it: 'capstan audit %s'", err, id)
 }
 
-// awaitError reports a call or await that ended without an envelope.
-func awaitError(err error, id string, wait time.Duration) int {
+// heldBy returns the pause that holds a call of capabilityID, when the
+// caller may read the pauses: a call that got no envelope in time because an
+// operator paused it is told why. Nil when none does, or it cannot tell.
+func heldBy(nc *nats.Conn, principal, capabilityID string, actor envelope.Actor) *pauses.Pause {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil
+	}
+	kv, err := pauses.Bucket(ctx, js, names, false)
+	if err != nil {
+		return nil
+	}
+	list, _ := pauses.List(ctx, nc, kv) // the pauses honoured, whatever else the bucket holds
+	return pauses.NewSet(list).Match(principal, capabilityID, actor)
+}
+
+// waitContext ends after wait, or at SIGINT or SIGTERM (a second one ends
+// the process), which interrupted then tells.
+func waitContext(wait time.Duration) (ctx context.Context, interrupted func() bool, cancel context.CancelFunc) {
+	sig, stop := signalContext()
+	ctx, cancelWait := context.WithTimeout(sig, wait)
+	return ctx, func() bool { return sig.Err() != nil }, func() { cancelWait(); stop() }
+}
+
+// awaitError reports a call or await that ended without an envelope; one
+// the person interrupted is told the execution goes on, and how to find it.
+func awaitError(err error, id string, wait time.Duration, interrupted bool) int {
+	if interrupted {
+		return fail(exitInterrupted, "interrupted: stopped waiting; execution %s goes on unless it was never submitted: 'capstan await %s' waits again, 'capstan cancel %s' stops it", id, id, id)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fail(exitNoEnvelope, "no envelope for %s within %v; 'capstan await %s' waits again", id, wait, id)
 	}

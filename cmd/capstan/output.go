@@ -23,6 +23,9 @@ const (
 	exitExpired    = 5 // the envelope is no longer kept
 	exitUnknown    = 6 // no such execution: nothing of it is stored
 	exitUnserved   = 7 // no live worker serves the capability
+	// SIGINT or SIGTERM while waiting for an envelope: the execution goes on
+	// (128 + SIGINT, what a shell reports for a process Ctrl-C ended).
+	exitInterrupted = 130
 )
 
 // printJSON writes v to stdout as indented JSON.

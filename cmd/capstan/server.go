@@ -153,11 +153,12 @@ func signalContext() (context.Context, context.CancelFunc) {
 // embedded is a running embedded server with capstan's and the demo's
 // resources provisioned, and a connection to it.
 type embedded struct {
-	srv *server.Server
-	nc  *nats.Conn
-	b   *broker.Broker
-	js  jetstream.JetStream
-	url string
+	srv    *server.Server
+	unlock func() // releases the store once the server is down
+	nc     *nats.Conn
+	b      *broker.Broker
+	js     jetstream.JetStream
+	url    string
 }
 
 // startEmbedded starts the server and provisions the resources, retrying
@@ -169,14 +170,20 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 		bcfg.Logger = log // what provisioning changes, the envelope retention
 	}
 	opts.Logger = newLogger(slog.LevelWarn) // the server's notices are noise here
-	if err := os.MkdirAll(opts.StoreDir, 0o755); err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	s, err := natsserver.Start(opts)
+	unlock, err := natsserver.LockStore(opts.StoreDir)
 	if err != nil {
 		return nil, err
 	}
-	e := &embedded{srv: s, url: natsserver.ClientURL(s)}
+	if err := portFree(opts.Host, opts.Port); err != nil {
+		unlock()
+		return nil, err
+	}
+	s, err := natsserver.Start(opts)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	e := &embedded{srv: s, url: natsserver.ClientURL(s), unlock: unlock}
 	co := broker.ConnectOptions{URL: e.url, Name: "capstan server", Prefix: bcfg.Prefix}
 	if setup != nil {
 		co.Creds = setup.CredsPath(auth.AdminPrincipal)
@@ -221,12 +228,33 @@ func startEmbedded(ctx context.Context, opts natsserver.Options, bcfg broker.Con
 	}
 }
 
+// portFree refuses a client port another process listens on, saying what to
+// do, before the server starts (whose own error is the bind's alone).
+func portFree(host string, port int) error {
+	if port <= 0 {
+		return nil // any free port
+	}
+	if host == "" {
+		host = "127.0.0.1" // as the server's own default
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	l, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s is in use by another process (another 'capstan dev' or 'capstan server', or a NATS server?): stop it, point your clients at it, or listen elsewhere with --listen (e.g. --listen 127.0.0.1:0, any free port)", addr)
+	}
+	if err != nil {
+		return nil // the server says what is wrong with it
+	}
+	return l.Close()
+}
+
 func (e *embedded) stop() {
 	if e.nc != nil {
 		e.nc.Close()
 	}
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+	e.unlock()
 }
 
 // serverEnvironment is what the server's help says of the Go runtime's

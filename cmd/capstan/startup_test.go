@@ -2,8 +2,11 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A worker started before its server (a compose file or a rollout starting
@@ -48,5 +51,130 @@ func TestCall_StartWithin_PoolDown_NotStarted(t *testing.T) {
 		"--start-within", "500ms")
 	if code != exitFailed || !strings.Contains(stdout, `"NOT_STARTED"`) {
 		t.Fatalf("call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// A second dev or server on a store another one serves is refused before its
+// server reads the store: two servers on one JetStream store lose each
+// other's messages. Once the first stops, the store is free again.
+func TestDev_StoreInUse_SecondRefusedFirstUnharmed(t *testing.T) {
+	t.Parallel()
+	store := t.TempDir()
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	first := startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", store,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port), "--console", "off", "--grace", "5s")
+	for _, second := range [][]string{{"dev", "--console", "off"}, {"server"}} {
+		args := append(second, "--store", store, "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		stdout, stderr, code := capstan(t, url, args...)
+		if code == exitOK || !strings.Contains(stderr, "in use by another process") || !strings.Contains(stderr, "--store") {
+			t.Fatalf("capstan %s: exit %d\n%s\n%s", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, url, "call", "-o", "json", "demo.echo", "--input", `{"still":"here"}`)
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) {
+		t.Fatalf("call on the first: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code := first.stop(t); code != exitOK {
+		t.Fatalf("first dev exit %d", code)
+	}
+	startDaemon(t, "capstan call demo.echo", nil, "dev", "--store", store,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--console", "off", "--grace", "5s")
+}
+
+// A capability whose only pool is down: `call --if-unserved refuse` submits
+// nothing and exits 7 naming the pool to start; `submit` queues it and warns
+// once, in the CLI's own voice.
+func TestSubmit_PoolDown_WarnsWhatToStart(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	startDaemon(t, serverReady, nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	env := []string{"CAPSTAN_NATS_URL=" + url}
+	startDaemon(t, "worker started", env, "worker", "--capabilities", "demo.echo")
+	comms := startDaemon(t, "worker started", env, "worker", "--pool", "comms", "--capabilities", "email.send")
+	comms.kill(t)
+	input := `{"to":"a@example.com","subject":"hi"}`
+	deadline := time.Now().Add(guard)
+	for {
+		// The pool is down once its liveness lapses.
+		_, stderr, code := capstan(t, url, "call", "email.send", "--input", input, "--if-unserved", "refuse", "--wait", "2s")
+		if code == exitUnserved {
+			if !strings.Contains(stderr, `capstan worker --pool comms`) {
+				t.Fatalf("exit 7 without what to start:\n%s", stderr)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call: exit %d, never %d\n%s", code, exitUnserved, stderr)
+		}
+	}
+	stdout, stderr, code := capstan(t, url, "submit", "email.send", "--input", input)
+	if code != exitOK || strings.TrimSpace(stdout) == "" {
+		t.Fatalf("submit: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if !strings.HasPrefix(stderr, "capstan: warning: no live worker serves email.send") || strings.Count(stderr, "capstan:") != 1 {
+		t.Fatalf("submit's warning:\n%s", stderr)
+	}
+}
+
+// Ctrl-C during `capstan call` stops the waiting, not the execution, and
+// says so with the id to await or cancel (exit 130); the call then ends as it
+// would have.
+func TestCall_Interrupted_SaysTheExecutionGoesOn(t *testing.T) {
+	t.Parallel()
+	_, url := startDev(t)
+	id := "01a25160-0000-7000-8000-00000000c7c1"
+	call := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "call", "demo.report", "--id", id,
+		"--input", `{"pages":30,"pageMs":100}`, "--follow")
+	call.waitOutput(t, "progress ")
+	if err := call.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-call.exited:
+	case <-time.After(guard):
+		t.Fatal("call did not exit after SIGINT")
+	}
+	out := call.out.String()
+	if code := call.cmd.ProcessState.ExitCode(); code != exitInterrupted ||
+		!strings.Contains(out, "capstan await "+id) || !strings.Contains(out, "goes on") {
+		t.Fatalf("interrupted call: exit %d\n%s", code, out)
+	}
+	stdout, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1m")
+	if code != exitOK || !strings.Contains(stdout, `"completed"`) {
+		t.Fatalf("await after the interrupt: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// A call a pause holds gets no envelope within --wait; it is told the pause
+// is why (what, by whom, the reason) and what lifts it, not "no envelope"
+// alone.
+func TestCall_HeldByAPause_SaysSoAndHowToLiftIt(t *testing.T) {
+	t.Parallel()
+	_, url := startDev(t)
+	if _, stderr, code := capstan(t, url, "pause", "demo.echo", "--reason", "maintenance window"); code != exitOK {
+		t.Fatalf("pause: exit %d\n%s", code, stderr)
+	}
+	stdout, stderr, code := capstan(t, url, "call", "demo.echo", "--input", `{}`, "--wait", "2s")
+	if code != exitNoEnvelope || !strings.Contains(stderr, "demo.echo is paused") ||
+		!strings.Contains(stderr, "maintenance window") || !strings.Contains(stderr, "capstan unpause demo.echo") {
+		t.Fatalf("held call: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// A dev whose --listen port another process holds says so and how to listen
+// elsewhere, not the bind error alone.
+func TestDev_PortInUse_SaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	addr := l.Addr().String()
+	stdout, stderr, code := capstan(t, "nats://"+addr, "dev", "--store", t.TempDir(), "--listen", addr, "--console", "off")
+	if code == exitOK || !strings.Contains(stderr, addr+" is in use by another process") || !strings.Contains(stderr, "--listen 127.0.0.1:0") {
+		t.Fatalf("dev on a port in use: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 }

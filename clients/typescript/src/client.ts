@@ -4,7 +4,7 @@
 // (docs/wire.md).
 
 import { readFile } from "node:fs/promises";
-import { credsAuthenticator, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
+import { credsAuthenticator, errors as natsErrors, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core";
 import { connect as natsConnect, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { jetstream, type JetStreamClient, JetStreamApiError } from "@nats-io/jetstream";
 import { CapabilityError, CapstanError, ExpiredError, UnservedError } from "./errors.js";
@@ -244,11 +244,22 @@ export async function connect(options: ConnectOptions = {}): Promise<Client> {
     }
     opts.tls = { ...options.tls };
   }
+  const web = serversOf(options.servers).find((u) => /^https?:\/\//i.test(u));
+  if (web !== undefined) {
+    throw new CapstanError(
+      "INVALID_ARGUMENT",
+      `capstan: ${redact(web)} is a web address, not a NATS server's: NATS URLs begin nats:// (e.g. ${defaultURL}); the console's address is not the NATS server's`,
+    );
+  }
   let nc: NatsConnection;
   try {
     nc = await natsConnect(opts);
   } catch (err) {
-    throw new CapstanError("TRANSPORT", `capstan: connect to ${redact(opts.servers)}: ${(err as Error).message}`, { cause: err });
+    let hint = "";
+    if (err instanceof natsErrors.ConnectionError || err instanceof natsErrors.TimeoutError) {
+      hint = `. No NATS server answers at ${redact(opts.servers)}: start one with 'capstan dev' (a server and a demo worker) or 'capstan server', or point at yours with the servers option or CAPSTAN_NATS_URL`;
+    }
+    throw new CapstanError("TRANSPORT", `capstan: connect to ${redact(opts.servers)}: ${(err as Error).message}${hint}`, { cause: err });
   }
   try {
     return await Client.open(nc, { ...options, ownsConnection: true });
