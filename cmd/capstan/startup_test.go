@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capstan-dev/capstan/envelope"
 )
 
 // A worker started before its server (a compose file or a rollout starting
@@ -124,7 +126,7 @@ func TestSubmit_PoolDown_WarnsWhatToStart(t *testing.T) {
 func TestCall_Interrupted_SaysTheExecutionGoesOn(t *testing.T) {
 	t.Parallel()
 	_, url := startDev(t)
-	id := "01a25160-0000-7000-8000-00000000c7c1"
+	id := envelope.NewExecutionID() // a fresh UUIDv7: one from another time is taken for a record expired
 	call := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "call", "demo.report", "--id", id,
 		"--input", `{"pages":30,"pageMs":100}`, "--follow")
 	call.waitOutput(t, "progress ")
