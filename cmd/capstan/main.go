@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 )
 
 // command is one subcommand. Adding a subcommand is one line in commands.
@@ -156,7 +157,7 @@ func printUsage(fs *flag.FlagSet, w io.Writer) {
 func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseExplained(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				printUsage(fs, os.Stdout)
 				return nil, exitOK, false
@@ -187,4 +188,43 @@ func parseFlags(fs *flag.FlagSet, args []string, want int) ([]string, int, bool)
 		return nil, exitUsage, false
 	}
 	return pos, 0, true
+}
+
+// parseExplained is fs.Parse, but a duration flag given a value that is not
+// one (5, 1x) says what it wants where the flag package says "parse error".
+// Its values are wrapped for the parse only, so that help still names their
+// type (-wait duration).
+func parseExplained(fs *flag.FlagSet, args []string) error {
+	var wrapped []*flag.Flag
+	fs.VisitAll(func(f *flag.Flag) {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				f.Value = durationValue{f.Value}
+				wrapped = append(wrapped, f)
+			}
+		}
+	})
+	defer func() {
+		for _, f := range wrapped {
+			f.Value = f.Value.(durationValue).Value
+		}
+	}()
+	return fs.Parse(args)
+}
+
+// durationValue is a duration flag's value while its flags are parsed.
+type durationValue struct{ flag.Value }
+
+func (d durationValue) Set(s string) error {
+	if err := d.Value.Set(s); err != nil {
+		return errors.New("want a duration with a unit, like 30s, 2m or 1h30m")
+	}
+	return nil
+}
+
+func (d durationValue) String() string {
+	if d.Value == nil {
+		return "" // the zero value the flag package makes for its help
+	}
+	return d.Value.String()
 }

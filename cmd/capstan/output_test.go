@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -311,6 +313,52 @@ func TestStatus_SummaryByDefaultJSONOnRequest(t *testing.T) {
 // stderr, after "capstan CMD:", with the synopsis, and exits 2.
 func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 	t.Parallel()
+	for _, name := range commandNames() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			args := strings.Fields(name)
+			stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
+			if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
+				t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+			stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
+			if code != exitUsage || stdout != "" ||
+				!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
+				t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
+			}
+		})
+	}
+}
+
+// A duration flag given a number without a unit, or a unit Go does not
+// know, says what it wants, on every command that has one; its help still
+// names the flag's type.
+func TestDurationFlags_BadValueSaysWhatIsWanted(t *testing.T) {
+	t.Parallel()
+	durationFlag := regexp.MustCompile(`(?m)^  -([a-z-]+) duration$`)
+	seen := 0
+	for _, name := range commandNames() {
+		args := strings.Fields(name)
+		help, _, _ := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
+		for i, m := range durationFlag.FindAllStringSubmatch(help, -1) {
+			seen++
+			bad := []string{"5", "1x"}[i%2]
+			stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "--"+m[1], bad)...)
+			// Flags that take days too (90d) say so in their own words.
+			want := fmt.Sprintf("capstan %s: invalid value %q for flag -%s: want a duration ", name, bad, m[1])
+			first, usage, _ := strings.Cut(stderr, "\n")
+			if code != exitUsage || stdout != "" || !strings.HasPrefix(first, want) || !strings.Contains(usage, m[0]+"\n") {
+				t.Errorf("%s --%s %s: exit %d, stdout %q, stderr's first line %q", name, m[1], bad, code, stdout, first)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no command's help lists a duration flag")
+	}
+}
+
+// commandNames lists every command and subcommand, as typed after capstan.
+func commandNames() []string {
 	var names []string
 	for _, c := range commands {
 		switch c.name {
@@ -330,19 +378,5 @@ func TestHelpAndFlagErrors_OneFormAcrossCommands(t *testing.T) {
 			names = append(names, c.name)
 		}
 	}
-	for _, name := range names {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			args := strings.Fields(name)
-			stdout, stderr, code := capstan(t, "nats://127.0.0.1:1", append(args, "-h")...)
-			if code != exitOK || !strings.HasPrefix(stdout, "usage: capstan "+name+" ") || !strings.Contains(stdout, "\nflags:\n") {
-				t.Errorf("%s -h: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-			}
-			stdout, stderr, code = capstan(t, "nats://127.0.0.1:1", append(args, "--no-such-flag")...)
-			if code != exitUsage || stdout != "" ||
-				!strings.HasPrefix(stderr, "capstan "+name+": flag provided but not defined: -no-such-flag\nusage: capstan "+name+" ") {
-				t.Errorf("%s --no-such-flag: exit %d, stdout %q, stderr %q", name, code, stdout, stderr)
-			}
-		})
-	}
+	return names
 }
