@@ -62,6 +62,16 @@ func execSubject(capID string) func(string) string {
 	}
 }
 
+// capabilityArg refuses an id that can never name a capability (a wildcard,
+// an empty token) before anything is made or published for it: no execution
+// id is printed that no execution has.
+func capabilityArg(id string) error {
+	if err := envelope.ValidCapabilityID(id); err != nil {
+		return fmt.Errorf("%v: nothing was submitted; name one capability exactly, as 'capstan describe' lists them", err)
+	}
+	return nil
+}
+
 // defaultActor is the actor of a call that names none: the principal's user
 // with credentials (whose grant then decides), else the shell's user.
 func defaultActor(conn *connFlags) string {
@@ -156,6 +166,9 @@ func runCall(args []string) int {
 		return code
 	}
 	capID := pos[0]
+	if err := capabilityArg(capID); err != nil {
+		return usageError("%v", err)
+	}
 	req, err := rf.parse(conn)
 	if err != nil {
 		return usageError("%v", err)
@@ -190,9 +203,6 @@ func runCall(args []string) int {
 		}
 		return awaitError(err, req.id, *wait, interrupted())
 	}
-	if idErr := envelope.ValidCapabilityID(capID); idErr != nil {
-		fmt.Fprintf(os.Stderr, "capstan: refused before publishing: %v\n", idErr)
-	}
 	return printEnvelope(o, env)
 }
 
@@ -202,6 +212,9 @@ func runSubmit(args []string) int {
 	pos, code, ok := parseOutput(fs, args, 1, o)
 	if !ok {
 		return code
+	}
+	if err := capabilityArg(pos[0]); err != nil {
+		return usageError("%v", err)
 	}
 	req, err := rf.parse(conn)
 	if err != nil {

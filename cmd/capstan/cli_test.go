@@ -315,6 +315,12 @@ func TestExitCodes(t *testing.T) {
 		return s.CachedInfo().State.LastSeq
 	}
 
+	// A wildcard names no capability: what was meant, and where the ids are.
+	if _, stderr, _ := capstan(t, url, "call", "orders.*"); !strings.Contains(stderr, `capability id "orders.*" has the character '*'`) ||
+		!strings.Contains(stderr, "nothing was submitted") || !strings.Contains(stderr, "'capstan describe'") {
+		t.Errorf("call orders.*: %s", stderr)
+	}
+
 	emptyFile := filepath.Join(t.TempDir(), "empty.json")
 	if err := os.WriteFile(emptyFile, []byte(" \n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -328,9 +334,11 @@ func TestExitCodes(t *testing.T) {
 		published bool
 	}{
 		{"unknown capability fails", []string{"call", "nope.nothing"}, exitFailed, "CAPABILITY_NOT_FOUND", true},
-		{"wildcard id is refused unpublished", []string{"call", "orders.*"}, exitFailed, "CAPABILITY_NOT_FOUND", false},
-		{"empty token is refused unpublished", []string{"call", "a..b"}, exitFailed, "CAPABILITY_NOT_FOUND", false},
-		{"submit refuses an invalid id", []string{"submit", "orders.>"}, exitFailed, "", false},
+		// An id that can never name a capability is a usage error, with no
+		// execution id printed that 'capstan status' would not know.
+		{"wildcard id is refused unpublished", []string{"call", "orders.*"}, exitUsage, "", false},
+		{"empty token is refused unpublished", []string{"call", "a..b"}, exitUsage, "", false},
+		{"submit refuses an invalid id", []string{"submit", "orders.>"}, exitUsage, "", false},
 		{"broken JSON input is a usage error", []string{"call", "demo.echo", "--input", `{"hello":`}, exitUsage, "", false},
 		// An input asked for and not there (a pipe whose writer failed) is
 		// not a call without input.
@@ -371,6 +379,9 @@ func TestExitCodes(t *testing.T) {
 			}
 			if tc.code != exitOK && stderr == "" && tc.errCode == "" {
 				t.Error("nothing on stderr says why")
+			}
+			if tc.code == exitUsage && stdout != "" {
+				t.Errorf("a usage error printed %q", stdout)
 			}
 			if after := lastSeq(); !tc.published && after != before {
 				t.Fatalf("the exec stream moved from %d to %d: the request was published", before, after)
