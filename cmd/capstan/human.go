@@ -404,10 +404,12 @@ func detailLines(v any) []string {
 	for _, it := range items {
 		if m, ok := it.(map[string]any); ok {
 			if msg, ok := m["message"].(string); ok {
-				if path, ok := m["path"].(string); ok {
+				if path, _ := m["path"].(string); path != "" {
 					lines = append(lines, path+": "+msg)
-					continue
+				} else {
+					lines = append(lines, msg) // an issue of the input as a whole
 				}
+				continue
 			}
 		}
 		lines = append(lines, dataValue(it))

@@ -214,6 +214,12 @@ func TestGolden_HumanOutput(t *testing.T) {
 						map[string]any{"path": "orderId", "message": "expected a string, got an integer"},
 						map[string]any{"path": "amount", "message": "expected an integer from -9223372036854775808 to 9223372036854775807, got a string"},
 					}}}})
+			// An issue of the input as a whole has no path: its message alone.
+			b.WriteString("\n")
+			writeEnvelope(b, st, &envelope.Envelope{V: envelope.Version, ExecutionID: "0197d2a0-0000-7000-8000-0000000000d3",
+				CapabilityID: "demo.echo", Status: envelope.StatusFailed, FinalizedAt: goldenNow.Add(-time.Minute), FinalizedBy: "w-1",
+				Error: &envelope.Error{Code: envelope.CodeInputInvalid, Stage: envelope.StageInput, ExposeToModel: true, Message: "The input is invalid.",
+					Details: map[string]any{"issues": []any{map[string]any{"message": "expected an object, got an array"}}}}})
 		})
 		render("cancel", func(b *bytes.Buffer) {
 			writeCancelReply(b, st, &executor.CancelReply{ExecutionID: "0197d2a0-0000-7000-8000-0000000000c1", State: execution.StateRunning})
