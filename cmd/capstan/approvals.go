@@ -222,6 +222,8 @@ func decideCommand(verb string, args []string) int {
 	case err != nil && r != nil && errors.Is(err, audit.ErrUnavailable):
 		// The decision stands; only its audit event is missing.
 		fmt.Fprintf(os.Stderr, "capstan: warning: %v\n", strings.TrimPrefix(err.Error(), "capstan: "))
+	case errors.Is(err, approvals.ErrSelfApproval):
+		return selfApprovalError(verb, req, conn.creds != "")
 	case err != nil:
 		return decisionError(err)
 	}
@@ -235,6 +237,24 @@ func decideCommand(verb string, args []string) int {
 	defer closeClient()
 	fmt.Fprintf(os.Stderr, "capstan: approval %s approved by %s; resuming\n", r.ID, r.Decision.Approver)
 	return resumeAndAwait(c, o, r.ID, *wait)
+}
+
+// selfApprovalError reports a decision refused because its approver requested
+// the call, and the ways out: another approver decides; on an open server the
+// requester may approve with a reason, recorded with the decision. With
+// credentials no reason lifts it.
+func selfApprovalError(verb string, req approvalsrpc.DecideRequest, creds bool) int {
+	code, id := envelope.CodeApprovalSelfApproval, req.ApprovalID
+	switch {
+	case creds:
+		return fail(exitFailed, "%s: the call of approval %s was requested by these credentials' principal or the actor they decide as, "+
+			"and with credentials no one decides their own call; an approver with other credentials decides it: 'capstan approvals %s %s --creds APPROVER.creds'", code, id, verb, id)
+	case verb == "approve":
+		return fail(exitFailed, "%s: %s requested the call of approval %s; another approver decides it (--approver naming someone else), "+
+			"or the requester approves it with a reason, recorded with the decision: 'capstan approvals approve %s --approver %s --self-approval REASON'",
+			code, req.Approver, id, id, req.Approver)
+	}
+	return fail(exitFailed, "%s: %s requested the call of approval %s; another approver decides it (--approver naming someone else)", code, req.Approver, id)
 }
 
 // decisionError reports a refused decision with its code.

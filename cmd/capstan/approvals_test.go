@@ -121,8 +121,23 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 
 	pending := refundNeedingApproval(t, url)
 	_, stderr, code := capstan(t, url, "approvals", "approve", pending, "--approver", "user:alice")
-	if code != exitFailed || !strings.Contains(stderr, "APPROVAL_SELF_APPROVAL") {
+	if code != exitFailed || !strings.Contains(stderr, "APPROVAL_SELF_APPROVAL") || !strings.Contains(stderr, "another approver decides it") ||
+		!strings.Contains(stderr, "'capstan approvals approve "+pending+" --approver user:alice --self-approval REASON'") {
 		t.Fatalf("self-approval: exit %d, stderr %s", code, stderr)
+	}
+	// A rejection has no reason that lifts it: another approver only.
+	_, stderr, code = capstan(t, url, "approvals", "reject", pending, "--approver", "user:alice")
+	if code != exitFailed || !strings.Contains(stderr, "another approver decides it") || strings.Contains(stderr, "--self-approval") {
+		t.Fatalf("self-rejection: exit %d, stderr %s", code, stderr)
+	}
+	// The way out it names works, the reason kept with the decision.
+	selfApproved := refundNeedingApproval(t, url)
+	stdout, stderr, code := capstan(t, url, "approvals", "approve", selfApproved, "--approver", "user:alice", "--self-approval", "on call alone tonight", "-o", "json")
+	if rec := decode[struct {
+		Status   string
+		Decision struct{ SelfApproval string }
+	}](t, stdout); code != exitOK || rec.Status != "approved" || rec.Decision.SelfApproval != "on call alone tonight" {
+		t.Fatalf("approve --self-approval: exit %d, stdout %s, stderr %s", code, stdout, stderr)
 	}
 	rejected := refundNeedingApproval(t, url)
 	if _, stderr, code := capstan(t, url, "approvals", "reject", rejected, "--approver", "user:bob"); code != exitOK {
@@ -145,7 +160,7 @@ func TestCLI_SelfApprovalAndUnusableApprovals(t *testing.T) {
 			t.Fatalf("resume: exit %d, stdout %s stderr %s; want %s", code, stdout, stderr, tc.code)
 		}
 	}
-	stdout, _, _ := capstan(t, url, "approvals", "list", "--status", "expired", "--json")
+	stdout, _, _ = capstan(t, url, "approvals", "list", "--status", "expired", "--json")
 	if page := decode[struct{ Records []printedApproval }](t, stdout); len(page.Records) != 1 || page.Records[0].ID != expired {
 		t.Fatalf("expired: %s", stdout)
 	}

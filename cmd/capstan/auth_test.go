@@ -101,6 +101,7 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 		{"auth", "init", dir},
 		{"auth", "add", dir, "alice", "--role", "producer", "--actor", "user:alice", "--capabilities", "demo.*,orders.refund"},
 		{"auth", "add", dir, "carol", "--role", "approver", "--actor", "user:carol", "--types", "finance"},
+		{"auth", "add", dir, "gateway", "--role", "producer", "--actor", "user:*", "--capabilities", "orders.refund"},
 	} {
 		if _, stderr, code := capstan(t, "", args...); code != exitOK {
 			t.Fatalf("%v: exit %d: %s", args, code, stderr)
@@ -156,6 +157,22 @@ func TestDevWithAuth_SecuredFromZeroWithTwoPrincipals(t *testing.T) {
 	}
 	if _, stderr, code := capstan(t, url, "approvals", "approve", approval, alice, "--approver", "user:ceo"); code != exitUsage {
 		t.Fatalf("--approver with credentials: exit %d: %s", code, stderr)
+	}
+	// carol decides no call made as her, not even one another principal (a
+	// gateway) made: another approver's credentials are the way out.
+	gateway := "--creds=" + filepath.Join(dir, "gateway.creds")
+	stdout, stderr, code = capstan(t, url, "call", "-o", "json", "orders.refund", gateway, "--actor", "user:carol", "--input", `{"orderId":"o2","amount":900}`)
+	if code != exitApproval {
+		t.Fatalf("the gateway's refund as carol: exit %d: %s %s", code, stdout, stderr)
+	}
+	own := decode[struct {
+		Approval struct {
+			ID string `json:"id"`
+		} `json:"approval"`
+	}](t, stdout).Approval.ID
+	if _, stderr, code := capstan(t, url, "approvals", "approve", own, carol); code != exitFailed || !strings.Contains(stderr, "APPROVAL_SELF_APPROVAL") ||
+		!strings.Contains(stderr, "an approver with other credentials decides it: 'capstan approvals approve "+own+" --creds APPROVER.creds'") {
+		t.Fatalf("carol approved a call made as her: exit %d: %s", code, stderr)
 	}
 	stdout, stderr, code = capstan(t, url, "approvals", "show", approval, carol, "--json")
 	if rec := decode[struct{ Status string }](t, stdout); code != exitOK || rec.Status != "pending" {
