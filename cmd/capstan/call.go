@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,7 +35,7 @@ func addRequestFlags(fs *flag.FlagSet) *requestFlags {
 	r := &requestFlags{}
 	fs.StringVar(&r.input, "input", "", "the input: JSON text, @file, or - for stdin")
 	fs.StringVar(&r.actor, "actor", "", "who the call runs for, as kind:id (default user:<principal> with --creds, else user:$USER)")
-	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from")
+	fs.StringVar(&r.surface, "surface", string(executor.SurfaceDirect), "the surface the call comes from: direct, mcp or http")
 	fs.StringVar(&r.id, "id", "", "the execution id (default a new UUIDv7); submitting one id twice runs it once")
 	fs.DurationVar(&r.startWithin, "start-within", 0, "how long the request may wait for a worker to start it (default 24h, less when envelopes are kept less than 25h); past it, it ends NOT_STARTED")
 	fs.StringVar(&r.ifUnserved, "if-unserved", "queue", "when no live worker serves the capability: queue (say so at once, exit 7, the request stays queued), refuse (submit nothing, exit 7), or wait")
@@ -49,6 +50,23 @@ func parseUnserved(s string) (executor.Unserved, error) {
 		}
 	}
 	return 0, fmt.Errorf("%q: want queue, refuse or wait", s)
+}
+
+// surfaces are where a call may come from; a capability is exposed on some.
+var surfaces = []executor.Surface{executor.SurfaceDirect, executor.SurfaceMCP, executor.SurfaceHTTP}
+
+// parseSurface reads --surface: one of surfaces. Another would see and call
+// nothing, as if no capability existed.
+func parseSurface(s string) (executor.Surface, error) {
+	if slices.Contains(surfaces, executor.Surface(s)) {
+		return executor.Surface(s), nil
+	}
+	want := make([]string, len(surfaces))
+	for i, x := range surfaces {
+		want[i] = string(x)
+	}
+	last := len(want) - 1
+	return "", fmt.Errorf("--surface %q: no such surface, so no capability is exposed on it; want %s or %s", s, strings.Join(want[:last], ", "), want[last])
 }
 
 // execSubject is where a principal's requests for capID go; an id that can
@@ -99,8 +117,9 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 	if !ok || kind == "" || id == "" {
 		return request{}, fmt.Errorf("--actor %q: want kind:id, e.g. user:alice", r.actor)
 	}
-	if r.surface == "" {
-		return request{}, errors.New("--surface is empty")
+	surface, err := parseSurface(r.surface)
+	if err != nil {
+		return request{}, err
 	}
 	in, err := readInput(r.input)
 	if err != nil {
@@ -121,7 +140,7 @@ func (r *requestFlags) parse(conn *connFlags) (request, error) {
 		return request{}, fmt.Errorf("--if-unserved %v", err)
 	}
 	return request{
-		client: executor.ClientConfig{Surface: executor.Surface(r.surface), Actor: envelope.Actor{Kind: kind, ID: id},
+		client: executor.ClientConfig{Surface: surface, Actor: envelope.Actor{Kind: kind, ID: id},
 			StartWithin: r.startWithin, Unserved: unserved},
 		input: in,
 		id:    execID,

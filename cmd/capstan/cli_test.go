@@ -321,6 +321,14 @@ func TestExitCodes(t *testing.T) {
 		t.Errorf("call orders.*: %s", stderr)
 	}
 
+	// An unknown surface is named, with the ones there are.
+	for _, args := range [][]string{{"call", "demo.echo", "--surface", "bogus"}, {"describe", "--surface", "bogus"}} {
+		if _, stderr, _ := capstan(t, url, args...); !strings.Contains(stderr, `--surface "bogus": no such surface`) ||
+			!strings.Contains(stderr, "want direct, mcp or http") {
+			t.Errorf("%v: %s", args, stderr)
+		}
+	}
+
 	emptyFile := filepath.Join(t.TempDir(), "empty.json")
 	if err := os.WriteFile(emptyFile, []byte(" \n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -345,6 +353,9 @@ func TestExitCodes(t *testing.T) {
 		{"empty stdin is a usage error", []string{"call", "email.send", "--input", "-"}, exitUsage, "", false},
 		{"empty input file is a usage error", []string{"submit", "email.send", "--input", "@" + emptyFile}, exitUsage, "", false},
 		{"bad actor is a usage error", []string{"call", "demo.echo", "--actor", "alice"}, exitUsage, "", false},
+		{"unknown surface is a usage error", []string{"call", "demo.echo", "--surface", "bogus"}, exitUsage, "", false},
+		{"submit of an unknown surface is a usage error", []string{"submit", "demo.echo", "--surface", "bogus"}, exitUsage, "", false},
+		{"describe of an unknown surface is a usage error", []string{"describe", "--surface", "bogus"}, exitUsage, "", false},
 		{"missing capability is a usage error", []string{"call"}, exitUsage, "", false},
 		{"a call that outlives its wait", []string{"call", "demo.report", "--input", `{"pages":3,"pageMs":1000}`, "--wait", "500ms"}, exitNoEnvelope, "", true},
 		// The id is made as the subtest runs (freshID): its request may be

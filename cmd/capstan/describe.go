@@ -13,7 +13,7 @@ import (
 
 func runDescribe(args []string) int {
 	fs, conn, o := newConnFlags("describe", "[--surface S] [--actor kind:id] [--prefix P] [--tag T]... [-o json]")
-	surface := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe")
+	surfaceFlag := fs.String("surface", string(executor.SurfaceDirect), "the surface to describe: direct, mcp or http")
 	actorFlag := fs.String("actor", "", "who is asking, as kind:id (or anonymous; default user:<principal> with --creds, else user:$USER)")
 	var scope executor.Scope
 	fs.StringVar(&scope.Prefix, "prefix", "", "only capabilities whose id starts with this")
@@ -27,8 +27,9 @@ func runDescribe(args []string) int {
 	if _, code, ok := parseFlags(fs, args, 0); !ok {
 		return code
 	}
-	if *surface == "" {
-		return usageError("--surface is empty")
+	surface, err := parseSurface(*surfaceFlag)
+	if err != nil {
+		return usageError("%v", err)
 	}
 	if err := o.check(); err != nil {
 		return usageError("%v", err)
@@ -44,7 +45,7 @@ func runDescribe(args []string) int {
 		"an approver reads approvals ('capstan approvals list') and the executions behind them ('capstan executions')"); err != nil {
 		return usageError("%v", err)
 	}
-	c, closeClient, err := conn.client("describe", executor.ClientConfig{Surface: executor.Surface(*surface)})
+	c, closeClient, err := conn.client("describe", executor.ClientConfig{Surface: surface})
 	if err != nil {
 		return usageError("%v", err)
 	}
@@ -52,7 +53,7 @@ func runDescribe(args []string) int {
 
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
-	d, err := c.Describe(ctx, executor.Surface(*surface), actor, scope)
+	d, err := c.Describe(ctx, surface, actor, scope)
 	var ce *envelope.CapabilityError
 	if errors.As(err, &ce) {
 		return fail(exitFailed, "describe refused: %s: %s", ce.Code, ce.Message)
