@@ -219,6 +219,17 @@ func runCall(args []string) int {
 				return fail(exitNoEnvelope, "no envelope for %s within %v: %s is paused (by %s %s ago: %q); the call waits in its queue until 'capstan unpause %s --reason TEXT' (an admin's) lifts the pause; 'capstan await %s' waits again",
 					req.id, *wait, p.Scope, p.By, time.Since(p.At).Round(time.Second), p.Reason, p.Scope.Flags(), req.id)
 			}
+			// Served when it was sent, and perhaps no longer: the worker
+			// that served it was lost while the call waited.
+			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
+			var u *executor.UnservedError
+			lost := errors.As(c.Serving(sctx, capID), &u)
+			scancel()
+			if lost {
+				u.ExecutionID, u.Queued = req.id, true
+				return fail(exitUnserved, "no envelope for %s within %v: %s; 'capstan await %s' waits for it, 'capstan cancel %s' withdraws it",
+					req.id, *wait, strings.TrimPrefix(u.Error(), "capstan: "), req.id, req.id)
+			}
 		}
 		return awaitError(err, req.id, *wait, interrupted())
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -8,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/executor"
 )
 
 // A worker started before its server (a compose file or a rollout starting
@@ -178,5 +181,29 @@ func TestDev_PortInUse_SaysWhatToDo(t *testing.T) {
 	stdout, stderr, code := capstan(t, "nats://"+addr, "dev", "--store", t.TempDir(), "--listen", addr, "--console", "off")
 	if code == exitOK || !strings.Contains(stderr, addr+" is in use by another process") || !strings.Contains(stderr, "--listen 127.0.0.1:0") {
 		t.Fatalf("dev on a port in use: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// A call sent while its capability was served, whose worker is lost while it
+// waits (no catalog entry renewed, nothing swept), is told at --wait that no
+// live worker serves it any more, and what to start, not "no envelope" alone.
+func TestCall_ItsWorkerLostWhileItWaits_SaysNoneServes(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	startDaemon(t, "capstan server listening on", nil, "server", "--store", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	gone := executor.Define("t.gone", executor.Meta{Description: "Served by a worker that is lost.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectRead}, func(context.Context, executor.Call[struct{}]) (bool, error) { return true, nil })
+	reg, err := executor.NewRegistry(gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := connect(t, url)
+	capstantest.Worker(t, reg, capstantest.WithConn(nc),
+		capstantest.WithConfig(executor.WorkerConfig{Pool: "gone", CatalogTTL: 6 * time.Second, SweepInterval: -1}))
+	nc.Close() // lost: its catalog entry is left to lapse
+	_, stderr, code := capstan(t, url, "call", "t.gone", "--input", "{}", "--wait", "12s")
+	if code != exitUnserved || !strings.Contains(stderr, "no live worker serves t.gone") || !strings.Contains(stderr, "capstan await ") {
+		t.Fatalf("a call whose worker was lost: exit %d\n%s", code, stderr)
 	}
 }
