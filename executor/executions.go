@@ -803,7 +803,7 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 // for each message of other executions since the stream began, which a
 // principal could ask for fifty times a second.
 func (w *Worker) trailOf(ctx context.Context, view *ExecutionView) ([]audit.Event, error) {
-	if _, ok := envelope.ExecutionIDTime(view.ExecutionID); !ok {
+	if !madeAsUUIDv7(view.ExecutionID) {
 		var under time.Time
 		if r := view.Record; r != nil {
 			under = r.CreatedAt // claimed
@@ -824,6 +824,17 @@ func (w *Worker) trailOf(ctx context.Context, view *ExecutionView) ([]audit.Even
 		return nil, err
 	}
 	return trail, nil
+}
+
+// madeAsUUIDv7 reports whether id is a UUIDv7, alone or tagged (an MCP
+// bridge's or an actor's id: a dash and a tag after it), which audit.Read
+// reads from the UUIDv7's time.
+func madeAsUUIDv7(id string) bool {
+	if len(id) > 36 && id[36] == '-' {
+		id = id[:36]
+	}
+	_, ok := envelope.ExecutionIDTime(id)
+	return ok
 }
 
 // approvalIDs are the approvals an execution's trail, record and envelope name.

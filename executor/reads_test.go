@@ -305,3 +305,35 @@ func TestReads_WorkerShutDownMidRun_TrailKeepsBothRuns(t *testing.T) {
 		t.Errorf("%d capability.started for handler calls %d and %d: %v", n, stoppedCalls.Load(), calls.Load(), typesOf(evs))
 	}
 }
+
+// A read running by a tagged id (a UUIDv7, a dash and a tag, as the MCP
+// bridge and the TypeScript tools make an actor's ids) has neither record
+// nor envelope yet: the workers read its trail from the UUIDv7's time, and
+// say it runs, not that it is queued.
+func TestReads_RunningByATaggedID_ReadWithItsTrail(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	var calls atomic.Int64
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	defer close(release)
+	startWorker(t, env.Connect(t), executor.WorkerConfig{}, gatedRead("t.read", &calls, started, release))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	id := envelope.NewExecutionID() + "-0a1b2c3d4e5f"
+	if _, err := c.Submit(ctx, "t.read", echoIn{}, executor.WithID(id)); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	var stored []audit.Event
+	waitUntil(t, "the read's start on its trail", func() bool {
+		stored, _ = c.Trail(ctx, id)
+		return len(stored) >= 2
+	})
+	v, err := c.Execution(ctx, executor.ExecutionRequest{ExecutionID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.State != executor.ExecInFlight || len(v.Trail) != len(stored) {
+		t.Errorf("a running read: %s with %d events, want %s with the %d its trail holds", v.State, len(v.Trail), executor.ExecInFlight, len(stored))
+	}
+}

@@ -305,14 +305,18 @@ export function forTheModel(env: Envelope): unknown {
 
 const opaque: ModelError = { code: "INTERNAL_ERROR", message: "The operation failed.", retryable: false };
 
-/** Transport trouble, as a model may see it: capstan is unavailable, and whether the call may run. */
+/**
+ * Transport trouble, as a model may see it: capstan is unavailable, and
+ * whether the call may run. A call that may run is not retryable: calling
+ * again could run it twice (as the MCP bridge says too).
+ */
 function unavailable(err: unknown): unknown {
   const id = err instanceof CapstanError ? err.executionId : undefined;
   const message =
     id !== undefined
       ? `capstan is unavailable and did not confirm this call; it may run as execution ${id}. Call ${statusToolName} with this executionId later to learn whether it ran, before calling again.`
       : "capstan is unavailable; try again later.";
-  return { error: { code: "INTERNAL_ERROR", message, retryable: true }, ...(id !== undefined ? { executionId: id } : {}) };
+  return { error: { code: "INTERNAL_ERROR", message, retryable: id === undefined }, ...(id !== undefined ? { executionId: id } : {}) };
 }
 
 /** The keywords of a bound, which a bound no JSON number holds exactly leaves out. */

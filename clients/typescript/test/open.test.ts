@@ -546,6 +546,18 @@ describe("AI SDK tools", () => {
     assert.match(r.error.message, /too large/);
   });
 
+  test("a call whose client closed before its answer: the model is sent to read it, not told to call again", async () => {
+    const c2 = await connect({ servers: dev.url, actor: { kind: "user", id: "ada" } });
+    const tools = await aiTools(c2, { surface: "mcp" });
+    const pending = tools.demo_sleep?.execute({ ms: 800 }) as Promise<{ executionId?: string; error?: { code: string; message: string; retryable: boolean } }>;
+    await new Promise((r) => setTimeout(r, 300));
+    await c2.close();
+    const r = await pending;
+    assert.ok(r.executionId !== undefined, JSON.stringify(r));
+    assert.match(r.error?.message ?? "", /before calling again/);
+    assert.equal(r.error?.retryable, false, "it may run: calling again could run it twice");
+  });
+
   test("a call that outlives the tool's wait goes on, and the model is told how to read it", async () => {
     const tools = await aiTools(c, { surface: "mcp", callTimeoutMs: 50 });
     const r = (await tools.demo_sleep?.execute({ ms: 500 })) as { status: string; executionId: string };
