@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
+	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/testenv"
 )
 
@@ -269,4 +271,37 @@ func TestLimits_ACutWorkersSlotComesBackWithinItsLease(t *testing.T) {
 		t.Errorf("%d handlers ran at once, limit 1", most)
 	}
 	waitUntil(t, "every slot given back", func() bool { return waysHolders(t, js) == 0 })
+}
+
+// A write waiting at a rate longer than the record window runs once the rate
+// allows: it comes back within a third of the window, each return keeping
+// its record. Its record lapsed while it waited, it ended OUTCOME_UNKNOWN
+// never having run (nothing left proved that no attempt had).
+func TestLimits_AWaitLongerThanTheRecordWindowStillRuns(t *testing.T) {
+	t.Parallel()
+	cfg := broker.Config{RecordWindow: 2 * time.Second}
+	env := testenv.Start(t)
+	s := newStoreWith(t, env, cfg, executor.ClientConfig{})
+	var calls atomic.Int64
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{Deployment: executor.Deployment(cfg)},
+		executor.Define("t.rated", executor.Meta{Description: "One every 8 s.", Expose: executor.On(executor.SurfaceDirect),
+			SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitRate, Max: 1, Interval: 8 * time.Second}}},
+			func(context.Context, executor.Call[struct{}]) (bool, error) { calls.Add(1); return true, nil }))
+	ctx := ctxT(t)
+	for _, chosen := range []string{"", "invoice-10", ""} {
+		id := chosen
+		if id == "" {
+			id = envelope.NewExecutionID() // made as it is sent: an older one is taken for a record expired
+		}
+		got, err := s.c.Call(ctx, "t.rated", struct{}{}, executor.WithID(id))
+		if err != nil || got.Status != envelope.StatusCompleted {
+			t.Fatalf("%s, waiting at the rate past the record window: %v %+v", id, err, got)
+		}
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("%d handler calls, want 3", n)
+	}
+	if s := w.Stats(); s.Limited == 0 {
+		t.Error("no call waited at the rate: the test proves nothing")
+	}
 }

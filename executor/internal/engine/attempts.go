@@ -372,11 +372,18 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	return at.waitForLimit(limits.WaitFor(over.RetryAfter, x.meta.Deliveries, rand.Float64())), false
 }
 
-// waitForLimit leaves the delivery for a later one, after delay, or at the
-// request's start deadline if that comes first (then it ends NOT_STARTED).
+// waitForLimit leaves the delivery for a later one, after delay (at most a
+// third of the record window), or at the request's start deadline if that
+// comes first (then it ends NOT_STARTED).
 // A claim this delivery holds is given up first (Wait).
 func (at *attempts) waitForLimit(delay time.Duration) Action {
 	x := at.x
+	// Back within a third of the record window, however long the limit
+	// says to wait: each return claims the execution again, which keeps
+	// its record. A record lapsed while it waited would leave nothing to
+	// prove that no attempt ran, and the call would end OUTCOME_UNKNOWN
+	// having never run.
+	delay = min(delay, x.w.windows().Record/3)
 	if sb := x.req.StartBy; sb != nil {
 		delay = min(delay, max(sb.Sub(x.w.now())+10*time.Millisecond, 0))
 	}

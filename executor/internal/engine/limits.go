@@ -21,8 +21,9 @@ import (
 // once every refileWait, not at each return, so that a principal's queue of
 // waiting requests does not fill the shared audit stream.
 type waitsFiled struct {
-	mu sync.Mutex
-	at map[string]time.Time
+	mu     sync.Mutex
+	at     map[string]time.Time
+	pruned time.Time // when the entries past refileWait were last let go
 }
 
 const (
@@ -44,12 +45,13 @@ func (f *waitsFiled) first(key string, now time.Time) bool {
 	if f.at == nil {
 		f.at = map[string]time.Time{}
 	}
-	if len(f.at) >= mostWaitsFiled {
+	if len(f.at) >= mostWaitsFiled || now.Sub(f.pruned) >= refileWait {
 		for k, at := range f.at {
 			if now.Sub(at) >= refileWait {
 				delete(f.at, k)
 			}
 		}
+		f.pruned = now
 		if len(f.at) >= mostWaitsFiled {
 			return true
 		}

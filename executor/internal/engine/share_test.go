@@ -187,4 +187,11 @@ func TestWaitsFiled_OncePerExecutionAndWindow(t *testing.T) {
 	if !f.first("d", now.Add(refileWait+time.Second)) || len(f.at) >= mostWaitsFiled {
 		t.Fatalf("expired entries kept: %d remembered", len(f.at))
 	}
+	// Well under the bound, entries past the window go every window.
+	var g waitsFiled
+	g.first("e", now)
+	g.first("f", now.Add(refileWait+time.Second))
+	if _, kept := g.at["e"]; kept || len(g.at) != 1 {
+		t.Errorf("a wait filed a window ago still remembered: %v", g.at)
+	}
 }
