@@ -110,7 +110,7 @@ func (w *Worker) onPause(p *pauses.Pause) {
 		defer close(pass.done)
 		pass.cancelled = w.run.CancelRunning(func(principal string, req *envelope.Request) bool {
 			return p.Scope.Matches(principal, req.CapabilityID, req.Actor)
-		})
+		}, p.Reason)
 		if pass.cancelled > 0 {
 			w.log.Warn("running attempts cancelled by an operator's pause", "pause", p.Scope.String(),
 				"cancelled", pass.cancelled, "reason", p.Reason, "auditId", p.AuditID)

@@ -313,6 +313,9 @@ func TestPause_CancelRunningAndCancelOfAHeldCall(t *testing.T) {
 	if err != nil || env.Status != envelope.StatusCancelled || env.Error.Code != envelope.CodeCancelled {
 		t.Fatalf("the running call: %v %+v", err, env)
 	}
+	if m := env.ForModel().Message; !strings.Contains(m, "operator") || !strings.Contains(m, "stop it now") {
+		t.Errorf("the cancelled call says %q: want the operator's pause and reason, not the caller's cancel", m)
+	}
 	held, err := c.Submit(ctxT(t), "t.send", map[string]int{"n": 2})
 	if err != nil {
 		t.Fatal(err)

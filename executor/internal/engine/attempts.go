@@ -663,8 +663,12 @@ func (at *attempts) timeoutError() *envelope.CapabilityError {
 func (at *attempts) cancelledError() *envelope.CapabilityError {
 	x := at.x
 	msg := "The caller cancelled the execution."
-	if errors.Is(context.Cause(x.ctx), errDeadline) {
+	var oc *operatorCancel
+	switch cause := context.Cause(x.ctx); {
+	case errors.Is(cause, errDeadline):
 		msg = "The request's deadline passed."
+	case errors.As(cause, &oc):
+		msg = "An operator paused this operation and cancelled the execution: " + oc.reason
 	}
 	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true, Message: msg}
 }

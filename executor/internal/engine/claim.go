@@ -245,6 +245,14 @@ var (
 	errAttemptTimeout  = errors.New("the attempt timed out")
 )
 
+// operatorCancel is the cause of an attempt an operator's pause cancelled
+// (capstan pause --cancel-running): a caller's cancel, with the operator's
+// reason, which the envelope says.
+type operatorCancel struct{ reason string }
+
+func (c *operatorCancel) Error() string { return "cancelled by an operator's pause: " + c.reason }
+func (c *operatorCancel) Unwrap() error { return errCallerCancelled }
+
 // start arms the lease's end and the renewals, once. The renewals start at
 // the first one: most executions end before it.
 func (l *leaseKeeper) start() {

@@ -92,8 +92,9 @@ func (d *delivery) heldAgain() (Action, bool) {
 // CancelRunning cancels, as a caller's cancel does (the cancel recorded on
 // the execution's record, then its run stopped), every execution of this
 // worker whose attempt is running, or starting past its pause gate, and
-// that match says is paused. It returns how many it cancelled.
-func (r *Runner) CancelRunning(match func(principal string, req *envelope.Request) bool) int {
+// that match says is paused; the envelope of each gives reason, the
+// operator's. It returns how many it cancelled.
+func (r *Runner) CancelRunning(match func(principal string, req *envelope.Request) bool, reason string) int {
 	running := r.w.inflight.each(func(f *flight) bool { return f.starting.Load() || f.calling.Load() })
 	n := 0
 	for _, f := range running {
@@ -104,7 +105,7 @@ func (r *Runner) CancelRunning(match func(principal string, req *envelope.Reques
 			r.w.log.Warn("a paused execution's cancel was not recorded; its attempt goes on", "executionId", f.req.ExecutionID, "err", err)
 			continue
 		}
-		f.cancel(errCallerCancelled)
+		f.cancel(&operatorCancel{reason: reason})
 		n++
 	}
 	return n
