@@ -76,9 +76,10 @@ var ErrNoEvents = fmt.Errorf("%w: no audit events", broker.ErrNotFound)
 // its beginning, the shard from the stream's start. An id with no event from
 // an hour before its time is not found. An id that is not a UUIDv7 reads its
 // shard from the start, unless its reader knows when it was under way (the
-// workers do, from its record or envelope), and then from that time. Stores of earlier versions are read too: the shard of
-// the id alone when the key's shard has none of the trail, and the subject
-// per execution whenever the trail does not begin on the shards.
+// workers do, from its record or envelope), and then from that time. Stores
+// of earlier versions are read too: the shard of the id alone when the key's
+// shard has none of the trail, and the subject per execution whenever the
+// trail does not begin on the shards.
 //
 // Read uses direct gets (batched for a recent trail), or message gets on a
 // stream that does not allow direct gets: it creates no consumer and leaves

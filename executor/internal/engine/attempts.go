@@ -676,8 +676,8 @@ func (at *attempts) cancelledError() *envelope.CapabilityError {
 // afterRun is the outcome of a last attempt that failed. A timeout is the
 // runtime stopping the handler, as a cancel is: status cancelled, code
 // TIMEOUT (retryable for the caller when the work may run twice), event
-// capability.cancelled. A
-// failure the handler reported is status failed, event capability.failed.
+// capability.cancelled. A failure the handler reported is status failed,
+// event capability.failed.
 func afterRun(cerr *envelope.CapabilityError) *outcome {
 	if cerr.Code == envelope.CodeTimeout && cerr.Stage == envelope.StageTimeout {
 		return stopped(cerr)

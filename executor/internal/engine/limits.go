@@ -16,10 +16,11 @@ import (
 // run ends. An execution of a capability without limits never comes here.
 
 // waitsFiled remembers the executions whose wait at a limit this worker put
-// on the trail lately, by execution and limit. A waiting request comes back every few seconds until
-// its start deadline (a day by default); its trail says capability.limited
-// once every refileWait, not at each return, so that a principal's queue of
-// waiting requests does not fill the shared audit stream.
+// on the trail lately, by execution and limit. A waiting request comes back
+// every few seconds until its start deadline (a day by default); its trail
+// says capability.limited once every refileWait, not at each return, so that
+// a principal's queue of waiting requests does not fill the shared audit
+// stream.
 type waitsFiled struct {
 	mu     sync.Mutex
 	at     map[string]time.Time
