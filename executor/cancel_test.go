@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -479,5 +480,44 @@ func TestAwait_YoungIDThatNeverArrives_AskedAgainOnceOldEnough(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("await of a young id submitted meanwhile: %v", err)
+	}
+}
+
+// A cancel of a write whose attempt was running when its worker was lost
+// stops nothing: the worker that takes it over ends it CANCELLED, saying
+// the attempt may have taken effect, not as if nothing had run.
+func TestCancel_OfAnAttemptLostWithItsWorker_SaysItMayHaveTakenEffect(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	sent, release := make(chan struct{}, 1), make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	send := executor.Define("t.lost-send", executor.Meta{Description: "Sends, then hangs past its worker's stop.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectExternal},
+		func(context.Context, executor.Call[struct{}]) (bool, error) {
+			sent <- struct{}{} // the effect
+			<-release
+			return true, nil
+		})
+	stop := startWorkerUntil(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second, Grace: 50 * time.Millisecond}, send)
+	ctx := ctxT(t)
+	id, err := s.c.Submit(ctx, "t.lost-send", struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-sent
+	stop() // lost mid-attempt: its handler abandoned, its lease left to run out
+	// The worker that takes it over once the lease runs out serves the
+	// cancel first (a cancel goes through the workers).
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second}, send)
+	if _, err := s.c.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	env2, err := s.c.Await(ctx, id)
+	if err != nil || env2.Status != envelope.StatusCancelled || env2.Error.Code != envelope.CodeCancelled {
+		t.Fatalf("the cancelled call: %v %+v", err, env2)
+	}
+	if m := env2.ForModel().Message; !strings.Contains(m, "may have taken effect") {
+		t.Errorf("the cancelled call says %q: the attempt lost with its worker ran", m)
 	}
 }

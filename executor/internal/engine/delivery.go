@@ -135,7 +135,11 @@ func (d *delivery) apply(a Action) Action {
 		d.w.stats.notStarted.Add(1)
 		return d.finalize(failed(NotStartedError()), 0)
 	case Cancel:
-		return d.finalize(stopped(CancelledError()), a.Attempts)
+		end := a.Err // a lost attempt's: it may have taken effect
+		if end == nil {
+			end = CancelledError()
+		}
+		return d.finalize(stopped(end), a.Attempts)
 	case Fail:
 		return d.finalize(afterRun(a.Err), a.Attempts)
 	case Finish:

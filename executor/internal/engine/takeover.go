@@ -334,7 +334,7 @@ func taken(rec *Record, f Facts) Action {
 		return Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: rec.Attempt}
 	}
 	if rec.CancelRequested {
-		return Action{Do: Cancel, Attempts: rec.Attempt}
+		return cancelAction(rec, f.Reconciled != Absent)
 	}
 	switch rec.State {
 	case StateRunning, StateBackoff, StateReconciling:
@@ -442,7 +442,22 @@ func noRecord(f Facts) Action {
 // the lost attempt's receipt says its effect happened.
 func (a Action) AfterTakeover(taken *Record) Action {
 	if taken.CancelRequested && a.Do != Cancel && a.Do != Recover {
-		return Action{Do: Cancel, TakeOver: true, Attempts: taken.Attempt}
+		c := cancelAction(taken, true)
+		c.TakeOver = true
+		return c
+	}
+	return a
+}
+
+// cancelAction is the end of rec's execution by its caller's cancel. Of an
+// attempt that was running when its worker was lost, unless a reconciler
+// proved its effect absent (mayHaveRun false), the envelope says the effect
+// may have happened: the cancel stopped nothing.
+func cancelAction(rec *Record, mayHaveRun bool) Action {
+	a := Action{Do: Cancel, Attempts: rec.Attempt}
+	if mayHaveRun && (rec.State == StateRunning || rec.State == StateReconciling) {
+		a.Err = &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true,
+			Message: "The caller cancelled the execution after its attempt had started on a worker that was lost: the attempt may have taken effect."}
 	}
 	return a
 }

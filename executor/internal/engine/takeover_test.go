@@ -99,9 +99,9 @@ func TestTakeover(t *testing.T) {
 		{"a cancel's pending record: cancelled without the handler",
 			write(Facts{Record: &Record{ExecutionID: "e1", State: StatePending, CancelRequested: true}, Envelope: EnvelopeAbsent}),
 			Action{Do: Cancel, TakeOver: true}},
-		{"a cancel on an expired running attempt: cancelled, its attempts reported",
+		{"a cancel on an expired running attempt: cancelled, its attempts reported, saying it may have taken effect",
 			read(Facts{Record: record(StateRunning, func(r *Record) { r.Attempt = 1; r.CancelRequested = true }), Envelope: EnvelopeAbsent}),
-			Action{Do: Cancel, TakeOver: true, Attempts: 1}},
+			Action{Do: Cancel, TakeOver: true, Attempts: 1, Err: lostAttemptCancelled()}},
 		{"a cancel beats the start deadline",
 			write(Facts{Record: record(StateClaimed, func(r *Record) { r.CancelRequested = true }), Envelope: EnvelopeAbsent, StartDeadline: after}),
 			Action{Do: Cancel, TakeOver: true}},
@@ -198,9 +198,9 @@ func TestTakeover(t *testing.T) {
 		{"an expired reconciliation lost three times: OUTCOME_UNKNOWN",
 			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reconciliations = 1, 3 }), Envelope: EnvelopeAbsent}),
 			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: outcomeUnknown(reconciliationsLostMessage)}},
-		{"an expired reconciliation with a cancel: cancelled, never asked",
+		{"an expired reconciliation with a cancel: cancelled, never asked, saying it may have taken effect",
 			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true }), Envelope: EnvelopeAbsent}),
-			Action{Do: Cancel, TakeOver: true, Attempts: 1}},
+			Action{Do: Cancel, TakeOver: true, Attempts: 1, Err: lostAttemptCancelled()}},
 		{"an expired backoff with a reconciler: the failure the handler returned decides, never asked",
 			reconciling(Facts{Record: record(StateBackoff, func(r *Record) { r.Attempt, r.LastError = 1, envelope.CodeExecutionFailed }), Envelope: EnvelopeAbsent}),
 			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: &envelope.CapabilityError{Code: envelope.CodeExecutionFailed,
@@ -310,7 +310,7 @@ func TestTakeover_CancelRecordedMeanwhileWins(t *testing.T) {
 		{Do: NotStarted, TakeOver: true},
 		{Do: Fail, TakeOver: true, Attempts: 2, Err: outcomeUnknown(lostWorkerMessage)},
 	} {
-		if got, want := a.AfterTakeover(taken), (Action{Do: Cancel, TakeOver: true, Attempts: 2}); !sameAction(got, want) {
+		if got, want := a.AfterTakeover(taken), (Action{Do: Cancel, TakeOver: true, Attempts: 2, Err: lostAttemptCancelled()}); !sameAction(got, want) {
 			t.Errorf("%s after a cancel: %s, want %s", a.Do, describe(got), describe(want))
 		}
 		if got := a.AfterTakeover(&Record{State: StateRunning, Attempt: 2}); !sameAction(got, a) {
@@ -354,6 +354,13 @@ func TestTakeover_RetryRuleAskedOnlyWhereARowNeedsIt(t *testing.T) {
 			t.Errorf("%s: retry rule asked %v, want %v", tc.name, asked, tc.asks)
 		}
 	}
+}
+
+// lostAttemptCancelled is the error of a cancel of an attempt that was
+// running when its worker was lost.
+func lostAttemptCancelled() *envelope.CapabilityError {
+	return &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true,
+		Message: "The caller cancelled the execution after its attempt had started on a worker that was lost: the attempt may have taken effect."}
 }
 
 func sameAction(a, b Action) bool {
