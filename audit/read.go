@@ -76,7 +76,8 @@ var ErrNoEvents = fmt.Errorf("%w: no audit events", broker.ErrNotFound)
 // its beginning, the shard from the stream's start. An id with no event from
 // an hour before its time is not found. An id that is not a UUIDv7 reads its
 // shard from the start, unless its reader knows when it was under way (the
-// workers do, from its record or envelope), and then from that time. Stores
+// workers do, from its record or envelope), and then from that time, or
+// knows of no such time, and then reads none (internal/trailhint). Stores
 // of earlier versions are read too: the shard of the id alone when the key's
 // shard has none of the trail, and the subject per execution whenever the
 // trail does not begin on the shards.
@@ -91,6 +92,13 @@ func Read(ctx context.Context, nc *nats.Conn, prefix, principal, executionID str
 	}
 	if !broker.ValidPrincipal(principal) {
 		return nil, fmt.Errorf("capstan: %q is not a principal", principal)
+	}
+	if _, v7 := idTime(executionID); !v7 {
+		if t, marked := trailhint.Time(ctx); marked && t.IsZero() {
+			// Its reader knows of no time it was under way: walking its
+			// shard from the start is not worth it.
+			return nil, fmt.Errorf("%w for execution %s", ErrNoEvents, executionID)
+		}
 	}
 	r := newReader(nc, n, principal, executionID)
 	defer r.close()

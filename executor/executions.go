@@ -803,38 +803,23 @@ func (w *Worker) executionOf(ctx context.Context, v viewer, owner, id string) (*
 // for each message of other executions since the stream began, which a
 // principal could ask for fifty times a second.
 func (w *Worker) trailOf(ctx context.Context, view *ExecutionView) ([]audit.Event, error) {
-	if !madeAsUUIDv7(view.ExecutionID) {
-		var under time.Time
-		if r := view.Record; r != nil {
-			under = r.CreatedAt // claimed
-		}
-		if e := view.Envelope; e != nil {
-			took := e.FinalizedAt.Add(-time.Duration(e.DurationMs) * time.Millisecond)
-			if under.IsZero() || took.Before(under) {
-				under = took
-			}
-		}
-		if under.IsZero() {
-			return nil, nil
-		}
-		ctx = trailhint.WithTime(ctx, under)
+	var under time.Time // none known: no trail read
+	if r := view.Record; r != nil {
+		under = r.CreatedAt // claimed
 	}
+	if e := view.Envelope; e != nil {
+		took := e.FinalizedAt.Add(-time.Duration(e.DurationMs) * time.Millisecond)
+		if under.IsZero() || took.Before(under) {
+			under = took
+		}
+	}
+	// Used by audit.Read for an id that says no time of its own alone.
+	ctx = trailhint.WithTime(ctx, under)
 	trail, err := audit.Read(ctx, w.b.NC, w.b.Names.Prefix(), view.Principal, view.ExecutionID)
 	if err != nil && !errors.Is(err, broker.ErrNotFound) {
 		return nil, err
 	}
 	return trail, nil
-}
-
-// madeAsUUIDv7 reports whether id is a UUIDv7, alone or tagged (an MCP
-// bridge's or an actor's id: a dash and a tag after it), which audit.Read
-// reads from the UUIDv7's time.
-func madeAsUUIDv7(id string) bool {
-	if len(id) > 36 && id[36] == '-' {
-		id = id[:36]
-	}
-	_, ok := envelope.ExecutionIDTime(id)
-	return ok
 }
 
 // approvalIDs are the approvals an execution's trail, record and envelope name.

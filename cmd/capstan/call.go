@@ -215,20 +215,8 @@ func runCall(args []string) int {
 			return unservedError(err)
 		}
 		if errors.Is(err, context.DeadlineExceeded) && !interrupted() {
-			if p := heldBy(c.Conn(), principalName(conn), capID, req.client.Actor); p != nil {
-				return fail(exitNoEnvelope, "no envelope for %s within %v: %s is paused (by %s %s ago: %q); the call waits in its queue until 'capstan unpause %s --reason TEXT' (an admin's) lifts the pause; 'capstan await %s' waits again",
-					req.id, *wait, p.Scope, p.By, time.Since(p.At).Round(time.Second), p.Reason, p.Scope.Flags(), req.id)
-			}
-			// Served when it was sent, and perhaps no longer: the worker
-			// that served it was lost while the call waited.
-			sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
-			var u *executor.UnservedError
-			lost := errors.As(c.Serving(sctx, capID), &u)
-			scancel()
-			if lost {
-				u.ExecutionID, u.Queued = req.id, true
-				return fail(exitUnserved, "no envelope for %s within %v: %s; 'capstan await %s' waits for it, 'capstan cancel %s' withdraws it",
-					req.id, *wait, strings.TrimPrefix(u.Error(), "capstan: "), req.id, req.id)
+			if code, told := whyNoEnvelope(c, principalName(conn), capID, req, *wait); told {
+				return code
 			}
 		}
 		return awaitError(err, req.id, *wait, interrupted())
@@ -339,6 +327,26 @@ func unservedError(err error) int {
 // expiredError reports an execution whose envelope is no longer kept.
 func expiredError(err error, id string) int {
 	return fail(exitExpired, "%v: it will never be answered; its audit trail may still hold it: 'capstan audit %s'", err, id)
+}
+
+// whyNoEnvelope tells a call that got no envelope within wait why, when the
+// deployment says: a pause holds its capability, or no live worker serves
+// it any more (the one that served it when it was sent was lost). told is
+// false when neither is so, or it cannot tell.
+func whyNoEnvelope(c *executor.Client, principal, capID string, req request, wait time.Duration) (code int, told bool) {
+	if p := heldBy(c.Conn(), principal, capID, req.client.Actor); p != nil {
+		return fail(exitNoEnvelope, "no envelope for %s within %v: %s is paused (by %s %s ago: %q); the call waits in its queue until 'capstan unpause %s --reason TEXT' (an admin's) lifts the pause; 'capstan await %s' waits again",
+			req.id, wait, p.Scope, p.By, time.Since(p.At).Round(time.Second), p.Reason, p.Scope.Flags(), req.id), true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var u *executor.UnservedError
+	if !errors.As(c.Serving(ctx, capID), &u) {
+		return 0, false
+	}
+	u.ExecutionID, u.Queued = req.id, true
+	return fail(exitUnserved, "no envelope for %s within %v: %s; 'capstan await %s' waits for it, 'capstan cancel %s' withdraws it",
+		req.id, wait, strings.TrimPrefix(u.Error(), "capstan: "), req.id, req.id), true
 }
 
 // heldBy returns the pause that holds a call of capabilityID, when the

@@ -68,18 +68,17 @@ func Forged(ctx context.Context, nc *nats.Conn, bucket string, e jetstream.KeyVa
 	if err != nil {
 		return "", err
 	}
-	if m == nil {
-		if m, err = stored(ctx, nc, bucket, jsget.Request{LastFor: "$KV." + bucket + "." + e.Key()}); m == nil || err != nil {
-			return "", err
-		}
-		switch {
-		case m.Sequence > e.Revision():
-			return superseded, nil
-		case m.Sequence < e.Revision():
-			return "", nil
-		}
+	if m != nil {
+		return storedBy(m), nil
 	}
-	return storedBy(m), nil
+	from, last, err := LastRepublished(ctx, nc, bucket, e.Key())
+	switch {
+	case err != nil || last < e.Revision():
+		return "", err // none, or earlier: what it was cannot be told
+	case last > e.Revision():
+		return superseded, nil
+	}
+	return from, nil
 }
 
 // superseded is what Forged says of a revision a later one took the place of.

@@ -13,14 +13,16 @@ import (
 
 type key struct{}
 
-// WithTime marks ctx with t, a time the execution was under way: its
-// attempt's start, or when the worker that ended it took it up.
+// WithTime marks ctx with t, a time the execution was under way: when it
+// was claimed, or when the worker that ended it took it up. A zero t says
+// none is known: the reading reads no trail of such an id.
 func WithTime(ctx context.Context, t time.Time) context.Context {
 	return context.WithValue(ctx, key{}, t)
 }
 
-// Time is the time WithTime marked ctx with; ok is false when none was.
-func Time(ctx context.Context) (t time.Time, ok bool) {
-	t, ok = ctx.Value(key{}).(time.Time)
-	return t, ok && !t.IsZero()
+// Time is the time WithTime marked ctx with; marked is false when it was
+// not.
+func Time(ctx context.Context) (t time.Time, marked bool) {
+	t, marked = ctx.Value(key{}).(time.Time)
+	return t, marked
 }
