@@ -78,9 +78,11 @@ type Recovery[In, Out any] struct {
 	FromReceipt func(ctx context.Context, r Receipt) (Out, error)
 	// Reconcile asks the system where the effect lives whether the lost
 	// attempt took effect, by the execution's idempotency key. It runs on a
-	// takeover of an attempt that left no receipt, under Timeout and the
-	// execution's cancel, held under a claim and a lease as an attempt is
-	// (a worker lost while it asks is taken over and asks again). Return
+	// takeover of an attempt that left no receipt, a cancelled one's too,
+	// under Timeout (a cancel does not cut it off: no cancel stops the lost
+	// attempt, and the answer says what became of it), held under a claim
+	// and a lease as an attempt is (a worker lost while it asks is taken
+	// over and asks again). Return
 	// Found with the output, Absent, or Unknown; an error, a panic or the
 	// time running out count as Unknown. One that ignores its context is
 	// abandoned when its time runs out, as a handler is: the takeover goes

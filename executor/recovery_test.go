@@ -117,6 +117,9 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			r.Receipt, r.ReceiptAttempt, r.ReceiptAt = envelope.MustRaw(v), r.Attempt, pastLease()
 		}
 	}
+	cancelled := func(id string) *execution.Record {
+		return running(id, func(r *execution.Record) { r.CancelRequested, r.CancelRequestedAt = true, pastLease() })
+	}
 	cases := []struct {
 		name string
 		// recovery is the capability's, nil for none.
@@ -131,6 +134,9 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 		recovered string
 		// verdict is the capability.reconciled event's, "" for none.
 		verdict, reason string
+		// mayHaveRun: the envelope, cancelled, says the lost attempt may
+		// have taken effect.
+		mayHaveRun bool
 	}{
 		{
 			name: "ReceiptRecorded_CompletedFromIt",
@@ -291,6 +297,44 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 			},
 			want: takeover{status: envelope.StatusFailed, code: envelope.CodeOutcomeUnknown, attempts: 1, takenFrom: execution.StateReconciling},
 		},
+		// A cancel stops nothing of a lost attempt: the reconciler is asked
+		// first, and its answer decides with the cancel.
+		{
+			name: "CancelOfALostAttempt_ReconcilerFindsTheEffect_Completed",
+			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
+				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv)}
+			},
+			rec:    cancelled,
+			sent:   true,
+			want:   takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning},
+			output: "msg-1", recovered: envelope.RecoveredByReconciler, verdict: "found",
+		},
+		{
+			name: "CancelOfALostAttempt_ReconcilerProvesAbsence_CancelledNotRunAgain",
+			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
+				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv), ProvesAbsence: true}
+			},
+			rec:     cancelled,
+			want:    takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: execution.StateRunning},
+			verdict: "absent",
+		},
+		{
+			name: "CancelOfALostAttempt_ReconcilerSaysAbsentWithoutProof_CancelledMayHaveRun",
+			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
+				return &executor.Recovery[map[string]any, mailOut]{Reconcile: lookupMail(pv)}
+			},
+			rec:        cancelled,
+			want:       takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: execution.StateRunning},
+			verdict:    "absent",
+			mayHaveRun: true,
+		},
+		{
+			name:       "CancelOfALostAttempt_NoReconciler_CancelledMayHaveRun",
+			rec:        cancelled,
+			sent:       true,
+			want:       takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1, takenFrom: execution.StateRunning},
+			mayHaveRun: true,
+		},
 		{
 			name: "AbsenceProvedNoReattemptLeft_FailedRetryable",
 			recovery: func(pv *provider) *executor.Recovery[map[string]any, mailOut] {
@@ -336,6 +380,12 @@ func TestRecovery_TakeoverTable(t *testing.T) {
 					lost.Attempt, typesOf(tr))
 			case tc.reason != "" && field(ev, "reason") != tc.reason:
 				t.Errorf("reconciled %v, want reason %s", ev.Data, tc.reason)
+			}
+			if tc.want.status == envelope.StatusCancelled {
+				if said := strings.Contains(got.ForModel().Message, "may have taken effect"); said != tc.mayHaveRun {
+					t.Errorf("cancelled, telling the model %q: says it may have taken effect %v, want %v", got.ForModel().Message,
+						said, tc.mayHaveRun)
+				}
 			}
 			if tc.want.retried > 0 {
 				rt, _ := find(tr, audit.EventRetried)
@@ -722,5 +772,67 @@ func TestReceipt_TooLarge_RefusedNothingWritten(t *testing.T) {
 	}
 	if n != 1 {
 		t.Errorf("%d receipts in the trail %v, want the small one", n, typesOf(tr))
+	}
+}
+
+// A cancel that comes while the reconciler is asked about a lost attempt
+// stops nothing of that attempt: the reconciler is not cut off, and its
+// answer decides. Where it finds the effect, the execution completed; where
+// it cannot tell, the execution ends cancelled saying the attempt may have
+// taken effect.
+func TestReconcile_CancelWhileAsked_TheAnswerDecides(t *testing.T) {
+	t.Parallel()
+	for _, found := range []bool{true, false} {
+		t.Run(fmt.Sprintf("found=%v", found), func(t *testing.T) {
+			t.Parallel()
+			env := testenv.Start(t)
+			s := newStore(t, env)
+			var pv provider
+			id := envelope.NewExecutionID()
+			if found {
+				pv.send(envelope.IdempotencyKey(broker.Anonymous, id))
+			}
+			asking, answer := make(chan struct{}), make(chan struct{})
+			r := &executor.Recovery[map[string]any, mailOut]{Timeout: time.Hour,
+				Reconcile: func(ctx context.Context, q executor.Reconciliation[map[string]any]) (executor.Reconciled[mailOut], error) {
+					close(asking)
+					select {
+					case <-answer:
+						return lookupMail(&pv)(ctx, q) // absent, without the proof, when not found
+					case <-ctx.Done():
+						return executor.Reconciled[mailOut]{}, ctx.Err()
+					}
+				}}
+			var p probe
+			s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.mail", State: execution.StateRunning, Attempt: 1,
+				Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+			s.publish("test.mail", id)
+			const lease = time.Second
+			w := startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease}, mailCap(&p, &pv, r))
+			waitClosed(t, asking, "the reconciler was never asked")
+			if _, err := s.c.Cancel(ctxT(t), id); err != nil {
+				t.Fatal(err)
+			}
+			if rec, _ := s.record(id); !rec.CancelRequested || rec.State != execution.StateReconciling {
+				t.Fatalf("record %+v after the cancel, want reconciling with the cancel recorded", rec)
+			}
+			// A renewal of the lease reads the cancel in the record: the
+			// execution holds it by then.
+			time.Sleep(lease)
+			close(answer)
+
+			got := s.await(id)
+			tr := s.settled(id)
+			if found {
+				checkTakeover(t, takeover{status: envelope.StatusCompleted, attempts: 1, takenFrom: execution.StateRunning}, got, tr, &p)
+				checkRecovered(t, got, tr, envelope.RecoveredByReconciler, "msg-1", w)
+				return
+			}
+			checkTakeover(t, takeover{status: envelope.StatusCancelled, code: envelope.CodeCancelled, attempts: 1,
+				takenFrom: execution.StateRunning}, got, tr, &p)
+			if m := got.ForModel().Message; !strings.Contains(m, "may have taken effect") {
+				t.Errorf("cancelled, telling the model %q: the lost attempt may have taken effect", m)
+			}
+		})
 	}
 }

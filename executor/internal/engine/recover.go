@@ -147,21 +147,39 @@ func (at *attempts) reconcile(n int) Action {
 		return a
 	}
 	x.emit(audit.EventReconciled, data)
-	if x.ctx.Err() != nil && res.Verdict != Found {
-		return at.endByContext(n)
-	}
 	at.answer = res.Output
 	held := x.claim.record()
 	f := x.facts(&held, EnvelopeNotRead)
 	f.Claimed, f.Reconciled = true, res.Verdict
-	return Takeover(f)
+	a := Takeover(f)
+	if x.ctx.Err() != nil && a.Do != Recover && a.Do != Cancel {
+		// Cancelled (by its caller, an operator or its deadline) while the
+		// reconciler was asked: it ends so, saying whether the lost attempt
+		// may have taken effect.
+		end := at.endByContext(n)
+		if end.Do == Finish && !f.provedAbsent() {
+			cerr := at.cancelledError()
+			cerr.Message += " " + lostAttemptMayHaveRun
+			end.end = stopped(cerr)
+		}
+		return end
+	}
+	return a
 }
 
+// lostAttemptMayHaveRun ends the message of an execution cancelled once its
+// attempt was lost with its worker, where nothing proved that it did not
+// take effect: the cancel stopped nothing.
+const lostAttemptMayHaveRun = "Its attempt had started on a worker that was lost: it may have taken effect."
+
 // ask calls the reconciler once under its timeout and the execution's
-// context. A panic, an error, or the time running out are Inconclusive.
+// context, which the caller's cancel does not end: the answer decides what
+// the envelope says of the lost attempt, which no cancel stops (the claim's
+// loss and the worker's shutdown do). A panic, an error, or the time running
+// out are Inconclusive.
 func (at *attempts) ask(n int) Reconciliation {
 	x := at.x
-	ctx, cancel := context.WithTimeoutCause(x.ctx, at.recoveryTimeout(), errReconcileTimeout)
+	ctx, cancel := context.WithTimeoutCause(untilLost(x.ctx, x.done), at.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
 	ctx, end := x.obs.Stage(ctx, observe.StageReconcile)
 	key := x.idempotencyKey() // the lost attempt's: the record names it
@@ -198,6 +216,23 @@ func (at *attempts) ask(n int) Reconciliation {
 	}
 	end(res.Err)
 	return res
+}
+
+// untilLost is ctx ended by the claim's loss or the worker's shutdown alone,
+// not by a cancel or the request's deadline; it ends once done is closed
+// (the execution ended) too.
+func untilLost(ctx context.Context, done <-chan struct{}) context.Context {
+	lost, end := context.WithCancelCause(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errLeaseLost), errors.Is(cause, errShutdown):
+			end(cause)
+		default:
+			<-done
+			end(nil)
+		}
+	})
+	return lost
 }
 
 // Why a reconciliation was inconclusive.

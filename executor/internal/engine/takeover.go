@@ -334,7 +334,13 @@ func taken(rec *Record, f Facts) Action {
 		return Action{Do: Recover, How: envelope.RecoveredByReconciler, Attempts: rec.Attempt}
 	}
 	if rec.CancelRequested {
-		return cancelAction(rec, f.Reconciled != Absent)
+		// A cancel stops nothing of an attempt lost with its worker: a
+		// reconciler is asked first whether it took effect.
+		if lostAttempt(rec) && f.Known && f.Recovery.Reconciles && f.Reconciled == NotAsked &&
+			rec.Reconciliations < maxReconciliations {
+			return Action{Do: Reconcile, Attempts: rec.Attempt}
+		}
+		return cancelAction(rec, !f.provedAbsent())
 	}
 	switch rec.State {
 	case StateRunning, StateBackoff, StateReconciling:
@@ -439,9 +445,10 @@ func noRecord(f Facts) Action {
 
 // AfterTakeover is the action once the takeover's compare-and-swap holds
 // taken, the record as written: a cancel recorded meanwhile ends it, unless
-// the lost attempt's receipt says its effect happened.
+// the lost attempt's receipt says its effect happened or its reconciler is
+// to be asked whether it did (the answer decides with the cancel).
 func (a Action) AfterTakeover(taken *Record) Action {
-	if taken.CancelRequested && a.Do != Cancel && a.Do != Recover {
+	if taken.CancelRequested && a.Do != Cancel && a.Do != Recover && a.Do != Reconcile {
 		c := cancelAction(taken, true)
 		c.TakeOver = true
 		return c
@@ -455,12 +462,22 @@ func (a Action) AfterTakeover(taken *Record) Action {
 // may have happened: the cancel stopped nothing.
 func cancelAction(rec *Record, mayHaveRun bool) Action {
 	a := Action{Do: Cancel, Attempts: rec.Attempt}
-	if mayHaveRun && (rec.State == StateRunning || rec.State == StateReconciling) {
+	if mayHaveRun && lostAttempt(rec) {
 		a.Err = &envelope.CapabilityError{Code: envelope.CodeCancelled, Stage: envelope.StageCancelation, ExposeToModel: true,
 			Message: "The caller cancelled the execution after its attempt had started on a worker that was lost: the attempt may have taken effect."}
 	}
 	return a
 }
+
+// lostAttempt reports whether rec holds an attempt that may have been
+// running when its worker was lost: started and not returned.
+func lostAttempt(rec *Record) bool {
+	return rec.State == StateRunning || rec.State == StateReconciling
+}
+
+// provedAbsent reports whether the reconciler proved that the lost attempt
+// did not take effect: it answered absent and declares the proof.
+func (f Facts) provedAbsent() bool { return f.Reconciled == Absent && f.Recovery.ProvesAbsence }
 
 func (f Facts) retry(n int) bool { return f.Retry != nil && f.Retry(n) }
 

@@ -198,9 +198,21 @@ func TestTakeover(t *testing.T) {
 		{"an expired reconciliation lost three times: OUTCOME_UNKNOWN",
 			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reconciliations = 1, 3 }), Envelope: EnvelopeAbsent}),
 			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: outcomeUnknown(reconciliationsLostMessage)}},
-		{"an expired reconciliation with a cancel: cancelled, never asked, saying it may have taken effect",
+		{"an expired running attempt with a reconciler and a cancel: asked first (the cancel stopped nothing)",
+			reconciling(Facts{Record: record(StateRunning, func(r *Record) { r.Attempt, r.CancelRequested = 1, true }), Envelope: EnvelopeAbsent}),
+			Action{Do: Reconcile, TakeOver: true, Attempts: 1}},
+		{"an expired reconciliation with a cancel: asked again",
 			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true }), Envelope: EnvelopeAbsent}),
+			Action{Do: Reconcile, TakeOver: true, Attempts: 1}},
+		{"an expired reconciliation lost three times, with a cancel: cancelled, saying it may have taken effect",
+			reconciling(Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.Reconciliations, r.CancelRequested = 1, 3, true }), Envelope: EnvelopeAbsent}),
 			Action{Do: Cancel, TakeOver: true, Attempts: 1, Err: lostAttemptCancelled()}},
+		{"an expired running attempt with a reconciler and a cancel, a capability no pool serves: cancelled, never asked, saying it may have taken effect",
+			unknown(Facts{Record: record(StateRunning, func(r *Record) { r.Attempt, r.CancelRequested = 1, true }), Envelope: EnvelopeAbsent, Recovery: Recovery{Reconciles: true}}),
+			Action{Do: Cancel, TakeOver: true, Attempts: 1, Err: lostAttemptCancelled()}},
+		{"an expired backoff with a reconciler and a cancel: cancelled, never asked (the attempt returned)",
+			reconciling(Facts{Record: record(StateBackoff, func(r *Record) { r.Attempt, r.LastError, r.CancelRequested = 1, envelope.CodeExecutionFailed, true }), Envelope: EnvelopeAbsent}),
+			Action{Do: Cancel, TakeOver: true, Attempts: 1}},
 		{"an expired backoff with a reconciler: the failure the handler returned decides, never asked",
 			reconciling(Facts{Record: record(StateBackoff, func(r *Record) { r.Attempt, r.LastError = 1, envelope.CodeExecutionFailed }), Envelope: EnvelopeAbsent}),
 			Action{Do: Fail, TakeOver: true, AfterRun: true, Attempts: 1, Err: &envelope.CapabilityError{Code: envelope.CodeExecutionFailed,
@@ -238,6 +250,12 @@ func TestTakeover(t *testing.T) {
 		{"a cancel recorded while the reconciler asked, which proved absence: cancelled, never run again",
 			proving(asked(Absent, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true })})),
 			Action{Do: Cancel, Attempts: 1}},
+		{"a cancel recorded while the reconciler asked, which said absent without the proof: cancelled, saying it may have taken effect",
+			reconciling(asked(Absent, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true })})),
+			Action{Do: Cancel, Attempts: 1, Err: lostAttemptCancelled()}},
+		{"a cancel recorded while the reconciler asked, which could not tell: cancelled, saying it may have taken effect",
+			proving(asked(Inconclusive, Facts{Record: record(StateReconciling, func(r *Record) { r.Attempt, r.CancelRequested = 1, true })})),
+			Action{Do: Cancel, Attempts: 1, Err: lostAttemptCancelled()}},
 
 		// No record, before any claim.
 		{"no record, which proves nothing started, past the start deadline: NOT_STARTED before any claim",
@@ -318,10 +336,15 @@ func TestTakeover_CancelRecordedMeanwhileWins(t *testing.T) {
 		}
 	}
 	// A receipt the lost attempt recorded says its effect happened: the
-	// cancel came too late to stop it.
-	recovered := Action{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 2}
-	if got := recovered.AfterTakeover(taken); !sameAction(got, recovered) {
-		t.Errorf("recover after a cancel: %s, want it unchanged", describe(got))
+	// cancel came too late to stop it. A reconciler to ask whether it did
+	// is asked: its answer decides with the cancel.
+	for _, a := range []Action{
+		{Do: Recover, TakeOver: true, How: envelope.RecoveredByReceipt, Attempts: 2},
+		{Do: Reconcile, TakeOver: true, Attempts: 2},
+	} {
+		if got := a.AfterTakeover(taken); !sameAction(got, a) {
+			t.Errorf("%s after a cancel: %s, want it unchanged", a.Do, describe(got))
+		}
 	}
 }
 
