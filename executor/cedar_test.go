@@ -3,6 +3,7 @@ package executor_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,10 +14,12 @@ import (
 	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/capstantest"
 	"github.com/capstan-dev/capstan/envelope"
+	"github.com/capstan-dev/capstan/execution"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/broker"
 	"github.com/capstan-dev/capstan/internal/oplog"
 	"github.com/capstan-dev/capstan/internal/policies"
+	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
 )
 
@@ -255,4 +258,127 @@ func dataString(v any) string {
 	}
 	walk(v)
 	return b.String()
+}
+
+// A policy set put in force while an execution's attempt runs refuses its
+// retry as it refuses a new call: an operator's rule applies to attempts
+// not yet started, not only to calls not yet admitted. The attempt that ran
+// is said to have run; a set that does not forbid the call lets the retry
+// through.
+func TestCedar_ASetPutInForceBeforeARetryDecidesIt(t *testing.T) {
+	t.Parallel()
+	for _, forbids := range []bool{true, false} {
+		t.Run(fmt.Sprintf("forbids=%v", forbids), func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			first, applied := make(chan struct{}), make(chan struct{})
+			reserve := executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
+				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
+				Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
+				func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
+					if calls.Add(1) == 1 {
+						// Fails once the set is in force on every worker.
+						close(first)
+						<-applied
+						return "", executor.Retryable("The warehouse did not answer.")
+					}
+					return "reserved", nil
+				})
+			reg, err := executor.NewRegistry(reserve)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := trackedWorker(t, reg)
+			nc := w.Connect(t)
+			c := w.Client(t, executor.ClientConfig{Actor: alice})
+			id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-first
+			set := `permit (principal, action, resource);`
+			if forbids {
+				set += `
+@id("no-reservations")
+forbid (principal, action == Action::"t.reserve", resource);`
+			}
+			if _, err := applyPolicies(t, nc, c, set); err != nil {
+				t.Fatal(err)
+			}
+			close(applied)
+			env, err := c.Await(ctxT(t), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !forbids {
+				if env.Status != envelope.StatusCompleted || env.Attempts != 2 || calls.Load() != 2 {
+					t.Fatalf("a set that permits the call: %+v after %d calls", env, calls.Load())
+				}
+				return
+			}
+			if env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodePolicyDenied || env.Attempts != 1 || calls.Load() != 1 {
+				t.Fatalf("the retry under a set that forbids it: %+v %+v after %d calls", env, env.Error, calls.Load())
+			}
+			flushAudit(t)
+			evs, err := c.Trail(ctxT(t), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var types []string
+			for _, ev := range evs {
+				types = append(types, ev.Type)
+				switch ev.Type {
+				case audit.EventDenied:
+					if v := asInt(ev.Data["policyVersion"]); v != 1 || !strings.Contains(dataString(ev.Data["policyDecisions"]), "cedar:no-reservations") {
+						t.Errorf("denial on the trail: %+v", ev.Data)
+					}
+				case audit.EventFailed:
+					if ev.Data["executedBeforeFailure"] != true {
+						t.Errorf("failed %+v: the first attempt ran", ev.Data)
+					}
+				}
+			}
+			if want := []string{audit.EventStarted, audit.EventDenied, audit.EventFailed}; !containsInOrder(types, want) {
+				t.Errorf("trail %v, want %v in order and no retry", types, want)
+			}
+			if slices.Contains(types, audit.EventRetried) {
+				t.Errorf("trail %v files a retry that never ran", types)
+			}
+		})
+	}
+}
+
+// containsInOrder reports whether want appears in got in its order, not
+// necessarily side by side.
+func containsInOrder(got, want []string) bool {
+	i := 0
+	for _, g := range got {
+		if i < len(want) && g == want[i] {
+			i++
+		}
+	}
+	return i == len(want)
+}
+
+// A takeover's retry of an attempt lost with its worker is decided by the
+// policy set in force as a new call is: one that forbids the call refuses
+// the retry, and the handler is not called again.
+func TestCedar_ATakeoversRetryIsDecidedByTheSetInForce(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var p probe
+	startWorker(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: 2 * time.Second}, lookupCap(&p))
+	if _, err := applyPolicies(t, s.nc, s.c, `permit (principal, action, resource);
+@id("no-lookups")
+forbid (principal, action == Action::"test.lookup", resource);`); err != nil {
+		t.Fatal(err)
+	}
+	id := envelope.NewExecutionID()
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.lookup", State: execution.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	s.publish("test.lookup", id)
+	got := s.await(id)
+	checkTakeover(t, takeover{status: envelope.StatusFailed, code: envelope.CodePolicyDenied, attempts: 1,
+		takenFrom: execution.StateRunning}, got, s.settled(id), &p)
 }

@@ -327,6 +327,27 @@ func (a *admission) cedarGate() (end engine.Admission, refused bool) {
 	return engine.Admission{}, false
 }
 
+// Recheck decides a retry again by the Cedar policy set in force (DESIGN
+// §18): a set put in force since the call was admitted (or, for a
+// takeover, any set) decides it as it decides a new call. Nothing is
+// evaluated while the set that admitted the call stays in force.
+func (a *admission) Recheck() ([]engine.Event, *envelope.CapabilityError) {
+	version := 0
+	if set := a.w.policies.Load(); set != nil {
+		version = set.Version
+	}
+	if version == a.policyVersion {
+		return nil, nil
+	}
+	a.events = nil // filed at admission
+	end, refused := a.cedarGate()
+	if !refused {
+		a.policyVersion = version
+		return nil, nil
+	}
+	return end.Events, end.Refusal
+}
+
 // policies evaluates the runtime's policies, then the capability's own, for
 // one phase. Every stance is kept for the trail.
 func (a *admission) policies(phase Phase) verdict {

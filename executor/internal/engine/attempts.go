@@ -99,6 +99,11 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 	if a, ok := at.pauseGate(max(fromAttempt, 1), fromAttempt == 0); !ok {
 		return a // an operator's pause (DESIGN §18)
 	}
+	if fromAttempt > 0 {
+		if a, ok := at.recheck(fromAttempt); !ok {
+			return a // the policy set in force now refuses the retry
+		}
+	}
 	if len(at.adm.Limits) > 0 {
 		if a, ok := at.takeLimits(at.adm, fromAttempt); !ok {
 			return a
@@ -220,6 +225,9 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			if a, ok := at.pauseGate(attempt+1, false); !ok {
 				return a
 			}
+			if a, ok := at.recheck(attempt + 1); !ok {
+				return a
+			}
 			attempt++
 			x.emit(audit.EventRetried, map[string]any{"attempt": attempt, "previousErrorCode": string(cerr.Code)})
 			x.obs.Retried(attempt, cerr.Code)
@@ -266,6 +274,21 @@ func (at *attempts) pauseGate(n int, fresh bool) (Action, bool) {
 	x.w.stats.pauseRefused.Add(1)
 	x.w.cfg.Observer.Paused(x.req.CapabilityID, "refused")
 	return Action{Do: Finish, end: failed(p.Refusal), Attempts: n - 1}, false
+}
+
+// recheck decides retry n again by the policy set in force now, and
+// reports whether it may start: a set put in force since the execution was
+// admitted refuses its retries as it refuses new calls. The attempts before
+// it ran.
+func (at *attempts) recheck(n int) (Action, bool) {
+	events, refusal := at.unit.Recheck()
+	for _, ev := range events {
+		at.x.emit(ev.Type, ev.Data)
+	}
+	if refusal == nil {
+		return Action{}, true
+	}
+	return Action{Do: Finish, end: failedAfterRun(refusal), Attempts: n - 1}, false
 }
 
 // pausedNow is the pause that stops the next attempt, nil when none does,

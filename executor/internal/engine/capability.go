@@ -154,9 +154,14 @@ type WorkUnit interface {
 	FromReceipt(ctx context.Context, n int, receipt envelope.Raw) (any, error)
 	// Reconcile asks the capability's reconciler whether attempt n, which
 	// was given the idempotency key key, took effect, under ctx (the
-	// reconciliation's timeout, the execution's cancel). Only called when
-	// Recovery().Reconciles.
+	// reconciliation's timeout; not the execution's cancel, which stops
+	// nothing of a lost attempt). Only called when Recovery().Reconciles.
 	Reconcile(ctx context.Context, n int, key string) Reconciliation
+	// Recheck decides a retry again by the rules an operator may change
+	// while the execution runs (the policy set in force, DESIGN §18): the
+	// events to file, and the refusal that ends the execution instead of
+	// the retry (nil: it may run).
+	Recheck() ([]Event, *envelope.CapabilityError)
 }
 
 // Verdict is a reconciler's answer, as the takeover table reads it.

@@ -205,6 +205,33 @@ func TestBackoff_DeadlineDuringIt_EndsAtOnce(t *testing.T) {
 	}
 }
 
+// A retry is decided again before it starts (the rules an operator put in
+// force since): one refused ends the execution with the refusal, after the
+// attempts that ran, the refusal's events filed and no retry.
+func TestRecheck_ARefusedRetryEndsWithTheAttemptsThatRan(t *testing.T) {
+	t.Parallel()
+	fail := &envelope.CapabilityError{Code: envelope.CodeExecutionFailed, Message: "again", Retryable: true}
+	refusal := &envelope.CapabilityError{Code: envelope.CodePolicyDenied, Stage: envelope.StagePolicy, Message: "No.", ExposeToModel: true}
+	g := newRig(t, &testCap{
+		retry: func(n int, _ *envelope.CapabilityError) (time.Duration, bool) { return 0, n < 2 },
+		work:  func(context.Context, Attempt) (any, error) { return nil, fail },
+		recheck: func() ([]Event, *envelope.CapabilityError) {
+			return []Event{{Type: audit.EventDenied, Data: map[string]any{"reason": "policy-denied"}}}, refusal
+		},
+	}, nil)
+	req := g.request()
+	g.publish(req)
+	g.handle(g.next())
+	env := g.envelope(req)
+	if env == nil || env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodePolicyDenied || env.Attempts != 1 ||
+		g.c.calls.Load() != 1 {
+		t.Fatalf("envelope %+v after %d calls: want POLICY_DENIED after the one attempt that ran", env, g.c.calls.Load())
+	}
+	if got := g.trail(req); count(got, audit.EventDenied) != 1 || count(got, audit.EventRetried) != 0 {
+		t.Fatalf("trail %v: want the denial filed and no retry", got)
+	}
+}
+
 // The events the stages ask for (a denial's true reason) are filed before
 // the engine acts on their decision.
 func TestAdmission_StagesEventsFiled(t *testing.T) {

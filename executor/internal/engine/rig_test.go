@@ -37,6 +37,8 @@ type testCap struct {
 	timeout   time.Duration
 	unclaimed bool
 	calls     atomic.Int64
+	// recheck decides a retry again; nil: it may run.
+	recheck func() ([]Event, *envelope.CapabilityError)
 }
 
 func (c *testCap) Admit(ctx context.Context, r Request) Admission {
@@ -87,6 +89,12 @@ func (u testUnit) FromReceipt(_ context.Context, _ int, receipt envelope.Raw) (a
 }
 func (u testUnit) Reconcile(context.Context, int, string) Reconciliation {
 	return Reconciliation{Verdict: Inconclusive}
+}
+func (u testUnit) Recheck() ([]Event, *envelope.CapabilityError) {
+	if u.c.recheck == nil {
+		return nil, nil
+	}
+	return u.c.recheck()
 }
 
 // rig is a runner serving c, with its pool's consumer.
