@@ -172,6 +172,7 @@ func (w *Worker) renewCatalog(ctx context.Context) {
 		}
 		// A retention shrunk by a server since is followed within a renewal.
 		w.run.ReadEnvelopeRetention(putCtx)
+		w.watchClock(putCtx)
 		cancel()
 	}
 }

@@ -228,7 +228,8 @@ func NewWorker(nc *nats.Conn, reg *Registry, cfg WorkerConfig) (*Worker, error) 
 	}
 	w.run = engine.NewRunner(nc, w.log, engine.Config{
 		ID: cfg.ID, Lease: cfg.Lease, RolloutDelay: cfg.RolloutDelay, StrictAudit: cfg.StrictAudit,
-		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, BeforeAttempt: cfg.knobs.BeforeAttempt, Capabilities: served,
+		DisableLeaseRenewal: cfg.knobs.DisableLeaseRenewal, BeforeAttempt: cfg.knobs.BeforeAttempt, Now: cfg.knobs.Clock,
+		Capabilities:  served,
 		Listed:        func(id string) (bool, error) { return w.cat.listedNow(id) },
 		NearName:      w.nearName,
 		ResolveResume: w.resolveResume,
@@ -301,6 +302,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	w.b = b
+	if err := ready("compare clocks", w.checkClock); err != nil {
+		return startErr(ctx, err)
+	}
 	if err := ready("read grants", func(c context.Context) (err error) {
 		w.grants, err = grantwatch.Watch(ctx, b.JS, b.Names)
 		return err

@@ -34,6 +34,9 @@ type WorkerKnobs struct {
 	// its coalescing of read-only audit events read (nil: the clock): a test
 	// that holds it still counts what a quota lets through without timing.
 	ControlClock func() time.Time
+	// Clock is the worker's clock (nil: the machine's): a test runs a
+	// worker on a machine whose clock is off.
+	Clock func() time.Time
 	// BeforeAttempt is called once an execution's first attempt on the
 	// worker has passed its pause gate and its limits, before its record
 	// says it runs: a test holds an attempt there.
