@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/capstan-dev/capstan/internal/broker"
 )
 
 // Leases, deadlines and the record window are judged by each worker's clock
@@ -31,7 +33,13 @@ func (w *Worker) clock() time.Time {
 func (w *Worker) checkClock(ctx context.Context) error {
 	offset, margin, err := w.b.ClockOffset(ctx, w.clock)
 	if err != nil {
-		return err
+		if broker.Unreachable(err) {
+			return err // waited for as every step of the start is
+		}
+		// A server that does not say its time, or credentials that may not
+		// ask it: nothing to compare with.
+		w.log.Warn("clock not compared with the server's", "err", err)
+		return nil
 	}
 	bound := maxClockOffset(w.cfg.Lease)
 	off := offset.Abs() - margin
