@@ -556,6 +556,16 @@ func TestLimit_KeysAndWords(t *testing.T) {
 		}
 		keys[k] = true
 	}
+	// An empty Per is the capability's own, for every kind.
+	for _, l := range []Limit{slots, mail, refund} {
+		own := l
+		own.Per, own.Who = PerCapability, ""
+		unset := own
+		unset.Per = ""
+		if got, want := unset.Key(), own.Key(); got != want {
+			t.Errorf("%s with no Per: key %s, want the capability's own %s", l.Kind, got, want)
+		}
+	}
 	for l, want := range map[Limit]string{
 		refund: "amount 2000 per 24h per actor",
 		mail:   "5 per 1m per actor",
