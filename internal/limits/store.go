@@ -301,6 +301,67 @@ func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*O
 	return over, nil
 }
 
+// Sweep judges, in every slots key of the bucket, the holders whose lease
+// as recorded has passed, and writes back the verdicts when one is gone
+// (takeSlot's, with no taker): a worker that died frees its slots though no
+// one asks for them, and a principal's or an actor's slots, once empty,
+// leave the bucket (counterTTL). It reports how many holders were gone.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	// One watch reads every slots key's value: no read per key.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := s.kv.WatchFiltered(wctx, []string{"c.>", "s.>"}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = w.Stop() }()
+	held := map[string]*Counter{}
+	for e := range w.Updates() {
+		if e == nil {
+			break // every value present is read
+		}
+		c := new(Counter)
+		if envelope.Unmarshal(e.Value(), c) == nil && len(c.Holders) > 0 {
+			held[e.Key()] = c
+		}
+	}
+	if err := wctx.Err(); err != nil {
+		return 0, err
+	}
+	gone, errs := 0, []error(nil)
+	for key, c := range held {
+		verdicts, anyGone := map[string]Verdict{}, false
+		for _, h := range c.Holders {
+			if s.now().Before(h.Until) {
+				continue
+			}
+			v, err := s.alive(ctx, h)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			verdicts[h.Claim], anyGone = v, anyGone || v.Gone
+		}
+		if !anyGone {
+			continue // a long call's slot is not rewritten at each pass
+		}
+		var dropped int
+		_, err = s.change(ctx, key, nil, func(c *Counter) bool {
+			judged := Verdicts(c.Holders, verdicts)
+			dropped = len(c.Holders) - len(judged)
+			changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
+			c.Holders = judged
+			return changed
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		gone += dropped
+	}
+	return gone, errors.Join(errs...)
+}
+
 func sameHolder(a, b Holder) bool {
 	return a.Key == b.Key && a.Claim == b.Claim && a.Until.Equal(b.Until) && a.Worker == b.Worker
 }
@@ -461,7 +522,8 @@ func (s *Store) forget(key string) {
 // granule; a capability's slots for ever (one key per capability), a
 // principal's or an actor's for ever while held and a minute once empty,
 // so that idle callers leave the bucket (a holder's lease is judged by its
-// record, not by time: held slots never expire).
+// record, not by time: held slots never expire; Sweep empties those whose
+// holders are gone).
 func counterTTL(c *Counter, now time.Time) time.Duration {
 	interval := c.Limit().Interval
 	switch c.Kind {

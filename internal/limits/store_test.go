@@ -331,3 +331,70 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 		t.Errorf("%d admitted one emission interval later, want 1", n)
 	}
 }
+
+// A holder gone by its record, in slots no one asks for again (an actor's,
+// whose worker was killed, and who never calls again), is freed by a sweep:
+// its slots, empty, carry a TTL and leave the bucket. A holder past its
+// recorded lease but alive by its record keeps its slot, with its record's
+// lease when the slots are written; slots where no one is gone are not
+// written; a holder within its lease is not asked about.
+func TestStore_SweepFreesSlotsOfHoldersGoneThatNoOneAsksFor(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	var nanos atomic.Int64
+	start := time.Now()
+	nanos.Store(start.UnixNano())
+	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
+	var asked atomic.Int64
+	alive := func(_ context.Context, h Holder) (Verdict, error) {
+		asked.Add(1)
+		if h.Claim == "dead" || h.Claim == "dead2" {
+			return Verdict{Gone: true}, nil
+		}
+		return Verdict{Until: start.Add(time.Hour)}, nil
+	}
+	s := NewStore(b, alive, clock)
+	ctx := context.Background()
+	actor := func(who string) Limit {
+		return Limit{Kind: Concurrency, Capability: "t.sweep", Per: PerActor, Who: ActorWho("alice", who), Max: 2, Action: Wait}
+	}
+	take := func(l Limit, claim string, lease time.Duration) {
+		t.Helper()
+		h := Holder{Key: "alice." + claim, Claim: claim, Until: start.Add(lease)}
+		if _, over, err := s.Take(ctx, []Limit{l}, h, nil); over != nil || err != nil {
+			t.Fatalf("take %s: %+v %v", claim, over, err)
+		}
+	}
+	if n, err := s.Sweep(ctx); n != 0 || err != nil {
+		t.Fatalf("a sweep of no slots freed %d: %v", n, err)
+	}
+	ann, bob, cid := actor("user:ann"), actor("user:bob"), actor("user:cid")
+	take(ann, "dead", time.Second)
+	take(bob, "dead2", time.Second)
+	take(bob, "long", time.Second)
+	take(cid, "long2", time.Second)
+	take(cid, "young", time.Minute)
+
+	if n, err := s.Sweep(ctx); n != 0 || err != nil || asked.Load() != 0 {
+		t.Fatalf("a sweep within every lease freed %d, asked %d records: %v", n, asked.Load(), err)
+	}
+	nanos.Add(int64(2 * time.Second)) // the leases of a second, as recorded, passed
+	if n, err := s.Sweep(ctx); n != 2 || err != nil || asked.Load() != 4 {
+		t.Fatalf("a sweep freed %d, asked %d records, want the 2 dead holders' slots, 4 asked: %v", n, asked.Load(), err)
+	}
+	c, _ := s.Read(ctx, ann.Key())
+	if c == nil || len(c.Holders) != 0 {
+		t.Fatalf("ann's slots after the sweep: %+v", c)
+	}
+	if ttl := msgTTL(t, b, ann.Key()); ttl != EmptySlotsTTL.String() {
+		t.Errorf("ann's emptied slots carry TTL %q, want %s", ttl, EmptySlotsTTL)
+	}
+	c, _ = s.Read(ctx, bob.Key())
+	if c == nil || len(c.Holders) != 1 || c.Holders[0].Claim != "long" || !c.Holders[0].Until.Equal(start.Add(time.Hour)) {
+		t.Errorf("bob's live holder after the sweep: %+v, want its record's lease", c)
+	}
+	c, _ = s.Read(ctx, cid.Key())
+	if c == nil || len(c.Holders) != 2 || !c.Holders[0].Until.Equal(start.Add(time.Second)) {
+		t.Errorf("cid's slots, where no one is gone: %+v, want them as taken", c)
+	}
+}
