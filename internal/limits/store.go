@@ -243,6 +243,7 @@ func (s *Store) takeRate(ctx context.Context, l Limit, key string) (*Over, error
 	var over *Over
 	_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 		over = nil
+		c.TAT = RescaleRate(c.TAT, c.Max, c.Limit().Interval, l.Max, l.Interval, s.now()) // the limit may have changed
 		c.define(l)
 		next, ok, retry := TakeRate(c.TAT, l.Max, l.Interval, s.now())
 		if !ok {

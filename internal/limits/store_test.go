@@ -398,3 +398,52 @@ func TestStore_SweepFreesSlotsOfHoldersGoneThatNoOneAsksFor(t *testing.T) {
 		t.Errorf("cid's slots, where no one is gone: %+v, want them as taken", c)
 	}
 }
+
+// A rate changed while its callers wait carries the executions it counted
+// over to the new limit, as many as the new limit holds: raised from 1 per
+// hour to 60 per minute after one execution, it admits the new burst's 59
+// others at once, not in an hour; lowered from 60 per minute to 2 after 30
+// executions, it admits none until one leaves the new limit's interval,
+// not the new burst on top of the 30.
+func TestStore_ARateChangedCarriesWhatItCountedOver(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	var nanos atomic.Int64
+	nanos.Store(time.Now().UnixNano())
+	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
+	s := NewStore(b, alwaysAlive, clock)
+	ctx := context.Background()
+	takes := func(l Limit, n int) (admitted int, over *Over) {
+		t.Helper()
+		for i := range n {
+			_, o, err := s.Take(ctx, []Limit{l}, Holder{Key: fmt.Sprintf("p.%s-%d-%d", l.Capability, nanos.Load(), i)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o != nil {
+				return admitted, o
+			}
+			admitted++
+		}
+		return admitted, nil
+	}
+	hourly := Limit{Kind: Rate, Capability: "t.raised", Per: PerCapability, Max: 1, Interval: time.Hour, Action: Refuse}
+	if n, _ := takes(hourly, 1); n != 1 {
+		t.Fatalf("1 per hour admitted %d", n)
+	}
+	raised := hourly
+	raised.Max, raised.Interval = 60, time.Minute
+	if n, over := takes(raised, 60); n != 59 || over == nil || over.RetryAfter > time.Second {
+		t.Errorf("raised to 60 per minute after 1: %d admitted, then %+v; want 59, then a second at most", n, over)
+	}
+
+	fast := Limit{Kind: Rate, Capability: "t.lowered", Per: PerCapability, Max: 60, Interval: time.Minute, Action: Refuse}
+	if n, _ := takes(fast, 30); n != 30 {
+		t.Fatalf("60 per minute admitted %d of 30", n)
+	}
+	lowered := fast
+	lowered.Max = 2
+	if n, over := takes(lowered, 2); n != 0 || over == nil || over.RetryAfter != 30*time.Second {
+		t.Errorf("lowered to 2 per minute after 30: %d admitted, then %+v; want none, retry after 30s", n, over)
+	}
+}
