@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/testenv"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 )
 
 // Environment of a limits worker process started by running this test
@@ -28,6 +29,9 @@ const (
 	limitsProcessID    = "CAPSTAN_TEST_LIMITS_WORKER_ID"
 	limitsProcessLease = "CAPSTAN_TEST_LIMITS_WORKER_LEASE"
 	limitsProcessSweep = "CAPSTAN_TEST_LIMITS_WORKER_SWEEP"
+	// limitsProcessStall: the process stops each execution once its
+	// limits are taken, before its attempt starts, and says so.
+	limitsProcessStall = "CAPSTAN_TEST_LIMITS_WORKER_STALL"
 	slotEffects        = "LIMITS_EFFECTS"
 )
 
@@ -70,6 +74,20 @@ func actorCapability(js jetstream.JetStream) executor.Capability {
 		})
 }
 
+// ratedCapability may start once an hour for each actor, and refuses the
+// calls over that; each call records its start.
+func ratedCapability(js jetstream.JetStream) executor.Capability {
+	return executor.Define("t.rated", executor.Meta{Description: "Runs once an hour per actor.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitRate, Per: executor.LimitPerActor,
+			Max: 1, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}}},
+		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
+				return "", err
+			}
+			return "ran", nil
+		})
+}
+
 // pairCapability may run twice at once across the deployment, a read the
 // runtime retries after a lost worker; each call records its start and its
 // end, with the worker's id, in a stream that outlives every process.
@@ -105,14 +123,21 @@ func TestLimitsWorkerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := executor.NewRegistry(slotCapability(js), pairCapability(js, os.Getenv(limitsProcessID)), actorCapability(js))
+	reg, err := executor.NewRegistry(slotCapability(js), pairCapability(js, os.Getenv(limitsProcessID)), actorCapability(js),
+		ratedCapability(js))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease, _ := time.ParseDuration(os.Getenv(limitsProcessLease))
 	sweep, _ := time.ParseDuration(os.Getenv(limitsProcessSweep))
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: os.Getenv(limitsProcessID), Lease: lease, Grace: time.Second,
-		SweepInterval: sweep})
+	cfg := executor.WorkerConfig{ID: os.Getenv(limitsProcessID), Lease: lease, Grace: time.Second, SweepInterval: sweep}
+	if os.Getenv(limitsProcessStall) != "" {
+		cfg = testhooks.Worker(cfg, testhooks.WorkerKnobs{BeforeAttempt: func(id string, _ int) {
+			_, _ = js.Publish(context.Background(), "limits.stalled."+id, nil)
+			select {} // until killed
+		}})
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,6 +276,52 @@ func TestLimits_KilledWorkersSlotIsFreedThoughItsActorNeverReturns(t *testing.T)
 		t.Fatalf("the killed call: %v %+v", err, got)
 	}
 	waitUntil(t, "the dead worker's slot freed", func() bool { return len(actorHolders(t, js)) == 0 })
+}
+
+// A worker process SIGKILLed once an execution took its rate, before its
+// attempt started: the execution's redelivery runs it, counted once. A rate
+// of one an hour that counted it twice refused it RATE_LIMITED, a call
+// that never ran, over its own first taking.
+func TestLimits_KilledBeforeItsAttemptAnExecutionTakesItsRateOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	const lease = 2 * time.Second
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env.Connect(t))
+	victim := limitsProcess(t, env.URL, "rated-victim", lease, limitsProcessStall+"=1")
+	waitProcessesServing(t, env.Server, "rated-victim")
+
+	id, err := c.Submit(ctxT(t), "t.rated", struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := func() bool {
+		info, err := mustStream(t, js).Info(ctxT(t), jetstream.WithSubjectFilter("limits.stalled."+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects["limits.stalled."+id] == 1
+	}
+	waitUntil(t, "the rate taken, the attempt not started", stalled)
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease}, ratedCapability(js))
+	got, err := c.Await(ctxT(t), id)
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("the execution whose worker was killed before its attempt: %v %+v (%+v), want it run", err, got, got.Error)
+	}
+	if n := slotStarts(t, js, id); n != 1 {
+		t.Errorf("its handler ran %d times", n)
+	}
 }
 
 // actorHolders reads the claims holding the actor's slots of t.actor (one

@@ -32,6 +32,11 @@ type Counter struct {
 	Holders []Holder `json:"holders,omitempty"`
 	// TAT is a rate's theoretical arrival time (TakeRate).
 	TAT time.Time `json:"tat,omitzero"`
+	// Last is the execution a rate admitted last (its key), at LastAt:
+	// taken again within the record window (its worker lost before its
+	// attempt started, the request redelivered), it is not counted twice.
+	Last   string    `json:"last,omitempty"`
+	LastAt time.Time `json:"lastAt,omitzero"`
 	// Window is a budget's usage.
 	Window    *Window   `json:"window,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -164,7 +169,7 @@ func (s *Store) Take(ctx context.Context, lims []Limit, h Holder, approved map[s
 		var err error
 		switch l.Kind {
 		case Rate:
-			over, err = s.takeRate(ctx, l, key)
+			over, err = s.takeRate(ctx, l, key, h.Key)
 			if err == nil && over == nil {
 				t.rates = append(t.rates, takenRate{l, key})
 			}
@@ -211,6 +216,9 @@ func (s *Store) Undo(ctx context.Context, t Taken) {
 				return false
 			}
 			c.TAT = RefundRate(c.TAT, c.Max, c.Limit().Interval)
+			if c.Last == t.holder.Key {
+				c.Last, c.LastAt = "", time.Time{}
+			}
 			return true
 		})
 	}
@@ -238,11 +246,16 @@ func (s *Store) Release(ctx context.Context, t Taken) {
 	}
 }
 
-// takeRate takes one execution of a rate.
-func (s *Store) takeRate(ctx context.Context, l Limit, key string) (*Over, error) {
+// takeRate takes one execution of a rate for execution, unless the rate
+// admitted it last, within the record window: an id used again later (one
+// the caller reused past the envelopes' retention) is counted again.
+func (s *Store) takeRate(ctx context.Context, l Limit, key, execution string) (*Over, error) {
 	var over *Over
 	_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 		over = nil
+		if c.Last == execution && s.now().Sub(c.LastAt) < s.keep {
+			return false // counted when it was first taken
+		}
 		c.TAT = RescaleRate(c.TAT, c.Max, c.Limit().Interval, l.Max, l.Interval, s.now()) // the limit may have changed
 		c.define(l)
 		next, ok, retry := TakeRate(c.TAT, l.Max, l.Interval, s.now())
@@ -250,7 +263,7 @@ func (s *Store) takeRate(ctx context.Context, l Limit, key string) (*Over, error
 			over = &Over{Limit: l, Used: RateUsed(c.TAT, l.Max, l.Interval, s.now()), RetryAfter: retry}
 			return false
 		}
-		c.TAT = next
+		c.TAT, c.Last, c.LastAt = next, execution, s.now().UTC()
 		return true
 	})
 	return over, err

@@ -300,7 +300,7 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 	nanos.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
 	l := Limit{Kind: Rate, Capability: "t.rate", Per: PerCapability, Max: 5, Interval: time.Minute, Action: Refuse}
-	race := func() int64 {
+	race := func(round int) int64 { // each take another execution
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 20 {
@@ -309,7 +309,7 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 				defer wg.Done()
 				s := NewStore(b, alwaysAlive, clock)
 				for j := range 5 {
-					_, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d-%d", i, j)}, nil)
+					_, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d-%d-%d", round, i, j)}, nil)
 					if err != nil {
 						t.Error(err)
 						return
@@ -323,11 +323,11 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 		wg.Wait()
 		return admitted.Load()
 	}
-	if n := race(); n != l.Max {
+	if n := race(1); n != l.Max {
 		t.Errorf("%d admitted at one instant, want the burst of %d", n, l.Max)
 	}
 	nanos.Add(int64(l.Interval) / l.Max)
-	if n := race(); n != 1 {
+	if n := race(2); n != 1 {
 		t.Errorf("%d admitted one emission interval later, want 1", n)
 	}
 }
@@ -413,10 +413,12 @@ func TestStore_ARateChangedCarriesWhatItCountedOver(t *testing.T) {
 	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
 	s := NewStore(b, alwaysAlive, clock)
 	ctx := context.Background()
+	var executions int
 	takes := func(l Limit, n int) (admitted int, over *Over) {
 		t.Helper()
-		for i := range n {
-			_, o, err := s.Take(ctx, []Limit{l}, Holder{Key: fmt.Sprintf("p.%s-%d-%d", l.Capability, nanos.Load(), i)}, nil)
+		for range n {
+			executions++
+			_, o, err := s.Take(ctx, []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d", executions)}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -445,5 +447,55 @@ func TestStore_ARateChangedCarriesWhatItCountedOver(t *testing.T) {
 	lowered.Max = 2
 	if n, over := takes(lowered, 2); n != 0 || over == nil || over.RetryAfter != 30*time.Second {
 		t.Errorf("lowered to 2 per minute after 30: %d admitted, then %+v; want none, retry after 30s", n, over)
+	}
+}
+
+// An execution a rate admitted, taken again (its worker lost before the
+// attempt, the request redelivered to another), is counted once; one given
+// back (a later limit said no) is counted when it is taken again.
+func TestStore_ARateCountsTheExecutionItAdmittedLastOnce(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	ctx := context.Background()
+	rate := Limit{Kind: Rate, Capability: "t.once", Per: PerActor, Who: ActorWho("alice", "user:ann"), Max: 3, Interval: time.Hour, Action: Refuse}
+	slot := Limit{Kind: Concurrency, Capability: "t.once", Max: 1, Action: Wait}
+	used := func() int64 {
+		c, _ := NewStore(b, alwaysAlive, nil).Read(ctx, rate.Key())
+		return c.Used(time.Now())
+	}
+	x := Holder{Key: "alice.x", Claim: "x1", Until: time.Now().Add(time.Minute)}
+	for i := range 2 { // another worker each time
+		if _, over, err := NewStore(b, alwaysAlive, nil).Take(ctx, []Limit{rate}, x, nil); over != nil || err != nil {
+			t.Fatalf("take %d of x: %+v %v", i, over, err)
+		}
+	}
+	if n := used(); n != 1 {
+		t.Fatalf("x taken twice counts %d, want 1", n)
+	}
+	s := NewStore(b, alwaysAlive, nil)
+	if _, over, err := s.Take(ctx, []Limit{slot}, Holder{Key: "alice.y", Claim: "y", Until: time.Now().Add(time.Minute)}, nil); over != nil || err != nil {
+		t.Fatalf("y's slot: %+v %v", over, err)
+	}
+	z := Holder{Key: "alice.z", Claim: "z", Until: time.Now().Add(time.Minute)}
+	if _, over, _ := s.Take(ctx, []Limit{rate, slot}, z, nil); over == nil || over.Limit.Kind != Concurrency {
+		t.Fatalf("z past a full slot: %+v", over)
+	}
+	if n := used(); n != 1 {
+		t.Fatalf("z given back, the rate counts %d, want 1", n)
+	}
+	if _, over, err := s.Take(ctx, []Limit{rate}, z, nil); over != nil || err != nil {
+		t.Fatalf("z taken again: %+v %v", over, err)
+	}
+	if n := used(); n != 2 {
+		t.Errorf("z taken after it was given back: the rate counts %d, want 2", n)
+	}
+	// Past the record window, an id taken again (a caller that reused it)
+	// is counted again.
+	later := NewStore(b, alwaysAlive, func() time.Time { return time.Now().Add(b.Config.RecordWindow) })
+	if _, over, err := later.Take(ctx, []Limit{rate}, z, nil); over != nil || err != nil {
+		t.Fatalf("z again past the record window: %+v %v", over, err)
+	}
+	if n := used(); n != 3 {
+		t.Errorf("z taken again past the record window: the rate counts %d, want 3", n)
 	}
 }
