@@ -19,6 +19,7 @@ import (
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/testenv"
+	"github.com/capstan-dev/capstan/internal/testhooks"
 )
 
 // Environment of a limits worker process started by running this test
@@ -27,6 +28,10 @@ const (
 	limitsProcessURL   = "CAPSTAN_TEST_LIMITS_WORKER_URL"
 	limitsProcessID    = "CAPSTAN_TEST_LIMITS_WORKER_ID"
 	limitsProcessLease = "CAPSTAN_TEST_LIMITS_WORKER_LEASE"
+	limitsProcessSweep = "CAPSTAN_TEST_LIMITS_WORKER_SWEEP"
+	// limitsProcessStall: the process stops each execution once its
+	// limits are taken, before its attempt starts, and says so.
+	limitsProcessStall = "CAPSTAN_TEST_LIMITS_WORKER_STALL"
 	slotEffects        = "LIMITS_EFFECTS"
 )
 
@@ -47,6 +52,37 @@ func slotCapability(js jetstream.JetStream) executor.Capability {
 			if call.Input.Hold {
 				<-ctx.Done()
 				return "", ctx.Err()
+			}
+			return "ran", nil
+		})
+}
+
+// actorCapability may run twice at once for each actor; each call records
+// its start, then holds until cancelled when asked to.
+func actorCapability(js jetstream.JetStream) executor.Capability {
+	return executor.Define("t.actor", executor.Meta{Description: "Runs twice at a time per actor.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 2}}},
+		func(ctx context.Context, call executor.Call[slotIn]) (string, error) {
+			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
+				return "", err
+			}
+			if call.Input.Hold {
+				<-ctx.Done()
+				return "", ctx.Err()
+			}
+			return "ran", nil
+		})
+}
+
+// ratedCapability may start once an hour for each actor, and refuses the
+// calls over that; each call records its start.
+func ratedCapability(js jetstream.JetStream) executor.Capability {
+	return executor.Define("t.rated", executor.Meta{Description: "Runs once an hour per actor.", Expose: executor.On(executor.SurfaceDirect),
+		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitRate, Per: executor.LimitPerActor,
+			Max: 1, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}}},
+		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
+			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
+				return "", err
 			}
 			return "ran", nil
 		})
@@ -87,12 +123,21 @@ func TestLimitsWorkerProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := executor.NewRegistry(slotCapability(js), pairCapability(js, os.Getenv(limitsProcessID)))
+	reg, err := executor.NewRegistry(slotCapability(js), pairCapability(js, os.Getenv(limitsProcessID)), actorCapability(js),
+		ratedCapability(js))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lease, _ := time.ParseDuration(os.Getenv(limitsProcessLease))
-	w, err := executor.NewWorker(nc, reg, executor.WorkerConfig{ID: os.Getenv(limitsProcessID), Lease: lease, Grace: time.Second})
+	sweep, _ := time.ParseDuration(os.Getenv(limitsProcessSweep))
+	cfg := executor.WorkerConfig{ID: os.Getenv(limitsProcessID), Lease: lease, Grace: time.Second, SweepInterval: sweep}
+	if os.Getenv(limitsProcessStall) != "" {
+		cfg = testhooks.Worker(cfg, testhooks.WorkerKnobs{BeforeAttempt: func(id string, _ int) {
+			_, _ = js.Publish(context.Background(), "limits.stalled."+id, nil)
+			select {} // until killed
+		}})
+	}
+	w, err := executor.NewWorker(nc, reg, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,12 +236,139 @@ func TestLimits_KilledWorkersSlotIsFreedByItsLease(t *testing.T) {
 	waitUntil(t, "every slot given back", func() bool { return len(slotHolders(t, js)) == 0 })
 }
 
+// A worker process SIGKILLed while it holds one of an actor's two slots, an
+// actor who never calls again: the slot is not kept for ever (the bucket
+// would grow with every kill and every actor in flight). The worker that
+// sweeps finds its holder gone by its record and frees it, though the
+// execution's takeover, taking the actor's other slot, never had to ask.
+func TestLimits_KilledWorkersSlotIsFreedThoughItsActorNeverReturns(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	const lease = 2 * time.Second
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env.Connect(t))
+	// The victim never sweeps: the duty is the survivor's from the start.
+	victim := limitsProcess(t, env.URL, "actor-victim", lease, limitsProcessSweep+"=-1s")
+	waitProcessesServing(t, env.Server, "actor-victim")
+
+	held, err := c.Submit(ctxT(t), "t.actor", slotIn{Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call's start", func() bool { return slotStarts(t, js, held) == 1 })
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+	if h := actorHolders(t, js); len(h) != 1 {
+		t.Fatalf("the dead worker's slot: holders %v", h)
+	}
+
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease, SweepInterval: 100 * time.Millisecond}, actorCapability(js))
+	got, err := c.Await(ctxT(t), held)
+	if err != nil || got.Status != envelope.StatusFailed || got.Error == nil || got.Error.Code != envelope.CodeOutcomeUnknown {
+		t.Fatalf("the killed call: %v %+v", err, got)
+	}
+	waitUntil(t, "the dead worker's slot freed", func() bool { return len(actorHolders(t, js)) == 0 })
+}
+
+// A worker process SIGKILLed once an execution took its rate, before its
+// attempt started: the execution's redelivery runs it, counted once. A rate
+// of one an hour that counted it twice refused it RATE_LIMITED, a call
+// that never ran, over its own first taking.
+func TestLimits_KilledBeforeItsAttemptAnExecutionTakesItsRateOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	const lease = 2 * time.Second
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env.Connect(t))
+	victim := limitsProcess(t, env.URL, "rated-victim", lease, limitsProcessStall+"=1")
+	waitProcessesServing(t, env.Server, "rated-victim")
+
+	id, err := c.Submit(ctxT(t), "t.rated", struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled := func() bool {
+		info, err := mustStream(t, js).Info(ctxT(t), jetstream.WithSubjectFilter("limits.stalled."+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects["limits.stalled."+id] == 1
+	}
+	waitUntil(t, "the rate taken, the attempt not started", stalled)
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease}, ratedCapability(js))
+	got, err := c.Await(ctxT(t), id)
+	if err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("the execution whose worker was killed before its attempt: %v %+v (%+v), want it run", err, got, got.Error)
+	}
+	if n := slotStarts(t, js, id); n != 1 {
+		t.Errorf("its handler ran %d times", n)
+	}
+}
+
+// actorHolders reads the claims holding the actor's slots of t.actor (one
+// actor calls it).
+func actorHolders(t *testing.T, js jetstream.JetStream) []string {
+	t.Helper()
+	kv, err := js.KeyValue(ctxT(t), "CAPSTAN_LIMITS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.ListKeysFiltered(ctxT(t), "s.a.*.t.actor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims []string
+	n := 0
+	for key := range keys.Keys() {
+		n++
+		e, err := kv.Get(ctxT(t), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c struct {
+			Holders []struct {
+				Claim string `json:"claim"`
+			} `json:"holders"`
+		}
+		if err := envelope.Unmarshal(e.Value(), &c); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range c.Holders {
+			claims = append(claims, h.Claim)
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d counters of the actor's slots, want 1", n)
+	}
+	return claims
+}
+
 // limitsProcess starts a limits worker process; it is killed when the test
 // ends. Its output goes to the test log; a race it reports fails the test.
-func limitsProcess(t *testing.T, url, id string, lease time.Duration) *exec.Cmd {
+func limitsProcess(t *testing.T, url, id string, lease time.Duration, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLimitsWorkerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), limitsProcessURL+"="+url, limitsProcessID+"="+id, limitsProcessLease+"="+lease.String())
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,8 @@
 // attempts end. A slot is held under the execution's own lease: a holder
 // whose lease has run out is checked against the execution's record before
 // anyone counts it as gone, so a slot held by a worker that died frees
-// itself when that worker's lease lapses, and never earlier.
+// itself when that worker's lease lapses, and never earlier: when a taker
+// finds the slots full, or at the sweep (Store.Sweep) when no one asks.
 //
 // The engine (executor/internal/engine) takes and releases; the executor
 // reads usage to bind it in an approval; `capstan limits`, the metrics and

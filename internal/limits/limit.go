@@ -74,17 +74,22 @@ type Limit struct {
 // Key is the limit's counter in the limits bucket. Actors and principals are
 // hashed: a key is a subject, and an actor's id may hold any printable
 // character; the value names them in full.
+// An empty Per is the capability's own, as in String.
 func (l Limit) Key() string {
+	per := string(l.Per)
+	if per == "" {
+		per = string(PerCapability)
+	}
 	switch l.Kind {
 	case Concurrency:
-		if l.Per == PerCapability || l.Per == "" {
+		if per == string(PerCapability) {
 			return SlotsKey(l.Capability)
 		}
-		return "s." + string(l.Per)[:1] + "." + whoToken(l.Who) + "." + l.Capability
+		return "s." + per[:1] + "." + whoToken(l.Who) + "." + l.Capability
 	case Rate:
-		return "r." + string(l.Per)[:1] + "." + whoToken(l.Who) + "." + l.Capability
+		return "r." + per[:1] + "." + whoToken(l.Who) + "." + l.Capability
 	default:
-		return "b." + string(l.Per)[:1] + "." + whoToken(l.Who) + "." + l.Name + "." + l.Capability
+		return "b." + per[:1] + "." + whoToken(l.Who) + "." + l.Name + "." + l.Capability
 	}
 }
 

@@ -136,6 +136,21 @@ func RefundRate(tat time.Time, n int64, interval time.Duration) time.Time {
 	return tat.Add(-t)
 }
 
+// RescaleRate carries tat, a rate's time under n per interval, to m per
+// every: the executions it counts ahead of now stay counted, at most a full
+// burst of the new limit. A limit changed while callers wait neither holds
+// them for the old interval nor lets the new burst through on top of what
+// the old one admitted.
+func RescaleRate(tat time.Time, n int64, interval time.Duration, m int64, every time.Duration, now time.Time) time.Time {
+	t, _ := emission(n, interval)
+	u, _ := emission(m, every)
+	if n == m && interval == every || !tat.After(now) || t <= 0 {
+		return tat
+	}
+	ahead := float64(tat.Sub(now)) / float64(t) * float64(u)
+	return now.Add(time.Duration(min(ahead, float64(every))))
+}
+
 // RateUsed is how many executions of the last interval a rate counts at now:
 // a full burst (n) when tat is a whole interval ahead.
 func RateUsed(tat time.Time, n int64, interval time.Duration, now time.Time) int64 {

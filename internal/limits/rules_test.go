@@ -328,6 +328,31 @@ func TestRefundRate_UndoesOneTake(t *testing.T) {
 	}
 }
 
+// A rate's time carried to another limit keeps the executions it counts
+// ahead, at most the new burst; unchanged, or with nothing counted, it stays.
+func TestRescaleRate(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	for _, tc := range []struct {
+		name      string
+		ahead     time.Duration // tat − now under 10 per minute
+		m         int64
+		every     time.Duration
+		wantAhead time.Duration
+	}{
+		{"same limit", 30 * time.Second, 10, time.Minute, 30 * time.Second},
+		{"nothing counted", -time.Second, 100, time.Minute, -time.Second},
+		{"raised: 5 counted stay 5", 30 * time.Second, 100, time.Minute, 3 * time.Second},
+		{"interval shortened: 5 counted stay 5", 30 * time.Second, 10, 10 * time.Second, 5 * time.Second},
+		{"lowered: 5 counted over a burst of 2 are the burst", 30 * time.Second, 2, time.Minute, time.Minute},
+	} {
+		got := RescaleRate(now.Add(tc.ahead), 10, time.Minute, tc.m, tc.every, now)
+		if got.Sub(now) != tc.wantAhead {
+			t.Errorf("%s: %v ahead, want %v", tc.name, got.Sub(now), tc.wantAhead)
+		}
+	}
+}
+
 func TestRateUsed(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -555,6 +580,16 @@ func TestLimit_KeysAndWords(t *testing.T) {
 			t.Errorf("key %s used twice", k)
 		}
 		keys[k] = true
+	}
+	// An empty Per is the capability's own, for every kind.
+	for _, l := range []Limit{slots, mail, refund} {
+		own := l
+		own.Per, own.Who = PerCapability, ""
+		unset := own
+		unset.Per = ""
+		if got, want := unset.Key(), own.Key(); got != want {
+			t.Errorf("%s with no Per: key %s, want the capability's own %s", l.Kind, got, want)
+		}
 	}
 	for l, want := range map[Limit]string{
 		refund: "amount 2000 per 24h per actor",

@@ -32,6 +32,11 @@ type Counter struct {
 	Holders []Holder `json:"holders,omitempty"`
 	// TAT is a rate's theoretical arrival time (TakeRate).
 	TAT time.Time `json:"tat,omitzero"`
+	// Last is the execution a rate admitted last (its key), at LastAt:
+	// taken again within the record window (its worker lost before its
+	// attempt started, the request redelivered), it is not counted twice.
+	Last   string    `json:"last,omitempty"`
+	LastAt time.Time `json:"lastAt,omitzero"`
 	// Window is a budget's usage.
 	Window    *Window   `json:"window,omitempty"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -164,7 +169,7 @@ func (s *Store) Take(ctx context.Context, lims []Limit, h Holder, approved map[s
 		var err error
 		switch l.Kind {
 		case Rate:
-			over, err = s.takeRate(ctx, l, key)
+			over, err = s.takeRate(ctx, l, key, h.Key)
 			if err == nil && over == nil {
 				t.rates = append(t.rates, takenRate{l, key})
 			}
@@ -211,6 +216,9 @@ func (s *Store) Undo(ctx context.Context, t Taken) {
 				return false
 			}
 			c.TAT = RefundRate(c.TAT, c.Max, c.Limit().Interval)
+			if c.Last == t.holder.Key {
+				c.Last, c.LastAt = "", time.Time{}
+			}
 			return true
 		})
 	}
@@ -238,18 +246,24 @@ func (s *Store) Release(ctx context.Context, t Taken) {
 	}
 }
 
-// takeRate takes one execution of a rate.
-func (s *Store) takeRate(ctx context.Context, l Limit, key string) (*Over, error) {
+// takeRate takes one execution of a rate for execution, unless the rate
+// admitted it last, within the record window: an id used again later (one
+// the caller reused past the envelopes' retention) is counted again.
+func (s *Store) takeRate(ctx context.Context, l Limit, key, execution string) (*Over, error) {
 	var over *Over
 	_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 		over = nil
+		if c.Last == execution && s.now().Sub(c.LastAt) < s.keep {
+			return false // counted when it was first taken
+		}
+		c.TAT = RescaleRate(c.TAT, c.Max, c.Limit().Interval, l.Max, l.Interval, s.now()) // the limit may have changed
 		c.define(l)
 		next, ok, retry := TakeRate(c.TAT, l.Max, l.Interval, s.now())
 		if !ok {
 			over = &Over{Limit: l, Used: RateUsed(c.TAT, l.Max, l.Interval, s.now()), RetryAfter: retry}
 			return false
 		}
-		c.TAT = next
+		c.TAT, c.Last, c.LastAt = next, execution, s.now().UTC()
 		return true
 	})
 	return over, err
@@ -299,6 +313,67 @@ func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*O
 		}
 	}
 	return over, nil
+}
+
+// Sweep judges, in every slots key of the bucket, the holders whose lease
+// as recorded has passed, and writes back the verdicts when one is gone
+// (takeSlot's, with no taker): a worker that died frees its slots though no
+// one asks for them, and a principal's or an actor's slots, once empty,
+// leave the bucket (counterTTL). It reports how many holders were gone.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	// One watch reads every slots key's value: no read per key.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := s.kv.WatchFiltered(wctx, []string{"c.>", "s.>"}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = w.Stop() }()
+	held := map[string]*Counter{}
+	for e := range w.Updates() {
+		if e == nil {
+			break // every value present is read
+		}
+		c := new(Counter)
+		if envelope.Unmarshal(e.Value(), c) == nil && len(c.Holders) > 0 {
+			held[e.Key()] = c
+		}
+	}
+	if err := wctx.Err(); err != nil {
+		return 0, err
+	}
+	gone, errs := 0, []error(nil)
+	for key, c := range held {
+		verdicts, anyGone := map[string]Verdict{}, false
+		for _, h := range c.Holders {
+			if s.now().Before(h.Until) {
+				continue
+			}
+			v, err := s.alive(ctx, h)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			verdicts[h.Claim], anyGone = v, anyGone || v.Gone
+		}
+		if !anyGone {
+			continue // a long call's slot is not rewritten at each pass
+		}
+		var dropped int
+		_, err = s.change(ctx, key, nil, func(c *Counter) bool {
+			judged := Verdicts(c.Holders, verdicts)
+			dropped = len(c.Holders) - len(judged)
+			changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
+			c.Holders = judged
+			return changed
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		gone += dropped
+	}
+	return gone, errors.Join(errs...)
 }
 
 func sameHolder(a, b Holder) bool {
@@ -461,7 +536,8 @@ func (s *Store) forget(key string) {
 // granule; a capability's slots for ever (one key per capability), a
 // principal's or an actor's for ever while held and a minute once empty,
 // so that idle callers leave the bucket (a holder's lease is judged by its
-// record, not by time: held slots never expire).
+// record, not by time: held slots never expire; Sweep empties those whose
+// holders are gone).
 func counterTTL(c *Counter, now time.Time) time.Duration {
 	interval := c.Limit().Interval
 	switch c.Kind {

@@ -300,7 +300,7 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 	nanos.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
 	l := Limit{Kind: Rate, Capability: "t.rate", Per: PerCapability, Max: 5, Interval: time.Minute, Action: Refuse}
-	race := func() int64 {
+	race := func(round int) int64 { // each take another execution
 		var admitted atomic.Int64
 		var wg sync.WaitGroup
 		for i := range 20 {
@@ -309,7 +309,7 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 				defer wg.Done()
 				s := NewStore(b, alwaysAlive, clock)
 				for j := range 5 {
-					_, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d-%d", i, j)}, nil)
+					_, over, err := s.Take(context.Background(), []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d-%d-%d", round, i, j)}, nil)
 					if err != nil {
 						t.Error(err)
 						return
@@ -323,11 +323,179 @@ func TestStore_RacingWorkersNeverTakeMoreThanTheRate(t *testing.T) {
 		wg.Wait()
 		return admitted.Load()
 	}
-	if n := race(); n != l.Max {
+	if n := race(1); n != l.Max {
 		t.Errorf("%d admitted at one instant, want the burst of %d", n, l.Max)
 	}
 	nanos.Add(int64(l.Interval) / l.Max)
-	if n := race(); n != 1 {
+	if n := race(2); n != 1 {
 		t.Errorf("%d admitted one emission interval later, want 1", n)
+	}
+}
+
+// A holder gone by its record, in slots no one asks for again (an actor's,
+// whose worker was killed, and who never calls again), is freed by a sweep:
+// its slots, empty, carry a TTL and leave the bucket. A holder past its
+// recorded lease but alive by its record keeps its slot, with its record's
+// lease when the slots are written; slots where no one is gone are not
+// written; a holder within its lease is not asked about.
+func TestStore_SweepFreesSlotsOfHoldersGoneThatNoOneAsksFor(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	var nanos atomic.Int64
+	start := time.Now()
+	nanos.Store(start.UnixNano())
+	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
+	var asked atomic.Int64
+	alive := func(_ context.Context, h Holder) (Verdict, error) {
+		asked.Add(1)
+		if h.Claim == "dead" || h.Claim == "dead2" {
+			return Verdict{Gone: true}, nil
+		}
+		return Verdict{Until: start.Add(time.Hour)}, nil
+	}
+	s := NewStore(b, alive, clock)
+	ctx := context.Background()
+	actor := func(who string) Limit {
+		return Limit{Kind: Concurrency, Capability: "t.sweep", Per: PerActor, Who: ActorWho("alice", who), Max: 2, Action: Wait}
+	}
+	take := func(l Limit, claim string, lease time.Duration) {
+		t.Helper()
+		h := Holder{Key: "alice." + claim, Claim: claim, Until: start.Add(lease)}
+		if _, over, err := s.Take(ctx, []Limit{l}, h, nil); over != nil || err != nil {
+			t.Fatalf("take %s: %+v %v", claim, over, err)
+		}
+	}
+	if n, err := s.Sweep(ctx); n != 0 || err != nil {
+		t.Fatalf("a sweep of no slots freed %d: %v", n, err)
+	}
+	ann, bob, cid := actor("user:ann"), actor("user:bob"), actor("user:cid")
+	take(ann, "dead", time.Second)
+	take(bob, "dead2", time.Second)
+	take(bob, "long", time.Second)
+	take(cid, "long2", time.Second)
+	take(cid, "young", time.Minute)
+
+	if n, err := s.Sweep(ctx); n != 0 || err != nil || asked.Load() != 0 {
+		t.Fatalf("a sweep within every lease freed %d, asked %d records: %v", n, asked.Load(), err)
+	}
+	nanos.Add(int64(2 * time.Second)) // the leases of a second, as recorded, passed
+	if n, err := s.Sweep(ctx); n != 2 || err != nil || asked.Load() != 4 {
+		t.Fatalf("a sweep freed %d, asked %d records, want the 2 dead holders' slots, 4 asked: %v", n, asked.Load(), err)
+	}
+	c, _ := s.Read(ctx, ann.Key())
+	if c == nil || len(c.Holders) != 0 {
+		t.Fatalf("ann's slots after the sweep: %+v", c)
+	}
+	if ttl := msgTTL(t, b, ann.Key()); ttl != EmptySlotsTTL.String() {
+		t.Errorf("ann's emptied slots carry TTL %q, want %s", ttl, EmptySlotsTTL)
+	}
+	c, _ = s.Read(ctx, bob.Key())
+	if c == nil || len(c.Holders) != 1 || c.Holders[0].Claim != "long" || !c.Holders[0].Until.Equal(start.Add(time.Hour)) {
+		t.Errorf("bob's live holder after the sweep: %+v, want its record's lease", c)
+	}
+	c, _ = s.Read(ctx, cid.Key())
+	if c == nil || len(c.Holders) != 2 || !c.Holders[0].Until.Equal(start.Add(time.Second)) {
+		t.Errorf("cid's slots, where no one is gone: %+v, want them as taken", c)
+	}
+}
+
+// A rate changed while its callers wait carries the executions it counted
+// over to the new limit, as many as the new limit holds: raised from 1 per
+// hour to 60 per minute after one execution, it admits the new burst's 59
+// others at once, not in an hour; lowered from 60 per minute to 2 after 30
+// executions, it admits none until one leaves the new limit's interval,
+// not the new burst on top of the 30.
+func TestStore_ARateChangedCarriesWhatItCountedOver(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	var nanos atomic.Int64
+	nanos.Store(time.Now().UnixNano())
+	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
+	s := NewStore(b, alwaysAlive, clock)
+	ctx := context.Background()
+	var executions int
+	takes := func(l Limit, n int) (admitted int, over *Over) {
+		t.Helper()
+		for range n {
+			executions++
+			_, o, err := s.Take(ctx, []Limit{l}, Holder{Key: fmt.Sprintf("p.e%d", executions)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o != nil {
+				return admitted, o
+			}
+			admitted++
+		}
+		return admitted, nil
+	}
+	hourly := Limit{Kind: Rate, Capability: "t.raised", Per: PerCapability, Max: 1, Interval: time.Hour, Action: Refuse}
+	if n, _ := takes(hourly, 1); n != 1 {
+		t.Fatalf("1 per hour admitted %d", n)
+	}
+	raised := hourly
+	raised.Max, raised.Interval = 60, time.Minute
+	if n, over := takes(raised, 60); n != 59 || over == nil || over.RetryAfter > time.Second {
+		t.Errorf("raised to 60 per minute after 1: %d admitted, then %+v; want 59, then a second at most", n, over)
+	}
+
+	fast := Limit{Kind: Rate, Capability: "t.lowered", Per: PerCapability, Max: 60, Interval: time.Minute, Action: Refuse}
+	if n, _ := takes(fast, 30); n != 30 {
+		t.Fatalf("60 per minute admitted %d of 30", n)
+	}
+	lowered := fast
+	lowered.Max = 2
+	if n, over := takes(lowered, 2); n != 0 || over == nil || over.RetryAfter != 30*time.Second {
+		t.Errorf("lowered to 2 per minute after 30: %d admitted, then %+v; want none, retry after 30s", n, over)
+	}
+}
+
+// An execution a rate admitted, taken again (its worker lost before the
+// attempt, the request redelivered to another), is counted once; one given
+// back (a later limit said no) is counted when it is taken again.
+func TestStore_ARateCountsTheExecutionItAdmittedLastOnce(t *testing.T) {
+	t.Parallel()
+	b := provisioned(t)
+	ctx := context.Background()
+	rate := Limit{Kind: Rate, Capability: "t.once", Per: PerActor, Who: ActorWho("alice", "user:ann"), Max: 3, Interval: time.Hour, Action: Refuse}
+	slot := Limit{Kind: Concurrency, Capability: "t.once", Max: 1, Action: Wait}
+	used := func() int64 {
+		c, _ := NewStore(b, alwaysAlive, nil).Read(ctx, rate.Key())
+		return c.Used(time.Now())
+	}
+	x := Holder{Key: "alice.x", Claim: "x1", Until: time.Now().Add(time.Minute)}
+	for i := range 2 { // another worker each time
+		if _, over, err := NewStore(b, alwaysAlive, nil).Take(ctx, []Limit{rate}, x, nil); over != nil || err != nil {
+			t.Fatalf("take %d of x: %+v %v", i, over, err)
+		}
+	}
+	if n := used(); n != 1 {
+		t.Fatalf("x taken twice counts %d, want 1", n)
+	}
+	s := NewStore(b, alwaysAlive, nil)
+	if _, over, err := s.Take(ctx, []Limit{slot}, Holder{Key: "alice.y", Claim: "y", Until: time.Now().Add(time.Minute)}, nil); over != nil || err != nil {
+		t.Fatalf("y's slot: %+v %v", over, err)
+	}
+	z := Holder{Key: "alice.z", Claim: "z", Until: time.Now().Add(time.Minute)}
+	if _, over, _ := s.Take(ctx, []Limit{rate, slot}, z, nil); over == nil || over.Limit.Kind != Concurrency {
+		t.Fatalf("z past a full slot: %+v", over)
+	}
+	if n := used(); n != 1 {
+		t.Fatalf("z given back, the rate counts %d, want 1", n)
+	}
+	if _, over, err := s.Take(ctx, []Limit{rate}, z, nil); over != nil || err != nil {
+		t.Fatalf("z taken again: %+v %v", over, err)
+	}
+	if n := used(); n != 2 {
+		t.Errorf("z taken after it was given back: the rate counts %d, want 2", n)
+	}
+	// Past the record window, an id taken again (a caller that reused it)
+	// is counted again.
+	later := NewStore(b, alwaysAlive, func() time.Time { return time.Now().Add(b.Config.RecordWindow) })
+	if _, over, err := later.Take(ctx, []Limit{rate}, z, nil); over != nil || err != nil {
+		t.Fatalf("z again past the record window: %+v %v", over, err)
+	}
+	if n := used(); n != 3 {
+		t.Errorf("z taken again past the record window: the rate counts %d, want 3", n)
 	}
 }

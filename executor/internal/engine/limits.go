@@ -100,3 +100,14 @@ func roundUp(d time.Duration) time.Duration {
 	}
 	return (d + unit - 1).Truncate(unit)
 }
+
+// SweepSlots frees the slots whose holders are gone by their records though
+// no execution asked for them (limits.Store.Sweep): a killed worker's
+// slot of a principal or actor that never calls again. It reports how many
+// it freed.
+func (r *Runner) SweepSlots(ctx context.Context) (int, error) {
+	if r.w.limits == nil {
+		return 0, nil
+	}
+	return r.w.limits.Sweep(ctx)
+}

@@ -29,6 +29,8 @@
 // One worker sweeps at a time: the duty is a lease in the pools bucket,
 // taken and renewed by compare-and-swap every pass. A pass costs one stream
 // read per queued request (eight ranges of the stream read at once), one
-// consumer listing, and one record read per request past its deadline:
-// none of it is on an execution's path.
+// consumer listing, and one record read per request past its deadline;
+// then one watch of the limits' slots, and one record read per
+// holder past its recorded lease, to free the slots of executions gone
+// that no one asks for (DESIGN §17). None of it is on an execution's path.
 package sweeper

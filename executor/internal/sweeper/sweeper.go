@@ -71,7 +71,8 @@ func New(b *broker.Broker, eng *engine.Runner, cfg Config) *Sweeper {
 func (s *Sweeper) Swept() uint64 { return s.swept.Load() }
 
 // Run ends, every interval while ctx lasts, the requests no worker started
-// by their deadline, while this sweeper holds the sweeping lease.
+// by their deadline, and frees the limits' slots of executions gone
+// (Runner.SweepSlots), while this sweeper holds the sweeping lease.
 func (s *Sweeper) Run(ctx context.Context, every time.Duration) {
 	token := uuid.NewString()
 	t := time.NewTicker(every)
@@ -83,6 +84,11 @@ func (s *Sweeper) Run(ctx context.Context, every time.Duration) {
 				s.cfg.Log.Warn("sweep failed", "err", err)
 			} else if n > 0 {
 				s.cfg.Log.Info("swept requests that never started", "ended", n)
+			}
+			if n, err := s.eng.SweepSlots(ctx); err != nil && ctx.Err() == nil {
+				s.cfg.Log.Warn("sweep of the limits' slots failed", "err", err)
+			} else if n > 0 {
+				s.cfg.Log.Info("freed the slots of executions gone", "freed", n)
 			}
 		}
 		select {
