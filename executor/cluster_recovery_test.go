@@ -3,7 +3,7 @@ package executor_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,15 +20,16 @@ import (
 // TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler
 // runs the demo's email.send (a receipt once sent, a reconciler against the
 // outbox), and email.plain (the same send and reconciler, without the
-// receipt), on a 3-node cluster with R3 resources. While executions hold after
-// their send, two workers are cut off (their connections closed, as a crash leaves
-// it: its handlers' receipts and publishes fail from then on) and, at the
-// same moment, the node leading the executions bucket is stopped, to come
-// back later. The other worker takes the cut workers' executions over on the
-// surviving nodes: each ends with one envelope, completed from its receipt or
-// its reconciler's finding, or run again only after a proof of absence; no
-// email is sent twice (every handler call counted against the outbox) and at
-// most 1% end OUTCOME_UNKNOWN.
+// receipt), on a 3-node cluster with R3 resources. Two workers are cut off
+// (their connections closed, as a crash leaves it: its handlers' receipts and
+// publishes fail from then on) while handlers of both hold after their sends,
+// an email.send's receipt recorded among them, and the node leading the
+// executions bucket is stopped right after, to come back later. The other
+// worker takes the cut workers' executions over on the surviving nodes: each
+// ends with one envelope, completed from its receipt or its reconciler's
+// finding, or run again only after a proof of absence; no email is sent twice
+// (every handler call counted against the outbox) and at most 1% end
+// OUTCOME_UNKNOWN.
 func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -49,22 +50,81 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 	// Longer than an election of a new leader takes on a loaded machine: the
 	// staying worker keeps the leases of what it took over meanwhile.
 	lease := 5 * time.Second
+	// Each worker to cut holds its sends until the cut, as long as the cut
+	// would strand none of its executions after a send (of the one serving
+	// email.send, none whose record holds its receipt); its other sends hold
+	// as the demo's do. A held handler returns only after the cut, or once
+	// its context ends and it is counted no more: what the cut strands does
+	// not hang on how long the machine takes to cut.
+	var (
+		mu        sync.Mutex // held, receipted, and the cut
+		held      = map[string]map[string]bool{"cut": {}, "cut-plain": {}}
+		receipted = map[string]bool{} // executions whose records hold a receipt of "cut"
+		cutting   = make(chan struct{})
+	)
+	// strands counts what a cut now would strand (mu held): email.send held
+	// with its receipt recorded, and email.plain held after its send.
+	strands := func() (withReceipt, plain int) {
+		for id := range held["cut"] {
+			if receipted[id] {
+				withReceipt++
+			}
+		}
+		return withReceipt, len(held["cut-plain"])
+	}
+	holdUntilCut := func(worker string, h executor.Handler[demo.EmailInput, demo.EmailOutput]) executor.Handler[demo.EmailInput, demo.EmailOutput] {
+		return func(ctx context.Context, c executor.Call[demo.EmailInput]) (demo.EmailOutput, error) {
+			hold := time.Duration(c.Input.HoldMs) * time.Millisecond
+			c.Input.HoldMs = 0 // the hold is below
+			out, err := h(ctx, c)
+			if err != nil {
+				return out, err
+			}
+			mu.Lock()
+			withReceipt, plain := strands()
+			keep := worker == "cut" && withReceipt == 0 || worker == "cut-plain" && plain == 0
+			if keep {
+				held[worker][c.ExecutionID] = true
+			}
+			mu.Unlock()
+			if !keep {
+				select {
+				case <-time.After(hold):
+					return out, nil
+				case <-ctx.Done():
+					return demo.EmailOutput{}, ctx.Err()
+				}
+			}
+			select {
+			case <-cutting:
+				return out, nil
+			case <-ctx.Done():
+				mu.Lock()
+				delete(held[worker], c.ExecutionID)
+				mu.Unlock()
+				return demo.EmailOutput{}, ctx.Err()
+			}
+		}
+	}
 	worker := func(id string) (*executor.Worker, func()) {
 		nc := c.Connect(t)
 		js, err := jetstream.New(nc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		plain := executor.Define("email.plain", demo.EmailMeta, demo.SendEmailWithoutReceipt(js),
-			executor.WithRecovery(demo.EmailRecovery(js)))
+		email := func(capID string, h executor.Handler[demo.EmailInput, demo.EmailOutput]) executor.Capability {
+			return executor.Define(capID, demo.EmailMeta, h, executor.WithRecovery(demo.EmailRecovery(js)))
+		}
 		// Each worker to cut serves one of the two, so that both have
 		// executions in flight when it is cut.
-		caps := append(demo.Catalog(js), plain)
+		var caps []executor.Capability
 		switch id {
-		case "cut-plain":
-			caps = []executor.Capability{plain}
 		case "cut":
-			caps = demo.Catalog(js)
+			caps = []executor.Capability{email("email.send", holdUntilCut(id, demo.SendEmail(js)))}
+		case "cut-plain":
+			caps = []executor.Capability{email("email.plain", holdUntilCut(id, demo.SendEmailWithoutReceipt(js)))}
+		default:
+			caps = append(demo.Catalog(js), email("email.plain", demo.SendEmailWithoutReceipt(js)))
 		}
 		if id != "staying" {
 			runWorkerUntilCut(t, nc, executor.WorkerConfig{ID: id, Concurrency: 64, Lease: lease}, caps...)
@@ -90,10 +150,9 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 			Input:   demo.EmailInput{To: fmt.Sprintf("user%d@example.com", i), Subject: "hello", HoldMs: 800 + i%400},
 			Options: []executor.CallOption{executor.WithID(ids[i])}}
 	}
-	// When the worker serving email.send alone last recorded a receipt: a
-	// cut right after one strands an execution the staying worker completes
-	// from it (a handler holds at least 800 ms after its send).
-	var receipted atomic.Int64
+	// The executions whose records hold a receipt of the worker serving
+	// email.send alone: one it holds as well is one the staying worker must
+	// complete from its receipt.
 	kw, err := b.Executions.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +163,9 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 			var r execution.Record
 			if e != nil && e.Operation() == jetstream.KeyValuePut && envelope.Unmarshal(e.Value(), &r) == nil &&
 				r.Worker == "cut" && len(r.Receipt) > 0 {
-				receipted.Store(time.Now().UnixNano())
+				mu.Lock()
+				receipted[r.ExecutionID] = true
+				mu.Unlock()
 			}
 		}
 	}()
@@ -118,8 +179,9 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 		got <- result{envs, errs}
 	}()
 
-	// Once both workers hold sent emails, cut one off and stop the node
-	// leading the executions bucket; the node comes back a few seconds later.
+	// Once a third of the emails are sent and both workers hold sent
+	// emails, cut them off and stop the node leading the executions bucket;
+	// the node comes back a few seconds later.
 	readCtx, cancelRead := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancelRead()
 	js, err := jetstream.New(c.Connect(t))
@@ -137,18 +199,31 @@ func TestClusterR3_WorkerCutAcrossANodeLoss_RecoveredFromReceiptsAndReconciler(t
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	for since := time.Now().UnixNano(); receipted.Load() < since; {
+	// The cut, under mu, as soon as it strands both: no handler counted
+	// returns before it, and after it their writes fail. The node is
+	// stopped after it, however long finding and stopping it takes.
+	var withReceipt, plain int
+	for {
+		mu.Lock()
+		if withReceipt, plain = strands(); withReceipt > 0 && plain > 0 {
+			cutSend()
+			cutPlain()
+			close(cutting)
+			mu.Unlock()
+			break
+		}
+		mu.Unlock()
 		select {
 		case <-readCtx.Done():
-			t.Fatal("the worker to cut recorded no receipt")
+			t.Fatalf("the workers to cut never held both an email.send with its receipt recorded (%d) and an email.plain sent (%d)",
+				withReceipt, plain)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	node := leaderOf(ctx, t, c, "KV_"+b.Names.ExecutionsBucket())
 	c.StopNode(node)
-	cutSend()
-	cutPlain()
-	t.Logf("cut two workers and stopped %s, leader of the executions", c.Nodes[node].Server.Name())
+	t.Logf("cut two workers holding %d email.send with a receipt and %d email.plain sent; stopped %s, leader of the executions",
+		withReceipt, plain, c.Nodes[node].Server.Name())
 	time.Sleep(3 * lease)
 	c.RestartNode(t, node)
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -214,7 +215,7 @@ func runCall(args []string) int {
 		if errors.Is(err, executor.ErrUnserved) {
 			return unservedError(err)
 		}
-		if errors.Is(err, context.DeadlineExceeded) && !interrupted() {
+		if errors.Is(err, context.DeadlineExceeded) && interrupted() == nil {
 			if code, told := whyNoEnvelope(c, principalName(conn), capID, req, *wait); told {
 				return code
 			}
@@ -368,18 +369,22 @@ func heldBy(nc *nats.Conn, principal, capabilityID string, actor envelope.Actor)
 }
 
 // waitContext ends after wait, or at SIGINT or SIGTERM (a second one ends
-// the process), which interrupted then tells.
-func waitContext(wait time.Duration) (ctx context.Context, interrupted func() bool, cancel context.CancelFunc) {
+// the process), which interrupted then returns (nil: none came).
+func waitContext(wait time.Duration) (ctx context.Context, interrupted func() os.Signal, cancel context.CancelFunc) {
 	sig, stop := signalContext()
 	ctx, cancelWait := context.WithTimeout(sig, wait)
-	return ctx, func() bool { return sig.Err() != nil }, func() { cancelWait(); stop() }
+	return ctx, func() os.Signal { return signalOf(sig) }, func() { cancelWait(); stop() }
 }
 
 // awaitError reports a call or await that ended without an envelope; one
-// the person interrupted is told the execution goes on, and how to find it.
-func awaitError(err error, id string, wait time.Duration, interrupted bool) int {
-	if interrupted {
-		return fail(exitInterrupted, "interrupted: stopped waiting; execution %s goes on unless it was never submitted: 'capstan await %s' waits again, 'capstan cancel %s' stops it", id, id, id)
+// a signal interrupted is told the execution goes on, and how to find it.
+func awaitError(err error, id string, wait time.Duration, interrupted os.Signal) int {
+	if interrupted != nil {
+		code := exitInterrupted
+		if interrupted == syscall.SIGTERM {
+			code = exitTerminated
+		}
+		return fail(code, "interrupted: stopped waiting; execution %s goes on unless it was never submitted: 'capstan await %s' waits again, 'capstan cancel %s' stops it", id, id, id)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fail(exitNoEnvelope, "no envelope for %s within %v; 'capstan await %s' waits again", id, wait, id)

@@ -24,8 +24,10 @@ const (
 	exitUnknown    = 6 // no such execution: nothing of it is stored
 	exitUnserved   = 7 // no live worker serves the capability
 	// SIGINT or SIGTERM while waiting for an envelope: the execution goes on
-	// (128 + SIGINT, what a shell reports for a process Ctrl-C ended).
-	exitInterrupted = 130
+	// (128 + the signal's number, what a shell reports for a process the
+	// signal ended: Ctrl-C, or a supervisor's stop).
+	exitInterrupted = 130 // SIGINT
+	exitTerminated  = 143 // SIGTERM
 )
 
 // printJSON writes v to stdout as indented JSON.

@@ -143,11 +143,35 @@ func newLogger(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// signalContext ends at SIGINT or SIGTERM; a second signal ends the process.
+// signalContext ends at SIGINT or SIGTERM, which signalOf then tells; a
+// second signal ends the process.
 func signalContext() (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	go func() { <-ctx.Done(); stop() }()
-	return ctx, stop
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-ch:
+			cancel(received{sig})
+		case <-ctx.Done():
+		}
+		signal.Stop(ch)
+	}()
+	return ctx, func() { signal.Stop(ch); cancel(context.Canceled) }
+}
+
+// received is the cause of a signalContext's end by a signal.
+type received struct{ sig os.Signal }
+
+func (r received) Error() string { return r.sig.String() + " signal received" }
+
+// signalOf returns the signal that ended ctx, a signalContext's, or nil.
+func signalOf(ctx context.Context) os.Signal {
+	var r received
+	if errors.As(context.Cause(ctx), &r) {
+		return r.sig
+	}
+	return nil
 }
 
 // embedded is a running embedded server with capstan's and the demo's

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,32 +124,38 @@ func TestSubmit_PoolDown_WarnsWhatToStart(t *testing.T) {
 	}
 }
 
-// Ctrl-C during `capstan call` stops the waiting, not the execution, and
-// says so with the id to await or cancel (exit 130); the call then ends as it
-// would have.
+// Ctrl-C (SIGINT) or SIGTERM during `capstan call --wait` stops the waiting,
+// not the execution, and says so with the id to await or cancel; the exit code
+// is 128 + the signal's number, as a shell reports a process the signal ended
+// (130, 143). The call then ends as it would have.
 func TestCall_Interrupted_SaysTheExecutionGoesOn(t *testing.T) {
 	t.Parallel()
 	_, url := startDev(t)
-	id := envelope.NewExecutionID() // a fresh UUIDv7: one from another time is taken for a record expired
-	call := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "call", "demo.report", "--id", id,
-		"--input", `{"pages":30,"pageMs":100}`, "--follow")
-	call.waitOutput(t, "progress ")
-	if err := call.cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-call.exited:
-	case <-time.After(guard):
-		t.Fatal("call did not exit after SIGINT")
-	}
-	out := call.out.String()
-	if code := call.cmd.ProcessState.ExitCode(); code != exitInterrupted ||
-		!strings.Contains(out, "capstan await "+id) || !strings.Contains(out, "goes on") {
-		t.Fatalf("interrupted call: exit %d\n%s", code, out)
-	}
-	stdout, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1m")
-	if code != exitOK || !strings.Contains(stdout, `"completed"`) {
-		t.Fatalf("await after the interrupt: exit %d\n%s\n%s", code, stdout, stderr)
+	for _, tc := range []struct {
+		sig  os.Signal
+		exit int
+	}{{os.Interrupt, 130}, {syscall.SIGTERM, 143}} {
+		id := envelope.NewExecutionID() // a fresh UUIDv7: one from another time is taken for a record expired
+		call := spawn(t, []string{"CAPSTAN_NATS_URL=" + url}, "call", "demo.report", "--id", id,
+			"--input", `{"pages":30,"pageMs":100}`, "--follow", "--wait", "5m")
+		call.waitOutput(t, "progress ")
+		if err := call.cmd.Process.Signal(tc.sig); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-call.exited:
+		case <-time.After(guard):
+			t.Fatalf("call did not exit after %v", tc.sig)
+		}
+		out := call.out.String()
+		if code := call.cmd.ProcessState.ExitCode(); code != tc.exit ||
+			!strings.Contains(out, "capstan await "+id) || !strings.Contains(out, "goes on") {
+			t.Fatalf("call ended by %v: exit %d, want %d\n%s", tc.sig, code, tc.exit, out)
+		}
+		stdout, stderr, code := capstan(t, url, "await", "-o", "json", id, "--wait", "1m")
+		if code != exitOK || !strings.Contains(stdout, `"completed"`) {
+			t.Fatalf("await after %v: exit %d\n%s\n%s", tc.sig, code, stdout, stderr)
+		}
 	}
 }
 

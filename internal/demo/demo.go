@@ -474,6 +474,12 @@ var EmailMeta = executor.Meta{
 	Expose:      everywhere, SideEffect: executor.SideEffectExternal, Risk: executor.RiskMedium, Tags: []string{"demo"},
 }
 
+// SendEmail is email.send's handler, recorded in the calls stream: crash
+// tests wrap it to decide when a worker serving it is lost.
+func SendEmail(js jetstream.JetStream) executor.Handler[EmailInput, EmailOutput] {
+	return recorded(js, sendEmail(js))
+}
+
 // SendEmailWithoutReceipt is email.send's handler, recorded in the calls
 // stream, that records no receipt: crash tests pair it with reconcilers of
 // their own, to prove that they would see one that lies.
@@ -571,7 +577,7 @@ func Catalog(js jetstream.JetStream) []executor.Capability {
 			Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 4, PrincipalMax: 3}},
 		}, report),
 
-		executor.Define("email.send", EmailMeta, recorded(js, sendEmail(js)), executor.WithRecovery(EmailRecovery(js))),
+		executor.Define("email.send", EmailMeta, SendEmail(js), executor.WithRecovery(EmailRecovery(js))),
 
 		executor.Define("orders.refund", executor.Meta{
 			Description: "Refunds an order. Confirm the order id with the customer first; above 500 it needs an approval.",
