@@ -382,3 +382,61 @@ forbid (principal, action == Action::"test.lookup", resource);`); err != nil {
 	checkTakeover(t, takeover{status: envelope.StatusFailed, code: envelope.CodePolicyDenied, attempts: 1,
 		takenFrom: execution.StateRunning}, got, s.settled(id), &p)
 }
+
+// A current policy key that no worker can read, put while an execution
+// admitted with no set in force runs, fails its retry closed as it fails a
+// new call: the broken set is not the absence of a set that admitted it.
+func TestCedar_ABrokenSetPutInForceBeforeARetryFailsItClosed(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	first, applied := make(chan struct{}), make(chan struct{})
+	reserve := executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
+		Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
+		func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
+			if calls.Add(1) == 1 {
+				close(first)
+				<-applied
+				return "", executor.Retryable("The warehouse did not answer.")
+			}
+			return "reserved", nil
+		})
+	reg, err := executor.NewRegistry(reserve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := trackedWorker(t, reg)
+	nc := w.Connect(t)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-first // admitted with no set in force
+	kv, err := policies.Bucket(ctxT(t), testhooks.Broker(c).JS, broker.NewNames(""), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctxT(t), "current", []byte(`{"version":"seven"`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replies, err := oplog.Confirm(ctxT(t), nc, broker.NewNames(""), oplog.Policies, rev, "", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range replies {
+		if !r.Applied || r.PolicyError == "" {
+			t.Fatalf("worker %s does not hold the broken set: %+v", r.Worker, r)
+		}
+	}
+	close(applied)
+	env, err := c.Await(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Status != envelope.StatusFailed || env.Error == nil || env.Error.Code != envelope.CodePolicyFailed || calls.Load() != 1 {
+		t.Fatalf("the retry under a set that cannot be read: %+v %+v after %d calls, want POLICY_FAILED after 1",
+			env, env.Error, calls.Load())
+	}
+}

@@ -836,3 +836,42 @@ func TestReconcile_CancelWhileAsked_TheAnswerDecides(t *testing.T) {
 		})
 	}
 }
+
+// A cancel does not cut off the reconciler asked about a lost attempt, but
+// the worker's shutdown still does once a cancel came: the reconciler's
+// context ends then, not when its time runs out, and the worker stops.
+func TestReconcile_CancelWhileAsked_ShutdownStillEndsIt(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	s := newStore(t, env)
+	var pv provider
+	id := envelope.NewExecutionID()
+	asking, cutOff := make(chan struct{}), make(chan struct{})
+	r := &executor.Recovery[map[string]any, mailOut]{Timeout: time.Hour,
+		Reconcile: func(ctx context.Context, q executor.Reconciliation[map[string]any]) (executor.Reconciled[mailOut], error) {
+			close(asking)
+			<-ctx.Done()
+			close(cutOff)
+			return executor.Reconciled[mailOut]{}, ctx.Err()
+		}}
+	var p probe
+	s.putRecord(&execution.Record{ExecutionID: id, CapabilityID: "test.mail", State: execution.StateRunning, Attempt: 1,
+		Worker: deadWorker, LeaseUntil: pastLease(), StartedAt: pastLease()})
+	s.publish("test.mail", id)
+	const lease = time.Second
+	w := runWorkerOn(t, env.Connect(t), executor.WorkerConfig{ID: "live-worker", Lease: lease, Grace: lease}, mailCap(&p, &pv, r))
+	waitClosed(t, asking, "the reconciler was never asked")
+	if _, err := s.c.Cancel(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	// A renewal of the lease reads the cancel in the record: the execution
+	// holds it by then.
+	time.Sleep(lease)
+	select {
+	case <-cutOff:
+		t.Fatal("the cancel cut the reconciler off")
+	default:
+	}
+	w.Stop()
+	waitClosed(t, cutOff, "the reconciler ran on after the worker's shutdown")
+}

@@ -53,6 +53,10 @@ type admission struct {
 	// policyVersion is the version of the Cedar policy set that decided
 	// the call (0: none in force).
 	policyVersion int
+	// policySet is the set in force when the call was last decided (nil:
+	// none, or none asked yet). A set that does not load has no version of
+	// its own to tell it from none.
+	policySet *policies.Set
 }
 
 func newCapability(b *binding, w *Worker) *capability {
@@ -302,6 +306,7 @@ func (a *admission) admit() engine.Admission {
 // shows, never why. A policy that cannot be evaluated fails the call closed.
 func (a *admission) cedarGate() (end engine.Admission, refused bool) {
 	set := a.w.policies.Load()
+	a.policySet = set
 	if set == nil {
 		return engine.Admission{}, false
 	}
@@ -332,17 +337,12 @@ func (a *admission) cedarGate() (end engine.Admission, refused bool) {
 // takeover, any set) decides it as it decides a new call. Nothing is
 // evaluated while the set that admitted the call stays in force.
 func (a *admission) Recheck() ([]engine.Event, *envelope.CapabilityError) {
-	version := 0
-	if set := a.w.policies.Load(); set != nil {
-		version = set.Version
-	}
-	if version == a.policyVersion {
+	if a.w.policies.Load() == a.policySet {
 		return nil, nil
 	}
 	a.events = nil // filed at admission
 	end, refused := a.cedarGate()
 	if !refused {
-		a.policyVersion = version
 		return nil, nil
 	}
 	return end.Events, end.Refusal

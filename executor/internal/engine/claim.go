@@ -210,8 +210,9 @@ type leaseKeeper struct {
 	// msg is the delivery, whose ack timer each renewal restarts
 	// (InProgress).
 	msg jetstream.Msg
-	// end ends the execution's context, with its cause.
-	end context.CancelCauseFunc
+	// end ends the execution's context, with its cause; lost ends its
+	// held context (and so the execution's) as the claim is lost.
+	end, lost context.CancelCauseFunc
 	// done is closed when the execution ends.
 	done <-chan struct{}
 	log  *slog.Logger
@@ -404,7 +405,7 @@ func (l *leaseKeeper) renew() bool {
 // errLeaseLost, and its claim writes nothing more.
 func (l *leaseKeeper) lose() {
 	l.claim.lapsed.Store(true)
-	l.end(errLeaseLost)
+	l.lost(errLeaseLost)
 }
 
 // stager is told when a stage doing I/O starts, and returns its end.

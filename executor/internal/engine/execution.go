@@ -50,6 +50,11 @@ type execution struct {
 	ctx          context.Context
 	cancel       context.CancelCauseFunc
 	stopDeadline context.CancelFunc
+	// held is ctx without the caller's cancel and deadline, or an
+	// operator's: what ends the claim alone (its loss, the worker's
+	// shutdown), even once a cancel ended ctx. It ends with the execution.
+	held   context.Context
+	unhold context.CancelCauseFunc
 
 	// claim holds the execution's record; lease keeps it while it runs,
 	// and takes what its attempts report of their progress; trail files its
@@ -104,13 +109,14 @@ func (x *execution) begin(c Definition, msg jetstream.Msg) bool {
 	x.cap, x.start = c, w.now()
 	ctx, obs := w.cfg.Observer.Begin(w.base, w.observed(x.meta, req, c != nil))
 	x.obs = obs
-	x.ctx, x.cancel = context.WithCancelCause(ctx)
+	x.held, x.unhold = context.WithCancelCause(ctx)
+	x.ctx, x.cancel = context.WithCancelCause(x.held)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
 	l := &x.lease
 	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, w.cfg.Lease, w.cfg.DisableLeaseRenewal, w.now, msg
-	l.end, l.done, l.log, l.id = x.cancel, x.done, w.log, req.ExecutionID
+	l.end, l.lost, l.done, l.log, l.id = x.cancel, x.unhold, x.done, w.log, req.ExecutionID
 	x.flight.cancel, x.flight.principal, x.flight.req = x.cancel, x.principal, req
 	if !w.inflight.add(x.key, &x.flight) {
 		x.finish()
@@ -127,6 +133,9 @@ func (x *execution) finish() {
 	x.lease.disarm()
 	x.stopDeadline()
 	x.cancel(nil)
+	if x.unhold != nil {
+		x.unhold(nil)
+	}
 }
 
 // event is an audit event of the execution.

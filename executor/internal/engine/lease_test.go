@@ -19,7 +19,7 @@ import (
 // renews, and the end of the execution's context.
 func keeper(c *claim, length time.Duration) (*leaseKeeper, context.Context) {
 	ctx, end := context.WithCancelCause(context.Background())
-	return &leaseKeeper{claim: c, length: length, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+	return &leaseKeeper{claim: c, length: length, now: time.Now, end: end, lost: end, log: slog.New(slog.DiscardHandler),
 		stop: make(chan struct{}), done: make(chan struct{})}, ctx
 }
 

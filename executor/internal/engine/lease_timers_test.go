@@ -22,7 +22,7 @@ func startedKeeper(t *testing.T, state State) (*claim, *leaseKeeper, context.Con
 	}
 	ctx, end := context.WithCancelCause(context.Background())
 	t.Cleanup(func() { end(nil) })
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, lost: end, log: slog.New(slog.DiscardHandler),
 		done: make(chan struct{}), stop: make(chan struct{})}
 	l.start()
 	return mine, l, ctx

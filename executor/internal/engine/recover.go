@@ -172,14 +172,14 @@ func (at *attempts) reconcile(n int) Action {
 // take effect: the cancel stopped nothing.
 const lostAttemptMayHaveRun = "Its attempt had started on a worker that was lost: it may have taken effect."
 
-// ask calls the reconciler once under its timeout and the execution's
-// context, which the caller's cancel does not end: the answer decides what
-// the envelope says of the lost attempt, which no cancel stops (the claim's
-// loss and the worker's shutdown do). A panic, an error, or the time running
-// out are Inconclusive.
+// ask calls the reconciler once under its timeout and the execution's held
+// context, which no cancel or deadline ends: the answer decides what the
+// envelope says of the lost attempt, which no cancel stops. The claim's loss
+// and the worker's shutdown end it, a cancel before them or not. A panic, an
+// error, or the time running out are Inconclusive.
 func (at *attempts) ask(n int) Reconciliation {
 	x := at.x
-	ctx, cancel := context.WithTimeoutCause(untilLost(x.ctx, x.done), at.recoveryTimeout(), errReconcileTimeout)
+	ctx, cancel := context.WithTimeoutCause(x.held, at.recoveryTimeout(), errReconcileTimeout)
 	defer cancel()
 	ctx, end := x.obs.Stage(ctx, observe.StageReconcile)
 	key := x.idempotencyKey() // the lost attempt's: the record names it
@@ -216,23 +216,6 @@ func (at *attempts) ask(n int) Reconciliation {
 	}
 	end(res.Err)
 	return res
-}
-
-// untilLost is ctx ended by the claim's loss or the worker's shutdown alone,
-// not by a cancel or the request's deadline; it ends once done is closed
-// (the execution ended) too.
-func untilLost(ctx context.Context, done <-chan struct{}) context.Context {
-	lost, end := context.WithCancelCause(context.WithoutCancel(ctx))
-	context.AfterFunc(ctx, func() {
-		switch cause := context.Cause(ctx); {
-		case errors.Is(cause, errLeaseLost), errors.Is(cause, errShutdown):
-			end(cause)
-		default:
-			<-done
-			end(nil)
-		}
-	})
-	return lost
 }
 
 // Why a reconciliation was inconclusive.

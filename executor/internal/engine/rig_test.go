@@ -39,6 +39,10 @@ type testCap struct {
 	calls     atomic.Int64
 	// recheck decides a retry again; nil: it may run.
 	recheck func() ([]Event, *envelope.CapabilityError)
+	// recovery is the capability's; reconcile answers for its reconciler
+	// (nil: it cannot tell).
+	recovery  Recovery
+	reconcile func(ctx context.Context) Reconciliation
 }
 
 func (c *testCap) Admit(ctx context.Context, r Request) Admission {
@@ -62,7 +66,7 @@ func (c *testCap) Retry(n int, err *envelope.CapabilityError) (time.Duration, bo
 	}
 	return c.retry(n, err)
 }
-func (c *testCap) Recovery() Recovery { return Recovery{} }
+func (c *testCap) Recovery() Recovery { return c.recovery }
 func (c *testCap) Unclaimed() bool    { return c.unclaimed }
 func (c *testCap) Rerunnable() bool   { return true }
 
@@ -87,7 +91,10 @@ func (u testUnit) Output(out any) (envelope.Raw, *envelope.CapabilityError) {
 func (u testUnit) FromReceipt(_ context.Context, _ int, receipt envelope.Raw) (any, error) {
 	return receipt, nil
 }
-func (u testUnit) Reconcile(context.Context, int, string) Reconciliation {
+func (u testUnit) Reconcile(ctx context.Context, _ int, _ string) Reconciliation {
+	if u.c.reconcile != nil {
+		return u.c.reconcile(ctx)
+	}
 	return Reconciliation{Verdict: Inconclusive}
 }
 func (u testUnit) Recheck() ([]Event, *envelope.CapabilityError) {

@@ -208,7 +208,7 @@ func TestLeaseKeeper_RenewalFindingAnotherClaim_EndsTheExecutionAtOnce(t *testin
 	}
 	ctx, end := context.WithCancelCause(context.Background())
 	defer end(nil)
-	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, log: slog.New(slog.DiscardHandler),
+	l := &leaseKeeper{claim: mine, length: time.Hour, now: time.Now, end: end, lost: end, log: slog.New(slog.DiscardHandler),
 		stop: make(chan struct{})}
 	if l.renew() {
 		t.Fatal("a renewal that found another claim reported the execution still this worker's")
