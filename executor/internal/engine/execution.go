@@ -109,14 +109,22 @@ func (x *execution) begin(c Definition, msg jetstream.Msg) bool {
 	x.cap, x.start = c, w.now()
 	ctx, obs := w.cfg.Observer.Begin(w.base, w.observed(x.meta, req, c != nil))
 	x.obs = obs
-	x.held, x.unhold = context.WithCancelCause(ctx)
+	x.held = ctx
+	if c != nil && c.Recovery().Reconciles {
+		// Only a reconciler runs under the held context: no other
+		// execution pays for it.
+		x.held, x.unhold = context.WithCancelCause(ctx)
+	}
 	x.ctx, x.cancel = context.WithCancelCause(x.held)
 	if req.Deadline != nil {
 		x.ctx, x.stopDeadline = context.WithDeadlineCause(x.ctx, *req.Deadline, errDeadline)
 	}
 	l := &x.lease
 	l.claim, l.length, l.disabled, l.now, l.msg = &x.claim, w.cfg.Lease, w.cfg.DisableLeaseRenewal, w.now, msg
-	l.end, l.lost, l.done, l.log, l.id = x.cancel, x.unhold, x.done, w.log, req.ExecutionID
+	l.end, l.lost, l.done, l.log, l.id = x.cancel, x.cancel, x.done, w.log, req.ExecutionID
+	if x.unhold != nil {
+		l.lost = x.unhold
+	}
 	x.flight.cancel, x.flight.principal, x.flight.req = x.cancel, x.principal, req
 	if !w.inflight.add(x.key, &x.flight) {
 		x.finish()
