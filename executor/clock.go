@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -50,16 +51,21 @@ func (w *Worker) checkClock(ctx context.Context) error {
 	if offset < 0 {
 		way = "ahead of"
 	}
-	return fmt.Errorf("capstan: this machine's clock is %s %s the NATS server's (to within %s): a worker more than %s "+
+	return fmt.Errorf("%w: this machine's clock is %s %s the NATS server's (to within %s): a worker more than %s "+
 		"(a sixth of its lease) off takes other workers' live attempts for lost ones, or keeps lost ones; "+
 		"synchronise the clock (NTP) and start the worker again",
-		offset.Abs().Round(time.Millisecond), way, margin.Round(time.Millisecond), bound)
+		errClockOff, offset.Abs().Round(time.Millisecond), way, margin.Round(time.Millisecond), bound)
 }
+
+// errClockOff marks checkClock's error of a clock found off.
+var errClockOff = errors.New("capstan: clock off")
 
 // watchClock is checkClock once the worker runs: a clock that drifted is
 // logged as an error, every time it is found off, and the worker goes on.
 func (w *Worker) watchClock(ctx context.Context) {
-	if err := w.checkClock(ctx); err != nil && ctx.Err() == nil {
+	// A server that did not answer compared nothing: the next renewal
+	// tries again.
+	if err := w.checkClock(ctx); errors.Is(err, errClockOff) {
 		w.log.Error("clock off", "err", err)
 	}
 }
