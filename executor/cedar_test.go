@@ -291,6 +291,10 @@ func TestCedar_ASetPutInForceBeforeARetryDecidesIt(t *testing.T) {
 			w := trackedWorker(t, reg)
 			nc := w.Connect(t)
 			c := w.Client(t, executor.ClientConfig{Actor: alice})
+			// Admitted under a set that permits it.
+			if _, err := applyPolicies(t, nc, c, `permit (principal, action, resource);`); err != nil {
+				t.Fatal(err)
+			}
 			id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
 			if err != nil {
 				t.Fatal(err)
@@ -329,7 +333,10 @@ forbid (principal, action == Action::"t.reserve", resource);`
 				types = append(types, ev.Type)
 				switch ev.Type {
 				case audit.EventDenied:
-					if v := asInt(ev.Data["policyVersion"]); v != 1 || !strings.Contains(dataString(ev.Data["policyDecisions"]), "cedar:no-reservations") {
+					// The set in force decided, alone: the earlier set's
+					// allow no longer stands beside it.
+					if d := dataString(ev.Data["policyDecisions"]); asInt(ev.Data["policyVersion"]) != 2 ||
+						!strings.Contains(d, "cedar:no-reservations") || strings.Count(d, "cedar") != 1 {
 						t.Errorf("denial on the trail: %+v", ev.Data)
 					}
 				case audit.EventFailed:

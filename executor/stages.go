@@ -341,6 +341,14 @@ func (a *admission) Recheck() ([]engine.Event, *envelope.CapabilityError) {
 		return nil, nil
 	}
 	a.events = nil // filed at admission
+	// The earlier set's stance no longer stands; the Go policies' do.
+	kept := make([]PolicyRecord, 0, len(a.decisions))
+	for _, r := range a.decisions {
+		if r.Policy != "cedar" && !strings.HasPrefix(r.Policy, "cedar:") {
+			kept = append(kept, r)
+		}
+	}
+	a.decisions = kept
 	end, refused := a.cedarGate()
 	if !refused {
 		return nil, nil
