@@ -272,19 +272,7 @@ func TestCedar_ASetPutInForceBeforeARetryDecidesIt(t *testing.T) {
 			t.Parallel()
 			var calls atomic.Int64
 			first, applied := make(chan struct{}), make(chan struct{})
-			reserve := executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
-				Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
-				Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
-				func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
-					if calls.Add(1) == 1 {
-						// Fails once the set is in force on every worker.
-						close(first)
-						<-applied
-						return "", executor.Retryable("The warehouse did not answer.")
-					}
-					return "reserved", nil
-				})
-			reg, err := executor.NewRegistry(reserve)
+			reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,6 +343,23 @@ forbid (principal, action == Action::"t.reserve", resource);`
 	}
 }
 
+// failingOnceUntil is t.reserve, an idempotent write retried once: its
+// first attempt closes first, then fails, retryably, once applied is
+// closed (a policy set put in force meanwhile); the retry reserves.
+func failingOnceUntil(calls *atomic.Int64, first, applied chan struct{}) executor.Capability {
+	return executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
+		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
+		Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
+		func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
+			if calls.Add(1) == 1 {
+				close(first)
+				<-applied
+				return "", executor.Retryable("The warehouse did not answer.")
+			}
+			return "reserved", nil
+		})
+}
+
 // containsInOrder reports whether want appears in got in its order, not
 // necessarily side by side.
 func containsInOrder(got, want []string) bool {
@@ -397,18 +402,7 @@ func TestCedar_ABrokenSetPutInForceBeforeARetryFailsItClosed(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int64
 	first, applied := make(chan struct{}), make(chan struct{})
-	reserve := executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
-		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
-		Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
-		func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
-			if calls.Add(1) == 1 {
-				close(first)
-				<-applied
-				return "", executor.Retryable("The warehouse did not answer.")
-			}
-			return "reserved", nil
-		})
-	reg, err := executor.NewRegistry(reserve)
+	reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
 	if err != nil {
 		t.Fatal(err)
 	}
