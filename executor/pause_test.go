@@ -402,6 +402,44 @@ func TestPause_RetryWaitsInPlace(t *testing.T) {
 	}
 }
 
+// A pause that refuses, put in force while an attempt runs, refuses its
+// retry: the execution ends PAUSED after the attempt that ran, and the
+// trail says that attempt ran.
+func TestPause_ARefusedRetrySaysItsAttemptRan(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	first, applied := make(chan struct{}), make(chan struct{})
+	reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := trackedWorker(t, reg)
+	nc := w.Connect(t)
+	c := w.Client(t, executor.ClientConfig{Actor: alice})
+	id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-first
+	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Capability: "t.reserve"}, Mode: pauses.Refuse, Reason: "stock recount"})
+	close(applied)
+	env, err := c.Await(ctxT(t), id)
+	if err != nil || env.Status != envelope.StatusFailed || env.Error.Code != envelope.CodePaused || env.Attempts != 1 ||
+		calls.Load() != 1 {
+		t.Fatalf("the retry under a pause that refuses: %v %+v after %d calls", err, env, calls.Load())
+	}
+	flushAudit(t)
+	evs, err := c.Trail(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs {
+		if ev.Type == audit.EventFailed && ev.Data["executedBeforeFailure"] != true {
+			t.Errorf("failed %+v: the first attempt ran", ev.Data)
+		}
+	}
+}
+
 // An attempt that passed its pause gate before the pause, its handler not
 // begun yet (its record write slow, as when the executions bucket elects a
 // leader): --cancel-running cancels it, and it never runs; a pause that

@@ -273,7 +273,11 @@ func (at *attempts) pauseGate(n int, fresh bool) (Action, bool) {
 	}
 	x.w.stats.pauseRefused.Add(1)
 	x.w.cfg.Observer.Paused(x.req.CapabilityID, "refused")
-	return Action{Do: Finish, end: failed(p.Refusal), Attempts: n - 1}, false
+	end := failed(p.Refusal)
+	if n > 1 {
+		end = failedAfterRun(p.Refusal) // a retry: the attempts before it ran
+	}
+	return Action{Do: Finish, end: end, Attempts: n - 1}, false
 }
 
 // recheck decides retry n again by the policy set in force now, and
