@@ -270,24 +270,13 @@ func TestCedar_ASetPutInForceBeforeARetryDecidesIt(t *testing.T) {
 	for _, forbids := range []bool{true, false} {
 		t.Run(fmt.Sprintf("forbids=%v", forbids), func(t *testing.T) {
 			t.Parallel()
-			var calls atomic.Int64
-			first, applied := make(chan struct{}), make(chan struct{})
-			reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := trackedWorker(t, reg)
-			nc := w.Connect(t)
-			c := w.Client(t, executor.ClientConfig{Actor: alice})
+			r := newRetryRig(t)
+			calls, applied, nc, c := &r.calls, r.applied, r.nc, r.c
 			// Admitted under a set that permits it.
 			if _, err := applyPolicies(t, nc, c, `permit (principal, action, resource);`); err != nil {
 				t.Fatal(err)
 			}
-			id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-first
+			id := r.submit(t)
 			set := `permit (principal, action, resource);`
 			if forbids {
 				set += `
@@ -343,21 +332,49 @@ forbid (principal, action == Action::"t.reserve", resource);`
 	}
 }
 
-// failingOnceUntil is t.reserve, an idempotent write retried once: its
-// first attempt closes first, then fails, retryably, once applied is
-// closed (a policy set put in force meanwhile); the retry reserves.
-func failingOnceUntil(calls *atomic.Int64, first, applied chan struct{}) executor.Capability {
-	return executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
+// retryRig is t.reserve, an idempotent write retried once, on a worker of
+// its own, with alice's client: its first attempt fails, retryably, once
+// the test closes applied (a policy set or pause put in force meanwhile);
+// the retry reserves.
+type retryRig struct {
+	calls   atomic.Int64
+	first   chan struct{} // closed as the first attempt runs
+	applied chan struct{}
+	nc      *nats.Conn
+	c       *executor.Client
+}
+
+func newRetryRig(t *testing.T) *retryRig {
+	t.Helper()
+	r := &retryRig{first: make(chan struct{}), applied: make(chan struct{})}
+	reg, err := executor.NewRegistry(executor.Define("t.reserve", executor.Meta{Description: "Reserves stock; fails once.",
 		Expose: executor.On(executor.SurfaceDirect), SideEffect: executor.SideEffectWrite, Idempotent: true,
 		Retry: &executor.Retry{MaxAttempts: 1, Backoff: 10 * time.Millisecond}},
 		func(ctx context.Context, c executor.Call[mailIn]) (string, error) {
-			if calls.Add(1) == 1 {
-				close(first)
-				<-applied
+			if r.calls.Add(1) == 1 {
+				close(r.first)
+				<-r.applied
 				return "", executor.Retryable("The warehouse did not answer.")
 			}
 			return "reserved", nil
-		})
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := trackedWorker(t, reg)
+	r.nc, r.c = w.Connect(t), w.Client(t, executor.ClientConfig{Actor: alice})
+	return r
+}
+
+// submit calls t.reserve and returns once its first attempt runs.
+func (r *retryRig) submit(t *testing.T) string {
+	t.Helper()
+	id, err := r.c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-r.first
+	return id
 }
 
 // containsInOrder reports whether want appears in got in its order, not
@@ -400,20 +417,9 @@ forbid (principal, action == Action::"test.lookup", resource);`); err != nil {
 // new call: the broken set is not the absence of a set that admitted it.
 func TestCedar_ABrokenSetPutInForceBeforeARetryFailsItClosed(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	first, applied := make(chan struct{}), make(chan struct{})
-	reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := trackedWorker(t, reg)
-	nc := w.Connect(t)
-	c := w.Client(t, executor.ClientConfig{Actor: alice})
-	id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-first // admitted with no set in force
+	r := newRetryRig(t)
+	calls, applied, nc, c := &r.calls, r.applied, r.nc, r.c
+	id := r.submit(t) // admitted with no set in force
 	kv, err := policies.Bucket(ctxT(t), testhooks.Broker(c).JS, broker.NewNames(""), true)
 	if err != nil {
 		t.Fatal(err)

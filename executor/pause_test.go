@@ -407,20 +407,9 @@ func TestPause_RetryWaitsInPlace(t *testing.T) {
 // trail says that attempt ran.
 func TestPause_ARefusedRetrySaysItsAttemptRan(t *testing.T) {
 	t.Parallel()
-	var calls atomic.Int64
-	first, applied := make(chan struct{}), make(chan struct{})
-	reg, err := executor.NewRegistry(failingOnceUntil(&calls, first, applied))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := trackedWorker(t, reg)
-	nc := w.Connect(t)
-	c := w.Client(t, executor.ClientConfig{Actor: alice})
-	id, err := c.Submit(ctxT(t), "t.reserve", mailIn{To: "a@example.com"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-first
+	r := newRetryRig(t)
+	calls, applied, nc, c := &r.calls, r.applied, r.nc, r.c
+	id := r.submit(t)
 	pause(t, nc, pauses.Pause{Scope: pauses.Scope{Capability: "t.reserve"}, Mode: pauses.Refuse, Reason: "stock recount"})
 	close(applied)
 	env, err := c.Await(ctxT(t), id)

@@ -50,13 +50,19 @@ type admission struct {
 	grant     *ApprovalGrant
 	decisions []PolicyRecord // every policy stance so far, for the trail
 	events    []engine.Event // what the stages filed for the trail so far
-	// policyVersion is the version of the Cedar policy set that decided
-	// the call (0: none in force).
-	policyVersion int
-	// policySet is the set in force when the call was last decided (nil:
-	// none, or none asked yet). A set that does not load has no version of
-	// its own to tell it from none.
+	// policySet is the Cedar policy set in force when the call was last
+	// decided (nil: none, or none asked yet). A set that does not load has
+	// no version of its own to tell it from none.
 	policySet *policies.Set
+}
+
+// policyVersion is the version of the Cedar policy set that decided the
+// call (0: none in force).
+func (a *admission) policyVersion() int {
+	if a.policySet == nil {
+		return 0
+	}
+	return a.policySet.Version
 }
 
 func newCapability(b *binding, w *Worker) *capability {
@@ -148,8 +154,8 @@ func (a *admission) Started(attempt int) map[string]any {
 	if len(a.decisions) > 0 {
 		data["policyDecisions"] = a.decisions
 	}
-	if a.policyVersion > 0 {
-		data["policyVersion"] = a.policyVersion
+	if v := a.policyVersion(); v > 0 {
+		data["policyVersion"] = v
 	}
 	return data
 }
@@ -300,6 +306,10 @@ func (a *admission) admit() engine.Admission {
 	return adm
 }
 
+// cedarPolicy names the Cedar policy set's stance among a call's policy
+// decisions ("cedar", or "cedar:<policy id>").
+const cedarPolicy = "cedar"
+
 // cedarGate decides the call by the Cedar policy set in force (DESIGN
 // §18): nothing at all when none is. A denial names the policy on the
 // trail and in the private cause; the caller sees what a Go policy's denial
@@ -312,10 +322,9 @@ func (a *admission) cedarGate() (end engine.Admission, refused bool) {
 	}
 	d := set.Decide(policies.Request{Principal: a.r.Principal, Actor: a.req.Actor, Capability: &a.cedar,
 		Surface: a.req.Surface, Input: a.input})
-	a.policyVersion = d.Version
-	rec := PolicyRecord{Policy: "cedar", Phase: PhaseInvocation, Stance: StanceAllow, Reason: d.Reason}
+	rec := PolicyRecord{Policy: cedarPolicy, Phase: PhaseInvocation, Stance: StanceAllow, Reason: d.Reason}
 	if d.Policy != "" {
-		rec.Policy = "cedar:" + d.Policy
+		rec.Policy = cedarPolicy + ":" + d.Policy
 	}
 	cause := fmt.Errorf("policy set v%d (Cedar): %s", d.Version, d.Reason)
 	switch {
@@ -341,14 +350,11 @@ func (a *admission) Recheck() ([]engine.Event, *envelope.CapabilityError) {
 		return nil, nil
 	}
 	a.events = nil // filed at admission
-	// The earlier set's stance no longer stands; the Go policies' do.
-	kept := make([]PolicyRecord, 0, len(a.decisions))
-	for _, r := range a.decisions {
-		if r.Policy != "cedar" && !strings.HasPrefix(r.Policy, "cedar:") {
-			kept = append(kept, r)
-		}
-	}
-	a.decisions = kept
+	// The earlier set's stance no longer stands; the Go policies' do. A
+	// new slice: the events filed so far hold the old one.
+	a.decisions = slices.DeleteFunc(slices.Clone(a.decisions), func(r PolicyRecord) bool {
+		return r.Policy == cedarPolicy || strings.HasPrefix(r.Policy, cedarPolicy+":")
+	})
 	end, refused := a.cedarGate()
 	if !refused {
 		return nil, nil
@@ -414,8 +420,8 @@ func (a *admission) refuse(reason, stage string, cerr *envelope.CapabilityError,
 	if len(records) > 0 {
 		data["policyDecisions"] = records
 	}
-	if a.policyVersion > 0 {
-		data["policyVersion"] = a.policyVersion
+	if v := a.policyVersion(); v > 0 {
+		data["policyVersion"] = v
 	}
 	a.file(audit.EventDenied, data)
 	return a.fail(cerr)

@@ -96,13 +96,8 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 		}
 		at.unit, at.adm = adm.Unit, adm
 	}
-	if a, ok := at.pauseGate(max(fromAttempt, 1), fromAttempt == 0); !ok {
-		return a // an operator's pause (DESIGN §18)
-	}
-	if fromAttempt > 0 {
-		if a, ok := at.recheck(fromAttempt); !ok {
-			return a // the policy set in force now refuses the retry
-		}
+	if a, ok := at.gate(max(fromAttempt, 1), fromAttempt == 0); !ok {
+		return a // an operator's pause or policy set (DESIGN §18)
 	}
 	if len(at.adm.Limits) > 0 {
 		if a, ok := at.takeLimits(at.adm, fromAttempt); !ok {
@@ -222,10 +217,7 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 			if !at.abandonedReturned() {
 				return at.endByContext(attempt)
 			}
-			if a, ok := at.pauseGate(attempt+1, false); !ok {
-				return a
-			}
-			if a, ok := at.recheck(attempt + 1); !ok {
+			if a, ok := at.gate(attempt+1, false); !ok {
 				return a
 			}
 			attempt++
@@ -237,10 +229,39 @@ func (at *attempts) run(fromAttempt int, prevCode envelope.Code) Action {
 	}
 }
 
-// pauseGate is the check before attempt n starts; it reports whether the
+// gate is the check before attempt n starts; it reports whether the
 // attempt may. fresh is an execution that has run no attempt (attempt 1,
-// not a takeover). When the attempt may not, the action ends the execution
-// or puts it back, as the pause says.
+// not a takeover). An operator's pause is read before every attempt; the
+// policy set in force, before a retry (the admission read it before the
+// first). When the attempt may not, the action ends the execution or puts
+// it back.
+func (at *attempts) gate(n int, fresh bool) (Action, bool) {
+	if a, ok := at.pauseGate(n, fresh); !ok || fresh {
+		return a, ok
+	}
+	events, refusal := at.unit.Recheck()
+	for _, ev := range events {
+		at.x.emit(ev.Type, ev.Data)
+	}
+	if refusal != nil {
+		return refusedBefore(n, refusal), false
+	}
+	return Action{}, true
+}
+
+// refusedBefore ends an execution refused before attempt n: a retry's says
+// the attempts before it ran.
+func refusedBefore(n int, cerr *envelope.CapabilityError) Action {
+	end := failed(cerr)
+	if n > 1 {
+		end = failedAfterRun(cerr)
+	}
+	return Action{Do: Finish, end: end, Attempts: n - 1}
+}
+
+// pauseGate is gate's reading of the operators' pauses: a hold gives a
+// fresh execution back, and keeps a retry or takeover waiting in place; a
+// refusal ends it.
 func (at *attempts) pauseGate(n int, fresh bool) (Action, bool) {
 	x := at.x
 	p := at.pausedNow()
@@ -273,26 +294,7 @@ func (at *attempts) pauseGate(n int, fresh bool) (Action, bool) {
 	}
 	x.w.stats.pauseRefused.Add(1)
 	x.w.cfg.Observer.Paused(x.req.CapabilityID, "refused")
-	end := failed(p.Refusal)
-	if n > 1 {
-		end = failedAfterRun(p.Refusal) // a retry: the attempts before it ran
-	}
-	return Action{Do: Finish, end: end, Attempts: n - 1}, false
-}
-
-// recheck decides retry n again by the policy set in force now, and
-// reports whether it may start: a set put in force since the execution was
-// admitted refuses its retries as it refuses new calls. The attempts before
-// it ran.
-func (at *attempts) recheck(n int) (Action, bool) {
-	events, refusal := at.unit.Recheck()
-	for _, ev := range events {
-		at.x.emit(ev.Type, ev.Data)
-	}
-	if refusal == nil {
-		return Action{}, true
-	}
-	return Action{Do: Finish, end: failedAfterRun(refusal), Attempts: n - 1}, false
+	return refusedBefore(n, p.Refusal), false
 }
 
 // pausedNow is the pause that stops the next attempt, nil when none does,
