@@ -62,6 +62,10 @@ func (e *execSummary) apply(ev *audit.Event) {
 		e.Status, e.ApprovalID = "approval-required", strOf(ev.Data["approvalId"])
 	case audit.EventHeld:
 		e.Status = "queued" // an operator's pause gave it back to its queue
+	case audit.EventLimited:
+		if strOf(ev.Data["action"]) == "wait" {
+			e.Status = "queued" // given back to its queue until a limit lets it
+		}
 	case audit.EventStarted:
 		e.Status, e.Attempts = "running", max(e.Attempts, intOf(ev.Data["attempt"]))
 		if id := strOf(ev.Data["approvalId"]); id != "" {

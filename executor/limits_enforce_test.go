@@ -106,6 +106,11 @@ func TestLimits_RateRefusesWithRetryAfter(t *testing.T) {
 	if !m.Retryable {
 		t.Errorf("a rate's refusal is not retryable for the model: %+v", m)
 	}
+	// Its trail begins with the request, as every execution's does: the
+	// limit that refused it comes after, then its end.
+	if types := typesOf(trail(t, ann, env.ExecutionID)); !slices.Equal(types, []string{audit.EventRequested, audit.EventLimited, audit.EventFailed}) {
+		t.Errorf("the refused call's trail %v, want requested, limited, failed", types)
+	}
 	bob := w.Client(t, executor.ClientConfig{Actor: envelope.Actor{Kind: "user", ID: "bob"}})
 	if env, err := bob.Call(t.Context(), "t.rate", map[string]int{"n": 4}); err != nil || env.Status != envelope.StatusCompleted {
 		t.Fatalf("another actor's call: %v %+v", err, env)

@@ -305,3 +305,53 @@ func TestLimits_AWaitLongerThanTheRecordWindowStillRuns(t *testing.T) {
 		t.Error("no call waited at the rate: the test proves nothing")
 	}
 }
+
+// A call waiting for the slot lists as queued, not running, for as long as
+// it waits, and its trail tells it in order: its request once, then the
+// limit it waits at, then its run once the slot is free.
+func TestLimits_AWaitingCallListsQueuedAndItsTrailBeginsWithItsRequest(t *testing.T) {
+	t.Parallel()
+	env := testenv.Start(t)
+	run := &running{}
+	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
+	c := newClient(t, env.Connect(t))
+	ctx := ctxT(t)
+	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
+	waiting, err := c.Submit(ctx, "t.ways", waysIn{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := func() string {
+		page, err := c.Executions(ctx, executor.ExecutionsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range page.Entries {
+			if e.ExecutionID == waiting {
+				return e.Status
+			}
+		}
+		return ""
+	}
+	waitUntil(t, "the waiting call listed", func() bool { return listed() != "" })
+	// Back in its queue several times over: each return claims it again.
+	waitUntil(t, "the waiting call back three times", func() bool { return w.Stats().Limited >= 3 })
+	if got := listed(); got != audit.EntryQueued {
+		t.Fatalf("the waiting call lists %q, want %q", got, audit.EntryQueued)
+	}
+	if _, err := c.Cancel(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Await(ctx, waiting); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("the waiting call once the slot is free: %v %+v", err, got)
+	}
+	want := []string{audit.EventRequested, audit.EventLimited, audit.EventStarted, audit.EventCompleted}
+	if types := typesOf(trail(t, c, waiting)); !slices.Equal(types, want) {
+		t.Errorf("the waiting call's trail %v, want %v", types, want)
+	}
+	waitUntil(t, "the waiting call listed completed", func() bool { return listed() == audit.EntryCompleted })
+}

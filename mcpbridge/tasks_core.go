@@ -273,7 +273,7 @@ func (b *Bridge) coreList(ctx context.Context, actor envelope.Actor, cursor stri
 				c.StatusMessage += ": " + reportText(p)
 			}
 		case audit.EntryQueued:
-			// Waiting in its queue: not taken yet, or held by a pause.
+			// Waiting in its queue: not taken yet, held by a pause, or waiting at a limit.
 			c.Status, c.StatusMessage = mcptasks.TaskWorking, "queued"
 		case audit.EntryApprovalRequired:
 			c.Status, c.StatusMessage = mcptasks.TaskWorking, "waiting for approval "+e.ApprovalID

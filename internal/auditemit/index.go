@@ -55,6 +55,10 @@ func entryOf(evs []*audit.Event) *audit.Entry {
 			}
 		case audit.EventHeld:
 			e.Status = audit.EntryQueued
+		case audit.EventLimited:
+			if ev.Data["action"] == "wait" {
+				e.Status = audit.EntryQueued // given back to its queue until the limit lets it
+			}
 		case audit.EventCompleted:
 			e.Status, e.Code = audit.EntryCompleted, ""
 		case audit.EventFailed:

@@ -389,8 +389,8 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 		waitKey += " principal"
 	}
 	if action != limits.Wait || x.w.waits.first(waitKey, x.w.now()) {
-		// Outside the held trail: a wait drops what it holds.
-		x.w.emit(x.event(audit.EventLimited, data))
+		// After the request's own event: held with it, or filed after it.
+		x.emit(audit.EventLimited, data)
 	}
 	switch action {
 	case limits.Refuse:
@@ -398,6 +398,16 @@ func (at *attempts) takeLimits(adm Admission, fromAttempt int) (Action, bool) {
 	case limits.Approve:
 		return Action{Do: AwaitApproval, need: adm.OverBudget(over.Limit.String())}, false
 	}
+	if x.claim.held() == nil {
+		// The short path waits claimed, as any other delivery does: its
+		// record, given back, tells the deliveries that come back that the
+		// request is filed and waits (a listing shows it queued), and the
+		// request's events go on the trail now, with the limit's.
+		if !x.create(x.newRecord(StateClaimed)) {
+			return x.yield(), false
+		}
+	}
+	x.trail.flush()
 	return at.waitForLimit(limits.WaitFor(over.RetryAfter, x.meta.Deliveries, rand.Float64())), false
 }
 
