@@ -506,16 +506,17 @@ func TestCancel_OfAnAttemptLostWithItsWorker_SaysItMayHaveTakenEffect(t *testing
 		t.Fatal(err)
 	}
 	<-sent
-	stop() // lost mid-attempt: its handler abandoned, its lease left to run out
-	// The worker that takes it over once the lease runs out serves the
-	// cancel first (a cancel goes through the workers).
-	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second}, send)
+	stop() // lost mid-attempt: its handler abandoned to a takeover
+	// A worker of another pool records the cancel (a cancel goes through
+	// the workers); the worker that takes the execution over starts after.
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Pool: "bystander"}, echoCap(nil))
 	if _, err := s.c.Cancel(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: 2 * time.Second}, send)
 	env2, err := s.c.Await(ctx, id)
 	if err != nil || env2.Status != envelope.StatusCancelled || env2.Error.Code != envelope.CodeCancelled {
-		t.Fatalf("the cancelled call: %v %+v", err, env2)
+		t.Fatalf("the cancelled call: %v %+v %+v", err, env2, env2.Error)
 	}
 	if m := env2.ForModel().Message; !strings.Contains(m, "may have taken effect") {
 		t.Errorf("the cancelled call says %q: the attempt lost with its worker ran", m)
