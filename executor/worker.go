@@ -33,7 +33,11 @@ import (
 type WorkerConfig struct {
 	// Pool names the worker pool; its consumer is "pool-<name>". Default "default".
 	Pool string
-	// Concurrency is how many executions run at once. Default 64.
+	// Concurrency is how many executions run at once. Default 64. A
+	// handler that ignores its context past its timeout or a cancel is
+	// abandoned (WorkerStats.Abandoned) and no longer counted here, though
+	// it runs on; a capability's concurrency limit counts it until it
+	// returns.
 	Concurrency int
 	// Lease is how long a claim holds without renewal; it is renewed every
 	// third of it while a handler runs. Default 30 s.
