@@ -41,6 +41,31 @@ func waysCapability(run *running, timeout time.Duration) executor.Capability {
 		})
 }
 
+// slotHeld is a worker serving t.ways whose only slot a call holds until
+// it is cancelled.
+type slotHeld struct {
+	env  *testenv.Env
+	run  *running
+	w    *executor.Worker
+	c    *executor.Client
+	held string // the call holding the slot
+}
+
+// holdTheSlot starts a worker of t.ways and a call that holds its slot.
+func holdTheSlot(t *testing.T) slotHeld {
+	t.Helper()
+	s := slotHeld{env: testenv.Start(t), run: &running{}}
+	s.w = startWorker(t, s.env.Connect(t), executor.WorkerConfig{}, waysCapability(s.run, time.Hour))
+	s.c = newClient(t, s.env.Connect(t))
+	held, err := s.c.Submit(ctxT(t), "t.ways", waysIn{Way: "hold"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.held = held
+	waitUntil(t, "the held call runs", func() bool { return s.run.now.Load() == 1 })
+	return s
+}
+
 // waysHolders reads how many executions hold t.ways's slot.
 func waysHolders(t *testing.T, js jetstream.JetStream) int {
 	t.Helper()
@@ -122,17 +147,10 @@ func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			env := testenv.Start(t)
+			s := holdTheSlot(t)
+			env, run, c, held := s.env, s.run, s.c, s.held
 			js := env.JetStream(t)
-			run := &running{}
-			startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
-			c := newClient(t, env.Connect(t))
 			ctx := ctxT(t)
-			held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
 			within := time.Hour
 			if !tc.cancel {
 				within = 3 * time.Second
@@ -311,16 +329,9 @@ func TestLimits_AWaitLongerThanTheRecordWindowStillRuns(t *testing.T) {
 // limit it waits at, then its run once the slot is free.
 func TestLimits_AWaitingCallListsQueuedAndItsTrailBeginsWithItsRequest(t *testing.T) {
 	t.Parallel()
-	env := testenv.Start(t)
-	run := &running{}
-	w := startWorker(t, env.Connect(t), executor.WorkerConfig{}, waysCapability(run, time.Hour))
-	c := newClient(t, env.Connect(t))
+	s := holdTheSlot(t)
+	w, c, held := s.w, s.c, s.held
 	ctx := ctxT(t)
-	held, err := c.Submit(ctx, "t.ways", waysIn{Way: "hold"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the held call runs", func() bool { return run.now.Load() == 1 })
 	waiting, err := c.Submit(ctx, "t.ways", waysIn{})
 	if err != nil {
 		t.Fatal(err)
