@@ -18,7 +18,7 @@ import (
 const (
 	// EntryQueued: waiting in its queue. A listing shows a request no
 	// worker has taken with it (no entry of the index), and the index has
-	// it for an execution an operator's pause gave back.
+	// it for an execution an operator's pause or a limit's wait gave back.
 	EntryQueued           = "queued"
 	EntryRunning          = "running"
 	EntryApprovalRequired = "approval-required"
