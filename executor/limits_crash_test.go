@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,10 +17,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/capstan-dev/capstan/audit"
 	"github.com/capstan-dev/capstan/envelope"
 	"github.com/capstan-dev/capstan/executor"
 	"github.com/capstan-dev/capstan/internal/testenv"
 	"github.com/capstan-dev/capstan/internal/testhooks"
+	"github.com/capstan-dev/capstan/observe"
 )
 
 // Environment of a limits worker process started by running this test
@@ -33,7 +36,39 @@ const (
 	// limits are taken, before its attempt starts, and says so.
 	limitsProcessStall = "CAPSTAN_TEST_LIMITS_WORKER_STALL"
 	slotEffects        = "LIMITS_EFFECTS"
+	// limitsProcessStallWait: the process stops an execution a limit held
+	// back once its record is created, before it is given back, and says so.
+	limitsProcessStallWait = "CAPSTAN_TEST_LIMITS_WORKER_STALL_WAIT"
 )
+
+// stallAtWait is a worker observer whose executions stop, once a limit held
+// them back, right after their record is created.
+type stallAtWait struct {
+	observe.NopWorker
+	js jetstream.JetStream
+}
+
+func (s stallAtWait) Begin(ctx context.Context, d observe.Delivery) (context.Context, observe.Execution) {
+	return ctx, &stallingExecution{js: s.js, id: d.Request.ExecutionID}
+}
+
+type stallingExecution struct {
+	observe.NopExecution
+	js      jetstream.JetStream
+	id      string
+	limited bool
+}
+
+func (e *stallingExecution) Limited(string, string) { e.limited = true }
+
+func (e *stallingExecution) Stage(ctx context.Context, name string) (context.Context, func(error)) {
+	return ctx, func(err error) {
+		if name == observe.StageClaim && e.limited && err == nil {
+			_, _ = e.js.Publish(context.Background(), "limits.stalled."+e.id, nil)
+			select {} // until killed
+		}
+	}
+}
 
 type slotIn struct {
 	Hold bool `json:"hold,omitempty"`
@@ -136,6 +171,9 @@ func TestLimitsWorkerProcess(t *testing.T) {
 			_, _ = js.Publish(context.Background(), "limits.stalled."+id, nil)
 			select {} // until killed
 		}})
+	}
+	if os.Getenv(limitsProcessStallWait) != "" {
+		cfg.Observer = stallAtWait{js: js}
 	}
 	w, err := executor.NewWorker(nc, reg, cfg)
 	if err != nil {
@@ -558,4 +596,71 @@ func pairHolders(t *testing.T, js jetstream.JetStream) []string {
 		keys = append(keys, h.Key)
 	}
 	return keys
+}
+
+// A worker process SIGKILLed while a call waits for the slot, between the
+// record its first delivery creates and its give-back: the record's lease
+// runs out, and another worker takes the call over from its claim and runs
+// it, once. What the lost worker still held of its trail (the request and
+// the limit) went with it, as an attempt's held start does (DESIGN §14):
+// the trail tells the takeover of a claim in which no attempt had started.
+func TestLimits_KilledAsItGivesAWaitingCallBackTheCallRunsOnce(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	const lease = 2 * time.Second
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env.Connect(t))
+	victim := limitsProcess(t, env.URL, "wait-victim", lease, limitsProcessStallWait+"=1")
+	waitProcessesServing(t, env.Server, "wait-victim")
+	ctx := ctxT(t)
+	held, err := c.Submit(ctx, "t.slot", slotIn{Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the held call runs", func() bool { return slotStarts(t, js, held) == 1 })
+	id, err := c.Submit(ctx, "t.slot", slotIn{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the waiting call's record created", func() bool {
+		info, err := mustStream(t, js).Info(ctxT(t), jetstream.WithSubjectFilter("limits.stalled."+id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects["limits.stalled."+id] == 1
+	})
+	if _, err := c.Cancel(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Await(ctx, held); err != nil || got.Error == nil || got.Error.Code != envelope.CodeCancelled {
+		t.Fatalf("the held call: %v %+v", err, got)
+	}
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+
+	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease}, slotCapability(js))
+	if got, err := c.Await(ctx, id); err != nil || got.Status != envelope.StatusCompleted {
+		t.Fatalf("the waiting call whose worker was killed: %v %+v", err, got)
+	}
+	if n := slotStarts(t, js, id); n != 1 {
+		t.Errorf("its handler ran %d times", n)
+	}
+	var types []string
+	for _, ev := range trail(t, c, id) {
+		types = append(types, ev.Type)
+		if ev.Type == audit.EventTakenOver && (ev.Data["state"] != "claimed" || ev.Data["fromWorker"] != "wait-victim") {
+			t.Errorf("taken over from %v", ev.Data)
+		}
+	}
+	if want := []string{audit.EventTakenOver, audit.EventStarted, audit.EventCompleted}; !slices.Equal(types, want) {
+		t.Errorf("its trail %v, want %v", types, want)
+	}
 }

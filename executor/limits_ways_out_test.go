@@ -140,10 +140,12 @@ func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		cancel bool
+		later  bool // cancelled once it came back to wait three times
 		want   envelope.Code
 	}{
-		{"cancelled", true, envelope.CodeCancelled},
-		{"start deadline", false, envelope.CodeNotStarted},
+		{"cancelled", true, false, envelope.CodeCancelled},
+		{"cancelled after coming back", true, true, envelope.CodeCancelled},
+		{"start deadline", false, false, envelope.CodeNotStarted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -168,6 +170,9 @@ func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 			}, audit.FromStart()); !errors.Is(err, limited) {
 				t.Fatalf("following the waiting call: %v", err)
 			}
+			if tc.later {
+				waitUntil(t, "the waiting call back three times", func() bool { return s.w.Stats().Limited >= 4 })
+			}
 			if tc.cancel {
 				if _, err := c.Cancel(ctx, waiting); err != nil {
 					t.Fatal(err)
@@ -177,16 +182,13 @@ func TestLimits_ACancelOrTheStartDeadlineEndsAWaitingCall(t *testing.T) {
 			if err != nil || got.Error == nil || got.Error.Code != tc.want {
 				t.Fatalf("the waiting call: %v %+v, want %s", err, got, tc.want)
 			}
-			ends := 0
-			var types []string
-			for _, ev := range trail(t, c, waiting) {
-				types = append(types, ev.Type)
-				if ev.Type == audit.EventFailed || ev.Type == audit.EventCancelled || ev.Type == audit.EventCompleted {
-					ends++
-				}
+			// Its request once, the limit it waited at once, its end once.
+			end := audit.EventFailed
+			if tc.cancel {
+				end = audit.EventCancelled
 			}
-			if !slices.Contains(types, audit.EventLimited) || slices.Contains(types, audit.EventStarted) || ends != 1 {
-				t.Errorf("the waiting call's trail %v: want limited, never started, one end", types)
+			if types := typesOf(trail(t, c, waiting)); !slices.Equal(types, []string{audit.EventRequested, audit.EventLimited, end}) {
+				t.Errorf("the waiting call's trail %v: want requested, limited, %s", types, end)
 			}
 			if n := run.calls.Load(); n != 1 {
 				t.Errorf("%d handler calls, want the held one alone", n)
@@ -365,4 +367,60 @@ func TestLimits_AWaitingCallListsQueuedAndItsTrailBeginsWithItsRequest(t *testin
 		t.Errorf("the waiting call's trail %v, want %v", types, want)
 	}
 	waitUntil(t, "the waiting call listed completed", func() bool { return listed() == audit.EntryCompleted })
+}
+
+// Sixty-four calls waiting for the slot each list queued (an entry each,
+// sent alone), and completed once the slot is free: none is left listed as
+// queued or running behind its end.
+func TestLimits_ManyWaitingCallsListQueuedThenTheirEnds(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("sixty-four calls wait")
+	}
+	s := holdTheSlot(t)
+	ctx := ctxT(t)
+	var ids []string
+	for range 64 {
+		id, err := s.c.Submit(ctx, "t.ways", waysIn{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	listed := func(status string) int {
+		got := map[string]string{}
+		req := executor.ExecutionsRequest{Query: audit.Query{Limit: audit.MaxLimit}}
+		for {
+			page, err := s.c.Executions(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range page.Entries {
+				if _, ok := got[e.ExecutionID]; !ok {
+					got[e.ExecutionID] = e.Status
+				}
+			}
+			if page.Next == "" {
+				break
+			}
+			req.Cursor = page.Next
+		}
+		n := 0
+		for _, id := range ids {
+			if got[id] == status {
+				n++
+			}
+		}
+		return n
+	}
+	waitUntil(t, "every waiting call listed queued", func() bool { return listed(audit.EntryQueued) == len(ids) })
+	if _, err := s.c.Cancel(ctx, s.held); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if got, err := s.c.Await(ctx, id); err != nil || got.Status != envelope.StatusCompleted {
+			t.Fatalf("%s: %v %+v", id, err, got)
+		}
+	}
+	waitUntil(t, "every call listed completed", func() bool { return listed(audit.EntryCompleted) == len(ids) })
 }
