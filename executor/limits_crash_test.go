@@ -70,6 +70,22 @@ func (e *stallingExecution) Stage(ctx context.Context, name string) (context.Con
 	}
 }
 
+// killRig is the embedded server of a test that kills worker processes,
+// with the stream where their handlers store what they did, and a client;
+// it skips the test with -short.
+func killRig(t *testing.T) (*testenv.Env, jetstream.JetStream, *executor.Client) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("kills worker processes")
+	}
+	env := testenv.Start(t)
+	js := env.JetStream(t)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	return env, js, newClient(t, env.Connect(t))
+}
+
 type slotIn struct {
 	Hold bool `json:"hold,omitempty"`
 }
@@ -233,18 +249,9 @@ func slotStarts(t *testing.T, js jetstream.JetStream, id string) uint64 {
 // the end no slot is held.
 func TestLimits_KilledWorkersSlotIsFreedByItsLease(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("kills a worker process")
-	}
 	const lease = 2 * time.Second
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, env.Connect(t))
-	victim := limitsProcess(t, env.URL, "limits-victim", lease)
-	waitProcessesServing(t, env.Server, "limits-victim")
+	env, js, c := killRig(t)
+	victim := limitsProcess(t, env, "limits-victim", lease)
 
 	held, err := c.Submit(ctxT(t), "t.slot", slotIn{Hold: true})
 	if err != nil {
@@ -281,19 +288,10 @@ func TestLimits_KilledWorkersSlotIsFreedByItsLease(t *testing.T) {
 // execution's takeover, taking the actor's other slot, never had to ask.
 func TestLimits_KilledWorkersSlotIsFreedThoughItsActorNeverReturns(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("kills a worker process")
-	}
 	const lease = 2 * time.Second
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, env.Connect(t))
+	env, js, c := killRig(t)
 	// The victim never sweeps: the duty is the survivor's from the start.
-	victim := limitsProcess(t, env.URL, "actor-victim", lease, limitsProcessSweep+"=-1s")
-	waitProcessesServing(t, env.Server, "actor-victim")
+	victim := limitsProcess(t, env, "actor-victim", lease, limitsProcessSweep+"=-1s")
 
 	held, err := c.Submit(ctxT(t), "t.actor", slotIn{Hold: true})
 	if err != nil {
@@ -322,18 +320,9 @@ func TestLimits_KilledWorkersSlotIsFreedThoughItsActorNeverReturns(t *testing.T)
 // that never ran, over its own first taking.
 func TestLimits_KilledBeforeItsAttemptAnExecutionTakesItsRateOnce(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("kills a worker process")
-	}
 	const lease = 2 * time.Second
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, env.Connect(t))
-	victim := limitsProcess(t, env.URL, "rated-victim", lease, limitsProcessStall+"=1")
-	waitProcessesServing(t, env.Server, "rated-victim")
+	env, js, c := killRig(t)
+	victim := limitsProcess(t, env, "rated-victim", lease, limitsProcessStall+"=1")
 
 	id, err := c.Submit(ctxT(t), "t.rated", struct{}{})
 	if err != nil {
@@ -400,12 +389,13 @@ func actorHolders(t *testing.T, js jetstream.JetStream) []string {
 	return claims
 }
 
-// limitsProcess starts a limits worker process; it is killed when the test
-// ends. Its output goes to the test log; a race it reports fails the test.
-func limitsProcess(t *testing.T, url, id string, lease time.Duration, env ...string) *exec.Cmd {
+// limitsProcess starts a limits worker process on e and returns once it
+// serves; it is killed when the test ends. Its output goes to the test log;
+// a race it reports fails the test.
+func limitsProcess(t *testing.T, e *testenv.Env, id string, lease time.Duration, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestLimitsWorkerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(), limitsProcessURL+"="+url, limitsProcessID+"="+id, limitsProcessLease+"="+lease.String())
+	cmd.Env = append(os.Environ(), limitsProcessURL+"="+e.URL, limitsProcessID+"="+id, limitsProcessLease+"="+lease.String())
 	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -434,6 +424,7 @@ func limitsProcess(t *testing.T, url, id string, lease time.Duration, env ...str
 			t.Errorf("worker process %s reported %d data races", id, races)
 		}
 	})
+	waitProcessesServing(t, e.Server, id)
 	return cmd
 }
 
@@ -444,23 +435,14 @@ func limitsProcess(t *testing.T, url, id string, lease time.Duration, env ...str
 // where the test recorded its death), never run three at once.
 func TestLimits_ConcurrencyHoldsWhileWorkersAreKilled(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("kills worker processes")
-	}
 	const lease = 2 * time.Second
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, env.Connect(t))
+	env, js, c := killRig(t)
 	workers := map[string]*exec.Cmd{}
 	next := 0
 	spawn := func() {
 		id := fmt.Sprintf("pair-%d", next)
 		next++
-		workers[id] = limitsProcess(t, env.URL, id, lease)
-		waitProcessesServing(t, env.Server, id)
+		workers[id] = limitsProcess(t, env, id, lease)
 	}
 	for range 3 {
 		spawn()
@@ -606,18 +588,9 @@ func pairHolders(t *testing.T, js jetstream.JetStream) []string {
 // the trail tells the takeover of a claim in which no attempt had started.
 func TestLimits_KilledAsItGivesAWaitingCallBackTheCallRunsOnce(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("kills a worker process")
-	}
 	const lease = 2 * time.Second
-	env := testenv.Start(t)
-	js := env.JetStream(t)
-	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: slotEffects, Subjects: []string{"limits.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := newClient(t, env.Connect(t))
-	victim := limitsProcess(t, env.URL, "wait-victim", lease, limitsProcessStallWait+"=1")
-	waitProcessesServing(t, env.Server, "wait-victim")
+	env, js, c := killRig(t)
+	victim := limitsProcess(t, env, "wait-victim", lease, limitsProcessStallWait+"=1")
 	ctx := ctxT(t)
 	held, err := c.Submit(ctx, "t.slot", slotIn{Hold: true})
 	if err != nil {
