@@ -86,57 +86,56 @@ func killRig(t *testing.T) (*testenv.Env, jetstream.JetStream, *executor.Client)
 	return env, js, newClient(t, env.Connect(t))
 }
 
+// sigkill kills a worker process and waits for its end.
+func sigkill(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+}
+
 type slotIn struct {
 	Hold bool `json:"hold,omitempty"`
 }
 
-// slotCapability may run once at a time across the deployment; each call
-// records its start in a stream that outlives every process, then holds
-// until cancelled when asked to.
+// slotCapability may run once at a time across the deployment.
 func slotCapability(js jetstream.JetStream) executor.Capability {
 	return executor.Define("t.slot", executor.Meta{Description: "Runs alone.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Max: 1}}},
-		func(ctx context.Context, call executor.Call[slotIn]) (string, error) {
-			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
-				return "", err
-			}
-			if call.Input.Hold {
-				<-ctx.Done()
-				return "", ctx.Err()
-			}
-			return "ran", nil
-		})
+		startRecorded(js))
 }
 
-// actorCapability may run twice at once for each actor; each call records
-// its start, then holds until cancelled when asked to.
+// actorCapability may run twice at once for each actor.
 func actorCapability(js jetstream.JetStream) executor.Capability {
 	return executor.Define("t.actor", executor.Meta{Description: "Runs twice at a time per actor.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitConcurrency, Per: executor.LimitPerActor, Max: 2}}},
-		func(ctx context.Context, call executor.Call[slotIn]) (string, error) {
-			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
-				return "", err
-			}
-			if call.Input.Hold {
-				<-ctx.Done()
-				return "", ctx.Err()
-			}
-			return "ran", nil
-		})
+		startRecorded(js))
 }
 
 // ratedCapability may start once an hour for each actor, and refuses the
-// calls over that; each call records its start.
+// calls over that.
 func ratedCapability(js jetstream.JetStream) executor.Capability {
 	return executor.Define("t.rated", executor.Meta{Description: "Runs once an hour per actor.", Expose: executor.On(executor.SurfaceDirect),
 		SideEffect: executor.SideEffectWrite, Limits: []executor.Limit{{Kind: executor.LimitRate, Per: executor.LimitPerActor,
 			Max: 1, Interval: time.Hour, AtLimit: executor.AtLimitRefuse}}},
-		func(ctx context.Context, call executor.Call[struct{}]) (string, error) {
-			if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
-				return "", err
-			}
-			return "ran", nil
-		})
+		startRecorded(js))
+}
+
+// startRecorded is the handler of the limits' crash tests: each call records
+// its start in a stream that outlives every process, then holds until
+// cancelled when asked to.
+func startRecorded(js jetstream.JetStream) executor.Handler[slotIn, string] {
+	return func(ctx context.Context, call executor.Call[slotIn]) (string, error) {
+		if _, err := js.Publish(ctx, "limits.effects."+call.ExecutionID, []byte("start")); err != nil {
+			return "", err
+		}
+		if call.Input.Hold {
+			<-ctx.Done()
+			return "", ctx.Err()
+		}
+		return "ran", nil
+	}
 }
 
 // pairCapability may run twice at once across the deployment, a read the
@@ -258,10 +257,7 @@ func TestLimits_KilledWorkersSlotIsFreedByItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the held call's start", func() bool { return slotStarts(t, js, held) == 1 })
-	if err := victim.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = victim.Wait()
+	sigkill(t, victim)
 	if h := slotHolders(t, js); len(h) != 1 {
 		t.Fatalf("the dead worker's slot: holders %v", h)
 	}
@@ -298,10 +294,7 @@ func TestLimits_KilledWorkersSlotIsFreedThoughItsActorNeverReturns(t *testing.T)
 		t.Fatal(err)
 	}
 	waitUntil(t, "the held call's start", func() bool { return slotStarts(t, js, held) == 1 })
-	if err := victim.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = victim.Wait()
+	sigkill(t, victim)
 	if h := actorHolders(t, js); len(h) != 1 {
 		t.Fatalf("the dead worker's slot: holders %v", h)
 	}
@@ -336,10 +329,7 @@ func TestLimits_KilledBeforeItsAttemptAnExecutionTakesItsRateOnce(t *testing.T) 
 		return info.State.Subjects["limits.stalled."+id] == 1
 	}
 	waitUntil(t, "the rate taken, the attempt not started", stalled)
-	if err := victim.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = victim.Wait()
+	sigkill(t, victim)
 
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease}, ratedCapability(js))
 	got, err := c.Await(ctxT(t), id)
@@ -485,10 +475,7 @@ func TestLimits_ConcurrencyHoldsWhileWorkersAreKilled(t *testing.T) {
 			victim = id
 			break
 		}
-		if err := workers[victim].Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-		_ = workers[victim].Wait()
+		sigkill(t, workers[victim])
 		delete(workers, victim)
 		if _, err := js.Publish(ctxT(t), "limits.pair", []byte("killed "+victim)); err != nil {
 			t.Fatal(err)
@@ -614,10 +601,7 @@ func TestLimits_KilledAsItGivesAWaitingCallBackTheCallRunsOnce(t *testing.T) {
 	if got, err := c.Await(ctx, held); err != nil || got.Error == nil || got.Error.Code != envelope.CodeCancelled {
 		t.Fatalf("the held call: %v %+v", err, got)
 	}
-	if err := victim.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = victim.Wait()
+	sigkill(t, victim)
 
 	startWorker(t, env.Connect(t), executor.WorkerConfig{Lease: lease}, slotCapability(js))
 	if got, err := c.Await(ctx, id); err != nil || got.Status != envelope.StatusCompleted {

@@ -13,9 +13,9 @@ import (
 // without an end in the same message, one that says it runs; an operator's
 // pause holding it or a limit it waits at, one that says it is queued
 // (given back to its queue until the pause ends or the limit lets it),
-// until its start says it runs again. A quick execution's events are one message, hence one entry; a
-// long one has two, the later superseding. A retry's wait, a duplicate
-// delivery and an approval's decision make none.
+// until its start says it runs again. A quick execution's events are one
+// message, hence one entry; a long one has two, the later superseding. A
+// retry's wait, a duplicate delivery and an approval's decision make none.
 func entryOf(evs []*audit.Event) *audit.Entry {
 	var e *audit.Entry
 	begins := false

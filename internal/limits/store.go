@@ -281,9 +281,7 @@ func (s *Store) takeSlot(ctx context.Context, l Limit, key string, h Holder) (*O
 		_, err := s.change(ctx, key, func() *Counter { return newCounter(l) }, func(c *Counter) bool {
 			over, stale = nil, nil
 			c.define(l)
-			judged := Verdicts(c.Holders, verdicts)
-			changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
-			c.Holders = judged
+			changed := c.judge(verdicts)
 			next, ok, st, mine := TakeSlot(c.Holders, l.Max, l.PrincipalMax, h, s.now())
 			if ok {
 				c.Holders = next
@@ -361,10 +359,9 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 		}
 		var dropped int
 		_, err = s.change(ctx, key, nil, func(c *Counter) bool {
-			judged := Verdicts(c.Holders, verdicts)
-			dropped = len(c.Holders) - len(judged)
-			changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
-			c.Holders = judged
+			dropped = len(c.Holders)
+			changed := c.judge(verdicts)
+			dropped -= len(c.Holders)
 			return changed
 		})
 		if err != nil {
@@ -374,6 +371,15 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 		gone += dropped
 	}
 	return gone, errors.Join(errs...)
+}
+
+// judge drops the holders verdicts find gone (Verdicts) and reports
+// whether the holders changed.
+func (c *Counter) judge(verdicts map[string]Verdict) bool {
+	judged := Verdicts(c.Holders, verdicts)
+	changed := !slices.EqualFunc(judged, c.Holders, sameHolder)
+	c.Holders = judged
+	return changed
 }
 
 func sameHolder(a, b Holder) bool {

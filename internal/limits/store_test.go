@@ -408,10 +408,8 @@ func TestStore_SweepFreesSlotsOfHoldersGoneThatNoOneAsksFor(t *testing.T) {
 func TestStore_ARateChangedCarriesWhatItCountedOver(t *testing.T) {
 	t.Parallel()
 	b := provisioned(t)
-	var nanos atomic.Int64
-	nanos.Store(time.Now().UnixNano())
-	clock := func() time.Time { return time.Unix(0, nanos.Load()) }
-	s := NewStore(b, alwaysAlive, clock)
+	now := time.Now() // stopped: every take at one instant
+	s := NewStore(b, alwaysAlive, func() time.Time { return now })
 	ctx := context.Background()
 	var executions int
 	takes := func(l Limit, n int) (admitted int, over *Over) {
